@@ -1,0 +1,121 @@
+"""Proxy settings: defaults, then a YAML file, then ANONPROXY_* environment variables."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg.conninfo
+import yaml
+
+ENV_PREFIX = "ANONPROXY_"
+LOG_LEVELS = ("debug", "info", "warning", "error")
+LOG_FORMATS = ("text", "json")
+
+
+class ConfigError(ValueError):
+    """A setting is missing, unknown or out of range; the message names it."""
+
+
+@dataclass(frozen=True)
+class UpstreamAddress:
+    """Where the proxy connects for each client: a TCP host or a Unix socket directory."""
+
+    host: str
+    port: int
+
+    @property
+    def is_unix(self) -> bool:
+        return self.host.startswith("/")
+
+    @property
+    def unix_path(self) -> str:
+        return f"{self.host}/.s.PGSQL.{self.port}"
+
+    def __str__(self) -> str:
+        return self.unix_path if self.is_unix else f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class ProxyConfig:
+    listen_host: str = "127.0.0.1"
+    listen_port: int = 6432
+    upstream: str = "host=127.0.0.1 port=5432"
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    log_level: str = "info"
+    log_format: str = "text"
+    workers: int = 1
+    startup_timeout: float = 60.0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.listen_port <= 65535:
+            raise ConfigError(f"listen_port must be between 0 and 65535, got {self.listen_port}")
+        if not 1 <= self.workers <= 64:
+            raise ConfigError(f"workers must be between 1 and 64, got {self.workers}")
+        if self.log_level not in LOG_LEVELS:
+            raise ConfigError(f"log_level must be one of {', '.join(LOG_LEVELS)}, got {self.log_level!r}")
+        if self.log_format not in LOG_FORMATS:
+            raise ConfigError(f"log_format must be one of {', '.join(LOG_FORMATS)}, got {self.log_format!r}")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ConfigError("tls_cert and tls_key must be given together")
+        if self.startup_timeout <= 0:
+            raise ConfigError(f"startup_timeout must be positive, got {self.startup_timeout}")
+        self.upstream_address  # validates the DSN
+
+    @property
+    def upstream_address(self) -> UpstreamAddress:
+        try:
+            params = psycopg.conninfo.conninfo_to_dict(self.upstream)
+        except psycopg.ProgrammingError as exc:
+            raise ConfigError(f"upstream is not a valid PostgreSQL connection string: {exc}") from exc
+        host = str(params.get("host") or "127.0.0.1")
+        if "," in host:
+            raise ConfigError("upstream must name a single host")
+        try:
+            port = int(params.get("port") or 5432)
+        except ValueError as exc:
+            raise ConfigError(f"upstream port is not a number: {params.get('port')!r}") from exc
+        return UpstreamAddress(host, port)
+
+
+def load_config(path: Path | None = None, environ: Mapping[str, str] = os.environ, **overrides: Any) -> ProxyConfig:
+    """Defaults, overridden by the YAML file, by environment variables, then by ``overrides``."""
+    values: dict[str, Any] = {}
+    if path is not None:
+        values.update(_read_yaml(path))
+    for field in dataclasses.fields(ProxyConfig):
+        env_value = environ.get(ENV_PREFIX + field.name.upper())
+        if env_value is not None:
+            values[field.name] = env_value
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    return ProxyConfig(**{name: _coerce(name, value) for name, value in values.items()})
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping of settings")
+    return data
+
+
+def _coerce(name: str, value: Any) -> Any:
+    fields = {f.name: f for f in dataclasses.fields(ProxyConfig)}
+    if name not in fields:
+        raise ConfigError(f"unknown setting {name!r}; known settings: {', '.join(fields)}")
+    default = fields[name].default
+    try:
+        if name in ("tls_cert", "tls_key"):
+            return Path(value) if value not in (None, "") else None
+        return type(default)(value)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"setting {name} has an invalid value {value!r}: expected {type(default).__name__}") from exc

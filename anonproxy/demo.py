@@ -1,0 +1,67 @@
+"""Demo login roles for `anonproxy up`; each one's password is its name.
+
+- ``dba`` reads everything (``pg_read_all_data``) and uses the proxy in direct
+  mode (pass-through); it is not a superuser.
+- ``reporter`` and ``analyst`` may connect and browse the catalogs but hold no
+  privilege on any table of schema ``public``, so every statement that reaches
+  PostgreSQL as them fails with ``permission denied`` (SQLSTATE 42501), whether
+  they connect directly or through the proxy: bypass yields nothing.
+
+They may not create objects either: no CREATE on schema ``public`` and no
+TEMPORARY on the database, so they cannot build a temporary table whose foreign
+key probes a protected table's keys.
+"""
+
+from __future__ import annotations
+
+import psycopg
+from psycopg import sql
+
+DEMO_ROLES = ("dba", "reporter", "analyst")
+DIRECT_ROLES = ("dba",)
+RESTRICTED_ROLES = tuple(role for role in DEMO_ROLES if role not in DIRECT_ROLES)
+
+
+class DemoSetupError(RuntimeError):
+    """The demo roles cannot be set up as asked."""
+
+
+def create_demo_roles(conn: psycopg.Connection, dbname: str) -> None:
+    """Create (or reset) the demo roles and their privileges on ``dbname``; idempotent.
+
+    ``conn`` must be a superuser (or CREATEROLE + owner) connection to ``dbname``
+    itself, because schema and table privileges are per database.
+    """
+    if conn.info.dbname != dbname:
+        raise DemoSetupError(
+            f"connect to database {dbname!r} to set up its demo roles (connected to {conn.info.dbname!r})"
+        )
+    database = sql.Identifier(dbname)
+    direct = sql.SQL(", ").join(map(sql.Identifier, DIRECT_ROLES))
+    restricted = sql.SQL(", ").join(map(sql.Identifier, RESTRICTED_ROLES))
+    statements = [
+        sql.SQL("grant connect, temporary on database {} to {}").format(database, direct),
+        sql.SQL("grant pg_read_all_data to {}").format(direct),
+        sql.SQL("revoke temporary on database {} from public").format(database),
+        sql.SQL("grant connect on database {} to {}").format(database, restricted),
+        sql.SQL("revoke create on schema public from public"),
+        sql.SQL("grant usage on schema public to {}").format(restricted),
+        sql.SQL("revoke all on all tables in schema public from public, {}").format(restricted),
+    ]
+    with conn.transaction():
+        for role in DEMO_ROLES:
+            _ensure_login_role(conn, role, password=role)
+        for statement in statements:
+            conn.execute(statement)
+
+
+def _ensure_login_role(conn: psycopg.Connection, role: str, password: str) -> None:
+    """Create the role or reset an existing one: login, no special powers, this password."""
+    exists = conn.execute("select 1 from pg_roles where rolname = %s", (role,)).fetchone() is not None
+    # Hashed here so the clear-text password never reaches the server's logs.
+    verifier = conn.pgconn.encrypt_password(password.encode(), role.encode(), b"scram-sha-256").decode()
+    conn.execute(
+        sql.SQL(
+            "{} role {} login nosuperuser nocreatedb nocreaterole noreplication nobypassrls password {}"
+        ).format(sql.SQL("alter" if exists else "create"), sql.Identifier(role), sql.Literal(verifier))
+    )

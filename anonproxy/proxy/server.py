@@ -1,0 +1,193 @@
+"""The proxy server: worker processes sharing a port with SO_REUSEPORT.
+
+``run_proxy`` binds the port, starts ``config.workers`` worker processes (or
+serves in-process when there is one), and stops them on SIGINT/SIGTERM.
+Each worker is an event loop (uvloop when installed) accepting clients on its
+own SO_REUSEPORT socket and, with several workers, cancel requests forwarded
+by its siblings on a Unix socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import multiprocessing
+import os
+import shutil
+import signal
+import socket
+import ssl
+import tempfile
+from collections.abc import Callable
+from multiprocessing.synchronize import Event
+from pathlib import Path
+
+from ..config import ProxyConfig
+from ..wire import protocol as pg
+from .cancel import CancelRegistry, cancel_socket_path
+from .session import ClientConnection, ProxyContext
+
+log = logging.getLogger("anonproxy.server")
+
+SHUTDOWN_GRACE = 5.0
+
+
+def tls_context(config: ProxyConfig) -> ssl.SSLContext | None:
+    if config.tls_cert is None:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(config.tls_cert, config.tls_key)
+    return context
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    sock.setblocking(False)
+    return sock
+
+
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
+
+
+class Worker:
+    """One event loop serving clients; usable in-process (``up``, tests) or in a child."""
+
+    def __init__(self, config: ProxyConfig, port: int, index: int = 0, run_dir: Path | None = None) -> None:
+        self.config = config
+        self.port = port
+        self.context = ProxyContext(
+            upstream=config.upstream_address,
+            cancel_keys=CancelRegistry(index, run_dir),
+            tls=tls_context(config),
+            startup_timeout=config.startup_timeout,
+        )
+        self._index = index
+        self._run_dir = run_dir
+        self._servers: list[asyncio.AbstractServer] = []
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        sock = bind_socket(self.config.listen_host, self.port)
+        self._servers.append(await loop.create_server(lambda: ClientConnection(self.context), sock=sock, backlog=1024))
+        if self._run_dir is not None:
+            path = cancel_socket_path(self._run_dir, self._index)
+            self._servers.append(await loop.create_unix_server(lambda: ForwardedCancel(self.context), str(path)))
+
+    async def stop(self) -> None:
+        for server in self._servers:
+            server.close()
+        for session in list(self.context.sessions):
+            session.fail("57P01", "terminating connection because anonproxy is shutting down")
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(SHUTDOWN_GRACE):
+                for server in self._servers:
+                    await server.wait_closed()
+
+
+class ForwardedCancel(asyncio.Protocol):
+    """A sibling worker passes on a CancelRequest whose key this worker issued."""
+
+    def __init__(self, context: ProxyContext) -> None:
+        self._context = context
+        self._buffer = b""
+
+    def data_received(self, data: bytes) -> None:
+        self._buffer += data
+        with contextlib.suppress(pg.ProtocolViolation):
+            packet, _ = pg.read_startup_packet(self._buffer)
+            if isinstance(packet, pg.CancelRequest):
+                asyncio.ensure_future(self._context.cancel_keys.cancel(packet.process_id, packet.secret_key))
+
+
+async def serve_until_stopped(worker: Worker, ready: Callable[[], None] | None = None) -> None:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    await worker.start()
+    if ready is not None:
+        ready()
+    await stop.wait()
+    await worker.stop()
+
+
+def _worker_main(config: ProxyConfig, port: int, index: int, run_dir: Path, ready: Event) -> None:
+    from ..logs import setup_logging
+
+    setup_logging(config.log_level, config.log_format)
+    loop = new_event_loop()
+    try:
+        loop.run_until_complete(serve_until_stopped(Worker(config, port, index, run_dir), ready.set))
+    finally:
+        loop.close()
+
+
+def run_proxy(config: ProxyConfig, ready: Callable[[int], None] | None = None) -> None:
+    """Serve until SIGINT/SIGTERM. ``ready(port)`` is called once clients can connect."""
+    # Bind once to resolve port 0 and to hold the port while workers come and go.
+    placeholder = bind_socket(config.listen_host, config.listen_port)
+    port = placeholder.getsockname()[1]
+    try:
+        if config.workers == 1:
+            loop = new_event_loop()
+            try:
+                worker = Worker(config, port)
+                loop.run_until_complete(serve_until_stopped(worker, ready and (lambda: ready(port))))
+            finally:
+                loop.close()
+        else:
+            _supervise(config, port, ready)
+    finally:
+        placeholder.close()
+
+
+def _supervise(config: ProxyConfig, port: int, ready: Callable[[int], None] | None) -> None:
+    run_dir = Path(tempfile.mkdtemp(prefix="anonproxy-"))
+    fork = multiprocessing.get_context("fork")
+    stopping = False
+
+    def start(index: int) -> multiprocessing.process.BaseProcess:
+        event = fork.Event()
+        process = fork.Process(target=_worker_main, args=(config, port, index, run_dir, event), daemon=True)
+        process.start()
+        if not event.wait(30):
+            raise RuntimeError(f"worker {index} did not start")
+        return process
+
+    def request_stop(signum: int, frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    previous = {s: signal.signal(s, request_stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    workers = {}
+    try:
+        workers = {index: start(index) for index in range(config.workers)}
+        if ready is not None:
+            ready(port)
+        while not stopping:
+            for index, process in list(workers.items()):
+                process.join(timeout=0.5 / len(workers))
+                if process.exitcode is not None and not stopping:
+                    log.error("worker %d exited with code %s; restarting it", index, process.exitcode)
+                    workers[index] = start(index)
+    finally:
+        for process in workers.values():
+            if process.is_alive():
+                os.kill(process.pid, signal.SIGTERM)
+        for process in workers.values():
+            process.join(SHUTDOWN_GRACE + 1)
+            if process.is_alive():
+                process.kill()
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        shutil.rmtree(run_dir, ignore_errors=True)

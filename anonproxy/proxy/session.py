@@ -1,0 +1,295 @@
+"""One client session: a client connection paired with its upstream connection.
+
+Life of a session:
+
+1. STARTUP  the proxy reads untyped packets itself: SSLRequest (TLS or 'N'),
+            GSSENCRequest ('N'), CancelRequest, StartupMessage.
+2. AUTH     the StartupMessage goes upstream byte for byte and the proxy relays
+            the authentication exchange the server asks for (SCRAM, md5,
+            trust...). It reads the server's messages only to swap the
+            upstream BackendKeyData for keys of its own.
+3. RELAY    after the first ReadyForQuery, bytes flow both ways untouched; the
+            server-to-client stream is followed for message boundaries only.
+
+Errors the proxy raises itself reach the client as ErrorResponse; nothing
+else (no traceback) ever does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import ssl
+from dataclasses import dataclass, field
+from itertools import count
+
+from ..config import UpstreamAddress
+from ..wire import protocol as pg
+from ..wire.framing import BoundaryTracker, MessageBuffer
+from .cancel import CancelRegistry, UpstreamKey, send_cancel
+from .upstream import open_upstream
+
+log = logging.getLogger("anonproxy.session")
+
+_session_ids = count(1)
+TERMINATE = pg.message(b"X")
+
+
+@dataclass
+class ProxyContext:
+    """What every session of one worker shares."""
+
+    upstream: UpstreamAddress
+    cancel_keys: CancelRegistry
+    tls: ssl.SSLContext | None = None
+    startup_timeout: float = 60.0
+    sessions: set[ClientConnection] = field(default_factory=set)
+
+
+class State(enum.Enum):
+    STARTUP = enum.auto()
+    CONNECTING = enum.auto()
+    AUTH = enum.auto()
+    RELAY = enum.auto()
+    CLOSED = enum.auto()
+
+
+class ClientConnection(asyncio.Protocol):
+    def __init__(self, context: ProxyContext) -> None:
+        self.context = context
+        self.id = next(_session_ids)
+        self.state = State.STARTUP
+        self.transport: asyncio.Transport | None = None
+        self.upstream: UpstreamConnection | None = None
+        self.user = ""
+        self._startup_buffer = bytearray()
+        self._pending: list[bytes] = []  # client bytes that arrive while connecting upstream
+        self._tls_active = False
+        self._startup_timer: asyncio.TimerHandle | None = None
+        self._process_id: int | None = None
+        # Whether the client sent something the server has not yet answered with
+        # ReadyForQuery: approximate under pipelining, used only to cancel abandoned queries.
+        self.awaiting_server = False
+
+    # -- asyncio.Protocol -------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.context.sessions.add(self)
+        loop = asyncio.get_running_loop()
+        self._startup_timer = loop.call_later(self.context.startup_timeout, self._startup_timed_out)
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            if self.state is State.RELAY:
+                self.upstream.transport.write(data)  # type: ignore[union-attr]
+                if data != TERMINATE:
+                    self.awaiting_server = True
+            elif self.state is State.AUTH:
+                self.upstream.transport.write(data)  # type: ignore[union-attr]
+            elif self.state is State.STARTUP:
+                self._startup_received(data)
+            elif self.state is State.CONNECTING:
+                self._pending.append(data)
+        except Exception:
+            log.exception("session %d: internal error", self.id)
+            self.fail("XX000", "internal error in anonproxy; the connection is closed")
+
+    def eof_received(self) -> bool | None:
+        return None  # close the transport; connection_lost tidies up
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        previous = self.state
+        self.state = State.CLOSED
+        self.context.sessions.discard(self)
+        self._cancel_startup_timer()
+        if self._process_id is not None:
+            self.context.cancel_keys.unregister(self._process_id)
+        upstream = self.upstream
+        if upstream is not None and not upstream.closed:
+            if previous is State.RELAY and self.awaiting_server and upstream.key is not None:
+                # The client vanished mid-query: stop the query instead of letting it run on.
+                log.info("session %d: client gone during a query, cancelling it", self.id)
+                asyncio.ensure_future(send_cancel(upstream.key))
+            upstream.transport.close()
+
+    def pause_writing(self) -> None:
+        if self.upstream is not None and not self.upstream.closed:
+            self.upstream.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.upstream is not None and not self.upstream.closed:
+            self.upstream.transport.resume_reading()
+
+    # -- startup phase ----------------------------------------------------
+
+    def _startup_received(self, data: bytes) -> None:
+        self._startup_buffer += data
+        try:
+            while self.state is State.STARTUP:
+                packet, size = pg.read_startup_packet(self._startup_buffer)
+                if packet is None:
+                    return
+                raw = bytes(self._startup_buffer[:size])
+                del self._startup_buffer[:size]
+                self._handle_startup_packet(packet, raw)
+        except pg.ProtocolViolation as exc:
+            self.fail(exc.sqlstate, str(exc))
+
+    def _handle_startup_packet(self, packet: pg.StartupPacket, raw: bytes) -> None:
+        assert self.transport is not None
+        if isinstance(packet, pg.SSLRequest):
+            if self._startup_buffer:
+                # Bytes sent after SSLRequest before the handshake would bypass TLS (CVE-2021-23214).
+                raise pg.ProtocolViolation("received unencrypted data after SSL request")
+            if self.context.tls is None or self._tls_active:
+                self.transport.write(b"N")
+            else:
+                self.transport.write(b"S")
+                self.transport.pause_reading()
+                asyncio.ensure_future(self._start_tls())
+                self.state = State.CONNECTING  # nothing may be read until the handshake is done
+        elif isinstance(packet, pg.GSSENCRequest):
+            self.transport.write(b"N")
+        elif isinstance(packet, pg.CancelRequest):
+            asyncio.ensure_future(self.context.cancel_keys.cancel(packet.process_id, packet.secret_key))
+            self.state = State.CLOSED
+            self.transport.close()
+        else:
+            self.user = packet.user
+            self.state = State.CONNECTING
+            self._pending.append(raw)
+            self._pending.append(bytes(self._startup_buffer))
+            self._startup_buffer.clear()
+            asyncio.ensure_future(self._connect_upstream(packet))
+
+    async def _start_tls(self) -> None:
+        loop = asyncio.get_running_loop()
+        assert self.transport is not None and self.context.tls is not None
+        try:
+            transport = await loop.start_tls(self.transport, self, self.context.tls, server_side=True)
+        except (OSError, ssl.SSLError, ConnectionError, TimeoutError) as exc:
+            log.info("session %d: TLS handshake failed: %s", self.id, exc)
+            self.transport.abort()
+            return
+        if transport is None or self.state is State.CLOSED:
+            return
+        self.transport = transport  # type: ignore[assignment]
+        self._tls_active = True
+        self.state = State.STARTUP
+
+    async def _connect_upstream(self, startup: pg.StartupMessage) -> None:
+        address = self.context.upstream
+        try:
+            _, upstream = await open_upstream(address, lambda: UpstreamConnection(self))
+        except (OSError, TimeoutError) as exc:
+            log.warning("session %d: cannot connect to upstream %s: %s", self.id, address, exc)
+            self.fail("08006", "anonproxy cannot reach the PostgreSQL server",
+                      hint="The server may be down or restarting; try again shortly.")
+            return
+        if self.state is State.CLOSED:
+            upstream.transport.close()  # type: ignore[attr-defined]
+            return
+        self.upstream = upstream  # type: ignore[assignment]
+        self.state = State.AUTH
+        log.debug("session %d: user %r database %r connected upstream", self.id, startup.user, startup.database)
+        self.upstream.transport.writelines(self._pending)  # type: ignore[union-attr]
+        self._pending.clear()
+
+    def _startup_timed_out(self) -> None:
+        if self.state in (State.STARTUP, State.CONNECTING, State.AUTH):
+            log.info("session %d: startup not completed in %.0f s", self.id, self.context.startup_timeout)
+            self.fail("08P01", "startup and authentication did not complete in time")
+
+    def _cancel_startup_timer(self) -> None:
+        if self._startup_timer is not None:
+            self._startup_timer.cancel()
+            self._startup_timer = None
+
+    # -- called by the upstream side ---------------------------------------
+
+    def authenticated(self, key: UpstreamKey | None) -> bytes | None:
+        """The upstream sent BackendKeyData: return ours to send in its place."""
+        if key is None:
+            return None
+        self._process_id, secret = self.context.cancel_keys.register(key)
+        return pg.backend_key_data(self._process_id, secret)
+
+    def ready(self) -> None:
+        self._cancel_startup_timer()
+        self.state = State.RELAY
+
+    def fail(self, sqlstate: str, message: str, *, hint: str | None = None) -> None:
+        """Send a FATAL ErrorResponse and close the client connection."""
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(pg.error_response(sqlstate, message, severity="FATAL", hint=hint))
+            self.transport.close()
+        self.state = State.CLOSED
+
+
+class UpstreamConnection(asyncio.Protocol):
+    def __init__(self, client: ClientConnection) -> None:
+        self.client = client
+        self.transport: asyncio.Transport = None  # type: ignore[assignment]
+        self.tracker = BoundaryTracker()
+        self.key: UpstreamKey | None = None
+        self.closed = False
+        self._auth_messages: MessageBuffer | None = MessageBuffer()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.tracker.feed(data)
+            if self._auth_messages is None:
+                self.client.transport.write(data)  # type: ignore[union-attr]
+                if self.tracker.idle:
+                    self.client.awaiting_server = False
+            else:
+                self._auth_received(data)
+        except pg.ProtocolViolation as exc:
+            log.warning("session %d: upstream sent an invalid message: %s", self.client.id, exc)
+            self.transport.abort()
+        except Exception:
+            log.exception("session %d: internal error", self.client.id)
+            self.transport.abort()
+
+    def _auth_received(self, data: bytes) -> None:
+        assert self._auth_messages is not None
+        out: list[bytes] = []
+        for type_, body in self._auth_messages.feed(data):
+            if type_ == b"K":
+                process_id, secret_key = pg.parse_backend_key_data(body)
+                self.key = UpstreamKey(self.client.context.upstream, process_id, secret_key)
+                out.append(self.client.authenticated(self.key) or b"")
+                continue
+            out.append(pg.message(type_, body))
+            if type_ == b"Z":
+                # Anything after the first ReadyForQuery is ordinary traffic.
+                out.append(self._auth_messages.take_rest())
+                self._auth_messages = None
+                self.client.ready()
+                break
+        self.client.transport.writelines(out)  # type: ignore[union-attr]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        client = self.client
+        if client.state is State.CLOSED:
+            return
+        # Unless the server said goodbye itself (a FATAL ErrorResponse), tell the client why.
+        if self.tracker.at_boundary and self.tracker.last_type != b"E":
+            log.warning("session %d: upstream connection lost", client.id)
+            client.fail("08006", "the connection to the PostgreSQL server was lost",
+                        hint="The server may be restarting; reconnect.")
+        else:
+            client.state = State.CLOSED
+            client.transport.close()  # type: ignore[union-attr]
+
+    def pause_writing(self) -> None:
+        self.client.transport.pause_reading()  # type: ignore[union-attr]
+
+    def resume_writing(self) -> None:
+        self.client.transport.resume_reading()  # type: ignore[union-attr]

@@ -1,0 +1,91 @@
+"""Incremental framing of typed protocol messages, without I/O.
+
+Two tools for two jobs:
+
+* ``MessageBuffer`` collects whole messages when the proxy must look inside
+  them (the authentication exchange).
+* ``BoundaryTracker`` follows message boundaries of a stream that is
+  forwarded untouched, without copying it, so the proxy knows whether the
+  upstream is idle and whether it may inject a message of its own.
+"""
+
+from __future__ import annotations
+
+from .protocol import ProtocolViolation, read_header
+
+# PostgreSQL accepts messages up to 1 GB; anything larger is a broken peer.
+MAX_MESSAGE_SIZE = 1 << 30
+
+
+class MessageBuffer:
+    """Accumulates bytes and yields complete ``(type, body)`` messages."""
+
+    def __init__(self, max_size: int = MAX_MESSAGE_SIZE) -> None:
+        self._buffer = bytearray()
+        self._max_size = max_size
+
+    def feed(self, data: bytes) -> list[tuple[bytes, bytes]]:
+        """Add bytes; return the messages they complete, leaving a partial one buffered."""
+        self._buffer += data
+        messages = []
+        offset = 0
+        while len(self._buffer) - offset >= 5:
+            type_, size = read_header(self._buffer, offset)
+            if size > self._max_size:
+                raise ProtocolViolation(f"message of type {type_!r} is too large: {size} bytes", "54000")
+            if len(self._buffer) - offset < size:
+                break
+            messages.append((type_, bytes(self._buffer[offset + 5 : offset + size])))
+            offset += size
+        del self._buffer[:offset]
+        return messages
+
+    def take_rest(self) -> bytes:
+        """Bytes received after the last complete message (and forget them)."""
+        rest = bytes(self._buffer)
+        self._buffer.clear()
+        return rest
+
+
+class BoundaryTracker:
+    """Follows the message boundaries of a server-to-client stream.
+
+    ``feed`` costs O(1) for data inside a long message and one header read
+    per message otherwise; it never copies the stream.
+    """
+
+    def __init__(self) -> None:
+        self._remaining = 0  # bytes of the current message not yet seen
+        self.last_type = b""  # type of the current (or last complete) message
+        self._header = b""  # a header split across two feeds
+        self.transaction_status = b"I"  # from the last ReadyForQuery
+        self.idle = True  # the last complete message was ReadyForQuery
+
+    @property
+    def at_boundary(self) -> bool:
+        return self._remaining == 0 and not self._header
+
+    def feed(self, data: bytes) -> None:
+        if self._header:
+            data = self._header + data
+            self._header = b""
+        size = len(data)
+        offset = self._remaining
+        if 0 < offset <= size:
+            self._message_complete(data, offset)
+        while offset < size:
+            if size - offset < 5:
+                self._header = data[offset:]
+                self._remaining = 0
+                return
+            self.last_type, length = read_header(data, offset)
+            self.idle = False
+            offset += length
+            if offset <= size:
+                self._message_complete(data, offset)
+        self._remaining = offset - size
+
+    def _message_complete(self, data: bytes, end: int) -> None:
+        if self.last_type == b"Z":
+            self.transaction_status = data[end - 1 : end]
+            self.idle = True

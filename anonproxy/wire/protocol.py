@@ -1,0 +1,198 @@
+"""PostgreSQL protocol v3 messages: constants, parsers and builders.
+
+Pure functions over bytes, no I/O (sans-I/O in the manner of h11): the
+networking layer in ``anonproxy.proxy`` feeds bytes in and writes the bytes
+these functions return.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+
+# Codes carried in the version field of untyped (startup-phase) packets.
+PROTOCOL_V3 = 3 << 16
+CANCEL_REQUEST_CODE = 80877102
+SSL_REQUEST_CODE = 80877103
+GSSENC_REQUEST_CODE = 80877104
+
+# PostgreSQL's own limit for a startup packet (MAX_STARTUP_PACKET_LENGTH).
+MAX_STARTUP_PACKET = 10_000
+
+_I32 = struct.Struct("!i")
+_HEADER = struct.Struct("!ci")
+
+
+class ProtocolViolation(Exception):
+    """The peer sent bytes that are not valid protocol v3; carries a SQLSTATE."""
+
+    def __init__(self, message: str, sqlstate: str = "08P01") -> None:
+        super().__init__(message)
+        self.sqlstate = sqlstate
+
+
+@dataclass(frozen=True)
+class SSLRequest:
+    pass
+
+
+@dataclass(frozen=True)
+class GSSENCRequest:
+    pass
+
+
+@dataclass(frozen=True)
+class CancelRequest:
+    process_id: int
+    secret_key: int
+
+
+@dataclass(frozen=True)
+class StartupMessage:
+    version: int
+    parameters: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def user(self) -> str:
+        return self.parameters["user"]
+
+    @property
+    def database(self) -> str:
+        return self.parameters.get("database") or self.user
+
+
+StartupPacket = SSLRequest | GSSENCRequest | CancelRequest | StartupMessage
+
+
+def read_startup_packet(buffer: bytes | bytearray) -> tuple[StartupPacket | None, int]:
+    """Parse one untyped startup-phase packet from the front of ``buffer``.
+
+    Returns ``(packet, bytes consumed)``, or ``(None, 0)`` when more bytes are
+    needed. Raises ProtocolViolation for a packet PostgreSQL would refuse.
+    """
+    if len(buffer) < 4:
+        return None, 0
+    (length,) = _I32.unpack_from(buffer, 0)
+    if length < 8 or length > MAX_STARTUP_PACKET:
+        raise ProtocolViolation(f"invalid length of startup packet: {length}")
+    if len(buffer) < length:
+        return None, 0
+    return parse_startup_packet(bytes(buffer[4:length])), length
+
+
+def parse_startup_packet(body: bytes) -> StartupPacket:
+    """Parse the body of a startup-phase packet (everything after the length)."""
+    (code,) = _I32.unpack_from(body, 0)
+    if code == SSL_REQUEST_CODE and len(body) == 4:
+        return SSLRequest()
+    if code == GSSENC_REQUEST_CODE and len(body) == 4:
+        return GSSENCRequest()
+    if code == CANCEL_REQUEST_CODE and len(body) == 12:
+        process_id, secret_key = struct.unpack_from("!ii", body, 4)
+        return CancelRequest(process_id, secret_key)
+    major, minor = code >> 16, code & 0xFFFF
+    if major != 3:
+        raise ProtocolViolation(
+            f"unsupported frontend protocol {major}.{minor}: "
+            "server supports 3.0 to 3.0",
+            sqlstate="0A000",
+        )
+    return StartupMessage(code, _parse_parameters(body[4:]))
+
+
+def _parse_parameters(data: bytes) -> dict[str, str]:
+    if not data.endswith(b"\0"):
+        raise ProtocolViolation("invalid startup packet layout: expected terminator as last byte")
+    items = data[:-1].split(b"\0")
+    if items == [b""]:
+        items = []
+    if items and items[-1] == b"":
+        items.pop()  # the list ends with an empty name
+    if len(items) % 2:
+        raise ProtocolViolation("invalid startup packet layout: a parameter has no value")
+    try:
+        decoded = [item.decode("utf-8") for item in items]
+    except UnicodeDecodeError as exc:
+        raise ProtocolViolation("invalid startup packet: parameters are not valid UTF-8") from exc
+    parameters = dict(zip(decoded[0::2], decoded[1::2]))
+    if not parameters.get("user"):
+        raise ProtocolViolation("no PostgreSQL user name specified in startup packet", "28000")
+    return parameters
+
+
+def startup_message(parameters: dict[str, str], version: int = PROTOCOL_V3) -> bytes:
+    body = b"".join(k.encode() + b"\0" + v.encode() + b"\0" for k, v in parameters.items())
+    body = _I32.pack(version) + body + b"\0"
+    return _I32.pack(len(body) + 4) + body
+
+
+def cancel_request(process_id: int, secret_key: int) -> bytes:
+    return struct.pack("!iiii", 16, CANCEL_REQUEST_CODE, process_id, secret_key)
+
+
+def ssl_request() -> bytes:
+    return struct.pack("!ii", 8, SSL_REQUEST_CODE)
+
+
+def message(type_: bytes, body: bytes = b"") -> bytes:
+    """A typed message: one type byte, a length that counts itself, the body."""
+    return _HEADER.pack(type_, len(body) + 4) + body
+
+
+def read_header(buffer: bytes | bytearray | memoryview, offset: int) -> tuple[bytes, int]:
+    """Type byte and total size (type byte included) of the message at offset."""
+    type_, length = _HEADER.unpack_from(buffer, offset)
+    if length < 4:
+        raise ProtocolViolation(f"invalid message length {length} for message type {type_!r}")
+    return type_, length + 1
+
+
+# Field codes of ErrorResponse / NoticeResponse.
+SEVERITY, SEVERITY_NONLOCALIZED, SQLSTATE, MESSAGE, DETAIL, HINT = b"S", b"V", b"C", b"M", b"D", b"H"
+
+
+def error_response(
+    sqlstate: str,
+    text: str,
+    *,
+    severity: str = "ERROR",
+    detail: str | None = None,
+    hint: str | None = None,
+    type_: bytes = b"E",
+) -> bytes:
+    """ErrorResponse (or NoticeResponse with ``type_=b"N"``)."""
+    fields = [(SEVERITY, severity), (SEVERITY_NONLOCALIZED, severity), (SQLSTATE, sqlstate), (MESSAGE, text)]
+    if detail:
+        fields.append((DETAIL, detail))
+    if hint:
+        fields.append((HINT, hint))
+    body = b"".join(code + value.encode("utf-8", "replace") + b"\0" for code, value in fields)
+    return message(type_, body + b"\0")
+
+
+def parse_fields(body: bytes) -> dict[str, str]:
+    """Fields of an ErrorResponse / NoticeResponse body, keyed by field code."""
+    fields: dict[str, str] = {}
+    for item in body.split(b"\0"):
+        if item:
+            fields[chr(item[0])] = item[1:].decode("utf-8", "replace")
+    return fields
+
+
+def backend_key_data(process_id: int, secret_key: int) -> bytes:
+    return message(b"K", struct.pack("!ii", process_id, secret_key))
+
+
+def parse_backend_key_data(body: bytes) -> tuple[int, int]:
+    if len(body) != 8:
+        raise ProtocolViolation("invalid BackendKeyData message")
+    process_id, secret_key = struct.unpack("!ii", body)
+    return process_id, secret_key
+
+
+def parameter_status(name: str, value: str) -> bytes:
+    return message(b"S", name.encode() + b"\0" + value.encode() + b"\0")
+
+
+def ready_for_query(status: bytes = b"I") -> bytes:
+    return message(b"Z", status)

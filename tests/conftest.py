@@ -1,0 +1,156 @@
+"""Test fixtures: one real PostgreSQL per session, a fresh database per test, the real proxy.
+
+The server runs as the `postgres` OS user when the suite runs as root (see
+anonproxy.embedded). Each test gets a database cloned from a template that
+holds the `anonproxy` schema and the `adult` table, through pytest-postgresql's
+DatabaseJanitor. The proxy is the real `anonproxy serve` command in a child
+process, with two workers so that cancel requests cross workers.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+import pytest
+from pytest_postgresql import factories
+from pytest_postgresql.executors.noop import NoopExecutor
+from pytest_postgresql.janitor import DatabaseJanitor
+
+from anonproxy import demo, sample_data, schema
+from anonproxy.embedded import EmbeddedPostgres
+
+# Roles that exercise each authentication method the proxy must relay.
+AUTH_ROLES = {"scram_user": "scram-sha-256", "md5_user": "md5", "trust_user": "trust"}
+TEST_DATABASE = "anonproxy_test"
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    host: str
+    port: int
+
+    def dsn(self, dbname: str, user: str = "scram_user", password: str | None = None) -> str:
+        password = user if password is None else password
+        return f"host={self.host} port={self.port} dbname={dbname} user={user} password={password}"
+
+    def url(self, dbname: str, user: str = "scram_user", password: str | None = None) -> str:
+        password = user if password is None else password
+        return f"postgresql://{user}:{password}@{self.host}:{self.port}/{dbname}"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[EmbeddedPostgres]:
+    hba = [f"host all {role} 127.0.0.1/32 {method}" for role, method in AUTH_ROLES.items() if method != "scram-sha-256"]
+    with EmbeddedPostgres(hba_extra=hba) as server:
+        with psycopg.connect(server.conninfo(), autocommit=True) as conn:
+            for role, method in AUTH_ROLES.items():
+                encryption = "md5" if method == "md5" else "scram-sha-256"
+                conn.execute(f"SET password_encryption = '{encryption}'")
+                conn.execute(f"DROP ROLE IF EXISTS {role}")
+                conn.execute(f"CREATE ROLE {role} LOGIN SUPERUSER PASSWORD '{role}'")
+        yield server
+
+
+@pytest.fixture(scope="session")
+def pg_template(pg_server: EmbeddedPostgres) -> Iterator[NoopExecutor]:
+    """The server as pytest-postgresql sees it, with a template database of sample data."""
+    executor = NoopExecutor(
+        host=pg_server.host, port=pg_server.port, user=pg_server.superuser,
+        password=pg_server.password, dbname=TEST_DATABASE, options="",
+    )
+    janitor = DatabaseJanitor(
+        user=executor.user, host=executor.host, port=executor.port, dbname=executor.template_dbname,
+        password=executor.password,
+    )
+    with janitor:
+        with psycopg.connect(pg_server.conninfo(dbname=executor.template_dbname)) as conn:
+            schema.install(conn)
+            sample_data.load_adult(conn)
+            demo.create_demo_roles(conn, executor.template_dbname)
+        yield executor
+
+
+# A fresh database per test, cloned from the template; a superuser connection to it.
+postgresql = factories.postgresql("pg_template")
+
+
+@pytest.fixture
+def dbname(postgresql: psycopg.Connection) -> str:
+    postgresql.commit()
+    return postgresql.info.dbname
+
+
+@pytest.fixture(scope="session")
+def direct(pg_server: EmbeddedPostgres) -> Endpoint:
+    return Endpoint(pg_server.host, pg_server.port)
+
+
+@dataclass
+class ProxyProcess:
+    endpoint: Endpoint
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+def start_proxy(upstream: str, log_path: Path, **settings: str) -> ProxyProcess:
+    """Run `anonproxy serve` configured through the environment; wait until it accepts clients."""
+    port = free_port()
+    env = {**os.environ, "ANONPROXY_LISTEN_PORT": str(port), "ANONPROXY_UPSTREAM": upstream,
+           **{f"ANONPROXY_{k.upper()}": v for k, v in settings.items()}}
+    log_file = log_path.open("wb")
+    process = subprocess.Popen([sys.executable, "-m", "anonproxy.cli", "serve"], env=env,
+                               stdout=log_file, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 15
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                process.kill()
+                raise RuntimeError(f"anonproxy did not start:\n{log_path.read_text()}")
+            time.sleep(0.05)
+    return ProxyProcess(Endpoint("127.0.0.1", port), process, log_path)
+
+
+def stop_proxy(proxy: ProxyProcess) -> None:
+    proxy.process.send_signal(signal.SIGTERM)
+    try:
+        proxy.process.wait(15)
+    except subprocess.TimeoutExpired:
+        proxy.process.kill()
+        raise
+
+
+@pytest.fixture(scope="session")
+def proxy_process(pg_server: EmbeddedPostgres, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyProcess]:
+    log_path = tmp_path_factory.mktemp("proxy") / "anonproxy.log"
+    proxy = start_proxy(f"host={pg_server.host} port={pg_server.port}", log_path, workers="2", log_level="debug")
+    yield proxy
+    stop_proxy(proxy)
+    # Whatever the tests threw at it, the proxy never crashed into a traceback.
+    assert "Traceback" not in proxy.log(), proxy.log()
+    assert proxy.process.returncode == 0, proxy.log()
+
+
+@pytest.fixture(scope="session")
+def proxy(proxy_process: ProxyProcess) -> Endpoint:
+    return proxy_process.endpoint
