@@ -39,7 +39,7 @@ def create_demo_roles(conn: psycopg.Connection, dbname: str) -> None:
     database = sql.Identifier(dbname)
     direct = sql.SQL(", ").join(map(sql.Identifier, DIRECT_ROLES))
     restricted = sql.SQL(", ").join(map(sql.Identifier, RESTRICTED_ROLES))
-    statements = [
+    statements: list[sql.SQL | sql.Composed] = [
         sql.SQL("grant connect, temporary on database {} to {}").format(database, direct),
         sql.SQL("grant pg_read_all_data to {}").format(direct),
         sql.SQL("revoke temporary on database {} from public").format(database),

@@ -78,7 +78,8 @@ def find_pg_bindir() -> Path:
     for candidate in debian_dirs:
         if _has_server_programs(candidate):
             return candidate
-    tried.append("/usr/lib/postgresql/*/bin" + (f" ({len(debian_dirs)} without all programs)" if debian_dirs else " (none)"))
+    found = f"{len(debian_dirs)} without all programs" if debian_dirs else "none"
+    tried.append(f"/usr/lib/postgresql/*/bin ({found})")
     raise EmbeddedPostgresError(
         f"PostgreSQL server programs ({', '.join(_SERVER_PROGRAMS)}) not found; tried: {'; '.join(tried)}"
     )
@@ -307,7 +308,8 @@ class EmbeddedPostgres:
             raise EmbeddedPostgresError(
                 f"a server is already running on {data_dir}; stop it with: {pg_ctl} stop -D {data_dir}"
             )
-        args = [pg_ctl, "start", "-D", str(data_dir), "-l", str(self.log_file), "-w", "-t", str(math.ceil(timeout)), "-s"]
+        wait = ["-w", "-t", str(math.ceil(timeout))]
+        args = [pg_ctl, "start", "-D", str(data_dir), "-l", str(self.log_file), *wait, "-s"]
         try:
             result = self._run(args, timeout=timeout + 10)
         except subprocess.TimeoutExpired:
@@ -328,7 +330,7 @@ class EmbeddedPostgres:
             lines = self.log_file.read_text(errors="replace").splitlines()[-_LOG_TAIL_LINES:]
         except OSError:
             return ""
-        return f"\n--- last lines of {self.log_file} ---\n" + "\n".join(lines)
+        return "\n--- end of the server log ---\n" + "\n".join(lines)
 
     # -- helpers --------------------------------------------------------------
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import csv
 import gzip
-import io
 from collections.abc import Iterator
 from importlib.resources import files
 
@@ -35,8 +34,10 @@ class SampleDataError(RuntimeError):
 def adult_rows() -> Iterator[tuple[int | str, ...]]:
     """Complete rows of adult.data as (id, age, workclass, ...), values trimmed, numbers as int."""
     converters = [int if name in _INTEGER_COLUMNS else str for name in ADULT_COLUMNS[1:]]
-    with files("anonproxy.data").joinpath("adult.data.gz").open("rb") as raw:
-        text = io.TextIOWrapper(gzip.GzipFile(fileobj=raw), encoding="ascii", newline="")
+    with (
+        files("anonproxy.data").joinpath("adult.data.gz").open("rb") as raw,
+        gzip.open(raw, "rt", encoding="ascii", newline="") as text,
+    ):
         row_id = 0
         for fields in csv.reader(text):
             values = [field.strip() for field in fields]
@@ -57,7 +58,7 @@ def load_adult(conn: psycopg.Connection, table: str = "public.adult") -> int:
         if _scalar(conn, sql.SQL("select to_regclass(%s)"), (table,)) is not None:
             count = _scalar(conn, sql.SQL("select count(*) from {}").format(target))
             if count == ADULT_ROW_COUNT:
-                return count
+                return ADULT_ROW_COUNT
             raise SampleDataError(
                 f"table {table} already exists with {count} rows, not the {ADULT_ROW_COUNT} Adult rows; "
                 "drop it or choose another name"
@@ -78,7 +79,7 @@ def load_adult(conn: psycopg.Connection, table: str = "public.adult") -> int:
     return loaded
 
 
-def _scalar(conn: psycopg.Connection, query: sql.Composable, params: tuple[object, ...] = ()) -> object:
+def _scalar(conn: psycopg.Connection, query: sql.SQL | sql.Composed, params: tuple[object, ...] = ()) -> object:
     row = conn.execute(query, params).fetchone()
     assert row is not None
     return row[0]

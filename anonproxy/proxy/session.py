@@ -71,6 +71,7 @@ class ClientConnection(asyncio.Protocol):
         # Whether the client sent something the server has not yet answered with
         # ReadyForQuery: approximate under pipelining, used only to cancel abandoned queries.
         self.awaiting_server = False
+        self.terminating = False  # the client sent Terminate: the server will hang up
 
     # -- asyncio.Protocol -------------------------------------------------
 
@@ -84,7 +85,9 @@ class ClientConnection(asyncio.Protocol):
         try:
             if self.state is State.RELAY:
                 self.upstream.transport.write(data)  # type: ignore[union-attr]
-                if data != TERMINATE:
+                if data.endswith(TERMINATE):
+                    self.terminating = True
+                else:
                     self.awaiting_server = True
             elif self.state is State.AUTH:
                 self.upstream.transport.write(data)  # type: ignore[union-attr]
@@ -279,8 +282,8 @@ class UpstreamConnection(asyncio.Protocol):
         client = self.client
         if client.state is State.CLOSED:
             return
-        # Unless the server said goodbye itself (a FATAL ErrorResponse), tell the client why.
-        if self.tracker.at_boundary and self.tracker.last_type != b"E":
+        # Unless the client asked for it or the server said why (a FATAL ErrorResponse), tell the client.
+        if self.tracker.at_boundary and self.tracker.last_type != b"E" and not client.terminating:
             log.warning("session %d: upstream connection lost", client.id)
             client.fail("08006", "the connection to the PostgreSQL server was lost",
                         hint="The server may be restarting; reconnect.")
