@@ -12,7 +12,9 @@ from pathlib import Path
 import psycopg
 
 from .config import ConfigError, ProxyConfig, load_config
+from .embedded import EmbeddedPostgres, EmbeddedPostgresError
 from .logs import setup_logging
+from .proxy.server import ProxyStartError, run_proxy
 
 log = logging.getLogger("anonproxy")
 
@@ -27,6 +29,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"anonproxy: configuration error: {exc}", file=sys.stderr)
         return 2
+    except (ProxyStartError, EmbeddedPostgresError) as exc:
+        print(f"anonproxy: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
 
@@ -53,8 +58,6 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from .proxy.server import run_proxy
-
     config = load_config(args.config)
     setup_logging(config.log_level, config.log_format)
     run_proxy(config, ready=lambda port: log.info("listening on %s:%d, upstream %s", config.listen_host, port,
@@ -78,8 +81,6 @@ def _install(args: argparse.Namespace) -> int:
 
 def _up(args: argparse.Namespace) -> int:
     from . import demo, sample_data, schema
-    from .embedded import EmbeddedPostgres
-    from .proxy.server import run_proxy
 
     setup_logging(args.log_level)
     # SIGTERM before the proxy takes over signals must still stop the server we start.
@@ -89,7 +90,8 @@ def _up(args: argparse.Namespace) -> int:
             schema.install(conn)
             rows = sample_data.load_adult(conn)
             demo.create_demo_roles(conn, DEMO_DATABASE)
-        log.info("PostgreSQL on 127.0.0.1:%d, table public.adult has %d rows", server.port, rows)
+        log.info("PostgreSQL on 127.0.0.1:%d, data in %s; table public.adult has %d rows",
+                 server.port, server.data_dir, rows)
         config = ProxyConfig(listen_port=args.port, workers=args.workers, log_level=args.log_level,
                              upstream=f"host={server.host} port={server.port}")
 

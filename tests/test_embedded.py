@@ -14,6 +14,7 @@ import tempfile
 from collections.abc import Iterator
 from importlib.resources import files
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import psycopg
@@ -62,6 +63,12 @@ def superuser(pg: EmbeddedPostgres, dbname: str = "postgres") -> psycopg.Connect
     return psycopg.connect(pg.conninfo(dbname=dbname), autocommit=True)
 
 
+def scalar(conn: psycopg.Connection, query: str) -> Any:
+    row = conn.execute(query).fetchone()
+    assert row is not None
+    return row[0]
+
+
 def first_auth_request(pg: EmbeddedPostgres, user: str) -> tuple[int, bytes]:
     """Send a StartupMessage and return the server's first Authentication request (code, payload)."""
     params = b"user\0" + user.encode() + b"\0database\0postgres\0\0"
@@ -87,11 +94,11 @@ def test_throwaway_server_settings(server: EmbeddedPostgres) -> None:
     assert server.data_dir is not None and server.socket_dir == server.data_dir
     assert (server.socket_dir / f".s.PGSQL.{server.port}").is_socket()
     with superuser(server) as conn:
-        show = {name: conn.execute(f"show {name}").fetchone()[0] for name in (
+        show = {name: scalar(conn, f"show {name}") for name in (
             "listen_addresses", "port", "fsync", "password_encryption", "server_encoding", "lc_collate",
             "cluster_name", "work_mem",
         )}  # fmt: skip
-        stored = conn.execute("select rolpassword from pg_authid where rolname = 'postgres'").fetchone()[0]
+        stored = scalar(conn, "select rolpassword from pg_authid where rolname = 'postgres'")
     assert show == {
         "listen_addresses": "127.0.0.1",
         "port": str(server.port),
@@ -110,7 +117,9 @@ def test_scram_is_required_and_a_wrong_password_fails_with_28P01(server: Embedde
     assert code == AUTH_SASL and b"SCRAM-SHA-256\0" in mechanisms
 
     async def connect_with_wrong_password() -> None:
-        await asyncpg.connect(host=server.host, port=server.port, user="postgres", password="wrong", database="postgres")
+        await asyncpg.connect(
+            host=server.host, port=server.port, user="postgres", password="wrong", database="postgres"
+        )
 
     with pytest.raises(asyncpg.InvalidPasswordError) as excinfo:
         asyncio.run(connect_with_wrong_password())
@@ -209,7 +218,8 @@ def test_load_adult(adult_server: EmbeddedPostgres) -> None:
         assert load_adult(conn) == 30162  # already there: nothing to do
         assert conn.execute("select count(*) from adult").fetchone() == (30162,)
     assert [name for name, _ in columns] == list(ADULT_COLUMNS)
-    assert dict(columns)["age"] == "integer" and dict(columns)["workclass"] == "text"
+    types = {name: data_type for name, data_type in columns}
+    assert types["age"] == "integer" and types["workclass"] == "text"
     assert first == (
         1, 39, "State-gov", 77516, "Bachelors", 13, "Never-married", "Adm-clerical",
         "Not-in-family", "White", "Male", 2174, 0, 40, "United-States", "<=50K",

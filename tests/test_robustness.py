@@ -171,18 +171,15 @@ def test_a_misbehaving_client_does_not_disturb_others(proxy: Endpoint, dbname: s
         assert conn.execute("select count(*) from adult where sex = 'Female'").fetchone() == (9782,)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.binary(min_size=1, max_size=120))
 def test_fuzz_server_with_random_startup_bytes(proxy: Endpoint, data: bytes) -> None:
-    """Whatever arrives first, the answer is nothing, 'N', 'S' or an ErrorResponse — never a crash."""
+    """Whatever arrives first, then end of input: the answer is nothing, 'N', an ErrorResponse
+    or the server's authentication request, and the proxy hangs up — never a crash."""
     with open_raw(proxy) as sock:
-        sock.settimeout(0.5)
         sock.sendall(data)
-        try:
-            first = sock.recv(1)
-        except TimeoutError:
-            return  # the proxy waits for the rest of a packet, as it should
-        assert first in (b"", b"N", b"E", b"R"), first
+        sock.shutdown(socket.SHUT_WR)
+        assert sock.recv(1) in (b"", b"N", b"E", b"R")
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -33,6 +33,10 @@ log = logging.getLogger("anonproxy.server")
 SHUTDOWN_GRACE = 5.0
 
 
+class ProxyStartError(RuntimeError):
+    """The proxy cannot start serving (e.g. its port is taken)."""
+
+
 def tls_context(config: ProxyConfig) -> ssl.SSLContext | None:
     if config.tls_cert is None:
         return None
@@ -41,11 +45,12 @@ def tls_context(config: ProxyConfig) -> ssl.SSLContext | None:
     return context
 
 
-def bind_socket(host: str, port: int) -> socket.socket:
+def bind_socket(host: str, port: int, reuse_port: bool = True) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind((host, port))
     sock.setblocking(False)
     return sock
@@ -134,9 +139,16 @@ def _worker_main(config: ProxyConfig, port: int, index: int, run_dir: Path, read
 
 def run_proxy(config: ProxyConfig, ready: Callable[[int], None] | None = None) -> None:
     """Serve until SIGINT/SIGTERM. ``ready(port)`` is called once clients can connect."""
-    # Bind once to resolve port 0 and to hold the port while workers come and go.
-    placeholder = bind_socket(config.listen_host, config.listen_port)
-    port = placeholder.getsockname()[1]
+    try:
+        # An exclusive bind first: another process sharing the port through
+        # SO_REUSEPORT (a second anonproxy, say) would otherwise split our clients.
+        with bind_socket(config.listen_host, config.listen_port, reuse_port=False) as probe:
+            port = probe.getsockname()[1]
+        # Hold the port while workers come and go.
+        placeholder = bind_socket(config.listen_host, port)
+        tls_context(config)  # unreadable certificate files fail here, not in each worker
+    except (OSError, ssl.SSLError) as exc:
+        raise ProxyStartError(f"cannot listen on {config.listen_host}:{config.listen_port}: {exc}") from exc
     try:
         if config.workers == 1:
             loop = new_event_loop()

@@ -1,0 +1,202 @@
+"""The command line: `anonproxy up` end to end, `serve` settings, `install`."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from anonproxy.config import ConfigError, ProxyConfig, UpstreamAddress, load_config
+from anonproxy.embedded import EmbeddedPostgres
+from conftest import free_port
+
+
+class Up:
+    """`anonproxy up` in a child process, read line by line until it prints its connection strings."""
+
+    def __init__(self, *args: str) -> None:
+        self.process = subprocess.Popen([sys.executable, "-m", "anonproxy", "up", *args], stdout=subprocess.PIPE,
+                                        stderr=subprocess.STDOUT, text=True)
+        self.output: list[str] = []
+        self.urls: dict[str, str] = {}
+        deadline = time.monotonic() + 60
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.output.append(line)
+            parts = line.split()
+            if len(parts) == 2 and parts[1].startswith("postgresql://"):
+                self.urls[parts[0]] = parts[1]
+            if "Press Ctrl-C" in line or time.monotonic() > deadline:
+                break
+        assert set(self.urls) == {"dba", "reporter", "analyst"}, "".join(self.output)
+
+    def stop(self) -> str:
+        self.process.send_signal(signal.SIGTERM)
+        rest, _ = self.process.communicate(timeout=30)
+        return "".join(self.output) + rest
+
+
+def psql(url: str, sql: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["psql", url, "-X", "-A", "-t", "-c", sql], capture_output=True, text=True, timeout=30)
+
+
+def postgres_processes_for(data_dir: str) -> int:
+    result = subprocess.run(["pgrep", "-f", f"postgres -D {data_dir}"], capture_output=True, text=True)
+    return len(result.stdout.split())
+
+
+def test_up_serves_the_demo_and_cleans_up() -> None:
+    port = free_port()
+    up = Up("--port", str(port))
+    try:
+        assert up.urls["dba"] == f"postgresql://dba:dba@127.0.0.1:{port}/postgres"
+        assert psql(up.urls["dba"], "select count(*) from adult").stdout.strip() == "30162"
+        for role in ("analyst", "reporter"):
+            refused = psql(up.urls[role], "select count(*) from adult")
+            assert refused.returncode != 0 and "permission denied for table adult" in refused.stderr
+        assert psql(up.urls["dba"], "select count(*) from anonproxy.schema_migrations").stdout.strip() >= "1"
+        server_line = next(line for line in up.output if "PostgreSQL on 127.0.0.1:" in line)
+        server_port = int(server_line.split("127.0.0.1:")[1].split(",")[0])
+        data_dir = server_line.split("data in ")[1].split(";")[0]
+        # The embedded server itself demands passwords (scram-sha-256), and only on loopback.
+        with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
+            psycopg.connect(f"host=127.0.0.1 port={server_port} user=dba password=wrong dbname=postgres")
+        with psycopg.connect(f"host=127.0.0.1 port={server_port} user=dba password=dba dbname=postgres") as conn:
+            assert conn.execute("show listen_addresses").fetchone() == ("127.0.0.1",)
+        assert "trust" not in [line.split()[-1] for line in (Path(data_dir) / "pg_hba.conf").read_text().splitlines()
+                               if line.strip() and not line.startswith("#")]
+    finally:
+        output = up.stop()
+    assert up.process.returncode == 0, output
+    assert "Traceback" not in output
+    assert not Path(data_dir).exists(), "the throwaway data directory should be removed"
+    assert postgres_processes_for(data_dir) == 0
+
+
+@pytest.fixture
+def data_dir() -> Iterator[Path]:
+    base = Path(tempfile.mkdtemp(prefix="anonproxy-up-"))
+    base.chmod(0o755)  # the postgres OS user must reach the data directory inside
+    yield base / "data"
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def test_up_with_data_dir_keeps_and_reuses_it(data_dir: Path) -> None:
+    port = free_port()
+    first = Up("--port", str(port), "--data-dir", str(data_dir))
+    try:
+        assert psql(first.urls["dba"], "select count(*) from adult").stdout.strip() == "30162"
+        marker = psql(first.urls["dba"], "select oid from pg_class where relname = 'adult'").stdout.strip()
+    finally:
+        first.stop()
+    assert (data_dir / "PG_VERSION").exists()
+    second = Up("--port", str(port), "--data-dir", str(data_dir))
+    try:
+        # The same table, not a reloaded copy.
+        assert psql(second.urls["dba"], "select oid from pg_class where relname = 'adult'").stdout.strip() == marker
+        assert psql(second.urls["dba"], "select count(*) from adult").stdout.strip() == "30162"
+    finally:
+        second.stop()
+    assert second.process.returncode == 0
+
+
+def test_up_refuses_a_busy_port() -> None:
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        result = subprocess.run([sys.executable, "-m", "anonproxy", "up", "--port", str(busy.getsockname()[1])],
+                                capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr
+    assert "address already in use" in result.stderr.lower()
+
+
+# -- serve settings ----------------------------------------------------------------
+
+
+def test_settings_come_from_file_then_environment(tmp_path: Path) -> None:
+    path = tmp_path / "anonproxy.yaml"
+    path.write_text("listen_port: 7000\nworkers: 3\nupstream: host=db.internal port=5433\nlog_format: json\n")
+    config = load_config(path, environ={"ANONPROXY_WORKERS": "2", "ANONPROXY_LOG_LEVEL": "debug"})
+    assert config == ProxyConfig(listen_port=7000, workers=2, upstream="host=db.internal port=5433",
+                                 log_format="json", log_level="debug")
+    assert config.upstream_address == UpstreamAddress("db.internal", 5433)
+    assert load_config(None, environ={"ANONPROXY_UPSTREAM": "postgresql:///x?host=/run/pg&port=5999"}
+                       ).upstream_address.unix_path == "/run/pg/.s.PGSQL.5999"
+
+
+@pytest.mark.parametrize(
+    ("text", "environ", "words"),
+    [
+        ("listen_port: 70000\n", {}, "listen_port must be between 0 and 65535"),
+        ("workers: 0\n", {}, "workers must be between 1 and 64"),
+        ("colour: blue\n", {}, "unknown setting 'colour'"),
+        ("", {"ANONPROXY_LISTEN_PORT": "six"}, "setting listen_port has an invalid value 'six'"),
+        ("tls_cert: /x.crt\n", {}, "tls_cert and tls_key must be given together"),
+        ("log_format: xml\n", {}, "log_format must be one of text, json"),
+        ("upstream: 'host=a,b'\n", {}, "upstream must name a single host"),
+        ("upstream: 'nonsense without equals'\n", {}, "upstream is not a valid PostgreSQL connection string"),
+        ("- a list\n", {}, "must hold a mapping of settings"),
+    ],
+)
+def test_bad_settings_are_named(tmp_path: Path, text: str, environ: dict[str, str], words: str) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=words):
+        load_config(path, environ=environ)
+
+
+def test_serve_reports_a_bad_config_without_traceback(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("workers: many\n")
+    result = subprocess.run([sys.executable, "-m", "anonproxy", "serve", "--config", str(path)],
+                            capture_output=True, text=True, timeout=30)
+    assert result.returncode == 2
+    assert result.stderr.strip() == ("anonproxy: configuration error: setting workers has an invalid value 'many': "
+                                     "expected int")
+
+
+def test_serve_with_json_logs_and_one_worker(pg_server: EmbeddedPostgres, dbname: str, tmp_path: Path) -> None:
+    path = tmp_path / "anonproxy.yaml"
+    port = free_port()
+    path.write_text(f"listen_port: {port}\nupstream: host=127.0.0.1 port={pg_server.port}\n"
+                    "log_format: json\nworkers: 1\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANONPROXY_")}
+    process = subprocess.Popen([sys.executable, "-m", "anonproxy", "serve", "--config", str(path)], env=env,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        assert process.stderr is not None
+        first = process.stderr.readline()
+        assert '"message": "listening on 127.0.0.1:%d' % port in first
+        with psycopg.connect(f"host=127.0.0.1 port={port} dbname={dbname} user=dba password=dba") as conn:
+            assert conn.execute("select count(*) from adult").fetchone() == (30162,)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(15)
+    assert process.returncode == 0
+
+
+def test_install_command_is_idempotent(postgresql: psycopg.Connection, pg_server: EmbeddedPostgres) -> None:
+    dsn = pg_server.conninfo(dbname=postgresql.info.dbname)
+    postgresql.execute("drop schema anonproxy cascade")
+    postgresql.commit()
+    first = subprocess.run([sys.executable, "-m", "anonproxy", "install", "--dsn", dsn],
+                           capture_output=True, text=True, timeout=60)
+    assert first.returncode == 0 and first.stdout.startswith("applied migrations [1"), first
+    second = subprocess.run([sys.executable, "-m", "anonproxy", "install", "--dsn", dsn],
+                            capture_output=True, text=True, timeout=60)
+    assert second.stdout.strip() == "schema already up to date"
+    bad = subprocess.run([sys.executable, "-m", "anonproxy", "install", "--dsn", dsn.replace("password=", "password=x")],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 1 and "password authentication failed" in bad.stderr and "Traceback" not in bad.stderr
