@@ -43,7 +43,7 @@ class CancelRegistry:
     def __init__(self, worker_index: int = 0, run_dir: Path | None = None) -> None:
         self.worker_index = worker_index
         self._run_dir = run_dir
-        self._keys: dict[int, tuple[int, UpstreamKey]] = {}
+        self._keys: dict[int, tuple[int, list[UpstreamKey]]] = {}
         self._serials = itertools.cycle(range(1, SERIAL_MASK + 1))
 
     def register(self, upstream: UpstreamKey) -> tuple[int, int]:
@@ -53,8 +53,12 @@ class CancelRegistry:
             if process_id not in self._keys:
                 break
         secret_key = secrets.randbits(32) - (1 << 31)  # a signed int32, as on the wire
-        self._keys[process_id] = (secret_key, upstream)
+        self._keys[process_id] = (secret_key, [upstream])
         return process_id, secret_key
+
+    def add(self, process_id: int, upstream: UpstreamKey) -> None:
+        """Also cancel ``upstream`` (e.g. the session's service connection) with this key."""
+        self._keys[process_id][1].append(upstream)
 
     def unregister(self, process_id: int) -> None:
         self._keys.pop(process_id, None)
@@ -69,18 +73,18 @@ class CancelRegistry:
         if entry is None or not _same_secret(entry[0], secret_key):
             log.info("cancel request with an unknown key ignored")
             return
-        await send_cancel(entry[1])
+        await asyncio.gather(*(send_cancel(key) for key in entry[1]))
 
     async def _forward(self, owner: int, process_id: int, secret_key: int) -> None:
         assert self._run_dir is not None
         path = cancel_socket_path(self._run_dir, owner)
         try:
             async with asyncio.timeout(CANCEL_TIMEOUT):
-                _, writer = await asyncio.open_unix_connection(str(path))
+                reader, writer = await asyncio.open_unix_connection(str(path))
                 writer.write(cancel_request(process_id, secret_key))
                 await writer.drain()
+                await reader.read()  # the owner hangs up once the server has acted
                 writer.close()
-                await writer.wait_closed()
         except (OSError, TimeoutError) as exc:
             log.warning("cannot forward cancel request to worker %d: %s", owner, exc)
 

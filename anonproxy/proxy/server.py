@@ -100,18 +100,35 @@ class Worker:
 
 
 class ForwardedCancel(asyncio.Protocol):
-    """A sibling worker passes on a CancelRequest whose key this worker issued."""
+    """A sibling worker passes on a CancelRequest whose key this worker issued.
+
+    The connection is closed once the server has acted, which tells the
+    sibling (and through it the client) that the cancel is done.
+    """
 
     def __init__(self, context: ProxyContext) -> None:
         self._context = context
         self._buffer = b""
+        self._transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
         self._buffer += data
-        with contextlib.suppress(pg.ProtocolViolation):
+        try:
             packet, _ = pg.read_startup_packet(self._buffer)
-            if isinstance(packet, pg.CancelRequest):
-                asyncio.ensure_future(self._context.cancel_keys.cancel(packet.process_id, packet.secret_key))
+        except pg.ProtocolViolation:
+            packet = None
+            self._transport.close()  # type: ignore[union-attr]
+        if isinstance(packet, pg.CancelRequest):
+            asyncio.ensure_future(self._cancel(packet))
+
+    async def _cancel(self, packet: pg.CancelRequest) -> None:
+        try:
+            await self._context.cancel_keys.cancel(packet.process_id, packet.secret_key)
+        finally:
+            self._transport.close()  # type: ignore[union-attr]
 
 
 async def serve_until_stopped(worker: Worker, ready: Callable[[], None] | None = None) -> None:

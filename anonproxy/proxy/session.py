@@ -156,9 +156,11 @@ class ClientConnection(asyncio.Protocol):
         elif isinstance(packet, pg.GSSENCRequest):
             self.transport.write(b"N")
         elif isinstance(packet, pg.CancelRequest):
-            asyncio.ensure_future(self.context.cancel_keys.cancel(packet.process_id, packet.secret_key))
+            # Clients take the hang-up as "the cancel is done" (libpq waits for it), so
+            # hang up only once the server has acted; else a late cancel hits their next query.
             self.state = State.CLOSED
-            self.transport.close()
+            self.transport.pause_reading()
+            asyncio.ensure_future(self._cancel_then_close(packet))
         else:
             self.user = packet.user
             self.state = State.CONNECTING
@@ -166,6 +168,12 @@ class ClientConnection(asyncio.Protocol):
             self._pending.append(bytes(self._startup_buffer))
             self._startup_buffer.clear()
             asyncio.ensure_future(self._connect_upstream(packet))
+
+    async def _cancel_then_close(self, packet: pg.CancelRequest) -> None:
+        try:
+            await self.context.cancel_keys.cancel(packet.process_id, packet.secret_key)
+        finally:
+            self.transport.close()  # type: ignore[union-attr]
 
     async def _start_tls(self) -> None:
         loop = asyncio.get_running_loop()
