@@ -14,6 +14,7 @@ import psycopg
 from .config import ConfigError, ProxyConfig, load_config
 from .embedded import EmbeddedPostgres, EmbeddedPostgresError
 from .logs import setup_logging
+from .policy import commands as policy_commands
 from .proxy.server import ProxyStartError, run_proxy
 
 log = logging.getLogger("anonproxy")
@@ -54,6 +55,8 @@ def _parser() -> argparse.ArgumentParser:
     install = commands.add_parser("install", help="install or upgrade the anonproxy SQL schema in a database")
     install.add_argument("--dsn", required=True, help="libpq connection string of a role that may create schemas")
     install.set_defaults(run=_install)
+
+    policy_commands.register(commands)
     return parser
 
 
@@ -81,6 +84,7 @@ def _install(args: argparse.Namespace) -> int:
 
 def _up(args: argparse.Namespace) -> int:
     from . import demo, sample_data, schema
+    from .policy.yaml_policy import apply_policy, demo_policy
 
     setup_logging(args.log_level)
     # SIGTERM before the proxy takes over signals must still stop the server we start.
@@ -90,15 +94,25 @@ def _up(args: argparse.Namespace) -> int:
             schema.install(conn)
             rows = sample_data.load_adult(conn)
             demo.create_demo_roles(conn, DEMO_DATABASE)
+            policy = demo_policy()
+            service_password = demo.reset_service_role(conn, policy.service_role)
+            version = apply_policy(conn, policy)
+            conn.commit()
+        log.info("privacy policy version %d applied: %s", version,
+                 ", ".join(f"{role.role} {role.mode}" for role in policy.roles.values()))
         log.info("PostgreSQL on 127.0.0.1:%d, data in %s; table public.adult has %d rows",
                  server.port, server.data_dir, rows)
         config = ProxyConfig(listen_port=args.port, workers=args.workers, log_level=args.log_level,
-                             upstream=f"host={server.host} port={server.port}")
+                             upstream=f"host={server.host} port={server.port}",
+                             service_dsn=psycopg.conninfo.make_conninfo(
+                                 user=policy.service_role, password=service_password, dbname=DEMO_DATABASE))
 
         def print_connection_strings(port: int) -> None:
             print("anonproxy is ready. Connect with:", flush=True)
             for role in demo.DEMO_ROLES:
-                print(f"  {role:<9} postgresql://{role}:{role}@127.0.0.1:{port}/{DEMO_DATABASE}", flush=True)
+                mode = policy.role(role).mode
+                print(f"  {role:<9} postgresql://{role}:{role}@127.0.0.1:{port}/{DEMO_DATABASE}   ({mode})",
+                      flush=True)
             print("Press Ctrl-C to stop.", flush=True)
 
         run_proxy(config, ready=print_connection_strings)

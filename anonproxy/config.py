@@ -51,6 +51,7 @@ class ProxyConfig:
     log_format: str = "text"
     workers: int = 1
     startup_timeout: float = 60.0
+    service_dsn: str = ""
 
     def __post_init__(self) -> None:
         if not 0 <= self.listen_port <= 65535:
@@ -66,6 +67,8 @@ class ProxyConfig:
         if self.startup_timeout <= 0:
             raise ConfigError(f"startup_timeout must be positive, got {self.startup_timeout}")
         self.upstream_address  # validates the DSN
+        if self.service_dsn:
+            self.service_login  # validates the DSN
 
     @property
     def upstream_address(self) -> UpstreamAddress:
@@ -81,6 +84,36 @@ class ProxyConfig:
         except ValueError as exc:
             raise ConfigError(f"upstream port is not a number: {params.get('port')!r}") from exc
         return UpstreamAddress(host, port)
+
+
+    @property
+    def service_login(self) -> ServiceLogin:
+        """The service role's login; host and port default to the upstream's."""
+        try:
+            params = psycopg.conninfo.conninfo_to_dict(self.service_dsn)
+        except psycopg.ProgrammingError as exc:
+            raise ConfigError(f"service_dsn is not a valid PostgreSQL connection string: {exc}") from exc
+        missing = [key for key in ("user", "password", "dbname") if not params.get(key)]
+        if missing:
+            raise ConfigError(f"service_dsn must give {', '.join(missing)}")
+        return ServiceLogin(self.upstream_address, str(params["user"]), str(params["password"]),
+                            str(params["dbname"]))
+
+    @property
+    def service_conninfo(self) -> str:
+        """The service DSN for libpq, pointed at the upstream server."""
+        address = self.upstream_address
+        return psycopg.conninfo.make_conninfo(self.service_dsn, host=address.host, port=address.port)
+
+
+@dataclass(frozen=True)
+class ServiceLogin:
+    """How the proxy logs in on its own account (rewritten queries, the policy)."""
+
+    address: UpstreamAddress
+    user: str
+    password: str
+    database: str
 
 
 def load_config(path: Path | None = None, environ: Mapping[str, str] = os.environ, **overrides: Any) -> ProxyConfig:

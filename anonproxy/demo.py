@@ -5,14 +5,18 @@
 - ``reporter`` and ``analyst`` may connect and browse the catalogs but hold no
   privilege on any table of schema ``public``, so every statement that reaches
   PostgreSQL as them fails with ``permission denied`` (SQLSTATE 42501), whether
-  they connect directly or through the proxy: bypass yields nothing.
+  they connect directly or through the proxy: bypass yields nothing. The
+  privacy policy (``anonproxy.apply_grants``) then grants them REFERENCES on
+  protected tables, so catalog browsing lists their columns.
 
-They may not create objects either: no CREATE on schema ``public`` and no
-TEMPORARY on the database, so they cannot build a temporary table whose foreign
-key probes a protected table's keys.
+They may not create objects either (no CREATE on schema ``public``, no
+TEMPORARY on the database): a table of their own with a foreign key to a
+protected table would probe its keys through that REFERENCES privilege.
 """
 
 from __future__ import annotations
+
+import secrets
 
 import psycopg
 from psycopg import sql
@@ -65,3 +69,15 @@ def _ensure_login_role(conn: psycopg.Connection, role: str, password: str) -> No
             "{} role {} login nosuperuser nocreatedb nocreaterole noreplication nobypassrls password {}"
         ).format(sql.SQL("alter" if exists else "create"), sql.Identifier(role), sql.Literal(verifier))
     )
+
+
+def reset_service_role(conn: psycopg.Connection, role: str) -> str:
+    """Create or reset the proxy's service login with a new random password; return it.
+
+    The policy's grants (``anonproxy.apply_grants``) give it SELECT on the
+    protected tables; a new password at every ``up`` means none lives on disk.
+    """
+    password = secrets.token_urlsafe(24)
+    with conn.transaction():
+        _ensure_login_role(conn, role, password)
+    return password

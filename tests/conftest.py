@@ -27,10 +27,14 @@ from pytest_postgresql.janitor import DatabaseJanitor
 
 from anonproxy import demo, sample_data, schema
 from anonproxy.embedded import EmbeddedPostgres
+from anonproxy.policy.yaml_policy import apply_policy, demo_policy
 
 # Roles that exercise each authentication method the proxy must relay.
 AUTH_ROLES = {"scram_user": "scram-sha-256", "md5_user": "md5", "trust_user": "trust"}
 TEST_DATABASE = "anonproxy_test"
+# The database the gated proxy's policy governs: the demo policy over a copy of the template.
+GATED_DATABASE = "anonproxy_gated"
+SERVICE_ROLE = "anonproxy_service"
 
 
 @dataclass(frozen=True)
@@ -154,3 +158,36 @@ def proxy_process(pg_server: EmbeddedPostgres, tmp_path_factory: pytest.TempPath
 @pytest.fixture(scope="session")
 def proxy(proxy_process: ProxyProcess) -> Endpoint:
     return proxy_process.endpoint
+
+
+@pytest.fixture(scope="session")
+def gated_database(pg_server: EmbeddedPostgres, pg_template: NoopExecutor) -> str:
+    """A database under the demo policy (reporter: suppress, k = 10; analyst: dp; dba: direct)."""
+    with psycopg.connect(pg_server.conninfo(), autocommit=True) as conn:
+        conn.execute(f"drop database if exists {GATED_DATABASE}")
+        conn.execute(f"create database {GATED_DATABASE} template {pg_template.template_dbname}")
+    with psycopg.connect(pg_server.conninfo(dbname=GATED_DATABASE)) as conn:
+        demo.create_demo_roles(conn, GATED_DATABASE)
+        demo.reset_service_role(conn, SERVICE_ROLE)
+        conn.execute(f"alter role {SERVICE_ROLE} password '{SERVICE_ROLE}'")
+        apply_policy(conn, demo_policy())
+        conn.commit()
+    return GATED_DATABASE
+
+
+@pytest.fixture(scope="session")
+def gated_proxy_process(pg_server: EmbeddedPostgres, gated_database: str,
+                        tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyProcess]:
+    log_path = tmp_path_factory.mktemp("gated") / "anonproxy.log"
+    proxy = start_proxy(f"host={pg_server.host} port={pg_server.port}", log_path, workers="2", log_level="debug",
+                        service_dsn=f"user={SERVICE_ROLE} password={SERVICE_ROLE} dbname={gated_database}")
+    yield proxy
+    stop_proxy(proxy)
+    assert "Traceback" not in proxy.log(), proxy.log()
+    assert proxy.process.returncode == 0, proxy.log()
+
+
+@pytest.fixture(scope="session")
+def gated_proxy(gated_proxy_process: ProxyProcess) -> Endpoint:
+    """The proxy with a service login: roles are gated as the policy of `gated_database` says."""
+    return gated_proxy_process.endpoint

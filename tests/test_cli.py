@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -33,7 +34,7 @@ class Up:
         for line in self.process.stdout:
             self.output.append(line)
             parts = line.split()
-            if len(parts) == 2 and parts[1].startswith("postgresql://"):
+            if len(parts) >= 2 and parts[1].startswith("postgresql://"):
                 self.urls[parts[0]] = parts[1]
             if "Press Ctrl-C" in line or time.monotonic() > deadline:
                 break
@@ -60,9 +61,17 @@ def test_up_serves_the_demo_and_cleans_up() -> None:
     try:
         assert up.urls["dba"] == f"postgresql://dba:dba@127.0.0.1:{port}/postgres"
         assert psql(up.urls["dba"], "select count(*) from adult").stdout.strip() == "30162"
-        for role in ("analyst", "reporter"):
-            refused = psql(up.urls[role], "select count(*) from adult")
-            assert refused.returncode != 0 and "permission denied for table adult" in refused.stderr
+        refused = psql(up.urls["analyst"], "select count(*) from adult")
+        assert refused.returncode != 0 and "differential-privacy mode is not available yet" in refused.stderr
+        # The reporter's groups: exact counts, none below k = 10 (the dba computes the truth).
+        query = "select native_country, count(*) from adult group by 1"
+        truth = dict(line.split("|") for line in psql(up.urls["dba"], query).stdout.split())
+        released = dict(line.split("|") for line in psql(up.urls["reporter"], query).stdout.split())
+        rest = released.pop("", None)
+        assert released == {country: n for country, n in truth.items() if int(n) >= 10}
+        withheld = sum(int(n) for n in truth.values() if int(n) < 10)
+        assert rest == (str(withheld) if withheld >= 10 else None)  # the rest row itself needs k people
+        assert "hours_per_week" in psql(up.urls["reporter"], r"\d adult").stdout
         assert psql(up.urls["dba"], "select count(*) from anonproxy.schema_migrations").stdout.strip() >= "1"
         server_line = next(line for line in up.output if "PostgreSQL on 127.0.0.1:" in line)
         server_port = int(server_line.split("127.0.0.1:")[1].split(",")[0])
@@ -72,6 +81,10 @@ def test_up_serves_the_demo_and_cleans_up() -> None:
             psycopg.connect(f"host=127.0.0.1 port={server_port} user=dba password=wrong dbname=postgres")
         with psycopg.connect(f"host=127.0.0.1 port={server_port} user=dba password=dba dbname=postgres") as conn:
             assert conn.execute("show listen_addresses").fetchone() == ("127.0.0.1",)
+        # Bypassing the proxy yields nothing to the anonymized roles.
+        for role in ("reporter", "analyst"):
+            direct = psql(f"postgresql://{role}:{role}@127.0.0.1:{server_port}/postgres", "select * from adult limit 1")
+            assert direct.returncode != 0 and "permission denied for table adult" in direct.stderr
         assert "trust" not in [line.split()[-1] for line in (Path(data_dir) / "pg_hba.conf").read_text().splitlines()
                                if line.strip() and not line.startswith("#")]
     finally:
@@ -177,8 +190,9 @@ def test_serve_with_json_logs_and_one_worker(pg_server: EmbeddedPostgres, dbname
                                stderr=subprocess.PIPE, text=True)
     try:
         assert process.stderr is not None
-        first = process.stderr.readline()
-        assert '"message": "listening on 127.0.0.1:%d' % port in first
+        lines = [json.loads(process.stderr.readline()) for _ in range(2)]
+        assert lines[0]["message"].startswith("no service_dsn: every role is forwarded unchanged")
+        assert lines[1]["message"].startswith(f"listening on 127.0.0.1:{port}")
         with psycopg.connect(f"host=127.0.0.1 port={port} dbname={dbname} user=dba password=dba") as conn:
             assert conn.execute("select count(*) from adult").fetchone() == (30162,)
     finally:

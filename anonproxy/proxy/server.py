@@ -26,6 +26,7 @@ from pathlib import Path
 from ..config import ProxyConfig
 from ..wire import protocol as pg
 from .cancel import CancelRegistry, cancel_socket_path
+from .policy_watch import PolicyWatcher
 from .session import ClientConnection, ProxyContext
 
 log = logging.getLogger("anonproxy.server")
@@ -75,6 +76,8 @@ class Worker:
             cancel_keys=CancelRegistry(index, run_dir),
             tls=tls_context(config),
             startup_timeout=config.startup_timeout,
+            policy=PolicyWatcher(config.service_conninfo) if config.service_dsn else None,
+            service_login=config.service_login if config.service_dsn else None,
         )
         self._index = index
         self._run_dir = run_dir
@@ -82,6 +85,11 @@ class Worker:
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
+        if self.context.policy is not None:
+            await self.context.policy.start()
+        else:
+            log.warning("no service_dsn: every role is forwarded unchanged and PostgreSQL's grants alone "
+                        "protect the data")
         sock = bind_socket(self.config.listen_host, self.port)
         self._servers.append(await loop.create_server(lambda: ClientConnection(self.context), sock=sock, backlog=1024))
         if self._run_dir is not None:
@@ -91,6 +99,8 @@ class Worker:
     async def stop(self) -> None:
         for server in self._servers:
             server.close()
+        if self.context.policy is not None:
+            await self.context.policy.stop()
         for session in list(self.context.sessions):
             session.fail("57P01", "terminating connection because anonproxy is shutting down")
         with contextlib.suppress(TimeoutError):
@@ -122,7 +132,7 @@ class ForwardedCancel(asyncio.Protocol):
             packet = None
             self._transport.close()  # type: ignore[union-attr]
         if isinstance(packet, pg.CancelRequest):
-            asyncio.ensure_future(self._cancel(packet))
+            self._context.spawn(self._cancel(packet))
 
     async def _cancel(self, packet: pg.CancelRequest) -> None:
         try:

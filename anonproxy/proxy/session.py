@@ -10,6 +10,9 @@ Life of a session:
             upstream BackendKeyData for keys of its own.
 3. RELAY    after the first ReadyForQuery, bytes flow both ways untouched; the
             server-to-client stream is followed for message boundaries only.
+   GATED    instead of RELAY when the policy puts the role in an anonymized
+            mode: every message goes through the session's Gate (gate.py),
+            with a service connection of its own for rewritten queries.
 
 Errors the proxy raises itself reach the client as ErrorResponse; nothing
 else (no traceback) ever does.
@@ -21,19 +24,28 @@ import asyncio
 import enum
 import logging
 import ssl
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from itertools import count
+from typing import Any
 
-from ..config import UpstreamAddress
+from ..config import ServiceLogin, UpstreamAddress
+from ..policy.model import Policy, RolePolicy
+from ..rewrite import decide
+from ..rewrite.decision import Decision, Pass, Reject
 from ..wire import protocol as pg
 from ..wire.framing import BoundaryTracker, MessageBuffer
 from .cancel import CancelRegistry, UpstreamKey, send_cancel
+from .gate import Gate, Owner
+from .policy_watch import PolicyWatcher
+from .service import ServiceConnection, ServiceUnavailable
 from .upstream import open_upstream
 
 log = logging.getLogger("anonproxy.session")
 
 _session_ids = count(1)
 TERMINATE = pg.message(b"X")
+DECISION_CACHE_SIZE = 10_000
 
 
 @dataclass
@@ -44,14 +56,36 @@ class ProxyContext:
     cancel_keys: CancelRegistry
     tls: ssl.SSLContext | None = None
     startup_timeout: float = 60.0
+    policy: PolicyWatcher | None = None  # None: no service login configured, every role is direct
+    service_login: ServiceLogin | None = None
     sessions: set[ClientConnection] = field(default_factory=set)
+    _tasks: set[asyncio.Future[None]] = field(default_factory=set)
+    _decisions: dict[tuple[str, str, int], Decision] = field(default_factory=dict)
+
+    def decide(self, sql: str, role: RolePolicy, policy: Policy) -> Decision:
+        """The gate's decision for a statement text, cached by text, role and policy version."""
+        key = (sql, role.role, policy.version)
+        decision = self._decisions.get(key)
+        if decision is None:
+            if len(self._decisions) >= DECISION_CACHE_SIZE:
+                self._decisions.clear()
+            decision = self._decisions[key] = decide(sql, role, policy)
+        return decision
+
+    def spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        """Run a background task, holding a reference so it is not collected mid-way."""
+        task = asyncio.ensure_future(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
 
 class State(enum.Enum):
     STARTUP = enum.auto()
     CONNECTING = enum.auto()
     AUTH = enum.auto()
+    OPENING_GATE = enum.auto()
     RELAY = enum.auto()
+    GATED = enum.auto()
     CLOSED = enum.auto()
 
 
@@ -62,12 +96,14 @@ class ClientConnection(asyncio.Protocol):
         self.state = State.STARTUP
         self.transport: asyncio.Transport | None = None
         self.upstream: UpstreamConnection | None = None
-        self.user = ""
         self._startup_buffer = bytearray()
         self._pending: list[bytes] = []  # client bytes that arrive while connecting upstream
         self._tls_active = False
         self._startup_timer: asyncio.TimerHandle | None = None
         self._process_id: int | None = None
+        self._startup: pg.StartupMessage | None = None
+        self.gate: Gate | None = None
+        self.service: ServiceConnection | None = None
         # Whether the client sent something the server has not yet answered with
         # ReadyForQuery: approximate under pipelining, used only to cancel abandoned queries.
         self.awaiting_server = False
@@ -89,12 +125,16 @@ class ClientConnection(asyncio.Protocol):
                     self.terminating = True
                 else:
                     self.awaiting_server = True
+            elif self.state is State.GATED:
+                self.gate.client_data(data)  # type: ignore[union-attr]
             elif self.state is State.AUTH:
                 self.upstream.transport.write(data)  # type: ignore[union-attr]
             elif self.state is State.STARTUP:
                 self._startup_received(data)
-            elif self.state is State.CONNECTING:
+            elif self.state is State.CONNECTING or self.state is State.OPENING_GATE:
                 self._pending.append(data)
+        except pg.ProtocolViolation as exc:
+            self.fail(exc.sqlstate, str(exc))
         except Exception:
             log.exception("session %d: internal error", self.id)
             self.fail("XX000", "internal error in anonproxy; the connection is closed")
@@ -109,12 +149,18 @@ class ClientConnection(asyncio.Protocol):
         self._cancel_startup_timer()
         if self._process_id is not None:
             self.context.cancel_keys.unregister(self._process_id)
-        upstream = self.upstream
+        upstream, service, gate = self.upstream, self.service, self.gate
+        if gate is not None:
+            self.awaiting_server = gate.in_flight[Owner.UPSTREAM] > 0
+            if service is not None and gate.in_flight[Owner.SERVICE] and service.key is not None:
+                self.context.spawn(send_cancel(service.key))
+        if service is not None:
+            service.close()
         if upstream is not None and not upstream.closed:
-            if previous is State.RELAY and self.awaiting_server and upstream.key is not None:
+            if previous in (State.RELAY, State.GATED) and self.awaiting_server and upstream.key is not None:
                 # The client vanished mid-query: stop the query instead of letting it run on.
                 log.info("session %d: client gone during a query, cancelling it", self.id)
-                asyncio.ensure_future(send_cancel(upstream.key))
+                self.context.spawn(send_cancel(upstream.key))
             upstream.transport.close()
 
     def pause_writing(self) -> None:
@@ -151,7 +197,7 @@ class ClientConnection(asyncio.Protocol):
             else:
                 self.transport.write(b"S")
                 self.transport.pause_reading()
-                asyncio.ensure_future(self._start_tls())
+                self.context.spawn(self._start_tls())
                 self.state = State.CONNECTING  # nothing may be read until the handshake is done
         elif isinstance(packet, pg.GSSENCRequest):
             self.transport.write(b"N")
@@ -160,14 +206,14 @@ class ClientConnection(asyncio.Protocol):
             # hang up only once the server has acted; else a late cancel hits their next query.
             self.state = State.CLOSED
             self.transport.pause_reading()
-            asyncio.ensure_future(self._cancel_then_close(packet))
+            self.context.spawn(self._cancel_then_close(packet))
         else:
-            self.user = packet.user
+            self._startup = packet
             self.state = State.CONNECTING
             self._pending.append(raw)
             self._pending.append(bytes(self._startup_buffer))
             self._startup_buffer.clear()
-            asyncio.ensure_future(self._connect_upstream(packet))
+            self.context.spawn(self._connect_upstream(packet))
 
     async def _cancel_then_close(self, packet: pg.CancelRequest) -> None:
         try:
@@ -227,9 +273,86 @@ class ClientConnection(asyncio.Protocol):
         self._process_id, secret = self.context.cancel_keys.register(key)
         return pg.backend_key_data(self._process_id, secret)
 
-    def ready(self) -> None:
+    def login_complete(self, ready: bytes) -> None:
+        """The server accepted the login: relay, or gate the session as the policy says."""
         self._cancel_startup_timer()
-        self.state = State.RELAY
+        assert self._startup is not None and self.transport is not None
+        watcher = self.context.policy
+        if watcher is not None and not watcher.loaded:
+            self.fail("57P03", "anonproxy has not loaded its privacy policy yet", hint="Try again shortly.")
+            return
+        policy = watcher.policy if watcher is not None else Policy()
+        role = policy.role(self._startup.user)
+        if role.mode == "direct":
+            self.state = State.RELAY
+            self.transport.write(ready)
+            self.upstream.start_relay()  # type: ignore[union-attr]
+            return
+        if role.mode == "deny":
+            self.fail("42501", f'role "{role.role}" may not connect through anonproxy',
+                      hint="The privacy policy denies this role; ask the DBA.")
+            return
+        login = self.context.service_login
+        if login is None or self._startup.database != login.database:
+            self.fail("42501", f'role "{role.role}" is in {role.mode} mode and may only use the database '
+                               f"the privacy policy governs ({login.database if login else 'none configured'})")
+            return
+        self.state = State.OPENING_GATE
+        self.context.spawn(self._open_gate(ready, login))
+
+    async def _open_gate(self, ready: bytes, login: ServiceLogin) -> None:
+        assert self._startup is not None and self.upstream is not None and self.transport is not None
+        gate = Gate(
+            decide=self._decide,
+            settings=self._settings,
+            write_client=self.transport.write,
+            send_upstream=self.upstream.transport.write,
+            send_service=lambda data: self.service.send(data),  # type: ignore[union-attr]
+        )
+        try:
+            self.service = await ServiceConnection.open(login, self._startup.parameters, gate.service_message,
+                                                        self._service_lost)
+        except ServiceUnavailable as exc:
+            log.error("session %d: cannot open the service connection: %s", self.id, exc)
+            self.fail("08006", "anonproxy cannot open its service connection to the PostgreSQL server",
+                      hint="Check the service role's login in the proxy's service_dsn setting.")
+            return
+        if self.state is State.CLOSED:
+            self.service.close()
+            return
+        if self.service.key is not None and self._process_id is not None:
+            self.context.cancel_keys.add(self._process_id, self.service.key)
+        self.gate = gate
+        self.state = State.GATED
+        self.transport.write(ready)
+        self.upstream.open_gate(gate)
+        pending, self._pending = b"".join(self._pending), []
+        gate.client_data(pending)
+
+    def _current(self) -> tuple[Policy, RolePolicy]:
+        """The policy in force now, and this session's role in it (it may change mid-session)."""
+        assert self._startup is not None
+        policy = self.context.policy.policy if self.context.policy is not None else Policy()
+        return policy, policy.role(self._startup.user)
+
+    def _decide(self, sql: str) -> Decision:
+        policy, role = self._current()
+        if role.mode == "direct":
+            return Pass()
+        if role.mode == "deny":
+            return Reject("42501", f'the privacy policy now denies role "{role.role}"', "Reconnect later.")
+        return self.context.decide(sql, role, policy)
+
+    def _settings(self) -> dict[str, str]:
+        policy, role = self._current()
+        return {"role": role.role, "mode": role.mode, "k": str(role.suppression.k),
+                "policy_version": str(policy.version)}
+
+    def _service_lost(self) -> None:
+        if self.state is not State.CLOSED:
+            log.warning("session %d: the service connection was lost", self.id)
+            self.fail("08006", "anonproxy lost its service connection to the PostgreSQL server",
+                      hint="Reconnect.")
 
     def fail(self, sqlstate: str, message: str, *, hint: str | None = None) -> None:
         """Send a FATAL ErrorResponse and close the client connection."""
@@ -247,6 +370,10 @@ class UpstreamConnection(asyncio.Protocol):
         self.key: UpstreamKey | None = None
         self.closed = False
         self._auth_messages: MessageBuffer | None = MessageBuffer()
+        self._gate: Gate | None = None
+        self._gated_messages = MessageBuffer()
+        self._held: list[bytes] = []  # server bytes after login, before relaying or gating starts
+        self.relaying = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -254,12 +381,17 @@ class UpstreamConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         try:
             self.tracker.feed(data)
-            if self._auth_messages is None:
+            if self.relaying:
                 self.client.transport.write(data)  # type: ignore[union-attr]
                 if self.tracker.idle:
                     self.client.awaiting_server = False
-            else:
+            elif self._gate is not None:
+                for type_, body in self._gated_messages.feed(data):
+                    self._gate.upstream_message(type_, body)
+            elif self._auth_messages is not None:
                 self._auth_received(data)
+            else:
+                self._held.append(data)  # login done, relay or gate not decided yet
         except pg.ProtocolViolation as exc:
             log.warning("session %d: upstream sent an invalid message: %s", self.client.id, exc)
             self.transport.abort()
@@ -276,14 +408,28 @@ class UpstreamConnection(asyncio.Protocol):
                 self.key = UpstreamKey(self.client.context.upstream, process_id, secret_key)
                 out.append(self.client.authenticated(self.key) or b"")
                 continue
-            out.append(pg.message(type_, body))
             if type_ == b"Z":
                 # Anything after the first ReadyForQuery is ordinary traffic.
-                out.append(self._auth_messages.take_rest())
+                self._held.append(self._auth_messages.take_rest())
                 self._auth_messages = None
-                self.client.ready()
-                break
+                self.client.transport.writelines(out)  # type: ignore[union-attr]
+                self.client.login_complete(pg.message(type_, body))
+                return
+            out.append(pg.message(type_, body))
         self.client.transport.writelines(out)  # type: ignore[union-attr]
+
+    def start_relay(self) -> None:
+        """Forward bytes untouched from now on."""
+        self.relaying = True
+        self.client.transport.writelines(self._held)  # type: ignore[union-attr]
+        self._held.clear()
+
+    def open_gate(self, gate: Gate) -> None:
+        """From now on, whole messages go to the session's gate."""
+        self._gate = gate
+        for type_, body in self._gated_messages.feed(b"".join(self._held)):
+            gate.upstream_message(type_, body)
+        self._held.clear()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True

@@ -196,3 +196,41 @@ def parameter_status(name: str, value: str) -> bytes:
 
 def ready_for_query(status: bytes = b"I") -> bytes:
     return message(b"Z", status)
+
+
+def read_cstring(body: bytes, offset: int = 0) -> tuple[bytes, int]:
+    """A NUL-terminated string at ``offset`` and the offset after it."""
+    end = body.find(b"\0", offset)
+    if end < 0:
+        raise ProtocolViolation("invalid string in message: no terminator")
+    return body[offset:end], end + 1
+
+
+def parse_message(name: bytes, query: str, rest: bytes) -> bytes:
+    """A Parse message; ``rest`` is the parameter-type part copied from the client's."""
+    return message(b"P", name + b"\0" + query.encode() + b"\0" + rest)
+
+
+def query_message(text: str) -> bytes:
+    return message(b"Q", text.encode() + b"\0")
+
+
+def row_description(names: list[str], type_oid: int = 25) -> bytes:
+    """RowDescription of text-format columns of one type (text by default)."""
+    fields = b"".join(name.encode() + b"\0" + struct.pack("!ihihih", 0, 0, type_oid, -1, -1, 0) for name in names)
+    return message(b"T", struct.pack("!h", len(names)) + fields)
+
+
+def data_row(values: list[str | None]) -> bytes:
+    parts = [struct.pack("!h", len(values))]
+    for value in values:
+        if value is None:
+            parts.append(_I32.pack(-1))
+        else:
+            encoded = value.encode()
+            parts.append(_I32.pack(len(encoded)) + encoded)
+    return message(b"D", b"".join(parts))
+
+
+def command_complete(tag: str) -> bytes:
+    return message(b"C", tag.encode() + b"\0")

@@ -1,0 +1,1 @@
+"""The privacy policy: model, loading from the database, YAML files, the `policy` command."""

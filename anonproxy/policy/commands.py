@@ -1,0 +1,65 @@
+"""`anonproxy policy apply FILE --dsn DSN` and `anonproxy policy show --dsn DSN`.
+
+Wire into the main parser with ``register(subparsers)``; each handler is set as
+``run`` and returns the exit code: 0, or 1 (printed as ``anonproxy policy: …``
+on stderr, no traceback) when the file, the connection or the database refuses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from .store import load_policy
+from .yaml_policy import PolicyError, apply_policy, dump_policy, read_policy_file
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``policy`` command to an ``argparse`` subparsers object."""
+    policy = subparsers.add_parser("policy", help="apply or show the privacy policy stored in a database")
+    actions = policy.add_subparsers(required=True, metavar="ACTION")
+
+    apply = actions.add_parser("apply", help="replace the database's policy with a YAML file, in one transaction")
+    apply.add_argument("file", type=Path, help="YAML policy file")
+    apply.add_argument("--dsn", required=True, help="libpq connection string of the owner of the protected tables")
+    apply.set_defaults(run=_apply)
+
+    show = actions.add_parser("show", help="print the database's policy as YAML")
+    show.add_argument("--dsn", required=True, help="libpq connection string")
+    show.set_defaults(run=_show)
+
+
+def _apply(args: argparse.Namespace) -> int:
+    try:
+        policy = read_policy_file(args.file)
+        with psycopg.connect(args.dsn) as conn:
+            version = apply_policy(conn, policy)
+    except (PolicyError, psycopg.Error, OSError) as exc:
+        return _fail(exc)
+    print(f"policy version {version} applied: {len(policy.tables)} protected table(s), "
+          f"{len(policy.links)} linked table(s), {len(policy.roles)} role(s)")
+    return 0
+
+
+def _show(args: argparse.Namespace) -> int:
+    try:
+        with psycopg.connect(args.dsn) as conn:
+            policy = load_policy(conn)
+    except psycopg.Error as exc:
+        return _fail(exc)
+    print(dump_policy(policy), end="")
+    return 0
+
+
+def _fail(exc: Exception) -> int:
+    if isinstance(exc, OSError) and exc.filename is not None:
+        lines = [f"{exc.filename}: {exc.strerror}"]
+    else:
+        lines = str(exc).strip().splitlines() or [type(exc).__name__]
+    for line in lines:
+        print(f"anonproxy policy: {line}", file=sys.stderr)
+    return 1

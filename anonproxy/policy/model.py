@@ -1,0 +1,79 @@
+"""The privacy policy as the proxy sees it: immutable values, loaded from the database.
+
+The tables of the ``anonproxy`` schema are the source of truth (see
+sql/0002_policy.sql); this module only describes what was read from them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+Mode = Literal["direct", "suppress", "dp", "deny"]
+ColumnKind = Literal["identifier", "quasi_identifier", "sensitive", "public"]
+
+MODES: tuple[Mode, ...] = ("direct", "suppress", "dp", "deny")
+COLUMN_KINDS: tuple[ColumnKind, ...] = ("identifier", "quasi_identifier", "sensitive", "public")
+DEFAULT_SERVICE_ROLE = "anonproxy_service"
+
+
+@dataclass(frozen=True)
+class ColumnPolicy:
+    name: str
+    kind: ColumnKind = "public"
+    lower: float | None = None  # declared bounds of a numeric column
+    upper: float | None = None
+    domain: tuple[str, ...] | None = None  # public values of a grouping column, as text
+
+
+@dataclass(frozen=True)
+class ProtectedTable:
+    """A table whose rows belong to people; ``unit_column`` identifies the person."""
+
+    name: str  # schema-qualified, lower case: "public.adult"
+    unit_column: str
+    columns: dict[str, ColumnPolicy] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class LinkedTable:
+    """A table that reaches a protected table's unit through a declared key."""
+
+    name: str  # "public.visits"
+    column: str  # "person_id"
+    references: str  # "public.people" (a protected table)
+    references_column: str  # its unit column, "id"
+    columns: dict[str, ColumnPolicy] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SuppressionParams:
+    k: int = 10  # minimum distinct privacy units per released group
+    dominance_n: int | None = None  # (n, k%) dominance rule on SUMs, off when None
+    dominance_percent: float | None = None
+    p_percent: float | None = None  # p % rule on SUMs, off when None
+    suppressed_rest: bool = False  # add one row reporting what was withheld
+    allow_min_max: bool = False
+
+
+@dataclass(frozen=True)
+class RolePolicy:
+    role: str
+    mode: Mode = "direct"
+    suppression: SuppressionParams = field(default_factory=SuppressionParams)
+
+
+@dataclass(frozen=True)
+class Policy:
+    version: int = 0
+    tables: dict[str, ProtectedTable] = field(default_factory=dict)
+    links: dict[str, LinkedTable] = field(default_factory=dict)
+    roles: dict[str, RolePolicy] = field(default_factory=dict)
+    service_role: str = DEFAULT_SERVICE_ROLE  # the role of the proxy's service connection
+
+    def role(self, name: str) -> RolePolicy:
+        """A role's policy; roles the policy does not name are direct (PostgreSQL's grants decide)."""
+        return self.roles.get(name) or RolePolicy(name)
+
+    def is_protected(self, table: str) -> bool:
+        return table in self.tables or table in self.links

@@ -1,0 +1,140 @@
+"""Read the policy from the tables of migration 0002 (sql/0002_policy.sql).
+
+The whole policy is read by one statement, so the version and the contents come
+from the same snapshot. A database without those tables has the empty policy:
+every role is direct, and PostgreSQL's own privileges decide.
+
+Proxies LISTEN on ``POLICY_CHANNEL``; the payload of each notification is the
+new policy version, sent when the transaction that changed the policy commits.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+
+from .model import (
+    DEFAULT_SERVICE_ROLE,
+    ColumnPolicy,
+    LinkedTable,
+    Policy,
+    ProtectedTable,
+    RolePolicy,
+    SuppressionParams,
+)
+
+POLICY_CHANNEL = "anonproxy_policy"
+
+# Looked up in pg_class rather than with to_regclass, which fails for a role
+# without USAGE on the schema.
+_INSTALLED_SQL = """
+select exists (
+    select from pg_catalog.pg_class c join pg_catalog.pg_namespace n on n.oid = c.relnamespace
+     where n.nspname = 'anonproxy' and c.relname = 'policy_version'
+)
+"""
+
+# Rows are ordered so that dumps are stable: tables and roles by name, columns
+# in the table's own order (columns since dropped last).
+_POLICY_SQL = """
+select pg_catalog.json_build_object(
+    'version', (select v.version from anonproxy.policy_version v),
+    'service_role', (select s.service_role from anonproxy.settings s),
+    'tables', (select pg_catalog.json_agg(t order by t.table_name) from anonproxy.protected_tables t),
+    'links', (select pg_catalog.json_agg(pg_catalog.json_build_object(
+                  'table_name', l.table_name, 'link_column', l.link_column,
+                  'references_table', l.references_table, 'references_column', t.unit_column)
+                  order by l.table_name)
+                from anonproxy.linked_tables l join anonproxy.protected_tables t on t.table_name = l.references_table),
+    'columns', (select pg_catalog.json_agg(c order by c.table_name, a.attnum, c.column_name)
+                  from anonproxy.column_policies c
+                  left join lateral (
+                      select a.attnum
+                        from pg_catalog.pg_attribute a
+                        join pg_catalog.pg_class r on r.oid = a.attrelid
+                        join pg_catalog.pg_namespace n on n.oid = r.relnamespace
+                       where pg_catalog.format('%I.%I', n.nspname, r.relname) = c.table_name
+                         and a.attname = c.column_name
+                  ) a on true),
+    'roles', (select pg_catalog.json_agg(r order by r.role_name) from anonproxy.role_policies r)
+)
+"""
+
+_SERVICE_ROLE_SQL = "select s.service_role from anonproxy.settings s"
+
+
+def load_policy(conn: psycopg.Connection[Any]) -> Policy:
+    """The policy in force; ``Policy()`` if the policy tables are not installed."""
+    with conn.transaction(), conn.cursor() as cur:
+        if not _scalar(cur.execute(_INSTALLED_SQL).fetchone()):
+            return Policy()
+        return policy_from_json(_scalar(cur.execute(_POLICY_SQL).fetchone()))
+
+
+async def load_policy_async(conn: psycopg.AsyncConnection[Any]) -> Policy:
+    """``load_policy`` for an asyncio connection."""
+    async with conn.transaction(), conn.cursor() as cur:
+        if not _scalar(await (await cur.execute(_INSTALLED_SQL)).fetchone()):
+            return Policy()
+        return policy_from_json(_scalar(await (await cur.execute(_POLICY_SQL)).fetchone()))
+
+
+def service_role(conn: psycopg.Connection[Any]) -> str:
+    """The role the proxy's service connection should log in as."""
+    with conn.transaction(), conn.cursor() as cur:
+        if not _scalar(cur.execute(_INSTALLED_SQL).fetchone()):
+            return DEFAULT_SERVICE_ROLE
+        return str(_scalar(cur.execute(_SERVICE_ROLE_SQL).fetchone()))
+
+
+def policy_from_json(doc: dict[str, Any]) -> Policy:
+    """Build the model from the document ``_POLICY_SQL`` returns (rows as JSON objects)."""
+    columns: dict[str, dict[str, ColumnPolicy]] = {}
+    for row in doc["columns"] or ():
+        columns.setdefault(row["table_name"], {})[row["column_name"]] = ColumnPolicy(
+            name=row["column_name"],
+            kind=row["kind"],
+            lower=_float(row["lower_bound"]),
+            upper=_float(row["upper_bound"]),
+            domain=None if row["domain"] is None else tuple(row["domain"]),
+        )
+    tables = {
+        row["table_name"]: ProtectedTable(row["table_name"], row["unit_column"], columns.get(row["table_name"], {}))
+        for row in doc["tables"] or ()
+    }
+    links = {
+        row["table_name"]: LinkedTable(
+            name=row["table_name"],
+            column=row["link_column"],
+            references=row["references_table"],
+            references_column=row["references_column"],
+            columns=columns.get(row["table_name"], {}),
+        )
+        for row in doc["links"] or ()
+    }
+    roles = {
+        row["role_name"]: RolePolicy(
+            role=row["role_name"],
+            mode=row["mode"],
+            suppression=SuppressionParams(
+                k=row["k"],
+                dominance_n=row["dominance_n"],
+                dominance_percent=_float(row["dominance_percent"]),
+                p_percent=_float(row["p_percent"]),
+                suppressed_rest=row["suppressed_rest"],
+                allow_min_max=row["allow_min_max"],
+            ),
+        )
+        for row in doc["roles"] or ()
+    }
+    return Policy(version=doc["version"], tables=tables, links=links, roles=roles, service_role=doc["service_role"])
+
+
+def _scalar(row: tuple[Any, ...] | None) -> Any:
+    assert row is not None
+    return row[0]
+
+
+def _float(value: float | None) -> float | None:
+    return None if value is None else float(value)

@@ -1,0 +1,429 @@
+"""The policy as a YAML file: parse and check it, apply it to a database, dump it back.
+
+    service_role: anonproxy_service
+    tables:
+      public.adult:
+        unit: id
+        columns:
+          age: {kind: quasi_identifier, lower: 17, upper: 90}
+          sex: {kind: quasi_identifier, domain: [Female, Male]}
+    links:
+      public.visits: {column: person_id, references: public.people}
+    roles:
+      reporter: {mode: suppress, k: 10, dominance: {n: 2, percent: 85}, suppressed_rest: true}
+      analyst: {mode: dp}
+
+Parsing checks shape and ranges and names the offending path
+(``roles.reporter.k: must be an integer ≥ 2, got 1``). ``apply_policy`` then
+replaces the whole policy through the SQL functions of sql/0002_policy.sql in
+one transaction, so the database has the last word on tables, columns and
+roles, and a refusal leaves the previous policy in force.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from importlib.resources import files
+from pathlib import Path
+from typing import Any, TypeVar, cast
+
+import psycopg
+import yaml
+
+from .model import (
+    COLUMN_KINDS,
+    DEFAULT_SERVICE_ROLE,
+    MODES,
+    ColumnKind,
+    ColumnPolicy,
+    LinkedTable,
+    Mode,
+    Policy,
+    ProtectedTable,
+    RolePolicy,
+    SuppressionParams,
+)
+
+T = TypeVar("T")
+
+_TOP_KEYS = ("service_role", "tables", "links", "roles")
+_TABLE_KEYS = ("unit", "columns")
+_LINK_KEYS = ("column", "references", "columns")
+_COLUMN_KEYS = ("kind", "lower", "upper", "domain")
+_ROLE_KEYS = ("mode", "k", "dominance", "p_percent", "suppressed_rest", "allow_min_max")
+_DOMINANCE_KEYS = ("n", "percent")
+
+
+class PolicyError(ValueError):
+    """The policy file is not valid; one line per problem, each starting with its path."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+class PolicyApplyError(PolicyError):
+    """The database refused part of the policy; the previous policy is still in force."""
+
+    def __init__(self, path: str, error: psycopg.Error) -> None:
+        diag = error.diag
+        message = diag.message_primary or str(error).strip()
+        problems = [f"{path}: {message} (SQLSTATE {error.sqlstate})"]
+        if diag.message_hint:
+            problems.append(f"{path}: hint: {diag.message_hint}")
+        super().__init__(problems)
+        self.path = path
+        self.sqlstate = error.sqlstate
+
+
+# Parsing -----------------------------------------------------------------------
+
+
+def parse_policy(text: str, source: str = "policy") -> Policy:
+    """Parse and check a YAML policy; raise ``PolicyError`` naming every problem found."""
+    try:
+        document = yaml.load(text, Loader=_StrictLoader)
+    except yaml.YAMLError as exc:
+        raise PolicyError([f"{source}: not valid YAML: {exc}"]) from None
+    checker = _Checker()
+    policy = checker.policy(document)
+    if checker.problems:
+        raise PolicyError(checker.problems)
+    return policy
+
+
+def read_policy_file(path: str | Path) -> Policy:
+    path = Path(path)
+    return parse_policy(path.read_text(encoding="utf-8"), source=str(path))
+
+
+def demo_policy() -> Policy:
+    """The policy `anonproxy up` applies to the demo table ``public.adult``."""
+    return parse_policy(files("anonproxy.data").joinpath("demo_policy.yaml").read_text(encoding="utf-8"),
+                        source="demo_policy.yaml")
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate keys instead of keeping the last one."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, str) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    "while reading a mapping", node.start_mark, f"found duplicate key {key!r}", key_node.start_mark
+                )
+            if isinstance(key, str):
+                seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
+class _Checker:
+    """Turns the parsed YAML into the model, collecting a problem per bad path."""
+
+    def __init__(self) -> None:
+        self.problems: list[str] = []
+
+    def fail(self, path: str, message: str) -> None:
+        self.problems.append(f"{path}: {message}")
+
+    def policy(self, document: object) -> Policy:
+        top = self.mapping(document, "policy", _TOP_KEYS)
+        service = self.optional(top, "service_role", self.string, DEFAULT_SERVICE_ROLE, "service_role")
+        tables = {
+            name: self.table(name, spec, f"tables.{name}")
+            for name, spec in self.named(top.get("tables"), "tables").items()
+        }
+        links = {
+            name: self.link(name, spec, f"links.{name}", tables)
+            for name, spec in self.named(top.get("links"), "links").items()
+        }
+        roles = {
+            name: self.role(name, spec, f"roles.{name}") for name, spec in self.named(top.get("roles"), "roles").items()
+        }
+        return Policy(tables=tables, links=links, roles=roles, service_role=service)
+
+    def table(self, name: str, spec: object, path: str) -> ProtectedTable:
+        self.table_name(name, path)
+        fields = self.mapping(spec, path, _TABLE_KEYS)
+        unit = self.required(fields, "unit", self.string, path)
+        return ProtectedTable(name, unit or "", self.columns(fields.get("columns"), f"{path}.columns"))
+
+    def link(self, name: str, spec: object, path: str, tables: Mapping[str, ProtectedTable]) -> LinkedTable:
+        self.table_name(name, path)
+        fields = self.mapping(spec, path, _LINK_KEYS)
+        column = self.required(fields, "column", self.string, path) or ""
+        references = self.required(fields, "references", self.string, path) or ""
+        if name in tables:
+            self.fail(path, "a table cannot be both protected (under tables) and linked")
+        referenced = tables.get(references)
+        if references and referenced is None:
+            self.fail(f"{path}.references", f"{references} is not a protected table of this file (under tables)")
+        return LinkedTable(name, column, references, referenced.unit_column if referenced else "",
+                           self.columns(fields.get("columns"), f"{path}.columns"))
+
+    def columns(self, spec: object, path: str) -> dict[str, ColumnPolicy]:
+        return {name: self.column(name, column, f"{path}.{name}") for name, column in self.named(spec, path).items()}
+
+    def column(self, name: str, spec: object, path: str) -> ColumnPolicy:
+        fields = self.mapping(spec, path, _COLUMN_KEYS)
+        kind = self.required(fields, "kind", self.string, path)
+        if kind is not None and kind not in COLUMN_KINDS:
+            self.fail(f"{path}.kind", f"must be one of {', '.join(COLUMN_KINDS)}, got {kind!r}")
+        lower = self.optional(fields, "lower", self.number, None, f"{path}.lower")
+        upper = self.optional(fields, "upper", self.number, None, f"{path}.upper")
+        if ("lower" in fields) != ("upper" in fields):
+            self.fail(path, "give both lower and upper bounds, or neither")
+        elif lower is not None and upper is not None and lower > upper:
+            self.fail(path, f"lower bound {_number_text(lower)} is greater than upper bound {_number_text(upper)}")
+        domain = self.optional(fields, "domain", self.domain, None, f"{path}.domain")
+        return ColumnPolicy(name, cast(ColumnKind, kind), lower, upper, domain)  # checked above
+
+    def role(self, name: str, spec: object, path: str) -> RolePolicy:
+        fields = self.mapping(spec, path, _ROLE_KEYS)
+        mode = self.required(fields, "mode", self.string, path)
+        if mode is not None and mode not in MODES:
+            self.fail(f"{path}.mode", f"must be one of {', '.join(MODES)}, got {mode!r}")
+        k = self.optional(fields, "k", lambda value, at: self.integer(value, at, minimum=2), 10, f"{path}.k")
+        n = percent = None
+        if "dominance" in fields:
+            dominance = self.mapping(fields["dominance"], f"{path}.dominance", _DOMINANCE_KEYS)
+            n = self.required(dominance, "n", lambda value, at: self.integer(value, at, minimum=1), f"{path}.dominance")
+            percent = self.required(dominance, "percent", self.number, f"{path}.dominance")
+            if percent is not None and not 0 < percent <= 100:
+                self.fail(f"{path}.dominance.percent", f"must be a number in (0, 100], got {_number_text(percent)}")
+        p_percent = self.optional(fields, "p_percent", self.number, None, f"{path}.p_percent")
+        if p_percent is not None and p_percent <= 0:
+            self.fail(f"{path}.p_percent", f"must be a number > 0, got {_number_text(p_percent)}")
+        params = SuppressionParams(
+            k=k,
+            dominance_n=n,
+            dominance_percent=percent,
+            p_percent=p_percent,
+            suppressed_rest=self.optional(fields, "suppressed_rest", self.boolean, False, f"{path}.suppressed_rest"),
+            allow_min_max=self.optional(fields, "allow_min_max", self.boolean, False, f"{path}.allow_min_max"),
+        )
+        return RolePolicy(name, cast(Mode, mode), params)  # checked above
+
+    # Shapes and scalars; each returns None (after recording a problem) when the value is wrong.
+
+    def mapping(self, value: object, path: str, allowed: tuple[str, ...]) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            self.fail(path, f"must be a mapping with keys {', '.join(allowed)}, got {_type_name(value)}")
+            return {}
+        for key in value:
+            if key not in allowed:
+                self.fail(path, f"unknown key {key!r} (expected {', '.join(allowed)})")
+        return value
+
+    def named(self, value: object, path: str) -> dict[str, Any]:
+        """A mapping from names (tables, columns, roles) to specs; absent means empty."""
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            self.fail(path, f"must be a mapping of names, got {_type_name(value)}")
+            return {}
+        named: dict[str, Any] = {}
+        for key, spec in value.items():
+            if isinstance(key, str) and key:
+                named[key] = spec
+            else:
+                self.fail(path, f"names must be non-empty strings, got {key!r}")
+        return named
+
+    def table_name(self, name: str, path: str) -> None:
+        if "." not in name.strip('"'):
+            self.fail(path, "table names must be schema-qualified, like public.adult")
+
+    def required(self, fields: dict[str, Any], key: str, convert: Callable[[object, str], T | None],
+                 path: str) -> T | None:
+        if key not in fields:
+            self.fail(f"{path}.{key}", "is required")
+            return None
+        return convert(fields[key], f"{path}.{key}")
+
+    def optional(self, fields: dict[str, Any], key: str, convert: Callable[[object, str], T | None], default: Any,
+                 path: str) -> Any:
+        if key not in fields:
+            return default
+        value = convert(fields[key], path)
+        return default if value is None else value
+
+    def string(self, value: object, path: str) -> str | None:
+        if isinstance(value, str) and value:
+            return value
+        self.fail(path, f"must be a non-empty string, got {value!r}")
+        return None
+
+    def integer(self, value: object, path: str, minimum: int) -> int | None:
+        if isinstance(value, int) and not isinstance(value, bool) and value >= minimum:
+            return value
+        self.fail(path, f"must be an integer ≥ {minimum}, got {value!r}")
+        return None
+
+    def number(self, value: object, path: str) -> float | None:
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+            return float(value)
+        self.fail(path, f"must be a finite number, got {value!r}")
+        return None
+
+    def boolean(self, value: object, path: str) -> bool | None:
+        if isinstance(value, bool):
+            return value
+        self.fail(path, f"must be true or false, got {value!r}")
+        return None
+
+    def domain(self, value: object, path: str) -> tuple[str, ...] | None:
+        if not isinstance(value, list) or not value:
+            self.fail(path, f"must be a non-empty list of values, got {value!r}")
+            return None
+        values: list[str] = []
+        for index, item in enumerate(value):
+            if isinstance(item, str) or (isinstance(item, (int, float)) and not isinstance(item, bool)):
+                values.append(str(item))
+            else:
+                hint = " (quote it: YAML reads yes/no/on/off as booleans)" if isinstance(item, bool) else ""
+                self.fail(f"{path}[{index}]", f"must be a string or a number, got {item!r}{hint}")
+        if len(set(values)) != len(values):
+            self.fail(path, "lists a value more than once")
+        return tuple(values)
+
+
+def _type_name(value: object) -> str:
+    return "nothing" if value is None else type(value).__name__
+
+
+def _number_text(value: float) -> str:
+    return str(int(value)) if value.is_integer() else str(value)
+
+
+# Applying ----------------------------------------------------------------------
+
+
+def apply_policy(conn: psycopg.Connection[Any], policy: Policy) -> int:
+    """Replace the database's policy with ``policy`` in one transaction; return the new version.
+
+    Runs in a transaction of its own (a savepoint if ``conn`` is already in one,
+    in which case the caller commits). Raises ``PolicyApplyError`` naming the
+    path of the first item the database refused; nothing is changed then.
+    """
+    with conn.transaction():
+        if not _installed(conn):
+            missing = "policy: the anonproxy policy tables are not installed (run `anonproxy install --dsn ...`)"
+            raise PolicyError([missing])
+        _call(conn, "policy", "select anonproxy.clear_policy()")
+        _call(conn, "service_role", "select anonproxy.set_service_role(%s::name)", (policy.service_role,))
+        for table in policy.tables.values():
+            path = f"tables.{table.name}"
+            _call(conn, f"{path}.unit", "select anonproxy.protect_table(%s::regclass, %s::name)",
+                  (table.name, table.unit_column))
+            _set_columns(conn, table.name, table.columns, f"{path}.columns")
+        for link in policy.links.values():
+            path = f"links.{link.name}"
+            _call(conn, path, "select anonproxy.link_table(%s::regclass, %s::name, %s::regclass)",
+                  (link.name, link.column, link.references))
+            _set_columns(conn, link.name, link.columns, f"{path}.columns")
+        for role in policy.roles.values():
+            s = role.suppression
+            _call(conn, f"roles.{role.role}",
+                  "select anonproxy.set_role_policy(%s::name, %s::text, %s::integer, %s::integer, %s::numeric, "
+                  "%s::numeric, %s::boolean, %s::boolean)",
+                  (role.role, role.mode, s.k, s.dominance_n, s.dominance_percent, s.p_percent, s.suppressed_rest,
+                   s.allow_min_max))
+        row = conn.execute("select version from anonproxy.policy_version").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def _set_columns(conn: psycopg.Connection[Any], table: str, columns: Mapping[str, ColumnPolicy], path: str) -> None:
+    for column in columns.values():
+        _call(conn, f"{path}.{column.name}",
+              "select anonproxy.set_column(%s::regclass, %s::name, %s::text, %s::numeric, %s::numeric, %s::text[])",
+              (table, column.name, column.kind, column.lower, column.upper,
+               None if column.domain is None else list(column.domain)))
+
+
+def _call(conn: psycopg.Connection[Any], path: str, query: str, params: tuple[Any, ...] = ()) -> None:
+    try:
+        conn.execute(query, params)
+    except psycopg.Error as exc:
+        raise PolicyApplyError(path, exc) from exc
+
+
+def _installed(conn: psycopg.Connection[Any]) -> bool:
+    row = conn.execute("select to_regprocedure('anonproxy.clear_policy()') is not null").fetchone()
+    return bool(row and row[0])
+
+
+# Dumping -----------------------------------------------------------------------
+
+
+class _Flow(dict[str, Any]):
+    """A mapping written on one line: {kind: public, lower: 1, upper: 99}."""
+
+
+class _Dumper(yaml.SafeDumper):
+    pass
+
+
+_Dumper.add_representer(
+    _Flow, lambda dumper, data: dumper.represent_mapping("tag:yaml.org,2002:map", data.items(), flow_style=True)
+)
+
+
+def dump_policy(policy: Policy) -> str:
+    """The policy as YAML that ``parse_policy`` + ``apply_policy`` turn back into the same policy."""
+    document = {
+        "service_role": policy.service_role,
+        "tables": {
+            table.name: {"unit": table.unit_column, "columns": _dump_columns(table.columns)}
+            for table in policy.tables.values()
+        },
+        "links": {link.name: _dump_link(link) for link in policy.links.values()},
+        "roles": {role.role: _dump_role(role) for role in policy.roles.values()},
+    }
+    header = f"# anonproxy policy, version {policy.version}\n" if policy.version else ""
+    return header + yaml.dump(document, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=120)
+
+
+def _dump_columns(columns: Mapping[str, ColumnPolicy]) -> dict[str, _Flow]:
+    dumped: dict[str, _Flow] = {}
+    for column in columns.values():
+        fields = _Flow(kind=column.kind)
+        if column.lower is not None:
+            fields["lower"] = _plain_number(column.lower)
+        if column.upper is not None:
+            fields["upper"] = _plain_number(column.upper)
+        if column.domain is not None:
+            fields["domain"] = list(column.domain)
+        dumped[column.name] = fields
+    return dumped
+
+
+def _dump_link(link: LinkedTable) -> dict[str, Any]:
+    fields = _Flow(column=link.column, references=link.references)
+    if not link.columns:
+        return fields
+    return {**fields, "columns": _dump_columns(link.columns)}
+
+
+def _dump_role(role: RolePolicy) -> _Flow:
+    s, default = role.suppression, SuppressionParams()
+    fields = _Flow(mode=role.mode)
+    if s.k != default.k:
+        fields["k"] = s.k
+    if s.dominance_n is not None and s.dominance_percent is not None:
+        fields["dominance"] = {"n": s.dominance_n, "percent": _plain_number(s.dominance_percent)}
+    if s.p_percent is not None:
+        fields["p_percent"] = _plain_number(s.p_percent)
+    if s.suppressed_rest:
+        fields["suppressed_rest"] = True
+    if s.allow_min_max:
+        fields["allow_min_max"] = True
+    return fields
+
+
+def _plain_number(value: float) -> int | float:
+    return int(value) if value.is_integer() else value

@@ -1,0 +1,704 @@
+"""Take an analytic SELECT over a protected table apart into the pieces the suppression rewrite needs.
+
+The parse tree (sqlglot) decides what is allowed; the rewritten SQL is built
+from the client's *original text* of each piece (select items, WHERE, GROUP BY
+items, HAVING, ORDER BY items, LIMIT/OFFSET), cut at top-level token
+boundaries. Every cut piece is parsed again and compared with the tree, so a
+mistake in cutting is a refusal, never a different query. Keeping the client's
+text means output column names and types, ``$n`` parameters, ``::`` casts and
+function spellings are exactly what the client sent; only table names are
+replaced, by their schema-qualified form.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+import sqlglot
+from sqlglot import exp
+from sqlglot.errors import SqlglotError
+from sqlglot.tokens import TokenType
+
+from anonproxy.policy.model import SuppressionParams
+from anonproxy.rewrite.decision import forbidden, unsupported
+from anonproxy.rewrite.expressions import (
+    AGGREGATES,
+    Checker,
+    Scope,
+    contains_aggregate,
+    unwrap,
+)
+from anonproxy.rewrite.names import PolicyIndex, ResolvedTable, fold, identifier, quote
+from anonproxy.rewrite.statements import (
+    PARSE_HINT,
+    Statement,
+    closing_paren,
+    depth_zero,
+    split_commas,
+    token_at,
+)
+
+SHAPE_HINT = (
+    "Supported over protected tables: SELECT <grouping expressions and aggregates> FROM <protected table> "
+    "[JOIN <linked table> ON <declared key>] [JOIN <other table> ON ...] [WHERE ...] [GROUP BY ...] "
+    "[HAVING ...] [ORDER BY ...] [LIMIT ...] [OFFSET ...]."
+)
+ROW_LEVEL_HINT = "Aggregate instead: SELECT col, count(*), avg(x) FROM table GROUP BY col."
+
+ItemKind = Literal["aggregate", "group", "constant"]
+# A privacy unit contributes to count(x)/min/max when x is not null for one of its rows, to sum(x)/avg(x)
+# when x is neither null nor zero: a cell needs k contributing units, not only k units in its group, or
+# count(CASE WHEN id = 17 THEN 1 END) would single a person out.
+Contribution = Literal["nonnull", "nonzero"]
+
+_SELECT_ARGS = frozenset({"expressions", "from_", "joins", "where", "group", "having", "order", "limit", "offset",
+                          "distinct"})
+_SELECT_ARG_NAMES = {
+    "with_": "WITH (common table expressions)", "into": "SELECT INTO", "locks": "FOR UPDATE/SHARE",
+    "laterals": "LATERAL", "windows": "WINDOW", "sample": "TABLESAMPLE", "qualify": "QUALIFY",
+}
+_CLAUSES = (TokenType.FROM, TokenType.WHERE, TokenType.GROUP_BY, TokenType.HAVING, TokenType.ORDER_BY,
+            TokenType.LIMIT, TokenType.OFFSET, TokenType.FETCH)
+_TAIL = (TokenType.LIMIT, TokenType.OFFSET, TokenType.FETCH)
+_ORDER_WORDS = {"ASC", "DESC"}
+
+
+@dataclass(frozen=True)
+class Item:
+    text: str  # as written, alias included
+    expression: str  # as written, without the alias
+    kind: ItemKind
+    alias: str | None
+
+
+@dataclass(frozen=True)
+class OrderItem:
+    text: str  # as written: expression [ASC|DESC] [NULLS FIRST|LAST]
+    suffix: str  # the ASC/DESC/NULLS part as written ("" when absent)
+    position: int | None  # 1-based select-list position when it names an output column
+
+
+@dataclass(frozen=True)
+class AnalyticQuery:
+    """An aggregate query over one protected table, as pieces of the client's own text."""
+
+    table: str  # the protected table's policy name, for messages
+    items: tuple[Item, ...]
+    distinct: bool
+    from_sql: str  # FROM clause body, table names schema-qualified
+    where: str | None
+    group_by: tuple[str, ...]  # GROUP BY items as written (ordinals and aliases kept)
+    keys: tuple[str, ...]  # the grouping expressions themselves
+    having: str | None
+    order: tuple[OrderItem, ...]
+    tail: str | None  # LIMIT / OFFSET / FETCH as written
+    unit: str  # the privacy unit, e.g. "a"."id"
+    universe: str  # SELECT count(DISTINCT unit) over the whole protected table
+    magnitudes: tuple[str, ...]  # arguments of SUM and AVG, as written
+    contributors: tuple[tuple[Contribution, str], ...]  # per aggregate argument: who counts as contributing
+
+    @property
+    def grouped(self) -> bool:
+        return bool(self.keys)
+
+
+@dataclass
+class _Source:
+    table: ResolvedTable
+    node: exp.Table
+    reference: str  # the name the query's expressions use for it
+    join: exp.Join | None  # None for the first FROM item
+
+
+def analyze(statement: Statement, tree: exp.Expression, index: PolicyIndex, params: SuppressionParams) -> AnalyticQuery:
+    if isinstance(tree, exp.SetOperation):
+        raise unsupported("UNION, INTERSECT and EXCEPT are not supported over protected tables", SHAPE_HINT)
+    if not isinstance(tree, exp.Select):
+        raise unsupported(f"{type(tree).__name__.upper()} is not supported over protected tables", SHAPE_HINT)
+    for key in sorted(_set_args(tree) - _SELECT_ARGS):
+        name = _SELECT_ARG_NAMES.get(key, key.upper())
+        refusal = forbidden if key in ("into", "sample") else unsupported
+        raise refusal(f"{name} is not allowed in a query over protected tables", SHAPE_HINT)
+    for node in tree.expressions:
+        if isinstance(unwrap(node), exp.Star) or (isinstance(unwrap(node), exp.Column)
+                                                  and isinstance(unwrap(node).this, exp.Star)):
+            raise forbidden("SELECT * is not allowed over protected tables: it returns row-level data",
+                            ROW_LEVEL_HINT)
+    if any(isinstance(node, exp.Lateral) for node in tree.walk()):
+        raise unsupported("LATERAL is not allowed in a query over protected tables", SHAPE_HINT)
+    for node in tree.walk():
+        if node is not tree and isinstance(node, (exp.Select, exp.Subquery, exp.SetOperation, exp.Exists)):
+            raise unsupported("subqueries are not allowed in a query over protected tables", SHAPE_HINT)
+    distinct = tree.args.get("distinct")
+    if distinct is not None and _set_args(distinct):
+        raise unsupported("DISTINCT ON is not allowed over protected tables", SHAPE_HINT)
+
+    sources = _sources(tree, index)
+    anchor, unit, universe = _privacy_unit(sources, index)
+    scope = Scope(
+        references={source.reference: source.table for source in sources},
+        unaliased={(s.table.schema, s.table.name): s.reference for s in sources if s.node.args.get("alias") is None},
+        identifiers={source.reference: _identifier_columns(source.table) for source in sources},
+    )
+    checker = Checker(scope, params, anchor.table.policy_name)
+    _check_joins(sources, anchor, checker)
+
+    layout = _Layout(statement, tree)
+    items = _items(tree, layout, checker)
+    keys, group_by = _grouping(tree, layout, items, checker)
+
+    aggregated = any(item.kind == "aggregate" for item in items) or (
+        tree.args.get("having") is not None and contains_aggregate(tree.args["having"]))
+    if not keys:
+        if distinct is not None and not any(item.kind == "aggregate" for item in items):
+            keys = group_by = tuple(item.expression for item in items if item.kind == "group")
+        if not keys:
+            loose = [item for item in items if item.kind == "group"]
+            if loose:
+                raise forbidden(f"{loose[0].expression} returns row-level data of protected table "
+                                f"{anchor.table.policy_name}: select items must be aggregates or GROUP BY expressions",
+                                ROW_LEVEL_HINT)
+            if not aggregated:
+                raise forbidden(f"a query over protected table {anchor.table.policy_name} must aggregate: "
+                                "without GROUP BY or an aggregate it returns one row per person", ROW_LEVEL_HINT)
+
+    where = tree.args.get("where")
+    if where is not None:
+        checker.row(where.this, "WHERE")
+    having = tree.args.get("having")
+    if having is not None:
+        checker.grouped(having.this, "HAVING")
+    order = _order(tree, layout, items, checker)
+    _check_tail(tree)
+    magnitudes, contributors = _aggregate_arguments(statement, tree)
+    _check_tokens(statement)  # last line of defence, after the tree gave its specific reasons
+
+    return AnalyticQuery(
+        table=anchor.table.policy_name,
+        items=tuple(items),
+        distinct=distinct is not None,
+        from_sql=_from_sql(statement, layout, sources),
+        where=layout.clause_text(TokenType.WHERE, where.this if where is not None else None),
+        group_by=group_by,
+        keys=keys,
+        having=layout.clause_text(TokenType.HAVING, having.this if having is not None else None),
+        order=order,
+        tail=layout.tail(),
+        unit=unit,
+        universe=universe,
+        magnitudes=magnitudes,
+        contributors=contributors,
+    )
+
+
+# --- tables -----------------------------------------------------------------
+
+
+def _sources(tree: exp.Select, index: PolicyIndex) -> list[_Source]:
+    from_ = tree.args.get("from_")
+    if from_ is None:
+        raise unsupported("a query over protected tables needs a FROM clause", SHAPE_HINT)
+    if _set_args(from_) != {"this"}:
+        raise unsupported("unsupported FROM clause", SHAPE_HINT)
+    sources = [_source(from_.this, None, index)]
+    for join in tree.args.get("joins") or []:
+        sources.append(_source(join.this, join, index))
+    seen: set[str] = set()
+    for source in sources:
+        if source.reference in seen:
+            raise unsupported(f"table name {source.reference} appears twice in FROM", "Give each table its own alias.")
+        seen.add(source.reference)
+    return sources
+
+
+def _source(node: exp.Expression, join: exp.Join | None, index: PolicyIndex) -> _Source:
+    if isinstance(node, exp.Lateral):
+        raise unsupported("LATERAL is not allowed in a query over protected tables", SHAPE_HINT)
+    if isinstance(node, exp.Subquery):
+        raise unsupported("subqueries in FROM are not allowed in a query over protected tables", SHAPE_HINT)
+    if not isinstance(node, exp.Table) or not isinstance(node.this, exp.Identifier):
+        raise unsupported("functions and other table expressions in FROM are not allowed over protected tables",
+                          SHAPE_HINT)
+    extra = _set_args(node) - {"this", "db", "alias"}
+    if "sample" in extra:
+        raise forbidden("TABLESAMPLE is not allowed over protected tables", SHAPE_HINT)
+    if extra:
+        what = "ONLY" if "only" in extra else ("cross-database names" if "catalog" in extra else ", ".join(sorted(extra)))
+        raise unsupported(f"{what} is not supported in FROM over protected tables", SHAPE_HINT)
+    alias = node.args.get("alias")
+    if alias is not None and _set_args(alias) != {"this"}:
+        raise unsupported("column aliases on tables are not supported over protected tables", SHAPE_HINT)
+    table = index.resolve(node)
+    reference = (identifier(alias.this) if alias is not None else None) or table.name
+    return _Source(table, node, reference, join)
+
+
+def _identifier_columns(table: ResolvedTable) -> frozenset[str]:
+    """The unit column, a linked table's key, and the columns the policy marks as identifiers."""
+    if table.protected is not None:
+        policy_columns, key = table.protected.columns, table.protected.unit_column
+    elif table.linked is not None:
+        policy_columns, key = table.linked.columns, table.linked.column
+    else:
+        return frozenset()
+    return frozenset({key, *(name for name, column in policy_columns.items() if column.kind == "identifier")})
+
+
+def _privacy_unit(sources: list[_Source], index: PolicyIndex) -> tuple[_Source, str, str]:
+    """The source that carries the privacy unit, the unit expression, and the universe count query."""
+    protected = [s for s in sources if s.table.kind == "protected"]
+    linked = [s for s in sources if s.table.kind == "linked"]
+    if len(protected) > 1:
+        raise unsupported("a query may read only one protected table", SHAPE_HINT)
+    if protected:
+        anchor = protected[0]
+        table = anchor.table.protected
+        assert table is not None
+        for source in linked:
+            assert source.table.linked is not None
+            if index.lookup(source.table.linked.references).policy_name != anchor.table.policy_name:
+                raise unsupported(f"linked table {source.table.policy_name} belongs to "
+                                  f"{source.table.linked.references}, not to {anchor.table.policy_name}", SHAPE_HINT)
+        unit_column = table.unit_column
+        owner = anchor.table
+    else:
+        if len(linked) != 1:
+            raise unsupported("join linked tables through their protected table", SHAPE_HINT)
+        anchor = linked[0]
+        link = anchor.table.linked
+        assert link is not None
+        owner = index.lookup(link.references)
+        if owner.kind != "protected" or owner.protected is None:
+            raise unsupported(f"linked table {anchor.table.policy_name} references {link.references}, "
+                              "which the policy does not protect", SHAPE_HINT)
+        unit_column = link.column
+    unit = f"{quote(anchor.reference)}.{quote(unit_column)}"
+    assert owner.protected is not None
+    universe = f"SELECT count(DISTINCT {quote(owner.protected.unit_column)}) FROM {owner.qualified}"
+    return anchor, unit, universe
+
+
+def _check_joins(sources: list[_Source], anchor: _Source, checker: Checker) -> None:
+    """Linked tables join their protected table on the declared key; other tables join freely (INNER/LEFT)."""
+    keyed: set[str] = set()
+    for position, source in enumerate(sources):
+        join = source.join
+        if join is None:
+            continue
+        extra = _set_args(join) - {"this", "on", "side", "kind"}
+        if extra or join.args.get("on") is None:
+            what = "NATURAL JOIN" if join.args.get("method") else (
+                "JOIN ... USING" if join.args.get("using") else "joins without ON (comma, CROSS JOIN)")
+            raise unsupported(f"{what} is not supported over protected tables", "Join with JOIN ... ON a = b.")
+        side = (join.args.get("side") or "").upper()
+        kind = (join.args.get("kind") or "").upper()
+        inner = not side and kind in ("", "INNER")
+        left = side == "LEFT" and kind in ("", "OUTER")
+        if not (inner or left):
+            raise unsupported(f"{side or kind} JOIN is not supported over protected tables",
+                              "Use JOIN (inner) or LEFT JOIN to a table that is not protected.")
+        on = join.args["on"]
+        if source.table.kind == "plain":
+            checker.row(on, "a JOIN condition")
+            continue
+        if not inner:
+            raise unsupported("protected and linked tables cannot be on the outer side of a LEFT JOIN", SHAPE_HINT)
+        pair = _key_equality(on, sources, position)
+        if pair is not None:
+            keyed.update(pair)
+            continue
+        earlier_linked = any(s.table.kind == "linked" for s in sources[:position])
+        if source is anchor and not earlier_linked:
+            checker.row(on, "a JOIN condition")
+            continue
+        raise unsupported(f"{source.table.policy_name} must be joined on its declared key "
+                          "(linked_table.key_column = protected_table.unit_column)", SHAPE_HINT)
+    for source in sources:
+        if source.table.kind == "linked" and source is not anchor and source.reference not in keyed:
+            raise unsupported(f"linked table {source.table.policy_name} must be joined to its protected table on "
+                              "the declared key", SHAPE_HINT)
+
+
+def _key_equality(on: exp.Expression, sources: list[_Source], position: int) -> tuple[str, str] | None:
+    """(linked reference, protected reference) when ``on`` is exactly linked.key = protected.unit."""
+    while isinstance(on, exp.Paren):
+        on = on.this
+    if not isinstance(on, exp.EQ):
+        return None
+    columns = [unwrap(on.this), unwrap(on.expression)]
+    if not all(isinstance(c, exp.Column) and c.args.get("table") is not None and c.args.get("db") is None
+               for c in columns):
+        return None
+    refs = {s.reference: s for s in sources[: position + 1]}
+    ends = []
+    for column in columns:
+        source = refs.get(identifier(column.args["table"]) or "")
+        if source is None:
+            return None
+        ends.append((source, identifier(column.this)))
+    for (a, a_col), (b, b_col) in (ends, ends[::-1]):
+        if a.table.kind == "linked" and b.table.kind == "protected":
+            link, protected = a.table.linked, b.table.protected
+            assert link is not None and protected is not None
+            if (link.column == a_col and protected.unit_column == b_col
+                    and link.references_column == protected.unit_column):
+                return (a.reference, b.reference)
+    return None
+
+
+def _from_sql(statement: Statement, layout: _Layout, sources: list[_Source]) -> str:
+    first, stop = layout.range(TokenType.FROM)
+    begin = statement.tokens[first].start
+    end = statement.tokens[stop - 1].end + 1
+    replacements = []
+    for source in sources:
+        parts = [source.node.args.get("db"), source.node.this]
+        spans = [part.meta for part in parts if part is not None]
+        if any("start" not in meta for meta in spans):
+            raise unsupported("could not locate a table name in the statement", PARSE_HINT)
+        start, finish = spans[0]["start"], spans[-1]["end"] + 1
+        if not begin <= start < finish <= end:
+            raise unsupported("could not locate a table name in the statement", PARSE_HINT)
+        replacements.append((start, finish, source.table.qualified))
+    text, cursor = [], begin
+    for start, finish, name in sorted(replacements):
+        if start < cursor:
+            raise unsupported("could not locate a table name in the statement", PARSE_HINT)
+        text += [statement.source[cursor:start], name]
+        cursor = finish
+    text.append(statement.source[cursor:end])
+    return "".join(text)
+
+
+# --- select list, GROUP BY, ORDER BY --------------------------------------------
+
+
+def _items(tree: exp.Select, layout: _Layout, checker: Checker) -> list[Item]:
+    pieces = layout.items()
+    if len(pieces) != len(tree.expressions):
+        raise unsupported("could not separate the select items", PARSE_HINT)
+    items = []
+    for node, (first, stop) in zip(tree.expressions, pieces, strict=True):
+        text = layout.statement.span(first, stop)
+        alias = None
+        expression_node = node
+        expression_stop = stop
+        if isinstance(node, exp.Alias):
+            alias_ident = node.args.get("alias")
+            if not isinstance(alias_ident, exp.Identifier) or "start" not in alias_ident.meta:
+                raise unsupported("could not locate a column alias", PARSE_HINT)
+            alias = identifier(alias_ident)
+            expression_stop = token_at(layout.statement.tokens, alias_ident.meta["start"])
+            if layout.statement.tokens[expression_stop - 1].token_type == TokenType.ALIAS:
+                expression_stop -= 1
+            expression_node = node.this
+        expression = layout.statement.span(first, expression_stop)
+        _same(expression, expression_node)
+        kind: ItemKind
+        core = _cast_aggregate(expression_node)
+        if core is not None:
+            # A cast of an aggregate is computed only for groups that passed suppression (after HAVING).
+            checker.grouped(core, "the select list")
+            kind = "aggregate"
+        else:
+            checker.grouped(expression_node, "the select list")
+            if contains_aggregate(expression_node):
+                raise unsupported(f"select item {expression} mixes aggregates with other expressions",
+                                  "Select each aggregate on its own: count(*), sum(x), avg(x), or a cast of one.")
+            kind = "group" if any(isinstance(n, exp.Column) for n in expression_node.walk()) else "constant"
+        items.append(Item(text, expression, kind, alias))
+    return items
+
+
+def _cast_aggregate(node: exp.Expression) -> exp.Expression | None:
+    """The aggregate when ``node`` is an aggregate, possibly inside casts and parentheses."""
+    node = unwrap(node)
+    while isinstance(node, exp.Cast) and _set_args(node) == {"this", "to"} and isinstance(node.args["to"],
+                                                                                           exp.DataType):
+        node = unwrap(node.this)
+    return node if isinstance(node, AGGREGATES) else None
+
+
+def _grouping(tree: exp.Select, layout: _Layout, items: list[Item], checker: Checker) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    group = tree.args.get("group")
+    if group is None:
+        return (), ()
+    if _set_args(group) != {"expressions"}:
+        raise unsupported("ROLLUP, CUBE, GROUPING SETS and GROUP BY ALL are not supported: totals next to "
+                          "suppressed cells can reveal them", "GROUP BY plain expressions.")
+    if any(isinstance(node, (exp.Rollup, exp.Cube, exp.GroupingSets)) for node in group.expressions):
+        raise unsupported("ROLLUP, CUBE and GROUPING SETS are not supported: totals next to suppressed cells can "
+                          "reveal them", "GROUP BY plain expressions.")
+    pieces = layout.pieces(TokenType.GROUP_BY)
+    if len(pieces) != len(group.expressions):
+        raise unsupported("could not separate the GROUP BY items", PARSE_HINT)
+    aliases = {item.alias: position for position, item in enumerate(items) if item.alias is not None}
+    keys, written = [], []
+    for node, (first, stop) in zip(group.expressions, pieces, strict=True):
+        text = layout.statement.span(first, stop)
+        _same(text, node)
+        written.append(text)
+        position = _ordinal(node)
+        if position is None and isinstance(node, exp.Column) and node.args.get("table") is None:
+            name = identifier(node.this)
+            if name in aliases:
+                target = tree.expressions[aliases[name]].this
+                if not (isinstance(target, exp.Column) and target.args.get("table") is None
+                        and identifier(target.this) == name):
+                    raise unsupported(f"GROUP BY {name} is ambiguous: it is both an output alias and maybe a column",
+                                      "Group by the expression itself or by its position (GROUP BY 1).")
+        if position is not None:
+            if not 1 <= position <= len(items):
+                raise unsupported(f"GROUP BY position {position} is not in the select list", SHAPE_HINT)
+            item = items[position - 1]
+            if item.kind != "group":
+                raise unsupported(f"GROUP BY {position} must name a column expression, not {item.expression}",
+                                  SHAPE_HINT)
+            keys.append(item.expression)
+            continue
+        if isinstance(node, exp.Literal):
+            raise unsupported("GROUP BY needs column expressions", SHAPE_HINT)
+        checker.row(node, "GROUP BY")
+        if not any(isinstance(n, exp.Column) for n in node.walk()):
+            raise unsupported("GROUP BY needs column expressions", SHAPE_HINT)
+        keys.append(text)
+    return tuple(keys), tuple(written)
+
+
+def _order(tree: exp.Select, layout: _Layout, items: list[Item], checker: Checker) -> tuple[OrderItem, ...]:
+    order = tree.args.get("order")
+    if order is None:
+        return ()
+    if _set_args(order) != {"expressions"}:
+        raise unsupported("unsupported ORDER BY", SHAPE_HINT)
+    pieces = layout.pieces(TokenType.ORDER_BY)
+    if len(pieces) != len(order.expressions):
+        raise unsupported("could not separate the ORDER BY items", PARSE_HINT)
+    aliases = {item.alias: position for position, item in enumerate(items, 1) if item.alias is not None}
+    canonical_items = [_canonical(unwrap(node)) for node in tree.expressions]
+    result = []
+    statement = layout.statement
+    for node, (first, stop) in zip(order.expressions, pieces, strict=True):
+        if not isinstance(node, exp.Ordered) or _set_args(node) - {"this", "desc", "nulls_first"}:
+            raise unsupported("unsupported ORDER BY item", SHAPE_HINT)
+        expression_stop = stop
+        words = [statement.word(i) for i in range(first, stop)]
+        if len(words) >= 2 and words[-2] == "NULLS" and words[-1] in ("FIRST", "LAST"):
+            expression_stop -= 2
+        if expression_stop - first >= 2 and words[expression_stop - first - 1] in _ORDER_WORDS:
+            expression_stop -= 1
+        expression = statement.span(first, expression_stop)
+        suffix = statement.source[statement.tokens[expression_stop - 1].end + 1 : statement.tokens[stop - 1].end + 1]
+        _same(expression, node.this)
+        target = node.this
+        position = _ordinal(target)
+        if position is not None:
+            if not 1 <= position <= len(items):
+                raise unsupported(f"ORDER BY position {position} is not in the select list", SHAPE_HINT)
+        elif isinstance(target, exp.Column) and target.args.get("table") is None \
+                and (identifier(target.this) or "") in aliases:
+            position = aliases[identifier(target.this) or ""]
+        else:
+            checker.grouped(target, "ORDER BY")
+            canonical = _canonical(unwrap(target))
+            matches = [i for i, item in enumerate(canonical_items, 1) if item == canonical]
+            position = matches[0] if matches else None
+        result.append(OrderItem(statement.span(first, stop), suffix.strip(), position))
+    return tuple(result)
+
+
+def _check_tail(tree: exp.Select) -> None:
+    for key in ("limit", "offset"):
+        node = tree.args.get(key)
+        if node is None:
+            continue
+        if isinstance(node, exp.Fetch):
+            options = node.args.get("limit_options")
+            if (options is not None and options.args.get("percent")) or _set_args(node) - {
+                    "direction", "count", "limit_options"}:
+                raise unsupported("unsupported FETCH clause", SHAPE_HINT)
+            value = node.args.get("count")
+        else:
+            if _set_args(node) - {"expression"}:
+                raise unsupported(f"unsupported {key.upper()} clause", SHAPE_HINT)
+            value = node.args.get("expression")
+        if value is None:
+            continue
+        if isinstance(value, exp.Var) and value.name.upper() == "ALL":
+            continue
+        if isinstance(value, exp.Parameter) or (isinstance(value, exp.Literal) and not value.is_string):
+            continue
+        raise unsupported(f"{key.upper()} takes a constant or a $n parameter", SHAPE_HINT)
+
+
+def _aggregate_arguments(statement: Statement, tree: exp.Select) -> tuple[tuple[str, ...],
+                                                                          tuple[tuple[Contribution, str], ...]]:
+    """The argument text of every SUM and AVG, and of every aggregate with a contribution rule, each once."""
+    magnitudes: list[str] = []
+    contributors: list[tuple[Contribution, str]] = []
+    for node in tree.find_all(*AGGREGATES):
+        if isinstance(node, exp.Count) and isinstance(node.this, exp.Star):
+            continue
+        start = node.meta.get("start")
+        if start is None:
+            raise unsupported("could not locate an aggregate in the statement", PARSE_HINT)
+        name_index = token_at(statement.tokens, start)
+        if statement.tokens[name_index + 1].token_type != TokenType.L_PAREN:
+            raise unsupported("could not locate an aggregate's argument", PARSE_HINT)
+        close = closing_paren(statement.tokens, name_index + 1)
+        first = name_index + 2
+        argument = node.this
+        if isinstance(argument, exp.Distinct):
+            if statement.tokens[first].token_type != TokenType.DISTINCT:
+                raise unsupported("could not locate an aggregate's argument", PARSE_HINT)
+            first += 1
+            argument = argument.expressions[0]
+        text = statement.span(first, close)
+        _same(text, argument)
+        if isinstance(node, (exp.Sum, exp.Avg)):
+            if text not in magnitudes:
+                magnitudes.append(text)
+            rule: Contribution = "nonzero"
+        else:
+            rule = "nonnull"
+        if (rule, text) not in contributors:
+            contributors.append((rule, text))
+    return tuple(magnitudes), tuple(contributors)
+
+
+# Words that are never part of the supported subset: if sqlglot ever parsed one of them without keeping it in
+# the tree, the client's text (which is what runs) would still contain it. Refuse them on the tokens.
+_FOREIGN_WORDS = frozenset({
+    "UNION", "INTERSECT", "EXCEPT", "INTO", "FOR", "WINDOW", "OVER", "FILTER", "WITHIN", "LATERAL", "TABLESAMPLE",
+    "COLLATE", "ESCAPE", "SIMILAR", "USING", "NATURAL", "CROSS", "RIGHT", "FULL", "EXISTS", "ANY", "SOME", "ARRAY",
+    "RETURNING", "VARIADIC", "ORDINALITY", "GROUPING", "ROLLUP", "CUBE", "SETS", "WITH", "ONLY", "OPERATOR",
+})  # fmt: skip
+_FETCH_WORDS = frozenset({"WITH", "ONLY"})  # FETCH FIRST n ROWS ONLY / WITH TIES
+_PUNCTUATION = frozenset({
+    TokenType.COMMA, TokenType.L_PAREN, TokenType.R_PAREN, TokenType.DOT, TokenType.DCOLON, TokenType.EQ,
+    TokenType.NEQ, TokenType.LT, TokenType.LTE, TokenType.GT, TokenType.GTE, TokenType.STAR, TokenType.DASH,
+    TokenType.PARAMETER, TokenType.NUMBER, TokenType.STRING, TokenType.IDENTIFIER,
+})  # fmt: skip
+
+
+def _check_tokens(statement: Statement) -> None:
+    fetch = False
+    words_seen = [statement.word(i) for i in range(len(statement.tokens))]
+    for position, token in enumerate(statement.tokens):
+        raw = statement.raw(position)
+        if token.token_type in _PUNCTUATION:
+            continue
+        words = raw.upper().split()
+        if not words or not all(_WORD.fullmatch(word) for word in words):
+            raise unsupported(f"{raw!r} is not allowed in a query over protected tables", SHAPE_HINT)
+        fetch = fetch or words[0] == "FETCH"
+        time_zone = words_seen[position + 1:position + 3] == ["TIME", "ZONE"]  # timestamp WITH TIME ZONE
+        for word in words:
+            if word in _FOREIGN_WORDS and not (fetch and word in _FETCH_WORDS) and not (word == "WITH" and time_zone):
+                raise unsupported(f"{word} is not allowed in a query over protected tables", SHAPE_HINT)
+
+
+_WORD = re.compile(r"[A-Z_\x80-\U0010ffff][A-Z0-9_$\x80-\U0010ffff]*")
+
+
+# --- token layout -----------------------------------------------------------------
+
+
+class _Layout:
+    """Where the top-level clauses of a SELECT start and end in its token list."""
+
+    def __init__(self, statement: Statement, tree: exp.Select) -> None:
+        self.statement = statement
+        tokens = statement.tokens
+        if tokens[0].token_type != TokenType.SELECT:
+            raise unsupported("a query over protected tables must start with SELECT", SHAPE_HINT)
+        self.starts: dict[TokenType, int] = {}
+        order = []
+        for i in depth_zero(tokens, 1):
+            kind = tokens[i].token_type
+            if kind not in _CLAUSES:
+                continue
+            if kind == TokenType.FROM and tokens[i - 1].token_type == TokenType.DISTINCT:
+                continue  # IS [NOT] DISTINCT FROM
+            if kind in self.starts:
+                raise unsupported(f"{tokens[i].text.upper()} appears twice", SHAPE_HINT)
+            self.starts[kind] = i
+            order.append(i)
+        if order != sorted(order):
+            raise unsupported("clauses are out of order", SHAPE_HINT)
+        self.boundaries = sorted(self.starts.values()) + [len(tokens)]
+        first = 1
+        if tokens[1].token_type in (TokenType.DISTINCT, TokenType.ALL):
+            first = 2
+        if TokenType.FROM not in self.starts:
+            raise unsupported("a query over protected tables needs a FROM clause", SHAPE_HINT)
+        self.select = (first, self.starts[TokenType.FROM])
+        expected = {TokenType.WHERE: "where", TokenType.GROUP_BY: "group", TokenType.HAVING: "having",
+                    TokenType.ORDER_BY: "order"}
+        for kind, key in expected.items():
+            if (kind in self.starts) != (tree.args.get(key) is not None):
+                raise unsupported("could not locate the clauses of the statement", PARSE_HINT)
+
+    def range(self, kind: TokenType) -> tuple[int, int]:
+        start = self.starts[kind]
+        stop = next(b for b in self.boundaries if b > start)
+        return start + 1, stop
+
+    def items(self) -> list[tuple[int, int]]:
+        return split_commas(self.statement.tokens, *self.select)
+
+    def pieces(self, kind: TokenType) -> list[tuple[int, int]]:
+        return split_commas(self.statement.tokens, *self.range(kind))
+
+    def clause_text(self, kind: TokenType, node: exp.Expression | None) -> str | None:
+        if node is None:
+            return None
+        text = self.statement.span(*self.range(kind))
+        _same(text, node)
+        return text
+
+    def tail(self) -> str | None:
+        starts = [self.starts[kind] for kind in _TAIL if kind in self.starts]
+        if not starts:
+            return None
+        return self.statement.span(min(starts), len(self.statement.tokens))
+
+
+# --- helpers ------------------------------------------------------------------------
+
+
+def _set_args(node: exp.Expression) -> set[str]:
+    return {key for key, value in node.args.items() if value not in (None, False, [], "")}
+
+
+def _ordinal(node: exp.Expression) -> int | None:
+    if isinstance(node, exp.Literal) and not node.is_string and node.this.isdigit():
+        return int(node.this)
+    return None
+
+
+def _canonical(node: exp.Expression) -> exp.Expression:
+    """A copy that compares equal to any spelling PostgreSQL would treat as the same expression."""
+    copy = node.copy()
+    for ident in list(copy.find_all(exp.Identifier)):
+        ident.set("this", fold(ident.this, bool(ident.args.get("quoted"))))
+        ident.set("quoted", True)
+    for paren in list(copy.find_all(exp.Paren)):
+        if paren is copy:
+            continue
+        paren.replace(paren.this)
+    while isinstance(copy, exp.Paren):
+        copy = copy.this
+    return copy
+
+
+def _same(text: str, node: exp.Expression) -> None:
+    """Refuse unless ``text`` parses to the same expression as ``node``."""
+    try:
+        parsed = sqlglot.parse_one(text, read="postgres")
+    except SqlglotError:
+        raise unsupported("could not isolate a part of the statement", PARSE_HINT) from None
+    if not isinstance(parsed, exp.Expression) or _canonical(parsed) != _canonical(node):
+        raise unsupported("could not isolate a part of the statement", PARSE_HINT)

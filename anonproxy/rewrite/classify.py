@@ -1,0 +1,203 @@
+"""``decide``: one decision for the whole text of a Query or Parse message.
+
+Pure and deterministic: no I/O, no clock, no state; the proxy caches the result
+by (text, role, policy version).
+
+Per statement: a query (SELECT / WITH / VALUES / TABLE) that reaches no
+protected or linked table passes; one that does is rewritten (mode
+``suppress``) or refused (mode ``dp``, not available yet); commands go through
+the allowlist of :mod:`anonproxy.rewrite.commands`. Then per message: all
+statements pass -> Pass; exactly one statement, rewritten -> Rewrite; one
+``SHOW anonproxy.*`` -> Intercept; any other mixture -> Reject.
+"""
+
+from __future__ import annotations
+
+from sqlglot import exp
+from sqlglot.errors import SqlglotError
+from sqlglot.tokens import TokenType
+
+from anonproxy.policy.model import Policy, RolePolicy
+from anonproxy.rewrite.analytic import analyze
+from anonproxy.rewrite.commands import classify_command, is_query, refuse_statement
+from anonproxy.rewrite.decision import (
+    FEATURE_NOT_SUPPORTED,
+    Decision,
+    Pass,
+    Refusal,
+    Reject,
+    Rewrite,
+    forbidden,
+    unsupported,
+)
+from anonproxy.rewrite.names import PolicyIndex, fold
+from anonproxy.rewrite.statements import (
+    DIALECT,
+    PARSE_HINT,
+    Statement,
+    closing_paren,
+    split,
+)
+from anonproxy.rewrite.suppress import rewrite
+
+DP_HINT = "Ask for suppress mode, or query tables that are not protected."
+
+# Functions that run SQL given as text, open connections, or act as another role: never passed through.
+SQL_RUNNING_FUNCTIONS = frozenset({
+    "query_to_xml", "query_to_xml_and_xmlschema", "query_to_xmlschema", "table_to_xml",
+    "table_to_xml_and_xmlschema", "table_to_xmlschema", "schema_to_xml", "schema_to_xml_and_xmlschema",
+    "schema_to_xmlschema", "database_to_xml", "database_to_xml_and_xmlschema", "database_to_xmlschema",
+    "cursor_to_xml", "cursor_to_xmlschema", "ts_stat", "dblink", "dblink_exec", "dblink_open", "dblink_fetch",
+    "dblink_send_query", "dblink_get_result", "dblink_connect", "dblink_connect_u",
+})  # fmt: skip
+# set_config() of these names is SET ROLE / SET SESSION AUTHORIZATION / a lexing change in disguise.
+GUARDED_SETTINGS = frozenset({"role", "session_authorization", "client_encoding", "standard_conforming_strings"})
+# Extended statistics views: not needed by BI tools, and CVE-2024-4317 showed they can leak column values.
+STATISTICS_RELATIONS = frozenset({"pg_stats_ext", "pg_stats_ext_exprs", "pg_statistic_ext_data", "pg_statistic"})
+
+_QUERY_TOPS = (exp.Select, exp.SetOperation, exp.Values, exp.Subquery)
+_WRITES = (exp.DML, exp.DDL, exp.Command, exp.Into, exp.Lock, exp.Copy, exp.Merge, exp.TruncateTable, exp.Alter)
+
+
+def decide(sql: str, role: RolePolicy, policy: Policy) -> Decision:
+    """What the proxy does with ``sql`` (a whole Query or Parse message) for ``role``."""
+    if role.mode == "direct":
+        return Pass()
+    try:
+        return _decide(sql, role, policy)
+    except Refusal as refusal:
+        return refusal.reject
+    except RecursionError:
+        return Reject(FEATURE_NOT_SUPPORTED, "the statement is nested too deeply to analyze", PARSE_HINT)
+
+
+def _decide(sql: str, role: RolePolicy, policy: Policy) -> Decision:
+    if role.mode not in ("suppress", "dp"):
+        raise forbidden(f"role {role.role} may not query through anonproxy (mode {role.mode})",
+                        "Ask the DBA for a role in suppress mode.")
+    index = PolicyIndex(policy)
+    decisions = [_statement(statement, role, index) for statement in split(sql)]
+    if not decisions or all(isinstance(d, Pass) for d in decisions):
+        return Pass()
+    if len(decisions) == 1:
+        return decisions[0]
+    raise unsupported(
+        "an aggregate query over protected tables, or SHOW anonproxy.*, must be sent on its own, not together "
+        "with other statements",
+        "Send it as a single statement; other statements can follow in their own messages.",
+    )
+
+
+def _statement(statement: Statement, role: RolePolicy, index: PolicyIndex) -> Decision:
+    if statement.word(0) == "EXPLAIN":
+        return _explain(statement, role, index)
+    if not is_query(statement):
+        return classify_command(statement, role.mode)
+    tree = _parse(statement)
+    if not _touches_protected(statement, tree, index):
+        _check_passable(statement, tree, role, index)
+        return Pass()
+    if role.mode == "dp":
+        raise unsupported("differential-privacy mode is not available yet: queries over protected tables are "
+                          "refused", DP_HINT)
+    return Rewrite(rewrite(analyze(statement, tree, index, role.suppression), role.suppression))
+
+
+def _explain(statement: Statement, role: RolePolicy, index: PolicyIndex) -> Decision:
+    position = 1
+    options: list[str | None] = []
+    tokens = statement.tokens
+    if position < len(tokens) and tokens[position].token_type == TokenType.L_PAREN:
+        close = closing_paren(tokens, position)
+        options = [statement.word(i) for i in range(position + 1, close)]
+        position = close + 1
+    else:
+        while statement.word(position) in ("ANALYZE", "ANALYSE", "VERBOSE"):
+            options.append(statement.word(position))
+            position += 1
+    if "ANALYZE" in options or "ANALYSE" in options:
+        raise forbidden(f"EXPLAIN ANALYZE is not allowed for roles in {role.mode} mode: it runs the statement and "
+                        "reports exact row counts", "Plain EXPLAIN of a query over tables that are not protected.")
+    if position >= len(tokens):
+        raise unsupported("EXPLAIN needs a statement", PARSE_HINT)
+    inner = Statement(statement.source, tokens[position:])
+    if not is_query(inner):
+        raise refuse_statement(inner, role.mode)
+    tree = _parse(inner)
+    if _touches_protected(inner, tree, index):
+        raise forbidden("EXPLAIN of a query over protected tables is not allowed: plans show row estimates taken "
+                        "from the table's statistics", "Run the aggregate query itself.")
+    _check_passable(inner, tree, role, index)
+    return Pass()
+
+
+def _parse(statement: Statement) -> exp.Expression:
+    try:
+        trees = DIALECT.parser().parse(list(statement.tokens), statement.source)
+    except SqlglotError as exc:
+        first_line = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        raise unsupported(f"could not parse the statement: {first_line}", PARSE_HINT) from None
+    trees = [tree for tree in trees if tree is not None]
+    if len(trees) != 1:
+        raise unsupported("could not parse the statement", PARSE_HINT)
+    tree = trees[0]
+    if isinstance(tree, (exp.DML, exp.DDL, exp.Command)):
+        raise forbidden(f"{type(tree).__name__.upper()} is not allowed for anonymized roles", PARSE_HINT)
+    if not isinstance(tree, _QUERY_TOPS):
+        raise unsupported(f"could not read {type(tree).__name__.upper()} as a query", PARSE_HINT)
+    return tree
+
+
+def _touches_protected(statement: Statement, tree: exp.Expression, index: PolicyIndex) -> bool:
+    tables = list(tree.find_all(exp.Table))
+    if any(index.touches_protected(table) for table in tables):
+        return True
+    # Defence in depth: a protected table's name anywhere outside strings and comments (as a column, an
+    # alias, a CTE, in a construct sqlglot models loosely) is not passed through. Schema-qualified names of
+    # other tables (other_schema.adult) are the only exception.
+    elsewhere = {table.this.meta.get("start") for table in tables
+                 if isinstance(table.this, exp.Identifier) and table.args.get("db") is not None}
+    for position, token in enumerate(statement.tokens):
+        name = _name(statement, position)
+        if name is not None and index.is_protected_name(name) and token.start not in elsewhere:
+            raise forbidden(
+                f"the statement mentions {name!r}, the name of a protected table, in a way the proxy cannot analyze",
+                "Query a protected table only in the FROM clause of an aggregate SELECT; do not reuse its name.")
+    return False
+
+
+def _check_passable(statement: Statement, tree: exp.Expression, role: RolePolicy, index: PolicyIndex) -> None:
+    """A query that reads no protected table: refuse writes and functions that run SQL or switch roles."""
+    for node in tree.walk():
+        if isinstance(node, _WRITES):
+            what = ("SELECT INTO" if isinstance(node, exp.Into) else
+                    "FOR UPDATE/SHARE" if isinstance(node, exp.Lock) else type(node).__name__.upper())
+            raise forbidden(f"{what} is not allowed for roles in {role.mode} mode", "Only read-only queries pass.")
+        if (isinstance(node, exp.Table) and isinstance(node.this, exp.Identifier)
+                and fold(node.this.this, bool(node.this.args.get("quoted"))) in STATISTICS_RELATIONS):
+            raise forbidden("extended statistics views are not available to anonymized roles",
+                                "pg_stats, information_schema and the other catalogs are available.")
+    tokens = statement.tokens
+    for position in range(len(tokens) - 1):
+        if tokens[position + 1].token_type != TokenType.L_PAREN:
+            continue
+        name = _name(statement, position)
+        if name in SQL_RUNNING_FUNCTIONS:
+            raise forbidden(f"{name}() is not allowed for roles in {role.mode} mode: it runs SQL given as text",
+                            "Send the query itself.")
+        if name == "set_config":
+            argument = tokens[position + 2] if position + 2 < len(tokens) else None
+            setting = argument.text.lower() if argument is not None and argument.token_type == TokenType.STRING \
+                else None
+            if setting is None or setting in GUARDED_SETTINGS or setting.startswith("anonproxy."):
+                raise forbidden(f"set_config({statement.raw(position + 2) if argument else ''}, ...) is not allowed "
+                                f"for roles in {role.mode} mode", "set_config() of ordinary settings only.")
+
+
+def _name(statement: Statement, position: int) -> str | None:
+    """The token as a folded identifier, when it is a bare word or a quoted name."""
+    token = statement.tokens[position]
+    if token.token_type == TokenType.IDENTIFIER:
+        return fold(token.text, True)
+    word = statement.raw(position)
+    return fold(word, False) if statement.word(position) is not None else None

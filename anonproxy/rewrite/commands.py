@@ -1,0 +1,250 @@
+"""Statements other than queries: the session and transaction commands an anonymized role may send.
+
+Recognised by their leading keywords on the token stream (sqlglot models many
+of them only as ``exp.Command``), against an allowlist:
+
+* SET / RESET / SHOW of ordinary settings, except ``role`` and
+  ``session_authorization`` (who the session is), ``client_encoding`` other
+  than UTF8 and ``standard_conforming_strings`` off (both change how the proxy
+  must read the SQL text), and ``anonproxy.*`` (set by the policy). ``SET
+  search_path`` is allowed: the classifier treats an unqualified name as
+  protected if a protected table of that name exists in any schema, and
+  rewritten SQL names every table with its schema.
+* ``SHOW anonproxy.<name>`` is intercepted: the proxy answers from the policy.
+* BEGIN / START TRANSACTION / COMMIT / END / ROLLBACK / ABORT / SAVEPOINT /
+  RELEASE, SET TRANSACTION, SET SESSION CHARACTERISTICS (not two-phase commit).
+* DISCARD, DEALLOCATE, LISTEN, UNLISTEN.
+
+Anything else is refused with the statement's kind in the message.
+"""
+
+from __future__ import annotations
+
+import re
+
+from sqlglot.tokens import TokenType
+
+from anonproxy.rewrite.decision import Decision, Intercept, Pass, forbidden, unsupported
+from anonproxy.rewrite.statements import Statement
+
+ALLOWED_HINT = (
+    "This role may send: SELECT with aggregates (count, sum, avg) over protected tables, queries that do not "
+    "touch protected tables (catalog browsing included), SET/RESET/SHOW of ordinary settings, transaction "
+    "control (BEGIN, COMMIT, ROLLBACK, SAVEPOINT), DISCARD, DEALLOCATE, LISTEN/UNLISTEN."
+)
+
+QUERY_STARTS = frozenset({"SELECT", "WITH", "VALUES", "TABLE"})
+
+_SETTING_NAME = re.compile(r"[a-z_][a-z0-9_$]*")
+_IDENTITY_SETTINGS = frozenset({"role", "session_authorization"})
+_UTF8 = frozenset({"utf8", "utf-8", "unicode", "default"})
+_ON = frozenset({"on", "true", "yes", "1", "default"})
+_TRANSACTION_WORDS = frozenset({"WORK", "TRANSACTION", "ISOLATION", "LEVEL", "SERIALIZABLE", "REPEATABLE", "READ",
+                                "COMMITTED", "UNCOMMITTED", "WRITE", "ONLY", "NOT", "DEFERRABLE", "AND", "NO",
+                                "CHAIN"})
+_DISCARD = frozenset({"ALL", "PLANS", "SEQUENCES", "TEMP", "TEMPORARY"})
+_OBJECT_WORDS = frozenset({"TEMP", "TEMPORARY", "OR", "REPLACE", "UNLOGGED", "MATERIALIZED", "RECURSIVE", "VIEW",
+                           "TABLE", "FUNCTION", "PROCEDURE", "INDEX", "SCHEMA", "ROLE", "USER", "SEQUENCE", "TYPE",
+                           "EXTENSION", "TRIGGER", "RULE", "POLICY", "DATABASE", "STATISTICS", "AGGREGATE",
+                           "DOMAIN", "SERVER", "PUBLICATION", "SUBSCRIPTION", "EVENT", "FOREIGN", "GLOBAL",
+                           "LOCAL", "UNIQUE", "OPERATOR", "CAST", "COLLATION", "CONVERSION", "LANGUAGE",
+                           "TABLESPACE", "TEXT", "SEARCH", "DEFAULT", "PRIVILEGES", "OWNED", "BY"})
+
+# Statement kinds with a specific explanation: first word -> (what, why, hint).
+_CURSOR_HINT = "Send the SELECT itself; configure the client not to use cursors (psqlODBC: UseDeclareFetch=0)."
+_PREPARE_HINT = "Use the extended query protocol (Parse/Bind/Execute), as drivers do for parameters."
+_SPECIAL: dict[str, tuple[str, str, str]] = {
+    "COPY": ("COPY", "it reads or writes whole tables", "Query aggregates with SELECT instead."),
+    "DECLARE": ("DECLARE ... CURSOR", "cursors are not supported", _CURSOR_HINT),
+    "FETCH": ("FETCH", "cursors are not supported", _CURSOR_HINT),
+    "MOVE": ("MOVE", "cursors are not supported", _CURSOR_HINT),
+    "CLOSE": ("CLOSE", "cursors are not supported", _CURSOR_HINT),
+    "PREPARE": ("SQL-level PREPARE", "prepared statements go through the protocol", _PREPARE_HINT),
+    "EXECUTE": ("SQL-level EXECUTE", "prepared statements go through the protocol", _PREPARE_HINT),
+    "DO": ("DO", "procedural code can read anything", ALLOWED_HINT),
+    "CALL": ("CALL", "procedures can read anything", ALLOWED_HINT),
+    "INSERT": ("INSERT", "data modification", ALLOWED_HINT),
+    "UPDATE": ("UPDATE", "data modification", ALLOWED_HINT),
+    "DELETE": ("DELETE", "data modification", ALLOWED_HINT),
+    "MERGE": ("MERGE", "data modification", ALLOWED_HINT),
+    "TRUNCATE": ("TRUNCATE", "data modification", ALLOWED_HINT),
+}
+
+
+def statement_kind(statement: Statement) -> str:
+    """A readable name for the statement kind: its leading keywords."""
+    words = statement.words(6)
+    if not words or words[0] is None:
+        return "this statement"
+    kind = [words[0]]
+    if words[0] in ("CREATE", "ALTER", "DROP", "COMMENT", "SECURITY", "REFRESH", "IMPORT"):
+        for word in words[1:]:
+            if word is None or word not in _OBJECT_WORDS | {"ON", "LABEL", "VIEW", "MATERIALIZED"}:
+                break
+            kind.append(word)
+    return " ".join(kind)
+
+
+def refuse_statement(statement: Statement, mode: str) -> Exception:
+    word = statement.word(0) or ""
+    if word in _SPECIAL:
+        what, why, hint = _SPECIAL[word]
+        return forbidden(f"{what} is not allowed for roles in {mode} mode: {why}", hint)
+    return forbidden(f"{statement_kind(statement)} is not allowed for roles in {mode} mode", ALLOWED_HINT)
+
+
+def is_query(statement: Statement) -> bool:
+    return statement.word(0) in QUERY_STARTS or statement.tokens[0].token_type == TokenType.L_PAREN
+
+
+def classify_command(statement: Statement, mode: str) -> Decision:
+    """The decision for a statement that is neither a query nor EXPLAIN; raises a Refusal when not allowed."""
+    words = statement.words()
+    first = words[0]
+    if first == "SET":
+        return _set(statement, words, mode)
+    if first == "RESET":
+        return _reset(statement, words, mode)
+    if first == "SHOW":
+        return _show(statement)
+    if first in ("BEGIN", "START", "COMMIT", "END", "ROLLBACK", "ABORT"):
+        return _transaction(statement, words, mode)
+    if first in ("SAVEPOINT", "RELEASE"):
+        return _savepoint(statement, words, mode)
+    if first == "DISCARD" and len(words) == 2 and words[1] in _DISCARD:
+        return Pass()
+    if first == "DEALLOCATE" and 2 <= len(words) <= 3 and (len(words) == 2 or words[1] == "PREPARE"):
+        return Pass()
+    if first in ("LISTEN", "UNLISTEN") and len(words) == 2:
+        return Pass()
+    raise refuse_statement(statement, mode)
+
+
+def _setting_name(statement: Statement, first: int) -> tuple[str, int]:
+    """A (possibly dotted, possibly quoted) setting name starting at token ``first``; returns (name, next index)."""
+    parts = []
+    index = first
+    while index < len(statement.tokens):
+        token = statement.tokens[index]
+        word = statement.word(index)
+        if token.token_type == TokenType.IDENTIFIER:
+            parts.append(token.text.lower())
+        elif word is not None:
+            parts.append(word.lower())
+        else:
+            break
+        index += 1
+        if index < len(statement.tokens) and statement.tokens[index].token_type == TokenType.DOT:
+            index += 1
+            continue
+        break
+    if not parts:
+        raise unsupported("expected a setting name", ALLOWED_HINT)
+    return ".".join(parts), index
+
+
+def _value(statement: Statement, index: int) -> str | None:
+    """The single value after TO / = (lower case), or None when the value is anything else."""
+    if index < len(statement.tokens) and (statement.word(index) == "TO"
+                                          or statement.tokens[index].token_type == TokenType.EQ):
+        index += 1
+    if index != len(statement.tokens) - 1:
+        return None
+    token = statement.tokens[index]
+    if token.token_type in (TokenType.STRING, TokenType.IDENTIFIER):
+        return token.text.lower()
+    word = statement.word(index)
+    return word.lower() if word is not None else None
+
+
+def _check_setting(name: str, statement: Statement, value_index: int | None, mode: str) -> None:
+    if name in _IDENTITY_SETTINGS:
+        raise forbidden(f"changing {name} is not allowed for roles in {mode} mode",
+                        "Connect as the role you need; the proxy applies its policy by login role.")
+    if name.startswith("anonproxy."):
+        raise forbidden(f"{name} is set by the anonproxy policy, not by the session",
+                        "Read it with SHOW anonproxy.<name>; ask the DBA to change the policy.")
+    if value_index is None:
+        return
+    if name == "client_encoding" and _value(statement, value_index) not in _UTF8:
+        raise unsupported("client_encoding other than UTF8 is not supported through anonproxy",
+                          "Use client_encoding UTF8.")
+    if name == "standard_conforming_strings" and _value(statement, value_index) not in _ON:
+        raise unsupported("standard_conforming_strings must stay on through anonproxy",
+                          "Use E'...' strings for backslash escapes.")
+
+
+def _set(statement: Statement, words: list[str | None], mode: str) -> Decision:
+    if words[1:3] == ["SESSION", "AUTHORIZATION"]:
+        _check_setting("session_authorization", statement, None, mode)
+    if words[1:3] == ["SESSION", "CHARACTERISTICS"] or words[1:2] == ["TRANSACTION"]:
+        return Pass()
+    index = 2 if words[1:2] in (["SESSION"], ["LOCAL"]) else 1
+    if index >= len(words):
+        raise unsupported("incomplete SET", ALLOWED_HINT)
+    word = words[index]
+    if word == "ROLE":
+        _check_setting("role", statement, None, mode)
+    if words[index:index + 2] == ["SESSION", "AUTHORIZATION"]:
+        _check_setting("session_authorization", statement, None, mode)
+    if words[index:index + 2] in (["TIME", "ZONE"], ["XML", "OPTION"]) or word in ("SCHEMA", "CONSTRAINTS"):
+        return Pass()
+    if word == "NAMES":
+        _check_setting("client_encoding", statement, index + 1, mode)
+        return Pass()
+    name, after = _setting_name(statement, index)
+    _check_setting(name, statement, after, mode)
+    return Pass()
+
+
+def _reset(statement: Statement, words: list[str | None], mode: str) -> Decision:
+    if words[1:] == ["ALL"]:
+        return Pass()
+    if words[1:3] == ["SESSION", "AUTHORIZATION"]:
+        _check_setting("session_authorization", statement, None, mode)
+    name, after = _setting_name(statement, 1)
+    if after != len(statement.tokens):
+        raise unsupported("malformed RESET", ALLOWED_HINT)
+    _check_setting(name, statement, None, mode)
+    return Pass()
+
+
+def _show(statement: Statement) -> Decision:
+    name, after = _setting_name(statement, 1)
+    if name.startswith("anonproxy."):
+        setting = name[len("anonproxy."):]
+        if after != len(statement.tokens) or not _SETTING_NAME.fullmatch(setting):
+            raise unsupported(f"unknown anonproxy setting {setting!r}", "SHOW anonproxy.k, SHOW anonproxy.mode, ...")
+        return Intercept(setting)
+    return Pass()
+
+
+def _transaction(statement: Statement, words: list[str | None], mode: str) -> Decision:
+    if words[1:2] == ["PREPARED"]:
+        raise forbidden(f"two-phase commit is not allowed for roles in {mode} mode", ALLOWED_HINT)
+    rest = words[1:]
+    if words[0] == "START":
+        if rest[:1] != ["TRANSACTION"]:
+            raise refuse_statement(statement, mode)
+        rest = rest[1:]
+    if words[0] in ("ROLLBACK", "ABORT") and "TO" in rest:
+        return _savepoint(statement, words, mode)
+    for index, word in enumerate(rest, start=len(words) - len(rest)):
+        if word in _TRANSACTION_WORDS:
+            continue
+        if statement.tokens[index].token_type == TokenType.COMMA:
+            continue
+        raise unsupported(f"unexpected {statement.raw(index)!r} in {words[0]}", ALLOWED_HINT)
+    return Pass()
+
+
+def _savepoint(statement: Statement, words: list[str | None], mode: str) -> Decision:
+    # SAVEPOINT name | RELEASE [SAVEPOINT] name | ROLLBACK [WORK|TRANSACTION] TO [SAVEPOINT] name
+    index = 1
+    while index < len(words) - 1 and words[index] in ("WORK", "TRANSACTION", "TO", "SAVEPOINT"):
+        index += 1
+    token = statement.tokens[index] if index < len(statement.tokens) else None
+    if token is None or index != len(statement.tokens) - 1 or (
+            token.token_type != TokenType.IDENTIFIER and words[index] is None):
+        raise unsupported(f"malformed {words[0]}", ALLOWED_HINT)
+    return Pass()

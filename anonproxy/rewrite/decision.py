@@ -1,0 +1,61 @@
+"""What the proxy does with a statement: the four possible decisions.
+
+``decide`` (see :mod:`anonproxy.rewrite.classify`) returns exactly one of these
+values for the whole text of a Query or Parse message. They are plain frozen
+dataclasses, so they can be cached and compared.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# SQLSTATEs used for refusals.
+INSUFFICIENT_PRIVILEGE = "42501"  # the statement kind or the data it would read is not allowed
+FEATURE_NOT_SUPPORTED = "0A000"  # unparseable, or outside the SQL subset the rewriter understands
+
+
+@dataclass(frozen=True)
+class Pass:
+    """Forward the client's original bytes, unchanged, to its own upstream connection."""
+
+
+@dataclass(frozen=True)
+class Rewrite:
+    """Run ``sql`` on the proxy's privileged service connection instead of the client's text."""
+
+    sql: str
+
+
+@dataclass(frozen=True)
+class Intercept:
+    """``SHOW anonproxy.<setting>``: the proxy answers itself (``setting`` is lower case, without the prefix)."""
+
+    setting: str
+
+
+@dataclass(frozen=True)
+class Reject:
+    """Answer with an ErrorResponse carrying this SQLSTATE, message and hint."""
+
+    sqlstate: str
+    message: str
+    hint: str | None = None
+
+
+Decision = Pass | Rewrite | Intercept | Reject
+
+
+class Refusal(Exception):
+    """Raised inside the rewriter; ``decide`` turns it into a :class:`Reject`."""
+
+    def __init__(self, sqlstate: str, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.reject = Reject(sqlstate, message, hint)
+
+
+def unsupported(message: str, hint: str | None = None) -> Refusal:
+    return Refusal(FEATURE_NOT_SUPPORTED, message, hint)
+
+
+def forbidden(message: str, hint: str | None = None) -> Refusal:
+    return Refusal(INSUFFICIENT_PRIVILEGE, message, hint)

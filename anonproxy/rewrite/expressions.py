@@ -1,0 +1,430 @@
+"""The expression allowlist for queries over protected tables.
+
+Everything that reaches a row of a protected table (WHERE, GROUP BY, JOIN
+conditions, aggregate arguments) must be *total*: it may not raise an error
+for some rows and not others. An error is a one-bit answer about a row that
+suppression never sees: ``CASE WHEN id = 17 AND income = '>50K' THEN 1/0 END``
+tells whether person 17 earns more than 50K. So there is no division, modulo,
+arithmetic (overflow), concatenation, casts of data to anything but text,
+regular expressions, user functions, subqueries, windows or set-returning
+functions; LIKE patterns are constants that cannot fail; date_trunc/extract
+units and width_bucket bounds are constants checked here.
+
+Select items, HAVING and ORDER BY may also hold aggregates: COUNT(*),
+COUNT(x), COUNT(DISTINCT x), SUM, AVG, and MIN/MAX when the role allows them.
+
+Every node type is checked together with the arguments sqlglot filled in, so
+a modifier this module does not know about (a new sqlglot argument, FILTER,
+ORDER BY inside an aggregate, ...) is refused rather than ignored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
+from typing import NoReturn
+
+from sqlglot import exp
+
+from anonproxy.policy.model import SuppressionParams
+from anonproxy.rewrite.decision import forbidden, unsupported
+from anonproxy.rewrite.names import ResolvedTable, identifier
+
+SYSTEM_COLUMNS = frozenset({"ctid", "xmin", "xmax", "cmin", "cmax", "tableoid"})
+
+ROW_HINT = (
+    "Allowed in WHERE, GROUP BY, JOIN conditions and aggregate arguments: column references, constants, "
+    "$n parameters, comparisons, AND/OR/NOT, IN (list), BETWEEN, IS [NOT] NULL, LIKE/ILIKE with a constant "
+    "pattern, CASE, coalesce, nullif, lower, upper, date_trunc, extract/date_part, width_bucket, casts of "
+    "constants, and casts to text."
+)
+AGGREGATE_HINT = "Allowed aggregates: count(*), count(x), count(DISTINCT x), sum(x), avg(x){minmax}."
+
+# date_trunc units valid for timestamp, timestamptz and interval alike ('week' fails on intervals).
+TRUNC_UNITS = frozenset({
+    "microsecond", "microseconds", "millisecond", "milliseconds", "second", "seconds", "minute", "minutes",
+    "hour", "hours", "day", "days", "month", "months", "quarter", "year", "years", "decade", "decades",
+    "century", "centuries", "millennium", "millennia",
+})  # fmt: skip
+# extract/date_part fields valid for date, timestamp and timestamptz (hour/minute/second fail on dates).
+EXTRACT_UNITS = frozenset({
+    "year", "quarter", "month", "week", "day", "dow", "isodow", "doy", "isoyear", "decade", "century",
+    "millennium", "epoch", "julian",
+})  # fmt: skip
+MAX_WIDTH_BUCKETS = 10_000
+
+# Types a constant may be cast to (folded at plan time, so a failure never depends on data).
+_CONSTANT_CAST_TYPES = frozenset({
+    exp.DataType.Type.SMALLINT, exp.DataType.Type.INT, exp.DataType.Type.BIGINT, exp.DataType.Type.DECIMAL,
+    exp.DataType.Type.DOUBLE, exp.DataType.Type.FLOAT, exp.DataType.Type.BOOLEAN, exp.DataType.Type.TEXT,
+    exp.DataType.Type.VARCHAR, exp.DataType.Type.CHAR, exp.DataType.Type.DATE, exp.DataType.Type.TIME,
+    exp.DataType.Type.TIMESTAMP, exp.DataType.Type.TIMESTAMPTZ, exp.DataType.Type.INTERVAL,
+})  # fmt: skip
+# Any value casts to text without error.
+_TEXT_TYPES = frozenset({exp.DataType.Type.TEXT, exp.DataType.Type.VARCHAR, exp.DataType.Type.CHAR})
+
+AGGREGATES = (exp.Count, exp.Sum, exp.Avg, exp.Min, exp.Max)
+
+# Node type -> the arguments it may carry. Anything else set on the node is refused.
+_ROW_NODES: dict[type[exp.Expression], frozenset[str]] = {
+    exp.Column: frozenset({"this", "table", "db"}),
+    exp.Literal: frozenset({"this", "is_string"}),
+    exp.Boolean: frozenset({"this"}),
+    exp.Null: frozenset(),
+    exp.Parameter: frozenset({"this"}),
+    exp.Paren: frozenset({"this"}),
+    exp.EQ: frozenset({"this", "expression"}),
+    exp.NEQ: frozenset({"this", "expression"}),
+    exp.GT: frozenset({"this", "expression"}),
+    exp.GTE: frozenset({"this", "expression"}),
+    exp.LT: frozenset({"this", "expression"}),
+    exp.LTE: frozenset({"this", "expression"}),
+    exp.NullSafeEQ: frozenset({"this", "expression"}),
+    exp.NullSafeNEQ: frozenset({"this", "expression"}),
+    exp.And: frozenset({"this", "expression"}),
+    exp.Or: frozenset({"this", "expression"}),
+    exp.Not: frozenset({"this"}),
+    exp.Is: frozenset({"this", "expression", "negate"}),
+    exp.In: frozenset({"this", "expressions", "negate"}),
+    exp.Between: frozenset({"this", "low", "high", "symmetric", "negate"}),
+    exp.Like: frozenset({"this", "expression", "negate"}),
+    exp.ILike: frozenset({"this", "expression", "negate"}),
+    exp.Case: frozenset({"this", "ifs", "default"}),
+    exp.If: frozenset({"this", "true", "false"}),
+    exp.Coalesce: frozenset({"this", "expressions"}),
+    exp.Nullif: frozenset({"this", "expression"}),
+    exp.Lower: frozenset({"this"}),
+    exp.Upper: frozenset({"this"}),
+    exp.TimestampTrunc: frozenset({"this", "unit"}),
+    exp.DateTrunc: frozenset({"this", "unit"}),
+    exp.Extract: frozenset({"this", "expression"}),
+    exp.WidthBucket: frozenset({"this", "min_value", "max_value", "num_buckets"}),
+    exp.Cast: frozenset({"this", "to"}),
+    exp.Interval: frozenset({"this", "unit"}),
+    exp.Neg: frozenset({"this"}),
+}
+_AGGREGATE_ARGS: dict[type[exp.Expression], frozenset[str]] = {
+    exp.Count: frozenset({"this", "big_int"}),
+    exp.Sum: frozenset({"this"}),
+    exp.Avg: frozenset({"this"}),
+    exp.Min: frozenset({"this"}),
+    exp.Max: frozenset({"this"}),
+}
+
+# Friendlier names for refused constructs: (what, why).
+_REFUSED: list[tuple[tuple[type[exp.Expression], ...], str, str]] = [
+    ((exp.Div, exp.IntDiv, exp.Mod, exp.SafeDivide), "division and modulo", "a division by zero reveals data"),
+    ((exp.Add, exp.Sub, exp.Mul, exp.Pow), "arithmetic", "an overflow error reveals data"),
+    ((exp.DPipe,), "string concatenation (||)", "it is outside the supported subset"),
+    ((exp.Subquery, exp.Select, exp.Exists, exp.SetOperation), "subqueries", "they can reach rows unchecked"),
+    ((exp.Window,), "window functions", "they can return row-level values"),
+    ((exp.Filter,), "aggregate FILTER clauses", "they are outside the supported subset"),
+    ((exp.WithinGroup,), "ordered-set aggregates", "they can return a single row's value"),
+    ((exp.Explode, exp.Unnest, exp.GenerateSeries, exp.ExplodingGenerateSeries), "set-returning functions",
+     "they produce rows per input row"),
+    ((exp.Star,), "* (all columns)", "it returns row-level data"),
+    ((exp.RegexpLike, exp.RegexpILike, exp.SimilarTo), "regular expressions", "a bad pattern raises errors"),
+    ((exp.Collate,), "COLLATE", "it is outside the supported subset"),
+    ((exp.Escape,), "LIKE ... ESCAPE", "it is outside the supported subset"),
+    ((exp.Any, exp.All), "ANY/ALL", "it is outside the supported subset"),
+    ((exp.Array, exp.Tuple, exp.Struct), "arrays and row constructors", "they are outside the supported subset"),
+    ((exp.ByteString, exp.National, exp.UnicodeString), "E'', N'' and U&'' strings",
+     "write a standard-quoted string"),
+    ((exp.Dot, exp.Bracket), "field and element access", "it is outside the supported subset"),
+]
+
+
+def _set_args(node: exp.Expression) -> set[str]:
+    return {key for key, value in node.args.items() if value not in (None, False, [], "")}
+
+
+def refused_construct(node: exp.Expression) -> tuple[str, str]:
+    for types, what, why in _REFUSED:
+        if isinstance(node, types):
+            return what, why
+    if isinstance(node, exp.Anonymous):
+        return f"function {node.name}()", "only a few built-in functions are allowed"
+    if isinstance(node, exp.Func):
+        return f"function {node.sql_name().lower()}()", "only a few built-in functions are allowed"
+    return f"{type(node).__name__} expressions", "they are outside the supported subset"
+
+
+@dataclass
+class Scope:
+    """The tables of a query's FROM clause as its expressions can name them."""
+
+    references: dict[str, ResolvedTable] = field(default_factory=dict)  # alias or table name -> table
+    unaliased: dict[tuple[str, str], str] = field(default_factory=dict)  # (schema, table) of unaliased tables
+    identifiers: dict[str, frozenset[str]] = field(default_factory=dict)  # reference -> identifying columns
+
+    def is_identifier(self, table: str | None, column: str) -> bool:
+        if table is not None:
+            return column in self.identifiers.get(table, frozenset())
+        return any(column in columns for columns in self.identifiers.values())
+
+
+class Checker:
+    """Validates expressions of one query; raises a Refusal naming the first construct not allowed."""
+
+    def __init__(self, scope: Scope, params: SuppressionParams, table: str) -> None:
+        self.scope = scope
+        self.params = params
+        self.table = table
+        self._in_aggregate = False
+
+    # -- entry points ---------------------------------------------------------
+
+    def row(self, node: exp.Expression, clause: str) -> None:
+        """A row-level expression: no aggregates."""
+        self._walk(node, clause, aggregates=False)
+
+    def grouped(self, node: exp.Expression, clause: str) -> None:
+        """An expression evaluated per group: aggregates allowed, their arguments row-level."""
+        self._walk(node, clause, aggregates=True)
+
+    # -- walking --------------------------------------------------------------
+
+    def _walk(self, node: exp.Expression, clause: str, aggregates: bool) -> None:
+        if isinstance(node, AGGREGATES):
+            if not aggregates:
+                raise unsupported(f"aggregate {_function_name(node)}() is not allowed in {clause}",
+                                  "Aggregates belong in the select list, HAVING or ORDER BY, not nested.")
+            self._aggregate(node, clause)
+            return
+        allowed = _ROW_NODES.get(type(node))
+        if allowed is None:
+            self._refuse(node, clause)
+        extra = _set_args(node) - allowed
+        if extra:
+            raise unsupported(
+                f"{type(node).__name__.lower()} with {', '.join(sorted(extra))} is not allowed in {clause} "
+                f"of a query over {self.table}", ROW_HINT)
+        check = getattr(self, f"_check_{type(node).__name__.lower()}", None)
+        if check is not None and check(node, clause, aggregates):
+            return  # the checker validated the children itself
+        for child in _children(node):
+            self._walk(child, clause, aggregates)
+
+    def _refuse(self, node: exp.Expression, clause: str) -> NoReturn:
+        what, why = refused_construct(node)
+        message = f"not allowed in {clause} of a query over protected table {self.table}: {what} ({why})"
+        if isinstance(node, exp.Star):
+            raise forbidden(message, "Select aggregates such as count(*), sum(x), avg(x), grouped by columns.")
+        raise unsupported(message, ROW_HINT)
+
+    def _aggregate(self, node: exp.Expression, clause: str) -> None:
+        name = _function_name(node)
+        minmax = ", min(x), max(x)" if self.params.allow_min_max else ""
+        if isinstance(node, (exp.Min, exp.Max)) and not self.params.allow_min_max:
+            raise forbidden(f"{name}() is not allowed for this role: extremes are often a single person's value",
+                            AGGREGATE_HINT.format(minmax=minmax))
+        extra = _set_args(node) - _AGGREGATE_ARGS[type(node)]
+        if extra:
+            raise unsupported(f"{name}() with {', '.join(sorted(extra))} is not allowed",
+                              AGGREGATE_HINT.format(minmax=minmax))
+        argument = node.this
+        if isinstance(node, exp.Count):
+            if isinstance(argument, exp.Star):
+                return
+            if isinstance(argument, exp.Distinct):
+                if _set_args(argument) != {"expressions"} or len(argument.expressions) != 1:
+                    raise unsupported("count(DISTINCT ...) takes exactly one expression",
+                                      AGGREGATE_HINT.format(minmax=minmax))
+                argument = argument.expressions[0]
+                if not isinstance(argument, exp.Column):
+                    raise unsupported("count(DISTINCT ...) takes a column: the number of distinct values of an "
+                                      "expression can single out a person", AGGREGATE_HINT.format(minmax=minmax))
+        elif isinstance(argument, exp.Distinct):
+            raise unsupported(f"{name}(DISTINCT ...) is not allowed", AGGREGATE_HINT.format(minmax=minmax))
+        if argument is None:
+            raise unsupported(f"{name}() needs an argument", AGGREGATE_HINT.format(minmax=minmax))
+        if isinstance(node, exp.Count) and isinstance(node.this, exp.Distinct):
+            self._walk(argument, f"the argument of {name}()", aggregates=False)  # count(DISTINCT id): people
+            return
+        self._in_aggregate = True
+        try:
+            self._walk(argument, f"the argument of {name}()", aggregates=False)
+        finally:
+            self._in_aggregate = False
+
+    # -- per-node rules (return True when children were handled) --------------
+
+    def _check_column(self, node: exp.Column, clause: str, aggregates: bool) -> bool:
+        if isinstance(node.this, exp.Star):
+            raise forbidden(f"{node.sql(dialect='postgres')} is not allowed over protected table {self.table}: "
+                            "it returns row-level data",
+                            "Select aggregates such as count(*), sum(x), avg(x), grouped by columns.")
+        name = identifier(node.this)
+        if name in SYSTEM_COLUMNS:
+            raise forbidden(f"system column {name} is not allowed in a query over protected table {self.table}",
+                            "Use the table's ordinary columns.")
+        table = identifier(node.args.get("table"))
+        schema = identifier(node.args.get("db"))
+        if self._in_aggregate and name is not None:
+            reference = self.scope.unaliased.get((schema, table)) if schema is not None and table else table
+            if self.scope.is_identifier(reference, name):
+                raise forbidden(
+                    f"identifying column {name} is not allowed inside an aggregate over protected table "
+                    f"{self.table}: it can single out one person (count(CASE WHEN {name} = 17 ...))",
+                    f"Filter on {name} in WHERE, where the group-size rules apply, or count people with "
+                    f"count(DISTINCT {name}).")
+        if table is None:
+            if name in self.scope.references:
+                raise forbidden(f"{name} names a whole row of {self.scope.references[name].policy_name}; "
+                                "whole-row references are not allowed",
+                                "Name a column, qualified with the table alias if needed (alias.column).")
+            return True
+        if schema is not None:
+            if (schema, table) not in self.scope.unaliased:
+                raise unsupported(f"column reference {schema}.{table}.{name} does not name a table of the FROM clause",
+                                  "Qualify columns with the table alias.")
+            return True
+        if table not in self.scope.references:
+            raise unsupported(f"column reference {table}.{name} does not name a table of the FROM clause",
+                              "Qualify columns with the table alias or name used in FROM.")
+        return True
+
+    def _check_parameter(self, node: exp.Parameter, clause: str, aggregates: bool) -> bool:
+        if not (isinstance(node.this, exp.Literal) and not node.this.is_string and node.this.name.isdigit()):
+            raise unsupported("only $n parameters are allowed", "Use $1, $2, ...")
+        return True
+
+    def _check_literal(self, node: exp.Literal, clause: str, aggregates: bool) -> bool:
+        return True
+
+    def _check_neg(self, node: exp.Neg, clause: str, aggregates: bool) -> bool:
+        inner = node.this
+        while isinstance(inner, exp.Paren):
+            inner = inner.this
+        if not (isinstance(inner, exp.Literal) and not inner.is_string):
+            raise unsupported(f"unary minus on an expression is not allowed in {clause}: an overflow error reveals data",
+                              ROW_HINT)
+        return True
+
+    def _check_is(self, node: exp.Is, clause: str, aggregates: bool) -> bool:
+        if not isinstance(node.expression, (exp.Null, exp.Boolean)):
+            raise unsupported(f"IS {node.expression.sql(dialect='postgres')} is not allowed", ROW_HINT)
+        self._walk(node.this, clause, aggregates)
+        return True
+
+    def _check_in(self, node: exp.In, clause: str, aggregates: bool) -> bool:
+        if not node.expressions:
+            raise unsupported("IN needs a list of values", ROW_HINT)
+        return False
+
+    def _check_like(self, node: exp.Like, clause: str, aggregates: bool) -> bool:
+        pattern = node.expression
+        if not (isinstance(pattern, exp.Literal) and pattern.is_string):
+            raise unsupported(f"LIKE/ILIKE patterns must be constant strings in {clause}",
+                              "Write the pattern as a string literal; an invalid pattern would raise errors.")
+        trailing = len(pattern.this) - len(pattern.this.rstrip("\\"))
+        if trailing % 2:
+            raise unsupported("a LIKE pattern must not end with the escape character", "Remove the trailing backslash.")
+        self._walk(node.this, clause, aggregates)
+        return True
+
+    _check_ilike = _check_like
+
+    def _check_case(self, node: exp.Case, clause: str, aggregates: bool) -> bool:
+        for branch in node.args.get("ifs") or []:
+            if not isinstance(branch, exp.If) or _set_args(branch) - {"this", "true"}:
+                raise unsupported("malformed CASE branch", ROW_HINT)
+        return False
+
+    def _check_if(self, node: exp.If, clause: str, aggregates: bool) -> bool:
+        if not isinstance(node.parent, exp.Case):
+            raise unsupported("if() is not allowed", ROW_HINT)
+        return False
+
+    def _check_timestamptrunc(self, node: exp.Expression, clause: str, aggregates: bool) -> bool:
+        unit = node.args.get("unit")
+        if not isinstance(unit, exp.Var) or unit.name.lower() not in TRUNC_UNITS:
+            raise unsupported(f"date_trunc unit {unit.sql(dialect='postgres') if unit else None} is not allowed",
+                              f"Use one of: {', '.join(sorted(TRUNC_UNITS))} as a string constant.")
+        self._walk(node.this, clause, aggregates)
+        return True
+
+    _check_datetrunc = _check_timestamptrunc
+
+    def _check_extract(self, node: exp.Extract, clause: str, aggregates: bool) -> bool:
+        unit = node.this
+        name = unit.name.lower() if isinstance(unit, (exp.Var, exp.Literal)) else None
+        if name not in EXTRACT_UNITS:
+            raise unsupported(f"extract/date_part field {name or unit.sql(dialect='postgres')} is not allowed",
+                              f"Use one of: {', '.join(sorted(EXTRACT_UNITS))}.")
+        self._walk(node.expression, clause, aggregates)
+        return True
+
+    def _check_widthbucket(self, node: exp.WidthBucket, clause: str, aggregates: bool) -> bool:
+        if not isinstance(node.this, exp.Column):
+            raise unsupported("width_bucket's first argument must be a column",
+                              "width_bucket(column, low, high, count) with constant bounds.")
+        bounds = [_number(node.args.get(key)) for key in ("min_value", "max_value", "num_buckets")]
+        low, high, count = bounds
+        if low is None or high is None or count is None or low == high or count != count.to_integral_value() \
+                or not 1 <= count <= MAX_WIDTH_BUCKETS:
+            raise unsupported("width_bucket needs constant bounds low <> high and an integer count "
+                              f"between 1 and {MAX_WIDTH_BUCKETS}", "width_bucket(column, 0, 100, 10)")
+        self._walk(node.this, clause, aggregates)
+        return True
+
+    def _check_cast(self, node: exp.Cast, clause: str, aggregates: bool) -> bool:
+        target = node.args.get("to")
+        if not isinstance(target, exp.DataType):
+            raise unsupported("malformed cast", ROW_HINT)
+        kind = target.this
+        inner = node.this
+        while isinstance(inner, exp.Paren):
+            inner = inner.this
+        constant = isinstance(inner, (exp.Literal, exp.Null, exp.Parameter, exp.Interval)) or (
+            isinstance(inner, exp.Neg) and isinstance(inner.this, exp.Literal))
+        if constant and kind in _CONSTANT_CAST_TYPES:
+            self._walk(inner, clause, aggregates)
+            return True
+        if kind in _TEXT_TYPES:
+            self._walk(node.this, clause, aggregates)
+            return True
+        raise unsupported(f"cast to {target.sql(dialect='postgres')} is not allowed in {clause}: "
+                          "a cast that fails on some rows reveals data",
+                          "Cast constants freely; cast columns only to text.")
+
+    def _check_interval(self, node: exp.Interval, clause: str, aggregates: bool) -> bool:
+        if not (isinstance(node.this, exp.Literal) and node.this.is_string):
+            raise unsupported("INTERVAL takes a constant string", ROW_HINT)
+        return True
+
+
+def _children(node: exp.Expression) -> Iterable[exp.Expression]:
+    for value in node.args.values():
+        if isinstance(value, exp.Expression):
+            yield value
+        elif isinstance(value, list):
+            yield from (item for item in value if isinstance(item, exp.Expression))
+
+
+def _function_name(node: exp.Expression) -> str:
+    return node.sql_name().lower() if isinstance(node, exp.Func) else type(node).__name__.lower()
+
+
+def _number(node: exp.Expression | None) -> Decimal | None:
+    sign = 1
+    if isinstance(node, exp.Neg):
+        sign, node = -1, node.this
+    if not (isinstance(node, exp.Literal) and not node.is_string):
+        return None
+    try:
+        return sign * Decimal(node.this)
+    except InvalidOperation:
+        return None
+
+
+def contains_aggregate(node: exp.Expression) -> bool:
+    return any(isinstance(child, AGGREGATES) for child in node.walk())
+
+
+def unwrap(node: exp.Expression) -> exp.Expression:
+    """The expression under an alias and parentheses."""
+    while isinstance(node, (exp.Alias, exp.Paren)):
+        node = node.this
+    return node

@@ -1,0 +1,249 @@
+"""Split a message into statements with sqlglot's tokenizer, and check that PostgreSQL would split it the same way.
+
+A classifier is only as good as its idea of where one statement ends and what
+is code rather than string or comment. sqlglot's PostgreSQL tokenizer handles
+standard and E'' strings, dollar quotes and nested comments, but it is not
+PostgreSQL's lexer, so every token and every gap between tokens is checked
+again against PostgreSQL's lexical rules; any disagreement is a refusal
+(``U&"..."`` identifiers, a dollar quote glued to an identifier, a ``#``
+comment that PostgreSQL would read as an operator, ...).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import ClassVar
+
+from sqlglot.dialects.dialect import Dialect
+from sqlglot.errors import SqlglotError
+from sqlglot.tokens import Token, TokenType
+
+from anonproxy.rewrite.decision import unsupported
+
+DIALECT = Dialect.get_or_raise("postgres")
+
+
+class _Tokenizer(DIALECT.tokenizer_class):  # type: ignore[name-defined,misc]
+    """PostgreSQL tokens for every statement: no raw-text "command" mode after SHOW, FETCH, EXECUTE, DO, ..."""
+
+    COMMANDS: ClassVar[set[TokenType]] = set()
+
+
+_TOKENIZER = _Tokenizer(dialect=DIALECT)
+
+PARSE_HINT = "Send one SQL statement that PostgreSQL's grammar accepts, without unusual quoting."
+
+_WHITESPACE = " \t\n\r\f\v"
+_WORD = re.compile(r"[A-Za-z_\x80-\U0010ffff][\w$\x80-\U0010ffff]*")
+_IDENT_CHAR = re.compile(r"[\w$\x80-\U0010ffff]")
+_DOLLAR_TAG = re.compile(r"\$([A-Za-z_\x80-\U0010ffff][\w\x80-\U0010ffff]*)?\$")
+
+# The full spelling PostgreSQL's lexer gives each kind of quoted token.
+_TOKEN_SHAPES: dict[TokenType, re.Pattern[str]] = {
+    TokenType.STRING: re.compile(r"'(?:[^']|'')*'", re.DOTALL),
+    TokenType.NATIONAL_STRING: re.compile(r"[nN]'(?:[^']|'')*'", re.DOTALL),
+    TokenType.BYTE_STRING: re.compile(r"[eE]'(?:[^'\\]|''|\\.)*'", re.DOTALL),  # E'...' escape strings
+    TokenType.UNICODE_STRING: re.compile(r"[uU]&'(?:[^']|'')*'", re.DOTALL),
+    TokenType.BIT_STRING: re.compile(r"[bB]'[01]*'"),
+    TokenType.HEX_STRING: re.compile(r"[xX]'[0-9A-Fa-f]*'|0[xX][0-9A-Fa-f_]+"),
+    TokenType.IDENTIFIER: re.compile(r'"(?:[^"]|"")+"', re.DOTALL),
+}
+
+
+@dataclass(frozen=True)
+class Statement:
+    """One statement of a message: its tokens, which index into ``source`` (the whole message)."""
+
+    source: str
+    tokens: tuple[Token, ...]
+
+    @property
+    def text(self) -> str:
+        return self.source[self.tokens[0].start : self.tokens[-1].end + 1]
+
+    def raw(self, index: int) -> str:
+        """The original spelling of token ``index`` (quotes included)."""
+        token = self.tokens[index]
+        return self.source[token.start : token.end + 1]
+
+    def span(self, first: int, stop: int) -> str:
+        """Original text of tokens ``first`` .. ``stop - 1``, comments between them included."""
+        if stop <= first:
+            raise unsupported("empty clause", PARSE_HINT)
+        return self.source[self.tokens[first].start : self.tokens[stop - 1].end + 1]
+
+    def word(self, index: int) -> str | None:
+        """The token as an upper-case bare word (keyword or unquoted name), else None."""
+        if not 0 <= index < len(self.tokens):
+            return None
+        raw = self.raw(index)
+        return raw.upper() if _WORD.fullmatch(raw) else None
+
+    def words(self, limit: int | None = None) -> list[str | None]:
+        count = len(self.tokens) if limit is None else min(limit, len(self.tokens))
+        return [self.word(i) for i in range(count)]
+
+
+def tokenize(sql: str) -> list[Token]:
+    try:
+        tokens = _TOKENIZER.tokenize(sql)
+    except SqlglotError as exc:
+        raise unsupported(f"could not read the statement: {_first_line(exc)}", PARSE_HINT) from None
+    _check_lexing(sql, tokens)
+    return tokens
+
+
+def split(sql: str) -> list[Statement]:
+    """The non-empty statements of ``sql``, in order."""
+    statements: list[Statement] = []
+    current: list[Token] = []
+    for token in tokenize(sql):
+        if token.token_type == TokenType.SEMICOLON:
+            if current:
+                statements.append(Statement(sql, tuple(current)))
+            current = []
+        else:
+            current.append(token)
+    if current:
+        statements.append(Statement(sql, tuple(current)))
+    return statements
+
+
+# --- token navigation -------------------------------------------------------
+
+_OPEN = {TokenType.L_PAREN: TokenType.R_PAREN, TokenType.L_BRACKET: TokenType.R_BRACKET}
+_CLOSE = {TokenType.R_PAREN, TokenType.R_BRACKET}
+
+
+def depth_zero(tokens: tuple[Token, ...] | list[Token], first: int = 0, stop: int | None = None) -> Iterator[int]:
+    """Indices in [first, stop) of tokens outside any parentheses or brackets (relative to ``first``)."""
+    stop = len(tokens) if stop is None else stop
+    depth = 0
+    for index in range(first, stop):
+        kind = tokens[index].token_type
+        if kind in _OPEN:
+            if depth == 0:
+                yield index
+            depth += 1
+        elif kind in _CLOSE:
+            depth -= 1
+            if depth < 0:
+                raise unsupported("unbalanced parentheses", PARSE_HINT)
+            if depth == 0:
+                yield index
+        elif depth == 0:
+            yield index
+    if depth != 0:
+        raise unsupported("unbalanced parentheses", PARSE_HINT)
+
+
+def split_commas(tokens: tuple[Token, ...], first: int, stop: int) -> list[tuple[int, int]]:
+    """[first, stop) cut at top-level commas, as (first, stop) pairs."""
+    parts: list[tuple[int, int]] = []
+    start = first
+    for index in depth_zero(tokens, first, stop):
+        if tokens[index].token_type == TokenType.COMMA:
+            parts.append((start, index))
+            start = index + 1
+    parts.append((start, stop))
+    return parts
+
+
+def closing_paren(tokens: tuple[Token, ...], open_index: int) -> int:
+    """Index of the parenthesis that closes the one at ``open_index``."""
+    depth = 0
+    for index in range(open_index, len(tokens)):
+        kind = tokens[index].token_type
+        if kind in _OPEN:
+            depth += 1
+        elif kind in _CLOSE:
+            depth -= 1
+            if depth == 0:
+                return index
+    raise unsupported("unbalanced parentheses", PARSE_HINT)
+
+
+def token_at(tokens: tuple[Token, ...], position: int) -> int:
+    """Index of the token that starts at character ``position``."""
+    for index, token in enumerate(tokens):
+        if token.start == position:
+            return index
+    raise unsupported("could not locate an expression in the statement text", PARSE_HINT)
+
+
+# --- lexical cross-check ----------------------------------------------------
+
+
+def _check_lexing(sql: str, tokens: list[Token]) -> None:
+    position = 0
+    previous: Token | None = None
+    for token in tokens:
+        if token.start < position:
+            raise unsupported("overlapping tokens", PARSE_HINT)
+        _check_gap(sql, position, token.start)
+        raw = sql[token.start : token.end + 1]
+        _check_token(sql, token, raw, previous)
+        if (previous is not None and previous.token_type == TokenType.PARAMETER
+                and (token.token_type != TokenType.NUMBER or token.start != previous.end + 1 or not raw.isdigit())):
+            raise unsupported("a $ must be followed by a parameter number", "Use $1, $2, ... for parameters.")
+        position = token.end + 1
+        previous = token
+    if previous is not None and previous.token_type == TokenType.PARAMETER:
+        raise unsupported("a $ must be followed by a parameter number", "Use $1, $2, ... for parameters.")
+    _check_gap(sql, position, len(sql))
+
+
+def _check_token(sql: str, token: Token, raw: str, previous: Token | None) -> None:
+    kind = token.token_type
+    shape = _TOKEN_SHAPES.get(kind)
+    if shape is not None and not shape.fullmatch(raw):
+        raise unsupported(f"ambiguous quoting near {raw[:20]!r}", PARSE_HINT)
+    if kind == TokenType.HEREDOC_STRING:
+        tag = _DOLLAR_TAG.match(raw)
+        if tag is None or len(raw) < 2 * len(tag.group(0)) or not raw.endswith(tag.group(0)):
+            raise unsupported("malformed dollar quote", PARSE_HINT)
+        if tag.group(0) in raw[len(tag.group(0)) : len(raw) - len(tag.group(0))]:
+            raise unsupported("malformed dollar quote", PARSE_HINT)
+        if token.start > 0 and _IDENT_CHAR.match(sql[token.start - 1]):
+            raise unsupported("a dollar quote right after a name is ambiguous; add a space", PARSE_HINT)
+    if (kind == TokenType.IDENTIFIER and previous is not None and previous.token_type == TokenType.AMP
+            and token.start == previous.end + 1 and previous.start >= 1 and sql[previous.start - 1] in "uU"):
+        raise unsupported('U&"..." identifiers are not supported; write the name plainly', PARSE_HINT)
+    if kind == TokenType.PARAMETER and raw != "$":
+        raise unsupported(f"unsupported parameter marker {raw!r}", "Use $1, $2, ... for parameters.")
+    if kind in (TokenType.PLACEHOLDER, TokenType.UNKNOWN):
+        raise unsupported(f"unexpected character {raw!r}", PARSE_HINT)
+
+
+def _check_gap(sql: str, position: int, stop: int) -> None:
+    """Between two tokens PostgreSQL must see only whitespace and comments, exactly as sqlglot did."""
+    while position < stop:
+        char = sql[position]
+        if char in _WHITESPACE:
+            position += 1
+        elif sql.startswith("--", position):
+            ends = [i for i in (sql.find("\n", position), sql.find("\r", position)) if i >= 0]
+            position = min(ends) + 1 if ends else len(sql)
+            if position > stop:
+                raise unsupported("a comment ends where PostgreSQL would not end it", PARSE_HINT)
+        elif sql.startswith("/*", position):
+            depth, position = 1, position + 2
+            while depth:
+                if position >= stop:
+                    raise unsupported("unterminated or ambiguous comment", PARSE_HINT)
+                if sql.startswith("/*", position):
+                    depth, position = depth + 1, position + 2
+                elif sql.startswith("*/", position):
+                    depth, position = depth - 1, position + 2
+                else:
+                    position += 1
+            if position > stop:
+                raise unsupported("unterminated or ambiguous comment", PARSE_HINT)
+        else:
+            raise unsupported(f"unexpected text {sql[position:position + 20]!r}", PARSE_HINT)
+
+
+def _first_line(exc: Exception) -> str:
+    return str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__

@@ -1,0 +1,248 @@
+"""Build the suppression SQL for an analytic query (REFERENCE.md §5).
+
+Two shapes:
+
+* **simple** (no magnitude rules apply, no suppressed-rest row): the client's
+  query with one more HAVING condition, ``count(DISTINCT unit) >= k`` for a
+  grouped query, or query-set-size control ``k <= |C| <= N - k`` for a query
+  without GROUP BY.
+
+* **cells** (dominance or p % rules on SUM/AVG, or a suppressed-rest row):
+  CTEs compute each privacy unit's contribution per group
+  (``anonproxy_cells``), rank contributions (``anonproxy_ranked``) and decide
+  per group (``anonproxy_groups.released``); the client's query keeps only the
+  released groups through a hashed ``IN`` on ``ARRAY[key]`` (an array compares
+  NULL keys as equal, like GROUP BY does). The rest row is a second branch of
+  a UNION ALL over the rows of the withheld groups, released only if that
+  rest itself passes the same rules.
+
+The client's select list, WHERE, GROUP BY, HAVING, ORDER BY and LIMIT are
+their own text, so output names and types, and ``$n`` parameters, are
+unchanged; ORDER BY and LIMIT apply after suppression.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+from anonproxy.policy.model import SuppressionParams
+from anonproxy.rewrite.analytic import AnalyticQuery
+from anonproxy.rewrite.decision import unsupported
+
+CELLS = "anonproxy_cells"
+RANKED = "anonproxy_ranked"
+GROUPS = "anonproxy_groups"
+WITHHELD = "anonproxy_withheld"
+REST_CELLS = "anonproxy_rest_cells"
+REST_RANKED = "anonproxy_rest_ranked"
+REST = "anonproxy_rest"
+
+POLICY_HINT = "Ask the DBA to fix the role's suppression parameters."
+
+
+class _Rules:
+    """The role's suppression parameters, validated."""
+
+    def __init__(self, params: SuppressionParams) -> None:
+        self.k = int(params.k)
+        if self.k < 1:
+            raise unsupported("the role's suppression threshold k must be at least 1", POLICY_HINT)
+        if (params.dominance_n is None) != (params.dominance_percent is None):
+            raise unsupported("the role's dominance rule needs both n and k%", POLICY_HINT)
+        self.dominance: tuple[int, Decimal] | None = None
+        if params.dominance_n is not None and params.dominance_percent is not None:
+            n, percent = int(params.dominance_n), _decimal(params.dominance_percent)
+            if n < 1 or not 0 < percent <= 100:
+                raise unsupported("the role's dominance rule needs n >= 1 and 0 < k% <= 100", POLICY_HINT)
+            self.dominance = (n, percent)
+        self.p_percent: Decimal | None = None
+        if params.p_percent is not None:
+            self.p_percent = _decimal(params.p_percent)
+            if self.p_percent < 0:
+                raise unsupported("the role's p% rule needs p >= 0", POLICY_HINT)
+        self.rest = params.suppressed_rest
+
+    @property
+    def magnitude_rules(self) -> bool:
+        return self.dominance is not None or self.p_percent is not None
+
+
+def rewrite(query: AnalyticQuery, params: SuppressionParams) -> str:
+    rules = _Rules(params)
+    magnitudes = query.magnitudes if rules.magnitude_rules else ()
+    rest = rules.rest and query.grouped
+    if not magnitudes and not rest:
+        return _simple(query, rules)
+    return _cells(query, rules, magnitudes, rest)
+
+
+def _contributes(rule: str, argument: str) -> str:
+    """Whether a row makes its unit a contributor to an aggregate of ``argument``."""
+    return f"({argument}) IS NOT NULL" if rule == "nonnull" else f"({argument}) <> 0"
+
+
+def _simple(query: AnalyticQuery, rules: _Rules) -> str:
+    units = f"count(DISTINCT {query.unit})"
+    if query.grouped:
+        conditions = [f"{units} >= {rules.k}"]
+    else:
+        conditions = [f"{units} BETWEEN {rules.k} AND ({query.universe}) - {rules.k}"]
+    conditions += [f"count(DISTINCT CASE WHEN {_contributes(rule, argument)} THEN {query.unit} END) >= {rules.k}"
+                   for rule, argument in query.contributors]
+    return _client_select(query, "\n   AND ".join(conditions), with_order=True)
+
+
+def _cells(query: AnalyticQuery, rules: _Rules, magnitudes: tuple[str, ...], rest: bool) -> str:
+    keys = [f"g{i}" for i in range(1, len(query.keys) + 1)]
+    sums = [f"s{j}" for j in range(1, len(magnitudes) + 1)]
+    flags = [f"n{j}" for j in range(1, len(query.contributors) + 1)]
+    ctes: list[tuple[str, str, str | None]] = []
+
+    select = [f"{key} AS {name}" for key, name in zip(query.keys, keys, strict=True)]
+    select.append(f"{query.unit} AS unit")
+    select += [f"sum({argument}) AS {name}" for argument, name in zip(magnitudes, sums, strict=True)]
+    select += [f"bool_or({_contributes(rule, argument)}) AS {name}"
+               for (rule, argument), name in zip(query.contributors, flags, strict=True)]
+    lines = [f"SELECT {', '.join(select)}", f"FROM {query.from_sql}"]
+    if query.where is not None:
+        lines.append(f"WHERE {query.where}")
+    lines.append(f"GROUP BY {', '.join(str(i) for i in range(1, len(keys) + 2))}")
+    ctes.append((CELLS, "\n".join(lines), ("one row per group and privacy unit: its part of each SUM/AVG, and "
+                 "whether it contributes to each aggregate")))
+
+    threshold = (f"count(unit) >= {rules.k}" if query.grouped
+                 else f"count(unit) BETWEEN {rules.k} AND ({query.universe}) - {rules.k}")
+    ctes += _verdict(CELLS, RANKED, GROUPS, keys, sums, flags, threshold, rules,
+                     "released: k distinct units" + (", magnitude rules" if sums else ""))
+
+    if query.grouped:
+        released = f"{_key_tuple(query.keys)} IN (SELECT {_key_tuple(keys, bare=True)} FROM {GROUPS} WHERE released)"
+    else:
+        released = f"(SELECT released FROM {GROUPS})"
+
+    if not rest:
+        return _with(ctes) + "\n" + _client_select(query, released, with_order=True)
+
+    withheld = f"SELECT {', '.join(keys)} FROM {GROUPS} WHERE NOT released"
+    if query.having is not None:
+        # Only groups the client's HAVING keeps count towards the rest.
+        asked = [f"SELECT {_key_tuple(query.keys, bare=True)}", f"FROM {query.from_sql}"]
+        if query.where is not None:
+            asked.append(f"WHERE {query.where}")
+        asked += [f"GROUP BY {', '.join(query.keys)}", f"HAVING {query.having}"]
+        withheld += f"\n  AND {_key_tuple(keys)} IN (\n" + _indent("\n".join(asked), 4) + "\n  )"
+    ctes.append((WITHHELD, withheld, "the groups the client asked for that were suppressed"))
+    rest_select = ["unit"] + [f"sum({name}) AS {name}" for name in sums] + [f"bool_or({f}) AS {f}" for f in flags]
+    ctes.append((REST_CELLS, "\n".join([
+        f"SELECT {', '.join(rest_select)}",
+        f"FROM {CELLS}",
+        f"WHERE {_key_tuple(keys)} IN (SELECT {_key_tuple(keys, bare=True)} FROM {WITHHELD})",
+        "GROUP BY 1",
+    ]), "each privacy unit's part of the withheld rows"))
+    ctes += _verdict(REST_CELLS, REST_RANKED, REST, [], sums, flags, f"count(unit) >= {rules.k}", rules,
+                     "the rest row is released only if it passes the same rules")
+
+    first = _client_select(query, released, with_order=False)
+    items = ", ".join("NULL" if item.kind == "group" else item.expression for item in query.items)
+    second = [f"SELECT {items}", f"FROM {query.from_sql}"]
+    rows = f"{_key_tuple(query.keys)} IN (SELECT {_key_tuple(keys, bare=True)} FROM {WITHHELD})"
+    second.append(f"WHERE ({query.where})\n  AND {rows}" if query.where is not None else f"WHERE {rows}")
+    second.append(f"HAVING (SELECT released FROM {REST})")
+    tail = []
+    if query.order:
+        positions = []
+        for item in query.order:
+            if item.position is None:
+                raise unsupported(
+                    f"ORDER BY {item.text} must name an output column when the suppressed-rest row is on",
+                    "Order by a select-list position (ORDER BY 2 DESC) or an output alias.")
+            positions.append(f"{item.position} {item.suffix}".rstrip())
+        tail.append(f"ORDER BY {', '.join(positions)}")
+    if query.tail is not None:
+        tail.append(query.tail)
+    return "\n".join([_with(ctes), first, "UNION ALL", *second, *tail])
+
+
+def _verdict(source: str, ranked: str, name: str, keys: list[str], sums: list[str], flags: list[str],
+             threshold: str, rules: _Rules, comment: str) -> list[tuple[str, str, str | None]]:
+    """CTEs ranking each unit's contributions in ``source`` and deciding ``released`` per group of ``keys``."""
+    ctes: list[tuple[str, str, str | None]] = []
+    table = source
+    if sums:
+        partition = f"PARTITION BY {', '.join(keys)} " if keys else ""
+        contributions = ", ".join([*keys, "unit", *flags,
+                                   *(f"abs(coalesce({s}, 0))::numeric AS c{s[1:]}" for s in sums)])
+        ranks = ", ".join(f"row_number() OVER ({partition}ORDER BY c{s[1:]} DESC) AS r{s[1:]}" for s in sums)
+        body = "\n".join([
+            f"SELECT {', '.join([*keys, 'unit', *flags, *(f'c{s[1:]}' for s in sums)])}, {ranks}",
+            f"FROM (SELECT {contributions} FROM {source}) AS contributions",
+        ])
+        ctes.append((ranked, body, "absolute contributions, largest first"))
+        table = ranked
+    conditions = [threshold]
+    conditions += [f"count(unit) FILTER (WHERE {flag}) >= {rules.k}" for flag in flags]
+    for s in sums:
+        c, r = f"c{s[1:]}", f"r{s[1:]}"
+        total = f"coalesce(sum({c}), 0)"
+        if rules.dominance is not None:
+            n, percent = rules.dominance
+            conditions.append(f"100 * coalesce(sum({c}) FILTER (WHERE {r} <= {n}), 0) <= {_literal(percent)} * {total}")
+        if rules.p_percent is not None:
+            x1 = f"coalesce(max({c}) FILTER (WHERE {r} = 1), 0)"
+            x2 = f"coalesce(max({c}) FILTER (WHERE {r} = 2), 0)"
+            conditions.append(f"100 * ({total} - {x1} - {x2}) >= {_literal(rules.p_percent)} * {x1}")
+    lines = ["SELECT " + "".join(f"{key},\n       " for key in keys) + "\n       AND ".join(conditions)
+             + "\n         AS released", f"FROM {table}"]
+    if keys:
+        lines.append(f"GROUP BY {', '.join(keys)}")
+    ctes.append((name, "\n".join(lines), comment))
+    return ctes
+
+
+def _client_select(query: AnalyticQuery, condition: str, with_order: bool) -> str:
+    distinct = "DISTINCT " if query.distinct else ""
+    lines = [f"SELECT {distinct}{', '.join(item.text for item in query.items)}", f"FROM {query.from_sql}"]
+    if query.where is not None:
+        lines.append(f"WHERE {query.where}")
+    if query.group_by:
+        lines.append(f"GROUP BY {', '.join(query.group_by)}")
+    if query.having is not None:
+        lines.append(f"HAVING ({query.having})\n   AND {condition}")
+    else:
+        lines.append(f"HAVING {condition}")
+    if with_order:
+        if query.order:
+            lines.append(f"ORDER BY {', '.join(item.text for item in query.order)}")
+        if query.tail is not None:
+            lines.append(query.tail)
+    return "\n".join(lines)
+
+
+def _with(ctes: list[tuple[str, str, str | None]]) -> str:
+    parts = []
+    for name, body, comment in ctes:
+        note = f"  -- {comment}\n" if comment else ""
+        parts.append(f"{name} AS (\n{note}{_indent(body, 2)}\n)")
+    return "WITH " + ",\n".join(parts)
+
+
+def _key_tuple(expressions: list[str] | tuple[str, ...], bare: bool = False) -> str:
+    """ARRAY[...] per key: arrays compare NULL elements as equal, and a row of them is hashable."""
+    arrays = [f"ARRAY[{expression}]" for expression in expressions]
+    if len(arrays) == 1 or bare:
+        return ", ".join(arrays)
+    return f"({', '.join(arrays)})"
+
+
+def _indent(text: str, width: int) -> str:
+    pad = " " * width
+    return "\n".join(pad + line if line else line for line in text.split("\n"))
+
+
+def _decimal(value: float) -> Decimal:
+    return Decimal(str(value))
+
+
+def _literal(value: Decimal) -> str:
+    text = format(value.normalize(), "f")
+    return text

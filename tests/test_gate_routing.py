@@ -1,0 +1,155 @@
+"""The gate's routing and ordering, message by message (the gate is sans-I/O: bytes in, bytes out)."""
+
+from __future__ import annotations
+
+import struct
+
+from anonproxy.proxy.gate import Gate, Owner
+from anonproxy.rewrite.decision import Decision, Intercept, Pass, Reject, Rewrite
+from anonproxy.wire import protocol as pg
+from anonproxy.wire.framing import MessageBuffer
+
+DECISIONS: dict[str, Decision] = {
+    "select 1": Pass(),
+    "agg": Rewrite("rewritten agg"),
+    "bad": Reject("42501", "not allowed", "do this instead"),
+    "show anonproxy.k": Intercept("k"),
+}
+
+
+class Wires:
+    def __init__(self) -> None:
+        self.client = bytearray()
+        self.upstream = bytearray()
+        self.service = bytearray()
+        self.gate = Gate(decide=DECISIONS.__getitem__, settings=lambda: {"k": "10"},
+                         write_client=self.client.extend, send_upstream=self.upstream.extend,
+                         send_service=self.service.extend)
+
+    @staticmethod
+    def types(buffer: bytearray) -> list[bytes]:
+        messages = [t for t, _ in MessageBuffer().feed(bytes(buffer))]
+        buffer.clear()
+        return messages
+
+    def upstream_says(self, *messages: tuple[bytes, bytes]) -> None:
+        for type_, body in messages:
+            self.gate.upstream_message(type_, body)
+
+    def service_says(self, *messages: tuple[bytes, bytes]) -> None:
+        for type_, body in messages:
+            self.gate.service_message(type_, body)
+
+
+def parse(name: bytes, sql: str) -> bytes:
+    return pg.message(b"P", name + b"\0" + sql.encode() + b"\0" + struct.pack("!h", 0))
+
+
+def bind(portal: bytes, statement: bytes) -> bytes:
+    return pg.message(b"B", portal + b"\0" + statement + b"\0" + struct.pack("!hhh", 0, 0, 0))
+
+
+def execute(portal: bytes = b"") -> bytes:
+    return pg.message(b"E", portal + b"\0" + struct.pack("!i", 0))
+
+
+SYNC = pg.message(b"S")
+RESULT = ((b"T", b"x"), (b"D", b"y"), (b"C", b"SELECT 1\0"))
+
+
+def test_simple_queries_go_where_the_decision_says() -> None:
+    wires = Wires()
+    wires.gate.client_data(pg.query_message("select 1"))
+    assert wires.upstream == pg.query_message("select 1") and not wires.service
+    wires.upstream_says(*RESULT, (b"Z", b"T"))
+    assert wires.types(wires.client) == [b"T", b"D", b"C", b"Z"]
+    wires.upstream.clear()
+    wires.gate.client_data(pg.query_message("agg"))
+    assert wires.service == pg.query_message("rewritten agg") and not wires.upstream
+    wires.service_says(*RESULT, (b"S", b"x\0y\0"), (b"Z", b"I"))
+    # The service's own ParameterStatus is hidden; its status is replaced by the client's ('T').
+    assert bytes(wires.client).endswith(pg.ready_for_query(b"T"))
+    assert wires.types(wires.client) == [b"T", b"D", b"C", b"Z"]
+
+
+def test_refusal_answers_locally() -> None:
+    wires = Wires()
+    wires.gate.client_data(pg.query_message("bad"))
+    messages = MessageBuffer().feed(bytes(wires.client))
+    assert [t for t, _ in messages] == [b"E", b"Z"]
+    assert pg.parse_fields(messages[0][1])["H"] == "do this instead"
+    assert not wires.upstream and not wires.service
+
+
+def test_responses_keep_the_order_of_requests() -> None:
+    wires = Wires()
+    wires.gate.client_data(pg.query_message("select 1") + pg.query_message("agg") + pg.query_message("bad"))
+    assert wires.upstream and not wires.service  # the rewrite waits for the upstream's answer
+    assert wires.types(wires.client) == []
+    wires.upstream_says(*RESULT, (b"Z", b"I"))
+    assert wires.service == pg.query_message("rewritten agg")
+    assert wires.types(wires.client) == [b"T", b"D", b"C", b"Z"]  # the refusal waits for the service
+    wires.service_says(*RESULT, (b"Z", b"I"))
+    assert wires.types(wires.client) == [b"T", b"D", b"C", b"Z", b"E", b"Z"]
+
+
+def test_a_batch_mixing_owners_is_split_with_a_sync_of_ours() -> None:
+    wires = Wires()
+    wires.gate.client_data(parse(b"", "select 1") + bind(b"", b"") + execute()
+                           + parse(b"s", "agg") + bind(b"p", b"s") + execute(b"p") + SYNC)
+    assert wires.types(wires.upstream) == [b"P", b"B", b"E", b"S"]
+    assert not wires.service
+    wires.upstream_says((b"1", b""), (b"2", b""), *RESULT[1:], (b"Z", b"I"))
+    assert wires.types(wires.client) == [b"1", b"2", b"D", b"C"]  # our Sync's ReadyForQuery is swallowed
+    assert wires.types(wires.service) == [b"P", b"B", b"E", b"S"]
+    wires.service_says((b"1", b""), (b"2", b""), *RESULT[1:], (b"Z", b"I"))
+    assert wires.types(wires.client) == [b"1", b"2", b"D", b"C", b"Z"]
+    assert wires.gate.in_flight == {Owner.UPSTREAM: 0, Owner.SERVICE: 0}
+
+
+def test_rewritten_parse_carries_the_new_text_and_later_messages_follow_the_statement() -> None:
+    wires = Wires()
+    wires.gate.client_data(parse(b"s1", "agg") + SYNC)
+    messages = MessageBuffer().feed(bytes(wires.service))
+    assert messages[0] == (b"P", b"s1\0rewritten agg\0" + struct.pack("!h", 0))
+    wires.service.clear()
+    wires.service_says((b"1", b""), (b"Z", b"I"))
+    wires.gate.client_data(bind(b"", b"s1") + execute() + SYNC)
+    assert wires.types(wires.service) == [b"B", b"E", b"S"] and not wires.upstream
+
+
+def test_refused_parse_skips_the_rest_of_the_batch() -> None:
+    wires = Wires()
+    wires.gate.client_data(parse(b"", "bad") + bind(b"", b"") + execute() + SYNC + pg.query_message("select 1"))
+    assert wires.types(wires.client) == [b"E", b"Z"]
+    assert wires.types(wires.upstream) == [b"Q"]
+
+
+def test_show_in_the_extended_protocol_is_answered_locally() -> None:
+    wires = Wires()
+    describe_portal = pg.message(b"D", b"P\0")
+    wires.gate.client_data(parse(b"", "show anonproxy.k") + bind(b"", b"") + describe_portal + execute() + SYNC)
+    messages = MessageBuffer().feed(bytes(wires.client))
+    assert [t for t, _ in messages] == [b"1", b"2", b"T", b"D", b"C", b"Z"]
+    assert messages[3][1].endswith(b"10")
+    assert not wires.upstream and not wires.service
+
+
+def test_fast_path_function_calls_are_refused() -> None:
+    wires = Wires()
+    wires.gate.client_data(pg.message(b"F", struct.pack("!ih", 1234, 0)))
+    assert wires.types(wires.client) == [b"E", b"Z"] and not wires.upstream
+
+
+def test_settings_the_client_changes_follow_on_the_service_connection() -> None:
+    wires = Wires()
+    wires.gate.client_data(pg.query_message("select 1"))
+    wires.upstream_says((b"S", b"DateStyle\0German, DMY\0"), (b"C", b"SET\0"), (b"Z", b"I"))
+    assert wires.types(wires.client) == [b"S", b"C", b"Z"]
+    wires.gate.client_data(pg.query_message("agg"))
+    messages = MessageBuffer().feed(bytes(wires.service))
+    assert messages == [(b"Q", b"SET DateStyle TO 'German, DMY';\0"), (b"Q", b"rewritten agg\0")]
+    wires.service_says((b"C", b"SET\0"), (b"Z", b"I"))  # the answer to our SET is not the client's
+    assert wires.types(wires.client) == []
+    wires.service_says(*RESULT, (b"Z", b"I"))
+    assert wires.types(wires.client) == [b"T", b"D", b"C", b"Z"]
