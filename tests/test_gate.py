@@ -209,3 +209,8 @@ def test_denied_role_cannot_log_in(gated_proxy: Endpoint, gated_database: str, t
         truth.execute("select anonproxy.drop_role_policy('blocked')")
         truth.execute("drop owned by blocked")
         truth.execute("drop role blocked")
+
+
+def test_anonymized_roles_must_speak_utf8(gated_proxy: Endpoint, gated_database: str) -> None:
+    with pytest.raises(psycopg.OperationalError, match="must use client_encoding UTF8"):
+        psycopg.connect(gated_proxy.dsn(gated_database, user="reporter") + " client_encoding=LATIN1")

@@ -45,8 +45,9 @@ class ServiceConnection(asyncio.Protocol):
     async def open(cls, login: ServiceLogin, client_parameters: dict[str, str],
                    on_message: Callable[[bytes, bytes], None], on_lost: Callable[[], None]) -> ServiceConnection:
         parameters = {name: value for name, value in client_parameters.items() if name in COPIED_PARAMETERS}
+        # Read-only, and every table in rewritten SQL is schema-qualified: nothing depends on search_path.
         parameters.update(user=login.user, database=login.database, application_name="anonproxy service",
-                          options="-c default_transaction_read_only=on")
+                          options="-c default_transaction_read_only=on -c search_path=pg_catalog")
         try:
             _, service = await open_upstream(login.address, lambda: cls(login, on_message, on_lost))
             service.transport.write(pg.startup_message(parameters))  # type: ignore[attr-defined]

@@ -102,6 +102,7 @@ class ClientConnection(asyncio.Protocol):
         self._startup_timer: asyncio.TimerHandle | None = None
         self._process_id: int | None = None
         self._startup: pg.StartupMessage | None = None
+        self.server_parameters: dict[str, str] = {}  # ParameterStatus at login
         self.gate: Gate | None = None
         self.service: ServiceConnection | None = None
         # Whether the client sent something the server has not yet answered with
@@ -126,6 +127,7 @@ class ClientConnection(asyncio.Protocol):
                 else:
                     self.awaiting_server = True
             elif self.state is State.GATED:
+                self.terminating = data.endswith(TERMINATE)
                 self.gate.client_data(data)  # type: ignore[union-attr]
             elif self.state is State.AUTH:
                 self.upstream.transport.write(data)  # type: ignore[union-attr]
@@ -292,6 +294,13 @@ class ClientConnection(asyncio.Protocol):
             self.fail("42501", f'role "{role.role}" may not connect through anonproxy',
                       hint="The privacy policy denies this role; ask the DBA.")
             return
+        # The gate reads statements as UTF-8 with standard strings, as the server must.
+        if (self.server_parameters.get("client_encoding"), self.server_parameters.get("standard_conforming_strings")) \
+                != ("UTF8", "on"):
+            self.fail("0A000", f'role "{role.role}" is in {role.mode} mode and must use client_encoding UTF8 '
+                               "with standard_conforming_strings on",
+                      hint="Connect with client_encoding=UTF8.")
+            return
         login = self.context.service_login
         if login is None or self._startup.database != login.database:
             self.fail("42501", f'role "{role.role}" is in {role.mode} mode and may only use the database '
@@ -408,6 +417,9 @@ class UpstreamConnection(asyncio.Protocol):
                 self.key = UpstreamKey(self.client.context.upstream, process_id, secret_key)
                 out.append(self.client.authenticated(self.key) or b"")
                 continue
+            if type_ == b"S":
+                name, offset = pg.read_cstring(body)
+                self.client.server_parameters[name.decode()] = pg.read_cstring(body, offset)[0].decode()
             if type_ == b"Z":
                 # Anything after the first ReadyForQuery is ordinary traffic.
                 self._held.append(self._auth_messages.take_rest())
