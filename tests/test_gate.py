@@ -214,3 +214,27 @@ def test_denied_role_cannot_log_in(gated_proxy: Endpoint, gated_database: str, t
 def test_anonymized_roles_must_speak_utf8(gated_proxy: Endpoint, gated_database: str) -> None:
     with pytest.raises(psycopg.OperationalError, match="must use client_encoding UTF8"):
         psycopg.connect(gated_proxy.dsn(gated_database, user="reporter") + " client_encoding=LATIN1")
+
+
+def test_jdbc_reporter_session(gated_proxy: Endpoint, gated_database: str, truth: psycopg.Connection) -> None:
+    """pgjdbc batches BEGIN with the first query and switches to named statements after 5 runs."""
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    from test_clients import jdbc_jar
+
+    java = shutil.which("java")
+    assert java, "java is needed for the JDBC tests (Debian: default-jre-headless)"
+    source = Path(__file__).parent / "clients" / "JdbcReporter.java"
+    done = subprocess.run([java, "-cp", jdbc_jar(), str(source), gated_proxy.host, str(gated_proxy.port),
+                           gated_database], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = [line.split("|") for line in done.stdout.split()]
+    for round_ in range(7):
+        got = [(key, int(value)) for label, key, value in lines if label == f"round{round_}"]
+        expected = truth.execute("select sex, count(*) from adult where age > %s group by sex order by sex",
+                                 [20 + 5 * round_]).fetchall()
+        assert got == [row for row in expected if row[1] >= K]
+    assert ["k", "k", str(K)] in lines
+    assert ["star", "refused", "42501"] in lines
