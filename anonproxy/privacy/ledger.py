@@ -1,0 +1,253 @@
+"""The privacy-budget ledger (sql/0003_ledger.sql, docs/ledger.md) as the proxy uses it.
+
+Every function takes a psycopg ``AsyncConnection`` logged in as the service
+role (or the schema's owner) and runs one SQL function of the ledger; the SQL
+holds all the logic — validation, locking, sums, messages — so this module
+only moves values and maps the two refusals to exceptions:
+
+- SQLSTATE 53400 from ``anonproxy.charge`` → :class:`BudgetExhausted`
+- SQLSTATE 42501 about ``anonproxy.budgets`` → :class:`NoBudget` (no budget
+  configured: fail closed)
+
+Any other database error propagates as the ``psycopg.Error`` it is.
+
+:func:`charge` and :func:`charge_and_store` write: each runs in a transaction
+of its own (READ COMMITTED, as ``anonproxy.charge`` requires) and returns
+only after its COMMIT has returned, so the caller may send the answer as soon
+as they return. They refuse a connection that is inside a transaction: its
+commit would not be theirs to make. The reading functions run in
+``conn.transaction()``, which is a savepoint when the caller has a transaction
+open — so :func:`data_version` can be read in the snapshot of the query.
+
+Amounts are :class:`decimal.Decimal`, as PostgreSQL's numeric: exact. Pass
+Decimals, ints or strings; a float is converted through its shortest repr
+(``0.1`` → ``Decimal("0.1")``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+import psycopg
+from psycopg import errors
+from psycopg.pq import TransactionStatus
+from psycopg.rows import dict_row
+
+EXHAUSTED_SQLSTATE = "53400"  # configuration_limit_exceeded
+NO_BUDGET_SQLSTATE = "42501"  # insufficient_privilege, with table_name = 'budgets'
+
+Amount = Decimal | int | str | float
+
+# ``select *`` of the composite anonproxy.budget_remaining; the interval as
+# PostgreSQL prints it, since a month is not a fixed timedelta.
+_COLUMNS = (
+    "role_name, domain, epsilon, delta, role_epsilon, role_delta, shared_epsilon, shared_delta, "
+    "epsilon_budget, delta_budget, refresh_period::text as refresh_period, epsilon_per_query, delta_per_query"
+)
+_CHARGE_SQL = f"select {_COLUMNS} from anonproxy.charge(%s, %s, %s::numeric, %s::numeric, %s)"
+_REMAINING_SQL = f"select {_COLUMNS} from anonproxy.remaining_budget(%s, %s)"
+_REMAINING_ALL_SQL = f"select {_COLUMNS} from anonproxy.remaining_budgets(%s)"
+_STORE_SQL = "select anonproxy.store_answer(%s, %s, %s, %s) as answer"
+_CACHED_SQL = "select anonproxy.cached_answer(%s, %s, %s) as answer"
+_DATA_VERSION_SQL = "select anonproxy.data_version(%s::text[]) as version"
+_READ_COMMITTED = "set transaction isolation level read committed"
+
+# Charges wait for each other's row locks; a deadlock or serialization failure
+# can only come from a concurrent edit of the budgets, and is worth a retry.
+_RETRIES = 3
+
+
+@dataclass(frozen=True)
+class Remaining:
+    """What a role may still spend on a domain (a row of ``anonproxy.budget_remaining``)."""
+
+    role: str
+    domain: str
+    epsilon: Decimal  # the lesser of the role's own remainder and the shared cap's
+    delta: Decimal
+    role_epsilon: Decimal
+    role_delta: Decimal
+    shared_epsilon: Decimal | None  # None: the domain has no shared cap
+    shared_delta: Decimal | None
+    epsilon_budget: Decimal
+    delta_budget: Decimal
+    refresh_period: str | None  # as PostgreSQL prints it, e.g. "1 day"; None: spent budget never comes back
+    epsilon_per_query: Decimal | None  # the default cost of one query; None: the proxy's default
+    delta_per_query: Decimal | None
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> Remaining:
+        return cls(
+            role=row["role_name"], domain=row["domain"], epsilon=row["epsilon"], delta=row["delta"],
+            role_epsilon=row["role_epsilon"], role_delta=row["role_delta"],
+            shared_epsilon=row["shared_epsilon"], shared_delta=row["shared_delta"],
+            epsilon_budget=row["epsilon_budget"], delta_budget=row["delta_budget"],
+            refresh_period=row["refresh_period"],
+            epsilon_per_query=row["epsilon_per_query"], delta_per_query=row["delta_per_query"],
+        )
+
+
+class LedgerError(RuntimeError):
+    """The ledger was used in a way that cannot keep its guarantees."""
+
+
+class BudgetError(Exception):
+    """The ledger refused a charge; ``sqlstate``, ``message``, ``detail``, ``hint`` are PostgreSQL's, to relay."""
+
+    def __init__(self, message: str, *, sqlstate: str, detail: str | None = None, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.sqlstate = sqlstate
+        self.detail = detail
+        self.hint = hint
+
+
+class BudgetExhausted(BudgetError):
+    """The charge would exceed the role's budget or the domain's shared cap; nothing was charged."""
+
+    def __init__(self, remaining: Remaining, message: str, *, sqlstate: str = EXHAUSTED_SQLSTATE,
+                 detail: str | None = None, hint: str | None = None) -> None:
+        super().__init__(message, sqlstate=sqlstate, detail=detail, hint=hint)
+        self.remaining = remaining
+
+
+class NoBudget(BudgetError):
+    """The role has no budget on the domain, so it may not spend any."""
+
+
+@dataclass(frozen=True)
+class Charged:
+    """The outcome of :func:`charge_and_store`: what remains, and the answer to send."""
+
+    remaining: Remaining
+    answer: bytes
+
+
+async def charge(conn: psycopg.AsyncConnection[Any], role: str, domain: str, epsilon: Amount, delta: Amount,
+                 fingerprint: str) -> Remaining:
+    """Charge ``(epsilon, delta)`` to ``role``'s budget on ``domain``; committed when this returns.
+
+    Raises :class:`BudgetExhausted` (with what remains) or :class:`NoBudget`.
+    """
+    return (await _charge(conn, role, domain, epsilon, delta, fingerprint, None)).remaining
+
+
+async def charge_and_store(conn: psycopg.AsyncConnection[Any], role: str, domain: str, epsilon: Amount,
+                           delta: Amount, fingerprint: str, data_version: str | None, answer: bytes) -> Charged:
+    """Charge, and cache ``answer`` in the same transaction; committed when this returns.
+
+    Send ``result.answer``: it is the answer already cached for this question if a
+    concurrent session of the role stored one first (one answer per question is
+    released, even when both paid). With ``data_version`` None nothing is cached.
+    """
+    return await _charge(conn, role, domain, epsilon, delta, fingerprint, (data_version, answer))
+
+
+async def remaining(conn: psycopg.AsyncConnection[Any], role: str, domain: str) -> Remaining:
+    """What ``role`` may still spend on ``domain``; :class:`NoBudget` if it has no budget there."""
+    try:
+        async with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+            row = await (await cur.execute(_REMAINING_SQL, (role, domain))).fetchone()
+    except errors.InsufficientPrivilege as exc:
+        raise _no_budget(exc) or exc
+    assert row is not None
+    return Remaining.from_row(row)
+
+
+async def remaining_all(conn: psycopg.AsyncConnection[Any], role: str) -> list[Remaining]:
+    """Every budget of ``role``, by domain (for ``SHOW anonproxy.budget``)."""
+    async with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+        rows = await (await cur.execute(_REMAINING_ALL_SQL, (role,))).fetchall()
+    return [Remaining.from_row(row) for row in rows]
+
+
+async def data_version(conn: psycopg.AsyncConnection[Any], tables: Sequence[str]) -> str | None:
+    """The version of the data of ``tables`` (names as in the policy); None when it cannot be known.
+
+    Read it in the snapshot the query runs in, so that the answer cached under
+    it was computed from that version.
+    """
+    async with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+        row = await (await cur.execute(_DATA_VERSION_SQL, (list(tables),))).fetchone()
+    assert row is not None
+    version: str | None = row["version"]
+    return version
+
+
+async def cached_answer(conn: psycopg.AsyncConnection[Any], role: str, fingerprint: str,
+                        data_version: str | None) -> bytes | None:
+    """The answer ``role`` already paid for, or None. Costs nothing."""
+    if data_version is None:
+        return None
+    async with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+        row = await (await cur.execute(_CACHED_SQL, (role, fingerprint, data_version))).fetchone()
+    assert row is not None
+    return None if row["answer"] is None else bytes(row["answer"])
+
+
+async def store_answer(conn: psycopg.AsyncConnection[Any], role: str, fingerprint: str, data_version: str | None,
+                       answer: bytes) -> bytes:
+    """Cache ``answer`` unless one is cached already; return the cached one. Committed when this returns."""
+    _require_idle(conn, "store_answer")
+    async with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+        row = await (await cur.execute(_STORE_SQL, (role, fingerprint, data_version, answer))).fetchone()
+    assert row is not None
+    return bytes(row["answer"])
+
+
+async def _charge(conn: psycopg.AsyncConnection[Any], role: str, domain: str, epsilon: Amount, delta: Amount,
+                  fingerprint: str, store: tuple[str | None, bytes] | None) -> Charged:
+    _require_idle(conn, "charge")
+    params = (role, domain, _decimal(epsilon), _decimal(delta), fingerprint)
+    for attempt in range(_RETRIES):
+        try:
+            async with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+                await cur.execute(_READ_COMMITTED)
+                row = await (await cur.execute(_CHARGE_SQL, params)).fetchone()
+                answer = b""
+                if store is not None:
+                    version, given = store
+                    kept = await (await cur.execute(_STORE_SQL, (role, fingerprint, version, given))).fetchone()
+                    assert kept is not None
+                    answer = bytes(kept["answer"])
+            # Leaving the block committed the charge (and the answer): it is durable now.
+            assert row is not None
+            return Charged(Remaining.from_row(row), answer)
+        except (errors.DeadlockDetected, errors.SerializationFailure):
+            if attempt == _RETRIES - 1:
+                raise
+        except errors.ConfigurationLimitExceeded as exc:
+            diag = exc.diag
+            raise BudgetExhausted(await remaining(conn, role, domain), diag.message_primary or str(exc),
+                                  detail=diag.message_detail, hint=diag.message_hint) from exc
+        except errors.InsufficientPrivilege as exc:
+            raise _no_budget(exc) or exc
+    raise AssertionError("unreachable")
+
+
+def _no_budget(exc: psycopg.Error) -> NoBudget | None:
+    """The NoBudget for a refusal of anonproxy.no_budget(); None for any other 42501."""
+    diag = exc.diag
+    if diag.schema_name == "anonproxy" and diag.table_name == "budgets":
+        no_budget = NoBudget(diag.message_primary or str(exc), sqlstate=NO_BUDGET_SQLSTATE,
+                             detail=diag.message_detail, hint=diag.message_hint)
+        no_budget.__cause__ = exc
+        return no_budget
+    return None
+
+
+def _require_idle(conn: psycopg.AsyncConnection[Any], what: str) -> None:
+    if conn.info.transaction_status != TransactionStatus.IDLE:
+        raise LedgerError(f"{what}() commits on its own: pass a connection that is not inside a transaction")
+
+
+def _decimal(value: Amount) -> Decimal:
+    """Exact value of an amount; validation is the database's (NaN and negatives are refused there)."""
+    if isinstance(value, bool):
+        raise TypeError("an amount of privacy budget is a number, not a bool")
+    if isinstance(value, float):
+        return Decimal(repr(value))
+    return Decimal(value)
