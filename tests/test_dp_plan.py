@@ -1,0 +1,303 @@
+"""Differential-privacy mode for one query: plan_dp() and answer() (docs/dp.md).
+
+The first half is pure: what is refused and why, sensitivities, the ε split and
+the partition-selection threshold. The second half runs ``plan.sql`` on a real
+PostgreSQL (the ``postgresql`` fixture: public.adult, id = privacy unit) and
+feeds the rows to ``answer``; the truth is computed by plain queries.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from decimal import Decimal
+from fractions import Fraction
+
+import psycopg
+import pytest
+
+from anonproxy.policy.model import ColumnPolicy, Policy, ProtectedTable, RolePolicy
+from anonproxy.privacy.dp_plan import (
+    DPParams,
+    DPPlan,
+    answer,
+    plan_dp,
+    selection_threshold,
+)
+from anonproxy.rewrite import Reject
+
+WORKCLASS = ("Private", "Self-emp-not-inc", "Self-emp-inc", "Federal-gov", "Local-gov", "State-gov", "Without-pay",
+             "Never-worked")
+EDUCATION = ("Preschool", "1st-4th", "5th-6th", "7th-8th", "9th", "10th", "11th", "12th", "HS-grad", "Some-college",
+             "Assoc-voc", "Assoc-acdm", "Bachelors", "Masters", "Prof-school", "Doctorate")
+ADULT = ProtectedTable("public.adult", "id", {
+    "id": ColumnPolicy("id", "identifier"),
+    "age": ColumnPolicy("age", "quasi_identifier", lower=17, upper=90),
+    "hours_per_week": ColumnPolicy("hours_per_week", lower=0.5, upper=99.5),
+    "sex": ColumnPolicy("sex", domain=("Female", "Male")),
+    "education": ColumnPolicy("education", domain=EDUCATION),
+    "workclass": ColumnPolicy("workclass", domain=WORKCLASS),
+    # occupation, native_country: no domain -> partition selection; fnlwgt: no bounds
+})
+SPREAD = ProtectedTable("public.spread", "unit", {"v": ColumnPolicy("v", lower=0, upper=10)})
+POLICY = Policy(version=1, tables={"public.adult": ADULT, "public.spread": SPREAD})
+ROLE = RolePolicy("researcher", "dp")
+PARAMS = DPParams(epsilon=1.0, delta=1e-6)
+
+
+def plan(sql: str, params: DPParams = PARAMS, role: RolePolicy = ROLE) -> DPPlan:
+    result = plan_dp(sql, role, POLICY, params)
+    assert isinstance(result, DPPlan), result
+    return result
+
+
+def refused(sql: str, *words: str, params: DPParams = PARAMS, role: RolePolicy = ROLE,
+            sqlstate: str = "0A000") -> Reject:
+    result = plan_dp(sql, role, POLICY, params)
+    assert isinstance(result, Reject), f"{sql!r} -> {result}"
+    assert result.sqlstate == sqlstate, result
+    for word in words:
+        assert word.lower() in result.message.lower(), result
+    assert result.hint, result
+    return result
+
+
+# --- planning: refusals -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("sql", "words"), [
+    ("select sum(fnlwgt) from adult", ("SUM(fnlwgt) needs declared bounds for fnlwgt",)),
+    ("select avg(capital_gain) from adult", ("AVG(capital_gain) needs declared bounds",)),
+    ("select sum(age + 1) from adult", ("arithmetic",)),  # the suppression allowlist still applies
+    ("select sum(coalesce(age, 0)) from adult", ("takes a column with declared bounds",)),
+    ("select sex, count(*) from adult group by sex having count(*) > 10", ("HAVING",)),
+    ("select count(distinct education) from adult", ("count(DISTINCT x)", "privacy unit id")),
+    ("select sex, count(*) from adult group by sex order by count(*) + 0", ("arithmetic",)),
+    ("select occupation from adult group by occupation order by count(*)", ("must name an output column",)),
+    ("select sex, count(*) from adult group by sex limit $1", ("LIMIT takes a constant",)),
+    ("select count(*)::int from adult", ("without casts",)),
+    ("select 'x', count(*) from adult", ("constant select item",)),
+    ("select count(*) from adult a join adult b on a.id = b.id", ("one protected table",)),
+    ("select distinct sex, count(*) from adult group by sex", ("DISTINCT with aggregates",)),
+    ("select count(*) from adult; select 1", ("on its own",)),
+    ("select * from adult", ()),
+    ("select min(age) from adult", ("min",)),
+])
+def test_refusals_say_why(sql: str, words: tuple[str, ...]) -> None:
+    result = plan_dp(sql, ROLE, POLICY, PARAMS)
+    assert isinstance(result, Reject), result
+    assert result.sqlstate in ("0A000", "42501")
+    for word in words:
+        assert word.lower() in result.message.lower(), result
+
+
+def test_non_public_grouping_needs_delta() -> None:
+    refused("select occupation, count(*) from adult group by occupation", "needs δ > 0",
+            params=DPParams(1.0, 0.0))
+    assert plan("select sex, count(*) from adult group by sex", DPParams(1.0, 0.0)).delta == 0.0
+
+
+def test_role_and_params_are_checked() -> None:
+    refused("select count(*) from adult", "not in dp mode", role=RolePolicy("r", "suppress"), sqlstate="42501")
+    refused("select count(*) from adult", "ε", params=DPParams(0.0, 1e-6))
+    refused("select count(*) from adult", "ε", params=DPParams(math.inf, 1e-6))
+    refused("select count(*) from adult", "δ", params=DPParams(1.0, 1.0))
+    refused("select count(*) from adult", "max_groups_per_unit", params=DPParams(1.0, 1e-6, 0))
+
+
+# --- planning: sensitivities, ε split, threshold ----------------------------------------
+
+
+def test_epsilon_split_and_sensitivities_public_grouping() -> None:
+    p = plan("select sex, count(*), sum(age) as s, avg(age) from adult group by sex",
+             DPParams(1.5, 1e-6, max_groups_per_unit=4, max_rows_per_unit=1))
+    # count(*) with one row per unit and group is count(DISTINCT id); avg = sum(age) / count(age):
+    # statistics count(DISTINCT id), sum(age), count(age) -> ε/3 each.
+    assert [s.kind for s in p.statistics] == ["units", "sum", "count"]
+    assert all(s.epsilon == Fraction(1, 2) for s in p.statistics)
+    # a unit reaches min(max_groups, |domain|) = 2 groups
+    assert [s.sensitivity for s in p.statistics] == [2, 2 * 90, 2]
+    assert [s.scale for s in p.statistics] == [4, 360, 4]
+    assert p.epsilon == 1.5 and p.delta == 0.0 and p.selection is None
+    assert [c.name for c in p.columns] == ["sex", "count", "s", "avg"]
+    assert [c.kind for c in p.columns] == ["key", "count", "sum", "avg"]
+    assert p.columns[1].noise.scale == 4.0 and p.columns[2].noise.scale == 360.0
+    assert "LEAST(GREATEST(" in p.sql and "unnest(ARRAY['Female', 'Male']::text[])" in p.sql
+    assert "random()" in p.sql and "row_number() OVER (PARTITION BY anonproxy_unit" in p.sql
+
+
+def test_epsilon_split_with_partition_selection() -> None:
+    p = plan("select occupation, count(*), count(distinct id) from adult group by occupation",
+             DPParams(1.0, 1e-6, max_groups_per_unit=2, max_rows_per_unit=3))
+    # the selection count (distinct units) and count(*) (3 rows per unit and group): ε/2 each
+    assert [(s.kind, s.per_group, s.sensitivity) for s in p.statistics] == [("units", 1, 2), ("rows", 3, 6)]
+    assert [s.scale for s in p.statistics] == [4, 12]
+    assert p.selection == p.statistics[0].name and p.delta == 1e-6
+    assert p.threshold == selection_threshold(4, 2, 1e-6)
+    assert p.columns[2].statistic == p.selection  # count(DISTINCT id) reuses the selection count
+
+
+def test_selection_threshold_formula() -> None:
+    for t, reach, delta in [(1, 1, 1e-6), (3, 1, 1e-5), (4, 2, 1e-6), (10, 5, 1e-9)]:
+        tau = selection_threshold(t, reach, delta)
+        alpha = math.exp(-1 / t)
+        leak = reach * alpha ** (tau - 1) / (1 + alpha)  # Pr[some single-unit key of one unit passes]
+        assert leak <= delta
+        assert tau == 2 or reach * alpha ** (tau - 2) / (1 + alpha) > delta  # the smallest such τ
+    assert selection_threshold(1, 1, 1e-6) == 15
+
+
+def test_fractional_bounds_use_a_fixed_point_grid() -> None:
+    p = plan("select sum(hours_per_week) from adult")
+    (s,) = p.statistics
+    # r = 10^⌊log10(Δ/1000)⌋ = 0.01: about a thousand grid steps per Δ, so rounding is negligible next to noise
+    assert s.resolution == Fraction(1, 100) and s.sensitivity == Fraction(199, 2)
+    assert s.scale == 9950  # ⌈99.5 / 0.01⌉ grid steps per unit of ε
+    assert p.columns[0].noise.scale == 99.5
+    assert "GREATEST(anonproxy_a1, 0.5), 99.5)" in p.sql
+
+
+def test_listing_a_public_domain_costs_nothing() -> None:
+    p = plan("select sex from adult group by sex order by 1 desc")
+    assert p.statistics == () and p.epsilon == 0.0 and p.delta == 0.0
+    rows, _ = answer(p, [("Female",), ("Male",)])
+    assert rows == [("Male",), ("Female",)]
+
+
+def test_order_by_and_limit_are_parsed() -> None:
+    p = plan("select education, count(*) as n from adult group by education order by n desc, 1 limit 3 offset 1")
+    assert [(o.position, o.descending, o.nulls_first) for o in p.order] == [(1, True, True), (0, False, False)]
+    assert (p.limit, p.offset) == (3, 1)
+
+
+# --- against PostgreSQL -------------------------------------------------------------------
+
+
+def run(conn: psycopg.Connection, p: DPPlan) -> list[tuple]:
+    return conn.execute(p.sql).fetchall()
+
+
+def truth(conn: psycopg.Connection, sql: str) -> dict[object, object]:
+    return {row[0]: row[1] for row in conn.execute(sql).fetchall()}
+
+
+def test_counts_by_sex_and_education_are_close(postgresql: psycopg.Connection) -> None:
+    for column in ("sex", "education"):
+        p = plan(f"select {column}, count(*) from adult group by {column}")
+        exact = truth(postgresql, f"select {column}, count(*) from adult group by {column}")
+        rows, noise = answer(p, run(postgresql, p))
+        assert noise[0] is None and noise[1] is not None
+        halfwidth = noise[1].ci95_halfwidth
+        assert halfwidth == 3.0  # scale 1 (ε = 1, sensitivity 1)
+        assert {row[0] for row in rows} == set(ADULT.columns[column].domain)
+        for key, count in rows:
+            assert isinstance(count, int)
+            assert abs(count - exact.get(key, 0)) <= 6 * halfwidth, (key, count, exact.get(key))
+
+
+def test_public_domain_returns_every_value_even_absent_ones(postgresql: psycopg.Connection) -> None:
+    assert postgresql.execute("select count(*) from adult where workclass = 'Never-worked'").fetchone() == (0,)
+    p = plan("select workclass, count(*), avg(age) from adult group by workclass order by 1")
+    sql_rows = run(postgresql, p)
+    assert sorted(row[0] for row in sql_rows) == sorted(WORKCLASS)
+    never = next(row for row in sql_rows if row[0] == "Never-worked")
+    assert never[1:] == (0, 0, 0)  # generated by the SQL, exact zeros before noise
+    rows, noise = answer(p, sql_rows)
+    assert [row[0] for row in rows] == sorted(WORKCLASS)
+    for key, count, average in rows:
+        assert isinstance(count, int) and count >= 0
+        assert isinstance(average, Decimal) and 17 <= average <= 90
+    assert noise[2].mechanism == "ratio"
+
+
+def test_non_public_keys_need_many_units(postgresql: psycopg.Connection) -> None:
+    # group by the privacy unit: every key is held by one unit -> nothing passes the threshold
+    # (each key passes with probability ≤ δ, so 30,162 of them need a small δ for the test to be reliable)
+    p = plan("select id, count(*) from adult group by id", DPParams(1.0, 1e-9))
+    assert p.threshold == 22
+    sql_rows = run(postgresql, p)
+    assert len(sql_rows) == 30162
+    rows, _ = answer(p, sql_rows)
+    assert rows == []
+    # native_country: the common keys are released, a key held by one person is not
+    exact = truth(postgresql, "select native_country, count(*) from adult group by 1")
+    singletons = [key for key, count in exact.items() if count == 1]
+    assert singletons, exact
+    p = plan("select native_country, count(*) from adult group by native_country")
+    rows, _ = answer(p, run(postgresql, p))
+    released = {row[0] for row in rows}
+    assert "United-States" in released and "Mexico" in released
+    assert not released & set(singletons)
+    assert all(exact[key] >= 2 for key in released)
+
+
+def test_contribution_bounding_caps_a_heavy_unit(postgresql: psycopg.Connection) -> None:
+    postgresql.execute("create table public.spread (unit int, g text, v int)")
+    # unit 1: 1000 rows spread over 50 groups, v = 10; units 2..401: one row each in group 'a', v = 1000
+    # (400 units: far above the selection threshold τ = 87 of the grouped query below, noise scale 6)
+    postgresql.execute("insert into public.spread select 1, 'g' || (i % 50), 10 from generate_series(1, 1000) i")
+    postgresql.execute("insert into public.spread select u, 'a', 1000 from generate_series(2, 401) u")
+
+    p = plan("select count(*), sum(v) from spread", DPParams(1.0, 1e-6, max_rows_per_unit=1))
+    ((count, total),) = run(postgresql, p)
+    assert count == 401  # one row per unit, not 1400
+    assert total == 10 + 400 * 10  # clamped to the bound 10
+    assert p.statistics[0].sensitivity == 1 and p.statistics[1].sensitivity == 10
+
+    p = plan("select count(*) from spread", DPParams(1.0, 1e-6, max_rows_per_unit=5))
+    assert run(postgresql, p) == [(405,)]
+
+    # at most max_groups_per_unit groups per unit, max_rows_per_unit rows in each
+    p = plan("select g, count(*) from spread group by g", DPParams(1.0, 1e-6, max_groups_per_unit=3,
+                                                                   max_rows_per_unit=2))
+    exact = {row[0]: row[-1] for row in run(postgresql, p)}
+    heavy = {key: value for key, value in exact.items() if key != "a"}
+    assert len(heavy) == 3 and all(value == 2 for value in heavy.values())
+    assert exact["a"] == 400
+    assert p.threshold == 87
+    rows, _ = answer(p, run(postgresql, p))
+    assert [key for key, _ in rows] == ["a"]  # unit 1's groups hold one unit each: not released
+
+
+def test_noise_spread_matches_the_declared_scale(postgresql: psycopg.Connection) -> None:
+    p = plan("select sex, count(*), sum(age) from adult group by sex", DPParams(0.5, 1e-6))
+    sql_rows = run(postgresql, p)
+    exact = {row[0]: row[1:] for row in sql_rows}
+    counts, sums = [], []
+    for _ in range(400):
+        rows, noise = answer(p, sql_rows)
+        female = next(row for row in rows if row[0] == "Female")
+        counts.append(female[1] - exact["Female"][0])
+        sums.append(female[2] - exact["Female"][1])
+    assert all(isinstance(value, int) for value in counts + sums)
+    # scales: count 1/(ε/2) = 4, sum 90/(ε/2) = 360
+    assert noise[1].scale == 4.0 and noise[2].scale == 360.0
+    for sample, declared in ((counts, noise[1].stddev), (sums, noise[2].stddev)):
+        assert abs(statistics.fmean(sample)) < 0.3 * declared
+        assert 0.75 * declared < statistics.pstdev(sample) < 1.25 * declared
+        assert len(set(sample)) > 10  # the noise is real
+
+
+def test_average_within_bounds_and_types(postgresql: psycopg.Connection) -> None:
+    exact_avg = postgresql.execute("select avg(age) from adult").fetchone()[0]
+    p = plan("select count(*), sum(age), avg(age), sum(hours_per_week), avg(hours_per_week) from adult")
+    rows, _ = answer(p, run(postgresql, p))
+    ((count, total, average, hours, hours_avg),) = rows
+    assert isinstance(count, int) and isinstance(total, int)  # count -> bigint, sum(int) -> bigint
+    assert isinstance(average, Decimal) and isinstance(hours, Decimal) and isinstance(hours_avg, Decimal)
+    assert abs(average - exact_avg) < 1
+    assert hours % Decimal("0.01") == 0  # released on the 0.01 grid
+    # very small ε: the noisy ratio is wild, but AVG stays within the declared bounds
+    p = plan("select avg(age) from adult where sex = 'Female' and age > 80", DPParams(0.001, 1e-6))
+    sql_rows = run(postgresql, p)
+    for _ in range(50):
+        ((average,),), _ = answer(p, sql_rows)
+        assert 17 <= average <= 90
+
+
+def test_order_by_and_limit_apply_after_noise(postgresql: psycopg.Connection) -> None:
+    p = plan("select education, count(*) as n from adult group by education order by n desc limit 3")
+    rows, _ = answer(p, run(postgresql, p))
+    assert len(rows) == 3
+    assert [row[1] for row in rows] == sorted((row[1] for row in rows), reverse=True)
+    assert rows[0][0] == "HS-grad"  # 9,840 people, far ahead of Some-college
