@@ -72,10 +72,7 @@ class ProxyConfig:
 
     @property
     def upstream_address(self) -> UpstreamAddress:
-        try:
-            params = psycopg.conninfo.conninfo_to_dict(self.upstream)
-        except psycopg.ProgrammingError as exc:
-            raise ConfigError(f"upstream is not a valid PostgreSQL connection string: {exc}") from exc
+        params = _parse_dsn("upstream", self.upstream)
         host = str(params.get("host") or "127.0.0.1")
         if "," in host:
             raise ConfigError("upstream must name a single host")
@@ -85,14 +82,10 @@ class ProxyConfig:
             raise ConfigError(f"upstream port is not a number: {params.get('port')!r}") from exc
         return UpstreamAddress(host, port)
 
-
     @property
     def service_login(self) -> ServiceLogin:
-        """The service role's login; host and port default to the upstream's."""
-        try:
-            params = psycopg.conninfo.conninfo_to_dict(self.service_dsn)
-        except psycopg.ProgrammingError as exc:
-            raise ConfigError(f"service_dsn is not a valid PostgreSQL connection string: {exc}") from exc
+        """The service role's login, always to the upstream server (a host or port in the DSN is ignored)."""
+        params = _parse_dsn("service_dsn", self.service_dsn)
         missing = [key for key in ("user", "password", "dbname") if not params.get(key)]
         if missing:
             raise ConfigError(f"service_dsn must give {', '.join(missing)}")
@@ -114,6 +107,13 @@ class ServiceLogin:
     user: str
     password: str
     database: str
+
+
+def _parse_dsn(setting: str, dsn: str) -> dict[str, Any]:
+    try:
+        return psycopg.conninfo.conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError as exc:
+        raise ConfigError(f"{setting} is not a valid PostgreSQL connection string: {exc}") from exc
 
 
 def load_config(path: Path | None = None, environ: Mapping[str, str] = os.environ, **overrides: Any) -> ProxyConfig:
