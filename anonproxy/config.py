@@ -66,9 +66,10 @@ class ProxyConfig:
             raise ConfigError("tls_cert and tls_key must be given together")
         if self.startup_timeout <= 0:
             raise ConfigError(f"startup_timeout must be positive, got {self.startup_timeout}")
-        self.upstream_address  # validates the DSN
+        # Parse the connection strings now, so that a bad one fails at load time.
+        _ = self.upstream_address
         if self.service_dsn:
-            self.service_login  # validates the DSN
+            _ = self.service_login
 
     @property
     def upstream_address(self) -> UpstreamAddress:

@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import logging
 import multiprocessing
-import os
 import shutil
 import signal
 import socket
@@ -222,7 +221,7 @@ def _supervise(config: ProxyConfig, port: int, ready: Callable[[int], None] | No
     finally:
         for process in workers.values():
             if process.is_alive():
-                os.kill(process.pid, signal.SIGTERM)
+                process.terminate()
         for process in workers.values():
             process.join(SHUTDOWN_GRACE + 1)
             if process.is_alive():
