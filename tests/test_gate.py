@@ -238,3 +238,26 @@ def test_jdbc_reporter_session(gated_proxy: Endpoint, gated_database: str, truth
         assert got == [row for row in expected if row[1] >= K]
     assert ["k", "k", str(K)] in lines
     assert ["star", "refused", "42501"] in lines
+
+
+def test_a_direct_session_ends_when_the_policy_anonymizes_its_role(gated_proxy: Endpoint, gated_database: str,
+                                                                   truth: psycopg.Connection) -> None:
+    truth.execute("drop role if exists switcher")
+    truth.execute("create role switcher login password 'switcher'")
+    truth.execute("grant select on all tables in schema public to switcher")
+    conn = psycopg.connect(gated_proxy.dsn(gated_database, user="switcher"), autocommit=True)
+    try:
+        assert conn.execute("select count(*) from pg_class where relname = 'adult'").fetchone() == (1,)
+        truth.execute("select anonproxy.set_role_policy('switcher', 'suppress')")
+        deadline = time.monotonic() + 10
+        with pytest.raises(psycopg.OperationalError, match='now puts role "switcher" in suppress mode'):
+            while time.monotonic() < deadline:
+                conn.execute("select 1")
+                time.sleep(0.05)
+        with psycopg.connect(gated_proxy.dsn(gated_database, user="switcher"), autocommit=True) as again:
+            assert again.execute("show anonproxy.mode").fetchone() == ("suppress",)
+    finally:
+        conn.close()
+        truth.execute("select anonproxy.drop_role_policy('switcher')")
+        truth.execute("drop owned by switcher")
+        truth.execute("drop role switcher")

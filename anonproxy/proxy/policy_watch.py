@@ -12,6 +12,8 @@ import asyncio
 import contextlib
 import logging
 
+from collections.abc import Callable
+
 import psycopg
 
 from ..policy.model import Policy
@@ -25,8 +27,9 @@ RELOAD_INTERVAL = 10.0
 
 
 class PolicyWatcher:
-    def __init__(self, dsn: str) -> None:
+    def __init__(self, dsn: str, on_change: Callable[[Policy], None] = lambda policy: None) -> None:
         self._dsn = dsn
+        self._on_change = on_change
         self.policy = Policy()
         self._task: asyncio.Task[None] | None = None
         self._loaded = asyncio.Event()
@@ -68,5 +71,8 @@ class PolicyWatcher:
         if policy.version != self.policy.version or not self.loaded:
             log.info("policy version %d loaded (%d protected tables, %d roles)",
                      policy.version, len(policy.tables), len(policy.roles))
+        changed = policy.version != self.policy.version
         self.policy = policy
         self._loaded.set()
+        if changed:
+            self._on_change(policy)

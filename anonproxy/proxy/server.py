@@ -23,6 +23,7 @@ from multiprocessing.synchronize import Event
 from pathlib import Path
 
 from ..config import ProxyConfig
+from ..policy.model import Policy
 from ..wire import protocol as pg
 from .cancel import CancelRegistry, cancel_socket_path
 from .policy_watch import PolicyWatcher
@@ -75,7 +76,7 @@ class Worker:
             cancel_keys=CancelRegistry(index, run_dir),
             tls=tls_context(config),
             startup_timeout=config.startup_timeout,
-            policy=PolicyWatcher(config.service_conninfo) if config.service_dsn else None,
+            policy=PolicyWatcher(config.service_conninfo, self._policy_changed) if config.service_dsn else None,
             service_login=config.service_login if config.service_dsn else None,
         )
         self._index = index
@@ -94,6 +95,11 @@ class Worker:
         if self._run_dir is not None:
             path = cancel_socket_path(self._run_dir, self._index)
             self._servers.append(await loop.create_unix_server(lambda: ForwardedCancel(self.context), str(path)))
+
+    def _policy_changed(self, policy: Policy) -> None:
+        """Relayed sessions whose role the new policy anonymizes must not go on unfiltered."""
+        for session in list(self.context.sessions):
+            session.enforce(policy)
 
     async def stop(self) -> None:
         for server in self._servers:

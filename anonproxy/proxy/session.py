@@ -338,6 +338,26 @@ class ClientConnection(asyncio.Protocol):
         pending, self._pending = b"".join(self._pending), []
         gate.client_data(pending)
 
+    def enforce(self, policy: Policy) -> None:
+        """A new policy: end a relayed session whose role is no longer direct.
+
+        (A gated session follows the new policy statement by statement.)
+        """
+        if self.state is not State.RELAY or self._startup is None:
+            return
+        mode = policy.role(self._startup.user).mode
+        if mode == "direct":
+            return
+        log.info("session %d: role %r is now in %s mode; closing its direct session", self.id,
+                 self._startup.user, mode)
+        upstream = self.upstream
+        if upstream is not None and upstream.tracker.at_boundary:
+            self.fail("57P01", f"terminating connection: the privacy policy now puts role "
+                               f'"{self._startup.user}" in {mode} mode', hint="Reconnect.")
+        elif self.transport is not None:
+            self.state = State.CLOSED
+            self.transport.close()  # mid-message: no room for an ErrorResponse
+
     def _current(self) -> tuple[Policy, RolePolicy]:
         """The policy in force now, and this session's role in it (it may change mid-session)."""
         assert self._startup is not None
