@@ -89,6 +89,19 @@ class CancelRegistry:
             log.warning("cannot forward cancel request to worker %d: %s", owner, exc)
 
 
+async def cancel_then_hang_up(registry: CancelRegistry, process_id: int, secret_key: int,
+                              transport: asyncio.BaseTransport) -> None:
+    """Act on a CancelRequest, then close its connection.
+
+    Clients take the hang-up as "the cancel is done" (libpq waits for it), so
+    it must come after the server acted; else a late cancel hits their next query.
+    """
+    try:
+        await registry.cancel(process_id, secret_key)
+    finally:
+        transport.close()
+
+
 def _same_secret(a: int, b: int) -> bool:
     return hmac.compare_digest(a.to_bytes(4, "big", signed=True), b.to_bytes(4, "big", signed=True))
 

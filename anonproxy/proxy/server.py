@@ -25,7 +25,7 @@ from pathlib import Path
 from ..config import ProxyConfig
 from ..policy.model import Policy
 from ..wire import protocol as pg
-from .cancel import CancelRegistry, cancel_socket_path
+from .cancel import CancelRegistry, cancel_socket_path, cancel_then_hang_up
 from .policy_watch import PolicyWatcher
 from .session import ClientConnection, ProxyContext
 
@@ -130,20 +130,16 @@ class ForwardedCancel(asyncio.Protocol):
         self._transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
+        assert self._transport is not None
         self._buffer += data
         try:
             packet, _ = pg.read_startup_packet(self._buffer)
         except pg.ProtocolViolation:
-            packet = None
-            self._transport.close()  # type: ignore[union-attr]
+            self._transport.close()
+            return
         if isinstance(packet, pg.CancelRequest):
-            self._context.spawn(self._cancel(packet))
-
-    async def _cancel(self, packet: pg.CancelRequest) -> None:
-        try:
-            await self._context.cancel_keys.cancel(packet.process_id, packet.secret_key)
-        finally:
-            self._transport.close()  # type: ignore[union-attr]
+            self._context.spawn(cancel_then_hang_up(self._context.cancel_keys, packet.process_id,
+                                                    packet.secret_key, self._transport))
 
 
 async def serve_until_stopped(worker: Worker, ready: Callable[[], None] | None = None) -> None:

@@ -35,7 +35,7 @@ from ..rewrite import decide
 from ..rewrite.decision import Decision, Pass, Reject
 from ..wire import protocol as pg
 from ..wire.framing import BoundaryTracker, MessageBuffer
-from .cancel import CancelRegistry, UpstreamKey, send_cancel
+from .cancel import CancelRegistry, UpstreamKey, cancel_then_hang_up, send_cancel
 from .gate import Gate, Owner
 from .policy_watch import PolicyWatcher
 from .service import ServiceConnection, ServiceUnavailable
@@ -204,11 +204,10 @@ class ClientConnection(asyncio.Protocol):
         elif isinstance(packet, pg.GSSENCRequest):
             self.transport.write(b"N")
         elif isinstance(packet, pg.CancelRequest):
-            # Clients take the hang-up as "the cancel is done" (libpq waits for it), so
-            # hang up only once the server has acted; else a late cancel hits their next query.
             self.state = State.CLOSED
             self.transport.pause_reading()
-            self.context.spawn(self._cancel_then_close(packet))
+            self.context.spawn(cancel_then_hang_up(self.context.cancel_keys, packet.process_id, packet.secret_key,
+                                                   self.transport))
         else:
             self._startup = packet
             self.state = State.CONNECTING
@@ -216,12 +215,6 @@ class ClientConnection(asyncio.Protocol):
             self._pending.append(bytes(self._startup_buffer))
             self._startup_buffer.clear()
             self.context.spawn(self._connect_upstream(packet))
-
-    async def _cancel_then_close(self, packet: pg.CancelRequest) -> None:
-        try:
-            await self.context.cancel_keys.cancel(packet.process_id, packet.secret_key)
-        finally:
-            self.transport.close()  # type: ignore[union-attr]
 
     async def _start_tls(self) -> None:
         loop = asyncio.get_running_loop()
