@@ -61,8 +61,9 @@ def test_up_serves_the_demo_and_cleans_up() -> None:
     try:
         assert up.urls["dba"] == f"postgresql://dba:dba@127.0.0.1:{port}/postgres"
         assert psql(up.urls["dba"], "select count(*) from adult").stdout.strip() == "30162"
-        refused = psql(up.urls["analyst"], "select count(*) from adult")
-        assert refused.returncode != 0 and "differential-privacy mode is not available yet" in refused.stderr
+        noisy = psql(up.urls["analyst"], "select sex, count(*) from adult group by sex")
+        assert noisy.returncode == 0 and "differentially private answer" in noisy.stderr
+        assert "epsilon 9.5 of 10 left" in psql(up.urls["analyst"], "show anonproxy.budget").stdout
         # The reporter's groups: exact counts, none below k = 10 (the dba computes the truth).
         query = "select native_country, count(*) from adult group by 1"
         truth = dict(line.split("|") for line in psql(up.urls["dba"], query).stdout.split())

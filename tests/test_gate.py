@@ -161,14 +161,6 @@ def test_mixed_multi_statement_strings_are_refused(gated_proxy: Endpoint, gated_
             conn.execute("select 1; select sex, count(*) from adult group by sex")
 
 
-def test_analyst_in_dp_mode_is_refused_for_now(gated_proxy: Endpoint, gated_database: str) -> None:
-    with psycopg.connect(gated_proxy.dsn(gated_database, user="analyst"), autocommit=True) as conn:
-        assert conn.execute("show anonproxy.mode").fetchone() == ("dp",)
-        with pytest.raises(psycopg.errors.FeatureNotSupported, match="differential"):
-            conn.execute("select sex, count(*) from adult group by sex")
-        assert conn.execute("select count(*) from pg_class where relname = 'adult'").fetchone() == (1,)
-
-
 def test_roles_outside_the_governed_database_are_refused(gated_proxy: Endpoint, dbname: str) -> None:
     with pytest.raises(psycopg.OperationalError, match="may only use the database"):
         psycopg.connect(gated_proxy.dsn(dbname, user="reporter"))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import struct
 
 from anonproxy.proxy.gate import Gate, Owner
-from anonproxy.rewrite.decision import Decision, Intercept, Pass, Reject, Rewrite
+from anonproxy.rewrite.decision import Decision, Intercept, Noisy, Pass, Reject, Rewrite
 from anonproxy.wire import protocol as pg
 from anonproxy.wire.framing import MessageBuffer
 
@@ -14,6 +14,7 @@ DECISIONS: dict[str, Decision] = {
     "agg": Rewrite("rewritten agg"),
     "bad": Reject("42501", "not allowed", "do this instead"),
     "show anonproxy.k": Intercept("k"),
+    "dp": Noisy("dp"),
 }
 
 
@@ -22,9 +23,10 @@ class Wires:
         self.client = bytearray()
         self.upstream = bytearray()
         self.service = bytearray()
+        self.asked: list[Decision] = []
         self.gate = Gate(decide=DECISIONS.__getitem__, settings=lambda: {"k": "10"},
                          write_client=self.client.extend, send_upstream=self.upstream.extend,
-                         send_service=self.service.extend)
+                         send_service=self.service.extend, ask_proxy=self.asked.append)
 
     @staticmethod
     def types(buffer: bytearray) -> list[bytes]:
@@ -104,7 +106,7 @@ def test_a_batch_mixing_owners_is_split_with_a_sync_of_ours() -> None:
     assert wires.types(wires.service) == [b"P", b"B", b"E", b"S"]
     wires.service_says((b"1", b""), (b"2", b""), *RESULT[1:], (b"Z", b"I"))
     assert wires.types(wires.client) == [b"1", b"2", b"D", b"C", b"Z"]
-    assert wires.gate.in_flight == {Owner.UPSTREAM: 0, Owner.SERVICE: 0}
+    assert wires.gate.in_flight == {Owner.UPSTREAM: 0, Owner.SERVICE: 0, Owner.PROXY: 0}
 
 
 def test_rewritten_parse_carries_the_new_text_and_later_messages_follow_the_statement() -> None:
@@ -153,3 +155,20 @@ def test_settings_the_client_changes_follow_on_the_service_connection() -> None:
     assert wires.types(wires.client) == []
     wires.service_says(*RESULT, (b"Z", b"I"))
     assert wires.types(wires.client) == [b"T", b"D", b"C", b"Z"]
+
+
+def test_answers_the_proxy_computes_keep_their_place() -> None:
+    wires = Wires()
+    wires.gate.client_data(pg.query_message("dp") + pg.query_message("select 1"))
+    assert wires.asked == [Noisy("dp")] and not wires.upstream  # the next query waits for the answer
+    wires.gate.proxy_answered(pg.command_complete("SELECT 0"))
+    assert wires.types(wires.client) == [b"C", b"Z"]
+    assert wires.upstream == pg.query_message("select 1")
+
+
+def test_noisy_queries_need_the_simple_protocol() -> None:
+    wires = Wires()
+    wires.gate.client_data(parse(b"", "dp") + bind(b"", b"") + execute() + SYNC)
+    messages = MessageBuffer().feed(bytes(wires.client))
+    assert [t for t, _ in messages] == [b"E", b"Z"] and not wires.asked
+    assert "simple query protocol" in pg.parse_fields(messages[0][1])["M"]

@@ -27,7 +27,7 @@ from anonproxy.policy.model import (
     RolePolicy,
     SuppressionParams,
 )
-from anonproxy.rewrite import Intercept, Pass, Reject, Rewrite, decide
+from anonproxy.rewrite import Intercept, Noisy, Pass, Reject, Rewrite, decide
 
 ADULT = ProtectedTable("public.adult", "id")
 VISITS = LinkedTable("public.visits", "person_id", "public.adult", "id")
@@ -266,9 +266,10 @@ def test_extended_statistics_refused() -> None:
     assert_reject("SELECT * FROM pg_catalog.pg_statistic", "42501", "statistics")
 
 
-def test_dp_mode_refuses_protected_queries() -> None:
-    assert_reject("SELECT count(*) FROM adult", "0A000", "differential-privacy", role=DP)
-    assert_reject("SELECT * FROM adult", "0A000", "differential-privacy", role=DP)
+def test_dp_mode_hands_protected_queries_to_differential_privacy() -> None:
+    """The DP planner (anonproxy.privacy.dp_plan) then decides what it supports."""
+    assert decide("SELECT count(*) FROM adult", DP, POLICY) == Noisy("SELECT count(*) FROM adult")
+    assert decide("/* c */ SELECT * FROM adult;", DP, POLICY) == Noisy("SELECT * FROM adult")
 
 
 def test_deny_mode_refused() -> None:

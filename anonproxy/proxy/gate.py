@@ -6,7 +6,10 @@ Each client message is routed to one of three owners:
   pass (catalog queries, session settings…); the client's role has no
   privilege on protected tables, so PostgreSQL itself refuses what slips by;
 * SERVICE — the proxy's service connection, for rewritten aggregate queries;
-* LOCAL — answered by the proxy: refusals and ``SHOW anonproxy.*``.
+* LOCAL — answered by the proxy: refusals and ``SHOW anonproxy.*``;
+* PROXY — answered by the proxy after asynchronous work (differentially
+  private answers, ``SHOW anonproxy.budget``): the gate asks with
+  ``ask_proxy(decision)`` and the session replies with ``proxy_answered``.
 
 Extended-protocol messages follow their statement or portal. Responses reach
 the client in the order of the requests: a message for another owner waits
@@ -23,7 +26,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..rewrite.decision import Decision, Intercept, Pass, Reject, Rewrite
+from ..rewrite.decision import Decision, Intercept, Noisy, Pass, Reject, Rewrite
 from ..wire import protocol as pg
 from ..wire.framing import MessageBuffer
 
@@ -36,6 +39,7 @@ class Owner(enum.Enum):
     UPSTREAM = enum.auto()
     SERVICE = enum.auto()
     LOCAL = enum.auto()
+    PROXY = enum.auto()
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,7 @@ class Route:
     payload: bytes
     ends_batch: bool = False  # the owner will answer with ReadyForQuery
     in_batch: bool = True  # part of an extended-protocol batch (COPY data is not)
+    request: Decision | None = None  # what a PROXY route asks the session to answer
 
 
 class Gate:
@@ -54,16 +59,18 @@ class Gate:
         write_client: Callable[[bytes], None],
         send_upstream: Callable[[bytes], None],
         send_service: Callable[[bytes], None],
+        ask_proxy: Callable[[Decision], None],
     ) -> None:
         self._decide = decide
         self._settings = settings
         self._write_client = write_client
         self._send = {Owner.UPSTREAM: send_upstream, Owner.SERVICE: send_service}
+        self._ask_proxy = ask_proxy
         self._client_messages = MessageBuffer()
         self._queue: deque[tuple[bytes, bytes]] = deque()
         self._held: Route | None = None
         self._unsynced: Owner | None = None  # owner of batch messages sent since the last Sync
-        self.in_flight = {Owner.UPSTREAM: 0, Owner.SERVICE: 0}  # requests awaiting ReadyForQuery
+        self.in_flight = {Owner.UPSTREAM: 0, Owner.SERVICE: 0, Owner.PROXY: 0}  # requests awaiting ReadyForQuery
         self._swallow = {Owner.UPSTREAM: 0, Owner.SERVICE: 0}  # ReadyForQuery of our own Syncs
         self._statements: dict[bytes, Owner] = {}
         self._portals: dict[bytes, Owner] = {}
@@ -106,6 +113,12 @@ class Gate:
         elif type_ != b"S":  # the service session's settings are not the client's
             self._write_client(pg.message(type_, body))
 
+    def proxy_answered(self, answer: bytes) -> None:
+        """The session's reply to ``ask_proxy``: the messages of one simple query, ReadyForQuery excluded."""
+        self._write_client(answer + pg.ready_for_query(self.transaction_status))
+        self.in_flight[Owner.PROXY] -= 1
+        self._pump()
+
     def _ready_for_query(self, owner: Owner, status: bytes) -> None:
         self.in_flight[owner] -= 1
         if self._swallow[owner]:
@@ -130,6 +143,12 @@ class Gate:
             self._held = None
             if route.owner is Owner.LOCAL:
                 self._write_client(route.payload)
+                continue
+            if route.owner is Owner.PROXY:
+                assert route.request is not None
+                self.in_flight[Owner.PROXY] += 1
+                self._unsynced = None
+                self._ask_proxy(route.request)
                 continue
             if route.owner is Owner.SERVICE and self._settings_to_copy:
                 self._copy_settings()
@@ -194,6 +213,10 @@ class Gate:
             if self.transaction_status == b"E":
                 return self._refuse(_ABORTED, simple=True)
             return Route(Owner.SERVICE, pg.query_message(decision.sql), ends_batch=True)
+        if isinstance(decision, Noisy) or decision == BUDGET:
+            if self.transaction_status == b"E":
+                return self._refuse(_ABORTED, simple=True)
+            return Route(Owner.PROXY, b"", ends_batch=True, request=decision)
         if isinstance(decision, Intercept):
             answer = self._show(decision.setting)
             if isinstance(answer, Reject):
@@ -214,6 +237,8 @@ class Gate:
                 return self._refuse(_ABORTED)
             self._statements[name] = Owner.SERVICE
             return Route(Owner.SERVICE, pg.parse_message(name, decision.sql, body[offset:]))
+        if isinstance(decision, Noisy) or decision == BUDGET:
+            return self._refuse(_SIMPLE_ONLY)
         if isinstance(decision, Intercept):
             self._statements[name] = Owner.LOCAL
             self._statement_settings[name] = decision.setting
@@ -267,4 +292,7 @@ def _literal(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
 
+BUDGET = Intercept("budget")  # answered from the ledger, asynchronously
+_SIMPLE_ONLY = Reject("0A000", "differentially private answers and SHOW anonproxy.budget use the simple query "
+                      "protocol for now", "Send the query without parameters (e.g. psql, or a driver's simple mode).")
 _ABORTED = Reject("25P02", "current transaction is aborted, commands ignored until end of transaction block")

@@ -26,6 +26,7 @@ from ..config import ProxyConfig
 from ..policy.model import Policy
 from ..wire import protocol as pg
 from .cancel import CancelRegistry, cancel_socket_path, cancel_then_hang_up
+from .noisy import NoisyAnswers
 from .policy_watch import PolicyWatcher
 from .session import ClientConnection, ProxyContext
 
@@ -78,6 +79,7 @@ class Worker:
             startup_timeout=config.startup_timeout,
             policy=PolicyWatcher(config.service_conninfo, self._policy_changed) if config.service_dsn else None,
             service_login=config.service_login if config.service_dsn else None,
+            noisy=NoisyAnswers(config.service_conninfo) if config.service_dsn else None,
         )
         self._index = index
         self._run_dir = run_dir
@@ -106,6 +108,8 @@ class Worker:
             server.close()
         if self.context.policy is not None:
             await self.context.policy.stop()
+        if self.context.noisy is not None:
+            await self.context.noisy.close()
         for session in list(self.context.sessions):
             session.fail("57P01", "terminating connection because anonproxy is shutting down")
         with contextlib.suppress(TimeoutError):

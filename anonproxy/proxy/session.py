@@ -32,11 +32,12 @@ from typing import Any
 from ..config import ServiceLogin, UpstreamAddress
 from ..policy.model import Policy, RolePolicy
 from ..rewrite import decide
-from ..rewrite.decision import Decision, Pass, Reject
+from ..rewrite.decision import Decision, Noisy, Pass, Reject
 from ..wire import protocol as pg
 from ..wire.framing import BoundaryTracker, MessageBuffer
 from .cancel import CancelRegistry, UpstreamKey, cancel_then_hang_up, send_cancel
-from .gate import Gate, Owner
+from .gate import BUDGET, Gate, Owner
+from .noisy import NoisyAnswers
 from .policy_watch import PolicyWatcher
 from .service import ServiceConnection, ServiceUnavailable
 from .upstream import open_upstream
@@ -58,6 +59,7 @@ class ProxyContext:
     startup_timeout: float = 60.0
     policy: PolicyWatcher | None = None  # None: no service login configured, every role is direct
     service_login: ServiceLogin | None = None
+    noisy: NoisyAnswers | None = None  # answers for roles in dp mode
     sessions: set[ClientConnection] = field(default_factory=set)
     _tasks: set[asyncio.Future[None]] = field(default_factory=set)
     _decisions: dict[tuple[str, str, int], Decision] = field(default_factory=dict)
@@ -310,6 +312,7 @@ class ClientConnection(asyncio.Protocol):
             write_client=self.transport.write,
             send_upstream=self.upstream.transport.write,
             send_service=lambda data: self.service.send(data),  # type: ignore[union-attr]
+            ask_proxy=lambda request: self.context.spawn(self._answer_for_gate(request)),
         )
         try:
             self.service = await ServiceConnection.open(login, self._startup.parameters, gate.service_message,
@@ -350,6 +353,23 @@ class ClientConnection(asyncio.Protocol):
         elif self.transport is not None:
             self.state = State.CLOSED
             self.transport.close()  # mid-message: no room for an ErrorResponse
+
+    async def _answer_for_gate(self, request: Decision) -> None:
+        """A differentially private answer, or the role's budget, for the gate to send."""
+        policy, role = self._current()
+        try:
+            if self.context.noisy is None:
+                answer = pg.error_response("0A000", "differential-privacy mode needs the proxy's service login")
+            elif request == BUDGET:
+                answer = await self.context.noisy.budget(role.role)
+            else:
+                assert isinstance(request, Noisy)
+                answer = await self.context.noisy.answer(request.sql, role, policy)
+        except Exception:
+            log.exception("session %d: internal error while answering in dp mode", self.id)
+            answer = pg.error_response("XX000", "internal error in anonproxy while answering the query")
+        if self.state is State.GATED and self.gate is not None:
+            self.gate.proxy_answered(answer)
 
     def _current(self) -> tuple[Policy, RolePolicy]:
         """The policy in force now, and this session's role in it (it may change mid-session)."""

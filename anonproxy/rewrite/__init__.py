@@ -8,6 +8,6 @@ Query or Parse message: :class:`Pass` (forward the original bytes),
 """
 
 from anonproxy.rewrite.classify import decide
-from anonproxy.rewrite.decision import Decision, Intercept, Pass, Reject, Rewrite
+from anonproxy.rewrite.decision import Decision, Intercept, Noisy, Pass, Reject, Rewrite
 
-__all__ = ["Decision", "Intercept", "Pass", "Reject", "Rewrite", "decide"]
+__all__ = ["Decision", "Intercept", "Noisy", "Pass", "Reject", "Rewrite", "decide"]

@@ -5,9 +5,10 @@ by (text, role, policy version).
 
 Per statement: a query (SELECT / WITH / VALUES / TABLE) that reaches no
 protected or linked table passes; one that does is rewritten (mode
-``suppress``) or refused (mode ``dp``, not available yet); commands go through
+``suppress``) or handed to differential privacy (mode ``dp``: Noisy, planned by
+:mod:`anonproxy.privacy.dp_plan`); commands go through
 the allowlist of :mod:`anonproxy.rewrite.commands`. Then per message: all
-statements pass -> Pass; exactly one statement, rewritten -> Rewrite; one
+statements pass -> Pass; exactly one statement, rewritten -> Rewrite (or Noisy); one
 ``SHOW anonproxy.*`` -> Intercept; any other mixture -> Reject.
 """
 
@@ -23,6 +24,7 @@ from anonproxy.rewrite.commands import classify_command, is_query, refuse_statem
 from anonproxy.rewrite.decision import (
     FEATURE_NOT_SUPPORTED,
     Decision,
+    Noisy,
     Pass,
     Refusal,
     Reject,
@@ -40,7 +42,6 @@ from anonproxy.rewrite.statements import (
 )
 from anonproxy.rewrite.suppress import rewrite
 
-DP_HINT = "Ask for suppress mode, or query tables that are not protected."
 
 # Functions that run SQL given as text, open connections, or act as another role: never passed through.
 SQL_RUNNING_FUNCTIONS = frozenset({
@@ -98,8 +99,7 @@ def _statement(statement: Statement, role: RolePolicy, index: PolicyIndex) -> De
         _check_passable(statement, tree, role, index)
         return Pass()
     if role.mode == "dp":
-        raise unsupported("differential-privacy mode is not available yet: queries over protected tables are "
-                          "refused", DP_HINT)
+        return Noisy(statement.text)  # planned by anonproxy.privacy.dp_plan, which says what it supports
     return Rewrite(rewrite(analyze(statement, tree, index, role.suppression), role.suppression))
 
 

@@ -34,6 +34,13 @@ class Intercept:
 
 
 @dataclass(frozen=True)
+class Noisy:
+    """Mode ``dp``: answer this aggregate query with differential privacy (planned and charged by the proxy)."""
+
+    sql: str
+
+
+@dataclass(frozen=True)
 class Reject:
     """Answer with an ErrorResponse carrying this SQLSTATE, message and hint."""
 
@@ -42,7 +49,7 @@ class Reject:
     hint: str | None = None
 
 
-Decision = Pass | Rewrite | Intercept | Reject
+Decision = Pass | Rewrite | Intercept | Noisy | Reject
 
 
 class Refusal(Exception):

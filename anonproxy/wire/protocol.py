@@ -215,9 +215,11 @@ def query_message(text: str) -> bytes:
     return message(b"Q", text.encode() + b"\0")
 
 
-def row_description(names: list[str], type_oid: int = 25) -> bytes:
-    """RowDescription of text-format columns of one type (text by default)."""
-    fields = b"".join(name.encode() + b"\0" + struct.pack("!ihihih", 0, 0, type_oid, -1, -1, 0) for name in names)
+def row_description(names: list[str], type_oids: list[int] | None = None) -> bytes:
+    """RowDescription of text-format columns (of type text unless ``type_oids`` says otherwise)."""
+    oids = type_oids or [25] * len(names)
+    fields = b"".join(name.encode() + b"\0" + struct.pack("!ihihih", 0, 0, oid, -1, -1, 0)
+                      for name, oid in zip(names, oids, strict=True))
     return message(b"T", struct.pack("!h", len(names)) + fields)
 
 

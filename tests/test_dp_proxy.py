@@ -1,0 +1,118 @@
+"""Differential-privacy mode end to end: the `analyst` (demo budget: ε 10, 0.5 per query) through the proxy.
+
+Each test uses its own role with its own budget, so tests do not spend each
+other's budget. Truths are computed from a superuser connection.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+from anonproxy.embedded import EmbeddedPostgres
+from conftest import Endpoint
+from test_gate import _wait_for_version as wait_for_version
+
+_names = itertools.count(1)
+
+
+@pytest.fixture(scope="module")
+def truth(pg_server: EmbeddedPostgres, gated_database: str) -> Iterator[psycopg.Connection]:
+    conn = psycopg.connect(pg_server.conninfo(dbname=gated_database), autocommit=True)
+    yield conn
+    conn.close()
+
+
+@pytest.fixture
+def analyst(truth: psycopg.Connection, gated_proxy: Endpoint, gated_database: str) -> Iterator[str]:
+    """A fresh dp role with ε 2 in all, 0.5 per query, on public.adult."""
+    role = f"dp_analyst_{next(_names)}"
+    truth.execute(f"create role {role} login password '{role}'")
+    truth.execute("select anonproxy.set_role_policy(%s, 'dp')", [role])
+    truth.execute("select anonproxy.set_budget(%s, 'public.adult'::regclass, 2, 0.00001, null, 0.5, 0.0000001)",
+                  [role])
+    version = truth.execute("select version from anonproxy.policy_version").fetchone()[0]
+    with psycopg.connect(gated_proxy.dsn(gated_database, user="reporter"), autocommit=True) as watcher:
+        wait_for_version(watcher, version)  # the proxy must know the role is in dp mode before it logs in
+    yield role
+    truth.execute("select anonproxy.drop_budget(%s, 'public.adult')", [role])
+    truth.execute("select anonproxy.drop_role_policy(%s)", [role])
+    truth.execute(f"drop owned by {role}")
+    truth.execute(f"drop role {role}")
+
+
+def budget_left(conn: psycopg.Connection) -> str:
+    return conn.execute("show anonproxy.budget").fetchone()[0]
+
+
+QUERY = "select education, count(*), avg(hours_per_week) from adult group by 1"
+
+
+def test_noisy_answer_is_close_and_charged_once(gated_proxy: Endpoint, gated_database: str, analyst: str,
+                                                truth: psycopg.Connection) -> None:
+    notices: list[tuple[str, str]] = []
+    with psycopg.connect(gated_proxy.dsn(gated_database, user=analyst), autocommit=True) as conn:
+        conn.add_notice_handler(lambda d: notices.append((d.message_primary or "", d.message_detail or "")))
+        assert "epsilon 2 of 2 left" in budget_left(conn)
+        rows = conn.execute(QUERY).fetchall()
+        assert "epsilon 1.5 of 2 left" in budget_left(conn)
+        again = conn.execute("SELECT education, count(*), avg(hours_per_week)\n FROM adult GROUP BY 1").fetchall()
+        assert again == rows, "the same question gets the same answer (no averaging)"
+        assert "epsilon 1.5 of 2 left" in budget_left(conn), "and costs nothing"
+    expected = {education: (n, float(avg)) for education, n, avg in truth.execute(QUERY)}
+    assert {row[0] for row in rows} == set(expected)  # public domain: every education, none invented
+    # Count noise: discrete Laplace of scale 6 (ε/3 of 0.5, sensitivity 1): |error| < 6·ln(1/1e-6) ≈ 83.
+    assert all(abs(n - expected[education][0]) <= 83 for education, n, _ in rows)
+    big = [row for row in rows if expected[row[0]][0] > 3000]
+    assert all(abs(float(avg) - expected[education][1]) < 1.0 for education, _, avg in big)
+    assert any("differentially private answer, ε=0.5" in message for message, _ in notices)
+    assert any("answered before" in message for message, _ in notices)
+    assert any("95% interval" in detail for _, detail in notices)
+
+
+def test_budget_runs_out(gated_proxy: Endpoint, gated_database: str, analyst: str) -> None:
+    with psycopg.connect(gated_proxy.dsn(gated_database, user=analyst), autocommit=True) as conn:
+        for age in range(30, 34):  # four different questions of ε 0.5 each spend the whole ε 2
+            conn.execute(f"select sex, count(*) from adult where age > {age} group by sex").fetchall()
+        with pytest.raises(psycopg.Error) as caught:
+            conn.execute("select sex, count(*) from adult where age > 50 group by sex")
+        assert caught.value.sqlstate == "53400"
+        assert "epsilon 0 of 2 left" in budget_left(conn)
+
+
+def test_differencing_costs_budget_and_gets_noise(gated_proxy: Endpoint, gated_database: str, analyst: str,
+                                                   truth: psycopg.Connection) -> None:
+    with psycopg.connect(gated_proxy.dsn(gated_database, user=analyst), autocommit=True) as conn:
+        everyone = conn.execute("select count(*) from adult").fetchone()[0]
+        but_one = conn.execute("select count(*) from adult where id <> 17").fetchone()[0]
+        assert "epsilon 1 of 2 left" in budget_left(conn)
+    true_total = truth.execute("select count(*) from adult").fetchone()[0]
+    assert abs(everyone - true_total) <= 28 and abs(but_one - (true_total - 1)) <= 28  # scale 2: 2·ln(1e6)
+
+
+def test_refusals_in_dp_mode(gated_proxy: Endpoint, gated_database: str, analyst: str) -> None:
+    with psycopg.connect(gated_proxy.dsn(gated_database, user=analyst), autocommit=True) as conn:
+        for query, words in [("select * from adult", "row-level"),
+                             ("select sum(fnlwgt * 2) from adult", "not"),
+                             ("select education, count(*) from adult group by 1 having count(*) > 10", "HAVING")]:
+            with pytest.raises(psycopg.Error, match=words) as caught:
+                conn.execute(query)
+            assert caught.value.sqlstate in ("0A000", "42501")
+        with pytest.raises(psycopg.errors.FeatureNotSupported, match="simple query protocol"):
+            conn.execute("select sex, count(*) from adult where age > %s group by sex", [30], prepare=True)
+        assert "epsilon 2 of 2 left" in budget_left(conn), "refusals cost nothing"
+
+
+def test_a_role_without_budget_is_refused(gated_proxy: Endpoint, gated_database: str, analyst: str,
+                                          truth: psycopg.Connection) -> None:
+    truth.execute("select anonproxy.drop_budget(%s, 'public.adult')", [analyst])
+    try:
+        with psycopg.connect(gated_proxy.dsn(gated_database, user=analyst), autocommit=True) as conn:
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute("select sex, count(*) from adult group by sex")
+    finally:
+        truth.execute("select anonproxy.set_budget(%s, 'public.adult'::regclass, 2, 0.00001, null, 0.5, 0.0000001)",
+                      [analyst])
