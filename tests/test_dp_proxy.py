@@ -7,13 +7,15 @@ other's budget. Truths are computed from a superuser connection.
 from __future__ import annotations
 
 import itertools
+import signal
 from collections.abc import Iterator
+from pathlib import Path
 
 import psycopg
 import pytest
 
 from anonproxy.embedded import EmbeddedPostgres
-from conftest import Endpoint
+from conftest import SERVICE_ROLE, Endpoint, start_proxy, stop_proxy
 from test_gate import _wait_for_version as wait_for_version
 
 _names = itertools.count(1)
@@ -116,3 +118,20 @@ def test_a_role_without_budget_is_refused(gated_proxy: Endpoint, gated_database:
     finally:
         truth.execute("select anonproxy.set_budget(%s, 'public.adult'::regclass, 2, 0.00001, null, 0.5, 0.0000001)",
                       [analyst])
+
+
+def test_the_ledger_survives_a_killed_proxy(pg_server: EmbeddedPostgres, gated_database: str, analyst: str,
+                                            tmp_path: Path) -> None:
+    settings = {"service_dsn": f"user={SERVICE_ROLE} password={SERVICE_ROLE} dbname={gated_database}"}
+    upstream = f"host={pg_server.host} port={pg_server.port}"
+    first = start_proxy(upstream, tmp_path / "first.log", **settings)
+    with psycopg.connect(first.endpoint.dsn(gated_database, user=analyst), autocommit=True) as conn:
+        conn.execute("select race, count(*) from adult group by race").fetchall()
+    first.process.send_signal(signal.SIGKILL)
+    first.process.wait(10)
+    second = start_proxy(upstream, tmp_path / "second.log", **settings)
+    try:
+        with psycopg.connect(second.endpoint.dsn(gated_database, user=analyst), autocommit=True) as conn:
+            assert "epsilon 1.5 of 2 left" in budget_left(conn)
+    finally:
+        stop_proxy(second)
