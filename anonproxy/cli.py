@@ -16,6 +16,7 @@ from .embedded import EmbeddedPostgres, EmbeddedPostgresError
 from .logs import setup_logging
 from .policy import commands as policy_commands
 from .proxy.server import ProxyStartError, run_proxy
+from .views import commands as view_commands
 
 log = logging.getLogger("anonproxy")
 
@@ -57,6 +58,7 @@ def _parser() -> argparse.ArgumentParser:
     install.set_defaults(run=_install)
 
     policy_commands.register(commands)
+    view_commands.register(commands)
     return parser
 
 
@@ -85,6 +87,7 @@ def _install(args: argparse.Namespace) -> int:
 def _up(args: argparse.Namespace) -> int:
     from . import demo, sample_data, schema
     from .policy.yaml_policy import apply_policy, demo_policy
+    from .views.hierarchies import load_adult_hierarchies
 
     setup_logging(args.log_level)
     # SIGTERM before the proxy takes over signals must still stop the server we start.
@@ -93,6 +96,7 @@ def _up(args: argparse.Namespace) -> int:
         with psycopg.connect(server.conninfo(dbname=DEMO_DATABASE)) as conn:
             schema.install(conn)
             rows = sample_data.load_adult(conn)
+            load_adult_hierarchies(conn)
             demo.create_demo_roles(conn, DEMO_DATABASE)
             policy = demo_policy()
             service_password = demo.reset_service_role(conn, policy.service_role)

@@ -28,6 +28,7 @@ from pytest_postgresql.janitor import DatabaseJanitor
 from anonproxy import demo, sample_data, schema
 from anonproxy.embedded import EmbeddedPostgres
 from anonproxy.policy.yaml_policy import apply_policy, demo_policy
+from anonproxy.views.hierarchies import load_adult_hierarchies
 
 # Roles that exercise each authentication method the proxy must relay.
 AUTH_ROLES = {"scram_user": "scram-sha-256", "md5_user": "md5", "trust_user": "trust"}
@@ -85,6 +86,7 @@ def pg_template(pg_server: EmbeddedPostgres) -> Iterator[NoopExecutor]:
         with psycopg.connect(pg_server.conninfo(dbname=executor.template_dbname)) as conn:
             schema.install(conn)
             sample_data.load_adult(conn)
+            load_adult_hierarchies(conn)
             demo.create_demo_roles(conn, executor.template_dbname)
         yield executor
 
