@@ -1,8 +1,580 @@
--- Migration 0010: composition audit of releases (issue 6).
--- PLACEHOLDER being replaced by the composition work: check_composition
--- reports no finding until the audit lands.
+-- Migration 0010: the composition audit of releases and the guard that runs it
+-- when a release is created (issue 6; seed 002 Alg. 1; docs/composition.md).
+--
+-- The intersection attack: a person known to be in several releases is located
+-- in each of them by their true QI values (every equivalence class whose
+-- generalized cells cover those values; the nearest centroid for
+-- microaggregation), and the sets of sensitive values of the classes found are
+-- intersected. Everything is set-based: persons with equal QI values are one
+-- "tuple", located once per release by a hash join.
+--
+-- Temporary tables (pg_temp._ap_comp_*, dropped at commit) carry the work
+-- between the steps:
+--   _ap_comp_release  the releases audited, from the registry, j = 1..n
+--   _ap_comp_t        distinct QI tuples of the overlap, with their persons
+--   _ap_comp_ec       one release's equivalence classes (cells, size, sensitive set)
+--   _ap_comp_cover    which tuple values each generalized cell covers, per QI
+--   _ap_comp_match    (tuple, class) pairs where the class covers the tuple
+--   _ap_comp_located  per release and tuple: sensitive set and partition size
+--   _ap_comp_result   per tuple located in every release: EA per release, ÊA, the intersection
 
+create table anonproxy.composition_settings (
+    singleton boolean primary key default true check (singleton),
+    max_pvp_100 numeric not null default 0 check (max_pvp_100 >= 0 and max_pvp_100 <= 100),
+    action text not null default 'warn' check (action in ('off', 'warn', 'refuse'))
+);
+comment on table anonproxy.composition_settings is
+    'Guard of anonproxy.create_anonymized_view: a new release whose combination with the other releases of its '
+    'source lets more than max_pvp_100 % of the overlap be inferred with certainty is warned about or refused.';
+insert into anonproxy.composition_settings default values;
+grant select on anonproxy.composition_settings to public;
+
+-- Drop the named temporary tables of a previous run in this session, quietly.
+create function anonproxy._composition_drop(variadic names text[])
+returns void
+language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    name text;
+begin
+    foreach name in array names loop
+        if to_regclass('pg_temp.' || quote_ident(name)) is not null then
+            execute format('drop table pg_temp.%I', name);
+        end if;
+    end loop;
+end
+$$;
+
+-- The SQL expression (over alias) that names a person of src: the privacy-unit
+-- column, else the primary key; null when src has neither.
+create function anonproxy._composition_key(src regclass, unit text, alias text)
+returns text
+language plpgsql stable
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    cols text[];
+begin
+    if unit is not null then
+        return format('%I.%I::text', alias, unit);
+    end if;
+    select array_agg(format('%I.%I', alias, a.attname) order by k.ord) into cols
+    from pg_index i
+    cross join lateral unnest(i.indkey::int2[]) with ordinality k(attnum, ord)
+    join pg_attribute a on a.attrelid = i.indrelid and a.attnum = k.attnum
+    where i.indrelid = src and i.indisprimary;
+    if cols is null then
+        return null;
+    elsif cardinality(cols) = 1 then
+        return cols[1] || '::text';
+    end if;
+    return format('row(%s)::text', array_to_string(cols, ', '));
+end
+$$;
+
+-- The hierarchy a release used for column col (views-internals.md: the
+-- hierarchies argument, else '<table>.<column>'), or null.
+create function anonproxy._composition_hierarchy(release_source text, parameters jsonb, col text)
+returns text
+language plpgsql stable
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    candidate text := coalesce(parameters -> 'hierarchies' ->> col,
+                          (parse_ident(release_source))[cardinality(parse_ident(release_source))] || '.' || col);
+begin
+    if to_regclass('anonproxy.hierarchy_nodes') is null then
+        return null;
+    end if;
+    return (select h.name from anonproxy.hierarchies h where h.name = candidate);
+end
+$$;
+
+-- Fill pg_temp._ap_comp_match for release j of a generalized method: the
+-- (tuple, class) pairs where every cell of the class covers the tuple's value.
+create function anonproxy._composition_locate_generalized(j integer)
+returns void
+language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    r record;
+    qis text[];
+    i integer;
+    col text;
+    hierarchy text;
+    is_numeric boolean;
+    tuples bigint := (select count(*) from pg_temp._ap_comp_t);
+    n_cols text := '';
+    f_cols text := '';
+    stat_joins text := '';
+    chosen integer[] := '{}';
+    best record;
+    current_cost float8;
+    key_cols text := '';
+    key_joins text := '';
+    probe text := 'true';
+    filters text := '';
+begin
+    select * into r from pg_temp._ap_comp_release where _ap_comp_release.j = _composition_locate_generalized.j;
+    qis := r.quasi_identifiers;
+    truncate pg_temp._ap_comp_cover, pg_temp._ap_comp_dom;
+    for i in 1 .. cardinality(qis) loop
+        col := qis[i];
+        is_numeric := col = any (r.numeric_qis);
+        hierarchy := anonproxy._composition_hierarchy(r.source, r.parameters, col);
+        execute format(
+            'insert into pg_temp._ap_comp_dom (qi, v, tuples)
+             select %s, %I::text, count(*) from pg_temp._ap_comp_t where %2$I is not null group by 2',
+            i, col);
+        -- A cell covers a value when it is the value, '*', a set holding it, a
+        -- numeric range or number containing it, or a hierarchy node above it.
+        execute format(
+            $q$insert into pg_temp._ap_comp_cover (qi, v, cell)
+               with cells as (select distinct %2$I::text as cell from pg_temp._ap_comp_ec where %2$I is not null),
+                    dom as (select v from pg_temp._ap_comp_dom where qi = %1$s)
+               select %1$s, d.v, c.cell from cells c join dom d on d.v = c.cell
+               union
+               select %1$s, d.v, c.cell from cells c cross join dom d where c.cell = '*'
+               union
+               select %1$s, d.v, c.cell
+               from cells c
+               cross join lateral unnest(case when c.cell like '{%%}' then c.cell::text[] end) m(v)
+               join dom d on d.v = m.v$q$
+            || case when hierarchy is null then '' else
+            $q$ union
+               select %1$s, d.v, c.cell
+               from cells c
+               join anonproxy.hierarchy_nodes h on h.hierarchy = %3$L and h.node = c.cell
+               join dom d on d.v = h.leaf$q$ end
+            || case when not is_numeric then '' else
+            $q$ union
+               select %1$s, d.v, c.cell
+               from (select cell, regexp_match(cell, '^(-?[0-9]+(?:\.[0-9]+)?)(?:-(-?[0-9]+(?:\.[0-9]+)?))?$') as b
+                     from cells) c
+               join dom d on d.v::numeric between c.b[1]::numeric and coalesce(c.b[2], c.b[1])::numeric
+               where c.b is not null$q$ end,
+            i, col, hierarchy);
+        -- Per class and QI: how many tuple values its cell covers (the rows it
+        -- adds to the join key) and the share of tuples it covers.
+        n_cols := n_cols || format(', coalesce(s%s.n, 0)', i);
+        f_cols := f_cols || format(', coalesce(s%s.f, 0)', i);
+        stat_joins := stat_joins || format(
+            ' left join cell_stats s%1$s on s%1$s.qi = %1$s and s%1$s.cell = e.%2$I::text', i, col);
+    end loop;
+    analyze pg_temp._ap_comp_cover;
+    analyze pg_temp._ap_comp_dom;
+
+    perform anonproxy._composition_drop('_ap_comp_ecstat');
+    execute format(
+        'create temp table _ap_comp_ecstat on commit drop as
+         with cell_stats as (
+             select c.qi, c.cell, count(*)::float8 as n, sum(d.tuples)::float8 / greatest(%s, 1) as f
+             from pg_temp._ap_comp_cover c join pg_temp._ap_comp_dom d using (qi, v)
+             group by c.qi, c.cell)
+         select e.ec, array[%s]::float8[] as n, array[%s]::float8[] as f, 1::float8 as pn, 1::float8 as pf
+         from pg_temp._ap_comp_ec e %s',
+        tuples, substr(n_cols, 3), substr(f_cols, 3), stat_joins);
+
+    -- Greedy choice of the QIs whose exploded cells form the hash-join key:
+    -- cost = rows of the key table + candidate (tuple, class) pairs, the
+    -- latter estimated as if the QIs were independent.
+    current_cost := tuples::float8 * (select count(*) from pg_temp._ap_comp_ec);
+    loop
+        select q, sum(s.pn * s.n[q]) + tuples * sum(s.pf * s.f[q]) as cost into best
+        from pg_temp._ap_comp_ecstat s cross join generate_series(1, cardinality(qis)) q
+        where q <> all (chosen)
+        group by q order by 2, 1 limit 1;
+        exit when best is null or best.q is null or best.cost >= current_cost;
+        chosen := chosen || best.q;
+        current_cost := best.cost;
+        update pg_temp._ap_comp_ecstat set pn = pn * n[best.q], pf = pf * f[best.q];
+    end loop;
+    update pg_temp._ap_comp_release
+    set key_qis = array(select qis[q] from unnest(chosen) q)
+    where _ap_comp_release.j = _composition_locate_generalized.j;
+
+    for i in 1 .. cardinality(qis) loop
+        col := qis[i];
+        if i = any (chosen) then
+            key_cols := key_cols || format(', k%s.v as k%1$s', i);
+            key_joins := key_joins || format(
+                ' join pg_temp._ap_comp_cover k%1$s on k%1$s.qi = %1$s and k%1$s.cell = e.%2$I::text', i, col);
+            probe := probe || format(' and k.k%s = t.%I::text', i, col);
+        else
+            filters := filters || format(
+                ' join pg_temp._ap_comp_cover f%1$s on f%1$s.qi = %1$s and f%1$s.v = t.%2$I::text
+                                                    and f%1$s.cell = e.%2$I::text', i, col);
+        end if;
+    end loop;
+    perform anonproxy._composition_drop('_ap_comp_key');
+    execute format('create temp table _ap_comp_key on commit drop as select e.ec%s from pg_temp._ap_comp_ec e%s',
+                   key_cols, key_joins);
+    analyze pg_temp._ap_comp_key;
+    truncate pg_temp._ap_comp_match;
+    execute format(
+        'insert into pg_temp._ap_comp_match (t, ec)
+         select t.t, e.ec
+         from pg_temp._ap_comp_t t
+         join pg_temp._ap_comp_key k on %s
+         join pg_temp._ap_comp_ec e on e.ec = k.ec%s',
+        probe, filters);
+end
+$$;
+
+-- Fill pg_temp._ap_comp_match for release j of a microaggregation method: each
+-- tuple goes to its nearest centroid(s) (ties keep all). Numeric QIs are
+-- standardized by their spread over the overlap; a categorical QI adds 1 when
+-- the class's value differs.
+create function anonproxy._composition_locate_centroid(j integer)
+returns void
+language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    r record;
+    col text;
+    spread float8;
+    distance text := '0';
+begin
+    select * into r from pg_temp._ap_comp_release where _ap_comp_release.j = _composition_locate_centroid.j;
+    foreach col in array r.quasi_identifiers loop
+        if col = any (r.centroid_qis) then
+            execute format(
+                'select coalesce(nullif(sqrt(greatest(sum(w * x * x) / sum(w) - (sum(w * x) / sum(w))^2, 0)), 0), 1)
+                 from (select %I::float8 as x, cardinality(persons)::float8 as w from pg_temp._ap_comp_t) s', col)
+                into spread;
+            distance := distance || format(' + ((t.%1$I::float8 - e.%1$I::float8) / %2$s)^2', col, spread);
+        else
+            distance := distance || format(' + (t.%1$I::text is distinct from e.%1$I::text)::integer', col);
+        end if;
+    end loop;
+    truncate pg_temp._ap_comp_match;
+    execute format(
+        'insert into pg_temp._ap_comp_match (t, ec)
+         select t, ec from (
+             select t.t, e.ec, rank() over (partition by t.t order by %s) as nearest
+             from pg_temp._ap_comp_t t cross join pg_temp._ap_comp_ec e) d
+         where nearest = 1', distance);
+end
+$$;
+
+-- Run the intersection attack on releases (at least two registered release
+-- tables). Persons are those in the source of every release (by privacy unit,
+-- else primary key; by row when every release has the same source and it has
+-- neither); their true QI values come from source (default: the source of the
+-- first release). Leaves the findings in pg_temp._ap_comp_release and
+-- pg_temp._ap_comp_result.
+create function anonproxy._composition_attack(releases regclass[], source regclass)
+returns void
+language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    n integer := cardinality(releases);
+    r record;
+    problem text;
+    person_table regclass;
+    person_key text;
+    release_key text;
+    qis text[];
+    filters text := '';
+    cells text;
+begin
+    if n is null or n < 2 then
+        raise exception using errcode = '22023', message = 'a composition needs at least two releases',
+            hint = 'pass an array of two or more release tables';
+    end if;
+    if array_position(releases, null) is not null
+       or (select count(distinct x) from unnest(releases) x) < n then
+        raise exception using errcode = '22023', message = 'the releases must be distinct and not null';
+    end if;
+
+    perform anonproxy._composition_drop('_ap_comp_release', '_ap_comp_t', '_ap_comp_ec', '_ap_comp_dom',
+                                        '_ap_comp_cover', '_ap_comp_match', '_ap_comp_located', '_ap_comp_result');
+    create temp table _ap_comp_release on commit drop as
+    select o.j::integer as j, o.rel, g.id, g.source, to_regclass(g.source) as source_table, g.method,
+           g.quasi_identifiers, g.sensitive, g.unit, g.parameters,
+           null::text[] as numeric_qis, null::text[] as centroid_qis, null::text[] as key_qis,
+           null::integer as classes
+    from unnest(releases) with ordinality o(rel, j)
+    left join anonproxy.releases g on to_regclass(g.target) = o.rel;
+
+    select rel into r from pg_temp._ap_comp_release where id is null order by j limit 1;
+    if found then
+        raise exception using errcode = '42704', message = format('%s is not a registered release', r.rel),
+            hint = 'releases are the tables anonproxy.create_anonymized_view recorded in anonproxy.releases';
+    end if;
+    select rel into r from pg_temp._ap_comp_release where sensitive is null order by j limit 1;
+    if found then
+        raise exception using errcode = '22023',
+            message = format('release %s has no sensitive attribute: there is nothing to intersect', r.rel);
+    end if;
+    if (select count(distinct sensitive) from pg_temp._ap_comp_release) > 1 then
+        raise exception using errcode = '22023',
+            message = format('the releases publish different sensitive attributes (%s)',
+                             (select string_agg(distinct sensitive, ', ') from pg_temp._ap_comp_release));
+    end if;
+    select c.rel, c.source into r from pg_temp._ap_comp_release c where c.source_table is null order by c.j limit 1;
+    if found then
+        raise exception using errcode = '42P01',
+            message = format('source table %s of release %s does not exist', r.source, r.rel);
+    end if;
+
+    person_table := coalesce(source, (select source_table from pg_temp._ap_comp_release where j = 1));
+    select array_agg(q order by first_j, first_i) into qis
+    from (select q, min(j) as first_j, min(i) as first_i
+          from pg_temp._ap_comp_release, unnest(quasi_identifiers) with ordinality u(q, i) group by q) s;
+    select q into problem from unnest(qis) q
+    where not exists (select from pg_attribute a
+                      where a.attrelid = person_table and a.attname = q and a.attnum > 0 and not a.attisdropped)
+    limit 1;
+    if problem is not null then
+        raise exception using errcode = '42703',
+            message = format('column %I of the releases'' quasi-identifiers is not in %s', problem, person_table);
+    end if;
+
+    -- A QI is numeric (ranges, centroids) when the person table stores it as a number.
+    update pg_temp._ap_comp_release c
+    set numeric_qis = array(select q from unnest(c.quasi_identifiers) q
+                            join pg_attribute a on a.attrelid = person_table and a.attname = q
+                            where format_type(a.atttypid, null) in ('smallint', 'integer', 'bigint', 'numeric',
+                                                                    'real', 'double precision'));
+    -- Microaggregation publishes centroids in numeric columns of the release.
+    update pg_temp._ap_comp_release c
+    set centroid_qis = array(select q from unnest(c.quasi_identifiers) q
+                             join pg_attribute a on a.attrelid = c.rel and a.attname = q
+                             where format_type(a.atttypid, null) in ('smallint', 'integer', 'bigint', 'numeric',
+                                                                     'real', 'double precision'))
+    where c.method in ('mdav', 'tclose_first');
+
+    -- The overlap: persons of person_table present in the source of every release.
+    person_key := anonproxy._composition_key(person_table,
+                                             (select unit from pg_temp._ap_comp_release where j = 1), 'p');
+    for r in select distinct source_table, unit from pg_temp._ap_comp_release loop
+        release_key := anonproxy._composition_key(r.source_table, r.unit, 's');
+        if person_key is null or release_key is null then
+            if exists (select from pg_temp._ap_comp_release where source_table <> person_table) then
+                raise exception using errcode = '55000',
+                    message = format('cannot tell which persons of %s are in the other releases: '
+                                     'it has no privacy unit and no primary key',
+                                     case when person_key is null then person_table else r.source_table end),
+                    hint = 'give the source tables a primary key, or create the releases with a privacy unit';
+            end if;
+            person_key := 'p.ctid::text';
+            filters := '';
+            exit;
+        end if;
+        if r.source_table <> person_table or release_key <> replace(person_key, 'p.', 's.') then
+            filters := filters || format(' and exists (select from %s s where %s = %s)',
+                                         r.source_table, release_key, person_key);
+        end if;
+    end loop;
+
+    select string_agg(format('p.%I', q), ', ') into cells from unnest(qis) q;
+    execute format(
+        'create temp table _ap_comp_t on commit drop as
+         select (row_number() over ())::integer as t, %1$s, array_agg(distinct %2$s) as persons
+         from %3$s p where true%4$s group by %1$s',
+        cells, person_key, person_table, filters);
+    analyze pg_temp._ap_comp_t;
+
+    create temp table _ap_comp_dom (qi integer, v text, tuples bigint, primary key (qi, v)) on commit drop;
+    create temp table _ap_comp_cover (qi integer, v text, cell text, primary key (qi, cell, v)) on commit drop;
+    create temp table _ap_comp_match (t integer, ec integer) on commit drop;
+    create temp table _ap_comp_located (j integer, t integer, size integer, sens text[]) on commit drop;
+
+    for r in select * from pg_temp._ap_comp_release order by j loop
+        select string_agg(format('%I', q), ', ') into cells from unnest(r.quasi_identifiers) q;
+        perform anonproxy._composition_drop('_ap_comp_ec');
+        execute format(
+            'create temp table _ap_comp_ec on commit drop as
+             select (row_number() over ())::integer as ec, %1$s, count(*)::integer as size,
+                    array_agg(distinct %2$I::text) filter (where %2$I is not null) as sens
+             from %3$s group by %1$s',
+            cells, r.sensitive, r.rel);
+        analyze pg_temp._ap_comp_ec;
+        update pg_temp._ap_comp_release set classes = (select count(*) from pg_temp._ap_comp_ec)
+        where j = r.j;
+        if r.method in ('mdav', 'tclose_first') then
+            perform anonproxy._composition_locate_centroid(r.j);
+        else
+            perform anonproxy._composition_locate_generalized(r.j);
+        end if;
+        -- The person's possible values in this release: every class found (one,
+        -- unless cells overlap); size counts each class once (ordinality 1).
+        insert into pg_temp._ap_comp_located (j, t, size, sens)
+        select r.j, m.t, sum(e.size) filter (where s.o = 1), array_agg(distinct s.v)
+        from pg_temp._ap_comp_match m
+        join pg_temp._ap_comp_ec e on e.ec = m.ec
+        cross join lateral unnest(e.sens) with ordinality s(v, o)
+        group by m.t;
+    end loop;
+    analyze pg_temp._ap_comp_located;
+
+    create temp table _ap_comp_result on commit drop as
+    with located as (
+        select l.t, array_agg(cardinality(l.sens) order by l.j) as prior_ea, array_agg(l.size order by l.j) as sizes
+        from pg_temp._ap_comp_located l group by l.t having count(*) = n),
+    common as (
+        select t, array_agg(v order by v) as possible
+        from (select l.t, v from pg_temp._ap_comp_located l cross join unnest(l.sens) v
+              group by l.t, v having count(*) = n) s
+        group by t)
+    select l.t, t.persons, l.prior_ea, l.sizes, coalesce(c.possible, '{}') as possible,
+           coalesce(cardinality(c.possible), 0) as posterior_ea
+    from located l join pg_temp._ap_comp_t t on t.t = l.t left join common c on c.t = l.t;
+end
+$$;
+
+-- One row per person of the overlap located in every release: effective
+-- anonymity in each release (EA_ij, in the order given), partition sizes, the
+-- posterior ÊA_i = |∩ s_ij|, the drop min_j EA_ij − ÊA_i, the confidence 1/ÊA_i
+-- and the values left.
+create function anonproxy.composition_persons(releases regclass[], source regclass default null)
+returns table (person text, prior_ea integer[], partition_size integer[], posterior_ea integer,
+               anonymity_drop integer, confidence numeric, possible_values text[])
+language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    perform anonproxy._composition_attack(releases, source);
+    return query
+    select p, r.prior_ea, r.sizes, r.posterior_ea,
+           (select min(x) from unnest(r.prior_ea) x) - r.posterior_ea,
+           case when r.posterior_ea > 0 then round(1.0 / r.posterior_ea, 4) end,
+           r.possible
+    from pg_temp._ap_comp_result r cross join unnest(r.persons) p
+    order by p;
+end
+$$;
+
+-- The attack summarized (docs/composition.md): per release k, classes,
+-- average partition size and EA over the located overlap; the overlap, how
+-- many were located in every release, average prior and posterior effective
+-- anonymity, average drop, the share with a drop (vulnerable), the ÊA
+-- distribution and PVP_C for C = 100 %, 50 %, 33 %, 25 %.
+create function anonproxy.composition_risk(releases regclass[], source regclass default null)
+returns jsonb
+language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    summary jsonb;
+begin
+    perform anonproxy._composition_attack(releases, source);
+    with weighted as (
+        select cardinality(r.persons)::numeric as w, r.prior_ea, r.sizes, r.posterior_ea,
+               (select min(x) from unnest(r.prior_ea) x) - r.posterior_ea as drop
+        from pg_temp._ap_comp_result r),
+    totals as (
+        select sum(w) as located, sum(w * posterior_ea) as posterior, sum(w * drop) as drop,
+               sum(w) filter (where drop > 0) as vulnerable,
+               sum(w) filter (where posterior_ea = 1) as c100, sum(w) filter (where posterior_ea between 1 and 2) as c50,
+               sum(w) filter (where posterior_ea between 1 and 3) as c33,
+               sum(w) filter (where posterior_ea between 1 and 4) as c25,
+               sum(w * (select min(x) from unnest(prior_ea) x)) as min_prior
+        from weighted),
+    per_release as (
+        select jsonb_agg(jsonb_build_object(
+                   'release', c.rel::text, 'id', c.id, 'method', c.method, 'k', c.parameters -> 'k',
+                   'classes', c.classes, 'key_qis', to_jsonb(c.key_qis),
+                   'avg_partition_size', (select round(sum(w * sizes[c.j]) / nullif(sum(w), 0), 3) from weighted),
+                   'avg_prior_ea', (select round(sum(w * prior_ea[c.j]) / nullif(sum(w), 0), 3) from weighted))
+                   order by c.j) as releases
+        from pg_temp._ap_comp_release c),
+    distribution as (
+        select coalesce(jsonb_object_agg(posterior_ea, persons order by posterior_ea), '{}') as d
+        from (select posterior_ea, sum(w) as persons from weighted group by posterior_ea) s)
+    select jsonb_build_object(
+        'releases', p.releases,
+        'overlap', (select coalesce(sum(cardinality(persons)), 0) from pg_temp._ap_comp_t),
+        'located', coalesce(t.located, 0),
+        'avg_min_prior_ea', round(t.min_prior / t.located, 3),
+        'avg_posterior_ea', round(t.posterior / t.located, 3),
+        'avg_drop', round(t.drop / t.located, 3),
+        'vulnerable_pct', round(100 * coalesce(t.vulnerable, 0) / t.located, 2),
+        'posterior_ea_distribution', d.d,
+        'pvp', jsonb_build_object(
+            '100', round(100 * coalesce(t.c100, 0) / t.located, 2),
+            '50', round(100 * coalesce(t.c50, 0) / t.located, 2),
+            '33', round(100 * coalesce(t.c33, 0) / t.located, 2),
+            '25', round(100 * coalesce(t.c25, 0) / t.located, 2)))
+    into summary
+    from totals t, per_release p, distribution d;
+    return summary;
+end
+$$;
+
+-- The guard create_anonymized_view calls once release_id is recorded: the
+-- attack on the new release together with every other release of the same
+-- source and sensitive attribute. The finding goes to releases.composition.
+-- Above the configured PVP_100 % the guard warns, or refuses (SQLSTATE APC01,
+-- which rolls the whole creation back) unless force, which is recorded.
 create or replace function anonproxy.check_composition(release_id bigint, force boolean)
 returns jsonb
-language sql
-as $$ select null::jsonb $$;
+language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    settings anonproxy.composition_settings;
+    created record;
+    others regclass[];
+    risk jsonb;
+    finding jsonb;
+    certain numeric;
+    exceeded boolean;
+    message text;
+    detail text;
+begin
+    select * into created from anonproxy.releases where id = release_id;
+    if not found then
+        raise exception using errcode = '42704', message = format('release %s is not registered', release_id);
+    end if;
+    select * into settings from anonproxy.composition_settings;
+    if not found then
+        settings := row(true, 0, 'warn')::anonproxy.composition_settings;
+    end if;
+    if settings.action = 'off' or created.sensitive is null then
+        return null;
+    end if;
+    select array_agg(to_regclass(g.target) order by g.id) into others
+    from anonproxy.releases g
+    where g.source = created.source and g.id <> created.id and g.sensitive = created.sensitive
+      and to_regclass(g.target) is not null;
+    if others is null then
+        finding := jsonb_build_object('releases', jsonb_build_array(created.target), 'risk', null,
+                                      'max_pvp_100', settings.max_pvp_100, 'action', settings.action,
+                                      'exceeded', false, 'forced', false);
+    else
+        risk := anonproxy.composition_risk(to_regclass(created.target) || others, to_regclass(created.source));
+        certain := coalesce((risk -> 'pvp' ->> '100')::numeric, 0);
+        exceeded := certain > settings.max_pvp_100;
+        finding := jsonb_build_object(
+            'releases', (select jsonb_agg(x ->> 'release') from jsonb_array_elements(risk -> 'releases') x),
+            'risk', risk, 'max_pvp_100', settings.max_pvp_100, 'action', settings.action,
+            'exceeded', exceeded, 'forced', exceeded and coalesce(force, false));
+        message := format('composition risk: %s combined with %s reveals %s exactly for %s %% of the %s people '
+                          'they share (limit %s %%)',
+                          created.target, (select string_agg(o::text, ', ') from unnest(others) o),
+                          created.sensitive, certain, risk -> 'located', settings.max_pvp_100);
+        detail := format('PVP at 100/50/33/25 %% confidence: %s/%s/%s/%s %%; average drop in effective anonymity %s',
+                         risk -> 'pvp' ->> '100', risk -> 'pvp' ->> '50', risk -> 'pvp' ->> '33',
+                         risk -> 'pvp' ->> '25', risk ->> 'avg_drop');
+        if exceeded and settings.action = 'refuse' and not coalesce(force, false) then
+            raise exception using errcode = 'APC01', message = message, detail = detail,
+                hint = 'generalize further (larger k, l or t), drop an older release, or pass force => true '
+                       'to create it anyway (recorded in anonproxy.releases.forced)';
+        elsif exceeded then
+            raise warning using message = message, detail = detail,
+                hint = case when force then 'created anyway: force => true is recorded in anonproxy.releases.forced'
+                            else 'see anonproxy.composition_risk() and docs/composition.md' end;
+        end if;
+    end if;
+    update anonproxy.releases
+    set composition = finding, forced = forced or (finding ->> 'forced')::boolean
+    where id = release_id;
+    return finding;
+end
+$$;
