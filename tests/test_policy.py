@@ -369,10 +369,11 @@ YAML_ERRORS = [
     ("roles: {reporter: {mode: suppress, suppressed_rest: maybe}}",
      "roles.reporter.suppressed_rest: must be true or false, got 'maybe'"),
     ("roles: {reporter: {mode: suppress, kk: 5}}",
-     "roles.reporter: unknown key 'kk' (expected mode, k, dominance, p_percent, suppressed_rest, allow_min_max)"),
+     ("roles.reporter: unknown key 'kk' (expected mode, k, dominance, p_percent, suppressed_rest, allow_min_max, "
+      "budgets)")),
     ("roles: {reporter: suppress}",
      ("roles.reporter: must be a mapping with keys mode, k, dominance, p_percent, suppressed_rest, allow_min_max, "
-     "got str")),
+     "budgets, got str")),
     ("tables: {adult: {unit: id}}", "tables.adult: table names must be schema-qualified, like public.adult"),
     ("tables: {public.adult: {columns: {}}}", "tables.public.adult.unit: is required"),
     ("tables: {public.adult: {unit: id, columns: {age: {kind: qi}}}}",
@@ -402,10 +403,10 @@ YAML_ERRORS = [
      "links.public.visits.column: is required"),
     ("tables: {public.people: {unit: id}}\nlinks: {public.people: {column: id, references: public.people}}",
      "links.public.people: a table cannot be both protected (under tables) and linked"),
-    ("tabels: {}", "policy: unknown key 'tabels' (expected service_role, tables, links, roles)"),
+    ("tabels: {}", "policy: unknown key 'tabels' (expected service_role, tables, links, roles, published)"),
     ("service_role: ''", "service_role: must be a non-empty string, got ''"),
     ("tables: [public.adult]", "tables: must be a mapping of names, got list"),
-    ("", "policy: must be a mapping with keys service_role, tables, links, roles, got nothing"),
+    ("", "policy: must be a mapping with keys service_role, tables, links, roles, published, got nothing"),
     ("roles: {reporter: {mode: dp}, reporter: {mode: direct}}", "found duplicate key 'reporter'"),
     ("roles: {reporter: {mode: dp}", "policy: not valid YAML"),
 ]

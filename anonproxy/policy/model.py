@@ -7,6 +7,7 @@ sql/0002_policy.sql); this module only describes what was read from them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Literal
 
 Mode = Literal["direct", "suppress", "dp", "deny"]
@@ -27,12 +28,22 @@ class ColumnPolicy:
 
 
 @dataclass(frozen=True)
+class SharedBudget:
+    """A cap on what all roles together may spend on a protected table (sql/0003_ledger.sql)."""
+
+    epsilon: Decimal
+    delta: Decimal = Decimal(0)
+    refresh_period: str | None = None  # a PostgreSQL interval ("7 days"); None: spending never comes back
+
+
+@dataclass(frozen=True)
 class ProtectedTable:
     """A table whose rows belong to people; ``unit_column`` identifies the person."""
 
     name: str  # schema-qualified, lower case: "public.adult"
     unit_column: str
     columns: dict[str, ColumnPolicy] = field(default_factory=dict)
+    shared_budget: SharedBudget | None = None
 
 
 @dataclass(frozen=True)
@@ -57,10 +68,30 @@ class SuppressionParams:
 
 
 @dataclass(frozen=True)
+class Budget:
+    """What a role in mode dp may spend on one protected table (its privacy-unit domain)."""
+
+    epsilon: Decimal  # in all (per refresh period, if there is one)
+    delta: Decimal = Decimal(0)
+    refresh_period: str | None = None  # a PostgreSQL interval ("1 day"); None: spending never comes back
+    epsilon_per_query: Decimal | None = None  # the default cost of one query; None: the proxy's default
+    delta_per_query: Decimal | None = None
+
+
+@dataclass(frozen=True)
 class RolePolicy:
     role: str
     mode: Mode = "direct"
     suppression: SuppressionParams = field(default_factory=SuppressionParams)
+    budgets: dict[str, Budget] = field(default_factory=dict)  # by protected table
+
+
+@dataclass(frozen=True)
+class PublishedRelation:
+    """An already anonymized relation (a release) that the listed suppress and dp roles read row by row."""
+
+    name: str  # "public.adult_k10"
+    roles: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -70,6 +101,7 @@ class Policy:
     links: dict[str, LinkedTable] = field(default_factory=dict)
     roles: dict[str, RolePolicy] = field(default_factory=dict)
     service_role: str = DEFAULT_SERVICE_ROLE  # the role of the proxy's service connection
+    published: dict[str, PublishedRelation] = field(default_factory=dict)
 
     def role(self, name: str) -> RolePolicy:
         """A role's policy; roles the policy does not name are direct (PostgreSQL's grants decide)."""

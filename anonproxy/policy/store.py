@@ -1,4 +1,4 @@
-"""Read the policy from the tables of migration 0002 (sql/0002_policy.sql).
+"""Read the policy from its tables: migrations 0002 (tables, roles), 0003 (budgets), 0011 (published relations).
 
 The whole policy is read by one statement, so the version and the contents come
 from the same snapshot. A database without those tables has the empty policy:
@@ -10,17 +10,21 @@ new policy version, sent when the transaction that changed the policy commits.
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any
 
 import psycopg
 
 from .model import (
     DEFAULT_SERVICE_ROLE,
+    Budget,
     ColumnPolicy,
     LinkedTable,
     Policy,
     ProtectedTable,
+    PublishedRelation,
     RolePolicy,
+    SharedBudget,
     SuppressionParams,
 )
 
@@ -57,7 +61,19 @@ select pg_catalog.json_build_object(
                        where pg_catalog.format('%I.%I', n.nspname, r.relname) = c.table_name
                          and a.attname = c.column_name
                   ) a on true),
-    'roles', (select pg_catalog.json_agg(r order by r.role_name) from anonproxy.role_policies r)
+    'roles', (select pg_catalog.json_agg(r order by r.role_name) from anonproxy.role_policies r),
+    -- Amounts as text: JSON numbers would come back as floats, and budgets are exact.
+    'budgets', (select pg_catalog.json_agg(pg_catalog.json_build_object(
+                    'role_name', b.role_name, 'domain', b.domain, 'epsilon', b.epsilon::text, 'delta', b.delta::text,
+                    'refresh_period', b.refresh_period::text, 'epsilon_per_query', b.epsilon_per_query::text,
+                    'delta_per_query', b.delta_per_query::text)
+                    order by b.role_name, b.domain)
+                  from anonproxy.budgets b),
+    'shared_budgets', (select pg_catalog.json_agg(pg_catalog.json_build_object(
+                           'domain', s.domain, 'epsilon', s.epsilon::text, 'delta', s.delta::text,
+                           'refresh_period', s.refresh_period::text))
+                         from anonproxy.shared_budgets s),
+    'published', (select pg_catalog.json_agg(p order by p.relation_name) from anonproxy.published_relations p)
 )
 """
 
@@ -99,10 +115,24 @@ def policy_from_json(doc: dict[str, Any]) -> Policy:
             upper=_float(row["upper_bound"]),
             domain=None if row["domain"] is None else tuple(row["domain"]),
         )
+    shared = {
+        row["domain"]: SharedBudget(Decimal(row["epsilon"]), Decimal(row["delta"]), row["refresh_period"])
+        for row in doc["shared_budgets"] or ()
+    }
     tables = {
-        row["table_name"]: ProtectedTable(row["table_name"], row["unit_column"], columns.get(row["table_name"], {}))
+        row["table_name"]: ProtectedTable(row["table_name"], row["unit_column"], columns.get(row["table_name"], {}),
+                                          shared.get(row["table_name"]))
         for row in doc["tables"] or ()
     }
+    budgets: dict[str, dict[str, Budget]] = {}
+    for row in doc["budgets"] or ():
+        budgets.setdefault(row["role_name"], {})[row["domain"]] = Budget(
+            epsilon=Decimal(row["epsilon"]),
+            delta=Decimal(row["delta"]),
+            refresh_period=row["refresh_period"],
+            epsilon_per_query=_decimal(row["epsilon_per_query"]),
+            delta_per_query=_decimal(row["delta_per_query"]),
+        )
     links = {
         row["table_name"]: LinkedTable(
             name=row["table_name"],
@@ -125,10 +155,16 @@ def policy_from_json(doc: dict[str, Any]) -> Policy:
                 suppressed_rest=row["suppressed_rest"],
                 allow_min_max=row["allow_min_max"],
             ),
+            budgets=budgets.get(row["role_name"], {}),
         )
         for row in doc["roles"] or ()
     }
-    return Policy(version=doc["version"], tables=tables, links=links, roles=roles, service_role=doc["service_role"])
+    published = {
+        row["relation_name"]: PublishedRelation(row["relation_name"], tuple(row["roles"]))
+        for row in doc["published"] or ()
+    }
+    return Policy(version=doc["version"], tables=tables, links=links, roles=roles, service_role=doc["service_role"],
+                  published=published)
 
 
 def _scalar(row: tuple[Any, ...] | None) -> Any:
@@ -138,3 +174,7 @@ def _scalar(row: tuple[Any, ...] | None) -> Any:
 
 def _float(value: float | None) -> float | None:
     return None if value is None else float(value)
+
+
+def _decimal(value: str | None) -> Decimal | None:
+    return None if value is None else Decimal(value)

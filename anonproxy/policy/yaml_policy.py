@@ -4,6 +4,7 @@
     tables:
       public.adult:
         unit: id
+        shared_budget: {epsilon: 20, delta: 0.0001, refresh_period: 30 days}
         columns:
           age: {kind: quasi_identifier, lower: 17, upper: 90}
           sex: {kind: quasi_identifier, domain: [Female, Male]}
@@ -11,12 +12,17 @@
       public.visits: {column: person_id, references: public.people}
     roles:
       reporter: {mode: suppress, k: 10, dominance: {n: 2, percent: 85}, suppressed_rest: true}
-      analyst: {mode: dp}
+      analyst:
+        mode: dp
+        budgets:
+          public.adult: {epsilon: 10, delta: 0.00001, epsilon_per_query: 0.5, delta_per_query: 0.0000001}
+    published:
+      public.adult_k10: {roles: [reporter, analyst]}
 
 Parsing checks shape and ranges and names the offending path
 (``roles.reporter.k: must be an integer ≥ 2, got 1``). ``apply_policy`` then
-replaces the whole policy through the SQL functions of sql/0002_policy.sql in
-one transaction, so the database has the last word on tables, columns and
+replaces the whole policy through the SQL functions of sql/0002_policy.sql,
+0003_ledger.sql (budgets) and 0011_published_relations.sql in one transaction, so the database has the last word on tables, columns and
 roles, and a refusal leaves the previous policy in force.
 """
 
@@ -24,6 +30,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
+from decimal import Decimal
 from importlib.resources import files
 from pathlib import Path
 from typing import Any, TypeVar, cast
@@ -35,24 +42,32 @@ from .model import (
     COLUMN_KINDS,
     DEFAULT_SERVICE_ROLE,
     MODES,
+    Budget,
     ColumnKind,
     ColumnPolicy,
     LinkedTable,
     Mode,
     Policy,
     ProtectedTable,
+    PublishedRelation,
     RolePolicy,
+    SharedBudget,
     SuppressionParams,
 )
 
 T = TypeVar("T")
 
-_TOP_KEYS = ("service_role", "tables", "links", "roles")
-_TABLE_KEYS = ("unit", "columns")
+_TOP_KEYS = ("service_role", "tables", "links", "roles", "published")
+_TABLE_KEYS = ("unit", "shared_budget", "columns")
 _LINK_KEYS = ("column", "references", "columns")
 _COLUMN_KEYS = ("kind", "lower", "upper", "domain")
-_ROLE_KEYS = ("mode", "k", "dominance", "p_percent", "suppressed_rest", "allow_min_max")
+_ROLE_KEYS = ("mode", "k", "dominance", "p_percent", "suppressed_rest", "allow_min_max", "budgets")
 _DOMINANCE_KEYS = ("n", "percent")
+_BUDGET_KEYS = ("epsilon", "delta", "refresh_period", "epsilon_per_query", "delta_per_query")
+_SHARED_BUDGET_KEYS = ("epsilon", "delta", "refresh_period")
+_PUBLISHED_KEYS = ("roles",)
+# Roles that may read published relations: the others are direct (PostgreSQL's grants) or denied.
+_PUBLISHED_MODES = ("suppress", "dp")
 
 
 class PolicyError(ValueError):
@@ -141,15 +156,23 @@ class _Checker:
             for name, spec in self.named(top.get("links"), "links").items()
         }
         roles = {
-            name: self.role(name, spec, f"roles.{name}") for name, spec in self.named(top.get("roles"), "roles").items()
+            name: self.role(name, spec, f"roles.{name}", tables, links)
+            for name, spec in self.named(top.get("roles"), "roles").items()
         }
-        return Policy(tables=tables, links=links, roles=roles, service_role=service)
+        published = {
+            name: self.published(name, spec, f"published.{name}", tables, links, roles)
+            for name, spec in self.named(top.get("published"), "published").items()
+        }
+        return Policy(tables=tables, links=links, roles=roles, service_role=service, published=published)
 
     def table(self, name: str, spec: object, path: str) -> ProtectedTable:
         self.table_name(name, path)
         fields = self.mapping(spec, path, _TABLE_KEYS)
         unit = self.required(fields, "unit", self.string, path)
-        return ProtectedTable(name, unit or "", self.columns(fields.get("columns"), f"{path}.columns"))
+        shared = None
+        if "shared_budget" in fields:
+            shared = self.shared_budget(fields["shared_budget"], f"{path}.shared_budget")
+        return ProtectedTable(name, unit or "", self.columns(fields.get("columns"), f"{path}.columns"), shared)
 
     def link(self, name: str, spec: object, path: str, tables: Mapping[str, ProtectedTable]) -> LinkedTable:
         self.table_name(name, path)
@@ -181,7 +204,8 @@ class _Checker:
         domain = self.optional(fields, "domain", self.domain, None, f"{path}.domain")
         return ColumnPolicy(name, cast(ColumnKind, kind), lower, upper, domain)  # checked above
 
-    def role(self, name: str, spec: object, path: str) -> RolePolicy:
+    def role(self, name: str, spec: object, path: str, tables: Mapping[str, ProtectedTable],
+             links: Mapping[str, LinkedTable]) -> RolePolicy:
         fields = self.mapping(spec, path, _ROLE_KEYS)
         mode = self.required(fields, "mode", self.string, path)
         if mode is not None and mode not in MODES:
@@ -205,7 +229,59 @@ class _Checker:
             suppressed_rest=self.optional(fields, "suppressed_rest", self.boolean, False, f"{path}.suppressed_rest"),
             allow_min_max=self.optional(fields, "allow_min_max", self.boolean, False, f"{path}.allow_min_max"),
         )
-        return RolePolicy(name, cast(Mode, mode), params)  # checked above
+        budgets = {
+            domain: self.budget(domain, budget, f"{path}.budgets.{domain}", tables, links)
+            for domain, budget in self.named(fields.get("budgets"), f"{path}.budgets").items()
+        }
+        return RolePolicy(name, cast(Mode, mode), params, budgets)  # checked above
+
+    def budget(self, domain: str, spec: object, path: str, tables: Mapping[str, ProtectedTable],
+               links: Mapping[str, LinkedTable]) -> Budget:
+        if domain in links:
+            self.fail(path, f"{domain} is a linked table; budgets belong to the protected table it links to, "
+                            f"{links[domain].references}")
+        elif domain not in tables:
+            self.fail(path, f"{domain} is not a protected table of this file (under tables)")
+        fields = self.mapping(spec, path, _BUDGET_KEYS)
+        total = self.limits(fields, path)
+        epsilon_per_query = self.optional(fields, "epsilon_per_query", self.amount, None, f"{path}.epsilon_per_query")
+        if epsilon_per_query is not None and total.epsilon > 0 and not 0 < epsilon_per_query <= total.epsilon:
+            self.fail(f"{path}.epsilon_per_query", f"must be a number in (0, {_amount_text(total.epsilon)}], the "
+                                                    f"budget's epsilon; got {_amount_text(epsilon_per_query)}")
+        delta_per_query = self.optional(fields, "delta_per_query", self.amount, None, f"{path}.delta_per_query")
+        if delta_per_query is not None and not 0 <= delta_per_query <= total.delta:
+            self.fail(f"{path}.delta_per_query", f"must be a number in [0, {_amount_text(total.delta)}], the "
+                                                  f"budget's delta; got {_amount_text(delta_per_query)}")
+        return Budget(total.epsilon, total.delta, total.refresh_period, epsilon_per_query, delta_per_query)
+
+    def shared_budget(self, spec: object, path: str) -> SharedBudget:
+        return self.limits(self.mapping(spec, path, _SHARED_BUDGET_KEYS), path)
+
+    def limits(self, fields: dict[str, Any], path: str) -> SharedBudget:
+        """The epsilon, delta and refresh period of a budget or a shared cap."""
+        epsilon = self.required(fields, "epsilon", self.amount, path)
+        if epsilon is not None and epsilon <= 0:
+            self.fail(f"{path}.epsilon", f"must be a number > 0, got {_amount_text(epsilon)}")
+        delta = self.optional(fields, "delta", self.amount, Decimal(0), f"{path}.delta")
+        if not 0 <= delta < 1:
+            self.fail(f"{path}.delta", f"must be a number in [0, 1), got {_amount_text(delta)}")
+        refresh = self.optional(fields, "refresh_period", self.string, None, f"{path}.refresh_period")
+        # A missing or wrong epsilon was reported above; 0 stands in for it (the result is then discarded).
+        return SharedBudget(epsilon if epsilon is not None and epsilon > 0 else Decimal(0), delta, refresh)
+
+    def published(self, name: str, spec: object, path: str, tables: Mapping[str, ProtectedTable],
+                  links: Mapping[str, LinkedTable], roles: Mapping[str, RolePolicy]) -> PublishedRelation:
+        self.table_name(name, path)
+        if name in tables or name in links:
+            self.fail(path, "a protected or linked table cannot be published: publish an anonymized release of it")
+        fields = self.mapping(spec, path, _PUBLISHED_KEYS)
+        listed = self.required(fields, "roles", self.names, path) or ()
+        for index, role in enumerate(listed):
+            mode = roles[role].mode if role in roles else "direct"
+            if mode not in _PUBLISHED_MODES:
+                self.fail(f"{path}.roles[{index}]", f"role {role} is in mode {mode} in this file; published "
+                                                    f"relations are for roles in mode {' or '.join(_PUBLISHED_MODES)}")
+        return PublishedRelation(name, listed)
 
     # Shapes and scalars; each returns None (after recording a problem) when the value is wrong.
 
@@ -269,6 +345,29 @@ class _Checker:
         self.fail(path, f"must be a finite number, got {value!r}")
         return None
 
+    def amount(self, value: object, path: str) -> Decimal | None:
+        """A finite number, kept exactly as written (budgets add up in exact arithmetic)."""
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+            return Decimal(repr(value))
+        hint = ""
+        if isinstance(value, str):
+            try:
+                float(value)
+                hint = " (YAML reads 1e-5 as text: write 1.0e-5 or 0.00001)"
+            except ValueError:
+                pass
+        self.fail(path, f"must be a finite number, got {value!r}{hint}")
+        return None
+
+    def names(self, value: object, path: str) -> tuple[str, ...] | None:
+        if not isinstance(value, list) or not value:
+            self.fail(path, f"must be a non-empty list of names, got {value!r}")
+            return None
+        names = [self.string(item, f"{path}[{index}]") for index, item in enumerate(value)]
+        if len(set(names)) != len(names):
+            self.fail(path, "lists a name more than once")
+        return tuple(name for name in names if name is not None)
+
     def boolean(self, value: object, path: str) -> bool | None:
         if isinstance(value, bool):
             return value
@@ -299,6 +398,10 @@ def _number_text(value: float) -> str:
     return str(int(value)) if value.is_integer() else str(value)
 
 
+def _amount_text(value: Decimal) -> str:
+    return format(value.normalize(), "f")
+
+
 # Applying ----------------------------------------------------------------------
 
 
@@ -314,11 +417,17 @@ def apply_policy(conn: psycopg.Connection[Any], policy: Policy) -> int:
             missing = "policy: the anonproxy policy tables are not installed (run `anonproxy install --dsn ...`)"
             raise PolicyError([missing])
         _call(conn, "policy", "select anonproxy.clear_policy()")
+        _call(conn, "policy", "select anonproxy.clear_budgets()")  # the ledger keeps what was spent
         _call(conn, "service_role", "select anonproxy.set_service_role(%s::name)", (policy.service_role,))
         for table in policy.tables.values():
             path = f"tables.{table.name}"
             _call(conn, f"{path}.unit", "select anonproxy.protect_table(%s::regclass, %s::name)",
                   (table.name, table.unit_column))
+            if table.shared_budget is not None:
+                cap = table.shared_budget
+                _call(conn, f"{path}.shared_budget",
+                      "select anonproxy.set_shared_budget(%s::regclass, %s::numeric, %s::numeric, %s::interval)",
+                      (table.name, cap.epsilon, cap.delta, cap.refresh_period))
             _set_columns(conn, table.name, table.columns, f"{path}.columns")
         for link in policy.links.values():
             path = f"links.{link.name}"
@@ -332,6 +441,15 @@ def apply_policy(conn: psycopg.Connection[Any], policy: Policy) -> int:
                   "%s::numeric, %s::boolean, %s::boolean)",
                   (role.role, role.mode, s.k, s.dominance_n, s.dominance_percent, s.p_percent, s.suppressed_rest,
                    s.allow_min_max))
+            for domain, budget in role.budgets.items():
+                _call(conn, f"roles.{role.role}.budgets.{domain}",
+                      "select anonproxy.set_budget(%s::name, %s::regclass, %s::numeric, %s::numeric, %s::interval, "
+                      "%s::numeric, %s::numeric)",
+                      (role.role, domain, budget.epsilon, budget.delta, budget.refresh_period,
+                       budget.epsilon_per_query, budget.delta_per_query))
+        for published in policy.published.values():
+            _call(conn, f"published.{published.name}",
+                  "select anonproxy.publish_relation(%s::regclass, %s::name[])", (published.name, list(published.roles)))
         row = conn.execute("select version from anonproxy.policy_version").fetchone()
     assert row is not None
     return int(row[0])
@@ -371,21 +489,48 @@ class _Dumper(yaml.SafeDumper):
 _Dumper.add_representer(
     _Flow, lambda dumper, data: dumper.represent_mapping("tag:yaml.org,2002:map", data.items(), flow_style=True)
 )
+# Amounts exactly as stored, in a form YAML 1.1 reads back as a number: 10, 0.5, 0.0000001 (not 1E-7).
+_Dumper.add_representer(
+    Decimal, lambda dumper, data: dumper.represent_int(int(data)) if data == data.to_integral_value()
+    else dumper.represent_scalar("tag:yaml.org,2002:float", _amount_text(data))
+)
 
 
 def dump_policy(policy: Policy) -> str:
     """The policy as YAML that ``parse_policy`` + ``apply_policy`` turn back into the same policy."""
     document = {
         "service_role": policy.service_role,
-        "tables": {
-            table.name: {"unit": table.unit_column, "columns": _dump_columns(table.columns)}
-            for table in policy.tables.values()
-        },
+        "tables": {table.name: _dump_table(table) for table in policy.tables.values()},
         "links": {link.name: _dump_link(link) for link in policy.links.values()},
         "roles": {role.role: _dump_role(role) for role in policy.roles.values()},
+        "published": {relation.name: _Flow(roles=list(relation.roles)) for relation in policy.published.values()},
     }
     header = f"# anonproxy policy, version {policy.version}\n" if policy.version else ""
     return header + yaml.dump(document, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=120)
+
+
+def _dump_table(table: ProtectedTable) -> dict[str, Any]:
+    fields: dict[str, Any] = {"unit": table.unit_column}
+    if table.shared_budget is not None:
+        fields["shared_budget"] = _dump_limits(table.shared_budget)
+    fields["columns"] = _dump_columns(table.columns)
+    return fields
+
+
+def _dump_limits(limits: SharedBudget | Budget) -> _Flow:
+    fields = _Flow(epsilon=limits.epsilon, delta=limits.delta)
+    if limits.refresh_period is not None:
+        fields["refresh_period"] = limits.refresh_period
+    return fields
+
+
+def _dump_budget(budget: Budget) -> _Flow:
+    fields = _dump_limits(budget)
+    if budget.epsilon_per_query is not None:
+        fields["epsilon_per_query"] = budget.epsilon_per_query
+    if budget.delta_per_query is not None:
+        fields["delta_per_query"] = budget.delta_per_query
+    return fields
 
 
 def _dump_columns(columns: Mapping[str, ColumnPolicy]) -> dict[str, _Flow]:
@@ -409,7 +554,7 @@ def _dump_link(link: LinkedTable) -> dict[str, Any]:
     return {**fields, "columns": _dump_columns(link.columns)}
 
 
-def _dump_role(role: RolePolicy) -> _Flow:
+def _dump_role(role: RolePolicy) -> dict[str, Any]:
     s, default = role.suppression, SuppressionParams()
     fields = _Flow(mode=role.mode)
     if s.k != default.k:
@@ -422,7 +567,9 @@ def _dump_role(role: RolePolicy) -> _Flow:
         fields["suppressed_rest"] = True
     if s.allow_min_max:
         fields["allow_min_max"] = True
-    return fields
+    if not role.budgets:
+        return fields
+    return {**fields, "budgets": {domain: _dump_budget(budget) for domain, budget in role.budgets.items()}}
 
 
 def _plain_number(value: float) -> int | float:
