@@ -101,7 +101,6 @@ def _up(args: argparse.Namespace) -> int:
             policy = demo_policy()
             service_password = demo.reset_service_role(conn, policy.service_role)
             version = apply_policy(conn, policy)
-            demo.set_demo_budget(conn)
             conn.commit()
         log.info("privacy policy version %d applied: %s", version,
                  ", ".join(f"{role.role} {role.mode}" for role in policy.roles.values()))

@@ -81,8 +81,3 @@ def reset_service_role(conn: psycopg.Connection, role: str) -> str:
     with conn.transaction():
         _ensure_login_role(conn, role, password)
     return password
-
-
-def set_demo_budget(conn: psycopg.Connection, table: str = "public.adult") -> None:
-    """The analyst's privacy budget on ``table``: ε 10 in all, 0.5 per query; δ 1e-5 in all, 1e-7 per query."""
-    conn.execute("select anonproxy.set_budget('analyst', %s::regclass, 10, 0.00001, null, 0.5, 0.0000001)", (table,))

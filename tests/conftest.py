@@ -173,7 +173,6 @@ def gated_database(pg_server: EmbeddedPostgres, pg_template: NoopExecutor) -> st
         demo.reset_service_role(conn, SERVICE_ROLE)
         conn.execute(f"alter role {SERVICE_ROLE} password '{SERVICE_ROLE}'")
         apply_policy(conn, demo_policy())
-        demo.set_demo_budget(conn)
         conn.commit()
     return GATED_DATABASE
 
