@@ -16,7 +16,7 @@ from fractions import Fraction
 import psycopg
 import pytest
 
-from anonproxy.policy.model import ColumnPolicy, Policy, ProtectedTable, RolePolicy
+from anonproxy.policy.model import ColumnPolicy, LinkedTable, Policy, ProtectedTable, RolePolicy
 from anonproxy.privacy.dp_plan import (
     DPParams,
     DPPlan,
@@ -40,7 +40,16 @@ ADULT = ProtectedTable("public.adult", "id", {
     # occupation, native_country: no domain -> partition selection; fnlwgt: no bounds
 })
 SPREAD = ProtectedTable("public.spread", "unit", {"v": ColumnPolicy("v", lower=0, upper=10)})
-POLICY = Policy(version=1, tables={"public.adult": ADULT, "public.spread": SPREAD})
+# Linked tables keyed by the privacy unit: visits (many rows per person), region (one row per person).
+VISITS = LinkedTable("public.visits", "person", "public.adult", "id", {
+    "minutes": ColumnPolicy("minutes", lower=0, upper=60),
+    "ward": ColumnPolicy("ward", domain=("A", "B", "C")),
+})
+REGION = LinkedTable("public.region", "id", "public.adult", "id", {
+    "region": ColumnPolicy("region", domain=("North", "South", "East", "West")),
+})
+POLICY = Policy(version=1, tables={"public.adult": ADULT, "public.spread": SPREAD},
+                links={"public.visits": VISITS, "public.region": REGION})
 ROLE = RolePolicy("researcher", "dp")
 PARAMS = DPParams(epsilon=1.0, delta=1e-6)
 
@@ -70,7 +79,17 @@ def refused(sql: str, *words: str, params: DPParams = PARAMS, role: RolePolicy =
     ("select avg(capital_gain) from adult", ("AVG(capital_gain) needs declared bounds",)),
     ("select sum(age + 1) from adult", ("arithmetic",)),  # the suppression allowlist still applies
     ("select sum(coalesce(age, 0)) from adult", ("takes a column with declared bounds",)),
-    ("select sex, count(*) from adult group by sex having count(*) > 10", ("HAVING",)),
+    ("select sex, count(*) from adult group by sex having count(*) + 1 > 10", ("arithmetic",)),
+    ("select sex, count(*) from adult group by sex having age > 10", ("GROUP BY expression",)),
+    ("select sex, count(*) from adult group by sex having count(*) > length(sex)", ("length",)),
+    ("select percentile_cont(0.5) within group (order by age desc) from adult", ("ascending",)),
+    ("select percentile_cont(1.5) within group (order by age) from adult", ("[0, 1]",)),
+    ("select percentile_disc(0.5) within group (order by fnlwgt) from adult", ("needs declared bounds",)),
+    ("select median(age + 1) from adult", ("arithmetic",)),
+    ("select var_pop(fnlwgt) from adult", ("needs declared bounds",)),
+    ("select count(*) from adult a join plain p on p.id = a.id", ("does not join public.plain",)),
+    ("select count(*) from adult a join visits v on v.minutes = a.id", ("declared key",)),
+    ("select count(*) from adult a left join visits v on v.person = a.id", ("outer side",)),
     ("select count(distinct education) from adult", ("count(DISTINCT x)", "privacy unit id")),
     ("select sex, count(*) from adult group by sex order by count(*) + 0", ("arithmetic",)),
     ("select occupation from adult group by occupation order by count(*)", ("must name an output column",)),
@@ -110,15 +129,16 @@ def test_role_and_params_are_checked() -> None:
 
 def test_epsilon_split_and_sensitivities_public_grouping() -> None:
     p = plan("select sex, count(*), sum(age) as s, avg(age) from adult group by sex",
-             DPParams(1.5, 1e-6, max_groups_per_unit=4, max_rows_per_unit=1))
-    # count(*) with one row per unit and group is count(DISTINCT id); avg = sum(age) / count(age):
-    # statistics count(DISTINCT id), sum(age), count(age) -> ε/3 each.
-    assert [s.kind for s in p.statistics] == ["units", "sum", "count"]
+             DPParams(2.0, 1e-6, max_groups_per_unit=4, max_rows_per_unit=1))
+    # count(*) with one row per unit and group is count(DISTINCT id); avg = 53 + Σ(age − 53) / count(age), the
+    # sum centred on the integer middle of [17, 90] (|age − 53| ≤ 37): statistics count(DISTINCT id), sum(age),
+    # count(age), Σ(age − 53) -> ε/4 each.
+    assert [(s.kind, s.center) for s in p.statistics] == [("units", 0), ("sum", 0), ("count", 0), ("sum", 53)]
     assert all(s.epsilon == Fraction(1, 2) for s in p.statistics)
     # a unit reaches min(max_groups, |domain|) = 2 groups
-    assert [s.sensitivity for s in p.statistics] == [2, 2 * 90, 2]
-    assert [s.scale for s in p.statistics] == [4, 360, 4]
-    assert p.epsilon == 1.5 and p.delta == 0.0 and p.selection is None
+    assert [s.sensitivity for s in p.statistics] == [2, 2 * 90, 2, 2 * 37]
+    assert [s.scale for s in p.statistics] == [4, 360, 4, 148]
+    assert p.epsilon == 2.0 and p.delta == 0.0 and p.selection is None
     assert [c.name for c in p.columns] == ["sex", "count", "s", "avg"]
     assert [c.kind for c in p.columns] == ["key", "count", "sum", "avg"]
     assert p.columns[1].noise.scale == 4.0 and p.columns[2].noise.scale == 360.0

@@ -5,9 +5,10 @@ parser, validator and expression allowlist as suppression mode
 (:func:`anonproxy.rewrite.analytic.analyze`), and builds SQL for the service
 connection that returns *exact, contribution-bounded* per-group statistics
 (DESIGN.md principle 6). :func:`answer` adds exact discrete noise to those
-statistics in the proxy (principle 4), keeps non-public groups only when a
-noisy count of distinct units passes a threshold (partition selection), and
-then applies ORDER BY / LIMIT / OFFSET to the noisy values (post-processing).
+statistics in the proxy (principle 4), draws quantiles with the exponential
+mechanism, keeps non-public groups only when a noisy count of distinct units
+passes a threshold (partition selection), and then applies HAVING, ORDER BY,
+LIMIT and OFFSET to the noisy values (post-processing).
 
 The plan is a deterministic function of (sql, policy, params), so it can be
 cached by text; its ``epsilon`` and ``delta`` are the cost to charge to the
@@ -29,10 +30,10 @@ from sqlglot import exp
 from anonproxy.policy.model import (
     ColumnPolicy,
     Policy,
-    ProtectedTable,
     RolePolicy,
     SuppressionParams,
 )
+from anonproxy.privacy.dp_having import compile_having, holds
 from anonproxy.privacy.mechanisms import (
     discrete_laplace,
     discrete_laplace_halfwidth,
@@ -40,8 +41,9 @@ from anonproxy.privacy.mechanisms import (
     laplace_scale,
     to_grid,
 )
-from anonproxy.rewrite.analytic import AnalyticQuery, _canonical, analyze
-from anonproxy.rewrite.classify import _parse
+from anonproxy.privacy.quantiles import dp_quantile, rank_halfwidth
+from anonproxy.rewrite.analytic import AnalyticQuery, analyze, canonical
+from anonproxy.rewrite.classify import parse_statement
 from anonproxy.rewrite.decision import (
     FEATURE_NOT_SUPPORTED,
     Refusal,
@@ -49,18 +51,23 @@ from anonproxy.rewrite.decision import (
     forbidden,
     unsupported,
 )
-from anonproxy.rewrite.names import PolicyIndex, identifier, quote
+from anonproxy.rewrite.names import PolicyIndex, ResolvedTable, identifier, quote
 from anonproxy.rewrite.statements import PARSE_HINT, split
 
-__all__ = ["ColumnNoise", "DPParams", "DPPlan", "OutputColumn", "Statistic", "answer", "plan_dp",
+__all__ = ["ColumnNoise", "DPParams", "DPPlan", "OutputColumn", "Quantile", "Statistic", "answer", "plan_dp",
            "selection_threshold"]
 
 DP_HINT = ("Supported in dp mode: SELECT <GROUP BY columns>, count(*), count(x), count(DISTINCT <unit>), sum(x), "
-           "avg(x) FROM <protected table> [WHERE ...] [GROUP BY ...] [ORDER BY <output columns>] [LIMIT n] "
-           "[OFFSET n]; sum/avg need declared bounds.")
+           "avg(x), variance/var_samp/var_pop/stddev/stddev_samp/stddev_pop(x), median(x), "
+           "percentile_cont/percentile_disc(q) WITHIN GROUP (ORDER BY x) FROM <protected table> "
+           "[JOIN <linked table> ON <declared key>] [WHERE ...] [GROUP BY ...] [HAVING ...] "
+           "[ORDER BY <output columns>] [LIMIT n] [OFFSET n]; x needs declared bounds except in count.")
 BOUNDS_HINT = "Ask the DBA to declare lower and upper bounds for the column in the policy."
+JOIN_HINT = ("In dp mode a query reads one protected table and its linked tables, each joined with "
+             "JOIN <linked table> ON <linked>.<key> = <protected>.<unit> as the policy declares them.")
 MAX_DOMAIN_CELLS = 10_000  # public-domain grid (product of the domains) emitted by the SQL
 GRID_UNITS = 1000  # a non-integer sum's sensitivity is about this many grid steps (rounding ≪ noise)
+QUANTILE_STEPS = 10_000  # a quantile's output grid has about this many steps between the bounds (at least 1)
 
 # Column names in the generated SQL (prefixed so they cannot collide with the client's).
 ROWS = "anonproxy_rows"
@@ -70,8 +77,13 @@ STATS = "anonproxy_stats"
 DOMAIN = "anonproxy_domain"
 UNIT = "anonproxy_unit"
 
-StatKind = Literal["units", "rows", "count", "sum"]
-ColumnKind = Literal["key", "count", "sum", "avg"]
+StatKind = Literal["units", "rows", "count", "sum", "values"]
+ColumnKind = Literal["key", "count", "sum", "avg", "variance", "stddev", "quantile"]
+_SPREADS: dict[type[exp.Expression], tuple[ColumnKind, bool]] = {  # aggregate -> (kind, sample statistic?)
+    exp.Variance: ("variance", True), exp.VariancePop: ("variance", False), exp.Stddev: ("stddev", True),
+    exp.StddevSamp: ("stddev", True), exp.StddevPop: ("stddev", False),
+}
+_AGGREGATES = (exp.Count, exp.Sum, exp.Avg, exp.Median, exp.WithinGroup, *_SPREADS)
 
 
 @dataclass(frozen=True)
@@ -84,7 +96,12 @@ class DPParams:
 
 @dataclass(frozen=True)
 class Statistic:
-    """One exact per-group statistic of the SQL, and the discrete Laplace noise ``answer`` adds to it."""
+    """One exact per-group statistic of the SQL, and the discrete Laplace noise ``answer`` adds to it.
+
+    A ``sum`` adds up f(x) = (clamp(x) − center)^power − offset over the bounded rows, where clamp(x) is x
+    clamped to the declared [L, U] (``clamp``); ``bounds`` is the range of f. A ``values`` statistic is the
+    array of the group's clamped values, for quantiles (no noise of its own).
+    """
 
     name: str  # its column in the SQL
     kind: StatKind
@@ -94,7 +111,10 @@ class Statistic:
     epsilon: Fraction
     resolution: Fraction | None  # grid of a sum whose SQL value is not an integer
     scale: Fraction  # discrete Laplace t, in integer (grid) units
-    bounds: tuple[Fraction, Fraction] | None = None  # sum: the declared [L, U] the SQL clamps to
+    clamp: tuple[Fraction, Fraction] | None = None  # sum, values: the declared [L, U] the SQL clamps to
+    center: Fraction = Fraction(0)
+    power: int = 1
+    offset: Fraction = Fraction(0)
 
     @property
     def value_scale(self) -> float:
@@ -110,20 +130,57 @@ class Statistic:
 
 
 @dataclass(frozen=True)
+class Quantile:
+    """One quantile output: the exponential mechanism over the grid lower + resolution·j, per group."""
+
+    values: str  # the SQL column holding the group's clamped values
+    q: Fraction
+    discrete: bool  # percentile_disc: the grid point in the column's type; else double precision
+    lower: Fraction
+    upper: Fraction
+    resolution: Fraction
+    epsilon: Fraction  # per group: the column's share of ε over the groups one unit reaches
+    share: Fraction  # the column's share of the query's ε
+    max_contributions: int  # rows per unit and group
+
+    def draw(self, values: list[object] | None) -> int | Decimal | float:
+        value = dp_quantile(values or [], self.q, self.lower, self.upper, self.epsilon,
+                            resolution=self.resolution, max_contributions=self.max_contributions)
+        if not self.discrete:
+            return value
+        exact = self.lower + round((Fraction(value) - self.lower) / self.resolution) * self.resolution
+        return int(exact) if exact.denominator == 1 else _decimal(exact)
+
+    def noise(self) -> ColumnNoise:
+        scale = 2 * self.max_contributions * max(self.q, 1 - self.q) / self.epsilon
+        ranks = rank_halfwidth(self.q, self.lower, self.upper, self.epsilon, resolution=self.resolution,
+                               max_contributions=self.max_contributions)
+        return ColumnNoise("exponential", float(scale), float(self.share), 0.0, None, None, self.resolution,
+                           rank_halfwidth=ranks)
+
+
+@dataclass(frozen=True)
 class ColumnNoise:
     """What the accuracy notice says about one output column (the same for every row)."""
 
-    mechanism: str  # "discrete_laplace", or "ratio" for AVG (noisy sum / noisy count)
+    mechanism: str  # "discrete_laplace", "ratio" (AVG), "moments" (VARIANCE/STDDEV) or "exponential"
     scale: float | None
     epsilon: float
     delta: float
     stddev: float | None
     ci95_halfwidth: float | None
     resolution: Fraction | None = None
+    rank_halfwidth: float | None = None  # exponential: 95 % of answers are within this many ranks
 
     def describe(self, column: str) -> str:
         if self.mechanism == "ratio":
             return f"{column}: noisy sum / noisy count, ε={self.epsilon:g}, clamped to the declared bounds"
+        if self.mechanism == "moments":
+            return (f"{column}: from noisy count, sum and sum of squares, ε={self.epsilon:g}, clamped to what "
+                    "the declared bounds allow")
+        if self.mechanism == "exponential":
+            return (f"{column}: exponential mechanism on a grid of step {self.resolution}, ε={self.epsilon:g}, "
+                    f"95% within ±{self.rank_halfwidth:.3g} ranks of the true quantile")
         parts = [f"{column}: discrete Laplace, ε={self.epsilon:g}", f"scale {self.scale:g}"]
         if self.stddev is not None:
             parts.append(f"sd {self.stddev:.3g}")
@@ -139,10 +196,15 @@ class OutputColumn:
     name: str  # the client's alias, or the expression as written
     kind: ColumnKind
     key: int | None = None  # kind "key": index of the group key in the SQL row
-    statistic: str | None = None  # count / sum: the statistic; avg: the sum
-    denominator: str | None = None  # avg: the count of non-null values
-    lower: Fraction | None = None  # avg: declared bounds
+    statistic: str | None = None  # count / sum; avg: Σ(x − center); variance, stddev: Σ((x − center)² − offset)
+    denominator: str | None = None  # avg, variance, stddev: the count of non-null values
+    linear: str | None = None  # variance, stddev: Σ(x − center)
+    center: Fraction = Fraction(0)
+    offset: Fraction = Fraction(0)
+    lower: Fraction | None = None  # avg, variance, stddev: declared bounds
     upper: Fraction | None = None
+    sample: bool = False  # variance, stddev: divide by n − 1 (var_samp) rather than n (var_pop)
+    quantile: Quantile | None = None
     noise: ColumnNoise | None = None
 
 
@@ -169,9 +231,13 @@ class DPPlan:
     offset: int = 0
     max_groups_per_unit: int = 1
     max_rows_per_unit: int = 1
+    hidden: tuple[OutputColumn, ...] = ()  # aggregates HAVING needs that the select list does not show
+    having: tuple | None = None  # compiled HAVING (dp_having) over columns + hidden
 
     def notices(self) -> list[str]:
         lines = [column.noise.describe(column.name) for column in self.columns if column.noise is not None]
+        lines += [f"HAVING: {column.noise.describe(column.name)}" for column in self.hidden
+                  if column.noise is not None]
         if self.selection is not None:
             lines.append(f"groups released only if their noisy count of people reaches {self.threshold} "
                          f"(δ={self.delta:g})")
@@ -199,36 +265,18 @@ def _plan(sql: str, role: RolePolicy, policy: Policy, params: DPParams) -> DPPla
     if len(statements) != 1:
         raise unsupported("a dp query must be sent on its own, as one statement", DP_HINT)
     statement = statements[0]
-    tree = _parse(statement)
-    index = PolicyIndex(policy)
-    query = analyze(statement, tree, index, SuppressionParams(k=1))
+    tree = parse_statement(statement)
+    query = analyze(statement, tree, PolicyIndex(policy), SuppressionParams(k=1), dp=True)
     assert isinstance(tree, exp.Select)  # analyze refuses everything else
-    if tree.args.get("joins"):
-        raise unsupported("JOIN is not supported in dp mode yet: query one protected table", DP_HINT)
-    table = policy.tables.get(query.table)
-    if table is None or index.resolve(tree.args["from_"].this).kind != "protected":
-        raise unsupported("dp mode reads protected tables only (linked tables are not supported yet)", DP_HINT)
-    if query.having is not None:
-        raise unsupported("HAVING is not supported in dp mode yet: the filter would have to run on noisy values",
-                          "Drop HAVING and filter the noisy result on the client.")
+    _check_sources(query)
     if query.distinct and any(item.kind == "aggregate" for item in query.items):
         raise unsupported("SELECT DISTINCT with aggregates is not supported in dp mode", DP_HINT)
 
-    keys = [_canonical(_parse_expression(key)) for key in query.keys]
-    public = _public_domains(query, table, tree) if query.keys else None
+    columns = _Columns(query, rows_cap)
+    keys = [canonical(_parse_expression(key)) for key in query.keys]
+    public = _public_domains(query, columns) if query.keys else None
     # How many groups one unit can reach: a unit touches at most `groups_cap` groups, and never more than exist.
     reach = 1 if not query.keys else (min(groups_cap, math.prod(len(d) for d in public)) if public else groups_cap)
-
-    stats: dict[tuple[StatKind, str | None], _Stat] = {}
-
-    def need(kind: StatKind, argument: str | None, per_group: Fraction, bounds: tuple[Fraction, Fraction] | None = None,
-             ) -> tuple[StatKind, str | None]:
-        if kind == "rows" and rows_cap == 1:
-            kind = "units"  # one row per unit and group: count(*) is the count of distinct units
-        key = (kind, argument if kind in ("count", "sum") else None)
-        if key not in stats:
-            stats[key] = _Stat(kind, key[1], per_group, bounds)
-        return key
 
     selection = None
     if query.keys and public is None:
@@ -236,80 +284,45 @@ def _plan(sql: str, role: RolePolicy, policy: Policy, params: DPParams) -> DPPla
             raise unsupported(f"GROUP BY {', '.join(query.keys)} needs δ > 0: groups without a declared public "
                               "domain are released only past a noisy threshold, which costs δ",
                               "Declare a public domain for the grouping column, or give the role a δ.")
-        selection = need("units", None, Fraction(1))
+        selection = columns.need("units", None, Fraction(1))
 
-    columns: list[tuple[str, ColumnKind, object]] = []
+    drafts: list[_Draft] = []
     for item in query.items:
         if item.kind == "constant":
             raise unsupported(f"constant select item {item.expression} is not supported in dp mode", DP_HINT)
         node = _parse_expression(item.expression)
-        # PostgreSQL's name for an unaliased column: the column's name, or the aggregate function's.
-        name = item.alias or _column_name(node) or (type(node).__name__.lower() if isinstance(
-            node, (exp.Count, exp.Sum, exp.Avg)) else "?column?")
         if item.kind == "group":
-            canonical = _canonical(node)
-            if canonical not in keys:
+            if canonical(node) not in keys:
                 raise unsupported(f"select item {item.expression} must be one of the GROUP BY expressions in dp "
                                   "mode", DP_HINT)
-            columns.append((name, "key", keys.index(canonical)))
-            continue
-        if not isinstance(node, (exp.Count, exp.Sum, exp.Avg)):
-            raise unsupported(f"{item.expression}: only count, sum and avg, without casts, are supported in dp mode",
-                              DP_HINT)
-        argument = node.this
-        if isinstance(node, exp.Count):
-            if isinstance(argument, exp.Star):
-                columns.append((name, "count", need("rows", None, Fraction(rows_cap))))
-            elif isinstance(argument, exp.Distinct):
-                column = argument.expressions[0]
-                if not (isinstance(column, exp.Column) and identifier(column.this) == table.unit_column):
-                    raise unsupported(f"{item.expression}: count(DISTINCT x) is supported in dp mode only on the "
-                                      f"privacy unit {table.unit_column}", DP_HINT)
-                columns.append((name, "count", need("units", None, Fraction(1))))
-            else:
-                columns.append((name, "count", need("count", _argument_text(item.expression), Fraction(rows_cap))))
-            continue
-        function = "sum" if isinstance(node, exp.Sum) else "avg"
-        lower, upper, column_name = _bounds(function, argument, table)
-        text = quote(column_name)
-        magnitude = max(abs(lower), abs(upper))
-        total = need("sum", text, rows_cap * magnitude, (lower, upper))
-        if function == "sum":
-            columns.append((name, "sum", total))
+            drafts.append(_Draft(_output_name(item.alias, node), "key", key=keys.index(canonical(node))))
         else:
-            count = need("count", text, Fraction(rows_cap))
-            columns.append((name, "avg", (total, count, lower, upper)))
+            drafts.append(columns.aggregate(node, _output_name(item.alias, node), item.expression))
 
-    if not stats and not public:
+    hidden: list[_Draft] = []
+    having = None
+    if query.having is not None:
+        having = _having(_parse_expression(query.having), keys, query, drafts, hidden, columns)
+
+    mechanisms = [key for key, stat in columns.stats.items() if stat.kind != "values"] + list(columns.quantiles)
+    if not mechanisms and not public:
         raise unsupported("a dp query needs an aggregate or a GROUP BY", DP_HINT)
-    share = Fraction(epsilon) / max(len(stats), 1)
-    names = {key: f"anonproxy_s{i}" for i, key in enumerate(stats, 1)}
-    statistics = {key: stat.finish(names[key], share, reach) for key, stat in stats.items()}
-
-    outputs = []
-    for name, kind, source in columns:
-        if kind == "key":
-            outputs.append(OutputColumn(name, "key", key=source))  # type: ignore[arg-type]
-        elif kind in ("count", "sum"):
-            stat = statistics[source]  # type: ignore[index]
-            outputs.append(OutputColumn(name, kind, statistic=stat.name, noise=stat.noise()))
-        else:
-            total, count, lower, upper = source  # type: ignore[misc]
-            share_eps = float(statistics[total].epsilon + statistics[count].epsilon)
-            outputs.append(OutputColumn(name, "avg", statistic=statistics[total].name,
-                                        denominator=statistics[count].name, lower=lower, upper=upper,
-                                        noise=ColumnNoise("ratio", None, share_eps, 0.0, None, None)))
+    share = Fraction(epsilon) / max(len(mechanisms), 1)
+    names = {key: f"anonproxy_s{i}" for i, key in enumerate(columns.stats, 1)}
+    statistics = {key: stat.finish(names[key], share, reach) for key, stat in columns.stats.items()}
+    quantiles = {key: Quantile(names[values], key[1], key[2], lower, upper, step, share / reach, share, rows_cap)
+                 for key, (values, lower, upper, step) in columns.quantiles.items()}
 
     threshold = None
     if selection is not None:
         threshold = selection_threshold(statistics[selection].scale, reach, float(delta))
-    order, limit, offset = _tail(query, tree, len(outputs))
+    order, limit, offset = _tail(query, tree)
     return DPPlan(
         sql=_sql(query, list(statistics.values()), public, rows_cap, groups_cap),
-        columns=tuple(outputs),
-        epsilon=float(epsilon) if stats else 0.0,  # listing a public domain reads nothing private
+        columns=tuple(draft.finish(statistics, quantiles) for draft in drafts),
+        epsilon=float(epsilon) if mechanisms else 0.0,  # listing a public domain reads nothing private
         delta=float(delta) if selection is not None else 0.0,
-        table=query.table,
+        table=query.owner,
         keys=len(query.keys),
         statistics=tuple(statistics.values()),
         selection=statistics[selection].name if selection is not None else None,
@@ -319,7 +332,22 @@ def _plan(sql: str, role: RolePolicy, policy: Policy, params: DPParams) -> DPPla
         offset=offset,
         max_groups_per_unit=groups_cap,
         max_rows_per_unit=rows_cap,
+        hidden=tuple(draft.finish(statistics, quantiles) for draft in hidden),
+        having=having,
     )
+
+
+def _check_sources(query: AnalyticQuery) -> None:
+    """Refuse tables that are neither the protected table nor its linked tables (analyze already checked that
+    every linked table is joined on its declared key, with an inner join)."""
+    for reference, source in query.sources:
+        if source.kind not in ("protected", "linked"):
+            raise unsupported(f"dp mode does not join {source.policy_name} (as {reference}): only the protected "
+                              "table and its linked tables, on their declared keys, keep each row attributable to "
+                              "one person, which the contribution bounds rely on", JOIN_HINT)
+
+
+_ColumnKey = tuple  # identifies a statistic: (kind, argument, center, power, offset)
 
 
 @dataclass
@@ -327,22 +355,269 @@ class _Stat:
     kind: StatKind
     argument: str | None
     per_group: Fraction
-    bounds: tuple[Fraction, Fraction] | None
+    clamp: tuple[Fraction, Fraction] | None = None
+    center: Fraction = Fraction(0)
+    power: int = 1
+    offset: Fraction = Fraction(0)
 
     def finish(self, name: str, epsilon: Fraction, reach: int) -> Statistic:
+        if self.kind == "values":
+            return Statistic(name, "values", self.argument, self.per_group, self.per_group * reach, Fraction(0),
+                             None, Fraction(0), self.clamp)
         sensitivity = self.per_group * reach
         resolution = None
         if self.kind == "sum":
-            lower, upper = self.bounds  # type: ignore[misc]
+            lower, upper = self.range()
             if lower.denominator != 1 or upper.denominator != 1:
                 # Not an integer sum: release it on the grid r·ℤ, r a power of ten, with ~GRID_UNITS steps per Δ.
                 resolution = Fraction(10) ** math.floor(math.log10(sensitivity / GRID_UNITS))
         # On the grid each reachable group moves by at most ⌈per_group/r⌉ steps (to_grid rounds half up).
         units = sensitivity if resolution is None else reach * Fraction(math.ceil(self.per_group / resolution))
         return Statistic(name, self.kind, self.argument, self.per_group, sensitivity, epsilon, resolution,
-                         laplace_scale(units, epsilon), self.bounds)
+                         laplace_scale(units, epsilon), self.clamp, self.center, self.power, self.offset)
+
+    def range(self) -> tuple[Fraction, Fraction]:
+        """The range of f(x) = (clamp(x) − center)^power − offset."""
+        assert self.clamp is not None
+        low, high = self.clamp[0] - self.center, self.clamp[1] - self.center
+        if self.power == 1:
+            return low - self.offset, high - self.offset
+        return -self.offset, max(low * low, high * high) - self.offset
 
 
+@dataclass
+class _Draft:
+    """An output column before the ε split: statistics by key."""
+
+    name: str
+    kind: ColumnKind
+    key: int | None = None
+    statistic: _ColumnKey | None = None
+    denominator: _ColumnKey | None = None
+    linear: _ColumnKey | None = None
+    center: Fraction = Fraction(0)
+    offset: Fraction = Fraction(0)
+    lower: Fraction | None = None
+    upper: Fraction | None = None
+    sample: bool = False
+    quantile: tuple | None = None
+
+    def finish(self, statistics: dict[_ColumnKey, Statistic], quantiles: dict[tuple, Quantile]) -> OutputColumn:
+        def name(key: _ColumnKey | None) -> str | None:
+            return None if key is None else statistics[key].name
+
+        noise = None
+        if self.kind in ("count", "sum"):
+            noise = statistics[self.statistic].noise()  # type: ignore[index]
+        elif self.kind in ("avg", "variance", "stddev"):
+            used = [self.statistic, self.denominator, self.linear]
+            spent = float(sum(statistics[key].epsilon for key in used if key is not None))
+            noise = ColumnNoise("ratio" if self.kind == "avg" else "moments", None, spent, 0.0, None, None)
+        quantile = None
+        if self.kind == "quantile":
+            quantile = quantiles[self.quantile]  # type: ignore[index]
+            noise = quantile.noise()
+        return OutputColumn(self.name, self.kind, self.key, name(self.statistic), name(self.denominator),
+                            name(self.linear), self.center, self.offset, self.lower, self.upper, self.sample,
+                            quantile, noise)
+
+
+class _Columns:
+    """The statistics and quantiles the query's aggregates need, each computed once."""
+
+    def __init__(self, query: AnalyticQuery, rows_cap: int) -> None:
+        self.query = query
+        self.rows_cap = rows_cap
+        self.tables = dict(query.sources)
+        self.stats: dict[_ColumnKey, _Stat] = {}
+        # (argument, q, discrete) -> (the values statistic, L, U, grid step)
+        self.quantiles: dict[tuple, tuple[_ColumnKey, Fraction, Fraction, Fraction]] = {}
+
+    def need(self, kind: StatKind, argument: str | None, per_group: Fraction,
+             clamp: tuple[Fraction, Fraction] | None = None, center: Fraction = Fraction(0), power: int = 1,
+             offset: Fraction = Fraction(0)) -> _ColumnKey:
+        if kind == "rows" and self.rows_cap == 1:
+            kind = "units"  # one row per unit and group: count(*) is the count of distinct units
+        key = (kind, argument if kind in ("count", "sum", "values") else None, center, power, offset)
+        if key not in self.stats:
+            self.stats[key] = _Stat(kind, key[1], per_group, clamp, center, power, offset)
+        return key
+
+    def aggregate(self, node: exp.Expression, name: str, written: str | None) -> _Draft:
+        """The column of one aggregate; ``written`` is its text as the client wrote it (None: from HAVING)."""
+        c = Fraction(self.rows_cap)
+        if not isinstance(node, _AGGREGATES):
+            raise unsupported(f"{written or node.sql(dialect='postgres')}: only count, sum, avg, variance, stddev "
+                              "and quantile aggregates, without casts, are supported in dp mode", DP_HINT)
+        argument = node.this
+        if isinstance(node, exp.Count):
+            if isinstance(argument, exp.Star):
+                return _Draft(name, "count", statistic=self.need("rows", None, c))
+            if isinstance(argument, exp.Distinct):
+                column = argument.expressions[0]
+                if not self._is_unit(column):
+                    raise unsupported(f"{written or node.sql(dialect='postgres')}: count(DISTINCT x) is supported "
+                                      f"in dp mode only on the privacy unit {self._unit_name()}", DP_HINT)
+                return _Draft(name, "count", statistic=self.need("units", None, Fraction(1)))
+            if written is not None:
+                text = _argument_text(written)
+            elif isinstance(argument, exp.Column):
+                text = self._column_sql(argument)
+            else:
+                raise unsupported(f"HAVING {node.sql(dialect='postgres')}: count of an expression in HAVING must "
+                                  "also be in the select list", DP_HINT)
+            return _Draft(name, "count", statistic=self.need("count", text, c))
+        if isinstance(node, exp.WithinGroup):
+            function = node.this
+            q = Fraction(Decimal(function.this.name))
+            return self._quantile(name, node.expression.expressions[0].this, q,
+                                  isinstance(function, exp.PercentileDisc), "PERCENTILE")
+        function = {exp.Sum: "sum", exp.Avg: "avg", exp.Median: "median"}.get(type(node), "variance")
+        lower, upper, text = self._bounds(function, argument)
+        if isinstance(node, exp.Median):
+            return self._quantile(name, argument, Fraction(1, 2), False, "MEDIAN")
+        if isinstance(node, exp.Sum):
+            return _Draft(name, "sum", statistic=self.need("sum", text, c * max(abs(lower), abs(upper)),
+                                                             (lower, upper)))
+        # avg, variance, stddev: sums centred on the middle of the bounds (an integer one for integer bounds, so
+        # integer sums stay integers), whose sensitivity is half the width of the bounds, not the largest |bound|.
+        center = (lower + upper) / 2 if (lower.denominator, upper.denominator) != (1, 1) else Fraction(
+            (lower.numerator + upper.numerator) // 2)
+        half = max(center - lower, upper - center)
+        count = self.need("count", text, c)
+        linear = self.need("sum", text, c * half, (lower, upper), center)
+        if isinstance(node, exp.Avg):
+            return _Draft(name, "avg", statistic=linear, denominator=count, center=center, lower=lower, upper=upper)
+        # Σ((x − center)² − offset): (x − center)² lies in [0, half²]; the offset halves the magnitude.
+        offset = Fraction(math.floor(half * half / 2)) if half.denominator == 1 else half * half / 2
+        square = self.need("sum", text, c * max(offset, half * half - offset), (lower, upper), center, 2, offset)
+        kind, sample = _SPREADS[type(node)]
+        return _Draft(name, kind, statistic=square, denominator=count, linear=linear, center=center, offset=offset,
+                      lower=lower, upper=upper, sample=sample)
+
+    def _quantile(self, name: str, argument: exp.Expression, q: Fraction, discrete: bool, what: str) -> _Draft:
+        lower, upper, text = self._bounds(what, argument)
+        if lower == upper:
+            raise unsupported(f"{what}({text}) needs bounds lower < upper", BOUNDS_HINT)
+        step = Fraction(10) ** math.floor(math.log10((upper - lower) / QUANTILE_STEPS))
+        if (lower.denominator, upper.denominator) == (1, 1):
+            step = max(step, Fraction(1))  # integer bounds: integer grid points (percentile_disc stays integer)
+        values = self.need("values", text, Fraction(self.rows_cap), (lower, upper))
+        key = (text, q, discrete)
+        self.quantiles[key] = (values, lower, upper, step)
+        return _Draft(name, "quantile", quantile=key)
+
+    def _bounds(self, function: str, argument: exp.Expression) -> tuple[Fraction, Fraction, str]:
+        written = argument.sql(dialect="postgres")
+        found = self.column_table(argument)
+        if found is None:
+            raise unsupported(f"{function.upper()}({written}) in dp mode takes a column with declared bounds, "
+                              "not an expression", DP_HINT)
+        table, name = found
+        if table is None:
+            raise unsupported(f"{function.upper()}({written}): qualify the column with its table's alias, so the "
+                              "policy's bounds for it can be found", JOIN_HINT)
+        policy = _policy_columns(table).get(name)
+        if policy is None or policy.lower is None or policy.upper is None:
+            raise unsupported(f"{function.upper()}({name}) needs declared bounds for {name}: the noise is "
+                              "calibrated to the bounds, never to the data", BOUNDS_HINT)
+        lower, upper = Fraction(Decimal(str(policy.lower))), Fraction(Decimal(str(policy.upper)))
+        if lower > upper:
+            raise unsupported(f"the declared bounds of {name} are inverted ({policy.lower} > {policy.upper})",
+                              BOUNDS_HINT)
+        if max(abs(lower), abs(upper)) == 0:
+            raise unsupported(f"the declared bounds of {name} are both 0", BOUNDS_HINT)
+        return lower, upper, self._column_sql(_unparen(argument))
+
+    def column_table(self, node: exp.Expression) -> tuple[ResolvedTable | None, str] | None:
+        """The table a column reference reads (None when unqualified and not declared by exactly one table)."""
+        node = _unparen(node)
+        if not isinstance(node, exp.Column) or node.args.get("db") is not None:
+            return None
+        name = identifier(node.this)
+        if name is None:
+            return None
+        qualifier = identifier(node.args.get("table"))
+        if qualifier is not None:
+            return self.tables.get(qualifier), name
+        if len(self.tables) == 1:
+            return next(iter(self.tables.values())), name
+        owners = [table for table in self.tables.values() if name in _policy_columns(table)]
+        return (owners[0] if len(owners) == 1 else None), name
+
+    def _column_sql(self, node: exp.Column) -> str:
+        qualifier = identifier(node.args.get("table"))
+        name = quote(identifier(node.this) or "")
+        return f"{quote(qualifier)}.{name}" if qualifier is not None else name
+
+    def _is_unit(self, node: exp.Expression) -> bool:
+        found = self.column_table(node)
+        if found is None or found[0] is None:
+            return False
+        table, name = found
+        if table.protected is not None:
+            return name == table.protected.unit_column
+        return table.linked is not None and name == table.linked.column
+
+    def _unit_name(self) -> str:
+        return self.query.unit.split(".")[-1].strip('"')
+
+
+def _policy_columns(table: ResolvedTable | None) -> dict[str, ColumnPolicy]:
+    if table is None:
+        return {}
+    if table.protected is not None:
+        return table.protected.columns
+    return table.linked.columns if table.linked is not None else {}
+
+
+def _unparen(node: exp.Expression) -> exp.Expression:
+    while isinstance(node, exp.Paren):
+        node = node.this
+    return node
+
+
+def _output_name(alias: str | None, node: exp.Expression) -> str:
+    """PostgreSQL's name for a column: the alias, else the column's name, else the aggregate function's."""
+    if alias:
+        return alias
+    node = _unparen(node)
+    if isinstance(node, exp.Column) and node.args.get("db") is None:
+        return identifier(node.this) or "?column?"
+    if isinstance(node, exp.WithinGroup):
+        node = node.this
+    names = {exp.Count: "count", exp.Sum: "sum", exp.Avg: "avg", exp.Variance: "variance",
+             exp.VariancePop: "var_pop", exp.Stddev: "stddev", exp.StddevSamp: "stddev_samp",
+             exp.StddevPop: "stddev_pop", exp.Median: "median", exp.PercentileCont: "percentile_cont",
+             exp.PercentileDisc: "percentile_disc"}
+    return names.get(type(node), "?column?")
+
+
+def _having(node: exp.Expression, keys: list[exp.Expression], query: AnalyticQuery, drafts: list[_Draft],
+            hidden: list[_Draft], columns: _Columns) -> tuple:
+    """HAVING compiled over the answer row (visible columns, then hidden ones it needs)."""
+    positions: dict[exp.Expression, int] = {}
+    for index, item in enumerate(query.items):
+        positions.setdefault(canonical(_parse_expression(item.expression)), index)
+
+    def value_of(candidate: exp.Expression) -> int | None:
+        wanted = canonical(candidate)
+        if wanted in positions:
+            return positions[wanted]
+        if isinstance(candidate, _AGGREGATES):
+            hidden.append(columns.aggregate(candidate, f"having {len(hidden) + 1}", None))
+            positions[wanted] = len(drafts) + len(hidden) - 1
+            return positions[wanted]
+        if wanted in keys:
+            hidden.append(_Draft(f"having {len(hidden) + 1}", "key", key=keys.index(wanted)))
+            positions[wanted] = len(drafts) + len(hidden) - 1
+            return positions[wanted]
+        if isinstance(candidate, exp.Column):
+            raise unsupported(f"HAVING {candidate.sql(dialect='postgres')}: a column in HAVING must be a GROUP BY "
+                              "expression", DP_HINT)
+        return None
+
+    return compile_having(node, value_of)
 def selection_threshold(scale: Fraction | float, reach: int, delta: float) -> int:
     """The smallest τ with reach · Pr[1 + N ≥ τ] ≤ δ, N ~ discrete Laplace(scale).
 
@@ -388,40 +663,13 @@ def _argument_text(expression: str) -> str:
     return expression[expression.index("(") + 1 : expression.rindex(")")].strip()
 
 
-def _column_name(node: exp.Expression) -> str | None:
-    while isinstance(node, exp.Paren):
-        node = node.this
-    if isinstance(node, exp.Column) and node.args.get("db") is None:
-        return identifier(node.this)
-    return None
-
-
-def _bounds(function: str, argument: exp.Expression, table: ProtectedTable) -> tuple[Fraction, Fraction, str]:
-    name = _column_name(argument)
-    written = argument.sql(dialect="postgres")
-    if name is None:
-        raise unsupported(f"{function.upper()}({written}) in dp mode takes a column with declared bounds, "
-                          "not an expression", DP_HINT)
-    column = table.columns.get(name) or ColumnPolicy(name)
-    if column.lower is None or column.upper is None:
-        raise unsupported(f"{function.upper()}({name}) needs declared bounds for {name}: the noise is calibrated "
-                          "to the bounds, never to the data", BOUNDS_HINT)
-    lower, upper = Fraction(Decimal(str(column.lower))), Fraction(Decimal(str(column.upper)))
-    if lower > upper:
-        raise unsupported(f"the declared bounds of {name} are inverted ({column.lower} > {column.upper})",
-                          BOUNDS_HINT)
-    if max(abs(lower), abs(upper)) == 0:
-        raise unsupported(f"the declared bounds of {name} are both 0", BOUNDS_HINT)
-    return lower, upper, name
-
-
-def _public_domains(query: AnalyticQuery, table: ProtectedTable, tree: exp.Select) -> list[tuple[str, ...]] | None:
+def _public_domains(query: AnalyticQuery, columns: _Columns) -> list[tuple[str, ...]] | None:
     """The declared domain of every GROUP BY key, when every key is a column that has one; else None."""
     domains = []
     for key in query.keys:
-        name = _column_name(_parse_expression(key))
-        column = table.columns.get(name) if name is not None else None
-        if column is None or column.domain is None or not column.domain:
+        found = columns.column_table(_parse_expression(key))
+        column = _policy_columns(found[0]).get(found[1]) if found is not None else None
+        if column is None or not column.domain:
             return None
         domains.append(tuple(column.domain))
     if math.prod(len(d) for d in domains) > MAX_DOMAIN_CELLS:
@@ -430,7 +678,7 @@ def _public_domains(query: AnalyticQuery, table: ProtectedTable, tree: exp.Selec
     return domains
 
 
-def _tail(query: AnalyticQuery, tree: exp.Select, width: int) -> tuple[tuple[OrderKey, ...], int | None, int]:
+def _tail(query: AnalyticQuery, tree: exp.Select) -> tuple[tuple[OrderKey, ...], int | None, int]:
     order = []
     for item in query.order:
         if item.position is None:
@@ -499,18 +747,7 @@ def _sql(query: AnalyticQuery, statistics: list[Statistic], public: list[tuple[s
                    " AS anonproxy_group_rank")]
     bounded += [f"FROM {CELLS}", f"WHERE anonproxy_row_rank <= {rows_cap}"]
 
-    aggregates = []
-    for stat in statistics:
-        if stat.kind == "units":
-            aggregates.append(f"count(DISTINCT {UNIT}) AS {stat.name}")
-        elif stat.kind == "rows":
-            aggregates.append(f"count(*) AS {stat.name}")
-        elif stat.kind == "count":
-            aggregates.append(f"count({arguments[stat.argument]}) AS {stat.name}")  # type: ignore[index]
-        else:
-            lower, upper = _bounds_of(stat)
-            aggregates.append(f"coalesce(sum(LEAST(GREATEST({arguments[stat.argument]}, {lower}), {upper})), 0) "  # type: ignore[index]
-                              f"AS {stat.name}")
+    aggregates = [f"{_aggregate(stat, arguments)} AS {stat.name}" for stat in statistics]
     final = [f"SELECT {', '.join([*keys, *aggregates])}", f"FROM {BOUNDED}"]
     if keys:
         final.append(f"WHERE anonproxy_group_rank <= {groups_cap}")
@@ -534,14 +771,35 @@ def _sql(query: AnalyticQuery, statistics: list[Statistic], public: list[tuple[s
     ctes.append((DOMAIN, "\n".join(domain), "every value of the declared public domains"))
     on = " AND ".join(f"s.{key}::text = d.{key}" for key in keys)
     outer = [f"SELECT {', '.join(f'd.{key}' for key in keys)}, "
-             + ", ".join(f"coalesce(s.{stat.name}, 0) AS {stat.name}" for stat in statistics),
+             + ", ".join(f"coalesce(s.{stat.name}, {_EMPTY[stat.kind]}) AS {stat.name}" for stat in statistics),
              f"FROM {DOMAIN} AS d LEFT JOIN {STATS} AS s ON {on}"]
     return _with(ctes) + "\n" + "\n".join(outer)
 
 
-def _bounds_of(stat: Statistic) -> tuple[str, str]:
-    assert stat.bounds is not None
-    return _literal(stat.bounds[0]), _literal(stat.bounds[1])
+_EMPTY = {"units": "0", "rows": "0", "count": "0", "sum": "0", "values": "'{}'"}  # an empty group's value
+
+
+def _aggregate(stat: Statistic, arguments: dict[str, str]) -> str:
+    if stat.kind == "units":
+        return f"count(DISTINCT {UNIT})"
+    if stat.kind == "rows":
+        return "count(*)"
+    argument = arguments[stat.argument]  # type: ignore[index]
+    if stat.kind == "count":
+        return f"count({argument})"
+    assert stat.clamp is not None
+    # GREATEST/LEAST skip NULLs (GREATEST(NULL, 17) = 17): a NULL must stay NULL, so that sum and array_agg skip it.
+    clamped = (f"CASE WHEN {argument} IS NOT NULL THEN LEAST(GREATEST({argument}, {_literal(stat.clamp[0])}), "
+               f"{_literal(stat.clamp[1])}) END")
+    if stat.kind == "values":
+        return f"array_agg({clamped}) FILTER (WHERE {argument} IS NOT NULL)"
+    if stat.power == 1 and stat.center == 0 and stat.offset == 0:
+        return f"coalesce(sum({clamped}), 0)"  # in the column's own type, like PostgreSQL's sum
+    centred = f"({clamped})::numeric - {_literal(stat.center)}"  # numeric: no overflow, exact
+    term = centred if stat.power == 1 else f"({centred}) * ({centred})"
+    if stat.offset:
+        term = f"{term} - {_literal(stat.offset)}"
+    return f"coalesce(sum({term}), 0)"
 
 
 def _with(ctes: list[tuple[str, str, str]]) -> str:
@@ -575,18 +833,12 @@ def answer(plan: DPPlan, rows: list[tuple]) -> tuple[list[tuple], list[ColumnNoi
             noisy[stat.name] = value
         for stat in plan.statistics:
             if stat.name not in noisy:
-                noisy[stat.name] = _noisy(stat, row[positions[stat.name]])
-        out = []
-        for column in plan.columns:
-            if column.kind == "key":
-                out.append(row[column.key])  # type: ignore[index]
-            elif column.kind == "count":
-                out.append(max(0, noisy[column.statistic]))  # type: ignore[call-overload, index]
-            elif column.kind == "sum":
-                out.append(noisy[column.statistic])  # type: ignore[index]
-            else:
-                out.append(_average(noisy[column.statistic], noisy[column.denominator], column))  # type: ignore[index]
-        result.append(tuple(out))
+                value = row[positions[stat.name]]
+                noisy[stat.name] = value if stat.kind == "values" else _noisy(stat, value)
+        out = tuple(_output(column, row, noisy) for column in plan.columns + plan.hidden)
+        if plan.having is not None and not holds(plan.having, out):
+            continue
+        result.append(out[:len(plan.columns)])
     result = _ordered(result, plan.order)
     end = None if plan.limit is None else plan.offset + plan.limit
     return result[plan.offset:end], [column.noise for column in plan.columns]
@@ -621,15 +873,36 @@ def _decimal(value: Fraction) -> Decimal:
     return Decimal(value.numerator) / Decimal(value.denominator)
 
 
-def _average(total: object, count: object, column: OutputColumn) -> Decimal | float:
+def _output(column: OutputColumn, row: tuple, noisy: dict[str, object]) -> object:
+    if column.kind == "key":
+        return row[column.key]  # type: ignore[index]
+    if column.kind == "count":
+        return max(0, noisy[column.statistic])  # type: ignore[call-overload, index]
+    if column.kind == "sum":
+        return noisy[column.statistic]  # type: ignore[index]
+    if column.kind == "quantile":
+        assert column.quantile is not None
+        return column.quantile.draw(noisy[column.quantile.values])  # type: ignore[arg-type]
+    n = max(int(noisy[column.denominator]), 1)  # type: ignore[call-overload, index]
+    mean = _fraction(noisy[column.statistic if column.kind == "avg" else column.linear]) / n  # type: ignore[index]
     lower, upper = column.lower, column.upper
     assert lower is not None and upper is not None
-    exact_total = Fraction(total) if isinstance(total, float) else Fraction(Decimal(total))  # type: ignore[arg-type]
-    value = exact_total / max(int(count), 1)  # type: ignore[call-overload]
-    value = min(max(value, lower), upper)  # post-processing: AVG lies within the declared bounds
-    if isinstance(total, float):
-        return float(value)
-    return round(_decimal(value), 16)
+    if column.kind == "avg":
+        value = min(max(column.center + mean, lower), upper)  # post-processing: AVG lies within the bounds
+        return round(_decimal(value), 16)
+    # Σ((x − c)² − o) / n + o − ((Σ(x − c)) / n)² is the population variance; n/(n − 1) times it the sample one.
+    variance = _fraction(noisy[column.statistic]) / n + column.offset - mean * mean  # type: ignore[index]
+    half = (upper - lower) / 2
+    variance = min(max(variance, Fraction(0)), half * half)  # values in [L, U] have a variance ≤ ((U − L)/2)²
+    if column.sample:
+        variance = variance * n / max(n - 1, 1)
+    if column.kind == "variance":
+        return round(_decimal(variance), 16)
+    return round(_decimal(variance).sqrt(), 16)
+
+
+def _fraction(value: object) -> Fraction:
+    return Fraction(value) if isinstance(value, (int, float)) else Fraction(Decimal(value))  # type: ignore[arg-type]
 
 
 def _ordered(rows: list[tuple], order: tuple[OrderKey, ...]) -> list[tuple]:

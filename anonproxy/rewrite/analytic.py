@@ -98,6 +98,8 @@ class AnalyticQuery:
     universe: str  # SELECT count(DISTINCT unit) over the whole protected table
     magnitudes: tuple[str, ...]  # arguments of SUM and AVG, as written
     contributors: tuple[tuple[Contribution, str], ...]  # per aggregate argument: who counts as contributing
+    owner: str = ""  # policy name of the protected table whose privacy unit this is
+    sources: tuple[tuple[str, ResolvedTable], ...] = ()  # FROM and JOIN tables: (reference, table)
 
     @property
     def grouped(self) -> bool:
@@ -112,7 +114,9 @@ class _Source:
     join: exp.Join | None  # None for the first FROM item
 
 
-def analyze(statement: Statement, tree: exp.Expression, index: PolicyIndex, params: SuppressionParams) -> AnalyticQuery:
+def analyze(statement: Statement, tree: exp.Expression, index: PolicyIndex, params: SuppressionParams,
+            dp: bool = False) -> AnalyticQuery:
+    """The pieces of ``tree``; ``dp`` also admits the aggregates only dp mode computes (expressions.DP_AGGREGATES)."""
     if isinstance(tree, exp.SetOperation):
         raise unsupported("UNION, INTERSECT and EXCEPT are not supported over protected tables", SHAPE_HINT)
     if not isinstance(tree, exp.Select):
@@ -136,13 +140,13 @@ def analyze(statement: Statement, tree: exp.Expression, index: PolicyIndex, para
         raise unsupported("DISTINCT ON is not allowed over protected tables", SHAPE_HINT)
 
     sources = _sources(tree, index)
-    anchor, unit, universe = _privacy_unit(sources, index)
+    anchor, unit, universe, owner = _privacy_unit(sources, index)
     scope = Scope(
         references={source.reference: source.table for source in sources},
         unaliased={(s.table.schema, s.table.name): s.reference for s in sources if s.node.args.get("alias") is None},
         identifiers={source.reference: _identifier_columns(source.table) for source in sources},
     )
-    checker = Checker(scope, params, anchor.table.policy_name)
+    checker = Checker(scope, params, anchor.table.policy_name, dp)
     _check_joins(sources, anchor, checker)
 
     layout = _Layout(statement, tree)
@@ -150,7 +154,7 @@ def analyze(statement: Statement, tree: exp.Expression, index: PolicyIndex, para
     keys, group_by = _grouping(tree, layout, items, checker)
 
     aggregated = any(item.kind == "aggregate" for item in items) or (
-        tree.args.get("having") is not None and contains_aggregate(tree.args["having"]))
+        tree.args.get("having") is not None and contains_aggregate(tree.args["having"], checker.aggregates))
     if not keys:
         if distinct is not None and not any(item.kind == "aggregate" for item in items):
             keys = group_by = tuple(item.expression for item in items if item.kind == "group")
@@ -173,7 +177,7 @@ def analyze(statement: Statement, tree: exp.Expression, index: PolicyIndex, para
     order = _order(tree, layout, items, checker)
     _check_tail(tree)
     magnitudes, contributors = _aggregate_arguments(statement, tree)
-    _check_tokens(statement)  # last line of defence, after the tree gave its specific reasons
+    _check_tokens(statement, dp)  # last line of defence, after the tree gave its specific reasons
 
     return AnalyticQuery(
         table=anchor.table.policy_name,
@@ -190,6 +194,8 @@ def analyze(statement: Statement, tree: exp.Expression, index: PolicyIndex, para
         universe=universe,
         magnitudes=magnitudes,
         contributors=contributors,
+        owner=owner,
+        sources=tuple((source.reference, source.table) for source in sources),
     )
 
 
@@ -246,8 +252,9 @@ def _identifier_columns(table: ResolvedTable) -> frozenset[str]:
     return frozenset({key, *(name for name, column in policy_columns.items() if column.kind == "identifier")})
 
 
-def _privacy_unit(sources: list[_Source], index: PolicyIndex) -> tuple[_Source, str, str]:
-    """The source that carries the privacy unit, the unit expression, and the universe count query."""
+def _privacy_unit(sources: list[_Source], index: PolicyIndex) -> tuple[_Source, str, str, str]:
+    """The source that carries the privacy unit, the unit expression, the universe count query, and the policy
+    name of the protected table the unit belongs to."""
     protected = [s for s in sources if s.table.kind == "protected"]
     linked = [s for s in sources if s.table.kind == "linked"]
     if len(protected) > 1:
@@ -277,7 +284,7 @@ def _privacy_unit(sources: list[_Source], index: PolicyIndex) -> tuple[_Source, 
     unit = f"{quote(anchor.reference)}.{quote(unit_column)}"
     assert owner.protected is not None
     universe = f"SELECT count(DISTINCT {quote(owner.protected.unit_column)}) FROM {owner.qualified}"
-    return anchor, unit, universe
+    return anchor, unit, universe, owner.policy_name
 
 
 def _check_joins(sources: list[_Source], anchor: _Source, checker: Checker) -> None:
@@ -397,14 +404,14 @@ def _items(tree: exp.Select, layout: _Layout, checker: Checker) -> list[Item]:
         expression = layout.statement.span(first, expression_stop)
         _same(expression, expression_node)
         kind: ItemKind
-        core = _cast_aggregate(expression_node)
+        core = _cast_aggregate(expression_node, checker.aggregates)
         if core is not None:
             # A cast of an aggregate is computed only for groups that passed suppression (after HAVING).
             checker.grouped(core, "the select list")
             kind = "aggregate"
         else:
             checker.grouped(expression_node, "the select list")
-            if contains_aggregate(expression_node):
+            if contains_aggregate(expression_node, checker.aggregates):
                 raise unsupported(f"select item {expression} mixes aggregates with other expressions",
                                   "Select each aggregate on its own: count(*), sum(x), avg(x), or a cast of one.")
             kind = "group" if any(isinstance(n, exp.Column) for n in expression_node.walk()) else "constant"
@@ -412,13 +419,13 @@ def _items(tree: exp.Select, layout: _Layout, checker: Checker) -> list[Item]:
     return items
 
 
-def _cast_aggregate(node: exp.Expression) -> exp.Expression | None:
+def _cast_aggregate(node: exp.Expression, kinds: tuple[type[exp.Expression], ...]) -> exp.Expression | None:
     """The aggregate when ``node`` is an aggregate, possibly inside casts and parentheses."""
     node = unwrap(node)
     while isinstance(node, exp.Cast) and _set_args(node) == {"this", "to"} and isinstance(node.args["to"],
                                                                                            exp.DataType):
         node = unwrap(node.this)
-    return node if isinstance(node, AGGREGATES) else None
+    return node if isinstance(node, kinds) else None
 
 
 def _grouping(tree: exp.Select, layout: _Layout, items: list[Item], checker: Checker) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -477,7 +484,7 @@ def _order(tree: exp.Select, layout: _Layout, items: list[Item], checker: Checke
     if len(pieces) != len(order.expressions):
         raise unsupported("could not separate the ORDER BY items", PARSE_HINT)
     aliases = {item.alias: position for position, item in enumerate(items, 1) if item.alias is not None}
-    canonical_items = [_canonical(unwrap(node)) for node in tree.expressions]
+    canonical_items = [canonical(unwrap(node)) for node in tree.expressions]
     result = []
     statement = layout.statement
     for node, (first, stop) in zip(order.expressions, pieces, strict=True):
@@ -502,8 +509,8 @@ def _order(tree: exp.Select, layout: _Layout, items: list[Item], checker: Checke
             position = aliases[identifier(target.this) or ""]
         else:
             checker.grouped(target, "ORDER BY")
-            canonical = _canonical(unwrap(target))
-            matches = [i for i, item in enumerate(canonical_items, 1) if item == canonical]
+            wanted = canonical(unwrap(target))
+            matches = [i for i, item in enumerate(canonical_items, 1) if item == wanted]
             position = matches[0] if matches else None
         result.append(OrderItem(statement.span(first, stop), suffix.strip(), position))
     return tuple(result)
@@ -583,7 +590,7 @@ _PUNCTUATION = frozenset({
 })  # fmt: skip
 
 
-def _check_tokens(statement: Statement) -> None:
+def _check_tokens(statement: Statement, dp: bool) -> None:
     fetch = False
     words_seen = [statement.word(i) for i in range(len(statement.tokens))]
     for position, token in enumerate(statement.tokens):
@@ -596,7 +603,8 @@ def _check_tokens(statement: Statement) -> None:
         fetch = fetch or words[0] == "FETCH"
         time_zone = words_seen[position + 1:position + 3] == ["TIME", "ZONE"]  # timestamp WITH TIME ZONE
         for word in words:
-            if word in _FOREIGN_WORDS and not (fetch and word in _FETCH_WORDS) and not (word == "WITH" and time_zone):
+            if word in _FOREIGN_WORDS and not (fetch and word in _FETCH_WORDS) and not (word == "WITH" and time_zone) \
+                    and not (dp and word == "WITHIN"):  # percentile_cont(q) WITHIN GROUP (...), dp mode only
                 raise unsupported(f"{word} is not allowed in a query over protected tables", SHAPE_HINT)
 
 
@@ -679,7 +687,7 @@ def _ordinal(node: exp.Expression) -> int | None:
     return None
 
 
-def _canonical(node: exp.Expression) -> exp.Expression:
+def canonical(node: exp.Expression) -> exp.Expression:
     """A copy that compares equal to any spelling PostgreSQL would treat as the same expression."""
     copy = node.copy()
     for ident in list(copy.find_all(exp.Identifier)):
@@ -700,5 +708,5 @@ def _same(text: str, node: exp.Expression) -> None:
         parsed = sqlglot.parse_one(text, read="postgres")
     except SqlglotError:
         raise unsupported("could not isolate a part of the statement", PARSE_HINT) from None
-    if not isinstance(parsed, exp.Expression) or _canonical(parsed) != _canonical(node):
+    if not isinstance(parsed, exp.Expression) or canonical(parsed) != canonical(node):
         raise unsupported("could not isolate a part of the statement", PARSE_HINT)

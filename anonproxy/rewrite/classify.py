@@ -42,7 +42,6 @@ from anonproxy.rewrite.statements import (
 )
 from anonproxy.rewrite.suppress import rewrite
 
-
 # Functions that run SQL given as text, open connections, or act as another role: never passed through.
 SQL_RUNNING_FUNCTIONS = frozenset({
     "query_to_xml", "query_to_xml_and_xmlschema", "query_to_xmlschema", "table_to_xml",
@@ -94,7 +93,7 @@ def _statement(statement: Statement, role: RolePolicy, index: PolicyIndex) -> De
         return _explain(statement, role, index)
     if not is_query(statement):
         return classify_command(statement, role.mode)
-    tree = _parse(statement)
+    tree = parse_statement(statement)
     if not _touches_protected(statement, tree, index):
         _check_passable(statement, tree, role, index)
         return Pass()
@@ -123,7 +122,7 @@ def _explain(statement: Statement, role: RolePolicy, index: PolicyIndex) -> Deci
     inner = Statement(statement.source, tokens[position:])
     if not is_query(inner):
         raise refuse_statement(inner, role.mode)
-    tree = _parse(inner)
+    tree = parse_statement(inner)
     if _touches_protected(inner, tree, index):
         raise forbidden("EXPLAIN of a query over protected tables is not allowed: plans show row estimates taken "
                         "from the table's statistics", "Run the aggregate query itself.")
@@ -131,7 +130,7 @@ def _explain(statement: Statement, role: RolePolicy, index: PolicyIndex) -> Deci
     return Pass()
 
 
-def _parse(statement: Statement) -> exp.Expression:
+def parse_statement(statement: Statement) -> exp.Expression:
     try:
         trees = DIALECT.parser().parse(list(statement.tokens), statement.source)
     except SqlglotError as exc:

@@ -65,6 +65,10 @@ _CONSTANT_CAST_TYPES = frozenset({
 _TEXT_TYPES = frozenset({exp.DataType.Type.TEXT, exp.DataType.Type.VARCHAR, exp.DataType.Type.CHAR})
 
 AGGREGATES = (exp.Count, exp.Sum, exp.Avg, exp.Min, exp.Max)
+# Also aggregates in dp mode only, where the proxy computes them with noise (variance from noisy sums, quantiles
+# with the exponential mechanism): percentile_cont/disc(q) WITHIN GROUP (ORDER BY x) and median(x).
+DP_AGGREGATES = AGGREGATES + (exp.Variance, exp.VariancePop, exp.Stddev, exp.StddevSamp, exp.StddevPop, exp.Median,
+                              exp.WithinGroup)
 
 # Node type -> the arguments it may carry. Anything else set on the node is refused.
 _ROW_NODES: dict[type[exp.Expression], frozenset[str]] = {
@@ -110,6 +114,13 @@ _AGGREGATE_ARGS: dict[type[exp.Expression], frozenset[str]] = {
     exp.Avg: frozenset({"this"}),
     exp.Min: frozenset({"this"}),
     exp.Max: frozenset({"this"}),
+    exp.Variance: frozenset({"this"}),
+    exp.VariancePop: frozenset({"this"}),
+    exp.Stddev: frozenset({"this"}),
+    exp.StddevSamp: frozenset({"this"}),
+    exp.StddevPop: frozenset({"this"}),
+    exp.Median: frozenset({"this"}),
+    exp.WithinGroup: frozenset({"this", "expression"}),
 }
 
 # Friendlier names for refused constructs: (what, why).
@@ -167,10 +178,11 @@ class Scope:
 class Checker:
     """Validates expressions of one query; raises a Refusal naming the first construct not allowed."""
 
-    def __init__(self, scope: Scope, params: SuppressionParams, table: str) -> None:
+    def __init__(self, scope: Scope, params: SuppressionParams, table: str, dp: bool = False) -> None:
         self.scope = scope
         self.params = params
         self.table = table
+        self.aggregates = DP_AGGREGATES if dp else AGGREGATES
         self._in_aggregate = False
 
     # -- entry points ---------------------------------------------------------
@@ -186,7 +198,7 @@ class Checker:
     # -- walking --------------------------------------------------------------
 
     def _walk(self, node: exp.Expression, clause: str, aggregates: bool) -> None:
-        if isinstance(node, AGGREGATES):
+        if isinstance(node, self.aggregates):
             if not aggregates:
                 raise unsupported(f"aggregate {_function_name(node)}() is not allowed in {clause}",
                                   "Aggregates belong in the select list, HAVING or ORDER BY, not nested.")
@@ -224,6 +236,8 @@ class Checker:
             raise unsupported(f"{name}() with {', '.join(sorted(extra))} is not allowed",
                               AGGREGATE_HINT.format(minmax=minmax))
         argument = node.this
+        if isinstance(node, exp.WithinGroup):
+            argument = _percentile_argument(node)
         if isinstance(node, exp.Count):
             if isinstance(argument, exp.Star):
                 return
@@ -419,8 +433,25 @@ def _number(node: exp.Expression | None) -> Decimal | None:
         return None
 
 
-def contains_aggregate(node: exp.Expression) -> bool:
-    return any(isinstance(child, AGGREGATES) for child in node.walk())
+def _percentile_argument(node: exp.WithinGroup) -> exp.Expression:
+    """x of percentile_cont/disc(q) WITHIN GROUP (ORDER BY x), after checking q and the ordering."""
+    function, order = node.this, node.expression
+    hint = "percentile_cont(q) or percentile_disc(q) WITHIN GROUP (ORDER BY column), q a constant in [0, 1]."
+    if not isinstance(function, (exp.PercentileCont, exp.PercentileDisc)) or _set_args(function) != {"this"}:
+        raise unsupported("only percentile_cont and percentile_disc are allowed WITHIN GROUP", hint)
+    q = _number(function.this)
+    if q is None or not 0 <= q <= 1:
+        raise unsupported("the fraction of percentile_cont/disc must be a constant in [0, 1]", hint)
+    if not isinstance(order, exp.Order) or _set_args(order) != {"expressions"} or len(order.expressions) != 1:
+        raise unsupported("WITHIN GROUP takes one ORDER BY expression", hint)
+    (ordered,) = order.expressions
+    if not isinstance(ordered, exp.Ordered) or _set_args(ordered) - {"this", "nulls_first"}:
+        raise unsupported("WITHIN GROUP (ORDER BY x) must order ascending", hint)
+    return ordered.this
+
+
+def contains_aggregate(node: exp.Expression, kinds: tuple[type[exp.Expression], ...] = AGGREGATES) -> bool:
+    return any(isinstance(child, kinds) for child in node.walk())
 
 
 def unwrap(node: exp.Expression) -> exp.Expression:
