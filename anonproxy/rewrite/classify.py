@@ -4,9 +4,10 @@ Pure and deterministic: no I/O, no clock, no state; the proxy caches the result
 by (text, role, policy version).
 
 Per statement: a query (SELECT / WITH / VALUES / TABLE) that reaches no
-protected or linked table passes; one that does is rewritten (mode
-``suppress``) or handed to differential privacy (mode ``dp``: Noisy, planned by
-:mod:`anonproxy.privacy.dp_plan`); commands go through
+protected or linked table passes (published relations, already anonymized,
+among them); one that does is refused if it also reads a published relation,
+else rewritten (mode ``suppress``) or handed to differential privacy (mode
+``dp``: Noisy, planned by :mod:`anonproxy.privacy.dp_plan`); commands go through
 the allowlist of :mod:`anonproxy.rewrite.commands`. Then per message: all
 statements pass -> Pass; exactly one statement, rewritten -> Rewrite (or Noisy); one
 ``SHOW anonproxy.*`` -> Intercept; any other mixture -> Reject.
@@ -32,7 +33,7 @@ from anonproxy.rewrite.decision import (
     forbidden,
     unsupported,
 )
-from anonproxy.rewrite.names import PolicyIndex, fold
+from anonproxy.rewrite.names import PolicyIndex, fold, identifier, split_policy_name
 from anonproxy.rewrite.statements import (
     DIALECT,
     PARSE_HINT,
@@ -97,6 +98,7 @@ def _statement(statement: Statement, role: RolePolicy, index: PolicyIndex) -> De
     if not _touches_protected(statement, tree, index):
         _check_passable(statement, tree, role, index)
         return Pass()
+    _refuse_published(tree, index.policy)
     if role.mode == "dp":
         return Noisy(statement.text)  # planned by anonproxy.privacy.dp_plan, which says what it supports
     return Rewrite(rewrite(analyze(statement, tree, index, role.suppression), role.suppression))
@@ -163,6 +165,26 @@ def _touches_protected(statement: Statement, tree: exp.Expression, index: Policy
                 f"the statement mentions {name!r}, the name of a protected table, in a way the proxy cannot analyze",
                 "Query a protected table only in the FROM clause of an aggregate SELECT; do not reuse its name.")
     return False
+
+
+def _refuse_published(tree: exp.Expression, policy: Policy) -> None:
+    """Refuse a query over protected tables that also reads a published relation (an anonymized release).
+
+    A release holds rows about the same people as the protected tables, with no declared key to their privacy
+    unit, so suppression could not count them and DP could not bound what one person contributes. An
+    unqualified name counts when any schema holds a published relation of that name (see ``_touches_protected``).
+    """
+    published = {split_policy_name(name) for name in policy.published}
+    bare = {name for _, name in published}
+    for table in tree.find_all(exp.Table):
+        name = identifier(table.this if isinstance(table.this, exp.Identifier) else None)
+        schema = identifier(table.args.get("db"))
+        if name is not None and (name in bare if schema is None else (schema, name) in published):
+            raise forbidden(
+                f"the statement reads published relation {name if schema is None else f'{schema}.{name}'} together "
+                "with protected tables; an anonymized release cannot be combined with protected data",
+                "Query the published relation on its own (row by row), and the protected tables in statements of "
+                "their own.")
 
 
 def _check_passable(statement: Statement, tree: exp.Expression, role: RolePolicy, index: PolicyIndex) -> None:
