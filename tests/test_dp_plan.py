@@ -321,3 +321,138 @@ def test_order_by_and_limit_apply_after_noise(postgresql: psycopg.Connection) ->
     assert len(rows) == 3
     assert [row[1] for row in rows] == sorted((row[1] for row in rows), reverse=True)
     assert rows[0][0] == "HS-grad"  # 9,840 people, far ahead of Some-college
+
+
+# --- JOINs, HAVING, VARIANCE/STDDEV, quantiles ------------------------------------------------
+
+
+def test_plans_of_the_new_aggregates() -> None:
+    # var_pop(age): count, Σ(age − 53) (|·| ≤ 37) and Σ((age − 53)² − 684) (in [−684, 685]): ε/3 each
+    p = plan("select var_pop(age), stddev(age) from adult", DPParams(1.5, 1e-6))
+    assert [(s.kind, s.center, s.power, s.offset) for s in p.statistics] == [
+        ("count", 0, 1, 0), ("sum", 53, 1, 0), ("sum", 53, 2, 684)]
+    assert [s.sensitivity for s in p.statistics] == [1, 37, 685]
+    assert [s.scale for s in p.statistics] == [2, 74, 1370]
+    assert [c.kind for c in p.columns] == ["variance", "stddev"] and [c.name for c in p.columns] == [
+        "var_pop", "stddev"]
+    assert [c.sample for c in p.columns] == [False, True]
+    # a quantile is its own mechanism with its share of ε; the SQL returns the clamped values of each group
+    p = plan("select sex, percentile_disc(0.25) within group (order by age), median(age) from adult group by sex",
+             DPParams(1.0, 1e-6))
+    assert [s.kind for s in p.statistics] == ["values"]
+    first, second = p.columns[1].quantile, p.columns[2].quantile
+    assert (first.q, first.discrete, first.resolution, first.epsilon) == (Fraction(1, 4), True, 1, Fraction(1, 2))
+    assert (second.q, second.discrete) == (Fraction(1, 2), False)
+    assert "array_agg(" in p.sql and p.columns[1].noise.mechanism == "exponential"
+    assert [c.name for c in p.columns] == ["sex", "percentile_disc", "median"]
+
+
+def test_joins_to_linked_tables_are_bounded_per_unit() -> None:
+    p = plan("select v.ward, count(*), sum(v.minutes) from adult a join visits v on v.person = a.id "
+             "where a.age > 30 group by v.ward", DPParams(1.0, 1e-6, max_groups_per_unit=2, max_rows_per_unit=3))
+    assert p.table == "public.adult"  # the budget of the protected table pays
+    assert '"a"."id" AS anonproxy_unit' in p.sql and '"public"."visits" v' in p.sql
+    # bounds and the public domain come from the linked table's policy; a unit reaches 2 of the 3 wards
+    assert [(s.kind, s.sensitivity) for s in p.statistics] == [("rows", 6), ("sum", 2 * 3 * 60)]
+    assert "unnest(ARRAY['A', 'B', 'C']::text[])" in p.sql
+    # a linked table alone is charged to its protected table too
+    assert plan("select count(distinct person) from visits").table == "public.adult"
+
+
+def _visits(conn: psycopg.Connection) -> None:
+    conn.execute("create table public.visits (person int, ward text, minutes int)")
+    # person 1: 500 visits of 60 minutes in ward A; persons 2..301: two visits each, 10 minutes, ward B
+    conn.execute("insert into public.visits select 1, 'A', 60 from generate_series(1, 500)")
+    conn.execute("insert into public.visits select p, 'B', 10 from generate_series(2, 301) p, generate_series(1, 2)")
+
+
+def test_join_counts_people_not_visits(postgresql: psycopg.Connection) -> None:
+    _visits(postgresql)
+    p = plan("select v.ward, count(*), sum(v.minutes) from adult a join visits v on v.person = a.id group by 1",
+             DPParams(1.0, 1e-6, max_rows_per_unit=2))
+    exact = {row[0]: row[1:] for row in run(postgresql, p)}
+    assert exact["A"] == (2, 120)  # person 1's 500 visits are capped at 2 rows
+    assert exact["B"] == (600, 6000) and exact["C"] == (0, 0)
+    rows, noise = answer(p, run(postgresql, p))
+    assert sorted(row[0] for row in rows) == ["A", "B", "C"]
+    for key, count, minutes in rows:
+        assert abs(count - exact[key][0]) <= 6 * noise[1].ci95_halfwidth
+        assert abs(minutes - exact[key][1]) <= 6 * noise[2].ci95_halfwidth
+
+
+def test_one_row_per_unit_join_matches_the_truth(postgresql: psycopg.Connection) -> None:
+    postgresql.execute("create table public.region as select id, (array['North', 'South', 'East', 'West'])"
+                       "[1 + id % 4] as region from public.adult")
+    sql = "select r.region, count(*), avg(a.age) from adult a join region r on r.id = a.id group by r.region"
+    exact = {row[0]: row[1:] for row in postgresql.execute(sql).fetchall()}
+    p = plan(sql, DPParams(1.0, 1e-6))
+    rows, noise = answer(p, run(postgresql, p))
+    assert {row[0] for row in rows} == {"North", "South", "East", "West"}
+    for region, count, average in rows:
+        assert abs(count - exact[region][0]) <= 6 * noise[1].ci95_halfwidth
+        assert abs(average - exact[region][1]) < 1
+
+
+def test_having_filters_noisy_values(postgresql: psycopg.Connection) -> None:
+    exact = truth(postgresql, "select education, count(*) from adult group by 1")
+    p = plan("select education, count(*) from adult group by education having count(*) >= 1000 and "
+             "education <> 'HS-grad'")
+    assert p.epsilon == 1.0  # HAVING is post-processing: no extra cost
+    for _ in range(20):
+        rows, _ = answer(p, run(postgresql, p))
+        assert all(count >= 1000 for _, count in rows)  # the filter saw the released (noisy) values
+        # noise of scale 1 never moves a count across 1000 from farther than 25
+        released = {key for key, _ in rows}
+        assert {k for k, n in exact.items() if n >= 1025 and k != "HS-grad"} <= released
+        assert released <= {k for k, n in exact.items() if n >= 975 and k != "HS-grad"}
+    # an aggregate only HAVING uses is computed, noised and charged, then dropped from the answer
+    p = plan("select sex from adult group by sex having avg(age) > 37")
+    assert p.epsilon == 1.0 and [c.kind for c in p.hidden] == ["avg"] and len(p.columns) == 1
+    rows, _ = answer(p, run(postgresql, p))
+    assert rows == [("Male",)]  # true averages: Female 36.9, Male 39.2 (noise sd ≈ 0.07)
+
+
+def test_variance_and_stddev_are_close(postgresql: psycopg.Connection) -> None:
+    sql = "select var_pop(age), var_samp(age), stddev_pop(hours_per_week), stddev(age) from adult"
+    exact = postgresql.execute(sql).fetchone()
+    p = plan(sql)
+    for _ in range(20):
+        ((var_pop, var_samp, stddev_hours, stddev_age),), noise = answer(p, run(postgresql, p))
+        assert all(isinstance(value, Decimal) for value in (var_pop, var_samp, stddev_hours, stddev_age))
+        # ε/6 each: errors in Σ(x − c)²/n are ≈ 6·685/30162 ≈ 0.14 per unit of noise scale
+        assert abs(var_pop - exact[0]) < 5 and abs(var_samp - exact[1]) < 5
+        assert abs(stddev_hours - Decimal(exact[2])) < 0.5 and abs(stddev_age - Decimal(exact[3])) < 0.5
+        assert noise[0].mechanism == "moments"
+    # at a tiny ε the noisy moments are wild, but a variance never leaves [0, ((U − L)/2)²]
+    p = plan("select var_pop(age) from adult where age > 88", DPParams(0.001, 1e-6))
+    for _ in range(50):
+        ((value,),), _ = answer(p, run(postgresql, p))
+        assert 0 <= value <= Decimal(36.5) ** 2
+
+
+def test_quantiles_are_within_their_rank_guarantee(postgresql: psycopg.Connection) -> None:
+    n = postgresql.execute("select count(*) from adult").fetchone()[0]
+
+    def rank_distance(value: float, q: float) -> int:
+        below, upto = postgresql.execute("select count(*) filter (where age < %s), count(*) filter (where age <= %s)"
+                                         " from adult", [value, value]).fetchone()
+        return max(0, below - q * n, q * n - upto)
+
+    p = plan("select median(age), percentile_disc(0.9) within group (order by age), "
+             "percentile_cont(0.1) within group (order by age) from adult")
+    sql_rows = run(postgresql, p)
+    bounds = [c.noise.rank_halfwidth for c in p.columns]
+    for _ in range(20):
+        ((median, p90, p10),), _ = answer(p, sql_rows)
+        assert isinstance(median, float) and isinstance(p90, int) and isinstance(p10, float)
+        # 95 % of draws are within the stated rank half-width; 3× it fails with probability < 1e-8 per draw
+        for value, q, bound in ((median, 0.5, bounds[0]), (p90, 0.9, bounds[1]), (p10, 0.1, bounds[2])):
+            assert rank_distance(value, q) <= 3 * bound, (value, q)
+
+
+def test_clamping_keeps_nulls_out_of_sums(postgresql: psycopg.Connection) -> None:
+    postgresql.execute("create table public.spread (unit int, g text, v int)")
+    postgresql.execute("insert into public.spread values (1, 'a', 5), (2, 'a', null), (3, 'a', 50)")
+    p = plan("select sum(v), count(v), avg(v) from spread")
+    # 5 + clamp(50) = 15; the NULL is not counted as the lower bound 0; Σ(v − 5) = 0 + 5
+    assert run(postgresql, p) == [(15, 2, 5)]

@@ -459,10 +459,10 @@ class _Columns:
                     raise unsupported(f"{written or node.sql(dialect='postgres')}: count(DISTINCT x) is supported "
                                       f"in dp mode only on the privacy unit {self._unit_name()}", DP_HINT)
                 return _Draft(name, "count", statistic=self.need("units", None, Fraction(1)))
-            if written is not None:
+            if isinstance(argument, exp.Column):
+                text = self._column_sql(argument)  # the same text as the argument of avg(x) on that column
+            elif written is not None:
                 text = _argument_text(written)
-            elif isinstance(argument, exp.Column):
-                text = self._column_sql(argument)
             else:
                 raise unsupported(f"HAVING {node.sql(dialect='postgres')}: count of an expression in HAVING must "
                                   "also be in the select list", DP_HINT)
