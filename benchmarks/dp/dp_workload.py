@@ -20,6 +20,14 @@ SELECT id, (ARRAY['North', 'South', 'East', 'West'])[1 + id % 4] AS region, 1 + 
 FROM public.adult;
 ALTER TABLE public.adult_region ADD PRIMARY KEY (id);
 """
+# The policy declares it linked to public.adult through id, with a public domain for region and bounds for
+# household_size (run.py gives the planner it calls directly the same as a LinkedTable).
+REGION_POLICY_SQL = """
+SELECT anonproxy.link_table('public.adult_region', 'id', 'public.adult');
+SELECT anonproxy.set_column('public.adult_region', 'region', 'quasi_identifier',
+                            domain => ARRAY['North', 'South', 'East', 'West']);
+SELECT anonproxy.set_column('public.adult_region', 'household_size', 'quasi_identifier', 1, 5);
+"""
 
 
 @dataclass(frozen=True)

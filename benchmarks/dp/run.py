@@ -15,7 +15,9 @@ unit, for the two JOIN queries), and ``anonproxy serve`` with a service login.
   reference) and the contribution-bounded SQL anonproxy runs (plan.sql).
 
 SmartNoise SQL runs the same queries in its own venv (smartnoise_side.py)
-over the same rows exported to CSV, same ε and δ per query. Prints, per
+over the same rows exported to CSV, at the same total ε and δ per query as
+its own accountant counts them (and once more with ε and δ per measurement,
+its nominal setting, for reference). Prints, per
 query, median and p95 relative error of both, who answered, and the latency
 anonproxy adds. See README.md for the error definition and the targets.
 """
@@ -23,9 +25,9 @@ anonproxy adds. See README.md for the error definition and the targets.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import json
-import math
 import statistics
 import subprocess
 import sys
@@ -33,7 +35,6 @@ import tempfile
 import time
 from collections.abc import Sequence
 from contextlib import ExitStack
-from decimal import Decimal
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -41,14 +42,20 @@ from typing import Any
 import psycopg
 
 from anonproxy.embedded import EmbeddedPostgres
+from anonproxy.policy.model import ColumnPolicy, LinkedTable
 from anonproxy.policy.yaml_policy import demo_policy
 from anonproxy.privacy.dp_plan import DPParams, DPPlan, plan_dp
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from dp_workload import QUERIES, REGION_TABLE_SQL, Query  # noqa: E402
+from dp_workload import QUERIES, REGION_POLICY_SQL, REGION_TABLE_SQL, Query
 
 SUPPRESS_DIR = HERE.parent / "suppress"
+# public.adult_region as REGION_POLICY_SQL declares it, for the plans run.py makes itself (the "bound" SQL).
+REGION_LINK = LinkedTable("public.adult_region", "id", "public.adult", "id", {
+    "region": ColumnPolicy("region", "quasi_identifier", domain=("North", "South", "East", "West")),
+    "household_size": ColumnPolicy("household_size", "quasi_identifier", lower=1, upper=5),
+})
 
 
 def _load_suppress() -> ModuleType:
@@ -98,7 +105,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    policy = demo_policy()
+    demo = demo_policy()
+    policy = dataclasses.replace(demo, links={**demo.links, REGION_LINK.name: REGION_LINK})
     role = policy.role(ROLE)
     plans: dict[str, DPPlan | None] = {}
     for query in QUERIES:
@@ -108,9 +116,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         progress("starting PostgreSQL")
         server = stack.enter_context(EmbeddedPostgres())
         progress("installing the schema, adult, the demo roles, the service role, the demo policy, adult_region")
-        password = suppress._prepare_database(server, policy)
+        password = suppress._prepare_database(server, demo)
         admin = stack.enter_context(psycopg.connect(server.conninfo(dbname=suppress.DATABASE), autocommit=True))
         admin.execute(REGION_TABLE_SQL)
+        admin.execute(REGION_POLICY_SQL)
         admin.execute("select anonproxy.set_budget(%s::name, 'public.adult'::regclass, 1000000, 0.5, null, %s::numeric, %s::numeric)",
                       (ROLE, str(EPSILON), format(DELTA, "f")))
         rows = admin.execute("select count(*) from public.adult").fetchone()[0]
@@ -157,9 +166,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 progress(f"  {n + 1}/{args.repeat}")
         anonproxy_seconds = time.monotonic() - started
         # After anonproxy's runs, not during them: the latencies above are measured on a quiet machine.
-        smartnoise = _start_smartnoise(args, csv, Path(tmp) / "smartnoise.json")
+        smartnoise = _start_smartnoise(args, csv, Path(tmp) / "smartnoise.json", nominal=False)
         sn = _finish_smartnoise(smartnoise)
-    results = [_query_result(q, truth[q.id], answers[q.id], refusals.get(q.id), timings[q.id], sn) for q in QUERIES]
+        nominal_state = _start_smartnoise(args, csv, Path(tmp) / "smartnoise-nominal.json", nominal=True)
+        sn_nominal = _finish_smartnoise(nominal_state)
+    results = [_query_result(q, truth[q.id], answers[q.id], refusals.get(q.id), timings[q.id], sn, sn_nominal)
+               for q in QUERIES]
     summary = _summary(results, sn is not None)
     _print_report(results, summary, args, sn)
     return {
@@ -178,7 +190,7 @@ def _wait_for_dp_gate(port: int) -> psycopg.Connection[Any]:
     while True:
         try:
             conn = suppress._connect(port, ROLE, ROLE)
-        except psycopg.OperationalError as exc:
+        except psycopg.OperationalError:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.2)
@@ -201,12 +213,13 @@ def _timed(conn: psycopg.Connection[Any], sql: str) -> tuple[float, list[tuple[A
     return (time.perf_counter_ns() - start) / 1e6, rows
 
 
-def _start_smartnoise(args: argparse.Namespace, csv: Path, out: Path) -> dict[str, Any]:
+def _start_smartnoise(args: argparse.Namespace, csv: Path, out: Path, nominal: bool) -> dict[str, Any]:
     if not args.snsql_python.exists():
         return {"error": f"{args.snsql_python} not found (pip install smartnoise-sql in a venv there)"}
     command = [str(args.snsql_python), str(HERE / "smartnoise_side.py"), str(csv), str(out),
                "--repeat", str(args.repeat), "--epsilon", str(EPSILON), "--delta", str(DELTA)]
-    progress("SmartNoise SQL, in its venv, after anonproxy")
+    command += ["--nominal"] if nominal else []
+    progress(f"SmartNoise SQL, in its venv, after anonproxy ({'ε per measurement' if nominal else 'ε per query'})")
     return {"process": subprocess.Popen(command), "out": out}
 
 
@@ -244,10 +257,14 @@ def _stats(values: list[float]) -> dict[str, float] | None:
 
 
 def _query_result(query: Query, truth: list[tuple[Any, ...]], answers: list[list[tuple[Any, ...]]],
-                  refusal: str | None, timings: dict[str, list[float]], sn: dict[str, Any] | None) -> dict[str, Any]:
+                  refusal: str | None, timings: dict[str, list[float]], sn: dict[str, Any] | None,
+                  sn_nominal: dict[str, Any] | None) -> dict[str, Any]:
     ap_errors = [relative_error(truth, answer, query.keys) for answer in answers]
     sn_query = None if sn is None else sn["queries"][query.id]
     sn_errors = [] if sn_query is None else [relative_error(truth, answer, query.keys) for answer in sn_query["runs"]]
+    nominal = None if sn_nominal is None else sn_nominal["queries"][query.id]
+    nominal_errors = [] if nominal is None else [relative_error(truth, answer, query.keys)
+                                                 for answer in nominal["runs"]]
     p50 = {s: statistics.median(v) for s, v in timings.items() if v}
     return {
         "id": query.id, "kind": query.kind, "sql": query.sql,
@@ -255,8 +272,11 @@ def _query_result(query: Query, truth: list[tuple[Any, ...]], answers: list[list
                       "errors": ap_errors},
         "smartnoise": None if sn_query is None else {
             "answered": not sn_query["error"] and bool(sn_errors), "refusal": sn_query["error"],
-            "error": _stats(sn_errors), "errors": sn_errors,
+            "error": _stats(sn_errors), "errors": sn_errors, "cost": sn_query.get("cost"),
             "ms_p50": statistics.median(sn_query["ms"]) if sn_query["ms"] else None},
+        "smartnoise_nominal": None if nominal is None else {
+            "answered": not nominal["error"] and bool(nominal_errors), "error": _stats(nominal_errors),
+            "cost": nominal.get("cost")},
         "ms_p50": p50,
         "ms_p95": {s: percentile(sorted(v), 0.95) for s, v in timings.items() if v},
         "added_first_ms": p50["first"] - p50["exact"] if "first" in p50 else None,
@@ -298,21 +318,28 @@ def _print_report(results: list[dict[str, Any]], summary: dict[str, Any], args: 
                   sn: dict[str, Any] | None) -> None:
     print()
     print(f"ε = {EPSILON} per query (δ = {DELTA:g}), {args.repeat} repetitions; relative error: median / p95")
-    print(f"{'query':<5} {'kind':<24} {'anonproxy med':>13} {'p95':>8} {'SmartNoise med':>14} {'p95':>8}  "
+    print(f"{'query':<5} {'kind':<24} {'anonproxy med':>13} {'p95':>8} {'SmartNoise med':>14} {'p95':>8} "
+          f"{'SN/meas med':>11} {'SN cost':>7}  "
           f"{'first':>7} {'seen':>6} {'exact':>6} {'bound':>6} {'+first':>7} {'+seen':>6} {'SN ms':>6}")
     for r in results:
-        ap, snr = r["anonproxy"], r["smartnoise"]
+        ap, snr, nominal = r["anonproxy"], r["smartnoise"], r.get("smartnoise_nominal")
         ape = ap["error"] or {}
         sne = (snr or {}).get("error") or {}
         ap_med = _fmt(ape.get("median")) if ap["answered"] else "refused"
         sn_med = "n/a" if snr is None else (_fmt(sne.get("median")) if snr["answered"] else "refused")
+        nominal_med = "n/a" if nominal is None else (
+            _fmt((nominal["error"] or {}).get("median")) if nominal["answered"] else "refused")
+        nominal_cost = "-" if nominal is None or not nominal["cost"] else f"{nominal['cost'][0]:g}"
         ms = r["ms_p50"]
         print(f"{r['id']:<5} {r['kind'][:24]:<24} {ap_med:>13} {_fmt(ape.get('p95')):>8} {sn_med:>14} "
-              f"{_fmt(sne.get('p95')):>8}  {_fmt(ms.get('first'), '.2f'):>7} {_fmt(ms.get('seen'), '.2f'):>6} "
+              f"{_fmt(sne.get('p95')):>8} {nominal_med:>11} {nominal_cost:>7}  "
+              f"{_fmt(ms.get('first'), '.2f'):>7} {_fmt(ms.get('seen'), '.2f'):>6} "
               f"{_fmt(ms.get('exact'), '.2f'):>6} {_fmt(ms.get('bounded'), '.2f'):>6} "
               f"{_fmt(r['added_first_ms'], '.2f'):>7} {_fmt(r['added_seen_ms'], '.2f'):>6} "
               f"{_fmt((snr or {}).get('ms_p50'), '.1f'):>6}")
     print()
+    print(f"SmartNoise med/p95: SmartNoise at the same total ε {EPSILON} and δ {DELTA:g} per query as its accountant "
+          f"composes them; SN/meas med: SmartNoise with ε {EPSILON} per measurement, whose total cost is 'SN cost'")
     print("latency columns: p50 ms; first = through the proxy, fresh noise + ledger charge; seen = same text again "
           "(cached answer); exact = plain SQL directly; bound = anonproxy's bounded SQL directly; "
           "+first/+seen = first/seen minus exact")
