@@ -1,0 +1,464 @@
+-- Migration 0006: Mondrian multidimensional partitioning (issue 5), strict and relaxed.
+--
+-- anonproxy.anonymize_mondrian follows the algorithm-function contract of
+-- docs/views-internals.md: it reads the temp table `input` (_row, _unit, the
+-- QIs, the sensitive column) and fills the temp table named by spec.output
+-- with _row and one generalized text cell per QI.
+--
+-- Set-based (LeFevre et al. 2006; seed 000 Alg. 1): every round handles all
+-- open partitions at once with a fixed number of statements, so there are
+-- about log2(n/k) rounds. Values are first coded as integers per QI:
+--   numeric      rank of the value; summarized as `lo-hi` (or the value);
+--   set          rank of the text (categorical QI without hierarchy);
+--                summarized as a text[] literal `{a,b}` (or the value);
+--   tree         position of the leaf in a depth-first walk of the QI's
+--                hierarchy, so every node covers a contiguous code range;
+--                summarized as the lowest common ancestor node.
+-- Rows with the same codes, sensitive value and unit form one atom; when no
+-- unit spans two atoms and the variant is strict, atoms also merge across
+-- units and carry a weight (the number of units), which keeps counts exact.
+--
+-- A round: (1) bounds of every open partition per QI give the normalized
+-- widths and, for tree QIs, the lowest common ancestor; (2) a weighted
+-- median per partition and ordered QI gives the cut; (3) every candidate
+-- split of every partition is evaluated against every requested model
+-- (k, ℓ, t) on its halves; (4) each partition takes the widest QI whose split
+-- is allowable, and one UPDATE moves its atoms to the new partitions. A
+-- partition with no allowable split is final.
+
+create function anonproxy.anonymize_mondrian(input regclass, spec jsonb)
+returns jsonb
+language plpgsql
+set search_path = pg_catalog, pg_temp
+-- Every statement is a bulk operation over many partitions; temp tables have
+-- no statistics between rounds, and a misestimated nested loop costs minutes.
+set enable_nestloop = off
+set work_mem = '128MB'
+set jit = off
+as $fn$
+declare
+    started timestamptz := clock_timestamp();
+    variant text := coalesce(spec->>'variant', 'strict');
+    k integer := (spec->>'k')::integer;
+    l numeric := (spec->>'l')::numeric;
+    l_kind text := coalesce(spec->>'l_kind', 'entropy');
+    c numeric := (spec->>'c')::numeric;
+    t numeric := (spec->>'t')::numeric;
+    t_distance text := coalesce(spec->>'t_distance', 'ordered');
+    sens jsonb := nullif(spec->'sensitive', 'null'::jsonb);
+    output text := coalesce(spec->>'output', 'anonproxy_output');
+    qi jsonb := spec->'qi';
+    dims integer := jsonb_array_length(spec->'qi');
+    q jsonb;
+    j integer;
+    bad text;
+    pure boolean;
+    count_units text;        -- distinct units of a group of atoms
+    codes_sql text := '';    -- array[code of QI 1, ...] for a row of input
+    joins_sql text := '';
+    bounds_sql text;
+    mid_side text;           -- side of an atom whose code equals the cut
+    failing_sql text;
+    rounds integer := 0;
+    estimate integer;
+    units bigint;
+    open_parts bigint;
+    next_part integer;
+    levels integer;
+begin
+    if variant not in ('strict', 'relaxed') then
+        raise exception using errcode = '22023',
+            message = format('unknown Mondrian variant %L', variant), hint = 'use strict or relaxed';
+    end if;
+    if k is null or k < 1 then
+        raise exception using errcode = '22023', message = 'spec.k must be a positive integer';
+    end if;
+    if dims is null or dims < 1 then
+        raise exception using errcode = '22023', message = 'spec.qi must name at least one quasi-identifier';
+    end if;
+    if (l is not null or t is not null) and sens is null then
+        raise exception using errcode = '22023',
+            message = 'ℓ-diversity and t-closeness need spec.sensitive';
+    end if;
+    if l is not null and l_kind not in ('distinct', 'entropy', 'recursive') then
+        raise exception using errcode = '22023', message = format('unknown ℓ-diversity kind %L', l_kind),
+            hint = 'use distinct, entropy or recursive';
+    end if;
+    if l is not null and l_kind = 'recursive' and c is null then
+        raise exception using errcode = '22023', message = 'recursive (c,ℓ)-diversity needs spec.c';
+    end if;
+    if t is not null and t_distance not in ('ordered', 'equal', 'hierarchical') then
+        raise exception using errcode = '22023', message = format('unknown t-closeness distance %L', t_distance),
+            hint = 'use ordered, equal or hierarchical';
+    end if;
+    if t is not null and t_distance = 'hierarchical' and sens->>'hierarchy' is null then
+        raise exception using errcode = '22023',
+            message = 'hierarchical t-closeness needs a hierarchy on the sensitive column';
+    end if;
+
+    drop table if exists _mondrian_dims, _mondrian_dom, _mondrian_anc, _mondrian_sdom, _mondrian_snodes,
+        _mondrian_rows, _mondrian_atoms, _mondrian_parts, _mondrian_cand, _mondrian_halves,
+        _mondrian_chosen, _mondrian_split, _mondrian_summary;
+
+    -- QIs, their codes, and for tree QIs every leaf's ancestor at every level.
+    create temp table _mondrian_dims (
+        dim integer primary key, name text not null, kind text not null, hierarchy text, span numeric);
+    create temp table _mondrian_dom (dim integer, code integer, txt text, num numeric, primary key (dim, code));
+    create temp table _mondrian_anc (
+        dim integer, code integer, level integer, lo integer, hi integer, node text,
+        primary key (dim, code, level));
+    for j in 1 .. dims loop
+        q := qi->(j - 1);
+        if q->>'kind' = 'numeric' then
+            insert into _mondrian_dims values (j, q->>'name', 'numeric', null, null);
+            execute format(
+                'insert into _mondrian_dom (dim, code, txt, num)
+                 select %s, dense_rank() over (order by v), v::text, v
+                   from (select distinct %I::numeric as v from %s) s where v is not null',
+                j, q->>'name', input);
+            update _mondrian_dims set span = (select max(num) - min(num) from _mondrian_dom where dim = j)
+             where dim = j;
+        elsif q->>'hierarchy' is null then
+            insert into _mondrian_dims values (j, q->>'name', 'set', null, null);
+            execute format(
+                'insert into _mondrian_dom (dim, code, txt)
+                 select %s, dense_rank() over (order by v), v
+                   from (select distinct %I::text as v from %s) s where v is not null',
+                j, q->>'name', input);
+            update _mondrian_dims set span = (select count(*) - 1 from _mondrian_dom where dim = j) where dim = j;
+        else
+            insert into _mondrian_dims values (j, q->>'name', 'tree', q->>'hierarchy', null);
+            select h.levels into levels from anonproxy.hierarchies h where h.name = q->>'hierarchy';
+            if not found then
+                raise exception using errcode = '42704',
+                    message = format('hierarchy %L of column %I does not exist', q->>'hierarchy', q->>'name');
+            end if;
+            -- Sorting leaves by their path from the top is a depth-first walk.
+            insert into _mondrian_dom (dim, code, txt)
+            select j, row_number() over (order by path), leaf
+              from (select n.leaf, array_agg(n.node order by n.level desc) as path
+                      from anonproxy.hierarchy_nodes n where n.hierarchy = q->>'hierarchy'
+                     group by n.leaf) p;
+            insert into _mondrian_anc (dim, code, level, lo, hi, node)
+            select j, d.code, n.level,
+                   min(d.code) over (partition by n.level, n.node),
+                   max(d.code) over (partition by n.level, n.node), n.node
+              from _mondrian_dom d
+              join anonproxy.hierarchy_nodes n on n.hierarchy = q->>'hierarchy' and n.leaf = d.txt
+             where d.dim = j;
+            update _mondrian_dims set span = (select count(*) - 1 from _mondrian_dom where dim = j) where dim = j;
+            execute format('select v from (select distinct %1$I::text as v from %2$s) s
+                             where not exists (select from _mondrian_dom d where d.dim = %3$s and d.txt = s.v)
+                             limit 1', q->>'name', input, j)
+               into bad;
+            if bad is not null then
+                raise exception using errcode = '22023',
+                    message = format('value %L of column %I is not a leaf of hierarchy %L',
+                                     bad, q->>'name', q->>'hierarchy');
+            end if;
+        end if;
+        execute format('select count(*) from %s where %I is null', input, q->>'name') into units;
+        if units > 0 then
+            raise exception using errcode = '22004',
+                message = format('quasi-identifier %I has %s NULL values', q->>'name', units),
+                hint = 'Mondrian needs a value in every quasi-identifier cell; filter or replace the NULLs';
+        end if;
+        codes_sql := codes_sql || format('%sd%s.code', case when j > 1 then ', ' end, j);
+        joins_sql := joins_sql || format(' join _mondrian_dom d%1$s on d%1$s.dim = %1$s and d%1$s.%2$s = i.%3$I%4$s',
+            j, case when q->>'kind' = 'numeric' then 'num' else 'txt' end, q->>'name',
+            case when q->>'kind' = 'numeric' then '::numeric' else '::text' end);
+    end loop;
+    analyze _mondrian_dom;
+    analyze _mondrian_anc;
+
+    -- The sensitive column, when a model reads it: codes in value order, and
+    -- (below) the table's distribution q.
+    create temp table _mondrian_sdom (s integer primary key, txt text, num numeric, q double precision);
+    if l is not null or t is not null then
+        execute format('select count(*) from %s where %I is null', input, sens->>'name') into units;
+        if units > 0 then
+            raise exception using errcode = '22004',
+                message = format('sensitive column %I has %s NULL values', sens->>'name', units),
+                hint = 'ℓ-diversity and t-closeness need a value in every sensitive cell';
+        end if;
+        if sens->>'kind' = 'numeric' then
+            execute format('insert into _mondrian_sdom (s, txt, num)
+                            select dense_rank() over (order by v), v::text, v
+                              from (select distinct %I::numeric as v from %s) x', sens->>'name', input);
+            joins_sql := joins_sql || format(' join _mondrian_sdom sd on sd.num = i.%I::numeric', sens->>'name');
+        else
+            execute format('insert into _mondrian_sdom (s, txt)
+                            select dense_rank() over (order by v), v
+                              from (select distinct %I::text as v from %s) x', sens->>'name', input);
+            joins_sql := joins_sql || format(' join _mondrian_sdom sd on sd.txt = i.%I::text', sens->>'name');
+        end if;
+    end if;
+
+    execute format(
+        'create temp table _mondrian_rows as
+         select i._row, i._unit::text as unit, array[%s] as codes, %s as s from %s i %s',
+        codes_sql, case when l is null and t is null then '0' else 'sd.s' end, input, joins_sql);
+    execute format('select count(*) from %s', input) into units;
+    if units <> (select count(*) from _mondrian_rows) then
+        raise exception using errcode = 'XX000', message = 'anonymize_mondrian lost rows while coding them';
+    end if;
+    select count(distinct unit) into units from _mondrian_rows;
+    -- Pure: no unit has two different (codes, sensitive) combinations.
+    select not exists (select from (select distinct unit, codes, s from _mondrian_rows) x
+                        group by unit having count(*) > 1) into pure;
+    count_units := case when pure then 'sum(a.w)' else 'count(distinct a.unit)' end;
+
+    if l is not null or t is not null then
+        update _mondrian_sdom sd set q = x.n::double precision / x.total
+          from (select s, count(distinct unit) as n, sum(count(distinct unit)) over () as total
+                  from _mondrian_rows group by s) x
+         where x.s = sd.s;
+        if t is not null and t_distance = 'hierarchical' then
+            select h.levels into levels from anonproxy.hierarchies h where h.name = sens->>'hierarchy';
+            create temp table _mondrian_snodes as
+            select sd.s, n.level, n.node, p.node as parent
+              from _mondrian_sdom sd
+              join anonproxy.hierarchy_nodes n on n.hierarchy = sens->>'hierarchy' and n.leaf = sd.txt
+              join anonproxy.hierarchy_nodes p on p.hierarchy = n.hierarchy and p.leaf = n.leaf
+                                              and p.level = n.level + 1;
+            if (select count(distinct s) from _mondrian_snodes) < (select count(*) from _mondrian_sdom) then
+                raise exception using errcode = '22023',
+                    message = format('a value of column %I is not a leaf of hierarchy %L',
+                                     sens->>'name', sens->>'hierarchy');
+            end if;
+        end if;
+    end if;
+
+    -- Atoms: strict over pure units merges units; otherwise one atom per unit.
+    alter table _mondrian_rows add column atom integer;
+    execute format('update _mondrian_rows r set atom = x.atom
+                      from (select ctid, dense_rank() over (order by %s) as atom from _mondrian_rows) x
+                     where x.ctid = r.ctid',
+                   case when pure and variant = 'strict' then 'codes, s' else 'unit, codes, s' end);
+    create temp table _mondrian_atoms as
+    select atom, min(unit) as unit, codes, s, count(distinct unit)::integer as w, 1 as part
+      from _mondrian_rows group by atom, codes, s;
+    analyze _mondrian_atoms;
+    create temp table _mondrian_parts (part integer primary key, open boolean not null);
+    insert into _mondrian_parts values (1, true);
+
+    create temp table _mondrian_cand (
+        part integer, dim integer, kind text, lo integer, hi integer, level integer,
+        width double precision, rank integer, cut integer, quota bigint, primary key (part, dim));
+    create temp table _mondrian_halves (part integer, dim integer, side integer, s integer, n bigint);
+    create temp table _mondrian_chosen (part integer primary key, dim integer);
+    create temp table _mondrian_split (part integer, side integer, new_part integer);
+
+    -- (1) bounds and widths of every open partition per QI.
+    bounds_sql := format(
+        'insert into _mondrian_cand (part, dim, kind, lo, hi, level, width, rank)
+         select part, dim, kind, lo, hi, level, width,
+                row_number() over (partition by part order by width desc, dim)
+           from (select distinct on (b.part, b.dim) b.part, b.dim, d.kind, b.lo, b.hi, x.level,
+                        case d.kind when ''numeric'' then (dh.num - dl.num) / d.span
+                                    when ''set'' then (b.hi - b.lo) / d.span
+                                    else (x.hi - x.lo) / d.span end as width
+                   from (select a.part, u.dim::integer, u.lo, u.hi
+                           from (select a.part, array[%s] as lo, array[%s] as hi
+                                   from _mondrian_atoms a join _mondrian_parts p on p.part = a.part
+                                  where p.open group by a.part) a,
+                                unnest(a.lo, a.hi) with ordinality as u(lo, hi, dim)
+                          where u.lo < u.hi) b
+                   join _mondrian_dims d on d.dim = b.dim
+                   left join _mondrian_dom dl on d.kind = ''numeric'' and dl.dim = b.dim and dl.code = b.lo
+                   left join _mondrian_dom dh on d.kind = ''numeric'' and dh.dim = b.dim and dh.code = b.hi
+                   left join _mondrian_anc x on d.kind = ''tree'' and x.dim = b.dim and x.code = b.lo
+                                            and x.hi >= b.hi
+                  order by b.part, b.dim, x.level) w',
+        (select string_agg(format('min(a.codes[%s])', g), ', ') from generate_series(1, dims) g),
+        (select string_agg(format('max(a.codes[%s])', g), ', ') from generate_series(1, dims) g));
+
+    -- (3) an atom equal to the cut: strict keeps it on the low side, relaxed
+    -- sends the first `quota` of them (by atom number) low and the rest high.
+    mid_side := case when variant = 'strict' then '0'
+        else '(row_number() over (partition by c.part, c.dim, a.codes[c.dim] = c.cut order by a.atom) > c.quota)::integer'
+        end;
+
+    -- (3) the (part, dim) pairs whose split leaves a half violating a model.
+    failing_sql := format('select part, dim from _mondrian_halves where s is null and n < %s', k);
+    if l is not null and l_kind = 'distinct' then
+        failing_sql := failing_sql || format(
+            ' union select part, dim from _mondrian_halves where s is not null
+               group by part, dim, side having count(*) < %s', l);
+    elsif l is not null and l_kind = 'entropy' then
+        failing_sql := failing_sql || format(
+            ' union select part, dim from (select part, dim, side,
+                                                  n::double precision / sum(n) over (partition by part, dim, side) as p
+                                             from _mondrian_halves where s is not null) h
+               group by part, dim, side having -sum(p * ln(p)) < ln(%s) - 1e-9', l);
+    elsif l is not null then
+        failing_sql := failing_sql || format(
+            ' union select part, dim from (select part, dim, side, n,
+                                                  row_number() over (partition by part, dim, side order by n desc) as r
+                                             from _mondrian_halves where s is not null) h
+               group by part, dim, side
+              having max(n) filter (where r = 1) >= %s * coalesce(sum(n) filter (where r >= %s), 0)', c, l);
+    end if;
+    if t is not null then
+        failing_sql := failing_sql || ' union select part, dim from ('
+            || case t_distance
+            when 'equal' then
+                'select h.part, h.dim, h.side,
+                        0.5 * (sum(abs(h.n::double precision / h.total - sd.q) - sd.q) + 1) as emd
+                   from (select *, sum(n) over (partition by part, dim, side) as total
+                           from _mondrian_halves where s is not null) h
+                   join _mondrian_sdom sd on sd.s = h.s
+                  group by h.part, h.dim, h.side'
+            when 'ordered' then
+                'select part, dim, side, sum(abs(cum)) / greatest((select count(*) from _mondrian_sdom) - 1, 1) as emd
+                   from (select g.part, g.dim, g.side,
+                                sum(coalesce(h.n::double precision / g.n, 0) - sd.q)
+                                    over (partition by g.part, g.dim, g.side order by sd.s) as cum
+                           from (select part, dim, side, sum(n) as n from _mondrian_halves
+                                  where s is not null group by part, dim, side) g
+                          cross join _mondrian_sdom sd
+                           left join _mondrian_halves h on (h.part, h.dim, h.side, h.s) = (g.part, g.dim, g.side, sd.s)) x
+                  group by part, dim, side'
+            else format(
+                'select part, dim, side, sum(least(coalesce(pos, 0), coalesce(neg, 0)) * (level + 1)) / %s as emd
+                   from (select part, dim, side, parent, level,
+                                sum(extra) filter (where extra > 0) as pos, -sum(extra) filter (where extra < 0) as neg
+                           from (select e.part, e.dim, e.side, sn.level, sn.node, sn.parent, sum(e.extra) as extra
+                                   from (select g.part, g.dim, g.side, sd.s,
+                                                coalesce(h.n::double precision / g.n, 0) - sd.q as extra
+                                           from (select part, dim, side, sum(n) as n from _mondrian_halves
+                                                  where s is not null group by part, dim, side) g
+                                          cross join _mondrian_sdom sd
+                                           left join _mondrian_halves h
+                                                  on (h.part, h.dim, h.side, h.s) = (g.part, g.dim, g.side, sd.s)) e
+                                   join _mondrian_snodes sn on sn.s = e.s
+                                  group by e.part, e.dim, e.side, sn.level, sn.node, sn.parent) children
+                          group by part, dim, side, parent, level) nodes
+                  group by part, dim, side', levels)
+            end
+            || format(') d where emd > %s + 1e-9', t);
+    end if;
+
+    estimate := greatest(1, ceil(ln(greatest(units, 1)::numeric / k) / ln(2)))::integer;
+    loop
+        select count(*) into open_parts from _mondrian_parts where open;
+        exit when open_parts = 0;
+        rounds := rounds + 1;
+        raise notice 'anonproxy progress % of %: %', rounds - 1, greatest(estimate, rounds),
+            format('mondrian round %s, %s open partitions', rounds, open_parts);
+
+        truncate _mondrian_cand, _mondrian_halves, _mondrian_chosen, _mondrian_split;
+        analyze _mondrian_atoms;
+        execute bounds_sql;
+        analyze _mondrian_cand;
+
+        -- (2) the cut of every ordered candidate: strict takes the median or
+        -- the value below it, whichever balances the halves better (both
+        -- non-empty); relaxed splits at the median and balances with quota.
+        update _mondrian_cand c
+           set cut = case when variant = 'relaxed' then m.median
+                          when m.below is null then m.median
+                          when m.at_median = m.total then m.below
+                          when least(m.at_median, m.total - m.at_median)
+                               >= least(m.cum_below, m.total - m.cum_below) then m.median
+                          else m.below end,
+               quota = floor(m.total / 2) - coalesce(m.cum_below, 0)
+          from (select part, dim, min(total) as total,
+                       min(code) filter (where 2 * cum >= total) as median,
+                       min(cum) filter (where 2 * cum >= total) as at_median,
+                       max(code) filter (where 2 * cum < total) as below,
+                       max(cum) filter (where 2 * cum < total) as cum_below
+                  from (select part, dim, code, sum(n) over (partition by part, dim order by code) as cum,
+                               sum(n) over (partition by part, dim) as total
+                          from (select a.part, c.dim, a.codes[c.dim] as code, sum(a.w) as n
+                                  from _mondrian_atoms a join _mondrian_cand c on c.part = a.part
+                                 where c.kind <> 'tree' group by 1, 2, 3) h) h
+                 group by part, dim) m
+         where (c.part, c.dim) = (m.part, m.dim);
+
+        -- (3) units per half, and per sensitive value when ℓ or t is asked.
+        execute format(
+            'insert into _mondrian_halves (part, dim, side, s, n)
+             select a.part, a.dim, a.side, %1$s, %2$s
+               from (select c.part, c.dim, a.s, a.w, a.unit,
+                            case when c.kind = ''tree'' then y.lo
+                                 when a.codes[c.dim] < c.cut then 0
+                                 when a.codes[c.dim] > c.cut then 1
+                                 else %3$s end as side
+                       from _mondrian_atoms a join _mondrian_cand c on c.part = a.part
+                       left join _mondrian_anc y on c.kind = ''tree'' and y.dim = c.dim
+                                                and y.code = a.codes[c.dim] and y.level = c.level - 1) a
+              group by %4$s',
+            case when l is null and t is null then 'null::integer' else 'a.s' end,
+            count_units, mid_side,
+            case when l is null and t is null then 'a.part, a.dim, a.side'
+                 else 'grouping sets ((a.part, a.dim, a.side), (a.part, a.dim, a.side, a.s))' end);
+        analyze _mondrian_halves;
+
+        -- (4) each partition splits on its widest allowable QI.
+        execute format(
+            'insert into _mondrian_chosen (part, dim)
+             select distinct on (c.part) c.part, c.dim from _mondrian_cand c
+              where (c.part, c.dim) not in (%s)
+              order by c.part, c.rank', failing_sql);
+        select coalesce(max(part), 0) into next_part from _mondrian_parts;
+        insert into _mondrian_split (part, side, new_part)
+        select h.part, h.side, next_part + row_number() over (order by h.part, h.side)
+          from _mondrian_halves h join _mondrian_chosen ch on (ch.part, ch.dim) = (h.part, h.dim)
+         where h.s is null;
+        execute format(
+            'update _mondrian_atoms a set part = sp.new_part
+               from (select a.atom, c.part,
+                            case when c.kind = ''tree'' then y.lo
+                                 when a.codes[c.dim] < c.cut then 0
+                                 when a.codes[c.dim] > c.cut then 1
+                                 else %s end as side
+                       from _mondrian_atoms a
+                       join _mondrian_chosen ch on ch.part = a.part
+                       join _mondrian_cand c on (c.part, c.dim) = (ch.part, ch.dim)
+                       left join _mondrian_anc y on c.kind = ''tree'' and y.dim = c.dim
+                                                and y.code = a.codes[c.dim] and y.level = c.level - 1) x
+               join _mondrian_split sp on (sp.part, sp.side) = (x.part, x.side)
+              where a.atom = x.atom', mid_side);
+        delete from _mondrian_parts p using _mondrian_chosen ch where ch.part = p.part;
+        update _mondrian_parts set open = false where open;
+        insert into _mondrian_parts select new_part, true from _mondrian_split;
+    end loop;
+    raise notice 'anonproxy progress % of %: %', rounds, rounds, 'mondrian partitions final';
+
+    -- Summaries: one text cell per partition and QI.
+    create temp table _mondrian_summary as
+    select b.part, b.dim,
+           case d.kind
+           when 'numeric' then case when b.lo = b.hi then lo.txt else lo.txt || '-' || hi.txt end
+           when 'set' then case when b.lo = b.hi then lo.txt else b.vals::text end
+           else (select x.node from _mondrian_anc x
+                  where (x.dim, x.code) = (b.dim, b.lo) and x.hi >= b.hi order by x.level limit 1)
+           end as cell
+      from (select a.part, u.dim::integer as dim, min(u.code) as lo, max(u.code) as hi,
+                   array_agg(distinct v.txt) as vals
+              from _mondrian_atoms a, unnest(a.codes) with ordinality as u(code, dim)
+              join _mondrian_dom v on (v.dim, v.code) = (u.dim, u.code)
+             group by a.part, u.dim) b
+      join _mondrian_dims d on d.dim = b.dim
+      join _mondrian_dom lo on (lo.dim, lo.code) = (b.dim, b.lo)
+      join _mondrian_dom hi on (hi.dim, hi.code) = (b.dim, b.hi);
+
+    execute format('create temp table %I (_row bigint primary key, %s)', output,
+                   (select string_agg(format('%I text', name), ', ' order by dim) from _mondrian_dims));
+    execute format(
+        'insert into %I select r._row, %s from _mondrian_rows r join _mondrian_atoms a on a.atom = r.atom
+           join (select part, array_agg(cell order by dim) as cells from _mondrian_summary group by part) s
+             on s.part = a.part',
+        output, (select string_agg(format('s.cells[%s]', g), ', ') from generate_series(1, dims) g));
+
+    select count(*) into open_parts from _mondrian_parts;
+    drop table _mondrian_dims, _mondrian_dom, _mondrian_anc, _mondrian_sdom, _mondrian_rows, _mondrian_atoms,
+        _mondrian_parts, _mondrian_cand, _mondrian_halves, _mondrian_chosen, _mondrian_split, _mondrian_summary;
+    drop table if exists _mondrian_snodes;
+    return jsonb_build_object(
+        'rounds', rounds, 'partitions', open_parts, 'variant', variant,
+        'elapsed', round(extract(epoch from clock_timestamp() - started)::numeric, 3),
+        'suppressed', 0);
+end
+$fn$;
