@@ -1,0 +1,453 @@
+-- Migration 0009: verification of released tables and utility metrics (issue 5).
+--
+-- Written independently of the algorithms (0006-0008): nothing here calls or
+-- mirrors them, so a bug there cannot hide itself here. Every function reads a
+-- table as it is now:
+--   k_anonymity  smallest equivalence class (EC: rows sharing all QI values),
+--   l_diversity  distinct / entropy / recursive (c,l) diversity of the sensitive column,
+--   t_closeness  largest earth mover's distance between an EC and the whole table,
+--   utility      information loss and re-identification risk of a release against its source.
+-- Generalized cells are read as docs/views-internals.md ("Generalized values")
+-- describes them. Criteria (k, l, t) are computed exactly (integer counts, one
+-- division at the end) so that a table sitting on a bound is not misjudged by
+-- rounding; the entropy l is irrational and rounded to 10 decimal places.
+-- Functions run with search_path = pg_catalog, pg_temp and the caller's rights.
+-- docs/verify.md describes them for users.
+
+
+-- The columns of rel, checked to exist, quoted and comma-separated in the order given.
+create function anonproxy._verify_column_list(rel regclass, cols text[], what text) returns text
+language plpgsql stable set search_path = pg_catalog, pg_temp as $$
+declare
+    bad text;
+begin
+    if cols is null or cardinality(cols) = 0 or array_position(cols, null) is not null then
+        raise exception using errcode = '22023',
+            message = format('%s must be a non-empty list of column names without nulls', what);
+    end if;
+    select c into bad from unnest(cols) c
+     where not exists (select from pg_catalog.pg_attribute a
+                        where a.attrelid = rel and a.attname = c and a.attnum > 0 and not a.attisdropped)
+     limit 1;
+    if found then
+        raise exception using errcode = '42703',
+            message = format('column %I of %s does not exist in %s', bad, what, rel),
+            hint = 'names are case-sensitive, as in the table definition';
+    end if;
+    select c into bad from unnest(cols) c group by c having count(*) > 1 limit 1;
+    if found then
+        raise exception using errcode = '42701', message = format('column %I is named twice in %s', bad, what);
+    end if;
+    return (select string_agg(format('%I', c), ', ' order by o) from unnest(cols) with ordinality u(c, o));
+end $$;
+
+
+-- The sensitive column: it must exist and must not be a quasi-identifier.
+create function anonproxy._verify_sensitive(rel regclass, qi text[], sensitive text) returns void
+language plpgsql stable set search_path = pg_catalog, pg_temp as $$
+begin
+    perform anonproxy._verify_column_list(rel, array[sensitive], 'sensitive');
+    if sensitive = any(qi) then
+        raise exception using errcode = '22023',
+            message = format('column %I is both a quasi-identifier and the sensitive column', sensitive);
+    end if;
+end $$;
+
+
+-- One row per (EC, sensitive value) of rel: the EC's number, the value as text,
+-- the value's rank in the sensitive column's own order over the whole table,
+-- and the number of rows. NULL is a value like any other (sorted last).
+create function anonproxy._ec_value_counts(rel regclass, qi text[], sensitive text)
+returns table (ec bigint, value text, rank bigint, n bigint)
+language plpgsql stable set search_path = pg_catalog, pg_temp as $$
+declare
+    qi_list text := anonproxy._verify_column_list(rel, qi, 'the quasi-identifiers');
+begin
+    perform anonproxy._verify_sensitive(rel, qi, sensitive);
+    return query execute format(
+        'select dense_rank() over (order by %1$s), %2$I::text, dense_rank() over (order by %2$I), count(*)
+           from %3$s group by %1$s, %2$I',
+        qi_list, sensitive, rel);
+end $$;
+
+
+create function anonproxy.k_anonymity(rel regclass, qi text[], unit text default null) returns bigint
+language plpgsql stable set search_path = pg_catalog, pg_temp as $$
+declare
+    qi_list text := anonproxy._verify_column_list(rel, qi, 'the quasi-identifiers');
+    counted text := 'count(*)';
+    k bigint;
+begin
+    if unit is not null then
+        counted := format('count(distinct %s)', anonproxy._verify_column_list(rel, array[unit], 'the unit'));
+    end if;
+    execute format('select min(n) from (select %s as n from %s group by %s) ec', counted, rel, qi_list) into k;
+    return k;
+end $$;
+comment on function anonproxy.k_anonymity(regclass, text[], text) is
+    'Size of the smallest equivalence class of rel on the QI columns (distinct units when unit is given); '
+    'NULL for an empty table.';
+
+
+create function anonproxy.l_diversity(rel regclass, qi text[], sensitive text, kind text default 'entropy',
+                                      l integer default null) returns numeric
+language plpgsql stable set search_path = pg_catalog, pg_temp as $$
+declare
+    result numeric;
+begin
+    if kind is null or kind not in ('distinct', 'entropy', 'recursive') then
+        raise exception using errcode = '22023', message = format('unknown l-diversity kind %L', kind),
+            hint = 'kind is distinct, entropy or recursive';
+    end if;
+    if kind = 'recursive' and (l is null or l < 2) then
+        raise exception using errcode = '22023', message = 'recursive (c,l)-diversity needs l >= 2',
+            hint = 'pass l => 2 or more; the function returns the c the table achieves for that l';
+    end if;
+    if kind <> 'recursive' and l is not null then
+        raise exception using errcode = '22023', message = format('l is not an argument of %s l-diversity', kind),
+            hint = 'only kind => ''recursive'' takes l; the others return the l the table achieves';
+    end if;
+
+    if kind = 'distinct' then
+        select min(distinct_values) into result
+          from (select count(*) as distinct_values from anonproxy._ec_value_counts(rel, qi, sensitive) group by ec) e;
+    elsif kind = 'entropy' then
+        -- exp(entropy) of an EC of N rows with value counts n_i: exp(ln N - sum(n_i ln n_i) / N).
+        select round(min(exp(ln(size) - weighted / size)), 10) into result
+          from (select sum(n)::numeric as size, sum(n * ln(n::numeric)) as weighted
+                  from anonproxy._ec_value_counts(rel, qi, sensitive) group by ec) e;
+    else
+        -- r_1 < c * (r_l + ... + r_m) holds exactly for the c above r_1 / (r_l + ... + r_m).
+        select max(case when tail = 0 then 'Infinity'::numeric else top::numeric / tail end) into result
+          from (select max(n) as top, coalesce(sum(n) filter (where position >= l), 0) as tail
+                  from (select c.ec, c.n, row_number() over (partition by c.ec order by c.n desc) as position
+                          from anonproxy._ec_value_counts(rel, qi, sensitive) c) ranked
+                 group by ec) e;
+    end if;
+    return result;
+end $$;
+comment on function anonproxy.l_diversity(regclass, text[], text, text, integer) is
+    'distinct: fewest distinct sensitive values in an EC; entropy: smallest exp(entropy) of an EC; '
+    'recursive (with l): the smallest c* such that the table is recursive (c,l)-diverse for every c > c*.';
+
+
+-- EMD between each EC's sensitive distribution P and the whole table's Q, as
+-- exact fractions: with N rows in the table, |E| in the EC, n_i and N_i the
+-- counts of value i, N*|E|*(p_i - q_i) = n_i*N - N_i*|E| is an integer.
+create function anonproxy.t_closeness(rel regclass, qi text[], sensitive text, distance text default 'ordered',
+                                      hierarchy text default null) returns numeric
+language plpgsql stable set search_path = pg_catalog, pg_temp as $$
+declare
+    tree text := hierarchy;
+    height integer;
+    missing text;
+    result numeric;
+begin
+    if distance is null or distance not in ('ordered', 'equal', 'hierarchical') then
+        raise exception using errcode = '22023', message = format('unknown t-closeness distance %L', distance),
+            hint = 'distance is ordered, equal or hierarchical';
+    end if;
+    if distance <> 'hierarchical' and hierarchy is not null then
+        raise exception using errcode = '22023', message = 'a hierarchy is only used by the hierarchical distance';
+    end if;
+    if distance = 'hierarchical' then
+        tree := coalesce(hierarchy,
+                         (select c.relname from pg_catalog.pg_class c where c.oid = rel) || '.' || sensitive);
+        select h.levels into height from anonproxy.hierarchies h where h.name = tree;
+        if not found then
+            raise exception using errcode = '42704', message = format('hierarchy %L does not exist', tree),
+                hint = 'pass hierarchy => the name of the sensitive column''s hierarchy';
+        end if;
+    end if;
+
+    if distance = 'hierarchical' then
+        -- extra(node) = sum of x over its leaves; an internal node at level L costs
+        -- L/height * min(positive, negative extra of its children).
+        with counts as (select * from anonproxy._ec_value_counts(rel, qi, sensitive)),
+             totals as (select value, sum(n) as total from counts group by value),
+             sizes as (select ec, sum(n) as size from counts group by ec),
+             whole as (select sum(total) as rows from totals),
+             diff as (select s.ec, s.size, t.value, coalesce(c.n, 0) * w.rows - t.total * s.size as x
+                        from sizes s cross join totals t cross join whole w
+                        left join counts c on c.ec = s.ec and c.value is not distinct from t.value),
+             children as (select d.ec, d.size, parent.level, parent.node, child.node as child, sum(d.x) as extra
+                            from diff d
+                            join anonproxy.hierarchy_nodes parent on parent.hierarchy = tree and parent.leaf = d.value
+                            join anonproxy.hierarchy_nodes child on child.hierarchy = tree and child.leaf = d.value
+                                                                and child.level = parent.level - 1
+                           where parent.level >= 1
+                           group by d.ec, d.size, parent.level, parent.node, child.node),
+             costs as (select ec, size, level * least(sum(greatest(extra, 0)), sum(greatest(-extra, 0))) as cost
+                         from children group by ec, size, level, node)
+        select (select max(e.num / (e.size * w.rows * height))
+                  from (select ec, size, sum(cost) as num from costs group by ec, size) e),
+               (select min(quote_nullable(t.value)) from totals t
+                 where not exists (select from anonproxy.hierarchy_nodes h
+                                    where h.hierarchy = tree and h.leaf = t.value and h.level = 0))
+          into result, missing
+          from whole w;
+        if missing is not null then
+            raise exception using errcode = '22023',
+                message = format('value %s of column %I is not a leaf of hierarchy %L', missing, sensitive, tree);
+        end if;
+    else
+        with counts as (select * from anonproxy._ec_value_counts(rel, qi, sensitive)),
+             totals as (select rank, sum(n) as total from counts group by rank),
+             sizes as (select ec, sum(n) as size from counts group by ec),
+             whole as (select sum(total) as rows, count(*) as value_count from totals),
+             -- x = N*|E|*(p - q) for every EC and every value of the table
+             diff as (select s.ec, s.size, t.rank, coalesce(c.n, 0) * w.rows - t.total * s.size as x
+                        from sizes s cross join totals t cross join whole w
+                        left join counts c on c.ec = s.ec and c.rank = t.rank)
+        select case distance
+                 when 'equal' then
+                     (select max(d.num / (2 * d.size * w.rows))
+                        from (select ec, size, sum(abs(x)) as num from diff group by ec, size) d)
+                 when 'ordered' then
+                     (select coalesce(max(d.num / (d.size * w.rows * greatest(w.value_count - 1, 1))), 0)
+                        from (select ec, size, sum(abs(cumulative)) as num
+                                from (select ec, size, sum(x) over (partition by ec order by rank) as cumulative
+                                        from diff) running
+                               group by ec, size) d)
+               end
+          into result
+          from whole w;
+    end if;
+    return result;
+end $$;
+comment on function anonproxy.t_closeness(regclass, text[], text, text, text) is
+    'Largest earth mover''s distance between an EC''s sensitive distribution and the whole table''s '
+    '(ordered, equal or hierarchical); the table is t-close for every t at or above it.';
+
+
+-- The hierarchy of a QI column: the one named in hierarchies (it must exist),
+-- else the one named '<source table>.<column>' if it exists, else none.
+create function anonproxy._verify_hierarchy_of(source regclass, col text, hierarchies jsonb) returns text
+language plpgsql stable set search_path = pg_catalog, pg_temp as $$
+declare
+    chosen text := hierarchies ->> col;
+begin
+    if chosen is not null then
+        if not exists (select from anonproxy.hierarchies h where h.name = chosen) then
+            raise exception using errcode = '42704',
+                message = format('hierarchy %L named for column %I does not exist', chosen, col),
+                hint = 'anonproxy.hierarchies lists the hierarchies';
+        end if;
+        return chosen;
+    end if;
+    chosen := (select c.relname from pg_catalog.pg_class c where c.oid = source) || '.' || col;
+    return (select h.name from anonproxy.hierarchies h where h.name = chosen);
+end $$;
+
+
+-- Rows of rel per distinct value of col, the value as text.
+create function anonproxy._verify_cell_counts(rel regclass, col text)
+returns table (cell text, n bigint)
+language plpgsql stable set search_path = pg_catalog, pg_temp as $$
+begin
+    return query execute format('select %1$I::text, count(*) from %2$s group by 1', col, rel);
+end $$;
+
+
+-- How each distinct generalized (text) cell of target.col reads against the
+-- source column's domain (its distinct values): the form of the cell, how many
+-- domain values it covers (members) and its normalized certainty penalty:
+-- numeric columns: width of the cell (a range's bounds, else the spread of
+-- the values it covers) within the column's span, divided by that span;
+-- others: (members - 1) / (domain size - 1). form is NULL for an unreadable cell.
+create function anonproxy._verify_read_cells(source regclass, target regclass, col text, tree text)
+returns table (cell text, n bigint, form text, members bigint, ncp double precision, domain_size bigint)
+language plpgsql stable set search_path = pg_catalog, pg_temp as $$
+declare
+    numeric_column boolean;
+    dom text[];
+    dom_x numeric[];
+    low numeric;
+    high numeric;
+begin
+    select t.typcategory = 'N' into numeric_column
+      from pg_catalog.pg_attribute a join pg_catalog.pg_type t on t.oid = a.atttypid
+     where a.attrelid = source and a.attname = col;
+    execute format('select array_agg(distinct %1$I::text) filter (where %1$I is not null) from %2$s', col, source)
+       into dom;
+    dom := coalesce(dom, '{}');
+    if numeric_column then
+        select array_agg(v::numeric), min(v::numeric), max(v::numeric) into dom_x, low, high from unnest(dom) v;
+    end if;
+
+    return query
+    with domain as (select v, case when numeric_column then v::numeric end as x from unnest(dom) v),
+         cells as (select * from anonproxy._verify_cell_counts(target, col)),
+         forms as (
+             select c.cell, c.n,
+                    case
+                      when c.cell is null or c.cell = any(dom) then 'value'
+                      when numeric_column and c.cell ~ '^-?[0-9]+(\.[0-9]+)?$' and c.cell::numeric = any(dom_x)
+                          then 'value'
+                      when c.cell = '*' then 'any'
+                      when numeric_column and c.cell ~ '^-?[0-9]+(\.[0-9]+)?--?[0-9]+(\.[0-9]+)?$' then 'range'
+                      when c.cell ~ '^\{.*\}$' then 'set'
+                      when exists (select from anonproxy.hierarchy_nodes h
+                                    where h.hierarchy = tree and h.node = c.cell and h.level > 0) then 'node'
+                    end as form,
+                    case when numeric_column then
+                        (regexp_match(c.cell, '^(-?[0-9]+(?:\.[0-9]+)?)-(-?[0-9]+(?:\.[0-9]+)?)$'))::numeric[]
+                    end as bounds
+               from cells c),
+         covered as (
+             select f.cell, f.n, f.form, f.bounds, count(d.v) as members, min(d.x) as least_x, max(d.x) as greatest_x
+               from forms f
+               left join domain d on case f.form
+                                       when 'any' then true
+                                       when 'range' then d.x between f.bounds[1] and f.bounds[2]
+                                       when 'set' then d.v = any(f.cell::text[])
+                                       when 'node' then exists (select from anonproxy.hierarchy_nodes h
+                                                                 where h.hierarchy = tree and h.node = f.cell
+                                                                   and h.leaf = d.v)
+                                       else false
+                                     end
+              group by f.cell, f.n, f.form, f.bounds)
+    select c.cell, c.n, c.form,
+           case when c.form = 'value' then 1 else c.members end,
+           case
+             when c.form = 'value' or c.members = 0 then 0
+             when numeric_column then
+                 case when high = low then 0
+                      else ((least(coalesce(c.bounds[2], c.greatest_x), high)
+                             - greatest(coalesce(c.bounds[1], c.least_x), low)) / (high - low))::double precision
+                 end
+             else
+                 case when cardinality(dom) <= 1 then 0
+                      else (c.members - 1)::double precision / (cardinality(dom) - 1) end
+           end,
+           cardinality(dom)::bigint
+      from covered c;
+end $$;
+
+
+create function anonproxy.utility(source regclass, target regclass, qi text[], hierarchies jsonb default null,
+                                  k integer default null, risk_threshold double precision default 0.1) returns jsonb
+language plpgsql stable set search_path = pg_catalog, pg_temp as $$
+declare
+    qi_source text := anonproxy._verify_column_list(source, qi, 'the quasi-identifiers');
+    qi_target text := anonproxy._verify_column_list(target, qi, 'the quasi-identifiers');
+    total bigint;          -- source rows, |D|
+    suppressed bigint;
+    ec record;
+    source_entropy double precision;
+    col text;
+    tree text;
+    numeric_target boolean;
+    cells record;
+    bad text;
+    mean numeric;
+    total_square numeric;
+    between_square numeric;
+    ncp_per_qi jsonb := '{}';
+    sse_sst_per_qi jsonb := '{}';
+    log_volume double precision := 0;  -- mean over source rows of ln(cells covered), summed over QIs
+    kl_defined boolean := true;
+begin
+    if hierarchies is not null and (jsonb_typeof(hierarchies) <> 'object'
+            or exists (select from jsonb_each(hierarchies) e
+                        where not e.key = any(qi) or jsonb_typeof(e.value) <> 'string')) then
+        raise exception using errcode = '22023',
+            message = 'hierarchies must be a JSON object mapping quasi-identifier columns to hierarchy names',
+            hint = 'e.g. {"education": "adult.education"}';
+    end if;
+    if risk_threshold is null or risk_threshold <= 0 or risk_threshold > 1 then
+        raise exception using errcode = '22023', message = format('risk_threshold %s is not in (0, 1]', risk_threshold);
+    end if;
+    if k is not null and k < 1 then
+        raise exception using errcode = '22023', message = format('k %s is not a positive integer', k);
+    end if;
+
+    execute format('select count(*) from %s', source) into total;
+    if total = 0 then
+        raise exception using errcode = '22023',
+            message = format('source %s is empty: there is nothing to measure', source);
+    end if;
+    execute format(
+        'select count(*) as classes, coalesce(sum(n), 0) as rows, sum(n * n) as square, min(n) as smallest,
+                sum(n * ln(n)) as n_ln_n, coalesce(sum(n) filter (where 1 / n::double precision > $1), 0) as at_risk
+           from (select count(*)::bigint as n from %s group by %s) e', target, qi_target)
+        using risk_threshold into ec;
+    suppressed := total - ec.rows;
+    if suppressed < 0 then
+        raise exception using errcode = '22023',
+            message = format('%s has %s rows, more than its source %s (%s rows)', target, ec.rows, source, total),
+            hint = 'the source changed since the release was built: refresh the release';
+    end if;
+    execute format('select sum(n * ln(n)) from (select count(*)::double precision as n from %s group by %s) x',
+                   source, qi_source) into source_entropy;
+    source_entropy := ln(total) - source_entropy / total;
+
+    foreach col in array qi loop
+        tree := anonproxy._verify_hierarchy_of(source, col, hierarchies);
+        select t.typcategory = 'N' into numeric_target
+          from pg_catalog.pg_attribute a join pg_catalog.pg_type t on t.oid = a.atttypid
+         where a.attrelid = target and a.attname = col;
+        if numeric_target then
+            -- Centroids (microaggregation): no generalization, so NCP 0 for a released
+            -- cell and SSE/SST = 1 - SSB/SST, exact when each centroid is its class mean
+            -- (a suppressed row counts as replaced by the overall mean).
+            execute format('select avg(%1$I::numeric), var_pop(%1$I::numeric) * count(%1$I) from %2$s', col, source)
+                into mean, total_square;
+            if mean is null then
+                raise exception using errcode = '42804',
+                    message = format('column %I is numeric in %s but has no numeric values in %s', col, target, source);
+            end if;
+            execute format('select coalesce(sum((%1$I::numeric - $1) ^ 2), 0) from %2$s', col, target)
+                using mean into between_square;
+            kl_defined := false;  -- a centroid is not a cell of the source domain
+            ncp_per_qi := ncp_per_qi || jsonb_build_object(col, suppressed::double precision / total);
+            sse_sst_per_qi := sse_sst_per_qi || jsonb_build_object(col,
+                case when total_square = 0 then 0 else round(1 - between_square / total_square, 12) end);
+            continue;
+        end if;
+        select sum(c.n * c.ncp) as ncp, sum(c.n * ln(greatest(c.members, 1))) as log_members,
+               min(coalesce(c.cell, 'NULL')) filter (where c.form is null) as unreadable,
+               min(c.cell) filter (where c.members = 0) as empty, max(c.domain_size) as domain_size
+          into cells
+          from anonproxy._verify_read_cells(source, target, col, tree) c;
+        bad := coalesce(cells.unreadable, cells.empty);
+        if bad is not null then
+            raise exception using errcode = '22P02',
+                message = format('cannot read the value %L of column %I of %s against %s', bad, col, target, source),
+                detail = case when cells.unreadable is null then 'it covers no value of the source column'
+                              else 'it is not an original value, a range lo-hi of a numeric column, a {set}, *, '
+                                   || 'or a node of the column''s hierarchy ' || coalesce(quote_literal(tree), '(none)')
+                         end,
+                hint = 'pass hierarchies => {"column": "hierarchy name"} when the column uses a hierarchy';
+        end if;
+        ncp_per_qi := ncp_per_qi || jsonb_build_object(col, (coalesce(cells.ncp, 0) + suppressed) / total);
+        log_volume := log_volume
+            + (coalesce(cells.log_members, 0) + suppressed * ln(greatest(cells.domain_size, 1))) / total;
+    end loop;
+
+    return jsonb_build_object(
+        'rows_source', total,
+        'rows_released', ec.rows,
+        'suppressed_rows', suppressed,
+        'equivalence_classes', ec.classes,
+        'discernibility', coalesce(ec.square, 0) + total * suppressed,
+        'avg_ec_size', ec.rows::double precision / nullif(ec.classes, 0),
+        'c_avg', ec.rows::double precision / nullif(ec.classes, 0) / coalesce(k, ec.smallest),
+        'ncp', (select avg(v::double precision) from jsonb_each_text(ncp_per_qi) e(c, v)),
+        'ncp_per_qi', ncp_per_qi,
+        -- KL(source || uniform-within-cell reconstruction), each row scored in its own class:
+        -- H(classes) - H(source QI tuples) + E[ln cells covered]; suppressed rows form one class of '*'.
+        'kl_divergence', case when kl_defined then
+            ln(total)
+            - (coalesce(ec.n_ln_n, 0) + case when suppressed > 0 then suppressed * ln(suppressed) else 0 end) / total
+            - source_entropy + log_volume end,
+        'sse_sst', (select avg(v::double precision) from jsonb_each_text(sse_sst_per_qi) e(c, v)),
+        'sse_sst_per_qi', sse_sst_per_qi,
+        'prosecutor_max_risk', 1 / ec.smallest::double precision,
+        'risk_threshold', risk_threshold,
+        'records_above_risk_threshold', ec.at_risk::double precision / nullif(ec.rows, 0),
+        'ec_per_record', ec.classes::double precision / nullif(ec.rows, 0));
+end $$;
+comment on function anonproxy.utility(regclass, regclass, text[], jsonb, integer, double precision) is
+    'Information loss and re-identification risk of a release (target) against its source; '
+    'docs/verify.md lists the keys.';
