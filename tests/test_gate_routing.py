@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import struct
 
-from anonproxy.proxy.gate import Gate, Owner
+from anonproxy.proxy.gate import Description, Gate, Owner, Parameters, ProxyRequest
 from anonproxy.rewrite.decision import Decision, Intercept, Noisy, Pass, Reject, Rewrite
 from anonproxy.wire import protocol as pg
 from anonproxy.wire.framing import MessageBuffer
+from anonproxy.wire.results import Column, Result
 
 DECISIONS: dict[str, Decision] = {
     "select 1": Pass(),
@@ -160,15 +161,61 @@ def test_settings_the_client_changes_follow_on_the_service_connection() -> None:
 def test_answers_the_proxy_computes_keep_their_place() -> None:
     wires = Wires()
     wires.gate.client_data(pg.query_message("dp") + pg.query_message("select 1"))
-    assert wires.asked == [Noisy("dp")] and not wires.upstream  # the next query waits for the answer
+    assert wires.asked == [ProxyRequest(Noisy("dp"))] and not wires.upstream  # the next query waits for the answer
     wires.gate.proxy_answered(pg.command_complete("SELECT 0"))
     assert wires.types(wires.client) == [b"C", b"Z"]
     assert wires.upstream == pg.query_message("select 1")
 
 
-def test_noisy_queries_need_the_simple_protocol() -> None:
+ANSWER = Result((Column("n", 20), Column("x", 1700)), ((b"1", b"2.5"), (b"3", None), (b"5", b"-1")),
+                notices=pg.error_response("00000", "ε", severity="NOTICE", type_=b"N"))
+
+
+def bind_values(portal: bytes, statement: bytes, values: list[bytes], result_formats: list[int]) -> bytes:
+    body = portal + b"\0" + statement + b"\0" + struct.pack("!hh", 1, 0) + struct.pack("!h", len(values))
+    body += b"".join(struct.pack("!i", len(v)) + v for v in values)
+    return pg.message(b"B", body + struct.pack(f"!h{len(result_formats)}h", len(result_formats), *result_formats))
+
+
+def test_dp_statements_in_the_extended_protocol_are_emulated() -> None:
     wires = Wires()
-    wires.gate.client_data(parse(b"", "dp") + bind(b"", b"") + execute() + SYNC)
+    wires.gate.client_data(parse(b"s", "dp") + pg.message(b"D", b"Ss\0") + SYNC)
+    assert wires.types(wires.client) == [b"1"]  # ParseComplete; Describe waits for the proxy
+    assert wires.asked == [ProxyRequest(Noisy("dp"), describe=True)]
+    wires.gate.proxy_answered(Description((23,), ANSWER.columns))
     messages = MessageBuffer().feed(bytes(wires.client))
-    assert [t for t, _ in messages] == [b"E", b"Z"] and not wires.asked
-    assert "simple query protocol" in pg.parse_fields(messages[0][1])["M"]
+    assert [t for t, _ in messages] == [b"t", b"T", b"Z"]
+    assert messages[0][1] == struct.pack("!hI", 1, 23)
+    assert pg.parse_row_description(messages[1][1]) == [("n", 20), ("x", 1700)]
+    wires.client.clear()
+    # Bind a value, results in binary; Execute two rows at a time: one request to the proxy, then the portal.
+    wires.gate.client_data(bind_values(b"p", b"s", [b"42"], [1]) + pg.message(b"E", b"p\0" + struct.pack("!i", 2))
+                           + pg.message(b"E", b"p\0" + struct.pack("!i", 2)) + SYNC)
+    assert wires.types(wires.client) == [b"2"]
+    assert wires.asked[-1] == ProxyRequest(Noisy("dp"), parameters=Parameters((), (0,), (b"42",)))
+    wires.gate.proxy_answered(ANSWER)
+    messages = MessageBuffer().feed(bytes(wires.client))
+    assert [t for t, _ in messages] == [b"D", b"D", b"s", b"N", b"D", b"C", b"Z"]
+    # numeric 2.5 in binary: 2 base-10000 digits, weight 0, sign +, display scale 1, digits 2 and 5000.
+    assert pg.parse_data_row(messages[0][1]) == (struct.pack("!q", 1), struct.pack("!hhHhhh", 2, 0, 0, 1, 2, 5000))
+    assert pg.parse_data_row(messages[1][1]) == (struct.pack("!q", 3), None)
+    assert messages[5][1] == b"SELECT 1\0"  # the rows of that Execute
+    assert len(wires.asked) == 2, "the portal's answer is asked for once"
+
+
+def test_a_proxy_error_skips_the_rest_of_the_batch() -> None:
+    wires = Wires()
+    wires.gate.client_data(parse(b"", "dp") + bind(b"", b"") + execute() + parse(b"", "select 1") + bind(b"", b"")
+                           + execute() + SYNC + pg.query_message("select 1"))
+    wires.gate.proxy_answered(pg.error_response("53400", "budget exhausted"))
+    assert wires.types(wires.client) == [b"1", b"2", b"E", b"Z"]
+    assert wires.upstream == pg.query_message("select 1"), "the batch's upstream part was skipped, not sent"
+
+
+def test_a_binary_format_the_proxy_cannot_encode_is_refused() -> None:
+    wires = Wires()
+    wires.gate.client_data(parse(b"", "dp") + bind_values(b"", b"", [], [1]) + execute() + SYNC)
+    wires.gate.proxy_answered(Result((Column("cash", 790),), ((b"$1.00",),)))  # money: no binary adapter
+    messages = MessageBuffer().feed(bytes(wires.client))
+    assert [t for t, _ in messages] == [b"1", b"2", b"E", b"Z"]
+    assert "binary format" in pg.parse_fields(messages[2][1])["M"]

@@ -8,14 +8,23 @@ Each client message is routed to one of three owners:
 * SERVICE — the proxy's service connection, for rewritten aggregate queries;
 * LOCAL — answered by the proxy: refusals and ``SHOW anonproxy.*``;
 * PROXY — answered by the proxy after asynchronous work (differentially
-  private answers, ``SHOW anonproxy.budget``): the gate asks with
-  ``ask_proxy(decision)`` and the session replies with ``proxy_answered``.
+  private answers, ``SHOW anonproxy.budget``, ``SET anonproxy.epsilon``,
+  ``EXPLAIN (ANONPROXY)``): the gate asks with ``ask_proxy(ProxyRequest)``
+  and the session replies with ``proxy_answered``, one request at a time.
 
 Extended-protocol messages follow their statement or portal. Responses reach
 the client in the order of the requests: a message for another owner waits
 until the owners with requests in flight have answered (ReadyForQuery).
 When one batch (messages up to Sync) mixes owners, the proxy closes the
 first owner's part with a Sync of its own and swallows its ReadyForQuery.
+
+For statements the proxy answers, the gate plays the server's part of the
+extended protocol: ParseComplete, BindComplete (keeping the bound values),
+Describe (asking the session for the column types of a dp query, which
+runs and charges nothing), Execute (asking for the answer once per portal,
+then sending its rows in the portal's result formats, ``max_rows`` at a
+time with PortalSuspended), CloseComplete; after an error the rest of the
+batch is skipped up to Sync, as PostgreSQL does.
 """
 
 from __future__ import annotations
@@ -26,9 +35,11 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..rewrite.commands import ExplainDP, SessionSetting
 from ..rewrite.decision import Decision, Intercept, Noisy, Pass, Reject, Rewrite
 from ..wire import protocol as pg
 from ..wire.framing import MessageBuffer
+from ..wire.results import Column, FormatError, Result, check_formats, result_formats
 
 SYNC = pg.message(b"S")
 # Settings the server reports (ParameterStatus) that change how values print.
@@ -43,12 +54,52 @@ class Owner(enum.Enum):
 
 
 @dataclass(frozen=True)
+class Parameters:
+    """The values a Bind gives a statement's $n parameters, as the client sent them."""
+
+    types: tuple[int, ...] = ()  # declared by Parse (0: unspecified); may be fewer than the values
+    formats: tuple[int, ...] = ()  # one per value: 0 text, 1 binary
+    values: tuple[bytes | None, ...] = ()
+
+
+@dataclass(frozen=True)
+class Description:
+    """The session's reply to a describing request: parameter types and result columns."""
+
+    parameter_types: tuple[int, ...]
+    columns: tuple[Column, ...]
+
+
+@dataclass(frozen=True)
+class ProxyRequest:
+    """What the gate asks the session to answer: a proxy decision, with the bound parameters."""
+
+    decision: Decision  # Noisy, ExplainDP, SessionSetting, or Intercept of a setting in PROXY_SETTINGS
+    describe: bool = False  # only the Description: nothing is run or charged
+    parameters: Parameters = Parameters()
+
+
+# The session's reply: a Result, a Description, or ready-made messages (an ErrorResponse in the extended protocol).
+Reply = Result | Description | bytes
+
+
+@dataclass(frozen=True)
 class Route:
     owner: Owner
     payload: bytes
     ends_batch: bool = False  # the owner will answer with ReadyForQuery
     in_batch: bool = True  # part of an extended-protocol batch (COPY data is not)
-    request: Decision | None = None  # what a PROXY route asks the session to answer
+    request: ProxyRequest | None = None  # what a PROXY route asks the session to answer
+    asking: tuple[str, bytes, int] = ("query", b"", 0)  # a PROXY route: (query|describe|execute, portal, max rows)
+
+
+@dataclass
+class _ProxyPortal:
+    decision: Decision
+    parameters: Parameters
+    formats: tuple[int, ...]  # the Bind's result-format codes, as sent
+    result: Result | None = None  # the answer, once executed: later Executes continue it, for free
+    sent: int = 0
 
 
 class Gate:
@@ -59,7 +110,7 @@ class Gate:
         write_client: Callable[[bytes], None],
         send_upstream: Callable[[bytes], None],
         send_service: Callable[[bytes], None],
-        ask_proxy: Callable[[Decision], None],
+        ask_proxy: Callable[[ProxyRequest], None],
     ) -> None:
         self._decide = decide
         self._settings = settings
@@ -77,6 +128,10 @@ class Gate:
         # Settings shown by the statements and portals the proxy owns (SHOW anonproxy.*).
         self._statement_settings: dict[bytes, str] = {}
         self._portal_settings: dict[bytes, str] = {}
+        # Statements and portals the proxy answers after asynchronous work (owner PROXY).
+        self._proxy_statements: dict[bytes, tuple[Decision, tuple[int, ...]]] = {}
+        self._proxy_portals: dict[bytes, _ProxyPortal] = {}
+        self._asking: tuple[str, bytes, int] | None = None  # what the PROXY request in flight is for
         self._skipping = False  # after a refusal, the rest of the batch is ignored, as PostgreSQL does
         self.transaction_status = b"I"
         # Output-shaping settings the client changed, to repeat on the service connection.
@@ -113,10 +168,33 @@ class Gate:
         elif type_ != b"S":  # the service session's settings are not the client's
             self._write_client(pg.message(type_, body))
 
-    def proxy_answered(self, answer: bytes) -> None:
-        """The session's reply to ``ask_proxy``: the messages of one simple query, ReadyForQuery excluded."""
-        self._write_client(answer + pg.ready_for_query(self.transaction_status))
+    def proxy_answered(self, reply: Reply) -> None:
+        """The session's reply to ``ask_proxy``."""
+        assert self._asking is not None
+        kind, portal, max_rows = self._asking
+        self._asking = None
         self.in_flight[Owner.PROXY] -= 1
+        if kind == "query":
+            self._write_client((reply.simple() if isinstance(reply, Result) else reply)
+                               + pg.ready_for_query(self.transaction_status))
+        elif isinstance(reply, bytes):
+            self._write_client(reply)
+            self._skipping = True  # an error: the rest of the batch is skipped, up to Sync
+        elif isinstance(reply, Description) and kind == "describe statement":
+            self._write_client(pg.parameter_description(list(reply.parameter_types))
+                               + Result(reply.columns).description())
+        else:
+            state = self._proxy_portals.get(portal)
+            if state is None:  # closed meanwhile
+                self._write_client(pg.error_response("34000", f'portal "{portal.decode(errors="replace")}" '
+                                                     "does not exist"))
+                self._skipping = True
+            elif isinstance(reply, Description):
+                self._write_client(self._portal_description(state, reply.columns))
+            else:
+                assert isinstance(reply, Result)
+                state.result = reply
+                self._write_client(self._portal_rows(state, max_rows))
         self._pump()
 
     def _ready_for_query(self, owner: Owner, status: bytes) -> None:
@@ -132,6 +210,8 @@ class Gate:
     def _pump(self) -> None:
         while self._held is not None or self._queue:
             if self._held is None:
+                if self.in_flight[Owner.PROXY]:
+                    return  # route the next message once the proxy answered: an error skips the rest of the batch
                 self._held = self._route(*self._queue.popleft())
                 if self._held is None:
                     continue
@@ -147,7 +227,7 @@ class Gate:
             if route.owner is Owner.PROXY:
                 assert route.request is not None
                 self.in_flight[Owner.PROXY] += 1
-                self._unsynced = None
+                self._asking = route.asking
                 self._ask_proxy(route.request)
                 continue
             if route.owner is Owner.SERVICE and self._settings_to_copy:
@@ -178,6 +258,8 @@ class Gate:
         raw = pg.message(type_, body)
         if type_ == b"S":
             self._skipping = False
+            if self.transaction_status == b"I":
+                self._proxy_portals.clear()  # the implicit transaction ends: its portals go, as in PostgreSQL
             if self._unsynced is not None:
                 return Route(self._unsynced, raw, ends_batch=True)
             return Route(Owner.LOCAL, pg.ready_for_query(self.transaction_status))
@@ -191,6 +273,9 @@ class Gate:
             portal, offset = pg.read_cstring(body)
             statement, _ = pg.read_cstring(body, offset)
             owner = self._portals[portal] = self._statements.get(statement, Owner.UPSTREAM)
+            self._proxy_portals.pop(portal, None)
+            if owner is Owner.PROXY:
+                return self._bind_proxy(body)
             if owner is not Owner.LOCAL:
                 return Route(owner, raw)
             self._portal_settings[portal] = self._statement_settings[statement]
@@ -213,10 +298,10 @@ class Gate:
             if self.transaction_status == b"E":
                 return self._refuse(_ABORTED, simple=True)
             return Route(Owner.SERVICE, pg.query_message(decision.sql), ends_batch=True)
-        if isinstance(decision, Noisy) or decision == BUDGET:
+        if _for_proxy(decision):
             if self.transaction_status == b"E":
                 return self._refuse(_ABORTED, simple=True)
-            return Route(Owner.PROXY, b"", ends_batch=True, request=decision)
+            return Route(Owner.PROXY, b"", ends_batch=True, request=ProxyRequest(decision))
         if isinstance(decision, Intercept):
             answer = self._show(decision.setting)
             if isinstance(answer, Reject):
@@ -229,6 +314,7 @@ class Gate:
         sql, offset = pg.read_cstring(body, offset)
         decision = self._decide(sql.decode("utf-8", "replace"))
         self._statement_settings.pop(name, None)
+        self._proxy_statements.pop(name, None)
         if isinstance(decision, Pass):
             self._statements[name] = Owner.UPSTREAM
             return Route(Owner.UPSTREAM, raw)
@@ -237,8 +323,12 @@ class Gate:
                 return self._refuse(_ABORTED)
             self._statements[name] = Owner.SERVICE
             return Route(Owner.SERVICE, pg.parse_message(name, decision.sql, body[offset:]))
-        if isinstance(decision, Noisy) or decision == BUDGET:
-            return self._refuse(_SIMPLE_ONLY)
+        if _for_proxy(decision):
+            if self.transaction_status == b"E":
+                return self._refuse(_ABORTED)
+            self._statements[name] = Owner.PROXY
+            self._proxy_statements[name] = (decision, pg.parse_parse(body).parameter_types)
+            return Route(Owner.LOCAL, pg.message(b"1"))  # ParseComplete
         if isinstance(decision, Intercept):
             self._statements[name] = Owner.LOCAL
             self._statement_settings[name] = decision.setting
@@ -257,6 +347,8 @@ class Gate:
         owner = names.get(name, Owner.UPSTREAM)
         if type_ == b"C":
             names.pop(name, None)
+        if owner is Owner.PROXY:
+            return self._proxy_by_name(type_, kind, name, body)
         if owner is not Owner.LOCAL:
             return Route(owner, raw)
         if type_ == b"C":
@@ -270,6 +362,70 @@ class Gate:
             return Route(Owner.LOCAL, rows)
         no_parameters = pg.message(b"t", struct.pack("!h", 0)) if kind == b"S" else b""
         return Route(Owner.LOCAL, no_parameters + description)
+
+    def _bind_proxy(self, body: bytes) -> Route:
+        bind = pg.parse_bind(body)
+        decision, types = self._proxy_statements[bind.statement]
+        formats = bind.parameter_formats * len(bind.values) if len(bind.parameter_formats) == 1 \
+            else bind.parameter_formats or (0,) * len(bind.values)
+        self._proxy_portals[bind.portal] = _ProxyPortal(decision, Parameters(types, formats, bind.values),
+                                                        bind.result_formats)
+        return Route(Owner.LOCAL, pg.message(b"2"))  # BindComplete
+
+    def _proxy_by_name(self, type_: bytes, kind: bytes, name: bytes, body: bytes) -> Route:
+        """Describe, Close or Execute of a statement or portal the proxy answers."""
+        if type_ == b"C":
+            (self._proxy_statements if kind == b"S" else self._proxy_portals).pop(name, None)
+            return Route(Owner.LOCAL, pg.message(b"3"))  # CloseComplete
+        if kind == b"S":
+            decision, types = self._proxy_statements[name]
+            columns = fixed_columns(decision)
+            if columns is None:
+                return Route(Owner.PROXY, b"", request=ProxyRequest(decision, True, Parameters(types)),
+                             asking=("describe statement", name, 0))
+            return Route(Owner.LOCAL, pg.parameter_description(list(types)) + Result(columns).description())
+        state = self._proxy_portals.get(name)
+        if state is None:  # ended with its transaction
+            return self._refuse(Reject("34000", f'portal "{name.decode(errors="replace")}" does not exist'))
+        if type_ == b"E":
+            max_rows = pg.parse_execute(body)[1]
+            if state.result is not None:  # a suspended portal goes on; a finished one has no more rows
+                return Route(Owner.LOCAL, self._portal_rows(state, max_rows))
+            return Route(Owner.PROXY, b"", request=ProxyRequest(state.decision, parameters=state.parameters),
+                         asking=("execute", name, max_rows))
+        columns = state.result.columns if state.result is not None else fixed_columns(state.decision)
+        if columns is None:
+            return Route(Owner.PROXY, b"", request=ProxyRequest(state.decision, True, state.parameters),
+                         asking=("describe portal", name, 0))
+        return Route(Owner.LOCAL, self._portal_description(state, columns))
+
+    def _portal_description(self, state: _ProxyPortal, columns: tuple[Column, ...]) -> bytes:
+        try:
+            formats = result_formats(state.formats, len(columns))
+            check_formats(columns, formats)
+        except FormatError as exc:
+            self._skipping = True
+            return pg.error_response(exc.sqlstate, str(exc))
+        return Result(columns).description(formats)
+
+    def _portal_rows(self, state: _ProxyPortal, max_rows: int) -> bytes:
+        """The next rows of an executed portal: all, or ``max_rows`` then PortalSuspended if more remain."""
+        result = state.result
+        assert result is not None
+        try:
+            formats = result_formats(state.formats, len(result.columns))
+            check_formats(result, formats)
+            start = state.sent
+            stop = len(result.rows) if max_rows <= 0 else min(len(result.rows), start + max_rows)
+            rows = result.data_rows(formats, start, stop)
+        except FormatError as exc:
+            self._skipping = True
+            return pg.error_response(exc.sqlstate, str(exc))
+        state.sent = stop
+        notices = result.notices if start == 0 else b""
+        if stop < len(result.rows):
+            return rows + pg.message(b"s") + notices  # PortalSuspended
+        return rows + result.command_complete(stop - start) + notices
 
     def _show(self, setting: str) -> tuple[bytes, bytes] | Reject:
         """RowDescription, then DataRow + CommandComplete, answering SHOW anonproxy.<setting>."""
@@ -293,6 +449,23 @@ def _literal(value: str) -> str:
 
 
 BUDGET = Intercept("budget")  # answered from the ledger, asynchronously
-_SIMPLE_ONLY = Reject("0A000", "differentially private answers and SHOW anonproxy.budget use the simple query "
-                      "protocol for now", "Send the query without parameters (e.g. psql, or a driver's simple mode).")
+# SHOW anonproxy.<these> need the ledger or the session's dp settings: answered by the session.
+PROXY_SETTINGS = frozenset({"budget", "epsilon", "delta"})
+EXPLAIN_COLUMNS = (Column("QUERY PLAN", 25),)
+
+
+def _for_proxy(decision: Decision) -> bool:
+    return isinstance(decision, (Noisy, ExplainDP, SessionSetting)) or (
+        isinstance(decision, Intercept) and decision.setting in PROXY_SETTINGS)
+
+
+def fixed_columns(decision: Decision) -> tuple[Column, ...] | None:
+    """The result columns of a proxy decision, when they do not depend on the query (None: a dp query's)."""
+    if isinstance(decision, Intercept):
+        return (Column(f"anonproxy.{decision.setting}", 25),)
+    if isinstance(decision, SessionSetting):
+        return ()
+    if isinstance(decision, ExplainDP):
+        return EXPLAIN_COLUMNS
+    return None
 _ABORTED = Reject("25P02", "current transaction is aborted, commands ignored until end of transaction block")

@@ -1,121 +1,311 @@
-"""Differentially private answers for roles in mode ``dp`` (one per worker).
+"""Differentially private answers for roles in mode ``dp`` (one instance per worker).
 
 For one query: plan it (anonproxy.privacy.dp_plan) with the role's per-query
-ε and δ from its budget, return the cached answer if the same question was
-already paid for on the same data, else run the contribution-bounded SQL,
-add noise, and charge the ledger — committed before a byte of the answer
-leaves (anonproxy.privacy.ledger). The answer is the wire messages of a
-simple query without its ReadyForQuery, which the gate adds.
+ε and δ from its budget — lowered by the session's ``SET anonproxy.epsilon``
+/ ``anonproxy.delta`` — then, in one REPEATABLE READ READ ONLY transaction,
+read the data version, look for the answer already paid for, and else run
+the contribution-bounded SQL with the client's bound parameters; add noise;
+charge the ledger and cache the answer, committed before a byte of it leaves
+(anonproxy.privacy.ledger). Answers are :class:`Result` values, which the
+gate encodes for the simple or the extended protocol; refusals raise
+:class:`Refused`, which carries the ErrorResponse.
 
-Queries run on a psycopg connection of the service role, separate from the
-sessions' read-only service connections because the ledger writes.
+Also: the column types of a dp query without running it (Describe),
+``EXPLAIN (ANONPROXY)``, ``SHOW anonproxy.budget | epsilon | delta`` and
+``SET anonproxy.epsilon | delta``.
+
+Queries run on a small pool of psycopg connections of the service role,
+separate from the sessions' read-only service connections because the
+ledger writes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, replace
 from decimal import Decimal
 from typing import Any
 
 import psycopg
+from psycopg import generators, pq
+from psycopg.adapt import Transformer
 
 from ..policy.model import Policy, RolePolicy
 from ..privacy import ledger
 from ..privacy.dp_plan import DPParams, DPPlan, answer, plan_dp
+from ..rewrite.commands import SessionSetting
 from ..rewrite.decision import Reject
 from ..wire import protocol as pg
+from ..wire.results import Column, Result, parse_simple, text_value
+from .gate import EXPLAIN_COLUMNS, Description, Parameters
 
 log = logging.getLogger("anonproxy.dp")
 
 # Used when a budget does not say what one query costs.
-DEFAULT_EPSILON = 0.5
-DEFAULT_DELTA = 1e-7
+DEFAULT_EPSILON = Decimal("0.5")
+DEFAULT_DELTA = Decimal("1e-7")
+POOL_SIZE = 4  # connections per worker: dp questions of different sessions run side by side
 
-_TYPE_OIDS: dict[type, int] = {bool: 16, int: 20, Decimal: 1700, float: 701, str: 25}
-_TYPE_BY_KIND = {"key": 25, "count": 20, "sum": 1700, "avg": 1700}
+INT8, FLOAT4, FLOAT8, NUMERIC = 20, 700, 701, 1700
+_SNAPSHOT = "set transaction isolation level repeatable read, read only"
+
+
+@dataclass
+class SessionLimits:
+    """What a session set with ``SET anonproxy.epsilon`` / ``anonproxy.delta`` (None: the policy's)."""
+
+    epsilon: Decimal | None = None
+    delta: Decimal | None = None
+
+
+class Refused(Exception):
+    """An error for the client: SQLSTATE, message, hint, detail."""
+
+    def __init__(self, sqlstate: str, message: str, hint: str | None = None, detail: str | None = None) -> None:
+        super().__init__(message)
+        self.response = pg.error_response(sqlstate, message, hint=hint, detail=detail)
 
 
 class NoisyAnswers:
-    def __init__(self, dsn: str) -> None:
+    def __init__(self, dsn: str, size: int = POOL_SIZE) -> None:
         self._dsn = dsn
-        self._conn: psycopg.AsyncConnection[Any] | None = None
-        self._lock = asyncio.Lock()  # one connection, one question at a time
+        self._idle: list[psycopg.AsyncConnection[Any]] = []
+        self._slots = asyncio.Semaphore(size)
 
     async def close(self) -> None:
-        if self._conn is not None:
-            await self._conn.close()
+        while self._idle:
+            await self._idle.pop().close()
 
-    async def answer(self, sql: str, role: RolePolicy, policy: Policy) -> bytes:
-        first = plan_dp(sql, role, policy, DPParams(DEFAULT_EPSILON, DEFAULT_DELTA))
-        if isinstance(first, Reject):
-            return _error(first.sqlstate, first.message, first.hint)
-        try:
-            async with self._lock:
-                conn = await self._connection()
-                budget = await ledger.remaining(conn, role.role, first.table)
-                params = DPParams(float(budget.epsilon_per_query or DEFAULT_EPSILON),
-                                  float(budget.delta_per_query or DEFAULT_DELTA))
-                plan = plan_dp(sql, role, policy, params)
-                if isinstance(plan, Reject):
-                    return _error(plan.sqlstate, plan.message, plan.hint)
-                return await self._answer(conn, plan, role.role, policy.version)
-        except ledger.BudgetError as exc:
-            return _error(exc.sqlstate, exc.message, exc.hint, exc.detail)
-        except psycopg.OperationalError as exc:
-            log.warning("dp connection failed: %s", str(exc).strip())
-            self._conn = None
-            return _error("08006", "anonproxy lost its connection to the PostgreSQL server", "Try again.")
+    # -- what the session asks ---------------------------------------------------------
 
-    async def _answer(self, conn: psycopg.AsyncConnection[Any], plan: DPPlan, role: str, version: int) -> bytes:
-        # The whole plan, post-processing (ORDER BY, LIMIT, output columns) included, and the policy it obeys:
-        # the same question asked again, however it is spelled, gets the same answer at no cost.
-        fingerprint = hashlib.sha256(f"{version}\0{plan!r}".encode()).hexdigest()
-        data_version = await ledger.data_version(conn, [plan.table])
-        cached = await ledger.cached_answer(conn, role, fingerprint, data_version)
+    async def answer(self, sql: str, role: RolePolicy, policy: Policy, parameters: Parameters,
+                     limits: SessionLimits) -> Result:
+        """The noisy answer, charged (or the cached one, free)."""
+        async with self._connection() as conn:
+            plan, _ = await self._plan(conn, sql, role, policy, limits)
+            fingerprint = _fingerprint(plan, policy.version, parameters)
+            async with conn.transaction():
+                # The data version and the rows from one snapshot: the answer is cached under the version it saw.
+                await conn.execute(_SNAPSHOT)
+                data_version = await ledger.data_version(conn, [plan.table])
+                cached = await ledger.cached_answer(conn, role.role, fingerprint, data_version)
+                if cached is None:
+                    types, rows = await _run(conn, plan.sql, parameters)
+            if cached is not None:
+                return _with_notice(parse_simple(cached), "anonproxy: the same question on the same data was "
+                                    "answered before; this is that answer, at no cost")
+            columns = _output_columns(plan, types)
+            noisy_rows, _ = answer(plan, rows)
+            result = Result(columns, tuple(tuple(text_value(value, column.type_oid)
+                                                 for value, column in zip(row, columns, strict=True))
+                                           for row in noisy_rows),
+                            notices=_notice(f"anonproxy: differentially private answer, ε={plan.epsilon:g}, "
+                                            f"δ={plan.delta:g}", "\n".join(plan.notices())))
+            charged = await ledger.charge_and_store(conn, role.role, plan.table, plan.epsilon, plan.delta,
+                                                    fingerprint, data_version, result.simple())
+            left = charged.remaining
+            return _with_notice(parse_simple(charged.answer), f"anonproxy: budget left on {plan.table}: "
+                                f"ε={_plain(left.epsilon)}, δ={_plain(left.delta)}")
+
+    async def describe(self, sql: str, role: RolePolicy, policy: Policy, parameters: Parameters,
+                       limits: SessionLimits) -> Description:
+        """Parameter types and result columns of a dp query, from the server's description of its plan:
+        nothing is run or charged."""
+        async with self._connection() as conn:
+            plan, _ = await self._plan(conn, sql, role, policy, limits)
+            parameter_types, types = await _describe(conn, plan.sql, parameters.types)
+            return Description(parameter_types, _output_columns(plan, types))
+
+    async def explain(self, sql: str, role: RolePolicy, policy: Policy, parameters: Parameters,
+                      limits: SessionLimits) -> Result:
+        """``EXPLAIN (ANONPROXY)``: cost, noise and whether the answer is cached, without running or charging."""
+        async with self._connection() as conn:
+            plan, budget = await self._plan(conn, sql, role, policy, limits)
+            fingerprint = _fingerprint(plan, policy.version, parameters)
+            async with conn.transaction():
+                await conn.execute(_SNAPSHOT)
+                data_version = await ledger.data_version(conn, [plan.table])
+                cached = await ledger.cached_answer(conn, role.role, fingerprint, data_version)
+        lines = [f"differentially private answer on {plan.table}: costs ε={plan.epsilon:g}, δ={plan.delta:g}",
+                 *(f"  {line}" for line in plan.notices())]
         if cached is not None:
-            return cached + _notice("anonproxy: the same question on the same data was answered before; "
-                                    "this is that answer, at no cost")
-        rows = await (await conn.execute(plan.sql)).fetchall()
-        noisy_rows, _ = answer(plan, rows)
-        messages = _result(plan, noisy_rows) + _notice(
-            f"anonproxy: differentially private answer, ε={plan.epsilon:g}, δ={plan.delta:g}",
-            "\n".join(plan.notices()))
-        charged = await ledger.charge_and_store(conn, role, plan.table, plan.epsilon, plan.delta, fingerprint,
-                                                data_version, messages)
-        left = charged.remaining
-        return charged.answer + _notice(f"anonproxy: budget left on {plan.table}: "
-                                        f"ε={_plain(left.epsilon)}, δ={_plain(left.delta)}")
+            lines.append("cached: the same question was answered on the current data; asking it again costs nothing")
+        elif data_version is None:
+            lines.append(f"not cacheable: the data version of {plan.table} is unknown; every run is charged")
+        else:
+            lines.append("not cached: running it charges the cost above")
+        lines.append(f"budget left on {plan.table}: ε={_plain(budget.epsilon)}, δ={_plain(budget.delta)}")
+        lines.append("nothing was run or charged")
+        return Result(EXPLAIN_COLUMNS, tuple((line.encode(),) for line in lines), "EXPLAIN")
 
-    async def budget(self, role: str) -> bytes:
+    async def budget(self, role: str) -> Result:
         """``SHOW anonproxy.budget``: one row per protected table the role has a budget on."""
-        try:
-            async with self._lock:
-                budgets = await ledger.remaining_all(await self._connection(), role)
-        except psycopg.OperationalError:
-            self._conn = None
-            return _error("08006", "anonproxy lost its connection to the PostgreSQL server", "Try again.")
+        async with self._connection() as conn:
+            budgets = await ledger.remaining_all(conn, role)
         values = [f"{b.domain}: epsilon {_plain(b.epsilon)} of {_plain(b.epsilon_budget)} left, "
                   f"delta {_plain(b.delta)} of {_plain(b.delta_budget)} left" for b in budgets]
-        return (pg.row_description(["anonproxy.budget"]) + b"".join(pg.data_row([v]) for v in values)
-                + pg.command_complete("SHOW"))
+        return _show("budget", values)
 
-    async def _connection(self) -> psycopg.AsyncConnection[Any]:
-        if self._conn is None or self._conn.closed:
-            self._conn = await psycopg.AsyncConnection.connect(self._dsn, autocommit=True)
-        return self._conn
+    async def show(self, setting: str, role: str, limits: SessionLimits) -> Result:
+        """``SHOW anonproxy.epsilon | delta``: the session's value, else the policy's per query (per table)."""
+        own = limits.epsilon if setting == "epsilon" else limits.delta
+        if own is not None:
+            return _show(setting, [_plain(own)])
+        async with self._connection() as conn:
+            budgets = await ledger.remaining_all(conn, role)
+        values = {b.domain: _per_query(b, setting) for b in budgets}
+        if len(set(values.values())) <= 1:
+            return _show(setting, [_plain(next(iter(values.values()), _default(setting)))])
+        return _show(setting, [", ".join(f"{domain}: {_plain(v)}" for domain, v in sorted(values.items()))])
+
+    async def set(self, request: SessionSetting, role: str, limits: SessionLimits) -> Result:
+        """``SET anonproxy.epsilon | delta``: only down from the policy's per-query value; RESET goes back to it."""
+        name = f"anonproxy.{request.setting}"
+        if request.value is not None:
+            async with self._connection() as conn:
+                budgets = await ledger.remaining_all(conn, role)
+            if not budgets:
+                raise Refused("42501", f'role "{role}" has no privacy budget', "Ask the DBA for one.")
+            maximum = max(_per_query(b, request.setting) for b in budgets)
+            if request.value > maximum:
+                raise Refused("22023", f"{name} may only lower the policy's per-query value: at most "
+                              f"{_plain(maximum)} for role \"{role}\", got {_plain(request.value)}",
+                              f"SET {name} TO a value up to {_plain(maximum)}; ask the DBA for a larger one.")
+        setattr(limits, request.setting, request.value)
+        return Result((), tag="SET" if request.value is not None else "RESET")
+
+    # -- helpers ----------------------------------------------------------------------
+
+    async def _plan(self, conn: psycopg.AsyncConnection[Any], sql: str, role: RolePolicy, policy: Policy,
+                    limits: SessionLimits) -> tuple[DPPlan, ledger.Remaining]:
+        """The plan at the role's per-query cost on the table the query reads, lowered by the session's."""
+        first = plan_dp(sql, role, policy, DPParams(float(DEFAULT_EPSILON), float(DEFAULT_DELTA)))
+        if isinstance(first, Reject):
+            raise Refused(first.sqlstate, first.message, first.hint)
+        budget = await ledger.remaining(conn, role.role, first.table)
+        epsilon, delta = _per_query(budget, "epsilon"), _per_query(budget, "delta")
+        if limits.epsilon is not None:
+            epsilon = min(epsilon, limits.epsilon)
+        if limits.delta is not None:
+            delta = min(delta, limits.delta)
+        plan = plan_dp(sql, role, policy, DPParams(float(epsilon), float(delta)))
+        if isinstance(plan, Reject):
+            raise Refused(plan.sqlstate, plan.message, plan.hint)
+        return plan, budget
+
+    @contextlib.asynccontextmanager
+    async def _connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        """A pooled connection; a broken one is dropped. Errors become ``Refused``."""
+        async with self._slots:
+            conn = self._idle.pop() if self._idle else None
+            try:
+                if conn is None or conn.closed:
+                    conn = await psycopg.AsyncConnection.connect(self._dsn, autocommit=True)
+                yield conn
+            except ledger.BudgetError as exc:
+                raise Refused(exc.sqlstate, exc.message, exc.hint, exc.detail) from exc
+            except psycopg.OperationalError as exc:
+                log.warning("dp connection failed: %s", str(exc).strip())
+                if conn is not None:
+                    await conn.close()
+                conn = None
+                raise Refused("08006", "anonproxy lost its connection to the PostgreSQL server", "Try again.") from exc
+            except psycopg.Error as exc:  # e.g. a bound value that is not valid input for its type
+                diag = exc.diag
+                raise Refused(diag.sqlstate or "XX000", diag.message_primary or str(exc), diag.message_hint,
+                              diag.message_detail) from exc
+            finally:
+                if conn is not None and not conn.closed:
+                    if conn.info.transaction_status == pq.TransactionStatus.IDLE:
+                        self._idle.append(conn)
+                    else:
+                        await conn.close()
 
 
-def _result(plan: DPPlan, rows: list[tuple[Any, ...]]) -> bytes:
-    """RowDescription, DataRows (text format) and CommandComplete for the noisy rows."""
-    oids = []
-    for index, column in enumerate(plan.columns):
-        sample = next((row[index] for row in rows if row[index] is not None), None)
-        oids.append(_TYPE_OIDS.get(type(sample), _TYPE_BY_KIND.get(column.kind, 25)))
-    description = pg.row_description([column.name for column in plan.columns], oids)
-    data = b"".join(pg.data_row([None if value is None else str(value) for value in row]) for row in rows)
-    return description + data + pg.command_complete(f"SELECT {len(rows)}")
+async def _run(conn: psycopg.AsyncConnection[Any], sql: str, parameters: Parameters,
+               ) -> tuple[list[int], list[tuple[Any, ...]]]:
+    """Column types and rows of ``sql``, the client's $n values bound as it sent them (text or binary)."""
+    count = len(parameters.values)
+    types = [*parameters.types[:count], *[0] * (count - len(parameters.types))]
+    pgconn = conn.pgconn
+    async with conn.lock:
+        pgconn.send_query_params(sql.encode(), list(parameters.values), types, list(parameters.formats),
+                                 pq.Format.TEXT)
+        result = _last(await conn.wait(generators.execute(pgconn)), pq.ExecStatus.TUPLES_OK)
+    loader = Transformer(conn)
+    loader.set_pgresult(result)
+    return [result.ftype(i) for i in range(result.nfields)], loader.load_rows(0, result.ntuples, tuple)
+
+
+async def _describe(conn: psycopg.AsyncConnection[Any], sql: str, declared: tuple[int, ...],
+                    ) -> tuple[tuple[int, ...], list[int]]:
+    """Parameter types (as the server infers them) and column types of ``sql``: prepared, never executed."""
+    pgconn = conn.pgconn
+    async with conn.lock:
+        pgconn.send_prepare(b"", sql.encode(), list(declared))
+        _last(await conn.wait(generators.execute(pgconn)), pq.ExecStatus.COMMAND_OK)
+        pgconn.send_describe_prepared(b"")
+        result = _last(await conn.wait(generators.execute(pgconn)), pq.ExecStatus.COMMAND_OK)
+    return (tuple(result.param_type(i) for i in range(result.nparams)),
+            [result.ftype(i) for i in range(result.nfields)])
+
+
+def _last(results: list[pq.abc.PGresult], expected: pq.ExecStatus) -> pq.abc.PGresult:
+    result = results[-1]
+    if result.status != expected:
+        field = pq.DiagnosticField
+        text = {name: (result.error_field(code) or b"").decode("utf-8", "replace") or None
+                for name, code in (("sqlstate", field.SQLSTATE), ("message", field.MESSAGE_PRIMARY),
+                                   ("hint", field.MESSAGE_HINT), ("detail", field.MESSAGE_DETAIL))}
+        raise Refused(text["sqlstate"] or "XX000", text["message"] or "the query failed", text["hint"],
+                      text["detail"])
+    return result
+
+
+def _output_columns(plan: DPPlan, sql_types: list[int]) -> tuple[Column, ...]:
+    """The client's columns: group keys keep their SQL type, counts are bigint, a sum keeps its SQL type, an
+    average is double precision over a floating-point sum and numeric otherwise."""
+    statistic_type = {stat.name: sql_types[plan.keys + i] for i, stat in enumerate(plan.statistics)}
+    columns = []
+    for column in plan.columns:
+        if column.kind == "key":
+            assert column.key is not None
+            oid = sql_types[column.key]
+        elif column.kind == "count":
+            oid = INT8
+        elif column.kind == "sum":
+            oid = statistic_type[column.statistic]  # type: ignore[index]
+        else:
+            oid = FLOAT8 if statistic_type.get(column.statistic) in (FLOAT4, FLOAT8) else NUMERIC  # type: ignore[arg-type]
+        columns.append(Column(column.name, oid))
+    return tuple(columns)
+
+
+def _fingerprint(plan: DPPlan, policy_version: int, parameters: Parameters) -> str:
+    # The whole plan (post-processing and cost included), the policy it obeys and the bound values: the same
+    # question asked again, however it is spelled, gets the same answer at no cost.
+    return hashlib.sha256(f"{policy_version}\0{plan!r}\0{parameters!r}".encode()).hexdigest()
+
+
+def _per_query(budget: ledger.Remaining, setting: str) -> Decimal:
+    value = budget.epsilon_per_query if setting == "epsilon" else budget.delta_per_query
+    return value if value is not None else _default(setting)
+
+
+def _default(setting: str) -> Decimal:
+    return DEFAULT_EPSILON if setting == "epsilon" else DEFAULT_DELTA
+
+
+def _show(setting: str, values: list[str]) -> Result:
+    return Result((Column(f"anonproxy.{setting}", 25),), tuple((value.encode(),) for value in values), "SHOW")
+
+
+def _with_notice(result: Result, message: str) -> Result:
+    return replace(result, notices=result.notices + _notice(message))
 
 
 def _plain(amount: Decimal) -> str:
@@ -125,7 +315,3 @@ def _plain(amount: Decimal) -> str:
 
 def _notice(message: str, detail: str | None = None) -> bytes:
     return pg.error_response("00000", message, severity="NOTICE", detail=detail, type_=b"N")
-
-
-def _error(sqlstate: str, message: str, hint: str | None, detail: str | None = None) -> bytes:
-    return pg.error_response(sqlstate, message, hint=hint, detail=detail)

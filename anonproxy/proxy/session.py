@@ -32,12 +32,13 @@ from typing import Any
 from ..config import ServiceLogin, UpstreamAddress
 from ..policy.model import Policy, RolePolicy
 from ..rewrite import decide
-from ..rewrite.decision import Decision, Noisy, Pass, Reject
+from ..rewrite.commands import ExplainDP, SessionSetting, explained_query
+from ..rewrite.decision import Decision, Intercept, Noisy, Pass, Reject
 from ..wire import protocol as pg
 from ..wire.framing import BoundaryTracker, MessageBuffer
 from .cancel import CancelRegistry, UpstreamKey, cancel_then_hang_up, send_cancel
-from .gate import BUDGET, Gate, Owner
-from .noisy import NoisyAnswers
+from .gate import Gate, Owner, ProxyRequest, Reply
+from .noisy import NoisyAnswers, Refused, SessionLimits
 from .policy_watch import PolicyWatcher
 from .service import ServiceConnection, ServiceUnavailable
 from .upstream import open_upstream
@@ -71,7 +72,7 @@ class ProxyContext:
         if decision is None:
             if len(self._decisions) >= DECISION_CACHE_SIZE:
                 self._decisions.clear()
-            decision = self._decisions[key] = decide(sql, role, policy)
+            decision = self._decisions[key] = _decide(sql, role, policy)
         return decision
 
     def spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
@@ -79,6 +80,23 @@ class ProxyContext:
         task = asyncio.ensure_future(coroutine)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+
+def _decide(sql: str, role: RolePolicy, policy: Policy) -> Decision:
+    """``decide``, and ``EXPLAIN (ANONPROXY)`` of a dp query, which the proxy answers itself."""
+    explained = explained_query(sql)
+    if explained is None:
+        return decide(sql, role, policy)
+    if role.mode != "dp":
+        return Reject("0A000", "EXPLAIN (ANONPROXY) explains queries of roles in dp mode",
+                      f'Role "{role.role}" is in {role.mode} mode.')
+    inner = decide(explained, role, policy)
+    if isinstance(inner, Noisy):
+        return ExplainDP(inner.sql)
+    if isinstance(inner, Reject):
+        return inner
+    return Reject("0A000", "EXPLAIN (ANONPROXY) explains aggregate queries over protected tables",
+                  "For other statements, use plain EXPLAIN.")
 
 
 class State(enum.Enum):
@@ -111,6 +129,7 @@ class ClientConnection(asyncio.Protocol):
         # ReadyForQuery: approximate under pipelining, used only to cancel abandoned queries.
         self.awaiting_server = False
         self.terminating = False  # the client sent Terminate: the server will hang up
+        self.dp_limits = SessionLimits()  # SET anonproxy.epsilon / anonproxy.delta
 
     # -- asyncio.Protocol -------------------------------------------------
 
@@ -354,22 +373,35 @@ class ClientConnection(asyncio.Protocol):
             self.state = State.CLOSED
             self.transport.close()  # mid-message: no room for an ErrorResponse
 
-    async def _answer_for_gate(self, request: Decision) -> None:
-        """A differentially private answer, or the role's budget, for the gate to send."""
+    async def _answer_for_gate(self, request: ProxyRequest) -> None:
+        """What the gate asked the proxy: a dp answer or description, EXPLAIN (ANONPROXY), a dp SHOW or SET."""
         policy, role = self._current()
+        noisy, decision, limits = self.context.noisy, request.decision, self.dp_limits
+        reply: Reply
         try:
-            if self.context.noisy is None:
-                answer = pg.error_response("0A000", "differential-privacy mode needs the proxy's service login")
-            elif request == BUDGET:
-                answer = await self.context.noisy.budget(role.role)
+            if noisy is None:
+                raise Refused("0A000", "differential-privacy mode needs the proxy's service login")
+            if isinstance(decision, Intercept) and decision.setting == "budget":
+                reply = await noisy.budget(role.role)
+            elif isinstance(decision, Intercept):
+                reply = await noisy.show(decision.setting, role.role, limits)
+            elif isinstance(decision, SessionSetting):
+                reply = await noisy.set(decision, role.role, limits)
+            elif isinstance(decision, ExplainDP):
+                reply = await noisy.explain(decision.sql, role, policy, request.parameters, limits)
+            elif request.describe:
+                assert isinstance(decision, Noisy)
+                reply = await noisy.describe(decision.sql, role, policy, request.parameters, limits)
             else:
-                assert isinstance(request, Noisy)
-                answer = await self.context.noisy.answer(request.sql, role, policy)
+                assert isinstance(decision, Noisy)
+                reply = await noisy.answer(decision.sql, role, policy, request.parameters, limits)
+        except Refused as refused:
+            reply = refused.response
         except Exception:
             log.exception("session %d: internal error while answering in dp mode", self.id)
-            answer = pg.error_response("XX000", "internal error in anonproxy while answering the query")
+            reply = pg.error_response("XX000", "internal error in anonproxy while answering the query")
         if self.state is State.GATED and self.gate is not None:
-            self.gate.proxy_answered(answer)
+            self.gate.proxy_answered(reply)
 
     def _current(self) -> tuple[Policy, RolePolicy]:
         """The policy in force now, and this session's role in it (it may change mid-session)."""

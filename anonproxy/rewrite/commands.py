@@ -11,6 +11,11 @@ of them only as ``exp.Command``), against an allowlist:
   protected if a protected table of that name exists in any schema, and
   rewritten SQL names every table with its schema.
 * ``SHOW anonproxy.<name>`` is intercepted: the proxy answers from the policy.
+* ``SET anonproxy.epsilon`` / ``anonproxy.delta`` (and RESET) in mode ``dp``:
+  the session's own per-query cost, which the proxy accepts only up to the
+  policy's (:class:`SessionSetting`).
+* ``EXPLAIN (ANONPROXY) <query>``: recognised by :func:`explained_query`,
+  answered by the proxy for a dp query without running it (:class:`ExplainDP`).
 * BEGIN / START TRANSACTION / COMMIT / END / ROLLBACK / ABORT / SAVEPOINT /
   RELEASE, SET TRANSACTION, SET SESSION CHARACTERISTICS (not two-phase commit).
 * DISCARD, DEALLOCATE, LISTEN, UNLISTEN.
@@ -21,11 +26,29 @@ Anything else is refused with the statement's kind in the message.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
 
 from sqlglot.tokens import TokenType
 
-from anonproxy.rewrite.decision import Decision, Intercept, Pass, forbidden, unsupported
-from anonproxy.rewrite.statements import Statement
+from anonproxy.rewrite.decision import Decision, Intercept, Pass, Refusal, forbidden, unsupported
+from anonproxy.rewrite.statements import Statement, split
+
+
+@dataclass(frozen=True)
+class SessionSetting:
+    """SET / RESET anonproxy.epsilon or anonproxy.delta: the session's per-query cost, at most the policy's."""
+
+    setting: str  # "epsilon" or "delta"
+    value: Decimal | None  # None: RESET, back to the policy's
+
+
+@dataclass(frozen=True)
+class ExplainDP:
+    """EXPLAIN (ANONPROXY) <dp query>: its cost and noise, without running or charging it."""
+
+    sql: str
+
 
 ALLOWED_HINT = (
     "This role may send: SELECT with aggregates (count, sum, avg) over protected tables, queries that do not "
@@ -49,6 +72,9 @@ _OBJECT_WORDS = frozenset({"TEMP", "TEMPORARY", "OR", "REPLACE", "UNLOGGED", "MA
                            "DOMAIN", "SERVER", "PUBLICATION", "SUBSCRIPTION", "EVENT", "FOREIGN", "GLOBAL",
                            "LOCAL", "UNIQUE", "OPERATOR", "CAST", "COLLATION", "CONVERSION", "LANGUAGE",
                            "TABLESPACE", "TEXT", "SEARCH", "DEFAULT", "PRIVILEGES", "OWNED", "BY"})
+
+DP_SETTING_NAMES = frozenset({"anonproxy.epsilon", "anonproxy.delta"})
+INVALID_VALUE = "22023"  # invalid_parameter_value
 
 # Statement kinds with a specific explanation: first word -> (what, why, hint).
 _CURSOR_HINT = "Send the SELECT itself; configure the client not to use cursors (psqlODBC: UseDeclareFetch=0)."
@@ -157,6 +183,53 @@ def _value(statement: Statement, index: int) -> str | None:
     return word.lower() if word is not None else None
 
 
+def explained_query(sql: str) -> str | None:
+    """The query of a message that is exactly one ``EXPLAIN (ANONPROXY) <query>``, else None."""
+    try:
+        statements = split(sql)
+    except Refusal:
+        return None
+    if len(statements) != 1:
+        return None
+    statement = statements[0]
+    if statement.words(4) != ["EXPLAIN", None, "ANONPROXY", None] or len(statement.tokens) < 5:
+        return None
+    if statement.tokens[1].token_type != TokenType.L_PAREN or statement.tokens[3].token_type != TokenType.R_PAREN:
+        return None
+    return statement.span(4, len(statement.tokens))
+
+
+def _dp_setting(name: str, statement: Statement, value_index: int | None, mode: str, local: bool) -> Decision:
+    """SET (value_index given) or RESET of anonproxy.epsilon / anonproxy.delta."""
+    setting = name[len("anonproxy."):]
+    if mode != "dp":
+        raise forbidden(f"{name} applies to roles in dp mode only", "Read the policy with SHOW anonproxy.mode.")
+    if local:
+        raise unsupported(f"SET LOCAL {name} is not supported: the setting lasts for the session",
+                          f"Use SET {name} and RESET {name}.")
+    if value_index is None:
+        return SessionSetting(setting, None)
+    if value_index < len(statement.tokens) and (statement.word(value_index) == "TO"
+                                                or statement.tokens[value_index].token_type == TokenType.EQ):
+        value_index += 1
+    last = value_index == len(statement.tokens) - 1
+    token = statement.tokens[value_index] if last else None
+    if token is not None and statement.word(value_index) == "DEFAULT":
+        return SessionSetting(setting, None)
+    try:
+        value = Decimal(token.text) if token is not None and token.token_type in (TokenType.NUMBER,
+                                                                                  TokenType.STRING) else None
+    except InvalidOperation:
+        value = None
+    valid = value is not None and value.is_finite() and (value > 0 if setting == "epsilon" else 0 <= value < 1)
+    if not valid:
+        shown = statement.span(value_index, len(statement.tokens)) if value_index < len(statement.tokens) else ""
+        allowed = "a number greater than 0" if setting == "epsilon" else "a number in [0, 1)"
+        raise Refusal(INVALID_VALUE, f'invalid value for parameter "{name}": "{shown}"',
+                      f"{name} takes {allowed}, at most the policy's per-query value.")
+    return SessionSetting(setting, value)
+
+
 def _check_setting(name: str, statement: Statement, value_index: int | None, mode: str) -> None:
     if name in _IDENTITY_SETTINGS:
         raise forbidden(f"changing {name} is not allowed for roles in {mode} mode",
@@ -193,6 +266,8 @@ def _set(statement: Statement, words: list[str | None], mode: str) -> Decision:
         _check_setting("client_encoding", statement, index + 1, mode)
         return Pass()
     name, after = _setting_name(statement, index)
+    if name in DP_SETTING_NAMES:
+        return _dp_setting(name, statement, after, mode, local=words[1] == "LOCAL")
     _check_setting(name, statement, after, mode)
     return Pass()
 
@@ -205,6 +280,8 @@ def _reset(statement: Statement, words: list[str | None], mode: str) -> Decision
     name, after = _setting_name(statement, 1)
     if after != len(statement.tokens):
         raise unsupported("malformed RESET", ALLOWED_HINT)
+    if name in DP_SETTING_NAMES:
+        return _dp_setting(name, statement, None, mode, local=False)
     _check_setting(name, statement, None, mode)
     return Pass()
 

@@ -215,23 +215,121 @@ def query_message(text: str) -> bytes:
     return message(b"Q", text.encode() + b"\0")
 
 
-def row_description(names: list[str], type_oids: list[int] | None = None) -> bytes:
-    """RowDescription of text-format columns (of type text unless ``type_oids`` says otherwise)."""
+def row_description(names: list[str], type_oids: list[int] | None = None, formats: list[int] | None = None) -> bytes:
+    """RowDescription (of type text unless ``type_oids`` says otherwise; text format unless ``formats`` does)."""
     oids = type_oids or [25] * len(names)
-    fields = b"".join(name.encode() + b"\0" + struct.pack("!ihihih", 0, 0, oid, -1, -1, 0)
-                      for name, oid in zip(names, oids, strict=True))
+    codes = formats or [0] * len(names)
+    fields = b"".join(name.encode() + b"\0" + struct.pack("!ihihih", 0, 0, oid, -1, -1, code)
+                      for name, oid, code in zip(names, oids, codes, strict=True))
     return message(b"T", struct.pack("!h", len(names)) + fields)
 
 
-def data_row(values: list[str | None]) -> bytes:
+def parse_row_description(body: bytes) -> list[tuple[str, int]]:
+    """(name, type oid) of each column of a RowDescription."""
+    (count,) = struct.unpack_from("!h", body)
+    offset, columns = 2, []
+    for _ in range(count):
+        name, offset = read_cstring(body, offset)
+        columns.append((name.decode(), struct.unpack_from("!ihihih", body, offset)[2]))
+        offset += 18
+    return columns
+
+
+def data_row(values: list[str | bytes | None]) -> bytes:
     parts = [struct.pack("!h", len(values))]
     for value in values:
         if value is None:
             parts.append(_I32.pack(-1))
         else:
-            encoded = value.encode()
+            encoded = value.encode() if isinstance(value, str) else value
             parts.append(_I32.pack(len(encoded)) + encoded)
     return message(b"D", b"".join(parts))
+
+
+def parse_data_row(body: bytes) -> tuple[bytes | None, ...]:
+    (count,) = struct.unpack_from("!h", body)
+    offset, values = 2, []
+    for _ in range(count):
+        (size,) = _I32.unpack_from(body, offset)
+        offset += 4
+        if size < 0:
+            values.append(None)
+        else:
+            values.append(body[offset:offset + size])
+            offset += size
+    return tuple(values)
+
+
+def parameter_description(type_oids: list[int]) -> bytes:
+    return message(b"t", struct.pack(f"!h{len(type_oids)}I", len(type_oids), *type_oids))
+
+
+@dataclass(frozen=True)
+class Parse:
+    statement: bytes
+    query: bytes
+    parameter_types: tuple[int, ...]
+
+
+def parse_parse(body: bytes) -> Parse:
+    """The fields of a Parse message."""
+    statement, offset = read_cstring(body)
+    query, offset = read_cstring(body, offset)
+    (count,) = _unpack("!h", body, offset)
+    return Parse(statement, query, _unpack(f"!{count}I", body, offset + 2))
+
+
+@dataclass(frozen=True)
+class Bind:
+    portal: bytes
+    statement: bytes
+    parameter_formats: tuple[int, ...]  # as sent: none (all text), one (for all), or one per value
+    values: tuple[bytes | None, ...]
+    result_formats: tuple[int, ...]  # the same convention, per result column
+
+
+def parse_bind(body: bytes) -> Bind:
+    """The fields of a Bind message; ProtocolViolation if they do not add up."""
+    portal, offset = read_cstring(body)
+    statement, offset = read_cstring(body, offset)
+    (count,) = _unpack("!h", body, offset)
+    parameter_formats = _unpack(f"!{count}h", body, offset + 2)
+    offset += 2 + 2 * count
+    (count,) = _unpack("!h", body, offset)
+    offset += 2
+    values: list[bytes | None] = []
+    for _ in range(count):
+        (size,) = _unpack("!i", body, offset)
+        offset += 4
+        if size < 0:
+            values.append(None)
+            continue
+        if offset + size > len(body):
+            raise ProtocolViolation("invalid Bind message: a parameter value is longer than the message")
+        values.append(body[offset:offset + size])
+        offset += size
+    (count,) = _unpack("!h", body, offset)
+    result_formats = _unpack(f"!{count}h", body, offset + 2)
+    if offset + 2 + 2 * count != len(body):
+        raise ProtocolViolation("invalid Bind message: unexpected bytes at its end")
+    if len(parameter_formats) not in (0, 1, len(values)):
+        raise ProtocolViolation(f"bind message has {len(parameter_formats)} parameter formats but "
+                                f"{len(values)} parameters")
+    return Bind(portal, statement, parameter_formats, tuple(values), result_formats)
+
+
+def parse_execute(body: bytes) -> tuple[bytes, int]:
+    """Portal name and row limit (0: all rows) of an Execute message."""
+    portal, offset = read_cstring(body)
+    (max_rows,) = _unpack("!i", body, offset)
+    return portal, max_rows
+
+
+def _unpack(layout: str, body: bytes, offset: int) -> tuple[int, ...]:
+    try:
+        return struct.unpack_from(layout, body, offset)
+    except struct.error:
+        raise ProtocolViolation("invalid message: it ends too early") from None
 
 
 def command_complete(tag: str) -> bytes:
