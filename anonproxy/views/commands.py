@@ -1,4 +1,4 @@
-"""`anonproxy hierarchy …` and `anonproxy anonymize …`: the command-line side of anonymized views.
+"""`anonproxy hierarchy|anonymize|release …`: the command-line side of anonymized views.
 
 Wire into the main parser with ``register(subparsers)``. Each handler returns
 the exit code: 0, or 1 with the server's message and hint on stderr (no
@@ -8,17 +8,21 @@ traceback) when the file, the connection or the database refuses.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import psycopg
+from psycopg import sql
 
 from . import hierarchies
+from .progress import ProgressBar
 
 
 def register(subparsers: Any) -> None:
-    """Add the ``hierarchy`` and ``anonymize`` commands to an ``argparse`` subparsers object."""
+    """Add the ``hierarchy``, ``anonymize`` and ``release`` commands to an ``argparse`` subparsers object."""
     hierarchy = subparsers.add_parser("hierarchy", help="load, build or list generalization hierarchies")
     actions = hierarchy.add_subparsers(required=True, metavar="ACTION")
 
@@ -54,6 +58,9 @@ def register(subparsers: Any) -> None:
     drop.add_argument("name")
     drop.add_argument("--dsn", required=True, help="libpq connection string")
     drop.set_defaults(run=_drop)
+
+    _register_anonymize(subparsers)
+    _register_release(subparsers)
 
 
 def _common_options(parser: argparse.ArgumentParser) -> None:
@@ -139,3 +146,147 @@ def fail(command: str, exc: Exception) -> int:
     for line in lines:
         print(f"anonproxy {command}: {line}", file=sys.stderr)
     return 1
+
+
+# anonymize ------------------------------------------------------------------------------------------
+
+# Options passed to anonproxy.create_anonymized_view under the same name; unset ones keep its defaults.
+_VIEW_OPTIONS = ("sensitive", "k", "l", "l_kind", "c", "t", "t_distance", "method", "suppression_limit", "unit")
+
+
+def _register_anonymize(subparsers: Any) -> None:
+    anonymize = subparsers.add_parser(
+        "anonymize", help="create a k-anonymous (l-diverse, t-close) table from a table, inside PostgreSQL")
+    anonymize.add_argument("--dsn", required=True, help="libpq connection string")
+    anonymize.add_argument("--source", required=True, help="table or view to anonymize, e.g. public.adult")
+    anonymize.add_argument("--target", required=True, help="table to create, e.g. public.adult_k10")
+    anonymize.add_argument("--qi", required=True, type=_name_list, help="quasi-identifiers, comma-separated")
+    anonymize.add_argument("--sensitive", help="the sensitive column, kept as it is")
+    anonymize.add_argument("--k", type=int, required=True, help="smallest equivalence class (k >= 2)")
+    anonymize.add_argument("--l", type=Decimal, help="l-diversity of the sensitive column")
+    anonymize.add_argument("--l-kind", choices=("distinct", "entropy", "recursive"), help="default entropy")
+    anonymize.add_argument("--c", type=Decimal, help="c of recursive (c,l)-diversity")
+    anonymize.add_argument("--t", type=Decimal, help="t-closeness of the sensitive column, in (0, 1]")
+    anonymize.add_argument("--t-distance", choices=("ordered", "equal", "hierarchical"), help="default ordered")
+    anonymize.add_argument("--method", choices=("mondrian", "mondrian_relaxed", "full_domain", "mdav", "tclose_first"),
+                           help="default mondrian")
+    anonymize.add_argument("--suppression-limit", type=Decimal, help="largest share of rows left out (default 0)")
+    anonymize.add_argument("--unit", help="privacy-unit column: counts are of distinct units")
+    anonymize.add_argument("--hierarchy", action="append", default=[], metavar="COLUMN=NAME", type=_hierarchy_choice,
+                           help="hierarchy of a column (repeatable); COLUMN= for none")
+    anonymize.add_argument("--force", action="store_true", help="create it even if the composition guard objects")
+    anonymize.set_defaults(run=_anonymize)
+
+
+def _name_list(text: str) -> list[str]:
+    names = [name.strip() for name in text.split(",")]
+    if not all(names):
+        raise argparse.ArgumentTypeError(f"expected comma-separated column names, not {text!r}")
+    return names
+
+
+def _hierarchy_choice(text: str) -> tuple[str, str | None]:
+    column, equals, name = text.partition("=")
+    if not equals or not column:
+        raise argparse.ArgumentTypeError(f"expected COLUMN=HIERARCHY, not {text!r}")
+    return column, name or None
+
+
+def _anonymize(args: argparse.Namespace) -> int:
+    arguments: dict[str, object] = {"source": args.source, "target": args.target, "quasi_identifiers": args.qi}
+    arguments.update({name: getattr(args, name) for name in _VIEW_OPTIONS if getattr(args, name) is not None})
+    if args.hierarchy:
+        arguments["hierarchies"] = json.dumps(dict(args.hierarchy))
+    arguments["force"] = args.force
+    casts = {"source": "::regclass", "hierarchies": "::jsonb", "quasi_identifiers": "::text[]", "k": "::integer"}
+    casts.update({name: "::text" for name in ("target", "sensitive", "l_kind", "t_distance", "method", "unit")})
+    query = sql.SQL("select * from anonproxy.create_anonymized_view({})").format(sql.SQL(", ").join(
+        sql.SQL("{} => {}{}").format(sql.Identifier(name), sql.Placeholder(name), sql.SQL(casts.get(name, "")))
+        for name in arguments))
+    return _run_release_query("anonymize", args.dsn, query, arguments)
+
+
+def _run_release_query(command: str, dsn: str, query: sql.Composed, arguments: dict[str, object]) -> int:
+    """Run a query returning anonproxy.release_summary with a progress bar; print the summary."""
+    bar = ProgressBar(sys.stderr, f"anonproxy {command}")
+    try:
+        with psycopg.connect(dsn) as conn:
+            conn.add_notice_handler(bar.notice)
+            cursor = conn.execute(query, arguments)
+            row = cursor.fetchone()
+            assert row is not None and cursor.description is not None
+            summary = dict(zip((column.name for column in cursor.description), row, strict=True))
+    except psycopg.Error as exc:
+        bar.close()
+        return fail(command, exc)
+    bar.close()
+    print(_format_summary(summary))
+    return 0
+
+
+def _format_summary(summary: dict[str, Any]) -> str:
+    lines = [f"release {summary['release_id']}: {summary['target']} ({summary['method']})",
+             f"  k                    {summary['k']}"]
+    if summary["l"] is not None:
+        lines.append(f"  l                    {summary['l']:.4g}")
+    if summary["c"] is not None:
+        lines.append(f"  c (recursive)        above {summary['c']:.4g}")
+    if summary["t"] is not None:
+        lines.append(f"  t                    {summary['t']:.4g}")
+    lines += [f"  equivalence classes  {summary['equivalence_classes']}",
+              f"  suppressed rows      {summary['suppressed_rows']}",
+              f"  NCP                  {summary['ncp'] * 100:.2f} %",
+              f"  elapsed              {summary['elapsed'].total_seconds():.2f} s"]
+    return "\n".join(lines)
+
+
+# release list | refresh | drop ------------------------------------------------------------------------
+
+
+def _register_release(subparsers: Any) -> None:
+    release = subparsers.add_parser("release", help="list, refresh or drop anonymized releases")
+    actions = release.add_subparsers(required=True, metavar="ACTION")
+    listing = actions.add_parser("list", help="list the releases and what they achieve")
+    listing.add_argument("--dsn", required=True, help="libpq connection string")
+    listing.set_defaults(run=_release_list)
+    refresh = actions.add_parser("refresh", help="re-run a release on the current source rows")
+    refresh.add_argument("target")
+    refresh.add_argument("--dsn", required=True, help="libpq connection string")
+    refresh.add_argument("--force", action="store_true", help="refresh it even if the composition guard objects")
+    refresh.set_defaults(run=_release_refresh)
+    drop = actions.add_parser("drop", help="drop a release's table and its registry row")
+    drop.add_argument("target")
+    drop.add_argument("--dsn", required=True, help="libpq connection string")
+    drop.set_defaults(run=_release_drop)
+
+
+def _release_list(args: argparse.Namespace) -> int:
+    query = ("select id, target, method, source, achieved ->> 'k', coalesce(achieved ->> 'l_entropy', ''), "
+             "coalesce(achieved ->> 't', ''), coalesce(refreshed_at, created_at)::timestamp(0)::text "
+             "from anonproxy.releases order by id")
+    try:
+        with psycopg.connect(args.dsn) as conn:
+            rows = conn.execute(query).fetchall()
+    except psycopg.Error as exc:
+        return fail("release", exc)
+    header = ("id", "target", "method", "source", "k", "entropy l", "t", "built")
+    table = [header, *[tuple("" if value is None else str(value) for value in row) for row in rows]]
+    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    for row in table:
+        print("  ".join(value.ljust(width) for value, width in zip(row, widths, strict=True)).rstrip())
+    return 0
+
+
+def _release_refresh(args: argparse.Namespace) -> int:
+    query = sql.SQL("select * from anonproxy.refresh_anonymized_view(%(target)s, force => %(force)s)")
+    return _run_release_query("release", args.dsn, query, {"target": args.target, "force": args.force})
+
+
+def _release_drop(args: argparse.Namespace) -> int:
+    try:
+        with psycopg.connect(args.dsn) as conn:
+            conn.execute("select anonproxy.drop_release(%s)", (args.target,))
+    except psycopg.Error as exc:
+        return fail("release", exc)
+    print(f"release {args.target} dropped")
+    return 0
