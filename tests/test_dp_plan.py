@@ -143,7 +143,7 @@ def test_epsilon_split_and_sensitivities_public_grouping() -> None:
     assert [c.kind for c in p.columns] == ["key", "count", "sum", "avg"]
     assert p.columns[1].noise.scale == 4.0 and p.columns[2].noise.scale == 360.0
     assert "LEAST(GREATEST(" in p.sql and "unnest(ARRAY['Female', 'Male']::text[])" in p.sql
-    assert "random()" in p.sql and "row_number() OVER (PARTITION BY anonproxy_unit" in p.sql
+    assert "random()" in p.sql and "WINDOW cell AS (PARTITION BY anonproxy_unit, anonproxy_g1 ORDER BY" in p.sql
 
 
 def test_epsilon_split_with_partition_selection() -> None:
@@ -456,3 +456,41 @@ def test_clamping_keeps_nulls_out_of_sums(postgresql: psycopg.Connection) -> Non
     p = plan("select sum(v), count(v), avg(v) from spread")
     # 5 + clamp(50) = 15; the NULL is not counted as the lower bound 0; Σ(v − 5) = 0 + 5
     assert run(postgresql, p) == [(15, 2, 5)]
+
+
+def _bounding_ran(conn: psycopg.Connection, sql: str) -> bool:
+    """Whether PostgreSQL executed the row-dropping window of the plan (else the one-row-per-unit branch ran)."""
+    lines = [row[0] for row in conn.execute(f"explain (analyze, costs off, timing off, summary off) {sql}")]
+    windows = [line for line in lines if "WindowAgg" in line]
+    assert windows, lines
+    return not all("never executed" in line for line in windows)
+
+
+def test_bounding_is_skipped_only_when_the_catalog_guarantees_one_row_per_unit(postgresql: psycopg.Connection
+                                                                                ) -> None:
+    postgresql.execute("create table public.spread (unit int, g text, v int)")
+    postgresql.execute("insert into public.spread select u, 'a', 10 from generate_series(1, 5) u")
+    p = plan("select count(*), sum(v) from spread")
+    assert _bounding_ran(postgresql, p.sql)  # no index: nothing is known
+    for index in ("create unique index spread_partial on public.spread (unit) where v > 0",  # partial
+                  "create unique index spread_expression on public.spread ((unit + 0))",  # an expression
+                  "create unique index spread_pair on public.spread (unit, g)"):  # two columns
+        postgresql.execute(index)
+        assert _bounding_ran(postgresql, p.sql), index
+    postgresql.execute("create unique index spread_unit on public.spread (unit)")
+    assert _bounding_ran(postgresql, p.sql)  # unique, but NULL units could still share a row bound
+    postgresql.execute("alter table public.spread alter column unit set not null")
+    assert not _bounding_ran(postgresql, p.sql)
+    assert run(postgresql, p) == [(5, 50)]
+    # joined tables must all be single-row on their keys: region is, visits is not
+    postgresql.execute("create table public.region (id int primary key, region text)")
+    _visits(postgresql)
+    assert not _bounding_ran(postgresql, plan("select count(*) from adult a join region r on r.id = a.id").sql)
+    assert _bounding_ran(postgresql, plan("select count(*) from adult a join visits v on v.person = a.id").sql)
+    # the answer does not depend on which branch ran: adult has a primary key on id
+    p = plan("select sex, count(*), sum(age) from adult group by sex")
+    fast = sorted(run(postgresql, p))
+    postgresql.execute("alter table public.adult drop constraint adult_pkey")
+    assert _bounding_ran(postgresql, p.sql)
+    assert sorted(run(postgresql, p)) == fast == postgresql.execute(
+        "select sex, count(*), sum(age) from adult group by sex order by sex").fetchall()

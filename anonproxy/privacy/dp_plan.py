@@ -74,6 +74,8 @@ ROWS = "anonproxy_rows"
 CELLS = "anonproxy_cells"
 BOUNDED = "anonproxy_bounded"
 STATS = "anonproxy_stats"
+GUARD = "anonproxy_guard"
+PLAIN = "anonproxy_plain"
 DOMAIN = "anonproxy_domain"
 UNIT = "anonproxy_unit"
 
@@ -731,37 +733,50 @@ def _sql(query: AnalyticQuery, statistics: list[Statistic], public: list[tuple[s
     select = [f"{query.unit} AS {UNIT}"]
     select += [f"{key} AS {name}" for key, name in zip(query.keys, keys, strict=True)]
     select += [f"{argument} AS {name}" for argument, name in arguments.items()]
-    select.append("random() AS anonproxy_r")
-    rows = [f"SELECT {', '.join(select)}", f"FROM {query.from_sql}"]
-    if query.where is not None:
-        rows.append(f"WHERE {query.where}")
-
-    cell = ", ".join([UNIT, *keys])
-    cells = ["SELECT *,", f"       row_number() OVER (PARTITION BY {cell} ORDER BY anonproxy_r) AS anonproxy_row_rank"]
-    if keys:
-        cells.append(f"     , first_value(anonproxy_r) OVER (PARTITION BY {cell}) AS anonproxy_cell_r")
-    cells.append(f"FROM {ROWS}")
-    bounded = ["SELECT *"]
-    if keys:
-        bounded = [(f"SELECT *, dense_rank() OVER (PARTITION BY {UNIT} ORDER BY anonproxy_cell_r, {', '.join(keys)})"
-                   " AS anonproxy_group_rank")]
-    bounded += [f"FROM {CELLS}", f"WHERE anonproxy_row_rank <= {rows_cap}"]
-
-    aggregates = [f"{_aggregate(stat, arguments)} AS {stat.name}" for stat in statistics]
-    final = [f"SELECT {', '.join([*keys, *aggregates])}", f"FROM {BOUNDED}"]
-    if keys:
-        final.append(f"WHERE anonproxy_group_rank <= {groups_cap}")
-        final.append(f"GROUP BY {', '.join(keys)}")
-
-    ctes = [(ROWS, "\n".join(rows), "the client's FROM and WHERE; one row per input row"),
-            (CELLS, "\n".join(cells), "a random order of each unit's rows per group" +
-             (", and a random number per (unit, group)" if keys else "")),
-            (BOUNDED, "\n".join(bounded), f"at most {rows_cap} row(s) per unit and group" +
-             (", groups ranked at random per unit" if keys else ""))]
+    where = [f"WHERE {query.where}"] if query.where is not None else []
+    plain = [f"SELECT {', '.join(select)}", f"FROM {query.from_sql}", *where]
+    rows = [f"SELECT {', '.join([*select, 'random() AS anonproxy_r'])}", f"FROM {query.from_sql}", *where]
+    ctes = [(GUARD, _guard(query), ("true when every table holds at most one row per unit (a valid unique index on "
+             "its non-null unit column), as of this statement's snapshot: then no row needs to be dropped")),
+            (PLAIN, "\n".join(plain), "the client's FROM and WHERE, when each unit has at most one row"),
+            (ROWS, "\n".join(rows), "the client's FROM and WHERE, with a random number per row")]
+    if rows_cap == 1 and (groups_cap == 1 or not keys):
+        # One random row per unit (so one group): a single sort. Each group then has one row per unit.
+        ctes.append((BOUNDED, "\n".join([
+            "SELECT * FROM (",
+            f"  SELECT *, row_number() OVER (PARTITION BY {UNIT} ORDER BY anonproxy_r) AS anonproxy_row_rank",
+            f"  FROM {ROWS}",
+            ") AS ranked WHERE anonproxy_row_rank = 1"]), "one row per unit, chosen at random"))
+    else:
+        cell = ", ".join([UNIT, *keys])
+        # The first random number of a cell (unit, group) in the cell's random order is the cell's own.
+        cells = [("SELECT *, row_number() OVER cell AS anonproxy_row_rank, first_value(anonproxy_r) OVER cell "
+                 "AS anonproxy_cell_r"), f"FROM {ROWS}", f"WINDOW cell AS (PARTITION BY {cell} ORDER BY anonproxy_r)"]
+        bounded = ["SELECT *"]
+        if keys:
+            bounded = [(f"SELECT *, dense_rank() OVER (PARTITION BY {UNIT} ORDER BY anonproxy_cell_r, "
+                        f"{', '.join(keys)}) AS anonproxy_group_rank")]
+        bounded += [f"FROM {CELLS}", f"WHERE anonproxy_row_rank <= {rows_cap}"]
+        ctes += [(CELLS, "\n".join(cells), ("a random order of each unit's rows per group, a random number per "
+                  "(unit, group)")),
+                 (BOUNDED, "\n".join(bounded), f"at most {rows_cap} row(s) per unit and group" +
+                  (", groups ranked at random per unit" if keys else ""))]
+    # Two branches, only one of which runs: the guard is a one-time filter (PostgreSQL skips the other scan). The
+    # same guard in HAVING drops the row an aggregate without GROUP BY returns for no input.
+    single = f"(SELECT single FROM {GUARD})"
+    branches = []
+    for source, condition, bounded_rows in ((PLAIN, single, False), (BOUNDED, f"NOT {single}", True)):
+        aggregates = [f"{_aggregate(stat, arguments, bounded_rows)} AS {stat.name}" for stat in statistics]
+        conditions = [condition]
+        if bounded_rows and keys and not (rows_cap == 1 and groups_cap == 1):
+            conditions.append(f"anonproxy_group_rank <= {groups_cap}")
+        branch = [f"SELECT {', '.join([*keys, *aggregates])}", f"FROM {source}", f"WHERE {' AND '.join(conditions)}"]
+        branch += [f"GROUP BY {', '.join(keys)}"] if keys else []
+        branches.append("\n".join([*branch, f"HAVING {condition}"]))
+    final = "\nUNION ALL\n".join(branches)
     if public is None:
-        body = "\n".join(final)
-        return _with(ctes) + "\n" + body
-    ctes.append((STATS, "\n".join(final), f"at most {groups_cap} group(s) per unit; exact per-group statistics"))
+        return _with(ctes) + "\n" + final
+    ctes.append((STATS, final, f"at most {groups_cap} group(s) per unit; exact per-group statistics"))
     domain_from = []
     for i, (values, key) in enumerate(zip(public, keys, strict=True)):
         array = ", ".join(_text_literal(v) for v in values)
@@ -776,12 +791,28 @@ def _sql(query: AnalyticQuery, statistics: list[Statistic], public: list[tuple[s
     return _with(ctes) + "\n" + "\n".join(outer)
 
 
+def _guard(query: AnalyticQuery) -> str:
+    """SQL: whether each table of the query has a valid, live, non-partial unique index on exactly its unit column
+    (the linked key for a linked table), and that column is NOT NULL."""
+    pairs = set()
+    for _, table in query.sources:
+        column = table.protected.unit_column if table.protected is not None else table.linked.column  # type: ignore[union-attr]
+        pairs.add(f"({_text_literal(table.qualified)}::regclass::oid, {_text_literal(column)}::name)")
+    return "\n".join([
+        "SELECT count(DISTINCT i.indrelid) = " + str(len(pairs)) + " AS single",
+        "FROM pg_catalog.pg_index AS i",
+        "JOIN pg_catalog.pg_attribute AS a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]",
+        "WHERE i.indisunique AND i.indisvalid AND i.indislive AND i.indnkeyatts = 1 AND i.indpred IS NULL",
+        "  AND i.indexprs IS NULL AND a.attnotnull",
+        f"  AND (i.indrelid, a.attname) IN ({', '.join(sorted(pairs))})"])
+
+
 _EMPTY = {"units": "0", "rows": "0", "count": "0", "sum": "0", "values": "'{}'"}  # an empty group's value
 
 
-def _aggregate(stat: Statistic, arguments: dict[str, str]) -> str:
-    if stat.kind == "units":
-        return f"count(DISTINCT {UNIT})"
+def _aggregate(stat: Statistic, arguments: dict[str, str], bounded: bool) -> str:
+    if stat.kind == "units":  # distinct units: every row without bounding, else each unit's first row in the group
+        return "count(*) FILTER (WHERE anonproxy_row_rank = 1)" if bounded else "count(*)"
     if stat.kind == "rows":
         return "count(*)"
     argument = arguments[stat.argument]  # type: ignore[index]
@@ -793,8 +824,10 @@ def _aggregate(stat: Statistic, arguments: dict[str, str]) -> str:
                f"{_literal(stat.clamp[1])}) END")
     if stat.kind == "values":
         return f"array_agg({clamped}) FILTER (WHERE {argument} IS NOT NULL)"
-    if stat.power == 1 and stat.center == 0 and stat.offset == 0:
-        return f"coalesce(sum({clamped}), 0)"  # in the column's own type, like PostgreSQL's sum
+    if stat.power == 1 and stat.offset == 0:
+        total = f"coalesce(sum({clamped}), 0)"  # in the column's own type, like PostgreSQL's sum
+        # Σ(x − c) = Σx − c·n: the same number, without per-row numeric arithmetic
+        return total if stat.center == 0 else f"{total} - {_literal(stat.center)} * count({argument})"
     centred = f"({clamped})::numeric - {_literal(stat.center)}"  # numeric: no overflow, exact
     term = centred if stat.power == 1 else f"({centred}) * ({centred})"
     if stat.offset:
