@@ -8,7 +8,10 @@ are checked against bounds derived from the noise scale, ledger charges against 
 from __future__ import annotations
 
 import asyncio
+import shutil
+import subprocess
 from decimal import Decimal
+from pathlib import Path
 
 import asyncpg
 import psycopg
@@ -17,6 +20,7 @@ from psycopg import pq
 
 from anonproxy.wire.results import binary_value
 from conftest import Endpoint
+from test_clients import jdbc_jar
 from test_dp_proxy import analyst, budget_left, truth  # noqa: F401  (fixtures)
 
 QUERY = "select education, count(*), sum(age), avg(hours_per_week) from adult group by 1"
@@ -116,6 +120,25 @@ def test_asyncpg_fetch_and_prepare(gated_proxy: Endpoint, gated_database: str, a
             await conn.close()
 
     asyncio.run(run())
+
+
+def test_jdbc_named_statements_binary_and_fetch_size(gated_proxy: Endpoint, gated_database: str,
+                                                     analyst: str, truth: psycopg.Connection) -> None:  # noqa: F811
+    java = shutil.which("java")
+    assert java, "java is needed for the JDBC tests (Debian: default-jre-headless)"
+    source = Path(__file__).parent / "clients" / "JdbcAnalyst.java"
+    done = subprocess.run([java, "-cp", jdbc_jar(), str(source), gated_proxy.host, str(gated_proxy.port),
+                           gated_database, analyst], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = [line.split("|") for line in done.stdout.splitlines()]
+    assert [line[2:] for line in lines if line[0] == "types"] == [["int8", "int8", "numeric"]] * 3
+    rounds = [[(e, int(n), int(total), Decimal(mean)) for _, r, e, n, total, mean in
+               (line for line in lines if line[0] == "row") if int(r) == round_] for round_ in range(3)]
+    check_close(rounds[0], truths(truth))
+    assert rounds[1] == rounds[0] and rounds[2] == rounds[0], "the cached answer, read four rows at a time"
+    older = int(next(line[2] for line in lines if line[0] == "older"))
+    assert abs(older - truth.execute("select count(*) from adult where age > 30").fetchone()[0]) <= 28
+    assert "epsilon 1 of 2 left" in next(line[2] for line in lines if line[0] == "budget"), "two questions"
 
 
 def test_budget_exhausted_in_a_pipeline_skips_the_rest_of_the_batch(gated_proxy: Endpoint, gated_database: str,
