@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import subprocess
 from collections.abc import Iterator
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -15,11 +16,14 @@ import pytest
 from anonproxy.embedded import EmbeddedPostgres
 from anonproxy.policy import commands
 from anonproxy.policy.model import (
+    Budget,
     ColumnPolicy,
     LinkedTable,
     Policy,
     ProtectedTable,
+    PublishedRelation,
     RolePolicy,
+    SharedBudget,
     SuppressionParams,
 )
 from anonproxy.policy.store import (
@@ -75,7 +79,8 @@ def scratch(db: psycopg.Connection[Any]) -> Iterator[str]:
 
 @pytest.fixture
 def people(db: psycopg.Connection[Any]) -> None:
-    """A protected-table candidate (people), a table linked to it (visits), a partitioned one (events)."""
+    """A protected-table candidate (people), a table linked to it (visits), a partitioned one (events), and an
+    anonymized table to publish (visit_counts)."""
     db.execute("""
         create table public.people (id integer primary key, name text not null);
         create table public.visits (id integer primary key, person_id integer not null references public.people,
@@ -85,6 +90,8 @@ def people(db: psycopg.Connection[Any]) -> None:
         insert into public.people values (1, 'Ada'), (2, 'Grace');
         insert into public.visits values (10, 1, 50.5), (11, 2, 20);
         insert into public.events values (1, 2024);
+        create table public.visit_counts (year integer, visits integer);
+        insert into public.visit_counts values (2024, 2);
     """)
 
 
@@ -114,7 +121,7 @@ RICH_POLICY = Policy(
         "public.people": ProtectedTable("public.people", "id", {
             "id": ColumnPolicy("id", "identifier"),
             "name": ColumnPolicy("name", "quasi_identifier", domain=("Ada", "Grace", "42")),
-        }),
+        }, SharedBudget(Decimal("3.5"), Decimal("0.000001"), "7 days")),
     },
     links={
         "public.visits": LinkedTable("public.visits", "person_id", "public.people", "id", {
@@ -122,10 +129,12 @@ RICH_POLICY = Policy(
         }),
     },
     roles={
-        "analyst": RolePolicy("analyst", "deny"),
+        "analyst": RolePolicy("analyst", "dp", budgets={
+            "public.people": Budget(Decimal("1.25"), Decimal("0.00000001"), "1 day", Decimal("0.25"), Decimal(0))}),
         "reporter": RolePolicy("reporter", "suppress", SuppressionParams(
             k=5, dominance_n=3, dominance_percent=72.5, p_percent=2.5, suppressed_rest=True, allow_min_max=True)),
     },
+    published={"public.visit_counts": PublishedRelation("public.visit_counts", ("reporter", "analyst"))},
 )  # fmt: skip
 
 
@@ -297,6 +306,23 @@ SQL_ERRORS = [
     ("select anonproxy.unprotect_table('public.people')", "42704", "table public.people is not protected"),
     ("select anonproxy.unprotect_table('adult')", "42704", "table adult is not protected"),
     ("select anonproxy.unlink_table('public.adult')", "42704", "table public.adult is not a linked table"),
+    ("select anonproxy.publish_relation('adult', array['reporter'])", "22023",
+     "public.adult is protected data (a protected or linked table, or part of one); only anonymized data can be "
+     "published"),
+    ("select anonproxy.publish_relation('visits', array['reporter'])", "22023", "public.visits is protected data"),
+    ("select anonproxy.publish_relation('visit_counts', array['dba'])", "22023",
+     'role "dba" is in mode direct; published relations are for roles in mode suppress or dp'),
+    ("select anonproxy.publish_relation('visit_counts', array['ghost'])", "42704", 'role "ghost" does not exist'),
+    ("select anonproxy.publish_relation('visit_counts', '{}')", "22023",
+     "published relation public.visit_counts needs at least one role"),
+    ("select anonproxy.publish_relation('visit_counts', array['reporter', null])", "22004",
+     "the roles of published relation public.visit_counts contain NULL"),
+    ("select anonproxy.publish_relation('visit_counts', array['reporter', 'reporter'])", "22023",
+     "the roles of published relation public.visit_counts list a role more than once"),
+    ("select anonproxy.publish_relation('visit_countz', array['reporter'])", "42P01",
+     'relation "visit_countz" does not exist'),
+    ("select anonproxy.unpublish_relation('public.visit_counts')", "42704",
+     "relation public.visit_counts is not published"),
 ]
 
 
@@ -354,6 +380,7 @@ def test_a_dropped_table_must_be_removed_from_the_policy(db: psycopg.Connection[
 
 # Validation of YAML files ---------------------------------------------------------------------
 
+ADULT = "tables: {public.adult: {unit: id}}\n"
 YAML_ERRORS = [
     ("roles: {reporter: {mode: suppress, k: 1}}", "roles.reporter.k: must be an integer ≥ 2, got 1"),
     ("roles: {reporter: {mode: suppress, k: ten}}", "roles.reporter.k: must be an integer ≥ 2, got 'ten'"),
@@ -409,6 +436,54 @@ YAML_ERRORS = [
     ("", "policy: must be a mapping with keys service_role, tables, links, roles, published, got nothing"),
     ("roles: {reporter: {mode: dp}, reporter: {mode: direct}}", "found duplicate key 'reporter'"),
     ("roles: {reporter: {mode: dp}", "policy: not valid YAML"),
+    (ADULT + "roles: {analyst: {mode: dp, budgets: {public.adult: {epsilon: 0}}}}",
+     "roles.analyst.budgets.public.adult.epsilon: must be a number > 0, got 0"),
+    (ADULT + "roles: {analyst: {mode: dp, budgets: {public.adult: {delta: 0.1}}}}",
+     "roles.analyst.budgets.public.adult.epsilon: is required"),
+    (ADULT + "roles: {analyst: {mode: dp, budgets: {public.adult: {epsilon: 1, delta: 1}}}}",
+     "roles.analyst.budgets.public.adult.delta: must be a number in [0, 1), got 1"),
+    (ADULT + "roles: {analyst: {mode: dp, budgets: {public.adult: {epsilon: 1, delta: -0.5}}}}",
+     "roles.analyst.budgets.public.adult.delta: must be a number in [0, 1), got -0.5"),
+    (ADULT + "roles: {analyst: {mode: dp, budgets: {public.adult: {epsilon: 1, epsilon_per_query: 2}}}}",
+     "roles.analyst.budgets.public.adult.epsilon_per_query: must be a number in (0, 1], the budget's epsilon; got 2"),
+    (ADULT + "roles: {analyst: {mode: dp, budgets: {public.adult: {epsilon: 1, epsilon_per_query: 0}}}}",
+     "roles.analyst.budgets.public.adult.epsilon_per_query: must be a number in (0, 1], the budget's epsilon; got 0"),
+    (ADULT + "roles: {analyst: {mode: dp, budgets: {public.adult: {epsilon: 1, delta: 0.00001, "
+     "delta_per_query: 0.001}}}}",
+     ("roles.analyst.budgets.public.adult.delta_per_query: must be a number in [0, 0.00001], the budget's delta; "
+      "got 0.001")),
+    (ADULT + "roles: {analyst: {mode: dp, budgets: {public.adult: {epsilon: 1, delta: 1e-5}}}}",
+     ("roles.analyst.budgets.public.adult.delta: must be a finite number, got '1e-5' (YAML reads 1e-5 as text: "
+      "write 1.0e-5 or 0.00001)")),
+    (ADULT + "roles: {analyst: {mode: dp, budgets: {public.adult: {epsilon: .inf}}}}",
+     "roles.analyst.budgets.public.adult.epsilon: must be a finite number, got inf"),
+    (ADULT + "roles: {analyst: {mode: dp, budgets: {public.adult: {epsilon: 1, refresh_period: 7}}}}",
+     "roles.analyst.budgets.public.adult.refresh_period: must be a non-empty string, got 7"),
+    (ADULT + "roles: {analyst: {mode: dp, budgets: {public.adult: {epsilon: 1, eps: 1}}}}",
+     ("roles.analyst.budgets.public.adult: unknown key 'eps' (expected epsilon, delta, refresh_period, "
+      "epsilon_per_query, delta_per_query)")),
+    ("roles: {analyst: {mode: dp, budgets: {public.adult: {epsilon: 1}}}}",
+     "roles.analyst.budgets.public.adult: public.adult is not a protected table of this file (under tables)"),
+    ("tables: {public.people: {unit: id}}\nlinks: {public.visits: {column: person_id, references: public.people}}\n"
+     "roles: {analyst: {mode: dp, budgets: {public.visits: {epsilon: 1}}}}",
+     ("roles.analyst.budgets.public.visits: public.visits is a linked table; budgets belong to the protected table it "
+      "links to, public.people")),
+    ("tables: {public.adult: {unit: id, shared_budget: {epsilon: 3, delta: 1.5}}}",
+     "tables.public.adult.shared_budget.delta: must be a number in [0, 1), got 1.5"),
+    ("tables: {public.adult: {unit: id, shared_budget: {epsilon: 3, epsilon_per_query: 1}}}",
+     "tables.public.adult.shared_budget: unknown key 'epsilon_per_query' (expected epsilon, delta, refresh_period)"),
+    ("roles: {dba: {mode: direct}}\npublished: {public.release: {roles: [dba]}}",
+     ("published.public.release.roles[0]: role dba is in mode direct in this file; published relations are for roles "
+      "in mode suppress or dp")),
+    ("roles: {reporter: {mode: suppress}}\npublished: {public.release: {roles: [reporter, nobody]}}",
+     ("published.public.release.roles[1]: role nobody is in mode direct in this file; published relations are for "
+      "roles in mode suppress or dp")),
+    ("published: {public.release: {roles: []}}", "published.public.release.roles: must be a non-empty list of names, got []"),
+    ("published: {public.release: {}}", "published.public.release.roles: is required"),
+    ("published: {release: {roles: [reporter]}}",
+     "published.release: table names must be schema-qualified, like public.adult"),
+    (ADULT + "roles: {reporter: {mode: suppress}}\npublished: {public.adult: {roles: [reporter]}}",
+     "published.public.adult: a protected or linked table cannot be published: publish an anonymized release of it"),
 ]
 
 
@@ -444,7 +519,12 @@ def test_every_yaml_problem_is_reported_at_once() -> None:
                                "        lower: 0\n        upper: 1"),
      ("tables.public.adult.columns.workclass: column public.adult.workclass is of type text; bounds need a numeric "
      "column (SQLSTATE 42804)")),
-], ids=["column", "table", "role", "service role", "bounds on text"])  # fmt: skip
+    (lambda text: text.replace("{epsilon: 10,", "{epsilon: 10, refresh_period: -1 day,"),
+     ('roles.analyst.budgets.public.adult: refresh_period for role "analyst" on public.adult must be positive, got '
+      "-1 days (SQLSTATE 22023)")),
+    (lambda text: text.replace("{epsilon: 10,", "{epsilon: 10, refresh_period: fortnight,"),
+     ('roles.analyst.budgets.public.adult: invalid input syntax for type interval: "fortnight" (SQLSTATE 22007)')),
+], ids=["column", "table", "role", "service role", "bounds on text", "negative refresh", "refresh syntax"])  # fmt: skip
 def test_a_refused_apply_names_the_path_and_keeps_the_previous_policy(db: psycopg.Connection[Any], change: Any,
                                                                       problem: str) -> None:
     apply_policy(db, demo_policy())
@@ -602,6 +682,101 @@ def test_a_role_that_could_still_read_cannot_be_restricted(db: psycopg.Connectio
     assert not db.execute("select * from anonproxy.isolation_problems()").fetchall()  # nobody restricted yet
 
 
+def test_budgets_of_the_policy_file_reach_the_ledger(db: psycopg.Connection[Any], people: None) -> None:
+    apply_policy(db, RICH_POLICY)
+    # What the ledger charges against, read with its own functions (sql/0003_ledger.sql).
+    budget = db.execute("select epsilon_budget, delta_budget, refresh_period::text, epsilon_per_query, delta_per_query "
+                        "from anonproxy.remaining_budget('analyst', 'public.people')").fetchone()
+    assert budget == (Decimal("1.25"), Decimal("0.00000001"), "1 day", Decimal("0.25"), Decimal(0))
+    assert db.execute("select domain, epsilon, delta, refresh_period::text from anonproxy.shared_budgets").fetchall() \
+        == [("public.people", Decimal("3.5"), Decimal("0.000001"), "7 days")]
+
+    apply_policy(db, demo_policy())  # replaces budgets and caps too ...
+    assert db.execute("select role_name, domain, epsilon, delta, refresh_period, epsilon_per_query, delta_per_query "
+                      "from anonproxy.budgets").fetchall() == [
+        ("analyst", "public.adult", Decimal(10), Decimal("0.00001"), None, Decimal("0.5"), Decimal("0.0000001"))]
+    assert db.execute("select count(*) from anonproxy.shared_budgets").fetchone() == (0,)
+    db.execute("select anonproxy.charge('analyst', 'public.adult', 0.5, 0, 'a query')")
+    apply_policy(db, demo_policy())  # ... but never the ledger: what was spent stays spent
+    assert db.execute("select epsilon from anonproxy.remaining_budget('analyst', 'public.adult')").fetchone() == (
+        Decimal("9.5"),)
+
+
+def test_a_published_relation_follows_the_mode_of_its_roles(db: psycopg.Connection[Any], people: None) -> None:
+    apply_policy(db, RICH_POLICY)
+
+    def readers() -> list[str]:
+        return [role for role in ("reporter", "analyst", "dba", "public")
+                if db.execute("select has_table_privilege(%s, 'public.visit_counts', 'SELECT')",
+                              (role,)).fetchone() == (True,)]
+
+    assert readers() == ["reporter", "analyst", "dba"]  # dba: pg_read_all_data
+    db.execute("select anonproxy.set_role_policy('analyst', 'deny')")
+    assert readers() == ["reporter", "dba"]
+    db.execute("select anonproxy.set_role_policy('analyst', 'dp')")
+    assert readers() == ["reporter", "analyst", "dba"]
+    db.execute("select anonproxy.publish_relation('visit_counts', array['analyst'])")  # reporter no longer listed
+    assert readers() == ["analyst", "dba"]
+    db.execute("select anonproxy.unpublish_relation('public.visit_counts')")
+    assert readers() == ["dba"]
+    assert load_policy(db).published == {}
+
+
+def test_a_published_relation_must_not_read_protected_rows(db: psycopg.Connection[Any], people: None) -> None:
+    apply_policy(db, demo_policy())
+    db.execute("""
+        create view public.people_view as select name from public.people;
+        create materialized view public.adult_ages as select age from public.adult;
+        create table public.adult_parent (id integer);
+        alter table public.adult inherit public.adult_parent;
+    """)
+    for relation, problem in [
+        ("people_view", None),  # people is not protected: fine
+        ("adult_ages", "published relation public.adult_ages reads protected table public.adult"),
+        ("adult_parent", ("published relation public.adult_parent includes the rows of protected table public.adult "
+                          "(a partition or inheritance child)")),
+    ]:
+        if problem is None:
+            db.execute(f"select anonproxy.publish_relation('{relation}', array['reporter'])")
+            continue
+        error = sql_error(db, f"select anonproxy.publish_relation('{relation}', array['reporter'])")
+        assert (error.sqlstate, error.diag.message_primary) == ("42501", problem), relation
+        assert "create_anonymized_view" in (error.diag.message_hint or "")
+    # A view published while harmless, changed afterwards: the next policy change finds it ...
+    db.execute("create or replace view public.people_view as select age::text as name from public.adult")
+    error = sql_error(db, "select anonproxy.set_role_policy('reporter', 'suppress', 11)")
+    assert error.diag.message_primary == "published relation public.people_view reads protected table public.adult"
+    # ... and so does protecting what a published view reads.
+    db.execute("create or replace view public.people_view as select name from public.people")
+    error = sql_error(db, "select anonproxy.protect_table('people', 'id')")
+    assert error.diag.message_primary == "published relation public.people_view reads protected table public.people"
+    # So does a published relation dropped since; it can be unpublished by its stored name.
+    db.execute("select anonproxy.unpublish_relation('public.people_view')")
+    db.execute("select anonproxy.publish_relation('visit_counts', array['reporter'])")
+    db.execute("drop table public.visit_counts")
+    assert db.execute("select problem from anonproxy.isolation_problems()").fetchall() == [
+        ("published relation public.visit_counts does not exist",)]
+    db.execute("select anonproxy.unpublish_relation('public.visit_counts')")
+    db.execute("select anonproxy.apply_grants()")
+
+
+def test_a_parent_of_a_protected_table_is_closed_too(pg_server: EmbeddedPostgres, db: psycopg.Connection[Any],
+                                                     dbname: str) -> None:
+    db.execute("create table public.adult_parent (id integer)")
+    db.execute("alter table public.adult inherit public.adult_parent")
+    db.execute("grant select on public.adult_parent to reporter")
+    with connect_as(pg_server, dbname, "reporter") as reporter:  # the channel: a parent shows its children's rows
+        assert reporter.execute("select count(*) from public.adult_parent").fetchone() == (ADULT_ROW_COUNT,)
+    with pytest.raises(PolicyApplyError) as caught:
+        apply_policy(db, demo_policy())
+    assert caught.value.sqlstate == "42501"
+    assert caught.value.problems[0].endswith(
+        'role "reporter" can read public.adult_parent, which includes the rows of public.adult (a partition or '
+        "inheritance child) (SQLSTATE 42501)")
+    db.execute("revoke select on public.adult_parent from reporter")
+    apply_policy(db, demo_policy())
+
+
 def test_a_problem_arising_later_is_caught_at_the_next_change(db: psycopg.Connection[Any], scratch: str) -> None:
     apply_policy(db, demo_policy())
     db.execute(f"select anonproxy.set_role_policy('{scratch}', 'dp')")
@@ -655,9 +830,12 @@ def test_policy_command_applies_and_shows(pg_server: EmbeddedPostgres, db: psyco
     demo_file = Path(__file__).parents[1] / "anonproxy" / "data" / "demo_policy.yaml"
     assert run_policy_command("apply", str(demo_file), "--dsn", dsn) == 0
     out = capsys.readouterr().out
-    assert out == f"policy version {version(db)} applied: 1 protected table(s), 0 linked table(s), 3 role(s)\n"
+    assert out == (f"policy version {version(db)} applied: 1 protected table(s), 0 linked table(s), 3 role(s), "
+                   "0 published relation(s)\n")
     assert run_policy_command("show", "--dsn", dsn) == 0
     shown = capsys.readouterr().out
+    assert ("  analyst:\n    mode: dp\n    budgets:\n      public.adult: {epsilon: 10, delta: 0.00001, "
+            "epsilon_per_query: 0.5, delta_per_query: 0.0000001}\n") in shown
     assert parse_policy(shown) == without_version(load_policy(db))
 
     bad = tmp_path / "bad.yaml"

@@ -41,7 +41,8 @@ def _apply(args: argparse.Namespace) -> int:
     except (PolicyError, psycopg.Error, OSError) as exc:
         return _fail(exc)
     print(f"policy version {version} applied: {len(policy.tables)} protected table(s), "
-          f"{len(policy.links)} linked table(s), {len(policy.roles)} role(s)")
+          f"{len(policy.links)} linked table(s), {len(policy.roles)} role(s), "
+          f"{len(policy.published)} published relation(s)")
     return 0
 
 
