@@ -8,6 +8,7 @@ are checked against bounds derived from the noise scale, ledger charges against 
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 import subprocess
 from decimal import Decimal
@@ -20,7 +21,7 @@ from psycopg import pq
 
 from anonproxy.wire.results import binary_value
 from conftest import Endpoint
-from test_clients import jdbc_jar
+from test_clients import NODE_DIR, ensure_node_modules, jdbc_jar, libpq_env, run
 from test_dp_proxy import analyst, budget_left, truth  # noqa: F401  (fixtures)
 
 QUERY = "select education, count(*), sum(age), avg(hours_per_week) from adult group by 1"
@@ -139,6 +140,29 @@ def test_jdbc_named_statements_binary_and_fetch_size(gated_proxy: Endpoint, gate
     older = int(next(line[2] for line in lines if line[0] == "older"))
     assert abs(older - truth.execute("select count(*) from adult where age > 30").fetchone()[0]) <= 28
     assert "epsilon 1 of 2 left" in next(line[2] for line in lines if line[0] == "budget"), "two questions"
+
+
+def test_node_postgres_parameters_and_named_statements(gated_proxy: Endpoint, gated_database: str, analyst: str,
+                                                       truth: psycopg.Connection) -> None:  # noqa: F811
+    ensure_node_modules()
+    node = shutil.which("node")
+    assert node, "node is required for the node-postgres test"
+    done = run([node, "dp.js"], libpq_env(gated_proxy, gated_database, user=analyst), cwd=NODE_DIR)
+    assert done.returncode == 0, f"dp.js failed:\n{done.stdout}\n{done.stderr}"
+    out = json.loads(done.stdout)
+    expected = dict(truth.execute("select sex, count(*) from adult where age > 30 group by sex").fetchall())
+    # node-postgres returns bigint as a string; count of people at ε 0.5: scale 2, 2·ln(1e6) < 28.
+    assert {r["sex"] for r in out["by_sex"]} == set(expected)
+    assert all(abs(int(r["count"]) - expected[r["sex"]]) <= 28 for r in out["by_sex"])
+    first, second = out["named"]
+    assert first == second, "the named statement's second run is the cached answer"
+    races = dict(truth.execute("select race, avg(age)::float8 from adult where sex = 'Female' group by race"))
+    assert {r["race"] for r in first} == set(races)
+    assert all(17 <= float(r["avg"]) <= 90 for r in first)  # within the declared bounds of age
+    assert abs(float(next(r["avg"] for r in first if r["race"] == "White")) - races["White"]) < 1.5
+    assert "epsilon 1 of 2 left" in out["budget"], "two questions of ε 0.5"
+    assert out["refused"] == "42501" and out["after_refusal"] == 7  # max() is refused in dp mode
+    assert any("differentially private answer" in notice for notice in out["notices"])
 
 
 def test_budget_exhausted_in_a_pipeline_skips_the_rest_of_the_batch(gated_proxy: Endpoint, gated_database: str,
