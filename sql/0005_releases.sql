@@ -229,7 +229,7 @@ begin
     end if;
     if unit is not null then
         perform anonproxy.release_column(source, unit, 'privacy-unit');
-        if unit = any (quasi_identifiers) or unit = sensitive then
+        if unit = any (quasi_identifiers) or unit is not distinct from sensitive then
             raise exception using errcode = '22023',
                 message = format('the privacy-unit column %s cannot also be a quasi-identifier or the sensitive column',
                                  quote_ident(unit)),
@@ -237,7 +237,7 @@ begin
         end if;
     end if;
     for key in select jsonb_object_keys(hierarchies) loop
-        if not (key = any (quasi_identifiers) or key = sensitive) then
+        if not (key = any (quasi_identifiers) or key is not distinct from sensitive) then
             raise exception using errcode = '22023',
                 message = format('hierarchies names column %s, which is neither a quasi-identifier nor the sensitive column',
                                  quote_ident(key));

@@ -1,0 +1,328 @@
+"""anonproxy.create_anonymized_view and friends: argument checks, quoting, the release cycle, the CLI.
+
+Every refused call must leave nothing behind: no target table, no registry row,
+no staging table. Levels of a created release are checked here by counting
+the target's rows in Python, not by the SQL verification functions.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections import Counter
+
+import psycopg
+import pytest
+from conftest import Endpoint
+from psycopg import sql
+
+ADULT_ROWS = 30162
+QI = ["age", "sex", "race"]
+
+
+def create(conn: psycopg.Connection, **arguments: object) -> tuple[object, ...]:
+    """Call create_anonymized_view with named arguments; returns the summary row."""
+    arguments = {"source": "public.adult", "target": "public.adult_k", "quasi_identifiers": QI, "k": 10,
+                 **arguments}
+    casts = {"source": "::regclass", "hierarchies": "::jsonb", "quasi_identifiers": "::text[]",
+             "k": "::integer", "l": "::numeric", "c": "::numeric", "t": "::numeric", "suppression_limit": "::numeric"}
+    query = sql.SQL("select * from anonproxy.create_anonymized_view({})").format(sql.SQL(", ").join(
+        sql.SQL("{} => {}{}").format(sql.Identifier(name), sql.Placeholder(name), sql.SQL(casts.get(name, "::text")))
+        for name in arguments))
+    row = conn.execute(query, arguments).fetchone()
+    assert row is not None
+    return row
+
+
+def leftovers(conn: psycopg.Connection) -> dict[str, object]:
+    """What a refused call could have left: tables other than adult, registry rows, staging tables."""
+    return {
+        "tables": conn.execute("select array_agg(format('%I.%I', schemaname, tablename) order by 1) from pg_tables "
+                               "where schemaname not in ('pg_catalog', 'information_schema', 'anonproxy') "
+                               "and tablename <> 'adult'").fetchone()[0],
+        "releases": conn.execute("select count(*) from anonproxy.releases").fetchone()[0],
+        "staging": conn.execute("select array_agg(relname::text) from pg_class "
+                                "where relname like 'anonproxy\\_%' and relpersistence = 't'").fetchone()[0],
+    }
+
+
+NOTHING = {"tables": None, "releases": 0, "staging": None}
+
+BAD_ARGUMENTS = [
+    ({"quasi_identifiers": ["age", "nope"]}, "42703", "quasi-identifier column nope does not exist in public.adult"),
+    ({"sensitive": "nope"}, "42703", "sensitive column nope does not exist"),
+    ({"unit": "nope"}, "42703", "privacy-unit column nope does not exist"),
+    ({"k": 1}, "22023", "k must be at least 2, not 1"),
+    ({"k": None}, "22004", "k is required"),
+    ({"k": 40000}, "22023", f"k = 40000 exceeds the {ADULT_ROWS} rows of public.adult"),
+    ({"sensitive": "occupation", "t": 0, "t_distance": "equal"}, "22023", "t must be in (0, 1], not 0"),
+    ({"sensitive": "occupation", "t": 1.5, "t_distance": "equal"}, "22023", "t must be in (0, 1], not 1.5"),
+    ({"sensitive": "sex"}, "22023", "column sex is both a quasi-identifier and the sensitive column"),
+    ({"method": "full_domain", "quasi_identifiers": ["age", "fnlwgt"]}, "42704",
+     "full_domain needs a hierarchy for every quasi-identifier; fnlwgt has none"),
+    ({"method": "full_domain", "hierarchies": {"age": None}}, "42704",
+     "full_domain needs a hierarchy for every quasi-identifier; age has none"),
+    ({"sensitive": "relationship", "t": 0.2, "t_distance": "hierarchical"}, "42704",
+     "the hierarchical distance needs a hierarchy for the sensitive column relationship"),
+    ({"method": "kmeans"}, "22023", "unknown method 'kmeans'"),
+    ({"sensitive": "occupation", "l": 2, "l_kind": "shannon"}, "22023", "unknown l_kind 'shannon'"),
+    ({"sensitive": "occupation", "t": 0.2, "t_distance": "manhattan"}, "22023", "unknown t_distance 'manhattan'"),
+    ({"target": "public.adult"}, "42P07", "relation public.adult already exists"),
+    ({"target": "adult"}, "42P07", "relation public.adult already exists"),
+    ({"l": 2}, "22023", "l-diversity needs a sensitive column"),
+    ({"t": 0.2}, "22023", "t-closeness needs a sensitive column"),
+    ({"sensitive": "occupation", "t": 0.2}, "22023",
+     "the ordered distance needs a numeric sensitive column; occupation is not numeric"),
+    ({"sensitive": "occupation", "l": 1}, "22023", "l must be greater than 1, not 1"),
+    ({"sensitive": "occupation", "l": 2.5, "l_kind": "distinct"}, "22023",
+     "distinct l-diversity needs a whole number l, not 2.5"),
+    ({"sensitive": "occupation", "l": 2, "c": 3}, "22023", "c applies only to recursive (c,l)-diversity"),
+    ({"sensitive": "occupation", "l": 2, "l_kind": "recursive"}, "22023",
+     "recursive (c,l)-diversity needs c > 0, not null"),
+    ({"sensitive": "occupation", "l": 15, "l_kind": "distinct"}, "22023",
+     "no release can be distinct l-diverse with l = 15: the whole table has distinct l = 14"),
+    ({"suppression_limit": 1}, "22023", "suppression_limit must be in [0, 1), not 1"),
+    ({"suppression_limit": -0.1}, "22023", "suppression_limit must be in [0, 1), not -0.1"),
+    ({"hierarchies": {"age": "no.such"}}, "42704", "hierarchy 'no.such', named for column age, does not exist"),
+    ({"hierarchies": {"education": "adult.education"}}, "22023",
+     "hierarchies names column education, which is neither a quasi-identifier nor the sensitive column"),
+    ({"hierarchies": ["adult.age"]}, "22023", "hierarchies must be a JSON object"),
+    ({"hierarchies": {"age": 3}}, "22023", "hierarchies: the value for age must be a hierarchy name or null"),
+    ({"hierarchies": {"race": "adult.sex"}}, "22023",
+     "values of column race are missing from hierarchy 'adult.sex': 'Amer-Indian-Eskimo'"),
+    ({"quasi_identifiers": ["age", "age"]}, "42701", "quasi-identifier age is named twice"),
+    ({"quasi_identifiers": []}, "22023", "quasi_identifiers must name at least one column"),
+    ({"quasi_identifiers": None}, "22023", "quasi_identifiers must name at least one column"),
+    ({"unit": "age"}, "22023", "the privacy-unit column age cannot also be a quasi-identifier"),
+    ({"target": "my table; drop"}, "42602", "target my table; drop is not a valid table name"),
+    ({"target": "a.b.c"}, "42602", "target a.b.c is not a schema.table name"),
+    ({"target": "nope.adult_k"}, "3F000", "schema nope of target nope.adult_k does not exist"),
+    ({"method": "tclose_first", "sensitive": "age", "quasi_identifiers": ["sex", "race"]}, "22023",
+     "tclose_first needs t"),
+]
+
+
+@pytest.mark.parametrize(("arguments", "sqlstate", "message"), BAD_ARGUMENTS,
+                         ids=[f"{code}-{i}" for i, (_, code, _) in enumerate(BAD_ARGUMENTS)])
+def test_bad_arguments_fail_cleanly(postgresql: psycopg.Connection, arguments: dict[str, object], sqlstate: str,
+                                    message: str) -> None:
+    arguments = {name: psycopg.types.json.Jsonb(value) if name == "hierarchies" else value
+                 for name, value in arguments.items()}
+    with pytest.raises(psycopg.Error) as caught:
+        create(postgresql, **arguments)
+    assert caught.value.sqlstate == sqlstate
+    assert caught.value.diag.message_primary is not None
+    assert message in caught.value.diag.message_primary
+    postgresql.rollback()
+    assert leftovers(postgresql) == NOTHING
+
+
+def test_hints_say_what_to_do(postgresql: psycopg.Connection) -> None:
+    with pytest.raises(psycopg.Error) as caught:
+        create(postgresql, quasi_identifiers=["age", "nope"])
+    assert caught.value.diag.message_hint is not None
+    assert "columns of public.adult: id, age, workclass" in caught.value.diag.message_hint
+    postgresql.rollback()
+    with pytest.raises(psycopg.Error) as caught:
+        create(postgresql, method="full_domain", quasi_identifiers=["age", "fnlwgt"])
+    assert caught.value.diag.message_hint is not None
+    assert 'hierarchies => \'{"fnlwgt": "…"}\'' in caught.value.diag.message_hint
+
+
+def test_source_must_be_a_table(postgresql: psycopg.Connection) -> None:
+    postgresql.execute("create sequence s")
+    with pytest.raises(psycopg.Error) as caught:
+        create(postgresql, source="s")
+    assert caught.value.sqlstate == "42809"
+
+
+def test_null_quasi_identifier_values_are_refused(postgresql: psycopg.Connection) -> None:
+    postgresql.execute("create view holes as select id, case when id % 100 = 0 then null else age end as age, sex, race "
+                       "from public.adult")
+    postgresql.commit()
+    with pytest.raises(psycopg.Error) as caught:
+        create(postgresql, source="holes")
+    assert caught.value.sqlstate == "22004"
+    assert caught.value.diag.message_primary == "column age of public.holes has 301 NULL value(s)"
+    postgresql.rollback()
+    assert leftovers(postgresql)["releases"] == 0
+
+
+def test_reserved_column_names_are_refused(postgresql: psycopg.Connection) -> None:
+    postgresql.execute('create table t as select age as "_row", sex from public.adult')
+    postgresql.commit()
+    with pytest.raises(psycopg.Error) as caught:
+        create(postgresql, source="t", quasi_identifiers=["_row", "sex"])
+    assert caught.value.sqlstate == "42939"
+
+
+def test_k_is_counted_in_privacy_units(postgresql: psycopg.Connection) -> None:
+    # Two rows per person: 15,081 people.
+    postgresql.execute("create table visits as select (id + 1) / 2 as person, age, sex, race from public.adult")
+    postgresql.commit()
+    with pytest.raises(psycopg.Error) as caught:
+        create(postgresql, source="visits", unit="person", k=20000)
+    assert caught.value.sqlstate == "22023"
+    assert caught.value.diag.message_primary == "k = 20000 exceeds the 15081 privacy units of public.visits"
+
+
+def test_a_method_that_misses_k_is_refused(postgresql: psycopg.Connection) -> None:
+    """The dispatcher measures the output independently and refuses what misses the asked k."""
+    postgresql.execute("""
+        create or replace function anonproxy.anonymize_mdav(input regclass, spec jsonb) returns jsonb
+        language plpgsql as $$
+        begin
+            execute format('create temp table %I as select _row, age::text as age, sex, race from %s',
+                           spec ->> 'output', input);
+            return '{}';
+        end $$""")
+    with pytest.raises(psycopg.Error) as caught:
+        create(postgresql, method="mdav")
+    assert caught.value.sqlstate == "XX000"
+    assert "is not k-anonymous for k = 10: its smallest class has 1 privacy units" in str(caught.value)
+    postgresql.rollback()
+    assert leftovers(postgresql) == NOTHING
+
+
+def test_a_method_that_returns_rows_twice_is_refused(postgresql: psycopg.Connection) -> None:
+    postgresql.execute("""
+        create or replace function anonproxy.anonymize_mdav(input regclass, spec jsonb) returns jsonb
+        language plpgsql as $$
+        begin
+            execute format('create temp table %I as select _row, ''*'' as age, ''*'' as sex, ''*'' as race from %s '
+                           'union all select 1, ''*'', ''*'', ''*''', spec ->> 'output', input);
+            return '{}';
+        end $$""")
+    with pytest.raises(psycopg.Error, match="is not one row per kept input row") as caught:
+        create(postgresql, method="mdav")
+    assert caught.value.sqlstate == "XX000"
+
+
+# Created releases (Mondrian, sql/0006) ------------------------------------------------------------------
+
+
+def class_sizes(conn: psycopg.Connection, table: sql.Composable, columns: list[str]) -> Counter[tuple[object, ...]]:
+    return Counter(conn.execute(sql.SQL("select {} from {}").format(
+        sql.SQL(", ").join(map(sql.Identifier, columns)), table)).fetchall())
+
+
+def test_create_refresh_drop_cycle(postgresql: psycopg.Connection) -> None:
+    summary = create(postgresql, sensitive="occupation")
+    release_id, target, method, k, *_ = summary
+    assert (target, method) == ("public.adult_k", "mondrian")
+    # The table: the QIs in order, then the sensitive column with its type; nothing else.
+    columns = postgresql.execute("select attname::text, format_type(atttypid, atttypmod) from pg_attribute "
+                                 "where attrelid = 'public.adult_k'::regclass and attnum > 0 order by attnum").fetchall()
+    assert columns == [("age", "text"), ("sex", "text"), ("race", "text"), ("occupation", "text")]
+    sizes = class_sizes(postgresql, sql.Identifier("adult_k"), QI)
+    assert min(sizes.values()) >= 10
+    assert k == min(sizes.values())
+    assert sum(sizes.values()) == ADULT_ROWS
+    # The sensitive column is released unchanged: the same multiset of values as the source.
+    assert Counter(postgresql.execute("select occupation from adult_k").fetchall()) == Counter(
+        postgresql.execute("select occupation from adult").fetchall())
+
+    row = postgresql.execute(
+        "select id, source, target, method, quasi_identifiers, sensitive, unit, parameters ->> 'k', "
+        "(achieved ->> 'k')::int, metrics ->> 'rows_released', refreshed_at from anonproxy.releases").fetchall()
+    assert row == [(release_id, "public.adult", "public.adult_k", "mondrian", QI, "occupation", None, "10", k,
+                    str(ADULT_ROWS), None)]
+    postgresql.commit()
+
+    postgresql.execute("delete from adult where id % 3 = 0")
+    refreshed = postgresql.execute("select * from anonproxy.refresh_anonymized_view('adult_k')").fetchone()
+    assert refreshed is not None and refreshed[0] == release_id
+    sizes = class_sizes(postgresql, sql.Identifier("adult_k"), QI)
+    assert sum(sizes.values()) == ADULT_ROWS - ADULT_ROWS // 3
+    assert min(sizes.values()) >= 10
+    assert postgresql.execute("select refreshed_at is not null, (metrics ->> 'rows_released')::int "
+                              "from anonproxy.releases").fetchone() == (True, ADULT_ROWS - ADULT_ROWS // 3)
+    postgresql.commit()
+
+    postgresql.execute("select anonproxy.drop_release('public.adult_k')")
+    assert leftovers(postgresql) == NOTHING
+    with pytest.raises(psycopg.Error) as caught:
+        postgresql.execute("select anonproxy.drop_release('public.adult_k')")
+    assert caught.value.sqlstate == "42704"
+
+
+def test_refresh_failure_keeps_the_old_rows(postgresql: psycopg.Connection) -> None:
+    create(postgresql)
+    postgresql.commit()
+    before = postgresql.execute("select count(*) from adult_k").fetchone()
+    postgresql.execute("delete from adult where id > 5")  # 5 rows left: fewer than k = 10
+    with pytest.raises(psycopg.Error) as caught:
+        postgresql.execute("select anonproxy.refresh_anonymized_view('adult_k')")
+    assert caught.value.sqlstate == "22023"
+    postgresql.rollback()
+    assert postgresql.execute("select count(*) from adult_k").fetchone() == before
+
+
+def test_weird_names_are_quoted(postgresql: psycopg.Connection) -> None:
+    postgresql.execute('create table "Odd Source" as select age as "age; drop table adult", sex, race, occupation '
+                       "from public.adult")
+    postgresql.commit()
+    qi = ["age; drop table adult", "sex", "race"]
+    summary = create(postgresql, source='"Odd Source"', target='"my table; drop"', quasi_identifiers=qi,
+                     sensitive="occupation")
+    assert summary[1] == 'public."my table; drop"'
+    assert postgresql.execute("select to_regclass('public.adult') is not null").fetchone() == (True,)
+    sizes = class_sizes(postgresql, sql.Identifier("my table; drop"), qi)
+    assert min(sizes.values()) >= 10
+    assert postgresql.execute("select source, target from anonproxy.releases").fetchone() == (
+        'public."Odd Source"', 'public."my table; drop"')
+    postgresql.execute("""select anonproxy.drop_release('"my table; drop"')""")
+    assert postgresql.execute("""select to_regclass('public."my table; drop"')""").fetchone() == (None,)
+
+
+def test_existing_registry_row_without_table(postgresql: psycopg.Connection) -> None:
+    create(postgresql)
+    postgresql.execute("drop table adult_k")
+    with pytest.raises(psycopg.Error) as caught:
+        create(postgresql)
+    assert caught.value.sqlstate == "42710"
+    assert caught.value.diag.message_hint == "forget it first: select anonproxy.drop_release('public.adult_k')"
+
+
+# CLI ------------------------------------------------------------------------------------------------
+
+
+def anonproxy(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "anonproxy", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_cli_anonymize_refresh_drop(postgresql: psycopg.Connection, dbname: str, direct: Endpoint) -> None:
+    dsn = direct.dsn(dbname)
+    result = anonproxy("anonymize", "--dsn", dsn, "--source", "public.adult", "--target", "adult_cli",
+                       "--qi", "age,sex,race", "--sensitive", "occupation", "--k", "10",
+                       "--t", "0.4", "--t-distance", "equal")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("release 1: public.adult_cli (mondrian)\n")
+    # Progress lines from the SQL notices: the dispatcher's five phases, in order.
+    phases = [line for line in result.stderr.splitlines() if "/5 " in line]
+    assert [line.split()[2] for line in phases] == ["1/5", "2/5", "3/5", "4/5", "5/5"]
+    assert "Traceback" not in result.stderr
+    k = postgresql.execute("select (achieved ->> 'k')::int, (achieved ->> 't')::numeric from anonproxy.releases"
+                           ).fetchone()
+    assert k is not None and k[0] >= 10 and k[1] <= 0.4
+    assert f"  k                    {k[0]}\n" in result.stdout
+
+    listing = anonproxy("release", "list", "--dsn", dsn)
+    assert listing.returncode == 0 and "public.adult_cli" in listing.stdout
+    refreshed = anonproxy("release", "refresh", "adult_cli", "--dsn", dsn)
+    assert refreshed.returncode == 0, refreshed.stderr
+    dropped = anonproxy("release", "drop", "adult_cli", "--dsn", dsn)
+    assert dropped.returncode == 0
+    assert leftovers(postgresql) == NOTHING
+
+
+def test_cli_errors_print_message_and_hint(dbname: str, direct: Endpoint) -> None:
+    result = anonproxy("anonymize", "--dsn", direct.dsn(dbname), "--source", "public.adult", "--target", "x",
+                       "--qi", "age,sex", "--k", "10", "--method", "full_domain", "--hierarchy", "age=")
+    assert result.returncode == 1
+    assert result.stdout == ""
+    assert result.stderr.splitlines()[-2:] == [
+        "anonproxy anonymize: full_domain needs a hierarchy for every quasi-identifier; age has none (SQLSTATE 42704)",
+        "anonproxy anonymize: hint: load or build one (anonproxy hierarchy load|build-intervals|build-prefix) "
+        "and name it: hierarchies => '{\"age\": \"…\"}'",
+    ]
