@@ -17,6 +17,7 @@ from .logs import setup_logging
 from .policy import commands as policy_commands
 from .proxy.server import ProxyStartError, run_proxy
 from .views import commands as view_commands
+from .views import verify as verify_command
 
 log = logging.getLogger("anonproxy")
 
@@ -59,6 +60,7 @@ def _parser() -> argparse.ArgumentParser:
 
     policy_commands.register(commands)
     view_commands.register(commands)
+    verify_command.register(commands)
     return parser
 
 

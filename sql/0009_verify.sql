@@ -17,7 +17,7 @@
 
 -- The columns of rel, checked to exist, quoted and comma-separated in the order given.
 create function anonproxy._verify_column_list(rel regclass, cols text[], what text) returns text
-language plpgsql stable set search_path = pg_catalog, pg_temp as $$
+language plpgsql stable set search_path = pg_catalog, pg_temp set jit = off as $$
 declare
     bad text;
 begin
@@ -44,7 +44,7 @@ end $$;
 
 -- The sensitive column: it must exist and must not be a quasi-identifier.
 create function anonproxy._verify_sensitive(rel regclass, qi text[], sensitive text) returns void
-language plpgsql stable set search_path = pg_catalog, pg_temp as $$
+language plpgsql stable set search_path = pg_catalog, pg_temp set jit = off as $$
 begin
     perform anonproxy._verify_column_list(rel, array[sensitive], 'sensitive');
     if sensitive = any(qi) then
@@ -59,7 +59,7 @@ end $$;
 -- and the number of rows. NULL is a value like any other (sorted last).
 create function anonproxy._ec_value_counts(rel regclass, qi text[], sensitive text)
 returns table (ec bigint, value text, rank bigint, n bigint)
-language plpgsql stable set search_path = pg_catalog, pg_temp as $$
+language plpgsql stable set search_path = pg_catalog, pg_temp set jit = off as $$
 declare
     qi_list text := anonproxy._verify_column_list(rel, qi, 'the quasi-identifiers');
 begin
@@ -72,7 +72,7 @@ end $$;
 
 
 create function anonproxy.k_anonymity(rel regclass, qi text[], unit text default null) returns bigint
-language plpgsql stable set search_path = pg_catalog, pg_temp as $$
+language plpgsql stable set search_path = pg_catalog, pg_temp set jit = off as $$
 declare
     qi_list text := anonproxy._verify_column_list(rel, qi, 'the quasi-identifiers');
     counted text := 'count(*)';
@@ -91,7 +91,7 @@ comment on function anonproxy.k_anonymity(regclass, text[], text) is
 
 create function anonproxy.l_diversity(rel regclass, qi text[], sensitive text, kind text default 'entropy',
                                       l integer default null) returns numeric
-language plpgsql stable set search_path = pg_catalog, pg_temp as $$
+language plpgsql stable set search_path = pg_catalog, pg_temp set jit = off as $$
 declare
     result numeric;
 begin
@@ -136,7 +136,7 @@ comment on function anonproxy.l_diversity(regclass, text[], text, text, integer)
 -- counts of value i, N*|E|*(p_i - q_i) = n_i*N - N_i*|E| is an integer.
 create function anonproxy.t_closeness(rel regclass, qi text[], sensitive text, distance text default 'ordered',
                                       hierarchy text default null) returns numeric
-language plpgsql stable set search_path = pg_catalog, pg_temp as $$
+language plpgsql stable set search_path = pg_catalog, pg_temp set jit = off as $$
 declare
     tree text := hierarchy;
     height integer;
@@ -223,7 +223,7 @@ comment on function anonproxy.t_closeness(regclass, text[], text, text, text) is
 -- The hierarchy of a QI column: the one named in hierarchies (it must exist),
 -- else the one named '<source table>.<column>' if it exists, else none.
 create function anonproxy._verify_hierarchy_of(source regclass, col text, hierarchies jsonb) returns text
-language plpgsql stable set search_path = pg_catalog, pg_temp as $$
+language plpgsql stable set search_path = pg_catalog, pg_temp set jit = off as $$
 declare
     chosen text := hierarchies ->> col;
 begin
@@ -243,7 +243,7 @@ end $$;
 -- Rows of rel per distinct value of col, the value as text.
 create function anonproxy._verify_cell_counts(rel regclass, col text)
 returns table (cell text, n bigint)
-language plpgsql stable set search_path = pg_catalog, pg_temp as $$
+language plpgsql stable set search_path = pg_catalog, pg_temp set jit = off as $$
 begin
     return query execute format('select %1$I::text, count(*) from %2$s group by 1', col, rel);
 end $$;
@@ -257,7 +257,7 @@ end $$;
 -- others: (members - 1) / (domain size - 1). form is NULL for an unreadable cell.
 create function anonproxy._verify_read_cells(source regclass, target regclass, col text, tree text)
 returns table (cell text, n bigint, form text, members bigint, ncp double precision, domain_size bigint)
-language plpgsql stable set search_path = pg_catalog, pg_temp as $$
+language plpgsql stable set search_path = pg_catalog, pg_temp set jit = off as $$
 declare
     numeric_column boolean;
     dom text[];
@@ -268,7 +268,8 @@ begin
     select t.typcategory = 'N' into numeric_column
       from pg_catalog.pg_attribute a join pg_catalog.pg_type t on t.oid = a.atttypid
      where a.attrelid = source and a.attname = col;
-    execute format('select array_agg(distinct %1$I::text) filter (where %1$I is not null) from %2$s', col, source)
+    execute format('select array_agg(v) from (select %1$I::text as v from %2$s where %1$I is not null group by 1) d',
+                   col, source)
        into dom;
     dom := coalesce(dom, '{}');
     if numeric_column then
@@ -278,7 +279,7 @@ begin
     return query
     with domain as (select v, case when numeric_column then v::numeric end as x from unnest(dom) v),
          cells as (select * from anonproxy._verify_cell_counts(target, col)),
-         forms as (
+         forms as materialized (
              select c.cell, c.n,
                     case
                       when c.cell is null or c.cell = any(dom) then 'value'
@@ -327,7 +328,7 @@ end $$;
 
 create function anonproxy.utility(source regclass, target regclass, qi text[], hierarchies jsonb default null,
                                   k integer default null, risk_threshold double precision default 0.1) returns jsonb
-language plpgsql stable set search_path = pg_catalog, pg_temp as $$
+language plpgsql stable set search_path = pg_catalog, pg_temp set jit = off as $$
 declare
     qi_source text := anonproxy._verify_column_list(source, qi, 'the quasi-identifiers');
     qi_target text := anonproxy._verify_column_list(target, qi, 'the quasi-identifiers');
@@ -350,10 +351,10 @@ declare
 begin
     if hierarchies is not null and (jsonb_typeof(hierarchies) <> 'object'
             or exists (select from jsonb_each(hierarchies) e
-                        where not e.key = any(qi) or jsonb_typeof(e.value) <> 'string')) then
+                        where not e.key = any(qi) or jsonb_typeof(e.value) not in ('string', 'null'))) then
         raise exception using errcode = '22023',
             message = 'hierarchies must be a JSON object mapping quasi-identifier columns to hierarchy names',
-            hint = 'e.g. {"education": "adult.education"}';
+            hint = 'e.g. {"education": "adult.education"}; a null name is the same as leaving the column out';
     end if;
     if risk_threshold is null or risk_threshold <= 0 or risk_threshold > 1 then
         raise exception using errcode = '22023', message = format('risk_threshold %s is not in (0, 1]', risk_threshold);

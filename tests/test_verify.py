@@ -8,7 +8,9 @@ implementation, PyPI) on generalizations of adult.
 
 from __future__ import annotations
 
+import json
 import math
+import re
 from collections import Counter
 from decimal import Decimal
 from fractions import Fraction
@@ -21,6 +23,9 @@ import pytest
 from psycopg import sql
 from psycopg.types.json import Jsonb
 from pycanon import anonymity
+
+from anonproxy import cli
+from anonproxy.embedded import EmbeddedPostgres
 
 Row = tuple[Any, ...]
 
@@ -418,3 +423,67 @@ def test_levels_agree_with_pycanon_on_adult(db: psycopg.Connection, name: str) -
         anonymity.t_closeness(frame, qi, ["income"]), abs=1e-12)
     assert float(t_of(db, "release", qi, "hours_per_week", "ordered")) == pytest.approx(
         anonymity.t_closeness(frame, qi, ["hours_per_week"]), abs=1e-12)
+
+
+# --- anonproxy verify -----------------------------------------------------------------------------------------------
+
+ADULT_QI = ["age", "workclass", "education", "marital_status", "race", "sex", "native_country"]
+
+
+def run_verify(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = cli.main(["verify", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_verify_recomputes_a_release_and_flags_a_damaged_one(
+        db: psycopg.Connection, pg_server: EmbeddedPostgres, capsys: pytest.CaptureFixture[str]) -> None:
+    dsn = pg_server.conninfo(dbname=db.info.dbname)
+    db.execute("create table adult_part as select * from adult where id <= 3000")
+    db.execute("select anonproxy.create_anonymized_view(source => 'public.adult_part', target => 'public.part_k5', "
+               "quasi_identifiers => %s, sensitive => 'occupation', k => 5, l => 2, l_kind => 'distinct', "
+               "hierarchies => '{\"age\": \"adult.age\"}')", (ADULT_QI,))
+    code, out, err = run_verify(capsys, "public.part_k5", "--dsn", dsn, "--json")
+    assert (code, err) == (0, "")
+    report = json.loads(out)
+    assert report["method"] == "mondrian" and report["quasi_identifiers"] == ADULT_QI
+    assert report["now"]["k"] == report["registry"]["k"] >= 5
+    assert report["now"]["l_distinct"] >= 2
+    # Discernibility and the class count, from the release's rows in Python.
+    sizes = Counter(db.execute(sql.SQL("select {} from part_k5").format(
+        sql.SQL(", ").join(map(sql.Identifier, ADULT_QI)))).fetchall())
+    assert report["metrics"]["discernibility"] == sum(n * n for n in sizes.values())
+    assert report["metrics"]["equivalence_classes"] == len(sizes)
+    assert report["shortfalls"] == []
+
+    code, out, _ = run_verify(capsys, "part_k5", "--dsn", dsn)
+    assert code == 0
+    assert "release public.part_k5" in out and "meets its parameters" in out
+    assert f"equivalence classes         {len(sizes)}" in out
+
+    # Damage it: keep one row of the smallest class.
+    smallest = min(sizes, key=sizes.__getitem__)
+    db.execute(sql.SQL("delete from part_k5 where ({cols}) = ({values}) and ctid <> "
+                       "(select min(ctid) from part_k5 where ({cols}) = ({values}))").format(
+        cols=sql.SQL(", ").join(map(sql.Identifier, ADULT_QI)), values=sql.SQL(", ").join(map(sql.Literal, smallest))))
+    code, out, _ = run_verify(capsys, "part_k5", "--dsn", dsn)
+    assert code == 3
+    assert "DOES NOT MEET its parameters now: k = 1 < 5" in out
+
+
+def test_verify_an_unregistered_table(
+        db: psycopg.Connection, pg_server: EmbeddedPostgres, capsys: pytest.CaptureFixture[str]) -> None:
+    dsn = pg_server.conninfo(dbname=db.info.dbname)
+    make_table(db, "table_5_2", {"age": "text", "zip": "text", "condition": "text"}, TABLE_5_2)
+    code, out, _ = run_verify(capsys, "table_5_2", "--dsn", dsn, "--qi", "age,zip", "--sensitive", "condition")
+    assert code == 0
+    assert "table table_5_2 (not a registered release)" in out
+    assert re.search(r"^  t \(equal EMD\) +- +0\.5833$", out, re.MULTILINE), out
+    assert re.search(r"^  distinct ℓ +- +2$", out, re.MULTILINE), out
+
+    code, _, err = run_verify(capsys, "table_5_2", "--dsn", dsn)
+    assert code == 1
+    assert "table_5_2 is not a registered release: name its quasi-identifiers with --qi" in err
+    code, _, err = run_verify(capsys, "table_5_2", "--dsn", dsn, "--qi", "age,nope")
+    assert code == 1
+    assert "column nope of the quasi-identifiers does not exist in public.table_5_2 (SQLSTATE 42703)" in err
