@@ -99,7 +99,10 @@ def test_refusals_in_dp_mode(gated_proxy: Endpoint, gated_database: str, analyst
     with psycopg.connect(gated_proxy.dsn(gated_database, user=analyst), autocommit=True) as conn:
         for query, words in [("select * from adult", "row-level"),
                              ("select sum(fnlwgt * 2) from adult", "not"),
-                             ("select education, count(*) from adult group by 1 having count(*) > 10", "HAVING")]:
+                             ("select percentile_cont(0.5) within group (order by age desc) from adult",
+                              "ascending"),
+                             ("select count(*) from adult a join pg_catalog.pg_class c on c.oid = a.id",
+                              "only the protected table and its linked tables")]:
             with pytest.raises(psycopg.Error, match=words) as caught:
                 conn.execute(query)
             assert caught.value.sqlstate in ("0A000", "42501")
@@ -133,3 +136,41 @@ def test_the_ledger_survives_a_killed_proxy(pg_server: EmbeddedPostgres, gated_d
             assert "epsilon 1.5 of 2 left" in budget_left(conn)
     finally:
         stop_proxy(second)
+
+
+def test_join_having_spread_and_quantiles(gated_proxy: Endpoint, gated_database: str, analyst: str,
+                                          truth: psycopg.Connection) -> None:
+    truth.execute("create table public.adult_region as select id, (array['North', 'South', 'East', 'West'])"
+                  "[1 + id % 4] as region from public.adult")
+    truth.execute("select anonproxy.link_table('public.adult_region', 'id', 'public.adult')")
+    truth.execute("select anonproxy.set_column('public.adult_region', 'region', 'quasi_identifier', "
+                  "domain => array['North', 'South', 'East', 'West'])")
+    version = truth.execute("select version from anonproxy.policy_version").fetchone()[0]
+    try:
+        with psycopg.connect(gated_proxy.dsn(gated_database, user=analyst), autocommit=True) as conn:
+            wait_for_version(conn, version)
+            join = "select r.region, count(*) from adult a join adult_region r on r.id = a.id group by r.region"
+            regions = dict(conn.execute(join).fetchall())
+            having = conn.execute("select education, count(*) from adult group by 1 having count(*) > 1000 "
+                                  "order by 2 desc").fetchall()
+            spread = conn.execute("select stddev(age), var_pop(age) from adult").fetchone()
+            quantiles = conn.execute("select sex, median(age), percentile_disc(0.9) within group "
+                                     "(order by hours_per_week) from adult group by sex").fetchall()
+            assert "epsilon 0 of 2 left" in budget_left(conn)
+        # count scale 2 (ε 0.5): |error| < 2·ln(1/1e-6) ≈ 28
+        assert set(regions) == {"North", "South", "East", "West"}
+        assert all(abs(n - truth.execute(f"select count(*) from adult_region where region = '{region}'"
+                                         ).fetchone()[0]) <= 28 for region, n in regions.items())
+        assert having and all(n > 1000 for _, n in having)  # filtered on the noisy values, after noise
+        assert [n for _, n in having] == sorted((n for _, n in having), reverse=True)
+        exact = truth.execute("select stddev(age), var_pop(age) from adult").fetchone()
+        assert abs(spread[0] - exact[0]) < 1 and abs(spread[1] - exact[1]) < 20
+        assert {row[0] for row in quantiles} == {"Female", "Male"}
+        for sex, median, p90 in quantiles:
+            true_median = truth.execute("select percentile_cont(0.5) within group (order by age) from adult "
+                                        "where sex = %s", [sex]).fetchone()[0]
+            assert abs(float(median) - true_median) <= 3 and 17 <= float(median) <= 90
+            assert 1 <= int(p90) <= 99 and float(p90) == int(p90)
+    finally:
+        truth.execute("select anonproxy.unlink_table('public.adult_region')")
+        truth.execute("drop table public.adult_region")
