@@ -118,6 +118,8 @@ language sql stable set search_path = pg_catalog, pg_temp set jit = off as $$
            format('revoke select on %s from %I, public', e.relid::regclass, x.via)
       from reachable x join anonproxy.exposing_relations e
         on e.via_parent and pg_catalog.has_table_privilege(x.via_oid, e.relid, 'SELECT')
+     where e.relid not in (select g.relid from anonproxy.guarded_relations g where g.relid is not null)
+           -- a partitioned protected table is its partitions' parent; 0002 checks guarded relations
 $$;
 
 alter function anonproxy.isolation_problems() rename to guarded_isolation_problems;
