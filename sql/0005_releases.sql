@@ -346,8 +346,10 @@ end
 $$;
 
 -- Copy the source into pg_temp.anonproxy_input and check what needs the data.
+-- Statistics from a 3,000-row sample serve the methods' plans as well as the
+-- default 30,000 rows, and ANALYZE is ten times faster.
 create function anonproxy.release_stage(source regclass, spec jsonb, unit text) returns void
-language plpgsql set search_path = pg_catalog, pg_temp as $$
+language plpgsql set search_path = pg_catalog, pg_temp set default_statistics_target = 10 as $$
 declare
     columns jsonb := spec -> 'qi' || case when jsonb_typeof(spec -> 'sensitive') = 'object'
                                           then jsonb_build_array(spec -> 'sensitive') else '[]' end;
