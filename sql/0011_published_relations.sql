@@ -75,7 +75,7 @@ language sql stable set search_path = pg_catalog, pg_temp as $$
         rel)
 $$;
 
--- Why a published relation must not be published, role by role where that matters.
+-- What makes a published relation unfit to publish (no role in particular: role_name is null).
 create function anonproxy.publication_problems()
 returns table (role_name name, problem text, hint text)
 language sql stable set search_path = pg_catalog, pg_temp set jit = off as $$
@@ -107,7 +107,7 @@ $$;
 create function anonproxy.inheritance_problems()
 returns table (role_name name, problem text, hint text)
 language sql stable set search_path = pg_catalog, pg_temp set jit = off as $$
-    with recursive reachable as (  -- the roles each restricted role is, or may SET ROLE to
+    with reachable as (  -- the roles each restricted role is, or may SET ROLE to
         select r.role_name, m.oid as via_oid, m.rolname as via
           from anonproxy.restricted_roles r
           join pg_catalog.pg_roles m on pg_catalog.pg_has_role(r.role_oid, m.oid, 'MEMBER')
