@@ -93,6 +93,8 @@ def test_delta_and_invalid_settings(gated_proxy: Endpoint, gated_database: str, 
         with pytest.raises(psycopg.errors.InsufficientPrivilege, match="dp mode only"):
             conn.execute("set anonproxy.epsilon = 0.1")
         with pytest.raises(psycopg.errors.FeatureNotSupported, match="dp mode"):
+            conn.execute("show anonproxy.epsilon")
+        with pytest.raises(psycopg.errors.FeatureNotSupported, match="dp mode"):
             conn.execute("explain (anonproxy) select sex, count(*) from adult group by sex")
 
 

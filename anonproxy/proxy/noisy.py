@@ -49,6 +49,7 @@ log = logging.getLogger("anonproxy.dp")
 DEFAULT_EPSILON = Decimal("0.5")
 DEFAULT_DELTA = Decimal("1e-7")
 POOL_SIZE = 4  # connections per worker: dp questions of different sessions run side by side
+PLAN_CACHE_SIZE = 10_000  # plans are deterministic in (text, role, policy version, ε, δ): kept per worker
 
 INT8, FLOAT4, FLOAT8, NUMERIC = 20, 700, 701, 1700
 _SNAPSHOT = "set transaction isolation level repeatable read, read only"
@@ -75,6 +76,7 @@ class NoisyAnswers:
         self._dsn = dsn
         self._idle: list[psycopg.AsyncConnection[Any]] = []
         self._slots = asyncio.Semaphore(size)
+        self._plans: dict[tuple[str, str, int, DPParams], DPPlan | Reject] = {}
 
     async def close(self) -> None:
         while self._idle:
@@ -183,7 +185,7 @@ class NoisyAnswers:
     async def _plan(self, conn: psycopg.AsyncConnection[Any], sql: str, role: RolePolicy, policy: Policy,
                     limits: SessionLimits) -> tuple[DPPlan, ledger.Remaining]:
         """The plan at the role's per-query cost on the table the query reads, lowered by the session's."""
-        first = plan_dp(sql, role, policy, DPParams(float(DEFAULT_EPSILON), float(DEFAULT_DELTA)))
+        first = self._plan_dp(sql, role, policy, DPParams(float(DEFAULT_EPSILON), float(DEFAULT_DELTA)))
         if isinstance(first, Reject):
             raise Refused(first.sqlstate, first.message, first.hint)
         budget = await ledger.remaining(conn, role.role, first.table)
@@ -192,10 +194,20 @@ class NoisyAnswers:
             epsilon = min(epsilon, limits.epsilon)
         if limits.delta is not None:
             delta = min(delta, limits.delta)
-        plan = plan_dp(sql, role, policy, DPParams(float(epsilon), float(delta)))
+        plan = self._plan_dp(sql, role, policy, DPParams(float(epsilon), float(delta)))
         if isinstance(plan, Reject):
             raise Refused(plan.sqlstate, plan.message, plan.hint)
         return plan, budget
+
+    def _plan_dp(self, sql: str, role: RolePolicy, policy: Policy, params: DPParams) -> DPPlan | Reject:
+        """``plan_dp``, cached: planning costs milliseconds, a statement already seen should not."""
+        key = (sql, role.role, policy.version, params)
+        plan = self._plans.get(key)
+        if plan is None:
+            if len(self._plans) >= PLAN_CACHE_SIZE:
+                self._plans.clear()
+            plan = self._plans[key] = plan_dp(sql, role, policy, params)
+        return plan
 
     @contextlib.asynccontextmanager
     async def _connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:

@@ -384,6 +384,9 @@ class ClientConnection(asyncio.Protocol):
             if isinstance(decision, Intercept) and decision.setting == "budget":
                 reply = await noisy.budget(role.role)
             elif isinstance(decision, Intercept):
+                if role.mode != "dp":
+                    raise Refused("0A000", f"anonproxy.{decision.setting} applies to roles in dp mode",
+                                  f'Role "{role.role}" is in {role.mode} mode.')
                 reply = await noisy.show(decision.setting, role.role, limits)
             elif isinstance(decision, SessionSetting):
                 reply = await noisy.set(decision, role.role, limits)
