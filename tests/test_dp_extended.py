@@ -165,6 +165,18 @@ def test_node_postgres_parameters_and_named_statements(gated_proxy: Endpoint, ga
     assert any("differentially private answer" in notice for notice in out["notices"])
 
 
+def test_a_write_to_the_table_makes_a_new_question(gated_proxy: Endpoint, gated_database: str, analyst: str,
+                                                   truth: psycopg.Connection) -> None:  # noqa: F811
+    query = "select count(*) from adult where age between %s and %s"
+    with connect(gated_proxy, gated_database, analyst) as conn:
+        conn.execute(query, [20, 25], prepare=True).fetchone()
+        conn.execute(query, [20, 25], prepare=True).fetchone()
+        assert "epsilon 1.5 of 2 left" in budget_left(conn)
+        truth.execute("update adult set age = age where id = 1")  # a committed write: a new data version
+        conn.execute(query, [20, 25], prepare=True).fetchone()
+        assert "epsilon 1 of 2 left" in budget_left(conn), "the cached answer was for other data"
+
+
 def test_budget_exhausted_in_a_pipeline_skips_the_rest_of_the_batch(gated_proxy: Endpoint, gated_database: str,
                                                                     analyst: str) -> None:  # noqa: F811
     with connect(gated_proxy, gated_database, analyst) as conn:
