@@ -194,7 +194,7 @@ class Gate:
             else:
                 assert isinstance(reply, Result)
                 state.result = reply
-                self._write_client(self._portal_rows(state, max_rows))
+                self._write_client(self._portal_rows(state, max_rows, first=True))
         self._pump()
 
     def _ready_for_query(self, owner: Owner, status: bytes) -> None:
@@ -408,8 +408,9 @@ class Gate:
             return pg.error_response(exc.sqlstate, str(exc))
         return Result(columns).description(formats)
 
-    def _portal_rows(self, state: _ProxyPortal, max_rows: int) -> bytes:
-        """The next rows of an executed portal: all, or ``max_rows`` then PortalSuspended if more remain."""
+    def _portal_rows(self, state: _ProxyPortal, max_rows: int, first: bool = False) -> bytes:
+        """The next rows of an executed portal: all, or ``max_rows`` then PortalSuspended if more remain
+        (the answer's notices come with its first rows)."""
         result = state.result
         assert result is not None
         try:
@@ -422,7 +423,7 @@ class Gate:
             self._skipping = True
             return pg.error_response(exc.sqlstate, str(exc))
         state.sent = stop
-        notices = result.notices if start == 0 else b""
+        notices = result.notices if first else b""
         if stop < len(result.rows):
             return rows + pg.message(b"s") + notices  # PortalSuspended
         return rows + result.command_complete(stop - start) + notices
