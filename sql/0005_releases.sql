@@ -434,18 +434,25 @@ begin
         end if;
     end loop;
 
-    -- An l no partition can reach: the whole table (one class) is the most diverse there is.
-    if spec ->> 'l' is not null then
+    -- An l the whole table misses, no partition reaches: each kind is monotone
+    -- (classes that are diverse merge into a diverse class). Suppressing rows
+    -- could drop the values that spoil it, so only without suppression.
+    if spec ->> 'l' is not null and (spec ->> 'suppression_limit')::numeric = 0 then
         execute format('create temp view anonproxy_whole_table as '
                        'select distinct 1 as whole_table, i._unit, i.%I from pg_temp.anonproxy_input i', sensitive);
         whole_table := anonproxy.l_diversity('pg_temp.anonproxy_whole_table', array['whole_table'], sensitive,
-                                             case spec ->> 'l_kind' when 'entropy' then 'entropy' else 'distinct' end);
+                                             spec ->> 'l_kind', case when spec ->> 'l_kind' = 'recursive'
+                                                                     then (spec ->> 'l')::integer end);
         drop view pg_temp.anonproxy_whole_table;
-        if whole_table < (spec ->> 'l')::numeric then
+        if spec ->> 'l_kind' = 'recursive' and whole_table >= (spec ->> 'c')::numeric then
             raise exception using errcode = '22023',
-                message = format('no release can be %s l-diverse with l = %s: the whole table has %s l = %s',
-                                 spec ->> 'l_kind', spec ->> 'l', case spec ->> 'l_kind' when 'entropy' then 'entropy'
-                                 else 'distinct' end, round(whole_table, 4)),
+                message = format('no release can be recursive (%s,%s)-diverse: the whole table is so only for c above %s',
+                                 spec ->> 'c', spec ->> 'l', trim_scale(round(whole_table, 4))),
+                hint = 'raise c, lower l, or choose another sensitive column';
+        elsif spec ->> 'l_kind' <> 'recursive' and whole_table < (spec ->> 'l')::numeric then
+            raise exception using errcode = '22023',
+                message = format('no release can be %1$s l-diverse with l = %2$s: the whole table has %1$s l = %3$s',
+                                 spec ->> 'l_kind', spec ->> 'l', trim_scale(round(whole_table, 4))),
                 hint = 'lower l, or choose another sensitive column';
         end if;
     end if;

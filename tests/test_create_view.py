@@ -7,6 +7,7 @@ the target's rows in Python, not by the SQL verification functions.
 
 from __future__ import annotations
 
+import io
 import subprocess
 import sys
 from collections import Counter
@@ -15,6 +16,8 @@ import psycopg
 import pytest
 from conftest import Endpoint
 from psycopg import sql
+
+from anonproxy.views.progress import ProgressBar
 
 ADULT_ROWS = 30162
 QI = ["age", "sex", "race"]
@@ -81,6 +84,12 @@ BAD_ARGUMENTS = [
      "recursive (c,l)-diversity needs c > 0, not null"),
     ({"sensitive": "occupation", "l": 15, "l_kind": "distinct"}, "22023",
      "no release can be distinct l-diverse with l = 15: the whole table has distinct l = 14"),
+    # income: 22,654 '<=50K' and 7,508 '>50K'; exp(entropy) = exp(-(p ln p + q ln q)) ≈ 1.75.
+    ({"sensitive": "income", "l": 2}, "22023",
+     "no release can be entropy l-diverse with l = 2: the whole table has entropy l = 1.7527"),
+    # recursive (c,2) on income: r1 / r2 = 22654 / 7508 ≈ 3.0173, so c = 3 fails.
+    ({"sensitive": "income", "l": 2, "l_kind": "recursive", "c": 3}, "22023",
+     "no release can be recursive (3,2)-diverse: the whole table is so only for c above 3.0173"),
     ({"suppression_limit": 1}, "22023", "suppression_limit must be in [0, 1), not 1"),
     ({"suppression_limit": -0.1}, "22023", "suppression_limit must be in [0, 1), not -0.1"),
     ({"hierarchies": {"age": "no.such"}}, "42704", "hierarchy 'no.such', named for column age, does not exist"),
@@ -326,3 +335,32 @@ def test_cli_errors_print_message_and_hint(dbname: str, direct: Endpoint) -> Non
         "anonproxy anonymize: hint: load or build one (anonproxy hierarchy load|build-intervals|build-prefix) "
         "and name it: hierarchies => '{\"age\": \"…\"}'",
     ]
+
+
+class FakeTerminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_bar_redraws_one_line_on_a_terminal() -> None:
+    stream = FakeTerminal()
+    bar = ProgressBar(stream, "anonproxy anonymize")
+    bar.update(3, 12, "round 4")
+    bar.update(12, 12, "final")
+    bar.close()
+    assert stream.getvalue() == ("\r[" + "#" * 8 + "-" * 22 + "] 3/12 round 4\x1b[K"
+                                 "\r[" + "#" * 30 + "] 12/12 final\x1b[K\n")
+
+
+def test_progress_bar_reads_notices_and_shows_warnings(postgresql: psycopg.Connection) -> None:
+    stream = io.StringIO()
+    postgresql.add_notice_handler(ProgressBar(stream, "anonproxy anonymize").notice)
+    postgresql.execute("""do $$ begin
+        raise notice 'anonproxy progress % of %: %', 2, 7, 'round 2';
+        raise notice 'table "x" does not exist, skipping';
+        raise warning 'composition risk' using detail = 'PVP 12 %', hint = 'generalize further';
+    end $$""")
+    assert stream.getvalue() == ("anonproxy anonymize: 2/7 round 2\n"
+                                 "anonproxy anonymize: warning: composition risk\n"
+                                 "anonproxy anonymize: detail: PVP 12 %\n"
+                                 "anonproxy anonymize: hint: generalize further\n")
