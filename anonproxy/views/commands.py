@@ -206,7 +206,7 @@ def _anonymize(args: argparse.Namespace) -> int:
     return _run_release_query("anonymize", args.dsn, query, arguments)
 
 
-def _run_release_query(command: str, dsn: str, query: sql.Composed, arguments: dict[str, object]) -> int:
+def _run_release_query(command: str, dsn: str, query: sql.SQL | sql.Composed, arguments: dict[str, object]) -> int:
     """Run a query returning anonproxy.release_summary with a progress bar; print the summary."""
     bar = ProgressBar(sys.stderr, f"anonproxy {command}")
     try:
