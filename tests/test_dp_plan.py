@@ -90,6 +90,7 @@ def refused(sql: str, *words: str, params: DPParams = PARAMS, role: RolePolicy =
     ("select count(*) from adult a join plain p on p.id = a.id", ("does not join public.plain",)),
     ("select count(*) from adult a join visits v on v.minutes = a.id", ("declared key",)),
     ("select count(*) from adult a left join visits v on v.person = a.id", ("outer side",)),
+    ("select count(*) from visits v join region r on r.id = v.person", ("through their protected table",)),
     ("select count(distinct education) from adult", ("count(DISTINCT x)", "privacy unit id")),
     ("select sex, count(*) from adult group by sex order by count(*) + 0", ("arithmetic",)),
     ("select occupation from adult group by occupation order by count(*)", ("must name an output column",)),
@@ -357,6 +358,11 @@ def test_joins_to_linked_tables_are_bounded_per_unit() -> None:
     assert "unnest(ARRAY['A', 'B', 'C']::text[])" in p.sql
     # a linked table alone is charged to its protected table too
     assert plan("select count(distinct person) from visits").table == "public.adult"
+    # two linked tables, each joined to the protected table on its key
+    p = plan("select r.region, count(*) from adult a join visits v on v.person = a.id join region r on r.id = a.id "
+             "group by r.region")
+    assert "unnest(ARRAY['North', 'South', 'East', 'West']::text[])" in p.sql
+    assert "(i.indrelid, a.attname) IN (" in p.sql and p.sql.count("::regclass::oid") == 3
 
 
 def _visits(conn: psycopg.Connection) -> None:
