@@ -184,29 +184,13 @@ begin
 end
 $$;
 
--- Distinct non-null values of source.column as text, or an error naming a missing column.
-create function anonproxy.hierarchy_source_values(source regclass, column_name text)
-returns table (value text, type_category "char")
+-- Distinct non-null values of source.column as text (anonproxy.column_type of
+-- 0002 names a missing column).
+create function anonproxy.hierarchy_source_values(source regclass, column_name text) returns setof text
 language plpgsql stable set search_path = pg_catalog, pg_temp as $$
-declare
-    category "char";
 begin
-    if source is null or column_name is null then
-        raise exception using errcode = '22004', message = 'source and column must not be null';
-    end if;
-    select t.typcategory into category
-      from pg_catalog.pg_attribute a join pg_catalog.pg_type t on t.oid = a.atttypid
-     where a.attrelid = source and a.attname = column_name and a.attnum > 0 and not a.attisdropped;
-    if not found then
-        raise exception using errcode = '42703',
-            message = format('column %I does not exist in %s', column_name, source),
-            hint = format('columns of %s: %s', source,
-                          (select string_agg(quote_ident(a.attname), ', ' order by a.attnum)
-                             from pg_catalog.pg_attribute a
-                            where a.attrelid = source and a.attnum > 0 and not a.attisdropped));
-    end if;
-    return query execute format('select distinct %1$I::text, %2$L::"char" from %3$s where %1$I is not null',
-                                column_name, category, source);
+    perform anonproxy.column_type(source, column_name);
+    return query execute format('select distinct %1$I::text from %2$s where %1$I is not null', column_name, source);
 end
 $$;
 
@@ -234,19 +218,16 @@ begin
                              array_to_string(widths, ', ')),
             hint = 'nested intervals need it, for example ARRAY[5, 10, 20]';
     end if;
-    if source is not null and column_name is not null then
-        select a.atttypid into value_type from pg_catalog.pg_attribute a
-         where a.attrelid = source and a.attname = column_name and a.attnum > 0 and not a.attisdropped;
-        if found and value_type not in ('smallint'::regtype, 'integer'::regtype, 'bigint'::regtype) then
-            raise exception using errcode = '42804',
-                message = format('column %I of %s is %s; interval hierarchies are built over integer columns',
-                                 column_name, source, value_type),
-                hint = 'load an explicit hierarchy with anonproxy.load_hierarchy for other types';
-        end if;
+    value_type := anonproxy.column_type(source, column_name);
+    if value_type not in ('smallint'::regtype, 'integer'::regtype, 'bigint'::regtype) then
+        raise exception using errcode = '42804',
+            message = format('column %I of %s is %s; interval hierarchies are built over integer columns',
+                             column_name, source, value_type),
+            hint = 'load an explicit hierarchy with anonproxy.load_hierarchy for other types';
     end if;
     perform anonproxy.start_hierarchy(name, cardinality(widths) + 1, 'interval', replace);
     with leaf as (
-        select v.value, v.value::bigint as n from anonproxy.hierarchy_source_values(source, column_name) v
+        select v.value, v.value::bigint as n from anonproxy.hierarchy_source_values(source, column_name) v(value)
     )
     insert into anonproxy.hierarchy_nodes (hierarchy, leaf, level, node)
     select build_interval_hierarchy.name, leaf.value, 0, leaf.value from leaf
@@ -277,7 +258,7 @@ begin
         raise exception using errcode = '22023',
             message = format('hierarchy %L: levels must be at least 1, not %s', name, coalesce(levels::text, 'null'));
     end if;
-    select min(length(v.value)) into shortest from anonproxy.hierarchy_source_values(source, column_name) v;
+    select min(length(v.value)) into shortest from anonproxy.hierarchy_source_values(source, column_name) v(value);
     if shortest is null then
         raise exception using errcode = '22023',
             message = format('hierarchy %L: column %I of %s has no values', name, column_name, source);
@@ -289,7 +270,7 @@ begin
             hint = format('use at most %s levels', shortest - 1);
     end if;
     perform anonproxy.start_hierarchy(name, levels + 1, 'prefix', replace);
-    with leaf as (select v.value from anonproxy.hierarchy_source_values(source, column_name) v)
+    with leaf as (select v.value from anonproxy.hierarchy_source_values(source, column_name) v(value))
     insert into anonproxy.hierarchy_nodes (hierarchy, leaf, level, node)
     select build_prefix_hierarchy.name, leaf.value, level,
            left(leaf.value, length(leaf.value) - level) || repeat('*', level)

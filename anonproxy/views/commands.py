@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -78,33 +79,29 @@ def _int_list(text: str) -> list[int]:
 def _load(args: argparse.Namespace) -> int:
     try:
         rows = hierarchies.read_hierarchy_file(args.file, args.delimiter)
-        with psycopg.connect(args.dsn) as conn:
-            leaves = hierarchies.load_hierarchy(conn, args.name, rows, args.replace)
-    except (hierarchies.HierarchyFileError, psycopg.Error, OSError) as exc:
+    except (hierarchies.HierarchyFileError, OSError) as exc:
         return fail("hierarchy", exc)
-    print(f"hierarchy {args.name}: {leaves} values, {len(rows[0]) - 1} levels above them")
-    return 0
+    return _store(args, lambda conn: hierarchies.load_hierarchy(conn, args.name, rows, args.replace), len(rows[0]) - 1)
 
 
 def _build_intervals(args: argparse.Namespace) -> int:
-    try:
-        with psycopg.connect(args.dsn) as conn:
-            leaves = hierarchies.build_interval_hierarchy(
-                conn, args.name, args.source, args.column, args.widths, args.replace)
-    except psycopg.Error as exc:
-        return fail("hierarchy", exc)
-    print(f"hierarchy {args.name}: {leaves} values, {len(args.widths) + 1} levels above them")
-    return 0
+    return _store(args, lambda conn: hierarchies.build_interval_hierarchy(
+        conn, args.name, args.source, args.column, args.widths, args.replace), len(args.widths) + 1)
 
 
 def _build_prefix(args: argparse.Namespace) -> int:
+    return _store(args, lambda conn: hierarchies.build_prefix_hierarchy(
+        conn, args.name, args.source, args.column, args.levels, args.replace), args.levels + 1)
+
+
+def _store(args: argparse.Namespace, store: Callable[[psycopg.Connection], int], levels: int) -> int:
+    """Run ``store`` (which returns the number of values) in one transaction and report it."""
     try:
         with psycopg.connect(args.dsn) as conn:
-            leaves = hierarchies.build_prefix_hierarchy(
-                conn, args.name, args.source, args.column, args.levels, args.replace)
+            leaves = store(conn)
     except psycopg.Error as exc:
         return fail("hierarchy", exc)
-    print(f"hierarchy {args.name}: {leaves} values, {args.levels + 1} levels above them")
+    print(f"hierarchy {args.name}: {leaves} values, {levels} levels above them")
     return 0
 
 
