@@ -307,8 +307,8 @@ SQL_ERRORS = [
     ("select anonproxy.unprotect_table('adult')", "42704", "table adult is not protected"),
     ("select anonproxy.unlink_table('public.adult')", "42704", "table public.adult is not a linked table"),
     ("select anonproxy.publish_relation('adult', array['reporter'])", "22023",
-     "public.adult is protected data (a protected or linked table, or part of one); only anonymized data can be "
-     "published"),
+     ("public.adult is protected data (a protected or linked table, or part of one); only anonymized data can be "
+      "published")),
     ("select anonproxy.publish_relation('visits', array['reporter'])", "22023", "public.visits is protected data"),
     ("select anonproxy.publish_relation('visit_counts', array['dba'])", "22023",
      'role "dba" is in mode direct; published relations are for roles in mode suppress or dp'),
@@ -464,8 +464,8 @@ YAML_ERRORS = [
       "epsilon_per_query, delta_per_query)")),
     ("roles: {analyst: {mode: dp, budgets: {public.adult: {epsilon: 1}}}}",
      "roles.analyst.budgets.public.adult: public.adult is not a protected table of this file (under tables)"),
-    ("tables: {public.people: {unit: id}}\nlinks: {public.visits: {column: person_id, references: public.people}}\n"
-     "roles: {analyst: {mode: dp, budgets: {public.visits: {epsilon: 1}}}}",
+    (("tables: {public.people: {unit: id}}\nlinks: {public.visits: {column: person_id, references: public.people}}\n"
+      "roles: {analyst: {mode: dp, budgets: {public.visits: {epsilon: 1}}}}"),
      ("roles.analyst.budgets.public.visits: public.visits is a linked table; budgets belong to the protected table it "
       "links to, public.people")),
     ("tables: {public.adult: {unit: id, shared_budget: {epsilon: 3, delta: 1.5}}}",

@@ -14,14 +14,19 @@ from typing import Any
 
 import psycopg
 import pytest
+from conftest import Endpoint
 
 from anonproxy.embedded import EmbeddedPostgres
 from anonproxy.policy.model import PublishedRelation
 from anonproxy.policy.store import load_policy
-from anonproxy.policy.yaml_policy import PolicyApplyError, apply_policy, demo_policy, parse_policy
+from anonproxy.policy.yaml_policy import (
+    PolicyApplyError,
+    apply_policy,
+    demo_policy,
+    parse_policy,
+)
 from anonproxy.rewrite.classify import decide
 from anonproxy.rewrite.decision import Pass, Reject
-from conftest import Endpoint
 
 RELEASE = "public.adult_by_decade"
 DEMO_POLICY_TEXT = (Path(__file__).parents[1] / "anonproxy" / "data" / "demo_policy.yaml").read_text()
@@ -168,8 +173,8 @@ def test_a_release_of_create_anonymized_view_is_published_as_is(owner: psycopg.C
         owner.execute(f"create table public.hand_made as table {target}")
         notices.clear()
         apply_policy(owner, parse_policy(published_to("reporter", relation="public.hand_made")))
-        assert notices == ["public.hand_made is not a release in anonproxy.releases; publishing it vouches that it "
-                           "holds anonymized data only"]
+        assert notices == [("public.hand_made is not a release in anonproxy.releases; publishing it vouches that it "
+                            "holds anonymized data only")]
     finally:
         apply_and_wait(owner, gated_proxy, gated_database, DEMO_POLICY_TEXT)
         owner.execute("drop table if exists public.hand_made")
