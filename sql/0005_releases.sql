@@ -86,6 +86,33 @@ begin
 end
 $$;
 
+-- Refuse a new release's target (a registry name) that cannot or must not be created.
+create function anonproxy.release_check_target(target_name text) returns void
+language plpgsql stable set search_path = pg_catalog, pg_temp as $$
+declare
+    schema_name text := (parse_ident(target_name))[1];
+begin
+    if schema_name in ('pg_catalog', 'information_schema') or schema_name like 'pg\_%' then
+        raise exception using errcode = '22023',
+            message = format('target %s is in a system or temporary schema', target_name),
+            hint = 'a release is a lasting table: put it in an ordinary schema';
+    end if;
+    if not exists (select from pg_catalog.pg_namespace n where n.nspname = schema_name) then
+        raise exception using errcode = '3F000',
+            message = format('schema %s of target %s does not exist', quote_ident(schema_name), target_name);
+    end if;
+    if to_regclass(target_name) is not null then
+        raise exception using errcode = '42P07', message = format('relation %s already exists', target_name),
+            hint = 'choose another target; to rebuild a release use anonproxy.refresh_anonymized_view';
+    end if;
+    if exists (select from anonproxy.releases r where r.target = target_name) then
+        raise exception using errcode = '42710',
+            message = format('release %s is registered, though its table is gone', target_name),
+            hint = format('forget it first: select anonproxy.drop_release(%L)', target_name);
+    end if;
+end
+$$;
+
 -- The registry row of a release named by SQL text, locked, or an error.
 create function anonproxy.release_of(target text) returns anonproxy.releases
 language plpgsql as $$
@@ -642,20 +669,7 @@ declare
 begin
     spec := anonproxy.release_spec(source, quasi_identifiers, sensitive, k, l, l_kind, c, t, t_distance, method,
                                    suppression_limit, unit, hierarchies);
-    if not exists (select from pg_catalog.pg_namespace n where n.nspname = (pg_catalog.parse_ident(target_name))[1]) then
-        raise exception using errcode = '3F000',
-            message = pg_catalog.format('schema %s of target %s does not exist', pg_catalog.quote_ident((pg_catalog.parse_ident(target_name))[1]), target_name);
-    end if;
-    if pg_catalog.to_regclass(target_name) is not null then
-        raise exception using errcode = '42P07', message = pg_catalog.format('relation %s already exists', target_name),
-            hint = 'choose another target; to rebuild a release use anonproxy.refresh_anonymized_view';
-    end if;
-    if exists (select from anonproxy.releases r where r.target = target_name) then
-        raise exception using errcode = '42710',
-            message = pg_catalog.format('release %s is registered, though its table is gone', target_name),
-            hint = pg_catalog.format('forget it first: select anonproxy.drop_release(%L)', target_name);
-    end if;
-
+    perform anonproxy.release_check_target(target_name);
     perform anonproxy.release_progress(1, 5, 'copying ' || source::text);
     perform anonproxy.release_stage(source, spec, unit);
     perform anonproxy.release_progress(2, 5, 'anonymizing with ' || method);

@@ -106,6 +106,8 @@ BAD_ARGUMENTS = [
     ({"target": "my table; drop"}, "42602", "target my table; drop is not a valid table name"),
     ({"target": "a.b.c"}, "42602", "target a.b.c is not a schema.table name"),
     ({"target": "nope.adult_k"}, "3F000", "schema nope of target nope.adult_k does not exist"),
+    ({"target": "pg_temp.adult_k"}, "22023", "target pg_temp.adult_k is in a system or temporary schema"),
+    ({"target": "pg_catalog.adult_k"}, "22023", "target pg_catalog.adult_k is in a system or temporary schema"),
     ({"method": "tclose_first", "sensitive": "age", "quasi_identifiers": ["sex", "race"]}, "22023",
      "tclose_first needs t"),
 ]
@@ -173,6 +175,20 @@ def test_k_is_counted_in_privacy_units(postgresql: psycopg.Connection) -> None:
         create(postgresql, source="visits", unit="person", k=20000)
     assert caught.value.sqlstate == "22023"
     assert caught.value.diag.message_primary == "k = 20000 exceeds the 15081 privacy units of public.visits"
+
+
+def test_k_l_and_t_of_a_release_count_privacy_units(postgresql: psycopg.Connection) -> None:
+    """Each person has two identical rows, so a class of n rows holds n / 2 people: the measured k is half."""
+    postgresql.execute("create table twice as select id as person, age, sex, race, occupation from public.adult "
+                       "union all select id, age, sex, race, occupation from public.adult")
+    postgresql.commit()
+    summary = create(postgresql, source="twice", unit="person", sensitive="occupation")
+    sizes = class_sizes(postgresql, sql.Identifier("adult_k"), QI)
+    assert sum(sizes.values()) == 2 * ADULT_ROWS
+    assert all(size % 2 == 0 for size in sizes.values())
+    assert summary[3] == min(sizes.values()) // 2 >= 10
+    assert postgresql.execute("select unit, (achieved ->> 'k')::int from anonproxy.releases").fetchone() == (
+        "person", min(sizes.values()) // 2)
 
 
 def test_a_method_that_misses_k_is_refused(postgresql: psycopg.Connection) -> None:
