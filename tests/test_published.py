@@ -99,9 +99,12 @@ def test_a_published_release_is_read_row_by_row(owner: psycopg.Connection[Any], 
     assert load_policy(owner).published == {release: PublishedRelation(release, ("reporter", "analyst"))}
     for user in ("reporter", "analyst"):
         assert rows(gated_proxy, gated_database, user, query) == truth, user
-        # Row-level: filters, single rows, no suppression and no noise.
+        # Row-level: filters, single rows, no suppression and no noise; the extended protocol too.
         assert rows(gated_proxy, gated_database, user, f"select * from {release} where age = '30-39' and sex = 'Male'"
                     ) == [row for row in truth if row[:2] == ("30-39", "Male")]
+        with psycopg.connect(gated_proxy.dsn(gated_database, user=user), autocommit=True) as conn:
+            assert conn.execute(f"select * from {release} where sex = %s order by age", ["Female"]).fetchall() == \
+                [row for row in truth if row[1] == "Female"]
 
 
 def test_a_release_is_readable_only_by_the_roles_it_is_published_to(owner: psycopg.Connection[Any],
@@ -130,6 +133,10 @@ def test_a_release_joined_with_protected_data_is_refused(owner: psycopg.Connecti
         assert error.diag.message_primary is not None
         assert error.diag.message_primary.startswith("the statement reads published relation "), error
         assert "together with protected tables" in error.diag.message_primary
+    with psycopg.connect(gated_proxy.dsn(gated_database, user=user), autocommit=True) as conn, \
+            pytest.raises(psycopg.errors.InsufficientPrivilege, match="reads published relation"):
+        conn.execute(f"select r.age, count(*) from adult a join {release} r on r.sex = a.sex where a.age > %s "
+                     "group by r.age", [30])  # extended protocol
     # Each on its own is answered.
     assert rows(gated_proxy, gated_database, user, f"select count(*) from {release}")
 
