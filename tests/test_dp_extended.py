@@ -17,12 +17,12 @@ from pathlib import Path
 import asyncpg
 import psycopg
 import pytest
-from psycopg import pq
-
-from anonproxy.wire.results import binary_value
 from conftest import Endpoint
+from psycopg import pq
 from test_clients import NODE_DIR, ensure_node_modules, jdbc_jar, libpq_env, run
 from test_dp_proxy import analyst, budget_left, truth  # noqa: F401  (fixtures)
+
+from anonproxy.wire.results import binary_value
 
 QUERY = "select education, count(*), sum(age), avg(hours_per_week) from adult group by 1"
 # count(*), sum(age), and avg's sum and count: ε 0.5 / 4 each. Count scale 1/0.125 = 8, sum(age) scale 90/0.125
@@ -35,8 +35,8 @@ def connect(proxy: Endpoint, database: str, role: str) -> psycopg.Connection:
     return psycopg.connect(proxy.dsn(database, user=role), autocommit=True)
 
 
-def truths(truth: psycopg.Connection) -> dict[str, tuple[int, int, float]]:
-    return {education: (n, int(total), float(mean)) for education, n, total, mean in truth.execute(QUERY)}
+def truths(superuser: psycopg.Connection) -> dict[str, tuple[int, int, float]]:
+    return {education: (n, int(total), float(mean)) for education, n, total, mean in superuser.execute(QUERY)}
 
 
 def check_close(rows: list[tuple], expected: dict[str, tuple[int, int, float]]) -> None:
@@ -129,7 +129,7 @@ def test_jdbc_named_statements_binary_and_fetch_size(gated_proxy: Endpoint, gate
     assert java, "java is needed for the JDBC tests (Debian: default-jre-headless)"
     source = Path(__file__).parent / "clients" / "JdbcAnalyst.java"
     done = subprocess.run([java, "-cp", jdbc_jar(), str(source), gated_proxy.host, str(gated_proxy.port),
-                           gated_database, analyst], capture_output=True, text=True, timeout=120)
+                           gated_database, analyst], check=False, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     lines = [line.split("|") for line in done.stdout.splitlines()]
     assert [line[2:] for line in lines if line[0] == "types"] == [["int8", "int8", "numeric"]] * 3
@@ -142,7 +142,8 @@ def test_jdbc_named_statements_binary_and_fetch_size(gated_proxy: Endpoint, gate
     assert "epsilon 1 of 2 left" in next(line[2] for line in lines if line[0] == "budget"), "two questions"
 
 
-def test_node_postgres_parameters_and_named_statements(gated_proxy: Endpoint, gated_database: str, analyst: str,
+def test_node_postgres_parameters_and_named_statements(gated_proxy: Endpoint, gated_database: str,
+                                                       analyst: str,  # noqa: F811
                                                        truth: psycopg.Connection) -> None:  # noqa: F811
     ensure_node_modules()
     node = shutil.which("node")
@@ -165,7 +166,8 @@ def test_node_postgres_parameters_and_named_statements(gated_proxy: Endpoint, ga
     assert any("differentially private answer" in notice for notice in out["notices"])
 
 
-def test_a_write_to_the_table_makes_a_new_question(gated_proxy: Endpoint, gated_database: str, analyst: str,
+def test_a_write_to_the_table_makes_a_new_question(gated_proxy: Endpoint, gated_database: str,
+                                                   analyst: str,  # noqa: F811
                                                    truth: psycopg.Connection) -> None:  # noqa: F811
     query = "select count(*) from adult where age between %s and %s"
     with connect(gated_proxy, gated_database, analyst) as conn:
@@ -182,10 +184,9 @@ def test_budget_exhausted_in_a_pipeline_skips_the_rest_of_the_batch(gated_proxy:
     with connect(gated_proxy, gated_database, analyst) as conn:
         for age in range(20, 24):  # four questions of ε 0.5: the whole ε 2
             conn.execute("select count(*) from adult where age > %s", [age], prepare=True).fetchone()
-        with pytest.raises(psycopg.errors.ConfigurationLimitExceeded, match="budget exhausted"):
-            with conn.pipeline():
-                conn.execute("select count(*) from adult where age > %s", [60])
-                conn.execute("select 1")  # skipped: after an error, up to Sync
+        with pytest.raises(psycopg.errors.ConfigurationLimitExceeded, match="budget exhausted"), conn.pipeline():
+            conn.execute("select count(*) from adult where age > %s", [60])
+            conn.execute("select 1")  # skipped: after an error, up to Sync
         assert conn.execute("select 2").fetchone() == (2,), "the session goes on"
         assert "epsilon 0 of 2 left" in budget_left(conn)
 

@@ -12,7 +12,6 @@ import re
 
 import psycopg
 import pytest
-
 from conftest import Endpoint
 from test_dp_proxy import analyst, budget_left, truth  # noqa: F401  (fixtures)
 

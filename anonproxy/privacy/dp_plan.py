@@ -79,6 +79,8 @@ PLAIN = "anonproxy_plain"
 DOMAIN = "anonproxy_domain"
 UNIT = "anonproxy_unit"
 
+_INT8, _FLOAT8, _NUMERIC = 20, 701, 1700  # PostgreSQL type OIDs of answer values
+
 StatKind = Literal["units", "rows", "count", "sum", "values"]
 ColumnKind = Literal["key", "count", "sum", "avg", "variance", "stddev", "quantile"]
 _SPREADS: dict[type[exp.Expression], tuple[ColumnKind, bool]] = {  # aggregate -> (kind, sample statistic?)
@@ -244,6 +246,29 @@ class DPPlan:
             lines.append(f"groups released only if their noisy count of people reaches {self.threshold} "
                          f"(δ={self.delta:g})")
         return lines
+
+    def output_types(self, sql_types: list[int]) -> tuple[int, ...]:
+        """Type OIDs of the client's columns given those PostgreSQL reports for the columns of ``sql``, so a
+        Describe can answer before anything runs. They match what :func:`answer` returns: a key keeps its SQL
+        type; count is bigint; a sum keeps its statistic's SQL type; avg, variance and stddev are numeric; a
+        continuous quantile is double precision, a discrete one bigint on an integer grid, else numeric."""
+        statistic = {stat.name: sql_types[self.keys + i] for i, stat in enumerate(self.statistics)}
+        types = []
+        for column in self.columns:
+            if column.kind == "key":
+                types.append(sql_types[column.key])  # type: ignore[index]
+            elif column.kind == "count":
+                types.append(_INT8)
+            elif column.kind == "sum":
+                types.append(statistic[column.statistic])  # type: ignore[index]
+            elif column.kind == "quantile":
+                grid = column.quantile
+                assert grid is not None
+                integral = grid.lower.denominator == 1 and grid.resolution.denominator == 1
+                types.append(_FLOAT8 if not grid.discrete else _INT8 if integral else _NUMERIC)
+            else:
+                types.append(_NUMERIC)
+        return tuple(types)
 
 
 # --- planning ---------------------------------------------------------------------

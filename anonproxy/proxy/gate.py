@@ -35,8 +35,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..rewrite.commands import ExplainDP, SessionSetting
-from ..rewrite.decision import Decision, Intercept, Noisy, Pass, Reject, Rewrite
+from ..rewrite.decision import Decision, ExplainDP, Intercept, Noisy, Pass, Reject, Rewrite, SessionSetting
 from ..wire import protocol as pg
 from ..wire.framing import MessageBuffer
 from ..wire.results import Column, FormatError, Result, check_formats, result_formats
@@ -175,6 +174,7 @@ class Gate:
         self._asking = None
         self.in_flight[Owner.PROXY] -= 1
         if kind == "query":
+            assert not isinstance(reply, Description)
             self._write_client((reply.simple() if isinstance(reply, Result) else reply)
                                + pg.ready_for_query(self.transaction_status))
         elif isinstance(reply, bytes):
@@ -307,6 +307,7 @@ class Gate:
             if isinstance(answer, Reject):
                 return self._refuse(answer, simple=True)
             return Route(Owner.LOCAL, b"".join(answer) + pg.ready_for_query(self.transaction_status))
+        assert isinstance(decision, Reject)
         return self._refuse(decision, simple=True)
 
     def _route_parse(self, raw: bytes, body: bytes) -> Route:
@@ -334,6 +335,7 @@ class Gate:
             self._statement_settings[name] = decision.setting
             return Route(Owner.LOCAL, pg.message(b"1"))
         self._statements.pop(name, None)
+        assert isinstance(decision, Reject)
         return self._refuse(decision)
 
     def _route_by_name(self, type_: bytes, body: bytes, raw: bytes) -> Route:

@@ -37,8 +37,7 @@ from psycopg.adapt import Transformer
 from ..policy.model import Policy, RolePolicy
 from ..privacy import ledger
 from ..privacy.dp_plan import DPParams, DPPlan, answer, plan_dp
-from ..rewrite.commands import SessionSetting
-from ..rewrite.decision import Reject
+from ..rewrite.decision import Reject, SessionSetting
 from ..wire import protocol as pg
 from ..wire.results import Column, Result, parse_simple, text_value
 from .gate import EXPLAIN_COLUMNS, Description, Parameters
@@ -51,7 +50,6 @@ DEFAULT_DELTA = Decimal("1e-7")
 POOL_SIZE = 4  # connections per worker: dp questions of different sessions run side by side
 PLAN_CACHE_SIZE = 10_000  # plans are deterministic in (text, role, policy version, ε, δ): kept per worker
 
-INT8, FLOAT4, FLOAT8, NUMERIC = 20, 700, 701, 1700
 _SNAPSHOT = "set transaction isolation level repeatable read, read only"
 
 
@@ -279,22 +277,8 @@ def _last(results: list[pq.abc.PGresult], expected: pq.ExecStatus) -> pq.abc.PGr
 
 
 def _output_columns(plan: DPPlan, sql_types: list[int]) -> tuple[Column, ...]:
-    """The client's columns: group keys keep their SQL type, counts are bigint, a sum keeps its SQL type, an
-    average is double precision over a floating-point sum and numeric otherwise."""
-    statistic_type = {stat.name: sql_types[plan.keys + i] for i, stat in enumerate(plan.statistics)}
-    columns = []
-    for column in plan.columns:
-        if column.kind == "key":
-            assert column.key is not None
-            oid = sql_types[column.key]
-        elif column.kind == "count":
-            oid = INT8
-        elif column.kind == "sum":
-            oid = statistic_type[column.statistic]  # type: ignore[index]
-        else:
-            oid = FLOAT8 if statistic_type.get(column.statistic) in (FLOAT4, FLOAT8) else NUMERIC  # type: ignore[arg-type]
-        columns.append(Column(column.name, oid))
-    return tuple(columns)
+    return tuple(Column(column.name, oid) for column, oid in zip(plan.columns, plan.output_types(sql_types),
+                                                                   strict=True))
 
 
 def _fingerprint(plan: DPPlan, policy_version: int, parameters: Parameters) -> str:

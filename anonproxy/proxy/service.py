@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+
 from ..config import ServiceLogin
 from ..wire import protocol as pg
 from ..wire.auth import AuthenticationFailed, PasswordAuthenticator

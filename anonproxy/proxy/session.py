@@ -32,8 +32,8 @@ from typing import Any
 from ..config import ServiceLogin, UpstreamAddress
 from ..policy.model import Policy, RolePolicy
 from ..rewrite import decide
-from ..rewrite.commands import ExplainDP, SessionSetting, explained_query
-from ..rewrite.decision import Decision, Intercept, Noisy, Pass, Reject
+from ..rewrite.commands import explained_query
+from ..rewrite.decision import Decision, ExplainDP, Intercept, Noisy, Pass, Reject, SessionSetting
 from ..wire import protocol as pg
 from ..wire.framing import BoundaryTracker, MessageBuffer
 from .cancel import CancelRegistry, UpstreamKey, cancel_then_hang_up, send_cancel

@@ -26,29 +26,20 @@ Anything else is refused with the statement's kind in the message.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 
 from sqlglot.tokens import TokenType
 
-from anonproxy.rewrite.decision import Decision, Intercept, Pass, Refusal, forbidden, unsupported
+from anonproxy.rewrite.decision import (
+    Decision,
+    Intercept,
+    Pass,
+    Refusal,
+    SessionSetting,
+    forbidden,
+    unsupported,
+)
 from anonproxy.rewrite.statements import Statement, split
-
-
-@dataclass(frozen=True)
-class SessionSetting:
-    """SET / RESET anonproxy.epsilon or anonproxy.delta: the session's per-query cost, at most the policy's."""
-
-    setting: str  # "epsilon" or "delta"
-    value: Decimal | None  # None: RESET, back to the policy's
-
-
-@dataclass(frozen=True)
-class ExplainDP:
-    """EXPLAIN (ANONPROXY) <dp query>: its cost and noise, without running or charging it."""
-
-    sql: str
-
 
 ALLOWED_HINT = (
     "This role may send: SELECT with aggregates (count, sum, avg) over protected tables, queries that do not "

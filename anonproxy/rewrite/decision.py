@@ -1,4 +1,4 @@
-"""What the proxy does with a statement: the four possible decisions.
+"""What the proxy does with a statement: the possible decisions.
 
 ``decide`` (see :mod:`anonproxy.rewrite.classify`) returns exactly one of these
 values for the whole text of a Query or Parse message. They are plain frozen
@@ -8,6 +8,7 @@ dataclasses, so they can be cached and compared.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from decimal import Decimal
 
 # SQLSTATEs used for refusals.
 INSUFFICIENT_PRIVILEGE = "42501"  # the statement kind or the data it would read is not allowed
@@ -41,6 +42,21 @@ class Noisy:
 
 
 @dataclass(frozen=True)
+class SessionSetting:
+    """SET / RESET anonproxy.epsilon or anonproxy.delta: the session's per-query cost, at most the policy's."""
+
+    setting: str  # "epsilon" or "delta"
+    value: Decimal | None  # None: RESET, back to the policy's
+
+
+@dataclass(frozen=True)
+class ExplainDP:
+    """EXPLAIN (ANONPROXY) <dp query>: its cost and noise, without running or charging it."""
+
+    sql: str
+
+
+@dataclass(frozen=True)
 class Reject:
     """Answer with an ErrorResponse carrying this SQLSTATE, message and hint."""
 
@@ -49,7 +65,7 @@ class Reject:
     hint: str | None = None
 
 
-Decision = Pass | Rewrite | Intercept | Noisy | Reject
+Decision = Pass | Rewrite | Intercept | Noisy | SessionSetting | ExplainDP | Reject
 
 
 class Refusal(Exception):

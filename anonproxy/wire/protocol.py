@@ -248,7 +248,7 @@ def data_row(values: list[str | bytes | None]) -> bytes:
 
 def parse_data_row(body: bytes) -> tuple[bytes | None, ...]:
     (count,) = struct.unpack_from("!h", body)
-    offset, values = 2, []
+    offset, values = 2, list[bytes | None]()
     for _ in range(count):
         (size,) = _I32.unpack_from(body, offset)
         offset += 4

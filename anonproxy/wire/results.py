@@ -97,10 +97,10 @@ def text_value(value: object, type_oid: int) -> bytes | None:
     if isinstance(value, str):
         return value.encode()
     try:
-        dumper = psycopg.adapters.get_dumper_by_oid(type_oid, pq.Format.TEXT)(type(value), None)
-        return bytes(dumper.dump(value))
+        data = psycopg.adapters.get_dumper_by_oid(type_oid, pq.Format.TEXT)(type(value), None).dump(value)
     except (psycopg.ProgrammingError, TypeError, ValueError):
-        return str(value).encode()
+        data = None
+    return bytes(data) if data is not None else str(value).encode()
 
 
 def binary_value(type_oid: int, text: bytes) -> bytes:
@@ -110,10 +110,13 @@ def binary_value(type_oid: int, text: bytes) -> bytes:
     if loader is None or dumper is None:
         raise FormatError(f"anonproxy cannot send type oid {type_oid} in binary format; ask for text format")
     value = loader(type_oid, None).load(text)
-    return bytes(dumper(type(value), None).dump(value))
+    data = dumper(type(value), None).dump(value)
+    if data is None:
+        raise FormatError(f"anonproxy cannot send {text!r} as type oid {type_oid} in binary format")
+    return bytes(data)
 
 
-def _binary_dumper(type_oid: int) -> type[psycopg.adapt.Dumper] | None:
+def _binary_dumper(type_oid: int) -> type[psycopg.abc.Dumper] | None:
     try:
         return psycopg.adapters.get_dumper_by_oid(type_oid, pq.Format.BINARY)
     except psycopg.ProgrammingError:
