@@ -179,6 +179,32 @@ def test_a_write_to_the_table_makes_a_new_question(gated_proxy: Endpoint, gated_
         assert "epsilon 1 of 2 left" in budget_left(conn), "the cached answer was for other data"
 
 
+def test_spread_and_quantile_types_over_asyncpg(gated_proxy: Endpoint, gated_database: str,
+                                                analyst: str,  # noqa: F811
+                                                truth: psycopg.Connection) -> None:  # noqa: F811
+    query = ("select sex, stddev(age), percentile_cont(0.5) within group (order by age), "
+             "percentile_disc(0.5) within group (order by age) from adult group by sex")
+
+    async def run() -> tuple[list[tuple[str, str]], list[tuple]]:
+        conn = await asyncpg.connect(gated_proxy.url(gated_database, user=analyst))
+        try:
+            statement = await conn.prepare(query)  # described before it runs, then read in binary
+            types = [(a.name, a.type.name) for a in statement.get_attributes()]
+            return types, [tuple(r) for r in await statement.fetch()]
+        finally:
+            await conn.close()
+
+    types, rows = asyncio.run(run())
+    assert [t for _, t in types] == ["text", "numeric", "float8", "int8"]
+    exact = {sex: (float(sd), median) for sex, sd, median in truth.execute(
+        "select sex, stddev(age), percentile_cont(0.5) within group (order by age) from adult group by sex")}
+    assert {row[0] for row in rows} == set(exact)
+    for sex, sd, cont, disc in rows:
+        assert isinstance(sd, Decimal) and isinstance(cont, float) and isinstance(disc, int)
+        assert abs(float(sd) - exact[sex][0]) < 1  # thousands of people per group: the noise is small
+        assert abs(cont - exact[sex][1]) <= 3 and abs(disc - exact[sex][1]) <= 3
+
+
 def test_budget_exhausted_in_a_pipeline_skips_the_rest_of_the_batch(gated_proxy: Endpoint, gated_database: str,
                                                                     analyst: str) -> None:  # noqa: F811
     with connect(gated_proxy, gated_database, analyst) as conn:
