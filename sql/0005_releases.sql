@@ -101,6 +101,18 @@ begin
         raise exception using errcode = '3F000',
             message = format('schema %s of target %s does not exist', quote_ident(schema_name), target_name);
     end if;
+    -- Fail before the work rather than after it.
+    if not has_schema_privilege(schema_name, 'CREATE') then
+        raise exception using errcode = '42501',
+            message = format('permission denied to create %s: no CREATE privilege on schema %s', target_name,
+                             quote_ident(schema_name)),
+            hint = format('grant create on schema %s to %s', quote_ident(schema_name), quote_ident(current_user));
+    end if;
+    if not has_table_privilege('anonproxy.releases', 'INSERT') then
+        raise exception using errcode = '42501',
+            message = 'permission denied to record a release: no INSERT privilege on anonproxy.releases',
+            hint = format('grant insert, update, delete on anonproxy.releases to %s', quote_ident(current_user));
+    end if;
     if to_regclass(target_name) is not null then
         raise exception using errcode = '42P07', message = format('relation %s already exists', target_name),
             hint = 'choose another target; to rebuild a release use anonproxy.refresh_anonymized_view';

@@ -140,6 +140,25 @@ def test_hints_say_what_to_do(postgresql: psycopg.Connection) -> None:
     assert 'hierarchies => \'{"fnlwgt": "…"}\'' in caught.value.diag.message_hint
 
 
+def test_missing_privileges_fail_before_the_work(postgresql: psycopg.Connection) -> None:
+    postgresql.execute("create role clerk; grant select on public.adult to clerk; "
+                       "grant usage on schema anonproxy to clerk; revoke create on schema public from public")
+    postgresql.execute("set role clerk")
+    with pytest.raises(psycopg.Error) as caught:
+        create(postgresql)
+    assert caught.value.sqlstate == "42501"
+    assert caught.value.diag.message_primary == (
+        "permission denied to create public.adult_k: no CREATE privilege on schema public")
+    postgresql.rollback()
+    postgresql.execute("create role clerk; grant select on public.adult to clerk; grant create on schema public to clerk")
+    postgresql.execute("set role clerk")
+    with pytest.raises(psycopg.Error) as caught:
+        create(postgresql)
+    assert caught.value.sqlstate == "42501"
+    assert caught.value.diag.message_primary == (
+        "permission denied to record a release: no INSERT privilege on anonproxy.releases")
+
+
 def test_source_must_be_a_table(postgresql: psycopg.Connection) -> None:
     postgresql.execute("create sequence s")
     with pytest.raises(psycopg.Error) as caught:
