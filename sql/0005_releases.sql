@@ -21,7 +21,8 @@ create table anonproxy.releases (
     source text not null,
     target text not null unique,
     method text not null
-        constraint release_method check (method in ('mondrian', 'mondrian_relaxed', 'full_domain', 'mdav', 'tclose_first')),
+        constraint release_method
+        check (method in ('mondrian', 'mondrian_relaxed', 'full_domain', 'mdav', 'tclose_first')),
     quasi_identifiers text[] not null,
     sensitive text,
     unit text,
@@ -70,17 +71,20 @@ begin
     begin
         parts := pg_catalog.parse_ident(target);
     exception when invalid_parameter_value then
-        raise exception using errcode = '42602', message = format('target %s is not a valid table name', target),
-            hint = format('quote a name with spaces or capitals: %s', pg_catalog.quote_literal(pg_catalog.quote_ident(target)));
+        raise exception using errcode = '42602',
+            message = pg_catalog.format('target %s is not a valid table name', target),
+            hint = pg_catalog.format('quote a name with spaces or capitals: %s',
+                                     pg_catalog.quote_literal(pg_catalog.quote_ident(target)));
     end;
     if pg_catalog.cardinality(parts) = 1 then
         if pg_catalog.current_schema() is null then
-            raise exception using errcode = '3F000', message = format('no schema to create %s in', target),
+            raise exception using errcode = '3F000', message = pg_catalog.format('no schema to create %s in', target),
                 hint = 'qualify the target with a schema: schema.table';
         end if;
         parts := pg_catalog.array_prepend(pg_catalog.current_schema()::text, parts);
     elsif pg_catalog.cardinality(parts) <> 2 then
-        raise exception using errcode = '42602', message = format('target %s is not a schema.table name', target);
+        raise exception using errcode = '42602',
+            message = pg_catalog.format('target %s is not a schema.table name', target);
     end if;
     return pg_catalog.format('%I.%I', parts[1], parts[2]);
 end
@@ -135,7 +139,7 @@ begin
      where r.target = anonproxy.release_target_name(release_of.target)
      for update;
     if not found then
-        raise exception using errcode = '42704', message = format('%s is not an anonymized release', target),
+        raise exception using errcode = '42704', message = pg_catalog.format('%s is not an anonymized release', target),
             hint = 'anonproxy.releases lists the releases';
     end if;
     return found_release;
@@ -158,7 +162,8 @@ begin
             message = format('%s column %s does not exist in %s', role, quote_ident(column_name), rel),
             hint = format('columns of %s: %s', rel,
                           (select string_agg(quote_ident(a.attname), ', ' order by a.attnum)
-                             from pg_catalog.pg_attribute a where a.attrelid = rel and a.attnum > 0 and not a.attisdropped));
+                             from pg_catalog.pg_attribute a
+                            where a.attrelid = rel and a.attnum > 0 and not a.attisdropped));
     end if;
     if column_name in ('_row', '_unit') then
         raise exception using errcode = '42939',
@@ -231,7 +236,8 @@ begin
         raise exception using errcode = '42809', message = format('source %s is not a table or view', source);
     end if;
     if method is null or not method = any (methods) then
-        raise exception using errcode = '22023', message = format('unknown method %s', coalesce(quote_literal(method), 'null')),
+        raise exception using errcode = '22023',
+            message = format('unknown method %s', coalesce(quote_literal(method), 'null')),
             hint = format('methods: %s', array_to_string(methods, ', '));
     end if;
 
@@ -261,7 +267,8 @@ begin
         if sensitive = any (quasi_identifiers) then
             raise exception using errcode = '22023',
                 message = format('column %s is both a quasi-identifier and the sensitive column', quote_ident(sensitive)),
-                hint = 'a release generalizes its quasi-identifiers and keeps the sensitive column as it is: choose one role';
+                hint = 'a release generalizes its quasi-identifiers and keeps the sensitive column as it is: '
+                       'choose one role';
         end if;
         sensitive_spec := jsonb_build_object('name', sensitive, 'kind', anonproxy.release_column_kind(col.atttypid),
                                              'hierarchy', anonproxy.release_hierarchy(source, sensitive, hierarchies));
@@ -278,7 +285,8 @@ begin
     for key in select jsonb_object_keys(hierarchies) loop
         if not (key = any (quasi_identifiers) or key is not distinct from sensitive) then
             raise exception using errcode = '22023',
-                message = format('hierarchies names column %s, which is neither a quasi-identifier nor the sensitive column',
+                message = format('hierarchies names column %s, which is neither a quasi-identifier '
+                                 'nor the sensitive column',
                                  quote_ident(key));
         end if;
     end loop;
@@ -293,7 +301,8 @@ begin
     end if;
 
     if l_kind is null or l_kind not in ('distinct', 'entropy', 'recursive') then
-        raise exception using errcode = '22023', message = format('unknown l_kind %s', coalesce(quote_literal(l_kind), 'null')),
+        raise exception using errcode = '22023',
+            message = format('unknown l_kind %s', coalesce(quote_literal(l_kind), 'null')),
             hint = 'l_kind is distinct, entropy or recursive';
     end if;
     if l is not null then
@@ -405,7 +414,8 @@ begin
     if to_regclass('pg_temp.anonproxy_input') is not null or to_regclass('pg_temp.anonproxy_output') is not null
        or to_regclass('pg_temp.anonproxy_measured') is not null then
         raise exception using errcode = '42P07',
-            message = 'temporary table anonproxy_input, anonproxy_output or anonproxy_measured already exists in this session',
+            message = 'temporary table anonproxy_input, anonproxy_output or anonproxy_measured already exists '
+                      'in this session',
             hint = 'they are the staging tables of create_anonymized_view: drop them, or use another session';
     end if;
     -- Inner aliases r, u, c1, c2, … cannot clash with the source's column names.
@@ -560,7 +570,8 @@ language sql stable set search_path = pg_catalog, pg_temp as $$
                   'order by %s',
                   concat_ws(', ', qi.list, case when s.name is not null
                                                 then format('i.%1$I::%2$s as %1$I', s.name, s.type) end),
-                  (select string_agg(p::text, ', ') from generate_series(1, qi.n + case when s.name is null then 0 else 1 end) p))
+                  (select string_agg(p::text, ', ')
+                     from generate_series(1, qi.n + case when s.name is null then 0 else 1 end) p))
       from (select string_agg(format('o.%I', q ->> 'name'), ', ' order by o) as list, count(*) as n
               from jsonb_array_elements(spec -> 'qi') with ordinality x(q, o)) qi
       left join (select a.attname::text as name, format_type(a.atttypid, a.atttypmod) as type
@@ -737,13 +748,16 @@ begin
             hint = pg_catalog.format('drop the release: select anonproxy.drop_release(%L)', release.target);
     end if;
     if pg_catalog.to_regclass(release.target) is null then
-        raise exception using errcode = '42P01', message = pg_catalog.format('release table %s no longer exists', release.target),
-            hint = pg_catalog.format('forget the release with anonproxy.drop_release(%L) and create it again', release.target);
+        raise exception using errcode = '42P01',
+            message = pg_catalog.format('release table %s no longer exists', release.target),
+            hint = pg_catalog.format('forget the release with anonproxy.drop_release(%L) and create it again',
+                                     release.target);
     end if;
     spec := anonproxy.release_spec(source, release.quasi_identifiers, release.sensitive, (parameters ->> 'k')::integer,
                                    (parameters ->> 'l')::numeric, parameters ->> 'l_kind', (parameters ->> 'c')::numeric,
                                    (parameters ->> 't')::numeric, parameters ->> 't_distance', release.method,
-                                   (parameters ->> 'suppression_limit')::numeric, release.unit, parameters -> 'hierarchies');
+                                   (parameters ->> 'suppression_limit')::numeric, release.unit,
+                                   parameters -> 'hierarchies');
     perform anonproxy.release_progress(1, 5, 'copying ' || source::text);
     perform anonproxy.release_stage(source, spec, release.unit);
     perform anonproxy.release_progress(2, 5, 'anonymizing with ' || release.method);
