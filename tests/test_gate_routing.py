@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import struct
 
+import pytest
+
 from anonproxy.proxy.gate import Description, Gate, Owner, Parameters, ProxyRequest
 from anonproxy.rewrite.decision import Decision, Intercept, Noisy, Pass, Reject, Rewrite
 from anonproxy.wire import protocol as pg
@@ -219,3 +221,16 @@ def test_a_binary_format_the_proxy_cannot_encode_is_refused() -> None:
     messages = MessageBuffer().feed(bytes(wires.client))
     assert [t for t, _ in messages] == [b"1", b"2", b"E", b"Z"]
     assert "binary format" in pg.parse_fields(messages[2][1])["M"]
+
+
+def test_bind_messages_are_read_strictly() -> None:
+    body = bind_values(b"p", b"s", [b"42", b"x"], [1, 0])[5:]
+    assert pg.parse_bind(body) == pg.Bind(b"p", b"s", (0,), (b"42", b"x"), (1, 0))
+    null = b"p\0s\0" + struct.pack("!hhi", 0, 1, -1) + struct.pack("!h", 0)
+    assert pg.parse_bind(null).values == (None,)
+    for broken in (body[:-1],  # cut short
+                   body + b"\0",  # trailing bytes
+                   b"p\0s\0" + struct.pack("!hhhh", 2, 0, 0, 1) + struct.pack("!i", 1) + b"x" + struct.pack("!h", 0),
+                   b"p\0s\0" + struct.pack("!hhi", 0, 1, 99) + b"x" + struct.pack("!h", 0)):  # value too long
+        with pytest.raises(pg.ProtocolViolation):
+            pg.parse_bind(broken)

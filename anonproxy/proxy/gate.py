@@ -451,10 +451,10 @@ def _literal(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
 
-BUDGET = Intercept("budget")  # answered from the ledger, asynchronously
 # SHOW anonproxy.<these> need the ledger or the session's dp settings: answered by the session.
 PROXY_SETTINGS = frozenset({"budget", "epsilon", "delta"})
 EXPLAIN_COLUMNS = (Column("QUERY PLAN", 25),)
+_ABORTED = Reject("25P02", "current transaction is aborted, commands ignored until end of transaction block")
 
 
 def _for_proxy(decision: Decision) -> bool:
@@ -471,4 +471,3 @@ def fixed_columns(decision: Decision) -> tuple[Column, ...] | None:
     if isinstance(decision, ExplainDP):
         return EXPLAIN_COLUMNS
     return None
-_ABORTED = Reject("25P02", "current transaction is aborted, commands ignored until end of transaction block")
