@@ -234,3 +234,13 @@ def test_bind_messages_are_read_strictly() -> None:
                    b"p\0s\0" + struct.pack("!hhi", 0, 1, 99) + b"x" + struct.pack("!h", 0)):  # value too long
         with pytest.raises(pg.ProtocolViolation):
             pg.parse_bind(broken)
+
+
+def test_describe_then_execute_of_a_portal_is_one_request() -> None:
+    wires = Wires()
+    describe_portal = pg.message(b"D", b"P\0")
+    wires.gate.client_data(parse(b"", "dp") + bind(b"", b"") + describe_portal + execute() + SYNC)
+    assert wires.asked == [ProxyRequest(Noisy("dp"))], "the answer itself, not a separate description"
+    wires.gate.proxy_answered(ANSWER)
+    assert wires.types(wires.client) == [b"1", b"2", b"T", b"D", b"D", b"D", b"C", b"N", b"Z"]
+    assert len(wires.asked) == 1

@@ -21,10 +21,11 @@ first owner's part with a Sync of its own and swallows its ReadyForQuery.
 For statements the proxy answers, the gate plays the server's part of the
 extended protocol: ParseComplete, BindComplete (keeping the bound values),
 Describe (asking the session for the column types of a dp query, which
-runs and charges nothing), Execute (asking for the answer once per portal,
-then sending its rows in the portal's result formats, ``max_rows`` at a
-time with PortalSuspended), CloseComplete; after an error the rest of the
-batch is skipped up to Sync, as PostgreSQL does.
+runs and charges nothing — unless an Execute of the same portal follows in
+the batch: then the answer is asked for at once), Execute (asking for the
+answer once per portal, then sending its rows in the portal's result
+formats, ``max_rows`` at a time with PortalSuspended), CloseComplete; after
+an error the rest of the batch is skipped up to Sync, as PostgreSQL does.
 """
 
 from __future__ import annotations
@@ -89,7 +90,7 @@ class Route:
     ends_batch: bool = False  # the owner will answer with ReadyForQuery
     in_batch: bool = True  # part of an extended-protocol batch (COPY data is not)
     request: ProxyRequest | None = None  # what a PROXY route asks the session to answer
-    asking: tuple[str, bytes, int] = ("query", b"", 0)  # a PROXY route: (query|describe|execute, portal, max rows)
+    asking: tuple[str, bytes, int] = ("query", b"", 0)  # a PROXY route: (what for, portal, max rows)
 
 
 @dataclass
@@ -99,6 +100,7 @@ class _ProxyPortal:
     formats: tuple[int, ...]  # the Bind's result-format codes, as sent
     result: Result | None = None  # the answer, once executed: later Executes continue it, for free
     sent: int = 0
+    notified: bool = False  # the answer's notices went with its first rows
 
 
 class Gate:
@@ -194,7 +196,10 @@ class Gate:
             else:
                 assert isinstance(reply, Result)
                 state.result = reply
-                self._write_client(self._portal_rows(state, max_rows, first=True))
+                if kind == "describe and answer":
+                    self._write_client(self._portal_description(state, reply.columns))
+                else:
+                    self._write_client(self._portal_rows(state, max_rows))
         self._pump()
 
     def _ready_for_query(self, owner: Owner, status: bytes) -> None:
@@ -396,6 +401,11 @@ class Gate:
             return Route(Owner.PROXY, b"", request=ProxyRequest(state.decision, parameters=state.parameters),
                          asking=("execute", name, max_rows))
         columns = state.result.columns if state.result is not None else fixed_columns(state.decision)
+        if columns is None and self._queue and self._queue[0][0] == b"E" \
+                and pg.parse_execute(self._queue[0][1])[0] == name:
+            # Execute follows in the same batch (libpq, pgjdbc): one trip for both; the Execute sends the rows.
+            return Route(Owner.PROXY, b"", request=ProxyRequest(state.decision, parameters=state.parameters),
+                         asking=("describe and answer", name, 0))
         if columns is None:
             return Route(Owner.PROXY, b"", request=ProxyRequest(state.decision, True, state.parameters),
                          asking=("describe portal", name, 0))
@@ -410,7 +420,7 @@ class Gate:
             return pg.error_response(exc.sqlstate, str(exc))
         return Result(columns).description(formats)
 
-    def _portal_rows(self, state: _ProxyPortal, max_rows: int, first: bool = False) -> bytes:
+    def _portal_rows(self, state: _ProxyPortal, max_rows: int) -> bytes:
         """The next rows of an executed portal: all, or ``max_rows`` then PortalSuspended if more remain
         (the answer's notices come with its first rows)."""
         result = state.result
@@ -425,7 +435,8 @@ class Gate:
             self._skipping = True
             return pg.error_response(exc.sqlstate, str(exc))
         state.sent = stop
-        notices = result.notices if first else b""
+        notices = b"" if state.notified else result.notices
+        state.notified = True
         if stop < len(result.rows):
             return rows + pg.message(b"s") + notices  # PortalSuspended
         return rows + result.command_complete(stop - start) + notices
