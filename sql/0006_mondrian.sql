@@ -57,7 +57,7 @@ declare
     codes_sql text := '';    -- array[code of QI 1, ...] for a row of input
     joins_sql text := '';
     bounds_sql text;
-    mid_side text;           -- side of an atom whose code equals the cut
+    side_sql text;
     failing_sql text;
     rounds integer := 0;
     estimate integer;
@@ -65,6 +65,10 @@ declare
     open_parts bigint;
     next_part integer;
     levels integer;
+    bounds_agg text;         -- array[min code per QI], array[max code per QI] of the atoms a
+    -- QIs evaluated per partition and round, widest first; the next ones are
+    -- tried in the next round only if none of these is allowable.
+    per_round constant integer := 3;
 begin
     if variant not in ('strict', 'relaxed') then
         raise exception using errcode = '22023',
@@ -102,10 +106,11 @@ begin
 
     -- QIs, their codes, and for tree QIs every leaf's ancestor at every level.
     create temp table _mondrian_dims (
-        dim integer primary key, name text not null, kind text not null, hierarchy text, span numeric);
+        dim integer primary key, name text not null, kind text not null, hierarchy text, span numeric,
+        vals text[], nums numeric[]);  -- the value of each code
     create temp table _mondrian_dom (dim integer, code integer, txt text, num numeric, primary key (dim, code));
     create temp table _mondrian_anc (
-        dim integer, code integer, level integer, lo integer, hi integer, node text,
+        dim integer, code integer, level integer, lo integer, hi integer, node text, starts integer[],
         primary key (dim, code, level));
     for j in 1 .. dims loop
         q := qi->(j - 1);
@@ -146,6 +151,13 @@ begin
               from _mondrian_dom d
               join anonproxy.hierarchy_nodes n on n.hierarchy = q->>'hierarchy' and n.leaf = d.txt
              where d.dim = j;
+            -- A node's children start at these codes: width_bucket(code, starts) picks the child.
+            update _mondrian_anc x set starts = c.starts
+              from (select p.level, p.lo, array_agg(distinct ch.lo order by ch.lo) as starts
+                      from _mondrian_anc p
+                      join _mondrian_anc ch on (ch.dim, ch.code, ch.level) = (p.dim, p.code, p.level - 1)
+                     where p.dim = j group by p.level, p.lo) c
+             where x.dim = j and (x.level, x.lo) = (c.level, c.lo);
             update _mondrian_dims set span = (select count(*) - 1 from _mondrian_dom where dim = j) where dim = j;
             execute format('select v from (select distinct %1$I::text as v from %2$s) s
                              where not exists (select from _mondrian_dom d where d.dim = %3$s and d.txt = s.v)
@@ -168,6 +180,10 @@ begin
             j, case when q->>'kind' = 'numeric' then 'num' else 'txt' end, q->>'name',
             case when q->>'kind' = 'numeric' then '::numeric' else '::text' end);
     end loop;
+    update _mondrian_dims d set vals = v.vals, nums = v.nums
+      from (select dim, array_agg(txt order by code) as vals, array_agg(num order by code) as nums
+              from _mondrian_dom group by dim) v
+     where v.dim = d.dim;
     analyze _mondrian_dom;
     analyze _mondrian_anc;
 
@@ -235,52 +251,61 @@ begin
                       from (select ctid, dense_rank() over (order by %s) as atom from _mondrian_rows) x
                      where x.ctid = r.ctid',
                    case when pure and variant = 'strict' then 'codes, s' else 'unit, codes, s' end);
-    create temp table _mondrian_atoms as
+    -- Half-empty pages: every round rewrites each atom's partition in place
+    -- (HOT updates), and nothing vacuums a temp table inside one call.
+    create temp table _mondrian_atoms with (fillfactor = 50) as
     select atom, min(unit) as unit, codes, s, count(distinct unit)::integer as w, 1 as part
       from _mondrian_rows group by atom, codes, s;
     analyze _mondrian_atoms;
-    create temp table _mondrian_parts (part integer primary key, open boolean not null);
-    insert into _mondrian_parts values (1, true);
+    -- Partitions with their lowest and highest code per QI; skip: how many of
+    -- the widest QIs of an open partition were found not allowable.
+    bounds_agg := format('array[%s], array[%s]',
+        (select string_agg(format('min(a.codes[%s])', g), ', ') from generate_series(1, dims) g),
+        (select string_agg(format('max(a.codes[%s])', g), ', ') from generate_series(1, dims) g));
+    create temp table _mondrian_parts (
+        part integer primary key, open boolean not null, skip integer not null, lo integer[], hi integer[]);
+    execute format('insert into _mondrian_parts select 1, true, 0, %s from _mondrian_atoms a', bounds_agg);
 
     create temp table _mondrian_cand (
         part integer, dim integer, kind text, lo integer, hi integer, level integer,
-        width double precision, rank integer, cut integer, quota bigint, primary key (part, dim));
+        width double precision, rank integer, candidates integer,
+        starts integer[], cut integer, mid_atom integer, primary key (part, dim));
     create temp table _mondrian_halves (part integer, dim integer, side integer, s integer, n bigint);
     create temp table _mondrian_chosen (part integer primary key, dim integer);
     create temp table _mondrian_split (part integer, side integer, new_part integer);
 
     -- (1) bounds and widths of every open partition per QI.
     bounds_sql := format(
-        'insert into _mondrian_cand (part, dim, kind, lo, hi, level, width, rank)
-         select part, dim, kind, lo, hi, level, width,
-                row_number() over (partition by part order by width desc, dim)
-           from (select distinct on (b.part, b.dim) b.part, b.dim, d.kind, b.lo, b.hi, x.level,
-                        case d.kind when ''numeric'' then (dh.num - dl.num) / d.span
+        'insert into _mondrian_cand (part, dim, kind, lo, hi, level, width, rank, candidates, starts)
+         select part, dim, kind, lo, hi, level, width, rank, candidates, starts
+           from (select w.*, row_number() over (partition by w.part order by w.width desc, w.dim) as rank,
+                        count(*) over (partition by w.part) as candidates, p.skip
+                   from (select distinct on (b.part, b.dim) b.part, b.dim, d.kind, b.lo, b.hi, x.level, x.starts,
+                        case d.kind when ''numeric'' then (d.nums[b.hi] - d.nums[b.lo]) / d.span
                                     when ''set'' then (b.hi - b.lo) / d.span
                                     else (x.hi - x.lo) / d.span end as width
-                   from (select a.part, u.dim::integer, u.lo, u.hi
-                           from (select a.part, array[%s] as lo, array[%s] as hi
-                                   from _mondrian_atoms a join _mondrian_parts p on p.part = a.part
-                                  where p.open group by a.part) a,
-                                unnest(a.lo, a.hi) with ordinality as u(lo, hi, dim)
-                          where u.lo < u.hi) b
+                   from (select p.part, u.dim::integer, u.lo, u.hi
+                           from _mondrian_parts p, unnest(p.lo, p.hi) with ordinality as u(lo, hi, dim)
+                          where p.open and u.lo < u.hi) b
                    join _mondrian_dims d on d.dim = b.dim
-                   left join _mondrian_dom dl on d.kind = ''numeric'' and dl.dim = b.dim and dl.code = b.lo
-                   left join _mondrian_dom dh on d.kind = ''numeric'' and dh.dim = b.dim and dh.code = b.hi
                    left join _mondrian_anc x on d.kind = ''tree'' and x.dim = b.dim and x.code = b.lo
                                             and x.hi >= b.hi
-                  order by b.part, b.dim, x.level) w',
-        (select string_agg(format('min(a.codes[%s])', g), ', ') from generate_series(1, dims) g),
-        (select string_agg(format('max(a.codes[%s])', g), ', ') from generate_series(1, dims) g));
+                  order by b.part, b.dim, x.level) w
+                   join _mondrian_parts p on p.part = w.part) r
+          where rank > skip and rank <= skip + %s', per_round);
 
-    -- (3) an atom equal to the cut: strict keeps it on the low side, relaxed
-    -- sends the first `quota` of them (by atom number) low and the rest high.
-    mid_side := case when variant = 'strict' then '0'
-        else '(row_number() over (partition by c.part, c.dim, a.codes[c.dim] = c.cut order by a.atom) > c.quota)::integer'
-        end;
+    -- (3) the side of atom a in the split of candidate c: the child of a tree
+    -- node, or below/above an ordered cut; in a relaxed split, the atoms equal
+    -- to the median go low up to atom number mid_atom and high after it.
+    side_sql := 'case when a.codes[c.dim] = c.cut then (a.atom > c.mid_atom)::integer
+                      else width_bucket(a.codes[c.dim], c.starts) end';
 
     -- (3) the (part, dim) pairs whose split leaves a half violating a model.
-    failing_sql := format('select part, dim from _mondrian_halves where s is null and n < %s', k);
+    -- A split must have two non-empty sides (by construction it has; this
+    -- guards the loop against ever re-splitting a partition into itself).
+    failing_sql := format(
+        'select part, dim from _mondrian_halves where s is null and n < %s
+         union select part, dim from _mondrian_halves where s is null group by part, dim having count(*) < 2', k);
     if l is not null and l_kind = 'distinct' then
         failing_sql := failing_sql || format(
             ' union select part, dim from _mondrian_halves where s is not null
@@ -347,53 +372,65 @@ begin
         raise notice 'anonproxy progress % of %: %', rounds - 1, greatest(estimate, rounds),
             format('mondrian round %s, %s open partitions', rounds, open_parts);
 
-        truncate _mondrian_cand, _mondrian_halves, _mondrian_chosen, _mondrian_split;
-        analyze _mondrian_atoms;
+        -- (delete, not truncate: a truncate makes new files every round)
+        delete from _mondrian_cand;
+        delete from _mondrian_halves;
+        delete from _mondrian_chosen;
+        delete from _mondrian_split;
         execute bounds_sql;
         analyze _mondrian_cand;
 
         -- (2) the cut of every ordered candidate: strict takes the median or
         -- the value below it, whichever balances the halves better (both
         -- non-empty); relaxed splits at the median and balances with quota.
+        with m as (
+            select part, dim, min(total) as total,
+                   min(code) filter (where 2 * cum >= total) as median,
+                   min(cum) filter (where 2 * cum >= total) as at_median,
+                   max(code) filter (where 2 * cum < total) as below,
+                   max(cum) filter (where 2 * cum < total) as cum_below
+              from (select part, dim, code, sum(n) over (partition by part, dim order by code) as cum,
+                           sum(n) over (partition by part, dim) as total
+                      from (select a.part, c.dim, a.codes[c.dim] as code, sum(a.w) as n
+                              from _mondrian_atoms a join _mondrian_cand c on c.part = a.part
+                             where c.kind <> 'tree' group by 1, 2, 3) h) h
+             group by part, dim)
         update _mondrian_cand c
-           set cut = case when variant = 'relaxed' then m.median
-                          when m.below is null then m.median
-                          when m.at_median = m.total then m.below
-                          when least(m.at_median, m.total - m.at_median)
-                               >= least(m.cum_below, m.total - m.cum_below) then m.median
-                          else m.below end,
-               quota = floor(m.total / 2) - coalesce(m.cum_below, 0)
-          from (select part, dim, min(total) as total,
-                       min(code) filter (where 2 * cum >= total) as median,
-                       min(cum) filter (where 2 * cum >= total) as at_median,
-                       max(code) filter (where 2 * cum < total) as below,
-                       max(cum) filter (where 2 * cum < total) as cum_below
-                  from (select part, dim, code, sum(n) over (partition by part, dim order by code) as cum,
-                               sum(n) over (partition by part, dim) as total
-                          from (select a.part, c.dim, a.codes[c.dim] as code, sum(a.w) as n
-                                  from _mondrian_atoms a join _mondrian_cand c on c.part = a.part
-                                 where c.kind <> 'tree' group by 1, 2, 3) h) h
-                 group by part, dim) m
+           set starts = array[case when variant = 'relaxed' then m.median
+                                   when m.below is null then m.median + 1
+                                   when m.at_median = m.total then m.below + 1
+                                   when least(m.at_median, m.total - m.at_median)
+                                        >= least(m.cum_below, m.total - m.cum_below) then m.median + 1
+                                   else m.below + 1 end],
+               cut = case when variant = 'relaxed' then m.median end,
+               -- relaxed: the low half takes median atoms up to half the partition
+               mid_atom = floor(m.total / 2) - coalesce(m.cum_below, 0)
+          from m
          where (c.part, c.dim) = (m.part, m.dim);
+        if variant = 'relaxed' then
+            -- mid_atom held how many median atoms go low; now the last of them.
+            update _mondrian_cand c set mid_atom = coalesce(x.atom, case when c.mid_atom > 0 then 2147483647 else 0 end)
+              from (select c.part, c.dim, max(a.atom) filter (where a.rank <= c.mid_atom) as atom
+                      from _mondrian_cand c
+                      left join (select a.atom, a.part, c.dim,
+                                        row_number() over (partition by a.part, c.dim order by a.atom) as rank
+                                   from _mondrian_atoms a join _mondrian_cand c on c.part = a.part
+                                  where a.codes[c.dim] = c.cut) a on (a.part, a.dim) = (c.part, c.dim)
+                     where c.cut is not null group by c.part, c.dim) x
+             where (x.part, x.dim) = (c.part, c.dim);
+        end if;
 
         -- (3) units per half, and per sensitive value when ℓ or t is asked.
         execute format(
             'insert into _mondrian_halves (part, dim, side, s, n)
              select a.part, a.dim, a.side, %1$s, %2$s
-               from (select c.part, c.dim, a.s, a.w, a.unit,
-                            case when c.kind = ''tree'' then y.lo
-                                 when a.codes[c.dim] < c.cut then 0
-                                 when a.codes[c.dim] > c.cut then 1
-                                 else %3$s end as side
-                       from _mondrian_atoms a join _mondrian_cand c on c.part = a.part
-                       left join _mondrian_anc y on c.kind = ''tree'' and y.dim = c.dim
-                                                and y.code = a.codes[c.dim] and y.level = c.level - 1) a
+               from (select c.part, c.dim, a.s, a.w, a.unit, %3$s as side
+                       from _mondrian_atoms a join _mondrian_cand c on c.part = a.part) a
               group by %4$s',
             case when l is null and t is null then 'null::integer' else 'a.s' end,
-            count_units, mid_side,
+            count_units, side_sql,
             case when l is null and t is null then 'a.part, a.dim, a.side'
                  else 'grouping sets ((a.part, a.dim, a.side), (a.part, a.dim, a.side, a.s))' end);
-        analyze _mondrian_halves;
 
         -- (4) each partition splits on its widest allowable QI.
         execute format(
@@ -406,43 +443,44 @@ begin
         select h.part, h.side, next_part + row_number() over (order by h.part, h.side)
           from _mondrian_halves h join _mondrian_chosen ch on (ch.part, ch.dim) = (h.part, h.dim)
          where h.s is null;
-        execute format(
-            'update _mondrian_atoms a set part = sp.new_part
-               from (select a.atom, c.part,
-                            case when c.kind = ''tree'' then y.lo
-                                 when a.codes[c.dim] < c.cut then 0
-                                 when a.codes[c.dim] > c.cut then 1
-                                 else %s end as side
-                       from _mondrian_atoms a
-                       join _mondrian_chosen ch on ch.part = a.part
-                       join _mondrian_cand c on (c.part, c.dim) = (ch.part, ch.dim)
-                       left join _mondrian_anc y on c.kind = ''tree'' and y.dim = c.dim
-                                                and y.code = a.codes[c.dim] and y.level = c.level - 1) x
-               join _mondrian_split sp on (sp.part, sp.side) = (x.part, x.side)
-              where a.atom = x.atom', mid_side);
         delete from _mondrian_parts p using _mondrian_chosen ch where ch.part = p.part;
-        update _mondrian_parts set open = false where open;
-        insert into _mondrian_parts select new_part, true from _mondrian_split;
+        update _mondrian_parts p set skip = p.skip + per_round, open = c.candidates > p.skip + per_round
+          from (select part, max(candidates) as candidates from _mondrian_cand group by part) c
+         where c.part = p.part;
+        update _mondrian_parts p set open = false
+         where p.open and not exists (select from _mondrian_cand c where c.part = p.part);
+        execute format(
+            'with moved as (
+                 update _mondrian_atoms a set part = sp.new_part
+                   from _mondrian_chosen ch
+                   join _mondrian_cand c on (c.part, c.dim) = (ch.part, ch.dim)
+                   join _mondrian_split sp on sp.part = ch.part
+                  where a.part = ch.part and sp.side = %s
+              returning a.part, a.codes)
+             insert into _mondrian_parts select a.part, true, 0, %s from moved a group by a.part',
+            side_sql, bounds_agg);
     end loop;
     raise notice 'anonproxy progress % of %: %', rounds, rounds, 'mondrian partitions final';
 
     -- Summaries: one text cell per partition and QI.
+    -- The final partitions' bounds give every cell but a value set, which
+    -- lists the values its atoms hold.
     create temp table _mondrian_summary as
     select b.part, b.dim,
            case d.kind
-           when 'numeric' then case when b.lo = b.hi then lo.txt else lo.txt || '-' || hi.txt end
-           when 'set' then case when b.lo = b.hi then lo.txt else b.vals::text end
+           when 'numeric' then case when b.lo = b.hi then d.vals[b.lo] else d.vals[b.lo] || '-' || d.vals[b.hi] end
+           when 'set' then case when b.lo = b.hi then d.vals[b.lo] else sv.vals end
            else (select x.node from _mondrian_anc x
                   where (x.dim, x.code) = (b.dim, b.lo) and x.hi >= b.hi order by x.level limit 1)
            end as cell
-      from (select a.part, u.dim::integer as dim, min(u.code) as lo, max(u.code) as hi,
-                   array_agg(distinct v.txt) as vals
-              from _mondrian_atoms a, unnest(a.codes) with ordinality as u(code, dim)
-              join _mondrian_dom v on (v.dim, v.code) = (u.dim, u.code)
-             group by a.part, u.dim) b
+      from (select p.part, u.dim::integer as dim, u.lo, u.hi
+              from _mondrian_parts p, unnest(p.lo, p.hi) with ordinality as u(lo, hi, dim)) b
       join _mondrian_dims d on d.dim = b.dim
-      join _mondrian_dom lo on (lo.dim, lo.code) = (b.dim, b.lo)
-      join _mondrian_dom hi on (hi.dim, hi.code) = (b.dim, b.hi);
+      left join (select a.part, d.dim, array_agg(distinct v.txt)::text as vals
+                   from _mondrian_atoms a
+                   join _mondrian_dims d on d.kind = 'set'
+                   join _mondrian_dom v on (v.dim, v.code) = (d.dim, a.codes[d.dim])
+                  group by a.part, d.dim) sv on (sv.part, sv.dim) = (b.part, b.dim);
 
     execute format('create temp table %I (_row bigint primary key, %s)', output,
                    (select string_agg(format('%I text', name), ', ' order by dim) from _mondrian_dims));
