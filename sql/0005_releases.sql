@@ -327,9 +327,11 @@ begin
             hint = 'pass l => …, l_kind => ''recursive'' with it, or omit c';
     end if;
 
-    if t_distance is null or t_distance not in ('ordered', 'equal', 'hierarchical') then
+    -- No distance named: ordered for a numeric sensitive column, equal for any other.
+    t_distance := coalesce(t_distance, case sensitive_spec ->> 'kind' when 'numeric' then 'ordered' else 'equal' end);
+    if t_distance not in ('ordered', 'equal', 'hierarchical') then
         raise exception using errcode = '22023',
-            message = format('unknown t_distance %s', coalesce(quote_literal(t_distance), 'null')),
+            message = format('unknown t_distance %s', quote_literal(t_distance)),
             hint = 't_distance is ordered (numbers), equal (categories) or hierarchical (categories with a hierarchy)';
     end if;
     if t is not null then
@@ -678,7 +680,7 @@ $$;
 create function anonproxy.create_anonymized_view(
     source regclass, target text, quasi_identifiers text[], sensitive text default null, k integer default null,
     l numeric default null, l_kind text default 'entropy', c numeric default null, t numeric default null,
-    t_distance text default 'ordered', method text default 'mondrian', suppression_limit numeric default 0.0,
+    t_distance text default null, method text default 'mondrian', suppression_limit numeric default 0.0,
     unit text default null, hierarchies jsonb default null, force boolean default false
 ) returns anonproxy.release_summary
 language plpgsql as $$

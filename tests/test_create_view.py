@@ -74,7 +74,7 @@ BAD_ARGUMENTS = [
     ({"target": "adult"}, "42P07", "relation public.adult already exists"),
     ({"l": 2}, "22023", "l-diversity needs a sensitive column"),
     ({"t": 0.2}, "22023", "t-closeness needs a sensitive column"),
-    ({"sensitive": "occupation", "t": 0.2}, "22023",
+    ({"sensitive": "occupation", "t": 0.2, "t_distance": "ordered"}, "22023",
      "the ordered distance needs a numeric sensitive column; occupation is not numeric"),
     ({"sensitive": "occupation", "l": 1}, "22023", "l must be greater than 1, not 1"),
     ({"sensitive": "occupation", "l": 2.5, "l_kind": "distinct"}, "22023",
@@ -288,6 +288,13 @@ def test_create_refresh_drop_cycle(postgresql: psycopg.Connection) -> None:
     with pytest.raises(psycopg.Error) as caught:
         postgresql.execute("select anonproxy.drop_release('public.adult_k')")
     assert caught.value.sqlstate == "42704"
+
+
+def test_t_distance_defaults_to_equal_for_a_categorical_sensitive_column(postgresql: psycopg.Connection) -> None:
+    create(postgresql, sensitive="occupation", t=0.4)
+    assert postgresql.execute("select parameters ->> 't_distance', achieved ->> 't_distance', "
+                              "(achieved ->> 't')::numeric <= 0.4 from anonproxy.releases").fetchone() == (
+        "equal", "equal", True)
 
 
 def test_refresh_failure_keeps_the_old_rows(postgresql: psycopg.Connection) -> None:
