@@ -82,6 +82,7 @@ def test_delta_and_invalid_settings(gated_proxy: Endpoint, gated_database: str, 
             conn.execute("select age, count(*) from adult group by age")
         for statement, error in [("set anonproxy.epsilon = 'abc'", psycopg.errors.InvalidParameterValue),
                                  ("set anonproxy.epsilon = 0", psycopg.errors.InvalidParameterValue),
+                                 ("set anonproxy.epsilon = 1e-100", psycopg.errors.InvalidParameterValue),
                                  ("set local anonproxy.epsilon = 0.1", psycopg.errors.FeatureNotSupported),
                                  ("set anonproxy.k = 2", psycopg.errors.InsufficientPrivilege),
                                  ("set anonproxy.epsilon = 0.1; select 1", psycopg.errors.FeatureNotSupported)]:

@@ -65,6 +65,8 @@ _OBJECT_WORDS = frozenset({"TEMP", "TEMPORARY", "OR", "REPLACE", "UNLOGGED", "MA
                            "TABLESPACE", "TEXT", "SEARCH", "DEFAULT", "PRIVILEGES", "OWNED", "BY"})
 
 DP_SETTING_NAMES = frozenset({"anonproxy.epsilon", "anonproxy.delta"})
+# Below this every answer is noise, and planning (interval widths in floating point) stops being cheap.
+MIN_SESSION_EPSILON = Decimal("0.000001")
 INVALID_VALUE = "22023"  # invalid_parameter_value
 
 # Statement kinds with a specific explanation: first word -> (what, why, hint).
@@ -214,10 +216,11 @@ def _dp_setting(name: str, statement: Statement, value_index: int | None, mode: 
                                                                                   TokenType.STRING) else None
     except InvalidOperation:
         value = None
-    valid = value is not None and value.is_finite() and (value > 0 if setting == "epsilon" else 0 <= value < 1)
+    valid = value is not None and value.is_finite() and (
+        value >= MIN_SESSION_EPSILON if setting == "epsilon" else 0 <= value < 1)
     if not valid:
         shown = statement.span(value_index, len(statement.tokens)) if value_index < len(statement.tokens) else ""
-        allowed = "a number greater than 0" if setting == "epsilon" else "a number in [0, 1)"
+        allowed = f"a number of at least {MIN_SESSION_EPSILON}" if setting == "epsilon" else "a number in [0, 1)"
         raise Refusal(INVALID_VALUE, f'invalid value for parameter "{name}": "{shown}"',
                       f"{name} takes {allowed}, at most the policy's per-query value.")
     return SessionSetting(setting, value)
