@@ -22,12 +22,12 @@ import math
 
 import psycopg
 import pytest
+from conftest import Endpoint
+from test_dp_proxy import analyst, budget_left, truth  # noqa: F401 - fixtures
 
 from anonproxy.policy.model import RolePolicy
 from anonproxy.policy.yaml_policy import demo_policy
 from anonproxy.privacy.dp_plan import DPParams, DPPlan, answer, plan_dp
-from conftest import Endpoint
-from test_dp_proxy import analyst, budget_left, truth  # noqa: F401 - fixtures
 
 DRAWS = 4000
 EPSILON = 0.5  # per query, as the proxy tests' budgets

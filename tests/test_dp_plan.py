@@ -16,7 +16,14 @@ from fractions import Fraction
 import psycopg
 import pytest
 
-from anonproxy.policy.model import ColumnPolicy, LinkedTable, Policy, ProtectedTable, RolePolicy
+from anonproxy.policy.model import (
+    ColumnPolicy,
+    LinkedTable,
+    Policy,
+    ProtectedTable,
+    RolePolicy,
+)
+from anonproxy.privacy.dp_having import holds
 from anonproxy.privacy.dp_plan import (
     DPParams,
     DPPlan,
@@ -433,7 +440,7 @@ def test_variance_and_stddev_are_close(postgresql: psycopg.Connection) -> None:
     p = plan("select var_pop(age) from adult where age > 88", DPParams(0.001, 1e-6))
     for _ in range(50):
         ((value,),), _ = answer(p, run(postgresql, p))
-        assert 0 <= value <= Decimal(36.5) ** 2
+        assert 0 <= value <= Decimal("36.5") ** 2
 
 
 def test_quantiles_are_within_their_rank_guarantee(postgresql: psycopg.Connection) -> None:
@@ -500,3 +507,20 @@ def test_bounding_is_skipped_only_when_the_catalog_guarantees_one_row_per_unit(p
     assert _bounding_ran(postgresql, p.sql)
     assert sorted(run(postgresql, p)) == fast == postgresql.execute(
         "select sex, count(*), sum(age) from adult group by sex order by sex").fetchall()
+
+
+def test_having_logic_on_answer_rows() -> None:
+    # rows of (sex, count, avg); the filter is SQL's: only TRUE passes, NULL (unknown) does not
+    p = plan("select sex, count(*), avg(age) from adult group by sex having (count(*) between 10 and 20 "
+             "or sex in ('Male', 'x')) and not avg(age) < 30")
+    having = p.having
+    assert having is not None
+    assert holds(having, ("Female", 15, Decimal(31)))
+    assert not holds(having, ("Female", 15, Decimal(29)))  # NOT avg < 30 fails
+    assert not holds(having, ("Female", 21, Decimal(40)))  # neither BETWEEN nor IN
+    assert holds(having, ("Male", 500, Decimal(40)))
+    assert not holds(having, (None, 500, Decimal(40)))  # NULL IN (...) is unknown
+    p = plan("select sex, count(*) from adult group by sex having sex is not null and count(*) <> '7'")
+    assert holds(p.having, ("Male", 8)) and not holds(p.having, ("Male", 7)) and not holds(p.having, (None, 8))
+    p = plan("select sex, count(*) from adult group by sex having count(*) > 'seven'")
+    assert not holds(p.having, ("Male", 8))  # not a number: unknown (PostgreSQL would raise an error)

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import psycopg
 import pytest
-
-from anonproxy.embedded import EmbeddedPostgres
 from conftest import SERVICE_ROLE, Endpoint, start_proxy, stop_proxy
 from test_gate import _wait_for_version as wait_for_version
+
+from anonproxy.embedded import EmbeddedPostgres
 
 _names = itertools.count(1)
 
