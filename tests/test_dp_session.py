@@ -120,5 +120,11 @@ def test_explain_shows_cost_noise_and_cache_without_charging(gated_proxy: Endpoi
         plan = explain(conn, "select age, count(*) from adult group by age")
         assert "δ=1e-07" in plan and f"reaches {threshold(2, 1e-7)} " in plan
         assert "epsilon 1.5 of 2 left" in budget_left(conn), "EXPLAIN charges nothing"
+        # Bound values are part of the question.
+        with_value = "EXPLAIN (ANONPROXY) select count(*) from adult where age >= %s"
+        conn.execute("select count(*) from adult where age >= %s", [30]).fetchone()
+        assert "cached: the same question" in "\n".join(r[0] for r in conn.execute(with_value, [30]))
+        assert "not cached" in "\n".join(r[0] for r in conn.execute(with_value, [31]))
+        assert "epsilon 1 of 2 left" in budget_left(conn)
         with pytest.raises(psycopg.errors.FeatureNotSupported, match="explains aggregate queries"):
             explain(conn, "select 1")
