@@ -495,8 +495,10 @@ class _Columns:
                                   "also be in the select list", DP_HINT)
             return _Draft(name, "count", statistic=self.need("count", text, c))
         if isinstance(node, exp.WithinGroup):
-            function = node.this
-            q = Fraction(Decimal(function.this.name))
+            function, literal, sign = node.this, node.this.this, 1
+            if isinstance(literal, exp.Neg):  # -0 (the allowlist checked that q is a constant in [0, 1])
+                literal, sign = literal.this, -1
+            q = sign * Fraction(Decimal(literal.name))
             return self._quantile(name, node.expression.expressions[0].this, q,
                                   isinstance(function, exp.PercentileDisc), "PERCENTILE")
         function = {exp.Sum: "sum", exp.Avg: "avg", exp.Median: "median"}.get(type(node), "variance")
