@@ -26,6 +26,7 @@ import time
 from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -46,8 +47,9 @@ K = 10
 METHODS = ("mondrian", "mondrian_relaxed", "full_domain", "mdav", "tclose_first")
 SETTINGS: dict[str, dict[str, Any]] = {
     "k=10": {},
-    "k=10 l=2": {"l": 2, "l_kind": "entropy"},  # entropy l-diversity
-    "k=10 t=0.2": {"t": 0.2},
+    "k=10 entropy-l=2": {"l": 2, "l_kind": "entropy"},
+    "k=10 distinct-l=2": {"l": 2, "l_kind": "distinct"},
+    "k=10 t=0.2": {"t": Decimal("0.2")},
 }
 SERVER_SETTINGS = {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off",
                    "shared_buffers": "256MB", "work_mem": "64MB", "max_wal_size": "4GB"}
@@ -77,6 +79,7 @@ class Outcome:
     classes: int | None = None
     suppressed: int | None = None
     k: int | None = None
+    l_distinct: int | None = None
     l_entropy: float | None = None
     t: float | None = None
     failure: str | None = None
@@ -101,10 +104,12 @@ def measure(conn: psycopg.Connection, source: str, target: str, outcome: Outcome
     outcome.discernibility = metrics["discernibility"]
     outcome.classes = metrics["equivalence_classes"]
     outcome.suppressed = metrics["suppressed_rows"]
-    outcome.k, l_entropy, t = one_row(
-        conn, "select anonproxy.k_anonymity(%(t)s, %(qi)s), anonproxy.l_diversity(%(t)s, %(qi)s, %(s)s, 'entropy'),"
-        " anonproxy.t_closeness(%(t)s, %(qi)s, %(s)s, 'ordered')", {"t": target, "qi": QI, "s": SENSITIVE})
-    outcome.l_entropy, outcome.t = float(l_entropy), float(t)
+    outcome.k, l_distinct, l_entropy, t = one_row(
+        conn, "select anonproxy.k_anonymity(%(t)s, %(qi)s),"
+        " anonproxy.l_diversity(%(t)s, %(qi)s, %(s)s, 'distinct'), anonproxy.l_diversity(%(t)s, %(qi)s, %(s)s, 'entropy'),"
+        " anonproxy.t_closeness(%(t)s, %(qi)s, %(s)s, 'ordered')",
+        {"t": target, "qi": QI, "s": SENSITIVE})
+    outcome.l_distinct, outcome.l_entropy, outcome.t = int(l_distinct), float(l_entropy), float(t)
 
 
 def one_row(conn: psycopg.Connection, query: str, params: Any) -> tuple[Any, ...]:
@@ -170,8 +175,9 @@ def reference_mondrian(columns: dict[str, np.ndarray], trees: dict[str, Tree], k
 
     A partition is cut on the QI of widest normalized extent that has an
     allowable cut (both sides, or every child, with at least k rows): a numeric
-    QI at its (lower) median, values <= median on the left; a categorical QI
-    into the children of its values' lowest common ancestor.
+    QI at its (lower) median, the rows equal to it on the side that balances
+    better; a categorical QI into the children of its values' lowest common
+    ancestor.
     """
     spans = {q: float(columns[q].max() - columns[q].min()) or 1.0 for q in NUMERIC}
     stack = [np.arange(len(columns[QI[0]]))]
@@ -209,10 +215,13 @@ def extent(values: np.ndarray, q: str, trees: dict[str, Tree], spans: dict[str, 
 
 def cut(values: np.ndarray, q: str, trees: dict[str, Tree], k: int) -> list[np.ndarray] | None:
     if q in NUMERIC:
+        # Rows equal to the median all go to one side (strict); take the side that balances better.
         median = np.partition(values, (len(values) - 1) // 2)[(len(values) - 1) // 2]
-        left = values <= median
-        size = int(left.sum())
-        return [left, ~left] if k <= size <= len(values) - k else None
+        lefts = [left for left in (values <= median, values < median) if k <= left.sum() <= len(values) - k]
+        if not lefts:
+            return None
+        left = min(lefts, key=lambda left: abs(2 * int(left.sum()) - len(values)))
+        return [left, ~left]
     tree = trees[q]
     level, _ = lowest_common_ancestor(values, tree)
     children = tree.ancestors[level - 1][values]
@@ -278,13 +287,13 @@ def prepare(conn: psycopg.Connection, rows: int, seed: float) -> None:
 def table_row(o: Outcome) -> tuple[str, ...]:
     seconds = "-" if o.seconds is None else f"{o.seconds:.2f}"
     if o.ncp is None:
-        return (o.dataset, o.method, o.setting, seconds, *("-",) * 7)
+        return (o.dataset, o.method, o.setting, seconds, *("-",) * 8)
     return (o.dataset, o.method, o.setting, seconds, f"{100 * o.ncp:.2f}", str(o.discernibility), str(o.classes),
-            str(o.suppressed), str(o.k), f"{o.l_entropy:.3f}", f"{o.t:.4f}")
+            str(o.suppressed), str(o.k), str(o.l_distinct), f"{o.l_entropy:.3f}", f"{o.t:.4f}")
 
 
 def report(outcomes: list[Outcome], rows: int) -> list[tuple[str, bool | None, str]]:
-    header = ("data", "method", "setting", "seconds", "NCP %", "DM", "ECs", "supp.", "k", "entropy l", "t")
+    header = ("data", "method", "setting", "seconds", "NCP %", "DM", "ECs", "supp.", "k", "dist. l", "entr. l", "t")
     table: list[tuple[str, ...]] = [header, *map(table_row, outcomes)]
     widths = [max(len(r[i]) for r in table) for i in range(len(header))]
     for o, r in zip([None, *outcomes], table, strict=True):
@@ -322,12 +331,13 @@ def main() -> int:
     parser.add_argument("--methods", default=",".join(METHODS), help="comma-separated methods to run")
     parser.add_argument("--big-methods", default=",".join(METHODS), help="methods to run on adult_big")
     parser.add_argument("--settings", default=",".join(SETTINGS), help="comma-separated settings (see the table)")
+    parser.add_argument("--big-settings", default="k=10", help="settings run on adult_big")
     parser.add_argument("--timeout", type=int, default=300, help="seconds before a method run is cancelled")
     parser.add_argument("--no-reference-big", action="store_true", help="skip the reference Mondrian on adult_big")
     parser.add_argument("--json", type=Path, help="also write every outcome as JSON")
     args = parser.parse_args()
-    settings = args.settings.split(",")
-    if unknown := [s for s in settings if s not in SETTINGS]:
+    settings, big_settings = args.settings.split(","), args.big_settings.split(",")
+    if unknown := [s for s in settings + big_settings if s not in SETTINGS]:
         parser.error(f"unknown settings {unknown}; known: {list(SETTINGS)}")
 
     outcomes: list[Outcome] = []
@@ -337,13 +347,15 @@ def main() -> int:
         progress(f"installing the schema, adult, its hierarchies and adult_big ({args.rows:,} rows)")
         prepare(conn, args.rows, args.seed)
         conn.autocommit = True
-        datasets = [("adult", args.methods), *([("adult_big", args.big_methods)] if args.rows else [])]
-        for dataset, methods in datasets:
+        datasets = [("adult", args.methods, settings),
+                    *([("adult_big", args.big_methods, big_settings)] if args.rows else [])]
+        for dataset, methods, dataset_settings in datasets:
             if dataset == "adult" or not args.no_reference_big:
                 progress(f"{dataset}: reference strict Mondrian")
                 outcomes.append(run_reference(conn, dataset))
             for method in filter(None, methods.split(",")):
-                for setting in settings:
+                # tclose_first is t-closeness by construction: it needs t.
+                for setting in [s for s in dataset_settings if method != "tclose_first" or "t" in SETTINGS[s]]:
                     progress(f"{dataset}: {method}, {setting}")
                     outcomes.append(run_method(conn, dataset, method, setting, args.timeout))
                     if outcomes[-1].failure:
