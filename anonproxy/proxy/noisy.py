@@ -88,11 +88,7 @@ class NoisyAnswers:
         async with self._connection() as conn:
             plan, _ = await self._plan(conn, sql, role, policy, limits)
             fingerprint = _fingerprint(plan, policy.version, parameters)
-            async with conn.transaction():
-                # The data version and the rows from one snapshot: the answer is cached under the version it saw.
-                await conn.execute(_SNAPSHOT)
-                data_version = await ledger.data_version(conn, [plan.table])
-                cached = await ledger.cached_answer(conn, role.role, fingerprint, data_version)
+            async with _snapshot(conn, plan, role.role, fingerprint) as (data_version, cached):
                 if cached is None:
                     types, rows = await _run(conn, plan.sql, parameters)
             if cached is not None:
@@ -126,10 +122,8 @@ class NoisyAnswers:
         async with self._connection() as conn:
             plan, budget = await self._plan(conn, sql, role, policy, limits)
             fingerprint = _fingerprint(plan, policy.version, parameters)
-            async with conn.transaction():
-                await conn.execute(_SNAPSHOT)
-                data_version = await ledger.data_version(conn, [plan.table])
-                cached = await ledger.cached_answer(conn, role.role, fingerprint, data_version)
+            async with _snapshot(conn, plan, role.role, fingerprint) as (data_version, cached):
+                pass
         lines = [f"differentially private answer on {plan.table}: costs ε={plan.epsilon:g}, δ={plan.delta:g}",
                  *(f"  {line}" for line in plan.notices())]
         if cached is not None:
@@ -234,6 +228,17 @@ class NoisyAnswers:
                         self._idle.append(conn)
                     else:
                         await conn.close()
+
+
+@contextlib.asynccontextmanager
+async def _snapshot(conn: psycopg.AsyncConnection[Any], plan: DPPlan, role: str, fingerprint: str,
+                    ) -> AsyncIterator[tuple[str | None, bytes | None]]:
+    """A REPEATABLE READ, READ ONLY transaction, with the data version and the cached answer read in it: the
+    plan run inside it sees that version, so an answer is cached under the version it was computed from."""
+    async with conn.transaction():
+        await conn.execute(_SNAPSHOT)
+        data_version = await ledger.data_version(conn, [plan.table])
+        yield data_version, await ledger.cached_answer(conn, role, fingerprint, data_version)
 
 
 async def _run(conn: psycopg.AsyncConnection[Any], sql: str, parameters: Parameters,
