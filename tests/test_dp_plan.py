@@ -97,7 +97,7 @@ def refused(sql: str, *words: str, params: DPParams = PARAMS, role: RolePolicy =
     ("select count(*) from adult a join plain p on p.id = a.id", ("does not join public.plain",)),
     ("select count(*) from adult a join visits v on v.minutes = a.id", ("declared key",)),
     ("select count(*) from adult a left join visits v on v.person = a.id", ("outer side",)),
-    ("select count(*) from visits v join region r on r.id = v.person", ("through their protected table",)),
+    ("select count(*) from visits v join region r on r.region = v.ward", ("declared key",)),
     ("select count(distinct education) from adult", ("count(DISTINCT x)", "privacy unit id")),
     ("select sex, count(*) from adult group by sex order by count(*) + 0", ("arithmetic",)),
     ("select occupation from adult group by occupation order by count(*)", ("must name an output column",)),
@@ -370,6 +370,9 @@ def test_joins_to_linked_tables_are_bounded_per_unit() -> None:
              "group by r.region")
     assert "unnest(ARRAY['North', 'South', 'East', 'West']::text[])" in p.sql
     assert "(i.indrelid, a.attname) IN (" in p.sql and p.sql.count("::regclass::oid") == 3
+    # or two linked tables joined on their keys, without the protected table: the first one's key is the unit
+    p = plan("select r.region, sum(v.minutes) from visits v join region r on r.id = v.person group by r.region")
+    assert p.table == "public.adult" and '"v"."person" AS anonproxy_unit' in p.sql
 
 
 def _visits(conn: psycopg.Connection) -> None:
@@ -391,6 +394,12 @@ def test_join_counts_people_not_visits(postgresql: psycopg.Connection) -> None:
     for key, count, minutes in rows:
         assert abs(count - exact[key][0]) <= 6 * noise[1].ci95_halfwidth
         assert abs(minutes - exact[key][1]) <= 6 * noise[2].ci95_halfwidth
+    # two linked tables without adult: person 1 is in the North, the others in the South
+    postgresql.execute("create table public.region as select id, case when id = 1 then 'North' else 'South' end "
+                       "as region from public.adult where id <= 301")
+    p = plan("select r.region, count(*) from visits v join region r on r.id = v.person group by r.region",
+             DPParams(1.0, 1e-6, max_rows_per_unit=1))
+    assert dict((row[0], row[1]) for row in run(postgresql, p)) == {"North": 1, "South": 300, "East": 0, "West": 0}
 
 
 def test_one_row_per_unit_join_matches_the_truth(postgresql: psycopg.Connection) -> None:

@@ -271,11 +271,16 @@ def _privacy_unit(sources: list[_Source], index: PolicyIndex) -> tuple[_Source, 
         unit_column = table.unit_column
         owner = anchor.table
     else:
-        if len(linked) != 1:
-            raise unsupported("join linked tables through their protected table", SHAPE_HINT)
+        # Linked tables without their protected table: the first one's key is the unit; the others must link to
+        # the same protected table, and join on their keys (_check_joins).
         anchor = linked[0]
         link = anchor.table.linked
         assert link is not None
+        for source in linked[1:]:
+            assert source.table.linked is not None
+            if source.table.linked.references != link.references:
+                raise unsupported(f"linked tables {anchor.table.policy_name} and {source.table.policy_name} belong "
+                                  "to different protected tables", SHAPE_HINT)
         owner = index.lookup(link.references)
         if owner.kind != "protected" or owner.protected is None:
             raise unsupported(f"linked table {anchor.table.policy_name} references {link.references}, "
@@ -329,7 +334,8 @@ def _check_joins(sources: list[_Source], anchor: _Source, checker: Checker) -> N
 
 
 def _key_equality(on: exp.Expression, sources: list[_Source], position: int) -> tuple[str, str] | None:
-    """(linked reference, protected reference) when ``on`` is exactly linked.key = protected.unit."""
+    """The two references when ``on`` is exactly linked.key = protected.unit, or linked.key = linked.key of two
+    tables linked to the same protected table."""
     while isinstance(on, exp.Paren):
         on = on.this
     if not isinstance(on, exp.EQ):
@@ -351,6 +357,12 @@ def _key_equality(on: exp.Expression, sources: list[_Source], position: int) -> 
             assert link is not None and protected is not None
             if (link.column == a_col and protected.unit_column == b_col
                     and link.references_column == protected.unit_column):
+                return (a.reference, b.reference)
+        if a.table.kind == "linked" and b.table.kind == "linked" and a is not b:
+            first, second = a.table.linked, b.table.linked
+            assert first is not None and second is not None
+            if (first.column == a_col and second.column == b_col and first.references == second.references
+                    and first.references_column == second.references_column):
                 return (a.reference, b.reference)
     return None
 
