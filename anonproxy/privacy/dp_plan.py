@@ -103,8 +103,8 @@ class Statistic:
     """One exact per-group statistic of the SQL, and the discrete Laplace noise ``answer`` adds to it.
 
     A ``sum`` adds up f(x) = (clamp(x) − center)^power − offset over the bounded rows, where clamp(x) is x
-    clamped to the declared [L, U] (``clamp``); ``bounds`` is the range of f. A ``values`` statistic is the
-    array of the group's clamped values, for quantiles (no noise of its own).
+    clamped to the declared [L, U] (``clamp``); ``per_group`` is c times the largest |f|. A ``values``
+    statistic is the array of the group's clamped values, for quantiles (no noise of its own).
     """
 
     name: str  # its column in the SQL
