@@ -533,3 +533,14 @@ def test_having_logic_on_answer_rows() -> None:
     assert holds(p.having, ("Male", 8)) and not holds(p.having, ("Male", 7)) and not holds(p.having, (None, 8))
     p = plan("select sex, count(*) from adult group by sex having count(*) > 'seven'")
     assert not holds(p.having, ("Male", 8))  # not a number: unknown (PostgreSQL would raise an error)
+
+
+def test_spread_and_quantiles_need_bounds_of_some_width() -> None:
+    flat = ProtectedTable("public.flat", "unit", {"v": ColumnPolicy("v", lower=5, upper=5)})
+    policy = Policy(version=1, tables={"public.flat": flat})
+    for sql, word in [("select avg(v) from flat", "AVG"), ("select stddev(v) from flat", "STDDEV"),
+                      ("select median(v) from flat", "MEDIAN")]:
+        result = plan_dp(sql, ROLE, policy, PARAMS)
+        assert isinstance(result, Reject) and result.sqlstate == "0A000", result
+        assert f'{word}("v") needs bounds lower < upper' in result.message and result.hint
+    assert isinstance(plan_dp("select sum(v) from flat", ROLE, policy, PARAMS), DPPlan)  # |v| ≤ 5 is enough

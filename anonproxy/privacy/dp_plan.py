@@ -501,15 +501,17 @@ class _Columns:
             q = sign * Fraction(Decimal(literal.name))
             return self._quantile(name, node.expression.expressions[0].this, q,
                                   isinstance(function, exp.PercentileDisc), "PERCENTILE")
-        function = {exp.Sum: "sum", exp.Avg: "avg", exp.Median: "median"}.get(type(node), "variance")
-        lower, upper, text = self._bounds(function, argument)
         if isinstance(node, exp.Median):
             return self._quantile(name, argument, Fraction(1, 2), False, "MEDIAN")
+        function = _output_name(None, node)  # sum, avg, variance, var_pop, stddev, ...
+        lower, upper, text = self._bounds(function, argument)
         if isinstance(node, exp.Sum):
             return _Draft(name, "sum", statistic=self.need("sum", text, c * max(abs(lower), abs(upper)),
                                                              (lower, upper)))
         # avg, variance, stddev: sums centred on the middle of the bounds (an integer one for integer bounds, so
         # integer sums stay integers), whose sensitivity is half the width of the bounds, not the largest |bound|.
+        if lower == upper:
+            raise unsupported(f"{function.upper()}({text}) needs bounds lower < upper", BOUNDS_HINT)
         center = (lower + upper) / 2 if (lower.denominator, upper.denominator) != (1, 1) else Fraction(
             (lower.numerator + upper.numerator) // 2)
         half = max(center - lower, upper - center)
