@@ -244,3 +244,14 @@ def test_describe_then_execute_of_a_portal_is_one_request() -> None:
     wires.gate.proxy_answered(ANSWER)
     assert wires.types(wires.client) == [b"1", b"2", b"T", b"D", b"D", b"D", b"C", b"N", b"Z"]
     assert len(wires.asked) == 1
+
+
+def test_portals_end_with_the_implicit_transaction() -> None:
+    wires = Wires()
+    wires.gate.client_data(parse(b"", "dp") + bind(b"", b"") + execute() + SYNC)
+    wires.gate.proxy_answered(ANSWER)
+    assert wires.types(wires.client) == [b"1", b"2", b"D", b"D", b"D", b"C", b"N", b"Z"]
+    wires.gate.client_data(execute() + SYNC)  # the Sync outside a transaction block ended the portal
+    messages = MessageBuffer().feed(bytes(wires.client))
+    assert [t for t, _ in messages] == [b"E", b"Z"] and pg.parse_fields(messages[0][1])["C"] == "34000"
+    assert len(wires.asked) == 1

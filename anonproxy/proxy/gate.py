@@ -186,12 +186,8 @@ class Gate:
             self._write_client(pg.parameter_description(list(reply.parameter_types))
                                + Result(reply.columns).description())
         else:
-            state = self._proxy_portals.get(portal)
-            if state is None:  # closed meanwhile
-                self._write_client(pg.error_response("34000", f'portal "{portal.decode(errors="replace")}" '
-                                                     "does not exist"))
-                self._skipping = True
-            elif isinstance(reply, Description):
+            state = self._proxy_portals[portal]  # no message was routed meanwhile: it is still there
+            if isinstance(reply, Description):
                 self._write_client(self._portal_description(state, reply.columns))
             else:
                 assert isinstance(reply, Result)
