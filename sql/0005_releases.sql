@@ -409,8 +409,9 @@ declare
     inner_values text;
     item record;
     how_many bigint;
-    null_counts bigint[];
-    missing text;
+    null_column text;
+    checked_columns text;
+    checked_values text;
     whole_table numeric;
 begin
     if to_regclass('pg_temp.anonproxy_input') is not null or to_regclass('pg_temp.anonproxy_output') is not null
@@ -421,7 +422,7 @@ begin
             hint = 'they are the staging tables of create_anonymized_view: drop them, or use another session';
     end if;
     -- Inner aliases r, u, c1, c2, … cannot clash with the source's column names.
-    select string_agg(format('%I %s', c.value ->> 'name', t.type), ', ' order by c.ordinality),
+    select string_agg(format('%I %s not null', c.value ->> 'name', t.type), ', ' order by c.ordinality),
            string_agg(format('%I::%s as c%s', c.value ->> 'name', t.type, c.ordinality), ', ' order by c.ordinality),
            string_agg(format('s.c%s', c.ordinality), ', ' order by c.ordinality)
       into staged_columns, source_values, inner_values
@@ -429,33 +430,25 @@ begin
            lateral (select case c.value ->> 'kind' when 'numeric' then 'numeric' else 'text' end as type) t;
     execute format('create temp table anonproxy_input (_row bigint primary key, _unit text not null, %s) '
                    'on commit drop', staged_columns);
-    execute format('insert into pg_temp.anonproxy_input select s.r, coalesce(s.u, s.r::text), %s '
-                   'from (select row_number() over () as r, %s as u, %s from %s) s',
-                   inner_values, case when unit is null then 'null::text' else format('%I::text', unit) end,
-                   source_values, source);
-    execute 'analyze pg_temp.anonproxy_input';
-
-    -- One scan counts the NULLs of every column.
-    execute format('select array[%s] from pg_temp.anonproxy_input',
-                   (select string_agg(format('count(*) filter (where %I is null)', c ->> 'name'), ', ')
-                      from jsonb_array_elements(columns) c)) into null_counts;
-    select c.value ->> 'name' as name, null_counts[c.ordinality] as nulls into item
-      from jsonb_array_elements(columns) with ordinality c
-     where null_counts[c.ordinality] > 0
-     limit 1;
-    if found then
+    -- The NOT NULL constraints find a NULL without a scan of their own.
+    begin
+        execute format('insert into pg_temp.anonproxy_input select s.r, %s, %s '
+                       'from (select row_number() over () as r, %s as u, %s from %s) s',
+                       case when unit is null then 's.r::text' else 's.u' end, inner_values,
+                       case when unit is null then 'null::text' else format('%I::text', unit) end,
+                       source_values, source);
+    exception when not_null_violation then
+        get stacked diagnostics null_column = column_name;
+        null_column := case null_column when '_unit' then unit else null_column end;
+        execute format('select count(*) from %s where %I is null', source, null_column) into how_many;
         raise exception using errcode = '22004',
-            message = format('column %s of %s has %s NULL value(s)', quote_ident(item.name), source, item.nulls),
-            hint = 'anonymize a view of the source that leaves them out or replaces them';
-    end if;
-    if unit is not null then
-        execute format('select count(*) from %s where %I is null', source, unit) into how_many;
-        if how_many > 0 then
-            raise exception using errcode = '22004',
-                message = format('privacy-unit column %s of %s has %s NULL value(s)', quote_ident(unit), source, how_many),
-                hint = 'every row must belong to a person';
-        end if;
-    end if;
+            message = format('%s column %s of %s has %s NULL value(s)',
+                             case null_column when unit then 'privacy-unit' when sensitive then 'sensitive'
+                                  else 'quasi-identifier' end, quote_ident(null_column), source, how_many),
+            hint = case null_column when unit then 'every row must belong to a person'
+                        else 'anonymize a view of the source that leaves them out or replaces them' end;
+    end;
+    execute 'analyze pg_temp.anonproxy_input';
 
     if unit is null then
         select count(*) into how_many from pg_temp.anonproxy_input;
@@ -469,21 +462,28 @@ begin
             hint = 'no k-anonymous release of it exists: lower k';
     end if;
 
-    for item in select c ->> 'name' as name, c ->> 'hierarchy' as hierarchy
-                  from jsonb_array_elements(columns) c where c ->> 'hierarchy' is not null loop
-        execute format('select string_agg(quote_literal(v.value), '', '' order by v.value) from ('
-                       'select distinct i.%1$I::text as value from pg_temp.anonproxy_input i where not exists ('
-                       'select from anonproxy.hierarchy_nodes n '
-                       'where n.hierarchy = %2$L and n.level = 0 and n.leaf = i.%1$I::text)) v',
-                       item.name, item.hierarchy) into missing;
-        if missing is not null then
+    -- Values missing from their column's hierarchy. One scan: a grouping set per
+    -- column gives its distinct values (the other columns are NULL in that group).
+    select string_agg(format('%I', c ->> 'name'), ', '),
+           string_agg(format('(%L, %L, g.%I::text)', c ->> 'name', c ->> 'hierarchy', c ->> 'name'), ', ')
+      into checked_columns, checked_values
+      from jsonb_array_elements(columns) c where c ->> 'hierarchy' is not null;
+    if checked_columns is not null then
+        execute format('select v.name, string_agg(quote_literal(v.value), '', '' order by v.value) '
+                       'from (select %1$s from pg_temp.anonproxy_input group by grouping sets (%1$s)) g, '
+                       'lateral (values %2$s) v(name, hierarchy, value) '
+                       'where v.value is not null and not exists (select from anonproxy.hierarchy_nodes n '
+                       'where n.hierarchy = v.hierarchy and n.level = 0 and n.leaf = v.value) '
+                       'group by v.name limit 1', checked_columns, checked_values) into item;
+        if item.name is not null then
             raise exception using errcode = '22023',
                 message = format('values of column %s are missing from hierarchy %L: %s', quote_ident(item.name),
-                                 item.hierarchy, left(missing, 200)),
+                                 (select c ->> 'hierarchy' from jsonb_array_elements(columns) c
+                                   where c ->> 'name' = item.name), left(item.string_agg, 200)),
                 hint = format('add them to the hierarchy, or name another one: hierarchies => ''{"%s": …}''',
                               item.name);
         end if;
-    end loop;
+    end if;
 
     -- An l the whole table misses, no partition reaches: each kind is monotone
     -- (classes that are diverse merge into a diverse class). Suppressing rows
@@ -683,7 +683,8 @@ create function anonproxy.create_anonymized_view(
     t_distance text default null, method text default 'mondrian', suppression_limit numeric default 0.0,
     unit text default null, hierarchies jsonb default null, force boolean default false
 ) returns anonproxy.release_summary
-language plpgsql as $$
+-- Sorts and hashes of a large release stay in memory (work_mem applies per sort or hash).
+language plpgsql set work_mem = '128MB' as $$
 declare
     started timestamptz := pg_catalog.clock_timestamp();
     target_name text := anonproxy.release_target_name(target);
@@ -734,7 +735,8 @@ $$;
 -- replace the table's rows in this transaction (readers see the old rows until commit).
 create function anonproxy.refresh_anonymized_view(target text, force boolean default false)
 returns anonproxy.release_summary
-language plpgsql as $$
+-- Sorts and hashes of a large release stay in memory (work_mem applies per sort or hash).
+language plpgsql set work_mem = '128MB' as $$
 declare
     started timestamptz := pg_catalog.clock_timestamp();
     release anonproxy.releases := anonproxy.release_of(target);

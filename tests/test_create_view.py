@@ -167,15 +167,26 @@ def test_source_must_be_a_table(postgresql: psycopg.Connection) -> None:
 
 
 def test_null_quasi_identifier_values_are_refused(postgresql: psycopg.Connection) -> None:
-    postgresql.execute("create view holes as select id, case when id % 100 = 0 then null else age end as age, sex, race "
-                       "from public.adult")
+    postgresql.execute("create view holes as select id, case when id % 100 = 0 then null else age end as age, sex, "
+                       "race from public.adult")
     postgresql.commit()
     with pytest.raises(psycopg.Error) as caught:
         create(postgresql, source="holes")
     assert caught.value.sqlstate == "22004"
-    assert caught.value.diag.message_primary == "column age of public.holes has 301 NULL value(s)"
+    assert caught.value.diag.message_primary == "quasi-identifier column age of public.holes has 301 NULL value(s)"
     postgresql.rollback()
-    assert leftovers(postgresql)["releases"] == 0
+    assert leftovers(postgresql) == NOTHING
+
+
+def test_null_privacy_units_are_refused(postgresql: psycopg.Connection) -> None:
+    postgresql.execute("create view orphans as select nullif(id % 50, 0) as person, age, sex, race from public.adult")
+    postgresql.commit()
+    with pytest.raises(psycopg.Error) as caught:
+        create(postgresql, source="orphans", unit="person")
+    assert caught.value.sqlstate == "22004"
+    # ids 50, 100, …, 30150: 603 rows
+    assert caught.value.diag.message_primary == "privacy-unit column person of public.orphans has 603 NULL value(s)"
+    assert caught.value.diag.message_hint == "every row must belong to a person"
 
 
 def test_reserved_column_names_are_refused(postgresql: psycopg.Connection) -> None:
