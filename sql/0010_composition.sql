@@ -97,6 +97,13 @@ create function anonproxy._composition_locate_generalized(j integer)
 returns void
 language plpgsql
 set search_path = pg_catalog, pg_temp
+-- The join of tuples with classes is written in the order it should run (probe
+-- the key table first) and estimated badly (correlated columns): keep the order
+-- and hash joins. Which, with enable_nestloop off, inflates the estimated
+-- costs: keep JIT from compiling these short queries.
+set join_collapse_limit = 1
+set enable_nestloop = off
+set jit = off
 as $$
 declare
     r record;
@@ -128,34 +135,43 @@ begin
             'insert into pg_temp._ap_comp_dom (qi, v, tuples)
              select %s, %I::text, count(*) from pg_temp._ap_comp_t where %2$I is not null group by 2',
             i, col);
-        -- A cell covers a value when it is the value, '*', a set holding it, a
-        -- numeric range or number containing it, or a hierarchy node above it.
+        -- What a cell stands for (docs/views-internals.md, "Generalized values"),
+        -- read in this order as anonproxy.utility reads it: a value of the
+        -- column, '*', a numeric range or number (numeric QIs), a set, a node
+        -- of the column's hierarchy. Each form joins to the values it covers.
         execute format(
             $q$insert into pg_temp._ap_comp_cover (qi, v, cell)
-               with cells as (select distinct %2$I::text as cell from pg_temp._ap_comp_ec where %2$I is not null),
-                    dom as (select v from pg_temp._ap_comp_dom where qi = %1$s)
-               select %1$s, d.v, c.cell from cells c join dom d on d.v = c.cell
-               union
-               select %1$s, d.v, c.cell from cells c cross join dom d where c.cell = '*'
-               union
-               select %1$s, d.v, c.cell
+               with dom as (select v from pg_temp._ap_comp_dom where qi = %1$s),
+               cells as materialized (
+                   select c.cell,
+                          case when exists (select from dom d where d.v = c.cell) then 'value'
+                               when c.cell = '*' then 'any'
+                               when %4$L and c.cell ~ '^-?[0-9]+(\.[0-9]+)?(--?[0-9]+(\.[0-9]+)?)?$' then 'range'
+                               when c.cell like '{%%}' then 'set'
+                               else 'node' end as form
+                   from (select distinct %2$I::text as cell from pg_temp._ap_comp_ec where %2$I is not null) c)
+               select %1$s, c.cell, c.cell from cells c where c.form = 'value'
+               union all
+               select %1$s, d.v, c.cell from cells c cross join dom d where c.form = 'any'
+               union all
+               select distinct %1$s, d.v, c.cell
                from cells c
-               cross join lateral unnest(case when c.cell like '{%%}' then c.cell::text[] end) m(v)
+               cross join lateral unnest(case when c.form = 'set' then c.cell::text[] end) m(v)
                join dom d on d.v = m.v$q$
             || case when hierarchy is null then '' else
-            $q$ union
+            $q$ union all
                select %1$s, d.v, c.cell
                from cells c
                join anonproxy.hierarchy_nodes h on h.hierarchy = %3$L and h.node = c.cell
-               join dom d on d.v = h.leaf$q$ end
+               join dom d on d.v = h.leaf
+               where c.form = 'node'$q$ end
             || case when not is_numeric then '' else
-            $q$ union
+            $q$ union all
                select %1$s, d.v, c.cell
                from (select cell, regexp_match(cell, '^(-?[0-9]+(?:\.[0-9]+)?)(?:-(-?[0-9]+(?:\.[0-9]+)?))?$') as b
-                     from cells) c
-               join dom d on d.v::numeric between c.b[1]::numeric and coalesce(c.b[2], c.b[1])::numeric
-               where c.b is not null$q$ end,
-            i, col, hierarchy);
+                     from cells where form = 'range') c
+               join dom d on d.v::numeric between c.b[1]::numeric and coalesce(c.b[2], c.b[1])::numeric$q$ end,
+            i, col, hierarchy, is_numeric);
         -- Per class and QI: how many tuple values its cell covers (the rows it
         -- adds to the join key) and the share of tuples it covers.
         n_cols := n_cols || format(', coalesce(s%s.n, 0)', i);
@@ -231,6 +247,7 @@ create function anonproxy._composition_locate_centroid(j integer)
 returns void
 language plpgsql
 set search_path = pg_catalog, pg_temp
+set jit = off
 as $$
 declare
     r record;
@@ -270,6 +287,7 @@ create function anonproxy._composition_attack(releases regclass[], source regcla
 returns void
 language plpgsql
 set search_path = pg_catalog, pg_temp
+set jit = off
 as $$
 declare
     n integer := cardinality(releases);
