@@ -240,45 +240,60 @@ begin
 end $$;
 
 
--- Rows of rel per distinct value of col, the value as text.
-create function anonproxy._verify_cell_counts(rel regclass, col text)
-returns table (cell text, n bigint)
+-- Rows of rel per combination of all the columns cols and per value of each,
+-- in one scan (grouping sets): {"all": [size of each equivalence class, ...],
+-- "<column>": [[value as text, rows], ...], ...}.
+create function anonproxy._verify_column_counts(rel regclass, cols text[]) returns jsonb
 language plpgsql stable set search_path = pg_catalog, pg_temp set jit = off as $$
+declare
+    width integer := cardinality(cols);
+    col_list text := anonproxy._verify_column_list(rel, cols, 'the quasi-identifiers');
+    masks integer[];  -- grouping(c1, ..., cn) in the set of ci alone: every bit but bit n - i
+    result jsonb;
 begin
-    return query execute format('select %1$I::text, count(*) from %2$s group by 1', col, rel);
+    if width > 31 then
+        raise exception using errcode = '54011',
+            message = format('%s quasi-identifiers: at most 31 are supported', width);
+    end if;
+    masks := array(select ((1 << width) - 1) # (1 << (width - i)) from generate_series(1, width) i);
+    execute format(
+        'with sets as (select grouping(%1$s) as g, case grouping(%1$s) %2$s end as value, count(*) as n
+                         from %3$s group by grouping sets (%4$s))
+         select jsonb_build_object(''all'', (select coalesce(jsonb_agg(n), ''[]'') from sets where g = 0))
+                || jsonb_object_agg(names.name, (select coalesce(jsonb_agg(jsonb_build_array(s.value, s.n)), ''[]'')
+                                                   from sets s where s.g = names.mask))
+           from unnest($1, $2) names(name, mask)',
+        col_list,
+        (select string_agg(format('when %s then %I::text', m, c), ' ') from unnest(cols, masks) u(c, m)),
+        rel,
+        '(' || col_list || ')'
+            || case when width > 1 then (select string_agg(format(', (%I)', c), '') from unnest(cols) c) else '' end)
+        using cols, masks
+        into result;
+    return result;
 end $$;
 
 
--- How each distinct generalized (text) cell of target.col reads against the
--- source column's domain (its distinct values): the form of the cell, how many
--- domain values it covers (members) and its normalized certainty penalty:
+-- How each distinct generalized (text) cell of a QI column reads against the
+-- source column's domain dom (its distinct values): the form of the cell, how
+-- many domain values it covers (members) and its normalized certainty penalty:
 -- numeric columns: width of the cell (a range's bounds, else the spread of
 -- the values it covers) within the column's span, divided by that span;
 -- others: (members - 1) / (domain size - 1). form is NULL for an unreadable cell.
-create function anonproxy._verify_read_cells(source regclass, target regclass, col text, tree text)
-returns table (cell text, n bigint, form text, members bigint, ncp double precision, domain_size bigint)
+create function anonproxy._verify_read_cells(numeric_column boolean, dom text[], cells jsonb, tree text)
+returns table (cell text, n bigint, form text, members bigint, ncp double precision)
 language plpgsql stable set search_path = pg_catalog, pg_temp set jit = off as $$
 declare
-    numeric_column boolean;
-    dom text[];
     dom_x numeric[];
     low numeric;
     high numeric;
 begin
-    select t.typcategory = 'N' into numeric_column
-      from pg_catalog.pg_attribute a join pg_catalog.pg_type t on t.oid = a.atttypid
-     where a.attrelid = source and a.attname = col;
-    execute format('select array_agg(v) from (select %1$I::text as v from %2$s where %1$I is not null group by 1) d',
-                   col, source)
-       into dom;
-    dom := coalesce(dom, '{}');
     if numeric_column then
         select array_agg(v::numeric), min(v::numeric), max(v::numeric) into dom_x, low, high from unnest(dom) v;
     end if;
 
     return query
-    with domain as (select v, case when numeric_column then v::numeric end as x from unnest(dom) v),
-         cells as (select * from anonproxy._verify_cell_counts(target, col)),
+    with domain as materialized (select v, case when numeric_column then v::numeric end as x from unnest(dom) v),
          forms as materialized (
              select c.cell, c.n,
                     case
@@ -294,7 +309,7 @@ begin
                     case when numeric_column then
                         (regexp_match(c.cell, '^(-?[0-9]+(?:\.[0-9]+)?)-(-?[0-9]+(?:\.[0-9]+)?)$'))::numeric[]
                     end as bounds
-               from cells c),
+               from (select e ->> 0 as cell, (e ->> 1)::bigint as n from jsonb_array_elements(cells) e) c),
          covered as (
              select f.cell, f.n, f.form, f.bounds, count(d.v) as members, min(d.x) as least_x, max(d.x) as greatest_x
                from forms f
@@ -320,8 +335,7 @@ begin
              else
                  case when cardinality(dom) <= 1 then 0
                       else (c.members - 1)::double precision / (cardinality(dom) - 1) end
-           end,
-           cardinality(dom)::bigint
+           end
       from covered c;
 end $$;
 
@@ -330,14 +344,16 @@ create function anonproxy.utility(source regclass, target regclass, qi text[], h
                                   k integer default null, risk_threshold double precision default 0.1) returns jsonb
 language plpgsql stable set search_path = pg_catalog, pg_temp set jit = off as $$
 declare
-    qi_source text := anonproxy._verify_column_list(source, qi, 'the quasi-identifiers');
-    qi_target text := anonproxy._verify_column_list(target, qi, 'the quasi-identifiers');
+    source_counts jsonb;   -- anonproxy._verify_column_counts of the source
+    target_counts jsonb;   -- ... and of the release
     total bigint;          -- source rows, |D|
-    suppressed bigint;
     ec record;
-    source_entropy double precision;
+    suppressed bigint;
+    source_n_ln_n double precision;
     col text;
+    dom text[];
     tree text;
+    numeric_column boolean;
     numeric_target boolean;
     cells record;
     bad text;
@@ -363,31 +379,35 @@ begin
         raise exception using errcode = '22023', message = format('k %s is not a positive integer', k);
     end if;
 
-    execute format('select count(*) from %s', source) into total;
+    source_counts := anonproxy._verify_column_counts(source, qi);
+    target_counts := anonproxy._verify_column_counts(target, qi);
+    select coalesce(sum(n::bigint), 0), sum(n::double precision * ln(n::double precision))
+      into total, source_n_ln_n
+      from jsonb_array_elements_text(source_counts -> 'all') n;
     if total = 0 then
         raise exception using errcode = '22023',
             message = format('source %s is empty: there is nothing to measure', source);
     end if;
-    execute format(
-        'select count(*) as classes, coalesce(sum(n), 0) as rows, sum(n * n) as square, min(n) as smallest,
-                sum(n * ln(n)) as n_ln_n, coalesce(sum(n) filter (where 1 / n::double precision > $1), 0) as at_risk
-           from (select count(*)::bigint as n from %s group by %s) e', target, qi_target)
-        using risk_threshold into ec;
+    select count(*) as classes, coalesce(sum(n), 0) as rows, sum(n * n) as square, min(n) as smallest,
+           sum(n * ln(n::double precision)) as n_ln_n,
+           coalesce(sum(n) filter (where 1 / n::double precision > risk_threshold), 0) as at_risk
+      into ec
+      from (select e::bigint as n from jsonb_array_elements_text(target_counts -> 'all') e) sizes;
     suppressed := total - ec.rows;
     if suppressed < 0 then
         raise exception using errcode = '22023',
             message = format('%s has %s rows, more than its source %s (%s rows)', target, ec.rows, source, total),
             hint = 'the source changed since the release was built: refresh the release';
     end if;
-    execute format('select sum(n * ln(n)) from (select count(*)::double precision as n from %s group by %s) x',
-                   source, qi_source) into source_entropy;
-    source_entropy := ln(total) - source_entropy / total;
 
     foreach col in array qi loop
-        tree := anonproxy._verify_hierarchy_of(source, col, hierarchies);
+        select t.typcategory = 'N' into numeric_column
+          from pg_catalog.pg_attribute a join pg_catalog.pg_type t on t.oid = a.atttypid
+         where a.attrelid = source and a.attname = col;
         select t.typcategory = 'N' into numeric_target
           from pg_catalog.pg_attribute a join pg_catalog.pg_type t on t.oid = a.atttypid
          where a.attrelid = target and a.attname = col;
+        dom := array(select e ->> 0 from jsonb_array_elements(source_counts -> col) e where e ->> 0 is not null);
         if numeric_target then
             -- Centroids (microaggregation): no generalization, so NCP 0 for a released
             -- cell and SSE/SST = 1 - SSB/SST, exact when each centroid is its class mean
@@ -401,16 +421,18 @@ begin
             execute format('select coalesce(sum((%1$I::numeric - $1) ^ 2), 0) from %2$s', col, target)
                 using mean into between_square;
             kl_defined := false;  -- a centroid is not a cell of the source domain
+            log_volume := log_volume + suppressed * ln(greatest(cardinality(dom), 1)) / total;
             ncp_per_qi := ncp_per_qi || jsonb_build_object(col, suppressed::double precision / total);
             sse_sst_per_qi := sse_sst_per_qi || jsonb_build_object(col,
                 case when total_square = 0 then 0 else round(1 - between_square / total_square, 12) end);
             continue;
         end if;
+        tree := anonproxy._verify_hierarchy_of(source, col, hierarchies);
         select sum(c.n * c.ncp) as ncp, sum(c.n * ln(greatest(c.members, 1))) as log_members,
                min(coalesce(c.cell, 'NULL')) filter (where c.form is null) as unreadable,
-               min(c.cell) filter (where c.members = 0) as empty, max(c.domain_size) as domain_size
+               min(c.cell) filter (where c.members = 0) as empty
           into cells
-          from anonproxy._verify_read_cells(source, target, col, tree) c;
+          from anonproxy._verify_read_cells(numeric_column, dom, target_counts -> col, tree) c;
         bad := coalesce(cells.unreadable, cells.empty);
         if bad is not null then
             raise exception using errcode = '22P02',
@@ -423,7 +445,7 @@ begin
         end if;
         ncp_per_qi := ncp_per_qi || jsonb_build_object(col, (coalesce(cells.ncp, 0) + suppressed) / total);
         log_volume := log_volume
-            + (coalesce(cells.log_members, 0) + suppressed * ln(greatest(cells.domain_size, 1))) / total;
+            + (coalesce(cells.log_members, 0) + suppressed * ln(greatest(cardinality(dom), 1))) / total;
     end loop;
 
     return jsonb_build_object(
@@ -439,9 +461,9 @@ begin
         -- KL(source || uniform-within-cell reconstruction), each row scored in its own class:
         -- H(classes) - H(source QI tuples) + E[ln cells covered]; suppressed rows form one class of '*'.
         'kl_divergence', case when kl_defined then
-            ln(total)
-            - (coalesce(ec.n_ln_n, 0) + case when suppressed > 0 then suppressed * ln(suppressed) else 0 end) / total
-            - source_entropy + log_volume end,
+            (source_n_ln_n
+             - coalesce(ec.n_ln_n, 0) - case when suppressed > 0 then suppressed * ln(suppressed) else 0 end) / total
+            + log_volume end,
         'sse_sst', (select avg(v::double precision) from jsonb_each_text(sse_sst_per_qi) e(c, v)),
         'sse_sst_per_qi', sse_sst_per_qi,
         'prosecutor_max_risk', 1 / ec.smallest::double precision,

@@ -343,6 +343,10 @@ def test_suppressed_rows_count_in_discernibility_and_as_fully_generalized(db: ps
     # P* >= (2/5) / 2 = 1/5 (+ 1/50 from the suppressed class, which the measure leaves out);
     # the suppressed row: (1/5) / 10. KL = 4/5 ln 1 + 1/5 ln 10.
     assert metrics["kl_divergence"] == pytest.approx(math.log(10) / 5, rel=1e-12)
+    # On age alone the classes are the same; KL: 4/5 ln(1/5 / (2/5 / 2)) + 1/5 ln(1/5 / (1/5 / 5)) = ln(5) / 5.
+    alone = utility(db, "people", "released", ["age"])
+    assert alone["discernibility"] == 13 and alone["ncp_per_qi"] == {"age": metrics["ncp_per_qi"]["age"]}
+    assert alone["kl_divergence"] == pytest.approx(math.log(5) / 5, rel=1e-12)
 
 
 # --- arguments -------------------------------------------------------------------------------------------------------
