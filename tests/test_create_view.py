@@ -308,6 +308,25 @@ def test_t_distance_defaults_to_equal_for_a_categorical_sensitive_column(postgre
         "equal", "equal", True)
 
 
+def test_full_domain_release_uses_one_level_per_column(postgresql: psycopg.Connection) -> None:
+    """Dispatch to full_domain (sql/0007) with a suppression limit; checked against the hierarchies."""
+    qi = ["age", "workclass", "education", "race", "sex"]
+    summary = create(postgresql, quasi_identifiers=qi, sensitive="occupation", method="full_domain",
+                     suppression_limit=0.02)
+    sizes = class_sizes(postgresql, sql.Identifier("adult_k"), qi)
+    assert summary[3] == min(sizes.values()) >= 10
+    suppressed = ADULT_ROWS - sum(sizes.values())
+    assert summary[8] == suppressed <= 603  # floor(0.02 * 30162)
+    (levels,) = postgresql.execute("select method_facts -> 'levels' from anonproxy.releases").fetchone()
+    for column in qi:
+        released = {value for (value,) in postgresql.execute(
+            sql.SQL("select distinct {} from adult_k").format(sql.Identifier(column)))}
+        level_nodes = {node for (node,) in postgresql.execute(
+            "select node from anonproxy.hierarchy_nodes where hierarchy = %s and level = %s",
+            (f"adult.{column}", levels[column]))}
+        assert released <= level_nodes, column
+
+
 def test_refresh_failure_keeps_the_old_rows(postgresql: psycopg.Connection) -> None:
     create(postgresql)
     postgresql.commit()
