@@ -327,6 +327,21 @@ def test_full_domain_release_uses_one_level_per_column(postgresql: psycopg.Conne
         assert released <= level_nodes, column
 
 
+def test_refresh_keeps_grants_and_dependent_views(postgresql: psycopg.Connection) -> None:
+    create(postgresql)
+    postgresql.execute("create view adult_k_ages as select distinct age from adult_k")
+    postgresql.execute("grant select on adult_k to reporter")
+    postgresql.execute("delete from adult where age > 60")
+    postgresql.execute("select anonproxy.refresh_anonymized_view('adult_k')")
+    assert postgresql.execute("select has_table_privilege('reporter', 'adult_k', 'select')").fetchone() == (True,)
+    assert postgresql.execute("select count(*) from adult_k").fetchone() == postgresql.execute(
+        "select count(*) from adult").fetchone()
+    assert postgresql.execute("select count(*) > 0 from adult_k_ages").fetchone() == (True,)
+    with pytest.raises(psycopg.Error) as caught:  # the view depends on the release: drop it first
+        postgresql.execute("select anonproxy.drop_release('adult_k')")
+    assert caught.value.sqlstate == "2BP01"
+
+
 def test_refresh_failure_keeps_the_old_rows(postgresql: psycopg.Connection) -> None:
     create(postgresql)
     postgresql.commit()
