@@ -105,8 +105,8 @@ def measure(conn: psycopg.Connection, source: str, target: str, outcome: Outcome
     outcome.classes = metrics["equivalence_classes"]
     outcome.suppressed = metrics["suppressed_rows"]
     outcome.k, l_distinct, l_entropy, t = one_row(
-        conn, "select anonproxy.k_anonymity(%(t)s, %(qi)s),"
-        " anonproxy.l_diversity(%(t)s, %(qi)s, %(s)s, 'distinct'), anonproxy.l_diversity(%(t)s, %(qi)s, %(s)s, 'entropy'),"
+        conn, "select anonproxy.k_anonymity(%(t)s, %(qi)s), anonproxy.l_diversity(%(t)s, %(qi)s, %(s)s, 'distinct'),"
+        " anonproxy.l_diversity(%(t)s, %(qi)s, %(s)s, 'entropy'),"
         " anonproxy.t_closeness(%(t)s, %(qi)s, %(s)s, 'ordered')",
         {"t": target, "qi": QI, "s": SENSITIVE})
     outcome.l_distinct, outcome.l_entropy, outcome.t = int(l_distinct), float(l_entropy), float(t)
@@ -118,11 +118,13 @@ def one_row(conn: psycopg.Connection, query: str, params: Any) -> tuple[Any, ...
     return row
 
 
-def run_method(conn: psycopg.Connection, dataset: str, method: str, setting: str, timeout: int) -> Outcome:
+def run_method(conn: psycopg.Connection, dataset: str, method: str, setting: str, timeout: int,
+               suppression_limit: Decimal) -> Outcome:
     outcome = Outcome(dataset, method, setting)
     target = f"public.bench_{dataset}_{method}"
     options = {"source": f"public.{dataset}", "target": target, "quasi_identifiers": QI, "sensitive": SENSITIVE,
-               "k": K, "method": method, "hierarchies": Jsonb(hierarchies(method)), **SETTINGS[setting]}
+               "k": K, "method": method, "hierarchies": Jsonb(hierarchies(method)),
+               "suppression_limit": suppression_limit, **SETTINGS[setting]}
     call = sql.SQL("select * from anonproxy.create_anonymized_view({})").format(
         sql.SQL(", ").join(sql.SQL("{} => {}").format(sql.Identifier(name), sql.Placeholder(name))
                            for name in options))
@@ -333,6 +335,8 @@ def main() -> int:
     parser.add_argument("--settings", default=",".join(SETTINGS), help="comma-separated settings (see the table)")
     parser.add_argument("--big-settings", default="k=10", help="settings run on adult_big")
     parser.add_argument("--timeout", type=int, default=300, help="seconds before a method run is cancelled")
+    parser.add_argument("--suppression-limit", type=Decimal, default=Decimal(0),
+                        help="share of rows a method may suppress (create_anonymized_view's suppression_limit)")
     parser.add_argument("--no-reference-big", action="store_true", help="skip the reference Mondrian on adult_big")
     parser.add_argument("--json", type=Path, help="also write every outcome as JSON")
     args = parser.parse_args()
@@ -357,7 +361,7 @@ def main() -> int:
                 # tclose_first is t-closeness by construction: it needs t.
                 for setting in [s for s in dataset_settings if method != "tclose_first" or "t" in SETTINGS[s]]:
                     progress(f"{dataset}: {method}, {setting}")
-                    outcomes.append(run_method(conn, dataset, method, setting, args.timeout))
+                    outcomes.append(run_method(conn, dataset, method, setting, args.timeout, args.suppression_limit))
                     if outcomes[-1].failure:
                         progress(f"  {outcomes[-1].failure}")
         (version,) = one_row(conn, "show server_version", None)
