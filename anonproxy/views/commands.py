@@ -164,7 +164,8 @@ def _register_anonymize(subparsers: Any) -> None:
     anonymize.add_argument("--l-kind", choices=("distinct", "entropy", "recursive"), help="default entropy")
     anonymize.add_argument("--c", type=Decimal, help="c of recursive (c,l)-diversity")
     anonymize.add_argument("--t", type=Decimal, help="t-closeness of the sensitive column, in (0, 1]")
-    anonymize.add_argument("--t-distance", choices=("ordered", "equal", "hierarchical"), help="default: ordered for a numeric sensitive column, else equal")
+    anonymize.add_argument("--t-distance", choices=("ordered", "equal", "hierarchical"),
+                           help="default: ordered for a numeric sensitive column, else equal")
     anonymize.add_argument("--method", choices=("mondrian", "mondrian_relaxed", "full_domain", "mdav", "tclose_first"),
                            help="default mondrian")
     anonymize.add_argument("--suppression-limit", type=Decimal, help="largest share of rows left out (default 0)")
