@@ -16,24 +16,9 @@ from typing import NamedTuple
 import psycopg
 import pytest
 
-# The registry as docs/views-internals.md specifies it, for as long as the
-# migration that creates it (sql/0005_releases.sql) is not installed.
-REGISTRY = """
-create table anonproxy.releases(
-    id bigint generated always as identity primary key,
-    source text not null, target text not null unique, method text not null,
-    quasi_identifiers text[] not null, sensitive text, unit text,
-    parameters jsonb not null, method_facts jsonb not null, achieved jsonb not null, metrics jsonb not null,
-    composition jsonb, forced boolean not null default false,
-    created_by text not null default current_user, created_at timestamptz not null default now(),
-    refreshed_at timestamptz)
-"""
-
-
 def register(conn: psycopg.Connection, source: str, target: str, method: str, qi: list[str], sensitive: str,
              parameters: str) -> int:
-    if conn.execute("select to_regclass('anonproxy.releases')").fetchone() == (None,):
-        conn.execute(REGISTRY)
+    """Record a release typed in by hand in the registry, as create_anonymized_view would."""
     row = conn.execute(
         """insert into anonproxy.releases (source, target, method, quasi_identifiers, sensitive, parameters,
                                            method_facts, achieved, metrics)
@@ -338,3 +323,24 @@ def test_adult_audit_matches_an_oracle(adult_releases: psycopg.Connection) -> No
     assert (risk["overlap"], risk["located"]) == (30162, 30162)
     # Perfect breaches happen (some classes of rel_a are narrow), but not to everybody.
     assert 0 < risk["pvp"]["100"] < risk["pvp"]["50"] < risk["pvp"]["25"] <= 100
+
+
+def test_second_mondrian_release_of_adult_warns(postgresql: psycopg.Connection) -> None:
+    conn = postgresql
+    seen = notices(conn)
+    for target, k in (("public.adult_k5", 5), ("public.adult_k10", 10)):
+        conn.execute("""select anonproxy.create_anonymized_view(source => 'public.adult', target => %s,
+                            quasi_identifiers => %s, sensitive => 'occupation', k => %s, method => 'mondrian')""",
+                     (target, QI, k))
+    warnings = [n for n in seen if n.severity == "WARNING"]
+    assert len(warnings) == 1
+    assert warnings[0].message.startswith("composition risk: public.adult_k10 combined with public.adult_k5 reveals "
+                                          "occupation exactly for ")
+    stored, forced = conn.execute("select composition, forced from anonproxy.releases "
+                                  "where target = 'public.adult_k10'").fetchone()
+    assert stored["exceeded"] is True and forced is False
+    assert stored["risk"]["located"] == 30162  # Mondrian's cells are disjoint: everybody is found in both
+    again = conn.execute("select anonproxy.composition_risk(array['adult_k10', 'adult_k5']::regclass[])").fetchone()[0]
+    assert again["pvp"] == stored["risk"]["pvp"] and 0 < again["pvp"]["100"] < 100
+    assert conn.execute("select composition from anonproxy.releases where target = 'public.adult_k5'").fetchone()[0][
+        "risk"] is None
