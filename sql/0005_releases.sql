@@ -112,6 +112,13 @@ begin
                              quote_ident(schema_name)),
             hint = format('grant create on schema %s to %s', quote_ident(schema_name), quote_ident(current_user));
     end if;
+    if not has_database_privilege(current_database(), 'TEMPORARY') then
+        raise exception using errcode = '42501',
+            message = format('permission denied to stage the source: no TEMPORARY privilege on database %s',
+                             quote_ident(current_database())),
+            hint = format('grant temporary on database %s to %s', quote_ident(current_database()),
+                          quote_ident(current_user));
+    end if;
     if not has_table_privilege('anonproxy.releases', 'INSERT') then
         raise exception using errcode = '42501',
             message = 'permission denied to record a release: no INSERT privilege on anonproxy.releases',

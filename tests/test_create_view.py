@@ -151,12 +151,34 @@ def test_missing_privileges_fail_before_the_work(postgresql: psycopg.Connection)
         "permission denied to create public.adult_k: no CREATE privilege on schema public")
     postgresql.rollback()
     postgresql.execute("create role clerk; grant select on public.adult to clerk; grant create on schema public to clerk")
+    postgresql.execute(sql.SQL("revoke temporary on database {} from public").format(
+        sql.Identifier(postgresql.info.dbname)))
+    postgresql.execute("set role clerk")
+    with pytest.raises(psycopg.Error) as caught:
+        create(postgresql)
+    assert caught.value.sqlstate == "42501"
+    assert caught.value.diag.message_primary == (
+        f"permission denied to stage the source: no TEMPORARY privilege on database {postgresql.info.dbname}")
+    postgresql.rollback()
+    postgresql.execute("create role clerk; grant select on public.adult to clerk; grant create on schema public to clerk")
     postgresql.execute("set role clerk")
     with pytest.raises(psycopg.Error) as caught:
         create(postgresql)
     assert caught.value.sqlstate == "42501"
     assert caught.value.diag.message_primary == (
         "permission denied to record a release: no INSERT privilege on anonproxy.releases")
+
+
+def test_a_role_with_the_documented_grants_can_release(postgresql: psycopg.Connection) -> None:
+    """docs/views.md, Rights: no superuser, only these grants."""
+    postgresql.execute("create role clerk; grant select on public.adult to clerk; "
+                       "grant create on schema public to clerk; "
+                       "grant insert, update, delete on anonproxy.releases to clerk")
+    postgresql.execute("set role clerk")
+    create(postgresql, sensitive="occupation")
+    postgresql.execute("select anonproxy.refresh_anonymized_view('adult_k')")
+    postgresql.execute("select anonproxy.drop_release('adult_k')")
+    assert leftovers(postgresql) == NOTHING
 
 
 def test_source_must_be_a_table(postgresql: psycopg.Connection) -> None:
