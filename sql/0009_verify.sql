@@ -220,14 +220,17 @@ comment on function anonproxy.t_closeness(regclass, text[], text, text, text) is
     '(ordered, equal or hierarchical); the table is t-close for every t at or above it.';
 
 
--- The hierarchy of a QI column: the one named in hierarchies (it must exist),
--- else the one named '<source table>.<column>' if it exists, else none.
+-- The hierarchy of a QI column: the one named in hierarchies (it must exist;
+-- a JSON null there means none), else the one named '<source table>.<column>'
+-- if it exists, else none.
 create function anonproxy._verify_hierarchy_of(source regclass, col text, hierarchies jsonb) returns text
 language plpgsql stable set search_path = pg_catalog, pg_temp set jit = off as $$
 declare
     chosen text := hierarchies ->> col;
 begin
-    if chosen is not null then
+    if hierarchies ? col and chosen is null then
+        return null;
+    elsif chosen is not null then
         if not exists (select from anonproxy.hierarchies h where h.name = chosen) then
             raise exception using errcode = '42704',
                 message = format('hierarchy %L named for column %I does not exist', chosen, col),
@@ -370,7 +373,7 @@ begin
                         where not e.key = any(qi) or jsonb_typeof(e.value) not in ('string', 'null'))) then
         raise exception using errcode = '22023',
             message = 'hierarchies must be a JSON object mapping quasi-identifier columns to hierarchy names',
-            hint = 'e.g. {"education": "adult.education"}; a null name is the same as leaving the column out';
+            hint = 'e.g. {"education": "adult.education"}; null: the column has no hierarchy';
     end if;
     if risk_threshold is null or risk_threshold <= 0 or risk_threshold > 1 then
         raise exception using errcode = '22023', message = format('risk_threshold %s is not in (0, 1]', risk_threshold);

@@ -380,6 +380,9 @@ def test_utility_refuses_cells_it_cannot_read(patients: psycopg.Connection) -> N
         utility(patients, "table_1_1", "table_1_2", PATIENT_QI)
     with pytest.raises(psycopg.errors.UndefinedObject, match="hierarchy 'nope' named for column zip"):
         utility(patients, "table_1_1", "table_1_2", PATIENT_QI, hierarchies={"zip": "nope"})
+    # A JSON null is no hierarchy, not the default one.
+    with pytest.raises(psycopg.errors.InvalidTextRepresentation, match="cannot read the value 'Any' of column gender"):
+        utility(patients, "table_1_1", "table_1_2", PATIENT_QI, hierarchies={"zip": "patients.zip", "gender": None})
     with pytest.raises(psycopg.errors.InvalidParameterValue, match="hierarchies must be a JSON object"):
         utility(patients, "table_1_1", "table_1_2", PATIENT_QI, hierarchies={"condition": "patients.zip"})
     patients.execute("insert into table_1_2 select * from table_1_2")
