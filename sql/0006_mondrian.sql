@@ -52,12 +52,14 @@ declare
     q jsonb;
     j integer;
     bad text;
-    pure boolean;
-    count_units text;        -- distinct units of a group of atoms
+    pure boolean;            -- no unit has two (codes, sensitive) combinations
+    unique_units boolean;    -- every row is its own unit
+    merged boolean;          -- atoms merge units (strict over pure units)
     codes_sql text := '';    -- array[code of QI 1, ...] for a row of input
     joins_sql text := '';
     bounds_sql text;
     side_sql text;
+    halves_sql text;
     failing_sql text;
     rounds integer := 0;
     estimate integer;
@@ -66,9 +68,6 @@ declare
     next_part integer;
     levels integer;
     bounds_agg text;         -- array[min code per QI], array[max code per QI] of the atoms a
-    -- QIs evaluated per partition and round, widest first; the next ones are
-    -- tried in the next round only if none of these is allowable.
-    per_round constant integer := 8;
 begin
     if variant not in ('strict', 'relaxed') then
         raise exception using errcode = '22023',
@@ -101,7 +100,8 @@ begin
     end if;
 
     drop table if exists _mondrian_dims, _mondrian_dom, _mondrian_anc, _mondrian_sdom, _mondrian_snodes,
-        _mondrian_rows, _mondrian_atoms, _mondrian_parts, _mondrian_cand, _mondrian_halves,
+        _mondrian_rows, _mondrian_atoms, _mondrian_done, _mondrian_next, _mondrian_parts, _mondrian_cand,
+        _mondrian_hist, _mondrian_halves,
         _mondrian_chosen, _mondrian_split, _mondrian_summary;
 
     -- QIs, their codes, and for tree QIs every leaf's ancestor at every level.
@@ -159,21 +159,6 @@ begin
                      where p.dim = j group by p.level, p.lo) c
              where x.dim = j and (x.level, x.lo) = (c.level, c.lo);
             update _mondrian_dims set span = (select count(*) - 1 from _mondrian_dom where dim = j) where dim = j;
-            execute format('select v from (select distinct %1$I::text as v from %2$s) s
-                             where not exists (select from _mondrian_dom d where d.dim = %3$s and d.txt = s.v)
-                             limit 1', q->>'name', input, j)
-               into bad;
-            if bad is not null then
-                raise exception using errcode = '22023',
-                    message = format('value %L of column %I is not a leaf of hierarchy %L',
-                                     bad, q->>'name', q->>'hierarchy');
-            end if;
-        end if;
-        execute format('select count(*) from %s where %I is null', input, q->>'name') into units;
-        if units > 0 then
-            raise exception using errcode = '22004',
-                message = format('quasi-identifier %I has %s NULL values', q->>'name', units),
-                hint = 'Mondrian needs a value in every quasi-identifier cell; filter or replace the NULLs';
         end if;
         codes_sql := codes_sql || format('%sd%s.code', case when j > 1 then ', ' end, j);
         joins_sql := joins_sql || format(' join _mondrian_dom d%1$s on d%1$s.dim = %1$s and d%1$s.%2$s = i.%3$I%4$s',
@@ -191,12 +176,6 @@ begin
     -- (below) the table's distribution q.
     create temp table _mondrian_sdom (s integer primary key, txt text, num numeric, q double precision);
     if l is not null or t is not null then
-        execute format('select count(*) from %s where %I is null', input, sens->>'name') into units;
-        if units > 0 then
-            raise exception using errcode = '22004',
-                message = format('sensitive column %I has %s NULL values', sens->>'name', units),
-                hint = 'ℓ-diversity and t-closeness need a value in every sensitive cell';
-        end if;
         if sens->>'kind' = 'numeric' then
             execute format('insert into _mondrian_sdom (s, txt, num)
                             select dense_rank() over (order by v), v::text, v
@@ -216,13 +195,34 @@ begin
         codes_sql, case when l is null and t is null then '0' else 'sd.s' end, input, joins_sql);
     execute format('select count(*) from %s', input) into units;
     if units <> (select count(*) from _mondrian_rows) then
-        raise exception using errcode = 'XX000', message = 'anonymize_mondrian lost rows while coding them';
+        -- A row without a code: say which cell is to blame.
+        for j in 1 .. dims loop
+            q := qi->(j - 1);
+            execute format('select count(*) from %s where %I is null', input, q->>'name') into units;
+            if units > 0 then
+                raise exception using errcode = '22004',
+                    message = format('quasi-identifier %I has %s NULL values', q->>'name', units),
+                    hint = 'Mondrian needs a value in every quasi-identifier cell; filter or replace the NULLs';
+            end if;
+            execute format('select v from (select distinct %1$I::text as v from %2$s) s
+                             where not exists (select from _mondrian_dom d where d.dim = %3$s and d.txt = s.v)
+                             limit 1', q->>'name', input, j)
+               into bad;
+            if bad is not null then
+                raise exception using errcode = '22023',
+                    message = format('value %L of column %I is not a leaf of hierarchy %L',
+                                     bad, q->>'name', q->>'hierarchy');
+            end if;
+        end loop;
+        raise exception using errcode = '22004',
+            message = format('sensitive column %I has NULL values', sens->>'name'),
+            hint = 'ℓ-diversity and t-closeness need a value in every sensitive cell';
     end if;
-    select count(distinct unit) into units from _mondrian_rows;
-    -- Pure: no unit has two different (codes, sensitive) combinations.
-    select not exists (select from (select distinct unit, codes, s from _mondrian_rows) x
-                        group by unit having count(*) > 1) into pure;
-    count_units := case when pure then 'sum(a.w)' else 'count(distinct a.unit)' end;
+    -- Pure: no unit has two different (codes, sensitive) combinations; true
+    -- at once when every row is its own unit.
+    select not exists (select from _mondrian_rows group by unit having count(*) > 1) into unique_units;
+    pure := unique_units or not exists (select from (select distinct unit, codes, s from _mondrian_rows) x
+                                         group by unit having count(*) > 1);
 
     if l is not null or t is not null then
         update _mondrian_sdom sd set q = x.n::double precision / x.total
@@ -245,43 +245,42 @@ begin
         end if;
     end if;
 
-    -- Atoms: strict over pure units merges units; otherwise one atom per unit.
-    alter table _mondrian_rows add column atom integer;
-    execute format('update _mondrian_rows r set atom = x.atom
-                      from (select ctid, dense_rank() over (order by %s) as atom from _mondrian_rows) x
-                     where x.ctid = r.ctid',
-                   case when pure and variant = 'strict' then 'codes, s' else 'unit, codes, s' end);
-    -- Half-empty pages: every round rewrites each atom's partition in place
-    -- (HOT updates), and nothing vacuums a temp table inside one call.
-    create temp table _mondrian_atoms with (fillfactor = 50) as
-    select atom, min(unit) as unit, codes, s, count(distinct unit)::integer as w, 1 as part
-      from _mondrian_rows group by atom, codes, s;
+    -- Atoms: strict over pure units merges units (weight: how many);
+    -- otherwise one atom per unit.
+    merged := pure and variant = 'strict';
+    execute format('create temp table _mondrian_atoms as
+                    select row_number() over ()::integer as atom, %s as unit, codes, s, %s::integer as w, 1 as part
+                      from _mondrian_rows group by %s',
+                   case when merged then 'null::text' else 'unit' end,
+                   case when not merged then '1' when unique_units then 'count(*)' else 'count(distinct unit)' end,
+                   case when merged then 'codes, s' else 'unit, codes, s' end);
     analyze _mondrian_atoms;
-    -- Partitions with their lowest and highest code per QI; skip: how many of
-    -- the widest QIs of an open partition were found not allowable.
+    -- Partitions with their lowest and highest code per QI.
     bounds_agg := format('array[%s], array[%s]',
         (select string_agg(format('min(a.codes[%s])', g), ', ') from generate_series(1, dims) g),
         (select string_agg(format('max(a.codes[%s])', g), ', ') from generate_series(1, dims) g));
     create temp table _mondrian_parts (
-        part integer primary key, open boolean not null, skip integer not null, lo integer[], hi integer[]);
-    execute format('insert into _mondrian_parts select 1, true, 0, %s from _mondrian_atoms a', bounds_agg);
+        part integer primary key, open boolean not null, lo integer[], hi integer[]);
+    execute format('insert into _mondrian_parts select 1, true, %s from _mondrian_atoms a', bounds_agg);
+    -- Atoms of final partitions leave _mondrian_atoms for this table.
+    create temp table _mondrian_done as select * from _mondrian_atoms limit 0;
 
     create temp table _mondrian_cand (
         part integer, dim integer, kind text, lo integer, hi integer, level integer,
-        width double precision, rank integer, candidates integer,
+        width double precision, rank integer,
         starts integer[], cut integer, mid_atom integer, gain double precision, primary key (part, dim));
     create temp table _mondrian_halves (
         part integer, dim integer, side integer, s integer, n bigint, lo integer, hi integer);
+    create temp table _mondrian_hist (part integer, dim integer, code integer, s integer, n bigint);
     create temp table _mondrian_chosen (part integer primary key, dim integer);
     create temp table _mondrian_split (part integer, side integer, new_part integer);
 
     -- (1) bounds and widths of every open partition per QI.
-    bounds_sql := format(
-        'insert into _mondrian_cand (part, dim, kind, lo, hi, level, width, rank, candidates, starts)
-         select part, dim, kind, lo, hi, level, width, rank, candidates, starts
-           from (select w.*, row_number() over (partition by w.part order by w.width desc, w.dim) as rank,
-                        count(*) over (partition by w.part) as candidates, p.skip
-                   from (select distinct on (b.part, b.dim) b.part, b.dim, d.kind, b.lo, b.hi, x.level, x.starts,
+    bounds_sql :=
+        'insert into _mondrian_cand (part, dim, kind, lo, hi, level, width, rank, starts)
+         select part, dim, kind, lo, hi, level, width,
+                row_number() over (partition by part order by width desc, dim), starts
+           from (select distinct on (b.part, b.dim) b.part, b.dim, d.kind, b.lo, b.hi, x.level, x.starts,
                         case d.kind when ''numeric'' then (d.nums[b.hi] - d.nums[b.lo]) / d.span
                                     when ''set'' then (b.hi - b.lo) / d.span
                                     else (x.hi - x.lo) / d.span end as width
@@ -291,15 +290,30 @@ begin
                    join _mondrian_dims d on d.dim = b.dim
                    left join _mondrian_anc x on d.kind = ''tree'' and x.dim = b.dim and x.code = b.lo
                                             and x.hi >= b.hi
-                  order by b.part, b.dim, x.level) w
-                   join _mondrian_parts p on p.part = w.part) r
-          where rank > skip and rank <= skip + %s', per_round);
+                  order by b.part, b.dim, x.level) w';
 
     -- (3) the side of atom a in the split of candidate c: the child of a tree
     -- node, or below/above an ordered cut; in a relaxed split, the atoms equal
     -- to the median go low up to atom number mid_atom and high after it.
     side_sql := 'case when a.codes[c.dim] = c.cut then (a.atom > c.mid_atom)::integer
                       else width_bucket(a.codes[c.dim], c.starts) end';
+
+    -- (3) counts per half: sums over the histogram when atoms carry unit
+    -- counts; otherwise distinct units over the atoms.
+    halves_sql := format(
+        'insert into _mondrian_halves (part, dim, side, s, n, lo, hi)
+         select a.part, a.dim, a.side, %1$s, %2$s, min(a.code), max(a.code)
+           from (%3$s) a
+          group by %4$s',
+        case when l is null and t is null then 'null::integer' else 'a.s' end,
+        case when merged then 'sum(a.n)' else 'count(distinct a.unit)' end,
+        case when merged
+             then 'select h.part, h.dim, h.code, h.s, h.n, width_bucket(h.code, c.starts) as side
+                     from _mondrian_hist h join _mondrian_cand c on (c.part, c.dim) = (h.part, h.dim)'
+             else format('select c.part, c.dim, a.codes[c.dim] as code, a.s, a.unit, %s as side
+                            from _mondrian_atoms a join _mondrian_cand c on c.part = a.part', side_sql) end,
+        case when l is null and t is null then 'a.part, a.dim, a.side'
+             else 'grouping sets ((a.part, a.dim, a.side), (a.part, a.dim, a.side, a.s))' end);
 
     -- (3) the (part, dim) pairs whose split leaves a half violating a model.
     -- A split must have two non-empty sides (by construction it has; this
@@ -375,6 +389,7 @@ begin
 
         -- (delete, not truncate: a truncate makes new files every round)
         delete from _mondrian_cand;
+        delete from _mondrian_hist;
         delete from _mondrian_halves;
         delete from _mondrian_chosen;
         delete from _mondrian_split;
@@ -384,6 +399,11 @@ begin
         -- (2) the cut of every ordered candidate: strict takes the median or
         -- the value below it, whichever balances the halves better (both
         -- non-empty); relaxed splits at the median and balances with quota.
+        -- (2) units per code of every candidate QI (and sensitive value).
+        insert into _mondrian_hist (part, dim, code, s, n)
+        select a.part, c.dim, a.codes[c.dim], a.s, sum(a.w)
+          from _mondrian_atoms a join _mondrian_cand c on c.part = a.part
+         group by 1, 2, 3, 4;
         with m as (
             select part, dim, min(total) as total,
                    min(code) filter (where 2 * cum >= total) as median,
@@ -392,9 +412,7 @@ begin
                    max(cum) filter (where 2 * cum < total) as cum_below
               from (select part, dim, code, sum(n) over (partition by part, dim order by code) as cum,
                            sum(n) over (partition by part, dim) as total
-                      from (select a.part, c.dim, a.codes[c.dim] as code, sum(a.w) as n
-                              from _mondrian_atoms a join _mondrian_cand c on c.part = a.part
-                             where c.kind <> 'tree' group by 1, 2, 3) h) h
+                      from (select part, dim, code, sum(n) as n from _mondrian_hist group by 1, 2, 3) h) h
              group by part, dim)
         update _mondrian_cand c
            set starts = array[case when variant = 'relaxed' then m.median
@@ -407,7 +425,7 @@ begin
                -- relaxed: the low half takes median atoms up to half the partition
                mid_atom = floor(m.total / 2) - coalesce(m.cum_below, 0)
           from m
-         where (c.part, c.dim) = (m.part, m.dim);
+         where (c.part, c.dim) = (m.part, m.dim) and c.kind <> 'tree';
         if variant = 'relaxed' then
             -- mid_atom held how many median atoms go low; now the last of them.
             update _mondrian_cand c set mid_atom = coalesce(x.atom, case when c.mid_atom > 0 then 2147483647 else 0 end)
@@ -422,16 +440,7 @@ begin
         end if;
 
         -- (3) units per half, and per sensitive value when ℓ or t is asked.
-        execute format(
-            'insert into _mondrian_halves (part, dim, side, s, n, lo, hi)
-             select a.part, a.dim, a.side, %1$s, %2$s, min(a.code), max(a.code)
-               from (select c.part, c.dim, a.s, a.w, a.unit, a.codes[c.dim] as code, %3$s as side
-                       from _mondrian_atoms a join _mondrian_cand c on c.part = a.part) a
-              group by %4$s',
-            case when l is null and t is null then 'null::integer' else 'a.s' end,
-            count_units, side_sql,
-            case when l is null and t is null then 'a.part, a.dim, a.side'
-                 else 'grouping sets ((a.part, a.dim, a.side), (a.part, a.dim, a.side, a.s))' end);
+        execute halves_sql;
 
         -- (4) each partition takes its allowable split of best gain: the
         -- information loss it removes on the split QI, Σ over the parts of
@@ -465,22 +474,24 @@ begin
         select h.part, h.side, next_part + row_number() over (order by h.part, h.side)
           from _mondrian_halves h join _mondrian_chosen ch on (ch.part, ch.dim) = (h.part, h.dim)
          where h.s is null;
+        -- (5) split partitions give way to their parts; the others are final.
         delete from _mondrian_parts p using _mondrian_chosen ch where ch.part = p.part;
-        update _mondrian_parts p set skip = p.skip + per_round, open = c.candidates > p.skip + per_round
-          from (select part, max(candidates) as candidates from _mondrian_cand group by part) c
-         where c.part = p.part;
-        update _mondrian_parts p set open = false
-         where p.open and not exists (select from _mondrian_cand c where c.part = p.part);
+        update _mondrian_parts set open = false where open;
+        insert into _mondrian_done
+        select a.* from _mondrian_atoms a where not exists (select from _mondrian_chosen ch where ch.part = a.part);
+        -- A new table each round, not an UPDATE: nothing vacuums a temp
+        -- table inside one call, and dead versions would slow every scan.
         execute format(
-            'with moved as (
-                 update _mondrian_atoms a set part = sp.new_part
-                   from _mondrian_chosen ch
-                   join _mondrian_cand c on (c.part, c.dim) = (ch.part, ch.dim)
-                   join _mondrian_split sp on sp.part = ch.part
-                  where a.part = ch.part and sp.side = %s
-              returning a.part, a.codes)
-             insert into _mondrian_parts select a.part, true, 0, %s from moved a group by a.part',
-            side_sql, bounds_agg);
+            'create temp table _mondrian_next as
+             select a.atom, a.unit, a.codes, a.s, a.w, sp.new_part as part
+               from _mondrian_atoms a
+               join _mondrian_chosen ch on ch.part = a.part
+               join _mondrian_cand c on (c.part, c.dim) = (ch.part, ch.dim)
+               join _mondrian_split sp on sp.part = ch.part and sp.side = %s', side_sql);
+        drop table _mondrian_atoms;
+        alter table _mondrian_next rename to _mondrian_atoms;
+        execute format('insert into _mondrian_parts select a.part, true, %s from _mondrian_atoms a group by a.part',
+                       bounds_agg);
     end loop;
     raise notice 'anonproxy progress % of %: %', rounds, rounds, 'mondrian partitions final';
 
@@ -499,22 +510,24 @@ begin
               from _mondrian_parts p, unnest(p.lo, p.hi) with ordinality as u(lo, hi, dim)) b
       join _mondrian_dims d on d.dim = b.dim
       left join (select a.part, d.dim, array_agg(distinct v.txt)::text as vals
-                   from _mondrian_atoms a
+                   from _mondrian_done a
                    join _mondrian_dims d on d.kind = 'set'
                    join _mondrian_dom v on (v.dim, v.code) = (d.dim, a.codes[d.dim])
                   group by a.part, d.dim) sv on (sv.part, sv.dim) = (b.part, b.dim);
 
-    execute format('create temp table %I (_row bigint primary key, %s)', output,
+    execute format('create temp table %I (_row bigint, %s)', output,
                    (select string_agg(format('%I text', name), ', ' order by dim) from _mondrian_dims));
     execute format(
-        'insert into %I select r._row, %s from _mondrian_rows r join _mondrian_atoms a on a.atom = r.atom
+        'insert into %I select r._row, %s from _mondrian_rows r join _mondrian_done a on %s
            join (select part, array_agg(cell order by dim) as cells from _mondrian_summary group by part) s
              on s.part = a.part',
-        output, (select string_agg(format('s.cells[%s]', g), ', ') from generate_series(1, dims) g));
+        output, (select string_agg(format('s.cells[%s]', g), ', ') from generate_series(1, dims) g),
+        case when merged then '(a.codes, a.s) = (r.codes, r.s)' else '(a.unit, a.codes, a.s) = (r.unit, r.codes, r.s)' end);
 
     select count(*) into open_parts from _mondrian_parts;
     drop table _mondrian_dims, _mondrian_dom, _mondrian_anc, _mondrian_sdom, _mondrian_rows, _mondrian_atoms,
-        _mondrian_parts, _mondrian_cand, _mondrian_halves, _mondrian_chosen, _mondrian_split, _mondrian_summary;
+        _mondrian_done, _mondrian_parts, _mondrian_cand, _mondrian_hist, _mondrian_halves, _mondrian_chosen, _mondrian_split,
+        _mondrian_summary;
     drop table if exists _mondrian_snodes;
     return jsonb_build_object(
         'rounds', rounds, 'partitions', open_parts, 'variant', variant,
