@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import csv
+import io
 import subprocess
 import sys
+from importlib.resources import files
 from pathlib import Path
 
 import psycopg
@@ -20,9 +22,6 @@ from anonproxy.views.hierarchies import (
     load_hierarchy,
     parse_hierarchy_csv,
 )
-
-ARX_DIR = Path("/work/shared/datasets/adult")
-ARX_NAMES = {"income": "salary-class", "marital_status": "marital-status", "native_country": "native-country"}
 
 
 def nodes(conn: psycopg.Connection, name: str) -> dict[str, list[str]]:
@@ -52,10 +51,9 @@ def sqlstate_of(conn: psycopg.Connection, query: str, params: tuple[object, ...]
 
 @pytest.mark.parametrize("column", ADULT_CSV_COLUMNS)
 def test_adult_hierarchy_equals_the_arx_file(postgresql: psycopg.Connection, column: str) -> None:
-    """The template's adult.<column> holds exactly the rows of ARX's file (read here with csv, not our parser)."""
-    path = ARX_DIR / f"adult_hierarchy_{ARX_NAMES.get(column, column)}.csv"
-    with path.open(newline="") as file:
-        expected = {row[0]: row for row in csv.reader(file, delimiter=";") if row}
+    """The template's adult.<column> holds exactly the rows of the shipped ARX file (read with csv, not our parser)."""
+    text = files("anonproxy.data").joinpath("hierarchies", f"{column}.csv").read_text(encoding="utf-8")
+    expected = {row[0]: row for row in csv.reader(io.StringIO(text), delimiter=";") if row}
     assert nodes(postgresql, f"adult.{column}") == expected
     levels = postgresql.execute("select levels from anonproxy.hierarchies where name = %s",
                                 (f"adult.{column}",)).fetchone()
