@@ -16,6 +16,7 @@ from .embedded import EmbeddedPostgres, EmbeddedPostgresError
 from .logs import setup_logging
 from .policy import commands as policy_commands
 from .proxy.server import ProxyStartError, run_proxy
+from .views import audit, report
 from .views import commands as view_commands
 from .views import verify as verify_command
 
@@ -60,6 +61,8 @@ def _parser() -> argparse.ArgumentParser:
 
     policy_commands.register(commands)
     view_commands.register(commands)
+    audit.register(commands)
+    report.register(commands)
     verify_command.register(commands)
     return parser
 

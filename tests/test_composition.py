@@ -16,6 +16,7 @@ from typing import NamedTuple
 import psycopg
 import pytest
 
+
 def register(conn: psycopg.Connection, source: str, target: str, method: str, qi: list[str], sensitive: str,
              parameters: str) -> int:
     """Record a release typed in by hand in the registry, as create_anonymized_view would."""

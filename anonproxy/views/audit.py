@@ -64,9 +64,9 @@ def format_risk(risk: dict[str, Any]) -> list[str]:
     pvp = risk["pvp"]
     lines += [
         f"overlap {risk['overlap']} persons, located in every release {risk['located']}",
-        f"effective anonymity: min prior {_num(risk['avg_min_prior_ea'])}, posterior "
-        f"{_num(risk['avg_posterior_ea'])}, average drop {_num(risk['avg_drop'])}; "
-        f"vulnerable (drop > 0) {_num(risk['vulnerable_pct'])} %",
+        (f"effective anonymity: min prior {_num(risk['avg_min_prior_ea'])}, posterior "
+         f"{_num(risk['avg_posterior_ea'])}, average drop {_num(risk['avg_drop'])}; "
+         f"vulnerable (drop > 0) {_num(risk['vulnerable_pct'])} %"),
         "PVP: " + ", ".join(f"{c} % confidence {_num(pvp[c])} %" for c in CONFIDENCES),
     ]
     return lines
