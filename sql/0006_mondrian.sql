@@ -18,13 +18,14 @@
 -- unit spans two atoms and the variant is strict, atoms also merge across
 -- units and carry a weight (the number of units), which keeps counts exact.
 --
--- A round: (1) bounds of every open partition per QI give the normalized
--- widths and, for tree QIs, the lowest common ancestor; (2) a weighted
--- median per partition and ordered QI gives the cut; (3) every candidate
--- split of every partition is evaluated against every requested model
--- (k, ℓ, t) on its halves; (4) each partition takes the widest QI whose split
--- is allowable, and one UPDATE moves its atoms to the new partitions. A
--- partition with no allowable split is final.
+-- A round: (1) the bounds of every open partition per QI give its
+-- normalized widths and, for tree QIs, the lowest common ancestor whose
+-- children split it; (2) a histogram of units per partition, QI and code
+-- gives every ordered QI's cut at the weighted median; (3) every candidate
+-- split of every partition is checked against every requested model (k, ℓ,
+-- t) on each of its parts; (4) each partition takes its allowable split of
+-- best gain (see there); (5) the atoms of split partitions move to their
+-- parts in one statement. A partition with no allowable split is final.
 
 create function anonproxy.anonymize_mondrian(input regclass, spec jsonb)
 returns jsonb
@@ -35,6 +36,7 @@ set search_path = pg_catalog, pg_temp
 set enable_nestloop = off
 set work_mem = '128MB'
 set jit = off
+set default_statistics_target = 10
 as $fn$
 declare
     started timestamptz := clock_timestamp();
@@ -57,13 +59,12 @@ declare
     merged boolean;          -- atoms merge units (strict over pure units)
     codes_sql text := '';    -- array[code of QI 1, ...] for a row of input
     joins_sql text := '';
-    bounds_sql text;
     side_sql text;
     halves_sql text;
     failing_sql text;
     rounds integer := 0;
     estimate integer;
-    units bigint;
+    n_rows bigint;
     open_parts bigint;
     next_part integer;
     levels integer;
@@ -193,21 +194,23 @@ begin
         'create temp table _mondrian_rows as
          select i._row, i._unit::text as unit, array[%s] as codes, %s as s from %s i %s',
         codes_sql, case when l is null and t is null then '0' else 'sd.s' end, input, joins_sql);
-    execute format('select count(*) from %s', input) into units;
-    if units <> (select count(*) from _mondrian_rows) then
+    execute format('select count(*) from %s', input) into n_rows;
+    if n_rows <> (select count(*) from _mondrian_rows) then
         -- A row without a code: say which cell is to blame.
         for j in 1 .. dims loop
             q := qi->(j - 1);
-            execute format('select count(*) from %s where %I is null', input, q->>'name') into units;
-            if units > 0 then
+            execute format('select count(*) from %s where %I is null', input, q->>'name') into n_rows;
+            if n_rows > 0 then
                 raise exception using errcode = '22004',
-                    message = format('quasi-identifier %I has %s NULL values', q->>'name', units),
+                    message = format('quasi-identifier %I has %s NULL values', q->>'name', n_rows),
                     hint = 'Mondrian needs a value in every quasi-identifier cell; filter or replace the NULLs';
             end if;
-            execute format('select v from (select distinct %1$I::text as v from %2$s) s
-                             where not exists (select from _mondrian_dom d where d.dim = %3$s and d.txt = s.v)
-                             limit 1', q->>'name', input, j)
-               into bad;
+            if q->>'kind' <> 'numeric' and q->>'hierarchy' is not null then
+                execute format('select v from (select distinct %1$I::text as v from %2$s) s
+                                 where not exists (select from _mondrian_dom d where d.dim = %3$s and d.txt = s.v)
+                                 limit 1', q->>'name', input, j)
+                   into bad;
+            end if;
             if bad is not null then
                 raise exception using errcode = '22023',
                     message = format('value %L of column %I is not a leaf of hierarchy %L',
@@ -274,23 +277,6 @@ begin
     create temp table _mondrian_hist (part integer, dim integer, code integer, s integer, n bigint);
     create temp table _mondrian_chosen (part integer primary key, dim integer);
     create temp table _mondrian_split (part integer, side integer, new_part integer);
-
-    -- (1) bounds and widths of every open partition per QI.
-    bounds_sql :=
-        'insert into _mondrian_cand (part, dim, kind, lo, hi, level, width, rank, starts)
-         select part, dim, kind, lo, hi, level, width,
-                row_number() over (partition by part order by width desc, dim), starts
-           from (select distinct on (b.part, b.dim) b.part, b.dim, d.kind, b.lo, b.hi, x.level, x.starts,
-                        case d.kind when ''numeric'' then (d.nums[b.hi] - d.nums[b.lo]) / d.span
-                                    when ''set'' then (b.hi - b.lo) / d.span
-                                    else (x.hi - x.lo) / d.span end as width
-                   from (select p.part, u.dim::integer, u.lo, u.hi
-                           from _mondrian_parts p, unnest(p.lo, p.hi) with ordinality as u(lo, hi, dim)
-                          where p.open and u.lo < u.hi) b
-                   join _mondrian_dims d on d.dim = b.dim
-                   left join _mondrian_anc x on d.kind = ''tree'' and x.dim = b.dim and x.code = b.lo
-                                            and x.hi >= b.hi
-                  order by b.part, b.dim, x.level) w';
 
     -- (3) the side of atom a in the split of candidate c: the child of a tree
     -- node, or below/above an ordered cut; in a relaxed split, the atoms equal
@@ -379,7 +365,7 @@ begin
             || format(') d where emd > %s + 1e-9', t);
     end if;
 
-    estimate := greatest(1, ceil(ln(greatest(units, 1)::numeric / k) / ln(2)))::integer;
+    estimate := greatest(1, ceil(ln(greatest(n_rows, 1)::numeric / k) / ln(2)))::integer;
     loop
         select count(*) into open_parts from _mondrian_parts where open;
         exit when open_parts = 0;
@@ -393,7 +379,21 @@ begin
         delete from _mondrian_halves;
         delete from _mondrian_chosen;
         delete from _mondrian_split;
-        execute bounds_sql;
+        -- (1) bounds and widths of every open partition per QI.
+        insert into _mondrian_cand (part, dim, kind, lo, hi, level, width, rank, starts)
+         select part, dim, kind, lo, hi, level, width,
+                row_number() over (partition by part order by width desc, dim), starts
+           from (select distinct on (b.part, b.dim) b.part, b.dim, d.kind, b.lo, b.hi, x.level, x.starts,
+                        case d.kind when 'numeric' then (d.nums[b.hi] - d.nums[b.lo]) / d.span
+                                    when 'set' then (b.hi - b.lo) / d.span
+                                    else (x.hi - x.lo) / d.span end as width
+                   from (select p.part, u.dim::integer, u.lo, u.hi
+                           from _mondrian_parts p, unnest(p.lo, p.hi) with ordinality as u(lo, hi, dim)
+                          where p.open and u.lo < u.hi) b
+                   join _mondrian_dims d on d.dim = b.dim
+                   left join _mondrian_anc x on d.kind = 'tree' and x.dim = b.dim and x.code = b.lo
+                                            and x.hi >= b.hi
+                  order by b.part, b.dim, x.level) w;
         analyze _mondrian_cand;
 
         -- (2) the cut of every ordered candidate: strict takes the median or
