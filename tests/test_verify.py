@@ -12,17 +12,18 @@ import json
 import math
 import re
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from decimal import Decimal
 from fractions import Fraction
 from itertools import product
 from typing import Any
 
-import pandas as pd
+import pandas as pd  # type: ignore[import-untyped]
 import psycopg
 import pytest
 from psycopg import sql
 from psycopg.types.json import Jsonb
-from pycanon import anonymity
+from pycanon import anonymity  # type: ignore[import-untyped]
 
 from anonproxy import cli, sample_data
 from anonproxy.embedded import EmbeddedPostgres
@@ -46,24 +47,24 @@ def make_table(db: psycopg.Connection, name: str, columns: dict[str, str], rows:
             copy.write_row(row)
 
 
-def scalar(db: psycopg.Connection, query: str, *params: Any) -> Any:
-    row = db.execute(query, params[0] if len(params) == 1 and isinstance(params[0], dict) else params).fetchone()
+def scalar(db: psycopg.Connection, query: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> Any:
+    row = db.execute(query, params).fetchone()
     assert row is not None
     return row[0]
 
 
 def k_of(db: psycopg.Connection, table: str, qi: list[str]) -> int:
-    return scalar(db, "select anonproxy.k_anonymity(%s, %s)", table, qi)
+    return scalar(db, "select anonproxy.k_anonymity(%s, %s)", (table, qi))
 
 
 def l_of(db: psycopg.Connection, table: str, qi: list[str], sensitive: str, kind: str,
          l: int | None = None) -> Decimal:
-    return scalar(db, "select anonproxy.l_diversity(%s, %s, %s, %s, %s)", table, qi, sensitive, kind, l)
+    return scalar(db, "select anonproxy.l_diversity(%s, %s, %s, %s, %s)", (table, qi, sensitive, kind, l))
 
 
 def t_of(db: psycopg.Connection, table: str, qi: list[str], sensitive: str, distance: str,
          hierarchy: str | None = None) -> Decimal:
-    return scalar(db, "select anonproxy.t_closeness(%s, %s, %s, %s, %s)", table, qi, sensitive, distance, hierarchy)
+    return scalar(db, "select anonproxy.t_closeness(%s, %s, %s, %s, %s)", (table, qi, sensitive, distance, hierarchy))
 
 
 def utility(db: psycopg.Connection, source: str, target: str, qi: list[str], **named: Any) -> dict[str, Any]:
@@ -512,7 +513,7 @@ def test_adult_release_meets_its_parameters_according_to_pycanon(db: psycopg.Con
     if "l" in asked:
         # Exactly, in integers: entropy >= ln 3  <=>  N^N >= 3^N * prod(n_i^n_i) for the counts n_i of an EC of N rows.
         classes = Counter(map(tuple, frame[ADULT_QI].itertuples(index=False)))
-        counts = {ec: Counter() for ec in classes}
+        counts: dict[tuple[Any, ...], Counter[str]] = {ec: Counter() for ec in classes}
         for *ec, value in frame.itertuples(index=False):
             counts[tuple(ec)][value] += 1
         margins = [size ** size - 3 ** size * math.prod(n ** n for n in counts[ec].values())
