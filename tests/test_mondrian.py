@@ -381,3 +381,35 @@ def test_value_outside_the_hierarchy_fails(postgresql: psycopg.Connection) -> No
         run(postgresql, select, NATIONALITY_AGE)
     assert failure.value.sqlstate == "22023"
     assert "Martian" in failure.value.diag.message_primary
+
+
+def boxes_overlap(conn: psycopg.Connection, release: Release) -> int:
+    """How many pairs of classes share a point of the QI space (covers intersect on every QI)."""
+    covers = [
+        [covered(conn, cell, kind, tree) for (_, kind, tree), cell in zip(release.qi, cells, strict=True)]
+        for cells in release.classes()
+    ]
+    overlapping = 0
+    for i, first in enumerate(covers):
+        for second in covers[i + 1:]:
+            if all(a[0] <= b[1] and b[0] <= a[1] if isinstance(a, tuple) else a & b
+                   for a, b in zip(first, second, strict=True)):
+                overlapping += 1
+    return overlapping
+
+
+def test_strict_classes_are_disjoint_and_relaxed_ones_share_median_values(postgresql: psycopg.Connection) -> None:
+    strict = run(postgresql, adult_input(), ADULT_QI, k=50)
+    assert len(strict.classes()) > 100
+    assert boxes_overlap(postgresql, strict) == 0
+    relaxed = run(postgresql, adult_input(), ADULT_QI, k=50, variant="relaxed")
+    assert_k(relaxed, 50)
+    assert boxes_overlap(postgresql, relaxed) > 0
+
+
+def test_null_quasi_identifier_fails(postgresql: psycopg.Connection) -> None:
+    select = table_4_2(postgresql) + " union all select 13, '13', 'Korean', null, 'Flu'"
+    with pytest.raises(psycopg.Error) as failure:
+        run(postgresql, select, NATIONALITY_AGE)
+    assert failure.value.sqlstate == "22004"
+    assert "age" in failure.value.diag.message_primary
