@@ -73,22 +73,18 @@ begin
 end
 $$;
 
--- The hierarchy a release used for column col (views-internals.md: the
--- hierarchies argument, else '<table>.<column>'), or null.
+-- The hierarchy a release used for column col: the one the registry recorded
+-- for it (null: none), else '<table>.<column>' (views-internals.md), if stored.
 create function anonproxy._composition_hierarchy(release_source text, parameters jsonb, col text)
 returns text
-language plpgsql stable
+language sql stable
 set search_path = pg_catalog, pg_temp
 as $$
-declare
-    candidate text := coalesce(parameters -> 'hierarchies' ->> col,
-                          (parse_ident(release_source))[cardinality(parse_ident(release_source))] || '.' || col);
-begin
-    if to_regclass('anonproxy.hierarchy_nodes') is null then
-        return null;
-    end if;
-    return (select h.name from anonproxy.hierarchies h where h.name = candidate);
-end
+    select h.name
+    from anonproxy.hierarchies h
+    where h.name = case when parameters -> 'hierarchies' ? col then parameters -> 'hierarchies' ->> col
+                        else (parse_ident(release_source))[cardinality(parse_ident(release_source))] || '.' || col
+                   end
 $$;
 
 -- Fill pg_temp._ap_comp_match for release j of a generalized method: the
@@ -530,7 +526,7 @@ $$;
 -- source and sensitive attribute. The finding goes to releases.composition.
 -- Above the configured PVP_100 % the guard warns, or refuses (SQLSTATE APC01,
 -- which rolls the whole creation back) unless force, which is recorded.
-create or replace function anonproxy.check_composition(release_id bigint, force boolean)
+create function anonproxy.check_composition(release_id bigint, force boolean)
 returns jsonb
 language plpgsql
 set search_path = pg_catalog, pg_temp
