@@ -65,6 +65,7 @@ declare
     rounds integer := 0;
     estimate integer;
     n_rows bigint;
+    n_atoms bigint;
     open_parts bigint;
     next_part integer;
     levels integer;
@@ -396,14 +397,15 @@ begin
                   order by b.part, b.dim, x.level) w;
         analyze _mondrian_cand;
 
-        -- (2) the cut of every ordered candidate: strict takes the median or
-        -- the value below it, whichever balances the halves better (both
-        -- non-empty); relaxed splits at the median and balances with quota.
         -- (2) units per code of every candidate QI (and sensitive value).
         insert into _mondrian_hist (part, dim, code, s, n)
         select a.part, c.dim, a.codes[c.dim], a.s, sum(a.w)
           from _mondrian_atoms a join _mondrian_cand c on c.part = a.part
          group by 1, 2, 3, 4;
+        -- The cut of every ordered candidate: strict cuts after the median or
+        -- after the value below it, whichever balances the halves better
+        -- (both are non-empty); relaxed cuts at the median and sends median
+        -- atoms low until the low half holds half of the partition.
         with m as (
             select part, dim, min(total) as total,
                    min(code) filter (where 2 * cum >= total) as median,
@@ -525,12 +527,13 @@ begin
         case when merged then '(a.codes, a.s) = (r.codes, r.s)' else '(a.unit, a.codes, a.s) = (r.unit, r.codes, r.s)' end);
 
     select count(*) into open_parts from _mondrian_parts;
+    select count(*) into n_atoms from _mondrian_done;
     drop table _mondrian_dims, _mondrian_dom, _mondrian_anc, _mondrian_sdom, _mondrian_rows, _mondrian_atoms,
         _mondrian_done, _mondrian_parts, _mondrian_cand, _mondrian_hist, _mondrian_halves, _mondrian_chosen, _mondrian_split,
         _mondrian_summary;
     drop table if exists _mondrian_snodes;
     return jsonb_build_object(
-        'rounds', rounds, 'partitions', open_parts, 'variant', variant,
+        'rounds', rounds, 'partitions', open_parts, 'atoms', n_atoms, 'variant', variant,
         'elapsed', round(extract(epoch from clock_timestamp() - started)::numeric, 3),
         'suppressed', 0);
 end
