@@ -137,15 +137,22 @@ begin
         -- of the column's hierarchy. Each form joins to the values it covers.
         execute format(
             $q$insert into pg_temp._ap_comp_cover (qi, v, cell)
-               with dom as (select v from pg_temp._ap_comp_dom where qi = %1$s),
-               cells as materialized (
+               with dom as (select v, case when %4$L then v::numeric end as x
+                            from pg_temp._ap_comp_dom where qi = %1$s),
+               forms as (
                    select c.cell,
                           case when exists (select from dom d where d.v = c.cell) then 'value'
                                when c.cell = '*' then 'any'
                                when %4$L and c.cell ~ '^-?[0-9]+(\.[0-9]+)?(--?[0-9]+(\.[0-9]+)?)?$' then 'range'
                                when c.cell like '{%%}' then 'set'
                                else 'node' end as form
-                   from (select distinct %2$I::text as cell from pg_temp._ap_comp_ec where %2$I is not null) c)
+                   from (select distinct %2$I::text as cell from pg_temp._ap_comp_ec where %2$I is not null) c),
+               cells as materialized (
+                   select f.cell, f.form,
+                          case when f.form = 'range' then
+                              (regexp_match(f.cell, '^(-?[0-9]+(?:\.[0-9]+)?)(?:-(-?[0-9]+(?:\.[0-9]+)?))?$'))::numeric[]
+                          end as b
+                   from forms f)
                select %1$s, c.cell, c.cell from cells c where c.form = 'value'
                union all
                select %1$s, d.v, c.cell from cells c cross join dom d where c.form = 'any'
@@ -164,9 +171,8 @@ begin
             || case when not is_numeric then '' else
             $q$ union all
                select %1$s, d.v, c.cell
-               from (select cell, regexp_match(cell, '^(-?[0-9]+(?:\.[0-9]+)?)(?:-(-?[0-9]+(?:\.[0-9]+)?))?$') as b
-                     from cells where form = 'range') c
-               join dom d on d.v::numeric between c.b[1]::numeric and coalesce(c.b[2], c.b[1])::numeric$q$ end,
+               from cells c join dom d on d.x between c.b[1] and coalesce(c.b[2], c.b[1])
+               where c.form = 'range'$q$ end,
             i, col, hierarchy, is_numeric);
         -- Per class and QI: how many tuple values its cell covers (the rows it
         -- adds to the join key) and the share of tuples it covers.
@@ -284,6 +290,7 @@ returns void
 language plpgsql
 set search_path = pg_catalog, pg_temp
 set jit = off
+set work_mem = '128MB'  -- the hash joins of locating stay in memory
 as $$
 declare
     n integer := cardinality(releases);
