@@ -253,6 +253,7 @@ def _curve_plot(points: list[CurvePoint], k: int | None) -> str:
     for p in points:
         ax.annotate(f"k={p.k}", (100 * p.avg_risk, 100 * p.ncp), textcoords="offset points", xytext=(5, 5),
                     color="#c44e52" if p.k == k else "black")
+    ax.margins(0.15)  # room for the labels of the end points
     ax.set_xlabel("average re-identification risk (% = classes / rows)")
     ax.set_ylabel("NCP (%)")
     ax.set_title("Risk and information loss over k")
