@@ -52,6 +52,7 @@ create type anonproxy.release_summary as (
     equivalence_classes bigint,
     suppressed_rows bigint,
     ncp numeric,                -- normalized certainty penalty, 0 (nothing generalized) .. 1
+    sse_sst numeric,            -- microaggregation: within-class share of the numeric QIs' variance
     elapsed interval
 );
 
@@ -679,7 +680,8 @@ language sql stable set search_path = pg_catalog, pg_temp as $$
                (r.achieved ->> 'l_recursive_c')::numeric,
                trim_scale((r.achieved ->> 't')::numeric),
                (r.metrics ->> 'equivalence_classes')::bigint, (r.metrics ->> 'suppressed_rows')::bigint,
-               round((r.metrics ->> 'ncp')::numeric, 6), clock_timestamp() - started)::anonproxy.release_summary
+               round((r.metrics ->> 'ncp')::numeric, 6), round((r.metrics ->> 'sse_sst')::numeric, 6),
+               clock_timestamp() - started)::anonproxy.release_summary
       from anonproxy.releases r where r.id = release_id
 $$;
 

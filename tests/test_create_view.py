@@ -11,6 +11,8 @@ import io
 import subprocess
 import sys
 from collections import Counter
+from decimal import Decimal
+from fractions import Fraction
 
 import psycopg
 import pytest
@@ -347,6 +349,49 @@ def test_full_domain_release_uses_one_level_per_column(postgresql: psycopg.Conne
             "select node from anonproxy.hierarchy_nodes where hierarchy = %s and level = %s",
             (f"adult.{column}", levels[column]))}
         assert released <= level_nodes, column
+
+
+def test_mdav_release_keeps_column_totals(postgresql: psycopg.Connection) -> None:
+    """Dispatch to mdav (sql/0008): centroids are class means, so each numeric column's total is unchanged."""
+    postgresql.execute("create table small as select * from public.adult where id <= 2000")
+    summary = create(postgresql, source="small", quasi_identifiers=["age", "education_num", "sex"], k=5,
+                     sensitive="hours_per_week", method="mdav")
+    sizes = class_sizes(postgresql, sql.Identifier("adult_k"), ["age", "education_num", "sex"])
+    assert summary[3] == min(sizes.values()) >= 5
+    assert sum(sizes.values()) == 2000
+    released, original = postgresql.execute(
+        "select (select array[sum(age), sum(education_num)] from adult_k), "
+        "(select array[sum(age), sum(education_num)]::numeric[] from small)").fetchone()
+    assert all(abs(r - o) < Decimal("1e-6") for r, o in zip(released, original, strict=True))
+    assert summary[10] is not None and 0 < summary[10] < 1  # SSE/SST of a real grouping
+
+
+def ordered_emd(part: Counter[int], whole: Counter[int]) -> Fraction:
+    """Ordered EMD (REFERENCE.md §2): (1/(m-1)) * sum over sorted values of |cumulative (p - q)|."""
+    values = sorted(whole)
+    n_part, n_whole = sum(part.values()), sum(whole.values())
+    cumulative, total = Fraction(0), Fraction(0)
+    for value in values:
+        cumulative += Fraction(part[value], n_part) - Fraction(whole[value], n_whole)
+        total += abs(cumulative)
+    return total / (len(values) - 1)
+
+
+def test_tclose_first_release_is_t_close(postgresql: psycopg.Connection) -> None:
+    """Dispatch to tclose_first (sql/0008); t checked with an EMD computed here."""
+    postgresql.execute("create table small as select * from public.adult where id <= 2000")
+    qi = ["age", "education_num"]
+    summary = create(postgresql, source="small", quasi_identifiers=qi, k=5, sensitive="hours_per_week",
+                     t=0.2, method="tclose_first")
+    rows = postgresql.execute("select age, education_num, hours_per_week from adult_k").fetchall()
+    whole = Counter(hours for *_, hours in rows)
+    classes: dict[tuple[object, ...], Counter[int]] = {}
+    for age, education, hours in rows:
+        classes.setdefault((age, education), Counter())[hours] += 1
+    worst = max(ordered_emd(part, whole) for part in classes.values())
+    assert worst <= Fraction(1, 5)
+    assert abs(summary[6] - Decimal(worst.numerator) / Decimal(worst.denominator)) < Decimal("1e-9")
+    assert min(sum(part.values()) for part in classes.values()) >= 5
 
 
 def test_refresh_keeps_grants_and_dependent_views(postgresql: psycopg.Connection) -> None:
