@@ -119,12 +119,17 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _drop(args: argparse.Namespace) -> int:
+    return _call("hierarchy", args.dsn, "select anonproxy.drop_hierarchy(%s)", args.name, f"hierarchy {args.name} dropped")
+
+
+def _call(command: str, dsn: str, query: str, argument: str, done: str) -> int:
+    """Run a one-argument function call in its own transaction; print ``done`` if it succeeds."""
     try:
-        with psycopg.connect(args.dsn) as conn:
-            conn.execute("select anonproxy.drop_hierarchy(%s)", (args.name,))
+        with psycopg.connect(dsn) as conn:
+            conn.execute(query, (argument,))
     except psycopg.Error as exc:
-        return fail("hierarchy", exc)
-    print(f"hierarchy {args.name} dropped")
+        return fail(command, exc)
+    print(done)
     return 0
 
 
@@ -283,10 +288,4 @@ def _release_refresh(args: argparse.Namespace) -> int:
 
 
 def _release_drop(args: argparse.Namespace) -> int:
-    try:
-        with psycopg.connect(args.dsn) as conn:
-            conn.execute("select anonproxy.drop_release(%s)", (args.target,))
-    except psycopg.Error as exc:
-        return fail("release", exc)
-    print(f"release {args.target} dropped")
-    return 0
+    return _call("release", args.dsn, "select anonproxy.drop_release(%s)", args.target, f"release {args.target} dropped")
