@@ -220,9 +220,10 @@ def _run_release_query(command: str, dsn: str, query: sql.SQL | sql.Composed, ar
             assert row is not None and cursor.description is not None
             summary = dict(zip((column.name for column in cursor.description), row, strict=True))
     except psycopg.Error as exc:
-        bar.close()
+        bar.close()  # before the message, which must not land on the bar's line
         return fail(command, exc)
-    bar.close()
+    finally:  # also on Ctrl-C, so that the shell prompt starts on a line of its own
+        bar.close()
     print(_format_summary(summary))
     return 0
 
