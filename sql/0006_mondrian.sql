@@ -285,19 +285,20 @@ begin
     side_sql := 'case when a.codes[c.dim] = c.cut then (a.atom > c.mid_atom)::integer
                       else width_bucket(a.codes[c.dim], c.starts) end';
 
-    -- (3) counts per half: sums over the histogram when atoms carry unit
-    -- counts; otherwise distinct units over the atoms.
+    -- (3) counts per half: sums over the histogram when atoms merge units;
+    -- otherwise over the atoms, as sums of weights when units are pure, else
+    -- as distinct units.
     halves_sql := format(
         'insert into _mondrian_halves (part, dim, side, s, n, lo, hi)
          select a.part, a.dim, a.side, %1$s, %2$s, min(a.code), max(a.code)
            from (%3$s) a
           group by %4$s',
         case when l is null and t is null then 'null::integer' else 'a.s' end,
-        case when merged then 'sum(a.n)' else 'count(distinct a.unit)' end,
+        case when merged then 'sum(a.n)' when pure then 'sum(a.w)' else 'count(distinct a.unit)' end,
         case when merged
              then 'select h.part, h.dim, h.code, h.s, h.n, width_bucket(h.code, c.starts) as side
                      from _mondrian_hist h join _mondrian_cand c on (c.part, c.dim) = (h.part, h.dim)'
-             else format('select c.part, c.dim, a.codes[c.dim] as code, a.s, a.unit, %s as side
+             else format('select c.part, c.dim, a.codes[c.dim] as code, a.s, a.w, a.unit, %s as side
                             from _mondrian_atoms a join _mondrian_cand c on c.part = a.part', side_sql) end,
         case when l is null and t is null then 'a.part, a.dim, a.side'
              else 'grouping sets ((a.part, a.dim, a.side), (a.part, a.dim, a.side, a.s))' end);
