@@ -306,7 +306,10 @@ def report(outcomes: list[Outcome], rows: int) -> list[tuple[str, bool | None, s
         return next((o for o in outcomes if o.dataset == dataset and o.method == method and o.setting == "k=10"), None)
 
     def within(o: Outcome | None, limit: float) -> bool | None:
-        return None if o is None else o.seconds is not None and o.seconds <= limit
+        """None when not run or refused; a run cancelled at the timeout is a MISS."""
+        if o is None or (o.failure is not None and not o.failure.startswith("cancelled")):
+            return None
+        return o.seconds is not None and o.seconds <= limit
 
     mondrian, reference = find("adult", "mondrian"), find("adult", "reference strict Mondrian (Python)")
     ncp_verdict, ncp_detail = None, ""
@@ -322,7 +325,7 @@ def report(outcomes: list[Outcome], rows: int) -> list[tuple[str, bool | None, s
     ]
     print()
     for name, verdict, detail in verdicts:
-        print(f"{'not run' if verdict is None else 'PASS' if verdict else 'MISS':<7} {name}  {detail}".rstrip())
+        print(f"{'-' if verdict is None else 'PASS' if verdict else 'MISS':<4} {name}  {detail}".rstrip())
     return verdicts
 
 
