@@ -108,6 +108,7 @@ declare
     col text;
     hierarchy text;
     is_numeric boolean;
+    nodes_first boolean;
     tuples bigint := (select count(*) from pg_temp._ap_comp_t);
     n_cols text := '';
     f_cols text := '';
@@ -127,6 +128,9 @@ begin
         col := qis[i];
         is_numeric := col = any (r.numeric_qis);
         hierarchy := anonproxy._composition_hierarchy(r.source, r.parameters, col);
+        -- full_domain publishes hierarchy nodes: a node label that looks like a
+        -- range ('25-29' of ARX's age hierarchy covers 26..30) is the node.
+        nodes_first := r.method = 'full_domain' and hierarchy is not null;
         execute format(
             'insert into pg_temp._ap_comp_dom (qi, v, tuples)
              select %s, %I::text, count(*) from pg_temp._ap_comp_t where %2$I is not null group by 2',
@@ -134,7 +138,8 @@ begin
         -- What a cell stands for (docs/views-internals.md, "Generalized values"),
         -- read in this order as anonproxy.utility reads it: a value of the
         -- column, '*', a numeric range or number (numeric QIs), a set, a node
-        -- of the column's hierarchy. Each form joins to the values it covers.
+        -- of the column's hierarchy (nodes before ranges for full_domain). Each
+        -- form joins to the values it covers.
         execute format(
             $q$insert into pg_temp._ap_comp_cover (qi, v, cell)
                with dom as (select v, case when %4$L then v::numeric end as x
@@ -143,6 +148,8 @@ begin
                    select c.cell,
                           case when exists (select from dom d where d.v = c.cell) then 'value'
                                when c.cell = '*' then 'any'
+                               when %5$L and exists (select from anonproxy.hierarchy_nodes h
+                                                     where h.hierarchy = %3$L and h.node = c.cell) then 'node'
                                when %4$L and c.cell ~ '^-?[0-9]+(\.[0-9]+)?(--?[0-9]+(\.[0-9]+)?)?$' then 'range'
                                when c.cell like '{%%}' then 'set'
                                else 'node' end as form
@@ -173,7 +180,7 @@ begin
                select %1$s, d.v, c.cell
                from cells c join dom d on d.x between c.b[1] and coalesce(c.b[2], c.b[1])
                where c.form = 'range'$q$ end,
-            i, col, hierarchy, is_numeric);
+            i, col, hierarchy, is_numeric, nodes_first);
         -- Per class and QI: how many tuple values its cell covers (the rows it
         -- adds to the join key) and the share of tuples it covers.
         n_cols := n_cols || format(', coalesce(s%s.n, 0)', i);

@@ -133,6 +133,30 @@ def test_bad_arguments(hospitals: psycopg.Connection) -> None:
     assert caught.value.sqlstate == "22023" and "different sensitive attributes" in str(caught.value)
 
 
+# --- a hierarchy whose node labels look like ranges but are not (ARX's adult age hierarchy) ---------
+
+def test_full_domain_cells_are_nodes_even_when_they_look_like_ranges(postgresql: psycopg.Connection) -> None:
+    conn = postgresql
+    load_table(conn, "create table people (id integer primary key, age integer, disease text)", "people",
+               [(1, 25, "flu"), (2, 26, "cold"), (3, 30, "gout"), (4, 31, "acne")])
+    # Labels shifted by one, as in ARX's age file: '25-29' stands for 26..30.
+    conn.execute("""select anonproxy.load_hierarchy('shifted.age', (select array_agg(array[a::text,
+                        case when a <= 25 then '20-24' when a <= 30 then '25-29' else '30-34' end, '*'])
+                        from generate_series(21, 35) a))""")
+    load_table(conn, "create table people_fd (age text, disease text)", "people_fd",
+               [("20-24", "flu"), ("25-29", "cold"), ("25-29", "gout"), ("30-34", "acne")])
+    load_table(conn, "create table people_m (age text, disease text)", "people_m",
+               [("25-30", "flu"), ("25-30", "cold"), ("25-30", "gout"), ("31", "acne")])
+    hierarchy = '{"k": 1, "hierarchies": {"age": "shifted.age"}}'
+    register(conn, "public.people", "public.people_fd", "full_domain", ["age"], "disease", hierarchy)
+    register(conn, "public.people", "public.people_m", "mondrian", ["age"], "disease", hierarchy)
+    rows = conn.execute("""select person, prior_ea, posterior_ea, possible_values
+                           from anonproxy.composition_persons(array['people_fd', 'people_m']::regclass[])""").fetchall()
+    # full_domain's '25-29' is the node (26..30); Mondrian's '25-30' and '31' are a range and a number.
+    assert rows == [("1", [1, 3], 1, ["flu"]), ("2", [2, 3], 2, ["cold", "gout"]),
+                    ("3", [2, 3], 2, ["cold", "gout"]), ("4", [1, 1], 1, ["acne"])]
+
+
 # --- a clinic released twice: microaggregated and generalized -----------------------------------
 
 CLINIC = [(1, 20, "F", "flu"), (2, 22, "F", "cold"), (3, 24, "M", "asthma"),
