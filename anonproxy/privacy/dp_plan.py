@@ -763,7 +763,9 @@ def _sql(query: AnalyticQuery, statistics: list[Statistic], public: list[tuple[s
     select += [f"{key} AS {name}" for key, name in zip(query.keys, keys, strict=True)]
     select += [f"{argument} AS {name}" for argument, name in arguments.items()]
     where = [f"WHERE {query.where}"] if query.where is not None else []
-    plain = [f"SELECT {', '.join(select)}", f"FROM {query.from_sql}", *where]
+    # Without bounding nothing reads the unit (each row is one): leaving it out spares decoding it (SELECT FROM t
+    # with no column is valid PostgreSQL).
+    plain = [f"SELECT {', '.join(select[1:])}", f"FROM {query.from_sql}", *where]
     rows = [f"SELECT {', '.join([*select, 'random() AS anonproxy_r'])}", f"FROM {query.from_sql}", *where]
     ctes = [(GUARD, _guard(query), ("true when every table holds at most one row per unit (a valid unique index on "
              "its non-null unit column), as of this statement's snapshot: then no row needs to be dropped")),
