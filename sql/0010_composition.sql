@@ -211,7 +211,7 @@ begin
         from pg_temp._ap_comp_ecstat s cross join generate_series(1, cardinality(qis)) q
         where q <> all (chosen)
         group by q order by 2, 1 limit 1;
-        exit when best is null or best.q is null or best.cost >= current_cost;
+        exit when best.q is null or best.cost >= current_cost;
         chosen := chosen || best.q;
         current_cost := best.cost;
         update pg_temp._ap_comp_ecstat set pn = pn * n[best.q], pf = pf * f[best.q];
