@@ -8,6 +8,7 @@ size of seed 001 Eq. 7.3 with the floor fix of Eq. 7.4).
 from __future__ import annotations
 
 import math
+import random
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from decimal import Decimal
@@ -141,7 +142,6 @@ def test_mdav_hand_checked_groups_and_centroids(postgresql: psycopg.Connection) 
 
 
 def test_mdav_matches_the_oracle_on_random_points(postgresql: psycopg.Connection) -> None:
-    import random
     rng = random.Random(5)
     points = [(rng.uniform(0, 100), rng.uniform(0, 10), rng.uniform(-5, 5)) for _ in range(157)]
     make_input(postgresql, "a numeric, b numeric, c numeric", points)
@@ -233,7 +233,7 @@ def test_tclose_first_floor_fix_n11_k4(postgresql: psycopg.Connection) -> None:
     assert sorted(map(len, groups)) == [5, 6] and sorted(out) == list(range(1, 12))
     strata = {1: 0, 2: 0, 3: 1, 4: 1, 5: 2, 6: 2, 7: 2, 8: 3, 9: 3, 10: 4, 11: 4}
     for group in groups:
-        assert set(strata[r] for r in group) == {0, 1, 2, 3, 4}
+        assert {strata[r] for r in group} == {0, 1, 2, 3, 4}
         assert ordered_emd([rows[r - 1][1] for r in group], [s for _, s in rows]) <= 1.0
 
 
