@@ -8,13 +8,18 @@ independent oracle in this file that reads the generalized cells itself.
 from __future__ import annotations
 
 import csv
+import json
 import random
 import re
+import subprocess
+import sys
 from decimal import Decimal
 from typing import NamedTuple
 
 import psycopg
 import pytest
+
+from anonproxy.embedded import EmbeddedPostgres
 
 
 def register(conn: psycopg.Connection, source: str, target: str, method: str, qi: list[str], sensitive: str,
@@ -113,6 +118,27 @@ def test_two_hospitals_summary(hospitals: psycopg.Connection) -> None:
     assert risk["vulnerable_pct"] == 66.67
     assert risk["posterior_ea_distribution"] == {"1": 2, "2": 1}
     assert risk["pvp"] == {"100": 66.67, "50": 100, "33": 100, "25": 100}
+
+
+def audit(dsn: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "anonproxy.cli", "audit", "--dsn", dsn, *args], check=False,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_audit_command_on_named_releases(hospitals: psycopg.Connection, pg_server: EmbeddedPostgres,
+                                        dbname: str) -> None:
+    dsn = pg_server.conninfo(dbname=dbname)
+    named = ("--release", "h1_release", "--release", "h2_release")
+    done = audit(dsn, *named, "--json")
+    assert done.returncode == 0, done.stderr
+    [risk] = json.loads(done.stdout)
+    assert risk["pvp"] == {"100": 66.67, "50": 100, "33": 100, "25": 100}
+    text = audit(dsn, *named).stdout
+    assert "overlap 3 persons, located in every release 3" in text
+    assert "PVP: 100 % confidence 66.67 %, 50 % confidence 100.00 %" in text
+    # Each release has its own source: grouping by source finds nothing to compose.
+    alone = audit(dsn)
+    assert alone.returncode == 0 and "nothing to compose" in alone.stdout
 
 
 def test_bad_arguments(hospitals: psycopg.Connection) -> None:

@@ -32,8 +32,8 @@ def releases(postgresql: psycopg.Connection, pg_server: EmbeddedPostgres, dbname
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "anonproxy.cli", *args], capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run([sys.executable, "-m", "anonproxy.cli", *args], check=False, capture_output=True,
+                          text=True, timeout=300)
 
 
 def test_report_renders_in_chromium(releases: str, postgresql: psycopg.Connection, tmp_path: Path) -> None:
@@ -47,7 +47,7 @@ def test_report_renders_in_chromium(releases: str, postgresql: psycopg.Connectio
 
     rendered = subprocess.run(
         [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr", "--v=0",
-         "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120)
+         "--dump-dom", page.as_uri()], check=False, capture_output=True, text=True, timeout=120)
     assert rendered.returncode == 0, rendered.stderr
     # Page errors and console messages would be logged as CONSOLE lines.
     assert not [line for line in rendered.stderr.splitlines() if "CONSOLE" in line or "Uncaught" in line]
