@@ -171,7 +171,7 @@ def risk_utility_curve(conn: psycopg.Connection, release: dict[str, Any],
                          json.dumps(p.get("hierarchies")))).fetchone()
                     assert summary is not None
                     ncp, classes = summary
-                    rows = conn.execute(sql.SQL("select count(*) from {}").format(sql.SQL(target))).fetchone()[0]
+                    rows = _scalar(conn, sql.SQL("select count(*) from {}").format(sql.SQL(target)))
             except psycopg.Error as exc:
                 failed[k] = (exc.diag.message_primary or str(exc)).strip()
                 continue
@@ -185,7 +185,13 @@ def composition_of(conn: psycopg.Connection, release: dict[str, Any]) -> dict[st
     if group is None:
         return None
     with conn.transaction(force_rollback=True):
-        return conn.execute("select anonproxy.composition_risk(%s::regclass[])", (group,)).fetchone()[0]
+        return _scalar(conn, "select anonproxy.composition_risk(%s::regclass[])", (group,))
+
+
+def _scalar(conn: psycopg.Connection, query: str | sql.Composed, params: tuple[Any, ...] = ()) -> Any:
+    row = conn.execute(query, params).fetchone()
+    assert row is not None
+    return row[0]
 
 
 # --- the page ----------------------------------------------------------------------------------------
