@@ -1,7 +1,9 @@
 """Demo login roles for `anonproxy up`; each one's password is its name.
 
 - ``dba`` reads everything (``pg_read_all_data``) and uses the proxy in direct
-  mode (pass-through); it is not a superuser.
+  mode (pass-through); it is not a superuser. It may create tables in schema
+  ``public`` and write the release registry and the hierarchies, so it can
+  build anonymized releases (docs/views.md, "Rights").
 - ``reporter`` and ``analyst`` may connect and browse the catalogs but hold no
   privilege on any table of schema ``public``, so every statement that reaches
   PostgreSQL as them fails with ``permission denied`` (SQLSTATE 42501), whether
@@ -49,6 +51,9 @@ def create_demo_roles(conn: psycopg.Connection, dbname: str) -> None:
         sql.SQL("revoke temporary on database {} from public").format(database),
         sql.SQL("grant connect on database {} to {}").format(database, restricted),
         sql.SQL("revoke create on schema public from public"),
+        sql.SQL("grant create on schema public to {}").format(direct),
+        sql.SQL("grant insert, update, delete on anonproxy.releases, anonproxy.hierarchies, "
+                "anonproxy.hierarchy_nodes to {}").format(direct),
         sql.SQL("grant usage on schema public to {}").format(restricted),
         sql.SQL("revoke all on all tables in schema public from public, {}").format(restricted),
     ]

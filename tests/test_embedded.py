@@ -260,6 +260,7 @@ def test_install_applies_once_without_superuser(server: EmbeddedPostgres) -> Non
 
 def test_demo_roles(adult_server: EmbeddedPostgres) -> None:
     with superuser(adult_server) as conn:
+        install(conn)
         create_demo_roles(conn, "postgres")
         create_demo_roles(conn, "postgres")  # idempotent
         verifiers = conn.execute(
@@ -270,6 +271,12 @@ def test_demo_roles(adult_server: EmbeddedPostgres) -> None:
 
     with psycopg.connect(adult_server.conninfo("dba", "dba")) as conn:
         assert conn.execute("select count(*) from adult").fetchone() == (30162,)
+        # The tour's DBA builds a release without being a superuser.
+        conn.execute("select * from anonproxy.create_anonymized_view(source => 'public.adult', "
+                     "target => 'public.demo_release', quasi_identifiers => array['age', 'sex'], k => 10)")
+        assert conn.execute("select created_by from anonproxy.releases where target = 'public.demo_release'"
+                            ).fetchone() == ("dba",)
+        conn.rollback()
 
     for role in ("reporter", "analyst"):
         with psycopg.connect(adult_server.conninfo(role, role), autocommit=True) as conn:
