@@ -279,10 +279,10 @@ begin
     truncate pg_temp._ap_comp_match;
     execute format(
         'insert into pg_temp._ap_comp_match (t, ec)
-         select t, ec from (
-             select t.t, e.ec, rank() over (partition by t.t order by %s) as nearest
-             from pg_temp._ap_comp_t t cross join pg_temp._ap_comp_ec e) d
-         where nearest = 1', distance);
+         select t.t, nearest.ec
+         from pg_temp._ap_comp_t t
+         cross join lateral (select e.ec from pg_temp._ap_comp_ec e
+                             order by %s fetch first 1 rows with ties) nearest', distance);
 end
 $$;
 
