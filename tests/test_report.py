@@ -63,6 +63,9 @@ def test_report_renders_in_chromium(releases: str, postgresql: psycopg.Connectio
         assert f"k={k}</text>" in dom.replace("\n", "")
     classes = postgresql.execute(f"select count(*) from (select distinct {', '.join(QI)} from small_k10) s").fetchone()
     assert re.search(rf"<th>classes</th><td>{classes[0]}</td>", dom)
+    uniform = postgresql.execute(f"select count(*) from (select 1 from small_k10 group by {', '.join(QI)} "
+                                 "having count(distinct occupation) = 1) s").fetchone()
+    assert f"(distinct ℓ = 1)</th><td>{uniform[0]}</td>" in dom
     assert "public.small_k5, public.small_k10" in dom  # the composition names both releases
 
     shot = tmp_path / "report.png"

@@ -302,7 +302,10 @@ def _page(release: dict[str, Any], classes: list[ClassStat], curve: list[CurvePo
         "<h2>Equivalence classes</h2>" + _table([
             ("classes", len(classes)), ("smallest", min((c.size for c in classes), default=None)),
             ("average size", f"{sum(c.size for c in classes) / max(len(classes), 1):.1f}"),
-            ("suppressed rows", metrics.get("suppressed_rows"))]) + _class_size_plot(classes, k),
+            ("suppressed rows", metrics.get("suppressed_rows")),
+            ("classes with one sensitive value (distinct ℓ = 1)",
+             sum(1 for c in classes if c.l_distinct == 1) if release["sensitive"] else None)])
+        + _class_size_plot(classes, k),
     ]
     if release["sensitive"] is not None:
         distance = "ordered" if p.get("t_distance") == "ordered" else "equal-distance"
