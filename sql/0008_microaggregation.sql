@@ -53,9 +53,24 @@ begin
                            ', ' order by j)
          from generate_series(1, d) j),
         input);
-    alter table pg_temp.anonproxy_ma_open add primary key (_row);
+    perform anonproxy.microaggregation_index(d);
     create temp table anonproxy_ma_cluster (_row bigint primary key, cluster integer not null);
     return d;
+end
+$fn$;
+
+-- Index the open records by _row and by each coordinate (for the range queries of
+-- microaggregation_farthest and microaggregation_nearest).
+create or replace function anonproxy.microaggregation_index(d integer) returns void
+language plpgsql
+set search_path = pg_catalog, pg_temp
+as $fn$
+begin
+    alter table pg_temp.anonproxy_ma_open add primary key (_row);
+    for j in 1 .. d loop
+        execute format('create index on pg_temp.anonproxy_ma_open (z%s)', j);
+    end loop;
+    analyze pg_temp.anonproxy_ma_open;
 end
 $fn$;
 
@@ -92,22 +107,76 @@ begin
         create temp table anonproxy_ma_compact as select * from pg_temp.anonproxy_ma_open;
         drop table pg_temp.anonproxy_ma_open;
         alter table pg_temp.anonproxy_ma_compact rename to anonproxy_ma_open;
-        alter table pg_temp.anonproxy_ma_open add primary key (_row);
+        perform anonproxy.microaggregation_index(d);
     end if;
     return taken;
 end
 $fn$;
 
--- The remaining record farthest from point p, as (row, z vector).
+-- The remaining record farthest from point p, as (row, z vector). The farthest of the
+-- records at the ends of each coordinate gives a distance the answer reaches; a record
+-- nearer p than reach = √(that / d) on every coordinate cannot, so only the index
+-- ranges beyond reach are read.
 create or replace function anonproxy.microaggregation_farthest(p float8[], out far_row bigint, out far float8[])
 language plpgsql
 set search_path = pg_catalog, pg_temp
 as $fn$
+declare
+    d integer := cardinality(p);
+    z text := (select string_agg(format('z%s', j), ', ' order by j) from generate_series(1, d) j);
+    distance text := anonproxy.microaggregation_distance(p);
+    reached float8;
+    reach float8;
 begin
-    execute format('select _row, array[%s] from pg_temp.anonproxy_ma_open order by %s desc limit 1',
-                   (select string_agg(format('z%s', j), ', ' order by j) from generate_series(1, cardinality(p)) j),
-                   anonproxy.microaggregation_distance(p))
+    execute format('select max(%s) from (%s) e', distance,
+                   (select string_agg(format('(select %1$s from pg_temp.anonproxy_ma_open order by z%2$s limit 1)
+                                              union all
+                                              (select %1$s from pg_temp.anonproxy_ma_open order by z%2$s desc limit 1)',
+                                             z, j), ' union all ')
+                    from generate_series(1, d) j))
+    into reached;
+    if reached is null then
+        return;   -- nothing left
+    end if;
+    reach := sqrt(reached / d) * (1 - 1e-9);   -- margin for the rounding of the bounds
+    execute format('select _row, array[%s] from pg_temp.anonproxy_ma_open where %s order by %s desc limit 1',
+                   z,
+                   (select string_agg(format('z%s <= %s or z%s >= %s', j, p[j] - reach, j, p[j] + reach), ' or ')
+                    from generate_series(1, d) j),
+                   distance)
     into far_row, far;
+end
+$fn$;
+
+-- The k open records nearest point p, each of its own unit (one row per unit). Reads
+-- the box of half-width radius around p, doubling it until the k-th nearest found lies
+-- within radius (then no record outside the box is nearer). radius comes back as the
+-- one that sufficed.
+create or replace function anonproxy.microaggregation_nearest(p float8[], k integer, inout radius float8,
+                                                              out nearest bigint[])
+language plpgsql
+set search_path = pg_catalog, pg_temp
+as $fn$
+declare
+    distance text := anonproxy.microaggregation_distance(p);
+    kth float8;
+    found integer;
+begin
+    loop
+        execute format('select array_agg(_row), max(dist), count(*)
+                        from (select _row, %s as dist from pg_temp.anonproxy_ma_open where %s order by 2 limit %s) x',
+                       distance,
+                       (select string_agg(format('z%s between %s and %s', j, p[j] - radius * (1 + 1e-9),
+                                                 p[j] + radius * (1 + 1e-9)), ' and ')
+                        from generate_series(1, cardinality(p)) j),
+                       k)
+        into nearest, kth, found;
+        exit when found = k and kth <= radius * radius;
+        if found < k and not exists (select from pg_temp.anonproxy_ma_open offset k - 1) then
+            raise exception 'microaggregation_nearest: fewer than % open records', k using errcode = 'XX000';
+        end if;
+        radius := radius * 2;
+    end loop;
 end
 $fn$;
 
@@ -242,27 +311,42 @@ begin
 end
 $fn$;
 
--- The query of the k records (of k distinct units) nearest to seed record seed_row at
--- point p, the seed first.
-create or replace function anonproxy.mdav_nearest(p float8[], seed_row bigint, k integer, units_are_rows boolean)
+-- The query of the records of the k distinct units nearest to seed record seed_row
+-- at point p, for a table where a unit may have several rows: nearest first, a unit
+-- counting at its first record in that order.
+create or replace function anonproxy.mdav_nearest_units(p float8[], seed_row bigint, k integer)
 returns text
 language sql immutable
 set search_path = pg_catalog, pg_temp
 as $$
-    select case when units_are_rows then
-        -- (a record at distance 0 is as good a seed as the seed itself)
-        format('select _row from pg_temp.anonproxy_ma_open order by %s limit %s',
-               anonproxy.microaggregation_distance(p), k)
-    else
-        -- a unit counts at its first record in that order
-        format('select _row from (select _row, first, sum(first) over (order by seed desc, dist, _row) as units
-                                  from (select _row, _row = %1$s as seed, %2$s as dist,
-                                               (row_number() over (partition by _unit
-                                                                   order by _row = %1$s desc, %2$s, _row) = 1)::integer as first
-                                        from pg_temp.anonproxy_ma_open) x) y
-                where units - first < %3$s', seed_row, anonproxy.microaggregation_distance(p), k)
-    end
+    select format('select _row from (select _row, first, sum(first) over (order by seed desc, dist, _row) as units
+                                     from (select _row, _row = %1$s as seed, %2$s as dist,
+                                                  (row_number() over (partition by _unit
+                                                                      order by _row = %1$s desc, %2$s, _row) = 1)::integer as first
+                                           from pg_temp.anonproxy_ma_open) x) y
+                   where units - first < %3$s', seed_row, anonproxy.microaggregation_distance(p), k)
 $$;
+
+-- The query of an MDAV group around seed record seed_row at point p: its k nearest
+-- records (of k distinct units). radius is the box size to start from (see
+-- microaggregation_nearest) and comes back as the one that sufficed, halved.
+create or replace function anonproxy.mdav_pick(p float8[], seed_row bigint, k integer, units_are_rows boolean,
+                                               inout radius float8, out pick text)
+language plpgsql
+set search_path = pg_catalog, pg_temp
+as $fn$
+declare
+    near bigint[];
+begin
+    if not units_are_rows then
+        pick := anonproxy.mdav_nearest_units(p, seed_row, k);
+        return;
+    end if;
+    select x.radius, x.nearest into radius, near from anonproxy.microaggregation_nearest(p, k, radius) x;
+    radius := radius / 2;
+    pick := format('select unnest(%L::bigint[])', near);
+end
+$fn$;
 
 create or replace function anonproxy.anonymize_mdav(input regclass, spec jsonb)
 returns jsonb
@@ -285,6 +369,8 @@ declare
     s float8[];
     cluster integer := 0;
     merges integer;
+    radius float8 := 0.1;  -- box size for the next nearest-records query
+    pick text;
 begin
     select count(*), count(distinct _unit) = count(*) into total, units_are_rows from pg_temp.anonproxy_ma_open;
     remaining := (select count(distinct _unit) from pg_temp.anonproxy_ma_open);
@@ -296,10 +382,12 @@ begin
         select f.far_row, f.far into r_row, r from anonproxy.microaggregation_farthest(mean) f;
         select f.far_row, f.far into s_row, s from anonproxy.microaggregation_farthest(r) f;
         cluster := cluster + 1;
-        taken := anonproxy.microaggregation_take(d, anonproxy.mdav_nearest(r, r_row, k, units_are_rows), cluster);
+        select x.pick, x.radius into pick, radius from anonproxy.mdav_pick(r, r_row, k, units_are_rows, radius) x;
+        taken := anonproxy.microaggregation_take(d, pick, cluster);
         sums := (select array_agg(a - b order by i) from unnest(sums, taken) with ordinality as u(a, b, i));
         cluster := cluster + 1;
-        taken := anonproxy.microaggregation_take(d, anonproxy.mdav_nearest(s, s_row, k, units_are_rows), cluster);
+        select x.pick, x.radius into pick, radius from anonproxy.mdav_pick(s, s_row, k, units_are_rows, radius) x;
+        taken := anonproxy.microaggregation_take(d, pick, cluster);
         sums := (select array_agg(a - b order by i) from unnest(sums, taken) with ordinality as u(a, b, i));
         remaining := case when units_are_rows then remaining - 2 * k
                           else (select count(distinct _unit) from pg_temp.anonproxy_ma_open) end;
@@ -311,7 +399,8 @@ begin
         mean := (select array_agg(x / sums[d + 1]) from unnest(sums[1:d]) x);
         select f.far_row, f.far into r_row, r from anonproxy.microaggregation_farthest(mean) f;
         cluster := cluster + 1;
-        perform anonproxy.microaggregation_take(d, anonproxy.mdav_nearest(r, r_row, k, units_are_rows), cluster);
+        select x.pick, x.radius into pick, radius from anonproxy.mdav_pick(r, r_row, k, units_are_rows, radius) x;
+        perform anonproxy.microaggregation_take(d, pick, cluster);
     end if;
     if exists (select from pg_temp.anonproxy_ma_open) then   -- the rest: fewer than 2k units
         cluster := cluster + 1;
