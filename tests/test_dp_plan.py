@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from decimal import Decimal
+from decimal import Decimal, localcontext
 from fractions import Fraction
 
 import psycopg
@@ -173,6 +173,45 @@ def test_selection_threshold_formula() -> None:
         assert leak <= delta
         assert tau == 2 or reach * alpha ** (tau - 2) / (1 + alpha) > delta  # the smallest such τ
     assert selection_threshold(1, 1, 1e-6) == 15
+    for t, reach, delta in [(10**12, 1, 1e-6), (10**15, 3, 1e-9), (Fraction(10**40), 2, 1e-7),
+                            (Fraction(1, 10**15), 1, 1e-6)]:
+        assert selection_threshold(t, reach, delta) == _threshold_oracle(Fraction(t), reach, delta)
+
+
+def _threshold_oracle(t: Fraction, reach: int, delta: float) -> int:
+    """The smallest τ ≥ 2 with reach·α^(τ−1)/(1+α) ≤ δ, α = e^(−1/t): τ − 1 = ⌈t·ln(reach/(δ(1+α)))⌉.
+
+    In decimal arithmetic with 80 digits more than t has."""
+    with localcontext(prec=80 + len(str(t.numerator // t.denominator))):
+        exact_t = Decimal(t.numerator) / Decimal(t.denominator)
+        alpha = (-1 / exact_t).exp()
+        return max(2, 1 + math.ceil(exact_t * (reach / (Decimal(delta) * (1 + alpha))).ln()))
+
+
+@pytest.mark.parametrize("epsilon", [1e-12, 1e-15, 1e-100], ids=str)
+def test_a_tiny_epsilon_plans_with_exact_threshold_and_interval(epsilon: float) -> None:
+    # The threshold, the 95 % interval and the spread follow from t = 1/ε (count(*) is the selection count, one
+    # unit reaches one group): float loops over τ never ended for ε ≈ 1e-12 and below.
+    p = plan("select occupation, count(*) from adult group by occupation", DPParams(epsilon, 1e-6))
+    (selection,) = p.statistics  # count(*) with one row per unit is the selection count
+    t = selection.scale
+    assert 1 / Fraction(epsilon) <= t <= 1 / Fraction(epsilon) * (1 + Fraction(1, 10**11))
+    assert p.threshold == _threshold_oracle(t, 1, 1e-6)
+    noise = p.columns[1].noise
+    assert noise.stddev == pytest.approx(math.sqrt(2) * float(t), rel=1e-9)  # Var = 2α/(1−α)² ≈ 2t²
+    assert noise.ci95_halfwidth == pytest.approx(float(t) * math.log(20), rel=1e-9)  # the Laplace limit t·ln 20
+    assert p.epsilon == epsilon
+
+
+def test_a_huge_epsilon_plans_without_noise() -> None:
+    # ε = 10^300: t = 10^-300, α = 0, so one unit's key passes τ = 2 with probability 0, intervals are ±0
+    p = plan("select occupation, count(*), avg(age) from adult group by occupation", DPParams(1e300, 1e-6))
+    assert p.threshold == 2
+    assert p.columns[1].noise.stddev == 0.0 and p.columns[1].noise.ci95_halfwidth == 0.0
+
+
+def test_an_epsilon_beyond_the_double_range_is_refused() -> None:
+    refused("select count(*) from adult", "too small", "ε", params=DPParams(5e-324, 1e-6))
 
 
 def test_fractional_bounds_use_a_fixed_point_grid() -> None:
@@ -399,7 +438,7 @@ def test_join_counts_people_not_visits(postgresql: psycopg.Connection) -> None:
                        "as region from public.adult where id <= 301")
     p = plan("select r.region, count(*) from visits v join region r on r.id = v.person group by r.region",
              DPParams(1.0, 1e-6, max_rows_per_unit=1))
-    assert dict((row[0], row[1]) for row in run(postgresql, p)) == {"North": 1, "South": 300, "East": 0, "West": 0}
+    assert {row[0]: row[1] for row in run(postgresql, p)} == {"North": 1, "South": 300, "East": 0, "West": 0}
 
 
 def test_one_row_per_unit_join_matches_the_truth(postgresql: psycopg.Connection) -> None:

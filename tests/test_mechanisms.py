@@ -16,6 +16,7 @@ import math
 import random
 from collections import Counter
 from collections.abc import Callable, Sequence
+from decimal import Decimal, localcontext
 from fractions import Fraction
 from functools import cache
 from statistics import NormalDist
@@ -361,6 +362,48 @@ def test_discrete_laplace_halfwidth_large_scale() -> None:
     # the continuous Laplace quantile t·ln 20 is the limit for large t
     for t in [10**4, 10**7]:
         assert abs(m.discrete_laplace_halfwidth(t) - t * math.log(20)) <= 2
+
+
+def _laplace_halfwidth_oracle(t: Fraction, confidence: float) -> int:
+    """h + 1 = ⌈t·ln(2/((1+α)(1−c)))⌉, α = e^(−1/t), from Pr[|X| ≥ k] = 2α^k/(1+α).
+
+    In decimal arithmetic with 80 digits more than t has."""
+    with localcontext(prec=80 + len(str(t.numerator // t.denominator))):
+        exact_t = Decimal(t.numerator) / Decimal(t.denominator)
+        alpha = (-1 / exact_t).exp()
+        bound = exact_t * (2 / ((1 + alpha) * (1 - Decimal(confidence)))).ln()
+        return max(0, math.ceil(bound) - 1)
+
+
+@pytest.mark.parametrize("epsilon", [Fraction(1, 10**12), Fraction(1, 10**15), 1e-15, Fraction(1, 10**40)], ids=str)
+def test_discrete_laplace_halfwidth_for_a_tiny_epsilon(epsilon: Fraction | float) -> None:
+    # t = 1/ε up to 10^40: past 2^53 a float cannot tell h from h + 1; the answer is still the exact quantile
+    t = m.laplace_scale(1, epsilon)
+    assert 1 / Fraction(epsilon) <= t <= (1 / Fraction(epsilon)) * (1 + Fraction(1, 10**11))  # rounded up only
+    for level in (0.95, 0.5):
+        assert m.discrete_laplace_halfwidth(t, level) == _laplace_halfwidth_oracle(t, level)
+    # Var = 2α/(1−α)² ≈ 2t² for large t
+    assert m.discrete_laplace_stddev(t) == pytest.approx(math.sqrt(2) * float(t), rel=1e-9)
+    draws = [m.discrete_laplace(t) for _ in range(200)]
+    assert sum(abs(x) <= 3 * float(t) for x in draws) >= 180  # P(|X| > 3t) ≈ e^-3 ≈ 5 %: a wrong scale fails
+
+
+@pytest.mark.parametrize("epsilon", [10**15, 1e300, 1.7e308])
+def test_discrete_laplace_for_a_huge_epsilon_is_exact(epsilon: float) -> None:
+    # t ≤ 10^-15: α = e^(−1/t) is 0 in any precision that matters, so Pr[X = 0] = (1−α)/(1+α) = 1
+    t = m.laplace_scale(1, epsilon)
+    assert 0 < t <= Fraction(1, 10**15)
+    assert m.discrete_laplace_halfwidth(t) == 0
+    assert m.discrete_laplace_stddev(t) == 0.0 and m.discrete_laplace_variance(t) == 0.0
+    assert m.discrete_laplace_pmf(0, t) == 1.0
+    assert [m.discrete_laplace(t) for _ in range(50)] == [0] * 50
+
+
+def test_discrete_laplace_spread_beyond_the_float_square() -> None:
+    # t = 10^200: the variance 2t² is past the largest double, the standard deviation √2·t is not
+    t = Fraction(10**200)
+    assert m.discrete_laplace_stddev(t) == pytest.approx(math.sqrt(2) * 1e200, rel=1e-12)
+    assert m.discrete_laplace_variance(t) == math.inf
 
 
 @pytest.mark.parametrize("sigma2", GAUSSIAN_SIGMA2 + [Fraction(1, 100), Fraction(10**6)], ids=str)

@@ -35,6 +35,7 @@ from anonproxy.policy.model import (
 )
 from anonproxy.privacy.dp_having import compile_having, holds
 from anonproxy.privacy.mechanisms import (
+    ceil_scaled_log,
     discrete_laplace,
     discrete_laplace_halfwidth,
     discrete_laplace_stddev,
@@ -282,6 +283,9 @@ def plan_dp(sql: str, role: RolePolicy, policy: Policy, params: DPParams) -> DPP
         return refusal.reject
     except RecursionError:
         return Reject(FEATURE_NOT_SUPPORTED, "the statement is nested too deeply to analyze", PARSE_HINT)
+    except OverflowError:  # a noise scale Δ/ε past the largest double (about 1.8e308): nothing can describe it
+        return Reject(FEATURE_NOT_SUPPORTED, f"ε = {params.epsilon:g} is too small for this query: its noise "
+                      "scale is beyond the range of a double", "Ask the DBA for a larger per-query ε.")
 
 
 def _plan(sql: str, role: RolePolicy, policy: Policy, params: DPParams) -> DPPlan:
@@ -649,24 +653,16 @@ def _having(node: exp.Expression, keys: list[exp.Expression], query: AnalyticQue
         return None
 
     return compile_having(node, value_of)
+
+
 def selection_threshold(scale: Fraction | float, reach: int, delta: float) -> int:
-    """The smallest τ with reach · Pr[1 + N ≥ τ] ≤ δ, N ~ discrete Laplace(scale).
+    """The smallest τ ≥ 2 with reach · Pr[1 + N ≥ τ] ≤ δ, N ~ discrete Laplace(scale).
 
     Pr[N ≥ k] = α^k / (1 + α) for k ≥ 1, α = e^(−1/t). A key that only one unit holds has exact count 1 (the
-    count is of distinct units), and one unit holds at most ``reach`` such keys.
+    count is of distinct units), and one unit holds at most ``reach`` such keys. So τ − 1 ≥ t·(ln(reach/δ) −
+    ln(1 + α)), evaluated exactly for any t (:func:`ceil_scaled_log`).
     """
-    t = float(scale)
-    alpha = math.exp(-1 / t)
-
-    def leak(tau: int) -> float:
-        return reach * alpha ** (tau - 1) / (1 + alpha)
-
-    tau = max(2, 1 + math.ceil(t * math.log(reach / (delta * (1 + alpha)))))
-    while leak(tau) > delta:
-        tau += 1
-    while tau > 2 and leak(tau - 1) <= delta:
-        tau -= 1
-    return tau
+    return max(2, 1 + ceil_scaled_log(scale, lambda alpha: (reach / Decimal(delta)).ln() - (1 + alpha).ln()))
 
 
 def _params(params: DPParams) -> tuple[Fraction, Fraction, int, int]:

@@ -34,8 +34,9 @@ from __future__ import annotations
 
 import math
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
-from decimal import Decimal
+from decimal import ROUND_CEILING, Decimal, localcontext
 from fractions import Fraction
 from functools import lru_cache
 from numbers import Rational
@@ -43,6 +44,7 @@ from numbers import Rational
 __all__ = [
     "NoisyValue",
     "bernoulli_exp",
+    "ceil_scaled_log",
     "discrete_gaussian",
     "discrete_gaussian_halfwidth",
     "discrete_gaussian_pmf",
@@ -344,20 +346,32 @@ def discrete_laplace_pmf(x: int, scale: Number) -> float:
 
 
 def discrete_laplace_variance(scale: Number) -> float:
-    """Var X = 2α/(1−α)² = 1/(2·sinh²(1/(2t)))."""
-    t = _laplace_t(scale)
-    return 0.5 / math.sinh(0.5 / t) ** 2
+    """Var X = 2α/(1−α)² = 1/(2·sinh²(1/(2t))); ``inf`` past the float range (t ≳ 10¹⁵⁴)."""
+    sd = discrete_laplace_stddev(scale)
+    return sd * sd
 
 
 def discrete_laplace_stddev(scale: Number) -> float:
-    return math.sqrt(discrete_laplace_variance(scale))
+    """√Var X = 1/(√2·sinh(1/(2t))), without squaring: finite for every float t."""
+    x = 0.5 / _laplace_t(scale)
+    if x > 300:  # sinh would overflow; then α = e^(−2x) < 1e−260 and √(2α)/(1−α) = √2·e^(−x) in doubles
+        return math.sqrt(2) * math.exp(-x)
+    return math.sqrt(0.5) / math.sinh(x)
 
 
-def _laplace_tail(k: int, t: float) -> float:
-    """Pr[|X| ≥ k] = 2α^k/(1+α) for k ≥ 1 (1 for k = 0)."""
-    if k <= 0:
-        return 1.0
-    return 2 * math.exp(-k / t) / (1 + math.exp(-1 / t))
+def ceil_scaled_log(scale: Number, log_of_alpha: Callable[[Decimal], Decimal]) -> int:
+    """⌈t·L⌉ with t = ``scale`` and L = ``log_of_alpha(α)``, α = e^(−1/t), evaluated in decimal arithmetic.
+
+    The closed forms of the discrete Laplace's interval and of the partition-selection threshold are ⌈t·L⌉
+    for a logarithm L. In doubles, t·L cannot resolve single integers once t ≳ 10¹⁵, and correcting a float
+    estimate step by step never ends; here every operation carries 30 digits more than t·L has, so the
+    result is the exact ceiling unless t·L is within ~10⁻²⁵ of an integer — for any t, tiny or huge.
+    """
+    t = _positive(scale, "scale")
+    with localcontext(prec=len(str(t.numerator // t.denominator)) + 30):
+        exact_t = Decimal(t.numerator) / Decimal(t.denominator)
+        product = exact_t * log_of_alpha((-1 / exact_t).exp())  # e^(−1/t) underflows to 0 for tiny t: right
+        return int(product.to_integral_value(rounding=ROUND_CEILING))
 
 
 def discrete_laplace_halfwidth(scale: Number, confidence: float = CONFIDENCE) -> int:
@@ -366,15 +380,9 @@ def discrete_laplace_halfwidth(scale: Number, confidence: float = CONFIDENCE) ->
     So ``value ± h`` covers the true integer value with probability at least
     ``confidence``, and ``value ± (h−1)`` would not.
     """
-    t = _laplace_t(scale)
-    miss = 1 - _confidence(confidence)
-    # Pr[|X| ≥ h+1] ≤ miss  ⇔  h+1 ≥ t·ln(2/((1+α)·miss))
-    h = max(0, math.ceil(t * math.log(2 / ((1 + math.exp(-1 / t)) * miss))) - 1)
-    while _laplace_tail(h + 1, t) > miss:
-        h += 1
-    while h > 0 and _laplace_tail(h, t) <= miss:
-        h -= 1
-    return h
+    level = Decimal(_confidence(confidence))  # exactly the float's value
+    # Pr[|X| ≥ h+1] = 2α^(h+1)/(1+α) ≤ 1 − level  ⇔  h+1 ≥ t·ln(2/((1+α)·(1 − level)))
+    return max(0, ceil_scaled_log(scale, lambda alpha: (2 / ((1 + alpha) * (1 - level))).ln()) - 1)
 
 
 _DIRECT_SUM_SIGMA2 = 100.0  # σ² up to which normalising sums are done term by term
