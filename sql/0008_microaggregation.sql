@@ -13,9 +13,10 @@
 -- with their nearest cluster (Alg. 4) until none does; the ℓ / t test is
 -- anonproxy.sensitive_failures of 0007.
 
--- Stage the numeric quasi-identifiers as z-scores in pg_temp.anonproxy_ma_open
--- (_row, _unit, z1 … zd, stratum) and create pg_temp.anonproxy_ma_cluster
--- (_row, cluster). Returns d.
+-- Stage the numeric quasi-identifiers as z-scores in pg_temp.anonproxy_ma_z
+-- (_row, _unit, z1 … zd, stratum), copy them to pg_temp.anonproxy_ma_open (the
+-- records not yet clustered) and create pg_temp.anonproxy_ma_cluster (_row,
+-- cluster). Returns d.
 create or replace function anonproxy.microaggregation_stage(input regclass, spec jsonb, method text)
 returns integer
 language plpgsql
@@ -34,7 +35,7 @@ begin
             method
             using errcode = '22023', hint = 'use method => ''mondrian'' or ''full_domain'' for categorical ones';
     end if;
-    foreach scratch in array array['anonproxy_ma_open', 'anonproxy_ma_cluster', 'anonproxy_ma_dist',
+    foreach scratch in array array['anonproxy_ma_z', 'anonproxy_ma_open', 'anonproxy_ma_cluster', 'anonproxy_ma_dist',
                                    'anonproxy_ma_centroid', 'anonproxy_ma_failing', 'anonproxy_sens_dist',
                                    'anonproxy_sens_global'] loop
         if to_regclass('pg_temp.' || scratch) is not null then   -- left by an earlier call in this session
@@ -42,7 +43,7 @@ begin
         end if;
     end loop;
     execute format(
-        'create temp table anonproxy_ma_open as
+        'create temp table anonproxy_ma_z as
          select i._row, i._unit, %s, 0 as stratum
          from %s i cross join (select %s from %s) s',
         (select string_agg(format('coalesce((i.%I - s.mean%s) / nullif(s.sd%s, 0), 0)::float8 as z%s',
@@ -53,6 +54,7 @@ begin
                            ', ' order by j)
          from generate_series(1, d) j),
         input);
+    create temp table anonproxy_ma_open as select * from pg_temp.anonproxy_ma_z;
     perform anonproxy.microaggregation_index(d);
     create temp table anonproxy_ma_cluster (_row bigint primary key, cluster integer not null);
     return d;
@@ -211,20 +213,12 @@ begin
     if not exists (select from pg_temp.anonproxy_ma_failing) then
         return 0;
     end if;
-    -- Centroids in z space, to find the nearest cluster; the open table is empty now.
+    -- Centroids in z space, to find the nearest cluster.
     execute format(
         'create temp table anonproxy_ma_centroid as
-         select c.cluster, count(*) as n, %s from pg_temp.anonproxy_ma_cluster c join (%s) z using (_row) group by c.cluster',
-        (select string_agg(format('avg(z%s) as z%s', j, j), ', ' order by j) from generate_series(1, d) j),
-        (select format('select i._row, %s from %s i cross join (select %s from %s) s',
-                       string_agg(format('coalesce((i.%I - s.mean%s) / nullif(s.sd%s, 0), 0)::float8 as z%s',
-                                         q.name, j, j, j), ', ' order by j),
-                       input,
-                       string_agg(format('avg(%I) as mean%s, stddev_pop(%I) as sd%s', q.name, j, q.name, j),
-                                  ', ' order by j),
-                       input)
-         from (select x->>'name' as name, row_number() over (order by i) as j
-               from jsonb_array_elements(spec->'qi') with ordinality as a(x, i) where x->>'kind' = 'numeric') q));
+         select c.cluster, count(*) as n, %s
+         from pg_temp.anonproxy_ma_cluster c join pg_temp.anonproxy_ma_z z using (_row) group by c.cluster',
+        (select string_agg(format('avg(z%s) as z%s', j, j), ', ' order by j) from generate_series(1, d) j));
     loop
         select f.cluster into worst from pg_temp.anonproxy_ma_failing f order by f.badness desc, f.cluster limit 1;
         exit when not found;
@@ -300,7 +294,7 @@ begin
         input);
     select jsonb_build_object('clusters', count(*), 'smallest_cluster', min(n), 'largest_cluster', max(n))
     into facts from (select count(*) as n from pg_temp.anonproxy_ma_cluster group by cluster) x;
-    foreach scratch in array array['anonproxy_ma_open', 'anonproxy_ma_cluster', 'anonproxy_ma_dist',
+    foreach scratch in array array['anonproxy_ma_z', 'anonproxy_ma_open', 'anonproxy_ma_cluster', 'anonproxy_ma_dist',
                                    'anonproxy_ma_centroid', 'anonproxy_ma_failing', 'anonproxy_sens_dist',
                                    'anonproxy_sens_global'] loop
         if to_regclass('pg_temp.' || scratch) is not null then
