@@ -15,6 +15,22 @@
 -- anonproxy.sensitive_failures(spec) is the ℓ / t test on class distributions,
 -- shared with the microaggregation methods of 0008 (not with verification).
 
+-- Drop those of the named temp tables that exist (the methods' scratch tables).
+create or replace function anonproxy.drop_scratch_tables(names text[]) returns void
+language plpgsql
+set search_path = pg_catalog, pg_temp
+as $fn$
+declare
+    scratch text;
+begin
+    foreach scratch in array names loop
+        if to_regclass('pg_temp.' || scratch) is not null then
+            execute format('drop table pg_temp.%I', scratch);
+        end if;
+    end loop;
+end
+$fn$;
+
 -- The classes of pg_temp.anonproxy_sens_dist(key, s, units) that fail the ℓ or
 -- t asked for in spec, t measured against pg_temp.anonproxy_sens_global(s, units).
 -- badness orders the failures: EMD minus t, or the ℓ shortfall.
@@ -245,7 +261,6 @@ declare
     best_loss float8 := 'infinity';
     best_suppressed bigint;
     classes bigint;
-    scratch text;
     scratch_tables text[] := array['anonproxy_fd_map', 'anonproxy_fd_leaf', 'anonproxy_fd_cells',
         'anonproxy_fd_cell_units', 'anonproxy_fd_class', 'anonproxy_fd_level', 'anonproxy_fd_lattice', 'anonproxy_fd_rolled', 'anonproxy_sens_dist',
         'anonproxy_sens_global'];
@@ -257,11 +272,7 @@ begin
     execute format('select count(*) from %s', input) into total_rows;
     max_suppressed := floor(suppression_limit * total_rows);
 
-    foreach scratch in array scratch_tables loop   -- left over by an earlier call in this session
-        if to_regclass('pg_temp.' || scratch) is not null then
-            execute format('drop table pg_temp.%I', scratch);
-        end if;
-    end loop;
+    perform anonproxy.drop_scratch_tables(scratch_tables);   -- left by an earlier call in this session
     create temp table anonproxy_fd_map (q integer, leaf text, level integer, node text);
     create temp table anonproxy_fd_leaf (q integer, leaf text, ids integer[], ncp float8[], nodes text[],
                                          primary key (q, leaf));
@@ -493,11 +504,7 @@ begin
         (select string_agg(format('l%s.ids[$1[%s] + 1]', i, i), ', ' order by i) from generate_series(1, m) i))
     using best;
 
-    foreach scratch in array scratch_tables loop
-        if to_regclass('pg_temp.' || scratch) is not null then
-            execute format('drop table pg_temp.%I', scratch);
-        end if;
-    end loop;
+    perform anonproxy.drop_scratch_tables(scratch_tables);
     return jsonb_build_object(
         'method', 'full_domain',
         'metric', 'ncp',

@@ -13,6 +13,14 @@
 -- with their nearest cluster (Alg. 4) until none does; the ℓ / t test is
 -- anonproxy.sensitive_failures of 0007.
 
+-- The scratch tables of the microaggregation methods.
+create or replace function anonproxy.microaggregation_scratch() returns text[]
+language sql immutable
+as $$
+    select array['anonproxy_ma_z', 'anonproxy_ma_open', 'anonproxy_ma_cluster', 'anonproxy_ma_dist',
+                 'anonproxy_ma_centroid', 'anonproxy_ma_failing', 'anonproxy_sens_dist', 'anonproxy_sens_global']
+$$;
+
 -- Stage the numeric quasi-identifiers as z-scores in pg_temp.anonproxy_ma_z
 -- (_row, _unit, z1 … zd, stratum), copy them to pg_temp.anonproxy_ma_open (the
 -- records not yet clustered) and create pg_temp.anonproxy_ma_cluster (_row,
@@ -25,7 +33,6 @@ as $fn$
 declare
     numeric_qis text[];
     d integer;
-    scratch text;
 begin
     select array_agg(q->>'name' order by i) into numeric_qis
     from jsonb_array_elements(spec->'qi') with ordinality as a(q, i) where q->>'kind' = 'numeric';
@@ -35,13 +42,7 @@ begin
             method
             using errcode = '22023', hint = 'use method => ''mondrian'' or ''full_domain'' for categorical ones';
     end if;
-    foreach scratch in array array['anonproxy_ma_z', 'anonproxy_ma_open', 'anonproxy_ma_cluster', 'anonproxy_ma_dist',
-                                   'anonproxy_ma_centroid', 'anonproxy_ma_failing', 'anonproxy_sens_dist',
-                                   'anonproxy_sens_global'] loop
-        if to_regclass('pg_temp.' || scratch) is not null then   -- left by an earlier call in this session
-            execute format('drop table pg_temp.%I', scratch);
-        end if;
-    end loop;
+    perform anonproxy.drop_scratch_tables(anonproxy.microaggregation_scratch());   -- left by an earlier call
     execute format(
         'create temp table anonproxy_ma_z as
          select i._row, i._unit, %s, 0 as stratum
@@ -272,7 +273,6 @@ set search_path = pg_catalog, pg_temp
 as $fn$
 declare
     facts jsonb;
-    scratch text;
 begin
     execute format('create temp table %I (_row bigint, %s)', spec->>'output',
                    (select string_agg(format('%I %s', q->>'name', case q->>'kind' when 'numeric' then 'numeric' else 'text' end),
@@ -294,13 +294,7 @@ begin
         input);
     select jsonb_build_object('clusters', count(*), 'smallest_cluster', min(n), 'largest_cluster', max(n))
     into facts from (select count(*) as n from pg_temp.anonproxy_ma_cluster group by cluster) x;
-    foreach scratch in array array['anonproxy_ma_z', 'anonproxy_ma_open', 'anonproxy_ma_cluster', 'anonproxy_ma_dist',
-                                   'anonproxy_ma_centroid', 'anonproxy_ma_failing', 'anonproxy_sens_dist',
-                                   'anonproxy_sens_global'] loop
-        if to_regclass('pg_temp.' || scratch) is not null then
-            execute format('drop table pg_temp.%I', scratch);
-        end if;
-    end loop;
+    perform anonproxy.drop_scratch_tables(anonproxy.microaggregation_scratch());
     return facts;
 end
 $fn$;
