@@ -79,6 +79,7 @@ GUARD = "anonproxy_guard"
 PLAIN = "anonproxy_plain"
 DOMAIN = "anonproxy_domain"
 UNIT = "anonproxy_unit"
+UNREAD = "anonproxy_unread"
 
 _INT8, _FLOAT8, _NUMERIC = 20, 701, 1700  # PostgreSQL type OIDs of answer values
 
@@ -238,6 +239,12 @@ class DPPlan:
     max_rows_per_unit: int = 1
     hidden: tuple[OutputColumn, ...] = ()  # aggregates HAVING needs that the select list does not show
     having: tuple | None = None  # compiled HAVING (dp_having) over columns + hidden
+
+    @property
+    def free(self) -> bool:
+        """Only keys of declared public domains: the answer is those domains, its SQL reads no row, it costs
+        nothing (and there is nothing to charge or cache)."""
+        return not self.statistics and self.epsilon == 0 and self.delta == 0
 
     def notices(self) -> list[str]:
         lines = [column.noise.describe(column.name) for column in self.columns if column.noise is not None]
@@ -755,6 +762,8 @@ def _sql(query: AnalyticQuery, statistics: list[Statistic], public: list[tuple[s
         if stat.argument is not None and stat.argument not in arguments:
             arguments[stat.argument] = f"anonproxy_a{len(arguments) + 1}"
 
+    if public is not None and not statistics:
+        return _domain_sql(query, public, keys)
     select = [f"{query.unit} AS {UNIT}"]
     select += [f"{key} AS {name}" for key, name in zip(query.keys, keys, strict=True)]
     select += [f"{argument} AS {name}" for argument, name in arguments.items()]
@@ -804,18 +813,32 @@ def _sql(query: AnalyticQuery, statistics: list[Statistic], public: list[tuple[s
     if public is None:
         return _with(ctes) + "\n" + final
     ctes.append((STATS, final, f"at most {groups_cap} group(s) per unit; exact per-group statistics"))
+    ctes.append(_domain_cte(public, keys))
+    on = " AND ".join(f"s.{key}::text = d.{key}" for key in keys)
+    outer = [f"SELECT {', '.join(f'd.{key}' for key in keys)}, "
+             + ", ".join(f"coalesce(s.{stat.name}, {_EMPTY[stat.kind]}) AS {stat.name}" for stat in statistics),
+             f"FROM {DOMAIN} AS d LEFT JOIN {STATS} AS s ON {on}"]
+    return _with(ctes) + "\n" + "\n".join(outer)
+
+
+def _domain_cte(public: list[tuple[str, ...]], keys: list[str]) -> tuple[str, str, str]:
     domain_from = []
     for i, (values, key) in enumerate(zip(public, keys, strict=True)):
         array = ", ".join(_text_literal(v) for v in values)
         domain_from.append(f"unnest(ARRAY[{array}]::text[]) AS d{i + 1}({key})")
     domain = [f"SELECT {', '.join(f'd{i + 1}.{key}' for i, key in enumerate(keys))}",
               f"FROM {' CROSS JOIN '.join(domain_from)}"]
-    ctes.append((DOMAIN, "\n".join(domain), "every value of the declared public domains"))
-    on = " AND ".join(f"s.{key}::text = d.{key}" for key in keys)
-    outer = [f"SELECT {', '.join(f'd.{key}' for key in keys)}, "
-             + ", ".join(f"coalesce(s.{stat.name}, {_EMPTY[stat.kind]}) AS {stat.name}" for stat in statistics),
-             f"FROM {DOMAIN} AS d LEFT JOIN {STATS} AS s ON {on}"]
-    return _with(ctes) + "\n" + "\n".join(outer)
+    return DOMAIN, "\n".join(domain), "every value of the declared public domains"
+
+
+def _domain_sql(query: AnalyticQuery, public: list[tuple[str, ...]], keys: list[str]) -> str:
+    """SQL for a query with public-domain keys and no aggregate: the domains, reading no row. The client's FROM and
+    WHERE are kept in a CTE that nothing references, which PostgreSQL never runs (it plans no unreferenced SELECT
+    CTE) but still parses: its names are checked and its $n parameters typed as in the client's query."""
+    where = [f"WHERE {query.where}"] if query.where is not None else []
+    unread = (UNREAD, "\n".join([f"SELECT FROM {query.from_sql}", *where]),
+              "the client's FROM and WHERE: never run, nothing references it")
+    return _with([unread, _domain_cte(public, keys)]) + f"\nSELECT {', '.join(keys)} FROM {DOMAIN}"
 
 
 def _guard(query: AnalyticQuery) -> str:

@@ -15,9 +15,11 @@ Any other database error propagates as the ``psycopg.Error`` it is.
 of its own (READ COMMITTED, as ``anonproxy.charge`` requires) and returns
 only after its COMMIT has returned, so the caller may send the answer as soon
 as they return. They refuse a connection that is inside a transaction: its
-commit would not be theirs to make. The reading functions run in
-``conn.transaction()``, which is a savepoint when the caller has a transaction
-open — so :func:`data_version` can be read in the snapshot of the query.
+commit would not be theirs to make. The reading functions are one statement
+each, with no transaction or savepoint of their own: in autocommit the
+statement is its own snapshot, inside the caller's transaction it reads that
+transaction's — so :func:`data_version` can be read in the snapshot of the query.
+:func:`lookup_answer` is the proxy's one round trip for a question it has seen.
 
 Amounts are :class:`decimal.Decimal`, as PostgreSQL's numeric: exact. Pass
 Decimals, ints or strings; a float is converted through its shortest repr
@@ -53,6 +55,8 @@ _REMAINING_ALL_SQL = f"select {_COLUMNS} from anonproxy.remaining_budgets(%s)"
 _STORE_SQL = "select anonproxy.store_answer(%s, %s, %s, %s) as answer"
 _CACHED_SQL = "select anonproxy.cached_answer(%s, %s, %s) as answer"
 _DATA_VERSION_SQL = "select anonproxy.data_version(%s::text[]) as version"
+_LOOKUP_SQL = ("select epsilon_per_query, delta_per_query, data_version, answer "
+               "from anonproxy.lookup_answer(%s, %s, %s::text[], %s)")
 _READ_COMMITTED = "set transaction isolation level read committed"
 
 # Charges wait for each other's row locks; a deadlock or serialization failure
@@ -119,6 +123,16 @@ class NoBudget(BudgetError):
 
 
 @dataclass(frozen=True)
+class Lookup:
+    """What :func:`lookup_answer` read, in one snapshot."""
+
+    epsilon_per_query: Decimal | None  # the role's per-query cost on the domain; None: the proxy's default
+    delta_per_query: Decimal | None
+    data_version: str | None  # None: unknown, nothing is cached
+    answer: bytes | None  # the answer already paid for, on that version; None: none
+
+
+@dataclass(frozen=True)
 class Charged:
     """The outcome of :func:`charge_and_store`: what remains, and the answer to send."""
 
@@ -149,7 +163,7 @@ async def charge_and_store(conn: psycopg.AsyncConnection[Any], role: str, domain
 async def remaining(conn: psycopg.AsyncConnection[Any], role: str, domain: str) -> Remaining:
     """What ``role`` may still spend on ``domain``; :class:`NoBudget` if it has no budget there."""
     try:
-        async with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+        async with conn.cursor(row_factory=dict_row) as cur:
             row = await (await cur.execute(_REMAINING_SQL, (role, domain))).fetchone()
     except errors.InsufficientPrivilege as exc:
         raise _no_budget(exc) or exc
@@ -159,7 +173,7 @@ async def remaining(conn: psycopg.AsyncConnection[Any], role: str, domain: str) 
 
 async def remaining_all(conn: psycopg.AsyncConnection[Any], role: str) -> list[Remaining]:
     """Every budget of ``role``, by domain (for ``SHOW anonproxy.budget``)."""
-    async with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+    async with conn.cursor(row_factory=dict_row) as cur:
         rows = await (await cur.execute(_REMAINING_ALL_SQL, (role,))).fetchall()
     return [Remaining.from_row(row) for row in rows]
 
@@ -170,7 +184,7 @@ async def data_version(conn: psycopg.AsyncConnection[Any], tables: Sequence[str]
     Read it in the snapshot the query runs in, so that the answer cached under
     it was computed from that version.
     """
-    async with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+    async with conn.cursor(row_factory=dict_row) as cur:
         row = await (await cur.execute(_DATA_VERSION_SQL, (list(tables),))).fetchone()
     assert row is not None
     version: str | None = row["version"]
@@ -182,10 +196,25 @@ async def cached_answer(conn: psycopg.AsyncConnection[Any], role: str, fingerpri
     """The answer ``role`` already paid for, or None. Costs nothing."""
     if data_version is None:
         return None
-    async with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+    async with conn.cursor(row_factory=dict_row) as cur:
         row = await (await cur.execute(_CACHED_SQL, (role, fingerprint, data_version))).fetchone()
     assert row is not None
     return None if row["answer"] is None else bytes(row["answer"])
+
+
+async def lookup_answer(conn: psycopg.AsyncConnection[Any], role: str, domain: str, tables: Sequence[str],
+                        fingerprint: str | None) -> Lookup:
+    """In one statement: ``role``'s per-query cost on ``domain``, the data version of ``tables`` and the answer
+    cached for ``fingerprint`` on it (None: do not look). :class:`NoBudget` if the role has no budget there."""
+    try:
+        async with conn.cursor(row_factory=dict_row) as cur:
+            row = await (await cur.execute(_LOOKUP_SQL, (role, domain, list(tables), fingerprint))).fetchone()
+    except errors.InsufficientPrivilege as exc:
+        raise _no_budget(exc) or exc
+    assert row is not None
+    answer = row["answer"]
+    return Lookup(row["epsilon_per_query"], row["delta_per_query"], row["data_version"],
+                  None if answer is None else bytes(answer))
 
 
 async def store_answer(conn: psycopg.AsyncConnection[Any], role: str, fingerprint: str, data_version: str | None,

@@ -2,13 +2,16 @@
 
 For one query: plan it (anonproxy.privacy.dp_plan) with the role's per-query
 ε and δ from its budget — lowered by the session's ``SET anonproxy.epsilon``
-/ ``anonproxy.delta`` — then, in one REPEATABLE READ READ ONLY transaction,
-read the data version, look for the answer already paid for, and else run
-the contribution-bounded SQL with the client's bound parameters; add noise;
-charge the ledger and cache the answer, committed before a byte of it leaves
-(anonproxy.privacy.ledger). Answers are :class:`Result` values, which the
-gate encodes for the simple or the extended protocol; refusals raise
-:class:`Refused`, which carries the ErrorResponse.
+/ ``anonproxy.delta`` — and, in one statement (``anonproxy.lookup_answer``),
+read that per-query cost, the data version and the answer already paid for.
+That one round trip is the whole ledger work for a question already answered.
+Else, in one REPEATABLE READ READ ONLY transaction, read the data version again
+and run the contribution-bounded SQL with the client's bound parameters; add
+noise; charge the ledger and cache the answer, committed before a byte of it
+leaves (anonproxy.privacy.ledger). A query that only lists declared public
+domains reads no row and is neither charged nor cached. Answers are
+:class:`Result` values, which the gate encodes for the simple or the extended
+protocol; refusals raise :class:`Refused`, which carries the ErrorResponse.
 
 Also: the column types of a dp query without running it (Describe),
 ``EXPLAIN (ANONPROXY)``, ``SHOW anonproxy.budget | epsilon | delta`` and
@@ -47,10 +50,11 @@ log = logging.getLogger("anonproxy.dp")
 # Used when a budget does not say what one query costs.
 DEFAULT_EPSILON = Decimal("0.5")
 DEFAULT_DELTA = Decimal("1e-7")
+_DEFAULT_COSTS = (DEFAULT_EPSILON, DEFAULT_DELTA)
 POOL_SIZE = 4  # connections per worker: dp questions of different sessions run side by side
 PLAN_CACHE_SIZE = 10_000  # plans are deterministic in (text, role, policy version, ε, δ): kept per worker
 
-_SNAPSHOT = "set transaction isolation level repeatable read, read only"
+_BEGIN_SNAPSHOT = "begin isolation level repeatable read, read only"
 
 
 @dataclass
@@ -75,6 +79,9 @@ class NoisyAnswers:
         self._idle: list[psycopg.AsyncConnection[Any]] = []
         self._slots = asyncio.Semaphore(size)
         self._plans: dict[tuple[str, str, int, DPParams], DPPlan | Reject] = {}
+        # (role, table) -> the per-query (ε, δ) last read from the ledger: the cost the next question is planned
+        # at before the ledger confirms it
+        self._costs: dict[tuple[str, str], tuple[Decimal, Decimal]] = {}
 
     async def close(self) -> None:
         while self._idle:
@@ -86,23 +93,24 @@ class NoisyAnswers:
                      limits: SessionLimits) -> Result:
         """The noisy answer, charged (or the cached one, free)."""
         async with self._connection() as conn:
-            plan, _ = await self._plan(conn, sql, role, policy, limits)
-            fingerprint = _fingerprint(plan, policy.version, parameters)
-            async with _snapshot(conn, plan, role.role, fingerprint) as (data_version, cached):
-                if cached is None:
-                    types, rows = await _run(conn, plan.sql, parameters)
-            if cached is not None:
-                return _with_notice(parse_simple(cached), "anonproxy: the same question on the same data was "
-                                    "answered before; this is that answer, at no cost")
-            columns = _output_columns(plan, types)
-            noisy_rows, _ = answer(plan, rows)
-            result = Result(columns, tuple(tuple(text_value(value, column.type_oid)
-                                                 for value, column in zip(row, columns, strict=True))
-                                           for row in noisy_rows),
-                            notices=_notice(f"anonproxy: differentially private answer, ε={plan.epsilon:g}, "
-                                            f"δ={plan.delta:g}", "\n".join(plan.notices())))
+            plan, fingerprint, found = await self._question(conn, sql, role, policy, parameters, limits)
+            if plan.free:
+                types, rows = await _run(conn, plan.sql, parameters)
+                return _result(plan, types, rows, "anonproxy: the declared public domain, from the policy: no "
+                               "row was read and nothing was charged")
+            if found.answer is None:
+                async with _snapshot(conn):
+                    # The data version the plan's rows have, and an answer another session stored meanwhile.
+                    found = await ledger.lookup_answer(conn, role.role, plan.table, [plan.table], fingerprint)
+                    if found.answer is None:
+                        types, rows = await _run(conn, plan.sql, parameters)
+            if found.answer is not None:
+                return _with_notice(parse_simple(found.answer), "anonproxy: the same question on the same data "
+                                    "was answered before; this is that answer, at no cost")
+            result = _result(plan, types, rows, f"anonproxy: differentially private answer, ε={plan.epsilon:g}, "
+                             f"δ={plan.delta:g}")
             charged = await ledger.charge_and_store(conn, role.role, plan.table, plan.epsilon, plan.delta,
-                                                    fingerprint, data_version, result.simple())
+                                                    fingerprint, found.data_version, result.simple())
             left = charged.remaining
             return _with_notice(parse_simple(charged.answer), f"anonproxy: budget left on {plan.table}: "
                                 f"ε={_plain(left.epsilon)}, δ={_plain(left.delta)}")
@@ -110,28 +118,31 @@ class NoisyAnswers:
     async def describe(self, sql: str, role: RolePolicy, policy: Policy, parameters: Parameters,
                        limits: SessionLimits) -> Description:
         """Parameter types and result columns of a dp query, from the server's description of its plan:
-        nothing is run or charged."""
+        nothing is run, charged or read from the ledger (the types do not depend on the per-query cost)."""
+        first = self._plan(sql, role, policy, _DEFAULT_COSTS, limits)
+        plan = self._plan(sql, role, policy, self._costs.get((role.role, first.table), _DEFAULT_COSTS), limits)
         async with self._connection() as conn:
-            plan, _ = await self._plan(conn, sql, role, policy, limits)
             parameter_types, types = await _describe(conn, plan.sql, parameters.types)
-            return Description(parameter_types, _output_columns(plan, types))
+        return Description(parameter_types, _output_columns(plan, types))
 
     async def explain(self, sql: str, role: RolePolicy, policy: Policy, parameters: Parameters,
                       limits: SessionLimits) -> Result:
         """``EXPLAIN (ANONPROXY)``: cost, noise and whether the answer is cached, without running or charging."""
         async with self._connection() as conn:
-            plan, budget = await self._plan(conn, sql, role, policy, limits)
-            fingerprint = _fingerprint(plan, policy.version, parameters)
-            async with _snapshot(conn, plan, role.role, fingerprint) as (data_version, cached):
-                pass
-        lines = [f"differentially private answer on {plan.table}: costs ε={plan.epsilon:g}, δ={plan.delta:g}",
-                 *(f"  {line}" for line in plan.notices())]
-        if cached is not None:
-            lines.append("cached: the same question was answered on the current data; asking it again costs nothing")
-        elif data_version is None:
-            lines.append(f"not cacheable: the data version of {plan.table} is unknown; every run is charged")
+            plan, _, found = await self._question(conn, sql, role, policy, parameters, limits)
+            budget = await ledger.remaining(conn, role.role, plan.table)
+        if plan.free:
+            lines = [f"the declared public domain, from the policy: reads no row of {plan.table}, costs nothing"]
         else:
-            lines.append("not cached: running it charges the cost above")
+            lines = [f"differentially private answer on {plan.table}: costs ε={plan.epsilon:g}, δ={plan.delta:g}",
+                     *(f"  {line}" for line in plan.notices())]
+            if found.answer is not None:
+                lines.append("cached: the same question was answered on the current data; asking it again costs "
+                             "nothing")
+            elif found.data_version is None:
+                lines.append(f"not cacheable: the data version of {plan.table} is unknown; every run is charged")
+            else:
+                lines.append("not cached: running it charges the cost above")
         lines.append(f"budget left on {plan.table}: ε={_plain(budget.epsilon)}, δ={_plain(budget.delta)}")
         lines.append("nothing was run or charged")
         return Result(EXPLAIN_COLUMNS, tuple((line.encode(),) for line in lines), "EXPLAIN")
@@ -174,14 +185,31 @@ class NoisyAnswers:
 
     # -- helpers ----------------------------------------------------------------------
 
-    async def _plan(self, conn: psycopg.AsyncConnection[Any], sql: str, role: RolePolicy, policy: Policy,
-                    limits: SessionLimits) -> tuple[DPPlan, ledger.Remaining]:
-        """The plan at the role's per-query cost on the table the query reads, lowered by the session's."""
-        first = self._plan_dp(sql, role, policy, DPParams(float(DEFAULT_EPSILON), float(DEFAULT_DELTA)))
-        if isinstance(first, Reject):
-            raise Refused(first.sqlstate, first.message, first.hint)
-        budget = await ledger.remaining(conn, role.role, first.table)
-        epsilon, delta = _per_query(budget, "epsilon"), _per_query(budget, "delta")
+    async def _question(self, conn: psycopg.AsyncConnection[Any], sql: str, role: RolePolicy, policy: Policy,
+                        parameters: Parameters, limits: SessionLimits) -> tuple[DPPlan, str, ledger.Lookup]:
+        """The plan at the role's per-query cost on the table the query reads, lowered by the session's; its
+        fingerprint; and what ``anonproxy.lookup_answer`` read for it. One round trip when the role's per-query
+        cost is the one this worker read last; when it changed, the plan for the new cost is looked up again."""
+        first = self._plan(sql, role, policy, _DEFAULT_COSTS, limits)
+        key = (role.role, first.table)
+        costs = self._costs.get(key, _DEFAULT_COSTS)
+        for _ in range(3):
+            plan = self._plan(sql, role, policy, costs, limits)
+            fingerprint = _fingerprint(plan, policy.version, parameters)
+            found = await ledger.lookup_answer(conn, role.role, plan.table, [plan.table],
+                                               None if plan.free else fingerprint)
+            read = (_or_default(found.epsilon_per_query, "epsilon"), _or_default(found.delta_per_query, "delta"))
+            self._costs[key] = read
+            if read == costs:
+                return plan, fingerprint, found
+            costs = read
+        raise Refused("40001", f'the per-query budget of role "{role.role}" on {first.table} kept changing while '
+                      "the question was planned", "Try again.")
+
+    def _plan(self, sql: str, role: RolePolicy, policy: Policy, costs: tuple[Decimal, Decimal],
+              limits: SessionLimits) -> DPPlan:
+        """The plan at per-query ``costs`` (ε, δ) lowered by the session's; a Reject becomes ``Refused``."""
+        epsilon, delta = costs
         if limits.epsilon is not None:
             epsilon = min(epsilon, limits.epsilon)
         if limits.delta is not None:
@@ -189,7 +217,7 @@ class NoisyAnswers:
         plan = self._plan_dp(sql, role, policy, DPParams(float(epsilon), float(delta)))
         if isinstance(plan, Reject):
             raise Refused(plan.sqlstate, plan.message, plan.hint)
-        return plan, budget
+        return plan
 
     def _plan_dp(self, sql: str, role: RolePolicy, policy: Policy, params: DPParams) -> DPPlan | Reject:
         """``plan_dp``, cached: planning costs milliseconds, a statement already seen should not."""
@@ -231,14 +259,17 @@ class NoisyAnswers:
 
 
 @contextlib.asynccontextmanager
-async def _snapshot(conn: psycopg.AsyncConnection[Any], plan: DPPlan, role: str, fingerprint: str,
-                    ) -> AsyncIterator[tuple[str | None, bytes | None]]:
-    """A REPEATABLE READ, READ ONLY transaction, with the data version and the cached answer read in it: the
-    plan run inside it sees that version, so an answer is cached under the version it was computed from."""
-    async with conn.transaction():
-        await conn.execute(_SNAPSHOT)
-        data_version = await ledger.data_version(conn, [plan.table])
-        yield data_version, await ledger.cached_answer(conn, role, fingerprint, data_version)
+async def _snapshot(conn: psycopg.AsyncConnection[Any]) -> AsyncIterator[None]:
+    """A REPEATABLE READ, READ ONLY transaction, begun in one statement: the data version read in it is the version
+    of the rows the plan reads in it, so an answer is cached under the version it was computed from."""
+    await conn.execute(_BEGIN_SNAPSHOT)
+    try:
+        yield
+    except BaseException:
+        if conn.info.transaction_status != pq.TransactionStatus.UNKNOWN:
+            await conn.execute("rollback")
+        raise
+    await conn.execute("commit")
 
 
 async def _run(conn: psycopg.AsyncConnection[Any], sql: str, parameters: Parameters,
@@ -281,6 +312,16 @@ def _last(results: list[pq.abc.PGresult], expected: pq.ExecStatus) -> pq.abc.PGr
     return result
 
 
+def _result(plan: DPPlan, types: list[int], rows: list[tuple[Any, ...]], headline: str) -> Result:
+    """The plan's answer to ``rows`` (noise added), with a notice: ``headline`` and the plan's noise lines."""
+    columns = _output_columns(plan, types)
+    noisy_rows, _ = answer(plan, rows)
+    return Result(columns, tuple(tuple(text_value(value, column.type_oid)
+                                       for value, column in zip(row, columns, strict=True))
+                                 for row in noisy_rows),
+                  notices=_notice(headline, "\n".join(plan.notices()) or None))
+
+
 def _output_columns(plan: DPPlan, sql_types: list[int]) -> tuple[Column, ...]:
     return tuple(Column(column.name, oid) for column, oid in zip(plan.columns, plan.output_types(sql_types),
                                                                    strict=True))
@@ -293,7 +334,10 @@ def _fingerprint(plan: DPPlan, policy_version: int, parameters: Parameters) -> s
 
 
 def _per_query(budget: ledger.Remaining, setting: str) -> Decimal:
-    value = budget.epsilon_per_query if setting == "epsilon" else budget.delta_per_query
+    return _or_default(budget.epsilon_per_query if setting == "epsilon" else budget.delta_per_query, setting)
+
+
+def _or_default(value: Decimal | None, setting: str) -> Decimal:
     return value if value is not None else _default(setting)
 
 
