@@ -12,7 +12,8 @@ create function anonproxy.lookup_answer(role_name name, domain text, tables text
                                         out data_version text, out answer bytea)
 language plpgsql stable security definer set search_path = pg_catalog, pg_temp as $$
 begin
-    perform anonproxy.check_ledger_caller(format('read the cached answers of role "%s"', role_name), role_name);
+    -- the service role and the owner only: the data version is theirs to read (data_version() says so too)
+    perform anonproxy.check_ledger_caller(format('look up the answers of role "%s"', role_name));
     select b.epsilon_per_query, b.delta_per_query into epsilon_per_query, delta_per_query
       from anonproxy.budgets b
      where b.role_name = lookup_answer.role_name and b.domain = lookup_answer.domain;
@@ -26,4 +27,4 @@ begin
 end
 $$;
 
--- Like the other entry points, it keeps PUBLIC's EXECUTE and checks its caller.
+-- Like the ledger's other entry points, it keeps PUBLIC's EXECUTE and checks its caller.

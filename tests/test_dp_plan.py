@@ -8,6 +8,7 @@ feeds the rows to ``answer``; the truth is computed by plain queries.
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 from decimal import Decimal, localcontext
@@ -229,6 +230,25 @@ def test_listing_a_public_domain_costs_nothing() -> None:
     assert p.statistics == () and p.epsilon == 0.0 and p.delta == 0.0
     rows, _ = answer(p, [("Female",), ("Male",)])
     assert rows == [("Male",), ("Female",)]
+
+
+def test_listing_a_public_domain_reads_no_row(postgresql: psycopg.Connection) -> None:
+    # The SQL of a query with only public-domain keys lists the domains: PostgreSQL's plan scans no table (the
+    # client's FROM and WHERE sit in a CTE nothing references), yet a $n parameter of the WHERE is typed and bound.
+    for sql in ("select sex from adult group by sex", "select distinct sex from adult",
+                "select sex, education from adult where age > $1 group by 1, 2"):
+        p = plan(sql)
+        assert p.free and p.epsilon == 0.0 and p.delta == 0.0 and p.statistics == ()
+        postgresql.execute(f"prepare listing as {p.sql}")
+        arguments = "(200)" if "$1" in sql else ""
+        explained = postgresql.execute(f"explain (format json) execute listing{arguments}").fetchone()[0]
+        assert '"Relation Name"' not in json.dumps(explained), explained
+        rows = postgresql.execute(f"execute listing{arguments}").fetchall()
+        postgresql.execute("deallocate listing")
+        expected = [(sex,) for sex in ("Female", "Male")] if p.keys == 1 else \
+            [(sex, education) for sex in ("Female", "Male") for education in EDUCATION]
+        assert sorted(answer(p, rows)[0]) == sorted(expected)
+    assert not plan("select occupation from adult group by occupation").free  # no domain: a paid noisy count
 
 
 def test_order_by_and_limit_are_parsed() -> None:

@@ -174,3 +174,50 @@ def test_join_having_spread_and_quantiles(gated_proxy: Endpoint, gated_database:
     finally:
         truth.execute("select anonproxy.unlink_table('public.adult_region')")
         truth.execute("drop table public.adult_region")
+
+
+def test_listing_a_public_domain_reads_no_row_and_costs_nothing(gated_proxy: Endpoint, gated_database: str,
+                                                                analyst: str) -> None:
+    # sex has the declared public domain [Female, Male]: the answer is that domain, whatever the data or the WHERE
+    notices: list[str] = []
+    with psycopg.connect(gated_proxy.dsn(gated_database, user=analyst), autocommit=True) as conn:
+        conn.add_notice_handler(lambda d: notices.append(d.message_primary or ""))
+        grouped = conn.execute("select sex from adult group by sex order by 1").fetchall()
+        distinct = conn.execute("select distinct sex from adult order by sex desc").fetchall()
+        # no adult is 200 years old: a count would find no group; the public domain is listed all the same
+        filtered = conn.execute("select sex from adult where age > 200 group by sex order by 1").fetchall()
+        bound = conn.execute("select sex from adult where age > %s group by sex order by 1", [200]).fetchall()
+        both = conn.execute("select sex, income from adult group by 1, 2 order by 1, 2").fetchall()
+        explained = [row[0] for row in conn.execute("explain (anonproxy) select sex from adult group by sex")]
+        assert "epsilon 2 of 2 left" in budget_left(conn), "listing a public domain is not charged"
+    assert grouped == filtered == bound == [("Female",), ("Male",)]
+    assert distinct == [("Male",), ("Female",)]
+    assert both == [(sex, income) for sex in ("Female", "Male") for income in ("<=50K", ">50K")]
+    assert notices and all("no row was read and nothing was charged" in message for message in notices)
+    assert any("costs nothing" in line for line in explained)
+
+
+def test_grouping_without_a_public_domain_pays_for_partition_selection(gated_proxy: Endpoint, gated_database: str,
+                                                                         analyst: str,
+                                                                         truth: psycopg.Connection) -> None:
+    # age has bounds but no domain: an age is released only when its noisy count of people passes the threshold,
+    # and that count costs the per-query ε like any count
+    with psycopg.connect(gated_proxy.dsn(gated_database, user=analyst), autocommit=True) as conn:
+        ages = {row[0] for row in conn.execute("select age from adult group by age").fetchall()}
+        assert "epsilon 1.5 of 2 left" in budget_left(conn)
+    counts = dict(truth.execute("select age, count(*) from adult group by age").fetchall())
+    assert ages <= set(counts), "no age is invented"
+    # count noise has scale 2 (ε 0.5); the threshold is 1 + ⌈2·ln(10^7/(1 + e^-0.5))⌉ = 33: an age held by 200
+    # people passes unless the noise is below −167 (probability e^-83)
+    assert {age for age, n in counts.items() if n >= 200} <= ages
+
+
+def test_grouping_without_a_public_domain_needs_delta(gated_proxy: Endpoint, gated_database: str, analyst: str,
+                                                      truth: psycopg.Connection) -> None:
+    truth.execute("select anonproxy.set_budget(%s, 'public.adult'::regclass, 2, 0.00001, null, 0.5, 0)", [analyst])
+    with psycopg.connect(gated_proxy.dsn(gated_database, user=analyst), autocommit=True) as conn:
+        with pytest.raises(psycopg.errors.FeatureNotSupported, match="needs δ > 0") as caught:
+            conn.execute("select age from adult group by age")
+        assert "public domain" in (caught.value.diag.message_hint or "")
+        assert conn.execute("select sex from adult group by sex").fetchall() == [("Female",), ("Male",)]
+        assert "epsilon 2 of 2 left" in budget_left(conn)

@@ -360,6 +360,34 @@ def test_a_repeated_query_gets_the_cached_answer_for_free(db: psycopg.Connection
     assert db.execute("select count(*) from anonproxy.answer_cache").fetchone() == (1,)
 
 
+def test_lookup_answer_reads_cost_version_and_answer_at_once(db: psycopg.Connection[Any], service_dsn: str) -> None:
+    set_budget(db, ALICE, "1", "0.001", epsilon_per_query="0.25", delta_per_query="0.0001")
+    set_budget(db, BOB, "1")  # no per-query cost: the proxy's default
+
+    async def work(conn: psycopg.AsyncConnection[Any]) -> None:
+        version = await ledger.data_version(conn, [ADULT])
+        empty = await ledger.lookup_answer(conn, ALICE, ADULT, [ADULT], "fp")
+        assert empty == ledger.Lookup(Decimal("0.25"), Decimal("0.0001"), version, None)
+        await ledger.charge_and_store(conn, ALICE, ADULT, "0.25", 0, "fp", version, b"noisy")
+        assert (await ledger.lookup_answer(conn, ALICE, ADULT, [ADULT], "fp")).answer == b"noisy"
+        assert (await ledger.lookup_answer(conn, ALICE, ADULT, [ADULT], None)).answer is None  # not asked
+        assert (await ledger.lookup_answer(conn, ALICE, ADULT, [ADULT], "other")).answer is None
+        assert await ledger.lookup_answer(conn, BOB, ADULT, [ADULT], "fp") == ledger.Lookup(None, None, version, None)
+        with pytest.raises(NoBudget):
+            await ledger.lookup_answer(conn, "ledger_nobody", ADULT, [ADULT], "fp")
+        assert conn.info.transaction_status == TransactionStatus.IDLE  # one statement: no transaction left open
+
+    run(service_dsn, work)
+    db.execute("update public.adult set age = age + 1 where id = 1")  # a new version: the answer is not for it
+
+    async def after(conn: psycopg.AsyncConnection[Any]) -> ledger.Lookup:
+        return await ledger.lookup_answer(conn, ALICE, ADULT, [ADULT], "fp")
+
+    found = run(service_dsn, after)
+    assert found.answer is None and found.data_version is not None
+    assert ledger_rows(db, ALICE) == 1
+
+
 def test_a_change_of_data_invalidates_the_cache(db: psycopg.Connection[Any], service_dsn: str) -> None:
     versions = []
 
@@ -535,6 +563,7 @@ def test_an_analyst_cannot_touch_the_ledger(connect: Callable[..., psycopg.Conne
             f"select anonproxy.cached_answer('{BOB}', 'fp', '{version}')",
             f"select anonproxy.store_answer('{ALICE}', 'fp2', '{version}', 'forged')",
             "select anonproxy.data_version(array['public.adult'])",
+            f"select anonproxy.lookup_answer('{ALICE}', 'public.adult', array['public.adult'], 'fp')",
         ]
         for statement in refused:
             assert sql_error(alice, statement).sqlstate == "42501", statement
