@@ -113,9 +113,9 @@ def test_a_role_without_budget_is_refused(gated_proxy: Endpoint, gated_database:
                                           truth: psycopg.Connection) -> None:
     truth.execute("select anonproxy.drop_budget(%s, 'public.adult')", [analyst])
     try:
-        with psycopg.connect(gated_proxy.dsn(gated_database, user=analyst), autocommit=True) as conn:
-            with pytest.raises(psycopg.errors.InsufficientPrivilege):
-                conn.execute("select sex, count(*) from adult group by sex")
+        with (psycopg.connect(gated_proxy.dsn(gated_database, user=analyst), autocommit=True) as conn,
+              pytest.raises(psycopg.errors.InsufficientPrivilege)):
+            conn.execute("select sex, count(*) from adult group by sex")
     finally:
         truth.execute("select anonproxy.set_budget(%s, 'public.adult'::regclass, 2, 0.00001, null, 0.5, 0.0000001)",
                       [analyst])
