@@ -182,11 +182,21 @@ def test_mdav_needs_a_numeric_quasi_identifier(postgresql: psycopg.Connection) -
         run(postgresql, "mdav", spec_for([], ["c"], k=2))
 
 
+ADULT_QI = ["age", "education_num", "hours_per_week"]
+
+
+def adult_input(conn: psycopg.Connection) -> None:
+    conn.execute(f"create temp table input as select id::bigint as _row, id::text as _unit, "
+                 f"{', '.join(f'{q}::numeric as {q}' for q in ADULT_QI)}, income from adult")
+
+
 def test_mdav_adult_k10(postgresql: psycopg.Connection) -> None:
-    qis = ["age", "education_num", "hours_per_week"]
-    postgresql.execute(f"create temp table input as select id::bigint as _row, id::text as _unit, "
-                       f"{', '.join(f'{q}::numeric as {q}' for q in qis)} from adult")
+    qis = ADULT_QI
+    adult_input(postgresql)
+    progress: list[str] = []
+    postgresql.add_notice_handler(lambda d: progress.append(d.message_primary))
     facts, out = run(postgresql, "mdav", spec_for(qis, k=10))
+    assert "anonproxy progress 30162 of 30162: mdav clustering" in progress
     source = {r[0]: r[1:] for r in postgresql.execute(f"select id, {', '.join(qis)} from adult")}
     assert sorted(out) == sorted(source)
     groups = classes(out)
@@ -257,3 +267,19 @@ def test_tclose_first_refuses_several_rows_per_unit(postgresql: psycopg.Connecti
     sensitive = {"name": "s", "kind": "numeric", "hierarchy": None}
     with pytest.raises(psycopg.errors.FeatureNotSupported, match="one row per privacy unit"):
         run(postgresql, "tclose_first", spec_for(["x"], k=2, sensitive=sensitive, t=0.5))
+
+
+def test_tclose_first_adult(postgresql: psycopg.Connection) -> None:
+    adult_input(postgresql)
+    sensitive = {"name": "income", "kind": "categorical", "hierarchy": None}
+    facts, out = run(postgresql, "tclose_first", spec_for(ADULT_QI, k=10, sensitive=sensitive, t=0.02,
+                                                          t_distance="equal"))
+    k = cluster_size(30162, 10, 0.02)
+    assert facts["effective_k"] == k == 25
+    income = dict(postgresql.execute("select id, income from adult").fetchall())
+    whole = list(income.values())
+    groups = classes(out)
+    assert sorted(out) == sorted(income)
+    for group in groups:
+        assert len(group) >= k
+        assert equal_emd([income[r] for r in group], whole) <= 0.02 + 1e-9
