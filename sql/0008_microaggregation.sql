@@ -70,6 +70,7 @@ set search_path = pg_catalog, pg_temp
 as $fn$
 begin
     alter table pg_temp.anonproxy_ma_open add primary key (_row);
+    create index on pg_temp.anonproxy_ma_open (stratum);
     for j in 1 .. d loop
         execute format('create index on pg_temp.anonproxy_ma_open (z%s)', j);
     end loop;
@@ -86,6 +87,20 @@ as $$
     select string_agg(format('(z%1$s - (%2$s)) * (z%1$s - (%2$s))', j, p[j]), ' + ' order by j)
     from generate_series(1, cardinality(p)) j
 $$;
+
+-- Rewrite the open records without the rows deleted or updated in this transaction,
+-- which scans would otherwise still visit until it ends.
+create or replace function anonproxy.microaggregation_compact(d integer) returns void
+language plpgsql
+set search_path = pg_catalog, pg_temp
+as $fn$
+begin
+    create temp table anonproxy_ma_compact as select * from pg_temp.anonproxy_ma_open;
+    drop table pg_temp.anonproxy_ma_open;
+    alter table pg_temp.anonproxy_ma_compact rename to anonproxy_ma_open;
+    perform anonproxy.microaggregation_index(d);
+end
+$fn$;
 
 -- Move the records chosen by `pick` (a query of _row values over
 -- pg_temp.anonproxy_ma_open) into cluster `cluster`; return the sum of their z
@@ -107,10 +122,7 @@ begin
         pick, cluster, (select string_agg(format('sum(z%s)', j), ', ' order by j) from generate_series(1, d) j))
     into taken;
     if cluster % 64 = 0 then
-        create temp table anonproxy_ma_compact as select * from pg_temp.anonproxy_ma_open;
-        drop table pg_temp.anonproxy_ma_open;
-        alter table pg_temp.anonproxy_ma_compact rename to anonproxy_ma_open;
-        perform anonproxy.microaggregation_index(d);
+        perform anonproxy.microaggregation_compact(d);
     end if;
     return taken;
 end
@@ -404,15 +416,14 @@ $fn$;
 
 -- The query of one t-closeness-first cluster around point p: from every stratum the
 -- record nearest p, and a second one from stratum `extra` (null: none).
-create or replace function anonproxy.tclose_first_pick(p float8[], extra integer) returns text
+create or replace function anonproxy.tclose_first_pick(p float8[], k integer, extra integer) returns text
 language sql immutable
 set search_path = pg_catalog, pg_temp
 as $$
-    select format('select _row from (select _row, stratum,
-                                            row_number() over (partition by stratum order by %s, _row) as rank
-                                     from pg_temp.anonproxy_ma_open) x
-                   where x.rank = 1 or (x.rank = 2 and x.stratum = %s)',
-                  anonproxy.microaggregation_distance(p), coalesce(extra, 0))
+    select format('select x._row from generate_series(1, %s) s(stratum)
+                   cross join lateral (select _row from pg_temp.anonproxy_ma_open o where o.stratum = s.stratum
+                                       order by %s limit case s.stratum when %s then 2 else 1 end) x',
+                  k, anonproxy.microaggregation_distance(p), coalesce(extra, 0))
 $$;
 
 create or replace function anonproxy.anonymize_tclose_first(input regclass, spec jsonb)
@@ -473,6 +484,7 @@ begin
         case when numeric_sensitive then format('%I::numeric', sensitive) else format('%I::text collate "C"', sensitive) end,
         input)
     using starts;
+    perform anonproxy.microaggregation_compact(d);
 
     execute format('select array[%s, count(*)] from pg_temp.anonproxy_ma_open',
                    (select string_agg(format('sum(z%s)', j), ', ' order by j) from generate_series(1, d) j))
@@ -483,7 +495,7 @@ begin
             -- A second record from the first stratum holding more than the first one does.
             extra := (select min(i) from generate_series(2, k) i where counts[i] > counts[1]);
             cluster := cluster + 1;
-            taken := anonproxy.microaggregation_take(d, anonproxy.tclose_first_pick(x0, extra), cluster);
+            taken := anonproxy.microaggregation_take(d, anonproxy.tclose_first_pick(x0, k, extra), cluster);
             sums := (select array_agg(a - b order by i) from unnest(sums, taken) with ordinality as u(a, b, i));
             counts := (select array_agg(greatest(c - 1, 0) - case when i = extra then 1 else 0 end order by i)
                        from unnest(counts) with ordinality as u(c, i));
