@@ -75,6 +75,7 @@ class Outcome:
     setting: str
     seconds: float | None = None
     ncp: float | None = None
+    sse_sst: float | None = None
     discernibility: int | None = None
     classes: int | None = None
     suppressed: int | None = None
@@ -101,6 +102,7 @@ def measure(conn: psycopg.Connection, source: str, target: str, outcome: Outcome
     used = {c: h for c, h in hierarchies(method).items() if c in QI and h is not None}
     (metrics,) = one_row(conn, "select anonproxy.utility(%s, %s, %s, %s, %s)", (source, target, QI, Jsonb(used), K))
     outcome.ncp = metrics["ncp"]
+    outcome.sse_sst = metrics["sse_sst"]
     outcome.discernibility = metrics["discernibility"]
     outcome.classes = metrics["equivalence_classes"]
     outcome.suppressed = metrics["suppressed_rows"]
@@ -289,13 +291,15 @@ def prepare(conn: psycopg.Connection, rows: int, seed: float) -> None:
 def table_row(o: Outcome) -> tuple[str, ...]:
     seconds = "-" if o.seconds is None else f"{o.seconds:.2f}"
     if o.ncp is None:
-        return (o.dataset, o.method, o.setting, seconds, *("-",) * 8)
-    return (o.dataset, o.method, o.setting, seconds, f"{100 * o.ncp:.2f}", str(o.discernibility), str(o.classes),
-            str(o.suppressed), str(o.k), str(o.l_distinct), f"{o.l_entropy:.3f}", f"{o.t:.4f}")
+        return (o.dataset, o.method, o.setting, seconds, *("-",) * 9)
+    sse_sst = "-" if o.sse_sst is None else f"{o.sse_sst:.4f}"
+    return (o.dataset, o.method, o.setting, seconds, f"{100 * o.ncp:.2f}", sse_sst, str(o.discernibility),
+            str(o.classes), str(o.suppressed), str(o.k), str(o.l_distinct), f"{o.l_entropy:.3f}", f"{o.t:.4f}")
 
 
 def report(outcomes: list[Outcome], rows: int) -> list[tuple[str, bool | None, str]]:
-    header = ("data", "method", "setting", "seconds", "NCP %", "DM", "ECs", "supp.", "k", "dist. l", "entr. l", "t")
+    header = ("data", "method", "setting", "seconds", "NCP %", "SSE/SST", "DM", "ECs", "supp.", "k", "dist. l",
+              "entr. l", "t")
     table: list[tuple[str, ...]] = [header, *map(table_row, outcomes)]
     widths = [max(len(r[i]) for r in table) for i in range(len(header))]
     for o, r in zip([None, *outcomes], table, strict=True):
