@@ -266,8 +266,9 @@ async def _snapshot(conn: psycopg.AsyncConnection[Any]) -> AsyncIterator[None]:
     try:
         yield
     except BaseException:
-        if conn.info.transaction_status != pq.TransactionStatus.UNKNOWN:
-            await conn.execute("rollback")
+        if conn.info.transaction_status in (pq.TransactionStatus.INTRANS, pq.TransactionStatus.INERROR):
+            with contextlib.suppress(psycopg.Error):  # if it fails, the pool drops the connection (not idle)
+                await conn.execute("rollback")
         raise
     await conn.execute("commit")
 
