@@ -221,3 +221,17 @@ def test_grouping_without_a_public_domain_needs_delta(gated_proxy: Endpoint, gat
         assert "public domain" in (caught.value.diag.message_hint or "")
         assert conn.execute("select sex from adult group by sex").fetchall() == [("Female",), ("Male",)]
         assert "epsilon 2 of 2 left" in budget_left(conn)
+
+
+def test_a_failed_run_is_rolled_back_and_charges_nothing(gated_proxy: Endpoint, gated_database: str,
+                                                        analyst: str) -> None:
+    # The bound value fails inside the REPEATABLE READ transaction that runs the plan: it is rolled back, nothing
+    # is charged, and the worker's pooled connections (4) keep answering.
+    with psycopg.connect(gated_proxy.dsn(gated_database, user=analyst), autocommit=True) as conn:
+        for _ in range(5):
+            with pytest.raises(psycopg.errors.InvalidTextRepresentation):
+                conn.execute("select count(*) from adult where age > %s", ["not a number"])
+        assert "epsilon 2 of 2 left" in budget_left(conn)
+        first = conn.execute("select count(*) from adult where age > %s", [40]).fetchall()
+        assert conn.execute("select count(*) from adult where age > %s", [40]).fetchall() == first
+        assert "epsilon 1.5 of 2 left" in budget_left(conn)
