@@ -65,7 +65,7 @@ _OBJECT_WORDS = frozenset({"TEMP", "TEMPORARY", "OR", "REPLACE", "UNLOGGED", "MA
                            "TABLESPACE", "TEXT", "SEARCH", "DEFAULT", "PRIVILEGES", "OWNED", "BY"})
 
 DP_SETTING_NAMES = frozenset({"anonproxy.epsilon", "anonproxy.delta"})
-# Below this every answer is noise, and planning (interval widths in floating point) stops being cheap.
+# Below this every answer is noise; a floor also keeps a typo (1e-9 for 1e-1) from wasting a query.
 MIN_SESSION_EPSILON = Decimal("0.000001")
 INVALID_VALUE = "22023"  # invalid_parameter_value
 
