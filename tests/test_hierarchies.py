@@ -16,6 +16,7 @@ from psycopg import sql
 
 from anonproxy.views.hierarchies import (
     ADULT_CSV_COLUMNS,
+    ADULT_INTERVAL_WIDTHS,
     HierarchyFileError,
     build_interval_hierarchy,
     build_prefix_hierarchy,
@@ -61,7 +62,7 @@ def test_adult_hierarchy_equals_the_arx_file(postgresql: psycopg.Connection, col
 
 
 def test_every_adult_value_is_a_leaf_of_its_hierarchy(postgresql: psycopg.Connection) -> None:
-    for column in (*ADULT_CSV_COLUMNS, "education_num", "hours_per_week"):
+    for column in (*ADULT_CSV_COLUMNS, *ADULT_INTERVAL_WIDTHS):
         missing = postgresql.execute(sql.SQL(
             "select distinct a.{column}::text from public.adult a where not exists (select from "
             "anonproxy.hierarchy_nodes n where n.hierarchy = %s and n.leaf = a.{column}::text and n.level = 0)"
@@ -72,6 +73,9 @@ def test_every_adult_value_is_a_leaf_of_its_hierarchy(postgresql: psycopg.Connec
 def test_adult_education_path(postgresql: psycopg.Connection) -> None:
     # adult_hierarchy_education.csv: Masters;Graduate;Higher education;*
     assert nodes(postgresql, "adult.education")["Masters"] == ["Masters", "Graduate", "Higher education", "*"]
+    # age widths 5, 10, 20, labelled by what they cover (ARX's own file puts 30 under "25-29")
+    assert nodes(postgresql, "adult.age")["30"] == ["30", "30-34", "30-39", "20-39", "*"]
+    assert nodes(postgresql, "adult.age")["29"] == ["29", "25-29", "20-29", "20-39", "*"]
     # hours_per_week widths 5, 10, 20, 40: 45 -> 45-49 -> 40-49 -> 40-59 -> 40-79 -> *
     assert nodes(postgresql, "adult.hours_per_week")["45"] == ["45", "45-49", "40-49", "40-59", "40-79", "*"]
 

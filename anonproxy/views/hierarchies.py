@@ -21,10 +21,13 @@ import psycopg
 
 # Columns of public.adult with a shipped ARX hierarchy (file anonproxy/data/hierarchies/<column>.csv).
 ADULT_CSV_COLUMNS: tuple[str, ...] = (
-    "age", "education", "income", "marital_status", "native_country", "occupation", "race", "sex", "workclass",
+    "education", "income", "marital_status", "native_country", "occupation", "race", "sex", "workclass",
 )  # fmt: skip
-# Numeric columns of public.adult without an ARX hierarchy: interval widths per level, then '*'.
+# Numeric columns of public.adult get interval hierarchies: widths per level, then '*'. ARX's age file
+# has the same shape (5, 10, 20) but labels shifted by one (26..30 under "25-29"), and a release cell
+# "25-29" must mean 25..29 to whoever reads it back, so age is built here too.
 ADULT_INTERVAL_WIDTHS: dict[str, tuple[int, ...]] = {
+    "age": (5, 10, 20),
     "education_num": (2, 4, 8),
     "hours_per_week": (5, 10, 20, 40),
 }
@@ -77,8 +80,9 @@ def load_hierarchy(conn: psycopg.Connection, name: str, rows: list[list[str]], r
 def load_adult_hierarchies(conn: psycopg.Connection, table: str = "public.adult") -> list[str]:
     """Create the ``adult.<column>`` hierarchies that do not exist yet; returns the names created.
 
-    The ARX ones come from the shipped CSV files; ``education_num`` and
-    ``hours_per_week`` get interval hierarchies built from ``table``.
+    The categorical ones come from the shipped ARX CSV files; ``age``,
+    ``education_num`` and ``hours_per_week`` get interval hierarchies built
+    from ``table``.
     """
     created: list[str] = []
     with conn.transaction():
