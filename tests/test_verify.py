@@ -524,3 +524,20 @@ def test_adult_release_meets_its_parameters_according_to_pycanon(db: psycopg.Con
         assert anonymity.entropy_l_diversity(frame, ADULT_QI, ["occupation"]) >= (2 if 0 in margins else 3)
     if "t" in asked:
         assert anonymity.t_closeness(frame, ADULT_QI, ["occupation"]) <= 0.2
+
+
+def test_verify_with_a_source_and_hierarchies(
+        patients: psycopg.Connection, pg_server: EmbeddedPostgres, capsys: pytest.CaptureFixture[str]) -> None:
+    dsn = pg_server.conninfo(dbname=patients.info.dbname)
+    args = ["table_1_2", "--dsn", dsn, "--qi", ",".join(PATIENT_QI), "--sensitive", "condition",
+            "--source", "table_1_1", "--json"]
+    code, out, _ = run_verify(capsys, *args, "--hierarchy", "zip=patients.zip")
+    assert code == 0
+    report = json.loads(out)
+    assert report["metrics"]["discernibility"] == 48
+    # Equal-distance EMD: ECs 1 and 3 are 7/12 from the whole table (HD 3, VI 2, Cancer 5, Flu 2 of 12).
+    assert report["now"] == {"k": 4, "l_distinct": 1, "l_entropy": 1, "t": pytest.approx(7 / 12), "t_distance": "equal"}
+    # gender= : no hierarchy for gender, so its cell 'Any' cannot be read.
+    code, _, err = run_verify(capsys, *args, "--hierarchy", "zip=patients.zip", "--hierarchy", "gender=")
+    assert code == 1
+    assert "cannot read the value 'Any' of column gender" in err

@@ -21,7 +21,7 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
-from .commands import fail
+from .commands import _hierarchy_choice, _name_list, fail
 
 EXIT_SHORT = 3
 
@@ -47,30 +47,24 @@ def register(subparsers: Any) -> None:
         "verify", help="recompute the k, ℓ, t and utility metrics of a release (or of any table)")
     verify.add_argument("target", help="the release table, e.g. public.adult_k10")
     verify.add_argument("--dsn", required=True, help="libpq connection string")
-    verify.add_argument("--qi", type=_names, help="comma-separated quasi-identifiers (a table not in the registry)")
+    verify.add_argument("--qi", type=_name_list, help="comma-separated quasi-identifiers (a table not in the registry)")
     verify.add_argument("--sensitive", help="sensitive column, for ℓ and t (a table not in the registry)")
     verify.add_argument("--source", help="the table it was made from, for the metrics (a table not in the registry)")
     verify.add_argument("--t-distance", choices=("ordered", "equal", "hierarchical"),
                         help="EMD ground distance (default: the release's, else ordered for a numeric sensitive "
                              "column and equal otherwise)")
-    verify.add_argument("--hierarchy", action="append", default=[], metavar="COLUMN=NAME",
-                        help="hierarchy of a column (repeatable); default: the release's, else <source table>.<column>")
+    verify.add_argument("--hierarchy", action="append", default=[], metavar="COLUMN=NAME", type=_hierarchy_choice,
+                        help="hierarchy of a column (repeatable; COLUMN= for none); default: the release's, "
+                             "else <source table>.<column>")
     verify.add_argument("--risk-threshold", type=float, default=0.1,
                         help="count records whose re-identification risk 1/|EC| exceeds this (default 0.1)")
     verify.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     verify.set_defaults(run=_verify)
 
 
-def _names(text: str) -> list[str]:
-    names = [part.strip() for part in text.split(",")]
-    if not all(names):
-        raise argparse.ArgumentTypeError(f"expected comma-separated column names, not {text!r}")
-    return names
-
-
 def _verify(args: argparse.Namespace) -> int:
     try:
-        hierarchies = dict(_pair(item) for item in args.hierarchy)
+        hierarchies = dict(args.hierarchy)
         with psycopg.connect(args.dsn) as conn:
             subject = _subject(conn, args)
             hierarchies = {**(subject.parameters.get("hierarchies") or {}), **hierarchies}
@@ -96,13 +90,6 @@ def _verify(args: argparse.Namespace) -> int:
     return EXIT_SHORT if shortfalls else 0
 
 
-def _pair(text: str) -> tuple[str, str]:
-    column, sep, name = text.partition("=")
-    if not sep or not column or not name:
-        raise ValueError(f"--hierarchy expects COLUMN=NAME, not {text!r}")
-    return column, name
-
-
 def _subject(conn: psycopg.Connection, args: argparse.Namespace) -> Subject:
     row = conn.execute(
         "select r.id, r.target, r.source, r.method, r.quasi_identifiers, r.sensitive, r.unit, r.parameters, r.achieved"
@@ -120,7 +107,7 @@ def _subject(conn: psycopg.Connection, args: argparse.Namespace) -> Subject:
 
 
 def measure_levels(conn: psycopg.Connection, subject: Subject, distance: str | None,
-                   hierarchies: dict[str, str]) -> dict[str, Any]:
+                   hierarchies: dict[str, str | None]) -> dict[str, Any]:
     """k, and with a sensitive column distinct and entropy ℓ, recursive c (when asked for) and t, as they are now.
 
     The release table has no privacy-unit column, so k here counts rows.
