@@ -27,6 +27,22 @@
 -- best gain (see there); (5) the atoms of split partitions move to their
 -- parts in one statement. A partition with no allowable split is final.
 
+-- Drop those of the named temp tables that exist (the methods' scratch tables).
+create function anonproxy.drop_scratch_tables(names text[]) returns void
+language plpgsql
+set search_path = pg_catalog, pg_temp
+as $fn$
+declare
+    scratch text;
+begin
+    foreach scratch in array names loop
+        if to_regclass('pg_temp.' || scratch) is not null then
+            execute format('drop table pg_temp.%I', scratch);
+        end if;
+    end loop;
+end
+$fn$;
+
 create function anonproxy.anonymize_mondrian(input regclass, spec jsonb)
 returns jsonb
 language plpgsql
@@ -101,10 +117,10 @@ begin
             message = 'hierarchical t-closeness needs a hierarchy on the sensitive column';
     end if;
 
-    drop table if exists _mondrian_dims, _mondrian_dom, _mondrian_anc, _mondrian_sdom, _mondrian_snodes,
-        _mondrian_rows, _mondrian_atoms, _mondrian_done, _mondrian_next, _mondrian_parts, _mondrian_cand,
-        _mondrian_hist, _mondrian_halves,
-        _mondrian_chosen, _mondrian_split, _mondrian_summary;
+    perform anonproxy.drop_scratch_tables(array['_mondrian_dims', '_mondrian_dom', '_mondrian_anc',
+        '_mondrian_sdom', '_mondrian_snodes', '_mondrian_rows', '_mondrian_atoms', '_mondrian_done',
+        '_mondrian_next', '_mondrian_parts', '_mondrian_cand', '_mondrian_hist', '_mondrian_halves',
+        '_mondrian_chosen', '_mondrian_split', '_mondrian_summary']);   -- left by an earlier call
 
     -- QIs, their codes, and for tree QIs every leaf's ancestor at every level.
     create temp table _mondrian_dims (
@@ -532,7 +548,7 @@ begin
     drop table _mondrian_dims, _mondrian_dom, _mondrian_anc, _mondrian_sdom, _mondrian_rows, _mondrian_atoms,
         _mondrian_done, _mondrian_parts, _mondrian_cand, _mondrian_hist, _mondrian_halves, _mondrian_chosen, _mondrian_split,
         _mondrian_summary;
-    drop table if exists _mondrian_snodes;
+    perform anonproxy.drop_scratch_tables(array['_mondrian_snodes']);
     return jsonb_build_object(
         'rounds', rounds, 'partitions', open_parts, 'atoms', n_atoms, 'variant', variant,
         'elapsed', round(extract(epoch from clock_timestamp() - started)::numeric, 3),

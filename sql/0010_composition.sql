@@ -567,6 +567,13 @@ begin
     if settings.action = 'off' or created.sensitive is null then
         return null;
     end if;
+    -- For throwaway releases in a transaction that is rolled back (the report's risk-utility curve).
+    -- Any release creator could pass force => true instead, so this grants nothing; the skip is recorded.
+    if current_setting('anonproxy.composition_check', true) = 'off' then
+        finding := jsonb_build_object('skipped', 'anonproxy.composition_check = off');
+        update anonproxy.releases set composition = finding where id = release_id;
+        return finding;
+    end if;
     select array_agg(to_regclass(g.target) order by g.id) into others
     from anonproxy.releases g
     where g.source = created.source and g.id <> created.id and g.sensitive = created.sensitive

@@ -154,7 +154,7 @@ def risk_utility_curve(conn: psycopg.Connection, release: dict[str, Any],
     failed: dict[int, str] = {}
     with conn.transaction(force_rollback=True):
         # The curve's tables are throwaway: no composition check for them.
-        conn.execute("update anonproxy.composition_settings set action = 'off'")
+        conn.execute("set local anonproxy.composition_check = off")
         for k in ks:
             target = f"{release['schema']}.anonproxy_report_curve_{k}"
             try:
