@@ -1,4 +1,4 @@
-"""The ``anonproxy`` command: up, serve, install."""
+"""The ``anonproxy`` command: the proxy (up, serve), the schema and policy, anonymized releases."""
 
 from __future__ import annotations
 
