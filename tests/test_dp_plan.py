@@ -382,6 +382,34 @@ def test_average_within_bounds_and_types(postgresql: psycopg.Connection) -> None
         assert 17 <= average <= 90
 
 
+def _laplace_halfwidth(t: float, confidence: float) -> int:
+    """Smallest h with Pr[|X| ≤ h] ≥ confidence for the discrete Laplace of scale t (its closed-form CDF)."""
+    alpha = math.exp(-1 / t)
+    return math.ceil(t * math.log(2 / ((1 + alpha) * (1 - confidence)))) - 1
+
+
+def test_average_interval_covers_the_truth(postgresql: psycopg.Connection) -> None:
+    sql = "select count(age), avg(age) from adult where age >= 80"
+    p = plan(sql)
+    total = next(stat for stat in p.statistics if stat.name == p.columns[1].statistic)
+    count = next(stat for stat in p.statistics if stat.name == p.columns[1].denominator)
+    # AVG − truth = (e_S − (truth − center)·e_N)/Ñ; |truth − center| ≤ 37 for bounds 17..90 around 53.
+    assert (p.columns[1].center, count.scale, total.scale) == (53, 2, 74)
+    expected = _laplace_halfwidth(74, 0.975) + 37 * _laplace_halfwidth(2, 0.975)
+    assert p.columns[1].noise.ratio_numerator == expected
+    assert f"±{expected:.4g}/n for a group of n values" in p.notices()[1]
+
+    truth = postgresql.execute("select avg(age) from adult where age >= 80").fetchone()[0]
+    sql_rows = run(postgresql, p)
+    trials = 2000
+    covered = 0
+    for _ in range(trials):
+        ((noisy_count, average),), _ = answer(p, sql_rows)  # the count shown is the AVG's own denominator
+        covered += abs(average - truth) <= Decimal(expected) / noisy_count
+    # The interval is a union bound (≥ 95 %); 2,000 trials put a true 95 % within 0.95 ± 0.015 (3 sd).
+    assert covered / trials >= 0.95 - 0.015, covered
+
+
 def test_order_by_and_limit_apply_after_noise(postgresql: psycopg.Connection) -> None:
     p = plan("select education, count(*) as n from adult group by education order by n desc limit 3")
     rows, _ = answer(p, run(postgresql, p))

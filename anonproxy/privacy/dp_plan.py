@@ -35,6 +35,7 @@ from anonproxy.policy.model import (
 )
 from anonproxy.privacy.dp_having import compile_having, holds
 from anonproxy.privacy.mechanisms import (
+    CONFIDENCE,
     ceil_scaled_log,
     discrete_laplace,
     discrete_laplace_halfwidth,
@@ -127,12 +128,15 @@ class Statistic:
         """The noise scale in the statistic's own units."""
         return float(self.scale * (self.resolution or 1))
 
-    def noise(self) -> ColumnNoise:
-        r = float(self.resolution or 1)
+    def halfwidth(self, confidence: float = CONFIDENCE) -> float:
+        """The noisy value is within this of the exact one with probability ≥ ``confidence``, in its own units."""
         rounding = float(self.resolution) / 2 if self.resolution is not None else 0.0
+        return discrete_laplace_halfwidth(self.scale, confidence) * float(self.resolution or 1) + rounding
+
+    def noise(self) -> ColumnNoise:
         return ColumnNoise("discrete_laplace", self.value_scale, float(self.epsilon), 0.0,
-                           discrete_laplace_stddev(self.scale) * r,
-                           discrete_laplace_halfwidth(self.scale) * r + rounding, self.resolution)
+                           discrete_laplace_stddev(self.scale) * float(self.resolution or 1), self.halfwidth(),
+                           self.resolution)
 
 
 @dataclass(frozen=True)
@@ -177,10 +181,14 @@ class ColumnNoise:
     ci95_halfwidth: float | None
     resolution: Fraction | None = None
     rank_halfwidth: float | None = None  # exponential: 95 % of answers are within this many ranks
+    ratio_numerator: float | None = None  # ratio: 95 % of answers are within this / (the group's noisy count)
 
     def describe(self, column: str) -> str:
         if self.mechanism == "ratio":
-            return f"{column}: noisy sum / noisy count, ε={self.epsilon:g}, clamped to the declared bounds"
+            assert self.ratio_numerator is not None
+            a = self.ratio_numerator
+            return (f"{column}: noisy sum / noisy count, ε={self.epsilon:g}, values clamped to the declared bounds, "
+                    f"95% interval ±{a:.4g}/n for a group of n values (±{a / 1000:.3g} at n = 1000)")
         if self.mechanism == "moments":
             return (f"{column}: from noisy count, sum and sum of squares, ε={self.epsilon:g}, clamped to what "
                     "the declared bounds allow")
@@ -447,10 +455,19 @@ class _Draft:
         noise = None
         if self.kind in ("count", "sum"):
             noise = statistics[self.statistic].noise()  # type: ignore[index]
-        elif self.kind in ("avg", "variance", "stddev"):
+        elif self.kind == "avg":
+            total, count = statistics[self.statistic], statistics[self.denominator]  # type: ignore[index]
+            spent = float(total.epsilon + count.epsilon)
+            # AVG = center + S̃/Ñ with S = Σ(x − center), so AVG − true = (e_S − (true − center)·e_N)/Ñ and
+            # |true − center| ≤ the farther bound. Each error within its 97.5 % interval: 95 % together.
+            assert self.lower is not None and self.upper is not None
+            reach = float(max(self.upper - self.center, self.center - self.lower))
+            numerator = total.halfwidth(0.975) + reach * count.halfwidth(0.975)
+            noise = ColumnNoise("ratio", None, spent, 0.0, None, None, ratio_numerator=numerator)
+        elif self.kind in ("variance", "stddev"):
             used = [self.statistic, self.denominator, self.linear]
             spent = float(sum(statistics[key].epsilon for key in used if key is not None))
-            noise = ColumnNoise("ratio" if self.kind == "avg" else "moments", None, spent, 0.0, None, None)
+            noise = ColumnNoise("moments", None, spent, 0.0, None, None)
         quantile = None
         if self.kind == "quantile":
             quantile = quantiles[self.quantile]  # type: ignore[index]
