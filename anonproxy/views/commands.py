@@ -162,7 +162,7 @@ def _register_anonymize(subparsers: Any) -> None:
     anonymize.add_argument("--dsn", required=True, help="libpq connection string")
     anonymize.add_argument("--source", required=True, help="table or view to anonymize, e.g. public.adult")
     anonymize.add_argument("--target", required=True, help="table to create, e.g. public.adult_k10")
-    anonymize.add_argument("--qi", required=True, type=_name_list, help="quasi-identifiers, comma-separated")
+    anonymize.add_argument("--qi", required=True, type=name_list, help="quasi-identifiers, comma-separated")
     anonymize.add_argument("--sensitive", help="the sensitive column, kept as it is")
     anonymize.add_argument("--k", type=int, required=True, help="smallest equivalence class (k >= 2)")
     anonymize.add_argument("--l", type=Decimal, help="l-diversity of the sensitive column")
@@ -175,20 +175,20 @@ def _register_anonymize(subparsers: Any) -> None:
                            help="default mondrian")
     anonymize.add_argument("--suppression-limit", type=Decimal, help="largest share of rows left out (default 0)")
     anonymize.add_argument("--unit", help="privacy-unit column: counts are of distinct units")
-    anonymize.add_argument("--hierarchy", action="append", default=[], metavar="COLUMN=NAME", type=_hierarchy_choice,
+    anonymize.add_argument("--hierarchy", action="append", default=[], metavar="COLUMN=NAME", type=hierarchy_choice,
                            help="hierarchy of a column (repeatable); COLUMN= for none")
     anonymize.add_argument("--force", action="store_true", help="create it even if the composition guard objects")
     anonymize.set_defaults(run=_anonymize)
 
 
-def _name_list(text: str) -> list[str]:
+def name_list(text: str) -> list[str]:
     names = [name.strip() for name in text.split(",")]
     if not all(names):
         raise argparse.ArgumentTypeError(f"expected comma-separated column names, not {text!r}")
     return names
 
 
-def _hierarchy_choice(text: str) -> tuple[str, str | None]:
+def hierarchy_choice(text: str) -> tuple[str, str | None]:
     column, equals, name = text.partition("=")
     if not equals or not column:
         raise argparse.ArgumentTypeError(f"expected COLUMN=HIERARCHY, not {text!r}")

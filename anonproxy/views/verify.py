@@ -21,7 +21,7 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
-from .commands import _hierarchy_choice, _name_list, fail
+from .commands import hierarchy_choice, name_list, fail
 
 EXIT_SHORT = 3
 
@@ -47,13 +47,13 @@ def register(subparsers: Any) -> None:
         "verify", help="recompute the k, ℓ, t and utility metrics of a release (or of any table)")
     verify.add_argument("target", help="the release table, e.g. public.adult_k10")
     verify.add_argument("--dsn", required=True, help="libpq connection string")
-    verify.add_argument("--qi", type=_name_list, help="comma-separated quasi-identifiers (a table not in the registry)")
+    verify.add_argument("--qi", type=name_list, help="comma-separated quasi-identifiers (a table not in the registry)")
     verify.add_argument("--sensitive", help="sensitive column, for ℓ and t (a table not in the registry)")
     verify.add_argument("--source", help="the table it was made from, for the metrics (a table not in the registry)")
     verify.add_argument("--t-distance", choices=("ordered", "equal", "hierarchical"),
                         help="EMD ground distance (default: the release's, else ordered for a numeric sensitive "
                              "column and equal otherwise)")
-    verify.add_argument("--hierarchy", action="append", default=[], metavar="COLUMN=NAME", type=_hierarchy_choice,
+    verify.add_argument("--hierarchy", action="append", default=[], metavar="COLUMN=NAME", type=hierarchy_choice,
                         help="hierarchy of a column (repeatable; COLUMN= for none); default: the release's, "
                              "else <source table>.<column>")
     verify.add_argument("--risk-threshold", type=float, default=0.1,
