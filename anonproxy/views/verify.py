@@ -21,7 +21,7 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
-from .commands import hierarchy_choice, name_list, fail
+from .commands import fail, hierarchy_choice, name_list
 
 EXIT_SHORT = 3
 
