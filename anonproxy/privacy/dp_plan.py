@@ -236,6 +236,7 @@ class DPPlan:
     epsilon: float  # the total cost of the answer
     delta: float
     table: str  # the privacy-unit domain to charge (policy name of the protected table)
+    tables: tuple[str, ...]  # every table its SQL reads (policy names): the data version of the answer
     keys: int  # the SQL row holds the group keys first, then one column per statistic
     statistics: tuple[Statistic, ...]
     selection: str | None  # statistic whose noisy value must reach `threshold` (None: public or no groups)
@@ -369,6 +370,7 @@ def _plan(sql: str, role: RolePolicy, policy: Policy, params: DPParams) -> DPPla
         epsilon=float(epsilon) if mechanisms else 0.0,  # listing a public domain reads nothing private
         delta=float(delta) if selection is not None else 0.0,
         table=query.owner,
+        tables=tuple(sorted({source.policy_name for _, source in query.sources})),
         keys=len(query.keys),
         statistics=tuple(statistics.values()),
         selection=statistics[selection].name if selection is not None else None,
