@@ -16,7 +16,7 @@ from decimal import Decimal, InvalidOperation
 
 from sqlglot import exp
 
-from anonproxy.rewrite.decision import unsupported
+from anonproxy.rewrite.decision import Refusal, unsupported
 
 HAVING_HINT = ("HAVING in dp mode compares aggregates and GROUP BY expressions with constants: =, <>, <, <=, >, >=, "
                "BETWEEN, IN (constants), IS [NOT] NULL, combined with AND, OR, NOT.")
@@ -24,41 +24,70 @@ HAVING_HINT = ("HAVING in dp mode compares aggregates and GROUP BY expressions w
 # A compiled HAVING: ("value", index) | ("const", value) | ("cmp", op, a, b) | ("and"|"or", a, b) | ("not", a)
 #                    | ("null", a) (IS NULL)
 Node = tuple
+INVALID_TEXT = "22P02"  # a string constant that is not a number, compared with an aggregate
+INVALID_PARAMETER = "22023"  # a non-finite number
 _COMPARISONS = {exp.EQ: "=", exp.NEQ: "<>", exp.GT: ">", exp.GTE: ">=", exp.LT: "<", exp.LTE: "<="}
 
 
-def compile_having(node: exp.Expression, value_of: Callable[[exp.Expression], int | None]) -> Node:
+def compile_having(node: exp.Expression, value_of: Callable[[exp.Expression], int | None],
+                   numeric: Callable[[int], bool]) -> Node:
     """The tree of ``node``; ``value_of`` gives the answer-row index of an aggregate or a grouping expression
-    (None when ``node`` is neither)."""
-    while isinstance(node, exp.Paren):
-        node = node.this
-    index = value_of(node)
-    if index is not None:
-        return ("value", index)
-    if isinstance(node, exp.And):
-        return ("and", compile_having(node.this, value_of), compile_having(node.expression, value_of))
-    if isinstance(node, exp.Or):
-        return ("or", compile_having(node.this, value_of), compile_having(node.expression, value_of))
-    if isinstance(node, exp.Not):
-        return ("not", compile_having(node.this, value_of))
-    if type(node) in _COMPARISONS:
-        return ("cmp", _COMPARISONS[type(node)], compile_having(node.this, value_of),
-                compile_having(node.expression, value_of))
-    if isinstance(node, exp.Between) and not node.args.get("symmetric"):
-        value = compile_having(node.this, value_of)
-        inside = ("and", ("cmp", ">=", value, compile_having(node.args["low"], value_of)),
-                  ("cmp", "<=", value, compile_having(node.args["high"], value_of)))
-        return ("not", inside) if node.args.get("negate") else inside
-    if isinstance(node, exp.In) and node.expressions and not node.args.get("query"):
-        value = compile_having(node.this, value_of)
-        tree: Node = ("cmp", "=", value, _constant(node.expressions[0]))
-        for item in node.expressions[1:]:
-            tree = ("or", tree, ("cmp", "=", value, _constant(item)))
-        return ("not", tree) if node.args.get("negate") else tree
-    if isinstance(node, exp.Is) and isinstance(node.expression, exp.Null):
-        tree = ("null", compile_having(node.this, value_of))
-        return ("not", tree) if node.args.get("negate") else tree
-    return _constant(node)
+    (None when ``node`` is neither), ``numeric`` whether the value at an index is an aggregate (a number)."""
+
+    def walk(node: exp.Expression) -> Node:
+        while isinstance(node, exp.Paren):
+            node = node.this
+        index = value_of(node)
+        if index is not None:
+            return ("value", index)
+        if isinstance(node, exp.And):
+            return ("and", walk(node.this), walk(node.expression))
+        if isinstance(node, exp.Or):
+            return ("or", walk(node.this), walk(node.expression))
+        if isinstance(node, exp.Not):
+            return ("not", walk(node.this))
+        if type(node) in _COMPARISONS:
+            return compare(_COMPARISONS[type(node)], walk(node.this), walk(node.expression), node)
+        if isinstance(node, exp.Between) and not node.args.get("symmetric"):
+            value = walk(node.this)
+            inside = ("and", compare(">=", value, walk(node.args["low"]), node),
+                      compare("<=", value, walk(node.args["high"]), node))
+            return ("not", inside) if node.args.get("negate") else inside
+        if isinstance(node, exp.In) and node.expressions and not node.args.get("query"):
+            value = walk(node.this)
+            tree: Node = compare("=", value, _constant(node.expressions[0]), node)
+            for item in node.expressions[1:]:
+                tree = ("or", tree, compare("=", value, _constant(item), node))
+            return ("not", tree) if node.args.get("negate") else tree
+        if isinstance(node, exp.Is) and isinstance(node.expression, exp.Null):
+            tree = ("null", walk(node.this))
+            return ("not", tree) if node.args.get("negate") else tree
+        return _constant(node)
+
+    def compare(op: str, a: Node, b: Node, node: exp.Expression) -> Node:
+        # An aggregate compared with a string constant: read the string as a number now, as PostgreSQL would.
+        return ("cmp", op, _as_number(a, b, numeric, node), _as_number(b, a, numeric, node))
+
+    return walk(node)
+
+
+def _as_number(side: Node, other: Node, numeric: Callable[[int], bool], node: exp.Expression) -> Node:
+    if side[0] != "const" or not isinstance(side[1], str) or other[0] != "value" or not numeric(other[1]):
+        return side
+    try:
+        number = Decimal(side[1].strip())
+    except InvalidOperation:
+        raise Refusal(INVALID_TEXT, f"HAVING {node.sql(dialect='postgres')}: invalid input syntax for type "
+                      f"numeric: {side[1]!r}", HAVING_HINT) from None
+    return ("const", _finite(number, node))
+
+
+def _finite(number: Decimal, node: exp.Expression) -> Decimal:
+    """Refuse NaN and ±Infinity: comparisons with them are not total orders (Decimal raises on NaN)."""
+    if not number.is_finite():
+        raise Refusal(INVALID_PARAMETER, f"HAVING {node.sql(dialect='postgres')}: dp mode compares the noisy values "
+                      f"with finite numbers only, not {number}", HAVING_HINT)
+    return number
 
 
 def _constant(node: exp.Expression) -> Node:
@@ -77,9 +106,11 @@ def _constant(node: exp.Expression) -> Node:
                 raise unsupported("unary minus on a string in HAVING", HAVING_HINT)
             return ("const", node.this)
         try:
-            return ("const", sign * Decimal(node.this))
+            number = sign * Decimal(node.this)
         except InvalidOperation:
             pass
+        else:
+            return ("const", _finite(number, node))
     raise unsupported(f"HAVING in dp mode cannot evaluate {node.sql(dialect='postgres')}: the filter runs in the "
                       "proxy on the noisy values", HAVING_HINT)
 
@@ -113,12 +144,16 @@ def _evaluate(tree: Node, row: tuple) -> object:
     if pair is None:
         return None
     a, b = pair
-    return {"=": a == b, "<>": a != b, ">": a > b, ">=": a >= b, "<": a < b, "<=": a <= b}[tree[1]]
+    try:
+        return {"=": a == b, "<>": a != b, ">": a > b, ">=": a >= b, "<": a < b, "<=": a <= b}[tree[1]]
+    except (ArithmeticError, TypeError):  # NaN or values of unlike types (a NaN key): unknown, never an error
+        return None
 
 
 def _comparable(a: object, b: object) -> tuple | None:
     """Numbers compare as numbers: a string constant next to a number is read as one, as PostgreSQL would; one
-    that is not a number makes the comparison unknown (PostgreSQL would raise an error)."""
+    that is not a number makes the comparison unknown (planning refuses it next to an aggregate, and PostgreSQL
+    next to a grouping key, when it checks the plan's SQL)."""
     if isinstance(a, str) != isinstance(b, str):
         text, number = (a, b) if isinstance(a, str) else (b, a)
         try:

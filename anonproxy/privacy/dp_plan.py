@@ -17,6 +17,7 @@ ledger *before* :func:`answer`'s rows leave the proxy.
 
 from __future__ import annotations
 
+import datetime
 import functools
 import math
 from dataclasses import dataclass
@@ -81,6 +82,7 @@ PLAIN = "anonproxy_plain"
 DOMAIN = "anonproxy_domain"
 UNIT = "anonproxy_unit"
 UNREAD = "anonproxy_unread"
+HAVING_TYPES = "anonproxy_having_types"
 
 _INT8, _FLOAT8, _NUMERIC = 20, 701, 1700  # PostgreSQL type OIDs of answer values
 
@@ -248,6 +250,7 @@ class DPPlan:
     max_rows_per_unit: int = 1
     hidden: tuple[OutputColumn, ...] = ()  # aggregates HAVING needs that the select list does not show
     having: tuple | None = None  # compiled HAVING (dp_having) over columns + hidden
+    domains: tuple[tuple[str, ...], ...] | None = None  # the GROUP BY keys' declared public domains, in order
 
     @property
     def free(self) -> bool:
@@ -267,8 +270,9 @@ class DPPlan:
     def output_types(self, sql_types: list[int]) -> tuple[int, ...]:
         """Type OIDs of the client's columns given those PostgreSQL reports for the columns of ``sql``, so a
         Describe can answer before anything runs. They match what :func:`answer` returns: a key keeps its SQL
-        type; count is bigint; a sum keeps its statistic's SQL type; avg, variance and stddev are numeric; a
-        continuous quantile is double precision, a discrete one bigint on an integer grid, else numeric."""
+        type; count is bigint; a sum keeps its statistic's SQL type, or is numeric on a fixed-point grid; avg,
+        variance and stddev are numeric; a continuous quantile is double precision, a discrete one bigint on an
+        integer grid, else numeric."""
         statistic = {stat.name: sql_types[self.keys + i] for i, stat in enumerate(self.statistics)}
         types = []
         for column in self.columns:
@@ -276,8 +280,9 @@ class DPPlan:
                 types.append(sql_types[column.key])  # type: ignore[index]
             elif column.kind == "count":
                 types.append(_INT8)
-            elif column.kind == "sum":
-                types.append(statistic[column.statistic])  # type: ignore[index]
+            elif column.kind == "sum":  # on a fixed-point grid: numeric, whatever the column's type
+                types.append(_NUMERIC if column.noise is not None and column.noise.resolution is not None
+                             else statistic[column.statistic])  # type: ignore[index]
             elif column.kind == "quantile":
                 grid = column.quantile
                 assert grid is not None
@@ -364,8 +369,9 @@ def _plan(sql: str, role: RolePolicy, policy: Policy, params: DPParams) -> DPPla
     if selection is not None:
         threshold = selection_threshold(statistics[selection].scale, reach, float(delta))
     order, limit, offset = _tail(query, tree)
+    checks = _having_checks(having, drafts, hidden, query)
     return DPPlan(
-        sql=_sql(query, list(statistics.values()), public, rows_cap, groups_cap),
+        sql=_sql(query, list(statistics.values()), public, rows_cap, groups_cap, checks),
         columns=tuple(draft.finish(statistics, quantiles) for draft in drafts),
         epsilon=float(epsilon) if mechanisms else 0.0,  # listing a public domain reads nothing private
         delta=float(delta) if selection is not None else 0.0,
@@ -382,6 +388,7 @@ def _plan(sql: str, role: RolePolicy, policy: Policy, params: DPParams) -> DPPla
         max_rows_per_unit=rows_cap,
         hidden=tuple(draft.finish(statistics, quantiles) for draft in hidden),
         having=having,
+        domains=tuple(public) if public is not None else None,
     )
 
 
@@ -678,7 +685,28 @@ def _having(node: exp.Expression, keys: list[exp.Expression], query: AnalyticQue
                               "expression", DP_HINT)
         return None
 
-    return compile_having(node, value_of)
+    return compile_having(node, value_of, lambda index: [*drafts, *hidden][index].kind != "key")
+
+
+def _having_checks(tree: tuple | None, drafts: list[_Draft], hidden: list[_Draft], query: AnalyticQuery) -> list[str]:
+    """SQL conditions repeating HAVING's comparisons of a grouping key with a constant, for PostgreSQL to type-check
+    (text > 5 is an error there, not an empty answer): the plan's SQL parses them in a CTE it never runs."""
+    if tree is None or tree[0] in ("value", "const"):
+        return []
+    if tree[0] != "cmp":
+        return [check for child in tree[1:] for check in _having_checks(child, drafts, hidden, query)]
+    sides = {side[0]: side for side in tree[2:]}
+    if set(sides) != {"value", "const"} or sides["const"][1] is None:
+        return []
+    draft = [*drafts, *hidden][sides["value"][1]]
+    if draft.kind != "key":
+        return []
+    constant = sides["const"][1]
+    literal = (_text_literal(constant) if isinstance(constant, str) else str(constant).lower()
+               if isinstance(constant, bool) else f"{constant:f}")
+    key = f"({query.keys[draft.key]})"  # type: ignore[index]
+    left, right = (key, literal) if tree[2][0] == "value" else (literal, key)
+    return [f"{left} {tree[1]} {right}"]
 
 
 def selection_threshold(scale: Fraction | float, reach: int, delta: float) -> int:
@@ -774,25 +802,34 @@ def _text_literal(value: str) -> str:
 
 
 def _sql(query: AnalyticQuery, statistics: list[Statistic], public: list[tuple[str, ...]] | None, rows_cap: int,
-         groups_cap: int) -> str:
+         groups_cap: int, checks: list[str]) -> str:
     keys = [f"anonproxy_g{i}" for i in range(1, len(query.keys) + 1)]
     arguments: dict[str, str] = {}
     for stat in statistics:
         if stat.argument is not None and stat.argument not in arguments:
             arguments[stat.argument] = f"anonproxy_a{len(arguments) + 1}"
 
+    where = [f"WHERE {query.where}"] if query.where is not None else []
+    # Never run (nothing references it), but PostgreSQL parses it: names checked, $n parameters typed.
+    unread = [(UNREAD, "\n".join([f"SELECT FROM {query.from_sql}", *where]),
+               "the client's FROM and WHERE: never run, nothing references it")]
+    if checks:
+        unread.append((HAVING_TYPES, "\n".join([f"SELECT FROM {query.from_sql}",
+                                                  f"WHERE {' AND '.join(f'({check})' for check in checks)}"]),
+                       "HAVING's comparisons of grouping keys with constants, for PostgreSQL to type-check: never run"))
     if public is not None and not statistics:
-        return _domain_sql(query, public, keys)
+        return _with([*unread, _domain_cte(public, keys)]) + f"\nSELECT {', '.join(keys)} FROM {DOMAIN}"
     select = [f"{query.unit} AS {UNIT}"]
     select += [f"{key} AS {name}" for key, name in zip(query.keys, keys, strict=True)]
     select += [f"{argument} AS {name}" for argument, name in arguments.items()]
-    where = [f"WHERE {query.where}"] if query.where is not None else []
     # Without bounding nothing reads the unit (each row is one): leaving it out spares decoding it (SELECT FROM t
     # with no column is valid PostgreSQL).
     plain = [f"SELECT {', '.join(select[1:])}", f"FROM {query.from_sql}", *where]
     rows = [f"SELECT {', '.join([*select, 'random() AS anonproxy_r'])}", f"FROM {query.from_sql}", *where]
-    ctes = [(GUARD, _guard(query), ("true when every table holds at most one row per unit (a valid unique index on "
-             "its non-null unit column), as of this statement's snapshot: then no row needs to be dropped")),
+    ctes = [*unread[1:],
+            (GUARD, _guard(query), ("true when every table holds at most one row per unit (a valid unique index on "
+             "its non-null unit column, no child table), as of this statement's snapshot: then no row needs to be "
+             "dropped")),
             (PLAIN, "\n".join(plain), "the client's FROM and WHERE, when each unit has at most one row"),
             (ROWS, "\n".join(rows), "the client's FROM and WHERE, with a random number per row")]
     if rows_cap == 1 and (groups_cap == 1 or not keys):
@@ -850,19 +887,11 @@ def _domain_cte(public: list[tuple[str, ...]], keys: list[str]) -> tuple[str, st
     return DOMAIN, "\n".join(domain), "every value of the declared public domains"
 
 
-def _domain_sql(query: AnalyticQuery, public: list[tuple[str, ...]], keys: list[str]) -> str:
-    """SQL for a query with public-domain keys and no aggregate: the domains, reading no row. The client's FROM and
-    WHERE are kept in a CTE that nothing references, which PostgreSQL never runs (it plans no unreferenced SELECT
-    CTE) but still parses: its names are checked and its $n parameters typed as in the client's query."""
-    where = [f"WHERE {query.where}"] if query.where is not None else []
-    unread = (UNREAD, "\n".join([f"SELECT FROM {query.from_sql}", *where]),
-              "the client's FROM and WHERE: never run, nothing references it")
-    return _with([unread, _domain_cte(public, keys)]) + f"\nSELECT {', '.join(keys)} FROM {DOMAIN}"
-
-
 def _guard(query: AnalyticQuery) -> str:
     """SQL: whether each table of the query has a valid, live, non-partial unique index on exactly its unit column
-    (the linked key for a linked table), and that column is NOT NULL."""
+    (the linked key for a linked table), that column is NOT NULL, and the table has no inheritance child or
+    partition: FROM t reads those too, and the index does not cover them. (relhassubclass may stay true after the
+    last child is dropped, until a VACUUM: then bounding runs, which is safe.)"""
     pairs = set()
     for _, table in query.sources:
         column = table.protected.unit_column if table.protected is not None else table.linked.column  # type: ignore[union-attr]
@@ -871,6 +900,7 @@ def _guard(query: AnalyticQuery) -> str:
         "SELECT count(DISTINCT i.indrelid) = " + str(len(pairs)) + " AS single",
         "FROM pg_catalog.pg_index AS i",
         "JOIN pg_catalog.pg_attribute AS a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]",
+        "JOIN pg_catalog.pg_class AS c ON c.oid = i.indrelid AND NOT c.relhassubclass",
         "WHERE i.indisunique AND i.indisvalid AND i.indislive AND i.indnkeyatts = 1 AND i.indpred IS NULL",
         "  AND i.indexprs IS NULL AND a.attnotnull",
         f"  AND (i.indrelid, a.attname) IN ({', '.join(sorted(pairs))})"])
@@ -924,8 +954,10 @@ def answer(plan: DPPlan, rows: list[tuple]) -> tuple[list[tuple], list[ColumnNoi
     positions = {stat.name: plan.keys + i for i, stat in enumerate(plan.statistics)}
     by_name = {stat.name: stat for stat in plan.statistics}
     result = []
-    for row in rows:
-        noisy: dict[str, object] = {}
+    # PostgreSQL's row order depends on the data (a hash join emits the empty public groups last): release the
+    # groups in a fixed order of their keys instead, which ORDER BY refines and LIMIT cuts.
+    for row in sorted(rows, key=functools.partial(_key_order, plan)):
+        noisy: dict[object, object] = {}  # statistic name or Quantile -> its one noisy value in this group
         if plan.selection is not None:
             stat = by_name[plan.selection]
             value = _noisy(stat, row[positions[stat.name]])
@@ -941,13 +973,26 @@ def answer(plan: DPPlan, rows: list[tuple]) -> tuple[list[tuple], list[ColumnNoi
         if plan.having is not None and not holds(plan.having, out):
             continue
         result.append(out[:len(plan.columns)])
-    result = _ordered(result, plan.order)
+    result = _ordered(result, plan.order)  # stable: ties stay in key order
     end = None if plan.limit is None else plan.offset + plan.limit
     return result[plan.offset:end], [column.noise for column in plan.columns]
 
 
+def _key_order(plan: DPPlan, row: tuple) -> tuple:
+    """A sort key of a SQL row's group keys that depends on nothing but their values: a public key's position in
+    its declared domain, else the value itself (NULL last, as PostgreSQL sorts ascending)."""
+    if plan.domains is not None:
+        return tuple(domain.index(value) for domain, value in zip(plan.domains, row[:plan.keys], strict=True))
+    return tuple((value is None, value if isinstance(value, _ORDERABLE) else repr(value))
+                 for value in row[:plan.keys])
+
+
+_ORDERABLE = (int, float, Decimal, str, bytes, datetime.date, datetime.time, datetime.timedelta)
+
+
 def _noisy(stat: Statistic, value: object) -> int | Decimal | float:
-    """The statistic plus discrete Laplace noise, in the type PostgreSQL gave the exact value."""
+    """The statistic plus discrete Laplace noise: in the type PostgreSQL gave the exact value, or a numeric on the
+    statistic's fixed-point grid when it has one."""
     if value is None:
         value = 0
     if stat.resolution is None:
@@ -958,7 +1003,7 @@ def _noisy(stat: Statistic, value: object) -> int | Decimal | float:
         return _like(value, Fraction(grid + discrete_laplace(stat.scale)))
     exact = Fraction(value) if isinstance(value, float) else Fraction(Decimal(value))  # type: ignore[arg-type]
     grid = to_grid(exact, stat.resolution)
-    return _like(value, (grid + discrete_laplace(stat.scale)) * stat.resolution)
+    return _decimal((grid + discrete_laplace(stat.scale)) * stat.resolution)
 
 
 def _like(template: object, value: Fraction) -> int | Decimal | float:
@@ -975,7 +1020,7 @@ def _decimal(value: Fraction) -> Decimal:
     return Decimal(value.numerator) / Decimal(value.denominator)
 
 
-def _output(column: OutputColumn, row: tuple, noisy: dict[str, object]) -> object:
+def _output(column: OutputColumn, row: tuple, noisy: dict[object, object]) -> object:
     if column.kind == "key":
         return row[column.key]  # type: ignore[index]
     if column.kind == "count":
@@ -984,7 +1029,10 @@ def _output(column: OutputColumn, row: tuple, noisy: dict[str, object]) -> objec
         return noisy[column.statistic]  # type: ignore[index]
     if column.kind == "quantile":
         assert column.quantile is not None
-        return column.quantile.draw(noisy[column.quantile.values])  # type: ignore[arg-type]
+        # One draw per quantile and group, whichever columns and HAVING repeat it: it is charged once.
+        if column.quantile not in noisy:
+            noisy[column.quantile] = column.quantile.draw(noisy[column.quantile.values])  # type: ignore[arg-type]
+        return noisy[column.quantile]
     n = max(int(noisy[column.denominator]), 1)  # type: ignore[call-overload, index]
     mean = _fraction(noisy[column.statistic if column.kind == "avg" else column.linear]) / n  # type: ignore[index]
     lower, upper = column.lower, column.upper
