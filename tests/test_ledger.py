@@ -341,19 +341,23 @@ def test_a_repeated_query_gets_the_cached_answer_for_free(db: psycopg.Connection
     set_budget(db, ALICE, "1")
     set_budget(db, BOB, "1")
 
+    async def cached(conn: psycopg.AsyncConnection[Any], role: str) -> bytes | None:
+        return (await ledger.lookup_answer(conn, role, ADULT, [ADULT], "fp")).answer
+
     async def work(conn: psycopg.AsyncConnection[Any]) -> None:
         version = await ledger.data_version(conn, [ADULT])
         assert version is not None and version == await ledger.data_version(conn, [ADULT])
-        assert await ledger.cached_answer(conn, ALICE, "fp", version) is None
-        charged = await ledger.charge_and_store(conn, ALICE, ADULT, "0.25", 0, "fp", version, b"noisy 1")
-        assert charged.answer == b"noisy 1" and charged.remaining.epsilon == Decimal("0.75")
+        assert await cached(conn, ALICE) is None
+        # The proxy's order: charge (committed), then compute and store the answer.
+        assert (await ledger.charge(conn, ALICE, ADULT, "0.25", 0, "fp")).epsilon == Decimal("0.75")
+        assert await ledger.store_answer(conn, ALICE, "fp", version, b"noisy 1") == b"noisy 1"
         for _ in range(3):  # asked again: same answer, nothing charged
-            assert await ledger.cached_answer(conn, ALICE, "fp", version) == b"noisy 1"
+            assert await cached(conn, ALICE) == b"noisy 1"
         assert (await ledger.remaining(conn, ALICE, ADULT)).epsilon == Decimal("0.75")
         # A second answer to the same question is not released: the first one is.
         assert await ledger.store_answer(conn, ALICE, "fp", version, b"noisy 2") == b"noisy 1"
         # Another role's answers are its own.
-        assert await ledger.cached_answer(conn, BOB, "fp", version) is None
+        assert await cached(conn, BOB) is None
 
     run(service_dsn, work)
     assert ledger_rows(db, ALICE) == 1
@@ -368,7 +372,8 @@ def test_lookup_answer_reads_cost_version_and_answer_at_once(db: psycopg.Connect
         version = await ledger.data_version(conn, [ADULT])
         empty = await ledger.lookup_answer(conn, ALICE, ADULT, [ADULT], "fp")
         assert empty == ledger.Lookup(Decimal("0.25"), Decimal("0.0001"), version, None)
-        await ledger.charge_and_store(conn, ALICE, ADULT, "0.25", 0, "fp", version, b"noisy")
+        await ledger.charge(conn, ALICE, ADULT, "0.25", 0, "fp")
+        await ledger.store_answer(conn, ALICE, "fp", version, b"noisy")
         assert (await ledger.lookup_answer(conn, ALICE, ADULT, [ADULT], "fp")).answer == b"noisy"
         assert (await ledger.lookup_answer(conn, ALICE, ADULT, [ADULT], None)).answer is None  # not asked
         assert (await ledger.lookup_answer(conn, ALICE, ADULT, [ADULT], "other")).answer is None
@@ -402,7 +407,8 @@ def test_a_change_of_data_invalidates_the_cache(db: psycopg.Connection[Any], ser
     db.execute("update public.adult set age = age + 1 where id = 1")
     after = version()
     assert after != before
-    assert run(service_dsn, lambda conn: ledger.cached_answer(conn, ALICE, "fp", after)) is None
+    assert db.execute("select anonproxy.cached_answer(%s, 'fp', %s)", (ALICE, after)).fetchone() == (None,)
+    assert db.execute("select anonproxy.cached_answer(%s, 'fp', %s)", (ALICE, before)).fetchone() == (b"old",)
     with db.transaction():  # one more version per committed transaction, however many statements
         db.execute("delete from public.adult where id = 2")
         db.execute("delete from public.adult where id = 3")
@@ -542,8 +548,13 @@ def test_an_analyst_cannot_touch_the_ledger(connect: Callable[..., psycopg.Conne
     set_budget(db, ALICE, "1")
     set_budget(db, BOB, "1")
     version = run(service_dsn, lambda conn: ledger.data_version(conn, [ADULT]))
-    run(service_dsn, lambda conn: ledger.charge_and_store(conn, BOB, ADULT, "0.5", 0, "fp", version, b"bob's"))
-    run(service_dsn, lambda conn: ledger.charge_and_store(conn, ALICE, ADULT, "0.5", 0, "fp", version, b"alice's"))
+
+    async def pay(conn: psycopg.AsyncConnection[Any]) -> None:
+        for role, answer in ((BOB, b"bob's"), (ALICE, b"alice's")):
+            await ledger.charge(conn, role, ADULT, "0.5", 0, "fp")
+            await ledger.store_answer(conn, role, "fp", version, answer)
+
+    run(service_dsn, pay)
     with connect(ALICE) as alice:
         refused = [
             ("insert into anonproxy.budget_ledger (role_name, domain, epsilon, delta, fingerprint) "

@@ -11,11 +11,12 @@ only moves values and maps the two refusals to exceptions:
 
 Any other database error propagates as the ``psycopg.Error`` it is.
 
-:func:`charge` and :func:`charge_and_store` write: each runs in a transaction
-of its own (READ COMMITTED, as ``anonproxy.charge`` requires) and returns
-only after its COMMIT has returned, so the caller may send the answer as soon
-as they return. They refuse a connection that is inside a transaction: its
-commit would not be theirs to make. The reading functions are one statement
+:func:`charge` and :func:`store_answer` write: each runs in a transaction
+of its own (for ``charge`` READ COMMITTED, as ``anonproxy.charge`` requires)
+and returns only after its COMMIT has returned. The proxy charges before it reads the
+data, so a charge returned is a charge kept, whatever happens to the query.
+They refuse a connection that is inside a transaction: its commit would not
+be theirs to make. The reading functions are one statement
 each, with no transaction or savepoint of their own: in autocommit the
 statement is its own snapshot, inside the caller's transaction it reads that
 transaction's — so :func:`data_version` can be read in the snapshot of the query.
@@ -53,7 +54,6 @@ _CHARGE_SQL = f"select {_COLUMNS} from anonproxy.charge(%s, %s, %s::numeric, %s:
 _REMAINING_SQL = f"select {_COLUMNS} from anonproxy.remaining_budget(%s, %s)"
 _REMAINING_ALL_SQL = f"select {_COLUMNS} from anonproxy.remaining_budgets(%s)"
 _STORE_SQL = "select anonproxy.store_answer(%s, %s, %s, %s) as answer"
-_CACHED_SQL = "select anonproxy.cached_answer(%s, %s, %s) as answer"
 _DATA_VERSION_SQL = "select anonproxy.data_version(%s::text[]) as version"
 _LOOKUP_SQL = ("select epsilon_per_query, delta_per_query, data_version, answer "
                "from anonproxy.lookup_answer(%s, %s, %s::text[], %s)")
@@ -132,32 +132,32 @@ class Lookup:
     answer: bytes | None  # the answer already paid for, on that version; None: none
 
 
-@dataclass(frozen=True)
-class Charged:
-    """The outcome of :func:`charge_and_store`: what remains, and the answer to send."""
-
-    remaining: Remaining
-    answer: bytes
-
-
 async def charge(conn: psycopg.AsyncConnection[Any], role: str, domain: str, epsilon: Amount, delta: Amount,
                  fingerprint: str) -> Remaining:
     """Charge ``(epsilon, delta)`` to ``role``'s budget on ``domain``; committed when this returns.
 
     Raises :class:`BudgetExhausted` (with what remains) or :class:`NoBudget`.
     """
-    return (await _charge(conn, role, domain, epsilon, delta, fingerprint, None)).remaining
-
-
-async def charge_and_store(conn: psycopg.AsyncConnection[Any], role: str, domain: str, epsilon: Amount,
-                           delta: Amount, fingerprint: str, data_version: str | None, answer: bytes) -> Charged:
-    """Charge, and cache ``answer`` in the same transaction; committed when this returns.
-
-    Send ``result.answer``: it is the answer already cached for this question if a
-    concurrent session of the role stored one first (one answer per question is
-    released, even when both paid). With ``data_version`` None nothing is cached.
-    """
-    return await _charge(conn, role, domain, epsilon, delta, fingerprint, (data_version, answer))
+    _require_idle(conn, "charge")
+    params = (role, domain, _decimal(epsilon), _decimal(delta), fingerprint)
+    for attempt in range(_RETRIES):
+        try:
+            async with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+                await cur.execute(_READ_COMMITTED)
+                row = await (await cur.execute(_CHARGE_SQL, params)).fetchone()
+            # Leaving the block committed the charge: it is durable now.
+            assert row is not None
+            return Remaining.from_row(row)
+        except (errors.DeadlockDetected, errors.SerializationFailure):
+            if attempt == _RETRIES - 1:
+                raise
+        except errors.ConfigurationLimitExceeded as exc:
+            diag = exc.diag
+            raise BudgetExhausted(await remaining(conn, role, domain), diag.message_primary or str(exc),
+                                  detail=diag.message_detail, hint=diag.message_hint) from exc
+        except errors.InsufficientPrivilege as exc:
+            raise _no_budget(exc) or exc
+    raise AssertionError("unreachable")
 
 
 async def remaining(conn: psycopg.AsyncConnection[Any], role: str, domain: str) -> Remaining:
@@ -191,17 +191,6 @@ async def data_version(conn: psycopg.AsyncConnection[Any], tables: Sequence[str]
     return version
 
 
-async def cached_answer(conn: psycopg.AsyncConnection[Any], role: str, fingerprint: str,
-                        data_version: str | None) -> bytes | None:
-    """The answer ``role`` already paid for, or None. Costs nothing."""
-    if data_version is None:
-        return None
-    async with conn.cursor(row_factory=dict_row) as cur:
-        row = await (await cur.execute(_CACHED_SQL, (role, fingerprint, data_version))).fetchone()
-    assert row is not None
-    return None if row["answer"] is None else bytes(row["answer"])
-
-
 async def lookup_answer(conn: psycopg.AsyncConnection[Any], role: str, domain: str, tables: Sequence[str],
                         fingerprint: str | None) -> Lookup:
     """In one statement: ``role``'s per-query cost on ``domain``, the data version of ``tables`` and the answer
@@ -225,36 +214,6 @@ async def store_answer(conn: psycopg.AsyncConnection[Any], role: str, fingerprin
         row = await (await cur.execute(_STORE_SQL, (role, fingerprint, data_version, answer))).fetchone()
     assert row is not None
     return bytes(row["answer"])
-
-
-async def _charge(conn: psycopg.AsyncConnection[Any], role: str, domain: str, epsilon: Amount, delta: Amount,
-                  fingerprint: str, store: tuple[str | None, bytes] | None) -> Charged:
-    _require_idle(conn, "charge")
-    params = (role, domain, _decimal(epsilon), _decimal(delta), fingerprint)
-    for attempt in range(_RETRIES):
-        try:
-            async with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
-                await cur.execute(_READ_COMMITTED)
-                row = await (await cur.execute(_CHARGE_SQL, params)).fetchone()
-                answer = b""
-                if store is not None:
-                    version, given = store
-                    kept = await (await cur.execute(_STORE_SQL, (role, fingerprint, version, given))).fetchone()
-                    assert kept is not None
-                    answer = bytes(kept["answer"])
-            # Leaving the block committed the charge (and the answer): it is durable now.
-            assert row is not None
-            return Charged(Remaining.from_row(row), answer)
-        except (errors.DeadlockDetected, errors.SerializationFailure):
-            if attempt == _RETRIES - 1:
-                raise
-        except errors.ConfigurationLimitExceeded as exc:
-            diag = exc.diag
-            raise BudgetExhausted(await remaining(conn, role, domain), diag.message_primary or str(exc),
-                                  detail=diag.message_detail, hint=diag.message_hint) from exc
-        except errors.InsufficientPrivilege as exc:
-            raise _no_budget(exc) or exc
-    raise AssertionError("unreachable")
 
 
 def _no_budget(exc: psycopg.Error) -> NoBudget | None:

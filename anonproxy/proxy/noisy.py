@@ -5,10 +5,12 @@ For one query: plan it (anonproxy.privacy.dp_plan) with the role's per-query
 / ``anonproxy.delta`` — and, in one statement (``anonproxy.lookup_answer``),
 read that per-query cost, the data version and the answer already paid for.
 That one round trip is the whole ledger work for a question already answered.
-Else, in one REPEATABLE READ READ ONLY transaction, read the data version again
-and run the contribution-bounded SQL with the client's bound parameters; add
-noise; charge the ledger and cache the answer, committed before a byte of it
-leaves (anonproxy.privacy.ledger). A query that only lists declared public
+Else charge the ledger first, committed before any row is read (fail closed: a
+question that fails after the charge stays paid for, an exhausted budget is
+refused before its SQL runs); then, in one REPEATABLE READ READ ONLY
+transaction, read the data version of every table the plan reads and run the
+contribution-bounded SQL with the client's bound parameters; add noise; cache
+the answer under that version (anonproxy.privacy.ledger). A query that only lists declared public
 domains reads no row and is neither charged nor cached. Answers are
 :class:`Result` values, which the gate encodes for the simple or the extended
 protocol; refusals raise :class:`Refused`, which carries the ErrorResponse.
@@ -98,21 +100,20 @@ class NoisyAnswers:
                 types, rows = await _run(conn, plan.sql, parameters)
                 return _result(plan, types, rows, "anonproxy: the declared public domain, from the policy: no "
                                "row was read and nothing was charged")
-            if found.answer is None:
-                async with _snapshot(conn):
-                    # The data version the plan's rows have, and an answer another session stored meanwhile.
-                    found = await ledger.lookup_answer(conn, role.role, plan.table, [plan.table], fingerprint)
-                    if found.answer is None:
-                        types, rows = await _run(conn, plan.sql, parameters)
             if found.answer is not None:
                 return _with_notice(parse_simple(found.answer), "anonproxy: the same question on the same data "
                                     "was answered before; this is that answer, at no cost")
+            # Charged, and committed, before the data is read: a question that fails from here on (its SQL, the
+            # noise, the connection) stays paid for, so no failure is a free look at the data.
+            left = await ledger.charge(conn, role.role, plan.table, plan.epsilon, plan.delta, fingerprint)
+            async with _snapshot(conn):
+                version = await ledger.data_version(conn, plan.tables)  # of the rows the plan reads next
+                types, rows = await _run(conn, plan.sql, parameters)
             result = _result(plan, types, rows, f"anonproxy: differentially private answer, ε={plan.epsilon:g}, "
                              f"δ={plan.delta:g}")
-            charged = await ledger.charge_and_store(conn, role.role, plan.table, plan.epsilon, plan.delta,
-                                                    fingerprint, found.data_version, result.simple())
-            left = charged.remaining
-            return _with_notice(parse_simple(charged.answer), f"anonproxy: budget left on {plan.table}: "
+            # Another session of the role may have paid for the same question meanwhile: one answer is released.
+            kept = await ledger.store_answer(conn, role.role, fingerprint, version, result.simple())
+            return _with_notice(parse_simple(kept), f"anonproxy: budget left on {plan.table}: "
                                 f"ε={_plain(left.epsilon)}, δ={_plain(left.delta)}")
 
     async def describe(self, sql: str, role: RolePolicy, policy: Policy, parameters: Parameters,
@@ -196,7 +197,7 @@ class NoisyAnswers:
         for _ in range(3):
             plan = self._plan(sql, role, policy, costs, limits)
             fingerprint = _fingerprint(plan, policy.version, parameters)
-            found = await ledger.lookup_answer(conn, role.role, plan.table, [plan.table],
+            found = await ledger.lookup_answer(conn, role.role, plan.table, plan.tables,
                                                None if plan.free else fingerprint)
             read = (_or_default(found.epsilon_per_query, "epsilon"), _or_default(found.delta_per_query, "delta"))
             self._costs[key] = read
