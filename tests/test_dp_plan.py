@@ -632,3 +632,116 @@ def test_spread_and_quantiles_need_bounds_of_some_width() -> None:
         assert isinstance(result, Reject) and result.sqlstate == "0A000", result
         assert f'{word}("v") needs bounds lower < upper' in result.message and result.hint
     assert isinstance(plan_dp("select sum(v) from flat", ROLE, policy, PARAMS), DPPlan)  # |v| ≤ 5 is enough
+
+
+# --- review fixes: repeated quantiles, row order, inheritance, grid sums, HAVING constants -------------------------
+
+
+def test_a_repeated_quantile_is_drawn_once_per_group() -> None:
+    # ε = 0.001 over 74 grid points is close to uniform: 60 independent draws would almost surely differ
+    written = ["median(age)"] * 30 + ["percentile_cont(0.5) within group (order by age)"] * 30
+    p = plan(f"select {', '.join(written)} from adult", DPParams(0.001, 1e-6))
+    assert p.epsilon == 0.001 and len({column.quantile for column in p.columns}) == 1  # one mechanism, one charge
+    for _ in range(20):
+        ((*values,),), _ = answer(p, [([40] * 100,)])
+        assert len(values) == 60 and len(set(values)) == 1, values
+    # HAVING's own copy of the select list's quantile is that same draw: every released value passes the filter
+    p = plan("select sex, median(age) from adult group by sex having percentile_cont(0.5) within group "
+             "(order by age) >= 54", DPParams(0.001, 1e-6))
+    assert [column.name for column in p.hidden] == ["having 1"]
+    released = []
+    for _ in range(100):
+        rows, _ = answer(p, [("Female", [30] * 100), ("Male", [60] * 100)])
+        released += [value for _, value in rows]
+    assert released and all(value >= 54 for value in released), released
+
+
+def test_row_order_is_the_domain_order_whether_or_not_a_group_is_empty(postgresql: psycopg.Connection) -> None:
+    (doctor,) = postgresql.execute("select min(id) from adult where education = 'Doctorate'").fetchone()
+    huge = DPParams(1e300, 1e-6)  # no noise: the counts show which groups are empty
+    for person, empty in ((doctor, False), (-1, True)):
+        where = f"where education <> 'Doctorate' or id = {person}"
+        p = plan(f"select education, count(*) from adult {where} group by education", huge)
+        rows, _ = answer(p, run(postgresql, p))
+        assert (dict(rows)["Doctorate"] == 0) == empty
+        assert [key for key, _ in rows] == list(EDUCATION)  # the policy's declared order, not the join's
+        p = plan(f"select education, count(*) from adult {where} group by education limit 3 offset 13", huge)
+        rows, _ = answer(p, run(postgresql, p))
+        assert [key for key, _ in rows] == list(EDUCATION[13:])
+    # ORDER BY ties (the empty groups' zero counts) keep the domain order
+    p = plan("select workclass, count(*) as n from adult where workclass = 'Private' group by 1 order by n", huge)
+    rows, _ = answer(p, run(postgresql, p))
+    assert rows == [(w, 0) for w in WORKCLASS if w != "Private"] + [
+        ("Private", postgresql.execute("select count(*) from adult where workclass = 'Private'").fetchone()[0])]
+    # keys without a domain: in the order of their values
+    p = plan("select occupation, count(*) from adult group by occupation", huge)
+    keys = [key for key, _ in answer(p, run(postgresql, p))[0]]
+    assert len(keys) > 5 and keys == sorted(keys)
+
+
+def test_an_inheritance_child_makes_the_guard_bound_contributions(postgresql: psycopg.Connection) -> None:
+    (person,) = postgresql.execute("select min(id) from only adult where age = 90").fetchone()
+    (exact,) = postgresql.execute("select count(*) from only adult where age = 90").fetchone()
+    p = plan("select count(*) from adult where age = 90", DPParams(1e300, 1e-6))
+    assert not _bounding_ran(postgresql, p.sql)  # adult's primary key: one row per person
+    postgresql.execute("create table public.adult_extra () inherits (public.adult)")
+    postgresql.execute("insert into public.adult_extra select a.* from only public.adult a, generate_series(1, 500) "
+                       f"where a.id = {person}")
+    assert postgresql.execute("select count(*) from adult where age = 90").fetchone() == (exact + 500,)
+    assert _bounding_ran(postgresql, p.sql)
+    ((count,),), _ = answer(p, run(postgresql, p))
+    assert count == exact  # the person's 501 rows count once
+    # a partitioned table: its partitions are read through it too, so bounding runs even with a unique unit index
+    postgresql.execute("create table public.spread (unit int not null, g text, v int) partition by range (unit)")
+    postgresql.execute("create unique index on public.spread (unit)")
+    postgresql.execute("create table public.spread_low partition of public.spread for values from (0) to (100)")
+    postgresql.execute("insert into public.spread select u, 'a', 1 from generate_series(1, 50) u")
+    p = plan("select count(*) from spread", DPParams(1e300, 1e-6))
+    assert _bounding_ran(postgresql, p.sql)
+    assert run(postgresql, p) == [(50,)]
+
+
+def test_a_sum_on_a_fixed_point_grid_is_numeric(postgresql: psycopg.Connection) -> None:
+    p = plan("select sum(hours_per_week) from adult")  # an integer column, bounds [0.5, 99.5]
+    assert p.statistics[0].resolution is not None
+    assert p.output_types([20]) == p.output_types([701]) == (1700,)  # whatever type the SQL's sum has
+    assert plan("select sum(age) from adult").output_types([20]) == (20,)  # integer bounds: the SQL's type
+    cursor = postgresql.execute(p.sql)
+    sql_rows = cursor.fetchall()
+    assert p.output_types([column.type_code for column in cursor.description]) == (1700,)
+    for template in (sql_rows, [(int(sql_rows[0][0]),)], [(float(sql_rows[0][0]),)]):
+        ((total,),), _ = answer(p, template)
+        assert isinstance(total, Decimal), total
+        assert (Fraction(total) / p.statistics[0].resolution).denominator == 1  # on the grid
+
+
+@pytest.mark.parametrize("constant", ["'NaN'", "'sNaN'", "'Infinity'", "'-inf'", "' nan '"])
+def test_having_refuses_non_finite_constants(constant: str) -> None:
+    refused(f"select sex, count(*) from adult group by sex having count(*) > {constant}", "finite",
+            sqlstate="22023")
+    refused(f"select sex, avg(age) from adult group by sex having avg(age) between 1 and {constant}", "finite",
+            sqlstate="22023")
+
+
+def test_having_comparisons_never_raise() -> None:
+    nan = ("const", Decimal("NaN"))
+    for op in ("=", "<>", "<", "<=", ">", ">="):
+        for row in [(Decimal(1),), (1.5,), (float("nan"),), ("text",), (Decimal("NaN"),)]:
+            assert holds(("not", ("cmp", op, ("value", 0), nan)), row) is False  # unknown, not an exception
+    assert not holds(("cmp", "<", ("value", 0), ("const", 5)), ("Male",))
+
+
+def test_having_compares_a_key_with_a_constant_of_its_type(postgresql: psycopg.Connection) -> None:
+    for sql in ("select sex, count(*) from adult group by sex having sex > 5",
+                "select sex from adult group by sex having sex in ('Male', 5)",
+                "select occupation, count(*) from adult group by occupation having count(*) > 1 and occupation < 5"):
+        p = plan(sql)
+        with pytest.raises(psycopg.errors.UndefinedFunction, match="operator does not exist: text"):
+            run(postgresql, p)
+        postgresql.rollback()
+    refused("select age, count(*) from adult group by age having count(*) > 'x' and age > 5", "invalid input",
+            sqlstate="22P02")
+    p = plan("select age, count(*) from adult group by age having age > 88", DPParams(1e300, 1e-6))
+    rows, _ = answer(p, run(postgresql, p))
+    exact = truth(postgresql, "select age, count(*) from adult where age > 88 group by age")
+    assert rows == sorted((age, n) for age, n in exact.items() if n >= p.threshold) and rows

@@ -144,9 +144,11 @@ def _evaluate(tree: Node, row: tuple) -> object:
     if pair is None:
         return None
     a, b = pair
+    if a != a or b != b:  # NaN (a key of a float or numeric column): unknown
+        return None
     try:
         return {"=": a == b, "<>": a != b, ">": a > b, ">=": a >= b, "<": a < b, "<=": a <= b}[tree[1]]
-    except (ArithmeticError, TypeError):  # NaN or values of unlike types (a NaN key): unknown, never an error
+    except (ArithmeticError, TypeError):  # values of unlike types: unknown, never an error
         return None
 
 
