@@ -11,6 +11,7 @@ from the released values alone.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from decimal import Decimal, InvalidOperation
 
@@ -144,7 +145,7 @@ def _evaluate(tree: Node, row: tuple) -> object:
     if pair is None:
         return None
     a, b = pair
-    if a != a or b != b:  # NaN (a key of a float or numeric column): unknown
+    if _is_nan(a) or _is_nan(b):  # a NaN key of a float or numeric column: unknown
         return None
     try:
         return {"=": a == b, "<>": a != b, ">": a > b, ">=": a >= b, "<": a < b, "<=": a <= b}[tree[1]]
@@ -166,3 +167,7 @@ def _comparable(a: object, b: object) -> tuple | None:
     if isinstance(a, float) or isinstance(b, float):
         return float(a), float(b)  # type: ignore[arg-type]
     return a, b
+
+
+def _is_nan(value: object) -> bool:
+    return (isinstance(value, float) and math.isnan(value)) or (isinstance(value, Decimal) and value.is_nan())
