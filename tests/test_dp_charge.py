@@ -43,9 +43,11 @@ def trap(truth: psycopg.Connection, gated_proxy: Endpoint, gated_database: str) 
 def test_a_question_that_fails_after_reaching_the_data_is_charged(gated_proxy: Endpoint, gated_database: str,
                                                                   analyst: str) -> None:  # noqa: F811
     with psycopg.connect(gated_proxy.dsn(gated_database, user=analyst), autocommit=True) as conn:
-        for left in ("1.5", "1", "0.5"):  # each try is a new run of the SQL, so a new charge: never a free look
+        # each try is a new run of the SQL, so a new charge: never a free look; with a bound value (valid) too
+        for left, (query, values) in zip(("1.5", "1", "0.5"), [(FAILS_AT_RUN_TIME, None)] * 2 + [
+                (f"{FAILS_AT_RUN_TIME} where a.age > %s", [40])], strict=True):
             with pytest.raises(psycopg.errors.RaiseException, match="the data was read"):
-                conn.execute(FAILS_AT_RUN_TIME)
+                conn.execute(query, values)
             assert f"epsilon {left} of 2 left" in budget_left(conn)
         # the connection and the worker's pool still answer, at the price of a question
         assert conn.execute("select count(*) from adult where age > 40").fetchone()[0] > 0
@@ -65,6 +67,9 @@ def test_an_exhausted_budget_is_refused_before_the_sql_runs(gated_proxy: Endpoin
             message = caught.value.diag.message_primary or ""
             assert f'privacy budget exhausted for role "{analyst}" on public.adult' in message
             assert "remaining epsilon 0" in message and "this query needs epsilon 0.5" in message
+        # a bound value that is not a number is refused on its own, before the budget is looked at: it reads nothing
+        with pytest.raises(psycopg.errors.InvalidTextRepresentation):
+            conn.execute(f"{FAILS_AT_RUN_TIME} where a.age > %s", ["forty"])
         # a question already paid for is still answered, from the cache, for free
         assert conn.execute("select count(*) from adult where age > 30").fetchall() == answers[0]
         assert "epsilon 0 of 2 left" in budget_left(conn)

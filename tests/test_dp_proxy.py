@@ -223,10 +223,11 @@ def test_grouping_without_a_public_domain_needs_delta(gated_proxy: Endpoint, gat
         assert "epsilon 2 of 2 left" in budget_left(conn)
 
 
-def test_a_failed_run_is_rolled_back_and_charges_nothing(gated_proxy: Endpoint, gated_database: str,
-                                                        analyst: str) -> None:
-    # The bound value fails inside the REPEATABLE READ transaction that runs the plan: it is rolled back, nothing
-    # is charged, and the worker's pooled connections (4) keep answering.
+def test_a_bad_bound_value_is_refused_before_the_charge(gated_proxy: Endpoint, gated_database: str,
+                                                       analyst: str) -> None:
+    # The bound value is converted on its own, in a statement that reads no table, before the charge: it is
+    # refused for nothing, and the worker's pooled connections (4) keep answering. (A question that fails once its
+    # SQL runs is charged: tests/test_dp_charge.py.)
     with psycopg.connect(gated_proxy.dsn(gated_database, user=analyst), autocommit=True) as conn:
         for _ in range(5):
             with pytest.raises(psycopg.errors.InvalidTextRepresentation):

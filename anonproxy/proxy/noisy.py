@@ -5,12 +5,14 @@ For one query: plan it (anonproxy.privacy.dp_plan) with the role's per-query
 / ``anonproxy.delta`` — and, in one statement (``anonproxy.lookup_answer``),
 read that per-query cost, the data version and the answer already paid for.
 That one round trip is the whole ledger work for a question already answered.
-Else charge the ledger first, committed before any row is read (fail closed: a
-question that fails after the charge stays paid for, an exhausted budget is
-refused before its SQL runs); then, in one REPEATABLE READ READ ONLY
-transaction, read the data version of every table the plan reads and run the
-contribution-bounded SQL with the client's bound parameters; add noise; cache
-the answer under that version (anonproxy.privacy.ledger). A query that only lists declared public
+Else check the bound values (converted alone, reading nothing: a bad value is
+refused for free), then charge the ledger, committed before any row is read
+(fail closed: a question that fails after the charge stays paid for, and an
+exhausted budget is refused before its SQL runs); then, in one REPEATABLE
+READ READ ONLY transaction, read the data version of every table the plan
+reads and run the contribution-bounded SQL with the client's bound
+parameters; add noise; cache the answer under that version
+(anonproxy.privacy.ledger). A query that only lists declared public
 domains reads no row and is neither charged nor cached. Answers are
 :class:`Result` values, which the gate encodes for the simple or the extended
 protocol; refusals raise :class:`Refused`, which carries the ErrorResponse.
@@ -103,6 +105,7 @@ class NoisyAnswers:
             if found.answer is not None:
                 return _with_notice(parse_simple(found.answer), "anonproxy: the same question on the same data "
                                     "was answered before; this is that answer, at no cost")
+            await _check_values(conn, plan.sql, parameters)
             # Charged, and committed, before the data is read: a question that fails from here on (its SQL, the
             # noise, the connection) stays paid for, so no failure is a free look at the data.
             left = await ledger.charge(conn, role.role, plan.table, plan.epsilon, plan.delta, fingerprint)
@@ -287,6 +290,17 @@ async def _run(conn: psycopg.AsyncConnection[Any], sql: str, parameters: Paramet
     loader = Transformer(conn)
     loader.set_pgresult(result)
     return [result.ftype(i) for i in range(result.nfields)], loader.load_rows(0, result.ntuples, tuple)
+
+
+async def _check_values(conn: psycopg.AsyncConnection[Any], sql: str, parameters: Parameters) -> None:
+    """Refuse bound values ``sql`` cannot take (not valid input for their types, too many or too few) before the
+    charge: the server converts them to the types it infers for ``sql`` in a statement that reads no table, so the
+    refusal depends on the values alone and costs nothing."""
+    if not parameters.values:
+        return
+    types, _ = await _describe(conn, sql, parameters.types)
+    probe = "SELECT " + ", ".join(f"${number}" for number in range(1, len(types) + 1))
+    await _run(conn, probe, replace(parameters, types=types))
 
 
 async def _describe(conn: psycopg.AsyncConnection[Any], sql: str, declared: tuple[int, ...],
