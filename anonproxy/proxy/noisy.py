@@ -144,7 +144,8 @@ class NoisyAnswers:
                 lines.append("cached: the same question was answered on the current data; asking it again costs "
                              "nothing")
             elif found.data_version is None:
-                lines.append(f"not cacheable: the data version of {plan.table} is unknown; every run is charged")
+                lines.append(f"not cacheable: the data version of {', '.join(plan.tables)} is unknown; every run "
+                             "is charged")
             else:
                 lines.append("not cached: running it charges the cost above")
         lines.append(f"budget left on {plan.table}: ε={_plain(budget.epsilon)}, δ={_plain(budget.delta)}")
