@@ -35,7 +35,9 @@ comment on table anonproxy.hierarchy_nodes is
 -- Reading a generalized cell back: which leaves does this node cover?
 create index hierarchy_nodes_by_node on anonproxy.hierarchy_nodes (hierarchy, node, level);
 
-grant select on anonproxy.hierarchies, anonproxy.hierarchy_nodes to public;
+-- No grant to PUBLIC: a hierarchy built from a column (build_interval_hierarchy,
+-- build_prefix_hierarchy) lists every distinct value of it as a leaf. Readers
+-- need an explicit grant (docs/views.md, "Rights").
 
 
 -- Raise the first inconsistency of a stored hierarchy, naming it.
@@ -184,12 +186,28 @@ begin
 end
 $$;
 
--- Distinct non-null values of source.column as text (anonproxy.column_type of
--- 0002 names a missing column).
+-- The type of source.column, or an error 42703 naming it. Here rather than
+-- anonproxy.column_type of 0002, whose EXECUTE is not granted to PUBLIC.
+create function anonproxy.hierarchy_column_type(source regclass, column_name text) returns regtype
+language plpgsql stable set search_path = pg_catalog, pg_temp as $$
+declare
+    found_type regtype;
+begin
+    select a.atttypid into found_type from pg_catalog.pg_attribute a
+     where a.attrelid = source and a.attname = column_name and a.attnum > 0 and not a.attisdropped;
+    if not found then
+        raise exception using errcode = '42703',
+            message = format('column %s does not exist in %s', quote_ident(column_name), source);
+    end if;
+    return found_type;
+end
+$$;
+
+-- Distinct non-null values of source.column as text.
 create function anonproxy.hierarchy_source_values(source regclass, column_name text) returns setof text
 language plpgsql stable set search_path = pg_catalog, pg_temp as $$
 begin
-    perform anonproxy.column_type(source, column_name);
+    perform anonproxy.hierarchy_column_type(source, column_name);
     return query execute format('select distinct %1$I::text from %2$s where %1$I is not null', column_name, source);
 end
 $$;
@@ -218,7 +236,7 @@ begin
                              array_to_string(widths, ', ')),
             hint = 'nested intervals need it, for example ARRAY[5, 10, 20]';
     end if;
-    value_type := anonproxy.column_type(source, column_name);
+    value_type := anonproxy.hierarchy_column_type(source, column_name);
     if value_type not in ('smallint'::regtype, 'integer'::regtype, 'bigint'::regtype) then
         raise exception using errcode = '42804',
             message = format('column %I of %s is %s; interval hierarchies are built over integer columns',

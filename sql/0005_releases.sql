@@ -12,9 +12,13 @@
 -- caller's transaction, so an error leaves nothing behind.
 -- docs/views-internals.md states the contracts; docs/views.md is the user guide.
 --
--- The three entry points have no SET search_path clause on purpose: an
--- unqualified target name goes into the caller's current schema, as CREATE
--- TABLE would put it. Every name they use is schema-qualified all the same.
+-- Every function runs with search_path = pg_catalog, pg_temp, so that no object
+-- another role creates in a schema on the caller's path (a public.format(text,
+-- text), say) can take over a call made with the caller's rights. The three
+-- entry points are the exception: an unqualified target name goes into the
+-- caller's current schema, as CREATE TABLE would put it, so they keep the
+-- caller's path; each is one call of schema-qualified functions, with no
+-- operator, that passes pg_catalog.current_schema() along.
 
 create table anonproxy.releases (
     id bigint generated always as identity primary key,
@@ -38,7 +42,8 @@ create table anonproxy.releases (
 );
 comment on table anonproxy.releases is
     'Anonymized tables made by anonproxy.create_anonymized_view: how they were made and what they achieve.';
-grant select on anonproxy.releases to public;
+-- No grant to PUBLIC: the registry holds exact row counts and measurements of
+-- the source. Readers need an explicit grant (docs/views.md, "Rights").
 
 -- What create_anonymized_view and refresh_anonymized_view return.
 create type anonproxy.release_summary as (
@@ -60,9 +65,9 @@ create type anonproxy.release_summary as (
 -- Names ------------------------------------------------------------------------
 
 -- The registry name 'schema.table' of a target given as SQL text ('t', 's.t',
--- '"My T"'); an unqualified name is in the current schema. No SET clause: see above.
-create function anonproxy.release_target_name(target text) returns text
-language plpgsql stable as $$
+-- '"My T"'); an unqualified name is in schema schema_name (the caller's current one).
+create function anonproxy.release_target_name(target text, schema_name text) returns text
+language plpgsql immutable set search_path = pg_catalog, pg_temp as $$
 declare
     parts text[];
 begin
@@ -78,11 +83,11 @@ begin
                                      pg_catalog.quote_literal(pg_catalog.quote_ident(target)));
     end;
     if pg_catalog.cardinality(parts) = 1 then
-        if pg_catalog.current_schema() is null then
+        if schema_name is null then
             raise exception using errcode = '3F000', message = pg_catalog.format('no schema to create %s in', target),
                 hint = 'qualify the target with a schema: schema.table';
         end if;
-        parts := pg_catalog.array_prepend(pg_catalog.current_schema()::text, parts);
+        parts := pg_catalog.array_prepend(schema_name, parts);
     elsif pg_catalog.cardinality(parts) <> 2 then
         raise exception using errcode = '42602',
             message = pg_catalog.format('target %s is not a schema.table name', target);
@@ -96,6 +101,7 @@ create function anonproxy.release_check_target(target_name text) returns void
 language plpgsql stable set search_path = pg_catalog, pg_temp as $$
 declare
     schema_name text := (parse_ident(target_name))[1];
+    unreadable text;
 begin
     if schema_name in ('pg_catalog', 'information_schema') or schema_name like 'pg\_%' then
         raise exception using errcode = '22023',
@@ -123,7 +129,15 @@ begin
     if not has_table_privilege('anonproxy.releases', 'INSERT') then
         raise exception using errcode = '42501',
             message = 'permission denied to record a release: no INSERT privilege on anonproxy.releases',
-            hint = format('grant insert, update, delete on anonproxy.releases to %s', quote_ident(current_user));
+            hint = format('grant select, insert, update, delete on anonproxy.releases to %s', quote_ident(current_user));
+    end if;
+    select t into unreadable from unnest(array['anonproxy.releases', 'anonproxy.hierarchies',
+                                               'anonproxy.hierarchy_nodes']) t
+     where not has_table_privilege(t, 'SELECT') limit 1;
+    if found then
+        raise exception using errcode = '42501',
+            message = format('permission denied to make a release: no SELECT privilege on %s', unreadable),
+            hint = format('grant select on %s to %s', unreadable, quote_ident(current_user));
     end if;
     if to_regclass(target_name) is not null then
         raise exception using errcode = '42P07', message = format('relation %s already exists', target_name),
@@ -137,15 +151,13 @@ begin
 end
 $$;
 
--- The registry row of a release named by SQL text, locked, or an error.
+-- The registry row of a release (its registry name), locked, or an error.
 create function anonproxy.release_of(target text) returns anonproxy.releases
-language plpgsql as $$
+language plpgsql set search_path = pg_catalog, pg_temp as $$
 declare
     found_release anonproxy.releases;
 begin
-    select r.* into found_release from anonproxy.releases r
-     where r.target = anonproxy.release_target_name(release_of.target)
-     for update;
+    select r.* into found_release from anonproxy.releases r where r.target = release_of.target for update;
     if not found then
         raise exception using errcode = '42704', message = pg_catalog.format('%s is not an anonymized release', target),
             hint = 'anonproxy.releases lists the releases';
@@ -565,7 +577,7 @@ $$;
 
 -- The column list of a release: quasi-identifiers in order, then the sensitive column.
 create function anonproxy.release_columns(spec jsonb) returns text
-language sql immutable as $$
+language sql immutable set search_path = pg_catalog, pg_temp as $$
     select string_agg(format('%I', c.name), ', ' order by c.position)
       from (select q.value ->> 'name' as name, q.ordinality as position
               from jsonb_array_elements(spec -> 'qi') with ordinality q
@@ -688,25 +700,24 @@ $$;
 
 -- Entry points -----------------------------------------------------------------
 
-create function anonproxy.create_anonymized_view(
-    source regclass, target text, quasi_identifiers text[], sensitive text default null, k integer default null,
-    l numeric default null, l_kind text default 'entropy', c numeric default null, t numeric default null,
-    t_distance text default null, method text default 'mondrian', suppression_limit numeric default 0.0,
-    unit text default null, hierarchies jsonb default null, force boolean default false
+-- create_anonymized_view once the target is resolved to its registry name.
+create function anonproxy.release_create(
+    source regclass, target_name text, quasi_identifiers text[], sensitive text, k integer, l numeric, l_kind text,
+    c numeric, t numeric, t_distance text, method text, suppression_limit numeric, unit text, hierarchies jsonb,
+    force boolean
 ) returns anonproxy.release_summary
 -- Sorts and hashes of a large release stay in memory (work_mem applies per sort or hash).
-language plpgsql set work_mem = '128MB' as $$
+language plpgsql set search_path = pg_catalog, pg_temp set work_mem = '128MB' as $$
 declare
     started timestamptz := pg_catalog.clock_timestamp();
-    target_name text := anonproxy.release_target_name(target);
     spec jsonb;
     facts jsonb;
     measured jsonb;
     new_id bigint;
 begin
+    perform anonproxy.release_check_target(target_name);
     spec := anonproxy.release_spec(source, quasi_identifiers, sensitive, k, l, l_kind, c, t, t_distance, method,
                                    suppression_limit, unit, hierarchies);
-    perform anonproxy.release_check_target(target_name);
     perform anonproxy.release_progress(1, 5, 'copying ' || source::text);
     perform anonproxy.release_stage(source, spec, unit);
     perform anonproxy.release_progress(2, 5, 'anonymizing with ' || method);
@@ -730,10 +741,22 @@ begin
 end
 $$;
 
+create function anonproxy.create_anonymized_view(
+    source regclass, target text, quasi_identifiers text[], sensitive text default null, k integer default null,
+    l numeric default null, l_kind text default 'entropy', c numeric default null, t numeric default null,
+    t_distance text default null, method text default 'mondrian', suppression_limit numeric default 0.0,
+    unit text default null, hierarchies jsonb default null, force boolean default false
+) returns anonproxy.release_summary
+language sql as $$
+    select * from anonproxy.release_create(
+        source, anonproxy.release_target_name(target, pg_catalog.current_schema()), quasi_identifiers, sensitive,
+        k, l, l_kind, c, t, t_distance, method, suppression_limit, unit, hierarchies, force)
+$$;
+
 -- What the registry keeps to re-run a release: the arguments, with the
 -- hierarchy each column used resolved (null: none).
 create function anonproxy.release_parameters(spec jsonb) returns jsonb
-language sql immutable as $$
+language sql immutable set search_path = pg_catalog, pg_temp as $$
     select jsonb_build_object(
         'k', spec -> 'k', 'l', spec -> 'l', 'l_kind', spec -> 'l_kind', 'c', spec -> 'c', 't', spec -> 't',
         't_distance', spec -> 't_distance', 'suppression_limit', spec -> 'suppression_limit',
@@ -744,13 +767,12 @@ $$;
 
 -- Re-run a release with its stored parameters on the source as it is now, and
 -- replace the table's rows in this transaction (readers see the old rows until commit).
-create function anonproxy.refresh_anonymized_view(target text, force boolean default false)
-returns anonproxy.release_summary
+create function anonproxy.release_refresh(target_name text, force boolean) returns anonproxy.release_summary
 -- Sorts and hashes of a large release stay in memory (work_mem applies per sort or hash).
-language plpgsql set work_mem = '128MB' as $$
+language plpgsql set search_path = pg_catalog, pg_temp set work_mem = '128MB' as $$
 declare
     started timestamptz := pg_catalog.clock_timestamp();
-    release anonproxy.releases := anonproxy.release_of(target);
+    release anonproxy.releases := anonproxy.release_of(target_name);
     parameters jsonb := release.parameters;
     source regclass := pg_catalog.to_regclass(release.source);
     spec jsonb;
@@ -794,15 +816,26 @@ begin
 end
 $$;
 
+create function anonproxy.refresh_anonymized_view(target text, force boolean default false)
+returns anonproxy.release_summary
+language sql as $$
+    select * from anonproxy.release_refresh(anonproxy.release_target_name(target, pg_catalog.current_schema()), force)
+$$;
+
 -- Drop a release's table (if it is still there) and its registry row.
-create function anonproxy.drop_release(target text) returns void
-language plpgsql as $$
+create function anonproxy.release_drop(target_name text) returns void
+language plpgsql set search_path = pg_catalog, pg_temp as $$
 declare
-    release anonproxy.releases := anonproxy.release_of(target);
+    release anonproxy.releases := anonproxy.release_of(target_name);
 begin
     if pg_catalog.to_regclass(release.target) is not null then
         execute pg_catalog.format('drop table %s', release.target);
     end if;
     delete from anonproxy.releases r where r.id = release.id;
 end
+$$;
+
+create function anonproxy.drop_release(target text) returns void
+language sql as $$
+    select anonproxy.release_drop(anonproxy.release_target_name(target, pg_catalog.current_schema()))
 $$;

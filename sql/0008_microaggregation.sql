@@ -16,6 +16,7 @@
 -- The scratch tables of the microaggregation methods.
 create or replace function anonproxy.microaggregation_scratch() returns text[]
 language sql immutable
+set search_path = pg_catalog, pg_temp
 as $$
     select array['anonproxy_ma_z', 'anonproxy_ma_open', 'anonproxy_ma_cluster', 'anonproxy_ma_dist',
                  'anonproxy_ma_centroid', 'anonproxy_ma_failing', 'anonproxy_sens_dist', 'anonproxy_sens_global']

@@ -8,6 +8,7 @@ the target's rows in Python, not by the SQL verification functions.
 from __future__ import annotations
 
 import io
+import re
 import subprocess
 import sys
 from collections import Counter
@@ -169,18 +170,81 @@ def test_missing_privileges_fail_before_the_work(postgresql: psycopg.Connection)
     assert caught.value.sqlstate == "42501"
     assert caught.value.diag.message_primary == (
         "permission denied to record a release: no INSERT privilege on anonproxy.releases")
+    postgresql.rollback()
+    postgresql.execute("create role clerk; grant select on public.adult to clerk; grant create on schema public to clerk; "
+                       "grant select, insert on anonproxy.releases to clerk")
+    postgresql.execute("set role clerk")
+    with pytest.raises(psycopg.Error) as caught:
+        create(postgresql)
+    assert caught.value.sqlstate == "42501"
+    assert caught.value.diag.message_primary == (
+        "permission denied to make a release: no SELECT privilege on anonproxy.hierarchies")
 
 
 def test_a_role_with_the_documented_grants_can_release(postgresql: psycopg.Connection) -> None:
     """docs/views.md, Rights: no superuser, only these grants."""
     postgresql.execute("create role clerk; grant select on public.adult to clerk; "
                        "grant create on schema public to clerk; "
-                       "grant insert, update, delete on anonproxy.releases to clerk")
+                       "grant select, insert, update, delete on anonproxy.releases to clerk; "
+                       "grant select on anonproxy.hierarchies, anonproxy.hierarchy_nodes to clerk")
     postgresql.execute("set role clerk")
     create(postgresql, sensitive="occupation")
     postgresql.execute("select anonproxy.refresh_anonymized_view('adult_k')")
     postgresql.execute("select anonproxy.drop_release('adult_k')")
     assert leftovers(postgresql) == NOTHING
+
+
+def test_functions_on_the_callers_search_path_are_not_called(postgresql: psycopg.Connection) -> None:
+    """A role that may create in public defines look-alikes of pg_catalog's format and
+    jsonb_build_object (an exact type match beats pg_catalog's variadic ones); creating,
+    refreshing and dropping a release as a DBA whose search_path holds public runs none of them."""
+    postgresql.execute("create table public.hijacked (by_role text); grant insert on public.hijacked to public; "
+                       "create role mallory; grant create on schema public to mallory")
+    postgresql.execute("set role mallory")
+    postgresql.execute("""
+        create function public.format(f text, a text) returns text language plpgsql as $$
+        begin insert into public.hijacked values (current_user); return pg_catalog.format(f, a); end $$;
+        create function public.format(f text, a text, b text) returns text language plpgsql as $$
+        begin insert into public.hijacked values (current_user); return pg_catalog.format(f, a, b); end $$;
+        create function public.jsonb_build_object(variadic parts jsonb[]) returns jsonb language plpgsql as $$
+        begin insert into public.hijacked values (current_user); return '{}'; end $$;
+        create function public.jsonb_build_object(a text, b jsonb, c text, d jsonb, e text, f jsonb, g text,
+            h jsonb, i text, j jsonb, k text, l jsonb, m text, n jsonb, o text, p jsonb) returns jsonb
+        language plpgsql as $$
+        begin insert into public.hijacked values (current_user); return '{}'; end $$""")
+    postgresql.execute("reset role")
+    postgresql.execute("set search_path = public")
+    create(postgresql, target="adult_k", sensitive="occupation")
+    postgresql.execute("select anonproxy.refresh_anonymized_view('adult_k')")
+    postgresql.execute("select anonproxy.drop_release('adult_k')")
+    assert postgresql.execute("select count(*) from public.hijacked").fetchone() == (0,)
+
+
+def test_only_the_entry_points_keep_the_callers_search_path(postgresql: psycopg.Connection) -> None:
+    """Every release, hierarchy, method and verification function pins search_path."""
+    unpinned = postgresql.execute(
+        "select array_agg(p.proname::text order by p.proname) from pg_proc p "
+        "where p.pronamespace = 'anonproxy'::regnamespace "
+        "and not exists (select from unnest(p.proconfig) s where s like 'search_path=%')").fetchone()[0]
+    assert unpinned == ["create_anonymized_view", "drop_release", "refresh_anonymized_view"]
+    body = postgresql.execute(
+        "select string_agg(prosrc, ' ') from pg_proc where proname = any (%s) "
+        "and pronamespace = 'anonproxy'::regnamespace", (unpinned,)).fetchone()[0]
+    # Their bodies call schema-qualified functions only.
+    assert set(re.findall(r"(\w+(?:\.\w+)?)\(", body)) == {
+        "anonproxy.release_create", "anonproxy.release_refresh", "anonproxy.release_drop",
+        "anonproxy.release_target_name", "pg_catalog.current_schema"}
+
+
+def test_the_registry_is_not_readable_by_anonymized_roles(postgresql: psycopg.Connection) -> None:
+    """It holds exact row counts and measurements of the source: no grant to PUBLIC."""
+    create(postgresql)
+    for role in ("reporter", "analyst"):
+        postgresql.execute(sql.SQL("set role {}").format(sql.Identifier(role)))
+        with pytest.raises(psycopg.Error) as caught:
+            postgresql.execute("select * from anonproxy.releases")
+        assert caught.value.sqlstate == "42501"
+        postgresql.rollback()
 
 
 def test_source_must_be_a_table(postgresql: psycopg.Connection) -> None:

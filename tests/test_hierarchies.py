@@ -259,3 +259,29 @@ def test_cli_reports_bad_files_without_traceback(dbname: str, direct: Endpoint, 
     assert "node 'A' at level 1 has several parents: X, Y (SQLSTATE 22023)" in result.stderr
     assert "hint: a hierarchy is a tree" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+# Rights -----------------------------------------------------------------------------------------------
+
+
+def test_anonymized_roles_cannot_read_hierarchies(postgresql: psycopg.Connection) -> None:
+    """A built hierarchy lists every value of its column (here the exact ages): no grant to PUBLIC."""
+    build_interval_hierarchy(postgresql, "ages", "public.adult", "age", [5, 10])
+    postgresql.commit()
+    for role in ("reporter", "analyst"):
+        for table in ("anonproxy.hierarchies", "anonproxy.hierarchy_nodes"):
+            postgresql.execute(sql.SQL("set role {}").format(sql.Identifier(role)))
+            assert sqlstate_of(postgresql, f"select * from {table}") == "42501", (role, table)
+            postgresql.execute("reset role")
+
+
+def test_demo_dba_builds_hierarchies(postgresql: psycopg.Connection) -> None:
+    """The demo dba (CREATE on public, writes on the hierarchy tables, no superuser) can build both kinds."""
+    ages = postgresql.execute("select count(distinct age) from public.adult").fetchone()
+    postgresql.execute("set role dba")
+    assert postgresql.execute("select anonproxy.build_interval_hierarchy('ages', 'public.adult', 'age', "
+                              "array[5, 10])").fetchone() == ages
+    assert postgresql.execute("select anonproxy.build_prefix_hierarchy('sexes', 'public.adult', 'sex', 1)"
+                              ).fetchone() == (2,)
+    assert sqlstate_of(postgresql, "select anonproxy.build_interval_hierarchy('n', 'public.adult', 'nope', "
+                                   "array[5])") == "42703"

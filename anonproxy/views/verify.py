@@ -93,7 +93,8 @@ def _verify(args: argparse.Namespace) -> int:
 def _subject(conn: psycopg.Connection, args: argparse.Namespace) -> Subject:
     row = conn.execute(
         "select r.id, r.target, r.source, r.method, r.quasi_identifiers, r.sensitive, r.unit, r.parameters, r.achieved"
-        "  from anonproxy.releases r where r.target = anonproxy.release_target_name(%s)", (args.target,)).fetchone()
+        "  from anonproxy.releases r where r.target = anonproxy.release_target_name(%s, current_schema())",
+        (args.target,)).fetchone()
     if row is None:
         if args.qi is None:
             raise ValueError(f"{args.target} is not a registered release: name its quasi-identifiers with --qi")
