@@ -734,9 +734,11 @@ def test_having_comparisons_never_raise() -> None:
 def test_having_compares_a_key_with_a_constant_of_its_type(postgresql: psycopg.Connection) -> None:
     for sql in ("select sex, count(*) from adult group by sex having sex > 5",
                 "select sex from adult group by sex having sex in ('Male', 5)",
-                "select occupation, count(*) from adult group by occupation having count(*) > 1 and occupation < 5"):
+                "select occupation, count(*) from adult group by occupation having count(*) > 1 and occupation < 5",
+                "select sex, count(*) from adult group by sex having count(*) > sex"):
         p = plan(sql)
-        with pytest.raises(psycopg.errors.UndefinedFunction, match="operator does not exist: text"):
+        with pytest.raises(psycopg.errors.UndefinedFunction, match="operator does not exist: (text|numeric) [<>=]+ "
+                           "(integer|text)"):
             run(postgresql, p)
         postgresql.rollback()
     refused("select age, count(*) from adult group by age having count(*) > 'x' and age > 5", "invalid input",

@@ -689,23 +689,29 @@ def _having(node: exp.Expression, keys: list[exp.Expression], query: AnalyticQue
 
 
 def _having_checks(tree: tuple | None, drafts: list[_Draft], hidden: list[_Draft], query: AnalyticQuery) -> list[str]:
-    """SQL conditions repeating HAVING's comparisons of a grouping key with a constant, for PostgreSQL to type-check
-    (text > 5 is an error there, not an empty answer): the plan's SQL parses them in a CTE it never runs."""
+    """SQL conditions repeating HAVING's comparisons that involve a grouping key, with every aggregate standing in as
+    a numeric, for PostgreSQL to type-check (text > 5 is an error there, not an empty answer): the plan's SQL parses
+    them in a CTE it never runs."""
     if tree is None or tree[0] in ("value", "const"):
         return []
     if tree[0] != "cmp":
         return [check for child in tree[1:] for check in _having_checks(child, drafts, hidden, query)]
-    sides = {side[0]: side for side in tree[2:]}
-    if set(sides) != {"value", "const"} or sides["const"][1] is None:
+    outputs = [*drafts, *hidden]
+
+    def sql(node: tuple) -> str | None:
+        if node[0] == "value":
+            draft = outputs[node[1]]
+            return f"({query.keys[draft.key]})" if draft.kind == "key" else "0::numeric"  # type: ignore[index]
+        constant = node[1]
+        if node[0] != "const" or constant is None:
+            return None
+        if isinstance(constant, str):
+            return _text_literal(constant)
+        return str(constant).lower() if isinstance(constant, bool) else f"{constant:f}"
+
+    left, right = sql(tree[2]), sql(tree[3])
+    if left is None or right is None or not any(side.startswith("(") for side in (left, right)):
         return []
-    draft = [*drafts, *hidden][sides["value"][1]]
-    if draft.kind != "key":
-        return []
-    constant = sides["const"][1]
-    literal = (_text_literal(constant) if isinstance(constant, str) else str(constant).lower()
-               if isinstance(constant, bool) else f"{constant:f}")
-    key = f"({query.keys[draft.key]})"  # type: ignore[index]
-    left, right = (key, literal) if tree[2][0] == "value" else (literal, key)
     return [f"{left} {tree[1]} {right}"]
 
 
@@ -810,15 +816,15 @@ def _sql(query: AnalyticQuery, statistics: list[Statistic], public: list[tuple[s
             arguments[stat.argument] = f"anonproxy_a{len(arguments) + 1}"
 
     where = [f"WHERE {query.where}"] if query.where is not None else []
-    # Never run (nothing references it), but PostgreSQL parses it: names checked, $n parameters typed.
-    unread = [(UNREAD, "\n".join([f"SELECT FROM {query.from_sql}", *where]),
-               "the client's FROM and WHERE: never run, nothing references it")]
-    if checks:
-        unread.append((HAVING_TYPES, "\n".join([f"SELECT FROM {query.from_sql}",
-                                                  f"WHERE {' AND '.join(f'({check})' for check in checks)}"]),
-                       "HAVING's comparisons of grouping keys with constants, for PostgreSQL to type-check: never run"))
-    if public is not None and not statistics:
-        return _with([*unread, _domain_cte(public, keys)]) + f"\nSELECT {', '.join(keys)} FROM {DOMAIN}"
+    # CTEs that nothing references are never run (PostgreSQL plans no unreferenced SELECT CTE) but still parsed:
+    # names are checked, $n parameters typed, and HAVING's comparisons of keys with constants type-checked.
+    typecheck = [(HAVING_TYPES, "\n".join([f"SELECT FROM {query.from_sql}",
+                                           f"WHERE {' AND '.join(f'({check})' for check in checks)}"]),
+                  "HAVING's comparisons of grouping keys with constants: never run")] if checks else []
+    if public is not None and not statistics:  # the domains, reading no row
+        unread = (UNREAD, "\n".join([f"SELECT FROM {query.from_sql}", *where]),
+                  "the client's FROM and WHERE: never run, nothing references it")
+        return _with([unread, *typecheck, _domain_cte(public, keys)]) + f"\nSELECT {', '.join(keys)} FROM {DOMAIN}"
     select = [f"{query.unit} AS {UNIT}"]
     select += [f"{key} AS {name}" for key, name in zip(query.keys, keys, strict=True)]
     select += [f"{argument} AS {name}" for argument, name in arguments.items()]
@@ -826,7 +832,7 @@ def _sql(query: AnalyticQuery, statistics: list[Statistic], public: list[tuple[s
     # with no column is valid PostgreSQL).
     plain = [f"SELECT {', '.join(select[1:])}", f"FROM {query.from_sql}", *where]
     rows = [f"SELECT {', '.join([*select, 'random() AS anonproxy_r'])}", f"FROM {query.from_sql}", *where]
-    ctes = [*unread[1:],
+    ctes = [*typecheck,
             (GUARD, _guard(query), ("true when every table holds at most one row per unit (a valid unique index on "
              "its non-null unit column, no child table), as of this statement's snapshot: then no row needs to be "
              "dropped")),
