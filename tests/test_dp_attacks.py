@@ -99,6 +99,31 @@ def test_differencing_and_a_tracker_cost_budget(gated_proxy: Endpoint, gated_dat
         assert refused.value.sqlstate == "53400"  # the budget caps how many differences can be taken
 
 
+def test_copies_row_order_and_having_oracles_learn_nothing_free(gated_proxy: Endpoint, gated_database: str,
+                                                                analyst: str,  # noqa: F811
+                                                                truth: psycopg.Connection) -> None:  # noqa: F811
+    education = demo_policy().tables["public.adult"].columns["education"].domain
+    (doctor,) = truth.execute("select min(id) from adult where education = 'Doctorate'").fetchone()
+    with psycopg.connect(gated_proxy.dsn(gated_database, user=analyst), autocommit=True) as conn:
+        # 60 copies of one median: charged once, so drawn once (60 independent draws would average the noise away)
+        items = ", ".join(["median(age)"] * 60)
+        row = conn.execute(f"select {items} from adult where education = 'Doctorate' and sex = 'Female'").fetchone()
+        assert len(set(row)) == 1, row
+        assert "epsilon 1.5 of 2 left" in budget_left(conn)
+        # the rows' order is the domain's, whether or not the target's group is empty
+        for target in (f"id = {doctor}", "id = -1"):  # Doctorate holds one person, then none
+            rows = conn.execute(f"select education, count(*) from adult where education <> 'Doctorate' or {target} "
+                                "group by education").fetchall()
+            assert [key for key, _ in rows] == list(education)
+        # HAVING against 'NaN' is refused at planning, before anything is read or charged (it used to fail in
+        # the answer only when some group passed: a free oracle)
+        with pytest.raises(psycopg.Error) as refused:
+            conn.execute("select age, count(*) from adult where age = 90 group by age having count(*) > 'NaN'")
+        assert refused.value.sqlstate == "22023" and "finite" in str(refused.value)
+        assert refused.value.diag.message_hint
+        assert "epsilon 0.5 of 2 left" in budget_left(conn)
+
+
 # --- against the mechanisms: how much each attack learns --------------------------------------------
 
 
