@@ -29,23 +29,6 @@ comment on table anonproxy.composition_settings is
 insert into anonproxy.composition_settings default values;
 grant select on anonproxy.composition_settings to public;
 
--- Drop the named temporary tables of a previous run in this session, quietly.
-create function anonproxy._composition_drop(variadic names text[])
-returns void
-language plpgsql
-set search_path = pg_catalog, pg_temp
-as $$
-declare
-    name text;
-begin
-    foreach name in array names loop
-        if to_regclass('pg_temp.' || quote_ident(name)) is not null then
-            execute format('drop table pg_temp.%I', name);
-        end if;
-    end loop;
-end
-$$;
-
 -- The SQL expression (over alias) that names a person of src: the privacy-unit
 -- column, else the primary key; null when src has neither.
 create function anonproxy._composition_key(src regclass, unit text, alias text)
@@ -71,20 +54,6 @@ begin
     end if;
     return format('row(%s)::text', array_to_string(cols, ', '));
 end
-$$;
-
--- The hierarchy a release used for column col: the one the registry recorded
--- for it (null: none), else '<table>.<column>' (views-internals.md), if stored.
-create function anonproxy._composition_hierarchy(release_source text, parameters jsonb, col text)
-returns text
-language sql stable
-set search_path = pg_catalog, pg_temp
-as $$
-    select h.name
-    from anonproxy.hierarchies h
-    where h.name = case when parameters -> 'hierarchies' ? col then parameters -> 'hierarchies' ->> col
-                        else (parse_ident(release_source))[cardinality(parse_ident(release_source))] || '.' || col
-                   end
 $$;
 
 -- Fill pg_temp._ap_comp_match for release j of a generalized method: the
@@ -125,9 +94,9 @@ begin
     qis := r.quasi_identifiers;
     truncate pg_temp._ap_comp_cover, pg_temp._ap_comp_dom;
     for i in 1 .. cardinality(qis) loop
-        col := qis[i];
-        is_numeric := col = any (r.numeric_qis);
-        hierarchy := anonproxy._composition_hierarchy(r.source, r.parameters, col);
+        col := r.qi_cols[i];
+        is_numeric := qis[i] = any (r.numeric_qis);
+        hierarchy := anonproxy.release_hierarchy(r.source_table, qis[i], r.parameters -> 'hierarchies');
         -- full_domain publishes hierarchy nodes: a node label that looks like a
         -- range ('25-29' of ARX's age hierarchy covers 26..30) is the node.
         nodes_first := r.method = 'full_domain' and hierarchy is not null;
@@ -191,7 +160,7 @@ begin
     analyze pg_temp._ap_comp_cover;
     analyze pg_temp._ap_comp_dom;
 
-    perform anonproxy._composition_drop('_ap_comp_ecstat');
+    perform anonproxy.drop_scratch_tables(array['_ap_comp_ecstat']);
     execute format(
         'create temp table _ap_comp_ecstat on commit drop as
          with cell_stats as (
@@ -221,7 +190,7 @@ begin
     where _ap_comp_release.j = _composition_locate_generalized.j;
 
     for i in 1 .. cardinality(qis) loop
-        col := qis[i];
+        col := r.qi_cols[i];
         if i = any (chosen) then
             key_cols := key_cols || format(', k%s.v as k%1$s', i);
             key_joins := key_joins || format(
@@ -233,7 +202,7 @@ begin
                                                     and f%1$s.cell = e.%2$I::text', i, col);
         end if;
     end loop;
-    perform anonproxy._composition_drop('_ap_comp_key');
+    perform anonproxy.drop_scratch_tables(array['_ap_comp_key']);
     execute format('create temp table _ap_comp_key on commit drop as select e.ec%s from pg_temp._ap_comp_ec e%s',
                    key_cols, key_joins);
     analyze pg_temp._ap_comp_key;
@@ -251,7 +220,7 @@ $$;
 -- Fill pg_temp._ap_comp_match for release j of a microaggregation method: each
 -- tuple goes to its nearest centroid(s) (ties keep all). Numeric QIs are
 -- standardized by their spread over the overlap; a categorical QI adds 1 when
--- the class's value differs.
+-- the class's value differs. A tuple with a NULL QI is not located.
 create function anonproxy._composition_locate_centroid(j integer)
 returns void
 language plpgsql
@@ -260,13 +229,15 @@ set jit = off
 as $$
 declare
     r record;
+    i integer;
     col text;
     spread float8;
     distance text := '0';
 begin
     select * into r from pg_temp._ap_comp_release where _ap_comp_release.j = _composition_locate_centroid.j;
-    foreach col in array r.quasi_identifiers loop
-        if col = any (r.centroid_qis) then
+    for i in 1 .. cardinality(r.quasi_identifiers) loop
+        col := r.qi_cols[i];
+        if r.quasi_identifiers[i] = any (r.centroid_qis) then
             execute format(
                 'select coalesce(nullif(sqrt(greatest(sum(w * x * x) / sum(w) - (sum(w * x) / sum(w))^2, 0)), 0), 1)
                  from (select %I::float8 as x, cardinality(persons)::float8 as w from pg_temp._ap_comp_t) s', col)
@@ -282,7 +253,8 @@ begin
          select t.t, nearest.ec
          from pg_temp._ap_comp_t t
          cross join lateral (select e.ec from pg_temp._ap_comp_ec e
-                             order by %s fetch first 1 rows with ties) nearest', distance);
+                             order by %s fetch first 1 rows with ties) nearest
+         where not t.has_null', distance);
 end
 $$;
 
@@ -309,6 +281,7 @@ declare
     qis text[];
     filters text := '';
     cells text;
+    aliased text;
 begin
     if n is null or n < 2 then
         raise exception using errcode = '22023', message = 'a composition needs at least two releases',
@@ -319,13 +292,14 @@ begin
         raise exception using errcode = '22023', message = 'the releases must be distinct and not null';
     end if;
 
-    perform anonproxy._composition_drop('_ap_comp_release', '_ap_comp_t', '_ap_comp_ec', '_ap_comp_dom',
-                                        '_ap_comp_cover', '_ap_comp_match', '_ap_comp_located', '_ap_comp_result');
+    perform anonproxy.drop_scratch_tables(array['_ap_comp_release', '_ap_comp_t', '_ap_comp_ec', '_ap_comp_dom',
+                                                '_ap_comp_cover', '_ap_comp_match', '_ap_comp_located',
+                                                '_ap_comp_result']);
     create temp table _ap_comp_release on commit drop as
     select o.j::integer as j, o.rel, g.id, g.source, to_regclass(g.source) as source_table, g.method,
            g.quasi_identifiers, g.sensitive, g.unit, g.parameters,
-           null::text[] as numeric_qis, null::text[] as centroid_qis, null::text[] as key_qis,
-           null::integer as classes
+           null::text[] as qi_cols, null::text[] as numeric_qis, null::text[] as centroid_qis,
+           null::text[] as key_qis, null::integer as classes
     from unnest(releases) with ordinality o(rel, j)
     left join anonproxy.releases g on to_regclass(g.target) = o.rel;
 
@@ -349,6 +323,18 @@ begin
         raise exception using errcode = '42P01',
             message = format('source table %s of release %s does not exist', r.source, r.rel);
     end if;
+    -- A hierarchy dropped since the release: its cells can no longer be read.
+    select c.rel, h.key as col, h.value #>> '{}' as hierarchy into r
+    from pg_temp._ap_comp_release c cross join jsonb_each(c.parameters -> 'hierarchies') h
+    where h.key = any (c.quasi_identifiers) and jsonb_typeof(h.value) = 'string'
+      and not exists (select from anonproxy.hierarchies x where x.name = h.value #>> '{}')
+    order by c.j limit 1;
+    if found then
+        raise exception using errcode = '55000',
+            message = format('hierarchy %L, which release %s used for column %s, no longer exists: '
+                             'its cells cannot be read', r.hierarchy, r.rel, r.col),
+            hint = 'load the hierarchy again, or drop the release';
+    end if;
 
     person_table := coalesce(source, (select source_table from pg_temp._ap_comp_release where j = 1));
     select array_agg(q order by first_j, first_i) into qis
@@ -363,18 +349,22 @@ begin
             message = format('column %I of the releases'' quasi-identifiers is not in %s', problem, person_table);
     end if;
 
-    -- A QI is numeric (ranges, centroids) when the person table stores it as a number.
+    -- The work tables name the i-th QI of qis q<i>: a QI cannot clash with
+    -- their own columns (t, persons, has_null, ec, size, sens).
+    update pg_temp._ap_comp_release c
+    set qi_cols = array(select 'q' || array_position(qis, q) from unnest(c.quasi_identifiers) with ordinality u(q, o)
+                        order by o);
+    -- A QI is numeric (ranges, centroids) when the person table stores it as a
+    -- number, as the methods staged it (domains included).
     update pg_temp._ap_comp_release c
     set numeric_qis = array(select q from unnest(c.quasi_identifiers) q
                             join pg_attribute a on a.attrelid = person_table and a.attname = q
-                            where format_type(a.atttypid, null) in ('smallint', 'integer', 'bigint', 'numeric',
-                                                                    'real', 'double precision'));
+                            where anonproxy.release_column_kind(a.atttypid) = 'numeric');
     -- Microaggregation publishes centroids in numeric columns of the release.
     update pg_temp._ap_comp_release c
     set centroid_qis = array(select q from unnest(c.quasi_identifiers) q
                              join pg_attribute a on a.attrelid = c.rel and a.attname = q
-                             where format_type(a.atttypid, null) in ('smallint', 'integer', 'bigint', 'numeric',
-                                                                     'real', 'double precision'))
+                             where anonproxy.release_column_kind(a.atttypid) = 'numeric')
     where c.method in ('mdav', 'tclose_first');
 
     -- The overlap: persons of person_table present in the source of every release.
@@ -390,7 +380,16 @@ begin
                                      case when person_key is null then person_table else r.source_table end),
                     hint = 'give the source tables a primary key, or create the releases with a privacy unit';
             end if;
-            person_key := 'p.ctid::text';
+            -- One source without a key: a person is a row, named by its row identity.
+            person_key := case (select relkind from pg_class where oid = person_table)
+                              when 'r' then 'p.ctid::text' when 'm' then 'p.ctid::text'
+                              when 'p' then 'row(p.tableoid, p.ctid)::text' end;  -- ctid is per partition
+            if person_key is null then
+                raise exception using errcode = '55000',
+                    message = format('cannot tell people apart in %s: it has no primary key, no privacy unit '
+                                     'and no row identity', person_table),
+                    hint = 'give the source a primary key, or create the releases with a privacy unit (unit)';
+            end if;
             filters := '';
             exit;
         end if;
@@ -400,12 +399,15 @@ begin
         end if;
     end loop;
 
-    select string_agg(format('p.%I', q), ', ') into cells from unnest(qis) q;
+    select string_agg(format('p.%I', q), ', ' order by i), string_agg(format('p.%I as q%s', q, i), ', ' order by i)
+    into cells, aliased
+    from unnest(qis) with ordinality u(q, i);
     execute format(
         'create temp table _ap_comp_t on commit drop as
-         select (row_number() over ())::integer as t, %1$s, array_agg(distinct %2$s) as persons
-         from %3$s p where true%4$s group by %1$s',
-        cells, person_key, person_table, filters);
+         select (row_number() over ())::integer as t, %1$s, array_agg(distinct %2$s) as persons,
+                num_nulls(%3$s) > 0 as has_null
+         from %4$s p where true%5$s group by %3$s',
+        aliased, person_key, cells, person_table, filters);
     analyze pg_temp._ap_comp_t;
 
     create temp table _ap_comp_dom (qi integer, v text, tuples bigint, primary key (qi, v)) on commit drop;
@@ -414,14 +416,17 @@ begin
     create temp table _ap_comp_located (j integer, t integer, size integer, sens text[]) on commit drop;
 
     for r in select * from pg_temp._ap_comp_release order by j loop
-        select string_agg(format('%I', q), ', ') into cells from unnest(r.quasi_identifiers) q;
-        perform anonproxy._composition_drop('_ap_comp_ec');
+        select string_agg(format('%I', q), ', ' order by i),
+               string_agg(format('%I as %I', q, r.qi_cols[i]), ', ' order by i)
+        into cells, aliased
+        from unnest(r.quasi_identifiers) with ordinality u(q, i);
+        perform anonproxy.drop_scratch_tables(array['_ap_comp_ec']);
         execute format(
             'create temp table _ap_comp_ec on commit drop as
              select (row_number() over ())::integer as ec, %1$s, count(*)::integer as size,
                     array_agg(distinct %2$I::text) filter (where %2$I is not null) as sens
-             from %3$s group by %1$s',
-            cells, r.sensitive, r.rel);
+             from %3$s group by %4$s',
+            aliased, r.sensitive, r.rel, cells);
         analyze pg_temp._ap_comp_ec;
         update pg_temp._ap_comp_release set classes = (select count(*) from pg_temp._ap_comp_ec)
         where j = r.j;
@@ -479,8 +484,10 @@ end
 $$;
 
 -- The attack summarized (docs/composition.md): per release k, classes,
--- average partition size and EA over the located overlap; the overlap, how
--- many were located in every release, average prior and posterior effective
+-- average partition size and EA over the located overlap, and how many of the
+-- overlap it does not locate; the overlap, how many were located in every
+-- release (the others: unlocated, of whom null_qi have a NULL QI), average
+-- prior and posterior effective
 -- anonymity, average drop, the share with a drop (vulnerable), the ÊA
 -- distribution and PVP_C for C = 100 %, 50 %, 33 %, 25 %.
 create function anonproxy.composition_risk(releases regclass[], source regclass default null)
@@ -509,7 +516,10 @@ begin
                    'release', c.rel::text, 'id', c.id, 'method', c.method, 'k', c.parameters -> 'k',
                    'classes', c.classes, 'key_qis', to_jsonb(c.key_qis),
                    'avg_partition_size', (select round(sum(w * sizes[c.j]) / nullif(sum(w), 0), 3) from weighted),
-                   'avg_prior_ea', (select round(sum(w * prior_ea[c.j]) / nullif(sum(w), 0), 3) from weighted))
+                   'avg_prior_ea', (select round(sum(w * prior_ea[c.j]) / nullif(sum(w), 0), 3) from weighted),
+                   'unlocated', (select coalesce(sum(cardinality(t.persons)), 0) from pg_temp._ap_comp_t t
+                                 where not exists (select from pg_temp._ap_comp_located l
+                                                   where l.j = c.j and l.t = t.t)))
                    order by c.j) as releases
         from pg_temp._ap_comp_release c),
     distribution as (
@@ -519,6 +529,9 @@ begin
         'releases', p.releases,
         'overlap', (select coalesce(sum(cardinality(persons)), 0) from pg_temp._ap_comp_t),
         'located', coalesce(t.located, 0),
+        'unlocated', (select coalesce(sum(cardinality(persons)), 0) from pg_temp._ap_comp_t)
+                     - coalesce(t.located, 0),
+        'null_qi', (select coalesce(sum(cardinality(persons)), 0) from pg_temp._ap_comp_t where has_null),
         'avg_min_prior_ea', round(t.min_prior / t.located, 3),
         'avg_posterior_ea', round(t.posterior / t.located, 3),
         'avg_drop', round(t.drop / t.located, 3),
@@ -538,8 +551,10 @@ $$;
 -- The guard create_anonymized_view calls once release_id is recorded: the
 -- attack on the new release together with every other release of the same
 -- source and sensitive attribute. The finding goes to releases.composition.
--- Above the configured PVP_100 % the guard warns, or refuses (SQLSTATE APC01,
--- which rolls the whole creation back) unless force, which is recorded.
+-- Above the configured PVP_100 %, or when the risk of some people could not be
+-- measured (fail closed: nobody located is not nobody at risk), the guard
+-- warns, or refuses (SQLSTATE APC01, which rolls the whole creation back)
+-- unless force, which is recorded.
 create function anonproxy.check_composition(release_id bigint, force boolean)
 returns jsonb
 language plpgsql
@@ -549,10 +564,15 @@ declare
     settings anonproxy.composition_settings;
     created record;
     others regclass[];
+    names text;
     risk jsonb;
     finding jsonb;
     certain numeric;
     exceeded boolean;
+    unmeasured bigint;
+    problem text;
+    problem_hint text;
+    objection text;
     message text;
     detail text;
 begin
@@ -581,31 +601,67 @@ begin
     if others is null then
         finding := jsonb_build_object('releases', jsonb_build_array(created.target), 'risk', null,
                                       'max_pvp_100', settings.max_pvp_100, 'action', settings.action,
-                                      'exceeded', false, 'forced', false);
-    else
+                                      'exceeded', false, 'unmeasured', 0, 'problem', null, 'forced', false);
+        update anonproxy.releases set composition = finding where id = release_id;
+        return finding;
+    end if;
+    names := format('%s combined with %s', created.target, (select string_agg(o::text, ', ') from unnest(others) o));
+
+    -- The attack refuses (55000) what it cannot measure at all: people it cannot tell apart.
+    begin
         risk := anonproxy.composition_risk(to_regclass(created.target) || others, to_regclass(created.source));
+    exception when sqlstate '55000' then
+        get stacked diagnostics problem = message_text, problem_hint = pg_exception_hint;
+    end;
+    if risk is null then
+        exceeded := false;
+        objection := format('composition risk: %s could not be measured: %s', names, problem);
+    else
         certain := coalesce((risk -> 'pvp' ->> '100')::numeric, 0);
         exceeded := certain > settings.max_pvp_100;
-        finding := jsonb_build_object(
-            'releases', (select jsonb_agg(x ->> 'release') from jsonb_array_elements(risk -> 'releases') x),
-            'risk', risk, 'max_pvp_100', settings.max_pvp_100, 'action', settings.action,
-            'exceeded', exceeded, 'forced', exceeded and coalesce(force, false));
-        message := format('composition risk: %s combined with %s reveals %s exactly for %s %% of the %s people '
-                          'they share (limit %s %%)',
-                          created.target, (select string_agg(o::text, ', ') from unnest(others) o),
-                          created.sensitive, certain, risk -> 'located', settings.max_pvp_100);
-        detail := format('PVP at 100/50/33/25 %% confidence: %s/%s/%s/%s %%; average drop in effective anonymity %s',
-                         risk -> 'pvp' ->> '100', risk -> 'pvp' ->> '50', risk -> 'pvp' ->> '33',
-                         risk -> 'pvp' ->> '25', risk ->> 'avg_drop');
-        if exceeded and settings.action = 'refuse' and not coalesce(force, false) then
-            raise exception using errcode = 'APC01', message = message, detail = detail,
-                hint = 'generalize further (larger k, l or t), drop an older release, or pass force => true '
-                       'to create it anyway (recorded in anonproxy.releases.forced)';
-        elsif exceeded then
-            raise warning using message = message, detail = detail,
-                hint = case when force then 'created anyway: force => true is recorded in anonproxy.releases.forced'
-                            else 'see anonproxy.composition_risk() and docs/composition.md' end;
+        unmeasured := (risk ->> 'unlocated')::bigint;
+        if unmeasured > 0 then
+            problem := format('%s could not be located (%s)', unmeasured,
+                              concat_ws('; ',
+                                  (select string_agg(format('%s not in any class of %s', x ->> 'unlocated',
+                                                            x ->> 'release'), ', ')
+                                   from jsonb_array_elements(risk -> 'releases') x
+                                   where (x ->> 'unlocated')::bigint > 0),
+                                  case when (risk ->> 'null_qi')::bigint > 0
+                                       then format('%s with a NULL quasi-identifier', risk ->> 'null_qi') end));
+            problem_hint := 'a cell the audit cannot read, a NULL quasi-identifier or a suppressed person; '
+                            'see docs/composition.md';
         end if;
+        objection := 'composition risk: ' || names
+            || case when exceeded then
+                   format(' reveals %s exactly for %s %% of the %s people located of the %s they share (limit %s %%)',
+                          created.sensitive, certain, risk -> 'located', risk -> 'overlap', settings.max_pvp_100)
+               else '' end
+            || case when unmeasured > 0 then
+                   format('%s the risk could not be measured for %s of the %s people they share: %s',
+                          case when exceeded then ';' else ':' end, unmeasured, risk -> 'overlap', problem)
+               else '' end;
+        detail := format('PVP at 100/50/33/25 %% confidence: %s/%s/%s/%s %% of the %s located; '
+                         'average drop in effective anonymity %s',
+                         risk -> 'pvp' ->> '100', risk -> 'pvp' ->> '50', risk -> 'pvp' ->> '33',
+                         risk -> 'pvp' ->> '25', risk -> 'located', risk ->> 'avg_drop');
+    end if;
+    finding := jsonb_build_object(
+        'releases', to_jsonb((to_regclass(created.target) || others)::text[]),
+        'risk', risk, 'max_pvp_100', settings.max_pvp_100, 'action', settings.action,
+        'exceeded', exceeded, 'unmeasured', unmeasured, 'problem', problem,
+        'forced', (exceeded or problem is not null) and coalesce(force, false));
+    if exceeded or problem is not null then
+        if settings.action = 'refuse' and not coalesce(force, false) then
+            raise exception using errcode = 'APC01', message = objection, detail = coalesce(detail, ''),
+                hint = concat_ws('; ', problem_hint,
+                                 'generalize further (larger k, l or t), drop an older release, or pass force => true '
+                                 'to create it anyway (recorded in anonproxy.releases.forced)');
+        end if;
+        raise warning using message = objection, detail = coalesce(detail, ''),
+            hint = case when force then 'created anyway: force => true is recorded in anonproxy.releases.forced'
+                        else concat_ws('; ', problem_hint, 'see anonproxy.composition_risk() and docs/composition.md')
+                   end;
     end if;
     update anonproxy.releases
     set composition = finding, forced = forced or (finding ->> 'forced')::boolean

@@ -159,6 +159,15 @@ def test_bad_arguments(hospitals: psycopg.Connection) -> None:
     assert caught.value.sqlstate == "22023" and "different sensitive attributes" in str(caught.value)
 
 
+def test_a_dropped_hierarchy_cannot_be_read(hospitals: psycopg.Connection) -> None:
+    hospitals.execute("select anonproxy.drop_hierarchy('hospital2.age')")
+    with pytest.raises(psycopg.Error) as caught:
+        hospitals.execute("select anonproxy.composition_risk(array['h1_release', 'h2_release']::regclass[])")
+    assert caught.value.sqlstate == "55000"
+    assert caught.value.diag.message_primary == ("hierarchy 'hospital2.age', which release public.h2_release used "
+                                                 "for column age, no longer exists: its cells cannot be read")
+
+
 # --- a hierarchy whose node labels look like ranges but are not (ARX's adult age hierarchy) ---------
 
 def test_full_domain_cells_are_nodes_even_when_they_look_like_ranges(postgresql: psycopg.Connection) -> None:
@@ -252,8 +261,8 @@ def test_guard_warns_and_records_the_finding(clinic: psycopg.Connection) -> None
     assert finding["risk"]["pvp"] == {"100": 16.67, "50": 50, "33": 100, "25": 100}  # person 4 of 6 exactly
     warnings = [n for n in seen if n.severity == "WARNING"]
     assert len(warnings) == 1
-    assert "public.clinic_m combined with public.clinic_g reveals diagnosis exactly for 16.67 %" in \
-        warnings[0].message
+    assert ("public.clinic_m combined with public.clinic_g reveals diagnosis exactly for 16.67 % of the 6 people "
+            "located of the 6 they share (limit 0 %)") in warnings[0].message
     stored = clinic.execute("select composition, forced from anonproxy.releases where id = %s", (release,)).fetchone()
     assert stored == (finding, False)
 
@@ -395,3 +404,171 @@ def test_second_mondrian_release_of_adult_warns(postgresql: psycopg.Connection) 
     assert again["pvp"] == stored["risk"]["pvp"] and 0 < again["pvp"]["100"] < 100
     assert conn.execute("select composition from anonproxy.releases where target = 'public.adult_k5'").fetchone()[0][
         "risk"] is None
+
+
+# --- fail closed: people the audit cannot locate are an unknown risk, not no risk -------------------
+
+@pytest.fixture
+def years(postgresql: psycopg.Connection) -> psycopg.Connection:
+    """A source whose QI is a domain over integer, and a release of it in ranges."""
+    conn = postgresql
+    conn.execute("create domain years as integer check (value >= 0)")
+    load_table(conn, "create table dpeople (id integer primary key, age years, disease text)", "dpeople",
+               [(1, 21, "flu"), (2, 23, "cold"), (3, 27, "gout"), (4, 28, "acne")])
+    load_table(conn, "create table dp_a (age text, disease text)", "dp_a",
+               [("20-24", "flu"), ("20-24", "cold"), ("25-29", "gout"), ("25-29", "acne")])
+    register(conn, "public.dpeople", "public.dp_a", "mondrian", ["age"], "disease", '{"k": 2}')
+    conn.commit()
+    return conn
+
+
+def test_a_domain_over_integer_is_read_as_a_number(years: psycopg.Connection) -> None:
+    load_table(years, "create table dp_b (age text, disease text)", "dp_b",
+               [("21-27", "flu"), ("21-27", "cold"), ("21-27", "gout"), ("28", "acne")])
+    release = register(years, "public.dpeople", "public.dp_b", "mondrian", ["age"], "disease", '{"k": 1}')
+    finding = years.execute("select anonproxy.check_composition(%s, false)", (release,)).fetchone()[0]
+    # 21, 23: {flu, cold} in both; 27: {gout, acne} ∩ {flu, cold, gout} = {gout}; 28: {acne}.
+    assert (finding["risk"]["overlap"], finding["risk"]["located"]) == (4, 4)
+    assert finding["risk"]["pvp"]["100"] == 50 and finding["exceeded"] is True and finding["unmeasured"] == 0
+
+
+def test_people_who_cannot_be_located_are_an_unknown_risk(years: psycopg.Connection) -> None:
+    # 'twenties' is no range and no node of any hierarchy: 21 and 23 are in no class of dp_c.
+    load_table(years, "create table dp_c (age text, disease text)", "dp_c",
+               [("twenties", "flu"), ("twenties", "cold"), ("25-29", "gout"), ("28", "acne")])
+    release = register(years, "public.dpeople", "public.dp_c", "mondrian", ["age"], "disease", '{"k": 1}')
+    years.execute("update anonproxy.composition_settings set action = 'refuse'")
+    years.commit()
+    with pytest.raises(psycopg.Error) as caught:
+        years.execute("select anonproxy.check_composition(%s, false)", (release,))
+    assert caught.value.sqlstate == "APC01"
+    # 27: {gout} ∩ {gout, acne} is certain; 28 is in '25-29' and '28': {gout, acne}. 1 of the 2 located.
+    assert caught.value.diag.message_primary == (
+        "composition risk: public.dp_c combined with public.dp_a reveals disease exactly for 50.00 % of the 2 people "
+        "located of the 4 they share (limit 0 %); the risk could not be measured for 2 of the 4 people they share: "
+        "2 could not be located (2 not in any class of public.dp_c)")
+    years.rollback()
+    seen = notices(years)
+    finding = years.execute("select anonproxy.check_composition(%s, true)", (release,)).fetchone()[0]
+    assert (finding["unmeasured"], finding["forced"], finding["risk"]["unlocated"]) == (2, True, 2)
+    assert [(r["release"], r["unlocated"]) for r in finding["risk"]["releases"]] == [("public.dp_c", 2),
+                                                                                     ("public.dp_a", 0)]
+    assert [n.severity for n in seen] == ["WARNING"]
+
+
+def test_unlocated_people_alone_warn(years: psycopg.Connection) -> None:
+    load_table(years, "create table dp_d (age text, disease text)", "dp_d",
+               [("20-24", "flu"), ("20-24", "cold"), ("late twenties", "gout"), ("late twenties", "acne")])
+    release = register(years, "public.dpeople", "public.dp_d", "mondrian", ["age"], "disease", '{"k": 2}')
+    seen = notices(years)
+    finding = years.execute("select anonproxy.check_composition(%s, false)", (release,)).fetchone()[0]
+    # The located (21, 23) keep {flu, cold}: nothing measured is above the limit, yet 2 are unknown.
+    assert (finding["exceeded"], finding["unmeasured"], finding["forced"]) == (False, 2, False)
+    assert [n.severity for n in seen] == ["WARNING"]
+    assert seen[0].message == ("composition risk: public.dp_d combined with public.dp_a: the risk could not be measured "
+                               "for 2 of the 4 people they share: 2 could not be located (2 not in any class of "
+                               "public.dp_d)")
+
+
+def test_a_set_cell_that_equals_a_value_leaves_people_unknown(postgresql: psycopg.Connection) -> None:
+    conn = postgresql
+    load_table(conn, "create table tags (id integer primary key, tag text, d text)", "tags",
+               [(1, "a", "flu"), (2, "b", "cold"), (3, "{a,b}", "gout"), (4, "c", "acne")])
+    # Mondrian's set {a,b} is also a value of the column: read as that value, it covers person 3 only.
+    load_table(conn, "create table tags_m (tag text, d text)", "tags_m",
+               [("{a,b}", "flu"), ("{a,b}", "cold"), ('{"{a,b}",c}', "gout"), ('{"{a,b}",c}', "acne")])
+    load_table(conn, "create table tags_any (tag text, d text)", "tags_any",
+               [("*", "flu"), ("*", "cold"), ("*", "gout"), ("*", "acne")])
+    register(conn, "public.tags", "public.tags_any", "mondrian", ["tag"], "d", '{"k": 4}')
+    release = register(conn, "public.tags", "public.tags_m", "mondrian", ["tag"], "d", '{"k": 2}')
+    risk = conn.execute("select anonproxy.composition_risk(array['tags_m', 'tags_any']::regclass[])").fetchone()[0]
+    assert (risk["overlap"], risk["located"], risk["unlocated"], risk["null_qi"]) == (4, 2, 2, 0)
+    assert [r["unlocated"] for r in risk["releases"]] == [2, 0]
+    conn.execute("update anonproxy.composition_settings set action = 'refuse'")
+    with pytest.raises(psycopg.Error) as caught:
+        conn.execute("select anonproxy.check_composition(%s, false)", (release,))
+    assert caught.value.sqlstate == "APC01"
+    assert "the risk could not be measured for 2 of the 4 people they share" in caught.value.diag.message_primary
+
+
+# --- sources without a key -------------------------------------------------------------------------
+
+def anonymize_clinic_view(conn: psycopg.Connection, target: str, k: int) -> None:
+    conn.execute("""select anonproxy.create_anonymized_view(source => 'public.clinic_v', target => %s,
+                        quasi_identifiers => array['age', 'sex'], sensitive => 'diagnosis', k => %s,
+                        method => 'mondrian')""", (target, k))
+
+
+@pytest.fixture
+def clinic_view(postgresql: psycopg.Connection) -> psycopg.Connection:
+    """A view with no key (a view has no row identity either), released once."""
+    conn = postgresql
+    load_table(conn, "create table clinic_nokey (age integer, sex text, diagnosis text)", "clinic_nokey",
+               [row[1:] for row in CLINIC])
+    conn.execute("create view clinic_v as select age, sex, diagnosis from clinic_nokey")
+    anonymize_clinic_view(conn, "public.clinic_v2", 2)
+    conn.commit()
+    return conn
+
+
+def test_a_view_without_key_warns_that_people_cannot_be_told_apart(clinic_view: psycopg.Connection) -> None:
+    seen = notices(clinic_view)
+    anonymize_clinic_view(clinic_view, "public.clinic_v3", 3)
+    finding = clinic_view.execute(
+        "select composition from anonproxy.releases where target = 'public.clinic_v3'").fetchone()[0]
+    assert finding["risk"] is None and finding["unmeasured"] is None
+    assert finding["problem"].startswith("cannot tell people apart in public.clinic_v")
+    warnings = [n for n in seen if n.severity == "WARNING"]
+    assert len(warnings) == 1
+    assert warnings[0].message.startswith("composition risk: public.clinic_v3 combined with public.clinic_v2 could "
+                                          "not be measured: cannot tell people apart in public.clinic_v")
+    assert "give the source a primary key" in warnings[0].hint
+
+
+def test_a_view_without_key_is_refused(clinic_view: psycopg.Connection) -> None:
+    clinic_view.execute("update anonproxy.composition_settings set action = 'refuse'")
+    with pytest.raises(psycopg.Error) as caught:
+        anonymize_clinic_view(clinic_view, "public.clinic_v3", 3)
+    assert caught.value.sqlstate == "APC01" and "cannot tell people apart" in caught.value.diag.message_primary
+    clinic_view.rollback()
+    assert clinic_view.execute("select to_regclass('public.clinic_v3')").fetchone() == (None,)
+
+
+def test_a_partitioned_source_without_key_counts_rows_of_every_partition(postgresql: psycopg.Connection) -> None:
+    conn = postgresql
+    conn.execute("create table sites (site integer, age integer, disease text) partition by list (site)")
+    conn.execute("create table sites_1 partition of sites for values in (1)")
+    conn.execute("create table sites_2 partition of sites for values in (2)")
+    # The first row of each partition has the same ctid, (0,1), and the same age: still two people.
+    conn.execute("insert into sites values (1, 30, 'flu'), (2, 30, 'cold'), (1, 50, 'gout'), (2, 50, 'acne')")
+    load_table(conn, "create table sites_r1 (age text, disease text)", "sites_r1",
+               [("30", "flu"), ("30", "cold"), ("50", "gout"), ("50", "acne")])
+    load_table(conn, "create table sites_r2 (age text, disease text)", "sites_r2",
+               [("*", "flu"), ("*", "cold"), ("*", "gout"), ("*", "acne")])
+    for target in ("public.sites_r1", "public.sites_r2"):
+        register(conn, "public.sites", target, "mondrian", ["age"], "disease", '{"k": 2}')
+    risk = conn.execute("select anonproxy.composition_risk(array['sites_r1', 'sites_r2']::regclass[])").fetchone()[0]
+    assert (risk["overlap"], risk["located"]) == (4, 4)
+
+
+# --- QIs named like the audit's own columns ---------------------------------------------------------
+
+def test_quasi_identifiers_named_like_the_work_tables_columns(postgresql: psycopg.Connection) -> None:
+    conn = postgresql
+    load_table(conn, "create table sz (id integer primary key, size integer, ec text, sens text, t text, q1 text, "
+                     "s text)", "sz",
+               [(1, 10, "a", "x", "u", "m", "flu"), (2, 12, "a", "x", "u", "m", "cold"),
+                (3, 30, "b", "y", "v", "n", "gout"), (4, 32, "b", "y", "v", "n", "acne")])
+    qi = ["size", "ec", "sens", "t", "q1"]
+    load_table(conn, "create table sz_1 (size text, ec text, sens text, t text, q1 text, s text)", "sz_1",
+               [("10-12", "a", "x", "u", "m", "flu"), ("10-12", "a", "x", "u", "m", "cold"),
+                ("30-32", "b", "y", "v", "n", "gout"), ("30-32", "b", "y", "v", "n", "acne")])
+    load_table(conn, "create table sz_2 (size text, ec text, sens text, t text, q1 text, s text)", "sz_2",
+               [("10-30", "*", "*", "*", "*", "flu"), ("10-30", "*", "*", "*", "*", "cold"),
+                ("10-30", "*", "*", "*", "*", "gout"), ("32", "*", "*", "*", "*", "acne")])
+    register(conn, "public.sz", "public.sz_1", "mondrian", qi, "s", '{"k": 2}')
+    register(conn, "public.sz", "public.sz_2", "mondrian", qi, "s", '{"k": 1}')
+    rows = conn.execute("""select person, prior_ea, partition_size, posterior_ea, possible_values
+                           from anonproxy.composition_persons(array['sz_1', 'sz_2']::regclass[])""").fetchall()
+    assert rows == [("1", [2, 3], [2, 3], 2, ["cold", "flu"]), ("2", [2, 3], [2, 3], 2, ["cold", "flu"]),
+                    ("3", [2, 3], [2, 3], 1, ["gout"]), ("4", [2, 1], [2, 1], 1, ["acne"])]
