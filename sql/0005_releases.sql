@@ -319,6 +319,13 @@ begin
             hint = 'k = 1 would publish every row as it is';
     end if;
 
+    key := (select x.name from (values ('l', l), ('c', c), ('t', t)) x(name, value)
+             where x.value in ('NaN', 'Infinity', '-Infinity') limit 1);
+    if key is not null then
+        raise exception using errcode = '22023',
+            message = format('%s must be a finite number, not %s', key, case key when 'l' then l when 'c' then c else t end),
+            hint = 'NaN and Infinity are no privacy level: pass a number';
+    end if;
     if l_kind is null or l_kind not in ('distinct', 'entropy', 'recursive') then
         raise exception using errcode = '22023',
             message = format('unknown l_kind %s', coalesce(quote_literal(l_kind), 'null')),
@@ -336,6 +343,11 @@ begin
         if l_kind in ('distinct', 'recursive') and l <> trunc(l) then
             raise exception using errcode = '22023',
                 message = format('%s l-diversity needs a whole number l, not %s', l_kind, l);
+        end if;
+        if l_kind in ('distinct', 'recursive') and l > 2147483647 then
+            raise exception using errcode = '22023',
+                message = format('%s l-diversity needs l of at most 2147483647, not %s', l_kind, l),
+                hint = 'l counts distinct sensitive values';
         end if;
         if l_kind = 'recursive' and (c is null or c <= 0) then
             raise exception using errcode = '22023',
@@ -468,6 +480,19 @@ begin
             hint = case null_column when unit then 'every row must belong to a person'
                         else 'anonymize a view of the source that leaves them out or replaces them' end;
     end;
+    -- NaN and ±Infinity have no place on a number line the methods can cut or average.
+    select string_agg(format('(%L, i.%I)', c ->> 'name', c ->> 'name'), ', ') into checked_values
+      from jsonb_array_elements(columns) c where c ->> 'kind' = 'numeric';
+    if checked_values is not null then
+        execute format('select v.name from pg_temp.anonproxy_input i, lateral (values %s) v(name, value) '
+                       'where v.value in (''NaN'', ''Infinity'', ''-Infinity'') limit 1', checked_values)
+           into null_column;
+        if null_column is not null then
+            raise exception using errcode = '22023',
+                message = format('column %s of %s has NaN or infinite values', quote_ident(null_column), source),
+                hint = 'anonymize a view of the source that leaves them out or replaces them';
+        end if;
+    end if;
     -- Indexing after the insert is cheaper than maintaining the index row by row.
     alter table pg_temp.anonproxy_input add primary key (_row);
     analyze pg_temp.anonproxy_input;

@@ -328,20 +328,20 @@ begin
     if l is not null and l_kind = 'distinct' then
         failing_sql := failing_sql || format(
             ' union select part, dim from _mondrian_halves where s is not null
-               group by part, dim, side having count(*) < %s', l);
+               group by part, dim, side having count(*) < %L::numeric', l);
     elsif l is not null and l_kind = 'entropy' then
         failing_sql := failing_sql || format(
             ' union select part, dim from (select part, dim, side,
                                                   n::double precision / sum(n) over (partition by part, dim, side) as p
                                              from _mondrian_halves where s is not null) h
-               group by part, dim, side having -sum(p * ln(p)) < ln(%s) - 1e-9', l);
+               group by part, dim, side having -sum(p * ln(p)) < ln(%L::numeric) - 1e-9', l);
     elsif l is not null then
         failing_sql := failing_sql || format(
             ' union select part, dim from (select part, dim, side, n,
                                                   row_number() over (partition by part, dim, side order by n desc) as r
                                              from _mondrian_halves where s is not null) h
                group by part, dim, side
-              having max(n) filter (where r = 1) >= %s * coalesce(sum(n) filter (where r >= %s), 0)', c, l);
+              having max(n) filter (where r = 1) >= %L::numeric * coalesce(sum(n) filter (where r >= %L::numeric), 0)', c, l);
     end if;
     if t is not null then
         failing_sql := failing_sql || ' union select part, dim from ('
@@ -380,7 +380,7 @@ begin
                           group by part, dim, side, parent, level) nodes
                   group by part, dim, side', levels)
             end
-            || format(') d where emd > %s + 1e-9', t);
+            || format(') d where emd > %L::numeric + 1e-9', t);
     end if;
 
     estimate := greatest(1, ceil(ln(greatest(n_rows, 1)::numeric / k) / ln(2)))::integer;

@@ -85,7 +85,7 @@ create or replace function anonproxy.microaggregation_distance(p float8[]) retur
 language sql immutable
 set search_path = pg_catalog, pg_temp
 as $$
-    select string_agg(format('(z%1$s - (%2$s)) * (z%1$s - (%2$s))', j, p[j]), ' + ' order by j)
+    select string_agg(format('(z%1$s - %2$L::float8) * (z%1$s - %2$L::float8)', j, p[j]), ' + ' order by j)
     from generate_series(1, cardinality(p)) j
 $$;
 
@@ -157,7 +157,7 @@ begin
     reach := sqrt(reached / d) * (1 - 1e-9);   -- margin for the rounding of the bounds
     execute format('select _row, array[%s] from pg_temp.anonproxy_ma_open where %s order by %s desc limit 1',
                    z,
-                   (select string_agg(format('z%s <= %s or z%s >= %s', j, p[j] - reach, j, p[j] + reach), ' or ')
+                   (select string_agg(format('z%s <= %L::float8 or z%s >= %L::float8', j, p[j] - reach, j, p[j] + reach), ' or ')
                     from generate_series(1, d) j),
                    distance)
     into far_row, far;
@@ -182,7 +182,7 @@ begin
         execute format('select array_agg(_row), max(dist), count(*)
                         from (select _row, %s as dist from pg_temp.anonproxy_ma_open where %s order by 2 limit %s) x',
                        distance,
-                       (select string_agg(format('z%s between %s and %s', j, p[j] - radius * (1 + 1e-9),
+                       (select string_agg(format('z%s between %L::float8 and %L::float8', j, p[j] - radius * (1 + 1e-9),
                                                  p[j] + radius * (1 + 1e-9)), ' and ')
                         from generate_series(1, cardinality(p)) j),
                        k)

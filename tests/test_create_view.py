@@ -80,6 +80,15 @@ BAD_ARGUMENTS = [
     ({"sensitive": "occupation", "t": 0.2, "t_distance": "ordered"}, "22023",
      "the ordered distance needs a numeric sensitive column; occupation is not numeric"),
     ({"sensitive": "occupation", "l": 1}, "22023", "l must be greater than 1, not 1"),
+    ({"sensitive": "occupation", "l": "NaN"}, "22023", "l must be a finite number, not NaN"),
+    ({"sensitive": "occupation", "l": "Infinity", "l_kind": "distinct"}, "22023",
+     "l must be a finite number, not Infinity"),
+    ({"sensitive": "occupation", "l": 2, "l_kind": "recursive", "c": "NaN"}, "22023",
+     "c must be a finite number, not NaN"),
+    ({"sensitive": "occupation", "t": "-Infinity", "t_distance": "equal"}, "22023",
+     "t must be a finite number, not -Infinity"),
+    ({"sensitive": "occupation", "l": Decimal("1e20"), "l_kind": "recursive", "c": 3}, "22023",
+     "recursive l-diversity needs l of at most 2147483647"),
     ({"sensitive": "occupation", "l": 2.5, "l_kind": "distinct"}, "22023",
      "distinct l-diversity needs a whole number l, not 2.5"),
     ({"sensitive": "occupation", "l": 2, "c": 3}, "22023", "c applies only to recursive (c,l)-diversity"),
@@ -264,6 +273,20 @@ def test_null_quasi_identifier_values_are_refused(postgresql: psycopg.Connection
     assert caught.value.diag.message_primary == "quasi-identifier column age of public.holes has 301 NULL value(s)"
     postgresql.rollback()
     assert leftovers(postgresql) == NOTHING
+
+
+def test_nan_and_infinite_numbers_are_refused(postgresql: psycopg.Connection) -> None:
+    postgresql.execute("create table public.odd (age float8, sex text, income numeric)")
+    postgresql.execute("insert into public.odd select g % 50, 'F', g from generate_series(1, 40) g")
+    for column, value in (("age", "NaN"), ("age", "-Infinity"), ("income", "Infinity")):
+        with postgresql.transaction():
+            postgresql.execute(sql.SQL("update public.odd set {} = %s where {} = 7").format(
+                sql.Identifier(column), sql.Identifier("age")), (value,))
+            with pytest.raises(psycopg.Error) as caught:
+                create(postgresql, source="public.odd", quasi_identifiers=["age", "sex"], sensitive="income", k=2)
+            assert caught.value.sqlstate == "22023"
+            assert caught.value.diag.message_primary == f"column {column} of public.odd has NaN or infinite values"
+            raise psycopg.Rollback()
 
 
 def test_null_privacy_units_are_refused(postgresql: psycopg.Connection) -> None:
