@@ -747,3 +747,12 @@ def test_having_compares_a_key_with_a_constant_of_its_type(postgresql: psycopg.C
     rows, _ = answer(p, run(postgresql, p))
     exact = truth(postgresql, "select age, count(*) from adult where age > 88 group by age")
     assert rows == sorted((age, n) for age, n in exact.items() if n >= p.threshold) and rows
+
+
+def test_keys_without_a_domain_sort_by_value_nan_and_null_last() -> None:
+    p = plan("select occupation, count(*) from adult group by occupation", DPParams(1e300, 1e-6))
+    exact = [(Decimal("NaN"), 50), (None, 50), (Decimal(2), 50), (Decimal("-Infinity"), 50), (Decimal("1.5"), 50)]
+    for arrival in (exact, exact[::-1], exact[2:] + exact[:2]):
+        rows, _ = answer(p, arrival)  # the keys' Python types stand in for a numeric column's
+        assert [repr(key) for key, _ in rows] == ["Decimal('-Infinity')", "Decimal('1.5')", "Decimal('2')",
+                                                  "Decimal('NaN')", "None"]

@@ -989,8 +989,16 @@ def _key_order(plan: DPPlan, row: tuple) -> tuple:
     its declared domain, else the value itself (NULL last, as PostgreSQL sorts ascending)."""
     if plan.domains is not None:
         return tuple(domain.index(value) for domain, value in zip(plan.domains, row[:plan.keys], strict=True))
-    return tuple((value is None, value if isinstance(value, _ORDERABLE) else repr(value))
-                 for value in row[:plan.keys])
+    return tuple(_value_order(value) for value in row[:plan.keys])
+
+
+def _value_order(value: object) -> tuple:
+    """NULL and NaN after every number (PostgreSQL's order), other values by themselves or, if they have no
+    order of their own, by their repr: never an exception, and the same order whatever order they arrive in."""
+    nan = (isinstance(value, float) and math.isnan(value)) or (isinstance(value, Decimal) and value.is_nan())
+    if value is None or nan:
+        return (1 + (value is None), 0)
+    return (0, value if isinstance(value, _ORDERABLE) else repr(value))
 
 
 _ORDERABLE = (int, float, Decimal, str, bytes, datetime.date, datetime.time, datetime.timedelta)
