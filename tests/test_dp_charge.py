@@ -99,3 +99,13 @@ def test_a_join_answer_is_a_new_question_after_the_linked_table_changes(gated_pr
     finally:
         truth.execute("select anonproxy.unlink_table('public.visits')")
         truth.execute("drop table public.visits")
+
+
+def test_a_question_the_server_rejects_unread_costs_nothing(gated_proxy: Endpoint, gated_database: str,
+                                                           analyst: str) -> None:  # noqa: F811
+    with psycopg.connect(gated_proxy.dsn(gated_database, user=analyst), autocommit=True) as conn:
+        before = budget_left(conn)
+        # PostgreSQL refuses to compare text with a number when it prepares the plan's SQL: nothing is read
+        with pytest.raises(psycopg.errors.UndefinedFunction):
+            conn.execute("select sex, count(*) from adult group by sex having sex > 5")
+        assert budget_left(conn) == before

@@ -105,7 +105,7 @@ class NoisyAnswers:
             if found.answer is not None:
                 return _with_notice(parse_simple(found.answer), "anonproxy: the same question on the same data "
                                     "was answered before; this is that answer, at no cost")
-            await _check_values(conn, plan.sql, parameters)
+            await _check_statement(conn, plan.sql, parameters)
             # Charged, and committed, before the data is read: a question that fails from here on (its SQL, the
             # noise, the connection) stays paid for, so no failure is a free look at the data.
             left = await ledger.charge(conn, role.role, plan.table, plan.epsilon, plan.delta, fingerprint)
@@ -293,13 +293,14 @@ async def _run(conn: psycopg.AsyncConnection[Any], sql: str, parameters: Paramet
     return [result.ftype(i) for i in range(result.nfields)], loader.load_rows(0, result.ntuples, tuple)
 
 
-async def _check_values(conn: psycopg.AsyncConnection[Any], sql: str, parameters: Parameters) -> None:
-    """Refuse bound values ``sql`` cannot take (not valid input for their types, too many or too few) before the
-    charge: the server converts them to the types it infers for ``sql`` in a statement that reads no table, so the
-    refusal depends on the values alone and costs nothing."""
+async def _check_statement(conn: psycopg.AsyncConnection[Any], sql: str, parameters: Parameters) -> None:
+    """Refuse, before the charge, what the server rejects without reading a row: ``sql`` is prepared (parsed and
+    type-checked, never executed), and bound values it cannot take (not valid input for the types the server
+    infers, too many or too few) are converted on their own in a statement that reads no table. Such a refusal
+    depends on the question and the values alone, so it costs nothing."""
+    types, _ = await _describe(conn, sql, parameters.types)
     if not parameters.values:
         return
-    types, _ = await _describe(conn, sql, parameters.types)
     probe = "SELECT " + ", ".join(f"${number}" for number in range(1, len(types) + 1))
     await _run(conn, probe, replace(parameters, types=types))
 
