@@ -267,6 +267,8 @@ def _curve_plot(points: list[CurvePoint], k: int | None) -> str:
 
 
 def _pvp_plot(risk: dict[str, Any]) -> str:
+    if any(risk["pvp"][c] is None for c in CONFIDENCES):  # nobody located: nothing measured
+        return "<p>No one could be located in every release, so the attack was not measured.</p>"
     fig, ax = _figure(6, 3)
     values = [float(risk["pvp"][c]) for c in CONFIDENCES]
     ax.bar([f"{c} %" for c in CONFIDENCES], values, color="#c44e52")
@@ -332,6 +334,7 @@ def _page(release: dict[str, Any], classes: list[ClassStat], curve: list[CurvePo
         sections.append("<h2>Composition with the other releases of the source</h2>" + _table(
             [("releases", ", ".join(r["release"] for r in risk["releases"])), ("people shared", risk["overlap"]),
              ("located in every release", risk["located"]),
+             ("could not be located (risk unknown)", risk.get("unlocated")),
              ("average effective anonymity before / after", f"{risk['avg_min_prior_ea']} / {risk['avg_posterior_ea']}"),
              ("average drop", risk["avg_drop"]), ("vulnerable (drop > 0)", f"{risk['vulnerable_pct']} %")]
             + [(f"PVP at {c} % confidence", f"{risk['pvp'][c]} %") for c in CONFIDENCES]) + _pvp_plot(risk))
