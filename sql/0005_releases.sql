@@ -185,9 +185,11 @@ begin
                              from pg_catalog.pg_attribute a
                             where a.attrelid = rel and a.attnum > 0 and not a.attisdropped));
     end if;
-    if column_name in ('_row', '_unit') then
+    -- The staging and scratch tables of the methods name their own columns _row, _unit, _cluster, ….
+    if column_name like '\_%' then
         raise exception using errcode = '42939',
-            message = format('column name %s is reserved for the staging table of the methods', column_name),
+            message = format('column name %s is reserved: names starting with _ are the methods'' own columns',
+                             quote_ident(column_name)),
             hint = format('anonymize a view over %s that renames it', rel);
     end if;
     return found_column;
@@ -537,8 +539,8 @@ begin
     -- could drop the values that spoil it, so only without suppression.
     if spec ->> 'l' is not null and (spec ->> 'suppression_limit')::numeric = 0 then
         execute format('create temp view anonproxy_whole_table as '
-                       'select distinct 1 as whole_table, i._unit, i.%I from pg_temp.anonproxy_input i', sensitive);
-        whole_table := anonproxy.l_diversity('pg_temp.anonproxy_whole_table', array['whole_table'], sensitive,
+                       'select distinct 1 as _whole_table, i._unit, i.%I from pg_temp.anonproxy_input i', sensitive);
+        whole_table := anonproxy.l_diversity('pg_temp.anonproxy_whole_table', array['_whole_table'], sensitive,
                                              spec ->> 'l_kind', case when spec ->> 'l_kind' = 'recursive'
                                                                      then (spec ->> 'l')::integer end);
         drop view pg_temp.anonproxy_whole_table;
@@ -619,8 +621,10 @@ language sql stable set search_path = pg_catalog, pg_temp as $$
                   'order by %s',
                   concat_ws(', ', qi.list, case when s.name is not null
                                                 then format('i.%1$I::%2$s as %1$I', s.name, s.type) end),
-                  (select string_agg(p::text, ', ')
-                     from generate_series(1, qi.n + case when s.name is null then 0 else 1 end) p))
+                  -- The sensitive column by its staged value (text or numeric): its own type
+                  -- (json, point, …) may have no ordering.
+                  concat_ws(', ', (select string_agg(p::text, ', ') from generate_series(1, qi.n) p),
+                            case when s.name is not null then format('i.%I', s.name) end))
       from (select string_agg(format('o.%I', q ->> 'name'), ', ' order by o) as list, count(*) as n
               from jsonb_array_elements(spec -> 'qi') with ordinality x(q, o)) qi
       left join (select a.attname::text as name, format_type(a.atttypid, a.atttypmod) as type

@@ -25,7 +25,7 @@ $$;
 -- Stage the numeric quasi-identifiers as z-scores in pg_temp.anonproxy_ma_z
 -- (_row, _unit, z1 … zd, stratum), copy them to pg_temp.anonproxy_ma_open (the
 -- records not yet clustered) and create pg_temp.anonproxy_ma_cluster (_row,
--- cluster). Returns d.
+-- _cluster). Returns d.
 create or replace function anonproxy.microaggregation_stage(input regclass, spec jsonb, method text)
 returns integer
 language plpgsql
@@ -58,7 +58,7 @@ begin
         input);
     create temp table anonproxy_ma_open as select * from pg_temp.anonproxy_ma_z;
     perform anonproxy.microaggregation_index(d);
-    create temp table anonproxy_ma_cluster (_row bigint primary key, cluster integer not null);
+    create temp table anonproxy_ma_cluster (_row bigint primary key, _cluster integer not null);
     return d;
 end
 $fn$;
@@ -215,30 +215,30 @@ begin
     end if;
     execute format(
         'create temp table anonproxy_ma_dist as
-         select c.cluster, i.%I::text as s, count(distinct i._unit) as units
+         select c._cluster, i.%I::text as s, count(distinct i._unit) as units
          from pg_temp.anonproxy_ma_cluster c join %s i using (_row) group by 1, 2', sensitive, input);
-    create index on pg_temp.anonproxy_ma_dist (cluster);
+    create index on pg_temp.anonproxy_ma_dist (_cluster);
     create temp table anonproxy_sens_global (s text, units bigint);
     execute format('insert into pg_temp.anonproxy_sens_global select %I::text, count(distinct _unit) from %s group by 1',
                    sensitive, input);
     create temp table anonproxy_sens_dist (key integer[], s text, units bigint);
-    insert into pg_temp.anonproxy_sens_dist select array[x.cluster], x.s, x.units from pg_temp.anonproxy_ma_dist x;
-    create temp table anonproxy_ma_failing as select f.key[1] as cluster, f.badness from anonproxy.sensitive_failures(spec) f;
+    insert into pg_temp.anonproxy_sens_dist select array[x._cluster], x.s, x.units from pg_temp.anonproxy_ma_dist x;
+    create temp table anonproxy_ma_failing as select f.key[1] as _cluster, f.badness from anonproxy.sensitive_failures(spec) f;
     if not exists (select from pg_temp.anonproxy_ma_failing) then
         return 0;
     end if;
     -- Centroids in z space, to find the nearest cluster.
     execute format(
         'create temp table anonproxy_ma_centroid as
-         select c.cluster, count(*) as n, %s
-         from pg_temp.anonproxy_ma_cluster c join pg_temp.anonproxy_ma_z z using (_row) group by c.cluster',
+         select c._cluster, count(*) as n, %s
+         from pg_temp.anonproxy_ma_cluster c join pg_temp.anonproxy_ma_z z using (_row) group by c._cluster',
         (select string_agg(format('avg(z%s) as z%s', j, j), ', ' order by j) from generate_series(1, d) j));
     loop
-        select f.cluster into worst from pg_temp.anonproxy_ma_failing f order by f.badness desc, f.cluster limit 1;
+        select f._cluster into worst from pg_temp.anonproxy_ma_failing f order by f.badness desc, f._cluster limit 1;
         exit when not found;
         execute format(
-            'select o.cluster from pg_temp.anonproxy_ma_centroid o, pg_temp.anonproxy_ma_centroid w
-             where w.cluster = $1 and o.cluster <> $1 order by %s, o.cluster limit 1',
+            'select o._cluster from pg_temp.anonproxy_ma_centroid o, pg_temp.anonproxy_ma_centroid w
+             where w._cluster = $1 and o._cluster <> $1 order by %s, o._cluster limit 1',
             (select string_agg(format('(o.z%1$s - w.z%1$s) * (o.z%1$s - w.z%1$s)', j), ' + ' order by j)
              from generate_series(1, d) j))
         into nearest using worst;
@@ -247,25 +247,25 @@ begin
                 using errcode = '22023', hint = 'lower l, or choose another sensitive column';
         end if;
         -- Merge `nearest` into `worst`.
-        update pg_temp.anonproxy_ma_cluster c set cluster = worst where c.cluster = nearest;
+        update pg_temp.anonproxy_ma_cluster c set _cluster = worst where c._cluster = nearest;
         execute format(
             'update pg_temp.anonproxy_ma_centroid w set n = w.n + o.n, %s
-             from pg_temp.anonproxy_ma_centroid o where w.cluster = $1 and o.cluster = $2',
+             from pg_temp.anonproxy_ma_centroid o where w._cluster = $1 and o._cluster = $2',
             (select string_agg(format('z%1$s = (w.z%1$s * w.n + o.z%1$s * o.n) / (w.n + o.n)', j), ', ' order by j)
              from generate_series(1, d) j))
         using worst, nearest;
-        delete from pg_temp.anonproxy_ma_centroid o where o.cluster = nearest;
-        delete from pg_temp.anonproxy_ma_dist x where x.cluster in (worst, nearest);
+        delete from pg_temp.anonproxy_ma_centroid o where o._cluster = nearest;
+        delete from pg_temp.anonproxy_ma_dist x where x._cluster in (worst, nearest);
         execute format(
             'insert into pg_temp.anonproxy_ma_dist
-             select c.cluster, i.%I::text, count(distinct i._unit)
-             from pg_temp.anonproxy_ma_cluster c join %s i using (_row) where c.cluster = $1 group by 1, 2',
+             select c._cluster, i.%I::text, count(distinct i._unit)
+             from pg_temp.anonproxy_ma_cluster c join %s i using (_row) where c._cluster = $1 group by 1, 2',
             sensitive, input)
         using worst;
-        delete from pg_temp.anonproxy_ma_failing f where f.cluster in (worst, nearest);
+        delete from pg_temp.anonproxy_ma_failing f where f._cluster in (worst, nearest);
         truncate pg_temp.anonproxy_sens_dist;
         insert into pg_temp.anonproxy_sens_dist
-        select array[x.cluster], x.s, x.units from pg_temp.anonproxy_ma_dist x where x.cluster = worst;
+        select array[x._cluster], x.s, x.units from pg_temp.anonproxy_ma_dist x where x._cluster = worst;
         insert into pg_temp.anonproxy_ma_failing select f.key[1], f.badness from anonproxy.sensitive_failures(spec) f;
         merges := merges + 1;
         if merges % 50 = 0 then
@@ -295,8 +295,8 @@ begin
         'insert into pg_temp.%I
          select c._row, %s
          from pg_temp.anonproxy_ma_cluster c
-         join (select c.cluster, %s from pg_temp.anonproxy_ma_cluster c join %s i using (_row) group by c.cluster) m
-           using (cluster)',
+         join (select c._cluster, %s from pg_temp.anonproxy_ma_cluster c join %s i using (_row) group by c._cluster) m
+           using (_cluster)',
         spec->>'output',
         (select string_agg(format('m.%I', q->>'name'), ', ' order by i)
          from jsonb_array_elements(spec->'qi') with ordinality as a(q, i)),
@@ -306,7 +306,7 @@ begin
          from jsonb_array_elements(spec->'qi') with ordinality as a(q, i)),
         input);
     select jsonb_build_object('clusters', count(*), 'smallest_cluster', min(n), 'largest_cluster', max(n))
-    into facts from (select count(*) as n from pg_temp.anonproxy_ma_cluster group by cluster) x;
+    into facts from (select count(*) as n from pg_temp.anonproxy_ma_cluster group by _cluster) x;
     perform anonproxy.drop_scratch_tables(anonproxy.microaggregation_scratch());
     return facts;
 end

@@ -54,20 +54,35 @@ begin
 end $$;
 
 
+-- The column as an expression that can be grouped and sorted: itself when its
+-- type has a default btree operator class, else its text (json, point, …).
+create function anonproxy._verify_sortable(rel regclass, col text) returns text
+language sql stable set search_path = pg_catalog, pg_temp as $$
+    select case when exists (select from pg_catalog.pg_opclass o join pg_catalog.pg_am m on m.oid = o.opcmethod
+                              where m.amname = 'btree' and o.opcdefault
+                                and o.opcintype = coalesce(nullif(t.typbasetype, 0), t.oid))
+                then format('%I', col) else format('%I::text', col) end
+      from pg_catalog.pg_attribute a join pg_catalog.pg_type t on t.oid = a.atttypid
+     where a.attrelid = rel and a.attname = col and a.attnum > 0
+$$;
+
 -- One row per (EC, sensitive value) of rel: the EC's number, the value as text,
--- the value's rank in the sensitive column's own order over the whole table,
--- and the number of rows. NULL is a value like any other (sorted last).
+-- the value's rank in the sensitive column's own order over the whole table
+-- (its text's order for a type without one), and the number of rows. NULL is a
+-- value like any other (sorted last).
 create function anonproxy._ec_value_counts(rel regclass, qi text[], sensitive text)
 returns table (ec bigint, value text, rank bigint, n bigint)
 language plpgsql stable set search_path = pg_catalog, pg_temp set jit = off as $$
 declare
     qi_list text := anonproxy._verify_column_list(rel, qi, 'the quasi-identifiers');
+    value_sql text;
 begin
     perform anonproxy._verify_sensitive(rel, qi, sensitive);
+    value_sql := anonproxy._verify_sortable(rel, sensitive);
     return query execute format(
-        'select dense_rank() over (order by %1$s), %2$I::text, dense_rank() over (order by %2$I), count(*)
-           from %3$s group by %1$s, %2$I',
-        qi_list, sensitive, rel);
+        'select dense_rank() over (order by %1$s), (%2$s)::text, dense_rank() over (order by %2$s), count(*)
+           from %3$s group by %1$s, %2$s',
+        qi_list, value_sql, rel);
 end $$;
 
 

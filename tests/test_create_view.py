@@ -508,6 +508,45 @@ def test_refresh_failure_keeps_the_old_rows(postgresql: psycopg.Connection) -> N
     assert postgresql.execute("select count(*) from adult_k").fetchone() == before
 
 
+@pytest.mark.parametrize("method", ["mondrian", "mdav"])
+def test_user_columns_named_like_internal_ones(postgresql: psycopg.Connection, method: str) -> None:
+    """Columns named cluster, whole_table, part, … are the user's: the methods' own names start with _."""
+    postgresql.execute('create table public.named as select age as "cluster", hours_per_week as part, '
+                       'sex as side, occupation as whole_table from public.adult')
+    summary = create(postgresql, source="public.named", target="public.named_k",
+                     quasi_identifiers=["cluster", "part", "side"], sensitive="whole_table", k=10, l=2,
+                     l_kind="distinct", method=method)
+    sizes = class_sizes(postgresql, sql.Identifier("public", "named_k"), ["cluster", "part", "side"])
+    assert min(sizes.values()) >= 10
+    assert summary[3] == min(sizes.values())
+    distinct = postgresql.execute('select min(n) from (select count(distinct whole_table) as n from public.named_k '
+                                  'group by "cluster", part, side) c').fetchone()[0]
+    assert distinct >= 2
+
+
+def test_underscore_names_are_reserved(postgresql: psycopg.Connection) -> None:
+    postgresql.execute('create table public.under as select age as "_cluster", sex from public.adult')
+    with pytest.raises(psycopg.Error) as caught:
+        create(postgresql, source="public.under", quasi_identifiers=["_cluster", "sex"])
+    assert caught.value.sqlstate == "42939"
+    assert caught.value.diag.message_primary == (
+        "column name _cluster is reserved: names starting with _ are the methods' own columns")
+
+
+@pytest.mark.parametrize("sensitive_type", ["json", "point"])
+def test_a_sensitive_column_without_ordering(postgresql: psycopg.Connection, sensitive_type: str) -> None:
+    """json and point have no ordering operator; the release is still made, the values unchanged."""
+    value = {"json": "json_build_object('o', occupation)", "point": "point(length(occupation), 0)"}[sensitive_type]
+    postgresql.execute(f"create table public.typed as select age, sex, race, {value} as s from public.adult")
+    create(postgresql, source="public.typed", sensitive="s")
+    assert postgresql.execute("select format_type(atttypid, atttypmod) from pg_attribute "
+                              "where attrelid = 'public.adult_k'::regclass and attname = 's'").fetchone() == (
+        sensitive_type,)
+    released = Counter(r[0] for r in postgresql.execute("select s::text from public.adult_k"))
+    source = Counter(r[0] for r in postgresql.execute("select s::text from public.typed"))
+    assert released == source
+
+
 def test_weird_names_are_quoted(postgresql: psycopg.Connection) -> None:
     postgresql.execute('create table "Odd Source" as select age as "age; drop table adult", sex, race, occupation '
                        "from public.adult")
