@@ -196,14 +196,19 @@ begin
 end
 $$;
 
--- 'numeric' for the number types (they are staged as numeric), else 'categorical' (staged as text).
+-- 'numeric' for the number types (they are staged as numeric), else 'categorical'
+-- (staged as text). A number type is one of the numeric category, on the base type
+-- of a domain, that converts to numeric: not money (its text is '$1.00'), not oid
+-- or the reg* types.
 create function anonproxy.release_column_kind(type_oid oid) returns text
 language sql stable set search_path = pg_catalog, pg_temp as $$
-    select case when coalesce(nullif(t.typbasetype, 0), t.oid) in
-                     ('smallint'::regtype, 'integer'::regtype, 'bigint'::regtype, 'numeric'::regtype,
-                      'real'::regtype, 'double precision'::regtype)
+    select case when b.typcategory = 'N' and b.oid <> 'money'::regtype
+                     and (b.oid = 'numeric'::regtype
+                          or exists (select from pg_catalog.pg_cast c
+                                      where c.castsource = b.oid and c.casttarget = 'numeric'::regtype))
                 then 'numeric' else 'categorical' end
-      from pg_catalog.pg_type t where t.oid = type_oid
+      from pg_catalog.pg_type t join pg_catalog.pg_type b on b.oid = coalesce(nullif(t.typbasetype, 0), t.oid)
+     where t.oid = type_oid
 $$;
 
 -- The hierarchy a column uses: the one named in `chosen` (a JSON null: none),

@@ -54,6 +54,18 @@ begin
 end $$;
 
 
+-- Whether a column holds numbers: its (base) type is of the numeric category and
+-- converts to numeric, except money (its text is '$1.00'); oid and reg* do not.
+create function anonproxy._verify_is_number(rel regclass, col text) returns boolean
+language sql stable set search_path = pg_catalog, pg_temp as $$
+    select b.typcategory = 'N' and b.oid <> 'money'::regtype
+           and (b.oid = 'numeric'::regtype
+                or exists (select from pg_catalog.pg_cast c where c.castsource = b.oid and c.casttarget = 'numeric'::regtype))
+      from pg_catalog.pg_attribute a join pg_catalog.pg_type t on t.oid = a.atttypid
+      join pg_catalog.pg_type b on b.oid = coalesce(nullif(t.typbasetype, 0), t.oid)
+     where a.attrelid = rel and a.attname = col and a.attnum > 0
+$$;
+
 -- The column as an expression that can be grouped and sorted: itself when its
 -- type has a default btree operator class, else its text (json, point, …).
 create function anonproxy._verify_sortable(rel regclass, col text) returns text
@@ -419,12 +431,8 @@ begin
     end if;
 
     foreach col in array qi loop
-        select t.typcategory = 'N' into numeric_column
-          from pg_catalog.pg_attribute a join pg_catalog.pg_type t on t.oid = a.atttypid
-         where a.attrelid = source and a.attname = col;
-        select t.typcategory = 'N' into numeric_target
-          from pg_catalog.pg_attribute a join pg_catalog.pg_type t on t.oid = a.atttypid
-         where a.attrelid = target and a.attname = col;
+        numeric_column := anonproxy._verify_is_number(source, col);
+        numeric_target := anonproxy._verify_is_number(target, col);
         dom := array(select e ->> 0 from jsonb_array_elements(source_counts -> col) e where e ->> 0 is not null);
         if numeric_target then
             -- Centroids (microaggregation): no generalization, so NCP 0 for a released

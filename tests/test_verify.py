@@ -479,6 +479,52 @@ def test_verify_recomputes_a_release_and_flags_a_damaged_one(
     assert "DOES NOT MEET its parameters now: k = 1 < 5" in out
 
 
+def test_verify_does_not_judge_a_release_made_per_unit(
+        db: psycopg.Connection, pg_server: EmbeddedPostgres, capsys: pytest.CaptureFixture[str]) -> None:
+    """Its levels count privacy units; the table has none, so verify shows row levels and passes no verdict."""
+    dsn = pg_server.conninfo(dbname=db.info.dbname)
+    db.execute("create table visits as select id % 700 as person, age, sex, occupation from adult where id <= 2100")
+    db.execute("select anonproxy.create_anonymized_view(source => 'public.visits', target => 'public.visits_k5', "
+               "quasi_identifiers => array['age', 'sex'], sensitive => 'occupation', k => 5, l => 3, "
+               "unit => 'person')")
+    db.commit()
+    code, out, err = run_verify(capsys, "visits_k5", "--dsn", dsn)
+    assert (code, err) == (0, "")
+    assert ("not judged: the release counts privacy units (person), but its table has no unit column: the levels "
+            "above count rows and cannot be rechecked per unit on the target") in out
+    assert "meets" not in out and "DOES NOT MEET" not in out
+    code, out, _ = run_verify(capsys, "visits_k5", "--dsn", dsn, "--json")
+    assert code == 0 and json.loads(out)["shortfalls"] == []
+
+
+def test_verify_an_emptied_release(
+        db: psycopg.Connection, pg_server: EmbeddedPostgres, capsys: pytest.CaptureFixture[str]) -> None:
+    dsn = pg_server.conninfo(dbname=db.info.dbname)
+    db.execute("select anonproxy.create_anonymized_view(source => 'public.adult', target => 'public.adult_k5', "
+               "quasi_identifiers => array['age', 'sex'], sensitive => 'occupation', k => 5, l => 2)")
+    db.execute("delete from adult_k5")
+    db.commit()
+    code, out, err = run_verify(capsys, "adult_k5", "--dsn", dsn)
+    assert (code, err) == (0, "")
+    assert "not judged: the table has no rows, so it has no levels to check" in out
+
+
+def test_verify_a_release_with_a_money_column(
+        db: psycopg.Connection, pg_server: EmbeddedPostgres, capsys: pytest.CaptureFixture[str]) -> None:
+    """money is of the numeric category but its text is '$1.00': it is a category, not a number."""
+    dsn = pg_server.conninfo(dbname=db.info.dbname)
+    db.execute("create table paid as select (age % 4)::money as wage, sex, occupation from adult where id <= 1000")
+    db.execute("select anonproxy.create_anonymized_view(source => 'public.paid', target => 'public.paid_k5', "
+               "quasi_identifiers => array['wage', 'sex'], sensitive => 'occupation', k => 5)")
+    db.commit()
+    code, out, err = run_verify(capsys, "paid_k5", "--dsn", dsn)
+    assert (code, err) == (0, "")
+    assert "meets its parameters" in out
+    assert scalar(db, "select anonproxy.release_column_kind('money'::regtype)") == "categorical"
+    assert scalar(db, "select anonproxy.release_column_kind('real'::regtype)") == "numeric"
+    assert scalar(db, "select anonproxy.release_column_kind('regclass'::regtype)") == "categorical"
+
+
 def test_verify_an_unregistered_table(
         db: psycopg.Connection, pg_server: EmbeddedPostgres, capsys: pytest.CaptureFixture[str]) -> None:
     dsn = pg_server.conninfo(dbname=db.info.dbname)

@@ -6,7 +6,9 @@ sensitive column and parameters; any other table needs ``--qi`` (and
 ``anonproxy.k_anonymity``, ``l_diversity`` and ``t_closeness``, the metrics from
 ``anonproxy.utility`` (sql/0009_verify.sql), all computed on the table as it is
 now. Exit codes: 0, 1 when the database or the arguments refuse, 3 when a
-registered release no longer meets the parameters it was built with.
+registered release no longer meets the parameters it was built with. A release
+made with a privacy unit is not judged (its levels count units, the table has no
+unit column), nor is a table without rows (it has no levels).
 """
 
 from __future__ import annotations
@@ -79,14 +81,16 @@ def _verify(args: argparse.Namespace) -> int:
                                    subject.parameters.get("k"), args.risk_threshold))
     except (psycopg.Error, ValueError) as exc:
         return fail("verify", exc)
-    shortfalls = shortfalls_of(subject.parameters, now)
+    unjudged = why_not_judged(subject, now)
+    shortfalls = [] if unjudged else shortfalls_of(subject.parameters, now)
     if args.json:
         print(json.dumps({"target": subject.target, "release_id": subject.release_id, "method": subject.method,
                           "source": subject.source, "quasi_identifiers": subject.qi, "sensitive": subject.sensitive,
                           "unit": subject.unit, "parameters": subject.parameters, "registry": subject.registry,
-                          "now": now, "metrics": metrics, "shortfalls": shortfalls}, default=_json_number, indent=2))
+                          "now": now, "metrics": metrics, "shortfalls": shortfalls, "not_judged": unjudged},
+                         default=_json_number, indent=2))
     else:
-        print_report(subject, now, metrics, shortfalls)
+        print_report(subject, now, metrics, shortfalls, unjudged)
     return EXIT_SHORT if shortfalls else 0
 
 
@@ -122,10 +126,8 @@ def measure_levels(conn: psycopg.Connection, subject: Subject, distance: str | N
     if sensitive is None:
         return now
     if distance is None:
-        numeric = conn.execute(
-            "select t.typcategory = 'N' from pg_catalog.pg_attribute a join pg_catalog.pg_type t on t.oid = a.atttypid"
-            " where a.attrelid = %s::regclass and a.attname = %s", (target, sensitive)).fetchone()
-        distance = "ordered" if numeric and numeric[0] else "equal"
+        numeric = _scalar(conn, "select anonproxy._verify_is_number(%s::regclass, %s)", (target, sensitive))
+        distance = "ordered" if numeric else "equal"
     now["l_distinct"] = call("l_diversity", target, qi, sensitive, "distinct")
     now["l_entropy"] = call("l_diversity", target, qi, sensitive, "entropy")
     l_asked = subject.parameters.get("l")
@@ -137,11 +139,21 @@ def measure_levels(conn: psycopg.Connection, subject: Subject, distance: str | N
     return now
 
 
+def why_not_judged(subject: Subject, now: dict[str, Any]) -> str | None:
+    """Why the levels measured now cannot be held against the release's parameters, or None."""
+    if subject.release_id is not None and subject.unit:
+        return (f"the release counts privacy units ({subject.unit}), but its table has no unit column: the levels "
+                "above count rows and cannot be rechecked per unit on the target")
+    if now["k"] is None:
+        return "the table has no rows, so it has no levels to check"
+    return None
+
+
 def shortfalls_of(parameters: dict[str, Any], now: dict[str, Any]) -> list[str]:
     """The parameters the levels measured now do not meet, in words."""
     found = []
     k, l, l_kind, c, t = (parameters.get(name) for name in ("k", "l", "l_kind", "c", "t"))
-    if k is not None and now["k"] is not None and now["k"] < k:
+    if k is not None and now["k"] < k:
         found.append(f"k = {now['k']} < {k}")
     if l is not None and l_kind in ("distinct", "entropy") and now[f"l_{l_kind}"] < Decimal(str(l)):
         found.append(f"{l_kind} ℓ = {_number(now[f'l_{l_kind}'])} < {l}")
@@ -153,7 +165,7 @@ def shortfalls_of(parameters: dict[str, Any], now: dict[str, Any]) -> list[str]:
 
 
 def print_report(subject: Subject, now: dict[str, Any], metrics: dict[str, Any] | None,
-                 shortfalls: list[str]) -> None:
+                 shortfalls: list[str], unjudged: str | None) -> None:
     if subject.release_id is not None:
         print(f"release {subject.target} (id {subject.release_id}): {subject.method} on {subject.source}")
         asked = ", ".join(f"{name} = {value}" for name, value in subject.parameters.items()
@@ -172,13 +184,13 @@ def print_report(subject: Subject, now: dict[str, Any], metrics: dict[str, Any] 
         if key in now:
             rows.append((label, _number(subject.registry.get(key)), _number(now[key])))
     _print_table(rows)
-    if subject.unit:
-        print("  (k now counts rows: the release table has no privacy-unit column; at release it counted units)")
     if metrics is not None:
         print()
         _print_table([("metric", "value"), *metric_rows(metrics, subject.qi)])
     print()
-    if shortfalls:
+    if unjudged:
+        print(f"not judged: {unjudged}")
+    elif shortfalls:
         print("DOES NOT MEET its parameters now: " + "; ".join(shortfalls))
     elif subject.release_id is not None:
         print("meets its parameters")
