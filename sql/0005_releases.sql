@@ -391,7 +391,7 @@ begin
             raise exception using errcode = '42704',
                 message = format('the hierarchical distance needs a hierarchy for the sensitive column %s',
                                  quote_ident(sensitive)),
-                hint = format('name one: hierarchies => ''{"%s": "…"}''', sensitive);
+                hint = format('name one: hierarchies => %L', jsonb_build_object(sensitive, '…'));
         end if;
     end if;
 
@@ -407,7 +407,7 @@ begin
             raise exception using errcode = '42704',
                 message = format('full_domain needs a hierarchy for every quasi-identifier; %s has none', quote_ident(qi)),
                 hint = format('load or build one (anonproxy hierarchy load|build-intervals|build-prefix) and name it: '
-                              'hierarchies => ''{"%s": "…"}''', qi);
+                              'hierarchies => %L', jsonb_build_object(qi, '…'));
         end if;
     end if;
     if method = 'tclose_first' and t is null then
@@ -534,8 +534,8 @@ begin
                 message = format('values of column %s are missing from hierarchy %L: %s', quote_ident(item.name),
                                  (select c ->> 'hierarchy' from jsonb_array_elements(columns) c
                                    where c ->> 'name' = item.name), left(item.string_agg, 200)),
-                hint = format('add them to the hierarchy, or name another one: hierarchies => ''{"%s": …}''',
-                              item.name);
+                hint = format('add them to the hierarchy, or name another one: hierarchies => %L',
+                              jsonb_build_object(item.name, '…'));
         end if;
     end if;
 

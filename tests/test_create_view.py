@@ -20,6 +20,7 @@ import pytest
 from conftest import Endpoint
 from psycopg import sql
 
+from anonproxy.views.audit import release_groups
 from anonproxy.views.progress import ProgressBar
 
 ADULT_ROWS = 30162
@@ -545,6 +546,27 @@ def test_a_sensitive_column_without_ordering(postgresql: psycopg.Connection, sen
     released = Counter(r[0] for r in postgresql.execute("select s::text from public.adult_k"))
     source = Counter(r[0] for r in postgresql.execute("select s::text from public.typed"))
     assert released == source
+
+
+def test_hints_give_valid_json_for_any_column_name(postgresql: psycopg.Connection) -> None:
+    name = "a\"b'c"
+    postgresql.execute(sql.SQL("create table public.quoted as select age as {}, sex from public.adult").format(
+        sql.Identifier(name)))
+    with pytest.raises(psycopg.Error) as caught:
+        create(postgresql, source="public.quoted", quasi_identifiers=[name, "sex"], method="full_domain")
+    hint = caught.value.diag.message_hint
+    assert hint is not None and " => " in hint
+    # The hint's argument, pasted into SQL as it is, is the JSON object it names.
+    literal = hint.split(" => ", 1)[1]
+    postgresql.rollback()
+    assert postgresql.execute(sql.SQL("select {}::jsonb").format(sql.SQL(literal))).fetchone() == ({name: "…"},)
+
+
+def test_audit_finds_the_releases_of_a_source_however_it_is_named(postgresql: psycopg.Connection) -> None:
+    create(postgresql, target="public.adult_a", sensitive="occupation")
+    create(postgresql, target="public.adult_b", quasi_identifiers=["age", "sex"], sensitive="occupation")
+    for name in ("public.adult", "adult", '"public"."adult"'):
+        assert release_groups(postgresql, name) == [["public.adult_a", "public.adult_b"]], name
 
 
 def test_weird_names_are_quoted(postgresql: psycopg.Connection) -> None:

@@ -40,7 +40,7 @@ def release_groups(conn: psycopg.Connection, source: str | None) -> list[list[st
         """select array_agg(target order by id)
            from anonproxy.releases
            where to_regclass(target) is not null and sensitive is not null
-             and (%(source)s::text is null or source = %(source)s)
+             and (%(source)s::text is null or to_regclass(source) = %(source)s::regclass)
            group by source, sensitive having count(*) >= 2 order by min(id)""",
         {"source": source}).fetchall()
     return [row[0] for row in rows]
