@@ -216,12 +216,13 @@ def test_functions_on_the_callers_search_path_are_not_called(postgresql: psycopg
         begin insert into public.hijacked values (current_user); return pg_catalog.format(f, a); end $$;
         create function public.format(f text, a text, b text) returns text language plpgsql as $$
         begin insert into public.hijacked values (current_user); return pg_catalog.format(f, a, b); end $$;
-        create function public.jsonb_build_object(variadic parts jsonb[]) returns jsonb language plpgsql as $$
-        begin insert into public.hijacked values (current_user); return '{}'; end $$;
         create function public.jsonb_build_object(a text, b jsonb, c text, d jsonb, e text, f jsonb, g text,
             h jsonb, i text, j jsonb, k text, l jsonb, m text, n jsonb, o text, p jsonb) returns jsonb
         language plpgsql as $$
-        begin insert into public.hijacked values (current_user); return '{}'; end $$""")
+        begin
+            insert into public.hijacked values (current_user);
+            return pg_catalog.jsonb_build_object(a, b, c, d, e, f, g, h, i, j, k, l, m, n, o, p);
+        end $$""")
     postgresql.execute("reset role")
     postgresql.execute("set search_path = public")
     create(postgresql, target="adult_k", sensitive="occupation")
