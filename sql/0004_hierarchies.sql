@@ -186,28 +186,17 @@ begin
 end
 $$;
 
--- The type of source.column, or an error 42703 naming it. Here rather than
--- anonproxy.column_type of 0002, whose EXECUTE is not granted to PUBLIC.
-create function anonproxy.hierarchy_column_type(source regclass, column_name text) returns regtype
-language plpgsql stable set search_path = pg_catalog, pg_temp as $$
-declare
-    found_type regtype;
-begin
-    select a.atttypid into found_type from pg_catalog.pg_attribute a
-     where a.attrelid = source and a.attname = column_name and a.attnum > 0 and not a.attisdropped;
-    if not found then
-        raise exception using errcode = '42703',
-            message = format('column %s does not exist in %s', quote_ident(column_name), source);
-    end if;
-    return found_type;
-end
-$$;
+-- The builders check columns with 0002's column_type (and the name it reports
+-- with policy_table_name). Both only read the catalogs, which every role may
+-- read, so any role that may build a hierarchy may call them.
+grant execute on function anonproxy.column_type(regclass, name), anonproxy.policy_table_name(regclass)
+    to public;
 
 -- Distinct non-null values of source.column as text.
 create function anonproxy.hierarchy_source_values(source regclass, column_name text) returns setof text
 language plpgsql stable set search_path = pg_catalog, pg_temp as $$
 begin
-    perform anonproxy.hierarchy_column_type(source, column_name);
+    perform anonproxy.column_type(source, column_name);
     return query execute format('select distinct %1$I::text from %2$s where %1$I is not null', column_name, source);
 end
 $$;
@@ -236,7 +225,7 @@ begin
                              array_to_string(widths, ', ')),
             hint = 'nested intervals need it, for example ARRAY[5, 10, 20]';
     end if;
-    value_type := anonproxy.hierarchy_column_type(source, column_name);
+    value_type := anonproxy.column_type(source, column_name);
     if value_type not in ('smallint'::regtype, 'integer'::regtype, 'bigint'::regtype) then
         raise exception using errcode = '42804',
             message = format('column %I of %s is %s; interval hierarchies are built over integer columns',
