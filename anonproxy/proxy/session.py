@@ -32,8 +32,15 @@ from typing import Any
 from ..config import ServiceLogin, UpstreamAddress
 from ..policy.model import Policy, RolePolicy
 from ..rewrite import decide
-from ..rewrite.commands import explained_query
-from ..rewrite.decision import Decision, ExplainDP, Intercept, Noisy, Pass, Reject, SessionSetting
+from ..rewrite.decision import (
+    Decision,
+    ExplainDP,
+    Intercept,
+    Noisy,
+    Pass,
+    Reject,
+    SessionSetting,
+)
 from ..wire import protocol as pg
 from ..wire.framing import BoundaryTracker, MessageBuffer
 from .cancel import CancelRegistry, UpstreamKey, cancel_then_hang_up, send_cancel
@@ -72,7 +79,7 @@ class ProxyContext:
         if decision is None:
             if len(self._decisions) >= DECISION_CACHE_SIZE:
                 self._decisions.clear()
-            decision = self._decisions[key] = _decide(sql, role, policy)
+            decision = self._decisions[key] = decide(sql, role, policy)
         return decision
 
     def spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
@@ -80,23 +87,6 @@ class ProxyContext:
         task = asyncio.ensure_future(coroutine)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-
-
-def _decide(sql: str, role: RolePolicy, policy: Policy) -> Decision:
-    """``decide``, and ``EXPLAIN (ANONPROXY)`` of a dp query, which the proxy answers itself."""
-    explained = explained_query(sql)
-    if explained is None:
-        return decide(sql, role, policy)
-    if role.mode != "dp":
-        return Reject("0A000", "EXPLAIN (ANONPROXY) explains queries of roles in dp mode",
-                      f'Role "{role.role}" is in {role.mode} mode.')
-    inner = decide(explained, role, policy)
-    if isinstance(inner, Noisy):
-        return ExplainDP(inner.sql)
-    if isinstance(inner, Reject):
-        return inner
-    return Reject("0A000", "EXPLAIN (ANONPROXY) explains aggregate queries over protected tables",
-                  "For other statements, use plain EXPLAIN.")
 
 
 class State(enum.Enum):

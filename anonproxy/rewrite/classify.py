@@ -21,10 +21,16 @@ from sqlglot.tokens import TokenType
 
 from anonproxy.policy.model import Policy, RolePolicy
 from anonproxy.rewrite.analytic import analyze
-from anonproxy.rewrite.commands import classify_command, is_query, refuse_statement
+from anonproxy.rewrite.commands import (
+    classify_command,
+    explained_query,
+    is_query,
+    refuse_statement,
+)
 from anonproxy.rewrite.decision import (
     FEATURE_NOT_SUPPORTED,
     Decision,
+    ExplainDP,
     Noisy,
     Pass,
     Refusal,
@@ -62,6 +68,9 @@ _WRITES = (exp.DML, exp.DDL, exp.Command, exp.Into, exp.Lock, exp.Copy, exp.Merg
 
 def decide(sql: str, role: RolePolicy, policy: Policy) -> Decision:
     """What the proxy does with ``sql`` (a whole Query or Parse message) for ``role``."""
+    explained = explained_query(sql)
+    if explained is not None:
+        return _explain_dp(explained, role, policy)
     if role.mode == "direct":
         return Pass()
     try:
@@ -70,6 +79,20 @@ def decide(sql: str, role: RolePolicy, policy: Policy) -> Decision:
         return refusal.reject
     except RecursionError:
         return Reject(FEATURE_NOT_SUPPORTED, "the statement is nested too deeply to analyze", PARSE_HINT)
+
+
+def _explain_dp(query: str, role: RolePolicy, policy: Policy) -> Decision:
+    """``EXPLAIN (ANONPROXY) query``: the proxy describes a dp query's cost without running it."""
+    if role.mode != "dp":
+        return Reject(FEATURE_NOT_SUPPORTED, "EXPLAIN (ANONPROXY) explains queries of roles in dp mode",
+                      f'Role "{role.role}" is in {role.mode} mode.')
+    inner = decide(query, role, policy)
+    if isinstance(inner, Noisy):
+        return ExplainDP(inner.sql)
+    if isinstance(inner, Reject):
+        return inner
+    return Reject(FEATURE_NOT_SUPPORTED, "EXPLAIN (ANONPROXY) explains aggregate queries over protected tables",
+                  "For other statements, use plain EXPLAIN.")
 
 
 def _decide(sql: str, role: RolePolicy, policy: Policy) -> Decision:
