@@ -31,6 +31,7 @@ from anonproxy.rewrite.expressions import (
     unwrap,
 )
 from anonproxy.rewrite.names import PolicyIndex, ResolvedTable, fold, identifier, quote
+from anonproxy.rewrite.relations import check_relations
 from anonproxy.rewrite.statements import (
     PARSE_HINT,
     Statement,
@@ -42,9 +43,11 @@ from anonproxy.rewrite.statements import (
 
 SHAPE_HINT = (
     "Supported over protected tables: SELECT <grouping expressions and aggregates> FROM <protected table> "
-    "[JOIN <linked table> ON <declared key>] [JOIN <other table> ON ...] [WHERE ...] [GROUP BY ...] "
+    "[[LEFT] JOIN <linked table> ON <linked>.<key> = <protected>.<unit> [AND ...]] [WHERE ...] [GROUP BY ...] "
     "[HAVING ...] [ORDER BY ...] [LIMIT ...] [OFFSET ...]."
 )
+JOIN_HINT = ("Join a linked table with [LEFT] JOIN <linked> ON <linked>.<key> = <protected>.<unit>, the protected "
+             "table (or the first linked table) first; put other conditions in WHERE.")
 ROW_LEVEL_HINT = "Aggregate instead: SELECT col, count(*), avg(x) FROM table GROUP BY col."
 
 ItemKind = Literal["aggregate", "group", "constant"]
@@ -117,6 +120,7 @@ class _Source:
 def analyze(statement: Statement, tree: exp.Expression, index: PolicyIndex, params: SuppressionParams,
             dp: bool = False) -> AnalyticQuery:
     """The pieces of ``tree``; ``dp`` also admits the aggregates only dp mode computes (expressions.DP_AGGREGATES)."""
+    check_relations(tree, index, dp)  # first: a relation outside the policy is refused as such, whatever else
     if isinstance(tree, exp.SetOperation):
         raise unsupported("UNION, INTERSECT and EXCEPT are not supported over protected tables", SHAPE_HINT)
     if not isinstance(tree, exp.Select):
@@ -146,7 +150,7 @@ def analyze(statement: Statement, tree: exp.Expression, index: PolicyIndex, para
         unaliased={(s.table.schema, s.table.name): s.reference for s in sources if s.node.args.get("alias") is None},
         identifiers={source.reference: _identifier_columns(source.table) for source in sources},
     )
-    checker = Checker(scope, params, anchor.table.policy_name, dp)
+    checker = Checker(scope, params, anchor.table.policy_name, dp, statement.source)
     _check_joins(sources, anchor, checker)
 
     layout = _Layout(statement, tree)
@@ -293,51 +297,67 @@ def _privacy_unit(sources: list[_Source], index: PolicyIndex) -> tuple[_Source, 
 
 
 def _check_joins(sources: list[_Source], anchor: _Source, checker: Checker) -> None:
-    """Linked tables join their protected table on the declared key; other tables join freely (INNER/LEFT)."""
-    keyed: set[str] = set()
+    """Every joined table is joined on its declared key to a table before it, with INNER or LEFT JOIN.
+
+    Sources are protected or linked tables only (check_relations). A condition next to the key is checked like
+    WHERE and may not name an identifying column: in an outer join it filters nothing, it only decides which rows
+    of the nullable side match, which turns every aggregate into a question about the rows it names. The table
+    that carries the privacy unit is never on the nullable side, so no row lacks its person.
+    """
+    nullable: set[str] = set()
     for position, source in enumerate(sources):
         join = source.join
         if join is None:
             continue
-        extra = _set_args(join) - {"this", "on", "side", "kind"}
-        if extra or join.args.get("on") is None:
-            what = "NATURAL JOIN" if join.args.get("method") else (
-                "JOIN ... USING" if join.args.get("using") else "joins without ON (comma, CROSS JOIN)")
-            raise unsupported(f"{what} is not supported over protected tables", "Join with JOIN ... ON a = b.")
-        side = (join.args.get("side") or "").upper()
-        kind = (join.args.get("kind") or "").upper()
-        inner = not side and kind in ("", "INNER")
-        left = side == "LEFT" and kind in ("", "OUTER")
-        if not (inner or left):
-            raise unsupported(f"{side or kind} JOIN is not supported over protected tables",
-                              "Use JOIN (inner) or LEFT JOIN to a table that is not protected.")
-        on = join.args["on"]
-        if source.table.kind == "plain":
-            checker.row(on, "a JOIN condition")
-            continue
-        if not inner:
-            raise unsupported("protected and linked tables cannot be on the outer side of a LEFT JOIN", SHAPE_HINT)
-        pair = _key_equality(on, sources, position)
-        if pair is not None:
-            keyed.update(pair)
-            continue
-        earlier_linked = any(s.table.kind == "linked" for s in sources[:position])
-        if source is anchor and not earlier_linked:
-            checker.row(on, "a JOIN condition")
-            continue
-        raise unsupported(f"{source.table.policy_name} must be joined on its declared key "
-                          "(linked_table.key_column = protected_table.unit_column)", SHAPE_HINT)
-    for source in sources:
-        if source.table.kind == "linked" and source is not anchor and source.reference not in keyed:
-            raise unsupported(f"linked table {source.table.policy_name} must be joined to its protected table on "
-                              "the declared key", SHAPE_HINT)
+        if _join_side(join) == "LEFT":
+            nullable.add(source.reference)
+        conditions = _conjuncts(join.args["on"])
+        keys = [c for c in conditions if source.reference in (_key_equality(c, sources, position) or ())]
+        if not keys:
+            for condition in conditions:
+                checker.join_condition(condition)  # an identifying column: 42501 before the shape's 0A000
+            raise unsupported(f"{source.table.policy_name} must be joined on its declared key "
+                              "(linked_table.key_column = protected_table.unit_column)", JOIN_HINT)
+        for condition in conditions:
+            if condition is not keys[0]:
+                checker.join_condition(condition)
+    if anchor.reference in nullable:
+        raise unsupported(f"{anchor.table.policy_name} carries the privacy unit and cannot be on the nullable side "
+                          "of an outer join: its rows would have no person", JOIN_HINT)
+
+
+def _join_side(join: exp.Join) -> str:
+    """"" for an inner join, "LEFT" for a left outer join; every other kind of join is refused."""
+    if join.args.get("method"):
+        raise unsupported(f"{join.args['method'].upper()} JOIN is not supported over protected tables", JOIN_HINT)
+    if join.args.get("using"):
+        raise unsupported("JOIN ... USING is not supported over protected tables", JOIN_HINT)
+    side = (join.args.get("side") or "").upper()
+    kind = (join.args.get("kind") or "").upper()
+    if side in ("RIGHT", "FULL"):
+        raise unsupported(f"{side} JOIN is not supported over protected tables: the protected table would be on "
+                          "the nullable side", JOIN_HINT)
+    if kind == "CROSS" or join.args.get("on") is None:
+        raise unsupported("joins without ON (comma, CROSS JOIN) are not supported over protected tables", JOIN_HINT)
+    extra = _set_args(join) - {"this", "on", "side", "kind"}
+    if extra or kind not in ("", "INNER", "OUTER") or (kind == "OUTER" and side != "LEFT"):
+        raise unsupported(f"{' '.join(filter(None, (side, kind)))} JOIN is not supported over protected tables",
+                          JOIN_HINT)
+    return side
+
+
+def _conjuncts(node: exp.Expression) -> list[exp.Expression]:
+    """The operands of a top-level AND chain (parentheses around it or its operands ignored)."""
+    node = unwrap(node)
+    if isinstance(node, exp.And):
+        return _conjuncts(node.this) + _conjuncts(node.expression)
+    return [node]
 
 
 def _key_equality(on: exp.Expression, sources: list[_Source], position: int) -> tuple[str, str] | None:
     """The two references when ``on`` is exactly linked.key = protected.unit, or linked.key = linked.key of two
     tables linked to the same protected table."""
-    while isinstance(on, exp.Paren):
-        on = on.this
+    on = unwrap(on)
     if not isinstance(on, exp.EQ):
         return None
     columns = [unwrap(on.this), unwrap(on.expression)]

@@ -29,7 +29,7 @@ from sqlglot import exp
 
 from anonproxy.policy.model import SuppressionParams
 from anonproxy.rewrite.decision import forbidden, unsupported
-from anonproxy.rewrite.names import ResolvedTable, identifier
+from anonproxy.rewrite.names import ResolvedTable, fold, identifier
 
 SYSTEM_COLUMNS = frozenset({"ctid", "xmin", "xmax", "cmin", "cmax", "tableoid"})
 
@@ -123,6 +123,20 @@ _AGGREGATE_ARGS: dict[type[exp.Expression], frozenset[str]] = {
     exp.WithinGroup: frozenset({"this", "expression"}),
 }
 
+# How PostgreSQL spells each allowed function. sqlglot reads other dialects' names into the same nodes (ifnull,
+# nvl -> coalesce, lcase -> lower, stdev -> stddev ...); the client's spelling is what runs, so it must be one of
+# these. Nodes without a position (extract/date_part, casts, CASE) are keywords and need no check.
+SPELLINGS: dict[type[exp.Expression], frozenset[str]] = {
+    exp.Coalesce: frozenset({"coalesce"}), exp.Nullif: frozenset({"nullif"}), exp.Lower: frozenset({"lower"}),
+    exp.Upper: frozenset({"upper"}), exp.TimestampTrunc: frozenset({"date_trunc"}),
+    exp.DateTrunc: frozenset({"date_trunc"}), exp.WidthBucket: frozenset({"width_bucket"}),
+    exp.Count: frozenset({"count"}), exp.Sum: frozenset({"sum"}), exp.Avg: frozenset({"avg"}),
+    exp.Min: frozenset({"min"}), exp.Max: frozenset({"max"}), exp.Variance: frozenset({"variance", "var_samp"}),
+    exp.VariancePop: frozenset({"var_pop"}), exp.Stddev: frozenset({"stddev"}),
+    exp.StddevSamp: frozenset({"stddev_samp"}), exp.StddevPop: frozenset({"stddev_pop"}),
+    exp.Median: frozenset({"median"}),
+}  # fmt: skip
+
 # Friendlier names for refused constructs: (what, why).
 _REFUSED: list[tuple[tuple[type[exp.Expression], ...], str, str]] = [
     ((exp.Div, exp.IntDiv, exp.Mod, exp.SafeDivide), "division and modulo", "a division by zero reveals data"),
@@ -178,12 +192,15 @@ class Scope:
 class Checker:
     """Validates expressions of one query; raises a Refusal naming the first construct not allowed."""
 
-    def __init__(self, scope: Scope, params: SuppressionParams, table: str, dp: bool = False) -> None:
+    def __init__(self, scope: Scope, params: SuppressionParams, table: str, dp: bool = False,
+                 source: str | None = None) -> None:
         self.scope = scope
         self.params = params
         self.table = table
         self.aggregates = DP_AGGREGATES if dp else AGGREGATES
+        self.source = source  # the text node positions index into, to check function spellings
         self._in_aggregate = False
+        self._in_join = False
 
     # -- entry points ---------------------------------------------------------
 
@@ -195,9 +212,18 @@ class Checker:
         """An expression evaluated per group: aggregates allowed, their arguments row-level."""
         self._walk(node, clause, aggregates=True)
 
+    def join_condition(self, node: exp.Expression) -> None:
+        """A JOIN condition next to the declared key: row-level, and without identifying columns."""
+        self._in_join = True
+        try:
+            self._walk(node, "a JOIN condition", aggregates=False)
+        finally:
+            self._in_join = False
+
     # -- walking --------------------------------------------------------------
 
     def _walk(self, node: exp.Expression, clause: str, aggregates: bool) -> None:
+        self._check_spelling(node, clause)
         if isinstance(node, self.aggregates):
             if not aggregates:
                 raise unsupported(f"aggregate {_function_name(node)}() is not allowed in {clause}",
@@ -217,6 +243,16 @@ class Checker:
             return  # the checker validated the children itself
         for child in _children(node):
             self._walk(child, clause, aggregates)
+
+    def _check_spelling(self, node: exp.Expression, clause: str) -> None:
+        spellings = SPELLINGS.get(type(node))
+        start, end = node.meta.get("start"), node.meta.get("end")
+        if spellings is None or self.source is None or start is None or end is None:
+            return
+        written = fold(self.source[start:end + 1], False)
+        if written not in spellings:
+            raise unsupported(f"function {written}() is not allowed in {clause} of a query over protected table "
+                              f"{self.table}", f"Write PostgreSQL's name for it: {', '.join(sorted(spellings))}().")
 
     def _refuse(self, node: exp.Expression, clause: str) -> NoReturn:
         what, why = refused_construct(node)
@@ -275,6 +311,14 @@ class Checker:
                             "Use the table's ordinary columns.")
         table = identifier(node.args.get("table"))
         schema = identifier(node.args.get("db"))
+        if self._in_join and name is not None:
+            reference = self.scope.unaliased.get((schema, table)) if schema is not None and table else table
+            if self.scope.is_identifier(reference, name):
+                raise forbidden(
+                    f"identifying column {name} is not allowed in a JOIN condition over protected table "
+                    f"{self.table} other than in the declared key: in an outer join such a condition marks the "
+                    f"rows it names instead of filtering them, like CASE WHEN {name} = 17 ... in every aggregate",
+                    f"Filter on {name} in WHERE, where the group-size rules apply; join on the declared key only.")
         if self._in_aggregate and name is not None:
             reference = self.scope.unaliased.get((schema, table)) if schema is not None and table else table
             if self.scope.is_identifier(reference, name):

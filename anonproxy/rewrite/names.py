@@ -4,6 +4,10 @@ Unquoted identifiers fold to lower case (ASCII letters only, like PostgreSQL
 in a multi-byte encoding), quoted ones keep their case, and both are cut to
 63 bytes. Policy names are ``schema.table``.
 
+Names the policy does not know are resolved only to name them in refusals, as
+the default search path would: ``pg_catalog`` first (it holds every ``pg_*``
+system relation and is searched before the path), then ``public``.
+
 An unqualified name is treated as protected when *any* schema holds a
 protected or linked table of that name: the classifier does not know the
 client's ``search_path``, so ``SET search_path`` cannot hide a protected table
@@ -24,6 +28,7 @@ from anonproxy.rewrite.decision import unsupported
 
 NAMEDATALEN = 64
 DEFAULT_SCHEMA = "public"
+CATALOG_SCHEMA = "pg_catalog"
 
 _ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
 
@@ -93,7 +98,9 @@ class PolicyIndex:
         schema = identifier(table.args.get("db"))
         if schema is None:
             candidates = self.bare.get(name, [])
-            if (DEFAULT_SCHEMA, name) in candidates or not candidates:
+            if not candidates:
+                schema = CATALOG_SCHEMA if name.startswith("pg_") else DEFAULT_SCHEMA
+            elif (DEFAULT_SCHEMA, name) in candidates:
                 schema = DEFAULT_SCHEMA
             elif len(candidates) == 1:
                 schema = candidates[0][0]

@@ -14,7 +14,8 @@ Two shapes:
   released groups through a hashed ``IN`` on ``ARRAY[key]`` (an array compares
   NULL keys as equal, like GROUP BY does). The rest row is a second branch of
   a UNION ALL over the rows of the withheld groups, released only if that
-  rest itself passes the same rules.
+  rest itself passes the same rules, query-set-size control included: its
+  people, and all the people of the answer, must both leave k people out.
 
 The client's select list, WHERE, GROUP BY, HAVING, ORDER BY and LIMIT are
 their own text, so output names and types, and ``$n`` parameters, are
@@ -32,7 +33,9 @@ from anonproxy.rewrite.decision import unsupported
 CELLS = "anonproxy_cells"
 RANKED = "anonproxy_ranked"
 GROUPS = "anonproxy_groups"
+ASKED = "anonproxy_asked"
 WITHHELD = "anonproxy_withheld"
+ANSWERED = "anonproxy_answered"
 REST_CELLS = "anonproxy_rest_cells"
 REST_RANKED = "anonproxy_rest_ranked"
 REST = "anonproxy_rest"
@@ -124,14 +127,19 @@ def _cells(query: AnalyticQuery, rules: _Rules, magnitudes: tuple[str, ...], res
         return _with(ctes) + "\n" + _client_select(query, released, with_order=True)
 
     withheld = f"SELECT {', '.join(keys)} FROM {GROUPS} WHERE NOT released"
+    answered = f"SELECT count(DISTINCT unit) AS units FROM {CELLS}"
     if query.having is not None:
-        # Only groups the client's HAVING keeps count towards the rest.
+        # Only groups the client's HAVING keeps count towards the rest, and towards the people the answer covers.
         asked = [f"SELECT {_key_tuple(query.keys, bare=True)}", f"FROM {query.from_sql}"]
         if query.where is not None:
             asked.append(f"WHERE {query.where}")
         asked += [f"GROUP BY {', '.join(query.keys)}", f"HAVING {query.having}"]
-        withheld += f"\n  AND {_key_tuple(keys)} IN (\n" + _indent("\n".join(asked), 4) + "\n  )"
+        ctes.append((ASKED, "\n".join(asked), "the groups the client's HAVING keeps"))
+        kept = f"{_key_tuple(keys)} IN (SELECT * FROM {ASKED})"
+        withheld += f"\n  AND {kept}"
+        answered += f"\nWHERE {kept}"
     ctes.append((WITHHELD, withheld, "the groups the client asked for that were suppressed"))
+    ctes.append((ANSWERED, answered, "the people the released rows and the rest row cover together"))
     rest_select = ["unit"] + [f"sum({name}) AS {name}" for name in sums] + [f"bool_or({f}) AS {f}" for f in flags]
     ctes.append((REST_CELLS, "\n".join([
         f"SELECT {', '.join(rest_select)}",
@@ -139,8 +147,12 @@ def _cells(query: AnalyticQuery, rules: _Rules, magnitudes: tuple[str, ...], res
         f"WHERE {_key_tuple(keys)} IN (SELECT {_key_tuple(keys, bare=True)} FROM {WITHHELD})",
         "GROUP BY 1",
     ]), "each privacy unit's part of the withheld rows"))
-    ctes += _verdict(REST_CELLS, REST_RANKED, REST, [], sums, flags, f"count(unit) >= {rules.k}", rules,
-                     "the rest row is released only if it passes the same rules")
+    # Query-set-size control, as for a query without GROUP BY: the rest row is a total over its own people, and
+    # with the released rows it adds up to a total over everyone the answer covers; both must leave k people out.
+    population = (f"count(unit) BETWEEN {rules.k} AND ({query.universe}) - {rules.k}\n"
+                  f"         AND (SELECT units FROM {ANSWERED}) <= ({query.universe}) - {rules.k}")
+    ctes += _verdict(REST_CELLS, REST_RANKED, REST, [], sums, flags, population, rules,
+                     "the rest row is released only if it passes the same rules, query-set-size control included")
 
     first = _client_select(query, released, with_order=False)
     items = ", ".join("NULL" if item.kind == "group" else item.expression for item in query.items)
