@@ -95,9 +95,11 @@ def refused(sql: str, *words: str, params: DPParams = PARAMS, role: RolePolicy =
     ("select percentile_disc(0.5) within group (order by fnlwgt) from adult", ("needs declared bounds",)),
     ("select median(age + 1) from adult", ("arithmetic",)),
     ("select var_pop(fnlwgt) from adult", ("needs declared bounds",)),
-    ("select count(*) from adult a join plain p on p.id = a.id", ("does not join public.plain",)),
+    ("select count(*) from adult a join plain p on p.id = a.id", ("relation public.plain",)),
+    ("select count(*) from adult a left join pg_database d on a.id = 17", ("relation pg_catalog.pg_database",)),
     ("select count(*) from adult a join visits v on v.minutes = a.id", ("declared key",)),
-    ("select count(*) from adult a left join visits v on v.person = a.id", ("outer side",)),
+    ("select count(*) from visits v left join adult a on v.person = a.id", ("nullable side",)),
+    ("select count(*) from adult a left join visits v on v.person = a.id and a.id = 17", ("identifying column",)),
     ("select count(*) from visits v join region r on r.region = v.ward", ("declared key",)),
     ("select count(distinct education) from adult", ("count(DISTINCT x)", "privacy unit id")),
     ("select sex, count(*) from adult group by sex order by count(*) + 0", ("arithmetic",)),
@@ -481,6 +483,10 @@ def test_join_counts_people_not_visits(postgresql: psycopg.Connection) -> None:
     for key, count, minutes in rows:
         assert abs(count - exact[key][0]) <= 6 * noise[1].ci95_halfwidth
         assert abs(minutes - exact[key][1]) <= 6 * noise[2].ci95_halfwidth
+    # issue 10: a LEFT JOIN on the declared key keeps the people without visits, one row each
+    p = plan("select count(*) from adult a left join visits v on v.person = a.id", DPParams(1.0, 1e-6, max_rows_per_unit=2))
+    adults = postgresql.execute("select count(*) from adult").fetchone()[0]
+    assert run(postgresql, p) == [(adults - 301 + 2 + 600,)]
     # two linked tables without adult: person 1 is in the North, the others in the South
     postgresql.execute("create table public.region as select id, case when id = 1 then 'North' else 'South' end "
                        "as region from public.adult where id <= 301")
