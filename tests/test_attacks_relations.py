@@ -20,6 +20,8 @@ from conftest import Endpoint
 from test_dp_proxy import analyst, budget_left, truth  # noqa: F401 - fixtures
 from test_gate import _wait_for_version as wait_for_version
 
+from anonproxy.rewrite.expressions import ROW_FUNCTIONS
+
 LOOKUP = "public.relations_lookup"  # an ordinary table, readable by the gated roles
 VIEW = "public.relations_view"  # a view over it, readable too
 VISITS = "public.relations_visits"  # linked to public.adult through person
@@ -89,6 +91,13 @@ FUNCTIONS = [
     "select sex, count(*) from adult where 'pg_class'::regclass is not null group by 1",
     "select sex, ifnull(workclass, 'x'), count(*) from adult group by 1, 2",  # not PostgreSQL's spelling
     "select sex, count(pg_sleep(0)) from adult group by 1",
+    # functional notation: a.f is f(a) when adult has no column f, a function of the whole row
+    "select a.sex, a.json_agg from adult a group by a.sex",
+    "select a.sex, count(*) from adult a where a.to_json::text like '{\"id\":1146,%' group by 1",
+    "select a.sex, sum(case when a.row_to_json::text like '{\"id\":1146,%' then a.capital_gain else 10 end) "
+    "from adult a group by 1",
+    "select adult.sex, count(*) from adult group by adult.sex order by adult.count",
+    "select public.adult.sex, count(*) from public.adult group by 1, public.adult.to_jsonb",
 ]
 
 
@@ -268,6 +277,28 @@ def test_dp_refuses_functions_outside_the_allowlist(gated_proxy: Endpoint, gated
             error = refusal(conn, sql)
             assert error.sqlstate in ("0A000", "42501") and error.diag.message_hint, (sql, str(error))
         assert "epsilon 2 of 2 left" in budget_left(conn)
+
+
+def test_every_function_reachable_with_a_columns_syntax_is_known(pg_server: Any, gated_database: str) -> None:
+    """ROW_FUNCTIONS lists every pg_catalog name that PostgreSQL resolves in ``t.name`` as ``name(t)``."""
+    with psycopg.connect(pg_server.conninfo(dbname=gated_database), autocommit=True) as conn:
+        conn.execute("create table public.relations_probe (zzz int)")
+        try:
+            conn.execute("set search_path = pg_catalog")  # as on the service connection
+            names = [row[0] for row in conn.execute("select distinct proname from pg_proc "
+                                                    "where pronamespace = 'pg_catalog'::regnamespace")]
+            found = set()
+            for name in names:
+                try:
+                    conn.execute(psycopg.sql.SQL("select t.{} from public.relations_probe t limit 0").format(
+                        psycopg.sql.Identifier(name)))
+                    found.add(name)
+                except psycopg.Error:
+                    pass
+        finally:
+            conn.execute("drop table public.relations_probe")
+    assert {"json_agg", "to_json", "count"} <= found, found
+    assert found <= ROW_FUNCTIONS, sorted(found - ROW_FUNCTIONS)
 
 
 # --- the suppressed-rest row -----------------------------------------------------------------------------------

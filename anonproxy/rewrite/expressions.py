@@ -137,6 +137,18 @@ SPELLINGS: dict[type[exp.Expression], frozenset[str]] = {
     exp.Median: frozenset({"median"}),
 }  # fmt: skip
 
+# pg_catalog functions PostgreSQL also calls with a column's syntax: ``a.f`` means ``f(a)`` when table ``a`` has no
+# column ``f`` (functional notation), so ``a.json_agg`` aggregates whole rows and ``a.to_json`` reads one, while the
+# tree shows a column. The service connection's search path is pg_catalog, so these are all the names it can reach
+# there (PostgreSQL 15; tests/test_attacks_relations.py compares the list with the server's own catalog).
+ROW_FUNCTIONS = frozenset({
+    "any_out", "anycompatible_out", "anycompatiblenonarray_out", "anyelement_out", "anynonarray_out", "array_agg",
+    "concat", "count", "hash_record", "json_agg", "json_build_array", "json_build_object", "jsonb_agg",
+    "jsonb_build_array", "jsonb_build_object", "num_nonnulls", "num_nulls", "pg_collation_for",
+    "pg_column_compression", "pg_column_size", "pg_typeof", "quote_literal", "quote_nullable", "record_out",
+    "record_send", "row_to_json", "to_json", "to_jsonb",
+})  # fmt: skip
+
 # Friendlier names for refused constructs: (what, why).
 _REFUSED: list[tuple[tuple[type[exp.Expression], ...], str, str]] = [
     ((exp.Div, exp.IntDiv, exp.Mod, exp.SafeDivide), "division and modulo", "a division by zero reveals data"),
@@ -311,6 +323,14 @@ class Checker:
                             "Use the table's ordinary columns.")
         table = identifier(node.args.get("table"))
         schema = identifier(node.args.get("db"))
+        if table is not None and name in ROW_FUNCTIONS:
+            reference = self.scope.unaliased.get((schema, table)) if schema is not None else table
+            source = self.scope.references.get(reference or "")
+            if source is None or not _declares(source, name):
+                raise forbidden(f"{table}.{name} is not allowed over protected table {self.table}: PostgreSQL reads "
+                                f"it as {name}({table}), a function of the whole row, unless the table has a column "
+                                f"{name}", f"Name the table's columns; if {name} is one, ask the DBA to declare it "
+                                "in the policy.")
         if self._in_join and name is not None:
             reference = self.scope.unaliased.get((schema, table)) if schema is not None and table else table
             if self.scope.is_identifier(reference, name):
@@ -451,6 +471,13 @@ class Checker:
         if not (isinstance(node.this, exp.Literal) and node.this.is_string):
             raise unsupported("INTERVAL takes a constant string", ROW_HINT)
         return True
+
+
+def _declares(table: ResolvedTable, column: str) -> bool:
+    """Whether the policy declares ``column`` for ``table`` (applying a policy checks the column exists)."""
+    declared = table.protected.columns if table.protected is not None else (
+        table.linked.columns if table.linked is not None else {})
+    return column in declared
 
 
 def _children(node: exp.Expression) -> Iterable[exp.Expression]:
