@@ -330,3 +330,15 @@ def test_rest_row_never_completes_a_withheld_total(reporter: psycopg.Connection[
     rest = [n for age, race, n in young if age is None and race is None]
     assert len(rest) == 1 and rest[0] >= 10
     assert sum(n for *_, n in young) == reporter.execute("select count(*) from adult where age < 60").fetchone()[0]
+
+
+def test_rest_row_with_two_keys_and_having(reporter: psycopg.Connection[Any],
+                                           truth: psycopg.Connection[Any]) -> None:  # noqa: F811
+    """Only the groups the client's HAVING keeps make the rest row, and the people the answer covers."""
+    sql = "select native_country, sex, count(*) from adult where age < 60 group by 1, 2 having count(*) >= 5"
+    asked = {(country, sex): n for country, sex, n in truth.execute(sql).fetchall()}
+    withheld = [n for n in asked.values() if n < 10]
+    assert len(withheld) >= 2 and sum(withheld) >= 10  # the data make a rest row worth releasing
+    rows = reporter.execute(sql).fetchall()
+    assert {(c, s): n for c, s, n in rows if (c, s) != (None, None)} == {k: n for k, n in asked.items() if n >= 10}
+    assert [n for c, s, n in rows if (c, s) == (None, None)] == [sum(withheld)]
