@@ -522,10 +522,10 @@ def test_linked_table_join_uses_the_protected_unit() -> None:
         in only_linked
 
 
-def test_join_to_an_ordinary_table() -> None:
-    sql = rewritten("SELECT c.region, count(*) FROM adult a JOIN countries c ON c.name = a.native_country "
-                    "GROUP BY c.region")
-    assert 'FROM "public"."adult" a JOIN "public"."countries" c ON c.name = a.native_country' in sql
+def test_join_to_an_ordinary_table_is_refused() -> None:
+    # Issue 10: a gated statement reads only the policy's relations (here the final SQL check refuses it).
+    assert_reject("SELECT c.region, count(*) FROM adult a JOIN countries c ON c.name = a.native_country "
+                  "GROUP BY c.region", "42501", "public.countries")
 
 
 def test_distinct_becomes_a_grouped_query() -> None:
