@@ -136,6 +136,7 @@ class _Walk:
     def statement(self, select: dict[str, Any]) -> None:
         """The top SELECT: only its own WITH clause may hold the dp plan's guard."""
         ctes = _cte_names(select)
+        _refuse_recursive(select.get("withClause", {}))
         for cte in select.get("withClause", {}).get("ctes", ()):
             self.value(cte, ctes, guard=_node(cte)[1].get("ctename") == GUARD_CTE)
         self.node("SelectStmt", {key: value for key, value in select.items() if key != "withClause"}, ctes, False)
@@ -157,9 +158,8 @@ class _Walk:
             return
         if kind == "SelectStmt":
             ctes = ctes | _cte_names(fields)
-        elif kind == "WithClause" and fields.get("recursive"):
-            raise FinalCheckRefusal("WITH RECURSIVE", "anonproxy's final check found WITH RECURSIVE in the SQL it "
-                                    "generated")
+        elif kind == "WithClause":
+            _refuse_recursive(fields)
         elif kind == "RangeVar":
             self._relation(fields, ctes, guard)
         elif kind == "FuncCall":
@@ -204,6 +204,12 @@ def _node(value: dict[str, Any]) -> tuple[str, dict[str, Any]]:
 
 def _cte_names(select: dict[str, Any]) -> frozenset[str]:
     return frozenset(_node(cte)[1].get("ctename") for cte in select.get("withClause", {}).get("ctes", ()))
+
+
+def _refuse_recursive(with_clause: dict[str, Any]) -> None:
+    if with_clause.get("recursive"):
+        raise FinalCheckRefusal("WITH RECURSIVE", "anonproxy's final check found WITH RECURSIVE in the SQL it "
+                                "generated")
 
 
 def _names(parts: list[dict[str, Any]]) -> tuple[str, ...]:
