@@ -6,15 +6,27 @@ operator, a cast, a construct), and the SQL the generators actually produce
 for many queries, which must pass. Second half: through the real gated proxy,
 ordinary suppress and dp queries still work, and a statement that reads a
 catalog next to a protected table is refused with 42501 naming the catalog.
+Last, the service login: the proxy refuses to start when it is a superuser
+or a member of a role that widens what it reads, and stops serving when it
+becomes one later.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
 
 import psycopg
 import pytest
-from conftest import Endpoint
+from conftest import Endpoint, ProxyProcess, start_proxy, stop_proxy
+
+from anonproxy.demo import reset_service_role
+from anonproxy.embedded import EmbeddedPostgres
 
 from anonproxy.policy.model import (
     ColumnPolicy,
@@ -24,7 +36,9 @@ from anonproxy.policy.model import (
     RolePolicy,
     SuppressionParams,
 )
+from anonproxy.policy.yaml_policy import apply_policy, demo_policy
 from anonproxy.privacy.dp_plan import DPParams, DPPlan, plan_dp
+from anonproxy.proxy.service_role import WIDENING_ROLES
 from anonproxy.rewrite import Rewrite, decide
 from anonproxy.rewrite.final_sql import FinalCheckRefusal, check_final_sql, verify
 
@@ -229,3 +243,96 @@ def test_ordinary_queries_pass_and_a_catalog_join_is_refused(gated_proxy: Endpoi
         # A dp plan that lists a declared public domain: checked like any other, and free (no budget is spent).
         rows = conn.execute("select sex from adult group by sex").fetchall()
         assert sorted(row[0] for row in rows) == ["Female", "Male"]
+
+
+# --- the service login has no powers beyond its grants ------------------------------------------------------
+
+
+@pytest.fixture
+def service_role(postgresql: psycopg.Connection, dbname: str) -> Iterator[str]:
+    """A fresh service login (password = name) for the demo policy on this test's database."""
+    role = f"svc_{next(_roles)}_{os.getpid()}"
+    postgresql.execute(f"create role {role} login password '{role}'")
+    apply_policy(postgresql, replace(demo_policy(), service_role=role))
+    postgresql.commit()
+    yield role
+    postgresql.rollback()
+    postgresql.execute(f"drop owned by {role}")
+    postgresql.execute("drop role if exists widening_group")
+    postgresql.execute(f"drop role {role}")
+    postgresql.commit()
+
+
+_roles = itertools.count(1)
+
+
+def start_gated(pg_server: EmbeddedPostgres, dbname: str, role: str, log: Path) -> ProxyProcess:
+    return start_proxy(f"host={pg_server.host} port={pg_server.port}", log,
+                       service_dsn=f"user={role} password={role} dbname={dbname}")
+
+
+def test_reset_service_role_revokes_widening_memberships(postgresql: psycopg.Connection, service_role: str) -> None:
+    postgresql.execute(f"grant pg_monitor, pg_read_all_stats, pg_read_server_files to {service_role}")
+    reset_service_role(postgresql, service_role)
+    members = postgresql.execute("select w.rolname from pg_roles w where w.rolname = any(%s) "
+                                 "and pg_has_role(%s, w.oid, 'MEMBER')", [list(WIDENING_ROLES), service_role])
+    assert members.fetchall() == []
+
+
+@pytest.mark.parametrize(("grant", "reason"), [
+    ("alter role {role} superuser", "is a superuser"),
+    ("grant pg_read_all_stats to {role}", "is a member of pg_read_all_stats"),
+    ("grant pg_monitor to {role}", "pg_monitor"),
+    # through a group of the DBA's own: pg_has_role follows the chain
+    ("create role widening_group; grant pg_read_all_data to widening_group; grant widening_group to {role}",
+     "is a member of pg_read_all_data"),
+])  # fmt: skip
+def test_the_proxy_refuses_to_start_with_a_widened_service_login(
+        postgresql: psycopg.Connection, pg_server: EmbeddedPostgres, dbname: str, service_role: str, grant: str,
+        reason: str, tmp_path: Path) -> None:
+    for statement in grant.format(role=service_role).split(";"):
+        postgresql.execute(statement)
+    postgresql.commit()
+    with pytest.raises(RuntimeError, match="did not start") as caught:
+        start_gated(pg_server, dbname, service_role, tmp_path / "proxy.log")
+    log = (tmp_path / "proxy.log").read_text()
+    assert reason in log and "refusing to start" in log and service_role in log, log
+    assert "Traceback" not in log, log
+
+
+def test_a_login_widened_later_closes_the_proxy_until_it_is_fixed(
+        postgresql: psycopg.Connection, pg_server: EmbeddedPostgres, dbname: str, service_role: str,
+        tmp_path: Path) -> None:
+    proxy = start_gated(pg_server, dbname, service_role, tmp_path / "proxy.log")
+    dsn = proxy.endpoint.dsn(dbname, user="reporter")
+
+    def reload_policy() -> None:  # any policy change notifies the proxy, which reloads at once
+        postgresql.execute("select anonproxy.set_role_policy('reporter', 'suppress', 10)")
+        postgresql.commit()
+
+    def wait_until(refused: bool) -> None:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                psycopg.connect(dsn, connect_timeout=5).close()
+                outcome = False
+            except psycopg.OperationalError as exc:
+                assert "has not loaded its privacy policy" in str(exc), exc
+                outcome = True
+            if outcome == refused:
+                return
+            assert time.monotonic() < deadline, proxy.log()
+            time.sleep(0.2)
+
+    try:
+        wait_until(refused=False)
+        postgresql.execute(f"grant pg_read_all_stats to {service_role}")
+        reload_policy()
+        wait_until(refused=True)
+        assert proxy.log().count("is a member of pg_read_all_stats") == 1, proxy.log()  # logged once, not per retry
+        postgresql.execute(f"revoke pg_read_all_stats from {service_role}")
+        reload_policy()
+        wait_until(refused=False)
+    finally:
+        stop_proxy(proxy)
+    assert "Traceback" not in proxy.log(), proxy.log()
