@@ -23,6 +23,8 @@ import secrets
 import psycopg
 from psycopg import sql
 
+from .proxy.service_role import WIDENING_ROLES
+
 DEMO_ROLES = ("dba", "reporter", "analyst")
 DIRECT_ROLES = ("dba",)
 RESTRICTED_ROLES = tuple(role for role in DEMO_ROLES if role not in DIRECT_ROLES)
@@ -81,8 +83,16 @@ def reset_service_role(conn: psycopg.Connection, role: str) -> str:
 
     The policy's grants (``anonproxy.apply_grants``) give it SELECT on the
     protected tables; a new password at every ``up`` means none lives on disk.
+    Its memberships in predefined roles that widen what it reads (pg_monitor,
+    pg_read_all_stats, ...) are revoked: the proxy refuses such a login.
     """
     password = secrets.token_urlsafe(24)
     with conn.transaction():
         _ensure_login_role(conn, role, password)
+        granted = conn.execute(
+            "select g.rolname from pg_catalog.pg_auth_members m join pg_catalog.pg_roles g on g.oid = m.roleid "
+            "join pg_catalog.pg_roles u on u.oid = m.member where u.rolname = %s and g.rolname = any(%s)",
+            (role, list(WIDENING_ROLES))).fetchall()
+        for (widening,) in granted:
+            conn.execute(sql.SQL("revoke {} from {}").format(sql.Identifier(widening), sql.Identifier(role)))
     return password

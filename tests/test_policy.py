@@ -149,8 +149,8 @@ def test_demo_policy_applies_and_describes_adult(db: psycopg.Connection[Any]) ->
     adult = policy.tables["public.adult"]
     assert adult.unit_column == "id"
     assert list(adult.columns) == list(ADULT_COLUMNS)  # every column declared, in table order
-    assert adult.columns["age"] == ColumnPolicy("age", "quasi_identifier", 17.0, 90.0)
-    assert adult.columns["hours_per_week"] == ColumnPolicy("hours_per_week", "public", 1.0, 99.0)
+    assert adult.columns["age"] == ColumnPolicy("age", "quasi_identifier", 15.0, 100.0)
+    assert adult.columns["hours_per_week"] == ColumnPolicy("hours_per_week", "public", 0.0, 100.0)
     assert adult.columns["sex"].domain == ("Female", "Male")
     assert policy.roles["reporter"] == RolePolicy("reporter", "suppress", SuppressionParams(
         k=10, dominance_n=2, dominance_percent=85.0, p_percent=10.0, suppressed_rest=True))  # fmt: skip

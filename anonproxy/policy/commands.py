@@ -1,8 +1,9 @@
-"""`anonproxy policy apply FILE --dsn DSN` and `anonproxy policy show --dsn DSN`.
+"""`anonproxy policy apply FILE --dsn DSN`, `anonproxy policy show --dsn DSN`, `anonproxy policy lint --dsn DSN`.
 
 Wire into the main parser with ``register(subparsers)``; each handler is set as
 ``run`` and returns the exit code: 0, or 1 (printed as ``anonproxy policy: …``
 on stderr, no traceback) when the file, the connection or the database refuses.
+``lint`` also returns 1 when it has warnings (printed on stdout, one a line).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 
 import psycopg
 
+from .lint import lint, lint_k
 from .store import load_policy
 from .yaml_policy import PolicyError, apply_policy, dump_policy, read_policy_file
 
@@ -31,6 +33,11 @@ def register(subparsers: Any) -> None:
     show = actions.add_parser("show", help="print the database's policy as YAML")
     show.add_argument("--dsn", required=True, help="libpq connection string")
     show.set_defaults(run=_show)
+
+    check = actions.add_parser("lint", help="warn about declared bounds that are values fewer than k people hold")
+    check.add_argument("--dsn", required=True, help="libpq connection string of a role that reads the protected "
+                       "tables (their owner)")
+    check.set_defaults(run=_lint)
 
 
 def _apply(args: argparse.Namespace) -> int:
@@ -54,6 +61,19 @@ def _show(args: argparse.Namespace) -> int:
         return _fail(exc)
     print(dump_policy(policy), end="")
     return 0
+
+
+def _lint(args: argparse.Namespace) -> int:
+    try:
+        with psycopg.connect(args.dsn) as conn:
+            policy = load_policy(conn)
+            checked, findings = lint(conn, policy)
+    except psycopg.Error as exc:
+        return _fail(exc)
+    for finding in findings:
+        print(f"warning: {finding}")
+    print(f"{checked} declared bound(s) checked against k = {lint_k(policy)}: {len(findings)} warning(s)")
+    return 1 if findings else 0
 
 
 def _fail(exc: Exception) -> int:

@@ -44,7 +44,8 @@ from psycopg.adapt import Transformer
 from ..policy.model import Policy, RolePolicy
 from ..privacy import ledger
 from ..privacy.dp_plan import DPParams, DPPlan, answer, plan_dp
-from ..rewrite.decision import Reject, SessionSetting
+from ..rewrite.decision import Refusal, Reject, SessionSetting
+from ..rewrite.final_sql import verify
 from ..wire import protocol as pg
 from ..wire.results import Column, Result, parse_simple, text_value
 from .gate import EXPLAIN_COLUMNS, Description, Parameters
@@ -231,7 +232,13 @@ class NoisyAnswers:
         if plan is None:
             if len(self._plans) >= PLAN_CACHE_SIZE:
                 self._plans.clear()
-            plan = self._plans[key] = plan_dp(sql, role, policy, params)
+            plan = plan_dp(sql, role, policy, params)
+            if isinstance(plan, DPPlan):
+                try:
+                    verify(plan.sql, policy, role.role)  # PostgreSQL's own parser reads the final SQL again
+                except Refusal as refusal:
+                    plan = refusal.reject
+            self._plans[key] = plan
         return plan
 
     @contextlib.asynccontextmanager

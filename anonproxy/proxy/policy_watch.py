@@ -4,6 +4,9 @@ The watcher keeps one connection (as the service role) listening on the
 policy channel; every committed policy change notifies it and it reloads
 (and it reloads every RELOAD_INTERVAL seconds anyway). If the connection
 drops it reconnects and reloads, keeping the last policy it read meanwhile.
+Before each load it checks that the service login has no powers beyond its
+grants (anonproxy.proxy.service_role); if it has, the policy is dropped and
+every login is refused until that is fixed.
 """
 
 from __future__ import annotations
@@ -17,12 +20,17 @@ import psycopg
 
 from ..policy.model import Policy
 from ..policy.store import POLICY_CHANNEL, load_policy_async
+from .service_role import HINT, excess_privileges_async
 
 log = logging.getLogger("anonproxy.policy")
 
 RETRY_DELAY = 2.0
 # Reload at least this often, in case a notification slipped by during a reload.
 RELOAD_INTERVAL = 10.0
+
+
+class ServiceLoginRefused(Exception):
+    """The service login is a superuser or a member of a role that widens what it reads."""
 
 
 class PolicyWatcher:
@@ -32,6 +40,7 @@ class PolicyWatcher:
         self.policy = Policy()
         self._task: asyncio.Task[None] | None = None
         self._loaded = asyncio.Event()
+        self._refused: str | None = None  # the last reason the service login was refused, logged once
 
     async def start(self, timeout: float = 10.0) -> None:
         """Start watching; wait (up to ``timeout``) for the first load."""
@@ -63,9 +72,18 @@ class PolicyWatcher:
                             pass
             except psycopg.Error as exc:
                 log.warning("policy connection failed (%s); retrying in %.0f s", str(exc).strip(), RETRY_DELAY)
+            except ServiceLoginRefused as exc:
+                self._loaded.clear()  # fail closed: every login is refused until the service login is fixed
+                if str(exc) != self._refused:
+                    log.error("%s: anonproxy refuses every login until it is not. %s", exc, HINT)
+                self._refused = str(exc)
             await asyncio.sleep(RETRY_DELAY)
 
     async def _reload(self, conn: psycopg.AsyncConnection) -> None:
+        problem = await excess_privileges_async(conn)
+        if problem is not None:
+            raise ServiceLoginRefused(problem)
+        self._refused = None
         policy = await load_policy_async(conn)
         if policy.version != self.policy.version or not self.loaded:
             log.info("policy version %d loaded (%d protected tables, %d roles)",

@@ -22,12 +22,15 @@ from collections.abc import Callable
 from multiprocessing.synchronize import Event
 from pathlib import Path
 
+import psycopg
+
 from ..config import ProxyConfig
 from ..policy.model import Policy
 from ..wire import protocol as pg
 from .cancel import CancelRegistry, cancel_socket_path, cancel_then_hang_up
 from .noisy import NoisyAnswers
 from .policy_watch import PolicyWatcher
+from .service_role import HINT, excess_privileges
 from .session import ClientConnection, ProxyContext
 
 log = logging.getLogger("anonproxy.server")
@@ -181,6 +184,8 @@ def run_proxy(config: ProxyConfig, ready: Callable[[int], None] | None = None) -
         tls_context(config)  # unreadable certificate files fail here, not in each worker
     except (OSError, ssl.SSLError) as exc:
         raise ProxyStartError(f"cannot listen on {config.listen_host}:{config.listen_port}: {exc}") from exc
+    if config.service_dsn:
+        _check_service_login(config)
     try:
         if config.workers == 1:
             loop = new_event_loop()
@@ -193,6 +198,21 @@ def run_proxy(config: ProxyConfig, ready: Callable[[int], None] | None = None) -
             _supervise(config, port, ready)
     finally:
         placeholder.close()
+
+
+def _check_service_login(config: ProxyConfig) -> None:
+    """Refuse to start when the service login is a superuser or a member of a role that widens what it reads. If
+    the server cannot be reached now, the workers check it when they load the policy."""
+    try:
+        with psycopg.connect(config.service_conninfo, connect_timeout=5, autocommit=True) as conn:
+            problem = excess_privileges(conn)
+    except psycopg.Error as exc:
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        log.warning("could not check the service login's privileges at start (%s); the workers check them when "
+                    "they load the policy", reason)
+        return
+    if problem is not None:
+        raise ProxyStartError(f"{problem}; refusing to start. {HINT}")
 
 
 def _supervise(config: ProxyConfig, port: int, ready: Callable[[int], None] | None) -> None:

@@ -39,6 +39,7 @@ from anonproxy.rewrite.decision import (
     forbidden,
     unsupported,
 )
+from anonproxy.rewrite.final_sql import verify
 from anonproxy.rewrite.names import PolicyIndex, fold, identifier, split_policy_name
 from anonproxy.rewrite.statements import (
     DIALECT,
@@ -124,7 +125,9 @@ def _statement(statement: Statement, role: RolePolicy, index: PolicyIndex) -> De
     _refuse_published(tree, index.policy)
     if role.mode == "dp":
         return Noisy(statement.text)  # planned by anonproxy.privacy.dp_plan, which says what it supports
-    return Rewrite(rewrite(analyze(statement, tree, index, role.suppression), role.suppression))
+    sql = rewrite(analyze(statement, tree, index, role.suppression), role.suppression)
+    verify(sql, index.policy, role.role)  # PostgreSQL's own parser reads the final SQL again
+    return Rewrite(sql)
 
 
 def _explain(statement: Statement, role: RolePolicy, index: PolicyIndex) -> Decision:
