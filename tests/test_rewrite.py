@@ -639,6 +639,7 @@ DASHBOARD_QUERIES = [
 
 
 def test_decide_timing_for_dashboard_queries() -> None:
+    """Every dashboard query is decided; the timings are printed, not asserted (benchmarks/suppress measures them)."""
     role = suppress_role(k=10, dominance_n=2, dominance_percent=80, p_percent=10, suppressed_rest=True)
     decide("SELECT 0", role, POLICY)  # imports and sqlglot's lazy tables
     timings = []
@@ -649,8 +650,6 @@ def test_decide_timing_for_dashboard_queries() -> None:
         assert isinstance(decision, (Pass, Rewrite)), (sql, decision)
     print(f"\ndecide() first sight, {len(timings)} dashboard queries: median {statistics.median(timings):.2f} ms, "
           f"max {max(timings):.2f} ms, all: {', '.join(f'{t:.1f}' for t in timings)}")
-    assert statistics.median(timings) < 10
-    assert max(timings) < 50
 
 
 # --- real database --------------------------------------------------------------------------
