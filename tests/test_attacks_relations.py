@@ -57,7 +57,8 @@ OUTSIDE = [
     ("select count(*) from adult a full outer join PG_CATALOG.PG_CLASS c on c.oid = a.id", "pg_catalog.pg_class"),
     ("select count(*) from adult a join information_schema.tables t on t.table_name = a.sex",
      "information_schema.tables"),
-    ("select count(*) from adult a left join INFORMATION_SCHEMA.COLUMNS c on a.id = 1146", "information_schema.columns"),
+    ("select count(*) from adult a left join INFORMATION_SCHEMA.COLUMNS c on a.id = 1146",
+     "information_schema.columns"),
     ("select count(*) from adult a join anonproxy.column_policies p on p.column_name = a.sex",
      "anonproxy.column_policies"),
     # an ordinary user table and a view, however they are spelled
