@@ -11,6 +11,7 @@ without protected data still pass under the client's own login.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,7 +19,6 @@ import psycopg
 import pytest
 from conftest import Endpoint
 from test_dp_proxy import analyst, budget_left, truth  # noqa: F401 - fixtures
-from test_gate import _wait_for_version as wait_for_version
 
 from anonproxy.rewrite.expressions import ROW_FUNCTIONS
 
@@ -57,7 +57,8 @@ OUTSIDE = [
     ("select count(*) from adult a full outer join PG_CATALOG.PG_CLASS c on c.oid = a.id", "pg_catalog.pg_class"),
     ("select count(*) from adult a join information_schema.tables t on t.table_name = a.sex",
      "information_schema.tables"),
-    ("select count(*) from adult a left join INFORMATION_SCHEMA.COLUMNS c on a.id = 1146", "information_schema.columns"),
+    ("select count(*) from adult a left join INFORMATION_SCHEMA.COLUMNS c on a.id = 1146",
+     "information_schema.columns"),
     ("select count(*) from adult a join anonproxy.column_policies p on p.column_name = a.sex",
      "anonproxy.column_policies"),
     # an ordinary user table and a view, however they are spelled
@@ -99,6 +100,14 @@ FUNCTIONS = [
     "select adult.sex, count(*) from adult group by adult.sex order by adult.count",
     "select public.adult.sex, count(*) from public.adult group by 1, public.adult.to_jsonb",
 ]
+
+
+def wait_for_version(conn: psycopg.Connection[Any], version: int) -> None:
+    """Until the proxy has loaded policy ``version`` (it listens for changes)."""
+    deadline = time.monotonic() + 10
+    while int(conn.execute("show anonproxy.policy_version").fetchone()[0]) < version:
+        assert time.monotonic() < deadline, "the proxy did not reload the policy"
+        time.sleep(0.05)
 
 
 def _grant_tables(owner: psycopg.Connection[Any]) -> None:

@@ -484,7 +484,8 @@ def test_join_counts_people_not_visits(postgresql: psycopg.Connection) -> None:
         assert abs(count - exact[key][0]) <= 6 * noise[1].ci95_halfwidth
         assert abs(minutes - exact[key][1]) <= 6 * noise[2].ci95_halfwidth
     # issue 10: a LEFT JOIN on the declared key keeps the people without visits, one row each
-    p = plan("select count(*) from adult a left join visits v on v.person = a.id", DPParams(1.0, 1e-6, max_rows_per_unit=2))
+    p = plan("select count(*) from adult a left join visits v on v.person = a.id",
+             DPParams(1.0, 1e-6, max_rows_per_unit=2))
     adults = postgresql.execute("select count(*) from adult").fetchone()[0]
     assert run(postgresql, p) == [(adults - 301 + 2 + 600,)]
     # two linked tables without adult: person 1 is in the North, the others in the South

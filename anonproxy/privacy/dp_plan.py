@@ -63,7 +63,7 @@ __all__ = ["ColumnNoise", "DPParams", "DPPlan", "OutputColumn", "Quantile", "Sta
 DP_HINT = ("Supported in dp mode: SELECT <GROUP BY columns>, count(*), count(x), count(DISTINCT <unit>), sum(x), "
            "avg(x), variance/var_samp/var_pop/stddev/stddev_samp/stddev_pop(x), median(x), "
            "percentile_cont/percentile_disc(q) WITHIN GROUP (ORDER BY x) FROM <protected table> "
-           "[JOIN <linked table> ON <declared key>] [WHERE ...] [GROUP BY ...] [HAVING ...] "
+           "[[LEFT] JOIN <linked table> ON <declared key>] [WHERE ...] [GROUP BY ...] [HAVING ...] "
            "[ORDER BY <output columns>] [LIMIT n] [OFFSET n]; x needs declared bounds except in count.")
 BOUNDS_HINT = "Ask the DBA to declare lower and upper bounds for the column in the policy."
 JOIN_HINT = ("In dp mode a query reads one protected table and its linked tables, each joined with "

@@ -335,8 +335,8 @@ def _join_side(join: exp.Join) -> str:
     side = (join.args.get("side") or "").upper()
     kind = (join.args.get("kind") or "").upper()
     if side in ("RIGHT", "FULL"):
-        raise unsupported(f"{side} JOIN is not supported over protected tables: the protected table would be on "
-                          "the nullable side", JOIN_HINT)
+        raise unsupported(f"{side} JOIN is not supported over protected tables: the table that carries the privacy "
+                          "unit must be on the preserved side of every outer join", JOIN_HINT)
     if kind == "CROSS" or join.args.get("on") is None:
         raise unsupported("joins without ON (comma, CROSS JOIN) are not supported over protected tables", JOIN_HINT)
     extra = _set_args(join) - {"this", "on", "side", "kind"}
