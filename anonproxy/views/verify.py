@@ -100,6 +100,9 @@ def _subject(conn: psycopg.Connection, args: argparse.Namespace) -> Subject:
         "  from anonproxy.releases r where r.target = anonproxy.release_target_name(%s, current_schema())",
         (args.target,)).fetchone()
     if row is None:
+        if _scalar(conn, "select to_regclass(%s)", (args.target,)) is None:
+            raise ValueError(f"relation {args.target} does not exist: check the name and its schema "
+                             "(`anonproxy release list` shows the releases)")
         if args.qi is None:
             raise ValueError(f"{args.target} is not a registered release: name its quasi-identifiers with --qi")
         return Subject(target=args.target, qi=args.qi, sensitive=args.sensitive, source=args.source)
