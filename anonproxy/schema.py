@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Callable
 from importlib.resources import files
 from typing import NamedTuple
 
@@ -53,8 +54,10 @@ def installed_versions(conn: psycopg.Connection) -> list[int]:
     return [row[0] for row in conn.execute("select version from anonproxy.schema_migrations order by version")]
 
 
-def install(conn: psycopg.Connection) -> list[int]:
+def install(conn: psycopg.Connection, progress: Callable[[int, int, str], None] | None = None) -> list[int]:
     """Apply the missing migrations, each in its own transaction; return the versions applied.
+
+    ``progress(done, total, what)`` is called before each migration is applied.
 
     Runs each file with ``search_path = pg_catalog, pg_temp`` so that an
     unqualified name fails instead of landing in whatever schema comes first.
@@ -64,7 +67,10 @@ def install(conn: psycopg.Connection) -> list[int]:
             "install() commits each migration on its own: pass a connection that is not inside a transaction"
         )
     applied: list[int] = []
-    for migration in migrations():
+    shipped = migrations()
+    for done, migration in enumerate(shipped, 1):
+        if progress is not None:
+            progress(done, len(shipped), f"migration {migration.version:04d} {migration.name}")
         with conn.transaction():
             conn.execute("select pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
             if migration.version in installed_versions(conn):

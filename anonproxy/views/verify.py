@@ -191,12 +191,20 @@ def print_report(subject: Subject, now: dict[str, Any], metrics: dict[str, Any] 
         print()
         _print_table([("metric", "value"), *metric_rows(metrics, subject.qi)])
     print()
+    line = verdict(subject, shortfalls, unjudged)
+    if line is not None:
+        print(line)
+
+
+def verdict(subject: Subject, shortfalls: list[str], unjudged: str | None) -> str | None:
+    """The verdict line on the levels measured now: None for a table that is not a registered release."""
     if unjudged:
-        print(f"not judged: {unjudged}")
-    elif shortfalls:
-        print("DOES NOT MEET its parameters now: " + "; ".join(shortfalls))
-    elif subject.release_id is not None:
-        print("meets its parameters")
+        return f"not judged: {unjudged}"
+    if shortfalls:
+        return "DOES NOT MEET its parameters now: " + "; ".join(shortfalls)
+    if subject.release_id is not None:
+        return "meets its parameters"
+    return None
 
 
 def metric_rows(metrics: dict[str, Any], qi: list[str]) -> list[tuple[str, str]]:
@@ -205,8 +213,9 @@ def metric_rows(metrics: dict[str, Any], qi: list[str]) -> list[tuple[str, str]]
         ("suppressed rows", str(metrics["suppressed_rows"])),
         ("equivalence classes", str(metrics["equivalence_classes"])),
         ("discernibility", str(metrics["discernibility"])),
-        ("average class size / C_avg", f"{_number(metrics['avg_ec_size'])} / {_number(metrics['c_avg'])}"),
-        ("NCP", _percent(metrics["ncp"])),
+        ("average class size / C_avg (that size over k)",
+         f"{_number(metrics['avg_ec_size'])} / {_number(metrics['c_avg'])}"),
+        ("NCP, information lost to generalization", _percent(metrics["ncp"])),
         *((f"  NCP {column}", _percent(metrics["ncp_per_qi"][column])) for column in qi),
         ("KL divergence", _number(metrics["kl_divergence"])),
     ]
@@ -215,7 +224,7 @@ def metric_rows(metrics: dict[str, Any], qi: list[str]) -> list[tuple[str, str]]
         rows.extend((f"  SSE/SST {column}", _number(metrics["sse_sst_per_qi"][column]))
                     for column in qi if column in metrics["sse_sst_per_qi"])
     rows += [
-        ("prosecutor risk: highest", _number(metrics["prosecutor_max_risk"])),
+        ("re-identification (prosecutor) risk: highest", _number(metrics["prosecutor_max_risk"])),
         (f"  records above {metrics['risk_threshold']}", _percent(metrics["records_above_risk_threshold"])),
         ("classes per record", _number(metrics["ec_per_record"])),
     ]
