@@ -192,6 +192,9 @@ def test_report_has_progress_verdict_and_words_and_uses_no_release_id(
     assert verify.stdout.rstrip().splitlines()[-1] == "meets its parameters"
     text = page.read_text()
     assert "<strong>Verdict:</strong> meets its parameters" in text
+    for k in (5, 10, 20):  # every k of the curve was computed
+        assert f"k={k}</text>" in text.replace("\n", "")
+    assert "<li>k = " not in text  # no k failed
     # Parameters in words, not JSON; the missing unit explained; the paper's terms explained.
     assert "{&quot;" not in text and '{"' not in text.split("<svg")[0]
     assert "<td>k = 10; entropy ℓ ≥ 2; t ≤ 0.5 (" in text
@@ -221,6 +224,7 @@ def test_audit_shows_progress_and_explains_its_terms(releases: str) -> None:
 def test_verify_names_its_metrics_in_words(releases: str) -> None:
     done = cli("verify", "public.small_k5", "--dsn", releases)
     assert done.returncode == 0, done.stderr
+    assert "  parameters: k = 5; entropy ℓ ≥ 2; t ≤ 0.5 (equal distance); no row left out\n" in done.stdout
     assert "average class size / C_avg (that size over k)" in done.stdout
     assert "NCP, information lost to generalization" in done.stdout
 

@@ -208,8 +208,9 @@ def risk_utility_curve(conn: psycopg.Connection, release: dict[str, Any], ks: li
             try:
                 # A savepoint rolled back once read: each k starts without the staging tables of the last.
                 with conn.transaction(force_rollback=True):
-                    spec = _scalar(conn, "select anonproxy.release_spec(%s::regclass, %s, %s, %s, %s, %s, %s, %s, "
-                                         "%s, %s, %s, %s, %s::jsonb)",
+                    spec = _scalar(conn, "select anonproxy.release_spec(%s::regclass, %s::text[], %s::text, "
+                                         "%s::integer, %s::numeric, %s::text, %s::numeric, %s::numeric, %s::text, "
+                                         "%s::text, %s::numeric, %s::text, %s::jsonb)",
                                    (release["source"], release["quasi_identifiers"], release["sensitive"], k,
                                     p.get("l"), p.get("l_kind") or "entropy", p.get("c"), p.get("t"),
                                     p.get("t_distance"), release["method"], p.get("suppression_limit") or 0,

@@ -24,6 +24,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from .commands import fail, hierarchy_choice, name_list
+from .words import parameters_text
 
 EXIT_SHORT = 3
 
@@ -171,9 +172,7 @@ def print_report(subject: Subject, now: dict[str, Any], metrics: dict[str, Any] 
                  shortfalls: list[str], unjudged: str | None) -> None:
     if subject.release_id is not None:
         print(f"release {subject.target} (id {subject.release_id}): {subject.method} on {subject.source}")
-        asked = ", ".join(f"{name} = {value}" for name, value in subject.parameters.items()
-                          if value is not None and name != "hierarchies")
-        print(f"  parameters: {asked}")
+        print(f"  parameters: {parameters_text(subject.parameters)}")
     else:
         print(f"table {subject.target} (not a registered release)")
     print(f"  quasi-identifiers: {', '.join(subject.qi)}")
