@@ -259,3 +259,16 @@ def test_up_says_when_it_starts_and_stops() -> None:
     stopping = lines.index("anonproxy up: stopping the proxy and PostgreSQL")
     assert start < ready < stopping < lines.index("anonproxy up: stopped")
     assert "Traceback" not in output
+
+
+def test_anonymize_and_refresh_show_progress_and_explain_ncp(dbname: str, direct: Endpoint) -> None:
+    dsn = direct.dsn(dbname)
+    made = cli("anonymize", "--dsn", dsn, "--source", "public.adult", "--target", "adult_words",
+               "--qi", "age,sex,race", "--k", "10")
+    assert made.returncode == 0, made.stderr
+    assert re.search(r"^  NCP +\d+\.\d\d % \(information lost to generalization\)$", made.stdout, re.MULTILINE)
+    refreshed = cli("release", "refresh", "adult_words", "--dsn", dsn)
+    assert refreshed.returncode == 0, refreshed.stderr
+    for done in (made, refreshed):
+        steps = [line.split()[2] for line in done.stderr.splitlines() if re.match(r"anonproxy \w+: \d+/5 ", line)]
+        assert steps == ["1/5", "2/5", "3/5", "4/5", "5/5"], done.stderr

@@ -240,9 +240,9 @@ def _format_summary(summary: dict[str, Any]) -> str:
         lines.append(f"  t                    {summary['t']:.4g}")
     lines += [f"  equivalence classes  {summary['equivalence_classes']}",
               f"  suppressed rows      {summary['suppressed_rows']}",
-              f"  NCP                  {summary['ncp'] * 100:.2f} %"]
+              f"  NCP                  {summary['ncp'] * 100:.2f} % (information lost to generalization)"]
     if summary["sse_sst"] is not None:
-        lines.append(f"  SSE/SST              {summary['sse_sst'] * 100:.2f} %")
+        lines.append(f"  SSE/SST              {summary['sse_sst'] * 100:.2f} % (variance lost to averaging)")
     lines.append(f"  elapsed              {summary['elapsed'].total_seconds():.2f} s")
     return "\n".join(lines)
 

@@ -354,7 +354,8 @@ def _page(release: dict[str, Any], classes: list[ClassStat], curve: list[CurvePo
     sections = [
         f"<p class=\"verdict\"><strong>Verdict:</strong> {html.escape(verdict)} "
         "(the levels measured now against the parameters the release was built with, as "
-        "<code>anonproxy verify</code> prints them). The terms are explained in <code>docs/glossary.md</code> of anonproxy.</p>",
+        "<code>anonproxy verify</code> prints them). The terms are explained in <code>docs/glossary.md</code> "
+        "of anonproxy.</p>",
         "<h2>Release</h2>" + _table([
             ("target", release["target"]), ("source", release["source"]), ("method", release["method"]),
             ("quasi-identifiers (columns generalized)", ", ".join(release["quasi_identifiers"])),
