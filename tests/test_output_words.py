@@ -247,6 +247,7 @@ def test_install_shows_each_migration(pg_server: EmbeddedPostgres) -> None:
     assert lines[0] == f"anonproxy install: 1/{total} migration 0001 anonproxy_schema"
     assert all(f" {i}/{total} migration " in line for i, line in enumerate(lines, 1))
     assert again.returncode == 0 and again.stdout.strip() == "schema already up to date"
+    assert again.stderr == ""  # nothing applied, nothing to show
 
 
 def test_up_says_when_it_starts_and_stops() -> None:
