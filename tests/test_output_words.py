@@ -13,15 +13,18 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from decimal import Decimal
+from fractions import Fraction
 from pathlib import Path
 
 import psycopg
 import pytest
 from conftest import Endpoint, free_port
 from test_cli import Up
+from test_dp_plan import plan
 from test_gate import _wait_for_version as wait_for_version
 
 from anonproxy.embedded import EmbeddedPostgres
+from anonproxy.privacy.dp_plan import answer, supported_digits
 
 QI = ["age", "workclass", "education", "marital_status", "race", "sex", "native_country"]
 SUPPRESS_AGGREGATES = "Allowed aggregates: count(*), count(x), count(DISTINCT x), sum(x), avg(x)."
@@ -273,3 +276,24 @@ def test_anonymize_and_refresh_show_progress_and_explain_ncp(dbname: str, direct
     for done in (made, refreshed):
         steps = [line.split()[2] for line in done.stderr.splitlines() if re.match(r"anonproxy \w+: \d+/5 ", line)]
         assert steps == ["1/5", "2/5", "3/5", "4/5", "5/5"], done.stderr
+
+
+@pytest.mark.parametrize(("value", "halfwidth", "text"), [
+    (Fraction(386123, 10000), 51.0, "39"), (Fraction(386123, 10000), 0.3, "38.61"),
+    (Fraction(-5, 3), 0.004, "-1.6667"), (Fraction(123456), 1500.0, "123500"), (Fraction(1, 2), 9.99, "0.5")])
+def test_supported_digits(value: Fraction, halfwidth: float, text: str) -> None:
+    rounded = supported_digits(value, halfwidth)
+    assert format(rounded, "f") == text
+    assert abs(Fraction(rounded) - value) <= Fraction(halfwidth) / 20  # moved by a twentieth of the interval at most
+
+
+def test_a_sum_on_a_fixed_point_grid_is_rounded_to_its_interval() -> None:
+    p = plan("select sum(hours_per_week) from adult")  # bounds 0.5 .. 99.5: a grid of 0.01
+    noise = p.columns[0].noise
+    assert noise.resolution == Fraction(1, 100) and "rounded to the digits" in p.notices()[0]
+    expected = 1 - math.floor(math.log10(noise.ci95_halfwidth))
+    for _ in range(20):
+        ((total,),), _ = answer(p, [(Decimal("1234567.89"),)])
+        assert isinstance(total, Decimal), total
+        assert Fraction(total) % Fraction(10) ** -expected == 0, (total, noise)  # ±298: tens
+        assert decimals(format(total, "f")) == max(expected, 0), (total, noise)

@@ -190,7 +190,8 @@ class ColumnNoise:
             assert self.ratio_numerator is not None
             a = self.ratio_numerator
             return (f"{column}: noisy sum / noisy count, ε={self.epsilon:g}, values clamped to the declared bounds, "
-                    f"95% interval ±{a:.4g}/n for a group of n values (±{a / 1000:.3g} at n = 1000)")
+                    f"95% interval ±{a:.4g}/n for a group of n values (±{a / 1000:.3g} at n = 1000), "
+                    "rounded to the digits that interval supports")
         if self.mechanism == "moments":
             return (f"{column}: from noisy count, sum and sum of squares, ε={self.epsilon:g}, clamped to what "
                     "the declared bounds allow")
@@ -202,6 +203,8 @@ class ColumnNoise:
             parts.append(f"sd {self.stddev:.3g}")
         if self.ci95_halfwidth is not None:
             parts.append(f"95% interval ±{self.ci95_halfwidth:g}")
+            if self.resolution is not None:  # a sum on a fixed-point grid: answer() rounds it to this interval
+                parts.append("rounded to the digits that interval supports")
         return ", ".join(parts)
 
 
