@@ -59,6 +59,9 @@ REFUSALS = [
      ["Allowed in HAVING:", "aggregates (count(*)"], ["WHERE"]),
     ("select sex, count(*) from adult group by sex order by abs(count(*))", "reporter", "0A000",
      ["Allowed in ORDER BY:"], ["WHERE"]),
+    # A JOIN with an unprotected table: its condition is checked as a row expression.
+    ("select count(*) from adult a join pg_catalog.pg_class c on abs(a.id) = c.oid", "reporter", "0A000",
+     ["Allowed in a JOIN condition:", "column references"], ["WHERE", "aggregates"]),
     ("select sum(abs(age)) from adult", "reporter", "0A000", ["Allowed in the argument of sum():"],
      ["WHERE", "aggregates ("]),
     # An aggregate where it cannot be: the hint says where it goes.
