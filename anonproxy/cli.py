@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import psycopg
@@ -19,6 +20,7 @@ from .proxy.server import ProxyStartError, run_proxy
 from .views import audit, report
 from .views import commands as view_commands
 from .views import verify as verify_command
+from .views.progress import ProgressBar
 
 log = logging.getLogger("anonproxy")
 
@@ -79,12 +81,16 @@ def _install(args: argparse.Namespace) -> int:
     from . import schema
 
     setup_logging()
+    bar = ProgressBar(sys.stderr, "anonproxy install")
     try:
         with psycopg.connect(args.dsn) as conn:
-            applied = schema.install(conn)
+            applied = schema.install(conn, bar.update)
     except psycopg.Error as exc:
+        bar.close()
         print(f"anonproxy install: {exc}".rstrip(), file=sys.stderr)
         return 1
+    finally:
+        bar.close()
     print(f"applied migrations {applied}" if applied else "schema already up to date")
     return 0
 
@@ -97,7 +103,9 @@ def _up(args: argparse.Namespace) -> int:
     setup_logging(args.log_level)
     # SIGTERM before the proxy takes over signals must still stop the server we start.
     signal.signal(signal.SIGTERM, _interrupt)
-    with EmbeddedPostgres(data_dir=args.data_dir) as server:
+    progress = ProgressBar(sys.stderr, "anonproxy up")
+    progress.say("starting PostgreSQL and loading the sample data (a few seconds)")
+    with _announced(progress, EmbeddedPostgres(data_dir=args.data_dir)) as server:
         with psycopg.connect(server.conninfo(dbname=DEMO_DATABASE)) as conn:
             schema.install(conn)
             rows = sample_data.load_adult(conn)
@@ -126,6 +134,22 @@ def _up(args: argparse.Namespace) -> int:
 
         run_proxy(config, ready=print_connection_strings)
     return 0
+
+
+@contextlib.contextmanager
+def _announced(progress: ProgressBar, server: EmbeddedPostgres) -> Iterator[EmbeddedPostgres]:
+    """The embedded server, started; `up` says when it begins to stop it and when it is done."""
+    stopping = False
+    try:
+        with server as started:
+            try:
+                yield started
+            finally:
+                stopping = True
+                progress.say("stopping the proxy and PostgreSQL")
+    finally:
+        if stopping:
+            progress.say("stopped")
 
 
 def _interrupt(signum: int, frame: object) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Callable
 from importlib.resources import files
 from typing import NamedTuple
 
@@ -53,8 +54,11 @@ def installed_versions(conn: psycopg.Connection) -> list[int]:
     return [row[0] for row in conn.execute("select version from anonproxy.schema_migrations order by version")]
 
 
-def install(conn: psycopg.Connection) -> list[int]:
+def install(conn: psycopg.Connection, progress: Callable[[int, int, str], None] | None = None) -> list[int]:
     """Apply the missing migrations, each in its own transaction; return the versions applied.
+
+    ``progress(done, total, what)`` is called before each migration that is applied (``done`` counts the
+    shipped migrations up to it, installed or not).
 
     Runs each file with ``search_path = pg_catalog, pg_temp`` so that an
     unqualified name fails instead of landing in whatever schema comes first.
@@ -64,11 +68,14 @@ def install(conn: psycopg.Connection) -> list[int]:
             "install() commits each migration on its own: pass a connection that is not inside a transaction"
         )
     applied: list[int] = []
-    for migration in migrations():
+    shipped = migrations()
+    for done, migration in enumerate(shipped, 1):
         with conn.transaction():
             conn.execute("select pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
             if migration.version in installed_versions(conn):
                 continue
+            if progress is not None:
+                progress(done, len(shipped), f"migration {migration.version:04d} {migration.name}")
             conn.execute("select set_config('search_path', 'pg_catalog, pg_temp', true)")
             _apply(conn, migration)
         applied.append(migration.version)

@@ -190,7 +190,8 @@ class ColumnNoise:
             assert self.ratio_numerator is not None
             a = self.ratio_numerator
             return (f"{column}: noisy sum / noisy count, ε={self.epsilon:g}, values clamped to the declared bounds, "
-                    f"95% interval ±{a:.4g}/n for a group of n values (±{a / 1000:.3g} at n = 1000)")
+                    f"95% interval ±{a:.4g}/n for a group of n values (±{a / 1000:.3g} at n = 1000), "
+                    "rounded to the digits that interval supports")
         if self.mechanism == "moments":
             return (f"{column}: from noisy count, sum and sum of squares, ε={self.epsilon:g}, clamped to what "
                     "the declared bounds allow")
@@ -202,6 +203,8 @@ class ColumnNoise:
             parts.append(f"sd {self.stddev:.3g}")
         if self.ci95_halfwidth is not None:
             parts.append(f"95% interval ±{self.ci95_halfwidth:g}")
+            if self.resolution is not None:  # a sum on a fixed-point grid: answer() rounds it to this interval
+                parts.append("rounded to the digits that interval supports")
         return ", ".join(parts)
 
 
@@ -1029,7 +1032,10 @@ def _output(column: OutputColumn, row: tuple, noisy: dict[object, object]) -> ob
     if column.kind == "count":
         return max(0, noisy[column.statistic])  # type: ignore[call-overload, index]
     if column.kind == "sum":
-        return noisy[column.statistic]  # type: ignore[index]
+        total = noisy[column.statistic]  # type: ignore[index]
+        if column.noise is not None and column.noise.resolution is not None and column.noise.ci95_halfwidth:
+            return supported_digits(_fraction(total), column.noise.ci95_halfwidth)  # numeric on its grid
+        return total
     if column.kind == "quantile":
         assert column.quantile is not None
         # One draw per quantile and group, whichever columns and HAVING repeat it: it is charged once.
@@ -1042,7 +1048,11 @@ def _output(column: OutputColumn, row: tuple, noisy: dict[object, object]) -> ob
     assert lower is not None and upper is not None
     if column.kind == "avg":
         value = min(max(column.center + mean, lower), upper)  # post-processing: AVG lies within the bounds
-        return round(_decimal(value), 16)
+        assert column.noise is not None and column.noise.ratio_numerator is not None
+        rounded = supported_digits(value, column.noise.ratio_numerator / n)
+        if not lower <= Fraction(rounded) <= upper:  # rounding must not leave the bounds either
+            return _decimal(min(max(Fraction(rounded), lower), upper))
+        return rounded
     # Σ((x − c)² − o) / n + o − ((Σ(x − c)) / n)² is the population variance; n/(n − 1) times it the sample one.
     variance = _fraction(noisy[column.statistic]) / n + column.offset - mean * mean  # type: ignore[index]
     half = (upper - lower) / 2
@@ -1052,6 +1062,18 @@ def _output(column: OutputColumn, row: tuple, noisy: dict[object, object]) -> ob
     if column.kind == "variance":
         return round(_decimal(variance), 16)
     return round(_decimal(variance).sqrt(), 16)
+
+
+def supported_digits(value: Fraction, halfwidth: float) -> Decimal:
+    """``value`` rounded to one decimal place below the leading digit of its 95 % interval's half-width: ±51
+    gives whole numbers, ±0.3 hundredths. Finer digits are noise, not information. The half-width comes from
+    the plan and the group's noisy count only, so the rounding is post-processing of noisy values: it costs
+    no privacy and reveals nothing about the data."""
+    if not (math.isfinite(halfwidth) and halfwidth > 0):
+        return round(_decimal(value), 16)
+    exponent = math.floor(math.log10(halfwidth)) - 1
+    steps = round(value / Fraction(10) ** exponent)  # half to even
+    return Decimal(steps).scaleb(exponent)
 
 
 def _fraction(value: object) -> Fraction:

@@ -33,13 +33,28 @@ from anonproxy.rewrite.names import ResolvedTable, fold, identifier
 
 SYSTEM_COLUMNS = frozenset({"ctid", "xmin", "xmax", "cmin", "cmax", "tableoid"})
 
-ROW_HINT = (
-    "Allowed in WHERE, GROUP BY, JOIN conditions and aggregate arguments: column references, constants, "
-    "$n parameters, comparisons, AND/OR/NOT, IN (list), BETWEEN, IS [NOT] NULL, LIKE/ILIKE with a constant "
-    "pattern, CASE, coalesce, nullif, lower, upper, date_trunc, extract/date_part, width_bucket, casts of "
-    "constants, and casts to text."
+# What a row-level expression may be built from (WHERE, GROUP BY, JOIN conditions, aggregate arguments).
+ROW_EXPRESSIONS = (
+    "column references, constants, $n parameters, comparisons, AND/OR/NOT, IN (list), BETWEEN, IS [NOT] NULL, "
+    "LIKE/ILIKE with a constant pattern, CASE, coalesce, nullif, lower, upper, date_trunc, extract/date_part, "
+    "width_bucket, casts of constants, and casts to text"
 )
-AGGREGATE_HINT = "Allowed aggregates: count(*), count(x), count(DISTINCT x), sum(x), avg(x){minmax}."
+# The aggregates of each mode, as the hints list them.
+SUPPRESS_AGGREGATES = "count(*), count(x), count(DISTINCT x), sum(x), avg(x){minmax}"
+DP_AGGREGATE_LIST = (
+    "count(*), count(x), count(DISTINCT <privacy unit>), sum(x), avg(x), "
+    "variance/var_samp/var_pop/stddev/stddev_samp/stddev_pop(x), median(x), "
+    "percentile_cont/percentile_disc(q) WITHIN GROUP (ORDER BY x)"
+)
+# Clauses evaluated once per group: aggregates are allowed there.
+_GROUPED_CLAUSES = ("the select list", "HAVING", "ORDER BY")
+# Why an aggregate does not belong in a row-level clause, and where it goes instead.
+_NO_AGGREGATE_HINTS = {
+    "WHERE": "WHERE filters rows before they are grouped: put a condition on an aggregate in HAVING.",
+    "GROUP BY": "Group by columns or row expressions; put the aggregates in the select list.",
+    "a JOIN condition": "A JOIN condition compares columns of the joined rows; put aggregates in the select list "
+                        "or HAVING.",
+}
 
 # date_trunc units valid for timestamp, timestamptz and interval alike ('week' fails on intervals).
 TRUNC_UNITS = frozenset({
@@ -209,10 +224,28 @@ class Checker:
         self.scope = scope
         self.params = params
         self.table = table
+        self.dp = dp
         self.aggregates = DP_AGGREGATES if dp else AGGREGATES
         self.source = source  # the text node positions index into, to check function spellings
         self._in_aggregate = False
         self._in_join = False
+
+    # -- hints: they name what the clause and the role's mode allow -------------
+
+    def aggregate_hint(self) -> str:
+        if self.dp:
+            return f"Aggregates in dp mode: {DP_AGGREGATE_LIST}; x needs declared bounds except in count."
+        minmax = ", min(x), max(x)" if self.params.allow_min_max else ""
+        return f"Allowed aggregates: {SUPPRESS_AGGREGATES.format(minmax=minmax)}."
+
+    def clause_hint(self, clause: str) -> str:
+        """What ``clause`` may hold: row expressions, plus aggregates where it is evaluated per group."""
+        if clause in _GROUPED_CLAUSES:
+            aggregates = DP_AGGREGATE_LIST if self.dp else SUPPRESS_AGGREGATES.format(
+                minmax=", min(x), max(x)" if self.params.allow_min_max else "")
+            return (f"Allowed in {clause}: the GROUP BY expressions and aggregates ({aggregates}), built from "
+                    f"{ROW_EXPRESSIONS}.")
+        return f"Allowed in {clause}: {ROW_EXPRESSIONS}."
 
     # -- entry points ---------------------------------------------------------
 
@@ -239,7 +272,8 @@ class Checker:
         if isinstance(node, self.aggregates):
             if not aggregates:
                 raise unsupported(f"aggregate {_function_name(node)}() is not allowed in {clause}",
-                                  "Aggregates belong in the select list, HAVING or ORDER BY, not nested.")
+                                  _NO_AGGREGATE_HINTS.get(clause, "Aggregates cannot be nested: aggregate the "
+                                                                  "column once."))
             self._aggregate(node, clause)
             return
         allowed = _ROW_NODES.get(type(node))
@@ -249,7 +283,7 @@ class Checker:
         if extra:
             raise unsupported(
                 f"{type(node).__name__.lower()} with {', '.join(sorted(extra))} is not allowed in {clause} "
-                f"of a query over {self.table}", ROW_HINT)
+                f"of a query over {self.table}", self.clause_hint(clause))
         check = getattr(self, f"_check_{type(node).__name__.lower()}", None)
         if check is not None and check(node, clause, aggregates):
             return  # the checker validated the children itself
@@ -271,18 +305,21 @@ class Checker:
         message = f"not allowed in {clause} of a query over protected table {self.table}: {what} ({why})"
         if isinstance(node, exp.Star):
             raise forbidden(message, "Select aggregates such as count(*), sum(x), avg(x), grouped by columns.")
-        raise unsupported(message, ROW_HINT)
+        raise unsupported(message, self.clause_hint(clause))
 
     def _aggregate(self, node: exp.Expression, clause: str) -> None:
         name = _function_name(node)
-        minmax = ", min(x), max(x)" if self.params.allow_min_max else ""
+        if isinstance(node, (exp.Min, exp.Max)) and self.dp:
+            raise forbidden(f"{name}() is not available in dp mode: an extreme is often a single person's value",
+                            f"For a value near the extreme, ask for a percentile, e.g. percentile_cont(0.95) "
+                            f"WITHIN GROUP (ORDER BY x). {self.aggregate_hint()}")
         if isinstance(node, (exp.Min, exp.Max)) and not self.params.allow_min_max:
             raise forbidden(f"{name}() is not allowed for this role: extremes are often a single person's value",
-                            AGGREGATE_HINT.format(minmax=minmax))
+                            self.aggregate_hint())
         extra = _set_args(node) - _AGGREGATE_ARGS[type(node)]
         if extra:
             raise unsupported(f"{name}() with {', '.join(sorted(extra))} is not allowed",
-                              AGGREGATE_HINT.format(minmax=minmax))
+                              self.aggregate_hint())
         argument = node.this
         if isinstance(node, exp.WithinGroup):
             argument = _percentile_argument(node)
@@ -292,15 +329,15 @@ class Checker:
             if isinstance(argument, exp.Distinct):
                 if _set_args(argument) != {"expressions"} or len(argument.expressions) != 1:
                     raise unsupported("count(DISTINCT ...) takes exactly one expression",
-                                      AGGREGATE_HINT.format(minmax=minmax))
+                                      self.aggregate_hint())
                 argument = argument.expressions[0]
                 if not isinstance(argument, exp.Column):
                     raise unsupported("count(DISTINCT ...) takes a column: the number of distinct values of an "
-                                      "expression can single out a person", AGGREGATE_HINT.format(minmax=minmax))
+                                      "expression can single out a person", self.aggregate_hint())
         elif isinstance(argument, exp.Distinct):
-            raise unsupported(f"{name}(DISTINCT ...) is not allowed", AGGREGATE_HINT.format(minmax=minmax))
+            raise unsupported(f"{name}(DISTINCT ...) is not allowed", self.aggregate_hint())
         if argument is None:
-            raise unsupported(f"{name}() needs an argument", AGGREGATE_HINT.format(minmax=minmax))
+            raise unsupported(f"{name}() needs an argument", self.aggregate_hint())
         if isinstance(node, exp.Count) and isinstance(node.this, exp.Distinct):
             self._walk(argument, f"the argument of {name}()", aggregates=False)  # count(DISTINCT id): people
             return
@@ -377,18 +414,18 @@ class Checker:
             inner = inner.this
         if not (isinstance(inner, exp.Literal) and not inner.is_string):
             raise unsupported(f"unary minus on an expression is not allowed in {clause}: an overflow error reveals data",
-                              ROW_HINT)
+                              self.clause_hint(clause))
         return True
 
     def _check_is(self, node: exp.Is, clause: str, aggregates: bool) -> bool:
         if not isinstance(node.expression, (exp.Null, exp.Boolean)):
-            raise unsupported(f"IS {node.expression.sql(dialect='postgres')} is not allowed", ROW_HINT)
+            raise unsupported(f"IS {node.expression.sql(dialect='postgres')} is not allowed", self.clause_hint(clause))
         self._walk(node.this, clause, aggregates)
         return True
 
     def _check_in(self, node: exp.In, clause: str, aggregates: bool) -> bool:
         if not node.expressions:
-            raise unsupported("IN needs a list of values", ROW_HINT)
+            raise unsupported("IN needs a list of values", self.clause_hint(clause))
         return False
 
     def _check_like(self, node: exp.Like, clause: str, aggregates: bool) -> bool:
@@ -407,12 +444,12 @@ class Checker:
     def _check_case(self, node: exp.Case, clause: str, aggregates: bool) -> bool:
         for branch in node.args.get("ifs") or []:
             if not isinstance(branch, exp.If) or _set_args(branch) - {"this", "true"}:
-                raise unsupported("malformed CASE branch", ROW_HINT)
+                raise unsupported("malformed CASE branch", self.clause_hint(clause))
         return False
 
     def _check_if(self, node: exp.If, clause: str, aggregates: bool) -> bool:
         if not isinstance(node.parent, exp.Case):
-            raise unsupported("if() is not allowed", ROW_HINT)
+            raise unsupported("if() is not allowed", self.clause_hint(clause))
         return False
 
     def _check_timestamptrunc(self, node: exp.Expression, clause: str, aggregates: bool) -> bool:
@@ -450,7 +487,7 @@ class Checker:
     def _check_cast(self, node: exp.Cast, clause: str, aggregates: bool) -> bool:
         target = node.args.get("to")
         if not isinstance(target, exp.DataType):
-            raise unsupported("malformed cast", ROW_HINT)
+            raise unsupported("malformed cast", self.clause_hint(clause))
         kind = target.this
         inner = node.this
         while isinstance(inner, exp.Paren):
@@ -469,7 +506,7 @@ class Checker:
 
     def _check_interval(self, node: exp.Interval, clause: str, aggregates: bool) -> bool:
         if not (isinstance(node.this, exp.Literal) and node.this.is_string):
-            raise unsupported("INTERVAL takes a constant string", ROW_HINT)
+            raise unsupported("INTERVAL takes a constant string", self.clause_hint(clause))
         return True
 
 

@@ -1,7 +1,8 @@
 """`anonproxy audit --dsn DSN [--source TABLE | --release TABLE ...]`: the composition risk of releases.
 
-Runs ``anonproxy.composition_risk`` (sql/0010_composition.sql, seed 002's
-intersection attack) in the database and prints it. Without ``--release``, the
+Runs ``anonproxy.composition_risk`` (sql/0010_composition.sql, the
+intersection attack of Ganta, Kasiviswanathan and Smith, KDD 2008) in the
+database and prints it, with the terms of that paper explained in plain words. Without ``--release``, the
 releases of each source recorded in ``anonproxy.releases`` that still exist and
 publish the same sensitive attribute are audited together. docs/composition.md.
 """
@@ -16,13 +17,15 @@ from typing import Any
 
 import psycopg
 
-# Confidence levels of seed 002 (PVP_C), as keys of the summary's "pvp" object.
+from .progress import ProgressBar
+
+# The attacker's confidence levels of the paper's PVP_C, as keys of the summary's "pvp" object.
 CONFIDENCES = ("100", "50", "33", "25")
 
 
 def register(subparsers: Any) -> None:
     """Add the ``audit`` command to an ``argparse`` subparsers object."""
-    audit = subparsers.add_parser("audit", help="intersection-attack risk of the registered releases (seed 002)")
+    audit = subparsers.add_parser("audit", help="risk of combining the registered releases (intersection attack)")
     audit.add_argument("--dsn", required=True, help="libpq connection string")
     which = audit.add_mutually_exclusive_group()
     which.add_argument("--source", help="audit only the releases of this source table (schema-qualified)")
@@ -72,6 +75,17 @@ def format_risk(risk: dict[str, Any]) -> list[str]:
     return lines
 
 
+# The paper's terms in plain words, printed under the audit (docs/glossary.md has them too).
+LEGEND = (
+    "what the terms mean (docs/glossary.md):",
+    "  EA, effective anonymity: how many sensitive values remain possible for a person "
+    "(avg EA: its average in that release)",
+    "  min prior: EA in the most revealing single release; posterior: EA once the releases are combined",
+    "  PVP, share of vulnerable people: of the people located, those an attacker narrows down to one value "
+    "(100 % confidence), two (50 %), three (33 %) or four (25 %)",
+)
+
+
 def _num(value: float | None) -> str:
     return "-" if value is None else f"{float(value):.2f}"
 
@@ -80,6 +94,7 @@ def _audit(args: argparse.Namespace) -> int:
     if args.release is not None and len(args.release) < 2:
         print("anonproxy audit: --release needs at least two tables", file=sys.stderr)
         return 2
+    bar = ProgressBar(sys.stderr, "anonproxy audit")
     try:
         with psycopg.connect(args.dsn) as conn:
             groups = [args.release] if args.release else release_groups(conn, args.source)
@@ -87,14 +102,19 @@ def _audit(args: argparse.Namespace) -> int:
                 print("no source has two or more releases with a sensitive attribute: nothing to compose")
                 return 0
             results = []
-            for group in groups:
+            for done, group in enumerate(groups):
+                bar.update(done, len(groups), f"combining {', '.join(group)}")
                 started = time.perf_counter()
                 risk = composition_risk(conn, group, args.persons)
                 results.append((risk, time.perf_counter() - started))
                 conn.rollback()  # drops the attack's temporary tables
+            bar.update(len(groups), len(groups), "done")
     except psycopg.Error as exc:
+        bar.close()
         print(f"anonproxy audit: {exc}".rstrip(), file=sys.stderr)
         return 1
+    finally:
+        bar.close()
     if args.json:
         print(json.dumps([risk for risk, _ in results], indent=2))
         return 0
@@ -103,4 +123,6 @@ def _audit(args: argparse.Namespace) -> int:
             print()
         print("\n".join(format_risk(risk)))
         print(f"audit took {seconds:.2f} s")
+    print()
+    print("\n".join(LEGEND))
     return 0

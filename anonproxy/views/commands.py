@@ -20,6 +20,7 @@ from psycopg import sql
 
 from . import hierarchies
 from .progress import ProgressBar
+from .words import number
 
 
 def register(subparsers: Any) -> None:
@@ -239,9 +240,9 @@ def _format_summary(summary: dict[str, Any]) -> str:
         lines.append(f"  t                    {summary['t']:.4g}")
     lines += [f"  equivalence classes  {summary['equivalence_classes']}",
               f"  suppressed rows      {summary['suppressed_rows']}",
-              f"  NCP                  {summary['ncp'] * 100:.2f} %"]
+              f"  NCP                  {summary['ncp'] * 100:.2f} % (information lost to generalization)"]
     if summary["sse_sst"] is not None:
-        lines.append(f"  SSE/SST              {summary['sse_sst'] * 100:.2f} %")
+        lines.append(f"  SSE/SST              {summary['sse_sst'] * 100:.2f} % (variance lost to averaging)")
     lines.append(f"  elapsed              {summary['elapsed'].total_seconds():.2f} s")
     return "\n".join(lines)
 
@@ -267,16 +268,19 @@ def _register_release(subparsers: Any) -> None:
 
 
 def _release_list(args: argparse.Namespace) -> int:
-    query = ("select id, target, method, source, achieved ->> 'k', coalesce(achieved ->> 'l_entropy', ''), "
-             "coalesce(achieved ->> 't', ''), coalesce(refreshed_at, created_at)::timestamp(0)::text "
+    query = ("select id, target, method, source, (achieved ->> 'k')::numeric, (achieved ->> 'l_entropy')::numeric, "
+             "(achieved ->> 't')::numeric, coalesce(refreshed_at, created_at)::timestamp(0)::text "
              "from anonproxy.releases order by id")
     try:
         with psycopg.connect(args.dsn) as conn:
             rows = conn.execute(query).fetchall()
     except psycopg.Error as exc:
         return fail("release", exc)
-    header = ("id", "target", "method", "source", "k", "entropy l", "t", "built")
-    table = [header, *[tuple("" if value is None else str(value) for value in row) for row in rows]]
+    header = ("id", "target", "method", "source", "k", "entropy ℓ", "t", "built")
+    # ℓ and t with four significant digits: the registry keeps 10 and 20 decimals, which tell nothing more.
+    table = [header, *[(str(id_), target, method, source, number(k), "" if l is None else number(l),
+                        "" if t is None else number(t), built)
+                       for id_, target, method, source, k, l, t, built in rows]]
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
     for row in table:
         print("  ".join(value.ljust(width) for value, width in zip(row, widths, strict=True)).rstrip())

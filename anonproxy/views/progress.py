@@ -1,6 +1,11 @@
-"""A progress bar fed by the ``anonproxy progress N of M: phase`` notices of the view functions.
+"""Progress of the long commands on stderr: a bar on a terminal, plain lines otherwise.
 
-``create_anonymized_view`` and the methods it calls raise such a NOTICE at each
+Commands call :meth:`ProgressBar.update` at each step (``install``: a migration,
+``report``: a section, ``audit``: a group of releases) and :meth:`ProgressBar.say`
+for a step without a count (``up`` starting and stopping).
+
+``anonymize`` and ``release refresh`` are fed by the database:
+``create_anonymized_view`` and the methods it calls raise an ``anonproxy progress N of M: phase`` NOTICE at each
 phase or round (docs/views-internals.md); PostgreSQL sends it while the
 statement runs, and psycopg hands it to :meth:`ProgressBar.notice`. On a
 terminal the bar redraws one line; otherwise each notice becomes a line.
@@ -50,6 +55,12 @@ class ProgressBar:
         self.stream.write("\r" + line[: columns - 1] + "\x1b[K")  # \x1b[K clears the rest of the old line
         self.stream.flush()
         self._line_open = True
+
+    def say(self, message: str) -> None:
+        """A line of its own, e.g. what starts now or what was done."""
+        self.close()
+        self.stream.write(f"{self.prefix}: {message}\n")
+        self.stream.flush()
 
     def close(self) -> None:
         """End the bar's line, so that what follows starts on a line of its own."""

@@ -4,10 +4,12 @@ The page shows what the release protects and what it costs: the sizes of its
 equivalence classes, each class's entropy ℓ and earth mover's distance against
 the thresholds asked, the information loss (NCP) per quasi-identifier, a
 risk-utility curve over k computed on demand (the release's method re-run at
-several k in a transaction that is rolled back), the release's parameters and
-the composition risk with the other releases of its source (seed 002). Plots
-are inline SVG drawn by matplotlib: the file needs nothing else to display.
-docs/composition.md describes it.
+several k on the source, without creating or registering anything, in a
+transaction that is rolled back), the release's parameters, a verdict line as
+`anonproxy verify` prints it, and the composition risk with the other releases
+of its source (the intersection attack of Ganta et al., KDD 2008). Plots are
+inline SVG drawn by matplotlib: the file needs nothing else to display.
+docs/composition.md describes it; docs/glossary.md explains its terms.
 """
 
 from __future__ import annotations
@@ -19,14 +21,19 @@ import json
 import math
 import sys
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import psycopg
 from psycopg import sql
+from psycopg.types.json import Jsonb
 
+from . import verify
 from .audit import CONFIDENCES, release_groups
+from .progress import ProgressBar
+from .words import achieved_text, hierarchies_text, number, parameters_text, percent
 
 DEFAULT_CURVE = (2, 5, 10, 25, 50, 100)
 
@@ -36,8 +43,9 @@ def register(subparsers: Any) -> None:
     report = subparsers.add_parser("report", help="write an HTML page of a release's protection and cost")
     report.add_argument("target", help="release table, as recorded in anonproxy.releases")
     report.add_argument("--html", required=True, type=Path, help="file to write")
-    report.add_argument("--dsn", required=True, help="libpq connection string of a role that may create tables "
-                                                     "(the curve re-runs the method, then rolls back)")
+    report.add_argument("--dsn", required=True, help="libpq connection string of a role that may read the source "
+                                                     "(the curve re-runs the method in temporary tables, then rolls "
+                                                     "back)")
     report.add_argument("--curve-k", default=",".join(map(str, DEFAULT_CURVE)),
                         help=f"values of k for the risk-utility curve (default {','.join(map(str, DEFAULT_CURVE))}; "
                              "empty: no curve)")
@@ -67,24 +75,59 @@ def _report(args: argparse.Namespace) -> int:
         print(f"anonproxy report: --curve-k must be integers separated by commas, not {args.curve_k!r}",
               file=sys.stderr)
         return 2
+    bar = ProgressBar(sys.stderr, "anonproxy report")
     try:
         with psycopg.connect(args.dsn) as conn:
-            page = build_report(conn, args.target, curve_k)
+            page, verdict = build_report(conn, args.target, curve_k, bar)
     except (psycopg.Error, LookupError) as exc:
+        bar.close()
         print(f"anonproxy report: {exc}".rstrip(), file=sys.stderr)
         return 1
+    finally:
+        bar.close()
     args.html.write_text(page, encoding="utf-8")
+    print(f"{args.target}: {verdict}")
     print(f"wrote {args.html}")
     return 0
 
 
-def build_report(conn: psycopg.Connection, target: str, curve_k: list[int]) -> str:
-    """The HTML page for release ``target``."""
+def build_report(conn: psycopg.Connection, target: str, curve_k: list[int],
+                 bar: ProgressBar | None = None) -> tuple[str, str]:
+    """The HTML page for release ``target`` and its verdict line; ``bar`` shows each step."""
+    steps = 4 + len(curve_k)
+
+    def step(done: int, what: str) -> None:
+        if bar is not None:
+            bar.update(done, steps, what)
+
+    step(0, "reading the release")
     release = _release(conn, target)
+    step(1, "measuring its equivalence classes")
     classes = class_stats(conn, release)
-    curve, failed = risk_utility_curve(conn, release, curve_k)
+    step(2, "checking its parameters, as anonproxy verify does")
+    verdict = verdict_of(conn, release)
+    curve, failed = risk_utility_curve(conn, release, curve_k,
+                                       lambda i, k: step(3 + i, f"risk-utility curve: {release['method']} at k = {k}"))
+    step(3 + len(curve_k), "combining it with the other releases of its source")
     composition = composition_of(conn, release)
-    return _page(release, classes, curve, failed, composition)
+    step(steps, "done")
+    return _page(release, classes, curve, failed, composition, verdict), verdict
+
+
+def verdict_of(conn: psycopg.Connection, release: dict[str, Any]) -> str:
+    """verify's verdict on the release: its levels measured now against the parameters it was built with."""
+    parameters = release["parameters"]
+    subject = verify.Subject(target=release["target"], qi=list(release["quasi_identifiers"]),
+                             sensitive=release["sensitive"], source=release["source"], release_id=release["id"],
+                             method=release["method"], unit=release["unit"], parameters=parameters,
+                             registry=release["achieved"])
+    distance = parameters.get("t_distance") if parameters.get("t") is not None else None
+    now = verify.measure_levels(conn, subject, distance, parameters.get("hierarchies") or {})
+    unjudged = verify.why_not_judged(subject, now)
+    shortfalls = [] if unjudged else verify.shortfalls_of(parameters, now)
+    line = verify.verdict(subject, shortfalls, unjudged)
+    assert line is not None  # a registered release always gets one
+    return line
 
 
 def _release(conn: psycopg.Connection, target: str) -> dict[str, Any]:
@@ -145,37 +188,47 @@ def _ordered_values(release: dict[str, Any], values: list[str]) -> list[str] | N
         return None
 
 
-def risk_utility_curve(conn: psycopg.Connection, release: dict[str, Any],
-                       ks: list[int]) -> tuple[list[CurvePoint], dict[int, str]]:
-    """Re-run the release's method at each k in a transaction that is rolled back; k values that fail are
-    returned with the database's message."""
+def risk_utility_curve(conn: psycopg.Connection, release: dict[str, Any], ks: list[int],
+                       progress: Callable[[int, int], None] | None = None) -> tuple[list[CurvePoint], dict[int, str]]:
+    """Re-run the release's method at each k; k values that fail are returned with the database's message.
+
+    The curve uses the steps of create_anonymized_view that make no table and register nothing
+    (sql/0005_releases.sql: check the arguments, stage the source, run the method, then measure its output
+    with anonproxy.utility), in a transaction that is rolled back: no release id is used up, no composition
+    check runs, and nothing is left behind. ``progress(i, k)`` is called before the i-th k.
+    """
     p = release["parameters"]
     points: list[CurvePoint] = []
     failed: dict[int, str] = {}
     with conn.transaction(force_rollback=True):
-        # The curve's tables are throwaway: no composition check for them.
-        conn.execute("set local anonproxy.composition_check = off")
-        for k in ks:
-            target = f"{release['schema']}.anonproxy_report_curve_{k}"
+        conn.execute("set local work_mem = '128MB'")  # as create_anonymized_view runs the method
+        for i, k in enumerate(ks):
+            if progress is not None:
+                progress(i, k)
             try:
-                with conn.transaction():
-                    summary = conn.execute(
-                        """select ncp, equivalence_classes
-                           from anonproxy.create_anonymized_view(
-                               source => %s, target => %s, quasi_identifiers => %s, sensitive => %s, k => %s,
-                               l => %s, l_kind => %s, c => %s, t => %s, t_distance => %s, method => %s,
-                               suppression_limit => %s, unit => %s, hierarchies => %s)""",
-                        (release["source"], target, release["quasi_identifiers"], release["sensitive"], k,
-                         p.get("l"), p.get("l_kind") or "entropy", p.get("c"), p.get("t"), p.get("t_distance"),
-                         release["method"], p.get("suppression_limit") or 0, release["unit"],
-                         json.dumps(p.get("hierarchies")))).fetchone()
-                    assert summary is not None
-                    ncp, classes = summary
-                    rows = _scalar(conn, sql.SQL("select count(*) from {}").format(sql.SQL(target)))
+                # A savepoint rolled back once read: each k starts without the staging tables of the last.
+                with conn.transaction(force_rollback=True):
+                    spec = _scalar(conn, "select anonproxy.release_spec(%s::regclass, %s::text[], %s::text, "
+                                         "%s::integer, %s::numeric, %s::text, %s::numeric, %s::numeric, %s::text, "
+                                         "%s::text, %s::numeric, %s::text, %s::jsonb)",
+                                   (release["source"], release["quasi_identifiers"], release["sensitive"], k,
+                                    p.get("l"), p.get("l_kind") or "entropy", p.get("c"), p.get("t"),
+                                    p.get("t_distance"), release["method"], p.get("suppression_limit") or 0,
+                                    release["unit"], json.dumps(p.get("hierarchies"))))
+                    conn.execute("select anonproxy.release_stage(%s::regclass, %s, %s)",
+                                 (release["source"], Jsonb(spec), release["unit"]))
+                    conn.execute("select anonproxy.release_run(%s, %s)", (release["method"], Jsonb(spec)))
+                    metrics = _scalar(
+                        conn, """select anonproxy.utility('pg_temp.anonproxy_input', 'pg_temp.anonproxy_output', %(qi)s,
+                                     (select jsonb_object_agg(q ->> 'name', q -> 'hierarchy')
+                                        from jsonb_array_elements(%(spec)s -> 'qi') q
+                                       where q ->> 'hierarchy' is not null), %(k)s)""",
+                        {"qi": release["quasi_identifiers"], "spec": Jsonb(spec), "k": k})
             except psycopg.Error as exc:
                 failed[k] = (exc.diag.message_primary or str(exc)).strip()
                 continue
-            points.append(CurvePoint(k, float(ncp), classes / rows if rows else math.nan, classes))
+            classes, rows = metrics["equivalence_classes"], metrics["rows_released"]
+            points.append(CurvePoint(k, float(metrics["ncp"]), classes / rows if rows else math.nan, classes))
     return points, failed
 
 
@@ -188,7 +241,8 @@ def composition_of(conn: psycopg.Connection, release: dict[str, Any]) -> dict[st
         return _scalar(conn, "select anonproxy.composition_risk(%s::regclass[])", (group,))
 
 
-def _scalar(conn: psycopg.Connection, query: str | sql.Composed, params: tuple[Any, ...] = ()) -> Any:
+def _scalar(conn: psycopg.Connection, query: str | sql.Composed,
+            params: tuple[Any, ...] | dict[str, Any] = ()) -> Any:
     row = conn.execute(query, params).fetchone()
     assert row is not None
     return row[0]
@@ -284,28 +338,40 @@ def _table(rows: list[tuple[str, Any]]) -> str:
     return f"<table>{cells}</table>"
 
 
+# What PVP at each confidence counts: the people an attacker narrows down to so many sensitive values.
+_NARROWED = {"100": "one value", "50": "two values or fewer", "33": "three values or fewer",
+             "25": "four values or fewer"}
+
+
 def _text(value: Any) -> str:
-    if isinstance(value, (dict, list)):
-        return json.dumps(value, sort_keys=True)
     return "—" if value is None else str(value)
 
 
 def _page(release: dict[str, Any], classes: list[ClassStat], curve: list[CurvePoint], failed: dict[int, str],
-          risk: dict[str, Any] | None) -> str:
+          risk: dict[str, Any] | None, verdict: str) -> str:
     p, metrics = release["parameters"], release["metrics"]
     k = p.get("k")
     sections = [
+        f"<p class=\"verdict\"><strong>Verdict:</strong> {html.escape(verdict)} "
+        "(the levels measured now against the parameters the release was built with, as "
+        "<code>anonproxy verify</code> prints them). The terms are explained in <code>docs/glossary.md</code> "
+        "of anonproxy.</p>",
         "<h2>Release</h2>" + _table([
             ("target", release["target"]), ("source", release["source"]), ("method", release["method"]),
-            ("quasi-identifiers", ", ".join(release["quasi_identifiers"])), ("sensitive", release["sensitive"]),
-            ("privacy unit", release["unit"]), ("parameters", p), ("achieved", release["achieved"]),
+            ("quasi-identifiers (columns generalized)", ", ".join(release["quasi_identifiers"])),
+            ("sensitive column (published as is)", release["sensitive"] or "none"),
+            ("privacy unit (column identifying a person)",
+             release["unit"] or "none: each row counts as one person"),
+            ("asked for", parameters_text(p)), ("hierarchies", hierarchies_text(p.get("hierarchies"))),
+            ("achieved when built", achieved_text(release["achieved"])),
             ("created", f"{release['created_at']:%Y-%m-%d %H:%M %Z} by {release['created_by']}"),
-            ("forced past the composition guard", release["forced"])]),
-        "<h2>Equivalence classes</h2>" + _table([
+            ("forced past the composition guard", "yes" if release["forced"] else "no")]),
+        "<h2>Equivalence classes</h2><p>An equivalence class is a group of rows that share every "
+        "quasi-identifier value after generalization: within it, no row can be told from another.</p>" + _table([
             ("classes", len(classes)), ("smallest", min((c.size for c in classes), default=None)),
             ("average size", f"{sum(c.size for c in classes) / max(len(classes), 1):.1f}"),
             ("suppressed rows", metrics.get("suppressed_rows")),
-            ("classes with one sensitive value (distinct ℓ = 1)",
+            ("classes whose rows all share one sensitive value, which they thus disclose (distinct ℓ = 1)",
              sum(1 for c in classes if c.l_distinct == 1) if release["sensitive"] else None)])
         + _class_size_plot(classes, k),
     ]
@@ -313,31 +379,46 @@ def _page(release: dict[str, Any], classes: list[ClassStat], curve: list[CurvePo
         distance = "ordered" if p.get("t_distance") == "ordered" else "equal-distance"
         sections.append(
             f"<h2>Protection of {html.escape(release['sensitive'])} per class</h2>"
+            "<p>Entropy ℓ: how many equally likely sensitive values a class amounts to (higher protects more). "
+            "t: how far a class's distribution of the sensitive value is from the whole table's, as an earth "
+            "mover's distance (EMD, 0 to 1; lower protects more).</p>"
             + _threshold_plot([c.l_entropy for c in classes], p.get("l"), "entropy ℓ = exp(entropy)",
                               "Entropy ℓ-diversity of each class", worse_below=True)
             + _threshold_plot([c.emd for c in classes], p.get("t"), f"EMD to the whole table ({distance})",
                               "t-closeness of each class", worse_below=False))
     if metrics.get("ncp_per_qi"):
         sections.append("<h2>Information loss</h2>" + _table([
-            ("NCP", f"{100 * metrics['ncp']:.2f} %"), ("discernibility", metrics.get("discernibility")),
-            ("KL divergence", metrics.get("kl_divergence")),
-            ("prosecutor risk, largest", metrics.get("prosecutor_max_risk"))]) + _ncp_plot(metrics["ncp_per_qi"]))
+            ("NCP (normalized certainty penalty: 0 % published as is, 100 % fully generalized)",
+             percent(metrics["ncp"])),
+            ("discernibility (sum of squared class sizes: lower keeps more detail)", metrics.get("discernibility")),
+            ("KL divergence (how far the released distribution is from the source's; 0 is equal)",
+             number(metrics.get("kl_divergence"))),
+            ("re-identification (prosecutor) risk, largest: 1 / smallest class", number(
+                metrics.get("prosecutor_max_risk")))]) + _ncp_plot(metrics["ncp_per_qi"]))
     curve_html = _curve_plot(curve, k) if curve else "<p>No curve: no value of k could be computed.</p>"
     if failed:
         curve_html += "<ul>" + "".join(f"<li>k = {kk}: {html.escape(msg)}</li>" for kk, msg in failed.items()) + "</ul>"
     sections.append("<h2>Risk–utility over k</h2><p>The method re-run at each k on the source as it is now, "
-                    "in a transaction that was rolled back.</p>" + curve_html)
+                    "in a transaction that was rolled back: nothing was created or registered.</p>" + curve_html)
     if risk is None:
         sections.append("<h2>Composition</h2><p>No other release of this source publishes the same sensitive "
                         "attribute: no intersection attack to measure.</p>")
     else:
-        sections.append("<h2>Composition with the other releases of the source</h2>" + _table(
-            [("releases", ", ".join(r["release"] for r in risk["releases"])), ("people shared", risk["overlap"]),
-             ("located in every release", risk["located"]),
-             ("could not be located (risk unknown)", risk.get("unlocated")),
-             ("average effective anonymity before / after", f"{risk['avg_min_prior_ea']} / {risk['avg_posterior_ea']}"),
-             ("average drop", risk["avg_drop"]), ("vulnerable (drop > 0)", f"{risk['vulnerable_pct']} %")]
-            + [(f"PVP at {c} % confidence", f"{risk['pvp'][c]} %") for c in CONFIDENCES]) + _pvp_plot(risk))
+        sections.append(
+            "<h2>Composition with the other releases of the source</h2><p>An attacker who finds a person in "
+            "every release can intersect the sensitive values each release leaves possible (the intersection "
+            "attack of Ganta, Kasiviswanathan and Smith, KDD 2008). Effective anonymity (EA) is how many "
+            "values remain possible for a person; PVP, the share of vulnerable people, counts those narrowed "
+            "down to one value (100 % confidence), two (50 %), three (33 %) or four (25 %).</p>" + _table(
+                [("releases", ", ".join(r["release"] for r in risk["releases"])), ("people shared", risk["overlap"]),
+                 ("located in every release", risk["located"]),
+                 ("could not be located (risk unknown)", risk.get("unlocated")),
+                 ("average effective anonymity: most revealing single release / all combined",
+                  f"{number(risk['avg_min_prior_ea'])} / {number(risk['avg_posterior_ea'])}"),
+                 ("average drop in effective anonymity", number(risk["avg_drop"])),
+                 ("vulnerable (drop > 0)", f"{number(risk['vulnerable_pct'])} %")]
+                + [(f"PVP at {c} % confidence (people narrowed to {_NARROWED[c]})", f"{number(risk['pvp'][c])} %")
+                   for c in CONFIDENCES]) + _pvp_plot(risk))
     title = f"anonproxy release {release['target']}"
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>

@@ -24,6 +24,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from .commands import fail, hierarchy_choice, name_list
+from .words import parameters_text
 
 EXIT_SHORT = 3
 
@@ -100,6 +101,9 @@ def _subject(conn: psycopg.Connection, args: argparse.Namespace) -> Subject:
         "  from anonproxy.releases r where r.target = anonproxy.release_target_name(%s, current_schema())",
         (args.target,)).fetchone()
     if row is None:
+        if _scalar(conn, "select to_regclass(%s)", (args.target,)) is None:
+            raise ValueError(f"relation {args.target} does not exist: check the name and its schema "
+                             "(`anonproxy release list` shows the releases)")
         if args.qi is None:
             raise ValueError(f"{args.target} is not a registered release: name its quasi-identifiers with --qi")
         return Subject(target=args.target, qi=args.qi, sensitive=args.sensitive, source=args.source)
@@ -168,9 +172,7 @@ def print_report(subject: Subject, now: dict[str, Any], metrics: dict[str, Any] 
                  shortfalls: list[str], unjudged: str | None) -> None:
     if subject.release_id is not None:
         print(f"release {subject.target} (id {subject.release_id}): {subject.method} on {subject.source}")
-        asked = ", ".join(f"{name} = {value}" for name, value in subject.parameters.items()
-                          if value is not None and name != "hierarchies")
-        print(f"  parameters: {asked}")
+        print(f"  parameters: {parameters_text(subject.parameters)}")
     else:
         print(f"table {subject.target} (not a registered release)")
     print(f"  quasi-identifiers: {', '.join(subject.qi)}")
@@ -188,12 +190,20 @@ def print_report(subject: Subject, now: dict[str, Any], metrics: dict[str, Any] 
         print()
         _print_table([("metric", "value"), *metric_rows(metrics, subject.qi)])
     print()
+    line = verdict(subject, shortfalls, unjudged)
+    if line is not None:
+        print(line)
+
+
+def verdict(subject: Subject, shortfalls: list[str], unjudged: str | None) -> str | None:
+    """The verdict line on the levels measured now: None for a table that is not a registered release."""
     if unjudged:
-        print(f"not judged: {unjudged}")
-    elif shortfalls:
-        print("DOES NOT MEET its parameters now: " + "; ".join(shortfalls))
-    elif subject.release_id is not None:
-        print("meets its parameters")
+        return f"not judged: {unjudged}"
+    if shortfalls:
+        return "DOES NOT MEET its parameters now: " + "; ".join(shortfalls)
+    if subject.release_id is not None:
+        return "meets its parameters"
+    return None
 
 
 def metric_rows(metrics: dict[str, Any], qi: list[str]) -> list[tuple[str, str]]:
@@ -202,8 +212,9 @@ def metric_rows(metrics: dict[str, Any], qi: list[str]) -> list[tuple[str, str]]
         ("suppressed rows", str(metrics["suppressed_rows"])),
         ("equivalence classes", str(metrics["equivalence_classes"])),
         ("discernibility", str(metrics["discernibility"])),
-        ("average class size / C_avg", f"{_number(metrics['avg_ec_size'])} / {_number(metrics['c_avg'])}"),
-        ("NCP", _percent(metrics["ncp"])),
+        ("average class size / C_avg (that size over k)",
+         f"{_number(metrics['avg_ec_size'])} / {_number(metrics['c_avg'])}"),
+        ("NCP, information lost to generalization", _percent(metrics["ncp"])),
         *((f"  NCP {column}", _percent(metrics["ncp_per_qi"][column])) for column in qi),
         ("KL divergence", _number(metrics["kl_divergence"])),
     ]
@@ -212,7 +223,7 @@ def metric_rows(metrics: dict[str, Any], qi: list[str]) -> list[tuple[str, str]]
         rows.extend((f"  SSE/SST {column}", _number(metrics["sse_sst_per_qi"][column]))
                     for column in qi if column in metrics["sse_sst_per_qi"])
     rows += [
-        ("prosecutor risk: highest", _number(metrics["prosecutor_max_risk"])),
+        ("re-identification (prosecutor) risk: highest", _number(metrics["prosecutor_max_risk"])),
         (f"  records above {metrics['risk_threshold']}", _percent(metrics["records_above_risk_threshold"])),
         ("classes per record", _number(metrics["ec_per_record"])),
     ]
