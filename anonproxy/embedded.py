@@ -240,9 +240,12 @@ class EmbeddedPostgres:
             self._chown(self.data_dir)
         else:
             assert self.data_dir is not None
-            missing = [path for path in (self.data_dir, *self.data_dir.parents) if not path.exists()]
-            self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-            self._created_dirs = missing  # innermost first
+            # Innermost first; noted before mkdir, which may fail halfway.
+            self._created_dirs = [path for path in (self.data_dir, *self.data_dir.parents) if not path.exists()]
+            try:
+                self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            except OSError as exc:
+                raise EmbeddedPostgresError(f"cannot create the data directory {self.data_dir}: {exc.strerror}") from None
             if not (self.data_dir / "PG_VERSION").exists():
                 if any(self.data_dir.iterdir()):
                     raise EmbeddedPostgresError(
@@ -394,6 +397,8 @@ class EmbeddedPostgres:
         for path in self._created_dirs:  # innermost first
             try:
                 path.rmdir()
+            except FileNotFoundError:  # mkdir failed before making it
+                continue
             except OSError:  # someone put something there meanwhile: theirs to keep
                 break
         self._fresh_dir = None
