@@ -1,0 +1,97 @@
+"""The README and the docs against a real run: the set-up commands, the tour's outputs, no reference outside the repository.
+
+The tour and the examples of docs/views.md run against `anonproxy up` started
+from this checkout (scripts/live_docs.py, which also rewrites them:
+`python3 scripts/live_docs.py refresh`).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import subprocess
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _live_docs() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("live_docs", ROOT / "scripts" / "live_docs.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+live_docs = _live_docs()
+
+
+def setup_commands() -> list[str]:
+    """The commands of the fenced ``sh`` blocks of the README's "Set up" section, in order."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme.split("\n## Set up\n", 1)[1].split("\n## ", 1)[0]
+    return [block.strip() for block in re.findall(r"```sh\n(.*?)```", section, re.DOTALL)]
+
+
+def test_the_two_setup_commands_are_the_quickstart_and_ci_runs_the_second() -> None:
+    first, second = setup_commands()
+    assert first.split()[0] == "./quickstart" and second == "./quickstart test"
+    script = ROOT / "quickstart"
+    assert script.stat().st_mode & 0o111, "quickstart must be executable"
+    assert subprocess.run(["sh", "-n", str(script)], capture_output=True).returncode == 0
+    text = script.read_text()
+    # Everything goes into the clone's virtual environment: no system-wide pip install.
+    assert "--break-system-packages" not in text
+    assert 'exec "$venv/bin/python" -m anonproxy up "$@"' in text
+    assert 'exec "$venv/bin/python" -m pytest "$@"' in text
+    ci = [line for line in (ROOT / ".ci" / "run").read_text().splitlines() if line and not line.startswith("#")]
+    assert ci[-1] == second, "the last step of .ci/run must be the README's test command"
+
+
+def test_the_readme_tour_matches_a_real_run() -> None:
+    examples = live_docs.parse(ROOT / "README.md")
+    kinds = [example.kind for example in examples]
+    assert kinds[0] == "up" and kinds.count("noisy") == 1 and len(examples) >= 4
+    differences = live_docs.run_file(ROOT / "README.md")
+    assert not differences, "stale README output; `python3 scripts/live_docs.py refresh` rewrites it:\n\n" + \
+        "\n\n".join(map(str, differences))
+
+
+def test_the_examples_of_docs_views_match_a_real_run() -> None:
+    assert live_docs.parse(ROOT / "docs" / "views.md")
+    differences = live_docs.run_file(ROOT / "docs" / "views.md")
+    assert not differences, "\n\n".join(map(str, differences))
+
+
+@pytest.mark.parametrize(
+    ("shown", "actual", "kind", "same"),
+    [
+        (["a", " 30162"], ["a", " 30162"], "exact", True),
+        (["a", " 30162"], ["a", " 30163"], "exact", False),  # a changed number is stale
+        (["a"], ["a", "b"], "exact", False),  # so is a new line
+        (["  elapsed  7.74 s"], ["  elapsed  1.60 s"], "exact", True),  # elapsed time is not compared
+        ([" 10th | 829 | 37.33"], [" 10th |  831 | 38.1"], "noisy", True),  # noise: shape and words only
+        ([" 10th | 829"], [" 11th | 829"], "noisy", False),
+        (["head", "..."], ["head", "x", "y"], "exact", True),
+        (["head", "...", "end"], ["head", "x", "end"], "exact", True),
+        (["head", "...", "end"], ["head", "x", "other"], "exact", False),
+    ],
+)
+def test_outputs_are_compared_line_by_line(shown: list[str], actual: list[str], kind: str, same: bool) -> None:
+    assert live_docs.matches(shown, actual, kind) is same
+
+
+def test_no_file_refers_to_documents_outside_the_repository() -> None:
+    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    outside = re.compile(r"DESIGN\.md|REFERENCE\.md|\.\./shared|/work/shared")
+    offenders = [
+        f"{name}:{number}"
+        for name in files
+        if name.endswith((".md", ".py", ".sql", ".yaml", ".toml", ".html", ".sh")) and (ROOT / name).is_file()
+        for number, line in enumerate((ROOT / name).read_text(encoding="utf-8", errors="replace").splitlines(), 1)
+        if outside.search(line) and name != "tests/test_readme.py"
+    ]
+    assert offenders == []
