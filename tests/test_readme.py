@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import re
 import subprocess
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -22,6 +23,7 @@ def _live_docs() -> ModuleType:
     spec = importlib.util.spec_from_file_location("live_docs", ROOT / "scripts" / "live_docs.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
     spec.loader.exec_module(module)
     return module
 
@@ -74,7 +76,7 @@ def test_the_examples_of_docs_views_match_a_real_run() -> None:
         (["a"], ["a", "b"], "exact", False),  # so is a new line
         (["  elapsed  7.74 s"], ["  elapsed  1.60 s"], "exact", True),  # elapsed time is not compared
         ([" 10th | 829 | 37.33"], [" 10th |  831 | 38.1"], "noisy", True),  # noise: shape and words only
-        ([" 10th | 829"], [" 11th | 829"], "noisy", False),
+        ([" Bachelors | 829"], [" Masters | 829"], "noisy", False),
         (["head", "..."], ["head", "x", "y"], "exact", True),
         (["head", "...", "end"], ["head", "x", "end"], "exact", True),
         (["head", "...", "end"], ["head", "x", "other"], "exact", False),
