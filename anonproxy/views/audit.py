@@ -1,6 +1,6 @@
 """`anonproxy audit --dsn DSN [--source TABLE | --release TABLE ...]`: the composition risk of releases.
 
-Runs ``anonproxy.composition_risk`` (sql/0010_composition.sql, seed 002's
+Runs ``anonproxy.composition_risk`` (sql/0010_composition.sql, Ganta et al.'s (2008)
 intersection attack) in the database and prints it. Without ``--release``, the
 releases of each source recorded in ``anonproxy.releases`` that still exist and
 publish the same sensitive attribute are audited together. docs/composition.md.
@@ -16,13 +16,13 @@ from typing import Any
 
 import psycopg
 
-# Confidence levels of seed 002 (PVP_C), as keys of the summary's "pvp" object.
+# Confidence levels of Ganta et al. 2008 (PVP_C), as keys of the summary's "pvp" object.
 CONFIDENCES = ("100", "50", "33", "25")
 
 
 def register(subparsers: Any) -> None:
     """Add the ``audit`` command to an ``argparse`` subparsers object."""
-    audit = subparsers.add_parser("audit", help="intersection-attack risk of the registered releases (seed 002)")
+    audit = subparsers.add_parser("audit", help="intersection-attack risk of the registered releases (Ganta et al. 2008)")
     audit.add_argument("--dsn", required=True, help="libpq connection string")
     which = audit.add_mutually_exclusive_group()
     which.add_argument("--source", help="audit only the releases of this source table (schema-qualified)")

@@ -5,7 +5,7 @@ equivalence classes, each class's entropy ℓ and earth mover's distance against
 the thresholds asked, the information loss (NCP) per quasi-identifier, a
 risk-utility curve over k computed on demand (the release's method re-run at
 several k in a transaction that is rolled back), the release's parameters and
-the composition risk with the other releases of its source (seed 002). Plots
+the composition risk with the other releases of its source (Ganta et al. 2008). Plots
 are inline SVG drawn by matplotlib: the file needs nothing else to display.
 docs/composition.md describes it.
 """
