@@ -19,6 +19,9 @@ checkout's command. Progress lines are not compared; elapsed seconds neither.
 
     python3 scripts/live_docs.py check [FILE ...]     exit 1 and show the differences if an output is stale
     python3 scripts/live_docs.py refresh [FILE ...]   rewrite the outputs from a real run
+    python3 scripts/live_docs.py check --attach UP_OUTPUT FILE
+                                                      against an `up` started elsewhere (UP_OUTPUT: what it printed)
+    python3 scripts/live_docs.py setup-command N      the README's N-th set-up command (.ci/readme runs the first)
 """
 
 from __future__ import annotations
@@ -116,21 +119,28 @@ def _complete(command: str) -> bool:
 
 
 class Demo:
-    """`anonproxy up` from this checkout on a free port, throwaway, stopped by close()."""
+    """`anonproxy up` from this checkout on a free port, throwaway, stopped by close().
 
-    def __init__(self) -> None:
+    With ``attach`` (what an `up` started elsewhere printed), its server instead; close() leaves it running.
+    """
+
+    def __init__(self, attach: list[str] | None = None) -> None:
         env = dict(os.environ, PYTHONPATH=str(ROOT))
-        self.process = subprocess.Popen([sys.executable, "-m", "anonproxy", "up", "--port", "0"], cwd=ROOT, env=env,
-                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.process: subprocess.Popen[str] | None = None
         self.ready_output: list[str] = []
-        assert self.process.stdout is not None
-        for line in self.process.stdout:
-            self.ready_output.append(line.rstrip("\n"))
-            if line.startswith("Press Ctrl-C"):
-                break
+        if attach is not None:
+            self.ready_output = attach
         else:
-            self.close()
-            raise RuntimeError("anonproxy up stopped before it was ready:\n" + "\n".join(self.ready_output))
+            self.process = subprocess.Popen([sys.executable, "-m", "anonproxy", "up", "--port", "0"], cwd=ROOT,
+                                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            assert self.process.stdout is not None
+            for line in self.process.stdout:
+                self.ready_output.append(line.rstrip("\n"))
+                if line.startswith("Press Ctrl-C"):
+                    break
+            else:
+                self.close()
+                raise RuntimeError("anonproxy up stopped before it was ready:\n" + "\n".join(self.ready_output))
         urls = dict(line.split()[:2] for line in self.ready_output if "postgresql://" in line)
         owner = urls["owner"]
         self.password = owner.split("://", 1)[1].split("@", 1)[0].split(":", 1)[1]
@@ -166,7 +176,7 @@ class Demo:
         return lines
 
     def close(self) -> None:
-        if self.process.poll() is None:
+        if self.process is not None and self.process.poll() is None:
             self.process.send_signal(signal.SIGINT)
             try:
                 self.process.wait(timeout=30)
@@ -224,15 +234,15 @@ class Difference:
                 + "\n--- real run\n" + "\n".join(self.actual))
 
 
-def run_file(path: Path, refresh: bool = False) -> list[Difference]:
-    """Run the examples of one file against a fresh demo; rewrite their outputs if ``refresh``."""
+def run_file(path: Path, refresh: bool = False, attach: list[str] | None = None) -> list[Difference]:
+    """Run the examples of one file against a fresh demo (or ``attach``); rewrite their outputs if ``refresh``."""
     examples = parse(path)
     if not examples:
         return []
     differences: list[Difference] = []
     lines = path.read_text(encoding="utf-8").splitlines()
     replacements: list[tuple[int, int, list[str]]] = []
-    demo = Demo()
+    demo = Demo(attach)
     try:
         for example in examples:
             where = f"{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}:{example.first + 1}"
@@ -259,15 +269,31 @@ def run_file(path: Path, refresh: bool = False) -> list[Difference]:
     return differences
 
 
+def setup_commands(readme: Path = ROOT / "README.md") -> list[str]:
+    """The commands of the fenced ``sh`` blocks of the README's "Set up" section, in order."""
+    section = readme.read_text(encoding="utf-8").split("\n## Set up\n", 1)[1].split("\n## ", 1)[0]
+    return [block.strip() for block in re.findall(r"```sh\n(.*?)```", section, re.DOTALL)]
+
+
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["setup-command"] and len(argv) == 2:
+        print(setup_commands()[int(argv[1]) - 1])
+        return 0
     if not argv or argv[0] not in ("check", "refresh"):
         print(__doc__, file=sys.stderr)
         return 2
+    attach = None
+    if argv[1:2] == ["--attach"]:
+        attach = Path(argv[2]).read_text(encoding="utf-8").splitlines()
+        argv = [argv[0], *argv[3:]]
     paths = [Path(name).resolve() for name in argv[1:]] or [ROOT / name for name in DEFAULT_FILES]
+    if attach is not None and len(paths) != 1:
+        print("live_docs: --attach runs one file, against a fresh `up`", file=sys.stderr)
+        return 2
     stale = 0
     for path in paths:
         started = time.monotonic()
-        differences = run_file(path, refresh=argv[0] == "refresh")
+        differences = run_file(path, refresh=argv[0] == "refresh", attach=attach)
         for difference in differences:
             print(difference, end="\n\n")
         stale += len(differences)

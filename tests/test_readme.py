@@ -31,15 +31,8 @@ def _live_docs() -> ModuleType:
 live_docs = _live_docs()
 
 
-def setup_commands() -> list[str]:
-    """The commands of the fenced ``sh`` blocks of the README's "Set up" section, in order."""
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = readme.split("\n## Set up\n", 1)[1].split("\n## ", 1)[0]
-    return [block.strip() for block in re.findall(r"```sh\n(.*?)```", section, re.DOTALL)]
-
-
 def test_the_two_setup_commands_are_the_quickstart_and_ci_runs_the_second() -> None:
-    first, second = setup_commands()
+    first, second = live_docs.setup_commands()
     assert first.split()[0] == "./quickstart" and second == "./quickstart test"
     script = ROOT / "quickstart"
     assert script.stat().st_mode & 0o111, "quickstart must be executable"
@@ -51,6 +44,7 @@ def test_the_two_setup_commands_are_the_quickstart_and_ci_runs_the_second() -> N
     assert 'exec "$venv/bin/python" -m pytest "$@"' in text
     ci = [line for line in (ROOT / ".ci" / "run").read_text().splitlines() if line and not line.startswith("#")]
     assert ci[-1] == second, "the last step of .ci/run must be the README's test command"
+    assert ".ci/readme" in ci, ".ci/run must try the README's first command on a clean clone"
 
 
 def test_the_readme_tour_matches_a_real_run() -> None:
