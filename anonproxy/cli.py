@@ -126,7 +126,7 @@ def _up(args: argparse.Namespace) -> int:
                 schema.install(conn)
                 if server.created:
                     # Only a new data directory gets the demo; a reused one keeps what its owner changed.
-                    rows = sample_data.load_adult(conn)
+                    sample_data.load_adult(conn)
                     load_adult_hierarchies(conn)
                     demo.create_demo_roles(conn, DEMO_DATABASE)
                     policy = demo_policy()
@@ -140,7 +140,8 @@ def _up(args: argparse.Namespace) -> int:
         except BaseException:
             server.discard()  # a half-built new data directory is of no use to the next `up`
             raise
-        log.info("privacy policy version %d: %s", policy.version, ", ".join(f"{role.role} {role.mode}" for role in policy.roles.values()))
+        log.info("privacy policy version %d: %s", policy.version,
+                 ", ".join(f"{role.role} {role.mode}" for role in policy.roles.values()))
         log.info("PostgreSQL on 127.0.0.1:%d, data in %s; %s", server.port, server.data_dir,
                  "a new data directory with the demo" if server.created else "a reused data directory")
         config = dataclasses.replace(config, upstream=f"host={server.host} port={server.port}",
@@ -171,10 +172,12 @@ def _check_port_free(config: ProxyConfig) -> None:
 
 def _kept_line(conn: psycopg.Connection, server: EmbeddedPostgres) -> str:
     """One line saying what a reused data directory kept."""
-    version, releases, hierarchies, spent = conn.execute(
+    row = conn.execute(
         "select (select version from anonproxy.policy_version), (select count(*) from anonproxy.releases), "
         "(select count(*) from anonproxy.hierarchies), (select coalesce(sum(epsilon), 0) from anonproxy.budget_ledger)"
-    ).fetchone() or (None, 0, 0, 0)
+    ).fetchone()
+    assert row is not None
+    version, releases, hierarchies, spent = row
     return (f"anonproxy: reusing {server.data_dir}: its policy (version {version}), {releases} release(s), "
             f"{hierarchies} hierarchies and the ε {spent:g} spent so far are kept; "
             "the demo policy is applied only to a new data directory")

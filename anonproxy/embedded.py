@@ -245,7 +245,9 @@ class EmbeddedPostgres:
             try:
                 self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
             except OSError as exc:
-                raise EmbeddedPostgresError(f"cannot create the data directory {self.data_dir}: {exc.strerror}") from None
+                raise EmbeddedPostgresError(
+                    f"cannot create the data directory {self.data_dir}: {exc.strerror}"
+                ) from None
             if not (self.data_dir / "PG_VERSION").exists():
                 if any(self.data_dir.iterdir()):
                     raise EmbeddedPostgresError(

@@ -298,8 +298,8 @@ def main(argv: list[str]) -> int:
             print(difference, end="\n\n")
         stale += len(differences)
         verb = "rewrote" if argv[0] == "refresh" else "checked"
-        print(f"{verb} {path.relative_to(ROOT)}: {len(differences)} stale output(s), {time.monotonic() - started:.1f} s",
-              file=sys.stderr)
+        elapsed = time.monotonic() - started
+        print(f"{verb} {path.relative_to(ROOT)}: {len(differences)} stale output(s), {elapsed:.1f} s", file=sys.stderr)
     return 1 if stale and argv[0] == "check" else 0
 
 

@@ -1,4 +1,4 @@
-"""The README and the docs against a real run: the set-up commands, the tour's outputs, no reference outside the repository.
+"""The README and the docs against a real run: set-up commands, the tour's outputs, nothing referred outside.
 
 The tour and the examples of docs/views.md run against `anonproxy up` started
 from this checkout (scripts/live_docs.py, which also rewrites them:

@@ -1,4 +1,4 @@
-"""`anonproxy up --data-dir`: what the owner changes survives restarts; bad arguments cost nothing; failures leave nothing.
+"""`anonproxy up --data-dir`: the owner's changes survive restarts; bad arguments cost nothing; failures leave nothing.
 
 Each test runs the real command in a child process against its own embedded
 PostgreSQL, and talks to it with psql and the anonproxy commands.
