@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import logging
+import os
 import signal
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import psycopg
 
@@ -16,7 +19,7 @@ from .config import ConfigError, ProxyConfig, load_config
 from .embedded import EmbeddedPostgres, EmbeddedPostgresError
 from .logs import setup_logging
 from .policy import commands as policy_commands
-from .proxy.server import ProxyStartError, run_proxy
+from .proxy.server import ProxyStartError, bind_socket, run_proxy
 from .views import audit, report
 from .views import commands as view_commands
 from .views import verify as verify_command
@@ -25,6 +28,7 @@ from .views.progress import ProgressBar
 log = logging.getLogger("anonproxy")
 
 DEMO_DATABASE = "postgres"
+DSN_VARIABLE = "ANONPROXY_DSN"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -42,8 +46,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
+class _Parser(argparse.ArgumentParser):
+    """Every ``--dsn`` option, whichever module adds it, defaults to $ANONPROXY_DSN.
+
+    Subcommand parsers are made with the parent's class, so this reaches them all.
+    """
+
+    def add_argument(self, *names: Any, **options: Any) -> argparse.Action:
+        if "--dsn" in names:
+            environment = os.environ.get(DSN_VARIABLE) or None
+            options["default"] = environment
+            options["required"] = options.get("required", False) and environment is None
+            options["help"] = f"{options.get('help', 'libpq connection string')} (default: ${DSN_VARIABLE})"
+        return super().add_argument(*names, **options)
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="anonproxy", description=__doc__)
+    parser = _Parser(prog="anonproxy", description=__doc__)
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
 
     up = commands.add_parser("up", help="start a throwaway PostgreSQL with sample data and the proxy in front of it")
@@ -97,32 +116,45 @@ def _install(args: argparse.Namespace) -> int:
 
 def _up(args: argparse.Namespace) -> int:
     from . import demo, sample_data, schema
+    from .policy.store import load_policy
     from .policy.yaml_policy import apply_policy, demo_policy
     from .views.hierarchies import load_adult_hierarchies
 
     setup_logging(args.log_level)
+    # Arguments first: a bad or taken port must not cost a PostgreSQL build.
+    config = ProxyConfig(listen_port=args.port, workers=args.workers, log_level=args.log_level)
+    _check_port_free(config)
     # SIGTERM before the proxy takes over signals must still stop the server we start.
     signal.signal(signal.SIGTERM, _interrupt)
     progress = ProgressBar(sys.stderr, "anonproxy up")
     progress.say("starting PostgreSQL and loading the sample data (a few seconds)")
     with _announced(progress, EmbeddedPostgres(data_dir=args.data_dir)) as server:
-        with psycopg.connect(server.conninfo(dbname=DEMO_DATABASE)) as conn:
-            schema.install(conn)
-            rows = sample_data.load_adult(conn)
-            load_adult_hierarchies(conn)
-            demo.create_demo_roles(conn, DEMO_DATABASE)
-            policy = demo_policy()
-            service_password = demo.reset_service_role(conn, policy.service_role)
-            version = apply_policy(conn, policy)
-            conn.commit()
-        log.info("privacy policy version %d applied: %s", version,
+        try:
+            with psycopg.connect(server.conninfo(dbname=DEMO_DATABASE)) as conn:
+                schema.install(conn)
+                if server.created:
+                    # Only a new data directory gets the demo; a reused one keeps what its owner changed.
+                    sample_data.load_adult(conn)
+                    load_adult_hierarchies(conn)
+                    demo.create_demo_roles(conn, DEMO_DATABASE)
+                    policy = demo_policy()
+                    service_password = demo.reset_service_role(conn, policy.service_role)
+                    policy = dataclasses.replace(policy, version=apply_policy(conn, policy))
+                else:
+                    policy = load_policy(conn)
+                    service_password = demo.reset_service_role(conn, policy.service_role)
+                    print(_kept_line(conn, server), file=sys.stderr, flush=True)
+                conn.commit()
+        except BaseException:
+            server.discard()  # a half-built new data directory is of no use to the next `up`
+            raise
+        log.info("privacy policy version %d: %s", policy.version,
                  ", ".join(f"{role.role} {role.mode}" for role in policy.roles.values()))
-        log.info("PostgreSQL on 127.0.0.1:%d, data in %s; table public.adult has %d rows",
-                 server.port, server.data_dir, rows)
-        config = ProxyConfig(listen_port=args.port, workers=args.workers, log_level=args.log_level,
-                             upstream=f"host={server.host} port={server.port}",
-                             service_dsn=psycopg.conninfo.make_conninfo(
-                                 user=policy.service_role, password=service_password, dbname=DEMO_DATABASE))
+        log.info("PostgreSQL on 127.0.0.1:%d, data in %s; %s", server.port, server.data_dir,
+                 "a new data directory with the demo" if server.created else "a reused data directory")
+        config = dataclasses.replace(config, upstream=f"host={server.host} port={server.port}",
+                                     service_dsn=psycopg.conninfo.make_conninfo(
+                                         user=policy.service_role, password=service_password, dbname=DEMO_DATABASE))
 
         def print_connection_strings(port: int) -> None:
             print("anonproxy is ready. Connect with:", flush=True)
@@ -130,6 +162,8 @@ def _up(args: argparse.Namespace) -> int:
                 mode = policy.role(role).mode
                 print(f"  {role:<9} postgresql://{role}:{role}@127.0.0.1:{port}/{DEMO_DATABASE}   ({mode})",
                       flush=True)
+            owner = f"postgresql://{server.superuser}:{server.password}@127.0.0.1:{port}/{DEMO_DATABASE}"
+            print(f"  {'owner':<9} {owner}   (applies policies, sets budgets)", flush=True)
             print("Press Ctrl-C to stop.", flush=True)
 
         run_proxy(config, ready=print_connection_strings)
@@ -150,6 +184,27 @@ def _announced(progress: ProgressBar, server: EmbeddedPostgres) -> Iterator[Embe
     finally:
         if stopping:
             progress.say("stopped")
+
+
+def _check_port_free(config: ProxyConfig) -> None:
+    """Fail now if the proxy's port is taken (run_proxy checks again, once the server is up)."""
+    try:
+        bind_socket(config.listen_host, config.listen_port, reuse_port=False).close()
+    except OSError as exc:
+        raise ProxyStartError(f"cannot listen on {config.listen_host}:{config.listen_port}: {exc}") from exc
+
+
+def _kept_line(conn: psycopg.Connection, server: EmbeddedPostgres) -> str:
+    """One line saying what a reused data directory kept."""
+    row = conn.execute(
+        "select (select version from anonproxy.policy_version), (select count(*) from anonproxy.releases), "
+        "(select count(*) from anonproxy.hierarchies), (select coalesce(sum(epsilon), 0) from anonproxy.budget_ledger)"
+    ).fetchone()
+    assert row is not None
+    version, releases, hierarchies, spent = row
+    return (f"anonproxy: reusing {server.data_dir}: its policy (version {version}), {releases} release(s), "
+            f"{hierarchies} hierarchies and the ε {spent:g} spent so far are kept; "
+            "the demo policy is applied only to a new data directory")
 
 
 def _interrupt(signum: int, frame: object) -> None:

@@ -14,6 +14,10 @@ Files we own inside the data directory, rewritten at every start:
 
 ``anonproxy-superuser.password`` (mode 0600) keeps the superuser password
 chosen at initdb, so a reused data directory knows it.
+
+A start that fails removes every directory it created (a persistent data
+directory included, with its missing parents), so nothing is left behind;
+``discard()`` does the same after a start whose follow-up set-up failed.
 """
 
 from __future__ import annotations
@@ -142,12 +146,16 @@ class EmbeddedPostgres:
         self.data_dir: Path | None = None if data_dir is None else Path(data_dir).absolute()
         self.port = port
         self.password = ""  # known once start() has run
+        self.created = False  # True when start() ran initdb: the data directory is new
         self._requested_port = port
         self._hba_extra = tuple(hba_extra)
         self._settings = {name: str(value) for name, value in (settings or {}).items()}
         self._bindir = find_pg_bindir()
         self._account = _server_account()
         self._temp_dirs: list[Path] = []  # created by us, removed by stop()
+        # A persistent data directory this start fills from empty, and the directories it made for it.
+        self._fresh_dir: Path | None = None
+        self._created_dirs: list[Path] = []
         self._socket_dir: Path | None = None
         self._running = False
 
@@ -159,7 +167,8 @@ class EmbeddedPostgres:
             raise EmbeddedPostgresError(f"the server in {self.data_dir} is already started")
         try:
             data_dir = self._prepare_data_dir()
-            if not (data_dir / "PG_VERSION").exists():
+            self.created = not (data_dir / "PG_VERSION").exists()
+            if self.created:
                 self._initdb(data_dir)
             self.password = self._read_password(data_dir)
             self.port = self._requested_port or _free_port()
@@ -167,6 +176,7 @@ class EmbeddedPostgres:
             self._pg_ctl_start(data_dir, timeout)
         except BaseException:
             self._remove_temp_dirs()
+            self._remove_created_dirs()
             raise
         self._running = True
 
@@ -183,6 +193,13 @@ class EmbeddedPostgres:
                     )
         finally:
             self._remove_temp_dirs()
+
+    def discard(self) -> None:
+        """Stop the server and remove the data directory if this start created it (a failed set-up)."""
+        try:
+            self.stop()
+        finally:
+            self._remove_created_dirs()
 
     def conninfo(self, user: str | None = None, password: str | None = None, dbname: str = "postgres") -> str:
         """A libpq keyword/value string; the superuser (with its password) when ``user`` is None."""
@@ -223,12 +240,20 @@ class EmbeddedPostgres:
             self._chown(self.data_dir)
         else:
             assert self.data_dir is not None
-            self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            # Innermost first; noted before mkdir, which may fail halfway.
+            self._created_dirs = [path for path in (self.data_dir, *self.data_dir.parents) if not path.exists()]
+            try:
+                self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            except OSError as exc:
+                raise EmbeddedPostgresError(
+                    f"cannot create the data directory {self.data_dir}: {exc.strerror}"
+                ) from None
             if not (self.data_dir / "PG_VERSION").exists():
                 if any(self.data_dir.iterdir()):
                     raise EmbeddedPostgresError(
                         f"{self.data_dir} is not empty and is not a PostgreSQL data directory"
                     )
+                self._fresh_dir = self.data_dir
                 self._chown(self.data_dir)
         self._check_server_can_write(self.data_dir)
         return self.data_dir
@@ -362,6 +387,24 @@ class EmbeddedPostgres:
             if self._account is not None:
                 os.fchown(f.fileno(), self._account.pw_uid, self._account.pw_gid)
             f.write(text)
+
+    def _remove_created_dirs(self) -> None:
+        """Undo what this start did to a persistent data directory: empty it if it was empty, remove what we made."""
+        if self._fresh_dir is not None:
+            for path in self._fresh_dir.iterdir():
+                if path.is_dir() and not path.is_symlink():
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    path.unlink(missing_ok=True)
+        for path in self._created_dirs:  # innermost first
+            try:
+                path.rmdir()
+            except FileNotFoundError:  # mkdir failed before making it
+                continue
+            except OSError:  # someone put something there meanwhile: theirs to keep
+                break
+        self._fresh_dir = None
+        self._created_dirs = []
 
     def _remove_temp_dirs(self) -> None:
         for path in reversed(self._temp_dirs):

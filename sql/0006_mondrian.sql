@@ -5,7 +5,7 @@
 -- QIs, the sensitive column) and fills the temp table named by spec.output
 -- with _row and one generalized text cell per QI.
 --
--- Set-based (LeFevre et al. 2006; seed 000 Alg. 1): every round handles all
+-- Set-based (LeFevre et al. 2006; Chen et al. 2009 Alg. 1): every round handles all
 -- open partitions at once with a fixed number of statements, so there are
 -- about log2(n/k) rounds. Values are first coded as integers per QI:
 --   numeric      rank of the value; summarized as `lo-hi` (or the value);

@@ -6,9 +6,9 @@
 -- the numeric quasi-identifiers (numeric) and its most frequent value (mode)
 -- for the categorical ones.
 --
--- MDAV (seed 001 §3.2 ≈L604) is sequential: each step is a few set-based
+-- MDAV (Domingo-Ferrer et al. 2016 §3.2) is sequential: each step is a few set-based
 -- statements over the temp table of unclustered records. t-closeness-first
--- (seed 001 Alg. 6 ≈L1240) builds every cluster from one record per stratum of
+-- (Domingo-Ferrer et al. 2016 Alg. 6) builds every cluster from one record per stratum of
 -- the sensitive value. When ℓ or t is asked, clusters that miss it are merged
 -- with their nearest cluster (Alg. 4) until none does; the ℓ / t test is
 -- anonproxy.sensitive_failures of 0007.
@@ -196,7 +196,7 @@ begin
 end
 $fn$;
 
--- Alg. 4 of seed 001, for ℓ and t: while a cluster fails, merge the worst one with
+-- Alg. 4 of Domingo-Ferrer et al. 2016, for ℓ and t: while a cluster fails, merge the worst one with
 -- the cluster whose centroid is nearest. Returns the number of merges.
 create or replace function anonproxy.microaggregation_merge(input regclass, spec jsonb, d integer)
 returns integer
@@ -462,7 +462,7 @@ begin
             using errcode = '0A000', hint = 'use method => ''mdav'', which merges clusters until t holds';
     end if;
 
-    -- Cluster size (seed 001 Eq. 7.3, then 7.4 with the floor: the ceiling variant
+    -- Cluster size (Domingo-Ferrer et al. 2016 Eq. 7.3, then 7.4 with the floor: the ceiling variant
     -- leaves records without a cluster, e.g. n = 11, k = 4).
     k := greatest(k, ceil(n / (2 * (n - 1) * t + 1))::integer);
     k := least(k + ((n % k) / (n / k))::integer, n);

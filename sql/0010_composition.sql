@@ -1,5 +1,5 @@
 -- Migration 0010: the composition audit of releases and the guard that runs it
--- when a release is created (issue 6; seed 002 Alg. 1; docs/composition.md).
+-- when a release is created (issue 6; Ganta et al. 2008 Alg. 1; docs/composition.md).
 --
 -- The intersection attack: a person known to be in several releases is located
 -- in each of them by their true QI values (every equivalence class whose

@@ -38,7 +38,7 @@ class Up:
                 self.urls[parts[0]] = parts[1]
             if "Press Ctrl-C" in line or time.monotonic() > deadline:
                 break
-        assert set(self.urls) == {"dba", "reporter", "analyst"}, "".join(self.output)
+        assert set(self.urls) == {"dba", "reporter", "analyst", "owner"}, "".join(self.output)
 
     def stop(self) -> str:
         self.process.send_signal(signal.SIGTERM)

@@ -1,6 +1,6 @@
-"""The composition audit (sql/0010_composition.sql): seed 002's intersection attack and the release guard.
+"""The composition audit (sql/0010_composition.sql): Ganta et al.'s (2008) intersection attack and the release guard.
 
-Expected values are derived by hand from the tables typed in below (seed 002
+Expected values are derived by hand from the tables typed in below (Ganta et al. 2008
 Table 1, and a small clinic with a microaggregated release), or computed by an
 independent oracle in this file that reads the generalized cells itself.
 """
@@ -40,7 +40,7 @@ def load_table(conn: psycopg.Connection, ddl: str, name: str, rows: list[tuple])
         cur.executemany(f"insert into {name} values ({', '.join(['%s'] * len(rows[0]))})", rows)
 
 
-# --- seed 002 Table 1: two hospitals ---------------------------------------------------------------
+# --- Ganta et al. 2008 Table 1: two hospitals ---------------------------------------------------------------
 
 # Patients of each hospital (id, zip, age, nationality, condition), consistent with Table 1's
 # generalization. Alice (id 1, 28, 13012) is H1's row 1 and H2's row 1; Bob (id 7, 45) is H1's

@@ -456,7 +456,7 @@ def test_mdav_release_keeps_column_totals(postgresql: psycopg.Connection) -> Non
 
 
 def ordered_emd(part: Counter[int], whole: Counter[int]) -> Fraction:
-    """Ordered EMD (REFERENCE.md §2): (1/(m-1)) * sum over sorted values of |cumulative (p - q)|."""
+    """Ordered EMD (Li, Li, Venkatasubramanian 2007): (1/(m-1)) * sum over sorted values of |cumulative (p - q)|."""
     values = sorted(whole)
     n_part, n_whole = sum(part.values()), sum(whole.values())
     cumulative, total = Fraction(0), Fraction(0)

@@ -1,7 +1,7 @@
 """anonproxy.anonymize_full_domain: optimal full-domain generalization over hierarchy levels.
 
-Expected answers come from the book's vector (REFERENCE.md §8, seed 001 Table 5.1 and
-Fig. 5.3) and from a brute-force Python oracle in this file that enumerates the whole
+Expected answers come from the example of Domingo-Ferrer, Sánchez, Soria-Comas,
+*Database Anonymization* (2016), Table 5.1 and Fig. 5.3, and from a brute-force Python oracle in this file that enumerates the whole
 lattice with the documented metric (NCP, suppressed rows fully generalized).
 """
 
@@ -18,10 +18,11 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-ADULT = Path("/work/shared/datasets/adult")
+# The ARX hierarchies of the Adult columns, as shipped with anonproxy.
+ADULT_HIERARCHIES = Path(__file__).resolve().parent.parent / "anonproxy" / "data" / "hierarchies"
 Hierarchy = dict[str, list[str]]  # leaf -> node per level (level 0 = the leaf)
 
-# Table 5.1 of seed 001: (age, zip, condition).
+# Table 5.1 of Domingo-Ferrer et al. 2016: (age, zip, condition).
 TABLE_5_1 = [(21, 23058, "HD"), (24, 23059, "HD"), (26, 23060, "VI"), (27, 23061, "VI"),
              (43, 23058, "KS"), (43, 23059, "HD"), (47, 23060, "VI"), (49, 23061, "VI"),
              (32, 23058, "KS"), (34, 23059, "KS"), (35, 23060, "AIDS"), (38, 23061, "AIDS")]
@@ -168,7 +169,7 @@ T51_QI = [("age", "numeric", "t51.age"), ("zip", "categorical", "t51.zip")]
 
 def test_table_5_1_k2_finds_the_optimal_minimal_generalization(conn: psycopg.Connection) -> None:
     oracle = table_5_1(conn)
-    # The book (seed 001 ≈L839): the minimal 2-anonymous generalizations are (Age1, Zip1) and (Age3, Zip0).
+    # The book (Domingo-Ferrer et al. 2016): the minimal 2-anonymous generalizations are (Age1, Zip1) and (Age3, Zip0).
     assert oracle.minimal_satisfying(2, 0.0) == {(1, 1), (3, 0)}
     expected, loss, _ = oracle.optimum(2, 0.0)
     assert expected in {(1, 1), (3, 0)}
@@ -255,7 +256,6 @@ def test_unsatisfiable_model_fails_cleanly(conn: psycopg.Connection) -> None:
 # ---------------------------------------------------------------- adult
 
 ADULT_QI = ["age", "workclass", "education_num", "marital_status", "occupation", "race", "sex", "native_country"]
-ARX_FILE = {"marital_status": "marital-status", "native_country": "native-country"}
 
 
 def adult_hierarchies(conn: psycopg.Connection) -> dict[str, Hierarchy]:
@@ -264,8 +264,11 @@ def adult_hierarchies(conn: psycopg.Connection) -> dict[str, Hierarchy]:
         if column == "education_num":  # numeric 1..16: ranges of width 2, 4, 8, then everything
             found[column] = {str(v): [str(v), *(f"{(v - 1) // w * w + 1}-{(v - 1) // w * w + w}" for w in (2, 4, 8)),
                                       "*"] for v in range(1, 17)}
+        elif column == "age":  # ARX's age hierarchy for 1..100: ranges of width 5, 10, 20 from 0, then everything
+            found[column] = {str(v): [str(v), *(f"{(v - 1) // w * w}-{(v - 1) // w * w + w - 1}" for w in (5, 10, 20)),
+                                      "*"] for v in range(1, 101)}
         else:
-            path = ADULT / f"adult_hierarchy_{ARX_FILE.get(column, column)}.csv"
+            path = ADULT_HIERARCHIES / f"{column}.csv"
             with path.open(newline="") as f:
                 found[column] = {row[0]: row for row in csv.reader(f, delimiter=";")}
         store_hierarchy(conn, f"h3.{column}", found[column])

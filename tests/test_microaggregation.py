@@ -1,8 +1,9 @@
 """anonproxy.anonymize_mdav and anonproxy.anonymize_tclose_first (microaggregation).
 
 Expected answers are derived by hand (small sets) or by an independent Python
-oracle in this file (MDAV from seed 001 §3.2, EMD from REFERENCE.md §2, the cluster
-size of seed 001 Eq. 7.3 with the floor fix of Eq. 7.4).
+oracle in this file (MDAV from Domingo-Ferrer, Sánchez, Soria-Comas, *Database Anonymization*,
+2016, §3.2; the ordered EMD of Li, Li, Venkatasubramanian 2007; the cluster size of the
+book's Eq. 7.3 with the floor fix of Eq. 7.4).
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ def standardize(points: list[tuple[float, ...]]) -> list[tuple[float, ...]]:
 
 
 def mdav(points: list[tuple[float, ...]], k: int) -> list[list[int]]:
-    """MDAV as seed 001 §3.2 states it, on 1-based row numbers (data without distance ties)."""
+    """MDAV as Domingo-Ferrer et al. 2016 §3.2 states it, on 1-based row numbers (data without distance ties)."""
     z = dict(enumerate(standardize(points), start=1))
 
     def dist(a: tuple[float, ...], b: Sequence[float]) -> float:

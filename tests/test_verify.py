@@ -1,7 +1,7 @@
 """The verification functions of sql/0009_verify.sql against known answers.
 
-Expected values come from the test vectors of REFERENCE.md §8 (tables typed in
-from the seed papers, answers worked out by hand in the comments), from a
+Expected values come from small tables of the literature (typed in from the
+papers, answers worked out by hand in the comments), from a
 brute-force oracle written here, and from pycanon (an independent
 implementation, PyPI) on generalizations of adult.
 """
@@ -79,7 +79,7 @@ def load_hierarchy(db: psycopg.Connection, name: str, rows: list[list[str]]) -> 
     db.execute("select anonproxy.load_hierarchy(%s, %s::text[])", (name, rows))
 
 
-# --- seed 000, Tables 1.1-1.3 (Chen et al., ≈L165-206) ------------------------------------------------------------
+# --- Chen et al. 2009, Tables 1.1-1.3 -----------------------------------------------------------------------
 
 PATIENTS = {"age": "integer", "gender": "text", "zip": "text", "nationality": "text", "condition": "text"}
 TABLE_1_1: list[Row] = [
@@ -206,7 +206,7 @@ def test_table_1_3_kl_matches_the_oracle(patients: psycopg.Connection) -> None:
     assert metrics["kl_divergence"] == pytest.approx(kl_oracle(TABLE_1_1, TABLE_1_3), rel=1e-9)
 
 
-# --- seed 000, Table 4.4 (≈L1021): multidimensional recoding of Table 4.2 -------------------------------------------
+# --- Chen et al. 2009, Table 4.4: multidimensional recoding of Table 4.2 -------------------------------------------
 
 # Nationality is generalized to the continent (the survey's Table 4.3(b)); ages as printed in Table 4.4(a).
 TABLE_4_4: list[Row] = [
@@ -226,7 +226,7 @@ def test_table_4_4_is_2_anonymous_and_entropy_2_diverse(db: psycopg.Connection) 
     assert l_of(db, "table_4_4", qi, "disease", "distinct") == 2
 
 
-# --- seed 001, Table 5.2 (≈L800): 4-anonymous generalization of Table 5.1 -------------------------------------------
+# --- Domingo-Ferrer et al. 2016, Table 5.2: 4-anonymous generalization of Table 5.1 -------------------------------------------
 
 TABLE_5_2: list[Row] = (
     [("[20-30]", "230**", c) for c in ("Heart Disease", "Heart Disease", "Viral Infection", "Viral Infection")]
@@ -257,7 +257,7 @@ def test_table_5_2_ordered_emd_by_hand(db: psycopg.Connection) -> None:
     assert t_of(db, "table_5_2", ["age", "zip"], "condition", "ordered") == Decimal(1) / 4
 
 
-# --- seed 003, Fig. 3 (≈L145): 4-anonymous, distinct 3-diverse, not entropy 3-diverse -----------------------------
+# --- De Capitani di Vimercati et al., Fig. 3: 4-anonymous, distinct 3-diverse, not entropy 3-diverse -----------------------------
 
 FIGURE_3: list[Row] = (
     [("1970/**/**", "M", "9415*", d) for d in ("High Cholesterol", "Angina Pectoris", "Hepatitis", "Pneumonia")]

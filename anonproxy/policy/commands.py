@@ -17,7 +17,7 @@ import psycopg
 
 from .lint import lint, lint_k
 from .store import load_policy
-from .yaml_policy import PolicyError, apply_policy, dump_policy, read_policy_file
+from .yaml_policy import PolicyApplyError, PolicyError, apply_policy, dump_policy, read_policy_file
 
 
 def register(subparsers: Any) -> None:
@@ -44,7 +44,12 @@ def _apply(args: argparse.Namespace) -> int:
     try:
         policy = read_policy_file(args.file)
         with psycopg.connect(args.dsn) as conn:
-            version = apply_policy(conn, policy)
+            try:
+                version = apply_policy(conn, policy)
+            except PolicyApplyError as exc:
+                if exc.sqlstate != "42501":
+                    raise
+                return _fail(exc, _who_may_apply(conn))
     except (PolicyError, psycopg.Error, OSError) as exc:
         return _fail(exc)
     print(f"policy version {version} applied: {len(policy.tables)} protected table(s), "
@@ -76,11 +81,21 @@ def _lint(args: argparse.Namespace) -> int:
     return 1 if findings else 0
 
 
-def _fail(exc: Exception) -> int:
+def _who_may_apply(conn: psycopg.Connection) -> str:
+    """Which login a refused policy change needs: the owner of the anonproxy schema (its installer)."""
+    row = conn.execute("select nspowner::regrole::text from pg_catalog.pg_namespace where nspname = 'anonproxy'"
+                       ).fetchone()
+    owner = row[0] if row else "the owner of the anonproxy schema"
+    return (f"changing the policy needs role {owner} (the owner of the anonproxy schema and of the protected tables),"
+            f" not {conn.info.user}; `anonproxy up` prints that login as `owner`")
+
+
+def _fail(exc: Exception, *advice: str) -> int:
     if isinstance(exc, OSError) and exc.filename is not None:
         lines = [f"{exc.filename}: {exc.strerror}"]
     else:
         lines = str(exc).strip().splitlines() or [type(exc).__name__]
+    lines += advice
     for line in lines:
         print(f"anonproxy policy: {line}", file=sys.stderr)
     return 1

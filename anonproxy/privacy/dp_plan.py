@@ -4,7 +4,7 @@ Pure and I/O-free. :func:`plan_dp` reads the client's SQL with the same
 parser, validator and expression allowlist as suppression mode
 (:func:`anonproxy.rewrite.analytic.analyze`), and builds SQL for the service
 connection that returns *exact, contribution-bounded* per-group statistics
-(DESIGN.md principle 6). :func:`answer` adds exact discrete noise to those
+(docs/design.md, principle 6). :func:`answer` adds exact discrete noise to those
 statistics in the proxy (principle 4), draws quantiles with the exponential
 mechanism, keeps non-public groups only when a noisy count of distinct units
 passes a threshold (partition selection), and then applies HAVING, ORDER BY,

@@ -1,4 +1,4 @@
-"""Exact discrete noise for differentially private answers (DESIGN.md principle 4).
+"""Exact discrete noise for differentially private answers (docs/design.md, principle 4).
 
 Samplers (Canonne, Kamath, Steinke 2020, "The Discrete Gaussian for
 Differential Privacy", Algorithms 1–3), on exact rationals, with every random

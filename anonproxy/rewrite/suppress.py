@@ -1,4 +1,4 @@
-"""Build the suppression SQL for an analytic query (REFERENCE.md §5).
+"""Build the suppression SQL for an analytic query (docs/suppression.md).
 
 Two shapes:
 

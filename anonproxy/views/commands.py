@@ -197,6 +197,11 @@ def hierarchy_choice(text: str) -> tuple[str, str | None]:
 
 
 def _anonymize(args: argparse.Namespace) -> int:
+    too_large = _k_exceeding_source(args.dsn, args.source, args.unit, args.k)
+    if too_large:
+        for line in too_large:
+            print(f"anonproxy anonymize: {line}", file=sys.stderr)
+        return 1
     arguments: dict[str, object] = {"source": args.source, "target": args.target, "quasi_identifiers": args.qi}
     arguments.update({name: getattr(args, name) for name in _VIEW_OPTIONS if getattr(args, name) is not None})
     if args.hierarchy:
@@ -208,6 +213,28 @@ def _anonymize(args: argparse.Namespace) -> int:
         sql.SQL("{} => {}{}").format(sql.Identifier(name), sql.Placeholder(name), sql.SQL(casts.get(name, "")))
         for name in arguments))
     return _run_release_query("anonymize", args.dsn, query, arguments)
+
+
+def _k_exceeding_source(dsn: str, source: str, unit: str | None, k: int) -> list[str]:
+    """The error lines when k exceeds the rows (or privacy units) of the source, found before anything is copied.
+
+    Empty when k fits, or when the count itself fails: create_anonymized_view
+    then reports that problem in its own words.
+    """
+    try:
+        with psycopg.connect(dsn) as conn:
+            row = conn.execute("select n.nspname, c.relname from pg_catalog.pg_class c join pg_catalog.pg_namespace n "
+                               "on n.oid = c.relnamespace where c.oid = %s::regclass", (source,)).fetchone()
+            assert row is not None
+            counted = sql.SQL("count(distinct {})").format(sql.Identifier(unit)) if unit else sql.SQL("count(*)")
+            counts = conn.execute(sql.SQL("select {} from {}").format(counted, sql.Identifier(*row))).fetchone()
+    except psycopg.Error:
+        return []
+    assert counts is not None
+    if k <= counts[0]:
+        return []
+    return [f"k = {k} exceeds the {counts[0]} {'privacy units' if unit else 'rows'} of {source} (SQLSTATE 22023)",
+            "hint: no k-anonymous release of it exists: lower k"]
 
 
 def _run_release_query(command: str, dsn: str, query: sql.SQL | sql.Composed, arguments: dict[str, object]) -> int:

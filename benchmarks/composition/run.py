@@ -27,7 +27,7 @@ from anonproxy.views.hierarchies import load_adult_hierarchies
 QI = ["age", "workclass", "education", "marital_status", "race", "sex", "native_country"]
 HIERARCHIES = json.dumps({q: f"adult.{q}" for q in QI + ["occupation"]})
 OVERLAP = 5000
-# What seed 002 reports in its text for Adult (Figures 1-6 are not in the text we have).
+# What Ganta et al. 2008 reports in its text for Adult (Figures 1-6 are not in the text we have).
 PAPER = {"k=5": "PVP100 ≈ 12 %, PVP25 > 60 %"}
 
 
