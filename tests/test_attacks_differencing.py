@@ -233,3 +233,25 @@ def test_dashboards_still_work(reporter: psycopg.Connection[Any], truth: psycopg
     truth_gains = dict(truth.execute(f"select {key}, sum(capital_gain) from adult group by 1").fetchall())
     released = [(group, total) for group, total in gains if group is not None]
     assert released and all(group in expected and total == truth_gains[group] for group, total in released)
+
+
+# --- what suppression still cannot stop ----------------------------------------------------------------------
+
+
+def test_known_limit_released_groups_together(reporter: psycopg.Connection[Any],
+                                              truth: psycopg.Connection[Any]) -> None:  # noqa: F811
+    """Documented limit (docs/suppression.md, "Secondary suppression"): every released group obeys k <= |G| <= N - k,
+    but the released groups of one answer together may cover N - 1 people, and the whole table's total is public.
+
+    Kept as a test so that the page stays true; dp mode is the answer to this attack.
+    """
+    everyone = _everyone(truth)
+    alone = "select hours_per_week from adult where native_country = 'Holand-Netherlands'"
+    assert len(truth.execute(alone).fetchall()) == 1
+    whole = sum(n for _, n in reporter.execute("select sex, sum(hours_per_week) from adult group by 1").fetchall())
+    for sql in ("select sex, native_country = 'Holand-Netherlands', count(*), sum(hours_per_week) from adult "
+                "group by 1, 2",
+                "select native_country, count(*), sum(hours_per_week) from adult group by 1"):
+        rows = reporter.execute(sql).fetchall()
+        assert sum(row[-2] for row in rows) == everyone - 1, sql
+        assert whole - sum(row[-1] for row in rows) == truth.execute(alone).fetchone()[0], sql
