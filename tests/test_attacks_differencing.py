@@ -19,14 +19,13 @@ differencing limit (docs/suppression.md "Limits", kept by tests/test_attacks.py)
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from decimal import Decimal
 from typing import Any
 
 import psycopg
 import pytest
 from conftest import Endpoint
-from test_attacks_relations import VISITS, refusal, tables  # noqa: F401 - fixtures
+from test_attacks_relations import VISITS, refusal, reporter, tables  # noqa: F401 - fixtures
 from test_dp_proxy import analyst, budget_left, truth  # noqa: F401 - fixtures
 
 K = 10
@@ -79,12 +78,6 @@ LARGE = [
     "select count(*), sum(capital_gain) from adult group by native_country in ('Holand-Netherlands')",
     "select workclass is not null, count(*) from adult group by 1",
 ]
-
-
-@pytest.fixture
-def reporter(tables: None, gated_proxy: Endpoint, gated_database: str) -> Iterator[psycopg.Connection[Any]]:  # noqa: F811
-    with psycopg.connect(gated_proxy.dsn(gated_database, user="reporter"), autocommit=True) as conn:
-        yield conn
 
 
 def _everyone(truth: psycopg.Connection[Any]) -> int:  # noqa: F811
