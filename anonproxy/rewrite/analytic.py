@@ -499,7 +499,7 @@ def _grouping(tree: exp.Select, layout: _Layout, items: list[Item], checker: Che
             continue
         if isinstance(node, exp.Literal):
             raise unsupported("GROUP BY needs column expressions", SHAPE_HINT)
-        checker.row(node, "GROUP BY")
+        checker.key(node, "GROUP BY")
         if not any(isinstance(n, exp.Column) for n in node.walk()):
             raise unsupported("GROUP BY needs column expressions", SHAPE_HINT)
         keys.append(text)

@@ -13,6 +13,14 @@ units and width_bucket bounds are constants checked here.
 Select items, HAVING and ORDER BY may also hold aggregates: COUNT(*),
 COUNT(x), COUNT(DISTINCT x), SUM, AVG, and MIN/MAX when the role allows them.
 
+Identifying columns (the privacy unit, linked keys, columns the policy marks
+``identifier``) may filter rows in WHERE, where the group-size rules then
+apply. Everywhere else they could label one person's rows without removing
+anyone, so they are refused inside aggregates (but count(DISTINCT id)), in JOIN
+conditions, and in any expression of GROUP BY, the select list, HAVING or
+ORDER BY; there they may stand only bare (GROUP BY id: every group is one
+person).
+
 Every node type is checked together with the arguments sqlglot filled in, so
 a modifier this module does not know about (a new sqlglot argument, FILTER,
 ORDER BY inside an aggregate, ...) is refused rather than ignored.
@@ -229,6 +237,10 @@ class Checker:
         self.source = source  # the text node positions index into, to check function spellings
         self._in_aggregate = False
         self._in_join = False
+        # Where an expression labels rows rather than filtering them (GROUP BY, select items, HAVING, ORDER BY
+        # outside aggregates), an identifying column may stand only bare: the node allowed to be one.
+        self._labels = False
+        self._bare: exp.Expression | None = None
 
     # -- hints: they name what the clause and the role's mode allow -------------
 
@@ -254,8 +266,13 @@ class Checker:
         self._walk(node, clause, aggregates=False)
 
     def grouped(self, node: exp.Expression, clause: str) -> None:
-        """An expression evaluated per group: aggregates allowed, their arguments row-level."""
-        self._walk(node, clause, aggregates=True)
+        """An expression evaluated per group: aggregates allowed, their arguments row-level; outside aggregates, an
+        identifying column only bare."""
+        self._labelling(node, clause, aggregates=True)
+
+    def key(self, node: exp.Expression, clause: str) -> None:
+        """A grouping expression: row-level, and an identifying column only bare (GROUP BY id, never id = 17)."""
+        self._labelling(node, clause, aggregates=False)
 
     def join_condition(self, node: exp.Expression) -> None:
         """A JOIN condition next to the declared key: row-level, and without identifying columns."""
@@ -264,6 +281,13 @@ class Checker:
             self._walk(node, "a JOIN condition", aggregates=False)
         finally:
             self._in_join = False
+
+    def _labelling(self, node: exp.Expression, clause: str, aggregates: bool) -> None:
+        self._labels, self._bare = True, unwrap(node)
+        try:
+            self._walk(node, clause, aggregates)
+        finally:
+            self._labels, self._bare = False, None
 
     # -- walking --------------------------------------------------------------
 
@@ -274,7 +298,11 @@ class Checker:
                 raise unsupported(f"aggregate {_function_name(node)}() is not allowed in {clause}",
                                   _NO_AGGREGATE_HINTS.get(clause, "Aggregates cannot be nested: aggregate the "
                                                                   "column once."))
-            self._aggregate(node, clause)
+            labels, self._labels = self._labels, False  # an aggregate's argument has a rule of its own
+            try:
+                self._aggregate(node, clause)
+            finally:
+                self._labels = labels
             return
         allowed = _ROW_NODES.get(type(node))
         if allowed is None:
@@ -368,22 +396,29 @@ class Checker:
                                 f"it as {name}({table}), a function of the whole row, unless the table has a column "
                                 f"{name}", f"Name the table's columns; if {name} is one, ask the DBA to declare it "
                                 "in the policy.")
-        if self._in_join and name is not None:
-            reference = self.scope.unaliased.get((schema, table)) if schema is not None and table else table
-            if self.scope.is_identifier(reference, name):
-                raise forbidden(
-                    f"identifying column {name} is not allowed in a JOIN condition over protected table "
-                    f"{self.table} other than in the declared key: in an outer join such a condition marks the "
-                    f"rows it names instead of filtering them, like CASE WHEN {name} = 17 ... in every aggregate",
-                    f"Filter on {name} in WHERE, where the group-size rules apply; join on the declared key only.")
-        if self._in_aggregate and name is not None:
-            reference = self.scope.unaliased.get((schema, table)) if schema is not None and table else table
-            if self.scope.is_identifier(reference, name):
-                raise forbidden(
-                    f"identifying column {name} is not allowed inside an aggregate over protected table "
-                    f"{self.table}: it can single out one person (count(CASE WHEN {name} = 17 ...))",
-                    f"Filter on {name} in WHERE, where the group-size rules apply, or count people with "
-                    f"count(DISTINCT {name}).")
+        reference = self.scope.unaliased.get((schema, table)) if schema is not None and table else table
+        identifying = name is not None and self.scope.is_identifier(reference, name)
+        if identifying and self._in_join:
+            raise forbidden(
+                f"identifying column {name} is not allowed in a JOIN condition over protected table "
+                f"{self.table} other than in the declared key: in an outer join such a condition marks the "
+                f"rows it names instead of filtering them, like CASE WHEN {name} = 17 ... in every aggregate",
+                f"Filter on {name} in WHERE, where the group-size rules apply; join on the declared key only.")
+        if identifying and self._labels and node is not self._bare:
+            raise forbidden(
+                f"identifying column {name} is not allowed inside an expression in {clause} of a query over "
+                f"protected table {self.table}: a group such as {name} = 17 or CASE WHEN {name} = 17 ... splits "
+                "one person from everyone else, and the large group's total differs from the whole table's by "
+                "that person",
+                f"Group by {name} itself, or filter on {name} in WHERE." if self.dp else
+                f"Group by {name} itself (every group is then one person, and withheld), or filter on {name} in "
+                "WHERE, where the group-size rules apply.")
+        if identifying and self._in_aggregate:
+            raise forbidden(
+                f"identifying column {name} is not allowed inside an aggregate over protected table "
+                f"{self.table}: it can single out one person (count(CASE WHEN {name} = 17 ...))",
+                f"Filter on {name} in WHERE, where the group-size rules apply, or count people with "
+                f"count(DISTINCT {name}).")
         if table is None:
             if name in self.scope.references:
                 raise forbidden(f"{name} names a whole row of {self.scope.references[name].policy_name}; "

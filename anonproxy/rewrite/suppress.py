@@ -3,9 +3,10 @@
 Two shapes:
 
 * **simple** (no magnitude rules apply, no suppressed-rest row): the client's
-  query with one more HAVING condition, ``count(DISTINCT unit) >= k`` for a
-  grouped query, or query-set-size control ``k <= |C| <= N - k`` for a query
-  without GROUP BY.
+  query with one more HAVING condition, query-set-size control
+  ``k <= count(DISTINCT unit) <= N - k`` on every group, as on the one group of
+  a query without GROUP BY: a group of all but a few people differs from the
+  whole table's total (another GROUP BY's sum) by those few.
 
 * **cells** (dominance or p % rules on SUM/AVG, or a suppressed-rest row):
   CTEs compute each privacy unit's contribution per group
@@ -84,12 +85,13 @@ def _contributes(rule: str, argument: str) -> str:
     return f"({argument}) IS NOT NULL" if rule == "nonnull" else f"({argument}) <> 0"
 
 
+def _query_set_size(units: str, query: AnalyticQuery, rules: _Rules) -> str:
+    """``k <= units <= N - k``: a released total leaves out nobody or at least k people of the whole table."""
+    return f"{units} BETWEEN {rules.k} AND ({query.universe}) - {rules.k}"
+
+
 def _simple(query: AnalyticQuery, rules: _Rules) -> str:
-    units = f"count(DISTINCT {query.unit})"
-    if query.grouped:
-        conditions = [f"{units} >= {rules.k}"]
-    else:
-        conditions = [f"{units} BETWEEN {rules.k} AND ({query.universe}) - {rules.k}"]
+    conditions = [_query_set_size(f"count(DISTINCT {query.unit})", query, rules)]
     conditions += [f"count(DISTINCT CASE WHEN {_contributes(rule, argument)} THEN {query.unit} END) >= {rules.k}"
                    for rule, argument in query.contributors]
     return _client_select(query, "\n   AND ".join(conditions), with_order=True)
@@ -113,10 +115,8 @@ def _cells(query: AnalyticQuery, rules: _Rules, magnitudes: tuple[str, ...], res
     ctes.append((CELLS, "\n".join(lines), ("one row per group and privacy unit: its part of each SUM/AVG, and "
                  "whether it contributes to each aggregate")))
 
-    threshold = (f"count(unit) >= {rules.k}" if query.grouped
-                 else f"count(unit) BETWEEN {rules.k} AND ({query.universe}) - {rules.k}")
-    ctes += _verdict(CELLS, RANKED, GROUPS, keys, sums, flags, threshold, rules,
-                     "released: k distinct units" + (", magnitude rules" if sums else ""))
+    ctes += _verdict(CELLS, RANKED, GROUPS, keys, sums, flags, _query_set_size("count(unit)", query, rules), rules,
+                     "released: k to N - k distinct units" + (", magnitude rules" if sums else ""))
 
     if query.grouped:
         released = f"{_key_tuple(query.keys)} IN (SELECT {_key_tuple(keys, bare=True)} FROM {GROUPS} WHERE released)"
@@ -149,7 +149,7 @@ def _cells(query: AnalyticQuery, rules: _Rules, magnitudes: tuple[str, ...], res
     ]), "each privacy unit's part of the withheld rows"))
     # Query-set-size control, as for a query without GROUP BY: the rest row is a total over its own people, and
     # with the released rows it adds up to a total over everyone the answer covers; both must leave k people out.
-    population = (f"count(unit) BETWEEN {rules.k} AND ({query.universe}) - {rules.k}\n"
+    population = (f"{_query_set_size('count(unit)', query, rules)}\n"
                   f"         AND (SELECT units FROM {ANSWERED}) <= ({query.universe}) - {rules.k}")
     ctes += _verdict(REST_CELLS, REST_RANKED, REST, [], sums, flags, population, rules,
                      "the rest row is released only if it passes the same rules, query-set-size control included")
