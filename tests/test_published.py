@@ -220,6 +220,9 @@ def test_queries_mixing_published_and_protected_are_refused(query: str) -> None:
 
 
 def test_a_relation_of_the_same_name_in_another_schema_is_not_published() -> None:
-    # other.adult_by_decade is an ordinary table: joined to adult, the suppress rewriter takes it.
+    # other.adult_by_decade is an ordinary table, not the published relation: joined to adult it is refused as a
+    # relation outside the policy (issue 10), not as a published one.
     query = "select a.sex, count(*) from adult a join other.adult_by_decade r on a.sex = r.sex group by 1"
-    assert not isinstance(decide(query, POLICY.role("reporter"), POLICY), Reject)
+    decision = decide(query, POLICY.role("reporter"), POLICY)
+    assert isinstance(decision, Reject) and decision.sqlstate == "42501", decision
+    assert "other.adult_by_decade" in decision.message and "published" not in decision.message, decision
