@@ -158,6 +158,12 @@ def test_constructs_off_the_allowlist_are_refused(text: str, name: str) -> None:
     assert name in refusal.name, refusal.name
 
 
+def test_sql_too_deep_to_walk_is_refused_not_crashed() -> None:
+    deep = "coalesce(" * 3000 + "a.age" + ")" * 3000 + " > 30"
+    refusal = refused(sql(where=deep))
+    assert refusal.name == "(too deep)", refusal.name
+
+
 def test_the_guard_cte_may_read_its_catalogs_and_nothing_else() -> None:
     guard = ("WITH anonproxy_guard AS (SELECT count(DISTINCT i.indrelid) = 1 AS single FROM pg_catalog.pg_index AS i "
              "JOIN pg_catalog.pg_attribute AS a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0] "

@@ -80,7 +80,10 @@ class Refused(Exception):
 
 class NoisyAnswers:
     def __init__(self, dsn: str, size: int = POOL_SIZE) -> None:
-        self._dsn = dsn
+        # Unqualified names in plans resolve in pg_catalog only, as the final SQL check assumes (a function of the
+        # same name in another schema on the search_path could otherwise be a better match for its argument types).
+        options = psycopg.conninfo.conninfo_to_dict(dsn).get("options") or ""
+        self._dsn = psycopg.conninfo.make_conninfo(dsn, options=f"{options} -c search_path=pg_catalog".strip())
         self._idle: list[psycopg.AsyncConnection[Any]] = []
         self._slots = asyncio.Semaphore(size)
         self._plans: dict[tuple[str, str, int, DPParams], DPPlan | Reject] = {}

@@ -118,6 +118,9 @@ def check_final_sql(sql: str, policy: Policy) -> None:
     try:
         # The JSON form of the tree: several times faster to read than pglast's Python objects.
         statements = json.loads(parse_sql_json(sql))["stmts"]
+    except RecursionError:
+        raise FinalCheckRefusal("(too deep)", "anonproxy's final check found the SQL it generated nested too "
+                                "deeply to read") from None
     except ParseError as exc:
         raise FinalCheckRefusal("(unparseable)", "anonproxy's final check could not parse the SQL it generated "
                                 f"with PostgreSQL's grammar: {exc}") from None
@@ -126,7 +129,11 @@ def check_final_sql(sql: str, policy: Policy) -> None:
         raise FinalCheckRefusal("(not one SELECT)", "anonproxy's final check found generated SQL that is not "
                                 "exactly one SELECT")
     allowed = {split_policy_name(name) for name in [*policy.tables, *policy.links]}
-    _Walk(allowed).statement(top["SelectStmt"])
+    try:
+        _Walk(allowed).statement(top["SelectStmt"])
+    except RecursionError:
+        raise FinalCheckRefusal("(too deep)", "anonproxy's final check found the SQL it generated nested too "
+                                "deeply to walk") from None
 
 
 class _Walk:
