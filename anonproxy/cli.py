@@ -15,6 +15,7 @@ from .config import ConfigError, ProxyConfig, load_config
 from .embedded import EmbeddedPostgres, EmbeddedPostgresError
 from .logs import setup_logging
 from .policy import commands as policy_commands
+from . import trail
 from .proxy.server import ProxyStartError, run_proxy
 from .views import audit, report
 from .views import commands as view_commands
@@ -64,6 +65,7 @@ def _parser() -> argparse.ArgumentParser:
     audit.register(commands)
     report.register(commands)
     verify_command.register(commands)
+    trail.register(commands)
     return parser
 
 
