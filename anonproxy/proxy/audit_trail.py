@@ -51,6 +51,7 @@ PURGE_INTERVAL = 3600.0  # seconds between two calls of anonproxy.audit_purge
 STOP_TIMEOUT = 5.0  # seconds the last flush may take when the worker stops
 MAX_STATEMENT = 16_384  # characters of a statement's text kept in its record
 RELATIONS_CACHE_SIZE = 10_000
+TEXTS_SIZE = 10_000
 
 
 @dataclass(frozen=True)
@@ -106,6 +107,8 @@ class AuditTrail:
         self._wake = asyncio.Event()
         self._next_purge = 0.0  # time.monotonic() of the next audit_purge call
         self._relations: dict[str, tuple[str, ...]] = {}
+        # (session, decision) -> the client's text of a statement the proxy answers itself, from decided()
+        self._texts: dict[tuple[str, Decision], str] = {}
 
     # -- what sessions call (no I/O) ------------------------------------------------
 
@@ -113,6 +116,10 @@ class AuditTrail:
         """The gate's decision on a statement; those the proxy answers itself are recorded by ``answered``."""
         if isinstance(decision, (Noisy, ExplainDP, SessionSetting)) or (
                 isinstance(decision, Intercept) and decision.setting in PROXY_SETTINGS):
+            # Its decision holds the statement without the comments around it: keep the client's text for later.
+            if len(self._texts) >= TEXTS_SIZE:
+                self._texts.clear()
+            self._texts[(who.session_id, decision)] = sql
             return
         if isinstance(decision, Reject):
             self._add(AuditRecord(time.time(), who, mode, sql, "refused", decision.sqlstate, decision.message))
@@ -128,7 +135,8 @@ class AuditTrail:
         refused = spent.sqlstate is not None
         if isinstance(reply, Result):
             spent.rows_sent = len(reply.rows)
-        self._add(AuditRecord(time.time(), who, mode, statement_text(decision), "refused" if refused else "answered",
+        text = self._texts.get((who.session_id, decision)) or statement_text(decision)
+        self._add(AuditRecord(time.time(), who, mode, text, "refused" if refused else "answered",
                               spent.sqlstate, spent.message, spent.relations, epsilon=spent.epsilon,
                               delta=spent.delta, rows_sent=spent.rows_sent))
 
@@ -230,7 +238,7 @@ def tables_read(sql: str) -> tuple[str, ...]:
 
 
 def statement_text(decision: Decision) -> str:
-    """The text of a statement the proxy answers itself: the client's, or the canonical form of a setting's."""
+    """The text of a statement the proxy answers itself, when the client's was not kept: its canonical form."""
     if isinstance(decision, Noisy):
         return decision.sql
     if isinstance(decision, ExplainDP):
