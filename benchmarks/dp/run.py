@@ -155,6 +155,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             _timed(admin, query.sql)
         progress(f"anonproxy: {args.repeat} repetitions x {len(QUERIES)} queries")
         started = time.monotonic()
+        cpu_before = {"on": proxy.cpu_seconds(), "off": proxy_off.cpu_seconds()}
         for n in range(args.repeat):
             admin.execute("delete from anonproxy.answer_cache where role_name in (%s, %s)", (ROLE, ROLE_OFF))
             for position, query in enumerate(QUERIES):
@@ -181,6 +182,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if (n + 1) % 10 == 0:
                 progress(f"  {n + 1}/{args.repeat}")
         anonproxy_seconds = time.monotonic() - started
+        # Each proxy answered the same statements: its CPU time per statement, the trail's writer included.
+        statements = 2 * sum(len(timings[q.id]["first"]) for q in QUERIES)
+        proxy_cpu = {"on": proxy.cpu_seconds() - cpu_before["on"], "off": proxy_off.cpu_seconds() - cpu_before["off"]}
+        proxy_cpu_ms = {side: 1000 * seconds / max(statements, 1) for side, seconds in proxy_cpu.items()}
+        time.sleep(2)  # the trail-on proxy writes its buffer at least every second
+        audit_rows = admin.execute("select count(*) from anonproxy.audit_trail").fetchone()[0]
         # After anonproxy's runs, not during them: the latencies above are measured on a quiet machine.
         smartnoise = _start_smartnoise(args, csv, Path(tmp) / "smartnoise.json", nominal=False)
         sn = _finish_smartnoise(smartnoise)
@@ -188,7 +195,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         sn_nominal = _finish_smartnoise(nominal_state)
     results = [_query_result(q, truth[q.id], answers[q.id], refusals.get(q.id), timings[q.id], sn, sn_nominal)
                for q in QUERIES]
-    summary = _summary(results, sn is not None)
+    summary = _summary(results, sn is not None) | {
+        "proxy_cpu_ms_per_statement_trail_on": proxy_cpu_ms["on"],
+        "proxy_cpu_ms_per_statement_trail_off": proxy_cpu_ms["off"],
+        "audit_trail_rows_written": audit_rows,
+    }
     _print_report(results, summary, args, sn)
     return {
         "settings": {"repeat": args.repeat, "epsilon_per_query": EPSILON, "delta_per_query": DELTA, "role": ROLE,
@@ -402,6 +413,10 @@ def _print_report(results: list[dict[str, Any]], summary: dict[str, Any], args: 
     print(f"audit trail cost, p50 on - off: first charge median over queries "
           f"{_fmt(s['trail_cost_first_ms_median_over_queries'], '+.2f')} ms, seen (cached answer) median "
           f"{_fmt(s['trail_cost_seen_ms_median_over_queries'], '+.2f')} ms")
+    print(f"proxy CPU per statement over the measured runs (worker + supervisor, the trail's writer included): "
+          f"trail on {s['proxy_cpu_ms_per_statement_trail_on']:.3f} ms, trail off "
+          f"{s['proxy_cpu_ms_per_statement_trail_off']:.3f} ms; rows in anonproxy.audit_trail at the end: "
+          f"{s['audit_trail_rows_written']}")
 
 
 if __name__ == "__main__":

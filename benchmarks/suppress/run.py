@@ -286,6 +286,8 @@ def run(args: argparse.Namespace) -> dict[str, object]:
                 proxy, first, [[first_sight_text(query, 100_000 + n) for query in QUERIES] for n in range(cpu_rounds)]
             ),
         }
+        time.sleep(2)  # the trail-on proxy writes its buffer at least every second
+        audit_rows = admin.execute("select count(*) from anonproxy.audit_trail").fetchone()[0]
     results = [
         _result(
             query,
@@ -298,6 +300,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         for query in QUERIES
     ]
     summary = _summary(results) | {f"proxy_cpu_{key}_ms_per_statement": value for key, value in proxy_cpu.items()}
+    summary["audit_trail_rows_written"] = audit_rows
     _print_report(results, summary, machine_cpu_pct, elapsed)
     settings = {
         "repeat": args.repeat,
@@ -729,6 +732,7 @@ def _print_report(results: list[QueryResult], summary: dict[str, Any], machine_c
         f"{', '.join(clearly) if clearly else 'none'}"
         + (f"; outside PostgreSQL median {summary['outside_trail_cost_p50_median_ms']:+.2f} ms"
            if "outside_trail_cost_p50_median_ms" in summary else "")
+        + f"; rows in anonproxy.audit_trail at the end: {summary['audit_trail_rows_written']}"
     )
     print(
         f"cross-check, median of paired differences (same repetition): seen max "
