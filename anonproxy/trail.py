@@ -33,6 +33,7 @@ TOP_REFUSED = 10
 
 @dataclass(frozen=True)
 class Entry:
+    id: int
     at: datetime
     login: str | None
     client_addr: str | None
@@ -122,11 +123,11 @@ def latest(conn: psycopg.Connection, filters: Filters, limit: int) -> list[Entry
     """The latest ``limit`` records that pass ``filters``, oldest first."""
     with conn.cursor(row_factory=class_row(Entry)) as cur:
         cur.execute(f"""select * from (
-                          select at, login, host(client_addr) as client_addr, mode, decision, sqlstate, epsilon,
+                          select id, at, login, host(client_addr) as client_addr, mode, decision, sqlstate, epsilon,
                                  delta, relations, statement
                             from anonproxy.audit_trail where {_WHERE}
                            order by at desc, id desc limit %(limit)s) latest
-                        order by at, statement""", _params(filters) | {"limit": limit})
+                        order by at, id""", _params(filters) | {"limit": limit})
         return cur.fetchall()
 
 

@@ -29,6 +29,7 @@ from test_dp_proxy import analyst, truth  # noqa: F401  (fixtures)
 
 from anonproxy.embedded import EmbeddedPostgres
 from anonproxy.proxy.audit_trail import AuditTrail, Who
+from anonproxy.rewrite.decision import Pass
 
 WAIT = 20.0  # seconds a record may take to reach the database before a test gives up
 _runs = itertools.count(1)
@@ -164,11 +165,10 @@ def test_a_full_buffer_drops_records_but_says_how_many(gated_database: str, pg_s
                                                        caplog: pytest.LogCaptureFixture) -> None:
     marker = tag()
     who = Who("reporter", gated_database, f"test.{next(_runs)}", "127.0.0.1", 5)
+    service = pg_server.conninfo(dbname=gated_database, user=SERVICE_ROLE, password=SERVICE_ROLE)
 
     async def scenario() -> None:
-        writer = AuditTrail(pg_server.conninfo(dbname=gated_database, user=SERVICE_ROLE, password=SERVICE_ROLE),
-                            capacity=2)
-        from anonproxy.rewrite.decision import Pass
+        writer = AuditTrail(service, capacity=2)
         for n in range(5):
             writer.decided(who, "suppress", f"/* {marker} {n} */ select 1", Pass())
         await writer.flush()
@@ -180,7 +180,28 @@ def test_a_full_buffer_drops_records_but_says_how_many(gated_database: str, pg_s
     assert any("3 records were dropped" in message for message in caplog.messages)
     lost = truth.execute("select statement, login from anonproxy.audit_trail where decision = 'lost' "
                          "order by id desc limit 1").fetchone()
-    assert lost == ("3 audit records were dropped: the proxy's audit buffer was full", None)
+    assert lost == ("3 audit record(s) dropped: the proxy's buffer was full or the database refused them", None)
+
+
+def test_a_batch_the_database_refuses_does_not_hold_up_the_next(gated_database: str, pg_server: EmbeddedPostgres,
+                                                                truth: psycopg.Connection) -> None:  # noqa: F811
+    marker = tag()
+    service = pg_server.conninfo(dbname=gated_database, user=SERVICE_ROLE, password=SERVICE_ROLE)
+    bad = Who("reporter", gated_database, f"test.{next(_runs)}", "not an address", 5)
+    good = Who("reporter", gated_database, f"test.{next(_runs)}", "127.0.0.1", 5)
+
+    async def scenario() -> None:
+        writer = AuditTrail(service)
+        writer.decided(bad, "suppress", f"/* {marker} bad */ select 1", Pass())
+        await writer.flush()  # refused: inet rejects the address
+        writer.decided(good, "suppress", f"/* {marker} good */ select 1", Pass())
+        await writer.stop()
+
+    asyncio.run(scenario())
+    assert [r["statement"].split()[2] for r in records(truth, marker)] == ["good"]
+    lost = truth.execute("select statement from anonproxy.audit_trail where decision = 'lost' "
+                         "order by id desc limit 1").fetchone()
+    assert lost == ("1 audit record(s) dropped: the proxy's buffer was full or the database refused them",)
 
 
 def trail_command(*args: str) -> subprocess.CompletedProcess[str]:

@@ -11,9 +11,9 @@ as a batch is full. Nothing on a client's path waits for the database.
 
 When the buffer is full (the database is down or slower than the clients),
 new records are dropped rather than blocking the worker's event loop, which
-would stall every session of the worker. Drops are never silent: each flush
-logs a WARNING with the number dropped and writes a row with decision
-``lost`` saying how many, so the gap shows in the trail itself.
+would stall every session of the worker. Drops are never silent: the next
+write adds a row with decision ``lost`` saying how many, and logs a WARNING
+with the number, so the gap shows in the trail itself.
 
 The writer also calls ``anonproxy.audit_purge`` (rows older than the
 retention) when it starts and then every ``PURGE_INTERVAL`` seconds.
@@ -48,6 +48,7 @@ CAPACITY = 10_000  # records buffered per worker before new ones are dropped
 BATCH = 500  # records per audit_write call; a full batch is written at once
 FLUSH_INTERVAL = 1.0  # seconds: the longest a record waits in the buffer while the database is up
 PURGE_INTERVAL = 3600.0  # seconds between two calls of anonproxy.audit_purge
+WARNING_INTERVAL = 60.0  # seconds between two warnings that the trail cannot be written
 STOP_TIMEOUT = 5.0  # seconds the last flush may take when the worker stops
 MAX_STATEMENT = 16_384  # characters of a statement's text kept in its record
 RELATIONS_CACHE_SIZE = 10_000
@@ -106,6 +107,7 @@ class AuditTrail:
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self._next_purge = 0.0  # time.monotonic() of the next audit_purge call
+        self._quiet_until = 0.0  # time.monotonic() before which write failures are not logged again
         self._relations: dict[str, tuple[str, ...]] = {}
         # (session, decision) -> the client's text of a statement the proxy answers itself, from decided()
         self._texts: dict[tuple[str, Decision], str] = {}
@@ -175,7 +177,12 @@ class AuditTrail:
             await self.flush()
 
     async def flush(self) -> None:
-        """Write the buffered records, a batch at a time; on a database error keep them for the next flush."""
+        """Write the buffered records, a batch at a time.
+
+        While the database cannot be reached the records stay in the buffer for the next flush; a batch the
+        database refuses (it could never be written) is counted as dropped, so that the records after it are not
+        held up and the trail still says how many are missing."""
+        batch = 0
         try:
             if self._conn is None or self._conn.closed:
                 self._conn = await psycopg.AsyncConnection.connect(self._dsn, autocommit=True,
@@ -186,23 +193,36 @@ class AuditTrail:
                     log.info("audit trail: %d records older than the retention deleted", deleted)
                 self._next_purge = time.monotonic() + PURGE_INTERVAL
             while self._buffer or self._dropped:
-                records = [self._buffer[i] for i in range(min(self._batch, len(self._buffer)))]
-                rows = [self._row(record) for record in records]
+                batch = min(self._batch, len(self._buffer))
+                rows = [self._row(self._buffer[i]) for i in range(batch)]
                 dropped = self._dropped
                 if dropped:
-                    log.warning("audit trail: %d records were dropped: the buffer of %d was full", dropped,
-                                self.capacity)
                     rows.append(_lost_row(dropped))
                 await self._conn.execute("select anonproxy.audit_write(%s)", (Jsonb(rows),))
+                if dropped:
+                    log.warning("audit trail: %d records were dropped (the buffer of %d was full, or the database "
+                                "refused them); a row with decision 'lost' says so", dropped, self.capacity)
                 self._dropped -= dropped
-                for _ in records:
+                for _ in range(batch):
                     self._buffer.popleft()
-        except psycopg.Error as exc:
-            log.warning("audit trail: cannot write (%s); %d records wait in the buffer", str(exc).strip(),
-                        len(self._buffer))
+        except psycopg.OperationalError as exc:
+            self._warn(f"audit trail: cannot write ({str(exc).strip()}); {len(self._buffer)} records wait in the "
+                       "buffer")
             if self._conn is not None:
                 await self._conn.close()
                 self._conn = None
+        except (psycopg.Error, TypeError, ValueError) as exc:
+            self._warn(f"audit trail: the database refused a batch of {batch} records ({str(exc).strip()}); "
+                       "they are counted as dropped")
+            for _ in range(batch):
+                self._buffer.popleft()
+            self._dropped += batch
+
+    def _warn(self, message: str) -> None:
+        """A failure to write, logged at most once a minute: the database may stay down for long."""
+        if time.monotonic() >= self._quiet_until:
+            log.warning("%s", message)
+            self._quiet_until = time.monotonic() + WARNING_INTERVAL
 
     def _row(self, record: AuditRecord) -> dict[str, Any]:
         who = record.who
@@ -259,7 +279,7 @@ def session_id(number: int) -> str:
 
 def _lost_row(count: int) -> dict[str, Any]:
     return {"at": time.time(), "decision": "lost",
-            "statement": f"{count} audit records were dropped: the proxy's audit buffer was full"}
+            "statement": f"{count} audit record(s) dropped: the proxy's buffer was full or the database refused them"}
 
 
 def _number(value: Decimal | float | None) -> str | None:
