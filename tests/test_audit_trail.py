@@ -41,7 +41,7 @@ def tag() -> str:
 
 def records(owner: psycopg.Connection, marker: str) -> list[dict]:
     with owner.cursor(row_factory=psycopg.rows.dict_row) as cur:
-        return cur.execute("select * from anonproxy.audit_trail where statement like %s order by id",
+        return cur.execute("select * from anonproxy.audit_trail where statement like %s order by at, id",
                            [f"%{marker}%"]).fetchall()
 
 
@@ -297,8 +297,8 @@ def test_the_html_page_shows_budgets_spent_and_refused_statements(
     assert f"/* {sessions} */ select fnlwgt from adult" in page.cells  # refused three times by the reporter
 
 
-def test_the_trail_can_be_turned_off(pg_server: EmbeddedPostgres, gated_database: str, truth: psycopg.Connection,  # noqa: F811
-                                     tmp_path: Path) -> None:
+def test_the_trail_can_be_turned_off(pg_server: EmbeddedPostgres, gated_database: str,
+                                     truth: psycopg.Connection, tmp_path: Path) -> None:  # noqa: F811
     marker = tag()
     settings = {"service_dsn": f"user={SERVICE_ROLE} password={SERVICE_ROLE} dbname={gated_database}"}
     for audit_trail in ("off", "on"):
