@@ -15,6 +15,7 @@ from typing import Any
 
 import psycopg
 
+from . import trail
 from .config import ConfigError, ProxyConfig, load_config
 from .embedded import EmbeddedPostgres, EmbeddedPostgresError
 from .logs import setup_logging
@@ -85,6 +86,7 @@ def _parser() -> argparse.ArgumentParser:
     audit.register(commands)
     report.register(commands)
     verify_command.register(commands)
+    trail.register(commands)
     return parser
 
 

@@ -52,6 +52,7 @@ class ProxyConfig:
     workers: int = 1
     startup_timeout: float = 60.0
     service_dsn: str = ""
+    audit_trail: bool = True  # record gated roles' statements in anonproxy.audit_trail (docs/audit-trail.md)
 
     def __post_init__(self) -> None:
         if not 0 <= self.listen_port <= 65535:
@@ -150,6 +151,20 @@ def _coerce(name: str, value: Any) -> Any:
     try:
         if name in ("tls_cert", "tls_key"):
             return Path(value) if value not in (None, "") else None
+        if isinstance(default, bool):
+            return _boolean(value)
         return type(default)(value)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"setting {name} has an invalid value {value!r}: expected {type(default).__name__}") from exc
+
+
+def _boolean(value: Any) -> bool:
+    """YAML gives a bool; the environment gives text: on/off, true/false, yes/no, 1/0."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("on", "true", "yes", "1"):
+        return True
+    if text in ("off", "false", "no", "0"):
+        return False
+    raise ValueError(value)

@@ -48,6 +48,7 @@ from ..rewrite.decision import Refusal, Reject, SessionSetting
 from ..rewrite.final_sql import verify
 from ..wire import protocol as pg
 from ..wire.results import Column, Result, parse_simple, text_value
+from .audit_trail import Spent
 from .gate import EXPLAIN_COLUMNS, Description, Parameters
 
 log = logging.getLogger("anonproxy.dp")
@@ -75,6 +76,7 @@ class Refused(Exception):
 
     def __init__(self, sqlstate: str, message: str, hint: str | None = None, detail: str | None = None) -> None:
         super().__init__(message)
+        self.sqlstate = sqlstate
         self.response = pg.error_response(sqlstate, message, hint=hint, detail=detail)
 
 
@@ -98,10 +100,12 @@ class NoisyAnswers:
     # -- what the session asks ---------------------------------------------------------
 
     async def answer(self, sql: str, role: RolePolicy, policy: Policy, parameters: Parameters,
-                     limits: SessionLimits) -> Result:
-        """The noisy answer, charged (or the cached one, free)."""
+                     limits: SessionLimits, spent: Spent | None = None) -> Result:
+        """The noisy answer, charged (or the cached one, free); ``spent`` gets what it read and cost."""
+        spent = spent or Spent()
         async with self._connection() as conn:
             plan, fingerprint, found = await self._question(conn, sql, role, policy, parameters, limits)
+            spent.relations, spent.epsilon, spent.delta = plan.tables, 0, 0  # until charged
             if plan.free:
                 types, rows = await _run(conn, plan.sql, parameters)
                 return _result(plan, types, rows, "anonproxy: the declared public domain, from the policy: no "
@@ -113,6 +117,7 @@ class NoisyAnswers:
             # Charged, and committed, before the data is read: a question that fails from here on (its SQL, the
             # noise, the connection) stays paid for, so no failure is a free look at the data.
             left = await ledger.charge(conn, role.role, plan.table, plan.epsilon, plan.delta, fingerprint)
+            spent.epsilon, spent.delta = plan.epsilon, plan.delta
             async with _snapshot(conn):
                 version = await ledger.data_version(conn, plan.tables)  # of the rows the plan reads next
                 types, rows = await _run(conn, plan.sql, parameters)

@@ -27,6 +27,7 @@ import psycopg
 from ..config import ProxyConfig
 from ..policy.model import Policy
 from ..wire import protocol as pg
+from .audit_trail import AuditTrail
 from .cancel import CancelRegistry, cancel_socket_path, cancel_then_hang_up
 from .noisy import NoisyAnswers
 from .policy_watch import PolicyWatcher
@@ -83,6 +84,7 @@ class Worker:
             policy=PolicyWatcher(config.service_conninfo, self._policy_changed) if config.service_dsn else None,
             service_login=config.service_login if config.service_dsn else None,
             noisy=NoisyAnswers(config.service_conninfo) if config.service_dsn else None,
+            audit=AuditTrail(config.service_conninfo) if config.service_dsn and config.audit_trail else None,
         )
         self._index = index
         self._run_dir = run_dir
@@ -95,6 +97,8 @@ class Worker:
         else:
             log.warning("no service_dsn: every role is forwarded unchanged and PostgreSQL's grants alone "
                         "protect the data")
+        if self.context.audit is not None:
+            await self.context.audit.start()
         sock = bind_socket(self.config.listen_host, self.port)
         self._servers.append(await loop.create_server(lambda: ClientConnection(self.context), sock=sock, backlog=1024))
         if self._run_dir is not None:
@@ -119,6 +123,8 @@ class Worker:
             async with asyncio.timeout(SHUTDOWN_GRACE):
                 for server in self._servers:
                     await server.wait_closed()
+        if self.context.audit is not None:
+            await self.context.audit.stop()  # after the sessions: their last records are written too
 
 
 class ForwardedCancel(asyncio.Protocol):

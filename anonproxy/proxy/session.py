@@ -43,6 +43,7 @@ from ..rewrite.decision import (
 )
 from ..wire import protocol as pg
 from ..wire.framing import BoundaryTracker, MessageBuffer
+from .audit_trail import AuditTrail, Spent, Who, session_id
 from .cancel import CancelRegistry, UpstreamKey, cancel_then_hang_up, send_cancel
 from .gate import Gate, Owner, ProxyRequest, Reply
 from .noisy import NoisyAnswers, Refused, SessionLimits
@@ -68,6 +69,7 @@ class ProxyContext:
     policy: PolicyWatcher | None = None  # None: no service login configured, every role is direct
     service_login: ServiceLogin | None = None
     noisy: NoisyAnswers | None = None  # answers for roles in dp mode
+    audit: AuditTrail | None = None  # None: the audit trail is off
     sessions: set[ClientConnection] = field(default_factory=set)
     _tasks: set[asyncio.Future[None]] = field(default_factory=set)
     _decisions: dict[tuple[str, str, int], Decision] = field(default_factory=dict)
@@ -120,6 +122,7 @@ class ClientConnection(asyncio.Protocol):
         self.awaiting_server = False
         self.terminating = False  # the client sent Terminate: the server will hang up
         self.dp_limits = SessionLimits()  # SET anonproxy.epsilon / anonproxy.delta
+        self._who: Who | None = None  # who the audit trail says asked (gated sessions)
 
     # -- asyncio.Protocol -------------------------------------------------
 
@@ -315,6 +318,9 @@ class ClientConnection(asyncio.Protocol):
 
     async def _open_gate(self, ready: bytes, login: ServiceLogin) -> None:
         assert self._startup is not None and self.upstream is not None and self.transport is not None
+        peer = self.transport.get_extra_info("peername")
+        self._who = Who(self._startup.user, self._startup.database, session_id(self.id),
+                        *(peer[:2] if isinstance(peer, tuple) else ()))
         gate = Gate(
             decide=self._decide,
             settings=self._settings,
@@ -368,6 +374,7 @@ class ClientConnection(asyncio.Protocol):
         policy, role = self._current()
         noisy, decision, limits = self.context.noisy, request.decision, self.dp_limits
         reply: Reply
+        spent = Spent()  # for the audit trail
         try:
             if noisy is None:
                 raise Refused("0A000", "differential-privacy mode needs the proxy's service login")
@@ -387,12 +394,16 @@ class ClientConnection(asyncio.Protocol):
                 reply = await noisy.describe(decision.sql, role, policy, request.parameters, limits)
             else:
                 assert isinstance(decision, Noisy)
-                reply = await noisy.answer(decision.sql, role, policy, request.parameters, limits)
+                reply = await noisy.answer(decision.sql, role, policy, request.parameters, limits, spent)
         except Refused as refused:
             reply = refused.response
+            spent.sqlstate, spent.message = refused.sqlstate, str(refused)
         except Exception:
             log.exception("session %d: internal error while answering in dp mode", self.id)
-            reply = pg.error_response("XX000", "internal error in anonproxy while answering the query")
+            spent.sqlstate, spent.message = "XX000", "internal error in anonproxy while answering the query"
+            reply = pg.error_response(spent.sqlstate, spent.message)
+        if self.context.audit is not None and self._who is not None and not request.describe:
+            self.context.audit.answered(self._who, role.mode, decision, spent, reply)
         if self.state is State.GATED and self.gate is not None:
             self.gate.proxy_answered(reply)
 
@@ -407,8 +418,13 @@ class ClientConnection(asyncio.Protocol):
         if role.mode == "direct":
             return Pass()
         if role.mode == "deny":
-            return Reject("42501", f'the privacy policy now denies role "{role.role}"', "Reconnect later.")
-        return self.context.decide(sql, role, policy)
+            decision: Decision = Reject("42501", f'the privacy policy now denies role "{role.role}"',
+                                        "Reconnect later.")
+        else:
+            decision = self.context.decide(sql, role, policy)
+        if self.context.audit is not None and self._who is not None:
+            self.context.audit.decided(self._who, role.mode, sql, decision)
+        return decision
 
     def _settings(self) -> dict[str, str]:
         policy, role = self._current()

@@ -78,12 +78,15 @@ percentile = suppress.percentile
 progress = suppress.progress
 
 ROLE = "analyst"
+# The same questions through a second proxy whose audit trail is off, as a role of their own with the same budget
+# (the answer cache is per role: one role would find the other proxy's answers already paid for).
+ROLE_OFF = "analyst_trail_off"
 EPSILON = 0.5
 DELTA = 1e-7
 DEFAULT_REPEAT = 50
 SNSQL_PYTHON = Path("/tmp/snsql-venv/bin/python")
 TARGET_ADDED_MS = 2.0
-SERIES = ("first", "seen", "exact", "bounded")
+SERIES = ("first", "seen", "exact", "bounded", "first_off", "seen_off")  # *_off: through the proxy, trail off
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -120,8 +123,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         admin = stack.enter_context(psycopg.connect(server.conninfo(dbname=suppress.DATABASE), autocommit=True))
         admin.execute(REGION_TABLE_SQL)
         admin.execute(REGION_POLICY_SQL)
-        admin.execute("select anonproxy.set_budget(%s::name, 'public.adult'::regclass, 1000000, 0.5, null, %s::numeric, %s::numeric)",
-                      (ROLE, str(EPSILON), format(DELTA, "f")))
+        admin.execute(f"create role {ROLE_OFF} login password '{ROLE_OFF}'")
+        admin.execute("select anonproxy.set_role_policy(%s, 'dp')", (ROLE_OFF,))
+        for role_name in (ROLE, ROLE_OFF):
+            admin.execute("select anonproxy.set_budget(%s::name, 'public.adult'::regclass, 1000000, 0.5, null, "
+                          "%s::numeric, %s::numeric)", (role_name, str(EPSILON), format(DELTA, "f")))
         rows = admin.execute("select count(*) from public.adult").fetchone()[0]
         csv = Path(tmp) / "adult.csv"
         with csv.open("wb") as out, admin.cursor().copy("COPY public.adult TO STDOUT WITH (FORMAT csv, HEADER)") as cp:
@@ -132,8 +138,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                                      dbname=suppress.DATABASE)
         proxy = stack.enter_context(suppress.GatedProxy(server.port, service_dsn))
         client = stack.enter_context(_wait_for_dp_gate(proxy.port))
+        proxy_off = stack.enter_context(suppress.GatedProxy(server.port, service_dsn, audit_trail=False))
+        client_off = stack.enter_context(_wait_for_dp_gate(proxy_off.port, ROLE_OFF))
         machine = suppress._machine(admin)
-        progress(f"{proxy.name} on 127.0.0.1:{proxy.port}; {rows} adult rows; machine: {machine}")
+        progress(f"{proxy.name} on 127.0.0.1:{proxy.port}, {proxy_off.name} on 127.0.0.1:{proxy_off.port}; "
+                 f"{rows} adult rows; machine: {machine}")
 
         truth = {q.id: admin.execute(q.sql, prepare=False).fetchall() for q in QUERIES}
         answers: dict[str, list[list[tuple[Any, ...]]]] = {q.id: [] for q in QUERIES}
@@ -142,22 +151,30 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for query in QUERIES:  # warm-up: every path once
             for text in (query.sql, query.sql):
                 _timed(client, text)
+                _timed(client_off, text)
             _timed(admin, query.sql)
         progress(f"anonproxy: {args.repeat} repetitions x {len(QUERIES)} queries")
         started = time.monotonic()
+        cpu_before = {"on": proxy.cpu_seconds(), "off": proxy_off.cpu_seconds()}
         for n in range(args.repeat):
-            admin.execute("delete from anonproxy.answer_cache where role_name = %s", (ROLE,))
-            for query in QUERIES:
-                ms, result = _timed(client, query.sql)
-                if isinstance(result, str):
-                    refusals[query.id] = result
+            admin.execute("delete from anonproxy.answer_cache where role_name in (%s, %s)", (ROLE, ROLE_OFF))
+            for position, query in enumerate(QUERIES):
+                # Trail on and off side by side, each going first every other time.
+                sides = [("", client), ("_off", client_off)][::1 if (n + position) % 2 == 0 else -1]
+                for suffix, conn in sides:
+                    ms, result = _timed(conn, query.sql)
+                    if isinstance(result, str):
+                        refusals[query.id] = result
+                        continue
+                    if not suffix:
+                        answers[query.id].append(result)
+                    timings[query.id]["first" + suffix].append(ms)
+                    ms, again = _timed(conn, query.sql)
+                    if again != result:
+                        raise BenchmarkError(f"{query.id}: the repeated query did not get the cached answer")
+                    timings[query.id]["seen" + suffix].append(ms)
+                if query.id in refusals:
                     continue
-                answers[query.id].append(result)
-                timings[query.id]["first"].append(ms)
-                ms, again = _timed(client, query.sql)
-                if again != result:
-                    raise BenchmarkError(f"{query.id}: the repeated query did not get the cached answer")
-                timings[query.id]["seen"].append(ms)
                 timings[query.id]["exact"].append(_timed(admin, query.sql)[0])
                 plan = plans[query.id]
                 if plan is not None:
@@ -165,6 +182,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if (n + 1) % 10 == 0:
                 progress(f"  {n + 1}/{args.repeat}")
         anonproxy_seconds = time.monotonic() - started
+        # Each proxy answered the same statements: its CPU time per statement, the trail's writer included.
+        statements = 2 * sum(len(timings[q.id]["first"]) for q in QUERIES)
+        proxy_cpu = {"on": proxy.cpu_seconds() - cpu_before["on"], "off": proxy_off.cpu_seconds() - cpu_before["off"]}
+        proxy_cpu_ms = {side: 1000 * seconds / max(statements, 1) for side, seconds in proxy_cpu.items()}
+        time.sleep(2)  # the trail-on proxy writes its buffer at least every second
+        audit_rows = admin.execute("select count(*) from anonproxy.audit_trail").fetchone()[0]
         # After anonproxy's runs, not during them: the latencies above are measured on a quiet machine.
         smartnoise = _start_smartnoise(args, csv, Path(tmp) / "smartnoise.json", nominal=False)
         sn = _finish_smartnoise(smartnoise)
@@ -172,7 +195,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         sn_nominal = _finish_smartnoise(nominal_state)
     results = [_query_result(q, truth[q.id], answers[q.id], refusals.get(q.id), timings[q.id], sn, sn_nominal)
                for q in QUERIES]
-    summary = _summary(results, sn is not None)
+    summary = _summary(results, sn is not None) | {
+        "proxy_cpu_ms_per_statement_trail_on": proxy_cpu_ms["on"],
+        "proxy_cpu_ms_per_statement_trail_off": proxy_cpu_ms["off"],
+        "audit_trail_rows_written": audit_rows,
+    }
     _print_report(results, summary, args, sn)
     return {
         "settings": {"repeat": args.repeat, "epsilon_per_query": EPSILON, "delta_per_query": DELTA, "role": ROLE,
@@ -185,11 +212,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def _wait_for_dp_gate(port: int) -> psycopg.Connection[Any]:
+def _wait_for_dp_gate(port: int, role: str = ROLE) -> psycopg.Connection[Any]:
     deadline = time.monotonic() + 30
     while True:
         try:
-            conn = suppress._connect(port, ROLE, ROLE)
+            conn = suppress._connect(port, role, role)
         except psycopg.OperationalError:
             if time.monotonic() > deadline:
                 raise
@@ -197,7 +224,7 @@ def _wait_for_dp_gate(port: int) -> psycopg.Connection[Any]:
             continue
         mode = conn.execute("SHOW anonproxy.mode", prepare=False).fetchone()
         if mode is None or mode[0] != "dp":
-            raise BenchmarkError(f"the proxy puts {ROLE} in mode {mode}, not dp")
+            raise BenchmarkError(f"the proxy puts {role} in mode {mode}, not dp")
         return conn
 
 
@@ -282,6 +309,8 @@ def _query_result(query: Query, truth: list[tuple[Any, ...]], answers: list[list
         "added_first_ms": p50["first"] - p50["exact"] if "first" in p50 else None,
         "added_seen_ms": p50["seen"] - p50["exact"] if "seen" in p50 else None,
         "first_minus_bounded_ms": p50["first"] - p50["bounded"] if "first" in p50 and "bounded" in p50 else None,
+        "trail_cost_first_ms": p50["first"] - p50["first_off"] if "first_off" in p50 else None,
+        "trail_cost_seen_ms": p50["seen"] - p50["seen_off"] if "seen_off" in p50 else None,
     }
 
 
@@ -305,9 +334,16 @@ def _summary(results: list[dict[str, Any]], with_sn: bool) -> dict[str, Any]:
         "added_first_ms_median_over_queries": statistics.median(first) if first else None,
         "added_first_ms_max": max(first) if first else None,
         "first_minus_bounded_ms_median_over_queries": statistics.median(over_bounded) if over_bounded else None,
+        "trail_cost_first_ms_median_over_queries": _median([r["trail_cost_first_ms"] for r in answered]),
+        "trail_cost_seen_ms_median_over_queries": _median([r["trail_cost_seen_ms"] for r in answered]),
         "target_added_seen": bool(seen) and max(seen) <= TARGET_ADDED_MS,
         "target_added_first": bool(first) and max(first) <= TARGET_ADDED_MS,
     }
+
+
+def _median(values: list[float | None]) -> float | None:
+    known = [value for value in values if value is not None]
+    return statistics.median(known) if known else None
 
 
 def _fmt(value: float | None, spec: str = ".4f") -> str:
@@ -365,6 +401,22 @@ def _print_report(results: list[dict[str, Any]], summary: dict[str, Any], args: 
           f"{_fmt(s['added_first_ms_median_over_queries'], '.2f')} ms, max {_fmt(s['added_first_ms_max'], '.2f')} ms "
           f"(target <= {TARGET_ADDED_MS} ms): {'PASS' if s['target_added_first'] else 'MISS'}; "
           f"of which beyond the bounded SQL: median {_fmt(s['first_minus_bounded_ms_median_over_queries'], '.2f')} ms")
+    print()
+    print("the audit trail's cost: the same questions through the proxy with the trail on (first, seen) and through "
+          "one with it off, side by side (p50 ms)")
+    print(f"{'query':<5} {'first on':>9} {'off':>7} {'on-off':>7}   {'seen on':>8} {'off':>7} {'on-off':>7}")
+    for r in results:
+        ms = r["ms_p50"]
+        print(f"{r['id']:<5} {_fmt(ms.get('first'), '.2f'):>9} {_fmt(ms.get('first_off'), '.2f'):>7} "
+              f"{_fmt(r['trail_cost_first_ms'], '+.2f'):>7}   {_fmt(ms.get('seen'), '.2f'):>8} "
+              f"{_fmt(ms.get('seen_off'), '.2f'):>7} {_fmt(r['trail_cost_seen_ms'], '+.2f'):>7}")
+    print(f"audit trail cost, p50 on - off: first charge median over queries "
+          f"{_fmt(s['trail_cost_first_ms_median_over_queries'], '+.2f')} ms, seen (cached answer) median "
+          f"{_fmt(s['trail_cost_seen_ms_median_over_queries'], '+.2f')} ms")
+    print(f"proxy CPU per statement over the measured runs (worker + supervisor, the trail's writer included): "
+          f"trail on {s['proxy_cpu_ms_per_statement_trail_on']:.3f} ms, trail off "
+          f"{s['proxy_cpu_ms_per_statement_trail_off']:.3f} ms; rows in anonproxy.audit_trail at the end: "
+          f"{s['audit_trail_rows_written']}")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,9 @@ cached), as its rewritten SQL directly against PostgreSQL as the service role
 (the reference), and through the proxy as a text the proxy has never seen (a
 unique comment per run). Prints p50/p99 of each and the latency the proxy
 adds. Targets: <= 1 ms p50 added for a statement already seen, <= 10 ms for
-one seen for the first time. See README.md.
+one seen for the first time. A second proxy with the audit trail off runs
+the seen statements too, side by side: the difference is the trail's cost.
+See README.md.
 """
 
 from __future__ import annotations
@@ -84,7 +86,7 @@ QUICK_WARMUP = 2
 READY_TIMEOUT = 30.0
 # The proxy clears its decision cache when it holds this many entries (anonproxy.proxy.session).
 DECISION_CACHE_SIZE = 10_000
-SERIES = ("proxy", "direct", "first")
+SERIES = ("proxy", "direct", "first", "off")  # off: seen, through the proxy with the audit trail off
 CPU_ROUNDS = 40  # runs per query of the proxy-CPU phase (at most --repeat)
 BOOTSTRAP_RESAMPLES = 2000
 BOOTSTRAP_SEED = 20240601
@@ -93,15 +95,18 @@ Timings = dict[str, dict[str, list[float]]]  # query id -> series -> ms of each 
 
 
 class GatedProxy(targets.AnonProxy):  # type: ignore[misc, name-defined]
-    """The pass-through benchmark's ``anonproxy serve`` (1 worker), plus the service login that gates roles."""
+    """The pass-through benchmark's ``anonproxy serve`` (1 worker), plus the service login that gates roles, and the
+    audit trail on (the default) or off."""
 
-    def __init__(self, upstream_port: int, service_dsn: str) -> None:
+    def __init__(self, upstream_port: int, service_dsn: str, audit_trail: bool = True) -> None:
         super().__init__(upstream_port, workers=1)
-        self.name = "anonproxy (1 worker, gated)"
+        self.name = f"anonproxy (1 worker, gated, audit trail {'on' if audit_trail else 'off'})"
         self._service_dsn = service_dsn
+        self._audit_trail = audit_trail
 
     def _start(self, args: list[str], env: dict[str, str] | None = None, cwd: Path | str = "/") -> None:
-        super()._start(args, env={**(env or {}), "ANONPROXY_SERVICE_DSN": self._service_dsn}, cwd=cwd)
+        super()._start(args, env={**(env or {}), "ANONPROXY_SERVICE_DSN": self._service_dsn,
+                                  "ANONPROXY_AUDIT_TRAIL": "on" if self._audit_trail else "off"}, cwd=cwd)
 
 
 @dataclass
@@ -145,8 +150,10 @@ class ServerSide:
     direct: float  # server-side duration on the direct backend
     proxy: float  # on the seen session's service backend
     first: float  # on the first-sight session's service backend
+    off: float  # on the service backend of the session through the proxy with the audit trail off
     outside_added_seen: float  # p50(client - server, through the proxy) - p50(client - server, direct)
     outside_added_first: float  # the same for first sight
+    outside_trail_cost: float  # p50(client - server, seen, trail on) - p50(client - server, seen, trail off)
 
 
 @dataclass(frozen=True)
@@ -159,6 +166,7 @@ class QueryResult:
     direct: Summary  # the rewritten SQL run directly as the service role
     proxy: Summary  # through the proxy as reporter, a statement already seen
     first: Summary  # through the proxy as reporter, a text never seen before
+    off: Summary  # as proxy, through the second proxy, whose audit trail is off
     decide: Summary  # decide() alone, in-process, for each first-sight text
     added_seen_p50: float  # proxy.p50 - direct.p50
     added_seen_p99: float  # proxy.p99 - direct.p99
@@ -166,6 +174,8 @@ class QueryResult:
     added_first_p99: float  # first.p99 - direct.p99
     added_seen_p50_ci: tuple[float, float]  # 95 % bootstrap interval of added_seen_p50
     added_first_p50_ci: tuple[float, float]  # 95 % bootstrap interval of added_first_p50
+    trail_cost_p50: float  # proxy.p50 - off.p50: what the audit trail adds to a seen statement
+    trail_cost_p50_ci: tuple[float, float]  # 95 % bootstrap interval of trail_cost_p50
     paired_seen_p50: float  # median over repetitions of (proxy - direct) of the same repetition
     paired_first_p50: float  # median over repetitions of (first - direct) of the same repetition
     server: ServerSide | None  # None when the server log could not be matched with the runs
@@ -233,14 +243,17 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         )
         proxy = stack.enter_context(GatedProxy(server.port, service_dsn))
         progress(f"{proxy.name} on {HOST}:{proxy.port}")
+        proxy_off = stack.enter_context(GatedProxy(server.port, service_dsn, audit_trail=False))
+        progress(f"{proxy_off.name} on {HOST}:{proxy_off.port}")
         admin = stack.enter_context(psycopg.connect(server.conninfo(dbname=DATABASE), autocommit=True))
         seen = _proxy_client(stack, admin, _wait_for_gate(proxy.port))
         first = _proxy_client(stack, admin, _connect(proxy.port, ROLE, ROLE), others=[seen])
+        off = _proxy_client(stack, admin, _wait_for_gate(proxy_off.port), others=[seen, first])
         direct_conn = stack.enter_context(
             _connect(server.port, policy.service_role, service_password, options=SERVICE_OPTIONS)
         )
         direct = Client(direct_conn, direct_conn.info.backend_pid)
-        clients = {"proxy": seen, "direct": direct, "first": first}
+        clients = {"proxy": seen, "direct": direct, "first": first, "off": off}
         machine = _machine(admin)
         progress("machine: " + ", ".join(f"{key} {value}" for key, value in machine.items()))
 
@@ -260,7 +273,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
                 f"note: {unique} distinct texts exceed the proxy's decision cache ({DECISION_CACHE_SIZE}); "
                 "it is cleared when full, so a few 'seen' runs are decided again"
             )
-        progress(f"measuring: {args.repeat} runs x {len(QUERIES)} queries x 3 series, interleaved")
+        progress(f"measuring: {args.repeat} runs x {len(QUERIES)} queries x {len(SERIES)} series, interleaved")
         timings, machine_cpu_pct, elapsed = _measure(args.repeat, references, first_texts, clients)
         server_timings = _server_timings(server.log_file, clients)
 
@@ -268,10 +281,13 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         progress(f"proxy CPU: {cpu_rounds} runs x {len(QUERIES)} queries, seen, then first sight")
         proxy_cpu = {
             "seen": _proxy_cpu_ms(proxy, seen, [[query.sql for query in QUERIES]] * cpu_rounds),
+            "seen_trail_off": _proxy_cpu_ms(proxy_off, off, [[query.sql for query in QUERIES]] * cpu_rounds),
             "first": _proxy_cpu_ms(
                 proxy, first, [[first_sight_text(query, 100_000 + n) for query in QUERIES] for n in range(cpu_rounds)]
             ),
         }
+        time.sleep(2)  # the trail-on proxy writes its buffer at least every second
+        audit_rows = admin.execute("select count(*) from anonproxy.audit_trail").fetchone()[0]
     results = [
         _result(
             query,
@@ -284,6 +300,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         for query in QUERIES
     ]
     summary = _summary(results) | {f"proxy_cpu_{key}_ms_per_statement": value for key, value in proxy_cpu.items()}
+    summary["audit_trail_rows_written"] = audit_rows
     _print_report(results, summary, machine_cpu_pct, elapsed)
     settings = {
         "repeat": args.repeat,
@@ -291,6 +308,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         "role": ROLE,
         "role_policy": asdict(role),
         "proxy_workers": 1,
+        "audit_trail": "on for the proxy and first series, off for the off series",
         "protocol": "simple (psycopg, autocommit, no prepared statements)",
         "server_settings": SERVER_SETTINGS,
         "target_added_seen_p50_ms": TARGET_SEEN_MS,
@@ -413,6 +431,7 @@ def _warm_up(references: dict[str, str], warmup: int, clients: dict[str, Client]
             _, expected = clients["direct"].run(references[query.id])
             for label, client, text in (
                 ("seen", clients["proxy"], query.sql),
+                ("seen, trail off", clients["off"], query.sql),
                 ("first-sight", clients["first"], first_sight_text(query, 0)),
             ):
                 _, answer = client.run(text)
@@ -429,6 +448,7 @@ def _warm_up(references: dict[str, str], warmup: int, clients: dict[str, Client]
     for n in range(warmup):
         for query in QUERIES:
             clients["proxy"].run(query.sql)
+            clients["off"].run(query.sql)
             clients["direct"].run(references[query.id])
             clients["first"].run(first_sight_text(query, -1 - n))
     return rows
@@ -447,7 +467,8 @@ def _measure(
     started = time.monotonic()
     for n in range(repeat):
         for position, query in enumerate(QUERIES):
-            texts = {"proxy": query.sql, "direct": references[query.id], "first": first_texts[query.id][n]}
+            texts = {"proxy": query.sql, "direct": references[query.id], "first": first_texts[query.id][n],
+                     "off": query.sql}
             shift = (n + position) % len(SERIES)
             for series in SERIES[shift:] + SERIES[:shift]:
                 elapsed, _ = clients[series].run(texts[series], (query.id, series))
@@ -520,7 +541,7 @@ def _result(
     server: dict[str, list[float]] | None,
     decide_ms: list[float],
 ) -> QueryResult:
-    direct, proxy, first = (_stats(timings[series]) for series in ("direct", "proxy", "first"))
+    direct, proxy, first, off = (_stats(timings[series]) for series in ("direct", "proxy", "first", "off"))
     server_side = None
     if server is not None:
         outside = {
@@ -531,8 +552,10 @@ def _result(
             direct=_p50(server["direct"]),
             proxy=_p50(server["proxy"]),
             first=_p50(server["first"]),
+            off=_p50(server["off"]),
             outside_added_seen=_p50(outside["proxy"]) - _p50(outside["direct"]),
             outside_added_first=_p50(outside["first"]) - _p50(outside["direct"]),
+            outside_trail_cost=_p50(outside["proxy"]) - _p50(outside["off"]),
         )
     return QueryResult(
         id=query.id,
@@ -543,6 +566,7 @@ def _result(
         direct=direct,
         proxy=proxy,
         first=first,
+        off=off,
         decide=_stats(decide_ms),
         added_seen_p50=proxy.p50 - direct.p50,
         added_seen_p99=proxy.p99 - direct.p99,
@@ -550,6 +574,8 @@ def _result(
         added_first_p99=first.p99 - direct.p99,
         added_seen_p50_ci=_p50_difference_interval(timings["proxy"], timings["direct"]),
         added_first_p50_ci=_p50_difference_interval(timings["first"], timings["direct"]),
+        trail_cost_p50=proxy.p50 - off.p50,
+        trail_cost_p50_ci=_p50_difference_interval(timings["proxy"], timings["off"]),
         paired_seen_p50=statistics.median(p - d for p, d in zip(timings["proxy"], timings["direct"], strict=True)),
         paired_first_p50=statistics.median(f - d for f, d in zip(timings["first"], timings["direct"], strict=True)),
         server=server_side,
@@ -593,6 +619,9 @@ def _summary(results: list[QueryResult]) -> dict[str, Any]:
         "decide_p50_median_ms": statistics.median(result.decide.p50 for result in results),
         "paired_seen_p50_max_ms": max(result.paired_seen_p50 for result in results),
         "paired_first_p50_max_ms": max(result.paired_first_p50 for result in results),
+        "trail_cost_p50_median_ms": statistics.median(result.trail_cost_p50 for result in results),
+        "trail_cost_p50_max_ms": max(result.trail_cost_p50 for result in results),
+        "trail_cost_p50_clearly_positive": [result.id for result in results if result.trail_cost_p50_ci[0] > 0],
     }
     servers = [(result.id, result.server) for result in results if result.server is not None]
     if servers:
@@ -607,6 +636,7 @@ def _summary(results: list[QueryResult]) -> dict[str, Any]:
             "outside_added_first_p50_median_ms": statistics.median(s.outside_added_first for _, s in servers),
             "outside_seen_passed": worst[1].outside_added_seen <= TARGET_SEEN_MS,
             "outside_first_passed": worst_first_outside[1].outside_added_first <= TARGET_FIRST_MS,
+            "outside_trail_cost_p50_median_ms": statistics.median(s.outside_trail_cost for _, s in servers),
         }
     return summary
 
@@ -646,6 +676,14 @@ def _print_report(results: list[QueryResult], summary: dict[str, Any], machine_c
         )
         print(f"{r.id:<4} {r.added_seen_p50:+6.2f} {f'[{low:+.2f},{high:+.2f}]':>15}  {server}")
     print()
+    print("the audit trail's cost: seen statements through the proxy with the trail on and the one with it off")
+    print(f"{'id':<4} {'on p50':>8} {'off p50':>8} {'on - off':>9} {'95% CI':>15} {'outside PostgreSQL':>19}")
+    for r in results:
+        low, high = r.trail_cost_p50_ci
+        outside = f"{r.server.outside_trail_cost:+19.2f}" if r.server is not None else f"{'-':>19}"
+        print(f"{r.id:<4} {r.proxy.p50:8.2f} {r.off.p50:8.2f} {r.trail_cost_p50:+9.2f} "
+              f"{f'[{low:+.2f},{high:+.2f}]':>15} {outside}")
+    print()
     print(f"measured in {elapsed:.0f} s; machine CPU busy {machine_cpu_pct:.0f}% (all cores, everything running)")
     print("added = a percentile of the proxy series - the same percentile of the direct series (nearest rank)")
     print(
@@ -684,7 +722,17 @@ def _print_report(results: list[QueryResult], summary: dict[str, Any], machine_c
     print(
         f"proxy CPU per statement (own phase, supervisor + worker): seen "
         f"{summary['proxy_cpu_seen_ms_per_statement']:.2f} ms, first sight "
-        f"{summary['proxy_cpu_first_ms_per_statement']:.2f} ms"
+        f"{summary['proxy_cpu_first_ms_per_statement']:.2f} ms; seen with the audit trail off "
+        f"{summary['proxy_cpu_seen_trail_off_ms_per_statement']:.2f} ms"
+    )
+    clearly = summary["trail_cost_p50_clearly_positive"]
+    print(
+        f"audit trail cost, seen p50 (on - off): median over queries {summary['trail_cost_p50_median_ms']:+.2f} ms, "
+        f"max {summary['trail_cost_p50_max_ms']:+.2f} ms; queries whose whole 95% interval is above 0: "
+        f"{', '.join(clearly) if clearly else 'none'}"
+        + (f"; outside PostgreSQL median {summary['outside_trail_cost_p50_median_ms']:+.2f} ms"
+           if "outside_trail_cost_p50_median_ms" in summary else "")
+        + f"; rows in anonproxy.audit_trail at the end: {summary['audit_trail_rows_written']}"
     )
     print(
         f"cross-check, median of paired differences (same repetition): seen max "

@@ -1,0 +1,270 @@
+"""`anonproxy trail --dsn DSN [--role R] [--since T] [--until T] [--limit N] [--html FILE]`: the audit trail.
+
+Prints the statements of gated roles the proxy recorded in
+``anonproxy.audit_trail`` (sql/0015_audit_trail.sql), oldest first, filtered by
+login and time; with ``--html``, writes instead a self-contained page with each
+dp role's privacy budget spent over time and the statements refused most
+often (plots by matplotlib, embedded as PNG). Only the owner of the
+``anonproxy`` schema may read the trail. docs/audit-trail.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import html
+import io
+import os
+import sys
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg.rows import class_row
+
+DEFAULT_LIMIT = 100
+STATEMENT_WIDTH = 80  # characters of a statement shown per line of the table
+TOP_REFUSED = 10
+
+
+@dataclass(frozen=True)
+class Entry:
+    id: int
+    at: datetime
+    login: str | None
+    client_addr: str | None
+    mode: str | None
+    decision: str
+    sqlstate: str | None
+    epsilon: Decimal | None
+    delta: Decimal | None
+    relations: list[str]
+    statement: str
+
+
+@dataclass(frozen=True)
+class Filters:
+    role: str | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``trail`` command to an ``argparse`` subparsers object."""
+    trail = subparsers.add_parser("trail", help="print the audit trail of gated roles' statements, or an HTML page")
+    trail.add_argument("--dsn", default=os.environ.get("ANONPROXY_DSN"),
+                       help="libpq connection string of the owner of the anonproxy schema (default $ANONPROXY_DSN)")
+    trail.add_argument("--role", help="only the statements of this login")
+    trail.add_argument("--since", type=_timestamp, help="from this time on (ISO 8601: 2026-11-01 or 2026-11-01T09:00)")
+    trail.add_argument("--until", type=_timestamp, help="before this time (ISO 8601)")
+    trail.add_argument("--limit", type=_positive, default=DEFAULT_LIMIT,
+                       help=f"print the latest N statements (default {DEFAULT_LIMIT})")
+    trail.add_argument("--html", type=Path, metavar="FILE",
+                       help="write a page of dp budgets spent over time and the most refused statements")
+    trail.set_defaults(run=_trail)
+
+
+def _timestamp(text: str) -> datetime:
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not an ISO 8601 date or time: {text!r}") from exc
+    return value if value.tzinfo is not None else value.astimezone()  # a time without zone is local time
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _trail(args: argparse.Namespace) -> int:
+    if not args.dsn:
+        print("anonproxy trail: give --dsn (or set ANONPROXY_DSN): a connection string of the anonproxy schema's "
+              "owner", file=sys.stderr)
+        return 2
+    filters = Filters(args.role, args.since, args.until)
+    try:
+        with psycopg.connect(args.dsn) as conn:
+            if args.html is not None:
+                page = build_page(conn, filters)
+            else:
+                entries = latest(conn, filters, args.limit)
+    except psycopg.errors.InsufficientPrivilege as exc:
+        print(f"anonproxy trail: {str(exc).strip()}\nhint: the audit trail is readable by the owner of the anonproxy "
+              "schema only (the role that ran `anonproxy install`); connect as that role", file=sys.stderr)
+        return 1
+    except psycopg.Error as exc:
+        print(f"anonproxy trail: {str(exc).strip()}", file=sys.stderr)
+        return 1
+    if args.html is not None:
+        args.html.write_text(page, encoding="utf-8")
+        print(f"wrote {args.html}")
+        return 0
+    print("\n".join(format_table(entries)))
+    return 0
+
+
+_WHERE = """(%(role)s::name is null or login = %(role)s)
+   and (%(since)s::timestamptz is null or at >= %(since)s)
+   and (%(until)s::timestamptz is null or at < %(until)s)"""
+
+
+def _params(filters: Filters) -> dict[str, Any]:
+    return {"role": filters.role, "since": filters.since, "until": filters.until}
+
+
+def latest(conn: psycopg.Connection, filters: Filters, limit: int) -> list[Entry]:
+    """The latest ``limit`` records that pass ``filters``, oldest first."""
+    with conn.cursor(row_factory=class_row(Entry)) as cur:
+        cur.execute(f"""select * from (
+                          select id, at, login, host(client_addr) as client_addr, mode, decision, sqlstate, epsilon,
+                                 delta, relations, statement
+                            from anonproxy.audit_trail where {_WHERE}
+                           order by at desc, id desc limit %(limit)s) latest
+                        order by at, id""", _params(filters) | {"limit": limit})
+        return cur.fetchall()
+
+
+def format_table(entries: list[Entry]) -> list[str]:
+    """Plain-text lines: one per statement, with a header."""
+    lines = [f"{'time':<19}  {'login':<12} {'client':<15} {'mode':<8} {'decision':<16} {'ε charged':>9} "
+             f"{'δ charged':>9}  {'relations':<14} statement"]
+    for e in entries:
+        decision = f"{e.decision} {e.sqlstate}" if e.sqlstate else e.decision
+        statement = " ".join(e.statement.split())
+        if len(statement) > STATEMENT_WIDTH:
+            statement = statement[:STATEMENT_WIDTH - 1] + "…"
+        lines.append(f"{e.at.astimezone():%Y-%m-%d %H:%M:%S}  {e.login or '-':<12} {e.client_addr or '-':<15} "
+                     f"{e.mode or '-':<8} {decision:<16} {_amount(e.epsilon):>9} {_amount(e.delta):>9}  "
+                     f"{','.join(e.relations) or '-':<14} {statement}")
+    lines.append(f"({len(entries)} statement{'' if len(entries) == 1 else 's'})")
+    return lines
+
+
+def _amount(value: Decimal | None) -> str:
+    return "-" if value is None else format(value.normalize(), "f") if value else "0"
+
+
+# -- the HTML page -----------------------------------------------------------------------------------
+
+
+def budget_spent(conn: psycopg.Connection, filters: Filters) -> dict[str, list[tuple[datetime, float]]]:
+    """Per dp login, the ε it was charged, summed over time: (time of the charge, total so far)."""
+    rows = conn.execute(f"""select login, at, sum(epsilon) over (partition by login order by at, id)
+                              from anonproxy.audit_trail
+                             where mode = 'dp' and epsilon > 0 and {_WHERE}
+                             order by login, at, id""", _params(filters)).fetchall()
+    spent: dict[str, list[tuple[datetime, float]]] = defaultdict(list)
+    for login, at, total in rows:
+        spent[login].append((at, float(total)))
+    return dict(spent)
+
+
+def most_refused(conn: psycopg.Connection, filters: Filters) -> list[tuple[str, str, int, int]]:
+    """The statements refused most often: (statement, SQLSTATE, times, logins that sent it)."""
+    return conn.execute(f"""select statement, sqlstate, count(*)::int, count(distinct login)::int
+                              from anonproxy.audit_trail
+                             where decision = 'refused' and {_WHERE}
+                             group by statement, sqlstate
+                             order by count(*) desc, statement limit {TOP_REFUSED}""", _params(filters)).fetchall()
+
+
+def build_page(conn: psycopg.Connection, filters: Filters) -> str:
+    spent = budget_spent(conn, filters)
+    refused = most_refused(conn, filters)
+    scope = ", ".join(part for part in (
+        f"login {filters.role}" if filters.role else "",
+        f"since {filters.since:%Y-%m-%d %H:%M}" if filters.since else "",
+        f"until {filters.until:%Y-%m-%d %H:%M}" if filters.until else "") if part) or "the whole trail"
+    sections = [f"<p>From {html.escape(scope)}.</p>"]
+    if spent:
+        sections.append("<h2>Privacy budget spent by each dp role</h2>"
+                        "<p>ε charged to each role, summed over time (answers already paid for cost nothing and do "
+                        "not appear).</p>" + _budget_plot(spent)
+                        + _table(["role", "ε spent", "charged answers", "last charge"],
+                                 [(login, f"{points[-1][1]:g}", len(points), f"{points[-1][0]:%Y-%m-%d %H:%M}")
+                                  for login, points in sorted(spent.items())]))
+    else:
+        sections.append("<h2>Privacy budget spent by each dp role</h2><p>No dp role was charged.</p>")
+    if refused:
+        sections.append("<h2>Statements refused most often</h2>" + _refused_plot(refused)
+                        + _table(["#", "statement", "SQLSTATE", "times", "logins"],
+                                 [(i, statement, sqlstate, times, logins)
+                                  for i, (statement, sqlstate, times, logins) in enumerate(refused, 1)]))
+    else:
+        sections.append("<h2>Statements refused most often</h2><p>No statement was refused.</p>")
+    title = "anonproxy audit trail"
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>{title}</title>
+<style>
+body {{ font-family: sans-serif; max-width: 60rem; margin: 2rem auto; color: #222; }}
+table {{ border-collapse: collapse; margin: 0.5rem 0 1rem; }}
+th, td {{ border: 1px solid #ccc; padding: 0.25rem 0.6rem; text-align: left; vertical-align: top; }}
+th {{ background: #f3f3f3; font-weight: normal; }}
+td code {{ white-space: pre-wrap; }}
+img {{ display: block; max-width: 100%; height: auto; margin: 0.5rem 0 1.5rem; }}
+</style></head>
+<body><h1>{title}</h1>
+{"".join(f"<section>{s}</section>" for s in sections)}
+</body></html>
+"""
+
+
+def _table(header: list[str], rows: list[tuple[Any, ...]]) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{_cell(v)}</td>" for v in row) + "</tr>" for row in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _cell(value: Any) -> str:
+    text = html.escape(str(value))
+    return f"<code>{text}</code>" if isinstance(value, str) and " " in value else text
+
+
+def _figure(width: float, height: float) -> tuple[Any, Any]:
+    """A matplotlib figure and axes (Agg backend: no display needed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(figsize=(width, height))
+
+
+def _png(fig: Any, alt: str) -> str:
+    """The figure as an <img> with the PNG inline (base64): the page needs no other file."""
+    import matplotlib.pyplot as plt
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=100, bbox_inches="tight")
+    plt.close(fig)
+    data = base64.b64encode(buffer.getvalue()).decode()
+    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
+
+
+def _budget_plot(spent: dict[str, list[tuple[datetime, float]]]) -> str:
+    fig, ax = _figure(7, 3.5)
+    for login, points in sorted(spent.items()):
+        ax.step([at for at, _ in points], [total for _, total in points], where="post", marker="o", markersize=3,
+                label=login)
+    ax.set_xlabel("time of the charge")
+    ax.set_ylabel("ε spent (cumulative)")
+    ax.set_title("Privacy budget spent over time")
+    ax.legend()
+    fig.autofmt_xdate()
+    return _png(fig, "privacy budget spent over time per dp role")
+
+
+def _refused_plot(refused: list[tuple[str, str, int, int]]) -> str:
+    fig, ax = _figure(7, 0.5 + 0.4 * len(refused))
+    labels = [f"#{i} ({sqlstate})" for i, (_, sqlstate, _, _) in enumerate(refused, 1)]
+    ax.barh(labels[::-1], [times for _, _, times, _ in refused][::-1], color="#c44e52")
+    ax.set_xlabel("times refused")
+    ax.set_title("Statements refused most often (numbers as in the table below)")
+    return _png(fig, "statements refused most often")

@@ -1,0 +1,329 @@
+"""The audit trail (docs/audit-trail.md) through the real gated proxy, its SQL functions and its command.
+
+The gated proxy is shared by the whole session: each test marks its statements with a tag of its own (a
+comment) and reads back only the rows whose text holds it. Records reach the database asynchronously (the
+proxy flushes its buffer at least every second): ``wait_for_records`` polls until they are there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import itertools
+import logging
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import datetime, timedelta
+from decimal import Decimal
+from html.parser import HTMLParser
+from pathlib import Path
+
+import psycopg
+import pytest
+from conftest import SERVICE_ROLE, Endpoint, start_proxy, stop_proxy
+from psycopg.types.json import Jsonb
+from test_dp_proxy import analyst, truth  # noqa: F401  (fixtures)
+
+from anonproxy.embedded import EmbeddedPostgres
+from anonproxy.proxy.audit_trail import AuditTrail, Who
+from anonproxy.rewrite.decision import Pass
+
+WAIT = 20.0  # seconds a record may take to reach the database before a test gives up
+_runs = itertools.count(1)
+
+
+def tag() -> str:
+    return f"trail-{uuid.uuid4().hex[:12]}"
+
+
+def records(owner: psycopg.Connection, marker: str) -> list[dict]:
+    with owner.cursor(row_factory=psycopg.rows.dict_row) as cur:
+        return cur.execute("select * from anonproxy.audit_trail where statement like %s order by at, id",
+                           [f"%{marker}%"]).fetchall()
+
+
+def wait_for_records(owner: psycopg.Connection, marker: str, count: int) -> list[dict]:
+    deadline = time.monotonic() + WAIT
+    while True:
+        found = records(owner, marker)
+        if len(found) >= count or time.monotonic() > deadline:
+            return found
+        time.sleep(0.1)
+
+
+def test_the_owner_sees_each_statement_its_decision_and_its_charge(
+        gated_proxy: Endpoint, gated_database: str, analyst: str, truth: psycopg.Connection) -> None:  # noqa: F811
+    marker = tag()
+    answered = f"/* {marker} r1 */ select sex, count(*) from adult group by 1"
+    refused = f"/* {marker} r2 */ select * from adult"
+    catalog = f"/* {marker} r3 */ select count(*) from pg_catalog.pg_class"
+    with psycopg.connect(gated_proxy.dsn(gated_database, user="reporter"), autocommit=True) as conn:
+        assert len(conn.execute(answered).fetchall()) == 2
+        with pytest.raises(psycopg.Error) as raised:
+            conn.execute(refused)
+        refused_state = raised.value.sqlstate
+        conn.execute(catalog)
+    question = f"/* {marker} a1 */ select sex, count(*) from adult group by 1"
+    with psycopg.connect(gated_proxy.dsn(gated_database, user=analyst), autocommit=True) as conn:
+        conn.execute(question).fetchall()  # charged: ε 0.5, δ 1e-7
+        conn.execute(question).fetchall()  # the same question: answered from the cache, free
+        conn.execute(f"/* {marker} a2 */ select count(*) from adult where age > %s", [30])  # extended protocol
+        with pytest.raises(psycopg.Error) as raised:
+            conn.execute(f"/* {marker} a3 */ select age from adult")
+        dp_refused_state = raised.value.sqlstate
+        conn.execute(f"/* {marker} a4 */ show anonproxy.budget").fetchone()  # answered by the proxy itself
+
+    found = wait_for_records(truth, marker, 8)
+    by_text = [(r["login"], r["statement"].split("*/")[0].split()[-1], r["decision"], r["sqlstate"]) for r in found]
+    assert by_text == [
+        ("reporter", "r1", "answered", None),
+        ("reporter", "r2", "refused", refused_state),
+        ("reporter", "r3", "passed", None),
+        (analyst, "a1", "answered", None),
+        (analyst, "a1", "answered", None),
+        (analyst, "a2", "answered", None),
+        (analyst, "a3", "refused", dp_refused_state),
+        (analyst, "a4", "answered", None),
+    ]
+    r1, r2, r3, a1, a1_again, a2, a3, a4 = found
+    assert refused_state == "42501" and r2["message"].startswith("SELECT * is not allowed")
+    for record in found:
+        assert record["database"] == gated_database
+        assert str(record["client_addr"]) == "127.0.0.1" and record["client_port"] > 0
+        assert record["mode"] == ("suppress" if record["login"] == "reporter" else "dp")
+    assert r1["relations"] == ["public.adult"] and r1["epsilon"] is None
+    assert r3["relations"] == []
+    assert r1["session_id"] == r2["session_id"] == r3["session_id"] != a1["session_id"]
+    # The charges are the ledger's: a1 and a2 each charged the per-query ε, the cached answer nothing.
+    charged = truth.execute("select epsilon, delta from anonproxy.budget_ledger where role_name = %s order by id",
+                            [analyst]).fetchall()
+    assert [(r["epsilon"], r["delta"]) for r in (a1, a2)] == charged
+    assert a1["epsilon"] == a2["epsilon"] == Decimal("0.5")
+    assert (a1_again["epsilon"], a1_again["delta"]) == (0, 0)
+    assert a1["relations"] == a2["relations"] == ["public.adult"]
+    assert (a1["rows_sent"], a2["rows_sent"]) == (2, 1)
+    assert a3["epsilon"] is None and a3["sqlstate"] == dp_refused_state
+    assert a4["epsilon"] is None and a4["rows_sent"] == 1
+
+
+def test_gated_roles_and_the_service_role_cannot_read_the_trail(
+        gated_proxy: Endpoint, gated_database: str, pg_server: EmbeddedPostgres) -> None:
+    for role in ("reporter", "analyst"):
+        with psycopg.connect(gated_proxy.dsn(gated_database, user=role), autocommit=True) as conn:
+            for statement in ("select count(*) from anonproxy.audit_trail",
+                              "select retention from anonproxy.audit_settings"):
+                with pytest.raises(psycopg.Error) as raised:
+                    conn.execute(statement)
+                assert raised.value.sqlstate == "42501", (role, statement)
+        # Directly on PostgreSQL too: no privilege, and the writer functions check their caller.
+        with psycopg.connect(pg_server.conninfo(dbname=gated_database, user=role, password=role),
+                             autocommit=True) as conn:
+            for statement in ("select count(*) from anonproxy.audit_trail",
+                              "select anonproxy.audit_write('[]')", "select anonproxy.audit_purge()",
+                              "select anonproxy.set_audit_retention('1 day')"):
+                with pytest.raises(psycopg.Error) as raised:
+                    conn.execute(statement)
+                assert raised.value.sqlstate == "42501", (role, statement)
+    with psycopg.connect(pg_server.conninfo(dbname=gated_database, user=SERVICE_ROLE, password=SERVICE_ROLE),
+                         autocommit=True) as service:
+        assert service.execute("select anonproxy.audit_write('[]')").fetchone() == (0,)  # it may append
+        for statement in ("select count(*) from anonproxy.audit_trail", "delete from anonproxy.audit_trail",
+                          "select anonproxy.set_audit_retention('1 day')"):
+            with pytest.raises(psycopg.Error) as raised:
+                service.execute(statement)
+            assert raised.value.sqlstate == "42501", statement
+
+
+def _write(conn: psycopg.Connection, marker: str, ages_days: list[int]) -> None:
+    now = time.time()
+    conn.execute("select anonproxy.audit_write(%s)", [Jsonb([
+        {"at": now - days * 86400, "login": "reporter", "database": "db", "session_id": "1.1", "mode": "suppress",
+         "statement": f"/* {marker} {days} days */ select 1", "decision": "passed"} for days in ages_days])])
+
+
+def test_retention_deletes_old_rows(postgresql: psycopg.Connection) -> None:
+    postgresql.autocommit = True
+    marker = tag()
+    _write(postgresql, marker, [200, 100, 89, 0])
+    assert postgresql.execute("select retention from anonproxy.audit_settings").fetchone() == (timedelta(days=90),)
+    assert postgresql.execute("select anonproxy.audit_purge()").fetchone() == (2,)
+    assert [r["statement"].split()[2] for r in records(postgresql, marker)] == ["89", "0"]
+    postgresql.execute("select anonproxy.set_audit_retention('1 day')")
+    assert postgresql.execute("select anonproxy.audit_purge()").fetchone() == (1,)
+    assert [r["statement"].split()[2] for r in records(postgresql, marker)] == ["0"]
+    with pytest.raises(psycopg.errors.InvalidParameterValue):
+        postgresql.execute("select anonproxy.set_audit_retention('-1 day')")
+    with pytest.raises(psycopg.errors.InsufficientPrivilege, match="never updated"):
+        postgresql.execute("update anonproxy.audit_trail set login = 'someone'")
+
+
+def test_a_full_buffer_drops_records_but_says_how_many(gated_database: str, pg_server: EmbeddedPostgres,
+                                                       truth: psycopg.Connection,  # noqa: F811
+                                                       caplog: pytest.LogCaptureFixture) -> None:
+    marker = tag()
+    who = Who("reporter", gated_database, f"test.{next(_runs)}", "127.0.0.1", 5)
+    service = pg_server.conninfo(dbname=gated_database, user=SERVICE_ROLE, password=SERVICE_ROLE)
+
+    async def scenario() -> None:
+        writer = AuditTrail(service, capacity=2)
+        for n in range(5):
+            writer.decided(who, "suppress", f"/* {marker} {n} */ select 1", Pass())
+        await writer.flush()
+        await writer.stop()
+
+    with caplog.at_level(logging.WARNING, logger="anonproxy.audit"):
+        asyncio.run(scenario())
+    assert [r["statement"].split()[2] for r in records(truth, marker)] == ["0", "1"]
+    assert any("3 records were dropped" in message for message in caplog.messages)
+    lost = truth.execute("select statement, login from anonproxy.audit_trail where decision = 'lost' "
+                         "order by id desc limit 1").fetchone()
+    assert lost == ("3 audit record(s) dropped: the proxy's buffer was full or the database refused them", None)
+
+
+def test_a_batch_the_database_refuses_does_not_hold_up_the_next(gated_database: str, pg_server: EmbeddedPostgres,
+                                                                truth: psycopg.Connection) -> None:  # noqa: F811
+    marker = tag()
+    service = pg_server.conninfo(dbname=gated_database, user=SERVICE_ROLE, password=SERVICE_ROLE)
+    bad = Who("reporter", gated_database, f"test.{next(_runs)}", "not an address", 5)
+    good = Who("reporter", gated_database, f"test.{next(_runs)}", "127.0.0.1", 5)
+
+    async def scenario() -> None:
+        writer = AuditTrail(service)
+        writer.decided(bad, "suppress", f"/* {marker} bad */ select 1", Pass())
+        await writer.flush()  # refused: inet rejects the address
+        writer.decided(good, "suppress", f"/* {marker} good */ select 1", Pass())
+        await writer.stop()
+
+    asyncio.run(scenario())
+    assert [r["statement"].split()[2] for r in records(truth, marker)] == ["good"]
+    lost = truth.execute("select statement from anonproxy.audit_trail where decision = 'lost' "
+                         "order by id desc limit 1").fetchone()
+    assert lost == ("1 audit record(s) dropped: the proxy's buffer was full or the database refused them",)
+
+
+def trail_command(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "anonproxy.cli", "trail", *args], capture_output=True, text=True,
+                          timeout=60)
+
+
+@pytest.fixture(scope="module")
+def sessions(gated_proxy: Endpoint, gated_database: str, truth: psycopg.Connection) -> Iterator[str]:  # noqa: F811
+    """A reporter's and the demo analyst's statements, tagged, in the trail; yields the tag."""
+    marker = tag()
+    with psycopg.connect(gated_proxy.dsn(gated_database, user="reporter"), autocommit=True) as conn:
+        conn.execute(f"/* {marker} */ select race, count(*) from adult group by 1").fetchall()
+        for _ in range(3):
+            with pytest.raises(psycopg.Error):
+                conn.execute(f"/* {marker} */ select fnlwgt from adult")
+    with psycopg.connect(gated_proxy.dsn(gated_database, user="analyst"), autocommit=True) as conn:
+        conn.execute(f"/* {marker} */ select count(*) from adult where age < %s", [int(time.time()) % 50 + 20])
+        with pytest.raises(psycopg.Error):
+            conn.execute(f"/* {marker} */ select fnlwgt from adult")
+    assert len(wait_for_records(truth, marker, 6)) == 6
+    yield marker
+
+
+def test_the_command_prints_the_filtered_rows(sessions: str, pg_server: EmbeddedPostgres,
+                                              gated_database: str) -> None:
+    owner = pg_server.conninfo(dbname=gated_database)
+    since = (datetime.now() - timedelta(minutes=10)).isoformat(timespec="seconds")
+    shown = trail_command("--dsn", owner, "--role", "reporter", "--since", since, "--limit", "1000")
+    assert shown.returncode == 0, shown.stderr
+    lines = [line for line in shown.stdout.splitlines() if sessions in line]
+    assert len(lines) == 4
+    assert all(" reporter " in line and " suppress " in line for line in lines)
+    assert sum(" refused 42501 " in line for line in lines) == 3
+    assert sum(" answered " in line and "public.adult" in line for line in lines) == 1
+    assert shown.stdout.splitlines()[0].split()[:3] == ["time", "login", "client"]
+    # The other filters: a login, a time window, a limit.
+    analyst_only = trail_command("--dsn", owner, "--role", "analyst", "--since", since, "--limit", "1000")
+    assert [" analyst " in line for line in analyst_only.stdout.splitlines() if sessions in line] == [True, True]
+    future = trail_command("--dsn", owner, "--since", "2999-01-01")
+    assert future.returncode == 0 and sessions not in future.stdout and "(0 statements)" in future.stdout
+    past = trail_command("--dsn", owner, "--until", "2000-01-01")
+    assert sessions not in past.stdout
+    one = trail_command("--dsn", owner, "--limit", "1")
+    assert one.stdout.strip().endswith("(1 statement)")
+
+
+def test_the_command_refuses_a_gated_role(sessions: str, pg_server: EmbeddedPostgres, gated_database: str) -> None:
+    shown = trail_command("--dsn", pg_server.conninfo(dbname=gated_database, user="reporter", password="reporter"))
+    assert shown.returncode == 1
+    assert "permission denied" in shown.stderr and "owner of the anonproxy schema" in shown.stderr
+    assert "Traceback" not in shown.stderr
+
+
+class _Page(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.images: list[dict[str, str | None]] = []
+        self.headings: list[str] = []
+        self.cells: list[str] = []
+        self._into: list[str] | None = None
+
+    def handle_starttag(self, name: str, attrs: list[tuple[str, str | None]]) -> None:
+        if name == "img":
+            self.images.append(dict(attrs))
+        elif name in ("h2", "td"):
+            self._into = self.headings if name == "h2" else self.cells
+            self._into.append("")
+
+    def handle_endtag(self, name: str) -> None:
+        if name in ("h2", "td"):
+            self._into = None
+
+    def handle_data(self, data: str) -> None:
+        if self._into is not None:
+            self._into[-1] += data
+
+
+def test_the_html_page_shows_budgets_spent_and_refused_statements(
+        sessions: str, pg_server: EmbeddedPostgres, gated_database: str, tmp_path: Path) -> None:
+    out = tmp_path / "trail.html"
+    made = trail_command("--dsn", pg_server.conninfo(dbname=gated_database), "--html", str(out))
+    assert made.returncode == 0, made.stderr
+    page = _Page()
+    page.feed(out.read_text(encoding="utf-8"))
+    assert page.headings == ["Privacy budget spent by each dp role", "Statements refused most often"]
+    assert len(page.images) == 2
+    for image in page.images:
+        src = image["src"] or ""
+        assert src.startswith("data:image/png;base64,")
+        assert base64.b64decode(src.split(",", 1)[1]).startswith(b"\x89PNG\r\n\x1a\n")
+    assert "analyst" in page.cells  # a row of the budget table
+    assert f"/* {sessions} */ select fnlwgt from adult" in page.cells  # refused three times by the reporter
+
+
+def test_the_trail_can_be_turned_off(pg_server: EmbeddedPostgres, gated_database: str,
+                                     truth: psycopg.Connection, tmp_path: Path) -> None:  # noqa: F811
+    marker = tag()
+    settings = {"service_dsn": f"user={SERVICE_ROLE} password={SERVICE_ROLE} dbname={gated_database}"}
+    for audit_trail in ("off", "on"):
+        proxy = start_proxy(f"host={pg_server.host} port={pg_server.port}", tmp_path / f"{audit_trail}.log",
+                            audit_trail=audit_trail, **settings)
+        try:
+            _wait_for_gate(proxy.endpoint, gated_database)
+            with psycopg.connect(proxy.endpoint.dsn(gated_database, user="reporter"), autocommit=True) as conn:
+                conn.execute(f"/* {marker} {audit_trail} */ select sex, count(*) from adult group by 1").fetchall()
+        finally:
+            stop_proxy(proxy)  # a proxy that stops writes its buffer first
+        assert "Traceback" not in proxy.log()
+    assert [r["statement"].split()[2] for r in records(truth, marker)] == ["on"]
+
+
+def _wait_for_gate(endpoint: Endpoint, database: str) -> None:
+    """The proxy refuses gated roles until it has loaded the policy."""
+    deadline = time.monotonic() + WAIT
+    while True:
+        try:
+            with psycopg.connect(endpoint.dsn(database, user="reporter"), autocommit=True) as conn:
+                conn.execute("show anonproxy.mode")
+                return
+        except psycopg.OperationalError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
