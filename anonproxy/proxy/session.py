@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from itertools import count
 from typing import Any
 
-from ..config import ServiceLogin, UpstreamAddress
+from ..config import ProxyConfig, ServiceLogin, UpstreamAddress
 from ..policy.model import Policy, RolePolicy
 from ..rewrite import decide
 from ..rewrite.decision import (
@@ -43,6 +43,8 @@ from ..rewrite.decision import (
 )
 from ..wire import protocol as pg
 from ..wire.framing import BoundaryTracker, MessageBuffer
+from .analysis import AnalysisFailed, AnalysisTimeout, Analyser
+from .cache import BoundedCache
 from .cancel import CancelRegistry, UpstreamKey, cancel_then_hang_up, send_cancel
 from .gate import Gate, Owner, ProxyRequest, Reply
 from .noisy import NoisyAnswers, Refused, SessionLimits
@@ -54,7 +56,7 @@ log = logging.getLogger("anonproxy.session")
 
 _session_ids = count(1)
 TERMINATE = pg.message(b"X")
-DECISION_CACHE_SIZE = 10_000
+DECISION_CACHE_BYTES = 32 * 1024 * 1024  # statement texts and their rewrites, per worker
 
 
 @dataclass
@@ -68,18 +70,34 @@ class ProxyContext:
     policy: PolicyWatcher | None = None  # None: no service login configured, every role is direct
     service_login: ServiceLogin | None = None
     noisy: NoisyAnswers | None = None  # answers for roles in dp mode
+    analyser: Analyser | None = None  # statement analysis off the event loop (None: on it)
+    max_statement_size: int = ProxyConfig.max_statement_size  # of a gated session's Query or Parse, in bytes
     sessions: set[ClientConnection] = field(default_factory=set)
     _tasks: set[asyncio.Future[None]] = field(default_factory=set)
-    _decisions: dict[tuple[str, str, int], Decision] = field(default_factory=dict)
+    _decisions: BoundedCache[tuple[str, str, int], Decision] = field(
+        default_factory=lambda: BoundedCache(DECISION_CACHE_BYTES))
 
-    def decide(self, sql: str, role: RolePolicy, policy: Policy) -> Decision:
+    def cached_decision(self, sql: str, role: RolePolicy, policy: Policy) -> Decision | None:
+        """The decision already made on this text, for this role, under this policy version."""
+        return self._decisions.get((sql, role.role, policy.version))
+
+    async def decide(self, sql: str, role: RolePolicy, policy: Policy) -> Decision:
         """The gate's decision for a statement text, cached by text, role and policy version."""
         key = (sql, role.role, policy.version)
         decision = self._decisions.get(key)
-        if decision is None:
-            if len(self._decisions) >= DECISION_CACHE_SIZE:
-                self._decisions.clear()
-            decision = self._decisions[key] = decide(sql, role, policy)
+        if decision is not None:
+            return decision
+        if self.analyser is None:
+            decision = decide(sql, role, policy)
+        else:
+            try:
+                decision = await self.analyser.run(decide, sql, role, policy)
+            except AnalysisTimeout:
+                decision = too_complex(self.analyser.budget)  # cached: the same text is not analysed again
+            except AnalysisFailed as exc:
+                log.error("statement analysis failed: %s", exc)
+                return Reject("XX000", "internal error in anonproxy while analysing the statement")
+        self._decisions.put(key, decision, len(sql) + _weight(decision))
         return decision
 
     def spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
@@ -87,6 +105,17 @@ class ProxyContext:
         task = asyncio.ensure_future(coroutine)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+
+def too_complex(budget: float) -> Reject:
+    return Reject("54001", f"statement too complex: anonproxy stopped analysing it after {budget:g} s",
+                  "Simplify the statement (a long list of values is the usual cause); the limit is the proxy's "
+                  "analysis_timeout setting.")
+
+
+def _weight(decision: Decision) -> int:
+    """About the bytes a decision holds beyond its key: its texts."""
+    return sum(len(getattr(decision, name, None) or "") for name in ("sql", "message", "hint"))
 
 
 class State(enum.Enum):
@@ -145,7 +174,9 @@ class ClientConnection(asyncio.Protocol):
             elif self.state is State.STARTUP:
                 self._startup_received(data)
             elif self.state is State.CONNECTING or self.state is State.OPENING_GATE:
+                # Held until the next state; read no more meanwhile, so that this stays one read's worth.
                 self._pending.append(data)
+                self.transport.pause_reading()  # type: ignore[union-attr]
         except pg.ProtocolViolation as exc:
             self.fail(exc.sqlstate, str(exc))
         except Exception:
@@ -259,6 +290,7 @@ class ClientConnection(asyncio.Protocol):
         log.debug("session %d: user %r database %r connected upstream", self.id, startup.user, startup.database)
         self.upstream.transport.writelines(self._pending)  # type: ignore[union-attr]
         self._pending.clear()
+        self.transport.resume_reading()  # type: ignore[union-attr]
 
     def _startup_timed_out(self) -> None:
         if self.state in (State.STARTUP, State.CONNECTING, State.AUTH):
@@ -322,6 +354,9 @@ class ClientConnection(asyncio.Protocol):
             send_upstream=self.upstream.transport.write,
             send_service=lambda data: self.service.send(data),  # type: ignore[union-attr]
             ask_proxy=lambda request: self.context.spawn(self._answer_for_gate(request)),
+            version=lambda: self._current()[0].version,
+            time_limit=self._time_limit,
+            max_statement_size=self.context.max_statement_size,
         )
         try:
             self.service = await ServiceConnection.open(login, self._startup.parameters, gate.service_message,
@@ -342,6 +377,7 @@ class ClientConnection(asyncio.Protocol):
         self.upstream.open_gate(gate)
         pending, self._pending = b"".join(self._pending), []
         gate.client_data(pending)
+        self.transport.resume_reading()
 
     def enforce(self, policy: Policy) -> None:
         """A new policy: end a relayed session whose role is no longer direct.
@@ -387,7 +423,8 @@ class ClientConnection(asyncio.Protocol):
                 reply = await noisy.describe(decision.sql, role, policy, request.parameters, limits)
             else:
                 assert isinstance(decision, Noisy)
-                reply = await noisy.answer(decision.sql, role, policy, request.parameters, limits)
+                reply = await noisy.answer(decision.sql, role, policy, request.parameters, limits,
+                                           request.timeout_ms)
         except Refused as refused:
             reply = refused.response
         except Exception:
@@ -402,13 +439,27 @@ class ClientConnection(asyncio.Protocol):
         policy = self.context.policy.policy if self.context.policy is not None else Policy()
         return policy, policy.role(self._startup.user)
 
-    def _decide(self, sql: str) -> Decision:
+    def _decide(self, sql: str) -> Decision | None:
+        """The decision on ``sql`` now, or None: it is being analysed, and the gate hears of it later."""
         policy, role = self._current()
         if role.mode == "direct":
             return Pass()
         if role.mode == "deny":
             return Reject("42501", f'the privacy policy now denies role "{role.role}"', "Reconnect later.")
-        return self.context.decide(sql, role, policy)
+        decision = self.context.cached_decision(sql, role, policy)
+        if decision is None:
+            self.context.spawn(self._analyse(sql, role, policy))
+        return decision
+
+    async def _analyse(self, sql: str, role: RolePolicy, policy: Policy) -> None:
+        decision = await self.context.decide(sql, role, policy)
+        if self.state is State.GATED and self.gate is not None:
+            self.gate.decided(sql, decision, policy.version)
+
+    def _time_limit(self) -> int:
+        """The policy's maximum statement time for the role's mode, in ms."""
+        policy, role = self._current()
+        return policy.statement_limit(role.mode)
 
     def _settings(self) -> dict[str, str]:
         policy, role = self._current()
