@@ -106,7 +106,7 @@ class Policy:
     service_role: str = DEFAULT_SERVICE_ROLE  # the role of the proxy's service connection
     published: dict[str, PublishedRelation] = field(default_factory=dict)
     # The longest a statement of a role in this mode may run, in ms (a client's statement_timeout may be shorter).
-    max_statement_ms: dict[str, int] = field(default_factory=dict)  # by mode in TIMED_MODES; absent: the default
+    max_statement_ms: dict[str, int] = field(default_factory=dict)  # by mode in TIMED_MODES, only if not the default
 
     def role(self, name: str) -> RolePolicy:
         """A role's policy; roles the policy does not name are direct (PostgreSQL's grants decide)."""

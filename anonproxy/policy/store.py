@@ -17,6 +17,7 @@ from typing import Any
 import psycopg
 
 from .model import (
+    DEFAULT_MAX_STATEMENT_MS,
     DEFAULT_SERVICE_ROLE,
     Budget,
     ColumnPolicy,
@@ -169,7 +170,12 @@ def policy_from_json(doc: dict[str, Any]) -> Policy:
         for row in doc["published"] or ()
     }
     return Policy(version=doc["version"], tables=tables, links=links, roles=roles, service_role=doc["service_role"],
-                  published=published, max_statement_ms=dict(doc.get("statement_limits") or {}))
+                  published=published, max_statement_ms=_statement_limits(doc.get("statement_limits") or {}))
+
+
+def _statement_limits(limits: dict[str, int]) -> dict[str, int]:
+    """The modes whose maximum statement time is not the default (the model keeps only those)."""
+    return {mode: int(ms) for mode, ms in limits.items() if ms != DEFAULT_MAX_STATEMENT_MS}
 
 
 def _scalar(row: tuple[Any, ...] | None) -> Any:

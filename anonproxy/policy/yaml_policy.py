@@ -178,7 +178,8 @@ class _Checker:
         max_statement_ms = {mode: self.duration(limits[mode], f"max_statement_time.{mode}")
                             for mode in TIMED_MODES if mode in limits}
         return Policy(tables=tables, links=links, roles=roles, service_role=service, published=published,
-                      max_statement_ms={mode: ms for mode, ms in max_statement_ms.items() if ms is not None})
+                      max_statement_ms={mode: ms for mode, ms in max_statement_ms.items()
+                                        if ms is not None and ms != DEFAULT_MAX_STATEMENT_MS})
 
     def table(self, name: str, spec: object, path: str) -> ProtectedTable:
         self.table_name(name, path)
