@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import signal
 import socket
@@ -29,9 +30,12 @@ from typing import Any
 
 import psycopg
 
-from anonproxy import demo, sample_data, schema
-from anonproxy.embedded import EmbeddedPostgres
-from anonproxy.policy.yaml_policy import apply_policy, demo_policy
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))  # this checkout's anonproxy sets the database up, whatever else is installed
+
+from anonproxy import demo, sample_data, schema  # noqa: E402
+from anonproxy.embedded import EmbeddedPostgres  # noqa: E402
+from anonproxy.policy.yaml_policy import apply_policy, demo_policy  # noqa: E402
 
 HOST = "127.0.0.1"
 DATABASE = "postgres"  # as `anonproxy up`
@@ -39,7 +43,6 @@ TARGET_P99_MS = 50.0
 TARGET_GROWTH_MB = 50.0
 SIZES = {"256kB": 256_000, "1MB": 1 << 20, "10MB": 10 << 20}  # 256 kB: just under the default limit, analysed
 SAMPLE_INTERVAL = 0.02  # seconds between memory samples
-REPO = Path(__file__).resolve().parents[2]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -178,40 +181,45 @@ def _timed(conn: psycopg.Connection[Any]) -> float:
 
 def _under_attack(proxy: subprocess.Popen[bytes], port: int, dba: psycopg.Connection[Any], statement: str,
                   rounds: int, wait: float) -> dict[str, Any]:
-    outcomes: list[str] = []
-    done = threading.Event()
-
-    def attack() -> None:
-        try:
-            with _connect(port, "reporter") as conn:
-                for _ in range(rounds):
-                    start = time.perf_counter()
-                    try:
-                        conn.execute(statement, prepare=False).fetchall()
-                        outcome = "answered"
-                    except psycopg.Error as exc:
-                        outcome = exc.sqlstate or type(exc).__name__
-                    outcomes.append(f"{outcome} in {time.perf_counter() - start:.2f} s")
-        finally:
-            done.set()
-
+    # The reporter is a process of its own: building and sending megabytes in a thread of this one would hold
+    # the GIL and show up as the dba's latency.
+    context = multiprocessing.get_context("fork")
+    outcomes = context.Queue()
     sampler = _MemorySampler(proxy.pid)
     sampler.start()
     before = sampler.worker_rss
-    reporter = threading.Thread(target=attack, daemon=True)
+    reporter = context.Process(target=_attack, args=(port, statement, rounds, outcomes), daemon=True)
     reporter.start()
     latencies: list[float] = []
     deadline = time.monotonic() + wait * rounds
-    while not done.is_set() and time.monotonic() < deadline:
+    while reporter.is_alive() and time.monotonic() < deadline:
         latencies.append(_timed(dba))
-    finished = done.is_set()
+    finished = not reporter.is_alive()
     sampler.stop()
+    results = []
+    while not outcomes.empty():
+        results.append(outcomes.get())
     if not finished:
-        outcomes.append(f"no answer in {wait * rounds:.0f} s")
-    return {"reporter": ", ".join(outcomes), "dba": _summary(latencies), "finished": finished,
+        reporter.kill()
+        results.append(f"no answer in {wait * rounds:.0f} s")
+    reporter.join()
+    return {"reporter": ", ".join(results), "dba": _summary(latencies), "finished": finished,
             "worker_rss_before_mb": before / 2**20, "worker_peak_mb": sampler.worker_peak / 2**20,
             "worker_growth_mb": (sampler.worker_peak - before) / 2**20,
             "analysis_peak_mb": sampler.children_peak / 2**20}
+
+
+def _attack(port: int, statement: str, rounds: int, outcomes: Any) -> None:
+    """The reporter: ``rounds`` statements, each a new text (a comment numbers it), so each is analysed."""
+    with _connect(port, "reporter") as conn:
+        for round_ in range(rounds):
+            start = time.perf_counter()
+            try:
+                conn.execute(f"/* round {round_} */ {statement}", prepare=False).fetchall()
+                outcome = "answered"
+            except psycopg.Error as exc:
+                outcome = exc.sqlstate or type(exc).__name__
+            outcomes.put(f"{outcome} in {time.perf_counter() - start:.2f} s")
 
 
 class _MemorySampler(threading.Thread):
@@ -247,10 +255,16 @@ def _rss(pid: int) -> int:
 
 
 def _children(pid: int) -> list[int]:
-    try:
-        return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except OSError:
-        return []
+    """Processes whose parent is ``pid`` (from /proc/*/stat: the field after the parenthesised name)."""
+    children = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # ended meanwhile
+        if int(fields[1]) == pid:
+            children.append(int(stat.parent.name))
+    return children
 
 
 def _summary(latencies: list[float]) -> dict[str, float]:
