@@ -13,7 +13,7 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psycopg
@@ -29,7 +29,7 @@ from anonproxy.proxy.gate import Gate
 from anonproxy.rewrite.decision import Decision, Noisy, Pass, Reject, Rewrite
 from anonproxy.wire import protocol as pg
 from anonproxy.wire.auth import PasswordAuthenticator
-from anonproxy.wire.framing import BoundedMessageBuffer, MessageBuffer
+from anonproxy.wire.framing import BoundedMessageBuffer, MessageBuffer, Piece, RelayingMessageBuffer
 from conftest import SERVICE_ROLE, Endpoint, ProxyProcess, start_proxy, stop_proxy
 
 DATABASE = "anonproxy_hostile"
@@ -334,25 +334,43 @@ class RawClient:
         return pending.pop(0)
 
 
-def worker_rss(process: ProxyProcess) -> int:
-    """Resident memory of the proxy's one worker (the serving process itself), in bytes."""
+def worker_memory(process: ProxyProcess, field: str = "VmRSS") -> int:
+    """Resident memory (VmRSS), or its peak (VmHWM), of the proxy's one worker (the serving process), in bytes."""
     for line in Path(f"/proc/{process.process.pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
+    raise AssertionError(f"no {field}")
+
+
+def peak_growth_from_now(process: ProxyProcess) -> Callable[[], int]:
+    """Reset the worker's peak resident memory to its current one; return how to read the growth since."""
+    before = worker_memory(process)
+    Path(f"/proc/{process.process.pid}/clear_refs").write_text("5")  # VmHWM := VmRSS
+    return lambda: worker_memory(process, "VmHWM") - before
 
 
 def test_a_half_received_huge_statement_is_not_buffered(hostile_proxy: ProxyProcess, endpoint: Endpoint) -> None:
     client = RawClient(endpoint, "reporter")
-    before = worker_rss(hostile_proxy)
+    growth = peak_growth_from_now(hostile_proxy)
     client.sock.sendall(b"Q" + struct.pack("!i", 1 << 30))  # announces a 1 GB statement...
     chunk = b"x" * (1 << 20)
     for _ in range(96):  # ...and sends 96 MB of it
         client.sock.sendall(chunk)
     with connect(endpoint, "dba") as dba:  # the proxy has read what was sent
         assert dba.execute("select 1").fetchone() == (1,)
-    assert worker_rss(hostile_proxy) - before < 32 << 20
+    assert growth() < 32 << 20
     client.sock.close()
+
+
+def test_a_huge_row_for_a_gated_role_is_relayed_not_held(hostile_proxy: ProxyProcess, endpoint: Endpoint) -> None:
+    """A statement that passes to the client's own connection (no protected table) may return a huge row: the
+    proxy forwards it as it arrives instead of holding the whole message."""
+    with connect(endpoint, "reporter") as conn:
+        growth = peak_growth_from_now(hostile_proxy)
+        (value,) = conn.execute("select repeat('x', 96 * 1024 * 1024)").fetchone()
+        assert len(value) == 96 << 20
+        assert growth() < 32 << 20
+        assert conn.execute(SMALL).fetchall()[0][1] > 0
 
 
 def test_other_oversized_messages_end_the_session(endpoint: Endpoint) -> None:
@@ -377,6 +395,15 @@ def test_a_bounded_buffer_drops_a_long_statement_as_it_streams_in() -> None:
     assert buffer.feed(b"a" * 990 + after) == [(b"Q", b"select 1\0")]
     with pytest.raises(pg.ProtocolViolation):
         buffer.feed(b"B" + struct.pack("!i", 4 + 2000))
+
+
+def test_a_relaying_buffer_hands_on_a_long_message_in_pieces() -> None:
+    buffer = RelayingMessageBuffer(limit=100)
+    long = pg.message(b"D", b"y" * 1000)
+    small = pg.message(b"Z", b"I")
+    out = buffer.feed(small + long[:300])
+    assert out == [(b"Z", b"I"), Piece(b"D", long[:300], True)]
+    assert buffer.feed(long[300:] + small) == [Piece(b"D", long[300:], False), (b"Z", b"I")]
 
 
 def test_the_cache_is_bounded_in_bytes() -> None:

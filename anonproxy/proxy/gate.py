@@ -60,7 +60,7 @@ from dataclasses import dataclass
 from ..rewrite.decision import Decision, ExplainDP, Intercept, Noisy, Pass, Reject, Rewrite, SessionSetting
 from ..wire import protocol as pg
 from ..config import MAX_STATEMENT_SIZE
-from ..wire.framing import BoundedMessageBuffer
+from ..wire.framing import BoundedMessageBuffer, Piece
 from ..wire.results import Column, FormatError, Result, check_formats, result_formats
 
 SYNC = pg.message(b"S")
@@ -205,6 +205,13 @@ class Gate:
         self._analysed = (sql, decision, version)
         self._waiting = False
         self._pump()
+
+    def upstream_piece(self, piece: Piece) -> None:
+        """Part of a long message from the client's connection (a big row, COPY data): to the client as it comes.
+        (The proxy's own queries there and the answers it hides are never long.)"""
+        if piece.first:
+            self._hide(Owner.UPSTREAM, piece.type_)  # a long ErrorResponse still ends what is hidden
+        self._write_client(piece.raw)
 
     def upstream_message(self, type_: bytes, body: bytes) -> None:
         if self._asking_timeout:

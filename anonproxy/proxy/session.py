@@ -42,7 +42,7 @@ from ..rewrite.decision import (
     SessionSetting,
 )
 from ..wire import protocol as pg
-from ..wire.framing import BoundaryTracker, MessageBuffer
+from ..wire.framing import BoundaryTracker, MessageBuffer, Piece, RelayingMessageBuffer
 from .analysis import AnalysisFailed, AnalysisTimeout, Analyser
 from .cache import BoundedCache
 from .cancel import CancelRegistry, UpstreamKey, cancel_then_hang_up, send_cancel
@@ -56,6 +56,8 @@ log = logging.getLogger("anonproxy.session")
 
 _session_ids = count(1)
 TERMINATE = pg.message(b"X")
+# A gated session's server messages longer than this (big rows) go to the client piece by piece, never held whole.
+RELAYED_MESSAGE_SIZE = 64 * 1024
 DECISION_CACHE_BYTES = 32 * 1024 * 1024  # statement texts and their rewrites, per worker
 
 
@@ -489,7 +491,7 @@ class UpstreamConnection(asyncio.Protocol):
         self.closed = False
         self._auth_messages: MessageBuffer | None = MessageBuffer()
         self._gate: Gate | None = None
-        self._gated_messages = MessageBuffer()
+        self._gated_messages = RelayingMessageBuffer(RELAYED_MESSAGE_SIZE)
         self._held: list[bytes] = []  # server bytes after login, before relaying or gating starts
         self.relaying = False
 
@@ -504,8 +506,7 @@ class UpstreamConnection(asyncio.Protocol):
                 if self.tracker.idle:
                     self.client.awaiting_server = False
             elif self._gate is not None:
-                for type_, body in self._gated_messages.feed(data):
-                    self._gate.upstream_message(type_, body)
+                self._to_gate(data)
             elif self._auth_messages is not None:
                 self._auth_received(data)
             else:
@@ -548,9 +549,16 @@ class UpstreamConnection(asyncio.Protocol):
     def open_gate(self, gate: Gate) -> None:
         """From now on, whole messages go to the session's gate."""
         self._gate = gate
-        for type_, body in self._gated_messages.feed(b"".join(self._held)):
-            gate.upstream_message(type_, body)
+        self._to_gate(b"".join(self._held))
         self._held.clear()
+
+    def _to_gate(self, data: bytes) -> None:
+        assert self._gate is not None
+        for message in self._gated_messages.feed(data):
+            if isinstance(message, Piece):
+                self._gate.upstream_piece(message)
+            else:
+                self._gate.upstream_message(*message)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True

@@ -7,12 +7,17 @@ Two tools for two jobs:
 * ``BoundedMessageBuffer`` does the same for a client whose messages are
   read (a gated session), with a size limit per message type: the body of
   a longer message is dropped as it streams in, never buffered.
+* ``RelayingMessageBuffer`` collects whole messages of a server whose
+  messages are read (a gated session's), but hands on a long one (a big
+  row) piece by piece as it arrives, to be forwarded, never held whole.
 * ``BoundaryTracker`` follows message boundaries of a stream that is
   forwarded untouched, without copying it, so the proxy knows whether the
   upstream is idle and whether it may inject a message of its own.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 from .protocol import ProtocolViolation, read_header
 
@@ -94,6 +99,51 @@ class BoundedMessageBuffer:
             offset += size
         del self._buffer[:offset]
         return messages
+
+
+class Piece(NamedTuple):
+    """Bytes of a long message, to forward as they are; ``first``: they start with its header."""
+
+    type_: bytes
+    raw: bytes
+    first: bool
+
+
+class RelayingMessageBuffer:
+    """Whole messages up to ``limit`` bytes as ``(type, body)``; longer ones as ``Piece``s, in stream order."""
+
+    def __init__(self, limit: int) -> None:
+        self._buffer = bytearray()
+        self._limit = limit
+        self._type = b""  # of the long message under way
+        self._remaining = 0  # of its bytes still to come
+
+    def feed(self, data: bytes) -> list[tuple[bytes, bytes] | Piece]:
+        out: list[tuple[bytes, bytes] | Piece] = []
+        if self._remaining:
+            piece = data[: self._remaining]
+            self._remaining -= len(piece)
+            data = data[len(piece):]
+            out.append(Piece(self._type, piece, False))
+        self._buffer += data
+        offset = 0
+        while len(self._buffer) - offset >= 5:
+            type_, size = read_header(self._buffer, offset)
+            available = len(self._buffer) - offset
+            if size > self._limit:
+                taken = min(available, size)
+                out.append(Piece(type_, bytes(self._buffer[offset : offset + taken]), True))
+                offset += taken
+                if taken < size:
+                    self._type, self._remaining = type_, size - taken
+                    break
+                continue
+            if available < size:
+                break
+            out.append((type_, bytes(self._buffer[offset + 5 : offset + size])))
+            offset += size
+        del self._buffer[:offset]
+        return out
 
 
 class BoundaryTracker:
