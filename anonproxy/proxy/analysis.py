@@ -134,7 +134,12 @@ def _serve(connection: Connection) -> None:
             reply = (True, function(*args))
         except Exception as exc:  # a bug in the analysis: the worker logs it and refuses the statement
             reply = (False, f"{type(exc).__name__}: {exc}")
-        connection.send(reply)
+        try:
+            connection.send(reply)
+        except OSError:
+            return  # the parent is gone
+        except Exception as exc:  # the value does not pickle
+            connection.send((False, f"{type(exc).__name__}: {exc}"))
 
 
 if __name__ == "__main__":

@@ -52,14 +52,13 @@ from __future__ import annotations
 
 import enum
 import struct
-from dataclasses import replace
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from ..config import MAX_STATEMENT_SIZE
 from ..rewrite.decision import Decision, ExplainDP, Intercept, Noisy, Pass, Reject, Rewrite, SessionSetting
 from ..wire import protocol as pg
-from ..config import MAX_STATEMENT_SIZE
 from ..wire.framing import BoundedMessageBuffer, Piece
 from ..wire.results import Column, FormatError, Result, check_formats, result_formats
 
@@ -479,14 +478,14 @@ class Gate:
     def _prepare(self, name: bytes, decided: _Decided, raw: bytes | None) -> Route:
         """Where statement ``name`` now belongs, and the route of its Parse (``raw``: the client's; None: ours)."""
         decision = decided.decision
+        if self.transaction_status == b"E" and not isinstance(decision, (Pass, Intercept, Reject)):
+            return self._refuse(_ABORTED)  # as PostgreSQL: the statement of that name, if any, stays
         self._statement_settings.pop(name, None)
         self._proxy_statements.pop(name, None)
         if isinstance(decision, Reject):
             self._statements.pop(name, None)
             self._texts.pop(name, None)
             return self._refuse(decision)
-        if self.transaction_status == b"E" and not isinstance(decision, (Pass, Intercept)):
-            return self._refuse(_ABORTED)
         self._texts[name] = decided
         if isinstance(decision, Pass):
             self._statements[name] = Owner.UPSTREAM
