@@ -30,6 +30,8 @@ from typing import Any, TypeVar
 log = logging.getLogger("anonproxy.analysis")
 
 T = TypeVar("T")
+READY = "ready"  # what a child says once it can take requests
+STARTUP_TIMEOUT = 60.0
 
 
 class AnalysisTimeout(Exception):
@@ -49,6 +51,14 @@ class _Child:
             self.process = subprocess.Popen([sys.executable, "-m", __name__, str(child.fileno())],
                                             pass_fds=[child.fileno()], stdin=subprocess.DEVNULL)
         self.connection = Connection(parent.detach())
+        self._ready = False
+
+    def wait_ready(self) -> None:
+        """Wait until the child has imported the analysis code: its start-up is not part of any budget."""
+        if not self._ready:
+            if not self.connection.poll(STARTUP_TIMEOUT) or self.connection.recv() != READY:
+                raise EOFError("the analysis process did not start")
+            self._ready = True
 
     def stop(self) -> None:
         self.connection.close()
@@ -68,7 +78,7 @@ class Analyser:
 
     def start(self) -> None:
         """Start the child (and its spare) now rather than at the first statement."""
-        self._thread.submit(self._ensure)
+        self._thread.submit(lambda: self._ensure().wait_ready())
 
     async def run(self, function: Callable[..., T], *args: Any) -> T:
         """The function's value; raises AnalysisTimeout or AnalysisFailed. Calls run one at a time."""
@@ -87,6 +97,7 @@ class Analyser:
     def _call(self, function: Callable[..., T], args: tuple[Any, ...]) -> T:
         child = self._ensure()
         try:
+            child.wait_ready()
             child.connection.send((function, args))
             if not child.connection.poll(self.budget):
                 raise AnalysisTimeout()
@@ -125,6 +136,10 @@ class Analyser:
 
 def _serve(connection: Connection) -> None:
     """The child: answer ``(function, args)`` requests until the parent closes the socket."""
+    try:
+        connection.send(READY)
+    except OSError:
+        return
     while True:
         try:
             function, args = connection.recv()
