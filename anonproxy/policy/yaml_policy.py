@@ -23,7 +23,8 @@
 Parsing checks shape and ranges and names the offending path
 (``roles.reporter.k: must be an integer ≥ 2, got 1``). ``apply_policy`` then
 replaces the whole policy through the SQL functions of sql/0002_policy.sql,
-0003_ledger.sql (budgets) and 0011_published_relations.sql in one transaction, so the database has the last word on tables, columns and
+0003_ledger.sql (budgets), 0011_published_relations.sql and 0013_statement_time.sql
+in one transaction, so the database has the last word on tables, columns and
 roles, and a refusal leaves the previous policy in force.
 
 Durations (``max_statement_time``) are written like PostgreSQL's time
