@@ -488,3 +488,19 @@ def test_a_portal_bound_under_an_older_policy_is_not_executed() -> None:
     wires.gate.service_message(b"Z", b"T")
     error = [body for type_, body in MessageBuffer().feed(bytes(wires.client)) if type_ == b"E"]
     assert pg.parse_fields(error[-1])["C"] == "55000"
+
+
+def test_the_gate_stops_reading_while_too_much_waits() -> None:
+    paused: list[bool] = []
+    sent: list[bytes] = []
+    decisions: dict[str, Decision] = {}  # none yet: the first statement is "being analysed"
+    gate = Gate(decide=decisions.get, settings=lambda: {}, write_client=lambda data: None,
+                send_upstream=sent.append, send_service=lambda data: None, ask_proxy=lambda request: None,
+                pause_client=paused.append)
+    sql = "select 1 -- " + "x" * 100_000
+    for _ in range(20):  # 2 MB: the first waits for its decision, the others behind it
+        gate.client_data(pg.query_message(sql))
+    assert paused == [True] * len(paused) and paused
+    decisions[sql] = Pass()
+    gate.decided(sql, Pass(), 0)
+    assert len(sent) == 20 and paused[-1] is False  # all on their way (to one owner): reading again

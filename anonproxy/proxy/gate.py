@@ -63,6 +63,7 @@ from ..wire.framing import BoundedMessageBuffer, Piece
 from ..wire.results import Column, FormatError, Result, check_formats, result_formats
 
 SYNC = pg.message(b"S")
+QUEUE_LIMIT = 1 << 20  # bytes of client messages waiting in the gate before the session stops reading
 # Settings the server reports (ParameterStatus) that change how values print.
 FOLLOWED_SETTINGS = ("DateStyle", "TimeZone", "IntervalStyle", "client_encoding")
 
@@ -152,6 +153,7 @@ class Gate:
         version: Callable[[], int] = lambda: 0,
         time_limit: Callable[[], int] | None = None,
         max_statement_size: int = MAX_STATEMENT_SIZE,
+        pause_client: Callable[[bool], None] = lambda pause: None,
     ) -> None:
         self._decide = decide  # None: being analysed, ``decided`` follows
         self._version = version  # of the policy in force
@@ -164,6 +166,11 @@ class Gate:
         self._client_messages = BoundedMessageBuffer({b"Q": max_statement_size, b"P": max_statement_size},
                                                      MAX_STATEMENT_SIZE)
         self._queue: deque[tuple[bytes, bytes | None]] = deque()
+        # Messages wait in the queue while others are answered or analysed: past QUEUE_LIMIT bytes, the session
+        # stops reading from the client (``pause_client(True)``) until the queue is down to half.
+        self._queued = 0
+        self._pause_client = pause_client
+        self._client_paused = False
         self._analysed: tuple[str, Decision, int] | None = None  # the decision ``decided`` brought
         self._waiting = False  # for ``decided``
         self._hidden = {Owner.UPSTREAM: deque[bytes](), Owner.SERVICE: deque[bytes]()}
@@ -196,7 +203,9 @@ class Gate:
     # -- input ------------------------------------------------------------------
 
     def client_data(self, data: bytes) -> None:
-        self._queue.extend(self._client_messages.feed(data))
+        for message in self._client_messages.feed(data):
+            self._queue.append(message)
+            self._queued += len(message[1] or b"")
         self._pump()
 
     def decided(self, sql: str, decision: Decision, version: int) -> None:
@@ -307,6 +316,10 @@ class Gate:
     # -- dispatch -----------------------------------------------------------------
 
     def _pump(self) -> None:
+        self._dispatch()
+        self._flow()
+
+    def _dispatch(self) -> None:
         while self._held is not None or self._queue:
             if self._waiting:
                 return  # a statement is being analysed
@@ -320,6 +333,7 @@ class Gate:
                     self._queue.appendleft((type_, body))
                     self._waiting = True
                     return
+                self._queued -= len(body or b"")
                 if self._held is None:
                     continue
             route = self._held
@@ -358,6 +372,15 @@ class Gate:
                 self._unsynced = None
             elif route.in_batch:
                 self._unsynced = route.owner
+
+    def _flow(self) -> None:
+        """Stop reading from the client while too much of what it sent waits here; go on once half is gone."""
+        if self._queued > QUEUE_LIMIT:  # again each time: the session's own flow control may have resumed it
+            self._client_paused = True
+            self._pause_client(True)
+        elif self._client_paused and self._queued <= QUEUE_LIMIT // 2:
+            self._client_paused = False
+            self._pause_client(False)
 
     def _needs_client_timeout(self, route: Route) -> bool:
         """Whether the client's statement_timeout must be read before ``route`` runs something."""

@@ -359,6 +359,7 @@ class ClientConnection(asyncio.Protocol):
             version=lambda: self._current()[0].version,
             time_limit=self._time_limit,
             max_statement_size=self.context.max_statement_size,
+            pause_client=self._pause_reading,
         )
         try:
             self.service = await ServiceConnection.open(login, self._startup.parameters, gate.service_message,
@@ -378,8 +379,8 @@ class ClientConnection(asyncio.Protocol):
         self.transport.write(ready)
         self.upstream.open_gate(gate)
         pending, self._pending = b"".join(self._pending), []
+        self.transport.resume_reading()  # (before: the gate may pause it again)
         gate.client_data(pending)
-        self.transport.resume_reading()
 
     def enforce(self, policy: Policy) -> None:
         """A new policy: end a relayed session whose role is no longer direct.
@@ -457,6 +458,13 @@ class ClientConnection(asyncio.Protocol):
         decision = await self.context.decide(sql, role, policy)
         if self.state is State.GATED and self.gate is not None:
             self.gate.decided(sql, decision, policy.version)
+
+    def _pause_reading(self, pause: bool) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            if pause:
+                self.transport.pause_reading()
+            else:
+                self.transport.resume_reading()
 
     def _time_limit(self) -> int:
         """The policy's maximum statement time for the role's mode, in ms."""
