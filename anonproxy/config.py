@@ -15,6 +15,8 @@ import yaml
 ENV_PREFIX = "ANONPROXY_"
 LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("text", "json")
+# The most a gated session holds of any one client message (statements, bound values, COPY data).
+MAX_STATEMENT_SIZE = 16 * 1024 * 1024
 
 
 class ConfigError(ValueError):
@@ -53,6 +55,10 @@ class ProxyConfig:
     startup_timeout: float = 60.0
     service_dsn: str = ""
     audit_trail: bool = True  # record gated roles' statements in anonproxy.audit_trail (docs/audit-trail.md)
+    # Gated sessions: the longest Query or Parse message body accepted, and the time one statement's analysis
+    # may take (off the event loop) before it is refused.
+    max_statement_size: int = 256 * 1024
+    analysis_timeout: float = 5.0
 
     def __post_init__(self) -> None:
         if not 0 <= self.listen_port <= 65535:
@@ -67,6 +73,11 @@ class ProxyConfig:
             raise ConfigError("tls_cert and tls_key must be given together")
         if self.startup_timeout <= 0:
             raise ConfigError(f"startup_timeout must be positive, got {self.startup_timeout}")
+        if not 1024 <= self.max_statement_size <= MAX_STATEMENT_SIZE:
+            raise ConfigError(f"max_statement_size must be between 1024 and {MAX_STATEMENT_SIZE} bytes, "
+                              f"got {self.max_statement_size}")
+        if self.analysis_timeout <= 0:
+            raise ConfigError(f"analysis_timeout must be positive, got {self.analysis_timeout}")
         # Parse the connection strings now, so that a bad one fails at load time.
         _ = self.upstream_address
         if self.service_dsn:

@@ -16,6 +16,9 @@ ColumnKind = Literal["identifier", "quasi_identifier", "sensitive", "public"]
 MODES: tuple[Mode, ...] = ("direct", "suppress", "dp", "deny")
 COLUMN_KINDS: tuple[ColumnKind, ...] = ("identifier", "quasi_identifier", "sensitive", "public")
 DEFAULT_SERVICE_ROLE = "anonproxy_service"
+# Modes whose statements the proxy runs (rewritten, or for a noisy answer), and so bounds in time.
+TIMED_MODES: tuple[Mode, ...] = ("suppress", "dp")
+DEFAULT_MAX_STATEMENT_MS = 30_000
 
 
 @dataclass(frozen=True)
@@ -102,10 +105,16 @@ class Policy:
     roles: dict[str, RolePolicy] = field(default_factory=dict)
     service_role: str = DEFAULT_SERVICE_ROLE  # the role of the proxy's service connection
     published: dict[str, PublishedRelation] = field(default_factory=dict)
+    # The longest a statement of a role in this mode may run, in ms (a client's statement_timeout may be shorter).
+    max_statement_ms: dict[str, int] = field(default_factory=dict)  # by mode in TIMED_MODES, only if not the default
 
     def role(self, name: str) -> RolePolicy:
         """A role's policy; roles the policy does not name are direct (PostgreSQL's grants decide)."""
         return self.roles.get(name) or RolePolicy(name)
+
+    def statement_limit(self, mode: str) -> int:
+        """The maximum statement time, in ms, of a role in ``mode``."""
+        return self.max_statement_ms.get(mode, DEFAULT_MAX_STATEMENT_MS)
 
     def is_protected(self, table: str) -> bool:
         return table in self.tables or table in self.links

@@ -1,4 +1,5 @@
-"""Read the policy from its tables: migrations 0002 (tables, roles), 0003 (budgets), 0011 (published relations).
+"""Read the policy from its tables: migrations 0002 (tables, roles), 0003 (budgets), 0011 (published relations),
+0013 (statement time limits).
 
 The whole policy is read by one statement, so the version and the contents come
 from the same snapshot. A database without those tables has the empty policy:
@@ -16,6 +17,7 @@ from typing import Any
 import psycopg
 
 from .model import (
+    DEFAULT_MAX_STATEMENT_MS,
     DEFAULT_SERVICE_ROLE,
     Budget,
     ColumnPolicy,
@@ -73,7 +75,11 @@ select pg_catalog.json_build_object(
                            'domain', s.domain, 'epsilon', s.epsilon::text, 'delta', s.delta::text,
                            'refresh_period', s.refresh_period::text))
                          from anonproxy.shared_budgets s),
-    'published', (select pg_catalog.json_agg(p order by p.relation_name) from anonproxy.published_relations p)
+    'published', (select pg_catalog.json_agg(p order by p.relation_name) from anonproxy.published_relations p),
+    -- In whole milliseconds, as statement_timeout takes them (rounded up: never shorter than declared).
+    'statement_limits', (select pg_catalog.json_object_agg(l.mode, pg_catalog.ceil(
+                             pg_catalog.date_part('epoch', l.max_statement_time) * 1000)::bigint)
+                           from anonproxy.statement_limits l)
 )
 """
 
@@ -164,7 +170,12 @@ def policy_from_json(doc: dict[str, Any]) -> Policy:
         for row in doc["published"] or ()
     }
     return Policy(version=doc["version"], tables=tables, links=links, roles=roles, service_role=doc["service_role"],
-                  published=published)
+                  published=published, max_statement_ms=_statement_limits(doc.get("statement_limits") or {}))
+
+
+def _statement_limits(limits: dict[str, int]) -> dict[str, int]:
+    """The modes whose maximum statement time is not the default (the model keeps only those)."""
+    return {mode: int(ms) for mode, ms in limits.items() if ms != DEFAULT_MAX_STATEMENT_MS}
 
 
 def _scalar(row: tuple[Any, ...] | None) -> Any:

@@ -18,17 +18,23 @@
           public.adult: {epsilon: 10, delta: 0.00001, epsilon_per_query: 0.5, delta_per_query: 0.0000001}
     published:
       public.adult_k10: {roles: [reporter, analyst]}
+    max_statement_time: {suppress: 30s, dp: 1min}
 
 Parsing checks shape and ranges and names the offending path
 (``roles.reporter.k: must be an integer ≥ 2, got 1``). ``apply_policy`` then
 replaces the whole policy through the SQL functions of sql/0002_policy.sql,
-0003_ledger.sql (budgets) and 0011_published_relations.sql in one transaction, so the database has the last word on tables, columns and
+0003_ledger.sql (budgets), 0011_published_relations.sql and 0013_statement_time.sql
+in one transaction, so the database has the last word on tables, columns and
 roles, and a refusal leaves the previous policy in force.
+
+Durations (``max_statement_time``) are written like PostgreSQL's time
+settings: a number and a unit, ``500ms``, ``30s``, ``2min``, ``1h``.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Mapping
 from decimal import Decimal
 from importlib.resources import files
@@ -40,8 +46,10 @@ import yaml
 
 from .model import (
     COLUMN_KINDS,
+    DEFAULT_MAX_STATEMENT_MS,
     DEFAULT_SERVICE_ROLE,
     MODES,
+    TIMED_MODES,
     Budget,
     ColumnKind,
     ColumnPolicy,
@@ -57,7 +65,7 @@ from .model import (
 
 T = TypeVar("T")
 
-_TOP_KEYS = ("service_role", "tables", "links", "roles", "published")
+_TOP_KEYS = ("service_role", "tables", "links", "roles", "published", "max_statement_time")
 _TABLE_KEYS = ("unit", "shared_budget", "columns")
 _LINK_KEYS = ("column", "references", "columns")
 _COLUMN_KEYS = ("kind", "lower", "upper", "domain")
@@ -66,6 +74,10 @@ _DOMINANCE_KEYS = ("n", "percent")
 _BUDGET_KEYS = ("epsilon", "delta", "refresh_period", "epsilon_per_query", "delta_per_query")
 _SHARED_BUDGET_KEYS = ("epsilon", "delta", "refresh_period")
 _PUBLISHED_KEYS = ("roles",)
+# Units of a duration, as PostgreSQL's time settings take them, in milliseconds.
+_TIME_UNITS = {"ms": 1, "s": 1000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}
+_DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|min|h|d)\s*")
+_MAX_STATEMENT_MS = 24 * 86_400_000  # what anonproxy.set_max_statement_time accepts
 # Roles that may read published relations: the others are direct (PostgreSQL's grants) or denied.
 _PUBLISHED_MODES = ("suppress", "dp")
 
@@ -163,7 +175,12 @@ class _Checker:
             name: self.published(name, spec, f"published.{name}", tables, links, roles)
             for name, spec in self.named(top.get("published"), "published").items()
         }
-        return Policy(tables=tables, links=links, roles=roles, service_role=service, published=published)
+        limits = self.mapping(top.get("max_statement_time", {}), "max_statement_time", TIMED_MODES)
+        max_statement_ms = {mode: self.duration(limits[mode], f"max_statement_time.{mode}")
+                            for mode in TIMED_MODES if mode in limits}
+        return Policy(tables=tables, links=links, roles=roles, service_role=service, published=published,
+                      max_statement_ms={mode: ms for mode, ms in max_statement_ms.items()
+                                        if ms is not None and ms != DEFAULT_MAX_STATEMENT_MS})
 
     def table(self, name: str, spec: object, path: str) -> ProtectedTable:
         self.table_name(name, path)
@@ -374,6 +391,17 @@ class _Checker:
         self.fail(path, f"must be true or false, got {value!r}")
         return None
 
+    def duration(self, value: object, path: str) -> int | None:
+        """A duration with a unit (``30s``, ``500ms``), in whole milliseconds (rounded up)."""
+        match = _DURATION.fullmatch(value) if isinstance(value, str) else None
+        if match is not None:
+            ms = math.ceil(float(match[1]) * _TIME_UNITS[match[2]])
+            if 1 <= ms <= _MAX_STATEMENT_MS:
+                return ms
+        self.fail(path, f"must be a duration from 1ms to 24d with a unit ({', '.join(_TIME_UNITS)}), like 30s; "
+                        f"got {value!r}")
+        return None
+
     def domain(self, value: object, path: str) -> tuple[str, ...] | None:
         if not isinstance(value, list) or not value:
             self.fail(path, f"must be a non-empty list of values, got {value!r}")
@@ -450,6 +478,9 @@ def apply_policy(conn: psycopg.Connection[Any], policy: Policy) -> int:
         for published in policy.published.values():
             _call(conn, f"published.{published.name}",
                   "select anonproxy.publish_relation(%s::regclass, %s::name[])", (published.name, list(published.roles)))
+        for mode in TIMED_MODES:
+            _call(conn, f"max_statement_time.{mode}", "select anonproxy.set_max_statement_time(%s, %s::interval)",
+                  (mode, f"{policy.statement_limit(mode)} milliseconds"))
         row = conn.execute("select version from anonproxy.policy_version").fetchone()
     assert row is not None
     return int(row[0])
@@ -505,6 +536,10 @@ def dump_policy(policy: Policy) -> str:
         "roles": {role.role: _dump_role(role) for role in policy.roles.values()},
         "published": {relation.name: _Flow(roles=list(relation.roles)) for relation in policy.published.values()},
     }
+    limits = {mode: _duration_text(policy.statement_limit(mode)) for mode in TIMED_MODES
+              if policy.statement_limit(mode) != DEFAULT_MAX_STATEMENT_MS}
+    if limits:
+        document["max_statement_time"] = _Flow(limits)
     header = f"# anonproxy policy, version {policy.version}\n" if policy.version else ""
     return header + yaml.dump(document, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=120)
 
@@ -570,6 +605,12 @@ def _dump_role(role: RolePolicy) -> dict[str, Any]:
     if not role.budgets:
         return fields
     return {**fields, "budgets": {domain: _dump_budget(budget) for domain, budget in role.budgets.items()}}
+
+
+def _duration_text(ms: int) -> str:
+    """``30000`` -> ``30s``: the largest unit that writes it whole."""
+    unit = next(name for name, size in sorted(_TIME_UNITS.items(), key=lambda item: -item[1]) if ms % size == 0)
+    return f"{ms // _TIME_UNITS[unit]}{unit}"
 
 
 def _plain_number(value: float) -> int | float:

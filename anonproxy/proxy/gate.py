@@ -26,6 +26,26 @@ the batch: then the answer is asked for at once), Execute (asking for the
 answer once per portal, then sending its rows in the portal's result
 formats, ``max_rows`` at a time with PortalSuspended), CloseComplete; after
 an error the rest of the batch is skipped up to Sync, as PostgreSQL does.
+
+Statements are decided by the session (``decide``), which may answer "not
+yet" (None) while the statement is analysed off the event loop; the gate then
+holds that message, and those after it, until ``decided``. A Query or Parse
+longer than ``max_statement_size`` is never buffered (BoundedMessageBuffer)
+and is refused with 54000; one that is not valid UTF-8 with 22021.
+
+Policy changes reach prepared statements: each remembers its text and the
+policy version it was decided under. A Bind of a statement decided under an
+older version decides it again; a refusal answers the Bind, and a new
+decision prepares it again where it now belongs (a Close and a Parse with the
+new rewrite, whose answers the client does not see, go before the Bind), so
+SQL rewritten under the old policy never runs again. An Execute of a portal
+bound under an older version runs only if the decision did not change.
+
+Time: when the session gives a ``time_limit`` (the policy's maximum for the
+role's mode), the statement_timeout of the client's own session (read from
+its connection with a query of the proxy's, after anything else ran there)
+capped by that limit is set on the service connection before a rewritten
+statement and passed with every request for the proxy (``timeout_ms``).
 """
 
 from __future__ import annotations
@@ -34,14 +54,16 @@ import enum
 import struct
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from ..config import MAX_STATEMENT_SIZE
 from ..rewrite.decision import Decision, ExplainDP, Intercept, Noisy, Pass, Reject, Rewrite, SessionSetting
 from ..wire import protocol as pg
-from ..wire.framing import MessageBuffer
+from ..wire.framing import BoundedMessageBuffer, Piece
 from ..wire.results import Column, FormatError, Result, check_formats, result_formats
 
 SYNC = pg.message(b"S")
+QUEUE_LIMIT = 1 << 20  # bytes of client messages waiting in the gate before the session stops reading
 # Settings the server reports (ParameterStatus) that change how values print.
 FOLLOWED_SETTINGS = ("DateStyle", "TimeZone", "IntervalStyle", "client_encoding")
 
@@ -77,6 +99,7 @@ class ProxyRequest:
     decision: Decision  # Noisy, ExplainDP, SessionSetting, or Intercept of a setting in PROXY_SETTINGS
     describe: bool = False  # only the Description: nothing is run or charged
     parameters: Parameters = Parameters()
+    timeout_ms: int = 0  # the statement_timeout for what it runs (0: none)
 
 
 # The session's reply: a Result, a Description, or ready-made messages (an ErrorResponse in the extended protocol).
@@ -91,6 +114,21 @@ class Route:
     in_batch: bool = True  # part of an extended-protocol batch (COPY data is not)
     request: ProxyRequest | None = None  # what a PROXY route asks the session to answer
     asking: tuple[str, bytes, int] = ("query", b"", 0)  # a PROXY route: (what for, portal, max rows)
+    hidden: tuple[bytes, ...] = ()  # types of the owner's answers to drop (a statement prepared again)
+
+
+@dataclass(frozen=True)
+class _Decided:
+    """What a prepared statement or a portal was decided on: its text, the decision, the policy version."""
+
+    sql: str
+    decision: Decision
+    version: int
+    rest: bytes = b""  # the Parse message after the text: parameter types
+
+
+# _route's answer when the statement's decision is not known yet: the message waits at the head of the queue.
+_WAIT = Route(Owner.LOCAL, b"")
 
 
 @dataclass
@@ -112,14 +150,32 @@ class Gate:
         send_upstream: Callable[[bytes], None],
         send_service: Callable[[bytes], None],
         ask_proxy: Callable[[ProxyRequest], None],
+        version: Callable[[], int] = lambda: 0,
+        time_limit: Callable[[], int] | None = None,
+        max_statement_size: int = MAX_STATEMENT_SIZE,
+        pause_client: Callable[[bool], None] = lambda pause: None,
     ) -> None:
-        self._decide = decide
+        self._decide = decide  # None: being analysed, ``decided`` follows
+        self._version = version  # of the policy in force
+        self._time_limit = time_limit  # the policy's maximum statement time for the role's mode, in ms
         self._settings = settings
         self._write_client = write_client
         self._send = {Owner.UPSTREAM: send_upstream, Owner.SERVICE: send_service}
         self._ask_proxy = ask_proxy
-        self._client_messages = MessageBuffer()
-        self._queue: deque[tuple[bytes, bytes]] = deque()
+        self._max_statement_size = max_statement_size
+        self._client_messages = BoundedMessageBuffer({b"Q": max_statement_size, b"P": max_statement_size},
+                                                     MAX_STATEMENT_SIZE)
+        self._queue: deque[tuple[bytes, bytes | None]] = deque()
+        # Messages wait in the queue while others are answered or analysed: past QUEUE_LIMIT bytes, the session
+        # stops reading from the client (``pause_client(True)``) until the queue is down to half.
+        self._queued = 0
+        self._pause_client = pause_client
+        self._client_paused = False
+        self._analysed: tuple[str, Decision, int] | None = None  # the decision ``decided`` brought
+        self._waiting = False  # for ``decided``
+        self._hidden = {Owner.UPSTREAM: deque[bytes](), Owner.SERVICE: deque[bytes]()}
+        self._texts: dict[bytes, _Decided] = {}  # prepared statements, by name
+        self._bound: dict[bytes, _Decided] = {}  # portals, by name
         self._held: Route | None = None
         self._unsynced: Owner | None = None  # owner of batch messages sent since the last Sync
         self.in_flight = {Owner.UPSTREAM: 0, Owner.SERVICE: 0, Owner.PROXY: 0}  # requests awaiting ReadyForQuery
@@ -138,16 +194,42 @@ class Gate:
         # Output-shaping settings the client changed, to repeat on the service connection.
         self._settings_to_copy: dict[str, str] = {}
         self._silenced = 0  # our own SET queries whose answers are dropped
+        # The client's statement_timeout (ms, 0: none), read again after the client ran something upstream.
+        self._client_timeout = 0
+        self._client_timeout_stale = True
+        self._asking_timeout = 0  # our own queries on the client's connection, answered to us
+        self._service_timeout: int | None = None  # the statement_timeout last set on the service connection
 
     # -- input ------------------------------------------------------------------
 
     def client_data(self, data: bytes) -> None:
-        self._queue.extend(self._client_messages.feed(data))
+        for message in self._client_messages.feed(data):
+            self._queue.append(message)
+            self._queued += len(message[1] or b"")
         self._pump()
 
+    def decided(self, sql: str, decision: Decision, version: int) -> None:
+        """The decision the session could not give at once (``decide`` returned None)."""
+        self._analysed = (sql, decision, version)
+        self._waiting = False
+        self._pump()
+
+    def upstream_piece(self, piece: Piece) -> None:
+        """Part of a long message from the client's connection (a big row, COPY data): to the client as it comes.
+        (The proxy's own queries there and the answers it hides are never long.)"""
+        if piece.first:
+            self._hide(Owner.UPSTREAM, piece.type_)  # a long ErrorResponse still ends what is hidden
+        self._write_client(piece.raw)
+
     def upstream_message(self, type_: bytes, body: bytes) -> None:
+        if self._asking_timeout:
+            self._timeout_answer(type_, body)
+            return
+        if self._hide(Owner.UPSTREAM, type_):
+            return
         if type_ == b"Z":
             self.transaction_status = body
+            self._client_timeout_stale = True  # what ran may have changed it (SET, a function, a rollback)
             self._ready_for_query(Owner.UPSTREAM, body)
             return
         if type_ == b"S":
@@ -163,6 +245,8 @@ class Gate:
                 self._silenced -= 1
                 self.in_flight[Owner.SERVICE] -= 1
                 self._pump()
+        elif self._hide(Owner.SERVICE, type_):
+            return
         elif type_ == b"Z":
             # The client's transaction is the one on its own connection.
             self._ready_for_query(Owner.SERVICE, self.transaction_status)
@@ -198,6 +282,29 @@ class Gate:
                     self._write_client(self._portal_rows(state, max_rows))
         self._pump()
 
+    def _hide(self, owner: Owner, type_: bytes) -> bool:
+        """Whether this is an answer to a statement prepared again, which the client must not see."""
+        hidden = self._hidden[owner]
+        if not hidden:
+            return False
+        if type_ == hidden[0]:
+            hidden.popleft()
+            return True
+        if type_ in b"EZ":
+            hidden.clear()  # an error: the server skips the rest, up to Sync
+        return False
+
+    def _timeout_answer(self, type_: bytes, body: bytes) -> None:
+        """The answer to our query of the client's statement_timeout (an error keeps the last value)."""
+        if type_ == b"D":
+            value = pg.parse_data_row(body)[0]
+            if value is not None and value.isdigit():
+                self._client_timeout = int(value)
+        elif type_ == b"Z":
+            self._asking_timeout -= 1
+            self.in_flight[Owner.UPSTREAM] -= 1
+            self._pump()
+
     def _ready_for_query(self, owner: Owner, status: bytes) -> None:
         self.in_flight[owner] -= 1
         if self._swallow[owner]:
@@ -209,11 +316,24 @@ class Gate:
     # -- dispatch -----------------------------------------------------------------
 
     def _pump(self) -> None:
+        self._dispatch()
+        self._flow()
+
+    def _dispatch(self) -> None:
         while self._held is not None or self._queue:
+            if self._waiting:
+                return  # a statement is being analysed
             if self._held is None:
                 if self.in_flight[Owner.PROXY]:
                     return  # route the next message once the proxy answered: an error skips the rest of the batch
-                self._held = self._route(*self._queue.popleft())
+                type_, body = self._queue.popleft()
+                self._held = self._route(type_, body)
+                if self._held is _WAIT:
+                    self._held = None
+                    self._queue.appendleft((type_, body))
+                    self._waiting = True
+                    return
+                self._queued -= len(body or b"")
                 if self._held is None:
                     continue
             route = self._held
@@ -221,6 +341,9 @@ class Gate:
                 self._close_batch_part(self._unsynced)
             if any(count for owner, count in self.in_flight.items() if owner is not route.owner):
                 return  # wait for the other owner's ReadyForQuery
+            if self._needs_client_timeout(route):
+                self._ask_client_timeout()
+                return
             self._held = None
             if route.owner is Owner.LOCAL:
                 self._write_client(route.payload)
@@ -229,10 +352,19 @@ class Gate:
                 assert route.request is not None
                 self.in_flight[Owner.PROXY] += 1
                 self._asking = route.asking
-                self._ask_proxy(route.request)
+                request = route.request
+                if self._time_limit is not None:
+                    request = replace(request, timeout_ms=self._statement_timeout())
+                self._ask_proxy(request)
                 continue
+            if route.owner is Owner.SERVICE and self._time_limit is not None and self._unsynced is not Owner.SERVICE:
+                timeout = self._statement_timeout()
+                if timeout != self._service_timeout:
+                    self._settings_to_copy["statement_timeout"] = f"{timeout}ms"
+                    self._service_timeout = timeout
             if route.owner is Owner.SERVICE and self._settings_to_copy:
                 self._copy_settings()
+            self._hidden[route.owner].extend(route.hidden)
             if route.payload:
                 self._send[route.owner](route.payload)
             if route.ends_batch:
@@ -240,6 +372,32 @@ class Gate:
                 self._unsynced = None
             elif route.in_batch:
                 self._unsynced = route.owner
+
+    def _flow(self) -> None:
+        """Stop reading from the client while too much of what it sent waits here; go on once half is gone."""
+        if self._queued > QUEUE_LIMIT:  # again each time: the session's own flow control may have resumed it
+            self._client_paused = True
+            self._pause_client(True)
+        elif self._client_paused and self._queued <= QUEUE_LIMIT // 2:
+            self._client_paused = False
+            self._pause_client(False)
+
+    def _needs_client_timeout(self, route: Route) -> bool:
+        """Whether the client's statement_timeout must be read before ``route`` runs something."""
+        return (self._time_limit is not None and self._client_timeout_stale
+                and route.owner in (Owner.SERVICE, Owner.PROXY) and self._unsynced is not route.owner
+                and self.transaction_status != b"E")  # in a failed transaction the query would fail: keep the last
+
+    def _ask_client_timeout(self) -> None:
+        self._client_timeout_stale = False
+        self._send[Owner.UPSTREAM](_CLIENT_TIMEOUT_QUERY)
+        self.in_flight[Owner.UPSTREAM] += 1
+        self._asking_timeout += 1
+
+    def _statement_timeout(self) -> int:
+        """The client's statement_timeout capped by the policy's limit for the mode, in ms (0: none)."""
+        assert self._time_limit is not None
+        return min((t for t in (self._client_timeout, self._time_limit()) if t > 0), default=0)
 
     def _copy_settings(self) -> None:
         """The client changed a setting that shapes output (SET DateStyle…): follow it on the service side."""
@@ -255,32 +413,33 @@ class Gate:
         self._swallow[owner] += 1
         self._unsynced = None
 
-    def _route(self, type_: bytes, body: bytes) -> Route | None:
+    def _route(self, type_: bytes, body: bytes | None) -> Route | None:
+        if body is None:  # a Query or Parse longer than max_statement_size, dropped unread
+            if self._skipping and type_ == b"P":
+                return None
+            return self._refuse(self._too_long(), simple=type_ == b"Q")
         raw = pg.message(type_, body)
         if type_ == b"S":
             self._skipping = False
             if self.transaction_status == b"I":
-                self._proxy_portals.clear()  # the implicit transaction ends: its portals go, as in PostgreSQL
+                # The implicit transaction ends: its portals go, as in PostgreSQL.
+                self._proxy_portals.clear()
+                self._bound.clear()
             if self._unsynced is not None:
                 return Route(self._unsynced, raw, ends_batch=True)
             return Route(Owner.LOCAL, pg.ready_for_query(self.transaction_status))
         if self._skipping and type_ in b"PBDECH":
             return None
         if type_ == b"Q":
-            return self._route_query(raw, body[:-1].decode("utf-8", "replace"))
+            sql = _text(body[:-1])
+            if isinstance(sql, Reject):
+                return self._refuse(sql, simple=True)
+            decided = self._decision(sql)
+            return _WAIT if decided is None else self._route_query(raw, decided.decision)
         if type_ == b"P":
             return self._route_parse(raw, body)
         if type_ == b"B":
-            portal, offset = pg.read_cstring(body)
-            statement, _ = pg.read_cstring(body, offset)
-            owner = self._portals[portal] = self._statements.get(statement, Owner.UPSTREAM)
-            self._proxy_portals.pop(portal, None)
-            if owner is Owner.PROXY:
-                return self._bind_proxy(body)
-            if owner is not Owner.LOCAL:
-                return Route(owner, raw)
-            self._portal_settings[portal] = self._statement_settings[statement]
-            return Route(Owner.LOCAL, pg.message(b"2"))  # BindComplete
+            return self._route_bind(raw, body)
         if type_ == b"D" or type_ == b"C" or type_ == b"E":
             return self._route_by_name(type_, body, raw)
         if type_ == b"H":
@@ -291,8 +450,25 @@ class Gate:
         # COPY data, Terminate, and anything else: the client's own connection (and its checks).
         return Route(Owner.UPSTREAM, raw, in_batch=False)
 
-    def _route_query(self, raw: bytes, sql: str) -> Route:
+    def _decision(self, sql: str) -> _Decided | None:
+        """The decision on ``sql`` under the policy in force; None: being analysed (``decided`` follows)."""
+        version = self._version()
+        if self._analysed is not None and self._analysed[0] == sql:
+            _, decision, decided_under = self._analysed
+            self._analysed = None
+            if decided_under == version:
+                return _Decided(sql, decision, version)
         decision = self._decide(sql)
+        return None if decision is None else _Decided(sql, decision, version)
+
+    def _too_long(self) -> Reject:
+        mode = self._settings().get("mode", "an anonymized")
+        return Reject("54000", f"statement too long: anonproxy accepts statements of up to "
+                               f"{self._max_statement_size} bytes from roles in {mode} mode",
+                      "Shorten the statement (a long list of values is the usual cause); the limit is the "
+                      "proxy's max_statement_size setting.")
+
+    def _route_query(self, raw: bytes, decision: Decision) -> Route:
         if isinstance(decision, Pass):
             return Route(Owner.UPSTREAM, raw, ends_batch=True)
         if isinstance(decision, Rewrite):
@@ -313,36 +489,93 @@ class Gate:
 
     def _route_parse(self, raw: bytes, body: bytes) -> Route:
         name, offset = pg.read_cstring(body)
-        sql, offset = pg.read_cstring(body, offset)
-        decision = self._decide(sql.decode("utf-8", "replace"))
+        text, offset = pg.read_cstring(body, offset)
+        sql = _text(text)
+        if isinstance(sql, Reject):
+            return self._prepare(name, _Decided("", sql, self._version()), raw)
+        decided = self._decision(sql)
+        if decided is None:
+            return _WAIT
+        return self._prepare(name, replace(decided, rest=body[offset:]), raw)
+
+    def _prepare(self, name: bytes, decided: _Decided, raw: bytes | None) -> Route:
+        """Where statement ``name`` now belongs, and the route of its Parse (``raw``: the client's; None: ours)."""
+        decision = decided.decision
+        if self.transaction_status == b"E" and not isinstance(decision, (Pass, Intercept, Reject)):
+            return self._refuse(_ABORTED)  # as PostgreSQL: the statement of that name, if any, stays
         self._statement_settings.pop(name, None)
         self._proxy_statements.pop(name, None)
+        if isinstance(decision, Reject):
+            self._statements.pop(name, None)
+            self._texts.pop(name, None)
+            return self._refuse(decision)
+        self._texts[name] = decided
         if isinstance(decision, Pass):
             self._statements[name] = Owner.UPSTREAM
-            return Route(Owner.UPSTREAM, raw)
+            return Route(Owner.UPSTREAM, raw or pg.parse_message(name, decided.sql, decided.rest))
         if isinstance(decision, Rewrite):
-            if self.transaction_status == b"E":
-                return self._refuse(_ABORTED)
             self._statements[name] = Owner.SERVICE
-            return Route(Owner.SERVICE, pg.parse_message(name, decision.sql, body[offset:]))
+            return Route(Owner.SERVICE, pg.parse_message(name, decision.sql, decided.rest))
         if _for_proxy(decision):
-            if self.transaction_status == b"E":
-                return self._refuse(_ABORTED)
             self._statements[name] = Owner.PROXY
-            self._proxy_statements[name] = (decision, pg.parse_parse(body).parameter_types)
+            self._proxy_statements[name] = (decision, _parameter_types(decided.rest))
             return Route(Owner.LOCAL, pg.message(b"1"))  # ParseComplete
-        if isinstance(decision, Intercept):
-            self._statements[name] = Owner.LOCAL
-            self._statement_settings[name] = decision.setting
-            return Route(Owner.LOCAL, pg.message(b"1"))
-        self._statements.pop(name, None)
-        assert isinstance(decision, Reject)
-        return self._refuse(decision)
+        assert isinstance(decision, Intercept)
+        self._statements[name] = Owner.LOCAL
+        self._statement_settings[name] = decision.setting
+        return Route(Owner.LOCAL, pg.message(b"1"))
+
+    def _route_bind(self, raw: bytes, body: bytes) -> Route:
+        portal, offset = pg.read_cstring(body)
+        statement, _ = pg.read_cstring(body, offset)
+        again: Route | None = None  # the statement prepared again under a new policy
+        prepared = self._texts.get(statement)
+        if prepared is not None and prepared.version != self._version():
+            fresh = self._decision(prepared.sql)
+            if fresh is None:
+                return _WAIT
+            fresh = replace(fresh, rest=prepared.rest)
+            if fresh.decision == prepared.decision:
+                self._texts[statement] = fresh
+            elif isinstance(fresh.decision, Reject):
+                return self._refuse(fresh.decision)  # and again at the next Bind, while the policy says so
+            else:
+                again = self._prepare(statement, fresh, None)
+                if self._skipping:
+                    return again  # refused (a failed transaction)
+        owner = self._portals[portal] = self._statements.get(statement, Owner.UPSTREAM)
+        self._proxy_portals.pop(portal, None)
+        bound = self._texts.get(statement)
+        if bound is not None:
+            self._bound[portal] = bound
+        else:
+            self._bound.pop(portal, None)
+        if owner is Owner.PROXY:
+            return self._bind_proxy(body)
+        if owner is not Owner.LOCAL:
+            if again is None:
+                return Route(owner, raw)
+            # Close the old statement (a named one would clash), prepare the new one, bind it: the client sees
+            # only the BindComplete.
+            close = pg.message(b"C", b"S" + statement + b"\0") if statement else b""
+            return Route(owner, close + again.payload + raw, hidden=(b"3",) * bool(close) + (b"1",))
+        self._portal_settings[portal] = self._statement_settings[statement]
+        return Route(Owner.LOCAL, pg.message(b"2"))  # BindComplete
 
     def _route_by_name(self, type_: bytes, body: bytes, raw: bytes) -> Route:
         """Describe, Close, Execute: to the owner of the statement or portal they name."""
         if type_ == b"E":
             kind, (name, _) = b"P", pg.read_cstring(body)
+            bound = self._bound.get(name)
+            if bound is not None and bound.version != self._version():
+                fresh = self._decision(bound.sql)
+                if fresh is None:
+                    return _WAIT
+                if fresh.decision != bound.decision:
+                    return self._refuse(fresh.decision if isinstance(fresh.decision, Reject) else Reject(
+                        "55000", f'the privacy policy changed after portal "{name.decode(errors="replace")}" '
+                                 "was bound", "Bind the statement again: it is then decided under the new policy."))
+                self._bound[name] = replace(bound, version=fresh.version)
         else:
             kind, (name, _) = body[:1], pg.read_cstring(body, 1)
         names, settings = (self._statements, self._statement_settings) if kind == b"S" else \
@@ -350,6 +583,7 @@ class Gate:
         owner = names.get(name, Owner.UPSTREAM)
         if type_ == b"C":
             names.pop(name, None)
+            (self._texts if kind == b"S" else self._bound).pop(name, None)
         if owner is Owner.PROXY:
             return self._proxy_by_name(type_, kind, name, body)
         if owner is not Owner.LOCAL:
@@ -454,6 +688,24 @@ class Gate:
         return Route(Owner.LOCAL, error)
 
 
+def _text(sql: bytes) -> str | Reject:
+    """A statement's text; not valid UTF-8 is refused as PostgreSQL does, never read with replacement characters."""
+    try:
+        return sql.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        first = sql[exc.start]
+        # Like PostgreSQL, show the bytes of the character the first byte announces.
+        length = 2 if first >> 5 == 0b110 else 3 if first >> 4 == 0b1110 else 4 if first >> 3 == 0b11110 else 1
+        shown = " ".join(f"0x{byte:02x}" for byte in sql[exc.start: exc.start + length])
+        return Reject("22021", f'invalid byte sequence for encoding "UTF8": {shown}',
+                      "anonproxy reads the statements of anonymized roles as UTF-8; send them in UTF-8.")
+
+
+def _parameter_types(rest: bytes) -> tuple[int, ...]:
+    """The parameter type OIDs of a Parse message, from what follows its text."""
+    return pg.parse_parse(b"\0\0" + rest).parameter_types  # an unnamed statement with an empty text
+
+
 def _literal(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
@@ -462,6 +714,9 @@ def _literal(value: str) -> str:
 PROXY_SETTINGS = frozenset({"budget", "epsilon", "delta"})
 EXPLAIN_COLUMNS = (Column("QUERY PLAN", 25),)
 _ABORTED = Reject("25P02", "current transaction is aborted, commands ignored until end of transaction block")
+# pg_settings gives the value in milliseconds, whatever unit it was set in.
+_CLIENT_TIMEOUT_QUERY = pg.query_message(
+    "select s.setting from pg_catalog.pg_settings s where s.name operator(pg_catalog.=) 'statement_timeout'")
 
 
 def _for_proxy(decision: Decision) -> bool:

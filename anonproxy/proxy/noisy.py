@@ -11,7 +11,8 @@ refused for free), then charge the ledger, committed before any row is read
 exhausted budget is refused before its SQL runs); then, in one REPEATABLE
 READ READ ONLY transaction, read the data version of every table the plan
 reads and run the contribution-bounded SQL with the client's bound
-parameters; add noise; cache the answer under that version
+parameters, under the session's statement time limit (``timeout_ms``: past
+it the question fails with 57014 and stays paid for); add noise; cache the answer under that version
 (anonproxy.privacy.ledger). A query that only lists declared public
 domains reads no row and is neither charged nor cached. Answers are
 :class:`Result` values, which the gate encodes for the simple or the extended
@@ -49,6 +50,8 @@ from ..rewrite.final_sql import verify
 from ..wire import protocol as pg
 from ..wire.results import Column, Result, parse_simple, text_value
 from .audit_trail import Spent
+from .analysis import AnalysisFailed, AnalysisTimeout, Analyser
+from .cache import BoundedCache
 from .gate import EXPLAIN_COLUMNS, Description, Parameters
 
 log = logging.getLogger("anonproxy.dp")
@@ -58,7 +61,7 @@ DEFAULT_EPSILON = Decimal("0.5")
 DEFAULT_DELTA = Decimal("1e-7")
 _DEFAULT_COSTS = (DEFAULT_EPSILON, DEFAULT_DELTA)
 POOL_SIZE = 4  # connections per worker: dp questions of different sessions run side by side
-PLAN_CACHE_SIZE = 10_000  # plans are deterministic in (text, role, policy version, ε, δ): kept per worker
+PLAN_CACHE_BYTES = 32 * 1024 * 1024  # plans are deterministic in (text, role, policy version, ε, δ): kept per worker
 
 _BEGIN_SNAPSHOT = "begin isolation level repeatable read, read only"
 
@@ -81,14 +84,15 @@ class Refused(Exception):
 
 
 class NoisyAnswers:
-    def __init__(self, dsn: str, size: int = POOL_SIZE) -> None:
+    def __init__(self, dsn: str, size: int = POOL_SIZE, analyser: Analyser | None = None) -> None:
         # Unqualified names in plans resolve in pg_catalog only, as the final SQL check assumes (a function of the
         # same name in another schema on the search_path could otherwise be a better match for its argument types).
         options = psycopg.conninfo.conninfo_to_dict(dsn).get("options") or ""
         self._dsn = psycopg.conninfo.make_conninfo(dsn, options=f"{options} -c search_path=pg_catalog".strip())
         self._idle: list[psycopg.AsyncConnection[Any]] = []
         self._slots = asyncio.Semaphore(size)
-        self._plans: dict[tuple[str, str, int, DPParams], DPPlan | Reject] = {}
+        self._analyser = analyser  # plans off the event loop (None: on it)
+        self._plans: BoundedCache[tuple[str, str, int, DPParams], DPPlan | Reject] = BoundedCache(PLAN_CACHE_BYTES)
         # (role, table) -> the per-query (ε, δ) last read from the ledger: the cost the next question is planned
         # at before the ledger confirms it
         self._costs: dict[tuple[str, str], tuple[Decimal, Decimal]] = {}
@@ -100,7 +104,7 @@ class NoisyAnswers:
     # -- what the session asks ---------------------------------------------------------
 
     async def answer(self, sql: str, role: RolePolicy, policy: Policy, parameters: Parameters,
-                     limits: SessionLimits, spent: Spent | None = None) -> Result:
+                     limits: SessionLimits, timeout_ms: int = 0, spent: Spent | None = None) -> Result:
         """The noisy answer, charged (or the cached one, free); ``spent`` gets what it read and cost."""
         spent = spent or Spent()
         async with self._connection() as conn:
@@ -118,7 +122,7 @@ class NoisyAnswers:
             # noise, the connection) stays paid for, so no failure is a free look at the data.
             left = await ledger.charge(conn, role.role, plan.table, plan.epsilon, plan.delta, fingerprint)
             spent.epsilon, spent.delta = plan.epsilon, plan.delta
-            async with _snapshot(conn):
+            async with _snapshot(conn, timeout_ms):
                 version = await ledger.data_version(conn, plan.tables)  # of the rows the plan reads next
                 types, rows = await _run(conn, plan.sql, parameters)
             result = _result(plan, types, rows, f"anonproxy: differentially private answer, ε={plan.epsilon:g}, "
@@ -132,8 +136,8 @@ class NoisyAnswers:
                        limits: SessionLimits) -> Description:
         """Parameter types and result columns of a dp query, from the server's description of its plan:
         nothing is run, charged or read from the ledger (the types do not depend on the per-query cost)."""
-        first = self._plan(sql, role, policy, _DEFAULT_COSTS, limits)
-        plan = self._plan(sql, role, policy, self._costs.get((role.role, first.table), _DEFAULT_COSTS), limits)
+        first = await self._plan(sql, role, policy, _DEFAULT_COSTS, limits)
+        plan = await self._plan(sql, role, policy, self._costs.get((role.role, first.table), _DEFAULT_COSTS), limits)
         async with self._connection() as conn:
             parameter_types, types = await _describe(conn, plan.sql, parameters.types)
         return Description(parameter_types, _output_columns(plan, types))
@@ -204,11 +208,11 @@ class NoisyAnswers:
         """The plan at the role's per-query cost on the table the query reads, lowered by the session's; its
         fingerprint; and what ``anonproxy.lookup_answer`` read for it. One round trip when the role's per-query
         cost is the one this worker read last; when it changed, the plan for the new cost is looked up again."""
-        first = self._plan(sql, role, policy, _DEFAULT_COSTS, limits)
+        first = await self._plan(sql, role, policy, _DEFAULT_COSTS, limits)
         key = (role.role, first.table)
         costs = self._costs.get(key, _DEFAULT_COSTS)
         for _ in range(3):
-            plan = self._plan(sql, role, policy, costs, limits)
+            plan = await self._plan(sql, role, policy, costs, limits)
             fingerprint = _fingerprint(plan, policy.version, parameters)
             found = await ledger.lookup_answer(conn, role.role, plan.table, plan.tables,
                                                None if plan.free else fingerprint)
@@ -220,33 +224,40 @@ class NoisyAnswers:
         raise Refused("40001", f'the per-query budget of role "{role.role}" on {first.table} kept changing while '
                       "the question was planned", "Try again.")
 
-    def _plan(self, sql: str, role: RolePolicy, policy: Policy, costs: tuple[Decimal, Decimal],
-              limits: SessionLimits) -> DPPlan:
+    async def _plan(self, sql: str, role: RolePolicy, policy: Policy, costs: tuple[Decimal, Decimal],
+                    limits: SessionLimits) -> DPPlan:
         """The plan at per-query ``costs`` (ε, δ) lowered by the session's; a Reject becomes ``Refused``."""
         epsilon, delta = costs
         if limits.epsilon is not None:
             epsilon = min(epsilon, limits.epsilon)
         if limits.delta is not None:
             delta = min(delta, limits.delta)
-        plan = self._plan_dp(sql, role, policy, DPParams(float(epsilon), float(delta)))
+        plan = await self._plan_dp(sql, role, policy, DPParams(float(epsilon), float(delta)))
         if isinstance(plan, Reject):
             raise Refused(plan.sqlstate, plan.message, plan.hint)
         return plan
 
-    def _plan_dp(self, sql: str, role: RolePolicy, policy: Policy, params: DPParams) -> DPPlan | Reject:
-        """``plan_dp``, cached: planning costs milliseconds, a statement already seen should not."""
+    async def _plan_dp(self, sql: str, role: RolePolicy, policy: Policy, params: DPParams) -> DPPlan | Reject:
+        """``plan_dp``, cached, and off the event loop: planning costs milliseconds (seconds for a long statement),
+        a statement already seen should not."""
         key = (sql, role.role, policy.version, params)
         plan = self._plans.get(key)
-        if plan is None:
-            if len(self._plans) >= PLAN_CACHE_SIZE:
-                self._plans.clear()
-            plan = plan_dp(sql, role, policy, params)
-            if isinstance(plan, DPPlan):
-                try:
-                    verify(plan.sql, policy, role.role)  # PostgreSQL's own parser reads the final SQL again
-                except Refusal as refusal:
-                    plan = refusal.reject
-            self._plans[key] = plan
+        if plan is not None:
+            return plan
+        if self._analyser is None:
+            plan = plan_checked(sql, role, policy, params)
+        else:
+            try:
+                plan = await self._analyser.run(plan_checked, sql, role, policy, params)
+            except AnalysisTimeout:
+                raise Refused("54001", f"statement too complex: anonproxy stopped planning it after "
+                              f"{self._analyser.budget:g} s", "Simplify the statement (a long list of values is "
+                              "the usual cause); the limit is the proxy's analysis_timeout setting.") from None
+            except AnalysisFailed as exc:
+                log.error("planning a dp query failed: %s", exc)
+                raise Refused("XX000", "internal error in anonproxy while planning the query") from None
+        # What a plan holds is mostly its SQL and the client's text, each about as long as the statement.
+        self._plans.put(key, plan, len(sql) + 2 * len(getattr(plan, "sql", "")))
         return plan
 
     @contextlib.asynccontextmanager
@@ -278,11 +289,24 @@ class NoisyAnswers:
                         await conn.close()
 
 
+def plan_checked(sql: str, role: RolePolicy, policy: Policy, params: DPParams) -> DPPlan | Reject:
+    """``plan_dp``, then PostgreSQL's own parser reads the plan's SQL again (the final SQL check); run in the
+    analysis process, so a long statement's check does not hold up the event loop either."""
+    plan = plan_dp(sql, role, policy, params)
+    if isinstance(plan, DPPlan):
+        try:
+            verify(plan.sql, policy, role.role)
+        except Refusal as refusal:
+            return refusal.reject
+    return plan
+
+
 @contextlib.asynccontextmanager
-async def _snapshot(conn: psycopg.AsyncConnection[Any]) -> AsyncIterator[None]:
+async def _snapshot(conn: psycopg.AsyncConnection[Any], timeout_ms: int = 0) -> AsyncIterator[None]:
     """A REPEATABLE READ, READ ONLY transaction, begun in one statement: the data version read in it is the version
-    of the rows the plan reads in it, so an answer is cached under the version it was computed from."""
-    await conn.execute(_BEGIN_SNAPSHOT)
+    of the rows the plan reads in it, so an answer is cached under the version it was computed from. Its statements
+    run under ``timeout_ms`` (0: none), which ends with it."""
+    await conn.execute(f"{_BEGIN_SNAPSHOT}; set local statement_timeout = {int(timeout_ms)}")
     try:
         yield
     except BaseException:

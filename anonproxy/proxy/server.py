@@ -27,6 +27,7 @@ import psycopg
 from ..config import ProxyConfig
 from ..policy.model import Policy
 from ..wire import protocol as pg
+from .analysis import Analyser
 from .audit_trail import AuditTrail
 from .cancel import CancelRegistry, cancel_socket_path, cancel_then_hang_up
 from .noisy import NoisyAnswers
@@ -76,6 +77,7 @@ class Worker:
     def __init__(self, config: ProxyConfig, port: int, index: int = 0, run_dir: Path | None = None) -> None:
         self.config = config
         self.port = port
+        analyser = Analyser(config.analysis_timeout) if config.service_dsn else None
         self.context = ProxyContext(
             upstream=config.upstream_address,
             cancel_keys=CancelRegistry(index, run_dir),
@@ -83,8 +85,10 @@ class Worker:
             startup_timeout=config.startup_timeout,
             policy=PolicyWatcher(config.service_conninfo, self._policy_changed) if config.service_dsn else None,
             service_login=config.service_login if config.service_dsn else None,
-            noisy=NoisyAnswers(config.service_conninfo) if config.service_dsn else None,
+            noisy=NoisyAnswers(config.service_conninfo, analyser=analyser) if config.service_dsn else None,
+            analyser=analyser,
             audit=AuditTrail(config.service_conninfo) if config.service_dsn and config.audit_trail else None,
+            max_statement_size=config.max_statement_size,
         )
         self._index = index
         self._run_dir = run_dir
@@ -92,6 +96,8 @@ class Worker:
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
+        if self.context.analyser is not None:
+            self.context.analyser.start()
         if self.context.policy is not None:
             await self.context.policy.start()
         else:
@@ -117,6 +123,8 @@ class Worker:
             await self.context.policy.stop()
         if self.context.noisy is not None:
             await self.context.noisy.close()
+        if self.context.analyser is not None:
+            self.context.analyser.close()
         for session in list(self.context.sessions):
             session.fail("57P01", "terminating connection because anonproxy is shutting down")
         with contextlib.suppress(TimeoutError):

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from itertools import count
 from typing import Any
 
-from ..config import ServiceLogin, UpstreamAddress
+from ..config import ProxyConfig, ServiceLogin, UpstreamAddress
 from ..policy.model import Policy, RolePolicy
 from ..rewrite import decide
 from ..rewrite.decision import (
@@ -42,7 +42,9 @@ from ..rewrite.decision import (
     SessionSetting,
 )
 from ..wire import protocol as pg
-from ..wire.framing import BoundaryTracker, MessageBuffer
+from ..wire.framing import BoundaryTracker, MessageBuffer, Piece, RelayingMessageBuffer
+from .analysis import AnalysisFailed, AnalysisTimeout, Analyser
+from .cache import BoundedCache
 from .audit_trail import AuditTrail, Spent, Who, session_id
 from .cancel import CancelRegistry, UpstreamKey, cancel_then_hang_up, send_cancel
 from .gate import Gate, Owner, ProxyRequest, Reply
@@ -55,7 +57,9 @@ log = logging.getLogger("anonproxy.session")
 
 _session_ids = count(1)
 TERMINATE = pg.message(b"X")
-DECISION_CACHE_SIZE = 10_000
+# A gated session's server messages longer than this (big rows) go to the client piece by piece, never held whole.
+RELAYED_MESSAGE_SIZE = 64 * 1024
+DECISION_CACHE_BYTES = 32 * 1024 * 1024  # statement texts and their rewrites, per worker
 
 
 @dataclass
@@ -70,18 +74,34 @@ class ProxyContext:
     service_login: ServiceLogin | None = None
     noisy: NoisyAnswers | None = None  # answers for roles in dp mode
     audit: AuditTrail | None = None  # None: the audit trail is off
+    analyser: Analyser | None = None  # statement analysis off the event loop (None: on it)
+    max_statement_size: int = ProxyConfig.max_statement_size  # of a gated session's Query or Parse, in bytes
     sessions: set[ClientConnection] = field(default_factory=set)
     _tasks: set[asyncio.Future[None]] = field(default_factory=set)
-    _decisions: dict[tuple[str, str, int], Decision] = field(default_factory=dict)
+    _decisions: BoundedCache[tuple[str, str, int], Decision] = field(
+        default_factory=lambda: BoundedCache(DECISION_CACHE_BYTES))
 
-    def decide(self, sql: str, role: RolePolicy, policy: Policy) -> Decision:
+    def cached_decision(self, sql: str, role: RolePolicy, policy: Policy) -> Decision | None:
+        """The decision already made on this text, for this role, under this policy version."""
+        return self._decisions.get((sql, role.role, policy.version))
+
+    async def decide(self, sql: str, role: RolePolicy, policy: Policy) -> Decision:
         """The gate's decision for a statement text, cached by text, role and policy version."""
         key = (sql, role.role, policy.version)
         decision = self._decisions.get(key)
-        if decision is None:
-            if len(self._decisions) >= DECISION_CACHE_SIZE:
-                self._decisions.clear()
-            decision = self._decisions[key] = decide(sql, role, policy)
+        if decision is not None:
+            return decision
+        if self.analyser is None:
+            decision = decide(sql, role, policy)
+        else:
+            try:
+                decision = await self.analyser.run(decide, sql, role, policy)
+            except AnalysisTimeout:
+                decision = too_complex(self.analyser.budget)  # cached: the same text is not analysed again
+            except AnalysisFailed as exc:
+                log.error("statement analysis failed: %s", exc)
+                return Reject("XX000", "internal error in anonproxy while analysing the statement")
+        self._decisions.put(key, decision, len(sql) + _weight(decision))
         return decision
 
     def spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
@@ -89,6 +109,17 @@ class ProxyContext:
         task = asyncio.ensure_future(coroutine)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+
+def too_complex(budget: float) -> Reject:
+    return Reject("54001", f"statement too complex: anonproxy stopped analysing it after {budget:g} s",
+                  "Simplify the statement (a long list of values is the usual cause); the limit is the proxy's "
+                  "analysis_timeout setting.")
+
+
+def _weight(decision: Decision) -> int:
+    """About the bytes a decision holds beyond its key: its texts."""
+    return sum(len(getattr(decision, name, None) or "") for name in ("sql", "message", "hint"))
 
 
 class State(enum.Enum):
@@ -148,7 +179,9 @@ class ClientConnection(asyncio.Protocol):
             elif self.state is State.STARTUP:
                 self._startup_received(data)
             elif self.state is State.CONNECTING or self.state is State.OPENING_GATE:
+                # Held until the next state; read no more meanwhile, so that this stays one read's worth.
                 self._pending.append(data)
+                self.transport.pause_reading()  # type: ignore[union-attr]
         except pg.ProtocolViolation as exc:
             self.fail(exc.sqlstate, str(exc))
         except Exception:
@@ -262,6 +295,7 @@ class ClientConnection(asyncio.Protocol):
         log.debug("session %d: user %r database %r connected upstream", self.id, startup.user, startup.database)
         self.upstream.transport.writelines(self._pending)  # type: ignore[union-attr]
         self._pending.clear()
+        self.transport.resume_reading()  # type: ignore[union-attr]
 
     def _startup_timed_out(self) -> None:
         if self.state in (State.STARTUP, State.CONNECTING, State.AUTH):
@@ -328,6 +362,10 @@ class ClientConnection(asyncio.Protocol):
             send_upstream=self.upstream.transport.write,
             send_service=lambda data: self.service.send(data),  # type: ignore[union-attr]
             ask_proxy=lambda request: self.context.spawn(self._answer_for_gate(request)),
+            version=lambda: self._current()[0].version,
+            time_limit=self._time_limit,
+            max_statement_size=self.context.max_statement_size,
+            pause_client=self._pause_reading,
         )
         try:
             self.service = await ServiceConnection.open(login, self._startup.parameters, gate.service_message,
@@ -347,6 +385,7 @@ class ClientConnection(asyncio.Protocol):
         self.transport.write(ready)
         self.upstream.open_gate(gate)
         pending, self._pending = b"".join(self._pending), []
+        self.transport.resume_reading()  # (before: the gate may pause it again)
         gate.client_data(pending)
 
     def enforce(self, policy: Policy) -> None:
@@ -394,7 +433,8 @@ class ClientConnection(asyncio.Protocol):
                 reply = await noisy.describe(decision.sql, role, policy, request.parameters, limits)
             else:
                 assert isinstance(decision, Noisy)
-                reply = await noisy.answer(decision.sql, role, policy, request.parameters, limits, spent)
+                reply = await noisy.answer(decision.sql, role, policy, request.parameters, limits,
+                                           request.timeout_ms, spent)
         except Refused as refused:
             reply = refused.response
             spent.sqlstate, spent.message = refused.sqlstate, str(refused)
@@ -413,18 +453,44 @@ class ClientConnection(asyncio.Protocol):
         policy = self.context.policy.policy if self.context.policy is not None else Policy()
         return policy, policy.role(self._startup.user)
 
-    def _decide(self, sql: str) -> Decision:
+    def _decide(self, sql: str) -> Decision | None:
+        """The decision on ``sql`` now, or None: it is being analysed, and the gate hears of it later."""
         policy, role = self._current()
         if role.mode == "direct":
             return Pass()
         if role.mode == "deny":
             decision: Decision = Reject("42501", f'the privacy policy now denies role "{role.role}"',
                                         "Reconnect later.")
+            self._audit_decided(role, sql, decision)
+            return decision
+        decision = self.context.cached_decision(sql, role, policy)
+        if decision is None:
+            self.context.spawn(self._analyse(sql, role, policy))
         else:
-            decision = self.context.decide(sql, role, policy)
+            self._audit_decided(role, sql, decision)
+        return decision
+
+    async def _analyse(self, sql: str, role: RolePolicy, policy: Policy) -> None:
+        decision = await self.context.decide(sql, role, policy)
+        self._audit_decided(role, sql, decision)
+        if self.state is State.GATED and self.gate is not None:
+            self.gate.decided(sql, decision, policy.version)
+
+    def _audit_decided(self, role: RolePolicy, sql: str, decision: Decision) -> None:
         if self.context.audit is not None and self._who is not None:
             self.context.audit.decided(self._who, role.mode, sql, decision)
-        return decision
+
+    def _pause_reading(self, pause: bool) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            if pause:
+                self.transport.pause_reading()
+            else:
+                self.transport.resume_reading()
+
+    def _time_limit(self) -> int:
+        """The policy's maximum statement time for the role's mode, in ms."""
+        policy, role = self._current()
+        return policy.statement_limit(role.mode)
 
     def _settings(self) -> dict[str, str]:
         policy, role = self._current()
@@ -454,7 +520,7 @@ class UpstreamConnection(asyncio.Protocol):
         self.closed = False
         self._auth_messages: MessageBuffer | None = MessageBuffer()
         self._gate: Gate | None = None
-        self._gated_messages = MessageBuffer()
+        self._gated_messages = RelayingMessageBuffer(RELAYED_MESSAGE_SIZE)
         self._held: list[bytes] = []  # server bytes after login, before relaying or gating starts
         self.relaying = False
 
@@ -469,8 +535,7 @@ class UpstreamConnection(asyncio.Protocol):
                 if self.tracker.idle:
                     self.client.awaiting_server = False
             elif self._gate is not None:
-                for type_, body in self._gated_messages.feed(data):
-                    self._gate.upstream_message(type_, body)
+                self._to_gate(data)
             elif self._auth_messages is not None:
                 self._auth_received(data)
             else:
@@ -513,9 +578,16 @@ class UpstreamConnection(asyncio.Protocol):
     def open_gate(self, gate: Gate) -> None:
         """From now on, whole messages go to the session's gate."""
         self._gate = gate
-        for type_, body in self._gated_messages.feed(b"".join(self._held)):
-            gate.upstream_message(type_, body)
+        self._to_gate(b"".join(self._held))
         self._held.clear()
+
+    def _to_gate(self, data: bytes) -> None:
+        assert self._gate is not None
+        for message in self._gated_messages.feed(data):
+            if isinstance(message, Piece):
+                self._gate.upstream_piece(message)
+            else:
+                self._gate.upstream_message(*message)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True

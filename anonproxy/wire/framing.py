@@ -4,12 +4,20 @@ Two tools for two jobs:
 
 * ``MessageBuffer`` collects whole messages when the proxy must look inside
   them (the authentication exchange).
+* ``BoundedMessageBuffer`` does the same for a client whose messages are
+  read (a gated session), with a size limit per message type: the body of
+  a longer message is dropped as it streams in, never buffered.
+* ``RelayingMessageBuffer`` collects whole messages of a server whose
+  messages are read (a gated session's), but hands on a long one (a big
+  row) piece by piece as it arrives, to be forwarded, never held whole.
 * ``BoundaryTracker`` follows message boundaries of a stream that is
   forwarded untouched, without copying it, so the proxy knows whether the
   upstream is idle and whether it may inject a message of its own.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 from .protocol import ProtocolViolation, read_header
 
@@ -45,6 +53,97 @@ class MessageBuffer:
         rest = bytes(self._buffer)
         self._buffer.clear()
         return rest
+
+
+class BoundedMessageBuffer:
+    """``MessageBuffer`` with limits read from each message's header, before its body arrives.
+
+    A message whose type has a limit in ``limits`` and whose body is longer
+    is dropped as it streams in and yielded as ``(type, None)`` in its place;
+    any other message longer than ``max_size`` is a protocol violation. So at
+    most one message of ``max_size`` bytes is ever held.
+    """
+
+    def __init__(self, limits: dict[bytes, int], max_size: int) -> None:
+        self._buffer = bytearray()
+        self._limits = limits
+        self._max_size = max_size
+        self._dropping = 0  # bytes of a too-long message still to come, and to drop
+
+    def feed(self, data: bytes) -> list[tuple[bytes, bytes | None]]:
+        """Add bytes; return the messages they complete (a too-long one with body None)."""
+        if self._dropping:
+            dropped = min(self._dropping, len(data))
+            self._dropping -= dropped
+            data = data[dropped:]
+        self._buffer += data
+        messages: list[tuple[bytes, bytes | None]] = []
+        offset = 0
+        while len(self._buffer) - offset >= 5:
+            type_, size = read_header(self._buffer, offset)
+            limit = self._limits.get(type_)
+            if limit is not None and size - 5 > limit:
+                messages.append((type_, None))
+                available = len(self._buffer) - offset
+                if available < size:
+                    self._dropping = size - available
+                    offset = len(self._buffer)
+                    break
+                offset += size
+                continue
+            if size > self._max_size:
+                raise ProtocolViolation(f"message of type {type_!r} is too large: {size} bytes", "54000")
+            if len(self._buffer) - offset < size:
+                break
+            messages.append((type_, bytes(self._buffer[offset + 5 : offset + size])))
+            offset += size
+        del self._buffer[:offset]
+        return messages
+
+
+class Piece(NamedTuple):
+    """Bytes of a long message, to forward as they are; ``first``: they start with its header."""
+
+    type_: bytes
+    raw: bytes
+    first: bool
+
+
+class RelayingMessageBuffer:
+    """Whole messages up to ``limit`` bytes as ``(type, body)``; longer ones as ``Piece``s, in stream order."""
+
+    def __init__(self, limit: int) -> None:
+        self._buffer = bytearray()
+        self._limit = limit
+        self._type = b""  # of the long message under way
+        self._remaining = 0  # of its bytes still to come
+
+    def feed(self, data: bytes) -> list[tuple[bytes, bytes] | Piece]:
+        out: list[tuple[bytes, bytes] | Piece] = []
+        if self._remaining:
+            piece = data[: self._remaining]
+            self._remaining -= len(piece)
+            data = data[len(piece):]
+            out.append(Piece(self._type, piece, False))
+        self._buffer += data
+        offset = 0
+        while len(self._buffer) - offset >= 5:
+            type_, size = read_header(self._buffer, offset)
+            available = len(self._buffer) - offset
+            if size > self._limit:
+                taken = min(available, size)
+                out.append(Piece(type_, bytes(self._buffer[offset : offset + taken]), True))
+                offset += taken
+                if taken < size:
+                    self._type, self._remaining = type_, size - taken
+                    break
+                continue
+            if available < size:
+                break
+            out.append((type_, bytes(self._buffer[offset + 5 : offset + size])))
+            offset += size
+        del self._buffer[:offset]
+        return out
 
 
 class BoundaryTracker:
