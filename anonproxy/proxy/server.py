@@ -25,7 +25,7 @@ from pathlib import Path
 from ..config import ProxyConfig
 from ..policy.model import Policy
 from ..wire import protocol as pg
-from .cancel import CancelRegistry, cancel_socket_path, cancel_then_hang_up
+from .cancel import CancelRegistry, answer_sibling, cancel_socket_path
 from .noisy import NoisyAnswers
 from .policy_watch import PolicyWatcher
 from .session import ClientConnection, ProxyContext
@@ -119,10 +119,11 @@ class Worker:
 
 
 class ForwardedCancel(asyncio.Protocol):
-    """A sibling worker passes on a CancelRequest whose key this worker issued.
+    """A sibling worker passes on a CancelRequest whose key it did not issue.
 
-    The connection is closed once the server has acted, which tells the
-    sibling (and through it the client) that the cancel is done.
+    If this worker did, it cancels and answers one byte; the connection is
+    closed once the server has acted, which tells the sibling (and through it
+    the client) that the cancel is done.
     """
 
     def __init__(self, context: ProxyContext) -> None:
@@ -142,8 +143,8 @@ class ForwardedCancel(asyncio.Protocol):
             self._transport.close()
             return
         if isinstance(packet, pg.CancelRequest):
-            self._context.spawn(cancel_then_hang_up(self._context.cancel_keys, packet.process_id,
-                                                    packet.secret_key, self._transport))
+            self._context.spawn(answer_sibling(self._context.cancel_keys, packet.process_id, packet.secret_key,
+                                               self._transport))
 
 
 async def serve_until_stopped(worker: Worker, ready: Callable[[], None] | None = None) -> None:
