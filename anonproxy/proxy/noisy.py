@@ -23,7 +23,10 @@ Also: the column types of a dp query without running it (Describe),
 
 Queries run on a small pool of psycopg connections of the service role,
 separate from the sessions' read-only service connections because the
-ledger writes.
+ledger writes. A pooled connection is checked before use (without a round
+trip: an idle connection has nothing to read unless the server ended it,
+e.g. at a restart) and replaced when dead; when the server refuses a new
+one, the client gets the server's SQLSTATE and message (53300, 57P03…).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import select
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 from decimal import Decimal
@@ -41,6 +45,7 @@ import psycopg
 from psycopg import generators, pq
 from psycopg.adapt import Transformer
 
+from ..config import ServiceLogin
 from ..policy.model import Policy, RolePolicy
 from ..privacy import ledger
 from ..privacy.dp_plan import DPParams, DPPlan, answer, plan_dp
@@ -48,6 +53,7 @@ from ..rewrite.decision import Reject, SessionSetting
 from ..wire import protocol as pg
 from ..wire.results import Column, Result, parse_simple, text_value
 from .gate import EXPLAIN_COLUMNS, Description, Parameters
+from .service import login_refusal
 
 log = logging.getLogger("anonproxy.dp")
 
@@ -78,8 +84,9 @@ class Refused(Exception):
 
 
 class NoisyAnswers:
-    def __init__(self, dsn: str, size: int = POOL_SIZE) -> None:
+    def __init__(self, dsn: str, size: int = POOL_SIZE, login: ServiceLogin | None = None) -> None:
         self._dsn = dsn
+        self._login = login  # the same login, to learn the server's reason when it refuses a connection
         self._idle: list[psycopg.AsyncConnection[Any]] = []
         self._slots = asyncio.Semaphore(size)
         self._plans: dict[tuple[str, str, int, DPParams], DPPlan | Reject] = {}
@@ -234,14 +241,30 @@ class NoisyAnswers:
             plan = self._plans[key] = plan_dp(sql, role, policy, params)
         return plan
 
+    async def _checkout(self) -> psycopg.AsyncConnection[Any]:
+        """An idle pooled connection that is still alive, else a new one."""
+        while self._idle:
+            conn = self._idle.pop()
+            if _alive(conn):
+                return conn
+            log.info("a pooled dp connection was ended by the server; replacing it")
+            await conn.close()
+        try:
+            return await psycopg.AsyncConnection.connect(self._dsn, autocommit=True)
+        except psycopg.OperationalError as exc:
+            refusal = await login_refusal(self._login) if self._login is not None else None
+            if refusal is None:
+                raise
+            log.warning("dp connection refused: %s (SQLSTATE %s)", refusal.message, refusal.sqlstate)
+            raise Refused(refusal.sqlstate, refusal.message, refusal.hint, refusal.detail) from exc
+
     @contextlib.asynccontextmanager
     async def _connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
         """A pooled connection; a broken one is dropped. Errors become ``Refused``."""
         async with self._slots:
-            conn = self._idle.pop() if self._idle else None
+            conn = None
             try:
-                if conn is None or conn.closed:
-                    conn = await psycopg.AsyncConnection.connect(self._dsn, autocommit=True)
+                conn = await self._checkout()
                 yield conn
             except ledger.BudgetError as exc:
                 raise Refused(exc.sqlstate, exc.message, exc.hint, exc.detail) from exc
@@ -250,7 +273,9 @@ class NoisyAnswers:
                 if conn is not None:
                     await conn.close()
                 conn = None
-                raise Refused("08006", "anonproxy lost its connection to the PostgreSQL server", "Try again.") from exc
+                diag = exc.diag  # the server's reason, when it sent one before hanging up (57P01...)
+                raise Refused(diag.sqlstate or "08006", diag.message_primary or "anonproxy lost its connection to "
+                              "the PostgreSQL server", diag.message_hint or "Try again.") from exc
             except psycopg.Error as exc:  # e.g. a bound value that is not valid input for its type
                 diag = exc.diag
                 raise Refused(diag.sqlstate or "XX000", diag.message_primary or str(exc), diag.message_hint,
@@ -261,6 +286,16 @@ class NoisyAnswers:
                         self._idle.append(conn)
                     else:
                         await conn.close()
+
+
+def _alive(conn: psycopg.AsyncConnection[Any]) -> bool:
+    """Whether an idle pooled connection can be used: one with bytes to read was ended by the server (a restart,
+    pg_terminate_backend: an ErrorResponse and end of file). Checked without a round trip."""
+    if conn.closed or conn.broken:
+        return False
+    poller = select.poll()
+    poller.register(conn.fileno(), select.POLLIN)
+    return not poller.poll(0)
 
 
 @contextlib.asynccontextmanager

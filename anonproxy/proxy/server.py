@@ -79,7 +79,7 @@ class Worker:
             startup_timeout=config.startup_timeout,
             policy=PolicyWatcher(config.service_conninfo, self._policy_changed) if config.service_dsn else None,
             service_login=config.service_login if config.service_dsn else None,
-            noisy=NoisyAnswers(config.service_conninfo) if config.service_dsn else None,
+            noisy=NoisyAnswers(config.service_conninfo, login=config.service_login) if config.service_dsn else None,
         )
         self._index = index
         self._run_dir = run_dir

@@ -348,8 +348,12 @@ class ClientConnection(asyncio.Protocol):
                                                         self._service_lost)
         except ServiceUnavailable as exc:
             log.error("session %d: cannot open the service connection: %s", self.id, exc)
-            self.fail("08006", "anonproxy cannot open its service connection to the PostgreSQL server",
-                      hint="Check the service role's login in the proxy's service_dsn setting.")
+            if exc.refusal is not None:  # the server's own reason (53300 too many clients, 57P03...)
+                self.fail(exc.refusal.sqlstate, exc.refusal.message, hint=exc.refusal.hint,
+                          detail="PostgreSQL refused the service connection anonproxy opens for this session.")
+            else:
+                self.fail("08006", "anonproxy cannot open its service connection to the PostgreSQL server",
+                          hint="Check the service role's login in the proxy's service_dsn setting.")
             return
         if self.state is State.CLOSED:
             self.service.close()
@@ -436,15 +440,21 @@ class ClientConnection(asyncio.Protocol):
                 "policy_version": str(policy.version)}
 
     def _service_lost(self) -> None:
-        if self.state is not State.CLOSED:
-            log.warning("session %d: the service connection was lost", self.id)
-            self.fail("08006", "anonproxy lost its service connection to the PostgreSQL server",
-                      hint="Reconnect.")
+        if self.state is State.CLOSED:
+            return
+        fatal = self.service.fatal if self.service is not None else None
+        log.warning("session %d: the service connection was lost%s", self.id,
+                    f": {fatal.message} (SQLSTATE {fatal.sqlstate})" if fatal else "")
+        if fatal is not None:  # the server said why: pass it on
+            self.fail(fatal.sqlstate, fatal.message, hint="Reconnect.",
+                      detail="PostgreSQL ended the service connection anonproxy holds for this session.")
+        else:
+            self.fail("08006", "anonproxy lost its service connection to the PostgreSQL server", hint="Reconnect.")
 
-    def fail(self, sqlstate: str, message: str, *, hint: str | None = None) -> None:
+    def fail(self, sqlstate: str, message: str, *, hint: str | None = None, detail: str | None = None) -> None:
         """Send a FATAL ErrorResponse and close the client connection."""
         if self.transport is not None and not self.transport.is_closing():
-            self.transport.write(pg.error_response(sqlstate, message, severity="FATAL", hint=hint))
+            self.transport.write(pg.error_response(sqlstate, message, severity="FATAL", hint=hint, detail=detail))
             self.transport.close()
         self.state = State.CLOSED
 
