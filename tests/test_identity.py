@@ -327,3 +327,80 @@ def test_incomplete_startup_is_logged_but_a_bare_connection_is_not(logging_proxy
     log = _wait_for_log(logging_proxy, "incomplete startup packet")
     assert "(2 bytes)" in log
     assert sum("startup packet" in line for line in log.splitlines()) == 1
+
+
+class Protocol32Server:
+    """A stand-in for a PostgreSQL 18 server (none is installed here): it accepts any 3.x login without a
+    password, sends a 32-byte BackendKeyData as protocol 3.2 does (process ids from 31337 up), and records the
+    CancelRequests it gets."""
+
+    SECRET = bytes(range(100, 132))
+
+    def __init__(self) -> None:
+        self.cancels: list[tuple[int, bytes]] = []
+        self._pids = iter(range(31337, 40000))
+        self.port = 0
+        self._loop = asyncio.new_event_loop()
+        self._started = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Protocol32Server:
+        self._thread.start()
+        assert self._started.wait(10)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        server = self._loop.run_until_complete(asyncio.start_server(self._client, "127.0.0.1", 0))
+        self.port = server.sockets[0].getsockname()[1]
+        self._started.set()
+        self._loop.run_forever()
+
+    async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            (length,) = struct.unpack("!i", await reader.readexactly(4))
+            packet, _ = pg.read_startup_packet(struct.pack("!i", length) + await reader.readexactly(length - 4))
+            if isinstance(packet, pg.CancelRequest):
+                self.cancels.append((packet.process_id, packet.secret_key))
+            elif isinstance(packet, pg.StartupMessage):
+                writer.write(pg.message(b"R", struct.pack("!i", 0)) + pg.parameter_status("client_encoding", "UTF8")
+                             + pg.backend_key_data(next(self._pids), self.SECRET) + pg.ready_for_query())
+                await writer.drain()
+                await reader.read()  # until the client leaves
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+
+def test_a_protocol_3_2_key_is_relayed_at_its_length_and_cancels_across_workers(tmp_path: Path) -> None:
+    with Protocol32Server() as upstream:
+        proxy = start_proxy(f"host=127.0.0.1 port={upstream.port}", tmp_path / "proxy.log", workers="2")
+        try:
+            sessions = []
+            for _ in range(4):  # sessions on both workers
+                sock = _open(proxy.endpoint)
+                sock.sendall(pg.startup_message({"user": "alice"}, version=PROTOCOL_3_2))
+                messages = [_read(sock) for _ in range(4)]
+                assert [t for t, _ in messages] == [b"R", b"S", b"K", b"Z"]
+                key = messages[2][1]
+                sessions.append((sock, key))
+                assert len(key) == 4 + 32
+                assert key[4:] != upstream.SECRET  # the proxy's own secret, as long as the server's
+            pids = [struct.unpack_from("!i", key)[0] for _, key in sessions]
+            assert sorted(pids) == list(range(31337, 31337 + 4))  # the server's process ids, unchanged
+            for attempt in range(8):  # cancels land on the issuing worker and on the other one
+                _sock, key = sessions[attempt % len(sessions)]
+                with _open(proxy.endpoint) as cancel:
+                    cancel.sendall(pg.cancel_request(pids[attempt % len(sessions)], key[4:]))
+                    assert cancel.recv(1) == b""  # hung up once the server acted
+            assert sorted(upstream.cancels) == sorted((pid, upstream.SECRET) for pid in pids * 2)
+            for sock, _key in sessions:
+                sock.close()
+        finally:
+            stop_proxy(proxy)
+        assert "Traceback" not in proxy.log()
