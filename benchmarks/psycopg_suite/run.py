@@ -26,15 +26,17 @@ from pathlib import Path
 
 import psycopg
 
-from anonproxy import demo, sample_data, schema
-from anonproxy.embedded import EmbeddedPostgres
-from anonproxy.policy.yaml_policy import apply_policy, demo_policy
+REPO_ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO_ROOT))  # this checkout's anonproxy, the one whose proxy runs, not an installed copy
+
+from anonproxy import demo, sample_data, schema  # noqa: E402
+from anonproxy.embedded import EmbeddedPostgres  # noqa: E402
+from anonproxy.policy.yaml_policy import apply_policy, demo_policy  # noqa: E402
 
 HOST = "127.0.0.1"
 DATABASE = "psycopg_suite"
 ROLE = "dba"  # a direct role of the demo policy
 SERVICE_ROLE = "anonproxy_service"
-REPO_ROOT = Path(__file__).resolve().parents[2]
 # The parts of the suite that talk to a server through the protocol the proxy relays (pool, CockroachDB,
 # DNS, gevent and typing checks are left out: they test nothing the proxy touches, or need what is not here).
 DEFAULT_TESTS = (
@@ -68,8 +70,13 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=2, help="anonproxy worker processes (default 2)")
     parser.add_argument("--timeout", type=int, default=60, help="seconds per test before it counts as failed")
     parser.add_argument("-k", dest="keyword", help="pytest -k expression, to run fewer tests")
+    parser.add_argument("-m", dest="markers", default="not slow",
+                        help="pytest -m expression (default: 'not slow', psycopg's own mark for its long tests)")
     parser.add_argument("--json", type=Path, help="also write both runs' outcomes here")
+    parser.add_argument("--direct-json", type=Path,
+                        help="take the direct run from this earlier --json output instead of running it again")
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that the server and the proxy are stopped
     source = args.psycopg_source.resolve()
     if not (source / "tests" / "fix_db.py").is_file():
         print(f"{source} is not a checkout of psycopg's repository (no tests/fix_db.py)", file=sys.stderr)
@@ -82,7 +89,8 @@ def main() -> int:
         workdir = Path(tmp)
         _prepare(server)
         direct_dsn = f"host={HOST} port={server.port} dbname={DATABASE} user={ROLE} password={ROLE}"
-        direct = _run_suite("direct", direct_dsn, source, args, workdir)
+        direct = _load_run(args.direct_json, "direct") if args.direct_json else \
+            _run_suite("direct", direct_dsn, source, args, workdir)
         proxy, port = _start_proxy(server, workdir, args.workers)
         try:
             via = _run_suite("anonproxy", f"host={HOST} port={port} dbname={DATABASE} user={ROLE} password={ROLE}",
@@ -154,7 +162,8 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
 def _run_suite(name: str, dsn: str, source: Path, args: argparse.Namespace, workdir: Path) -> Run:
     report = workdir / f"{name}.xml"
     command = [sys.executable, "-m", "pytest", *args.tests, "--test-dsn", dsn, f"--junitxml={report}", "-q",
-               "-p", "no:randomly", "-o", f"cache_dir={workdir / (name + '-cache')}", f"--timeout={args.timeout}"]
+               "-p", "no:randomly", "-o", f"cache_dir={workdir / (name + '-cache')}", f"--timeout={args.timeout}",
+               "-m", args.markers]
     if args.keyword:
         command += ["-k", args.keyword]
     print(f"\n== {name}: {dsn.split(' user=')[0]}", flush=True)
@@ -167,6 +176,11 @@ def _run_suite(name: str, dsn: str, source: Path, args: argparse.Namespace, work
         raise RuntimeError(f"pytest wrote no report for the {name} run:\n{done.stdout[-4000:]}{done.stderr[-4000:]}")
     outcomes, messages = _read_report(report)
     return Run(name, outcomes, messages, seconds)
+
+
+def _load_run(path: Path, name: str) -> Run:
+    saved = json.loads(path.read_text())[name]
+    return Run(name, saved["outcomes"], saved["messages"], saved["seconds"])
 
 
 def _read_report(path: Path) -> tuple[dict[str, str], dict[str, str]]:
