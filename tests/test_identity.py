@@ -197,7 +197,7 @@ def test_cancel_reaches_the_right_session_on_either_worker(proxy: Endpoint, dbna
     try:
         for target in range(len(conns)):
             outcomes: list[dict[str, str]] = [{} for _ in conns]
-            threads = [threading.Thread(target=_sleep, args=(conn, 10 if i == target else 1, outcomes[i]))
+            threads = [threading.Thread(target=_sleep, args=(conn, 10 if i == target else 3, outcomes[i]))
                        for i, conn in enumerate(conns)]
             for thread in threads:
                 thread.start()

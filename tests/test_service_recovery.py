@@ -11,6 +11,7 @@ import asyncio
 import shutil
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -104,11 +105,22 @@ def test_the_first_ten_dp_questions_after_a_restart_succeed(server: EmbeddedPost
 def _fill_slots(server: EmbeddedPostgres, leave_free: int) -> list[psycopg.Connection]:
     """Direct connections until ``leave_free`` slots of max_connections are left."""
     fillers = [psycopg.connect(server.conninfo(), autocommit=True)]
-    used = fillers[0].execute("select count(*) from pg_stat_activity where backend_type = 'client backend'"
-                              ).fetchone()[0]
+    used = _settled_count(fillers[0])
     fillers += [psycopg.connect(server.conninfo(), autocommit=True)
                 for _ in range(MAX_CONNECTIONS - used - leave_free)]
     return fillers
+
+
+def _settled_count(conn: psycopg.Connection) -> int:
+    """Client backends, once none is coming or going (closed sessions' backends exit asynchronously)."""
+    last = -1
+    while True:
+        count = conn.execute("select count(*) from pg_stat_activity where backend_type = 'client backend'"
+                             ).fetchone()[0]
+        if count == last:
+            return count
+        last = count
+        time.sleep(0.5)
 
 
 def test_a_gated_login_the_server_cannot_serve_gets_53300(server: EmbeddedPostgres, gated: ProxyProcess) -> None:
