@@ -173,3 +173,24 @@ def test_a_service_connection_ended_by_the_server_reports_the_servers_reason(ser
         with pytest.raises(psycopg.OperationalError, match="terminating connection due to administrator command"):
             conn.execute("select count(*) from adult")
     assert "the service connection was lost: terminating connection due to administrator command" in gated.log()
+
+
+def test_a_refused_service_password_reaches_the_client_as_28P01(server: EmbeddedPostgres,
+                                                                 gated: ProxyProcess) -> None:
+    with psycopg.connect(dsn(gated.endpoint, "reporter")) as warm:  # the proxy has loaded the policy
+        warm.execute("select 1")
+    with psycopg.connect(server.conninfo(dbname=DATABASE), autocommit=True) as admin:
+        admin.execute(f"alter role {SERVICE_ROLE} password 'changed by the test'")
+        try:
+            async def login() -> None:
+                conn = await asyncpg.connect(host=gated.endpoint.host, port=gated.endpoint.port, user="reporter",
+                                             password="reporter", database=DATABASE)
+                await conn.close()
+
+            with pytest.raises(asyncpg.PostgresError) as caught:
+                asyncio.run(login())
+            assert caught.value.sqlstate == "28P01"
+            assert f'password authentication failed for user "{SERVICE_ROLE}"' in caught.value.args[0]
+            assert "service connection" in (caught.value.detail or "")
+        finally:
+            admin.execute(f"alter role {SERVICE_ROLE} password '{SERVICE_ROLE}'")
