@@ -126,10 +126,10 @@ def test_startup_parameters_reach_the_server(proxy: Endpoint, dbname: str) -> No
         assert conn.info.parameter_status("server_version", ).startswith("15")
 
 
-def test_client_sees_proxy_keys_not_upstream_pid(proxy: Endpoint, dbname: str) -> None:
+def test_client_sees_its_backends_pid(proxy: Endpoint, dbname: str) -> None:
     with psycopg.connect(proxy.dsn(dbname)) as conn:
         upstream_pid = conn.execute("select pg_backend_pid()").fetchone()[0]
-        assert conn.info.backend_pid != upstream_pid
+        assert conn.info.backend_pid == upstream_pid
 
 
 def _run_sleep(conn: psycopg.Connection, seconds: float, outcome: dict[str, object]) -> None:

@@ -116,8 +116,6 @@ def test_unencrypted_data_after_ssl_request_is_refused(proxy: Endpoint, dbname: 
     ("packet", "sqlstate", "words"),
     [
         (struct.pack("!ii", 8, 2 << 16), "0A000", "unsupported frontend protocol 2.0"),
-        (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", "08P01", "invalid length of startup packet"),
-        (struct.pack("!i", 100_000) + b"\0" * 100, "08P01", "invalid length of startup packet"),
         (struct.pack("!ii", 9, pg.PROTOCOL_V3) + b"\0", "28000", "no PostgreSQL user name"),
     ],
 )

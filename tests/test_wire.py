@@ -34,7 +34,8 @@ def test_incomplete_packet_asks_for_more() -> None:
 def test_special_requests() -> None:
     assert pg.read_startup_packet(pg.ssl_request()) == (pg.SSLRequest(), 8)
     assert pg.read_startup_packet(struct.pack("!ii", 8, pg.GSSENC_REQUEST_CODE)) == (pg.GSSENCRequest(), 8)
-    assert pg.read_startup_packet(pg.cancel_request(42, -7)) == (pg.CancelRequest(42, -7), 16)
+    assert pg.read_startup_packet(pg.cancel_request(42, b"\xff\xff\xff\xf9")) == \
+        (pg.CancelRequest(42, b"\xff\xff\xff\xf9"), 16)
 
 
 @pytest.mark.parametrize(
@@ -67,9 +68,9 @@ def test_error_response_layout() -> None:
 
 
 def test_backend_key_data_round_trip() -> None:
-    raw = pg.backend_key_data(1 << 24 | 5, -123456)
+    raw = pg.backend_key_data(1 << 24 | 5, b"\xff\xfe\x1d\xc0")
     assert raw[:5] == b"K\0\0\0\x0c"
-    assert pg.parse_backend_key_data(raw[5:]) == (1 << 24 | 5, -123456)
+    assert pg.parse_backend_key_data(raw[5:]) == (1 << 24 | 5, b"\xff\xfe\x1d\xc0")
 
 
 def test_message_buffer_splits_and_keeps_partial() -> None:

@@ -1,17 +1,24 @@
-"""Cancel keys: the proxy hands clients its own keys and maps them to upstream backends.
+"""Cancel keys: clients see their real backend's process id and a secret key of the proxy's.
+
+The client's BackendKeyData carries the process id of its upstream backend,
+unchanged, so ``pg_backend_pid()``, notification senders and
+``pg_terminate_backend`` agree with what the client knows. The secret key is
+the proxy's own (random, as long as the server's: 4 bytes in protocol 3.0,
+up to 256 in 3.2): a session may have more than one backend to cancel (a
+gated one also has a service connection), and the server's key never leaves
+the proxy.
 
 A client's CancelRequest arrives on a new connection, which the kernel may
-give to any worker process (SO_REUSEPORT). The worker index is therefore
-encoded in the top bits of the process id we hand out; a worker that
-receives a key it does not own forwards the request to its owner over a
-Unix socket in the run directory.
+give to any worker process (SO_REUSEPORT). A worker that does not hold the
+(process id, secret key) pair asks every sibling over its Unix socket in the
+run directory; the one that issued the key acts, and answers with one byte so
+that an unknown key is logged once, by the worker the client reached.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hmac
-import itertools
 import logging
 import secrets
 from dataclasses import dataclass
@@ -23,16 +30,23 @@ from .upstream import open_upstream_stream
 
 log = logging.getLogger("anonproxy.cancel")
 
-WORKER_SHIFT = 24  # process id = worker index (7 bits) << 24 | serial (24 bits)
-SERIAL_MASK = (1 << WORKER_SHIFT) - 1
 CANCEL_TIMEOUT = 5.0
+FOUND = b"Y"  # a sibling's answer: "the key was mine and the server acted"
 
 
 @dataclass(frozen=True)
 class UpstreamKey:
     address: UpstreamAddress
     process_id: int
-    secret_key: int
+    secret_key: bytes
+
+
+@dataclass(frozen=True)
+class ClientKey:
+    """What the client's BackendKeyData says: its real backend's process id and the proxy's secret."""
+
+    process_id: int
+    secret_key: bytes
 
 
 def cancel_socket_path(run_dir: Path, worker_index: int) -> Path:
@@ -43,53 +57,67 @@ class CancelRegistry:
     def __init__(self, worker_index: int = 0, run_dir: Path | None = None) -> None:
         self.worker_index = worker_index
         self._run_dir = run_dir
-        self._keys: dict[int, tuple[int, list[UpstreamKey]]] = {}
-        self._serials = itertools.cycle(range(1, SERIAL_MASK + 1))
+        # One entry per process id: a backend's id is unique while it lives, and a newer session
+        # with a reused id replaces the entry of one whose backend has gone.
+        self._keys: dict[int, tuple[bytes, list[UpstreamKey]]] = {}
 
-    def register(self, upstream: UpstreamKey) -> tuple[int, int]:
-        """Issue a (process id, secret key) pair for the client of ``upstream``."""
-        while True:
-            process_id = (self.worker_index << WORKER_SHIFT) | next(self._serials)
-            if process_id not in self._keys:
-                break
-        secret_key = secrets.randbits(32) - (1 << 31)  # a signed int32, as on the wire
-        self._keys[process_id] = (secret_key, [upstream])
-        return process_id, secret_key
+    def register(self, upstream: UpstreamKey) -> ClientKey:
+        """The key for the client of ``upstream``: its process id, and a fresh secret of the same length."""
+        key = ClientKey(upstream.process_id, secrets.token_bytes(len(upstream.secret_key)))
+        self._keys[key.process_id] = (key.secret_key, [upstream])
+        return key
 
-    def add(self, process_id: int, upstream: UpstreamKey) -> None:
+    def add(self, key: ClientKey, upstream: UpstreamKey) -> None:
         """Also cancel ``upstream`` (e.g. the session's service connection) with this key."""
-        self._keys[process_id][1].append(upstream)
+        entry = self._keys.get(key.process_id)
+        if entry is not None and entry[0] == key.secret_key:
+            entry[1].append(upstream)
 
-    def unregister(self, process_id: int) -> None:
-        self._keys.pop(process_id, None)
+    def unregister(self, key: ClientKey) -> None:
+        entry = self._keys.get(key.process_id)
+        if entry is not None and entry[0] == key.secret_key:
+            del self._keys[key.process_id]
 
-    async def cancel(self, process_id: int, secret_key: int) -> None:
-        """Act on a client's CancelRequest; wrong keys are ignored, as PostgreSQL does."""
-        owner = process_id >> WORKER_SHIFT
-        if owner != self.worker_index and self._run_dir is not None:
-            await self._forward(owner, process_id, secret_key)
+    async def cancel(self, process_id: int, secret_key: bytes) -> None:
+        """Act on a client's CancelRequest; wrong keys are ignored (and logged), as PostgreSQL does."""
+        if await self.cancel_own(process_id, secret_key):
             return
+        if self._run_dir is not None and await self._ask_siblings(process_id, secret_key):
+            return
+        log.info("cancel request for process %d with an unknown key ignored", process_id)
+
+    async def cancel_own(self, process_id: int, secret_key: bytes) -> bool:
+        """Cancel if this worker issued the key; whether it did."""
         entry = self._keys.get(process_id)
-        if entry is None or not _same_secret(entry[0], secret_key):
-            log.info("cancel request with an unknown key ignored")
-            return
-        await asyncio.gather(*(send_cancel(key) for key in entry[1]))
+        if entry is None or not hmac.compare_digest(entry[0], secret_key):
+            return False
+        await asyncio.gather(*(send_cancel(key) for key in list(entry[1])))
+        return True
 
-    async def _forward(self, owner: int, process_id: int, secret_key: int) -> None:
+    async def _ask_siblings(self, process_id: int, secret_key: bytes) -> bool:
         assert self._run_dir is not None
-        path = cancel_socket_path(self._run_dir, owner)
-        try:
-            async with asyncio.timeout(CANCEL_TIMEOUT):
-                reader, writer = await asyncio.open_unix_connection(str(path))
-                writer.write(cancel_request(process_id, secret_key))
-                await writer.drain()
-                await reader.read()  # the owner hangs up once the server has acted
-                writer.close()
-        except (OSError, TimeoutError) as exc:
-            log.warning("cannot forward cancel request to worker %d: %s", owner, exc)
+        siblings = [path for path in self._run_dir.glob("cancel-*.sock")
+                    if path != cancel_socket_path(self._run_dir, self.worker_index)]
+        answers = await asyncio.gather(*(_forward(path, process_id, secret_key) for path in siblings))
+        return any(answers)
 
 
-async def cancel_then_hang_up(registry: CancelRegistry, process_id: int, secret_key: int,
+async def _forward(path: Path, process_id: int, secret_key: bytes) -> bool:
+    """Pass a CancelRequest to the sibling listening on ``path``; whether it held the key."""
+    try:
+        async with asyncio.timeout(CANCEL_TIMEOUT):
+            reader, writer = await asyncio.open_unix_connection(str(path))
+            writer.write(cancel_request(process_id, secret_key))
+            await writer.drain()
+            answer = await reader.read()  # the sibling hangs up once the server has acted
+            writer.close()
+            return answer == FOUND
+    except (OSError, TimeoutError) as exc:
+        log.warning("cannot forward a cancel request to %s: %s", path.name, exc)
+        return False
+
+
+async def cancel_then_hang_up(registry: CancelRegistry, process_id: int, secret_key: bytes,
                               transport: asyncio.BaseTransport) -> None:
     """Act on a CancelRequest, then close its connection.
 
@@ -102,8 +130,14 @@ async def cancel_then_hang_up(registry: CancelRegistry, process_id: int, secret_
         transport.close()
 
 
-def _same_secret(a: int, b: int) -> bool:
-    return hmac.compare_digest(a.to_bytes(4, "big", signed=True), b.to_bytes(4, "big", signed=True))
+async def answer_sibling(registry: CancelRegistry, process_id: int, secret_key: bytes,
+                         transport: asyncio.WriteTransport) -> None:
+    """A sibling's forwarded CancelRequest: act if the key is ours, say so, hang up."""
+    try:
+        if await registry.cancel_own(process_id, secret_key):
+            transport.write(FOUND)
+    finally:
+        transport.close()
 
 
 async def send_cancel(key: UpstreamKey) -> None:

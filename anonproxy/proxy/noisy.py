@@ -24,7 +24,10 @@ Also: the column types of a dp query without running it (Describe),
 
 Queries run on a small pool of psycopg connections of the service role,
 separate from the sessions' read-only service connections because the
-ledger writes.
+ledger writes. A pooled connection is checked before use (without a round
+trip: an idle connection has nothing to read unless the server ended it,
+e.g. at a restart) and replaced when dead; when the server refuses a new
+one, the client gets the server's SQLSTATE and message (53300, 57P03…).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import select
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 from decimal import Decimal
@@ -42,6 +46,7 @@ import psycopg
 from psycopg import generators, pq
 from psycopg.adapt import Transformer
 
+from ..config import ServiceLogin
 from ..policy.model import Policy, RolePolicy
 from ..privacy import ledger
 from ..privacy.dp_plan import DPParams, DPPlan, answer, plan_dp
@@ -53,6 +58,7 @@ from .audit_trail import Spent
 from .analysis import AnalysisFailed, AnalysisTimeout, Analyser
 from .cache import BoundedCache
 from .gate import EXPLAIN_COLUMNS, Description, Parameters
+from .service import login_refusal
 
 log = logging.getLogger("anonproxy.dp")
 
@@ -84,11 +90,13 @@ class Refused(Exception):
 
 
 class NoisyAnswers:
-    def __init__(self, dsn: str, size: int = POOL_SIZE, analyser: Analyser | None = None) -> None:
+    def __init__(self, dsn: str, size: int = POOL_SIZE, analyser: Analyser | None = None,
+                 login: ServiceLogin | None = None) -> None:
         # Unqualified names in plans resolve in pg_catalog only, as the final SQL check assumes (a function of the
         # same name in another schema on the search_path could otherwise be a better match for its argument types).
         options = psycopg.conninfo.conninfo_to_dict(dsn).get("options") or ""
         self._dsn = psycopg.conninfo.make_conninfo(dsn, options=f"{options} -c search_path=pg_catalog".strip())
+        self._login = login  # the same login, to learn the server's reason when it refuses a connection
         self._idle: list[psycopg.AsyncConnection[Any]] = []
         self._slots = asyncio.Semaphore(size)
         self._analyser = analyser  # plans off the event loop (None: on it)
@@ -260,14 +268,30 @@ class NoisyAnswers:
         self._plans.put(key, plan, len(sql) + 2 * len(getattr(plan, "sql", "")))
         return plan
 
+    async def _checkout(self) -> psycopg.AsyncConnection[Any]:
+        """An idle pooled connection that is still alive, else a new one."""
+        while self._idle:
+            conn = self._idle.pop()
+            if _alive(conn):
+                return conn
+            log.info("a pooled dp connection was ended by the server; replacing it")
+            await conn.close()
+        try:
+            return await psycopg.AsyncConnection.connect(self._dsn, autocommit=True)
+        except psycopg.OperationalError as exc:
+            refusal = await login_refusal(self._login) if self._login is not None else None
+            if refusal is None:
+                raise
+            log.warning("dp connection refused: %s (SQLSTATE %s)", refusal.message, refusal.sqlstate)
+            raise Refused(refusal.sqlstate, refusal.message, refusal.hint, refusal.detail) from exc
+
     @contextlib.asynccontextmanager
     async def _connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
         """A pooled connection; a broken one is dropped. Errors become ``Refused``."""
         async with self._slots:
-            conn = self._idle.pop() if self._idle else None
+            conn = None
             try:
-                if conn is None or conn.closed:
-                    conn = await psycopg.AsyncConnection.connect(self._dsn, autocommit=True)
+                conn = await self._checkout()
                 yield conn
             except ledger.BudgetError as exc:
                 raise Refused(exc.sqlstate, exc.message, exc.hint, exc.detail) from exc
@@ -276,7 +300,9 @@ class NoisyAnswers:
                 if conn is not None:
                     await conn.close()
                 conn = None
-                raise Refused("08006", "anonproxy lost its connection to the PostgreSQL server", "Try again.") from exc
+                diag = exc.diag  # the server's reason, when it sent one before hanging up (57P01...)
+                raise Refused(diag.sqlstate or "08006", diag.message_primary or "anonproxy lost its connection to "
+                              "the PostgreSQL server", diag.message_hint or "Try again.") from exc
             except psycopg.Error as exc:  # e.g. a bound value that is not valid input for its type
                 diag = exc.diag
                 raise Refused(diag.sqlstate or "XX000", diag.message_primary or str(exc), diag.message_hint,
@@ -299,6 +325,16 @@ def plan_checked(sql: str, role: RolePolicy, policy: Policy, params: DPParams) -
         except Refusal as refusal:
             return refusal.reject
     return plan
+
+
+def _alive(conn: psycopg.AsyncConnection[Any]) -> bool:
+    """Whether an idle pooled connection can be used: one with bytes to read was ended by the server (a restart,
+    pg_terminate_backend: an ErrorResponse and end of file). Checked without a round trip."""
+    if conn.closed or conn.broken:
+        return False
+    poller = select.poll()
+    poller.register(conn.fileno(), select.POLLIN)
+    return not poller.poll(0)
 
 
 @contextlib.asynccontextmanager

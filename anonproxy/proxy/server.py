@@ -29,7 +29,7 @@ from ..policy.model import Policy
 from ..wire import protocol as pg
 from .analysis import Analyser
 from .audit_trail import AuditTrail
-from .cancel import CancelRegistry, cancel_socket_path, cancel_then_hang_up
+from .cancel import CancelRegistry, answer_sibling, cancel_socket_path
 from .noisy import NoisyAnswers
 from .policy_watch import PolicyWatcher
 from .service_role import HINT, excess_privileges
@@ -85,7 +85,8 @@ class Worker:
             startup_timeout=config.startup_timeout,
             policy=PolicyWatcher(config.service_conninfo, self._policy_changed) if config.service_dsn else None,
             service_login=config.service_login if config.service_dsn else None,
-            noisy=NoisyAnswers(config.service_conninfo, analyser=analyser) if config.service_dsn else None,
+            noisy=NoisyAnswers(config.service_conninfo, analyser=analyser,
+                               login=config.service_login) if config.service_dsn else None,
             analyser=analyser,
             audit=AuditTrail(config.service_conninfo) if config.service_dsn and config.audit_trail else None,
             max_statement_size=config.max_statement_size,
@@ -136,10 +137,11 @@ class Worker:
 
 
 class ForwardedCancel(asyncio.Protocol):
-    """A sibling worker passes on a CancelRequest whose key this worker issued.
+    """A sibling worker passes on a CancelRequest whose key it did not issue.
 
-    The connection is closed once the server has acted, which tells the
-    sibling (and through it the client) that the cancel is done.
+    If this worker did, it cancels and answers one byte; the connection is
+    closed once the server has acted, which tells the sibling (and through it
+    the client) that the cancel is done.
     """
 
     def __init__(self, context: ProxyContext) -> None:
@@ -159,8 +161,8 @@ class ForwardedCancel(asyncio.Protocol):
             self._transport.close()
             return
         if isinstance(packet, pg.CancelRequest):
-            self._context.spawn(cancel_then_hang_up(self._context.cancel_keys, packet.process_id,
-                                                    packet.secret_key, self._transport))
+            self._context.spawn(answer_sibling(self._context.cancel_keys, packet.process_id, packet.secret_key,
+                                               self._transport))
 
 
 async def serve_until_stopped(worker: Worker, ready: Callable[[], None] | None = None) -> None:

@@ -3,6 +3,11 @@
 A gated session (a role in an anonymized mode) gets one service connection
 to the same database. It logs in as the service role, which may read the
 protected tables; the client's own role may not. The session is read-only.
+
+When the server refuses the login (53300 too many clients, 57P03 starting
+up, 28P01…) or ends the connection with a FATAL error, its SQLSTATE and
+message are kept (:class:`ServerRefusal`), so the client is told the real
+reason rather than a generic one of the proxy's.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from ..config import ServiceLogin
 from ..wire import protocol as pg
@@ -24,8 +30,32 @@ log = logging.getLogger("anonproxy.service")
 COPIED_PARAMETERS = ("client_encoding", "DateStyle", "TimeZone", "IntervalStyle", "extra_float_digits")
 
 
+@dataclass(frozen=True)
+class ServerRefusal:
+    """An ErrorResponse of the server's, to pass on to the client."""
+
+    sqlstate: str
+    message: str
+    detail: str | None = None
+    hint: str | None = None
+
+    @classmethod
+    def parse(cls, body: bytes) -> ServerRefusal:
+        fields = pg.parse_fields(body)
+        return cls(fields.get("C") or "08006", fields.get("M") or "the server refused the service connection",
+                   fields.get("D"), fields.get("H"))
+
+
+class _Refused(Exception):
+    def __init__(self, refusal: ServerRefusal) -> None:
+        super().__init__(f"{refusal.message} (SQLSTATE {refusal.sqlstate})")
+        self.refusal = refusal
+
+
 class ServiceUnavailable(Exception):
-    pass
+    def __init__(self, reason: str, refusal: ServerRefusal | None = None) -> None:
+        super().__init__(reason)
+        self.refusal = refusal  # the server's own reason, when it gave one
 
 
 class ServiceConnection(asyncio.Protocol):
@@ -41,6 +71,7 @@ class ServiceConnection(asyncio.Protocol):
         self._ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.transport: asyncio.Transport = None  # type: ignore[assignment]
         self.key: UpstreamKey | None = None
+        self.fatal: ServerRefusal | None = None  # the FATAL error the server ended the connection with
 
     @classmethod
     async def open(cls, login: ServiceLogin, client_parameters: dict[str, str],
@@ -53,6 +84,8 @@ class ServiceConnection(asyncio.Protocol):
             _, service = await open_upstream(login.address, lambda: cls(login, on_message, on_lost))
             service.transport.write(pg.startup_message(parameters))  # type: ignore[attr-defined]
             await asyncio.wait_for(service._ready, 10)  # type: ignore[attr-defined]
+        except _Refused as exc:
+            raise ServiceUnavailable(str(exc), exc.refusal) from exc
         except (OSError, TimeoutError, AuthenticationFailed, pg.ProtocolViolation) as exc:
             raise ServiceUnavailable(str(exc) or type(exc).__name__) from exc
         return service  # type: ignore[return-value]
@@ -63,11 +96,13 @@ class ServiceConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         try:
             for type_, body in self._messages.feed(data):
-                if self._ready.done():
-                    self._on_message(type_, body)
-                else:
+                if not self._ready.done():
                     self._login_message(type_, body)
-        except (AuthenticationFailed, pg.ProtocolViolation) as exc:
+                elif type_ == b"E" and pg.parse_fields(body).get("V") in ("FATAL", "PANIC"):
+                    self.fatal = ServerRefusal.parse(body)  # the server hangs up next: told with the loss
+                else:
+                    self._on_message(type_, body)
+        except (AuthenticationFailed, pg.ProtocolViolation, _Refused) as exc:
             self._give_up(exc)
 
     def _login_message(self, type_: bytes, body: bytes) -> None:
@@ -77,8 +112,7 @@ class ServiceConnection(asyncio.Protocol):
             process_id, secret_key = pg.parse_backend_key_data(body)
             self.key = UpstreamKey(self._login.address, process_id, secret_key)
         elif type_ == b"E":
-            fields = pg.parse_fields(body)
-            raise AuthenticationFailed(f"{fields.get('M', 'login refused')} (SQLSTATE {fields.get('C')})")
+            raise _Refused(ServerRefusal.parse(body))
         elif type_ == b"Z":
             if not self._auth.done:
                 raise AuthenticationFailed("the server did not authenticate the service role")
@@ -92,8 +126,8 @@ class ServiceConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if not self._ready.done():
             self._ready.set_exception(ConnectionError("the server closed the service connection during login"))
-        else:
-            self._on_lost()
+        elif not self._ready.cancelled() and self._ready.exception() is None:
+            self._on_lost()  # (a login that failed is reported by ``open``, not as a loss)
 
     def send(self, data: bytes) -> None:
         self.transport.write(data)
@@ -102,3 +136,16 @@ class ServiceConnection(asyncio.Protocol):
         if not self.transport.is_closing():
             self.transport.write(pg.message(b"X"))
             self.transport.close()
+
+
+async def login_refusal(login: ServiceLogin) -> ServerRefusal | None:
+    """Why the server refuses the service role's login now (None: it accepts it, or gave no reason).
+
+    libpq reports a refused login as text only; this login of our own reads the server's SQLSTATE.
+    """
+    try:
+        service = await ServiceConnection.open(login, {}, lambda type_, body: None, lambda: None)
+    except ServiceUnavailable as exc:
+        return exc.refusal
+    service.close()
+    return None

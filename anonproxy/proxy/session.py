@@ -7,7 +7,8 @@ Life of a session:
 2. AUTH     the StartupMessage goes upstream byte for byte and the proxy relays
             the authentication exchange the server asks for (SCRAM, md5,
             trust...). It reads the server's messages only to swap the
-            upstream BackendKeyData for keys of its own.
+            secret key of the upstream BackendKeyData for one of its own
+            (the process id stays the backend's: see cancel.py).
 3. RELAY    after the first ReadyForQuery, bytes flow both ways untouched; the
             server-to-client stream is followed for message boundaries only.
    GATED    instead of RELAY when the policy puts the role in an anonymized
@@ -30,6 +31,7 @@ from itertools import count
 from typing import Any
 
 from ..config import ProxyConfig, ServiceLogin, UpstreamAddress
+from ..logs import RateLimitedLog
 from ..policy.model import Policy, RolePolicy
 from ..rewrite import decide
 from ..rewrite.decision import (
@@ -46,7 +48,7 @@ from ..wire.framing import BoundaryTracker, MessageBuffer, Piece, RelayingMessag
 from .analysis import AnalysisFailed, AnalysisTimeout, Analyser
 from .cache import BoundedCache
 from .audit_trail import AuditTrail, Spent, Who, session_id
-from .cancel import CancelRegistry, UpstreamKey, cancel_then_hang_up, send_cancel
+from .cancel import CancelRegistry, ClientKey, UpstreamKey, cancel_then_hang_up, send_cancel
 from .gate import Gate, Owner, ProxyRequest, Reply
 from .noisy import NoisyAnswers, Refused, SessionLimits
 from .policy_watch import PolicyWatcher
@@ -77,6 +79,8 @@ class ProxyContext:
     analyser: Analyser | None = None  # statement analysis off the event loop (None: on it)
     max_statement_size: int = ProxyConfig.max_statement_size  # of a gated session's Query or Parse, in bytes
     sessions: set[ClientConnection] = field(default_factory=set)
+    # Malformed startup packets and framing violations: one line each, but a client cannot flood the log.
+    violations: RateLimitedLog = field(default_factory=lambda: RateLimitedLog(log))
     _tasks: set[asyncio.Future[None]] = field(default_factory=set)
     _decisions: BoundedCache[tuple[str, str, int], Decision] = field(
         default_factory=lambda: BoundedCache(DECISION_CACHE_BYTES))
@@ -143,7 +147,7 @@ class ClientConnection(asyncio.Protocol):
         self._pending: list[bytes] = []  # client bytes that arrive while connecting upstream
         self._tls_active = False
         self._startup_timer: asyncio.TimerHandle | None = None
-        self._process_id: int | None = None
+        self._key: ClientKey | None = None  # what the client's BackendKeyData said
         self._startup: pg.StartupMessage | None = None
         self.server_parameters: dict[str, str] = {}  # ParameterStatus at login
         self.gate: Gate | None = None
@@ -183,7 +187,7 @@ class ClientConnection(asyncio.Protocol):
                 self._pending.append(data)
                 self.transport.pause_reading()  # type: ignore[union-attr]
         except pg.ProtocolViolation as exc:
-            self.fail(exc.sqlstate, str(exc))
+            self.protocol_violation(exc)
         except Exception:
             log.exception("session %d: internal error", self.id)
             self.fail("XX000", "internal error in anonproxy; the connection is closed")
@@ -196,8 +200,12 @@ class ClientConnection(asyncio.Protocol):
         self.state = State.CLOSED
         self.context.sessions.discard(self)
         self._cancel_startup_timer()
-        if self._process_id is not None:
-            self.context.cancel_keys.unregister(self._process_id)
+        if previous is State.STARTUP and self._startup_buffer:
+            # As PostgreSQL: a connection closed before any byte is normal (a port probe); a partial packet is not.
+            self.context.violations.warning("session %d: incomplete startup packet from %s (%d bytes)", self.id,
+                                            self._peer(), len(self._startup_buffer))
+        if self._key is not None:
+            self.context.cancel_keys.unregister(self._key)
         upstream, service, gate = self.upstream, self.service, self.gate
         if gate is not None:
             self.awaiting_server = gate.in_flight[Owner.UPSTREAM] > 0
@@ -233,7 +241,21 @@ class ClientConnection(asyncio.Protocol):
                 del self._startup_buffer[:size]
                 self._handle_startup_packet(packet, raw)
         except pg.ProtocolViolation as exc:
+            self._startup_buffer.clear()  # reported here, not again as incomplete when the connection closes
+            self.protocol_violation(exc)
+
+    def protocol_violation(self, exc: pg.ProtocolViolation) -> None:
+        """Log one line (rate-limited), then answer as PostgreSQL would: an error, or a silent hang-up."""
+        self.context.violations.warning("session %d: protocol violation from %s: %s", self.id, self._peer(), exc)
+        if not exc.silent:
             self.fail(exc.sqlstate, str(exc))
+        elif self.transport is not None:
+            self.state = State.CLOSED
+            self.transport.close()
+
+    def _peer(self) -> str:
+        peer = self.transport.get_extra_info("peername") if self.transport is not None else None
+        return f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else "a local socket"
 
     def _handle_startup_packet(self, packet: pg.StartupPacket, raw: bytes) -> None:
         assert self.transport is not None
@@ -309,12 +331,10 @@ class ClientConnection(asyncio.Protocol):
 
     # -- called by the upstream side ---------------------------------------
 
-    def authenticated(self, key: UpstreamKey | None) -> bytes | None:
-        """The upstream sent BackendKeyData: return ours to send in its place."""
-        if key is None:
-            return None
-        self._process_id, secret = self.context.cancel_keys.register(key)
-        return pg.backend_key_data(self._process_id, secret)
+    def authenticated(self, key: UpstreamKey) -> bytes:
+        """The upstream sent BackendKeyData: return the client's (same process id, the proxy's secret)."""
+        self._key = self.context.cancel_keys.register(key)
+        return pg.backend_key_data(self._key.process_id, self._key.secret_key)
 
     def login_complete(self, ready: bytes) -> None:
         """The server accepted the login: relay, or gate the session as the policy says."""
@@ -372,14 +392,18 @@ class ClientConnection(asyncio.Protocol):
                                                         self._service_lost)
         except ServiceUnavailable as exc:
             log.error("session %d: cannot open the service connection: %s", self.id, exc)
-            self.fail("08006", "anonproxy cannot open its service connection to the PostgreSQL server",
-                      hint="Check the service role's login in the proxy's service_dsn setting.")
+            if exc.refusal is not None:  # the server's own reason (53300 too many clients, 57P03...)
+                self.fail(exc.refusal.sqlstate, exc.refusal.message, hint=exc.refusal.hint,
+                          detail="PostgreSQL refused the service connection anonproxy opens for this session.")
+            else:
+                self.fail("08006", "anonproxy cannot open its service connection to the PostgreSQL server",
+                          hint="Check the service role's login in the proxy's service_dsn setting.")
             return
         if self.state is State.CLOSED:
             self.service.close()
             return
-        if self.service.key is not None and self._process_id is not None:
-            self.context.cancel_keys.add(self._process_id, self.service.key)
+        if self.service.key is not None and self._key is not None:
+            self.context.cancel_keys.add(self._key, self.service.key)
         self.gate = gate
         self.state = State.GATED
         self.transport.write(ready)
@@ -498,15 +522,21 @@ class ClientConnection(asyncio.Protocol):
                 "policy_version": str(policy.version)}
 
     def _service_lost(self) -> None:
-        if self.state is not State.CLOSED:
-            log.warning("session %d: the service connection was lost", self.id)
-            self.fail("08006", "anonproxy lost its service connection to the PostgreSQL server",
-                      hint="Reconnect.")
+        if self.state is State.CLOSED:
+            return
+        fatal = self.service.fatal if self.service is not None else None
+        log.warning("session %d: the service connection was lost%s", self.id,
+                    f": {fatal.message} (SQLSTATE {fatal.sqlstate})" if fatal else "")
+        if fatal is not None:  # the server said why: pass it on
+            self.fail(fatal.sqlstate, fatal.message, hint="Reconnect.",
+                      detail="PostgreSQL ended the service connection anonproxy holds for this session.")
+        else:
+            self.fail("08006", "anonproxy lost its service connection to the PostgreSQL server", hint="Reconnect.")
 
-    def fail(self, sqlstate: str, message: str, *, hint: str | None = None) -> None:
+    def fail(self, sqlstate: str, message: str, *, hint: str | None = None, detail: str | None = None) -> None:
         """Send a FATAL ErrorResponse and close the client connection."""
         if self.transport is not None and not self.transport.is_closing():
-            self.transport.write(pg.error_response(sqlstate, message, severity="FATAL", hint=hint))
+            self.transport.write(pg.error_response(sqlstate, message, severity="FATAL", hint=hint, detail=detail))
             self.transport.close()
         self.state = State.CLOSED
 
@@ -554,7 +584,7 @@ class UpstreamConnection(asyncio.Protocol):
             if type_ == b"K":
                 process_id, secret_key = pg.parse_backend_key_data(body)
                 self.key = UpstreamKey(self.client.context.upstream, process_id, secret_key)
-                out.append(self.client.authenticated(self.key) or b"")
+                out.append(self.client.authenticated(self.key))
                 continue
             if type_ == b"S":
                 name, offset = pg.read_cstring(body)

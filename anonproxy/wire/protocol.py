@@ -18,6 +18,8 @@ GSSENC_REQUEST_CODE = 80877104
 
 # PostgreSQL's own limit for a startup packet (MAX_STARTUP_PACKET_LENGTH).
 MAX_STARTUP_PACKET = 10_000
+# Protocol 3.2 (PostgreSQL 18) cancel keys are 1 to 256 bytes; 3.0 ones are 4 (MAX_CANCEL_KEY_LENGTH).
+MAX_CANCEL_KEY = 256
 
 _I32 = struct.Struct("!i")
 _HEADER = struct.Struct("!ci")
@@ -26,9 +28,11 @@ _HEADER = struct.Struct("!ci")
 class ProtocolViolation(Exception):
     """The peer sent bytes that are not valid protocol v3; carries a SQLSTATE."""
 
-    def __init__(self, message: str, sqlstate: str = "08P01") -> None:
+    def __init__(self, message: str, sqlstate: str = "08P01", *, silent: bool = False) -> None:
         super().__init__(message)
         self.sqlstate = sqlstate
+        # PostgreSQL only logs such a violation (COMMERROR) and hangs up without a word to the client.
+        self.silent = silent
 
 
 @dataclass(frozen=True)
@@ -44,7 +48,7 @@ class GSSENCRequest:
 @dataclass(frozen=True)
 class CancelRequest:
     process_id: int
-    secret_key: int
+    secret_key: bytes  # 4 bytes in protocol 3.0, up to MAX_CANCEL_KEY in 3.2
 
 
 @dataclass(frozen=True)
@@ -74,7 +78,7 @@ def read_startup_packet(buffer: bytes | bytearray) -> tuple[StartupPacket | None
         return None, 0
     (length,) = _I32.unpack_from(buffer, 0)
     if length < 8 or length > MAX_STARTUP_PACKET:
-        raise ProtocolViolation(f"invalid length of startup packet: {length}")
+        raise ProtocolViolation(f"invalid length of startup packet: {length}", silent=True)
     if len(buffer) < length:
         return None, 0
     return parse_startup_packet(bytes(buffer[4:length])), length
@@ -87,9 +91,11 @@ def parse_startup_packet(body: bytes) -> StartupPacket:
         return SSLRequest()
     if code == GSSENC_REQUEST_CODE and len(body) == 4:
         return GSSENCRequest()
-    if code == CANCEL_REQUEST_CODE and len(body) == 12:
-        process_id, secret_key = struct.unpack_from("!ii", body, 4)
-        return CancelRequest(process_id, secret_key)
+    if code == CANCEL_REQUEST_CODE:
+        if not 8 < len(body) <= 8 + MAX_CANCEL_KEY:
+            raise ProtocolViolation(f"invalid length of cancel request packet: {len(body) + 4}", silent=True)
+        (process_id,) = _I32.unpack_from(body, 4)
+        return CancelRequest(process_id, body[8:])
     major, minor = code >> 16, code & 0xFFFF
     if major != 3:
         raise ProtocolViolation(
@@ -126,8 +132,8 @@ def startup_message(parameters: dict[str, str], version: int = PROTOCOL_V3) -> b
     return _I32.pack(len(body) + 4) + body
 
 
-def cancel_request(process_id: int, secret_key: int) -> bytes:
-    return struct.pack("!iiii", 16, CANCEL_REQUEST_CODE, process_id, secret_key)
+def cancel_request(process_id: int, secret_key: bytes) -> bytes:
+    return struct.pack("!iii", 12 + len(secret_key), CANCEL_REQUEST_CODE, process_id) + secret_key
 
 
 def ssl_request() -> bytes:
@@ -179,15 +185,15 @@ def parse_fields(body: bytes) -> dict[str, str]:
     return fields
 
 
-def backend_key_data(process_id: int, secret_key: int) -> bytes:
-    return message(b"K", struct.pack("!ii", process_id, secret_key))
+def backend_key_data(process_id: int, secret_key: bytes) -> bytes:
+    return message(b"K", _I32.pack(process_id) + secret_key)
 
 
-def parse_backend_key_data(body: bytes) -> tuple[int, int]:
-    if len(body) != 8:
-        raise ProtocolViolation("invalid BackendKeyData message")
-    process_id, secret_key = struct.unpack("!ii", body)
-    return process_id, secret_key
+def parse_backend_key_data(body: bytes) -> tuple[int, bytes]:
+    """Process id and secret key: 4 bytes in protocol 3.0, up to MAX_CANCEL_KEY in 3.2."""
+    if not 4 < len(body) <= 4 + MAX_CANCEL_KEY:
+        raise ProtocolViolation(f"invalid BackendKeyData message: a key of {len(body) - 4} bytes")
+    return _I32.unpack_from(body)[0], body[4:]
 
 
 def parameter_status(name: str, value: str) -> bytes:

@@ -1,0 +1,196 @@
+"""Service connections recover after an upstream restart, and clients learn PostgreSQL's own reason when the
+server refuses or ends them (53300 too many clients, 57P01...).
+
+A PostgreSQL of this module's own (persistent data directory, so it can restart; few connection slots, so they
+can run out) with a gated proxy of its own: the session server of the other tests is left alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import asyncpg
+import psycopg
+import pytest
+
+from anonproxy import demo, sample_data, schema
+from anonproxy.embedded import EmbeddedPostgres
+from anonproxy.policy.yaml_policy import apply_policy, demo_policy
+from conftest import Endpoint, ProxyProcess, free_port, start_proxy, stop_proxy
+
+DATABASE = "recovery"
+SERVICE_ROLE = "anonproxy_service"
+ANALYST = "recovery_analyst"
+MAX_CONNECTIONS = 20
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[EmbeddedPostgres]:
+    base = Path(tempfile.mkdtemp(prefix="anonproxy-recovery-"))
+    base.chmod(0o755)  # the postgres OS user must reach the data directory inside
+    server = EmbeddedPostgres(data_dir=base / "data", port=free_port(),
+                              settings={"max_connections": str(MAX_CONNECTIONS), "superuser_reserved_connections": "0"})
+    try:
+        with server:
+            with psycopg.connect(server.conninfo(), autocommit=True) as conn:
+                conn.execute(f"create database {DATABASE}")
+            with psycopg.connect(server.conninfo(dbname=DATABASE)) as conn:
+                schema.install(conn)
+                sample_data.load_adult(conn)
+                demo.create_demo_roles(conn, DATABASE)
+                demo.reset_service_role(conn, SERVICE_ROLE)
+                conn.execute(f"alter role {SERVICE_ROLE} password '{SERVICE_ROLE}'")
+                apply_policy(conn, demo_policy())
+                # A dp role with budget for many questions (ε 0.5 each).
+                conn.execute(f"create role {ANALYST} login password '{ANALYST}'")
+                conn.execute("select anonproxy.set_role_policy(%s, 'dp')", [ANALYST])
+                conn.execute("select anonproxy.set_budget(%s, 'public.adult'::regclass, 100, 0.001, null, 0.5, "
+                             "0.0000001)", [ANALYST])
+                conn.commit()
+            yield server
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def gated(server: EmbeddedPostgres, tmp_path: Path) -> Iterator[ProxyProcess]:
+    """One worker: every dp question of the test goes through the same pool."""
+    proxy = start_proxy(f"host={server.host} port={server.port}", tmp_path / "proxy.log", workers="1",
+                        log_level="debug",
+                        service_dsn=f"user={SERVICE_ROLE} password={SERVICE_ROLE} dbname={DATABASE}")
+    yield proxy
+    stop_proxy(proxy)
+    assert "Traceback" not in proxy.log(), proxy.log()
+
+
+def dsn(endpoint: Endpoint, user: str) -> str:
+    return endpoint.dsn(DATABASE, user=user, password=user)
+
+
+def dp_question(conn: psycopg.Connection, number: int) -> list[tuple[object, ...]]:
+    return conn.execute(f"select sex, count(*) from adult where age > {20 + number} group by sex").fetchall()
+
+
+def test_the_first_ten_dp_questions_after_a_restart_succeed(server: EmbeddedPostgres, gated: ProxyProcess) -> None:
+    # Fill the pool: four sessions asking at once (all distinct questions, so none is answered from the cache).
+    def ask(number: int) -> None:
+        with psycopg.connect(dsn(gated.endpoint, ANALYST), autocommit=True) as conn:
+            assert len(dp_question(conn, number)) == 2
+
+    threads = [threading.Thread(target=ask, args=(number,)) for number in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    with psycopg.connect(server.conninfo(dbname=DATABASE)) as admin:
+        pooled = admin.execute("select count(*) from pg_stat_activity where usename = %s and application_name <> "
+                               "'anonproxy service'", [SERVICE_ROLE]).fetchone()[0]
+    assert pooled >= 2  # the policy watcher and at least one pooled dp connection
+
+    server.stop()
+    server.start()
+
+    with psycopg.connect(dsn(gated.endpoint, ANALYST), autocommit=True) as conn:
+        answers = [dp_question(conn, number) for number in range(10, 20)]
+    assert all(len(rows) == 2 for rows in answers)
+    assert "pooled dp connection was ended by the server; replacing it" in gated.log()
+
+
+def _fill_slots(server: EmbeddedPostgres, leave_free: int) -> list[psycopg.Connection]:
+    """Direct connections until ``leave_free`` slots of max_connections are left."""
+    fillers = [psycopg.connect(server.conninfo(), autocommit=True)]
+    used = _settled_count(fillers[0])
+    fillers += [psycopg.connect(server.conninfo(), autocommit=True)
+                for _ in range(MAX_CONNECTIONS - used - leave_free)]
+    return fillers
+
+
+def _settled_count(conn: psycopg.Connection) -> int:
+    """Client backends, once none is coming or going (closed sessions' backends exit asynchronously)."""
+    last = -1
+    while True:
+        count = conn.execute("select count(*) from pg_stat_activity where backend_type = 'client backend'"
+                             ).fetchone()[0]
+        if count == last:
+            return count
+        last = count
+        time.sleep(0.5)
+
+
+def test_a_gated_login_the_server_cannot_serve_gets_53300(server: EmbeddedPostgres, gated: ProxyProcess) -> None:
+    """The reporter's own backend takes the last slot; its service connection is refused: the client hears why."""
+    with psycopg.connect(dsn(gated.endpoint, "reporter")) as warm:  # the proxy has loaded the policy
+        warm.execute("select 1")
+    fillers = _fill_slots(server, leave_free=1)
+    try:
+        async def login() -> None:
+            conn = await asyncpg.connect(host=gated.endpoint.host, port=gated.endpoint.port, user="reporter",
+                                         password="reporter", database=DATABASE)
+            await conn.close()
+
+        with pytest.raises(asyncpg.PostgresError) as caught:
+            asyncio.run(login())
+        assert caught.value.sqlstate == "53300"
+        assert "too many clients" in caught.value.args[0]
+    finally:
+        for conn in fillers:
+            conn.close()
+    assert "lost its service connection" not in gated.log()
+
+
+def test_a_dp_question_the_server_cannot_serve_gets_53300(server: EmbeddedPostgres, gated: ProxyProcess) -> None:
+    """The analyst is logged in (its backend and its session's service connection), the dp pool is empty and the
+    server is full: the question is refused with the server's SQLSTATE, and works once a slot is free."""
+    with psycopg.connect(dsn(gated.endpoint, ANALYST), autocommit=True) as conn:
+        fillers = _fill_slots(server, leave_free=0)
+        try:
+            with pytest.raises(psycopg.Error) as caught:
+                dp_question(conn, 30)
+            assert caught.value.sqlstate == "53300"
+            assert "too many clients" in (caught.value.diag.message_primary or "")
+        finally:
+            for filler in fillers:
+                filler.close()
+        assert len(dp_question(conn, 30)) == 2
+
+
+def test_a_service_connection_ended_by_the_server_reports_the_servers_reason(server: EmbeddedPostgres,
+                                                                            gated: ProxyProcess) -> None:
+    with psycopg.connect(dsn(gated.endpoint, "reporter"), application_name="recovery-reporter") as conn, \
+            psycopg.connect(server.conninfo(dbname=DATABASE), autocommit=True) as admin:
+        # The service backend is the one of the service role started right after the reporter's.
+        own = conn.info.backend_pid
+        service = admin.execute("select pid from pg_stat_activity where application_name = 'anonproxy service' "
+                                "and backend_start >= (select backend_start from pg_stat_activity where pid = %s) "
+                                "order by backend_start limit 1", [own]).fetchone()[0]
+        admin.execute("select pg_terminate_backend(%s)", [service])
+        with pytest.raises(psycopg.OperationalError, match="terminating connection due to administrator command"):
+            conn.execute("select count(*) from adult")
+    assert "the service connection was lost: terminating connection due to administrator command" in gated.log()
+
+
+def test_a_refused_service_password_reaches_the_client_as_28P01(server: EmbeddedPostgres,
+                                                                 gated: ProxyProcess) -> None:
+    with psycopg.connect(dsn(gated.endpoint, "reporter")) as warm:  # the proxy has loaded the policy
+        warm.execute("select 1")
+    with psycopg.connect(server.conninfo(dbname=DATABASE), autocommit=True) as admin:
+        admin.execute(f"alter role {SERVICE_ROLE} password 'changed by the test'")
+        try:
+            async def login() -> None:
+                conn = await asyncpg.connect(host=gated.endpoint.host, port=gated.endpoint.port, user="reporter",
+                                             password="reporter", database=DATABASE)
+                await conn.close()
+
+            with pytest.raises(asyncpg.PostgresError) as caught:
+                asyncio.run(login())
+            assert caught.value.sqlstate == "28P01"
+            assert f'password authentication failed for user "{SERVICE_ROLE}"' in caught.value.args[0]
+            assert "service connection" in (caught.value.detail or "")
+        finally:
+            admin.execute(f"alter role {SERVICE_ROLE} password '{SERVICE_ROLE}'")
