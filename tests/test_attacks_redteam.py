@@ -1,0 +1,76 @@
+"""Issue 10, red team: an attacker who reads the code tries to get, through the gated proxy, what the design
+forbids: one person's exact value, relations outside the policy, statements the gate refuses, or a text that
+sqlglot and PostgreSQL would read differently.
+
+Through the real gated proxy, as `reporter` (suppress, k = 10, dominance, p %, rest row on) and as a fresh dp role
+(the `analyst` fixture of test_dp_proxy). Every attack tried is kept here with the safe outcome it now gets:
+refused with its SQLSTATE, or answered without the forbidden information.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+import pytest
+from conftest import Endpoint
+from test_attacks_relations import refusal, reporter, tables  # noqa: F401 - fixtures
+from test_dp_proxy import analyst, budget_left, truth  # noqa: F401 - fixtures
+
+# Person 9 has capital_gain 14084 and income >50K; person 8 too earns >50K, person 1 does not (the Adult data).
+VICTIM = 9
+
+
+# -- error side channels: sums of huge, infinite or NaN constants -------------------------------------------
+
+# A sum of huge constants overflows, so the error tells how many rows of a withheld group met a condition: with
+# `where id in (9, <someone of another age>)` and `age <> <the victim's age> or capital_gain > t`, the statement
+# fails exactly when the victim's capital gain exceeds t, and a binary search on t gives its exact value. NaN and
+# Infinity defeat the dominance and p % comparisons (NaN = NaN is true in PostgreSQL) and mark one row in a sum.
+SUMMED_CONSTANTS = [
+    "select sum(case when capital_gain > 10000 or age <> 31 then 9e131071 else 0 end) from adult where id in (9, 1)",
+    "select sum(case when income = '>50K' then 9e131071 else 0 end) from adult where id in (8, 9)",
+    "select sex, sum(case when income = '>50K' then 9e131071 else 0 end) from adult where id in (8, 9) group by sex",
+    "select count(*) from adult where id in (8, 9) having sum(case when income = '>50K' then 9e131071 end) > 0",
+    "select sex, avg(case when age > 89 then -9e131071 else 0 end) from adult group by sex",
+    "select sum(case when income = '>50K' then '9e131071'::numeric else 0 end) from adult where id in (8, 9)",
+    "select sum(case when income = '>50K' then cast('9e131071' as numeric) else 0.5 end) from adult where id = 9",
+    "select sum(case when income = '>50K' then '9e131071' else 0.5 end) from adult where id in (8, 9)",
+    "select sum(case when income = '>50K' then 1e38::real else 0 end) from adult where id in (8, 9)",
+    "select avg(case when income = '>50K' then 1e200::float8 else 0::float8 end) from adult where id in (1, 9)",
+    "select sum(coalesce(nullif(capital_gain, 0), 9e131071)) from adult where id in (8, 9)",
+    "select sum(case income when '>50K' then 9e131071 else 0 end) from adult where id in (8, 9)",
+    "select sum(case when capital_gain > 10000 then 'NaN'::numeric else 1 end) from adult where age = 31 or id = 9",
+    "select sum(case when capital_gain > 10000 then 'infinity'::float8 else 1 end) from adult where age = 31",
+    "select avg(case when capital_gain > 10000 then ' -Infinity '::numeric else 1 end) from adult where age = 31",
+]
+
+
+@pytest.mark.parametrize("sql", SUMMED_CONSTANTS)
+def test_huge_and_non_finite_summed_constants_are_refused(reporter: psycopg.Connection[Any], sql: str) -> None:
+    error = refusal(reporter, sql)
+    assert error.sqlstate == "0A000", (error.sqlstate, str(error))
+    assert "value added up" in str(error), str(error)
+
+
+def test_a_parameter_added_up_is_refused(reporter: psycopg.Connection[Any]) -> None:
+    """The same overflow with the huge value bound as a numeric parameter: its size is unknown when checked."""
+    sql = "select sum(case when income = '>50K' then %s else 0 end) from adult where id in (8, 9)"
+    with pytest.raises(psycopg.Error) as caught:
+        reporter.execute(sql, [psycopg.types.numeric.Decimal("9e131071")], prepare=True).fetchall()
+    assert caught.value.sqlstate == "0A000" and "parameter" in str(caught.value), str(caught.value)
+
+
+SUMS_THAT_STILL_WORK = [
+    ("select sex, sum(case when age > %s then capital_gain else 0 end) from adult group by sex order by 1", [40]),
+    ("select sex, sum(case when income = '>50K' then 1 else 0 end) from adult group by sex order by 1", None),
+    ("select sex, avg(case sex when 'Male' then 1.5 else -2 end) from adult group by sex order by 1", None),
+    ("select sex, sum(coalesce(capital_gain, 1e15)) from adult where age between 30 and 40 group by 1 order by 1",
+     None),
+]
+
+
+@pytest.mark.parametrize(("sql", "params"), SUMS_THAT_STILL_WORK)
+def test_ordinary_sums_still_work(reporter: psycopg.Connection[Any], truth: psycopg.Connection[Any],  # noqa: F811
+                                  sql: str, params: list[Any] | None) -> None:
+    assert reporter.execute(sql, params).fetchall() == truth.execute(sql, params).fetchall()
