@@ -14,6 +14,7 @@ from typing import Any
 import psycopg
 import pytest
 from conftest import Endpoint
+from psycopg.types.string import StrDumper
 from test_attacks_relations import refusal, reporter, tables  # noqa: F401 - fixtures
 from test_dp_proxy import analyst, budget_left, truth  # noqa: F401 - fixtures
 
@@ -74,3 +75,39 @@ SUMS_THAT_STILL_WORK = [
 def test_ordinary_sums_still_work(reporter: psycopg.Connection[Any], truth: psycopg.Connection[Any],  # noqa: F811
                                   sql: str, params: list[Any] | None) -> None:
     assert reporter.execute(sql, params).fetchall() == truth.execute(sql, params).fetchall()
+
+
+# -- extended protocol: a parameter whose type the client declares -----------------------------------------
+
+def test_a_cast_of_a_typed_parameter_is_no_oracle(reporter: psycopg.Connection[Any]) -> None:
+    """`$2::int` with $2 declared text in Parse is a run-time cast. The statement is prepared by name on the service
+    connection, so after five executions PostgreSQL plans it generically and casts only for the rows that reach the
+    CASE branch: 'x' then failed (22P02) for person 8 (income >50K) and not for person 1. Now refused for both."""
+    sql = "select count(*) from adult where id = %s and (case when income = '>50K' then %s::int else 0 end) = 0"
+    outcomes = []
+    for victim in (8, 1):
+        cursor = reporter.cursor()
+        cursor.adapters.register_dumper(str, StrDumper)  # $2 goes as text, not unknown
+        for value in ["1"] * 6 + ["x"]:
+            with pytest.raises(psycopg.Error) as caught:
+                cursor.execute(sql, [victim, value], prepare=True).fetchall()
+            outcomes.append(caught.value.sqlstate)
+        assert "cast of a parameter" in str(caught.value), str(caught.value)
+    assert outcomes == ["0A000"] * 14
+
+
+@pytest.mark.parametrize("sql", [
+    "select count(*) from adult where age > $1::int",
+    "select count(*) from adult where capital_gain > cast($1 as numeric)",
+    "select sex, sum(case when age > $1::bigint then 1 else 0 end) from adult group by 1",
+])
+def test_casts_of_parameters_are_refused(reporter: psycopg.Connection[Any], sql: str) -> None:
+    with pytest.raises(psycopg.Error) as caught:
+        reporter.execute(sql.replace("$1", "%s"), ["1"], prepare=True).fetchall()
+    assert caught.value.sqlstate == "0A000" and "cast of a parameter" in str(caught.value), str(caught.value)
+
+
+def test_parameters_without_casts_still_work(reporter: psycopg.Connection[Any],
+                                             truth: psycopg.Connection[Any]) -> None:  # noqa: F811
+    sql = "select sex, count(*), %s::text as label from adult where age > %s group by sex order by 1"
+    assert reporter.execute(sql, ["x", 40], prepare=True).fetchall() == truth.execute(sql, ["x", 40]).fetchall()

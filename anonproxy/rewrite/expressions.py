@@ -578,7 +578,9 @@ class Checker:
         inner = node.this
         while isinstance(inner, exp.Paren):
             inner = inner.this
-        constant = isinstance(inner, (exp.Literal, exp.Null, exp.Parameter, exp.Interval)) or (
+        # Not a $n: the client may declare its type in Parse (text, say), and then $1::int is a run-time cast,
+        # evaluated only for the rows that reach it once the service connection plans the statement generically.
+        constant = isinstance(inner, (exp.Literal, exp.Null, exp.Interval)) or (
             isinstance(inner, exp.Neg) and isinstance(inner.this, exp.Literal))
         if constant and kind in _CONSTANT_CAST_TYPES:
             self._walk(inner, clause, aggregates)
@@ -586,6 +588,11 @@ class Checker:
         if kind in _TEXT_TYPES:
             self._walk(node.this, clause, aggregates)
             return True
+        if isinstance(inner, exp.Parameter):
+            raise unsupported(f"cast of a parameter to {target.sql(dialect='postgres')} is not allowed in {clause}: "
+                              "the client chooses the parameter's type, and a cast that fails on some rows reveals "
+                              "data", "Write $n without a cast (the server infers its type from the comparison), "
+                              "or cast it to text.")
         raise unsupported(f"cast to {target.sql(dialect='postgres')} is not allowed in {clause}: "
                           "a cast that fails on some rows reveals data",
                           "Cast constants freely; cast columns only to text.")
