@@ -111,3 +111,50 @@ def test_parameters_without_casts_still_work(reporter: psycopg.Connection[Any],
                                              truth: psycopg.Connection[Any]) -> None:  # noqa: F811
     sql = "select sex, count(*), %s::text as label from adult where age > %s group by sex order by 1"
     assert reporter.execute(sql, ["x", 40], prepare=True).fetchall() == truth.execute(sql, ["x", 40]).fetchall()
+
+
+# -- the session's lexing settings: set_config() in disguise ---------------------------------------------------
+
+SET_CONFIG = [
+    # PostgreSQL joins string constants separated by a newline; the gate read only the first one
+    "select set_config('standard_conforming_'\n'strings', 'off', false)",
+    "select set_config('standard_conforming_' || 'strings', 'off', false)",
+    "select set_config('ro'\n'le', 'dba', false)",
+    "select set_config('client_'\n  'encoding', 'SJIS', false)",
+    "select set_config('anonproxy' || '.k', '1', false)",
+    "select set_config('standard_conforming_strings'::text, 'off', false)",
+    "select set_config(('standard_conforming_strings'), 'off', false)",
+    "select set_config(lower('STANDARD_CONFORMING_STRINGS'), 'off', false)",
+    "select set_config('Standard_Conforming_Strings', 'off', false)",
+    "select pg_catalog.set_config('standard_conforming_strings', 'off', true)",
+    'select "set_config"(\'standard_conforming_strings\', \'off\', false)',
+    "select * from set_config('standard_conforming_strings', 'off', false)",
+    "select set_config($$standard_conforming_strings$$, 'off', false)",
+    "select set_config(U&'standard_conforming_string\\0073', 'off', false)",
+    "select set_config(setting_name => 'standard_conforming_strings', new_value => 'off', is_local => false)",
+    "select set_config(name, 'off', false) from pg_settings where name = 'standard_conforming_strings'",
+]
+
+
+@pytest.mark.parametrize("sql", SET_CONFIG)
+def test_set_config_of_lexing_settings_is_refused(reporter: psycopg.Connection[Any], sql: str) -> None:
+    error = refusal(reporter, sql)
+    assert error.sqlstate == "42501" and "set_config(" in str(error), (error.sqlstate, str(error))
+    assert reporter.execute("show standard_conforming_strings").fetchone() == ("on",)
+    assert reporter.execute("show client_encoding").fetchone() == ("UTF8",)
+
+
+@pytest.mark.parametrize("sql", [
+    "set standard_conforming_strings = off", "set local standard_conforming_strings = off",
+    'set "standard_conforming_strings" to off', "set session standard_conforming_strings from current",
+    "set client_encoding = 'SJIS'", "set names 'SJIS'",
+])
+def test_set_of_lexing_settings_is_refused(reporter: psycopg.Connection[Any], sql: str) -> None:
+    error = refusal(reporter, sql)
+    assert error.sqlstate == "0A000", (error.sqlstate, str(error))
+    assert reporter.execute("show standard_conforming_strings").fetchone() == ("on",)
+
+
+def test_set_config_of_ordinary_settings_still_passes(reporter: psycopg.Connection[Any]) -> None:
+    assert reporter.execute("select set_config('search_path', 'public', false)").fetchone() == ("public",)
+    assert reporter.execute("select set_config('application_name', 'x', true)").fetchone() == ("x",)
