@@ -188,3 +188,126 @@ def test_linked_table_groups_within_the_bounds_are_answered(reporter: psycopg.Co
     assert len(released) >= 5 and set(released) <= set(exact)
     scalar = "select count(*) from relations_visits v where v.cost = 3"
     assert reporter.execute(scalar).fetchall() == truth.execute(scalar).fetchall()
+
+
+# -- statements, relations, functions, operators and spellings outside the supported subset ------------------
+
+# (statement, SQLSTATE): statement kinds (42501), reads of other relations (42501), constructs outside the
+# subset (0A000), each sent by the reporter through the gated proxy.
+REFUSED = [
+    ('table adult', '42501'),
+    ('select * from adult', '42501'),
+    ('values ((select count(*) from adult))', '0A000'),
+    ('select (select count(*) from adult)', '0A000'),
+    ('select row(a.*) from adult a', '0A000'),
+    ('with adult as (select 1 as id) select count(*) from adult', '0A000'),
+    ('with x as (select * from pg_class) select count(*) from adult a join x on true', '42501'),
+    ('select count(*) from adult where age > 30; select 1', '0A000'),
+    ('select 1; select count(*) from adult where age > 30', '0A000'),
+    ('select count(*) from adult where age operator(pg_catalog.>) 30', '0A000'),
+    ("select count(*) from adult where pg_catalog.lower(sex) = 'male'", '0A000'),
+    ("select count(*) from adult where public.lower(sex) = 'male'", '0A000'),
+    ('select count(*) from adult where sex collate "C" = \'Male\'', '0A000'),
+    ("select count(*) from adult where 'adult'::regclass is not null", '0A000'),
+    ("select count(*) from adult where 'pg_authid'::regclass::oid > 0", '0A000'),
+    ('select count(*) from adult where sex::regclass is not null', '0A000'),
+    ('select count(*) from adult where age::text::int > 3', '0A000'),
+    ("select count(*) from adult where sex = E'Male'", '0A000'),
+    ("select count(*) from adult where sex = U&'Male'", '0A000'),
+    ('select count(*) from U&"adult" where age > 30', '0A000'),
+    ('select count(*) from adult where sex = $$Male$$', '0A000'),
+    ('select count(*) from adult where sex = $a$Male$a$', '0A000'),
+    ('select count(*) from adult where age > 0x1E', '0A000'),
+    ('select sex, count(*) from adult group by rollup(sex)', '0A000'),
+    ('select sex, count(*) from adult group by grouping sets ((sex), ())', '0A000'),
+    ("select sex, count(*) from adult group by sex union select 'x', 1", '0A000'),
+    ("select count(*) from adult where sex similar to 'M%'", '0A000'),
+    ("select count(*) from adult where sex ~ 'M'", '0A000'),
+    ("select count(*) from adult where sex like 'M%' escape '#'", '0A000'),
+    ("select count(*) from adult where sex like 'M\\'", '0A000'),
+    ("select count(*) from adult where sex = any(array['Male'])", '0A000'),
+    ('select count(*) filter (where age > 30) from adult', '0A000'),
+    ('select sum(age order by age) from adult where age > 30', '0A000'),
+    ("select string_agg(sex, ',') from adult where age > 30", '0A000'),
+    ('select count(*) over () from adult', '0A000'),
+    ('select count(*) from adult, lateral (select 1) x', '0A000'),
+    ('select count(*) from (select * from adult) x', '0A000'),
+    ('select count(*) from only adult where age > 30', '0A000'),
+    ('select count(*) from adult tablesample system (10)', '42501'),
+    ('select count(*) from adult a join adult b on a.id = b.id where a.age > 30', '0A000'),
+    ('select json_agg(a) from adult a', '0A000'),
+    ('select a.json_agg from adult a', '42501'),
+    ('select count(*), current_user from adult where age > 30', '0A000'),
+    ('select count(*), version() from adult where age > 30', '0A000'),
+    ("select count(*) from adult where current_setting('search_path') <> ''", '0A000'),
+    ('select count(*) from adult where age > 30 and now() is not null', '0A000'),
+    ('select count(*) into temp t from adult where age > 30', '42501'),
+    ('select count(*) from adult where age > 30 for share', '0A000'),
+    ('select count(*), xmin from adult where age > 30 group by xmin', '42501'),
+    ('set role dba', '42501'),
+    ('reset role', '42501'),
+    ('set session authorization dba', '42501'),
+    ('set local session authorization dba', '42501'),
+    ('set anonproxy.k = 1', '42501'),
+    ('reset anonproxy.k', '42501'),
+    ('explain select count(*) from adult', '42501'),
+    ('explain (format json) select count(*) from adult where age > 30', '42501'),
+    ('explain analyze select 1', '42501'),
+    ('explain (analyze, costs off) select 1', '42501'),
+    ('do $$ begin perform 1; end $$', '42501'),
+    ('call anonproxy.nothing()', '42501'),
+    ('prepare p as select count(*) from adult', '42501'),
+    ('execute p', '42501'),
+    ('declare c cursor for select count(*) from adult', '42501'),
+    ('fetch all from c', '42501'),
+    ('copy adult to stdout', '42501'),
+    ('copy (select count(*) from adult) to stdout', '42501'),
+    ('notify x', '42501'),
+    ('lock table adult', '42501'),
+    ('create temp view v as select * from adult', '42501'),
+    ('create temp table t (x int)', '42501'),
+    ('alter role reporter set search_path = public', '42501'),
+    ('grant select on adult to reporter', '42501'),
+    ('vacuum adult', '42501'),
+    ('analyze adult', '42501'),
+    ('insert into adult (id) values (1)', '42501'),
+    ('begin; select count(*) from adult where age > 30; commit', '0A000'),
+    ("prepare transaction 'x'", '42501'),
+    ("select query_to_xml('select * from adult', true, true, '')", '42501'),
+    ("select pg_catalog.query_to_xml('select 1', true, true, '')", '42501'),
+    ('select count(*) from pg_stats_ext', '42501'),
+    ("select * from dblink('x', 'select 1') as t(x int)", '42501'),
+]
+
+
+@pytest.mark.parametrize(("sql", "sqlstate"), REFUSED)
+def test_outside_the_subset_is_refused(reporter: psycopg.Connection[Any], sql: str, sqlstate: str) -> None:
+    error = refusal(reporter, sql)
+    assert error.sqlstate == sqlstate, (error.sqlstate, str(error))
+    assert error.diag.message_hint, str(error)
+
+
+# Texts sqlglot and PostgreSQL could read differently: PostgreSQL's reading is what runs, and what is answered.
+SPELLINGS = [
+    "select count(*) from adult /* /* */ where id = 1 */ where age > 30",
+    "select count(*) from adult where age > 30 --\r and id = 1",
+    "select count(*) from adult where age > 30 /* a -- b */ and sex = 'Male'",
+    'select count(*) from "adult" where age > 30',
+    "select count(*) from public . adult where age > 30",
+    "select count(*) from PUBLIC.ADULT where AGE > 30",
+    "select count(*) from adult as pg_database where age > 30",
+    "select count(*) from adult where sex = 'Ma''le' or age > 30",
+    "select count(*) from adult where sex = 'a\\' or age > 30",
+]
+
+
+@pytest.mark.parametrize("sql", SPELLINGS)
+def test_postgresqls_reading_is_what_is_answered(reporter: psycopg.Connection[Any],
+                                                truth: psycopg.Connection[Any], sql: str) -> None:  # noqa: F811
+    try:
+        answer = reporter.execute(sql).fetchall()
+    except psycopg.Error as error:
+        assert error.sqlstate in ("0A000", "42501"), (error.sqlstate, str(error))
+        return
+    exact = truth.execute(sql).fetchall()
+    assert answer in ([], exact), (answer, exact)
