@@ -107,6 +107,18 @@ def test_casts_of_parameters_are_refused(reporter: psycopg.Connection[Any], sql:
     assert caught.value.sqlstate == "0A000" and "cast of a parameter" in str(caught.value), str(caught.value)
 
 
+def test_dp_refuses_casts_of_parameters(gated_proxy: Endpoint, gated_database: str, analyst: str) -> None:  # noqa: F811
+    sql = "select count(*) from adult where id = %s and (case when income = '>50K' then %s::int else 0 end) = 0"
+    with psycopg.connect(gated_proxy.dsn(gated_database, user=analyst), autocommit=True) as conn:
+        before = budget_left(conn)
+        cursor = conn.cursor()
+        cursor.adapters.register_dumper(str, StrDumper)
+        with pytest.raises(psycopg.Error) as caught:
+            cursor.execute(sql, [8, "x"], prepare=True).fetchall()
+        assert caught.value.sqlstate == "0A000" and "cast of a parameter" in str(caught.value), str(caught.value)
+        assert budget_left(conn) == before  # nothing charged
+
+
 def test_parameters_without_casts_still_work(reporter: psycopg.Connection[Any],
                                              truth: psycopg.Connection[Any]) -> None:  # noqa: F811
     sql = "select sex, count(*), %s::text as label from adult where age > %s group by sex order by 1"
@@ -195,6 +207,12 @@ def test_linked_table_groups_within_the_bounds_are_answered(reporter: psycopg.Co
 # (statement, SQLSTATE): statement kinds (42501), reads of other relations (42501), constructs outside the
 # subset (0A000), each sent by the reporter through the gated proxy.
 REFUSED = [
+    # three-part names (database.schema.table) and four-part columns
+    ("select count(*) from anonproxy_gated.public.adult where age > 30", "0A000"),
+    ('select count(*) from "anonproxy_gated"."public"."adult" where age > 30', "0A000"),
+    ("select a.sex, count(*) from adult a join anonproxy_gated.pg_catalog.pg_database d on true group by 1", "42501"),
+    ("select count(*) from adult where anonproxy_gated.public.adult.age > 30", "0A000"),
+    ("select count(*) from adult where age > 30 and (sex, age) in (('Male', 40))", "0A000"),
     ('table adult', '42501'),
     ('select * from adult', '42501'),
     ('values ((select count(*) from adult))', '0A000'),
