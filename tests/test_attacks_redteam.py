@@ -319,6 +319,25 @@ SPELLINGS = [
 ]
 
 
+# A number glued to a name: sqlglot saw `1 AS _000`, PostgreSQL 16 reads 1000 (15 refuses it). Refused by the
+# gate before any server reads it, for Pass statements too.
+GLUED_NUMBERS = [
+    "select sex, 1_000 from adult group by sex",
+    "select sex, count(*) from adult where age > 3_0 group by sex",
+    "select sex, count(*) from adult group by sex having count(*) > 0o17",
+    "select sex, count(*) from adult group by sex order by 1e5e",
+    "select count(*) from adult where age > 30 limit 1_0",
+    "select 1_000",
+    "select 0o17, 0b1x",
+]
+
+
+@pytest.mark.parametrize("sql", GLUED_NUMBERS)
+def test_a_number_glued_to_a_name_is_refused(reporter: psycopg.Connection[Any], sql: str) -> None:
+    error = refusal(reporter, sql)
+    assert error.sqlstate == "0A000" and "number glued to a name" in str(error), (error.sqlstate, str(error))
+
+
 @pytest.mark.parametrize("sql", SPELLINGS)
 def test_postgresqls_reading_is_what_is_answered(reporter: psycopg.Connection[Any],
                                                 truth: psycopg.Connection[Any], sql: str) -> None:  # noqa: F811
