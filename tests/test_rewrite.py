@@ -489,13 +489,13 @@ def test_rewrite_keeps_the_client_text() -> None:
         "SELECT native_country, count(*)\n"
         'FROM "public"."adult"\n'
         "GROUP BY 1\n"
-        'HAVING count(DISTINCT "adult"."id") BETWEEN 10 AND (SELECT count(DISTINCT "id") FROM "public"."adult") - 10'
+        'HAVING count(DISTINCT "adult"."id") BETWEEN 10 AND (SELECT count(DISTINCT "adult"."id") FROM "public"."adult") - 10'
     )
 
 
 def test_rewrite_without_group_by_applies_query_set_size_control() -> None:
     sql = rewritten("SELECT count(*) FROM adult WHERE age > 30")
-    assert 'HAVING count(DISTINCT "adult"."id") BETWEEN 10 AND (SELECT count(DISTINCT "id") FROM "public"."adult") - 10' \
+    assert 'HAVING count(DISTINCT "adult"."id") BETWEEN 10 AND (SELECT count(DISTINCT "adult"."id") FROM "public"."adult") - 10' \
         in sql
 
 
@@ -513,7 +513,7 @@ def test_metabase_style_query() -> None:
         'sum("public"."adult"."hours_per_week") AS "sum" FROM "public"."adult" '
         "WHERE (\"public\".\"adult\".\"age\" > 30) AND (\"public\".\"adult\".\"sex\" = 'Male') "
         'GROUP BY "public"."adult"."education" ORDER BY "count" DESC, "public"."adult"."education" ASC LIMIT 2000')
-    assert ('HAVING count(DISTINCT "adult"."id") BETWEEN 10 AND (SELECT count(DISTINCT "id") FROM "public"."adult") '
+    assert ('HAVING count(DISTINCT "adult"."id") BETWEEN 10 AND (SELECT count(DISTINCT "adult"."id") FROM "public"."adult") '
             "- 10") in sql
     assert sql.endswith('ORDER BY "count" DESC, "public"."adult"."education" ASC\nLIMIT 2000')
 
@@ -521,9 +521,9 @@ def test_metabase_style_query() -> None:
 def test_linked_table_join_uses_the_protected_unit() -> None:
     sql = rewritten("SELECT a.sex, count(*) FROM visits v JOIN adult a ON v.person_id = a.id GROUP BY a.sex")
     assert 'FROM "public"."visits" v JOIN "public"."adult" a ON v.person_id = a.id' in sql
-    assert 'count(DISTINCT "a"."id") BETWEEN 10 AND (SELECT count(DISTINCT "id") FROM "public"."adult") - 10' in sql
+    assert 'count(DISTINCT "a"."id") BETWEEN 10 AND (SELECT count(DISTINCT "a"."id") FROM "public"."visits" v JOIN "public"."adult" a ON v.person_id = a.id) - 10' in sql
     only_linked = rewritten("SELECT count(*) FROM visits WHERE cost > 100")
-    assert 'count(DISTINCT "visits"."person_id") BETWEEN 10 AND (SELECT count(DISTINCT "id") FROM "public"."adult")' \
+    assert 'count(DISTINCT "visits"."person_id") BETWEEN 10 AND (SELECT count(DISTINCT "visits"."person_id") FROM "public"."visits")' \
         in only_linked
 
 
@@ -542,7 +542,7 @@ def test_left_join_to_a_linked_table_on_its_key() -> None:
 def test_distinct_becomes_a_grouped_query() -> None:
     sql = rewritten("SELECT DISTINCT native_country FROM adult ORDER BY 1")
     assert "GROUP BY native_country" in sql
-    assert 'count(DISTINCT "adult"."id") BETWEEN 10 AND (SELECT count(DISTINCT "id") FROM "public"."adult") - 10' in sql
+    assert 'count(DISTINCT "adult"."id") BETWEEN 10 AND (SELECT count(DISTINCT "adult"."id") FROM "public"."adult") - 10' in sql
 
 
 def test_group_by_alias_that_may_be_a_column_is_refused() -> None:
@@ -902,29 +902,44 @@ def test_rest_row_obeys_the_same_rules(db: psycopg.Connection) -> None:
     # dominates them, so there is no rest row either.
     role = suppress_role(k=10, dominance_n=2, dominance_percent=80, suppressed_rest=True)
     assert [r[0] for r in run(db, rewritten(months.format(where=""), role=role))] == ["A", "E"]
-    # Without person 1, the p% rule (20%) withholds C and D, k withholds F; the rest (29 people, 29 visits,
-    # 2005 in total, largest contributions 600 and 500: 2005 - 1100 >= 0.2 * 600) is released.
+    # Without person 1, the p% rule (20%) withholds C and D, k withholds F; the released rows and the rest row
+    # would cover 52 of the 53 people of visits (more than N - k = 43: the rest row is withheld), a total the
+    # scalar query withholds (N is the FROM clause's people: visits holds 53, not adult's 30,162).
     role = suppress_role(k=10, p_percent=20, suppressed_rest=True)
     got = run(db, rewritten(months.format(where="WHERE person_id <> 1"), role=role))
-    assert got == [("A", "11", "1100"), ("B", "11", "110"), ("E", "13", "1000"), (None, "29", "2005")]
-    # k = 13 withholds every month (12 people each at most): one rest row for all 53 people and 67 visits.
+    assert got == [("A", "11", "1100"), ("B", "11", "110"), ("E", "13", "1000")]
+    # Leaving 11 people out (1 and 39 to 48): E keeps 2 people and is withheld by k too; the rest (C, D, E, F:
+    # 31 people, 32 visits, 2005 in total, largest contributions 600 and 500: 2205 - 1100 >= 0.2 * 600) is
+    # released, and the answer covers 42 <= 43 people.
+    got = run(db, rewritten(months.format(where="WHERE person_id <> 1 AND person_id NOT BETWEEN 39 AND 48"),
+                            role=role))
+    assert got == [("A", "11", "1100"), ("B", "11", "110"), (None, "32", "2005")]
+    # k = 13 withholds every month (12 people each at most): the rest row would be the total over all 53 people
+    # of visits, which a scalar query withholds too.
     role = suppress_role(k=13, suppressed_rest=True)
-    assert run(db, rewritten(months.format(where=""), role=role)) == [(None, "67", str(sum(r[2] for r in rows)))]
+    assert run(db, rewritten(months.format(where=""), role=role)) == []
+    assert run(db, rewritten("SELECT count(*), sum(cost) FROM visits", role=role)) == []
+    assert len({r[0] for r in rows}) == 53
 
 
 def test_join_along_the_declared_key(db: psycopg.Connection) -> None:
     rows = _create_visits(db)
     sql = rewritten("SELECT a.sex, count(*), count(DISTINCT v.person_id), sum(v.cost) "
                     "FROM visits v JOIN adult a ON v.person_id = a.id GROUP BY a.sex ORDER BY 1",
-                    role=suppress_role(k=20))
+                    role=suppress_role(k=3))
     sex = {int(r["id"]): r["sex"] for r in adult()}  # type: ignore[call-overload]
     visits: dict[object, list[tuple[int, int]]] = defaultdict(list)
     for person, _, cost in rows:
         visits[sex[person]].append((person, cost))
+    everyone = len({person for person, _, _ in rows})  # N: the people of the join, 53
     expected = sorted((s, len(v), len({p for p, _ in v}), sum(c for _, c in v))
-                      for s, v in visits.items() if len({p for p, _ in v}) >= 20)
+                      for s, v in visits.items() if 3 <= len({p for p, _ in v}) <= everyone - 3)
     assert [(s, int(n), int(d), int(c)) for s, n, d, c in run(db, sql)] == expected
-    assert len(expected) == 1  # 53 people: the men pass k = 20, the women do not
+    assert len(expected) == 2  # 50 men and 3 women: both within [k, N - k] for k = 3
+    # With k = 20 the men are too many people of the 53: their total is the whole join's but 3 women's.
+    assert run(db, rewritten("SELECT a.sex, count(*), count(DISTINCT v.person_id), sum(v.cost) "
+                             "FROM visits v JOIN adult a ON v.person_id = a.id GROUP BY a.sex ORDER BY 1",
+                             role=suppress_role(k=20))) == []
 
 
 def test_suppression_counts_people_not_rows(db: psycopg.Connection) -> None:

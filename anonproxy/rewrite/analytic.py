@@ -98,7 +98,7 @@ class AnalyticQuery:
     order: tuple[OrderItem, ...]
     tail: str | None  # LIMIT / OFFSET / FETCH as written
     unit: str  # the privacy unit, e.g. "a"."id"
-    universe: str  # SELECT count(DISTINCT unit) over the whole protected table
+    universe: str  # SELECT count(DISTINCT unit) over the FROM clause (joins included, WHERE not)
     magnitudes: tuple[str, ...]  # arguments of SUM and AVG, as written
     contributors: tuple[tuple[Contribution, str], ...]  # per aggregate argument: who counts as contributing
     owner: str = ""  # policy name of the protected table whose privacy unit this is
@@ -144,7 +144,7 @@ def analyze(statement: Statement, tree: exp.Expression, index: PolicyIndex, para
         raise unsupported("DISTINCT ON is not allowed over protected tables", SHAPE_HINT)
 
     sources = _sources(tree, index)
-    anchor, unit, universe, owner = _privacy_unit(sources, index)
+    anchor, unit, owner = _privacy_unit(sources, index)
     scope = Scope(
         references={source.reference: source.table for source in sources},
         unaliased={(s.table.schema, s.table.name): s.reference for s in sources if s.node.args.get("alias") is None},
@@ -182,12 +182,13 @@ def analyze(statement: Statement, tree: exp.Expression, index: PolicyIndex, para
     _check_tail(tree)
     magnitudes, contributors = _aggregate_arguments(statement, tree)
     _check_tokens(statement, dp)  # last line of defence, after the tree gave its specific reasons
+    from_sql = _from_sql(statement, layout, sources)
 
     return AnalyticQuery(
         table=anchor.table.policy_name,
         items=tuple(items),
         distinct=distinct is not None,
-        from_sql=_from_sql(statement, layout, sources),
+        from_sql=from_sql,
         where=layout.clause_text(TokenType.WHERE, where.this if where is not None else None),
         group_by=group_by,
         keys=keys,
@@ -195,7 +196,10 @@ def analyze(statement: Statement, tree: exp.Expression, index: PolicyIndex, para
         order=order,
         tail=layout.tail(),
         unit=unit,
-        universe=universe,
+        # N, the people a query set must leave k of out: those of the FROM clause, whose totals are public (add
+        # up the groups of any GROUP BY). A linked table alone, or joined, holds fewer people than the protected
+        # table: with the protected table's N, `sum(cost) FROM visits [WHERE person <> 17]` was released.
+        universe=f"SELECT count(DISTINCT {unit}) FROM {from_sql}",
         magnitudes=magnitudes,
         contributors=contributors,
         owner=owner,
@@ -256,9 +260,9 @@ def _identifier_columns(table: ResolvedTable) -> frozenset[str]:
     return frozenset({key, *(name for name, column in policy_columns.items() if column.kind == "identifier")})
 
 
-def _privacy_unit(sources: list[_Source], index: PolicyIndex) -> tuple[_Source, str, str, str]:
-    """The source that carries the privacy unit, the unit expression, the universe count query, and the policy
-    name of the protected table the unit belongs to."""
+def _privacy_unit(sources: list[_Source], index: PolicyIndex) -> tuple[_Source, str, str]:
+    """The source that carries the privacy unit, the unit expression, and the policy name of the protected table
+    the unit belongs to."""
     protected = [s for s in sources if s.table.kind == "protected"]
     linked = [s for s in sources if s.table.kind == "linked"]
     if len(protected) > 1:
@@ -292,8 +296,7 @@ def _privacy_unit(sources: list[_Source], index: PolicyIndex) -> tuple[_Source, 
         unit_column = link.column
     unit = f"{quote(anchor.reference)}.{quote(unit_column)}"
     assert owner.protected is not None
-    universe = f"SELECT count(DISTINCT {quote(owner.protected.unit_column)}) FROM {owner.qualified}"
-    return anchor, unit, universe, owner.policy_name
+    return anchor, unit, owner.policy_name
 
 
 def _check_joins(sources: list[_Source], anchor: _Source, checker: Checker) -> None:

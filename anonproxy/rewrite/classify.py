@@ -234,8 +234,11 @@ def _check_passable(statement: Statement, tree: exp.Expression, role: RolePolicy
                             "Send the query itself.")
         if name == "set_config":
             argument = tokens[position + 2] if position + 2 < len(tokens) else None
+            # The name must be one string token and nothing more: PostgreSQL joins 'a'<newline>'b' into one
+            # string, and 'a' || 'b' or a cast is computed, so the first token alone would not be the name.
+            whole = position + 3 < len(tokens) and tokens[position + 3].token_type == TokenType.COMMA
             setting = argument.text.lower() if argument is not None and argument.token_type == TokenType.STRING \
-                else None
+                and whole else None
             if setting is None or setting in GUARDED_SETTINGS or setting.startswith("anonproxy."):
                 raise forbidden(f"set_config({statement.raw(position + 2) if argument else ''}, ...) is not allowed "
                                 f"for roles in {role.mode} mode", "set_config() of ordinary settings only.")

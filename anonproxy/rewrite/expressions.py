@@ -76,6 +76,14 @@ EXTRACT_UNITS = frozenset({
     "millennium", "epoch", "julian",
 })  # fmt: skip
 MAX_WIDTH_BUCKETS = 10_000
+# The largest constant a SUM or AVG may add up. A sum of a few huge constants overflows (numeric past 1e131072,
+# real past 3.4e38, the rules' own arithmetic), and that error would say how many rows the constant reached:
+# sum(CASE WHEN <condition> THEN 9e131071 ELSE 0 END) fails exactly when two rows of a withheld group meet the
+# condition. 1e15 per row stays finite over 1e9 rows in every numeric type, squared too (avg of floats).
+MAX_SUMMED_CONSTANT = Decimal("1e15")
+# Nodes whose operands are compared, not added up: a constant there never reaches a sum.
+_PREDICATES = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.NullSafeEQ, exp.NullSafeNEQ, exp.In,
+               exp.Between, exp.Like, exp.ILike, exp.Is)
 
 # Types a constant may be cast to (folded at plan time, so a failure never depends on data).
 _CONSTANT_CAST_TYPES = frozenset({
@@ -236,6 +244,7 @@ class Checker:
         self.aggregates = DP_AGGREGATES if dp else AGGREGATES
         self.source = source  # the text node positions index into, to check function spellings
         self._in_aggregate = False
+        self._summed = False  # inside the value a SUM or AVG adds up (not inside a comparison there)
         self._in_join = False
         # Where an expression labels rows rather than filtering them (GROUP BY, select items, HAVING, ORDER BY
         # outside aggregates), an identifying column may stand only bare: the node allowed to be one.
@@ -292,6 +301,9 @@ class Checker:
     # -- walking --------------------------------------------------------------
 
     def _walk(self, node: exp.Expression, clause: str, aggregates: bool) -> None:
+        if self._summed and isinstance(node, _PREDICATES):
+            self._compared(node, clause, aggregates)
+            return
         self._check_spelling(node, clause)
         if isinstance(node, self.aggregates):
             if not aggregates:
@@ -317,6 +329,14 @@ class Checker:
             return  # the checker validated the children itself
         for child in _children(node):
             self._walk(child, clause, aggregates)
+
+    def _compared(self, node: exp.Expression, clause: str, aggregates: bool) -> None:
+        """``node``'s operands are compared, not added up (CASE WHEN age > 40 ... inside a SUM)."""
+        self._summed = False
+        try:
+            self._walk(node, clause, aggregates)
+        finally:
+            self._summed = True
 
     def _check_spelling(self, node: exp.Expression, clause: str) -> None:
         spellings = SPELLINGS.get(type(node))
@@ -370,10 +390,11 @@ class Checker:
             self._walk(argument, f"the argument of {name}()", aggregates=False)  # count(DISTINCT id): people
             return
         self._in_aggregate = True
+        self._summed = isinstance(node, (exp.Sum, exp.Avg))
         try:
             self._walk(argument, f"the argument of {name}()", aggregates=False)
         finally:
-            self._in_aggregate = False
+            self._in_aggregate = self._summed = False
 
     # -- per-node rules (return True when children were handled) --------------
 
@@ -438,9 +459,24 @@ class Checker:
     def _check_parameter(self, node: exp.Parameter, clause: str, aggregates: bool) -> bool:
         if not (isinstance(node.this, exp.Literal) and not node.this.is_string and node.this.name.isdigit()):
             raise unsupported("only $n parameters are allowed", "Use $1, $2, ...")
+        if self._summed:
+            raise unsupported(f"a parameter is not allowed as a value added up in {clause}: its size is not known "
+                              "when the statement is checked, and a sum of huge values fails for some rows and "
+                              "not others", "Write the value as a constant, or use the parameter in a comparison "
+                              "(CASE WHEN x > $1 THEN ...).")
         return True
 
     def _check_literal(self, node: exp.Literal, clause: str, aggregates: bool) -> bool:
+        if self._summed:
+            try:
+                value = Decimal(node.this)
+            except InvalidOperation:
+                value = None
+            if value is None or not value.is_finite() or abs(value) > MAX_SUMMED_CONSTANT:
+                raise unsupported(f"constant {node.sql(dialect='postgres')} is not allowed as a value added up in "
+                                  f"{clause}: a sum of huge, infinite or NaN values overflows or defeats the "
+                                  "suppression rules for some rows and not others",
+                                  "Add up finite numbers of at most 1e15 in absolute value.")
         return True
 
     def _check_neg(self, node: exp.Neg, clause: str, aggregates: bool) -> bool:
@@ -450,6 +486,7 @@ class Checker:
         if not (isinstance(inner, exp.Literal) and not inner.is_string):
             raise unsupported(f"unary minus on an expression is not allowed in {clause}: an overflow error reveals data",
                               self.clause_hint(clause))
+        self._walk(node.this, clause, aggregates)
         return True
 
     def _check_is(self, node: exp.Is, clause: str, aggregates: bool) -> bool:
@@ -480,7 +517,21 @@ class Checker:
         for branch in node.args.get("ifs") or []:
             if not isinstance(branch, exp.If) or _set_args(branch) - {"this", "true"}:
                 raise unsupported("malformed CASE branch", self.clause_hint(clause))
-        return False
+        if not (self._summed and node.this is not None):
+            return False
+        # CASE x WHEN v THEN ...: x and the v are compared, the results added up.
+        summed, self._summed = self._summed, False
+        try:
+            self._walk(node.this, clause, aggregates)
+            for branch in node.args["ifs"]:
+                self._walk(branch.this, clause, aggregates)
+        finally:
+            self._summed = summed
+        for branch in node.args["ifs"]:
+            self._walk(branch.args["true"], clause, aggregates)
+        if node.args.get("default") is not None:
+            self._walk(node.args["default"], clause, aggregates)
+        return True
 
     def _check_if(self, node: exp.If, clause: str, aggregates: bool) -> bool:
         if not isinstance(node.parent, exp.Case):
@@ -527,7 +578,9 @@ class Checker:
         inner = node.this
         while isinstance(inner, exp.Paren):
             inner = inner.this
-        constant = isinstance(inner, (exp.Literal, exp.Null, exp.Parameter, exp.Interval)) or (
+        # Not a $n: the client may declare its type in Parse (text, say), and then $1::int is a run-time cast,
+        # evaluated only for the rows that reach it once the service connection plans the statement generically.
+        constant = isinstance(inner, (exp.Literal, exp.Null, exp.Interval)) or (
             isinstance(inner, exp.Neg) and isinstance(inner.this, exp.Literal))
         if constant and kind in _CONSTANT_CAST_TYPES:
             self._walk(inner, clause, aggregates)
@@ -535,6 +588,11 @@ class Checker:
         if kind in _TEXT_TYPES:
             self._walk(node.this, clause, aggregates)
             return True
+        if isinstance(inner, exp.Parameter):
+            raise unsupported(f"cast of a parameter to {target.sql(dialect='postgres')} is not allowed in {clause}: "
+                              "the client chooses the parameter's type, and a cast that fails on some rows reveals "
+                              "data", "Write $n without a cast (the server infers its type from the comparison), "
+                              "or cast it to text.")
         raise unsupported(f"cast to {target.sql(dialect='postgres')} is not allowed in {clause}: "
                           "a cast that fails on some rows reveals data",
                           "Cast constants freely; cast columns only to text.")

@@ -188,6 +188,13 @@ def _check_lexing(sql: str, tokens: list[Token]) -> None:
         if (previous is not None and previous.token_type == TokenType.PARAMETER
                 and (token.token_type != TokenType.NUMBER or token.start != previous.end + 1 or not raw.isdigit())):
             raise unsupported("a $ must be followed by a parameter number", "Use $1, $2, ... for parameters.")
+        if (previous is not None and previous.token_type == TokenType.NUMBER and token.start == previous.end + 1
+                and _IDENT_CHAR.match(sql[token.start])):
+            # sqlglot reads 1_000, 0o17 or 1e5e as a number and an alias; PostgreSQL 16 reads the first two as
+            # one number (1000, 15), and 15 refuses them all as trailing junk.
+            raise unsupported(f"a number glued to a name near {sql[previous.start:token.end + 1][:20]!r} is read "
+                              "differently by PostgreSQL versions", "Separate them with a space, or write the number "
+                              "in decimal digits.")
         position = token.end + 1
         previous = token
     if previous is not None and previous.token_type == TokenType.PARAMETER:
