@@ -77,13 +77,26 @@ class ServicePool:
 
     async def _open(self) -> ServiceConnection:
         self._count += 1
+        opening = asyncio.ensure_future(ServiceConnection.open(self._login, POOL_PARAMETERS, _ignore, _nothing))
         try:
-            service = await ServiceConnection.open(self._login, POOL_PARAMETERS, _ignore, _nothing)
+            service = await asyncio.shield(opening)  # a login half done when the session leaves must not leak
+        except asyncio.CancelledError:
+            opening.add_done_callback(self._opened_for_nobody)
+            raise
         except BaseException:
             self._pass_on(None)
             raise
         self._idle(service)
         return service
+
+    def _opened_for_nobody(self, opening: asyncio.Future[ServiceConnection]) -> None:
+        """A connection opened for a session that left meanwhile: to the next in line, or free."""
+        if opening.cancelled() or opening.exception() is not None:
+            self._pass_on(None)
+            return
+        service = opening.result()
+        self._idle(service)
+        self._pass_on(service)
 
     async def _alive(self, service: ServiceConnection) -> bool:
         """Whether the server still answers on ``service`` (a Sync, answered with ReadyForQuery).
