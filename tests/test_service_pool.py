@@ -8,6 +8,7 @@ connection to the same database.
 from __future__ import annotations
 
 import asyncio
+import struct
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +21,10 @@ from pytest_postgresql.executors.noop import NoopExecutor
 from anonproxy import demo
 from anonproxy.embedded import EmbeddedPostgres
 from anonproxy.policy.yaml_policy import apply_policy, demo_policy
+from anonproxy.proxy.gate import Gate
+from anonproxy.rewrite.decision import Pass, Rewrite
+from anonproxy.wire import protocol as pg
+from anonproxy.wire.framing import MessageBuffer
 from conftest import SERVICE_ROLE, Endpoint, ProxyProcess, start_proxy, stop_proxy
 
 DATABASE = "anonproxy_pool"
@@ -245,3 +250,94 @@ def test_a_cancel_reaches_the_backend_the_session_holds(pooled: ProxyProcess, di
         assert answers["spared"] == expected(truth, BY_SEX, 60)
         # The cancelled session goes on.
         assert cancelled.execute(BY_SEX, [61]).fetchall() == expected(truth, BY_SEX, 61)
+
+
+# -- the gate's part, message by message (sans-I/O) ------------------------------------------------------------
+
+
+class Borrowing:
+    """A gate that borrows its service connection: the test plays the pool and the server."""
+
+    def __init__(self) -> None:
+        self.client, self.service, self.upstream = bytearray(), bytearray(), bytearray()
+        self.asked = 0
+        self.released: list[bool] = []
+        self.gate = Gate(decide=lambda sql: Pass() if sql == "select 1" else Rewrite(f"rewritten {sql}"),
+                         settings=lambda: {}, write_client=self.client.extend, send_upstream=self.upstream.extend,
+                         send_service=self.service.extend, ask_proxy=lambda request: None,
+                         acquire_service=self.acquire, release_service=self.released.append,
+                         service_settings={"DateStyle": "German, DMY"})
+
+    def acquire(self) -> None:
+        self.asked += 1
+
+    def sent(self) -> list[tuple[bytes, bytes]]:
+        messages = MessageBuffer().feed(bytes(self.service))
+        self.service.clear()
+        return messages
+
+    def server_answers(self, *types: bytes) -> None:
+        for type_ in types:
+            self.gate.service_message(type_, b"I" if type_ == b"Z" else b"SELECT 1\0" if type_ == b"C" else b"")
+
+
+def _parse(name: bytes, sql: str) -> bytes:
+    return pg.message(b"P", name + b"\0" + sql.encode() + b"\0" + struct.pack("!h", 0))
+
+
+def _bind(statement: bytes) -> bytes:
+    return pg.message(b"B", b"\0" + statement + b"\0" + struct.pack("!hhh", 0, 0, 0))
+
+
+EXECUTE_SYNC = pg.message(b"E", b"\0" + struct.pack("!i", 0)) + pg.message(b"S")
+
+
+def test_a_borrowed_connection_is_cleared_then_a_statement_prepared_before_is_prepared_again() -> None:
+    wires = Borrowing()
+    wires.gate.client_data(_parse(b"s", "agg") + pg.message(b"S"))
+    assert wires.asked == 1 and not wires.service  # nothing goes before the connection is there
+    wires.gate.service_acquired()
+    (setup, body), *rest = wires.sent()
+    assert setup == b"Q" and body.startswith(b"RESET ALL;DEALLOCATE ALL;") and b"SET DateStyle TO 'German, DMY';" \
+        in body
+    assert [type_ for type_, _ in rest] == [b"P", b"S"]
+    wires.server_answers(b"C", b"Z", b"1", b"Z")  # (the answer to the setup query is hidden)
+    assert wires.released == [True]
+    assert [type_ for type_, _ in MessageBuffer().feed(bytes(wires.client))] == [b"1", b"Z"]
+    wires.client.clear()
+    # The next use borrows again (maybe another connection): cleared, and "s" prepared there before the Bind.
+    wires.gate.client_data(_bind(b"s") + EXECUTE_SYNC)
+    assert wires.asked == 2
+    wires.gate.service_acquired()
+    sent = wires.sent()
+    assert [type_ for type_, _ in sent] == [b"Q", b"P", b"B", b"E", b"S"]
+    assert pg.parse_parse(sent[1][1]).query == b"rewritten agg"
+    wires.server_answers(b"C", b"Z", b"1", b"2", b"C", b"Z")
+    assert [type_ for type_, _ in MessageBuffer().feed(bytes(wires.client))] == [b"2", b"C", b"Z"]
+    assert wires.released == [True, True]
+
+
+def test_an_open_batch_keeps_its_connection_until_sync() -> None:
+    wires = Borrowing()
+    wires.gate.client_data(_parse(b"", "agg") + pg.message(b"H"))  # Flush: the batch stays open
+    wires.gate.service_acquired()
+    wires.server_answers(b"C", b"Z", b"1")
+    assert wires.released == []
+    wires.gate.client_data(_bind(b"") + EXECUTE_SYNC)
+    assert wires.asked == 1 and [type_ for type_, _ in wires.sent()][-3:] == [b"B", b"E", b"S"]
+    wires.server_answers(b"2", b"C", b"Z")
+    assert wires.released == [True]
+
+
+def test_a_refused_connection_answers_the_statement_that_waited() -> None:
+    wires = Borrowing()
+    refusal = pg.error_response("53300", "sorry, too many clients already")
+    wires.gate.client_data(pg.query_message("agg"))
+    wires.gate.service_refused(refusal)
+    assert [type_ for type_, _ in MessageBuffer().feed(bytes(wires.client))] == [b"E", b"Z"]
+    wires.client.clear()
+    # In the extended protocol the rest of the batch is skipped, up to Sync, as after any error.
+    wires.gate.client_data(_parse(b"", "agg") + _bind(b"") + EXECUTE_SYNC)
+    wires.gate.service_refused(refusal)
+    assert [type_ for type_, _ in MessageBuffer().feed(bytes(wires.client))] == [b"E", b"Z"]
+    assert not wires.service and wires.released == []
