@@ -821,7 +821,8 @@ EXPLAIN_COLUMNS = (Column("QUERY PLAN", 25),)
 _ABORTED = Reject("25P02", "current transaction is aborted, commands ignored until end of transaction block")
 # pg_settings gives the value in milliseconds, whatever unit it was set in.
 _CLIENT_TIMEOUT_QUERY = pg.query_message(
-    "select s.setting, pg_catalog.current_setting('extra_float_digits') from pg_catalog.pg_settings s where s.name operator(pg_catalog.=) 'statement_timeout'")
+    "select s.setting, pg_catalog.current_setting('extra_float_digits') from pg_catalog.pg_settings s "
+    "where s.name operator(pg_catalog.=) 'statement_timeout'")
 
 
 def _for_proxy(decision: Decision) -> bool:

@@ -1,8 +1,9 @@
 """The service connection: the proxy's own login, where rewritten queries run.
 
 Gated sessions (roles in an anonymized mode) borrow service connections to
-the same database from their worker's pool (service_pool.py). It logs in as the service role, which may read the
-protected tables; the client's own role may not. The session is read-only.
+the same database from their worker's pool (service_pool.py). A service
+connection logs in as the service role, which may read the protected
+tables; the client's own role may not. The session is read-only.
 
 When the server refuses the login (53300 too many clients, 57P03 starting
 up, 28P01…) or ends the connection with a FATAL error, its SQLSTATE and

@@ -434,6 +434,10 @@ class ClientConnection(asyncio.Protocol):
             if self.state is State.GATED and self.gate is not None:
                 self.gate.service_refused(error)
             return
+        except Exception:
+            log.exception("session %d: internal error while borrowing a service connection", self.id)
+            self.fail("XX000", "internal error in anonproxy; the connection is closed")
+            return
         finally:
             self._borrowing = None
         if self.state is not State.GATED or self.gate is None:
