@@ -28,6 +28,7 @@ DATABASE = "recovery"
 SERVICE_ROLE = "anonproxy_service"
 ANALYST = "recovery_analyst"
 MAX_CONNECTIONS = 20
+BY_SEX = "select sex, count(*) from adult group by sex"  # a rewritten statement (suppress mode)
 
 
 @pytest.fixture(scope="module")
@@ -123,24 +124,35 @@ def _settled_count(conn: psycopg.Connection) -> int:
         time.sleep(0.5)
 
 
-def test_a_gated_login_the_server_cannot_serve_gets_53300(server: EmbeddedPostgres, gated: ProxyProcess) -> None:
-    """The reporter's own backend takes the last slot; its service connection is refused: the client hears why."""
-    with psycopg.connect(dsn(gated.endpoint, "reporter")) as warm:  # the proxy has loaded the policy
-        warm.execute("select 1")
-    fillers = _fill_slots(server, leave_free=1)
-    try:
-        async def login() -> None:
-            conn = await asyncpg.connect(host=gated.endpoint.host, port=gated.endpoint.port, user="reporter",
-                                         password="reporter", database=DATABASE)
-            await conn.close()
+def _end_pooled_service_connections(admin: psycopg.Connection) -> None:
+    """Terminate the service backends the proxy's pool holds, and wait until they are gone."""
+    admin.execute("select pg_terminate_backend(pid) from pg_stat_activity where application_name = "
+                  "'anonproxy service'")
+    while admin.execute("select count(*) from pg_stat_activity where application_name = 'anonproxy service'"
+                        ).fetchone()[0]:
+        time.sleep(0.1)
 
-        with pytest.raises(asyncpg.PostgresError) as caught:
-            asyncio.run(login())
-        assert caught.value.sqlstate == "53300"
-        assert "too many clients" in caught.value.args[0]
-    finally:
-        for conn in fillers:
-            conn.close()
+
+def test_a_rewritten_statement_the_server_cannot_serve_gets_53300(server: EmbeddedPostgres,
+                                                                  gated: ProxyProcess) -> None:
+    """The reporter is logged in (its own backend), the service pool is empty and the server full: the statement
+    is refused with the server's SQLSTATE, and the session works once a slot is free.
+    (Gated sessions borrow service connections per statement: a login needs none.)"""
+    with psycopg.connect(dsn(gated.endpoint, "reporter"), autocommit=True) as conn:
+        conn.execute(BY_SEX)
+        with psycopg.connect(server.conninfo(dbname=DATABASE), autocommit=True) as admin:
+            _end_pooled_service_connections(admin)
+        fillers = _fill_slots(server, leave_free=0)
+        try:
+            with pytest.raises(psycopg.Error) as caught:
+                conn.execute(BY_SEX)
+            assert caught.value.sqlstate == "53300"
+            assert "too many clients" in (caught.value.diag.message_primary or "")
+            assert "service connection" in (caught.value.diag.message_detail or "")
+        finally:
+            for filler in fillers:
+                filler.close()
+        assert len(conn.execute(BY_SEX).fetchall()) == 2
     assert "lost its service connection" not in gated.log()
 
 
@@ -160,37 +172,60 @@ def test_a_dp_question_the_server_cannot_serve_gets_53300(server: EmbeddedPostgr
         assert len(dp_question(conn, 30)) == 2
 
 
-def test_a_service_connection_ended_by_the_server_reports_the_servers_reason(server: EmbeddedPostgres,
-                                                                            gated: ProxyProcess) -> None:
-    with psycopg.connect(dsn(gated.endpoint, "reporter"), application_name="recovery-reporter") as conn, \
+def test_a_pooled_service_connection_ended_by_the_server_is_replaced(server: EmbeddedPostgres,
+                                                                      gated: ProxyProcess) -> None:
+    with psycopg.connect(dsn(gated.endpoint, "reporter"), autocommit=True) as conn, \
             psycopg.connect(server.conninfo(dbname=DATABASE), autocommit=True) as admin:
-        # The service backend is the one of the service role started right after the reporter's.
-        own = conn.info.backend_pid
-        service = admin.execute("select pid from pg_stat_activity where application_name = 'anonproxy service' "
-                                "and backend_start >= (select backend_start from pg_stat_activity where pid = %s) "
-                                "order by backend_start limit 1", [own]).fetchone()[0]
-        admin.execute("select pg_terminate_backend(%s)", [service])
-        with pytest.raises(psycopg.OperationalError, match="terminating connection due to administrator command"):
-            conn.execute("select count(*) from adult")
+        conn.execute(BY_SEX)
+        _end_pooled_service_connections(admin)
+        assert len(conn.execute(BY_SEX).fetchall()) == 2
+    assert "a pooled service connection was ended by the server; replacing it" in gated.log()
+
+
+def test_a_service_connection_ended_during_a_statement_reports_the_servers_reason(server: EmbeddedPostgres,
+                                                                                 gated: ProxyProcess) -> None:
+    """The reporter's statement waits for a lock on its service backend, which the server then terminates."""
+    failed: list[BaseException] = []
+
+    def ask(conn: psycopg.Connection) -> None:
+        try:
+            conn.execute(BY_SEX)
+        except psycopg.Error as exc:
+            failed.append(exc)
+
+    with psycopg.connect(dsn(gated.endpoint, "reporter"), application_name="recovery-reporter") as conn, \
+            psycopg.connect(server.conninfo(dbname=DATABASE)) as locker, \
+            psycopg.connect(server.conninfo(dbname=DATABASE), autocommit=True) as admin:
+        locker.execute("lock table adult in access exclusive mode")
+        asking = threading.Thread(target=ask, args=(conn,))
+        asking.start()
+        while True:
+            row = admin.execute("select pid from pg_stat_activity where application_name = 'anonproxy service' "
+                                "and wait_event_type = 'Lock'").fetchone()
+            if row is not None:
+                break
+            time.sleep(0.05)
+        admin.execute("select pg_terminate_backend(%s)", [row[0]])
+        asking.join(30)
+        locker.rollback()
+    assert len(failed) == 1 and isinstance(failed[0], psycopg.OperationalError)
+    assert "terminating connection due to administrator command" in str(failed[0])
     assert "the service connection was lost: terminating connection due to administrator command" in gated.log()
 
 
 def test_a_refused_service_password_reaches_the_client_as_28P01(server: EmbeddedPostgres,
                                                                  gated: ProxyProcess) -> None:
-    with psycopg.connect(dsn(gated.endpoint, "reporter")) as warm:  # the proxy has loaded the policy
-        warm.execute("select 1")
-    with psycopg.connect(server.conninfo(dbname=DATABASE), autocommit=True) as admin:
+    with psycopg.connect(dsn(gated.endpoint, "reporter"), autocommit=True) as conn, \
+            psycopg.connect(server.conninfo(dbname=DATABASE), autocommit=True) as admin:
+        conn.execute(BY_SEX)
         admin.execute(f"alter role {SERVICE_ROLE} password 'changed by the test'")
         try:
-            async def login() -> None:
-                conn = await asyncpg.connect(host=gated.endpoint.host, port=gated.endpoint.port, user="reporter",
-                                             password="reporter", database=DATABASE)
-                await conn.close()
-
-            with pytest.raises(asyncpg.PostgresError) as caught:
-                asyncio.run(login())
+            _end_pooled_service_connections(admin)
+            with pytest.raises(psycopg.Error) as caught:
+                conn.execute(BY_SEX)
             assert caught.value.sqlstate == "28P01"
-            assert f'password authentication failed for user "{SERVICE_ROLE}"' in caught.value.args[0]
-            assert "service connection" in (caught.value.detail or "")
+            assert f'password authentication failed for user "{SERVICE_ROLE}"' in str(caught.value)
+            assert "service connection" in (caught.value.diag.message_detail or "")
         finally:
             admin.execute(f"alter role {SERVICE_ROLE} password '{SERVICE_ROLE}'")
+        assert len(conn.execute(BY_SEX).fetchall()) == 2

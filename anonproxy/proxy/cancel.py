@@ -5,8 +5,8 @@ unchanged, so ``pg_backend_pid()``, notification senders and
 ``pg_terminate_backend`` agree with what the client knows. The secret key is
 the proxy's own (random, as long as the server's: 4 bytes in protocol 3.0,
 up to 256 in 3.2): a session may have more than one backend to cancel (a
-gated one also has a service connection), and the server's key never leaves
-the proxy.
+gated one also the pooled service connection it holds at that moment), and
+the server's key never leaves the proxy.
 
 A client's CancelRequest arrives on a new connection, which the kernel may
 give to any worker process (SO_REUSEPORT). A worker that does not hold the
@@ -72,6 +72,12 @@ class CancelRegistry:
         entry = self._keys.get(key.process_id)
         if entry is not None and entry[0] == key.secret_key:
             entry[1].append(upstream)
+
+    def remove(self, key: ClientKey, upstream: UpstreamKey) -> None:
+        """No longer cancel ``upstream`` with this key (a pooled service connection handed back)."""
+        entry = self._keys.get(key.process_id)
+        if entry is not None and entry[0] == key.secret_key and upstream in entry[1]:
+            entry[1].remove(upstream)
 
     def unregister(self, key: ClientKey) -> None:
         entry = self._keys.get(key.process_id)

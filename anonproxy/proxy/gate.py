@@ -41,11 +41,26 @@ new rewrite, whose answers the client does not see, go before the Bind), so
 SQL rewritten under the old policy never runs again. An Execute of a portal
 bound under an older version runs only if the decision did not change.
 
+Service connections are borrowed: with ``acquire_service``, the gate asks
+for one when a message must go to the service side and none is held, and
+hands it back (``release_service``) when the service side answered
+ReadyForQuery with nothing of the session's left on it (no request in
+flight, no open batch part). The service side never runs the client's
+transaction (rewritten statements run one by one, autocommit), so nothing
+ties a connection to a client transaction. On each connection borrowed, the
+gate first clears what another session may have left (``RESET ALL``, which
+keeps the connection's startup settings; ``DEALLOCATE ALL``), then applies
+the session's output settings and statement_timeout; statements the client
+prepared on an earlier connection are prepared again there, from the
+rewrite kept here, just before a message uses them.
+
 Time: when the session gives a ``time_limit`` (the policy's maximum for the
 role's mode), the statement_timeout of the client's own session (read from
 its connection with a query of the proxy's, after anything else ran there)
 capped by that limit is set on the service connection before a rewritten
 statement and passed with every request for the proxy (``timeout_ms``).
+The same query reads the client's extra_float_digits (which the server does
+not report), followed on the service connection like DateStyle.
 """
 
 from __future__ import annotations
@@ -115,6 +130,10 @@ class Route:
     request: ProxyRequest | None = None  # what a PROXY route asks the session to answer
     asking: tuple[str, bytes, int] = ("query", b"", 0)  # a PROXY route: (what for, portal, max rows)
     hidden: tuple[bytes, ...] = ()  # types of the owner's answers to drop (a statement prepared again)
+    # On the service connection: the statement the payload uses, prepares, or closes (see ``_on_service``).
+    uses: bytes | None = None
+    prepares: bytes | None = None
+    closes: bytes | None = None
 
 
 @dataclass(frozen=True)
@@ -154,6 +173,9 @@ class Gate:
         time_limit: Callable[[], int] | None = None,
         max_statement_size: int = MAX_STATEMENT_SIZE,
         pause_client: Callable[[bool], None] = lambda pause: None,
+        acquire_service: Callable[[], None] | None = None,
+        release_service: Callable[[bool], None] = lambda clean: None,
+        service_settings: dict[str, str] | None = None,
     ) -> None:
         self._decide = decide  # None: being analysed, ``decided`` follows
         self._version = version  # of the policy in force
@@ -199,6 +221,17 @@ class Gate:
         self._client_timeout_stale = True
         self._asking_timeout = 0  # our own queries on the client's connection, answered to us
         self._service_timeout: int | None = None  # the statement_timeout last set on the service connection
+        # The service connection is borrowed from the worker's pool (``acquire_service``; the session answers
+        # ``service_acquired`` or ``service_refused``) and handed back (``release_service``) once idle.
+        # None: the connection is the session's own, always there.
+        self._acquire_service = acquire_service
+        self._release_service = release_service
+        self._service_held = acquire_service is None
+        self._acquiring = False
+        self._reset_service = False  # a borrowed connection: clear what another session left first
+        # The session's output settings (DateStyle…), all applied on each connection borrowed.
+        self._output_settings: dict[str, str] = dict(service_settings or {})
+        self._service_statements: set[bytes] = set()  # statements prepared on the service connection held
 
     # -- input ------------------------------------------------------------------
 
@@ -235,7 +268,8 @@ class Gate:
         if type_ == b"S":
             name, offset = pg.read_cstring(body)
             if name.decode() in FOLLOWED_SETTINGS:
-                self._settings_to_copy[name.decode()] = pg.read_cstring(body, offset)[0].decode()
+                value = pg.read_cstring(body, offset)[0].decode()
+                self._settings_to_copy[name.decode()] = self._output_settings[name.decode()] = value
         self._write_client(pg.message(type_, body))
 
     def service_message(self, type_: bytes, body: bytes) -> None:
@@ -250,8 +284,41 @@ class Gate:
         elif type_ == b"Z":
             # The client's transaction is the one on its own connection.
             self._ready_for_query(Owner.SERVICE, self.transaction_status)
+            self._release(clean=body == b"I")
         elif type_ != b"S":  # the service session's settings are not the client's
             self._write_client(pg.message(type_, body))
+
+    def service_acquired(self) -> None:
+        """The session borrowed a service connection (``acquire_service``): what waited for it goes on."""
+        self._acquiring = False
+        self._service_held = True
+        self._reset_service = True
+        self._service_statements.clear()
+        self._settings_to_copy = dict(self._output_settings)
+        self._service_timeout = None
+        self._pump()
+
+    def service_refused(self, error: bytes) -> None:
+        """No service connection for the statement waiting for one: the server's ErrorResponse answers it."""
+        self._acquiring = False
+        route, self._held = self._held, None
+        assert route is not None and route.owner is Owner.SERVICE
+        if route.payload[:1] == b"Q":
+            self._write_client(error + pg.ready_for_query(self.transaction_status))
+        else:
+            self._write_client(error)
+            self._skipping = True  # the rest of the batch is skipped, up to Sync
+        self._pump()
+
+    def _release(self, clean: bool) -> None:
+        """Hand a borrowed service connection back once nothing of this session is left on it."""
+        if self._acquire_service is None or not self._service_held:
+            return
+        if self.in_flight[Owner.SERVICE] or self._silenced or self._unsynced is Owner.SERVICE \
+                or (self._held is not None and self._held.owner is Owner.SERVICE):
+            return
+        self._service_held = False
+        self._release_service(clean)
 
     def proxy_answered(self, reply: Reply) -> None:
         """The session's reply to ``ask_proxy``."""
@@ -295,11 +362,15 @@ class Gate:
         return False
 
     def _timeout_answer(self, type_: bytes, body: bytes) -> None:
-        """The answer to our query of the client's statement_timeout (an error keeps the last value)."""
+        """The answer to our query of the client's statement_timeout and extra_float_digits (which the server
+        does not report; an error keeps the last values)."""
         if type_ == b"D":
-            value = pg.parse_data_row(body)[0]
+            value, digits = pg.parse_data_row(body)[:2]
             if value is not None and value.isdigit():
                 self._client_timeout = int(value)
+            if digits is not None and digits.decode() != self._output_settings.get("extra_float_digits"):
+                self._settings_to_copy["extra_float_digits"] = self._output_settings["extra_float_digits"] = \
+                    digits.decode()
         elif type_ == b"Z":
             self._asking_timeout -= 1
             self.in_flight[Owner.UPSTREAM] -= 1
@@ -344,6 +415,11 @@ class Gate:
             if self._needs_client_timeout(route):
                 self._ask_client_timeout()
                 return
+            if route.owner is Owner.SERVICE and not self._service_held:
+                if not self._acquiring:
+                    self._acquiring = True
+                    self._acquire_service()  # type: ignore[misc]
+                return
             self._held = None
             if route.owner is Owner.LOCAL:
                 self._write_client(route.payload)
@@ -362,11 +438,13 @@ class Gate:
                 if timeout != self._service_timeout:
                     self._settings_to_copy["statement_timeout"] = f"{timeout}ms"
                     self._service_timeout = timeout
-            if route.owner is Owner.SERVICE and self._settings_to_copy:
+            if route.owner is Owner.SERVICE and (self._settings_to_copy or self._reset_service):
                 self._copy_settings()
-            self._hidden[route.owner].extend(route.hidden)
-            if route.payload:
-                self._send[route.owner](route.payload)
+            payload, hidden = self._on_service(route) if route.owner is Owner.SERVICE else (route.payload,
+                                                                                           route.hidden)
+            self._hidden[route.owner].extend(hidden)
+            if payload:
+                self._send[route.owner](payload)
             if route.ends_batch:
                 self.in_flight[route.owner] += 1
                 self._unsynced = None
@@ -399,10 +477,34 @@ class Gate:
         assert self._time_limit is not None
         return min((t for t in (self._client_timeout, self._time_limit()) if t > 0), default=0)
 
+    def _on_service(self, route: Route) -> tuple[bytes, tuple[bytes, ...]]:
+        """What goes to the service connection for ``route``, and the answers to hide.
+
+        A statement the client prepared on a connection it handed back is prepared again, from the rewrite
+        kept here, before the message that uses it; the client does not see that ParseComplete.
+        """
+        payload, hidden = route.payload, route.hidden
+        name = route.uses
+        if name is not None and name not in self._service_statements and self._statements.get(name) is Owner.SERVICE:
+            decision = self._texts[name].decision
+            assert isinstance(decision, Rewrite)
+            payload = pg.parse_message(name, decision.sql, self._texts[name].rest) + payload
+            hidden = (b"1",) + hidden
+            self._service_statements.add(name)
+        if route.prepares is not None:
+            self._service_statements.add(route.prepares)
+        if route.closes is not None:
+            self._service_statements.discard(route.closes)
+        return payload, hidden
+
     def _copy_settings(self) -> None:
-        """The client changed a setting that shapes output (SET DateStyle…): follow it on the service side."""
-        statements = "".join(f"SET {name} TO {_literal(value)};" for name, value in self._settings_to_copy.items())
+        """The client changed a setting that shapes output (SET DateStyle…): follow it on the service side.
+        On a borrowed connection, what the previous session left goes first: its settings (back to the
+        connection's own: read-only, the pinned search_path) and its prepared statements."""
+        statements = "RESET ALL;DEALLOCATE ALL;" if self._reset_service else ""
+        statements += "".join(f"SET {name} TO {_literal(value)};" for name, value in self._settings_to_copy.items())
         self._settings_to_copy.clear()
+        self._reset_service = False
         self._send[Owner.SERVICE](pg.query_message(statements))
         self.in_flight[Owner.SERVICE] += 1
         self._silenced += 1
@@ -515,7 +617,7 @@ class Gate:
             return Route(Owner.UPSTREAM, raw or pg.parse_message(name, decided.sql, decided.rest))
         if isinstance(decision, Rewrite):
             self._statements[name] = Owner.SERVICE
-            return Route(Owner.SERVICE, pg.parse_message(name, decision.sql, decided.rest))
+            return Route(Owner.SERVICE, pg.parse_message(name, decision.sql, decided.rest), prepares=name)
         if _for_proxy(decision):
             self._statements[name] = Owner.PROXY
             self._proxy_statements[name] = (decision, _parameter_types(decided.rest))
@@ -554,11 +656,12 @@ class Gate:
             return self._bind_proxy(body)
         if owner is not Owner.LOCAL:
             if again is None:
-                return Route(owner, raw)
+                return Route(owner, raw, uses=statement)
             # Close the old statement (a named one would clash), prepare the new one, bind it: the client sees
             # only the BindComplete.
             close = pg.message(b"C", b"S" + statement + b"\0") if statement else b""
-            return Route(owner, close + again.payload + raw, hidden=(b"3",) * bool(close) + (b"1",))
+            return Route(owner, close + again.payload + raw, hidden=(b"3",) * bool(close) + (b"1",),
+                         prepares=statement)
         self._portal_settings[portal] = self._statement_settings[statement]
         return Route(Owner.LOCAL, pg.message(b"2"))  # BindComplete
 
@@ -587,7 +690,9 @@ class Gate:
         if owner is Owner.PROXY:
             return self._proxy_by_name(type_, kind, name, body)
         if owner is not Owner.LOCAL:
-            return Route(owner, raw)
+            on_statement = name if kind == b"S" else None
+            return Route(owner, raw, uses=on_statement if type_ == b"D" else None,
+                         closes=on_statement if type_ == b"C" else None)
         if type_ == b"C":
             settings.pop(name, None)
             return Route(Owner.LOCAL, pg.message(b"3"))  # CloseComplete
@@ -716,7 +821,8 @@ EXPLAIN_COLUMNS = (Column("QUERY PLAN", 25),)
 _ABORTED = Reject("25P02", "current transaction is aborted, commands ignored until end of transaction block")
 # pg_settings gives the value in milliseconds, whatever unit it was set in.
 _CLIENT_TIMEOUT_QUERY = pg.query_message(
-    "select s.setting from pg_catalog.pg_settings s where s.name operator(pg_catalog.=) 'statement_timeout'")
+    "select s.setting, pg_catalog.current_setting('extra_float_digits') from pg_catalog.pg_settings s "
+    "where s.name operator(pg_catalog.=) 'statement_timeout'")
 
 
 def _for_proxy(decision: Decision) -> bool:

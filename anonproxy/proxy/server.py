@@ -32,6 +32,7 @@ from .audit_trail import AuditTrail
 from .cancel import CancelRegistry, answer_sibling, cancel_socket_path
 from .noisy import NoisyAnswers
 from .policy_watch import PolicyWatcher
+from .service_pool import ServicePool
 from .service_role import HINT, excess_privileges
 from .session import ClientConnection, ProxyContext
 
@@ -90,6 +91,7 @@ class Worker:
             analyser=analyser,
             audit=AuditTrail(config.service_conninfo) if config.service_dsn and config.audit_trail else None,
             max_statement_size=config.max_statement_size,
+            service_pool=ServicePool(config.service_login, config.service_pool_size) if config.service_dsn else None,
         )
         self._index = index
         self._run_dir = run_dir
@@ -126,6 +128,8 @@ class Worker:
             await self.context.noisy.close()
         if self.context.analyser is not None:
             self.context.analyser.close()
+        if self.context.service_pool is not None:
+            self.context.service_pool.close()  # the free ones; a session's goes when the session ends
         for session in list(self.context.sessions):
             session.fail("57P01", "terminating connection because anonproxy is shutting down")
         with contextlib.suppress(TimeoutError):

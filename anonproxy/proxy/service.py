@@ -1,8 +1,9 @@
 """The service connection: the proxy's own login, where rewritten queries run.
 
-A gated session (a role in an anonymized mode) gets one service connection
-to the same database. It logs in as the service role, which may read the
-protected tables; the client's own role may not. The session is read-only.
+Gated sessions (roles in an anonymized mode) borrow service connections to
+the same database from their worker's pool (service_pool.py). A service
+connection logs in as the service role, which may read the protected
+tables; the client's own role may not. The session is read-only.
 
 When the server refuses the login (53300 too many clients, 57P03 starting
 up, 28P01…) or ends the connection with a FATAL error, its SQLSTATE and
@@ -64,8 +65,10 @@ class ServiceConnection(asyncio.Protocol):
     def __init__(self, login: ServiceLogin, on_message: Callable[[bytes, bytes], None],
                  on_lost: Callable[[], None]) -> None:
         self._login = login
-        self._on_message = on_message
-        self._on_lost = on_lost
+        # Where the server's messages and the loss go: the pool swaps them as sessions borrow the connection.
+        self.on_message = on_message
+        self.on_lost = on_lost
+        self._lost = False
         self._messages = MessageBuffer()
         self._auth = PasswordAuthenticator(login.user, login.password)
         self._ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -101,7 +104,7 @@ class ServiceConnection(asyncio.Protocol):
                 elif type_ == b"E" and pg.parse_fields(body).get("V") in ("FATAL", "PANIC"):
                     self.fatal = ServerRefusal.parse(body)  # the server hangs up next: told with the loss
                 else:
-                    self._on_message(type_, body)
+                    self.on_message(type_, body)
         except (AuthenticationFailed, pg.ProtocolViolation, _Refused) as exc:
             self._give_up(exc)
 
@@ -124,10 +127,15 @@ class ServiceConnection(asyncio.Protocol):
         self.transport.abort()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._lost = True
         if not self._ready.done():
             self._ready.set_exception(ConnectionError("the server closed the service connection during login"))
         elif not self._ready.cancelled() and self._ready.exception() is None:
-            self._on_lost()  # (a login that failed is reported by ``open``, not as a loss)
+            self.on_lost()  # (a login that failed is reported by ``open``, not as a loss)
+
+    @property
+    def closed(self) -> bool:
+        return self._lost or self.transport is None or self.transport.is_closing()
 
     def send(self, data: bytes) -> None:
         self.transport.write(data)

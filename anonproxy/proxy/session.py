@@ -13,7 +13,8 @@ Life of a session:
             server-to-client stream is followed for message boundaries only.
    GATED    instead of RELAY when the policy puts the role in an anonymized
             mode: every message goes through the session's Gate (gate.py),
-            with a service connection of its own for rewritten queries.
+            with service connections borrowed from the worker's pool
+            (service_pool.py) for rewritten queries.
 
 Errors the proxy raises itself reach the client as ErrorResponse; nothing
 else (no traceback) ever does.
@@ -49,10 +50,11 @@ from .analysis import AnalysisFailed, AnalysisTimeout, Analyser
 from .cache import BoundedCache
 from .audit_trail import AuditTrail, Spent, Who, session_id
 from .cancel import CancelRegistry, ClientKey, UpstreamKey, cancel_then_hang_up, send_cancel
-from .gate import Gate, Owner, ProxyRequest, Reply
+from .gate import FOLLOWED_SETTINGS, Gate, Owner, ProxyRequest, Reply
 from .noisy import NoisyAnswers, Refused, SessionLimits
 from .policy_watch import PolicyWatcher
 from .service import ServiceConnection, ServiceUnavailable
+from .service_pool import ServicePool
 from .upstream import open_upstream
 
 log = logging.getLogger("anonproxy.session")
@@ -74,6 +76,7 @@ class ProxyContext:
     startup_timeout: float = 60.0
     policy: PolicyWatcher | None = None  # None: no service login configured, every role is direct
     service_login: ServiceLogin | None = None
+    service_pool: ServicePool | None = None  # where gated sessions borrow service connections
     noisy: NoisyAnswers | None = None  # answers for roles in dp mode
     audit: AuditTrail | None = None  # None: the audit trail is off
     analyser: Analyser | None = None  # statement analysis off the event loop (None: on it)
@@ -130,7 +133,6 @@ class State(enum.Enum):
     STARTUP = enum.auto()
     CONNECTING = enum.auto()
     AUTH = enum.auto()
-    OPENING_GATE = enum.auto()
     RELAY = enum.auto()
     GATED = enum.auto()
     CLOSED = enum.auto()
@@ -151,7 +153,8 @@ class ClientConnection(asyncio.Protocol):
         self._startup: pg.StartupMessage | None = None
         self.server_parameters: dict[str, str] = {}  # ParameterStatus at login
         self.gate: Gate | None = None
-        self.service: ServiceConnection | None = None
+        self.service: ServiceConnection | None = None  # borrowed from the pool while the gate needs it
+        self._borrowing: asyncio.Task[None] | None = None
         # Whether the client sent something the server has not yet answered with
         # ReadyForQuery: approximate under pipelining, used only to cancel abandoned queries.
         self.awaiting_server = False
@@ -182,7 +185,7 @@ class ClientConnection(asyncio.Protocol):
                 self.upstream.transport.write(data)  # type: ignore[union-attr]
             elif self.state is State.STARTUP:
                 self._startup_received(data)
-            elif self.state is State.CONNECTING or self.state is State.OPENING_GATE:
+            elif self.state is State.CONNECTING:
                 # Held until the next state; read no more meanwhile, so that this stays one read's worth.
                 self._pending.append(data)
                 self.transport.pause_reading()  # type: ignore[union-attr]
@@ -207,12 +210,16 @@ class ClientConnection(asyncio.Protocol):
         if self._key is not None:
             self.context.cancel_keys.unregister(self._key)
         upstream, service, gate = self.upstream, self.service, self.gate
+        if self._borrowing is not None:
+            self._borrowing.cancel()
         if gate is not None:
             self.awaiting_server = gate.in_flight[Owner.UPSTREAM] > 0
             if service is not None and gate.in_flight[Owner.SERVICE] and service.key is not None:
                 self.context.spawn(send_cancel(service.key))
         if service is not None:
-            service.close()
+            # Mid-statement or mid-batch (else it would have been handed back): its state is unknown.
+            self.service = None
+            self._service_pool().discard(service)
         if upstream is not None and not upstream.closed:
             if previous in (State.RELAY, State.GATED) and self.awaiting_server and upstream.key is not None:
                 # The client vanished mid-query: stop the query instead of letting it run on.
@@ -367,10 +374,9 @@ class ClientConnection(asyncio.Protocol):
             self.fail("42501", f'role "{role.role}" is in {role.mode} mode and may only use the database '
                                f"the privacy policy governs ({login.database if login else 'none configured'})")
             return
-        self.state = State.OPENING_GATE
-        self.context.spawn(self._open_gate(ready, login))
+        self._open_gate(ready)
 
-    async def _open_gate(self, ready: bytes, login: ServiceLogin) -> None:
+    def _open_gate(self, ready: bytes) -> None:
         assert self._startup is not None and self.upstream is not None and self.transport is not None
         peer = self.transport.get_extra_info("peername")
         self._who = Who(self._startup.user, self._startup.database, session_id(self.id),
@@ -386,24 +392,10 @@ class ClientConnection(asyncio.Protocol):
             time_limit=self._time_limit,
             max_statement_size=self.context.max_statement_size,
             pause_client=self._pause_reading,
+            acquire_service=self._acquire_service,
+            release_service=self._release_service,
+            service_settings=self._output_settings(),
         )
-        try:
-            self.service = await ServiceConnection.open(login, self._startup.parameters, gate.service_message,
-                                                        self._service_lost)
-        except ServiceUnavailable as exc:
-            log.error("session %d: cannot open the service connection: %s", self.id, exc)
-            if exc.refusal is not None:  # the server's own reason (53300 too many clients, 57P03...)
-                self.fail(exc.refusal.sqlstate, exc.refusal.message, hint=exc.refusal.hint,
-                          detail="PostgreSQL refused the service connection anonproxy opens for this session.")
-            else:
-                self.fail("08006", "anonproxy cannot open its service connection to the PostgreSQL server",
-                          hint="Check the service role's login in the proxy's service_dsn setting.")
-            return
-        if self.state is State.CLOSED:
-            self.service.close()
-            return
-        if self.service.key is not None and self._key is not None:
-            self.context.cancel_keys.add(self._key, self.service.key)
         self.gate = gate
         self.state = State.GATED
         self.transport.write(ready)
@@ -411,6 +403,62 @@ class ClientConnection(asyncio.Protocol):
         pending, self._pending = b"".join(self._pending), []
         self.transport.resume_reading()  # (before: the gate may pause it again)
         gate.client_data(pending)
+
+    def _output_settings(self) -> dict[str, str]:
+        """The settings that shape how values print, as the session starts: applied on every service connection
+        it borrows (the gate follows later changes the server reports, and reads extra_float_digits itself)."""
+        return {name: self.server_parameters[name] for name in FOLLOWED_SETTINGS if name in self.server_parameters}
+
+    def _service_pool(self) -> ServicePool:
+        assert self.context.service_pool is not None  # a gated session has a service login, hence a pool
+        return self.context.service_pool
+
+    def _acquire_service(self) -> None:
+        """The gate needs a service connection: borrow one (the gate hears when it is there)."""
+        self._borrowing = asyncio.ensure_future(self._borrow())
+
+    async def _borrow(self) -> None:
+        pool = self._service_pool()
+        try:
+            service = await pool.acquire()
+        except ServiceUnavailable as exc:
+            log.error("session %d: cannot open a service connection: %s", self.id, exc)
+            if exc.refusal is not None:  # the server's own reason (53300 too many clients, 57P03...)
+                error = pg.error_response(exc.refusal.sqlstate, exc.refusal.message, hint=exc.refusal.hint,
+                                          detail="PostgreSQL refused the service connection anonproxy opens for "
+                                                 "rewritten statements.")
+            else:
+                error = pg.error_response("08006", "anonproxy cannot open its service connection to the "
+                                                   "PostgreSQL server",
+                                          hint="Check the service role's login in the proxy's service_dsn setting.")
+            if self.state is State.GATED and self.gate is not None:
+                self.gate.service_refused(error)
+            return
+        except Exception:
+            log.exception("session %d: internal error while borrowing a service connection", self.id)
+            self.fail("XX000", "internal error in anonproxy; the connection is closed")
+            return
+        finally:
+            self._borrowing = None
+        if self.state is not State.GATED or self.gate is None:
+            pool.release(service)
+            return
+        service.on_message, service.on_lost = self.gate.service_message, self._service_lost
+        self.service = service
+        if service.key is not None and self._key is not None:
+            self.context.cancel_keys.add(self._key, service.key)  # the client's cancel reaches it now
+        self.gate.service_acquired()
+
+    def _release_service(self, clean: bool) -> None:
+        """The gate is done with the service connection: back to the pool (closed if not left idle)."""
+        service, self.service = self.service, None
+        assert service is not None
+        if service.key is not None and self._key is not None:
+            self.context.cancel_keys.remove(self._key, service.key)
+        if clean:
+            self._service_pool().release(service)
+        else:
+            self._service_pool().discard(service)
 
     def enforce(self, policy: Policy) -> None:
         """A new policy: end a relayed session whose role is no longer direct.
@@ -522,14 +570,17 @@ class ClientConnection(asyncio.Protocol):
                 "policy_version": str(policy.version)}
 
     def _service_lost(self) -> None:
+        service, self.service = self.service, None
+        if service is not None:
+            self._service_pool().discard(service)
         if self.state is State.CLOSED:
             return
-        fatal = self.service.fatal if self.service is not None else None
+        fatal = service.fatal if service is not None else None
         log.warning("session %d: the service connection was lost%s", self.id,
                     f": {fatal.message} (SQLSTATE {fatal.sqlstate})" if fatal else "")
         if fatal is not None:  # the server said why: pass it on
             self.fail(fatal.sqlstate, fatal.message, hint="Reconnect.",
-                      detail="PostgreSQL ended the service connection anonproxy holds for this session.")
+                      detail="PostgreSQL ended the service connection this session's statement ran on.")
         else:
             self.fail("08006", "anonproxy lost its service connection to the PostgreSQL server", hint="Reconnect.")
 

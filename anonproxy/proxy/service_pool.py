@@ -1,0 +1,168 @@
+"""The worker's pool of service connections, shared by its gated sessions.
+
+A gated session holds a service connection only while its rewritten
+statements run there: it checks one out when it first needs it and gives it
+back once the service side answered ReadyForQuery, idle, with nothing of the
+session's left in flight. So N gated sessions need N backends of their own
+plus at most ``size`` service backends per worker, not 2N.
+
+Connections are opened lazily, up to ``size``; when all are busy, sessions
+wait in line (first come, first served). At checkout, a connection must
+answer a Sync with ReadyForQuery: one that does not (the server ended it
+while it was idle, e.g. a restart) is dropped and another opened in its
+place. When the server refuses
+a new one (53300 too many clients, 57P03…), the waiting session gets the
+server's own reason (:class:`ServiceUnavailable` with its refusal).
+
+The pool does not reset connections itself: every session starts its use of
+a connection with ``RESET ALL; DEALLOCATE ALL`` and its own settings (see
+gate.py), so nothing of a previous session is seen. A connection handed back
+in an unknown state (mid-statement, in a transaction) is closed instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+
+from ..config import ServiceLogin
+from ..wire import protocol as pg
+from .service import ServiceConnection
+
+log = logging.getLogger("anonproxy.service")
+
+SYNC = pg.message(b"S")
+ALIVE_TIMEOUT = 10.0  # seconds the server may take to answer the liveness check at checkout
+
+# Startup parameters of a pooled connection: neutral; each session applies its own settings at checkout.
+POOL_PARAMETERS = {"client_encoding": "UTF8"}
+
+
+class ServicePool:
+    def __init__(self, login: ServiceLogin, size: int) -> None:
+        self._login = login
+        self.size = size
+        self._free: deque[ServiceConnection] = deque()
+        self._count = 0  # open or being opened, free or checked out
+        # Sessions waiting for a connection: each gets one (or None: "open one yourself, a slot is free").
+        self._waiters: deque[asyncio.Future[ServiceConnection | None]] = deque()
+
+    async def acquire(self) -> ServiceConnection:
+        """A live connection for this session alone, until ``release`` or ``discard``."""
+        while True:
+            service = await self._next()
+            if await self._alive(service):
+                return service
+            log.info("a pooled service connection was ended by the server; replacing it")
+            self.discard(service)
+
+    async def _next(self) -> ServiceConnection:
+        """A free connection, a new one if there is room, or the first one handed back."""
+        while True:
+            if self._free:
+                return self._free.popleft()
+            if self._count < self.size:
+                return await self._open()
+            waiter: asyncio.Future[ServiceConnection | None] = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            try:
+                service = await waiter
+            except asyncio.CancelledError:
+                if waiter.done() and not waiter.cancelled():
+                    self._pass_on(waiter.result())  # handed to us as we were cancelled: to the next in line
+                raise
+            if service is not None:
+                return service
+
+    async def _open(self) -> ServiceConnection:
+        self._count += 1
+        opening = asyncio.ensure_future(ServiceConnection.open(self._login, POOL_PARAMETERS, _ignore, _nothing))
+        try:
+            service = await asyncio.shield(opening)  # a login half done when the session leaves must not leak
+        except asyncio.CancelledError:
+            opening.add_done_callback(self._opened_for_nobody)
+            raise
+        except BaseException:
+            self._pass_on(None)
+            raise
+        self._idle(service)
+        return service
+
+    def _opened_for_nobody(self, opening: asyncio.Future[ServiceConnection]) -> None:
+        """A connection opened for a session that left meanwhile: to the next in line, or free."""
+        if opening.cancelled() or opening.exception() is not None:
+            self._pass_on(None)
+            return
+        service = opening.result()
+        self._idle(service)
+        self._pass_on(service)
+
+    async def _alive(self, service: ServiceConnection) -> bool:
+        """Whether the server still answers on ``service`` (a Sync, answered with ReadyForQuery).
+
+        A connection the server ended while it was idle may not look closed yet: a round trip tells.
+        """
+        if service.closed:
+            return False
+        answered: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def done(*_: object) -> None:
+            if not answered.done():
+                answered.set_result(None)
+
+        service.on_message = lambda type_, body: done() if type_ == b"Z" else None
+        service.on_lost = done
+        service.send(SYNC)
+        try:
+            await asyncio.wait_for(answered, ALIVE_TIMEOUT)
+        except TimeoutError:
+            return False
+        except asyncio.CancelledError:
+            self.discard(service)  # its state is unknown
+            raise
+        finally:
+            self._idle(service)
+        return not service.closed
+
+    def release(self, service: ServiceConnection) -> None:
+        """The session is done with ``service``: the next waiting session gets it."""
+        if service.closed:
+            self.discard(service)
+            return
+        self._idle(service)
+        self._pass_on(service)
+
+    def discard(self, service: ServiceConnection) -> None:
+        """Close a checked-out connection whose state is unknown; its slot goes to the next waiting session."""
+        service.on_message, service.on_lost = _ignore, _nothing
+        service.close()
+        self._pass_on(None)
+
+    def close(self) -> None:
+        while self._free:
+            self._free.popleft().close()
+
+    def _idle(self, service: ServiceConnection) -> None:
+        # Between sessions, a notice or a parameter change is nobody's; a loss is noticed at checkout.
+        service.on_message, service.on_lost = _ignore, _nothing
+
+    def _pass_on(self, service: ServiceConnection | None) -> None:
+        """Hand ``service`` (None: a free slot) to the first session still waiting, or keep it."""
+        if service is None:
+            self._count -= 1
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(service)  # None: the waiter opens one itself, in the slot just freed
+                return
+        if service is not None:
+            self._free.append(service)
+
+
+def _ignore(type_: bytes, body: bytes) -> None:
+    pass
+
+
+def _nothing() -> None:
+    pass
