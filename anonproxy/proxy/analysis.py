@@ -45,10 +45,10 @@ class AnalysisFailed(Exception):
 class _Child:
     """One analysis process and the parent's end of its socket."""
 
-    def __init__(self) -> None:
+    def __init__(self, logging_args: tuple[str, str]) -> None:
         parent, child = socket.socketpair()
         with child:
-            self.process = subprocess.Popen([sys.executable, "-m", __name__, str(child.fileno())],
+            self.process = subprocess.Popen([sys.executable, "-m", __name__, str(child.fileno()), *logging_args],
                                             pass_fds=[child.fileno()], stdin=subprocess.DEVNULL)
         self.connection = Connection(parent.detach())
         self._ready = False
@@ -70,8 +70,9 @@ class _Child:
 class Analyser:
     """Runs ``function(*args)`` in the child process; at most ``budget`` seconds each."""
 
-    def __init__(self, budget: float) -> None:
+    def __init__(self, budget: float, log_level: str = "info", log_format: str = "text") -> None:
         self.budget = budget
+        self._logging_args = (log_level, log_format)  # the child logs as the worker does (final SQL check refusals)
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="anonproxy-analysis")
         self._child: _Child | None = None
         self._spare: _Child | None = None
@@ -114,10 +115,10 @@ class Analyser:
 
     def _ensure(self) -> _Child:
         if self._child is None:
-            self._child = self._spare or _Child()
+            self._child = self._spare or _Child(self._logging_args)
             self._spare = None
         if self._spare is None:
-            self._spare = _Child()
+            self._spare = _Child(self._logging_args)
         return self._child
 
     def _replace(self) -> None:
@@ -160,6 +161,9 @@ def _serve(connection: Connection) -> None:
 if __name__ == "__main__":
     # Interrupts are for the proxy, which stops this process itself; the parent's exit closes the socket.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    from anonproxy.logs import setup_logging
+
+    setup_logging(*sys.argv[2:4])
     import anonproxy.privacy.dp_plan  # noqa: F401  imported before the first request, not during it
     import anonproxy.rewrite.classify  # noqa: F401
 
