@@ -1,7 +1,7 @@
 """`anonproxy trail --dsn DSN [--role R] [--since T] [--until T] [--limit N] [--html FILE]`: the audit trail.
 
 Prints the statements of gated roles the proxy recorded in
-``anonproxy.audit_trail`` (sql/0015_audit_trail.sql), oldest first, filtered by
+``anonproxy.audit_trail`` (sql/0014_audit_trail.sql), oldest first, filtered by
 login and time; with ``--html``, writes instead a self-contained page with each
 dp role's privacy budget spent over time and the statements refused most
 often (plots by matplotlib, embedded as PNG). Only the owner of the

@@ -5,7 +5,7 @@ and :meth:`AuditTrail.answered` when the proxy has answered one itself (dp
 mode, ``SHOW``/``SET anonproxy.*``, ``EXPLAIN (ANONPROXY)``). Both only build
 an :class:`AuditRecord` and append it to a bounded in-memory buffer; a
 background task writes the buffer in batches through
-``anonproxy.audit_write`` (sql/0015_audit_trail.sql) on a connection of its
+``anonproxy.audit_write`` (sql/0014_audit_trail.sql) on a connection of its
 own, as the service role, at most every ``FLUSH_INTERVAL`` seconds or as soon
 as a batch is full. Nothing on a client's path waits for the database.
 

@@ -1,4 +1,4 @@
--- Migration 0015: the audit trail -- who asked what through the proxy, and what left the database.
+-- Migration 0014: the audit trail -- who asked what through the proxy, and what left the database.
 --
 -- One row per statement of a role in an anonymized mode (suppress, dp), written
 -- by the proxy in batches (anonproxy/proxy/audit_trail.py, docs/audit-trail.md):
