@@ -162,6 +162,14 @@ def proxy(proxy_process: ProxyProcess) -> Endpoint:
     return proxy_process.endpoint
 
 
+def govern_by_demo_policy(conn: psycopg.Connection, dbname: str) -> None:
+    """The demo roles, the service login (password = its name) and the demo policy, in database ``dbname``."""
+    demo.create_demo_roles(conn, dbname)
+    demo.reset_service_role(conn, SERVICE_ROLE)
+    conn.execute(f"alter role {SERVICE_ROLE} password '{SERVICE_ROLE}'")
+    apply_policy(conn, demo_policy())
+
+
 @pytest.fixture(scope="session")
 def gated_database(pg_server: EmbeddedPostgres, pg_template: NoopExecutor) -> str:
     """A database under the demo policy (reporter: suppress, k = 10; analyst: dp; dba: direct)."""
@@ -169,10 +177,7 @@ def gated_database(pg_server: EmbeddedPostgres, pg_template: NoopExecutor) -> st
         conn.execute(f"drop database if exists {GATED_DATABASE}")
         conn.execute(f"create database {GATED_DATABASE} template {pg_template.template_dbname}")
     with psycopg.connect(pg_server.conninfo(dbname=GATED_DATABASE)) as conn:
-        demo.create_demo_roles(conn, GATED_DATABASE)
-        demo.reset_service_role(conn, SERVICE_ROLE)
-        conn.execute(f"alter role {SERVICE_ROLE} password '{SERVICE_ROLE}'")
-        apply_policy(conn, demo_policy())
+        govern_by_demo_policy(conn, GATED_DATABASE)
         conn.commit()
     return GATED_DATABASE
 
@@ -193,3 +198,33 @@ def gated_proxy_process(pg_server: EmbeddedPostgres, gated_database: str,
 def gated_proxy(gated_proxy_process: ProxyProcess) -> Endpoint:
     """The proxy with a service login: roles are gated as the policy of `gated_database` says."""
     return gated_proxy_process.endpoint
+
+
+class Up:
+    """`anonproxy up` in a child process, read until it prints its connection strings."""
+
+    def __init__(self, *args: str) -> None:
+        self.process = subprocess.Popen([sys.executable, "-m", "anonproxy", "up", *args], stdout=subprocess.PIPE,
+                                        stderr=subprocess.STDOUT, text=True)
+        self.output: list[str] = []
+        self.urls: dict[str, str] = {}
+        deadline = time.monotonic() + 90
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.output.append(line)
+            parts = line.split()
+            if len(parts) >= 2 and parts[1].startswith("postgresql://"):
+                self.urls[parts[0]] = parts[1]
+            if "Press Ctrl-C" in line or time.monotonic() > deadline:
+                break
+        assert set(self.urls) == {"dba", "reporter", "analyst", "owner"}, "".join(self.output)
+
+    @property
+    def text(self) -> str:
+        return "".join(self.output)
+
+    def stop(self) -> str:
+        self.process.send_signal(signal.SIGTERM)
+        rest, _ = self.process.communicate(timeout=30)
+        assert self.process.returncode == 0, self.text + rest
+        return self.text + rest

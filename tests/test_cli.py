@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,32 +17,7 @@ import pytest
 
 from anonproxy.config import ConfigError, ProxyConfig, UpstreamAddress, load_config
 from anonproxy.embedded import EmbeddedPostgres
-from conftest import free_port
-
-
-class Up:
-    """`anonproxy up` in a child process, read line by line until it prints its connection strings."""
-
-    def __init__(self, *args: str) -> None:
-        self.process = subprocess.Popen([sys.executable, "-m", "anonproxy", "up", *args], stdout=subprocess.PIPE,
-                                        stderr=subprocess.STDOUT, text=True)
-        self.output: list[str] = []
-        self.urls: dict[str, str] = {}
-        deadline = time.monotonic() + 60
-        assert self.process.stdout is not None
-        for line in self.process.stdout:
-            self.output.append(line)
-            parts = line.split()
-            if len(parts) >= 2 and parts[1].startswith("postgresql://"):
-                self.urls[parts[0]] = parts[1]
-            if "Press Ctrl-C" in line or time.monotonic() > deadline:
-                break
-        assert set(self.urls) == {"dba", "reporter", "analyst", "owner"}, "".join(self.output)
-
-    def stop(self) -> str:
-        self.process.send_signal(signal.SIGTERM)
-        rest, _ = self.process.communicate(timeout=30)
-        return "".join(self.output) + rest
+from conftest import Up, free_port
 
 
 def psql(url: str, sql: str) -> subprocess.CompletedProcess[str]:

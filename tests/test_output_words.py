@@ -18,8 +18,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from conftest import Endpoint, free_port
-from test_cli import Up
+from conftest import Endpoint, Up, free_port
 from test_dp_plan import plan
 from test_gate import _wait_for_version as wait_for_version
 

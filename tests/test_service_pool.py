@@ -18,14 +18,12 @@ import psycopg
 import pytest
 from pytest_postgresql.executors.noop import NoopExecutor
 
-from anonproxy import demo
 from anonproxy.embedded import EmbeddedPostgres
-from anonproxy.policy.yaml_policy import apply_policy, demo_policy
 from anonproxy.proxy.gate import Gate
 from anonproxy.rewrite.decision import Pass, Rewrite
 from anonproxy.wire import protocol as pg
 from anonproxy.wire.framing import MessageBuffer
-from conftest import SERVICE_ROLE, Endpoint, ProxyProcess, start_proxy, stop_proxy
+from conftest import SERVICE_ROLE, Endpoint, ProxyProcess, govern_by_demo_policy, start_proxy, stop_proxy
 
 DATABASE = "anonproxy_pool"
 POOL_SIZE = 2
@@ -43,10 +41,7 @@ def database(pg_server: EmbeddedPostgres, pg_template: NoopExecutor) -> str:
         conn.execute(f"drop database if exists {DATABASE}")
         conn.execute(f"create database {DATABASE} template {pg_template.template_dbname}")
     with psycopg.connect(pg_server.conninfo(dbname=DATABASE)) as conn:
-        demo.create_demo_roles(conn, DATABASE)
-        demo.reset_service_role(conn, SERVICE_ROLE)
-        conn.execute(f"alter role {SERVICE_ROLE} password '{SERVICE_ROLE}'")
-        apply_policy(conn, demo_policy())
+        govern_by_demo_policy(conn, DATABASE)
         conn.commit()
     return DATABASE
 

@@ -19,13 +19,13 @@ import asyncpg
 import psycopg
 import pytest
 
-from anonproxy import demo, sample_data, schema
+from anonproxy import sample_data, schema
 from anonproxy.embedded import EmbeddedPostgres
-from anonproxy.policy.yaml_policy import apply_policy, demo_policy
-from conftest import Endpoint, ProxyProcess, free_port, start_proxy, stop_proxy
+from conftest import (
+    SERVICE_ROLE, Endpoint, ProxyProcess, free_port, govern_by_demo_policy, start_proxy, stop_proxy,
+)
 
 DATABASE = "recovery"
-SERVICE_ROLE = "anonproxy_service"
 ANALYST = "recovery_analyst"
 MAX_CONNECTIONS = 20
 BY_SEX = "select sex, count(*) from adult group by sex"  # a rewritten statement (suppress mode)
@@ -44,10 +44,7 @@ def server() -> Iterator[EmbeddedPostgres]:
             with psycopg.connect(server.conninfo(dbname=DATABASE)) as conn:
                 schema.install(conn)
                 sample_data.load_adult(conn)
-                demo.create_demo_roles(conn, DATABASE)
-                demo.reset_service_role(conn, SERVICE_ROLE)
-                conn.execute(f"alter role {SERVICE_ROLE} password '{SERVICE_ROLE}'")
-                apply_policy(conn, demo_policy())
+                govern_by_demo_policy(conn, DATABASE)
                 # A dp role with budget for many questions (ε 0.5 each).
                 conn.execute(f"create role {ANALYST} login password '{ANALYST}'")
                 conn.execute("select anonproxy.set_role_policy(%s, 'dp')", [ANALYST])

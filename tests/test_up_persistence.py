@@ -8,48 +8,16 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from importlib.resources import files
 from pathlib import Path
 
 import pytest
 
-from conftest import free_port
-
-
-class Up:
-    """`anonproxy up` in a child process, read until it prints its connection strings."""
-
-    def __init__(self, *args: str) -> None:
-        self.process = subprocess.Popen([sys.executable, "-m", "anonproxy", "up", *args], stdout=subprocess.PIPE,
-                                        stderr=subprocess.STDOUT, text=True)
-        self.output: list[str] = []
-        self.urls: dict[str, str] = {}
-        deadline = time.monotonic() + 90
-        assert self.process.stdout is not None
-        for line in self.process.stdout:
-            self.output.append(line)
-            parts = line.split()
-            if len(parts) >= 2 and parts[1].startswith("postgresql://"):
-                self.urls[parts[0]] = parts[1]
-            if "Press Ctrl-C" in line or time.monotonic() > deadline:
-                break
-        assert set(self.urls) == {"dba", "reporter", "analyst", "owner"}, "".join(self.output)
-
-    @property
-    def text(self) -> str:
-        return "".join(self.output)
-
-    def stop(self) -> str:
-        self.process.send_signal(signal.SIGTERM)
-        rest, _ = self.process.communicate(timeout=30)
-        assert self.process.returncode == 0, self.text + rest
-        return self.text + rest
+from conftest import Up, free_port
 
 
 def psql(url: str, query: str) -> str:

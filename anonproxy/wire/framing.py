@@ -26,33 +26,19 @@ MAX_MESSAGE_SIZE = 1 << 30
 
 
 class MessageBuffer:
-    """Accumulates bytes and yields complete ``(type, body)`` messages."""
+    """Accumulates bytes and yields complete ``(type, body)`` messages: a ``BoundedMessageBuffer`` without
+    per-type limits, so every body is kept."""
 
     def __init__(self, max_size: int = MAX_MESSAGE_SIZE) -> None:
-        self._buffer = bytearray()
-        self._max_size = max_size
+        self._messages = BoundedMessageBuffer({}, max_size)
 
     def feed(self, data: bytes) -> list[tuple[bytes, bytes]]:
         """Add bytes; return the messages they complete, leaving a partial one buffered."""
-        self._buffer += data
-        messages = []
-        offset = 0
-        while len(self._buffer) - offset >= 5:
-            type_, size = read_header(self._buffer, offset)
-            if size > self._max_size:
-                raise ProtocolViolation(f"message of type {type_!r} is too large: {size} bytes", "54000")
-            if len(self._buffer) - offset < size:
-                break
-            messages.append((type_, bytes(self._buffer[offset + 5 : offset + size])))
-            offset += size
-        del self._buffer[:offset]
-        return messages
+        return [(type_, body) for type_, body in self._messages.feed(data) if body is not None]
 
     def take_rest(self) -> bytes:
         """Bytes received after the last complete message (and forget them)."""
-        rest = bytes(self._buffer)
-        self._buffer.clear()
-        return rest
+        return self._messages.take_rest()
 
 
 class BoundedMessageBuffer:
@@ -99,6 +85,12 @@ class BoundedMessageBuffer:
             offset += size
         del self._buffer[:offset]
         return messages
+
+    def take_rest(self) -> bytes:
+        """Bytes received after the last complete message (and forget them)."""
+        rest = bytes(self._buffer)
+        self._buffer.clear()
+        return rest
 
 
 class Piece(NamedTuple):
