@@ -1,0 +1,223 @@
+"""The BI corpus: loading its files, replaying them through the proxy, and the coverage table.
+
+Each YAML file of this directory holds what one tool sends over the demo
+schema (``public.adult``): entries of one kind each —
+
+- ``catalog``: schema browsing, metadata, session setup; must be answered;
+- ``aggregate``: a chart's query; must be answered by a gated role;
+- ``row-level``: returns per-person rows; must be refused.
+
+An entry is one statement (``sql``) or a sequence sent in order on the same
+session (``steps``: a cursor's DECLARE/FETCH/CLOSE, a transaction), in the
+tool's protocol: ``simple`` (a Query message, which may hold several
+statements) or ``extended`` (Parse/Bind/Describe/Execute of an unnamed
+statement, as pgjdbc and Npgsql send it). ``params`` are bound in the
+extended protocol, written ``%s`` in the text. ``<<adult_oid>>`` stands for
+the oid of ``public.adult``, which psql, DBeaver and pgAdmin read first and
+then put into their next statements.
+
+Used by tests/test_bi_corpus.py and benchmarks/bi_corpus/run.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+import yaml
+from psycopg import pq
+
+CORPUS_DIR = Path(__file__).resolve().parent
+KINDS = ("catalog", "aggregate", "row-level")
+PROTOCOLS = ("simple", "extended")
+# The SQLSTATEs of a refusal that names its reason: insufficient privilege, feature not supported.
+REFUSAL_STATES = ("42501", "0A000")
+ADULT_OID_QUERY = ("select c.oid from pg_catalog.pg_class c join pg_catalog.pg_namespace n on n.oid = c.relnamespace "
+                   "where n.nspname = 'public' and c.relname = 'adult'")
+
+
+@dataclass(frozen=True)
+class Entry:
+    tool: str
+    id: str
+    kind: str
+    source: str
+    protocol: str
+    steps: tuple[str, ...]
+    params: tuple[object, ...] | None = None
+
+    @property
+    def text(self) -> str:
+        """The entry's SQL on one line, for tables and messages."""
+        return " ; ".join(" ".join(step.split()) for step in self.steps)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    entry: Entry
+    role: str
+    error: bool  # some step was refused or failed
+    rows: int  # data rows received before the first error
+    sqlstate: str | None = None
+    message: str | None = None
+    connection_lost: bool = False
+
+    @property
+    def answered(self) -> bool:
+        return not self.error and not self.connection_lost
+
+    @property
+    def why(self) -> str:
+        return f"{self.sqlstate}: {self.message}" if self.error else ""
+
+
+class CorpusError(ValueError):
+    """A corpus file does not follow the format above."""
+
+
+def load(directory: Path = CORPUS_DIR) -> list[Entry]:
+    """Every entry of every ``*.yaml`` file of ``directory``, file by file, in file order."""
+    entries: list[Entry] = []
+    for path in sorted(directory.glob("*.yaml")):
+        document = yaml.safe_load(path.read_text())
+        tool, default_protocol = document["tool"], document.get("protocol", "simple")
+        for raw in document["entries"]:
+            entries.append(_entry(path.name, tool, default_protocol, raw))
+    ids = [entry.id for entry in entries]
+    duplicates = sorted({name for name in ids if ids.count(name) > 1})
+    if duplicates:
+        raise CorpusError(f"duplicate entry ids: {', '.join(duplicates)}")
+    return entries
+
+
+def _entry(file: str, tool: str, default_protocol: str, raw: dict[str, object]) -> Entry:
+    where = f"{file}: entry {raw.get('id')!r}"
+    if ("sql" in raw) == ("steps" in raw):
+        raise CorpusError(f"{where}: give either sql or steps")
+    steps = (raw["sql"],) if "sql" in raw else tuple(raw["steps"])  # type: ignore[arg-type]
+    kind, protocol = raw.get("kind"), raw.get("protocol", default_protocol)
+    if kind not in KINDS:
+        raise CorpusError(f"{where}: kind must be one of {', '.join(KINDS)}, got {kind!r}")
+    if protocol not in PROTOCOLS:
+        raise CorpusError(f"{where}: protocol must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
+    if not raw.get("source"):
+        raise CorpusError(f"{where}: say where the statement comes from (source)")
+    params = raw.get("params")
+    return Entry(tool=tool, id=str(raw["id"]), kind=str(kind), source=str(raw["source"]), protocol=str(protocol),
+                 steps=tuple(str(step).strip() for step in steps),
+                 params=tuple(params) if params is not None else None)  # type: ignore[arg-type]
+
+
+class Session:
+    """One tool's session as one role: a connection that is reopened if the proxy closes it."""
+
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
+        self.conn = self._connect()
+        row = self.conn.execute(ADULT_OID_QUERY).fetchone()
+        assert row is not None, "public.adult is not visible"
+        self.adult_oid = str(row[0])
+
+    def _connect(self) -> psycopg.Connection:
+        return psycopg.connect(self.dsn, autocommit=True)
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def run(self, entry: Entry, role: str) -> Outcome:
+        rows = 0
+        try:
+            for step in entry.steps:
+                rows += self._step(entry, step.replace("<<adult_oid>>", self.adult_oid))
+        except psycopg.Error as error:
+            lost = self.conn.closed or self.conn.pgconn.status != pq.ConnStatus.OK
+            outcome = Outcome(entry, role, error=True, rows=rows, sqlstate=error.sqlstate,
+                              message=error.diag.message_primary or str(error), connection_lost=lost)
+        else:
+            outcome = Outcome(entry, role, error=False, rows=rows)
+        self._settle()
+        return outcome
+
+    def _step(self, entry: Entry, sql: str) -> int:
+        """Send one step in the entry's protocol; the number of data rows it returned."""
+        with self.conn.cursor() as cursor:
+            if entry.protocol == "extended":
+                with self.conn.pipeline():  # Parse/Bind/Describe/Execute of the unnamed statement, then Sync
+                    cursor.execute(sql, entry.params)
+                return len(cursor.fetchall()) if cursor.description is not None else 0
+            cursor.execute(sql, entry.params)  # a Query message (extended if there are parameters)
+            rows = 0
+            while True:
+                if cursor.description is not None:
+                    rows += len(cursor.fetchall())
+                if not cursor.nextset():
+                    return rows
+
+    def _settle(self) -> None:
+        """Leave the session idle, as a tool does between two charts: reopen it, or end a transaction left open."""
+        if self.conn.closed or self.conn.pgconn.status != pq.ConnStatus.OK:
+            self.conn.close()
+            self.conn = self._connect()
+        elif self.conn.info.transaction_status != pq.TransactionStatus.IDLE:
+            self.conn.execute("rollback")
+
+
+def replay(entries: Iterable[Entry], dsn_of_role: dict[str, str]) -> list[Outcome]:
+    """Each tool's entries in order on one session per tool and role."""
+    by_tool: dict[str, list[Entry]] = {}
+    for entry in entries:
+        by_tool.setdefault(entry.tool, []).append(entry)
+    outcomes: list[Outcome] = []
+    for role, dsn in dsn_of_role.items():
+        for tool_entries in by_tool.values():
+            session = Session(dsn)
+            try:
+                outcomes.extend(session.run(entry, role) for entry in tool_entries)
+            finally:
+                session.close()
+    return outcomes
+
+
+def _count(outcomes: Sequence[Outcome], kind: str) -> tuple[int, int]:
+    """(answered, total) for the catalog and aggregate kinds, (refused, total) for row-level."""
+    of_kind = [outcome for outcome in outcomes if outcome.entry.kind == kind]
+    good = [outcome for outcome in of_kind if outcome.answered != (kind == "row-level")]
+    return len(good), len(of_kind)
+
+
+def coverage_table(outcomes: Sequence[Outcome]) -> str:
+    """Markdown: per tool and role, answered catalog and aggregate statements, refused row-level ones."""
+    tools = list(dict.fromkeys(outcome.entry.tool for outcome in outcomes))
+    roles = list(dict.fromkeys(outcome.role for outcome in outcomes))
+    lines = ["| tool | role | catalog answered | aggregates answered | of which empty | row-level refused |",
+             "|---|---|---|---|---|---|"]
+    for role in roles:
+        for tool in [*tools, "all tools"]:
+            chosen = [o for o in outcomes if o.role == role and (tool == "all tools" or o.entry.tool == tool)]
+            cells = []
+            for kind in KINDS:
+                good, total = _count(chosen, kind)
+                cells.append(f"{good}/{total}" + (f" ({100 * good / total:.0f} %)" if kind == "aggregate" and total
+                                                  else ""))
+            empty = sum(1 for o in chosen if o.entry.kind == "aggregate" and o.answered and o.rows == 0)
+            name = f"**{tool}**" if tool == "all tools" else tool
+            lines.append(f"| {name} | {role} | {cells[0]} | {cells[1]} | {empty} | {cells[2]} |")
+    return "\n".join(lines)
+
+
+def refusals_table(outcomes: Sequence[Outcome], kind: str = "aggregate") -> str:
+    """Markdown: the statements of ``kind`` that a role was refused, with SQLSTATE and message."""
+    lines = ["| entry | role | SQLSTATE | message |", "|---|---|---|---|"]
+    for outcome in outcomes:
+        if outcome.entry.kind == kind and not outcome.answered:
+            message = (outcome.message or "").replace("|", "\\|").replace("\n", " ")
+            lines.append(f"| {outcome.entry.id} | {outcome.role} | {outcome.sqlstate} | {message} |")
+    return "\n".join(lines)
+
+
+def aggregate_share(outcomes: Sequence[Outcome], role: str) -> float:
+    """The share of aggregate statements answered for ``role``."""
+    good, total = _count([outcome for outcome in outcomes if outcome.role == role], "aggregate")
+    return good / total if total else 0.0

@@ -1,0 +1,102 @@
+"""The BI corpus (tests/bi_corpus/) replayed through the gated proxy as `reporter` (suppress) and `analyst` (dp).
+
+Per statement: catalog statements are answered for both roles; row-level
+statements are refused with 42501 or 0A000 before any row; no statement
+closes the connection or fails with XX000. Per mode: at least 90 % of the
+aggregate statements are answered. The coverage table per tool and role is
+printed (and the refused aggregates with their SQLSTATE and message).
+
+The analyst's budget is raised for the replay and afterwards set so that what
+is left is what was left before: other tests of the session see the demo
+budget they expect.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from decimal import Decimal
+
+import psycopg
+import pytest
+
+from anonproxy.embedded import EmbeddedPostgres
+from bi_corpus import replay
+from conftest import Endpoint
+
+ROLES = {"reporter": "suppress", "analyst": "dp"}
+ENTRIES = replay.load()
+TOOLS = list(dict.fromkeys(entry.tool for entry in ENTRIES))
+TARGET_AGGREGATE_SHARE = 0.9
+# Enough for every dp statement of the corpus (ε 0.5 and δ 1e-7 each, the demo's per-query charge).
+EXTRA_EPSILON, EXTRA_DELTA = Decimal(1000), Decimal("0.01")
+
+
+@pytest.fixture(scope="module")
+def analyst_budget(pg_server: EmbeddedPostgres, gated_database: str) -> Iterator[None]:
+    """A large budget for the demo analyst during the replay; then the old one plus what the replay spent."""
+    with psycopg.connect(pg_server.conninfo(dbname=gated_database), autocommit=True) as owner:
+        budget = owner.execute(
+            "select epsilon, delta, epsilon_per_query, delta_per_query, refresh_period from anonproxy.budgets "
+            "where role_name = 'analyst' and domain = anonproxy.budget_domain('public.adult')").fetchone()
+        assert budget is not None, "the demo policy gives the analyst a budget on public.adult"
+        epsilon, delta, epsilon_per_query, delta_per_query, refresh = budget
+        last = owner.execute("select coalesce(max(id), 0) from anonproxy.budget_ledger").fetchone()[0]
+        set_budget = ("select anonproxy.set_budget('analyst', 'public.adult'::regclass, %s, %s, %s, %s, %s)")
+        owner.execute(set_budget, (epsilon + EXTRA_EPSILON, delta + EXTRA_DELTA, refresh, epsilon_per_query,
+                                   delta_per_query))
+        try:
+            yield
+        finally:
+            spent_epsilon, spent_delta = owner.execute(
+                "select coalesce(sum(epsilon), 0), coalesce(sum(delta), 0) from anonproxy.budget_ledger "
+                "where role_name = 'analyst' and id > %s", (last,)).fetchone()
+            owner.execute(set_budget, (epsilon + spent_epsilon, delta + spent_delta, refresh, epsilon_per_query,
+                                       delta_per_query))
+
+
+@pytest.fixture(scope="module")
+def outcomes(gated_proxy: Endpoint, gated_database: str, analyst_budget: None) -> list[replay.Outcome]:
+    dsns = {role: gated_proxy.dsn(gated_database, user=role) for role in ROLES}
+    return replay.replay(ENTRIES, dsns)
+
+
+def test_the_corpus_is_wide() -> None:
+    kinds = [entry.kind for entry in ENTRIES]
+    assert len(ENTRIES) >= 150 and kinds.count("aggregate") >= 60
+    assert len(TOOLS) == 8, TOOLS
+    for tool in TOOLS:
+        assert {entry.kind for entry in ENTRIES if entry.tool == tool} >= {"catalog"}, tool
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("role", ROLES)
+@pytest.mark.parametrize("tool", TOOLS)
+def test_catalog_answered_row_level_refused(outcomes: list[replay.Outcome], tool: str, role: str) -> None:
+    failures = []
+    for outcome in outcomes:
+        if outcome.entry.tool != tool or outcome.role != role:
+            continue
+        entry = outcome.entry
+        if outcome.connection_lost or outcome.sqlstate == "XX000" or "Traceback" in (outcome.message or ""):
+            failures.append(f"{entry.id}: the session broke ({outcome.why})")
+        elif entry.kind == "catalog" and not outcome.answered:
+            failures.append(f"{entry.id}: catalog statement refused ({outcome.why})")
+        elif entry.kind == "row-level" and (outcome.answered or outcome.sqlstate not in replay.REFUSAL_STATES):
+            failures.append(f"{entry.id}: row-level statement not refused as it should be "
+                            f"({outcome.why or f'answered, {outcome.rows} rows'})")
+        elif entry.kind == "row-level" and outcome.rows:
+            failures.append(f"{entry.id}: {outcome.rows} rows reached the client before the refusal")
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("role", ROLES)
+def test_aggregates_answered(outcomes: list[replay.Outcome], role: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with capsys.disabled():
+        if role == next(iter(ROLES)):
+            print("\n\nBI corpus coverage (tests/bi_corpus):\n")
+            print(replay.coverage_table(outcomes))
+        print(f"\nAggregate statements refused to {role} ({ROLES[role]}):\n")
+        print(replay.refusals_table([outcome for outcome in outcomes if outcome.role == role]))
+    share = replay.aggregate_share(outcomes, role)
+    assert share >= TARGET_AGGREGATE_SHARE, f"{role}: {share:.0%} of the aggregate statements answered"
