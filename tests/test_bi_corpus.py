@@ -57,7 +57,7 @@ def analyst_budget(pg_server: EmbeddedPostgres, gated_database: str) -> Iterator
 @pytest.fixture(scope="module")
 def outcomes(gated_proxy: Endpoint, gated_database: str, analyst_budget: None) -> list[replay.Outcome]:
     dsns = {role: gated_proxy.dsn(gated_database, user=role) for role in ROLES}
-    return replay.replay(ENTRIES, dsns)
+    return replay.replay(ENTRIES, dsns, ROLES)
 
 
 def test_the_corpus_is_wide() -> None:
@@ -81,10 +81,11 @@ def test_catalog_answered_row_level_refused(outcomes: list[replay.Outcome], tool
             failures.append(f"{entry.id}: the session broke ({outcome.why})")
         elif entry.kind == "catalog" and not outcome.answered:
             failures.append(f"{entry.id}: catalog statement refused ({outcome.why})")
-        elif entry.kind == "row-level" and (outcome.answered or outcome.sqlstate not in replay.REFUSAL_STATES):
-            failures.append(f"{entry.id}: row-level statement not refused as it should be "
+        elif entry.expected(outcome.mode) == "refuse" and (outcome.answered
+                                                         or outcome.sqlstate not in replay.REFUSAL_STATES):
+            failures.append(f"{entry.id}: {entry.kind} statement not refused as it should be "
                             f"({outcome.why or f'answered, {outcome.rows} rows'})")
-        elif entry.kind == "row-level" and outcome.rows:
+        elif entry.expected(outcome.mode) == "refuse" and outcome.rows:
             failures.append(f"{entry.id}: {outcome.rows} rows reached the client before the refusal")
     assert not failures, "\n".join(failures)
 

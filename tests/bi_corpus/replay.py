@@ -12,7 +12,10 @@ session (``steps``: a cursor's DECLARE/FETCH/CLOSE, a transaction), in the
 tool's protocol: ``simple`` (a Query message, which may hold several
 statements) or ``extended`` (Parse/Bind/Describe/Execute of an unnamed
 statement, as pgjdbc and Npgsql send it). ``params`` are bound in the
-extended protocol, written ``%s`` in the text. ``<<adult_oid>>`` stands for
+extended protocol, written ``%s`` in the text. ``refused_by_design`` maps a
+mode to the documented rule that refuses an aggregate in that mode (min/max
+in suppress mode, say): there it must be refused like a row-level
+statement, and it does not count among the aggregates to answer. ``<<adult_oid>>`` stands for
 the oid of ``public.adult``, which psql, DBeaver and pgAdmin read first and
 then put into their next statements.
 
@@ -47,6 +50,15 @@ class Entry:
     protocol: str
     steps: tuple[str, ...]
     params: tuple[object, ...] | None = None
+    refused_by_design: tuple[tuple[str, str], ...] = ()  # (mode, the rule that refuses it there)
+
+    def design_refusal(self, mode: str) -> str | None:
+        """The rule that refuses this statement in ``mode`` by design, if any."""
+        return dict(self.refused_by_design).get(mode)
+
+    def expected(self, mode: str) -> str:
+        """What ``mode`` must do with it: "answer" or "refuse"."""
+        return "refuse" if self.kind == "row-level" or self.design_refusal(mode) else "answer"
 
     @property
     def text(self) -> str:
@@ -58,6 +70,7 @@ class Entry:
 class Outcome:
     entry: Entry
     role: str
+    mode: str
     error: bool  # some step was refused or failed
     rows: int  # data rows received before the first error
     sqlstate: str | None = None
@@ -105,9 +118,13 @@ def _entry(file: str, tool: str, default_protocol: str, raw: dict[str, object]) 
     if not raw.get("source"):
         raise CorpusError(f"{where}: say where the statement comes from (source)")
     params = raw.get("params")
+    by_design = raw.get("refused_by_design") or {}
+    if kind != "aggregate" and by_design:
+        raise CorpusError(f"{where}: only aggregates can be refused by design")
     return Entry(tool=tool, id=str(raw["id"]), kind=str(kind), source=str(raw["source"]), protocol=str(protocol),
                  steps=tuple(str(step).strip() for step in steps),
-                 params=tuple(params) if params is not None else None)  # type: ignore[arg-type]
+                 params=tuple(params) if params is not None else None,  # type: ignore[arg-type]
+                 refused_by_design=tuple(sorted(by_design.items())))  # type: ignore[union-attr]
 
 
 class Session:
@@ -126,17 +143,17 @@ class Session:
     def close(self) -> None:
         self.conn.close()
 
-    def run(self, entry: Entry, role: str) -> Outcome:
+    def run(self, entry: Entry, role: str, mode: str) -> Outcome:
         rows = 0
         try:
             for step in entry.steps:
                 rows += self._step(entry, step.replace("<<adult_oid>>", self.adult_oid))
         except psycopg.Error as error:
             lost = self.conn.closed or self.conn.pgconn.status != pq.ConnStatus.OK
-            outcome = Outcome(entry, role, error=True, rows=rows, sqlstate=error.sqlstate,
+            outcome = Outcome(entry, role, mode, error=True, rows=rows, sqlstate=error.sqlstate,
                               message=error.diag.message_primary or str(error), connection_lost=lost)
         else:
-            outcome = Outcome(entry, role, error=False, rows=rows)
+            outcome = Outcome(entry, role, mode, error=False, rows=rows)
         self._settle()
         return outcome
 
@@ -164,7 +181,7 @@ class Session:
             self.conn.execute("rollback")
 
 
-def replay(entries: Iterable[Entry], dsn_of_role: dict[str, str]) -> list[Outcome]:
+def replay(entries: Iterable[Entry], dsn_of_role: dict[str, str], mode_of_role: dict[str, str]) -> list[Outcome]:
     """Each tool's entries in order on one session per tool and role."""
     by_tool: dict[str, list[Entry]] = {}
     for entry in entries:
@@ -174,50 +191,59 @@ def replay(entries: Iterable[Entry], dsn_of_role: dict[str, str]) -> list[Outcom
         for tool_entries in by_tool.values():
             session = Session(dsn)
             try:
-                outcomes.extend(session.run(entry, role) for entry in tool_entries)
+                outcomes.extend(session.run(entry, role, mode_of_role[role]) for entry in tool_entries)
             finally:
                 session.close()
     return outcomes
 
 
 def _count(outcomes: Sequence[Outcome], kind: str) -> tuple[int, int]:
-    """(answered, total) for the catalog and aggregate kinds, (refused, total) for row-level."""
-    of_kind = [outcome for outcome in outcomes if outcome.entry.kind == kind]
-    good = [outcome for outcome in of_kind if outcome.answered != (kind == "row-level")]
-    return len(good), len(of_kind)
+    """(answered, total) for catalog statements and the aggregates to answer; (refused, total) for row-level
+    statements and aggregates refused by design ("by design")."""
+    if kind == "by design":
+        chosen = [o for o in outcomes if o.entry.kind == "aggregate" and o.entry.design_refusal(o.mode)]
+    elif kind == "aggregate":
+        chosen = [o for o in outcomes if o.entry.kind == "aggregate" and not o.entry.design_refusal(o.mode)]
+    else:
+        chosen = [o for o in outcomes if o.entry.kind == kind]
+    good = [o for o in chosen if o.answered == (o.entry.expected(o.mode) == "answer")]
+    return len(good), len(chosen)
 
 
 def coverage_table(outcomes: Sequence[Outcome]) -> str:
     """Markdown: per tool and role, answered catalog and aggregate statements, refused row-level ones."""
     tools = list(dict.fromkeys(outcome.entry.tool for outcome in outcomes))
-    roles = list(dict.fromkeys(outcome.role for outcome in outcomes))
-    lines = ["| tool | role | catalog answered | aggregates answered | of which empty | row-level refused |",
-             "|---|---|---|---|---|---|"]
-    for role in roles:
+    roles = list(dict.fromkeys((outcome.role, outcome.mode) for outcome in outcomes))
+    lines = ["| tool | role (mode) | catalog answered | aggregates answered | of which empty "
+             "| refused by design | row-level refused |",
+             "|---|---|---|---|---|---|---|"]
+    for role, mode in roles:
         for tool in [*tools, "all tools"]:
             chosen = [o for o in outcomes if o.role == role and (tool == "all tools" or o.entry.tool == tool)]
-            cells = []
-            for kind in KINDS:
+            cells = {}
+            for kind in ("catalog", "aggregate", "by design", "row-level"):
                 good, total = _count(chosen, kind)
-                cells.append(f"{good}/{total}" + (f" ({100 * good / total:.0f} %)" if kind == "aggregate" and total
-                                                  else ""))
+                share = f" ({100 * good / total:.0f} %)" if kind == "aggregate" and total else ""
+                cells[kind] = f"{good}/{total}{share}" if total else "–"
             empty = sum(1 for o in chosen if o.entry.kind == "aggregate" and o.answered and o.rows == 0)
             name = f"**{tool}**" if tool == "all tools" else tool
-            lines.append(f"| {name} | {role} | {cells[0]} | {cells[1]} | {empty} | {cells[2]} |")
+            lines.append(f"| {name} | {role} ({mode}) | {cells['catalog']} | {cells['aggregate']} | {empty} "
+                         f"| {cells['by design']} | {cells['row-level']} |")
     return "\n".join(lines)
 
 
-def refusals_table(outcomes: Sequence[Outcome], kind: str = "aggregate") -> str:
-    """Markdown: the statements of ``kind`` that a role was refused, with SQLSTATE and message."""
+def refusals_table(outcomes: Sequence[Outcome]) -> str:
+    """Markdown: the aggregates a role should have been answered but was refused, with SQLSTATE and message."""
     lines = ["| entry | role | SQLSTATE | message |", "|---|---|---|---|"]
     for outcome in outcomes:
-        if outcome.entry.kind == kind and not outcome.answered:
+        if outcome.entry.kind == "aggregate" and outcome.entry.expected(outcome.mode) == "answer" \
+                and not outcome.answered:
             message = (outcome.message or "").replace("|", "\\|").replace("\n", " ")
             lines.append(f"| {outcome.entry.id} | {outcome.role} | {outcome.sqlstate} | {message} |")
     return "\n".join(lines)
 
 
 def aggregate_share(outcomes: Sequence[Outcome], role: str) -> float:
-    """The share of aggregate statements answered for ``role``."""
+    """The share of the aggregates to answer that ``role`` was answered."""
     good, total = _count([outcome for outcome in outcomes if outcome.role == role], "aggregate")
     return good / total if total else 0.0
