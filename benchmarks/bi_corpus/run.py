@@ -59,12 +59,15 @@ def start_up(port: int) -> tuple[subprocess.Popen[str], dict[str, str]]:
     return process, urls
 
 
-def stop_up(process: subprocess.Popen[str]) -> None:
+def stop_up(process: subprocess.Popen[str]) -> str:
+    """Stop `anonproxy up`; what it printed after its connection strings (the proxy's log)."""
     process.send_signal(signal.SIGTERM)
     try:
-        process.communicate(timeout=60)
+        rest, _ = process.communicate(timeout=60)
     except subprocess.TimeoutExpired:
         process.kill()
+        rest, _ = process.communicate()
+    return rest or ""
 
 
 def raise_analyst_budget(owner_url: str) -> None:
