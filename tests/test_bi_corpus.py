@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from decimal import Decimal
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -66,6 +67,19 @@ def test_the_corpus_is_wide() -> None:
     assert len(TOOLS) == 8, TOOLS
     for tool in TOOLS:
         assert {entry.kind for entry in ENTRIES if entry.tool == tool} >= {"catalog"}, tool
+
+
+@pytest.mark.parametrize(("entry", "problem"), [
+    ("{id: x, kind: aggregate, source: s}", "give either sql or steps"),
+    ("{id: x, kind: chart, source: s, sql: select 1}", "kind must be one of"),
+    ("{id: x, kind: catalog, sql: select 1}", "say where the statement comes from"),
+    ("{id: x, kind: catalog, source: s, protocol: binary, sql: select 1}", "protocol must be one of"),
+    ("{id: x, kind: catalog, source: s, sql: select 1, refused_by_design: {dp: r}}", "only aggregates"),
+])
+def test_a_malformed_corpus_entry_is_named(tmp_path: Path, entry: str, problem: str) -> None:
+    (tmp_path / "tool.yaml").write_text(f"tool: T\nentries:\n  - {entry}\n")
+    with pytest.raises(replay.CorpusError, match=problem):
+        replay.load(tmp_path)
 
 
 @pytest.mark.timeout(900)
