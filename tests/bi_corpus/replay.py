@@ -12,12 +12,13 @@ session (``steps``: a cursor's DECLARE/FETCH/CLOSE, a transaction), in the
 tool's protocol: ``simple`` (a Query message, which may hold several
 statements) or ``extended`` (Parse/Bind/Describe/Execute of an unnamed
 statement, as pgjdbc and Npgsql send it). ``params`` are bound in the
-extended protocol, written ``%s`` in the text. ``refused_by_design`` maps a
-mode to the documented rule that refuses an aggregate in that mode (min/max
-in suppress mode, say): there it must be refused like a row-level
-statement, and it does not count among the aggregates to answer. ``<<adult_oid>>`` stands for
+extended protocol, written ``%s`` in the text. ``<<adult_oid>>`` stands for
 the oid of ``public.adult``, which psql, DBeaver and pgAdmin read first and
-then put into their next statements.
+then put into their next statements. ``refused_by_design`` maps a mode to
+the documented rule that refuses an aggregate in that mode (min/max in
+suppress mode, say): there it must be refused like a row-level statement,
+and it does not count among the aggregates to answer. A statement's text is
+sent as written, without the line break that ends a YAML block.
 
 Used by tests/test_bi_corpus.py and benchmarks/bi_corpus/run.py.
 """
@@ -59,11 +60,6 @@ class Entry:
     def expected(self, mode: str) -> str:
         """What ``mode`` must do with it: "answer" or "refuse"."""
         return "refuse" if self.kind == "row-level" or self.design_refusal(mode) else "answer"
-
-    @property
-    def text(self) -> str:
-        """The entry's SQL on one line, for tables and messages."""
-        return " ; ".join(" ".join(step.split()) for step in self.steps)
 
 
 @dataclass(frozen=True)
@@ -122,7 +118,7 @@ def _entry(file: str, tool: str, default_protocol: str, raw: dict[str, object]) 
     if kind != "aggregate" and by_design:
         raise CorpusError(f"{where}: only aggregates can be refused by design")
     return Entry(tool=tool, id=str(raw["id"]), kind=str(kind), source=str(raw["source"]), protocol=str(protocol),
-                 steps=tuple(str(step).strip() for step in steps),
+                 steps=tuple(str(step).rstrip("\n") for step in steps),
                  params=tuple(params) if params is not None else None,  # type: ignore[arg-type]
                  refused_by_design=tuple(sorted(by_design.items())))  # type: ignore[union-attr]
 
