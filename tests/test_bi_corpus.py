@@ -1,10 +1,12 @@
 """The BI corpus (tests/bi_corpus/) replayed through the gated proxy as `reporter` (suppress) and `analyst` (dp).
 
 Per statement: catalog statements are answered for both roles; row-level
-statements are refused with 42501 or 0A000 before any row; no statement
-closes the connection or fails with XX000. Per mode: at least 90 % of the
-aggregate statements are answered. The coverage table per tool and role is
-printed (and the refused aggregates with their SQLSTATE and message).
+statements, and aggregates a documented rule refuses in a mode, are refused
+there with 42501 or 0A000 before any row; no statement closes the connection
+or fails with XX000. Per mode: at least 90 % of the other aggregates are
+answered (an answer without rows counts: suppression withholds whole-table
+totals). The coverage table per tool and role is printed, and the refused
+aggregates with their SQLSTATE and message.
 
 The analyst's budget is raised for the replay and afterwards set so that what
 is left is what was left before: other tests of the session see the demo
