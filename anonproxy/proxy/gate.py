@@ -69,13 +69,27 @@ import enum
 import struct
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from ..config import MAX_STATEMENT_SIZE
-from ..rewrite.decision import Decision, ExplainDP, Intercept, Noisy, Pass, Reject, Rewrite, SessionSetting
+from ..rewrite.decision import (
+    CloseCursor,
+    DeclareCursor,
+    Decision,
+    ExplainDP,
+    FetchCursor,
+    Intercept,
+    Noisy,
+    Pass,
+    Reject,
+    Rewrite,
+    Script,
+    SessionSetting,
+)
 from ..wire import protocol as pg
 from ..wire.framing import BoundedMessageBuffer, Piece
 from ..wire.results import Column, FormatError, Result, check_formats, result_formats
+from .cursors import MAX_CURSOR_ROWS, Cursors, too_many_rows
 
 SYNC = pg.message(b"S")
 QUEUE_LIMIT = 1 << 20  # bytes of client messages waiting in the gate before the session stops reading
@@ -134,6 +148,8 @@ class Route:
     uses: bytes | None = None
     prepares: bytes | None = None
     closes: bytes | None = None
+    declares: DeclareCursor | None = None  # a cursor the proxy will hold: its query's answer is kept, not sent
+
 
 
 @dataclass(frozen=True)
@@ -160,6 +176,27 @@ class _ProxyPortal:
     notified: bool = False  # the answer's notices went with its first rows
 
 
+@dataclass
+class _Capture:
+    """The service connection's answer to a gated DECLARE's query, kept for the cursor instead of sent."""
+
+    declare: DeclareCursor
+    columns: tuple[Column, ...] = ()
+    rows: list[tuple[bytes | None, ...]] = field(default_factory=list)
+    count: int = 0
+    notices: list[bytes] = field(default_factory=list)
+
+
+@dataclass
+class _ScriptRun:
+    """A message of several statements run one by one (see Script): the parts still to route, and whether one
+    failed (then the rest is skipped, as PostgreSQL does, and that part's ReadyForQuery is the message's)."""
+
+    parts: deque[tuple[str, Decision]]
+    answers: int  # ReadyForQuery still to come, the client's being the last
+    failed: bool = False
+
+
 class Gate:
     def __init__(
         self,
@@ -181,7 +218,7 @@ class Gate:
         self._version = version  # of the policy in force
         self._time_limit = time_limit  # the policy's maximum statement time for the role's mode, in ms
         self._settings = settings
-        self._write_client = write_client
+        self._client = write_client
         self._send = {Owner.UPSTREAM: send_upstream, Owner.SERVICE: send_service}
         self._ask_proxy = ask_proxy
         self._max_statement_size = max_statement_size
@@ -232,6 +269,14 @@ class Gate:
         # The session's output settings (DateStyle…), all applied on each connection borrowed.
         self._output_settings: dict[str, str] = dict(service_settings or {})
         self._service_statements: set[bytes] = set()  # statements prepared on the service connection held
+        # Cursors (see cursors.py): those the proxy holds, the gated DECLARE being answered, the message of
+        # several statements being run one by one.
+        self._cursors = Cursors()
+        self._capture: _Capture | None = None
+        self._declaring: DeclareCursor | None = None
+        self._script: _ScriptRun | None = None
+        self._cursor_statements: dict[bytes, FetchCursor | CloseCursor] = {}
+        self._cursor_portals: dict[bytes, tuple[FetchCursor | CloseCursor, tuple[int, ...]]] = {}
 
     # -- input ------------------------------------------------------------------
 
@@ -252,7 +297,9 @@ class Gate:
         (The proxy's own queries there and the answers it hides are never long.)"""
         if piece.first:
             self._hide(Owner.UPSTREAM, piece.type_)  # a long ErrorResponse still ends what is hidden
-        self._write_client(piece.raw)
+            if piece.type_ == b"E":
+                self._failed()
+        self._client(piece.raw)
 
     def upstream_message(self, type_: bytes, body: bytes) -> None:
         if self._asking_timeout:
@@ -265,6 +312,8 @@ class Gate:
             self._client_timeout_stale = True  # what ran may have changed it (SET, a function, a rollback)
             self._ready_for_query(Owner.UPSTREAM, body)
             return
+        if type_ == b"C":
+            self._cursors.command_complete(pg.read_cstring(body)[0].decode(errors="replace"))
         if type_ == b"S":
             name, offset = pg.read_cstring(body)
             if name.decode() in FOLLOWED_SETTINGS:
@@ -281,6 +330,8 @@ class Gate:
                 self._pump()
         elif self._hide(Owner.SERVICE, type_):
             return
+        elif self._capture is not None and type_ != b"Z":
+            self._captured(type_, body)
         elif type_ == b"Z":
             # The client's transaction is the one on its own connection.
             self._ready_for_query(Owner.SERVICE, self.transaction_status)
@@ -326,7 +377,16 @@ class Gate:
         kind, portal, max_rows = self._asking
         self._asking = None
         self.in_flight[Owner.PROXY] -= 1
-        if kind == "query":
+        if kind in ("declare", "declare portal"):
+            declare, self._declaring = self._declaring, None
+            assert declare is not None and not isinstance(reply, Description)
+            answer = self._declared(declare, reply)
+            if kind == "declare":
+                self._write_client(answer + pg.ready_for_query(self.transaction_status))
+            else:
+                self._write_client(answer)
+                self._skipping = answer[:1] == b"E"
+        elif kind == "query":
             assert not isinstance(reply, Description)
             self._write_client((reply.simple() if isinstance(reply, Result) else reply)
                                + pg.ready_for_query(self.transaction_status))
@@ -348,6 +408,130 @@ class Gate:
                 else:
                     self._write_client(self._portal_rows(state, max_rows))
         self._pump()
+
+    # -- cursors (see cursors.py) ----------------------------------------------------------
+
+    def _write_client(self, data: bytes) -> None:
+        """Whole messages for the client. Errors and ReadyForQuery are followed for the cursors' life time, and for a
+        message run as a Script, whose parts' ReadyForQuery the client does not see, but the last one's."""
+        offset = start = 0
+        kept: list[bytes] = []
+        while offset < len(data):
+            type_ = data[offset:offset + 1]
+            end = offset + 1 + int.from_bytes(data[offset + 1:offset + 5], "big")
+            if type_ == b"E":
+                self._failed()
+            elif type_ == b"Z":
+                script = self._script
+                if script is not None and script.answers > 1 and not script.failed:
+                    script.answers -= 1
+                    kept.append(data[start:offset])
+                    start = end
+                else:
+                    self._end_script()
+                    self._cursors.ready(data[offset + 5:end])
+            offset = end
+        if start:
+            kept.append(data[start:])
+            data = b"".join(kept)
+        if data:
+            self._client(data)
+
+    def _failed(self) -> None:
+        self._cursors.error()
+        if self._script is not None:
+            self._script.failed = True
+
+    def _end_script(self) -> None:
+        """The message run as a Script is answered: what is left of it (after an error) is skipped."""
+        if self._script is None:
+            return
+        self._script = None
+        while self._queue and self._queue[0][0] == b"q":
+            self._queue.popleft()
+
+    def _route_script(self, raw: bytes, script: Script) -> Route | None:
+        """Several statements in one Query with cursor statements among them: as they are to the client's connection
+        when the proxy holds none of their cursors, else one by one (parts queued as b"q")."""
+        if not any(self._for_cursors(decision) for _, decision in script.parts):
+            for _, decision in script.parts:
+                if isinstance(decision, DeclareCursor):
+                    self._cursors.passing(decision)
+            return Route(Owner.UPSTREAM, raw, ends_batch=True)
+        self._script = _ScriptRun(deque(script.parts), len(script.parts))
+        self._queue.extendleft([(b"q", b"")] * len(script.parts))
+        return None
+
+    def _for_cursors(self, decision: Decision) -> bool:
+        """Whether a statement needs the proxy's cursors (else it goes to the client's connection as it is)."""
+        if isinstance(decision, DeclareCursor):
+            return not isinstance(decision.query, Pass) or self._cursors.held(decision.name)
+        return isinstance(decision, (FetchCursor, CloseCursor)) and self._cursors.held(decision.name)
+
+    def _route_part(self) -> Route:
+        assert self._script is not None
+        text, decision = self._script.parts.popleft()
+        raw = pg.query_message(text)
+        if isinstance(decision, Pass):
+            return Route(Owner.UPSTREAM, raw, ends_batch=True)
+        return self._route_cursor(raw, decision, block=True)
+
+    def _route_cursor(self, raw: bytes, decision: Decision, block: bool) -> Route:
+        """DECLARE, FETCH, MOVE or CLOSE in a Query (``block``: inside the implicit block of a Script)."""
+        status = self.transaction_status
+        if not self._for_cursors(decision):
+            if isinstance(decision, DeclareCursor):
+                self._cursors.passing(decision)
+            return Route(Owner.UPSTREAM, raw, ends_batch=True)
+        if isinstance(decision, DeclareCursor):
+            reject = self._cursors.can_declare(decision.name, decision.hold, status, block)
+            if reject is not None:
+                return self._refuse(reject, simple=True)
+            if isinstance(decision.query, Rewrite):
+                return Route(Owner.SERVICE, pg.query_message(decision.query.sql), ends_batch=True, declares=decision)
+            return Route(Owner.PROXY, b"", ends_batch=True, request=ProxyRequest(decision.query),
+                         asking=("declare", b"", 0), declares=decision)
+        if isinstance(decision, FetchCursor):
+            answer = self._cursors.fetch(decision, None, status, describe=True)
+        else:
+            assert isinstance(decision, CloseCursor)
+            answer = self._cursors.close(decision, status)
+            if decision.name is None and not isinstance(answer, Reject):
+                return Route(Owner.UPSTREAM, raw, ends_batch=True)  # PostgreSQL closes its own and answers
+        if isinstance(answer, Reject):
+            return self._refuse(answer, simple=True)
+        return Route(Owner.LOCAL, answer + pg.ready_for_query(status))
+
+    def _declared(self, declare: DeclareCursor, reply: Result | bytes) -> bytes:
+        """The answer to a gated DECLARE, its query answered: the cursor is kept (or the error)."""
+        if not isinstance(reply, Result):
+            return reply
+        # A single statement outside a transaction block runs in a transaction of its own, committed at once.
+        return self._cursors.declare(declare, reply, self.transaction_status == b"I" and self._script is None)
+
+    def _captured(self, type_: bytes, body: bytes) -> None:
+        """A message of the service connection's answer to a gated DECLARE's query."""
+        capture = self._capture
+        assert capture is not None
+        if type_ == b"T":
+            capture.columns = tuple(Column(name, oid) for name, oid in pg.parse_row_description(body))
+        elif type_ == b"D":
+            capture.count += 1
+            if capture.count <= MAX_CURSOR_ROWS:
+                capture.rows.append(pg.parse_data_row(body))
+        elif type_ == b"N":
+            capture.notices.append(pg.message(type_, body))
+        elif type_ in b"EC":
+            self._capture = None
+            if type_ == b"E":
+                self._write_client(pg.message(type_, body))
+            elif capture.count > MAX_CURSOR_ROWS:
+                reject = too_many_rows(capture.count)
+                self._write_client(pg.error_response(reject.sqlstate, reject.message, hint=reject.hint))
+            else:
+                result = Result(capture.columns, tuple(capture.rows), notices=b"".join(capture.notices))
+                self._write_client(self._declared(capture.declare, result))
+        # (ParseComplete, BindComplete of the extended protocol: not for the client)
 
     def _hide(self, owner: Owner, type_: bytes) -> bool:
         """Whether this is an answer to a statement prepared again, which the client must not see."""
@@ -397,6 +581,8 @@ class Gate:
             if self._held is None:
                 if self.in_flight[Owner.PROXY]:
                     return  # route the next message once the proxy answered: an error skips the rest of the batch
+                if self._queue[0][0] == b"q" and any(self.in_flight.values()):
+                    return  # the parts of a Script run one after the other
                 type_, body = self._queue.popleft()
                 self._held = self._route(type_, body)
                 if self._held is _WAIT:
@@ -410,8 +596,9 @@ class Gate:
             route = self._held
             if route.in_batch and self._unsynced not in (None, route.owner):
                 self._close_batch_part(self._unsynced)
-            if any(count for owner, count in self.in_flight.items() if owner is not route.owner):
-                return  # wait for the other owner's ReadyForQuery
+            if any(count for owner, count in self.in_flight.items()
+                   if owner is not route.owner or route.declares is not None):
+                return  # wait for the other owner's ReadyForQuery (for a gated DECLARE: for every answer)
             if self._needs_client_timeout(route):
                 self._ask_client_timeout()
                 return
@@ -421,6 +608,10 @@ class Gate:
                     self._acquire_service()  # type: ignore[misc]
                 return
             self._held = None
+            if route.declares is not None and route.owner is Owner.SERVICE:
+                self._capture = _Capture(route.declares)
+            elif route.declares is not None:
+                self._declaring = route.declares
             if route.owner is Owner.LOCAL:
                 self._write_client(route.payload)
                 continue
@@ -532,6 +723,8 @@ class Gate:
             return Route(Owner.LOCAL, pg.ready_for_query(self.transaction_status))
         if self._skipping and type_ in b"PBDECH":
             return None
+        if type_ == b"q":
+            return self._route_part()
         if type_ == b"Q":
             sql = _text(body[:-1])
             if isinstance(sql, Reject):
@@ -570,9 +763,13 @@ class Gate:
                       "Shorten the statement (a long list of values is the usual cause); the limit is the "
                       "proxy's max_statement_size setting.")
 
-    def _route_query(self, raw: bytes, decision: Decision) -> Route:
+    def _route_query(self, raw: bytes, decision: Decision) -> Route | None:
         if isinstance(decision, Pass):
             return Route(Owner.UPSTREAM, raw, ends_batch=True)
+        if isinstance(decision, Script):
+            return self._route_script(raw, decision)
+        if isinstance(decision, (DeclareCursor, FetchCursor, CloseCursor)):
+            return self._route_cursor(raw, decision, block=False)
         if isinstance(decision, Rewrite):
             if self.transaction_status == b"E":
                 return self._refuse(_ABORTED, simple=True)
