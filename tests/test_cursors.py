@@ -16,6 +16,7 @@ import subprocess
 from collections.abc import Iterator
 
 import asyncpg
+import pyodbc
 import psycopg
 import pytest
 from conftest import Endpoint
@@ -144,3 +145,126 @@ def test_rollback_ends_a_with_hold_cursor_it_declared(reporter: psycopg.Connecti
     assert sqlstate(reporter, "fetch from during") == "34000"
     assert reporter.execute("fetch from before").fetchall()
     reporter.execute("close before")
+
+
+# -- psqlODBC in declare/fetch mode (Tableau's driver), for real ------------------------------------------------
+
+
+def odbc(proxy: Endpoint, dbname: str, user: str, **options: object) -> pyodbc.Connection:
+    settings = {"DRIVER": "{PostgreSQL Unicode}", "SERVER": proxy.host, "PORT": proxy.port, "DATABASE": dbname,
+                "UID": user, "PWD": user, "UseDeclareFetch": 1, "Fetch": 4, "SSLMode": "disable", **options}
+    return pyodbc.connect(";".join(f"{key}={value}" for key, value in settings.items()), autocommit=True)
+
+
+def test_psqlodbc_declare_fetch_mode(gated_proxy: Endpoint, gated_database: str,
+                                     released: list[tuple[str, int]]) -> None:
+    conn = odbc(gated_proxy, gated_database, "reporter")
+    try:
+        rows = conn.cursor().execute(QUERY).fetchall()  # 4 rows a FETCH: several round trips
+        assert [tuple(row) for row in rows if row[0] is not None] == released
+        tables = [row.table_name for row in conn.cursor().tables(schema="public")]
+        assert "adult" in tables
+    finally:
+        conn.close()
+
+
+def test_psqlodbc_sequence_as_sent(reporter: psycopg.Connection, released: list[tuple[str, int]]) -> None:
+    """The exact messages psqlODBC 16 sent in UseDeclareFetch mode (from its CommLog), replayed."""
+    name = '"SQL_CUR0x556342d4ecc0"'
+    cur = reporter.execute(f"BEGIN;declare {name} cursor with hold for {QUERY};fetch 4 in {name}")
+    statuses = [cur.statusmessage]
+    while cur.nextset():
+        statuses.append(cur.statusmessage)
+    assert statuses == ["BEGIN", "DECLARE CURSOR", "FETCH 4"]
+    rows = cur.fetchall()
+    assert reporter.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
+    cur = reporter.execute(f"SAVEPOINT _EXEC_SVP_0x556342bd1730;fetch 4 in {name}")
+    cur.nextset()
+    rows += cur.fetchall()
+    while batch := reporter.execute(f"fetch 4 in {name}").fetchall():
+        rows += batch
+    assert [row for row in rows if row[0] is not None] == released
+    cur = reporter.execute(f"close {name};commit")
+    assert cur.statusmessage == "CLOSE CURSOR"
+    cur.nextset()
+    assert cur.statusmessage == "COMMIT"
+    assert reporter.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    assert sqlstate(reporter, f"fetch 4 in {name}") == "34000"
+
+
+def test_psqlodbc_in_dp_mode_is_charged_once(gated_proxy: Endpoint, gated_database: str, truth: psycopg.Connection,
+                                            dp_role: str) -> None:
+    conn = odbc(gated_proxy, gated_database, dp_role)
+    try:
+        before = conn.cursor().execute("show anonproxy.budget").fetchone()[0]
+        rows = conn.cursor().execute("select education, count(*) from adult group by education").fetchall()
+        after = conn.cursor().execute("show anonproxy.budget").fetchone()[0]
+    finally:
+        conn.close()
+    assert len(rows) == 16  # the declared public domain of education, fetched 4 at a time
+    spent = truth.execute("select count(*) from anonproxy.budget_ledger where role_name = %s", [dp_role]).fetchone()[0]
+    assert spent == 1
+    assert before != after
+
+
+@pytest.fixture
+def dp_role(truth: psycopg.Connection, gated_proxy: Endpoint, gated_database: str) -> Iterator[str]:
+    """A fresh dp role with ε 2 in all, 0.5 per query, on public.adult."""
+    role = f"dp_cursor_{next(_names)}"
+    truth.execute(f"create role {role} login password '{role}'")
+    truth.execute("select anonproxy.set_role_policy(%s, 'dp')", [role])
+    truth.execute("select anonproxy.set_budget(%s, 'public.adult'::regclass, 2, 0.00001, null, 0.5, 0.0000001)",
+                  [role])
+    version = truth.execute("select version from anonproxy.policy_version").fetchone()[0]
+    with psycopg.connect(gated_proxy.dsn(gated_database, user="reporter"), autocommit=True) as watcher:
+        wait_for_version(watcher, version)
+    yield role
+    truth.execute("select anonproxy.drop_budget(%s, 'public.adult')", [role])
+    truth.execute("select anonproxy.drop_role_policy(%s)", [role])
+    truth.execute(f"drop owned by {role}")
+    truth.execute(f"drop role {role}")
+
+
+def test_dp_cursor_keeps_the_charged_answer(gated_proxy: Endpoint, gated_database: str, truth: psycopg.Connection,
+                                           dp_role: str) -> None:
+    notices: list[str] = []
+    with psycopg.connect(gated_proxy.dsn(gated_database, user=dp_role), autocommit=True) as conn:
+        conn.add_notice_handler(lambda d: notices.append(d.message_primary or ""))
+        with conn.transaction():
+            conn.execute("declare c scroll cursor for select sex, count(*) from adult group by sex order by sex")
+            assert any("differentially private" in n for n in notices)
+            forward = conn.execute("fetch all from c").fetchall()
+            backward = conn.execute("fetch backward all from c").fetchall()
+            assert backward == forward[::-1]
+            assert conn.execute("fetch absolute 2 from c").fetchall() == forward[1:2]
+    charges = truth.execute("select count(*) from anonproxy.budget_ledger where role_name = %s", [dp_role]).fetchone()[0]
+    assert charges == 1
+
+
+# -- extended protocol ------------------------------------------------------------------------------------------
+
+
+def test_asyncpg_fetch_move_close_in_binary(gated_proxy: Endpoint, gated_database: str,
+                                            released: list[tuple[str, int]]) -> None:
+    """asyncpg sends FETCH through Parse / Bind / Execute and asks for binary results."""
+    async def scenario() -> None:
+        conn = await asyncpg.connect(host=gated_proxy.host, port=gated_proxy.port, user="reporter",
+                                     password="reporter", database=gated_database)
+        try:
+            async with conn.transaction():
+                await conn.execute(f"declare c scroll cursor for {QUERY}")
+                first = await conn.fetch("fetch 2 from c")  # extended protocol, binary results
+                assert await conn.execute("move forward 1 in c") == "MOVE 1"
+                rest = await conn.fetch("fetch all from c")
+                back = await conn.fetch("fetch prior from c")
+                assert back == rest[-1:]
+                await conn.execute("close c")
+                with pytest.raises(asyncpg.InvalidCursorNameError):
+                    await conn.fetch("fetch 1 from c")
+            whole = await conn.fetch(QUERY)  # the same answer, without a cursor
+            assert [tuple(r) for r in first + rest] == [tuple(r) for r in whole[:2] + whole[3:]]
+            assert [tuple(r) for r in whole if r[0] is not None] == released
+        finally:
+            await conn.close()
+
+    asyncio.run(scenario())

@@ -83,6 +83,7 @@ from ..rewrite.decision import (
     Pass,
     Reject,
     Rewrite,
+    CursorStatement,
     Script,
     SessionSetting,
 )
@@ -275,8 +276,8 @@ class Gate:
         self._capture: _Capture | None = None
         self._declaring: DeclareCursor | None = None
         self._script: _ScriptRun | None = None
-        self._cursor_statements: dict[bytes, FetchCursor | CloseCursor] = {}
-        self._cursor_portals: dict[bytes, tuple[FetchCursor | CloseCursor, tuple[int, ...]]] = {}
+        self._cursor_statements: dict[bytes, CursorStatement] = {}
+        self._cursor_portals: dict[bytes, tuple[CursorStatement, pg.Bind]] = {}
 
     # -- input ------------------------------------------------------------------
 
@@ -501,6 +502,57 @@ class Gate:
         if isinstance(answer, Reject):
             return self._refuse(answer, simple=True)
         return Route(Owner.LOCAL, answer + pg.ready_for_query(status))
+
+    def _cursor_by_name(self, type_: bytes, kind: bytes, name: bytes) -> Route:
+        """Describe or Execute of a cursor statement (or its portal) the proxy answers, in the extended protocol."""
+        if kind == b"S":
+            decision, bind = self._cursor_statements[name], None
+        else:
+            decision, bind = self._cursor_portals[name]
+        fetch = isinstance(decision, FetchCursor) and not decision.move
+        if not isinstance(decision, DeclareCursor) and not self._cursors.held(decision.name):
+            return self._refuse(Reject("34000", f'cursor "{decision.name}" does not exist'))
+        if type_ == b"D":
+            columns = self._cursors.columns(decision.name) if fetch else ()
+            if kind == b"S":
+                types = _parameter_types(self._texts[name].rest) if isinstance(decision, DeclareCursor) else ()
+                return Route(Owner.LOCAL, pg.parameter_description(list(types)) + Result(columns).description())
+            assert bind is not None
+            if not fetch:
+                return Route(Owner.LOCAL, pg.message(b"n"))  # NoData
+            try:
+                formats = result_formats(bind.result_formats, len(columns))
+                check_formats(columns, formats)
+            except FormatError as exc:
+                return self._refuse(Reject(exc.sqlstate, str(exc)))
+            return Route(Owner.LOCAL, Result(columns).description(formats))
+        assert bind is not None
+        status = self.transaction_status
+        if isinstance(decision, DeclareCursor):
+            reject = self._cursors.can_declare(decision.name, decision.hold, status, block=False)
+            if reject is not None:
+                return self._refuse(reject)
+            if isinstance(decision.query, Rewrite):
+                # Prepared, bound with the client's values, described and run, unnamed: the answer is kept.
+                payload = pg.parse_message(b"", decision.query.sql, self._texts[bind.statement].rest) + \
+                    pg.message(b"B", _unnamed_bind(bind)) + pg.message(b"D", b"P\0") + pg.message(b"E", b"\0\0\0\0\0")
+                return Route(Owner.SERVICE, payload, declares=decision)
+            types = _parameter_types(self._texts[bind.statement].rest)
+            formats = bind.parameter_formats * len(bind.values) if len(bind.parameter_formats) == 1 \
+                else bind.parameter_formats or (0,) * len(bind.values)
+            return Route(Owner.PROXY, b"", request=ProxyRequest(decision.query, parameters=Parameters(
+                types, formats, bind.values)), asking=("declare portal", name, 0), declares=decision)
+        if isinstance(decision, FetchCursor):
+            answer = self._cursors.fetch(decision, bind.result_formats, status, describe=False)
+        else:
+            answer = self._cursors.close(decision, status)
+            if decision.name is None and not isinstance(answer, Reject):
+                # PostgreSQL closes its own and answers (CLOSE CURSOR ALL); its ParseComplete and BindComplete are ours.
+                return Route(Owner.UPSTREAM, pg.parse_message(b"", "CLOSE ALL", b"\0\0") + pg.message(b"B", _unnamed_bind(
+                    bind)) + pg.message(b"E", b"\0\0\0\0\0"), hidden=(b"1", b"2"))
+        if isinstance(answer, Reject):
+            return self._refuse(answer)
+        return Route(Owner.LOCAL, answer)
 
     def _declared(self, declare: DeclareCursor, reply: Result | bytes) -> bytes:
         """The answer to a gated DECLARE, its query answered: the cursor is kept (or the error)."""
@@ -804,6 +856,18 @@ class Gate:
             return self._refuse(_ABORTED)  # as PostgreSQL: the statement of that name, if any, stays
         self._statement_settings.pop(name, None)
         self._proxy_statements.pop(name, None)
+        self._cursor_statements.pop(name, None)
+        if isinstance(decision, Script):
+            decision = Reject("42601", "cannot insert multiple commands into a prepared statement")
+        elif isinstance(decision, (DeclareCursor, FetchCursor, CloseCursor)):
+            if not self._for_cursors(decision):
+                decided = replace(decided, decision=Pass())  # a cursor on the client's own connection
+                decision = decided.decision
+            else:
+                self._texts[name] = decided
+                self._statements[name] = Owner.LOCAL
+                self._cursor_statements[name] = decision
+                return Route(Owner.LOCAL, pg.message(b"1"))  # ParseComplete
         if isinstance(decision, Reject):
             self._statements.pop(name, None)
             self._texts.pop(name, None)
@@ -844,6 +908,7 @@ class Gate:
                     return again  # refused (a failed transaction)
         owner = self._portals[portal] = self._statements.get(statement, Owner.UPSTREAM)
         self._proxy_portals.pop(portal, None)
+        self._cursor_portals.pop(portal, None)
         bound = self._texts.get(statement)
         if bound is not None:
             self._bound[portal] = bound
@@ -859,7 +924,11 @@ class Gate:
             close = pg.message(b"C", b"S" + statement + b"\0") if statement else b""
             return Route(owner, close + again.payload + raw, hidden=(b"3",) * bool(close) + (b"1",),
                          prepares=statement)
-        self._portal_settings[portal] = self._statement_settings[statement]
+        if statement in self._cursor_statements:
+            bind = pg.parse_bind(body)
+            self._cursor_portals[portal] = (self._cursor_statements[statement], bind)
+        else:
+            self._portal_settings[portal] = self._statement_settings[statement]
         return Route(Owner.LOCAL, pg.message(b"2"))  # BindComplete
 
     def _route_by_name(self, type_: bytes, body: bytes, raw: bytes) -> Route:
@@ -892,7 +961,10 @@ class Gate:
                          closes=on_statement if type_ == b"C" else None)
         if type_ == b"C":
             settings.pop(name, None)
+            (self._cursor_statements if kind == b"S" else self._cursor_portals).pop(name, None)
             return Route(Owner.LOCAL, pg.message(b"3"))  # CloseComplete
+        if name in (self._cursor_statements if kind == b"S" else self._cursor_portals):
+            return self._cursor_by_name(type_, kind, name)
         answer = self._show(settings[name])
         if isinstance(answer, Reject):
             return self._refuse(answer)
@@ -1006,6 +1078,15 @@ def _text(sql: bytes) -> str | Reject:
 def _parameter_types(rest: bytes) -> tuple[int, ...]:
     """The parameter type OIDs of a Parse message, from what follows its text."""
     return pg.parse_parse(b"\0\0" + rest).parameter_types  # an unnamed statement with an empty text
+
+
+def _unnamed_bind(bind: pg.Bind) -> bytes:
+    """A Bind of the unnamed statement to the unnamed portal with ``bind``'s values, results in text."""
+    values = b"".join(struct.pack("!i", -1) if value is None else struct.pack("!i", len(value)) + value
+                      for value in bind.values)
+    return (b"\0\0" + struct.pack(f"!h{len(bind.parameter_formats)}h", len(bind.parameter_formats),
+                                   *bind.parameter_formats)
+            + struct.pack("!h", len(bind.values)) + values + struct.pack("!h", 0))
 
 
 def _literal(value: str) -> str:
