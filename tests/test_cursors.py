@@ -58,6 +58,16 @@ def sqlstate(conn: psycopg.Connection, sql: str) -> str | None:
     return None
 
 
+def in_savepoint(conn: psycopg.Connection, sql: str) -> str | None:
+    """The SQLSTATE of ``sql`` run in a savepoint (PostgreSQL's errors abort the savepoint, not the transaction)."""
+    try:
+        with conn.transaction():
+            conn.execute(sql)
+    except psycopg.Error as exc:
+        return exc.sqlstate
+    return None
+
+
 # -- the portal arithmetic against PostgreSQL's own ------------------------------------------------------------
 
 DIRECTIONS = ["next", "prior", "first", "last", "absolute {n}", "relative {n}", "{n}", "all", "forward",
@@ -268,3 +278,123 @@ def test_asyncpg_fetch_move_close_in_binary(gated_proxy: Endpoint, gated_databas
             await conn.close()
 
     asyncio.run(scenario())
+
+
+# -- attacks ---------------------------------------------------------------------------------------------------
+
+ROW_LEVEL = [
+    "select * from adult",
+    "select age from adult where id = 17",
+    "select count(*) from adult where case when id = 17 and income = '>50K' then 1/0 else 1 end = 1",
+    "select sex, sum(capital_gain * 100000000) from adult group by sex",
+    "select (select age from adult where id = 17)",
+]
+
+
+@pytest.mark.parametrize("query", ROW_LEVEL)
+def test_declare_gets_the_refusal_of_its_query(reporter: psycopg.Connection, query: str) -> None:
+    """A cursor is not a new channel: its query is refused exactly as when sent alone; FETCH finds no cursor."""
+    plain = sqlstate(reporter, query)
+    assert plain in ("42501", "0A000")
+    with reporter.transaction():
+        assert sqlstate(reporter, f"declare c cursor for {query}") == plain
+        assert sqlstate(reporter, "fetch all from c") == "34000"  # PostgreSQL never saw a cursor c
+    assert sqlstate(reporter, f'BEGIN;declare "SQL_CUR1" cursor with hold for {query};fetch 100 in "SQL_CUR1"') \
+        == plain
+    reporter.execute("rollback")
+
+
+def test_direct_cursor_over_a_protected_table_is_denied(pg_server: EmbeddedPostgres, gated_database: str) -> None:
+    """Bypassing the proxy, the role's own cursors over protected tables fail inside PostgreSQL."""
+    with psycopg.connect(pg_server.conninfo(dbname=gated_database, user="reporter", password="reporter")) as conn:
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("declare c cursor with hold for select age from adult")
+
+
+def test_no_scroll_cursor_refuses_backward_moves(reporter: psycopg.Connection) -> None:
+    with reporter.transaction():
+        reporter.execute(f"declare c cursor for {QUERY}")
+        reporter.execute("fetch 2 from c")
+        assert sqlstate(reporter, "fetch prior from c") == "55000"
+    with reporter.transaction():
+        reporter.execute(f"declare c no scroll cursor for {QUERY}")
+        reporter.execute("fetch 2 from c")
+        for command in ("fetch backward 1 from c", "move absolute 1 in c", "fetch first from c",
+                        "fetch relative -1 from c", "fetch last from c"):
+            assert in_savepoint(reporter, command) == "55000", command
+        assert reporter.execute("fetch absolute 3 from c").fetchall()  # forward: allowed
+
+
+def test_cursor_names_fold_and_collide_as_postgresql_s(reporter: psycopg.Connection) -> None:
+    with reporter.transaction():
+        reporter.execute("declare catalog cursor for select relname from pg_class")  # passed through
+        assert sqlstate(reporter, f"declare CATALOG cursor for {QUERY}") == "42P03"
+        reporter.execute(f"declare Held cursor for {QUERY}")
+        assert sqlstate(reporter, "declare held cursor for select relname from pg_class") == "42P03"
+        assert sqlstate(reporter, f'declare "held" cursor for {QUERY}') == "42P03"
+        reporter.execute(f'declare "Held" cursor for {QUERY}')  # another name
+        assert reporter.execute('fetch 1 from "Held"').fetchall() == reporter.execute("fetch 1 from HELD").fetchall()
+        assert reporter.execute("fetch 1 from catalog").fetchall()  # still PostgreSQL's own
+
+
+def test_close_all_closes_held_and_passed_cursors(reporter: psycopg.Connection) -> None:
+    with reporter.transaction():
+        reporter.execute("declare catalog cursor for select relname from pg_class")
+        reporter.execute(f"declare held cursor for {QUERY}")
+        assert reporter.execute("close all").statusmessage == "CLOSE CURSOR ALL"
+        for name in ("held", "catalog"):
+            assert in_savepoint(reporter, f"fetch from {name}") == "34000"
+
+
+def test_fetch_after_close(reporter: psycopg.Connection) -> None:
+    reporter.execute(f"declare c cursor with hold for {QUERY}")
+    reporter.execute("close c")
+    assert sqlstate(reporter, "fetch from c") == "34000"
+    assert sqlstate(reporter, "close c") == "34000"
+
+
+def test_cursor_in_an_aborted_transaction(reporter: psycopg.Connection) -> None:
+    reporter.execute(f"declare kept cursor with hold for {QUERY}")
+    reporter.execute("begin")
+    reporter.execute(f"declare inside cursor for {QUERY}")
+    assert sqlstate(reporter, "select 1/0") == "22012"
+    for command in ("fetch from kept", "fetch from inside", "move next in kept", f"declare other cursor for {QUERY}",
+                    "close kept"):
+        assert sqlstate(reporter, command) == "25P02", command
+    reporter.execute("rollback")
+    assert sqlstate(reporter, "fetch from inside") == "34000"
+    assert reporter.execute("fetch from kept").fetchall()  # WITH HOLD, committed before: survives the rollback
+    reporter.execute("close kept")
+
+
+def test_script_error_skips_the_rest(reporter: psycopg.Connection) -> None:
+    """In one message, a failing statement ends it, as in PostgreSQL; the implicit block allows WITHOUT HOLD."""
+    cur = reporter.execute(f"declare c cursor for {QUERY};fetch 2 from c")
+    cur.nextset()
+    assert len(cur.fetchall()) == 2
+    assert sqlstate(reporter, "fetch from c") == "34000"  # gone with the message's implicit transaction
+    assert sqlstate(reporter, f"declare c cursor with hold for {QUERY};fetch prior from c;fetch 1 from c") == "55000"
+    assert sqlstate(reporter, "fetch from c") == "34000"  # the failed message's transaction rolled back
+
+
+def test_row_cap() -> None:
+    from anonproxy.proxy.cursors import MAX_CURSOR_ROWS, Cursors
+    from anonproxy.rewrite.decision import DeclareCursor, Rewrite
+    from anonproxy.wire.results import Column, Result
+
+    rows = tuple((str(i).encode(),) for i in range(MAX_CURSOR_ROWS + 1))
+    answer = Cursors().declare(DeclareCursor("c", Rewrite("")), Result((Column("n", 20),), rows), committed=False)
+    assert answer[:1] == b"E" and b"54000" in answer and b"at most" in answer
+
+
+def test_psql(gated_proxy: Endpoint, gated_database: str, released: list[tuple[str, int]]) -> None:
+    script = f"begin;\ndeclare c binary scroll cursor for {QUERY};\nclose c;\n" \
+             f"declare c scroll cursor for {QUERY};\nmove last in c;\nfetch backward 2 from c;\ncommit;\n"
+    psql = shutil.which("psql") or "/usr/bin/psql"
+    out = subprocess.run([psql, "-X", "-A", "-t", "-v", "ON_ERROR_STOP=1", gated_proxy.url(gated_database, "reporter")],
+                         input=script, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[:5] == ["BEGIN", "DECLARE CURSOR", "CLOSE CURSOR", "DECLARE CURSOR", "MOVE 1"]
+    # The two rows before the last (every education group holds at least k people: no suppressed rest row).
+    assert lines[5:] == [f"{education}|{n}" for education, n in reversed(released[-3:-1])] + ["COMMIT"]
