@@ -398,3 +398,33 @@ def test_psql(gated_proxy: Endpoint, gated_database: str, released: list[tuple[s
     assert lines[:5] == ["BEGIN", "DECLARE CURSOR", "CLOSE CURSOR", "DECLARE CURSOR", "MOVE 1"]
     # The two rows before the last (every education group holds at least k people: no suppressed rest row).
     assert lines[5:] == [f"{education}|{n}" for education, n in reversed(released[-3:-1])] + ["COMMIT"]
+
+
+# -- classification ------------------------------------------------------------------------------------------
+
+
+def test_classification() -> None:
+    from test_rewrite import POLICY, SUPPRESS
+
+    from anonproxy.rewrite import decide
+    from anonproxy.rewrite.decision import CloseCursor, DeclareCursor, Pass, Rewrite, Script
+
+    declare = decide('DECLARE "SQL_CUR0x1" binary scroll CURSOR WITH HOLD FOR SELECT count(*) FROM adult', SUPPRESS,
+                     POLICY)
+    assert isinstance(declare, DeclareCursor) and isinstance(declare.query, Rewrite)
+    assert (declare.name, declare.binary, declare.scroll, declare.hold) == ("SQL_CUR0x1", True, True, True)
+    assert decide("declare c cursor for select relname from pg_class", SUPPRESS, POLICY) == DeclareCursor("c", Pass())
+    assert decide("FETCH 100 FROM C", SUPPRESS, POLICY) == FetchCursor("c", "forward", 100)
+    assert decide("move backward all in c", SUPPRESS, POLICY) == FetchCursor("c", "backward", None, move=True)
+    assert decide("fetch last c", SUPPRESS, POLICY) == FetchCursor("c", "absolute", -1)
+    assert decide("fetch -3 from c", SUPPRESS, POLICY) == FetchCursor("c", "forward", -3)
+    assert decide("CLOSE ALL", SUPPRESS, POLICY) == CloseCursor(None)
+    script = decide('BEGIN;declare "x" cursor for select count(*) from adult;fetch 100 in "x"', SUPPRESS, POLICY)
+    assert isinstance(script, Script) and [type(d).__name__ for _, d in script.parts] == \
+        ["Pass", "DeclareCursor", "FetchCursor"]
+    for bad, state in [("fetch 3000000000 from c", "42601"), ("fetch next c d", "42601"),
+                       ("declare c scroll no scroll cursor for select 1", "42P11"),
+                       ("declare c cursor for insert into t values (1)", "42501"),
+                       ("begin; declare c cursor for select count(*) from adult; show anonproxy.k", "0A000")]:
+        decision = decide(bad, SUPPRESS, POLICY)
+        assert getattr(decision, "sqlstate", None) == state, (bad, decision)
