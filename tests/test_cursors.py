@@ -428,3 +428,19 @@ def test_classification() -> None:
                        ("begin; declare c cursor for select count(*) from adult; show anonproxy.k", "0A000")]:
         decision = decide(bad, SUPPRESS, POLICY)
         assert getattr(decision, "sqlstate", None) == state, (bad, decision)
+
+
+def test_psycopg_server_side_cursor(reporter: psycopg.Connection, released: list[tuple[str, int]]) -> None:
+    """psycopg's named cursors: DECLARE through the extended protocol, Describe of the cursor's portal, FETCH FORWARD n
+    (binary too), and a parameter bound into the gated query."""
+    with reporter.transaction():
+        with reporter.cursor("named") as cur:
+            cur.itersize = 3
+            cur.execute("select education, count(*) as n from adult where age > %s group by education "
+                        "order by education", [0])
+            assert [d.name for d in cur.description] == ["education", "n"]
+            rows = [row for row in cur if row[0] is not None]
+        assert rows == released
+        with reporter.cursor("binary_named", binary=True) as cur:
+            cur.execute(QUERY)
+            assert [row for row in cur.fetchmany(100) if row[0] is not None] == released

@@ -128,6 +128,12 @@ class Cursors:
         head = result.description(codes) if describe else b""
         return head + rows + pg.command_complete(f"FETCH {count}")
 
+    def describe(self, name: str) -> bytes:
+        """RowDescription of a held cursor, for a Describe of the portal of its name (an SQL cursor is a portal)."""
+        cursor = self._cursors[name]
+        assert cursor.result is not None
+        return cursor.result.description((BINARY if cursor.binary else TEXT,) * len(cursor.result.columns))
+
     def columns(self, name: str) -> tuple[Column, ...]:
         result = self._cursors[name].result
         assert result is not None

@@ -949,6 +949,8 @@ class Gate:
             kind, (name, _) = body[:1], pg.read_cstring(body, 1)
         names, settings = (self._statements, self._statement_settings) if kind == b"S" else \
             (self._portals, self._portal_settings)
+        if type_ == b"D" and kind == b"P" and name not in names and self._cursors.held(_text_or_empty(name)):
+            return Route(Owner.LOCAL, self._cursors.describe(_text_or_empty(name)))  # psycopg's named cursors
         owner = names.get(name, Owner.UPSTREAM)
         if type_ == b"C":
             names.pop(name, None)
@@ -1073,6 +1075,13 @@ def _text(sql: bytes) -> str | Reject:
         shown = " ".join(f"0x{byte:02x}" for byte in sql[exc.start: exc.start + length])
         return Reject("22021", f'invalid byte sequence for encoding "UTF8": {shown}',
                       "anonproxy reads the statements of anonymized roles as UTF-8; send them in UTF-8.")
+
+
+def _text_or_empty(name: bytes) -> str:
+    try:
+        return name.decode()
+    except UnicodeDecodeError:
+        return ""
 
 
 def _parameter_types(rest: bytes) -> tuple[int, ...]:
