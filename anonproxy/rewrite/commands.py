@@ -50,7 +50,8 @@ from anonproxy.rewrite.statements import PARSE_HINT, Statement, split
 ALLOWED_HINT = (
     "This role may send: SELECT with aggregates (count, sum, avg) over protected tables, queries that do not "
     "touch protected tables (catalog browsing included), SET/RESET/SHOW of ordinary settings, transaction "
-    "control (BEGIN, COMMIT, ROLLBACK, SAVEPOINT), DISCARD, DEALLOCATE, LISTEN/UNLISTEN."
+    "control (BEGIN, COMMIT, ROLLBACK, SAVEPOINT), cursors over such queries (DECLARE, FETCH, MOVE, CLOSE), "
+    "DISCARD, DEALLOCATE, LISTEN/UNLISTEN."
 )
 
 QUERY_STARTS = frozenset({"SELECT", "WITH", "VALUES", "TABLE"})
