@@ -444,3 +444,53 @@ def test_psycopg_server_side_cursor(reporter: psycopg.Connection, released: list
         with reporter.cursor("binary_named", binary=True) as cur:
             cur.execute(QUERY)
             assert [row for row in cur.fetchmany(100) if row[0] is not None] == released
+
+
+def test_pipelined_messages_around_a_script(gated_proxy: Endpoint, gated_database: str) -> None:
+    """Queries sent before a multi-statement cursor message is answered keep their own answers (libpq pipeline)."""
+    with psycopg.connect(gated_proxy.dsn(gated_database, user="reporter"), autocommit=True) as conn:
+        with conn.pipeline():
+            first = conn.execute("select 1")
+            conn.execute("begin")
+            script = conn.execute(f"declare c cursor for {QUERY}", prepare=False)
+            fetch = conn.execute("fetch 2 from c")
+            last = conn.execute("select 2")
+        assert first.fetchone() == (1,) and last.fetchone() == (2,)
+        assert script.statusmessage == "DECLARE CURSOR" and len(fetch.fetchall()) == 2
+        conn.execute("rollback")
+
+
+def test_script_waits_for_earlier_answers() -> None:
+    """The sans-I/O gate: a Query sent before a multi-statement cursor message keeps its own ReadyForQuery, and the
+    message's parts go one by one, the client seeing one ReadyForQuery for them."""
+    from test_rewrite import POLICY, SUPPRESS
+
+    from anonproxy.proxy.gate import Gate
+    from anonproxy.rewrite import decide
+    from anonproxy.wire import protocol as pg
+    from anonproxy.wire.framing import MessageBuffer
+
+    client, upstream, service = bytearray(), [], []
+    gate = Gate(lambda sql: decide(sql, SUPPRESS, POLICY), dict, client.extend, upstream.append, service.append,
+                lambda request: None)
+    gate.client_data(pg.query_message("select 1") + pg.query_message(
+        "begin;declare c cursor for select count(*) from adult;fetch 1 from c"))
+    assert upstream == [pg.query_message("select 1")] and service == []
+    for message in (pg.row_description(["?column?"], [23]), pg.data_row(["1"]), pg.command_complete("SELECT 1"),
+                    pg.ready_for_query(b"I")):
+        for type_, body in MessageBuffer().feed(message):
+            gate.upstream_message(type_, body)
+    assert upstream[1:] == [pg.query_message("begin")]
+    for message in (pg.command_complete("BEGIN"), pg.ready_for_query(b"T")):
+        for type_, body in MessageBuffer().feed(message):
+            gate.upstream_message(type_, body)
+    assert len(service) == 1 and service[0][:1] == b"Q" and b"count" in service[0]
+    for message in (pg.row_description(["count"], [20]), pg.data_row(["32561"]), pg.command_complete("SELECT 1"),
+                    pg.ready_for_query(b"I")):
+        for type_, body in MessageBuffer().feed(message):
+            gate.service_message(type_, body)
+    answers = [(type_, body) for type_, body in MessageBuffer().feed(bytes(client))]
+    assert [type_ for type_, _ in answers] == [b"T", b"D", b"C", b"Z", b"C", b"C", b"T", b"D", b"C", b"Z"]
+    assert [body for type_, body in answers if type_ == b"C"] == [b"SELECT 1\0", b"BEGIN\0", b"DECLARE CURSOR\0",
+                                                                    b"FETCH 1\0"]
+    assert answers[-1][1] == b"T"

@@ -150,6 +150,7 @@ class Route:
     prepares: bytes | None = None
     closes: bytes | None = None
     declares: DeclareCursor | None = None  # a cursor the proxy will hold: its query's answer is kept, not sent
+    script: Script | None = None  # a message to run statement by statement, from when nothing is in flight
 
 
 
@@ -451,7 +452,7 @@ class Gate:
         while self._queue and self._queue[0][0] == b"q":
             self._queue.popleft()
 
-    def _route_script(self, raw: bytes, script: Script) -> Route | None:
+    def _route_script(self, raw: bytes, script: Script) -> Route:
         """Several statements in one Query with cursor statements among them: as they are to the client's connection
         when the proxy holds none of their cursors, else one by one (parts queued as b"q")."""
         if not any(self._for_cursors(decision) for _, decision in script.parts):
@@ -459,9 +460,7 @@ class Gate:
                 if isinstance(decision, DeclareCursor):
                     self._cursors.passing(decision)
             return Route(Owner.UPSTREAM, raw, ends_batch=True)
-        self._script = _ScriptRun(deque(script.parts), len(script.parts))
-        self._queue.extendleft([(b"q", b"")] * len(script.parts))
-        return None
+        return Route(Owner.LOCAL, b"", in_batch=False, script=script)
 
     def _for_cursors(self, decision: Decision) -> bool:
         """Whether a statement needs the proxy's cursors (else it goes to the client's connection as it is)."""
@@ -533,9 +532,11 @@ class Gate:
             if reject is not None:
                 return self._refuse(reject)
             if isinstance(decision.query, Rewrite):
-                # Prepared, bound with the client's values, described and run, unnamed: the answer is kept.
+                # Prepared, bound with the client's values, described and run, unnamed: the answer is kept (and
+                # what follows waits for it: it may name the cursor).
                 payload = pg.parse_message(b"", decision.query.sql, self._texts[bind.statement].rest) + \
-                    pg.message(b"B", _unnamed_bind(bind)) + pg.message(b"D", b"P\0") + pg.message(b"E", b"\0\0\0\0\0")
+                    pg.message(b"B", _unnamed_bind(bind)) + pg.message(b"D", b"P\0") + pg.message(b"E", b"\0\0\0\0\0") + \
+                    pg.message(b"H")  # Flush: the server sends the answer now, before the client's Sync
                 return Route(Owner.SERVICE, payload, declares=decision)
             types = _parameter_types(self._texts[bind.statement].rest)
             formats = bind.parameter_formats * len(bind.values) if len(bind.parameter_formats) == 1 \
@@ -583,6 +584,7 @@ class Gate:
             else:
                 result = Result(capture.columns, tuple(capture.rows), notices=b"".join(capture.notices))
                 self._write_client(self._declared(capture.declare, result))
+            self._pump()  # the messages that waited for the cursor (a Sync among them, in the extended protocol)
         # (ParseComplete, BindComplete of the extended protocol: not for the client)
 
     def _hide(self, owner: Owner, type_: bytes) -> bool:
@@ -635,6 +637,8 @@ class Gate:
                     return  # route the next message once the proxy answered: an error skips the rest of the batch
                 if self._queue[0][0] == b"q" and any(self.in_flight.values()):
                     return  # the parts of a Script run one after the other
+                if self._capture is not None or self._declaring is not None:
+                    return  # what follows a gated DECLARE may name its cursor: routed once the cursor is held
                 type_, body = self._queue.popleft()
                 self._held = self._route(type_, body)
                 if self._held is _WAIT:
@@ -649,8 +653,8 @@ class Gate:
             if route.in_batch and self._unsynced not in (None, route.owner):
                 self._close_batch_part(self._unsynced)
             if any(count for owner, count in self.in_flight.items()
-                   if owner is not route.owner or route.declares is not None):
-                return  # wait for the other owner's ReadyForQuery (for a gated DECLARE: for every answer)
+                   if owner is not route.owner or route.declares is not None or route.script is not None):
+                return  # wait for the other owner's ReadyForQuery (gated DECLARE, Script: for every answer)
             if self._needs_client_timeout(route):
                 self._ask_client_timeout()
                 return
@@ -660,6 +664,10 @@ class Gate:
                     self._acquire_service()  # type: ignore[misc]
                 return
             self._held = None
+            if route.script is not None:  # its parts go first, one by one; the client sees one ReadyForQuery
+                self._script = _ScriptRun(deque(route.script.parts), len(route.script.parts))
+                self._queue.extendleft([(b"q", b"")] * len(route.script.parts))
+                continue
             if route.declares is not None and route.owner is Owner.SERVICE:
                 self._capture = _Capture(route.declares)
             elif route.declares is not None:
@@ -815,7 +823,7 @@ class Gate:
                       "Shorten the statement (a long list of values is the usual cause); the limit is the "
                       "proxy's max_statement_size setting.")
 
-    def _route_query(self, raw: bytes, decision: Decision) -> Route | None:
+    def _route_query(self, raw: bytes, decision: Decision) -> Route:
         if isinstance(decision, Pass):
             return Route(Owner.UPSTREAM, raw, ends_batch=True)
         if isinstance(decision, Script):
