@@ -21,9 +21,11 @@ client's connection said (``command_complete``, ``error``, ``ready``).
 
 from __future__ import annotations
 
+import struct
+from collections import deque
 from dataclasses import dataclass, field, replace
 
-from ..rewrite.decision import CloseCursor, DeclareCursor, FetchCursor, Reject
+from ..rewrite.decision import CloseCursor, Decision, DeclareCursor, FetchCursor, Reject
 from ..wire import protocol as pg
 from ..wire.results import BINARY, TEXT, Column, FormatError, Result, check_formats, result_formats
 
@@ -180,6 +182,87 @@ class Cursors:
                 cursor.committed = True
             else:
                 del self._cursors[name]
+
+
+# -- what the gate streams ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Capture:
+    """The service connection's answer to a gated DECLARE's query, kept for the cursor instead of sent."""
+
+    declare: DeclareCursor
+    columns: tuple[Column, ...] = ()
+    rows: list[tuple[bytes | None, ...]] = field(default_factory=list)
+    count: int = 0
+    notices: list[bytes] = field(default_factory=list)
+
+    def feed(self, type_: bytes, body: bytes) -> Result | bytes | None:
+        """One message of the answer: None while it goes on, then the Result, or an error for the client."""
+        if type_ == b"T":
+            self.columns = tuple(Column(name, oid) for name, oid in pg.parse_row_description(body))
+        elif type_ == b"D":
+            self.count += 1
+            if self.count <= MAX_CURSOR_ROWS:  # past it, only counted: the error says how many
+                self.rows.append(pg.parse_data_row(body))
+        elif type_ == b"N":
+            self.notices.append(pg.message(type_, body))
+        elif type_ == b"E":
+            return pg.message(type_, body)
+        elif type_ == b"C":
+            if self.count > MAX_CURSOR_ROWS:
+                reject = too_many_rows(self.count)
+                return pg.error_response(reject.sqlstate, reject.message, hint=reject.hint)
+            return Result(self.columns, tuple(self.rows), notices=b"".join(self.notices))
+        return None  # ParseComplete, BindComplete of the extended protocol: not for the client
+
+
+@dataclass
+class ScriptRun:
+    """A message of several statements run one by one (a Script): the parts still to route, the ReadyForQuery still
+    to come (the client sees the last one only), and whether a part failed (then the rest is skipped, as PostgreSQL
+    does, and that part's ReadyForQuery is the message's)."""
+
+    parts: deque[tuple[str, Decision]]
+    answers: int
+    failed: bool = False
+
+
+def follow(data: bytes, cursors: Cursors, script: ScriptRun | None) -> tuple[bytes, bool]:
+    """Whole messages on their way to the client: errors and ReadyForQuery tell the cursors' life time and a Script's
+    progress. Returns what the client gets (a part's ReadyForQuery dropped) and whether the Script is over."""
+    offset = start = 0
+    kept: list[bytes] = []
+    over = False
+    while offset < len(data):
+        type_ = data[offset:offset + 1]
+        end = offset + 1 + struct.unpack_from("!i", data, offset + 1)[0]
+        if type_ == b"E":
+            cursors.error()
+            if script is not None:
+                script.failed = True
+        elif type_ == b"Z":
+            if script is not None and not over and script.answers > 1 and not script.failed:
+                script.answers -= 1
+                kept.append(data[start:offset])
+                start = end
+            else:
+                over = script is not None
+                cursors.ready(data[offset + 5:end])
+        offset = end
+    if start:
+        kept.append(data[start:])
+        data = b"".join(kept)
+    return data, over
+
+
+def unnamed_bind(bind: pg.Bind) -> bytes:
+    """The body of a Bind of the unnamed statement to the unnamed portal with ``bind``'s values, results in text."""
+    values = b"".join(struct.pack("!i", -1) if value is None else struct.pack("!i", len(value)) + value
+                      for value in bind.values)
+    return (b"\0\0" + struct.pack(f"!h{len(bind.parameter_formats)}h", len(bind.parameter_formats),
+                                   *bind.parameter_formats)
+            + struct.pack("!h", len(bind.values)) + values + struct.pack("!h", 0))
 
 
 # -- PostgreSQL's portal arithmetic over a materialised result ---------------------------------------------

@@ -69,7 +69,7 @@ import enum
 import struct
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from ..config import MAX_STATEMENT_SIZE
 from ..rewrite.decision import (
@@ -90,7 +90,7 @@ from ..rewrite.decision import (
 from ..wire import protocol as pg
 from ..wire.framing import BoundedMessageBuffer, Piece
 from ..wire.results import Column, FormatError, Result, check_formats, result_formats
-from .cursors import MAX_CURSOR_ROWS, Cursors, too_many_rows
+from .cursors import Capture, Cursors, ScriptRun, follow, unnamed_bind
 
 SYNC = pg.message(b"S")
 QUEUE_LIMIT = 1 << 20  # bytes of client messages waiting in the gate before the session stops reading
@@ -178,27 +178,6 @@ class _ProxyPortal:
     notified: bool = False  # the answer's notices went with its first rows
 
 
-@dataclass
-class _Capture:
-    """The service connection's answer to a gated DECLARE's query, kept for the cursor instead of sent."""
-
-    declare: DeclareCursor
-    columns: tuple[Column, ...] = ()
-    rows: list[tuple[bytes | None, ...]] = field(default_factory=list)
-    count: int = 0
-    notices: list[bytes] = field(default_factory=list)
-
-
-@dataclass
-class _ScriptRun:
-    """A message of several statements run one by one (see Script): the parts still to route, and whether one
-    failed (then the rest is skipped, as PostgreSQL does, and that part's ReadyForQuery is the message's)."""
-
-    parts: deque[tuple[str, Decision]]
-    answers: int  # ReadyForQuery still to come, the client's being the last
-    failed: bool = False
-
-
 class Gate:
     def __init__(
         self,
@@ -274,9 +253,9 @@ class Gate:
         # Cursors (see cursors.py): those the proxy holds, the gated DECLARE being answered, the message of
         # several statements being run one by one.
         self._cursors = Cursors()
-        self._capture: _Capture | None = None
+        self._capture: Capture | None = None
         self._declaring: DeclareCursor | None = None
-        self._script: _ScriptRun | None = None
+        self._script: ScriptRun | None = None
         self._cursor_statements: dict[bytes, CursorStatement] = {}
         self._cursor_portals: dict[bytes, tuple[CursorStatement, pg.Bind]] = {}
 
@@ -414,28 +393,10 @@ class Gate:
     # -- cursors (see cursors.py) ----------------------------------------------------------
 
     def _write_client(self, data: bytes) -> None:
-        """Whole messages for the client. Errors and ReadyForQuery are followed for the cursors' life time, and for a
-        message run as a Script, whose parts' ReadyForQuery the client does not see, but the last one's."""
-        offset = start = 0
-        kept: list[bytes] = []
-        while offset < len(data):
-            type_ = data[offset:offset + 1]
-            end = offset + 1 + int.from_bytes(data[offset + 1:offset + 5], "big")
-            if type_ == b"E":
-                self._failed()
-            elif type_ == b"Z":
-                script = self._script
-                if script is not None and script.answers > 1 and not script.failed:
-                    script.answers -= 1
-                    kept.append(data[start:offset])
-                    start = end
-                else:
-                    self._end_script()
-                    self._cursors.ready(data[offset + 5:end])
-            offset = end
-        if start:
-            kept.append(data[start:])
-            data = b"".join(kept)
+        """Whole messages for the client, followed on their way (cursors' life time, a Script's ReadyForQuery)."""
+        data, over = follow(data, self._cursors, self._script)
+        if over:
+            self._end_script()
         if data:
             self._client(data)
 
@@ -535,7 +496,7 @@ class Gate:
                 # Prepared, bound with the client's values, described and run, unnamed: the answer is kept (and
                 # what follows waits for it: it may name the cursor).
                 payload = pg.parse_message(b"", decision.query.sql, self._texts[bind.statement].rest) + \
-                    pg.message(b"B", _unnamed_bind(bind)) + pg.message(b"D", b"P\0") + pg.message(b"E", b"\0\0\0\0\0") + \
+                    pg.message(b"B", unnamed_bind(bind)) + pg.message(b"D", b"P\0") + pg.message(b"E", b"\0\0\0\0\0") + \
                     pg.message(b"H")  # Flush: the server sends the answer now, before the client's Sync
                 return Route(Owner.SERVICE, payload, declares=decision)
             types = _parameter_types(self._texts[bind.statement].rest)
@@ -549,7 +510,7 @@ class Gate:
             answer = self._cursors.close(decision, status)
             if decision.name is None and not isinstance(answer, Reject):
                 # PostgreSQL closes its own and answers (CLOSE CURSOR ALL); its ParseComplete and BindComplete are ours.
-                return Route(Owner.UPSTREAM, pg.parse_message(b"", "CLOSE ALL", b"\0\0") + pg.message(b"B", _unnamed_bind(
+                return Route(Owner.UPSTREAM, pg.parse_message(b"", "CLOSE ALL", b"\0\0") + pg.message(b"B", unnamed_bind(
                     bind)) + pg.message(b"E", b"\0\0\0\0\0"), hidden=(b"1", b"2"))
         if isinstance(answer, Reject):
             return self._refuse(answer)
@@ -564,28 +525,13 @@ class Gate:
 
     def _captured(self, type_: bytes, body: bytes) -> None:
         """A message of the service connection's answer to a gated DECLARE's query."""
-        capture = self._capture
-        assert capture is not None
-        if type_ == b"T":
-            capture.columns = tuple(Column(name, oid) for name, oid in pg.parse_row_description(body))
-        elif type_ == b"D":
-            capture.count += 1
-            if capture.count <= MAX_CURSOR_ROWS:
-                capture.rows.append(pg.parse_data_row(body))
-        elif type_ == b"N":
-            capture.notices.append(pg.message(type_, body))
-        elif type_ in b"EC":
-            self._capture = None
-            if type_ == b"E":
-                self._write_client(pg.message(type_, body))
-            elif capture.count > MAX_CURSOR_ROWS:
-                reject = too_many_rows(capture.count)
-                self._write_client(pg.error_response(reject.sqlstate, reject.message, hint=reject.hint))
-            else:
-                result = Result(capture.columns, tuple(capture.rows), notices=b"".join(capture.notices))
-                self._write_client(self._declared(capture.declare, result))
-            self._pump()  # the messages that waited for the cursor (a Sync among them, in the extended protocol)
-        # (ParseComplete, BindComplete of the extended protocol: not for the client)
+        assert self._capture is not None
+        answer = self._capture.feed(type_, body)
+        if answer is None:
+            return
+        declare, self._capture = self._capture.declare, None
+        self._write_client(answer if isinstance(answer, bytes) else self._declared(declare, answer))
+        self._pump()  # the messages that waited for the cursor (a Sync among them, in the extended protocol)
 
     def _hide(self, owner: Owner, type_: bytes) -> bool:
         """Whether this is an answer to a statement prepared again, which the client must not see."""
@@ -665,11 +611,11 @@ class Gate:
                 return
             self._held = None
             if route.script is not None:  # its parts go first, one by one; the client sees one ReadyForQuery
-                self._script = _ScriptRun(deque(route.script.parts), len(route.script.parts))
+                self._script = ScriptRun(deque(route.script.parts), len(route.script.parts))
                 self._queue.extendleft([(b"q", b"")] * len(route.script.parts))
                 continue
             if route.declares is not None and route.owner is Owner.SERVICE:
-                self._capture = _Capture(route.declares)
+                self._capture = Capture(route.declares)
             elif route.declares is not None:
                 self._declaring = route.declares
             if route.owner is Owner.LOCAL:
@@ -1095,15 +1041,6 @@ def _text_or_empty(name: bytes) -> str:
 def _parameter_types(rest: bytes) -> tuple[int, ...]:
     """The parameter type OIDs of a Parse message, from what follows its text."""
     return pg.parse_parse(b"\0\0" + rest).parameter_types  # an unnamed statement with an empty text
-
-
-def _unnamed_bind(bind: pg.Bind) -> bytes:
-    """A Bind of the unnamed statement to the unnamed portal with ``bind``'s values, results in text."""
-    values = b"".join(struct.pack("!i", -1) if value is None else struct.pack("!i", len(value)) + value
-                      for value in bind.values)
-    return (b"\0\0" + struct.pack(f"!h{len(bind.parameter_formats)}h", len(bind.parameter_formats),
-                                   *bind.parameter_formats)
-            + struct.pack("!h", len(bind.values)) + values + struct.pack("!h", 0))
 
 
 def _literal(value: str) -> str:
