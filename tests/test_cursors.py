@@ -494,3 +494,19 @@ def test_script_waits_for_earlier_answers() -> None:
     assert [body for type_, body in answers if type_ == b"C"] == [b"SELECT 1\0", b"BEGIN\0", b"DECLARE CURSOR\0",
                                                                     b"FETCH 1\0"]
     assert answers[-1][1] == b"T"
+
+
+def test_dp_declare_of_a_refused_query_is_refused_and_free(gated_proxy: Endpoint, gated_database: str,
+                                                          truth: psycopg.Connection, dp_role: str) -> None:
+    with psycopg.connect(gated_proxy.dsn(gated_database, user=dp_role), autocommit=True) as conn:
+        for query in ("select age from adult where id = 17", "select count(*) from adult where 1/(age - 40) > 0"):
+            plain = sqlstate(conn, query)
+            assert plain is not None
+            with conn.transaction():
+                assert sqlstate(conn, f"declare c cursor for {query}") == plain
+                assert sqlstate(conn, "fetch all from c") == "34000"
+            assert sqlstate(conn, f'BEGIN;declare "SQL_CUR2" cursor with hold for {query};fetch 10 in "SQL_CUR2"') \
+                == plain
+            conn.execute("rollback")
+    charges = truth.execute("select count(*) from anonproxy.budget_ledger where role_name = %s", [dp_role]).fetchone()
+    assert charges == (0,)
