@@ -30,6 +30,7 @@ from ..wire import protocol as pg
 from ..wire.results import BINARY, TEXT, Column, FormatError, Result, check_formats, result_formats
 
 MAX_CURSOR_ROWS = 100_000  # rows one cursor the proxy holds may keep
+_FOLLOWED = frozenset(b"EZ")  # message types follow() looks at: ErrorResponse, ReadyForQuery
 
 NO_SCROLL = Reject("55000", "cursor can only scan forward", "Declare it with SCROLL option to enable backward scan.")
 ABORTED = Reject("25P02", "current transaction is aborted, commands ignored until end of transaction block")
@@ -231,6 +232,8 @@ class ScriptRun:
 def follow(data: bytes, cursors: Cursors, script: ScriptRun | None) -> tuple[bytes, bool]:
     """Whole messages on their way to the client: errors and ReadyForQuery tell the cursors' life time and a Script's
     progress. Returns what the client gets (a part's ReadyForQuery dropped) and whether the Script is over."""
+    if not data or (data[0] not in _FOLLOWED and len(data) == 1 + struct.unpack_from("!i", data, 1)[0]):
+        return data, False  # one message, neither (most: a DataRow relayed from the client's connection)
     offset = start = 0
     kept: list[bytes] = []
     over = False
