@@ -74,6 +74,7 @@ from dataclasses import dataclass, replace
 from ..config import MAX_STATEMENT_SIZE
 from ..rewrite.decision import (
     CloseCursor,
+    CursorStatement,
     DeclareCursor,
     Decision,
     ExplainDP,
@@ -83,7 +84,6 @@ from ..rewrite.decision import (
     Pass,
     Reject,
     Rewrite,
-    CursorStatement,
     Script,
     SessionSetting,
 )
@@ -93,6 +93,7 @@ from ..wire.results import Column, FormatError, Result, check_formats, result_fo
 from .cursors import Capture, Cursors, ScriptRun, follow, unnamed_bind
 
 SYNC = pg.message(b"S")
+_EXECUTE_ALL = pg.message(b"E", b"\0\0\0\0\0")  # Execute the unnamed portal, all rows
 QUEUE_LIMIT = 1 << 20  # bytes of client messages waiting in the gate before the session stops reading
 # Settings the server reports (ParameterStatus) that change how values print.
 FOLLOWED_SETTINGS = ("DateStyle", "TimeZone", "IntervalStyle", "client_encoding")
@@ -151,7 +152,6 @@ class Route:
     closes: bytes | None = None
     declares: DeclareCursor | None = None  # a cursor the proxy will hold: its query's answer is kept, not sent
     script: Script | None = None  # a message to run statement by statement, from when nothing is in flight
-
 
 
 @dataclass(frozen=True)
@@ -495,9 +495,9 @@ class Gate:
             if isinstance(decision.query, Rewrite):
                 # Prepared, bound with the client's values, described and run, unnamed: the answer is kept (and
                 # what follows waits for it: it may name the cursor).
-                payload = pg.parse_message(b"", decision.query.sql, self._texts[bind.statement].rest) + \
-                    pg.message(b"B", unnamed_bind(bind)) + pg.message(b"D", b"P\0") + pg.message(b"E", b"\0\0\0\0\0") + \
-                    pg.message(b"H")  # Flush: the server sends the answer now, before the client's Sync
+                payload = (pg.parse_message(b"", decision.query.sql, self._texts[bind.statement].rest)
+                           + pg.message(b"B", unnamed_bind(bind)) + pg.message(b"D", b"P\0") + _EXECUTE_ALL
+                           + pg.message(b"H"))  # Flush: the server sends the answer now, before the client's Sync
                 return Route(Owner.SERVICE, payload, declares=decision)
             types = _parameter_types(self._texts[bind.statement].rest)
             formats = bind.parameter_formats * len(bind.values) if len(bind.parameter_formats) == 1 \
@@ -510,8 +510,8 @@ class Gate:
             answer = self._cursors.close(decision, status)
             if decision.name is None and not isinstance(answer, Reject):
                 # PostgreSQL closes its own and answers (CLOSE CURSOR ALL); its ParseComplete and BindComplete are ours.
-                return Route(Owner.UPSTREAM, pg.parse_message(b"", "CLOSE ALL", b"\0\0") + pg.message(b"B", unnamed_bind(
-                    bind)) + pg.message(b"E", b"\0\0\0\0\0"), hidden=(b"1", b"2"))
+                return Route(Owner.UPSTREAM, pg.parse_message(b"", "CLOSE ALL", b"\0\0")
+                             + pg.message(b"B", unnamed_bind(bind)) + _EXECUTE_ALL, hidden=(b"1", b"2"))
         if isinstance(answer, Reject):
             return self._refuse(answer)
         return Route(Owner.LOCAL, answer)

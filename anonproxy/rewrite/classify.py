@@ -8,9 +8,13 @@ protected or linked table passes (published relations, already anonymized,
 among them); one that does is refused if it also reads a published relation,
 else rewritten (mode ``suppress``) or handed to differential privacy (mode
 ``dp``: Noisy, planned by :mod:`anonproxy.privacy.dp_plan`); commands go through
-the allowlist of :mod:`anonproxy.rewrite.commands`. Then per message: all
-statements pass -> Pass; exactly one statement, rewritten -> Rewrite (or Noisy); one
-``SHOW anonproxy.*`` -> Intercept; any other mixture -> Reject.
+the allowlist of :mod:`anonproxy.rewrite.commands`; ``DECLARE … CURSOR FOR query`` is
+DeclareCursor with its query decided as above, FETCH / MOVE / CLOSE are
+FetchCursor / CloseCursor (the gate knows which cursors the proxy holds).
+Then per message: all statements pass -> Pass; exactly one statement,
+rewritten -> Rewrite (or Noisy); one ``SHOW anonproxy.*`` -> Intercept;
+statements that pass mixed with cursor statements -> Script (run one by one);
+any other mixture -> Reject.
 """
 
 from __future__ import annotations
