@@ -19,7 +19,7 @@ import asyncpg
 import pyodbc
 import psycopg
 import pytest
-from conftest import Endpoint
+from conftest import Endpoint, Up, free_port
 from test_gate import _wait_for_version as wait_for_version
 from test_rewrite import POLICY, SUPPRESS
 
@@ -181,6 +181,23 @@ def test_psqlodbc_declare_fetch_mode(gated_proxy: Endpoint, gated_database: str,
         assert "adult" in tables
     finally:
         conn.close()
+
+
+def test_tableau_driver_through_anonproxy_up() -> None:
+    """`anonproxy up`, then psqlODBC in declare/fetch mode (Tableau's driver and mode) as reporter and analyst."""
+    port = free_port()
+    up = Up("--port", str(port))
+    try:
+        server = Endpoint("127.0.0.1", port)
+        for role in ("reporter", "analyst"):
+            conn = odbc(server, "postgres", role, Fetch=2048)
+            try:
+                rows = conn.cursor().execute("select sex, count(*) from adult group by sex").fetchall()
+            finally:
+                conn.close()
+            assert sorted(row[0] for row in rows) == ["Female", "Male"], role
+    finally:
+        up.stop()
 
 
 def test_psqlodbc_sequence_as_sent(reporter: psycopg.Connection, released: list[tuple[str, int]]) -> None:
