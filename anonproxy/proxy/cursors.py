@@ -33,7 +33,8 @@ MAX_CURSOR_ROWS = 100_000  # rows one cursor the proxy holds may keep
 _FOLLOWED = frozenset(b"EZ")  # message types follow() looks at: ErrorResponse, ReadyForQuery
 
 NO_SCROLL = Reject("55000", "cursor can only scan forward", "Declare it with SCROLL option to enable backward scan.")
-ABORTED = Reject("25P02", "current transaction is aborted, commands ignored until end of transaction block")
+ABORTED = Reject("25P02", "current transaction is aborted, commands ignored until end of transaction block",
+                 "End the transaction with ROLLBACK (or roll back to a savepoint) first.")
 
 
 @dataclass(frozen=True)
@@ -86,9 +87,10 @@ class Cursors:
         if status == b"E":
             return ABORTED
         if name in self._cursors:
-            return Reject("42P03", f'cursor "{name}" already exists')
+            return Reject("42P03", f'cursor "{name}" already exists', "CLOSE it first, or choose another name.")
         if not hold and status == b"I" and not block:
-            return Reject("25P01", "DECLARE CURSOR can only be used in transaction blocks")
+            return Reject("25P01", "DECLARE CURSOR can only be used in transaction blocks",
+                          "Declare it after BEGIN, or declare it WITH HOLD.")
         return None
 
     def declare(self, declare: DeclareCursor, result: Result, committed: bool) -> bytes:

@@ -471,7 +471,8 @@ class Gate:
             decision, bind = self._cursor_portals[name]
         fetch = isinstance(decision, FetchCursor) and not decision.move
         if not isinstance(decision, DeclareCursor) and not self._cursors.held(decision.name):
-            return self._refuse(Reject("34000", f'cursor "{decision.name}" does not exist'))
+            return self._refuse(Reject("34000", f'cursor "{decision.name}" does not exist',
+                                       "A cursor WITHOUT HOLD ends with its transaction; declare it again."))
         if type_ == b"D":
             columns = self._cursors.columns(decision.name) if fetch else ()
             if kind == b"S":
