@@ -32,7 +32,7 @@ REFUSED = [
     "copy adult to stdout",
     "copy (select * from adult) to stdout",
     "declare c cursor with hold for select * from adult",
-    "declare c cursor for select count(*) from adult",
+    "declare c cursor with hold for select age from adult where id = 17",
     "fetch all from c",
     "prepare p as select * from adult",
     "execute p",

@@ -167,11 +167,7 @@ REFUSED_STATEMENTS = [
     ("COPY adult TO STDOUT", "42501", "COPY"),
     ("COPY (SELECT * FROM adult) TO STDOUT", "42501", "COPY"),
     ("copy pg_class to stdout", "42501", "COPY"),
-    ("DECLARE c CURSOR FOR SELECT * FROM adult", "42501", "DECLARE"),
-    ('DECLARE "SQL_CUR0x1" CURSOR WITH HOLD FOR SELECT count(*) FROM adult', "42501", "DECLARE"),
-    ("FETCH 100 FROM c", "42501", "FETCH"),
-    ("MOVE NEXT IN c", "42501", "MOVE"),
-    ("CLOSE c", "42501", "CLOSE"),
+    ("DECLARE c CURSOR FOR SELECT * FROM adult", "42501", "SELECT *"),  # the query's own refusal
     ("EXPLAIN ANALYZE SELECT count(*) FROM adult", "42501", "EXPLAIN ANALYZE"),
     ("EXPLAIN ANALYZE SELECT 1", "42501", "EXPLAIN ANALYZE"),
     ("EXPLAIN (ANALYZE, BUFFERS) SELECT 1", "42501", "EXPLAIN ANALYZE"),

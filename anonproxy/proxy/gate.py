@@ -72,12 +72,28 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from ..config import MAX_STATEMENT_SIZE
-from ..rewrite.decision import Decision, ExplainDP, Intercept, Noisy, Pass, Reject, Rewrite, SessionSetting
+from ..rewrite.decision import (
+    CloseCursor,
+    CursorStatement,
+    DeclareCursor,
+    Decision,
+    ExplainDP,
+    FetchCursor,
+    Intercept,
+    Noisy,
+    Pass,
+    Reject,
+    Rewrite,
+    Script,
+    SessionSetting,
+)
 from ..wire import protocol as pg
 from ..wire.framing import BoundedMessageBuffer, Piece
 from ..wire.results import Column, FormatError, Result, check_formats, result_formats
+from .cursors import Capture, Cursors, ScriptRun, follow, unnamed_bind
 
 SYNC = pg.message(b"S")
+_EXECUTE_ALL = pg.message(b"E", b"\0\0\0\0\0")  # Execute the unnamed portal, all rows
 QUEUE_LIMIT = 1 << 20  # bytes of client messages waiting in the gate before the session stops reading
 # Settings the server reports (ParameterStatus) that change how values print.
 FOLLOWED_SETTINGS = ("DateStyle", "TimeZone", "IntervalStyle", "client_encoding")
@@ -134,6 +150,8 @@ class Route:
     uses: bytes | None = None
     prepares: bytes | None = None
     closes: bytes | None = None
+    declares: DeclareCursor | None = None  # a cursor the proxy will hold: its query's answer is kept, not sent
+    script: Script | None = None  # a message to run statement by statement, from when nothing is in flight
 
 
 @dataclass(frozen=True)
@@ -181,7 +199,7 @@ class Gate:
         self._version = version  # of the policy in force
         self._time_limit = time_limit  # the policy's maximum statement time for the role's mode, in ms
         self._settings = settings
-        self._write_client = write_client
+        self._client = write_client
         self._send = {Owner.UPSTREAM: send_upstream, Owner.SERVICE: send_service}
         self._ask_proxy = ask_proxy
         self._max_statement_size = max_statement_size
@@ -232,6 +250,14 @@ class Gate:
         # The session's output settings (DateStyle…), all applied on each connection borrowed.
         self._output_settings: dict[str, str] = dict(service_settings or {})
         self._service_statements: set[bytes] = set()  # statements prepared on the service connection held
+        # Cursors (see cursors.py): those the proxy holds, the gated DECLARE being answered, the message of
+        # several statements being run one by one.
+        self._cursors = Cursors()
+        self._capture: Capture | None = None
+        self._declaring: DeclareCursor | None = None
+        self._script: ScriptRun | None = None
+        self._cursor_statements: dict[bytes, CursorStatement] = {}
+        self._cursor_portals: dict[bytes, tuple[CursorStatement, pg.Bind]] = {}
 
     # -- input ------------------------------------------------------------------
 
@@ -252,7 +278,9 @@ class Gate:
         (The proxy's own queries there and the answers it hides are never long.)"""
         if piece.first:
             self._hide(Owner.UPSTREAM, piece.type_)  # a long ErrorResponse still ends what is hidden
-        self._write_client(piece.raw)
+            if piece.type_ == b"E":
+                self._failed()
+        self._client(piece.raw)
 
     def upstream_message(self, type_: bytes, body: bytes) -> None:
         if self._asking_timeout:
@@ -265,6 +293,8 @@ class Gate:
             self._client_timeout_stale = True  # what ran may have changed it (SET, a function, a rollback)
             self._ready_for_query(Owner.UPSTREAM, body)
             return
+        if type_ == b"C":
+            self._cursors.command_complete(pg.read_cstring(body)[0].decode(errors="replace"))
         if type_ == b"S":
             name, offset = pg.read_cstring(body)
             if name.decode() in FOLLOWED_SETTINGS:
@@ -281,6 +311,8 @@ class Gate:
                 self._pump()
         elif self._hide(Owner.SERVICE, type_):
             return
+        elif self._capture is not None and type_ != b"Z":
+            self._captured(type_, body)
         elif type_ == b"Z":
             # The client's transaction is the one on its own connection.
             self._ready_for_query(Owner.SERVICE, self.transaction_status)
@@ -326,7 +358,16 @@ class Gate:
         kind, portal, max_rows = self._asking
         self._asking = None
         self.in_flight[Owner.PROXY] -= 1
-        if kind == "query":
+        if kind in ("declare", "declare portal"):
+            declare, self._declaring = self._declaring, None
+            assert declare is not None and not isinstance(reply, Description)
+            answer = self._declared(declare, reply)
+            if kind == "declare":
+                self._write_client(answer + pg.ready_for_query(self.transaction_status))
+            else:
+                self._write_client(answer)
+                self._skipping = answer[:1] == b"E"
+        elif kind == "query":
             assert not isinstance(reply, Description)
             self._write_client((reply.simple() if isinstance(reply, Result) else reply)
                                + pg.ready_for_query(self.transaction_status))
@@ -348,6 +389,150 @@ class Gate:
                 else:
                     self._write_client(self._portal_rows(state, max_rows))
         self._pump()
+
+    # -- cursors (see cursors.py) ----------------------------------------------------------
+
+    def _write_client(self, data: bytes) -> None:
+        """Whole messages for the client, followed on their way (cursors' life time, a Script's ReadyForQuery)."""
+        data, over = follow(data, self._cursors, self._script)
+        if over:
+            self._end_script()
+        if data:
+            self._client(data)
+
+    def _failed(self) -> None:
+        self._cursors.error()
+        if self._script is not None:
+            self._script.failed = True
+
+    def _end_script(self) -> None:
+        """The message run as a Script is answered: what is left of it (after an error) is skipped."""
+        if self._script is None:
+            return
+        self._script = None
+        while self._queue and self._queue[0][0] == b"q":
+            self._queue.popleft()
+
+    def _route_script(self, raw: bytes, script: Script) -> Route:
+        """Several statements in one Query with cursor statements among them: as they are to the client's connection
+        when the proxy holds none of their cursors, else one by one (parts queued as b"q")."""
+        if not any(self._for_cursors(decision) for _, decision in script.parts):
+            for _, decision in script.parts:
+                if isinstance(decision, DeclareCursor):
+                    self._cursors.passing(decision)
+            return Route(Owner.UPSTREAM, raw, ends_batch=True)
+        return Route(Owner.LOCAL, b"", in_batch=False, script=script)
+
+    def _for_cursors(self, decision: Decision) -> bool:
+        """Whether a statement needs the proxy's cursors (else it goes to the client's connection as it is)."""
+        if isinstance(decision, DeclareCursor):
+            return not isinstance(decision.query, Pass) or self._cursors.held(decision.name)
+        return isinstance(decision, (FetchCursor, CloseCursor)) and self._cursors.held(decision.name)
+
+    def _route_part(self) -> Route:
+        assert self._script is not None
+        text, decision = self._script.parts.popleft()
+        raw = pg.query_message(text)
+        if isinstance(decision, Pass):
+            return Route(Owner.UPSTREAM, raw, ends_batch=True)
+        return self._route_cursor(raw, decision, block=True)
+
+    def _route_cursor(self, raw: bytes, decision: Decision, block: bool) -> Route:
+        """DECLARE, FETCH, MOVE or CLOSE in a Query (``block``: inside the implicit block of a Script)."""
+        status = self.transaction_status
+        if not self._for_cursors(decision):
+            if isinstance(decision, DeclareCursor):
+                self._cursors.passing(decision)
+            return Route(Owner.UPSTREAM, raw, ends_batch=True)
+        if isinstance(decision, DeclareCursor):
+            reject = self._cursors.can_declare(decision.name, decision.hold, status, block)
+            if reject is not None:
+                return self._refuse(reject, simple=True)
+            if isinstance(decision.query, Rewrite):
+                return Route(Owner.SERVICE, pg.query_message(decision.query.sql), ends_batch=True, declares=decision)
+            return Route(Owner.PROXY, b"", ends_batch=True, request=ProxyRequest(decision.query),
+                         asking=("declare", b"", 0), declares=decision)
+        if isinstance(decision, FetchCursor):
+            answer = self._cursors.fetch(decision, None, status, describe=True)
+        else:
+            assert isinstance(decision, CloseCursor)
+            answer = self._cursors.close(decision, status)
+            if decision.name is None and not isinstance(answer, Reject):
+                return Route(Owner.UPSTREAM, raw, ends_batch=True)  # PostgreSQL closes its own and answers
+        if isinstance(answer, Reject):
+            return self._refuse(answer, simple=True)
+        return Route(Owner.LOCAL, answer + pg.ready_for_query(status))
+
+    def _cursor_by_name(self, type_: bytes, kind: bytes, name: bytes) -> Route:
+        """Describe or Execute of a cursor statement (or its portal) the proxy answers, in the extended protocol."""
+        if kind == b"S":
+            decision, bind = self._cursor_statements[name], None
+        else:
+            decision, bind = self._cursor_portals[name]
+        fetch = isinstance(decision, FetchCursor) and not decision.move
+        if not isinstance(decision, DeclareCursor) and not self._cursors.held(decision.name):
+            return self._refuse(Reject("34000", f'cursor "{decision.name}" does not exist',
+                                       "A cursor WITHOUT HOLD ends with its transaction; declare it again."))
+        if type_ == b"D":
+            columns = self._cursors.columns(decision.name) if fetch else ()
+            if kind == b"S":
+                types = _parameter_types(self._texts[name].rest) if isinstance(decision, DeclareCursor) else ()
+                return Route(Owner.LOCAL, pg.parameter_description(list(types)) + Result(columns).description())
+            assert bind is not None
+            if not fetch:
+                return Route(Owner.LOCAL, pg.message(b"n"))  # NoData
+            try:
+                formats = result_formats(bind.result_formats, len(columns))
+                check_formats(columns, formats)
+            except FormatError as exc:
+                return self._refuse(Reject(exc.sqlstate, str(exc)))
+            return Route(Owner.LOCAL, Result(columns).description(formats))
+        assert bind is not None
+        status = self.transaction_status
+        if isinstance(decision, DeclareCursor):
+            reject = self._cursors.can_declare(decision.name, decision.hold, status, block=False)
+            if reject is not None:
+                return self._refuse(reject)
+            if isinstance(decision.query, Rewrite):
+                # Prepared, bound with the client's values, described and run, unnamed: the answer is kept (and
+                # what follows waits for it: it may name the cursor).
+                payload = (pg.parse_message(b"", decision.query.sql, self._texts[bind.statement].rest)
+                           + pg.message(b"B", unnamed_bind(bind)) + pg.message(b"D", b"P\0") + _EXECUTE_ALL
+                           + pg.message(b"H"))  # Flush: the server sends the answer now, before the client's Sync
+                return Route(Owner.SERVICE, payload, declares=decision)
+            types = _parameter_types(self._texts[bind.statement].rest)
+            formats = bind.parameter_formats * len(bind.values) if len(bind.parameter_formats) == 1 \
+                else bind.parameter_formats or (0,) * len(bind.values)
+            return Route(Owner.PROXY, b"", request=ProxyRequest(decision.query, parameters=Parameters(
+                types, formats, bind.values)), asking=("declare portal", name, 0), declares=decision)
+        if isinstance(decision, FetchCursor):
+            answer = self._cursors.fetch(decision, bind.result_formats, status, describe=False)
+        else:
+            answer = self._cursors.close(decision, status)
+            if decision.name is None and not isinstance(answer, Reject):
+                # PostgreSQL closes its own and answers (CLOSE CURSOR ALL); its ParseComplete and BindComplete are ours.
+                return Route(Owner.UPSTREAM, pg.parse_message(b"", "CLOSE ALL", b"\0\0")
+                             + pg.message(b"B", unnamed_bind(bind)) + _EXECUTE_ALL, hidden=(b"1", b"2"))
+        if isinstance(answer, Reject):
+            return self._refuse(answer)
+        return Route(Owner.LOCAL, answer)
+
+    def _declared(self, declare: DeclareCursor, reply: Result | bytes) -> bytes:
+        """The answer to a gated DECLARE, its query answered: the cursor is kept (or the error)."""
+        if not isinstance(reply, Result):
+            return reply
+        # A single statement outside a transaction block runs in a transaction of its own, committed at once.
+        return self._cursors.declare(declare, reply, self.transaction_status == b"I" and self._script is None)
+
+    def _captured(self, type_: bytes, body: bytes) -> None:
+        """A message of the service connection's answer to a gated DECLARE's query."""
+        assert self._capture is not None
+        answer = self._capture.feed(type_, body)
+        if answer is None:
+            return
+        declare, self._capture = self._capture.declare, None
+        self._write_client(answer if isinstance(answer, bytes) else self._declared(declare, answer))
+        self._pump()  # the messages that waited for the cursor (a Sync among them, in the extended protocol)
 
     def _hide(self, owner: Owner, type_: bytes) -> bool:
         """Whether this is an answer to a statement prepared again, which the client must not see."""
@@ -397,6 +582,10 @@ class Gate:
             if self._held is None:
                 if self.in_flight[Owner.PROXY]:
                     return  # route the next message once the proxy answered: an error skips the rest of the batch
+                if self._queue[0][0] == b"q" and any(self.in_flight.values()):
+                    return  # the parts of a Script run one after the other
+                if self._capture is not None or self._declaring is not None:
+                    return  # what follows a gated DECLARE may name its cursor: routed once the cursor is held
                 type_, body = self._queue.popleft()
                 self._held = self._route(type_, body)
                 if self._held is _WAIT:
@@ -410,8 +599,9 @@ class Gate:
             route = self._held
             if route.in_batch and self._unsynced not in (None, route.owner):
                 self._close_batch_part(self._unsynced)
-            if any(count for owner, count in self.in_flight.items() if owner is not route.owner):
-                return  # wait for the other owner's ReadyForQuery
+            if any(count for owner, count in self.in_flight.items()
+                   if owner is not route.owner or route.declares is not None or route.script is not None):
+                return  # wait for the other owner's ReadyForQuery (gated DECLARE, Script: for every answer)
             if self._needs_client_timeout(route):
                 self._ask_client_timeout()
                 return
@@ -421,6 +611,14 @@ class Gate:
                     self._acquire_service()  # type: ignore[misc]
                 return
             self._held = None
+            if route.script is not None:  # its parts go first, one by one; the client sees one ReadyForQuery
+                self._script = ScriptRun(deque(route.script.parts), len(route.script.parts))
+                self._queue.extendleft([(b"q", b"")] * len(route.script.parts))
+                continue
+            if route.declares is not None and route.owner is Owner.SERVICE:
+                self._capture = Capture(route.declares)
+            elif route.declares is not None:
+                self._declaring = route.declares
             if route.owner is Owner.LOCAL:
                 self._write_client(route.payload)
                 continue
@@ -532,6 +730,8 @@ class Gate:
             return Route(Owner.LOCAL, pg.ready_for_query(self.transaction_status))
         if self._skipping and type_ in b"PBDECH":
             return None
+        if type_ == b"q":
+            return self._route_part()
         if type_ == b"Q":
             sql = _text(body[:-1])
             if isinstance(sql, Reject):
@@ -573,6 +773,10 @@ class Gate:
     def _route_query(self, raw: bytes, decision: Decision) -> Route:
         if isinstance(decision, Pass):
             return Route(Owner.UPSTREAM, raw, ends_batch=True)
+        if isinstance(decision, Script):
+            return self._route_script(raw, decision)
+        if isinstance(decision, (DeclareCursor, FetchCursor, CloseCursor)):
+            return self._route_cursor(raw, decision, block=False)
         if isinstance(decision, Rewrite):
             if self.transaction_status == b"E":
                 return self._refuse(_ABORTED, simple=True)
@@ -607,6 +811,18 @@ class Gate:
             return self._refuse(_ABORTED)  # as PostgreSQL: the statement of that name, if any, stays
         self._statement_settings.pop(name, None)
         self._proxy_statements.pop(name, None)
+        self._cursor_statements.pop(name, None)
+        if isinstance(decision, Script):
+            decision = Reject("42601", "cannot insert multiple commands into a prepared statement")
+        elif isinstance(decision, (DeclareCursor, FetchCursor, CloseCursor)):
+            if not self._for_cursors(decision):
+                decided = replace(decided, decision=Pass())  # a cursor on the client's own connection
+                decision = decided.decision
+            else:
+                self._texts[name] = decided
+                self._statements[name] = Owner.LOCAL
+                self._cursor_statements[name] = decision
+                return Route(Owner.LOCAL, pg.message(b"1"))  # ParseComplete
         if isinstance(decision, Reject):
             self._statements.pop(name, None)
             self._texts.pop(name, None)
@@ -647,6 +863,7 @@ class Gate:
                     return again  # refused (a failed transaction)
         owner = self._portals[portal] = self._statements.get(statement, Owner.UPSTREAM)
         self._proxy_portals.pop(portal, None)
+        self._cursor_portals.pop(portal, None)
         bound = self._texts.get(statement)
         if bound is not None:
             self._bound[portal] = bound
@@ -662,7 +879,11 @@ class Gate:
             close = pg.message(b"C", b"S" + statement + b"\0") if statement else b""
             return Route(owner, close + again.payload + raw, hidden=(b"3",) * bool(close) + (b"1",),
                          prepares=statement)
-        self._portal_settings[portal] = self._statement_settings[statement]
+        if statement in self._cursor_statements:
+            bind = pg.parse_bind(body)
+            self._cursor_portals[portal] = (self._cursor_statements[statement], bind)
+        else:
+            self._portal_settings[portal] = self._statement_settings[statement]
         return Route(Owner.LOCAL, pg.message(b"2"))  # BindComplete
 
     def _route_by_name(self, type_: bytes, body: bytes, raw: bytes) -> Route:
@@ -683,6 +904,8 @@ class Gate:
             kind, (name, _) = body[:1], pg.read_cstring(body, 1)
         names, settings = (self._statements, self._statement_settings) if kind == b"S" else \
             (self._portals, self._portal_settings)
+        if type_ == b"D" and kind == b"P" and name not in names and self._cursors.held(_text_or_empty(name)):
+            return Route(Owner.LOCAL, self._cursors.describe(_text_or_empty(name)))  # psycopg's named cursors
         owner = names.get(name, Owner.UPSTREAM)
         if type_ == b"C":
             names.pop(name, None)
@@ -695,7 +918,10 @@ class Gate:
                          closes=on_statement if type_ == b"C" else None)
         if type_ == b"C":
             settings.pop(name, None)
+            (self._cursor_statements if kind == b"S" else self._cursor_portals).pop(name, None)
             return Route(Owner.LOCAL, pg.message(b"3"))  # CloseComplete
+        if name in (self._cursor_statements if kind == b"S" else self._cursor_portals):
+            return self._cursor_by_name(type_, kind, name)
         answer = self._show(settings[name])
         if isinstance(answer, Reject):
             return self._refuse(answer)
@@ -804,6 +1030,13 @@ def _text(sql: bytes) -> str | Reject:
         shown = " ".join(f"0x{byte:02x}" for byte in sql[exc.start: exc.start + length])
         return Reject("22021", f'invalid byte sequence for encoding "UTF8": {shown}',
                       "anonproxy reads the statements of anonymized roles as UTF-8; send them in UTF-8.")
+
+
+def _text_or_empty(name: bytes) -> str:
+    try:
+        return name.decode()
+    except UnicodeDecodeError:
+        return ""
 
 
 def _parameter_types(rest: bytes) -> tuple[int, ...]:

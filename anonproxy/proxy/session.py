@@ -36,12 +36,14 @@ from ..logs import RateLimitedLog
 from ..policy.model import Policy, RolePolicy
 from ..rewrite import decide
 from ..rewrite.decision import (
+    DeclareCursor,
     Decision,
     ExplainDP,
     Intercept,
     Noisy,
     Pass,
     Reject,
+    Script,
     SessionSetting,
 )
 from ..wire import protocol as pg
@@ -125,7 +127,11 @@ def too_complex(budget: float) -> Reject:
 
 
 def _weight(decision: Decision) -> int:
-    """About the bytes a decision holds beyond its key: its texts."""
+    """About the bytes a decision holds beyond its key: its texts (a cursor's query's, a Script's parts')."""
+    if isinstance(decision, Script):
+        return sum(len(text) + _weight(part) for text, part in decision.parts)
+    if isinstance(decision, DeclareCursor):
+        return len(decision.name) + _weight(decision.query)
     return sum(len(getattr(decision, name, None) or "") for name in ("sql", "message", "hint"))
 
 

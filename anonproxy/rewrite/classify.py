@@ -8,9 +8,13 @@ protected or linked table passes (published relations, already anonymized,
 among them); one that does is refused if it also reads a published relation,
 else rewritten (mode ``suppress``) or handed to differential privacy (mode
 ``dp``: Noisy, planned by :mod:`anonproxy.privacy.dp_plan`); commands go through
-the allowlist of :mod:`anonproxy.rewrite.commands`. Then per message: all
-statements pass -> Pass; exactly one statement, rewritten -> Rewrite (or Noisy); one
-``SHOW anonproxy.*`` -> Intercept; any other mixture -> Reject.
+the allowlist of :mod:`anonproxy.rewrite.commands`; ``DECLARE … CURSOR FOR query`` is
+DeclareCursor with its query decided as above, FETCH / MOVE / CLOSE are
+FetchCursor / CloseCursor (the gate knows which cursors the proxy holds).
+Then per message: all statements pass -> Pass; exactly one statement,
+rewritten -> Rewrite (or Noisy); one ``SHOW anonproxy.*`` -> Intercept;
+statements that pass mixed with cursor statements -> Script (run one by one);
+any other mixture -> Reject.
 """
 
 from __future__ import annotations
@@ -23,19 +27,25 @@ from anonproxy.policy.model import Policy, RolePolicy
 from anonproxy.rewrite.analytic import analyze
 from anonproxy.rewrite.commands import (
     classify_command,
+    cursor_command,
+    declare_cursor,
     explained_query,
     is_query,
     refuse_statement,
 )
 from anonproxy.rewrite.decision import (
     FEATURE_NOT_SUPPORTED,
+    CloseCursor,
+    DeclareCursor,
     Decision,
     ExplainDP,
+    FetchCursor,
     Noisy,
     Pass,
     Refusal,
     Reject,
     Rewrite,
+    Script,
     forbidden,
     unsupported,
 )
@@ -101,11 +111,17 @@ def _decide(sql: str, role: RolePolicy, policy: Policy) -> Decision:
         raise forbidden(f"role {role.role} may not query through anonproxy (mode {role.mode})",
                         "Ask the DBA for a role in suppress mode.")
     index = PolicyIndex(policy)
-    decisions = [_statement(statement, role, index) for statement in split(sql)]
+    statements = split(sql)
+    decisions = [_statement(statement, role, index) for statement in statements]
     if not decisions or all(isinstance(d, Pass) for d in decisions):
         return Pass()
     if len(decisions) == 1:
         return decisions[0]
+    if any(isinstance(d, _CURSOR_DECISIONS) for d in decisions) and all(
+            isinstance(d, (Pass, *_CURSOR_DECISIONS)) for d in decisions):
+        # psqlODBC's "BEGIN;declare ... cursor ... for ...;fetch 100 in ...": the proxy runs it statement by statement
+        return Script(tuple((statement.text, decision) for statement, decision in zip(statements, decisions,
+                                                                                       strict=True)))
     raise unsupported(
         "an aggregate query over protected tables, or SHOW anonproxy.*, must be sent on its own, not together "
         "with other statements",
@@ -113,9 +129,16 @@ def _decide(sql: str, role: RolePolicy, policy: Policy) -> Decision:
     )
 
 
+_CURSOR_DECISIONS = (DeclareCursor, FetchCursor, CloseCursor)
+
+
 def _statement(statement: Statement, role: RolePolicy, index: PolicyIndex) -> Decision:
     if statement.word(0) == "EXPLAIN":
         return _explain(statement, role, index)
+    if statement.word(0) == "DECLARE":
+        return _declare(statement, role, index)
+    if statement.word(0) in ("FETCH", "MOVE", "CLOSE"):
+        return cursor_command(statement)
     if not is_query(statement):
         return classify_command(statement, role.mode)
     tree = parse_statement(statement)
@@ -128,6 +151,17 @@ def _statement(statement: Statement, role: RolePolicy, index: PolicyIndex) -> De
     sql = rewrite(analyze(statement, tree, index, role.suppression), role.suppression)
     verify(sql, index.policy, role.role)  # PostgreSQL's own parser reads the final SQL again
     return Rewrite(sql)
+
+
+def _declare(statement: Statement, role: RolePolicy, index: PolicyIndex) -> DeclareCursor:
+    """DECLARE ... CURSOR FOR query: the query is decided exactly like a plain statement."""
+    syntax = declare_cursor(statement)
+    inner = Statement(statement.source, statement.tokens[syntax.query:])
+    if not is_query(inner):
+        raise refuse_statement(inner, role.mode)
+    query = _statement(inner, role, index)
+    assert isinstance(query, (Pass, Rewrite, Noisy))
+    return DeclareCursor(syntax.name, query, syntax.binary, syntax.scroll, syntax.hold)
 
 
 def _explain(statement: Statement, role: RolePolicy, index: PolicyIndex) -> Decision:

@@ -19,6 +19,8 @@ of them only as ``exp.Command``), against an allowlist:
 * BEGIN / START TRANSACTION / COMMIT / END / ROLLBACK / ABORT / SAVEPOINT /
   RELEASE, SET TRANSACTION, SET SESSION CHARACTERISTICS (not two-phase commit).
 * DISCARD, DEALLOCATE, LISTEN, UNLISTEN.
+* Cursors: ``DECLARE`` is read by :func:`declare_cursor` (its query is decided by the classifier like a plain
+  one); FETCH, MOVE and CLOSE by :func:`cursor_command`, normalised as PostgreSQL's grammar does.
 
 Anything else is refused with the statement's kind in the message.
 """
@@ -26,12 +28,15 @@ Anything else is refused with the statement's kind in the message.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 
 from sqlglot.tokens import TokenType
 
 from anonproxy.rewrite.decision import (
+    CloseCursor,
     Decision,
+    FetchCursor,
     Intercept,
     Pass,
     Refusal,
@@ -39,12 +44,14 @@ from anonproxy.rewrite.decision import (
     forbidden,
     unsupported,
 )
-from anonproxy.rewrite.statements import Statement, split
+from anonproxy.rewrite.names import fold
+from anonproxy.rewrite.statements import PARSE_HINT, Statement, split
 
 ALLOWED_HINT = (
     "This role may send: SELECT with aggregates (count, sum, avg) over protected tables, queries that do not "
     "touch protected tables (catalog browsing included), SET/RESET/SHOW of ordinary settings, transaction "
-    "control (BEGIN, COMMIT, ROLLBACK, SAVEPOINT), DISCARD, DEALLOCATE, LISTEN/UNLISTEN."
+    "control (BEGIN, COMMIT, ROLLBACK, SAVEPOINT), cursors over such queries (DECLARE, FETCH, MOVE, CLOSE), "
+    "DISCARD, DEALLOCATE, LISTEN/UNLISTEN."
 )
 
 QUERY_STARTS = frozenset({"SELECT", "WITH", "VALUES", "TABLE"})
@@ -70,14 +77,9 @@ MIN_SESSION_EPSILON = Decimal("0.000001")
 INVALID_VALUE = "22023"  # invalid_parameter_value
 
 # Statement kinds with a specific explanation: first word -> (what, why, hint).
-_CURSOR_HINT = "Send the SELECT itself; configure the client not to use cursors (psqlODBC: UseDeclareFetch=0)."
 _PREPARE_HINT = "Use the extended query protocol (Parse/Bind/Execute), as drivers do for parameters."
 _SPECIAL: dict[str, tuple[str, str, str]] = {
     "COPY": ("COPY", "it reads or writes whole tables", "Query aggregates with SELECT instead."),
-    "DECLARE": ("DECLARE ... CURSOR", "cursors are not supported", _CURSOR_HINT),
-    "FETCH": ("FETCH", "cursors are not supported", _CURSOR_HINT),
-    "MOVE": ("MOVE", "cursors are not supported", _CURSOR_HINT),
-    "CLOSE": ("CLOSE", "cursors are not supported", _CURSOR_HINT),
     "PREPARE": ("SQL-level PREPARE", "prepared statements go through the protocol", _PREPARE_HINT),
     "EXECUTE": ("SQL-level EXECUTE", "prepared statements go through the protocol", _PREPARE_HINT),
     "DO": ("DO", "procedural code can read anything", ALLOWED_HINT),
@@ -321,3 +323,128 @@ def _savepoint(statement: Statement, words: list[str | None], mode: str) -> Deci
             token.token_type != TokenType.IDENTIFIER and words[index] is None):
         raise unsupported(f"malformed {words[0]}", ALLOWED_HINT)
     return Pass()
+
+
+# --- cursors ------------------------------------------------------------------
+
+SYNTAX_ERROR = "42601"
+NAME_BYTES = 63  # PostgreSQL truncates longer identifiers (NAMEDATALEN - 1)
+_INT4 = 2**31 - 1
+_CURSOR_OPTIONS = frozenset({"BINARY", "INSENSITIVE", "ASENSITIVE", "SCROLL", "NO"})
+_FROM_IN = frozenset({"FROM", "IN"})
+
+
+@dataclass(frozen=True)
+class DeclareSyntax:
+    """What DECLARE says besides its query, which starts at token ``query``."""
+
+    name: str
+    binary: bool
+    scroll: bool
+    hold: bool
+    query: int
+
+
+def cursor_name(statement: Statement, index: int) -> str:
+    """The cursor name at token ``index``, folded and truncated as PostgreSQL does."""
+    token = statement.tokens[index] if index < len(statement.tokens) else None
+    if token is not None and token.token_type == TokenType.IDENTIFIER:
+        name = fold(token.text, True)
+    elif statement.word(index) is not None:
+        name = fold(statement.raw(index), False)
+    else:
+        raise _syntax(statement, index)
+    return name.encode()[:NAME_BYTES].decode(errors="ignore")
+
+
+def declare_cursor(statement: Statement) -> DeclareSyntax:
+    """``DECLARE name [BINARY] [ASENSITIVE | INSENSITIVE] [[NO] SCROLL] CURSOR [{WITH | WITHOUT} HOLD] FOR query``
+    (PostgreSQL takes the options in any order)."""
+    name = cursor_name(statement, 1)
+    index, seen = 2, set()
+    binary = scroll = False
+    while statement.word(index) in _CURSOR_OPTIONS:
+        word = statement.word(index)
+        if word == "NO":
+            if statement.word(index + 1) != "SCROLL":
+                raise _syntax(statement, index)
+            word, index = "NO SCROLL", index + 1
+        if word in seen or {word, *seen} >= {"SCROLL", "NO SCROLL"} or {word, *seen} >= {"INSENSITIVE", "ASENSITIVE"}:
+            raise Refusal("42P11" if "SCROLL" in word else SYNTAX_ERROR, "cannot specify both or repeated cursor "
+                          f"options near {statement.raw(index)!r}", PARSE_HINT)
+        seen.add(word)
+        binary |= word == "BINARY"
+        scroll |= word == "SCROLL"
+        index += 1
+    if statement.word(index) != "CURSOR":
+        raise _syntax(statement, index)
+    index += 1
+    hold = False
+    if statement.word(index) in ("WITH", "WITHOUT") and statement.word(index + 1) == "HOLD":
+        hold = statement.word(index) == "WITH"
+        index += 2
+    if statement.word(index) != "FOR" or index + 1 >= len(statement.tokens):
+        raise _syntax(statement, index)
+    return DeclareSyntax(name, binary, scroll, hold, index + 1)
+
+
+def cursor_command(statement: Statement) -> FetchCursor | CloseCursor:
+    """FETCH / MOVE [direction] [FROM | IN] name, CLOSE name | ALL."""
+    words = statement.words()
+    if words[0] == "CLOSE":
+        if len(words) != 2:
+            raise _syntax(statement, min(len(words), 2))
+        return CloseCursor(None if words[1] == "ALL" else cursor_name(statement, 1))
+    move = words[0] == "MOVE"
+    index = 1
+    direction, count = "forward", 1
+    word = statement.word(index)
+    signed = _signed_integer(statement, index)
+    if signed is not None:
+        count, index = signed
+    elif word in ("NEXT", "PRIOR", "FIRST", "LAST"):
+        direction, count = {"NEXT": ("forward", 1), "PRIOR": ("backward", 1), "FIRST": ("absolute", 1),
+                            "LAST": ("absolute", -1)}[word]
+        index += 1
+    elif word == "ALL":
+        count, index = None, index + 1
+    elif word in ("ABSOLUTE", "RELATIVE"):
+        signed = _signed_integer(statement, index + 1)
+        if signed is None:
+            raise _syntax(statement, index + 1)
+        direction, (count, index) = word.lower(), signed
+    elif word in ("FORWARD", "BACKWARD"):
+        direction, index = word.lower(), index + 1
+        if statement.word(index) == "ALL":
+            count, index = None, index + 1
+        else:
+            signed = _signed_integer(statement, index)
+            if signed is not None:
+                count, index = signed
+    if statement.word(index) in _FROM_IN:
+        index += 1
+    elif index == 1 and index + 1 < len(statement.tokens):
+        raise _syntax(statement, index + 1)
+    if index != len(statement.tokens) - 1:
+        raise _syntax(statement, min(index + 1, len(statement.tokens) - 1))
+    return FetchCursor(cursor_name(statement, index), direction, count, move)
+
+
+def _signed_integer(statement: Statement, index: int) -> tuple[int, int] | None:
+    """An optionally signed integer at token ``index``, and the index after it."""
+    sign = 1
+    tokens = statement.tokens
+    if index < len(tokens) and tokens[index].token_type in (TokenType.DASH, TokenType.PLUS):
+        sign = -1 if tokens[index].token_type == TokenType.DASH else 1
+        index += 1
+    if index >= len(tokens) or tokens[index].token_type != TokenType.NUMBER or not statement.raw(index).isdigit():
+        return None
+    value = sign * int(statement.raw(index))
+    if abs(value) > _INT4:
+        raise _syntax(statement, index)
+    return value, index + 1
+
+
+def _syntax(statement: Statement, index: int) -> Refusal:
+    near = statement.raw(index) if index < len(statement.tokens) else "end of input"
+    return Refusal(SYNTAX_ERROR, f"syntax error at or near {near!r}", PARSE_HINT)

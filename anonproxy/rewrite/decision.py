@@ -65,7 +65,49 @@ class Reject:
     hint: str | None = None
 
 
-Decision = Pass | Rewrite | Intercept | Noisy | SessionSetting | ExplainDP | Reject
+@dataclass(frozen=True)
+class DeclareCursor:
+    """``DECLARE name ... CURSOR ... FOR query``: the query decided like a plain statement (Pass, Rewrite or Noisy).
+
+    A passed query's DECLARE goes to the client's own connection; for a rewritten or noisy one the proxy keeps the
+    answer's rows and serves FETCH / MOVE / CLOSE of that cursor itself (see anonproxy.proxy.cursors).
+    """
+
+    name: str  # as PostgreSQL folds it
+    query: Pass | Rewrite | Noisy
+    binary: bool = False
+    scroll: bool = False  # SCROLL given (no SCROLL: the proxy's cursors scan forward only)
+    hold: bool = False  # WITH HOLD
+
+
+@dataclass(frozen=True)
+class FetchCursor:
+    """FETCH or MOVE, normalised as PostgreSQL does: a direction and a count (None: ALL)."""
+
+    name: str
+    direction: str  # "forward", "backward", "absolute" or "relative"
+    count: int | None = 1
+    move: bool = False
+
+
+@dataclass(frozen=True)
+class CloseCursor:
+    name: str | None  # None: CLOSE ALL
+
+
+CursorStatement = DeclareCursor | FetchCursor | CloseCursor
+
+
+@dataclass(frozen=True)
+class Script:
+    """A message of several statements with a cursor statement among them: run one by one, each with its decision
+    (only passed statements and cursor statements; the original text of each)."""
+
+    parts: tuple[tuple[str, Pass | DeclareCursor | FetchCursor | CloseCursor], ...]
+
+
+Decision = (Pass | Rewrite | Intercept | Noisy | SessionSetting | ExplainDP | Reject | DeclareCursor | FetchCursor
+            | CloseCursor | Script)
 
 
 class Refusal(Exception):
