@@ -48,9 +48,11 @@ FUNCTIONS = frozenset({
     "row_number", "dense_rank", "first_value",  # window functions (contribution bounding, ranking)
     "abs", "random", "unnest",  # magnitudes, the dp plan's random row order, its public domains
     "lower", "upper", "date_trunc", "date_part", "extract", "width_bucket",  # client expressions
+    "round", "trunc", "ceil", "floor", "sign",  # post-aggregate expressions (anonproxy.rewrite.post_aggregate)
 })  # fmt: skip
-# Comparison, LIKE/ILIKE (~~ and friends), and the arithmetic of the generators' thresholds and sums.
-OPERATORS = frozenset({"=", "<>", "<", ">", "<=", ">=", "~~", "!~~", "~~*", "!~~*", "+", "-", "*"})
+# Comparison, LIKE/ILIKE (~~ and friends), the arithmetic of the generators' thresholds and sums, and the
+# division of post-aggregate expressions (generated as a / NULLIF(b, 0), over released values only).
+OPERATORS = frozenset({"=", "<>", "<", ">", "<=", ">=", "~~", "!~~", "~~*", "!~~*", "+", "-", "*", "/"})
 _BETWEEN = frozenset({"BETWEEN", "NOT BETWEEN", "BETWEEN SYMMETRIC", "NOT BETWEEN SYMMETRIC"})
 _EXPRESSION_KINDS = frozenset({
     "AEXPR_OP", "AEXPR_DISTINCT", "AEXPR_NOT_DISTINCT", "AEXPR_NULLIF", "AEXPR_IN", "AEXPR_LIKE", "AEXPR_ILIKE",
