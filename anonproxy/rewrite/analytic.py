@@ -209,7 +209,7 @@ def analyze(statement: Statement, tree: exp.Expression, index: PolicyIndex, para
     _check_tail(tree)
     aggregates = _aggregate_texts(statement, tree, checker.aggregates)
     magnitudes, contributors = _aggregate_arguments(aggregates)
-    outer, having_outer = _outer(tree, items, order, keys, checker, statement.source)
+    outer, having_outer = _outer(tree, items, order, keys, checker, statement.source, dp)
     _check_tokens(statement, dp)  # last line of defence, after the tree gave its specific reasons
     from_sql = _from_sql(statement, layout, sources)
 
@@ -240,7 +240,7 @@ def analyze(statement: Statement, tree: exp.Expression, index: PolicyIndex, para
 
 
 def _outer(tree: exp.Select, items: list[Item], order: tuple[OrderItem, ...], keys: tuple[str, ...],
-           checker: Checker, source: str) -> tuple[Outer | None, bool]:
+           checker: Checker, source: str, dp: bool) -> tuple[Outer | None, bool]:
     """The post-aggregate form of the select list, HAVING and ORDER BY, when any of them needs one."""
     kinds = checker.aggregates
     having = tree.args.get("having")
@@ -248,10 +248,13 @@ def _outer(tree: exp.Select, items: list[Item], order: tuple[OrderItem, ...], ke
     order_nodes = tree.args["order"].expressions if tree.args.get("order") is not None else []
     order_post = any(item.position is None and has_post_aggregate(node.this, kinds)
                      for item, node in zip(order, order_nodes, strict=True))
-    if not (any(item.kind == "post" for item in items) or having_post or order_post):
+    # dp mode computes constant select items there too (its own SQL returns only keys and statistics).
+    if not (any(item.kind == "post" or (dp and item.kind == "constant") for item in items) or having_post
+            or order_post):
         return None, False
     nodes = [(node.this if isinstance(node, exp.Alias) else node) for node in tree.expressions]
-    select = [(node, item.alias, item.kind in ("post", "aggregate")) for node, item in zip(nodes, items, strict=True)]
+    select = [(node, item.alias, item.kind in ("post", "aggregate", "constant"))
+              for node, item in zip(nodes, items, strict=True)]
     ordering = [(node.this if item.position is None else None, item.position, item.suffix)
                 for item, node in zip(order, order_nodes, strict=True)]
     key_nodes = [canonical(_expression(key)) for key in keys]

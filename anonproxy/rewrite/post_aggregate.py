@@ -60,6 +60,7 @@ HINT = ("Post-aggregate expressions combine aggregates, GROUP BY expressions and
 class OuterItem:
     sql: str  # over the released columns, aliased with ``name``
     name: str
+    computed: bool  # an expression over aggregates or a post-aggregate constant (else a plain or GROUP BY item)
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,7 @@ class Outer:
     items: tuple[OuterItem, ...]
     having: str | None  # a condition over the released columns (None: HAVING stays where it was, or is absent)
     order: tuple[str, ...]  # ORDER BY entries over the output columns or the released columns
-    keys_used: bool  # whether an expression reads a GROUP BY expression (anonproxy_g<k>) or a plain item
+    keys_used: bool  # whether a computed item, HAVING or ORDER BY reads a GROUP BY expression (anonproxy_g<k>)
     parameters: bool  # whether an expression holds a $n parameter
 
 
@@ -101,8 +102,7 @@ def compile_outer(items: list[tuple[exp.Expression, str | None, bool]], having: 
         else:
             found = compiler.key_of(node)
             sql = key(found) if found is not None else plain(position)
-            compiler.keys_used = True
-        outer_items.append(OuterItem(f"{sql} AS {quote(name)}", name))
+        outer_items.append(OuterItem(f"{sql} AS {quote(name)}", name, computed))
     having_sql = compiler.sql(having) if having is not None else None
     order_sql = []
     for node, position, suffix in order:
@@ -164,7 +164,7 @@ class _Compiler:
             return f"({sql(node.this)} {_ARITHMETIC[type(node)]} {sql(node.expression)})"
         if isinstance(node, exp.Div):
             divisor = sql(node.expression)
-            if not _nonzero_constant(node.expression):
+            if not _nonzero_constant(node.expression) and not _nullif_zero(node.expression):
                 divisor = f"NULLIF({divisor}, 0)"  # a division by zero gives NULL, never an error
             return f"({sql(node.this)} / {divisor})"
         if type(node) in _FUNCTIONS:
@@ -204,6 +204,21 @@ class _Compiler:
                               "GROUP BY expression", HINT)
         raise unsupported(f"{node.sql(dialect='postgres')} cannot be computed over the released values: over "
                           "aggregates, a part without aggregates must be a GROUP BY expression or a constant", HINT)
+
+
+def _nullif_zero(node: exp.Expression) -> bool:
+    """``NULLIF(b, 0)`` as written: already never zero."""
+    while isinstance(node, exp.Paren):
+        node = node.this
+    return isinstance(node, exp.Nullif) and isinstance(node.expression, exp.Literal) \
+        and not node.expression.is_string and _number(node.expression) == 0
+
+
+def _number(node: exp.Literal) -> Decimal | None:
+    try:
+        return Decimal(node.this)
+    except InvalidOperation:
+        return None
 
 
 def _nonzero_constant(node: exp.Expression) -> bool:
@@ -246,7 +261,7 @@ def _figure(node: exp.Expression, source: str | None) -> tuple[str, int]:
     if isinstance(node, exp.Func) and not isinstance(node, (exp.Neg, exp.Binary, exp.If)):
         start, end = node.meta.get("start"), node.meta.get("end")
         if source is not None and start is not None and end is not None:
-            return fold(source[start:end + 1], source[start] == '"'), 2
+            return fold(source[start:end + 1], False), 2
         if isinstance(node, exp.Anonymous):
             return node.name.lower(), 2
         return node.sql_name().lower(), 2

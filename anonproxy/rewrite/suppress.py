@@ -30,7 +30,11 @@ unchanged; ORDER BY and LIMIT apply after suppression.
   computes the client's select list, HAVING (as WHERE), ORDER BY and LIMIT
   from it (:mod:`anonproxy.rewrite.post_aggregate`). A materialized CTE is an
   optimization fence: PostgreSQL evaluates the outer expressions, which may
-  raise errors, on released rows only, never on a withheld group.
+  raise errors, on released rows only, never on a withheld group. A HAVING
+  without post-aggregate expressions stays in the inner query as written (it
+  chooses the groups the rest row adds up); one with them is evaluated
+  outside, on the released groups and the rest row, which then adds up every
+  withheld group.
 """
 
 from __future__ import annotations
@@ -101,11 +105,9 @@ def _suppressed(query: AnalyticQuery, rules: _Rules) -> str:
 def _released(query: AnalyticQuery, outer: Outer, rules: _Rules) -> str:
     """The suppressed values of the GROUP BY expressions, plain items and aggregates, as a materialized CTE; the
     client's select list, HAVING, ORDER BY and LIMIT computed over it."""
-    if query.having_outer and rules.rest and query.grouped:
-        raise unsupported("HAVING over post-aggregate expressions is not supported when the suppressed-rest row is "
-                          "on: HAVING chooses the groups the rest row adds up, before anything is released",
-                          "Compare aggregates with constants in HAVING (HAVING count(*) > 100), or compute the "
-                          "expression in the select list.")
+    # A HAVING over post-aggregate expressions cannot be evaluated on a withheld group (it may raise an error), so
+    # it cannot choose the groups the rest row adds up: the rest row then adds up every withheld group, and HAVING
+    # filters the released rows, the rest row among them.
     inner = [Item(f"{expression} AS {key(k)}", expression, "group", None)
              for k, expression in enumerate(query.keys, 1)]
     inner += [Item(f"{item.expression} AS {plain(i)}", item.expression, item.kind, None)
