@@ -163,10 +163,10 @@ class _Compiler:
         if type(node) in _ARITHMETIC:
             return f"({sql(node.this)} {_ARITHMETIC[type(node)]} {sql(node.expression)})"
         if isinstance(node, exp.Div):
-            divisor = sql(node.expression)
+            numerator, divisor = sql(node.this), sql(node.expression)
             if not _nonzero_constant(node.expression) and not _nullif_zero(node.expression):
                 divisor = f"NULLIF({divisor}, 0)"  # a division by zero gives NULL, never an error
-            return f"({sql(node.this)} / {divisor})"
+            return f"({numerator} / {divisor})"
         if type(node) in _FUNCTIONS:
             arguments = [node.this, *(node.args.get("expressions") or [])]
             for name in ("decimals", "expression"):
