@@ -308,7 +308,7 @@ class Checker:
             aggregates = DP_AGGREGATE_LIST if self.dp else SUPPRESS_AGGREGATES.format(
                 minmax=", min(x), max(x)" if self.params.allow_min_max else "")
             return (f"Allowed in {clause}: the GROUP BY expressions and aggregates ({aggregates}, each with an "
-                    f"optional FILTER (WHERE ...)), built from {ROW_EXPRESSIONS}; over aggregates also "
+                    f"optional FILTER clause), built from {ROW_EXPRESSIONS}; over aggregates also "
                     f"{POST_EXPRESSIONS}.")
         return f"Allowed in {clause}: {ROW_EXPRESSIONS}."
 
