@@ -181,7 +181,7 @@ def analyze(statement: Statement, tree: exp.Expression, index: PolicyIndex, para
     _check_joins(sources, anchor, checker)
 
     layout = _Layout(statement, tree)
-    items = _items(tree, layout, checker)
+    items = _items(tree, layout, checker, dp)
     keys, group_by = _grouping(tree, layout, items, checker)
 
     aggregated = any(item.kind == "aggregate" or (item.kind == "post" and item.aggregates) for item in items) or (
@@ -479,7 +479,7 @@ def _from_sql(statement: Statement, layout: _Layout, sources: list[_Source]) -> 
 # --- select list, GROUP BY, ORDER BY --------------------------------------------
 
 
-def _items(tree: exp.Select, layout: _Layout, checker: Checker) -> list[Item]:
+def _items(tree: exp.Select, layout: _Layout, checker: Checker, dp: bool) -> list[Item]:
     pieces = layout.items()
     if len(pieces) != len(tree.expressions):
         raise unsupported("could not separate the select items", PARSE_HINT)
@@ -503,9 +503,10 @@ def _items(tree: exp.Select, layout: _Layout, checker: Checker) -> list[Item]:
         kind: ItemKind
         core = _cast_aggregate(expression_node, checker.aggregates)
         if core is not None:
-            # A cast of an aggregate is computed only for groups that passed suppression (after HAVING).
-            checker.grouped(core, "the select list")
-            kind = "aggregate"
+            # A cast of an aggregate is computed only for groups that passed suppression (after HAVING); in dp mode
+            # over the noisy value, like any post-aggregate expression.
+            checker.grouped(expression_node, "the select list")  # the cast's target type too
+            kind = "post" if dp and core is not unwrap(expression_node) else "aggregate"
         else:
             checker.grouped(expression_node, "the select list")
             bare = unwrap(expression_node)
@@ -516,8 +517,7 @@ def _items(tree: exp.Select, layout: _Layout, checker: Checker) -> list[Item]:
                 kind = "post"
             else:
                 kind = "group" if any(isinstance(n, exp.Column) for n in expression_node.walk()) else "constant"
-        items.append(Item(text, expression, kind, alias,
-                          kind == "post" and contains_aggregate(expression_node, checker.aggregates)))
+        items.append(Item(text, expression, kind, alias, contains_aggregate(expression_node, checker.aggregates)))
     return items
 
 
