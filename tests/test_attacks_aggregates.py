@@ -80,18 +80,20 @@ def test_huge_round_scale_raises_nothing(reporter: psycopg.Connection, truth: ps
     "select sex, sum(age) filter (where age > 1) over () from adult group by sex",
     "select sex, count(*) filter (where count(*) > 1) from adult group by sex",
     "select sex, sum(age)::regclass from adult group by sex",  # only numeric and text casts
-    "select sex, round(avg(age), $1) from adult group by sex",  # suppress: $1 needs a value; refused unbound
+    "select sex, sum(age) % 7 from adult group by sex",  # modulo: not on the list
 ])
 def test_refused(reporter: psycopg.Connection, attack: str) -> None:
     with pytest.raises(psycopg.Error) as caught:
         reporter.execute(attack).fetchall()
-    assert caught.value.sqlstate in ("42501", "0A000", "08P01", "42P02"), (caught.value.sqlstate, str(caught.value))
+    assert caught.value.sqlstate in ("42501", "0A000"), (caught.value.sqlstate, str(caught.value))
     assert caught.value.diag.message_primary
     assert reporter.execute("select 1").fetchone() == (1,)
 
 
 def test_filter_on_one_person_is_withheld_with_the_rest_row(reporter: psycopg.Connection) -> None:
     for query in ("select sex, count(*) filter (where id = 17) from adult group by sex",
+                  "select sex, count(*) from adult group by sex having count(*) filter (where id = 17) > 0",
+                  "select sex, count(*) from adult group by sex having count(*) filter (where id = 17) = 0",
                   "select education, count(*) filter (where id between 1 and 5), count(*) from adult "
                   "group by education"):
         assert reporter.execute(query).fetchall() == [], query

@@ -791,7 +791,8 @@ def _having(node: exp.Expression, keys: list[exp.Expression], query: AnalyticQue
         wanted = canonical(candidate)
         if wanted in positions:
             return positions[wanted]
-        if isinstance(candidate, _AGGREGATES):
+        if isinstance(candidate, _AGGREGATES) or (isinstance(candidate, exp.Filter)
+                                                   and isinstance(candidate.this, _AGGREGATES)):
             hidden.append(columns.aggregate(candidate, f"having {len(hidden) + 1}", None))
             positions[wanted] = len(drafts) + len(hidden) - 1
             return positions[wanted]
