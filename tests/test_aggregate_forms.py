@@ -94,16 +94,26 @@ def test_plain_queries_keep_their_shape() -> None:
 
 
 def test_filter_counts_the_contributors_of_the_filtered_rows() -> None:
-    sql = rewritten("select sex, count(*) filter (where age > 40), sum(age) filter (where id = 17) from adult "
+    sql = rewritten("select sex, count(*) filter (where age > 40), sum(age) filter (where age = 90) from adult "
                     "group by sex")
     assert "count(DISTINCT CASE WHEN (CASE WHEN (age > 40) THEN 1 END) IS NOT NULL" in sql
-    assert "count(DISTINCT CASE WHEN (CASE WHEN (id = 17) THEN (age) END) <> 0" in sql
+    assert "count(DISTINCT CASE WHEN (CASE WHEN (age = 90) THEN (age) END) <> 0" in sql
     rules = suppress_role(k=5, dominance_n=2, dominance_percent=80, p_percent=10, suppressed_rest=True)
     cells = rewritten("select sex, sum(age) filter (where age > 40) from adult group by sex", rules)
     assert "sum(CASE WHEN (age > 40) THEN (age) END) AS s1" in cells, "magnitude rules see the filtered sums"
 
 
-def test_filter_condition_is_checked_like_where() -> None:
+def test_filter_condition_is_checked_like_an_aggregate_argument() -> None:
+    """count(*) FILTER (WHERE c) is count(CASE WHEN c THEN 1 END): an identifying column is refused there as inside
+    any aggregate (next to count(*), FILTER (WHERE id <> 17) would say which group person 17 is in)."""
+    for role, policy in ((SUPPRESS, POLICY), (DP_ROLE, DP_POLICY)):
+        for condition in ("id = 17", "id <> 17"):
+            decision = decide(f"select sex, count(*) filter (where {condition}) from adult group by sex", role, policy)
+            if role.mode == "dp":
+                decision = plan_dp(f"select sex, count(*) filter (where {condition}) from adult group by sex", role,
+                                   policy, PARAMS)
+            assert isinstance(decision, Reject) and decision.sqlstate == "42501", decision
+            assert "identifying column id" in decision.message
     decision = decide("select count(*) filter (where age / 0 = 1) from adult", SUPPRESS, POLICY)
     assert isinstance(decision, Reject) and decision.sqlstate == "0A000" and "division" in decision.message
     decision = decide("select count(*) filter (where count(*) > 1) from adult", SUPPRESS, POLICY)
@@ -191,6 +201,7 @@ def test_suppress_results_equal_the_direct_query_over_released_groups(reporter: 
     assert len(released) >= len(expected) // 2, rows
     assert all(row == expected[row[0]] for row in released)
     assert all(row[3] >= K for row in released), "FILTER counts of released groups come from ≥ k contributors"
+    assert reporter.execute(SUPPRESS_QUERY, prepare=True).fetchall() == rows  # extended protocol: same answer
 
 
 def test_suppress_having_and_order_over_released_values(reporter: psycopg.Connection,
@@ -204,11 +215,17 @@ def test_suppress_having_and_order_over_released_values(reporter: psycopg.Connec
     assert [row for row in expected if row in released] == released, "ORDER BY as the direct query"
 
 
-def test_filter_on_one_person_is_suppressed_by_contribution_counting(reporter: psycopg.Connection) -> None:
-    assert reporter.execute("select sex, count(*) filter (where id = 17) from adult group by sex").fetchall() == []
-    rows = reporter.execute("select education, sum(capital_gain) filter (where id = 17) from adult "
-                            "group by education").fetchall()
-    assert rows == []
+ONE_PERSON = "age = 90 and native_country = 'Philippines'"  # quasi-identifiers that single out a few people
+
+
+def test_filter_on_a_few_people_is_suppressed_by_contribution_counting(reporter: psycopg.Connection,
+                                                                       truth: psycopg.Connection) -> None:
+    few = truth.execute(f"select count(*) from adult where {ONE_PERSON}").fetchone()[0]
+    assert 1 <= few < K
+    for query in (f"select sex, count(*) filter (where {ONE_PERSON}) from adult group by sex",
+                  f"select sex, count(*), sum(capital_gain) filter (where {ONE_PERSON}) from adult group by sex",
+                  f"select count(*) filter (where {ONE_PERSON}) from adult where age > 30"):
+        assert reporter.execute(query).fetchall() == [], query
 
 
 def test_dp_post_aggregate_expressions(gated_proxy: Endpoint, gated_database: str, analyst: str,  # noqa: F811

@@ -596,8 +596,11 @@ class _Columns:
                 if not self._is_unit(column) or condition is not None:
                     raise unsupported(f"{written or node.sql(dialect='postgres')}: count(DISTINCT x) is supported "
                                       f"in dp mode only on the privacy unit {self._unit_name()}, without FILTER "
-                                      "(a count of distinct values of another column can change by more than one "
-                                      "when one person is added or removed)", DP_HINT)
+                                      "(a count of distinct values of another column has no bound the policy "
+                                      "declares on how much one person moves it)",
+                                      f"Count people with count(DISTINCT {self._unit_name()}); to see the values "
+                                      "of a column, GROUP BY it (in suppress mode count(DISTINCT column) is "
+                                      "answered).")
                 return _Draft(name, "count", statistic=self.need("units", None, Fraction(1)))
             if isinstance(argument, exp.Star) or _numeric_constant(argument) is not None:  # count(1) is count(*)
                 if condition is None:

@@ -406,8 +406,11 @@ class Checker:
         raise unsupported(message, self.clause_hint(clause))
 
     def _filtered(self, node: exp.Filter, clause: str) -> None:
-        """``aggregate FILTER (WHERE condition)``: the condition chooses rows like WHERE (identifying columns too:
-        suppression counts the contributors of the filtered rows, and dp bounds each unit's rows first)."""
+        """``aggregate FILTER (WHERE condition)``: the condition is a row expression, checked like the argument of
+        the aggregate it filters, because that is what it is: ``count(*) FILTER (WHERE c)`` computes
+        ``count(CASE WHEN c THEN 1 END)``. So an identifying column is refused there as inside an aggregate
+        (``count(*) FILTER (WHERE id <> 17)`` next to ``count(*)`` is one person's membership); other conditions
+        pass, and suppression counts the contributors of the filtered rows."""
         where = node.expression
         if not isinstance(node.this, self.aggregates) or not isinstance(where, exp.Where) \
                 or _set_args(where) != {"this"}:
@@ -416,10 +419,11 @@ class Checker:
             raise unsupported("FILTER on a quantile is not supported in dp mode", self.aggregate_hint())
         self._walk(node.this, clause, aggregates=True)
         labels, self._labels = self._labels, False
+        self._in_aggregate = True
         try:
             self._walk(where.this, "FILTER (WHERE ...)", aggregates=False)
         finally:
-            self._labels = labels
+            self._labels, self._in_aggregate = labels, False
 
     def _post_aggregate(self, node: exp.Expression, clause: str) -> None:
         """An expression over aggregates, GROUP BY expressions and constants, computed on released values."""
@@ -429,8 +433,10 @@ class Checker:
                               f"{clause}", self.clause_hint(clause))
         if isinstance(node, exp.Cast):
             target = node.args.get("to")
-            if not isinstance(target, exp.DataType) or target.this not in POST_CAST_TYPES or target.expressions \
-                    and target.this not in _TEXT_TYPES and target.this != exp.DataType.Type.DECIMAL:
+            # a type modifier only where PostgreSQL's own types take one: numeric(p, s), varchar(n), char(n)
+            modified = isinstance(target, exp.DataType) and bool(target.expressions)
+            if not isinstance(target, exp.DataType) or target.this not in POST_CAST_TYPES or (
+                    modified and target.this not in _TEXT_TYPES | {exp.DataType.Type.DECIMAL}):
                 raise unsupported(f"cast to {target.sql(dialect='postgres') if target else None} is not allowed in "
                                   f"{clause}", f"Cast aggregates to smallint, integer, bigint, numeric, real, double "
                                   "precision or text.")
