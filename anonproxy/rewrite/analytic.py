@@ -669,6 +669,8 @@ def _aggregate_texts(statement: Statement, tree: exp.Select,
         if not (isinstance(node, exp.Count) and isinstance(argument_node, exp.Star)):
             argument = statement.span(first, close)
             _same(argument, argument_node)
+        elif close != first + 1 or tokens[first].token_type != TokenType.STAR:
+            raise unsupported("could not locate an aggregate's argument", PARSE_HINT)
         whole: exp.Expression = node
         condition = None
         stop = close + 1
@@ -681,8 +683,9 @@ def _aggregate_texts(statement: Statement, tree: exp.Select,
             condition = statement.span(stop + 3, filter_close)
             _same(condition, whole.expression.this)
             stop = filter_close + 1
+        # The name token is the aggregate's (its spelling checked by the Checker), the argument and the condition
+        # were compared with the tree, and the tokens between them are fixed: the whole text needs no new parse.
         text = statement.span(name_index, stop)
-        _same(text, whole)
         entry = AggregateText(canonical(whole), text, argument, condition)
         if entry not in found:
             found.append(entry)
