@@ -246,6 +246,9 @@ def test_dp_post_aggregate_expressions(gated_proxy: Endpoint, gated_database: st
         assert "epsilon 1.5 of 2 left" in budget_left(conn)
         prepared = conn.execute(query, prepare=True).fetchall()  # Describe answers the same types
         assert prepared == [row]
+        explained = [line for (line,) in conn.execute("explain (anonproxy) " + query).fetchall()]
+        assert any("cached" in line for line in explained) and "nothing was run or charged" in explained[-1]
+        assert any(line.strip().startswith("avg(age): noisy sum / noisy count") for line in explained), explained
     assert abs(row[0] - expected[0]) < 1 and row[0] == round(row[0], 1)
     assert abs(row[2] - expected[2]) < 2 and row[4] == 0 and row[5] == "label"
     assert abs(row[3] - expected[3]) < 20_000 and abs(row[7] - expected[7]) < 500

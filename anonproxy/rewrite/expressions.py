@@ -12,7 +12,8 @@ units and width_bucket bounds are constants checked here.
 
 Select items, HAVING and ORDER BY may also hold aggregates: COUNT(*),
 COUNT(x), COUNT(DISTINCT x), SUM, AVG, and MIN/MAX when the role allows them,
-each with an optional FILTER (WHERE <row condition>), checked like WHERE.
+each with an optional FILTER (WHERE <row condition>), checked like the
+aggregate's argument (FILTER (WHERE c) computes the aggregate of CASE WHEN c).
 Over aggregates (and over constants alone) these clauses may also compute
 *post-aggregate expressions*: + - * /, round, trunc, abs, sign, ceil, floor,
 coalesce, nullif, greatest, least, casts and CASE. They may raise errors
