@@ -8,6 +8,7 @@ over aggregates, computed on released values only. Decisions first, then through
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from decimal import Decimal
 from fractions import Fraction
 
@@ -17,6 +18,7 @@ from conftest import Endpoint
 from test_dp_plan import POLICY as DP_POLICY
 from test_dp_plan import ROLE as DP_ROLE
 from test_dp_proxy import analyst, budget_left, truth  # noqa: F401  (fixtures)
+from test_gate import _wait_for_version as wait_for_version
 from test_rewrite import POLICY, SUPPRESS, suppress_role
 
 from anonproxy.privacy.dp_plan import DPParams, DPPlan, finish, plan_dp
@@ -271,3 +273,63 @@ def test_dp_type_errors_of_post_expressions_are_refused_before_the_charge(gated_
         assert caught.value.sqlstate == "42883"  # round(double precision, integer) does not exist, as in PostgreSQL
         assert "epsilon 2 of 2 left" in budget_left(conn)
 
+
+
+SHAPES = [
+    "select sex, count(*) from adult group by sex order by round(avg(age)) desc",
+    "select distinct round(avg(age), -1) from adult group by sex",
+    "select sex, -sum(age), -(count(*)) from adult group by sex",
+    "select sex, case count(*) when 1 then 'one' else 'many' end from adult group by sex",
+    "select sex, case when sum(age) > 10 and count(*) between 1 and 5 then 1 end from adult group by sex",
+    "select sex, coalesce(sum(age), count(*), 0)::text from adult group by sex",
+    "select sex, sum(age)::numeric(20,2), avg(age)::varchar(5) from adult group by sex",
+    "select sex, count(*) filter (where age in (30, 31)) / nullif(count(*), 0)::float from adult group by sex",
+    "select sex, 1 from adult group by sex having sum(age) / count(*) > 3 and sex = 'Male'",
+    "select sex, sum(age) from adult group by sex having sum(age)::bigint > 0 order by 1 limit 1 offset 1",
+    "select count(*) filter (where true) from adult where age > 30",
+    "select sex, greatest(count(*), 5, null), least(sum(age), 0) from adult group by sex",
+    "select sex, trunc(avg(age), -1), ceiling(avg(age)), sign(-sum(age)) from adult group by sex",
+    "select sex, count(*) from adult group by sex having count(*) filter (where age > 40) / 2 > 1",
+    "select sex, sum(case when age > 40 then -2 when age > 20 then 3 end) from adult group by sex",
+    "select sex, count(null), count('x') from adult group by sex",
+]
+
+
+@pytest.fixture(scope="module")
+def wide_analyst(truth: psycopg.Connection, gated_proxy: Endpoint, gated_database: str) -> Iterator[str]:  # noqa: F811
+    """A dp role with budget for every shape (ε 100, 0.5 per query), on public.adult."""
+    role = "dp_shapes"
+    truth.execute(f"create role {role} login password '{role}'")
+    truth.execute("select anonproxy.set_role_policy(%s, 'dp')", [role])
+    truth.execute("select anonproxy.set_budget(%s, 'public.adult'::regclass, 100, 0.001, null, 0.5, 0.0000001)",
+                  [role])
+    version = truth.execute("select version from anonproxy.policy_version").fetchone()[0]
+    with psycopg.connect(gated_proxy.dsn(gated_database, user="reporter"), autocommit=True) as watcher:
+        wait_for_version(watcher, version)
+    yield role
+    truth.execute("select anonproxy.drop_budget(%s, 'public.adult')", [role])
+    truth.execute("select anonproxy.drop_role_policy(%s)", [role])
+    truth.execute(f"drop owned by {role}")
+    truth.execute(f"drop role {role}")
+
+
+@pytest.mark.parametrize("sql", SHAPES)
+def test_shapes_run_in_both_modes(reporter: psycopg.Connection, gated_proxy: Endpoint, gated_database: str,
+                                  truth: psycopg.Connection, wide_analyst: str, sql: str) -> None:  # noqa: F811
+    """Each shape is valid SQL for PostgreSQL in both back-ends; suppress releases the direct query's rows, with
+    PostgreSQL's column names and types."""
+    expected = truth.execute(sql)
+    expected_rows = expected.fetchall()
+    cursor = reporter.execute(sql)
+    rows = [row for row in cursor.fetchall() if row[0] is not None or len(row) == 1 or "group by" not in sql]
+    assert [(c.name, c.type_code) for c in cursor.description] == \
+        [(c.name, c.type_code) for c in expected.description]
+    assert all(row in expected_rows for row in rows), (rows, expected_rows)
+    with psycopg.connect(gated_proxy.dsn(gated_database, user=wide_analyst), autocommit=True) as conn:
+        try:
+            dp = conn.execute(sql)
+        except psycopg.Error as exc:  # a refusal of dp mode, with a reason; never an internal error
+            assert exc.sqlstate in ("0A000", "42501", "53400"), (exc.sqlstate, str(exc))
+            assert exc.diag.message_hint
+        else:
+            assert [c.name for c in dp.description] == [c.name for c in expected.description]

@@ -361,7 +361,7 @@ def _plan(sql: str, role: RolePolicy, policy: Policy, params: DPParams) -> DPPla
     tree = parse_statement(statement)
     query = analyze(statement, tree, PolicyIndex(policy), SuppressionParams(k=1), dp=True)
     assert isinstance(tree, exp.Select)  # analyze refuses everything else, and every relation outside the policy
-    if query.distinct and any(item.kind == "aggregate" for item in query.items):
+    if query.distinct and any(item.kind == "aggregate" or item.aggregates for item in query.items):
         raise unsupported("SELECT DISTINCT with aggregates is not supported in dp mode", DP_HINT)
 
     columns = _Columns(query, rows_cap)
