@@ -25,6 +25,7 @@ a client sees the columns it would see without the proxy.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 
@@ -52,6 +53,7 @@ _TYPE_NAMES = {
 }  # fmt: skip
 _NAMED = {exp.Case: ("case", 1), exp.Coalesce: ("coalesce", 2), exp.Nullif: ("nullif", 2),
           exp.Greatest: ("greatest", 2), exp.Least: ("least", 2), exp.Boolean: ("bool", 1)}
+Canonical = Callable[[exp.Expression], exp.Expression]  # makes two spellings of one expression compare equal
 HINT = ("Post-aggregate expressions combine aggregates, GROUP BY expressions and constants with + - * /, round, "
         "trunc, abs, sign, ceil, floor, coalesce, nullif, greatest, least, CASE and casts.")
 
@@ -89,7 +91,8 @@ def plain(index: int) -> str:
 
 def compile_outer(items: list[tuple[exp.Expression, str | None, bool]], having: exp.Expression | None,
                   order: list[tuple[exp.Expression | None, int | None, str]], keys: list[exp.Expression],
-                  aggregate_kinds: tuple[type[exp.Expression], ...], canonical, source: str | None) -> Outer:
+                  aggregate_kinds: tuple[type[exp.Expression], ...], canonical: Canonical,
+                  source: str | None) -> Outer:
     """``items``: (expression, alias, whether it holds an aggregate or post-aggregate node); ``order``: (expression,
     output position or None, suffix); ``keys``: the GROUP BY expressions, canonical; ``canonical``: the function
     that makes two spellings of one expression compare equal."""
@@ -113,7 +116,8 @@ def compile_outer(items: list[tuple[exp.Expression, str | None, bool]], having: 
 
 
 class _Compiler:
-    def __init__(self, keys: list[exp.Expression], kinds: tuple[type[exp.Expression], ...], canonical) -> None:
+    def __init__(self, keys: list[exp.Expression], kinds: tuple[type[exp.Expression], ...],
+                 canonical: Canonical) -> None:
         self.keys = keys
         self.kinds = kinds
         self.canonical = canonical
