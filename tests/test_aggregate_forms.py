@@ -169,10 +169,13 @@ def test_dp_post_process_merges_computed_columns_having_and_order() -> None:
     assert rows == [("Male", Decimal("41.0"), 9)]
 
 
-def test_dp_refuses_group_by_expressions_inside_expressions_over_aggregates() -> None:
-    refused = plan_dp("select sex, case when sex = 'Male' then count(*) end from adult group by sex", DP_ROLE,
-                      DP_POLICY, PARAMS)
-    assert isinstance(refused, Reject) and "GROUP BY" in refused.message and refused.hint
+def test_dp_group_by_expressions_inside_expressions_over_aggregates_are_passed_as_released_keys() -> None:
+    plan = dp_plan("select sex, case when sex = 'Male' then count(*) end from adult group by sex "
+                   "having sex = 'Male' or sum(age) / count(*) > 3")
+    assert plan.post is not None and "anonproxy_g1" in plan.post.sql and plan.having is None
+    assert [column.kind for column in plan.hidden][:1] == ["key"]
+    refused = plan_dp("select sex, round(avg(age), $1) from adult group by sex", DP_ROLE, DP_POLICY, PARAMS)
+    assert isinstance(refused, Reject) and "$n" in refused.message and refused.hint
 
 
 # --- through the proxy -------------------------------------------------------------------------------------------
@@ -262,6 +265,9 @@ def test_dp_having_over_an_expression(gated_proxy: Endpoint, gated_database: str
                             "order by 2 desc").fetchall()
         assert [row[0] for row in rows] == ["Male", "Female"]
         assert conn.execute("select sex, count(*) from adult group by sex having count(*) * 0 > 1").fetchall() == []
+        rows = conn.execute("select sex, case when sex = 'Male' then count(*) end as m from adult group by sex "
+                            "having sex = 'Female' or sum(age) / count(*) > 0").fetchall()
+        assert [row[0] for row in rows] == ["Female", "Male"] and rows[0][1] is None and rows[1][1] > 10_000
 
 
 def test_dp_type_errors_of_post_expressions_are_refused_before_the_charge(gated_proxy: Endpoint,

@@ -115,8 +115,7 @@ def test_dp_errors_are_never_a_function_of_exact_values(gated_proxy: Endpoint, g
         assert all(row[2] is None or isinstance(row[2], int) for row in rows)
         for attack in ("select exp(sum(age)) from adult",
                        "select count(*) filter (where id = 17) from adult",
-                       "select sex, sum(case when id = 17 then 1e300 else 0 end) from adult group by sex",
-                       "select sex, case when sex = 'Male' then count(*) end from adult group by sex"):
+                       "select sex, sum(case when id = 17 then 1e300 else 0 end) from adult group by sex"):
             with pytest.raises(psycopg.Error) as caught:
                 conn.execute(attack).fetchall()
             assert caught.value.sqlstate in ("42501", "0A000")

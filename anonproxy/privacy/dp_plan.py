@@ -51,7 +51,7 @@ from anonproxy.privacy.mechanisms import (
 )
 from anonproxy.privacy.quantiles import dp_quantile, rank_halfwidth
 from anonproxy.rewrite.analytic import AnalyticQuery, analyze, canonical, filtered
-from anonproxy.rewrite.post_aggregate import RELEASED, Outer, value
+from anonproxy.rewrite.post_aggregate import RELEASED, Outer, key, value
 from anonproxy.rewrite.classify import parse_statement
 from anonproxy.rewrite.decision import (
     FEATURE_NOT_SUPPORTED,
@@ -93,9 +93,7 @@ UNIT = "anonproxy_unit"
 UNREAD = "anonproxy_unread"
 HAVING_TYPES = "anonproxy_having_types"
 
-_INT8, _FLOAT4, _FLOAT8, _NUMERIC = 20, 700, 701, 1700  # PostgreSQL type OIDs of answer values
-# The array type of each type a noisy value can have: the post statement takes each value column as one array.
-ARRAY_TYPES = {_INT8: 1016, _FLOAT4: 1021, _FLOAT8: 1022, _NUMERIC: 1231}
+_INT8, _FLOAT8, _NUMERIC = 20, 701, 1700  # PostgreSQL type OIDs of answer values
 
 StatKind = Literal["units", "rows", "count", "sum", "values"]
 # "post": computed by the plan's post statement over the noisy values (a post-aggregate expression)
@@ -252,7 +250,8 @@ class PostProcess:
     holds any, with PostgreSQL's own semantics and result types.
 
     Its parameters are arrays, one element per released group: $1 the row number, then one array per value
-    column (``values``: indices into the answer row, columns then hidden ones). Its result row is the row number,
+    column (``values``: indices into the answer row, columns then hidden ones: the GROUP BY expressions when an
+    expression reads one, then the aggregates). Its result row is the row number,
     the ``computed`` output columns in order, and ``keep`` (HAVING) last when ``having``.
     """
 
@@ -401,11 +400,15 @@ def _plan(sql: str, role: RolePolicy, policy: Policy, params: DPParams) -> DPPla
     having = None
     if query.having is not None and not query.having_outer:
         having = _having(_parse_expression(query.having), keys, query, drafts, hidden, columns)
-    inputs: list[int] = []
-    if outer is not None:  # each aggregate the post statement reads: a hidden column (statistics are shared)
-        for node in outer.aggregates:
+    inputs: list[tuple[str, int]] = []  # the post statement's value columns: (name, index in the answer row)
+    if outer is not None:
+        if outer.keys_used:  # the GROUP BY expressions, when an expression reads one: hidden key columns
+            for number, key_text in enumerate(query.keys, 1):
+                hidden.append(_Draft(f"key {key_text}", "key", key=number - 1))
+                inputs.append((key(number), len(drafts) + len(hidden) - 1))
+        for number, node in enumerate(outer.aggregates, 1):  # each aggregate: a hidden column (statistics shared)
             hidden.append(columns.aggregate(node, query.text_of(node).text, None))
-            inputs.append(len(drafts) + len(hidden) - 1)
+            inputs.append((value(number), len(drafts) + len(hidden) - 1))
 
     mechanisms = [key for key, stat in columns.stats.items() if stat.kind != "values"] + list(columns.quantiles)
     if not mechanisms and not public:
@@ -446,9 +449,6 @@ def _plan(sql: str, role: RolePolicy, policy: Policy, params: DPParams) -> DPPla
 
 
 def _check_outer(outer: Outer) -> None:
-    if outer.keys_used:
-        raise unsupported("in dp mode an expression over aggregates may combine aggregates and constants, not "
-                          "GROUP BY expressions", "Select the GROUP BY expression as a column of its own.")
     if outer.parameters:
         raise unsupported("$n parameters in expressions over aggregates are not supported in dp mode",
                           "Write the value as a constant.")
@@ -460,18 +460,19 @@ def _plain_aggregate(text: str) -> bool:
     return isinstance(node, _AGGREGATES) or (isinstance(node, exp.Filter) and isinstance(node.this, _AGGREGATES))
 
 
-def _post_process(outer: Outer, query: AnalyticQuery, inputs: list[int], computed: list[int]) -> PostProcess:
-    """The statement computing the client's post-aggregate expressions over the noisy values."""
+def _post_process(outer: Outer, query: AnalyticQuery, inputs: list[tuple[str, int]],
+                  computed: list[int]) -> PostProcess:
+    """The statement computing the client's post-aggregate expressions over the released values."""
     select = ["anonproxy_n", *(outer.items[position].sql for position in computed)]
     if query.having_outer:
         assert outer.having is not None
         select.append(f"{outer.having} AS anonproxy_keep")
-    columns = ["anonproxy_n", *(value(number) for number in range(1, len(inputs) + 1))]
+    columns = ["anonproxy_n", *(name for name, _ in inputs)]
     arrays = ", ".join(f"${number}" for number in range(1, len(columns) + 1))
     sql = "\n".join([f"SELECT {', '.join(select)}",
                      f"FROM unnest({arrays}) AS {RELEASED}({', '.join(columns)})",
                      "ORDER BY anonproxy_n"])
-    return PostProcess(sql, tuple(inputs), tuple(computed), query.having_outer)
+    return PostProcess(sql, tuple(index for _, index in inputs), tuple(computed), query.having_outer)
 
 
 _ColumnKey = tuple  # identifies a statistic: (kind, argument, center, power, offset)

@@ -49,7 +49,7 @@ from psycopg.adapt import Transformer
 from ..config import ServiceLogin
 from ..policy.model import Policy, RolePolicy
 from ..privacy import ledger
-from ..privacy.dp_plan import ARRAY_TYPES, DPParams, DPPlan, finish, plan_dp, post_arrays, released_rows
+from ..privacy.dp_plan import DPParams, DPPlan, finish, plan_dp, post_arrays, released_rows
 from ..rewrite.decision import Refusal, Reject, SessionSetting
 from ..rewrite.final_sql import verify
 from ..wire import protocol as pg
@@ -434,17 +434,24 @@ _INT8 = 20
 
 
 def _array_types(plan: DPPlan, sql_types: list[int]) -> tuple[int, ...]:
-    """The post statement's parameter types: arrays of bigint (row numbers) and of each value column's type."""
+    """The post statement's parameter types: arrays of bigint (row numbers) and of each value column's type (a
+    built-in type: aggregates are numbers, GROUP BY expressions of ordinary columns text, dates, numbers ...)."""
     assert plan.post is not None
     value_types = plan.value_types(sql_types)
-    types = [ARRAY_TYPES[_INT8]]
+    types = [_array_of(_INT8)]
     for index in plan.post.values:
-        if value_types[index] not in ARRAY_TYPES:
-            raise Refused("0A000", f"expressions over {plan.hidden[index - len(plan.columns)].name} are not "
-                          "supported in dp mode: its values are of a type the proxy cannot pass on (oid "
-                          f"{value_types[index]})", "Select the aggregate on its own.")
-        types.append(ARRAY_TYPES[value_types[index]])
+        array = _array_of(value_types[index])
+        if array is None:
+            raise Refused("0A000", f"{plan.hidden[index - len(plan.columns)].name} cannot be used in an expression "
+                          f"over aggregates in dp mode: its type (oid {value_types[index]}) is not a built-in one",
+                          "Select it as a column of its own.")
+        types.append(array)
     return tuple(types)
+
+
+def _array_of(oid: int) -> int | None:
+    info = psycopg.postgres.types.get(oid)
+    return info.array_oid if info is not None and info.array_oid else None
 
 
 async def _post_types(conn: psycopg.AsyncConnection[Any], plan: DPPlan, sql_types: list[int]) -> list[int] | None:
