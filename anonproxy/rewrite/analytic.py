@@ -7,7 +7,11 @@ boundaries. Every cut piece is parsed again and compared with the tree, so a
 mistake in cutting is a refusal, never a different query. Keeping the client's
 text means output column names and types, ``$n`` parameters, ``::`` casts and
 function spellings are exactly what the client sent; only table names are
-replaced, by their schema-qualified form.
+replaced, by their schema-qualified form. The one exception: post-aggregate
+expressions (``round(avg(x), 1)``, ``sum(x) / count(*)``, a HAVING over them)
+are compiled from the tree into SQL over the released values
+(:mod:`anonproxy.rewrite.post_aggregate`, ``AnalyticQuery.outer``), with
+PostgreSQL's column names, because every division gets a ``NULLIF``.
 """
 
 from __future__ import annotations
