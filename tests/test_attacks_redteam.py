@@ -244,7 +244,6 @@ REFUSED = [
     ("select count(*) from adult where sex like 'M%' escape '#'", '0A000'),
     ("select count(*) from adult where sex like 'M\\'", '0A000'),
     ("select count(*) from adult where sex = any(array['Male'])", '0A000'),
-    ('select count(*) filter (where age > 30) from adult', '0A000'),
     ('select sum(age order by age) from adult where age > 30', '0A000'),
     ("select string_agg(sex, ',') from adult where age > 30", '0A000'),
     ('select count(*) over () from adult', '0A000'),

@@ -54,9 +54,9 @@ REFUSALS = [
     ("select count(*) from adult where abs(age) > 30", "analyst", "0A000", ["Allowed in WHERE:"], ["GROUP BY"]),
     ("select count(*) from adult group by abs(age)", "reporter", "0A000", ["Allowed in GROUP BY:"],
      ["WHERE", "aggregates"]),
-    ("select sex, count(*) from adult group by sex having abs(count(*)) > 10", "reporter", "0A000",
+    ("select sex, count(*) from adult group by sex having exp(count(*)) > 10", "reporter", "0A000",
      ["Allowed in HAVING:", "aggregates (count(*)"], ["WHERE"]),
-    ("select sex, count(*) from adult group by sex order by abs(count(*))", "reporter", "0A000",
+    ("select sex, count(*) from adult group by sex order by exp(count(*))", "reporter", "0A000",
      ["Allowed in ORDER BY:"], ["WHERE"]),
     # A JOIN with a relation outside the policy: refused for what it reads, and told to query it on its own.
     ("select count(*) from adult a join pg_catalog.pg_class c on abs(a.id) = c.oid", "reporter", "42501",

@@ -10,6 +10,11 @@ mechanism, keeps non-public groups only when a noisy count of distinct units
 passes a threshold (partition selection), and then applies HAVING, ORDER BY,
 LIMIT and OFFSET to the noisy values (post-processing).
 
+Post-aggregate expressions (``round(avg(x), 1)``, ``sum(x) / count(*)``, a
+HAVING over them) are post-processing too: the plan's ``post`` statement
+computes them in PostgreSQL over the noisy values, passed as arrays, so they
+have PostgreSQL's semantics and result types (:class:`PostProcess`).
+
 The plan is a deterministic function of (sql, policy, params), so it can be
 cached by text; its ``epsilon`` and ``delta`` are the cost to charge to the
 ledger *before* :func:`answer`'s rows leave the proxy.
@@ -45,7 +50,8 @@ from anonproxy.privacy.mechanisms import (
     to_grid,
 )
 from anonproxy.privacy.quantiles import dp_quantile, rank_halfwidth
-from anonproxy.rewrite.analytic import AnalyticQuery, analyze, canonical
+from anonproxy.rewrite.analytic import AnalyticQuery, analyze, canonical, filtered
+from anonproxy.rewrite.post_aggregate import RELEASED, Outer, key, value
 from anonproxy.rewrite.classify import parse_statement
 from anonproxy.rewrite.decision import (
     FEATURE_NOT_SUPPORTED,
@@ -57,14 +63,17 @@ from anonproxy.rewrite.decision import (
 from anonproxy.rewrite.names import PolicyIndex, ResolvedTable, identifier, quote
 from anonproxy.rewrite.statements import PARSE_HINT, split
 
-__all__ = ["ColumnNoise", "DPParams", "DPPlan", "OutputColumn", "Quantile", "Statistic", "answer", "plan_dp",
-           "selection_threshold"]
+__all__ = ["ColumnNoise", "DPParams", "DPPlan", "OutputColumn", "PostProcess", "Quantile", "Statistic", "answer",
+           "finish", "plan_dp", "released_rows", "selection_threshold"]
 
 DP_HINT = ("Supported in dp mode: SELECT <GROUP BY columns>, count(*), count(x), count(DISTINCT <unit>), sum(x), "
            "avg(x), variance/var_samp/var_pop/stddev/stddev_samp/stddev_pop(x), median(x), "
-           "percentile_cont/percentile_disc(q) WITHIN GROUP (ORDER BY x) FROM <protected table> "
+           "percentile_cont/percentile_disc(q) WITHIN GROUP (ORDER BY x), each with an optional FILTER (WHERE ...) "
+           "but the quantiles, and expressions over them and constants (+ - * /, round, trunc, abs, sign, ceil, "
+           "floor, coalesce, nullif, greatest, least, CASE, casts) FROM <protected table> "
            "[[LEFT] JOIN <linked table> ON <declared key>] [WHERE ...] [GROUP BY ...] [HAVING ...] "
-           "[ORDER BY <output columns>] [LIMIT n] [OFFSET n]; x needs declared bounds except in count.")
+           "[ORDER BY <output columns>] [LIMIT n] [OFFSET n]; x needs declared bounds except in count (or is a "
+           "constant, or a CASE whose results are constants or bounded columns).")
 BOUNDS_HINT = "Ask the DBA to declare lower and upper bounds for the column in the policy."
 JOIN_HINT = ("In dp mode a query reads one protected table and its linked tables, each joined with "
              "JOIN <linked table> ON <linked>.<key> = <protected>.<unit> as the policy declares them.")
@@ -87,7 +96,8 @@ HAVING_TYPES = "anonproxy_having_types"
 _INT8, _FLOAT8, _NUMERIC = 20, 701, 1700  # PostgreSQL type OIDs of answer values
 
 StatKind = Literal["units", "rows", "count", "sum", "values"]
-ColumnKind = Literal["key", "count", "sum", "avg", "variance", "stddev", "quantile"]
+# "post": computed by the plan's post statement over the noisy values (a post-aggregate expression)
+ColumnKind = Literal["key", "count", "sum", "avg", "variance", "stddev", "quantile", "post"]
 _SPREADS: dict[type[exp.Expression], tuple[ColumnKind, bool]] = {  # aggregate -> (kind, sample statistic?)
     exp.Variance: ("variance", True), exp.VariancePop: ("variance", False), exp.Stddev: ("stddev", True),
     exp.StddevSamp: ("stddev", True), exp.StddevPop: ("stddev", False),
@@ -235,6 +245,23 @@ class OrderKey:
 
 
 @dataclass(frozen=True)
+class PostProcess:
+    """A statement over the released noisy values: the client's post-aggregate expressions, and HAVING when it
+    holds any, with PostgreSQL's own semantics and result types.
+
+    Its parameters are arrays, one element per released group: $1 the row number, then one array per value
+    column (``values``: indices into the answer row, columns then hidden ones: the GROUP BY expressions when an
+    expression reads one, then the aggregates). Its result row is the row number,
+    the ``computed`` output columns in order, and ``keep`` (HAVING) last when ``having``.
+    """
+
+    sql: str
+    values: tuple[int, ...]
+    computed: tuple[int, ...]  # positions of the client's columns it computes
+    having: bool
+
+
+@dataclass(frozen=True)
 class DPPlan:
     sql: str  # contribution-bounded exact per-group statistics, for the service connection
     columns: tuple[OutputColumn, ...]
@@ -254,6 +281,7 @@ class DPPlan:
     hidden: tuple[OutputColumn, ...] = ()  # aggregates HAVING needs that the select list does not show
     having: tuple | None = None  # compiled HAVING (dp_having) over columns + hidden
     domains: tuple[tuple[str, ...], ...] | None = None  # the GROUP BY keys' declared public domains, in order
+    post: PostProcess | None = None  # post-aggregate expressions, computed over the noisy values
 
     @property
     def free(self) -> bool:
@@ -263,8 +291,9 @@ class DPPlan:
 
     def notices(self) -> list[str]:
         lines = [column.noise.describe(column.name) for column in self.columns if column.noise is not None]
-        lines += [f"HAVING: {column.noise.describe(column.name)}" for column in self.hidden
-                  if column.noise is not None]
+        # hidden columns: those HAVING compares ("having <n>"), and the aggregates of post-aggregate expressions
+        lines += [("HAVING: " if column.name.startswith("having ") else "") + column.noise.describe(column.name)
+                  for column in self.hidden if column.noise is not None]
         if self.selection is not None:
             lines.append(f"groups released only if their noisy count of people reaches {self.threshold} "
                          f"(δ={self.delta:g})")
@@ -276,10 +305,18 @@ class DPPlan:
         type; count is bigint; a sum keeps its statistic's SQL type, or is numeric on a fixed-point grid; avg,
         variance and stddev are numeric; a continuous quantile is double precision, a discrete one bigint on an
         integer grid, else numeric."""
+        return self.value_types(sql_types)[:len(self.columns)]
+
+    def value_types(self, sql_types: list[int], post_types: list[int] | None = None) -> tuple[int, ...]:
+        """Type OIDs of the answer row's columns, hidden ones included; ``post_types``: the post statement's
+        result types (a computed column's type is PostgreSQL's for the expression; 0 when not known)."""
         statistic = {stat.name: sql_types[self.keys + i] for i, stat in enumerate(self.statistics)}
+        computed = dict(zip(self.post.computed, (post_types or [])[1:], strict=False)) if self.post else {}
         types = []
-        for column in self.columns:
-            if column.kind == "key":
+        for position, column in enumerate(self.columns + self.hidden):
+            if column.kind == "post":
+                types.append(computed.get(position, 0))
+            elif column.kind == "key":
                 types.append(sql_types[column.key])  # type: ignore[index]
             elif column.kind == "count":
                 types.append(_INT8)
@@ -323,7 +360,7 @@ def _plan(sql: str, role: RolePolicy, policy: Policy, params: DPParams) -> DPPla
     tree = parse_statement(statement)
     query = analyze(statement, tree, PolicyIndex(policy), SuppressionParams(k=1), dp=True)
     assert isinstance(tree, exp.Select)  # analyze refuses everything else, and every relation outside the policy
-    if query.distinct and any(item.kind == "aggregate" for item in query.items):
+    if query.distinct and any(item.kind == "aggregate" or item.aggregates for item in query.items):
         raise unsupported("SELECT DISTINCT with aggregates is not supported in dp mode", DP_HINT)
 
     columns = _Columns(query, rows_cap)
@@ -340,8 +377,14 @@ def _plan(sql: str, role: RolePolicy, policy: Policy, params: DPParams) -> DPPla
                               "Declare a public domain for the grouping column, or give the role a δ.")
         selection = columns.need("units", None, Fraction(1))
 
+    outer = query.outer
+    if outer is not None:
+        _check_outer(outer)
     drafts: list[_Draft] = []
-    for item in query.items:
+    for position, item in enumerate(query.items):
+        if outer is not None and outer.items[position].computed and not _plain_aggregate(item.expression):
+            drafts.append(_Draft(outer.items[position].name, "post"))
+            continue
         if item.kind == "constant":
             raise unsupported(f"constant select item {item.expression} is not supported in dp mode", DP_HINT)
         node = _parse_expression(item.expression)
@@ -355,8 +398,17 @@ def _plan(sql: str, role: RolePolicy, policy: Policy, params: DPParams) -> DPPla
 
     hidden: list[_Draft] = []
     having = None
-    if query.having is not None:
+    if query.having is not None and not query.having_outer:
         having = _having(_parse_expression(query.having), keys, query, drafts, hidden, columns)
+    inputs: list[tuple[str, int]] = []  # the post statement's value columns: (name, index in the answer row)
+    if outer is not None:
+        if outer.keys_used:  # the GROUP BY expressions, when an expression reads one: hidden key columns
+            for number, key_text in enumerate(query.keys, 1):
+                hidden.append(_Draft(f"key {key_text}", "key", key=number - 1))
+                inputs.append((key(number), len(drafts) + len(hidden) - 1))
+        for number, node in enumerate(outer.aggregates, 1):  # each aggregate: a hidden column (statistics shared)
+            hidden.append(columns.aggregate(node, query.text_of(node).text, None))
+            inputs.append((value(number), len(drafts) + len(hidden) - 1))
 
     mechanisms = [key for key, stat in columns.stats.items() if stat.kind != "values"] + list(columns.quantiles)
     if not mechanisms and not public:
@@ -391,7 +443,36 @@ def _plan(sql: str, role: RolePolicy, policy: Policy, params: DPParams) -> DPPla
         hidden=tuple(draft.finish(statistics, quantiles) for draft in hidden),
         having=having,
         domains=tuple(public) if public is not None else None,
+        post=_post_process(outer, query, inputs, [i for i, d in enumerate(drafts) if d.kind == "post"])
+        if outer is not None else None,
     )
+
+
+def _check_outer(outer: Outer) -> None:
+    if outer.parameters:
+        raise unsupported("$n parameters in expressions over aggregates are not supported in dp mode",
+                          "Write the value as a constant.")
+
+
+def _plain_aggregate(text: str) -> bool:
+    """Whether a select item is one aggregate (FILTER included), which the plan answers itself."""
+    node = _unparen(_parse_expression(text))
+    return isinstance(node, _AGGREGATES) or (isinstance(node, exp.Filter) and isinstance(node.this, _AGGREGATES))
+
+
+def _post_process(outer: Outer, query: AnalyticQuery, inputs: list[tuple[str, int]],
+                  computed: list[int]) -> PostProcess:
+    """The statement computing the client's post-aggregate expressions over the released values."""
+    select = ["anonproxy_n", *(outer.items[position].sql for position in computed)]
+    if query.having_outer:
+        assert outer.having is not None
+        select.append(f"{outer.having} AS anonproxy_keep")
+    columns = ["anonproxy_n", *(name for name, _ in inputs)]
+    arrays = ", ".join(f"${number}" for number in range(1, len(columns) + 1))
+    sql = "\n".join([f"SELECT {', '.join(select)}",
+                     f"FROM unnest({arrays}) AS {RELEASED}({', '.join(columns)})",
+                     "ORDER BY anonproxy_n"])
+    return PostProcess(sql, tuple(index for _, index in inputs), tuple(computed), query.having_outer)
 
 
 _ColumnKey = tuple  # identifies a statistic: (kind, argument, center, power, offset)
@@ -502,26 +583,34 @@ class _Columns:
     def aggregate(self, node: exp.Expression, name: str, written: str | None) -> _Draft:
         """The column of one aggregate; ``written`` is its text as the client wrote it (None: from HAVING)."""
         c = Fraction(self.rows_cap)
+        condition = None  # FILTER (WHERE condition), as written: folded into the argument (analytic.filtered)
+        if isinstance(node, exp.Filter):
+            condition = self.query.text_of(node).filter
+            node = node.this
         if not isinstance(node, _AGGREGATES):
             raise unsupported(f"{written or node.sql(dialect='postgres')}: only count, sum, avg, variance, stddev "
-                              "and quantile aggregates, without casts, are supported in dp mode", DP_HINT)
+                              "and quantile aggregates are supported in dp mode", DP_HINT)
         argument = node.this
         if isinstance(node, exp.Count):
-            if isinstance(argument, exp.Star):
-                return _Draft(name, "count", statistic=self.need("rows", None, c))
             if isinstance(argument, exp.Distinct):
                 column = argument.expressions[0]
-                if not self._is_unit(column):
+                if not self._is_unit(column) or condition is not None:
                     raise unsupported(f"{written or node.sql(dialect='postgres')}: count(DISTINCT x) is supported "
-                                      f"in dp mode only on the privacy unit {self._unit_name()}", DP_HINT)
+                                      f"in dp mode only on the privacy unit {self._unit_name()}, without FILTER "
+                                      "(a count of distinct values of another column has no bound the policy "
+                                      "declares on how much one person moves it)",
+                                      f"Count people with count(DISTINCT {self._unit_name()}); to see the values "
+                                      "of a column, GROUP BY it (in suppress mode count(DISTINCT column) is "
+                                      "answered).")
                 return _Draft(name, "count", statistic=self.need("units", None, Fraction(1)))
-            if isinstance(argument, exp.Column):
+            if isinstance(argument, exp.Star) or _numeric_constant(argument) is not None:  # count(1) is count(*)
+                if condition is None:
+                    return _Draft(name, "count", statistic=self.need("rows", None, c))
+                return _Draft(name, "count", statistic=self.need("count", filtered(None, condition), c))
+            if isinstance(argument, exp.Column) and condition is None:
                 text = self._column_sql(argument)  # the same text as the argument of avg(x) on that column
-            elif written is not None:
-                text = _argument_text(written)
             else:
-                raise unsupported(f"HAVING {node.sql(dialect='postgres')}: count of an expression in HAVING must "
-                                  "also be in the select list", DP_HINT)
+                text = filtered(self.query.text_of(node).argument, condition)  # type: ignore[assignment]
             return _Draft(name, "count", statistic=self.need("count", text, c))
         if isinstance(node, exp.WithinGroup):
             function, literal, sign = node.this, node.this.this, 1
@@ -533,7 +622,8 @@ class _Columns:
         if isinstance(node, exp.Median):
             return self._quantile(name, argument, Fraction(1, 2), False, "MEDIAN")
         function = _output_name(None, node)  # sum, avg, variance, var_pop, stddev, ...
-        lower, upper, text = self._bounds(function, argument)
+        lower, upper, text = self._bounds(function, argument, node)
+        text = filtered(text, condition)  # type: ignore[assignment]
         if isinstance(node, exp.Sum):
             return _Draft(name, "sum", statistic=self.need("sum", text, c * max(abs(lower), abs(upper)),
                                                              (lower, upper)))
@@ -567,8 +657,16 @@ class _Columns:
         self.quantiles[key] = (values, lower, upper, step)
         return _Draft(name, "quantile", quantile=key)
 
-    def _bounds(self, function: str, argument: exp.Expression) -> tuple[Fraction, Fraction, str]:
+    def _bounds(self, function: str, argument: exp.Expression,
+                node: exp.Expression | None = None) -> tuple[Fraction, Fraction, str]:
         written = argument.sql(dialect="postgres")
+        derived = self._derived_bounds(argument) if node is not None else None
+        if derived is not None:  # a constant, or a CASE of constants and bounded columns: its text as written
+            text = self.query.text_of(node).argument  # type: ignore[arg-type]
+            assert text is not None
+            if max(abs(derived[0]), abs(derived[1])) == 0:
+                raise unsupported(f"{function.upper()}({text}) adds up only zeros", DP_HINT)
+            return derived[0], derived[1], text
         found = self.column_table(argument)
         if found is None:
             raise unsupported(f"{function.upper()}({written}) in dp mode takes a column with declared bounds, "
@@ -588,6 +686,37 @@ class _Columns:
         if max(abs(lower), abs(upper)) == 0:
             raise unsupported(f"the declared bounds of {name} are both 0", BOUNDS_HINT)
         return lower, upper, self._column_sql(_unparen(argument))
+
+    def _derived_bounds(self, argument: exp.Expression) -> tuple[Fraction, Fraction] | None:
+        """Bounds that follow from the expression itself: a numeric constant c gives [c, c]; a CASE whose results
+        are constants, NULL or columns with declared bounds gives the smallest and largest of them (a NULL result
+        is skipped by the aggregate). None when the argument is neither."""
+        argument = _unparen(argument)
+        number = _numeric_constant(argument)
+        if number is not None:
+            return number, number
+        if not isinstance(argument, exp.Case):
+            return None
+        results = [branch.args.get("true") for branch in argument.args.get("ifs") or []]
+        results.append(argument.args.get("default"))  # no ELSE: NULL
+        low: Fraction | None = None
+        high: Fraction | None = None
+        for result in results:
+            result = _unparen(result) if result is not None else None
+            if result is None or isinstance(result, exp.Null):
+                continue
+            number = _numeric_constant(result)
+            if number is not None:
+                bounds = (number, number)
+            else:
+                found = self.column_table(result)
+                policy = _policy_columns(found[0]).get(found[1]) if found is not None and found[0] else None
+                if policy is None or policy.lower is None or policy.upper is None:
+                    return None
+                bounds = (Fraction(Decimal(str(policy.lower))), Fraction(Decimal(str(policy.upper))))
+            low = bounds[0] if low is None else min(low, bounds[0])
+            high = bounds[1] if high is None else max(high, bounds[1])
+        return (low, high) if low is not None and high is not None else None
 
     def column_table(self, node: exp.Expression) -> tuple[ResolvedTable | None, str] | None:
         """The table a column reference reads (None when unqualified and not declared by exactly one table)."""
@@ -642,6 +771,8 @@ def _output_name(alias: str | None, node: exp.Expression) -> str:
     if alias:
         return alias
     node = _unparen(node)
+    if isinstance(node, exp.Filter):
+        node = node.this
     if isinstance(node, exp.Column) and node.args.get("db") is None:
         return identifier(node.this) or "?column?"
     if isinstance(node, exp.WithinGroup):
@@ -664,7 +795,8 @@ def _having(node: exp.Expression, keys: list[exp.Expression], query: AnalyticQue
         wanted = canonical(candidate)
         if wanted in positions:
             return positions[wanted]
-        if isinstance(candidate, _AGGREGATES):
+        if isinstance(candidate, _AGGREGATES) or (isinstance(candidate, exp.Filter)
+                                                   and isinstance(candidate.this, _AGGREGATES)):
             hidden.append(columns.aggregate(candidate, f"having {len(hidden) + 1}", None))
             positions[wanted] = len(drafts) + len(hidden) - 1
             return positions[wanted]
@@ -737,9 +869,19 @@ def _parse_expression(text: str) -> exp.Expression:
     return node
 
 
-def _argument_text(expression: str) -> str:
-    """The text between the outer parentheses of an aggregate as written: count( x ) -> x."""
-    return expression[expression.index("(") + 1 : expression.rindex(")")].strip()
+def _numeric_constant(node: exp.Expression) -> Fraction | None:
+    """The value of a finite numeric constant (``1``, ``-2.5``, ``(3)``), else None."""
+    node = _unparen(node)
+    sign = 1
+    if isinstance(node, exp.Neg):
+        sign, node = -1, _unparen(node.this)
+    if not (isinstance(node, exp.Literal) and not node.is_string):
+        return None
+    try:
+        number = Decimal(node.this)
+    except ArithmeticError:
+        return None
+    return sign * Fraction(number) if number.is_finite() else None
 
 
 def _public_domains(query: AnalyticQuery, columns: _Columns) -> list[tuple[str, ...]] | None:
@@ -944,11 +1086,19 @@ def _with(ctes: list[tuple[str, str, str]]) -> str:
 
 
 def answer(plan: DPPlan, rows: list[tuple]) -> tuple[list[tuple], list[ColumnNoise | None]]:
-    """Noisy rows for the client from the rows of ``plan.sql``, and the noise of each output column.
+    """Noisy rows for the client from the rows of ``plan.sql``, and the noise of each output column (a plan
+    without post-aggregate expressions; else :func:`released_rows`, the post statement, then :func:`finish`).
 
     Call only after the plan's (ε, δ) has been charged. Every value of every statistic gets fresh noise from
     :mod:`secrets`-driven exact samplers; nothing here depends on the data except through those noisy values.
     """
+    assert plan.post is None, "a plan with post-aggregate expressions needs its post statement run"
+    return finish(plan, released_rows(plan, rows), None)
+
+
+def released_rows(plan: DPPlan, rows: list[tuple]) -> list[tuple]:
+    """The released groups' answer rows (output columns, then hidden ones), noisy, in the order of their keys:
+    partition selection and a HAVING compiled by dp_having applied; ORDER BY and LIMIT not yet."""
     positions = {stat.name: plan.keys + i for i, stat in enumerate(plan.statistics)}
     by_name = {stat.name: stat for stat in plan.statistics}
     result = []
@@ -970,7 +1120,32 @@ def answer(plan: DPPlan, rows: list[tuple]) -> tuple[list[tuple], list[ColumnNoi
         out = tuple(_output(column, row, noisy) for column in plan.columns + plan.hidden)
         if plan.having is not None and not holds(plan.having, out):
             continue
-        result.append(out[:len(plan.columns)])
+        result.append(out)
+    return result
+
+
+def post_arrays(plan: DPPlan, released: list[tuple]) -> list[list[object]]:
+    """The post statement's parameters: the row numbers 1..n, then each value column it reads, as lists."""
+    assert plan.post is not None
+    return [list(range(1, len(released) + 1)), *([row[i] for row in released] for i in plan.post.values)]
+
+
+def finish(plan: DPPlan, released: list[tuple], computed: list[tuple] | None,
+           ) -> tuple[list[tuple], list[ColumnNoise | None]]:
+    """The client's rows: the post statement's ``computed`` rows (row number, computed columns, HAVING) merged
+    into the released ones, then ORDER BY, OFFSET and LIMIT, all over released values."""
+    result = []
+    if plan.post is not None:
+        assert computed is not None and len(computed) == len(released)
+        for row, extra in zip(released, sorted(computed, key=lambda r: r[0]), strict=True):
+            if plan.post.having and extra[-1] is not True:
+                continue
+            merged = list(row)
+            for position, value_ in zip(plan.post.computed, extra[1:], strict=False):
+                merged[position] = value_
+            result.append(tuple(merged[:len(plan.columns)]))
+    else:
+        result = [row[:len(plan.columns)] for row in released]
     result = _ordered(result, plan.order)  # stable: ties stay in key order
     end = None if plan.limit is None else plan.offset + plan.limit
     return result[plan.offset:end], [column.noise for column in plan.columns]
@@ -1027,6 +1202,8 @@ def _decimal(value: Fraction) -> Decimal:
 
 
 def _output(column: OutputColumn, row: tuple, noisy: dict[object, object]) -> object:
+    if column.kind == "post":
+        return None  # the post statement computes it
     if column.kind == "key":
         return row[column.key]  # type: ignore[index]
     if column.kind == "count":

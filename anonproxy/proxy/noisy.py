@@ -49,7 +49,7 @@ from psycopg.adapt import Transformer
 from ..config import ServiceLogin
 from ..policy.model import Policy, RolePolicy
 from ..privacy import ledger
-from ..privacy.dp_plan import DPParams, DPPlan, answer, plan_dp
+from ..privacy.dp_plan import DPParams, DPPlan, finish, plan_dp, post_arrays, released_rows
 from ..rewrite.decision import Refusal, Reject, SessionSetting
 from ..rewrite.final_sql import verify
 from ..wire import protocol as pg
@@ -120,12 +120,12 @@ class NoisyAnswers:
             spent.relations, spent.epsilon, spent.delta = plan.tables, 0, 0  # until charged
             if plan.free:
                 types, rows = await _run(conn, plan.sql, parameters)
-                return _result(plan, types, rows, "anonproxy: the declared public domain, from the policy: no "
-                               "row was read and nothing was charged")
+                return await _result(conn, plan, types, rows, "anonproxy: the declared public domain, from the "
+                                     "policy: no row was read and nothing was charged")
             if found.answer is not None:
                 return _with_notice(parse_simple(found.answer), "anonproxy: the same question on the same data "
                                     "was answered before; this is that answer, at no cost")
-            await _check_statement(conn, plan.sql, parameters)
+            await _check_statement(conn, plan, parameters)
             # Charged, and committed, before the data is read: a question that fails from here on (its SQL, the
             # noise, the connection) stays paid for, so no failure is a free look at the data.
             left = await ledger.charge(conn, role.role, plan.table, plan.epsilon, plan.delta, fingerprint)
@@ -133,8 +133,8 @@ class NoisyAnswers:
             async with _snapshot(conn, timeout_ms):
                 version = await ledger.data_version(conn, plan.tables)  # of the rows the plan reads next
                 types, rows = await _run(conn, plan.sql, parameters)
-            result = _result(plan, types, rows, f"anonproxy: differentially private answer, ε={plan.epsilon:g}, "
-                             f"δ={plan.delta:g}")
+            result = await _result(conn, plan, types, rows, f"anonproxy: differentially private answer, "
+                                   f"ε={plan.epsilon:g}, δ={plan.delta:g}")
             # Another session of the role may have paid for the same question meanwhile: one answer is released.
             kept = await ledger.store_answer(conn, role.role, fingerprint, version, result.simple())
             return _with_notice(parse_simple(kept), f"anonproxy: budget left on {plan.table}: "
@@ -148,7 +148,8 @@ class NoisyAnswers:
         plan = await self._plan(sql, role, policy, self._costs.get((role.role, first.table), _DEFAULT_COSTS), limits)
         async with self._connection() as conn:
             parameter_types, types = await _describe(conn, plan.sql, parameters.types)
-        return Description(parameter_types, _output_columns(plan, types))
+            post_types = await _post_types(conn, plan, types)
+        return Description(parameter_types, _output_columns(plan, types, post_types))
 
     async def explain(self, sql: str, role: RolePolicy, policy: Policy, parameters: Parameters,
                       limits: SessionLimits) -> Result:
@@ -316,12 +317,14 @@ class NoisyAnswers:
 
 
 def plan_checked(sql: str, role: RolePolicy, policy: Policy, params: DPParams) -> DPPlan | Reject:
-    """``plan_dp``, then PostgreSQL's own parser reads the plan's SQL again (the final SQL check); run in the
-    analysis process, so a long statement's check does not hold up the event loop either."""
+    """``plan_dp``, then PostgreSQL's own parser reads the plan's SQL (and its post statement) again (the final SQL
+    check); run in the analysis process, so a long statement's check does not hold up the event loop either."""
     plan = plan_dp(sql, role, policy, params)
     if isinstance(plan, DPPlan):
         try:
             verify(plan.sql, policy, role.role)
+            if plan.post is not None:
+                verify(plan.post.sql, policy, role.role)
         except Refusal as refusal:
             return refusal.reject
     return plan
@@ -368,12 +371,14 @@ async def _run(conn: psycopg.AsyncConnection[Any], sql: str, parameters: Paramet
     return [result.ftype(i) for i in range(result.nfields)], loader.load_rows(0, result.ntuples, tuple)
 
 
-async def _check_statement(conn: psycopg.AsyncConnection[Any], sql: str, parameters: Parameters) -> None:
-    """Refuse, before the charge, what the server rejects without reading a row: ``sql`` is prepared (parsed and
-    type-checked, never executed), and bound values it cannot take (not valid input for the types the server
-    infers, too many or too few) are converted on their own in a statement that reads no table. Such a refusal
-    depends on the question and the values alone, so it costs nothing."""
-    types, _ = await _describe(conn, sql, parameters.types)
+async def _check_statement(conn: psycopg.AsyncConnection[Any], plan: DPPlan, parameters: Parameters) -> None:
+    """Refuse, before the charge, what the server rejects without reading a row: the plan's SQL and its post
+    statement are prepared (parsed and type-checked, never executed: ``round(double precision, integer)`` does not
+    exist), and bound values it cannot take (not valid input for the types the server infers, too many or too
+    few) are converted on their own in a statement that reads no table. Such a refusal depends on the question
+    and the values alone, so it costs nothing."""
+    types, columns = await _describe(conn, plan.sql, parameters.types)
+    await _post_types(conn, plan, columns)
     if not parameters.values:
         return
     probe = "SELECT " + ", ".join(f"${number}" for number in range(1, len(types) + 1))
@@ -405,19 +410,73 @@ def _last(results: list[pq.abc.PGresult], expected: pq.ExecStatus) -> pq.abc.PGr
     return result
 
 
-def _result(plan: DPPlan, types: list[int], rows: list[tuple[Any, ...]], headline: str) -> Result:
-    """The plan's answer to ``rows`` (noise added), with a notice: ``headline`` and the plan's noise lines."""
-    columns = _output_columns(plan, types)
-    noisy_rows, _ = answer(plan, rows)
+async def _result(conn: psycopg.AsyncConnection[Any], plan: DPPlan, types: list[int], rows: list[tuple[Any, ...]],
+                  headline: str) -> Result:
+    """The plan's answer to ``rows`` (noise added, then the post statement over the noisy values when the query
+    has post-aggregate expressions), with a notice: ``headline`` and the plan's noise lines."""
+    released = released_rows(plan, rows)
+    post_types, computed = None, None
+    if plan.post is not None:
+        array_types = _array_types(plan, types)
+        arrays = post_arrays(plan, released)
+        values = tuple(_array_text(values, element) for values, element in
+                       zip(arrays, (_INT8, *(plan.value_types(types)[i] for i in plan.post.values)), strict=True))
+        post_types, computed = await _run(conn, plan.post.sql, Parameters(array_types, (0,) * len(values), values))
+    columns = _output_columns(plan, types, post_types)
+    noisy_rows, _ = finish(plan, released, computed)
     return Result(columns, tuple(tuple(text_value(value, column.type_oid)
                                        for value, column in zip(row, columns, strict=True))
                                  for row in noisy_rows),
                   notices=_notice(headline, "\n".join(plan.notices()) or None))
 
 
-def _output_columns(plan: DPPlan, sql_types: list[int]) -> tuple[Column, ...]:
-    return tuple(Column(column.name, oid) for column, oid in zip(plan.columns, plan.output_types(sql_types),
-                                                                   strict=True))
+_INT8 = 20
+
+
+def _array_types(plan: DPPlan, sql_types: list[int]) -> tuple[int, ...]:
+    """The post statement's parameter types: arrays of bigint (row numbers) and of each value column's type (a
+    built-in type: aggregates are numbers, GROUP BY expressions of ordinary columns text, dates, numbers ...)."""
+    assert plan.post is not None
+    value_types = plan.value_types(sql_types)
+    types = [_array_of(_INT8)]
+    for index in plan.post.values:
+        array = _array_of(value_types[index])
+        if array is None:
+            raise Refused("0A000", f"{plan.hidden[index - len(plan.columns)].name} cannot be used in an expression "
+                          f"over aggregates in dp mode: its type (oid {value_types[index]}) is not a built-in one",
+                          "Select it as a column of its own.")
+        types.append(array)
+    return tuple(types)
+
+
+def _array_of(oid: int) -> int | None:
+    info = psycopg.postgres.types.get(oid)
+    return info.array_oid if info is not None and info.array_oid else None
+
+
+async def _post_types(conn: psycopg.AsyncConnection[Any], plan: DPPlan, sql_types: list[int]) -> list[int] | None:
+    """The post statement's result types (None without one): prepared, never executed."""
+    if plan.post is None:
+        return None
+    _, types = await _describe(conn, plan.post.sql, _array_types(plan, sql_types))
+    return types
+
+
+def _array_text(values: list[object], element_type: int) -> bytes:
+    """A one-dimensional array in PostgreSQL's text format: every element quoted, NULL bare."""
+    elements = []
+    for item in values:
+        text = text_value(item, element_type)
+        if text is None:
+            elements.append("NULL")
+        else:
+            elements.append('"' + text.decode().replace("\\", "\\\\").replace('"', '\\"') + '"')
+    return ("{" + ",".join(elements) + "}").encode()
+
+
+def _output_columns(plan: DPPlan, sql_types: list[int], post_types: list[int] | None = None) -> tuple[Column, ...]:
+    types = plan.value_types(sql_types, post_types)[:len(plan.columns)]
+    return tuple(Column(column.name, oid) for column, oid in zip(plan.columns, types, strict=True))
 
 
 def _fingerprint(plan: DPPlan, policy_version: int, parameters: Parameters) -> str:

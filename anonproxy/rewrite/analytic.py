@@ -7,7 +7,11 @@ boundaries. Every cut piece is parsed again and compared with the tree, so a
 mistake in cutting is a refusal, never a different query. Keeping the client's
 text means output column names and types, ``$n`` parameters, ``::`` casts and
 function spellings are exactly what the client sent; only table names are
-replaced, by their schema-qualified form.
+replaced, by their schema-qualified form. The one exception: post-aggregate
+expressions (``round(avg(x), 1)``, ``sum(x) / count(*)``, a HAVING over them)
+are compiled from the tree into SQL over the released values
+(:mod:`anonproxy.rewrite.post_aggregate`, ``AnalyticQuery.outer``), with
+PostgreSQL's column names, because every division gets a ``NULLIF``.
 """
 
 from __future__ import annotations
@@ -28,8 +32,10 @@ from anonproxy.rewrite.expressions import (
     Checker,
     Scope,
     contains_aggregate,
+    has_post_aggregate,
     unwrap,
 )
+from anonproxy.rewrite.post_aggregate import Outer, compile_outer
 from anonproxy.rewrite.names import PolicyIndex, ResolvedTable, fold, identifier, quote
 from anonproxy.rewrite.relations import check_relations
 from anonproxy.rewrite.statements import (
@@ -50,7 +56,8 @@ JOIN_HINT = ("Join a linked table with [LEFT] JOIN <linked> ON <linked>.<key> = 
              "table (or the first linked table) first; put other conditions in WHERE.")
 ROW_LEVEL_HINT = "Aggregate instead: SELECT col, count(*), avg(x) FROM table GROUP BY col."
 
-ItemKind = Literal["aggregate", "group", "constant"]
+# "post": an expression over aggregates (or a post-aggregate function of constants), computed on released values.
+ItemKind = Literal["aggregate", "group", "constant", "post"]
 # A privacy unit contributes to count(x)/min/max when x is not null for one of its rows, to sum(x)/avg(x)
 # when x is neither null nor zero: a cell needs k contributing units, not only k units in its group, or
 # count(CASE WHEN id = 17 THEN 1 END) would single a person out.
@@ -74,6 +81,7 @@ class Item:
     expression: str  # as written, without the alias
     kind: ItemKind
     alias: str | None
+    aggregates: bool = False  # kind "post": whether it holds an aggregate (abs(0) does not)
 
 
 @dataclass(frozen=True)
@@ -81,6 +89,16 @@ class OrderItem:
     text: str  # as written: expression [ASC|DESC] [NULLS FIRST|LAST]
     suffix: str  # the ASC/DESC/NULLS part as written ("" when absent)
     position: int | None  # 1-based select-list position when it names an output column
+
+
+@dataclass(frozen=True)
+class AggregateText:
+    """One aggregate of the statement as written: ``count(*) FILTER (WHERE age > 40)``."""
+
+    node: exp.Expression  # canonical: the aggregate, inside its exp.Filter when it has one
+    text: str  # the whole call, FILTER included
+    argument: str | None  # the argument as written (None: count(*)); DISTINCT left out
+    filter: str | None  # the FILTER condition as written
 
 
 @dataclass(frozen=True)
@@ -103,6 +121,19 @@ class AnalyticQuery:
     contributors: tuple[tuple[Contribution, str], ...]  # per aggregate argument: who counts as contributing
     owner: str = ""  # policy name of the protected table whose privacy unit this is
     sources: tuple[tuple[str, ResolvedTable], ...] = ()  # FROM and JOIN tables: (reference, table)
+    aggregates: tuple[AggregateText, ...] = ()  # every aggregate of the select list, HAVING and ORDER BY
+    # Post-aggregate expressions in the select list, HAVING or ORDER BY: everything the client selects, computed
+    # over the released values (None: the client's own select list, HAVING and ORDER BY run as written).
+    outer: Outer | None = None
+    having_outer: bool = False  # HAVING is part of `outer` (else it stays in the aggregate query, as written)
+
+    def text_of(self, node: exp.Expression) -> AggregateText:
+        """The written form of an aggregate (given as parsed anywhere: compared in canonical form)."""
+        wanted = canonical(node)
+        for aggregate in self.aggregates:
+            if aggregate.node == wanted:
+                return aggregate
+        raise unsupported("could not locate an aggregate in the statement", PARSE_HINT)
 
     @property
     def grouped(self) -> bool:
@@ -154,13 +185,13 @@ def analyze(statement: Statement, tree: exp.Expression, index: PolicyIndex, para
     _check_joins(sources, anchor, checker)
 
     layout = _Layout(statement, tree)
-    items = _items(tree, layout, checker)
+    items = _items(tree, layout, checker, dp)
     keys, group_by = _grouping(tree, layout, items, checker)
 
-    aggregated = any(item.kind == "aggregate" for item in items) or (
+    aggregated = any(item.kind == "aggregate" or (item.kind == "post" and item.aggregates) for item in items) or (
         tree.args.get("having") is not None and contains_aggregate(tree.args["having"], checker.aggregates))
     if not keys:
-        if distinct is not None and not any(item.kind == "aggregate" for item in items):
+        if distinct is not None and not aggregated:
             keys = group_by = tuple(item.expression for item in items if item.kind == "group")
         if not keys:
             loose = [item for item in items if item.kind == "group"]
@@ -180,7 +211,9 @@ def analyze(statement: Statement, tree: exp.Expression, index: PolicyIndex, para
         checker.grouped(having.this, "HAVING")
     order = _order(tree, layout, items, checker)
     _check_tail(tree)
-    magnitudes, contributors = _aggregate_arguments(statement, tree)
+    aggregates = _aggregate_texts(statement, tree, checker.aggregates)
+    magnitudes, contributors = _aggregate_arguments(aggregates)
+    outer, having_outer = _outer(tree, items, order, keys, checker, statement.source, dp)
     _check_tokens(statement, dp)  # last line of defence, after the tree gave its specific reasons
     from_sql = _from_sql(statement, layout, sources)
 
@@ -204,7 +237,40 @@ def analyze(statement: Statement, tree: exp.Expression, index: PolicyIndex, para
         contributors=contributors,
         owner=owner,
         sources=tuple((source.reference, source.table) for source in sources),
+        aggregates=aggregates,
+        outer=outer,
+        having_outer=having_outer,
     )
+
+
+def _outer(tree: exp.Select, items: list[Item], order: tuple[OrderItem, ...], keys: tuple[str, ...],
+           checker: Checker, source: str, dp: bool) -> tuple[Outer | None, bool]:
+    """The post-aggregate form of the select list, HAVING and ORDER BY, when any of them needs one."""
+    kinds = checker.aggregates
+    having = tree.args.get("having")
+    having_post = having is not None and has_post_aggregate(having.this, kinds)
+    order_nodes = tree.args["order"].expressions if tree.args.get("order") is not None else []
+    order_post = any(item.position is None and has_post_aggregate(node.this, kinds)
+                     for item, node in zip(order, order_nodes, strict=True))
+    # dp mode computes constant select items there too (its own SQL returns only keys and statistics).
+    if not (any(item.kind == "post" or (dp and item.kind == "constant") for item in items) or having_post
+            or order_post):
+        return None, False
+    nodes = [(node.this if isinstance(node, exp.Alias) else node) for node in tree.expressions]
+    select = [(node, item.alias, item.kind in ("post", "aggregate", "constant"))
+              for node, item in zip(nodes, items, strict=True)]
+    ordering = [(node.this if item.position is None else None, item.position, item.suffix)
+                for item, node in zip(order, order_nodes, strict=True)]
+    key_nodes = [canonical(_expression(key)) for key in keys]
+    outer = compile_outer(select, having.this if having_post else None, ordering, key_nodes, kinds, canonical,
+                          source)
+    return outer, having_post
+
+
+def _expression(text: str) -> exp.Expression:
+    node = sqlglot.parse_one(text, read="postgres")
+    assert isinstance(node, exp.Expression)
+    return node
 
 
 # --- tables -----------------------------------------------------------------
@@ -417,7 +483,7 @@ def _from_sql(statement: Statement, layout: _Layout, sources: list[_Source]) -> 
 # --- select list, GROUP BY, ORDER BY --------------------------------------------
 
 
-def _items(tree: exp.Select, layout: _Layout, checker: Checker) -> list[Item]:
+def _items(tree: exp.Select, layout: _Layout, checker: Checker, dp: bool) -> list[Item]:
     pieces = layout.items()
     if len(pieces) != len(tree.expressions):
         raise unsupported("could not separate the select items", PARSE_HINT)
@@ -441,16 +507,21 @@ def _items(tree: exp.Select, layout: _Layout, checker: Checker) -> list[Item]:
         kind: ItemKind
         core = _cast_aggregate(expression_node, checker.aggregates)
         if core is not None:
-            # A cast of an aggregate is computed only for groups that passed suppression (after HAVING).
-            checker.grouped(core, "the select list")
-            kind = "aggregate"
+            # A cast of an aggregate is computed only for groups that passed suppression (after HAVING); in dp mode
+            # over the noisy value, like any post-aggregate expression.
+            checker.grouped(expression_node, "the select list")  # the cast's target type too
+            kind = "post" if dp and core is not unwrap(expression_node) else "aggregate"
         else:
             checker.grouped(expression_node, "the select list")
-            if contains_aggregate(expression_node, checker.aggregates):
-                raise unsupported(f"select item {expression} mixes aggregates with other expressions",
-                                  "Select each aggregate on its own: count(*), sum(x), avg(x), or a cast of one.")
-            kind = "group" if any(isinstance(n, exp.Column) for n in expression_node.walk()) else "constant"
-        items.append(Item(text, expression, kind, alias))
+            bare = unwrap(expression_node)
+            if isinstance(bare, exp.Filter):
+                kind = "aggregate"  # count(*) FILTER (WHERE ...)
+            elif contains_aggregate(expression_node, checker.aggregates) or has_post_aggregate(
+                    expression_node, checker.aggregates):
+                kind = "post"
+            else:
+                kind = "group" if any(isinstance(n, exp.Column) for n in expression_node.walk()) else "constant"
+        items.append(Item(text, expression, kind, alias, contains_aggregate(expression_node, checker.aggregates)))
     return items
 
 
@@ -575,30 +646,75 @@ def _check_tail(tree: exp.Select) -> None:
         raise unsupported(f"{key.upper()} takes a constant or a $n parameter", SHAPE_HINT)
 
 
-def _aggregate_arguments(statement: Statement, tree: exp.Select) -> tuple[tuple[str, ...],
-                                                                          tuple[tuple[Contribution, str], ...]]:
-    """The argument text of every SUM and AVG, and of every aggregate with a contribution rule, each once."""
-    magnitudes: list[str] = []
-    contributors: list[tuple[Contribution, str]] = []
-    for node in tree.find_all(*AGGREGATES):
-        if isinstance(node, exp.Count) and isinstance(node.this, exp.Star):
+def _aggregate_texts(statement: Statement, tree: exp.Select,
+                     kinds: tuple[type[exp.Expression], ...]) -> tuple[AggregateText, ...]:
+    """Every aggregate call of the statement as written (quantiles WITHIN GROUP aside), each once."""
+    found: list[AggregateText] = []
+    calls = tuple(kind for kind in kinds if kind is not exp.WithinGroup)
+    for node in tree.find_all(*calls):
+        if isinstance(node.parent, exp.WithinGroup):
             continue
         start = node.meta.get("start")
         if start is None:
             raise unsupported("could not locate an aggregate in the statement", PARSE_HINT)
-        name_index = token_at(statement.tokens, start)
-        if statement.tokens[name_index + 1].token_type != TokenType.L_PAREN:
+        tokens = statement.tokens
+        name_index = token_at(tokens, start)
+        if name_index + 1 >= len(tokens) or tokens[name_index + 1].token_type != TokenType.L_PAREN:
             raise unsupported("could not locate an aggregate's argument", PARSE_HINT)
-        close = closing_paren(statement.tokens, name_index + 1)
+        close = closing_paren(tokens, name_index + 1)
         first = name_index + 2
-        argument = node.this
-        if isinstance(argument, exp.Distinct):
-            if statement.tokens[first].token_type != TokenType.DISTINCT:
+        argument_node = node.this
+        if isinstance(argument_node, exp.Distinct):
+            if tokens[first].token_type != TokenType.DISTINCT:
                 raise unsupported("could not locate an aggregate's argument", PARSE_HINT)
             first += 1
-            argument = argument.expressions[0]
-        text = statement.span(first, close)
-        _same(text, argument)
+            argument_node = argument_node.expressions[0]
+        argument = None
+        if not (isinstance(node, exp.Count) and isinstance(argument_node, exp.Star)):
+            argument = statement.span(first, close)
+            _same(argument, argument_node)
+        elif close != first + 1 or tokens[first].token_type != TokenType.STAR:
+            raise unsupported("could not locate an aggregate's argument", PARSE_HINT)
+        whole: exp.Expression = node
+        condition = None
+        stop = close + 1
+        if isinstance(node.parent, exp.Filter) and node.parent.this is node:
+            whole = node.parent
+            if not (stop + 2 < len(tokens) and statement.word(stop) == "FILTER"
+                    and tokens[stop + 1].token_type == TokenType.L_PAREN and statement.word(stop + 2) == "WHERE"):
+                raise unsupported("could not locate an aggregate's FILTER clause", PARSE_HINT)
+            filter_close = closing_paren(tokens, stop + 1)
+            condition = statement.span(stop + 3, filter_close)
+            _same(condition, whole.expression.this)
+            stop = filter_close + 1
+        # The name token is the aggregate's (its spelling checked by the Checker), the argument and the condition
+        # were compared with the tree, and the tokens between them are fixed: the whole text needs no new parse.
+        text = statement.span(name_index, stop)
+        entry = AggregateText(canonical(whole), text, argument, condition)
+        if entry not in found:
+            found.append(entry)
+    return tuple(found)
+
+
+def filtered(argument: str | None, condition: str | None) -> str | None:
+    """The argument an aggregate FILTER (WHERE condition) is equivalent to: CASE WHEN condition THEN argument END
+    (count(*) FILTER ... counts CASE WHEN condition THEN 1 END). Aggregates skip NULLs, so the two agree."""
+    if condition is None:
+        return argument
+    return f"CASE WHEN ({condition}) THEN {'1' if argument is None else f'({argument})'} END"
+
+
+def _aggregate_arguments(aggregates: tuple[AggregateText, ...]) -> tuple[tuple[str, ...],
+                                                                         tuple[tuple[Contribution, str], ...]]:
+    """The argument of every SUM and AVG, and of every aggregate with a contribution rule, each once; a FILTER is
+    folded into the argument (:func:`filtered`), so the contributors are those of the filtered rows."""
+    magnitudes: list[str] = []
+    contributors: list[tuple[Contribution, str]] = []
+    for aggregate in aggregates:
+        node = aggregate.node.this if isinstance(aggregate.node, exp.Filter) else aggregate.node
+        text = filtered(aggregate.argument, aggregate.filter)
+        if text is None:
+            continue  # count(*): every unit of the group contributes
         if isinstance(node, (exp.Sum, exp.Avg)):
             if text not in magnitudes:
                 magnitudes.append(text)
@@ -613,7 +729,7 @@ def _aggregate_arguments(statement: Statement, tree: exp.Select) -> tuple[tuple[
 # Words that are never part of the supported subset: if sqlglot ever parsed one of them without keeping it in
 # the tree, the client's text (which is what runs) would still contain it. Refuse them on the tokens.
 _FOREIGN_WORDS = frozenset({
-    "UNION", "INTERSECT", "EXCEPT", "INTO", "FOR", "WINDOW", "OVER", "FILTER", "WITHIN", "LATERAL", "TABLESAMPLE",
+    "UNION", "INTERSECT", "EXCEPT", "INTO", "FOR", "WINDOW", "OVER", "WITHIN", "LATERAL", "TABLESAMPLE",
     "COLLATE", "ESCAPE", "SIMILAR", "USING", "NATURAL", "CROSS", "RIGHT", "FULL", "EXISTS", "ANY", "SOME", "ARRAY",
     "RETURNING", "VARIADIC", "ORDINALITY", "GROUPING", "ROLLUP", "CUBE", "SETS", "WITH", "ONLY", "OPERATOR",
 })  # fmt: skip
@@ -621,7 +737,8 @@ _FETCH_WORDS = frozenset({"WITH", "ONLY"})  # FETCH FIRST n ROWS ONLY / WITH TIE
 _PUNCTUATION = frozenset({
     TokenType.COMMA, TokenType.L_PAREN, TokenType.R_PAREN, TokenType.DOT, TokenType.DCOLON, TokenType.EQ,
     TokenType.NEQ, TokenType.LT, TokenType.LTE, TokenType.GT, TokenType.GTE, TokenType.STAR, TokenType.DASH,
-    TokenType.PARAMETER, TokenType.NUMBER, TokenType.STRING, TokenType.IDENTIFIER,
+    TokenType.PARAMETER, TokenType.NUMBER, TokenType.STRING, TokenType.IDENTIFIER, TokenType.SLASH,
+    TokenType.PLUS,
 })  # fmt: skip
 
 

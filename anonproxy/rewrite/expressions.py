@@ -11,7 +11,15 @@ functions; LIKE patterns are constants that cannot fail; date_trunc/extract
 units and width_bucket bounds are constants checked here.
 
 Select items, HAVING and ORDER BY may also hold aggregates: COUNT(*),
-COUNT(x), COUNT(DISTINCT x), SUM, AVG, and MIN/MAX when the role allows them.
+COUNT(x), COUNT(DISTINCT x), SUM, AVG, and MIN/MAX when the role allows them,
+each with an optional FILTER (WHERE <row condition>), checked like the
+aggregate's argument (FILTER (WHERE c) computes the aggregate of CASE WHEN c).
+Over aggregates (and over constants alone) these clauses may also compute
+*post-aggregate expressions*: + - * /, round, trunc, abs, sign, ceil, floor,
+coalesce, nullif, greatest, least, casts and CASE. They may raise errors
+(division by zero, overflow, a bad cast), so they are never evaluated on a
+group before it is released: both modes compute them over the released values
+only (:mod:`anonproxy.rewrite.post_aggregate`).
 
 Identifying columns (the privacy unit, linked keys, columns the policy marks
 ``identifier``) may filter rows in WHERE, where the group-size rules then
@@ -154,6 +162,39 @@ _AGGREGATE_ARGS: dict[type[exp.Expression], frozenset[str]] = {
     exp.WithinGroup: frozenset({"this", "expression"}),
 }
 
+# Post-aggregate expressions: node type -> the arguments it may carry. Allowed in the select list, HAVING and ORDER
+# BY over a subtree that holds an aggregate, or holds no column at all (abs(0)); computed on released values only.
+POST_NODES: dict[type[exp.Expression], frozenset[str]] = {
+    exp.Add: frozenset({"this", "expression"}),
+    exp.Sub: frozenset({"this", "expression"}),
+    exp.Mul: frozenset({"this", "expression"}),
+    exp.Div: frozenset({"this", "expression", "typed"}),
+    exp.Neg: frozenset({"this"}),
+    exp.Round: frozenset({"this", "decimals"}),
+    exp.Trunc: frozenset({"this", "decimals"}),
+    exp.Abs: frozenset({"this"}),
+    exp.Sign: frozenset({"this"}),
+    exp.Ceil: frozenset({"this"}),
+    exp.Floor: frozenset({"this"}),
+    exp.Greatest: frozenset({"this", "expressions", "ignore_nulls"}),
+    exp.Least: frozenset({"this", "expressions", "ignore_nulls"}),
+    exp.Coalesce: frozenset({"this", "expressions"}),
+    exp.Nullif: frozenset({"this", "expression"}),
+    exp.Cast: frozenset({"this", "to"}),
+    exp.Case: frozenset({"this", "ifs", "default"}),
+    exp.If: frozenset({"this", "true"}),
+    exp.Paren: frozenset({"this"}),
+}
+# The types a post-aggregate value may be cast to (its type's cast functions are the only code a cast runs).
+POST_CAST_TYPES = frozenset({
+    exp.DataType.Type.SMALLINT, exp.DataType.Type.INT, exp.DataType.Type.BIGINT, exp.DataType.Type.DECIMAL,
+    exp.DataType.Type.DOUBLE, exp.DataType.Type.FLOAT, exp.DataType.Type.TEXT, exp.DataType.Type.VARCHAR,
+    exp.DataType.Type.CHAR,
+})  # fmt: skip
+POST_EXPRESSIONS = ("+ - * / (a division by zero gives NULL), round, trunc, abs, sign, ceil, floor, coalesce, "
+                    "nullif, greatest, least, CASE and casts to numeric or text types, over aggregates, GROUP BY "
+                    "expressions and constants")
+
 # How PostgreSQL spells each allowed function. sqlglot reads other dialects' names into the same nodes (ifnull,
 # nvl -> coalesce, lcase -> lower, stdev -> stddev ...); the client's spelling is what runs, so it must be one of
 # these. Nodes without a position (extract/date_part, casts, CASE) are keywords and need no check.
@@ -166,6 +207,9 @@ SPELLINGS: dict[type[exp.Expression], frozenset[str]] = {
     exp.VariancePop: frozenset({"var_pop"}), exp.Stddev: frozenset({"stddev"}),
     exp.StddevSamp: frozenset({"stddev_samp"}), exp.StddevPop: frozenset({"stddev_pop"}),
     exp.Median: frozenset({"median"}),
+    exp.Round: frozenset({"round"}), exp.Trunc: frozenset({"trunc"}), exp.Abs: frozenset({"abs"}),
+    exp.Sign: frozenset({"sign"}), exp.Ceil: frozenset({"ceil", "ceiling"}), exp.Floor: frozenset({"floor"}),
+    exp.Greatest: frozenset({"greatest"}), exp.Least: frozenset({"least"}),
 }  # fmt: skip
 
 # pg_catalog functions PostgreSQL also calls with a column's syntax: ``a.f`` means ``f(a)`` when table ``a`` has no
@@ -187,7 +231,7 @@ _REFUSED: list[tuple[tuple[type[exp.Expression], ...], str, str]] = [
     ((exp.DPipe,), "string concatenation (||)", "it is outside the supported subset"),
     ((exp.Subquery, exp.Select, exp.Exists, exp.SetOperation), "subqueries", "they can reach rows unchecked"),
     ((exp.Window,), "window functions", "they can return row-level values"),
-    ((exp.Filter,), "aggregate FILTER clauses", "they are outside the supported subset"),
+    ((exp.Filter,), "FILTER on something other than an aggregate", "it is outside the supported subset"),
     ((exp.WithinGroup,), "ordered-set aggregates", "they can return a single row's value"),
     ((exp.Explode, exp.Unnest, exp.GenerateSeries, exp.ExplodingGenerateSeries), "set-returning functions",
      "they produce rows per input row"),
@@ -264,8 +308,9 @@ class Checker:
         if clause in _GROUPED_CLAUSES:
             aggregates = DP_AGGREGATE_LIST if self.dp else SUPPRESS_AGGREGATES.format(
                 minmax=", min(x), max(x)" if self.params.allow_min_max else "")
-            return (f"Allowed in {clause}: the GROUP BY expressions and aggregates ({aggregates}), built from "
-                    f"{ROW_EXPRESSIONS}.")
+            return (f"Allowed in {clause}: the GROUP BY expressions and aggregates ({aggregates}, each with an "
+                    f"optional FILTER clause), built from {ROW_EXPRESSIONS}; over aggregates also "
+                    f"{POST_EXPRESSIONS}.")
         return f"Allowed in {clause}: {ROW_EXPRESSIONS}."
 
     # -- entry points ---------------------------------------------------------
@@ -305,6 +350,12 @@ class Checker:
             self._compared(node, clause, aggregates)
             return
         self._check_spelling(node, clause)
+        if aggregates and isinstance(node, exp.Filter):
+            self._filtered(node, clause)
+            return
+        if aggregates and type(node) in POST_NODES and is_post_aggregate(node, self.aggregates):
+            self._post_aggregate(node, clause)
+            return
         if isinstance(node, self.aggregates):
             if not aggregates:
                 raise unsupported(f"aggregate {_function_name(node)}() is not allowed in {clause}",
@@ -354,6 +405,52 @@ class Checker:
         if isinstance(node, exp.Star):
             raise forbidden(message, "Select aggregates such as count(*), sum(x), avg(x), grouped by columns.")
         raise unsupported(message, self.clause_hint(clause))
+
+    def _filtered(self, node: exp.Filter, clause: str) -> None:
+        """``aggregate FILTER (WHERE condition)``: the condition is a row expression, checked like the argument of
+        the aggregate it filters, because that is what it is: ``count(*) FILTER (WHERE c)`` computes
+        ``count(CASE WHEN c THEN 1 END)``. So an identifying column is refused there as inside an aggregate
+        (``count(*) FILTER (WHERE id <> 17)`` next to ``count(*)`` is one person's membership); other conditions
+        pass, and suppression counts the contributors of the filtered rows."""
+        where = node.expression
+        if not isinstance(node.this, self.aggregates) or not isinstance(where, exp.Where) \
+                or _set_args(where) != {"this"}:
+            self._refuse(node, clause)
+        if isinstance(node.this, (exp.WithinGroup, exp.Median)):
+            raise unsupported("FILTER on a quantile is not supported in dp mode", self.aggregate_hint())
+        self._walk(node.this, clause, aggregates=True)
+        labels, self._labels = self._labels, False
+        self._in_aggregate = True
+        try:
+            self._walk(where.this, "FILTER (WHERE ...)", aggregates=False)
+        finally:
+            self._labels, self._in_aggregate = labels, False
+
+    def _post_aggregate(self, node: exp.Expression, clause: str) -> None:
+        """An expression over aggregates, GROUP BY expressions and constants, computed on released values."""
+        extra = _set_args(node) - POST_NODES[type(node)]
+        if extra:
+            raise unsupported(f"{type(node).__name__.lower()} with {', '.join(sorted(extra))} is not allowed in "
+                              f"{clause}", self.clause_hint(clause))
+        if isinstance(node, exp.Cast):
+            target = node.args.get("to")
+            # a type modifier only where PostgreSQL's own types take one: numeric(p, s), varchar(n), char(n)
+            modified = isinstance(target, exp.DataType) and bool(target.expressions)
+            if not isinstance(target, exp.DataType) or target.this not in POST_CAST_TYPES or (
+                    modified and target.this not in _TEXT_TYPES | {exp.DataType.Type.DECIMAL}):
+                raise unsupported(f"cast to {target.sql(dialect='postgres') if target else None} is not allowed in "
+                                  f"{clause}", f"Cast aggregates to smallint, integer, bigint, numeric, real, double "
+                                  "precision or text.")
+        if isinstance(node, exp.Case):
+            for branch in node.args.get("ifs") or []:
+                if not isinstance(branch, exp.If) or _set_args(branch) - {"this", "true"}:
+                    raise unsupported("malformed CASE branch", self.clause_hint(clause))
+        if isinstance(node, exp.If) and not isinstance(node.parent, exp.Case):
+            raise unsupported("if() is not allowed", self.clause_hint(clause))
+        for child in _children(node):
+            if isinstance(child, exp.DataType):
+                continue
+            self._walk(child, clause, aggregates=True)
 
     def _aggregate(self, node: exp.Expression, clause: str) -> None:
         name = _function_name(node)
@@ -653,6 +750,24 @@ def _percentile_argument(node: exp.WithinGroup) -> exp.Expression:
 
 def contains_aggregate(node: exp.Expression, kinds: tuple[type[exp.Expression], ...] = AGGREGATES) -> bool:
     return any(isinstance(child, kinds) for child in node.walk())
+
+
+def is_post_aggregate(node: exp.Expression, kinds: tuple[type[exp.Expression], ...] = AGGREGATES) -> bool:
+    """Whether ``node`` is computed after aggregation: it holds an aggregate, or it is a post-aggregate function of
+    constants only (abs(0)); a constant the row rules allow (a cast of a constant, -1) keeps those rules."""
+    if contains_aggregate(node, kinds):
+        return True
+    return type(node) not in _ROW_NODES and not any(isinstance(child, exp.Column) for child in node.walk())
+
+
+def has_post_aggregate(node: exp.Expression, kinds: tuple[type[exp.Expression], ...] = AGGREGATES) -> bool:
+    """Whether a grouped clause's expression needs the post-aggregate evaluation: a post-aggregate node (not a
+    bare aggregate, a comparison or a boolean connective) anywhere outside the aggregates' arguments."""
+    if isinstance(node, kinds) or isinstance(node, exp.Filter):
+        return False
+    if type(node) in POST_NODES and not isinstance(node, (exp.Paren, exp.If)) and is_post_aggregate(node, kinds):
+        return True
+    return any(has_post_aggregate(child, kinds) for child in _children(node))
 
 
 def unwrap(node: exp.Expression) -> exp.Expression:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from pglast import ast
@@ -48,9 +49,11 @@ FUNCTIONS = frozenset({
     "row_number", "dense_rank", "first_value",  # window functions (contribution bounding, ranking)
     "abs", "random", "unnest",  # magnitudes, the dp plan's random row order, its public domains
     "lower", "upper", "date_trunc", "date_part", "extract", "width_bucket",  # client expressions
+    "round", "trunc", "ceil", "floor", "sign",  # post-aggregate expressions (anonproxy.rewrite.post_aggregate)
 })  # fmt: skip
-# Comparison, LIKE/ILIKE (~~ and friends), and the arithmetic of the generators' thresholds and sums.
-OPERATORS = frozenset({"=", "<>", "<", ">", "<=", ">=", "~~", "!~~", "~~*", "!~~*", "+", "-", "*"})
+# Comparison, LIKE/ILIKE (~~ and friends), the arithmetic of the generators' thresholds and sums, and the
+# division of post-aggregate expressions (generated as a / NULLIF(b, 0), over released values only).
+OPERATORS = frozenset({"=", "<>", "<", ">", "<=", ">=", "~~", "!~~", "~~*", "!~~*", "+", "-", "*", "/"})
 _BETWEEN = frozenset({"BETWEEN", "NOT BETWEEN", "BETWEEN SYMMETRIC", "NOT BETWEEN SYMMETRIC"})
 _EXPRESSION_KINDS = frozenset({
     "AEXPR_OP", "AEXPR_DISTINCT", "AEXPR_NOT_DISTINCT", "AEXPR_NULLIF", "AEXPR_IN", "AEXPR_LIKE", "AEXPR_ILIKE",
@@ -254,6 +257,28 @@ def _operator(fields: dict[str, Any]) -> None:
     if "BETWEEN" in kind and _names(fields.get("name", [])) in {(word,) for word in _BETWEEN}:
         return
     _operator_name(fields.get("name", []))
+    if _catalog_name(_names(fields.get("name", []))) == "/" and not _safe_divisor(fields.get("rexpr")):
+        raise FinalCheckRefusal("operator /", "anonproxy's final check found operator / in the SQL it generated "
+                                "with a divisor that is neither NULLIF(..., 0) nor a non-zero constant")
+
+
+def _safe_divisor(value: Any) -> bool:
+    """``NULLIF(b, 0)`` or a non-zero numeric constant: the divisions post-aggregate expressions generate."""
+    if not isinstance(value, dict) or not value:
+        return False
+    kind, fields = _node(value)
+    if kind == "A_Const":
+        number = fields.get("ival", fields.get("fval"))
+        text = str(next(iter(number.values()), "0")) if isinstance(number, dict) else "0"
+        try:
+            return Decimal(text) != 0
+        except InvalidOperation:
+            return False
+    if kind == "A_Expr" and fields.get("kind") == "AEXPR_NULLIF":
+        zero = fields.get("rexpr")
+        return isinstance(zero, dict) and _node(zero)[0] == "A_Const" and not _safe_divisor(zero) \
+            and "sval" not in _node(zero)[1]
+    return False
 
 
 def _operator_name(parts_: list[dict[str, Any]]) -> None:

@@ -21,15 +21,31 @@ Two shapes:
 The client's select list, WHERE, GROUP BY, HAVING, ORDER BY and LIMIT are
 their own text, so output names and types, and ``$n`` parameters, are
 unchanged; ORDER BY and LIMIT apply after suppression.
+
+* **released** (post-aggregate expressions: ``round(avg(x), 1)``,
+  ``sum(x) / count(*)``, a HAVING over them, ...): one of the shapes above
+  selects the GROUP BY expressions, the plain select items and each distinct
+  aggregate (``anonproxy_g<k>``, ``anonproxy_c<i>``, ``anonproxy_v<j>``) and
+  becomes a ``MATERIALIZED`` CTE, ``anonproxy_released``; an outer SELECT
+  computes the client's select list, HAVING (as WHERE), ORDER BY and LIMIT
+  from it (:mod:`anonproxy.rewrite.post_aggregate`). A materialized CTE is an
+  optimization fence: PostgreSQL evaluates the outer expressions, which may
+  raise errors, on released rows only, never on a withheld group. A HAVING
+  without post-aggregate expressions stays in the inner query as written (it
+  chooses the groups the rest row adds up); one with them is evaluated
+  outside, on the released groups and the rest row, which then adds up every
+  withheld group.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from decimal import Decimal
 
 from anonproxy.policy.model import SuppressionParams
-from anonproxy.rewrite.analytic import AnalyticQuery
+from anonproxy.rewrite.analytic import AnalyticQuery, Item
 from anonproxy.rewrite.decision import unsupported
+from anonproxy.rewrite.post_aggregate import RELEASED, Outer, key, plain, value
 
 CELLS = "anonproxy_cells"
 RANKED = "anonproxy_ranked"
@@ -73,11 +89,43 @@ class _Rules:
 
 def rewrite(query: AnalyticQuery, params: SuppressionParams) -> str:
     rules = _Rules(params)
+    if query.outer is not None:
+        return _released(query, query.outer, rules)
+    return _suppressed(query, rules)
+
+
+def _suppressed(query: AnalyticQuery, rules: _Rules) -> str:
     magnitudes = query.magnitudes if rules.magnitude_rules else ()
     rest = rules.rest and query.grouped
     if not magnitudes and not rest:
         return _simple(query, rules)
     return _cells(query, rules, magnitudes, rest)
+
+
+def _released(query: AnalyticQuery, outer: Outer, rules: _Rules) -> str:
+    """The suppressed values of the GROUP BY expressions, plain items and aggregates, as a materialized CTE; the
+    client's select list, HAVING, ORDER BY and LIMIT computed over it."""
+    # A HAVING over post-aggregate expressions cannot be evaluated on a withheld group (it may raise an error), so
+    # it cannot choose the groups the rest row adds up: the rest row then adds up every withheld group, and HAVING
+    # filters the released rows, the rest row among them.
+    inner = [Item(f"{expression} AS {key(k)}", expression, "group", None)
+             for k, expression in enumerate(query.keys, 1)]
+    inner += [Item(f"{item.expression} AS {plain(i)}", item.expression, item.kind, None)
+              for i, item in enumerate(query.items, 1) if item.kind in ("group", "constant")]
+    inner += [Item(f"{query.text_of(node).text} AS {value(j)}", query.text_of(node).text, "aggregate", None)
+              for j, node in enumerate(outer.aggregates, 1)]
+    suppressed = replace(query, items=tuple(inner), distinct=False, group_by=query.keys, order=(), tail=None,
+                         having=None if query.having_outer else query.having)
+    lines = [f"WITH {RELEASED} AS MATERIALIZED (", _indent(_suppressed(suppressed, rules), 2), ")",
+             f"SELECT {'DISTINCT ' if query.distinct else ''}{', '.join(item.sql for item in outer.items)}",
+             f"FROM {RELEASED}"]
+    if outer.having is not None:
+        lines.append(f"WHERE {outer.having}")
+    if outer.order:
+        lines.append(f"ORDER BY {', '.join(outer.order)}")
+    if query.tail is not None:
+        lines.append(query.tail)
+    return "\n".join(lines)
 
 
 def _contributes(rule: str, argument: str) -> str:
