@@ -18,3 +18,7 @@ decisions beyond naming tables):
 What the result may compute is still decided by the back-ends' analysis
 (:func:`anonproxy.rewrite.analytic.analyze`) on the flattened statement.
 """
+
+# The back-ends import this package and it imports their analysis: load the rewrite package first, so either
+# side can be imported first.
+import anonproxy.rewrite  # noqa: E402,F401

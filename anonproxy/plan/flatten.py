@@ -149,6 +149,8 @@ def flatten(select: exp.Select, source: str) -> bool:
     """Inline the derived tables of ``select`` (and of its derived tables) that only filter, project or rename;
     whether any was. Derived tables that aggregate stay (see :mod:`anonproxy.plan.outer`)."""
     changed = False
+    if any(isinstance(item, exp.Subquery) for item in sources(select)):
+        _check_qualifiers(select)
     position = 0
     while position < len(sources(select)):
         item = sources(select)[position]
@@ -164,6 +166,18 @@ def flatten(select: exp.Select, source: str) -> bool:
                 continue  # the inlined table now stands at this position
         position += 1
     return changed
+
+
+def _check_qualifiers(select: exp.Select) -> None:
+    """Every qualified column names a FROM item of its own SELECT (the names inside a derived table are hidden
+    from the outer query: once inlined, they must not become visible to it)."""
+    visible = {reference(item) for item in sources(select)}
+    for node in own_nodes(select):
+        if isinstance(node, exp.Column) and node.args.get("db") is None and node.args.get("table") is not None \
+                and identifier(node.args["table"]) not in visible:
+            raise unsupported(f"column reference {node.sql(dialect='postgres')} names no table of the FROM clause "
+                              "(the tables inside a derived table are known only by the derived table's alias)",
+                              QUALIFY_HINT)
 
 
 def _inline(outer: exp.Select, position: int, item: exp.Subquery, body: exp.Select, source: str) -> None:

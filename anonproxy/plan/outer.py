@@ -68,6 +68,13 @@ class Series:
     rest: exp.Select
     keys: tuple[tuple[exp.Expression, int], ...]  # an outer expression, and the top query's column it must equal
     names: tuple[str, ...]  # the top query's output column names
+    shown: tuple[int | None, ...] = ()  # per key: the outer query's output column that shows it, if one does
+
+    def released(self, row: tuple[str | None, ...], keys: set[tuple[str | None, ...]]) -> bool:
+        """Whether a row of the second answer shows released keys (a back-end that lists a declared domain's every
+        value, released or not, filters its rows with this; keys compare as the text PostgreSQL prints)."""
+        shown = [(position, index) for index, position in enumerate(self.shown) if position is not None]
+        return not shown or any(all(row[position] == key[index] for position, index in shown) for key in keys)
 
     def restriction(self, released: list[tuple[str | None, ...]]) -> exp.Expression:
         """``key IN (values)`` (``(k1 = a AND k2 = b) OR ...`` for several keys) over the released key values,
@@ -220,7 +227,25 @@ def series(select: exp.Select, position: int, source: str) -> Series:
     for node in own_nodes(rest):
         if isinstance(node, exp.Column) and identifier(node.args.get("table")) == alias:
             raise unsupported("a joined aggregate query may be read only in its ON condition", SERIES_HINT)
-    return Series(top=top, rest=rest, keys=tuple(keys), names=names)
+    shown = tuple(_shown(rest, key) for key, _ in keys)
+    return Series(top=top, rest=rest, keys=tuple(keys), names=names, shown=shown)
+
+
+def _shown(select: exp.Select, key: exp.Expression) -> int | None:
+    """The position of the select item that is ``key`` itself (parentheses, spelling and case aside)."""
+    wanted = _canonical(key)
+    for position, item in enumerate(select.expressions):
+        if _canonical(item.this if isinstance(item, exp.Alias) else item) == wanted:
+            return position
+    return None
+
+
+def _canonical(node: exp.Expression) -> exp.Expression:
+    node = _unparen(node).copy()
+    for ident in node.find_all(exp.Identifier):
+        ident.set("this", identifier(ident))
+        ident.set("quoted", True)
+    return node
 
 
 def _reads(node: exp.Expression, alias: str | None) -> bool:
