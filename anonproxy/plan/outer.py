@@ -26,6 +26,7 @@ output columns.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from sqlglot import exp
@@ -172,10 +173,10 @@ def _check_outer(select: exp.Select, alias: str | None, names: tuple[str, ...], 
         core = item.this if isinstance(item, exp.Alias) else item
         if isinstance(core, exp.Star) or (isinstance(core, exp.Column) and isinstance(core.this, exp.Star)):
             continue  # the inner query's columns, all released
-        checker.grouped(core, "the outer select list")
+        _arithmetic(core, lambda node: checker.grouped(node, "the outer select list"))
     where = select.args.get("where")
     if where is not None:
-        checker.row(where.this, "WHERE")
+        _arithmetic(where.this, lambda node: checker.row(node, "WHERE"))
     group = select.args.get("group")
     if group is not None:
         if set(k for k, v in group.args.items() if v) != {"expressions"}:
@@ -193,6 +194,22 @@ def _check_outer(select: exp.Select, alias: str | None, names: tuple[str, ...], 
         value = node.args.get("expression") if node is not None else None
         if value is not None and not (isinstance(value, exp.Literal) and not value.is_string):
             raise unsupported(f"{key.upper()} of an outer query takes a constant", OUTER_HINT)
+
+
+_ARITHMETIC = (exp.Add, exp.Sub, exp.Mul, exp.Div, exp.Mod)
+
+
+def _arithmetic(node: exp.Expression, check: Callable[[exp.Expression], None]) -> None:
+    """Arithmetic on released values is allowed (its errors depend on released values only, and a division's
+    divisor is wrapped in NULLIF): check its operands, and anything else with ``check``."""
+    inner = _unparen(node)
+    if isinstance(inner, _ARITHMETIC):
+        _arithmetic(inner.this, check)
+        _arithmetic(inner.expression, check)
+    elif isinstance(inner, exp.Neg):
+        _arithmetic(inner.this, check)
+    else:
+        check(node)
 
 
 def series(select: exp.Select, position: int, source: str) -> Series:

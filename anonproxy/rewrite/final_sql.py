@@ -50,7 +50,8 @@ FUNCTIONS = frozenset({
     "lower", "upper", "date_trunc", "date_part", "extract", "width_bucket",  # client expressions
 })  # fmt: skip
 # Comparison, LIKE/ILIKE (~~ and friends), and the arithmetic of the generators' thresholds and sums.
-OPERATORS = frozenset({"=", "<>", "<", ">", "<=", ">=", "~~", "!~~", "~~*", "!~~*", "+", "-", "*"})
+OPERATORS = frozenset({"=", "<>", "<", ">", "<=", ">=", "~~", "!~~", "~~*", "!~~*", "+", "-", "*",
+                       "/", "%"})  # division: an outer query over released rows, always by NULLIF(divisor, 0)
 _BETWEEN = frozenset({"BETWEEN", "NOT BETWEEN", "BETWEEN SYMMETRIC", "NOT BETWEEN SYMMETRIC"})
 _EXPRESSION_KINDS = frozenset({
     "AEXPR_OP", "AEXPR_DISTINCT", "AEXPR_NOT_DISTINCT", "AEXPR_NULLIF", "AEXPR_IN", "AEXPR_LIKE", "AEXPR_ILIKE",
