@@ -224,7 +224,7 @@ def _check_inlinable(item: exp.Subquery, body: exp.Select) -> None:
         raise refusal(f"{what} inside a derived table is not supported over protected tables: only column "
                       "selections, renames, WHERE and joins are inlined", HINT)
     if body.args.get("from_") is None:
-        raise unsupported("a derived table over protected tables needs a FROM clause", HINT)
+        raise unsupported("a derived table or WITH query over protected tables needs a FROM clause", HINT)
     for node in own_nodes(body):
         if isinstance(node, exp.Window):
             raise unsupported("window functions inside a derived table are not supported over protected tables",

@@ -50,8 +50,10 @@ FUNCTIONS = frozenset({
     "lower", "upper", "date_trunc", "date_part", "extract", "width_bucket",  # client expressions
 })  # fmt: skip
 # Comparison, LIKE/ILIKE (~~ and friends), and the arithmetic of the generators' thresholds and sums.
-OPERATORS = frozenset({"=", "<>", "<", ">", "<=", ">=", "~~", "!~~", "~~*", "!~~*", "+", "-", "*",
-                       "/", "%"})  # division: an outer query over released rows, always by NULLIF(divisor, 0)
+OPERATORS = frozenset({"=", "<>", "<", ">", "<=", ">=", "~~", "!~~", "~~*", "!~~*", "+", "-", "*"})
+# Division and modulo only by NULLIF(divisor, 0), as outer queries over released rows write them
+# (anonproxy.plan.outer): a zero divisor gives NULL, never an error.
+DIVISIONS = frozenset({"/", "%"})
 _BETWEEN = frozenset({"BETWEEN", "NOT BETWEEN", "BETWEEN SYMMETRIC", "NOT BETWEEN SYMMETRIC"})
 _EXPRESSION_KINDS = frozenset({
     "AEXPR_OP", "AEXPR_DISTINCT", "AEXPR_NOT_DISTINCT", "AEXPR_NULLIF", "AEXPR_IN", "AEXPR_LIKE", "AEXPR_ILIKE",
@@ -254,6 +256,10 @@ def _operator(fields: dict[str, Any]) -> None:
                                 "generated, which is not on its allowlist")
     if "BETWEEN" in kind and _names(fields.get("name", [])) in {(word,) for word in _BETWEEN}:
         return
+    if kind == "AEXPR_OP" and _catalog_name(_names(fields.get("name", []))) in DIVISIONS:
+        divisor = fields.get("rexpr", {})
+        if list(divisor) == ["A_Expr"] and divisor["A_Expr"].get("kind") == "AEXPR_NULLIF":
+            return
     _operator_name(fields.get("name", []))
 
 
