@@ -74,6 +74,11 @@ OUTER = [
     "select * from (select education, count(*) as n from adult group by education) q where n > 100 "
     "order by n desc limit 3",
 ]
+# Superset over a virtual dataset: the ON condition's names are bare (superset/models/helpers.py: gby == column(k__))
+VIRTUAL_SERIES = ("SELECT education AS education, count(*) AS count FROM (SELECT * FROM public.adult) AS "
+                  "virtual_table JOIN (SELECT education AS education__, count(*) AS mme_inner__ FROM (SELECT * FROM "
+                  "public.adult) AS virtual_table GROUP BY education ORDER BY mme_inner__ DESC LIMIT 5) AS "
+                  "series_limit ON education = education__ GROUP BY education ORDER BY count DESC LIMIT 10000")
 SERIES = ("SELECT education AS education, count(*) AS count FROM public.adult JOIN (SELECT education AS "
           "education__, count(*) AS mme_inner__ FROM public.adult GROUP BY education ORDER BY mme_inner__ DESC "
           "LIMIT 5) AS series_limit ON education = series_limit.education__ GROUP BY education "
@@ -98,6 +103,13 @@ REFUSED = [
      "not an output column"),
     ("select count(*) from (select education, count(*) as n from adult group by 1) q where n > $1",
      "parameters"),
+    # Superset's "group others" variant joins the top groups with LEFT JOIN and labels the rest: not supported
+    ("SELECT education, count(*) FROM adult LEFT OUTER JOIN (SELECT education AS education__, count(*) AS m "
+     "FROM adult GROUP BY education ORDER BY m DESC LIMIT 5) AS series_limit ON education = education__ "
+     "GROUP BY education", "[INNER] JOIN"),
+    ("SELECT education, max(m) FROM adult JOIN (SELECT education AS education__, count(*) AS m FROM adult "
+     "GROUP BY education ORDER BY m DESC LIMIT 5) AS series_limit ON education = education__ GROUP BY education",
+     "only in its ON condition"),
 ]
 
 
@@ -120,7 +132,7 @@ def test_flattened_statements_are_rewritten_like_their_plain_equivalent(nested: 
 
 
 def test_outer_queries_and_series_limit_are_planned_in_both_modes() -> None:
-    for sql in [*OUTER, SERIES]:
+    for sql in [*OUTER, SERIES, VIRTUAL_SERIES]:
         rewrite = decide(sql, SUPPRESS, POLICY)
         assert isinstance(rewrite, Rewrite), rewrite
         plan = _plain_plan(sql)
@@ -208,6 +220,7 @@ def test_reporter_series_limit_is_the_top_groups_then_the_chart(
     assert _names(got) == _names(truth.execute(SERIES))
     rows = got.fetchall()
     assert [education for education, _ in rows] == keys
+    assert reporter.execute(VIRTUAL_SERIES).fetchall() == rows
     everything = dict(reporter.execute("select education, count(*) from adult group by education").fetchall())
     assert all(everything[education] == n for education, n in rows)
 

@@ -190,7 +190,16 @@ def _inline(outer: exp.Select, position: int, item: exp.Subquery, body: exp.Sele
     taken = {reference(other) for index, other in enumerate(sources(outer)) if index != position}
     _rename_inner(body, inner, taken)
     outputs, star = _outputs(item, body)
-    _substitute(outer, alias, outputs, star, single=len(sources(outer)) == 1,
+    others = [other for index, other in enumerate(sources(outer)) if index != position]
+    # Who else an unqualified name may belong to: a table (any name: only PostgreSQL knows its columns), or an
+    # aggregate query left nested (the names of its select items).
+    rivals: set[str] | None = set()
+    for other in others:
+        if isinstance(other, exp.Subquery) and isinstance(other.this, exp.Select) and rivals is not None:
+            rivals |= {output_name(expression, source) or "?column?" for expression in other.this.expressions}
+        else:
+            rivals = None
+    _substitute(outer, alias, outputs, star, rivals,
                 output_names={output_name(item, source) for item in outer.expressions} - {None})
     condition = body.args.get("where")
     if position == 0:
@@ -302,9 +311,10 @@ def _outputs(item: exp.Subquery, body: exp.Select) -> tuple[dict[str, exp.Expres
 
 
 def _substitute(outer: exp.Select, alias: str | None, outputs: dict[str, exp.Expression | None], star: str | None,
-                single: bool, output_names: set[str | None]) -> None:
-    """Replace the outer query's references to the derived table by the expressions they name (``output_names``:
-    the outer query's column names, which a bare name in its ORDER BY means first)."""
+                rivals: set[str] | None, output_names: set[str | None]) -> None:
+    """Replace the outer query's references to the derived table by the expressions they name. ``rivals``: the
+    names the outer query's other FROM items have (None: unknown, one is a table); ``output_names``: the outer
+    query's column names, which a bare name in its ORDER BY means first."""
     for node in list(own_nodes(outer)):
         if not isinstance(node, exp.Column) or not isinstance(node.this, exp.Identifier):
             continue
@@ -316,9 +326,12 @@ def _substitute(outer: exp.Select, alias: str | None, outputs: dict[str, exp.Exp
             clause = _clause(node, outer)
             if clause == "order" and name in output_names:
                 continue  # ORDER BY a bare name means the output column first
-            if not single:
-                if name in outputs or star is not None:
-                    raise unsupported(f"column {name} is ambiguous next to a derived table", QUALIFY_HINT)
+            # A name an aggregate query next to it gives one of its columns is that column, unless this derived
+            # table names one so too (a * is assumed not to: Superset's series limit names its keys k__).
+            if (rivals is None and (name in outputs or star is not None)) or (rivals and name in rivals
+                                                                                and name in outputs):
+                raise unsupported(f"column {name} is ambiguous next to a derived table", QUALIFY_HINT)
+            if rivals is None or name in rivals:
                 continue
             if clause == "group" and name not in outputs and name in output_names \
                     and not _bare_column(outer, name):

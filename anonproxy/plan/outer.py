@@ -228,10 +228,10 @@ def series(select: exp.Select, position: int, source: str) -> Series:
             raise unsupported("the ON condition of a joined aggregate query must be equalities with its columns",
                               SERIES_HINT)
         sides = [_unparen(condition.this), _unparen(condition.expression)]
-        mine = [side for side in sides if _reads(side, alias)]
-        if len(mine) != 1 or not isinstance(mine[0], exp.Column) or mine[0].args.get("table") is None:
+        mine = [side for side in sides if _reads(side, alias, names)]
+        if len(mine) != 1 or not isinstance(mine[0], exp.Column):
             raise unsupported("each ON equality of a joined aggregate query must compare one of its columns "
-                              "(alias.column) with an expression of the other tables", SERIES_HINT)
+                              "with an expression of the other tables", SERIES_HINT)
         other = sides[1] if mine[0] is sides[0] else sides[0]
         name = identifier(mine[0].this) or ""
         if names.count(name) != 1:
@@ -242,7 +242,7 @@ def series(select: exp.Select, position: int, source: str) -> Series:
     del joins[position - 1]
     rest.set("joins", joins or None)
     for node in own_nodes(rest):
-        if isinstance(node, exp.Column) and identifier(node.args.get("table")) == alias:
+        if isinstance(node, exp.Column) and _reads(node, alias, names):
             raise unsupported("a joined aggregate query may be read only in its ON condition", SERIES_HINT)
     shown = tuple(_shown(rest, key) for key, _ in keys)
     return Series(top=top, rest=rest, keys=tuple(keys), names=names, shown=shown)
@@ -265,8 +265,14 @@ def _canonical(node: exp.Expression) -> exp.Expression:
     return node
 
 
-def _reads(node: exp.Expression, alias: str | None) -> bool:
-    return any(identifier(column.args.get("table")) == alias for column in node.find_all(exp.Column))
+def _reads(node: exp.Expression, alias: str | None, names: tuple[str, ...]) -> bool:
+    """Whether ``node`` reads the joined aggregate query: ``alias.column``, or a bare name of one of its columns
+    (Superset writes ``ON education = education__``)."""
+    for column in node.find_all(exp.Column):
+        table = column.args.get("table")
+        if identifier(table) == alias if table is not None else identifier(column.this) in names:
+            return True
+    return False
 
 
 def _conjuncts(node: exp.Expression) -> list[exp.Expression]:
