@@ -59,6 +59,14 @@ FLATTENED = [
     ("select d.sex, count(*) from (select a.sex, v.cost from adult a join visits v on v.person_id = a.id "
      "where v.cost > 10) d group by d.sex",
      "select a.sex, count(*) from adult a join visits v on v.person_id = a.id where v.cost > 10 group by a.sex"),
+    # a joined derived table: its WHERE moves into ON; an inner name the outer query uses is renamed
+    ("select a.sex, count(v.cost) from adult a left join (select * from visits where cost > 10) v "
+     "on v.person_id = a.id group by a.sex",
+     "select a.sex, count(v.cost) from adult a left join visits v on v.person_id = a.id and v.cost > 10 "
+     "group by a.sex"),
+    ("select d.sex, count(*) from (select a.sex, a.id from adult a) d join visits a on a.person_id = d.id "
+     "group by d.sex",
+     "select b.sex, count(*) from adult b join visits a on a.person_id = b.id group by b.sex"),
     # three-part names
     ('select "public"."adult"."sex", avg("public"."adult"."age") from "public"."adult" '
      'group by "public"."adult"."sex"', "select sex, avg(age) from adult group by sex"),
