@@ -43,11 +43,15 @@ class Nested:
 
 
 Shape = Single | Nested
+_NESTING = (exp.Subquery, exp.With, exp.CTE)  # what the passes take apart (with three-part column names)
 Parse = Callable[[Statement], exp.Expression]  # the classifier's parser: one statement's tokens to its tree
 
 
 def prepare(statement: Statement, tree: exp.Expression, index: PolicyIndex, parse: Parse) -> Shape:
     """The shape of ``tree`` (which is changed in place); ``parse`` reads rendered SQL back into a tree."""
+    if not any(isinstance(node, _NESTING) or (isinstance(node, exp.Column) and node.args.get("db") is not None)
+               for node in tree.walk()):
+        return Single(statement, tree)  # the usual case: nothing for the passes to do
     names = [output_name(item, statement.source) for item in tree.expressions] \
         if isinstance(tree, exp.Select) else []
     changed = inline_ctes(tree)
