@@ -256,3 +256,19 @@ def test_dp_role_answers_the_shapes(gated_proxy: Endpoint, gated_database: str, 
         rows = series.fetchall()
         assert 1 <= len(rows) <= 5 and {education for education, _ in rows} <= set(exact)
         assert "epsilon 0 of 2 left" in budget_left(conn), "the series limit pays for both of its questions"
+
+
+def test_bound_parameters_in_nested_shapes(gated_proxy: Endpoint, gated_database: str, analyst: str,  # noqa: F811
+                                           reporter: psycopg.Connection[Any]) -> None:
+    """The extended protocol (Parse, Describe, Bind, Execute) with $n in the inner query, as drivers send it."""
+    rowcount = ("select count(*) as rowcount from (select education, count(*) from adult where age > %s "
+                "group by education) q")
+    flat = "select education, count(*) from adult where age > %s group by education"
+    chart = reporter.execute(flat, [30], prepare=True).fetchall()
+    got = reporter.execute(rowcount, [30], prepare=True)
+    assert _names(got) == ["rowcount"] and got.fetchall() == [(len(chart),)]
+    with psycopg.connect(gated_proxy.dsn(gated_database, user=analyst), autocommit=True) as conn:
+        got = conn.execute(rowcount, [30], prepare=True)
+        assert got.description is not None and got.description[0].type_code == 20  # bigint, as PostgreSQL says
+        assert got.fetchone()[0] == len(conn.execute(flat, [30]).fetchall())
+        assert "epsilon 1.5 of 2 left" in budget_left(conn), "one question, asked twice"
