@@ -67,6 +67,9 @@ FLATTENED = [
     ("select d.sex, count(*) from (select a.sex, a.id from adult a) d join visits a on a.person_id = d.id "
      "group by d.sex",
      "select b.sex, count(*) from adult b join visits a on a.person_id = b.id group by b.sex"),
+    # an unaliased function is referable under PostgreSQL's name for it
+    ("select d.upper, count(*) from (select upper(sex) from adult) d group by d.upper",
+     "select upper(sex) as upper, count(*) from adult group by 1"),
     # three-part names
     ('select "public"."adult"."sex", avg("public"."adult"."age") from "public"."adult" '
      'group by "public"."adult"."sex"', "select sex, avg(age) from adult group by sex"),
@@ -101,6 +104,7 @@ REFUSED = [
     ("with t as (select * from adult), u as (select * from adult) select count(*) from t", "never used"),
     ("with recursive t as (select * from adult) select count(*) from t", "RECURSIVE"),
     ('select "_"."age", count(*) from (select "_"."age" from adult "_") "rows" group by 1', "FROM clause"),
+    ("select public.adult.age, count(*) from (select sex from public.adult) d group by 1", "FROM clause"),
     ("select count(*) from (select a.*, v.* from adult a join visits v on v.person_id = a.id) d "
      "group by d.cost", "one *"),
     ("select d.x, count(*) from (select age as x, sex as x from adult) d group by d.x", "ambiguous"),

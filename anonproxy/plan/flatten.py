@@ -173,8 +173,8 @@ def _check_qualifiers(select: exp.Select) -> None:
     from the outer query: once inlined, they must not become visible to it)."""
     visible = {reference(item) for item in sources(select)}
     for node in own_nodes(select):
-        if isinstance(node, exp.Column) and node.args.get("db") is None and node.args.get("table") is not None \
-                and identifier(node.args["table"]) not in visible:
+        if isinstance(node, exp.Column) and node.args.get("table") is not None \
+                and (node.args.get("db") is not None or identifier(node.args["table"]) not in visible):
             raise unsupported(f"column reference {node.sql(dialect='postgres')} names no table of the FROM clause "
                               "(the tables inside a derived table are known only by the derived table's alias)",
                               QUALIFY_HINT)
@@ -189,7 +189,7 @@ def _inline(outer: exp.Select, position: int, item: exp.Subquery, body: exp.Sele
     _qualify(body, inner)
     taken = {reference(other) for index, other in enumerate(sources(outer)) if index != position}
     _rename_inner(body, inner, taken)
-    outputs, star = _outputs(item, body)
+    outputs, star = _outputs(item, body, source)
     others = [other for index, other in enumerate(sources(outer)) if index != position]
     # Who else an unqualified name may belong to: a table (any name: only PostgreSQL knows its columns), or an
     # aggregate query left nested (the names of its select items).
@@ -273,7 +273,8 @@ def _rename_inner(body: exp.Select, inner: list[exp.Expression], taken: set[str 
                 node.set("table", exp.Identifier(this=new, quoted=True))
 
 
-def _outputs(item: exp.Subquery, body: exp.Select) -> tuple[dict[str, exp.Expression | None], str | None]:
+def _outputs(item: exp.Subquery, body: exp.Select, source: str,
+             ) -> tuple[dict[str, exp.Expression | None], str | None]:
     """The derived table's columns by name (None: the name is ambiguous), and the table its ``*`` reads."""
     outputs: dict[str, exp.Expression | None] = {}
     named: list[tuple[str | None, exp.Expression]] = []
@@ -294,8 +295,8 @@ def _outputs(item: exp.Subquery, body: exp.Select) -> tuple[dict[str, exp.Expres
             named.append((identifier(expression.args.get("alias")), expression.this))
         elif isinstance(expression, exp.Column):
             named.append((identifier(expression.this), expression))
-        else:
-            named.append((None, expression))  # PostgreSQL names it ?column? or after its function: not referable
+        else:  # PostgreSQL names it after its function (upper(x) is "upper"), or ?column?, not referable
+            named.append((output_name(expression, source), expression))
     alias = item.args.get("alias")
     columns = alias.args.get("columns") if alias is not None else None
     if columns:
