@@ -276,3 +276,14 @@ def test_bound_parameters_in_nested_shapes(gated_proxy: Endpoint, gated_database
         assert got.description is not None and got.description[0].type_code == 20  # bigint, as PostgreSQL says
         assert got.fetchone()[0] == len(conn.execute(flat, [30]).fetchall())
         assert "epsilon 1.5 of 2 left" in budget_left(conn), "one question, asked twice"
+
+
+def test_dp_three_part_names_are_columns(gated_proxy: Endpoint, gated_database: str, analyst: str,  # noqa: F811
+                                        truth: psycopg.Connection[Any]) -> None:  # noqa: F811
+    """Metabase's spelling: before issue 11, dp refused AVG("public"."adult"."hours_per_week") as an expression."""
+    sql = 'SELECT AVG("public"."adult"."hours_per_week") AS "avg" FROM "public"."adult"'
+    exact = float(truth.execute(sql).fetchone()[0])
+    with psycopg.connect(gated_proxy.dsn(gated_database, user=analyst), autocommit=True) as conn:
+        got = conn.execute(sql)
+        assert _names(got) == ["avg"]
+        assert abs(float(got.fetchone()[0]) - exact) < 1.0

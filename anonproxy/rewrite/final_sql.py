@@ -10,7 +10,9 @@ walked:
   CTE the statement itself defines; the dp plan's guard CTE may also read the
   three catalog tables it needs (pg_index, pg_attribute, pg_class);
 * every function call, operator and cast target is on an allowlist, resolved
-  in pg_catalog (a name qualified with any other schema is refused);
+  in pg_catalog (a name qualified with any other schema is refused); ``/``
+  and ``%`` only with a ``NULLIF(divisor, 0)`` divisor (outer queries over
+  released rows write every division so);
 * every node type is on an allowlist, so a construct nobody thought about
   (XMLTABLE, TABLESAMPLE, SELECT INTO, FOR UPDATE, ...) is refused, not ignored.
 
