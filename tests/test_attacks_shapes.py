@@ -90,6 +90,19 @@ def test_error_channels_under_new_names_are_refused(sql: str) -> None:
         assert decision.sqlstate in ("0A000", "42501"), decision
 
 
+@pytest.mark.parametrize("sql", [
+    "select * from (select age, sex from adult) d",
+    "select d.* from (select * from adult where id = 17) d",
+    "with t as (select id, income from adult) select t.income from t where t.id = 17",
+    'select "_"."age" from (select "_"."age" from "public"."adult" "_") "_" limit 1000001',
+    "select * from (select * from adult) d group by d.id",
+])
+def test_row_level_output_through_nesting_is_refused(sql: str) -> None:
+    for role in (SUPPRESS, DP):
+        decision = refusal(sql, role)
+        assert decision.sqlstate == "42501" and "row-level" in decision.message, decision
+
+
 def test_a_cte_that_shadows_a_table_means_the_cte() -> None:
     """Its body reads the table; the outer statement reads the (filtered) WITH query, as PostgreSQL does."""
     sql = "with adult as (select * from adult where id = 17) select sex, count(*) from adult group by sex"
