@@ -17,6 +17,7 @@ import pytest
 from conftest import Endpoint
 from test_dp_proxy import analyst, budget_left, truth  # noqa: F401 - fixtures
 from test_rewrite import POLICY, SUPPRESS
+from test_shapes import dp_session
 
 from anonproxy.policy.model import PublishedRelation
 from anonproxy.privacy.dp_plan import DPParams, plan_dp
@@ -157,7 +158,7 @@ def test_reporter_series_limit_over_identifying_keys_releases_nobody(reporter: p
 
 def test_dp_nested_shapes_release_no_person(gated_proxy: Endpoint, gated_database: str,  # noqa: F811
                                             analyst: str) -> None:  # noqa: F811
-    with psycopg.connect(gated_proxy.dsn(gated_database, user=analyst), autocommit=True) as conn:
+    with dp_session(gated_proxy, gated_database, analyst) as conn:
         series = conn.execute("SELECT id, count(*) FROM adult JOIN (SELECT id AS id__, count(*) AS m FROM adult "
                               "GROUP BY id ORDER BY m DESC LIMIT 1) AS series_limit ON adult.id = series_limit.id__ "
                               "GROUP BY id").fetchall()

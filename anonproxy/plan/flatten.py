@@ -289,6 +289,8 @@ def _outputs(item: exp.Subquery, body: exp.Select, source: str,
                                   "tables", "Name the columns the outer query uses.")
             if star is not None:
                 raise unsupported("a derived table may hold one * over protected tables", HINT)
+            if qualifier is not None and qualifier not in {reference(table) for table in tables}:
+                raise unsupported(f"{qualifier}.* names no table of the derived table's FROM clause", QUALIFY_HINT)
             star = qualifier or reference(tables[0])
             continue
         if isinstance(expression, exp.Alias):

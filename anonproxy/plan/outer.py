@@ -163,7 +163,7 @@ def _check_outer(select: exp.Select, alias: str | None, names: tuple[str, ...], 
         if node.args.get("db") is not None or (table is not None and table != alias):
             raise unsupported(f"{node.sql(dialect='postgres')} is not a column of the aggregate query the outer "
                               "query reads", OUTER_HINT)
-        if names.count(name) != 1 and not (table is None and name in outputs):  # ORDER BY an output name
+        if names.count(name) != 1 and not (table is None and name in outputs and _in_order_by(node, select)):
             what = "is ambiguous in" if names.count(name) > 1 else "is not an output column of"
             raise unsupported(f"column {name} {what} the aggregate query the outer query reads", OUTER_HINT)
     # The released rows hold no identifying column that matters here: every value in them was released.
@@ -194,6 +194,13 @@ def _check_outer(select: exp.Select, alias: str | None, names: tuple[str, ...], 
         value = node.args.get("expression") if node is not None else None
         if value is not None and not (isinstance(value, exp.Literal) and not value.is_string):
             raise unsupported(f"{key.upper()} of an outer query takes a constant", OUTER_HINT)
+
+
+def _in_order_by(node: exp.Expression, select: exp.Select) -> bool:
+    """Whether ``node`` stands in the ORDER BY clause of ``select`` (where a bare name means an output column)."""
+    while node.parent is not None and node.parent is not select:
+        node = node.parent
+    return node.arg_key == "order"
 
 
 _ARITHMETIC = (exp.Add, exp.Sub, exp.Mul, exp.Div, exp.Mod)
