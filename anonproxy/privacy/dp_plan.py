@@ -33,6 +33,8 @@ from typing import Literal
 import sqlglot
 from sqlglot import exp
 
+from anonproxy.plan.outer import Outer, Series
+from anonproxy.plan.shape import Nested, prepare
 from anonproxy.policy.model import (
     ColumnPolicy,
     Policy,
@@ -282,6 +284,7 @@ class DPPlan:
     having: tuple | None = None  # compiled HAVING (dp_having) over columns + hidden
     domains: tuple[tuple[str, ...], ...] | None = None  # the GROUP BY keys' declared public domains, in order
     post: PostProcess | None = None  # post-aggregate expressions, computed over the noisy values
+    nested: Outer | Series | None = None  # what the proxy does with the released rows next (anonproxy.plan.outer)
 
     @property
     def free(self) -> bool:
@@ -356,9 +359,11 @@ def _plan(sql: str, role: RolePolicy, policy: Policy, params: DPParams) -> DPPla
     statements = split(sql)
     if len(statements) != 1:
         raise unsupported("a dp query must be sent on its own, as one statement", DP_HINT)
-    statement = statements[0]
-    tree = parse_statement(statement)
-    query = analyze(statement, tree, PolicyIndex(policy), SuppressionParams(k=1), dp=True)
+    index = PolicyIndex(policy)
+    shape = prepare(statements[0], parse_statement(statements[0]), index, parse_statement)
+    single = shape.inner if isinstance(shape, Nested) else shape  # a nested shape: the question asked first
+    statement, tree = single.statement, single.tree
+    query = analyze(statement, tree, index, SuppressionParams(k=1), dp=True)
     assert isinstance(tree, exp.Select)  # analyze refuses everything else, and every relation outside the policy
     if query.distinct and any(item.kind == "aggregate" or item.aggregates for item in query.items):
         raise unsupported("SELECT DISTINCT with aggregates is not supported in dp mode", DP_HINT)
@@ -445,6 +450,7 @@ def _plan(sql: str, role: RolePolicy, policy: Policy, params: DPParams) -> DPPla
         domains=tuple(public) if public is not None else None,
         post=_post_process(outer, query, inputs, [i for i, d in enumerate(drafts) if d.kind == "post"])
         if outer is not None else None,
+        nested=shape.post if isinstance(shape, Nested) else None,
     )
 
 

@@ -47,6 +47,7 @@ from psycopg import generators, pq
 from psycopg.adapt import Transformer
 
 from ..config import ServiceLogin
+from ..plan.outer import ROWS, Outer, Series
 from ..policy.model import Policy, RolePolicy
 from ..privacy import ledger
 from ..privacy.dp_plan import DPParams, DPPlan, finish, plan_dp, post_arrays, released_rows
@@ -113,18 +114,40 @@ class NoisyAnswers:
 
     async def answer(self, sql: str, role: RolePolicy, policy: Policy, parameters: Parameters,
                      limits: SessionLimits, timeout_ms: int = 0, spent: Spent | None = None) -> Result:
-        """The noisy answer, charged (or the cached one, free); ``spent`` gets what it read and cost."""
+        """The noisy answer, charged (or the cached one, free); ``spent`` gets what it read and cost.
+
+        A nested question (anonproxy.plan.outer) is answered in steps: its aggregate query first, like any other;
+        then an outer query post-processes the released rows in PostgreSQL (over a VALUES list of them, reading no
+        table), or Superset's series limit asks its second question, restricted to the released keys, and pays
+        for it too."""
         spent = spent or Spent()
+        result, plan = await self._answer(sql, role, policy, parameters, limits, timeout_ms, spent)
+        if isinstance(plan.nested, Outer):
+            return await self._post_process(plan.nested, result, policy, role)
+        if isinstance(plan.nested, Series):
+            question = _series_question(plan.nested, result)
+            second = Spent()
+            answered, _ = await self._answer(question, role, policy, parameters, limits, timeout_ms, second)
+            spent.relations = tuple(sorted({*spent.relations, *second.relations}))
+            spent.epsilon, spent.delta = spent.epsilon + second.epsilon, spent.delta + second.delta
+            keys = {plan.nested.key_values(_texts(row)) for row in result.rows}
+            rows = tuple(row for row in answered.rows if plan.nested.released(_texts(row), keys))
+            return replace(answered, rows=rows, notices=result.notices + answered.notices)
+        return result
+
+    async def _answer(self, sql: str, role: RolePolicy, policy: Policy, parameters: Parameters,
+                      limits: SessionLimits, timeout_ms: int, spent: Spent) -> tuple[Result, DPPlan]:
+        """One question's noisy answer and its plan."""
         async with self._connection() as conn:
             plan, fingerprint, found = await self._question(conn, sql, role, policy, parameters, limits)
             spent.relations, spent.epsilon, spent.delta = plan.tables, 0, 0  # until charged
             if plan.free:
                 types, rows = await _run(conn, plan.sql, parameters)
                 return await _result(conn, plan, types, rows, "anonproxy: the declared public domain, from the "
-                                     "policy: no row was read and nothing was charged")
+                                     "policy: no row was read and nothing was charged"), plan
             if found.answer is not None:
                 return _with_notice(parse_simple(found.answer), "anonproxy: the same question on the same data "
-                                    "was answered before; this is that answer, at no cost")
+                                    "was answered before; this is that answer, at no cost"), plan
             await _check_statement(conn, plan, parameters)
             # Charged, and committed, before the data is read: a question that fails from here on (its SQL, the
             # noise, the connection) stays paid for, so no failure is a free look at the data.
@@ -138,7 +161,19 @@ class NoisyAnswers:
             # Another session of the role may have paid for the same question meanwhile: one answer is released.
             kept = await ledger.store_answer(conn, role.role, fingerprint, version, result.simple())
             return _with_notice(parse_simple(kept), f"anonproxy: budget left on {plan.table}: "
-                                f"ε={_plain(left.epsilon)}, δ={_plain(left.delta)}")
+                                f"ε={_plain(left.epsilon)}, δ={_plain(left.delta)}"), plan
+
+    async def _post_process(self, outer: Outer, released: Result, policy: Policy, role: RolePolicy) -> Result:
+        """The outer query over the released rows, run by PostgreSQL over a VALUES list of them: its functions,
+        types and column names are PostgreSQL's, and it reads no table (the final SQL check says so)."""
+        sql, parameters = _over_released(outer, released)
+        verify(sql, policy, role.role)
+        async with self._connection() as conn:
+            columns, rows = await _run_described(conn, sql, parameters)
+        return Result(columns, tuple(tuple(text_value(value, column.type_oid)
+                                           for value, column in zip(row, columns, strict=True)) for row in rows),
+                      notices=released.notices + _notice("anonproxy: the outer query was computed from the released "
+                                                         "rows above, at no extra cost"))
 
     async def describe(self, sql: str, role: RolePolicy, policy: Policy, parameters: Parameters,
                        limits: SessionLimits) -> Description:
@@ -149,27 +184,35 @@ class NoisyAnswers:
         async with self._connection() as conn:
             parameter_types, types = await _describe(conn, plan.sql, parameters.types)
             post_types = await _post_types(conn, plan, types)
-        return Description(parameter_types, _output_columns(plan, types, post_types))
+            columns = _output_columns(plan, types, post_types)
+            if isinstance(plan.nested, Outer):
+                outer_sql, bound = _over_released(plan.nested, Result(columns))
+                columns = await _describe_columns(conn, outer_sql, bound.types)
+        if isinstance(plan.nested, Series):  # the second question's columns; its restriction does not change them
+            second = await self.describe(_series_question(plan.nested, Result(columns)), role, policy, parameters,
+                                         limits)
+            columns = second.columns
+        return Description(parameter_types, columns)
 
     async def explain(self, sql: str, role: RolePolicy, policy: Policy, parameters: Parameters,
                       limits: SessionLimits) -> Result:
         """``EXPLAIN (ANONPROXY)``: cost, noise and whether the answer is cached, without running or charging."""
         async with self._connection() as conn:
             plan, _, found = await self._question(conn, sql, role, policy, parameters, limits)
+            lines = _explained(plan, found)
+            if isinstance(plan.nested, Outer):
+                lines.append("then an outer query post-processes the released rows: no extra cost")
+            elif isinstance(plan.nested, Series):
+                # The second question costs the same whatever keys the first one releases: plan it without them.
+                question = _series_question(plan.nested, Result(()))
+                second, _, second_found = await self._question(conn, question, role, policy, parameters, limits)
+                lines.append("then the same query restricted to the groups released above (series limit), a second "
+                             "question:")
+                lines += [f"  {line}" for line in _explained(second, second_found)]
+                if not plan.free and not second.free:
+                    lines.append(f"both questions together cost ε={plan.epsilon + second.epsilon:g}, "
+                                 f"δ={plan.delta + second.delta:g}")
             budget = await ledger.remaining(conn, role.role, plan.table)
-        if plan.free:
-            lines = [f"the declared public domain, from the policy: reads no row of {plan.table}, costs nothing"]
-        else:
-            lines = [f"differentially private answer on {plan.table}: costs ε={plan.epsilon:g}, δ={plan.delta:g}",
-                     *(f"  {line}" for line in plan.notices())]
-            if found.answer is not None:
-                lines.append("cached: the same question was answered on the current data; asking it again costs "
-                             "nothing")
-            elif found.data_version is None:
-                lines.append(f"not cacheable: the data version of {', '.join(plan.tables)} is unknown; every run "
-                             "is charged")
-            else:
-                lines.append("not cached: running it charges the cost above")
         lines.append(f"budget left on {plan.table}: ε={_plain(budget.epsilon)}, δ={_plain(budget.delta)}")
         lines.append("nothing was run or charged")
         return Result(EXPLAIN_COLUMNS, tuple((line.encode(),) for line in lines), "EXPLAIN")
@@ -330,6 +373,85 @@ def plan_checked(sql: str, role: RolePolicy, policy: Policy, params: DPParams) -
     return plan
 
 
+MAX_PARAMETERS = 65535  # the protocol's limit on $n parameters in one statement
+
+
+def _over_released(outer: Outer, released: Result) -> tuple[str, Parameters]:
+    """The outer query over ``WITH anonproxy_released(<columns>) AS (VALUES ($1, $2), ...)``, each value a
+    parameter typed as its column, in text format as the answer holds it."""
+    width = len(released.columns)
+    if width != len(outer.names):
+        raise Refused("XX000", "internal error in anonproxy: the released rows do not have the inner query's columns")
+    count = max(len(released.rows), 1)
+    if count * width > MAX_PARAMETERS:
+        raise Refused("54000", f"the outer query would read {len(released.rows)} released rows, more than anonproxy "
+                      "can pass to it", "Restrict the inner query (WHERE, LIMIT) or run it on its own.")
+    rows = released.rows or ((None,) * width,)
+    values = ", ".join("(" + ", ".join(f"${row * width + column + 1}" for column in range(width)) + ")"
+                       for row in range(count))
+    limit = "" if released.rows else " LIMIT 0"  # no rows: one row of NULLs keeps the types, and is cut
+    columns = ", ".join(_quote(name) for name in outer.names)
+    sql = f"WITH {_quote(ROWS)}({columns}) AS (VALUES {values}{limit})\n{outer.sql()}"
+    types = tuple(column.type_oid for column in released.columns) * count
+    flat = tuple(value for row in rows for value in row)
+    return sql, Parameters(types=types, formats=(0,) * len(flat), values=flat)
+
+
+def _series_question(series: Series, released: Result) -> str:
+    """The series limit's second question: its outer query restricted to the keys the first one released."""
+    keys = [series.key_values(_texts(row)) for row in released.rows]
+    return series.question(series.restriction(keys)).sql(dialect="postgres")
+
+
+def _texts(row: tuple[bytes | None, ...]) -> tuple[str | None, ...]:
+    return tuple(None if value is None else value.decode() for value in row)
+
+
+def _quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+async def _run_described(conn: psycopg.AsyncConnection[Any], sql: str, parameters: Parameters,
+                         ) -> tuple[tuple[Column, ...], list[tuple[Any, ...]]]:
+    """Result columns (names and types) and rows of ``sql``, with ``parameters`` bound."""
+    pgconn = conn.pgconn
+    async with conn.lock:
+        pgconn.send_query_params(sql.encode(), list(parameters.values), list(parameters.types),
+                                 list(parameters.formats), pq.Format.TEXT)
+        result = _last(await conn.wait(generators.execute(pgconn)), pq.ExecStatus.TUPLES_OK)
+    loader = Transformer(conn)
+    loader.set_pgresult(result)
+    columns = tuple(Column((result.fname(i) or b"").decode(), result.ftype(i)) for i in range(result.nfields))
+    return columns, loader.load_rows(0, result.ntuples, tuple)
+
+
+def _explained(plan: DPPlan, found: ledger.Lookup) -> list[str]:
+    """What EXPLAIN (ANONPROXY) says about one question: its cost and noise, and whether it is cached."""
+    if plan.free:
+        return [f"the declared public domain, from the policy: reads no row of {plan.table}, costs nothing"]
+    lines = [f"differentially private answer on {plan.table}: costs ε={plan.epsilon:g}, δ={plan.delta:g}",
+             *(f"  {line}" for line in plan.notices())]
+    if found.answer is not None:
+        lines.append("cached: the same question was answered on the current data; asking it again costs nothing")
+    elif found.data_version is None:
+        lines.append(f"not cacheable: the data version of {', '.join(plan.tables)} is unknown; every run is charged")
+    else:
+        lines.append("not cached: running it charges the cost above")
+    return lines
+
+
+async def _describe_columns(conn: psycopg.AsyncConnection[Any], sql: str, declared: tuple[int, ...],
+                            ) -> tuple[Column, ...]:
+    """Result columns (names and types) of ``sql``: prepared, never executed."""
+    pgconn = conn.pgconn
+    async with conn.lock:
+        pgconn.send_prepare(b"", sql.encode(), list(declared))
+        _last(await conn.wait(generators.execute(pgconn)), pq.ExecStatus.COMMAND_OK)
+        pgconn.send_describe_prepared(b"")
+        result = _last(await conn.wait(generators.execute(pgconn)), pq.ExecStatus.COMMAND_OK)
+    return tuple(Column((result.fname(i) or b"").decode(), result.ftype(i)) for i in range(result.nfields))
+
+
 def _alive(conn: psycopg.AsyncConnection[Any]) -> bool:
     """Whether an idle pooled connection can be used: one with bytes to read was ended by the server (a restart,
     pg_terminate_backend: an ErrorResponse and end of file). Checked without a round trip."""
@@ -482,7 +604,8 @@ def _output_columns(plan: DPPlan, sql_types: list[int], post_types: list[int] | 
 def _fingerprint(plan: DPPlan, policy_version: int, parameters: Parameters) -> str:
     # The whole plan (post-processing and cost included), the policy it obeys and the bound values: the same
     # question asked again, however it is spelled, gets the same answer at no cost.
-    return hashlib.sha256(f"{policy_version}\0{plan!r}\0{parameters!r}".encode()).hexdigest()
+    # What is done with the released rows next (plan.nested) is free post-processing: not part of the question.
+    return hashlib.sha256(f"{policy_version}\0{replace(plan, nested=None)!r}\0{parameters!r}".encode()).hexdigest()
 
 
 def _per_query(budget: ledger.Remaining, setting: str) -> Decimal:

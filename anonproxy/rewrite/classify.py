@@ -23,8 +23,8 @@ from sqlglot import exp
 from sqlglot.errors import SqlglotError
 from sqlglot.tokens import TokenType
 
+from anonproxy.plan.shape import prepare
 from anonproxy.policy.model import Policy, RolePolicy
-from anonproxy.rewrite.analytic import analyze
 from anonproxy.rewrite.commands import (
     classify_command,
     cursor_command,
@@ -58,7 +58,7 @@ from anonproxy.rewrite.statements import (
     closing_paren,
     split,
 )
-from anonproxy.rewrite.suppress import rewrite
+from anonproxy.rewrite.nested import suppressed
 
 # Functions that run SQL given as text, open connections, or act as another role: never passed through.
 SQL_RUNNING_FUNCTIONS = frozenset({
@@ -148,7 +148,8 @@ def _statement(statement: Statement, role: RolePolicy, index: PolicyIndex) -> De
     _refuse_published(tree, index.policy)
     if role.mode == "dp":
         return Noisy(statement.text)  # planned by anonproxy.privacy.dp_plan, which says what it supports
-    sql = rewrite(analyze(statement, tree, index, role.suppression), role.suppression)
+    shape = prepare(statement, tree, index, parse_statement)  # derived tables flattened, names normalised
+    sql = suppressed(shape, index, role.suppression, parse_statement)
     verify(sql, index.policy, role.role)  # PostgreSQL's own parser reads the final SQL again
     return Rewrite(sql)
 

@@ -10,7 +10,9 @@ walked:
   CTE the statement itself defines; the dp plan's guard CTE may also read the
   three catalog tables it needs (pg_index, pg_attribute, pg_class);
 * every function call, operator and cast target is on an allowlist, resolved
-  in pg_catalog (a name qualified with any other schema is refused);
+  in pg_catalog (a name qualified with any other schema is refused); ``/``
+  and ``%`` only with a ``NULLIF(divisor, 0)`` divisor (outer queries over
+  released rows write every division so);
 * every node type is on an allowlist, so a construct nobody thought about
   (XMLTABLE, TABLESAMPLE, SELECT INTO, FOR UPDATE, ...) is refused, not ignored.
 
@@ -51,9 +53,12 @@ FUNCTIONS = frozenset({
     "lower", "upper", "date_trunc", "date_part", "extract", "width_bucket",  # client expressions
     "round", "trunc", "ceil", "floor", "sign",  # post-aggregate expressions (anonproxy.rewrite.post_aggregate)
 })  # fmt: skip
-# Comparison, LIKE/ILIKE (~~ and friends), the arithmetic of the generators' thresholds and sums, and the
-# division of post-aggregate expressions (generated as a / NULLIF(b, 0), over released values only).
-OPERATORS = frozenset({"=", "<>", "<", ">", "<=", ">=", "~~", "!~~", "~~*", "!~~*", "+", "-", "*", "/"})
+# Comparison, LIKE/ILIKE (~~ and friends), and the arithmetic of the generators' thresholds and sums.
+OPERATORS = frozenset({"=", "<>", "<", ">", "<=", ">=", "~~", "!~~", "~~*", "!~~*", "+", "-", "*"})
+# Division and modulo only by NULLIF(divisor, 0) or a non-zero constant, as post-aggregate expressions
+# (anonproxy.rewrite.post_aggregate) and outer queries over released rows (anonproxy.plan.outer) write them:
+# a zero divisor gives NULL, never an error.
+DIVISIONS = frozenset({"/", "%"})
 _BETWEEN = frozenset({"BETWEEN", "NOT BETWEEN", "BETWEEN SYMMETRIC", "NOT BETWEEN SYMMETRIC"})
 _EXPRESSION_KINDS = frozenset({
     "AEXPR_OP", "AEXPR_DISTINCT", "AEXPR_NOT_DISTINCT", "AEXPR_NULLIF", "AEXPR_IN", "AEXPR_LIKE", "AEXPR_ILIKE",
@@ -256,10 +261,14 @@ def _operator(fields: dict[str, Any]) -> None:
                                 "generated, which is not on its allowlist")
     if "BETWEEN" in kind and _names(fields.get("name", [])) in {(word,) for word in _BETWEEN}:
         return
+    operator = _catalog_name(_names(fields.get("name", [])))
+    if kind == "AEXPR_OP" and operator in DIVISIONS:
+        if not _safe_divisor(fields.get("rexpr")):
+            raise FinalCheckRefusal(f"operator {operator}", f"anonproxy's final check found operator {operator} in "
+                                    "the SQL it generated with a divisor that is neither NULLIF(..., 0) nor a "
+                                    "non-zero constant")
+        return
     _operator_name(fields.get("name", []))
-    if _catalog_name(_names(fields.get("name", []))) == "/" and not _safe_divisor(fields.get("rexpr")):
-        raise FinalCheckRefusal("operator /", "anonproxy's final check found operator / in the SQL it generated "
-                                "with a divisor that is neither NULLIF(..., 0) nor a non-zero constant")
 
 
 def _safe_divisor(value: Any) -> bool:

@@ -1,0 +1,24 @@
+"""The mode-neutral front end for gated queries.
+
+It takes the one parse of a client's statement (a sqlglot tree) to the shape
+the back-ends accept, with pure passes over trees (no I/O, no policy
+decisions beyond naming tables):
+
+* :mod:`anonproxy.plan.names` normalises column references (``schema.table.column``
+  to the name the FROM clause gives the table);
+* :mod:`anonproxy.plan.flatten` inlines derived tables and non-recursive CTEs
+  that only filter, project or rename their tables into one SELECT;
+* :mod:`anonproxy.plan.outer` recognises the two shapes that stay nested: an
+  outer query that post-processes the released rows of an aggregate query,
+  and Superset's series limit (a top-N aggregate joined back to its table);
+* :mod:`anonproxy.plan.shape` runs the passes in order and hands each back-end
+  (suppression: :mod:`anonproxy.rewrite.classify`, differential privacy:
+  :mod:`anonproxy.privacy.dp_plan`) the statement it analyses.
+
+What the result may compute is still decided by the back-ends' analysis
+(:func:`anonproxy.rewrite.analytic.analyze`) on the flattened statement.
+"""
+
+# The back-ends import this package and it imports their analysis: load the rewrite package first, so either
+# side can be imported first.
+import anonproxy.rewrite  # noqa: E402,F401

@@ -1,0 +1,107 @@
+"""Column references as the FROM clause names its tables.
+
+PostgreSQL accepts ``schema.table.column`` for a table listed in FROM without
+an alias (it matches the relation, so ``public.adult.age`` names a column of
+``FROM adult``). The back-ends read columns as ``reference.column``, where the
+reference is the alias or the bare table name, so :func:`normalize` rewrites
+three-part names to that form, per SELECT (each derived table and CTE body is
+its own scope). A three-part name that matches no unaliased table of its
+SELECT is left alone: the back-ends refuse it as naming no table of the FROM
+clause, as PostgreSQL would.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from sqlglot import exp
+
+from anonproxy.rewrite.decision import unsupported
+from anonproxy.rewrite.names import PolicyIndex, identifier
+
+_NESTED = (exp.Select, exp.Subquery, exp.SetOperation)
+
+
+def own_nodes(select: exp.Select) -> Iterator[exp.Expression]:
+    """Every node of ``select`` outside its nested queries (derived tables, CTEs, subqueries)."""
+    stack: list[exp.Expression] = [value for key, value in _children(select) if key != "with_"]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, _NESTED):
+            continue
+        yield node
+        stack.extend(value for _, value in _children(node))
+
+
+def sources(select: exp.Select) -> list[exp.Expression]:
+    """The FROM item and the joined items of ``select``, in order."""
+    from_ = select.args.get("from_")
+    items = [from_.this] if from_ is not None else []
+    return items + [join.this for join in select.args.get("joins") or []]
+
+
+def reference(item: exp.Expression) -> str | None:
+    """The name a FROM item is known by in its SELECT: its alias, else a table's own name."""
+    alias = item.args.get("alias")
+    if isinstance(alias, exp.TableAlias) and alias.this is not None:
+        return identifier(alias.this)
+    if isinstance(item, exp.Table) and isinstance(item.this, exp.Identifier):
+        return identifier(item.this)
+    return None
+
+
+def normalize(tree: exp.Expression, index: PolicyIndex) -> bool:
+    """Rewrite ``schema.table.column`` to ``table.column`` in every SELECT of ``tree``; whether anything changed."""
+    changed = False
+    for select in list(tree.find_all(exp.Select)):
+        unaliased: dict[tuple[str, str], str] = {}
+        for item in sources(select):
+            if isinstance(item, exp.Table) and isinstance(item.this, exp.Identifier) \
+                    and item.args.get("alias") is None and item.args.get("catalog") is None:
+                resolved = index.resolve(item)
+                unaliased[(resolved.schema, resolved.name)] = resolved.name
+        for node in list(own_nodes(select)):
+            if not isinstance(node, exp.Column) or node.args.get("db") is None:
+                continue
+            if node.args.get("catalog") is not None:
+                raise unsupported(f"column reference {node.sql(dialect='postgres')} has too many dotted names",
+                                  "Qualify columns with the table alias or name used in FROM.")
+            key = (identifier(node.args["db"]) or "", identifier(node.args.get("table")) or "")
+            if key in unaliased:
+                node.set("db", None)
+                node.set("table", exp.Identifier(this=unaliased[key], quoted=True))
+                changed = True
+    return changed
+
+
+def _children(node: exp.Expression) -> Iterator[tuple[str, exp.Expression]]:
+    for key, value in node.args.items():
+        if isinstance(value, exp.Expression):
+            yield key, value
+        elif isinstance(value, list):
+            yield from ((key, item) for item in value if isinstance(item, exp.Expression))
+
+
+def output_name(item: exp.Expression, source: str) -> str | None:
+    """The name PostgreSQL gives select item ``item`` (FigureColname), when this module can tell it: an alias, a
+    column reference's column, a cast's operand name, a function's name as written in ``source``; None otherwise
+    (the rendered SQL then lets PostgreSQL name it)."""
+    if isinstance(item, exp.Alias):
+        return identifier(item.args.get("alias"))
+    while isinstance(item, exp.Paren):
+        item = item.this
+    if isinstance(item, exp.Column) and isinstance(item.this, exp.Identifier):
+        return identifier(item.this)
+    if isinstance(item, exp.Cast):
+        return output_name(item.this, source)
+    if isinstance(item, exp.Case):
+        return "case"
+    if isinstance(item, exp.Anonymous):
+        return identifier(exp.Identifier(this=item.name, quoted=False))
+    if isinstance(item, exp.Func):
+        start, end = item.meta.get("start"), item.meta.get("end")
+        if start is None or end is None:
+            return None
+        written = source[start:end + 1]
+        return None if '"' in written else identifier(exp.Identifier(this=written, quoted=False))
+    return None

@@ -1,0 +1,295 @@
+"""The two nested shapes that stay nested: post-processing of released rows, and Superset's series limit.
+
+**Outer query over an aggregate query** (:class:`Outer`): Superset's
+``SELECT COUNT(*) AS rowcount FROM (<aggregate query>) AS rowcount_qry``, or
+``SELECT * FROM (<aggregate query>) q WHERE ... ORDER BY ... LIMIT ...``. The
+inner query is gated like any other; the outer one only post-processes the
+rows it released, as if the client had computed it on its result set. So it
+may read nothing but the inner query's output columns, and its expressions
+pass the same allowlist as a select list (:class:`Checker`): no subqueries, no
+joins, no functions outside the allowlist. A division in it divides by
+``NULLIF(divisor, 0)``, so a released zero gives NULL, never an error. The
+rows it sees are exactly the inner query's answer, including the suppressed
+rest row when the role reports one: ``COUNT(*)`` counts the rows the client
+would have received.
+
+**Series limit** (:class:`Series`): Superset limits a chart to the top N
+groups with ``... FROM t JOIN (SELECT k AS k__, <metric> FROM t GROUP BY k
+ORDER BY <metric> DESC LIMIT N) AS series_limit ON t.k = series_limit.k__
+GROUP BY ...``. That is two questions: the top-N aggregate (gated, released
+groups only), then the outer query restricted to the keys it released
+(:meth:`Series.question` builds ``key IN (<released values>)`` from the
+values, as constants). The joined aggregate may be read only through the ON
+condition, which must be equalities between outer expressions and its
+output columns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from sqlglot import exp
+
+from anonproxy.plan.flatten import is_aggregate
+from anonproxy.plan.names import output_name, own_nodes, reference, sources
+from anonproxy.policy.model import SuppressionParams
+from anonproxy.rewrite.decision import unsupported
+from anonproxy.rewrite.expressions import Checker, Scope
+from anonproxy.rewrite.names import ResolvedTable, identifier
+
+OUTER_HINT = ("An outer query over an aggregate query may select, filter (WHERE), group, order and limit the "
+              "inner query's output columns: SELECT count(*) FROM (SELECT k, count(*) AS n FROM t GROUP BY k) AS q.")
+SERIES_HINT = ("Superset's series limit: JOIN (SELECT k AS k__, <aggregate> FROM t GROUP BY k ORDER BY ... LIMIT n) "
+               "AS series_limit ON t.k = series_limit.k__, read only in ON.")
+_OUTER_ARGS = frozenset({"expressions", "from_", "where", "group", "having", "order", "limit", "offset", "distinct"})
+ROWS = "anonproxy_released"  # the name the outer query's FROM gives the released rows
+
+
+@dataclass(frozen=True)
+class Outer:
+    """An outer query over the released rows of ``inner`` (an aggregate SELECT)."""
+
+    inner: exp.Select
+    outer: exp.Select  # its FROM is a table named ROWS (see :meth:`sql`)
+    names: tuple[str, ...]  # the inner query's output column names
+
+    def sql(self) -> str:
+        """The outer query, reading the released rows from a WITH query named ROWS that the back-end defines."""
+        outer = self.outer.copy()
+        outer.set("from_", exp.From(this=exp.Table(this=exp.Identifier(this=ROWS, quoted=True))))
+        return outer.sql(dialect="postgres")
+
+
+@dataclass(frozen=True)
+class Series:
+    """Superset's series limit: first ``top``, then ``rest`` restricted to the keys ``top`` released."""
+
+    top: exp.Select
+    rest: exp.Select
+    keys: tuple[tuple[exp.Expression, int], ...]  # an outer expression, and the top query's column it must equal
+    names: tuple[str, ...]  # the top query's output column names
+    shown: tuple[int | None, ...] = ()  # per key: the outer query's output column that shows it, if one does
+
+    def released(self, row: tuple[str | None, ...], keys: set[tuple[str | None, ...]]) -> bool:
+        """Whether a row of the second answer shows released keys (a back-end that lists a declared domain's every
+        value, released or not, filters its rows with this; keys compare as the text PostgreSQL prints)."""
+        shown = [(position, index) for index, position in enumerate(self.shown) if position is not None]
+        return not shown or any(all(row[position] == key[index] for position, index in shown) for key in keys)
+
+    def restriction(self, released: list[tuple[str | None, ...]]) -> exp.Expression:
+        """``key IN (values)`` (``(k1 = a AND k2 = b) OR ...`` for several keys) over the released key values,
+        written as string constants (PostgreSQL gives them the key's type); FALSE when none was released."""
+        rows = [row for row in released if all(value is not None for value in row)]  # NULL never joins
+        if not rows:
+            return exp.false()
+        if len(self.keys) == 1:
+            expression = self.keys[0][0].copy()
+            return exp.In(this=exp.paren(expression, copy=False),
+                          expressions=[exp.Literal.string(row[0]) for row in rows])
+        disjuncts = [exp.and_(*(exp.EQ(this=exp.paren(key.copy(), copy=False), expression=exp.Literal.string(value))
+                                for (key, _), value in zip(self.keys, row, strict=True)), copy=False)
+                     for row in rows]
+        return exp.or_(*(exp.paren(d, copy=False) for d in disjuncts), copy=False)
+
+    def key_values(self, row: tuple[str | None, ...]) -> tuple[str | None, ...]:
+        return tuple(row[position] for _, position in self.keys)
+
+    def question(self, restriction: exp.Expression) -> exp.Select:
+        """The outer query with ``restriction`` added to its WHERE clause."""
+        rest = self.rest.copy()
+        where = rest.args.get("where")
+        condition = restriction if where is None else exp.and_(exp.paren(where.this, copy=False),
+                                                               exp.paren(restriction, copy=False), copy=False)
+        rest.set("where", exp.Where(this=condition))
+        return rest
+
+
+def nested_aggregate(select: exp.Select) -> int | None:
+    """The position among FROM and JOIN items of the aggregate derived table ``select`` reads, if any."""
+    found = [i for i, item in enumerate(sources(select))
+             if isinstance(item, exp.Subquery) and isinstance(item.this, exp.Select) and is_aggregate(item.this)]
+    if len(found) > 1:
+        raise unsupported("a query over protected tables may nest one aggregate query", OUTER_HINT)
+    return found[0] if found else None
+
+
+def inner_names(inner: exp.Select, source: str) -> tuple[str, ...]:
+    return tuple(output_name(item, source) or "?column?" for item in inner.expressions)
+
+
+def outer(select: exp.Select, source: str) -> Outer:
+    """``select`` reads the released rows of its only FROM item, an aggregate derived table."""
+    item = sources(select)[0]
+    assert isinstance(item, exp.Subquery) and isinstance(item.this, exp.Select)
+    inner = item.this
+    alias = reference(item)
+    names = inner_names(inner, source)
+    columns = item.args["alias"].args.get("columns") if item.args.get("alias") is not None else None
+    if columns:
+        if len(columns) > len(names):
+            raise unsupported("the derived table's column list names more columns than it has", OUTER_HINT)
+        names = tuple(identifier(column) or "" for column in columns) + names[len(columns):]
+    extra = {key for key, value in select.args.items() if value not in (None, False, [], "")} - _OUTER_ARGS
+    if extra or select.args.get("joins"):
+        what = "JOIN" if select.args.get("joins") else ", ".join(sorted(extra)).upper()
+        raise unsupported(f"{what} is not supported in an outer query over an aggregate query", OUTER_HINT)
+    _check_outer(select, alias, names, source)
+    rewritten = select.copy()
+    for node in list(rewritten.find_all(exp.Column)):
+        if node.args.get("table") is not None:
+            node.set("table", exp.Identifier(this=ROWS, quoted=True))
+    for division in list(rewritten.find_all(exp.Div, exp.Mod)):
+        divisor = division.expression
+        division.set("expression", exp.Nullif(this=divisor.copy(), expression=exp.Literal.number(0)))
+    rewritten.set("from_", None)
+    return Outer(inner=inner, outer=rewritten, names=names)
+
+
+def _check_outer(select: exp.Select, alias: str | None, names: tuple[str, ...], source: str) -> None:
+    """The outer query reads only the inner query's output columns, with allowlisted expressions."""
+    outputs = {output_name(item, source) for item in select.expressions}
+    clauses = [value for key, value in select.args.items() if key != "from_"]
+    if any(isinstance(node, exp.Expression) and node.find(exp.Select, exp.Subquery, exp.SetOperation) is not None
+           for value in clauses for node in (value if isinstance(value, list) else [value])):
+        raise unsupported("subqueries are not allowed in an outer query over an aggregate query", OUTER_HINT)
+    for node in own_nodes(select):
+        if isinstance(node, (exp.Parameter, exp.Placeholder)):
+            raise unsupported("$n parameters are not allowed in an outer query over an aggregate query",
+                              "Write the values as constants, or use parameters in the inner query.")
+        if not isinstance(node, exp.Column) or not isinstance(node.this, exp.Identifier):
+            continue
+        table, name = identifier(node.args.get("table")), identifier(node.this) or ""
+        if node.args.get("db") is not None or (table is not None and table != alias):
+            raise unsupported(f"{node.sql(dialect='postgres')} is not a column of the aggregate query the outer "
+                              "query reads", OUTER_HINT)
+        if names.count(name) != 1 and not (table is None and name in outputs and _in_order_by(node, select)):
+            what = "is ambiguous in" if names.count(name) > 1 else "is not an output column of"
+            raise unsupported(f"column {name} {what} the aggregate query the outer query reads", OUTER_HINT)
+    # The released rows hold no identifying column that matters here: every value in them was released.
+    checker = Checker(Scope(references={alias or ROWS: ResolvedTable("", alias or ROWS, "plain")}),
+                      SuppressionParams(k=1, allow_min_max=True), "the released rows")
+    for item in select.expressions:
+        core = item.this if isinstance(item, exp.Alias) else item
+        if isinstance(core, exp.Star) or (isinstance(core, exp.Column) and isinstance(core.this, exp.Star)):
+            continue  # the inner query's columns, all released
+        _arithmetic(core, lambda node: checker.grouped(node, "the outer select list"))
+    where = select.args.get("where")
+    if where is not None:
+        _arithmetic(where.this, lambda node: checker.row(node, "WHERE"))
+    group = select.args.get("group")
+    if group is not None:
+        if set(k for k, v in group.args.items() if v) != {"expressions"}:
+            raise unsupported("ROLLUP, CUBE and GROUPING SETS are not supported in an outer query", OUTER_HINT)
+        for key in group.expressions:
+            checker.key(key, "GROUP BY")
+    having = select.args.get("having")
+    if having is not None:
+        checker.grouped(having.this, "HAVING")
+    order = select.args.get("order")
+    for ordered in order.expressions if order is not None else []:
+        checker.grouped(ordered.this, "ORDER BY")
+    for key in ("limit", "offset"):
+        node = select.args.get(key)
+        value = node.args.get("expression") if node is not None else None
+        if value is not None and not (isinstance(value, exp.Literal) and not value.is_string):
+            raise unsupported(f"{key.upper()} of an outer query takes a constant", OUTER_HINT)
+
+
+def _in_order_by(node: exp.Expression, select: exp.Select) -> bool:
+    """Whether ``node`` stands in the ORDER BY clause of ``select`` (where a bare name means an output column)."""
+    while node.parent is not None and node.parent is not select:
+        node = node.parent
+    return node.arg_key == "order"
+
+
+_ARITHMETIC = (exp.Add, exp.Sub, exp.Mul, exp.Div, exp.Mod)
+
+
+def _arithmetic(node: exp.Expression, check: Callable[[exp.Expression], None]) -> None:
+    """Arithmetic on released values is allowed (its errors depend on released values only, and a division's
+    divisor is wrapped in NULLIF): check its operands, and anything else with ``check``."""
+    inner = _unparen(node)
+    if isinstance(inner, _ARITHMETIC):
+        _arithmetic(inner.this, check)
+        _arithmetic(inner.expression, check)
+    elif isinstance(inner, exp.Neg):
+        _arithmetic(inner.this, check)
+    else:
+        check(node)
+
+
+def series(select: exp.Select, position: int, source: str) -> Series:
+    """``select`` joins its tables to a top-N aggregate derived table (at ``position``) to restrict its groups."""
+    join = select.args["joins"][position - 1]
+    item = join.this
+    alias = reference(item)
+    top = item.this
+    names = inner_names(top, source)
+    if join.args.get("side") or join.args.get("kind") not in (None, "", "INNER") or join.args.get("using") \
+            or join.args.get("method") or join.args.get("on") is None:
+        raise unsupported("a joined aggregate query must be joined with [INNER] JOIN ... ON", SERIES_HINT)
+    keys = []
+    for condition in _conjuncts(join.args["on"]):
+        if not isinstance(condition, exp.EQ):
+            raise unsupported("the ON condition of a joined aggregate query must be equalities with its columns",
+                              SERIES_HINT)
+        sides = [_unparen(condition.this), _unparen(condition.expression)]
+        mine = [side for side in sides if _reads(side, alias, names)]
+        if len(mine) != 1 or not isinstance(mine[0], exp.Column):
+            raise unsupported("each ON equality of a joined aggregate query must compare one of its columns "
+                              "with an expression of the other tables", SERIES_HINT)
+        other = sides[1] if mine[0] is sides[0] else sides[0]
+        name = identifier(mine[0].this) or ""
+        if names.count(name) != 1:
+            raise unsupported(f"column {name} is not an output column of the joined aggregate query", SERIES_HINT)
+        keys.append((other.copy(), names.index(name)))
+    rest = select.copy()
+    joins = rest.args["joins"]
+    del joins[position - 1]
+    rest.set("joins", joins or None)
+    for node in own_nodes(rest):
+        if isinstance(node, exp.Column) and _reads(node, alias, names):
+            raise unsupported("a joined aggregate query may be read only in its ON condition", SERIES_HINT)
+    shown = tuple(_shown(rest, key) for key, _ in keys)
+    return Series(top=top, rest=rest, keys=tuple(keys), names=names, shown=shown)
+
+
+def _shown(select: exp.Select, key: exp.Expression) -> int | None:
+    """The position of the select item that is ``key`` itself (parentheses, spelling and case aside)."""
+    wanted = _canonical(key)
+    for position, item in enumerate(select.expressions):
+        if _canonical(item.this if isinstance(item, exp.Alias) else item) == wanted:
+            return position
+    return None
+
+
+def _canonical(node: exp.Expression) -> exp.Expression:
+    node = _unparen(node).copy()
+    for ident in node.find_all(exp.Identifier):
+        ident.set("this", identifier(ident))
+        ident.set("quoted", True)
+    return node
+
+
+def _reads(node: exp.Expression, alias: str | None, names: tuple[str, ...]) -> bool:
+    """Whether ``node`` reads the joined aggregate query: ``alias.column``, or a bare name of one of its columns
+    (Superset writes ``ON education = education__``)."""
+    for column in node.find_all(exp.Column):
+        table = column.args.get("table")
+        if identifier(table) == alias if table is not None else identifier(column.this) in names:
+            return True
+    return False
+
+
+def _conjuncts(node: exp.Expression) -> list[exp.Expression]:
+    node = _unparen(node)
+    if isinstance(node, exp.And):
+        return _conjuncts(node.this) + _conjuncts(node.expression)
+    return [node]
+
+
+def _unparen(node: exp.Expression) -> exp.Expression:
+    while isinstance(node, exp.Paren):
+        node = node.this
+    return node
