@@ -144,7 +144,7 @@ def test_flattened_statements_are_rewritten_like_their_plain_equivalent(nested: 
         return  # dp: age has no declared bounds in this policy
     mine, theirs = _plain_plan(nested), _plain_plan(flat)
     assert [c.name for c in mine.columns] == [c.name for c in theirs.columns]
-    assert (mine.epsilon, mine.delta, len(mine.statistics), mine.post) == (theirs.epsilon, theirs.delta,
+    assert (mine.epsilon, mine.delta, len(mine.statistics), mine.nested) == (theirs.epsilon, theirs.delta,
                                                                           len(theirs.statistics), None)
 
 
@@ -153,10 +153,10 @@ def test_outer_queries_and_series_limit_are_planned_in_both_modes() -> None:
         rewrite = decide(sql, SUPPRESS, POLICY)
         assert isinstance(rewrite, Rewrite), rewrite
         plan = _plain_plan(sql)
-        assert plan.post is not None
+        assert plan.nested is not None
     inner = _plain_plan("select education, count(*) from adult group by education")
     outer = _plain_plan(OUTER[1])
-    assert dataclasses.replace(outer, post=None) == inner, "the outer query asks the chart's own question"
+    assert dataclasses.replace(outer, nested=None) == inner, "the outer query asks the chart's own question"
 
 
 @pytest.mark.parametrize(("sql", "words"), REFUSED)
