@@ -37,7 +37,7 @@ import sqlglot
 from sqlglot import exp
 from sqlglot.errors import SqlglotError
 
-from ..rewrite.decision import Decision, ExplainDP, Intercept, Noisy, Pass, Reject, Rewrite, SessionSetting
+from ..rewrite.decision import Decision, ExplainDP, Intercept, Noisy, Pass, Reject, Relayed, Rewrite, SessionSetting
 from ..rewrite.statements import DIALECT
 from ..wire.results import Result
 from .gate import PROXY_SETTINGS
@@ -129,6 +129,8 @@ class AuditTrail:
             self._add(AuditRecord(time.time(), who, mode, sql, "answered", rewritten=decision.sql))
         elif isinstance(decision, Pass):
             self._add(AuditRecord(time.time(), who, mode, sql, "passed"))
+        elif isinstance(decision, Relayed):  # run under the client's login, with its privilege probes rewritten
+            self._add(AuditRecord(time.time(), who, mode, sql, "passed", rewritten=decision.sql))
         else:
             self._add(AuditRecord(time.time(), who, mode, sql, "intercepted"))
 

@@ -3,8 +3,11 @@
 Each client message is routed to one of three owners:
 
 * UPSTREAM — the client's own connection, for statements the rewriter lets
-  pass (catalog queries, session settings…); the client's role has no
-  privilege on protected tables, so PostgreSQL itself refuses what slips by;
+  pass (catalog queries, session settings…), and for those it relays with
+  their privilege probes rewritten (``Relayed``: the rewritten text goes in
+  the Query or Parse, with the client's parameter types; Bind, Describe and
+  Execute follow unchanged, result formats included); the client's role has
+  no privilege on protected tables, so PostgreSQL itself refuses what slips by;
 * SERVICE — the proxy's service connection, for rewritten aggregate queries;
 * LOCAL — answered by the proxy: refusals and ``SHOW anonproxy.*``;
 * PROXY — answered by the proxy after asynchronous work (differentially
@@ -72,7 +75,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from ..config import MAX_STATEMENT_SIZE
-from ..rewrite.decision import Decision, ExplainDP, Intercept, Noisy, Pass, Reject, Rewrite, SessionSetting
+from ..rewrite.decision import Decision, ExplainDP, Intercept, Noisy, Pass, Reject, Relayed, Rewrite, SessionSetting
 from ..wire import protocol as pg
 from ..wire.framing import BoundedMessageBuffer, Piece
 from ..wire.results import Column, FormatError, Result, check_formats, result_formats
@@ -573,6 +576,8 @@ class Gate:
     def _route_query(self, raw: bytes, decision: Decision) -> Route:
         if isinstance(decision, Pass):
             return Route(Owner.UPSTREAM, raw, ends_batch=True)
+        if isinstance(decision, Relayed):
+            return Route(Owner.UPSTREAM, pg.query_message(decision.sql), ends_batch=True)
         if isinstance(decision, Rewrite):
             if self.transaction_status == b"E":
                 return self._refuse(_ABORTED, simple=True)
@@ -603,7 +608,7 @@ class Gate:
     def _prepare(self, name: bytes, decided: _Decided, raw: bytes | None) -> Route:
         """Where statement ``name`` now belongs, and the route of its Parse (``raw``: the client's; None: ours)."""
         decision = decided.decision
-        if self.transaction_status == b"E" and not isinstance(decision, (Pass, Intercept, Reject)):
+        if self.transaction_status == b"E" and not isinstance(decision, (Pass, Relayed, Intercept, Reject)):
             return self._refuse(_ABORTED)  # as PostgreSQL: the statement of that name, if any, stays
         self._statement_settings.pop(name, None)
         self._proxy_statements.pop(name, None)
@@ -615,6 +620,9 @@ class Gate:
         if isinstance(decision, Pass):
             self._statements[name] = Owner.UPSTREAM
             return Route(Owner.UPSTREAM, raw or pg.parse_message(name, decided.sql, decided.rest))
+        if isinstance(decision, Relayed):  # the client's parameter types go with the rewritten text
+            self._statements[name] = Owner.UPSTREAM
+            return Route(Owner.UPSTREAM, pg.parse_message(name, decision.sql, decided.rest))
         if isinstance(decision, Rewrite):
             self._statements[name] = Owner.SERVICE
             return Route(Owner.SERVICE, pg.parse_message(name, decision.sql, decided.rest), prepares=name)

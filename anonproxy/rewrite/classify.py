@@ -9,7 +9,9 @@ among them); one that does is refused if it also reads a published relation,
 else rewritten (mode ``suppress``) or handed to differential privacy (mode
 ``dp``: Noisy, planned by :mod:`anonproxy.privacy.dp_plan`); commands go through
 the allowlist of :mod:`anonproxy.rewrite.commands`. Then per message: all
-statements pass -> Pass; exactly one statement, rewritten -> Rewrite (or Noisy); one
+statements pass -> Pass; statements that pass, some with privilege probes
+redirected (:mod:`anonproxy.rewrite.probes`) -> Relayed; exactly one statement,
+rewritten -> Rewrite (or Noisy); one
 ``SHOW anonproxy.*`` -> Intercept; any other mixture -> Reject.
 """
 
@@ -35,12 +37,14 @@ from anonproxy.rewrite.decision import (
     Pass,
     Refusal,
     Reject,
+    Relayed,
     Rewrite,
     forbidden,
     unsupported,
 )
 from anonproxy.rewrite.final_sql import verify
 from anonproxy.rewrite.names import PolicyIndex, fold, identifier, split_policy_name
+from anonproxy.rewrite.probes import redirect_probes
 from anonproxy.rewrite.statements import (
     DIALECT,
     PARSE_HINT,
@@ -101,11 +105,16 @@ def _decide(sql: str, role: RolePolicy, policy: Policy) -> Decision:
         raise forbidden(f"role {role.role} may not query through anonproxy (mode {role.mode})",
                         "Ask the DBA for a role in suppress mode.")
     index = PolicyIndex(policy)
-    decisions = [_statement(statement, role, index) for statement in split(sql)]
+    statements = split(sql)
+    decisions = [_statement(statement, role, index) for statement in statements]
     if not decisions or all(isinstance(d, Pass) for d in decisions):
         return Pass()
     if len(decisions) == 1:
         return decisions[0]
+    if all(isinstance(d, (Pass, Relayed)) for d in decisions):
+        # Each statement as it would run alone: the client's own text, or the one generated for its probes.
+        return Relayed(";\n".join(d.sql if isinstance(d, Relayed) else s.text
+                                   for d, s in zip(decisions, statements, strict=True)))
     raise unsupported(
         "an aggregate query over protected tables, or SHOW anonproxy.*, must be sent on its own, not together "
         "with other statements",
@@ -121,7 +130,8 @@ def _statement(statement: Statement, role: RolePolicy, index: PolicyIndex) -> De
     tree = parse_statement(statement)
     if not _touches_protected(statement, tree, index):
         _check_passable(statement, tree, role, index)
-        return Pass()
+        relayed = redirect_probes(tree)  # privilege probes answered as the proxy answers queries
+        return Pass() if relayed is None else Relayed(relayed)
     _refuse_published(tree, index.policy)
     if role.mode == "dp":
         return Noisy(statement.text)  # planned by anonproxy.privacy.dp_plan, which says what it supports

@@ -21,6 +21,17 @@ class Pass:
 
 
 @dataclass(frozen=True)
+class Relayed:
+    """Run ``sql``, rewritten from the client's statement, on the client's own connection (under its login).
+
+    For statements that read no protected table but ask about privileges (see
+    :mod:`anonproxy.rewrite.probes`); the client's parameter types and result formats go with it.
+    """
+
+    sql: str
+
+
+@dataclass(frozen=True)
 class Rewrite:
     """Run ``sql`` on the proxy's privileged service connection instead of the client's text."""
 
@@ -65,7 +76,7 @@ class Reject:
     hint: str | None = None
 
 
-Decision = Pass | Rewrite | Intercept | Noisy | SessionSetting | ExplainDP | Reject
+Decision = Pass | Relayed | Rewrite | Intercept | Noisy | SessionSetting | ExplainDP | Reject
 
 
 class Refusal(Exception):

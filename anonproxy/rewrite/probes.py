@@ -1,0 +1,83 @@
+"""Privilege probes: what a BI tool asks before it lists a table, answered as the proxy will answer queries.
+
+BI tools hide the tables they think they cannot read: Metabase's sync calls
+``has_table_privilege(current_user, '"schema"."table"', 'SELECT')``, other
+tools read ``information_schema.table_privileges`` and its kin. A role in
+suppress or dp mode holds no SELECT on protected and linked tables (direct
+SELECT must fail inside PostgreSQL), so PostgreSQL's own answer is "no", and
+the tables vanish from the tool although the proxy answers aggregate queries
+over them.
+
+A statement that reads no protected table and calls one of these functions
+or reads one of these views is rewritten on its tree to use the functions and
+views of the same name and signature in the ``anonproxy`` schema (migration
+0015). They ask PostgreSQL first, so its errors stay (42P01 unknown table,
+22023 unknown privilege type, 42704 unknown role) and so do its answers for
+every other privilege and table; where PostgreSQL says no, they say SELECT
+for a protected or linked table and a role the proxy answers (suppress, dp).
+The rewritten SQL runs on the client's own connection, under its own login
+(:class:`~anonproxy.rewrite.decision.Relayed`), so PostgreSQL's privileges
+still decide what it reads.
+"""
+
+from __future__ import annotations
+
+from sqlglot import exp
+
+from anonproxy.rewrite.decision import unsupported
+from anonproxy.rewrite.names import CATALOG_SCHEMA, fold, identifier
+from anonproxy.rewrite.statements import DIALECT, PARSE_HINT
+
+PROBE_SCHEMA = "anonproxy"
+PROBE_FUNCTIONS = frozenset({"has_table_privilege", "has_any_column_privilege", "has_column_privilege"})
+PROBE_VIEWS = frozenset({"table_privileges", "column_privileges", "role_table_grants", "role_column_grants"})
+_VIEW_SCHEMA = "information_schema"
+
+
+def redirect_probes(tree: exp.Expression) -> str | None:
+    """The SQL of ``tree`` with its privilege probes answered by the anonproxy schema; None: it has none.
+
+    ``tree`` is not changed. The SQL is generated from the rewritten tree and must parse back to it, so what
+    runs is the statement the client sent, probes aside.
+    """
+    rewritten = tree.copy()
+    found = False
+    for node in list(rewritten.walk()):
+        if isinstance(node, exp.Anonymous) and _probe_function(node):
+            found = True
+            call = exp.Anonymous(this=fold(_function_name(node) or "", False), expressions=node.expressions)
+            outer = node.parent if isinstance(node.parent, exp.Dot) and node.parent.expression is node else node
+            outer.replace(exp.Dot(this=exp.to_identifier(PROBE_SCHEMA), expression=call))
+        elif isinstance(node, exp.Table) and _probe_view(node):
+            found = True
+            node.set("db", exp.to_identifier(PROBE_SCHEMA))
+    if not found:
+        return None
+    sql = rewritten.sql(dialect=DIALECT)
+    again = DIALECT.parse(sql)
+    if len(again) != 1 or again[0] != rewritten:
+        raise unsupported("could not rewrite the privilege probes of this statement", PARSE_HINT)
+    return sql
+
+
+def _function_name(node: exp.Anonymous) -> str | None:
+    name = node.this
+    if isinstance(name, exp.Identifier):
+        return identifier(name)
+    return fold(name, False) if isinstance(name, str) else None
+
+
+def _probe_function(node: exp.Anonymous) -> bool:
+    """``has_table_privilege(...)`` or ``pg_catalog.has_table_privilege(...)`` (and the column ones)."""
+    if _function_name(node) not in PROBE_FUNCTIONS:
+        return False
+    parent = node.parent
+    if isinstance(parent, exp.Dot) and parent.expression is node:
+        return isinstance(parent.this, exp.Identifier) and identifier(parent.this) == CATALOG_SCHEMA
+    return True
+
+
+def _probe_view(table: exp.Table) -> bool:
+    """``information_schema.table_privileges`` and the other privilege views (schema-qualified only)."""
+    return (isinstance(table.this, exp.Identifier) and identifier(table.this) in PROBE_VIEWS
+            and identifier(table.args.get("db")) == _VIEW_SCHEMA)
