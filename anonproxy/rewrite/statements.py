@@ -21,6 +21,7 @@ from sqlglot.errors import SqlglotError
 from sqlglot.tokens import Token, TokenType
 
 from anonproxy.rewrite.decision import unsupported
+from anonproxy.rewrite.names import fold
 
 DIALECT = Dialect.get_or_raise("postgres")
 
@@ -124,11 +125,12 @@ _AFTER_SELECT_LIST = frozenset({
 def column_labels(sql: str, tokens: list[Token]) -> list[Token]:
     """``tokens`` with every word right after AS in a select list read as the column label it is.
 
-    PostgreSQL takes any keyword, reserved ones included, as a label after AS (``count(*) AS select``: the
-    grammar's ColLabel); sqlglot reads some of them as the keyword and fails. Such a word becomes a quoted
-    identifier of its folded spelling (``AS SELECT`` names the column ``select``), which is what PostgreSQL
-    makes of it; token positions are kept, so the original text still spans it. Elsewhere (``CAST(x AS int)``,
-    a table alias, ``WINDOW w AS (...)``) AS is left alone.
+    PostgreSQL takes any word, reserved keywords included, as a label after AS (``count(*) AS select``: the
+    grammar's ColLabel); sqlglot reads some of them as the keyword and fails, and later checks of the tokens
+    would take others (``AS grouping``) for the construct they name. Such a word becomes a quoted identifier of
+    its folded spelling (``AS SELECT`` names the column ``select``), which is what PostgreSQL makes of it; token
+    positions are kept, so the original text still spans it. Elsewhere (``CAST(x AS int)``, a table alias,
+    ``WINDOW w AS (...)``) AS is left alone.
     """
     labelled = list(tokens)
     in_list = [False]  # per parenthesis depth: inside a select list
@@ -146,9 +148,9 @@ def column_labels(sql: str, tokens: list[Token]) -> list[Token]:
         elif kind == TokenType.ALIAS and in_list[-1] and index + 1 < len(tokens):
             label = tokens[index + 1]
             raw = sql[label.start : label.end + 1]
-            if label.token_type not in (TokenType.VAR, TokenType.IDENTIFIER) and _WORD.fullmatch(raw):
-                labelled[index + 1] = Token(TokenType.IDENTIFIER, raw.lower(), label.line, label.col, label.start,
-                                            label.end, label.comments)
+            if label.token_type != TokenType.IDENTIFIER and _WORD.fullmatch(raw):
+                labelled[index + 1] = Token(TokenType.IDENTIFIER, fold(raw, False), label.line, label.col,
+                                            label.start, label.end, label.comments)
     return labelled
 
 
@@ -261,7 +263,7 @@ def _check_token(sql: str, token: Token, raw: str, previous: Token | None) -> No
         raise unsupported('U&"..." identifiers are not supported; write the name plainly', PARSE_HINT)
     if kind == TokenType.PARAMETER and raw != "$":
         raise unsupported(f"unsupported parameter marker {raw!r}", "Use $1, $2, ... for parameters.")
-    if kind in (TokenType.PLACEHOLDER, TokenType.UNKNOWN):
+    if kind == TokenType.PLACEHOLDER or (kind == TokenType.UNKNOWN and not _WORD.fullmatch(raw)):  # not the word
         raise unsupported(f"unexpected character {raw!r}", PARSE_HINT)
 
 
