@@ -62,8 +62,10 @@ role's mode), the statement_timeout of the client's own session (read from
 its connection with a query of the proxy's, after anything else ran there)
 capped by that limit is set on the service connection before a rewritten
 statement and passed with every request for the proxy (``timeout_ms``).
-The same query reads the client's extra_float_digits (which the server does
-not report), followed on the service connection like DateStyle.
+The same query reads the followed settings the server does not report
+(extra_float_digits; the list is :mod:`.followed_settings`), followed on the
+service connection like DateStyle, and given with every request for the
+proxy (``settings``).
 """
 
 from __future__ import annotations
@@ -79,11 +81,10 @@ from ..rewrite.decision import Decision, ExplainDP, Intercept, Noisy, Pass, Reje
 from ..wire import protocol as pg
 from ..wire.framing import BoundedMessageBuffer, Piece
 from ..wire.results import Column, FormatError, Result, check_formats, result_formats
+from .followed_settings import REPORTED_SETTINGS, UNREPORTED_SETTINGS
 
 SYNC = pg.message(b"S")
 QUEUE_LIMIT = 1 << 20  # bytes of client messages waiting in the gate before the session stops reading
-# Settings the server reports (ParameterStatus) that change how values print.
-FOLLOWED_SETTINGS = ("DateStyle", "TimeZone", "IntervalStyle", "client_encoding")
 
 
 class Owner(enum.Enum):
@@ -118,6 +119,7 @@ class ProxyRequest:
     describe: bool = False  # only the Description: nothing is run or charged
     parameters: Parameters = Parameters()
     timeout_ms: int = 0  # the statement_timeout for what it runs (0: none)
+    settings: tuple[tuple[str, str], ...] = ()  # the client's followed settings (followed_settings), for printing
 
 
 # The session's reply: a Result, a Description, or ready-made messages (an ErrorResponse in the extended protocol).
@@ -270,7 +272,7 @@ class Gate:
             return
         if type_ == b"S":
             name, offset = pg.read_cstring(body)
-            if name.decode() in FOLLOWED_SETTINGS:
+            if name.decode() in REPORTED_SETTINGS:
                 value = pg.read_cstring(body, offset)[0].decode()
                 self._settings_to_copy[name.decode()] = self._output_settings[name.decode()] = value
         self._write_client(pg.message(type_, body))
@@ -365,15 +367,15 @@ class Gate:
         return False
 
     def _timeout_answer(self, type_: bytes, body: bytes) -> None:
-        """The answer to our query of the client's statement_timeout and extra_float_digits (which the server
-        does not report; an error keeps the last values)."""
+        """The answer to our query of the client's statement_timeout and the followed settings the server does
+        not report (an error keeps the last values)."""
         if type_ == b"D":
-            value, digits = pg.parse_data_row(body)[:2]
+            value, *unreported = pg.parse_data_row(body)
             if value is not None and value.isdigit():
                 self._client_timeout = int(value)
-            if digits is not None and digits.decode() != self._output_settings.get("extra_float_digits"):
-                self._settings_to_copy["extra_float_digits"] = self._output_settings["extra_float_digits"] = \
-                    digits.decode()
+            for name, setting in zip(UNREPORTED_SETTINGS, unreported, strict=True):
+                if setting is not None and setting.decode() != self._output_settings.get(name):
+                    self._settings_to_copy[name] = self._output_settings[name] = setting.decode()
         elif type_ == b"Z":
             self._asking_timeout -= 1
             self.in_flight[Owner.UPSTREAM] -= 1
@@ -431,7 +433,7 @@ class Gate:
                 assert route.request is not None
                 self.in_flight[Owner.PROXY] += 1
                 self._asking = route.asking
-                request = route.request
+                request = replace(route.request, settings=tuple(self._output_settings.items()))
                 if self._time_limit is not None:
                     request = replace(request, timeout_ms=self._statement_timeout())
                 self._ask_proxy(request)
@@ -829,8 +831,8 @@ EXPLAIN_COLUMNS = (Column("QUERY PLAN", 25),)
 _ABORTED = Reject("25P02", "current transaction is aborted, commands ignored until end of transaction block")
 # pg_settings gives the value in milliseconds, whatever unit it was set in.
 _CLIENT_TIMEOUT_QUERY = pg.query_message(
-    "select s.setting, pg_catalog.current_setting('extra_float_digits') from pg_catalog.pg_settings s "
-    "where s.name operator(pg_catalog.=) 'statement_timeout'")
+    "select s.setting" + "".join(f", pg_catalog.current_setting({_literal(name)})" for name in UNREPORTED_SETTINGS)
+    + " from pg_catalog.pg_settings s where s.name operator(pg_catalog.=) 'statement_timeout'")
 
 
 def _for_proxy(decision: Decision) -> bool:
