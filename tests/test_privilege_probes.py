@@ -279,3 +279,27 @@ def test_pgjdbc_metadata(gated_proxy: Endpoint, gated_database: str) -> None:
     assert "table|public|adult" in lines
     assert "probe|true" in lines
     assert "prepared|true|false" in lines
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_probes_open_no_way_to_protected_rows(gated_proxy: Endpoint, gated_database: str, role: str) -> None:
+    """A probe next to protected data is not relayed: the statement is decided as a query over protected
+    tables (refused here); a relayed probe still runs under the client's own login."""
+    refused = {
+        "select has_table_privilege('adult', 'select'), (select count(*) from adult)": "0A000",
+        "select * from information_schema.table_privileges, adult": "42501",
+        "select count(*) from adult where has_table_privilege('adult', 'select')": None,
+        "select anonproxy.has_table_privilege('adult', 'select') from adult": None,
+        # A label that swallows FROM: PostgreSQL's grammar refuses it, so does the proxy.
+        "select count(*) as from adult": "0A000",
+    }
+    with through(gated_proxy, gated_database, role) as conn:
+        for query, sqlstate in refused.items():
+            with pytest.raises(psycopg.Error) as raised:
+                conn.execute(query).fetchall()
+            assert sqlstate is None or raised.value.sqlstate == sqlstate, (query, raised.value.sqlstate)
+            assert raised.value.sqlstate in ("0A000", "42501"), (query, raised.value)
+        # A probe view next to a protected table: a relation outside the policy, refused.
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("select has_table_privilege('adult', 'select') "
+                         "from information_schema.table_privileges t, public.adult a").fetchall()
