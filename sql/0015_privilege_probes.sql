@@ -17,7 +17,8 @@
 -- proxy answers aggregate queries over that table, so it says true. Every
 -- other privilege (INSERT, UPDATE, SELECT WITH GRANT OPTION…) keeps
 -- PostgreSQL's answer. The views add, to PostgreSQL's rows, a SELECT grant by
--- the table's owner to each such role.
+-- the table's owner to each such role, and so do the access lists that tools
+-- parse themselves (pgjdbc's getTablePrivileges reads pg_class.relacl).
 --
 -- The functions run with the caller's rights (SECURITY INVOKER) and, unlike the
 -- policy functions, set no search_path: a table named by text must resolve
@@ -219,6 +220,40 @@ language sql stable as $$
     select case pg_catalog.has_column_privilege(tbl, col, privileges)
            when true then true
            when false then anonproxy.proxy_answers(anonproxy.probed_role(current_user), tbl, privileges) end
+$$;
+
+
+-- Access lists, for tools that parse them (pg_class.relacl, pg_attribute.attacl) ---------------------
+
+-- One SELECT grant, by the table's owner, to each role the proxy answers, when ``rel`` is protected or linked;
+-- NULL otherwise.
+create function anonproxy.proxy_grants(rel oid) returns aclitem[]
+language sql stable as $$
+    select pg_catalog.array_agg(pg_catalog.makeaclitem(r.oid, c.relowner, 'SELECT', false) order by r.rolname)
+      from pg_catalog.pg_class c
+      cross join anonproxy.role_policies p
+      join pg_catalog.pg_roles r on r.rolname = p.role_name
+     where c.oid = rel and p.mode in ('suppress', 'dp')
+       and exists (select from anonproxy.protected_tables t where pg_catalog.to_regclass(t.table_name) = c.oid
+                   union all
+                   select from anonproxy.linked_tables l where pg_catalog.to_regclass(l.table_name) = c.oid)
+$$;
+
+-- pg_class.relacl of ``rel`` with those grants added (NULL, the owner's default rights, is spelt out first).
+create function anonproxy.relacl(rel oid, acl aclitem[]) returns aclitem[]
+language sql stable as $$
+    select case when g.grants is null then acl
+                else pg_catalog.array_cat(coalesce(acl, pg_catalog.acldefault('r', c.relowner)), g.grants) end
+      from (select anonproxy.proxy_grants(rel) as grants) g
+      left join pg_catalog.pg_class c on c.oid = rel
+$$;
+
+-- pg_attribute.attacl of a column of ``rel`` with those grants added (NULL: no column grants of its own).
+create function anonproxy.attacl(rel oid, acl aclitem[]) returns aclitem[]
+language sql stable as $$
+    select case when g.grants is null then acl
+                else pg_catalog.array_cat(coalesce(acl, '{}'::aclitem[]), g.grants) end
+      from (select anonproxy.proxy_grants(rel) as grants) g
 $$;
 
 

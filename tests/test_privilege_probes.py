@@ -277,8 +277,41 @@ def test_pgjdbc_metadata(gated_proxy: Endpoint, gated_database: str) -> None:
     assert done.returncode == 0, done.stderr
     lines = set(done.stdout.split())
     assert "table|public|adult" in lines
+    assert {"privilege|reporter|SELECT", "privilege|reporter|REFERENCES", "privilege|analyst|SELECT"} <= lines
+    assert not {line for line in lines if line.startswith("privilege|reporter|") and
+                line.split("|")[2] not in ("SELECT", "REFERENCES")}
+    assert {"column|reporter|SELECT", "column|analyst|SELECT"} <= lines
     assert "probe|true" in lines
     assert "prepared|true|false" in lines
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_access_lists_show_the_select(gated_proxy: Endpoint, gated_database: str, truth: psycopg.Connection,
+                                     role: str) -> None:
+    """pg_class.relacl and pg_attribute.attacl, as tools that parse them read them: SELECT added for the roles
+    the proxy answers, on the protected table only."""
+    query = ("select c.oid::regclass::text, c.relacl::text[] from pg_catalog.pg_class c "
+             "where c.relkind in ('r', 'v') order by 1")
+    owner = truth.execute("select pg_get_userbyid(relowner) from pg_class where oid = 'public.adult'::regclass"
+                          ).fetchone()[0]
+    with through(gated_proxy, gated_database, role) as conn:
+        got = dict(conn.execute(query).fetchall())
+        columns = conn.execute("select attname, attacl::text[] from pg_attribute "
+                               "where attrelid = 'public.adult'::regclass and attname = 'age'").fetchall()
+    expected = dict(as_role(truth, role, query))
+    assert set(got) == set(expected)
+    assert {name for name in got if got[name] != expected[name]} == {"adult"}
+    assert got["adult"] == expected["adult"] + [f"analyst=r/{owner}", f"reporter=r/{owner}"]
+    assert columns == [("age", [f"analyst=r/{owner}", f"reporter=r/{owner}"])]
+
+
+def test_psql_dp_shows_the_select(gated_proxy: Endpoint, gated_database: str) -> None:
+    psql = shutil.which("psql")
+    assert psql, "psql is needed"
+    done = subprocess.run([psql, "-X", "-c", r"\dp public.adult", gated_proxy.dsn(gated_database, user="reporter")],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "reporter=r/" in done.stdout and "reporter=x/" in done.stdout, done.stdout
 
 
 @pytest.mark.parametrize("role", ROLES)

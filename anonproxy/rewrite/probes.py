@@ -32,6 +32,9 @@ PROBE_SCHEMA = "anonproxy"
 PROBE_FUNCTIONS = frozenset({"has_table_privilege", "has_any_column_privilege", "has_column_privilege"})
 PROBE_VIEWS = frozenset({"table_privileges", "column_privileges", "role_table_grants", "role_column_grants"})
 _VIEW_SCHEMA = "information_schema"
+# Access-list columns read and parsed by the tools themselves (pgjdbc's getTablePrivileges and
+# getColumnPrivileges, psql's \dp): catalog -> (column, the catalog's column holding the relation's oid).
+ACL_COLUMNS = {"pg_class": ("relacl", "oid"), "pg_attribute": ("attacl", "attrelid")}
 
 
 def redirect_probes(tree: exp.Expression) -> str | None:
@@ -51,6 +54,11 @@ def redirect_probes(tree: exp.Expression) -> str | None:
         elif isinstance(node, exp.Table) and _probe_view(node):
             found = True
             node.set("db", exp.to_identifier(PROBE_SCHEMA))
+        elif isinstance(node, exp.Column) and not isinstance(node.this, exp.Star):
+            call = _acl_call(node)
+            if call is not None:
+                found = True
+                node.replace(call)
     if not found:
         return None
     sql = rewritten.sql(dialect=DIALECT)
@@ -58,6 +66,35 @@ def redirect_probes(tree: exp.Expression) -> str | None:
     if len(again) != 1 or again[0] != rewritten:
         raise unsupported("could not rewrite the privilege probes of this statement", PARSE_HINT)
     return sql
+
+
+def _acl_call(column: exp.Column) -> exp.Expression | None:
+    """``c.relacl`` of pg_class (``a.attacl`` of pg_attribute) as ``anonproxy.relacl(c.oid, c.relacl)``: the
+    access list with the SELECT the proxy stands for. The call's output name is the column's (``relacl``).
+    An unqualified column counts when one catalog of that kind is in the FROM clause of its SELECT."""
+    name = identifier(column.this if isinstance(column.this, exp.Identifier) else None)
+    catalogs = [catalog for catalog, (acl, _) in ACL_COLUMNS.items() if acl == name]
+    select = column.find_ancestor(exp.Select)
+    if not catalogs or select is None or column.args.get("db") is not None:
+        return None
+    qualifier = identifier(column.args.get("table"))
+    sources = [table for table in _from_tables(select) if identifier(table.this) == catalogs[0]
+               and identifier(table.args.get("db")) in (None, CATALOG_SCHEMA)]
+    names = [identifier(table.args["alias"].this) if table.args.get("alias") else identifier(table.this)
+             for table in sources]
+    reference = qualifier if qualifier in names else names[0] if qualifier is None and len(names) == 1 else None
+    if reference is None:
+        return None
+    acl, relation = ACL_COLUMNS[catalogs[0]]
+    return exp.Dot(this=exp.to_identifier(PROBE_SCHEMA), expression=exp.Anonymous(this=acl, expressions=[
+        exp.column(relation, table=reference, quoted=True), exp.column(acl, table=reference, quoted=True)]))
+
+
+def _from_tables(select: exp.Select) -> list[exp.Table]:
+    """The tables named in the FROM clause and joins of ``select`` itself (not in its subqueries)."""
+    items = [select.args.get("from_") or select.args.get("from")] + list(select.args.get("joins") or [])
+    return [item.this for item in items if item is not None and isinstance(item.this, exp.Table)
+            and isinstance(item.this.this, exp.Identifier)]
 
 
 def _function_name(node: exp.Anonymous) -> str | None:
