@@ -36,12 +36,13 @@ def test_one_list() -> None:
 
 @pytest.fixture(scope="module")
 def stays(pg_server: EmbeddedPostgres, gated_database: str) -> Iterator[psycopg.Connection]:
-    """A protected table with float, date, timestamptz and interval columns: 40 people, groups of 20."""
+    """A protected table with float, date, timestamptz and interval columns: 1000 people, groups of 500
+    (large enough for dp's partition selection to release both keys)."""
     conn = psycopg.connect(pg_server.conninfo(dbname=gated_database), autocommit=True)
     conn.execute("create table public.stays (person int, half int, score float8, day date, at timestamptz, length interval)")
     conn.execute("insert into public.stays select p, p % 2, p / 7.0, date '2024-03-01' + (p % 2) * 40, "
                  "timestamptz '2024-03-01 22:30:00+00' + (p % 2) * interval '1 day', "
-                 "interval '1 day 02:03:04' * (1 + p % 2) from generate_series(1, 40) p")
+                 "interval '1 day 02:03:04' * (1 + p % 2) from generate_series(1, 1000) p")
     conn.execute("select anonproxy.protect_table('public.stays', 'person')")
     conn.execute("select anonproxy.set_column('public.stays', 'score', 'sensitive', 0, 10)")
     conn.execute("select anonproxy.apply_grants()")
@@ -106,20 +107,88 @@ def test_suppress_answers_follow_the_setting(gated_proxy: Endpoint, gated_databa
         assert before == default
 
 
-def test_dp_answers_follow_extra_float_digits(gated_proxy: Endpoint, gated_database: str,
-                                              stays: psycopg.Connection) -> None:
-    """A dp average of a float column prints with the client's extra_float_digits (SET and at login)."""
+@pytest.mark.parametrize("setting", list(CASES))
+@pytest.mark.parametrize("how", ["set", "startup"])
+def test_dp_answers_follow_the_setting(gated_proxy: Endpoint, gated_database: str, stays: psycopg.Connection,
+                                       setting: str, how: str) -> None:
+    """A dp answer (noisy values, exact keys) prints its keys and floats as the client's settings say; the
+    same question asked again under other settings is the same (cached) answer, printed again."""
     _wait_for_policy(gated_proxy, gated_database, "analyst")
-    query = "select avg(score) as v from public.stays"
-    for dsn_extra, set_first in (("", True), (" options='-c extra_float_digits=-2'", False)):
-        with psycopg.connect(gated_proxy.dsn(gated_database, user="analyst") + dsn_extra, autocommit=True) as conn:
-            shortest = None
-            if set_first:
-                conn.execute("set extra_float_digits = 1")
-                shortest = _texts(conn, query)[0][0]
-                conn.execute("set extra_float_digits = -2")
-            rounded = _texts(conn, query)[0][0]
-        assert rounded is not None
-        assert len(rounded.replace("-", "").replace(".", "").lstrip("0")) <= 13  # DBL_DIG - 2 digits
-        if shortest is not None:  # the same (cached, free) answer, printed with fewer digits
-            assert rounded == "%.13g" % float(shortest)
+    value, query = CASES[setting]
+    if setting == "extra_float_digits":  # dp: a noisy sum of the float column (a float8, of few digits here)
+        value, query = "-12", "select sum(score) as v from public.stays"
+    dsn = gated_proxy.dsn(gated_database, user="analyst")
+    if how == "startup":
+        dsn = psycopg.conninfo.make_conninfo(dsn, options=f"-c {setting}=" + value.replace(" ", "\\ "))
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("set TimeZone = 'UTC'") if setting != "TimeZone" else None
+        conn.execute("set DateStyle = 'ISO, MDY'") if setting != "DateStyle" else None
+        if how == "set":
+            conn.execute(sql.SQL("set {} = {}").format(sql.SQL(setting), sql.Literal(value)))
+        after = _texts(conn, query)
+        conn.execute(sql.SQL("set {} = {}").format(sql.SQL(setting), sql.Literal(DEFAULTS[setting])))
+        before = _texts(conn, query)
+    assert after != before
+    if setting == "extra_float_digits":
+        assert after == [("%.3g" % float(before[0][0]),)]  # DBL_DIG - 12 significant digits
+    else:  # the keys: exact, printed as PostgreSQL prints them
+        truth = f"select distinct {query.split()[1]}::text from public.stays order by 1"
+        assert [row[0] for row in after] == [row[0] for row in _truth(stays, truth, setting, value)]
+        assert [row[0] for row in before] == [row[0] for row in _truth(stays, truth, setting, DEFAULTS[setting])]
+        assert [row[1] for row in after] == [row[1] for row in before]  # the same noisy counts
+
+
+STYLES = [
+    {"DateStyle": date_style, "TimeZone": zone, "IntervalStyle": interval_style, "extra_float_digits": digits}
+    for date_style, zone, interval_style, digits in [
+        ("ISO, MDY", "UTC", "postgres", "1"), ("SQL, DMY", "Asia/Tokyo", "sql_standard", "0"),
+        ("SQL, MDY", "America/Sao_Paulo", "iso_8601", "-3"), ("Postgres, DMY", "Asia/Kolkata", "postgres_verbose", "2"),
+        ("Postgres, MDY", "Europe/Berlin", "postgres", "-15"), ("German", "America/New_York", "sql_standard", "1"),
+        ("ISO, DMY", "Australia/Lord_Howe", "iso_8601", "0"),
+    ]
+]
+
+
+def test_printing_matches_postgresql(pg_server: EmbeddedPostgres) -> None:
+    """The proxy's printing of its own answers, against PostgreSQL's for the same values and settings."""
+    import datetime as dt
+
+    from anonproxy.proxy.followed_settings import follow_settings
+    from anonproxy.wire.results import Column, Result, text_value
+
+    utc = dt.timezone.utc
+    values = [
+        (701, 1 / 3, "%s::float8"), (701, 123456789.125, "%s::float8"), (701, -2.5e-7, "%s::float8"),
+        (701, 9678.0, "%s::float8"), (701, 1e15, "%s::float8"), (701, 123456789012345680.0, "%s::float8"),
+        (701, 0.0001, "%s::float8"), (701, 0.00001234, "%s::float8"), (701, -0.0, "%s::float8"),
+        (701, 100.0, "%s::float8"), (700, 0.1, "%s::float4"), (700, 1234567.0, "%s::float4"),
+        (700, 3.0e-5, "%s::float4"),
+        (1082, dt.date(2024, 3, 1), "%s::date"), (1082, dt.date(1999, 12, 31), "%s::date"),
+        (1114, dt.datetime(2024, 3, 1, 22, 30), "%s::timestamp"),
+        (1114, dt.datetime(2024, 7, 9, 1, 2, 3, 450000), "%s::timestamp"),
+        (1184, dt.datetime(2024, 3, 1, 22, 30, tzinfo=utc), "%s::timestamptz"),
+        (1184, dt.datetime(2024, 7, 1, 5, 6, 7, 8, tzinfo=utc), "%s::timestamptz"),
+        (1186, dt.timedelta(days=1, seconds=7384), "%s::interval"),
+        (1186, dt.timedelta(seconds=59, microseconds=500000), "%s::interval"),
+        (1186, dt.timedelta(days=3), "%s::interval"), (1186, dt.timedelta(0), "%s::interval"),
+        (1186, -dt.timedelta(days=2, seconds=3723), "%s::interval"), (1186, -dt.timedelta(seconds=61), "%s::interval"),
+    ]
+    result = Result(tuple(Column(f"c{i}", oid) for i, (oid, _, _) in enumerate(values)),
+                    ((*(text_value(value, oid) for oid, value, _ in values),),))
+    with psycopg.connect(pg_server.conninfo(), autocommit=True) as conn:
+        for style in STYLES:
+            printed = [v.decode() for v in follow_settings(result, style).rows[0]]
+            with conn.transaction():
+                for name, value in style.items():
+                    conn.execute("select set_config(%s, %s, true)", [name, value])
+                query = "select " + ", ".join(f"({cast})::text" for _, _, cast in values)
+                arguments = [value if not isinstance(value, dt.timedelta) else
+                             ("-" if value < dt.timedelta(0) else "") + f"{abs(value).days} days "
+                             f"{abs(value).seconds} seconds {abs(value).microseconds} microseconds"
+                             for _, value, _ in values]
+                # A negative interval is negative in each part (how the proxy holds it).
+                arguments = [a if not (isinstance(v, dt.timedelta) and v < dt.timedelta(0)) else
+                             " ".join(("-" + w if w[0].isdigit() else w) for w in a[1:].split())
+                             for a, (_, v, _) in zip(arguments, values, strict=True)]
+                expected = list(conn.execute(query, arguments).fetchone())
+            assert printed == expected, style

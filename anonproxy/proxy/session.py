@@ -50,7 +50,7 @@ from .analysis import AnalysisFailed, AnalysisTimeout, Analyser
 from .cache import BoundedCache
 from .audit_trail import AuditTrail, Spent, Who, session_id
 from .cancel import CancelRegistry, ClientKey, UpstreamKey, cancel_then_hang_up, send_cancel
-from .followed_settings import REPORTED_SETTINGS, follow_float_digits
+from .followed_settings import REPORTED_SETTINGS, follow_settings
 from .gate import Gate, Owner, ProxyRequest, Reply
 from .noisy import NoisyAnswers, Refused, SessionLimits
 from .policy_watch import PolicyWatcher
@@ -508,7 +508,7 @@ class ClientConnection(asyncio.Protocol):
                 assert isinstance(decision, Noisy)
                 reply = await noisy.answer(decision.sql, role, policy, request.parameters, limits,
                                            request.timeout_ms, spent)
-                reply = follow_float_digits(reply, dict(request.settings))
+                reply = follow_settings(reply, dict(request.settings))
         except Refused as refused:
             reply = refused.response
             spent.sqlstate, spent.message = refused.sqlstate, str(refused)
