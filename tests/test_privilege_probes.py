@@ -336,3 +336,15 @@ def test_probes_open_no_way_to_protected_rows(gated_proxy: Endpoint, gated_datab
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             conn.execute("select has_table_privilege('adult', 'select') "
                          "from information_schema.table_privileges t, public.adult a").fetchall()
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_pgadmin_table_acl_query(gated_proxy: Endpoint, gated_database: str, truth: psycopg.Connection,
+                                 role: str) -> None:
+    """pgAdmin's query for a table's privileges (aclexplode of relacl) shows the SELECT, letter r."""
+    query = (Path(__file__).parent / "clients" / "pgadmin_table_acl.sql").read_text()
+    with through(gated_proxy, gated_database, role) as conn:
+        got = {row[1]: sorted(row[3]) for row in conn.execute(query)}
+    expected = {row[1]: sorted(row[3]) for row in as_role(truth, role, query)}
+    assert expected["reporter"] == expected["analyst"] == ["x"]  # PostgreSQL's own: REFERENCES
+    assert got == {**expected, "reporter": ["r", "x"], "analyst": ["r", "x"]}
