@@ -40,12 +40,12 @@ ACL_COLUMNS = {"pg_class": ("relacl", "oid"), "pg_attribute": ("attacl", "attrel
 def redirect_probes(tree: exp.Expression) -> str | None:
     """The SQL of ``tree`` with its privilege probes answered by the anonproxy schema; None: it has none.
 
-    ``tree`` is not changed. The SQL is generated from the rewritten tree and must parse back to it, so what
+    ``tree`` is rewritten in place. The SQL is generated from the rewritten tree and must parse back to it, so what
     runs is the statement the client sent, probes aside. When it does not (a construct sqlglot reads but
     cannot write back), None as well: the client's own text runs, and PostgreSQL answers the probes itself —
     under the client's own login either way, so nothing is read that PostgreSQL would not show it.
     """
-    rewritten = tree.copy()
+    rewritten = tree
     found = False
     for node in list(rewritten.walk()):
         if isinstance(node, exp.Anonymous) and _probe_function(node):
