@@ -348,3 +348,28 @@ def test_pgadmin_table_acl_query(gated_proxy: Endpoint, gated_database: str, tru
     expected = {row[1]: sorted(row[3]) for row in as_role(truth, role, query)}
     assert expected["reporter"] == expected["analyst"] == ["x"]  # PostgreSQL's own: REFERENCES
     assert got == {**expected, "reporter": ["r", "x"], "analyst": ["r", "x"]}
+
+
+def test_what_is_rewritten() -> None:
+    """On the tree: PostgreSQL's functions (bare, pg_catalog-qualified, quoted) and the information_schema views
+    are redirected; other schemas' functions, a CTE named like a view and unqualified view names are not."""
+    import dataclasses
+
+    from anonproxy.rewrite import Pass, Relayed, decide
+    from test_rewrite import POLICY, SUPPRESS
+
+    for role in (SUPPRESS, dataclasses.replace(SUPPRESS, mode="dp")):
+        metabase = decide(METABASE_TABLE_PRIVILEGES, role, POLICY)
+        assert isinstance(metabase, Relayed)
+        assert metabase.sql.count("anonproxy.has_table_privilege(") == 4 and "pg_catalog.has_table" not in metabase.sql
+        assert "pg_catalog.has_schema_privilege(" in metabase.sql and "FROM table_privileges AS t" in metabase.sql
+        quoted = decide('select "pg_catalog"."has_table_privilege"(\'adult\', \'select\')', role, POLICY)
+        assert isinstance(quoted, Relayed) and "anonproxy.has_table_privilege(" in quoted.sql
+        for text in ("select myschema.has_table_privilege('adult', 'select')",
+                     "select * from table_privileges", "select * from myschema.column_privileges",
+                     "select has_schema_privilege('public', 'usage')", "select relname from pg_class"):
+            assert decide(text, role, POLICY) == Pass(), text
+        assert decide("select * from information_schema.role_column_grants", role, POLICY) == Relayed(
+            "SELECT * FROM anonproxy.role_column_grants")
+        assert decide("select relacl from pg_catalog.pg_class", role, POLICY) == Relayed(
+            'SELECT anonproxy.relacl("pg_class"."oid", "pg_class"."relacl") FROM pg_catalog.pg_class')

@@ -131,13 +131,27 @@ def _statement(statement: Statement, role: RolePolicy, index: PolicyIndex) -> De
     if not _touches_protected(statement, tree, index):
         _check_passable(statement, tree, role, index)
         relayed = redirect_probes(tree)  # privilege probes answered as the proxy answers queries
-        return Pass() if relayed is None else Relayed(relayed)
+        if relayed is None:
+            return Pass()
+        _check_relayed(relayed, role, index)
+        return Relayed(relayed)
     _refuse_published(tree, index.policy)
     if role.mode == "dp":
         return Noisy(statement.text)  # planned by anonproxy.privacy.dp_plan, which says what it supports
     sql = rewrite(analyze(statement, tree, index, role.suppression), role.suppression)
     verify(sql, index.policy, role.role)  # PostgreSQL's own parser reads the final SQL again
     return Rewrite(sql)
+
+
+def _check_relayed(sql: str, role: RolePolicy, index: PolicyIndex) -> None:
+    """The text generated for a statement with privilege probes passes the checks its original passed."""
+    statements = split(sql)
+    if len(statements) != 1:
+        raise unsupported("could not rewrite the privilege probes of this statement", PARSE_HINT)
+    tree = parse_statement(statements[0])
+    if _touches_protected(statements[0], tree, index):
+        raise forbidden("the rewritten privilege probes would read a protected table", PARSE_HINT)
+    _check_passable(statements[0], tree, role, index)
 
 
 def _explain(statement: Statement, role: RolePolicy, index: PolicyIndex) -> Decision:
