@@ -79,3 +79,15 @@ def test_labels_through_the_proxy(gated_proxy: Endpoint, gated_database: str, ro
                               "order by 1")
         assert [column.name for column in cursor.description] == ["select", "from"]
         assert len(cursor.fetchall()) > 5
+
+
+def test_the_word_unknown(gated_proxy: Endpoint, gated_database: str, pg_server) -> None:  # type: ignore[no-untyped-def]
+    """`unknown` is a keyword (`IS [NOT] UNKNOWN`), not an unexpected character: a label, and a total predicate
+    in a gated statement, answered as PostgreSQL computes it."""
+    query = "select sex, count(*) as unknown from adult where (age > 40) is not unknown group by sex order by sex"
+    with psycopg.connect(gated_proxy.dsn(gated_database, user="reporter"), autocommit=True) as conn:
+        cursor = conn.execute(query)
+        got = cursor.fetchall()
+        assert [column.name for column in cursor.description] == ["sex", "unknown"]
+    with psycopg.connect(pg_server.conninfo(dbname=gated_database), autocommit=True) as conn:
+        assert got == conn.execute(query).fetchall()
