@@ -39,7 +39,8 @@ def stays(pg_server: EmbeddedPostgres, gated_database: str) -> Iterator[psycopg.
     """A protected table with float, date, timestamptz and interval columns: 1000 people, groups of 500
     (large enough for dp's partition selection to release both keys)."""
     conn = psycopg.connect(pg_server.conninfo(dbname=gated_database), autocommit=True)
-    conn.execute("create table public.stays (person int, half int, score float8, day date, at timestamptz, length interval)")
+    conn.execute("create table public.stays (person int, half int, score float8, day date, at timestamptz, "
+                 "length interval)")
     conn.execute("insert into public.stays select p, p % 2, p / 7.0, date '2024-03-01' + (p % 2) * 40, "
                  "timestamptz '2024-03-01 22:30:00+00' + (p % 2) * interval '1 day', "
                  "interval '1 day 02:03:04' * (1 + p % 2) from generate_series(1, 1000) p")

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
+from anonproxy.embedded import EmbeddedPostgres
 from anonproxy.privacy.dp_plan import DPParams, DPPlan, plan_dp
 from anonproxy.rewrite import Noisy, Pass, Rewrite, decide
 from anonproxy.rewrite.statements import split
@@ -23,14 +24,14 @@ DP = dataclasses.replace(SUPPRESS, mode="dp")
 
 
 @pytest.fixture(scope="module")
-def keywords(pg_server) -> Iterator[list[str]]:  # type: ignore[no-untyped-def]
+def keywords(pg_server: EmbeddedPostgres) -> Iterator[list[str]]:
     with psycopg.connect(pg_server.conninfo(), autocommit=True) as conn:
         words = [row[0] for row in conn.execute("select word from pg_get_keywords() order by word")]
     assert len(words) > 400 and {"select", "from", "union", "all", "table", "order"} <= set(words)
     yield words
 
 
-def test_postgresql_accepts_every_keyword_as_a_label(pg_server, keywords: list[str]) -> None:  # type: ignore[no-untyped-def]
+def test_postgresql_accepts_every_keyword_as_a_label(pg_server: EmbeddedPostgres, keywords: list[str]) -> None:
     """The premise: after AS, any keyword is a label for PostgreSQL."""
     with psycopg.connect(pg_server.conninfo(), autocommit=True) as conn:
         for word in keywords:
@@ -81,7 +82,7 @@ def test_labels_through_the_proxy(gated_proxy: Endpoint, gated_database: str, ro
         assert len(cursor.fetchall()) > 5
 
 
-def test_the_word_unknown(gated_proxy: Endpoint, gated_database: str, pg_server) -> None:  # type: ignore[no-untyped-def]
+def test_the_word_unknown(gated_proxy: Endpoint, gated_database: str, pg_server: EmbeddedPostgres) -> None:
     """`unknown` is a keyword (`IS [NOT] UNKNOWN`), not an unexpected character: a label, and a total predicate
     in a gated statement, answered as PostgreSQL computes it."""
     query = "select sex, count(*) as unknown from adult where (age > 40) is not unknown group by sex order by sex"

@@ -196,7 +196,8 @@ def test_information_schema_privilege_views(gated_proxy: Endpoint, gated_databas
     with through(gated_proxy, gated_database, role) as conn:
         for view in ("table_privileges", "role_table_grants"):
             query = (f"select grantor, grantee, table_catalog, table_schema, table_name, privilege_type, is_grantable, "
-                     f"with_hierarchy from information_schema.{view} where table_name = 'adult' order by privilege_type")
+                     f"with_hierarchy from information_schema.{view} where table_name = 'adult' "
+                     "order by privilege_type")
             got = conn.execute(query).fetchall()
             assert got == [(owner, role, gated_database, "public", "adult", "REFERENCES", "NO", "NO"),
                            (owner, role, gated_database, "public", "adult", "SELECT", "NO", "YES")], view
