@@ -45,9 +45,8 @@ def redirect_probes(tree: exp.Expression) -> str | None:
     cannot write back), None as well: the client's own text runs, and PostgreSQL answers the probes itself —
     under the client's own login either way, so nothing is read that PostgreSQL would not show it.
     """
-    rewritten = tree
     found = False
-    for node in list(rewritten.walk()):
+    for node in list(tree.walk()):  # listed first: the nodes put in are not visited
         if isinstance(node, exp.Anonymous) and _probe_function(node):
             found = True
             call = exp.Anonymous(this=fold(_function_name(node) or "", False), expressions=node.expressions)
@@ -64,11 +63,11 @@ def redirect_probes(tree: exp.Expression) -> str | None:
     if not found:
         return None
     try:
-        sql = rewritten.sql(dialect=DIALECT)
+        sql = tree.sql(dialect=DIALECT)
         again = DIALECT.parse(sql)
     except SqlglotError:
         return None
-    if len(again) != 1 or again[0] != rewritten:
+    if len(again) != 1 or again[0] != tree:
         return None  # sqlglot cannot write this statement back faithfully: PostgreSQL's own answer
     return sql
 
