@@ -15,6 +15,9 @@ views of the same name and signature in the ``anonproxy`` schema (migration
 22023 unknown privilege type, 42704 unknown role) and so do its answers for
 every other privilege and table; where PostgreSQL says no, they say SELECT
 for a protected or linked table and a role the proxy answers (suppress, dp).
+Tools that parse access lists themselves get ``pg_class.relacl`` and
+``pg_attribute.attacl`` through ``anonproxy.relacl`` / ``anonproxy.attacl``,
+which add that SELECT the same way.
 The rewritten SQL runs on the client's own connection, under its own login
 (:class:`~anonproxy.rewrite.decision.Relayed`), so PostgreSQL's privileges
 still decide what it reads.
