@@ -130,11 +130,7 @@ def _statement(statement: Statement, role: RolePolicy, index: PolicyIndex) -> De
     tree = parse_statement(statement)
     if not _touches_protected(statement, tree, index):
         _check_passable(statement, tree, role, index)
-        relayed = redirect_probes(tree)  # privilege probes answered as the proxy answers queries
-        if relayed is None:
-            return Pass()
-        _check_relayed(relayed, role, index)
-        return Relayed(relayed)
+        return _relayed(tree, role, index)
     _refuse_published(tree, index.policy)
     if role.mode == "dp":
         return Noisy(statement.text)  # planned by anonproxy.privacy.dp_plan, which says what it supports
@@ -143,15 +139,28 @@ def _statement(statement: Statement, role: RolePolicy, index: PolicyIndex) -> De
     return Rewrite(sql)
 
 
-def _check_relayed(sql: str, role: RolePolicy, index: PolicyIndex) -> None:
-    """The text generated for a statement with privilege probes passes the checks its original passed."""
+def _relayed(tree: exp.Expression, role: RolePolicy, index: PolicyIndex) -> Pass | Relayed:
+    """A passed statement, with its privilege probes answered as the proxy answers queries (probes.py).
+
+    The generated text must parse back to the rewritten tree, or the client's own text runs (PostgreSQL's own
+    answer to the probes); it passes the checks its original passed.
+    """
+    sql = redirect_probes(tree)
+    if sql is None:
+        return Pass()
     statements = split(sql)
     if len(statements) != 1:
-        raise unsupported("could not rewrite the privilege probes of this statement", PARSE_HINT)
-    tree = parse_statement(statements[0])
-    if _touches_protected(statements[0], tree, index):
+        return Pass()
+    try:
+        again = parse_statement(statements[0])
+    except Refusal:
+        return Pass()
+    if again != tree:
+        return Pass()
+    if _touches_protected(statements[0], again, index):
         raise forbidden("the rewritten privilege probes would read a protected table", PARSE_HINT)
-    _check_passable(statements[0], tree, role, index)
+    _check_passable(statements[0], again, role, index)
+    return Relayed(sql)
 
 
 def _explain(statement: Statement, role: RolePolicy, index: PolicyIndex) -> Decision:

@@ -43,10 +43,10 @@ ACL_COLUMNS = {"pg_class": ("relacl", "oid"), "pg_attribute": ("attacl", "attrel
 def redirect_probes(tree: exp.Expression) -> str | None:
     """The SQL of ``tree`` with its privilege probes answered by the anonproxy schema; None: it has none.
 
-    ``tree`` is rewritten in place. The SQL is generated from the rewritten tree and must parse back to it, so what
-    runs is the statement the client sent, probes aside. When it does not (a construct sqlglot reads but
-    cannot write back), None as well: the client's own text runs, and PostgreSQL answers the probes itself —
-    under the client's own login either way, so nothing is read that PostgreSQL would not show it.
+    ``tree`` is rewritten in place; the SQL is generated from it. The caller checks that the SQL parses back
+    to the same tree (so what runs is the statement the client sent, probes aside), else runs the client's own
+    text, and PostgreSQL answers the probes itself: under the client's own login either way, so nothing is
+    read that PostgreSQL would not show it. None as well when sqlglot cannot write the tree.
     """
     found = False
     for node in list(tree.walk()):  # listed first: the nodes put in are not visited
@@ -65,14 +65,16 @@ def redirect_probes(tree: exp.Expression) -> str | None:
                 node.replace(call)
     if not found:
         return None
+    for alias in tree.find_all(exp.Alias):
+        # Column labels are written quoted, in the spelling PostgreSQL gives them: the splitter reads a word
+        # after AS in a select list as such a quoted identifier, so the SQL parses back to this very tree.
+        label = alias.args.get("alias")
+        if isinstance(label, exp.Identifier):
+            label.replace(exp.to_identifier(identifier(label), quoted=True))
     try:
-        sql = tree.sql(dialect=DIALECT)
-        again = DIALECT.parse(sql)
+        return tree.sql(dialect=DIALECT)
     except SqlglotError:
         return None
-    if len(again) != 1 or again[0] != tree:
-        return None  # sqlglot cannot write this statement back faithfully: PostgreSQL's own answer
-    return sql
 
 
 def _acl_call(column: exp.Column) -> exp.Expression | None:
