@@ -339,14 +339,30 @@ def test_probes_open_no_way_to_protected_rows(gated_proxy: Endpoint, gated_datab
                          "from information_schema.table_privileges t, public.adult a").fetchall()
 
 
+# The shape of the table-privileges queries of administration tools such as pgAdmin: the access list of one
+# table exploded in a subquery of pg_class (with outer joins to other catalogs), grouped by grantee.
+ACL_BY_GRANTEE = """select coalesce(grantee_role.rolname, 'PUBLIC') as grantee,
+       pg_catalog.array_agg(granted.letter order by granted.letter) as privileges
+  from (select (item).grantee as grantee,
+               case (item).privilege_type when 'SELECT' then 'r' when 'INSERT' then 'a' when 'UPDATE' then 'w'
+                    when 'DELETE' then 'd' when 'TRUNCATE' then 'D' when 'REFERENCES' then 'x'
+                    when 'TRIGGER' then 't' else '?' end as letter
+          from (select pg_catalog.aclexplode(rel.relacl) as item
+                  from pg_catalog.pg_class rel
+                  left outer join pg_catalog.pg_namespace nsp on nsp.oid = rel.relnamespace
+                 where nsp.nspname = 'public' and rel.relname = 'adult' and rel.relkind in ('r', 'p')) exploded
+       ) granted
+  left join pg_catalog.pg_roles grantee_role on grantee_role.oid = granted.grantee
+ group by grantee_role.rolname"""
+
+
 @pytest.mark.parametrize("role", ROLES)
-def test_pgadmin_table_acl_query(gated_proxy: Endpoint, gated_database: str, truth: psycopg.Connection,
-                                 role: str) -> None:
-    """pgAdmin's query for a table's privileges (aclexplode of relacl) shows the SELECT, letter r."""
-    query = (Path(__file__).parent / "clients" / "pgadmin_table_acl.sql").read_text()
+def test_administration_tool_acl_query(gated_proxy: Endpoint, gated_database: str, truth: psycopg.Connection,
+                                       role: str) -> None:
+    """An access list exploded with aclexplode, as administration tools read it, shows the SELECT (r)."""
     with through(gated_proxy, gated_database, role) as conn:
-        got = {row[1]: sorted(row[3]) for row in conn.execute(query)}
-    expected = {row[1]: sorted(row[3]) for row in as_role(truth, role, query)}
+        got = dict(conn.execute(ACL_BY_GRANTEE).fetchall())
+    expected = dict(as_role(truth, role, ACL_BY_GRANTEE))
     assert expected["reporter"] == expected["analyst"] == ["x"]  # PostgreSQL's own: REFERENCES
     assert got == {**expected, "reporter": ["r", "x"], "analyst": ["r", "x"]}
 
