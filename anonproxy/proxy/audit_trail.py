@@ -45,6 +45,7 @@ from ..rewrite.decision import (
     Noisy,
     Pass,
     Reject,
+    Relayed,
     Rewrite,
     SessionSetting,
 )
@@ -141,6 +142,8 @@ class AuditTrail:
             self._add(AuditRecord(time.time(), who, mode, sql, "answered", rewritten=decision.sql))
         elif isinstance(decision, Pass):
             self._add(AuditRecord(time.time(), who, mode, sql, "passed"))
+        elif isinstance(decision, Relayed):  # run under the client's login, with its privilege probes rewritten
+            self._add(AuditRecord(time.time(), who, mode, sql, "passed", rewritten=decision.sql))
         else:
             self._add(AuditRecord(time.time(), who, mode, sql, "intercepted"))
 

@@ -3,8 +3,11 @@
 Each client message is routed to one of three owners:
 
 * UPSTREAM — the client's own connection, for statements the rewriter lets
-  pass (catalog queries, session settings…); the client's role has no
-  privilege on protected tables, so PostgreSQL itself refuses what slips by;
+  pass (catalog queries, session settings…), and for those it relays with
+  their privilege probes rewritten (``Relayed``: the rewritten text goes in
+  the Query or Parse, with the client's parameter types; Bind, Describe and
+  Execute follow unchanged, result formats included); the client's role has
+  no privilege on protected tables, so PostgreSQL itself refuses what slips by;
 * SERVICE — the proxy's service connection, for rewritten aggregate queries;
 * LOCAL — answered by the proxy: refusals and ``SHOW anonproxy.*``;
 * PROXY — answered by the proxy after asynchronous work (differentially
@@ -59,8 +62,10 @@ role's mode), the statement_timeout of the client's own session (read from
 its connection with a query of the proxy's, after anything else ran there)
 capped by that limit is set on the service connection before a rewritten
 statement and passed with every request for the proxy (``timeout_ms``).
-The same query reads the client's extra_float_digits (which the server does
-not report), followed on the service connection like DateStyle.
+The same query reads the followed settings the server does not report
+(extra_float_digits; the list is :mod:`.followed_settings`), followed on the
+service connection like DateStyle, and given with every request for the
+proxy (``settings``).
 """
 
 from __future__ import annotations
@@ -83,6 +88,7 @@ from ..rewrite.decision import (
     Noisy,
     Pass,
     Reject,
+    Relayed,
     Rewrite,
     Script,
     SessionSetting,
@@ -90,13 +96,12 @@ from ..rewrite.decision import (
 from ..wire import protocol as pg
 from ..wire.framing import BoundedMessageBuffer, Piece
 from ..wire.results import Column, FormatError, Result, check_formats, result_formats
+from .followed_settings import REPORTED_SETTINGS, UNREPORTED_SETTINGS
 from .cursors import Capture, Cursors, ScriptRun, follow, unnamed_bind
 
 SYNC = pg.message(b"S")
 _EXECUTE_ALL = pg.message(b"E", b"\0\0\0\0\0")  # Execute the unnamed portal, all rows
 QUEUE_LIMIT = 1 << 20  # bytes of client messages waiting in the gate before the session stops reading
-# Settings the server reports (ParameterStatus) that change how values print.
-FOLLOWED_SETTINGS = ("DateStyle", "TimeZone", "IntervalStyle", "client_encoding")
 
 
 class Owner(enum.Enum):
@@ -131,6 +136,7 @@ class ProxyRequest:
     describe: bool = False  # only the Description: nothing is run or charged
     parameters: Parameters = Parameters()
     timeout_ms: int = 0  # the statement_timeout for what it runs (0: none)
+    settings: tuple[tuple[str, str], ...] = ()  # the client's followed settings (followed_settings), for printing
 
 
 # The session's reply: a Result, a Description, or ready-made messages (an ErrorResponse in the extended protocol).
@@ -297,7 +303,7 @@ class Gate:
             self._cursors.command_complete(pg.read_cstring(body)[0].decode(errors="replace"))
         if type_ == b"S":
             name, offset = pg.read_cstring(body)
-            if name.decode() in FOLLOWED_SETTINGS:
+            if name.decode() in REPORTED_SETTINGS:
                 value = pg.read_cstring(body, offset)[0].decode()
                 self._settings_to_copy[name.decode()] = self._output_settings[name.decode()] = value
         self._write_client(pg.message(type_, body))
@@ -547,15 +553,15 @@ class Gate:
         return False
 
     def _timeout_answer(self, type_: bytes, body: bytes) -> None:
-        """The answer to our query of the client's statement_timeout and extra_float_digits (which the server
-        does not report; an error keeps the last values)."""
+        """The answer to our query of the client's statement_timeout and the followed settings the server does
+        not report (an error keeps the last values)."""
         if type_ == b"D":
-            value, digits = pg.parse_data_row(body)[:2]
+            value, *unreported = pg.parse_data_row(body)
             if value is not None and value.isdigit():
                 self._client_timeout = int(value)
-            if digits is not None and digits.decode() != self._output_settings.get("extra_float_digits"):
-                self._settings_to_copy["extra_float_digits"] = self._output_settings["extra_float_digits"] = \
-                    digits.decode()
+            for name, setting in zip(UNREPORTED_SETTINGS, unreported, strict=True):
+                if setting is not None and setting.decode() != self._output_settings.get(name):
+                    self._settings_to_copy[name] = self._output_settings[name] = setting.decode()
         elif type_ == b"Z":
             self._asking_timeout -= 1
             self.in_flight[Owner.UPSTREAM] -= 1
@@ -626,7 +632,7 @@ class Gate:
                 assert route.request is not None
                 self.in_flight[Owner.PROXY] += 1
                 self._asking = route.asking
-                request = route.request
+                request = replace(route.request, settings=tuple(self._output_settings.items()))
                 if self._time_limit is not None:
                     request = replace(request, timeout_ms=self._statement_timeout())
                 self._ask_proxy(request)
@@ -773,6 +779,8 @@ class Gate:
     def _route_query(self, raw: bytes, decision: Decision) -> Route:
         if isinstance(decision, Pass):
             return Route(Owner.UPSTREAM, raw, ends_batch=True)
+        if isinstance(decision, Relayed):
+            return Route(Owner.UPSTREAM, pg.query_message(decision.sql), ends_batch=True)
         if isinstance(decision, Script):
             return self._route_script(raw, decision)
         if isinstance(decision, (DeclareCursor, FetchCursor, CloseCursor)):
@@ -807,7 +815,7 @@ class Gate:
     def _prepare(self, name: bytes, decided: _Decided, raw: bytes | None) -> Route:
         """Where statement ``name`` now belongs, and the route of its Parse (``raw``: the client's; None: ours)."""
         decision = decided.decision
-        if self.transaction_status == b"E" and not isinstance(decision, (Pass, Intercept, Reject)):
+        if self.transaction_status == b"E" and not isinstance(decision, (Pass, Relayed, Intercept, Reject)):
             return self._refuse(_ABORTED)  # as PostgreSQL: the statement of that name, if any, stays
         self._statement_settings.pop(name, None)
         self._proxy_statements.pop(name, None)
@@ -831,6 +839,9 @@ class Gate:
         if isinstance(decision, Pass):
             self._statements[name] = Owner.UPSTREAM
             return Route(Owner.UPSTREAM, raw or pg.parse_message(name, decided.sql, decided.rest))
+        if isinstance(decision, Relayed):  # the client's parameter types go with the rewritten text
+            self._statements[name] = Owner.UPSTREAM
+            return Route(Owner.UPSTREAM, pg.parse_message(name, decision.sql, decided.rest))
         if isinstance(decision, Rewrite):
             self._statements[name] = Owner.SERVICE
             return Route(Owner.SERVICE, pg.parse_message(name, decision.sql, decided.rest), prepares=name)
@@ -1054,8 +1065,8 @@ EXPLAIN_COLUMNS = (Column("QUERY PLAN", 25),)
 _ABORTED = Reject("25P02", "current transaction is aborted, commands ignored until end of transaction block")
 # pg_settings gives the value in milliseconds, whatever unit it was set in.
 _CLIENT_TIMEOUT_QUERY = pg.query_message(
-    "select s.setting, pg_catalog.current_setting('extra_float_digits') from pg_catalog.pg_settings s "
-    "where s.name operator(pg_catalog.=) 'statement_timeout'")
+    "select s.setting" + "".join(f", pg_catalog.current_setting({_literal(name)})" for name in UNREPORTED_SETTINGS)
+    + " from pg_catalog.pg_settings s where s.name operator(pg_catalog.=) 'statement_timeout'")
 
 
 def _for_proxy(decision: Decision) -> bool:

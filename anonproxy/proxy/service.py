@@ -23,12 +23,11 @@ from ..wire import protocol as pg
 from ..wire.auth import AuthenticationFailed, PasswordAuthenticator
 from ..wire.framing import MessageBuffer
 from .cancel import UpstreamKey
+from .followed_settings import FOLLOWED_SETTINGS
 from .upstream import open_upstream
 
 log = logging.getLogger("anonproxy.service")
 
-# Client settings copied into the service session, so values print the same way.
-COPIED_PARAMETERS = ("client_encoding", "DateStyle", "TimeZone", "IntervalStyle", "extra_float_digits")
 
 
 @dataclass(frozen=True)
@@ -79,7 +78,7 @@ class ServiceConnection(asyncio.Protocol):
     @classmethod
     async def open(cls, login: ServiceLogin, client_parameters: dict[str, str],
                    on_message: Callable[[bytes, bytes], None], on_lost: Callable[[], None]) -> ServiceConnection:
-        parameters = {name: value for name, value in client_parameters.items() if name in COPIED_PARAMETERS}
+        parameters = {name: value for name, value in client_parameters.items() if name in FOLLOWED_SETTINGS}
         # Read-only, and every table in rewritten SQL is schema-qualified: nothing depends on search_path.
         parameters.update(user=login.user, database=login.database, application_name="anonproxy service",
                           options="-c default_transaction_read_only=on -c search_path=pg_catalog")

@@ -52,7 +52,8 @@ from .analysis import AnalysisFailed, AnalysisTimeout, Analyser
 from .cache import BoundedCache
 from .audit_trail import AuditTrail, Spent, Who, session_id
 from .cancel import CancelRegistry, ClientKey, UpstreamKey, cancel_then_hang_up, send_cancel
-from .gate import FOLLOWED_SETTINGS, Gate, Owner, ProxyRequest, Reply
+from .followed_settings import REPORTED_SETTINGS, follow_settings
+from .gate import Gate, Owner, ProxyRequest, Reply
 from .noisy import NoisyAnswers, Refused, SessionLimits
 from .policy_watch import PolicyWatcher
 from .service import ServiceConnection, ServiceUnavailable
@@ -412,8 +413,8 @@ class ClientConnection(asyncio.Protocol):
 
     def _output_settings(self) -> dict[str, str]:
         """The settings that shape how values print, as the session starts: applied on every service connection
-        it borrows (the gate follows later changes the server reports, and reads extra_float_digits itself)."""
-        return {name: self.server_parameters[name] for name in FOLLOWED_SETTINGS if name in self.server_parameters}
+        it borrows (the gate follows later changes the server reports, and reads the others itself)."""
+        return {name: self.server_parameters[name] for name in REPORTED_SETTINGS if name in self.server_parameters}
 
     def _service_pool(self) -> ServicePool:
         assert self.context.service_pool is not None  # a gated session has a service login, hence a pool
@@ -513,6 +514,7 @@ class ClientConnection(asyncio.Protocol):
                 assert isinstance(decision, Noisy)
                 reply = await noisy.answer(decision.sql, role, policy, request.parameters, limits,
                                            request.timeout_ms, spent)
+                reply = follow_settings(reply, dict(request.settings))
         except Refused as refused:
             reply = refused.response
             spent.sqlstate, spent.message = refused.sqlstate, str(refused)

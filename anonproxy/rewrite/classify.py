@@ -11,10 +11,11 @@ else rewritten (mode ``suppress``) or handed to differential privacy (mode
 the allowlist of :mod:`anonproxy.rewrite.commands`; ``DECLARE … CURSOR FOR query`` is
 DeclareCursor with its query decided as above, FETCH / MOVE / CLOSE are
 FetchCursor / CloseCursor (the gate knows which cursors the proxy holds).
-Then per message: all statements pass -> Pass; exactly one statement,
-rewritten -> Rewrite (or Noisy); one ``SHOW anonproxy.*`` -> Intercept;
-statements that pass mixed with cursor statements -> Script (run one by one);
-any other mixture -> Reject.
+Then per message: all statements pass -> Pass; statements that pass, some
+with privilege probes redirected (:mod:`anonproxy.rewrite.probes`) ->
+Relayed; exactly one statement, rewritten -> Rewrite (or Noisy); one
+``SHOW anonproxy.*`` -> Intercept; statements that pass mixed with cursor
+statements -> Script (run one by one); any other mixture -> Reject.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from anonproxy.rewrite.decision import (
     Pass,
     Refusal,
     Reject,
+    Relayed,
     Rewrite,
     Script,
     forbidden,
@@ -51,6 +53,7 @@ from anonproxy.rewrite.decision import (
 )
 from anonproxy.rewrite.final_sql import verify
 from anonproxy.rewrite.names import PolicyIndex, fold, identifier, split_policy_name
+from anonproxy.rewrite.probes import redirect_probes
 from anonproxy.rewrite.statements import (
     DIALECT,
     PARSE_HINT,
@@ -117,11 +120,16 @@ def _decide(sql: str, role: RolePolicy, policy: Policy) -> Decision:
         return Pass()
     if len(decisions) == 1:
         return decisions[0]
+    if all(isinstance(d, (Pass, Relayed)) for d in decisions):
+        # Each statement as it would run alone: the client's own text, or the one generated for its probes.
+        return Relayed(";\n".join(d.sql if isinstance(d, Relayed) else s.text
+                                   for d, s in zip(decisions, statements, strict=True)))
     if any(isinstance(d, _CURSOR_DECISIONS) for d in decisions) and all(
-            isinstance(d, (Pass, *_CURSOR_DECISIONS)) for d in decisions):
-        # psqlODBC's "BEGIN;declare ... cursor ... for ...;fetch 100 in ...": the proxy runs it statement by statement
-        return Script(tuple((statement.text, decision) for statement, decision in zip(statements, decisions,
-                                                                                       strict=True)))
+            isinstance(d, (Pass, Relayed, *_CURSOR_DECISIONS)) for d in decisions):
+        # psqlODBC's "BEGIN;declare ... cursor ... for ...;fetch 100 in ...": the proxy runs it statement by
+        # statement; a statement with privilege probes runs as its generated text.
+        return Script(tuple((decision.sql, Pass()) if isinstance(decision, Relayed) else (statement.text, decision)
+                            for statement, decision in zip(statements, decisions, strict=True)))
     raise unsupported(
         "an aggregate query over protected tables, or SHOW anonproxy.*, must be sent on its own, not together "
         "with other statements",
@@ -144,7 +152,7 @@ def _statement(statement: Statement, role: RolePolicy, index: PolicyIndex) -> De
     tree = parse_statement(statement)
     if not _touches_protected(statement, tree, index):
         _check_passable(statement, tree, role, index)
-        return Pass()
+        return _relayed(tree, role, index)
     _refuse_published(tree, index.policy)
     if role.mode == "dp":
         return Noisy(statement.text)  # planned by anonproxy.privacy.dp_plan, which says what it supports
@@ -161,8 +169,35 @@ def _declare(statement: Statement, role: RolePolicy, index: PolicyIndex) -> Decl
     if not is_query(inner):
         raise refuse_statement(inner, role.mode)
     query = _statement(inner, role, index)
+    if isinstance(query, Relayed):
+        # A cursor over a catalog query runs the client's own text: its privilege probes get PostgreSQL's answer.
+        query = Pass()
     assert isinstance(query, (Pass, Rewrite, Noisy))
     return DeclareCursor(syntax.name, query, syntax.binary, syntax.scroll, syntax.hold)
+
+
+def _relayed(tree: exp.Expression, role: RolePolicy, index: PolicyIndex) -> Pass | Relayed:
+    """A passed statement, with its privilege probes answered as the proxy answers queries (probes.py).
+
+    The generated text must parse back to the rewritten tree, or the client's own text runs (PostgreSQL's own
+    answer to the probes); it passes the checks its original passed.
+    """
+    sql = redirect_probes(tree)
+    if sql is None:
+        return Pass()
+    statements = split(sql)
+    if len(statements) != 1:
+        return Pass()
+    try:
+        again = parse_statement(statements[0])
+    except Refusal:
+        return Pass()
+    if again != tree:
+        return Pass()
+    if _touches_protected(statements[0], again, index):
+        raise forbidden("the rewritten privilege probes would read a protected table", PARSE_HINT)
+    _check_passable(statements[0], again, role, index)
+    return Relayed(sql)
 
 
 def _explain(statement: Statement, role: RolePolicy, index: PolicyIndex) -> Decision:

@@ -21,6 +21,17 @@ class Pass:
 
 
 @dataclass(frozen=True)
+class Relayed:
+    """Run ``sql``, rewritten from the client's statement, on the client's own connection (under its login).
+
+    For statements that read no protected table but ask about privileges (see
+    :mod:`anonproxy.rewrite.probes`); the client's parameter types and result formats go with it.
+    """
+
+    sql: str
+
+
+@dataclass(frozen=True)
 class Rewrite:
     """Run ``sql`` on the proxy's privileged service connection instead of the client's text."""
 
@@ -106,8 +117,8 @@ class Script:
     parts: tuple[tuple[str, Pass | DeclareCursor | FetchCursor | CloseCursor], ...]
 
 
-Decision = (Pass | Rewrite | Intercept | Noisy | SessionSetting | ExplainDP | Reject | DeclareCursor | FetchCursor
-            | CloseCursor | Script)
+Decision = (Pass | Relayed | Rewrite | Intercept | Noisy | SessionSetting | ExplainDP | Reject | DeclareCursor
+            | FetchCursor | CloseCursor | Script)
 
 
 class Refusal(Exception):

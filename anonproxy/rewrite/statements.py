@@ -21,6 +21,7 @@ from sqlglot.errors import SqlglotError
 from sqlglot.tokens import Token, TokenType
 
 from anonproxy.rewrite.decision import unsupported
+from anonproxy.rewrite.names import fold
 
 DIALECT = Dialect.get_or_raise("postgres")
 
@@ -99,7 +100,7 @@ def split(sql: str) -> list[Statement]:
     """The non-empty statements of ``sql``, in order."""
     statements: list[Statement] = []
     current: list[Token] = []
-    for token in tokenize(sql):
+    for token in column_labels(sql, tokenize(sql)):
         if token.token_type == TokenType.SEMICOLON:
             if current:
                 statements.append(Statement(sql, tuple(current)))
@@ -109,6 +110,48 @@ def split(sql: str) -> list[Statement]:
     if current:
         statements.append(Statement(sql, tuple(current)))
     return statements
+
+
+# --- column labels ------------------------------------------------------------
+
+# Tokens that end a select list at its own parenthesis depth.
+_AFTER_SELECT_LIST = frozenset({
+    TokenType.FROM, TokenType.INTO, TokenType.WHERE, TokenType.GROUP_BY, TokenType.HAVING, TokenType.WINDOW,
+    TokenType.ORDER_BY, TokenType.LIMIT, TokenType.OFFSET, TokenType.FETCH, TokenType.UNION, TokenType.INTERSECT,
+    TokenType.EXCEPT, TokenType.FOR, TokenType.SEMICOLON,
+})  # fmt: skip
+
+
+def column_labels(sql: str, tokens: list[Token]) -> list[Token]:
+    """``tokens`` with every word right after AS in a select list read as the column label it is.
+
+    PostgreSQL takes any word, reserved keywords included, as a label after AS (``count(*) AS select``: the
+    grammar's ColLabel); sqlglot reads some of them as the keyword and fails, and later checks of the tokens
+    would take others (``AS grouping``) for the construct they name. Such a word becomes a quoted identifier of
+    its folded spelling (``AS SELECT`` names the column ``select``), which is what PostgreSQL makes of it; token
+    positions are kept, so the original text still spans it. Elsewhere (``CAST(x AS int)``, a table alias,
+    ``WINDOW w AS (...)``) AS is left alone.
+    """
+    labelled = list(tokens)
+    in_list = [False]  # per parenthesis depth: inside a select list
+    for index, token in enumerate(tokens):
+        kind = labelled[index].token_type  # a label made below is no longer a keyword
+        if kind in _OPEN:
+            in_list.append(False)
+        elif kind in _CLOSE:
+            if len(in_list) > 1:
+                in_list.pop()
+        elif kind == TokenType.SELECT:
+            in_list[-1] = True
+        elif kind in _AFTER_SELECT_LIST:
+            in_list[-1] = False
+        elif kind == TokenType.ALIAS and in_list[-1] and index + 1 < len(tokens):
+            label = tokens[index + 1]
+            raw = sql[label.start : label.end + 1]
+            if label.token_type != TokenType.IDENTIFIER and _WORD.fullmatch(raw):
+                labelled[index + 1] = Token(TokenType.IDENTIFIER, fold(raw, False), label.line, label.col,
+                                            label.start, label.end, label.comments)
+    return labelled
 
 
 # --- token navigation -------------------------------------------------------
@@ -220,7 +263,7 @@ def _check_token(sql: str, token: Token, raw: str, previous: Token | None) -> No
         raise unsupported('U&"..." identifiers are not supported; write the name plainly', PARSE_HINT)
     if kind == TokenType.PARAMETER and raw != "$":
         raise unsupported(f"unsupported parameter marker {raw!r}", "Use $1, $2, ... for parameters.")
-    if kind in (TokenType.PLACEHOLDER, TokenType.UNKNOWN):
+    if kind == TokenType.PLACEHOLDER or (kind == TokenType.UNKNOWN and not _WORD.fullmatch(raw)):  # not the word
         raise unsupported(f"unexpected character {raw!r}", PARSE_HINT)
 
 
