@@ -103,7 +103,7 @@ def _float(text: str, style: _Style, base: int) -> str:
     if value == 0:
         return "-0" if sign else "0"
     if -4 <= point < base:
-        return ("-" if sign else "") + format(Decimal(shortest).normalize(), "f")
+        return ("-" if sign else "") + format(abs(Decimal(shortest)).normalize(), "f")
     return ("-" if sign else "") + (mantissa[0] + ("." + mantissa[1:] if len(mantissa) > 1 else "")
                                     + f"e{'-' if point < 0 else '+'}{abs(point):02d}")
 
