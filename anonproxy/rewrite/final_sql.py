@@ -48,9 +48,12 @@ FUNCTIONS = frozenset({
     "row_number", "dense_rank", "first_value",  # window functions (contribution bounding, ranking)
     "abs", "random", "unnest",  # magnitudes, the dp plan's random row order, its public domains
     "lower", "upper", "date_trunc", "date_part", "extract", "width_bucket",  # client expressions
+    # derived values the no-error proof admits (anonproxy.plan.bounds); trim() is btrim/ltrim/rtrim in the tree
+    "floor", "ceil", "ceiling", "round", "trunc", "mod", "to_char", "substring", "substr", "left", "right", "btrim",
+    "ltrim", "rtrim", "length", "char_length",
 })  # fmt: skip
 # Comparison, LIKE/ILIKE (~~ and friends), and the arithmetic of the generators' thresholds and sums.
-OPERATORS = frozenset({"=", "<>", "<", ">", "<=", ">=", "~~", "!~~", "~~*", "!~~*", "+", "-", "*"})
+OPERATORS = frozenset({"=", "<>", "<", ">", "<=", ">=", "~~", "!~~", "~~*", "!~~*", "+", "-", "*", "/", "%"})
 _BETWEEN = frozenset({"BETWEEN", "NOT BETWEEN", "BETWEEN SYMMETRIC", "NOT BETWEEN SYMMETRIC"})
 _EXPRESSION_KINDS = frozenset({
     "AEXPR_OP", "AEXPR_DISTINCT", "AEXPR_NOT_DISTINCT", "AEXPR_NULLIF", "AEXPR_IN", "AEXPR_LIKE", "AEXPR_ILIKE",
