@@ -199,6 +199,8 @@ class _Interpreter:
         method = getattr(self, f"_{type(node).__name__.lower()}", None)
         if method is not None:
             result: Value = method(node)
+            if result.constant and not _is_constant_tree(node):  # CASE WHEN id = 17 THEN 'x' END is not constant
+                result = replace(result, constant=False, value=None)
             return result
         if isinstance(node, _PREDICATES):
             children = [self.value(child) for child in _children(node)]
@@ -256,7 +258,10 @@ class _Interpreter:
         operand = self._number(node.this, node)
         if operand.constant and isinstance(operand.value, Decimal) and isinstance(node.this, exp.Literal):
             # PostgreSQL reads -2147483648 as one integer constant (an int4), not as minus an int8.
-            return self._literal(exp.Literal.number(-operand.value)) if operand.value > 0 else operand
+            number = -operand.value
+            kind = next((k for k in ("int4", "int8") if operand.type in INTEGERS and INTEGERS[k][0] <= number),
+                        operand.type)
+            return replace(operand, type=kind, low=number, high=number, value=number)
         return _fit(replace(operand, low=-operand.high, high=-operand.low,
                             value=-operand.value if isinstance(operand.value, Decimal) else None), node)
 
@@ -323,7 +328,8 @@ class _Interpreter:
             raise Unsafe(f"a $n parameter in {_sql(node)}: its value is not known when the statement is checked",
                          "Write the number as a constant; parameters may stand in comparisons.")
         if value.type == "unknown":
-            raise Unsafe(f"the type of {_sql(child)} is not known to the proxy",
+            raise Unsafe(f"{_operation(node)} ({_sql(node)}) needs the type of {_sql(child)}, which the proxy does not "
+                         "know",
                          "Reload the policy (anonproxy policy reload, or any policy change) so the proxy reads the "
                          "column types; use the column bare or cast to text meanwhile.")
         if value.type == "null":
@@ -410,7 +416,7 @@ class _Interpreter:
         if source.constant and source.type != "param":
             return _constant_cast(kind, target, source)
         if source.type == "unknown":
-            raise Unsafe(f"the type of {_sql(node.this)} is not known to the proxy, so a cast of it may fail",
+            raise Unsafe(f"cast to {_sql(target)} of {_sql(node.this)}, whose type the proxy does not know: it may fail",
                          "Cast to text, or reload the policy so the proxy reads the column types.")
         if source.type == "param":
             raise Unsafe(f"cast of a parameter to {_sql(target)}: the client chooses the parameter's type, and a "
@@ -421,7 +427,7 @@ class _Interpreter:
             return Value("int4", Decimal(0), Decimal(1), 0)
         if kind not in NUMBERS or source.type not in NUMBERS:
             what = "text" if source.type in (TEXT, "literal") else source.type
-            raise Unsafe(f"cast of {_sql(node.this)} ({what}) to {_sql(target)}: a cast that fails on some values "
+            raise Unsafe(f"cast to {_sql(target)} of {_sql(node.this)} ({what}): a cast that fails on some values "
                          "reveals which rows hold them",
                          "Cast columns to text, or between number types; compare text with text "
                          f"({_sql(node.this)} = '42').")
@@ -545,6 +551,14 @@ def _is_constant_tree(node: exp.Expression) -> bool:
     return not any(isinstance(n, (exp.Column, exp.Parameter)) for n in node.walk())
 
 
+def _operation(node: exp.Expression) -> str:
+    if isinstance(node, exp.Neg):
+        return "unary minus"
+    if isinstance(node, _ARITHMETIC):
+        return "arithmetic"
+    return f"{node.sql_name().lower()}()" if isinstance(node, exp.Func) else type(node).__name__.lower()
+
+
 def _sql(node: exp.Expression) -> str:
     return node.sql(dialect="postgres")
 
@@ -639,6 +653,8 @@ def _join(values: list[Value]) -> Value:
                      constant=all(v.constant for v in values))
     numbers = [v for v in typed if v.type in NUMBERS]
     if len(numbers) == len(typed):
+        # A quoted constant takes the common type when the statement is planned: 'NaN' and 'Infinity' are numbers.
+        numbers += [_quoted_number(v) for v in values if v.type == "literal"]
         kind = numbers[0].type
         for other in numbers[1:]:
             kind = _promote(kind, other.type)
@@ -650,6 +666,18 @@ def _join(values: list[Value]) -> Value:
     kinds = {v.type for v in typed}
     kind = kinds.pop() if len(kinds) == 1 else "other"
     return Value(kind, infinite=any(v.infinite for v in typed), constant=all(v.constant for v in values))
+
+
+def _quoted_number(value: Value) -> Value:
+    try:
+        number = Decimal(str(value.value).strip())
+    except InvalidOperation:
+        return Value("int2", Decimal(0), Decimal(0), constant=True)  # not a number: PostgreSQL refuses the statement
+    if number.is_nan():
+        return Value("int2", Decimal(0), Decimal(0), nan=True, constant=True)
+    if number.is_infinite():
+        return Value("int2", Decimal(0), Decimal(0), infinite=True, constant=True)
+    return Value("int2", number, number, _scale_of(number), constant=True, value=number)
 
 
 def _convert(value: Value, kind: str, node: exp.Expression, target: exp.DataType | None = None) -> Value:

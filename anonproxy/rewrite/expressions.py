@@ -162,6 +162,9 @@ _ROW_NODES: dict[type[exp.Expression], frozenset[str]] = {
     exp.Trim: frozenset({"this", "expression", "position"}),
     exp.Length: frozenset({"this"}),
 }
+# The node types above that compute new values (proved by anonproxy.plan.bounds).
+_DERIVED = (exp.Add, exp.Sub, exp.Mul, exp.Div, exp.Mod, exp.Neg, exp.Abs, exp.Floor, exp.Ceil, exp.Round, exp.Trunc,
+            exp.TimeToStr, exp.Substring, exp.Left, exp.Right, exp.Trim, exp.Length)
 _AGGREGATE_ARGS: dict[type[exp.Expression], frozenset[str]] = {
     exp.Count: frozenset({"this", "big_int"}),
     exp.Sum: frozenset({"this"}),
@@ -382,8 +385,8 @@ class Checker:
                 self._labels = labels
             return
         allowed = _ROW_NODES.get(type(node))
-        if allowed is None:
-            self._refuse(node, clause)
+        if allowed is None or (aggregates and isinstance(node, _DERIVED) and contains_aggregate(node, self.aggregates)):
+            self._refuse(node, clause)  # (derived values are row-level: computing on aggregates is another matter)
         extra = _set_args(node) - allowed
         if extra:
             raise unsupported(
