@@ -642,8 +642,14 @@ def _check_tokens(statement: Statement, dp: bool) -> None:
         for word in words:
             if word in _FOREIGN_WORDS and not (fetch and word in _FETCH_WORDS) and not (word == "WITH" and time_zone) \
                     and not (dp and word == "WITHIN") \
-                    and not (word == "FOR" and position in substring):  # percentile_cont(q) WITHIN GROUP (...) in dp
+                    and not (word == "FOR" and position in substring) \
+                    and not (word == "RIGHT" and _calls(statement, position)):  # percentile_cont WITHIN GROUP: dp
                 raise unsupported(f"{word} is not allowed in a query over protected tables", SHAPE_HINT)
+
+
+def _calls(statement: Statement, position: int) -> bool:
+    """Whether the word at ``position`` is a function name: right(x, 2), not RIGHT JOIN."""
+    return position + 1 < len(statement.tokens) and statement.tokens[position + 1].token_type == TokenType.L_PAREN
 
 
 def _substring_arguments(statement: Statement, words: list[str | None]) -> set[int]:
