@@ -277,8 +277,12 @@ class _Interpreter:
         a, b, kind = self._operands(node)
         products = [_times(x, y) for x in (a.low, a.high) for y in (b.low, b.high)]
         scale = None if a.scale is None or b.scale is None else a.scale + b.scale
+        growing = False
+        for x, c in ((a, b), (b, a)):
+            if c.constant and isinstance(c.value, Decimal) and abs(c.value) >= 1:
+                scale, growing = x.scale, True  # |x * c| >= |x|: a non-zero x never gives 0
         result = _result(kind, a, b, min(products), max(products), scale)
-        if kind in FLOATS:
+        if kind in FLOATS and not growing:
             _no_underflow(kind, result, node)
         return _fit(result, node)
 
@@ -293,10 +297,12 @@ class _Interpreter:
             scale: int | None = 0
         elif kind == "numeric":
             scale = None  # PostgreSQL picks the quotient's scale (16 significant digits or more)
+        elif abs(divisor) <= 1:
+            scale = a.scale  # |x / c| >= |x|: a non-zero x never gives 0
         else:
             scale = None if a.scale is None else a.scale + _digits_above_one(divisor)
         result = _result(kind, a, b, low, high, scale)
-        if kind in FLOATS:
+        if kind in FLOATS and abs(divisor) > 1:
             _no_underflow(kind, result, node)
         return _fit(result, node)
 
@@ -731,6 +737,8 @@ def _constant_cast(kind: str, target: exp.DataType, source: Value) -> Value:
 
 
 def _no_underflow(kind: str, result: Value, node: exp.Expression) -> None:
+    if result.constant:
+        return
     if result.scale is None or result.scale > FLOATS[kind][1]:
         raise Unsafe(f"{_sql(node)} may underflow: a {kind} product or quotient of a value too close to zero fails "
                      "for the rows holding one", "Compute in numeric (x::numeric / 10), or round first.")
