@@ -48,9 +48,10 @@ from sqlglot.errors import SqlglotError
 INF = Decimal("Infinity")
 INTEGERS = {"int2": (Decimal(-(2**15)), Decimal(2**15 - 1)), "int4": (Decimal(-(2**31)), Decimal(2**31 - 1)),
             "int8": (Decimal(-(2**63)), Decimal(2**63 - 1))}
-FLOATS = {"float4": (Decimal("3.4e38"), 37), "float8": (Decimal("1.7e308"), 307)}  # largest, smallest 10^-n normal
-# numeric overflows past 131072 digits before the point; a margin keeps the interval arithmetic simple.
-NUMERIC_LIMIT = Decimal("1e131000")
+# The largest finite value, and n such that 10^-n is above the smallest normal value.
+FLOATS = {"float4": (Decimal("3.4028235e38"), 37), "float8": (Decimal("1.7976931348623157e308"), 307)}
+# numeric holds fewer than 131072 digits before the point.
+NUMERIC_LIMIT = Decimal(10) ** 131072
 NUMBERS = ("int2", "int4", "int8", "numeric", "float4", "float8")
 TEXT = "text"
 DATETIMES = ("date", "timestamp", "timestamptz")
@@ -161,6 +162,8 @@ def column_value(facts: ColumnFacts) -> Value:
             limit = Decimal(10) ** (precision - scale) - Decimal(10) ** -scale
             value = Value(kind, -limit, limit, scale, nan=True)  # numeric(p, s) holds NaN, not Infinity
         else:
+            # Bounded by 10^131072 (exclusive): a result that may reach it is refused, and rounding the bounds to
+            # 400 digits is monotone, so it never takes a result past the limit back below it.
             value = Value(kind, -NUMERIC_LIMIT, NUMERIC_LIMIT, None, nan=True, infinite=True)
     elif kind in FLOATS:
         limit = FLOATS[kind][0]
@@ -190,6 +193,7 @@ _AGGREGATES = (exp.Count, exp.Sum, exp.Avg, exp.Min, exp.Max, exp.Variance, exp.
 class _Interpreter:
     def __init__(self, facts: Facts) -> None:
         self.facts = facts
+        self.reads = 0  # columns and parameters evaluated so far: a subtree that read one is not constant
 
     def value(self, node: exp.Expression) -> Value:
         if isinstance(node, (exp.Paren, exp.Alias)):
@@ -198,21 +202,24 @@ class _Interpreter:
             return self._aggregate(node)
         method = getattr(self, f"_{type(node).__name__.lower()}", None)
         if method is not None:
+            reads = self.reads
             result: Value = method(node)
-            if result.constant and not _is_constant_tree(node):  # CASE WHEN id = 17 THEN 'x' END is not constant
+            if result.constant and self.reads > reads:  # CASE WHEN id = 17 THEN 'x' END is not constant
                 result = replace(result, constant=False, value=None)
             return result
         if isinstance(node, _PREDICATES):
             children = [self.value(child) for child in _children(node)]
             return Value("bool", constant=all(child.constant for child in children))
         # Anything else the expression allowlist admitted (intervals, a bare type name ...): typed opaquely.
+        reads = self.reads
         for child in _children(node):
             self.value(child)
-        return Value("other", constant=_is_constant_tree(node))
+        return Value("other", constant=self.reads == reads)
 
     # -- leaves ----------------------------------------------------------------
 
     def _column(self, node: exp.Column) -> Value:
+        self.reads += 1
         return column_value(self.facts(node))
 
     def _literal(self, node: exp.Literal) -> Value:
@@ -229,6 +236,7 @@ class _Interpreter:
         return Value("null", constant=True)
 
     def _parameter(self, node: exp.Parameter) -> Value:
+        self.reads += 1
         return Value("param")
 
     # -- conditionals ----------------------------------------------------------
@@ -313,7 +321,7 @@ class _Interpreter:
         if kind in FLOATS:
             raise Unsafe("% and mod() take integers or numeric values, not floating point",
                          f"Cast to numeric first: ({_sql(node.this)})::numeric % {_sql(node.expression)}.")
-        largest = divisor - (Decimal(1) if kind in INTEGERS else Decimal(10) ** -(_scale_or(a, b)))
+        largest = divisor - 1 if kind in INTEGERS else divisor  # |x % c| < |c|
         low = max(-largest, min(a.low, Decimal(0))) if a.low < 0 else Decimal(0)
         high = min(largest, max(a.high, Decimal(0))) if a.high > 0 else Decimal(0)
         return _fit(_result(kind, a, b, low, high, _sum_scale(kind, a, b)), node)
@@ -465,7 +473,7 @@ class _Interpreter:
             raise Unsafe("to_char needs a constant format string", "to_char(column, 'YYYY-MM')")
         if set(_set_args(node)) - {"this", "format"}:
             raise Unsafe("to_char takes a value and a format", "to_char(column, 'YYYY-MM')")
-        if source.type not in (*DATETIMES, "unknown", "literal"):
+        if source.type not in (*DATETIMES, "literal"):
             raise Unsafe(f"to_char of a value of type {source.type} is not allowed (only dates and timestamps)",
                          f"Cast it to text: ({_sql(node.this)})::text.")
         return Value(TEXT, constant=source.constant)
@@ -595,10 +603,6 @@ def _scale_of(number: Decimal) -> int:
     return max(0, -exponent) if isinstance(exponent, int) else 0
 
 
-def _scale_or(a: Value, b: Value) -> int:
-    return max(a.scale if a.scale is not None else 0, b.scale if b.scale is not None else 0)
-
-
 def _sum_scale(kind: str, a: Value, b: Value) -> int | None:
     """A sum's scale: exact types keep the larger; a float sum of a value and a constant c is 0 or at least about
     |c|·2^-53 (the constant's spacing), so it is as far from zero as the constant allows."""
@@ -627,7 +631,7 @@ def _truncate(x: Decimal) -> Decimal:
 def _round_to(x: Decimal, step: Decimal, rounding: str) -> Decimal:
     """``x`` rounded to a multiple of ``step`` in direction ``rounding`` (or moved one step that way when it is
     too large to round exactly)."""
-    if not x.is_finite():
+    if not x.is_finite() or (step <= 1 and x == x.to_integral_value()):
         return x
     if abs(x) >= Decimal("1e300") or step < Decimal("1e-300"):
         return x - step if rounding == ROUND_FLOOR else x + step
@@ -758,7 +762,7 @@ def _fit(value: Value, node: exp.Expression) -> Value:
                          f"{DECLARE_HINT[0].upper() + DECLARE_HINT[1:]}." if isinstance(node, exp.Cast) else
                          f"Cast to numeric first ({_hint_numeric(node)}), or {DECLARE_HINT}.")
     elif kind == "numeric":
-        if value.magnitude > NUMERIC_LIMIT:
+        if value.magnitude >= NUMERIC_LIMIT:
             raise Unsafe(f"{_sql(node)} can exceed numeric's range for values the columns may hold",
                          f"Declare bounds: {DECLARE_HINT}.")
     elif kind in FLOATS:
