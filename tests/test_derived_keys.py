@@ -92,6 +92,74 @@ def test_the_proof_gives_types_and_intervals() -> None:
     assert value.type == "float8"  # floor(integer) is floor(double precision)
 
 
+# (expression, type, low, high) over columns: age integer in [15, 100], big bigint, n numeric(5,2), f double
+# precision, d date (no bounds declared but age's).
+TYPED = [
+    ("age / 10 * 10", "int4", 10, 100),
+    ("age % 7", "int4", 0, 6),
+    ("-age", "int4", -100, -15),
+    ("abs(age - 40)", "int4", 0, 60),
+    ("age * 1.5", "numeric", Decimal("22.5"), 150),
+    ("age::smallint * 300", "int4", 4500, 30000),  # smallint * integer is integer
+    ("age::smallint * age::smallint", "int2", 225, 10000),
+    ("round(age / 7.0, 1)", "numeric", Decimal("2.1"), Decimal("14.3")),
+    ("width_bucket(age, 0, 100, 10)", "int4", 0, 11),
+    ("length(t)", "int4", 0, 2**30),
+    ("case when age < 30 then 1 else 2.5 end", "numeric", 1, Decimal("2.5")),
+    ("n * 100", "numeric", Decimal("-99999"), Decimal("99999")),
+    ("f + 0", "float8", None, None),
+    ("extract(month from d)", "float8", 1, 12),
+]
+# (expression, words of the reason)
+UNSAFE = [
+    ("age::smallint * age::smallint * age::smallint", "overflow smallint"),
+    ("f * 2", "overflow double precision"),
+    ("big + 1", "overflow bigint"),
+    ("age / (age - 40)", "division by"),
+    ("age % 0", "modulo by"),
+    ("f / 10", "underflow"),
+    ("f::int", "NaN or Infinity"),
+    ("width_bucket(f, 0, 1, 2)", "NaN"),
+    ("n::numeric(4,2) ", "does not fit"),
+    ("t::int", "cast to INT"),
+    ("substring(t from 1 for age)", "integer constants"),
+    ("round(age, age)", "integer constant"),
+    ("to_char(d, t)", "constant format"),
+    ("age + $1", "parameter"),
+    ("d + 1", "type date"),
+    ("sum(big::numeric * 1000)", "1e+15"),
+]
+
+
+def _facts(column: object) -> bounds.ColumnFacts:
+    import sqlglot.expressions as exp
+    assert isinstance(column, exp.Column)
+    name = column.name
+    types = {"age": "integer", "big": "bigint", "n": "numeric(5,2)", "f": "double precision", "d": "date",
+             "t": "text"}
+    if name == "age":
+        return bounds.ColumnFacts(name, types[name], Decimal(15), Decimal(100))
+    return bounds.ColumnFacts(name, types[name])
+
+
+@pytest.mark.parametrize(("expression", "kind", "low", "high"), TYPED)
+def test_types_and_intervals(expression: str, kind: str, low: object, high: object) -> None:
+    import sqlglot
+    value = bounds.evaluate(sqlglot.parse_one(expression, read="postgres"), _facts)
+    assert value.type == kind
+    if low is not None:
+        assert (value.low, value.high) == (low, high), value
+
+
+@pytest.mark.parametrize(("expression", "words"), UNSAFE)
+def test_unsafe_expressions_say_why(expression: str, words: str) -> None:
+    import sqlglot
+    with pytest.raises(bounds.Unsafe) as caught:
+        bounds.evaluate(sqlglot.parse_one(expression, read="postgres"), _facts)
+    assert words.lower() in caught.value.reason.lower(), caught.value.reason
+    assert caught.value.hint
+
+
 def _rows(conn: psycopg.Connection, sql: str) -> list[tuple]:
     return [tuple(row) for row in conn.execute(sql).fetchall()]
 
