@@ -4,11 +4,14 @@ Everything that reaches a row of a protected table (WHERE, GROUP BY, JOIN
 conditions, aggregate arguments) must be *total*: it may not raise an error
 for some rows and not others. An error is a one-bit answer about a row that
 suppression never sees: ``CASE WHEN id = 17 AND income = '>50K' THEN 1/0 END``
-tells whether person 17 earns more than 50K. So there is no division, modulo,
-arithmetic (overflow), concatenation, casts of data to anything but text,
+tells whether person 17 earns more than 50K. So there is no concatenation,
 regular expressions, user functions, subqueries, windows or set-returning
 functions; LIKE patterns are constants that cannot fail; date_trunc/extract
-units and width_bucket bounds are constants checked here.
+units are constants checked here. Arithmetic, division and modulo, rounding,
+casts between number types, width_bucket, to_char and the text functions are
+admitted only where the no-error proof of :mod:`anonproxy.plan.bounds` shows
+that no value within the columns' types and declared bounds can make them
+fail (every entry point below runs it on the whole expression).
 
 Select items, HAVING and ORDER BY may also hold aggregates: COUNT(*),
 COUNT(x), COUNT(DISTINCT x), SUM, AVG, and MIN/MAX when the role allows them.
