@@ -339,7 +339,8 @@ class _Interpreter:
     def _number(self, child: exp.Expression, node: exp.Expression) -> Value:
         value = self.value(child)
         if value.type == "param":
-            raise Unsafe(f"a $n parameter in {_sql(node)}: its value is not known when the statement is checked",
+            raise Unsafe(f"{_operation(node)} with a $n parameter ({_sql(node)}): its value is not known when the "
+                         "statement is checked",
                          "Write the number as a constant; parameters may stand in comparisons.")
         if value.type == "unknown":
             raise Unsafe(f"{_operation(node)} ({_sql(node)}) needs the type of {_sql(child)}, which the proxy does not "
