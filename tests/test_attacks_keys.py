@@ -174,8 +174,16 @@ def test_refused_expressions_do_fail_on_some_extreme_value(edge: tuple[psycopg.C
 
 
 def test_the_policy_reads_types_of_every_column(edge: tuple[psycopg.Connection, Policy]) -> None:
-    _, policy = edge
+    conn, policy = edge
     types = policy.tables["public.edge"].types
     assert types is not None
     assert types["n52"] == "numeric(5,2)" and types["f4"] == "real" and types["ts"] == "timestamp without time zone"
     assert types["i2"] == "smallint" and "t" in types  # undeclared columns too
+    # A linked table's columns, and a domain read as its base type.
+    conn.execute("create domain public.money2 as numeric(8,2) check (value >= 0)")
+    conn.execute("create table public.edge_visits (person integer, cost public.money2, note varchar(20))")
+    conn.execute("select anonproxy.link_table('public.edge_visits', 'person', 'public.edge')")
+    linked = load_policy(conn).links["public.edge_visits"].types
+    assert linked == {"person": "integer", "cost": "numeric(8,2)", "note": "character varying(20)"}
+    visits = "select count(*) from edge_visits v where v.cost * 1000 > 5 and left(v.note, 2) = 'ab'"
+    assert isinstance(decide(visits, SUPPRESS, load_policy(conn)), Rewrite)
