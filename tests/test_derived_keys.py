@@ -18,6 +18,7 @@ from anonproxy.policy.model import Policy
 from anonproxy.policy.store import load_policy
 from anonproxy.privacy.dp_plan import DPParams, DPPlan, plan_dp
 from anonproxy.rewrite import Noisy, Reject, Rewrite, decide
+from anonproxy.rewrite.final_sql import check_final_sql
 from anonproxy.embedded import EmbeddedPostgres
 
 K = 10
@@ -75,6 +76,7 @@ def test_derived_keys_are_accepted_in_both_modes(policy: Policy, sql: str) -> No
         return  # dp mode adds up declared columns only (sum of an expression is refused for lack of bounds)
     plan = plan_dp(analyst.sql, policy.role("analyst"), policy, DPParams(epsilon=1.0, delta=1e-6))
     assert isinstance(plan, DPPlan), plan
+    check_final_sql(plan.sql, policy)  # PostgreSQL's grammar reads the generated SQL: every function allowed
 
 
 def test_the_proof_gives_types_and_intervals() -> None:
