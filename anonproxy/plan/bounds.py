@@ -209,6 +209,8 @@ class _Interpreter:
             return result
         if isinstance(node, _PREDICATES):
             children = [self.value(child) for child in _children(node)]
+            if not isinstance(node, (exp.And, exp.Or, exp.Not)):
+                _common(children, node)  # a numeric compared with a float is converted to float: it may not fit
             return Value("bool", constant=all(child.constant for child in children))
         # Anything else the expression allowlist admitted (intervals, a bare type name ...): typed opaquely.
         reads = self.reads
@@ -250,14 +252,14 @@ class _Interpreter:
             arms.append(self.value(branch.args["true"]))
         if node.args.get("default") is not None:
             arms.append(self.value(node.args["default"]))
-        return _join(arms)
+        return _join(arms, node)
 
     def _coalesce(self, node: exp.Coalesce) -> Value:
-        return _join([self.value(node.this), *(self.value(e) for e in node.expressions)])
+        return _join([self.value(node.this), *(self.value(e) for e in node.expressions)], node)
 
     def _nullif(self, node: exp.Nullif) -> Value:
         first = self.value(node.this)
-        self.value(node.expression)
+        _common([first, self.value(node.expression)], node)  # nullif compares its arguments
         return replace(first, value=None)
 
     # -- arithmetic ------------------------------------------------------------
@@ -415,6 +417,7 @@ class _Interpreter:
         if operand.type not in ("unknown", *NUMBERS):
             raise Unsafe(f"width_bucket takes a number, not a value of type {operand.type}",
                          "width_bucket(x, 0, 100, 10) over a numeric column.")
+        _common([operand, *bounds[:2]], node)  # the operand converts to the bounds' type
         if operand.nan:
             raise Unsafe(f"width_bucket fails on NaN, which {_sql(node.this)} may hold",
                          f"Declare bounds for the column (a bounded column holds no NaN), or {DECLARE_HINT}.")
@@ -652,8 +655,23 @@ def _result(kind: str, a: Value, b: Value, low: Decimal, high: Decimal, scale: i
                  constant=a.constant and b.constant, value=value)
 
 
-def _join(values: list[Value]) -> Value:
+def _common(values: list[Value], node: exp.Expression) -> str | None:
+    """The number type ``values`` are compared or merged in, after checking each converts to it."""
+    numbers = [v for v in values if v.type in NUMBERS and not v.constant]
+    constants = [v for v in values if v.type in NUMBERS and v.constant]
+    if not numbers:
+        return None
+    kind = numbers[0].type
+    for other in [*numbers[1:], *constants]:
+        kind = _promote(kind, other.type)
+    for value in numbers:
+        _convert(value, kind, node)
+    return kind
+
+
+def _join(values: list[Value], node: exp.Expression) -> Value:
     """The value of CASE or COALESCE: any of ``values`` (their common type, by PostgreSQL's rules)."""
+    _common(values, node)
     typed = [v for v in values if v.type not in ("null", "literal")]
     if not typed:
         return Value("literal" if any(v.type == "literal" for v in values) else "null",
