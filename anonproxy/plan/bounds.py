@@ -689,6 +689,9 @@ def _join(values: list[Value], node: exp.Expression) -> Value:
                      any(v.nan for v in numbers), any(v.infinite for v in numbers),
                      all(v.constant for v in values))
     kinds = {v.type for v in typed}
+    if "date" in kinds and kinds & {"timestamp", "timestamptz"}:
+        raise Unsafe(f"{_sql(node)} mixes dates and timestamps: a date after 294276 AD does not convert to a timestamp",
+                     "Give every branch the same type.")
     kind = kinds.pop() if len(kinds) == 1 else "other"
     return Value(kind, infinite=any(v.infinite for v in typed), constant=all(v.constant for v in values))
 
