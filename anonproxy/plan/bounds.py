@@ -130,8 +130,8 @@ Facts = Callable[[exp.Column], ColumnFacts]
 def evaluate(node: exp.Expression, facts: Facts) -> Value:
     """The value of ``node``; raises :class:`Unsafe` if some row could make it raise an error."""
     with localcontext() as context:
-        # Bounds are computed exactly (products of bounds have at most a few hundred digits); a quotient is
-        # rounded in its last of 400 digits, far below any margin a limit is checked with.
+        # Sums and products of bounds are exact at 400 digits; a quotient is rounded to nearest, which is monotone:
+        # a bound at or past a limit (every limit is representable) never rounds back below it.
         context.prec, context.Emax, context.Emin = 400, 999_999, -999_999
         try:
             return _Interpreter(facts).value(node)
