@@ -127,7 +127,7 @@ def test_functions_off_the_allowlist_are_refused(where: str, name: str) -> None:
 @pytest.mark.parametrize(("where", "name"), [
     ("a.sex || 'x' = 'Malex'", "operator ||"),
     ("a.sex ~ '^M'", "operator ~"),
-    ("a.age / 0 = 1", "operator /"),
+    ("a.age ^ 2 = 1", "operator ^"),
     ("a.age OPERATOR(public.=) 30", "operator public.="),
     ("ARRAY[a.age] @> ARRAY[30]", "operator @>"),
     ("a.age = ANY(ARRAY[30, 31])", "OP_ANY"),

@@ -737,14 +737,15 @@ _FETCH_WORDS = frozenset({"WITH", "ONLY"})  # FETCH FIRST n ROWS ONLY / WITH TIE
 _PUNCTUATION = frozenset({
     TokenType.COMMA, TokenType.L_PAREN, TokenType.R_PAREN, TokenType.DOT, TokenType.DCOLON, TokenType.EQ,
     TokenType.NEQ, TokenType.LT, TokenType.LTE, TokenType.GT, TokenType.GTE, TokenType.STAR, TokenType.DASH,
-    TokenType.PARAMETER, TokenType.NUMBER, TokenType.STRING, TokenType.IDENTIFIER, TokenType.SLASH,
-    TokenType.PLUS,
+    TokenType.PARAMETER, TokenType.NUMBER, TokenType.STRING, TokenType.IDENTIFIER,
+    TokenType.PLUS, TokenType.SLASH, TokenType.MOD,  # arithmetic, admitted by the no-error proof
 })  # fmt: skip
 
 
 def _check_tokens(statement: Statement, dp: bool) -> None:
     fetch = False
     words_seen = [statement.word(i) for i in range(len(statement.tokens))]
+    substring = _substring_arguments(statement, words_seen)
     for position, token in enumerate(statement.tokens):
         raw = statement.raw(position)
         if token.token_type in _PUNCTUATION:
@@ -756,8 +757,25 @@ def _check_tokens(statement: Statement, dp: bool) -> None:
         time_zone = words_seen[position + 1:position + 3] == ["TIME", "ZONE"]  # timestamp WITH TIME ZONE
         for word in words:
             if word in _FOREIGN_WORDS and not (fetch and word in _FETCH_WORDS) and not (word == "WITH" and time_zone) \
-                    and not (dp and word == "WITHIN"):  # percentile_cont(q) WITHIN GROUP (...), dp mode only
+                    and not (dp and word == "WITHIN") \
+                    and not (word == "FOR" and position in substring) \
+                    and not (word == "RIGHT" and _calls(statement, position)):  # percentile_cont WITHIN GROUP: dp
                 raise unsupported(f"{word} is not allowed in a query over protected tables", SHAPE_HINT)
+
+
+def _calls(statement: Statement, position: int) -> bool:
+    """Whether the word at ``position`` is a function name: right(x, 2), not RIGHT JOIN."""
+    return position + 1 < len(statement.tokens) and statement.tokens[position + 1].token_type == TokenType.L_PAREN
+
+
+def _substring_arguments(statement: Statement, words: list[str | None]) -> set[int]:
+    """Positions of the tokens inside substring( ... ), where FOR is part of the call (substring(x FROM 1 FOR 3))."""
+    inside: set[int] = set()
+    for position, word in enumerate(words):
+        if word == "SUBSTRING" and position + 1 < len(words) \
+                and statement.tokens[position + 1].token_type == TokenType.L_PAREN:
+            inside.update(range(position + 2, closing_paren(statement.tokens, position + 1)))
+    return inside
 
 
 _WORD = re.compile(r"[A-Z_\x80-\U0010ffff][A-Z0-9_$\x80-\U0010ffff]*")

@@ -4,11 +4,14 @@ Everything that reaches a row of a protected table (WHERE, GROUP BY, JOIN
 conditions, aggregate arguments) must be *total*: it may not raise an error
 for some rows and not others. An error is a one-bit answer about a row that
 suppression never sees: ``CASE WHEN id = 17 AND income = '>50K' THEN 1/0 END``
-tells whether person 17 earns more than 50K. So there is no division, modulo,
-arithmetic (overflow), concatenation, casts of data to anything but text,
+tells whether person 17 earns more than 50K. So there is no concatenation,
 regular expressions, user functions, subqueries, windows or set-returning
 functions; LIKE patterns are constants that cannot fail; date_trunc/extract
-units and width_bucket bounds are constants checked here.
+units are constants checked here. Arithmetic, division and modulo, rounding,
+casts between number types, width_bucket, to_char and the text functions are
+admitted only where the no-error proof of :mod:`anonproxy.plan.bounds` shows
+that no value within the columns' types and declared bounds can make them
+fail (every entry point below runs it on the whole expression).
 
 Select items, HAVING and ORDER BY may also hold aggregates: COUNT(*),
 COUNT(x), COUNT(DISTINCT x), SUM, AVG, and MIN/MAX when the role allows them,
@@ -43,7 +46,8 @@ from typing import NoReturn
 
 from sqlglot import exp
 
-from anonproxy.policy.model import SuppressionParams
+from anonproxy.plan import bounds
+from anonproxy.policy.model import LinkedTable, ProtectedTable, SuppressionParams
 from anonproxy.rewrite.decision import forbidden, unsupported
 from anonproxy.rewrite.names import ResolvedTable, fold, identifier
 
@@ -53,7 +57,10 @@ SYSTEM_COLUMNS = frozenset({"ctid", "xmin", "xmax", "cmin", "cmax", "tableoid"})
 ROW_EXPRESSIONS = (
     "column references, constants, $n parameters, comparisons, AND/OR/NOT, IN (list), BETWEEN, IS [NOT] NULL, "
     "LIKE/ILIKE with a constant pattern, CASE, coalesce, nullif, lower, upper, date_trunc, extract/date_part, "
-    "width_bucket, casts of constants, and casts to text"
+    "width_bucket, casts of constants, and casts to text; and where no value can make them fail: + - * and "
+    "unary minus, / and % by non-zero constants, abs, floor, ceil, round, trunc, casts between number types, "
+    "to_char of dates and timestamps with a constant format, substring/left/right with constant positions, "
+    "trim and length"
 )
 # The aggregates of each mode, as the hints list them.
 SUPPRESS_AGGREGATES = "count(*), count(x), count(DISTINCT x), sum(x), avg(x){minmax}"
@@ -83,7 +90,6 @@ EXTRACT_UNITS = frozenset({
     "year", "quarter", "month", "week", "day", "dow", "isodow", "doy", "isoyear", "decade", "century",
     "millennium", "epoch", "julian",
 })  # fmt: skip
-MAX_WIDTH_BUCKETS = 10_000
 # The largest constant a SUM or AVG may add up. A sum of a few huge constants overflows (numeric past 1e131072,
 # real past 3.4e38, the rules' own arithmetic), and that error would say how many rows the constant reached:
 # sum(CASE WHEN <condition> THEN 9e131071 ELSE 0 END) fails exactly when two rows of a withheld group meet the
@@ -102,6 +108,9 @@ _CONSTANT_CAST_TYPES = frozenset({
 })  # fmt: skip
 # Any value casts to text without error.
 _TEXT_TYPES = frozenset({exp.DataType.Type.TEXT, exp.DataType.Type.VARCHAR, exp.DataType.Type.CHAR})
+# Casts of a value to these are admitted when the proof shows it fits (anonproxy.plan.bounds).
+_NUMBER_TYPES = frozenset({exp.DataType.Type.SMALLINT, exp.DataType.Type.INT, exp.DataType.Type.BIGINT,
+                           exp.DataType.Type.DECIMAL, exp.DataType.Type.FLOAT, exp.DataType.Type.DOUBLE})
 
 AGGREGATES = (exp.Count, exp.Sum, exp.Avg, exp.Min, exp.Max)
 # Also aggregates in dp mode only, where the proxy computes them with noise (variance from noisy sums, quantiles
@@ -146,7 +155,27 @@ _ROW_NODES: dict[type[exp.Expression], frozenset[str]] = {
     exp.Cast: frozenset({"this", "to"}),
     exp.Interval: frozenset({"this", "unit"}),
     exp.Neg: frozenset({"this"}),
+    # Derived values, admitted when anonproxy.plan.bounds proves that no value can make them fail.
+    exp.Add: frozenset({"this", "expression"}),
+    exp.Sub: frozenset({"this", "expression"}),
+    exp.Mul: frozenset({"this", "expression"}),
+    exp.Div: frozenset({"this", "expression", "typed"}),
+    exp.Mod: frozenset({"this", "expression"}),
+    exp.Abs: frozenset({"this"}),
+    exp.Floor: frozenset({"this"}),
+    exp.Ceil: frozenset({"this"}),
+    exp.Round: frozenset({"this", "decimals"}),
+    exp.Trunc: frozenset({"this", "decimals"}),
+    exp.TimeToStr: frozenset({"this", "format"}),
+    exp.Substring: frozenset({"this", "start", "length"}),
+    exp.Left: frozenset({"this", "expression"}),
+    exp.Right: frozenset({"this", "expression"}),
+    exp.Trim: frozenset({"this", "expression", "position"}),
+    exp.Length: frozenset({"this"}),
 }
+# The node types above that compute new values (proved by anonproxy.plan.bounds).
+_DERIVED = (exp.Add, exp.Sub, exp.Mul, exp.Div, exp.Mod, exp.Neg, exp.Abs, exp.Floor, exp.Ceil, exp.Round, exp.Trunc,
+            exp.TimeToStr, exp.Substring, exp.Left, exp.Right, exp.Trim, exp.Length)
 _AGGREGATE_ARGS: dict[type[exp.Expression], frozenset[str]] = {
     exp.Count: frozenset({"this", "big_int"}),
     exp.Sum: frozenset({"this"}),
@@ -209,7 +238,10 @@ SPELLINGS: dict[type[exp.Expression], frozenset[str]] = {
     exp.Median: frozenset({"median"}),
     exp.Round: frozenset({"round"}), exp.Trunc: frozenset({"trunc"}), exp.Abs: frozenset({"abs"}),
     exp.Sign: frozenset({"sign"}), exp.Ceil: frozenset({"ceil", "ceiling"}), exp.Floor: frozenset({"floor"}),
-    exp.Greatest: frozenset({"greatest"}), exp.Least: frozenset({"least"}),
+    exp.Greatest: frozenset({"greatest"}), exp.Least: frozenset({"least"}), exp.Mod: frozenset({"mod"}),
+    exp.TimeToStr: frozenset({"to_char"}), exp.Substring: frozenset({"substring", "substr"}),
+    exp.Left: frozenset({"left"}), exp.Right: frozenset({"right"}),
+    exp.Trim: frozenset({"btrim", "ltrim", "rtrim"}), exp.Length: frozenset({"length", "char_length"}),
 }  # fmt: skip
 
 # pg_catalog functions PostgreSQL also calls with a column's syntax: ``a.f`` means ``f(a)`` when table ``a`` has no
@@ -318,15 +350,18 @@ class Checker:
     def row(self, node: exp.Expression, clause: str) -> None:
         """A row-level expression: no aggregates."""
         self._walk(node, clause, aggregates=False)
+        self._prove(node, clause)
 
     def grouped(self, node: exp.Expression, clause: str) -> None:
         """An expression evaluated per group: aggregates allowed, their arguments row-level; outside aggregates, an
         identifying column only bare."""
         self._labelling(node, clause, aggregates=True)
+        self._prove(node, clause)
 
     def key(self, node: exp.Expression, clause: str) -> None:
         """A grouping expression: row-level, and an identifying column only bare (GROUP BY id, never id = 17)."""
         self._labelling(node, clause, aggregates=False)
+        self._prove(node, clause)
 
     def join_condition(self, node: exp.Expression) -> None:
         """A JOIN condition next to the declared key: row-level, and without identifying columns."""
@@ -335,6 +370,40 @@ class Checker:
             self._walk(node, "a JOIN condition", aggregates=False)
         finally:
             self._in_join = False
+        self._prove(node, "a JOIN condition")
+
+    # -- the no-error proof ---------------------------------------------------
+
+    def _prove(self, node: exp.Expression, clause: str) -> None:
+        """Refuse ``node`` unless no value of the columns it reads, within their types and declared bounds, can make
+        it raise an error (anonproxy.plan.bounds)."""
+        try:
+            bounds.evaluate(node, self._facts)
+        except bounds.Unsafe as unsafe:
+            raise unsupported(f"not allowed in {clause} of a query over protected table {self.table}: "
+                              f"{unsafe.reason}", unsafe.hint) from None
+
+    def _facts(self, node: exp.Column) -> bounds.ColumnFacts:
+        """The type and declared bounds of the column ``node`` names; type None when the policy does not know it."""
+        name = identifier(node.this) or ""
+        table = identifier(node.args.get("table"))
+        schema = identifier(node.args.get("db"))
+        if table is not None:
+            reference = self.scope.unaliased.get((schema, table)) if schema is not None else table
+            candidates = [self.scope.references[reference]] if reference in self.scope.references else []
+        else:
+            candidates = list(self.scope.references.values())
+        found = [model for model in (_model(source) for source in candidates)
+                 if model is not None and model.types is not None and name in model.types]
+        if len(found) != 1:
+            return bounds.ColumnFacts(name, None)  # unknown, or ambiguous (which PostgreSQL refuses)
+        model = found[0]
+        assert model.types is not None
+        declared = model.columns.get(name)
+        lower = upper = None
+        if declared is not None and declared.lower is not None and declared.upper is not None:
+            lower, upper = Decimal(repr(declared.lower)), Decimal(repr(declared.upper))
+        return bounds.ColumnFacts(name, model.types[name], lower, upper)
 
     def _labelling(self, node: exp.Expression, clause: str, aggregates: bool) -> None:
         self._labels, self._bare = True, unwrap(node)
@@ -368,8 +437,8 @@ class Checker:
                 self._labels = labels
             return
         allowed = _ROW_NODES.get(type(node))
-        if allowed is None:
-            self._refuse(node, clause)
+        if allowed is None or (aggregates and isinstance(node, _DERIVED) and contains_aggregate(node, self.aggregates)):
+            self._refuse(node, clause)  # (derived values are row-level: computing on aggregates is another matter)
         extra = _set_args(node) - allowed
         if extra:
             raise unsupported(
@@ -576,16 +645,6 @@ class Checker:
                                   "Add up finite numbers of at most 1e15 in absolute value.")
         return True
 
-    def _check_neg(self, node: exp.Neg, clause: str, aggregates: bool) -> bool:
-        inner = node.this
-        while isinstance(inner, exp.Paren):
-            inner = inner.this
-        if not (isinstance(inner, exp.Literal) and not inner.is_string):
-            raise unsupported(f"unary minus on an expression is not allowed in {clause}: an overflow error reveals data",
-                              self.clause_hint(clause))
-        self._walk(node.this, clause, aggregates)
-        return True
-
     def _check_is(self, node: exp.Is, clause: str, aggregates: bool) -> bool:
         if not isinstance(node.expression, (exp.Null, exp.Boolean)):
             raise unsupported(f"IS {node.expression.sql(dialect='postgres')} is not allowed", self.clause_hint(clause))
@@ -654,19 +713,6 @@ class Checker:
         self._walk(node.expression, clause, aggregates)
         return True
 
-    def _check_widthbucket(self, node: exp.WidthBucket, clause: str, aggregates: bool) -> bool:
-        if not isinstance(node.this, exp.Column):
-            raise unsupported("width_bucket's first argument must be a column",
-                              "width_bucket(column, low, high, count) with constant bounds.")
-        bounds = [_number(node.args.get(key)) for key in ("min_value", "max_value", "num_buckets")]
-        low, high, count = bounds
-        if low is None or high is None or count is None or low == high or count != count.to_integral_value() \
-                or not 1 <= count <= MAX_WIDTH_BUCKETS:
-            raise unsupported("width_bucket needs constant bounds low <> high and an integer count "
-                              f"between 1 and {MAX_WIDTH_BUCKETS}", "width_bucket(column, 0, 100, 10)")
-        self._walk(node.this, clause, aggregates)
-        return True
-
     def _check_cast(self, node: exp.Cast, clause: str, aggregates: bool) -> bool:
         target = node.args.get("to")
         if not isinstance(target, exp.DataType):
@@ -682,8 +728,8 @@ class Checker:
         if constant and kind in _CONSTANT_CAST_TYPES:
             self._walk(inner, clause, aggregates)
             return True
-        if kind in _TEXT_TYPES:
-            self._walk(node.this, clause, aggregates)
+        if kind in _TEXT_TYPES or (kind in _NUMBER_TYPES and not isinstance(inner, exp.Parameter)):
+            self._walk(node.this, clause, aggregates)  # to a number: the proof checks the value fits
             return True
         if isinstance(inner, exp.Parameter):
             raise unsupported(f"cast of a parameter to {target.sql(dialect='postgres')} is not allowed in {clause}: "
@@ -692,12 +738,16 @@ class Checker:
                               "or cast it to text.")
         raise unsupported(f"cast to {target.sql(dialect='postgres')} is not allowed in {clause}: "
                           "a cast that fails on some rows reveals data",
-                          "Cast constants freely; cast columns only to text.")
+                          "Cast constants freely; cast columns to text or between number types.")
 
     def _check_interval(self, node: exp.Interval, clause: str, aggregates: bool) -> bool:
         if not (isinstance(node.this, exp.Literal) and node.this.is_string):
             raise unsupported("INTERVAL takes a constant string", self.clause_hint(clause))
         return True
+
+
+def _model(table: ResolvedTable) -> ProtectedTable | LinkedTable | None:
+    return table.protected if table.protected is not None else table.linked
 
 
 def _declares(table: ResolvedTable, column: str) -> bool:

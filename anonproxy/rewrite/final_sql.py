@@ -51,13 +51,15 @@ FUNCTIONS = frozenset({
     "row_number", "dense_rank", "first_value",  # window functions (contribution bounding, ranking)
     "abs", "random", "unnest",  # magnitudes, the dp plan's random row order, its public domains
     "lower", "upper", "date_trunc", "date_part", "extract", "width_bucket",  # client expressions
-    "round", "trunc", "ceil", "floor", "sign",  # post-aggregate expressions (anonproxy.rewrite.post_aggregate)
+    "round", "trunc", "ceil", "ceiling", "floor", "sign",  # post-aggregate expressions (rewrite.post_aggregate)
+    # derived values the no-error proof admits (anonproxy.plan.bounds); trim() is btrim/ltrim/rtrim in the tree
+    "mod", "to_char", "substring", "substr", "left", "right", "btrim", "ltrim", "rtrim", "length", "char_length",
 })  # fmt: skip
 # Comparison, LIKE/ILIKE (~~ and friends), and the arithmetic of the generators' thresholds and sums.
 OPERATORS = frozenset({"=", "<>", "<", ">", "<=", ">=", "~~", "!~~", "~~*", "!~~*", "+", "-", "*"})
 # Division and modulo only by NULLIF(divisor, 0) or a non-zero constant, as post-aggregate expressions
-# (anonproxy.rewrite.post_aggregate) and outer queries over released rows (anonproxy.plan.outer) write them:
-# a zero divisor gives NULL, never an error.
+# (anonproxy.rewrite.post_aggregate), outer queries over released rows (anonproxy.plan.outer) and the derived
+# values of the no-error proof (anonproxy.plan.bounds) write them: a zero divisor gives NULL or cannot occur.
 DIVISIONS = frozenset({"/", "%"})
 _BETWEEN = frozenset({"BETWEEN", "NOT BETWEEN", "BETWEEN SYMMETRIC", "NOT BETWEEN SYMMETRIC"})
 _EXPRESSION_KINDS = frozenset({

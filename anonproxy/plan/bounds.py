@@ -1,0 +1,800 @@
+"""The no-error proof for row-level expressions: an abstract interpreter over sqlglot trees.
+
+An expression that reaches a row of a protected table must give the same kind of
+answer for every row: if it could raise an error for some values and not
+others, the error itself would be a one-bit answer about a person
+(``GROUP BY 1/(age - 37)`` fails exactly when someone is 37). Each node is
+evaluated here, not on data but on what its inputs may hold:
+
+* its SQL type, by PostgreSQL's rules (int4 op int4 is int4 and overflows past
+  2^31 - 1; an integer and a numeric give numeric; a float makes the result
+  float8, or float4 when both are float4; floor(int) is double precision);
+* the interval of its finite values, from the column's type range or the
+  bounds the policy declares for it (ColumnPolicy.lower/upper), and from the
+  constants;
+* ``scale``: every non-zero value is at least 10^-scale in magnitude (integers:
+  0), which is what rules out float underflow;
+* whether it may be NaN or ±Infinity (float and unbounded numeric columns,
+  extract() of an infinite timestamp).
+
+A node that may raise for some value within those raises :class:`Unsafe`, with
+the reason and a hint showing the safe form: division and modulo only by
+non-zero constants, no integer, numeric or float overflow or float underflow,
+no cast that can fail (text to a number, a value out of the target's range,
+NaN or Infinity to an integer), constant arguments where a function fails on
+some (substring lengths, round's digits, to_char's format).
+
+Subtrees without columns or parameters are constant: PostgreSQL folds them
+when it plans the statement (an error there is the same for every row and
+every database), so they are typed but not proved. A ``$n`` parameter is not
+constant (a generic plan evaluates it per row), and is refused in arithmetic.
+
+The proof trusts declared bounds: they are the DBA's statement of what a column
+holds. Dates and timestamps are taken to lie within PostgreSQL's timestamp
+range, except for its first weeks (November 4714 BC), where truncating to a
+month or more fails.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from decimal import ROUND_CEILING, ROUND_FLOOR, ROUND_HALF_UP, Decimal, InvalidOperation, localcontext
+
+from sqlglot import exp
+from sqlglot.errors import SqlglotError
+
+INF = Decimal("Infinity")
+INTEGERS = {"int2": (Decimal(-(2**15)), Decimal(2**15 - 1)), "int4": (Decimal(-(2**31)), Decimal(2**31 - 1)),
+            "int8": (Decimal(-(2**63)), Decimal(2**63 - 1))}
+# The largest finite value, and n such that 10^-n is above the smallest normal value.
+FLOATS = {"float4": (Decimal("3.4028235e38"), 37), "float8": (Decimal("1.7976931348623157e308"), 307)}
+# numeric holds fewer than 131072 digits before the point.
+NUMERIC_LIMIT = Decimal(10) ** 131072
+NUMBERS = ("int2", "int4", "int8", "numeric", "float4", "float8")
+TEXT = "text"
+DATETIMES = ("date", "timestamp", "timestamptz")
+# Constants a function takes as a length or position: far below where PostgreSQL's own arithmetic could overflow.
+MAX_POSITION = 1_000_000
+MAX_DIGITS = 1000  # round(x, n) / trunc(x, n)
+MAX_WIDTH_BUCKETS = 10_000
+# The largest magnitude a derived value added up by sum() or avg() may have (see expressions.MAX_SUMMED_CONSTANT).
+MAX_SUMMED = Decimal("1e15")
+
+_CAST_TYPES: dict[exp.DataType.Type, str] = {
+    exp.DataType.Type.SMALLINT: "int2", exp.DataType.Type.INT: "int4", exp.DataType.Type.BIGINT: "int8",
+    exp.DataType.Type.DECIMAL: "numeric", exp.DataType.Type.FLOAT: "float4", exp.DataType.Type.DOUBLE: "float8",
+    exp.DataType.Type.TEXT: TEXT, exp.DataType.Type.VARCHAR: TEXT, exp.DataType.Type.CHAR: TEXT,
+    exp.DataType.Type.NAME: TEXT, exp.DataType.Type.BOOLEAN: "bool", exp.DataType.Type.DATE: "date",
+    exp.DataType.Type.TIMESTAMP: "timestamp", exp.DataType.Type.TIMESTAMPTZ: "timestamptz",
+    exp.DataType.Type.TIME: "time", exp.DataType.Type.INTERVAL: "interval",
+}  # fmt: skip
+# extract()/date_part() fields: the range of their finite results over every date and timestamp, and whether an
+# infinite date or timestamp gives ±Infinity (it gives NULL for the others).
+_FIELDS: dict[str, tuple[Decimal, Decimal, bool]] = {
+    "year": (Decimal(-4714), Decimal(5874898), True), "isoyear": (Decimal(-4714), Decimal(5874898), True),
+    "decade": (Decimal(-472), Decimal(587490), True), "century": (Decimal(-48), Decimal(58749), True),
+    "millennium": (Decimal(-5), Decimal(5875), True), "quarter": (Decimal(1), Decimal(4), False),
+    "month": (Decimal(1), Decimal(12), False), "week": (Decimal(1), Decimal(53), False),
+    "day": (Decimal(1), Decimal(31), False), "dow": (Decimal(0), Decimal(6), False),
+    "isodow": (Decimal(1), Decimal(7), False), "doy": (Decimal(1), Decimal(366), False),
+    "epoch": (Decimal("-2.2e14"), Decimal("1.9e14"), True), "julian": (Decimal(0), Decimal("2.2e9"), True),
+}  # fmt: skip
+
+DECLARE_HINT = "have the DBA declare bounds for the columns involved (anonproxy.set_column(..., lower, upper))"
+
+
+class Unsafe(Exception):
+    """The expression may raise an error for some value within the declared bounds and types."""
+
+    def __init__(self, reason: str, hint: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.hint = hint
+
+
+@dataclass(frozen=True)
+class ColumnFacts:
+    """What the policy knows about a column: its SQL type as PostgreSQL names it (None: not known) and its
+    declared bounds."""
+
+    name: str
+    type: str | None
+    lower: Decimal | None = None
+    upper: Decimal | None = None
+
+
+@dataclass(frozen=True)
+class Value:
+    """What an expression may evaluate to."""
+
+    type: str  # a name of NUMBERS or DATETIMES, text, bool, time, interval; unknown (a column whose type is not
+    # known), literal (a quoted constant of no type yet), null, param, other
+    low: Decimal = -INF  # bounds of its finite values (numbers only)
+    high: Decimal = INF
+    scale: int | None = 0  # non-zero values are at least 10^-scale in magnitude; None: arbitrarily close to zero
+    nan: bool = False
+    infinite: bool = False
+    constant: bool = False  # no column or parameter below: folded when the statement is planned
+    value: Decimal | str | None = None  # a constant's value, when known
+
+    @property
+    def magnitude(self) -> Decimal:
+        return max(abs(self.low), abs(self.high))
+
+
+Facts = Callable[[exp.Column], ColumnFacts]
+
+
+def evaluate(node: exp.Expression, facts: Facts) -> Value:
+    """The value of ``node``; raises :class:`Unsafe` if some row could make it raise an error."""
+    with localcontext() as context:
+        # Sums and products of bounds are exact at 400 digits; a quotient is rounded to nearest, which is monotone:
+        # a bound at or past a limit (every limit is representable) never rounds back below it.
+        context.prec, context.Emax, context.Emin = 400, 999_999, -999_999
+        try:
+            return _Interpreter(facts).value(node)
+        except ArithmeticError:  # decimal's own overflow: bounds beyond 10^999999
+            raise Unsafe(f"{_sql(node)} computes values too large to bound", DECLARE_HINT[0].upper()
+                         + DECLARE_HINT[1:] + ".") from None
+
+
+def derived(node: exp.Expression) -> bool:
+    """Whether ``node`` computes a new number from a column (arithmetic, rounding, a numeric cast, length ...)."""
+    return any(isinstance(n, _DERIVED) and not _is_constant_tree(n) for n in node.walk())
+
+
+def column_value(facts: ColumnFacts) -> Value:
+    if facts.type is None:
+        return Value("unknown")
+    datatype = _datatype(facts.type)
+    if datatype is None:
+        return Value("other")
+    kind = _cast_type(datatype)
+    declared = facts.lower is not None and facts.upper is not None
+    if kind in INTEGERS:
+        low, high = INTEGERS[kind]
+        value = Value(kind, low, high)
+    elif kind == "numeric":
+        precision, scale = _typmod(datatype)
+        if precision is not None:
+            limit = Decimal(10) ** (precision - scale) - Decimal(10) ** -scale
+            value = Value(kind, -limit, limit, scale, nan=True)  # numeric(p, s) holds NaN, not Infinity
+        else:
+            # Bounded by 10^131072 (exclusive): a result that may reach it is refused, and rounding the bounds to
+            # 400 digits is monotone, so it never takes a result past the limit back below it.
+            value = Value(kind, -NUMERIC_LIMIT, NUMERIC_LIMIT, None, nan=True, infinite=True)
+    elif kind in FLOATS:
+        limit = FLOATS[kind][0]
+        value = Value(kind, -limit, limit, None, nan=True, infinite=True)
+    elif kind in DATETIMES:
+        return Value(kind, infinite=True)
+    else:
+        return Value(kind)
+    if declared:
+        # Declared bounds are what the column holds: no NaN or Infinity, and nothing outside them.
+        assert facts.lower is not None and facts.upper is not None
+        value = replace(value, low=max(value.low, facts.lower), high=min(value.high, facts.upper), nan=False,
+                        infinite=False)
+    return value
+
+
+# --- the interpreter ---------------------------------------------------------------------------------------------
+
+_ARITHMETIC = (exp.Add, exp.Sub, exp.Mul, exp.Div, exp.Mod)
+_DERIVED = (*_ARITHMETIC, exp.Neg, exp.Abs, exp.Floor, exp.Ceil, exp.Round, exp.Trunc, exp.Length, exp.Cast)
+_PREDICATES = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.NullSafeEQ, exp.NullSafeNEQ, exp.And,
+               exp.Or, exp.Not, exp.Is, exp.In, exp.Between, exp.Like, exp.ILike, exp.Boolean)
+_AGGREGATES = (exp.Count, exp.Sum, exp.Avg, exp.Min, exp.Max, exp.Variance, exp.VariancePop, exp.Stddev,
+               exp.StddevSamp, exp.StddevPop, exp.Median, exp.WithinGroup)
+
+
+class _Interpreter:
+    def __init__(self, facts: Facts) -> None:
+        self.facts = facts
+        self.reads = 0  # columns and parameters evaluated so far: a subtree that read one is not constant
+
+    def value(self, node: exp.Expression) -> Value:
+        if isinstance(node, (exp.Paren, exp.Alias)):
+            return self.value(node.this)
+        if isinstance(node, _AGGREGATES):
+            return self._aggregate(node)
+        method = getattr(self, f"_{type(node).__name__.lower()}", None)
+        if method is not None:
+            reads = self.reads
+            result: Value = method(node)
+            if result.constant and self.reads > reads:  # CASE WHEN id = 17 THEN 'x' END is not constant
+                result = replace(result, constant=False, value=None)
+            return result
+        if isinstance(node, _PREDICATES):
+            children = [self.value(child) for child in _children(node)]
+            if not isinstance(node, (exp.And, exp.Or, exp.Not)):
+                _common(children, node)  # a numeric compared with a float is converted to float: it may not fit
+            return Value("bool", constant=all(child.constant for child in children))
+        # Anything else the expression allowlist admitted (intervals, a bare type name ...): typed opaquely.
+        reads = self.reads
+        for child in _children(node):
+            self.value(child)
+        return Value("other", constant=self.reads == reads)
+
+    # -- leaves ----------------------------------------------------------------
+
+    def _column(self, node: exp.Column) -> Value:
+        self.reads += 1
+        return column_value(self.facts(node))
+
+    def _literal(self, node: exp.Literal) -> Value:
+        if node.is_string:
+            return Value("literal", constant=True, value=node.this)
+        number = Decimal(node.this)
+        if node.this.lstrip("-").isdigit():
+            for kind in ("int4", "int8"):
+                if number <= INTEGERS[kind][1]:
+                    return Value(kind, number, number, 0, constant=True, value=number)
+        return Value("numeric", number, number, _scale_of(number), constant=True, value=number)
+
+    def _null(self, node: exp.Null) -> Value:
+        return Value("null", constant=True)
+
+    def _parameter(self, node: exp.Parameter) -> Value:
+        self.reads += 1
+        return Value("param")
+
+    # -- conditionals ----------------------------------------------------------
+
+    def _case(self, node: exp.Case) -> Value:
+        if node.this is not None:
+            self.value(node.this)
+        arms = []
+        for branch in node.args.get("ifs") or []:
+            self.value(branch.this)
+            arms.append(self.value(branch.args["true"]))
+        if node.args.get("default") is not None:
+            arms.append(self.value(node.args["default"]))
+        return _join(arms, node)
+
+    def _coalesce(self, node: exp.Coalesce) -> Value:
+        return _join([self.value(node.this), *(self.value(e) for e in node.expressions)], node)
+
+    def _nullif(self, node: exp.Nullif) -> Value:
+        first = self.value(node.this)
+        _common([first, self.value(node.expression)], node)  # nullif compares its arguments
+        return replace(first, value=None)
+
+    # -- arithmetic ------------------------------------------------------------
+
+    def _neg(self, node: exp.Neg) -> Value:
+        operand = self._number(node.this, node)
+        if operand.constant and isinstance(operand.value, Decimal) and isinstance(node.this, exp.Literal):
+            # PostgreSQL reads -2147483648 as one integer constant (an int4), not as minus an int8.
+            number = -operand.value
+            kind = next((k for k in ("int4", "int8") if operand.type in INTEGERS and INTEGERS[k][0] <= number),
+                        operand.type)
+            return replace(operand, type=kind, low=number, high=number, value=number)
+        return _fit(replace(operand, low=-operand.high, high=-operand.low,
+                            value=-operand.value if isinstance(operand.value, Decimal) else None), node)
+
+    def _add(self, node: exp.Add) -> Value:
+        a, b, kind = self._operands(node)
+        return _fit(_result(kind, a, b, a.low + b.low, a.high + b.high, _sum_scale(kind, a, b)), node)
+
+    def _sub(self, node: exp.Sub) -> Value:
+        a, b, kind = self._operands(node)
+        return _fit(_result(kind, a, b, a.low - b.high, a.high - b.low, _sum_scale(kind, a, b)), node)
+
+    def _mul(self, node: exp.Mul) -> Value:
+        a, b, kind = self._operands(node)
+        products = [_times(x, y) for x in (a.low, a.high) for y in (b.low, b.high)]
+        scale = None if a.scale is None or b.scale is None else a.scale + b.scale
+        growing = False
+        for x, c in ((a, b), (b, a)):
+            if c.constant and isinstance(c.value, Decimal) and abs(c.value) >= 1:
+                scale, growing = x.scale, True  # |x * c| >= |x|: a non-zero x never gives 0
+        result = _result(kind, a, b, min(products), max(products), scale)
+        if kind in FLOATS and not growing:
+            _no_underflow(kind, result, node)
+        return _fit(result, node)
+
+    def _div(self, node: exp.Div) -> Value:
+        self._constant_divisor(node, "division")
+        a, b, kind = self._operands(node)
+        divisor = self._divisor(b, node, "division")
+        quotients = [x / divisor for x in (a.low, a.high)]
+        low, high = min(quotients), max(quotients)
+        if kind in INTEGERS:  # integer division truncates toward zero
+            low, high = _truncate(low), _truncate(high)
+            scale: int | None = 0
+        elif kind == "numeric":
+            scale = None  # PostgreSQL picks the quotient's scale (16 significant digits or more)
+        elif abs(divisor) <= 1:
+            scale = a.scale  # |x / c| >= |x|: a non-zero x never gives 0
+        else:
+            scale = None if a.scale is None else a.scale + _digits_above_one(divisor)
+        result = _result(kind, a, b, low, high, scale)
+        if kind in FLOATS and abs(divisor) > 1:
+            _no_underflow(kind, result, node)
+        return _fit(result, node)
+
+    def _mod(self, node: exp.Mod) -> Value:
+        self._constant_divisor(node, "modulo")
+        a, b, kind = self._operands(node)
+        divisor = abs(self._divisor(b, node, "modulo"))
+        if kind in FLOATS:
+            raise Unsafe("% and mod() take integers or numeric values, not floating point",
+                         f"Cast to numeric first: ({_sql(node.this)})::numeric % {_sql(node.expression)}.")
+        largest = divisor - 1 if kind in INTEGERS else divisor  # |x % c| < |c|
+        low = max(-largest, min(a.low, Decimal(0))) if a.low < 0 else Decimal(0)
+        high = min(largest, max(a.high, Decimal(0))) if a.high > 0 else Decimal(0)
+        return _fit(_result(kind, a, b, low, high, _sum_scale(kind, a, b)), node)
+
+    def _operands(self, node: exp.Expression) -> tuple[Value, Value, str]:
+        a, b = self._number(node.this, node), self._number(node.expression, node)
+        if a.constant and b.constant:
+            kind = _promote(a.type, b.type)
+            return a, b, kind
+        kind = _promote(a.type, b.type)
+        for operand in (a, b):
+            _convert(operand, kind, node)
+        return a, b, kind
+
+    def _number(self, child: exp.Expression, node: exp.Expression) -> Value:
+        value = self.value(child)
+        if value.type == "param":
+            raise Unsafe(f"{_operation(node)} with a $n parameter ({_sql(node)}): its value is not known when the "
+                         "statement is checked",
+                         "Write the number as a constant; parameters may stand in comparisons.")
+        if value.type == "unknown":
+            raise Unsafe(f"{_operation(node)} ({_sql(node)}) needs the type of {_sql(child)}, which the proxy does not "
+                         "know",
+                         "Reload the policy (anonproxy policy reload, or any policy change) so the proxy reads the "
+                         "column types; use the column bare or cast to text meanwhile.")
+        if value.type == "null":
+            return Value("int2", Decimal(0), Decimal(0), constant=True)  # NULL in arithmetic gives NULL
+        if value.type == "literal":
+            # PostgreSQL gives a quoted constant its sibling's type: the proof would have to guess it.
+            raise Unsafe(f"string {_sql(child)} in arithmetic", "Write numbers without quotes.")
+        if value.type not in NUMBERS:
+            raise Unsafe(f"{_sql(node)} computes with a value of type {value.type}; only numbers may be computed "
+                         "with in a query over protected tables",
+                         "Use date_trunc(), extract() or to_char() on dates and timestamps, and text functions "
+                         "(lower, upper, substring, left, right, trim, length) on text.")
+        return value
+
+    def _constant_divisor(self, node: exp.Expression, what: str) -> None:
+        if not _is_constant_tree(node.expression):
+            self._divisor(Value("other"), node, what)
+
+    def _divisor(self, b: Value, node: exp.Expression, what: str) -> Decimal:
+        if not b.constant or not isinstance(b.value, Decimal) or b.value == 0:
+            raise Unsafe(f"{what} by {_sql(node.expression)}: a {what} by zero fails for the rows where the divisor "
+                         "is zero, and that error reveals them", "Divide by a non-zero constant (x / 10).")
+        return b.value
+
+    def _abs(self, node: exp.Abs) -> Value:
+        a = self._number(node.this, node)
+        low = Decimal(0) if a.low <= 0 <= a.high else min(abs(a.low), abs(a.high))
+        return _fit(replace(a, low=low, high=a.magnitude, value=None), node)
+
+    def _rounded(self, node: exp.Expression) -> Value:
+        """floor, ceil, round and trunc."""
+        a = self._number(node.this, node)
+        if set(_set_args(node)) - {"this", "decimals"}:
+            raise Unsafe(f"{_sql(node)} has arguments that are not allowed", "floor(x), round(x) or round(x, 2).")
+        decimals = node.args.get("decimals")
+        if decimals is None:
+            # floor/ceil/round/trunc exist for numeric and double precision; integers become double precision.
+            kind = "numeric" if a.type == "numeric" else "float8"
+            digits = 0
+        else:
+            digits_value = self.value(decimals)
+            if not (digits_value.constant and isinstance(digits_value.value, Decimal)
+                    and digits_value.value == digits_value.value.to_integral_value()
+                    and abs(digits_value.value) <= MAX_DIGITS):
+                raise Unsafe(f"the digits of {_sql(node)} must be an integer constant of at most {MAX_DIGITS}",
+                             "round(x, 2)")
+            if a.type in FLOATS:
+                raise Unsafe(f"{_sql(node)}: round and trunc with digits take numeric values",
+                             f"Cast to numeric first: round(({_sql(node.this)})::numeric, {_sql(decimals)}).")
+            kind, digits = "numeric", int(digits_value.value)
+        step = Decimal(10) ** -digits
+        # Whatever the rounding mode, the result lies between the bounds rounded outward.
+        low, high = _round_to(a.low, step, ROUND_FLOOR), _round_to(a.high, step, ROUND_CEILING)
+        return _fit(Value(kind, low, high, max(digits, 0), a.nan, a.infinite, a.constant), node)
+
+    _floor = _ceil = _round = _trunc = _rounded
+
+    def _widthbucket(self, node: exp.WidthBucket) -> Value:
+        operand = self.value(node.this)
+        bounds = [self.value(node.args[key]) for key in ("min_value", "max_value", "num_buckets")]
+        if not all(b.constant and isinstance(b.value, Decimal) for b in bounds):
+            raise Unsafe("width_bucket needs constant bounds and bucket count", "width_bucket(x, 0, 100, 10)")
+        low, high, count = (b.value for b in bounds)  # type: ignore[misc]
+        assert isinstance(low, Decimal) and isinstance(high, Decimal) and isinstance(count, Decimal)
+        if low == high or count != count.to_integral_value() or not 1 <= count <= MAX_WIDTH_BUCKETS:
+            raise Unsafe(f"width_bucket needs constant bounds low <> high and an integer count between 1 and "
+                         f"{MAX_WIDTH_BUCKETS}", "width_bucket(x, 0, 100, 10)")
+        if operand.type not in ("unknown", *NUMBERS):
+            raise Unsafe(f"width_bucket takes a number, not a value of type {operand.type}",
+                         "width_bucket(x, 0, 100, 10) over a numeric column.")
+        _common([operand, *bounds[:2]], node)  # the operand converts to the bounds' type
+        if operand.nan:
+            raise Unsafe(f"width_bucket fails on NaN, which {_sql(node.this)} may hold",
+                         f"Declare bounds for the column (a bounded column holds no NaN), or {DECLARE_HINT}.")
+        return Value("int4", Decimal(0), count + 1, 0)
+
+    def _cast(self, node: exp.Cast) -> Value:
+        target = node.args.get("to")
+        if not isinstance(target, exp.DataType):
+            raise Unsafe("a malformed cast", "Cast to text, or between number types.")
+        kind = _cast_type(target)
+        source = self.value(node.this)
+        if kind == TEXT:
+            return Value(TEXT, constant=source.constant)  # every value has a text form
+        if source.constant and source.type != "param":
+            return _constant_cast(kind, target, source)
+        if source.type == "unknown":
+            raise Unsafe(f"cast to {_sql(target)} of {_sql(node.this)}, whose type the proxy does not know: it may fail",
+                         "Cast to text, or reload the policy so the proxy reads the column types.")
+        if source.type == "param":
+            raise Unsafe(f"cast of a parameter to {_sql(target)}: the client chooses the parameter's type, and a "
+                         "cast that fails on some rows reveals data",
+                         "Write $n without a cast (the server infers its type from the comparison), or cast it to "
+                         "text.")
+        if kind == "int4" and source.type == "bool":
+            return Value("int4", Decimal(0), Decimal(1), 0)
+        if kind not in NUMBERS or source.type not in NUMBERS:
+            what = "text" if source.type in (TEXT, "literal") else source.type
+            raise Unsafe(f"cast to {_sql(target)} of {_sql(node.this)} ({what}): a cast that fails on some values "
+                         "reveals which rows hold them",
+                         "Cast columns to text, or between number types; compare text with text "
+                         f"({_sql(node.this)} = '42').")
+        return _fit(_convert(source, kind, node, target), node)
+
+    # -- dates and text --------------------------------------------------------
+
+    def _timestamptrunc(self, node: exp.Expression) -> Value:
+        source = self.value(node.this)
+        kind = {"date": "timestamptz"}.get(source.type, source.type)
+        return Value(kind, infinite=source.infinite, constant=source.constant)
+
+    _datetrunc = _timestamptrunc
+
+    def _extract(self, node: exp.Extract) -> Value:
+        source = self.value(node.expression)
+        field = node.this.name.lower() if isinstance(node.this, (exp.Var, exp.Literal)) else ""
+        low, high, infinite = _FIELDS.get(field, (-INF, INF, True))
+        # extract() gives numeric, date_part() double precision: checked as the stricter of the two.
+        scale = 6 if field == "epoch" else 0
+        return Value("float8", low, high, scale, infinite=infinite and source.infinite, constant=source.constant)
+
+    def _timetostr(self, node: exp.TimeToStr) -> Value:
+        source = self.value(node.this)
+        fmt = node.args.get("format")
+        if not (isinstance(fmt, exp.Literal) and fmt.is_string):
+            raise Unsafe("to_char needs a constant format string", "to_char(column, 'YYYY-MM')")
+        if set(_set_args(node)) - {"this", "format"}:
+            raise Unsafe("to_char takes a value and a format", "to_char(column, 'YYYY-MM')")
+        if source.type not in (*DATETIMES, "literal"):
+            raise Unsafe(f"to_char of a value of type {source.type} is not allowed (only dates and timestamps)",
+                         f"Cast it to text: ({_sql(node.this)})::text.")
+        return Value(TEXT, constant=source.constant)
+
+    def _text(self, node: exp.Expression) -> Value:
+        source = self.value(node.this)  # any text (a parameter's wrong type fails when the statement is planned)
+        return Value(TEXT, constant=source.constant)
+
+    _lower = _upper = _text
+
+    def _trim(self, node: exp.Trim) -> Value:
+        characters = node.args.get("expression")
+        if characters is not None and not (isinstance(characters, exp.Literal) and characters.is_string):
+            raise Unsafe("the characters trim removes must be a constant string", "trim(both 'x' from column)")
+        return self._text(node)
+
+    def _length(self, node: exp.Length) -> Value:
+        self._text(node)
+        return Value("int4", Decimal(0), Decimal(2**30), 0)
+
+    def _substring(self, node: exp.Substring) -> Value:
+        start = self._position(node, node.args.get("start"), allow_negative=True)
+        length = node.args.get("length")
+        if length is not None:
+            self._position(node, length, allow_negative=False)
+        if start is None:
+            raise Unsafe("substring needs a start position", "substring(column from 1 for 3)")
+        return self._text(node)
+
+    def _left(self, node: exp.Expression) -> Value:
+        self._position(node, node.expression, allow_negative=True)
+        return self._text(node)
+
+    _right = _left
+
+    def _position(self, node: exp.Expression, argument: exp.Expression | None,
+                  allow_negative: bool) -> Decimal | None:
+        if argument is None:
+            return None
+        value = self.value(argument)
+        number = value.value
+        if not (value.constant and isinstance(number, Decimal) and value.type in INTEGERS):
+            raise Unsafe(f"the positions and lengths of {_sql(node)} must be integer constants: a length that is "
+                         "negative for some rows fails for them",
+                         "substring(column from 1 for 3), left(column, 3)")
+        if abs(number) > MAX_POSITION or (number < 0 and not allow_negative):
+            raise Unsafe(f"{_sql(argument)} in {_sql(node)} must be between {0 if not allow_negative else -MAX_POSITION}"
+                         f" and {MAX_POSITION}", "substring(column from 1 for 3)")
+        return number
+
+    # -- aggregates ------------------------------------------------------------
+
+    def _aggregate(self, node: exp.Expression) -> Value:
+        argument = node.this
+        if isinstance(argument, exp.Distinct):
+            argument = argument.expressions[0] if argument.expressions else None
+        count = Value("int8", Decimal(0), INF, 0)
+        if isinstance(node, exp.WithinGroup) or argument is None or isinstance(argument, exp.Star):
+            return count if isinstance(node, exp.Count) else Value("other")
+        value = self.value(argument)
+        if isinstance(node, (exp.Sum, exp.Avg)) and derived(argument) and (
+                value.magnitude > MAX_SUMMED or value.nan or value.infinite):
+            raise Unsafe(f"{_sql(argument)} may exceed {MAX_SUMMED:.0e} in magnitude, and a sum of such values "
+                         "can overflow for some groups and not others",
+                         f"Add up values bounded by {MAX_SUMMED:.0e}: {DECLARE_HINT}.")
+        return count if isinstance(node, exp.Count) else Value("other")
+
+
+# --- helpers -----------------------------------------------------------------------------------------------------
+
+
+def _children(node: exp.Expression) -> list[exp.Expression]:
+    children: list[exp.Expression] = []
+    for value in node.args.values():
+        if isinstance(value, exp.Expression):
+            children.append(value)
+        elif isinstance(value, list):
+            children.extend(item for item in value if isinstance(item, exp.Expression))
+    return children
+
+
+def _set_args(node: exp.Expression) -> list[str]:
+    return [key for key, value in node.args.items() if value not in (None, False, [], "")]
+
+
+def _is_constant_tree(node: exp.Expression) -> bool:
+    return not any(isinstance(n, (exp.Column, exp.Parameter)) for n in node.walk())
+
+
+def _operation(node: exp.Expression) -> str:
+    if isinstance(node, exp.Neg):
+        return "unary minus"
+    if isinstance(node, _ARITHMETIC):
+        return "arithmetic"
+    return f"{node.sql_name().lower()}()" if isinstance(node, exp.Func) else type(node).__name__.lower()
+
+
+def _sql(node: exp.Expression) -> str:
+    return node.sql(dialect="postgres")
+
+
+@functools.lru_cache(maxsize=512)
+def _datatype(name: str) -> exp.DataType | None:
+    """A type as PostgreSQL's format_type() writes it ("integer", "numeric(10,2)"), parsed; None if unknown here."""
+    try:
+        return exp.DataType.build(name, dialect="postgres")
+    except (SqlglotError, ValueError):
+        return None
+
+
+def _cast_type(datatype: exp.DataType) -> str:
+    return _CAST_TYPES.get(datatype.this, "other")  # type: ignore[arg-type]
+
+
+def _typmod(datatype: exp.DataType) -> tuple[int | None, int]:
+    params = [p.this if isinstance(p, exp.DataTypeParam) else p for p in datatype.expressions]
+    numbers = [int(p.this) for p in params if isinstance(p, exp.Literal) and not p.is_string]
+    if not numbers or len(numbers) != len(params):
+        return None, 0
+    return numbers[0], numbers[1] if len(numbers) > 1 else 0
+
+
+def _scale_of(number: Decimal) -> int:
+    exponent = number.as_tuple().exponent
+    return max(0, -exponent) if isinstance(exponent, int) else 0
+
+
+def _sum_scale(kind: str, a: Value, b: Value) -> int | None:
+    """A sum's scale: exact types keep the larger; a float sum of a value and a constant c is 0 or at least about
+    |c|·2^-53 (the constant's spacing), so it is as far from zero as the constant allows."""
+    if a.scale is not None and b.scale is not None:
+        return max(a.scale, b.scale)
+    constant = b if b.constant else a if a.constant else None
+    if kind in FLOATS and constant is not None and isinstance(constant.value, Decimal) and constant.value != 0:
+        return _digits_above_one(1 / abs(constant.value)) + 17
+    return None
+
+
+def _digits_above_one(number: Decimal) -> int:
+    """How many decimal digits dividing by ``number`` can take a value below 1 (0 for |number| <= 1)."""
+    magnitude = abs(number)
+    return 0 if magnitude <= 1 else int(magnitude.log10().to_integral_value(ROUND_CEILING))
+
+
+def _times(x: Decimal, y: Decimal) -> Decimal:
+    return Decimal(0) if x == 0 or y == 0 else x * y
+
+
+def _truncate(x: Decimal) -> Decimal:
+    return x if not x.is_finite() else x.to_integral_value(rounding="ROUND_DOWN")
+
+
+def _round_to(x: Decimal, step: Decimal, rounding: str) -> Decimal:
+    """``x`` rounded to a multiple of ``step`` in direction ``rounding`` (or moved one step that way when it is
+    too large to round exactly)."""
+    if not x.is_finite() or (step <= 1 and x == x.to_integral_value()):
+        return x
+    if abs(x) >= Decimal("1e300") or step < Decimal("1e-300"):
+        return x - step if rounding == ROUND_FLOOR else x + step
+    return x.quantize(step, rounding=rounding)
+
+
+def _promote(a: str, b: str) -> str:
+    """The type PostgreSQL computes ``a op b`` in."""
+    if a in INTEGERS and b in INTEGERS:
+        return max(a, b, key=NUMBERS.index)
+    if a in FLOATS or b in FLOATS:
+        return "float4" if a == b == "float4" else "float8"
+    return "numeric"
+
+
+def _result(kind: str, a: Value, b: Value, low: Decimal, high: Decimal, scale: int | None) -> Value:
+    value = None
+    if a.constant and b.constant and low == high:
+        value = low
+    return Value(kind, low, high, scale, nan=a.nan or b.nan, infinite=a.infinite or b.infinite,
+                 constant=a.constant and b.constant, value=value)
+
+
+def _common(values: list[Value], node: exp.Expression) -> str | None:
+    """The number type ``values`` are compared or merged in, after checking each converts to it."""
+    numbers = [v for v in values if v.type in NUMBERS and not v.constant]
+    constants = [v for v in values if v.type in NUMBERS and v.constant]
+    if not numbers:
+        return None
+    kind = numbers[0].type
+    for other in [*numbers[1:], *constants]:
+        kind = _promote(kind, other.type)
+    for value in numbers:
+        _convert(value, kind, node)
+    return kind
+
+
+def _join(values: list[Value], node: exp.Expression) -> Value:
+    """The value of CASE or COALESCE: any of ``values`` (their common type, by PostgreSQL's rules)."""
+    _common(values, node)
+    typed = [v for v in values if v.type not in ("null", "literal")]
+    if not typed:
+        return Value("literal" if any(v.type == "literal" for v in values) else "null",
+                     constant=all(v.constant for v in values))
+    numbers = [v for v in typed if v.type in NUMBERS]
+    if len(numbers) == len(typed):
+        # A quoted constant takes the common type when the statement is planned: 'NaN' and 'Infinity' are numbers.
+        numbers += [_quoted_number(v) for v in values if v.type == "literal"]
+        kind = numbers[0].type
+        for other in numbers[1:]:
+            kind = _promote(kind, other.type)
+        scales = [v.scale for v in numbers]
+        return Value(kind, min(v.low for v in numbers), max(v.high for v in numbers),
+                     None if None in scales else max(s for s in scales if s is not None),
+                     any(v.nan for v in numbers), any(v.infinite for v in numbers),
+                     all(v.constant for v in values))
+    kinds = {v.type for v in typed}
+    if "date" in kinds and kinds & {"timestamp", "timestamptz"}:
+        raise Unsafe(f"{_sql(node)} mixes dates and timestamps: a date after 294276 AD does not convert to a timestamp",
+                     "Give every branch the same type.")
+    kind = kinds.pop() if len(kinds) == 1 else "other"
+    return Value(kind, infinite=any(v.infinite for v in typed), constant=all(v.constant for v in values))
+
+
+def _quoted_number(value: Value) -> Value:
+    try:
+        number = Decimal(str(value.value).strip())
+    except InvalidOperation:
+        return Value("int2", Decimal(0), Decimal(0), constant=True)  # not a number: PostgreSQL refuses the statement
+    if number.is_nan():
+        return Value("int2", Decimal(0), Decimal(0), nan=True, constant=True)
+    if number.is_infinite():
+        return Value("int2", Decimal(0), Decimal(0), infinite=True, constant=True)
+    return Value("int2", number, number, _scale_of(number), constant=True, value=number)
+
+
+def _convert(value: Value, kind: str, node: exp.Expression, target: exp.DataType | None = None) -> Value:
+    """``value`` converted to number type ``kind`` (implicitly in an operator, or by a cast to ``target``)."""
+    if value.type == kind and (target is None or kind != "numeric"):
+        return value
+    if kind in INTEGERS:
+        if value.nan or value.infinite:
+            raise Unsafe(f"{_sql(node)} converts NaN or Infinity, which {value.type} values may be, to an integer: "
+                         "that fails for the rows holding them",
+                         f"Declare bounds for the column (a bounded column holds neither), or {DECLARE_HINT}.")
+        low = _round_to(value.low, Decimal(1), ROUND_FLOOR)  # whichever way numeric and floats round halves
+        high = _round_to(value.high, Decimal(1), ROUND_CEILING)
+        return Value(kind, low, high, 0)
+    if kind == "numeric":
+        precision, scale = _typmod(target) if target is not None else (None, 0)
+        if precision is None:
+            return Value(kind, value.low, value.high, value.scale, value.nan, value.infinite)
+        limit = Decimal(10) ** (precision - scale)
+        if value.infinite or value.magnitude + Decimal(10) ** -scale / 2 >= limit:
+            raise Unsafe(f"{_sql(node)} does not fit numeric({precision},{scale}) for every value the column may hold",
+                         f"Cast to plain numeric, or {DECLARE_HINT}.")
+        return Value(kind, value.low, value.high, scale, value.nan)
+    # to float4 or float8
+    limit, smallest = FLOATS[kind]
+    if value.type in FLOATS and FLOATS[value.type][0] <= limit:
+        return replace(value, type=kind)
+    if value.type in INTEGERS:
+        return replace(value, type=kind)
+    if value.magnitude > limit:
+        raise Unsafe(f"{_sql(node)} converts a value to {kind} that may exceed its range of ±{limit:.1e}",
+                     f"Compute in numeric, or {DECLARE_HINT}.")
+    if value.scale is None or value.scale > smallest:
+        raise Unsafe(f"{_sql(node)} converts a value to {kind} that may be too close to zero for it (underflow)",
+                     "Round it first: round(x, 6).")
+    return replace(value, type=kind)
+
+
+def _constant_cast(kind: str, target: exp.DataType, source: Value) -> Value:
+    """A cast PostgreSQL folds when it plans the statement: typed, not proved."""
+    if kind in NUMBERS and isinstance(source.value, (Decimal, str)):
+        try:
+            number = Decimal(str(source.value).strip())
+        except InvalidOperation:
+            return Value(kind, constant=True)
+        if number.is_finite():
+            if kind in INTEGERS:
+                number = number.to_integral_value(rounding=ROUND_HALF_UP)
+            return Value(kind, number, number, _scale_of(number), constant=True, value=number)
+    return Value(kind, constant=True)
+
+
+def _no_underflow(kind: str, result: Value, node: exp.Expression) -> None:
+    if result.constant:
+        return
+    if result.scale is None or result.scale > FLOATS[kind][1]:
+        raise Unsafe(f"{_sql(node)} may underflow: a {kind} product or quotient of a value too close to zero fails "
+                     "for the rows holding one", "Compute in numeric (x::numeric / 10), or round first.")
+
+
+def _fit(value: Value, node: exp.Expression) -> Value:
+    """Raise unless every finite value of ``value`` fits its type."""
+    if value.constant:
+        return value
+    kind = value.type
+    if kind in INTEGERS:
+        low, high = INTEGERS[kind]
+        if value.low < low or value.high > high:
+            name = {"int2": "smallint", "int4": "integer", "int8": "bigint"}[kind]
+            raise Unsafe(f"{_sql(node)} can overflow {name} for values the columns may hold, and the error reveals "
+                         "which rows hold them",
+                         f"{DECLARE_HINT[0].upper() + DECLARE_HINT[1:]}." if isinstance(node, exp.Cast) else
+                         f"Cast to numeric first ({_hint_numeric(node)}), or {DECLARE_HINT}.")
+    elif kind == "numeric":
+        if value.magnitude >= NUMERIC_LIMIT:
+            raise Unsafe(f"{_sql(node)} can exceed numeric's range for values the columns may hold",
+                         f"Declare bounds: {DECLARE_HINT}.")
+    elif kind in FLOATS:
+        if value.magnitude > FLOATS[kind][0]:
+            raise Unsafe(f"{_sql(node)} can overflow {'real' if kind == 'float4' else 'double precision'} for values "
+                         "the columns may hold, and the error reveals which rows hold them",
+                         f"Declare bounds: {DECLARE_HINT}.")
+    return value
+
+
+def _hint_numeric(node: exp.Expression) -> str:
+    operand = node.this if isinstance(node.this, exp.Expression) else node
+    rest = node.expression if isinstance(node.args.get("expression"), exp.Expression) else None
+    if isinstance(node, (exp.Add, exp.Sub, exp.Mul, exp.Div)) and rest is not None:
+        symbol = {exp.Add: "+", exp.Sub: "-", exp.Mul: "*", exp.Div: "/"}[type(node)]
+        return f"({_sql(operand)})::numeric {symbol} {_sql(rest)}"
+    return f"({_sql(operand)})::numeric"
