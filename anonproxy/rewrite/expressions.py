@@ -356,7 +356,17 @@ class Checker:
         """An expression evaluated per group: aggregates allowed, their arguments row-level; outside aggregates, an
         identifying column only bare."""
         self._labelling(node, clause, aggregates=True)
-        self._prove(node, clause)
+        if not contains_aggregate(node, self.aggregates):
+            self._prove(node, clause)
+            return
+        # Over aggregates the expression is computed on released values only (post_aggregate); what runs on the
+        # rows is each aggregate's argument and FILTER condition: those must be total.
+        for aggregate in node.find_all(*self.aggregates):
+            for argument in _row_arguments(aggregate):
+                self._prove(argument, clause)
+        for filtered in node.find_all(exp.Filter):
+            self._prove(filtered.expression.this if isinstance(filtered.expression, exp.Where)
+                        else filtered.expression, clause)
 
     def key(self, node: exp.Expression, clause: str) -> None:
         """A grouping expression: row-level, and an identifying column only bare (GROUP BY id, never id = 17)."""
@@ -796,6 +806,15 @@ def _percentile_argument(node: exp.WithinGroup) -> exp.Expression:
     if not isinstance(ordered, exp.Ordered) or _set_args(ordered) - {"this", "nulls_first"}:
         raise unsupported("WITHIN GROUP (ORDER BY x) must order ascending", hint)
     return ordered.this
+
+
+def _row_arguments(aggregate: exp.Expression) -> list[exp.Expression]:
+    """The row-level expressions an aggregate computes on (``*`` and DISTINCT unwrapped)."""
+    found = []
+    for child in _children(aggregate):
+        parts = child.expressions if isinstance(child, exp.Distinct) else [child]
+        found += [part for part in parts if not isinstance(part, exp.Star)]
+    return found
 
 
 def contains_aggregate(node: exp.Expression, kinds: tuple[type[exp.Expression], ...] = AGGREGATES) -> bool:
