@@ -37,7 +37,17 @@ import sqlglot
 from sqlglot import exp
 from sqlglot.errors import SqlglotError
 
-from ..rewrite.decision import Decision, ExplainDP, Intercept, Noisy, Pass, Reject, Rewrite, SessionSetting
+from ..rewrite.decision import (
+    Decision,
+    ExplainDP,
+    ExplainSuppress,
+    Intercept,
+    Noisy,
+    Pass,
+    Reject,
+    Rewrite,
+    SessionSetting,
+)
 from ..rewrite.statements import DIALECT
 from ..wire.results import Result
 from .gate import PROXY_SETTINGS
@@ -116,7 +126,7 @@ class AuditTrail:
 
     def decided(self, who: Who, mode: str, sql: str, decision: Decision) -> None:
         """The gate's decision on a statement; those the proxy answers itself are recorded by ``answered``."""
-        if isinstance(decision, (Noisy, ExplainDP, SessionSetting)) or (
+        if isinstance(decision, (Noisy, ExplainDP, ExplainSuppress, SessionSetting)) or (
                 isinstance(decision, Intercept) and decision.setting in PROXY_SETTINGS):
             # Its decision holds the statement without the comments around it: keep the client's text for later.
             if len(self._texts) >= TEXTS_SIZE:

@@ -31,6 +31,7 @@ from anonproxy.rewrite.decision import (
     FEATURE_NOT_SUPPORTED,
     Decision,
     ExplainDP,
+    ExplainSuppress,
     Noisy,
     Pass,
     Refusal,
@@ -48,7 +49,8 @@ from anonproxy.rewrite.statements import (
     closing_paren,
     split,
 )
-from anonproxy.rewrite.suppress import rewrite
+from anonproxy.rewrite.suppress import reported, rewrite
+from anonproxy.rewrite.suppress_explain import explain_suppression
 
 # Functions that run SQL given as text, open connections, or act as another role: never passed through.
 SQL_RUNNING_FUNCTIONS = frozenset({
@@ -71,7 +73,7 @@ def decide(sql: str, role: RolePolicy, policy: Policy) -> Decision:
     """What the proxy does with ``sql`` (a whole Query or Parse message) for ``role``."""
     explained = explained_query(sql)
     if explained is not None:
-        return _explain_dp(explained, role, policy)
+        return _explain_anonproxy(explained, role, policy)
     if role.mode == "direct":
         return Pass()
     try:
@@ -82,14 +84,21 @@ def decide(sql: str, role: RolePolicy, policy: Policy) -> Decision:
         return Reject(FEATURE_NOT_SUPPORTED, "the statement is nested too deeply to analyze", PARSE_HINT)
 
 
-def _explain_dp(query: str, role: RolePolicy, policy: Policy) -> Decision:
-    """``EXPLAIN (ANONPROXY) query``: the proxy describes a dp query's cost without running it."""
-    if role.mode != "dp":
-        return Reject(FEATURE_NOT_SUPPORTED, "EXPLAIN (ANONPROXY) explains queries of roles in dp mode",
+def _explain_anonproxy(query: str, role: RolePolicy, policy: Policy) -> Decision:
+    """``EXPLAIN (ANONPROXY) query``: the proxy describes how it would answer a query, without running it."""
+    if role.mode not in ("dp", "suppress"):
+        return Reject(FEATURE_NOT_SUPPORTED, "EXPLAIN (ANONPROXY) explains queries of roles in suppress or dp mode",
                       f'Role "{role.role}" is in {role.mode} mode.')
     inner = decide(query, role, policy)
     if isinstance(inner, Noisy):
         return ExplainDP(inner.sql)
+    if isinstance(inner, Rewrite):
+        try:  # decide() rewrote it: one statement, which analyses as it did there
+            statement = next(iter(split(query)))
+            analysis = analyze(statement, parse_statement(statement), PolicyIndex(policy), role.suppression)
+        except Refusal as refusal:
+            return refusal.reject
+        return ExplainSuppress(explain_suppression(analysis, role, inner.runs))
     if isinstance(inner, Reject):
         return inner
     return Reject(FEATURE_NOT_SUPPORTED, "EXPLAIN (ANONPROXY) explains aggregate queries over protected tables",
@@ -125,9 +134,12 @@ def _statement(statement: Statement, role: RolePolicy, index: PolicyIndex) -> De
     _refuse_published(tree, index.policy)
     if role.mode == "dp":
         return Noisy(statement.text)  # planned by anonproxy.privacy.dp_plan, which says what it supports
-    sql = rewrite(analyze(statement, tree, index, role.suppression), role.suppression)
+    analysis = analyze(statement, tree, index, role.suppression)
+    sql = rewrite(analysis, role.suppression)
     verify(sql, index.policy, role.role)  # PostgreSQL's own parser reads the final SQL again
-    return Rewrite(sql)
+    report = reported(analysis, role.suppression)  # what runs: the answer, and what suppression withheld
+    verify(report, index.policy, role.role)
+    return Rewrite(sql, report)
 
 
 def _explain(statement: Statement, role: RolePolicy, index: PolicyIndex) -> Decision:

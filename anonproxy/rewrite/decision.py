@@ -22,9 +22,18 @@ class Pass:
 
 @dataclass(frozen=True)
 class Rewrite:
-    """Run ``sql`` on the proxy's privileged service connection instead of the client's text."""
+    """Run ``sql`` on the proxy's privileged service connection instead of the client's text.
+
+    ``reported``, when set, is the same answer wrapped so that it also reports what suppression withheld (an INFO
+    the proxy turns into a NOTICE, anonproxy.rewrite.suppress_explain): the proxy runs it in place of ``sql``."""
 
     sql: str
+    reported: str | None = None
+
+    @property
+    def runs(self) -> str:
+        """The statement the proxy sends to the service connection."""
+        return self.reported or self.sql
 
 
 @dataclass(frozen=True)
@@ -57,6 +66,13 @@ class ExplainDP:
 
 
 @dataclass(frozen=True)
+class ExplainSuppress:
+    """EXPLAIN (ANONPROXY) <suppress query>: the rows describing its plan, made without running anything."""
+
+    lines: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class Reject:
     """Answer with an ErrorResponse carrying this SQLSTATE, message and hint."""
 
@@ -65,7 +81,7 @@ class Reject:
     hint: str | None = None
 
 
-Decision = Pass | Rewrite | Intercept | Noisy | SessionSetting | ExplainDP | Reject
+Decision = Pass | Rewrite | Intercept | Noisy | SessionSetting | ExplainDP | ExplainSuppress | Reject
 
 
 class Refusal(Exception):

@@ -40,6 +40,9 @@ ANSWERED = "anonproxy_answered"
 REST_CELLS = "anonproxy_rest_cells"
 REST_RANKED = "anonproxy_rest_ranked"
 REST = "anonproxy_rest"
+REPORT = "anonproxy_report"
+ANSWER = "anonproxy_answer"
+REPORT_FUNCTION = "anonproxy.suppression_report"  # sql/0016_suppression_report.sql
 
 POLICY_HINT = "Ask the DBA to fix the role's suppression parameters."
 
@@ -80,6 +83,75 @@ def rewrite(query: AnalyticQuery, params: SuppressionParams) -> str:
     return _cells(query, rules, magnitudes, rest)
 
 
+def reported(query: AnalyticQuery, params: SuppressionParams) -> str:
+    """:func:`rewrite`'s statement, wrapped so that running it also reports what suppression withheld.
+
+    The answer is the same statement as a subquery (``SELECT * FROM (...) AS anonproxy_answer``: the same rows,
+    order, column names and types). Next to it, CTEs decide every group as the cells shape does and count what
+    was withheld; ``anonproxy.suppression_report()`` (sql/0016) hands those figures to the proxy as an INFO
+    message, which the proxy turns into a NOTICE of its own words (anonproxy.rewrite.suppress_explain) and never
+    forwards. The call sits in a WHERE that reads no column, which PostgreSQL evaluates once, before the first
+    row, even when the answer is empty. Only figures safe to release leave the database: see :func:`_report`.
+    """
+    rules = _Rules(params)
+    magnitudes = query.magnitudes if rules.magnitude_rules else ()
+    rest = rules.rest and query.grouped
+    if not magnitudes and not rest:
+        keys, _, _, ctes = _group_verdicts(query, rules, ())
+        body = _simple(query, rules)
+        if query.grouped:
+            ctes += _withheld(query, keys)
+    else:
+        ctes, body = _cells_parts(query, rules, magnitudes, rest)
+        keys = [f"g{i}" for i in range(1, len(query.keys) + 1)]
+        if query.grouped and not rest:
+            ctes += _withheld(query, keys)
+    ctes.append((REPORT, _report(query, rules, keys, rest), "what the proxy says about suppression, in a NOTICE"))
+    # The body is not indented: a string constant of the client's may span lines.
+    return "\n".join([_with(ctes), "SELECT *", "FROM (", body, f") AS {ANSWER}",
+                      f"WHERE (SELECT reported FROM {REPORT})"])
+
+
+def _report(query: AnalyticQuery, rules: _Rules, keys: list[str], rest: bool) -> str:
+    """The call of ``anonproxy.suppression_report(k, relation, labels, groups, total, rest, null_group)``.
+
+    * ``groups``: how many groups the client asked for were withheld, but only when those groups hold k to N - k
+      people together (NULL otherwise, which the proxy cannot tell from none). The count of withheld groups is then
+      a count over a query set that query-set-size control would release (a ``count(DISTINCT key)`` over their
+      rows tells as much); without that condition it would say whether a filter matches anybody at all
+      (``WHERE <one person's attributes> AND income = '>50K'``: 1 group or none).
+    * ``total`` (no GROUP BY): ``qss`` when the one total was withheld by query-set-size control, ``rules`` when by
+      the contributor or magnitude rules (a count(*) with the same WHERE tells which), NULL when it was released;
+      the client's HAVING is left out, so the notice never says whether it held for a withheld total.
+    * ``rest``: whether the suppressed-rest row was released (NULL: no rest row); ``null_group``: whether a
+      released group also has NULL in every grouping column, so that two rows look alike.
+    """
+    labels: str = "NULL"
+    groups = total = rest_released = null_group = "NULL"
+    if query.grouped:
+        labels = "ARRAY[" + ", ".join(_string(item.alias or item.expression)
+                                      for item in query.items if item.kind == "group") + "]"
+        chosen = f"{_key_tuple(keys)} IN (SELECT {_key_tuple(keys, bare=True)} FROM {WITHHELD})"
+        people = f"(SELECT count(DISTINCT unit) FROM {CELLS} WHERE {chosen})"
+        groups = f"CASE WHEN {_query_set_size(people, query, rules)} THEN (SELECT count(*) FROM {WITHHELD}) END"
+        if rest:
+            rest_released = f"(SELECT released FROM {REST})"
+            kept = [f"{key} IS NULL" for key in keys]
+            if query.having is not None:
+                kept.append(f"{_key_tuple(keys)} IN (SELECT * FROM {ASKED})")
+            null_group = f"EXISTS (SELECT 1 FROM {GROUPS} WHERE released AND {' AND '.join(kept)})"
+    else:
+        sized = _query_set_size(f"(SELECT count(unit) FROM {CELLS})", query, rules)
+        total = f"CASE WHEN (SELECT released FROM {GROUPS}) THEN NULL WHEN {sized} THEN 'rules' ELSE 'qss' END"
+    arguments = [str(rules.k), _string(query.table), labels, groups, total, rest_released, null_group]
+    return f"SELECT {REPORT_FUNCTION}(\n  " + ",\n  ".join(arguments) + "\n) AS reported"
+
+
+def _string(text: str) -> str:
+    """A standard SQL string constant (the service session keeps standard_conforming_strings on)."""
+    return "'" + text.replace("'", "''") + "'"
+
+
 def _contributes(rule: str, argument: str) -> str:
     """Whether a row makes its unit a contributor to an aggregate of ``argument``."""
     return f"({argument}) IS NOT NULL" if rule == "nonnull" else f"({argument}) <> 0"
@@ -98,47 +170,28 @@ def _simple(query: AnalyticQuery, rules: _Rules) -> str:
 
 
 def _cells(query: AnalyticQuery, rules: _Rules, magnitudes: tuple[str, ...], rest: bool) -> str:
-    keys = [f"g{i}" for i in range(1, len(query.keys) + 1)]
-    sums = [f"s{j}" for j in range(1, len(magnitudes) + 1)]
-    flags = [f"n{j}" for j in range(1, len(query.contributors) + 1)]
-    ctes: list[tuple[str, str, str | None]] = []
+    ctes, body = _cells_parts(query, rules, magnitudes, rest)
+    return _with(ctes) + "\n" + body
 
-    select = [f"{key} AS {name}" for key, name in zip(query.keys, keys, strict=True)]
-    select.append(f"{query.unit} AS unit")
-    select += [f"sum({argument}) AS {name}" for argument, name in zip(magnitudes, sums, strict=True)]
-    select += [f"bool_or({_contributes(rule, argument)}) AS {name}"
-               for (rule, argument), name in zip(query.contributors, flags, strict=True)]
-    lines = [f"SELECT {', '.join(select)}", f"FROM {query.from_sql}"]
-    if query.where is not None:
-        lines.append(f"WHERE {query.where}")
-    lines.append(f"GROUP BY {', '.join(str(i) for i in range(1, len(keys) + 2))}")
-    ctes.append((CELLS, "\n".join(lines), ("one row per group and privacy unit: its part of each SUM/AVG, and "
-                 "whether it contributes to each aggregate")))
 
-    ctes += _verdict(CELLS, RANKED, GROUPS, keys, sums, flags, _query_set_size("count(unit)", query, rules), rules,
-                     "released: k to N - k distinct units" + (", magnitude rules" if sums else ""))
+Ctes = list[tuple[str, str, str | None]]  # (name, body, comment)
 
+
+def _cells_parts(query: AnalyticQuery, rules: _Rules, magnitudes: tuple[str, ...], rest: bool) -> tuple[Ctes, str]:
+    """The cells shape: its CTEs, and the statement that follows them."""
+    keys, sums, flags, ctes = _group_verdicts(query, rules, magnitudes)
     if query.grouped:
         released = f"{_key_tuple(query.keys)} IN (SELECT {_key_tuple(keys, bare=True)} FROM {GROUPS} WHERE released)"
     else:
         released = f"(SELECT released FROM {GROUPS})"
 
     if not rest:
-        return _with(ctes) + "\n" + _client_select(query, released, with_order=True)
+        return ctes, _client_select(query, released, with_order=True)
 
-    withheld = f"SELECT {', '.join(keys)} FROM {GROUPS} WHERE NOT released"
+    ctes += _withheld(query, keys)
     answered = f"SELECT count(DISTINCT unit) AS units FROM {CELLS}"
     if query.having is not None:
-        # Only groups the client's HAVING keeps count towards the rest, and towards the people the answer covers.
-        asked = [f"SELECT {_key_tuple(query.keys, bare=True)}", f"FROM {query.from_sql}"]
-        if query.where is not None:
-            asked.append(f"WHERE {query.where}")
-        asked += [f"GROUP BY {', '.join(query.keys)}", f"HAVING {query.having}"]
-        ctes.append((ASKED, "\n".join(asked), "the groups the client's HAVING keeps"))
-        kept = f"{_key_tuple(keys)} IN (SELECT * FROM {ASKED})"
-        withheld += f"\n  AND {kept}"
-        answered += f"\nWHERE {kept}"
-    ctes.append((WITHHELD, withheld, "the groups the client asked for that were suppressed"))
+        answered += f"\nWHERE {_key_tuple(keys)} IN (SELECT * FROM {ASKED})"
     ctes.append((ANSWERED, answered, "the people the released rows and the rest row cover together"))
     rest_select = ["unit"] + [f"sum({name}) AS {name}" for name in sums] + [f"bool_or({f}) AS {f}" for f in flags]
     ctes.append((REST_CELLS, "\n".join([
@@ -172,7 +225,49 @@ def _cells(query: AnalyticQuery, rules: _Rules, magnitudes: tuple[str, ...], res
         tail.append(f"ORDER BY {', '.join(positions)}")
     if query.tail is not None:
         tail.append(query.tail)
-    return "\n".join([_with(ctes), first, "UNION ALL", *second, *tail])
+    return ctes, "\n".join([first, "UNION ALL", *second, *tail])
+
+
+def _group_verdicts(query: AnalyticQuery, rules: _Rules,
+                    magnitudes: tuple[str, ...]) -> tuple[list[str], list[str], list[str], Ctes]:
+    """CTEs deciding each group (``anonproxy_groups.released``) from each unit's contribution to it, and the names
+    of the key, sum and contributor columns of ``anonproxy_cells``."""
+    keys = [f"g{i}" for i in range(1, len(query.keys) + 1)]
+    sums = [f"s{j}" for j in range(1, len(magnitudes) + 1)]
+    flags = [f"n{j}" for j in range(1, len(query.contributors) + 1)]
+    ctes: Ctes = []
+
+    select = [f"{key} AS {name}" for key, name in zip(query.keys, keys, strict=True)]
+    select.append(f"{query.unit} AS unit")
+    select += [f"sum({argument}) AS {name}" for argument, name in zip(magnitudes, sums, strict=True)]
+    select += [f"bool_or({_contributes(rule, argument)}) AS {name}"
+               for (rule, argument), name in zip(query.contributors, flags, strict=True)]
+    lines = [f"SELECT {', '.join(select)}", f"FROM {query.from_sql}"]
+    if query.where is not None:
+        lines.append(f"WHERE {query.where}")
+    lines.append(f"GROUP BY {', '.join(str(i) for i in range(1, len(keys) + 2))}")
+    ctes.append((CELLS, "\n".join(lines), ("one row per group and privacy unit: its part of each SUM/AVG, and "
+                 "whether it contributes to each aggregate")))
+
+    ctes += _verdict(CELLS, RANKED, GROUPS, keys, sums, flags, _query_set_size("count(unit)", query, rules), rules,
+                     "released: k to N - k distinct units" + (", magnitude rules" if sums else ""))
+    return keys, sums, flags, ctes
+
+
+def _withheld(query: AnalyticQuery, keys: list[str]) -> Ctes:
+    """``anonproxy_withheld``: the groups the client asked for (its HAVING keeps them) that were suppressed."""
+    ctes: Ctes = []
+    withheld = f"SELECT {', '.join(keys)} FROM {GROUPS} WHERE NOT released"
+    if query.having is not None:
+        # Only groups the client's HAVING keeps count towards the rest, and towards the people the answer covers.
+        asked = [f"SELECT {_key_tuple(query.keys, bare=True)}", f"FROM {query.from_sql}"]
+        if query.where is not None:
+            asked.append(f"WHERE {query.where}")
+        asked += [f"GROUP BY {', '.join(query.keys)}", f"HAVING {query.having}"]
+        ctes.append((ASKED, "\n".join(asked), "the groups the client's HAVING keeps"))
+        withheld += f"\n  AND {_key_tuple(keys)} IN (SELECT * FROM {ASKED})"
+    ctes.append((WITHHELD, withheld, "the groups the client asked for that were suppressed"))
+    return ctes
 
 
 def _verdict(source: str, ranked: str, name: str, keys: list[str], sums: list[str], flags: list[str],
