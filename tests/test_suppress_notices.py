@@ -253,3 +253,13 @@ def test_everyone_but_one_is_not_counted_either(gated_proxy: Endpoint, gated_dat
     some = truth.execute("SELECT count(*) FROM adult WHERE id < 200").fetchone()[0]
     _, _, counted = ask(gated_proxy, gated_database, "SELECT id, count(*) FROM adult WHERE id < 200 GROUP BY id")
     assert counted[0].message_primary.startswith(f"anonproxy: {some} groups were suppressed")
+
+
+def test_a_rest_row_without_grouping_columns_in_the_answer(gated_proxy: Endpoint, gated_database: str,
+                                                           truth: psycopg.Connection) -> None:
+    sql = "SELECT count(*) FROM adult WHERE age > 50 GROUP BY native_country"
+    rows, columns, notices = ask(gated_proxy, gated_database, sql)
+    assert (rows, columns) == plain(truth, sql)
+    (message, _, _), = texts(notices)
+    assert message.endswith("groups were suppressed; one more row, the last one unless the query orders the rows, "
+                            "holds them together")

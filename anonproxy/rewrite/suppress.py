@@ -130,7 +130,7 @@ def _report(query: AnalyticQuery, rules: _Rules, keys: list[str], rest: bool) ->
     groups = total = rest_released = null_group = "NULL"
     if query.grouped:
         labels = "ARRAY[" + ", ".join(_string(item.alias or item.expression)
-                                      for item in query.items if item.kind == "group") + "]"
+                                      for item in query.items if item.kind == "group") + "]::text[]"
         chosen = f"{_key_tuple(keys)} IN (SELECT {_key_tuple(keys, bare=True)} FROM {WITHHELD})"
         people = f"(SELECT count(DISTINCT unit) FROM {CELLS} WHERE {chosen})"
         groups = f"CASE WHEN {_query_set_size(people, query, rules)} THEN (SELECT count(*) FROM {WITHHELD}) END"

@@ -30,7 +30,7 @@ class SuppressionReport:
 
     k: int
     relation: str
-    labels: tuple[str, ...]  # the grouping columns of the answer, as written (empty: no GROUP BY)
+    labels: tuple[str, ...] | None  # the answer's grouping columns, as written (None: no GROUP BY)
     groups: int | None  # groups withheld; None: not said (none, or too few or too many people to say)
     total: str | None  # no GROUP BY: "qss" or "rules" when the total was withheld, None when released
     rest: bool | None  # the suppressed-rest row was released (None: the role has none, or no GROUP BY)
@@ -52,7 +52,7 @@ def read_report(fields: dict[str, str]) -> SuppressionReport | None:
         data = json.loads(fields.get("D", ""))
         return SuppressionReport(
             k=int(data["k"]), relation=str(data["relation"]),
-            labels=tuple(str(label) for label in data["labels"] or ()),
+            labels=None if data["labels"] is None else tuple(str(label) for label in data["labels"]),
             groups=None if data["groups"] is None else int(data["groups"]),
             total=data["total"] if data["total"] in ("qss", "rules") else None,
             rest=None if data["rest"] is None else bool(data["rest"]),
@@ -85,7 +85,9 @@ def notice(report: SuppressionReport, rows: int | None) -> Notice | None:
                   f"people in {report.relation}, when fewer than {k} people contribute to one of its aggregates, "
                   "or when a few people dominate a sum (the role's dominance and p % rules).")
         them = "it" if report.groups == 1 else "them"
-        if report.rest:
+        if report.rest and not report.labels:  # no grouping column in the select list to show it
+            message += f"; one more row, the last one unless the query orders the rows, holds {them} together"
+        elif report.rest:
             message += f"; the row with NULL in {_columns(report.labels)} holds {them} together"
             if report.null_group:
                 detail += (f" A released group has NULL in {_columns(report.labels)} too: the rest row is the "
@@ -95,7 +97,7 @@ def notice(report: SuppressionReport, rows: int | None) -> Notice | None:
             detail += (f" The rest row must itself hold at least {k} people and pass the other rules, and it and "
                        f"the released rows together must leave at least {k} people out.")
         return Notice(message, detail)
-    if rows == 0 and report.labels:
+    if rows == 0 and report.labels is not None:
         return Notice("anonproxy: no group was released",
                       f"Suppression withholds groups of fewer than k = {k} people or of all but fewer than {k} of "
                       f"the people in {report.relation}, and groups whose aggregates fail the contributor, "
@@ -131,8 +133,9 @@ def explain_suppression(query: AnalyticQuery, role: RolePolicy, sql: str) -> tup
         lines.append(f"  p % rule: withheld when the sum minus its two largest contributions is below "
                      f"{params.p_percent:g} % of the largest ({', '.join(query.magnitudes)})")
     if query.grouped and params.suppressed_rest:
-        labels = [item.alias or item.expression for item in query.items if item.kind == "group"]
-        lines.append(f"  suppressed rest: one more row, NULL in {_columns(tuple(labels))}, holds the withheld groups "
+        labels = tuple(item.alias or item.expression for item in query.items if item.kind == "group")
+        shown = f", NULL in {_columns(labels)}," if labels else ""
+        lines.append(f"  suppressed rest: one more row{shown} holds the withheld groups "
                      f"together; released only if it passes the same rules and, with the released rows, leaves at "
                      f"least {k} people out")
     elif query.grouped:
@@ -147,5 +150,5 @@ def explain_suppression(query: AnalyticQuery, role: RolePolicy, sql: str) -> tup
 
 def _columns(labels: tuple[str, ...]) -> str:
     if len(labels) <= 1:
-        return "".join(labels) or "the grouping columns"
+        return "".join(labels)
     return ", ".join(labels[:-1]) + " and " + labels[-1]
