@@ -263,3 +263,30 @@ def test_a_rest_row_without_grouping_columns_in_the_answer(gated_proxy: Endpoint
     (message, _, _), = texts(notices)
     assert message.endswith("groups were suppressed; one more row, the last one unless the query orders the rows, "
                             "holds them together")
+
+
+@pytest.fixture(scope="module")
+def plain_reporter(truth: psycopg.Connection) -> Iterator[str]:
+    """A role in suppress mode with k = 10 only: no magnitude rules, no rest row (the simple shape)."""
+    role = "notice_reporter"
+    truth.execute(f"drop role if exists {role}")
+    truth.execute(f"create role {role} login password '{role}'")
+    truth.execute("select anonproxy.set_role_policy(%s, 'suppress', 10)", [role])
+    yield role
+    truth.execute("select anonproxy.drop_role_policy(%s)", [role])
+    truth.execute(f"drop role {role}")
+
+
+def test_the_simple_shape_counts_its_suppressed_groups(gated_proxy: Endpoint, gated_database: str,
+                                                       truth: psycopg.Connection, plain_reporter: str) -> None:
+    sql = "SELECT native_country AS country, count(*), avg(hours_per_week) FROM adult WHERE age > 50 GROUP BY 1"
+    notices: list[Notice] = []
+    with psycopg.connect(gated_proxy.dsn(gated_database, user=plain_reporter), autocommit=True) as conn:
+        conn.add_notice_handler(keep(notices))
+        rows = conn.execute(sql).fetchall()
+        assert conn.execute("SELECT count(*) FROM adult").fetchall() == []
+    expected = truth.execute("SELECT count(*) FROM (SELECT native_country FROM adult WHERE age > 50 GROUP BY 1 "
+                             f"HAVING count(*) < {K}) small").fetchone()[0]
+    assert withheld_groups(truth, "native_country", rows, "age > 50") == expected > 1
+    assert [n.message_primary for n in notices] == [
+        f"anonproxy: {expected} groups were suppressed", "anonproxy: the total was withheld by query-set-size control"]

@@ -58,8 +58,7 @@ Suppress mode's report: the SQL of a suppressed answer raises one INFO
 (anonproxy.suppression_report) with what suppression withheld. The gate never
 forwards it: after the answer's CommandComplete (or its first
 PortalSuspended) it sends a NOTICE in the proxy's words
-(anonproxy.rewrite.suppress_explain) and hands the report to ``reported``;
-an answer that fails says nothing.
+(anonproxy.rewrite.suppress_explain); an answer that fails says nothing.
 
 Time: when the session gives a ``time_limit`` (the policy's maximum for the
 role's mode), the statement_timeout of the client's own session (read from
@@ -194,10 +193,8 @@ class Gate:
         acquire_service: Callable[[], None] | None = None,
         release_service: Callable[[bool], None] = lambda clean: None,
         service_settings: dict[str, str] | None = None,
-        reported: Callable[[SuppressionReport], None] = lambda report: None,
     ) -> None:
         self._decide = decide  # None: being analysed, ``decided`` follows
-        self._reported = reported  # hears what suppression withheld from each answer (the audit trail)
         self._version = version  # of the policy in force
         self._time_limit = time_limit  # the policy's maximum statement time for the role's mode, in ms
         self._settings = settings
@@ -326,7 +323,6 @@ class Gate:
         if told is not None:
             self._write_client(pg.error_response("00000", told.message, severity="NOTICE", detail=told.detail,
                                                  hint=told.hint, type_=b"N"))
-        self._reported(report)
 
     def service_acquired(self) -> None:
         """The session borrowed a service connection (``acquire_service``): what waited for it goes on."""

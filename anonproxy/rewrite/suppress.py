@@ -87,8 +87,8 @@ def reported(query: AnalyticQuery, params: SuppressionParams) -> str:
     """:func:`rewrite`'s statement, wrapped so that running it also reports what suppression withheld.
 
     The answer is the same statement as a subquery (``SELECT * FROM (...) AS anonproxy_answer``: the same rows,
-    order, column names and types). Next to it, CTEs decide every group as the cells shape does and count what
-    was withheld; ``anonproxy.suppression_report()`` (sql/0016) hands those figures to the proxy as an INFO
+    order, column names and types). Next to it, CTEs count what was withheld: the cells shape's own verdicts, or,
+    for the simple shape, one more pass deciding each group with the answer's HAVING; ``anonproxy.suppression_report()`` (sql/0016) hands those figures to the proxy as an INFO
     message, which the proxy turns into a NOTICE of its own words (anonproxy.rewrite.suppress_explain) and never
     forwards. The call sits in a WHERE that reads no column, which PostgreSQL evaluates once, before the first
     row, even when the answer is empty. Only figures safe to release leave the database: see :func:`_report`.
@@ -96,23 +96,23 @@ def reported(query: AnalyticQuery, params: SuppressionParams) -> str:
     rules = _Rules(params)
     magnitudes = query.magnitudes if rules.magnitude_rules else ()
     rest = rules.rest and query.grouped
-    if not magnitudes and not rest:
-        keys, _, _, ctes = _group_verdicts(query, rules, ())
+    simple = not magnitudes and not rest
+    if simple:
+        keys, ctes = _simple_verdicts(query, rules)
         body = _simple(query, rules)
-        if query.grouped:
-            ctes += _withheld(query, keys)
     else:
         ctes, body = _cells_parts(query, rules, magnitudes, rest)
         keys = [f"g{i}" for i in range(1, len(query.keys) + 1)]
-        if query.grouped and not rest:
-            ctes += _withheld(query, keys)
-    ctes.append((REPORT, _report(query, rules, keys, rest), "what the proxy says about suppression, in a NOTICE"))
+    if query.grouped and not rest:
+        ctes += _withheld(query, keys)
+    ctes.append((REPORT, _report(query, rules, keys, rest, simple), "what the proxy says about suppression, in a "
+                 "NOTICE"))
     # The body is not indented: a string constant of the client's may span lines.
     return "\n".join([_with(ctes), "SELECT *", "FROM (", body, f") AS {ANSWER}",
                       f"WHERE (SELECT reported FROM {REPORT})"])
 
 
-def _report(query: AnalyticQuery, rules: _Rules, keys: list[str], rest: bool) -> str:
+def _report(query: AnalyticQuery, rules: _Rules, keys: list[str], rest: bool, simple: bool) -> str:
     """The call of ``anonproxy.suppression_report(k, relation, labels, groups, total, rest, null_group)``.
 
     * ``groups``: how many groups the client asked for were withheld, but only when those groups hold k to N - k
@@ -131,9 +131,20 @@ def _report(query: AnalyticQuery, rules: _Rules, keys: list[str], rest: bool) ->
     if query.grouped:
         labels = "ARRAY[" + ", ".join(_string(item.alias or item.expression)
                                       for item in query.items if item.kind == "group") + "]::text[]"
-        chosen = f"{_key_tuple(keys)} IN (SELECT {_key_tuple(keys, bare=True)} FROM {WITHHELD})"
-        people = f"(SELECT count(DISTINCT unit) FROM {CELLS} WHERE {chosen})"
-        groups = f"CASE WHEN {_query_set_size(people, query, rules)} THEN (SELECT count(*) FROM {WITHHELD}) END"
+        withheld = f"IN (SELECT {_key_tuple(keys, bare=True)} FROM {WITHHELD})"
+        count = f"(SELECT count(*) FROM {WITHHELD})"
+        if simple:
+            # The people of the withheld groups, read again from the rows only when their groups' sizes add up
+            # to k or more (a person may be in several groups: the sum only bounds them).
+            rows = f"{_key_tuple(query.keys)} {withheld}"
+            people = (f"(SELECT count(DISTINCT {query.unit}) FROM {query.from_sql} "
+                      f"WHERE {f'({query.where}) AND ' if query.where is not None else ''}{rows})")
+            upper = f"(SELECT sum(units) FROM {GROUPS} WHERE {_key_tuple(keys)} {withheld})"
+            groups = (f"CASE WHEN coalesce({upper}, 0) < {rules.k} THEN NULL\n"
+                      f"    WHEN {_query_set_size(people, query, rules)} THEN {count} END")
+        else:
+            people = f"(SELECT count(DISTINCT unit) FROM {CELLS} WHERE {_key_tuple(keys)} {withheld})"
+            groups = f"CASE WHEN {_query_set_size(people, query, rules)} THEN {count} END"
         if rest:
             rest_released = f"(SELECT released FROM {REST})"
             kept = [f"{key} IS NULL" for key in keys]
@@ -141,7 +152,8 @@ def _report(query: AnalyticQuery, rules: _Rules, keys: list[str], rest: bool) ->
                 kept.append(f"{_key_tuple(keys)} IN (SELECT * FROM {ASKED})")
             null_group = f"EXISTS (SELECT 1 FROM {GROUPS} WHERE released AND {' AND '.join(kept)})"
     else:
-        sized = _query_set_size(f"(SELECT count(unit) FROM {CELLS})", query, rules)
+        units = f"(SELECT units FROM {GROUPS})" if simple else f"(SELECT count(unit) FROM {CELLS})"
+        sized = _query_set_size(units, query, rules)
         total = f"CASE WHEN (SELECT released FROM {GROUPS}) THEN NULL WHEN {sized} THEN 'rules' ELSE 'qss' END"
     arguments = [str(rules.k), _string(query.table), labels, groups, total, rest_released, null_group]
     return f"SELECT {REPORT_FUNCTION}(\n  " + ",\n  ".join(arguments) + "\n) AS reported"
@@ -163,10 +175,29 @@ def _query_set_size(units: str, query: AnalyticQuery, rules: _Rules) -> str:
 
 
 def _simple(query: AnalyticQuery, rules: _Rules) -> str:
+    return _client_select(query, _group_rules(query, rules), with_order=True)
+
+
+def _group_rules(query: AnalyticQuery, rules: _Rules) -> str:
+    """The simple shape's condition on a group: k to N - k units, and k contributing units per aggregate."""
     conditions = [_query_set_size(f"count(DISTINCT {query.unit})", query, rules)]
     conditions += [f"count(DISTINCT CASE WHEN {_contributes(rule, argument)} THEN {query.unit} END) >= {rules.k}"
                    for rule, argument in query.contributors]
-    return _client_select(query, "\n   AND ".join(conditions), with_order=True)
+    return "\n   AND ".join(conditions)
+
+
+def _simple_verdicts(query: AnalyticQuery, rules: _Rules) -> tuple[list[str], Ctes]:
+    """``anonproxy_groups`` for the simple shape: each group, whether the answer's HAVING releases it, and its
+    distinct units; one pass over the rows, like the answer's."""
+    keys = [f"g{i}" for i in range(1, len(query.keys) + 1)]
+    select = [f"{key} AS {name}" for key, name in zip(query.keys, keys, strict=True)]
+    select += [f"{_group_rules(query, rules)}\n     AS released", f"count(DISTINCT {query.unit}) AS units"]
+    lines = [f"SELECT {', '.join(select)}", f"FROM {query.from_sql}"]
+    if query.where is not None:
+        lines.append(f"WHERE {query.where}")
+    if keys:
+        lines.append(f"GROUP BY {', '.join(str(i) for i in range(1, len(keys) + 1))}")
+    return keys, [(GROUPS, "\n".join(lines), "released as the answer's HAVING decides, and the people of each group")]
 
 
 def _cells(query: AnalyticQuery, rules: _Rules, magnitudes: tuple[str, ...], rest: bool) -> str:
