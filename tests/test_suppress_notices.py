@@ -274,6 +274,7 @@ def plain_reporter(truth: psycopg.Connection) -> Iterator[str]:
     truth.execute("select anonproxy.set_role_policy(%s, 'suppress', 10)", [role])
     yield role
     truth.execute("select anonproxy.drop_role_policy(%s)", [role])
+    truth.execute(f"drop owned by {role}")
     truth.execute(f"drop role {role}")
 
 
