@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -266,16 +267,32 @@ def test_a_rest_row_without_grouping_columns_in_the_answer(gated_proxy: Endpoint
 
 
 @pytest.fixture(scope="module")
-def plain_reporter(truth: psycopg.Connection) -> Iterator[str]:
+def plain_reporter(truth: psycopg.Connection, gated_proxy: Endpoint, gated_database: str) -> Iterator[str]:
     """A role in suppress mode with k = 10 only: no magnitude rules, no rest row (the simple shape)."""
     role = "notice_reporter"
     truth.execute(f"drop role if exists {role}")
     truth.execute(f"create role {role} login password '{role}'")
     truth.execute("select anonproxy.set_role_policy(%s, 'suppress', 10)", [role])
+    version = truth.execute("select version from anonproxy.policy_version").fetchone()[0]
+    wait_for_version(gated_proxy, gated_database, version)
     yield role
     truth.execute("select anonproxy.drop_role_policy(%s)", [role])
     truth.execute(f"drop owned by {role}")
     truth.execute(f"drop role {role}")
+
+
+def wait_for_version(proxy: Endpoint, dbname: str, version: int) -> None:
+    """Until every worker of the proxy has loaded policy ``version``: a role must not log in before its worker knows
+    its mode (fresh connections land on either worker; ten in a row must all know it)."""
+    deadline = time.monotonic() + 20
+    seen = 0
+    while seen < 10:
+        with psycopg.connect(proxy.dsn(dbname, user="reporter"), autocommit=True) as conn:
+            current = int(conn.execute("show anonproxy.policy_version").fetchone()[0])
+        seen = seen + 1 if current >= version else 0
+        assert time.monotonic() < deadline, "the proxy did not reload the policy"
+        if current < version:
+            time.sleep(0.05)
 
 
 def test_the_simple_shape_counts_its_suppressed_groups(gated_proxy: Endpoint, gated_database: str,
@@ -291,3 +308,17 @@ def test_the_simple_shape_counts_its_suppressed_groups(gated_proxy: Endpoint, ga
     assert withheld_groups(truth, "native_country", rows, "age > 50") == expected > 1
     assert [n.message_primary for n in notices] == [
         f"anonproxy: {expected} groups were suppressed", "anonproxy: the total was withheld by query-set-size control"]
+
+
+@pytest.mark.parametrize("role", ["reporter", "notice_reporter"])
+def test_a_string_constant_spanning_lines_reads_the_same_in_every_copy(
+        truth: psycopg.Connection, plain_reporter: str, role: str) -> None:
+    """The WHERE is copied into the CTEs that decide the groups: a copy that differed (indented, say) would decide
+    on other rows than the answer's, so every copy must hold the constant exactly as the client wrote it."""
+    constant = "'Holand-Netherlands\n  x\n'"
+    sql = f"SELECT education, count(*), sum(capital_gain) FROM adult WHERE native_country <> {constant} GROUP BY 1"
+    policy = load_policy(truth)
+    decision = decide(sql, policy.role(role), policy)
+    assert isinstance(decision, Rewrite) and decision.reported is not None
+    assert decision.reported.count(constant) == decision.reported.count("native_country <>") >= 3
+    assert decision.sql.count(constant) == decision.sql.count("native_country <>")

@@ -359,8 +359,10 @@ def _client_select(query: AnalyticQuery, condition: str, with_order: bool) -> st
 def _with(ctes: list[tuple[str, str, str | None]]) -> str:
     parts = []
     for name, body, comment in ctes:
-        note = f"  -- {comment}\n" if comment else ""
-        parts.append(f"{name} AS (\n{note}{_indent(body, 2)}\n)")
+        note = f"-- {comment}\n" if comment else ""
+        # Bodies are not indented: a string constant of the client's may span lines, and every copy of its text
+        # must read the same rows.
+        parts.append(f"{name} AS (\n{note}{body}\n)")
     return "WITH " + ",\n".join(parts)
 
 
@@ -370,11 +372,6 @@ def _key_tuple(expressions: list[str] | tuple[str, ...], bare: bool = False) -> 
     if len(arrays) == 1 or bare:
         return ", ".join(arrays)
     return f"({', '.join(arrays)})"
-
-
-def _indent(text: str, width: int) -> str:
-    pad = " " * width
-    return "\n".join(pad + line if line else line for line in text.split("\n"))
 
 
 def _decimal(value: float) -> Decimal:
