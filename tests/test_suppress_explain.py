@@ -56,7 +56,7 @@ def test_a_total_and_the_extended_protocol(gated_proxy: Endpoint, gated_database
     assert plan == again  # the bound value is not looked at
     assert f"  no GROUP BY: one total, withheld unless {K} <= n <= N - {K} (a whole-table total never is)" in plan
     assert not any("suppressed rest" in line or "dominance" in line for line in plan)  # no sum, no rest row
-    assert "    WHERE age > $1" in plan
+    assert "  WHERE age > $1" in plan
 
 
 def test_refusals_are_the_querys_own(gated_proxy: Endpoint, gated_database: str) -> None:
