@@ -88,9 +88,9 @@ def reported(query: AnalyticQuery, params: SuppressionParams) -> str:
 
     The answer is the same statement as a subquery (``SELECT * FROM (...) AS anonproxy_answer``: the same rows,
     order, column names and types). Next to it, CTEs count what was withheld: the cells shape's own verdicts, or,
-    for the simple shape, one more pass deciding each group with the answer's HAVING; ``anonproxy.suppression_report()`` (sql/0016) hands those figures to the proxy as an INFO
-    message, which the proxy turns into a NOTICE of its own words (anonproxy.rewrite.suppress_explain) and never
-    forwards. The call sits in a WHERE that reads no column, which PostgreSQL evaluates once, before the first
+    for the simple shape, one more pass deciding each group with the answer's HAVING. A call of
+    ``anonproxy.suppression_report()`` (sql/0016) hands those figures to the proxy as an INFO message, which the
+    proxy turns into a NOTICE of its own words (anonproxy.rewrite.suppress_explain) and never forwards. The call sits in a WHERE that reads no column, which PostgreSQL evaluates once, before the first
     row, even when the answer is empty. Only figures safe to release leave the database: see :func:`_report`.
     """
     rules = _Rules(params)
