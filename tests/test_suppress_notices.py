@@ -322,3 +322,30 @@ def test_a_string_constant_spanning_lines_reads_the_same_in_every_copy(
     assert isinstance(decision, Rewrite) and decision.reported is not None
     assert decision.reported.count(constant) == decision.reported.count("native_country <>") >= 3
     assert decision.sql.count(constant) == decision.sql.count("native_country <>")
+
+
+def described(conn: psycopg.Connection, sql: str, name: str) -> tuple[list[tuple], list[int]]:
+    """What a client's Describe shows of a statement: per column name, type, typmod, table, attribute, size;
+    and the parameter types."""
+    pgconn = conn.pgconn
+    prepared = pgconn.prepare(name.encode(), sql.encode())
+    assert not prepared.error_message, prepared.error_message
+    d = pgconn.describe_prepared(name.encode())
+    return ([(d.fname(i), d.ftype(i), d.fmod(i), d.ftable(i), d.ftablecol(i), d.fsize(i)) for i in range(d.nfields)],
+            [d.param_type(i) for i in range(d.nparams)])
+
+
+@pytest.mark.parametrize("role", ["reporter", "notice_reporter"])
+def test_the_reported_statement_describes_exactly_as_the_answer(truth: psycopg.Connection, plain_reporter: str,
+                                                                 role: str) -> None:
+    """Wrapping the answer keeps its RowDescription byte for byte (names, types, typmods, table and column of
+    origin) and its parameter types: a Describe answered from it is the answer's."""
+    policy = load_policy(truth)
+    for n, sql in enumerate([
+            "SELECT education, count(*), sum(capital_gain)::bigint AS s, avg(age) FROM adult WHERE age > $1 GROUP BY 1",
+            "SELECT count(*) FROM adult",
+            "SELECT sex, native_country, count(*) FROM adult GROUP BY 1, 2 ORDER BY 3 DESC LIMIT $1"]):
+        decision = decide(sql, policy.role(role), policy)
+        assert isinstance(decision, Rewrite) and decision.reported is not None
+        assert described(truth, decision.sql, f"{role}_answer_{n}") == \
+            described(truth, decision.reported, f"{role}_reported_{n}")
