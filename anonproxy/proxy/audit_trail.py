@@ -41,6 +41,7 @@ from ..rewrite.decision import (
     DeclareCursor,
     Decision,
     ExplainDP,
+    ExplainSuppress,
     Intercept,
     Noisy,
     Pass,
@@ -129,7 +130,7 @@ class AuditTrail:
         """The gate's decision on a statement; those the proxy answers itself are recorded by ``answered``."""
         if isinstance(decision, DeclareCursor):
             decision = decision.query  # a cursor's query is answered (or passed) as a plain one
-        if isinstance(decision, (Noisy, ExplainDP, SessionSetting)) or (
+        if isinstance(decision, (Noisy, ExplainDP, ExplainSuppress, SessionSetting)) or (
                 isinstance(decision, Intercept) and decision.setting in PROXY_SETTINGS):
             # Its decision holds the statement without the comments around it: keep the client's text for later.
             if len(self._texts) >= TEXTS_SIZE:

@@ -57,6 +57,12 @@ the session's output settings and statement_timeout; statements the client
 prepared on an earlier connection are prepared again there, from the
 rewrite kept here, just before a message uses them.
 
+Suppress mode's report: the SQL of a suppressed answer raises one INFO
+(anonproxy.suppression_report) with what suppression withheld. The gate never
+forwards it: after the answer's CommandComplete (or its first
+PortalSuspended) it sends a NOTICE in the proxy's words
+(anonproxy.rewrite.suppress_explain); an answer that fails says nothing.
+
 Time: when the session gives a ``time_limit`` (the policy's maximum for the
 role's mode), the statement_timeout of the client's own session (read from
 its connection with a query of the proxy's, after anything else ran there)
@@ -83,6 +89,7 @@ from ..rewrite.decision import (
     DeclareCursor,
     Decision,
     ExplainDP,
+    ExplainSuppress,
     FetchCursor,
     Intercept,
     Noisy,
@@ -93,6 +100,7 @@ from ..rewrite.decision import (
     Script,
     SessionSetting,
 )
+from ..rewrite.suppress_explain import SuppressionReport, notice, read_report
 from ..wire import protocol as pg
 from ..wire.framing import BoundedMessageBuffer, Piece
 from ..wire.results import Column, FormatError, Result, check_formats, result_formats
@@ -132,7 +140,7 @@ class Description:
 class ProxyRequest:
     """What the gate asks the session to answer: a proxy decision, with the bound parameters."""
 
-    decision: Decision  # Noisy, ExplainDP, SessionSetting, or Intercept of a setting in PROXY_SETTINGS
+    decision: Decision  # Noisy, ExplainDP, ExplainSuppress, SessionSetting, or Intercept of a PROXY_SETTINGS one
     describe: bool = False  # only the Description: nothing is run or charged
     parameters: Parameters = Parameters()
     timeout_ms: int = 0  # the statement_timeout for what it runs (0: none)
@@ -264,6 +272,7 @@ class Gate:
         self._script: ScriptRun | None = None
         self._cursor_statements: dict[bytes, CursorStatement] = {}
         self._cursor_portals: dict[bytes, tuple[CursorStatement, pg.Bind]] = {}
+        self._report: SuppressionReport | None = None  # of the suppressed answer the service is sending
 
     # -- input ------------------------------------------------------------------
 
@@ -317,14 +326,32 @@ class Gate:
                 self._pump()
         elif self._hide(Owner.SERVICE, type_):
             return
+        elif type_ == b"N" and (report := read_report(pg.parse_fields(body))) is not None:
+            self._report = report  # what suppression withheld: told once the answer's rows are out
         elif self._capture is not None and type_ != b"Z":
             self._captured(type_, body)
         elif type_ == b"Z":
+            self._report = None
             # The client's transaction is the one on its own connection.
             self._ready_for_query(Owner.SERVICE, self.transaction_status)
             self._release(clean=body == b"I")
         elif type_ != b"S":  # the service session's settings are not the client's
             self._write_client(pg.message(type_, body))
+            if self._report is not None and type_ in (b"C", b"s", b"E"):
+                self._tell_report(type_, body)
+
+    def _tell_report(self, type_: bytes, body: bytes) -> None:
+        """After an answer's CommandComplete (or PortalSuspended), the NOTICE of what suppression withheld; an
+        answer that failed (ErrorResponse) says nothing."""
+        report, self._report = self._report, None
+        assert report is not None
+        if type_ == b"E":
+            return
+        rows = _rows(body) if type_ == b"C" else None
+        told = notice(report, rows)
+        if told is not None:
+            self._write_client(pg.error_response("00000", told.message, severity="NOTICE", detail=told.detail,
+                                                 hint=told.hint, type_=b"N"))
 
     def service_acquired(self) -> None:
         """The session borrowed a service connection (``acquire_service``): what waited for it goes on."""
@@ -692,7 +719,7 @@ class Gate:
         if name is not None and name not in self._service_statements and self._statements.get(name) is Owner.SERVICE:
             decision = self._texts[name].decision
             assert isinstance(decision, Rewrite)
-            payload = pg.parse_message(name, decision.sql, self._texts[name].rest) + payload
+            payload = pg.parse_message(name, decision.runs, self._texts[name].rest) + payload
             hidden = (b"1",) + hidden
             self._service_statements.add(name)
         if route.prepares is not None:
@@ -788,7 +815,7 @@ class Gate:
         if isinstance(decision, Rewrite):
             if self.transaction_status == b"E":
                 return self._refuse(_ABORTED, simple=True)
-            return Route(Owner.SERVICE, pg.query_message(decision.sql), ends_batch=True)
+            return Route(Owner.SERVICE, pg.query_message(decision.runs), ends_batch=True)
         if _for_proxy(decision):
             if self.transaction_status == b"E":
                 return self._refuse(_ABORTED, simple=True)
@@ -844,7 +871,7 @@ class Gate:
             return Route(Owner.UPSTREAM, pg.parse_message(name, decision.sql, decided.rest))
         if isinstance(decision, Rewrite):
             self._statements[name] = Owner.SERVICE
-            return Route(Owner.SERVICE, pg.parse_message(name, decision.sql, decided.rest), prepares=name)
+            return Route(Owner.SERVICE, pg.parse_message(name, decision.runs, decided.rest), prepares=name)
         if _for_proxy(decision):
             self._statements[name] = Owner.PROXY
             self._proxy_statements[name] = (decision, _parameter_types(decided.rest))
@@ -1070,7 +1097,7 @@ _CLIENT_TIMEOUT_QUERY = pg.query_message(
 
 
 def _for_proxy(decision: Decision) -> bool:
-    return isinstance(decision, (Noisy, ExplainDP, SessionSetting)) or (
+    return isinstance(decision, (Noisy, ExplainDP, ExplainSuppress, SessionSetting)) or (
         isinstance(decision, Intercept) and decision.setting in PROXY_SETTINGS)
 
 
@@ -1080,6 +1107,12 @@ def fixed_columns(decision: Decision) -> tuple[Column, ...] | None:
         return (Column(f"anonproxy.{decision.setting}", 25),)
     if isinstance(decision, SessionSetting):
         return ()
-    if isinstance(decision, ExplainDP):
+    if isinstance(decision, (ExplainDP, ExplainSuppress)):
         return EXPLAIN_COLUMNS
     return None
+
+
+def _rows(command_complete: bytes) -> int | None:
+    """The row count a CommandComplete tag ends with (SELECT 3, FETCH 3), if any."""
+    words = command_complete.rstrip(b"\0").split()
+    return int(words[-1]) if len(words) >= 2 and words[-1].isdigit() else None

@@ -39,6 +39,7 @@ from ..rewrite.decision import (
     DeclareCursor,
     Decision,
     ExplainDP,
+    ExplainSuppress,
     Intercept,
     Noisy,
     Pass,
@@ -48,12 +49,13 @@ from ..rewrite.decision import (
 )
 from ..wire import protocol as pg
 from ..wire.framing import BoundaryTracker, MessageBuffer, Piece, RelayingMessageBuffer
+from ..wire.results import Result
 from .analysis import AnalysisFailed, AnalysisTimeout, Analyser
 from .cache import BoundedCache
 from .audit_trail import AuditTrail, Spent, Who, session_id
 from .cancel import CancelRegistry, ClientKey, UpstreamKey, cancel_then_hang_up, send_cancel
 from .followed_settings import REPORTED_SETTINGS, follow_settings
-from .gate import Gate, Owner, ProxyRequest, Reply
+from .gate import EXPLAIN_COLUMNS, Gate, Owner, ProxyRequest, Reply
 from .noisy import NoisyAnswers, Refused, SessionLimits
 from .policy_watch import PolicyWatcher
 from .service import ServiceConnection, ServiceUnavailable
@@ -133,7 +135,8 @@ def _weight(decision: Decision) -> int:
         return sum(len(text) + _weight(part) for text, part in decision.parts)
     if isinstance(decision, DeclareCursor):
         return len(decision.name) + _weight(decision.query)
-    return sum(len(getattr(decision, name, None) or "") for name in ("sql", "message", "hint"))
+    return sum(len(getattr(decision, name, None) or "") for name in ("sql", "reported", "message", "hint")) + \
+        sum(len(line) for line in getattr(decision, "lines", ()))
 
 
 class State(enum.Enum):
@@ -494,9 +497,11 @@ class ClientConnection(asyncio.Protocol):
         reply: Reply
         spent = Spent()  # for the audit trail
         try:
-            if noisy is None:
+            if isinstance(decision, ExplainSuppress):  # made when the statement was decided: nothing runs
+                reply = Result(EXPLAIN_COLUMNS, tuple((line.encode(),) for line in decision.lines), "EXPLAIN")
+            elif noisy is None:
                 raise Refused("0A000", "differential-privacy mode needs the proxy's service login")
-            if isinstance(decision, Intercept) and decision.setting == "budget":
+            elif isinstance(decision, Intercept) and decision.setting == "budget":
                 reply = await noisy.budget(role.role)
             elif isinstance(decision, Intercept):
                 if role.mode != "dp":

@@ -24,7 +24,8 @@ from sqlglot import exp
 from sqlglot.errors import SqlglotError
 from sqlglot.tokens import TokenType
 
-from anonproxy.plan.shape import prepare
+from anonproxy.plan.outer import Outer
+from anonproxy.plan.shape import Nested, prepare
 from anonproxy.policy.model import Policy, RolePolicy
 from anonproxy.rewrite.commands import (
     classify_command,
@@ -40,6 +41,7 @@ from anonproxy.rewrite.decision import (
     DeclareCursor,
     Decision,
     ExplainDP,
+    ExplainSuppress,
     FetchCursor,
     Noisy,
     Pass,
@@ -62,6 +64,8 @@ from anonproxy.rewrite.statements import (
     split,
 )
 from anonproxy.rewrite.nested import suppressed
+from anonproxy.rewrite.suppress import reported, rewrite
+from anonproxy.rewrite.suppress_explain import explain_suppression
 
 # Functions that run SQL given as text, open connections, or act as another role: never passed through.
 SQL_RUNNING_FUNCTIONS = frozenset({
@@ -84,7 +88,7 @@ def decide(sql: str, role: RolePolicy, policy: Policy) -> Decision:
     """What the proxy does with ``sql`` (a whole Query or Parse message) for ``role``."""
     explained = explained_query(sql)
     if explained is not None:
-        return _explain_dp(explained, role, policy)
+        return _explain_anonproxy(explained, role, policy)
     if role.mode == "direct":
         return Pass()
     try:
@@ -95,14 +99,30 @@ def decide(sql: str, role: RolePolicy, policy: Policy) -> Decision:
         return Reject(FEATURE_NOT_SUPPORTED, "the statement is nested too deeply to analyze", PARSE_HINT)
 
 
-def _explain_dp(query: str, role: RolePolicy, policy: Policy) -> Decision:
-    """``EXPLAIN (ANONPROXY) query``: the proxy describes a dp query's cost without running it."""
-    if role.mode != "dp":
-        return Reject(FEATURE_NOT_SUPPORTED, "EXPLAIN (ANONPROXY) explains queries of roles in dp mode",
+def _explain_anonproxy(query: str, role: RolePolicy, policy: Policy) -> Decision:
+    """``EXPLAIN (ANONPROXY) query``: the proxy describes how it would answer a query, without running it."""
+    if role.mode not in ("dp", "suppress"):
+        return Reject(FEATURE_NOT_SUPPORTED, "EXPLAIN (ANONPROXY) explains queries of roles in suppress or dp mode",
                       f'Role "{role.role}" is in {role.mode} mode.')
     inner = decide(query, role, policy)
     if isinstance(inner, Noisy):
         return ExplainDP(inner.sql)
+    if isinstance(inner, Rewrite):
+        try:  # decide() rewrote it: one statement, which takes the same shape and analyses as it did there
+            statement = next(iter(split(query)))
+            index = PolicyIndex(policy)
+            shape = prepare(statement, parse_statement(statement), index, parse_statement)
+            single = shape.inner if isinstance(shape, Nested) else shape
+            analysis = analyze(single.statement, single.tree, index, role.suppression)
+        except Refusal as refusal:
+            return refusal.reject
+        lines = explain_suppression(analysis, role, inner.runs)
+        if isinstance(shape, Nested):
+            first = ("an outer query over the aggregate query below: it reads only the rows that query releases"
+                     if isinstance(shape.post, Outer) else "a series limit: the top groups' query below is asked "
+                     "first; the chart's query then reads only the groups it releases, under the same rules")
+            lines = (first, *lines)
+        return ExplainSuppress(tuple(lines))
     if isinstance(inner, Reject):
         return inner
     return Reject(FEATURE_NOT_SUPPORTED, "EXPLAIN (ANONPROXY) explains aggregate queries over protected tables",
@@ -157,9 +177,20 @@ def _statement(statement: Statement, role: RolePolicy, index: PolicyIndex) -> De
     if role.mode == "dp":
         return Noisy(statement.text)  # planned by anonproxy.privacy.dp_plan, which says what it supports
     shape = prepare(statement, tree, index, parse_statement)  # derived tables flattened, names normalised
-    sql = suppressed(shape, index, role.suppression, parse_statement)
-    verify(sql, index.policy, role.role)  # PostgreSQL's own parser reads the final SQL again
-    return Rewrite(sql)
+    if isinstance(shape, Nested):
+        sql = suppressed(shape, index, role.suppression, parse_statement)
+        verify(sql, index.policy, role.role)  # PostgreSQL's own parser reads the final SQL again
+        return Rewrite(sql)
+    analysis = analyze(shape.statement, shape.tree, index, role.suppression)
+    if analysis.outer is not None:  # post-aggregate expressions: computed over the released values
+        sql = rewrite(analysis, role.suppression)
+        verify(sql, index.policy, role.role)
+        return Rewrite(sql)
+    # What runs: the answer and, next to it, what suppression withheld. It holds every CTE and clause of the
+    # answer alone, so PostgreSQL's own parser reading it again checks both.
+    report = reported(analysis, role.suppression)
+    verify(report, index.policy, role.role)
+    return Rewrite(rewrite(analysis, role.suppression), report)
 
 
 def _declare(statement: Statement, role: RolePolicy, index: PolicyIndex) -> DeclareCursor:

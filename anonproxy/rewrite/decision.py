@@ -33,9 +33,18 @@ class Relayed:
 
 @dataclass(frozen=True)
 class Rewrite:
-    """Run ``sql`` on the proxy's privileged service connection instead of the client's text."""
+    """Run ``sql`` on the proxy's privileged service connection instead of the client's text.
+
+    ``reported``, when set, is the same answer wrapped so that it also reports what suppression withheld (an INFO
+    the proxy turns into a NOTICE, anonproxy.rewrite.suppress_explain): the proxy runs it in place of ``sql``."""
 
     sql: str
+    reported: str | None = None
+
+    @property
+    def runs(self) -> str:
+        """The statement the proxy sends to the service connection."""
+        return self.reported or self.sql
 
 
 @dataclass(frozen=True)
@@ -65,6 +74,13 @@ class ExplainDP:
     """EXPLAIN (ANONPROXY) <dp query>: its cost and noise, without running or charging it."""
 
     sql: str
+
+
+@dataclass(frozen=True)
+class ExplainSuppress:
+    """EXPLAIN (ANONPROXY) <suppress query>: the rows describing its plan, made without running anything."""
+
+    lines: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -117,8 +133,8 @@ class Script:
     parts: tuple[tuple[str, Pass | DeclareCursor | FetchCursor | CloseCursor], ...]
 
 
-Decision = (Pass | Relayed | Rewrite | Intercept | Noisy | SessionSetting | ExplainDP | Reject | DeclareCursor
-            | FetchCursor | CloseCursor | Script)
+Decision = (Pass | Relayed | Rewrite | Intercept | Noisy | SessionSetting | ExplainDP | ExplainSuppress | Reject
+            | DeclareCursor | FetchCursor | CloseCursor | Script)
 
 
 class Refusal(Exception):

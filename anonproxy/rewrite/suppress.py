@@ -56,6 +56,9 @@ ANSWERED = "anonproxy_answered"
 REST_CELLS = "anonproxy_rest_cells"
 REST_RANKED = "anonproxy_rest_ranked"
 REST = "anonproxy_rest"
+REPORT = "anonproxy_report"
+ANSWER = "anonproxy_answer"
+REPORT_FUNCTION = "anonproxy.suppression_report"  # sql/0016_suppression_report.sql
 
 POLICY_HINT = "Ask the DBA to fix the role's suppression parameters."
 
@@ -116,7 +119,8 @@ def _released(query: AnalyticQuery, outer: Outer, rules: _Rules) -> str:
               for j, node in enumerate(outer.aggregates, 1)]
     suppressed = replace(query, items=tuple(inner), distinct=False, group_by=query.keys, order=(), tail=None,
                          having=None if query.having_outer else query.having)
-    lines = [f"WITH {RELEASED} AS MATERIALIZED (", _indent(_suppressed(suppressed, rules), 2), ")",
+    # The body is not indented: a string constant of the client's may span lines.
+    lines = [f"WITH {RELEASED} AS MATERIALIZED (", _suppressed(suppressed, rules), ")",
              f"SELECT {'DISTINCT ' if query.distinct else ''}{', '.join(item.sql for item in outer.items)}",
              f"FROM {RELEASED}"]
     if outer.having is not None:
@@ -126,6 +130,87 @@ def _released(query: AnalyticQuery, outer: Outer, rules: _Rules) -> str:
     if query.tail is not None:
         lines.append(query.tail)
     return "\n".join(lines)
+
+
+def reported(query: AnalyticQuery, params: SuppressionParams) -> str:
+    """:func:`rewrite`'s statement, wrapped so that running it also reports what suppression withheld.
+
+    The answer is the same statement as a subquery (``SELECT * FROM (...) AS anonproxy_answer``: the same rows,
+    order, column names and types). Next to it, CTEs count what was withheld: the cells shape's own verdicts, or,
+    for the simple shape, one more pass deciding each group with the answer's HAVING. A call of
+    ``anonproxy.suppression_report()`` (sql/0016) hands those figures to the proxy as an INFO message, which the
+    proxy turns into a NOTICE of its own words (anonproxy.rewrite.suppress_explain) and never forwards. The call sits in a WHERE that reads no column, which PostgreSQL evaluates once, before the first
+    row, even when the answer is empty. Only figures safe to release leave the database: see :func:`_report`.
+    """
+    rules = _Rules(params)
+    magnitudes = query.magnitudes if rules.magnitude_rules else ()
+    rest = rules.rest and query.grouped
+    simple = not magnitudes and not rest
+    if simple:
+        keys, ctes = _simple_verdicts(query, rules)
+        body = _simple(query, rules)
+    else:
+        ctes, body = _cells_parts(query, rules, magnitudes, rest)
+        keys = [f"g{i}" for i in range(1, len(query.keys) + 1)]
+    if query.grouped and not rest:
+        ctes += _withheld(query, keys)
+    ctes.append((REPORT, _report(query, rules, keys, rest, simple), "what the proxy says about suppression, in a "
+                 "NOTICE"))
+    # The body is not indented: a string constant of the client's may span lines.
+    return "\n".join([_with(ctes), "SELECT *", "FROM (", body, f") AS {ANSWER}",
+                      f"WHERE (SELECT reported FROM {REPORT})"])
+
+
+def _report(query: AnalyticQuery, rules: _Rules, keys: list[str], rest: bool, simple: bool) -> str:
+    """The call of ``anonproxy.suppression_report(k, relation, labels, groups, total, rest, null_group)``.
+
+    * ``groups``: how many groups the client asked for were withheld, but only when those groups hold k to N - k
+      people together (NULL otherwise, which the proxy cannot tell from none). The count of withheld groups is then
+      a count over a query set that query-set-size control would release (a ``count(DISTINCT key)`` over their
+      rows tells as much); without that condition it would say whether a filter matches anybody at all
+      (``WHERE <one person's attributes> AND income = '>50K'``: 1 group or none).
+    * ``total`` (no GROUP BY): ``qss`` when the one total was withheld by query-set-size control, ``rules`` when by
+      the contributor or magnitude rules (a count(*) with the same WHERE tells which), NULL when it was released;
+      the client's HAVING is left out, so the notice never says whether it held for a withheld total.
+    * ``rest``: whether the suppressed-rest row was released (NULL: no rest row); ``null_group``: whether a
+      released group also has NULL in every grouping column, so that two rows look alike.
+    """
+    labels: str = "NULL"
+    groups = total = rest_released = null_group = "NULL"
+    if query.grouped:
+        labels = "ARRAY[" + ", ".join(_string(item.alias or item.expression)
+                                      for item in query.items if item.kind == "group") + "]::text[]"
+        withheld = f"IN (SELECT {_key_tuple(keys, bare=True)} FROM {WITHHELD})"
+        count = f"(SELECT count(*) FROM {WITHHELD})"
+        if simple:
+            # The people of the withheld groups, read again from the rows only when their groups' sizes add up
+            # to k or more (a person may be in several groups: the sum only bounds them).
+            rows = f"{_key_tuple(query.keys)} {withheld}"
+            people = (f"(SELECT count(DISTINCT {query.unit}) FROM {query.from_sql} "
+                      f"WHERE {f'({query.where}) AND ' if query.where is not None else ''}{rows})")
+            upper = f"(SELECT sum(units) FROM {GROUPS} WHERE {_key_tuple(keys)} {withheld})"
+            groups = (f"CASE WHEN coalesce({upper}, 0) < {rules.k} THEN NULL\n"
+                      f"    WHEN {_query_set_size(people, query, rules)} THEN {count} END")
+        else:
+            people = f"(SELECT count(DISTINCT unit) FROM {CELLS} WHERE {_key_tuple(keys)} {withheld})"
+            groups = f"CASE WHEN {_query_set_size(people, query, rules)} THEN {count} END"
+        if rest:
+            rest_released = f"(SELECT released FROM {REST})"
+            kept = [f"{key} IS NULL" for key in keys]
+            if query.having is not None:
+                kept.append(f"{_key_tuple(keys)} IN (SELECT * FROM {ASKED})")
+            null_group = f"EXISTS (SELECT 1 FROM {GROUPS} WHERE released AND {' AND '.join(kept)})"
+    else:
+        units = f"(SELECT units FROM {GROUPS})" if simple else f"(SELECT count(unit) FROM {CELLS})"
+        sized = _query_set_size(units, query, rules)
+        total = f"CASE WHEN (SELECT released FROM {GROUPS}) THEN NULL WHEN {sized} THEN 'rules' ELSE 'qss' END"
+    arguments = [str(rules.k), _string(query.table), labels, groups, total, rest_released, null_group]
+    return f"SELECT {REPORT_FUNCTION}(\n  " + ",\n  ".join(arguments) + "\n) AS reported"
+
+
+def _string(text: str) -> str:
+    """A standard SQL string constant (the service session keeps standard_conforming_strings on)."""
+    return "'" + text.replace("'", "''") + "'"
 
 
 def _contributes(rule: str, argument: str) -> str:
@@ -139,54 +224,54 @@ def _query_set_size(units: str, query: AnalyticQuery, rules: _Rules) -> str:
 
 
 def _simple(query: AnalyticQuery, rules: _Rules) -> str:
+    return _client_select(query, _group_rules(query, rules), with_order=True)
+
+
+def _group_rules(query: AnalyticQuery, rules: _Rules) -> str:
+    """The simple shape's condition on a group: k to N - k units, and k contributing units per aggregate."""
     conditions = [_query_set_size(f"count(DISTINCT {query.unit})", query, rules)]
     conditions += [f"count(DISTINCT CASE WHEN {_contributes(rule, argument)} THEN {query.unit} END) >= {rules.k}"
                    for rule, argument in query.contributors]
-    return _client_select(query, "\n   AND ".join(conditions), with_order=True)
+    return "\n   AND ".join(conditions)
 
 
-def _cells(query: AnalyticQuery, rules: _Rules, magnitudes: tuple[str, ...], rest: bool) -> str:
+def _simple_verdicts(query: AnalyticQuery, rules: _Rules) -> tuple[list[str], Ctes]:
+    """``anonproxy_groups`` for the simple shape: each group, whether the answer's HAVING releases it, and its
+    distinct units; one pass over the rows, like the answer's."""
     keys = [f"g{i}" for i in range(1, len(query.keys) + 1)]
-    sums = [f"s{j}" for j in range(1, len(magnitudes) + 1)]
-    flags = [f"n{j}" for j in range(1, len(query.contributors) + 1)]
-    ctes: list[tuple[str, str, str | None]] = []
-
     select = [f"{key} AS {name}" for key, name in zip(query.keys, keys, strict=True)]
-    select.append(f"{query.unit} AS unit")
-    select += [f"sum({argument}) AS {name}" for argument, name in zip(magnitudes, sums, strict=True)]
-    select += [f"bool_or({_contributes(rule, argument)}) AS {name}"
-               for (rule, argument), name in zip(query.contributors, flags, strict=True)]
+    select += [f"{_group_rules(query, rules)}\n     AS released", f"count(DISTINCT {query.unit}) AS units"]
     lines = [f"SELECT {', '.join(select)}", f"FROM {query.from_sql}"]
     if query.where is not None:
         lines.append(f"WHERE {query.where}")
-    lines.append(f"GROUP BY {', '.join(str(i) for i in range(1, len(keys) + 2))}")
-    ctes.append((CELLS, "\n".join(lines), ("one row per group and privacy unit: its part of each SUM/AVG, and "
-                 "whether it contributes to each aggregate")))
+    if keys:
+        lines.append(f"GROUP BY {', '.join(str(i) for i in range(1, len(keys) + 1))}")
+    return keys, [(GROUPS, "\n".join(lines), "released as the answer's HAVING decides, and the people of each group")]
 
-    ctes += _verdict(CELLS, RANKED, GROUPS, keys, sums, flags, _query_set_size("count(unit)", query, rules), rules,
-                     "released: k to N - k distinct units" + (", magnitude rules" if sums else ""))
 
+def _cells(query: AnalyticQuery, rules: _Rules, magnitudes: tuple[str, ...], rest: bool) -> str:
+    ctes, body = _cells_parts(query, rules, magnitudes, rest)
+    return _with(ctes) + "\n" + body
+
+
+Ctes = list[tuple[str, str, str | None]]  # (name, body, comment)
+
+
+def _cells_parts(query: AnalyticQuery, rules: _Rules, magnitudes: tuple[str, ...], rest: bool) -> tuple[Ctes, str]:
+    """The cells shape: its CTEs, and the statement that follows them."""
+    keys, sums, flags, ctes = _group_verdicts(query, rules, magnitudes)
     if query.grouped:
         released = f"{_key_tuple(query.keys)} IN (SELECT {_key_tuple(keys, bare=True)} FROM {GROUPS} WHERE released)"
     else:
         released = f"(SELECT released FROM {GROUPS})"
 
     if not rest:
-        return _with(ctes) + "\n" + _client_select(query, released, with_order=True)
+        return ctes, _client_select(query, released, with_order=True)
 
-    withheld = f"SELECT {', '.join(keys)} FROM {GROUPS} WHERE NOT released"
+    ctes += _withheld(query, keys)
     answered = f"SELECT count(DISTINCT unit) AS units FROM {CELLS}"
     if query.having is not None:
-        # Only groups the client's HAVING keeps count towards the rest, and towards the people the answer covers.
-        asked = [f"SELECT {_key_tuple(query.keys, bare=True)}", f"FROM {query.from_sql}"]
-        if query.where is not None:
-            asked.append(f"WHERE {query.where}")
-        asked += [f"GROUP BY {', '.join(query.keys)}", f"HAVING {query.having}"]
-        ctes.append((ASKED, "\n".join(asked), "the groups the client's HAVING keeps"))
-        kept = f"{_key_tuple(keys)} IN (SELECT * FROM {ASKED})"
-        withheld += f"\n  AND {kept}"
-        answered += f"\nWHERE {kept}"
-    ctes.append((WITHHELD, withheld, "the groups the client asked for that were suppressed"))
+        answered += f"\nWHERE {_key_tuple(keys)} IN (SELECT * FROM {ASKED})"
     ctes.append((ANSWERED, answered, "the people the released rows and the rest row cover together"))
     rest_select = ["unit"] + [f"sum({name}) AS {name}" for name in sums] + [f"bool_or({f}) AS {f}" for f in flags]
     ctes.append((REST_CELLS, "\n".join([
@@ -220,7 +305,49 @@ def _cells(query: AnalyticQuery, rules: _Rules, magnitudes: tuple[str, ...], res
         tail.append(f"ORDER BY {', '.join(positions)}")
     if query.tail is not None:
         tail.append(query.tail)
-    return "\n".join([_with(ctes), first, "UNION ALL", *second, *tail])
+    return ctes, "\n".join([first, "UNION ALL", *second, *tail])
+
+
+def _group_verdicts(query: AnalyticQuery, rules: _Rules,
+                    magnitudes: tuple[str, ...]) -> tuple[list[str], list[str], list[str], Ctes]:
+    """CTEs deciding each group (``anonproxy_groups.released``) from each unit's contribution to it, and the names
+    of the key, sum and contributor columns of ``anonproxy_cells``."""
+    keys = [f"g{i}" for i in range(1, len(query.keys) + 1)]
+    sums = [f"s{j}" for j in range(1, len(magnitudes) + 1)]
+    flags = [f"n{j}" for j in range(1, len(query.contributors) + 1)]
+    ctes: Ctes = []
+
+    select = [f"{key} AS {name}" for key, name in zip(query.keys, keys, strict=True)]
+    select.append(f"{query.unit} AS unit")
+    select += [f"sum({argument}) AS {name}" for argument, name in zip(magnitudes, sums, strict=True)]
+    select += [f"bool_or({_contributes(rule, argument)}) AS {name}"
+               for (rule, argument), name in zip(query.contributors, flags, strict=True)]
+    lines = [f"SELECT {', '.join(select)}", f"FROM {query.from_sql}"]
+    if query.where is not None:
+        lines.append(f"WHERE {query.where}")
+    lines.append(f"GROUP BY {', '.join(str(i) for i in range(1, len(keys) + 2))}")
+    ctes.append((CELLS, "\n".join(lines), ("one row per group and privacy unit: its part of each SUM/AVG, and "
+                 "whether it contributes to each aggregate")))
+
+    ctes += _verdict(CELLS, RANKED, GROUPS, keys, sums, flags, _query_set_size("count(unit)", query, rules), rules,
+                     "released: k to N - k distinct units" + (", magnitude rules" if sums else ""))
+    return keys, sums, flags, ctes
+
+
+def _withheld(query: AnalyticQuery, keys: list[str]) -> Ctes:
+    """``anonproxy_withheld``: the groups the client asked for (its HAVING keeps them) that were suppressed."""
+    ctes: Ctes = []
+    withheld = f"SELECT {', '.join(keys)} FROM {GROUPS} WHERE NOT released"
+    if query.having is not None:
+        # Only groups the client's HAVING keeps count towards the rest, and towards the people the answer covers.
+        asked = [f"SELECT {_key_tuple(query.keys, bare=True)}", f"FROM {query.from_sql}"]
+        if query.where is not None:
+            asked.append(f"WHERE {query.where}")
+        asked += [f"GROUP BY {', '.join(query.keys)}", f"HAVING {query.having}"]
+        ctes.append((ASKED, "\n".join(asked), "the groups the client's HAVING keeps"))
+        withheld += f"\n  AND {_key_tuple(keys)} IN (SELECT * FROM {ASKED})"
+    ctes.append((WITHHELD, withheld, "the groups the client asked for that were suppressed"))
+    return ctes
 
 
 def _verdict(source: str, ranked: str, name: str, keys: list[str], sums: list[str], flags: list[str],
@@ -281,8 +408,10 @@ def _client_select(query: AnalyticQuery, condition: str, with_order: bool) -> st
 def _with(ctes: list[tuple[str, str, str | None]]) -> str:
     parts = []
     for name, body, comment in ctes:
-        note = f"  -- {comment}\n" if comment else ""
-        parts.append(f"{name} AS (\n{note}{_indent(body, 2)}\n)")
+        note = f"-- {comment}\n" if comment else ""
+        # Bodies are not indented: a string constant of the client's may span lines, and every copy of its text
+        # must read the same rows.
+        parts.append(f"{name} AS (\n{note}{body}\n)")
     return "WITH " + ",\n".join(parts)
 
 
@@ -292,11 +421,6 @@ def _key_tuple(expressions: list[str] | tuple[str, ...], bare: bool = False) -> 
     if len(arrays) == 1 or bare:
         return ", ".join(arrays)
     return f"({', '.join(arrays)})"
-
-
-def _indent(text: str, width: int) -> str:
-    pad = " " * width
-    return "\n".join(pad + line if line else line for line in text.split("\n"))
 
 
 def _decimal(value: float) -> Decimal:

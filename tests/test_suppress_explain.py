@@ -1,0 +1,98 @@
+"""EXPLAIN (ANONPROXY) for roles in suppress mode (docs/suppression.md), through the real proxy.
+
+The `reporter` of the demo policy: k = 10, dominance (2, 85 %), p 10 %, suppressed rest. The plan comes from the
+query and the policy only: nothing runs, no data is read, so two queries that differ only in a constant explain
+alike whatever the data holds.
+"""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+from conftest import Endpoint
+
+K = 10
+
+
+def reporter(proxy: Endpoint, dbname: str) -> psycopg.Connection:
+    return psycopg.connect(proxy.dsn(dbname, user="reporter"), autocommit=True)
+
+
+def explain(conn: psycopg.Connection, query: str, params: list[object] | None = None) -> list[str]:
+    cur = conn.execute(f"EXPLAIN (ANONPROXY) {query}", params)
+    assert [(c.name, c.type_code) for c in cur.description or ()] == [("QUERY PLAN", 25)]  # as dp's, and EXPLAIN's
+    assert cur.statusmessage == "EXPLAIN"
+    return [row[0] for row in cur.fetchall()]
+
+
+def test_a_grouped_query_shows_every_rule_and_the_sql(gated_proxy: Endpoint, gated_database: str) -> None:
+    with reporter(gated_proxy, gated_database) as conn:
+        plan = explain(conn, "SELECT education AS level, count(*), avg(hours_per_week), count(occupation) "
+                             "FROM adult WHERE age > 30 GROUP BY education")
+    assert plan[0] == f"suppressed answer on public.adult: exact values; groups of fewer than k = {K} people withheld"
+    assert '  privacy unit: "adult"."id" (people are counted as distinct units, not rows)' in plan
+    assert f"  query-set-size control: every released group, total and rest row covers n people, {K} <= n <= N - {K}" \
+        in plan
+    assert ('    N: the people of the FROM clause, joins included, WHERE not: SELECT count(DISTINCT "adult"."id") FROM '
+            '"public"."adult"') in plan
+    assert "  grouping keys: education" in plan
+    assert f"  sum/avg of hours_per_week: at least {K} people with a value that is not null and not zero" in plan
+    assert f"  count/min/max of occupation: at least {K} people with a value that is not null" in plan
+    assert ("  dominance: a group is withheld when its 2 largest contributions make more than 85 % of the sum of "
+            "hours_per_week") in plan
+    assert any(line.startswith("  p % rule: withheld when the sum minus its two largest") for line in plan)
+    assert any(line.startswith("  suppressed rest: one more row, NULL in level, holds the withheld groups") for line
+               in plan)
+    sql = plan.index("SQL the service would run:")
+    assert plan[sql + 1] == "  WITH anonproxy_cells AS ("
+    assert "  ) AS anonproxy_answer" in plan and "  WHERE (SELECT reported FROM anonproxy_report)" in plan
+    assert plan[-1] == "nothing was run"
+
+
+def test_a_total_and_the_extended_protocol(gated_proxy: Endpoint, gated_database: str) -> None:
+    with reporter(gated_proxy, gated_database) as conn:
+        plan = explain(conn, "SELECT count(*) FROM adult WHERE age > %s", [30])
+        again = explain(conn, "SELECT count(*) FROM adult WHERE age > %s", [99])
+    assert plan == again  # the bound value is not looked at
+    assert f"  no GROUP BY: one total, withheld unless {K} <= n <= N - {K} (a whole-table total never is)" in plan
+    assert not any("suppressed rest" in line or "dominance" in line for line in plan)  # no sum, no rest row
+    assert "  WHERE age > $1" in plan
+
+
+def test_refusals_are_the_querys_own(gated_proxy: Endpoint, gated_database: str) -> None:
+    with reporter(gated_proxy, gated_database) as conn:
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="SELECT \\* is not allowed"):
+            explain(conn, "SELECT * FROM adult")
+        with pytest.raises(psycopg.errors.FeatureNotSupported, match="explains aggregate queries"):
+            explain(conn, "SELECT 1")
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="EXPLAIN ANALYZE is not allowed"):
+            conn.execute("EXPLAIN (ANONPROXY, ANALYZE) SELECT sex, count(*) FROM adult GROUP BY sex")
+
+
+# -- attacks -----------------------------------------------------------------------------------------------------
+
+
+def test_explain_does_not_run_the_query(gated_proxy: Endpoint, gated_database: str) -> None:
+    """A query that fails when it runs (the men's total overflows smallint) is explained without an error."""
+    query = "SELECT sex, sum(capital_gain)::smallint FROM adult WHERE age > 20 GROUP BY sex"
+    with reporter(gated_proxy, gated_database) as conn:
+        with pytest.raises(psycopg.errors.NumericValueOutOfRange):
+            conn.execute(query)
+        plan = explain(conn, query)
+    assert plan[-1] == "nothing was run"
+
+
+@pytest.mark.parametrize("query", [
+    "SELECT income, count(*), sum(capital_gain) FROM adult WHERE {} GROUP BY income",
+    "SELECT count(*) FROM adult WHERE {}",
+])
+def test_explain_says_nothing_about_the_data(gated_proxy: Endpoint, gated_database: str, query: str) -> None:
+    """One person, a sensitive condition on them, or nobody: the plans differ only by the query's own text."""
+    conditions = ["id = 17", "id = 17 AND income = '>50K'", "id = -1"]
+    notices: list[str] = []
+    with reporter(gated_proxy, gated_database) as conn:
+        conn.add_notice_handler(lambda d: notices.append(d.message_primary or ""))
+        plans = [[line.replace(condition, "<condition>") for line in explain(conn, query.format(condition))]
+                 for condition in conditions]
+    assert plans[0] == plans[1] == plans[2]
+    assert notices == []  # no answer, so no word of what was withheld
