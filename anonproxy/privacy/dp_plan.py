@@ -33,7 +33,7 @@ from typing import Literal
 import sqlglot
 from sqlglot import exp
 
-from anonproxy.plan.outer import Outer, Series
+from anonproxy.plan import outer as nested_shapes
 from anonproxy.plan.shape import Nested, prepare
 from anonproxy.policy.model import (
     ColumnPolicy,
@@ -53,7 +53,8 @@ from anonproxy.privacy.mechanisms import (
 )
 from anonproxy.privacy.quantiles import dp_quantile, rank_halfwidth
 from anonproxy.rewrite.analytic import AnalyticQuery, analyze, canonical, filtered
-from anonproxy.rewrite.post_aggregate import RELEASED, Outer, key, value
+from anonproxy.rewrite.post_aggregate import RELEASED, Outer, value
+from anonproxy.rewrite import post_aggregate
 from anonproxy.rewrite.classify import parse_statement
 from anonproxy.rewrite.decision import (
     FEATURE_NOT_SUPPORTED,
@@ -284,7 +285,7 @@ class DPPlan:
     having: tuple | None = None  # compiled HAVING (dp_having) over columns + hidden
     domains: tuple[tuple[str, ...], ...] | None = None  # the GROUP BY keys' declared public domains, in order
     post: PostProcess | None = None  # post-aggregate expressions, computed over the noisy values
-    nested: Outer | Series | None = None  # what the proxy does with the released rows next (anonproxy.plan.outer)
+    nested: nested_shapes.Outer | nested_shapes.Series | None = None  # the released rows' next step
 
     @property
     def free(self) -> bool:
@@ -410,7 +411,7 @@ def _plan(sql: str, role: RolePolicy, policy: Policy, params: DPParams) -> DPPla
         if outer.keys_used:  # the GROUP BY expressions, when an expression reads one: hidden key columns
             for number, key_text in enumerate(query.keys, 1):
                 hidden.append(_Draft(f"key {key_text}", "key", key=number - 1))
-                inputs.append((key(number), len(drafts) + len(hidden) - 1))
+                inputs.append((post_aggregate.key(number), len(drafts) + len(hidden) - 1))
         for number, node in enumerate(outer.aggregates, 1):  # each aggregate: a hidden column (statistics shared)
             hidden.append(columns.aggregate(node, query.text_of(node).text, None))
             inputs.append((value(number), len(drafts) + len(hidden) - 1))

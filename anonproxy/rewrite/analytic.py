@@ -28,7 +28,6 @@ from sqlglot.tokens import TokenType
 from anonproxy.policy.model import SuppressionParams
 from anonproxy.rewrite.decision import forbidden, unsupported
 from anonproxy.rewrite.expressions import (
-    AGGREGATES,
     Checker,
     Scope,
     contains_aggregate,

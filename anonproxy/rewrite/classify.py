@@ -27,6 +27,7 @@ from sqlglot.tokens import TokenType
 from anonproxy.plan.outer import Outer
 from anonproxy.plan.shape import Nested, prepare
 from anonproxy.policy.model import Policy, RolePolicy
+from anonproxy.rewrite.analytic import analyze
 from anonproxy.rewrite.commands import (
     classify_command,
     cursor_command,

@@ -518,7 +518,7 @@ class Checker:
             if not isinstance(target, exp.DataType) or target.this not in POST_CAST_TYPES or (
                     modified and target.this not in _TEXT_TYPES | {exp.DataType.Type.DECIMAL}):
                 raise unsupported(f"cast to {target.sql(dialect='postgres') if target else None} is not allowed in "
-                                  f"{clause}", f"Cast aggregates to smallint, integer, bigint, numeric, real, double "
+                                  f"{clause}", "Cast aggregates to smallint, integer, bigint, numeric, real, double "
                                   "precision or text.")
         if isinstance(node, exp.Case):
             for branch in node.args.get("ifs") or []:
