@@ -192,14 +192,16 @@ def test_parse_count_benchmark_runs() -> None:
 def dp_session(proxy: Endpoint, dbname: str, role: str) -> psycopg.Connection[Any]:
     """A connection of a fresh dp role, once the worker that serves it knows the role (the fixture waits for one
     worker only, and the proxy runs two)."""
-    conn = psycopg.connect(proxy.dsn(dbname, user=role), autocommit=True)
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 30
     while True:
+        # A new connection each time: a session keeps the mode its worker knew at login.
+        conn = psycopg.connect(proxy.dsn(dbname, user=role), autocommit=True)
         try:
             if conn.execute("show anonproxy.mode").fetchone() == ("dp",):
                 return conn
         except psycopg.Error:
             pass
+        conn.close()
         assert time.monotonic() < deadline, "the proxy did not learn the role's mode"
         time.sleep(0.05)
 
