@@ -47,6 +47,9 @@ class ProtectedTable:
     unit_column: str
     columns: dict[str, ColumnPolicy] = field(default_factory=dict)
     shared_budget: SharedBudget | None = None
+    # Every column's SQL type as PostgreSQL's format_type() writes it ("integer", "numeric(10,2)"), read with
+    # the policy; None when not read (a policy built in memory). The no-error proof of derived expressions needs it.
+    types: dict[str, str] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,7 @@ class LinkedTable:
     references: str  # "public.people" (a protected table)
     references_column: str  # its unit column, "id"
     columns: dict[str, ColumnPolicy] = field(default_factory=dict)
+    types: dict[str, str] | None = field(default=None, compare=False)  # as ProtectedTable.types
 
 
 @dataclass(frozen=True)

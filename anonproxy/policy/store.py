@@ -63,6 +63,19 @@ select pg_catalog.json_build_object(
                        where pg_catalog.format('%I.%I', n.nspname, r.relname) = c.table_name
                          and a.attname = c.column_name
                   ) a on true),
+    -- The SQL type of every column of the protected and linked tables (a domain's base type), for the proof that
+    -- a derived expression cannot fail (anonproxy/plan/bounds.py).
+    'types', (select pg_catalog.json_agg(pg_catalog.json_build_array(g.table_name, a.attname,
+                  pg_catalog.format_type(case when t.typtype = 'd' then t.typbasetype else a.atttypid end,
+                                         case when t.typtype = 'd' then t.typtypmod else a.atttypmod end))
+                  order by g.table_name, a.attnum)
+                from (select p.table_name from anonproxy.protected_tables p
+                      union select l.table_name from anonproxy.linked_tables l) g
+                join pg_catalog.pg_class r on true
+                join pg_catalog.pg_namespace n on n.oid = r.relnamespace
+                     and pg_catalog.format('%I.%I', n.nspname, r.relname) = g.table_name
+                join pg_catalog.pg_attribute a on a.attrelid = r.oid and a.attnum > 0 and not a.attisdropped
+                join pg_catalog.pg_type t on t.oid = a.atttypid),
     'roles', (select pg_catalog.json_agg(r order by r.role_name) from anonproxy.role_policies r),
     -- Amounts as text: JSON numbers would come back as floats, and budgets are exact.
     'budgets', (select pg_catalog.json_agg(pg_catalog.json_build_object(
@@ -121,13 +134,16 @@ def policy_from_json(doc: dict[str, Any]) -> Policy:
             upper=_float(row["upper_bound"]),
             domain=None if row["domain"] is None else tuple(row["domain"]),
         )
+    types: dict[str, dict[str, str]] = {}
+    for table_name, column_name, type_name in doc.get("types") or ():
+        types.setdefault(table_name, {})[column_name] = type_name
     shared = {
         row["domain"]: SharedBudget(Decimal(row["epsilon"]), Decimal(row["delta"]), row["refresh_period"])
         for row in doc["shared_budgets"] or ()
     }
     tables = {
         row["table_name"]: ProtectedTable(row["table_name"], row["unit_column"], columns.get(row["table_name"], {}),
-                                          shared.get(row["table_name"]))
+                                          shared.get(row["table_name"]), types.get(row["table_name"], {}))
         for row in doc["tables"] or ()
     }
     budgets: dict[str, dict[str, Budget]] = {}
@@ -146,6 +162,7 @@ def policy_from_json(doc: dict[str, Any]) -> Policy:
             references=row["references_table"],
             references_column=row["references_column"],
             columns=columns.get(row["table_name"], {}),
+            types=types.get(row["table_name"], {}),
         )
         for row in doc["links"] or ()
     }

@@ -667,7 +667,9 @@ class _Columns:
             if max(abs(derived[0]), abs(derived[1])) == 0:
                 raise unsupported(f"{function.upper()}({text}) adds up only zeros", DP_HINT)
             return derived[0], derived[1], text
-        found = self.column_table(argument)
+        cast = _unparen(argument)
+        cast = cast if isinstance(cast, exp.Cast) and node is not None else None  # checked: a widening cast
+        found = self.column_table(cast.this if cast is not None else argument)
         if found is None:
             raise unsupported(f"{function.upper()}({written}) in dp mode takes a column with declared bounds, "
                               "not an expression", DP_HINT)
@@ -685,6 +687,8 @@ class _Columns:
                               BOUNDS_HINT)
         if max(abs(lower), abs(upper)) == 0:
             raise unsupported(f"the declared bounds of {name} are both 0", BOUNDS_HINT)
+        if cast is not None:  # the column's values, converted without error or change of magnitude
+            return lower, upper, self.query.text_of(node).argument  # type: ignore[arg-type, return-value]
         return lower, upper, self._column_sql(_unparen(argument))
 
     def _derived_bounds(self, argument: exp.Expression) -> tuple[Fraction, Fraction] | None:

@@ -29,6 +29,7 @@ from anonproxy.policy.model import SuppressionParams
 from anonproxy.rewrite.decision import forbidden, unsupported
 from anonproxy.rewrite.expressions import (
     AGGREGATES,
+    SPREADS,
     Checker,
     Scope,
     contains_aggregate,
@@ -715,7 +716,7 @@ def _aggregate_arguments(aggregates: tuple[AggregateText, ...]) -> tuple[tuple[s
         text = filtered(aggregate.argument, aggregate.filter)
         if text is None:
             continue  # count(*): every unit of the group contributes
-        if isinstance(node, (exp.Sum, exp.Avg)):
+        if isinstance(node, (exp.Sum, exp.Avg, *SPREADS)):  # a spread like avg: k units with nonzero values
             if text not in magnitudes:
                 magnitudes.append(text)
             rule: Contribution = "nonzero"

@@ -56,7 +56,8 @@ ROW_EXPRESSIONS = (
     "width_bucket, casts of constants, and casts to text"
 )
 # The aggregates of each mode, as the hints list them.
-SUPPRESS_AGGREGATES = "count(*), count(x), count(DISTINCT x), sum(x), avg(x){minmax}"
+SUPPRESS_AGGREGATES = ("count(*), count(x), count(DISTINCT x), sum(x), avg(x), "
+                       "variance/var_samp/var_pop/stddev/stddev_samp/stddev_pop(x){minmax}")
 DP_AGGREGATE_LIST = (
     "count(*), count(x), count(DISTINCT <privacy unit>), sum(x), avg(x), "
     "variance/var_samp/var_pop/stddev/stddev_samp/stddev_pop(x), median(x), "
@@ -103,11 +104,13 @@ _CONSTANT_CAST_TYPES = frozenset({
 # Any value casts to text without error.
 _TEXT_TYPES = frozenset({exp.DataType.Type.TEXT, exp.DataType.Type.VARCHAR, exp.DataType.Type.CHAR})
 
-AGGREGATES = (exp.Count, exp.Sum, exp.Avg, exp.Min, exp.Max)
-# Also aggregates in dp mode only, where the proxy computes them with noise (variance from noisy sums, quantiles
-# with the exponential mechanism): percentile_cont/disc(q) WITHIN GROUP (ORDER BY x) and median(x).
-DP_AGGREGATES = AGGREGATES + (exp.Variance, exp.VariancePop, exp.Stddev, exp.StddevSamp, exp.StddevPop, exp.Median,
-                              exp.WithinGroup)
+# The spreads (variance, stddev and their _pop/_samp forms) are computed by PostgreSQL in suppress mode, from noisy
+# sums in dp mode.
+SPREADS = (exp.Variance, exp.VariancePop, exp.Stddev, exp.StddevSamp, exp.StddevPop)
+AGGREGATES = (exp.Count, exp.Sum, exp.Avg, exp.Min, exp.Max, *SPREADS)
+# Also aggregates in dp mode only, where the proxy computes them with noise (quantiles with the exponential
+# mechanism): percentile_cont/disc(q) WITHIN GROUP (ORDER BY x) and median(x).
+DP_AGGREGATES = AGGREGATES + (exp.Median, exp.WithinGroup)
 
 # Node type -> the arguments it may carry. Anything else set on the node is refused.
 _ROW_NODES: dict[type[exp.Expression], frozenset[str]] = {
@@ -483,15 +486,42 @@ class Checker:
             raise unsupported(f"{name}(DISTINCT ...) is not allowed", self.aggregate_hint())
         if argument is None:
             raise unsupported(f"{name}() needs an argument", self.aggregate_hint())
-        if isinstance(node, exp.Count) and isinstance(node.this, exp.Distinct):
-            self._walk(argument, f"the argument of {name}()", aggregates=False)  # count(DISTINCT id): people
+        if isinstance(node, exp.Count) and (isinstance(node.this, exp.Distinct) or isinstance(argument, exp.Column)):
+            # count(DISTINCT id) counts people; count(id) counts the rows where id is not null, what count(*)
+            # FILTER (WHERE id IS NOT NULL) says: a bare column, even an identifying one, labels no row.
+            self._walk(argument, f"the argument of {name}()", aggregates=False)
             return
+        cast = _widening_cast(argument)
+        if cast is not None:
+            self._check_widening(cast, name)
+            argument = cast.this
         self._in_aggregate = True
-        self._summed = isinstance(node, (exp.Sum, exp.Avg))
+        self._summed = not isinstance(node, (exp.Count, exp.Min, exp.Max, exp.Median, exp.WithinGroup))
         try:
             self._walk(argument, f"the argument of {name}()", aggregates=False)
         finally:
             self._in_aggregate = self._summed = False
+
+    def _check_widening(self, cast: exp.Cast, function: str) -> None:
+        """``cast(column AS type)`` as the whole argument of an aggregate (Tableau's sum(CAST(x AS BIGINT))):
+        allowed when the column's SQL type, read with the policy, converts to ``type`` without error for every
+        value (:data:`WIDENING`); a narrowing cast fails for some values, and that error would be an answer."""
+        target = cast.args["to"]
+        column = cast.this
+        name = identifier(column.this)
+        table = identifier(column.args.get("table"))
+        schema = identifier(column.args.get("db"))
+        reference = self.scope.unaliased.get((schema, table)) if schema is not None and table else table
+        source = self.scope.references.get(reference) if reference is not None else (
+            next(iter(self.scope.references.values())) if len(self.scope.references) == 1 else None)
+        sql_type = _sql_type(source, name) if source is not None and name is not None else None
+        written = target.sql(dialect="postgres").lower()
+        if sql_type is None or not _widens(sql_type, target):
+            raise unsupported(
+                f"cast of {name} ({sql_type or 'type unknown'}) to {written} is not allowed in the argument of "
+                f"{function}(): a cast that fails for some values reveals data",
+                "Cast a numeric column to numeric or double precision (integers also to bigint), or aggregate the "
+                "column itself.")
 
     # -- per-node rules (return True when children were handled) --------------
 
@@ -698,6 +728,54 @@ class Checker:
         if not (isinstance(node.this, exp.Literal) and node.this.is_string):
             raise unsupported("INTERVAL takes a constant string", self.clause_hint(clause))
         return True
+
+
+# A column's SQL type (as format_type() writes it, without a type modifier) -> the cast targets that hold every one
+# of its values: integers widen to any wider integer, numeric and the floats (no error, at most rounding); real and
+# double precision to numeric (PostgreSQL 14 and later keep NaN and infinities) and to double precision. numeric
+# converts to double precision only under a type modifier that keeps it within its range (_NUMERIC_TO_FLOAT).
+_T = exp.DataType.Type
+WIDENING: dict[str, frozenset[exp.DataType.Type]] = {
+    "smallint": frozenset({_T.SMALLINT, _T.INT, _T.BIGINT, _T.DECIMAL, _T.FLOAT, _T.DOUBLE}),
+    "integer": frozenset({_T.INT, _T.BIGINT, _T.DECIMAL, _T.FLOAT, _T.DOUBLE}),
+    "bigint": frozenset({_T.BIGINT, _T.DECIMAL, _T.FLOAT, _T.DOUBLE}),
+    "numeric": frozenset({_T.DECIMAL}),
+    "real": frozenset({_T.FLOAT, _T.DECIMAL, _T.DOUBLE}),
+    "double precision": frozenset({_T.DECIMAL, _T.DOUBLE}),
+}
+# numeric(p, s) holds no nonzero value below 10^-s in magnitude and none from 10^(p-s) up: within double
+# precision's range (about 2.2e-308 to 1.8e308) when s <= 307 and p - s <= 308. A plain numeric may hold 1e-400,
+# whose conversion fails.
+_NUMERIC_TO_FLOAT = (307, 308)
+
+
+def _widening_cast(argument: exp.Expression) -> exp.Cast | None:
+    """``argument`` when it is cast(column AS type) of a plain column, without a type modifier."""
+    argument = unwrap(argument)
+    if not (isinstance(argument, exp.Cast) and _set_args(argument) == {"this", "to"}):
+        return None
+    target = argument.args["to"]
+    if not (isinstance(target, exp.DataType) and _set_args(target) == {"this"} and isinstance(argument.this,
+                                                                                               exp.Column)):
+        return None
+    return argument if target.this in WIDENING["smallint"] | WIDENING["real"] else None
+
+
+def _sql_type(table: ResolvedTable, column: str) -> str | None:
+    """``column``'s SQL type as the policy read it; None when unknown (a policy built in memory)."""
+    source = table.protected if table.protected is not None else table.linked
+    types = source.types if source is not None else None
+    return types.get(column) if types else None
+
+
+def _widens(sql_type: str, target: exp.DataType) -> bool:
+    """Whether every value of ``sql_type`` converts to ``target`` without error."""
+    base, _, modifier = sql_type.partition("(")
+    if base == "numeric" and modifier and target.this == _T.DOUBLE:
+        precision, _, scale = modifier.rstrip(")").partition(",")
+        digits, places = int(precision), int(scale or 0)
+        return places <= _NUMERIC_TO_FLOAT[0] and digits - places <= _NUMERIC_TO_FLOAT[1]
+    return target.this in WIDENING.get(base, frozenset())
 
 
 def _declares(table: ResolvedTable, column: str) -> bool:
