@@ -584,6 +584,7 @@ class _Columns:
         """The column of one aggregate; ``written`` is its text as the client wrote it (None: from HAVING)."""
         c = Fraction(self.rows_cap)
         condition = None  # FILTER (WHERE condition), as written: folded into the argument (analytic.filtered)
+        whole = node  # the texts of the query's aggregates are found by the whole aggregate, FILTER included
         if isinstance(node, exp.Filter):
             condition = self.query.text_of(node).filter
             node = node.this
@@ -610,7 +611,7 @@ class _Columns:
             if isinstance(argument, exp.Column) and condition is None:
                 text = self._column_sql(argument)  # the same text as the argument of avg(x) on that column
             else:
-                text = filtered(self.query.text_of(node).argument, condition)  # type: ignore[assignment]
+                text = filtered(self.query.text_of(whole).argument, condition)  # type: ignore[assignment]
             return _Draft(name, "count", statistic=self.need("count", text, c))
         if isinstance(node, exp.WithinGroup):
             function, literal, sign = node.this, node.this.this, 1
@@ -622,7 +623,7 @@ class _Columns:
         if isinstance(node, exp.Median):
             return self._quantile(name, argument, Fraction(1, 2), False, "MEDIAN")
         function = _output_name(None, node)  # sum, avg, variance, var_pop, stddev, ...
-        lower, upper, text = self._bounds(function, argument, node)
+        lower, upper, text = self._bounds(function, argument, whole)
         text = filtered(text, condition)  # type: ignore[assignment]
         if isinstance(node, exp.Sum):
             return _Draft(name, "sum", statistic=self.need("sum", text, c * max(abs(lower), abs(upper)),

@@ -750,15 +750,14 @@ _NUMERIC_TO_FLOAT = (307, 308)
 
 
 def _widening_cast(argument: exp.Expression) -> exp.Cast | None:
-    """``argument`` when it is cast(column AS type) of a plain column, without a type modifier."""
+    """``argument`` when it is cast(column AS type) of a plain column to a type other than text."""
     argument = unwrap(argument)
     if not (isinstance(argument, exp.Cast) and _set_args(argument) == {"this", "to"}):
         return None
     target = argument.args["to"]
-    if not (isinstance(target, exp.DataType) and _set_args(target) == {"this"} and isinstance(argument.this,
-                                                                                               exp.Column)):
+    if not (isinstance(target, exp.DataType) and isinstance(argument.this, exp.Column)):
         return None
-    return argument if target.this in WIDENING["smallint"] | WIDENING["real"] else None
+    return None if target.this in _TEXT_TYPES else argument  # any value casts to text (the row rule)
 
 
 def _sql_type(table: ResolvedTable, column: str) -> str | None:
@@ -769,7 +768,9 @@ def _sql_type(table: ResolvedTable, column: str) -> str | None:
 
 
 def _widens(sql_type: str, target: exp.DataType) -> bool:
-    """Whether every value of ``sql_type`` converts to ``target`` without error."""
+    """Whether every value of ``sql_type`` converts to ``target`` (without a type modifier) without error."""
+    if _set_args(target) != {"this"}:
+        return False  # numeric(3, 0), varchar(2): a modifier narrows
     base, _, modifier = sql_type.partition("(")
     if base == "numeric" and modifier and target.this == _T.DOUBLE:
         precision, _, scale = modifier.rstrip(")").partition(",")
