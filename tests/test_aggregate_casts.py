@@ -63,6 +63,8 @@ WIDENING = [
     "select sum(age::numeric), avg(cast(age as real)), count(cast(age as bigint)) from adult",
     "select avg(ratio::float8), sum(ratio::numeric) from adult",
     "select stddev(cast(age as double precision)), var_pop(hours_per_week::int8) from adult",
+    "select sum(cast(age as bigint)) filter (where hours_per_week > 40), count(hours_per_week) filter (where age > 40) "
+    "from adult",
 ]
 
 
