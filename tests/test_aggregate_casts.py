@@ -89,26 +89,28 @@ def test_dp_bounds_follow_the_column_through_the_cast() -> None:
     assert "LEAST(GREATEST(anonproxy_a1, 0), 100)" in cast.sql  # clamped to the column's declared bounds
 
 
+# Columns without declared bounds: a cast that fails for some value of the column's type stays refused (the
+# refusal names the cast and carries a hint).
 NARROWING = [
-    ("select sum(cast(age as smallint)) from adult", "smallint"),
-    ("select sum(big::int) from adult", "integer"),
-    ("select avg(cast(education as int)) from adult", "text"),
-    ("select avg(score::float8) from adult", "numeric"),  # a plain numeric may hold 1e-400
-    ("select sum(share::bigint) from adult", "double precision"),
-    ("select sum(weight::int8) from adult", "real"),
-    ("select sum(cast(age as numeric(3, 0))) from adult", "numeric(3,0)"),
+    "select sum(cast(capital_gain as smallint)) from adult",
+    "select sum(big::int) from adult",
+    "select avg(cast(education as int)) from adult",
+    "select avg(score::float8) from adult",  # a plain numeric may hold 1e-400, below double precision's range
+    "select sum(share::bigint) from adult",  # NaN, Infinity, 1e300
+    "select sum(weight::int8) from adult",
+    "select sum(cast(capital_gain as numeric(3, 0))) from adult",
 ]
 
 
-@pytest.mark.parametrize(("sql", "word"), NARROWING)
-def test_narrowing_casts_stay_refused_with_a_hint(sql: str, word: str) -> None:
+@pytest.mark.parametrize("sql", NARROWING)
+def test_narrowing_casts_stay_refused_with_a_hint(sql: str) -> None:
     for role in (SUPPRESS, DP):
-        decision = refused(sql, role, "cast")
-        assert "numeric or double precision" in decision.hint
+        refused(sql, role, "cast")
 
 
 def test_casts_of_columns_of_unknown_type_are_refused() -> None:
-    refused("select sum(cast(age as bigint)) from adult", SUPPRESS, "type unknown", policy=UNTYPED)
+    for role in (SUPPRESS, DP):
+        refused("select sum(cast(capital_gain as bigint)) from adult", role, "cast", policy=UNTYPED)
 
 
 @pytest.mark.parametrize("sql", ['select count(id) from adult', 'SELECT COUNT("adult"."id") FROM "public"."adult"',
@@ -132,7 +134,7 @@ def test_spreads_are_rewritten_in_suppress_mode_with_avgs_contribution_rule(sql:
 # --- attacks: errors and overflows that would depend on one person's value ------------------------------------
 
 ATTACKS = [
-    ("select sum(cast(age as smallint)) from adult", "cast"),  # fails for ages past 32767 (if any)
+    ("select sum(cast(capital_gain as smallint)) from adult", "cast"),  # fails past 32767
     ("select avg(cast(education as int)) from adult", "cast"),  # fails on the first non-number
     ("select count(cast(id as text)) from adult", "identifying column id"),
     ("select count(id + 0) from adult", "arithmetic|identifying column id"),
@@ -140,8 +142,8 @@ ATTACKS = [
     ("select stddev(case when id = 17 then age else 0 end) from adult", "identifying column id"),
     ("select variance(case when age = 90 then 9e307 else 0 end) from adult", "constant"),
     ("select count(cast(id as bigint)) from adult", "identifying column id"),
-    ("select sum(cast(age + 1 as bigint)) from adult", "cast|arithmetic"),
-    ("select sum(cast(case when age > 40 then age end as smallint)) from adult", "cast"),
+    ("select sum(cast(capital_gain * 100000 as bigint)) from adult", "cast|arithmetic|overflow"),
+    ("select sum(cast(case when age > 40 then capital_gain end as smallint)) from adult", "cast"),
 ]
 
 
@@ -205,7 +207,7 @@ def test_dp_casts_count_and_spreads_through_the_proxy(gated_proxy: Endpoint, gat
                                                                        ("s", 1700)]
         assert [c.type_code for c in expected_cursor.description] == [1700, 701, 20, 701]
         with pytest.raises(psycopg.Error) as caught:
-            conn.execute("select sum(cast(age as smallint)) from adult")
+            conn.execute("select sum(cast(education as integer)) from adult")
         assert caught.value.sqlstate == "0A000" and caught.value.diag.message_hint
     assert abs(row[0] - expected[0]) < expected[0] / 100
     assert abs(float(row[1]) - expected[1]) < 1

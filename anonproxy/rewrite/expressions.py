@@ -492,9 +492,8 @@ class Checker:
             self._walk(argument, f"the argument of {name}()", aggregates=False)
             return
         cast = _widening_cast(argument)
-        if cast is not None:
-            self._check_widening(cast, name)
-            argument = cast.this
+        if cast is not None and self._widens(cast):
+            argument = cast.this  # the column is checked as if bare; any other cast meets the row rules
         self._in_aggregate = True
         self._summed = not isinstance(node, (exp.Count, exp.Min, exp.Max, exp.Median, exp.WithinGroup))
         try:
@@ -502,11 +501,9 @@ class Checker:
         finally:
             self._in_aggregate = self._summed = False
 
-    def _check_widening(self, cast: exp.Cast, function: str) -> None:
-        """``cast(column AS type)`` as the whole argument of an aggregate (Tableau's sum(CAST(x AS BIGINT))):
-        allowed when the column's SQL type, read with the policy, converts to ``type`` without error for every
-        value (:data:`WIDENING`); a narrowing cast fails for some values, and that error would be an answer."""
-        target = cast.args["to"]
+    def _widens(self, cast: exp.Cast) -> bool:
+        """Whether ``cast(column AS type)``, the whole argument of an aggregate (Tableau's sum(CAST(x AS BIGINT))),
+        converts every value of the column's SQL type, read with the policy, without error (:data:`WIDENING`)."""
         column = cast.this
         name = identifier(column.this)
         table = identifier(column.args.get("table"))
@@ -515,13 +512,7 @@ class Checker:
         source = self.scope.references.get(reference) if reference is not None else (
             next(iter(self.scope.references.values())) if len(self.scope.references) == 1 else None)
         sql_type = _sql_type(source, name) if source is not None and name is not None else None
-        written = target.sql(dialect="postgres").lower()
-        if sql_type is None or not _widens(sql_type, target):
-            raise unsupported(
-                f"cast of {name} ({sql_type or 'type unknown'}) to {written} is not allowed in the argument of "
-                f"{function}(): a cast that fails for some values reveals data",
-                "Cast a numeric column to numeric or double precision (integers also to bigint), or aggregate the "
-                "column itself.")
+        return sql_type is not None and _converts(sql_type, cast.args["to"])
 
     # -- per-node rules (return True when children were handled) --------------
 
@@ -767,7 +758,7 @@ def _sql_type(table: ResolvedTable, column: str) -> str | None:
     return types.get(column) if types else None
 
 
-def _widens(sql_type: str, target: exp.DataType) -> bool:
+def _converts(sql_type: str, target: exp.DataType) -> bool:
     """Whether every value of ``sql_type`` converts to ``target`` (without a type modifier) without error."""
     if _set_args(target) != {"this"}:
         return False  # numeric(3, 0), varchar(2): a modifier narrows
