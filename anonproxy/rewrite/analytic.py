@@ -28,8 +28,6 @@ from sqlglot.tokens import TokenType
 from anonproxy.policy.model import SuppressionParams
 from anonproxy.rewrite.decision import forbidden, unsupported
 from anonproxy.rewrite.expressions import (
-    AGGREGATES,
-    SPREADS,
     Checker,
     Scope,
     contains_aggregate,
@@ -716,7 +714,8 @@ def _aggregate_arguments(aggregates: tuple[AggregateText, ...]) -> tuple[tuple[s
         text = filtered(aggregate.argument, aggregate.filter)
         if text is None:
             continue  # count(*): every unit of the group contributes
-        if isinstance(node, (exp.Sum, exp.Avg, *SPREADS)):  # a spread like avg: k units with nonzero values
+        if isinstance(node, (exp.Sum, exp.Avg, exp.Variance, exp.VariancePop, exp.Stddev, exp.StddevSamp,
+                             exp.StddevPop)):  # a spread like avg: k units with nonzero values
             if text not in magnitudes:
                 magnitudes.append(text)
             rule: Contribution = "nonzero"

@@ -104,6 +104,25 @@ _CONSTANT_CAST_TYPES = frozenset({
 # Any value casts to text without error.
 _TEXT_TYPES = frozenset({exp.DataType.Type.TEXT, exp.DataType.Type.VARCHAR, exp.DataType.Type.CHAR})
 
+# A column's SQL type (as format_type() writes it, without a type modifier) -> the cast targets that hold every one
+# of its values: integers widen to any wider integer, numeric and the floats (no error, at most rounding); real and
+# double precision to numeric (PostgreSQL 14 and later keep NaN and infinities) and to double precision. numeric
+# converts to double precision only under a type modifier that keeps it within its range (_NUMERIC_TO_FLOAT).
+_T = exp.DataType.Type
+WIDENING: dict[str, frozenset[exp.DataType.Type]] = {
+    "smallint": frozenset({_T.SMALLINT, _T.INT, _T.BIGINT, _T.DECIMAL, _T.FLOAT, _T.DOUBLE}),
+    "integer": frozenset({_T.INT, _T.BIGINT, _T.DECIMAL, _T.FLOAT, _T.DOUBLE}),
+    "bigint": frozenset({_T.BIGINT, _T.DECIMAL, _T.FLOAT, _T.DOUBLE}),
+    "numeric": frozenset({_T.DECIMAL}),
+    "real": frozenset({_T.FLOAT, _T.DECIMAL, _T.DOUBLE}),
+    "double precision": frozenset({_T.DECIMAL, _T.DOUBLE}),
+}
+# numeric(p, s) holds no nonzero value below 10^-s in magnitude and none from 10^(p-s) up: within double
+# precision's range (about 2.2e-308 to 1.8e308) when s <= 307 and p - s <= 308. A plain numeric may hold 1e-400,
+# whose conversion fails.
+_NUMERIC_TO_FLOAT = (307, 308)
+
+
 # The spreads (variance, stddev and their _pop/_samp forms) are computed by PostgreSQL in suppress mode, from noisy
 # sums in dp mode.
 SPREADS = (exp.Variance, exp.VariancePop, exp.Stddev, exp.StddevSamp, exp.StddevPop)
@@ -721,55 +740,6 @@ class Checker:
         return True
 
 
-# A column's SQL type (as format_type() writes it, without a type modifier) -> the cast targets that hold every one
-# of its values: integers widen to any wider integer, numeric and the floats (no error, at most rounding); real and
-# double precision to numeric (PostgreSQL 14 and later keep NaN and infinities) and to double precision. numeric
-# converts to double precision only under a type modifier that keeps it within its range (_NUMERIC_TO_FLOAT).
-_T = exp.DataType.Type
-WIDENING: dict[str, frozenset[exp.DataType.Type]] = {
-    "smallint": frozenset({_T.SMALLINT, _T.INT, _T.BIGINT, _T.DECIMAL, _T.FLOAT, _T.DOUBLE}),
-    "integer": frozenset({_T.INT, _T.BIGINT, _T.DECIMAL, _T.FLOAT, _T.DOUBLE}),
-    "bigint": frozenset({_T.BIGINT, _T.DECIMAL, _T.FLOAT, _T.DOUBLE}),
-    "numeric": frozenset({_T.DECIMAL}),
-    "real": frozenset({_T.FLOAT, _T.DECIMAL, _T.DOUBLE}),
-    "double precision": frozenset({_T.DECIMAL, _T.DOUBLE}),
-}
-# numeric(p, s) holds no nonzero value below 10^-s in magnitude and none from 10^(p-s) up: within double
-# precision's range (about 2.2e-308 to 1.8e308) when s <= 307 and p - s <= 308. A plain numeric may hold 1e-400,
-# whose conversion fails.
-_NUMERIC_TO_FLOAT = (307, 308)
-
-
-def _widening_cast(argument: exp.Expression) -> exp.Cast | None:
-    """``argument`` when it is cast(column AS type) of a plain column to a type other than text."""
-    argument = unwrap(argument)
-    if not (isinstance(argument, exp.Cast) and _set_args(argument) == {"this", "to"}):
-        return None
-    target = argument.args["to"]
-    if not (isinstance(target, exp.DataType) and isinstance(argument.this, exp.Column)):
-        return None
-    return None if target.this in _TEXT_TYPES else argument  # any value casts to text (the row rule)
-
-
-def _sql_type(table: ResolvedTable, column: str) -> str | None:
-    """``column``'s SQL type as the policy read it; None when unknown (a policy built in memory)."""
-    source = table.protected if table.protected is not None else table.linked
-    types = source.types if source is not None else None
-    return types.get(column) if types else None
-
-
-def _converts(sql_type: str, target: exp.DataType) -> bool:
-    """Whether every value of ``sql_type`` converts to ``target`` (without a type modifier) without error."""
-    if _set_args(target) != {"this"}:
-        return False  # numeric(3, 0), varchar(2): a modifier narrows
-    base, _, modifier = sql_type.partition("(")
-    if base == "numeric" and modifier and target.this == _T.DOUBLE:
-        precision, _, scale = modifier.rstrip(")").partition(",")
-        digits, places = int(precision), int(scale or 0)
-        return places <= _NUMERIC_TO_FLOAT[0] and digits - places <= _NUMERIC_TO_FLOAT[1]
-    return target.this in WIDENING.get(base, frozenset())
-
-
 def _declares(table: ResolvedTable, column: str) -> bool:
     """Whether the policy declares ``column`` for ``table`` (applying a policy checks the column exists)."""
     declared = table.protected.columns if table.protected is not None else (
@@ -816,6 +786,36 @@ def _percentile_argument(node: exp.WithinGroup) -> exp.Expression:
     if not isinstance(ordered, exp.Ordered) or _set_args(ordered) - {"this", "nulls_first"}:
         raise unsupported("WITHIN GROUP (ORDER BY x) must order ascending", hint)
     return ordered.this
+
+
+def _widening_cast(argument: exp.Expression) -> exp.Cast | None:
+    """``argument`` when it is cast(column AS type) of a plain column to a type other than text."""
+    argument = unwrap(argument)
+    if not (isinstance(argument, exp.Cast) and _set_args(argument) == {"this", "to"}):
+        return None
+    target = argument.args["to"]
+    if not (isinstance(target, exp.DataType) and isinstance(argument.this, exp.Column)):
+        return None
+    return None if target.this in _TEXT_TYPES else argument  # any value casts to text (the row rule)
+
+
+def _sql_type(table: ResolvedTable, column: str) -> str | None:
+    """``column``'s SQL type as the policy read it; None when unknown (a policy built in memory)."""
+    source = table.protected if table.protected is not None else table.linked
+    types = source.types if source is not None else None
+    return types.get(column) if types else None
+
+
+def _converts(sql_type: str, target: exp.DataType) -> bool:
+    """Whether every value of ``sql_type`` converts to ``target`` (without a type modifier) without error."""
+    if _set_args(target) != {"this"}:
+        return False  # numeric(3, 0), varchar(2): a modifier narrows
+    base, _, modifier = sql_type.partition("(")
+    if base == "numeric" and modifier and target.this == _T.DOUBLE:
+        precision, _, scale = modifier.rstrip(")").partition(",")
+        digits, places = int(precision), int(scale or 0)
+        return places <= _NUMERIC_TO_FLOAT[0] and digits - places <= _NUMERIC_TO_FLOAT[1]
+    return target.this in WIDENING.get(base, frozenset())
 
 
 def contains_aggregate(node: exp.Expression, kinds: tuple[type[exp.Expression], ...] = AGGREGATES) -> bool:
