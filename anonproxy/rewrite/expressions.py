@@ -788,6 +788,35 @@ def _percentile_argument(node: exp.WithinGroup) -> exp.Expression:
     return ordered.this
 
 
+def contains_aggregate(node: exp.Expression, kinds: tuple[type[exp.Expression], ...] = AGGREGATES) -> bool:
+    return any(isinstance(child, kinds) for child in node.walk())
+
+
+def is_post_aggregate(node: exp.Expression, kinds: tuple[type[exp.Expression], ...] = AGGREGATES) -> bool:
+    """Whether ``node`` is computed after aggregation: it holds an aggregate, or it is a post-aggregate function of
+    constants only (abs(0)); a constant the row rules allow (a cast of a constant, -1) keeps those rules."""
+    if contains_aggregate(node, kinds):
+        return True
+    return type(node) not in _ROW_NODES and not any(isinstance(child, exp.Column) for child in node.walk())
+
+
+def has_post_aggregate(node: exp.Expression, kinds: tuple[type[exp.Expression], ...] = AGGREGATES) -> bool:
+    """Whether a grouped clause's expression needs the post-aggregate evaluation: a post-aggregate node (not a
+    bare aggregate, a comparison or a boolean connective) anywhere outside the aggregates' arguments."""
+    if isinstance(node, kinds) or isinstance(node, exp.Filter):
+        return False
+    if type(node) in POST_NODES and not isinstance(node, (exp.Paren, exp.If)) and is_post_aggregate(node, kinds):
+        return True
+    return any(has_post_aggregate(child, kinds) for child in _children(node))
+
+
+def unwrap(node: exp.Expression) -> exp.Expression:
+    """The expression under an alias and parentheses."""
+    while isinstance(node, (exp.Alias, exp.Paren)):
+        node = node.this
+    return node
+
+
 def _widening_cast(argument: exp.Expression) -> exp.Cast | None:
     """``argument`` when it is cast(column AS type) of a plain column to a type other than text."""
     argument = unwrap(argument)
@@ -816,32 +845,3 @@ def _converts(sql_type: str, target: exp.DataType) -> bool:
         digits, places = int(precision), int(scale or 0)
         return places <= _NUMERIC_TO_FLOAT[0] and digits - places <= _NUMERIC_TO_FLOAT[1]
     return target.this in WIDENING.get(base, frozenset())
-
-
-def contains_aggregate(node: exp.Expression, kinds: tuple[type[exp.Expression], ...] = AGGREGATES) -> bool:
-    return any(isinstance(child, kinds) for child in node.walk())
-
-
-def is_post_aggregate(node: exp.Expression, kinds: tuple[type[exp.Expression], ...] = AGGREGATES) -> bool:
-    """Whether ``node`` is computed after aggregation: it holds an aggregate, or it is a post-aggregate function of
-    constants only (abs(0)); a constant the row rules allow (a cast of a constant, -1) keeps those rules."""
-    if contains_aggregate(node, kinds):
-        return True
-    return type(node) not in _ROW_NODES and not any(isinstance(child, exp.Column) for child in node.walk())
-
-
-def has_post_aggregate(node: exp.Expression, kinds: tuple[type[exp.Expression], ...] = AGGREGATES) -> bool:
-    """Whether a grouped clause's expression needs the post-aggregate evaluation: a post-aggregate node (not a
-    bare aggregate, a comparison or a boolean connective) anywhere outside the aggregates' arguments."""
-    if isinstance(node, kinds) or isinstance(node, exp.Filter):
-        return False
-    if type(node) in POST_NODES and not isinstance(node, (exp.Paren, exp.If)) and is_post_aggregate(node, kinds):
-        return True
-    return any(has_post_aggregate(child, kinds) for child in _children(node))
-
-
-def unwrap(node: exp.Expression) -> exp.Expression:
-    """The expression under an alias and parentheses."""
-    while isinstance(node, (exp.Alias, exp.Paren)):
-        node = node.this
-    return node
