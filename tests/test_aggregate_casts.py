@@ -99,7 +99,21 @@ NARROWING = [
     "select sum(share::bigint) from adult",  # NaN, Infinity, 1e300
     "select sum(weight::int8) from adult",
     "select sum(cast(capital_gain as numeric(3, 0))) from adult",
+    "select sum(share::numeric) from adult",  # Infinity does not convert before PostgreSQL 14
 ]
+
+
+@pytest.mark.parametrize(("sql_type", "target", "widens"), [
+    ("numeric(10,2)", "double precision", True), ("numeric(400,2)", "double precision", False),
+    ("numeric(10,400)", "double precision", False), ("numeric(10,2)", "numeric", True),
+    ("numeric(10,2)[]", "double precision", False), ("integer[]", "bigint", False), ("money", "numeric", False),
+    ("smallint", "real", True), ("bigint", "integer", False), ("real", "double precision", True),
+    ("double precision", "real", False), ("integer", "numeric(5,0)", False),
+])
+def test_widening_is_decided_on_the_columns_sql_type(sql_type: str, target: str, widens: bool) -> None:
+    policy = Policy(version=1, tables={"public.adult": dataclasses.replace(ADULT, types={**TYPES, "x": sql_type})})
+    decision = decided(f"select count(*), sum(cast(x as {target})) from adult", SUPPRESS, policy)
+    assert isinstance(decision, Rewrite) is widens, decision
 
 
 @pytest.mark.parametrize("sql", NARROWING)

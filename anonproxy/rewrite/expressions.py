@@ -105,17 +105,17 @@ _CONSTANT_CAST_TYPES = frozenset({
 _TEXT_TYPES = frozenset({exp.DataType.Type.TEXT, exp.DataType.Type.VARCHAR, exp.DataType.Type.CHAR})
 
 # A column's SQL type (as format_type() writes it, without a type modifier) -> the cast targets that hold every one
-# of its values: integers widen to any wider integer, numeric and the floats (no error, at most rounding); real and
-# double precision to numeric (PostgreSQL 14 and later keep NaN and infinities) and to double precision. numeric
-# converts to double precision only under a type modifier that keeps it within its range (_NUMERIC_TO_FLOAT).
+# of its values: integers widen to any wider integer, numeric and the floats (no error, at most rounding); real to
+# double precision. Not the floats to numeric: before PostgreSQL 14 an infinity fails to convert. numeric converts
+# to double precision only under a type modifier that keeps it within its range (_NUMERIC_TO_FLOAT).
 _T = exp.DataType.Type
 WIDENING: dict[str, frozenset[exp.DataType.Type]] = {
     "smallint": frozenset({_T.SMALLINT, _T.INT, _T.BIGINT, _T.DECIMAL, _T.FLOAT, _T.DOUBLE}),
     "integer": frozenset({_T.INT, _T.BIGINT, _T.DECIMAL, _T.FLOAT, _T.DOUBLE}),
     "bigint": frozenset({_T.BIGINT, _T.DECIMAL, _T.FLOAT, _T.DOUBLE}),
     "numeric": frozenset({_T.DECIMAL}),
-    "real": frozenset({_T.FLOAT, _T.DECIMAL, _T.DOUBLE}),
-    "double precision": frozenset({_T.DECIMAL, _T.DOUBLE}),
+    "real": frozenset({_T.FLOAT, _T.DOUBLE}),
+    "double precision": frozenset({_T.DOUBLE}),
 }
 # numeric(p, s) holds no nonzero value below 10^-s in magnitude and none from 10^(p-s) up: within double
 # precision's range (about 2.2e-308 to 1.8e308) when s <= 307 and p - s <= 308. A plain numeric may hold 1e-400,
@@ -840,8 +840,12 @@ def _converts(sql_type: str, target: exp.DataType) -> bool:
     if _set_args(target) != {"this"}:
         return False  # numeric(3, 0), varchar(2): a modifier narrows
     base, _, modifier = sql_type.partition("(")
-    if base == "numeric" and modifier and target.this == _T.DOUBLE:
-        precision, _, scale = modifier.rstrip(")").partition(",")
-        digits, places = int(precision), int(scale or 0)
-        return places <= _NUMERIC_TO_FLOAT[0] and digits - places <= _NUMERIC_TO_FLOAT[1]
-    return target.this in WIDENING.get(base, frozenset())
+    if base == "numeric" and modifier:
+        precision, _, scale = modifier.removesuffix(")").partition(",")
+        if not (modifier.endswith(")") and precision.isdigit() and scale.lstrip("-").isdigit()):
+            return False  # an array of numeric(p, s), say
+        digits, places = int(precision), int(scale)
+        if target.this == _T.DOUBLE:
+            return places <= _NUMERIC_TO_FLOAT[0] and digits - places <= _NUMERIC_TO_FLOAT[1]
+        return target.this in WIDENING["numeric"]
+    return target.this in WIDENING.get(sql_type, frozenset())
