@@ -144,6 +144,21 @@ def test_spreads_are_rewritten_in_suppress_mode_with_avgs_contribution_rule(sql:
     assert "count(DISTINCT CASE WHEN (age) <> 0" in decision.sql or "hours_per_week) <> 0" in decision.sql
 
 
+@pytest.mark.parametrize(("sql", "allowed"), [
+    ("select stddev(share) from adult", False),  # double precision, no bounds: 1e200 squared overflows
+    ("select var_pop(weight::float8) from adult", False),
+    ("select variance(case when age > 40 then score end) from adult", False),  # plain numeric, no bounds
+    ("select stddev(case when education = 'Masters' then age end) from adult", True),  # compared text is not squared
+    ("select stddev(big), variance(ratio) from adult", True),  # an integer type; bounds within 1e15
+    ("select stddev(coalesce(share, 0)) from adult", False),
+])
+def test_spreads_in_suppress_mode_square_only_values_that_cannot_overflow(sql: str, allowed: bool) -> None:
+    decision = decided(sql, SUPPRESS)
+    assert isinstance(decision, Rewrite) is allowed, decision
+    if not allowed:
+        assert "squared" in decision.message and decision.hint  # type: ignore[union-attr]
+
+
 # --- attacks: errors and overflows that would depend on one person's value ------------------------------------
 
 ATTACKS = [

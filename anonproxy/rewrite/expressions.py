@@ -510,6 +510,8 @@ class Checker:
             # FILTER (WHERE id IS NOT NULL) says: a bare column, even an identifying one, labels no row.
             self._walk(argument, f"the argument of {name}()", aggregates=False)
             return
+        if isinstance(node, SPREADS) and not self.dp:
+            self._check_squared(argument, name)
         cast = _widening_cast(argument)
         if cast is not None and self._widens(cast):
             argument = cast.this  # the column is checked as if bare; any other cast meets the row rules
@@ -523,15 +525,32 @@ class Checker:
     def _widens(self, cast: exp.Cast) -> bool:
         """Whether ``cast(column AS type)``, the whole argument of an aggregate (Tableau's sum(CAST(x AS BIGINT))),
         converts every value of the column's SQL type, read with the policy, without error (:data:`WIDENING`)."""
-        column = cast.this
+        source, name = self._source(cast.this)
+        sql_type = _sql_type(source, name) if source is not None and name is not None else None
+        return sql_type is not None and _converts(sql_type, cast.args["to"])
+
+    def _check_squared(self, argument: exp.Expression, function: str) -> None:
+        """PostgreSQL squares the values of variance and stddev: in floating point, a value past 1.3e154 overflows
+        (an error that would say someone holds it). So in suppress mode their values come from integer columns, or
+        from columns whose declared bounds stay within 1e15 (constants are held there by the summed-value rule)."""
+        for column in _value_columns(argument):
+            source, name = self._source(column)
+            if source is None or name is None or not _squares_fit(source, name):
+                raise unsupported(
+                    f"{function}() of {column.sql(dialect='postgres')} is not allowed in suppress mode: its values "
+                    "are squared, and a huge floating-point value overflows with an error that reveals it",
+                    f"Take {function}() of an integer column, or ask the DBA to declare bounds for "
+                    f"{name or 'the column'} (within 1e15).")
+
+    def _source(self, column: exp.Column) -> tuple[ResolvedTable | None, str | None]:
+        """The table a column reference reads (None when unqualified and the FROM clause has several), its name."""
         name = identifier(column.this)
         table = identifier(column.args.get("table"))
         schema = identifier(column.args.get("db"))
         reference = self.scope.unaliased.get((schema, table)) if schema is not None and table else table
         source = self.scope.references.get(reference) if reference is not None else (
             next(iter(self.scope.references.values())) if len(self.scope.references) == 1 else None)
-        sql_type = _sql_type(source, name) if source is not None and name is not None else None
-        return sql_type is not None and _converts(sql_type, cast.args["to"])
+        return source, name
 
     # -- per-node rules (return True when children were handled) --------------
 
@@ -849,3 +868,33 @@ def _converts(sql_type: str, target: exp.DataType) -> bool:
             return places <= _NUMERIC_TO_FLOAT[0] and digits - places <= _NUMERIC_TO_FLOAT[1]
         return target.this in WIDENING["numeric"]
     return target.this in WIDENING.get(sql_type, frozenset())
+
+
+def _value_columns(node: exp.Expression) -> Iterable[exp.Column]:
+    """The columns whose values an aggregate adds up in ``node``: not those compared in conditions."""
+    if isinstance(node, exp.Column):
+        yield node
+    elif isinstance(node, exp.Case):  # the operand of CASE x WHEN ... and the WHEN conditions are compared
+        for branch in node.args.get("ifs") or []:
+            yield from _value_columns(branch.args["true"])
+        if node.args.get("default") is not None:
+            yield from _value_columns(node.args["default"])
+    elif not isinstance(node, (*_PREDICATES, exp.And, exp.Or, exp.Not)):
+        for child in _children(node):
+            yield from _value_columns(child)
+
+
+# The largest declared bound whose square PostgreSQL's variance accumulates without overflow in any numeric type.
+MAX_SQUARED_BOUND = Decimal("1e15")
+
+
+def _squares_fit(table: ResolvedTable, column: str) -> bool:
+    """Whether the squares of ``column``'s values cannot overflow: an integer type, or declared bounds (which the
+    no-error rules trust) within :data:`MAX_SQUARED_BOUND`."""
+    if _sql_type(table, column) in ("smallint", "integer", "bigint"):
+        return True
+    source = table.protected if table.protected is not None else table.linked
+    policy = source.columns.get(column) if source is not None else None
+    if policy is None or policy.lower is None or policy.upper is None:
+        return False
+    return max(abs(Decimal(str(policy.lower))), abs(Decimal(str(policy.upper)))) <= MAX_SQUARED_BOUND
