@@ -26,7 +26,8 @@ from anonproxy.embedded import EmbeddedPostgres
 from anonproxy.privacy.dp_plan import answer, supported_digits
 
 QI = ["age", "workclass", "education", "marital_status", "race", "sex", "native_country"]
-SUPPRESS_AGGREGATES = "Allowed aggregates: count(*), count(x), count(DISTINCT x), sum(x), avg(x)."
+SUPPRESS_AGGREGATES = ("Allowed aggregates: count(*), count(x), count(DISTINCT x), sum(x), avg(x), "
+                       "variance/var_samp/var_pop/stddev/stddev_samp/stddev_pop(x).")
 DP_AGGREGATES = "percentile_cont/percentile_disc(q) WITHIN GROUP (ORDER BY x)"
 
 

@@ -591,6 +591,7 @@ class _Columns:
         """The column of one aggregate; ``written`` is its text as the client wrote it (None: from HAVING)."""
         c = Fraction(self.rows_cap)
         condition = None  # FILTER (WHERE condition), as written: folded into the argument (analytic.filtered)
+        whole = node  # the texts of the query's aggregates are found by the whole aggregate, FILTER included
         if isinstance(node, exp.Filter):
             condition = self.query.text_of(node).filter
             node = node.this
@@ -617,7 +618,7 @@ class _Columns:
             if isinstance(argument, exp.Column) and condition is None:
                 text = self._column_sql(argument)  # the same text as the argument of avg(x) on that column
             else:
-                text = filtered(self.query.text_of(node).argument, condition)  # type: ignore[assignment]
+                text = filtered(self.query.text_of(whole).argument, condition)  # type: ignore[assignment]
             return _Draft(name, "count", statistic=self.need("count", text, c))
         if isinstance(node, exp.WithinGroup):
             function, literal, sign = node.this, node.this.this, 1
@@ -629,7 +630,7 @@ class _Columns:
         if isinstance(node, exp.Median):
             return self._quantile(name, argument, Fraction(1, 2), False, "MEDIAN")
         function = _output_name(None, node)  # sum, avg, variance, var_pop, stddev, ...
-        lower, upper, text = self._bounds(function, argument, node)
+        lower, upper, text = self._bounds(function, argument, whole)
         text = filtered(text, condition)  # type: ignore[assignment]
         if isinstance(node, exp.Sum):
             return _Draft(name, "sum", statistic=self.need("sum", text, c * max(abs(lower), abs(upper)),
@@ -674,7 +675,9 @@ class _Columns:
             if max(abs(derived[0]), abs(derived[1])) == 0:
                 raise unsupported(f"{function.upper()}({text}) adds up only zeros", DP_HINT)
             return derived[0], derived[1], text
-        found = self.column_table(argument)
+        cast = _unparen(argument)
+        cast = cast if isinstance(cast, exp.Cast) and node is not None else None  # checked: a widening cast
+        found = self.column_table(cast.this if cast is not None else argument)
         if found is None:
             raise unsupported(f"{function.upper()}({written}) in dp mode takes a column with declared bounds, "
                               "not an expression", DP_HINT)
@@ -692,6 +695,8 @@ class _Columns:
                               BOUNDS_HINT)
         if max(abs(lower), abs(upper)) == 0:
             raise unsupported(f"the declared bounds of {name} are both 0", BOUNDS_HINT)
+        if cast is not None:  # the column's values, converted without error or change of magnitude
+            return lower, upper, self.query.text_of(node).argument  # type: ignore[arg-type, return-value]
         return lower, upper, self._column_sql(_unparen(argument))
 
     def _derived_bounds(self, argument: exp.Expression) -> tuple[Fraction, Fraction] | None:

@@ -714,7 +714,8 @@ def _aggregate_arguments(aggregates: tuple[AggregateText, ...]) -> tuple[tuple[s
         text = filtered(aggregate.argument, aggregate.filter)
         if text is None:
             continue  # count(*): every unit of the group contributes
-        if isinstance(node, (exp.Sum, exp.Avg)):
+        if isinstance(node, (exp.Sum, exp.Avg, exp.Variance, exp.VariancePop, exp.Stddev, exp.StddevSamp,
+                             exp.StddevPop)):  # a spread like avg: k units with nonzero values
             if text not in magnitudes:
                 magnitudes.append(text)
             rule: Contribution = "nonzero"

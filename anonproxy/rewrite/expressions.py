@@ -63,7 +63,8 @@ ROW_EXPRESSIONS = (
     "trim and length"
 )
 # The aggregates of each mode, as the hints list them.
-SUPPRESS_AGGREGATES = "count(*), count(x), count(DISTINCT x), sum(x), avg(x){minmax}"
+SUPPRESS_AGGREGATES = ("count(*), count(x), count(DISTINCT x), sum(x), avg(x), "
+                       "variance/var_samp/var_pop/stddev/stddev_samp/stddev_pop(x){minmax}")
 DP_AGGREGATE_LIST = (
     "count(*), count(x), count(DISTINCT <privacy unit>), sum(x), avg(x), "
     "variance/var_samp/var_pop/stddev/stddev_samp/stddev_pop(x), median(x), "
@@ -112,11 +113,32 @@ _TEXT_TYPES = frozenset({exp.DataType.Type.TEXT, exp.DataType.Type.VARCHAR, exp.
 _NUMBER_TYPES = frozenset({exp.DataType.Type.SMALLINT, exp.DataType.Type.INT, exp.DataType.Type.BIGINT,
                            exp.DataType.Type.DECIMAL, exp.DataType.Type.FLOAT, exp.DataType.Type.DOUBLE})
 
-AGGREGATES = (exp.Count, exp.Sum, exp.Avg, exp.Min, exp.Max)
-# Also aggregates in dp mode only, where the proxy computes them with noise (variance from noisy sums, quantiles
-# with the exponential mechanism): percentile_cont/disc(q) WITHIN GROUP (ORDER BY x) and median(x).
-DP_AGGREGATES = AGGREGATES + (exp.Variance, exp.VariancePop, exp.Stddev, exp.StddevSamp, exp.StddevPop, exp.Median,
-                              exp.WithinGroup)
+# A column's SQL type (as format_type() writes it, without a type modifier) -> the cast targets that hold every one
+# of its values: integers widen to any wider integer, numeric and the floats (no error, at most rounding); real to
+# double precision. Not the floats to numeric: before PostgreSQL 14 an infinity fails to convert. numeric converts
+# to double precision only under a type modifier that keeps it within its range (_NUMERIC_TO_FLOAT).
+_T = exp.DataType.Type
+WIDENING: dict[str, frozenset[exp.DataType.Type]] = {
+    "smallint": frozenset({_T.SMALLINT, _T.INT, _T.BIGINT, _T.DECIMAL, _T.FLOAT, _T.DOUBLE}),
+    "integer": frozenset({_T.INT, _T.BIGINT, _T.DECIMAL, _T.FLOAT, _T.DOUBLE}),
+    "bigint": frozenset({_T.BIGINT, _T.DECIMAL, _T.FLOAT, _T.DOUBLE}),
+    "numeric": frozenset({_T.DECIMAL}),
+    "real": frozenset({_T.FLOAT, _T.DOUBLE}),
+    "double precision": frozenset({_T.DOUBLE}),
+}
+# numeric(p, s) holds no nonzero value below 10^-s in magnitude and none from 10^(p-s) up: within double
+# precision's range (about 2.2e-308 to 1.8e308) when s <= 307 and p - s <= 308. A plain numeric may hold 1e-400,
+# whose conversion fails.
+_NUMERIC_TO_FLOAT = (307, 308)
+
+
+# The spreads (variance, stddev and their _pop/_samp forms) are computed by PostgreSQL in suppress mode, from noisy
+# sums in dp mode.
+SPREADS = (exp.Variance, exp.VariancePop, exp.Stddev, exp.StddevSamp, exp.StddevPop)
+AGGREGATES = (exp.Count, exp.Sum, exp.Avg, exp.Min, exp.Max, *SPREADS)
+# Also aggregates in dp mode only, where the proxy computes them with noise (quantiles with the exponential
+# mechanism): percentile_cont/disc(q) WITHIN GROUP (ORDER BY x) and median(x).
+DP_AGGREGATES = AGGREGATES + (exp.Median, exp.WithinGroup)
 
 # Node type -> the arguments it may carry. Anything else set on the node is refused.
 _ROW_NODES: dict[type[exp.Expression], frozenset[str]] = {
@@ -562,15 +584,52 @@ class Checker:
             raise unsupported(f"{name}(DISTINCT ...) is not allowed", self.aggregate_hint())
         if argument is None:
             raise unsupported(f"{name}() needs an argument", self.aggregate_hint())
-        if isinstance(node, exp.Count) and isinstance(node.this, exp.Distinct):
-            self._walk(argument, f"the argument of {name}()", aggregates=False)  # count(DISTINCT id): people
+        if isinstance(node, exp.Count) and (isinstance(node.this, exp.Distinct) or isinstance(argument, exp.Column)):
+            # count(DISTINCT id) counts people; count(id) counts the rows where id is not null, what count(*)
+            # FILTER (WHERE id IS NOT NULL) says: a bare column, even an identifying one, labels no row.
+            self._walk(argument, f"the argument of {name}()", aggregates=False)
             return
+        if isinstance(node, SPREADS) and not self.dp:
+            self._check_squared(argument, name)
+        cast = _widening_cast(argument)
+        if cast is not None and self._widens(cast):
+            argument = cast.this  # the column is checked as if bare; any other cast meets the row rules
         self._in_aggregate = True
-        self._summed = isinstance(node, (exp.Sum, exp.Avg))
+        self._summed = not isinstance(node, (exp.Count, exp.Min, exp.Max, exp.Median, exp.WithinGroup))
         try:
             self._walk(argument, f"the argument of {name}()", aggregates=False)
         finally:
             self._in_aggregate = self._summed = False
+
+    def _widens(self, cast: exp.Cast) -> bool:
+        """Whether ``cast(column AS type)``, the whole argument of an aggregate (Tableau's sum(CAST(x AS BIGINT))),
+        converts every value of the column's SQL type, read with the policy, without error (:data:`WIDENING`)."""
+        source, name = self._source(cast.this)
+        sql_type = _sql_type(source, name) if source is not None and name is not None else None
+        return sql_type is not None and _converts(sql_type, cast.args["to"])
+
+    def _check_squared(self, argument: exp.Expression, function: str) -> None:
+        """PostgreSQL squares the values of variance and stddev: in floating point, a value past 1.3e154 overflows
+        (an error that would say someone holds it). So in suppress mode their values come from integer columns, or
+        from columns whose declared bounds stay within 1e15 (constants are held there by the summed-value rule)."""
+        for column in _value_columns(argument):
+            source, name = self._source(column)
+            if source is None or name is None or not _squares_fit(source, name):
+                raise unsupported(
+                    f"{function}() of {column.sql(dialect='postgres')} is not allowed in suppress mode: its values "
+                    "are squared, and a huge floating-point value overflows with an error that reveals it",
+                    f"Take {function}() of an integer column, or ask the DBA to declare bounds for "
+                    f"{name or 'the column'} (within 1e15).")
+
+    def _source(self, column: exp.Column) -> tuple[ResolvedTable | None, str | None]:
+        """The table a column reference reads (None when unqualified and the FROM clause has several), its name."""
+        name = identifier(column.this)
+        table = identifier(column.args.get("table"))
+        schema = identifier(column.args.get("db"))
+        reference = self.scope.unaliased.get((schema, table)) if schema is not None and table else table
+        source = self.scope.references.get(reference) if reference is not None else (
+            next(iter(self.scope.references.values())) if len(self.scope.references) == 1 else None)
+        return source, name
 
     # -- per-node rules (return True when children were handled) --------------
 
@@ -844,3 +903,67 @@ def unwrap(node: exp.Expression) -> exp.Expression:
     while isinstance(node, (exp.Alias, exp.Paren)):
         node = node.this
     return node
+
+
+def _widening_cast(argument: exp.Expression) -> exp.Cast | None:
+    """``argument`` when it is cast(column AS type) of a plain column to a type other than text."""
+    argument = unwrap(argument)
+    if not (isinstance(argument, exp.Cast) and _set_args(argument) == {"this", "to"}):
+        return None
+    target = argument.args["to"]
+    if not (isinstance(target, exp.DataType) and isinstance(argument.this, exp.Column)):
+        return None
+    return None if target.this in _TEXT_TYPES else argument  # any value casts to text (the row rule)
+
+
+def _sql_type(table: ResolvedTable, column: str) -> str | None:
+    """``column``'s SQL type as the policy read it; None when unknown (a policy built in memory)."""
+    source = table.protected if table.protected is not None else table.linked
+    types = source.types if source is not None else None
+    return types.get(column) if types else None
+
+
+def _converts(sql_type: str, target: exp.DataType) -> bool:
+    """Whether every value of ``sql_type`` converts to ``target`` (without a type modifier) without error."""
+    if _set_args(target) != {"this"}:
+        return False  # numeric(3, 0), varchar(2): a modifier narrows
+    base, _, modifier = sql_type.partition("(")
+    if base == "numeric" and modifier:
+        precision, _, scale = modifier.removesuffix(")").partition(",")
+        if not (modifier.endswith(")") and precision.isdigit() and scale.lstrip("-").isdigit()):
+            return False  # an array of numeric(p, s), say
+        digits, places = int(precision), int(scale)
+        if target.this == _T.DOUBLE:
+            return places <= _NUMERIC_TO_FLOAT[0] and digits - places <= _NUMERIC_TO_FLOAT[1]
+        return target.this in WIDENING["numeric"]
+    return target.this in WIDENING.get(sql_type, frozenset())
+
+
+def _value_columns(node: exp.Expression) -> Iterable[exp.Column]:
+    """The columns whose values an aggregate adds up in ``node``: not those compared in conditions."""
+    if isinstance(node, exp.Column):
+        yield node
+    elif isinstance(node, exp.Case):  # the operand of CASE x WHEN ... and the WHEN conditions are compared
+        for branch in node.args.get("ifs") or []:
+            yield from _value_columns(branch.args["true"])
+        if node.args.get("default") is not None:
+            yield from _value_columns(node.args["default"])
+    elif not isinstance(node, (*_PREDICATES, exp.And, exp.Or, exp.Not)):
+        for child in _children(node):
+            yield from _value_columns(child)
+
+
+# The largest declared bound whose square PostgreSQL's variance accumulates without overflow in any numeric type.
+MAX_SQUARED_BOUND = Decimal("1e15")
+
+
+def _squares_fit(table: ResolvedTable, column: str) -> bool:
+    """Whether the squares of ``column``'s values cannot overflow: an integer type, or declared bounds (which the
+    no-error rules trust) within :data:`MAX_SQUARED_BOUND`."""
+    if _sql_type(table, column) in ("smallint", "integer", "bigint"):
+        return True
+    source = table.protected if table.protected is not None else table.linked
+    policy = source.columns.get(column) if source is not None else None
+    if policy is None or policy.lower is None or policy.upper is None:
+        return False
+    return max(abs(Decimal(str(policy.lower))), abs(Decimal(str(policy.upper)))) <= MAX_SQUARED_BOUND

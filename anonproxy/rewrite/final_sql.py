@@ -48,6 +48,7 @@ GUARD_RELATIONS = frozenset({"pg_index", "pg_attribute", "pg_class"})
 # MinMaxExpr). None of these reads a relation or a setting.
 FUNCTIONS = frozenset({
     "count", "sum", "avg", "min", "max", "bool_or", "array_agg",  # aggregates
+    "variance", "var_samp", "var_pop", "stddev", "stddev_samp", "stddev_pop",  # suppress mode's spreads
     "row_number", "dense_rank", "first_value",  # window functions (contribution bounding, ranking)
     "abs", "random", "unnest",  # magnitudes, the dp plan's random row order, its public domains
     "lower", "upper", "date_trunc", "date_part", "extract", "width_bucket",  # client expressions
