@@ -604,7 +604,7 @@ def _same_column(tree: exp.Select, target: exp.Expression, name: str) -> bool:
         return True
     source = tree.args.get("from_")
     only = source.this if source is not None and not tree.args.get("joins") else None
-    if not isinstance(only, exp.Table) or only.args.get("joins"):
+    if not isinstance(only, exp.Table):
         return False
     alias = only.args.get("alias")
     return identifier(table) == identifier(alias.this if alias is not None else only.this)
