@@ -109,11 +109,18 @@ class Series:
                      for row in rows]
         return exp.or_(*(exp.paren(d, copy=False) for d in disjuncts), copy=False)
 
-    def probe(self) -> exp.Select:
-        """The outer query with every ON key in its WHERE clause (``(key) IS NULL AND ...``): what the back-ends
-        analyse to check the keys as the conditions on the outer query's rows that they are, before the top-N
-        query runs."""
-        return self.question(exp.and_(*(_is_null(key) for key, _ in self.keys), copy=False))
+    def conditions(self) -> tuple[exp.Expression, ...]:
+        """``(key) IS NULL`` for every ON key: what the outer query's analysis checks as WHERE conditions, which is
+        what the keys are in the restriction. (Copies without positions: these index into the client's text, not
+        into the rendered outer query's.)"""
+        found = []
+        for key, _ in self.keys:
+            condition = _is_null(key)
+            for node in condition.walk():
+                node.meta.pop("start", None)
+                node.meta.pop("end", None)
+            found.append(condition)
+        return tuple(found)
 
     def key_values(self, row: tuple[str | None, ...]) -> tuple[str | None, ...]:
         return tuple(row[position] for _, position in self.keys)

@@ -34,7 +34,7 @@ import sqlglot
 from sqlglot import exp
 
 from anonproxy.plan import outer as nested_shapes
-from anonproxy.plan.shape import Nested, prepare, render
+from anonproxy.plan.shape import Nested, prepare
 from anonproxy.policy.model import (
     ColumnPolicy,
     Policy,
@@ -364,10 +364,6 @@ def _plan(sql: str, role: RolePolicy, policy: Policy, params: DPParams) -> DPPla
     index = PolicyIndex(policy)
     shape = prepare(statements[0], parse_statement(statements[0]), index, parse_statement)
     single = shape.inner if isinstance(shape, Nested) else shape  # a nested shape: the question asked first
-    if isinstance(shape, Nested) and isinstance(shape.post, nested_shapes.Series):
-        # The series limit's ON keys filter the second question's rows: checked as its WHERE, before anything runs.
-        probe = render(shape.post.probe(), [], parse_statement)
-        analyze(probe.statement, probe.tree, index, SuppressionParams(k=1), dp=True)
     statement, tree = single.statement, single.tree
     query = analyze(statement, tree, index, SuppressionParams(k=1), dp=True)
     assert isinstance(tree, exp.Select)  # analyze refuses everything else, and every relation outside the policy

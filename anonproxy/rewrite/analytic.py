@@ -148,8 +148,10 @@ class _Source:
 
 
 def analyze(statement: Statement, tree: exp.Expression, index: PolicyIndex, params: SuppressionParams,
-            dp: bool = False) -> AnalyticQuery:
-    """The pieces of ``tree``; ``dp`` also admits the aggregates only dp mode computes (expressions.DP_AGGREGATES)."""
+            dp: bool = False, conditions: tuple[exp.Expression, ...] = ()) -> AnalyticQuery:
+    """The pieces of ``tree``; ``dp`` also admits the aggregates only dp mode computes (expressions.DP_AGGREGATES).
+    ``conditions`` filter the query's rows too, in SQL built around it (a series limit's ON keys,
+    anonproxy.plan.outer): they are checked like WHERE."""
     check_relations(tree, index, dp)  # first: a relation outside the policy is refused as such, whatever else
     if isinstance(tree, exp.SetOperation):
         raise unsupported("UNION, INTERSECT and EXCEPT are not supported over protected tables", SHAPE_HINT)
@@ -205,6 +207,8 @@ def analyze(statement: Statement, tree: exp.Expression, index: PolicyIndex, para
     where = tree.args.get("where")
     if where is not None:
         checker.row(where.this, "WHERE")
+    for condition in conditions:
+        checker.row(condition, "WHERE")
     having = tree.args.get("having")
     if having is not None:
         checker.grouped(having.this, "HAVING")

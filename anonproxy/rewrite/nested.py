@@ -42,11 +42,9 @@ def suppressed(shape: Single | Nested, index: PolicyIndex, params: SuppressionPa
         return f"WITH {ROWS}({columns}) AS (\n{inner}\n)\n{post.sql()}"
     assert isinstance(post, Series)
     rest = render(post.rest, [], parse)
-    query = analyze(rest.statement, rest.tree, index, params)
-    # The ON keys run on the outer query's rows: they pass the checks of a WHERE condition (no identifying
-    # column where it may not stand, the no-error proof), as in dp mode, where they are that question's WHERE.
-    probe = render(post.probe(), [], parse)
-    analyze(probe.statement, probe.tree, index, params)
+    # The ON keys run on the outer query's rows: they pass the checks of its WHERE condition (identifying
+    # columns, the no-error proof), as in dp mode, where the restriction is the second question's WHERE.
+    query = analyze(rest.statement, rest.tree, index, params, conditions=post.conditions())
     null_safe = any(post.null_safe)
     top = replace(params, suppressed_rest=False) if null_safe else params
     inner = rewrite(analyze(shape.inner.statement, shape.inner.tree, index, top), top)
