@@ -16,12 +16,14 @@ would have received.
 **Series limit** (:class:`Series`): Superset limits a chart to the top N
 groups with ``... FROM t JOIN (SELECT k AS k__, <metric> FROM t GROUP BY k
 ORDER BY <metric> DESC LIMIT N) AS series_limit ON t.k = series_limit.k__
-GROUP BY ...``. That is two questions: the top-N aggregate (gated, released
-groups only), then the outer query restricted to the keys it released
-(:meth:`Series.question` builds ``key IN (<released values>)`` from the
-values, as constants). The joined aggregate may be read only through the ON
-condition, which must be equalities between outer expressions and its
-output columns.
+GROUP BY ...``; Tableau's top-N filter joins the same way with ``ON (t.k IS
+NOT DISTINCT FROM t0.k)``. That is two questions: the top-N aggregate
+(gated, released groups only), then the outer query restricted to the keys
+it released (:meth:`Series.question` builds ``key IN (<released values>)``
+from the values, as constants, with ``OR key IS NULL`` when an IS NOT
+DISTINCT FROM key released NULL). The joined aggregate may be read only
+through the ON condition, which must be equalities (``=`` or IS NOT DISTINCT
+FROM) between outer expressions and its output columns.
 """
 
 from __future__ import annotations
@@ -41,7 +43,8 @@ from anonproxy.rewrite.names import ResolvedTable, identifier
 OUTER_HINT = ("An outer query over an aggregate query may select, filter (WHERE), group, order and limit the "
               "inner query's output columns: SELECT count(*) FROM (SELECT k, count(*) AS n FROM t GROUP BY k) AS q.")
 SERIES_HINT = ("Superset's series limit: JOIN (SELECT k AS k__, <aggregate> FROM t GROUP BY k ORDER BY ... LIMIT n) "
-               "AS series_limit ON t.k = series_limit.k__, read only in ON.")
+               "AS series_limit ON t.k = series_limit.k__ (or t.k IS NOT DISTINCT FROM series_limit.k__), read "
+               "only in ON.")
 _OUTER_ARGS = frozenset({"expressions", "from_", "where", "group", "having", "order", "limit", "offset", "distinct"})
 ROWS = "anonproxy_released"  # the name the outer query's FROM gives the released rows
 
@@ -70,6 +73,7 @@ class Series:
     keys: tuple[tuple[exp.Expression, int], ...]  # an outer expression, and the top query's column it must equal
     names: tuple[str, ...]  # the top query's output column names
     shown: tuple[int | None, ...] = ()  # per key: the outer query's output column that shows it, if one does
+    null_safe: tuple[bool, ...] = ()  # per key: joined with IS NOT DISTINCT FROM (a released NULL matches NULL)
 
     def released(self, row: tuple[str | None, ...], keys: set[tuple[str | None, ...]]) -> bool:
         """Whether a row of the second answer shows released keys (a back-end that lists a declared domain's every
@@ -77,20 +81,46 @@ class Series:
         shown = [(position, index) for index, position in enumerate(self.shown) if position is not None]
         return not shown or any(all(row[position] == key[index] for position, index in shown) for key in keys)
 
+    def is_null_safe(self, index: int) -> bool:
+        return index < len(self.null_safe) and self.null_safe[index]
+
     def restriction(self, released: list[tuple[str | None, ...]]) -> exp.Expression:
         """``key IN (values)`` (``(k1 = a AND k2 = b) OR ...`` for several keys) over the released key values,
-        written as string constants (PostgreSQL gives them the key's type); FALSE when none was released."""
-        rows = [row for row in released if all(value is not None for value in row)]  # NULL never joins
+        written as string constants (PostgreSQL gives them the key's type); a released NULL matches ``key IS
+        NULL`` for a key joined with IS NOT DISTINCT FROM, and nothing for one joined with ``=``, as in the join;
+        FALSE when nothing was released."""
+        rows = [row for row in released
+                if all(value is not None or self.is_null_safe(i) for i, value in enumerate(row))]
         if not rows:
             return exp.false()
         if len(self.keys) == 1:
-            expression = self.keys[0][0].copy()
-            return exp.In(this=exp.paren(expression, copy=False),
-                          expressions=[exp.Literal.string(row[0]) for row in rows])
-        disjuncts = [exp.and_(*(exp.EQ(this=exp.paren(key.copy(), copy=False), expression=exp.Literal.string(value))
+            expression = self.keys[0][0]
+            values = [row[0] for row in rows if row[0] is not None]
+            found: list[exp.Expression] = []
+            if values:
+                found.append(exp.In(this=exp.paren(expression.copy(), copy=False),
+                                    expressions=[exp.Literal.string(value) for value in values]))
+            if len(values) < len(rows):
+                found.append(_is_null(expression))
+            return found[0] if len(found) == 1 else exp.or_(*found, copy=False)
+        disjuncts = [exp.and_(*(_is_null(key) if value is None else
+                                exp.EQ(this=exp.paren(key.copy(), copy=False), expression=exp.Literal.string(value))
                                 for (key, _), value in zip(self.keys, row, strict=True)), copy=False)
                      for row in rows]
         return exp.or_(*(exp.paren(d, copy=False) for d in disjuncts), copy=False)
+
+    def conditions(self) -> tuple[exp.Expression, ...]:
+        """``(key) IS NULL`` for every ON key: what the outer query's analysis checks as WHERE conditions, which is
+        what the keys are in the restriction. (Copies without positions: these index into the client's text, not
+        into the rendered outer query's.)"""
+        found = []
+        for key, _ in self.keys:
+            condition = _is_null(key)
+            for node in condition.walk():
+                node.meta.pop("start", None)
+                node.meta.pop("end", None)
+            found.append(condition)
+        return tuple(found)
 
     def key_values(self, row: tuple[str | None, ...]) -> tuple[str | None, ...]:
         return tuple(row[position] for _, position in self.keys)
@@ -103,6 +133,10 @@ class Series:
                                                                exp.paren(restriction, copy=False), copy=False)
         rest.set("where", exp.Where(this=condition))
         return rest
+
+
+def _is_null(key: exp.Expression) -> exp.Expression:
+    return exp.Is(this=exp.paren(key.copy(), copy=False), expression=exp.Null())
 
 
 def nested_aggregate(select: exp.Select) -> int | None:
@@ -229,11 +263,12 @@ def series(select: exp.Select, position: int, source: str) -> Series:
     if join.args.get("side") or join.args.get("kind") not in (None, "", "INNER") or join.args.get("using") \
             or join.args.get("method") or join.args.get("on") is None:
         raise unsupported("a joined aggregate query must be joined with [INNER] JOIN ... ON", SERIES_HINT)
-    keys = []
+    keys, null_safe = [], []
     for condition in _conjuncts(join.args["on"]):
-        if not isinstance(condition, exp.EQ):
-            raise unsupported("the ON condition of a joined aggregate query must be equalities with its columns",
-                              SERIES_HINT)
+        if not isinstance(condition, (exp.EQ, exp.NullSafeEQ)):
+            raise unsupported("the ON condition of a joined aggregate query must be equalities (= or IS NOT "
+                              "DISTINCT FROM) with its columns", SERIES_HINT)
+        null_safe.append(isinstance(condition, exp.NullSafeEQ))
         sides = [_unparen(condition.this), _unparen(condition.expression)]
         mine = [side for side in sides if _reads(side, alias, names)]
         if len(mine) != 1 or not isinstance(mine[0], exp.Column):
@@ -252,7 +287,7 @@ def series(select: exp.Select, position: int, source: str) -> Series:
         if isinstance(node, exp.Column) and _reads(node, alias, names):
             raise unsupported("a joined aggregate query may be read only in its ON condition", SERIES_HINT)
     shown = tuple(_shown(rest, key) for key, _ in keys)
-    return Series(top=top, rest=rest, keys=tuple(keys), names=names, shown=shown)
+    return Series(top=top, rest=rest, keys=tuple(keys), names=names, shown=shown, null_safe=tuple(null_safe))
 
 
 def _shown(select: exp.Select, key: exp.Expression) -> int | None:

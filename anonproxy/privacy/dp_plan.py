@@ -63,6 +63,7 @@ from anonproxy.rewrite.decision import (
     forbidden,
     unsupported,
 )
+from anonproxy.rewrite.expressions import unwrap
 from anonproxy.rewrite.names import PolicyIndex, ResolvedTable, identifier, quote
 from anonproxy.rewrite.statements import PARSE_HINT, split
 
@@ -601,7 +602,7 @@ class _Columns:
         argument = node.this
         if isinstance(node, exp.Count):
             if isinstance(argument, exp.Distinct):
-                column = argument.expressions[0]
+                column = unwrap(argument.expressions[0])  # Power BI writes count(distinct("rows"."id"))
                 if not self._is_unit(column) or condition is not None:
                     raise unsupported(f"{written or node.sql(dialect='postgres')}: count(DISTINCT x) is supported "
                                       f"in dp mode only on the privacy unit {self._unit_name()}, without FILTER "

@@ -148,8 +148,10 @@ class _Source:
 
 
 def analyze(statement: Statement, tree: exp.Expression, index: PolicyIndex, params: SuppressionParams,
-            dp: bool = False) -> AnalyticQuery:
-    """The pieces of ``tree``; ``dp`` also admits the aggregates only dp mode computes (expressions.DP_AGGREGATES)."""
+            dp: bool = False, conditions: tuple[exp.Expression, ...] = ()) -> AnalyticQuery:
+    """The pieces of ``tree``; ``dp`` also admits the aggregates only dp mode computes (expressions.DP_AGGREGATES).
+    ``conditions`` filter the query's rows too, in SQL built around it (a series limit's ON keys,
+    anonproxy.plan.outer): they are checked like WHERE."""
     check_relations(tree, index, dp)  # first: a relation outside the policy is refused as such, whatever else
     if isinstance(tree, exp.SetOperation):
         raise unsupported("UNION, INTERSECT and EXCEPT are not supported over protected tables", SHAPE_HINT)
@@ -205,6 +207,8 @@ def analyze(statement: Statement, tree: exp.Expression, index: PolicyIndex, para
     where = tree.args.get("where")
     if where is not None:
         checker.row(where.this, "WHERE")
+    for condition in conditions:
+        checker.row(condition, "WHERE")
     having = tree.args.get("having")
     if having is not None:
         checker.grouped(having.this, "HAVING")
@@ -556,11 +560,19 @@ def _grouping(tree: exp.Select, layout: _Layout, items: list[Item], checker: Che
         if position is None and isinstance(node, exp.Column) and node.args.get("table") is None:
             name = identifier(node.this)
             if name in aliases:
-                target = tree.expressions[aliases[name]].this
-                if not (isinstance(target, exp.Column) and target.args.get("table") is None
-                        and identifier(target.this) == name):
+                if not _same_column(tree, tree.expressions[aliases[name]].this, name):
                     raise unsupported(f"GROUP BY {name} is ambiguous: it is both an output alias and maybe a column",
                                       "Group by the expression itself or by its position (GROUP BY 1).")
+                checker.key(node, "GROUP BY")
+                keys.append(items[aliases[name]].expression)  # the select item's spelling: "_"."relationship"
+                continue
+        if position is None and not isinstance(node, exp.Literal) and _constant(node):
+            # Metabase's pivot groups by ABS(0): a value that reads no row puts every row in one group, so it does
+            # not partition them. Proved not to raise (no error that says whether any row passed WHERE), then left
+            # out: the query is decided, and answered, as without it (only constants: a whole-table total).
+            checker.key(node, "GROUP BY")
+            written.pop()
+            continue
         if position is not None:
             if not 1 <= position <= len(items):
                 raise unsupported(f"GROUP BY position {position} is not in the select list", SHAPE_HINT)
@@ -577,6 +589,29 @@ def _grouping(tree: exp.Select, layout: _Layout, items: list[Item], checker: Che
             raise unsupported("GROUP BY needs column expressions", SHAPE_HINT)
         keys.append(text)
     return tuple(keys), tuple(written)
+
+
+def _constant(node: exp.Expression) -> bool:
+    """Whether ``node`` reads no column and no parameter (its value is the same for every row)."""
+    return not any(isinstance(n, (exp.Column, exp.Parameter, exp.Placeholder, exp.Star, exp.Select))
+                   for n in node.walk())
+
+
+def _same_column(tree: exp.Select, target: exp.Expression, name: str) -> bool:
+    """Whether the output alias ``name`` stands for the column PostgreSQL groups by when ``name`` is read as an
+    input column: the same bare column, or ``t.name`` when ``t`` is the only table the query reads (Power BI's
+    ``SELECT "_"."relationship" ... GROUP BY "relationship"``)."""
+    if not isinstance(target, exp.Column) or target.args.get("db") is not None or identifier(target.this) != name:
+        return False
+    table = target.args.get("table")
+    if table is None:
+        return True
+    source = tree.args.get("from_")
+    only = source.this if source is not None and not tree.args.get("joins") else None
+    if not isinstance(only, exp.Table):
+        return False
+    alias = only.args.get("alias")
+    return identifier(table) == identifier(alias.this if alias is not None else only.this)
 
 
 def _order(tree: exp.Select, layout: _Layout, items: list[Item], checker: Checker) -> tuple[OrderItem, ...]:

@@ -576,7 +576,7 @@ class Checker:
                 if _set_args(argument) != {"expressions"} or len(argument.expressions) != 1:
                     raise unsupported("count(DISTINCT ...) takes exactly one expression",
                                       self.aggregate_hint())
-                argument = argument.expressions[0]
+                argument = unwrap(argument.expressions[0])  # count(DISTINCT (t.id)) is count(DISTINCT t.id)
                 if not isinstance(argument, exp.Column):
                     raise unsupported("count(DISTINCT ...) takes a column: the number of distinct values of an "
                                       "expression can single out a person", self.aggregate_hint())

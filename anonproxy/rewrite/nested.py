@@ -8,7 +8,12 @@
   clause restricted to the keys the top-N query released:
   ``(key, ...) IN (SELECT <columns> FROM (<top-N suppression SQL>) AS anonproxy_top)``;
   each of the two questions is gated on its own, and the restriction reads
-  only released keys.
+  only released keys. Keys joined with IS NOT DISTINCT FROM (Tableau) match
+  NULL to NULL: ``EXISTS (SELECT 1 FROM (<top-N suppression SQL>) AS
+  anonproxy_top(c1, ...) WHERE (key) IS NOT DISTINCT FROM anonproxy_top.c1
+  ...)``, with the top-N query's suppressed-rest row left out (its NULL keys
+  are no released key). The keys are checked as WHERE conditions of the
+  outer query: they run on its rows.
 """
 
 from __future__ import annotations
@@ -30,17 +35,29 @@ def suppressed(shape: Single | Nested, index: PolicyIndex, params: SuppressionPa
     """The suppression SQL of ``shape``; ``parse`` is the classifier's parser (to read the series' outer query)."""
     if isinstance(shape, Single):
         return rewrite(analyze(shape.statement, shape.tree, index, params), params)
-    inner = rewrite(analyze(shape.inner.statement, shape.inner.tree, index, params), params)
     post = shape.post
     if isinstance(post, Outer):
+        inner = rewrite(analyze(shape.inner.statement, shape.inner.tree, index, params), params)
         columns = ", ".join(quote(name) for name in post.names)
         return f"WITH {ROWS}({columns}) AS (\n{inner}\n)\n{post.sql()}"
     assert isinstance(post, Series)
     rest = render(post.rest, [], parse)
-    query = analyze(rest.statement, rest.tree, index, params)
-    names = post.names
-    keys = ", ".join(f"({key.sql(dialect=DIALECT)})" for key, _ in post.keys)
-    columns = ", ".join(quote(names[position]) for _, position in post.keys)
-    restriction = f"({keys}) IN (SELECT {columns} FROM (\n{inner}\n) AS {TOP})"
+    # The ON keys run on the outer query's rows: they pass the checks of its WHERE condition (identifying
+    # columns, the no-error proof), as in dp mode, where the restriction is the second question's WHERE.
+    query = analyze(rest.statement, rest.tree, index, params, conditions=post.conditions())
+    null_safe = any(post.null_safe)
+    top = replace(params, suppressed_rest=False) if null_safe else params
+    inner = rewrite(analyze(shape.inner.statement, shape.inner.tree, index, top), top)
+    if null_safe:
+        names = [f"anonproxy_c{i}" for i in range(1, len(post.names) + 1)]  # no bare key can mean these
+        matches = " AND ".join(
+            f"({key.sql(dialect=DIALECT)}) {'IS NOT DISTINCT FROM' if post.is_null_safe(i) else '='} "
+            f"{TOP}.{names[position]}" for i, (key, position) in enumerate(post.keys))
+        restriction = (f"EXISTS (SELECT 1 FROM (\n{inner}\n) AS {TOP}({', '.join(names)})\n"
+                       f"  WHERE {matches})")
+    else:
+        keys = ", ".join(f"({key.sql(dialect=DIALECT)})" for key, _ in post.keys)
+        columns = ", ".join(quote(post.names[position]) for _, position in post.keys)
+        restriction = f"({keys}) IN (SELECT {columns} FROM (\n{inner}\n) AS {TOP})"
     where = restriction if query.where is None else f"({query.where})\n  AND {restriction}"
     return rewrite(replace(query, where=where), params)
