@@ -164,7 +164,8 @@ class _Walk:
     def value(self, value: Any, ctes: frozenset[str], guard: bool, kind: str | None = None) -> None:
         if isinstance(value, list):
             for item in value:
-                self.value(item, ctes, guard)
+                if isinstance(item, (list, dict)):
+                    self.value(item, ctes, guard)
         elif isinstance(value, dict) and value:
             if kind is None:
                 kind, value = _node(value)
@@ -195,7 +196,8 @@ class _Walk:
         elif kind in ("RangeSubselect", "RangeFunction") and fields.get("lateral"):
             raise FinalCheckRefusal("LATERAL", "anonproxy's final check found LATERAL in the SQL it generated")
         for field, value in fields.items():
-            self.value(value, ctes, guard, _TYPED_FIELDS.get((kind, field)))
+            if isinstance(value, (list, dict)):  # (scalars, most fields, hold nothing to check)
+                self.value(value, ctes, guard, _TYPED_FIELDS.get((kind, field)))
 
     def _relation(self, fields: dict[str, Any], ctes: frozenset[str], guard: bool) -> None:
         catalog, schema, name = fields.get("catalogname"), fields.get("schemaname"), fields.get("relname")
