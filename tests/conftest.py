@@ -200,6 +200,20 @@ def gated_proxy(gated_proxy_process: ProxyProcess) -> Endpoint:
     return gated_proxy_process.endpoint
 
 
+def wait_for_policy(proxy: Endpoint, dbname: str, version: int) -> None:
+    """Until every worker of the proxy has loaded policy ``version``: a role must not log in before its worker knows
+    its mode (fresh connections land on any worker; ten in a row must all know it)."""
+    deadline = time.monotonic() + 20
+    seen = 0
+    while seen < 10:
+        with psycopg.connect(proxy.dsn(dbname, user="reporter"), autocommit=True) as conn:
+            current = int(conn.execute("show anonproxy.policy_version").fetchone()[0])
+        seen = seen + 1 if current >= version else 0
+        assert time.monotonic() < deadline, "the proxy did not reload the policy"
+        if current < version:
+            time.sleep(0.05)
+
+
 class Up:
     """`anonproxy up` in a child process, read until it prints its connection strings."""
 

@@ -14,11 +14,10 @@ from fractions import Fraction
 
 import psycopg
 import pytest
-from conftest import Endpoint
+from conftest import Endpoint, wait_for_policy
 from test_dp_plan import POLICY as DP_POLICY
 from test_dp_plan import ROLE as DP_ROLE
 from test_dp_proxy import analyst, budget_left, truth  # noqa: F401  (fixtures)
-from test_gate import _wait_for_version as wait_for_version
 from test_rewrite import POLICY, SUPPRESS, suppress_role
 
 from anonproxy.privacy.dp_plan import DPParams, DPPlan, finish, plan_dp
@@ -310,8 +309,7 @@ def wide_analyst(truth: psycopg.Connection, gated_proxy: Endpoint, gated_databas
     truth.execute("select anonproxy.set_budget(%s, 'public.adult'::regclass, 100, 0.001, null, 0.5, 0.0000001)",
                   [role])
     version = truth.execute("select version from anonproxy.policy_version").fetchone()[0]
-    with psycopg.connect(gated_proxy.dsn(gated_database, user="reporter"), autocommit=True) as watcher:
-        wait_for_version(watcher, version)
+    wait_for_policy(gated_proxy, gated_database, version)
     yield role
     truth.execute("select anonproxy.drop_budget(%s, 'public.adult')", [role])
     truth.execute("select anonproxy.drop_role_policy(%s)", [role])

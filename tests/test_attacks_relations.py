@@ -17,7 +17,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from conftest import Endpoint
+from conftest import Endpoint, wait_for_policy
 from test_dp_proxy import analyst, budget_left, truth  # noqa: F401 - fixtures
 
 from anonproxy.rewrite.expressions import ROW_FUNCTIONS
@@ -127,8 +127,7 @@ def tables(truth: psycopg.Connection[Any], gated_proxy: Endpoint, gated_database
     truth.execute(f"insert into {VISITS} select id, 3 from public.adult where id % 4 = 0")
     truth.execute(f"select anonproxy.link_table('{VISITS}', 'person', 'public.adult')")
     version = truth.execute("select version from anonproxy.policy_version").fetchone()[0]
-    with psycopg.connect(gated_proxy.dsn(gated_database, user="reporter"), autocommit=True) as watcher:
-        wait_for_version(watcher, version)
+    wait_for_policy(gated_proxy, gated_database, version)
     yield
     truth.execute(f"select anonproxy.unlink_table('{VISITS}')")
     truth.execute(f"drop table {VISITS}")

@@ -19,8 +19,7 @@ import asyncpg
 import pyodbc
 import psycopg
 import pytest
-from conftest import Endpoint, Up, free_port
-from test_gate import _wait_for_version as wait_for_version
+from conftest import Endpoint, Up, free_port, wait_for_policy
 from test_rewrite import POLICY, SUPPRESS
 
 from anonproxy.embedded import EmbeddedPostgres
@@ -248,8 +247,7 @@ def dp_role(truth: psycopg.Connection, gated_proxy: Endpoint, gated_database: st
     truth.execute("select anonproxy.set_budget(%s, 'public.adult'::regclass, 2, 0.00001, null, 0.5, 0.0000001)",
                   [role])
     version = truth.execute("select version from anonproxy.policy_version").fetchone()[0]
-    with psycopg.connect(gated_proxy.dsn(gated_database, user="reporter"), autocommit=True) as watcher:
-        wait_for_version(watcher, version)
+    wait_for_policy(gated_proxy, gated_database, version)
     yield role
     truth.execute("select anonproxy.drop_budget(%s, 'public.adult')", [role])
     truth.execute("select anonproxy.drop_role_policy(%s)", [role])

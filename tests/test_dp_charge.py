@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
-from conftest import Endpoint
+from conftest import Endpoint, wait_for_policy
 from test_dp_proxy import analyst, budget_left, truth  # noqa: F401  (fixtures)
 from test_gate import _wait_for_version as wait_for_version
 
@@ -31,8 +31,7 @@ def trap(truth: psycopg.Connection, gated_proxy: Endpoint, gated_database: str) 
     truth.execute("create policy sprung on public.trap using (public.trap_read())")
     truth.execute("select anonproxy.link_table('public.trap', 'person', 'public.adult')")
     version = truth.execute("select version from anonproxy.policy_version").fetchone()[0]
-    with psycopg.connect(gated_proxy.dsn(gated_database, user="reporter"), autocommit=True) as watcher:
-        wait_for_version(watcher, version)
+    wait_for_policy(gated_proxy, gated_database, version)
     yield
     truth.execute("select anonproxy.unlink_table('public.trap')")
     truth.execute("drop table public.trap")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from conftest import SERVICE_ROLE, Endpoint, start_proxy, stop_proxy
+from conftest import SERVICE_ROLE, Endpoint, start_proxy, stop_proxy, wait_for_policy
 from test_gate import _wait_for_version as wait_for_version
 
 from anonproxy.embedded import EmbeddedPostgres
@@ -37,8 +37,7 @@ def analyst(truth: psycopg.Connection, gated_proxy: Endpoint, gated_database: st
     truth.execute("select anonproxy.set_budget(%s, 'public.adult'::regclass, 2, 0.00001, null, 0.5, 0.0000001)",
                   [role])
     version = truth.execute("select version from anonproxy.policy_version").fetchone()[0]
-    with psycopg.connect(gated_proxy.dsn(gated_database, user="reporter"), autocommit=True) as watcher:
-        wait_for_version(watcher, version)  # the proxy must know the role is in dp mode before it logs in
+    wait_for_policy(gated_proxy, gated_database, version)  # the proxy must know the role is in dp mode before it logs in
     yield role
     truth.execute("select anonproxy.drop_budget(%s, 'public.adult')", [role])
     truth.execute("select anonproxy.drop_role_policy(%s)", [role])

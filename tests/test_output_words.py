@@ -18,9 +18,8 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from conftest import Endpoint, Up, free_port
+from conftest import Endpoint, Up, free_port, wait_for_policy
 from test_dp_plan import plan
-from test_gate import _wait_for_version as wait_for_version
 
 from anonproxy.embedded import EmbeddedPostgres
 from anonproxy.privacy.dp_plan import answer, supported_digits
@@ -117,8 +116,7 @@ def dp_role(pg_server: EmbeddedPostgres, gated_proxy: Endpoint, gated_database: 
         truth.execute("select anonproxy.set_budget(%s, 'public.adult'::regclass, 2, 0.00001, null, 0.5, 0.0000001)",
                       [role])
         version = truth.execute("select version from anonproxy.policy_version").fetchone()[0]
-        with psycopg.connect(gated_proxy.dsn(gated_database, user="reporter"), autocommit=True) as watcher:
-            wait_for_version(watcher, version)
+        wait_for_policy(gated_proxy, gated_database, version)
         yield role
         truth.execute("select anonproxy.drop_budget(%s, 'public.adult')", [role])
         truth.execute("select anonproxy.drop_role_policy(%s)", [role])

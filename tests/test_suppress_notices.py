@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import psycopg
 import pytest
-from conftest import Endpoint
+from conftest import Endpoint, wait_for_policy
 
 from anonproxy.embedded import EmbeddedPostgres, find_pg_bindir
 from anonproxy.policy.store import load_policy
@@ -274,25 +273,11 @@ def plain_reporter(truth: psycopg.Connection, gated_proxy: Endpoint, gated_datab
     truth.execute(f"create role {role} login password '{role}'")
     truth.execute("select anonproxy.set_role_policy(%s, 'suppress', 10)", [role])
     version = truth.execute("select version from anonproxy.policy_version").fetchone()[0]
-    wait_for_version(gated_proxy, gated_database, version)
+    wait_for_policy(gated_proxy, gated_database, version)
     yield role
     truth.execute("select anonproxy.drop_role_policy(%s)", [role])
     truth.execute(f"drop owned by {role}")
     truth.execute(f"drop role {role}")
-
-
-def wait_for_version(proxy: Endpoint, dbname: str, version: int) -> None:
-    """Until every worker of the proxy has loaded policy ``version``: a role must not log in before its worker knows
-    its mode (fresh connections land on either worker; ten in a row must all know it)."""
-    deadline = time.monotonic() + 20
-    seen = 0
-    while seen < 10:
-        with psycopg.connect(proxy.dsn(dbname, user="reporter"), autocommit=True) as conn:
-            current = int(conn.execute("show anonproxy.policy_version").fetchone()[0])
-        seen = seen + 1 if current >= version else 0
-        assert time.monotonic() < deadline, "the proxy did not reload the policy"
-        if current < version:
-            time.sleep(0.05)
 
 
 def test_the_simple_shape_counts_its_suppressed_groups(gated_proxy: Endpoint, gated_database: str,
