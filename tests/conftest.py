@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -212,6 +213,27 @@ def wait_for_policy(proxy: Endpoint, dbname: str, version: int) -> None:
         assert time.monotonic() < deadline, "the proxy did not reload the policy"
         if current < version:
             time.sleep(0.05)
+
+
+@contextmanager
+def fresh_dp_role(owner: psycopg.Connection, proxy: Endpoint, dbname: str, role: str, epsilon: float = 2,
+                  delta: float = 0.00001) -> Iterator[str]:
+    """A login role in dp mode with a budget of its own on public.adult (``epsilon``/``delta`` in all, 0.5 and 1e-7 per
+    query), known to every worker of ``proxy`` before it is used; dropped afterwards. ``owner`` is a superuser
+    connection to ``dbname``."""
+    owner.execute(f"create role {role} login password '{role}'")
+    owner.execute("select anonproxy.set_role_policy(%s, 'dp')", [role])
+    owner.execute("select anonproxy.set_budget(%s, 'public.adult'::regclass, %s::numeric, %s::numeric, null, 0.5, "
+                  "0.0000001)",
+                  [role, epsilon, delta])
+    wait_for_policy(proxy, dbname, owner.execute("select version from anonproxy.policy_version").fetchone()[0])
+    try:
+        yield role
+    finally:
+        owner.execute("select anonproxy.drop_budget(%s, 'public.adult')", [role])
+        owner.execute("select anonproxy.drop_role_policy(%s)", [role])
+        owner.execute(f"drop owned by {role}")
+        owner.execute(f"drop role {role}")
 
 
 class Up:

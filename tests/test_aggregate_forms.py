@@ -14,7 +14,7 @@ from fractions import Fraction
 
 import psycopg
 import pytest
-from conftest import Endpoint, wait_for_policy
+from conftest import Endpoint, fresh_dp_role
 from test_dp_plan import POLICY as DP_POLICY
 from test_dp_plan import ROLE as DP_ROLE
 from test_dp_proxy import analyst, budget_left, truth  # noqa: F401  (fixtures)
@@ -303,18 +303,8 @@ SHAPES = [
 @pytest.fixture(scope="module")
 def wide_analyst(truth: psycopg.Connection, gated_proxy: Endpoint, gated_database: str) -> Iterator[str]:  # noqa: F811
     """A dp role with budget for every shape (ε 100, 0.5 per query), on public.adult."""
-    role = "dp_shapes"
-    truth.execute(f"create role {role} login password '{role}'")
-    truth.execute("select anonproxy.set_role_policy(%s, 'dp')", [role])
-    truth.execute("select anonproxy.set_budget(%s, 'public.adult'::regclass, 100, 0.001, null, 0.5, 0.0000001)",
-                  [role])
-    version = truth.execute("select version from anonproxy.policy_version").fetchone()[0]
-    wait_for_policy(gated_proxy, gated_database, version)
-    yield role
-    truth.execute("select anonproxy.drop_budget(%s, 'public.adult')", [role])
-    truth.execute("select anonproxy.drop_role_policy(%s)", [role])
-    truth.execute(f"drop owned by {role}")
-    truth.execute(f"drop role {role}")
+    with fresh_dp_role(truth, gated_proxy, gated_database, "dp_shapes", epsilon=100, delta=0.001) as role:
+        yield role
 
 
 @pytest.mark.parametrize("sql", SHAPES)

@@ -19,7 +19,7 @@ import asyncpg
 import pyodbc
 import psycopg
 import pytest
-from conftest import Endpoint, Up, free_port, wait_for_policy
+from conftest import Endpoint, Up, free_port, fresh_dp_role
 from test_rewrite import POLICY, SUPPRESS
 
 from anonproxy.embedded import EmbeddedPostgres
@@ -241,18 +241,8 @@ def test_psqlodbc_in_dp_mode_is_charged_once(gated_proxy: Endpoint, gated_databa
 @pytest.fixture
 def dp_role(truth: psycopg.Connection, gated_proxy: Endpoint, gated_database: str) -> Iterator[str]:
     """A fresh dp role with ε 2 in all, 0.5 per query, on public.adult."""
-    role = f"dp_cursor_{next(_names)}"
-    truth.execute(f"create role {role} login password '{role}'")
-    truth.execute("select anonproxy.set_role_policy(%s, 'dp')", [role])
-    truth.execute("select anonproxy.set_budget(%s, 'public.adult'::regclass, 2, 0.00001, null, 0.5, 0.0000001)",
-                  [role])
-    version = truth.execute("select version from anonproxy.policy_version").fetchone()[0]
-    wait_for_policy(gated_proxy, gated_database, version)
-    yield role
-    truth.execute("select anonproxy.drop_budget(%s, 'public.adult')", [role])
-    truth.execute("select anonproxy.drop_role_policy(%s)", [role])
-    truth.execute(f"drop owned by {role}")
-    truth.execute(f"drop role {role}")
+    with fresh_dp_role(truth, gated_proxy, gated_database, f"dp_cursor_{next(_names)}") as role:
+        yield role
 
 
 def test_dp_cursor_keeps_the_charged_answer(gated_proxy: Endpoint, gated_database: str, truth: psycopg.Connection,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from conftest import SERVICE_ROLE, Endpoint, start_proxy, stop_proxy, wait_for_policy
+from conftest import SERVICE_ROLE, Endpoint, start_proxy, stop_proxy, fresh_dp_role
 from test_gate import _wait_for_version as wait_for_version
 
 from anonproxy.embedded import EmbeddedPostgres
@@ -31,18 +31,8 @@ def truth(pg_server: EmbeddedPostgres, gated_database: str) -> Iterator[psycopg.
 @pytest.fixture
 def analyst(truth: psycopg.Connection, gated_proxy: Endpoint, gated_database: str) -> Iterator[str]:
     """A fresh dp role with ε 2 in all, 0.5 per query, on public.adult."""
-    role = f"dp_analyst_{next(_names)}"
-    truth.execute(f"create role {role} login password '{role}'")
-    truth.execute("select anonproxy.set_role_policy(%s, 'dp')", [role])
-    truth.execute("select anonproxy.set_budget(%s, 'public.adult'::regclass, 2, 0.00001, null, 0.5, 0.0000001)",
-                  [role])
-    version = truth.execute("select version from anonproxy.policy_version").fetchone()[0]
-    wait_for_policy(gated_proxy, gated_database, version)  # the proxy must know the role is in dp mode before it logs in
-    yield role
-    truth.execute("select anonproxy.drop_budget(%s, 'public.adult')", [role])
-    truth.execute("select anonproxy.drop_role_policy(%s)", [role])
-    truth.execute(f"drop owned by {role}")
-    truth.execute(f"drop role {role}")
+    with fresh_dp_role(truth, gated_proxy, gated_database, f"dp_analyst_{next(_names)}") as role:
+        yield role
 
 
 def budget_left(conn: psycopg.Connection) -> str:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from conftest import Endpoint, Up, free_port, wait_for_policy
+from conftest import Endpoint, Up, free_port, fresh_dp_role
 from test_dp_plan import plan
 
 from anonproxy.embedded import EmbeddedPostgres
@@ -109,19 +109,9 @@ def test_verify_of_a_missing_table_says_it_does_not_exist(dbname: str, direct: E
 @pytest.fixture
 def dp_role(pg_server: EmbeddedPostgres, gated_proxy: Endpoint, gated_database: str) -> Iterator[str]:
     """A dp role of its own (ε 2, 0.5 per query on public.adult), so no other test's budget is spent."""
-    role = "dp_words"
-    with psycopg.connect(pg_server.conninfo(dbname=gated_database), autocommit=True) as truth:
-        truth.execute(f"create role {role} login password '{role}'")
-        truth.execute("select anonproxy.set_role_policy(%s, 'dp')", [role])
-        truth.execute("select anonproxy.set_budget(%s, 'public.adult'::regclass, 2, 0.00001, null, 0.5, 0.0000001)",
-                      [role])
-        version = truth.execute("select version from anonproxy.policy_version").fetchone()[0]
-        wait_for_policy(gated_proxy, gated_database, version)
+    with psycopg.connect(pg_server.conninfo(dbname=gated_database), autocommit=True) as truth, \
+            fresh_dp_role(truth, gated_proxy, gated_database, "dp_words") as role:
         yield role
-        truth.execute("select anonproxy.drop_budget(%s, 'public.adult')", [role])
-        truth.execute("select anonproxy.drop_role_policy(%s)", [role])
-        truth.execute(f"drop owned by {role}")
-        truth.execute(f"drop role {role}")
 
 
 def decimals(text: str) -> int:
