@@ -33,6 +33,8 @@ from dataclasses import dataclass
 
 from sqlglot import exp
 
+from anonproxy.plan import render
+
 from anonproxy.plan.flatten import is_aggregate
 from anonproxy.plan.names import output_name, own_nodes, reference, sources
 from anonproxy.policy.model import SuppressionParams
@@ -61,7 +63,7 @@ class Outer:
         """The outer query, reading the released rows from a WITH query named ROWS that the back-end defines."""
         outer = self.outer.copy()
         outer.set("from_", exp.From(this=exp.Table(this=exp.Identifier(this=ROWS, quoted=True))))
-        return outer.sql(dialect="postgres")
+        return render.sql(outer)
 
 
 @dataclass(frozen=True)

@@ -5,11 +5,11 @@ classifier), inlines WITH queries, normalises column names and flattens
 derived tables (:mod:`anonproxy.plan.names`, :mod:`anonproxy.plan.flatten`),
 then returns one of:
 
-* :class:`Single`: one SELECT for the back-ends. When a pass changed the
-  tree, it is rendered to SQL and read again (the analysis works on the text
-  and its tokens), with an explicit alias on every select item whose name
-  PostgreSQL would have derived from the client's spelling, so the output
-  columns keep the names the client's statement gives them.
+* :class:`Single`: one SELECT for the back-ends, the tree of the client's
+  statement (changed in place by the passes; never parsed again). When a
+  pass changed the select list, every item whose name PostgreSQL would have
+  derived from the client's spelling gets it as an explicit alias, so the
+  output columns keep the names the client's statement gives them.
 * :class:`Nested`: an aggregate query (its :class:`Single`) and what is done
   with its released rows (:class:`anonproxy.plan.outer.Outer` or
   :class:`anonproxy.plan.outer.Series`).
@@ -17,7 +17,6 @@ then returns one of:
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from sqlglot import exp
@@ -27,7 +26,7 @@ from anonproxy.plan.flatten import flatten, inline_ctes
 from anonproxy.plan.names import normalize, output_name
 from anonproxy.rewrite.decision import unsupported
 from anonproxy.rewrite.names import PolicyIndex
-from anonproxy.rewrite.statements import PARSE_HINT, Statement, split
+from anonproxy.rewrite.statements import Statement
 
 
 @dataclass(frozen=True)
@@ -44,11 +43,10 @@ class Nested:
 
 Shape = Single | Nested
 _NESTING = (exp.Subquery, exp.With, exp.CTE)  # what the passes take apart (with three-part column names)
-Parse = Callable[[Statement], exp.Expression]  # the classifier's parser: one statement's tokens to its tree
 
 
-def prepare(statement: Statement, tree: exp.Expression, index: PolicyIndex, parse: Parse) -> Shape:
-    """The shape of ``tree`` (which is changed in place); ``parse`` reads rendered SQL back into a tree."""
+def prepare(statement: Statement, tree: exp.Expression, index: PolicyIndex) -> Shape:
+    """The shape of ``tree`` (which is changed in place)."""
     if not any(isinstance(node, _NESTING) or (isinstance(node, exp.Column) and node.args.get("db") is not None)
                for node in tree.walk()):
         return Single(statement, tree)  # the usual case: nothing for the passes to do
@@ -57,33 +55,29 @@ def prepare(statement: Statement, tree: exp.Expression, index: PolicyIndex, pars
     changed = inline_ctes(tree)
     changed = normalize(tree, index) or changed
     if not isinstance(tree, exp.Select):
-        return Single(statement, tree) if not changed else render(tree, [], parse)
+        return Single(statement, tree) if not changed else named(tree, [], statement)
     changed = flatten(tree, statement.source) or changed
     position = outer_shapes.nested_aggregate(tree)
     if position is None:
-        return Single(statement, tree) if not changed else render(tree, names, parse)
+        return Single(statement, tree) if not changed else named(tree, names, statement)
     if position == 0:
         if tree.args.get("joins"):
             raise unsupported("an aggregate query nested in FROM cannot be joined to other tables (except as "
                               "Superset's series limit)", outer_shapes.SERIES_HINT)
         post = outer_shapes.outer(tree, statement.source)
         _name_items(post.outer, names)
-        return Nested(render(post.inner, list(post.names), parse), post)
+        return Nested(named(post.inner, list(post.names), statement), post)
     series = outer_shapes.series(tree, position, statement.source)
     _name_items(series.rest, names)
-    return Nested(render(series.top, [output_name(item, statement.source) for item in series.top.expressions],
-                         parse), series)
+    return Nested(named(series.top, [output_name(item, statement.source) for item in series.top.expressions],
+                        statement), series)
 
 
-def render(tree: exp.Expression, names: list[str | None], parse: Parse) -> Single:
-    """``tree`` as SQL, read again; select items get the names PostgreSQL gave them in the client's statement."""
+def named(tree: exp.Expression, names: list[str | None], statement: Statement) -> Single:
+    """``tree`` for the back-ends; its select items get the names PostgreSQL gave them in the client's statement."""
     if isinstance(tree, exp.Select):
         _name_items(tree, names)
-    sql = tree.sql(dialect="postgres")
-    statements = split(sql)
-    if len(statements) != 1:
-        raise unsupported("could not render the flattened statement", PARSE_HINT)
-    return Single(statements[0], parse(statements[0]))
+    return Single(statement, tree)
 
 
 def _name_items(select: exp.Select, names: list[str | None]) -> None:

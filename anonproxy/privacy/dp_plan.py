@@ -362,7 +362,7 @@ def _plan(sql: str, role: RolePolicy, policy: Policy, params: DPParams) -> DPPla
     if len(statements) != 1:
         raise unsupported("a dp query must be sent on its own, as one statement", DP_HINT)
     index = PolicyIndex(policy)
-    shape = prepare(statements[0], parse_statement(statements[0]), index, parse_statement)
+    shape = prepare(statements[0], parse_statement(statements[0]), index)
     single = shape.inner if isinstance(shape, Nested) else shape  # a nested shape: the question asked first
     statement, tree = single.statement, single.tree
     query = analyze(statement, tree, index, SuppressionParams(k=1), dp=True)

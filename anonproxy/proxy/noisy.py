@@ -47,6 +47,7 @@ from psycopg import generators, pq
 from psycopg.adapt import Transformer
 
 from ..config import ServiceLogin
+from ..plan import render
 from ..plan.outer import ROWS, Outer, Series
 from ..policy.model import Policy, RolePolicy
 from ..privacy import ledger
@@ -400,7 +401,7 @@ def _over_released(outer: Outer, released: Result) -> tuple[str, Parameters]:
 def _series_question(series: Series, released: Result) -> str:
     """The series limit's second question: its outer query restricted to the keys the first one released."""
     keys = [series.key_values(_texts(row)) for row in released.rows]
-    return series.question(series.restriction(keys)).sql(dialect="postgres")
+    return render.sql(series.question(series.restriction(keys)))
 
 
 def _texts(row: tuple[bytes | None, ...]) -> tuple[str | None, ...]:

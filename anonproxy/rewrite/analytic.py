@@ -1,30 +1,29 @@
-"""Take an analytic SELECT over a protected table apart into the pieces the suppression rewrite needs.
+"""Take an analytic SELECT over a protected table apart into the pieces both back-ends build their SQL from.
 
-The parse tree (sqlglot) decides what is allowed; the rewritten SQL is built
-from the client's *original text* of each piece (select items, WHERE, GROUP BY
-items, HAVING, ORDER BY items, LIMIT/OFFSET), cut at top-level token
-boundaries. Every cut piece is parsed again and compared with the tree, so a
-mistake in cutting is a refusal, never a different query. Keeping the client's
-text means output column names and types, ``$n`` parameters, ``::`` casts and
-function spellings are exactly what the client sent; only table names are
-replaced, by their schema-qualified form. The one exception: post-aggregate
-expressions (``round(avg(x), 1)``, ``sum(x) / count(*)``, a HAVING over them)
-are compiled from the tree into SQL over the released values
-(:mod:`anonproxy.rewrite.post_aggregate`, ``AnalyticQuery.outer``), with
-PostgreSQL's column names, because every division gets a ``NULLIF``.
+The parse tree (sqlglot, the statement's one parse) decides what is allowed,
+and every piece (select items, the FROM clause with its joins, WHERE, GROUP
+BY keys, HAVING, ORDER BY items, LIMIT/OFFSET, aggregate arguments and
+FILTER conditions) is kept twice: as the checked node, and as SQL rendered
+from that node (:mod:`anonproxy.plan.render`). Nothing is cut from the
+client's text, so what the service runs is what was checked. Tables are
+rendered schema-qualified; a select item PostgreSQL names from the client's
+spelling gets that name as an explicit alias, so output column names are
+those of the client's statement. Post-aggregate expressions
+(``round(avg(x), 1)``, ``sum(x) / count(*)``, a HAVING over them) are
+compiled into SQL over the released values
+(:mod:`anonproxy.rewrite.post_aggregate`, ``AnalyticQuery.outer``), because
+every division gets a ``NULLIF``.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Literal
 
-import sqlglot
 from sqlglot import exp
-from sqlglot.errors import SqlglotError
-from sqlglot.tokens import TokenType
 
+from anonproxy.plan.names import output_name
+from anonproxy.plan.render import sql
 from anonproxy.policy.model import SuppressionParams
 from anonproxy.rewrite.decision import forbidden, unsupported
 from anonproxy.rewrite.expressions import (
@@ -37,14 +36,7 @@ from anonproxy.rewrite.expressions import (
 from anonproxy.rewrite.post_aggregate import Outer, compile_outer
 from anonproxy.rewrite.names import PolicyIndex, ResolvedTable, fold, identifier, quote
 from anonproxy.rewrite.relations import check_relations
-from anonproxy.rewrite.statements import (
-    PARSE_HINT,
-    Statement,
-    closing_paren,
-    depth_zero,
-    split_commas,
-    token_at,
-)
+from anonproxy.rewrite.statements import PARSE_HINT, Statement
 
 SHAPE_HINT = (
     "Supported over protected tables: SELECT <grouping expressions and aggregates> FROM <protected table> "
@@ -68,55 +60,52 @@ _SELECT_ARG_NAMES = {
     "with_": "WITH (common table expressions)", "into": "SELECT INTO", "locks": "FOR UPDATE/SHARE",
     "laterals": "LATERAL", "windows": "WINDOW", "sample": "TABLESAMPLE", "qualify": "QUALIFY",
 }
-_CLAUSES = (TokenType.FROM, TokenType.WHERE, TokenType.GROUP_BY, TokenType.HAVING, TokenType.ORDER_BY,
-            TokenType.LIMIT, TokenType.OFFSET, TokenType.FETCH)
-_TAIL = (TokenType.LIMIT, TokenType.OFFSET, TokenType.FETCH)
-_ORDER_WORDS = {"ASC", "DESC"}
 
 
 @dataclass(frozen=True)
 class Item:
-    text: str  # as written, alias included
-    expression: str  # as written, without the alias
+    text: str  # rendered, with its output name: expression AS "name" (no alias when PostgreSQL says ?column?)
+    expression: str  # rendered, without the alias
     kind: ItemKind
-    alias: str | None
+    alias: str | None  # the client's alias
     aggregates: bool = False  # kind "post": whether it holds an aggregate (abs(0) does not)
+    node: exp.Expression | None = None  # the checked expression, without the alias
 
 
 @dataclass(frozen=True)
 class OrderItem:
-    text: str  # as written: expression [ASC|DESC] [NULLS FIRST|LAST]
-    suffix: str  # the ASC/DESC/NULLS part as written ("" when absent)
+    text: str  # rendered: expression [ASC|DESC] [NULLS FIRST|LAST]
+    suffix: str  # the ASC/DESC/NULLS part ("" for the default order)
     position: int | None  # 1-based select-list position when it names an output column
 
 
 @dataclass(frozen=True)
 class AggregateText:
-    """One aggregate of the statement as written: ``count(*) FILTER (WHERE age > 40)``."""
+    """One aggregate of the statement, rendered: ``COUNT(*) FILTER(WHERE age > 40)``."""
 
     node: exp.Expression  # canonical: the aggregate, inside its exp.Filter when it has one
     text: str  # the whole call, FILTER included
-    argument: str | None  # the argument as written (None: count(*)); DISTINCT left out
-    filter: str | None  # the FILTER condition as written
+    argument: str | None  # the argument (None: count(*)); DISTINCT left out
+    filter: str | None  # the FILTER condition
 
 
 @dataclass(frozen=True)
 class AnalyticQuery:
-    """An aggregate query over one protected table, as pieces of the client's own text."""
+    """An aggregate query over one protected table: its checked pieces, each as a node and as rendered SQL."""
 
     table: str  # the protected table's policy name, for messages
     items: tuple[Item, ...]
     distinct: bool
     from_sql: str  # FROM clause body, table names schema-qualified
     where: str | None
-    group_by: tuple[str, ...]  # GROUP BY items as written (ordinals and aliases kept)
+    group_by: tuple[str, ...]  # GROUP BY items (ordinals and aliases kept)
     keys: tuple[str, ...]  # the grouping expressions themselves
     having: str | None
     order: tuple[OrderItem, ...]
-    tail: str | None  # LIMIT / OFFSET / FETCH as written
+    tail: str | None  # LIMIT / OFFSET / FETCH
     unit: str  # the privacy unit, e.g. "a"."id"
     universe: str  # SELECT count(DISTINCT unit) over the FROM clause (joins included, WHERE not)
-    magnitudes: tuple[str, ...]  # arguments of SUM and AVG, as written
+    magnitudes: tuple[str, ...]  # arguments of SUM and AVG
     contributors: tuple[tuple[Contribution, str], ...]  # per aggregate argument: who counts as contributing
     owner: str = ""  # policy name of the protected table whose privacy unit this is
     sources: tuple[tuple[str, ResolvedTable], ...] = ()  # FROM and JOIN tables: (reference, table)
@@ -125,6 +114,8 @@ class AnalyticQuery:
     # over the released values (None: the client's own select list, HAVING and ORDER BY run as written).
     outer: Outer | None = None
     having_outer: bool = False  # HAVING is part of `outer` (else it stays in the aggregate query, as written)
+    key_nodes: tuple[exp.Expression, ...] = ()  # the grouping expressions, canonical (as `keys`)
+    having_node: exp.Expression | None = None  # the HAVING condition
 
     def text_of(self, node: exp.Expression) -> AggregateText:
         """The written form of an aggregate (given as parsed anywhere: compared in canonical form)."""
@@ -185,15 +176,16 @@ def analyze(statement: Statement, tree: exp.Expression, index: PolicyIndex, para
     checker = Checker(scope, params, anchor.table.policy_name, dp, statement.source)
     _check_joins(sources, anchor, checker)
 
-    layout = _Layout(statement, tree)
-    items = _items(tree, layout, checker, dp)
-    keys, group_by = _grouping(tree, layout, items, checker)
+    items = _items(tree, checker, dp, statement.source)
+    key_nodes, group_by = _grouping(tree, items, checker)
+    keys = tuple(sql(node) for node in key_nodes)
 
     aggregated = any(item.kind == "aggregate" or (item.kind == "post" and item.aggregates) for item in items) or (
         tree.args.get("having") is not None and contains_aggregate(tree.args["having"], checker.aggregates))
     if not keys:
         if distinct is not None and not aggregated:
-            keys = group_by = tuple(item.expression for item in items if item.kind == "group")
+            key_nodes = tuple(item.node for item in items if item.kind == "group" and item.node is not None)
+            keys = group_by = tuple(sql(node) for node in key_nodes)
         if not keys:
             loose = [item for item in items if item.kind == "group"]
             if loose:
@@ -212,25 +204,24 @@ def analyze(statement: Statement, tree: exp.Expression, index: PolicyIndex, para
     having = tree.args.get("having")
     if having is not None:
         checker.grouped(having.this, "HAVING")
-    order = _order(tree, layout, items, checker)
+    order = _order(tree, items, checker)
     _check_tail(tree)
-    aggregates = _aggregate_texts(statement, tree, checker.aggregates)
+    aggregates = _aggregate_texts(tree, checker.aggregates)
     magnitudes, contributors = _aggregate_arguments(aggregates)
-    outer, having_outer = _outer(tree, items, order, keys, checker, statement.source, dp)
-    _check_tokens(statement, dp)  # last line of defence, after the tree gave its specific reasons
-    from_sql = _from_sql(statement, layout, sources)
+    outer, having_outer = _outer(tree, items, order, key_nodes, checker, statement.source, dp)
+    from_sql = _from_sql(sources)
 
     return AnalyticQuery(
         table=anchor.table.policy_name,
         items=tuple(items),
         distinct=distinct is not None,
         from_sql=from_sql,
-        where=layout.clause_text(TokenType.WHERE, where.this if where is not None else None),
+        where=sql(where.this) if where is not None else None,
         group_by=group_by,
         keys=keys,
-        having=layout.clause_text(TokenType.HAVING, having.this if having is not None else None),
+        having=sql(having.this) if having is not None else None,
         order=order,
-        tail=layout.tail(),
+        tail=_tail(tree),
         unit=unit,
         # N, the people a query set must leave k of out: those of the FROM clause, whose totals are public (add
         # up the groups of any GROUP BY). A linked table alone, or joined, holds fewer people than the protected
@@ -243,10 +234,12 @@ def analyze(statement: Statement, tree: exp.Expression, index: PolicyIndex, para
         aggregates=aggregates,
         outer=outer,
         having_outer=having_outer,
+        key_nodes=tuple(canonical(node) for node in key_nodes),
+        having_node=having.this if having is not None else None,
     )
 
 
-def _outer(tree: exp.Select, items: list[Item], order: tuple[OrderItem, ...], keys: tuple[str, ...],
+def _outer(tree: exp.Select, items: list[Item], order: tuple[OrderItem, ...], keys: tuple[exp.Expression, ...],
            checker: Checker, source: str, dp: bool) -> tuple[Outer | None, bool]:
     """The post-aggregate form of the select list, HAVING and ORDER BY, when any of them needs one."""
     kinds = checker.aggregates
@@ -264,16 +257,10 @@ def _outer(tree: exp.Select, items: list[Item], order: tuple[OrderItem, ...], ke
               for node, item in zip(nodes, items, strict=True)]
     ordering = [(node.this if item.position is None else None, item.position, item.suffix)
                 for item, node in zip(order, order_nodes, strict=True)]
-    key_nodes = [canonical(_expression(key)) for key in keys]
+    key_nodes = [canonical(key) for key in keys]
     outer = compile_outer(select, having.this if having_post else None, ordering, key_nodes, kinds, canonical,
                           source)
     return outer, having_post
-
-
-def _expression(text: str) -> exp.Expression:
-    node = sqlglot.parse_one(text, read="postgres")
-    assert isinstance(node, exp.Expression)
-    return node
 
 
 # --- tables -----------------------------------------------------------------
@@ -459,54 +446,33 @@ def _key_equality(on: exp.Expression, sources: list[_Source], position: int) -> 
     return None
 
 
-def _from_sql(statement: Statement, layout: _Layout, sources: list[_Source]) -> str:
-    first, stop = layout.range(TokenType.FROM)
-    begin = statement.tokens[first].start
-    end = statement.tokens[stop - 1].end + 1
-    replacements = []
+def _from_sql(sources: list[_Source]) -> str:
+    """The FROM clause body with its joins, rendered, every table schema-qualified."""
+    parts = []
     for source in sources:
-        parts = [source.node.args.get("db"), source.node.this]
-        spans = [part.meta for part in parts if part is not None]
-        if any("start" not in meta for meta in spans):
-            raise unsupported("could not locate a table name in the statement", PARSE_HINT)
-        start, finish = spans[0]["start"], spans[-1]["end"] + 1
-        if not begin <= start < finish <= end:
-            raise unsupported("could not locate a table name in the statement", PARSE_HINT)
-        replacements.append((start, finish, source.table.qualified))
-    text, cursor = [], begin
-    for start, finish, name in sorted(replacements):
-        if start < cursor:
-            raise unsupported("could not locate a table name in the statement", PARSE_HINT)
-        text += [statement.source[cursor:start], name]
-        cursor = finish
-    text.append(statement.source[cursor:end])
-    return "".join(text)
+        table = source.node.copy()
+        table.set("this", exp.Identifier(this=source.table.name, quoted=True))
+        table.set("db", exp.Identifier(this=source.table.schema, quoted=True))
+        if source.join is None:
+            parts.append(sql(table))
+        else:
+            join = source.join.copy()
+            join.set("this", table)
+            parts.append(sql(join))
+    return " ".join(parts)
 
 
 # --- select list, GROUP BY, ORDER BY --------------------------------------------
 
 
-def _items(tree: exp.Select, layout: _Layout, checker: Checker, dp: bool) -> list[Item]:
-    pieces = layout.items()
-    if len(pieces) != len(tree.expressions):
-        raise unsupported("could not separate the select items", PARSE_HINT)
+def _items(tree: exp.Select, checker: Checker, dp: bool, source: str) -> list[Item]:
     items = []
-    for node, (first, stop) in zip(tree.expressions, pieces, strict=True):
-        text = layout.statement.span(first, stop)
+    for node in tree.expressions:
         alias = None
         expression_node = node
-        expression_stop = stop
         if isinstance(node, exp.Alias):
-            alias_ident = node.args.get("alias")
-            if not isinstance(alias_ident, exp.Identifier) or "start" not in alias_ident.meta:
-                raise unsupported("could not locate a column alias", PARSE_HINT)
-            alias = identifier(alias_ident)
-            expression_stop = token_at(layout.statement.tokens, alias_ident.meta["start"])
-            if layout.statement.tokens[expression_stop - 1].token_type == TokenType.ALIAS:
-                expression_stop -= 1
+            alias = identifier(node.args.get("alias"))
             expression_node = node.this
-        expression = layout.statement.span(first, expression_stop)
-        _same(expression, expression_node)
         kind: ItemKind
         core = _cast_aggregate(expression_node, checker.aggregates)
         if core is not None:
@@ -524,7 +490,11 @@ def _items(tree: exp.Select, layout: _Layout, checker: Checker, dp: bool) -> lis
                 kind = "post"
             else:
                 kind = "group" if any(isinstance(n, exp.Column) for n in expression_node.walk()) else "constant"
-        items.append(Item(text, expression, kind, alias, contains_aggregate(expression_node, checker.aggregates)))
+        expression = sql(expression_node)
+        name = output_name(node, source)
+        text = expression if name is None or name == "?column?" else f"{expression} AS {quote(name)}"
+        items.append(Item(text, expression, kind, alias, contains_aggregate(expression_node, checker.aggregates),
+                          expression_node))
     return items
 
 
@@ -537,7 +507,10 @@ def _cast_aggregate(node: exp.Expression, kinds: tuple[type[exp.Expression], ...
     return node if isinstance(node, kinds) else None
 
 
-def _grouping(tree: exp.Select, layout: _Layout, items: list[Item], checker: Checker) -> tuple[tuple[str, ...], tuple[str, ...]]:
+def _grouping(tree: exp.Select, items: list[Item],
+              checker: Checker) -> tuple[tuple[exp.Expression, ...], tuple[str, ...]]:
+    """The grouping expressions (an ordinal or an output alias stands for its select item) and the GROUP BY
+    items, rendered as written (ordinals and aliases kept)."""
     group = tree.args.get("group")
     if group is None:
         return (), ()
@@ -547,15 +520,11 @@ def _grouping(tree: exp.Select, layout: _Layout, items: list[Item], checker: Che
     if any(isinstance(node, (exp.Rollup, exp.Cube, exp.GroupingSets)) for node in group.expressions):
         raise unsupported("ROLLUP, CUBE and GROUPING SETS are not supported: totals next to suppressed cells can "
                           "reveal them", "GROUP BY plain expressions.")
-    pieces = layout.pieces(TokenType.GROUP_BY)
-    if len(pieces) != len(group.expressions):
-        raise unsupported("could not separate the GROUP BY items", PARSE_HINT)
     aliases = {item.alias: position for position, item in enumerate(items) if item.alias is not None}
-    keys, written = [], []
-    for node, (first, stop) in zip(group.expressions, pieces, strict=True):
-        text = layout.statement.span(first, stop)
-        _same(text, node)
-        written.append(text)
+    keys: list[exp.Expression] = []
+    written = []
+    for node in group.expressions:
+        written.append(sql(node))
         position = _ordinal(node)
         if position is None and isinstance(node, exp.Column) and node.args.get("table") is None:
             name = identifier(node.this)
@@ -564,7 +533,7 @@ def _grouping(tree: exp.Select, layout: _Layout, items: list[Item], checker: Che
                     raise unsupported(f"GROUP BY {name} is ambiguous: it is both an output alias and maybe a column",
                                       "Group by the expression itself or by its position (GROUP BY 1).")
                 checker.key(node, "GROUP BY")
-                keys.append(items[aliases[name]].expression)  # the select item's spelling: "_"."relationship"
+                keys.append(_node(items[aliases[name]]))  # the select item's column: "_"."relationship"
                 continue
         if position is None and not isinstance(node, exp.Literal) and _constant(node):
             # Metabase's pivot groups by ABS(0): a value that reads no row puts every row in one group, so it does
@@ -580,15 +549,20 @@ def _grouping(tree: exp.Select, layout: _Layout, items: list[Item], checker: Che
             if item.kind != "group":
                 raise unsupported(f"GROUP BY {position} must name a column expression, not {item.expression}",
                                   SHAPE_HINT)
-            keys.append(item.expression)
+            keys.append(_node(item))
             continue
         if isinstance(node, exp.Literal):
             raise unsupported("GROUP BY needs column expressions", SHAPE_HINT)
         checker.key(node, "GROUP BY")
         if not any(isinstance(n, exp.Column) for n in node.walk()):
             raise unsupported("GROUP BY needs column expressions", SHAPE_HINT)
-        keys.append(text)
+        keys.append(node)
     return tuple(keys), tuple(written)
+
+
+def _node(item: Item) -> exp.Expression:
+    assert item.node is not None
+    return item.node
 
 
 def _constant(node: exp.Expression) -> bool:
@@ -614,31 +588,18 @@ def _same_column(tree: exp.Select, target: exp.Expression, name: str) -> bool:
     return identifier(table) == identifier(alias.this if alias is not None else only.this)
 
 
-def _order(tree: exp.Select, layout: _Layout, items: list[Item], checker: Checker) -> tuple[OrderItem, ...]:
+def _order(tree: exp.Select, items: list[Item], checker: Checker) -> tuple[OrderItem, ...]:
     order = tree.args.get("order")
     if order is None:
         return ()
     if _set_args(order) != {"expressions"}:
         raise unsupported("unsupported ORDER BY", SHAPE_HINT)
-    pieces = layout.pieces(TokenType.ORDER_BY)
-    if len(pieces) != len(order.expressions):
-        raise unsupported("could not separate the ORDER BY items", PARSE_HINT)
     aliases = {item.alias: position for position, item in enumerate(items, 1) if item.alias is not None}
     canonical_items = [canonical(unwrap(node)) for node in tree.expressions]
     result = []
-    statement = layout.statement
-    for node, (first, stop) in zip(order.expressions, pieces, strict=True):
+    for node in order.expressions:
         if not isinstance(node, exp.Ordered) or _set_args(node) - {"this", "desc", "nulls_first"}:
             raise unsupported("unsupported ORDER BY item", SHAPE_HINT)
-        expression_stop = stop
-        words = [statement.word(i) for i in range(first, stop)]
-        if len(words) >= 2 and words[-2] == "NULLS" and words[-1] in ("FIRST", "LAST"):
-            expression_stop -= 2
-        if expression_stop - first >= 2 and words[expression_stop - first - 1] in _ORDER_WORDS:
-            expression_stop -= 1
-        expression = statement.span(first, expression_stop)
-        suffix = statement.source[statement.tokens[expression_stop - 1].end + 1 : statement.tokens[stop - 1].end + 1]
-        _same(expression, node.this)
         target = node.this
         position = _ordinal(target)
         if position is not None:
@@ -652,8 +613,24 @@ def _order(tree: exp.Select, layout: _Layout, items: list[Item], checker: Checke
             wanted = canonical(unwrap(target))
             matches = [i for i, item in enumerate(canonical_items, 1) if item == wanted]
             position = matches[0] if matches else None
-        result.append(OrderItem(statement.span(first, stop), suffix.strip(), position))
+        suffix = _order_suffix(node)
+        result.append(OrderItem(f"{sql(target)} {suffix}".rstrip(), suffix, position))
     return tuple(result)
+
+
+def _order_suffix(node: exp.Ordered) -> str:
+    """DESC and NULLS FIRST/LAST as PostgreSQL reads them; "" for its default (ascending, nulls last)."""
+    descending = bool(node.args.get("desc"))
+    words = ["DESC"] if descending else []
+    if bool(node.args.get("nulls_first")) != descending:  # PostgreSQL puts nulls first only when descending
+        words.append("NULLS FIRST" if node.args.get("nulls_first") else "NULLS LAST")
+    return " ".join(words)
+
+
+def _tail(tree: exp.Select) -> str | None:
+    """LIMIT / FETCH and OFFSET, rendered (checked by _check_tail)."""
+    parts = [sql(tree.args[key]) for key in ("limit", "offset") if tree.args.get(key) is not None]
+    return " ".join(parts) or None
 
 
 def _check_tail(tree: exp.Select) -> None:
@@ -680,51 +657,25 @@ def _check_tail(tree: exp.Select) -> None:
         raise unsupported(f"{key.upper()} takes a constant or a $n parameter", SHAPE_HINT)
 
 
-def _aggregate_texts(statement: Statement, tree: exp.Select,
-                     kinds: tuple[type[exp.Expression], ...]) -> tuple[AggregateText, ...]:
-    """Every aggregate call of the statement as written (quantiles WITHIN GROUP aside), each once."""
+def _aggregate_texts(tree: exp.Select, kinds: tuple[type[exp.Expression], ...]) -> tuple[AggregateText, ...]:
+    """Every aggregate call of the statement (quantiles WITHIN GROUP aside), each once."""
     found: list[AggregateText] = []
     calls = tuple(kind for kind in kinds if kind is not exp.WithinGroup)
     for node in tree.find_all(*calls):
         if isinstance(node.parent, exp.WithinGroup):
             continue
-        start = node.meta.get("start")
-        if start is None:
-            raise unsupported("could not locate an aggregate in the statement", PARSE_HINT)
-        tokens = statement.tokens
-        name_index = token_at(tokens, start)
-        if name_index + 1 >= len(tokens) or tokens[name_index + 1].token_type != TokenType.L_PAREN:
-            raise unsupported("could not locate an aggregate's argument", PARSE_HINT)
-        close = closing_paren(tokens, name_index + 1)
-        first = name_index + 2
         argument_node = node.this
         if isinstance(argument_node, exp.Distinct):
-            if tokens[first].token_type != TokenType.DISTINCT:
-                raise unsupported("could not locate an aggregate's argument", PARSE_HINT)
-            first += 1
-            argument_node = argument_node.expressions[0]
-        argument = None
-        if not (isinstance(node, exp.Count) and isinstance(argument_node, exp.Star)):
-            argument = statement.span(first, close)
-            _same(argument, argument_node)
-        elif close != first + 1 or tokens[first].token_type != TokenType.STAR:
-            raise unsupported("could not locate an aggregate's argument", PARSE_HINT)
+            argument_node = argument_node.expressions[0] if len(argument_node.expressions) == 1 else None
+        if argument_node is None:
+            raise unsupported("an aggregate needs one argument", SHAPE_HINT)
+        argument = None if isinstance(node, exp.Count) and isinstance(argument_node, exp.Star) else sql(argument_node)
         whole: exp.Expression = node
         condition = None
-        stop = close + 1
         if isinstance(node.parent, exp.Filter) and node.parent.this is node:
             whole = node.parent
-            if not (stop + 2 < len(tokens) and statement.word(stop) == "FILTER"
-                    and tokens[stop + 1].token_type == TokenType.L_PAREN and statement.word(stop + 2) == "WHERE"):
-                raise unsupported("could not locate an aggregate's FILTER clause", PARSE_HINT)
-            filter_close = closing_paren(tokens, stop + 1)
-            condition = statement.span(stop + 3, filter_close)
-            _same(condition, whole.expression.this)
-            stop = filter_close + 1
-        # The name token is the aggregate's (its spelling checked by the Checker), the argument and the condition
-        # were compared with the tree, and the tokens between them are fixed: the whole text needs no new parse.
-        text = statement.span(name_index, stop)
-        entry = AggregateText(canonical(whole), text, argument, condition)
+            condition = sql(whole.expression.this)
+        entry = AggregateText(canonical(whole), sql(whole), argument, condition)
         if entry not in found:
             found.append(entry)
     return tuple(found)
@@ -761,124 +712,6 @@ def _aggregate_arguments(aggregates: tuple[AggregateText, ...]) -> tuple[tuple[s
     return tuple(magnitudes), tuple(contributors)
 
 
-# Words that are never part of the supported subset: if sqlglot ever parsed one of them without keeping it in
-# the tree, the client's text (which is what runs) would still contain it. Refuse them on the tokens.
-_FOREIGN_WORDS = frozenset({
-    "UNION", "INTERSECT", "EXCEPT", "INTO", "FOR", "WINDOW", "OVER", "WITHIN", "LATERAL", "TABLESAMPLE",
-    "COLLATE", "ESCAPE", "SIMILAR", "USING", "NATURAL", "CROSS", "RIGHT", "FULL", "EXISTS", "ANY", "SOME", "ARRAY",
-    "RETURNING", "VARIADIC", "ORDINALITY", "GROUPING", "ROLLUP", "CUBE", "SETS", "WITH", "ONLY", "OPERATOR",
-})  # fmt: skip
-_FETCH_WORDS = frozenset({"WITH", "ONLY"})  # FETCH FIRST n ROWS ONLY / WITH TIES
-_PUNCTUATION = frozenset({
-    TokenType.COMMA, TokenType.L_PAREN, TokenType.R_PAREN, TokenType.DOT, TokenType.DCOLON, TokenType.EQ,
-    TokenType.NEQ, TokenType.LT, TokenType.LTE, TokenType.GT, TokenType.GTE, TokenType.STAR, TokenType.DASH,
-    TokenType.PARAMETER, TokenType.NUMBER, TokenType.STRING, TokenType.IDENTIFIER,
-    TokenType.PLUS, TokenType.SLASH, TokenType.MOD,  # arithmetic, admitted by the no-error proof
-})  # fmt: skip
-
-
-def _check_tokens(statement: Statement, dp: bool) -> None:
-    fetch = False
-    words_seen = [statement.word(i) for i in range(len(statement.tokens))]
-    substring = _substring_arguments(statement, words_seen)
-    for position, token in enumerate(statement.tokens):
-        raw = statement.raw(position)
-        if token.token_type in _PUNCTUATION:
-            continue
-        words = raw.upper().split()
-        if not words or not all(_WORD.fullmatch(word) for word in words):
-            raise unsupported(f"{raw!r} is not allowed in a query over protected tables", SHAPE_HINT)
-        fetch = fetch or words[0] == "FETCH"
-        time_zone = words_seen[position + 1:position + 3] == ["TIME", "ZONE"]  # timestamp WITH TIME ZONE
-        for word in words:
-            if word in _FOREIGN_WORDS and not (fetch and word in _FETCH_WORDS) and not (word == "WITH" and time_zone) \
-                    and not (dp and word == "WITHIN") \
-                    and not (word == "FOR" and position in substring) \
-                    and not (word == "RIGHT" and _calls(statement, position)):  # percentile_cont WITHIN GROUP: dp
-                raise unsupported(f"{word} is not allowed in a query over protected tables", SHAPE_HINT)
-
-
-def _calls(statement: Statement, position: int) -> bool:
-    """Whether the word at ``position`` is a function name: right(x, 2), not RIGHT JOIN."""
-    return position + 1 < len(statement.tokens) and statement.tokens[position + 1].token_type == TokenType.L_PAREN
-
-
-def _substring_arguments(statement: Statement, words: list[str | None]) -> set[int]:
-    """Positions of the tokens inside substring( ... ), where FOR is part of the call (substring(x FROM 1 FOR 3))."""
-    inside: set[int] = set()
-    for position, word in enumerate(words):
-        if word == "SUBSTRING" and position + 1 < len(words) \
-                and statement.tokens[position + 1].token_type == TokenType.L_PAREN:
-            inside.update(range(position + 2, closing_paren(statement.tokens, position + 1)))
-    return inside
-
-
-_WORD = re.compile(r"[A-Z_\x80-\U0010ffff][A-Z0-9_$\x80-\U0010ffff]*")
-
-
-# --- token layout -----------------------------------------------------------------
-
-
-class _Layout:
-    """Where the top-level clauses of a SELECT start and end in its token list."""
-
-    def __init__(self, statement: Statement, tree: exp.Select) -> None:
-        self.statement = statement
-        tokens = statement.tokens
-        if tokens[0].token_type != TokenType.SELECT:
-            raise unsupported("a query over protected tables must start with SELECT", SHAPE_HINT)
-        self.starts: dict[TokenType, int] = {}
-        order = []
-        for i in depth_zero(tokens, 1):
-            kind = tokens[i].token_type
-            if kind not in _CLAUSES:
-                continue
-            if kind == TokenType.FROM and tokens[i - 1].token_type == TokenType.DISTINCT:
-                continue  # IS [NOT] DISTINCT FROM
-            if kind in self.starts:
-                raise unsupported(f"{tokens[i].text.upper()} appears twice", SHAPE_HINT)
-            self.starts[kind] = i
-            order.append(i)
-        if order != sorted(order):
-            raise unsupported("clauses are out of order", SHAPE_HINT)
-        self.boundaries = sorted(self.starts.values()) + [len(tokens)]
-        first = 1
-        if tokens[1].token_type in (TokenType.DISTINCT, TokenType.ALL):
-            first = 2
-        if TokenType.FROM not in self.starts:
-            raise unsupported("a query over protected tables needs a FROM clause", SHAPE_HINT)
-        self.select = (first, self.starts[TokenType.FROM])
-        expected = {TokenType.WHERE: "where", TokenType.GROUP_BY: "group", TokenType.HAVING: "having",
-                    TokenType.ORDER_BY: "order"}
-        for kind, key in expected.items():
-            if (kind in self.starts) != (tree.args.get(key) is not None):
-                raise unsupported("could not locate the clauses of the statement", PARSE_HINT)
-
-    def range(self, kind: TokenType) -> tuple[int, int]:
-        start = self.starts[kind]
-        stop = next(b for b in self.boundaries if b > start)
-        return start + 1, stop
-
-    def items(self) -> list[tuple[int, int]]:
-        return split_commas(self.statement.tokens, *self.select)
-
-    def pieces(self, kind: TokenType) -> list[tuple[int, int]]:
-        return split_commas(self.statement.tokens, *self.range(kind))
-
-    def clause_text(self, kind: TokenType, node: exp.Expression | None) -> str | None:
-        if node is None:
-            return None
-        text = self.statement.span(*self.range(kind))
-        _same(text, node)
-        return text
-
-    def tail(self) -> str | None:
-        starts = [self.starts[kind] for kind in _TAIL if kind in self.starts]
-        if not starts:
-            return None
-        return self.statement.span(min(starts), len(self.statement.tokens))
-
-
 # --- helpers ------------------------------------------------------------------------
 
 
@@ -905,13 +738,3 @@ def canonical(node: exp.Expression) -> exp.Expression:
     while isinstance(copy, exp.Paren):
         copy = copy.this
     return copy
-
-
-def _same(text: str, node: exp.Expression) -> None:
-    """Refuse unless ``text`` parses to the same expression as ``node``."""
-    try:
-        parsed = sqlglot.parse_one(text, read="postgres")
-    except SqlglotError:
-        raise unsupported("could not isolate a part of the statement", PARSE_HINT) from None
-    if not isinstance(parsed, exp.Expression) or canonical(parsed) != canonical(node):
-        raise unsupported("could not isolate a part of the statement", PARSE_HINT)

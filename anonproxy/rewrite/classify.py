@@ -58,7 +58,7 @@ from anonproxy.rewrite.final_sql import verify
 from anonproxy.rewrite.names import PolicyIndex, fold, identifier, split_policy_name
 from anonproxy.rewrite.probes import redirect_probes
 from anonproxy.rewrite.statements import (
-    DIALECT,
+    parser,
     PARSE_HINT,
     Statement,
     closing_paren,
@@ -112,7 +112,7 @@ def _explain_anonproxy(query: str, role: RolePolicy, policy: Policy) -> Decision
         try:  # decide() rewrote it: one statement, which takes the same shape and analyses as it did there
             statement = next(iter(split(query)))
             index = PolicyIndex(policy)
-            shape = prepare(statement, parse_statement(statement), index, parse_statement)
+            shape = prepare(statement, parse_statement(statement), index)
             single = shape.inner if isinstance(shape, Nested) else shape
             analysis = analyze(single.statement, single.tree, index, role.suppression)
         except Refusal as refusal:
@@ -177,9 +177,9 @@ def _statement(statement: Statement, role: RolePolicy, index: PolicyIndex) -> De
     _refuse_published(tree, index.policy)
     if role.mode == "dp":
         return Noisy(statement.text)  # planned by anonproxy.privacy.dp_plan, which says what it supports
-    shape = prepare(statement, tree, index, parse_statement)  # derived tables flattened, names normalised
+    shape = prepare(statement, tree, index)  # derived tables flattened, names normalised
     if isinstance(shape, Nested):
-        sql = suppressed(shape, index, role.suppression, parse_statement)
+        sql = suppressed(shape, index, role.suppression)
         verify(sql, index.policy, role.role)  # PostgreSQL's own parser reads the final SQL again
         return Rewrite(sql)
     analysis = analyze(shape.statement, shape.tree, index, role.suppression)
@@ -262,7 +262,7 @@ def _explain(statement: Statement, role: RolePolicy, index: PolicyIndex) -> Deci
 
 def parse_statement(statement: Statement) -> exp.Expression:
     try:
-        trees = DIALECT.parser().parse(list(statement.tokens), statement.source)
+        trees = parser().parse(list(statement.tokens), statement.source)
     except SqlglotError as exc:
         first_line = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
         raise unsupported(f"could not parse the statement: {first_line}", PARSE_HINT) from None

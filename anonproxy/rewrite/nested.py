@@ -21,18 +21,18 @@ from __future__ import annotations
 from dataclasses import replace
 
 from anonproxy.plan.outer import ROWS, Outer, Series
-from anonproxy.plan.shape import Nested, Parse, Single, render
+from anonproxy.plan.render import sql
+from anonproxy.plan.shape import Nested, Single, named
 from anonproxy.policy.model import SuppressionParams
 from anonproxy.rewrite.analytic import analyze
 from anonproxy.rewrite.names import PolicyIndex, quote
-from anonproxy.rewrite.statements import DIALECT
 from anonproxy.rewrite.suppress import rewrite
 
 TOP = "anonproxy_top"
 
 
-def suppressed(shape: Single | Nested, index: PolicyIndex, params: SuppressionParams, parse: Parse) -> str:
-    """The suppression SQL of ``shape``; ``parse`` is the classifier's parser (to read the series' outer query)."""
+def suppressed(shape: Single | Nested, index: PolicyIndex, params: SuppressionParams) -> str:
+    """The suppression SQL of ``shape``."""
     if isinstance(shape, Single):
         return rewrite(analyze(shape.statement, shape.tree, index, params), params)
     post = shape.post
@@ -41,7 +41,7 @@ def suppressed(shape: Single | Nested, index: PolicyIndex, params: SuppressionPa
         columns = ", ".join(quote(name) for name in post.names)
         return f"WITH {ROWS}({columns}) AS (\n{inner}\n)\n{post.sql()}"
     assert isinstance(post, Series)
-    rest = render(post.rest, [], parse)
+    rest = named(post.rest, [], shape.inner.statement)
     # The ON keys run on the outer query's rows: they pass the checks of its WHERE condition (identifying
     # columns, the no-error proof), as in dp mode, where the restriction is the second question's WHERE.
     query = analyze(rest.statement, rest.tree, index, params, conditions=post.conditions())
@@ -51,12 +51,12 @@ def suppressed(shape: Single | Nested, index: PolicyIndex, params: SuppressionPa
     if null_safe:
         names = [f"anonproxy_c{i}" for i in range(1, len(post.names) + 1)]  # no bare key can mean these
         matches = " AND ".join(
-            f"({key.sql(dialect=DIALECT)}) {'IS NOT DISTINCT FROM' if post.is_null_safe(i) else '='} "
+            f"({sql(key)}) {'IS NOT DISTINCT FROM' if post.is_null_safe(i) else '='} "
             f"{TOP}.{names[position]}" for i, (key, position) in enumerate(post.keys))
         restriction = (f"EXISTS (SELECT 1 FROM (\n{inner}\n) AS {TOP}({', '.join(names)})\n"
                        f"  WHERE {matches})")
     else:
-        keys = ", ".join(f"({key.sql(dialect=DIALECT)})" for key, _ in post.keys)
+        keys = ", ".join(f"({sql(key)})" for key, _ in post.keys)
         columns = ", ".join(quote(post.names[position]) for _, position in post.keys)
         restriction = f"({keys}) IN (SELECT {columns} FROM (\n{inner}\n) AS {TOP})"
     where = restriction if query.where is None else f"({query.where})\n  AND {restriction}"

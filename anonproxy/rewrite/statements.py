@@ -16,8 +16,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import ClassVar
 
+from sqlglot import exp
 from sqlglot.dialects.dialect import Dialect
 from sqlglot.errors import SqlglotError
+from sqlglot.parser import Parser
 from sqlglot.tokens import Token, TokenType
 
 from anonproxy.rewrite.decision import unsupported
@@ -33,6 +35,26 @@ class _Tokenizer(DIALECT.tokenizer_class):  # type: ignore[name-defined,misc]
 
 
 _TOKENIZER = _Tokenizer(dialect=DIALECT)
+_DATE_PART = DIALECT.parser_class.FUNCTION_PARSERS["DATE_PART"]
+DATE_PART = "date_part"  # the meta key that marks an exp.Extract written as date_part(...)
+
+
+def _date_part(parser: Parser) -> exp.Expression:
+    """date_part(...) as sqlglot reads it (an exp.Extract), marked so that it is rendered as written
+    (anonproxy.plan.render: extract() and date_part() differ in result type)."""
+    node = _DATE_PART(parser)
+    if isinstance(node, exp.Extract):
+        node.meta[DATE_PART] = True
+    return node
+
+
+class _Parser(DIALECT.parser_class):  # type: ignore[name-defined,misc]
+    FUNCTION_PARSERS: ClassVar[dict] = {**DIALECT.parser_class.FUNCTION_PARSERS, "DATE_PART": _date_part}
+
+
+def parser() -> Parser:
+    """A parser for the tokens of :func:`split`: PostgreSQL's dialect, date_part() marked."""
+    return _Parser(dialect=DIALECT)
 
 PARSE_HINT = "Send one SQL statement that PostgreSQL's grammar accepts, without unusual quoting."
 

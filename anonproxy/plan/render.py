@@ -1,0 +1,47 @@
+"""SQL for the service, generated from checked trees (never cut from the client's text).
+
+Every piece of a gated statement that the service runs (select items,
+WHERE, GROUP BY, HAVING, ORDER BY, LIMIT, the FROM clause with its joins,
+aggregate arguments) is rendered here from the node the analysis checked, so
+what PostgreSQL runs is exactly what was proved safe: a word the parser
+dropped, a comment, or a spelling PostgreSQL reads otherwise cannot reach
+the service.
+
+Rendering is sqlglot's PostgreSQL generator with two changes:
+
+* comments are never rendered (a client's comment is text, and ``--`` in
+  one could end a rendered ``/* */``);
+* ``date_part(...)`` stays ``date_part``: sqlglot reads it and ``extract``
+  into one node, but PostgreSQL gives them different result types
+  (``double precision`` and ``numeric``) and column names. The classifier's
+  parser (:data:`anonproxy.rewrite.statements.DIALECT`) marks the node.
+
+Output column names are kept by the callers: a select item PostgreSQL would
+have named from the client's spelling gets that name as an explicit alias
+(:func:`anonproxy.plan.names.output_name`).
+"""
+
+from __future__ import annotations
+
+from sqlglot import exp
+from sqlglot.dialects.postgres import Postgres
+
+from anonproxy.rewrite.statements import DATE_PART
+
+
+class _Postgres(Postgres):
+    class Generator(Postgres.Generator):
+        def extract_sql(self, expression: exp.Extract) -> str:
+            if expression.meta.get(DATE_PART):
+                field = expression.this
+                name = field.name if isinstance(field, (exp.Var, exp.Literal, exp.Identifier)) else self.sql(field)
+                return f"date_part({exp.Literal.string(name).sql(dialect=Postgres)}, {self.sql(expression, 'expression')})"
+            return super().extract_sql(expression)
+
+
+_DIALECT = _Postgres()
+
+
+def sql(node: exp.Expression) -> str:
+    """``node`` as PostgreSQL SQL, without comments."""
+    return _DIALECT.generate(node, comments=False)
