@@ -85,7 +85,7 @@ def test_dp_bounds_follow_the_column_through_the_cast() -> None:
     cast = plan_dp("select sum(cast(hours_per_week as bigint)) from adult", DP, POLICY, PARAMS)
     assert isinstance(plain, DPPlan) and isinstance(cast, DPPlan)
     assert [c.value_scale for c in cast.statistics] == [c.value_scale for c in plain.statistics]
-    assert "cast(hours_per_week as bigint) AS anonproxy_a1" in cast.sql
+    assert "CAST(hours_per_week AS BIGINT) AS anonproxy_a1" in cast.sql
     assert "LEAST(GREATEST(anonproxy_a1, 0), 100)" in cast.sql  # clamped to the column's declared bounds
 
 

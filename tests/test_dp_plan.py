@@ -446,7 +446,7 @@ def test_joins_to_linked_tables_are_bounded_per_unit() -> None:
     p = plan("select v.ward, count(*), sum(v.minutes) from adult a join visits v on v.person = a.id "
              "where a.age > 30 group by v.ward", DPParams(1.0, 1e-6, max_groups_per_unit=2, max_rows_per_unit=3))
     assert p.table == "public.adult"  # the budget of the protected table pays
-    assert '"a"."id" AS anonproxy_unit' in p.sql and '"public"."visits" v' in p.sql
+    assert '"a"."id" AS anonproxy_unit' in p.sql and '"public"."visits" AS v' in p.sql
     # bounds and the public domain come from the linked table's policy; a unit reaches 2 of the 3 wards
     assert [(s.kind, s.sensitivity) for s in p.statistics] == [("rows", 6), ("sum", 2 * 3 * 60)]
     assert "unnest(ARRAY['A', 'B', 'C']::text[])" in p.sql

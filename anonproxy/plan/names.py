@@ -98,10 +98,10 @@ def output_name(item: exp.Expression, source: str) -> str | None:
         return "case"
     if isinstance(item, exp.Anonymous):
         return identifier(exp.Identifier(this=item.name, quoted=False))
-    if isinstance(item, exp.Func):
-        start, end = item.meta.get("start"), item.meta.get("end")
-        if start is None or end is None:
-            return None
+    start, end = item.meta.get("start"), item.meta.get("end")
+    if isinstance(item, (exp.Func, exp.Binary)) and start is not None and end is not None:  # a call: mod(x, 3)
         written = source[start:end + 1]
         return None if '"' in written else identifier(exp.Identifier(this=written, quoted=False))
+    if isinstance(item, exp.Binary):
+        return "?column?"  # an operator (x ^ 2), which the rendered SQL may spell as a call (POWER(x, 2))
     return None

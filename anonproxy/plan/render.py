@@ -7,7 +7,7 @@ what PostgreSQL runs is exactly what was proved safe: a word the parser
 dropped, a comment, or a spelling PostgreSQL reads otherwise cannot reach
 the service.
 
-Rendering is sqlglot's PostgreSQL generator with two changes:
+Rendering is sqlglot's PostgreSQL generator, function names in lower case, with two changes:
 
 * comments are never rendered (a client's comment is text, and ``--`` in
   one could end a rendered ``/* */``);
@@ -43,5 +43,6 @@ _DIALECT = _Postgres()
 
 
 def sql(node: exp.Expression) -> str:
-    """``node`` as PostgreSQL SQL, without comments."""
-    return _DIALECT.generate(node, comments=False)
+    """``node`` as PostgreSQL SQL, without comments, function names in lower case (as people write them: they
+    appear in messages, EXPLAIN and notices)."""
+    return _DIALECT.generate(node, comments=False, normalize_functions="lower")

@@ -83,7 +83,7 @@ def named(tree: exp.Expression, names: list[str | None], statement: Statement) -
 def _name_items(select: exp.Select, names: list[str | None]) -> None:
     items = []
     for item, name in zip(select.expressions, [*names, *[None] * len(select.expressions)], strict=False):
-        if name is None or name == "?column?" or isinstance(item, exp.Alias) or isinstance(item, exp.Star) \
+        if name is None or isinstance(item, exp.Alias) or isinstance(item, exp.Star) \
                 or (isinstance(item, exp.Column) and isinstance(item.this, exp.Star)):
             items.append(item)
         else:

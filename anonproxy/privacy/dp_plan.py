@@ -30,7 +30,6 @@ from decimal import Decimal
 from fractions import Fraction
 from typing import Literal
 
-import sqlglot
 from sqlglot import exp
 
 from anonproxy.plan import outer as nested_shapes
@@ -52,10 +51,10 @@ from anonproxy.privacy.mechanisms import (
     to_grid,
 )
 from anonproxy.privacy.quantiles import dp_quantile, rank_halfwidth
-from anonproxy.rewrite.analytic import AnalyticQuery, analyze, canonical, filtered
+from anonproxy.rewrite.analytic import AnalyticQuery, Item, analyze, canonical, filtered
 from anonproxy.rewrite.post_aggregate import RELEASED, Outer, value
 from anonproxy.rewrite import post_aggregate
-from anonproxy.rewrite.classify import parse_statement
+from anonproxy.rewrite.classify import parsed_tree
 from anonproxy.rewrite.decision import (
     FEATURE_NOT_SUPPORTED,
     Refusal,
@@ -362,7 +361,7 @@ def _plan(sql: str, role: RolePolicy, policy: Policy, params: DPParams) -> DPPla
     if len(statements) != 1:
         raise unsupported("a dp query must be sent on its own, as one statement", DP_HINT)
     index = PolicyIndex(policy)
-    shape = prepare(statements[0], parse_statement(statements[0]), index)
+    shape = prepare(*parsed_tree(statements[0]), index)
     single = shape.inner if isinstance(shape, Nested) else shape  # a nested shape: the question asked first
     statement, tree = single.statement, single.tree
     query = analyze(statement, tree, index, SuppressionParams(k=1), dp=True)
@@ -371,7 +370,7 @@ def _plan(sql: str, role: RolePolicy, policy: Policy, params: DPParams) -> DPPla
         raise unsupported("SELECT DISTINCT with aggregates is not supported in dp mode", DP_HINT)
 
     columns = _Columns(query, rows_cap)
-    keys = [canonical(_parse_expression(key)) for key in query.keys]
+    keys = list(query.key_nodes)
     public = _public_domains(query, columns) if query.keys else None
     # How many groups one unit can reach: a unit touches at most `groups_cap` groups, and never more than exist.
     reach = 1 if not query.keys else (min(groups_cap, math.prod(len(d) for d in public)) if public else groups_cap)
@@ -389,12 +388,12 @@ def _plan(sql: str, role: RolePolicy, policy: Policy, params: DPParams) -> DPPla
         _check_outer(outer)
     drafts: list[_Draft] = []
     for position, item in enumerate(query.items):
-        if outer is not None and outer.items[position].computed and not _plain_aggregate(item.expression):
+        if outer is not None and outer.items[position].computed and not _plain_aggregate(_node(item)):
             drafts.append(_Draft(outer.items[position].name, "post"))
             continue
         if item.kind == "constant":
             raise unsupported(f"constant select item {item.expression} is not supported in dp mode", DP_HINT)
-        node = _parse_expression(item.expression)
+        node = _node(item)
         if item.kind == "group":
             if canonical(node) not in keys:
                 raise unsupported(f"select item {item.expression} must be one of the GROUP BY expressions in dp "
@@ -406,7 +405,7 @@ def _plan(sql: str, role: RolePolicy, policy: Policy, params: DPParams) -> DPPla
     hidden: list[_Draft] = []
     having = None
     if query.having is not None and not query.having_outer:
-        having = _having(_parse_expression(query.having), keys, query, drafts, hidden, columns)
+        having = _having(_having_node(query), keys, query, drafts, hidden, columns)
     inputs: list[tuple[str, int]] = []  # the post statement's value columns: (name, index in the answer row)
     if outer is not None:
         if outer.keys_used:  # the GROUP BY expressions, when an expression reads one: hidden key columns
@@ -462,9 +461,9 @@ def _check_outer(outer: Outer) -> None:
                           "Write the value as a constant.")
 
 
-def _plain_aggregate(text: str) -> bool:
+def _plain_aggregate(item: exp.Expression) -> bool:
     """Whether a select item is one aggregate (FILTER included), which the plan answers itself."""
-    node = _unparen(_parse_expression(text))
+    node = _unparen(item)
     return isinstance(node, _AGGREGATES) or (isinstance(node, exp.Filter) and isinstance(node.this, _AGGREGATES))
 
 
@@ -802,7 +801,7 @@ def _having(node: exp.Expression, keys: list[exp.Expression], query: AnalyticQue
     """HAVING compiled over the answer row (visible columns, then hidden ones it needs)."""
     positions: dict[exp.Expression, int] = {}
     for index, item in enumerate(query.items):
-        positions.setdefault(canonical(_parse_expression(item.expression)), index)
+        positions.setdefault(canonical(_node(item)), index)
 
     def value_of(candidate: exp.Expression) -> int | None:
         wanted = canonical(candidate)
@@ -875,11 +874,15 @@ def _params(params: DPParams) -> tuple[Fraction, Fraction, int, int]:
     return (Fraction(params.epsilon), Fraction(params.delta), params.max_groups_per_unit, params.max_rows_per_unit)
 
 
-def _parse_expression(text: str) -> exp.Expression:
-    """A piece of the client's text that analyze() already parsed and checked, parsed again on its own."""
-    node = sqlglot.parse_one(text, read="postgres")
-    assert isinstance(node, exp.Expression)
-    return node
+def _node(item: Item) -> exp.Expression:
+    """A select item's checked expression (analyze() always records it)."""
+    assert item.node is not None
+    return item.node
+
+
+def _having_node(query: AnalyticQuery) -> exp.Expression:
+    assert query.having_node is not None
+    return query.having_node
 
 
 def _numeric_constant(node: exp.Expression) -> Fraction | None:
@@ -900,8 +903,8 @@ def _numeric_constant(node: exp.Expression) -> Fraction | None:
 def _public_domains(query: AnalyticQuery, columns: _Columns) -> list[tuple[str, ...]] | None:
     """The declared domain of every GROUP BY key, when every key is a column that has one; else None."""
     domains = []
-    for key in query.keys:
-        found = columns.column_table(_parse_expression(key))
+    for key in query.key_nodes:
+        found = columns.column_table(key)
         column = _policy_columns(found[0]).get(found[1]) if found is not None else None
         if column is None or not column.domain:
             return None

@@ -492,7 +492,7 @@ def _items(tree: exp.Select, checker: Checker, dp: bool, source: str) -> list[It
                 kind = "group" if any(isinstance(n, exp.Column) for n in expression_node.walk()) else "constant"
         expression = sql(expression_node)
         name = output_name(node, source)
-        text = expression if name is None or name == "?column?" else f"{expression} AS {quote(name)}"
+        text = expression if name is None else f"{expression} AS {quote(name)}"
         items.append(Item(text, expression, kind, alias, contains_aggregate(expression_node, checker.aggregates),
                           expression_node))
     return items

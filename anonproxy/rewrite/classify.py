@@ -1,7 +1,9 @@
 """``decide``: one decision for the whole text of a Query or Parse message.
 
-Pure and deterministic: no I/O, no clock, no state; the proxy caches the result
-by (text, role, policy version).
+Deterministic: no I/O, no clock; the proxy caches the result by (text, role,
+policy version). Its one state is a hand-over: the tree of a dp statement is
+kept for the dp planner, which runs next in the same process, so the
+statement is parsed once (:data:`parsed_tree`).
 
 Per statement: a query (SELECT / WITH / VALUES / TABLE) that reaches no
 protected or linked table passes (published relations, already anonymized,
@@ -19,6 +21,8 @@ statements -> Script (run one by one); any other mixture -> Reject.
 """
 
 from __future__ import annotations
+
+from collections import OrderedDict
 
 from sqlglot import exp
 from sqlglot.errors import SqlglotError
@@ -176,6 +180,7 @@ def _statement(statement: Statement, role: RolePolicy, index: PolicyIndex) -> De
         return _relayed(tree, role, index)
     _refuse_published(tree, index.policy)
     if role.mode == "dp":
+        _PARSED.put(statement, tree)  # for the dp planner, next in this process: no second parse
         return Noisy(statement.text)  # planned by anonproxy.privacy.dp_plan, which says what it supports
     shape = prepare(statement, tree, index)  # derived tables flattened, names normalised
     if isinstance(shape, Nested):
@@ -258,6 +263,37 @@ def _explain(statement: Statement, role: RolePolicy, index: PolicyIndex) -> Deci
                         "from the table's statistics", "Run the aggregate query itself.")
     _check_passable(inner, tree, role, index)
     return Pass()
+
+
+class _Parsed:
+    """Trees of dp statements that decide() parsed, each handed once to the dp planner.
+
+    A dp statement is decided (classified) first and planned next, when its per-query ε is known, in the same
+    process (the worker's analysis process, or the worker itself). The planner takes the tree decide() made
+    instead of parsing the text again; a tree is taken at most once (the planner's passes change it in place),
+    and only the latest few are kept. The statement comes with it: the tree's positions index into its source
+    (the whole message, where decide() found it).
+    """
+
+    SIZE = 32
+
+    def __init__(self) -> None:
+        self._trees: OrderedDict[str, tuple[Statement, exp.Expression]] = OrderedDict()
+
+    def put(self, statement: Statement, tree: exp.Expression) -> None:
+        self._trees[statement.text] = (statement, tree)
+        self._trees.move_to_end(statement.text)
+        while len(self._trees) > self.SIZE:
+            self._trees.popitem(last=False)
+
+    def take(self, statement: Statement) -> tuple[Statement, exp.Expression]:
+        """The statement and tree decide() made of ``statement``'s text, else ``statement`` and a new parse."""
+        found = self._trees.pop(statement.text, None)
+        return found if found is not None else (statement, parse_statement(statement))
+
+
+_PARSED = _Parsed()
+parsed_tree = _PARSED.take
 
 
 def parse_statement(statement: Statement) -> exp.Expression:
