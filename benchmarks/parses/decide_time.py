@@ -1,0 +1,101 @@
+"""First-sight decision time, in process: this tree against another revision, alternated in one run.
+
+For every query of the suppress workload (benchmarks/suppress/workload.py) as a suppress role, and of the dp
+workload (benchmarks/dp/dp_workload.py) as a dp role, it times what the proxy does on first sight of a statement
+before any I/O: ``decide()`` (suppress: classification and rewrite), and for dp ``decide()`` then ``plan_checked()``
+(the dp plan and the final SQL check). Each timing uses a new text (a numbered leading comment), so nothing is
+cached. The policy is tests/test_rewrite.py's, as each tree has it.
+
+Each tree runs in its own interpreter (``--child``); the trees alternate, ``--rounds`` times. Printed: per mode,
+the median over queries of each query's median time, and the largest query median, per tree and round.
+
+    python3 benchmarks/parses/decide_time.py --against 4ad7d93 [--rounds 3] [--repeat 40]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def child(repeat: int) -> None:
+    """Time the current working directory's tree; print JSON {mode: [median ms per query]}."""
+    sys.path[:0] = [".", "tests", str(ROOT / "benchmarks" / "suppress"), str(ROOT / "benchmarks" / "dp")]
+    import dp_workload  # noqa: PLC0415 (the workloads are this tree's, read from the benchmark's own copy)
+    import workload  # noqa: PLC0415
+    from test_rewrite import POLICY, SUPPRESS  # noqa: PLC0415
+
+    from anonproxy.privacy.dp_plan import DPParams  # noqa: PLC0415
+    from anonproxy.proxy.noisy import plan_checked  # noqa: PLC0415
+    from anonproxy.rewrite import Noisy, decide  # noqa: PLC0415
+
+    dp_role = dataclasses.replace(SUPPRESS, mode="dp")
+    params = DPParams(epsilon=1, delta=1e-6)
+
+    def suppress(sql: str) -> None:
+        decide(sql, SUPPRESS, POLICY)
+
+    def dp(sql: str) -> None:
+        decision = decide(sql, dp_role, POLICY)
+        if isinstance(decision, Noisy):
+            plan_checked(decision.sql, dp_role, POLICY, params)
+
+    figures: dict[str, list[float]] = {}
+    for mode, action, queries in (("suppress", suppress, [q.sql for q in workload.QUERIES]),
+                                  ("dp", dp, [q.sql for q in dp_workload.QUERIES])):
+        medians = []
+        for number, sql in enumerate(queries):
+            action(f"/* warm {number} */ {sql}")
+            times = []
+            for serial in range(repeat):
+                text = f"/* decide-time {number} #{serial} */ {sql}"
+                start = time.perf_counter()
+                action(text)
+                times.append((time.perf_counter() - start) * 1000)
+            medians.append(statistics.median(times))
+        figures[mode] = medians
+    print(json.dumps(figures))
+
+
+def run(tree: Path, repeat: int) -> dict[str, list[float]]:
+    done = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child", "--repeat", str(repeat)],
+                          cwd=tree, check=True, capture_output=True, text=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--against", default="4ad7d93", help="the revision to compare with (default: 4ad7d93)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=40, help="first-sight texts per query")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args.repeat)
+        return
+    with tempfile.TemporaryDirectory() as scratch:
+        old = Path(scratch) / "old"
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(old), args.against],
+                       check=True, capture_output=True)
+        try:
+            for round_ in range(1, args.rounds + 1):
+                for label, tree in ((args.against, old), ("this tree", ROOT)):
+                    figures = run(tree, args.repeat)
+                    for mode, medians in figures.items():
+                        print(f"round {round_}  {label:10} {mode:8}  median over queries "
+                              f"{statistics.median(medians):6.3f} ms   max {max(medians):6.3f} ms")
+        finally:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(old)], check=True)
+
+
+if __name__ == "__main__":
+    main()
