@@ -20,8 +20,8 @@ from conftest import Endpoint
 from test_dp_proxy import analyst, truth  # noqa: F401  (fixtures)
 
 from anonproxy.policy.model import ColumnPolicy, Policy, ProtectedTable, RolePolicy, SuppressionParams
-from anonproxy.privacy.dp_plan import DPParams, DPPlan, plan_dp
-from anonproxy.rewrite import decide
+from anonproxy.dp.plan import DPParams, DPPlan, plan_dp
+from anonproxy.rewrite.classify import decide
 from anonproxy.rewrite.decision import Noisy, Reject, Rewrite
 
 K = 10

@@ -20,10 +20,10 @@ from test_dp_plan import ROLE as DP_ROLE
 from test_dp_proxy import analyst, budget_left, truth  # noqa: F401  (fixtures)
 from test_rewrite import POLICY, SUPPRESS, suppress_role
 
-from anonproxy.privacy.dp_plan import DPParams, DPPlan, finish, plan_dp
-from anonproxy.rewrite import decide
+from anonproxy.dp.plan import DPParams, DPPlan, finish, plan_dp
+from anonproxy.rewrite.classify import decide
 from anonproxy.rewrite.decision import Reject, Rewrite
-from anonproxy.rewrite.post_aggregate import output_name
+from anonproxy.plan.post_aggregate import output_name
 
 K = 10
 PARAMS = DPParams(epsilon=1.0, delta=1e-6)

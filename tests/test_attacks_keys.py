@@ -21,8 +21,9 @@ from conftest import Endpoint
 
 from anonproxy.policy.model import Policy, RolePolicy, SuppressionParams
 from anonproxy.policy.store import load_policy
-from anonproxy.privacy.dp_plan import DPParams, plan_dp
-from anonproxy.rewrite import Noisy, Reject, Rewrite, decide
+from anonproxy.dp.plan import DPParams, plan_dp
+from anonproxy.rewrite.classify import decide
+from anonproxy.rewrite.decision import Noisy, Reject, Rewrite
 
 ATTACKS = [
     "select 1/(age-37), count(*) from adult group by 1",

@@ -20,8 +20,9 @@ from test_rewrite import POLICY, SUPPRESS
 from test_shapes import dp_session
 
 from anonproxy.policy.model import PublishedRelation
-from anonproxy.privacy.dp_plan import DPParams, plan_dp
-from anonproxy.rewrite import Noisy, Reject, decide
+from anonproxy.dp.plan import DPParams, plan_dp
+from anonproxy.rewrite.classify import decide
+from anonproxy.rewrite.decision import Noisy, Reject
 
 DP = dataclasses.replace(SUPPRESS, mode="dp")
 

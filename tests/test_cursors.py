@@ -25,7 +25,7 @@ from test_rewrite import POLICY, SUPPRESS
 from anonproxy.embedded import EmbeddedPostgres
 from anonproxy.proxy.cursors import MAX_CURSOR_ROWS, Cursors, NoScroll, Position, run
 from anonproxy.proxy.gate import Gate
-from anonproxy.rewrite import decide
+from anonproxy.rewrite.classify import decide
 from anonproxy.rewrite.commands import cursor_command
 from anonproxy.rewrite.decision import CloseCursor, DeclareCursor, FetchCursor, Pass, Rewrite, Script
 from anonproxy.rewrite.statements import split

@@ -16,8 +16,9 @@ from conftest import Endpoint
 from anonproxy.plan import bounds
 from anonproxy.policy.model import Policy
 from anonproxy.policy.store import load_policy
-from anonproxy.privacy.dp_plan import DPParams, DPPlan, plan_dp
-from anonproxy.rewrite import Noisy, Reject, Rewrite, decide
+from anonproxy.dp.plan import DPParams, DPPlan, plan_dp
+from anonproxy.rewrite.classify import decide
+from anonproxy.rewrite.decision import Noisy, Reject, Rewrite
 from anonproxy.rewrite.final_sql import check_final_sql
 from anonproxy.embedded import EmbeddedPostgres
 

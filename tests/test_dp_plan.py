@@ -24,15 +24,15 @@ from anonproxy.policy.model import (
     ProtectedTable,
     RolePolicy,
 )
-from anonproxy.privacy.dp_having import holds
-from anonproxy.privacy.dp_plan import (
+from anonproxy.dp.having import holds
+from anonproxy.dp.plan import (
     DPParams,
     DPPlan,
     answer,
     plan_dp,
     selection_threshold,
 )
-from anonproxy.rewrite import Reject
+from anonproxy.rewrite.decision import Reject
 
 WORKCLASS = ("Private", "Self-emp-not-inc", "Self-emp-inc", "Federal-gov", "Local-gov", "State-gov", "Without-pay",
              "Never-worked")

@@ -37,9 +37,10 @@ from anonproxy.policy.model import (
     SuppressionParams,
 )
 from anonproxy.policy.yaml_policy import apply_policy, demo_policy
-from anonproxy.privacy.dp_plan import DPParams, DPPlan, plan_dp
+from anonproxy.dp.plan import DPParams, DPPlan, plan_dp
 from anonproxy.proxy.service_role import WIDENING_ROLES
-from anonproxy.rewrite import Rewrite, decide
+from anonproxy.rewrite.classify import decide
+from anonproxy.rewrite.decision import Rewrite
 from anonproxy.rewrite.final_sql import FinalCheckRefusal, check_final_sql, verify
 
 ADULT = ProtectedTable("public.adult", "id")

@@ -14,8 +14,9 @@ import psycopg
 import pytest
 
 from anonproxy.embedded import EmbeddedPostgres
-from anonproxy.privacy.dp_plan import DPParams, DPPlan, plan_dp
-from anonproxy.rewrite import Noisy, Pass, Rewrite, decide
+from anonproxy.dp.plan import DPParams, DPPlan, plan_dp
+from anonproxy.rewrite.classify import decide
+from anonproxy.rewrite.decision import Noisy, Pass, Rewrite
 from anonproxy.rewrite.statements import split
 from conftest import Endpoint
 from test_rewrite import POLICY, SUPPRESS

@@ -12,8 +12,8 @@ import pytest
 from psycopg.pq import TransactionStatus
 
 from anonproxy.embedded import EmbeddedPostgres
-from anonproxy.privacy import ledger
-from anonproxy.privacy.ledger import BudgetExhausted, LedgerError, NoBudget, Remaining
+from anonproxy.dp import ledger
+from anonproxy.dp.ledger import BudgetExhausted, LedgerError, NoBudget, Remaining
 from anonproxy.schema import migrations
 
 SERVICE = "anonproxy_service"

@@ -1,4 +1,4 @@
-"""Statistical and exact tests of anonproxy.privacy (docs/mechanisms.md, "Test design").
+"""Statistical and exact tests of anonproxy.dp (docs/mechanisms.md, "Test design").
 
 Pure Python, no database. Every statistical assertion is a hypothesis test
 with false-alarm rate ALPHA = 1e-4: a correct implementation fails it with
@@ -24,9 +24,9 @@ from statistics import NormalDist
 import numpy as np
 import pytest
 
-from anonproxy.privacy import NoisyValue, dp_quantile
-from anonproxy.privacy import mechanisms as m
-from anonproxy.privacy import quantiles as qm
+from anonproxy.dp import NoisyValue, dp_quantile
+from anonproxy.dp import mechanisms as m
+from anonproxy.dp import quantiles as qm
 
 try:  # scipy is used when present, as a cross-check of our own chi-square tail
     from scipy import stats as scipy_stats

@@ -372,7 +372,8 @@ def test_what_is_rewritten() -> None:
     are redirected; other schemas' functions, a CTE named like a view and unqualified view names are not."""
     import dataclasses
 
-    from anonproxy.rewrite import Pass, Relayed, decide
+    from anonproxy.rewrite.classify import decide
+    from anonproxy.rewrite.decision import Pass, Relayed
     from test_rewrite import POLICY, SUPPRESS
 
     for role in (SUPPRESS, dataclasses.replace(SUPPRESS, mode="dp")):

@@ -27,7 +27,8 @@ from anonproxy.policy.model import (
     RolePolicy,
     SuppressionParams,
 )
-from anonproxy.rewrite import Intercept, Noisy, Pass, Reject, Rewrite, decide
+from anonproxy.rewrite.classify import decide
+from anonproxy.rewrite.decision import Intercept, Noisy, Pass, Reject, Rewrite
 
 ADULT = ProtectedTable("public.adult", "id")
 VISITS = LinkedTable("public.visits", "person_id", "public.adult", "id")
@@ -263,7 +264,7 @@ def test_extended_statistics_refused() -> None:
 
 
 def test_dp_mode_hands_protected_queries_to_differential_privacy() -> None:
-    """The DP planner (anonproxy.privacy.dp_plan) then decides what it supports."""
+    """The DP planner (anonproxy.dp.plan) then decides what it supports."""
     assert decide("SELECT count(*) FROM adult", DP, POLICY) == Noisy("SELECT count(*) FROM adult")
     assert decide("/* c */ SELECT * FROM adult;", DP, POLICY) == Noisy("SELECT * FROM adult")
 

@@ -25,8 +25,9 @@ from conftest import Endpoint
 from test_dp_proxy import analyst, budget_left, truth  # noqa: F401 - fixtures
 from test_rewrite import POLICY, SUPPRESS
 
-from anonproxy.privacy.dp_plan import DPParams, DPPlan, plan_dp
-from anonproxy.rewrite import Noisy, Reject, Rewrite, decide
+from anonproxy.dp.plan import DPParams, DPPlan, plan_dp
+from anonproxy.rewrite.classify import decide
+from anonproxy.rewrite.decision import Noisy, Reject, Rewrite
 
 DP = dataclasses.replace(SUPPRESS, mode="dp")
 PARAMS = DPParams(epsilon=1, delta=1e-6)

@@ -19,7 +19,8 @@ from conftest import Endpoint, wait_for_policy
 
 from anonproxy.embedded import EmbeddedPostgres, find_pg_bindir
 from anonproxy.policy.store import load_policy
-from anonproxy.rewrite import Rewrite, decide
+from anonproxy.rewrite.classify import decide
+from anonproxy.rewrite.decision import Rewrite
 
 K = 10
 

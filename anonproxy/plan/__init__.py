@@ -13,12 +13,8 @@ decisions beyond naming tables):
   and Superset's series limit (a top-N aggregate joined back to its table);
 * :mod:`anonproxy.plan.shape` runs the passes in order and hands each back-end
   (suppression: :mod:`anonproxy.rewrite.classify`, differential privacy:
-  :mod:`anonproxy.privacy.dp_plan`) the statement it analyses.
+  :mod:`anonproxy.dp.plan`) the statement it analyses.
 
 What the result may compute is still decided by the back-ends' analysis
-(:func:`anonproxy.rewrite.analytic.analyze`) on the flattened statement.
+(:func:`anonproxy.plan.analysis.analyze`) on the flattened statement.
 """
-
-# The back-ends import this package and it imports their analysis: load the rewrite package first, so either
-# side can be imported first.
-import anonproxy.rewrite  # noqa: E402,F401

@@ -61,7 +61,7 @@ Suppress mode's report: the SQL of a suppressed answer raises one INFO
 (anonproxy.suppression_report) with what suppression withheld. The gate never
 forwards it: after the answer's CommandComplete (or its first
 PortalSuspended) it sends a NOTICE in the proxy's words
-(anonproxy.rewrite.suppress_explain); an answer that fails says nothing.
+(anonproxy.suppress.explain); an answer that fails says nothing.
 
 Time: when the session gives a ``time_limit`` (the policy's maximum for the
 role's mode), the statement_timeout of the client's own session (read from
@@ -100,7 +100,7 @@ from ..rewrite.decision import (
     Script,
     SessionSetting,
 )
-from ..rewrite.suppress_explain import SuppressionReport, notice, read_report
+from ..suppress.explain import SuppressionReport, notice, read_report
 from ..wire import protocol as pg
 from ..wire.framing import BoundedMessageBuffer, Piece
 from ..wire.results import Column, FormatError, Result, check_formats, result_formats

@@ -1,6 +1,7 @@
 """Differentially private answers for roles in mode ``dp`` (one instance per worker).
 
-For one query: plan it (anonproxy.privacy.dp_plan) with the role's per-query
+The I/O of the dp back-end (what it decides without I/O is in
+:mod:`anonproxy.dp.answers`). For one query: plan it (anonproxy.dp.plan) with the role's per-query
 ε and δ from its budget — lowered by the session's ``SET anonproxy.epsilon``
 / ``anonproxy.delta`` — and, in one statement (``anonproxy.lookup_answer``),
 read that per-query cost, the data version and the answer already paid for.
@@ -13,7 +14,7 @@ READ READ ONLY transaction, read the data version of every table the plan
 reads and run the contribution-bounded SQL with the client's bound
 parameters, under the session's statement time limit (``timeout_ms``: past
 it the question fails with 57014 and stays paid for); add noise; cache the answer under that version
-(anonproxy.privacy.ledger). A query that only lists declared public
+(anonproxy.dp.ledger). A query that only lists declared public
 domains reads no row and is neither charged nor cached. Answers are
 :class:`Result` values, which the gate encodes for the simple or the extended
 protocol; refusals raise :class:`Refused`, which carries the ErrorResponse.
@@ -34,7 +35,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import select
 from collections.abc import AsyncIterator
@@ -47,12 +47,22 @@ from psycopg import generators, pq
 from psycopg.adapt import Transformer
 
 from ..config import ServiceLogin
-from ..plan import render
 from ..plan.outer import ROWS, Outer, Series
 from ..policy.model import Policy, RolePolicy
-from ..privacy import ledger
-from ..privacy.dp_plan import DPParams, DPPlan, finish, plan_dp, post_arrays, released_rows
-from ..rewrite.decision import Refusal, Reject, SessionSetting
+from ..dp import ledger
+from ..dp.answers import (
+    DEFAULT_COSTS,
+    default_cost,
+    explained,
+    fingerprint,
+    or_default,
+    per_query,
+    plan_checked,
+    row_texts,
+    series_question,
+)
+from ..dp.plan import DPParams, DPPlan, finish, post_arrays, released_rows
+from ..rewrite.decision import Reject, SessionSetting
 from ..rewrite.final_sql import verify
 from ..wire import protocol as pg
 from ..wire.results import Column, Result, parse_simple, text_value
@@ -64,10 +74,6 @@ from .service import login_refusal
 
 log = logging.getLogger("anonproxy.dp")
 
-# Used when a budget does not say what one query costs.
-DEFAULT_EPSILON = Decimal("0.5")
-DEFAULT_DELTA = Decimal("1e-7")
-_DEFAULT_COSTS = (DEFAULT_EPSILON, DEFAULT_DELTA)
 POOL_SIZE = 4  # connections per worker: dp questions of different sessions run side by side
 PLAN_CACHE_BYTES = 32 * 1024 * 1024  # plans are deterministic in (text, role, policy version, ε, δ): kept per worker
 
@@ -126,13 +132,13 @@ class NoisyAnswers:
         if isinstance(plan.nested, Outer):
             return await self._post_process(plan.nested, result, policy, role)
         if isinstance(plan.nested, Series):
-            question = _series_question(plan.nested, result)
+            question = series_question(plan.nested, result.rows)
             second = Spent()
             answered, _ = await self._answer(question, role, policy, parameters, limits, timeout_ms, second)
             spent.relations = tuple(sorted({*spent.relations, *second.relations}))
             spent.epsilon, spent.delta = spent.epsilon + second.epsilon, spent.delta + second.delta
-            keys = {plan.nested.key_values(_texts(row)) for row in result.rows}
-            rows = tuple(row for row in answered.rows if plan.nested.released(_texts(row), keys))
+            keys = {plan.nested.key_values(row_texts(row)) for row in result.rows}
+            rows = tuple(row for row in answered.rows if plan.nested.released(row_texts(row), keys))
             return replace(answered, rows=rows, notices=result.notices + answered.notices)
         return result
 
@@ -180,8 +186,8 @@ class NoisyAnswers:
                        limits: SessionLimits) -> Description:
         """Parameter types and result columns of a dp query, from the server's description of its plan:
         nothing is run, charged or read from the ledger (the types do not depend on the per-query cost)."""
-        first = await self._plan(sql, role, policy, _DEFAULT_COSTS, limits)
-        plan = await self._plan(sql, role, policy, self._costs.get((role.role, first.table), _DEFAULT_COSTS), limits)
+        first = await self._plan(sql, role, policy, DEFAULT_COSTS, limits)
+        plan = await self._plan(sql, role, policy, self._costs.get((role.role, first.table), DEFAULT_COSTS), limits)
         async with self._connection() as conn:
             parameter_types, types = await _describe(conn, plan.sql, parameters.types)
             post_types = await _post_types(conn, plan, types)
@@ -190,7 +196,7 @@ class NoisyAnswers:
                 outer_sql, bound = _over_released(plan.nested, Result(columns))
                 columns = await _describe_columns(conn, outer_sql, bound.types)
         if isinstance(plan.nested, Series):  # the second question's columns; its restriction does not change them
-            second = await self.describe(_series_question(plan.nested, Result(columns)), role, policy, parameters,
+            second = await self.describe(series_question(plan.nested, ()), role, policy, parameters,
                                          limits)
             columns = second.columns
         return Description(parameter_types, columns)
@@ -200,16 +206,16 @@ class NoisyAnswers:
         """``EXPLAIN (ANONPROXY)``: cost, noise and whether the answer is cached, without running or charging."""
         async with self._connection() as conn:
             plan, _, found = await self._question(conn, sql, role, policy, parameters, limits)
-            lines = _explained(plan, found)
+            lines = explained(plan, found)
             if isinstance(plan.nested, Outer):
                 lines.append("then an outer query post-processes the released rows: no extra cost")
             elif isinstance(plan.nested, Series):
                 # The second question costs the same whatever keys the first one releases: plan it without them.
-                question = _series_question(plan.nested, Result(()))
+                question = series_question(plan.nested, ())
                 second, _, second_found = await self._question(conn, question, role, policy, parameters, limits)
                 lines.append("then the same query restricted to the groups released above (series limit), a second "
                              "question:")
-                lines += [f"  {line}" for line in _explained(second, second_found)]
+                lines += [f"  {line}" for line in explained(second, second_found)]
                 if not plan.free and not second.free:
                     lines.append(f"both questions together cost ε={plan.epsilon + second.epsilon:g}, "
                                  f"δ={plan.delta + second.delta:g}")
@@ -233,9 +239,9 @@ class NoisyAnswers:
             return _show(setting, [_plain(own)])
         async with self._connection() as conn:
             budgets = await ledger.remaining_all(conn, role)
-        values = {b.domain: _per_query(b, setting) for b in budgets}
+        values = {b.domain: per_query(b, setting) for b in budgets}
         if len(set(values.values())) <= 1:
-            return _show(setting, [_plain(next(iter(values.values()), _default(setting)))])
+            return _show(setting, [_plain(next(iter(values.values()), default_cost(setting)))])
         return _show(setting, [", ".join(f"{domain}: {_plain(v)}" for domain, v in sorted(values.items()))])
 
     async def set(self, request: SessionSetting, role: str, limits: SessionLimits) -> Result:
@@ -246,7 +252,7 @@ class NoisyAnswers:
                 budgets = await ledger.remaining_all(conn, role)
             if not budgets:
                 raise Refused("42501", f'role "{role}" has no privacy budget', "Ask the DBA for one.")
-            maximum = max(_per_query(b, request.setting) for b in budgets)
+            maximum = max(per_query(b, request.setting) for b in budgets)
             if request.value > maximum:
                 raise Refused("22023", f"{name} may only lower the policy's per-query value: at most "
                               f"{_plain(maximum)} for role \"{role}\", got {_plain(request.value)}",
@@ -261,18 +267,18 @@ class NoisyAnswers:
         """The plan at the role's per-query cost on the table the query reads, lowered by the session's; its
         fingerprint; and what ``anonproxy.lookup_answer`` read for it. One round trip when the role's per-query
         cost is the one this worker read last; when it changed, the plan for the new cost is looked up again."""
-        first = await self._plan(sql, role, policy, _DEFAULT_COSTS, limits)
+        first = await self._plan(sql, role, policy, DEFAULT_COSTS, limits)
         key = (role.role, first.table)
-        costs = self._costs.get(key, _DEFAULT_COSTS)
+        costs = self._costs.get(key, DEFAULT_COSTS)
         for _ in range(3):
             plan = await self._plan(sql, role, policy, costs, limits)
-            fingerprint = _fingerprint(plan, policy.version, parameters)
+            key_of_answer = fingerprint(plan, policy.version, parameters)
             found = await ledger.lookup_answer(conn, role.role, plan.table, plan.tables,
-                                               None if plan.free else fingerprint)
-            read = (_or_default(found.epsilon_per_query, "epsilon"), _or_default(found.delta_per_query, "delta"))
+                                               None if plan.free else key_of_answer)
+            read = (or_default(found.epsilon_per_query, "epsilon"), or_default(found.delta_per_query, "delta"))
             self._costs[key] = read
             if read == costs:
-                return plan, fingerprint, found
+                return plan, key_of_answer, found
             costs = read
         raise Refused("40001", f'the per-query budget of role "{role.role}" on {first.table} kept changing while '
                       "the question was planned", "Try again.")
@@ -360,20 +366,6 @@ class NoisyAnswers:
                         await conn.close()
 
 
-def plan_checked(sql: str, role: RolePolicy, policy: Policy, params: DPParams) -> DPPlan | Reject:
-    """``plan_dp``, then PostgreSQL's own parser reads the plan's SQL (and its post statement) again (the final SQL
-    check); run in the analysis process, so a long statement's check does not hold up the event loop either."""
-    plan = plan_dp(sql, role, policy, params)
-    if isinstance(plan, DPPlan):
-        try:
-            verify(plan.sql, policy, role.role)
-            if plan.post is not None:
-                verify(plan.post.sql, policy, role.role)
-        except Refusal as refusal:
-            return refusal.reject
-    return plan
-
-
 MAX_PARAMETERS = 65535  # the protocol's limit on $n parameters in one statement
 
 
@@ -398,16 +390,6 @@ def _over_released(outer: Outer, released: Result) -> tuple[str, Parameters]:
     return sql, Parameters(types=types, formats=(0,) * len(flat), values=flat)
 
 
-def _series_question(series: Series, released: Result) -> str:
-    """The series limit's second question: its outer query restricted to the keys the first one released."""
-    keys = [series.key_values(_texts(row)) for row in released.rows]
-    return render.sql(series.question(series.restriction(keys)))
-
-
-def _texts(row: tuple[bytes | None, ...]) -> tuple[str | None, ...]:
-    return tuple(None if value is None else value.decode() for value in row)
-
-
 def _quote(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
@@ -424,21 +406,6 @@ async def _run_described(conn: psycopg.AsyncConnection[Any], sql: str, parameter
     loader.set_pgresult(result)
     columns = tuple(Column((result.fname(i) or b"").decode(), result.ftype(i)) for i in range(result.nfields))
     return columns, loader.load_rows(0, result.ntuples, tuple)
-
-
-def _explained(plan: DPPlan, found: ledger.Lookup) -> list[str]:
-    """What EXPLAIN (ANONPROXY) says about one question: its cost and noise, and whether it is cached."""
-    if plan.free:
-        return [f"the declared public domain, from the policy: reads no row of {plan.table}, costs nothing"]
-    lines = [f"differentially private answer on {plan.table}: costs ε={plan.epsilon:g}, δ={plan.delta:g}",
-             *(f"  {line}" for line in plan.notices())]
-    if found.answer is not None:
-        lines.append("cached: the same question was answered on the current data; asking it again costs nothing")
-    elif found.data_version is None:
-        lines.append(f"not cacheable: the data version of {', '.join(plan.tables)} is unknown; every run is charged")
-    else:
-        lines.append("not cached: running it charges the cost above")
-    return lines
 
 
 async def _describe_columns(conn: psycopg.AsyncConnection[Any], sql: str, declared: tuple[int, ...],
@@ -600,25 +567,6 @@ def _array_text(values: list[object], element_type: int) -> bytes:
 def _output_columns(plan: DPPlan, sql_types: list[int], post_types: list[int] | None = None) -> tuple[Column, ...]:
     types = plan.value_types(sql_types, post_types)[:len(plan.columns)]
     return tuple(Column(column.name, oid) for column, oid in zip(plan.columns, types, strict=True))
-
-
-def _fingerprint(plan: DPPlan, policy_version: int, parameters: Parameters) -> str:
-    # The whole plan (post-processing and cost included), the policy it obeys and the bound values: the same
-    # question asked again, however it is spelled, gets the same answer at no cost.
-    # What is done with the released rows next (plan.nested) is free post-processing: not part of the question.
-    return hashlib.sha256(f"{policy_version}\0{replace(plan, nested=None)!r}\0{parameters!r}".encode()).hexdigest()
-
-
-def _per_query(budget: ledger.Remaining, setting: str) -> Decimal:
-    return _or_default(budget.epsilon_per_query if setting == "epsilon" else budget.delta_per_query, setting)
-
-
-def _or_default(value: Decimal | None, setting: str) -> Decimal:
-    return value if value is not None else _default(setting)
-
-
-def _default(setting: str) -> Decimal:
-    return DEFAULT_EPSILON if setting == "epsilon" else DEFAULT_DELTA
 
 
 def _show(setting: str, values: list[str]) -> Result:

@@ -34,7 +34,7 @@ from typing import Any
 from ..config import ProxyConfig, ServiceLogin, UpstreamAddress
 from ..logs import RateLimitedLog
 from ..policy.model import Policy, RolePolicy
-from ..rewrite import decide
+from ..rewrite.classify import decide
 from ..rewrite.decision import (
     DeclareCursor,
     Decision,

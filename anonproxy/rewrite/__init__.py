@@ -1,14 +1,13 @@
-"""Statement classification and rewriting for anonymized roles.
+"""What the gate does with a statement of an anonymized role.
 
-``decide(sql, role, policy)`` returns what the proxy does with the text of a
-Query or Parse message: :class:`Pass` (forward the original bytes),
-:class:`Relayed` (run the given SQL, a rewrite of the client's, on its own connection),
-:class:`Rewrite` (run the given SQL on the service connection),
-:class:`Intercept` (``SHOW anonproxy.<setting>``, answered by the proxy) or
-:class:`Reject` (an ErrorResponse). See docs/suppression.md.
+:func:`anonproxy.rewrite.classify.decide` returns, for the text of a Query or
+Parse message, one of the decisions of :mod:`anonproxy.rewrite.decision`:
+pass it, relay a rewrite of it, run the suppression SQL of
+:mod:`anonproxy.suppress`, answer it with differential privacy
+(:mod:`anonproxy.dp`), intercept it, or refuse it. The modules here
+split and parse statements (statements, classify), name tables (names),
+check what a gated statement reads and computes (relations, expressions),
+allow commands (commands), answer privilege probes (probes) and check the
+final SQL (final_sql). Nothing is imported here, so that the front end and
+the back-ends can import these modules without a cycle.
 """
-
-from anonproxy.rewrite.classify import decide
-from anonproxy.rewrite.decision import Decision, Intercept, Noisy, Pass, Reject, Relayed, Rewrite
-
-__all__ = ["Decision", "Intercept", "Noisy", "Pass", "Reject", "Relayed", "Rewrite", "decide"]

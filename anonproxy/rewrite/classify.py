@@ -9,7 +9,7 @@ Per statement: a query (SELECT / WITH / VALUES / TABLE) that reaches no
 protected or linked table passes (published relations, already anonymized,
 among them); one that does is refused if it also reads a published relation,
 else rewritten (mode ``suppress``) or handed to differential privacy (mode
-``dp``: Noisy, planned by :mod:`anonproxy.privacy.dp_plan`); commands go through
+``dp``: Noisy, planned by :mod:`anonproxy.dp.plan`); commands go through
 the allowlist of :mod:`anonproxy.rewrite.commands`; ``DECLARE … CURSOR FOR query`` is
 DeclareCursor with its query decided as above, FETCH / MOVE / CLOSE are
 FetchCursor / CloseCursor (the gate knows which cursors the proxy holds).
@@ -31,7 +31,7 @@ from sqlglot.tokens import TokenType
 from anonproxy.plan.outer import Outer
 from anonproxy.plan.shape import Nested, prepare
 from anonproxy.policy.model import Policy, RolePolicy
-from anonproxy.rewrite.analytic import analyze
+from anonproxy.plan.analysis import analyze
 from anonproxy.rewrite.commands import (
     classify_command,
     cursor_command,
@@ -68,9 +68,9 @@ from anonproxy.rewrite.statements import (
     closing_paren,
     split,
 )
-from anonproxy.rewrite.nested import suppressed
-from anonproxy.rewrite.suppress import reported, rewrite
-from anonproxy.rewrite.suppress_explain import explain_suppression
+from anonproxy.suppress.nested import suppressed
+from anonproxy.suppress.rewrite import reported, rewrite
+from anonproxy.suppress.explain import explain_suppression
 
 # Functions that run SQL given as text, open connections, or act as another role: never passed through.
 SQL_RUNNING_FUNCTIONS = frozenset({
@@ -181,7 +181,7 @@ def _statement(statement: Statement, role: RolePolicy, index: PolicyIndex) -> De
     _refuse_published(tree, index.policy)
     if role.mode == "dp":
         _PARSED.put(statement, tree)  # for the dp planner, next in this process: no second parse
-        return Noisy(statement.text)  # planned by anonproxy.privacy.dp_plan, which says what it supports
+        return Noisy(statement.text)  # planned by anonproxy.dp.plan, which says what it supports
     shape = prepare(statement, tree, index)  # derived tables flattened, names normalised
     if isinstance(shape, Nested):
         sql = suppressed(shape, index, role.suppression)

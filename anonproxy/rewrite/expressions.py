@@ -22,7 +22,7 @@ Over aggregates (and over constants alone) these clauses may also compute
 coalesce, nullif, greatest, least, casts and CASE. They may raise errors
 (division by zero, overflow, a bad cast), so they are never evaluated on a
 group before it is released: both modes compute them over the released values
-only (:mod:`anonproxy.rewrite.post_aggregate`).
+only (:mod:`anonproxy.plan.post_aggregate`).
 
 Identifying columns (the privacy unit, linked keys, columns the policy marks
 ``identifier``) may filter rows in WHERE, where the group-size rules then

@@ -1,7 +1,7 @@
 """The last check before SQL runs on the service connection: PostgreSQL's own grammar reads it again.
 
-The suppression rewrite (:mod:`anonproxy.rewrite.suppress`) and the dp plan
-(:mod:`anonproxy.privacy.dp_plan`) build SQL from pieces of the client's text,
+The suppression rewrite (:mod:`anonproxy.suppress.rewrite`) and the dp plan
+(:mod:`anonproxy.dp.plan`) build SQL from pieces of the client's text,
 checked with sqlglot. Here the finished SQL is parsed with libpg_query (the
 ``pglast`` package, PostgreSQL's parser itself) and every node of the tree is
 walked:
@@ -38,7 +38,7 @@ from anonproxy.rewrite.names import split_policy_name
 log = logging.getLogger("anonproxy.final_sql")
 
 CATALOG = "pg_catalog"
-# The dp plan's guard CTE (anonproxy.privacy.dp_plan._guard) reads these catalogs, and only it may.
+# The dp plan's guard CTE (anonproxy.dp.plan._guard) reads these catalogs, and only it may.
 GUARD_CTE = "anonproxy_guard"
 GUARD_RELATIONS = frozenset({"pg_index", "pg_attribute", "pg_class"})
 
@@ -61,7 +61,7 @@ REPORT_FUNCTION = ("anonproxy", "suppression_report")
 # Comparison, LIKE/ILIKE (~~ and friends), and the arithmetic of the generators' thresholds and sums.
 OPERATORS = frozenset({"=", "<>", "<", ">", "<=", ">=", "~~", "!~~", "~~*", "!~~*", "+", "-", "*"})
 # Division and modulo only by NULLIF(divisor, 0) or a non-zero constant, as post-aggregate expressions
-# (anonproxy.rewrite.post_aggregate), outer queries over released rows (anonproxy.plan.outer) and the derived
+# (anonproxy.plan.post_aggregate), outer queries over released rows (anonproxy.plan.outer) and the derived
 # values of the no-error proof (anonproxy.plan.bounds) write them: a zero divisor gives NULL or cannot occur.
 DIVISIONS = frozenset({"/", "%"})
 _BETWEEN = frozenset({"BETWEEN", "NOT BETWEEN", "BETWEEN SYMMETRIC", "NOT BETWEEN SYMMETRIC"})

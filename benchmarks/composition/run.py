@@ -21,7 +21,7 @@ import psycopg
 
 from anonproxy import sample_data, schema
 from anonproxy.embedded import EmbeddedPostgres
-from anonproxy.privacy.mechanisms import discrete_laplace, laplace_scale
+from anonproxy.dp.mechanisms import discrete_laplace, laplace_scale
 from anonproxy.views.hierarchies import load_adult_hierarchies
 
 QI = ["age", "workclass", "education", "marital_status", "race", "sex", "native_country"]

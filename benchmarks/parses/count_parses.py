@@ -17,9 +17,10 @@ from sqlglot.parser import Parser
 
 sys.path[:0] = [str(Path(__file__).parents[2]), str(Path(__file__).parents[2] / "tests")]
 
-from anonproxy.privacy.dp_plan import DPParams  # noqa: E402
-from anonproxy.proxy.noisy import plan_checked  # noqa: E402
-from anonproxy.rewrite import Noisy, decide  # noqa: E402
+from anonproxy.dp.plan import DPParams  # noqa: E402
+from anonproxy.dp.answers import plan_checked  # noqa: E402
+from anonproxy.rewrite.classify import decide
+from anonproxy.rewrite.decision import Noisy  # noqa: E402
 from test_rewrite import POLICY, SUPPRESS  # noqa: E402
 
 DP = dataclasses.replace(SUPPRESS, mode="dp")

@@ -34,9 +34,15 @@ def child(repeat: int) -> None:
     import workload  # noqa: PLC0415
     from test_rewrite import POLICY, SUPPRESS  # noqa: PLC0415
 
-    from anonproxy.privacy.dp_plan import DPParams  # noqa: PLC0415
-    from anonproxy.proxy.noisy import plan_checked  # noqa: PLC0415
-    from anonproxy.rewrite import Noisy, decide  # noqa: PLC0415
+    from anonproxy.rewrite.classify import decide  # noqa: PLC0415
+    from anonproxy.rewrite.decision import Noisy  # noqa: PLC0415
+
+    try:  # the layout since the back-ends got their own packages
+        from anonproxy.dp.answers import plan_checked  # noqa: PLC0415
+        from anonproxy.dp.plan import DPParams  # noqa: PLC0415
+    except ImportError:  # before (4ad7d93): dp planning in anonproxy.privacy, its check in the proxy
+        from anonproxy.privacy.dp_plan import DPParams  # type: ignore[no-redef]  # noqa: PLC0415
+        from anonproxy.proxy.noisy import plan_checked  # type: ignore[no-redef]  # noqa: PLC0415
 
     dp_role = dataclasses.replace(SUPPRESS, mode="dp")
     params = DPParams(epsilon=1, delta=1e-6)

@@ -40,7 +40,8 @@ from anonproxy import demo, sample_data, schema
 from anonproxy.embedded import EmbeddedPostgres
 from anonproxy.policy.model import Policy, RolePolicy
 from anonproxy.policy.yaml_policy import apply_policy, demo_policy
-from anonproxy.rewrite import Rewrite, decide
+from anonproxy.rewrite.classify import decide
+from anonproxy.rewrite.decision import Rewrite
 
 from workload import QUERIES, Query, first_sight_text
 

@@ -2,7 +2,7 @@
 
 Pure and I/O-free. :func:`plan_dp` reads the client's SQL with the same
 parser, validator and expression allowlist as suppression mode
-(:func:`anonproxy.rewrite.analytic.analyze`), and builds SQL for the service
+(:func:`anonproxy.plan.analysis.analyze`), and builds SQL for the service
 connection that returns *exact, contribution-bounded* per-group statistics
 (docs/design.md, principle 6). :func:`answer` adds exact discrete noise to those
 statistics in the proxy (principle 4), draws quantiles with the exponential
@@ -40,8 +40,8 @@ from anonproxy.policy.model import (
     RolePolicy,
     SuppressionParams,
 )
-from anonproxy.privacy.dp_having import compile_having, holds
-from anonproxy.privacy.mechanisms import (
+from anonproxy.dp.having import compile_having, holds
+from anonproxy.dp.mechanisms import (
     CONFIDENCE,
     ceil_scaled_log,
     discrete_laplace,
@@ -50,10 +50,10 @@ from anonproxy.privacy.mechanisms import (
     laplace_scale,
     to_grid,
 )
-from anonproxy.privacy.quantiles import dp_quantile, rank_halfwidth
-from anonproxy.rewrite.analytic import AnalyticQuery, Item, analyze, canonical, filtered
-from anonproxy.rewrite.post_aggregate import RELEASED, Outer, value
-from anonproxy.rewrite import post_aggregate
+from anonproxy.dp.quantiles import dp_quantile, rank_halfwidth
+from anonproxy.plan.analysis import AnalyticQuery, Item, analyze, canonical, filtered
+from anonproxy.plan.post_aggregate import RELEASED, Outer, value
+from anonproxy.plan import post_aggregate
 from anonproxy.rewrite.classify import parsed_tree
 from anonproxy.rewrite.decision import (
     FEATURE_NOT_SUPPORTED,

@@ -11,7 +11,7 @@ spelling gets that name as an explicit alias, so output column names are
 those of the client's statement. Post-aggregate expressions
 (``round(avg(x), 1)``, ``sum(x) / count(*)``, a HAVING over them) are
 compiled into SQL over the released values
-(:mod:`anonproxy.rewrite.post_aggregate`, ``AnalyticQuery.outer``), because
+(:mod:`anonproxy.plan.post_aggregate`, ``AnalyticQuery.outer``), because
 every division gets a ``NULLIF``.
 """
 
@@ -33,7 +33,7 @@ from anonproxy.rewrite.expressions import (
     has_post_aggregate,
     unwrap,
 )
-from anonproxy.rewrite.post_aggregate import Outer, compile_outer
+from anonproxy.plan.post_aggregate import Outer, compile_outer
 from anonproxy.rewrite.names import PolicyIndex, ResolvedTable, fold, identifier, quote
 from anonproxy.rewrite.relations import check_relations
 from anonproxy.rewrite.statements import PARSE_HINT, Statement

@@ -1,7 +1,7 @@
 """Suppress mode explains itself: the NOTICE after an answer, and ``EXPLAIN (ANONPROXY)`` (docs/suppression.md).
 
 * :func:`read_report` reads the INFO message that the SQL built by
-  :func:`anonproxy.rewrite.suppress.reported` raises through
+  :func:`anonproxy.suppress.rewrite.reported` raises through
   ``anonproxy.suppression_report()`` (sql/0016): figures computed next to
   the answer, already reduced to what may be released. :func:`notice` turns
   them into the words of the proxy's NOTICE.
@@ -19,7 +19,7 @@ import json
 from dataclasses import dataclass
 
 from anonproxy.policy.model import RolePolicy
-from anonproxy.rewrite.analytic import AnalyticQuery
+from anonproxy.plan.analysis import AnalyticQuery
 
 REPORT_MESSAGE = "anonproxy.suppression_report"  # the MESSAGE of the INFO the report function raises
 

@@ -5,7 +5,7 @@ docs/mechanisms.md) are re-exported here. Other modules of this package are
 imported by their own names.
 """
 
-from anonproxy.privacy.mechanisms import (
+from anonproxy.dp.mechanisms import (
     NoisyValue,
     bernoulli_exp,
     discrete_gaussian,
@@ -20,7 +20,7 @@ from anonproxy.privacy.mechanisms import (
     laplace_scale,
     noisy_sum_fixed_point,
 )
-from anonproxy.privacy.quantiles import dp_quantile, quantile_mechanism
+from anonproxy.dp.quantiles import dp_quantile, quantile_mechanism
 
 __all__ = [
     "NoisyValue",

@@ -41,7 +41,7 @@ import secrets
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
-from anonproxy.privacy.mechanisms import (
+from anonproxy.dp.mechanisms import (
     CONFIDENCE,
     NoisyValue,
     Number,

@@ -28,7 +28,7 @@ unchanged; ORDER BY and LIMIT apply after suppression.
   aggregate (``anonproxy_g<k>``, ``anonproxy_c<i>``, ``anonproxy_v<j>``) and
   becomes a ``MATERIALIZED`` CTE, ``anonproxy_released``; an outer SELECT
   computes the client's select list, HAVING (as WHERE), ORDER BY and LIMIT
-  from it (:mod:`anonproxy.rewrite.post_aggregate`). A materialized CTE is an
+  from it (:mod:`anonproxy.plan.post_aggregate`). A materialized CTE is an
   optimization fence: PostgreSQL evaluates the outer expressions, which may
   raise errors, on released rows only, never on a withheld group. A HAVING
   without post-aggregate expressions stays in the inner query as written (it
@@ -43,9 +43,9 @@ from dataclasses import replace
 from decimal import Decimal
 
 from anonproxy.policy.model import SuppressionParams
-from anonproxy.rewrite.analytic import AnalyticQuery, Item
+from anonproxy.plan.analysis import AnalyticQuery, Item
 from anonproxy.rewrite.decision import unsupported
-from anonproxy.rewrite.post_aggregate import RELEASED, Outer, key, plain, value
+from anonproxy.plan.post_aggregate import RELEASED, Outer, key, plain, value
 
 CELLS = "anonproxy_cells"
 RANKED = "anonproxy_ranked"
@@ -139,7 +139,7 @@ def reported(query: AnalyticQuery, params: SuppressionParams) -> str:
     order, column names and types). Next to it, CTEs count what was withheld: the cells shape's own verdicts, or,
     for the simple shape, one more pass deciding each group with the answer's HAVING. A call of
     ``anonproxy.suppression_report()`` (sql/0016) hands those figures to the proxy as an INFO message, which the
-    proxy turns into a NOTICE of its own words (anonproxy.rewrite.suppress_explain) and never forwards. The call sits in a WHERE that reads no column, which PostgreSQL evaluates once, before the first
+    proxy turns into a NOTICE of its own words (anonproxy.suppress.explain) and never forwards. The call sits in a WHERE that reads no column, which PostgreSQL evaluates once, before the first
     row, even when the answer is empty. Only figures safe to release leave the database: see :func:`_report`.
     """
     rules = _Rules(params)

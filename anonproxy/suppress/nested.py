@@ -24,9 +24,9 @@ from anonproxy.plan.outer import ROWS, Outer, Series
 from anonproxy.plan.render import sql
 from anonproxy.plan.shape import Nested, Single, named
 from anonproxy.policy.model import SuppressionParams
-from anonproxy.rewrite.analytic import analyze
+from anonproxy.plan.analysis import analyze
 from anonproxy.rewrite.names import PolicyIndex, quote
-from anonproxy.rewrite.suppress import rewrite
+from anonproxy.suppress.rewrite import rewrite
 
 TOP = "anonproxy_top"
 
