@@ -86,7 +86,7 @@ def refused(sql: str, *words: str, params: DPParams = PARAMS, role: RolePolicy =
     ("select sum(fnlwgt) from adult", ("SUM(fnlwgt) needs declared bounds for fnlwgt",)),
     ("select avg(capital_gain) from adult", ("AVG(capital_gain) needs declared bounds",)),
     ("select sum(age + 1) from adult", ("arithmetic",)),  # the suppression allowlist still applies
-    ("select sum(coalesce(age, 0)) from adult", ("takes a column with declared bounds",)),
+    ("select sum(coalesce(fnlwgt, 0)) from adult", ("takes a column with declared bounds",)),  # fnlwgt: no bounds
     ("select sex, count(*) from adult group by sex having count(*) + age > 10", ("GROUP BY expression",)),
     ("select sex, count(*) from adult group by sex having age > 10", ("GROUP BY expression",)),
     ("select sex, count(*) from adult group by sex having count(*) > length(sex)", ("length",)),

@@ -26,12 +26,13 @@ import datetime
 import functools
 import math
 from dataclasses import dataclass
-from decimal import Decimal
+from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal, localcontext
 from fractions import Fraction
 from typing import Literal
 
 from sqlglot import exp
 
+from anonproxy.plan import bounds
 from anonproxy.plan import outer as nested_shapes
 from anonproxy.plan.shape import Nested, prepare
 from anonproxy.policy.model import (
@@ -75,8 +76,9 @@ DP_HINT = ("Supported in dp mode: SELECT <GROUP BY columns>, count(*), count(x),
            "but the quantiles, and expressions over them and constants (+ - * /, round, trunc, abs, sign, ceil, "
            "floor, coalesce, nullif, greatest, least, CASE, casts) FROM <protected table> "
            "[[LEFT] JOIN <linked table> ON <declared key>] [WHERE ...] [GROUP BY ...] [HAVING ...] "
-           "[ORDER BY <output columns>] [LIMIT n] [OFFSET n]; x needs declared bounds except in count (or is a "
-           "constant, or a CASE whose results are constants or bounded columns).")
+           "[ORDER BY <output columns>] [LIMIT n] [OFFSET n]; x needs declared bounds except in count, or is an "
+           "expression whose bounds follow from its columns' declared bounds (constants, CASE, arithmetic, "
+           "rounding, casts: sum(hours_per_week * 52)).")
 BOUNDS_HINT = "Ask the DBA to declare lower and upper bounds for the column in the policy."
 JOIN_HINT = ("In dp mode a query reads one protected table and its linked tables, each joined with "
              "JOIN <linked table> ON <linked>.<key> = <protected>.<unit> as the policy declares them.")
@@ -679,8 +681,8 @@ class _Columns:
         cast = cast if isinstance(cast, exp.Cast) and node is not None else None  # checked: a widening cast
         found = self.column_table(cast.this if cast is not None else argument)
         if found is None:
-            raise unsupported(f"{function.upper()}({written}) in dp mode takes a column with declared bounds, "
-                              "not an expression", DP_HINT)
+            raise unsupported(f"{function.upper()}({written}) in dp mode takes a column with declared bounds, or "
+                              "an expression whose bounds follow from its columns' declared bounds", DP_HINT)
         table, name = found
         if table is None:
             raise unsupported(f"{function.upper()}({written}): qualify the column with its table's alias, so the "
@@ -700,35 +702,45 @@ class _Columns:
         return lower, upper, self._column_sql(_unparen(argument))
 
     def _derived_bounds(self, argument: exp.Expression) -> tuple[Fraction, Fraction] | None:
-        """Bounds that follow from the expression itself: a numeric constant c gives [c, c]; a CASE whose results
-        are constants, NULL or columns with declared bounds gives the smallest and largest of them (a NULL result
-        is skipped by the aggregate). None when the argument is neither."""
+        """Bounds that follow from the expression itself and the declared bounds of the columns it reads
+        (anonproxy.plan.bounds, the interpreter of the no-error proof): a constant c gives [c, c], a CASE the
+        smallest and largest of its results (a NULL result is skipped by the aggregate), arithmetic, rounding
+        and casts what they compute. None for a bare column (or a cast of one), and when the value depends on a
+        number without declared bounds. Sound whatever the interpreter says: the SQL clamps every value of the
+        argument into these bounds before it is added up (_aggregate)."""
         argument = _unparen(argument)
         number = _numeric_constant(argument)
         if number is not None:
             return number, number
-        if not isinstance(argument, exp.Case):
+        if isinstance(argument, exp.Column) or (isinstance(argument, exp.Cast)
+                                                  and isinstance(_unparen(argument.this), exp.Column)):
             return None
-        results = [branch.args.get("true") for branch in argument.args.get("ifs") or []]
-        results.append(argument.args.get("default"))  # no ELSE: NULL
-        low: Fraction | None = None
-        high: Fraction | None = None
-        for result in results:
-            result = _unparen(result) if result is not None else None
-            if result is None or isinstance(result, exp.Null):
-                continue
-            number = _numeric_constant(result)
-            if number is not None:
-                bounds = (number, number)
-            else:
-                found = self.column_table(result)
-                policy = _policy_columns(found[0]).get(found[1]) if found is not None and found[0] else None
-                if policy is None or policy.lower is None or policy.upper is None:
-                    return None
-                bounds = (Fraction(Decimal(str(policy.lower))), Fraction(Decimal(str(policy.upper))))
-            low = bounds[0] if low is None else min(low, bounds[0])
-            high = bounds[1] if high is None else max(high, bounds[1])
-        return (low, high) if low is not None and high is not None else None
+        try:
+            found = bounds.evaluate(argument, self.facts)
+        except bounds.Unsafe:
+            return None  # the proof passed with the columns' types; without their bounds no range follows
+        if found.type not in bounds.NUMBERS or not (found.low.is_finite() and found.high.is_finite()):
+            return None
+        return _outward(found.low, ROUND_FLOOR), _outward(found.high, ROUND_CEILING)
+
+    def facts(self, node: exp.Column) -> bounds.ColumnFacts:
+        """A column's SQL type and declared bounds, for the bounds of an expression. A number without declared
+        bounds is unknown: no bound of use follows from its type's range."""
+        name = identifier(node.this) or ""
+        found = self.column_table(node)
+        if found is None or found[0] is None:
+            return bounds.ColumnFacts(name, None)
+        table, name = found
+        model = table.protected if table.protected is not None else table.linked
+        sql_type = model.types.get(name) if model is not None and model.types is not None else None
+        policy = _policy_columns(table).get(name)
+        if policy is not None and policy.lower is not None and policy.upper is not None:
+            # Declared bounds make it a number; its type, when not read (a policy built in memory), as numeric.
+            return bounds.ColumnFacts(name, sql_type or "numeric", Decimal(repr(policy.lower)),
+                                      Decimal(repr(policy.upper)))
+        if sql_type is not None and bounds.column_value(bounds.ColumnFacts(name, sql_type)).type in bounds.NUMBERS:
+            return bounds.ColumnFacts(name, None)
+        return bounds.ColumnFacts(name, sql_type)
 
     def column_table(self, node: exp.Expression) -> tuple[ResolvedTable | None, str] | None:
         """The table a column reference reads (None when unqualified and not declared by exactly one table)."""
@@ -762,6 +774,13 @@ class _Columns:
 
     def _unit_name(self) -> str:
         return self.query.unit.split(".")[-1].strip('"')
+
+
+def _outward(number: Decimal, rounding: str) -> Fraction:
+    """``number`` to 15 significant digits, rounded away from the inside of the bounds (wider bounds stay valid)."""
+    with localcontext() as context:
+        context.prec, context.rounding = 15, rounding
+        return Fraction(+number)
 
 
 def _policy_columns(table: ResolvedTable | None) -> dict[str, ColumnPolicy]:
