@@ -35,7 +35,7 @@ def test_a_grouped_query_shows_every_rule_and_the_sql(gated_proxy: Endpoint, gat
         in plan
     assert ('    N: the people of the FROM clause, joins included, WHERE not: SELECT count(DISTINCT "adult"."id") FROM '
             '"public"."adult"') in plan
-    assert "  grouping keys: education" in plan
+    assert "  grouping keys: education (text)" in plan  # typed from the column types the policy reads
     assert f"  sum/avg of hours_per_week: at least {K} people with a value that is not null and not zero" in plan
     assert f"  count/min/max of occupation: at least {K} people with a value that is not null" in plan
     assert ("  dominance: a group is withheld when its 2 largest contributions make more than 85 % of the sum of "
@@ -96,3 +96,13 @@ def test_explain_says_nothing_about_the_data(gated_proxy: Endpoint, gated_databa
                  for condition in conditions]
     assert plans[0] == plans[1] == plans[2]
     assert notices == []  # no answer, so no word of what was withheld
+
+
+def test_derived_keys_are_shown_with_their_type_and_bounds(gated_proxy: Endpoint, gated_database: str) -> None:
+    """The plan knows each grouping key's SQL type and, for a number, the bounds that follow from the declared
+    bounds of its columns (age in [15, 100], hours_per_week in [0, 100] in the demo policy)."""
+    with reporter(gated_proxy, gated_database) as conn:
+        plan = explain(conn, "SELECT age / 10 * 10, floor((hours_per_week - 10.0) / 10.0), count(*) FROM adult "
+                             "GROUP BY 1, 2")
+    assert ("  grouping keys: age / 10 * 10 (int4 in [10, 100]), floor((hours_per_week - 10.0) / 10.0) "
+            "(numeric in [-1, 9])") in plan, plan

@@ -18,10 +18,12 @@ every division gets a ``NULLIF``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from decimal import Decimal, localcontext
 from typing import Literal
 
 from sqlglot import exp
 
+from anonproxy.plan import bounds
 from anonproxy.plan.names import output_name
 from anonproxy.plan.render import sql
 from anonproxy.policy.model import SuppressionParams
@@ -80,6 +82,24 @@ class OrderItem:
 
 
 @dataclass(frozen=True)
+class Typed:
+    """A row-level expression of the plan (a grouping key, an aggregate's argument) and what the analysis proved
+    about it: it raises no error for any value of the columns it reads within their types and declared bounds,
+    it derives from the rows of the FROM clause (so from the privacy unit of the query), and it has this SQL type
+    and, for a number, these bounds (anonproxy.plan.bounds)."""
+
+    sql: str  # rendered
+    type: str  # int4, numeric, float8, text, date, ... (bounds.Value.type); unknown when the policy has no types
+    low: Decimal | None = None  # the bounds of its finite values (numbers only; None: unbounded)
+    high: Decimal | None = None
+
+    def describe(self) -> str:
+        if self.low is None or self.high is None:
+            return f"{self.sql} ({self.type})"
+        return f"{self.sql} ({self.type} in [{_number(self.low)}, {_number(self.high)}])"
+
+
+@dataclass(frozen=True)
 class AggregateText:
     """One aggregate of the statement, rendered: ``COUNT(*) FILTER(WHERE age > 40)``."""
 
@@ -116,6 +136,8 @@ class AnalyticQuery:
     having_outer: bool = False  # HAVING is part of `outer` (else it stays in the aggregate query, as written)
     key_nodes: tuple[exp.Expression, ...] = ()  # the grouping expressions, canonical (as `keys`)
     having_node: exp.Expression | None = None  # the HAVING condition
+    key_types: tuple[Typed, ...] = ()  # the grouping expressions, typed (as `keys`)
+    argument_types: tuple[Typed, ...] = ()  # every aggregate argument (and FILTER folded in), typed, each once
 
     def text_of(self, node: exp.Expression) -> AggregateText:
         """The written form of an aggregate (given as parsed anywhere: compared in canonical form)."""
@@ -236,6 +258,8 @@ def analyze(statement: Statement, tree: exp.Expression, index: PolicyIndex, para
         having_outer=having_outer,
         key_nodes=tuple(canonical(node) for node in key_nodes),
         having_node=having.this if having is not None else None,
+        key_types=tuple(_typed(node, checker) for node in key_nodes),
+        argument_types=_argument_types(tree, checker),
     )
 
 
@@ -558,6 +582,32 @@ def _grouping(tree: exp.Select, items: list[Item],
             raise unsupported("GROUP BY needs column expressions", SHAPE_HINT)
         keys.append(node)
     return tuple(keys), tuple(written)
+
+
+def _typed(node: exp.Expression, checker: Checker) -> Typed:
+    value = checker.typed(node)
+    bounded = value.type in bounds.NUMBERS and value.low.is_finite() and value.high.is_finite()
+    return Typed(sql(node), value.type, value.low if bounded else None, value.high if bounded else None)
+
+
+def _argument_types(tree: exp.Select, checker: Checker) -> tuple[Typed, ...]:
+    found: list[Typed] = []
+    calls = tuple(kind for kind in checker.aggregates if kind is not exp.WithinGroup)
+    for node in tree.find_all(*calls):
+        argument = node.this.expressions[0] if isinstance(node.this, exp.Distinct) else node.this
+        if argument is None or isinstance(argument, exp.Star):
+            continue
+        typed = _typed(argument, checker)
+        if typed not in found:
+            found.append(typed)
+    return tuple(found)
+
+
+def _number(value: Decimal) -> str:
+    """A bound as people write it: 10, 2.5, 1e+15 (15 significant digits at most)."""
+    with localcontext() as context:
+        context.prec = 15
+        return format((+value).normalize(), "f") if abs(value) < Decimal("1e15") else f"{+value:.6e}"
 
 
 def _node(item: Item) -> exp.Expression:

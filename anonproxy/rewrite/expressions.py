@@ -395,6 +395,10 @@ class Checker:
         self._labelling(node, clause, aggregates=False)
         self._prove(node, clause)
 
+    def typed(self, node: exp.Expression) -> bounds.Value:
+        """What a checked row-level expression evaluates to: its type and, for a number, its bounds."""
+        return bounds.evaluate(node, self.facts)
+
     def join_condition(self, node: exp.Expression) -> None:
         """A JOIN condition next to the declared key: row-level, and without identifying columns."""
         self._in_join = True
@@ -410,12 +414,12 @@ class Checker:
         """Refuse ``node`` unless no value of the columns it reads, within their types and declared bounds, can make
         it raise an error (anonproxy.plan.bounds)."""
         try:
-            bounds.evaluate(node, self._facts)
+            bounds.evaluate(node, self.facts)
         except bounds.Unsafe as unsafe:
             raise unsupported(f"not allowed in {clause} of a query over protected table {self.table}: "
                               f"{unsafe.reason}", unsafe.hint) from None
 
-    def _facts(self, node: exp.Column) -> bounds.ColumnFacts:
+    def facts(self, node: exp.Column) -> bounds.ColumnFacts:
         """The type and declared bounds of the column ``node`` names; type None when the policy does not know it."""
         name = identifier(node.this) or ""
         table = identifier(node.args.get("table"))

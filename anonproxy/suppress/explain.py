@@ -118,7 +118,7 @@ def explain_suppression(query: AnalyticQuery, role: RolePolicy, sql: str) -> tup
              f"{k} <= n <= N - {k}",
              f"    N: the people of the FROM clause, joins included, WHERE not: {query.universe}"]
     if query.grouped:
-        lines.append(f"  grouping keys: {', '.join(query.keys)}")
+        lines.append(f"  grouping keys: {', '.join(key.describe() for key in query.key_types)}")
     else:
         lines.append(f"  no GROUP BY: one total, withheld unless {k} <= n <= N - {k} (a whole-table total never is)")
     for rule, argument in query.contributors:
