@@ -78,7 +78,7 @@ CONFIDENCE = 0.95
 # parameter validation
 
 
-def _rational(x: object, name: str) -> Fraction:
+def as_rational(x: object, name: str) -> Fraction:
     """``x`` as an exact Fraction; a ValueError naming ``name`` if it is not a finite number."""
     # ValueError, not TypeError, for every bad parameter: callers catch one exception
     if isinstance(x, bool):
@@ -94,33 +94,33 @@ def _rational(x: object, name: str) -> Fraction:
     raise ValueError(f"{name} must be an int, Fraction, Decimal or float, got {type(x).__name__} {x!r}")
 
 
-def _decimal_rational(x: object, name: str) -> Fraction:
-    """Like :func:`_rational`, but a float is read as the decimal it prints as (0.01 → 1/100).
+def as_decimal_rational(x: object, name: str) -> Fraction:
+    """Like :func:`as_rational`, but a float is read as the decimal it prints as (0.01 → 1/100).
 
     For grid spacings and bounds, where the policy author means a decimal and
     any exact choice is equally private.
     """
     if isinstance(x, float) and math.isfinite(x):
         return Fraction(repr(x))
-    return _rational(x, name)
+    return as_rational(x, name)
 
 
-def _positive(x: object, name: str) -> Fraction:
-    value = _rational(x, name)
+def as_positive(x: object, name: str) -> Fraction:
+    value = as_rational(x, name)
     if value <= 0:
         raise ValueError(f"{name} must be > 0, got {x!r}")
     return value
 
 
 def _non_negative(x: object, name: str) -> Fraction:
-    value = _rational(x, name)
+    value = as_rational(x, name)
     if value < 0:
         raise ValueError(f"{name} must be >= 0, got {x!r}")
     return value
 
 
 def _delta(x: object) -> Fraction:
-    value = _rational(x, "delta")
+    value = as_rational(x, "delta")
     if not 0 <= value < 1:
         raise ValueError(f"delta must be in [0, 1), got {x!r}")
     return value
@@ -223,13 +223,13 @@ def bernoulli_exp(gamma: Number) -> bool:
 
 def discrete_laplace(scale: Number) -> int:
     """One draw X with Pr[X = x] = tanh(1/(2t))·exp(−|x|/t) for all integers x, t = scale > 0."""
-    t = _positive(scale, "scale")
+    t = as_positive(scale, "scale")
     return _discrete_laplace(t.numerator, t.denominator)
 
 
 def discrete_gaussian(sigma2: Number) -> int:
     """One draw X with Pr[X = x] ∝ exp(−x²/(2·sigma2)) for all integers x, sigma2 > 0."""
-    s2 = _positive(sigma2, "sigma2")
+    s2 = as_positive(sigma2, "sigma2")
     return _discrete_gaussian(s2.numerator, s2.denominator)
 
 
@@ -245,8 +245,8 @@ def laplace_scale(sensitivity: Number, epsilon: Number) -> Fraction:
     Exact when Δ/ε has a small denominator, else rounded *up* to 12
     significant digits (more noise, never less).
     """
-    delta1 = _positive(sensitivity, "sensitivity")
-    eps = _positive(epsilon, "epsilon")
+    delta1 = as_positive(sensitivity, "sensitivity")
+    eps = as_positive(epsilon, "epsilon")
     return _round_up(delta1 / eps)
 
 
@@ -323,8 +323,8 @@ def gaussian_sigma2(l2_sensitivity: Number, epsilon: Number, delta: Number) -> F
     (ε, δ)-DP by :func:`zcdp_delta` — valid because the multivariate discrete
     Gaussian is (Δ₂²/2σ²)-zCDP for integer shifts (CKS 2020). Rounded up to a short rational.
     """
-    l2 = _positive(l2_sensitivity, "l2_sensitivity")
-    eps = _positive(epsilon, "epsilon")
+    l2 = as_positive(l2_sensitivity, "l2_sensitivity")
+    eps = as_positive(epsilon, "epsilon")
     dlt = _delta(delta)
     if dlt == 0:
         raise ValueError("delta must be > 0 for the discrete Gaussian; use the discrete Laplace for pure ε-DP")
@@ -336,7 +336,7 @@ def gaussian_sigma2(l2_sensitivity: Number, epsilon: Number, delta: Number) -> F
 
 
 def _laplace_t(scale: Number) -> float:
-    return float(_positive(scale, "scale"))
+    return float(as_positive(scale, "scale"))
 
 
 def discrete_laplace_pmf(x: int, scale: Number) -> float:
@@ -367,7 +367,7 @@ def ceil_scaled_log(scale: Number, log_of_alpha: Callable[[Decimal], Decimal]) -
     estimate step by step never ends; here every operation carries 30 digits more than t·L has, so the
     result is the exact ceiling unless t·L is within ~10⁻²⁵ of an integer — for any t, tiny or huge.
     """
-    t = _positive(scale, "scale")
+    t = as_positive(scale, "scale")
     with localcontext(prec=len(str(t.numerator // t.denominator)) + 30):
         exact_t = Decimal(t.numerator) / Decimal(t.denominator)
         product = exact_t * log_of_alpha((-1 / exact_t).exp())  # e^(−1/t) underflows to 0 for tiny t: right
@@ -390,7 +390,7 @@ _DIRECT_CDF_SIGMA = 10_000.0  # σ up to which the interval is found by summing 
 
 
 def _gaussian_s2(sigma2: Number) -> float:
-    return float(_positive(sigma2, "sigma2"))
+    return float(as_positive(sigma2, "sigma2"))
 
 
 @lru_cache(maxsize=256)
@@ -545,8 +545,8 @@ def gaussian_mechanism(value: int, l2_sensitivity: Number, epsilon: Number, delt
     )
 
 
-def _resolution(x: object) -> Fraction:
-    r = _decimal_rational(x, "resolution")
+def as_resolution(x: object) -> Fraction:
+    r = as_decimal_rational(x, "resolution")
     if r <= 0:
         raise ValueError(f"resolution must be > 0, got {x!r}")
     return r
@@ -560,13 +560,13 @@ def to_grid(value: Number, resolution: Number) -> int:
     (:func:`grid_sensitivity`). Round-half-even would not keep that bound
     (3.5 → 4, 2.5 → 2).
     """
-    r = _resolution(resolution)
-    return math.floor(_rational(value, "value") / r + Fraction(1, 2))
+    r = as_resolution(resolution)
+    return math.floor(as_rational(value, "value") / r + Fraction(1, 2))
 
 
 def grid_sensitivity(sensitivity: Number, resolution: Number) -> int:
     """⌈Δ/r⌉: the sensitivity, in grid units, of ``to_grid(q(D), r)`` when q has sensitivity Δ."""
-    return math.ceil(_positive(sensitivity, "sensitivity") / _resolution(resolution))
+    return math.ceil(as_positive(sensitivity, "sensitivity") / as_resolution(resolution))
 
 
 def noisy_sum_fixed_point(value: Number, sensitivity: Number, epsilon: Number, resolution: Number,
@@ -582,7 +582,7 @@ def noisy_sum_fixed_point(value: Number, sensitivity: Number, epsilon: Number, r
     output is a multiple of r whatever the input, so the low-order bits carry
     nothing (Mironov 2012). The interval adds r/2 for the rounding to the grid.
     """
-    r = _resolution(resolution)
+    r = as_resolution(resolution)
     k = to_grid(value, r)
     units = grid_sensitivity(sensitivity, r)
     if _delta(delta) == 0:

@@ -45,10 +45,10 @@ from anonproxy.dp.mechanisms import (
     CONFIDENCE,
     NoisyValue,
     Number,
-    _decimal_rational,
-    _positive,
-    _rational,
-    _resolution,
+    as_decimal_rational,
+    as_positive,
+    as_rational,
+    as_resolution,
 )
 
 __all__ = ["DEFAULT_GRID_POINTS", "dp_quantile", "quantile_mechanism", "quantile_probabilities", "rank_halfwidth"]
@@ -65,18 +65,18 @@ class _Setup:
 
     def __init__(self, q: Number, lower: Number, upper: Number, epsilon: Number,
                  resolution: Number | None, max_contributions: int) -> None:
-        self.q = _rational(q, "q")
+        self.q = as_rational(q, "q")
         if not 0 <= self.q <= 1:
             raise ValueError(f"q must be in [0, 1], got {q!r}")
-        self.lower = _decimal_rational(lower, "lower")
-        self.upper = _decimal_rational(upper, "upper")
+        self.lower = as_decimal_rational(lower, "lower")
+        self.upper = as_decimal_rational(upper, "upper")
         if not self.lower < self.upper:
             raise ValueError(f"lower must be < upper, got lower={lower!r}, upper={upper!r}")
-        self.epsilon = _positive(epsilon, "epsilon")
+        self.epsilon = as_positive(epsilon, "epsilon")
         if resolution is None:
             self.resolution = (self.upper - self.lower) / DEFAULT_GRID_POINTS
         else:
-            self.resolution = _resolution(resolution)
+            self.resolution = as_resolution(resolution)
             if self.resolution > self.upper - self.lower:
                 raise ValueError(f"resolution must be at most upper - lower, got {resolution!r}")
         if isinstance(max_contributions, bool) or not isinstance(max_contributions, int) or max_contributions < 1:
