@@ -53,7 +53,7 @@ from anonproxy.dp.mechanisms import (
 )
 from anonproxy.dp.quantiles import dp_quantile, rank_halfwidth
 from anonproxy.plan.analysis import AnalyticQuery, Item, analyze, canonical, filtered
-from anonproxy.plan.post_aggregate import RELEASED, Outer, value
+from anonproxy.plan.post_aggregate import RELEASED, PostAggregate, value
 from anonproxy.plan import post_aggregate
 from anonproxy.rewrite.classify import parsed_tree
 from anonproxy.rewrite.decision import (
@@ -457,7 +457,7 @@ def _plan(sql: str, role: RolePolicy, policy: Policy, params: DPParams) -> DPPla
     )
 
 
-def _check_outer(outer: Outer) -> None:
+def _check_outer(outer: PostAggregate) -> None:
     if outer.parameters:
         raise unsupported("$n parameters in expressions over aggregates are not supported in dp mode",
                           "Write the value as a constant.")
@@ -469,7 +469,7 @@ def _plain_aggregate(item: exp.Expression) -> bool:
     return isinstance(node, _AGGREGATES) or (isinstance(node, exp.Filter) and isinstance(node.this, _AGGREGATES))
 
 
-def _post_process(outer: Outer, query: AnalyticQuery, inputs: list[tuple[str, int]],
+def _post_process(outer: PostAggregate, query: AnalyticQuery, inputs: list[tuple[str, int]],
                   computed: list[int]) -> PostProcess:
     """The statement computing the client's post-aggregate expressions over the released values."""
     select = ["anonproxy_n", *(outer.items[position].sql for position in computed)]

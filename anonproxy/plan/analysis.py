@@ -35,7 +35,7 @@ from anonproxy.rewrite.expressions import (
     has_post_aggregate,
     unwrap,
 )
-from anonproxy.plan.post_aggregate import Outer, compile_outer
+from anonproxy.plan.post_aggregate import PostAggregate, compile_outer
 from anonproxy.rewrite.names import PolicyIndex, ResolvedTable, fold, identifier, quote
 from anonproxy.rewrite.relations import check_relations
 from anonproxy.rewrite.statements import PARSE_HINT, Statement
@@ -132,7 +132,7 @@ class AnalyticQuery:
     aggregates: tuple[AggregateText, ...] = ()  # every aggregate of the select list, HAVING and ORDER BY
     # Post-aggregate expressions in the select list, HAVING or ORDER BY: everything the client selects, computed
     # over the released values (None: the client's own select list, HAVING and ORDER BY run as written).
-    outer: Outer | None = None
+    outer: PostAggregate | None = None
     having_outer: bool = False  # HAVING is part of `outer` (else it stays in the aggregate query, as written)
     key_nodes: tuple[exp.Expression, ...] = ()  # the grouping expressions, canonical (as `keys`)
     having_node: exp.Expression | None = None  # the HAVING condition
@@ -264,7 +264,7 @@ def analyze(statement: Statement, tree: exp.Expression, index: PolicyIndex, para
 
 
 def _outer(tree: exp.Select, items: list[Item], order: tuple[OrderItem, ...], keys: tuple[exp.Expression, ...],
-           checker: Checker, source: str, dp: bool) -> tuple[Outer | None, bool]:
+           checker: Checker, source: str, dp: bool) -> tuple[PostAggregate | None, bool]:
     """The post-aggregate form of the select list, HAVING and ORDER BY, when any of them needs one."""
     kinds = checker.aggregates
     having = tree.args.get("having")

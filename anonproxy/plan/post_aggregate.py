@@ -66,7 +66,7 @@ class OuterItem:
 
 
 @dataclass(frozen=True)
-class Outer:
+class PostAggregate:
     """The select list, HAVING and ORDER BY of a query, computed over its released values."""
 
     aggregates: tuple[exp.Expression, ...]  # anonproxy_v1, anonproxy_v2, ...: each distinct aggregate once
@@ -92,7 +92,7 @@ def plain(index: int) -> str:
 def compile_outer(items: list[tuple[exp.Expression, str | None, bool]], having: exp.Expression | None,
                   order: list[tuple[exp.Expression | None, int | None, str]], keys: list[exp.Expression],
                   aggregate_kinds: tuple[type[exp.Expression], ...], canonical: Canonical,
-                  source: str | None) -> Outer:
+                  source: str | None) -> PostAggregate:
     """``items``: (expression, alias, whether it holds an aggregate or post-aggregate node); ``order``: (expression,
     output position or None, suffix); ``keys``: the GROUP BY expressions, canonical; ``canonical``: the function
     that makes two spellings of one expression compare equal."""
@@ -111,7 +111,7 @@ def compile_outer(items: list[tuple[exp.Expression, str | None, bool]], having: 
     for node, position, suffix in order:
         text = str(position) if position is not None else compiler.sql(node)  # type: ignore[arg-type]
         order_sql.append(f"{text} {suffix}".rstrip())
-    return Outer(tuple(compiler.aggregates), tuple(outer_items), having_sql, tuple(order_sql), compiler.keys_used,
+    return PostAggregate(tuple(compiler.aggregates), tuple(outer_items), having_sql, tuple(order_sql), compiler.keys_used,
                  compiler.parameters)
 
 

@@ -45,7 +45,7 @@ from decimal import Decimal
 from anonproxy.policy.model import SuppressionParams
 from anonproxy.plan.analysis import AnalyticQuery, Item
 from anonproxy.rewrite.decision import unsupported
-from anonproxy.plan.post_aggregate import RELEASED, Outer, key, plain, value
+from anonproxy.plan.post_aggregate import RELEASED, PostAggregate, key, plain, value
 
 CELLS = "anonproxy_cells"
 RANKED = "anonproxy_ranked"
@@ -105,7 +105,7 @@ def _suppressed(query: AnalyticQuery, rules: _Rules) -> str:
     return _cells(query, rules, magnitudes, rest)
 
 
-def _released(query: AnalyticQuery, outer: Outer, rules: _Rules) -> str:
+def _released(query: AnalyticQuery, outer: PostAggregate, rules: _Rules) -> str:
     """The suppressed values of the GROUP BY expressions, plain items and aggregates, as a materialized CTE; the
     client's select list, HAVING, ORDER BY and LIMIT computed over it."""
     # A HAVING over post-aggregate expressions cannot be evaluated on a withheld group (it may raise an error), so
