@@ -96,3 +96,15 @@ def test_the_rendered_item_means_what_the_client_wrote(conn: psycopg.Connection,
 def test_comments_never_reach_the_rendered_sql() -> None:
     text = rendered("i /* x */ -- */ , (select secret from elsewhere) --\n")
     assert "/*" not in text and "--" not in text and "secret" not in text
+
+
+@pytest.mark.parametrize("item", ITEMS)
+def test_rendering_leaves_the_tree_as_it_was(item: str) -> None:
+    """render.sql renders without copying the tree first: it must not change it (the analysis renders pieces of a
+    tree it goes on reading)."""
+    tree = parse_statement(split(f"select {item}, count(*) filter (where i > 1) from t where s like 'a%' group by 1 "
+                                 "having count(*) > 1 order by 2 desc nulls last limit 5 offset 1")[0])
+    for node in [tree, *tree.walk()]:
+        before = node.copy()
+        render.sql(node)
+        assert node == before

@@ -45,4 +45,7 @@ _DIALECT = _Postgres()
 def sql(node: exp.Expression) -> str:
     """``node`` as PostgreSQL SQL, without comments, function names in lower case (as people write them: they
     appear in messages, EXPLAIN and notices)."""
-    return _DIALECT.generate(node, comments=False, normalize_functions="lower")
+    # copy=False: sqlglot's generator copies the tree first in case a dialect's transforms rewrite it; PostgreSQL's
+    # leave the nodes the analysis admits as they are (tests/test_render_fidelity.py checks), and the copy was a
+    # fifth of a first-sight decision.
+    return _DIALECT.generate(node, comments=False, normalize_functions="lower", copy=False)
