@@ -57,6 +57,7 @@ REST_CELLS = "anonproxy_rest_cells"
 REST_RANKED = "anonproxy_rest_ranked"
 REST = "anonproxy_rest"
 REPORT = "anonproxy_report"
+UNIVERSE = "anonproxy_universe"
 ANSWER = "anonproxy_answer"
 REPORT_FUNCTION = "anonproxy.suppression_report"  # sql/0016_suppression_report.sql
 
@@ -146,6 +147,10 @@ def reported(query: AnalyticQuery, params: SuppressionParams) -> str:
     magnitudes = query.magnitudes if rules.magnitude_rules else ()
     rest = rules.rest and query.grouped
     simple = not magnitudes and not rest
+    # N, the people of the FROM clause, counted once: the answer, the verdicts and the report all compare with it,
+    # and each uncorrelated subquery would be a scan of its own.
+    counted = [(f"{UNIVERSE}(n)", query.universe, "N: the people of the FROM clause")]
+    query = replace(query, universe=f"SELECT n FROM {UNIVERSE}")
     if simple:
         keys, ctes = _simple_verdicts(query, rules)
         body = _simple(query, rules)
@@ -157,7 +162,7 @@ def reported(query: AnalyticQuery, params: SuppressionParams) -> str:
     ctes.append((REPORT, _report(query, rules, keys, rest, simple), "what the proxy says about suppression, in a "
                  "NOTICE"))
     # The body is not indented: a string constant of the client's may span lines.
-    return "\n".join([_with(ctes), "SELECT *", "FROM (", body, f") AS {ANSWER}",
+    return "\n".join([_with(counted + ctes), "SELECT *", "FROM (", body, f") AS {ANSWER}",
                       f"WHERE (SELECT reported FROM {REPORT})"])
 
 
