@@ -94,7 +94,8 @@ def outdated_message(missing: list[int], database: str) -> str:
     """One line: which migrations ``database`` lacks and the command that installs them."""
     shipped = migrations()
     versions = ", ".join(f"{version:04d}" for version in missing)
-    return (f"the anonproxy schema of database {database!r} lacks migration{'s' if len(missing) > 1 else ''} {versions} "
+    plural = "s" if len(missing) > 1 else ""
+    return (f"the anonproxy schema of database {database!r} lacks migration{plural} {versions} "
             f"(this anonproxy ships {shipped[0].version:04d} to {shipped[-1].version:04d}); "
             f"run `{INSTALL_COMMAND}` as the schema's owner")
 
