@@ -93,6 +93,8 @@ def _missing(exists: bool, installed: list[int] | None) -> list[int]:
 def outdated_message(missing: list[int], database: str) -> str:
     """One line: which migrations ``database`` lacks and the command that installs them."""
     shipped = migrations()
+    if len(missing) == len(shipped):
+        return f"database {database!r} has no anonproxy schema; run `{INSTALL_COMMAND}` as a login that may create it"
     versions = ", ".join(f"{version:04d}" for version in missing)
     plural = "s" if len(missing) > 1 else ""
     return (f"the anonproxy schema of database {database!r} lacks migration{plural} {versions} "

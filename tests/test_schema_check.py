@@ -75,6 +75,23 @@ def test_a_ledger_the_service_login_cannot_read_predates_0018(pg_server: Embedde
     assert "anonproxy install --dsn" in done.stderr and "Traceback" not in done.stderr
 
 
+def test_a_database_without_the_schema_stops_the_start(pg_server: EmbeddedPostgres, dbname: str,
+                                                        governed: psycopg.Connection) -> None:
+    """The service login exists (``governed`` made it), but this database never had `anonproxy install`."""
+    bare = f"{dbname}_bare"
+    with psycopg.connect(pg_server.conninfo(), autocommit=True) as conn:
+        conn.execute(f"drop database if exists {bare}")
+        conn.execute(f"create database {bare}")
+    try:
+        done = serve(pg_server, bare)
+        assert done.returncode == 1, done.stdout + done.stderr
+        assert done.stderr.strip() == (f"anonproxy: database {bare!r} has no anonproxy schema; run `anonproxy install "
+                                       "--dsn DSN` as a login that may create it; refusing to start"), done.stderr
+    finally:
+        with psycopg.connect(pg_server.conninfo(), autocommit=True) as conn:
+            conn.execute(f"drop database if exists {bare}")
+
+
 def test_install_brings_an_old_database_up_to_date(pg_server: EmbeddedPostgres, dbname: str,
                                                    governed: psycopg.Connection) -> None:
     drop_suppression_report(governed)
