@@ -26,13 +26,16 @@ TYPED_COLUMNS = {"hours_f": ("double precision", "hours_per_week + 0.25", 0, 100
                  "hours_r": ("real", "hours_per_week + 0.5", 0, 100),
                  "gain_n": ("numeric", "capital_gain / 4.0", 0, 25000),
                  "weight_b": ("bigint", "fnlwgt", 0, 1500000),
-                 "age_s": ("smallint", "age", 15, 100)}
+                 "age_s": ("smallint", "age", 15, 100),
+                 "seen": ("date", "date '2020-01-01' + (id % 700)", None, None),
+                 "seen_at": ("timestamp", "timestamp '2020-01-01' + (id % 700) * interval '1 hour'", None, None)}
 
 
 def policy_text() -> str:
     """The demo policy with the typed columns declared (bounds) and a large budget for the dp role."""
     text = files("anonproxy.data").joinpath("demo_policy.yaml").read_text(encoding="utf-8")
-    declared = "".join(f"      {name}: {{kind: sensitive, lower: {low}, upper: {high}}}\n"
+    declared = "".join(f"      {name}: {{kind: sensitive, lower: {low}, upper: {high}}}\n" if low is not None
+                       else f"      {name}: {{kind: quasi_identifier}}\n"
                        for name, (_, _, low, high) in TYPED_COLUMNS.items())
     text = text.replace("      income:", declared + "      income:", 1)
     return text + (f"  {ROLE}:\n    mode: dp\n    budgets:\n      public.adult: {{epsilon: 10000, delta: 0.1, "
@@ -96,6 +99,12 @@ STATEMENTS = [
     "select (age / 10)::integer, count(*) from adult group by 1",
     "select (age / 10)::bigint as decade, count(*) from adult group by 1",
     "select sex, (age / 10)::numeric, count(*) from adult group by 1, 2",
+    # on dates and timestamps
+    "select date_trunc('month', seen), count(*) from adult group by 1",
+    "select date_trunc('day', seen_at) as day, count(*) from adult group by 1",
+    "select extract(year from seen), count(*) from adult group by 1",
+    "select to_char(seen_at, 'YYYY-MM'), count(*) from adult group by 1",
+    "select seen::text, count(*) from adult group by 1",
     # count
     "select count(*), count(1), count(age) from adult",
     "select sex, count(*) filter (where age > 30) from adult group by sex",
