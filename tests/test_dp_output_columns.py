@@ -13,7 +13,14 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from conftest import SERVICE_ROLE, Endpoint, ProxyProcess, govern_by_demo_policy, start_proxy, stop_proxy
+from conftest import (
+    SERVICE_ROLE,
+    Endpoint,
+    ProxyProcess,
+    govern_by_demo_policy,
+    start_proxy,
+    stop_proxy,
+)
 
 from anonproxy.embedded import EmbeddedPostgres
 from anonproxy.policy.yaml_policy import apply_policy, parse_policy

@@ -16,11 +16,17 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from conftest import (
+    SERVICE_ROLE,
+    free_port,
+    govern_by_demo_policy,
+    start_proxy,
+    stop_proxy,
+)
 
 from anonproxy import schema
 from anonproxy.embedded import EmbeddedPostgres
 from anonproxy.policy.store import POLICY_CHANNEL
-from tests.conftest import SERVICE_ROLE, free_port, govern_by_demo_policy, start_proxy, stop_proxy
 
 SUPPRESSED = "select sex, count(*) from adult group by sex order by sex"
 
@@ -40,7 +46,7 @@ def serve(pg_server: EmbeddedPostgres, dbname: str) -> subprocess.CompletedProce
            "ANONPROXY_UPSTREAM": f"host={pg_server.host} port={pg_server.port}",
            "ANONPROXY_SERVICE_DSN": f"user={SERVICE_ROLE} password={SERVICE_ROLE} dbname={dbname}"}
     return subprocess.run([sys.executable, "-m", "anonproxy.cli", "serve"], env=env, capture_output=True,
-                          text=True, timeout=60)
+                          text=True, timeout=60, check=False)
 
 
 def drop_suppression_report(conn: psycopg.Connection) -> None:
@@ -96,7 +102,8 @@ def test_install_brings_an_old_database_up_to_date(pg_server: EmbeddedPostgres, 
                                                    governed: psycopg.Connection) -> None:
     drop_suppression_report(governed)
     installed = subprocess.run([sys.executable, "-m", "anonproxy.cli", "install", "--dsn",
-                                pg_server.conninfo(dbname=dbname)], capture_output=True, text=True, timeout=60)
+                                pg_server.conninfo(dbname=dbname)], capture_output=True, text=True, timeout=60,
+                               check=False)
     assert installed.returncode == 0, installed.stderr
     assert schema.missing_versions(governed) == []
 
