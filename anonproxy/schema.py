@@ -54,6 +54,54 @@ def installed_versions(conn: psycopg.Connection) -> list[int]:
     return [row[0] for row in conn.execute("select version from anonproxy.schema_migrations order by version")]
 
 
+# From this version on the ledger is readable by every role (sql/0018): a service login that cannot read it
+# is looking at a schema installed before that.
+READABLE_FROM = 18
+INSTALL_COMMAND = "anonproxy install --dsn DSN"  # DSN: a login that owns the anonproxy schema
+
+_LEDGER = "select to_regclass('anonproxy.schema_migrations') is not null, " \
+          "coalesce(has_schema_privilege(to_regnamespace('anonproxy'), 'usage') and has_table_privilege(" \
+          "to_regclass('anonproxy.schema_migrations'), 'select'), false)"
+_VERSIONS = "select version from anonproxy.schema_migrations"
+
+
+def missing_versions(conn: psycopg.Connection) -> list[int]:
+    """Shipped migrations this database lacks, as any login (the proxy's service login) can tell them."""
+    row = conn.execute(_LEDGER).fetchone()
+    assert row is not None
+    installed = [r[0] for r in conn.execute(_VERSIONS)] if row[0] and row[1] else None
+    return _missing(bool(row[0]), installed)
+
+
+async def missing_versions_async(conn: psycopg.AsyncConnection) -> list[int]:
+    """:func:`missing_versions` on an asynchronous connection."""
+    row = await (await conn.execute(_LEDGER)).fetchone()
+    assert row is not None
+    installed = [r[0] for r in await (await conn.execute(_VERSIONS)).fetchall()] if row[0] and row[1] else None
+    return _missing(bool(row[0]), installed)
+
+
+def _missing(exists: bool, installed: list[int] | None) -> list[int]:
+    shipped = [migration.version for migration in migrations()]
+    if not exists:
+        return shipped
+    if installed is None:  # an unreadable ledger: installed before READABLE_FROM, which is missing with its successors
+        return [version for version in shipped if version >= READABLE_FROM]
+    return sorted(set(shipped) - set(installed))
+
+
+def outdated_message(missing: list[int], database: str) -> str:
+    """One line: which migrations ``database`` lacks and the command that installs them."""
+    shipped = migrations()
+    if len(missing) == len(shipped):
+        return f"database {database!r} has no anonproxy schema; run `{INSTALL_COMMAND}` as a login that may create it"
+    versions = ", ".join(f"{version:04d}" for version in missing)
+    plural = "s" if len(missing) > 1 else ""
+    return (f"the anonproxy schema of database {database!r} lacks migration{plural} {versions} "
+            f"(this anonproxy ships {shipped[0].version:04d} to {shipped[-1].version:04d}); "
+            f"run `{INSTALL_COMMAND}` as the schema's owner")
+
+
 def install(conn: psycopg.Connection, progress: Callable[[int, int, str], None] | None = None) -> list[int]:
     """Apply the missing migrations, each in its own transaction; return the versions applied.
 

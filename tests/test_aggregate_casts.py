@@ -230,9 +230,9 @@ def test_dp_casts_count_and_spreads_through_the_proxy(gated_proxy: Endpoint, gat
     with psycopg.connect(gated_proxy.dsn(gated_database, user=analyst), autocommit=True) as conn:
         cursor = conn.execute(query)
         (row,) = cursor.fetchall()
-        # dp answers avg and stddev as numeric rounded to their supported digits, whatever the argument's type
-        assert [(c.name, c.type_code) for c in cursor.description] == [("h", 1700), ("a", 1700), ("n", 20),
-                                                                       ("s", 1700)]
+        # dp types avg and stddev as PostgreSQL does: double precision of a double precision argument
+        assert [(c.name, c.type_code) for c in cursor.description] == [("h", 1700), ("a", 701), ("n", 20),
+                                                                       ("s", 701)]
         assert [c.type_code for c in expected_cursor.description] == [1700, 701, 20, 701]
         with pytest.raises(psycopg.Error) as caught:
             conn.execute("select sum(cast(education as integer)) from adult")

@@ -77,9 +77,8 @@ def rendered(item: str) -> str:
     """The select item as the analysis renders it: from its node, with the name PostgreSQL gives the client's."""
     statement = split(f"select {item} from t")[0]
     node = parse_statement(statement).expressions[0]
-    name = output_name(node, statement.source)
-    text = render.sql(node.this if node.key == "alias" else node)
-    return text if name is None else f"{text} AS {quote(name)}"
+    name = output_name(node, statement.source) or "?column?"
+    return f"{render.sql(node.this if node.key == 'alias' else node)} AS {quote(name)}"
 
 
 def answer(conn: psycopg.Connection, item: str) -> tuple[list[tuple[str, int]], list[tuple]]:

@@ -30,6 +30,7 @@ from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal, localcontext
 from fractions import Fraction
 from typing import Literal
 
+import psycopg
 from sqlglot import exp
 
 from anonproxy.plan import bounds
@@ -98,7 +99,8 @@ UNIT = "anonproxy_unit"
 UNREAD = "anonproxy_unread"
 HAVING_TYPES = "anonproxy_having_types"
 
-_INT8, _FLOAT8, _NUMERIC = 20, 701, 1700  # PostgreSQL type OIDs of answer values
+_INT8, _FLOAT4, _FLOAT8, _NUMERIC = 20, 700, 701, 1700  # PostgreSQL type OIDs of answer values
+_FLOATS = (_FLOAT4, _FLOAT8)
 
 StatKind = Literal["units", "rows", "count", "sum", "values"]
 # "post": computed by the plan's post statement over the noisy values (a post-aggregate expression)
@@ -307,10 +309,11 @@ class DPPlan:
 
     def output_types(self, sql_types: list[int]) -> tuple[int, ...]:
         """Type OIDs of the client's columns given those PostgreSQL reports for the columns of ``sql``, so a
-        Describe can answer before anything runs. They match what :func:`answer` returns: a key keeps its SQL
-        type; count is bigint; a sum keeps its statistic's SQL type, or is numeric on a fixed-point grid; avg,
-        variance and stddev are numeric; a continuous quantile is double precision, a discrete one bigint on an
-        integer grid, else numeric."""
+        Describe can answer before anything runs. They are PostgreSQL's for the same aggregates, read off the
+        statistics' SQL types (each sums the clamped argument in the argument's own type): a key keeps its SQL
+        type; count is bigint; sum is its statistic's type (numeric on a fixed-point grid, unless the argument is a
+        float); avg, variance and stddev are double precision of a float argument, else numeric; a continuous
+        quantile is double precision, a discrete one the argument's type."""
         return self.value_types(sql_types)[:len(self.columns)]
 
     def value_types(self, sql_types: list[int], post_types: list[int] | None = None) -> tuple[int, ...]:
@@ -326,17 +329,26 @@ class DPPlan:
                 types.append(sql_types[column.key])  # type: ignore[index]
             elif column.kind == "count":
                 types.append(_INT8)
-            elif column.kind == "sum":  # on a fixed-point grid: numeric, whatever the column's type
-                types.append(_NUMERIC if column.noise is not None and column.noise.resolution is not None
-                             else statistic[column.statistic])  # type: ignore[index]
+            elif column.kind == "sum":  # on a fixed-point grid: numeric, unless the argument is a float
+                own = statistic[column.statistic]  # type: ignore[index]
+                grid = column.noise is not None and column.noise.resolution is not None
+                types.append(_NUMERIC if grid and own not in _FLOATS else own)
             elif column.kind == "quantile":
                 grid = column.quantile
                 assert grid is not None
-                integral = grid.lower.denominator == 1 and grid.resolution.denominator == 1
-                types.append(_FLOAT8 if not grid.discrete else _INT8 if integral else _NUMERIC)
-            else:
-                types.append(_NUMERIC)
+                types.append(_element_type(statistic[grid.values]) if grid.discrete else _FLOAT8)
+            else:  # avg: Σ(x − c) in x's type; variance, stddev: the same linear sum
+                linear = statistic[column.statistic if column.kind == "avg" else column.linear]  # type: ignore[index]
+                types.append(_FLOAT8 if linear in _FLOATS else _NUMERIC)
         return tuple(types)
+
+
+def _element_type(array_oid: int) -> int:
+    """The element type of an array type (array_agg's result): a discrete quantile has its argument's type."""
+    for info in psycopg.postgres.types:
+        if info.array_oid == array_oid:
+            return info.oid
+    return _NUMERIC
 
 
 # --- planning ---------------------------------------------------------------------
@@ -400,9 +412,9 @@ def _plan(sql: str, role: RolePolicy, policy: Policy, params: DPParams) -> DPPla
             if canonical(node) not in keys:
                 raise unsupported(f"select item {item.expression} must be one of the GROUP BY expressions in dp "
                                   "mode", DP_HINT)
-            drafts.append(_Draft(_output_name(item.alias, node), "key", key=keys.index(canonical(node))))
+            drafts.append(_Draft(item.name, "key", key=keys.index(canonical(node))))
         else:
-            drafts.append(columns.aggregate(node, _output_name(item.alias, node), item.expression))
+            drafts.append(columns.aggregate(node, item.name, item.expression))
 
     hidden: list[_Draft] = []
     having = None
@@ -631,7 +643,7 @@ class _Columns:
                                   isinstance(function, exp.PercentileDisc), "PERCENTILE")
         if isinstance(node, exp.Median):
             return self._quantile(name, argument, Fraction(1, 2), False, "MEDIAN")
-        function = _output_name(None, node)  # sum, avg, variance, var_pop, stddev, ...
+        function = _function_name(node)  # sum, avg, variance, var_pop, stddev, ...
         lower, upper, text = self._bounds(function, argument, whole)
         text = filtered(text, condition)  # type: ignore[assignment]
         if isinstance(node, exp.Sum):
@@ -797,17 +809,8 @@ def _unparen(node: exp.Expression) -> exp.Expression:
     return node
 
 
-def _output_name(alias: str | None, node: exp.Expression) -> str:
-    """PostgreSQL's name for a column: the alias, else the column's name, else the aggregate function's."""
-    if alias:
-        return alias
-    node = _unparen(node)
-    if isinstance(node, exp.Filter):
-        node = node.this
-    if isinstance(node, exp.Column) and node.args.get("db") is None:
-        return identifier(node.this) or "?column?"
-    if isinstance(node, exp.WithinGroup):
-        node = node.this
+def _function_name(node: exp.Expression) -> str:
+    """An aggregate's function name, for messages (its sqlglot class: var_samp is variance)."""
     names = {exp.Count: "count", exp.Sum: "sum", exp.Avg: "avg", exp.Variance: "variance",
              exp.VariancePop: "var_pop", exp.Stddev: "stddev", exp.StddevSamp: "stddev_samp",
              exp.StddevPop: "stddev_pop", exp.Median: "median", exp.PercentileCont: "percentile_cont",

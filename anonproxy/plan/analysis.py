@@ -66,12 +66,13 @@ _SELECT_ARG_NAMES = {
 
 @dataclass(frozen=True)
 class Item:
-    text: str  # rendered, with its output name: expression AS "name" (no alias when PostgreSQL says ?column?)
+    text: str  # rendered, with its output name: expression AS "name"
     expression: str  # rendered, without the alias
     kind: ItemKind
     alias: str | None  # the client's alias
     aggregates: bool = False  # kind "post": whether it holds an aggregate (abs(0) does not)
     node: exp.Expression | None = None  # the checked expression, without the alias
+    name: str = "?column?"  # the output column's name, as PostgreSQL names it in the client's statement
 
 
 @dataclass(frozen=True)
@@ -515,10 +516,11 @@ def _items(tree: exp.Select, checker: Checker, dp: bool, source: str) -> list[It
             else:
                 kind = "group" if any(isinstance(n, exp.Column) for n in expression_node.walk()) else "constant"
         expression = sql(expression_node)
-        name = output_name(node, source)
-        text = expression if name is None else f"{expression} AS {quote(name)}"
-        items.append(Item(text, expression, kind, alias, contains_aggregate(expression_node, checker.aggregates),
-                          expression_node))
+        # Named as PostgreSQL names it in the client's statement: the rendered spelling may differ (x ^ 2 is
+        # rendered POWER(x, 2), which PostgreSQL would call "power").
+        name = output_name(node, source) or "?column?"
+        items.append(Item(f"{expression} AS {quote(name)}", expression, kind, alias,
+                          contains_aggregate(expression_node, checker.aggregates), expression_node, name))
     return items
 
 

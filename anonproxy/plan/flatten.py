@@ -147,7 +147,43 @@ def _cte_of(item: exp.Expression, scope: dict[str, exp.CTE]) -> exp.CTE | None:
 
 def flatten(select: exp.Select, source: str) -> bool:
     """Inline the derived tables of ``select`` (and of its derived tables) that only filter, project or rename;
-    whether any was. Derived tables that aggregate stay (see :mod:`anonproxy.plan.outer`)."""
+    whether any was. Derived tables that aggregate stay (see :mod:`anonproxy.plan.outer`).
+
+    A select item the outer query does not read is dropped; a $n parameter only such an item holds is refused, as
+    the statement would otherwise take fewer parameters than the client declares and binds."""
+    before = _parameters(select)
+    holders = _item_parameters(select, source)
+    changed = _flatten(select, source)
+    lost = sorted(before - _parameters(select))
+    if lost:
+        number = lost[0]
+        raise unsupported(f"parameter ${number} is held only by select item {holders.get(number, '?column?')} of a "
+                          "derived table, which the outer query does not read: anonproxy drops that item when it "
+                          "inlines the derived table, and the parameter could not be bound",
+                          "Remove the unused select item from the derived table, or use the parameter in its WHERE "
+                          "or in a column the outer query reads.")
+    return changed
+
+
+def _parameters(node: exp.Expression) -> set[int]:
+    """The numbers of the $n parameters ``node`` holds (its nested queries included)."""
+    return {int(found.this.name) for found in node.find_all(exp.Parameter)
+            if isinstance(found.this, exp.Literal) and found.this.name.isdigit()}
+
+
+def _item_parameters(select: exp.Select, source: str) -> dict[int, str]:
+    """The name of the first derived-table select item that holds each $n parameter."""
+    found: dict[int, str] = {}
+    for subquery in select.find_all(exp.Subquery):
+        if isinstance(subquery.this, exp.Select):
+            for item in subquery.this.expressions:
+                name = output_name(item, source) or "?column?"
+                for number in _parameters(item):
+                    found.setdefault(number, name)
+    return found
+
+
+def _flatten(select: exp.Select, source: str) -> bool:
     changed = False
     if any(isinstance(item, exp.Subquery) for item in sources(select)):
         _check_qualifiers(select)
@@ -159,7 +195,7 @@ def flatten(select: exp.Select, source: str) -> bool:
             if not isinstance(body, exp.Select):
                 raise unsupported("UNION, INTERSECT, EXCEPT and VALUES are not supported as derived tables over "
                                   "protected tables", HINT)
-            changed = flatten(body, source) or changed
+            changed = _flatten(body, source) or changed
             if not is_aggregate(body):
                 _inline(select, position, item, body, source)
                 changed = True

@@ -18,6 +18,7 @@ from sqlglot import exp
 
 from anonproxy.rewrite.decision import unsupported
 from anonproxy.rewrite.names import PolicyIndex, identifier
+from anonproxy.rewrite.statements import DATE_PART
 
 _NESTED = (exp.Select, exp.Subquery, exp.SetOperation)
 
@@ -84,24 +85,70 @@ def _children(node: exp.Expression) -> Iterator[tuple[str, exp.Expression]]:
 
 def output_name(item: exp.Expression, source: str) -> str | None:
     """The name PostgreSQL gives select item ``item`` (FigureColname), when this module can tell it: an alias, a
-    column reference's column, a cast's operand name, a function's name as written in ``source``; None otherwise
-    (the rendered SQL then lets PostgreSQL name it)."""
+    column reference's column, a function's name as written in ``source``, a cast's operand name or else its type's
+    name, CASE's ELSE name or else ``case``; None otherwise (PostgreSQL's ``?column?``)."""
     if isinstance(item, exp.Alias):
         return identifier(item.args.get("alias"))
+    name, _ = _figure(item, source)
+    return name
+
+
+# Types whose name PostgreSQL reports under another name than the one sqlglot prints (FigureColname uses the
+# catalog name of a cast's type: integer is int4, double precision float8).
+_TYPE_NAMES = {exp.DataType.Type.INT: "int4", exp.DataType.Type.BIGINT: "int8", exp.DataType.Type.SMALLINT: "int2",
+               exp.DataType.Type.DOUBLE: "float8", exp.DataType.Type.FLOAT: "float4",
+               exp.DataType.Type.DECIMAL: "numeric", exp.DataType.Type.CHAR: "bpchar",
+               exp.DataType.Type.BOOLEAN: "bool", exp.DataType.Type.VARBINARY: "bytea"}
+# Functions whose name sqlglot does not place in the text (special syntax mostly): PostgreSQL's name for them.
+# date_part(...) parses as EXTRACT too; the classifier's parser marks it (statements.DATE_PART).
+_SPECIAL_NAMES: dict[type[exp.Expression], str] = {exp.Substring: "substring", exp.StrPosition: "position",
+                                                   exp.CurrentDate: "current_date", exp.Coalesce: "coalesce",
+                                                   exp.Greatest: "greatest", exp.Least: "least",
+                                                   exp.Nullif: "nullif", exp.Extract: "extract", exp.Floor: "floor",
+                                                   exp.Ceil: "ceil", exp.Initcap: "initcap",
+                                                   exp.GroupConcat: "string_agg", exp.Overlay: "overlay"}
+
+
+def _figure(item: exp.Expression, source: str) -> tuple[str | None, int]:
+    """FigureColnameInternal: a name and its strength (2: a name of its own, 1: a fallback, 0: none)."""
     while isinstance(item, exp.Paren):
         item = item.this
     if isinstance(item, exp.Column) and isinstance(item.this, exp.Identifier):
-        return identifier(item.this)
+        return identifier(item.this), 2
     if isinstance(item, exp.Cast):
-        return output_name(item.this, source)
+        name, strength = _figure(item.this, source)
+        if strength > 1:
+            return name, strength
+        return _type_name(item.to), 1
     if isinstance(item, exp.Case):
-        return "case"
+        default = item.args.get("default")
+        name, strength = _figure(default, source) if default is not None else (None, 0)
+        return (name, strength) if strength > 1 else ("case", 1)
+    if isinstance(item, (exp.Filter, exp.WithinGroup)):  # count(*) FILTER (...), percentile_cont(q) WITHIN GROUP
+        return _figure(item.this, source)
     if isinstance(item, exp.Anonymous):
-        return identifier(exp.Identifier(this=item.name, quoted=False))
+        return identifier(exp.Identifier(this=item.name, quoted=False)), 2
+    if isinstance(item, exp.Trim):  # trim(x) calls btrim; trim(leading ...) ltrim, trim(trailing ...) rtrim
+        position = (item.args.get("position") or "").upper()
+        return {"LEADING": "ltrim", "TRAILING": "rtrim"}.get(position, "btrim"), 2
     start, end = item.meta.get("start"), item.meta.get("end")
     if isinstance(item, (exp.Func, exp.Binary)) and start is not None and end is not None:  # a call: mod(x, 3)
         written = source[start:end + 1]
-        return None if '"' in written else identifier(exp.Identifier(this=written, quoted=False))
-    if isinstance(item, exp.Binary):
-        return "?column?"  # an operator (x ^ 2), which the rendered SQL may spell as a call (POWER(x, 2))
-    return None
+        return (None, 0) if '"' in written else (identifier(exp.Identifier(this=written, quoted=False)), 2)
+    if isinstance(item, exp.Extract) and item.meta.get(DATE_PART):
+        return "date_part", 2  # date_part(...), which sqlglot reads as extract
+    if isinstance(item, exp.Func):
+        special = _SPECIAL_NAMES.get(type(item))
+        return (special, 2) if special is not None else (None, 0)
+    return None, 0  # an operator (x ^ 2, which the rendered SQL may spell as a call: POWER(x, 2)), a constant
+
+
+def _type_name(to: exp.DataType) -> str | None:
+    """The catalog name of a cast's type (the last part of a qualified one)."""
+    named = _TYPE_NAMES.get(to.this)
+    if named is not None:
+        return named
+    if to.this == exp.DataType.Type.USERDEFINED:
+        kind = to.args.get("kind")
+        return str(kind).split(".")[-1].strip('"') if kind else None
+    return to.this.value.lower() if isinstance(to.this, exp.DataType.Type) else None

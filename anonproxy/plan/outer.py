@@ -124,17 +124,50 @@ class Series:
             found.append(condition)
         return tuple(found)
 
+    def page(self, rows: tuple[tuple, ...]) -> tuple[tuple, ...]:
+        """The outer query's OFFSET and LIMIT over the rows of :meth:`question` kept by :meth:`released` (in the
+        question's ORDER BY), when the question left them out."""
+        page = self._page()
+        if page is None:
+            return rows
+        limit, offset = page
+        return rows[offset:] if limit is None else rows[offset:offset + limit]
+
+    def _page(self) -> tuple[int | None, int] | None:
+        """The outer query's LIMIT (None: none) and OFFSET when both are absent or integer constants; None when
+        one is anything else (left in the question, for the back-end to take or refuse)."""
+        limit, offset = self.rest.args.get("limit"), self.rest.args.get("offset")
+        count = _count(limit.expression) if isinstance(limit, exp.Limit) else None if limit is None else -1
+        skip = _count(offset.expression) if isinstance(offset, exp.Offset) else 0 if offset is None else -1
+        if count == -1 or skip is None or skip == -1:
+            return None
+        return count, skip
+
     def key_values(self, row: tuple[str | None, ...]) -> tuple[str | None, ...]:
         return tuple(row[position] for _, position in self.keys)
 
     def question(self, restriction: exp.Expression) -> exp.Select:
-        """The outer query with ``restriction`` added to its WHERE clause."""
+        """The outer query with ``restriction`` added to its WHERE clause, and without its LIMIT and OFFSET when
+        :meth:`page` applies them instead (after :meth:`released`: a back-end that lists a declared domain's every
+        value must not let unreleased keys take the places the LIMIT counts)."""
         rest = self.rest.copy()
+        if self._page() is not None:
+            rest.set("limit", None)
+            rest.set("offset", None)
         where = rest.args.get("where")
         condition = restriction if where is None else exp.and_(exp.paren(where.this, copy=False),
                                                                exp.paren(restriction, copy=False), copy=False)
         rest.set("where", exp.Where(this=condition))
         return rest
+
+
+def _count(node: exp.Expression | None) -> int | None:
+    """A LIMIT or OFFSET count: a non-negative integer constant; None for none (LIMIT ALL, NULL); -1 otherwise."""
+    if node is None or isinstance(node, exp.Null):
+        return None
+    if isinstance(node, exp.Literal) and not node.is_string and node.name.isdigit():
+        return int(node.name)
+    return -1
 
 
 def _is_null(key: exp.Expression) -> exp.Expression:

@@ -81,11 +81,12 @@ def named(tree: exp.Expression, names: list[str | None], statement: Statement) -
 
 
 def _name_items(select: exp.Select, names: list[str | None]) -> None:
+    """Alias the first ``len(names)`` items with their names (None: PostgreSQL's ``?column?``)."""
     items = []
-    for item, name in zip(select.expressions, [*names, *[None] * len(select.expressions)], strict=False):
-        if name is None or isinstance(item, exp.Alias) or isinstance(item, exp.Star) \
+    for position, item in enumerate(select.expressions):
+        if position >= len(names) or isinstance(item, exp.Alias) or isinstance(item, exp.Star) \
                 or (isinstance(item, exp.Column) and isinstance(item.this, exp.Star)):
             items.append(item)
         else:
-            items.append(exp.Alias(this=item, alias=exp.Identifier(this=name, quoted=True)))
+            items.append(exp.Alias(this=item, alias=exp.Identifier(this=names[position] or "?column?", quoted=True)))
     select.set("expressions", items)

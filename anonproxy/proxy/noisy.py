@@ -138,7 +138,8 @@ class NoisyAnswers:
             spent.relations = tuple(sorted({*spent.relations, *second.relations}))
             spent.epsilon, spent.delta = spent.epsilon + second.epsilon, spent.delta + second.delta
             keys = {plan.nested.key_values(row_texts(row)) for row in result.rows}
-            rows = tuple(row for row in answered.rows if plan.nested.released(row_texts(row), keys))
+            rows = plan.nested.page(tuple(row for row in answered.rows
+                                          if plan.nested.released(row_texts(row), keys)))
             return replace(answered, rows=rows, notices=result.notices + answered.notices)
         return result
 

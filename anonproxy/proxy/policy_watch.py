@@ -5,8 +5,9 @@ policy channel; every committed policy change notifies it and it reloads
 (and it reloads every RELOAD_INTERVAL seconds anyway). If the connection
 drops it reconnects and reloads, keeping the last policy it read meanwhile.
 Before each load it checks that the service login has no powers beyond its
-grants (anonproxy.proxy.service_role); if it has, the policy is dropped and
-every login is refused until that is fixed.
+grants (anonproxy.proxy.service_role), and that the database has every
+migration this version ships (anonproxy.schema); if either fails, the policy
+is dropped and every login is refused until that is fixed.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from collections.abc import Callable
 
 import psycopg
 
+from .. import schema
 from ..policy.model import Policy
 from ..policy.store import POLICY_CHANNEL, load_policy_async
 from .service_role import HINT, excess_privileges_async
@@ -30,7 +32,8 @@ RELOAD_INTERVAL = 10.0
 
 
 class ServiceLoginRefused(Exception):
-    """The service login is a superuser or a member of a role that widens what it reads."""
+    """The service login is a superuser or a member of a role that widens what it reads, or the database lacks
+    migrations this version ships; the message says which, and what to do."""
 
 
 class PolicyWatcher:
@@ -75,14 +78,18 @@ class PolicyWatcher:
             except ServiceLoginRefused as exc:
                 self._loaded.clear()  # fail closed: every login is refused until the service login is fixed
                 if str(exc) != self._refused:
-                    log.error("%s: anonproxy refuses every login until it is not. %s", exc, HINT)
+                    log.error("%s", exc)
                 self._refused = str(exc)
             await asyncio.sleep(RETRY_DELAY)
 
     async def _reload(self, conn: psycopg.AsyncConnection) -> None:
         problem = await excess_privileges_async(conn)
         if problem is not None:
-            raise ServiceLoginRefused(problem)
+            raise ServiceLoginRefused(f"{problem}: anonproxy refuses every login until it is not. {HINT}")
+        missing = await schema.missing_versions_async(conn)
+        if missing:
+            raise ServiceLoginRefused(f"{schema.outdated_message(missing, conn.info.dbname)}: anonproxy refuses every "
+                                     "login until they are installed")
         self._refused = None
         policy = await load_policy_async(conn)
         if policy.version != self.policy.version or not self.loaded:

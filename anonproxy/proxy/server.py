@@ -24,6 +24,7 @@ from pathlib import Path
 
 import psycopg
 
+from .. import schema
 from ..config import ProxyConfig
 from ..policy.model import Policy
 from ..wire import protocol as pg
@@ -221,18 +222,23 @@ def run_proxy(config: ProxyConfig, ready: Callable[[int], None] | None = None) -
 
 
 def _check_service_login(config: ProxyConfig) -> None:
-    """Refuse to start when the service login is a superuser or a member of a role that widens what it reads. If
-    the server cannot be reached now, the workers check it when they load the policy."""
+    """Refuse to start when the service login is a superuser or a member of a role that widens what it reads, or
+    when the database lacks migrations this version ships (its SQL would call functions that do not exist). If
+    the server cannot be reached now, the workers check both when they load the policy."""
     try:
         with psycopg.connect(config.service_conninfo, connect_timeout=5, autocommit=True) as conn:
             problem = excess_privileges(conn)
+            missing = schema.missing_versions(conn)
+            database = conn.info.dbname
     except psycopg.Error as exc:
         reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        log.warning("could not check the service login's privileges at start (%s); the workers check them when "
-                    "they load the policy", reason)
+        log.warning("could not check the service login's privileges and the schema version at start (%s); the "
+                    "workers check them when they load the policy", reason)
         return
     if problem is not None:
         raise ProxyStartError(f"{problem}; refusing to start. {HINT}")
+    if missing:
+        raise ProxyStartError(f"{schema.outdated_message(missing, database)}; refusing to start")
 
 
 def _supervise(config: ProxyConfig, port: int, ready: Callable[[int], None] | None) -> None:
