@@ -44,7 +44,8 @@ def test_a_grouped_query_shows_every_rule_and_the_sql(gated_proxy: Endpoint, gat
     assert any(line.startswith("  suppressed rest: one more row, NULL in level, holds the withheld groups") for line
                in plan)
     sql = plan.index("SQL the service would run:")
-    assert plan[sql + 1] == "  WITH anonproxy_cells AS ("
+    assert plan[sql + 1] == "  WITH anonproxy_universe(n) AS ("  # N, counted once
+    assert "  anonproxy_cells AS (" in plan
     assert "  ) AS anonproxy_answer" in plan and "  WHERE (SELECT reported FROM anonproxy_report)" in plan
     assert plan[-1] == "nothing was run"
 
