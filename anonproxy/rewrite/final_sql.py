@@ -158,18 +158,17 @@ class _Walk:
         ctes = _cte_names(select)
         _refuse_recursive(select.get("withClause", {}))
         for cte in select.get("withClause", {}).get("ctes", ()):
-            self.value(cte, ctes, guard=_node(cte)[1].get("ctename") == GUARD_CTE)
+            self.value(cte, ctes, _node(cte)[1].get("ctename") == GUARD_CTE)
         self.node("SelectStmt", {key: value for key, value in select.items() if key != "withClause"}, ctes, False)
 
-    def value(self, value: Any, ctes: frozenset[str], guard: bool, kind: str | None = None) -> None:
-        if isinstance(value, list):
+    def value(self, value: Any, ctes: frozenset[str], guard: bool) -> None:
+        """A node written with its type's name around it, or a list of them (lists nest)."""
+        if value.__class__ is list:
             for item in value:
-                if isinstance(item, (list, dict)):
+                if item.__class__ is dict or item.__class__ is list:
                     self.value(item, ctes, guard)
-        elif isinstance(value, dict) and value:
-            if kind is None:
-                kind, value = _node(value)
-            self.node(kind, value, ctes, guard)
+        elif value.__class__ is dict and value:
+            self.node(*_node(value), ctes, guard)
 
     def node(self, kind: str, fields: dict[str, Any], ctes: frozenset[str], guard: bool) -> None:
         if kind not in NODES and not (guard and kind in GUARD_NODES):
@@ -195,9 +194,16 @@ class _Walk:
             _type(fields, guard)
         elif kind in ("RangeSubselect", "RangeFunction") and fields.get("lateral"):
             raise FinalCheckRefusal("LATERAL", "anonproxy's final check found LATERAL in the SQL it generated")
-        for field, value in fields.items():
-            if isinstance(value, (list, dict)):  # (scalars, most fields, hold nothing to check)
-                self.value(value, ctes, guard, _TYPED_FIELDS.get((kind, field)))
+        for field, value in fields.items():  # scalars, most fields, hold nothing to check
+            if value.__class__ is dict:
+                if value:
+                    typed = _TYPED_FIELDS.get((kind, field))  # a field of one node type is written bare
+                    if typed is None:
+                        self.node(*_node(value), ctes, guard)
+                    else:
+                        self.node(typed, value, ctes, guard)
+            elif value.__class__ is list:
+                self.value(value, ctes, guard)
 
     def _relation(self, fields: dict[str, Any], ctes: frozenset[str], guard: bool) -> None:
         catalog, schema, name = fields.get("catalogname"), fields.get("schemaname"), fields.get("relname")
