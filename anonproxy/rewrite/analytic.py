@@ -34,7 +34,7 @@ from anonproxy.rewrite.expressions import (
     has_post_aggregate,
     unwrap,
 )
-from anonproxy.rewrite.joins import Source, check_joins
+from anonproxy.rewrite.joins import REFERENCE_HINT, Source, check_joins
 from anonproxy.rewrite.post_aggregate import Outer, compile_outer
 from anonproxy.rewrite.names import PolicyIndex, ResolvedTable, fold, identifier, quote
 from anonproxy.rewrite.relations import check_relations
@@ -325,6 +325,12 @@ def _privacy_unit(sources: list[Source], index: PolicyIndex) -> tuple[Source, st
     the unit belongs to."""
     protected = [s for s in sources if s.table.kind == "protected"]
     linked = [s for s in sources if s.table.kind == "linked"]
+    if sources[0].table.kind == "reference":
+        # An inner join is the same either way round, but the join rules read FROM left to right: the table of
+        # the privacy unit first, then what is joined to it.
+        raise unsupported(f"reference table {sources[0].table.policy_name} cannot come first in FROM: the table "
+                          "that carries the privacy unit comes first, and reference tables are joined to it",
+                          REFERENCE_HINT)
     if len(protected) > 1:
         raise unsupported("a query may read only one protected table", SHAPE_HINT)
     if protected:

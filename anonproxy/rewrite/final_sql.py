@@ -6,8 +6,8 @@ checked with sqlglot. Here the finished SQL is parsed with libpg_query (the
 ``pglast`` package, PostgreSQL's parser itself) and every node of the tree is
 walked:
 
-* every relation (RangeVar) is a protected or linked table of the policy, or a
-  CTE the statement itself defines; the dp plan's guard CTE may also read the
+* every relation (RangeVar) is a protected, linked or reference table of the
+  policy, or a CTE the statement itself defines; the dp plan's guard CTE may also read the
   three catalog tables it needs (pg_index, pg_attribute, pg_class);
 * every function call, operator and cast target is on an allowlist, resolved
   in pg_catalog (a name qualified with any other schema is refused); ``/``
@@ -141,7 +141,7 @@ def check_final_sql(sql: str, policy: Policy) -> None:
     if list(top) != ["SelectStmt"]:
         raise FinalCheckRefusal("(not one SELECT)", "anonproxy's final check found generated SQL that is not "
                                 "exactly one SELECT")
-    allowed = {split_policy_name(name) for name in [*policy.tables, *policy.links]}
+    allowed = {split_policy_name(name) for name in [*policy.tables, *policy.links, *policy.references]}
     try:
         _Walk(allowed).statement(top["SelectStmt"])
     except RecursionError:
