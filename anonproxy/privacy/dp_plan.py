@@ -1047,6 +1047,8 @@ def _guard(query: AnalyticQuery) -> str:
     last child is dropped, until a VACUUM: then bounding runs, which is safe.)"""
     pairs = set()
     for _, table in query.sources:
+        if table.reference is not None:
+            continue  # joined many-to-one on a unique key (rewrite/joins.py): it adds no row to a unit
         column = table.protected.unit_column if table.protected is not None else table.linked.column  # type: ignore[union-attr]
         pairs.add(f"({_text_literal(table.qualified)}::regclass::oid, {_text_literal(column)}::name)")
     return "\n".join([
