@@ -24,8 +24,8 @@ from sqlglot import exp
 from anonproxy.rewrite.decision import forbidden
 from anonproxy.rewrite.names import PolicyIndex, identifier
 
-_SCOPE = ("a query over protected data may read only the protected table, its linked tables and the reference "
-          "tables the policy declares")
+_SCOPE = ("a query over protected data may read only the protected table and its linked tables, and the "
+          "reference tables the policy declares")
 
 
 def check_relations(tree: exp.Expression, index: PolicyIndex, dp: bool) -> None:
