@@ -103,6 +103,12 @@ REFUSED = [
     ("select count(*) from adult a join countries c on c.name = a.native_country || ''", "0A000",
      "not allowed in a JOIN condition"),
     ("select count(*) from adult a join countries c on c.name = c.continent", "0A000", "(name)"),
+    # IS NOT DISTINCT FROM matches every NULL: a unique key may hold several
+    ("select count(*) from adult a join countries c on c.name is not distinct from a.native_country", "0A000",
+     "(name)"),
+    # a derived table is flattened first: a renamed column is still the column it renames
+    ("select a.sex, count(*) from adult a join (select continent as name from countries) c "
+     "on c.name = a.native_country group by 1", "0A000", "(name)"),
     # a reference table on the preserved side, or first
     ("select count(*) from adult a right join countries c on c.name = a.native_country", "0A000",
      "RIGHT JOIN is not supported"),
@@ -176,6 +182,11 @@ ALLOWED = [
     f"select count(c.population), count(*) filter (where c.population > 2000) {JOIN}",
     f"select sum(case when c.continent = 'Asia' then 1 else 0 end) {JOIN}",
     f"select c.continent, count(*) {JOIN} where c.population between 1000 and 5000 group by 1",
+    # derived tables (Power BI, Superset virtual datasets) are flattened into the same join
+    'select "rows"."continent", count(*) from (select "_"."native_country", c.continent from "public"."adult" "_" '
+    'join countries c on c.name = "_".native_country) "rows" group by 1',
+    "select a.sex, count(c.name) from adult a left join (select * from countries where population > 1000) c "
+    "on c.name = a.native_country group by 1",
 ]
 
 

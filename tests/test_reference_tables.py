@@ -213,6 +213,12 @@ def test_reporter_groups_by_a_reference_column(owner: psycopg.Connection[Any], g
     truth = owner.execute(query.replace("avg(a.age)", "avg(a.age), count(distinct a.id)")).fetchall()
     assert seen == [row[:-1] for row in truth if row[-1] >= K]
     assert len(seen) == 4  # every continent has k people
+    # Power BI's derived-table form of the same question is flattened into the same join.
+    derived = ('select "rows"."continent", count(*), avg("rows"."age") from (select "_"."age", c.continent '
+               'from "public"."adult" "_" join "public"."countries" c on c.name = "_"."native_country") "rows" '
+               'group by "rows"."continent" order by "rows"."continent"')
+    with connect(gated_proxy, gated_database, "reporter") as conn:
+        assert released(conn.execute(derived).fetchall(), 1) == seen
 
     # A left join, a WHERE and a FILTER on reference columns, a key of both tables, a count of a reference column.
     query = ("select a.sex, c.continent, count(*) filter (where c.population > 2000), count(c.name), "
