@@ -8,6 +8,8 @@ superuser, on the same database.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import nullcontext
 from pathlib import Path
@@ -304,6 +306,12 @@ def test_a_dropped_unique_key_refuses_every_join_after_a_reload(owner: psycopg.C
         assert reference_warnings(policy) == [
             "reference table public.education_levels has no usable unique key (a primary key or unique index that "
             "is immediate, valid, not partial, on plain columns), or no longer exists: every join to it is refused"]
+        done = subprocess.run([sys.executable, "-m", "anonproxy.cli", "policy", "lint", "--dsn",
+                               owner.info.dsn + " password=" + (owner.info.password or "")],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 1, done.stderr
+        assert "warning: reference table public.education_levels has no usable unique key" in done.stdout
+        assert "12 declared bound(s) checked against k = 10: 1 warning(s)" in done.stdout, done.stdout
         with fresh_dp_role(owner, gated_proxy, gated_database, "star_analyst") if user == "analyst" else \
                 nullcontext("reporter") as role:
             error = refusal(gated_proxy, gated_database, role, query)
@@ -353,3 +361,28 @@ def test_dp_snowflake_and_left_join(owner: psycopg.Connection[Any], gated_proxy:
     for sex, count, age in seen:
         assert abs(count - truth[sex][0]) <= 200
         assert abs(float(age) - float(truth[sex][1])) <= 5
+
+
+def test_a_reference_table_in_another_schema(owner: psycopg.Connection[Any], gated_proxy: Endpoint,
+                                             gated_database: str, star: None) -> None:
+    """Declaring gives the service role USAGE on the schema too; an unqualified name finds the one declared table
+    of that name, as for protected tables."""
+    owner.execute("create schema dims")
+    owner.execute("create table dims.sexes (code text primary key, label text not null)")
+    owner.execute("insert into dims.sexes values ('Female', 'women'), ('Male', 'men')")
+    try:
+        assert not owner.execute("select has_schema_privilege('anonproxy_service', 'dims', 'USAGE')").fetchone()[0]
+        apply_and_wait(owner, gated_proxy, gated_database, STAR_POLICY_TEXT.replace("]\n", ", dims.sexes]\n"))
+        assert owner.execute("select has_schema_privilege('anonproxy_service', 'dims', 'USAGE'), "
+                             "has_table_privilege('anonproxy_service', 'dims.sexes', 'SELECT')").fetchone() == (True, True)
+        expected = owner.execute("select s.label, count(*) from adult a join dims.sexes s on s.code = a.sex "
+                                 "group by 1 order by 1").fetchall()
+        with connect(gated_proxy, gated_database, "reporter") as conn:
+            for query in ("select s.label, count(*) from adult a join dims.sexes s on s.code = a.sex group by 1 "
+                          "order by 1",
+                          "select sexes.label, count(*) from adult join sexes on sexes.code = adult.sex group by 1 "
+                          "order by 1"):
+                assert released(conn.execute(query).fetchall(), 1) == expected, query
+    finally:
+        apply_and_wait(owner, gated_proxy, gated_database, STAR_POLICY_TEXT)
+        owner.execute("drop schema dims cascade")
