@@ -147,11 +147,16 @@ def test_declaration_errors(owner: psycopg.Connection[Any], star: None) -> None:
     owner.execute("create view public.country_names as select name from public.countries")
     owner.execute("create materialized view public.adult_ages as select distinct age from public.adult")
     owner.execute("create unique index on public.adult_ages (age)")
+    # An index whose collation is not the column's: "equal" in the join is not "equal" in the index.
+    owner.execute("create collation if not exists public.case_blind (provider = icu, locale = 'und-u-ks-level2', "
+                  "deterministic = false)")
+    owner.execute("create table public.collated_key (code text collate public.case_blind, label text)")
+    owner.execute('create unique index on public.collated_key (code collate "C")')
     owner.execute("create table public.keyed_parent (code text primary key)")
     owner.execute("create table public.keyed_child () inherits (public.keyed_parent)")
     try:
         for table in ("public.no_key", "public.partial_key", "public.deferred_key", "public.expression_key",
-                      "public.keyed_parent"):
+                      "public.collated_key", "public.keyed_parent"):
             caught = error(declare, table)
             assert caught.sqlstate == "42830", (table, caught)
             assert f"table {table} has no unique key anonproxy can use" in str(caught)
@@ -176,7 +181,8 @@ def test_declaration_errors(owner: psycopg.Connection[Any], star: None) -> None:
         owner.execute("drop view public.country_names")
         owner.execute("drop materialized view public.adult_ages")
         owner.execute("drop table public.no_key, public.partial_key, public.deferred_key, public.expression_key, "
-                      "public.keyed_child, public.keyed_parent")
+                      "public.collated_key, public.keyed_child, public.keyed_parent")
+        owner.execute("drop collation public.case_blind")
 
 
 def test_yaml_reference_tables_are_checked() -> None:
@@ -260,6 +266,23 @@ def test_reporter_explain_cursor_and_notice_with_a_join(owner: psycopg.Connectio
             conn.execute(f"declare star cursor for {query}")
             fetched = conn.execute("fetch all in star").fetchall()
         assert released(fetched, 1) == expected
+
+
+def test_reporter_series_limit_over_a_reference_column(owner: psycopg.Connection[Any], gated_proxy: Endpoint,
+                                                       gated_database: str, star: None) -> None:
+    """Superset's series limit on a dimension column: the top-N question and the chart's question both join."""
+    query = ("select c.continent, a.sex, count(*) as n from adult a join countries c on c.name = a.native_country "
+             "join (select c.continent as continent__, count(*) as mme_inner__ from adult a join countries c "
+             "on c.name = a.native_country group by c.continent order by mme_inner__ desc limit 2) as series_limit "
+             "on c.continent = series_limit.continent__ group by c.continent, a.sex order by 1, 2")
+    top = [row[0] for row in owner.execute(
+        "select c.continent from adult a join countries c on c.name = a.native_country group by 1 "
+        "order by count(*) desc limit 2").fetchall()]
+    expected = [row for row in owner.execute(
+        "select c.continent, a.sex, count(*) from adult a join countries c on c.name = a.native_country "
+        "where c.continent = any(%s) group by 1, 2 order by 1, 2", (top,)).fetchall() if row[2] >= K]
+    with connect(gated_proxy, gated_database, "reporter") as conn:
+        assert released(conn.execute(query).fetchall(), 2) == expected
 
 
 def test_a_statement_over_reference_tables_alone_is_not_gated(owner: psycopg.Connection[Any],
