@@ -7,8 +7,9 @@ checked with sqlglot. Here the finished SQL is parsed with libpg_query (the
 walked:
 
 * every relation (RangeVar) is a protected, linked or reference table of the
-  policy, or a CTE the statement itself defines; the dp plan's guard CTE may also read the
-  three catalog tables it needs (pg_index, pg_attribute, pg_class);
+  policy, or a CTE the statement itself defines; the dp plan's guard CTE may
+  also read the three catalog tables it needs (pg_index, pg_attribute,
+  pg_class);
 * every function call, operator and cast target is on an allowlist, resolved
   in pg_catalog (a name qualified with any other schema is refused); ``/``
   and ``%`` only with a ``NULLIF(divisor, 0)`` divisor (outer queries over
