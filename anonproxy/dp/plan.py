@@ -1070,6 +1070,11 @@ def _guard(query: AnalyticQuery) -> str:
     (the linked key for a linked table), that column is NOT NULL, and the table has no inheritance child or
     partition: FROM t reads those too, and the index does not cover them. (relhassubclass may stay true after the
     last child is dropped, until a VACUUM: then bounding runs, which is safe.)"""
+    if any(table.reference is not None for _, table in query.sources):
+        # A reference table's unique key was read with the policy; one dropped since (duplicates added) would let a
+        # unit's row match twice until the proxy loads the policy again. Bounding keeps one row per unit whatever
+        # the catalog says now.
+        return "SELECT false AS single"
     pairs = set()
     for _, table in query.sources:
         column = table.protected.unit_column if table.protected is not None else table.linked.column  # type: ignore[union-attr]

@@ -36,6 +36,7 @@ from anonproxy.rewrite.expressions import (
     unwrap,
 )
 from anonproxy.plan.post_aggregate import PostAggregate, compile_outer
+from anonproxy.rewrite.joins import REFERENCE_HINT, Source, check_joins
 from anonproxy.rewrite.names import PolicyIndex, ResolvedTable, fold, identifier, quote
 from anonproxy.rewrite.relations import check_relations
 from anonproxy.rewrite.statements import PARSE_HINT, Statement
@@ -45,8 +46,6 @@ SHAPE_HINT = (
     "[[LEFT] JOIN <linked table> ON <linked>.<key> = <protected>.<unit> [AND ...]] [WHERE ...] [GROUP BY ...] "
     "[HAVING ...] [ORDER BY ...] [LIMIT ...] [OFFSET ...]."
 )
-JOIN_HINT = ("Join a linked table with [LEFT] JOIN <linked> ON <linked>.<key> = <protected>.<unit>, the protected "
-             "table (or the first linked table) first; put other conditions in WHERE.")
 ROW_LEVEL_HINT = "Aggregate instead: SELECT col, count(*), avg(x) FROM table GROUP BY col."
 
 # "post": an expression over aggregates (or a post-aggregate function of constants), computed on released values.
@@ -153,14 +152,6 @@ class AnalyticQuery:
         return bool(self.keys)
 
 
-@dataclass
-class _Source:
-    table: ResolvedTable
-    node: exp.Table
-    reference: str  # the name the query's expressions use for it
-    join: exp.Join | None  # None for the first FROM item
-
-
 def analyze(statement: Statement, tree: exp.Expression, index: PolicyIndex, params: SuppressionParams,
             dp: bool = False, conditions: tuple[exp.Expression, ...] = ()) -> AnalyticQuery:
     """The pieces of ``tree``; ``dp`` also admits the aggregates only dp mode computes (expressions.DP_AGGREGATES).
@@ -197,7 +188,7 @@ def analyze(statement: Statement, tree: exp.Expression, index: PolicyIndex, para
         identifiers={source.reference: _identifier_columns(source.table) for source in sources},
     )
     checker = Checker(scope, params, anchor.table.policy_name, dp, statement.source)
-    _check_joins(sources, anchor, checker)
+    check_joins(sources, anchor, checker)
 
     items = _items(tree, checker, dp, statement.source)
     key_nodes, group_by = _grouping(tree, items, checker)
@@ -291,7 +282,7 @@ def _outer(tree: exp.Select, items: list[Item], order: tuple[OrderItem, ...], ke
 # --- tables -----------------------------------------------------------------
 
 
-def _sources(tree: exp.Select, index: PolicyIndex) -> list[_Source]:
+def _sources(tree: exp.Select, index: PolicyIndex) -> list[Source]:
     from_ = tree.args.get("from_")
     if from_ is None:
         raise unsupported("a query over protected tables needs a FROM clause", SHAPE_HINT)
@@ -308,7 +299,7 @@ def _sources(tree: exp.Select, index: PolicyIndex) -> list[_Source]:
     return sources
 
 
-def _source(node: exp.Expression, join: exp.Join | None, index: PolicyIndex) -> _Source:
+def _source(node: exp.Expression, join: exp.Join | None, index: PolicyIndex) -> Source:
     if isinstance(node, exp.Lateral):
         raise unsupported("LATERAL is not allowed in a query over protected tables", SHAPE_HINT)
     if isinstance(node, exp.Subquery):
@@ -327,7 +318,7 @@ def _source(node: exp.Expression, join: exp.Join | None, index: PolicyIndex) -> 
         raise unsupported("column aliases on tables are not supported over protected tables", SHAPE_HINT)
     table = index.resolve(node)
     reference = (identifier(alias.this) if alias is not None else None) or table.name
-    return _Source(table, node, reference, join)
+    return Source(table, node, reference, join)
 
 
 def _identifier_columns(table: ResolvedTable) -> frozenset[str]:
@@ -341,11 +332,17 @@ def _identifier_columns(table: ResolvedTable) -> frozenset[str]:
     return frozenset({key, *(name for name, column in policy_columns.items() if column.kind == "identifier")})
 
 
-def _privacy_unit(sources: list[_Source], index: PolicyIndex) -> tuple[_Source, str, str]:
+def _privacy_unit(sources: list[Source], index: PolicyIndex) -> tuple[Source, str, str]:
     """The source that carries the privacy unit, the unit expression, and the policy name of the protected table
     the unit belongs to."""
     protected = [s for s in sources if s.table.kind == "protected"]
     linked = [s for s in sources if s.table.kind == "linked"]
+    if sources[0].table.kind == "reference":
+        # An inner join is the same either way round, but the join rules read FROM left to right: the table of
+        # the privacy unit first, then what is joined to it.
+        raise unsupported(f"reference table {sources[0].table.policy_name} cannot come first in FROM: the table "
+                          "that carries the privacy unit comes first, and reference tables are joined to it",
+                          REFERENCE_HINT)
     if len(protected) > 1:
         raise unsupported("a query may read only one protected table", SHAPE_HINT)
     if protected:
@@ -380,98 +377,7 @@ def _privacy_unit(sources: list[_Source], index: PolicyIndex) -> tuple[_Source, 
     return anchor, unit, owner.policy_name
 
 
-def _check_joins(sources: list[_Source], anchor: _Source, checker: Checker) -> None:
-    """Every joined table is joined on its declared key to a table before it, with INNER or LEFT JOIN.
-
-    Sources are protected or linked tables only (check_relations). A condition next to the key is checked like
-    WHERE and may not name an identifying column: in an outer join it filters nothing, it only decides which rows
-    of the nullable side match, which turns every aggregate into a question about the rows it names. The table
-    that carries the privacy unit is never on the nullable side, so no row lacks its person.
-    """
-    nullable: set[str] = set()
-    for position, source in enumerate(sources):
-        join = source.join
-        if join is None:
-            continue
-        if _join_side(join) == "LEFT":
-            nullable.add(source.reference)
-        conditions = _conjuncts(join.args["on"])
-        keys = [c for c in conditions if source.reference in (_key_equality(c, sources, position) or ())]
-        if not keys:
-            for condition in conditions:
-                checker.join_condition(condition)  # an identifying column: 42501 before the shape's 0A000
-            raise unsupported(f"{source.table.policy_name} must be joined on its declared key "
-                              "(linked_table.key_column = protected_table.unit_column)", JOIN_HINT)
-        for condition in conditions:
-            if condition is not keys[0]:
-                checker.join_condition(condition)
-    if anchor.reference in nullable:
-        raise unsupported(f"{anchor.table.policy_name} carries the privacy unit and cannot be on the nullable side "
-                          "of an outer join: its rows would have no person", JOIN_HINT)
-
-
-def _join_side(join: exp.Join) -> str:
-    """"" for an inner join, "LEFT" for a left outer join; every other kind of join is refused."""
-    if join.args.get("method"):
-        raise unsupported(f"{join.args['method'].upper()} JOIN is not supported over protected tables", JOIN_HINT)
-    if join.args.get("using"):
-        raise unsupported("JOIN ... USING is not supported over protected tables", JOIN_HINT)
-    side = (join.args.get("side") or "").upper()
-    kind = (join.args.get("kind") or "").upper()
-    if side in ("RIGHT", "FULL"):
-        raise unsupported(f"{side} JOIN is not supported over protected tables: the table that carries the privacy "
-                          "unit must be on the preserved side of every outer join", JOIN_HINT)
-    if kind == "CROSS" or join.args.get("on") is None:
-        raise unsupported("joins without ON (comma, CROSS JOIN) are not supported over protected tables", JOIN_HINT)
-    extra = _set_args(join) - {"this", "on", "side", "kind"}
-    if extra or kind not in ("", "INNER", "OUTER") or (kind == "OUTER" and side != "LEFT"):
-        raise unsupported(f"{' '.join(filter(None, (side, kind)))} JOIN is not supported over protected tables",
-                          JOIN_HINT)
-    return side
-
-
-def _conjuncts(node: exp.Expression) -> list[exp.Expression]:
-    """The operands of a top-level AND chain (parentheses around it or its operands ignored)."""
-    node = unwrap(node)
-    if isinstance(node, exp.And):
-        return _conjuncts(node.this) + _conjuncts(node.expression)
-    return [node]
-
-
-def _key_equality(on: exp.Expression, sources: list[_Source], position: int) -> tuple[str, str] | None:
-    """The two references when ``on`` is exactly linked.key = protected.unit, or linked.key = linked.key of two
-    tables linked to the same protected table."""
-    on = unwrap(on)
-    if not isinstance(on, exp.EQ):
-        return None
-    columns = [unwrap(on.this), unwrap(on.expression)]
-    if not all(isinstance(c, exp.Column) and c.args.get("table") is not None and c.args.get("db") is None
-               for c in columns):
-        return None
-    refs = {s.reference: s for s in sources[: position + 1]}
-    ends = []
-    for column in columns:
-        source = refs.get(identifier(column.args["table"]) or "")
-        if source is None:
-            return None
-        ends.append((source, identifier(column.this)))
-    for (a, a_col), (b, b_col) in (ends, ends[::-1]):
-        if a.table.kind == "linked" and b.table.kind == "protected":
-            link, protected = a.table.linked, b.table.protected
-            assert link is not None and protected is not None
-            if (link.column == a_col and protected.unit_column == b_col
-                    and link.references_column == protected.unit_column):
-                return (a.reference, b.reference)
-        if a.table.kind == "linked" and b.table.kind == "linked" and a is not b:
-            first, second = a.table.linked, b.table.linked
-            assert first is not None and second is not None
-            if (first.column == a_col and second.column == b_col and first.references == second.references
-                    and first.references_column == second.references_column):
-                return (a.reference, b.reference)
-    return None
-
-
-def _from_sql(sources: list[_Source]) -> str:
+def _from_sql(sources: list[Source]) -> str:
     """The FROM clause body with its joins, rendered, every table schema-qualified."""
     parts = []
     for source in sources:

@@ -15,7 +15,7 @@ from typing import Any
 
 import psycopg
 
-from .lint import lint, lint_k
+from .lint import lint, lint_k, reference_warnings
 from .store import load_policy
 from .yaml_policy import PolicyApplyError, PolicyError, apply_policy, dump_policy, read_policy_file
 
@@ -75,10 +75,11 @@ def _lint(args: argparse.Namespace) -> int:
             checked, findings = lint(conn, policy)
     except psycopg.Error as exc:
         return _fail(exc)
-    for finding in findings:
-        print(f"warning: {finding}")
-    print(f"{checked} declared bound(s) checked against k = {lint_k(policy)}: {len(findings)} warning(s)")
-    return 1 if findings else 0
+    warnings = [str(finding) for finding in findings] + reference_warnings(policy)
+    for warning in warnings:
+        print(f"warning: {warning}")
+    print(f"{checked} declared bound(s) checked against k = {lint_k(policy)}: {len(warnings)} warning(s)")
+    return 1 if warnings else 0
 
 
 def _who_may_apply(conn: psycopg.Connection) -> str:

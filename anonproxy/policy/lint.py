@@ -8,6 +8,10 @@ value and reports the bounds that fewer than k of them hold (none at all is
 fine: then the bound says nothing about anybody). k is the largest k of the
 policy's roles in suppress mode, or the default k when there is none.
 
+It also warns about every declared reference table that has no usable unique
+key (dropped, made partial or deferrable since it was declared; or the table
+is gone): it stays declared, but every join to it is refused until it has one.
+
 The SQL is built from identifiers (psycopg.sql), never from spliced text;
 bound values are parameters.
 """
@@ -64,6 +68,13 @@ def lint(conn: psycopg.Connection[Any], policy: Policy) -> tuple[int, list[Findi
             findings += [Finding(name, column.name, side, value, count, k)
                          for (side, value), count in zip(sides, counts, strict=True) if 0 < count < k]
     return checked, findings
+
+
+def reference_warnings(policy: Policy) -> list[str]:
+    """One warning per declared reference table without a usable unique key (read with the policy)."""
+    return [f"reference table {reference.name} has no usable unique key (a primary key or unique index that is "
+            "immediate, valid, not partial, on plain columns), or no longer exists: every join to it is refused"
+            for reference in policy.references.values() if not reference.keys]
 
 
 def _bounds(column: ColumnPolicy) -> list[tuple[Literal["lower", "upper"], float]]:

@@ -65,6 +65,19 @@ class LinkedTable:
 
 
 @dataclass(frozen=True)
+class ReferenceTable:
+    """A public table (no personal data: regions, calendars) that queries over protected tables may join many-to-one.
+
+    ``keys`` are its usable unique keys, read from the catalog with the policy (sql/0017_reference_tables.sql): a
+    join must equate every column of one of them. A declared table whose keys were dropped has none, and every join
+    to it is refused."""
+
+    name: str  # "public.regions"
+    keys: tuple[tuple[str, ...], ...] = ()
+    types: dict[str, str] | None = field(default=None, compare=False)  # as ProtectedTable.types
+
+
+@dataclass(frozen=True)
 class SuppressionParams:
     k: int = 10  # minimum distinct privacy units per released group
     dominance_n: int | None = None  # (n, k%) dominance rule on SUMs, off when None
@@ -109,6 +122,7 @@ class Policy:
     roles: dict[str, RolePolicy] = field(default_factory=dict)
     service_role: str = DEFAULT_SERVICE_ROLE  # the role of the proxy's service connection
     published: dict[str, PublishedRelation] = field(default_factory=dict)
+    references: dict[str, ReferenceTable] = field(default_factory=dict)  # declared reference tables
     # The longest a statement of a role in this mode may run, in ms (a client's statement_timeout may be shorter).
     max_statement_ms: dict[str, int] = field(default_factory=dict)  # by mode in TIMED_MODES, only if not the default
 

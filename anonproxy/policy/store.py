@@ -1,5 +1,5 @@
 """Read the policy from its tables: migrations 0002 (tables, roles), 0003 (budgets), 0011 (published relations),
-0013 (statement time limits).
+0013 (statement time limits), 0017 (reference tables and their unique keys, read from the catalog each time).
 
 The whole policy is read by one statement, so the version and the contents come
 from the same snapshot. A database without those tables has the empty policy:
@@ -25,6 +25,7 @@ from .model import (
     Policy,
     ProtectedTable,
     PublishedRelation,
+    ReferenceTable,
     RolePolicy,
     SharedBudget,
     SuppressionParams,
@@ -70,7 +71,8 @@ select pg_catalog.json_build_object(
                                          case when t.typtype = 'd' then t.typtypmod else a.atttypmod end))
                   order by g.table_name, a.attnum)
                 from (select p.table_name from anonproxy.protected_tables p
-                      union select l.table_name from anonproxy.linked_tables l) g
+                      union select l.table_name from anonproxy.linked_tables l
+                      union select x.table_name from anonproxy.reference_tables x) g
                 join pg_catalog.pg_class r on true
                 join pg_catalog.pg_namespace n on n.oid = r.relnamespace
                      and pg_catalog.format('%I.%I', n.nspname, r.relname) = g.table_name
@@ -88,6 +90,13 @@ select pg_catalog.json_build_object(
                            'domain', s.domain, 'epsilon', s.epsilon::text, 'delta', s.delta::text,
                            'refresh_period', s.refresh_period::text))
                          from anonproxy.shared_budgets s),
+    -- Reference tables with their usable unique keys, as the catalog says now (no key: an empty list).
+    'references', (select pg_catalog.json_agg(pg_catalog.json_build_object(
+                       'table_name', x.table_name,
+                       'keys', (select pg_catalog.json_agg(k.columns order by k.columns)
+                                  from anonproxy.reference_keys k where k.table_name = x.table_name))
+                       order by x.table_name)
+                     from anonproxy.reference_tables x),
     'published', (select pg_catalog.json_agg(p order by p.relation_name) from anonproxy.published_relations p),
     -- In whole milliseconds, as statement_timeout takes them (rounded up: never shorter than declared).
     'statement_limits', (select pg_catalog.json_object_agg(l.mode, pg_catalog.ceil(
@@ -186,8 +195,13 @@ def policy_from_json(doc: dict[str, Any]) -> Policy:
         row["relation_name"]: PublishedRelation(row["relation_name"], tuple(row["roles"]))
         for row in doc["published"] or ()
     }
+    references = {
+        row["table_name"]: ReferenceTable(row["table_name"], tuple(tuple(key) for key in row["keys"] or ()),
+                                          types.get(row["table_name"], {}))
+        for row in doc.get("references") or ()
+    }
     return Policy(version=doc["version"], tables=tables, links=links, roles=roles, service_role=doc["service_role"],
-                  published=published, max_statement_ms=_statement_limits(doc.get("statement_limits") or {}))
+                  published=published, references=references, max_statement_ms=_statement_limits(doc.get("statement_limits") or {}))
 
 
 def _statement_limits(limits: dict[str, int]) -> dict[str, int]:

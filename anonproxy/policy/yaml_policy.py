@@ -18,13 +18,14 @@
           public.adult: {epsilon: 10, delta: 0.00001, epsilon_per_query: 0.5, delta_per_query: 0.0000001}
     published:
       public.adult_k10: {roles: [reporter, analyst]}
+    reference_tables: [public.regions, public.calendar]
     max_statement_time: {suppress: 30s, dp: 1min}
 
 Parsing checks shape and ranges and names the offending path
 (``roles.reporter.k: must be an integer ≥ 2, got 1``). ``apply_policy`` then
 replaces the whole policy through the SQL functions of sql/0002_policy.sql,
-0003_ledger.sql (budgets), 0011_published_relations.sql and 0013_statement_time.sql
-in one transaction, so the database has the last word on tables, columns and
+0003_ledger.sql (budgets), 0011_published_relations.sql, 0013_statement_time.sql and
+0017_reference_tables.sql in one transaction, so the database has the last word on tables, columns and
 roles, and a refusal leaves the previous policy in force.
 
 Durations (``max_statement_time``) are written like PostgreSQL's time
@@ -58,6 +59,7 @@ from .model import (
     Policy,
     ProtectedTable,
     PublishedRelation,
+    ReferenceTable,
     RolePolicy,
     SharedBudget,
     SuppressionParams,
@@ -65,7 +67,7 @@ from .model import (
 
 T = TypeVar("T")
 
-_TOP_KEYS = ("service_role", "tables", "links", "roles", "published", "max_statement_time")
+_TOP_KEYS = ("service_role", "tables", "links", "roles", "published", "reference_tables", "max_statement_time")
 _TABLE_KEYS = ("unit", "shared_budget", "columns")
 _LINK_KEYS = ("column", "references", "columns")
 _COLUMN_KEYS = ("kind", "lower", "upper", "domain")
@@ -175,11 +177,12 @@ class _Checker:
             name: self.published(name, spec, f"published.{name}", tables, links, roles)
             for name, spec in self.named(top.get("published"), "published").items()
         }
+        references = self.references(top.get("reference_tables"), tables, links, published)
         limits = self.mapping(top.get("max_statement_time", {}), "max_statement_time", TIMED_MODES)
         max_statement_ms = {mode: self.duration(limits[mode], f"max_statement_time.{mode}")
                             for mode in TIMED_MODES if mode in limits}
         return Policy(tables=tables, links=links, roles=roles, service_role=service, published=published,
-                      max_statement_ms={mode: ms for mode, ms in max_statement_ms.items()
+                      references=references, max_statement_ms={mode: ms for mode, ms in max_statement_ms.items()
                                         if ms is not None and ms != DEFAULT_MAX_STATEMENT_MS})
 
     def table(self, name: str, spec: object, path: str) -> ProtectedTable:
@@ -299,6 +302,21 @@ class _Checker:
                 self.fail(f"{path}.roles[{index}]", f"role {role} is in mode {mode} in this file; published "
                                                     f"relations are for roles in mode {' or '.join(_PUBLISHED_MODES)}")
         return PublishedRelation(name, listed)
+
+    def references(self, value: object, tables: Mapping[str, ProtectedTable], links: Mapping[str, LinkedTable],
+                   published: Mapping[str, PublishedRelation]) -> dict[str, ReferenceTable]:
+        """``reference_tables``: a list of table names; their keys are read from the database when it is loaded."""
+        if value is None:
+            return {}
+        names = self.names(value, "reference_tables") or ()
+        for index, name in enumerate(names):
+            path = f"reference_tables[{index}]"
+            self.table_name(name, path)
+            if name in tables or name in links:
+                self.fail(path, f"{name} is a protected or linked table; a reference table holds public data only")
+            if name in published:
+                self.fail(path, f"{name} is published; a published relation cannot also be a reference table")
+        return {name: ReferenceTable(name) for name in names}
 
     # Shapes and scalars; each returns None (after recording a problem) when the value is wrong.
 
@@ -478,6 +496,9 @@ def apply_policy(conn: psycopg.Connection[Any], policy: Policy) -> int:
         for published in policy.published.values():
             _call(conn, f"published.{published.name}",
                   "select anonproxy.publish_relation(%s::regclass, %s::name[])", (published.name, list(published.roles)))
+        for index, reference in enumerate(policy.references.values()):
+            _call(conn, f"reference_tables[{index}]", "select anonproxy.declare_reference_table(%s::regclass)",
+                  (reference.name,))
         for mode in TIMED_MODES:
             _call(conn, f"max_statement_time.{mode}", "select anonproxy.set_max_statement_time(%s, %s::interval)",
                   (mode, f"{policy.statement_limit(mode)} milliseconds"))
@@ -536,6 +557,8 @@ def dump_policy(policy: Policy) -> str:
         "roles": {role.role: _dump_role(role) for role in policy.roles.values()},
         "published": {relation.name: _Flow(roles=list(relation.roles)) for relation in policy.published.values()},
     }
+    if policy.references:
+        document["reference_tables"] = list(policy.references)
     limits = {mode: _duration_text(policy.statement_limit(mode)) for mode in TIMED_MODES
               if policy.statement_limit(mode) != DEFAULT_MAX_STATEMENT_MS}
     if limits:

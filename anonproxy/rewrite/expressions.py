@@ -47,7 +47,7 @@ from typing import NoReturn
 from sqlglot import exp
 
 from anonproxy.plan import bounds
-from anonproxy.policy.model import LinkedTable, ProtectedTable, SuppressionParams
+from anonproxy.policy.model import LinkedTable, ProtectedTable, ReferenceTable, SuppressionParams
 from anonproxy.rewrite.decision import forbidden, unsupported
 from anonproxy.rewrite.names import ResolvedTable, fold, identifier
 
@@ -435,7 +435,7 @@ class Checker:
             return bounds.ColumnFacts(name, None)  # unknown, or ambiguous (which PostgreSQL refuses)
         model = found[0]
         assert model.types is not None
-        declared = model.columns.get(name)
+        declared = None if isinstance(model, ReferenceTable) else model.columns.get(name)  # no bounds declared
         lower = upper = None
         if declared is not None and declared.lower is not None and declared.upper is not None:
             lower, upper = Decimal(repr(declared.lower)), Decimal(repr(declared.upper))
@@ -593,6 +593,8 @@ class Checker:
             # FILTER (WHERE id IS NOT NULL) says: a bare column, even an identifying one, labels no row.
             self._walk(argument, f"the argument of {name}()", aggregates=False)
             return
+        if not isinstance(node, exp.Count):
+            self._check_reference_values(argument, name)
         if isinstance(node, SPREADS) and not self.dp:
             self._check_squared(argument, name)
         cast = _widening_cast(argument)
@@ -611,6 +613,22 @@ class Checker:
         source, name = self._source(cast.this)
         sql_type = _sql_type(source, name) if source is not None and name is not None else None
         return sql_type is not None and _converts(sql_type, cast.args["to"])
+
+    def _check_reference_values(self, argument: exp.Expression, function: str) -> None:
+        """A reference table's values are not the person's own: sum(region.population) over people adds a region's
+        figure once per person, and has no declared bounds to make its sensitivity true. They may be counted, and
+        compared (in CASE conditions, FILTER, WHERE, GROUP BY), not added up or ranked."""
+        for column in _value_columns(argument):
+            source, name = self._source(column)
+            if source is None and column.args.get("table") is None:  # unqualified, several tables: whose is it?
+                source = next((table for table in self.scope.references.values() if table.reference is not None
+                               and name in (table.reference.types or {})), None)
+            if source is not None and source.kind == "reference":
+                raise unsupported(
+                    f"{function}() of {column.sql(dialect='postgres')} is not allowed: it is a value of reference "
+                    f"table {source.policy_name}, not of the people counted, and has no declared bounds",
+                    "Group by the reference column, count it, or use it in a condition (WHERE, FILTER, CASE WHEN); "
+                    "aggregate the protected table's own columns.")
 
     def _check_squared(self, argument: exp.Expression, function: str) -> None:
         """PostgreSQL squares the values of variance and stddev: in floating point, a value past 1.3e154 overflows
@@ -819,12 +837,15 @@ class Checker:
         return True
 
 
-def _model(table: ResolvedTable) -> ProtectedTable | LinkedTable | None:
-    return table.protected if table.protected is not None else table.linked
+def _model(table: ResolvedTable) -> ProtectedTable | LinkedTable | ReferenceTable | None:
+    return table.protected or table.linked or table.reference
 
 
 def _declares(table: ResolvedTable, column: str) -> bool:
-    """Whether the policy declares ``column`` for ``table`` (applying a policy checks the column exists)."""
+    """Whether the policy declares ``column`` for ``table`` (applying a policy checks the column exists); every
+    column of a reference table, read from the catalog with the policy."""
+    if table.reference is not None:
+        return column in (table.reference.types or {})
     declared = table.protected.columns if table.protected is not None else (
         table.linked.columns if table.linked is not None else {})
     return column in declared
@@ -922,7 +943,7 @@ def _widening_cast(argument: exp.Expression) -> exp.Cast | None:
 
 def _sql_type(table: ResolvedTable, column: str) -> str | None:
     """``column``'s SQL type as the policy read it; None when unknown (a policy built in memory)."""
-    source = table.protected if table.protected is not None else table.linked
+    source = _model(table)
     types = source.types if source is not None else None
     return types.get(column) if types else None
 

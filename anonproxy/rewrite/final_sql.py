@@ -6,9 +6,10 @@ checked with sqlglot. Here the finished SQL is parsed with libpg_query (the
 ``pglast`` package, PostgreSQL's parser itself) and every node of the tree is
 walked:
 
-* every relation (RangeVar) is a protected or linked table of the policy, or a
-  CTE the statement itself defines; the dp plan's guard CTE may also read the
-  three catalog tables it needs (pg_index, pg_attribute, pg_class);
+* every relation (RangeVar) is a protected, linked or reference table of the
+  policy, or a CTE the statement itself defines; the dp plan's guard CTE may
+  also read the three catalog tables it needs (pg_index, pg_attribute,
+  pg_class);
 * every function call, operator and cast target is on an allowlist, resolved
   in pg_catalog (a name qualified with any other schema is refused); ``/``
   and ``%`` only with a ``NULLIF(divisor, 0)`` divisor (outer queries over
@@ -52,7 +53,7 @@ FUNCTIONS = frozenset({
     "row_number", "dense_rank", "first_value",  # window functions (contribution bounding, ranking)
     "abs", "random", "unnest",  # magnitudes, the dp plan's random row order, its public domains
     "lower", "upper", "date_trunc", "date_part", "extract", "width_bucket",  # client expressions
-    "round", "trunc", "ceil", "ceiling", "floor", "sign",  # post-aggregate expressions (rewrite.post_aggregate)
+    "round", "trunc", "ceil", "ceiling", "floor", "sign",  # post-aggregate expressions (plan.post_aggregate)
     # derived values the no-error proof admits (anonproxy.plan.bounds); trim() is btrim/ltrim/rtrim in the tree
     "mod", "to_char", "substring", "substr", "left", "right", "btrim", "ltrim", "rtrim", "length", "char_length",
 })  # fmt: skip
@@ -141,7 +142,7 @@ def check_final_sql(sql: str, policy: Policy) -> None:
     if list(top) != ["SelectStmt"]:
         raise FinalCheckRefusal("(not one SELECT)", "anonproxy's final check found generated SQL that is not "
                                 "exactly one SELECT")
-    allowed = {split_policy_name(name) for name in [*policy.tables, *policy.links]}
+    allowed = {split_policy_name(name) for name in [*policy.tables, *policy.links, *policy.references]}
     try:
         _Walk(allowed).statement(top["SelectStmt"])
     except RecursionError:

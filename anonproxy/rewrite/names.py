@@ -13,7 +13,9 @@ protected or linked table of that name: the classifier does not know the
 client's ``search_path``, so ``SET search_path`` cannot hide a protected table
 from it. In rewritten SQL every table is schema-qualified: an unqualified name
 becomes ``public.<name>``, or the one other schema where a protected table of
-that name lives.
+that name lives. Declared reference tables (public dimension tables) resolve
+the same way, after protected and linked names; they never make a statement
+gated by themselves (``is_protected_name``, ``touches_protected``).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Literal
 
 from sqlglot import exp
 
-from anonproxy.policy.model import LinkedTable, Policy, ProtectedTable
+from anonproxy.policy.model import LinkedTable, Policy, ProtectedTable, ReferenceTable
 from anonproxy.rewrite.decision import unsupported
 
 NAMEDATALEN = 64
@@ -57,7 +59,7 @@ def split_policy_name(name: str) -> tuple[str, str]:
     return (schema, table) if dot else (DEFAULT_SCHEMA, schema)
 
 
-Kind = Literal["protected", "linked", "plain"]
+Kind = Literal["protected", "linked", "reference", "plain"]
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,7 @@ class ResolvedTable:
     kind: Kind
     protected: ProtectedTable | None = None
     linked: LinkedTable | None = None
+    reference: ReferenceTable | None = None
 
     @property
     def qualified(self) -> str:
@@ -78,15 +81,19 @@ class ResolvedTable:
 
 
 class PolicyIndex:
-    """The protected and linked tables of a policy, by (schema, table) and by bare table name."""
+    """The protected, linked and reference tables of a policy, by (schema, table) and by bare table name."""
 
     def __init__(self, policy: Policy) -> None:
         self.policy = policy
         self.protected = {split_policy_name(name): table for name, table in policy.tables.items()}
         self.linked = {split_policy_name(name): link for name, link in policy.links.items()}
+        self.references = {split_policy_name(name): table for name, table in policy.references.items()}
         self.bare: dict[str, list[tuple[str, str]]] = {}
         for key in [*self.protected, *self.linked]:
             self.bare.setdefault(key[1], []).append(key)
+        self.bare_references: dict[str, list[tuple[str, str]]] = {}
+        for key in self.references:
+            self.bare_references.setdefault(key[1], []).append(key)
 
     def is_protected_name(self, bare: str) -> bool:
         return bare in self.bare
@@ -97,7 +104,7 @@ class PolicyIndex:
             raise unsupported("a table expression that is not a plain table name")
         schema = identifier(table.args.get("db"))
         if schema is None:
-            candidates = self.bare.get(name, [])
+            candidates = self.bare.get(name) or self.bare_references.get(name, [])
             if not candidates:
                 schema = CATALOG_SCHEMA if name.startswith("pg_") else DEFAULT_SCHEMA
             elif (DEFAULT_SCHEMA, name) in candidates:
@@ -106,7 +113,8 @@ class PolicyIndex:
                 schema = candidates[0][0]
             else:
                 raise unsupported(
-                    f"table name {name!r} is ambiguous: protected tables of that name exist in several schemas",
+                    f"table name {name!r} is ambiguous: tables of that name in several schemas are part of the "
+                    "privacy policy",
                     "Qualify the table name with its schema.",
                 )
         return self._entry(schema, name)
@@ -117,6 +125,8 @@ class PolicyIndex:
             return ResolvedTable(schema, name, "protected", protected=self.protected[key])
         if key in self.linked:
             return ResolvedTable(schema, name, "linked", linked=self.linked[key])
+        if key in self.references:
+            return ResolvedTable(schema, name, "reference", reference=self.references[key])
         return ResolvedTable(schema, name, "plain")
 
     def lookup(self, policy_name: str) -> ResolvedTable:

@@ -7,8 +7,9 @@ any relation joined to protected rows becomes a side channel (a ``LEFT JOIN``
 whose condition singles out one person turns every aggregate into a question
 about that person). So a statement that reads a protected or linked table may
 read nothing else: every relation anywhere in it (FROM, joins, subqueries,
-CTE bodies, set operations) must be one the policy declares as protected or
-linked. Anything else is refused with 42501 and named as PostgreSQL would
+CTE bodies, set operations) must be one the policy declares as protected,
+linked, or a reference table (public data, joined many-to-one on a unique key:
+:mod:`anonproxy.rewrite.joins` checks how). Anything else is refused with 42501 and named as PostgreSQL would
 resolve it under the default search path (``pg_database`` is
 ``pg_catalog.pg_database``).
 
@@ -23,11 +24,12 @@ from sqlglot import exp
 from anonproxy.rewrite.decision import forbidden
 from anonproxy.rewrite.names import PolicyIndex, identifier
 
-_SCOPE = "a query over protected data may read only the protected table and its linked tables"
+_SCOPE = ("a query over protected data may read only the protected table and its linked tables, and the "
+          "reference tables the policy declares")
 
 
 def check_relations(tree: exp.Expression, index: PolicyIndex, dp: bool) -> None:
-    """Refuse (42501) the first relation in ``tree`` that is neither protected nor linked by the policy."""
+    """Refuse (42501) the first relation in ``tree`` that the policy does not declare protected, linked or reference."""
     ctes = {identifier(cte.args["alias"].this) for cte in tree.find_all(exp.CTE)
             if isinstance(cte.args.get("alias"), exp.TableAlias)}
     for table in tree.find_all(exp.Table):
@@ -43,7 +45,9 @@ def check_relations(tree: exp.Expression, index: PolicyIndex, dp: bool) -> None:
 
 def _hint(name: str, dp: bool) -> str:
     alone = f"Query {name} in a statement of its own (statements without protected tables run under your own login)"
+    reference = ("; a public dimension table can be joined once the DBA declares it a reference table "
+                 "(anonproxy.declare_reference_table)")
     if dp:
         return (f"{alone}. In dp mode a query reads one protected table and its linked tables, joined on their "
-                "declared keys, so that every row belongs to one person.")
-    return f"{alone}; join a protected table only to its linked tables, on the declared key."
+                f"declared keys, so that every row belongs to one person{reference}.")
+    return f"{alone}; join a protected table only to its linked tables, on the declared key{reference}."
