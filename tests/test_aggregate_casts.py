@@ -20,7 +20,8 @@ from conftest import Endpoint
 from test_dp_proxy import analyst, truth  # noqa: F401  (fixtures)
 
 from anonproxy.policy.model import ColumnPolicy, Policy, ProtectedTable, RolePolicy, SuppressionParams
-from anonproxy.dp.plan import DPParams, DPPlan, plan_dp
+from anonproxy.dp.model import DPParams, DPPlan
+from anonproxy.dp.plan import plan_dp
 from anonproxy.rewrite.classify import decide
 from anonproxy.rewrite.decision import Noisy, Reject, Rewrite
 

@@ -20,7 +20,9 @@ from test_dp_plan import ROLE as DP_ROLE
 from test_dp_proxy import analyst, budget_left, truth  # noqa: F401  (fixtures)
 from test_rewrite import POLICY, SUPPRESS, suppress_role
 
-from anonproxy.dp.plan import DPParams, DPPlan, finish, plan_dp
+from anonproxy.dp.finish import finish
+from anonproxy.dp.model import DPParams, DPPlan
+from anonproxy.dp.plan import plan_dp
 from anonproxy.rewrite.classify import decide
 from anonproxy.rewrite.decision import Reject, Rewrite
 from anonproxy.plan.post_aggregate import output_name

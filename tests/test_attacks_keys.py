@@ -21,7 +21,8 @@ from conftest import Endpoint
 
 from anonproxy.policy.model import Policy, RolePolicy, SuppressionParams
 from anonproxy.policy.store import load_policy
-from anonproxy.dp.plan import DPParams, plan_dp
+from anonproxy.dp.model import DPParams
+from anonproxy.dp.plan import plan_dp
 from anonproxy.rewrite.classify import decide
 from anonproxy.rewrite.decision import Noisy, Reject, Rewrite
 

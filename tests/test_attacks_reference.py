@@ -28,7 +28,8 @@ from test_reference_tables import (
 
 from anonproxy.policy.model import Policy
 from anonproxy.policy.store import load_policy
-from anonproxy.dp.plan import DPParams, plan_dp
+from anonproxy.dp.model import DPParams
+from anonproxy.dp.plan import plan_dp
 from anonproxy.rewrite.classify import decide
 from anonproxy.rewrite.decision import Decision, Reject
 

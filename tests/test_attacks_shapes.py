@@ -20,7 +20,8 @@ from test_rewrite import POLICY, SUPPRESS
 from test_shapes import dp_session
 
 from anonproxy.policy.model import PublishedRelation
-from anonproxy.dp.plan import DPParams, plan_dp
+from anonproxy.dp.model import DPParams
+from anonproxy.dp.plan import plan_dp
 from anonproxy.rewrite.classify import decide
 from anonproxy.rewrite.decision import Noisy, Reject
 

@@ -26,7 +26,8 @@ from test_rewrite import POLICY, SUPPRESS
 from test_shapes import dp_session
 
 from anonproxy.plan.outer import Series
-from anonproxy.dp.plan import DPParams, DPPlan, plan_dp
+from anonproxy.dp.model import DPParams, DPPlan
+from anonproxy.dp.plan import plan_dp
 from anonproxy.rewrite.classify import decide
 from anonproxy.rewrite.decision import Noisy, Reject, Rewrite
 from anonproxy.rewrite.final_sql import check_final_sql

@@ -16,7 +16,8 @@ from conftest import Endpoint
 from anonproxy.plan import bounds
 from anonproxy.policy.model import Policy
 from anonproxy.policy.store import load_policy
-from anonproxy.dp.plan import DPParams, DPPlan, plan_dp
+from anonproxy.dp.model import DPParams, DPPlan
+from anonproxy.dp.plan import plan_dp
 from anonproxy.rewrite.classify import decide
 from anonproxy.rewrite.decision import Noisy, Reject, Rewrite
 from anonproxy.rewrite.final_sql import check_final_sql

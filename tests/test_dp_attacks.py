@@ -27,7 +27,9 @@ from test_dp_proxy import analyst, budget_left, truth  # noqa: F401 - fixtures
 
 from anonproxy.policy.model import RolePolicy
 from anonproxy.policy.yaml_policy import demo_policy
-from anonproxy.dp.plan import DPParams, DPPlan, answer, plan_dp
+from anonproxy.dp.finish import answer
+from anonproxy.dp.model import DPParams, DPPlan
+from anonproxy.dp.plan import plan_dp
 
 DRAWS = 4000
 EPSILON = 0.5  # per query, as the proxy tests' budgets

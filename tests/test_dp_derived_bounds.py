@@ -19,7 +19,8 @@ from conftest import Endpoint
 from test_aggregate_casts import ADULT, DP, PARAMS, POLICY
 from test_dp_proxy import analyst, truth  # noqa: F401  (fixtures)
 
-from anonproxy.dp.plan import DPPlan, plan_dp
+from anonproxy.dp.model import DPPlan
+from anonproxy.dp.plan import plan_dp
 from anonproxy.policy.model import Policy
 from anonproxy.rewrite.decision import Reject
 

@@ -25,13 +25,9 @@ from anonproxy.policy.model import (
     RolePolicy,
 )
 from anonproxy.dp.having import holds
-from anonproxy.dp.plan import (
-    DPParams,
-    DPPlan,
-    answer,
-    plan_dp,
-    selection_threshold,
-)
+from anonproxy.dp.finish import answer
+from anonproxy.dp.model import DPParams, DPPlan
+from anonproxy.dp.plan import plan_dp, selection_threshold
 from anonproxy.rewrite.decision import Reject
 
 WORKCLASS = ("Private", "Self-emp-not-inc", "Self-emp-inc", "Federal-gov", "Local-gov", "State-gov", "Without-pay",

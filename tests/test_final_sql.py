@@ -37,7 +37,8 @@ from anonproxy.policy.model import (
     SuppressionParams,
 )
 from anonproxy.policy.yaml_policy import apply_policy, demo_policy
-from anonproxy.dp.plan import DPParams, DPPlan, plan_dp
+from anonproxy.dp.model import DPParams, DPPlan
+from anonproxy.dp.plan import plan_dp
 from anonproxy.proxy.service_role import WIDENING_ROLES
 from anonproxy.rewrite.classify import decide
 from anonproxy.rewrite.decision import Rewrite

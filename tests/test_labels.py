@@ -14,7 +14,8 @@ import psycopg
 import pytest
 
 from anonproxy.embedded import EmbeddedPostgres
-from anonproxy.dp.plan import DPParams, DPPlan, plan_dp
+from anonproxy.dp.model import DPParams, DPPlan
+from anonproxy.dp.plan import plan_dp
 from anonproxy.rewrite.classify import decide
 from anonproxy.rewrite.decision import Noisy, Pass, Rewrite
 from anonproxy.rewrite.statements import split

@@ -22,7 +22,8 @@ from dataclasses import replace
 from decimal import Decimal
 
 from anonproxy.dp import ledger
-from anonproxy.dp.plan import DPParams, DPPlan, plan_dp
+from anonproxy.dp.model import DPParams, DPPlan
+from anonproxy.dp.plan import plan_dp
 from anonproxy.plan import render
 from anonproxy.plan.outer import Series
 from anonproxy.policy.model import Policy, RolePolicy

@@ -1,40 +1,31 @@
-"""Differential-privacy mode for one aggregate query: a plan, then an answer (docs/dp.md).
+"""Differential-privacy mode for one aggregate query: its plan (docs/dp.md).
 
-Pure and I/O-free. :func:`plan_dp` reads the client's SQL with the same
-parser, validator and expression allowlist as suppression mode
-(:func:`anonproxy.plan.analysis.analyze`), and builds SQL for the service
-connection that returns *exact, contribution-bounded* per-group statistics
-(docs/design.md, principle 6). :func:`answer` adds exact discrete noise to those
-statistics in the proxy (principle 4), draws quantiles with the exponential
-mechanism, keeps non-public groups only when a noisy count of distinct units
-passes a threshold (partition selection), and then applies HAVING, ORDER BY,
-LIMIT and OFFSET to the noisy values (post-processing).
+Pure and I/O-free. :func:`plan_dp` takes the statement's one parse through the
+same front end and checks as suppression mode (:mod:`anonproxy.plan`,
+:func:`anonproxy.plan.analysis.analyze`) and decides what to measure: which
+statistics each output column needs (each computed once), their bounds and
+sensitivity, each one's share of ε and its noise, partition selection for
+groups without a declared public domain, HAVING compiled over the noisy values
+(:mod:`anonproxy.dp.having`) and the post statement for post-aggregate
+expressions. The result is a :class:`anonproxy.dp.model.DPPlan`; its SQL is
+written by :mod:`anonproxy.dp.bounded_sql`, its answer made from the rows by
+:mod:`anonproxy.dp.finish`.
 
-Post-aggregate expressions (``round(avg(x), 1)``, ``sum(x) / count(*)``, a
-HAVING over them) are post-processing too: the plan's ``post`` statement
-computes them in PostgreSQL over the noisy values, passed as arrays, so they
-have PostgreSQL's semantics and result types (:class:`PostProcess`).
-
-The plan is a deterministic function of (sql, policy, params), so it can be
-cached by text; its ``epsilon`` and ``delta`` are the cost to charge to the
-ledger *before* :func:`answer`'s rows leave the proxy.
+The plan is a deterministic function of (statement, policy, params), so it can
+be cached; its ``epsilon`` and ``delta`` are the cost to charge to the ledger
+*before* the answer's rows leave the proxy.
 """
 
 from __future__ import annotations
 
-import datetime
-import functools
 import math
 from dataclasses import dataclass
 from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal, localcontext
 from fractions import Fraction
-from typing import Literal
 
-import psycopg
 from sqlglot import exp
 
 from anonproxy.plan import bounds
-from anonproxy.plan import outer as nested_shapes
 from anonproxy.plan.shape import Nested, prepare
 from anonproxy.policy.model import (
     ColumnPolicy,
@@ -42,17 +33,21 @@ from anonproxy.policy.model import (
     RolePolicy,
     SuppressionParams,
 )
-from anonproxy.dp.having import compile_having, holds
-from anonproxy.dp.mechanisms import (
-    CONFIDENCE,
-    ceil_scaled_log,
-    discrete_laplace,
-    discrete_laplace_halfwidth,
-    discrete_laplace_stddev,
-    laplace_scale,
-    to_grid,
+from anonproxy.dp.bounded_sql import bounded_sql, text_literal
+from anonproxy.dp.having import compile_having
+from anonproxy.dp.mechanisms import ceil_scaled_log, laplace_scale
+from anonproxy.dp.model import (
+    ColumnKind,
+    ColumnNoise,
+    DPParams,
+    DPPlan,
+    OrderKey,
+    OutputColumn,
+    PostProcess,
+    Quantile,
+    Statistic,
+    StatKind,
 )
-from anonproxy.dp.quantiles import dp_quantile, rank_halfwidth
 from anonproxy.plan.analysis import AnalyticQuery, Item, analyze, canonical, filtered
 from anonproxy.plan.post_aggregate import RELEASED, PostAggregate, value
 from anonproxy.plan import post_aggregate
@@ -68,8 +63,7 @@ from anonproxy.rewrite.expressions import unwrap
 from anonproxy.rewrite.names import PolicyIndex, ResolvedTable, identifier, quote
 from anonproxy.rewrite.statements import PARSE_HINT, split
 
-__all__ = ["ColumnNoise", "DPParams", "DPPlan", "OutputColumn", "PostProcess", "Quantile", "Statistic", "answer",
-           "finish", "plan_dp", "released_rows", "selection_threshold"]
+__all__ = ["plan_dp", "selection_threshold"]
 
 DP_HINT = ("Supported in dp mode: SELECT <GROUP BY columns>, count(*), count(x), count(DISTINCT <unit>), sum(x), "
            "avg(x), variance/var_samp/var_pop/stddev/stddev_samp/stddev_pop(x), median(x), "
@@ -87,268 +81,12 @@ MAX_DOMAIN_CELLS = 10_000  # public-domain grid (product of the domains) emitted
 GRID_UNITS = 1000  # a non-integer sum's sensitivity is about this many grid steps (rounding ≪ noise)
 QUANTILE_STEPS = 10_000  # a quantile's output grid has about this many steps between the bounds (at least 1)
 
-# Column names in the generated SQL (prefixed so they cannot collide with the client's).
-ROWS = "anonproxy_rows"
-CELLS = "anonproxy_cells"
-BOUNDED = "anonproxy_bounded"
-STATS = "anonproxy_stats"
-GUARD = "anonproxy_guard"
-PLAIN = "anonproxy_plain"
-DOMAIN = "anonproxy_domain"
-UNIT = "anonproxy_unit"
-UNREAD = "anonproxy_unread"
-HAVING_TYPES = "anonproxy_having_types"
 
-_INT8, _FLOAT4, _FLOAT8, _NUMERIC = 20, 700, 701, 1700  # PostgreSQL type OIDs of answer values
-_FLOATS = (_FLOAT4, _FLOAT8)
-
-StatKind = Literal["units", "rows", "count", "sum", "values"]
-# "post": computed by the plan's post statement over the noisy values (a post-aggregate expression)
-ColumnKind = Literal["key", "count", "sum", "avg", "variance", "stddev", "quantile", "post"]
 _SPREADS: dict[type[exp.Expression], tuple[ColumnKind, bool]] = {  # aggregate -> (kind, sample statistic?)
     exp.Variance: ("variance", True), exp.VariancePop: ("variance", False), exp.Stddev: ("stddev", True),
     exp.StddevSamp: ("stddev", True), exp.StddevPop: ("stddev", False),
 }
 _AGGREGATES = (exp.Count, exp.Sum, exp.Avg, exp.Median, exp.WithinGroup, *_SPREADS)
-
-
-@dataclass(frozen=True)
-class DPParams:
-    epsilon: float
-    delta: float
-    max_groups_per_unit: int = 1
-    max_rows_per_unit: int = 1  # per unit and group
-
-
-@dataclass(frozen=True)
-class Statistic:
-    """One exact per-group statistic of the SQL, and the discrete Laplace noise ``answer`` adds to it.
-
-    A ``sum`` adds up f(x) = (clamp(x) − center)^power − offset over the bounded rows, where clamp(x) is x
-    clamped to the declared [L, U] (``clamp``); ``per_group`` is c times the largest |f|. A ``values``
-    statistic is the array of the group's clamped values, for quantiles (no noise of its own).
-    """
-
-    name: str  # its column in the SQL
-    kind: StatKind
-    argument: str | None  # the aggregate's argument, as written (None for units/rows)
-    per_group: Fraction  # how much one unit can move it in one group
-    sensitivity: Fraction  # L1 over all groups: per_group × groups a unit can reach
-    epsilon: Fraction
-    resolution: Fraction | None  # grid of a sum whose SQL value is not an integer
-    scale: Fraction  # discrete Laplace t, in integer (grid) units
-    clamp: tuple[Fraction, Fraction] | None = None  # sum, values: the declared [L, U] the SQL clamps to
-    center: Fraction = Fraction(0)
-    power: int = 1
-    offset: Fraction = Fraction(0)
-
-    @property
-    def value_scale(self) -> float:
-        """The noise scale in the statistic's own units."""
-        return float(self.scale * (self.resolution or 1))
-
-    def halfwidth(self, confidence: float = CONFIDENCE) -> float:
-        """The noisy value is within this of the exact one with probability ≥ ``confidence``, in its own units."""
-        rounding = float(self.resolution) / 2 if self.resolution is not None else 0.0
-        return discrete_laplace_halfwidth(self.scale, confidence) * float(self.resolution or 1) + rounding
-
-    def noise(self) -> ColumnNoise:
-        return ColumnNoise("discrete_laplace", self.value_scale, float(self.epsilon), 0.0,
-                           discrete_laplace_stddev(self.scale) * float(self.resolution or 1), self.halfwidth(),
-                           self.resolution)
-
-
-@dataclass(frozen=True)
-class Quantile:
-    """One quantile output: the exponential mechanism over the grid lower + resolution·j, per group."""
-
-    values: str  # the SQL column holding the group's clamped values
-    q: Fraction
-    discrete: bool  # percentile_disc: the grid point in the column's type; else double precision
-    lower: Fraction
-    upper: Fraction
-    resolution: Fraction
-    epsilon: Fraction  # per group: the column's share of ε over the groups one unit reaches
-    share: Fraction  # the column's share of the query's ε
-    max_contributions: int  # rows per unit and group
-
-    def draw(self, values: list[object] | None) -> int | Decimal | float:
-        value = dp_quantile(values or [], self.q, self.lower, self.upper, self.epsilon,
-                            resolution=self.resolution, max_contributions=self.max_contributions)
-        if not self.discrete:
-            return value
-        exact = self.lower + round((Fraction(value) - self.lower) / self.resolution) * self.resolution
-        return int(exact) if exact.denominator == 1 else _decimal(exact)
-
-    def noise(self) -> ColumnNoise:
-        scale = 2 * self.max_contributions * max(self.q, 1 - self.q) / self.epsilon
-        ranks = rank_halfwidth(self.q, self.lower, self.upper, self.epsilon, resolution=self.resolution,
-                               max_contributions=self.max_contributions)
-        return ColumnNoise("exponential", float(scale), float(self.share), 0.0, None, None, self.resolution,
-                           rank_halfwidth=ranks)
-
-
-@dataclass(frozen=True)
-class ColumnNoise:
-    """What the accuracy notice says about one output column (the same for every row)."""
-
-    mechanism: str  # "discrete_laplace", "ratio" (AVG), "moments" (VARIANCE/STDDEV) or "exponential"
-    scale: float | None
-    epsilon: float
-    delta: float
-    stddev: float | None
-    ci95_halfwidth: float | None
-    resolution: Fraction | None = None
-    rank_halfwidth: float | None = None  # exponential: 95 % of answers are within this many ranks
-    ratio_numerator: float | None = None  # ratio: 95 % of answers are within this / (the group's noisy count)
-
-    def describe(self, column: str) -> str:
-        if self.mechanism == "ratio":
-            assert self.ratio_numerator is not None
-            a = self.ratio_numerator
-            return (f"{column}: noisy sum / noisy count, ε={self.epsilon:g}, values clamped to the declared bounds, "
-                    f"95% interval ±{a:.4g}/n for a group of n values (±{a / 1000:.3g} at n = 1000), "
-                    "rounded to the digits that interval supports")
-        if self.mechanism == "moments":
-            return (f"{column}: from noisy count, sum and sum of squares, ε={self.epsilon:g}, clamped to what "
-                    "the declared bounds allow")
-        if self.mechanism == "exponential":
-            return (f"{column}: exponential mechanism on a grid of step {self.resolution}, ε={self.epsilon:g}, "
-                    f"95% within ±{self.rank_halfwidth:.3g} ranks of the true quantile")
-        parts = [f"{column}: discrete Laplace, ε={self.epsilon:g}", f"scale {self.scale:g}"]
-        if self.stddev is not None:
-            parts.append(f"sd {self.stddev:.3g}")
-        if self.ci95_halfwidth is not None:
-            parts.append(f"95% interval ±{self.ci95_halfwidth:g}")
-            if self.resolution is not None:  # a sum on a fixed-point grid: answer() rounds it to this interval
-                parts.append("rounded to the digits that interval supports")
-        return ", ".join(parts)
-
-
-@dataclass(frozen=True)
-class OutputColumn:
-    """How one client output column is derived from the SQL's columns and noise."""
-
-    name: str  # the client's alias, or the expression as written
-    kind: ColumnKind
-    key: int | None = None  # kind "key": index of the group key in the SQL row
-    statistic: str | None = None  # count / sum; avg: Σ(x − center); variance, stddev: Σ((x − center)² − offset)
-    denominator: str | None = None  # avg, variance, stddev: the count of non-null values
-    linear: str | None = None  # variance, stddev: Σ(x − center)
-    center: Fraction = Fraction(0)
-    offset: Fraction = Fraction(0)
-    lower: Fraction | None = None  # avg, variance, stddev: declared bounds
-    upper: Fraction | None = None
-    sample: bool = False  # variance, stddev: divide by n − 1 (var_samp) rather than n (var_pop)
-    quantile: Quantile | None = None
-    noise: ColumnNoise | None = None
-
-
-@dataclass(frozen=True)
-class OrderKey:
-    position: int  # 0-based output column
-    descending: bool
-    nulls_first: bool
-
-
-@dataclass(frozen=True)
-class PostProcess:
-    """A statement over the released noisy values: the client's post-aggregate expressions, and HAVING when it
-    holds any, with PostgreSQL's own semantics and result types.
-
-    Its parameters are arrays, one element per released group: $1 the row number, then one array per value
-    column (``values``: indices into the answer row, columns then hidden ones: the GROUP BY expressions when an
-    expression reads one, then the aggregates). Its result row is the row number,
-    the ``computed`` output columns in order, and ``keep`` (HAVING) last when ``having``.
-    """
-
-    sql: str
-    values: tuple[int, ...]
-    computed: tuple[int, ...]  # positions of the client's columns it computes
-    having: bool
-
-
-@dataclass(frozen=True)
-class DPPlan:
-    sql: str  # contribution-bounded exact per-group statistics, for the service connection
-    columns: tuple[OutputColumn, ...]
-    epsilon: float  # the total cost of the answer
-    delta: float
-    table: str  # the privacy-unit domain to charge (policy name of the protected table)
-    tables: tuple[str, ...]  # every table its SQL reads (policy names): the data version of the answer
-    keys: int  # the SQL row holds the group keys first, then one column per statistic
-    statistics: tuple[Statistic, ...]
-    selection: str | None  # statistic whose noisy value must reach `threshold` (None: public or no groups)
-    threshold: int | None
-    order: tuple[OrderKey, ...] = ()
-    limit: int | None = None
-    offset: int = 0
-    max_groups_per_unit: int = 1
-    max_rows_per_unit: int = 1
-    hidden: tuple[OutputColumn, ...] = ()  # aggregates HAVING needs that the select list does not show
-    having: tuple | None = None  # compiled HAVING (dp_having) over columns + hidden
-    domains: tuple[tuple[str, ...], ...] | None = None  # the GROUP BY keys' declared public domains, in order
-    post: PostProcess | None = None  # post-aggregate expressions, computed over the noisy values
-    nested: nested_shapes.Outer | nested_shapes.Series | None = None  # the released rows' next step
-
-    @property
-    def free(self) -> bool:
-        """Only keys of declared public domains: the answer is those domains, its SQL reads no row, it costs
-        nothing (and there is nothing to charge or cache)."""
-        return not self.statistics and self.epsilon == 0 and self.delta == 0
-
-    def notices(self) -> list[str]:
-        lines = [column.noise.describe(column.name) for column in self.columns if column.noise is not None]
-        # hidden columns: those HAVING compares ("having <n>"), and the aggregates of post-aggregate expressions
-        lines += [("HAVING: " if column.name.startswith("having ") else "") + column.noise.describe(column.name)
-                  for column in self.hidden if column.noise is not None]
-        if self.selection is not None:
-            lines.append(f"groups released only if their noisy count of people reaches {self.threshold} "
-                         f"(δ={self.delta:g})")
-        return lines
-
-    def output_types(self, sql_types: list[int]) -> tuple[int, ...]:
-        """Type OIDs of the client's columns given those PostgreSQL reports for the columns of ``sql``, so a
-        Describe can answer before anything runs. They are PostgreSQL's for the same aggregates, read off the
-        statistics' SQL types (each sums the clamped argument in the argument's own type): a key keeps its SQL
-        type; count is bigint; sum is its statistic's type (numeric on a fixed-point grid, unless the argument is a
-        float); avg, variance and stddev are double precision of a float argument, else numeric; a continuous
-        quantile is double precision, a discrete one the argument's type."""
-        return self.value_types(sql_types)[:len(self.columns)]
-
-    def value_types(self, sql_types: list[int], post_types: list[int] | None = None) -> tuple[int, ...]:
-        """Type OIDs of the answer row's columns, hidden ones included; ``post_types``: the post statement's
-        result types (a computed column's type is PostgreSQL's for the expression; 0 when not known)."""
-        statistic = {stat.name: sql_types[self.keys + i] for i, stat in enumerate(self.statistics)}
-        computed = dict(zip(self.post.computed, (post_types or [])[1:], strict=False)) if self.post else {}
-        types = []
-        for position, column in enumerate(self.columns + self.hidden):
-            if column.kind == "post":
-                types.append(computed.get(position, 0))
-            elif column.kind == "key":
-                types.append(sql_types[column.key])  # type: ignore[index]
-            elif column.kind == "count":
-                types.append(_INT8)
-            elif column.kind == "sum":  # on a fixed-point grid: numeric, unless the argument is a float
-                own = statistic[column.statistic]  # type: ignore[index]
-                grid = column.noise is not None and column.noise.resolution is not None
-                types.append(_NUMERIC if grid and own not in _FLOATS else own)
-            elif column.kind == "quantile":
-                grid = column.quantile
-                assert grid is not None
-                types.append(_element_type(statistic[grid.values]) if grid.discrete else _FLOAT8)
-            else:  # avg: Σ(x − c) in x's type; variance, stddev: the same linear sum
-                linear = statistic[column.statistic if column.kind == "avg" else column.linear]  # type: ignore[index]
-                types.append(_FLOAT8 if linear in _FLOATS else _NUMERIC)
-        return tuple(types)
-
-
-def _element_type(array_oid: int) -> int:
-    """The element type of an array type (array_agg's result): a discrete quantile has its argument's type."""
-    for info in psycopg.postgres.types:
-        if info.array_oid == array_oid:
-            return info.oid
-    return _NUMERIC
 
 
 # --- planning ---------------------------------------------------------------------
@@ -445,7 +183,7 @@ def _plan(sql: str, role: RolePolicy, policy: Policy, params: DPParams) -> DPPla
     order, limit, offset = _tail(query, tree)
     checks = _having_checks(having, drafts, hidden, query)
     return DPPlan(
-        sql=_sql(query, list(statistics.values()), public, rows_cap, groups_cap, checks),
+        sql=bounded_sql(query, list(statistics.values()), public, rows_cap, groups_cap, checks),
         columns=tuple(draft.finish(statistics, quantiles) for draft in drafts),
         epsilon=float(epsilon) if mechanisms else 0.0,  # listing a public domain reads nothing private
         delta=float(delta) if selection is not None else 0.0,
@@ -864,7 +602,7 @@ def _having_checks(tree: tuple | None, drafts: list[_Draft], hidden: list[_Draft
         if node[0] != "const" or constant is None:
             return None
         if isinstance(constant, str):
-            return _text_literal(constant)
+            return text_literal(constant)
         return str(constant).lower() if isinstance(constant, bool) else f"{constant:f}"
 
     left, right = sql(tree[2]), sql(tree[3])
@@ -966,354 +704,3 @@ def _constant(node: exp.Expression | None, what: str) -> int | None:
     if isinstance(value, exp.Literal) and not value.is_string and value.this.isdigit():
         return int(value.this)
     raise unsupported(f"{what} takes a constant in dp mode ($n parameters are not supported yet)", DP_HINT)
-
-
-def _literal(value: Fraction) -> str:
-    if value.denominator == 1:
-        return str(value.numerator)
-    decimal = Decimal(value.numerator) / Decimal(value.denominator)
-    return f"{decimal:f}"
-
-
-def _text_literal(value: str) -> str:
-    return "'" + value.replace("'", "''") + "'"
-
-
-def _sql(query: AnalyticQuery, statistics: list[Statistic], public: list[tuple[str, ...]] | None, rows_cap: int,
-         groups_cap: int, checks: list[str]) -> str:
-    keys = [f"anonproxy_g{i}" for i in range(1, len(query.keys) + 1)]
-    arguments: dict[str, str] = {}
-    for stat in statistics:
-        if stat.argument is not None and stat.argument not in arguments:
-            arguments[stat.argument] = f"anonproxy_a{len(arguments) + 1}"
-
-    where = [f"WHERE {query.where}"] if query.where is not None else []
-    # CTEs that nothing references are never run (PostgreSQL plans no unreferenced SELECT CTE) but still parsed:
-    # names are checked, $n parameters typed, and HAVING's comparisons of keys with constants type-checked.
-    typecheck = [(HAVING_TYPES, "\n".join([f"SELECT FROM {query.from_sql}",
-                                           f"WHERE {' AND '.join(f'({check})' for check in checks)}"]),
-                  "HAVING's comparisons of grouping keys with constants: never run")] if checks else []
-    if public is not None and not statistics:  # the domains, reading no row
-        unread = (UNREAD, "\n".join([f"SELECT FROM {query.from_sql}", *where]),
-                  "the client's FROM and WHERE: never run, nothing references it")
-        return _with([unread, *typecheck, _domain_cte(public, keys)]) + f"\nSELECT {', '.join(keys)} FROM {DOMAIN}"
-    select = [f"{query.unit} AS {UNIT}"]
-    select += [f"{key} AS {name}" for key, name in zip(query.keys, keys, strict=True)]
-    select += [f"{argument} AS {name}" for argument, name in arguments.items()]
-    # Without bounding nothing reads the unit (each row is one): leaving it out spares decoding it (SELECT FROM t
-    # with no column is valid PostgreSQL).
-    plain = [f"SELECT {', '.join(select[1:])}", f"FROM {query.from_sql}", *where]
-    rows = [f"SELECT {', '.join([*select, 'random() AS anonproxy_r'])}", f"FROM {query.from_sql}", *where]
-    ctes = [*typecheck,
-            (GUARD, _guard(query), ("true when every table holds at most one row per unit (a valid unique index on "
-             "its non-null unit column, no child table), as of this statement's snapshot: then no row needs to be "
-             "dropped")),
-            (PLAIN, "\n".join(plain), "the client's FROM and WHERE, when each unit has at most one row"),
-            (ROWS, "\n".join(rows), "the client's FROM and WHERE, with a random number per row")]
-    if rows_cap == 1 and (groups_cap == 1 or not keys):
-        # One random row per unit (so one group): a single sort. Each group then has one row per unit.
-        ctes.append((BOUNDED, "\n".join([
-            "SELECT * FROM (",
-            f"  SELECT *, row_number() OVER (PARTITION BY {UNIT} ORDER BY anonproxy_r) AS anonproxy_row_rank",
-            f"  FROM {ROWS}",
-            ") AS ranked WHERE anonproxy_row_rank = 1"]), "one row per unit, chosen at random"))
-    else:
-        cell = ", ".join([UNIT, *keys])
-        # The first random number of a cell (unit, group) in the cell's random order is the cell's own.
-        cells = [("SELECT *, row_number() OVER cell AS anonproxy_row_rank, first_value(anonproxy_r) OVER cell "
-                 "AS anonproxy_cell_r"), f"FROM {ROWS}", f"WINDOW cell AS (PARTITION BY {cell} ORDER BY anonproxy_r)"]
-        bounded = ["SELECT *"]
-        if keys:
-            bounded = [(f"SELECT *, dense_rank() OVER (PARTITION BY {UNIT} ORDER BY anonproxy_cell_r, "
-                        f"{', '.join(keys)}) AS anonproxy_group_rank")]
-        bounded += [f"FROM {CELLS}", f"WHERE anonproxy_row_rank <= {rows_cap}"]
-        ctes += [(CELLS, "\n".join(cells), ("a random order of each unit's rows per group, a random number per "
-                  "(unit, group)")),
-                 (BOUNDED, "\n".join(bounded), f"at most {rows_cap} row(s) per unit and group" +
-                  (", groups ranked at random per unit" if keys else ""))]
-    # Two branches, only one of which runs: the guard is a one-time filter (PostgreSQL skips the other scan). The
-    # same guard in HAVING drops the row an aggregate without GROUP BY returns for no input.
-    single = f"(SELECT single FROM {GUARD})"
-    branches = []
-    for source, condition, bounded_rows in ((PLAIN, single, False), (BOUNDED, f"NOT {single}", True)):
-        aggregates = [f"{_aggregate(stat, arguments, bounded_rows)} AS {stat.name}" for stat in statistics]
-        conditions = [condition]
-        if bounded_rows and keys and not (rows_cap == 1 and groups_cap == 1):
-            conditions.append(f"anonproxy_group_rank <= {groups_cap}")
-        branch = [f"SELECT {', '.join([*keys, *aggregates])}", f"FROM {source}", f"WHERE {' AND '.join(conditions)}"]
-        branch += [f"GROUP BY {', '.join(keys)}"] if keys else []
-        branches.append("\n".join([*branch, f"HAVING {condition}"]))
-    final = "\nUNION ALL\n".join(branches)
-    if public is None:
-        return _with(ctes) + "\n" + final
-    ctes.append((STATS, final, f"at most {groups_cap} group(s) per unit; exact per-group statistics"))
-    ctes.append(_domain_cte(public, keys))
-    on = " AND ".join(f"s.{key}::text = d.{key}" for key in keys)
-    outer = [f"SELECT {', '.join(f'd.{key}' for key in keys)}, "
-             + ", ".join(f"coalesce(s.{stat.name}, {_EMPTY[stat.kind]}) AS {stat.name}" for stat in statistics),
-             f"FROM {DOMAIN} AS d LEFT JOIN {STATS} AS s ON {on}"]
-    return _with(ctes) + "\n" + "\n".join(outer)
-
-
-def _domain_cte(public: list[tuple[str, ...]], keys: list[str]) -> tuple[str, str, str]:
-    domain_from = []
-    for i, (values, key) in enumerate(zip(public, keys, strict=True)):
-        array = ", ".join(_text_literal(v) for v in values)
-        domain_from.append(f"unnest(ARRAY[{array}]::text[]) AS d{i + 1}({key})")
-    domain = [f"SELECT {', '.join(f'd{i + 1}.{key}' for i, key in enumerate(keys))}",
-              f"FROM {' CROSS JOIN '.join(domain_from)}"]
-    return DOMAIN, "\n".join(domain), "every value of the declared public domains"
-
-
-def _guard(query: AnalyticQuery) -> str:
-    """SQL: whether each table of the query has a valid, live, non-partial unique index on exactly its unit column
-    (the linked key for a linked table), that column is NOT NULL, and the table has no inheritance child or
-    partition: FROM t reads those too, and the index does not cover them. (relhassubclass may stay true after the
-    last child is dropped, until a VACUUM: then bounding runs, which is safe.)"""
-    if any(table.reference is not None for _, table in query.sources):
-        # A reference table's unique key was read with the policy; one dropped since (duplicates added) would let a
-        # unit's row match twice until the proxy loads the policy again. Bounding keeps one row per unit whatever
-        # the catalog says now.
-        return "SELECT false AS single"
-    pairs = set()
-    for _, table in query.sources:
-        column = table.protected.unit_column if table.protected is not None else table.linked.column  # type: ignore[union-attr]
-        pairs.add(f"({_text_literal(table.qualified)}::regclass::oid, {_text_literal(column)}::name)")
-    return "\n".join([
-        "SELECT count(DISTINCT i.indrelid) = " + str(len(pairs)) + " AS single",
-        "FROM pg_catalog.pg_index AS i",
-        "JOIN pg_catalog.pg_attribute AS a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]",
-        "JOIN pg_catalog.pg_class AS c ON c.oid = i.indrelid AND NOT c.relhassubclass",
-        "WHERE i.indisunique AND i.indisvalid AND i.indislive AND i.indnkeyatts = 1 AND i.indpred IS NULL",
-        "  AND i.indexprs IS NULL AND a.attnotnull",
-        f"  AND (i.indrelid, a.attname) IN ({', '.join(sorted(pairs))})"])
-
-
-_EMPTY = {"units": "0", "rows": "0", "count": "0", "sum": "0", "values": "'{}'"}  # an empty group's value
-
-
-def _aggregate(stat: Statistic, arguments: dict[str, str], bounded: bool) -> str:
-    if stat.kind == "units":  # distinct units: every row without bounding, else each unit's first row in the group
-        return "count(*) FILTER (WHERE anonproxy_row_rank = 1)" if bounded else "count(*)"
-    if stat.kind == "rows":
-        return "count(*)"
-    argument = arguments[stat.argument]  # type: ignore[index]
-    if stat.kind == "count":
-        return f"count({argument})"
-    assert stat.clamp is not None
-    # GREATEST/LEAST skip NULLs (GREATEST(NULL, 17) = 17): a NULL must stay NULL, so that sum and array_agg skip it.
-    clamped = (f"CASE WHEN {argument} IS NOT NULL THEN LEAST(GREATEST({argument}, {_literal(stat.clamp[0])}), "
-               f"{_literal(stat.clamp[1])}) END")
-    if stat.kind == "values":
-        return f"array_agg({clamped}) FILTER (WHERE {argument} IS NOT NULL)"
-    if stat.power == 1 and stat.offset == 0:
-        total = f"coalesce(sum({clamped}), 0)"  # in the column's own type, like PostgreSQL's sum
-        # Σ(x − c) = Σx − c·n: the same number, without per-row numeric arithmetic
-        return total if stat.center == 0 else f"{total} - {_literal(stat.center)} * count({argument})"
-    centred = f"({clamped})::numeric - {_literal(stat.center)}"  # numeric: no overflow, exact
-    term = centred if stat.power == 1 else f"({centred}) * ({centred})"
-    if stat.offset:
-        term = f"{term} - {_literal(stat.offset)}"
-    return f"coalesce(sum({term}), 0)"
-
-
-def _with(ctes: list[tuple[str, str, str]]) -> str:
-    parts = []
-    for name, body, comment in ctes:
-        indented = "\n".join("  " + line for line in body.split("\n"))
-        parts.append(f"{name} AS (\n  -- {comment}\n{indented}\n)")
-    return "WITH " + ",\n".join(parts)
-
-
-# --- answering ----------------------------------------------------------------------
-
-
-def answer(plan: DPPlan, rows: list[tuple]) -> tuple[list[tuple], list[ColumnNoise | None]]:
-    """Noisy rows for the client from the rows of ``plan.sql``, and the noise of each output column (a plan
-    without post-aggregate expressions; else :func:`released_rows`, the post statement, then :func:`finish`).
-
-    Call only after the plan's (ε, δ) has been charged. Every value of every statistic gets fresh noise from
-    :mod:`secrets`-driven exact samplers; nothing here depends on the data except through those noisy values.
-    """
-    assert plan.post is None, "a plan with post-aggregate expressions needs its post statement run"
-    return finish(plan, released_rows(plan, rows), None)
-
-
-def released_rows(plan: DPPlan, rows: list[tuple]) -> list[tuple]:
-    """The released groups' answer rows (output columns, then hidden ones), noisy, in the order of their keys:
-    partition selection and a HAVING compiled by dp_having applied; ORDER BY and LIMIT not yet."""
-    positions = {stat.name: plan.keys + i for i, stat in enumerate(plan.statistics)}
-    by_name = {stat.name: stat for stat in plan.statistics}
-    result = []
-    # PostgreSQL's row order depends on the data (a hash join emits the empty public groups last): release the
-    # groups in a fixed order of their keys instead, which ORDER BY refines and LIMIT cuts.
-    for row in sorted(rows, key=functools.partial(_key_order, plan)):
-        noisy: dict[object, object] = {}  # statistic name or Quantile -> its one noisy value in this group
-        if plan.selection is not None:
-            stat = by_name[plan.selection]
-            value = _noisy(stat, row[positions[stat.name]])
-            assert plan.threshold is not None
-            if value < plan.threshold:  # type: ignore[operator]
-                continue
-            noisy[stat.name] = value
-        for stat in plan.statistics:
-            if stat.name not in noisy:
-                value = row[positions[stat.name]]
-                noisy[stat.name] = value if stat.kind == "values" else _noisy(stat, value)
-        out = tuple(_output(column, row, noisy) for column in plan.columns + plan.hidden)
-        if plan.having is not None and not holds(plan.having, out):
-            continue
-        result.append(out)
-    return result
-
-
-def post_arrays(plan: DPPlan, released: list[tuple]) -> list[list[object]]:
-    """The post statement's parameters: the row numbers 1..n, then each value column it reads, as lists."""
-    assert plan.post is not None
-    return [list(range(1, len(released) + 1)), *([row[i] for row in released] for i in plan.post.values)]
-
-
-def finish(plan: DPPlan, released: list[tuple], computed: list[tuple] | None,
-           ) -> tuple[list[tuple], list[ColumnNoise | None]]:
-    """The client's rows: the post statement's ``computed`` rows (row number, computed columns, HAVING) merged
-    into the released ones, then ORDER BY, OFFSET and LIMIT, all over released values."""
-    result = []
-    if plan.post is not None:
-        assert computed is not None and len(computed) == len(released)
-        for row, extra in zip(released, sorted(computed, key=lambda r: r[0]), strict=True):
-            if plan.post.having and extra[-1] is not True:
-                continue
-            merged = list(row)
-            for position, value_ in zip(plan.post.computed, extra[1:], strict=False):
-                merged[position] = value_
-            result.append(tuple(merged[:len(plan.columns)]))
-    else:
-        result = [row[:len(plan.columns)] for row in released]
-    result = _ordered(result, plan.order)  # stable: ties stay in key order
-    end = None if plan.limit is None else plan.offset + plan.limit
-    return result[plan.offset:end], [column.noise for column in plan.columns]
-
-
-def _key_order(plan: DPPlan, row: tuple) -> tuple:
-    """A sort key of a SQL row's group keys that depends on nothing but their values: a public key's position in
-    its declared domain, else the value itself (NULL last, as PostgreSQL sorts ascending)."""
-    if plan.domains is not None:
-        return tuple(domain.index(value) for domain, value in zip(plan.domains, row[:plan.keys], strict=True))
-    return tuple(_value_order(value) for value in row[:plan.keys])
-
-
-def _value_order(value: object) -> tuple:
-    """NULL and NaN after every number (PostgreSQL's order), other values by themselves or, if they have no
-    order of their own, by their repr: never an exception, and the same order whatever order they arrive in."""
-    nan = (isinstance(value, float) and math.isnan(value)) or (isinstance(value, Decimal) and value.is_nan())
-    if value is None or nan:
-        return (1 + (value is None), 0)
-    return (0, value if isinstance(value, _ORDERABLE) else repr(value))
-
-
-_ORDERABLE = (int, float, Decimal, str, bytes, datetime.date, datetime.time, datetime.timedelta)
-
-
-def _noisy(stat: Statistic, value: object) -> int | Decimal | float:
-    """The statistic plus discrete Laplace noise: in the type PostgreSQL gave the exact value, or a numeric on the
-    statistic's fixed-point grid when it has one."""
-    if value is None:
-        value = 0
-    if stat.resolution is None:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value + discrete_laplace(stat.scale)
-        exact = Fraction(value) if isinstance(value, float) else Fraction(Decimal(value))  # type: ignore[arg-type]
-        grid = to_grid(exact, 1)  # an integer statistic that came back as numeric (sum of bigint)
-        return _like(value, Fraction(grid + discrete_laplace(stat.scale)))
-    exact = Fraction(value) if isinstance(value, float) else Fraction(Decimal(value))  # type: ignore[arg-type]
-    grid = to_grid(exact, stat.resolution)
-    return _decimal((grid + discrete_laplace(stat.scale)) * stat.resolution)
-
-
-def _like(template: object, value: Fraction) -> int | Decimal | float:
-    if isinstance(template, float):
-        return float(value)
-    if isinstance(template, int):
-        return int(value) if value.denominator == 1 else _decimal(value)
-    return _decimal(value)
-
-
-def _decimal(value: Fraction) -> Decimal:
-    if value.denominator == 1:
-        return Decimal(value.numerator)
-    return Decimal(value.numerator) / Decimal(value.denominator)
-
-
-def _output(column: OutputColumn, row: tuple, noisy: dict[object, object]) -> object:
-    if column.kind == "post":
-        return None  # the post statement computes it
-    if column.kind == "key":
-        return row[column.key]  # type: ignore[index]
-    if column.kind == "count":
-        return max(0, noisy[column.statistic])  # type: ignore[call-overload, index]
-    if column.kind == "sum":
-        total = noisy[column.statistic]  # type: ignore[index]
-        if column.noise is not None and column.noise.resolution is not None and column.noise.ci95_halfwidth:
-            return supported_digits(_fraction(total), column.noise.ci95_halfwidth)  # numeric on its grid
-        return total
-    if column.kind == "quantile":
-        assert column.quantile is not None
-        # One draw per quantile and group, whichever columns and HAVING repeat it: it is charged once.
-        if column.quantile not in noisy:
-            noisy[column.quantile] = column.quantile.draw(noisy[column.quantile.values])  # type: ignore[arg-type]
-        return noisy[column.quantile]
-    n = max(int(noisy[column.denominator]), 1)  # type: ignore[call-overload, index]
-    mean = _fraction(noisy[column.statistic if column.kind == "avg" else column.linear]) / n  # type: ignore[index]
-    lower, upper = column.lower, column.upper
-    assert lower is not None and upper is not None
-    if column.kind == "avg":
-        value = min(max(column.center + mean, lower), upper)  # post-processing: AVG lies within the bounds
-        assert column.noise is not None and column.noise.ratio_numerator is not None
-        rounded = supported_digits(value, column.noise.ratio_numerator / n)
-        if not lower <= Fraction(rounded) <= upper:  # rounding must not leave the bounds either
-            return _decimal(min(max(Fraction(rounded), lower), upper))
-        return rounded
-    # Σ((x − c)² − o) / n + o − ((Σ(x − c)) / n)² is the population variance; n/(n − 1) times it the sample one.
-    variance = _fraction(noisy[column.statistic]) / n + column.offset - mean * mean  # type: ignore[index]
-    half = (upper - lower) / 2
-    variance = min(max(variance, Fraction(0)), half * half)  # values in [L, U] have a variance ≤ ((U − L)/2)²
-    if column.sample:
-        variance = variance * n / max(n - 1, 1)
-    if column.kind == "variance":
-        return round(_decimal(variance), 16)
-    return round(_decimal(variance).sqrt(), 16)
-
-
-def supported_digits(value: Fraction, halfwidth: float) -> Decimal:
-    """``value`` rounded to one decimal place below the leading digit of its 95 % interval's half-width: ±51
-    gives whole numbers, ±0.3 hundredths. Finer digits are noise, not information. The half-width comes from
-    the plan and the group's noisy count only, so the rounding is post-processing of noisy values: it costs
-    no privacy and reveals nothing about the data."""
-    if not (math.isfinite(halfwidth) and halfwidth > 0):
-        return round(_decimal(value), 16)
-    exponent = math.floor(math.log10(halfwidth)) - 1
-    steps = round(value / Fraction(10) ** exponent)  # half to even
-    return Decimal(steps).scaleb(exponent)
-
-
-def _fraction(value: object) -> Fraction:
-    return Fraction(value) if isinstance(value, (int, float)) else Fraction(Decimal(value))  # type: ignore[arg-type]
-
-
-def _ordered(rows: list[tuple], order: tuple[OrderKey, ...]) -> list[tuple]:
-    if not order:
-        return rows
-
-    def compare(a: tuple, b: tuple) -> int:
-        for key in order:
-            x, y = a[key.position], b[key.position]
-            if x is None or y is None:
-                if x is None and y is None:
-                    continue
-                return (-1 if key.nulls_first else 1) * (1 if y is not None else -1)
-            if x != y:
-                result = -1 if x < y else 1
-                return -result if key.descending else result
-        return 0
-
-    return sorted(rows, key=functools.cmp_to_key(compare))

@@ -164,7 +164,7 @@ if __name__ == "__main__":
     from anonproxy.logs import setup_logging
 
     setup_logging(*sys.argv[2:4])
-    import anonproxy.dp.plan  # noqa: F401  imported before the first request, not during it
+    import anonproxy.dp.answers  # noqa: F401  imported before the first request, not during it
     import anonproxy.rewrite.classify  # noqa: F401
 
     _serve(Connection(int(sys.argv[1])))

@@ -61,7 +61,8 @@ from ..dp.answers import (
     row_texts,
     series_question,
 )
-from ..dp.plan import DPParams, DPPlan, finish, post_arrays, released_rows
+from ..dp.finish import finish, post_arrays, released_rows
+from ..dp.model import DPParams, DPPlan
 from ..rewrite.decision import Reject, SessionSetting
 from ..rewrite.final_sql import verify
 from ..wire import protocol as pg

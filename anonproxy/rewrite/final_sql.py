@@ -1,8 +1,9 @@
 """The last check before SQL runs on the service connection: PostgreSQL's own grammar reads it again.
 
 The suppression rewrite (:mod:`anonproxy.suppress.rewrite`) and the dp plan
-(:mod:`anonproxy.dp.plan`) build SQL from pieces of the client's text,
-checked with sqlglot. Here the finished SQL is parsed with libpg_query (the
+(:mod:`anonproxy.dp.bounded_sql`) build SQL from the pieces of the client's
+statement that sqlglot parsed and the analysis checked, each rendered from its
+node (:mod:`anonproxy.plan.render`). Here the finished SQL is parsed with libpg_query (the
 ``pglast`` package, PostgreSQL's parser itself) and every node of the tree is
 walked:
 
@@ -39,7 +40,7 @@ from anonproxy.rewrite.names import split_policy_name
 log = logging.getLogger("anonproxy.final_sql")
 
 CATALOG = "pg_catalog"
-# The dp plan's guard CTE (anonproxy.dp.plan._guard) reads these catalogs, and only it may.
+# The dp plan's guard CTE (anonproxy.dp.bounded_sql) reads these catalogs, and only it may.
 GUARD_CTE = "anonproxy_guard"
 GUARD_RELATIONS = frozenset({"pg_index", "pg_attribute", "pg_class"})
 

@@ -44,7 +44,8 @@ import psycopg
 from anonproxy.embedded import EmbeddedPostgres
 from anonproxy.policy.model import ColumnPolicy, LinkedTable
 from anonproxy.policy.yaml_policy import demo_policy
-from anonproxy.dp.plan import DPParams, DPPlan, plan_dp
+from anonproxy.dp.model import DPParams, DPPlan
+from anonproxy.dp.plan import plan_dp
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))

@@ -26,7 +26,8 @@ from workload import QUERIES as SUPPRESS_QUERIES  # noqa: E402
 
 from anonproxy.policy.model import ColumnPolicy, LinkedTable, SuppressionParams  # noqa: E402
 from anonproxy.policy.yaml_policy import demo_policy  # noqa: E402
-from anonproxy.dp.plan import DPParams, DPPlan, plan_dp  # noqa: E402
+from anonproxy.dp.model import DPParams, DPPlan  # noqa: E402
+from anonproxy.dp.plan import plan_dp  # noqa: E402
 from anonproxy.rewrite.classify import decide  # noqa: E402
 from anonproxy.rewrite import classify  # noqa: E402
 from anonproxy.rewrite.decision import Rewrite  # noqa: E402

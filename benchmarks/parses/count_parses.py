@@ -17,7 +17,7 @@ from sqlglot.parser import Parser
 
 sys.path[:0] = [str(Path(__file__).parents[2]), str(Path(__file__).parents[2] / "tests")]
 
-from anonproxy.dp.plan import DPParams  # noqa: E402
+from anonproxy.dp.model import DPParams  # noqa: E402
 from anonproxy.dp.answers import plan_checked  # noqa: E402
 from anonproxy.rewrite.classify import decide
 from anonproxy.rewrite.decision import Noisy  # noqa: E402

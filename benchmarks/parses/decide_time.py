@@ -39,7 +39,7 @@ def child(repeat: int) -> None:
 
     try:  # the layout since the back-ends got their own packages
         from anonproxy.dp.answers import plan_checked  # noqa: PLC0415
-        from anonproxy.dp.plan import DPParams  # noqa: PLC0415
+        from anonproxy.dp.model import DPParams  # noqa: PLC0415
     except ImportError:  # before (4ad7d93): dp planning in anonproxy.privacy, its check in the proxy
         from anonproxy.privacy.dp_plan import DPParams  # type: ignore[no-redef]  # noqa: PLC0415
         from anonproxy.proxy.noisy import plan_checked  # type: ignore[no-redef]  # noqa: PLC0415

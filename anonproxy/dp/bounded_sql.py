@@ -1,0 +1,183 @@
+"""The SQL a dp plan runs on the service connection: exact, contribution-bounded per-group statistics.
+
+Each privacy unit's rows are bounded (at most ``max_rows_per_unit`` per group, ``max_groups_per_unit`` groups),
+each aggregate's argument clamped into its bounds, then the statistics of :class:`anonproxy.dp.model.Statistic`
+computed per group; groups of declared public domains are listed whether or not a row falls in them. Noise is
+added in the proxy (:mod:`anonproxy.dp.finish`), never in SQL.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from fractions import Fraction
+
+from anonproxy.dp.model import Statistic
+from anonproxy.plan.analysis import AnalyticQuery
+
+# Column names in the generated SQL (prefixed so they cannot collide with the client's).
+ROWS = "anonproxy_rows"
+CELLS = "anonproxy_cells"
+BOUNDED = "anonproxy_bounded"
+STATS = "anonproxy_stats"
+GUARD = "anonproxy_guard"
+PLAIN = "anonproxy_plain"
+DOMAIN = "anonproxy_domain"
+UNIT = "anonproxy_unit"
+UNREAD = "anonproxy_unread"
+HAVING_TYPES = "anonproxy_having_types"
+
+def _literal(value: Fraction) -> str:
+    if value.denominator == 1:
+        return str(value.numerator)
+    decimal = Decimal(value.numerator) / Decimal(value.denominator)
+    return f"{decimal:f}"
+
+
+def text_literal(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
+def bounded_sql(query: AnalyticQuery, statistics: list[Statistic], public: list[tuple[str, ...]] | None, rows_cap: int,
+         groups_cap: int, checks: list[str]) -> str:
+    keys = [f"anonproxy_g{i}" for i in range(1, len(query.keys) + 1)]
+    arguments: dict[str, str] = {}
+    for stat in statistics:
+        if stat.argument is not None and stat.argument not in arguments:
+            arguments[stat.argument] = f"anonproxy_a{len(arguments) + 1}"
+
+    where = [f"WHERE {query.where}"] if query.where is not None else []
+    # CTEs that nothing references are never run (PostgreSQL plans no unreferenced SELECT CTE) but still parsed:
+    # names are checked, $n parameters typed, and HAVING's comparisons of keys with constants type-checked.
+    typecheck = [(HAVING_TYPES, "\n".join([f"SELECT FROM {query.from_sql}",
+                                           f"WHERE {' AND '.join(f'({check})' for check in checks)}"]),
+                  "HAVING's comparisons of grouping keys with constants: never run")] if checks else []
+    if public is not None and not statistics:  # the domains, reading no row
+        unread = (UNREAD, "\n".join([f"SELECT FROM {query.from_sql}", *where]),
+                  "the client's FROM and WHERE: never run, nothing references it")
+        return _with([unread, *typecheck, _domain_cte(public, keys)]) + f"\nSELECT {', '.join(keys)} FROM {DOMAIN}"
+    select = [f"{query.unit} AS {UNIT}"]
+    select += [f"{key} AS {name}" for key, name in zip(query.keys, keys, strict=True)]
+    select += [f"{argument} AS {name}" for argument, name in arguments.items()]
+    # Without bounding nothing reads the unit (each row is one): leaving it out spares decoding it (SELECT FROM t
+    # with no column is valid PostgreSQL).
+    plain = [f"SELECT {', '.join(select[1:])}", f"FROM {query.from_sql}", *where]
+    rows = [f"SELECT {', '.join([*select, 'random() AS anonproxy_r'])}", f"FROM {query.from_sql}", *where]
+    ctes = [*typecheck,
+            (GUARD, _guard(query), ("true when every table holds at most one row per unit (a valid unique index on "
+             "its non-null unit column, no child table), as of this statement's snapshot: then no row needs to be "
+             "dropped")),
+            (PLAIN, "\n".join(plain), "the client's FROM and WHERE, when each unit has at most one row"),
+            (ROWS, "\n".join(rows), "the client's FROM and WHERE, with a random number per row")]
+    if rows_cap == 1 and (groups_cap == 1 or not keys):
+        # One random row per unit (so one group): a single sort. Each group then has one row per unit.
+        ctes.append((BOUNDED, "\n".join([
+            "SELECT * FROM (",
+            f"  SELECT *, row_number() OVER (PARTITION BY {UNIT} ORDER BY anonproxy_r) AS anonproxy_row_rank",
+            f"  FROM {ROWS}",
+            ") AS ranked WHERE anonproxy_row_rank = 1"]), "one row per unit, chosen at random"))
+    else:
+        cell = ", ".join([UNIT, *keys])
+        # The first random number of a cell (unit, group) in the cell's random order is the cell's own.
+        cells = [("SELECT *, row_number() OVER cell AS anonproxy_row_rank, first_value(anonproxy_r) OVER cell "
+                 "AS anonproxy_cell_r"), f"FROM {ROWS}", f"WINDOW cell AS (PARTITION BY {cell} ORDER BY anonproxy_r)"]
+        bounded = ["SELECT *"]
+        if keys:
+            bounded = [(f"SELECT *, dense_rank() OVER (PARTITION BY {UNIT} ORDER BY anonproxy_cell_r, "
+                        f"{', '.join(keys)}) AS anonproxy_group_rank")]
+        bounded += [f"FROM {CELLS}", f"WHERE anonproxy_row_rank <= {rows_cap}"]
+        ctes += [(CELLS, "\n".join(cells), ("a random order of each unit's rows per group, a random number per "
+                  "(unit, group)")),
+                 (BOUNDED, "\n".join(bounded), f"at most {rows_cap} row(s) per unit and group" +
+                  (", groups ranked at random per unit" if keys else ""))]
+    # Two branches, only one of which runs: the guard is a one-time filter (PostgreSQL skips the other scan). The
+    # same guard in HAVING drops the row an aggregate without GROUP BY returns for no input.
+    single = f"(SELECT single FROM {GUARD})"
+    branches = []
+    for source, condition, bounded_rows in ((PLAIN, single, False), (BOUNDED, f"NOT {single}", True)):
+        aggregates = [f"{_aggregate(stat, arguments, bounded_rows)} AS {stat.name}" for stat in statistics]
+        conditions = [condition]
+        if bounded_rows and keys and not (rows_cap == 1 and groups_cap == 1):
+            conditions.append(f"anonproxy_group_rank <= {groups_cap}")
+        branch = [f"SELECT {', '.join([*keys, *aggregates])}", f"FROM {source}", f"WHERE {' AND '.join(conditions)}"]
+        branch += [f"GROUP BY {', '.join(keys)}"] if keys else []
+        branches.append("\n".join([*branch, f"HAVING {condition}"]))
+    final = "\nUNION ALL\n".join(branches)
+    if public is None:
+        return _with(ctes) + "\n" + final
+    ctes.append((STATS, final, f"at most {groups_cap} group(s) per unit; exact per-group statistics"))
+    ctes.append(_domain_cte(public, keys))
+    on = " AND ".join(f"s.{key}::text = d.{key}" for key in keys)
+    outer = [f"SELECT {', '.join(f'd.{key}' for key in keys)}, "
+             + ", ".join(f"coalesce(s.{stat.name}, {_EMPTY[stat.kind]}) AS {stat.name}" for stat in statistics),
+             f"FROM {DOMAIN} AS d LEFT JOIN {STATS} AS s ON {on}"]
+    return _with(ctes) + "\n" + "\n".join(outer)
+
+
+def _domain_cte(public: list[tuple[str, ...]], keys: list[str]) -> tuple[str, str, str]:
+    domain_from = []
+    for i, (values, key) in enumerate(zip(public, keys, strict=True)):
+        array = ", ".join(text_literal(v) for v in values)
+        domain_from.append(f"unnest(ARRAY[{array}]::text[]) AS d{i + 1}({key})")
+    domain = [f"SELECT {', '.join(f'd{i + 1}.{key}' for i, key in enumerate(keys))}",
+              f"FROM {' CROSS JOIN '.join(domain_from)}"]
+    return DOMAIN, "\n".join(domain), "every value of the declared public domains"
+
+
+def _guard(query: AnalyticQuery) -> str:
+    """SQL: whether each table of the query has a valid, live, non-partial unique index on exactly its unit column
+    (the linked key for a linked table), that column is NOT NULL, and the table has no inheritance child or
+    partition: FROM t reads those too, and the index does not cover them. (relhassubclass may stay true after the
+    last child is dropped, until a VACUUM: then bounding runs, which is safe.)"""
+    if any(table.reference is not None for _, table in query.sources):
+        # A reference table's unique key was read with the policy; one dropped since (duplicates added) would let a
+        # unit's row match twice until the proxy loads the policy again. Bounding keeps one row per unit whatever
+        # the catalog says now.
+        return "SELECT false AS single"
+    pairs = set()
+    for _, table in query.sources:
+        column = table.protected.unit_column if table.protected is not None else table.linked.column  # type: ignore[union-attr]
+        pairs.add(f"({text_literal(table.qualified)}::regclass::oid, {text_literal(column)}::name)")
+    return "\n".join([
+        "SELECT count(DISTINCT i.indrelid) = " + str(len(pairs)) + " AS single",
+        "FROM pg_catalog.pg_index AS i",
+        "JOIN pg_catalog.pg_attribute AS a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]",
+        "JOIN pg_catalog.pg_class AS c ON c.oid = i.indrelid AND NOT c.relhassubclass",
+        "WHERE i.indisunique AND i.indisvalid AND i.indislive AND i.indnkeyatts = 1 AND i.indpred IS NULL",
+        "  AND i.indexprs IS NULL AND a.attnotnull",
+        f"  AND (i.indrelid, a.attname) IN ({', '.join(sorted(pairs))})"])
+
+
+_EMPTY = {"units": "0", "rows": "0", "count": "0", "sum": "0", "values": "'{}'"}  # an empty group's value
+
+
+def _aggregate(stat: Statistic, arguments: dict[str, str], bounded: bool) -> str:
+    if stat.kind == "units":  # distinct units: every row without bounding, else each unit's first row in the group
+        return "count(*) FILTER (WHERE anonproxy_row_rank = 1)" if bounded else "count(*)"
+    if stat.kind == "rows":
+        return "count(*)"
+    argument = arguments[stat.argument]  # type: ignore[index]
+    if stat.kind == "count":
+        return f"count({argument})"
+    assert stat.clamp is not None
+    # GREATEST/LEAST skip NULLs (GREATEST(NULL, 17) = 17): a NULL must stay NULL, so that sum and array_agg skip it.
+    clamped = (f"CASE WHEN {argument} IS NOT NULL THEN LEAST(GREATEST({argument}, {_literal(stat.clamp[0])}), "
+               f"{_literal(stat.clamp[1])}) END")
+    if stat.kind == "values":
+        return f"array_agg({clamped}) FILTER (WHERE {argument} IS NOT NULL)"
+    if stat.power == 1 and stat.offset == 0:
+        total = f"coalesce(sum({clamped}), 0)"  # in the column's own type, like PostgreSQL's sum
+        # Σ(x − c) = Σx − c·n: the same number, without per-row numeric arithmetic
+        return total if stat.center == 0 else f"{total} - {_literal(stat.center)} * count({argument})"
+    centred = f"({clamped})::numeric - {_literal(stat.center)}"  # numeric: no overflow, exact
+    term = centred if stat.power == 1 else f"({centred}) * ({centred})"
+    if stat.offset:
+        term = f"{term} - {_literal(stat.offset)}"
+    return f"coalesce(sum({term}), 0)"
+
+
+def _with(ctes: list[tuple[str, str, str]]) -> str:
+    parts = []
+    for name, body, comment in ctes:
+        indented = "\n".join("  " + line for line in body.split("\n"))
+        parts.append(f"{name} AS (\n  -- {comment}\n{indented}\n)")
+    return "WITH " + ",\n".join(parts)

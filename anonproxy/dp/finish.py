@@ -1,0 +1,202 @@
+"""A dp plan's answer from the rows its SQL returned: noise, partition selection, HAVING, ORDER BY and LIMIT.
+
+Pure: exact discrete noise added to each statistic (docs/mechanisms.md), quantiles drawn with the exponential
+mechanism, groups without a declared public domain kept only when their noisy count of people reaches the
+plan's threshold, then HAVING, ORDER BY, LIMIT and OFFSET over the noisy values (post-processing).
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import math
+from decimal import Decimal
+from fractions import Fraction
+
+from anonproxy.dp.having import holds
+from anonproxy.dp.mechanisms import discrete_laplace, to_grid
+from anonproxy.dp.model import ColumnNoise, DPPlan, OrderKey, OutputColumn, Statistic, to_decimal
+
+def answer(plan: DPPlan, rows: list[tuple]) -> tuple[list[tuple], list[ColumnNoise | None]]:
+    """Noisy rows for the client from the rows of ``plan.sql``, and the noise of each output column (a plan
+    without post-aggregate expressions; else :func:`released_rows`, the post statement, then :func:`finish`).
+
+    Call only after the plan's (ε, δ) has been charged. Every value of every statistic gets fresh noise from
+    :mod:`secrets`-driven exact samplers; nothing here depends on the data except through those noisy values.
+    """
+    assert plan.post is None, "a plan with post-aggregate expressions needs its post statement run"
+    return finish(plan, released_rows(plan, rows), None)
+
+
+def released_rows(plan: DPPlan, rows: list[tuple]) -> list[tuple]:
+    """The released groups' answer rows (output columns, then hidden ones), noisy, in the order of their keys:
+    partition selection and a HAVING compiled by dp_having applied; ORDER BY and LIMIT not yet."""
+    positions = {stat.name: plan.keys + i for i, stat in enumerate(plan.statistics)}
+    by_name = {stat.name: stat for stat in plan.statistics}
+    result = []
+    # PostgreSQL's row order depends on the data (a hash join emits the empty public groups last): release the
+    # groups in a fixed order of their keys instead, which ORDER BY refines and LIMIT cuts.
+    for row in sorted(rows, key=functools.partial(_key_order, plan)):
+        noisy: dict[object, object] = {}  # statistic name or Quantile -> its one noisy value in this group
+        if plan.selection is not None:
+            stat = by_name[plan.selection]
+            value = _noisy(stat, row[positions[stat.name]])
+            assert plan.threshold is not None
+            if value < plan.threshold:  # type: ignore[operator]
+                continue
+            noisy[stat.name] = value
+        for stat in plan.statistics:
+            if stat.name not in noisy:
+                value = row[positions[stat.name]]
+                noisy[stat.name] = value if stat.kind == "values" else _noisy(stat, value)
+        out = tuple(_output(column, row, noisy) for column in plan.columns + plan.hidden)
+        if plan.having is not None and not holds(plan.having, out):
+            continue
+        result.append(out)
+    return result
+
+
+def post_arrays(plan: DPPlan, released: list[tuple]) -> list[list[object]]:
+    """The post statement's parameters: the row numbers 1..n, then each value column it reads, as lists."""
+    assert plan.post is not None
+    return [list(range(1, len(released) + 1)), *([row[i] for row in released] for i in plan.post.values)]
+
+
+def finish(plan: DPPlan, released: list[tuple], computed: list[tuple] | None,
+           ) -> tuple[list[tuple], list[ColumnNoise | None]]:
+    """The client's rows: the post statement's ``computed`` rows (row number, computed columns, HAVING) merged
+    into the released ones, then ORDER BY, OFFSET and LIMIT, all over released values."""
+    result = []
+    if plan.post is not None:
+        assert computed is not None and len(computed) == len(released)
+        for row, extra in zip(released, sorted(computed, key=lambda r: r[0]), strict=True):
+            if plan.post.having and extra[-1] is not True:
+                continue
+            merged = list(row)
+            for position, value_ in zip(plan.post.computed, extra[1:], strict=False):
+                merged[position] = value_
+            result.append(tuple(merged[:len(plan.columns)]))
+    else:
+        result = [row[:len(plan.columns)] for row in released]
+    result = _ordered(result, plan.order)  # stable: ties stay in key order
+    end = None if plan.limit is None else plan.offset + plan.limit
+    return result[plan.offset:end], [column.noise for column in plan.columns]
+
+
+def _key_order(plan: DPPlan, row: tuple) -> tuple:
+    """A sort key of a SQL row's group keys that depends on nothing but their values: a public key's position in
+    its declared domain, else the value itself (NULL last, as PostgreSQL sorts ascending)."""
+    if plan.domains is not None:
+        return tuple(domain.index(value) for domain, value in zip(plan.domains, row[:plan.keys], strict=True))
+    return tuple(_value_order(value) for value in row[:plan.keys])
+
+
+def _value_order(value: object) -> tuple:
+    """NULL and NaN after every number (PostgreSQL's order), other values by themselves or, if they have no
+    order of their own, by their repr: never an exception, and the same order whatever order they arrive in."""
+    nan = (isinstance(value, float) and math.isnan(value)) or (isinstance(value, Decimal) and value.is_nan())
+    if value is None or nan:
+        return (1 + (value is None), 0)
+    return (0, value if isinstance(value, _ORDERABLE) else repr(value))
+
+
+_ORDERABLE = (int, float, Decimal, str, bytes, datetime.date, datetime.time, datetime.timedelta)
+
+
+def _noisy(stat: Statistic, value: object) -> int | Decimal | float:
+    """The statistic plus discrete Laplace noise: in the type PostgreSQL gave the exact value, or a numeric on the
+    statistic's fixed-point grid when it has one."""
+    if value is None:
+        value = 0
+    if stat.resolution is None:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value + discrete_laplace(stat.scale)
+        exact = Fraction(value) if isinstance(value, float) else Fraction(Decimal(value))  # type: ignore[arg-type]
+        grid = to_grid(exact, 1)  # an integer statistic that came back as numeric (sum of bigint)
+        return _like(value, Fraction(grid + discrete_laplace(stat.scale)))
+    exact = Fraction(value) if isinstance(value, float) else Fraction(Decimal(value))  # type: ignore[arg-type]
+    grid = to_grid(exact, stat.resolution)
+    return to_decimal((grid + discrete_laplace(stat.scale)) * stat.resolution)
+
+
+def _like(template: object, value: Fraction) -> int | Decimal | float:
+    if isinstance(template, float):
+        return float(value)
+    if isinstance(template, int):
+        return int(value) if value.denominator == 1 else to_decimal(value)
+    return to_decimal(value)
+
+
+def _output(column: OutputColumn, row: tuple, noisy: dict[object, object]) -> object:
+    if column.kind == "post":
+        return None  # the post statement computes it
+    if column.kind == "key":
+        return row[column.key]  # type: ignore[index]
+    if column.kind == "count":
+        return max(0, noisy[column.statistic])  # type: ignore[call-overload, index]
+    if column.kind == "sum":
+        total = noisy[column.statistic]  # type: ignore[index]
+        if column.noise is not None and column.noise.resolution is not None and column.noise.ci95_halfwidth:
+            return supported_digits(_fraction(total), column.noise.ci95_halfwidth)  # numeric on its grid
+        return total
+    if column.kind == "quantile":
+        assert column.quantile is not None
+        # One draw per quantile and group, whichever columns and HAVING repeat it: it is charged once.
+        if column.quantile not in noisy:
+            noisy[column.quantile] = column.quantile.draw(noisy[column.quantile.values])  # type: ignore[arg-type]
+        return noisy[column.quantile]
+    n = max(int(noisy[column.denominator]), 1)  # type: ignore[call-overload, index]
+    mean = _fraction(noisy[column.statistic if column.kind == "avg" else column.linear]) / n  # type: ignore[index]
+    lower, upper = column.lower, column.upper
+    assert lower is not None and upper is not None
+    if column.kind == "avg":
+        value = min(max(column.center + mean, lower), upper)  # post-processing: AVG lies within the bounds
+        assert column.noise is not None and column.noise.ratio_numerator is not None
+        rounded = supported_digits(value, column.noise.ratio_numerator / n)
+        if not lower <= Fraction(rounded) <= upper:  # rounding must not leave the bounds either
+            return to_decimal(min(max(Fraction(rounded), lower), upper))
+        return rounded
+    # Σ((x − c)² − o) / n + o − ((Σ(x − c)) / n)² is the population variance; n/(n − 1) times it the sample one.
+    variance = _fraction(noisy[column.statistic]) / n + column.offset - mean * mean  # type: ignore[index]
+    half = (upper - lower) / 2
+    variance = min(max(variance, Fraction(0)), half * half)  # values in [L, U] have a variance ≤ ((U − L)/2)²
+    if column.sample:
+        variance = variance * n / max(n - 1, 1)
+    if column.kind == "variance":
+        return round(to_decimal(variance), 16)
+    return round(to_decimal(variance).sqrt(), 16)
+
+
+def supported_digits(value: Fraction, halfwidth: float) -> Decimal:
+    """``value`` rounded to one decimal place below the leading digit of its 95 % interval's half-width: ±51
+    gives whole numbers, ±0.3 hundredths. Finer digits are noise, not information. The half-width comes from
+    the plan and the group's noisy count only, so the rounding is post-processing of noisy values: it costs
+    no privacy and reveals nothing about the data."""
+    if not (math.isfinite(halfwidth) and halfwidth > 0):
+        return round(to_decimal(value), 16)
+    exponent = math.floor(math.log10(halfwidth)) - 1
+    steps = round(value / Fraction(10) ** exponent)  # half to even
+    return Decimal(steps).scaleb(exponent)
+
+
+def _fraction(value: object) -> Fraction:
+    return Fraction(value) if isinstance(value, (int, float)) else Fraction(Decimal(value))  # type: ignore[arg-type]
+
+
+def _ordered(rows: list[tuple], order: tuple[OrderKey, ...]) -> list[tuple]:
+    if not order:
+        return rows
+
+    def compare(a: tuple, b: tuple) -> int:
+        for key in order:
+            x, y = a[key.position], b[key.position]
+            if x is None or y is None:
+                if x is None and y is None:
+                    continue
+                return (-1 if key.nulls_first else 1) * (1 if y is not None else -1)
+            if x != y:
+                result = -1 if x < y else 1
+                return -result if key.descending else result
+        return 0
+
+    return sorted(rows, key=functools.cmp_to_key(compare))
