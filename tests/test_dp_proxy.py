@@ -87,7 +87,7 @@ def test_differencing_costs_budget_and_gets_noise(gated_proxy: Endpoint, gated_d
 def test_refusals_in_dp_mode(gated_proxy: Endpoint, gated_database: str, analyst: str) -> None:
     with psycopg.connect(gated_proxy.dsn(gated_database, user=analyst), autocommit=True) as conn:
         for query, words in [("select * from adult", "row-level"),
-                             ("select sum(fnlwgt * 2) from adult", "not"),
+                             ("select sum(fnlwgt / age) from adult", "not allowed"),  # division by a column
                              ("select percentile_cont(0.5) within group (order by age desc) from adult",
                               "ascending"),
                              ("select count(*) from adult a join pg_catalog.pg_class c on c.oid = a.id",
