@@ -48,7 +48,7 @@ class Statistic:
 
     name: str  # its column in the SQL
     kind: StatKind
-    argument: str | None  # the aggregate's argument, as written (None for units/rows)
+    argument: str | None  # the aggregate's argument, rendered (None for units/rows)
     per_group: Fraction  # how much one unit can move it in one group
     sensitivity: Fraction  # L1 over all groups: per_group × groups a unit can reach
     epsilon: Fraction
@@ -146,7 +146,7 @@ class ColumnNoise:
 class OutputColumn:
     """How one client output column is derived from the SQL's columns and noise."""
 
-    name: str  # the client's alias, or the expression as written
+    name: str  # the output column's name, as PostgreSQL names it in the client's statement
     kind: ColumnKind
     key: int | None = None  # kind "key": index of the group key in the SQL row
     statistic: str | None = None  # count / sum; avg: Σ(x − center); variance, stddev: Σ((x − center)² − offset)

@@ -342,7 +342,7 @@ class _Columns:
     def aggregate(self, node: exp.Expression, name: str, written: str | None) -> _Draft:
         """The column of one aggregate; ``written`` is its text as the client wrote it (None: from HAVING)."""
         c = Fraction(self.rows_cap)
-        condition = None  # FILTER (WHERE condition), as written: folded into the argument (analytic.filtered)
+        condition = None  # FILTER (WHERE condition): folded into the argument (analysis.filtered)
         whole = node  # the texts of the query's aggregates are found by the whole aggregate, FILTER included
         if isinstance(node, exp.Filter):
             condition = self.query.text_of(node).filter
@@ -421,7 +421,7 @@ class _Columns:
                 node: exp.Expression | None = None) -> tuple[Fraction, Fraction, str]:
         written = argument.sql(dialect="postgres")
         derived = self._derived_bounds(argument) if node is not None else None
-        if derived is not None:  # a constant, or a CASE of constants and bounded columns: its text as written
+        if derived is not None:  # bounds that follow from the expression: the argument, rendered
             text = self.query.text_of(node).argument  # type: ignore[arg-type]
             assert text is not None
             if max(abs(derived[0]), abs(derived[1])) == 0:

@@ -131,9 +131,9 @@ class AnalyticQuery:
     sources: tuple[tuple[str, ResolvedTable], ...] = ()  # FROM and JOIN tables: (reference, table)
     aggregates: tuple[AggregateText, ...] = ()  # every aggregate of the select list, HAVING and ORDER BY
     # Post-aggregate expressions in the select list, HAVING or ORDER BY: everything the client selects, computed
-    # over the released values (None: the client's own select list, HAVING and ORDER BY run as written).
+    # over the released values (None: the client's own select list, HAVING and ORDER BY run in the query).
     outer: PostAggregate | None = None
-    having_outer: bool = False  # HAVING is part of `outer` (else it stays in the aggregate query, as written)
+    having_outer: bool = False  # HAVING is part of `outer` (else it stays in the aggregate query)
     key_nodes: tuple[exp.Expression, ...] = ()  # the grouping expressions, canonical (as `keys`)
     having_node: exp.Expression | None = None  # the HAVING condition
     key_types: tuple[Typed, ...] = ()  # the grouping expressions, typed (as `keys`)
@@ -442,7 +442,7 @@ def _cast_aggregate(node: exp.Expression, kinds: tuple[type[exp.Expression], ...
 def _grouping(tree: exp.Select, items: list[Item],
               checker: Checker) -> tuple[tuple[exp.Expression, ...], tuple[str, ...]]:
     """The grouping expressions (an ordinal or an output alias stands for its select item) and the GROUP BY
-    items, rendered as written (ordinals and aliases kept)."""
+    items, rendered (ordinals and aliases kept)."""
     group = tree.args.get("group")
     if group is None:
         return (), ()

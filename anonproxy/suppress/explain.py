@@ -30,7 +30,7 @@ class SuppressionReport:
 
     k: int
     relation: str
-    labels: tuple[str, ...] | None  # the answer's grouping columns, as written (None: no GROUP BY)
+    labels: tuple[str, ...] | None  # the answer's grouping columns: aliases, else rendered (None: no GROUP BY)
     groups: int | None  # groups withheld; None: not said (none, or too few or too many people to say)
     total: str | None  # no GROUP BY: "qss" or "rules" when the total was withheld, None when released
     rest: bool | None  # the suppressed-rest row was released (None: the role has none, or no GROUP BY)

@@ -31,7 +31,7 @@ unchanged; ORDER BY and LIMIT apply after suppression.
   from it (:mod:`anonproxy.plan.post_aggregate`). A materialized CTE is an
   optimization fence: PostgreSQL evaluates the outer expressions, which may
   raise errors, on released rows only, never on a withheld group. A HAVING
-  without post-aggregate expressions stays in the inner query as written (it
+  without post-aggregate expressions stays in the inner query (it
   chooses the groups the rest row adds up); one with them is evaluated
   outside, on the released groups and the rest row, which then adds up every
   withheld group.
