@@ -166,6 +166,14 @@ def test_sql_too_deep_to_walk_is_refused_not_crashed() -> None:
     assert refusal.name == "(too deep)", refusal.name
 
 
+@pytest.mark.parametrize("depth", [1200, 2000])
+def test_a_parse_tree_too_deep_to_read_is_refused_not_crashed(depth: int) -> None:
+    """The JSON reader stops at 1024 levels of nesting: a refusal too, never an internal error."""
+    deep = "(a.age + " * depth + "1" + ")" * depth + " > 30"
+    refusal = refused(sql(where=deep))
+    assert refusal.name in ("(too deep)", "(unparseable)"), refusal.name
+
+
 def test_the_guard_cte_may_read_its_catalogs_and_nothing_else() -> None:
     guard = ("WITH anonproxy_guard AS (SELECT count(DISTINCT i.indrelid) = 1 AS single FROM pg_catalog.pg_index AS i "
              "JOIN pg_catalog.pg_attribute AS a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0] "

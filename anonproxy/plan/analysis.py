@@ -553,7 +553,7 @@ def _order(tree: exp.Select, items: list[Item], checker: Checker) -> tuple[Order
     if _set_args(order) != {"expressions"}:
         raise unsupported("unsupported ORDER BY", SHAPE_HINT)
     aliases = {item.alias: position for position, item in enumerate(items, 1) if item.alias is not None}
-    canonical_items = [canonical(unwrap(node)) for node in tree.expressions]
+    canonical_items: list[exp.Expression] = []  # made when an ORDER BY expression is matched to them
     result = []
     for node in order.expressions:
         if not isinstance(node, exp.Ordered) or _set_args(node) - {"this", "desc", "nulls_first"}:
@@ -568,6 +568,7 @@ def _order(tree: exp.Select, items: list[Item], checker: Checker) -> tuple[Order
             position = aliases[identifier(target.this) or ""]
         else:
             checker.grouped(target, "ORDER BY")
+            canonical_items = canonical_items or [canonical(unwrap(node)) for node in tree.expressions]
             wanted = canonical(unwrap(target))
             matches = [i for i, item in enumerate(canonical_items, 1) if item == wanted]
             position = matches[0] if matches else None

@@ -341,6 +341,7 @@ class Checker:
         self.dp = dp
         self.aggregates = DP_AGGREGATES if dp else AGGREGATES
         self.source = source  # the text node positions index into, to check function spellings
+        self._proved: dict[int, bounds.Value] = {}  # what each proved node evaluates to, by id (see typed)
         self._in_aggregate = False
         self._summed = False  # inside the value a SUM or AVG adds up (not inside a comparison there)
         self._in_join = False
@@ -396,8 +397,10 @@ class Checker:
         self._prove(node, clause)
 
     def typed(self, node: exp.Expression) -> bounds.Value:
-        """What a checked row-level expression evaluates to: its type and, for a number, its bounds."""
-        return bounds.evaluate(node, self.facts)
+        """What a checked row-level expression evaluates to: its type and, for a number, its bounds (as its proof
+        found, when the node was proved on its own)."""
+        proved = self._proved.get(id(node))
+        return proved if proved is not None else bounds.evaluate(node, self.facts)
 
     def join_condition(self, node: exp.Expression) -> None:
         """A JOIN condition next to the declared key: row-level, and without identifying columns."""
@@ -414,7 +417,7 @@ class Checker:
         """Refuse ``node`` unless no value of the columns it reads, within their types and declared bounds, can make
         it raise an error (anonproxy.plan.bounds)."""
         try:
-            bounds.evaluate(node, self.facts)
+            self._proved[id(node)] = bounds.evaluate(node, self.facts)  # the tree outlives the checker: ids hold
         except bounds.Unsafe as unsafe:
             raise unsupported(f"not allowed in {clause} of a query over protected table {self.table}: "
                               f"{unsafe.reason}", unsafe.hint) from None
