@@ -10,6 +10,14 @@ Each tree runs in its own interpreter (``--child``); the trees alternate, ``--ro
 the median over queries of each query's median time, and the largest query median, per tree and round.
 
     python3 benchmarks/parses/decide_time.py --against 4ad7d93 [--rounds 3] [--repeat 40]
+
+Times on a shared machine are noisy; instruction counts are not. ``--count MODE PASSES`` decides every query of
+MODE's workload PASSES times (new texts each pass) and prints nothing, for valgrind to count, in the tree of
+the current directory (the real interpreter, not a shim)::
+
+    valgrind --tool=callgrind --callgrind-out-file=/dev/null python3 .../decide_time.py --count suppress 5
+
+(PASSES 5 minus PASSES 1, divided by 4 and by the number of queries: instructions per decision.)
 """
 
 from __future__ import annotations
@@ -22,13 +30,15 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def child(repeat: int) -> None:
-    """Time the current working directory's tree; print JSON {mode: [median ms per query]}."""
+def actions() -> dict[str, tuple[Callable[[str], None], list[str]]]:
+    """Per mode, what the proxy does on first sight of a statement, and the workload's queries (this tree's code,
+    the benchmark's own workloads)."""
     sys.path[:0] = [".", "tests", str(ROOT / "benchmarks" / "suppress"), str(ROOT / "benchmarks" / "dp")]
     import dp_workload  # noqa: PLC0415 (the workloads are this tree's, read from the benchmark's own copy)
     import workload  # noqa: PLC0415
@@ -55,9 +65,14 @@ def child(repeat: int) -> None:
         if isinstance(decision, Noisy):
             plan_checked(decision.sql, dp_role, POLICY, params)
 
+    return {"suppress": (suppress, [q.sql for q in workload.QUERIES]),
+            "dp": (dp, [q.sql for q in dp_workload.QUERIES])}
+
+
+def child(repeat: int) -> None:
+    """Time the current working directory's tree; print JSON {mode: [median ms per query]}."""
     figures: dict[str, list[float]] = {}
-    for mode, action, queries in (("suppress", suppress, [q.sql for q in workload.QUERIES]),
-                                  ("dp", dp, [q.sql for q in dp_workload.QUERIES])):
+    for mode, (action, queries) in actions().items():
         medians = []
         for number, sql in enumerate(queries):
             action(f"/* warm {number} */ {sql}")
@@ -72,6 +87,14 @@ def child(repeat: int) -> None:
     print(json.dumps(figures))
 
 
+def count(mode: str, passes: int) -> None:
+    """Decide every query of ``mode``'s workload ``passes`` times, each time as a new text."""
+    action, queries = actions()[mode]
+    for serial in range(passes):
+        for number, sql in enumerate(queries):
+            action(f"/* decide-count {number} #{serial} */ {sql}")
+
+
 def run(tree: Path, repeat: int) -> dict[str, list[float]]:
     done = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child", "--repeat", str(repeat)],
                           cwd=tree, check=True, capture_output=True, text=True)
@@ -84,7 +107,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--repeat", type=int, default=40, help="first-sight texts per query")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--count", nargs=2, metavar=("MODE", "PASSES"), help="decide without timing (for valgrind)")
     args = parser.parse_args()
+    if args.count:
+        count(args.count[0], int(args.count[1]))
+        return
     if args.child:
         child(args.repeat)
         return
