@@ -42,6 +42,7 @@ DEFAULT_FILES = ("README.md", "docs/views.md")
 DOCUMENTED_ADDRESS = "127.0.0.1:6432"
 PASSWORD_PLACEHOLDER = "<password>"
 _MARKER = re.compile(r"<!-- live(?:: (noisy|up))? -->")
+_APPLIED = re.compile(r"^policy version (\d+) applied")  # what `anonproxy policy apply` prints
 _PROGRESS = re.compile(r"^(NOTICE:  anonproxy progress \d+ of \d+: .*|anonproxy [\w-]+: \d+/\d+ .*)$")
 _ELAPSED = re.compile(r"\b\d+(?:\.\d+)? s\b")
 _NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?")
@@ -143,6 +144,7 @@ class Demo:
                 raise RuntimeError("anonproxy up stopped before it was ready:\n" + "\n".join(self.ready_output))
         urls = dict(line.split()[:2] for line in self.ready_output if "postgresql://" in line)
         owner = urls["owner"]
+        self.reporter = urls["reporter"]
         self.password = owner.split("://", 1)[1].split("@", 1)[0].split(":", 1)[1]
         self.address = owner.split("@", 1)[1].split("/", 1)[0]
         self.workdir = tempfile.TemporaryDirectory(prefix="anonproxy-live-docs-")
@@ -173,7 +175,24 @@ class Demo:
         lines = [line for line in lines if not _PROGRESS.match(line)]
         while lines and not lines[-1]:
             lines.pop()
+        applied = next((int(found.group(1)) for line in lines if (found := _APPLIED.search(line))), None)
+        if applied is not None:
+            self._wait_for_policy(applied)
         return lines
+
+    def _wait_for_policy(self, version: int) -> None:
+        """Until the proxy's workers know policy ``version``: a person typing the next command gives them that
+        long (they reload on a notification), a script must wait or its next login may meet the policy before."""
+        import psycopg  # noqa: PLC0415  (here: `setup-command` runs with a bare python3, before any install)
+
+        deadline = time.monotonic() + 20
+        seen = 0
+        while seen < 10 and time.monotonic() < deadline:  # fresh connections land on any worker: ten in a row
+            with psycopg.connect(self.reporter, autocommit=True) as conn:
+                current = int(conn.execute("show anonproxy.policy_version").fetchone()[0])  # type: ignore[index]
+            seen = seen + 1 if current >= version else 0
+            if current < version:
+                time.sleep(0.05)
 
     def close(self) -> None:
         if self.process is not None and self.process.poll() is None:
