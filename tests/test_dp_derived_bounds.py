@@ -108,3 +108,9 @@ def test_the_no_error_proof_still_decides_first(sql: str) -> None:
     plan = plan_dp(sql, DP, POLICY, PARAMS)
     assert isinstance(plan, Reject), plan
     assert plan.hint
+
+
+def test_a_quantile_ranks_a_column_not_an_expression() -> None:
+    plan = plan_dp("select percentile_cont(0.5) within group (order by age * 2) from adult", DP, POLICY, PARAMS)
+    assert isinstance(plan, Reject), plan
+    assert "not an expression" in plan.message and plan.hint

@@ -431,6 +431,9 @@ class _Columns:
         cast = cast if isinstance(cast, exp.Cast) and node is not None else None  # checked: a widening cast
         found = self.column_table(cast.this if cast is not None else argument)
         if found is None:
+            if node is None:  # a quantile ranks the column's own values
+                raise unsupported(f"{function.upper()}({written}) in dp mode takes a column with declared bounds, "
+                                  "not an expression", DP_HINT)
             raise unsupported(f"{function.upper()}({written}) in dp mode takes a column with declared bounds, or "
                               "an expression whose bounds follow from its columns' declared bounds", DP_HINT)
         table, name = found
