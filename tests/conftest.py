@@ -183,6 +183,14 @@ def gated_database(pg_server: EmbeddedPostgres, pg_template: NoopExecutor) -> st
     return GATED_DATABASE
 
 
+@pytest.fixture(scope="module")
+def truth(pg_server: EmbeddedPostgres, gated_database: str) -> Iterator[psycopg.Connection]:
+    """The gated database itself, as its superuser (autocommit): what the data really holds, and PostgreSQL's own
+    answers as any role (SET ROLE)."""
+    with psycopg.connect(pg_server.conninfo(dbname=gated_database), autocommit=True) as conn:
+        yield conn
+
+
 @pytest.fixture(scope="session")
 def gated_proxy_process(pg_server: EmbeddedPostgres, gated_database: str,
                         tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyProcess]:

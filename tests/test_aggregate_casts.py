@@ -17,7 +17,7 @@ import dataclasses
 import psycopg
 import pytest
 from conftest import Endpoint
-from test_dp_proxy import analyst, truth  # noqa: F401  (fixtures)
+from test_dp_proxy import analyst  # noqa: F401  (fixtures)
 
 from anonproxy.policy.model import ColumnPolicy, Policy, ProtectedTable, RolePolicy, SuppressionParams
 from anonproxy.dp.model import DPParams, DPPlan

@@ -17,7 +17,7 @@ import pytest
 from conftest import Endpoint, fresh_dp_role
 from test_dp_plan import POLICY as DP_POLICY
 from test_dp_plan import ROLE as DP_ROLE
-from test_dp_proxy import analyst, budget_left, truth  # noqa: F401  (fixtures)
+from test_dp_proxy import analyst, budget_left  # noqa: F401  (fixtures)
 from test_rewrite import POLICY, SUPPRESS, suppress_role
 
 from anonproxy.dp.finish import finish

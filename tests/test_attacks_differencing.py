@@ -26,7 +26,7 @@ import psycopg
 import pytest
 from conftest import Endpoint
 from test_attacks_relations import VISITS, refusal, reporter, tables  # noqa: F401 - fixtures
-from test_dp_proxy import analyst, budget_left, truth  # noqa: F401 - fixtures
+from test_dp_proxy import analyst, budget_left  # noqa: F401 - fixtures
 
 K = 10
 VICTIM = 1146

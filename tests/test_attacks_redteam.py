@@ -16,7 +16,7 @@ import pytest
 from conftest import Endpoint
 from psycopg.types.string import StrDumper
 from test_attacks_relations import refusal, reporter, tables  # noqa: F401 - fixtures
-from test_dp_proxy import analyst, budget_left, truth  # noqa: F401 - fixtures
+from test_dp_proxy import analyst, budget_left  # noqa: F401 - fixtures
 
 # Person 9 has capital_gain 14084 and income >50K; person 8 too earns >50K, person 1 does not (the Adult data).
 VICTIM = 9

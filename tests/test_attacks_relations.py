@@ -18,7 +18,7 @@ from typing import Any
 import psycopg
 import pytest
 from conftest import Endpoint, wait_for_policy
-from test_dp_proxy import analyst, budget_left, truth  # noqa: F401 - fixtures
+from test_dp_proxy import analyst, budget_left  # noqa: F401 - fixtures
 
 from anonproxy.rewrite.expressions import ROW_FUNCTIONS
 

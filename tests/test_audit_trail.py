@@ -25,7 +25,7 @@ import psycopg
 import pytest
 from conftest import SERVICE_ROLE, Endpoint, start_proxy, stop_proxy
 from psycopg.types.json import Jsonb
-from test_dp_proxy import analyst, truth  # noqa: F401  (fixtures)
+from test_dp_proxy import analyst  # noqa: F401  (fixtures)
 
 from anonproxy.embedded import EmbeddedPostgres
 from anonproxy.proxy.audit_trail import AuditTrail, Who

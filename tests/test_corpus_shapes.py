@@ -21,7 +21,7 @@ from typing import Any
 import psycopg
 import pytest
 from conftest import Endpoint
-from test_dp_proxy import analyst, budget_left, truth  # noqa: F401 - fixtures
+from test_dp_proxy import analyst, budget_left  # noqa: F401 - fixtures
 from test_rewrite import POLICY, SUPPRESS
 from test_shapes import dp_session
 

@@ -38,13 +38,6 @@ QUERY = "select education, count(*) as n from adult group by education order by 
 _names = itertools.count(1)
 
 
-@pytest.fixture(scope="module")
-def truth(pg_server: EmbeddedPostgres, gated_database: str) -> Iterator[psycopg.Connection]:
-    conn = psycopg.connect(pg_server.conninfo(dbname=gated_database), autocommit=True)
-    yield conn
-    conn.close()
-
-
 @pytest.fixture
 def reporter(gated_proxy: Endpoint, gated_database: str) -> Iterator[psycopg.Connection]:
     with psycopg.connect(gated_proxy.dsn(gated_database, user="reporter"), autocommit=True) as conn:

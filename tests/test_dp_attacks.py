@@ -23,7 +23,7 @@ import math
 import psycopg
 import pytest
 from conftest import Endpoint
-from test_dp_proxy import analyst, budget_left, truth  # noqa: F401 - fixtures
+from test_dp_proxy import analyst, budget_left  # noqa: F401 - fixtures
 
 from anonproxy.policy.model import RolePolicy
 from anonproxy.policy.yaml_policy import demo_policy

@@ -17,7 +17,7 @@ import psycopg
 import pytest
 from conftest import Endpoint
 from test_aggregate_casts import ADULT, DP, PARAMS, POLICY
-from test_dp_proxy import analyst, truth  # noqa: F401  (fixtures)
+from test_dp_proxy import analyst  # noqa: F401  (fixtures)
 
 from anonproxy.dp.model import DPPlan
 from anonproxy.dp.plan import plan_dp

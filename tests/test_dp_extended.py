@@ -20,7 +20,7 @@ import pytest
 from conftest import Endpoint
 from psycopg import pq
 from test_clients import NODE_DIR, ensure_node_modules, jdbc_jar, libpq_env, run
-from test_dp_proxy import analyst, budget_left, truth  # noqa: F401  (fixtures)
+from test_dp_proxy import analyst, budget_left  # noqa: F401  (fixtures)
 
 from anonproxy.wire.results import binary_value
 

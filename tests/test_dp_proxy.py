@@ -21,13 +21,6 @@ from anonproxy.embedded import EmbeddedPostgres
 _names = itertools.count(1)
 
 
-@pytest.fixture(scope="module")
-def truth(pg_server: EmbeddedPostgres, gated_database: str) -> Iterator[psycopg.Connection]:
-    conn = psycopg.connect(pg_server.conninfo(dbname=gated_database), autocommit=True)
-    yield conn
-    conn.close()
-
-
 @pytest.fixture
 def analyst(truth: psycopg.Connection, gated_proxy: Endpoint, gated_database: str) -> Iterator[str]:
     """A fresh dp role with ε 2 in all, 0.5 per query, on public.adult."""

@@ -13,7 +13,7 @@ import re
 import psycopg
 import pytest
 from conftest import Endpoint
-from test_dp_proxy import analyst, budget_left, truth  # noqa: F401  (fixtures)
+from test_dp_proxy import analyst, budget_left  # noqa: F401  (fixtures)
 
 
 def halfwidth(scale: float) -> int:

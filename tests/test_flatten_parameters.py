@@ -10,25 +10,17 @@ bound as the client sent them.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 
 import asyncpg
 import psycopg
 import pytest
 from conftest import Endpoint, fresh_dp_role
 
-from anonproxy.embedded import EmbeddedPostgres
 
 DROPPED = "select sex, count(*) from (select sex, {0}::integer as unused from adult where age > {1}) t group by sex"
 KEPT = "select sex, count(*) from (select sex, age from adult where age > {0}) t group by sex order by sex"
 READ = ("select s, count(*) from (select sex as s, age as a from adult where age > {0}) t where a < {1} "
         "group by s order by s")
-
-
-@pytest.fixture(scope="module")
-def truth(pg_server: EmbeddedPostgres, gated_database: str) -> Iterator[psycopg.Connection]:
-    with psycopg.connect(pg_server.conninfo(dbname=gated_database), autocommit=True) as conn:
-        yield conn
 
 
 def psycopg_placeholders(template: str) -> str:

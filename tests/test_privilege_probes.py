@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
@@ -49,14 +48,6 @@ from table_privileges t"""  # noqa: E501
 
 def through(proxy: Endpoint, dbname: str, role: str, **kwargs: object) -> psycopg.Connection:
     return psycopg.connect(proxy.dsn(dbname, user=role), autocommit=True, **kwargs)
-
-
-@pytest.fixture(scope="module")
-def truth(pg_server: EmbeddedPostgres, gated_database: str) -> Iterator[psycopg.Connection]:
-    """A superuser connection to the gated database: PostgreSQL's own answers, as any role (SET ROLE)."""
-    conn = psycopg.connect(pg_server.conninfo(dbname=gated_database), autocommit=True)
-    yield conn
-    conn.close()
 
 
 def as_role(truth: psycopg.Connection, role: str, query: str, params: tuple[object, ...] = ()) -> list[tuple]:

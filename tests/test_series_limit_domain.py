@@ -14,18 +14,11 @@ import psycopg
 import pytest
 from conftest import Endpoint, fresh_dp_role
 
-from anonproxy.embedded import EmbeddedPostgres
 
 TOP = ("SELECT education AS education__, count(*) AS mme_inner__ FROM public.adult GROUP BY education "
        "ORDER BY mme_inner__ DESC LIMIT {top}")
 SERIES = ("SELECT education AS education, count(*) AS count FROM public.adult JOIN (" + TOP + ") AS series_limit "
           "ON education = series_limit.education__ GROUP BY education ORDER BY {order} LIMIT {limit}{offset}")
-
-
-@pytest.fixture(scope="module")
-def truth(pg_server: EmbeddedPostgres, gated_database: str) -> Iterator[psycopg.Connection]:
-    with psycopg.connect(pg_server.conninfo(dbname=gated_database), autocommit=True) as conn:
-        yield conn
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ from typing import Any
 import psycopg
 import pytest
 from conftest import Endpoint
-from test_dp_proxy import analyst, budget_left, truth  # noqa: F401 - fixtures
+from test_dp_proxy import analyst, budget_left  # noqa: F401 - fixtures
 from test_rewrite import POLICY, SUPPRESS
 
 from anonproxy.dp.model import DPParams, DPPlan

@@ -17,20 +17,12 @@ import psycopg
 import pytest
 from conftest import Endpoint, wait_for_policy
 
-from anonproxy.embedded import EmbeddedPostgres, find_pg_bindir
+from anonproxy.embedded import find_pg_bindir
 from anonproxy.policy.store import load_policy
 from anonproxy.rewrite.classify import decide
 from anonproxy.rewrite.decision import Rewrite
 
 K = 10
-
-
-@pytest.fixture(scope="module")
-def truth(pg_server: EmbeddedPostgres, gated_database: str) -> Iterator[psycopg.Connection]:
-    """The database itself, as its superuser: what the data really holds."""
-    conn = psycopg.connect(pg_server.conninfo(dbname=gated_database), autocommit=True)
-    yield conn
-    conn.close()
 
 
 @dataclass(frozen=True)

@@ -413,12 +413,7 @@ async def _run_described(conn: psycopg.AsyncConnection[Any], sql: str, parameter
 async def _describe_columns(conn: psycopg.AsyncConnection[Any], sql: str, declared: tuple[int, ...],
                             ) -> tuple[Column, ...]:
     """Result columns (names and types) of ``sql``: prepared, never executed."""
-    pgconn = conn.pgconn
-    async with conn.lock:
-        pgconn.send_prepare(b"", sql.encode(), list(declared))
-        _last(await conn.wait(generators.execute(pgconn)), pq.ExecStatus.COMMAND_OK)
-        pgconn.send_describe_prepared(b"")
-        result = _last(await conn.wait(generators.execute(pgconn)), pq.ExecStatus.COMMAND_OK)
+    result = await _prepared(conn, sql, declared)
     return tuple(Column((result.fname(i) or b"").decode(), result.ftype(i)) for i in range(result.nfields))
 
 
@@ -480,14 +475,19 @@ async def _check_statement(conn: psycopg.AsyncConnection[Any], plan: DPPlan, par
 async def _describe(conn: psycopg.AsyncConnection[Any], sql: str, declared: tuple[int, ...],
                     ) -> tuple[tuple[int, ...], list[int]]:
     """Parameter types (as the server infers them) and column types of ``sql``: prepared, never executed."""
+    result = await _prepared(conn, sql, declared)
+    return (tuple(result.param_type(i) for i in range(result.nparams)),
+            [result.ftype(i) for i in range(result.nfields)])
+
+
+async def _prepared(conn: psycopg.AsyncConnection[Any], sql: str, declared: tuple[int, ...]) -> pq.abc.PGresult:
+    """The server's description of ``sql`` prepared as the unnamed statement (never executed)."""
     pgconn = conn.pgconn
     async with conn.lock:
         pgconn.send_prepare(b"", sql.encode(), list(declared))
         _last(await conn.wait(generators.execute(pgconn)), pq.ExecStatus.COMMAND_OK)
         pgconn.send_describe_prepared(b"")
-        result = _last(await conn.wait(generators.execute(pgconn)), pq.ExecStatus.COMMAND_OK)
-    return (tuple(result.param_type(i) for i in range(result.nparams)),
-            [result.ftype(i) for i in range(result.nfields)])
+        return _last(await conn.wait(generators.execute(pgconn)), pq.ExecStatus.COMMAND_OK)
 
 
 def _last(results: list[pq.abc.PGresult], expected: pq.ExecStatus) -> pq.abc.PGresult:
