@@ -15,7 +15,7 @@ import psycopg
 import pytest
 
 from anonproxy.embedded import EmbeddedPostgres
-from conftest import Endpoint
+from conftest import Endpoint, wait_for_policy
 
 K = 10
 
@@ -193,8 +193,8 @@ def test_denied_role_cannot_log_in(gated_proxy: Endpoint, gated_database: str, t
     truth.execute("create role blocked login password 'blocked'")
     try:
         truth.execute("select anonproxy.set_role_policy('blocked', 'deny')")
-        with reporter(gated_proxy, gated_database) as watcher:
-            _wait_for_version(watcher, truth.execute("select version from anonproxy.policy_version").fetchone()[0])
+        wait_for_policy(gated_proxy, gated_database,
+                        truth.execute("select version from anonproxy.policy_version").fetchone()[0])
         with pytest.raises(psycopg.OperationalError, match='role "blocked" may not connect through anonproxy'):
             psycopg.connect(gated_proxy.dsn(gated_database, user="blocked"))
     finally:
