@@ -14,7 +14,7 @@ from decimal import Decimal
 from fractions import Fraction
 
 from anonproxy.dp.having import holds
-from anonproxy.dp.mechanisms import discrete_laplace, to_grid
+from anonproxy.dp.mechanisms import discrete_gaussian, discrete_laplace, to_grid
 from anonproxy.dp.model import ColumnNoise, DPPlan, OrderKey, OutputColumn, Statistic, to_decimal
 
 def answer(plan: DPPlan, rows: list[tuple]) -> tuple[list[tuple], list[ColumnNoise | None]]:
@@ -103,20 +103,25 @@ def _value_order(value: object) -> tuple:
 _ORDERABLE = (int, float, Decimal, str, bytes, datetime.date, datetime.time, datetime.timedelta)
 
 
+def _draw(stat: Statistic) -> int:
+    """One draw of the statistic's noise, in grid units: its discrete Gaussian, or its discrete Laplace."""
+    return discrete_laplace(stat.scale) if stat.sigma2 is None else discrete_gaussian(stat.sigma2)
+
+
 def _noisy(stat: Statistic, value: object) -> int | Decimal | float:
-    """The statistic plus discrete Laplace noise: in the type PostgreSQL gave the exact value, or a numeric on the
-    statistic's fixed-point grid when it has one."""
+    """The statistic plus its noise: in the type PostgreSQL gave the exact value, or a numeric on the statistic's
+    fixed-point grid when it has one."""
     if value is None:
         value = 0
     if stat.resolution is None:
         if isinstance(value, int) and not isinstance(value, bool):
-            return value + discrete_laplace(stat.scale)
+            return value + _draw(stat)
         exact = Fraction(value) if isinstance(value, float) else Fraction(Decimal(value))  # type: ignore[arg-type]
         grid = to_grid(exact, 1)  # an integer statistic that came back as numeric (sum of bigint)
-        return _like(value, Fraction(grid + discrete_laplace(stat.scale)))
+        return _like(value, Fraction(grid + _draw(stat)))
     exact = Fraction(value) if isinstance(value, float) else Fraction(Decimal(value))  # type: ignore[arg-type]
     grid = to_grid(exact, stat.resolution)
-    return to_decimal((grid + discrete_laplace(stat.scale)) * stat.resolution)
+    return to_decimal((grid + _draw(stat)) * stat.resolution)
 
 
 def _like(template: object, value: Fraction) -> int | Decimal | float:
@@ -136,6 +141,10 @@ def _output(column: OutputColumn, row: tuple, noisy: dict[object, object]) -> ob
         return max(0, noisy[column.statistic])  # type: ignore[call-overload, index]
     if column.kind == "sum":
         total = noisy[column.statistic]  # type: ignore[index]
+        if column.denominator is not None:  # Σ(x − c) + c·n, from its average's noisy statistics
+            exact = _fraction(total) + column.center * _fraction(noisy[column.denominator])  # type: ignore[index]
+            total = to_decimal(exact) if column.noise is not None and column.noise.resolution is not None \
+                else _like(total, exact)
         if column.noise is not None and column.noise.resolution is not None and column.noise.ci95_halfwidth:
             return supported_digits(_fraction(total), column.noise.ci95_halfwidth)  # numeric on its grid
         return total

@@ -49,6 +49,7 @@ __all__ = [
     "discrete_gaussian_halfwidth",
     "discrete_gaussian_pmf",
     "discrete_gaussian_stddev",
+    "discrete_gaussian_tail",
     "discrete_gaussian_variance",
     "discrete_laplace",
     "discrete_laplace_halfwidth",
@@ -58,6 +59,7 @@ __all__ = [
     "gaussian_mechanism",
     "gaussian_sigma2",
     "grid_sensitivity",
+    "laplace_matched_sigma2",
     "laplace_mechanism",
     "laplace_scale",
     "noisy_sum_fixed_point",
@@ -464,6 +466,51 @@ def _gaussian_halfwidth(s2: float, confidence: float) -> int:
 def discrete_gaussian_halfwidth(sigma2: Number, confidence: float = CONFIDENCE) -> int:
     """The smallest integer h with Pr[|X| ≤ h] ≥ confidence, from the discrete Gaussian's own CDF."""
     return _gaussian_halfwidth(_gaussian_s2(sigma2), _confidence(confidence))
+
+
+@lru_cache(maxsize=1024)
+def _gaussian_tail(s2: float, k: int) -> float:
+    z, _ = _gaussian_moments(s2)
+    sigma = math.sqrt(s2)
+    if sigma > _DIRECT_CDF_SIGMA:
+        # e^{−x²/2σ²} decreases for x ≥ k ≥ 0, so Σ_{x≥k} ≤ f(k) + ∫_k^∞ f: an upper bound, within one term.
+        integral = sigma * math.sqrt(math.pi / 2) * math.erfc(k / (sigma * math.sqrt(2)))
+        return (math.exp(-k * k / (2 * s2)) + integral) / z
+    total, x = 0.0, k
+    while True:
+        term = math.exp(-x * x / (2 * s2))
+        total += term
+        if term <= total * 1e-18:
+            return total / z
+        x += 1
+
+
+def discrete_gaussian_tail(k: int, sigma2: Number) -> float:
+    """Pr[X ≥ k] for the discrete Gaussian of parameter σ² and an integer k ≥ 0: summed term by term up to
+    σ = 10⁴ (to double precision), beyond that bounded above by one term plus the integral of the rest."""
+    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+        raise ValueError(f"k must be an integer >= 0, got {k!r}")
+    return _gaussian_tail(_gaussian_s2(sigma2), k)
+
+
+def laplace_matched_sigma2(scale: Number) -> Fraction:
+    """The σ² of the discrete Gaussian whose variance equals that of the discrete Laplace of scale t (never
+    less), rounded up to a short rational: the Gaussian a statistic uses for the accuracy a Laplace at the same
+    ε share would give it. For σ ≥ 10 the discrete Gaussian's variance is σ² in double precision; below, it is
+    slightly less than σ², and σ² is found by bisection."""
+    target = discrete_laplace_variance(scale)
+    if not math.isfinite(target):
+        raise OverflowError("the discrete Laplace's variance is beyond the range of a double")
+    if target >= _DIRECT_SUM_SIGMA2:
+        return _round_up(Fraction(target))
+    low, high = target, target + 1  # Var(σ²) ≤ σ², and Var(σ² + 1) ≥ σ² for every σ²
+    for _ in range(80):
+        middle = (low + high) / 2
+        if discrete_gaussian_variance(middle) >= target:
+            high = middle
+        else:
+            low = middle
+    return _round_up(Fraction(high))
 
 
 # ---------------------------------------------------------------------------

@@ -7,6 +7,7 @@ into the noisy answer.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from decimal import Decimal
 from fractions import Fraction
@@ -14,7 +15,13 @@ from typing import Literal
 
 import psycopg
 
-from anonproxy.dp.mechanisms import CONFIDENCE, discrete_laplace_halfwidth, discrete_laplace_stddev
+from anonproxy.dp.mechanisms import (
+    CONFIDENCE,
+    discrete_gaussian_halfwidth,
+    discrete_gaussian_stddev,
+    discrete_laplace_halfwidth,
+    discrete_laplace_stddev,
+)
 from anonproxy.dp.quantiles import dp_quantile, rank_halfwidth
 from anonproxy.plan import outer as nested_shapes
 
@@ -25,9 +32,9 @@ ColumnKind = Literal["key", "count", "sum", "avg", "variance", "stddev", "quanti
 _INT8, _FLOAT4, _FLOAT8, _NUMERIC = 20, 700, 701, 1700  # PostgreSQL type OIDs of answer values
 _FLOATS = (_FLOAT4, _FLOAT8)
 
-StatKind = Literal["units", "rows", "count", "sum", "values"]
-# "post": computed by the plan's post statement over the noisy values (a post-aggregate expression)
-ColumnKind = Literal["key", "count", "sum", "avg", "variance", "stddev", "quantile", "post"]
+Mechanism = Literal["discrete_laplace", "discrete_gaussian"]
+MECHANISM_NAMES = {"discrete_laplace": "discrete Laplace", "discrete_gaussian": "discrete Gaussian"}
+
 
 @dataclass(frozen=True)
 class DPParams:
@@ -35,11 +42,15 @@ class DPParams:
     delta: float
     max_groups_per_unit: int = 1
     max_rows_per_unit: int = 1  # per unit and group
+    accounting: Literal["basic", "zcdp"] = "basic"
 
 
 @dataclass(frozen=True)
 class Statistic:
-    """One exact per-group statistic of the SQL, and the discrete Laplace noise ``answer`` adds to it.
+    """One exact per-group statistic of the SQL, and the noise ``answer`` adds to it: a discrete Laplace of scale
+    ``scale``, or a discrete Gaussian of parameter ``sigma2`` with the same variance (docs/dp.md, "Mechanism
+    choice and costs"). ``epsilon`` is its share of the query's ε, the accuracy level both give it; ``rho`` its
+    cost in zero-concentrated DP.
 
     A ``sum`` adds up f(x) = (clamp(x) − center)^power − offset over the bounded rows, where clamp(x) is x
     clamped to the declared [L, U] (``clamp``); ``per_group`` is c times the largest |f|. A ``values``
@@ -58,21 +69,45 @@ class Statistic:
     center: Fraction = Fraction(0)
     power: int = 1
     offset: Fraction = Fraction(0)
+    mechanism: Mechanism = "discrete_laplace"
+    sigma2: Fraction | None = None  # discrete Gaussian: its parameter σ², in grid units²
+    rho: Fraction = Fraction(0)  # zCDP cost: ε²/2 (Laplace at ε) or Δ₂²/(2σ²) (Gaussian)
 
     @property
     def value_scale(self) -> float:
-        """The noise scale in the statistic's own units."""
-        return float(self.scale * (self.resolution or 1))
+        """The noise scale in the statistic's own units (the Laplace t, or the Gaussian σ)."""
+        own = self.scale if self.sigma2 is None else Fraction(self.sigma2) ** 0.5
+        return float(own * (self.resolution or 1))
+
+    @property
+    def stddev(self) -> float:
+        """The noise's standard deviation in the statistic's own units."""
+        grid = discrete_laplace_stddev(self.scale) if self.sigma2 is None else discrete_gaussian_stddev(self.sigma2)
+        return grid * float(self.resolution or 1)
 
     def halfwidth(self, confidence: float = CONFIDENCE) -> float:
         """The noisy value is within this of the exact one with probability ≥ ``confidence``, in its own units."""
         rounding = float(self.resolution) / 2 if self.resolution is not None else 0.0
-        return discrete_laplace_halfwidth(self.scale, confidence) * float(self.resolution or 1) + rounding
+        grid = (discrete_laplace_halfwidth(self.scale, confidence) if self.sigma2 is None
+                else discrete_gaussian_halfwidth(self.sigma2, confidence))
+        return grid * float(self.resolution or 1) + rounding
+
+    def label(self) -> str:
+        """What it measures, for notices."""
+        if self.kind == "units":
+            return "number of people"
+        if self.kind == "rows":
+            return "number of rows"
+        if self.kind == "count":
+            return f"count({self.argument})"
+        term = self.argument if self.center == 0 else f"{self.argument} − {self.center}"
+        if self.power == 2:
+            term = f"({term})²" + (f" − {self.offset}" if self.offset else "")
+        return f"sum({term})"
 
     def noise(self) -> ColumnNoise:
-        return ColumnNoise("discrete_laplace", self.value_scale, float(self.epsilon), 0.0,
-                           discrete_laplace_stddev(self.scale) * float(self.resolution or 1), self.halfwidth(),
-                           self.resolution)
+        return ColumnNoise(self.mechanism, self.value_scale, float(self.epsilon), 0.0, self.stddev, self.halfwidth(),
+                           self.resolution, rho=as_float(self.rho))
 
 
 @dataclass(frozen=True)
@@ -109,7 +144,8 @@ class Quantile:
 class ColumnNoise:
     """What the accuracy notice says about one output column (the same for every row)."""
 
-    mechanism: str  # "discrete_laplace", "ratio" (AVG), "moments" (VARIANCE/STDDEV) or "exponential"
+    mechanism: str  # "discrete_laplace", "discrete_gaussian", "derived" (a SUM from AVG's statistics), "ratio"
+    # (AVG), "moments" (VARIANCE/STDDEV) or "exponential"
     scale: float | None
     epsilon: float
     delta: float
@@ -118,6 +154,7 @@ class ColumnNoise:
     resolution: Fraction | None = None
     rank_halfwidth: float | None = None  # exponential: 95 % of answers are within this many ranks
     ratio_numerator: float | None = None  # ratio: 95 % of answers are within this / (the group's noisy count)
+    rho: float | None = None  # the zCDP cost of the statistic(s) it reads
 
     def describe(self, column: str) -> str:
         if self.mechanism == "ratio":
@@ -132,7 +169,13 @@ class ColumnNoise:
         if self.mechanism == "exponential":
             return (f"{column}: exponential mechanism on a grid of step {self.resolution}, ε={self.epsilon:g}, "
                     f"95% within ±{self.rank_halfwidth:.3g} ranks of the true quantile")
-        parts = [f"{column}: discrete Laplace, ε={self.epsilon:g}", f"scale {self.scale:g}"]
+        if self.mechanism == "derived":  # a sum from avg's statistics: Σ(x − c) + c·n
+            parts = [f"{column}: Σ(x − c) + c·n from the statistics of its average, ε={self.epsilon:g}"]
+        elif self.mechanism == "discrete_gaussian":
+            parts = [f"{column}: discrete Gaussian at the sd of a discrete Laplace with ε={self.epsilon:g}",
+                     f"ρ={self.rho:.4g}", f"σ {self.scale:g}"]
+        else:
+            parts = [f"{column}: discrete Laplace, ε={self.epsilon:g}", f"scale {self.scale:g}"]
         if self.stddev is not None:
             parts.append(f"sd {self.stddev:.3g}")
         if self.ci95_halfwidth is not None:
@@ -207,6 +250,10 @@ class DPPlan:
     domains: tuple[tuple[str, ...], ...] | None = None  # the GROUP BY keys' declared public domains, in order
     post: PostProcess | None = None  # post-aggregate expressions, computed over the noisy values
     nested: nested_shapes.Outer | nested_shapes.Series | None = None  # the released rows' next step
+    # The same answer as `delta_add`-approximately `rho`-zCDP (`epsilon`, `delta` are its basic (ε, δ) pair): ρ of
+    # its noisy statistics and quantiles, δ of partition selection only (docs/dp.md, "Mechanism choice and costs").
+    rho: float = 0.0
+    delta_add: float = 0.0
 
     @property
     def free(self) -> bool:
@@ -219,9 +266,33 @@ class DPPlan:
         # hidden columns: those HAVING compares ("having <n>"), and the aggregates of post-aggregate expressions
         lines += [("HAVING: " if column.name.startswith("having ") else "") + column.noise.describe(column.name)
                   for column in self.hidden if column.noise is not None]
+        lines += self.statistic_lines()
         if self.selection is not None:
             lines.append(f"groups released only if their noisy count of people reaches {self.threshold} "
-                         f"(δ={self.delta:g})")
+                         f"(δ={self.delta_add:g})")
+        return lines
+
+    def statistic_lines(self) -> list[str]:
+        """Each noisy statistic once: what it measures, which outputs read it, its share of ε and its noise."""
+        uses: dict[str, list[str]] = {}
+        roles = (("statistic", ""), ("denominator", "'s count"), ("linear", "'s sum"))
+        for column in self.columns + self.hidden:
+            for field_name, role in roles:
+                name = getattr(column, field_name)
+                if name is not None and column.kind not in ("key", "post", "quantile"):
+                    label = column.name + (role if column.kind != "count" else "")
+                    if label not in uses.setdefault(name, []):
+                        uses[name].append(label)
+        if self.selection is not None:
+            uses.setdefault(self.selection, []).append("partition selection")
+        lines = []
+        for stat in self.statistics:
+            if stat.kind == "values":
+                continue
+            parts = [f"statistic {stat.name}: {stat.label()} for {', '.join(uses.get(stat.name, ['?']))}",
+                     f"{MECHANISM_NAMES[stat.mechanism]}, ε share {float(stat.epsilon):g}", f"ρ={as_float(stat.rho):.4g}",
+                     f"sd {stat.stddev:.4g}"]
+            lines.append(", ".join(parts))
         return lines
 
     def output_types(self, sql_types: list[int]) -> tuple[int, ...]:
@@ -266,6 +337,14 @@ def _element_type(array_oid: int) -> int:
         if info.array_oid == array_oid:
             return info.oid
     return _NUMERIC
+
+
+def as_float(value: Fraction) -> float:
+    """A cost as a float: past the largest double (a huge ε squared) infinite."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf
 
 
 def to_decimal(value: Fraction) -> Decimal:

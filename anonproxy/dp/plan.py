@@ -19,7 +19,7 @@ be cached; its ``epsilon`` and ``delta`` are the cost to charge to the ledger
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal, localcontext
 from fractions import Fraction
 
@@ -35,7 +35,7 @@ from anonproxy.policy.model import (
 )
 from anonproxy.dp.bounded_sql import bounded_sql, text_literal
 from anonproxy.dp.having import compile_having
-from anonproxy.dp.mechanisms import ceil_scaled_log, laplace_scale
+from anonproxy.dp.mechanisms import ceil_scaled_log, discrete_gaussian_tail, laplace_matched_sigma2, laplace_scale
 from anonproxy.dp.model import (
     ColumnKind,
     ColumnNoise,
@@ -47,6 +47,7 @@ from anonproxy.dp.model import (
     Quantile,
     Statistic,
     StatKind,
+    as_float,
 )
 from anonproxy.plan.analysis import AnalyticQuery, Item, analyze, canonical, filtered
 from anonproxy.plan.post_aggregate import RELEASED, PostAggregate, value
@@ -63,7 +64,7 @@ from anonproxy.rewrite.expressions import unwrap
 from anonproxy.rewrite.names import PolicyIndex, ResolvedTable, identifier, quote
 from anonproxy.rewrite.statements import PARSE_HINT, split
 
-__all__ = ["plan_dp", "selection_threshold"]
+__all__ = ["gaussian_selection_threshold", "plan_dp", "selection_threshold"]
 
 DP_HINT = ("Supported in dp mode: SELECT <GROUP BY columns>, count(*), count(x), count(DISTINCT <unit>), sum(x), "
            "avg(x), variance/var_samp/var_pop/stddev/stddev_samp/stddev_pop(x), median(x), "
@@ -109,6 +110,9 @@ def _plan(sql: str, role: RolePolicy, policy: Policy, params: DPParams) -> DPPla
     if role.mode != "dp":
         raise forbidden(f"role {role.role} is not in dp mode (mode {role.mode})", "Ask the DBA for a dp role.")
     epsilon, delta, groups_cap, rows_cap = _params(params)
+    # zCDP accounting: each statistic may take the discrete Gaussian of the same variance (it needs δ > 0 for the
+    # answer's basic (ε, δ) pair to be finite).
+    gaussian = params.accounting == "zcdp" and delta > 0
     statements = split(sql)
     if len(statements) != 1:
         raise unsupported("a dp query must be sent on its own, as one statement", DP_HINT)
@@ -121,7 +125,7 @@ def _plan(sql: str, role: RolePolicy, policy: Policy, params: DPParams) -> DPPla
     if query.distinct and any(item.kind == "aggregate" or item.aggregates for item in query.items):
         raise unsupported("SELECT DISTINCT with aggregates is not supported in dp mode", DP_HINT)
 
-    columns = _Columns(query, rows_cap)
+    columns = _Columns(query, rows_cap, tree)
     keys = list(query.key_nodes)
     public = _public_domains(query, columns) if query.keys else None
     # How many groups one unit can reach: a unit touches at most `groups_cap` groups, and never more than exist.
@@ -168,25 +172,29 @@ def _plan(sql: str, role: RolePolicy, policy: Policy, params: DPParams) -> DPPla
             hidden.append(columns.aggregate(node, query.text_of(node).text, None))
             inputs.append((value(number), len(drafts) + len(hidden) - 1))
 
-    mechanisms = [key for key, stat in columns.stats.items() if stat.kind != "values"] + list(columns.quantiles)
+    columns.settle_sums(epsilon, reach, gaussian)
+    mechanisms = columns.noisy()
     if not mechanisms and not public:
         raise unsupported("a dp query needs an aggregate or a GROUP BY", DP_HINT)
-    share = Fraction(epsilon) / max(len(mechanisms), 1)
+    share = Fraction(epsilon) / max(mechanisms, 1)
     names = {key: f"anonproxy_s{i}" for i, key in enumerate(columns.stats, 1)}
-    statistics = {key: stat.finish(names[key], share, reach) for key, stat in columns.stats.items()}
+    statistics = {key: stat.finish(names[key], share, reach, gaussian) for key, stat in columns.stats.items()}
     quantiles = {key: Quantile(names[values], key[1], key[2], lower, upper, step, share / reach, share, rows_cap)
                  for key, (values, lower, upper, step) in columns.quantiles.items()}
 
     threshold = None
     if selection is not None:
-        threshold = selection_threshold(statistics[selection].scale, reach, float(delta))
+        chosen = statistics[selection]
+        threshold = (selection_threshold(chosen.scale, reach, float(delta)) if chosen.sigma2 is None
+                     else gaussian_selection_threshold(chosen.sigma2, reach, float(delta)))
+    cost = _costs(list(statistics.values()), list(quantiles.values()), delta, selection is not None)
     order, limit, offset = _tail(query, tree)
     checks = _having_checks(having, drafts, hidden, query)
     return DPPlan(
         sql=bounded_sql(query, list(statistics.values()), public, rows_cap, groups_cap, checks),
         columns=tuple(draft.finish(statistics, quantiles) for draft in drafts),
-        epsilon=float(epsilon) if mechanisms else 0.0,  # listing a public domain reads nothing private
-        delta=float(delta) if selection is not None else 0.0,
+        epsilon=cost.epsilon,  # 0 when listing a public domain, which reads nothing private
+        delta=cost.delta,
         table=query.owner,
         tables=tuple(sorted({source.policy_name for _, source in query.sources})),
         keys=len(query.keys),
@@ -204,7 +212,36 @@ def _plan(sql: str, role: RolePolicy, policy: Policy, params: DPParams) -> DPPla
         post=_post_process(outer, query, inputs, [i for i, d in enumerate(drafts) if d.kind == "post"])
         if outer is not None else None,
         nested=shape.post if isinstance(shape, Nested) else None,
+        rho=cost.rho,
+        delta_add=cost.delta_add,
     )
+
+
+@dataclass(frozen=True)
+class _Cost:
+    epsilon: float
+    delta: float
+    rho: float
+    delta_add: float
+
+
+def _costs(statistics: list[Statistic], quantiles: list[Quantile], delta: Fraction, selection: bool) -> _Cost:
+    """An answer's four costs (docs/dp.md, "Mechanism choice and costs"), each a valid guarantee on its own.
+
+    zCDP: a discrete Laplace at ε is ε²/2-zCDP, the exponential mechanism at ε is ε²/8-zCDP, a discrete Gaussian
+    Δ₂²/(2σ²)-zCDP; ρ adds up over the statistics. The basic pair: the pure-ε mechanisms' ε added up, plus the
+    Gaussians' ρ converted at the role's δ (ρ + 2√(ρ·ln(1/δ)), δ); partition selection adds δ to both δs."""
+    noisy = [stat for stat in statistics if stat.kind != "values"]
+    pure = sum((stat.epsilon for stat in noisy if stat.sigma2 is None), Fraction(0))
+    pure += sum((quantile.share for quantile in quantiles), Fraction(0))
+    gaussian = float(sum((stat.rho for stat in noisy if stat.sigma2 is not None), Fraction(0)))
+    rho = sum((stat.rho for stat in noisy), Fraction(0)) + sum((q.share ** 2 / 8 for q in quantiles), Fraction(0))
+    epsilon, basic_delta = float(pure), 0.0
+    if gaussian > 0:
+        epsilon += gaussian + 2 * math.sqrt(gaussian * math.log(1 / float(delta)))
+        basic_delta = float(delta)
+    selected = float(delta) if selection else 0.0
+    return _Cost(epsilon, basic_delta + selected, as_float(rho), selected)
 
 
 def _check_outer(outer: PostAggregate) -> None:
@@ -247,7 +284,9 @@ class _Stat:
     power: int = 1
     offset: Fraction = Fraction(0)
 
-    def finish(self, name: str, epsilon: Fraction, reach: int) -> Statistic:
+    def finish(self, name: str, epsilon: Fraction, reach: int, gaussian: bool = False) -> Statistic:
+        """The statistic with the noise of its share ``epsilon``: the discrete Laplace of scale Δ/ε, or (``gaussian``)
+        the discrete Gaussian of the same variance when that costs less ρ."""
         if self.kind == "values":
             return Statistic(name, "values", self.argument, self.per_group, self.per_group * reach, Fraction(0),
                              None, Fraction(0), self.clamp)
@@ -259,9 +298,19 @@ class _Stat:
                 # Not an integer sum: release it on the grid r·ℤ, r a power of ten, with ~GRID_UNITS steps per Δ.
                 resolution = Fraction(10) ** math.floor(math.log10(sensitivity / GRID_UNITS))
         # On the grid each reachable group moves by at most ⌈per_group/r⌉ steps (to_grid rounds half up).
-        units = sensitivity if resolution is None else reach * Fraction(math.ceil(self.per_group / resolution))
-        return Statistic(name, self.kind, self.argument, self.per_group, sensitivity, epsilon, resolution,
-                         laplace_scale(units, epsilon), self.clamp, self.center, self.power, self.offset)
+        per_group = math.ceil(self.per_group if resolution is None else self.per_group / resolution)
+        units = sensitivity if resolution is None else reach * Fraction(per_group)
+        scale = laplace_scale(units, epsilon)
+        laplace = Statistic(name, self.kind, self.argument, self.per_group, sensitivity, epsilon, resolution, scale,
+                            self.clamp, self.center, self.power, self.offset, rho=epsilon * epsilon / 2)
+        if not gaussian:
+            return laplace
+        # L2 sensitivity in grid units: one unit moves each of `reach` groups by at most `per_group` steps.
+        sigma2 = laplace_matched_sigma2(scale)
+        rho = Fraction(per_group * per_group * reach) / (2 * sigma2)
+        if rho >= laplace.rho:
+            return laplace
+        return replace(laplace, mechanism="discrete_gaussian", sigma2=sigma2, rho=rho)
 
     def range(self) -> tuple[Fraction, Fraction]:
         """The range of f(x) = (clamp(x) − center)^power − offset."""
@@ -294,7 +343,16 @@ class _Draft:
             return None if key is None else statistics[key].name
 
         noise = None
-        if self.kind in ("count", "sum"):
+        if self.kind == "sum" and self.denominator is not None:
+            # Σx = Σ(x − c) + c·n from its average's statistics: independent noises, so the variances add; the
+            # interval holds each error within its 97.5 % interval (95 % together).
+            total, count = statistics[self.statistic], statistics[self.denominator]  # type: ignore[index]
+            c = float(self.center)
+            noise = ColumnNoise("derived", None, float(total.epsilon + count.epsilon), 0.0,
+                                math.hypot(total.stddev, c * count.stddev),
+                                total.halfwidth(0.975) + abs(c) * count.halfwidth(0.975), total.resolution,
+                                rho=float(total.rho + count.rho))
+        elif self.kind in ("count", "sum"):
             noise = statistics[self.statistic].noise()  # type: ignore[index]
         elif self.kind == "avg":
             total, count = statistics[self.statistic], statistics[self.denominator]  # type: ignore[index]
@@ -321,13 +379,54 @@ class _Draft:
 class _Columns:
     """The statistics and quantiles the query's aggregates need, each computed once."""
 
-    def __init__(self, query: AnalyticQuery, rows_cap: int) -> None:
+    def __init__(self, query: AnalyticQuery, rows_cap: int, tree: exp.Select) -> None:
         self.query = query
         self.rows_cap = rows_cap
         self.tables = dict(query.sources)
+        self.nullable = _nullable_side(tree, self.tables)
         self.stats: dict[_ColumnKey, _Stat] = {}
         # (argument, q, discrete) -> (the values statistic, L, U, grid step)
         self.quantiles: dict[tuple, tuple[_ColumnKey, Fraction, Fraction, Fraction]] = {}
+        # argument -> (Σ(x − center), its count, center) of an avg, variance or stddev: what a sum may derive from
+        self.moments: dict[str, tuple[_ColumnKey, _ColumnKey, Fraction]] = {}
+        self.sums: list[tuple[_Draft, _ColumnKey]] = []  # sum drafts and their own statistics, for settle_sums
+
+    def noisy(self) -> int:
+        """How many noisy statistics the answer has (each quantile counted as one): its ε is split between them."""
+        return sum(stat.kind != "values" for stat in self.stats.values()) + len(self.quantiles)
+
+    def settle_sums(self, epsilon: Fraction, reach: int, gaussian: bool) -> None:
+        """Give each sum its statistics: Σ(x − c) + c·n from an average of the same argument when that has the
+        smaller error at the final split of ε, else its own statistic. Decided on the plan alone."""
+        decided: dict[_ColumnKey, bool] = {}  # the sum's own statistic -> derived instead
+        for draft, own in self.sums:
+            moments = self.moments.get(own[1])
+            if own not in decided:
+                derived = False
+                if moments is not None and moments[0] != own:  # (centred on 0, avg's sum is this one)
+                    linear, count, center = moments
+                    m = self.noisy()
+                    variance = (self.stats[linear].finish("", epsilon / (m - 1), reach, gaussian).stddev ** 2
+                                + float(center) ** 2 * self.stats[count].finish("", epsilon / (m - 1), reach,
+                                                                                gaussian).stddev ** 2)
+                    alone = self.stats[own].finish("", epsilon / m, reach, gaussian).stddev ** 2
+                    derived = variance <= alone
+                    if derived:
+                        del self.stats[own]
+                decided[own] = derived
+            if decided[own] and moments is not None:
+                draft.statistic, draft.denominator, draft.center = moments
+
+    def never_null(self, node: exp.Expression) -> bool:
+        """Whether an aggregate's argument is a column that is NULL in no row of the FROM clause: declared NOT NULL
+        in the catalog (read with the policy), of a table not on the nullable side of a LEFT JOIN. Only the
+        accuracy rests on it: a count of such a column is the count of rows, and shares that statistic."""
+        found = self.column_table(node)
+        if found is None or found[0] is None or found[0] in self.nullable:
+            return False
+        table, name = found
+        model = table.protected if table.protected is not None else table.linked
+        return model is not None and model.not_null is not None and name in model.not_null
 
     def need(self, kind: StatKind, argument: str | None, per_group: Fraction,
              clamp: tuple[Fraction, Fraction] | None = None, center: Fraction = Fraction(0), power: int = 1,
@@ -368,6 +467,8 @@ class _Columns:
                     return _Draft(name, "count", statistic=self.need("rows", None, c))
                 return _Draft(name, "count", statistic=self.need("count", filtered(None, condition), c))
             if isinstance(argument, exp.Column) and condition is None:
+                if self.never_null(argument):  # count(x) = count(*): one statistic serves both
+                    return _Draft(name, "count", statistic=self.need("rows", None, c))
                 text = self._column_sql(argument)  # the same text as the argument of avg(x) on that column
             else:
                 text = filtered(self.query.text_of(whole).argument, condition)  # type: ignore[assignment]
@@ -384,9 +485,11 @@ class _Columns:
         function = _function_name(node)  # sum, avg, variance, var_pop, stddev, ...
         lower, upper, text = self._bounds(function, argument, whole)
         text = filtered(text, condition)  # type: ignore[assignment]
-        if isinstance(node, exp.Sum):
-            return _Draft(name, "sum", statistic=self.need("sum", text, c * max(abs(lower), abs(upper)),
+        if isinstance(node, exp.Sum):  # its statistics are chosen once every aggregate is known (settle_sums)
+            draft = _Draft(name, "sum", statistic=self.need("sum", text, c * max(abs(lower), abs(upper)),
                                                              (lower, upper)))
+            self.sums.append((draft, draft.statistic))  # type: ignore[arg-type]
+            return draft
         # avg, variance, stddev: sums centred on the middle of the bounds (an integer one for integer bounds, so
         # integer sums stay integers), whose sensitivity is half the width of the bounds, not the largest |bound|.
         if lower == upper:
@@ -394,8 +497,11 @@ class _Columns:
         center = (lower + upper) / 2 if (lower.denominator, upper.denominator) != (1, 1) else Fraction(
             (lower.numerator + upper.numerator) // 2)
         half = max(center - lower, upper - center)
-        count = self.need("count", text, c)
+        # The denominator: the count of rows when the argument is a column that is never NULL (shared with count(*))
+        shared = condition is None and self.never_null(argument)
+        count = self.need("rows", None, c) if shared else self.need("count", text, c)
         linear = self.need("sum", text, c * half, (lower, upper), center)
+        self.moments.setdefault(text, (linear, count, center))
         if isinstance(node, exp.Avg):
             return _Draft(name, "avg", statistic=linear, denominator=count, center=center, lower=lower, upper=upper)
         # Σ((x − center)² − offset): (x − center)² lies in [0, half²]; the offset halves the magnitude.
@@ -614,6 +720,44 @@ def _having_checks(tree: tuple | None, drafts: list[_Draft], hidden: list[_Draft
     return [f"{left} {tree[1]} {right}"]
 
 
+def _nullable_side(tree: exp.Select, tables: dict[str, ResolvedTable]) -> list[ResolvedTable]:
+    """The tables on the nullable side of an outer join (all of them after a RIGHT or FULL join, which the join
+    checks refuse anyway): their columns can be NULL in the FROM clause's rows whatever the catalog says."""
+    nullable = []
+    for join in tree.args.get("joins") or []:
+        side, kind = (join.side or "").upper(), (join.kind or "").upper()
+        if side in ("RIGHT", "FULL"):
+            return list(tables.values())
+        if side or kind not in ("", "INNER"):
+            alias = join.this.args.get("alias")
+            reference = identifier(alias.this) if alias is not None else identifier(join.this.this)
+            if reference not in tables:
+                return list(tables.values())
+            nullable.append(tables[reference])
+    return nullable
+
+
+def gaussian_selection_threshold(sigma2: Fraction | float, reach: int, delta: float) -> int:
+    """The smallest τ ≥ 2 with reach · Pr[1 + N ≥ τ] ≤ δ, N ~ discrete Gaussian(σ²): partition selection when the
+    count's noise is Gaussian (zCDP accounting). The tail is the exact sum of the pmf
+    (:func:`anonproxy.dp.mechanisms.discrete_gaussian_tail`, an upper bound past σ = 10⁴), with a relative margin
+    of 10⁻⁹ for its rounding."""
+    def holds(k: int) -> bool:  # k = τ − 1
+        return reach * discrete_gaussian_tail(k, sigma2) * (1 + 1e-9) <= delta
+
+    high = max(1, math.ceil(math.sqrt(2 * float(sigma2) * math.log(reach / delta))) + 1)  # sub-Gaussian bound
+    while not holds(high):
+        high *= 2
+    low = 1
+    while low < high:
+        middle = (low + high) // 2
+        if holds(middle):
+            high = middle
+        else:
+            low = middle + 1
+    return max(2, 1 + low)
+
+
 def selection_threshold(scale: Fraction | float, reach: int, delta: float) -> int:
     """The smallest τ ≥ 2 with reach · Pr[1 + N ≥ τ] ≤ δ, N ~ discrete Laplace(scale).
 
@@ -630,6 +774,8 @@ def _params(params: DPParams) -> tuple[Fraction, Fraction, int, int]:
         raise unsupported("the role's ε must be a positive number", hint)
     if not (isinstance(params.delta, (int, float)) and 0 <= params.delta < 1):
         raise unsupported("the role's δ must be in [0, 1)", hint)
+    if params.accounting not in ("basic", "zcdp"):
+        raise unsupported("the role's accounting must be basic or zcdp", hint)
     for name in ("max_groups_per_unit", "max_rows_per_unit"):
         value = getattr(params, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:

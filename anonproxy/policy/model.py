@@ -50,6 +50,9 @@ class ProtectedTable:
     # Every column's SQL type as PostgreSQL's format_type() writes it ("integer", "numeric(10,2)"), read with
     # the policy; None when not read (a policy built in memory). The no-error proof of derived expressions needs it.
     types: dict[str, str] | None = field(default=None, compare=False)
+    # The columns declared NOT NULL in the catalog (pg_attribute.attnotnull), read with the policy like ``types``;
+    # None when not read. dp mode counts such a column with the statistic that counts rows (docs/dp.md).
+    not_null: frozenset[str] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,7 @@ class LinkedTable:
     references_column: str  # its unit column, "id"
     columns: dict[str, ColumnPolicy] = field(default_factory=dict)
     types: dict[str, str] | None = field(default=None, compare=False)  # as ProtectedTable.types
+    not_null: frozenset[str] | None = field(default=None, compare=False)  # as ProtectedTable.not_null
 
 
 @dataclass(frozen=True)

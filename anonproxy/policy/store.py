@@ -78,6 +78,16 @@ select pg_catalog.json_build_object(
                      and pg_catalog.format('%I.%I', n.nspname, r.relname) = g.table_name
                 join pg_catalog.pg_attribute a on a.attrelid = r.oid and a.attnum > 0 and not a.attisdropped
                 join pg_catalog.pg_type t on t.oid = a.atttypid),
+    -- The NOT NULL columns of the protected and linked tables: dp mode counts them with the count of rows.
+    'not_null', (select pg_catalog.json_agg(pg_catalog.json_build_array(g.table_name, a.attname)
+                     order by g.table_name, a.attnum)
+                   from (select p.table_name from anonproxy.protected_tables p
+                         union select l.table_name from anonproxy.linked_tables l) g
+                   join pg_catalog.pg_class r on true
+                   join pg_catalog.pg_namespace n on n.oid = r.relnamespace
+                        and pg_catalog.format('%I.%I', n.nspname, r.relname) = g.table_name
+                   join pg_catalog.pg_attribute a on a.attrelid = r.oid and a.attnum > 0 and not a.attisdropped
+                        and a.attnotnull),
     'roles', (select pg_catalog.json_agg(r order by r.role_name) from anonproxy.role_policies r),
     -- Amounts as text: JSON numbers would come back as floats, and budgets are exact.
     'budgets', (select pg_catalog.json_agg(pg_catalog.json_build_object(
@@ -146,13 +156,17 @@ def policy_from_json(doc: dict[str, Any]) -> Policy:
     types: dict[str, dict[str, str]] = {}
     for table_name, column_name, type_name in doc.get("types") or ():
         types.setdefault(table_name, {})[column_name] = type_name
+    not_null: dict[str, set[str]] = {}
+    for table_name, column_name in doc.get("not_null") or ():
+        not_null.setdefault(table_name, set()).add(column_name)
     shared = {
         row["domain"]: SharedBudget(Decimal(row["epsilon"]), Decimal(row["delta"]), row["refresh_period"])
         for row in doc["shared_budgets"] or ()
     }
     tables = {
         row["table_name"]: ProtectedTable(row["table_name"], row["unit_column"], columns.get(row["table_name"], {}),
-                                          shared.get(row["table_name"]), types.get(row["table_name"], {}))
+                                          shared.get(row["table_name"]), types.get(row["table_name"], {}),
+                                          frozenset(not_null.get(row["table_name"], ())))
         for row in doc["tables"] or ()
     }
     budgets: dict[str, dict[str, Budget]] = {}
@@ -172,6 +186,7 @@ def policy_from_json(doc: dict[str, Any]) -> Policy:
             references_column=row["references_column"],
             columns=columns.get(row["table_name"], {}),
             types=types.get(row["table_name"], {}),
+            not_null=frozenset(not_null.get(row["table_name"], ())),
         )
         for row in doc["links"] or ()
     }
