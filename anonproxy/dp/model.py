@@ -31,10 +31,12 @@ ColumnKind = Literal["key", "count", "sum", "avg", "variance", "stddev", "quanti
 
 _INT8, _FLOAT4, _FLOAT8, _NUMERIC = 20, 700, 701, 1700  # PostgreSQL type OIDs of answer values
 _FLOATS = (_FLOAT4, _FLOAT8)
-
 Mechanism = Literal["discrete_laplace", "discrete_gaussian"]
 MECHANISM_NAMES = {"discrete_laplace": "discrete Laplace", "discrete_gaussian": "discrete Gaussian"}
 
+StatKind = Literal["units", "rows", "count", "sum", "values"]
+# "post": computed by the plan's post statement over the noisy values (a post-aggregate expression)
+ColumnKind = Literal["key", "count", "sum", "avg", "variance", "stddev", "quantile", "post"]
 
 @dataclass(frozen=True)
 class DPParams:
@@ -232,7 +234,9 @@ class PostProcess:
 class DPPlan:
     sql: str  # contribution-bounded exact per-group statistics, for the service connection
     columns: tuple[OutputColumn, ...]
-    epsilon: float  # the total cost of the answer
+    # The answer's costs (docs/dp.md, "Mechanism choice and costs"): `epsilon`, `delta` its (ε, δ) pair for basic
+    # composition; `rho`, `delta_add` (below) the same answer as `delta_add`-approximately `rho`-zCDP.
+    epsilon: float
     delta: float
     table: str  # the privacy-unit domain to charge (policy name of the protected table)
     tables: tuple[str, ...]  # every table its SQL reads (policy names): the data version of the answer
@@ -250,8 +254,6 @@ class DPPlan:
     domains: tuple[tuple[str, ...], ...] | None = None  # the GROUP BY keys' declared public domains, in order
     post: PostProcess | None = None  # post-aggregate expressions, computed over the noisy values
     nested: nested_shapes.Outer | nested_shapes.Series | None = None  # the released rows' next step
-    # The same answer as `delta_add`-approximately `rho`-zCDP (`epsilon`, `delta` are its basic (ε, δ) pair): ρ of
-    # its noisy statistics and quantiles, δ of partition selection only (docs/dp.md, "Mechanism choice and costs").
     rho: float = 0.0
     delta_add: float = 0.0
 

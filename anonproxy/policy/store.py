@@ -153,12 +153,12 @@ def policy_from_json(doc: dict[str, Any]) -> Policy:
             upper=_float(row["upper_bound"]),
             domain=None if row["domain"] is None else tuple(row["domain"]),
         )
-    types: dict[str, dict[str, str]] = {}
-    for table_name, column_name, type_name in doc.get("types") or ():
-        types.setdefault(table_name, {})[column_name] = type_name
     not_null: dict[str, set[str]] = {}
     for table_name, column_name in doc.get("not_null") or ():
         not_null.setdefault(table_name, set()).add(column_name)
+    types: dict[str, dict[str, str]] = {}
+    for table_name, column_name, type_name in doc.get("types") or ():
+        types.setdefault(table_name, {})[column_name] = type_name
     shared = {
         row["domain"]: SharedBudget(Decimal(row["epsilon"]), Decimal(row["delta"]), row["refresh_period"])
         for row in doc["shared_budgets"] or ()
