@@ -15,6 +15,7 @@ import pytest
 from conftest import Endpoint, fresh_dp_role
 
 from anonproxy.dp.finish import answer
+from anonproxy.dp.mechanisms import combined_halfwidth, discrete_gaussian_pmf, discrete_laplace_pmf
 from anonproxy.dp.model import DPParams, DPPlan
 from anonproxy.dp.plan import plan_dp
 from anonproxy.policy.model import ColumnPolicy, LinkedTable, Policy, ProtectedTable, RolePolicy
@@ -195,3 +196,37 @@ def test_answers_through_the_proxy_are_consistent(gated_proxy: Endpoint, gated_d
         by_sex = conn.execute("select sex, count(*), count(sex), avg(hours_per_week) from adult group by sex")
         for _, n, n_sex, _ in by_sex.fetchall():
             assert n == n_sex
+
+
+# --- the derived sum's interval ---------------------------------------------------
+
+
+@pytest.mark.parametrize(("x", "y"), [
+    (("discrete_laplace", Fraction(3), Fraction(1)), ("discrete_laplace", Fraction(2), Fraction(5))),
+    (("discrete_gaussian", Fraction(30), Fraction(1, 10)), ("discrete_laplace", Fraction(1), Fraction(53, 2))),
+    (("discrete_laplace", Fraction(7), Fraction(2)), ("discrete_gaussian", Fraction(9, 4), Fraction(3)))])
+def test_combined_halfwidth_is_the_exact_quantile_of_the_sum_of_two_noises(x: tuple, y: tuple) -> None:
+    """Against the pmf of a·X + b·Y by brute-force convolution: h covers 95 %, the lattice point below does not."""
+    def pmf(kind: str, parameter: Fraction, value: int) -> float:
+        return discrete_laplace_pmf(value, parameter) if kind == "discrete_laplace" else discrete_gaussian_pmf(
+            value, parameter)
+
+    support = range(-400, 401)
+    mass: dict[Fraction, float] = {}
+    for i in support:
+        for j in range(-60, 61):
+            z = abs(x[2] * i + y[2] * j)
+            mass[z] = mass.get(z, 0.0) + pmf(x[0], x[1], i) * pmf(y[0], y[1], j)
+    h = combined_halfwidth(x, y)
+    assert h is not None
+    assert math.fsum(p for z, p in mass.items() if z <= h) >= 0.95
+    below = max(z for z in mass if z < h)
+    assert math.fsum(p for z, p in mass.items() if z <= below) < 0.95
+
+
+def test_the_derived_sum_s_interval_covers_95_percent_of_answers() -> None:
+    p = plan("select sum(age), avg(age) from adult", epsilon=0.5)
+    half = p.columns[0].noise.ci95_halfwidth
+    n, exact = 1000, 45_000  # Σ(age − 53) = 45,000 − 53·1000 = −8,000
+    hits = sum(abs(answer(p, [(n, exact - 53 * n)])[0][0][0] - exact) <= half for _ in range(4000))
+    assert 0.93 * 4000 <= hits <= 0.97 * 4000, hits  # 95 % ± 4.6 binomial sd

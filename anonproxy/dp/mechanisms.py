@@ -45,6 +45,7 @@ __all__ = [
     "NoisyValue",
     "bernoulli_exp",
     "ceil_scaled_log",
+    "combined_halfwidth",
     "discrete_gaussian",
     "discrete_gaussian_halfwidth",
     "discrete_gaussian_pmf",
@@ -56,6 +57,7 @@ __all__ = [
     "discrete_laplace_pmf",
     "discrete_laplace_stddev",
     "discrete_laplace_variance",
+    "discrete_noise_tail",
     "gaussian_mechanism",
     "gaussian_sigma2",
     "grid_sensitivity",
@@ -491,6 +493,57 @@ def discrete_gaussian_tail(k: int, sigma2: Number) -> float:
     if isinstance(k, bool) or not isinstance(k, int) or k < 0:
         raise ValueError(f"k must be an integer >= 0, got {k!r}")
     return _gaussian_tail(_gaussian_s2(sigma2), k)
+
+
+def discrete_noise_tail(mechanism: str, parameter: Number, k: int) -> float:
+    """Pr[X ≥ k] for any integer k: X a discrete Laplace of scale ``parameter`` (``mechanism``
+    "discrete_laplace") or a discrete Gaussian of parameter σ² (else). For describing noise, not for privacy: past
+    σ = 50 the Gaussian's sum is its continuity-corrected integral."""
+    if k <= 0:
+        return 1 - discrete_noise_tail(mechanism, parameter, 1 - k)
+    if mechanism == "discrete_laplace":
+        t = _laplace_t(parameter)
+        return math.exp(-k / t) / (1 + math.exp(-1 / t))
+    s2 = _gaussian_s2(parameter)
+    if s2 <= 2500:
+        return _gaussian_tail(s2, k)
+    return 0.5 * math.erfc((k - 0.5) / math.sqrt(2 * s2))
+
+
+def combined_halfwidth(first: tuple[str, Number, Fraction], second: tuple[str, Number, Fraction],
+                       confidence: float = CONFIDENCE) -> Fraction | None:
+    """The smallest h with Pr[|a·X + b·Y| ≤ h] ≥ ``confidence``, for independent discrete noises X, Y given as
+    (mechanism, parameter, weight), as :func:`discrete_noise_tail` reads them, with rational weights a > 0, b ≥ 0:
+    a·X + b·Y lies on the lattice g·ℤ, g = gcd(a, b), and h is found on it. Summed over Y's values up to a tail of
+    10⁻¹²; None when that is more than 4,001 values (the caller then bounds it otherwise)."""
+    level = 1 - _confidence(confidence)
+    (x_kind, x_parameter, a), (y_kind, y_parameter, b) = first, second
+    if y_kind == "discrete_laplace":
+        reach = math.ceil(_laplace_t(y_parameter) * math.log(1e12))
+    else:
+        reach = math.ceil(7.5 * math.sqrt(_gaussian_s2(y_parameter))) + 1
+    if reach > 2000 or not a > 0 or b < 0:
+        return None
+    weights = [(y, discrete_noise_tail(y_kind, y_parameter, y) - discrete_noise_tail(y_kind, y_parameter, y + 1))
+               for y in range(-reach, reach + 1)]
+    grid = Fraction(math.gcd(a.numerator * b.denominator, b.numerator * a.denominator), a.denominator * b.denominator)
+    steps_a, steps_b = int(a / grid), int(b / grid)  # a = A·g, b = B·g: integer arithmetic below
+
+    def outside(m: int) -> float:  # Pr[|aX + bY| > m·g] = Σ_y p(y)·(Pr[X > (m − By)/A] + Pr[X > (m + By)/A])
+        return math.fsum(p * (discrete_noise_tail(x_kind, x_parameter, (m - steps_b * y) // steps_a + 1)
+                              + discrete_noise_tail(x_kind, x_parameter, (m + steps_b * y) // steps_a + 1))
+                         for y, p in weights)
+
+    low, high = 0, max(1, math.ceil((a + b) / grid))
+    while outside(high) > level:
+        low, high = high, high * 2
+    while low < high:
+        middle = (low + high) // 2
+        if outside(middle) > level:
+            low = middle + 1
+        else:
+            high = middle
+    return high * grid
 
 
 def laplace_matched_sigma2(scale: Number) -> Fraction:

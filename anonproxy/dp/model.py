@@ -94,6 +94,10 @@ class Statistic:
                 else discrete_gaussian_halfwidth(self.sigma2, confidence))
         return grid * float(self.resolution or 1) + rounding
 
+    def noise_parameters(self, weight: Fraction) -> tuple[str, Fraction, Fraction]:
+        """(mechanism, its parameter in grid units, ``weight``): this noise as mechanisms.combined_halfwidth reads it."""
+        return self.mechanism, self.scale if self.sigma2 is None else self.sigma2, weight
+
     def label(self) -> str:
         """What it measures, for notices."""
         if self.kind == "units":

@@ -35,7 +35,13 @@ from anonproxy.policy.model import (
 )
 from anonproxy.dp.bounded_sql import bounded_sql, text_literal
 from anonproxy.dp.having import compile_having
-from anonproxy.dp.mechanisms import ceil_scaled_log, discrete_gaussian_tail, laplace_matched_sigma2, laplace_scale
+from anonproxy.dp.mechanisms import (
+    ceil_scaled_log,
+    combined_halfwidth,
+    discrete_gaussian_tail,
+    laplace_matched_sigma2,
+    laplace_scale,
+)
 from anonproxy.dp.model import (
     ColumnKind,
     ColumnNoise,
@@ -344,13 +350,19 @@ class _Draft:
 
         noise = None
         if self.kind == "sum" and self.denominator is not None:
-            # Σx = Σ(x − c) + c·n from its average's statistics: independent noises, so the variances add; the
-            # interval holds each error within its 97.5 % interval (95 % together).
+            # Σx = Σ(x − c) + c·n from its average's statistics: independent noises, so the variances add, and the
+            # interval is that of the sum of the two noises (or, when that is too long to sum, each error within its
+            # 97.5 % interval: 95 % together).
             total, count = statistics[self.statistic], statistics[self.denominator]  # type: ignore[index]
             c = float(self.center)
+            step = total.resolution or Fraction(1)
+            combined = combined_halfwidth(total.noise_parameters(step), count.noise_parameters(abs(self.center)))
+            if combined is None:
+                half = total.halfwidth(0.975) + abs(c) * count.halfwidth(0.975)
+            else:  # plus the rounding to the grid
+                half = float(combined) + (float(step) / 2 if total.resolution is not None else 0.0)
             noise = ColumnNoise("derived", None, float(total.epsilon + count.epsilon), 0.0,
-                                math.hypot(total.stddev, c * count.stddev),
-                                total.halfwidth(0.975) + abs(c) * count.halfwidth(0.975), total.resolution,
+                                math.hypot(total.stddev, c * count.stddev), half, total.resolution,
                                 rho=float(total.rho + count.rho))
         elif self.kind in ("count", "sum"):
             noise = statistics[self.statistic].noise()  # type: ignore[index]
