@@ -15,10 +15,20 @@ import pytest
 from conftest import Endpoint, fresh_dp_role
 
 from anonproxy.dp.finish import answer
-from anonproxy.dp.mechanisms import combined_halfwidth, discrete_gaussian_pmf, discrete_laplace_pmf
+from anonproxy.dp.mechanisms import (
+    combined_halfwidth,
+    discrete_gaussian_pmf,
+    discrete_laplace_pmf,
+)
 from anonproxy.dp.model import DPParams, DPPlan
 from anonproxy.dp.plan import plan_dp
-from anonproxy.policy.model import ColumnPolicy, LinkedTable, Policy, ProtectedTable, RolePolicy
+from anonproxy.policy.model import (
+    ColumnPolicy,
+    LinkedTable,
+    Policy,
+    ProtectedTable,
+    RolePolicy,
+)
 from anonproxy.policy.store import load_policy
 
 # age and occupation NOT NULL in the catalog; fnlwgt nullable (bounds declared so it can be averaged)

@@ -61,8 +61,8 @@ def explained(plan: DPPlan, found: ledger.Lookup) -> list[str]:
     """What EXPLAIN (ANONPROXY) says about one question: its cost and noise, and whether it is cached."""
     if plan.free:
         return [f"the declared public domain, from the policy: reads no row of {plan.table}, costs nothing"]
-    lines = [f"differentially private answer on {plan.table}: costs ε={plan.epsilon:g}, δ={plan.delta:g} "
-             f"(basic composition), or ρ={plan.rho:.4g}, δ={plan.delta_add:g} (zCDP)",
+    lines = [(f"differentially private answer on {plan.table}: costs ε={plan.epsilon:g}, δ={plan.delta:g} "
+              f"(basic composition), or ρ={plan.rho:.4g}, δ={plan.delta_add:g} (zCDP)"),
              *(f"  {line}" for line in plan.notices())]
     if found.answer is not None:
         lines.append("cached: the same question was answered on the current data; asking it again costs nothing")
