@@ -149,3 +149,16 @@ def test_released_noise_follows_the_exact_pmf() -> None:
     assert chi_square_p(draws, gaussian_pmf(sigma2 / Fraction(144, 100))) < ALPHA
     assert np.std(draws) == pytest.approx(discrete_gaussian_stddev(sigma2), rel=0.03)
     assert sum(discrete_gaussian_pmf(x, sigma2) for x in range(-60, 61)) == pytest.approx(1, rel=1e-12)
+
+
+@pytest.mark.parametrize("epsilon", [1e-200, 1e-12, 50.0, 1e300])
+def test_extreme_epsilons_plan_and_answer_under_zcdp(epsilon: float) -> None:
+    """A variance past the largest double keeps the Laplace (basic plans those too); otherwise the Gaussian, whose
+    ρ is below the Laplace's at every ε."""
+    p = plan("select occupation, count(*), avg(age) from adult group by 1", epsilon=epsilon)
+    laplace = plan("select occupation, count(*), avg(age) from adult group by 1", epsilon=epsilon, accounting="basic")
+    assert all(s.rho <= l.rho for s, l in zip(p.statistics, laplace.statistics, strict=True))
+    assert [s.mechanism for s in p.statistics] == (["discrete_laplace"] * 2 if epsilon == 1e-200
+                                                   else ["discrete_gaussian"] * 2)
+    rows, _ = answer(p, [("Sales", 1000, 500)])
+    assert len(rows) <= 1

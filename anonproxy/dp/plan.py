@@ -312,7 +312,10 @@ class _Stat:
         if not gaussian:
             return laplace
         # L2 sensitivity in grid units: one unit moves each of `reach` groups by at most `per_group` steps.
-        sigma2 = laplace_matched_sigma2(scale)
+        try:
+            sigma2 = laplace_matched_sigma2(scale)
+        except OverflowError:  # a variance past the largest double (t ≳ 10¹⁵⁴): keep the Laplace, which has none
+            return laplace
         rho = Fraction(per_group * per_group * reach) / (2 * sigma2)
         if rho >= laplace.rho:
             return laplace
