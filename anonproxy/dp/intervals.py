@@ -1,0 +1,197 @@
+"""95 % intervals of released dp values, computed from the released (noisy) values alone (docs/dp.md, "Intervals").
+
+Everything here is post-processing of noisy statistics and of the plan (noise laws, bounds, threshold): it reads no
+exact value, so it costs no privacy budget. Three constructions:
+
+* a sum, or a count of a group that exists whatever the data (public keys, no GROUP BY): value ± the noise's exact
+  95 % half-width (the statistic's ``ci95_halfwidth``), a count's lower end at least 0;
+* a count whose noisy value also decided the group's release (partition selection, ``value ≥ τ``): the interval is
+  built for the draws *that were released* (:func:`selected_count`), so it stays honest near the threshold, where
+  the released counts are biased upward;
+* an average c + S̃/Ñ (S = Σ(x − c)): its error is (e_S − μ·e_N)/Ñ exactly, μ = true average − c, so the interval is
+  ± q/Ñ with q the 95 % quantile of |e_S − μ̂·e_N| at the released average μ̂ (:func:`average`), not a worst case.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from decimal import Decimal
+from fractions import Fraction
+from statistics import NormalDist
+
+from anonproxy.dp.mechanisms import CONFIDENCE, discrete_gaussian_pmf
+
+__all__ = ["Average", "Law", "Spread", "average", "law", "selected_count", "spread", "sum_quantile"]
+
+_DISCRETE_GAUSSIAN = "discrete_gaussian"
+
+
+@dataclass(frozen=True)
+class Spread:
+    """One statistic's noise in its value units: its family and standard deviation."""
+
+    gaussian: bool
+    sd: float
+
+
+def spread(mechanism: str, stddev: float | None) -> Spread:
+    return Spread(mechanism == _DISCRETE_GAUSSIAN, float(stddev or 0.0))
+
+
+def sum_quantile(first: Spread, second: Spread, weight: float, confidence: float = CONFIDENCE) -> float:
+    """The ``confidence`` quantile of |A − weight·B|, A and B independent noises of these spreads.
+
+    Two Gaussians: their sum is Gaussian. Otherwise each term is taken as a continuous Laplace of its standard
+    deviation (a Gaussian term as a Laplace, whose tails are heavier: the interval can only widen), and the sum of
+    two Laplaces of scales a, b has Pr[|X| > x] = (a²e^(−x/a) − b²e^(−x/b))/(a² − b²) (from the product of their
+    characteristic functions 1/(1 + a²ω²)·1/(1 + b²ω²)), solved for x by bisection.
+    """
+    sds = [s for s in (first.sd, abs(weight) * second.sd) if s > 0]
+    if not sds:
+        return 0.0
+    gaussian = all(part.gaussian for part, s in ((first, first.sd), (second, abs(weight) * second.sd)) if s > 0)
+    if gaussian:
+        return NormalDist().inv_cdf((1 + confidence) / 2) * math.hypot(*sds)
+    scales = sorted((s / math.sqrt(2) for s in sds), reverse=True)
+    a, b = scales[0], scales[1] if len(scales) > 1 else 0.0
+    miss = 1 - confidence
+
+    def tail(x: float) -> float:
+        if b == 0:
+            return math.exp(-x / a)
+        if (a - b) <= 1e-9 * a:
+            return math.exp(-x / a) * (1 + x / (2 * a))
+        return (a * a * math.exp(-x / a) - b * b * math.exp(-x / b)) / (a * a - b * b)
+
+    low, high = 0.0, 2 * a * math.log(2 / miss)  # Pr[|X| > x] ≤ 2e^(−x/(2a)) ≤ miss there
+    for _ in range(100):
+        middle = (low + high) / 2
+        if tail(middle) > miss:
+            low = middle
+        else:
+            high = middle
+    return high
+
+
+@dataclass(frozen=True)
+class Average:
+    value: Fraction  # the released average: c + S̃/max(Ñ, 1), clamped to [L, U]
+    halfwidth: float  # q/max(Ñ, 1): what the digits are rounded to
+    low: Fraction
+    high: Fraction
+
+
+def average(total: Fraction, count: int, center: Fraction, lower: Fraction, upper: Fraction,
+            sum_spread: Spread, count_spread: Spread, confidence: float = CONFIDENCE) -> Average:
+    """The released average of a group and its interval, from the noisy centred sum S̃ and noisy count Ñ.
+
+    AVG − true = (e_S − μ·e_N)/Ñ exactly (Ñ ≥ 1, before clamping), so the interval of the unclamped value
+    c + S̃/Ñ is ± q/Ñ, q the quantile of |e_S − μ̂·e_N| with μ̂ = released average − c. It is cut to [L, U] (the
+    true average lies there: values are clamped) and made to contain the released value (clamping moves the value
+    towards the truth, never away).
+    """
+    n = max(count, 1)
+    unclamped = center + total / n
+    value = min(max(unclamped, lower), upper)
+    half = sum_quantile(sum_spread, count_spread, float(value - center), confidence) / n
+    spread_ = Fraction(half)
+    low = max(lower, min(unclamped - spread_, value))
+    high = min(upper, max(unclamped + spread_, value))
+    return Average(value, half, min(low, value), max(high, value))
+
+
+def digits(halfwidth: float) -> int:
+    """The decimal exponent a value with this 95 % half-width is rounded to: one place below the half-width's
+    leading digit (±51: units, ±0.3: hundredths); 16 decimals when there is no finite, positive half-width."""
+    if not (math.isfinite(halfwidth) and halfwidth > 0):
+        return -16
+    return math.floor(math.log10(halfwidth)) - 1
+
+
+def outward(low: Fraction, high: Fraction, exponent: int) -> tuple[Decimal, Decimal]:
+    """[low, high] widened to multiples of 10^exponent, as numerics (widening never loses coverage)."""
+    step = Fraction(10) ** exponent
+    return Decimal(math.floor(low / step)).scaleb(exponent), Decimal(math.ceil(high / step)).scaleb(exponent)
+
+
+# --- counts released through partition selection ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Law:
+    """The integer noise of one count: discrete Laplace of scale t, or discrete Gaussian of variance σ²."""
+
+    gaussian: bool
+    scale: float  # t, or σ
+
+    def sf(self, k: int) -> float:
+        """Pr[e ≥ k]."""
+        if k <= 0:
+            return 1.0 - self.sf(1 - k)  # Pr[e ≥ k] = 1 − Pr[e ≤ k − 1] = 1 − Pr[e ≥ 1 − k]
+        if not self.gaussian:
+            alpha = math.exp(-1 / self.scale)
+            return math.exp(-k / self.scale) / (1 + alpha)
+        sigma = self.scale
+        if sigma > 30:  # midpoint rule: relative error far below what a 95 % interval needs
+            return 0.5 * math.erfc((k - 0.5) / (sigma * math.sqrt(2)))
+        total, x = 0.0, k
+        while True:
+            p = discrete_gaussian_pmf(x, sigma * sigma)
+            total += p
+            if p < 1e-18 * max(total, 1e-300) or p == 0:
+                return total
+            x += 1
+
+
+def law(mechanism: str, scale: float) -> Law:
+    return Law(mechanism == _DISCRETE_GAUSSIAN, float(scale))
+
+
+def selected_count(value: int, noise: Law, threshold: int, halfwidth: int,
+                   confidence: float = CONFIDENCE) -> tuple[int, int]:
+    """The interval of a count that was released because its noisy value reached ``threshold``.
+
+    Among released draws, Y = N + e is conditioned on Y ≥ τ. For each true count N, the acceptance set is the most
+    likely part of that conditional law: A(N) = {y ≥ τ : |y − N| ≤ k(N)}, k(N) the smallest with
+    Pr[Y ∈ A(N) | Y ≥ τ] ≥ 95 % (never more than the unconditional half-width h). The interval is every N ≥ 1 whose
+    A(N) holds the released value (its ends: the first N with N + k(N) ≥ value and the last with N − k(N) ≤
+    value), so it covers the true count in ≥ 95 % of the released draws, for every N. Far above τ it is value ± h;
+    near τ it reaches far down (for Laplace noise, every N < τ has the same conditional law: a count that barely
+    passed cannot tell 3 people from τ − 1).
+    """
+
+    def reach(n: int) -> int:
+        below = threshold - n  # e ≥ below: the release condition
+        if not noise.gaussian and below > 1:
+            below = 1  # Laplace: memoryless, every N < τ has the law of N = τ − 1
+        released = noise.sf(below)
+        if released <= 0:
+            return max(0, threshold - n)  # all the conditional mass sits at τ
+        low_k, high_k = 0, halfwidth + max(0, threshold - n)
+        while low_k < high_k:
+            k = (low_k + high_k) // 2
+            start = max(-k, below)
+            inside = noise.sf(start) - noise.sf(k + 1) if start <= k else 0.0
+            if inside >= confidence * released:
+                high_k = k
+            else:
+                low_k = k + 1
+        return low_k if noise.gaussian or threshold - n <= 1 else low_k + (threshold - n - 1)
+
+    first, last = 1, value  # smallest N with N + k(N) ≥ value (N = value qualifies)
+    while first < last:
+        n = (first + last) // 2
+        if n + reach(n) >= value:
+            last = n
+        else:
+            first = n + 1
+    low = first
+    first, last = value, value + halfwidth  # largest N with N − k(N) ≤ value
+    while first < last:
+        n = (first + last + 1) // 2
+        if n - reach(n) <= value:
+            first = n
+        else:
+            last = n - 1
+    return low, first
