@@ -94,7 +94,12 @@ def average(total: Fraction, count: int, center: Fraction, lower: Fraction, uppe
     n = max(count, 1)
     unclamped = center + total / n
     value = min(max(unclamped, lower), upper)
-    half = sum_quantile(sum_spread, count_spread, float(value - center), confidence) / n
+    # μ̂ is itself noisy (variance about (s_S² + μ̂²·s_N²)/n²) and the count's error weighs by |μ|: weigh it by
+    # √(μ̂² + that variance), E[μ²] around μ̂, at most the farther bound. It matters for small groups only.
+    mu = float(value - center)
+    noisy_mean = (sum_spread.sd ** 2 + mu * mu * count_spread.sd ** 2) / (n * n)
+    weight = min(math.sqrt(mu * mu + noisy_mean), float(max(upper - center, center - lower)))
+    half = sum_quantile(sum_spread, count_spread, weight, confidence) / n
     spread_ = Fraction(half)
     low = max(lower, min(unclamped - spread_, value))
     high = min(upper, max(unclamped + spread_, value))
