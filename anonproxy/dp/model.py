@@ -136,7 +136,7 @@ class ColumnNoise:
                     "the declared bounds allow")
         if self.mechanism == "exponential":
             return (f"{column}: exponential mechanism on a grid of step {self.resolution}, ε={self.epsilon:g}, "
-                    f"95% within ±{self.rank_halfwidth:.3g} ranks of the true quantile")
+                    f"95% within ±{self.rank_halfwidth:.3g} ranks of the grid point nearest the true quantile")
         parts = [f"{column}: discrete Laplace, ε={self.epsilon:g}", f"scale {self.scale:g}"]
         if self.stddev is not None:
             parts.append(f"sd {self.stddev:.3g}")
