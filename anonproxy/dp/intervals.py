@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 from decimal import Decimal
 from fractions import Fraction
 from statistics import NormalDist
@@ -82,28 +83,74 @@ class Average:
     high: Fraction
 
 
+_TABLE_STEPS = 64  # q(w) is tabulated at this many steps of w between 0 and the farther bound
+
+
+@lru_cache(maxsize=256)
+def _quantile_table(first: Spread, second: Spread, reach: float, confidence: float) -> tuple[float, ...]:
+    return tuple(sum_quantile(first, second, reach * i / _TABLE_STEPS, confidence) for i in range(_TABLE_STEPS + 1))
+
+
+def _quantile_at(table: tuple[float, ...], reach: float, weight: float) -> float:
+    """q(weight) by linear interpolation in the table: q is convex in |w|, so the chord lies above it (wider)."""
+    x = min(abs(weight), reach) / reach * _TABLE_STEPS if reach > 0 else 0.0
+    i = min(int(x), _TABLE_STEPS - 1)
+    return table[i] + (table[i + 1] - table[i]) * (x - i)
+
+
 def average(total: Fraction, count: int, center: Fraction, lower: Fraction, upper: Fraction,
             sum_spread: Spread, count_spread: Spread, confidence: float = CONFIDENCE) -> Average:
     """The released average of a group and its interval, from the noisy centred sum S̃ and noisy count Ñ.
 
-    AVG − true = (e_S − μ·e_N)/Ñ exactly (Ñ ≥ 1, before clamping), so the interval of the unclamped value
-    c + S̃/Ñ is ± q/Ñ, q the quantile of |e_S − μ̂·e_N| with μ̂ = released average − c. It is cut to [L, U] (the
-    true average lies there: values are clamped) and made to contain the released value (clamping moves the value
-    towards the truth, never away).
+    AVG − true = (e_S − μ·e_N)/Ñ exactly (Ñ ≥ 1, before clamping), μ = true − c. So a candidate true average a is
+    accepted when |v − a| ≤ q(a − c)/Ñ, v = c + S̃/Ñ unclamped and q(w) the quantile of |e_S − w·e_N|: each
+    candidate is judged with its own weight, and the interval (the accepted a in [L, U]; the true average lies
+    there, values being clamped) covers the truth exactly when the truth's own error is within its quantile —
+    95 % of answers, whatever the group's size. On each side of v, |v − a| − q(a − c)/Ñ is concave (q is convex
+    in a), so each end is one bisection. The interval always contains the released value (clamped to [L, U]).
     """
     n = max(count, 1)
     unclamped = center + total / n
     value = min(max(unclamped, lower), upper)
-    # μ̂ is itself noisy (variance about (s_S² + μ̂²·s_N²)/n²) and the count's error weighs by |μ|: weigh it by
-    # √(μ̂² + that variance), E[μ²] around μ̂, at most the farther bound. It matters for small groups only.
-    mu = float(value - center)
-    noisy_mean = (sum_spread.sd ** 2 + mu * mu * count_spread.sd ** 2) / (n * n)
-    weight = min(math.sqrt(mu * mu + noisy_mean), float(max(upper - center, center - lower)))
-    half = sum_quantile(sum_spread, count_spread, weight, confidence) / n
-    spread_ = Fraction(half)
-    low = max(lower, min(unclamped - spread_, value))
-    high = min(upper, max(unclamped + spread_, value))
-    return Average(value, half, min(low, value), max(high, value))
+    reach = float(max(upper - center, center - lower))
+    table = _quantile_table(sum_spread, count_spread, reach, confidence)
+    v, c, low_f, high_f = float(unclamped), float(center), float(lower), float(upper)
+
+    def excess(a: float) -> float:  # ≤ 0: a is accepted
+        return abs(v - a) - _quantile_at(table, reach, a - c) / n
+
+    def first(lo: float, hi: float) -> float | None:  # the smallest accepted a in [lo, hi] (excess concave)
+        if excess(lo) <= 0:
+            return lo
+        if excess(hi) > 0:
+            return None
+        for _ in range(60):
+            middle = (lo + hi) / 2
+            lo, hi = (middle, hi) if excess(middle) > 0 else (lo, middle)
+        return hi
+
+    def last(lo: float, hi: float) -> float | None:  # the largest accepted a in [lo, hi]
+        if excess(hi) <= 0:
+            return hi
+        if excess(lo) > 0:
+            return None
+        for _ in range(60):
+            middle = (lo + hi) / 2
+            lo, hi = (middle, hi) if excess(middle) <= 0 else (lo, middle)
+        return lo
+
+    left = (low_f, min(v, high_f)) if v >= low_f else None  # the sides of v within [L, U]
+    right = (max(v, low_f), high_f) if v <= high_f else None
+    low_end = (first(*left) if left else None)
+    if low_end is None and right:
+        low_end = first(*right)
+    high_end = (last(*right) if right else None)
+    if high_end is None and left:
+        high_end = last(*left)
+    half = _quantile_at(table, reach, float(value - center)) / n  # at the released value: for the digits
+    low = value if low_end is None else min(max(Fraction(low_end), lower), value)
+    high = value if high_end is None else max(min(Fraction(high_end), upper), value)
+    return Average(value, half, low, high)
 
 
 def digits(halfwidth: float) -> int:
