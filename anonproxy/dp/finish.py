@@ -177,25 +177,33 @@ def supported_digits(value: Fraction, halfwidth: float) -> Decimal:
     return Decimal(steps).scaleb(exponent)
 
 
-def _average(column: OutputColumn, noisy: dict[object, object]) -> tuple[Decimal, Decimal, Decimal]:
-    """A group's released AVG, rounded to the digits its own interval supports, and that interval's ends."""
+def _average(column: OutputColumn, noisy: dict[object, object], bounds: bool = False,
+             ) -> tuple[Decimal, Decimal | None, Decimal | None]:
+    """A group's released AVG, rounded to the digits its own interval supports, and (``bounds``) that interval's
+    ends, rounded outward to the same digit."""
     lower, upper = column.lower, column.upper
     assert lower is not None and upper is not None and column.noise is not None and column.noise.parts is not None
     spreads = [intervals.spread(part.mechanism, part.stddev) for part in column.noise.parts]
-    found = intervals.average(_fraction(noisy[column.statistic]), int(noisy[column.denominator]),  # type: ignore
-                              column.center, lower, upper, *spreads)
-    exponent = intervals.digits(found.halfwidth)
-    rounded = supported_digits(found.value, found.halfwidth)
+    total, count = _fraction(noisy[column.statistic]), int(noisy[column.denominator])  # type: ignore[index]
+    value, half = intervals.average_value(total, count, column.center, lower, upper, *spreads)
+    rounded = supported_digits(value, half)
     if not lower <= Fraction(rounded) <= upper:  # rounding must not leave the bounds either
         rounded = to_decimal(min(max(Fraction(rounded), lower), upper))
-    low, high = intervals.outward(min(found.low, Fraction(rounded)), max(found.high, Fraction(rounded)), exponent)
+    if not bounds:
+        return rounded, None, None
+    found = intervals.average(total, count, column.center, lower, upper, *spreads)
+    low, high = intervals.outward(min(found.low, Fraction(rounded)), max(found.high, Fraction(rounded)),
+                                  intervals.digits(half))
     return rounded, max(low, to_decimal(lower)), min(high, to_decimal(upper))
 
 
 def _interval(column: OutputColumn, noisy: dict[object, object], plan: DPPlan) -> tuple[object, object]:
     """The ends of the 95 % interval of an output column's value in this group (intervals.py)."""
     if column.kind == "avg":
-        return _average(column, noisy)[1:]
+        key = ("interval", column.statistic, column.denominator, column.center, column.lower, column.upper)
+        if key not in noisy:  # dp_interval_low and dp_interval_high of one AVG: computed once per group
+            noisy[key] = _average(column, noisy, bounds=True)[1:]
+        return noisy[key]  # type: ignore[return-value]
     value = noisy[column.statistic]  # type: ignore[index]
     noise = column.noise
     assert noise is not None and noise.ci95_halfwidth is not None

@@ -23,7 +23,8 @@ from statistics import NormalDist
 
 from anonproxy.dp.mechanisms import CONFIDENCE, discrete_gaussian_pmf
 
-__all__ = ["Average", "Law", "Spread", "average", "law", "selected_count", "spread", "sum_quantile"]
+__all__ = ["Average", "Law", "Spread", "average", "average_value", "digits", "law", "outward", "selected_count",
+           "spread", "sum_quantile"]
 
 _DISCRETE_GAUSSIAN = "discrete_gaussian"
 
@@ -98,6 +99,17 @@ def _quantile_at(table: tuple[float, ...], reach: float, weight: float) -> float
     return table[i] + (table[i + 1] - table[i]) * (x - i)
 
 
+def average_value(total: Fraction, count: int, center: Fraction, lower: Fraction, upper: Fraction,
+                  sum_spread: Spread, count_spread: Spread, confidence: float = CONFIDENCE) -> tuple[Fraction, float]:
+    """The released average c + S̃/max(Ñ, 1), clamped to [L, U], and the half-width q(value − c)/Ñ its digits are
+    rounded to (the interval's width at the released value)."""
+    n = max(count, 1)
+    value = min(max(center + total / n, lower), upper)
+    reach = float(max(upper - center, center - lower))
+    table = _quantile_table(sum_spread, count_spread, reach, confidence)
+    return value, _quantile_at(table, reach, float(value - center)) / n
+
+
 def average(total: Fraction, count: int, center: Fraction, lower: Fraction, upper: Fraction,
             sum_spread: Spread, count_spread: Spread, confidence: float = CONFIDENCE) -> Average:
     """The released average of a group and its interval, from the noisy centred sum S̃ and noisy count Ñ.
@@ -111,7 +123,7 @@ def average(total: Fraction, count: int, center: Fraction, lower: Fraction, uppe
     """
     n = max(count, 1)
     unclamped = center + total / n
-    value = min(max(unclamped, lower), upper)
+    value, half = average_value(total, count, center, lower, upper, sum_spread, count_spread, confidence)
     reach = float(max(upper - center, center - lower))
     table = _quantile_table(sum_spread, count_spread, reach, confidence)
     v, c, low_f, high_f = float(unclamped), float(center), float(lower), float(upper)
@@ -147,7 +159,6 @@ def average(total: Fraction, count: int, center: Fraction, lower: Fraction, uppe
     high_end = (last(*right) if right else None)
     if high_end is None and left:
         high_end = last(*left)
-    half = _quantile_at(table, reach, float(value - center)) / n  # at the released value: for the digits
     low = value if low_end is None else min(max(Fraction(low_end), lower), value)
     high = value if high_end is None else max(min(Fraction(high_end), upper), value)
     return Average(value, half, low, high)
