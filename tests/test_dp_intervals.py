@@ -198,3 +198,23 @@ def test_outside_the_proxy_the_functions_say_where_they_answer(truth: psycopg.Co
             truth.execute(f"select anonproxy.{function}(count(*)) from adult")
     with pytest.raises(psycopg.errors.UndefinedFunction):  # not on the search_path
         truth.execute("select dp_interval_low(1)")
+
+
+def test_interval_columns_are_total_over_any_exact_values() -> None:
+    # the interval is computed from noisy values only, in the proxy: whatever one person's values make the exact
+    # statistics (empty group, all at a bound, huge), answering raises nothing and low ≤ value ≤ high
+    from test_dp_plan import plan  # the pure planner over the test policy (adult: age in [17, 90])
+
+    from anonproxy.dp.finish import answer
+    p = plan("select count(*), dp_interval_low(count(*)), dp_interval_high(count(*)), avg(age), "
+             "dp_interval_low(avg(age)), dp_interval_high(avg(age)), sum(hours_per_week), "
+             "dp_interval_low(sum(hours_per_week)), dp_interval_high(sum(hours_per_week)) from adult")
+    names = [stat.kind for stat in p.statistics]
+    assert len(p.statistics) == 4, names
+    for exact in (0, 1, 10**15):
+        row = tuple(exact * (90 if stat.kind == "sum" and stat.center == 0 else 1) for stat in p.statistics)
+        for _ in range(50):
+            ((count, c_low, c_high, average, a_low, a_high, total, s_low, s_high),), _ = answer(p, [row])
+            assert c_low <= count <= c_high and 0 <= c_low
+            assert 17 <= a_low <= average <= a_high <= 90
+            assert s_low <= total <= s_high

@@ -67,6 +67,8 @@ def sum_quantile(first: Spread, second: Spread, weight: float, confidence: float
         return (a * a * math.exp(-x / a) - b * b * math.exp(-x / b)) / (a * a - b * b)
 
     low, high = 0.0, 2 * a * math.log(2 / miss)  # Pr[|X| > x] ≤ 2e^(−x/(2a)) ≤ miss there
+    if not math.isfinite(high):
+        return math.inf
     for _ in range(100):
         middle = (low + high) / 2
         if tail(middle) > miss:
@@ -126,6 +128,8 @@ def average(total: Fraction, count: int, center: Fraction, lower: Fraction, uppe
     value, half = average_value(total, count, center, lower, upper, sum_spread, count_spread, confidence)
     reach = float(max(upper - center, center - lower))
     table = _quantile_table(sum_spread, count_spread, reach, confidence)
+    if not all(math.isfinite(q) for q in table):  # noise beyond the range of a double: nothing is known
+        return Average(value, half, lower, upper)
     v, c, low_f, high_f = float(unclamped), float(center), float(lower), float(upper)
 
     def excess(a: float) -> float:  # ≤ 0: a is accepted
