@@ -20,9 +20,17 @@ import numpy as np
 import psycopg
 import pytest
 from conftest import Endpoint, fresh_dp_role
+from test_dp_plan import (
+    plan,  # the pure planner over the test policy (adult: age in [17, 90])
+)
 
 from anonproxy.dp import intervals
-from anonproxy.dp.mechanisms import discrete_laplace_halfwidth, discrete_laplace_pmf, discrete_laplace_stddev
+from anonproxy.dp.finish import answer
+from anonproxy.dp.mechanisms import (
+    discrete_laplace_halfwidth,
+    discrete_laplace_pmf,
+    discrete_laplace_stddev,
+)
 from anonproxy.dp.plan import selection_threshold
 
 DRAWS = 6000
@@ -187,9 +195,9 @@ def test_interval_functions_are_refused_where_they_have_no_meaning(gated_proxy: 
                            ("select count(*) from adult having dp_interval_low(count(*)) > 3", "select item of its own")]:
             with pytest.raises(psycopg.errors.FeatureNotSupported, match=words):
                 conn.execute(sql)
-    with psycopg.connect(gated_proxy.dsn(gated_database, user="reporter"), autocommit=True) as conn:
-        with pytest.raises(psycopg.errors.FeatureNotSupported, match="only dp mode makes"):
-            conn.execute("select sex, count(*), dp_interval_low(count(*)) from adult group by sex")
+    with (psycopg.connect(gated_proxy.dsn(gated_database, user="reporter"), autocommit=True) as conn,
+          pytest.raises(psycopg.errors.FeatureNotSupported, match="only dp mode makes")):
+        conn.execute("select sex, count(*), dp_interval_low(count(*)) from adult group by sex")
 
 
 def test_outside_the_proxy_the_functions_say_where_they_answer(truth: psycopg.Connection) -> None:
@@ -203,9 +211,6 @@ def test_outside_the_proxy_the_functions_say_where_they_answer(truth: psycopg.Co
 def test_interval_columns_are_total_over_any_exact_values() -> None:
     # the interval is computed from noisy values only, in the proxy: whatever one person's values make the exact
     # statistics (empty group, all at a bound, huge), answering raises nothing and low ≤ value ≤ high
-    from test_dp_plan import plan  # the pure planner over the test policy (adult: age in [17, 90])
-
-    from anonproxy.dp.finish import answer
     p = plan("select count(*), dp_interval_low(count(*)), dp_interval_high(count(*)), avg(age), "
              "dp_interval_low(avg(age)), dp_interval_high(avg(age)), sum(hours_per_week), "
              "dp_interval_low(sum(hours_per_week)), dp_interval_high(sum(hours_per_week)) from adult")

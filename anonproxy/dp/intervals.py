@@ -9,16 +9,17 @@ exact value, so it costs no privacy budget. Three constructions:
   built for the draws *that were released* (:func:`selected_count`), so it stays honest near the threshold, where
   the released counts are biased upward;
 * an average c + S̃/Ñ (S = Σ(x − c)): its error is (e_S − μ·e_N)/Ñ exactly, μ = true average − c, so the interval is
-  ± q/Ñ with q the 95 % quantile of |e_S − μ̂·e_N| at the released average μ̂ (:func:`average`), not a worst case.
+  every candidate average a with |c + S̃/Ñ − a| ≤ q(a − c)/Ñ, q(w) the 95 % quantile of |e_S − w·e_N|
+  (:func:`average`), not a worst case.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import lru_cache
 from decimal import Decimal
 from fractions import Fraction
+from functools import lru_cache
 from statistics import NormalDist
 
 from anonproxy.dp.mechanisms import CONFIDENCE, discrete_gaussian_pmf

@@ -44,8 +44,8 @@ import bisect
 import math
 import secrets
 from collections import Counter
-from fractions import Fraction
 from collections.abc import Iterable, Sequence
+from fractions import Fraction
 
 from anonproxy.dp.mechanisms import (
     CONFIDENCE,
