@@ -309,8 +309,9 @@ def _set_args(node: exp.Expression) -> set[str]:
 def refused_construct(node: exp.Expression) -> tuple[str, str]:
     interval = interval_call(node)
     if interval is not None:  # reached here only outside dp mode: suppress-mode answers are exact
-        return (f"function {interval[0]}()", ("it gives the 95 % interval of a noisy answer, which only dp mode "
-                                               "makes; a suppress-mode answer is exact and has no interval"))
+        return (f"function {interval[0]}()", ("it gives the 95 % interval of a noisy aggregate, answered only as a "
+                                               "select item of its own of a dp-mode aggregate query; a "
+                                               "suppress-mode answer is exact and has no interval"))
     for types, what, why in _REFUSED:
         if isinstance(node, types):
             return what, why
