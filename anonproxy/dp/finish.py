@@ -13,6 +13,7 @@ import math
 from decimal import Decimal
 from fractions import Fraction
 
+from anonproxy.dp import intervals
 from anonproxy.dp.having import holds
 from anonproxy.dp.mechanisms import discrete_gaussian, discrete_laplace, to_grid
 from anonproxy.dp.model import ColumnNoise, DPPlan, OrderKey, OutputColumn, Statistic, to_decimal
@@ -49,7 +50,7 @@ def released_rows(plan: DPPlan, rows: list[tuple]) -> list[tuple]:
             if stat.name not in noisy:
                 value = row[positions[stat.name]]
                 noisy[stat.name] = value if stat.kind == "values" else _noisy(stat, value)
-        out = tuple(_output(column, row, noisy) for column in plan.columns + plan.hidden)
+        out = tuple(_output(column, row, noisy, plan) for column in plan.columns + plan.hidden)
         if plan.having is not None and not holds(plan.having, out):
             continue
         result.append(out)
@@ -132,11 +133,15 @@ def _like(template: object, value: Fraction) -> int | Decimal | float:
     return to_decimal(value)
 
 
-def _output(column: OutputColumn, row: tuple, noisy: dict[object, object]) -> object:
+def _output(column: OutputColumn, row: tuple, noisy: dict[object, object], plan: DPPlan) -> object:
     if column.kind == "post":
         return None  # the post statement computes it
     if column.kind == "key":
         return row[column.key]  # type: ignore[index]
+    if column.kind == "interval":
+        assert column.of is not None
+        low, high = _interval(column.of, noisy, plan)
+        return low if column.bound == "low" else high
     if column.kind == "count":
         return max(0, noisy[column.statistic])  # type: ignore[call-overload, index]
     if column.kind == "sum":
@@ -154,17 +159,12 @@ def _output(column: OutputColumn, row: tuple, noisy: dict[object, object]) -> ob
         if column.quantile not in noisy:
             noisy[column.quantile] = column.quantile.draw(noisy[column.quantile.values])  # type: ignore[arg-type]
         return noisy[column.quantile]
+    if column.kind == "avg":
+        return _average(column, noisy)[0]
     n = max(int(noisy[column.denominator]), 1)  # type: ignore[call-overload, index]
-    mean = _fraction(noisy[column.statistic if column.kind == "avg" else column.linear]) / n  # type: ignore[index]
+    mean = _fraction(noisy[column.linear]) / n  # type: ignore[index]
     lower, upper = column.lower, column.upper
     assert lower is not None and upper is not None
-    if column.kind == "avg":
-        value = min(max(column.center + mean, lower), upper)  # post-processing: AVG lies within the bounds
-        assert column.noise is not None and column.noise.ratio_numerator is not None
-        rounded = supported_digits(value, column.noise.ratio_numerator / n)
-        if not lower <= Fraction(rounded) <= upper:  # rounding must not leave the bounds either
-            return to_decimal(min(max(Fraction(rounded), lower), upper))
-        return rounded
     # Σ((x − c)² − o) / n + o − ((Σ(x − c)) / n)² is the population variance; n/(n − 1) times it the sample one.
     variance = _fraction(noisy[column.statistic]) / n + column.offset - mean * mean  # type: ignore[index]
     half = (upper - lower) / 2
@@ -179,13 +179,57 @@ def _output(column: OutputColumn, row: tuple, noisy: dict[object, object]) -> ob
 def supported_digits(value: Fraction, halfwidth: float) -> Decimal:
     """``value`` rounded to one decimal place below the leading digit of its 95 % interval's half-width: ±51
     gives whole numbers, ±0.3 hundredths. Finer digits are noise, not information. The half-width comes from
-    the plan and the group's noisy count only, so the rounding is post-processing of noisy values: it costs
+    the plan and the group's noisy values only, so the rounding is post-processing of noisy values: it costs
     no privacy and reveals nothing about the data."""
-    if not (math.isfinite(halfwidth) and halfwidth > 0):
-        return round(to_decimal(value), 16)
-    exponent = math.floor(math.log10(halfwidth)) - 1
+    exponent = intervals.digits(halfwidth)
     steps = round(value / Fraction(10) ** exponent)  # half to even
     return Decimal(steps).scaleb(exponent)
+
+
+def _average(column: OutputColumn, noisy: dict[object, object], bounds: bool = False,
+             ) -> tuple[Decimal, Decimal | None, Decimal | None]:
+    """A group's released AVG, rounded to the digits its own interval supports, and (``bounds``) that interval's
+    ends, rounded outward to the same digit."""
+    lower, upper = column.lower, column.upper
+    assert lower is not None and upper is not None and column.noise is not None and column.noise.parts is not None
+    spreads = [intervals.spread(part.mechanism, part.stddev) for part in column.noise.parts]
+    total, count = _fraction(noisy[column.statistic]), int(noisy[column.denominator])  # type: ignore[index]
+    value, half = intervals.average_value(total, count, column.center, lower, upper, *spreads)
+    rounded = supported_digits(value, half)
+    if not lower <= Fraction(rounded) <= upper:  # rounding must not leave the bounds either
+        rounded = to_decimal(min(max(Fraction(rounded), lower), upper))
+    if not bounds:
+        return rounded, None, None
+    found = intervals.average(total, count, column.center, lower, upper, *spreads)
+    low, high = intervals.outward(min(found.low, Fraction(rounded)), max(found.high, Fraction(rounded)),
+                                  intervals.digits(half))
+    return rounded, max(low, to_decimal(lower)), min(high, to_decimal(upper))
+
+
+def _interval(column: OutputColumn, noisy: dict[object, object], plan: DPPlan) -> tuple[object, object]:
+    """The ends of the 95 % interval of an output column's value in this group (intervals.py)."""
+    if column.kind == "avg":
+        key = ("interval", column.statistic, column.denominator, column.center, column.lower, column.upper)
+        if key not in noisy:  # dp_interval_low and dp_interval_high of one AVG: computed once per group
+            noisy[key] = _average(column, noisy, bounds=True)[1:]
+        return noisy[key]  # type: ignore[return-value]
+    value = noisy[column.statistic]  # type: ignore[index]
+    noise = column.noise
+    assert noise is not None and noise.ci95_halfwidth is not None
+    if column.kind == "count":
+        half = int(noise.ci95_halfwidth)
+        if column.statistic == plan.selection and plan.threshold is not None:  # its value decided the release
+            assert noise.scale is not None
+            return intervals.selected_count(value, intervals.law(noise.mechanism, noise.scale),  # type: ignore
+                                            plan.threshold, half)
+        return max(0, value - half), max(0, value + half)  # type: ignore[operator]
+    if noise.resolution is not None:  # a sum on a fixed-point grid, released rounded to its interval's digits
+        total = _fraction(value)
+        half_width = Fraction(noise.ci95_halfwidth)
+        return intervals.outward(total - half_width, total + half_width, intervals.digits(noise.ci95_halfwidth))
+    half = noise.ci95_halfwidth
+    half = int(half) if isinstance(value, int) or half == int(half) else half
+    return value - half, value + half  # type: ignore[operator]
 
 
 def _fraction(value: object) -> Fraction:

@@ -27,7 +27,8 @@ from anonproxy.plan import outer as nested_shapes
 
 StatKind = Literal["units", "rows", "count", "sum", "values"]
 # "post": computed by the plan's post statement over the noisy values (a post-aggregate expression)
-ColumnKind = Literal["key", "count", "sum", "avg", "variance", "stddev", "quantile", "post"]
+# "interval": dp_interval_low/high of another column (``of``), from the same noisy values
+ColumnKind = Literal["key", "count", "sum", "avg", "variance", "stddev", "quantile", "post", "interval"]
 
 _INT8, _FLOAT4, _FLOAT8, _NUMERIC = 20, 700, 701, 1700  # PostgreSQL type OIDs of answer values
 _FLOATS = (_FLOAT4, _FLOAT8)
@@ -36,7 +37,8 @@ MECHANISM_NAMES = {"discrete_laplace": "discrete Laplace", "discrete_gaussian": 
 
 StatKind = Literal["units", "rows", "count", "sum", "values"]
 # "post": computed by the plan's post statement over the noisy values (a post-aggregate expression)
-ColumnKind = Literal["key", "count", "sum", "avg", "variance", "stddev", "quantile", "post"]
+# "interval": dp_interval_low/high of another column (``of``), from the same noisy values
+ColumnKind = Literal["key", "count", "sum", "avg", "variance", "stddev", "quantile", "post", "interval"]
 
 @dataclass(frozen=True)
 class DPParams:
@@ -159,22 +161,25 @@ class ColumnNoise:
     ci95_halfwidth: float | None
     resolution: Fraction | None = None
     rank_halfwidth: float | None = None  # exponential: 95 % of answers are within this many ranks
-    ratio_numerator: float | None = None  # ratio: 95 % of answers are within this / (the group's noisy count)
+    ratio_numerator: float | None = None  # ratio: the widest row's 95 % interval is ± this / (its noisy count)
     rho: float | None = None  # the zCDP cost of the statistic(s) it reads
+    parts: tuple[ColumnNoise, ColumnNoise] | None = None  # ratio: the noise of its sum and of its count
+    ratio_center: float | None = None  # ratio: ± this / n when the average is at the middle of the bounds
 
     def describe(self, column: str) -> str:
         if self.mechanism == "ratio":
-            assert self.ratio_numerator is not None
-            a = self.ratio_numerator
+            assert self.ratio_numerator is not None and self.ratio_center is not None
+            a, b = self.ratio_numerator, self.ratio_center
             return (f"{column}: noisy sum / noisy count, ε={self.epsilon:g}, values clamped to the declared bounds, "
-                    f"95% interval ±{a:.4g}/n for a group of n values (±{a / 1000:.3g} at n = 1000), "
-                    "rounded to the digits that interval supports")
+                    f"95% interval per row ±q/n for a group of n values, q from {b:.4g} (average at the middle "
+                    f"of the bounds) to {a:.4g} (at a bound) (±{b / 1000:.3g} to ±{a / 1000:.3g} at n = 1000; "
+                    "dp_interval_low/high give each row's), rounded to the digits that interval supports")
         if self.mechanism == "moments":
             return (f"{column}: from noisy count, sum and sum of squares, ε={self.epsilon:g}, clamped to what "
                     "the declared bounds allow")
         if self.mechanism == "exponential":
             return (f"{column}: exponential mechanism on a grid of step {self.resolution}, ε={self.epsilon:g}, "
-                    f"95% within ±{self.rank_halfwidth:.3g} ranks of the true quantile")
+                    f"95% within ±{self.rank_halfwidth:.3g} ranks of the grid point nearest the true quantile")
         if self.mechanism == "derived":  # a sum from avg's statistics: Σ(x − c) + c·n
             parts = [f"{column}: Σ(x − c) + c·n from the statistics of its average, ε={self.epsilon:g}"]
         elif self.mechanism == "discrete_gaussian":
@@ -208,6 +213,8 @@ class OutputColumn:
     sample: bool = False  # variance, stddev: divide by n − 1 (var_samp) rather than n (var_pop)
     quantile: Quantile | None = None
     noise: ColumnNoise | None = None
+    bound: Literal["low", "high"] | None = None  # kind "interval": which end of ``of``'s 95 % interval
+    of: OutputColumn | None = None  # kind "interval": the aggregate column it bounds (planned like any other)
 
 
 @dataclass(frozen=True)
@@ -275,7 +282,8 @@ class DPPlan:
         lines += self.statistic_lines()
         if self.selection is not None:
             lines.append(f"groups released only if their noisy count of people reaches {self.threshold} "
-                         f"(δ={self.delta_add:g})")
+                         f"(δ={self.delta_add:g}); near it a released count of people is biased upward, and its "
+                         "interval from dp_interval_low/high accounts for that (it covers 95% of released groups)")
         return lines
 
     def statistic_lines(self) -> list[str]:
@@ -315,26 +323,28 @@ class DPPlan:
         result types (a computed column's type is PostgreSQL's for the expression; 0 when not known)."""
         statistic = {stat.name: sql_types[self.keys + i] for i, stat in enumerate(self.statistics)}
         computed = dict(zip(self.post.computed, (post_types or [])[1:], strict=False)) if self.post else {}
-        types = []
-        for position, column in enumerate(self.columns + self.hidden):
-            if column.kind == "post":
-                types.append(computed.get(position, 0))
-            elif column.kind == "key":
-                types.append(sql_types[column.key])  # type: ignore[index]
-            elif column.kind == "count":
-                types.append(_INT8)
-            elif column.kind == "sum":  # on a fixed-point grid: numeric, unless the argument is a float
+
+        def type_of(column: OutputColumn) -> int:
+            if column.kind == "interval":  # an interval's bounds have the type of the value they bound
+                assert column.of is not None
+                return type_of(column.of)
+            if column.kind == "key":
+                return sql_types[column.key]  # type: ignore[index]
+            if column.kind == "count":
+                return _INT8
+            if column.kind == "sum":  # on a fixed-point grid: numeric, unless the argument is a float
                 own = statistic[column.statistic]  # type: ignore[index]
                 grid = column.noise is not None and column.noise.resolution is not None
-                types.append(_NUMERIC if grid and own not in _FLOATS else own)
-            elif column.kind == "quantile":
-                grid = column.quantile
-                assert grid is not None
-                types.append(_element_type(statistic[grid.values]) if grid.discrete else _FLOAT8)
-            else:  # avg: Σ(x − c) in x's type; variance, stddev: the same linear sum
-                linear = statistic[column.statistic if column.kind == "avg" else column.linear]  # type: ignore[index]
-                types.append(_FLOAT8 if linear in _FLOATS else _NUMERIC)
-        return tuple(types)
+                return _NUMERIC if grid and own not in _FLOATS else own
+            if column.kind == "quantile":
+                assert column.quantile is not None
+                return _element_type(statistic[column.quantile.values]) if column.quantile.discrete else _FLOAT8
+            # avg: Σ(x − c) in x's type; variance, stddev: the same linear sum
+            linear = statistic[column.statistic if column.kind == "avg" else column.linear]  # type: ignore[index]
+            return _FLOAT8 if linear in _FLOATS else _NUMERIC
+
+        return tuple(computed.get(position, 0) if column.kind == "post" else type_of(column)
+                     for position, column in enumerate(self.columns + self.hidden))
 
 
 def _element_type(array_oid: int) -> int:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import Literal
 from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal, localcontext
 from fractions import Fraction
 
@@ -33,6 +34,7 @@ from anonproxy.policy.model import (
     RolePolicy,
     SuppressionParams,
 )
+from anonproxy.dp import interval_items, intervals
 from anonproxy.dp.bounded_sql import bounded_sql, text_literal
 from anonproxy.dp.having import compile_having
 from anonproxy.dp.mechanisms import (
@@ -126,6 +128,7 @@ def _plan(sql: str, role: RolePolicy, policy: Policy, params: DPParams) -> DPPla
     shape = prepare(*parsed_tree(statements[0]), index)
     single = shape.inner if isinstance(shape, Nested) else shape  # a nested shape: the question asked first
     statement, tree = single.statement, single.tree
+    interval_of = interval_items.unwrap(tree)  # dp_interval_low/high(x) items: planned as x, then bounded
     query = analyze(statement, tree, index, SuppressionParams(k=1), dp=True)
     assert isinstance(tree, exp.Select)  # analyze refuses everything else, and every relation outside the policy
     if query.distinct and any(item.kind == "aggregate" or item.aggregates for item in query.items):
@@ -150,6 +153,9 @@ def _plan(sql: str, role: RolePolicy, policy: Policy, params: DPParams) -> DPPla
         _check_outer(outer)
     drafts: list[_Draft] = []
     for position, item in enumerate(query.items):
+        if position in interval_of:
+            drafts.append(_interval(interval_of[position], item, columns))
+            continue
         if outer is not None and outer.items[position].computed and not _plain_aggregate(_node(item)):
             drafts.append(_Draft(outer.items[position].name, "post"))
             continue
@@ -250,6 +256,20 @@ def _costs(statistics: list[Statistic], quantiles: list[Quantile], delta: Fracti
     return _Cost(epsilon, basic_delta + selected, as_float(rho), selected)
 
 
+def _interval(wanted: interval_items.IntervalItem, item: Item, columns: _Columns) -> _Draft:
+    """A dp_interval_low/high item: an end of the interval of the aggregate it names (planned as that aggregate)."""
+    node = _node(item)
+    if not _plain_aggregate(node):
+        raise unsupported(f"{wanted.function}({item.expression}): its argument must be an aggregate or the alias of "
+                          "an aggregate output column", interval_items.HINT)
+    target = columns.aggregate(node, item.name, item.expression)
+    if target.kind not in ("count", "sum", "avg"):
+        raise unsupported(f"{wanted.function}({item.expression}): only count, sum and avg have a 95 % interval in "
+                          "value units (a quantile's accuracy is stated in ranks; variance and stddev have no "
+                          "interval yet)", interval_items.HINT)
+    return _Draft(wanted.name, "interval", bound=wanted.bound, of=target)
+
+
 def _check_outer(outer: PostAggregate) -> None:
     if outer.parameters:
         raise unsupported("$n parameters in expressions over aggregates are not supported in dp mode",
@@ -346,10 +366,15 @@ class _Draft:
     upper: Fraction | None = None
     sample: bool = False
     quantile: tuple | None = None
+    bound: Literal["low", "high"] | None = None  # kind "interval": which end of ``of``'s interval
+    of: _Draft | None = None
 
     def finish(self, statistics: dict[_ColumnKey, Statistic], quantiles: dict[tuple, Quantile]) -> OutputColumn:
         def name(key: _ColumnKey | None) -> str | None:
             return None if key is None else statistics[key].name
+
+        if self.of is not None:
+            return OutputColumn(self.name, "interval", bound=self.bound, of=self.of.finish(statistics, quantiles))
 
         noise = None
         if self.kind == "sum" and self.denominator is not None:
@@ -371,13 +396,15 @@ class _Draft:
             noise = statistics[self.statistic].noise()  # type: ignore[index]
         elif self.kind == "avg":
             total, count = statistics[self.statistic], statistics[self.denominator]  # type: ignore[index]
-            spent = float(total.epsilon + count.epsilon)
-            # AVG = center + S̃/Ñ with S = Σ(x − center), so AVG − true = (e_S − (true − center)·e_N)/Ñ and
-            # |true − center| ≤ the farther bound. Each error within its 97.5 % interval: 95 % together.
+            parts = (total.noise(), count.noise())
+            # AVG − true = (e_S − (true − center)·e_N)/Ñ: per row ± q/Ñ, q from the released average
+            # (intervals.average); the notice gives q's range, from the middle of the bounds to the farther bound.
             assert self.lower is not None and self.upper is not None
             reach = float(max(self.upper - self.center, self.center - self.lower))
-            numerator = total.halfwidth(0.975) + reach * count.halfwidth(0.975)
-            noise = ColumnNoise("ratio", None, spent, 0.0, None, None, ratio_numerator=numerator)
+            spreads = [intervals.spread(part.mechanism, part.stddev) for part in parts]
+            noise = ColumnNoise("ratio", None, float(total.epsilon + count.epsilon), 0.0, None, None,
+                                ratio_numerator=intervals.sum_quantile(*spreads, reach), parts=parts,
+                                ratio_center=intervals.sum_quantile(*spreads, 0.0))
         elif self.kind in ("variance", "stddev"):
             used = [self.statistic, self.denominator, self.linear]
             spent = float(sum(statistics[key].epsilon for key in used if key is not None))

@@ -2,13 +2,17 @@
 
 The output domain is the grid Y = {L + j·r : j = 0..m}, m = ⌊(U − L)/r⌋, fixed
 by the policy's bounds [L, U] and a resolution r — never by the data. Each
-value is clamped to [L, U] and snapped to its nearest grid point (a per-row
-map, which costs no privacy). For a grid point y let
+value is clamped to [L, U] (a per-row map, which costs no privacy) and ranked
+against the grid points *exactly*, without snapping it to the grid. For a grid
+point y let
 
     lo(y) = #{x < y},  hi(y) = #{x ≤ y},  d(y) = max(0, lo(y) − q·n, q·n − hi(y))
 
 — how far, in ranks, y is from being a q-quantile — and release y with
-probability ∝ exp(−ε·d(y) / (2Δu)).
+probability ∝ exp(−ε·d(y) / (2Δu)). (Snapping values to their nearest grid
+point first, as an earlier version did, moved each value by up to r/2 before
+ranking and gave the grid point nearest the true quantile less mass than it
+should have; tests/test_quantile_grid.py measures it.)
 
 Sensitivity. Neighbours differ by one privacy unit with at most c rows
 (``max_contributions``). Adding its rows raises lo(y) and hi(y) by some
@@ -18,8 +22,9 @@ c·max(q, 1 − q), and so does their maximum with 0: Δu = c·max(q, 1 − q)
 weights exp(ε·u/(2Δu)) on a data-independent domain is ε-DP (McSherry–Talwar
 2007).
 
-Accuracy. Some grid point has d = 0, so with probability ≥ 1 − β the output's
-rank is within (2Δu/ε)·ln(|Y|/β) of q·n (:func:`rank_halfwidth`).
+Accuracy. Let d* be the smallest d over the grid (0 unless the q-quantile lies
+strictly between two grid points, with values between them). With probability
+≥ 1 − β the output's d is within (2Δu/ε)·ln(|Y|/β) of d* (:func:`rank_halfwidth`).
 
 Sampling. Grid points between two consecutive distinct data values share one
 weight, so there are at most 2n + 1 blocks. Log-weights are computed in
@@ -40,6 +45,7 @@ import math
 import secrets
 from collections import Counter
 from collections.abc import Iterable, Sequence
+from fractions import Fraction
 
 from anonproxy.dp.mechanisms import (
     CONFIDENCE,
@@ -85,38 +91,60 @@ class _Setup:
         self.m = math.floor((self.upper - self.lower) / self.resolution)
         self.sensitivity = self.c * max(self.q, 1 - self.q)  # Δu
 
-    def snap(self, values: Iterable[object]) -> Counter[int]:
-        """Grid index of each value (clamped; None skipped like SQL aggregates; NaN sorts last)."""
-        lower, step, m = float(self.lower), float(self.resolution), self.m
-        counts: Counter[int] = Counter()
+    def place(self, values: Iterable[object]) -> tuple[Counter[int], Counter[int]]:
+        """Where each value sits among the grid points, exactly: (values equal to grid point j, by j; values
+        strictly between grid points j − 1 and j, by j — j = m + 1 when above the last one). Values are clamped
+        to [L, U]; None is skipped like SQL aggregates; NaN sorts last (as U)."""
+        lower_f, step_f = float(self.lower), float(self.resolution)
+        top = (self.upper - self.lower) / self.resolution  # U's position, in grid steps (maybe not an integer)
+        top_f = float(top)
+        # a float position this far from an integer is on the right side of it whatever the rounding error
+        slack = 1e-6 + 1e-9 * (abs(lower_f) + abs(float(self.upper))) / step_f
+        on: Counter[int] = Counter()
+        between: Counter[int] = Counter()
         for x in values:
             if x is None:
                 continue
             v = float(x)  # type: ignore[arg-type]
             if math.isnan(v) or v >= math.inf:
-                j = m
+                u = top
             elif v <= -math.inf:
-                j = 0
+                u = Fraction(0)
             else:
-                j = min(m, max(0, math.floor((v - lower) / step + 0.5)))
-            counts[j] += 1
-        return counts
+                u_f = (v - lower_f) / step_f
+                if slack < u_f < top_f - slack and abs(u_f - round(u_f)) > slack:
+                    between[math.floor(u_f) + 1] += 1  # fast path: clearly between two grid points
+                    continue
+                exact = x if isinstance(x, (int, Fraction)) else Fraction(x)  # type: ignore[arg-type]
+                u = min(max((exact - self.lower) / self.resolution, Fraction(0)), top)
+            if u.denominator == 1:
+                on[int(u)] += 1
+            else:
+                between[math.ceil(u)] += 1
+        return on, between
 
-    def blocks(self, counts: Counter[int]) -> list[tuple[int, int, int]]:
-        """(first grid index, number of grid points, d·den) for runs of equal weight; d = that / den."""
-        n = sum(counts.values())
+    def blocks(self, placed: tuple[Counter[int], Counter[int]]) -> list[tuple[int, int, int]]:
+        """(first grid index, number of grid points, d·den) for runs of equal weight; d = that / den.
+
+        lo(g_j) = #{x < g_j} counts the values on grid points before j and those between grid points up to j;
+        hi(g_j) = #{x ≤ g_j} adds those on g_j itself: the exact ranks of the exact values."""
+        on, between = placed
+        n = sum(on.values()) + sum(between.values())
         qn, den = self.q.numerator * n, self.q.denominator  # q·n = qn/den
 
         def dist(lo: int, hi: int) -> int:
             return max(0, lo * den - qn, qn - hi * den)
 
         out: list[tuple[int, int, int]] = []
-        start, below = 0, 0  # first grid index not yet covered; values below it
-        for j in sorted(counts):
+        start, below = 0, 0  # first grid index not yet covered; values below it (x < g_start)
+        for j in sorted(set(on) | set(between)):
+            if j > self.m:
+                break
             if j > start:
                 out.append((start, j - start, dist(below, below)))
-            out.append((j, 1, dist(below, below + counts[j])))
-            below += counts[j]
+            below += between[j]
+            out.append((j, 1, dist(below, below + on[j])))
+            below += on[j]
             start = j + 1
         if start <= self.m:
             out.append((start, self.m + 1 - start, dist(below, below)))
@@ -137,7 +165,7 @@ def _integer_weight(w: float) -> int:
 
 
 def _sample(setup: _Setup, values: Iterable[object]) -> int:
-    blocks = setup.blocks(setup.snap(values))
+    blocks = setup.blocks(setup.place(values))
     logs = setup.log_weights(blocks)
     top = max(logs)
     cumulative: list[int] = []
@@ -168,9 +196,10 @@ def dp_quantile(values: Sequence[object], q: Number, lower: Number, upper: Numbe
 def rank_halfwidth(q: Number, lower: Number, upper: Number, epsilon: Number, *,
                    resolution: Number | None = None, max_contributions: int = 1,
                    confidence: float = CONFIDENCE) -> float:
-    """R such that, with probability ≥ confidence, the output's rank is within R of q·n.
+    """R such that, with probability ≥ confidence, the output's distance d in ranks from q·n is within R of the
+    best grid point's.
 
-    R = (2Δu/ε)·ln(|Y|/(1 − confidence)), from Pr[d(y) ≥ τ] ≤ |Y|·e^{−ετ/(2Δu)}.
+    R = (2Δu/ε)·ln(|Y|/(1 − confidence)), from Pr[d(y) ≥ d* + τ] ≤ |Y|·e^{−ετ/(2Δu)}.
     """
     if isinstance(confidence, bool) or not 0 < confidence < 1:
         raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
@@ -198,7 +227,7 @@ def quantile_probabilities(values: Sequence[object], q: Number, lower: Number, u
     For tests and audits; O(m) memory.
     """
     setup = _Setup(q, lower, upper, epsilon, resolution, max_contributions)
-    blocks = setup.blocks(setup.snap(values))
+    blocks = setup.blocks(setup.place(values))
     logs = setup.log_weights(blocks)
     top = max(logs)
     weights = [math.exp(lw - top) if lw - top >= -_CUTOFF else 0.0 for lw in logs]

@@ -46,6 +46,7 @@ from typing import NoReturn
 
 from sqlglot import exp
 
+from anonproxy.dp.interval_items import interval_call
 from anonproxy.plan import bounds
 from anonproxy.policy.model import LinkedTable, ProtectedTable, ReferenceTable, SuppressionParams
 from anonproxy.rewrite.decision import forbidden, unsupported
@@ -306,6 +307,11 @@ def _set_args(node: exp.Expression) -> set[str]:
 
 
 def refused_construct(node: exp.Expression) -> tuple[str, str]:
+    interval = interval_call(node)
+    if interval is not None:  # reached here only outside dp mode: suppress-mode answers are exact
+        return (f"function {interval[0]}()", ("it gives the 95 % interval of a noisy aggregate, answered only as a "
+                                               "select item of its own of a dp-mode aggregate query; a "
+                                               "suppress-mode answer is exact and has no interval"))
     for types, what, why in _REFUSED:
         if isinstance(node, types):
             return what, why
