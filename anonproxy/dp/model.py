@@ -207,6 +207,9 @@ class DPPlan:
     domains: tuple[tuple[str, ...], ...] | None = None  # the GROUP BY keys' declared public domains, in order
     post: PostProcess | None = None  # post-aggregate expressions, computed over the noisy values
     nested: nested_shapes.Outer | nested_shapes.Series | None = None  # the released rows' next step
+    # `sql` with the statistics in a canonical order (finish.canonical_statistics) and without HAVING's never-run
+    # type checks: the measurement, whatever the select list's order and HAVING (the answer cache's key reads it)
+    measured: str = ""
 
     @property
     def free(self) -> bool:

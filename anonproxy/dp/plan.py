@@ -34,6 +34,7 @@ from anonproxy.policy.model import (
     SuppressionParams,
 )
 from anonproxy.dp.bounded_sql import bounded_sql, text_literal
+from anonproxy.dp.finish import canonical_statistics
 from anonproxy.dp.having import compile_having
 from anonproxy.dp.mechanisms import ceil_scaled_log, laplace_scale
 from anonproxy.dp.model import (
@@ -204,6 +205,8 @@ def _plan(sql: str, role: RolePolicy, policy: Policy, params: DPParams) -> DPPla
         post=_post_process(outer, query, inputs, [i for i, d in enumerate(drafts) if d.kind == "post"])
         if outer is not None else None,
         nested=shape.post if isinstance(shape, Nested) else None,
+        # What the answer cache's key reads: the SQL with statistics in a canonical order and no HAVING checks.
+        measured=bounded_sql(query, canonical_statistics(statistics.values()), public, rows_cap, groups_cap, []),
     )
 
 

@@ -52,7 +52,9 @@ from ..policy.model import Policy, RolePolicy
 from ..dp import ledger
 from ..dp.answers import (
     DEFAULT_COSTS,
+    decoded,
     default_cost,
+    encoded,
     explained,
     fingerprint,
     or_default,
@@ -61,12 +63,12 @@ from ..dp.answers import (
     row_texts,
     series_question,
 )
-from ..dp.finish import finish, post_arrays, released_rows
+from ..dp.finish import Measurement, finish, measure, post_arrays, released_rows
 from ..dp.model import DPParams, DPPlan
 from ..rewrite.decision import Reject, SessionSetting
 from ..rewrite.final_sql import verify
 from ..wire import protocol as pg
-from ..wire.results import Column, Result, parse_simple, text_value
+from ..wire.results import Column, Result, text_value
 from .audit_trail import Spent
 from .analysis import AnalysisFailed, AnalysisTimeout, Analyser
 from .cache import BoundedCache
@@ -152,11 +154,13 @@ class NoisyAnswers:
             spent.relations, spent.epsilon, spent.delta = plan.tables, 0, 0  # until charged
             if plan.free:
                 types, rows = await _run(conn, plan.sql, parameters)
-                return await _result(conn, plan, types, rows, "anonproxy: the declared public domain, from the "
-                                     "policy: no row was read and nothing was charged"), plan
-            if found.answer is not None:
-                return _with_notice(parse_simple(found.answer), "anonproxy: the same question on the same data "
-                                    "was answered before; this is that answer, at no cost"), plan
+                return await _result(conn, plan, measure(plan, types, rows), "anonproxy: the declared public domain, "
+                                     "from the policy: no row was read and nothing was charged"), plan
+            headline = f"anonproxy: differentially private answer, ε={plan.epsilon:g}, δ={plan.delta:g}"
+            cached = decoded(found.answer)
+            if cached is not None:  # the measurement paid for before, finished for this statement: no cost
+                return _with_notice(await _result(conn, plan, cached, headline), "anonproxy: the same question on "
+                                    "the same data was answered before; this is that answer, at no cost"), plan
             await _check_statement(conn, plan, parameters)
             # Charged, and committed, before the data is read: a question that fails from here on (its SQL, the
             # noise, the connection) stays paid for, so no failure is a free look at the data.
@@ -165,11 +169,11 @@ class NoisyAnswers:
             async with _snapshot(conn, timeout_ms):
                 version = await ledger.data_version(conn, plan.tables)  # of the rows the plan reads next
                 types, rows = await _run(conn, plan.sql, parameters)
-            result = await _result(conn, plan, types, rows, f"anonproxy: differentially private answer, "
-                                   f"ε={plan.epsilon:g}, δ={plan.delta:g}")
-            # Another session of the role may have paid for the same question meanwhile: one answer is released.
-            kept = await ledger.store_answer(conn, role.role, fingerprint, version, result.simple())
-            return _with_notice(parse_simple(kept), f"anonproxy: budget left on {plan.table}: "
+            measured = measure(plan, types, rows)
+            # Another session of the role may have paid for the same question meanwhile: one measurement is released.
+            kept = decoded(await ledger.store_answer(conn, role.role, fingerprint, version, encoded(measured)))
+            result = await _result(conn, plan, kept or measured, headline)
+            return _with_notice(result, f"anonproxy: budget left on {plan.table}: "
                                 f"ε={_plain(left.epsilon)}, δ={_plain(left.delta)}"), plan
 
     async def _post_process(self, outer: Outer, released: Result, policy: Policy, role: RolePolicy) -> Result:
@@ -280,6 +284,8 @@ class NoisyAnswers:
             read = (or_default(found.epsilon_per_query, "epsilon"), or_default(found.delta_per_query, "delta"))
             self._costs[key] = read
             if read == costs:
+                if found.answer is not None and decoded(found.answer) is None:
+                    found = replace(found, answer=None)  # cached in another format: a miss, never an error
                 return plan, key_of_answer, found
             costs = read
         raise Refused("40001", f'the per-query budget of role "{role.role}" on {first.table} kept changing while '
@@ -502,11 +508,12 @@ def _last(results: list[pq.abc.PGresult], expected: pq.ExecStatus) -> pq.abc.PGr
     return result
 
 
-async def _result(conn: psycopg.AsyncConnection[Any], plan: DPPlan, types: list[int], rows: list[tuple[Any, ...]],
-                  headline: str) -> Result:
-    """The plan's answer to ``rows`` (noise added, then the post statement over the noisy values when the query
-    has post-aggregate expressions), with a notice: ``headline`` and the plan's noise lines."""
-    released = released_rows(plan, rows)
+async def _result(conn: psycopg.AsyncConnection[Any], plan: DPPlan, measurement: Measurement, headline: str) -> Result:
+    """The statement's answer from a noisy measurement, fresh or cached (its columns, HAVING, the post statement
+    over the noisy values when the query has post-aggregate expressions, ORDER BY, LIMIT), with a notice:
+    ``headline`` and the plan's noise lines. Post-processing only: it costs nothing."""
+    types = list(measurement.types)
+    released = released_rows(plan, measurement)
     post_types, computed = None, None
     if plan.post is not None:
         array_types = _array_types(plan, types)
