@@ -38,7 +38,7 @@ import contextlib
 import logging
 import select
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from typing import Any
 
@@ -85,10 +85,12 @@ _BEGIN_SNAPSHOT = "begin isolation level repeatable read, read only"
 
 @dataclass
 class SessionLimits:
-    """What a session set with ``SET anonproxy.epsilon`` / ``anonproxy.delta`` (None: the policy's)."""
+    """What a session set with ``SET anonproxy.epsilon`` / ``anonproxy.delta`` (None: the policy's); ``at_login``:
+    what it gave at login (``options=-c anonproxy.epsilon=...``), which RESET goes back to, as in PostgreSQL."""
 
     epsilon: Decimal | None = None
     delta: Decimal | None = None
+    at_login: dict[str, Decimal] = field(default_factory=dict)
 
 
 class Refused(Exception):
@@ -96,7 +98,7 @@ class Refused(Exception):
 
     def __init__(self, sqlstate: str, message: str, hint: str | None = None, detail: str | None = None) -> None:
         super().__init__(message)
-        self.sqlstate = sqlstate
+        self.sqlstate, self.hint, self.detail = sqlstate, hint, detail
         self.response = pg.error_response(sqlstate, message, hint=hint, detail=detail)
 
 
@@ -250,8 +252,10 @@ class NoisyAnswers:
             return _show(setting, [_plain(next(iter(values.values()), default_cost(setting)))])
         return _show(setting, [", ".join(f"{domain}: {_plain(v)}" for domain, v in sorted(values.items()))])
 
-    async def set(self, request: SessionSetting, role: str, limits: SessionLimits) -> Result:
-        """``SET anonproxy.epsilon | delta``: only down from the policy's per-query value; RESET goes back to it."""
+    async def set(self, request: SessionSetting, role: str, limits: SessionLimits, at_login: bool = False) -> Result:
+        """``SET anonproxy.epsilon | delta``: only down from the policy's per-query value; RESET goes back to the
+        value given at login, else to the policy's. ``at_login``: the setting came with the login (its value then
+        becomes the session's default)."""
         name = f"anonproxy.{request.setting}"
         if request.value is not None:
             async with self._connection() as conn:
@@ -262,8 +266,12 @@ class NoisyAnswers:
             if request.value > maximum:
                 raise Refused("22023", f"{name} may only lower the policy's per-query value: at most "
                               f"{_plain(maximum)} for role \"{role}\", got {_plain(request.value)}",
-                              f"SET {name} TO a value up to {_plain(maximum)}; ask the DBA for a larger one.")
-        setattr(limits, request.setting, request.value)
+                              f"Give {name} a value up to {_plain(maximum)} (SET, or -c {name}=... at login); ask "
+                              "the DBA for a larger one.")
+            if at_login:
+                limits.at_login[request.setting] = request.value
+        value = request.value if request.value is not None else limits.at_login.get(request.setting)
+        setattr(limits, request.setting, value)
         return Result((), tag="SET" if request.value is not None else "RESET")
 
     # -- helpers ----------------------------------------------------------------------
