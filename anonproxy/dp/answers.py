@@ -17,6 +17,7 @@ statement. What it asks this module:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Iterable
@@ -26,6 +27,9 @@ from decimal import Decimal
 import psycopg
 from psycopg import pq
 from psycopg.adapt import Transformer
+from sqlglot.dialects.postgres import Postgres
+from sqlglot.errors import SqlglotError
+from sqlglot.tokens import TokenType
 
 from anonproxy.dp import ledger
 from anonproxy.dp.finish import Group, Measurement, canonical_names, canonical_statistics, plan_quantiles
@@ -71,11 +75,28 @@ def fingerprint(plan: DPPlan, policy_version: int, parameters: object) -> str:
     statements that differ only there are one question. Statistics are named in a canonical order by the planner,
     so the select list's order does not change their names either."""
     names = canonical_names(plan.statistics)
-    measurement = replace(plan, sql=plan.measured, measured="", statistics=tuple(canonical_statistics(plan.statistics)),
+    measurement = replace(plan, sql=folded(plan.measured), measured="", statistics=tuple(canonical_statistics(plan.statistics)),
                           selection=names.get(plan.selection or ""), columns=(), order=(), limit=None, offset=0,
                           hidden=(), having=None, post=None, nested=None)
     text = f"{MEASUREMENT_FORMAT!r}\0{policy_version}\0{measurement!r}\0{plan_quantiles(plan)!r}\0{parameters!r}"
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+# Tokens whose case is meaning: strings of every kind and quoted identifiers.
+_CASED = frozenset({token for token in TokenType if "STRING" in token.name} | {TokenType.IDENTIFIER})
+
+
+@functools.lru_cache(maxsize=512)
+def folded(sql: str) -> str:
+    """``sql`` as PostgreSQL reads it, for the cache's key only (it never runs): its tokens with keywords and
+    unquoted identifiers in lower case (PostgreSQL folds them: ``GROUP BY Education`` is ``education``), strings
+    and quoted identifiers as they are, white space and comments gone."""
+    try:
+        tokens = Postgres().tokenize(sql)
+    except SqlglotError:
+        return sql
+    return repr([(token.token_type.name, token.text if token.token_type in _CASED else token.text.lower())
+                 for token in tokens])
 
 
 def encoded(measurement: Measurement) -> bytes:
