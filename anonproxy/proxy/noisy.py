@@ -4,8 +4,10 @@ The I/O of the dp back-end (what it decides without I/O is in
 :mod:`anonproxy.dp.answers`). For one query: plan it (anonproxy.dp.plan) with the role's per-query
 ε and δ from its budget — lowered by the session's ``SET anonproxy.epsilon``
 / ``anonproxy.delta`` — and, in one statement (``anonproxy.lookup_answer``),
-read that per-query cost, the data version and the answer already paid for.
-That one round trip is the whole ledger work for a question already answered.
+read that per-query cost, the data version and the noisy measurement already
+paid for (keyed by the plan's measurement only: anonproxy.dp.answers.fingerprint).
+That one round trip is the whole ledger work for a question already answered;
+the statement is then finished from that measurement, at no cost.
 Else check the bound values (converted alone, reading nothing: a bad value is
 refused for free), then charge the ledger, committed before any row is read
 (fail closed: a question that fails after the charge stays paid for, and an
@@ -13,8 +15,8 @@ exhausted budget is refused before its SQL runs); then, in one REPEATABLE
 READ READ ONLY transaction, read the data version of every table the plan
 reads and run the contribution-bounded SQL with the client's bound
 parameters, under the session's statement time limit (``timeout_ms``: past
-it the question fails with 57014 and stays paid for); add noise; cache the answer under that version
-(anonproxy.dp.ledger). A query that only lists declared public
+it the question fails with 57014 and stays paid for); measure (noise, partition selection), cache the
+measurement under that version (anonproxy.dp.ledger), and finish the statement from it. A query that only lists declared public
 domains reads no row and is neither charged nor cached. Answers are
 :class:`Result` values, which the gate encodes for the simple or the extended
 protocol; refusals raise :class:`Refused`, which carries the ErrorResponse.
