@@ -9,6 +9,7 @@ A changed WHERE or another aggregate is a new question, charged. An answer cache
 from __future__ import annotations
 
 import itertools
+import json
 from collections.abc import Iterator
 from decimal import ROUND_HALF_UP, Decimal
 
@@ -88,11 +89,21 @@ def test_a_superset_chart_re_sorted_re_limited_renamed_and_swapped_costs_once(co
     assert "cached: the same question" in explained
 
 
-def test_a_quantile_is_the_same_draw_whatever_the_statement_around_it(conn: psycopg.Connection) -> None:
+def test_a_quantile_is_the_same_draw_whatever_the_statement_around_it(conn: psycopg.Connection, analyst: str,
+                                                                      truth: psycopg.Connection) -> None:
     first = conn.execute("select sex, median(age), count(*) from adult group by sex").fetchall()
     again = conn.execute("select count(*) as n, median(age) as m, sex from adult group by sex order by m desc").fetchall()
     assert {(sex, m, n) for n, m, sex in again} == set(first)
     assert "epsilon 1.5 of 2 left" in left(conn)
+    # The cache holds the noisy measurement only: keys, and one noisy number per statistic and quantile — never the
+    # ages the median was drawn from.
+    (stored,) = truth.execute("select answer from anonproxy.answer_cache where role_name = %s", [analyst]).fetchone()
+    header, _, body = bytes(stored).partition(b"\n")
+    assert header == b"anonproxy-measurement/1"
+    groups = json.loads(body)["groups"]
+    assert sorted(group["k"] for group in groups) == [["Female"], ["Male"]]
+    assert all(len(group["v"]) == 2 and all(tag in ("i", "d", "f") and isinstance(text, str)
+                                            for tag, text in group["v"].values()) for group in groups)
 
 
 def test_a_changed_where_or_aggregate_is_a_new_question(conn: psycopg.Connection) -> None:

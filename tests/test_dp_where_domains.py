@@ -20,9 +20,10 @@ EDUCATION = ("Preschool", "1st-4th", "5th-6th", "7th-8th", "9th", "10th", "11th"
 
 @pytest.fixture
 def conn(truth: psycopg.Connection, gated_proxy: Endpoint, gated_database: str) -> Iterator[psycopg.Connection]:
-    with fresh_dp_role(truth, gated_proxy, gated_database, f"dp_where_{next(_names)}", epsilon=20) as role:
-        with psycopg.connect(gated_proxy.dsn(gated_database, user=role), autocommit=True) as connection:
-            yield connection
+    role = f"dp_where_{next(_names)}"
+    with fresh_dp_role(truth, gated_proxy, gated_database, role, epsilon=20), \
+            psycopg.connect(gated_proxy.dsn(gated_database, user=role), autocommit=True) as connection:
+        yield connection
 
 
 def left(conn: psycopg.Connection) -> str:

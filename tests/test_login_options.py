@@ -118,7 +118,8 @@ def test_asyncpg_startup_parameters_and_options(gated_proxy: Endpoint, gated_dat
 def psql(proxy: Endpoint, database: str, role: str, options: str, sql: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PGOPTIONS": options, "PGPASSWORD": role, "PGCLIENTENCODING": "UTF8"}
     return subprocess.run(["psql", "-X", "-A", "-t", "-h", proxy.host, "-p", str(proxy.port), "-U", role,
-                           "-d", database, "-c", sql], capture_output=True, text=True, timeout=30, env=env)
+                           "-d", database, "-c", sql], capture_output=True, text=True, timeout=30, env=env,
+                          check=False)
 
 
 def test_psql_pgoptions_for_dp_suppress_and_relayed_roles(gated_proxy: Endpoint, gated_database: str,
