@@ -199,8 +199,7 @@ def explained_query(sql: str) -> str | None:
 def _dp_setting(name: str, statement: Statement, value_index: int | None, mode: str, local: bool) -> Decision:
     """SET (value_index given) or RESET of anonproxy.epsilon / anonproxy.delta."""
     setting = name[len("anonproxy."):]
-    if mode != "dp":
-        raise forbidden(f"{name} applies to roles in dp mode only", "Read the policy with SHOW anonproxy.mode.")
+    _check_dp_mode(name, mode)
     if local:
         raise unsupported(f"SET LOCAL {name} is not supported: the setting lasts for the session",
                           f"Use SET {name} and RESET {name}.")
@@ -239,13 +238,17 @@ def login_setting(name: str, value: str, mode: str) -> SessionSetting | None:
     setting, which PostgreSQL applies."""
     name = name.lower()
     if name in DP_SETTING_NAMES:
-        if mode != "dp":
-            raise forbidden(f"{name} applies to roles in dp mode only", "Read the policy with SHOW anonproxy.mode.")
+        _check_dp_mode(name, mode)
         return SessionSetting(name[len("anonproxy."):], _dp_value(name, value, value))
     _check_name(name, mode)
     # client_encoding and standard_conforming_strings are checked on the values the server reports once it applied
     # the login's settings (anonproxy.proxy.session), exact however a driver spells them ('utf-8', quoted, ...).
     return None
+
+
+def _check_dp_mode(name: str, mode: str) -> None:
+    if mode != "dp":
+        raise forbidden(f"{name} applies to roles in dp mode only", "Read the policy with SHOW anonproxy.mode.")
 
 
 def _check_setting(name: str, statement: Statement, value_index: int | None, mode: str) -> None:
