@@ -106,6 +106,17 @@ def test_a_quantile_is_the_same_draw_whatever_the_statement_around_it(conn: psyc
                                             for tag, text in group["v"].values()) for group in groups)
 
 
+def test_swapped_columns_of_different_types_keep_their_types(conn: psycopg.Connection) -> None:
+    first = conn.execute("select sex, count(*), sum(age * 1.5) from adult group by sex")
+    types = [column.type_code for column in first.description]
+    rows = first.fetchall()
+    swapped = conn.execute("select sum(age * 1.5) as s, sex, count(*) as n from adult group by sex order by n")
+    assert [column.type_code for column in swapped.description] == [types[2], types[0], types[1]]
+    assert types[1:] == [20, 1700]  # bigint, numeric
+    assert sorted((sex, n, s) for s, sex, n in swapped.fetchall()) == sorted(rows)
+    assert "epsilon 1.5 of 2 left" in left(conn)
+
+
 def test_a_changed_where_or_aggregate_is_a_new_question(conn: psycopg.Connection) -> None:
     conn.execute(BASE).fetchall()
     assert "epsilon 1.5 of 2 left" in left(conn)

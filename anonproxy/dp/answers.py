@@ -102,11 +102,12 @@ def folded(sql: str) -> str:
 def encoded(measurement: Measurement) -> bytes:
     """A measurement as the answer cache keeps it: keys in PostgreSQL's text of their SQL types, noisy values as
     exact text (int, Decimal, float)."""
-    types = measurement.types
+    types = measurement.key_types
     groups = [{"k": [_text(key, types[i] if i < len(types) else 0) for i, key in enumerate(group.keys)],
                "v": {name: _number(value) for name, value in group.values.items()}}
               for group in measurement.groups]
-    return MEASUREMENT_FORMAT + json.dumps({"types": list(types), "groups": groups}, sort_keys=True).encode()
+    document = {"key_types": list(types), "statistic_types": measurement.statistic_types, "groups": groups}
+    return MEASUREMENT_FORMAT + json.dumps(document, sort_keys=True).encode()
 
 
 def decoded(data: bytes | None) -> Measurement | None:
@@ -116,15 +117,16 @@ def decoded(data: bytes | None) -> Measurement | None:
         return None
     try:
         document = json.loads(bytes(data)[len(MEASUREMENT_FORMAT):])
-        types = tuple(int(oid) for oid in document["types"])
+        types = tuple(int(oid) for oid in document["key_types"])
+        statistic_types = {str(name): int(oid) for name, oid in document["statistic_types"].items()}
         loader = Transformer()
         groups = tuple(Group(tuple(None if text is None else loader.get_loader(types[i], pq.Format.TEXT).load(
                                    text.encode()) for i, text in enumerate(group["k"])),
                              {name: _load_number(value) for name, value in group["v"].items()})
                        for group in document["groups"])
-    except (ValueError, KeyError, TypeError, IndexError, ArithmeticError, psycopg.Error):
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError, ArithmeticError, psycopg.Error):
         return None
-    return Measurement(types, groups)
+    return Measurement(types, statistic_types, groups)
 
 
 def _text(value: object, type_oid: int) -> str | None:

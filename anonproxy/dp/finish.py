@@ -37,11 +37,27 @@ class Group:
 
 @dataclass(frozen=True)
 class Measurement:
-    """The noisy measurement of a plan: the SQL's column types (keys, then statistics) and the released groups, in
-    the order of their keys."""
+    """The noisy measurement of a plan: the SQL's column types (of the keys, in order; of each statistic, by its
+    canonical name) and the released groups, in the order of their keys."""
 
-    types: tuple[int, ...]
+    key_types: tuple[int, ...]
+    statistic_types: dict[str, int]
     groups: tuple[Group, ...]
+
+    def fits(self, plan: DPPlan) -> bool:
+        """Whether every released group holds each noisy value ``plan`` finishes from (it does for the measurement
+        of the plan's own key; anything else read from the cache is a miss)."""
+        names = canonical_names(plan.statistics)
+        wanted = {names[stat.name] for stat in plan.statistics if stat.kind != "values"}
+        wanted |= {quantile_id(quantile, names) for quantile in _quantiles(plan)}
+        return len(self.key_types) == plan.keys and all(
+            len(group.keys) == plan.keys and wanted <= group.values.keys() for group in self.groups)
+
+    def sql_types(self, plan: DPPlan) -> list[int]:
+        """The column types of ``plan.sql`` (keys, then the plan's statistics in its own order), for a plan whose
+        measurement this is, whatever order its statement named the statistics in."""
+        names = canonical_names(plan.statistics)
+        return [*self.key_types, *(self.statistic_types.get(names[stat.name], 0) for stat in plan.statistics)]
 
 
 def answer(plan: DPPlan, rows: list[tuple]) -> tuple[list[tuple], list[ColumnNoise | None]]:
@@ -84,7 +100,9 @@ def measure(plan: DPPlan, types: tuple[int, ...] | list[int], rows: list[tuple])
             values = row[positions[quantile.values]]
             noisy[quantile_id(quantile, names)] = quantile.draw(values)  # type: ignore[arg-type]
         groups.append(Group(tuple(row[:plan.keys]), noisy))
-    return Measurement(tuple(types), tuple(groups))
+    types = list(types) or [0] * (plan.keys + len(plan.statistics))
+    return Measurement(tuple(types[:plan.keys]), {names[stat.name]: types[plan.keys + i]
+                                                  for i, stat in enumerate(plan.statistics)}, tuple(groups))
 
 
 def canonical_statistics(statistics: Iterable[Statistic]) -> list[Statistic]:

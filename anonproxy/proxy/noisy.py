@@ -161,7 +161,7 @@ class NoisyAnswers:
                 return await _result(conn, plan, measure(plan, types, rows), "anonproxy: the declared public domain, "
                                      "from the policy: no row was read and nothing was charged"), plan
             headline = f"anonproxy: differentially private answer, ε={plan.epsilon:g}, δ={plan.delta:g}"
-            cached = decoded(found.answer)
+            cached = _readable(found.answer, plan)
             if cached is not None:  # the measurement paid for before, finished for this statement: no cost
                 return _with_notice(await _result(conn, plan, cached, headline), "anonproxy: the same question on "
                                     "the same data was answered before; this is that answer, at no cost"), plan
@@ -175,7 +175,7 @@ class NoisyAnswers:
                 types, rows = await _run(conn, plan.sql, parameters)
             measured = measure(plan, types, rows)
             # Another session of the role may have paid for the same question meanwhile: one measurement is released.
-            kept = decoded(await ledger.store_answer(conn, role.role, fingerprint, version, encoded(measured)))
+            kept = _readable(await ledger.store_answer(conn, role.role, fingerprint, version, encoded(measured)), plan)
             result = await _result(conn, plan, kept or measured, headline)
             return _with_notice(result, f"anonproxy: budget left on {plan.table}: "
                                 f"ε={_plain(left.epsilon)}, δ={_plain(left.delta)}"), plan
@@ -294,7 +294,7 @@ class NoisyAnswers:
             read = (or_default(found.epsilon_per_query, "epsilon"), or_default(found.delta_per_query, "delta"))
             self._costs[key] = read
             if read == costs:
-                if found.answer is not None and decoded(found.answer) is None:
+                if found.answer is not None and _readable(found.answer, plan) is None:
                     found = replace(found, answer=None)  # cached in another format: a miss, never an error
                 return plan, key_of_answer, found
             costs = read
@@ -385,6 +385,12 @@ class NoisyAnswers:
 
 
 MAX_PARAMETERS = 65535  # the protocol's limit on $n parameters in one statement
+
+
+def _readable(cached: bytes | None, plan: DPPlan) -> Measurement | None:
+    """The cached measurement of ``plan``; None (a miss) when there is none or it cannot be read as one."""
+    measurement = decoded(cached)
+    return measurement if measurement is not None and measurement.fits(plan) else None
 
 
 def _over_released(outer: Outer, released: Result) -> tuple[str, Parameters]:
@@ -522,7 +528,7 @@ async def _result(conn: psycopg.AsyncConnection[Any], plan: DPPlan, measurement:
     """The statement's answer from a noisy measurement, fresh or cached (its columns, HAVING, the post statement
     over the noisy values when the query has post-aggregate expressions, ORDER BY, LIMIT), with a notice:
     ``headline`` and the plan's noise lines. Post-processing only: it costs nothing."""
-    types = list(measurement.types)
+    types = measurement.sql_types(plan)  # this statement's order of the statistics
     released = released_rows(plan, measurement)
     post_types, computed = None, None
     if plan.post is not None:
