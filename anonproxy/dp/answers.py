@@ -7,7 +7,8 @@ statement. What it asks this module:
 * :func:`plan_checked`: the plan of a statement (:mod:`anonproxy.dp.plan`)
   and PostgreSQL's parser's reading of its SQL (the final SQL check), run
   in the worker's analysis process;
-* :func:`fingerprint`: the key of the answer cache, taken from the plan;
+* :func:`fingerprint`: the key of the answer cache, taken from the plan's measurement only;
+* :func:`encoded` / :func:`decoded`: the cached value, a noisy measurement (anonproxy.dp.finish);
 * :func:`explained`: what EXPLAIN (ANONPROXY) says about a question;
 * :func:`series_question`: the second question of Superset's series limit,
   once the first one's released keys are known;
@@ -16,12 +17,22 @@ statement. What it asks this module:
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import json
 from collections.abc import Iterable
 from dataclasses import replace
 from decimal import Decimal
 
+import psycopg
+from psycopg import pq
+from psycopg.adapt import Transformer
+from sqlglot.dialects.postgres import Postgres
+from sqlglot.errors import SqlglotError
+from sqlglot.tokens import TokenType
+
 from anonproxy.dp import ledger
+from anonproxy.dp.finish import Group, Measurement, canonical_names, canonical_statistics, plan_quantiles
 from anonproxy.dp.model import DPParams, DPPlan
 from anonproxy.dp.plan import plan_dp
 from anonproxy.plan import render
@@ -29,6 +40,7 @@ from anonproxy.plan.outer import Series
 from anonproxy.policy.model import Policy, RolePolicy
 from anonproxy.rewrite.decision import Refusal, Reject
 from anonproxy.rewrite.final_sql import verify
+from anonproxy.wire.results import text_value
 
 # Used when a budget does not say what one query costs.
 DEFAULT_EPSILON = Decimal("0.5")
@@ -50,11 +62,91 @@ def plan_checked(sql: str, role: RolePolicy, policy: Policy, params: DPParams) -
     return plan
 
 
+# The cached value's format, also part of every fingerprint: an answer cached in another format (the whole wire
+# answer, before answers were cached by meaning) is never found, and one that is found but unreadable is a miss.
+MEASUREMENT_FORMAT = b"anonproxy-measurement/1\n"
+
+
 def fingerprint(plan: DPPlan, policy_version: int, parameters: object) -> str:
-    """The answer cache's key: the whole plan (post-processing and cost included), the policy it obeys and the
-    bound values, so the same question asked again, however it is spelled, gets the same answer at no cost. What
-    is done with the released rows next (``plan.nested``) is free post-processing: not part of the question."""
-    return hashlib.sha256(f"{policy_version}\0{replace(plan, nested=None)!r}\0{parameters!r}".encode()).hexdigest()
+    """The answer cache's key: the plan's **measurement** — its bounded SQL (without HAVING's never-run type
+    checks), statistics and their noise, quantiles, domains, partition selection and cost — the policy it obeys
+    and the bound values. Not what is done with the noisy values next (output columns and their names and order,
+    post-aggregate expressions, HAVING, ORDER BY, LIMIT, OFFSET, the nested step), which is free post-processing:
+    statements that differ only there are one question. Statistics are named in a canonical order by the planner,
+    so the select list's order does not change their names either."""
+    names = canonical_names(plan.statistics)
+    measurement = replace(plan, sql=folded(plan.measured), measured="", statistics=tuple(canonical_statistics(plan.statistics)),
+                          selection=names.get(plan.selection or ""), columns=(), order=(), limit=None, offset=0,
+                          hidden=(), having=None, post=None, nested=None)
+    text = f"{MEASUREMENT_FORMAT!r}\0{policy_version}\0{measurement!r}\0{plan_quantiles(plan)!r}\0{parameters!r}"
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+# Tokens whose case is meaning: strings of every kind and quoted identifiers.
+_CASED = frozenset({token for token in TokenType if "STRING" in token.name} | {TokenType.IDENTIFIER})
+
+
+@functools.lru_cache(maxsize=512)
+def folded(sql: str) -> str:
+    """``sql`` as PostgreSQL reads it, for the cache's key only (it never runs): its tokens with keywords and
+    unquoted identifiers in lower case (PostgreSQL folds them: ``GROUP BY Education`` is ``education``), strings
+    and quoted identifiers as they are, white space and comments gone."""
+    try:
+        tokens = Postgres().tokenize(sql)
+    except SqlglotError:
+        return sql
+    return repr([(token.token_type.name, token.text if token.token_type in _CASED else token.text.lower())
+                 for token in tokens])
+
+
+def encoded(measurement: Measurement) -> bytes:
+    """A measurement as the answer cache keeps it: keys in PostgreSQL's text of their SQL types, noisy values as
+    exact text (int, Decimal, float)."""
+    types = measurement.key_types
+    groups = [{"k": [_text(key, types[i] if i < len(types) else 0) for i, key in enumerate(group.keys)],
+               "v": {name: _number(value) for name, value in group.values.items()}}
+              for group in measurement.groups]
+    document = {"key_types": list(types), "statistic_types": measurement.statistic_types, "groups": groups}
+    return MEASUREMENT_FORMAT + json.dumps(document, sort_keys=True).encode()
+
+
+def decoded(data: bytes | None) -> Measurement | None:
+    """The measurement of a cached value; None (a miss, never an error) for anything else, e.g. an answer cached
+    in an older format."""
+    if data is None or not bytes(data).startswith(MEASUREMENT_FORMAT):
+        return None
+    try:
+        document = json.loads(bytes(data)[len(MEASUREMENT_FORMAT):])
+        types = tuple(int(oid) for oid in document["key_types"])
+        statistic_types = {str(name): int(oid) for name, oid in document["statistic_types"].items()}
+        loader = Transformer()
+        groups = tuple(Group(tuple(None if text is None else loader.get_loader(types[i], pq.Format.TEXT).load(
+                                   text.encode()) for i, text in enumerate(group["k"])),
+                             {name: _load_number(value) for name, value in group["v"].items()})
+                       for group in document["groups"])
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError, ArithmeticError, psycopg.Error):
+        return None
+    return Measurement(types, statistic_types, groups)
+
+
+def _text(value: object, type_oid: int) -> str | None:
+    data = text_value(value, type_oid)
+    return None if data is None else data.decode()
+
+
+_NUMBER_TYPES = {"i": int, "d": Decimal, "f": float}
+
+
+def _number(value: object) -> list[str]:
+    if isinstance(value, bool) or not isinstance(value, (int, Decimal, float)):
+        raise TypeError(f"a noisy value must be a number, not {type(value).__name__}")
+    tag = "i" if isinstance(value, int) else "d" if isinstance(value, Decimal) else "f"
+    return [tag, repr(value) if tag == "f" else str(value)]
+
+
+def _load_number(value: list[str]) -> object:
+    tag, text = value
+    return _NUMBER_TYPES[tag](text)
 
 
 def explained(plan: DPPlan, found: ledger.Lookup) -> list[str]:

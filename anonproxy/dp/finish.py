@@ -1,8 +1,13 @@
-"""A dp plan's answer from the rows its SQL returned: noise, partition selection, HAVING, ORDER BY and LIMIT.
+"""A dp plan's answer from the rows its SQL returned, in two steps: the measurement, then the finishing.
 
-Pure: exact discrete noise added to each statistic (docs/mechanisms.md), quantiles drawn with the exponential
-mechanism, groups without a declared public domain kept only when their noisy count of people reaches the
-plan's threshold, then HAVING, ORDER BY, LIMIT and OFFSET over the noisy values (post-processing).
+Pure. **Measurement** (:func:`measure`): exact discrete noise added to each statistic (docs/mechanisms.md),
+quantiles drawn with the exponential mechanism, groups without a declared public domain kept only when their
+noisy count of people reaches the plan's threshold. Its result, a :class:`Measurement` (the released groups'
+keys and noisy values, nothing exact), is what the answer cache keeps and what the budget pays for.
+**Finishing** (:func:`released_rows`, :func:`finish`): the client's columns computed from the noisy values,
+HAVING, the post statement's columns, ORDER BY, LIMIT and OFFSET — post-processing, run alike on a fresh
+measurement and on one read back from the cache, so that re-sorting or renaming a question costs nothing and
+shows the same numbers.
 """
 
 from __future__ import annotations
@@ -10,13 +15,51 @@ from __future__ import annotations
 import datetime
 import functools
 import math
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
 from decimal import Decimal
 from fractions import Fraction
 
 from anonproxy.dp import intervals
 from anonproxy.dp.having import holds
 from anonproxy.dp.mechanisms import discrete_gaussian, discrete_laplace, to_grid
-from anonproxy.dp.model import ColumnNoise, DPPlan, OrderKey, OutputColumn, Statistic, to_decimal
+from anonproxy.dp.model import ColumnNoise, DPPlan, OrderKey, OutputColumn, Quantile, Statistic, to_decimal
+
+
+@dataclass(frozen=True)
+class Group:
+    """One released group: its keys as the SQL returned them, and the noisy value of each noisy statistic and
+    each quantile, by their canonical names (:func:`canonical_names`, :func:`quantile_id`), which do not depend on
+    where the statement mentions them. Never an exact value."""
+
+    keys: tuple
+    values: dict[str, object]
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """The noisy measurement of a plan: the SQL's column types (of the keys, in order; of each statistic, by its
+    canonical name) and the released groups, in the order of their keys."""
+
+    key_types: tuple[int, ...]
+    statistic_types: dict[str, int]
+    groups: tuple[Group, ...]
+
+    def fits(self, plan: DPPlan) -> bool:
+        """Whether every released group holds each noisy value ``plan`` finishes from (it does for the measurement
+        of the plan's own key; anything else read from the cache is a miss)."""
+        names = canonical_names(plan.statistics)
+        wanted = {names[stat.name] for stat in plan.statistics if stat.kind != "values"}
+        wanted |= {quantile_id(quantile, names) for quantile in _quantiles(plan)}
+        return len(self.key_types) == plan.keys and all(
+            len(group.keys) == plan.keys and wanted <= group.values.keys() for group in self.groups)
+
+    def sql_types(self, plan: DPPlan) -> list[int]:
+        """The column types of ``plan.sql`` (keys, then the plan's statistics in its own order), for a plan whose
+        measurement this is, whatever order its statement named the statistics in."""
+        names = canonical_names(plan.statistics)
+        return [*self.key_types, *(self.statistic_types.get(names[stat.name], 0) for stat in plan.statistics)]
+
 
 def answer(plan: DPPlan, rows: list[tuple]) -> tuple[list[tuple], list[ColumnNoise | None]]:
     """Noisy rows for the client from the rows of ``plan.sql``, and the noise of each output column (a plan
@@ -26,31 +69,93 @@ def answer(plan: DPPlan, rows: list[tuple]) -> tuple[list[tuple], list[ColumnNoi
     :mod:`secrets`-driven exact samplers; nothing here depends on the data except through those noisy values.
     """
     assert plan.post is None, "a plan with post-aggregate expressions needs its post statement run"
-    return finish(plan, released_rows(plan, rows), None)
+    return finish(plan, released_rows(plan, measure(plan, (), rows)), None)
 
 
-def released_rows(plan: DPPlan, rows: list[tuple]) -> list[tuple]:
-    """The released groups' answer rows (output columns, then hidden ones), noisy, in the order of their keys:
-    partition selection and a HAVING compiled by dp_having applied; ORDER BY and LIMIT not yet."""
+# --- measurement: noise and partition selection ---------------------------------------------------------------
+
+
+def measure(plan: DPPlan, types: tuple[int, ...] | list[int], rows: list[tuple]) -> Measurement:
+    """The released groups of ``plan`` with noisy statistics, from the rows of ``plan.sql`` (``types``: their
+    column types). Groups without a public domain pass partition selection first; every quantile of the plan is
+    drawn once per released group (whichever columns and HAVING repeat it: it is charged once)."""
     positions = {stat.name: plan.keys + i for i, stat in enumerate(plan.statistics)}
     by_name = {stat.name: stat for stat in plan.statistics}
-    result = []
+    names = canonical_names(plan.statistics)
+    groups = []
     # PostgreSQL's row order depends on the data (a hash join emits the empty public groups last): release the
     # groups in a fixed order of their keys instead, which ORDER BY refines and LIMIT cuts.
     for row in sorted(rows, key=functools.partial(_key_order, plan)):
-        noisy: dict[object, object] = {}  # statistic name or Quantile -> its one noisy value in this group
+        noisy: dict[str, object] = {}
         if plan.selection is not None:
             stat = by_name[plan.selection]
             value = _noisy(stat, row[positions[stat.name]])
             assert plan.threshold is not None
             if value < plan.threshold:  # type: ignore[operator]
                 continue
-            noisy[stat.name] = value
+            noisy[names[stat.name]] = value
         for stat in plan.statistics:
-            if stat.name not in noisy:
-                value = row[positions[stat.name]]
-                noisy[stat.name] = value if stat.kind == "values" else _noisy(stat, value)
-        out = tuple(_output(column, row, noisy, plan) for column in plan.columns + plan.hidden)
+            if names[stat.name] not in noisy and stat.kind != "values":  # a quantile's values are exact: not kept
+                noisy[names[stat.name]] = _noisy(stat, row[positions[stat.name]])
+        for quantile in sorted(_quantiles(plan), key=_quantile_key):
+            values = row[positions[quantile.values]]
+            noisy[quantile_id(quantile, names)] = quantile.draw(values)  # type: ignore[arg-type]
+        groups.append(Group(tuple(row[:plan.keys]), noisy))
+    types = list(types) or [0] * (plan.keys + len(plan.statistics))
+    return Measurement(tuple(types[:plan.keys]), {names[stat.name]: types[plan.keys + i]
+                                                  for i, stat in enumerate(plan.statistics)}, tuple(groups))
+
+
+def canonical_statistics(statistics: Iterable[Statistic]) -> list[Statistic]:
+    """The statistics in a canonical order, named ``anonproxy_s1``, ... in that order: the same list whatever
+    order the statement's select list, HAVING and expressions mention them in (the answer cache's key)."""
+    ordered = sorted(statistics, key=lambda stat: repr(replace(stat, name="")))
+    return [replace(stat, name=f"anonproxy_s{i}") for i, stat in enumerate(ordered, 1)]
+
+
+def canonical_names(statistics: Iterable[Statistic]) -> dict[str, str]:
+    """Each statistic's name in the plan -> its canonical name (:func:`canonical_statistics`)."""
+    ordered = sorted(statistics, key=lambda stat: repr(replace(stat, name="")))
+    return {stat.name: f"anonproxy_s{i}" for i, stat in enumerate(ordered, 1)}
+
+
+def plan_quantiles(plan: DPPlan) -> list[Quantile]:
+    """Every distinct quantile of the plan, named canonically (its values statistic's canonical name), in a fixed
+    order."""
+    names = canonical_names(plan.statistics)
+    return sorted((replace(quantile, values=names[quantile.values]) for quantile in _quantiles(plan)),
+                  key=_quantile_key)
+
+
+def _quantiles(plan: DPPlan) -> set[Quantile]:
+    return {column.quantile for column in plan.columns + plan.hidden if column.quantile is not None}
+
+
+def _quantile_key(quantile: Quantile) -> str:
+    """A quantile's name by the plan's own statistic names."""
+    return quantile_id(quantile, {})
+
+
+def quantile_id(quantile: Quantile, names: dict[str, str]) -> str:
+    """A quantile's canonical name in a measurement: its values statistic (``names`` maps a plan name to the
+    canonical one; already canonical when absent), fraction and kind (unique in a plan)."""
+    values = names.get(quantile.values, quantile.values)
+    return f"{values}:{quantile.q}:{'disc' if quantile.discrete else 'cont'}"
+
+
+# --- finishing: post-processing of the measurement -----------------------------------------------------------
+
+
+def released_rows(plan: DPPlan, measurement: Measurement) -> list[tuple]:
+    """The released groups' answer rows (output columns, then hidden ones), in the order of their keys, with a
+    HAVING compiled by dp_having applied; ORDER BY and LIMIT not yet."""
+    names = canonical_names(plan.statistics)
+    wanted = {**{stat.name: names[stat.name] for stat in plan.statistics if stat.kind != "values"},
+              **{_quantile_key(q): quantile_id(q, names) for q in _quantiles(plan)}}
+    result = []
+    for group in measurement.groups:
+        values = {name: group.values[canonical] for name, canonical in wanted.items()}  # by the plan's names
+        out = tuple(_output(column, group.keys, values, plan) for column in plan.columns + plan.hidden)
         if plan.having is not None and not holds(plan.having, out):
             continue
         result.append(out)
@@ -133,11 +238,11 @@ def _like(template: object, value: Fraction) -> int | Decimal | float:
     return to_decimal(value)
 
 
-def _output(column: OutputColumn, row: tuple, noisy: dict[object, object], plan: DPPlan) -> object:
+def _output(column: OutputColumn, keys: tuple, noisy: dict[str, object], plan: DPPlan) -> object:
     if column.kind == "post":
         return None  # the post statement computes it
     if column.kind == "key":
-        return row[column.key]  # type: ignore[index]
+        return keys[column.key]  # type: ignore[index]
     if column.kind == "interval":
         assert column.of is not None
         low, high = _interval(column.of, noisy, plan)
@@ -155,10 +260,7 @@ def _output(column: OutputColumn, row: tuple, noisy: dict[object, object], plan:
         return total
     if column.kind == "quantile":
         assert column.quantile is not None
-        # One draw per quantile and group, whichever columns and HAVING repeat it: it is charged once.
-        if column.quantile not in noisy:
-            noisy[column.quantile] = column.quantile.draw(noisy[column.quantile.values])  # type: ignore[arg-type]
-        return noisy[column.quantile]
+        return noisy[_quantile_key(column.quantile)]  # drawn once per group by measure()
     if column.kind == "avg":
         return _average(column, noisy)[0]
     n = max(int(noisy[column.denominator]), 1)  # type: ignore[call-overload, index]
@@ -213,7 +315,8 @@ def _interval(column: OutputColumn, noisy: dict[object, object], plan: DPPlan) -
         if key not in noisy:  # dp_interval_low and dp_interval_high of one AVG: computed once per group
             noisy[key] = _average(column, noisy, bounds=True)[1:]
         return noisy[key]  # type: ignore[return-value]
-    value = noisy[column.statistic]  # type: ignore[index]
+    # a count's raw noisy value (its interval may reach below 0); a sum as released (derived from avg's statistics)
+    value = noisy[column.statistic] if column.kind == "count" else _output(column, (), noisy, plan)  # type: ignore
     noise = column.noise
     assert noise is not None and noise.ci95_halfwidth is not None
     if column.kind == "count":

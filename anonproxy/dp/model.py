@@ -267,6 +267,9 @@ class DPPlan:
     nested: nested_shapes.Outer | nested_shapes.Series | None = None  # the released rows' next step
     rho: float = 0.0
     delta_add: float = 0.0
+    # `sql` with the statistics in a canonical order (finish.canonical_statistics) and without HAVING's never-run
+    # type checks: the measurement, whatever the select list's order and HAVING (the answer cache's key reads it)
+    measured: str = ""
 
     @property
     def free(self) -> bool:

@@ -36,6 +36,8 @@ from anonproxy.policy.model import (
 )
 from anonproxy.dp import interval_items, intervals
 from anonproxy.dp.bounded_sql import bounded_sql, text_literal
+from anonproxy.dp.domains import restricted
+from anonproxy.dp.finish import canonical_statistics
 from anonproxy.dp.having import compile_having
 from anonproxy.dp.mechanisms import (
     ceil_scaled_log,
@@ -138,7 +140,9 @@ def _plan(sql: str, role: RolePolicy, policy: Policy, params: DPParams) -> DPPla
     keys = list(query.key_nodes)
     public = _public_domains(query, columns) if query.keys else None
     # How many groups one unit can reach: a unit touches at most `groups_cap` groups, and never more than exist.
-    reach = 1 if not query.keys else (min(groups_cap, math.prod(len(d) for d in public)) if public else groups_cap)
+    # (At least 1: a WHERE may leave a domain no value, anonproxy.dp.domains; the answer is then empty.)
+    reach = 1 if not query.keys else (min(groups_cap, max(1, math.prod(len(d) for d in public))) if public
+                                      else groups_cap)
 
     selection = None
     if query.keys and public is None:
@@ -226,6 +230,8 @@ def _plan(sql: str, role: RolePolicy, policy: Policy, params: DPParams) -> DPPla
         nested=shape.post if isinstance(shape, Nested) else None,
         rho=cost.rho,
         delta_add=cost.delta_add,
+        # What the answer cache's key reads: the SQL with statistics in a canonical order and no HAVING checks.
+        measured=bounded_sql(query, canonical_statistics(statistics.values()), public, rows_cap, groups_cap, []),
     )
 
 
@@ -852,7 +858,8 @@ def _numeric_constant(node: exp.Expression) -> Fraction | None:
 
 
 def _public_domains(query: AnalyticQuery, columns: _Columns) -> list[tuple[str, ...]] | None:
-    """The declared domain of every GROUP BY key, when every key is a column that has one; else None."""
+    """The declared domain of every GROUP BY key, when every key is a column that has one, without the values its
+    WHERE clause excludes; else None."""
     domains = []
     for key in query.key_nodes:
         found = columns.column_table(key)
@@ -860,6 +867,7 @@ def _public_domains(query: AnalyticQuery, columns: _Columns) -> list[tuple[str, 
         if column is None or not column.domain:
             return None
         domains.append(tuple(column.domain))
+    domains = restricted(query, domains, columns.column_table)  # the values the WHERE clause lets through
     if math.prod(len(d) for d in domains) > MAX_DOMAIN_CELLS:
         raise unsupported(f"the public domains of the GROUP BY columns have more than {MAX_DOMAIN_CELLS} "
                           "combinations", "Group by fewer columns.")

@@ -4,8 +4,10 @@ The I/O of the dp back-end (what it decides without I/O is in
 :mod:`anonproxy.dp.answers`). For one query: plan it (anonproxy.dp.plan) with the role's per-query
 ε and δ from its budget — lowered by the session's ``SET anonproxy.epsilon``
 / ``anonproxy.delta`` — and, in one statement (``anonproxy.lookup_answer``),
-read that per-query cost, the data version and the answer already paid for.
-That one round trip is the whole ledger work for a question already answered.
+read that per-query cost, the data version and the noisy measurement already
+paid for (keyed by the plan's measurement only: anonproxy.dp.answers.fingerprint).
+That one round trip is the whole ledger work for a question already answered;
+the statement is then finished from that measurement, at no cost.
 Else check the bound values (converted alone, reading nothing: a bad value is
 refused for free), then charge the ledger, committed before any row is read
 (fail closed: a question that fails after the charge stays paid for, and an
@@ -13,8 +15,8 @@ exhausted budget is refused before its SQL runs); then, in one REPEATABLE
 READ READ ONLY transaction, read the data version of every table the plan
 reads and run the contribution-bounded SQL with the client's bound
 parameters, under the session's statement time limit (``timeout_ms``: past
-it the question fails with 57014 and stays paid for); add noise; cache the answer under that version
-(anonproxy.dp.ledger). A query that only lists declared public
+it the question fails with 57014 and stays paid for); measure (noise, partition selection), cache the
+measurement under that version (anonproxy.dp.ledger), and finish the statement from it. A query that only lists declared public
 domains reads no row and is neither charged nor cached. Answers are
 :class:`Result` values, which the gate encodes for the simple or the extended
 protocol; refusals raise :class:`Refused`, which carries the ErrorResponse.
@@ -38,7 +40,7 @@ import contextlib
 import logging
 import select
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from typing import Any
 
@@ -52,7 +54,9 @@ from ..policy.model import Policy, RolePolicy
 from ..dp import ledger
 from ..dp.answers import (
     DEFAULT_COSTS,
+    decoded,
     default_cost,
+    encoded,
     explained,
     fingerprint,
     or_default,
@@ -61,12 +65,12 @@ from ..dp.answers import (
     row_texts,
     series_question,
 )
-from ..dp.finish import finish, post_arrays, released_rows
+from ..dp.finish import Measurement, finish, measure, post_arrays, released_rows
 from ..dp.model import DPParams, DPPlan
 from ..rewrite.decision import Reject, SessionSetting
 from ..rewrite.final_sql import verify
 from ..wire import protocol as pg
-from ..wire.results import Column, Result, parse_simple, text_value
+from ..wire.results import Column, Result, text_value
 from .audit_trail import Spent
 from .analysis import AnalysisFailed, AnalysisTimeout, Analyser
 from .cache import BoundedCache
@@ -83,10 +87,12 @@ _BEGIN_SNAPSHOT = "begin isolation level repeatable read, read only"
 
 @dataclass
 class SessionLimits:
-    """What a session set with ``SET anonproxy.epsilon`` / ``anonproxy.delta`` (None: the policy's)."""
+    """What a session set with ``SET anonproxy.epsilon`` / ``anonproxy.delta`` (None: the policy's); ``at_login``:
+    what it gave at login (``options=-c anonproxy.epsilon=...``), which RESET goes back to, as in PostgreSQL."""
 
     epsilon: Decimal | None = None
     delta: Decimal | None = None
+    at_login: dict[str, Decimal] = field(default_factory=dict)
 
 
 class Refused(Exception):
@@ -94,7 +100,7 @@ class Refused(Exception):
 
     def __init__(self, sqlstate: str, message: str, hint: str | None = None, detail: str | None = None) -> None:
         super().__init__(message)
-        self.sqlstate = sqlstate
+        self.sqlstate, self.hint, self.detail = sqlstate, hint, detail
         self.response = pg.error_response(sqlstate, message, hint=hint, detail=detail)
 
 
@@ -152,11 +158,13 @@ class NoisyAnswers:
             spent.relations, spent.epsilon, spent.delta = plan.tables, 0, 0  # until charged
             if plan.free:
                 types, rows = await _run(conn, plan.sql, parameters)
-                return await _result(conn, plan, types, rows, "anonproxy: the declared public domain, from the "
-                                     "policy: no row was read and nothing was charged"), plan
-            if found.answer is not None:
-                return _with_notice(parse_simple(found.answer), "anonproxy: the same question on the same data "
-                                    "was answered before; this is that answer, at no cost"), plan
+                return await _result(conn, plan, measure(plan, types, rows), "anonproxy: the declared public domain, "
+                                     "from the policy: no row was read and nothing was charged"), plan
+            headline = f"anonproxy: differentially private answer, ε={plan.epsilon:g}, δ={plan.delta:g}"
+            cached = _readable(found.answer, plan)
+            if cached is not None:  # the measurement paid for before, finished for this statement: no cost
+                return _with_notice(await _result(conn, plan, cached, headline), "anonproxy: the same question on "
+                                    "the same data was answered before; this is that answer, at no cost"), plan
             await _check_statement(conn, plan, parameters)
             # Charged, and committed, before the data is read: a question that fails from here on (its SQL, the
             # noise, the connection) stays paid for, so no failure is a free look at the data.
@@ -165,11 +173,11 @@ class NoisyAnswers:
             async with _snapshot(conn, timeout_ms):
                 version = await ledger.data_version(conn, plan.tables)  # of the rows the plan reads next
                 types, rows = await _run(conn, plan.sql, parameters)
-            result = await _result(conn, plan, types, rows, f"anonproxy: differentially private answer, "
-                                   f"ε={plan.epsilon:g}, δ={plan.delta:g}")
-            # Another session of the role may have paid for the same question meanwhile: one answer is released.
-            kept = await ledger.store_answer(conn, role.role, fingerprint, version, result.simple())
-            return _with_notice(parse_simple(kept), f"anonproxy: budget left on {plan.table}: "
+            measured = measure(plan, types, rows)
+            # Another session of the role may have paid for the same question meanwhile: one measurement is released.
+            kept = _readable(await ledger.store_answer(conn, role.role, fingerprint, version, encoded(measured)), plan)
+            result = await _result(conn, plan, kept or measured, headline)
+            return _with_notice(result, f"anonproxy: budget left on {plan.table}: "
                                 f"ε={_plain(left.epsilon)}, δ={_plain(left.delta)}"), plan
 
     async def _post_process(self, outer: Outer, released: Result, policy: Policy, role: RolePolicy) -> Result:
@@ -246,8 +254,10 @@ class NoisyAnswers:
             return _show(setting, [_plain(next(iter(values.values()), default_cost(setting)))])
         return _show(setting, [", ".join(f"{domain}: {_plain(v)}" for domain, v in sorted(values.items()))])
 
-    async def set(self, request: SessionSetting, role: str, limits: SessionLimits) -> Result:
-        """``SET anonproxy.epsilon | delta``: only down from the policy's per-query value; RESET goes back to it."""
+    async def set(self, request: SessionSetting, role: str, limits: SessionLimits, at_login: bool = False) -> Result:
+        """``SET anonproxy.epsilon | delta``: only down from the policy's per-query value; RESET goes back to the
+        value given at login, else to the policy's. ``at_login``: the setting came with the login (its value then
+        becomes the session's default)."""
         name = f"anonproxy.{request.setting}"
         if request.value is not None:
             async with self._connection() as conn:
@@ -258,8 +268,12 @@ class NoisyAnswers:
             if request.value > maximum:
                 raise Refused("22023", f"{name} may only lower the policy's per-query value: at most "
                               f"{_plain(maximum)} for role \"{role}\", got {_plain(request.value)}",
-                              f"SET {name} TO a value up to {_plain(maximum)}; ask the DBA for a larger one.")
-        setattr(limits, request.setting, request.value)
+                              f"Give {name} a value up to {_plain(maximum)} (SET, or -c {name}=... at login); ask "
+                              "the DBA for a larger one.")
+            if at_login:
+                limits.at_login[request.setting] = request.value
+        value = request.value if request.value is not None else limits.at_login.get(request.setting)
+        setattr(limits, request.setting, value)
         return Result((), tag="SET" if request.value is not None else "RESET")
 
     # -- helpers ----------------------------------------------------------------------
@@ -280,6 +294,8 @@ class NoisyAnswers:
             read = (or_default(found.epsilon_per_query, "epsilon"), or_default(found.delta_per_query, "delta"))
             self._costs[key] = read
             if read == costs:
+                if found.answer is not None and _readable(found.answer, plan) is None:
+                    found = replace(found, answer=None)  # cached in another format: a miss, never an error
                 return plan, key_of_answer, found
             costs = read
         raise Refused("40001", f'the per-query budget of role "{role.role}" on {first.table} kept changing while '
@@ -369,6 +385,12 @@ class NoisyAnswers:
 
 
 MAX_PARAMETERS = 65535  # the protocol's limit on $n parameters in one statement
+
+
+def _readable(cached: bytes | None, plan: DPPlan) -> Measurement | None:
+    """The cached measurement of ``plan``; None (a miss) when there is none or it cannot be read as one."""
+    measurement = decoded(cached)
+    return measurement if measurement is not None and measurement.fits(plan) else None
 
 
 def _over_released(outer: Outer, released: Result) -> tuple[str, Parameters]:
@@ -502,11 +524,12 @@ def _last(results: list[pq.abc.PGresult], expected: pq.ExecStatus) -> pq.abc.PGr
     return result
 
 
-async def _result(conn: psycopg.AsyncConnection[Any], plan: DPPlan, types: list[int], rows: list[tuple[Any, ...]],
-                  headline: str) -> Result:
-    """The plan's answer to ``rows`` (noise added, then the post statement over the noisy values when the query
-    has post-aggregate expressions), with a notice: ``headline`` and the plan's noise lines."""
-    released = released_rows(plan, rows)
+async def _result(conn: psycopg.AsyncConnection[Any], plan: DPPlan, measurement: Measurement, headline: str) -> Result:
+    """The statement's answer from a noisy measurement, fresh or cached (its columns, HAVING, the post statement
+    over the noisy values when the query has post-aggregate expressions, ORDER BY, LIMIT), with a notice:
+    ``headline`` and the plan's noise lines. Post-processing only: it costs nothing."""
+    types = measurement.sql_types(plan)  # this statement's order of the statistics
+    released = released_rows(plan, measurement)
     post_types, computed = None, None
     if plan.post is not None:
         array_types = _array_types(plan, types)

@@ -35,6 +35,7 @@ from ..config import ProxyConfig, ServiceLogin, UpstreamAddress
 from ..logs import RateLimitedLog
 from ..policy.model import Policy, RolePolicy
 from ..rewrite.classify import decide
+from ..rewrite.commands import login_setting
 from ..rewrite.decision import (
     DeclareCursor,
     Decision,
@@ -43,6 +44,7 @@ from ..rewrite.decision import (
     Intercept,
     Noisy,
     Pass,
+    Refusal,
     Reject,
     Script,
     SessionSetting,
@@ -56,6 +58,7 @@ from .audit_trail import AuditTrail, Spent, Who, session_id
 from .cancel import CancelRegistry, ClientKey, UpstreamKey, cancel_then_hang_up, send_cancel
 from .followed_settings import REPORTED_SETTINGS, follow_settings
 from .gate import EXPLAIN_COLUMNS, Gate, Owner, ProxyRequest, Reply
+from .login_options import LoginOptionError, LoginSetting, login_settings
 from .noisy import NoisyAnswers, Refused, SessionLimits
 from .policy_watch import PolicyWatcher
 from .service import ServiceConnection, ServiceUnavailable
@@ -384,7 +387,63 @@ class ClientConnection(asyncio.Protocol):
             self.fail("42501", f'role "{role.role}" is in {role.mode} mode and may only use the database '
                                f"the privacy policy governs ({login.database if login else 'none configured'})")
             return
-        self._open_gate(ready)
+        try:
+            proxied = self._login_settings(role)
+        except Refused as refused:
+            self.fail(refused.sqlstate, str(refused), hint=refused.hint, detail=refused.detail)
+            return
+        if not proxied:
+            self._open_gate(ready)
+            return
+        # The session's anonproxy.* settings are checked against its budget first: hold the client meanwhile.
+        self.state = State.CONNECTING
+        self.transport.pause_reading()
+        self.context.spawn(self._apply_login_settings(role, proxied, ready))
+
+    def _login_settings(self, role: RolePolicy) -> list[tuple[SessionSetting, LoginSetting]]:
+        """The settings the client gave at login, each checked as the same SET after login would be (raises
+        Refused, naming it); returns those the proxy applies itself (anonproxy.epsilon, anonproxy.delta)."""
+        assert self._startup is not None
+        try:
+            settings = login_settings(self._startup.parameters)
+        except LoginOptionError as exc:
+            raise Refused("0A000", f"login option {exc} is not supported through anonproxy for roles in {role.mode} "
+                          "mode", "Give settings as -c name=value (or --name=value) in options.") from None
+        proxied = []
+        for setting in settings:
+            try:
+                decision = login_setting(setting.name, setting.value, role.mode)
+            except Refusal as refusal:
+                reject = refusal.reject
+                raise Refused(reject.sqlstate, reject.message, reject.hint,
+                              f"The setting was given at login ({setting.given}).") from None
+            if decision is not None:
+                proxied.append((decision, setting))
+        return proxied
+
+    async def _apply_login_settings(self, role: RolePolicy, proxied: list[tuple[SessionSetting, LoginSetting]],
+                                    ready: bytes) -> None:
+        """Apply the session's anonproxy.* settings given at login as SET would, then open the gate; or refuse the
+        login with the reason, never ignoring a setting."""
+        noisy = self.context.noisy
+        try:
+            if noisy is None:
+                raise Refused("0A000", "differential-privacy mode needs the proxy's service login")
+            for decision, setting in proxied:
+                try:
+                    await noisy.set(decision, role.role, self.dp_limits, at_login=True)
+                except Refused as refused:
+                    raise Refused(refused.sqlstate, str(refused), refused.hint,
+                                  f"The setting was given at login ({setting.given}).") from None
+        except Refused as refused:
+            self.fail(refused.sqlstate, str(refused), hint=refused.hint, detail=refused.detail)
+            return
+        except Exception:
+            log.exception("session %d: internal error while applying login settings", self.id)
+            self.fail("XX000", "internal error in anonproxy; the connection is closed")
+            return
+        if self.state is State.CONNECTING and self.transport is not None:
+            self._open_gate(ready)
 
     def _open_gate(self, ready: bytes) -> None:
         assert self._startup is not None and self.upstream is not None and self.transport is not None

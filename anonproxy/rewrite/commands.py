@@ -199,8 +199,7 @@ def explained_query(sql: str) -> str | None:
 def _dp_setting(name: str, statement: Statement, value_index: int | None, mode: str, local: bool) -> Decision:
     """SET (value_index given) or RESET of anonproxy.epsilon / anonproxy.delta."""
     setting = name[len("anonproxy."):]
-    if mode != "dp":
-        raise forbidden(f"{name} applies to roles in dp mode only", "Read the policy with SHOW anonproxy.mode.")
+    _check_dp_mode(name, mode)
     if local:
         raise unsupported(f"SET LOCAL {name} is not supported: the setting lasts for the session",
                           f"Use SET {name} and RESET {name}.")
@@ -213,34 +212,66 @@ def _dp_setting(name: str, statement: Statement, value_index: int | None, mode: 
     token = statement.tokens[value_index] if last else None
     if token is not None and statement.word(value_index) == "DEFAULT":
         return SessionSetting(setting, None)
+    text = token.text if token is not None and token.token_type in (TokenType.NUMBER, TokenType.STRING) else None
+    shown = statement.span(value_index, len(statement.tokens)) if value_index < len(statement.tokens) else ""
+    return SessionSetting(setting, _dp_value(name, text, shown))
+
+
+def _dp_value(name: str, text: str | None, shown: str) -> Decimal:
+    """The value of anonproxy.epsilon / anonproxy.delta written ``text`` (None: not a number or string)."""
     try:
-        value = Decimal(token.text) if token is not None and token.token_type in (TokenType.NUMBER,
-                                                                                  TokenType.STRING) else None
+        value = Decimal(text) if text is not None else None
     except InvalidOperation:
         value = None
-    valid = value is not None and value.is_finite() and (
-        value >= MIN_SESSION_EPSILON if setting == "epsilon" else 0 <= value < 1)
-    if not valid:
-        shown = statement.span(value_index, len(statement.tokens)) if value_index < len(statement.tokens) else ""
-        allowed = f"a number of at least {MIN_SESSION_EPSILON}" if setting == "epsilon" else "a number in [0, 1)"
+    epsilon = name == "anonproxy.epsilon"
+    if value is None or not value.is_finite() or not (value >= MIN_SESSION_EPSILON if epsilon else 0 <= value < 1):
+        allowed = f"a number of at least {MIN_SESSION_EPSILON}" if epsilon else "a number in [0, 1)"
         raise Refusal(INVALID_VALUE, f'invalid value for parameter "{name}": "{shown}"',
                       f"{name} takes {allowed}, at most the policy's per-query value.")
-    return SessionSetting(setting, value)
+    return value
+
+
+def login_setting(name: str, value: str, mode: str) -> SessionSetting | None:
+    """A setting a client gave at login (``options=-c name=value`` or a startup parameter), checked as ``SET name
+    TO 'value'`` after login would be in ``mode``: a Refusal for what that SET would refuse; the SessionSetting of
+    ``anonproxy.epsilon`` / ``anonproxy.delta`` in dp mode, which the proxy applies itself; None for an ordinary
+    setting, which PostgreSQL applies."""
+    name = name.lower()
+    if name in DP_SETTING_NAMES:
+        _check_dp_mode(name, mode)
+        return SessionSetting(name[len("anonproxy."):], _dp_value(name, value, value))
+    _check_name(name, mode)
+    # client_encoding and standard_conforming_strings are checked on the values the server reports once it applied
+    # the login's settings (anonproxy.proxy.session), exact however a driver spells them ('utf-8', quoted, ...).
+    return None
+
+
+def _check_dp_mode(name: str, mode: str) -> None:
+    if mode != "dp":
+        raise forbidden(f"{name} applies to roles in dp mode only", "Read the policy with SHOW anonproxy.mode.")
 
 
 def _check_setting(name: str, statement: Statement, value_index: int | None, mode: str) -> None:
+    _check_name(name, mode)
+    if value_index is not None:
+        _check_value(name, _value(statement, value_index))
+
+
+def _check_name(name: str, mode: str) -> None:
     if name in _IDENTITY_SETTINGS:
         raise forbidden(f"changing {name} is not allowed for roles in {mode} mode",
                         "Connect as the role you need; the proxy applies its policy by login role.")
     if name.startswith("anonproxy."):
         raise forbidden(f"{name} is set by the anonproxy policy, not by the session",
                         "Read it with SHOW anonproxy.<name>; ask the DBA to change the policy.")
-    if value_index is None:
-        return
-    if name == "client_encoding" and _value(statement, value_index) not in _UTF8:
+
+
+def _check_value(name: str, value: str | None) -> None:
+    """``value``: the lower-case value, None when it is not a single word or string."""
+    if name == "client_encoding" and value not in _UTF8:
         raise unsupported("client_encoding other than UTF8 is not supported through anonproxy",
                           "Use client_encoding UTF8.")
-    if name == "standard_conforming_strings" and _value(statement, value_index) not in _ON:
+    if name == "standard_conforming_strings" and value not in _ON:
         raise unsupported("standard_conforming_strings must stay on through anonproxy",
                           "Use E'...' strings for backslash escapes.")
 
