@@ -176,6 +176,19 @@ def test_interval_functions_through_the_proxy(gated_proxy: Endpoint, gated_datab
         assert len(wrapped) == 2 and all(lo <= n <= hi for _, n, lo, hi in wrapped)
 
 
+def test_a_sum_derived_from_its_average_has_its_interval_around_the_released_sum(
+        gated_proxy: Endpoint, gated_database: str, analyst: str, truth: psycopg.Connection) -> None:
+    """sum(age) next to avg(age) is Σ(age − c) + c·n from avg's two statistics: its interval is centred on that
+    released sum, not on the centred sum it reads."""
+    with psycopg.connect(gated_proxy.dsn(gated_database, user=analyst), autocommit=True) as conn:
+        rows = _rows(conn, "select sex, sum(age), avg(age), dp_interval_low(sum(age)), dp_interval_high(sum(age)) "
+                           "from adult group by sex order by sex")
+    for sex, total, _, low, high in rows:
+        assert low <= total <= high and 0 < high - low < 4000
+        exact = truth.execute("select sum(age) from adult where sex = %s", [sex]).fetchone()[0]
+        assert low - 2000 <= exact <= high + 2000  # the released sum is within a few sd of the truth
+
+
 def test_a_key_without_public_domain_gets_the_selection_aware_interval(gated_proxy: Endpoint, gated_database: str,
                                                                        analyst: str) -> None:
     with psycopg.connect(gated_proxy.dsn(gated_database, user=analyst), autocommit=True) as conn:
