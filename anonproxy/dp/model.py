@@ -35,6 +35,7 @@ class DPParams:
     delta: float
     max_groups_per_unit: int = 1
     max_rows_per_unit: int = 1  # per unit and group
+    accounting: Literal["basic", "zcdp"] = "basic"
 
 
 @dataclass(frozen=True)
@@ -207,6 +208,8 @@ class DPPlan:
     domains: tuple[tuple[str, ...], ...] | None = None  # the GROUP BY keys' declared public domains, in order
     post: PostProcess | None = None  # post-aggregate expressions, computed over the noisy values
     nested: nested_shapes.Outer | nested_shapes.Series | None = None  # the released rows' next step
+    rho: float = 0.0
+    delta_add: float = 0.0
 
     @property
     def free(self) -> bool:

@@ -63,6 +63,7 @@ from ..dp.answers import (
 )
 from ..dp.finish import finish, post_arrays, released_rows
 from ..dp.model import DPParams, DPPlan
+from ..dp.zcdp import Accounting, zcdp_epsilon
 from ..rewrite.decision import Reject, SessionSetting
 from ..rewrite.final_sql import verify
 from ..wire import protocol as pg
@@ -79,6 +80,11 @@ POOL_SIZE = 4  # connections per worker: dp questions of different sessions run 
 PLAN_CACHE_BYTES = 32 * 1024 * 1024  # plans are deterministic in (text, role, policy version, ε, δ): kept per worker
 
 _BEGIN_SNAPSHOT = "begin isolation level repeatable read, read only"
+
+# What a question is planned at: the per-query ε and δ, and the accounting of the budget it spends (which decides
+# the mechanisms).
+Costs = tuple[Decimal, Decimal, Accounting]
+_DEFAULTS: Costs = (*DEFAULT_COSTS, "basic")
 
 
 @dataclass
@@ -110,9 +116,9 @@ class NoisyAnswers:
         self._slots = asyncio.Semaphore(size)
         self._analyser = analyser  # plans off the event loop (None: on it)
         self._plans: BoundedCache[tuple[str, str, int, DPParams], DPPlan | Reject] = BoundedCache(PLAN_CACHE_BYTES)
-        # (role, table) -> the per-query (ε, δ) last read from the ledger: the cost the next question is planned
-        # at before the ledger confirms it
-        self._costs: dict[tuple[str, str], tuple[Decimal, Decimal]] = {}
+        # (role, table) -> the per-query (ε, δ) and the accounting last read from the ledger: what the next question
+        # is planned at before the ledger confirms it
+        self._costs: dict[tuple[str, str], Costs] = {}
 
     async def close(self) -> None:
         while self._idle:
@@ -160,17 +166,18 @@ class NoisyAnswers:
             await _check_statement(conn, plan, parameters)
             # Charged, and committed, before the data is read: a question that fails from here on (its SQL, the
             # noise, the connection) stays paid for, so no failure is a free look at the data.
-            left = await ledger.charge(conn, role.role, plan.table, plan.epsilon, plan.delta, fingerprint)
+            left = await ledger.charge(conn, role.role, plan.table, plan.epsilon, plan.delta, fingerprint,
+                                       **_zcdp_cost(plan))
             spent.epsilon, spent.delta = plan.epsilon, plan.delta
             async with _snapshot(conn, timeout_ms):
                 version = await ledger.data_version(conn, plan.tables)  # of the rows the plan reads next
                 types, rows = await _run(conn, plan.sql, parameters)
+            zcdp = f" (zCDP: ρ={_rho(plan):g})" if left.zcdp else ""
             result = await _result(conn, plan, types, rows, f"anonproxy: differentially private answer, "
-                                   f"ε={plan.epsilon:g}, δ={plan.delta:g}")
+                                   f"ε={plan.epsilon:g}, δ={plan.delta:g}{zcdp}")
             # Another session of the role may have paid for the same question meanwhile: one answer is released.
             kept = await ledger.store_answer(conn, role.role, fingerprint, version, result.simple())
-            return _with_notice(parse_simple(kept), f"anonproxy: budget left on {plan.table}: "
-                                f"ε={_plain(left.epsilon)}, δ={_plain(left.delta)}"), plan
+            return _with_notice(parse_simple(kept), f"anonproxy: budget left on {plan.table}: {_left(left)}"), plan
 
     async def _post_process(self, outer: Outer, released: Result, policy: Policy, role: RolePolicy) -> Result:
         """The outer query over the released rows, run by PostgreSQL over a VALUES list of them: its functions,
@@ -188,8 +195,8 @@ class NoisyAnswers:
                        limits: SessionLimits) -> Description:
         """Parameter types and result columns of a dp query, from the server's description of its plan:
         nothing is run, charged or read from the ledger (the types do not depend on the per-query cost)."""
-        first = await self._plan(sql, role, policy, DEFAULT_COSTS, limits)
-        plan = await self._plan(sql, role, policy, self._costs.get((role.role, first.table), DEFAULT_COSTS), limits)
+        first = await self._plan(sql, role, policy, _DEFAULTS, limits)
+        plan = await self._plan(sql, role, policy, self._costs.get((role.role, first.table), _DEFAULTS), limits)
         async with self._connection() as conn:
             parameter_types, types = await _describe(conn, plan.sql, parameters.types)
             post_types = await _post_types(conn, plan, types)
@@ -222,7 +229,9 @@ class NoisyAnswers:
                     lines.append(f"both questions together cost ε={plan.epsilon + second.epsilon:g}, "
                                  f"δ={plan.delta + second.delta:g}")
             budget = await ledger.remaining(conn, role.role, plan.table)
-        lines.append(f"budget left on {plan.table}: ε={_plain(budget.epsilon)}, δ={_plain(budget.delta)}")
+        if budget.accounting == "zcdp" and not plan.free:
+            lines.append(_zcdp_explained(plan, budget))
+        lines.append(f"budget left on {plan.table}: {_left(budget)}")
         lines.append("nothing was run or charged")
         return Result(EXPLAIN_COLUMNS, tuple((line.encode(),) for line in lines), "EXPLAIN")
 
@@ -231,7 +240,9 @@ class NoisyAnswers:
         async with self._connection() as conn:
             budgets = await ledger.remaining_all(conn, role)
         values = [f"{b.domain}: epsilon {_plain(b.epsilon)} of {_plain(b.epsilon_budget)} left, "
-                  f"delta {_plain(b.delta)} of {_plain(b.delta_budget)} left" for b in budgets]
+                  f"delta {_plain(b.delta)} of {_plain(b.delta_budget)} left"
+                  + (f" (zCDP accounting: rho {_plain(b.rho)} left, {_plain(b.rho_spent)} spent)"
+                     if b.rho is not None else "") for b in budgets]
         return _show("budget", values)
 
     async def show(self, setting: str, role: str, limits: SessionLimits) -> Result:
@@ -269,15 +280,16 @@ class NoisyAnswers:
         """The plan at the role's per-query cost on the table the query reads, lowered by the session's; its
         fingerprint; and what ``anonproxy.lookup_answer`` read for it. One round trip when the role's per-query
         cost is the one this worker read last; when it changed, the plan for the new cost is looked up again."""
-        first = await self._plan(sql, role, policy, DEFAULT_COSTS, limits)
+        first = await self._plan(sql, role, policy, _DEFAULTS, limits)
         key = (role.role, first.table)
-        costs = self._costs.get(key, DEFAULT_COSTS)
+        costs = self._costs.get(key, _DEFAULTS)
         for _ in range(3):
             plan = await self._plan(sql, role, policy, costs, limits)
             key_of_answer = fingerprint(plan, policy.version, parameters)
             found = await ledger.lookup_answer(conn, role.role, plan.table, plan.tables,
                                                None if plan.free else key_of_answer)
-            read = (or_default(found.epsilon_per_query, "epsilon"), or_default(found.delta_per_query, "delta"))
+            read: Costs = (or_default(found.epsilon_per_query, "epsilon"), or_default(found.delta_per_query, "delta"),
+                           found.accounting)
             self._costs[key] = read
             if read == costs:
                 return plan, key_of_answer, found
@@ -285,15 +297,15 @@ class NoisyAnswers:
         raise Refused("40001", f'the per-query budget of role "{role.role}" on {first.table} kept changing while '
                       "the question was planned", "Try again.")
 
-    async def _plan(self, sql: str, role: RolePolicy, policy: Policy, costs: tuple[Decimal, Decimal],
+    async def _plan(self, sql: str, role: RolePolicy, policy: Policy, costs: Costs,
                     limits: SessionLimits) -> DPPlan:
-        """The plan at per-query ``costs`` (ε, δ) lowered by the session's; a Reject becomes ``Refused``."""
-        epsilon, delta = costs
+        """The plan at per-query ``costs`` (ε, δ lowered by the session's; accounting); a Reject becomes ``Refused``."""
+        epsilon, delta, accounting = costs
         if limits.epsilon is not None:
             epsilon = min(epsilon, limits.epsilon)
         if limits.delta is not None:
             delta = min(delta, limits.delta)
-        plan = await self._plan_dp(sql, role, policy, DPParams(float(epsilon), float(delta)))
+        plan = await self._plan_dp(sql, role, policy, DPParams(float(epsilon), float(delta), accounting=accounting))
         if isinstance(plan, Reject):
             raise Refused(plan.sqlstate, plan.message, plan.hint)
         return plan
@@ -569,6 +581,35 @@ def _array_text(values: list[object], element_type: int) -> bytes:
 def _output_columns(plan: DPPlan, sql_types: list[int], post_types: list[int] | None = None) -> tuple[Column, ...]:
     types = plan.value_types(sql_types, post_types)[:len(plan.columns)]
     return tuple(Column(column.name, oid) for column, oid in zip(plan.columns, types, strict=True))
+
+
+def _zcdp_cost(plan: DPPlan) -> dict[str, float]:
+    """The plan's (ρ, δ_add) for ``ledger.charge``."""
+    if plan.rho == 0 and plan.epsilon > 0:  # until stats lands
+        return {}  # pure ε-DP statistics and selection's δ: the ledger charges ρ = ε²/2 (exactly), δ_add = δ
+    return {"rho": plan.rho, "delta_add": plan.delta_add}
+
+
+def _rho(plan: DPPlan) -> float:
+    """The ρ the plan is charged, for display."""
+    return plan.rho or plan.epsilon ** 2 / 2  # until stats lands: the ledger's ε²/2 for a plan without ρ
+
+
+def _left(budget: ledger.Remaining) -> str:
+    """What is left of a budget, as notices and EXPLAIN say it."""
+    rho = f" (zCDP: ρ={_plain(budget.rho)} left)" if budget.rho is not None else ""
+    return f"ε={_plain(budget.epsilon)}, δ={_plain(budget.delta)}{rho}"
+
+
+def _zcdp_explained(plan: DPPlan, budget: ledger.Remaining) -> str:
+    """What a question does to a zCDP budget: its ρ adds up, and the ε shown as spent is the conversion of the sum at
+    what is left of δ, so an answer's share of ε is not its own ε (a first answer looks dearer than later ones)."""
+    rho = Decimal(repr(_rho(plan)))
+    delta_add = Decimal(repr(plan.delta_add if plan.rho else plan.delta))  # until stats lands: δ_add = δ
+    delta_left = budget.role_delta - delta_add  # the role's δ left under zcdp: D − Σδ_add
+    after = zcdp_epsilon(budget.rho_spent + rho, delta_left) if delta_left > 0 else Decimal("Infinity")
+    return (f"under zCDP accounting it costs ρ={rho:g}, δ_add={delta_add:g}: ε spent on {plan.table} would go from "
+            f"{budget.epsilon_spent:.6g} to {after:.6g} of {_plain(budget.epsilon_budget)}")
 
 
 def _show(setting: str, values: list[str]) -> Result:
