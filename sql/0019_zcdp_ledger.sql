@@ -23,6 +23,13 @@
 
 -- The conversion ------------------------------------------------------------------------------
 
+-- x >= 0 rounded up to places decimals (trunc() rounds towards zero).
+create function anonproxy.round_up(x numeric, places integer) returns numeric
+language sql immutable strict set search_path = pg_catalog, pg_temp as $$
+    select pg_catalog.trunc(x, places)
+         + case when pg_catalog.trunc(x, places) < x then ('1e-' || places)::numeric else 0 end
+$$;
+
 -- The largest total rho whose Bun-Steinke conversion at delta stays within epsilon:
 -- (sqrt(epsilon + L) - sqrt(L))^2 with L = ln(1/delta), computed as (epsilon / (sqrt(epsilon + L) + sqrt(L)))^2,
 -- which loses no digits to cancellation. Rounded down; 0 at delta = 0 (no rho converts to a finite epsilon).
@@ -69,8 +76,8 @@ begin
     if delta = 0 then
         return 'Infinity';
     end if;
-    return -pg_catalog.trunc(-(rho * wide + 2 * pg_catalog.sqrt(rho * wide * -pg_catalog.ln(delta * wide))), 30)
-           + 1e-30;
+    -- rounded up, and one unit more: the 45-decimal value may itself be below the true one by far less than that
+    return anonproxy.round_up(rho * wide + 2 * pg_catalog.sqrt(rho * wide * -pg_catalog.ln(delta * wide)), 30) + 1e-30;
 end
 $$;
 comment on function anonproxy.zcdp_epsilon(numeric, numeric) is
@@ -94,7 +101,8 @@ begin
 end
 $$;
 
-grant execute on function anonproxy.zcdp_rho_max(numeric, numeric), anonproxy.zcdp_epsilon(numeric, numeric),
+grant execute on function anonproxy.round_up(numeric, integer),
+    anonproxy.zcdp_rho_max(numeric, numeric), anonproxy.zcdp_epsilon(numeric, numeric),
     anonproxy.default_accounting(numeric, numeric, numeric) to public;
 
 
@@ -172,8 +180,9 @@ begin
     end if;
     rho_max := anonproxy.zcdp_rho_max(epsilon, result.delta_left);
     result.fits := spent.rho <= rho_max;
-    result.rho_left := greatest(pg_catalog.trunc(rho_max - spent.rho, 12), 0);
-    result.epsilon_spent := -pg_catalog.trunc(-anonproxy.zcdp_epsilon(spent.rho, result.delta_left), 12);
+    result.rho_left := pg_catalog.trim_scale(greatest(pg_catalog.trunc(rho_max - spent.rho, 12), 0));
+    result.epsilon_spent := pg_catalog.trim_scale(
+        anonproxy.round_up(anonproxy.zcdp_epsilon(spent.rho, result.delta_left), 12));
     if result.fits then  -- within the budget: rounding up must not show more than all of it spent
         result.epsilon_spent := least(result.epsilon_spent, epsilon);
     end if;
