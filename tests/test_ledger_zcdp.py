@@ -453,3 +453,18 @@ def test_my_budget_for_roles_without_a_budget(gated_proxy: Endpoint, gated_datab
             cursor = conn.execute("select * from anonproxy.my_budget")
             assert [column.name for column in cursor.description or ()] == MY_BUDGET_COLUMNS
             assert cursor.fetchall() == []
+
+
+@pytest.mark.parametrize("user", ["analyst", "reporter"])
+def test_the_conversion_functions_are_no_channel_over_protected_rows(gated_proxy: Endpoint, gated_database: str,
+                                                                     user: str) -> None:
+    # zcdp_rho_max raises on a negative argument: over a person's value it would be an error channel. Neither mode
+    # admits the anonproxy schema's functions in a query over a protected table (nothing runs, nothing is charged).
+    with psycopg.connect(gated_proxy.dsn(gated_database, user=user), autocommit=True) as conn:
+        for query in ("select count(*) from adult where anonproxy.zcdp_rho_max(age - 40, 0.00001) > 0",
+                      "select anonproxy.zcdp_epsilon(age, 0.00001), count(*) from adult group by 1",
+                      "select count(*) from adult a join anonproxy.my_budget b on b.epsilon_left > a.age"):
+            with pytest.raises(psycopg.Error) as refused:
+                conn.execute(query)
+            assert refused.value.sqlstate in ("42501", "0A000"), (query, refused.value)  # refused by the planner
+            assert "exceeded" not in str(refused.value) and "must be a finite number" not in str(refused.value)
