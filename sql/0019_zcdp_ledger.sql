@@ -275,26 +275,33 @@ alter table anonproxy.budgets add column accounting text;
 alter table anonproxy.shared_budgets add column accounting text;
 
 -- The default rule, unless the zCDP view of what already counts would leave more to spend than basic composition.
--- The anonproxy.budgets row type gains the column: read it as the rows are, with the accounting to try.
-update anonproxy.shared_budgets s
-   set accounting = case
-       when anonproxy.default_accounting(s.epsilon, s.delta) = 'zcdp'
-        and (anonproxy.budget_balance('zcdp', s.epsilon, s.delta, spent)).epsilon_left
-            <= (anonproxy.budget_balance('basic', s.epsilon, s.delta, spent)).epsilon_left
-       then 'zcdp' else 'basic' end
-  from (select c.domain, anonproxy.domain_spending(c, pg_catalog.clock_timestamp()) as spent
-          from anonproxy.shared_budgets c) x
- where x.domain = s.domain;
-
-update anonproxy.budgets b
-   set accounting = case
-       when anonproxy.default_accounting(b.epsilon, b.delta, b.epsilon_per_query) = 'zcdp'
-        and (anonproxy.budget_balance('zcdp', b.epsilon, b.delta, spent)).epsilon_left
-            <= (anonproxy.budget_balance('basic', b.epsilon, b.delta, spent)).epsilon_left
-       then 'zcdp' else 'basic' end
-  from (select r.role_name, r.domain, anonproxy.role_spending(r, pg_catalog.clock_timestamp()) as spent
-          from anonproxy.budgets r) x
- where x.role_name = b.role_name and x.domain = b.domain;
+-- Only where there are rows: an UPDATE bumps the policy version (a statement trigger), a fresh install need not.
+do $$
+begin
+    if exists (select from anonproxy.shared_budgets) then
+        update anonproxy.shared_budgets s
+           set accounting = case
+               when anonproxy.default_accounting(s.epsilon, s.delta) = 'zcdp'
+                and (anonproxy.budget_balance('zcdp', s.epsilon, s.delta, spent)).epsilon_left
+                    <= (anonproxy.budget_balance('basic', s.epsilon, s.delta, spent)).epsilon_left
+               then 'zcdp' else 'basic' end
+          from (select c.domain, anonproxy.domain_spending(c, pg_catalog.clock_timestamp()) as spent
+                  from anonproxy.shared_budgets c) x
+         where x.domain = s.domain;
+    end if;
+    if exists (select from anonproxy.budgets) then
+        update anonproxy.budgets b
+           set accounting = case
+               when anonproxy.default_accounting(b.epsilon, b.delta, b.epsilon_per_query) = 'zcdp'
+                and (anonproxy.budget_balance('zcdp', b.epsilon, b.delta, spent)).epsilon_left
+                    <= (anonproxy.budget_balance('basic', b.epsilon, b.delta, spent)).epsilon_left
+               then 'zcdp' else 'basic' end
+          from (select r.role_name, r.domain, anonproxy.role_spending(r, pg_catalog.clock_timestamp()) as spent
+                  from anonproxy.budgets r) x
+         where x.role_name = b.role_name and x.domain = b.domain;
+    end if;
+end
+$$;
 
 alter table anonproxy.budgets
     alter column accounting set not null,

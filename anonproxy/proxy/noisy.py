@@ -39,7 +39,7 @@ import logging
 import select
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
-from decimal import Decimal
+from decimal import ROUND_FLOOR, Decimal
 from typing import Any
 
 import psycopg
@@ -239,9 +239,9 @@ class NoisyAnswers:
         """``SHOW anonproxy.budget``: one row per protected table the role has a budget on."""
         async with self._connection() as conn:
             budgets = await ledger.remaining_all(conn, role)
-        values = [f"{b.domain}: epsilon {_plain(b.epsilon)} of {_plain(b.epsilon_budget)} left, "
+        values = [f"{b.domain}: epsilon {_shown(b.epsilon, b)} of {_plain(b.epsilon_budget)} left, "
                   f"delta {_plain(b.delta)} of {_plain(b.delta_budget)} left"
-                  + (f" (zCDP accounting: rho {_plain(b.rho)} left, {_plain(b.rho_spent)} spent)"
+                  + (f" (zCDP accounting: rho {_shown(b.rho, b)} left, {_shown(b.rho_spent, b)} spent)"
                      if b.rho is not None else "") for b in budgets]
         return _show("budget", values)
 
@@ -597,8 +597,16 @@ def _rho(plan: DPPlan) -> float:
 
 def _left(budget: ledger.Remaining) -> str:
     """What is left of a budget, as notices and EXPLAIN say it."""
-    rho = f" (zCDP: ρ={_plain(budget.rho)} left)" if budget.rho is not None else ""
-    return f"ε={_plain(budget.epsilon)}, δ={_plain(budget.delta)}{rho}"
+    rho = f" (zCDP: ρ={_shown(budget.rho, budget)} left)" if budget.rho is not None else ""
+    return f"ε={_shown(budget.epsilon, budget)}, δ={_plain(budget.delta)}{rho}"
+
+
+def _shown(amount: Decimal | None, budget: ledger.Remaining) -> str:
+    """An amount of a budget as the proxy shows it: exact under basic; under zCDP, where it comes from a square root,
+    to 6 significant digits, rounded down (anonproxy.my_budget has 12 decimals)."""
+    if amount is None or not budget.zcdp or amount == 0:
+        return _plain(amount or Decimal(0))
+    return _plain(amount.quantize(Decimal(1).scaleb(amount.adjusted() - 5), rounding=ROUND_FLOOR))
 
 
 def _zcdp_explained(plan: DPPlan, budget: ledger.Remaining) -> str:
@@ -608,8 +616,8 @@ def _zcdp_explained(plan: DPPlan, budget: ledger.Remaining) -> str:
     delta_add = Decimal(repr(plan.delta_add if plan.rho else plan.delta))  # until stats lands: δ_add = δ
     delta_left = budget.role_delta - delta_add  # the role's δ left under zcdp: D − Σδ_add
     after = zcdp_epsilon(budget.rho_spent + rho, delta_left) if delta_left > 0 else Decimal("Infinity")
-    return (f"under zCDP accounting it costs ρ={rho:g}, δ_add={delta_add:g}: ε spent on {plan.table} would go from "
-            f"{budget.epsilon_spent:.6g} to {after:.6g} of {_plain(budget.epsilon_budget)}")
+    return (f"under zCDP accounting it costs ρ={float(rho):g}, δ_add={float(delta_add):g}: ε spent on {plan.table} "
+            f"would go from {float(budget.epsilon_spent):.6g} to {float(after):.6g} of {_plain(budget.epsilon_budget)}")
 
 
 def _show(setting: str, values: list[str]) -> Result:
