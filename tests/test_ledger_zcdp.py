@@ -32,8 +32,14 @@ from anonproxy.dp import ledger
 from anonproxy.dp.ledger import BudgetExhausted, Remaining
 from anonproxy.dp.zcdp import default_accounting, zcdp_epsilon, zcdp_rho_max
 from anonproxy.embedded import EmbeddedPostgres
-from anonproxy.policy.yaml_policy import PolicyError, apply_policy, demo_policy, dump_policy, parse_policy
 from anonproxy.policy.store import load_policy
+from anonproxy.policy.yaml_policy import (
+    PolicyError,
+    apply_policy,
+    demo_policy,
+    dump_policy,
+    parse_policy,
+)
 from anonproxy.schema import migrations
 
 D = Decimal
@@ -77,16 +83,17 @@ def up12(value: Decimal) -> Decimal:
 
 
 @pytest.mark.parametrize("rho, delta, epsilon", CONVERSIONS)
-def test_the_conversion_matches_values_worked_out_by_hand(db: psycopg.Connection[Any], rho: Decimal, delta: Decimal,
-                                                          epsilon: Decimal) -> None:  # noqa: F811
+def test_the_conversion_matches_values_worked_out_by_hand(db: psycopg.Connection[Any], rho: Decimal,  # noqa: F811
+                                                          delta: Decimal, epsilon: Decimal) -> None:
     assert abs(zcdp_epsilon(rho, delta) - epsilon) < TIGHT
     in_sql = db.execute("select anonproxy.zcdp_epsilon(%s, %s)", (rho, delta)).fetchone()[0]
     assert epsilon <= in_sql < epsilon + TIGHT  # rounded up, never down
 
 
 @pytest.mark.parametrize("epsilon, delta, rho", RHO_MAX)
-def test_rho_max_matches_values_worked_out_by_hand_and_round_trips(db: psycopg.Connection[Any], epsilon: Decimal,
-                                                                   delta: Decimal, rho: Decimal) -> None:  # noqa: F811
+def test_rho_max_matches_values_worked_out_by_hand_and_round_trips(db: psycopg.Connection[Any],  # noqa: F811
+                                                                   epsilon: Decimal, delta: Decimal,
+                                                                   rho: Decimal) -> None:
     assert abs(zcdp_rho_max(epsilon, delta) - rho) < TIGHT
     in_sql = db.execute("select anonproxy.zcdp_rho_max(%s, %s)", (epsilon, delta)).fetchone()[0]
     assert rho - TIGHT < in_sql <= zcdp_rho_max(epsilon, delta)  # rounded down, below the 50-digit value
@@ -162,10 +169,10 @@ def test_the_demo_budget_is_zcdp_by_the_default_rule_and_the_policy_file_can_say
     assert parse_policy(dump_policy(loaded)) == dataclasses.replace(loaded, version=0)
     adult = "tables: {public.adult: {unit: id, shared_budget: {epsilon: 3, delta: 0, accounting: zcdp}}}\n"
     for text, problem in [
-        (adult, "tables.public.adult.shared_budget.accounting: cannot be zcdp with delta 0: zCDP converts to "
-                "(epsilon, delta)-DP only at a delta above 0"),
-        ("tables: {public.adult: {unit: id}}\nroles: {analyst: {mode: dp, budgets: {public.adult: "
-         "{epsilon: 1, delta: 0.00001, accounting: rdp}}}}",
+        (adult, ("tables.public.adult.shared_budget.accounting: cannot be zcdp with delta 0: zCDP converts to "
+                 "(epsilon, delta)-DP only at a delta above 0")),
+        (("tables: {public.adult: {unit: id}}\nroles: {analyst: {mode: dp, budgets: {public.adult: "
+          "{epsilon: 1, delta: 0.00001, accounting: rdp}}}}"),
          "roles.analyst.budgets.public.adult.accounting: must be one of basic, zcdp, got 'rdp'"),
     ]:
         with pytest.raises(PolicyError) as caught:
@@ -200,7 +207,7 @@ def test_zcdp_refuses_exactly_past_the_limit(db: psycopg.Connection[Any], servic
     assert ledger_rows(db, ALICE) == 2
 
 
-def test_zcdp_spends_delta_add_apart_and_converts_at_what_is_left(db: psycopg.Connection[Any],
+def test_zcdp_spends_delta_add_apart_and_converts_at_what_is_left(db: psycopg.Connection[Any],  # noqa: F811
                                                                  service_dsn: str) -> None:  # noqa: F811
     set_budget(db, ALICE, "10", "0.00001", accounting="zcdp")
 
