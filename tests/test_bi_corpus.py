@@ -36,25 +36,32 @@ EXTRA_EPSILON, EXTRA_DELTA = Decimal(1000), Decimal("0.01")
 
 @pytest.fixture(scope="module")
 def analyst_budget(pg_server: EmbeddedPostgres, gated_database: str) -> Iterator[None]:
-    """A large budget for the demo analyst during the replay; then the old one plus what the replay spent."""
+    """A large budget for the demo analyst during the replay; then the old one plus what the replay spent, under the
+    same accounting (zcdp, the demo's by the default rule: what counts as spent is then the conversion of Σρ at the δ
+    left, which the ledger computes, so the budget is set back from its own figures)."""
     with psycopg.connect(pg_server.conninfo(dbname=gated_database), autocommit=True) as owner:
         budget = owner.execute(
-            "select epsilon, delta, epsilon_per_query, delta_per_query, refresh_period from anonproxy.budgets "
+            "select epsilon, delta, epsilon_per_query, delta_per_query, refresh_period, accounting, "
+            "(anonproxy.remaining_budget(role_name, domain)).epsilon from anonproxy.budgets "
             "where role_name = 'analyst' and domain = anonproxy.budget_domain('public.adult')").fetchone()
         assert budget is not None, "the demo policy gives the analyst a budget on public.adult"
-        epsilon, delta, epsilon_per_query, delta_per_query, refresh = budget
+        epsilon, delta, epsilon_per_query, delta_per_query, refresh, accounting, left = budget
         last = owner.execute("select coalesce(max(id), 0) from anonproxy.budget_ledger").fetchone()[0]
-        set_budget = ("select anonproxy.set_budget('analyst', 'public.adult'::regclass, %s, %s, %s, %s, %s)")
+        set_budget = "select anonproxy.set_budget('analyst', 'public.adult'::regclass, %s, %s, %s, %s, %s, %s)"
         owner.execute(set_budget, (epsilon + EXTRA_EPSILON, delta + EXTRA_DELTA, refresh, epsilon_per_query,
-                                   delta_per_query))
+                                   delta_per_query, accounting))
         try:
             yield
         finally:
-            spent_epsilon, spent_delta = owner.execute(
-                "select coalesce(sum(epsilon), 0), coalesce(sum(delta), 0) from anonproxy.budget_ledger "
-                "where role_name = 'analyst' and id > %s", (last,)).fetchone()
-            owner.execute(set_budget, (epsilon + spent_epsilon, delta + spent_delta, refresh, epsilon_per_query,
-                                       delta_per_query))
+            spent_delta = owner.execute(
+                f"select coalesce(sum({'delta' if accounting == 'basic' else 'delta_add'}), 0) "
+                "from anonproxy.budget_ledger where role_name = 'analyst' and id > %s", (last,)).fetchone()[0]
+            owner.execute(set_budget, (epsilon + EXTRA_EPSILON, delta + spent_delta, refresh, epsilon_per_query,
+                                       delta_per_query, accounting))
+            spent = owner.execute("select epsilon_spent from anonproxy.remaining_budget('analyst', 'public.adult')"
+                                  ).fetchone()[0]  # at the δ left before: it does not depend on the ε budget
+            owner.execute(set_budget, (left + spent, delta + spent_delta, refresh, epsilon_per_query,
+                                       delta_per_query, accounting))
 
 
 @pytest.fixture(scope="module")

@@ -111,10 +111,13 @@ def test_charges_until_exhausted_then_refuses_naming_what_remains(db: psycopg.Co
         role_epsilon=Decimal("0.75"), role_delta=Decimal("0.00001"), shared_epsilon=None, shared_delta=None,
         epsilon_budget=Decimal(1), delta_budget=Decimal("0.00001"), refresh_period=None,
         epsilon_per_query=Decimal("0.25"), delta_per_query=None,
+        accounting="basic", epsilon_spent=Decimal("0.25"), rho_spent=Decimal("0.03125"), rho_left=None,
+        shared_accounting=None, shared_rho_left=None,
     )  # fmt: skip
     assert refused.sqlstate == "53400"
     assert refused.message == (f'privacy budget exhausted for role "{ALICE}" on public.adult: '
-                               "remaining epsilon 0, delta 0.00001; this query needs epsilon 0.25, delta 0")
+                               "remaining epsilon 0, delta 0.00001; this query needs epsilon 0.25, delta 0 "
+                               "(basic accounting)")
     assert refused.detail == f'the budget of role "{ALICE}" on public.adult is epsilon 1, delta 0.00001 in total'
     assert refused.hint is not None and "cached and free" in refused.hint and "larger budget" in refused.hint
     assert refused.remaining.epsilon == 0 and refused.remaining.delta == Decimal("0.00001")
@@ -132,7 +135,7 @@ def test_arithmetic_is_exact(db: psycopg.Connection[Any], service_dsn: str) -> N
 
 
 def test_delta_is_a_budget_of_its_own(db: psycopg.Connection[Any], service_dsn: str) -> None:
-    set_budget(db, ALICE, "10", "0.000002")
+    set_budget(db, ALICE, "10", "0.000002", accounting="basic")  # basic composition (the default here is zcdp)
 
     async def work(conn: psycopg.AsyncConnection[Any]) -> BudgetExhausted:
         await ledger.charge(conn, ALICE, ADULT, "0.1", "0.000001", "a")
@@ -193,10 +196,11 @@ def test_only_charges_within_the_refresh_period_count(db: psycopg.Connection[Any
     db.execute("select anonproxy.set_shared_budget('public.adult', 3, refresh_period => '1 day')")
     # Charges as the proxy would have made them, back-dated: 3 hours ago (out of the role's
     # window, inside the cap's) and 30 minutes ago (inside both).
-    db.execute("""insert into anonproxy.budget_ledger (role_name, domain, epsilon, delta, fingerprint, charged_at)
-                  values (%(r)s, %(d)s, 1, 0, 'old', now() - interval '3 hours'),
-                         (%(r)s, %(d)s, 0.4, 0, 'recent', now() - interval '30 minutes'),
-                         (%(r)s, %(d)s, 1, 0, 'yesterday', now() - interval '25 hours')""",
+    db.execute("""insert into anonproxy.budget_ledger (role_name, domain, epsilon, delta, rho, delta_add, fingerprint,
+                                                     charged_at)
+                  values (%(r)s, %(d)s, 1, 0, 0.5, 0, 'old', now() - interval '3 hours'),
+                         (%(r)s, %(d)s, 0.4, 0, 0.08, 0, 'recent', now() - interval '30 minutes'),
+                         (%(r)s, %(d)s, 1, 0, 0.5, 0, 'yesterday', now() - interval '25 hours')""",
                {"r": ALICE, "d": ADULT})
     left = run(service_dsn, lambda conn: ledger.remaining(conn, ALICE, ADULT))
     assert (left.epsilon, left.role_epsilon, left.shared_epsilon) == (Decimal("0.6"), Decimal("0.6"), Decimal("1.6"))
@@ -371,13 +375,14 @@ def test_lookup_answer_reads_cost_version_and_answer_at_once(db: psycopg.Connect
     async def work(conn: psycopg.AsyncConnection[Any]) -> None:
         version = await ledger.data_version(conn, [ADULT])
         empty = await ledger.lookup_answer(conn, ALICE, ADULT, [ADULT], "fp")
-        assert empty == ledger.Lookup(Decimal("0.25"), Decimal("0.0001"), version, None)
+        assert empty == ledger.Lookup(Decimal("0.25"), Decimal("0.0001"), "basic", version, None)
         await ledger.charge(conn, ALICE, ADULT, "0.25", 0, "fp")
         await ledger.store_answer(conn, ALICE, "fp", version, b"noisy")
         assert (await ledger.lookup_answer(conn, ALICE, ADULT, [ADULT], "fp")).answer == b"noisy"
         assert (await ledger.lookup_answer(conn, ALICE, ADULT, [ADULT], None)).answer is None  # not asked
         assert (await ledger.lookup_answer(conn, ALICE, ADULT, [ADULT], "other")).answer is None
-        assert await ledger.lookup_answer(conn, BOB, ADULT, [ADULT], "fp") == ledger.Lookup(None, None, version, None)
+        assert await ledger.lookup_answer(conn, BOB, ADULT, [ADULT], "fp") == ledger.Lookup(None, None, "basic", version,
+                                                                                            None)
         with pytest.raises(NoBudget):
             await ledger.lookup_answer(conn, "ledger_nobody", ADULT, [ADULT], "fp")
         assert conn.info.transaction_status == TransactionStatus.IDLE  # one statement: no transaction left open

@@ -461,7 +461,7 @@ YAML_ERRORS = [
      "roles.analyst.budgets.public.adult.refresh_period: must be a non-empty string, got 7"),
     (ADULT + "roles: {analyst: {mode: dp, budgets: {public.adult: {epsilon: 1, eps: 1}}}}",
      ("roles.analyst.budgets.public.adult: unknown key 'eps' (expected epsilon, delta, refresh_period, "
-      "epsilon_per_query, delta_per_query)")),
+      "epsilon_per_query, delta_per_query, accounting)")),
     ("roles: {analyst: {mode: dp, budgets: {public.adult: {epsilon: 1}}}}",
      "roles.analyst.budgets.public.adult: public.adult is not a protected table of this file (under tables)"),
     (("tables: {public.people: {unit: id}}\nlinks: {public.visits: {column: person_id, references: public.people}}\n"
@@ -471,7 +471,8 @@ YAML_ERRORS = [
     ("tables: {public.adult: {unit: id, shared_budget: {epsilon: 3, delta: 1.5}}}",
      "tables.public.adult.shared_budget.delta: must be a number in [0, 1), got 1.5"),
     ("tables: {public.adult: {unit: id, shared_budget: {epsilon: 3, epsilon_per_query: 1}}}",
-     "tables.public.adult.shared_budget: unknown key 'epsilon_per_query' (expected epsilon, delta, refresh_period)"),
+     ("tables.public.adult.shared_budget: unknown key 'epsilon_per_query' (expected epsilon, delta, refresh_period, "
+      "accounting)")),
     ("roles: {dba: {mode: direct}}\npublished: {public.release: {roles: [dba]}}",
      ("published.public.release.roles[0]: role dba is in mode direct in this file; published relations are for roles "
       "in mode suppress or dp")),
@@ -698,8 +699,9 @@ def test_budgets_of_the_policy_file_reach_the_ledger(db: psycopg.Connection[Any]
     assert db.execute("select count(*) from anonproxy.shared_budgets").fetchone() == (0,)
     db.execute("select anonproxy.charge('analyst', 'public.adult', 0.5, 0, 'a query')")
     apply_policy(db, demo_policy())  # ... but never the ledger: what was spent stays spent
-    assert db.execute("select epsilon from anonproxy.remaining_budget('analyst', 'public.adult')").fetchone() == (
-        Decimal("9.5"),)
+    # (the demo budget is zcdp by the default rule: what was spent is rho = 0.5²/2, docs/ledger.md)
+    assert db.execute("select accounting, rho_spent from anonproxy.remaining_budget('analyst', 'public.adult')"
+                      ).fetchone() == ("zcdp", Decimal("0.125"))
 
 
 def test_a_published_relation_follows_the_mode_of_its_roles(db: psycopg.Connection[Any], people: None) -> None:
@@ -835,7 +837,7 @@ def test_policy_command_applies_and_shows(pg_server: EmbeddedPostgres, db: psyco
     assert run_policy_command("show", "--dsn", dsn) == 0
     shown = capsys.readouterr().out
     assert ("  analyst:\n    mode: dp\n    budgets:\n      public.adult: {epsilon: 10, delta: 0.00001, "
-            "epsilon_per_query: 0.5, delta_per_query: 0.0000001}\n") in shown
+            "epsilon_per_query: 0.5, delta_per_query: 0.0000001, accounting: zcdp}\n") in shown
     assert parse_policy(shown) == without_version(load_policy(db))
 
     bad = tmp_path / "bad.yaml"

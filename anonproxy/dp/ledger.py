@@ -25,6 +25,10 @@ transaction's — so :func:`data_version` can be read in the snapshot of the que
 Amounts are :class:`decimal.Decimal`, as PostgreSQL's numeric: exact. Pass
 Decimals, ints or strings; a float is converted through its shortest repr
 (``0.1`` → ``Decimal("0.1")``).
+
+A charge carries four amounts (sql/0019_zcdp_ledger.sql): the answer's (ε, δ)
+for basic composition and its (ρ, δ_add) for zCDP accounting; each budget is
+checked by its own accounting (:attr:`Remaining.accounting`).
 """
 
 from __future__ import annotations
@@ -39,6 +43,8 @@ from psycopg import errors
 from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 
+from anonproxy.dp.zcdp import Accounting
+
 EXHAUSTED_SQLSTATE = "53400"  # configuration_limit_exceeded
 NO_BUDGET_SQLSTATE = "42501"  # insufficient_privilege, with table_name = 'budgets'
 
@@ -48,14 +54,17 @@ Amount = Decimal | int | str | float
 # PostgreSQL prints it, since a month is not a fixed timedelta.
 _COLUMNS = (
     "role_name, domain, epsilon, delta, role_epsilon, role_delta, shared_epsilon, shared_delta, "
-    "epsilon_budget, delta_budget, refresh_period::text as refresh_period, epsilon_per_query, delta_per_query"
+    "epsilon_budget, delta_budget, refresh_period::text as refresh_period, epsilon_per_query, delta_per_query, "
+    "accounting, epsilon_spent, rho_spent, rho_left, shared_accounting, shared_rho_left"
 )
-_CHARGE_SQL = f"select {_COLUMNS} from anonproxy.charge(%s, %s, %s::numeric, %s::numeric, %s)"
+_CHARGE_SQL = (f"select {_COLUMNS} from anonproxy.charge(%s, %s, %s::numeric, %s::numeric, %s::numeric, %s::numeric, "
+               "%s)")
+_CHARGE_PURE_SQL = f"select {_COLUMNS} from anonproxy.charge(%s, %s, %s::numeric, %s::numeric, %s)"
 _REMAINING_SQL = f"select {_COLUMNS} from anonproxy.remaining_budget(%s, %s)"
 _REMAINING_ALL_SQL = f"select {_COLUMNS} from anonproxy.remaining_budgets(%s)"
 _STORE_SQL = "select anonproxy.store_answer(%s, %s, %s, %s) as answer"
 _DATA_VERSION_SQL = "select anonproxy.data_version(%s::text[]) as version"
-_LOOKUP_SQL = ("select epsilon_per_query, delta_per_query, data_version, answer "
+_LOOKUP_SQL = ("select epsilon_per_query, delta_per_query, accounting, data_version, answer "
                "from anonproxy.lookup_answer(%s, %s, %s::text[], %s)")
 _READ_COMMITTED = "set transaction isolation level read committed"
 
@@ -81,6 +90,23 @@ class Remaining:
     refresh_period: str | None  # as PostgreSQL prints it, e.g. "1 day"; None: spent budget never comes back
     epsilon_per_query: Decimal | None  # the default cost of one query; None: the proxy's default
     delta_per_query: Decimal | None
+    accounting: Accounting  # the role's budget's: basic or zcdp
+    epsilon_spent: Decimal  # of the role's budget, under its accounting (zcdp: converted at the δ left)
+    rho_spent: Decimal  # Σρ of the role's charges that count
+    rho_left: Decimal | None  # what the role's budget still allows in ρ; None under basic
+    shared_accounting: Accounting | None  # the shared cap's; None: no cap
+    shared_rho_left: Decimal | None  # None unless the cap is zcdp
+
+    @property
+    def zcdp(self) -> bool:
+        """Whether a zCDP budget (the role's or the cap's) limits this role: then ρ is worth showing."""
+        return self.rho_left is not None or self.shared_rho_left is not None
+
+    @property
+    def rho(self) -> Decimal | None:
+        """The ρ still allowed by the zcdp budgets among the role's and the cap's; None when neither is zcdp."""
+        left = [value for value in (self.rho_left, self.shared_rho_left) if value is not None]
+        return min(left) if left else None
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Remaining:
@@ -91,6 +117,9 @@ class Remaining:
             epsilon_budget=row["epsilon_budget"], delta_budget=row["delta_budget"],
             refresh_period=row["refresh_period"],
             epsilon_per_query=row["epsilon_per_query"], delta_per_query=row["delta_per_query"],
+            accounting=row["accounting"], epsilon_spent=row["epsilon_spent"], rho_spent=row["rho_spent"],
+            rho_left=row["rho_left"], shared_accounting=row["shared_accounting"],
+            shared_rho_left=row["shared_rho_left"],
         )
 
 
@@ -128,23 +157,34 @@ class Lookup:
 
     epsilon_per_query: Decimal | None  # the role's per-query cost on the domain; None: the proxy's default
     delta_per_query: Decimal | None
+    accounting: Accounting  # of the role's budget there: the plan's mechanisms follow it
     data_version: str | None  # None: unknown, nothing is cached
     answer: bytes | None  # the answer already paid for, on that version; None: none
 
 
 async def charge(conn: psycopg.AsyncConnection[Any], role: str, domain: str, epsilon: Amount, delta: Amount,
-                 fingerprint: str) -> Remaining:
-    """Charge ``(epsilon, delta)`` to ``role``'s budget on ``domain``; committed when this returns.
+                 fingerprint: str, *, rho: Amount | None = None, delta_add: Amount | None = None) -> Remaining:
+    """Charge an answer to ``role``'s budget on ``domain``; committed when this returns.
+
+    ``(epsilon, delta)``: its guarantee for basic composition; ``(rho, delta_add)``: for zCDP accounting (it is
+    ``delta_add``-approximately ``rho``-zCDP). Give both or neither; without them the database takes
+    ``rho = epsilon²/2`` (exactly), ``delta_add = delta``: true of an answer whose ε is pure DP and whose δ is
+    partition selection's.
 
     Raises :class:`BudgetExhausted` (with what remains) or :class:`NoBudget`.
     """
     _require_idle(conn, "charge")
-    params = (role, domain, _decimal(epsilon), _decimal(delta), fingerprint)
+    sql, params = _CHARGE_PURE_SQL, (role, domain, _decimal(epsilon), _decimal(delta), fingerprint)
+    if rho is not None and delta_add is not None:
+        sql = _CHARGE_SQL
+        params = (role, domain, _decimal(epsilon), _decimal(delta), _decimal(rho), _decimal(delta_add), fingerprint)
+    elif rho is not None or delta_add is not None:
+        raise TypeError("charge() takes both rho and delta_add, or neither")
     for attempt in range(_RETRIES):
         try:
             async with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
                 await cur.execute(_READ_COMMITTED)
-                row = await (await cur.execute(_CHARGE_SQL, params)).fetchone()
+                row = await (await cur.execute(sql, params)).fetchone()
             # Leaving the block committed the charge: it is durable now.
             assert row is not None
             return Remaining.from_row(row)
@@ -202,7 +242,7 @@ async def lookup_answer(conn: psycopg.AsyncConnection[Any], role: str, domain: s
         raise _no_budget(exc) or exc
     assert row is not None
     answer = row["answer"]
-    return Lookup(row["epsilon_per_query"], row["delta_per_query"], row["data_version"],
+    return Lookup(row["epsilon_per_query"], row["delta_per_query"], row["accounting"], row["data_version"],
                   None if answer is None else bytes(answer))
 
 

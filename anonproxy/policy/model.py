@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Literal
 
+from anonproxy.dp.zcdp import Accounting, default_accounting
+
 Mode = Literal["direct", "suppress", "dp", "deny"]
 ColumnKind = Literal["identifier", "quasi_identifier", "sensitive", "public"]
 
@@ -37,6 +39,11 @@ class SharedBudget:
     epsilon: Decimal
     delta: Decimal = Decimal(0)
     refresh_period: str | None = None  # a PostgreSQL interval ("7 days"); None: spending never comes back
+    accounting: Accounting | None = None  # basic or zcdp (sql/0019); None given: the default rule, as the database's
+
+    def __post_init__(self) -> None:
+        if self.accounting is None:
+            object.__setattr__(self, "accounting", default_accounting(self.epsilon, self.delta))
 
 
 @dataclass(frozen=True)
@@ -100,6 +107,12 @@ class Budget:
     refresh_period: str | None = None  # a PostgreSQL interval ("1 day"); None: spending never comes back
     epsilon_per_query: Decimal | None = None  # the default cost of one query; None: the proxy's default
     delta_per_query: Decimal | None = None
+    accounting: Accounting | None = None  # basic or zcdp (sql/0019); None given: the default rule, as the database's
+
+    def __post_init__(self) -> None:
+        if self.accounting is None:
+            object.__setattr__(self, "accounting",
+                               default_accounting(self.epsilon, self.delta, self.epsilon_per_query))
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
 """Read the policy from its tables: migrations 0002 (tables, roles), 0003 (budgets), 0011 (published relations),
-0013 (statement time limits), 0017 (reference tables and their unique keys, read from the catalog each time).
+0013 (statement time limits), 0017 (reference tables and their unique keys, read from the catalog each time),
+0019 (the accounting of budgets).
 
 The whole policy is read by one statement, so the version and the contents come
 from the same snapshot. A database without those tables has the empty policy:
@@ -93,12 +94,12 @@ select pg_catalog.json_build_object(
     'budgets', (select pg_catalog.json_agg(pg_catalog.json_build_object(
                     'role_name', b.role_name, 'domain', b.domain, 'epsilon', b.epsilon::text, 'delta', b.delta::text,
                     'refresh_period', b.refresh_period::text, 'epsilon_per_query', b.epsilon_per_query::text,
-                    'delta_per_query', b.delta_per_query::text)
+                    'delta_per_query', b.delta_per_query::text, 'accounting', b.accounting)
                     order by b.role_name, b.domain)
                   from anonproxy.budgets b),
     'shared_budgets', (select pg_catalog.json_agg(pg_catalog.json_build_object(
                            'domain', s.domain, 'epsilon', s.epsilon::text, 'delta', s.delta::text,
-                           'refresh_period', s.refresh_period::text))
+                           'refresh_period', s.refresh_period::text, 'accounting', s.accounting))
                          from anonproxy.shared_budgets s),
     -- Reference tables with their usable unique keys, as the catalog says now (no key: an empty list).
     'references', (select pg_catalog.json_agg(pg_catalog.json_build_object(
@@ -160,7 +161,8 @@ def policy_from_json(doc: dict[str, Any]) -> Policy:
     for table_name, column_name, type_name in doc.get("types") or ():
         types.setdefault(table_name, {})[column_name] = type_name
     shared = {
-        row["domain"]: SharedBudget(Decimal(row["epsilon"]), Decimal(row["delta"]), row["refresh_period"])
+        row["domain"]: SharedBudget(Decimal(row["epsilon"]), Decimal(row["delta"]), row["refresh_period"],
+                                    row["accounting"])
         for row in doc["shared_budgets"] or ()
     }
     tables = {
@@ -177,6 +179,7 @@ def policy_from_json(doc: dict[str, Any]) -> Policy:
             refresh_period=row["refresh_period"],
             epsilon_per_query=_decimal(row["epsilon_per_query"]),
             delta_per_query=_decimal(row["delta_per_query"]),
+            accounting=row["accounting"],
         )
     links = {
         row["table_name"]: LinkedTable(

@@ -37,6 +37,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from decimal import Decimal
 from importlib.resources import files
 from pathlib import Path
@@ -44,6 +45,8 @@ from typing import Any, TypeVar, cast
 
 import psycopg
 import yaml
+
+from anonproxy.dp.zcdp import ACCOUNTINGS, Accounting
 
 from .model import (
     COLUMN_KINDS,
@@ -73,8 +76,8 @@ _LINK_KEYS = ("column", "references", "columns")
 _COLUMN_KEYS = ("kind", "lower", "upper", "domain")
 _ROLE_KEYS = ("mode", "k", "dominance", "p_percent", "suppressed_rest", "allow_min_max", "budgets")
 _DOMINANCE_KEYS = ("n", "percent")
-_BUDGET_KEYS = ("epsilon", "delta", "refresh_period", "epsilon_per_query", "delta_per_query")
-_SHARED_BUDGET_KEYS = ("epsilon", "delta", "refresh_period")
+_BUDGET_KEYS = ("epsilon", "delta", "refresh_period", "epsilon_per_query", "delta_per_query", "accounting")
+_SHARED_BUDGET_KEYS = ("epsilon", "delta", "refresh_period", "accounting")
 _PUBLISHED_KEYS = ("roles",)
 # Units of a duration, as PostgreSQL's time settings take them, in milliseconds.
 _TIME_UNITS = {"ms": 1, "s": 1000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}
@@ -272,10 +275,27 @@ class _Checker:
         if delta_per_query is not None and not 0 <= delta_per_query <= total.delta:
             self.fail(f"{path}.delta_per_query", f"must be a number in [0, {_amount_text(total.delta)}], the "
                                                   f"budget's delta; got {_amount_text(delta_per_query)}")
-        return Budget(total.epsilon, total.delta, total.refresh_period, epsilon_per_query, delta_per_query)
+        return Budget(total.epsilon, total.delta, total.refresh_period, epsilon_per_query, delta_per_query,
+                      self.accounting(fields, total.delta, path))
 
     def shared_budget(self, spec: object, path: str) -> SharedBudget:
-        return self.limits(self.mapping(spec, path, _SHARED_BUDGET_KEYS), path)
+        fields = self.mapping(spec, path, _SHARED_BUDGET_KEYS)
+        total = self.limits(fields, path)
+        return replace(total, accounting=self.accounting(fields, total.delta, path))
+
+    def accounting(self, fields: dict[str, Any], delta: Decimal, path: str) -> Accounting | None:
+        """The accounting given (None: the default rule, see docs/ledger.md)."""
+        given = self.optional(fields, "accounting", self.string, None, f"{path}.accounting")
+        if given is None:
+            return None
+        if given not in ACCOUNTINGS:
+            self.fail(f"{path}.accounting", f"must be one of {', '.join(ACCOUNTINGS)}, got {given!r}")
+            return None
+        if given == "zcdp" and delta == 0:
+            self.fail(f"{path}.accounting", "cannot be zcdp with delta 0: zCDP converts to (epsilon, delta)-DP only "
+                                            "at a delta above 0")
+            return None
+        return cast(Accounting, given)
 
     def limits(self, fields: dict[str, Any], path: str) -> SharedBudget:
         """The epsilon, delta and refresh period of a budget or a shared cap."""
@@ -472,8 +492,9 @@ def apply_policy(conn: psycopg.Connection[Any], policy: Policy) -> int:
             if table.shared_budget is not None:
                 cap = table.shared_budget
                 _call(conn, f"{path}.shared_budget",
-                      "select anonproxy.set_shared_budget(%s::regclass, %s::numeric, %s::numeric, %s::interval)",
-                      (table.name, cap.epsilon, cap.delta, cap.refresh_period))
+                      "select anonproxy.set_shared_budget(%s::regclass, %s::numeric, %s::numeric, %s::interval, "
+                      "%s::text)",
+                      (table.name, cap.epsilon, cap.delta, cap.refresh_period, cap.accounting))
             _set_columns(conn, table.name, table.columns, f"{path}.columns")
         for link in policy.links.values():
             path = f"links.{link.name}"
@@ -490,9 +511,9 @@ def apply_policy(conn: psycopg.Connection[Any], policy: Policy) -> int:
             for domain, budget in role.budgets.items():
                 _call(conn, f"roles.{role.role}.budgets.{domain}",
                       "select anonproxy.set_budget(%s::name, %s::regclass, %s::numeric, %s::numeric, %s::interval, "
-                      "%s::numeric, %s::numeric)",
+                      "%s::numeric, %s::numeric, %s::text)",
                       (role.role, domain, budget.epsilon, budget.delta, budget.refresh_period,
-                       budget.epsilon_per_query, budget.delta_per_query))
+                       budget.epsilon_per_query, budget.delta_per_query, budget.accounting))
         for published in policy.published.values():
             _call(conn, f"published.{published.name}",
                   "select anonproxy.publish_relation(%s::regclass, %s::name[])", (published.name, list(published.roles)))
@@ -579,15 +600,18 @@ def _dump_limits(limits: SharedBudget | Budget) -> _Flow:
     fields = _Flow(epsilon=limits.epsilon, delta=limits.delta)
     if limits.refresh_period is not None:
         fields["refresh_period"] = limits.refresh_period
+    fields["accounting"] = limits.accounting  # always: the default rule depends on the other numbers
     return fields
 
 
 def _dump_budget(budget: Budget) -> _Flow:
     fields = _dump_limits(budget)
+    accounting = fields.pop("accounting")
     if budget.epsilon_per_query is not None:
         fields["epsilon_per_query"] = budget.epsilon_per_query
     if budget.delta_per_query is not None:
         fields["delta_per_query"] = budget.delta_per_query
+    fields["accounting"] = accounting
     return fields
 
 

@@ -41,7 +41,7 @@ import logging
 import select
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
-from decimal import Decimal
+from decimal import ROUND_FLOOR, Decimal
 from typing import Any
 
 import psycopg
@@ -67,6 +67,7 @@ from ..dp.answers import (
 )
 from ..dp.finish import Measurement, finish, measure, post_arrays, released_rows
 from ..dp.model import DPParams, DPPlan
+from ..dp.zcdp import Accounting, zcdp_epsilon
 from ..rewrite.decision import Reject, SessionSetting
 from ..rewrite.final_sql import verify
 from ..wire import protocol as pg
@@ -83,6 +84,11 @@ POOL_SIZE = 4  # connections per worker: dp questions of different sessions run 
 PLAN_CACHE_BYTES = 32 * 1024 * 1024  # plans are deterministic in (text, role, policy version, ε, δ): kept per worker
 
 _BEGIN_SNAPSHOT = "begin isolation level repeatable read, read only"
+
+# What a question is planned at: the per-query ε and δ, and the accounting of the budget it spends (which decides
+# the mechanisms).
+Costs = tuple[Decimal, Decimal, Accounting]
+_DEFAULTS: Costs = (*DEFAULT_COSTS, "basic")
 
 
 @dataclass
@@ -116,9 +122,9 @@ class NoisyAnswers:
         self._slots = asyncio.Semaphore(size)
         self._analyser = analyser  # plans off the event loop (None: on it)
         self._plans: BoundedCache[tuple[str, str, int, DPParams], DPPlan | Reject] = BoundedCache(PLAN_CACHE_BYTES)
-        # (role, table) -> the per-query (ε, δ) last read from the ledger: the cost the next question is planned
-        # at before the ledger confirms it
-        self._costs: dict[tuple[str, str], tuple[Decimal, Decimal]] = {}
+        # (role, table) -> the per-query (ε, δ) and the accounting last read from the ledger: what the next question
+        # is planned at before the ledger confirms it
+        self._costs: dict[tuple[str, str], Costs] = {}
 
     async def close(self) -> None:
         while self._idle:
@@ -160,7 +166,8 @@ class NoisyAnswers:
                 types, rows = await _run(conn, plan.sql, parameters)
                 return await _result(conn, plan, measure(plan, types, rows), "anonproxy: the declared public domain, "
                                      "from the policy: no row was read and nothing was charged"), plan
-            headline = f"anonproxy: differentially private answer, ε={plan.epsilon:g}, δ={plan.delta:g}"
+            zcdp = f" (zCDP: ρ={plan.rho:g})" if found.accounting == "zcdp" else ""
+            headline = f"anonproxy: differentially private answer, ε={plan.epsilon:g}, δ={plan.delta:g}{zcdp}"
             cached = _readable(found.answer, plan)
             if cached is not None:  # the measurement paid for before, finished for this statement: no cost
                 return _with_notice(await _result(conn, plan, cached, headline), "anonproxy: the same question on "
@@ -168,7 +175,8 @@ class NoisyAnswers:
             await _check_statement(conn, plan, parameters)
             # Charged, and committed, before the data is read: a question that fails from here on (its SQL, the
             # noise, the connection) stays paid for, so no failure is a free look at the data.
-            left = await ledger.charge(conn, role.role, plan.table, plan.epsilon, plan.delta, fingerprint)
+            left = await ledger.charge(conn, role.role, plan.table, plan.epsilon, plan.delta, fingerprint,
+                                       rho=plan.rho, delta_add=plan.delta_add)
             spent.epsilon, spent.delta = plan.epsilon, plan.delta
             async with _snapshot(conn, timeout_ms):
                 version = await ledger.data_version(conn, plan.tables)  # of the rows the plan reads next
@@ -177,8 +185,7 @@ class NoisyAnswers:
             # Another session of the role may have paid for the same question meanwhile: one measurement is released.
             kept = _readable(await ledger.store_answer(conn, role.role, fingerprint, version, encoded(measured)), plan)
             result = await _result(conn, plan, kept or measured, headline)
-            return _with_notice(result, f"anonproxy: budget left on {plan.table}: "
-                                f"ε={_plain(left.epsilon)}, δ={_plain(left.delta)}"), plan
+            return _with_notice(result, f"anonproxy: budget left on {plan.table}: {_left(left)}"), plan
 
     async def _post_process(self, outer: Outer, released: Result, policy: Policy, role: RolePolicy) -> Result:
         """The outer query over the released rows, run by PostgreSQL over a VALUES list of them: its functions,
@@ -196,8 +203,8 @@ class NoisyAnswers:
                        limits: SessionLimits) -> Description:
         """Parameter types and result columns of a dp query, from the server's description of its plan:
         nothing is run, charged or read from the ledger (the types do not depend on the per-query cost)."""
-        first = await self._plan(sql, role, policy, DEFAULT_COSTS, limits)
-        plan = await self._plan(sql, role, policy, self._costs.get((role.role, first.table), DEFAULT_COSTS), limits)
+        first = await self._plan(sql, role, policy, _DEFAULTS, limits)
+        plan = await self._plan(sql, role, policy, self._costs.get((role.role, first.table), _DEFAULTS), limits)
         async with self._connection() as conn:
             parameter_types, types = await _describe(conn, plan.sql, parameters.types)
             post_types = await _post_types(conn, plan, types)
@@ -230,7 +237,9 @@ class NoisyAnswers:
                     lines.append(f"both questions together cost ε={plan.epsilon + second.epsilon:g}, "
                                  f"δ={plan.delta + second.delta:g}")
             budget = await ledger.remaining(conn, role.role, plan.table)
-        lines.append(f"budget left on {plan.table}: ε={_plain(budget.epsilon)}, δ={_plain(budget.delta)}")
+        if budget.accounting == "zcdp" and not plan.free:
+            lines.append(_zcdp_explained(plan, budget))
+        lines.append(f"budget left on {plan.table}: {_left(budget)}")
         lines.append("nothing was run or charged")
         return Result(EXPLAIN_COLUMNS, tuple((line.encode(),) for line in lines), "EXPLAIN")
 
@@ -238,8 +247,10 @@ class NoisyAnswers:
         """``SHOW anonproxy.budget``: one row per protected table the role has a budget on."""
         async with self._connection() as conn:
             budgets = await ledger.remaining_all(conn, role)
-        values = [f"{b.domain}: epsilon {_plain(b.epsilon)} of {_plain(b.epsilon_budget)} left, "
-                  f"delta {_plain(b.delta)} of {_plain(b.delta_budget)} left" for b in budgets]
+        values = [f"{b.domain}: epsilon {_shown(b.epsilon, b)} of {_plain(b.epsilon_budget)} left, "
+                  f"delta {_plain(b.delta)} of {_plain(b.delta_budget)} left"
+                  + (f" (zCDP accounting: rho {_shown(b.rho, b)} left, {_shown(b.rho_spent, b)} spent)"
+                     if b.rho is not None else "") for b in budgets]
         return _show("budget", values)
 
     async def show(self, setting: str, role: str, limits: SessionLimits) -> Result:
@@ -283,15 +294,16 @@ class NoisyAnswers:
         """The plan at the role's per-query cost on the table the query reads, lowered by the session's; its
         fingerprint; and what ``anonproxy.lookup_answer`` read for it. One round trip when the role's per-query
         cost is the one this worker read last; when it changed, the plan for the new cost is looked up again."""
-        first = await self._plan(sql, role, policy, DEFAULT_COSTS, limits)
+        first = await self._plan(sql, role, policy, _DEFAULTS, limits)
         key = (role.role, first.table)
-        costs = self._costs.get(key, DEFAULT_COSTS)
+        costs = self._costs.get(key, _DEFAULTS)
         for _ in range(3):
             plan = await self._plan(sql, role, policy, costs, limits)
             key_of_answer = fingerprint(plan, policy.version, parameters)
             found = await ledger.lookup_answer(conn, role.role, plan.table, plan.tables,
                                                None if plan.free else key_of_answer)
-            read = (or_default(found.epsilon_per_query, "epsilon"), or_default(found.delta_per_query, "delta"))
+            read: Costs = (or_default(found.epsilon_per_query, "epsilon"), or_default(found.delta_per_query, "delta"),
+                           found.accounting)
             self._costs[key] = read
             if read == costs:
                 if found.answer is not None and _readable(found.answer, plan) is None:
@@ -301,15 +313,15 @@ class NoisyAnswers:
         raise Refused("40001", f'the per-query budget of role "{role.role}" on {first.table} kept changing while '
                       "the question was planned", "Try again.")
 
-    async def _plan(self, sql: str, role: RolePolicy, policy: Policy, costs: tuple[Decimal, Decimal],
+    async def _plan(self, sql: str, role: RolePolicy, policy: Policy, costs: Costs,
                     limits: SessionLimits) -> DPPlan:
-        """The plan at per-query ``costs`` (ε, δ) lowered by the session's; a Reject becomes ``Refused``."""
-        epsilon, delta = costs
+        """The plan at per-query ``costs`` (ε, δ lowered by the session's; accounting); a Reject becomes ``Refused``."""
+        epsilon, delta, accounting = costs
         if limits.epsilon is not None:
             epsilon = min(epsilon, limits.epsilon)
         if limits.delta is not None:
             delta = min(delta, limits.delta)
-        plan = await self._plan_dp(sql, role, policy, DPParams(float(epsilon), float(delta)))
+        plan = await self._plan_dp(sql, role, policy, DPParams(float(epsilon), float(delta), accounting=accounting))
         if isinstance(plan, Reject):
             raise Refused(plan.sqlstate, plan.message, plan.hint)
         return plan
@@ -592,6 +604,31 @@ def _array_text(values: list[object], element_type: int) -> bytes:
 def _output_columns(plan: DPPlan, sql_types: list[int], post_types: list[int] | None = None) -> tuple[Column, ...]:
     types = plan.value_types(sql_types, post_types)[:len(plan.columns)]
     return tuple(Column(column.name, oid) for column, oid in zip(plan.columns, types, strict=True))
+
+
+def _left(budget: ledger.Remaining) -> str:
+    """What is left of a budget, as notices and EXPLAIN say it."""
+    rho = f" (zCDP: ρ={_shown(budget.rho, budget)} left)" if budget.rho is not None else ""
+    return f"ε={_shown(budget.epsilon, budget)}, δ={_plain(budget.delta)}{rho}"
+
+
+def _shown(amount: Decimal | None, budget: ledger.Remaining) -> str:
+    """An amount of a budget as the proxy shows it: exact under basic; under zCDP, where it comes from a square root,
+    to 6 significant digits, rounded down (anonproxy.my_budget has 12 decimals)."""
+    if amount is None or not budget.zcdp or amount == 0:
+        return _plain(amount or Decimal(0))
+    return _plain(amount.quantize(Decimal(1).scaleb(amount.adjusted() - 5), rounding=ROUND_FLOOR))
+
+
+def _zcdp_explained(plan: DPPlan, budget: ledger.Remaining) -> str:
+    """What a question does to a zCDP budget: its ρ adds up, and the ε shown as spent is the conversion of the sum at
+    what is left of δ, so an answer's share of ε is not its own ε (a first answer looks dearer than later ones)."""
+    rho = Decimal(repr(plan.rho))
+    delta_add = Decimal(repr(plan.delta_add))
+    delta_left = budget.role_delta - delta_add  # the role's δ left under zcdp: D − Σδ_add
+    after = zcdp_epsilon(budget.rho_spent + rho, delta_left) if delta_left > 0 else Decimal("Infinity")
+    return (f"under zCDP accounting it costs ρ={float(rho):g}, δ_add={float(delta_add):g}: ε spent on {plan.table} "
+            f"would go from {float(budget.epsilon_spent):.6g} to {float(after):.6g} of {_plain(budget.epsilon_budget)}")
 
 
 def _show(setting: str, values: list[str]) -> Result:
