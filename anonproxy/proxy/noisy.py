@@ -166,8 +166,10 @@ class NoisyAnswers:
                 types, rows = await _run(conn, plan.sql, parameters)
                 return await _result(conn, plan, measure(plan, types, rows), "anonproxy: the declared public domain, "
                                      "from the policy: no row was read and nothing was charged"), plan
-            zcdp = f" (zCDP: ρ={plan.rho:g})" if found.accounting == "zcdp" else ""
-            headline = f"anonproxy: differentially private answer, ε={plan.epsilon:g}, δ={plan.delta:g}{zcdp}"
+            headline = f"anonproxy: differentially private answer, ε={plan.epsilon:g}, δ={plan.delta:g}"
+            if found.accounting == "zcdp":  # what the budget adds up is ρ; (ε, δ) is the answer's guarantee alone
+                headline = (f"anonproxy: differentially private answer, ρ={plan.rho:g}, δ={plan.delta_add:g} "
+                            f"(zero-concentrated DP; on its own ε={plan.epsilon:g}, δ={plan.delta:g})")
             cached = _readable(found.answer, plan)
             if cached is not None:  # the measurement paid for before, finished for this statement: no cost
                 return _with_notice(await _result(conn, plan, cached, headline), "anonproxy: the same question on "
