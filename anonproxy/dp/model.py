@@ -35,10 +35,6 @@ _FLOATS = (_FLOAT4, _FLOAT8)
 Mechanism = Literal["discrete_laplace", "discrete_gaussian"]
 MECHANISM_NAMES = {"discrete_laplace": "discrete Laplace", "discrete_gaussian": "discrete Gaussian"}
 
-StatKind = Literal["units", "rows", "count", "sum", "values"]
-# "post": computed by the plan's post statement over the noisy values (a post-aggregate expression)
-# "interval": dp_interval_low/high of another column (``of``), from the same noisy values
-ColumnKind = Literal["key", "count", "sum", "avg", "variance", "stddev", "quantile", "post", "interval"]
 
 @dataclass(frozen=True)
 class DPParams:
