@@ -131,14 +131,18 @@ def test_dp_average_has_the_digits_its_interval_supports(pg_server: EmbeddedPost
         rows = {sex: str(value) for sex, value in cursor.fetchall()}
     with psycopg.connect(pg_server.conninfo(dbname=gated_database)) as truth:
         counts = dict(truth.execute("select sex, count(age) from adult group by sex").fetchall())
-    numerator = float(re.search(r"95% interval ±([0-9.e+]+)/n", "\n".join(details))[1])
+    # Each row's interval is ±q/n with q between the notice's two figures (average at the middle of the bounds,
+    # and at a bound).
+    found = re.search(r"95% interval per row ±q/n .*?q from ([0-9.e+]+) .*? to ([0-9.e+]+) ", "\n".join(details))
+    assert found is not None, details
+    narrowest, widest = float(found[1]), float(found[2])
     for sex, text in rows.items():
         assert Decimal(text).is_finite() and 17 <= Decimal(text) <= 90
         # One digit below the interval's leading digit: the noisy count is close to the true one (±≈40 here,
-        # in groups of 10000 and 20000), so the half-width's power of ten is the same or one off.
-        halfwidth = numerator / counts[sex]
-        expected = 1 - math.floor(math.log10(halfwidth))
-        assert expected - 1 <= decimals(text) <= expected + 1, (text, halfwidth)
+        # in groups of 10000 and 20000), so the half-width's power of ten is within those of q/n's range or one off.
+        most = 1 - math.floor(math.log10(narrowest / counts[sex]))
+        least = 1 - math.floor(math.log10(widest / counts[sex]))
+        assert least - 1 <= decimals(text) <= most + 1, (text, narrowest, widest)
         assert decimals(text) < 6, text
 
 

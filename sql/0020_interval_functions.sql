@@ -1,4 +1,4 @@
--- Migration 0021: dp_interval_low(x) / dp_interval_high(x), the 95 % interval bounds of a noisy dp answer.
+-- Migration 0020: dp_interval_low(x) / dp_interval_high(x), the 95 % interval bounds of a noisy dp answer.
 --
 -- The proxy answers them itself, in the select list of a dp-mode query (docs/dp.md, "Intervals"): it plans
 -- dp_interval_low(avg(age)) as avg(age), with the same noisy statistics, and returns an end of that value's
@@ -9,7 +9,7 @@
 -- unqualified call outside the proxy is still PostgreSQL's 42883.
 
 create function anonproxy.dp_interval_low(value anyelement) returns anyelement
-language plpgsql as $$
+language plpgsql set search_path = pg_catalog, pg_temp as $$
 begin
     raise exception 'dp_interval_low() answers only in dp mode, through anonproxy'
         using errcode = '0A000',
@@ -19,7 +19,7 @@ end
 $$;
 
 create function anonproxy.dp_interval_high(value anyelement) returns anyelement
-language plpgsql as $$
+language plpgsql set search_path = pg_catalog, pg_temp as $$
 begin
     raise exception 'dp_interval_high() answers only in dp mode, through anonproxy'
         using errcode = '0A000',
