@@ -254,12 +254,19 @@ def _costs(statistics: list[Statistic], quantiles: list[Quantile], delta: Fracti
     pure += sum((quantile.share for quantile in quantiles), Fraction(0))
     gaussian = float(sum((stat.rho for stat in noisy if stat.sigma2 is not None), Fraction(0)))
     rho = sum((stat.rho for stat in noisy), Fraction(0)) + sum((q.share ** 2 / 8 for q in quantiles), Fraction(0))
-    epsilon, basic_delta = float(pure), 0.0
+    epsilon, basic_delta = _up(pure), 0.0
     if gaussian > 0:
-        epsilon += gaussian + 2 * math.sqrt(gaussian * math.log(1 / float(delta)))
+        conversion = gaussian + 2 * math.sqrt(gaussian * math.log(1 / float(delta)))
+        epsilon = (epsilon + conversion) * (1 + 1e-14)  # above the float arithmetic's rounding: never under-charged
         basic_delta = float(delta)
     selected = float(delta) if selection else 0.0
-    return _Cost(epsilon, basic_delta + selected, as_float(rho), selected)
+    return _Cost(epsilon, basic_delta + selected, _up(rho), selected)
+
+
+def _up(cost: Fraction) -> float:
+    """An exact cost as the nearest float not below it (the ledger is charged these floats: never less)."""
+    rounded = as_float(cost)
+    return math.nextafter(rounded, math.inf) if rounded < cost else rounded
 
 
 def _interval(wanted: interval_items.IntervalItem, item: Item, columns: _Columns) -> _Draft:
