@@ -128,7 +128,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         admin.execute("select anonproxy.set_role_policy(%s, 'dp')", (ROLE_OFF,))
         for role_name in (ROLE, ROLE_OFF):
             admin.execute("select anonproxy.set_budget(%s::name, 'public.adult'::regclass, 1000000, 0.5, null, "
-                          "%s::numeric, %s::numeric)", (role_name, str(EPSILON), format(DELTA, "f")))
+                          "%s::numeric, %s::numeric)", (role_name, str(EPSILON), str(DELTA)))
         rows = admin.execute("select count(*) from public.adult").fetchone()[0]
         csv = Path(tmp) / "adult.csv"
         with csv.open("wb") as out, admin.cursor().copy("COPY public.adult TO STDOUT WITH (FORMAT csv, HEADER)") as cp:
