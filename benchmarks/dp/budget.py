@@ -78,10 +78,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     where.add_argument("--tree", type=Path, default=REPO, help="the tree measured as 'after' (default: this one)")
     where.add_argument("--tree-rev", help="measure a git worktree of this revision as 'after' instead")
     parser.add_argument("--against", help="a git revision measured as 'today', side by side (e.g. 3b13a8c)")
-    parser.add_argument("--draws-error", type=int, default=200, help="fresh draws for b (default 200)")
-    parser.add_argument("--draws-coverage", type=int, default=400, help="fresh draws per query for c (default 400)")
+    parser.add_argument("--draws-error", type=int, default=400, help="fresh draws for b (default 400)")
+    parser.add_argument("--draws-coverage", type=int, default=1000,
+                        help="fresh draws per query for c (default 1000)")
     parser.add_argument("--json", type=Path, help="also write every figure here")
     parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)  # internal: measure the tree on sys.path
+    parser.add_argument("--reference", type=Path, help=argparse.SUPPRESS)  # internal: today's figures, for a
     args = parser.parse_args(argv)
     if args.worker is not None:
         return _worker(args)
@@ -130,11 +132,14 @@ def _describe(tree: Path) -> str:
 
 def _measure(label: str, tree: Path, revision: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     out = tmp / f"{label}.json"
+    reference = tmp / "today.json"
     print(f"[{time.strftime('%H:%M:%S')}] measuring {label}: {tree} ({revision})", file=sys.stderr, flush=True)
     # The tree's own anonproxy package and proxy; no .pyc written into it (it may be another engineer's checkout).
     env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONDONTWRITEBYTECODE": "1"}
     command = [sys.executable, str(Path(__file__).resolve()), "--worker", str(out), "--tree", str(tree),
                "--draws-error", str(args.draws_error), "--draws-coverage", str(args.draws_coverage)]
+    if label == "after" and reference.exists():
+        command += ["--reference", str(reference)]
     subprocess.run(command, env=env, cwd=tree, check=True)
     side = json.loads(out.read_text())
     side["revision"] = revision
@@ -190,7 +195,7 @@ def _budget_side(side: dict[str, Any]) -> dict[str, Any]:
         answered = [p for p in plans if p["refused"] is None]
         costs = [{"epsilon": p["epsilon"], "delta": p["delta"], "rho": p.get("rho", p["epsilon"] ** 2 / 2),
                   "delta_add": p.get("delta_add", p["delta"])} for p in answered]
-        rule = "zcdp" if accounting == "zcdp" else "basic"
+        rule = "basic" if accounting == "basic" else "zcdp"
         out[accounting] = {
             "rule": rule, "answered": len(answered), "refused": [p["id"] for p in plans if p["refused"]],
             "queries_within_budget": fits(costs, rule),
@@ -208,15 +213,19 @@ def _sd_ratios(today: list[dict[str, Any]], after: list[dict[str, Any]]) -> list
         if old["refused"] or new["refused"]:
             rows.append({"id": old["id"], "ratios": [], "note": "refused"})
             continue
-        ratios = []
-        for a, b in zip(old["column_sds"], new["column_sds"], strict=False):
-            for role in ("statistic", "denominator"):
-                if a.get(role) and b.get(role):
-                    ratios.append(b[role] / a[role])
+        # The statistics both plans measure (what, argument, centre, power), after's sd over today's.
+        common = [k for k in new["statistic_sds"] if k in old["statistic_sds"]]
+        ratios = [new["statistic_sds"][k] / old["statistic_sds"][k] for k in common
+                  if old["statistic_sds"][k] and new["statistic_sds"][k]]
         rows.append({"id": old["id"], "ratios": ratios, "min": min(ratios, default=None),
                      "max": max(ratios, default=None), "statistics_today": old["statistics"],
                      "statistics_after": new["statistics"]})
     return rows
+
+
+def _measures(stat: Any) -> str:
+    """What a statistic measures, the same in both trees whatever its SQL column is called."""
+    return f"{stat.kind}:{stat.argument or ''}:{stat.center}:{stat.power}"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -285,20 +294,26 @@ def _compare(sides: dict[str, dict[str, Any]], args: argparse.Namespace) -> dict
                                   "seconds": side["seconds"]}
     if "today" in sides:
         today, after = sides["today"], sides["after"]
-        best = "zcdp" if "zcdp" in after["plans"] else "basic"
         t = report["sides"]["today"]["budget"]["basic"]["queries_within_budget"]
-        a = report["sides"]["after"]["budget"][best]["queries_within_budget"]
-        ratios = _sd_ratios(today["plans"]["basic"], after["plans"][best])
-        every = [r for row in ratios for r in row["ratios"]]
-        report["comparison"] = {
-            "after_accounting": best, "queries_today": t, "queries_after": a, "ratio": a / t if t else None,
-            "sd_ratio_min": min(every, default=None), "sd_ratio_max": max(every, default=None),
-            "queries_sd_equal": sum(1 for row in ratios if row["ratios"] and
-                                    all(abs(r - 1) < 0.01 for r in row["ratios"])),
-            "queries_sd_lower": sum(1 for row in ratios if row["ratios"] and max(row["ratios"]) < 0.99),
-            "queries_sd_higher": [row["id"] for row in ratios if row["ratios"] and max(row["ratios"]) > 1.01],
-            "sd_ratios": ratios,
-        }
+        report["comparison"] = {"queries_today": t}
+        for variant in ("basic", "zcdp", "zcdp_equal_sd"):
+            if variant not in after["plans"]:
+                continue
+            a = report["sides"]["after"]["budget"][variant]["queries_within_budget"]
+            ratios = _sd_ratios(today["plans"]["basic"], after["plans"][variant])
+            every = [r for row in ratios for r in row["ratios"]]
+            report["comparison"][variant] = {
+                "queries_after": a, "ratio": a / t if t else None,
+                "sd_ratio_min": min(every, default=None), "sd_ratio_max": max(every, default=None),
+                "queries_sd_equal": sum(1 for row in ratios if row["ratios"] and
+                                        all(abs(r - 1) < 0.01 for r in row["ratios"])),
+                "queries_sd_lower": [row["id"] for row in ratios if row["ratios"] and max(row["ratios"]) < 0.99],
+                "queries_sd_higher": [row["id"] for row in ratios if row["ratios"] and max(row["ratios"]) > 1.01],
+                "sd_ratios": ratios,
+            }
+        # The target's figure: at equal per-statistic sd when the tree can plan it, else at the same ε per query.
+        target = next((v for v in ("zcdp_equal_sd", "zcdp", "basic") if v in report["comparison"]), None)
+        report["comparison"]["target_variant"] = target
     return report
 
 
@@ -345,18 +360,23 @@ def _print(report: dict[str, Any]) -> None:
                              f"groups of τ..{NEAR:g}τ: mean bias {_fmt(c['mean_bias_from_threshold'], '+.2f')}")
             print("; ".join(parts))
     comparison = report.get("comparison")
-    if comparison:
-        print(f"\nqueries within ε {report['budget']['epsilon']:g} / δ {report['budget']['delta']:g}: today "
-              f"{comparison['queries_today']}, after ({comparison['after_accounting']}) {comparison['queries_after']}: "
-              f"{_fmt(comparison['ratio'], '.2f')}x (target >= 1.5)")
-        print(f"per-statistic noise sd, after / today, over every statistic of every answered query: "
-              f"{_fmt(comparison['sd_ratio_min'], '.4f')} .. {_fmt(comparison['sd_ratio_max'], '.4f')}; queries with "
-              f"equal sd (±1 %): {comparison['queries_sd_equal']}, lower sd after: {comparison['queries_sd_lower']}, "
-              f"higher sd after: {', '.join(comparison['queries_sd_higher']) or 'none'}")
-        for row in comparison["sd_ratios"]:
-            if row["ratios"] and not all(abs(r - 1) < 0.01 for r in row["ratios"]):
-                print(f"  {row['id']}: sd after/today {', '.join(f'{r:.3f}' for r in row['ratios'])}; statistics "
-                      f"{row['statistics_today']} -> {row['statistics_after']}")
+    if not comparison:
+        return
+    print(f"\nqueries within ε {report['budget']['epsilon']:g} / δ {report['budget']['delta']:g}, today (basic): "
+          f"{comparison['queries_today']}")
+    names = {"basic": "after, basic accounting, same ε per query",
+             "zcdp": "after, zcdp, same ε per query (the proxy's default)",
+             "zcdp_equal_sd": "after, zcdp, at today's per-statistic sd"}
+    for variant, name in names.items():
+        c = comparison.get(variant)
+        if c is None:
+            continue
+        mark = " (target >= 1.5)" if variant == comparison["target_variant"] else ""
+        print(f"  {name}: {c['queries_after']}: {_fmt(c['ratio'], '.2f')}x{mark}; per-statistic sd after/today "
+              f"{_fmt(c['sd_ratio_min'], '.4f')} .. {_fmt(c['sd_ratio_max'], '.4f')}, equal (±1 %) in "
+              f"{c['queries_sd_equal']} queries, lower in {len(c['queries_sd_lower'])} "
+              f"({', '.join(c['queries_sd_lower']) or '-'}), higher in "
+              f"{', '.join(c['queries_sd_higher']) or 'none'}")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -378,6 +398,7 @@ def _worker(args: argparse.Namespace) -> int:
     import psycopg
 
     import run as dp_run  # this directory's run.py: the suppress benchmark's database and proxy helpers
+    from anonproxy.dp import ledger
     from anonproxy.dp.model import DPParams, DPPlan
     from anonproxy.dp.plan import plan_dp
     from anonproxy.embedded import EmbeddedPostgres
@@ -416,6 +437,7 @@ def _worker(args: argparse.Namespace) -> int:
             columns.append(entry)
         out = {"epsilon": float(plan.epsilon), "delta": float(plan.delta), "threshold": plan.threshold,
                "statistics": [f"{s.kind}:{s.argument or ''}" for s in plan.statistics], "column_sds": columns,
+               "statistic_sds": {_measures(s): sd(s) for s in plan.statistics if s.kind != "values"},
                "refused": None}
         if has_rho:
             out |= {"rho": float(plan.rho), "delta_add": float(plan.delta_add)}
@@ -440,6 +462,20 @@ def _worker(args: argparse.Namespace) -> int:
                     else:
                         rows.append({"id": query.id, "refused": f"{plan.sqlstate}: {plan.message}"})
                 plans[accounting] = rows
+            if has_accounting and args.reference is not None:
+                # zcdp at today's per-statistic sd: each query at ε_q·m_after/m_today (m: its noisy statistics),
+                # so that each statistic gets the share ε_q/m_today it gets today (sd ∝ 1/share).
+                today = {p["id"]: p for p in json.loads(args.reference.read_text())["plans"]["basic"]}
+                rows = []
+                for query, own in zip(BI_QUERIES, plans["zcdp"], strict=True):
+                    old = today[query.id]
+                    if own["refused"] or old["refused"]:
+                        rows.append({"id": query.id, "refused": own["refused"] or old["refused"]})
+                        continue
+                    share = EPSILON_Q * len(own["statistic_sds"]) / len(old["statistic_sds"])
+                    plan = plan_dp(query.sql, role, policy, DPParams(share, DELTA_Q, accounting="zcdp"))
+                    rows.append({"id": query.id, "epsilon_q": share} | describe(plan))
+                plans["zcdp_equal_sd"] = rows
 
             # the proxy's budget: large enough for every draw, per query the demo's; zcdp when the tree has it
             arguments = admin.execute("select proargnames from pg_proc where proname = 'set_budget' and "
@@ -448,7 +484,12 @@ def _worker(args: argparse.Namespace) -> int:
             extra = ", accounting => 'zcdp'" if named else ""
             admin.execute(f"select anonproxy.set_budget(%s::name, 'public.adult'::regclass, 1000000, 0.5, null, "
                           f"%s::numeric, %s::numeric{extra})", (ROLE, str(EPSILON_Q), str(DELTA_Q)))
-            accounting_used = "zcdp" if named else ("basic" if not has_accounting else "default")
+            # Without the named argument the ledger picks its default rule (zcdp iff it affords more
+            # one-statistic answers at the per-query ε), which is what the proxy's plans then use.
+            default = "zcdp" if rho_max(1_000_000, 0.5) / (EPSILON_Q ** 2 / 4) > 1_000_000 / EPSILON_Q else "basic"
+            # The proxy plans with its budget's accounting once the ledger reports it (ledger.Remaining.accounting).
+            ledger_knows = "accounting" in {f.name for f in dataclasses.fields(ledger.Remaining)}
+            accounting_used = ("zcdp" if named else default) if has_accounting and ledger_knows else "basic"
             service_dsn = psycopg.conninfo.make_conninfo(user=policy.service_role, password=password,
                                                          dbname=suppress.DATABASE)
             with TreeProxy(server.port, service_dsn) as proxy, dp_run._wait_for_dp_gate(proxy.port) as client:
@@ -461,12 +502,12 @@ def _worker(args: argparse.Namespace) -> int:
                     notices.lines.clear()
                     return client.execute(sql, prepare=False).fetchall()
 
-                budget_plan = plan_dp(ERROR_SQL, role, policy, params("zcdp" if named else "basic"))
+                budget_plan = plan_dp(ERROR_SQL, role, policy, params(accounting_used))
                 error = _draw_error(admin, fresh, budget_plan, args.draws_error, progress)
                 intervals = _has_intervals(fresh)
                 coverage = {}
                 for kind, sql, column, count_column in COVERAGE:
-                    plan = plan_dp(sql, role, policy, params("zcdp" if named else "basic"))
+                    plan = plan_dp(sql, role, policy, params(accounting_used))
                     coverage[kind] = _draw_coverage(admin, fresh, notices, kind, sql, column, count_column,
                                                     getattr(plan, "threshold", None), intervals,
                                                     args.draws_coverage, progress)
