@@ -549,13 +549,15 @@ def _has_intervals(fresh: Any) -> bool:
 
 _COUNT_LINE = re.compile(r"95% interval ±([0-9.eE+-]+)(?!\s*/)")
 _RATIO_LINE = re.compile(r"95% interval ±([0-9.eE+-]+)/n")
+# A per-row avg interval ±q/n, q in a stated range: the notice alone gives a row only the widest, q at a bound.
+_RATIO_RANGE = re.compile(r"95% interval per row ±q/n .*?q from [0-9.eE+-]+ .*? to ([0-9.eE+-]+) \(at a bound\)")
 
 
 def _stated(notices: list[str], column: str, ratio: bool) -> float | None:
     """The half-width (count, sum) or numerator A of ±A/n (avg) that the notice states for ``column``."""
     for line in notices:
         if line.startswith(f"{column}:"):
-            found = (_RATIO_LINE if ratio else _COUNT_LINE).search(line)
+            found = (_RATIO_RANGE.search(line) or _RATIO_LINE.search(line)) if ratio else _COUNT_LINE.search(line)
             return float(found.group(1)) if found else None
     return None
 
