@@ -64,6 +64,7 @@ COVERAGE: tuple[tuple[str, str, str, str | None], ...] = (
      "mean", "n"),
     ("count near threshold", "SELECT age, count(*) AS n FROM public.adult GROUP BY age", "n", None),
 )
+NEAR_KIND = COVERAGE[-1][0]
 SMALL_GROUP = 100  # avg: "small" groups have fewer people than this
 NEAR = 2.0  # near the threshold τ: a true count in [1, NEAR·τ]
 
@@ -81,6 +82,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--draws-error", type=int, default=400, help="fresh draws for b (default 400)")
     parser.add_argument("--draws-coverage", type=int, default=1000,
                         help="fresh draws per query for c (default 1000)")
+    parser.add_argument("--draws-threshold", type=int, default=400,
+                        help="fresh draws of c's partition-selection query (default 400; the slowest statement)")
     parser.add_argument("--json", type=Path, help="also write every figure here")
     parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)  # internal: measure the tree on sys.path
     parser.add_argument("--reference", type=Path, help=argparse.SUPPRESS)  # internal: today's figures, for a
@@ -137,7 +140,8 @@ def _measure(label: str, tree: Path, revision: str, args: argparse.Namespace, tm
     # The tree's own anonproxy package and proxy; no .pyc written into it (it may be another engineer's checkout).
     env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONDONTWRITEBYTECODE": "1"}
     command = [sys.executable, str(Path(__file__).resolve()), "--worker", str(out), "--tree", str(tree),
-               "--draws-error", str(args.draws_error), "--draws-coverage", str(args.draws_coverage)]
+               "--draws-error", str(args.draws_error), "--draws-coverage", str(args.draws_coverage),
+               "--draws-threshold", str(args.draws_threshold)]
     if label == "after" and reference.exists():
         command += ["--reference", str(reference)]
     subprocess.run(command, env=env, cwd=tree, check=True)
@@ -253,7 +257,8 @@ def _error_side(side: dict[str, Any]) -> dict[str, Any]:
 def _coverage_side(side: dict[str, Any]) -> dict[str, Any]:
     out = {}
     for kind, data in side["coverage"].items():
-        entry: dict[str, Any] = {"draws": data["draws"], "threshold": data.get("threshold")}
+        entry: dict[str, Any] = {"draws": data["draws"], "threshold": data.get("threshold"),
+                                 "ms_per_draw": data.get("ms_per_draw")}
         for source in ("notice", "sql"):
             hits = data[source]
             entry[source] = None if hits is None else {
@@ -285,7 +290,8 @@ def _coverage_side(side: dict[str, Any]) -> dict[str, Any]:
 def _compare(sides: dict[str, dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
     report: dict[str, Any] = {"workload": len(BI_QUERIES), "budget": {"epsilon": BUDGET_E, "delta": BUDGET_D},
                               "per_query": {"epsilon": EPSILON_Q, "delta": DELTA_Q},
-                              "draws_error": args.draws_error, "draws_coverage": args.draws_coverage, "sides": {}}
+                              "draws_error": args.draws_error, "draws_coverage": args.draws_coverage,
+                              "draws_threshold": args.draws_threshold, "sides": {}}
     for label, side in sides.items():
         report["sides"][label] = {"revision": side["revision"], "tree": side["tree"], "has_rho": side["has_rho"],
                                   "has_intervals": side["has_intervals"], "budget_accounting": side["accounting"],
@@ -341,7 +347,7 @@ def _print(report: dict[str, Any]) -> None:
               f"{_fmt(e['stated_sd'])}; optimum sd {_fmt(e['optimum_sd'])}; ratio {_fmt(e['ratio'], '.3f')} "
               f"(target <= 1.1)")
         for kind, c in side["coverage"].items():
-            parts = [f"c. {kind:<20} {c['draws']} draws"]
+            parts = [f"c. {kind:<20} {c['draws']} draws ({_fmt(c['ms_per_draw'], '.0f')} ms each)"]
             for source in ("notice", "sql"):
                 s = c[source]
                 parts.append(f"{source}: " + ("n/a" if s is None or s["covered"] is None else
@@ -510,6 +516,7 @@ def _worker(args: argparse.Namespace) -> int:
                     plan = plan_dp(sql, role, policy, params(accounting_used))
                     coverage[kind] = _draw_coverage(admin, fresh, notices, kind, sql, column, count_column,
                                                     getattr(plan, "threshold", None), intervals,
+                                                    args.draws_threshold if kind == NEAR_KIND else
                                                     args.draws_coverage, progress)
     args.worker.write_text(json.dumps({
         "has_rho": has_rho, "has_accounting": has_accounting, "has_intervals": intervals,
@@ -581,9 +588,12 @@ def _draw_coverage(admin: Any, fresh: Any, notices: _Notices, kind: str, sql: st
     bias: list[float] = []
     below: list[bool] = []  # near the threshold: the released group's true count is below τ
     chances = 0
-    near = kind == "count near threshold"
+    near = kind == NEAR_KIND
+    seconds = 0.0
     for _ in range(draws):
+        start = time.perf_counter()
         rows = fresh(asked)
+        seconds += time.perf_counter() - start
         got = {row[0]: row for row in rows}
         half = _stated(notices.lines, column, ratio=count_column is not None)
         for key, true in truth.items():
@@ -613,7 +623,7 @@ def _draw_coverage(admin: Any, fresh: Any, notices: _Notices, kind: str, sql: st
                 if small:
                     sql_small.append(hit)
     out: dict[str, Any] = {"draws": draws, "threshold": threshold, "notice": notice_hits if notice_hits else None,
-                           "sql": sql_hits}
+                           "sql": sql_hits, "ms_per_draw": 1000 * seconds / max(draws, 1)}
     if count_column is not None:
         out["notice_small"] = notice_small
         out["sql_small"] = sql_small
