@@ -63,8 +63,8 @@ _SQL: tuple[tuple[str, str], ...] = (
     ("stacked bar", f"SELECT marital_status, sex, count(*) AS count FROM {_A} GROUP BY marital_status, sex"),
     ("histogram", f"SELECT age / 10 * 10 AS decade, count(*) AS count FROM {_A} GROUP BY age / 10 * 10"),
     ("top 5", f"SELECT occupation, count(*) AS count FROM {_A} GROUP BY occupation ORDER BY count DESC LIMIT 5"),
-    ("top 10", f"SELECT native_country, count(*) AS count FROM {_A} GROUP BY native_country "
-               "ORDER BY count DESC LIMIT 10"),
+    ("top 10", (f"SELECT native_country, count(*) AS count FROM {_A} GROUP BY native_country "
+                "ORDER BY count DESC LIMIT 10")),
     ("big number", f"SELECT count(*) AS count FROM {_A} WHERE age >= 65"),
     ("big number", f"SELECT count(*) AS count, avg(age) AS avg_age FROM {_A} WHERE sex = 'Female'"),
     # dashboard 2: work and hours
@@ -75,20 +75,20 @@ _SQL: tuple[tuple[str, str], ...] = (
     ("bar", _superset_bar("sex", "avg(hours_per_week)", "avg_hours")),
     ("bar", _superset_bar("education", "sum(hours_per_week)", "total_hours")),
     ("table", f"SELECT workclass, count(*) AS count, avg(hours_per_week) AS avg_hours FROM {_A} GROUP BY workclass"),
-    ("table", f"SELECT occupation, count(*) AS count, avg(hours_per_week) AS avg_hours FROM {_A} "
-              "GROUP BY occupation"),
-    ("table", f"SELECT sex, sum(hours_per_week) AS total_hours, avg(hours_per_week) AS avg_hours FROM {_A} "
-              "GROUP BY sex"),
+    ("table", (f"SELECT occupation, count(*) AS count, avg(hours_per_week) AS avg_hours FROM {_A} "
+               "GROUP BY occupation")),
+    ("table", (f"SELECT sex, sum(hours_per_week) AS total_hours, avg(hours_per_week) AS avg_hours FROM {_A} "
+               "GROUP BY sex")),
     ("stacked bar", f"SELECT workclass, sex, count(*) AS count FROM {_A} GROUP BY workclass, sex"),
     ("stacked bar", f"SELECT occupation, sex, avg(hours_per_week) AS avg_hours FROM {_A} GROUP BY occupation, sex"),
-    ("histogram", f"SELECT hours_per_week / 10 * 10 AS hours, count(*) AS count FROM {_A} "
-                  "GROUP BY hours_per_week / 10 * 10"),
+    ("histogram", (f"SELECT hours_per_week / 10 * 10 AS hours, count(*) AS count FROM {_A} "
+                   "GROUP BY hours_per_week / 10 * 10")),
     ("bar", _superset_bar("occupation", where="sex = 'Female'")),
     ("bar", _superset_bar("workclass", where="age >= 50")),
-    ("top 5", f"SELECT occupation, avg(hours_per_week) AS avg_hours FROM {_A} GROUP BY occupation "
-              "ORDER BY avg_hours DESC LIMIT 5"),
-    ("table", f"SELECT count(*) AS count, count(hours_per_week) AS answered, avg(hours_per_week) AS avg_hours "
-              f"FROM {_A} WHERE age < 30"),
+    ("top 5", (f"SELECT occupation, avg(hours_per_week) AS avg_hours FROM {_A} GROUP BY occupation "
+               "ORDER BY avg_hours DESC LIMIT 5")),
+    ("table", (f"SELECT count(*) AS count, count(hours_per_week) AS answered, avg(hours_per_week) AS avg_hours "
+               f"FROM {_A} WHERE age < 30")),
     ("bar", _metabase_bar("workclass", 'avg("public"."adult"."hours_per_week")', "avg")),
     ("bar", _metabase_bar("relationship", 'avg("public"."adult"."age")', "avg")),
     ("big number", f"SELECT count(*) AS count FROM {_A} WHERE hours_per_week > 40"),
@@ -102,26 +102,26 @@ _SQL: tuple[tuple[str, str], ...] = (
     ("bar", _superset_bar("education", "avg(capital_gain)", "avg_gain")),
     ("table", f"SELECT income, count(*) AS count, avg(age) AS avg_age FROM {_A} GROUP BY income"),
     ("table", f"SELECT income, count(*) AS count, avg(hours_per_week) AS avg_hours FROM {_A} GROUP BY income"),
-    ("table", f"SELECT income, sum(capital_gain) AS total_gain, avg(capital_gain) AS avg_gain FROM {_A} "
-              "GROUP BY income"),
+    ("table", (f"SELECT income, sum(capital_gain) AS total_gain, avg(capital_gain) AS avg_gain FROM {_A} "
+               "GROUP BY income")),
     ("stacked bar", f"SELECT income, sex, count(*) AS count FROM {_A} GROUP BY income, sex"),
     ("stacked bar", f"SELECT education, income, count(*) AS count FROM {_A} GROUP BY education, income"),
     ("stacked bar", f"SELECT race, income, count(*) AS count FROM {_A} GROUP BY race, income"),
     ("bar", _superset_bar("education", where="income = '>50K'")),
     ("bar", _superset_bar("occupation", where="income = '>50K'")),
     ("bar", _superset_bar("marital_status", "avg(capital_gain)", "avg_gain", where="income = '>50K'")),
-    ("top 10", f"SELECT education, avg(capital_gain) AS avg_gain FROM {_A} GROUP BY education "
-               "ORDER BY avg_gain DESC LIMIT 10"),
-    ("top 5", f"SELECT occupation, count(*) AS count FROM {_A} WHERE income = '>50K' GROUP BY occupation "
-              "ORDER BY count DESC LIMIT 5"),
-    ("histogram", f"SELECT age / 10 * 10 AS decade, count(*) AS count FROM {_A} WHERE income = '>50K' "
-                  "GROUP BY age / 10 * 10"),
-    ("table", f"SELECT sex, count(*) AS count, avg(capital_gain) AS avg_gain FROM {_A} WHERE age >= 40 "
-              "GROUP BY sex"),
+    ("top 10", (f"SELECT education, avg(capital_gain) AS avg_gain FROM {_A} GROUP BY education "
+                "ORDER BY avg_gain DESC LIMIT 10")),
+    ("top 5", (f"SELECT occupation, count(*) AS count FROM {_A} WHERE income = '>50K' GROUP BY occupation "
+               "ORDER BY count DESC LIMIT 5")),
+    ("histogram", (f"SELECT age / 10 * 10 AS decade, count(*) AS count FROM {_A} WHERE income = '>50K' "
+                   "GROUP BY age / 10 * 10")),
+    ("table", (f"SELECT sex, count(*) AS count, avg(capital_gain) AS avg_gain FROM {_A} WHERE age >= 40 "
+               "GROUP BY sex")),
     ("big number", f"SELECT sum(capital_gain) AS total_gain FROM {_A}"),
     ("big number", f"SELECT avg(capital_loss) AS avg_loss FROM {_A} WHERE income = '<=50K'"),
-    ("big number", f"SELECT count(*) AS count, sum(capital_gain) AS total_gain, avg(capital_gain) AS avg_gain "
-                   f"FROM {_A} WHERE income = '>50K'"),
+    ("big number", (f"SELECT count(*) AS count, sum(capital_gain) AS total_gain, avg(capital_gain) AS avg_gain "
+                    f"FROM {_A} WHERE income = '>50K'")),
     ("bar", _metabase_bar("income", "count(*)", "count")),
     ("bar", _metabase_bar("sex", 'avg("public"."adult"."capital_gain")', "avg")),
 )

@@ -32,7 +32,6 @@ import math
 import os
 import platform
 import re
-import shutil
 import statistics
 import subprocess
 import sys
@@ -46,7 +45,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(HERE))
-from bi_workload import BI_QUERIES  # noqa: E402
+from bi_workload import BI_QUERIES
 
 ROLE = "analyst"
 EPSILON_Q, DELTA_Q = 0.5, 1e-7  # the demo analyst's per-query cost
@@ -127,9 +126,10 @@ def _worktree(revision: str, path: Path, made: list[Path]) -> Path:
 
 
 def _describe(tree: Path) -> str:
-    done = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    done = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                          check=False)
     dirty = subprocess.run(["git", "-C", str(tree), "status", "--porcelain", "--untracked-files=no"],
-                           capture_output=True, text=True).stdout.strip()
+                           capture_output=True, text=True, check=False).stdout.strip()
     return done.stdout.strip() + (" (with uncommitted changes)" if dirty else "")
 
 
@@ -402,8 +402,8 @@ def _worker(args: argparse.Namespace) -> int:
     import dataclasses
 
     import psycopg
-
     import run as dp_run  # this directory's run.py: the suppress benchmark's database and proxy helpers
+
     from anonproxy.dp import ledger
     from anonproxy.dp.model import DPParams, DPPlan
     from anonproxy.dp.plan import plan_dp
@@ -449,7 +449,7 @@ def _worker(args: argparse.Namespace) -> int:
             out |= {"rho": float(plan.rho), "delta_add": float(plan.delta_add)}
         return out
 
-    with tempfile.TemporaryDirectory(prefix="bench-budget-") as tmp, EmbeddedPostgres() as server:
+    with EmbeddedPostgres() as server:
         progress(f"[{tree.name}] installing the schema, adult, the demo roles and policy")
         demo = demo_policy()
         password = suppress._prepare_database(server, demo)
