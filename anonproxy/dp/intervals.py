@@ -22,7 +22,7 @@ from fractions import Fraction
 from functools import lru_cache
 from statistics import NormalDist
 
-from anonproxy.dp.mechanisms import CONFIDENCE, discrete_gaussian_pmf
+from anonproxy.dp.mechanisms import CONFIDENCE, discrete_noise_tail
 
 __all__ = ["Average", "Law", "Spread", "average", "average_value", "digits", "law", "outward", "selected_count",
            "spread", "sum_quantile"]
@@ -195,21 +195,15 @@ class Law:
 
     def sf(self, k: int) -> float:
         """Pr[e ≥ k]."""
-        if k <= 0:
-            return 1.0 - self.sf(1 - k)  # Pr[e ≥ k] = 1 − Pr[e ≤ k − 1] = 1 − Pr[e ≥ 1 − k]
-        if not self.gaussian:
-            alpha = math.exp(-1 / self.scale)
-            return math.exp(-k / self.scale) / (1 + alpha)
-        sigma = self.scale
-        if sigma > 30:  # midpoint rule: relative error far below what a 95 % interval needs
-            return 0.5 * math.erfc((k - 0.5) / (sigma * math.sqrt(2)))
-        total, x = 0.0, k
-        while True:
-            p = discrete_gaussian_pmf(x, sigma * sigma)
-            total += p
-            if p < 1e-18 * max(total, 1e-300) or p == 0:
-                return total
-            x += 1
+        return _tail(self.gaussian, self.scale, k)
+
+
+@lru_cache(maxsize=4096)
+def _tail(gaussian: bool, scale: float, k: int) -> float:
+    """Pr[e ≥ k], kept: the interval of every released group asks for the same few tails of one law."""
+    if gaussian:
+        return discrete_noise_tail(_DISCRETE_GAUSSIAN, scale * scale, k)
+    return discrete_noise_tail("discrete_laplace", scale, k)
 
 
 def law(mechanism: str, scale: float) -> Law:
