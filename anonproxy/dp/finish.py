@@ -308,10 +308,11 @@ def _average(column: OutputColumn, noisy: dict[object, object], bounds: bool = F
     return rounded, max(low, to_decimal(lower)), min(high, to_decimal(upper))
 
 
-def _selected_average(column: OutputColumn, noisy: dict[object, object],
-                      threshold: int) -> tuple[Decimal, Decimal] | None:
+def _selected_average(column: OutputColumn, noisy: dict[object, object], threshold: int,
+                      released: Decimal) -> tuple[Decimal, Decimal] | None:
     """An AVG's interval when its count is partition selection's and the selection biases it (intervals.py,
-    selected_average), rounded outward to the digits of the released value and holding it; else None."""
+    selected_average), rounded outward to the digits of the released value (``released``) and holding it; else
+    None."""
     assert column.noise is not None and column.noise.parts is not None
     assert column.lower is not None and column.upper is not None
     total_noise, count_noise = column.noise.parts
@@ -323,7 +324,6 @@ def _selected_average(column: OutputColumn, noisy: dict[object, object],
                                        intervals.law(count_noise.mechanism, count_noise.scale), threshold)
     if found is None:
         return None
-    released = _average(column, noisy)[0]
     rounded = Fraction(released)
     low, high = intervals.outward(min(found[0], rounded), max(found[1], rounded), int(released.as_tuple().exponent))
     return max(low, to_decimal(column.lower)), min(high, to_decimal(column.upper))
@@ -334,9 +334,10 @@ def _interval(column: OutputColumn, noisy: dict[object, object], plan: DPPlan) -
     if column.kind == "avg":
         key = ("interval", column.statistic, column.denominator, column.center, column.lower, column.upper)
         if key not in noisy:  # dp_interval_low and dp_interval_high of one AVG: computed once per group
-            noisy[key] = _average(column, noisy, bounds=True)[1:]
+            released, low, high = _average(column, noisy, bounds=True)
+            noisy[key] = (low, high)
             if column.denominator == plan.selection and plan.threshold is not None:  # its count decided the release
-                noisy[key] = _selected_average(column, noisy, plan.threshold) or noisy[key]
+                noisy[key] = _selected_average(column, noisy, plan.threshold, released) or noisy[key]
         return noisy[key]  # type: ignore[return-value]
     # a count's raw noisy value (its interval may reach below 0); a sum as released (derived from avg's statistics)
     value = noisy[column.statistic] if column.kind == "count" else _output(column, (), noisy, plan)  # type: ignore

@@ -22,9 +22,14 @@ from fractions import Fraction
 from functools import lru_cache
 from statistics import NormalDist
 
-from anonproxy.dp.mechanisms import CONFIDENCE, discrete_noise_tail
+from anonproxy.dp.mechanisms import (
+    CONFIDENCE,
+    discrete_gaussian_halfwidth,
+    discrete_laplace_halfwidth,
+    discrete_noise_tail,
+)
 
-__all__ = ["Average", "Law", "Spread", "average", "average_value", "digits", "halfwidth", "law", "outward",
+__all__ = ["Average", "Law", "Spread", "average", "average_value", "digits", "law", "outward",
            "selected_average", "selected_count", "spread", "sum_quantile"]
 
 _DISCRETE_GAUSSIAN = "discrete_gaussian"
@@ -259,18 +264,6 @@ def selected_count(value: int, noise: Law, threshold: int, halfwidth: int,
     return low, first
 
 
-def halfwidth(noise: Law, confidence: float = CONFIDENCE) -> int:
-    """The smallest h with Pr[|e| ≤ h] ≥ ``confidence``."""
-    h = 0
-    while noise.sf(-h) - noise.sf(h + 1) < confidence:
-        h = 2 * h + 1
-    low, high = h // 2, h
-    while low < high:
-        middle = (low + high) // 2
-        low, high = (middle + 1, high) if noise.sf(-middle) - noise.sf(middle + 1) < confidence else (low, middle)
-    return low
-
-
 def selected_average(total: Fraction, count: int, center: Fraction, lower: Fraction, upper: Fraction,
                      sum_noise: Law, sum_step: Fraction | None, count_noise: Law, threshold: int,
                      confidence: float = CONFIDENCE) -> tuple[Fraction, Fraction] | None:
@@ -283,11 +276,18 @@ def selected_average(total: Fraction, count: int, center: Fraction, lower: Fract
     from :func:`selected_count`, which covers it among released groups; both hold with probability ≥ confidence,
     and the true average c + S/N lies between the ratios of the box's corners (clamped to [L, U]). Conservative."""
     each = (1 + confidence) / 2
-    count_half = halfwidth(count_noise, each)
+    count_half = _halfwidth(count_noise, each)
     first, last = selected_count(count, count_noise, threshold, count_half, each)
     if first >= count - count_half:
         return None
     grid = sum_step or Fraction(1)
-    sum_half = halfwidth(sum_noise, each) * grid + (grid / 2 if sum_step is not None else 0)
+    sum_half = _halfwidth(sum_noise, each) * grid + (grid / 2 if sum_step is not None else 0)
     ratios = [s / n for s in (total - sum_half, total + sum_half) for n in (max(first, 1), max(last, 1))]
     return max(lower, center + min(ratios)), min(upper, center + max(ratios))
+
+
+def _halfwidth(noise: Law, confidence: float) -> int:
+    """The smallest h with Pr[|e| ≤ h] ≥ ``confidence`` (mechanisms' exact half-widths)."""
+    if noise.gaussian:
+        return discrete_gaussian_halfwidth(noise.scale * noise.scale, confidence)
+    return discrete_laplace_halfwidth(noise.scale, confidence)
