@@ -17,7 +17,7 @@ from psycopg.types.string import TextLoader
 
 from anonproxy.embedded import EmbeddedPostgres
 from anonproxy.proxy.followed_settings import FOLLOWED_SETTINGS, REPORTED_SETTINGS, UNREPORTED_SETTINGS
-from conftest import Endpoint
+from conftest import Endpoint, wait_for_policy
 
 # setting -> (a value other than the default, the query whose rendering it changes)
 CASES = {
@@ -68,27 +68,17 @@ def _truth(stays: psycopg.Connection, query: str, setting: str, value: str) -> l
         return _texts(stays, query)
 
 
-def _wait_for_policy(proxy: Endpoint, dbname: str, role: str) -> None:
-    """The proxy reloads the policy by NOTIFY: wait until the table is protected for it."""
-    import time
-
-    deadline = time.monotonic() + 10
-    with psycopg.connect(proxy.dsn(dbname, user=role), autocommit=True) as conn:
-        while True:
-            try:
-                conn.execute("select count(*) from public.stays").fetchall()
-                return
-            except psycopg.Error:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
+def _wait_for_policy(proxy: Endpoint, dbname: str, stays: psycopg.Connection) -> None:
+    """The proxy reloads the policy by NOTIFY, each worker on its own: wait until every worker has the version that
+    protects the table (a fresh connection may land on either)."""
+    wait_for_policy(proxy, dbname, int(stays.execute("select version from anonproxy.policy_version").fetchone()[0]))
 
 
 @pytest.mark.parametrize("setting", list(CASES))
 @pytest.mark.parametrize("how", ["set", "startup"])
 def test_suppress_answers_follow_the_setting(gated_proxy: Endpoint, gated_database: str, stays: psycopg.Connection,
                                              setting: str, how: str) -> None:
-    _wait_for_policy(gated_proxy, gated_database, "reporter")
+    _wait_for_policy(gated_proxy, gated_database, stays)
     value, query = CASES[setting]
     dsn = gated_proxy.dsn(gated_database, user="reporter")
     if how == "startup":
@@ -114,7 +104,7 @@ def test_dp_answers_follow_the_setting(gated_proxy: Endpoint, gated_database: st
                                        setting: str, how: str) -> None:
     """A dp answer (noisy values, exact keys) prints its keys and floats as the client's settings say; the
     same question asked again under other settings is the same (cached) answer, printed again."""
-    _wait_for_policy(gated_proxy, gated_database, "analyst")
+    _wait_for_policy(gated_proxy, gated_database, stays)
     value, query = CASES[setting]
     if setting == "extra_float_digits":  # dp: a noisy sum of the float column (a float8, of few digits here)
         value, query = "-12", "select sum(score) as v from public.stays"
