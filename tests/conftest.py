@@ -209,6 +209,14 @@ def gated_proxy(gated_proxy_process: ProxyProcess) -> Endpoint:
     return gated_proxy_process.endpoint
 
 
+def wait_for_version(conn: psycopg.Connection, version: int) -> None:
+    """Until the worker serving ``conn`` has loaded policy ``version`` (other workers reload on their own)."""
+    deadline = time.monotonic() + 20
+    while int(conn.execute("show anonproxy.policy_version").fetchone()[0]) < version:
+        assert time.monotonic() < deadline, "the proxy did not reload the policy"
+        time.sleep(0.05)
+
+
 def wait_for_policy(proxy: Endpoint, dbname: str, version: int) -> None:
     """Until every worker of the proxy has loaded policy ``version``: a role must not log in before its worker knows
     its mode (fresh connections land on any worker; ten in a row must all know it)."""
@@ -221,6 +229,11 @@ def wait_for_policy(proxy: Endpoint, dbname: str, version: int) -> None:
         assert time.monotonic() < deadline, "the proxy did not reload the policy"
         if current < version:
             time.sleep(0.05)
+
+
+def wait_for_current_policy(owner: psycopg.Connection, proxy: Endpoint, dbname: str) -> None:
+    """After a policy change made through ``owner`` (a connection to ``dbname``): until every worker has loaded it."""
+    wait_for_policy(proxy, dbname, int(owner.execute("select version from anonproxy.policy_version").fetchone()[0]))
 
 
 @contextmanager

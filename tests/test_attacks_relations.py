@@ -11,7 +11,6 @@ without protected data still pass under the client's own login.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -100,14 +99,6 @@ FUNCTIONS = [
     "select adult.sex, count(*) from adult group by adult.sex order by adult.count",
     "select public.adult.sex, count(*) from public.adult group by 1, public.adult.to_jsonb",
 ]
-
-
-def wait_for_version(conn: psycopg.Connection[Any], version: int) -> None:
-    """Until the proxy has loaded policy ``version`` (it listens for changes)."""
-    deadline = time.monotonic() + 10
-    while int(conn.execute("show anonproxy.policy_version").fetchone()[0]) < version:
-        assert time.monotonic() < deadline, "the proxy did not reload the policy"
-        time.sleep(0.05)
 
 
 def _grant_tables(owner: psycopg.Connection[Any]) -> None:

@@ -24,7 +24,7 @@ import pytest
 
 from anonproxy.embedded import EmbeddedPostgres
 from bi_corpus import replay
-from conftest import Endpoint
+from conftest import Endpoint, wait_for_current_policy
 
 ROLES = {"reporter": "suppress", "analyst": "dp"}
 ENTRIES = replay.load()
@@ -35,7 +35,7 @@ EXTRA_EPSILON, EXTRA_DELTA = Decimal(1000), Decimal("0.01")
 
 
 @pytest.fixture(scope="module")
-def analyst_budget(pg_server: EmbeddedPostgres, gated_database: str) -> Iterator[None]:
+def analyst_budget(pg_server: EmbeddedPostgres, gated_database: str, gated_proxy: Endpoint) -> Iterator[None]:
     """A large budget for the demo analyst during the replay; then the old one plus what the replay spent, under the
     same accounting (zcdp, the demo's by the default rule: what counts as spent is then the conversion of Σρ at the δ
     left, which the ledger computes, so the budget is set back from its own figures)."""
@@ -50,6 +50,7 @@ def analyst_budget(pg_server: EmbeddedPostgres, gated_database: str) -> Iterator
         set_budget = "select anonproxy.set_budget('analyst', 'public.adult'::regclass, %s, %s, %s, %s, %s, %s)"
         owner.execute(set_budget, (epsilon + EXTRA_EPSILON, delta + EXTRA_DELTA, refresh, epsilon_per_query,
                                    delta_per_query, accounting))
+        wait_for_current_policy(owner, gated_proxy, gated_database)
         try:
             yield
         finally:

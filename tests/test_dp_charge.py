@@ -13,9 +13,8 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
-from conftest import Endpoint, wait_for_policy
+from conftest import Endpoint, wait_for_policy, wait_for_version
 from test_dp_proxy import analyst, budget_left  # noqa: F401  (fixtures)
-from test_gate import _wait_for_version as wait_for_version
 
 FAILS_AT_RUN_TIME = "select count(*) from adult a join trap t on t.person = a.id"
 

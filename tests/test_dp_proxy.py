@@ -13,8 +13,8 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from conftest import SERVICE_ROLE, Endpoint, start_proxy, stop_proxy, fresh_dp_role
-from test_gate import _wait_for_version as wait_for_version
+from conftest import (SERVICE_ROLE, Endpoint, fresh_dp_role, start_proxy, stop_proxy, wait_for_current_policy,
+                      wait_for_version)
 
 from anonproxy.embedded import EmbeddedPostgres
 
@@ -95,6 +95,7 @@ def test_refusals_in_dp_mode(gated_proxy: Endpoint, gated_database: str, analyst
 def test_a_role_without_budget_is_refused(gated_proxy: Endpoint, gated_database: str, analyst: str,
                                           truth: psycopg.Connection) -> None:
     truth.execute("select anonproxy.drop_budget(%s, 'public.adult')", [analyst])
+    wait_for_current_policy(truth, gated_proxy, gated_database)
     try:
         with (psycopg.connect(gated_proxy.dsn(gated_database, user=analyst), autocommit=True) as conn,
               pytest.raises(psycopg.errors.InsufficientPrivilege)):
@@ -198,6 +199,7 @@ def test_grouping_without_a_public_domain_pays_for_partition_selection(gated_pro
 def test_grouping_without_a_public_domain_needs_delta(gated_proxy: Endpoint, gated_database: str, analyst: str,
                                                       truth: psycopg.Connection) -> None:
     truth.execute("select anonproxy.set_budget(%s, 'public.adult'::regclass, 2, 0.00001, null, 0.5, 0)", [analyst])
+    wait_for_current_policy(truth, gated_proxy, gated_database)
     with psycopg.connect(gated_proxy.dsn(gated_database, user=analyst), autocommit=True) as conn:
         with pytest.raises(psycopg.errors.FeatureNotSupported, match="needs δ > 0") as caught:
             conn.execute("select age from adult group by age")

@@ -15,7 +15,7 @@ import psycopg
 import pytest
 
 from anonproxy.embedded import EmbeddedPostgres
-from conftest import Endpoint, wait_for_policy
+from conftest import Endpoint, wait_for_current_policy, wait_for_policy, wait_for_version
 
 K = 10
 
@@ -166,26 +166,20 @@ def test_roles_outside_the_governed_database_are_refused(gated_proxy: Endpoint, 
         psycopg.connect(gated_proxy.dsn(dbname, user="reporter"))
 
 
-def _wait_for_version(conn: psycopg.Connection, version: int) -> None:
-    deadline = time.monotonic() + 10
-    while int(conn.execute("show anonproxy.policy_version").fetchone()[0]) < version:
-        assert time.monotonic() < deadline, "the proxy did not reload the policy"
-        time.sleep(0.05)
-
-
 def test_policy_changes_apply_without_restart(gated_proxy: Endpoint, gated_database: str,
                                               truth: psycopg.Connection) -> None:
     with reporter(gated_proxy, gated_database) as conn:
         try:
             truth.execute("select anonproxy.set_role_policy('reporter', 'suppress', 25000)")
             version = truth.execute("select version from anonproxy.policy_version").fetchone()[0]
-            _wait_for_version(conn, version)
+            wait_for_version(conn, version)
             assert conn.execute("show anonproxy.k").fetchone() == ("25000",)
             assert [r for r in conn.execute("select sex, count(*) from adult group by sex") if r[0]] == []
         finally:
             truth.execute("select anonproxy.set_role_policy('reporter', 'suppress', 10, 2, 85, 10, true)")
-        _wait_for_version(conn, version + 1)
+        wait_for_version(conn, version + 1)
         assert conn.execute("show anonproxy.k").fetchone() == ("10",)
+    wait_for_current_policy(truth, gated_proxy, gated_database)  # for the tests after this one
 
 
 def test_denied_role_cannot_log_in(gated_proxy: Endpoint, gated_database: str, truth: psycopg.Connection) -> None:
@@ -246,6 +240,7 @@ def test_a_direct_session_ends_when_the_policy_anonymizes_its_role(gated_proxy: 
             while time.monotonic() < deadline:
                 conn.execute("select 1")
                 time.sleep(0.05)
+        wait_for_current_policy(truth, gated_proxy, gated_database)  # the other worker, too
         with psycopg.connect(gated_proxy.dsn(gated_database, user="switcher"), autocommit=True) as again:
             assert again.execute("show anonproxy.mode").fetchone() == ("suppress",)
     finally:

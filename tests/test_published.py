@@ -7,14 +7,13 @@ release here is a small anonymized table made from adult (age by decade, sex; gr
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
-from conftest import Endpoint
+from conftest import Endpoint, wait_for_policy
 
 from anonproxy.embedded import EmbeddedPostgres
 from anonproxy.policy.model import PublishedRelation
@@ -56,12 +55,7 @@ def release(owner: psycopg.Connection[Any], gated_proxy: Endpoint, gated_databas
 
 def apply_and_wait(owner: psycopg.Connection[Any], proxy: Endpoint, dbname: str, text: str) -> None:
     """Apply a YAML policy to the gated database and wait until the proxy has loaded it."""
-    version = apply_policy(owner, parse_policy(text))
-    with psycopg.connect(proxy.dsn(dbname, user="reporter"), autocommit=True) as watcher:
-        deadline = time.monotonic() + 10
-        while int(watcher.execute("show anonproxy.policy_version").fetchone()[0]) < version:  # type: ignore[index]
-            assert time.monotonic() < deadline, "the proxy did not reload the policy"
-            time.sleep(0.05)
+    wait_for_policy(proxy, dbname, apply_policy(owner, parse_policy(text)))
 
 
 def published_to(*roles: str, relation: str = RELEASE) -> str:
