@@ -99,7 +99,7 @@ def test_a_quantile_is_the_same_draw_whatever_the_statement_around_it(conn: psyc
     # ages the median was drawn from.
     (stored,) = truth.execute("select answer from anonproxy.answer_cache where role_name = %s", [analyst]).fetchone()
     header, _, body = bytes(stored).partition(b"\n")
-    assert header == b"anonproxy-measurement/1"
+    assert header == b"anonproxy-measurement/2"
     groups = json.loads(body)["groups"]
     assert sorted(group["k"] for group in groups) == [["Female"], ["Male"]]
     assert all(len(group["v"]) == 2 and all(tag in ("i", "d", "f") and isinstance(text, str)
@@ -115,6 +115,27 @@ def test_swapped_columns_of_different_types_keep_their_types(conn: psycopg.Conne
     assert types[1:] == [20, 1700]  # bigint, numeric
     assert sorted((sex, n, s) for s, sex, n in swapped.fetchall()) == sorted(rows)
     assert "epsilon 1.5 of 2 left" in left(conn)
+
+
+def test_the_order_of_group_by_is_not_a_new_question(conn: psycopg.Connection) -> None:
+    # Two keys with declared public domains: every (sex, race) pair, in the domains' order of each statement's keys.
+    races = ["White", "Asian-Pac-Islander", "Amer-Indian-Eskimo", "Other", "Black"]
+    first = conn.execute("select sex, race, count(*), avg(age) from adult group by sex, race").fetchall()
+    assert [row[:2] for row in first] == [(sex, race) for sex in ("Female", "Male") for race in races]
+    assert "epsilon 1.5 of 2 left" in left(conn)
+    swapped = conn.execute("select race, sex, avg(age), count(*) from adult group by race, sex").fetchall()
+    assert {(sex, race, n, mean) for race, sex, mean, n in swapped} == set(first)
+    assert [row[:2] for row in swapped] == [(race, sex) for race in races for sex in ("Female", "Male")]
+    by_position = conn.execute("select count(*) as n, race as r, sex, avg(age) from adult group by 3, 2 "
+                               "order by n desc limit 4").fetchall()
+    assert {(sex, race, n, mean) for n, race, sex, mean in by_position} <= set(first) and len(by_position) == 4
+    assert "epsilon 1.5 of 2 left" in left(conn), "one measurement"
+    # A key without a public domain (released by partition selection) next to one with: the same.
+    ages = conn.execute("select age / 10 * 10 as decade, sex, count(*) from adult group by 1, 2").fetchall()
+    assert "epsilon 1 of 2 left" in left(conn)
+    again = conn.execute("select sex, age / 10 * 10, count(*) from adult group by sex, age / 10 * 10").fetchall()
+    assert {(decade, sex, n) for sex, decade, n in again} == set(ages) and len(ages) >= 8
+    assert "epsilon 1 of 2 left" in left(conn), "one measurement"
 
 
 def test_a_changed_where_or_aggregate_is_a_new_question(conn: psycopg.Connection) -> None:

@@ -72,6 +72,42 @@ def test_a_session_lowers_its_epsilon(gated_proxy: Endpoint, gated_database: str
         assert "epsilon 1.15 of 2 left" in budget_left(conn)
 
 
+def test_reset_all_and_discard_all_reset_the_dp_settings(gated_proxy: Endpoint, gated_database: str,
+                                                         analyst: str) -> None:  # noqa: F811
+    def shown(conn: psycopg.Connection) -> tuple[str, str]:
+        return (conn.execute("show anonproxy.epsilon").fetchone()[0], conn.execute("show anonproxy.delta").fetchone()[0])
+
+    with connect(gated_proxy, gated_database, analyst) as conn:
+        for reset, prepare in (("RESET ALL", False), ("discard all", False), ("reset all", True),
+                               ("DISCARD ALL", True)):
+            conn.execute("set anonproxy.epsilon = 0.2")
+            conn.execute("set anonproxy.delta = 0")
+            conn.execute("set timezone = 'Asia/Tokyo'")
+            conn.execute(reset, prepare=prepare)
+            assert shown(conn) == ("0.5", "0.0000001"), reset
+            assert conn.execute("show timezone").fetchone() != ("Asia/Tokyo",), "PostgreSQL ran it too"
+        # In a message of several statements; and a RESET of one setting leaves them.
+        conn.execute("set anonproxy.epsilon = 0.2")
+        conn.execute("reset timezone")
+        assert shown(conn)[0] == "0.2"
+        conn.execute("set timezone = 'UTC'; reset all; set extra_float_digits = 1")
+        assert shown(conn)[0] == "0.5"
+        # A DISCARD ALL that PostgreSQL refuses (inside a transaction block) resets nothing, here either.
+        conn.execute("set anonproxy.epsilon = 0.2")
+        with conn.transaction(), pytest.raises(psycopg.errors.ActiveSqlTransaction):
+            conn.execute("discard all")
+        conn.execute("reset timezone")
+        assert shown(conn)[0] == "0.2"
+        conn.execute("select count(*) from adult").fetchone()
+        assert "epsilon 1.8 of 2 left" in budget_left(conn), "charged the session's ε"
+    # Values given at login are the session's defaults: RESET ALL goes back to them, as in PostgreSQL.
+    with psycopg.connect(gated_proxy.dsn(gated_database, user=analyst), options="-c anonproxy.epsilon=0.3",
+                         autocommit=True) as conn:
+        conn.execute("set anonproxy.epsilon = 0.1")
+        conn.execute("discard all")
+        assert shown(conn) == ("0.3", "0.0000001")
+
+
 def test_delta_and_invalid_settings(gated_proxy: Endpoint, gated_database: str, analyst: str) -> None:  # noqa: F811
     with connect(gated_proxy, gated_database, analyst) as conn:
         with pytest.raises(psycopg.errors.InvalidParameterValue, match="at most 0.0000001"):

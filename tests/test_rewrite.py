@@ -133,12 +133,12 @@ COMMANDS = [
 
 @pytest.mark.parametrize("sql", CATALOG_QUERIES + COMMANDS)
 def test_pass(sql: str) -> None:
-    assert decide(sql, SUPPRESS, POLICY) == Pass()
+    assert decide(sql, SUPPRESS, POLICY) == Pass(resets_session=sql in ("RESET ALL", "DISCARD ALL"))
 
 
 @pytest.mark.parametrize("sql", CATALOG_QUERIES + COMMANDS)
 def test_pass_in_dp_mode(sql: str) -> None:
-    assert decide(sql, DP, POLICY) == Pass()
+    assert decide(sql, DP, POLICY) == Pass(resets_session=sql in ("RESET ALL", "DISCARD ALL"))
 
 
 def test_direct_roles_always_pass() -> None:

@@ -64,7 +64,7 @@ def plan_checked(sql: str, role: RolePolicy, policy: Policy, params: DPParams) -
 
 # The cached value's format, also part of every fingerprint: an answer cached in another format (the whole wire
 # answer, before answers were cached by meaning) is never found, and one that is found but unreadable is a miss.
-MEASUREMENT_FORMAT = b"anonproxy-measurement/1\n"
+MEASUREMENT_FORMAT = b"anonproxy-measurement/2\n"  # 2: keys in the canonical order (DPPlan.key_order)
 
 
 def fingerprint(plan: DPPlan, policy_version: int, parameters: object) -> str:
@@ -72,12 +72,13 @@ def fingerprint(plan: DPPlan, policy_version: int, parameters: object) -> str:
     checks), statistics and their noise, quantiles, domains, partition selection and cost — the policy it obeys
     and the bound values. Not what is done with the noisy values next (output columns and their names and order,
     post-aggregate expressions, HAVING, ORDER BY, LIMIT, OFFSET, the nested step), which is free post-processing:
-    statements that differ only there are one question. Statistics are named in a canonical order by the planner,
-    so the select list's order does not change their names either."""
+    statements that differ only there are one question. Statistics are named, and keys measured, in a canonical
+    order by the planner, so neither the select list's nor GROUP BY's order changes the measurement either."""
     names = canonical_names(plan.statistics)
+    domains = None if plan.domains is None else tuple(plan.domains[i] for i in plan.key_order or range(plan.keys))
     measurement = replace(plan, sql=folded(plan.measured), measured="", statistics=tuple(canonical_statistics(plan.statistics)),
                           selection=names.get(plan.selection or ""), columns=(), order=(), limit=None, offset=0,
-                          hidden=(), having=None, post=None, nested=None)
+                          hidden=(), having=None, post=None, nested=None, domains=domains, key_order=())
     text = f"{MEASUREMENT_FORMAT!r}\0{policy_version}\0{measurement!r}\0{plan_quantiles(plan)!r}\0{parameters!r}"
     return hashlib.sha256(text.encode()).hexdigest()
 

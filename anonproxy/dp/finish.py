@@ -54,6 +54,23 @@ class Measurement:
         return len(self.key_types) == plan.keys and all(
             len(group.keys) == plan.keys and wanted <= group.values.keys() for group in self.groups)
 
+    def canonical(self, plan: DPPlan) -> Measurement:
+        """This measurement of ``plan`` with its keys in the plan's canonical order (``plan.key_order``), as the
+        answer cache keeps it: GROUP BY a, b and GROUP BY b, a read the same measurement."""
+        order = plan.key_order or tuple(range(plan.keys))
+        return Measurement(tuple(self.key_types[i] for i in order), self.statistic_types,
+                           tuple(Group(tuple(group.keys[i] for i in order), group.values) for group in self.groups))
+
+    def for_plan(self, plan: DPPlan) -> Measurement:
+        """A measurement kept by :meth:`canonical`, with its keys back in ``plan``'s order and its groups in the
+        plan's order of their keys (the order a fresh measurement of ``plan`` has)."""
+        order = plan.key_order or tuple(range(plan.keys))
+        where = {position: i for i, position in enumerate(order)}  # a key's position in plan -> in the cache
+        back = [where[position] for position in range(len(order))]
+        groups = (Group(tuple(group.keys[i] for i in back), group.values) for group in self.groups)
+        return Measurement(tuple(self.key_types[i] for i in back), self.statistic_types,
+                           tuple(sorted(groups, key=lambda group: _key_order(plan, group.keys))))
+
     def sql_types(self, plan: DPPlan) -> list[int]:
         """The column types of ``plan.sql`` (keys, then the plan's statistics in its own order), for a plan whose
         measurement this is, whatever order its statement named the statistics in."""

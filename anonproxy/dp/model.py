@@ -263,9 +263,13 @@ class DPPlan:
     nested: nested_shapes.Outer | nested_shapes.Series | None = None  # the released rows' next step
     rho: float = 0.0
     delta_add: float = 0.0
-    # `sql` with the statistics in a canonical order (finish.canonical_statistics) and without HAVING's never-run
-    # type checks: the measurement, whatever the select list's order and HAVING (the answer cache's key reads it)
+    # `sql` with the statistics and the keys in a canonical order (finish.canonical_statistics, `key_order`) and
+    # without HAVING's never-run type checks: the measurement, whatever the order of the select list and GROUP BY
+    # and whatever HAVING says (the answer cache's key reads it)
     measured: str = ""
+    # The keys' canonical order, the one `measured` and the answer cache use: key_order[i] is the position in `sql`
+    # of the i-th key in that order (empty: the keys' own order)
+    key_order: tuple[int, ...] = ()
 
     @property
     def free(self) -> bool:

@@ -206,6 +206,8 @@ def _plan(sql: str, role: RolePolicy, policy: Policy, params: DPParams) -> DPPla
     cost = _costs(list(statistics.values()), list(quantiles.values()), delta, selection is not None)
     order, limit, offset = _tail(query, tree)
     checks = _having_checks(having, drafts, hidden, query)
+    # GROUP BY a, b and GROUP BY b, a measure the same groups: one order of the keys for the measurement
+    key_order = tuple(sorted(range(len(query.keys)), key=lambda i: query.keys[i]))
     return DPPlan(
         sql=bounded_sql(query, list(statistics.values()), public, rows_cap, groups_cap, checks),
         columns=tuple(draft.finish(statistics, quantiles) for draft in drafts),
@@ -230,8 +232,11 @@ def _plan(sql: str, role: RolePolicy, policy: Policy, params: DPParams) -> DPPla
         nested=shape.post if isinstance(shape, Nested) else None,
         rho=cost.rho,
         delta_add=cost.delta_add,
-        # What the answer cache's key reads: the SQL with statistics in a canonical order and no HAVING checks.
-        measured=bounded_sql(query, canonical_statistics(statistics.values()), public, rows_cap, groups_cap, []),
+        # What the answer cache's key reads: the SQL with statistics and keys in a canonical order, no HAVING checks.
+        measured=bounded_sql(replace(query, keys=tuple(query.keys[i] for i in key_order)),
+                             canonical_statistics(statistics.values()),
+                             None if public is None else [public[i] for i in key_order], rows_cap, groups_cap, []),
+        key_order=key_order,
     )
 
 

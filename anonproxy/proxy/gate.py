@@ -166,6 +166,7 @@ class Route:
     closes: bytes | None = None
     declares: DeclareCursor | None = None  # a cursor the proxy will hold: its query's answer is kept, not sent
     script: Script | None = None  # a message to run statement by statement, from when nothing is in flight
+    resets: int = 0  # RESET ALL / DISCARD ALL statements among what it sends to the client's connection
 
 
 @dataclass(frozen=True)
@@ -208,6 +209,7 @@ class Gate:
         acquire_service: Callable[[], None] | None = None,
         release_service: Callable[[bool], None] = lambda clean: None,
         service_settings: dict[str, str] | None = None,
+        reset_session: Callable[[], None] = lambda: None,
     ) -> None:
         self._decide = decide  # None: being analysed, ``decided`` follows
         self._version = version  # of the policy in force
@@ -273,6 +275,10 @@ class Gate:
         self._cursor_statements: dict[bytes, CursorStatement] = {}
         self._cursor_portals: dict[bytes, tuple[CursorStatement, pg.Bind]] = {}
         self._report: SuppressionReport | None = None  # of the suppressed answer the service is sending
+        # RESET ALL / DISCARD ALL sent to the client's connection and not yet answered: when PostgreSQL completes
+        # one, ``reset_session`` resets what the proxy keeps for the session (an error skips the rest: forgotten).
+        self._reset_session = reset_session
+        self._resets_expected = 0
 
     # -- input ------------------------------------------------------------------
 
@@ -309,7 +315,13 @@ class Gate:
             self._ready_for_query(Owner.UPSTREAM, body)
             return
         if type_ == b"C":
-            self._cursors.command_complete(pg.read_cstring(body)[0].decode(errors="replace"))
+            tag = pg.read_cstring(body)[0].decode(errors="replace")
+            self._cursors.command_complete(tag)
+            if tag in ("RESET", "DISCARD ALL") and self._resets_expected:
+                self._resets_expected -= 1
+                self._reset_session()
+        elif type_ == b"E":
+            self._resets_expected = 0
         if type_ == b"S":
             name, offset = pg.read_cstring(body)
             if name.decode() in REPORTED_SETTINGS:
@@ -435,6 +447,7 @@ class Gate:
 
     def _failed(self) -> None:
         self._cursors.error()
+        self._resets_expected = 0
         if self._script is not None:
             self._script.failed = True
 
@@ -453,7 +466,8 @@ class Gate:
             for _, decision in script.parts:
                 if isinstance(decision, DeclareCursor):
                     self._cursors.passing(decision)
-            return Route(Owner.UPSTREAM, raw, ends_batch=True)
+            resets = sum(isinstance(decision, Pass) and decision.resets_session for _, decision in script.parts)
+            return Route(Owner.UPSTREAM, raw, ends_batch=True, resets=resets)
         return Route(Owner.LOCAL, b"", in_batch=False, script=script)
 
     def _for_cursors(self, decision: Decision) -> bool:
@@ -467,7 +481,7 @@ class Gate:
         text, decision = self._script.parts.popleft()
         raw = pg.query_message(text)
         if isinstance(decision, Pass):
-            return Route(Owner.UPSTREAM, raw, ends_batch=True)
+            return Route(Owner.UPSTREAM, raw, ends_batch=True, resets=decision.resets_session)
         return self._route_cursor(raw, decision, block=True)
 
     def _route_cursor(self, raw: bytes, decision: Decision, block: bool) -> Route:
@@ -674,6 +688,7 @@ class Gate:
             payload, hidden = self._on_service(route) if route.owner is Owner.SERVICE else (route.payload,
                                                                                            route.hidden)
             self._hidden[route.owner].extend(hidden)
+            self._resets_expected += route.resets
             if payload:
                 self._send[route.owner](payload)
             if route.ends_batch:
@@ -805,7 +820,7 @@ class Gate:
 
     def _route_query(self, raw: bytes, decision: Decision) -> Route:
         if isinstance(decision, Pass):
-            return Route(Owner.UPSTREAM, raw, ends_batch=True)
+            return Route(Owner.UPSTREAM, raw, ends_batch=True, resets=decision.resets_session)
         if isinstance(decision, Relayed):
             return Route(Owner.UPSTREAM, pg.query_message(decision.sql), ends_batch=True)
         if isinstance(decision, Script):
@@ -952,8 +967,10 @@ class Gate:
             return self._proxy_by_name(type_, kind, name, body)
         if owner is not Owner.LOCAL:
             on_statement = name if kind == b"S" else None
+            bound = self._bound.get(name) if type_ == b"E" else None
+            resets = bound is not None and isinstance(bound.decision, Pass) and bound.decision.resets_session
             return Route(owner, raw, uses=on_statement if type_ == b"D" else None,
-                         closes=on_statement if type_ == b"C" else None)
+                         closes=on_statement if type_ == b"C" else None, resets=resets)
         if type_ == b"C":
             settings.pop(name, None)
             (self._cursor_statements if kind == b"S" else self._cursor_portals).pop(name, None)

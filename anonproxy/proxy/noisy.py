@@ -100,6 +100,10 @@ class SessionLimits:
     delta: Decimal | None = None
     at_login: dict[str, Decimal] = field(default_factory=dict)
 
+    def reset(self) -> None:
+        """RESET ALL, DISCARD ALL: back to the values given at login, else the policy's."""
+        self.epsilon, self.delta = self.at_login.get("epsilon"), self.at_login.get("delta")
+
 
 class Refused(Exception):
     """An error for the client: SQLSTATE, message, hint, detail."""
@@ -185,7 +189,8 @@ class NoisyAnswers:
                 types, rows = await _run(conn, plan.sql, parameters)
             measured = measure(plan, types, rows)
             # Another session of the role may have paid for the same question meanwhile: one measurement is released.
-            kept = _readable(await ledger.store_answer(conn, role.role, fingerprint, version, encoded(measured)), plan)
+            stored = await ledger.store_answer(conn, role.role, fingerprint, version, encoded(measured.canonical(plan)))
+            kept = _readable(stored, plan)
             result = await _result(conn, plan, kept or measured, headline)
             return _with_notice(result, f"anonproxy: budget left on {plan.table}: {_left(left)}"), plan
 
@@ -402,9 +407,10 @@ MAX_PARAMETERS = 65535  # the protocol's limit on $n parameters in one statement
 
 
 def _readable(cached: bytes | None, plan: DPPlan) -> Measurement | None:
-    """The cached measurement of ``plan``; None (a miss) when there is none or it cannot be read as one."""
+    """The cached measurement of ``plan``, keys in the plan's order; None (a miss) when there is none or it cannot
+    be read as one."""
     measurement = decoded(cached)
-    return measurement if measurement is not None and measurement.fits(plan) else None
+    return measurement.for_plan(plan) if measurement is not None and measurement.fits(plan) else None
 
 
 def _over_released(outer: Outer, released: Result) -> tuple[str, Parameters]:

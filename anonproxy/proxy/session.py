@@ -463,6 +463,7 @@ class ClientConnection(asyncio.Protocol):
             pause_client=self._pause_reading,
             acquire_service=self._acquire_service,
             release_service=self._release_service,
+            reset_session=self.dp_limits.reset,
             service_settings=self._output_settings(),
         )
         self.gate = gate

@@ -142,7 +142,7 @@ def _decide(sql: str, role: RolePolicy, policy: Policy) -> Decision:
     statements = split(sql)
     decisions = [_statement(statement, role, index) for statement in statements]
     if not decisions or all(isinstance(d, Pass) for d in decisions):
-        return Pass()
+        return Pass(resets_session=any(d.resets_session for d in decisions if isinstance(d, Pass)))
     if len(decisions) == 1:
         return decisions[0]
     if all(isinstance(d, (Pass, Relayed)) for d in decisions):

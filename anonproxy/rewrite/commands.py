@@ -133,7 +133,7 @@ def classify_command(statement: Statement, mode: str) -> Decision:
     if first in ("SAVEPOINT", "RELEASE"):
         return _savepoint(statement, words, mode)
     if first == "DISCARD" and len(words) == 2 and words[1] in _DISCARD:
-        return Pass()
+        return Pass(resets_session=words[1] == "ALL")
     if first == "DEALLOCATE" and 2 <= len(words) <= 3 and (len(words) == 2 or words[1] == "PREPARE"):
         return Pass()
     if first in ("LISTEN", "UNLISTEN") and len(words) == 2:
@@ -303,7 +303,7 @@ def _set(statement: Statement, words: list[str | None], mode: str) -> Decision:
 
 def _reset(statement: Statement, words: list[str | None], mode: str) -> Decision:
     if words[1:] == ["ALL"]:
-        return Pass()
+        return Pass(resets_session=True)
     if words[1:3] == ["SESSION", "AUTHORIZATION"]:
         _check_setting("session_authorization", statement, None, mode)
     name, after = _setting_name(statement, 1)

@@ -17,7 +17,11 @@ FEATURE_NOT_SUPPORTED = "0A000"  # unparseable, or outside the SQL subset the re
 
 @dataclass(frozen=True)
 class Pass:
-    """Forward the client's original bytes, unchanged, to its own upstream connection."""
+    """Forward the client's original bytes, unchanged, to its own upstream connection. ``resets_session``: a
+    RESET ALL or DISCARD ALL; once PostgreSQL has run it, the settings the proxy keeps for the session
+    (anonproxy.epsilon, anonproxy.delta) go back to their login values as well."""
+
+    resets_session: bool = False
 
 
 @dataclass(frozen=True)
