@@ -20,6 +20,8 @@ import pytest
 from psycopg import pq
 
 from anonproxy import sample_data
+from anonproxy.dp.model import DPParams
+from anonproxy.dp.plan import plan_dp
 from anonproxy.policy.model import (
     LinkedTable,
     Policy,
@@ -256,6 +258,18 @@ def test_lexing_settings_refused(sql: str) -> None:
 ])
 def test_functions_that_run_sql_text_refused(sql: str) -> None:
     assert_reject(sql, "42501", "runs SQL")
+
+
+@pytest.mark.parametrize("role", [SUPPRESS, DP])
+def test_a_schema_qualified_function_is_named_as_a_function(role: RolePolicy) -> None:
+    decision = decide("select anonproxy.zcdp_rho_max(10, 1e-5), count(*) from adult", role, POLICY)
+    if isinstance(decision, Noisy):  # dp: the planner decides
+        decision = plan_dp(decision.sql, role, POLICY, DPParams(epsilon=1.0, delta=1e-6))
+    assert isinstance(decision, Reject) and "function anonproxy.zcdp_rho_max()" in decision.message, decision
+    where = decide("select sex, count(*) from adult where public.f(age) > 1 group by sex", role, POLICY)
+    if isinstance(where, Noisy):
+        where = plan_dp(where.sql, role, POLICY, DPParams(epsilon=1.0, delta=1e-6))
+    assert isinstance(where, Reject) and "function public.f()" in where.message, where
 
 
 def test_extended_statistics_refused() -> None:

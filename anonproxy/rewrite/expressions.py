@@ -312,6 +312,10 @@ def refused_construct(node: exp.Expression) -> tuple[str, str]:
         return (f"function {interval[0]}()", ("it gives the 95 % interval of a noisy aggregate, answered only as a "
                                                "select item of its own of a dp-mode aggregate query; a "
                                                "suppress-mode answer is exact and has no interval"))
+    if isinstance(node, exp.Dot) and isinstance(node.expression, exp.Func):  # schema.function(...)
+        function = node.expression
+        name = function.name if isinstance(function, exp.Anonymous) else function.sql_name().lower()
+        return f"function {node.this.sql(dialect='postgres')}.{name}()", "only a few built-in functions are allowed"
     for types, what, why in _REFUSED:
         if isinstance(node, types):
             return what, why
