@@ -7,6 +7,7 @@ of them runs through the real proxy, where the answers' column names must be the
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Iterator
 
@@ -19,7 +20,7 @@ from anonproxy.dp.plan import plan_dp
 from anonproxy.rewrite.classify import decide
 from anonproxy.rewrite.decision import Noisy, Pass, Rewrite
 from anonproxy.rewrite.statements import split
-from conftest import Endpoint
+from conftest import Endpoint, fresh_dp_role
 from test_rewrite import POLICY, SUPPRESS
 
 DP = dataclasses.replace(SUPPRESS, mode="dp")
@@ -94,3 +95,37 @@ def test_the_word_unknown(gated_proxy: Endpoint, gated_database: str, pg_server:
         assert [column.name for column in cursor.description] == ["sex", "unknown"]
     with psycopg.connect(pg_server.conninfo(dbname=gated_database), autocommit=True) as conn:
         assert got == conn.execute(query).fetchall()
+
+
+@pytest.mark.parametrize("mode", ["suppress", "dp"])
+def test_group_by_names_resolve_as_in_postgresql(gated_proxy: Endpoint, gated_database: str, mode: str,
+                                                 truth: psycopg.Connection) -> None:
+    """A bare GROUP BY name is a column of a FROM table if one has it, else an output alias; a column named bare
+    and qualified is one expression. Each statement is answered with the groups PostgreSQL forms."""
+    with contextlib.ExitStack() as stack:
+        role = "reporter" if mode == "suppress" else stack.enter_context(
+            fresh_dp_role(truth, gated_proxy, gated_database, "dp_group_names", epsilon=10))
+        _group_by_names(gated_proxy, gated_database, role, truth)
+
+
+def _group_by_names(gated_proxy: Endpoint, gated_database: str, role: str, truth: psycopg.Connection) -> None:
+    sexes = {row[0] for row in truth.execute("select sex from adult group by sex")}
+    educations = {row[0] for row in truth.execute("select education from adult group by education")}
+    answered = {
+        'select sex as "Sex", count(*) as "Count" from adult group by "Sex"': sexes,
+        "select education as degree, count(*) from adult group by degree order by degree": educations,
+        "select sex, count(*) from public.adult as a group by a.sex": sexes,
+        "select a.sex, count(*) from public.adult a group by sex order by sex": sexes,
+        "select a.education, count(*) as n from adult a group by education order by a.education desc": educations,
+        'select "public"."adult"."sex" as sex, count(*) from "public"."adult" group by sex': sexes,
+    }
+    with psycopg.connect(gated_proxy.dsn(gated_database, user=role), autocommit=True) as conn:
+        for sql, groups in answered.items():
+            rows = conn.execute(sql).fetchall()
+            assert {row[0] for row in rows} <= groups and len(rows) >= len(groups) - 2, sql  # small ones may go
+        descending = conn.execute("select a.education, count(*) as n from adult a group by education "
+                                  "order by a.education desc").fetchall()
+        assert [row[0] for row in descending] == sorted((row[0] for row in descending), reverse=True)
+        # An output alias of an aggregate is not a grouping expression (PostgreSQL refuses it too).
+        with pytest.raises(psycopg.errors.FeatureNotSupported, match="GROUP BY n must name a column expression"):
+            conn.execute("select count(*) as n, sex from adult group by n")

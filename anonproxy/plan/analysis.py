@@ -24,7 +24,7 @@ from typing import Literal
 from sqlglot import exp
 
 from anonproxy.plan import bounds
-from anonproxy.plan.names import output_name
+from anonproxy.plan.names import output_name, own_nodes
 from anonproxy.plan.render import sql
 from anonproxy.policy.model import SuppressionParams
 from anonproxy.rewrite.decision import forbidden, unsupported
@@ -188,6 +188,7 @@ def analyze(statement: Statement, tree: exp.Expression, index: PolicyIndex, para
         identifiers={source.reference: _identifier_columns(source.table) for source in sources},
     )
     checker = Checker(scope, params, anchor.table.policy_name, dp, statement.source)
+    _qualify_bare_columns(tree, scope)
     check_joins(sources, anchor, checker)
 
     items = _items(tree, checker, dp, statement.source)
@@ -460,13 +461,22 @@ def _grouping(tree: exp.Select, items: list[Item],
         position = _ordinal(node)
         if position is None and isinstance(node, exp.Column) and node.args.get("table") is None:
             name = identifier(node.this)
-            if name in aliases:
-                if not _same_column(tree, tree.expressions[aliases[name]].this, name):
-                    raise unsupported(f"GROUP BY {name} is ambiguous: it is both an output alias and maybe a column",
-                                      "Group by the expression itself or by its position (GROUP BY 1).")
+            column = checker.input_column(name) if name in aliases else None
+            if name in aliases and _same_column(tree, tree.expressions[aliases[name]].this, name):
                 checker.key(node, "GROUP BY")
                 keys.append(_node(items[aliases[name]]))  # the select item's column: "_"."relationship"
                 continue
+            if name in aliases and column is False:  # no table has that column: the output alias, as in PostgreSQL
+                item = items[aliases[name]]
+                if item.kind != "group":
+                    raise unsupported(f"GROUP BY {name} must name a column expression, not {item.expression}",
+                                      SHAPE_HINT)
+                keys.append(_node(item))
+                continue
+            if name in aliases and column is None:
+                raise unsupported(f"GROUP BY {name} is ambiguous: it is both an output alias and maybe a column",
+                                  "Group by the expression itself or by its position (GROUP BY 1).")
+            # Otherwise a column of a table, which PostgreSQL groups by even when an output alias has its name.
         if position is None and not isinstance(node, exp.Literal) and _constant(node):
             # Metabase's pivot groups by ABS(0): a value that reads no row puts every row in one group, so it does
             # not partition them. Proved not to raise (no error that says whether any row passed WHERE), then left
@@ -527,6 +537,31 @@ def _constant(node: exp.Expression) -> bool:
     """Whether ``node`` reads no column and no parameter (its value is the same for every row)."""
     return not any(isinstance(n, (exp.Column, exp.Parameter, exp.Placeholder, exp.Star, exp.Select))
                    for n in node.walk())
+
+
+def _qualify_bare_columns(tree: exp.Select, scope: Scope) -> None:
+    """Where a query names a column both bare and qualified (``select sex ... group by a.sex``), qualify the bare
+    ones as PostgreSQL resolves them, so that every comparison that follows (GROUP BY keys, select items, ORDER
+    BY, HAVING) sees one expression. Only a name exactly one table has, when every table's columns are known
+    (else PostgreSQL decides); never a bare ORDER BY name of an output alias (it names that select item)."""
+    columns = [node for node in own_nodes(tree)
+               if isinstance(node, exp.Column) and isinstance(node.this, exp.Identifier)]
+    qualified = {(identifier(node.args["table"]), identifier(node.this)) for node in columns
+                 if node.args.get("table") is not None and node.args.get("db") is None}
+    if not qualified:
+        return
+    aliases = {identifier(item.args["alias"]) for item in tree.expressions
+               if isinstance(item, exp.Alias) and item.args.get("alias") is not None}
+    order = tree.args.get("order")
+    ordered = {id(node.this) for node in (order.expressions if order is not None else [])
+               if isinstance(node, exp.Ordered) and isinstance(node.this, exp.Column)}
+    for node in columns:
+        name = identifier(node.this) or ""
+        if node.args.get("table") is not None or (id(node) in ordered and name in aliases):
+            continue
+        owners = scope.owners(name)
+        if owners is not None and len(owners) == 1 and (owners[0], name) in qualified:
+            node.set("table", exp.Identifier(this=owners[0], quoted=True))
 
 
 def _same_column(tree: exp.Select, target: exp.Expression, name: str) -> bool:

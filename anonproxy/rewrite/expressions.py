@@ -334,6 +334,13 @@ class Scope:
     unaliased: dict[tuple[str, str], str] = field(default_factory=dict)  # (schema, table) of unaliased tables
     identifiers: dict[str, frozenset[str]] = field(default_factory=dict)  # reference -> identifying columns
 
+    def owners(self, column: str) -> list[str] | None:
+        """The references whose table has ``column``; None when some table's columns are not known."""
+        models = {reference: _model(table) for reference, table in self.references.items()}
+        if any(model is None or model.types is None for model in models.values()):
+            return None
+        return [reference for reference, model in models.items() if column in model.types]  # type: ignore[union-attr]
+
     def is_identifier(self, table: str | None, column: str) -> bool:
         if table is not None:
             return column in self.identifiers.get(table, frozenset())
@@ -453,6 +460,12 @@ class Checker:
         if declared is not None and declared.lower is not None and declared.upper is not None:
             lower, upper = Decimal(repr(declared.lower)), Decimal(repr(declared.upper))
         return bounds.ColumnFacts(name, model.types[name], lower, upper)
+
+    def input_column(self, name: str) -> bool | None:
+        """Whether ``name`` is a column of a table of the FROM clause: None when some table's columns are not
+        known (PostgreSQL reads a bare GROUP BY name as an input column first, as an output alias only if none)."""
+        owners = self.scope.owners(name)
+        return None if owners is None else bool(owners)
 
     def _labelling(self, node: exp.Expression, clause: str, aggregates: bool) -> None:
         self._labels, self._bare = True, unwrap(node)
