@@ -53,6 +53,13 @@ NULL_TOP = ('SELECT nullif("adult"."sex", \'Male\') AS "s", SUM(1) AS "n" FROM "
             'INNER JOIN (SELECT nullif("adult"."sex", \'Male\') AS "s", SUM(1) AS "$__alias__0" '
             'FROM "public"."adult" "adult" GROUP BY 1 ORDER BY 2 DESC LIMIT 2) "t0" '
             'ON (nullif("adult"."sex", \'Male\') IS NOT DISTINCT FROM "t0"."s") GROUP BY 1')
+# Metabase's question on a saved question: the saved one nested as "source", its aggregates named count, sum, avg
+# (PostgreSQL reads "source"."count" as the column, not as count("source"): the derived table has one)
+SAVED_QUESTION = ('SELECT "source"."education" AS "education", "source"."count" AS "count", "source"."sum" AS "sum" '
+                  'FROM (SELECT "public"."adult"."education" AS "education", COUNT(*) AS "count", '
+                  'SUM("public"."adult"."hours_per_week") AS "sum" FROM "public"."adult" '
+                  'GROUP BY "public"."adult"."education") AS "source" WHERE "source"."count" > 100 '
+                  'ORDER BY "source"."count" DESC LIMIT 1048575')
 ANSWERED = [PIVOT, GRAND_TOTAL, DISTINCT_COUNT, GROUP_STEP, TOP_N, NULL_TOP,
             "select count(*) from adult group by 1 + 1", "select count(*) from adult group by 'x'::text",
             "select sex, count(*) from adult group by sex, abs(0), 2 * 3"]
@@ -192,6 +199,8 @@ def test_reporter_gets_the_plain_answers(reporter: psycopg.Connection[Any],
         (GRAND_TOTAL, "select 3, count(*) from adult"),
         (DISTINCT_COUNT, "select income, count(distinct id) from adult group by income"),
         (GROUP_STEP, "select relationship, count(*) from adult group by relationship"),
+        (SAVED_QUESTION, "select education, count(*), sum(hours_per_week) from adult group by education "
+                         "having count(*) > 100"),
     ]
     for sql, plain in pairs:
         got = reporter.execute(sql)
@@ -258,3 +267,21 @@ def test_dp_role_answers_the_corpus_shapes(gated_proxy: Endpoint, gated_database
         counts = dict(conn.execute(DISTINCT_COUNT).fetchall())
         assert set(counts) <= {"<=50K", ">50K"} and counts
         assert "epsilon 0 of 2 left" in budget_left(conn)
+
+
+def test_dp_a_question_on_a_saved_question_reads_its_answer(gated_proxy: Endpoint, gated_database: str,
+                                                             analyst: str) -> None:  # noqa: F811
+    """Metabase's saved question, then a question on it (nested as "source", filtered and sorted on its count):
+    the second is post-processing of the first's released rows, the same numbers at no further cost."""
+    saved = ('SELECT "public"."adult"."education" AS "education", COUNT(*) AS "count", '
+             'SUM("public"."adult"."hours_per_week") AS "sum" FROM "public"."adult" '
+             'GROUP BY "public"."adult"."education"')
+    with dp_session(gated_proxy, gated_database, analyst) as conn:
+        first = {row[0]: row[1:] for row in conn.execute(saved).fetchall()}
+        assert "epsilon 1.5 of 2 left" in budget_left(conn)
+        cursor = conn.execute(SAVED_QUESTION)
+        assert _names(cursor) == ["education", "count", "sum"]
+        rows = cursor.fetchall()
+        assert rows == sorted(rows, key=lambda row: -row[1]) and rows
+        assert {row[0]: row[1:] for row in rows} == {k: v for k, v in first.items() if v[0] > 100}
+        assert "epsilon 1.5 of 2 left" in budget_left(conn), "one measurement"

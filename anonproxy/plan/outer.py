@@ -236,7 +236,8 @@ def _check_outer(select: exp.Select, alias: str | None, names: tuple[str, ...], 
             what = "is ambiguous in" if names.count(name) > 1 else "is not an output column of"
             raise unsupported(f"column {name} {what} the aggregate query the outer query reads", OUTER_HINT)
     # The released rows hold no identifying column that matters here: every value in them was released.
-    checker = Checker(Scope(references={alias or ROWS: ResolvedTable("", alias or ROWS, "plain")}),
+    released = ResolvedTable("", alias or ROWS, "plain", columns=frozenset(names))  # "source"."count": a column
+    checker = Checker(Scope(references={alias or ROWS: released}),
                       SuppressionParams(k=1, allow_min_max=True), "the released rows")
     for item in select.expressions:
         core = item.this if isinstance(item, exp.Alias) else item

@@ -869,7 +869,9 @@ def _model(table: ResolvedTable) -> ProtectedTable | LinkedTable | ReferenceTabl
 
 def _declares(table: ResolvedTable, column: str) -> bool:
     """Whether the policy declares ``column`` for ``table`` (applying a policy checks the column exists); every
-    column of a reference table, read from the catalog with the policy."""
+    column of a reference table, read from the catalog with the policy; of a relation the proxy builds, its own."""
+    if table.columns is not None:
+        return column in table.columns
     if table.reference is not None:
         return column in (table.reference.types or {})
     declared = table.protected.columns if table.protected is not None else (

@@ -70,6 +70,7 @@ class ResolvedTable:
     protected: ProtectedTable | None = None
     linked: LinkedTable | None = None
     reference: ReferenceTable | None = None
+    columns: frozenset[str] | None = None  # a relation the proxy builds (the released rows): its columns
 
     @property
     def qualified(self) -> str:
