@@ -321,7 +321,7 @@ ROW_LEVEL = [
     ("SELECT count(*) FROM adult WHERE id IN (SELECT id FROM adult WHERE age > 90)", "0A000", "subqueries"),
     ("SELECT count(*) FROM adult a, LATERAL (SELECT a.age) x", "0A000", "LATERAL"),
     ("SELECT count(*) FROM adult a CROSS JOIN LATERAL (SELECT a.age) x", "0A000", "LATERAL"),
-    ("SELECT age, count(*) OVER () FROM adult", "0A000", "window"),
+    ("SELECT age, count(*) OVER () FROM adult", "42501", "row-level"),  # a row per person, each with the total
     ("SELECT sex, row_number() OVER (ORDER BY age) FROM adult GROUP BY sex", "0A000", "window"),
     ("SELECT ctid, count(*) FROM adult GROUP BY 1", "42501", "system column ctid"),
     ("SELECT count(*) FROM adult WHERE xmin::text = '1'", "42501", "system column xmin"),

@@ -309,9 +309,16 @@ def _post_process(outer: PostAggregate, query: AnalyticQuery, inputs: list[tuple
         select.append(f"{outer.having} AS anonproxy_keep")
     columns = ["anonproxy_n", *(name for name, _ in inputs)]
     arrays = ", ".join(f"${number}" for number in range(1, len(columns) + 1))
-    sql = "\n".join([f"SELECT {', '.join(select)}",
-                     f"FROM unnest({arrays}) AS {RELEASED}({', '.join(columns)})",
-                     "ORDER BY anonproxy_n"])
+    released = f"FROM unnest({arrays}) AS {RELEASED}({', '.join(columns)})"
+    if query.having_outer and outer.windows:
+        # PostgreSQL computes window functions over the groups HAVING keeps: those first, then the others, kept out
+        kept = [*select[:-1], "true AS anonproxy_keep"]
+        dropped = ["anonproxy_n", *("NULL" for _ in select[1:-1]), "false"]
+        sql = "\n".join([f"SELECT {', '.join(kept)}", released, f"WHERE {outer.having}", "UNION ALL",
+                         f"SELECT {', '.join(dropped)}", released, f"WHERE ({outer.having}) IS NOT TRUE",
+                         "ORDER BY anonproxy_n"])
+    else:
+        sql = "\n".join([f"SELECT {', '.join(select)}", released, "ORDER BY anonproxy_n"])
     return PostProcess(sql, tuple(index for _, index in inputs), tuple(computed), query.having_outer)
 
 

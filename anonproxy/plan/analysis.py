@@ -34,6 +34,7 @@ from anonproxy.rewrite.expressions import (
     contains_aggregate,
     has_post_aggregate,
     unwrap,
+    window_function,
 )
 from anonproxy.plan.post_aggregate import PostAggregate, compile_outer
 from anonproxy.rewrite.joins import REFERENCE_HINT, Source, check_joins
@@ -512,6 +513,8 @@ def _argument_types(tree: exp.Select, checker: Checker) -> tuple[Typed, ...]:
     found: list[Typed] = []
     calls = tuple(kind for kind in checker.aggregates if kind is not exp.WithinGroup)
     for node in tree.find_all(*calls):
+        if window_function(node):
+            continue
         argument = node.this.expressions[0] if isinstance(node.this, exp.Distinct) else node.this
         if argument is None or isinstance(argument, exp.Star):
             continue
@@ -656,7 +659,7 @@ def _aggregate_texts(tree: exp.Select, kinds: tuple[type[exp.Expression], ...]) 
     found: list[AggregateText] = []
     calls = tuple(kind for kind in kinds if kind is not exp.WithinGroup)
     for node in tree.find_all(*calls):
-        if isinstance(node.parent, exp.WithinGroup):
+        if isinstance(node.parent, exp.WithinGroup) or window_function(node):
             continue
         argument_node = node.this
         if isinstance(argument_node, exp.Distinct):

@@ -51,6 +51,11 @@ _TYPE_NAMES = {
     exp.DataType.Type.TIMESTAMP: "timestamp", exp.DataType.Type.TIMESTAMPTZ: "timestamptz",
     exp.DataType.Type.INTERVAL: "interval",
 }  # fmt: skip
+# Window functions as the post statement writes them (expressions.WINDOW_FUNCTIONS allows these).
+_WINDOW_FUNCTIONS = {exp.Sum: "sum", exp.Avg: "avg", exp.Count: "count", exp.Min: "min", exp.Max: "max",
+                     exp.RowNumber: "row_number", exp.Rank: "rank", exp.DenseRank: "dense_rank",
+                     exp.PercentRank: "percent_rank", exp.CumeDist: "cume_dist", exp.Ntile: "ntile",
+                     exp.Lag: "lag", exp.Lead: "lead", exp.FirstValue: "first_value", exp.LastValue: "last_value"}
 _NAMED = {exp.Case: ("case", 1), exp.Coalesce: ("coalesce", 2), exp.Nullif: ("nullif", 2),
           exp.Greatest: ("greatest", 2), exp.Least: ("least", 2), exp.Boolean: ("bool", 1)}
 Canonical = Callable[[exp.Expression], exp.Expression]  # makes two spellings of one expression compare equal
@@ -75,6 +80,7 @@ class PostAggregate:
     order: tuple[str, ...]  # ORDER BY entries over the output columns or the released columns
     keys_used: bool  # whether a computed item, HAVING or ORDER BY reads a GROUP BY expression (anonproxy_g<k>)
     parameters: bool  # whether an expression holds a $n parameter
+    windows: bool = False  # whether an expression holds a window function (computed over the rows HAVING keeps)
 
 
 def value(index: int) -> str:
@@ -111,8 +117,8 @@ def compile_outer(items: list[tuple[exp.Expression, str | None, bool]], having: 
     for node, position, suffix in order:
         text = str(position) if position is not None else compiler.sql(node)  # type: ignore[arg-type]
         order_sql.append(f"{text} {suffix}".rstrip())
-    return PostAggregate(tuple(compiler.aggregates), tuple(outer_items), having_sql, tuple(order_sql), compiler.keys_used,
-                 compiler.parameters)
+    return PostAggregate(tuple(compiler.aggregates), tuple(outer_items), having_sql, tuple(order_sql),
+                         compiler.keys_used, compiler.parameters, compiler.windows)
 
 
 class _Compiler:
@@ -125,6 +131,7 @@ class _Compiler:
         self._seen: list[exp.Expression] = []
         self.keys_used = False
         self.parameters = False
+        self.windows = False
 
     def key_of(self, node: exp.Expression) -> int | None:
         wanted = self.canonical(node)
@@ -203,11 +210,49 @@ class _Compiler:
         if isinstance(node, exp.Between):
             negate = "NOT " if node.args.get("negate") else ""
             return f"({sql(node.this)} {negate}BETWEEN {sql(node.args['low'])} AND {sql(node.args['high'])})"
+        if isinstance(node, exp.Window):
+            return self._window(node)
         if isinstance(node, exp.Column):
             raise unsupported(f"column {node.sql(dialect='postgres')} in an expression over aggregates must be a "
                               "GROUP BY expression", HINT)
         raise unsupported(f"{node.sql(dialect='postgres')} cannot be computed over the released values: over "
                           "aggregates, a part without aggregates must be a GROUP BY expression or a constant", HINT)
+
+
+    def _window(self, node: exp.Window) -> str:
+        """A window function over the released rows (checked by expressions.Checker: function, frame)."""
+        self.windows = True
+        function = node.this
+        if isinstance(function, exp.Count) and isinstance(function.this, exp.Star):
+            inside = "*"
+        else:
+            inside = ", ".join(self.sql(function.args[name]) for name in ("this", "offset", "default")
+                               if function.args.get(name) is not None)
+        call = f"{_WINDOW_FUNCTIONS[type(function)]}({inside})"
+        window = []
+        if node.args.get("partition_by"):
+            window.append("PARTITION BY " + ", ".join(self.sql(key) for key in node.args["partition_by"]))
+        order = node.args.get("order")
+        if order is not None:
+            window.append("ORDER BY " + ", ".join(
+                f"{self.sql(ordered.this)} {'DESC' if ordered.args.get('desc') else 'ASC'} "
+                f"NULLS {'FIRST' if ordered.args.get('nulls_first') else 'LAST'}" for ordered in order.expressions))
+        spec = node.args.get("spec")
+        if spec is not None:
+            window.append(_frame(spec))
+        return f"{call} OVER ({' '.join(window)})"
+
+
+def _frame(spec: exp.WindowSpec) -> str:
+    """ROWS | RANGE | GROUPS BETWEEN <start> AND <end>, from the checked frame's parts."""
+    def bound(end: str) -> str:
+        value, side = spec.args.get(end), spec.args.get(f"{end}_side")
+        text = value.this if isinstance(value, exp.Literal) else str(value).upper()
+        return f"{text} {str(side).upper()}" if side is not None else text
+    kind = str(spec.args["kind"]).upper()
+    if spec.args.get("end") is None:
+        return f"{kind} {bound('start')}"
+    return f"{kind} BETWEEN {bound('start')} AND {bound('end')}"
 
 
 def _nullif_zero(node: exp.Expression) -> bool:
@@ -249,7 +294,7 @@ def _figure(node: exp.Expression, source: str | None) -> tuple[str, int]:
         node = node.this
     if isinstance(node, exp.Column):
         return identifier(node.this) or "?column?", 2
-    if isinstance(node, exp.Filter):
+    if isinstance(node, (exp.Filter, exp.Window)):
         node = node.this
     if isinstance(node, exp.WithinGroup):
         node = node.this

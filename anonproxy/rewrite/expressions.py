@@ -236,7 +236,21 @@ POST_NODES: dict[type[exp.Expression], frozenset[str]] = {
     exp.Case: frozenset({"this", "ifs", "default"}),
     exp.If: frozenset({"this", "true"}),
     exp.Paren: frozenset({"this"}),
+    exp.Window: frozenset({"this", "partition_by", "order", "spec", "over"}),
 }
+# Window functions over the released rows (a running total, a share of the total, the previous group's value):
+# the function -> the arguments it may carry. Its arguments, PARTITION BY and ORDER BY are post-aggregate
+# expressions (Metabase's cumulative count: sum(count(*)) OVER (ORDER BY key ROWS UNBOUNDED PRECEDING)).
+WINDOW_FUNCTIONS: dict[type[exp.Expression], frozenset[str]] = {
+    exp.Sum: frozenset({"this"}), exp.Avg: frozenset({"this"}), exp.Count: frozenset({"this", "big_int"}),
+    exp.Min: frozenset({"this"}), exp.Max: frozenset({"this"}), exp.RowNumber: frozenset(),
+    exp.Rank: frozenset(), exp.DenseRank: frozenset(), exp.PercentRank: frozenset(), exp.CumeDist: frozenset(),
+    exp.Ntile: frozenset({"this"}), exp.Lag: frozenset({"this", "offset", "default"}),
+    exp.Lead: frozenset({"this", "offset", "default"}), exp.FirstValue: frozenset({"this"}),
+    exp.LastValue: frozenset({"this"}),
+}  # fmt: skip
+_FRAME_KINDS = frozenset({"ROWS", "RANGE", "GROUPS"})
+_FRAME_SIDES = frozenset({"PRECEDING", "FOLLOWING"})
 # The types a post-aggregate value may be cast to (its type's cast functions are the only code a cast runs).
 POST_CAST_TYPES = frozenset({
     exp.DataType.Type.SMALLINT, exp.DataType.Type.INT, exp.DataType.Type.BIGINT, exp.DataType.Type.DECIMAL,
@@ -244,7 +258,9 @@ POST_CAST_TYPES = frozenset({
     exp.DataType.Type.CHAR,
 })  # fmt: skip
 POST_EXPRESSIONS = ("+ - * / (a division by zero gives NULL), round, trunc, abs, sign, ceil, floor, coalesce, "
-                    "nullif, greatest, least, CASE and casts to numeric or text types, over aggregates, GROUP BY "
+                    "nullif, greatest, least, CASE, casts to numeric or text types and window functions over the "
+                    "released rows (sum, avg, count, min, max, row_number, rank, dense_rank, percent_rank, "
+                    "cume_dist, ntile, lag, lead, first_value, last_value), over aggregates, GROUP BY "
                     "expressions and constants")
 
 # How PostgreSQL spells each allowed function. sqlglot reads other dialects' names into the same nodes (ifnull,
@@ -402,6 +418,8 @@ class Checker:
         # Over aggregates the expression is computed on released values only (post_aggregate); what runs on the
         # rows is each aggregate's argument and FILTER condition: those must be total.
         for aggregate in node.find_all(*self.aggregates):
+            if window_function(aggregate):
+                continue  # computed over the released rows: its arguments are aggregates, not rows
             for argument in _row_arguments(aggregate):
                 self._prove(argument, clause)
         for filtered in node.find_all(exp.Filter):
@@ -578,10 +596,52 @@ class Checker:
                     raise unsupported("malformed CASE branch", self.clause_hint(clause))
         if isinstance(node, exp.If) and not isinstance(node.parent, exp.Case):
             raise unsupported("if() is not allowed", self.clause_hint(clause))
+        if isinstance(node, exp.Window):
+            self._window(node, clause)
+            return
         for child in _children(node):
             if isinstance(child, exp.DataType):
                 continue
             self._walk(child, clause, aggregates=True)
+
+    def _window(self, node: exp.Window, clause: str) -> None:
+        """A window function over the released rows: its arguments, PARTITION BY and ORDER BY are post-aggregate
+        expressions; its frame is ROWS, RANGE or GROUPS between UNBOUNDED, CURRENT ROW or a constant offset."""
+        function = node.this
+        allowed = WINDOW_FUNCTIONS.get(type(function))
+        if allowed is None or _set_args(function) - allowed or (
+                isinstance(function, exp.Count) and isinstance(function.this, exp.Distinct)):
+            raise unsupported(f"window function {function.sql(dialect='postgres')} is not allowed in {clause}",
+                              self.clause_hint(clause))
+        if clause in ("HAVING", "WHERE") or str(node.args.get("over") or "").upper() != "OVER":
+            raise unsupported(f"window functions are not allowed in {clause}", self.clause_hint(clause))
+        spec = node.args.get("spec")
+        if spec is not None:
+            self._frame(spec, clause)
+        for argument in _children(function):
+            if not isinstance(argument, exp.Star):
+                self._walk(argument, clause, aggregates=True)
+        for key in node.args.get("partition_by") or []:
+            self._walk(key, clause, aggregates=True)
+        order = node.args.get("order")
+        for ordered in order.expressions if order is not None else []:
+            if not isinstance(ordered, exp.Ordered) or _set_args(ordered) - {"this", "desc", "nulls_first"}:
+                raise unsupported(f"unsupported ORDER BY in a window of {clause}", self.clause_hint(clause))
+            self._walk(ordered.this, clause, aggregates=True)
+
+    def _frame(self, spec: exp.WindowSpec, clause: str) -> None:
+        kind = str(spec.args.get("kind") or "").upper()
+        bounds_ok = all(
+            (spec.args.get(end) is None and spec.args.get(f"{end}_side") is None)
+            or (str(spec.args.get(end)).upper() == "CURRENT ROW" and spec.args.get(f"{end}_side") is None)
+            or ((str(spec.args.get(end)).upper() == "UNBOUNDED" or _offset(spec.args.get(end)))
+                and str(spec.args.get(f"{end}_side") or "").upper() in _FRAME_SIDES)
+            for end in ("start", "end"))
+        if kind not in _FRAME_KINDS or not bounds_ok or _set_args(spec) - {"kind", "start", "start_side", "end",
+                                                                              "end_side"}:
+            raise unsupported(f"window frame {spec.sql(dialect='postgres')} is not allowed in {clause}",
+                              "A frame is ROWS, RANGE or GROUPS between UNBOUNDED PRECEDING, n PRECEDING, "
+                              "CURRENT ROW, n FOLLOWING and UNBOUNDED FOLLOWING (n a constant).")
 
     def _aggregate(self, node: exp.Expression, clause: str) -> None:
         name = _function_name(node)
@@ -929,8 +989,20 @@ def _row_arguments(aggregate: exp.Expression) -> list[exp.Expression]:
     return found
 
 
+def _offset(node: object) -> bool:
+    """A window frame's offset: a non-negative integer constant."""
+    return isinstance(node, exp.Literal) and not node.is_string and node.this.isdigit()
+
+
+def window_function(node: exp.Expression) -> bool:
+    """Whether ``node`` is the function of a window (sum(...) in sum(...) OVER (...)): computed over the released
+    rows, not an aggregate of the query."""
+    return isinstance(node.parent, exp.Window) and node.parent.this is node
+
+
 def contains_aggregate(node: exp.Expression, kinds: tuple[type[exp.Expression], ...] = AGGREGATES) -> bool:
-    return any(isinstance(child, kinds) for child in node.walk())
+    """Whether ``node`` holds an aggregate of the query (a window's function is not one: count(*) OVER ())."""
+    return any(isinstance(child, kinds) and not window_function(child) for child in node.walk())
 
 
 def is_post_aggregate(node: exp.Expression, kinds: tuple[type[exp.Expression], ...] = AGGREGATES) -> bool:

@@ -52,6 +52,8 @@ FUNCTIONS = frozenset({
     "count", "sum", "avg", "min", "max", "bool_or", "array_agg",  # aggregates
     "variance", "var_samp", "var_pop", "stddev", "stddev_samp", "stddev_pop",  # suppress mode's spreads
     "row_number", "dense_rank", "first_value",  # window functions (contribution bounding, ranking)
+    # window functions over released rows (post-aggregate expressions: running totals, ranks, previous values)
+    "rank", "percent_rank", "cume_dist", "ntile", "lag", "lead", "last_value",
     "abs", "random", "unnest",  # magnitudes, the dp plan's random row order, its public domains
     "lower", "upper", "date_trunc", "date_part", "extract", "width_bucket",  # client expressions
     "round", "trunc", "ceil", "ceiling", "floor", "sign",  # post-aggregate expressions (plan.post_aggregate)
