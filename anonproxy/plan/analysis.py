@@ -190,6 +190,7 @@ def analyze(statement: Statement, tree: exp.Expression, index: PolicyIndex, para
     )
     checker = Checker(scope, params, anchor.table.policy_name, dp, statement.source)
     _qualify_bare_columns(tree, scope)
+    _arrays_as_lists(tree)
     check_joins(sources, anchor, checker)
 
     items = _items(tree, checker, dp, statement.source)
@@ -565,6 +566,30 @@ def _qualify_bare_columns(tree: exp.Select, scope: Scope) -> None:
         owners = scope.owners(name)
         if owners is not None and len(owners) == 1 and (owners[0], name) in qualified:
             node.set("table", exp.Identifier(this=owners[0], quoted=True))
+
+
+def _arrays_as_lists(tree: exp.Select) -> None:
+    """``x = ANY(ARRAY[a, b])`` is ``x IN (a, b)`` and ``x <> ALL(ARRAY[a, b])`` is ``x NOT IN (a, b)`` (SQL
+    defines them so): rewritten to the lists, which the rules for IN then check. Other uses of ANY and ALL (an
+    array parameter, other comparisons) stay as written, and are refused."""
+    for node in list(own_nodes(tree)):
+        if isinstance(node, exp.EQ) and isinstance(node.expression, exp.Any):
+            values = _array_values(node.expression.this)
+            if values is not None:
+                node.replace(exp.In(this=node.this, expressions=values))
+        elif isinstance(node, exp.NEQ) and isinstance(node.expression, exp.Anonymous) \
+                and node.expression.name.lower() == "all" and len(node.expression.expressions) == 1:
+            values = _array_values(node.expression.expressions[0])
+            if values is not None:
+                node.replace(exp.Not(this=exp.In(this=node.this, expressions=values)))
+
+
+def _array_values(node: exp.Expression) -> list[exp.Expression] | None:
+    """The elements of ``ARRAY[...]`` (in parentheses or not), if ``node`` is one with at least one."""
+    node = unwrap(node)
+    if isinstance(node, exp.Array) and node.expressions and not node.args.get("value_constructor"):
+        return list(node.expressions)
+    return None
 
 
 def _same_column(tree: exp.Select, target: exp.Expression, name: str) -> bool:

@@ -310,7 +310,8 @@ _REFUSED: list[tuple[tuple[type[exp.Expression], ...], str, str]] = [
     ((exp.RegexpLike, exp.RegexpILike, exp.SimilarTo), "regular expressions", "a bad pattern raises errors"),
     ((exp.Collate,), "COLLATE", "it is outside the supported subset"),
     ((exp.Escape,), "LIKE ... ESCAPE", "it is outside the supported subset"),
-    ((exp.Any, exp.All), "ANY/ALL", "it is outside the supported subset"),
+    ((exp.Any, exp.All), "ANY/ALL other than = ANY(ARRAY[...]) and <> ALL(ARRAY[...])",
+     "an array parameter's element type is the client's choice; write x IN ($1, $2, ...) or x = ANY(ARRAY[...])"),
     ((exp.Array, exp.Tuple, exp.Struct), "arrays and row constructors", "they are outside the supported subset"),
     ((exp.ByteString, exp.National, exp.UnicodeString), "E'', N'' and U&'' strings",
      "write a standard-quoted string"),
@@ -335,6 +336,8 @@ def refused_construct(node: exp.Expression) -> tuple[str, str]:
     for types, what, why in _REFUSED:
         if isinstance(node, types):
             return what, why
+    if isinstance(node, exp.Anonymous) and node.name.lower() == "all":  # sqlglot reads x <> ALL(...) so
+        return refused_construct(exp.All())
     if isinstance(node, exp.Anonymous):
         return f"function {node.name}()", "only a few built-in functions are allowed"
     if isinstance(node, exp.Func):
