@@ -8,11 +8,13 @@ A changed WHERE or another aggregate is a new question, charged. An answer cache
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 from collections.abc import Iterator
 from decimal import ROUND_HALF_UP, Decimal
 
+import asyncpg
 import psycopg
 import pytest
 from conftest import Endpoint, fresh_dp_role
@@ -167,3 +169,31 @@ def test_an_answer_cached_in_the_old_format_is_a_miss(conn: psycopg.Connection, 
     rows = conn.execute(BASE).fetchall()  # no error: a miss, answered afresh and charged
     assert len(rows) == 16 and all(row[1] != 999999 for row in rows)
     assert "epsilon 1 of 2 left" in left(conn)
+
+
+def test_limit_and_offset_parameters_re_limit_the_same_measurement(conn: psycopg.Connection,
+                                                                    gated_proxy: Endpoint, gated_database: str,
+                                                                    analyst: str) -> None:
+    # psycopg binds %s server-side: LIMIT $1 in the extended protocol, as SQLAlchemy's .limit() and Prisma's take
+    ordered = conn.execute(f"{BASE} order by 2 desc").fetchall()
+    assert "epsilon 1.5 of 2 left" in left(conn)
+    assert conn.execute(f"{BASE} order by 2 desc limit %s", [3]).fetchall() == ordered[:3]
+    assert conn.execute(f"{BASE} order by 2 desc limit %s offset %s", [2, 5]).fetchall() == ordered[5:7]
+    assert conn.execute(f"{BASE} order by 2 desc limit %s", [None]).fetchall() == ordered, "LIMIT NULL: all"
+    assert conn.execute(f"{BASE} order by 2 desc offset %s", [None]).fetchall() == ordered, "OFFSET NULL: 0"
+    with pytest.raises(psycopg.errors.InvalidRowCountInLimitClause, match="LIMIT must not be negative"):
+        conn.execute(f"{BASE} order by 2 desc limit %s", [-1])
+    # the same parameter in WHERE too: then its value is part of the question
+    conn.execute("select education, count(*), avg(age) from adult where age > %s group by education "
+                 "order by 2 desc limit %s", [30, 4]).fetchall()
+    assert "epsilon 1 of 2 left" in left(conn)
+
+    async def binary() -> list[tuple]:  # asyncpg binds int8 in binary
+        connection = await asyncpg.connect(gated_proxy.url(gated_database, user=analyst))
+        try:
+            return [tuple(row) for row in await connection.fetch(f"{BASE} order by 2 desc limit $1 offset $2", 4, 1)]
+        finally:
+            await connection.close()
+
+    assert [(e, n, float(m)) for e, n, m in asyncio.run(binary())] == [(e, n, float(m)) for e, n, m in ordered[1:5]]
+    assert "epsilon 1 of 2 left" in left(conn), "re-limiting cost nothing"

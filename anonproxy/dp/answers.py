@@ -70,7 +70,8 @@ MEASUREMENT_FORMAT = b"anonproxy-measurement/2\n"  # 2: keys in the canonical or
 def fingerprint(plan: DPPlan, policy_version: int, parameters: object) -> str:
     """The answer cache's key: the plan's **measurement** — its bounded SQL (without HAVING's never-run type
     checks), statistics and their noise, quantiles, domains, partition selection and cost — the policy it obeys
-    and the bound values. Not what is done with the noisy values next (output columns and their names and order,
+    and the bound values (``parameters``: without those only LIMIT and OFFSET use). Not what is done with the noisy
+    values next (output columns and their names and order,
     post-aggregate expressions, HAVING, ORDER BY, LIMIT, OFFSET, the nested step), which is free post-processing:
     statements that differ only there are one question. Statistics are named, and keys measured, in a canonical
     order by the planner, so neither the select list's nor GROUP BY's order changes the measurement either."""
@@ -78,7 +79,8 @@ def fingerprint(plan: DPPlan, policy_version: int, parameters: object) -> str:
     domains = None if plan.domains is None else tuple(plan.domains[i] for i in plan.key_order or range(plan.keys))
     measurement = replace(plan, sql=folded(plan.measured), measured="", statistics=tuple(canonical_statistics(plan.statistics)),
                           selection=names.get(plan.selection or ""), columns=(), order=(), limit=None, offset=0,
-                          hidden=(), having=None, post=None, nested=None, domains=domains, key_order=())
+                          hidden=(), having=None, post=None, nested=None, domains=domains, key_order=(),
+                          limit_parameter=None, offset_parameter=None, unmeasured_parameters=())
     text = f"{MEASUREMENT_FORMAT!r}\0{policy_version}\0{measurement!r}\0{plan_quantiles(plan)!r}\0{parameters!r}"
     return hashlib.sha256(text.encode()).hexdigest()
 

@@ -254,6 +254,10 @@ class DPPlan:
     order: tuple[OrderKey, ...] = ()
     limit: int | None = None
     offset: int = 0
+    # LIMIT $n / OFFSET $n: the parameter's number; the runtime puts its bound value in limit / offset (`bound_tail`)
+    limit_parameter: int | None = None
+    offset_parameter: int | None = None
+    unmeasured_parameters: tuple[int, ...] = ()  # those only LIMIT and OFFSET use: not part of the measurement
     max_groups_per_unit: int = 1
     max_rows_per_unit: int = 1
     hidden: tuple[OutputColumn, ...] = ()  # aggregates HAVING needs that the select list does not show

@@ -204,8 +204,13 @@ def _plan(sql: str, role: RolePolicy, policy: Policy, params: DPParams) -> DPPla
         threshold = (selection_threshold(chosen.scale, reach, float(delta)) if chosen.sigma2 is None
                      else gaussian_selection_threshold(chosen.sigma2, reach, float(delta)))
     cost = _costs(list(statistics.values()), list(quantiles.values()), delta, selection is not None)
-    order, limit, offset = _tail(query, tree)
-    checks = _having_checks(having, drafts, hidden, query)
+    order, (limit, limit_parameter), (offset, offset_parameter) = _tail(query, tree)
+    tail = [part for part in (tree.args.get("limit"), tree.args.get("offset")) if part is not None]
+    in_tail = {id(node) for part in tail for node in part.find_all(exp.Parameter)}
+    measured_parameters = {node.this.this for node in tree.find_all(exp.Parameter) if id(node) not in in_tail}
+    # A LIMIT/OFFSET parameter is bound with the others: the SQL types it as PostgreSQL would (bigint), unrun.
+    checks = _having_checks(having, drafts, hidden, query) + [
+        f"${number}::bigint IS NULL" for number in (limit_parameter, offset_parameter) if number is not None]
     # GROUP BY a, b and GROUP BY b, a measure the same groups: one order of the keys for the measurement
     key_order = tuple(sorted(range(len(query.keys)), key=lambda i: query.keys[i]))
     return DPPlan(
@@ -221,7 +226,11 @@ def _plan(sql: str, role: RolePolicy, policy: Policy, params: DPParams) -> DPPla
         threshold=threshold,
         order=order,
         limit=limit,
-        offset=offset,
+        offset=offset or 0,
+        limit_parameter=limit_parameter,
+        offset_parameter=offset_parameter,
+        unmeasured_parameters=tuple(sorted({number for number in (limit_parameter, offset_parameter)
+                                            if number is not None and str(number) not in measured_parameters})),
         max_groups_per_unit=groups_cap,
         max_rows_per_unit=rows_cap,
         hidden=tuple(draft.finish(statistics, quantiles) for draft in hidden),
@@ -893,7 +902,9 @@ def _public_domains(query: AnalyticQuery, columns: _Columns) -> list[tuple[str, 
     return domains
 
 
-def _tail(query: AnalyticQuery, tree: exp.Select) -> tuple[tuple[OrderKey, ...], int | None, int]:
+def _tail(query: AnalyticQuery, tree: exp.Select) -> tuple[tuple[OrderKey, ...], tuple[int | None, int | None],
+                                                           tuple[int | None, int | None]]:
+    """ORDER BY as output positions; LIMIT and OFFSET each as (constant, $n parameter number)."""
     order = []
     for item in query.order:
         if item.position is None:
@@ -903,22 +914,23 @@ def _tail(query: AnalyticQuery, tree: exp.Select) -> tuple[tuple[OrderKey, ...],
         descending = "DESC" in words
         nulls_first = ("FIRST" in words) if "NULLS" in words else descending  # PostgreSQL's default
         order.append(OrderKey(item.position - 1, descending, nulls_first))
-    limit = _constant(tree.args.get("limit"), "LIMIT")
-    offset = _constant(tree.args.get("offset"), "OFFSET")
-    return tuple(order), limit, offset or 0
+    return tuple(order), _count(tree.args.get("limit"), "LIMIT"), _count(tree.args.get("offset"), "OFFSET")
 
 
-def _constant(node: exp.Expression | None, what: str) -> int | None:
+def _count(node: exp.Expression | None, what: str) -> tuple[int | None, int | None]:
+    """A LIMIT or OFFSET: (its constant, None), (None, its $n parameter's number), or (None, None) for none."""
     if node is None:
-        return None
+        return None, None
     if isinstance(node, exp.Fetch):
         value = node.args.get("count")
         if value is None:
-            return 1
+            return 1, None
     else:
         value = node.args.get("expression")
     if value is None or (isinstance(value, exp.Var) and value.name.upper() == "ALL"):
-        return None
+        return None, None
     if isinstance(value, exp.Literal) and not value.is_string and value.this.isdigit():
-        return int(value.this)
-    raise unsupported(f"{what} takes a constant in dp mode ($n parameters are not supported yet)", DP_HINT)
+        return int(value.this), None
+    if isinstance(value, exp.Parameter) and isinstance(value.this, exp.Literal) and value.this.this.isdigit():
+        return None, int(value.this.this)
+    raise unsupported(f"{what} takes a constant or a $n parameter in dp mode", DP_HINT)

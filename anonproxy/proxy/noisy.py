@@ -165,6 +165,7 @@ class NoisyAnswers:
         """One question's noisy answer and its plan."""
         async with self._connection() as conn:
             plan, fingerprint, found = await self._question(conn, sql, role, policy, parameters, limits)
+            plan = _bound_tail(plan, parameters)  # LIMIT $n, OFFSET $n: post-processing, not in the key
             spent.relations, spent.epsilon, spent.delta = plan.tables, 0, 0  # until charged
             if plan.free:
                 types, rows = await _run(conn, plan.sql, parameters)
@@ -306,7 +307,7 @@ class NoisyAnswers:
         costs = self._costs.get(key, _DEFAULTS)
         for _ in range(3):
             plan = await self._plan(sql, role, policy, costs, limits)
-            key_of_answer = fingerprint(plan, policy.version, parameters)
+            key_of_answer = fingerprint(plan, policy.version, _measured(parameters, plan.unmeasured_parameters))
             found = await ledger.lookup_answer(conn, role.role, plan.table, plan.tables,
                                                None if plan.free else key_of_answer)
             read: Costs = (or_default(found.epsilon_per_query, "epsilon"), or_default(found.delta_per_query, "delta"),
@@ -404,6 +405,49 @@ class NoisyAnswers:
 
 
 MAX_PARAMETERS = 65535  # the protocol's limit on $n parameters in one statement
+
+
+def _measured(parameters: Parameters, unmeasured: tuple[int, ...]) -> tuple[tuple[int, int, int, bytes | None], ...]:
+    """The bound parameters the measurement depends on, as (number, declared type, format, value): those only
+    LIMIT and OFFSET use left out (``limit 5``, ``limit $1`` with 5 or with 10 measure the same groups)."""
+    count = len(parameters.values)
+    types = parameters.types + (0,) * (count - len(parameters.types))
+    formats = parameters.formats if len(parameters.formats) == count else (0,) * count
+    return tuple((number, types[number - 1], formats[number - 1], parameters.values[number - 1])
+                 for number in range(1, count + 1) if number not in unmeasured)
+
+
+def _bound_tail(plan: DPPlan, parameters: Parameters) -> DPPlan:
+    """``plan`` with the bound values of its LIMIT and OFFSET parameters, as PostgreSQL reads them: NULL is no
+    limit (or offset 0), a negative value an error."""
+    bound = {}
+    for name, number, sqlstate in (("limit", plan.limit_parameter, "2201W"), ("offset", plan.offset_parameter, "2201X")):
+        if number is None:
+            continue
+        value = _bound_integer(parameters, number)
+        if value is not None and value < 0:
+            raise Refused(sqlstate, f"{name.upper()} must not be negative")
+        bound[name] = value if value is not None or name == "limit" else 0
+    return replace(plan, **bound) if bound else plan
+
+
+def _bound_integer(parameters: Parameters, number: int) -> int | None:
+    """The integer bound to ``$number`` (text, or binary int2/int4/int8 as the client sent it); None for NULL."""
+    if number > len(parameters.values):
+        raise Refused("08P01", f"bind message supplies {len(parameters.values)} parameters, but the statement "
+                      f"uses ${number}")
+    value = parameters.values[number - 1]
+    if value is None:
+        return None
+    binary = number <= len(parameters.formats) and parameters.formats[number - 1] == 1
+    try:
+        if binary and len(value) in (2, 4, 8):
+            return int.from_bytes(value, "big", signed=True)
+        if not binary:
+            return int(value.decode())
+    except (UnicodeDecodeError, ValueError):
+        pass
+    raise Refused("22P02", f"invalid input syntax for type bigint in LIMIT/OFFSET parameter ${number}")
 
 
 def _readable(cached: bytes | None, plan: DPPlan) -> Measurement | None:
