@@ -28,7 +28,7 @@ PAIRS = [
 
 
 def test_the_array_forms_are_the_lists() -> None:
-    for array, listed in PAIRS:
+    for array, _ in PAIRS:
         rewritten = decide(array, SUPPRESS, POLICY)
         assert isinstance(rewritten, Rewrite), (array, rewritten)
         assert " IN (" in rewritten.sql and "ANY" not in rewritten.sql.upper()

@@ -75,7 +75,8 @@ def test_a_session_lowers_its_epsilon(gated_proxy: Endpoint, gated_database: str
 def test_reset_all_and_discard_all_reset_the_dp_settings(gated_proxy: Endpoint, gated_database: str,
                                                          analyst: str) -> None:  # noqa: F811
     def shown(conn: psycopg.Connection) -> tuple[str, str]:
-        return (conn.execute("show anonproxy.epsilon").fetchone()[0], conn.execute("show anonproxy.delta").fetchone()[0])
+        return (conn.execute("show anonproxy.epsilon").fetchone()[0],
+                conn.execute("show anonproxy.delta").fetchone()[0])
 
     with connect(gated_proxy, gated_database, analyst) as conn:
         for reset, prepare in (("RESET ALL", False), ("discard all", False), ("reset all", True),

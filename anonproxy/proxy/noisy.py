@@ -190,7 +190,8 @@ class NoisyAnswers:
                 types, rows = await _run(conn, plan.sql, parameters)
             measured = measure(plan, types, rows)
             # Another session of the role may have paid for the same question meanwhile: one measurement is released.
-            stored = await ledger.store_answer(conn, role.role, fingerprint, version, encoded(measured.canonical(plan)))
+            stored = await ledger.store_answer(conn, role.role, fingerprint, version,
+                                               encoded(measured.canonical(plan)))
             kept = _readable(stored, plan)
             result = await _result(conn, plan, kept or measured, headline)
             return _with_notice(result, f"anonproxy: budget left on {plan.table}: {_left(left)}"), plan
@@ -421,7 +422,8 @@ def _bound_tail(plan: DPPlan, parameters: Parameters) -> DPPlan:
     """``plan`` with the bound values of its LIMIT and OFFSET parameters, as PostgreSQL reads them: NULL is no
     limit (or offset 0), a negative value an error."""
     bound = {}
-    for name, number, sqlstate in (("limit", plan.limit_parameter, "2201W"), ("offset", plan.offset_parameter, "2201X")):
+    tail = (("limit", plan.limit_parameter, "2201W"), ("offset", plan.offset_parameter, "2201X"))
+    for name, number, sqlstate in tail:
         if number is None:
             continue
         value = _bound_integer(parameters, number)
