@@ -39,6 +39,7 @@ def test_the_array_forms_are_the_lists() -> None:
     "select sex, count(*) from adult where native_country <> all($1) group by sex",
     "select sex, count(*) from adult where age < any(array[20, 30]) group by sex",
     "select sex, count(*) from adult where age = all(array[20]) group by sex",
+    "select sex, count(*) from adult where age = any(array[age, 1.5::float8]) group by sex",  # casts age
 ])
 def test_other_uses_of_any_and_all_are_refused(sql: str) -> None:
     for role in (SUPPRESS, DP):

@@ -384,7 +384,8 @@ SIDE_CHANNELS = [
     ("SELECT date_trunc('fortnight', age), count(*) FROM adult GROUP BY 1", "date_trunc"),
     ("SELECT date_trunc('week', age), count(*) FROM adult GROUP BY 1", "date_trunc"),
     ("SELECT date_trunc('day', age, 'Mars/Olympus'), count(*) FROM adult GROUP BY 1", "zone"),
-    ("SELECT count(*) FROM adult WHERE native_country = ANY (ARRAY['x'])", "ANY"),
+    ("SELECT count(*) FROM adult WHERE native_country = ANY (ARRAY[native_country || 'x'])", "ANY"),
+    ("SELECT count(*) FROM adult WHERE native_country = ANY ($1)", "ANY"),
     ("SELECT count(*) FROM adult WHERE native_country COLLATE \"C\" = 'x'", "COLLATE"),
     ("SELECT count(*) FROM adult WHERE native_country = E'x'", "strings"),
 ]

@@ -189,8 +189,9 @@ def analyze(statement: Statement, tree: exp.Expression, index: PolicyIndex, para
         identifiers={source.reference: _identifier_columns(source.table) for source in sources},
     )
     checker = Checker(scope, params, anchor.table.policy_name, dp, statement.source)
-    _qualify_bare_columns(tree, scope)
-    _arrays_as_lists(tree)
+    nodes = list(own_nodes(tree))  # the two passes below change nodes in place, never the list's
+    _qualify_bare_columns(tree, nodes, scope)
+    _arrays_as_lists(nodes)
     check_joins(sources, anchor, checker)
 
     items = _items(tree, checker, dp, statement.source)
@@ -543,13 +544,12 @@ def _constant(node: exp.Expression) -> bool:
                    for n in node.walk())
 
 
-def _qualify_bare_columns(tree: exp.Select, scope: Scope) -> None:
+def _qualify_bare_columns(tree: exp.Select, nodes: list[exp.Expression], scope: Scope) -> None:
     """Where a query names a column both bare and qualified (``select sex ... group by a.sex``), qualify the bare
     ones as PostgreSQL resolves them, so that every comparison that follows (GROUP BY keys, select items, ORDER
     BY, HAVING) sees one expression. Only a name exactly one table has, when every table's columns are known
     (else PostgreSQL decides); never a bare ORDER BY name of an output alias (it names that select item)."""
-    columns = [node for node in own_nodes(tree)
-               if isinstance(node, exp.Column) and isinstance(node.this, exp.Identifier)]
+    columns = [node for node in nodes if isinstance(node, exp.Column) and isinstance(node.this, exp.Identifier)]
     qualified = {(identifier(node.args["table"]), identifier(node.this)) for node in columns
                  if node.args.get("table") is not None and node.args.get("db") is None}
     if not qualified:
@@ -568,11 +568,11 @@ def _qualify_bare_columns(tree: exp.Select, scope: Scope) -> None:
             node.set("table", exp.Identifier(this=owners[0], quoted=True))
 
 
-def _arrays_as_lists(tree: exp.Select) -> None:
+def _arrays_as_lists(nodes: list[exp.Expression]) -> None:
     """``x = ANY(ARRAY[a, b])`` is ``x IN (a, b)`` and ``x <> ALL(ARRAY[a, b])`` is ``x NOT IN (a, b)`` (SQL
     defines them so): rewritten to the lists, which the rules for IN then check. Other uses of ANY and ALL (an
     array parameter, other comparisons) stay as written, and are refused."""
-    for node in list(own_nodes(tree)):
+    for node in nodes:
         if isinstance(node, exp.EQ) and isinstance(node.expression, exp.Any):
             values = _array_values(node.expression.this)
             if values is not None:
@@ -585,11 +585,18 @@ def _arrays_as_lists(tree: exp.Select) -> None:
 
 
 def _array_values(node: exp.Expression) -> list[exp.Expression] | None:
-    """The elements of ``ARRAY[...]`` (in parentheses or not), if ``node`` is one with at least one."""
+    """The elements of ``ARRAY[...]`` (in parentheses or not), if ``node`` is one of constants and parameters
+    (an element over columns would give the array a common type that casts them: not quite the list)."""
     node = unwrap(node)
-    if isinstance(node, exp.Array) and node.expressions and not node.args.get("value_constructor"):
-        return list(node.expressions)
-    return None
+    if not isinstance(node, exp.Array) or not node.expressions or node.args.get("value_constructor"):
+        return None
+    def constant(element: exp.Expression) -> bool:
+        element = unwrap(element)
+        if isinstance(element, exp.Neg):
+            element = element.this
+        return isinstance(element, (exp.Literal, exp.Parameter, exp.Null, exp.Boolean))
+
+    return list(node.expressions) if all(constant(element) for element in node.expressions) else None
 
 
 def _same_column(tree: exp.Select, target: exp.Expression, name: str) -> bool:
