@@ -476,3 +476,26 @@ def test_the_conversion_functions_are_no_channel_over_protected_rows(gated_proxy
                 conn.execute(query)
             assert refused.value.sqlstate in ("42501", "0A000"), (query, refused.value)  # refused by the planner
             assert "exceeded" not in str(refused.value) and "must be a finite number" not in str(refused.value)
+
+
+def test_explain_counts_both_questions_of_a_series_limit_under_zcdp(gated_proxy: Endpoint, gated_database: str,
+                                                                    zcdp_analyst: str) -> None:
+    series = ("SELECT education AS education, count(*) AS count FROM public.adult JOIN (SELECT education AS "
+              "education__, count(*) AS mme_inner__ FROM public.adult GROUP BY education ORDER BY mme_inner__ DESC "
+              "LIMIT 5) AS series_limit ON education = series_limit.education__ GROUP BY education")
+    with psycopg.connect(gated_proxy.dsn(gated_database, user=zcdp_analyst), autocommit=True) as conn:
+        def explained(sql: str) -> list[str]:
+            return [line for (line,) in conn.execute(f"explain (anonproxy) {sql}")]
+
+        def zcdp_cost(lines: list[str]) -> list[float]:
+            return [float(line.split("ρ=")[1].split(",")[0]) for line in lines
+                    if line.startswith("under zCDP accounting it costs")]
+
+        lines = explained(series)
+        costs, single = zcdp_cost(lines), zcdp_cost(explained("select education, count(*) from adult "
+                                                              "group by education"))
+        assert len(costs) == 1 and len(single) == 1, lines
+        assert costs[0] == pytest.approx(2 * single[0], rel=1e-12), lines  # two questions of one statistic each
+        conn.execute("select education, count(*) from adult group by education").fetchall()
+        assert not [line for line in explained("select education, count(*) from adult group by education")
+                    if "under zCDP accounting it costs" in line], "cached: nothing to charge"

@@ -233,6 +233,7 @@ class NoisyAnswers:
         async with self._connection() as conn:
             plan, _, found = await self._question(conn, sql, role, policy, parameters, limits)
             lines = explained(plan, found)
+            questions = [(plan, found)]
             if isinstance(plan.nested, Outer):
                 lines.append("then an outer query post-processes the released rows: no extra cost")
             elif isinstance(plan.nested, Series):
@@ -242,12 +243,14 @@ class NoisyAnswers:
                 lines.append("then the same query restricted to the groups released above (series limit), a second "
                              "question:")
                 lines += [f"  {line}" for line in explained(second, second_found)]
+                questions.append((second, second_found))
                 if not plan.free and not second.free:
                     lines.append(f"both questions together cost ε={plan.epsilon + second.epsilon:g}, "
                                  f"δ={plan.delta + second.delta:g}")
             budget = await ledger.remaining(conn, role.role, plan.table)
-        if budget.accounting == "zcdp" and not plan.free:
-            lines.append(_zcdp_explained(plan, budget))
+        charged = [question for question, seen in questions if not question.free and seen.answer is None]
+        if budget.accounting == "zcdp" and charged:
+            lines.append(_zcdp_explained(charged, budget))
         lines.append(f"budget left on {plan.table}: {_left(budget)}")
         lines.append("nothing was run or charged")
         return Result(EXPLAIN_COLUMNS, tuple((line.encode(),) for line in lines), "EXPLAIN")
@@ -674,15 +677,17 @@ def _shown(amount: Decimal | None, budget: ledger.Remaining) -> str:
     return _plain(amount.quantize(Decimal(1).scaleb(amount.adjusted() - 5), rounding=ROUND_FLOOR))
 
 
-def _zcdp_explained(plan: DPPlan, budget: ledger.Remaining) -> str:
-    """What a question does to a zCDP budget: its ρ adds up, and the ε shown as spent is the conversion of the sum at
-    what is left of δ, so an answer's share of ε is not its own ε (a first answer looks dearer than later ones)."""
-    rho = Decimal(repr(plan.rho))
-    delta_add = Decimal(repr(plan.delta_add))
+def _zcdp_explained(charged: list[DPPlan], budget: ledger.Remaining) -> str:
+    """What the questions to be charged (a series limit's two, or one) do to a zCDP budget: their ρ adds up, and the
+    ε shown as spent is the conversion of the sum at what is left of δ, so an answer's share of ε is not its own ε (a
+    first answer looks dearer than later ones)."""
+    rho = sum((Decimal(repr(plan.rho)) for plan in charged), Decimal(0))
+    delta_add = sum((Decimal(repr(plan.delta_add)) for plan in charged), Decimal(0))
     delta_left = budget.role_delta - delta_add  # the role's δ left under zcdp: D − Σδ_add
     after = zcdp_epsilon(budget.rho_spent + rho, delta_left) if delta_left > 0 else Decimal("Infinity")
-    return (f"under zCDP accounting it costs ρ={float(rho):g}, δ_add={float(delta_add):g}: ε spent on {plan.table} "
-            f"would go from {float(budget.epsilon_spent):.6g} to {float(after):.6g} of {_plain(budget.epsilon_budget)}")
+    return (f"under zCDP accounting it costs ρ={float(rho):g}, δ_add={float(delta_add):g}: ε spent on "
+            f"{charged[0].table} would go from {float(budget.epsilon_spent):.6g} to {float(after):.6g} of "
+            f"{_plain(budget.epsilon_budget)}")
 
 
 def _show(setting: str, values: list[str]) -> Result:
