@@ -42,6 +42,7 @@ class Entry:
     sqlstate: str | None
     epsilon: Decimal | None
     delta: Decimal | None
+    rho: Decimal | None
     relations: list[str]
     statement: str
 
@@ -124,7 +125,7 @@ def latest(conn: psycopg.Connection, filters: Filters, limit: int) -> list[Entry
     with conn.cursor(row_factory=class_row(Entry)) as cur:
         cur.execute(f"""select * from (
                           select id, at, login, host(client_addr) as client_addr, mode, decision, sqlstate, epsilon,
-                                 delta, relations, statement
+                                 delta, rho, relations, statement
                             from anonproxy.audit_trail where {_WHERE}
                            order by at desc, id desc limit %(limit)s) latest
                         order by at, id""", _params(filters) | {"limit": limit})
@@ -134,14 +135,15 @@ def latest(conn: psycopg.Connection, filters: Filters, limit: int) -> list[Entry
 def format_table(entries: list[Entry]) -> list[str]:
     """Plain-text lines: one per statement, with a header."""
     lines = [f"{'time':<19}  {'login':<12} {'client':<15} {'mode':<8} {'decision':<16} {'ε charged':>9} "
-             f"{'δ charged':>9}  {'relations':<14} statement"]
+             f"{'δ charged':>9} {'ρ charged':>9}  {'relations':<14} statement"]
     for e in entries:
         decision = f"{e.decision} {e.sqlstate}" if e.sqlstate else e.decision
         statement = " ".join(e.statement.split())
         if len(statement) > STATEMENT_WIDTH:
             statement = statement[:STATEMENT_WIDTH - 1] + "…"
         lines.append(f"{e.at.astimezone():%Y-%m-%d %H:%M:%S}  {e.login or '-':<12} {e.client_addr or '-':<15} "
-                     f"{e.mode or '-':<8} {decision:<16} {_amount(e.epsilon):>9} {_amount(e.delta):>9}  "
+                     f"{e.mode or '-':<8} {decision:<16} {_amount(e.epsilon):>9} {_amount(e.delta):>9} "
+                     f"{_amount(e.rho):>9}  "
                      f"{','.join(e.relations) or '-':<14} {statement}")
     lines.append(f"({len(entries)} statement{'' if len(entries) == 1 else 's'})")
     return lines

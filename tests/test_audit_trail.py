@@ -98,11 +98,12 @@ def test_the_owner_sees_each_statement_its_decision_and_its_charge(
     assert r3["relations"] == []
     assert r1["session_id"] == r2["session_id"] == r3["session_id"] != a1["session_id"]
     # The charges are the ledger's: a1 and a2 each charged the per-query ε, the cached answer nothing.
-    charged = truth.execute("select epsilon, delta from anonproxy.budget_ledger where role_name = %s order by id",
-                            [analyst]).fetchall()
-    assert [(r["epsilon"], r["delta"]) for r in (a1, a2)] == charged
-    assert a1["epsilon"] == a2["epsilon"] == Decimal("0.5")
-    assert (a1_again["epsilon"], a1_again["delta"]) == (0, 0)
+    charged = truth.execute("select epsilon, delta, rho, delta_add from anonproxy.budget_ledger "
+                            "where role_name = %s order by id", [analyst]).fetchall()
+    assert [(r["epsilon"], r["delta"], r["rho"], r["delta_add"]) for r in (a1, a2)] == charged
+    assert a1["epsilon"] == a2["epsilon"] == Decimal("0.5") and a1["rho"] > 0 and a2["rho"] > 0
+    assert (a1_again["epsilon"], a1_again["delta"], a1_again["rho"], a1_again["delta_add"]) == (0, 0, 0, 0)
+    assert r1["rho"] is None and a3["rho"] is None and a4["rho"] is None
     assert a1["relations"] == a2["relations"] == ["public.adult"]
     assert (a1["rows_sent"], a2["rows_sent"]) == (2, 1)
     assert a3["epsilon"] is None and a3["sqlstate"] == dp_refused_state

@@ -85,6 +85,8 @@ class Spent:
     relations: tuple[str, ...] = ()
     epsilon: Decimal | float | None = None  # charged: 0 for an answer already paid for or read from the policy
     delta: Decimal | float | None = None
+    rho: Decimal | float | None = None  # the same charge's zCDP cost (sql/0019)
+    delta_add: Decimal | float | None = None
     rows_sent: int | None = None
     sqlstate: str | None = None  # set when it was refused
     message: str | None = None
@@ -104,6 +106,8 @@ class AuditRecord:
     epsilon: Decimal | float | None = None
     delta: Decimal | float | None = None
     rows_sent: int | None = None
+    rho: Decimal | float | None = None
+    delta_add: Decimal | float | None = None
 
 
 class AuditTrail:
@@ -156,7 +160,8 @@ class AuditTrail:
         text = self._texts.get((who.session_id, decision)) or statement_text(decision)
         self._add(AuditRecord(time.time(), who, mode, text, "refused" if refused else "answered",
                               spent.sqlstate, spent.message, spent.relations, epsilon=spent.epsilon,
-                              delta=spent.delta, rows_sent=spent.rows_sent))
+                              delta=spent.delta, rows_sent=spent.rows_sent, rho=spent.rho,
+                              delta_add=spent.delta_add))
 
     def _add(self, record: AuditRecord) -> None:
         if len(self._buffer) >= self.capacity:
@@ -250,7 +255,8 @@ class AuditTrail:
                 "client_port": who.client_port, "session_id": who.session_id, "mode": record.mode,
                 "statement": statement, "decision": record.decision, "sqlstate": record.sqlstate,
                 "message": record.message, "relations": list(relations), "epsilon": _number(record.epsilon),
-                "delta": _number(record.delta), "rows_sent": record.rows_sent}
+                "delta": _number(record.delta), "rho": _number(record.rho),
+                "delta_add": _number(record.delta_add), "rows_sent": record.rows_sent}
 
     def _relations_of(self, sql: str) -> tuple[str, ...]:
         """The tables a rewritten query reads, from its tree (cached: a dashboard repeats its queries)."""

@@ -154,6 +154,7 @@ class NoisyAnswers:
             answered, _ = await self._answer(question, role, policy, parameters, limits, timeout_ms, second)
             spent.relations = tuple(sorted({*spent.relations, *second.relations}))
             spent.epsilon, spent.delta = spent.epsilon + second.epsilon, spent.delta + second.delta
+            spent.rho, spent.delta_add = spent.rho + second.rho, spent.delta_add + second.delta_add
             keys = {plan.nested.key_values(row_texts(row)) for row in result.rows}
             rows = plan.nested.page(tuple(row for row in answered.rows
                                           if plan.nested.released(row_texts(row), keys)))
@@ -166,7 +167,8 @@ class NoisyAnswers:
         async with self._connection() as conn:
             plan, fingerprint, found = await self._question(conn, sql, role, policy, parameters, limits)
             plan = _bound_tail(plan, parameters)  # LIMIT $n, OFFSET $n: post-processing, not in the key
-            spent.relations, spent.epsilon, spent.delta = plan.tables, 0, 0  # until charged
+            spent.relations = plan.tables
+            spent.epsilon, spent.delta, spent.rho, spent.delta_add = 0, 0, 0, 0  # until charged
             if plan.free:
                 types, rows = await _run(conn, plan.sql, parameters)
                 return await _result(conn, plan, measure(plan, types, rows), "anonproxy: the declared public domain, "
@@ -185,6 +187,7 @@ class NoisyAnswers:
             left = await ledger.charge(conn, role.role, plan.table, plan.epsilon, plan.delta, fingerprint,
                                        rho=plan.rho, delta_add=plan.delta_add)
             spent.epsilon, spent.delta = plan.epsilon, plan.delta
+            spent.rho, spent.delta_add = plan.rho, plan.delta_add
             async with _snapshot(conn, timeout_ms):
                 version = await ledger.data_version(conn, plan.tables)  # of the rows the plan reads next
                 types, rows = await _run(conn, plan.sql, parameters)
