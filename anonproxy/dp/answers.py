@@ -70,10 +70,10 @@ MEASUREMENT_FORMAT = b"anonproxy-measurement/2\n"  # 2: keys in the canonical or
 def fingerprint(plan: DPPlan, policy_version: int, parameters: object) -> str:
     """The answer cache's key: the plan's **measurement** — its bounded SQL (without HAVING's never-run type
     checks), statistics and their noise, quantiles, domains, partition selection and cost — the policy it obeys
-    and the bound values (``parameters``: without those only LIMIT and OFFSET use). Not what is done with the noisy
-    values next (output columns and their names and order,
-    post-aggregate expressions, HAVING, ORDER BY, LIMIT, OFFSET, the nested step), which is free post-processing:
-    statements that differ only there are one question. Statistics are named, and keys measured, in a canonical
+    and the bound values (``parameters``: without those only LIMIT and OFFSET use). Not what is done with the
+    noisy values next (output columns and their names and order, post-aggregate expressions, HAVING, ORDER BY,
+    LIMIT, OFFSET, the nested step), which is free post-processing: statements that differ only there are one
+    question. Statistics are named, and keys measured, in a canonical
     order by the planner, so neither the select list's nor GROUP BY's order changes the measurement either."""
     names = canonical_names(plan.statistics)
     domains = None if plan.domains is None else tuple(plan.domains[i] for i in plan.key_order or range(plan.keys))

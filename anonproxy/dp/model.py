@@ -254,7 +254,7 @@ class DPPlan:
     order: tuple[OrderKey, ...] = ()
     limit: int | None = None
     offset: int = 0
-    # LIMIT $n / OFFSET $n: the parameter's number; the runtime puts its bound value in limit / offset (`bound_tail`)
+    # LIMIT $n / OFFSET $n: the parameter's number; the proxy puts its bound value in limit / offset before finishing
     limit_parameter: int | None = None
     offset_parameter: int | None = None
     unmeasured_parameters: tuple[int, ...] = ()  # those only LIMIT and OFFSET use: not part of the measurement

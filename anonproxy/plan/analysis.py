@@ -590,13 +590,15 @@ def _array_values(node: exp.Expression) -> list[exp.Expression] | None:
     node = unwrap(node)
     if not isinstance(node, exp.Array) or not node.expressions or node.args.get("value_constructor"):
         return None
-    def constant(element: exp.Expression) -> bool:
-        element = unwrap(element)
-        if isinstance(element, exp.Neg):
-            element = element.this
-        return isinstance(element, (exp.Literal, exp.Parameter, exp.Null, exp.Boolean))
+    return list(node.expressions) if all(_constant_element(element) for element in node.expressions) else None
 
-    return list(node.expressions) if all(constant(element) for element in node.expressions) else None
+
+def _constant_element(node: exp.Expression) -> bool:
+    """A constant, a negative number or a $n parameter."""
+    node = unwrap(node)
+    if isinstance(node, exp.Neg):
+        node = node.this
+    return isinstance(node, (exp.Literal, exp.Parameter, exp.Null, exp.Boolean))
 
 
 def _same_column(tree: exp.Select, target: exp.Expression, name: str) -> bool:

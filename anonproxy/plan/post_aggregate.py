@@ -218,7 +218,6 @@ class _Compiler:
         raise unsupported(f"{node.sql(dialect='postgres')} cannot be computed over the released values: over "
                           "aggregates, a part without aggregates must be a GROUP BY expression or a constant", HINT)
 
-
     def _window(self, node: exp.Window) -> str:
         """A window function over the released rows (checked by expressions.Checker: function, frame)."""
         self.windows = True
@@ -245,10 +244,12 @@ class _Compiler:
 
 def _frame(spec: exp.WindowSpec) -> str:
     """ROWS | RANGE | GROUPS BETWEEN <start> AND <end>, from the checked frame's parts."""
+
     def bound(end: str) -> str:
         value, side = spec.args.get(end), spec.args.get(f"{end}_side")
         text = value.this if isinstance(value, exp.Literal) else str(value).upper()
         return f"{text} {str(side).upper()}" if side is not None else text
+
     kind = str(spec.args["kind"]).upper()
     if spec.args.get("end") is None:
         return f"{kind} {bound('start')}"

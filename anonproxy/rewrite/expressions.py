@@ -633,6 +633,8 @@ class Checker:
             self._walk(ordered.this, clause, aggregates=True)
 
     def _frame(self, spec: exp.WindowSpec, clause: str) -> None:
+        """A frame the post statement can write back (post_aggregate._frame): each end UNBOUNDED, CURRENT ROW or a
+        constant offset, PRECEDING or FOLLOWING; no EXCLUDE."""
         kind = str(spec.args.get("kind") or "").upper()
         bounds_ok = all(
             (spec.args.get(end) is None and spec.args.get(f"{end}_side") is None)
