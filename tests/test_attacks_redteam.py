@@ -243,7 +243,7 @@ REFUSED = [
     ("select count(*) from adult where sex ~ 'M'", '0A000'),
     ("select count(*) from adult where sex like 'M%' escape '#'", '0A000'),
     ("select count(*) from adult where sex like 'M\\'", '0A000'),
-    ("select count(*) from adult where sex = any(array['Male'])", '0A000'),
+    ("select count(*) from adult where sex = any($1)", '0A000'),  # = ANY(ARRAY['Male']) is IN ('Male')
     ('select sum(age order by age) from adult where age > 30', '0A000'),
     ("select string_agg(sex, ',') from adult where age > 30", '0A000'),
     ('select count(*) over () from adult', '42501'),  # a row per person, each with the total

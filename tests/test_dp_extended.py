@@ -223,7 +223,9 @@ def test_refusals_in_the_extended_protocol_cost_nothing(gated_proxy: Endpoint, g
         with pytest.raises(psycopg.errors.FeatureNotSupported, match="parameter"):
             conn.execute("select sex, sum(age * %s) from adult group by sex", [2], prepare=True)
         with pytest.raises(psycopg.errors.FeatureNotSupported, match="LIMIT"):
-            conn.execute("select sex, count(*) from adult group by sex limit %s", [1])
+            conn.execute("select sex, count(*) from adult group by sex limit %s + 1", [1])
+        with pytest.raises(psycopg.errors.InvalidRowCountInLimitClause):
+            conn.execute("select sex, count(*) from adult group by sex limit %s", [-1])
         assert conn.execute("show anonproxy.budget", prepare=True).fetchone()[0].endswith(
             "epsilon 2 of 2 left, delta 0.00001 of 0.00001 left")
 

@@ -100,7 +100,7 @@ def refused(sql: str, *words: str, params: DPParams = PARAMS, role: RolePolicy =
     ("select count(distinct education) from adult", ("count(DISTINCT x)", "privacy unit id")),
     ("select sex, count(*) from adult group by sex order by count(*) + 0", ("must name an output column",)),
     ("select occupation from adult group by occupation order by count(*)", ("must name an output column",)),
-    ("select sex, count(*) from adult group by sex limit $1", ("LIMIT takes a constant",)),
+    ("select sex, count(*) from adult group by sex limit $1 + 1", ("LIMIT takes a constant or a $n parameter",)),
     ("select count(*) from adult a join adult b on a.id = b.id", ("one protected table",)),
     ("select distinct sex, count(*) from adult group by sex", ("DISTINCT with aggregates",)),
     ("select count(*) from adult; select 1", ("on its own",)),
