@@ -224,15 +224,16 @@ def test_only_charges_within_the_refresh_period_count(db: psycopg.Connection[Any
 # Concurrency ------------------------------------------------------------------------------
 
 
-async def _race(dsn: str, charges: list[tuple[str, str]], epsilon: str) -> list[bool]:
-    """One connection per (role, fingerprint), all charging at once; which ones succeeded."""
+async def race(dsn: str, charges: list[tuple[str, str]], epsilon: str, **costs: object) -> list[bool]:
+    """One connection per (role, fingerprint), all charging ``epsilon`` (and ``costs``: rho, delta_add) at once;
+    which ones succeeded."""
     conns = [await psycopg.AsyncConnection.connect(dsn, autocommit=True) for _ in charges]
     start = asyncio.Event()
 
     async def one(conn: psycopg.AsyncConnection[Any], role: str, fingerprint: str) -> bool:
         await start.wait()
         try:
-            await ledger.charge(conn, role, ADULT, epsilon, 0, fingerprint)
+            await ledger.charge(conn, role, ADULT, epsilon, 0, fingerprint, **costs)
             return True
         except BudgetExhausted:
             return False
@@ -251,7 +252,7 @@ def test_concurrent_sessions_of_a_role_never_overspend(db: psycopg.Connection[An
     # Each round the budget grows by 0.7: exactly 7 of the 20 concurrent charges of 0.1 fit.
     for round_ in range(1, 5):
         set_budget(db, ALICE, str(Decimal("0.7") * round_))
-        succeeded = asyncio.run(_race(service_dsn, [(ALICE, f"r{round_}q{i}") for i in range(20)], "0.1"))
+        succeeded = asyncio.run(race(service_dsn, [(ALICE, f"r{round_}q{i}") for i in range(20)], "0.1"))
         assert succeeded.count(True) == 7, (round_, succeeded)
         assert ledger_rows(db, ALICE) == 7 * round_
     row = db.execute("select sum(epsilon) from anonproxy.budget_ledger where role_name = %s", (ALICE,)).fetchone()
@@ -264,7 +265,7 @@ def test_concurrent_roles_never_overspend_the_shared_cap(db: psycopg.Connection[
     for round_ in range(1, 4):
         db.execute("select anonproxy.set_shared_budget('public.adult', %s)", (Decimal("0.5") * round_,))
         charges = [(ALICE if i % 2 else BOB, f"r{round_}q{i}") for i in range(20)]
-        succeeded = asyncio.run(_race(service_dsn, charges, "0.1"))
+        succeeded = asyncio.run(race(service_dsn, charges, "0.1"))
         assert succeeded.count(True) == 5, (round_, succeeded)
     row = db.execute("select sum(epsilon) from anonproxy.budget_ledger").fetchone()
     assert row == (Decimal("1.5"),)

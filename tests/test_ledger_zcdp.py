@@ -22,6 +22,7 @@ from test_ledger import (  # noqa: F401  (fixtures)
     db,
     ledger_rows,
     logins,
+    race,
     run,
     service_dsn,
     set_budget,
@@ -275,36 +276,14 @@ def test_a_shared_cap_counts_by_its_own_accounting(db: psycopg.Connection[Any], 
                                    "delta 0.00001; this query needs epsilon 0.3, delta 0 (basic accounting)")
 
 
-async def _race(dsn: str, charges: list[tuple[str, str]], rho: str) -> list[bool]:
-    """One connection per (role, fingerprint), all charging ε 0.1 and ``rho`` at once; which ones succeeded."""
-    conns = [await psycopg.AsyncConnection.connect(dsn, autocommit=True) for _ in charges]
-    start = asyncio.Event()
-
-    async def one(conn: psycopg.AsyncConnection[Any], role: str, fingerprint: str) -> bool:
-        await start.wait()
-        try:
-            await ledger.charge(conn, role, ADULT, "0.1", 0, fingerprint, rho=rho, delta_add=0)
-            return True
-        except BudgetExhausted:
-            return False
-
-    try:
-        tasks = [asyncio.create_task(one(conn, role, fp)) for conn, (role, fp) in zip(conns, charges)]
-        await asyncio.sleep(0.05)
-        start.set()
-        return list(await asyncio.gather(*tasks))
-    finally:
-        for conn in conns:
-            await conn.close()
-
-
 def test_concurrent_zcdp_charges_never_overspend(db: psycopg.Connection[Any], service_dsn: str) -> None:  # noqa: F811
     # Each round the budget's rho_max grows by 0.07 (0.005 to spare): exactly 7 of the 20 charges of rho 0.01 fit.
     for round_ in range(1, 4):
         epsilon = db.execute("select anonproxy.zcdp_epsilon(%s, 0.00001)", (D("0.07") * round_ + D("0.005"),)
                              ).fetchone()[0]
         set_budget(db, ALICE, str(epsilon), "0.00001", accounting="zcdp")
-        succeeded = asyncio.run(_race(service_dsn, [(ALICE, f"r{round_}q{i}") for i in range(20)], "0.01"))
+        succeeded = asyncio.run(race(service_dsn, [(ALICE, f"r{round_}q{i}") for i in range(20)], "0.1", rho="0.01",
+                                        delta_add=0))
         assert succeeded.count(True) == 7, (round_, succeeded)
     assert db.execute("select sum(rho) from anonproxy.budget_ledger").fetchone() == (D("0.21"),)
     # And a zcdp shared cap across two roles (whose own basic budgets are large): 5 of 20 per round.
@@ -315,7 +294,7 @@ def test_concurrent_zcdp_charges_never_overspend(db: psycopg.Connection[Any], se
                              ).fetchone()[0]
         db.execute("select anonproxy.set_shared_budget('public.adult', %s, 0.00001, accounting => 'zcdp')", (epsilon,))
         charges = [(ALICE if i % 2 else BOB, f"cap{round_}q{i}") for i in range(20)]
-        succeeded = asyncio.run(_race(service_dsn, charges, "0.01"))
+        succeeded = asyncio.run(race(service_dsn, charges, "0.1", rho="0.01", delta_add=0))
         assert succeeded.count(True) == 5, (round_, succeeded)
     assert db.execute("select sum(rho) from anonproxy.budget_ledger").fetchone() == (D("0.31"),)
 

@@ -9,27 +9,14 @@ psql, for a dp role (its own budget: ε 2 in all, 0.5 per query), the suppress r
 from __future__ import annotations
 
 import asyncio
-import itertools
 import os
 import subprocess
-from collections.abc import Iterator
 
 import asyncpg
 import psycopg
 import pytest
-from conftest import Endpoint, fresh_dp_role
-
-_names = itertools.count(1)
-
-
-@pytest.fixture
-def analyst(truth: psycopg.Connection, gated_proxy: Endpoint, gated_database: str) -> Iterator[str]:
-    with fresh_dp_role(truth, gated_proxy, gated_database, f"dp_login_{next(_names)}") as role:
-        yield role
-
-
-def budget_left(conn: psycopg.Connection) -> str:
-    return conn.execute("show anonproxy.budget").fetchone()[0]
+from conftest import Endpoint
+from test_dp_proxy import analyst, budget_left  # noqa: F401  (fixtures)
 
 
 def connect(proxy: Endpoint, database: str, role: str, options: str) -> psycopg.Connection:
