@@ -52,7 +52,7 @@ def serve(pg_server: EmbeddedPostgres, dbname: str) -> subprocess.CompletedProce
 def drop_suppression_report(conn: psycopg.Connection) -> None:
     """A database that lacks migration 0016 (its function and its ledger row), as one whose install stopped there
     and went on later would. Only 0016: the later migrations' objects stay, so `install` must not apply them again."""
-    conn.execute("drop function anonproxy.suppression_report(integer, text, text[], bigint, text, boolean, boolean)")
+    conn.execute("drop function anonproxy.suppression_report(integer, text, text[], bigint, bigint, text, boolean, boolean)")
     conn.execute("delete from anonproxy.schema_migrations where version = 16")
 
 

@@ -32,6 +32,7 @@ class SuppressionReport:
     relation: str
     labels: tuple[str, ...] | None  # the answer's grouping columns: aliases, else rendered (None: no GROUP BY)
     groups: int | None  # groups withheld; None: not said (none, or too few or too many people to say)
+    complementary: int | None  # of them, withheld only so that the withheld groups pass the rules together
     total: str | None  # no GROUP BY: "qss" or "rules" when the total was withheld, None when released
     rest: bool | None  # the suppressed-rest row was released (None: the role has none, or no GROUP BY)
     null_group: bool | None  # a released group also has NULL in every grouping column
@@ -54,6 +55,7 @@ def read_report(fields: dict[str, str]) -> SuppressionReport | None:
             k=int(data["k"]), relation=str(data["relation"]),
             labels=None if data["labels"] is None else tuple(str(label) for label in data["labels"]),
             groups=None if data["groups"] is None else int(data["groups"]),
+            complementary=None if data.get("complementary") is None else int(data["complementary"]),
             total=data["total"] if data["total"] in ("qss", "rules") else None,
             rest=None if data["rest"] is None else bool(data["rest"]),
             null_group=None if data["null_group"] is None else bool(data["null_group"]),
@@ -67,12 +69,11 @@ def notice(report: SuppressionReport, rows: int | None) -> Notice | None:
     k = report.k
     if report.total == "qss":
         return Notice("anonproxy: the total was withheld by query-set-size control",
-                      f"A total is released only when its rows belong to at least k = {k} people and leave at least "
-                      f"{k} of the people in {report.relation} out: k <= n <= N - k, N being everyone in "
-                      f"{report.relation} (and the tables joined to it). A total over the whole table is never "
-                      "released.",
-                      f"Change the WHERE so that it covers at least {k} people and leaves at least {k} out, or "
-                      "GROUP BY a column to see the total in parts.")
+                      f"A total is released only when its rows belong to at least k = {k} people and leave out "
+                      f"either nobody or at least {k} of the people in {report.relation} (N, everyone in "
+                      f"{report.relation} and the tables joined to it): n >= k, and n = N or n <= N - k.",
+                      f"Change the WHERE so that it covers at least {k} people and leaves out nobody or at least "
+                      f"{k}, or GROUP BY a column to see the total in parts.")
     if report.total == "rules":
         return Notice("anonproxy: the total was withheld: fewer than k people contribute to one of its aggregates, "
                       "or a few people dominate a sum",
@@ -84,6 +85,12 @@ def notice(report: SuppressionReport, rows: int | None) -> Notice | None:
         detail = (f"A group is suppressed when it holds fewer than k = {k} people or all but fewer than {k} of the "
                   f"people in {report.relation}, when fewer than {k} people contribute to one of its aggregates, "
                   "or when a few people dominate a sum (the role's dominance and p % rules).")
+        if report.complementary:
+            primary = report.groups - report.complementary
+            message += (f" ({primary} by the rules, {report.complementary} more by complementary suppression)")
+            detail += (" The withheld groups must also pass the same rules together, so that no total minus the "
+                       "released rows singles out fewer than k people: the smallest released groups are withheld "
+                       "with them until they do (complementary suppression).")
         them = "it" if report.groups == 1 else "them"
         if report.rest and not report.labels:  # no grouping column in the select list to show it
             message += f"; one more row, the last one unless the query orders the rows, holds {them} together"
@@ -115,12 +122,13 @@ def explain_suppression(query: AnalyticQuery, role: RolePolicy, sql: str) -> tup
              "people withheld",
              f"  privacy unit: {query.unit} (people are counted as distinct units, not rows)",
              f"  query-set-size control: every released group, total and rest row covers n people, "
-             f"{k} <= n <= N - {k}",
+             f"n >= {k}, and n = N or n <= N - {k}",
              f"    N: the people of the FROM clause, joins included, WHERE not: {query.universe}"]
     if query.grouped:
         lines.append(f"  grouping keys: {', '.join(key.describe() for key in query.key_types)}")
     else:
-        lines.append(f"  no GROUP BY: one total, withheld unless {k} <= n <= N - {k} (a whole-table total never is)")
+        lines.append(f"  no GROUP BY: one total, withheld unless n >= {k} and n = N or n <= N - {k} (a total over "
+                     "everyone is released)")
     for rule, argument in query.contributors:
         if rule == "nonzero":
             lines.append(f"  sum/avg of {argument}: at least {k} people with a value that is not null and not zero")
@@ -140,6 +148,13 @@ def explain_suppression(query: AnalyticQuery, role: RolePolicy, sql: str) -> tup
                      f"least {k} people out")
     elif query.grouped:
         lines.append("  suppressed rest: off (withheld groups are left out)")
+    if query.grouped:
+        lines.append(f"  complementary suppression: the withheld groups together must hold {k} people and pass the "
+                     "same rules, and the released rows must leave out of N nobody or at least "
+                     f"{k} people; else the smallest released groups are withheld too")
+    if query.having is not None:
+        lines.append("  HAVING: evaluated on released groups and the rest row only; the rest row holds every "
+                     "withheld group")
     lines.append(f"  notice: after the answer, how many groups were withheld (when they hold {k} to N - {k} people "
                  "together), or why a total was withheld")
     lines.append("SQL the service would run:")

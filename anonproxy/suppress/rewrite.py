@@ -52,7 +52,14 @@ RANKED = "anonproxy_ranked"
 GROUPS = "anonproxy_groups"
 ASKED = "anonproxy_asked"
 WITHHELD = "anonproxy_withheld"
-ANSWERED = "anonproxy_answered"
+PRIMARY = "anonproxy_primary"
+ORDER = "anonproxy_order"
+PEOPLE = "anonproxy_people"
+STEPS = "anonproxy_steps"
+STEP_CELLS = "anonproxy_step_cells"
+STEP_RANKED = "anonproxy_step_ranked"
+STEP_VERDICTS = "anonproxy_step_verdicts"
+CHOSEN = "anonproxy_chosen"
 REST_CELLS = "anonproxy_rest_cells"
 REST_RANKED = "anonproxy_rest_ranked"
 REST = "anonproxy_rest"
@@ -62,6 +69,9 @@ ANSWER = "anonproxy_answer"
 REPORT_FUNCTION = "anonproxy.suppression_report"  # sql/0016_suppression_report.sql
 
 POLICY_HINT = "Ask the DBA to fix the role's suppression parameters."
+# Complementary suppression checks the magnitude rules on the withheld groups together at this many steps (each
+# adds the smallest released group); past them it withholds every group of the answer.
+MAGNITUDE_STEPS = 8
 
 
 class _Rules:
@@ -100,10 +110,15 @@ def rewrite(query: AnalyticQuery, params: SuppressionParams) -> str:
 
 def _suppressed(query: AnalyticQuery, rules: _Rules) -> str:
     magnitudes = query.magnitudes if rules.magnitude_rules else ()
-    rest = rules.rest and query.grouped
-    if not magnitudes and not rest:
+    if _is_simple(query, magnitudes):
         return _simple(query, rules)
-    return _cells(query, rules, magnitudes, rest)
+    return _cells(query, rules, magnitudes, rules.rest and query.grouped)
+
+
+def _is_simple(query: AnalyticQuery, magnitudes: tuple[str, ...]) -> bool:
+    """One total and no magnitude rule: the rules are one HAVING condition. A GROUP BY always needs the cells
+    shape, whose per-person cells complementary suppression counts."""
+    return not query.grouped and not magnitudes
 
 
 def _released(query: AnalyticQuery, outer: PostAggregate, rules: _Rules) -> str:
@@ -146,19 +161,15 @@ def reported(query: AnalyticQuery, params: SuppressionParams) -> str:
     rules = _Rules(params)
     magnitudes = query.magnitudes if rules.magnitude_rules else ()
     rest = rules.rest and query.grouped
-    simple = not magnitudes and not rest
-    # N, the people of the FROM clause, counted once: the answer, the verdicts and the report all compare with it,
-    # and each uncorrelated subquery would be a scan of its own.
-    counted = [(f"{UNIVERSE}(n)", query.universe, "N: the people of the FROM clause")]
-    query = replace(query, universe=f"SELECT n FROM {UNIVERSE}")
+    simple = _is_simple(query, magnitudes)
+    counted, query = _counted_universe(query)
     if simple:
-        keys, ctes = _simple_verdicts(query, rules)
+        keys: list[str] = []
+        ctes = _simple_verdict(query, rules)
         body = _simple(query, rules)
     else:
         ctes, body = _cells_parts(query, rules, magnitudes, rest)
         keys = [f"g{i}" for i in range(1, len(query.keys) + 1)]
-    if query.grouped and not rest:
-        ctes += _withheld(query, keys)
     ctes.append((REPORT, _report(query, rules, keys, rest, simple), "what the proxy says about suppression, in a "
                  "NOTICE"))
     # The body is not indented: a string constant of the client's may span lines.
@@ -169,11 +180,12 @@ def reported(query: AnalyticQuery, params: SuppressionParams) -> str:
 def _report(query: AnalyticQuery, rules: _Rules, keys: list[str], rest: bool, simple: bool) -> str:
     """The call of ``anonproxy.suppression_report(k, relation, labels, groups, total, rest, null_group)``.
 
-    * ``groups``: how many groups the client asked for were withheld, but only when those groups hold k to N - k
-      people together (NULL otherwise, which the proxy cannot tell from none). The count of withheld groups is then
-      a count over a query set that query-set-size control would release (a ``count(DISTINCT key)`` over their
-      rows tells as much); without that condition it would say whether a filter matches anybody at all
-      (``WHERE <one person's attributes> AND income = '>50K'``: 1 group or none).
+    * ``groups``: how many groups were withheld, and ``complementary``: how many of them only so that the withheld
+      groups together pass the rules (complementary suppression); both only when those groups hold k people or
+      more together and leave out of N nobody or k people (NULL otherwise, which the proxy cannot tell from
+      none). The counts are then counts over a query set that query-set-size control would release (a
+      ``count(DISTINCT key)`` over their rows tells as much); without that condition they would say whether a
+      filter matches anybody at all (``WHERE <one person's attributes> AND income = '>50K'``: 1 group or none).
     * ``total`` (no GROUP BY): ``qss`` when the one total was withheld by query-set-size control, ``rules`` when by
       the contributor or magnitude rules (a count(*) with the same WHERE tells which), NULL when it was released;
       the client's HAVING is left out, so the notice never says whether it held for a withheld total.
@@ -181,24 +193,14 @@ def _report(query: AnalyticQuery, rules: _Rules, keys: list[str], rest: bool, si
       released group also has NULL in every grouping column, so that two rows look alike.
     """
     labels: str = "NULL"
-    groups = total = rest_released = null_group = "NULL"
+    groups = complementary = total = rest_released = null_group = "NULL"
     if query.grouped:
         labels = "ARRAY[" + ", ".join(_string(item.alias or item.expression)
                                       for item in query.items if item.kind == "group") + "]::text[]"
-        withheld = f"IN (SELECT {_key_tuple(keys, bare=True)} FROM {WITHHELD})"
-        count = f"(SELECT count(*) FROM {WITHHELD})"
-        if simple:
-            # The people of the withheld groups, read again from the rows only when their groups' sizes add up
-            # to k or more (a person may be in several groups: the sum only bounds them).
-            rows = f"{_key_tuple(query.keys)} {withheld}"
-            people = (f"(SELECT count(DISTINCT {query.unit}) FROM {query.from_sql} "
-                      f"WHERE {f'({query.where}) AND ' if query.where is not None else ''}{rows})")
-            upper = f"(SELECT sum(units) FROM {GROUPS} WHERE {_key_tuple(keys)} {withheld})"
-            groups = (f"CASE WHEN coalesce({upper}, 0) < {rules.k} THEN NULL\n"
-                      f"    WHEN {_query_set_size(people, query, rules)} THEN {count} END")
-        else:
-            people = f"(SELECT count(DISTINCT unit) FROM {CELLS} WHERE {_key_tuple(keys)} {withheld})"
-            groups = f"CASE WHEN {_query_set_size(people, query, rules)} THEN {count} END"
+        people = f"(SELECT withheld FROM {STEPS} WHERE step = (SELECT step FROM {CHOSEN}))"
+        sayable = _query_set_size(people, query, rules)
+        groups = f"CASE WHEN {sayable} THEN (SELECT count(*) FROM {WITHHELD}) END"
+        complementary = f"CASE WHEN {sayable} THEN (SELECT count(*) FROM {GROUPS} WHERE NOT released AND step > 0) END"
         if rest:
             rest_released = f"(SELECT released FROM {REST})"
             kept = [f"{key} IS NULL" for key in keys]
@@ -209,7 +211,7 @@ def _report(query: AnalyticQuery, rules: _Rules, keys: list[str], rest: bool, si
         units = f"(SELECT units FROM {GROUPS})" if simple else f"(SELECT count(unit) FROM {CELLS})"
         sized = _query_set_size(units, query, rules)
         total = f"CASE WHEN (SELECT released FROM {GROUPS}) THEN NULL WHEN {sized} THEN 'rules' ELSE 'qss' END"
-    arguments = [str(rules.k), _string(query.table), labels, groups, total, rest_released, null_group]
+    arguments = [str(rules.k), _string(query.table), labels, groups, complementary, total, rest_released, null_group]
     return f"SELECT {REPORT_FUNCTION}(\n  " + ",\n  ".join(arguments) + "\n) AS reported"
 
 
@@ -224,8 +226,14 @@ def _contributes(rule: str, argument: str) -> str:
 
 
 def _query_set_size(units: str, query: AnalyticQuery, rules: _Rules) -> str:
-    """``k <= units <= N - k``: a released total leaves out nobody or at least k people of the whole table."""
-    return f"{units} BETWEEN {rules.k} AND ({query.universe}) - {rules.k}"
+    """``units >= k``, and ``units`` leaves out of the FROM clause's N people nobody or at least k: a released total
+    over everyone is the public total, one over all but a few would single those few out."""
+    return f"{units} >= {rules.k} AND {_left_out(f'({query.universe}) - {units}', rules)}"
+
+
+def _left_out(people: str, rules: _Rules) -> str:
+    """``people`` is 0 or at least k: a set of people a subtraction could single out holds nobody or k people."""
+    return f"{people} NOT BETWEEN 1 AND {rules.k - 1}"
 
 
 def _simple(query: AnalyticQuery, rules: _Rules) -> str:
@@ -240,23 +248,27 @@ def _group_rules(query: AnalyticQuery, rules: _Rules) -> str:
     return "\n   AND ".join(conditions)
 
 
-def _simple_verdicts(query: AnalyticQuery, rules: _Rules) -> tuple[list[str], Ctes]:
-    """``anonproxy_groups`` for the simple shape: each group, whether the answer's HAVING releases it, and its
-    distinct units; one pass over the rows, like the answer's."""
-    keys = [f"g{i}" for i in range(1, len(query.keys) + 1)]
-    select = [f"{key} AS {name}" for key, name in zip(query.keys, keys, strict=True)]
-    select += [f"{_group_rules(query, rules)}\n     AS released", f"count(DISTINCT {query.unit}) AS units"]
+def _simple_verdict(query: AnalyticQuery, rules: _Rules) -> Ctes:
+    """``anonproxy_groups`` for the simple shape: whether its one total is released, and its distinct units; one
+    pass over the rows, like the answer's."""
+    select = [f"{_group_rules(query, rules)}\n     AS released", f"count(DISTINCT {query.unit}) AS units"]
     lines = [f"SELECT {', '.join(select)}", f"FROM {query.from_sql}"]
     if query.where is not None:
         lines.append(f"WHERE {query.where}")
-    if keys:
-        lines.append(f"GROUP BY {', '.join(str(i) for i in range(1, len(keys) + 1))}")
-    return keys, [(GROUPS, "\n".join(lines), "released as the answer's HAVING decides, and the people of each group")]
+    return [(GROUPS, "\n".join(lines), "whether the total is released, and its people")]
 
 
 def _cells(query: AnalyticQuery, rules: _Rules, magnitudes: tuple[str, ...], rest: bool) -> str:
+    counted, query = _counted_universe(query)
     ctes, body = _cells_parts(query, rules, magnitudes, rest)
-    return _with(ctes) + "\n" + body
+    return _with(counted + ctes) + "\n" + body
+
+
+def _counted_universe(query: AnalyticQuery) -> tuple[Ctes, AnalyticQuery]:
+    """N, the people of the FROM clause, as a CTE counted once, and ``query`` reading it from there: the verdicts,
+    the steps and the report all compare with it, and each uncorrelated subquery would be a scan of its own."""
+    return ([(f"{UNIVERSE}(n)", query.universe, "N: the people of the FROM clause")],
+            replace(query, universe=f"SELECT n FROM {UNIVERSE}"))
 
 
 Ctes = list[tuple[str, str, str | None]]  # (name, body, comment)
@@ -264,20 +276,17 @@ Ctes = list[tuple[str, str, str | None]]  # (name, body, comment)
 
 def _cells_parts(query: AnalyticQuery, rules: _Rules, magnitudes: tuple[str, ...], rest: bool) -> tuple[Ctes, str]:
     """The cells shape: its CTEs, and the statement that follows them."""
-    keys, sums, flags, ctes = _group_verdicts(query, rules, magnitudes)
+    keys, sums, flags, ctes = _group_verdicts(query, rules, magnitudes, rest)
     if query.grouped:
         released = f"{_key_tuple(query.keys)} IN (SELECT {_key_tuple(keys, bare=True)} FROM {GROUPS} WHERE released)"
     else:
         released = f"(SELECT released FROM {GROUPS})"
 
+    if query.grouped:
+        ctes += _withheld(query, keys)
     if not rest:
         return ctes, _client_select(query, released, with_order=True)
 
-    ctes += _withheld(query, keys)
-    answered = f"SELECT count(DISTINCT unit) AS units FROM {CELLS}"
-    if query.having is not None:
-        answered += f"\nWHERE {_key_tuple(keys)} IN (SELECT * FROM {ASKED})"
-    ctes.append((ANSWERED, answered, "the people the released rows and the rest row cover together"))
     rest_select = ["unit"] + [f"sum({name}) AS {name}" for name in sums] + [f"bool_or({f}) AS {f}" for f in flags]
     ctes.append((REST_CELLS, "\n".join([
         f"SELECT {', '.join(rest_select)}",
@@ -286,9 +295,10 @@ def _cells_parts(query: AnalyticQuery, rules: _Rules, magnitudes: tuple[str, ...
         "GROUP BY 1",
     ]), "each privacy unit's part of the withheld rows"))
     # Query-set-size control, as for a query without GROUP BY: the rest row is a total over its own people, and
-    # with the released rows it adds up to a total over everyone the answer covers; both must leave k people out.
+    # with the released rows it adds up to a total over everyone the answer covers; both must leave out of N
+    # nobody or at least k people.
     population = (f"{_query_set_size('count(unit)', query, rules)}\n"
-                  f"         AND (SELECT units FROM {ANSWERED}) <= ({query.universe}) - {rules.k}")
+                  f"         AND {_left_out(f'({query.universe}) - (SELECT count(*) FROM {PEOPLE})', rules)}")
     ctes += _verdict(REST_CELLS, REST_RANKED, REST, [], sums, flags, population, rules,
                      "the rest row is released only if it passes the same rules, query-set-size control included")
 
@@ -297,7 +307,12 @@ def _cells_parts(query: AnalyticQuery, rules: _Rules, magnitudes: tuple[str, ...
     second = [f"SELECT {items}", f"FROM {query.from_sql}"]
     rows = f"{_key_tuple(query.keys)} IN (SELECT {_key_tuple(keys, bare=True)} FROM {WITHHELD})"
     second.append(f"WHERE ({query.where})\n  AND {rows}" if query.where is not None else f"WHERE {rows}")
-    second.append(f"HAVING (SELECT released FROM {REST})")
+    # The rest row holds every withheld group, whatever the client's HAVING would say of it (HAVING cannot be
+    # evaluated on a withheld group without reading it); HAVING then filters the rest row as a released row.
+    if query.having is not None:
+        second.append(f"HAVING (SELECT released FROM {REST})\n   AND ({query.having})")
+    else:
+        second.append(f"HAVING (SELECT released FROM {REST})")
     tail = []
     if query.order:
         positions = []
@@ -313,8 +328,8 @@ def _cells_parts(query: AnalyticQuery, rules: _Rules, magnitudes: tuple[str, ...
     return ctes, "\n".join([first, "UNION ALL", *second, *tail])
 
 
-def _group_verdicts(query: AnalyticQuery, rules: _Rules,
-                    magnitudes: tuple[str, ...]) -> tuple[list[str], list[str], list[str], Ctes]:
+def _group_verdicts(query: AnalyticQuery, rules: _Rules, magnitudes: tuple[str, ...],
+                    rest: bool) -> tuple[list[str], list[str], list[str], Ctes]:
     """CTEs deciding each group (``anonproxy_groups.released``) from each unit's contribution to it, and the names
     of the key, sum and contributor columns of ``anonproxy_cells``."""
     keys = [f"g{i}" for i in range(1, len(query.keys) + 1)]
@@ -334,24 +349,111 @@ def _group_verdicts(query: AnalyticQuery, rules: _Rules,
     ctes.append((CELLS, "\n".join(lines), ("one row per group and privacy unit: its part of each SUM/AVG, and "
                  "whether it contributes to each aggregate")))
 
-    ctes += _verdict(CELLS, RANKED, GROUPS, keys, sums, flags, _query_set_size("count(unit)", query, rules), rules,
-                     "released: k to N - k distinct units" + (", magnitude rules" if sums else ""))
+    threshold = _query_set_size("count(unit)", query, rules)
+    if not query.grouped:
+        ctes += _verdict(CELLS, RANKED, GROUPS, keys, sums, flags, threshold, rules,
+                         "released: k people, and nobody or k people left out of N, magnitude rules")
+        return keys, sums, flags, ctes
+    ctes += _verdict(CELLS, RANKED, PRIMARY, keys, sums, flags, threshold, rules,
+                     "primary suppression: each group alone holds k people, leaves nobody or k people out of N"
+                     + (", passes the magnitude rules" if sums else ""))
+    ctes += _complementary(query, rules, keys, sums, flags, rest)
     return keys, sums, flags, ctes
 
 
-def _withheld(query: AnalyticQuery, keys: list[str]) -> Ctes:
-    """``anonproxy_withheld``: the groups the client asked for (its HAVING keeps them) that were suppressed."""
+def _complementary(query: AnalyticQuery, rules: _Rules, keys: list[str], sums: list[str], flags: list[str],
+                   rest: bool) -> Ctes:
+    """Complementary suppression: the groups that pass alone are ordered smallest first (``step`` 1, 2, ...; the
+    primarily withheld groups are step 0), and the groups up to the first step ``j`` at which the withheld groups
+    together pass the rules are withheld, so that no subtraction of released rows from a total singles out fewer
+    than k people:
+
+    * the withheld groups (step <= j) hold no one, or at least k people, with k contributors per aggregate and
+      passing the magnitude rules; and
+    * the people outside the released groups (those of withheld groups and those the WHERE left out) are nobody
+      or at least k of N, or the rest row, which then covers them, is released.
+
+    Withholding every group always meets both: then nothing is released. The magnitude rules are checked for the
+    first few steps at which the counts already pass (``MAGNITUDE_STEPS``); past them, every group is withheld.
+    """
+    k = rules.k
+    universe = f"({query.universe})"
+    on = " AND ".join(f"ARRAY[c.{key}] = ARRAY[o.{key}]" for key in keys)
     ctes: Ctes = []
-    withheld = f"SELECT {', '.join(keys)} FROM {GROUPS} WHERE NOT released"
+    order = ", ".join(["units", *keys])
+    ctes.append((ORDER, "\n".join([
+        f"SELECT {', '.join(keys)}, units,",
+        f"       CASE WHEN released THEN row_number() OVER (PARTITION BY released ORDER BY {order}) ELSE 0 END"
+        " AS step",
+        f"FROM {PRIMARY}",
+    ]), "the order of complementary suppression: withheld groups first (0), then the smallest released ones"))
+    firsts = [f"min(o.step) FILTER (WHERE c.{flag}) AS first_{flag}" for flag in flags]
+    ctes.append((PEOPLE, "\n".join([
+        f"SELECT c.unit, min(o.step) AS first, max(o.step) AS last{''.join(', ' + f for f in firsts)}",
+        f"FROM {CELLS} AS c JOIN {ORDER} AS o ON {on}",
+        "GROUP BY c.unit",
+    ]), "each person's first and last step: withheld from the first, out of every released group from the last"))
+    counted = [("first", "withheld"), ("last", "gone")] + [(f"first_{flag}", f"contributors_{flag}") for flag in flags]
+    joins = [f"LEFT JOIN (SELECT {column} AS step, count(*) AS n FROM {PEOPLE} GROUP BY 1) AS {name} USING (step)"
+             for column, name in counted]
+    running = [f"sum(coalesce({name}.n, 0)) OVER (ORDER BY step) AS {name}" for _, name in counted]
+    ctes.append((STEPS, "\n".join([
+        f"SELECT step, {', '.join(running)}",
+        f"FROM (SELECT 0 AS step UNION ALL SELECT step FROM {ORDER} WHERE step > 0) AS steps",
+        *joins,
+    ]), "per step j: the people withheld, the people in no released group, the contributors withheld"))
+    counts = [f"withheld >= {k}", _left_out(f"{universe} - withheld", rules)]
+    counts += [f"contributors_{flag} >= {k}" for flag in flags]
+    counts_pass = " AND ".join(counts)
+    within = counts_pass
+    if sums:
+        # Each person's part of the withheld groups at the first MAGNITUDE_STEPS steps whose counts pass.
+        tried = (f"SELECT step FROM {STEPS} WHERE {counts_pass}\n"
+                 f"ORDER BY step LIMIT {MAGNITUDE_STEPS}")
+        select = ["s.step", "c.unit", *(f"sum(c.{name}) AS {name}" for name in sums)]
+        ctes.append((STEP_CELLS, "\n".join([
+            f"SELECT {', '.join(select)}",
+            f"FROM ({tried}) AS s",
+            f"JOIN {ORDER} AS o ON o.step <= s.step",
+            f"JOIN {CELLS} AS c ON {on}",
+            "GROUP BY 1, 2",
+        ]), "each person's part of the withheld groups, at the steps whose counts pass"))
+        ctes += _verdict(STEP_CELLS, STEP_RANKED, STEP_VERDICTS, ["step"], sums, [], "true", rules,
+                         "the magnitude rules on the withheld groups together, per step")
+        within += f"\n       AND coalesce((SELECT v.released FROM {STEP_VERDICTS} AS v WHERE v.step = s.step), false)"
+    outside = _left_out(f"{universe} - ((SELECT count(*) FROM {PEOPLE}) - gone)", rules)
+    if rest:
+        # The rest row covers the withheld groups when it is released: then the released rows cover the whole
+        # answer, which must leave out of N nobody or k people.
+        answered = _left_out(f"{universe} - (SELECT count(*) FROM {PEOPLE})", rules)
+        outside = f"({outside} OR (withheld > 0 AND {answered}))"
+    ctes.append((CHOSEN, "\n".join([
+        "SELECT coalesce(min(step) FILTER (WHERE",
+        f"           (withheld = 0 OR ({within}))",
+        f"           AND {outside}),",
+        "       max(step)) AS step",
+        f"FROM {STEPS} AS s",
+    ]), "the first step at which the withheld groups pass together (the last step withholds everything)"))
+    ctes.append((GROUPS, "\n".join([
+        f"SELECT {', '.join(keys)}, units, step, step > (SELECT step FROM {CHOSEN}) AS released",
+        f"FROM {ORDER}",
+    ]), "released: the groups after the chosen step"))
+    return ctes
+
+
+def _withheld(query: AnalyticQuery, keys: list[str]) -> Ctes:
+    """``anonproxy_withheld``: the groups that were suppressed, whatever the client's HAVING says of them (it is
+    evaluated on released groups only); ``anonproxy_asked``: the groups the client's HAVING keeps, which the
+    notice reads for released groups only."""
+    ctes: Ctes = []
     if query.having is not None:
-        # Only groups the client's HAVING keeps count towards the rest, and towards the people the answer covers.
         asked = [f"SELECT {_key_tuple(query.keys, bare=True)}", f"FROM {query.from_sql}"]
         if query.where is not None:
             asked.append(f"WHERE {query.where}")
         asked += [f"GROUP BY {', '.join(query.keys)}", f"HAVING {query.having}"]
-        ctes.append((ASKED, "\n".join(asked), "the groups the client's HAVING keeps"))
-        withheld += f"\n  AND {_key_tuple(keys)} IN (SELECT * FROM {ASKED})"
-    ctes.append((WITHHELD, withheld, "the groups the client asked for that were suppressed"))
+        ctes.append((ASKED, "\n".join(asked), "the groups the client's HAVING keeps (read for released groups)"))
+    ctes.append((WITHHELD, f"SELECT {', '.join(keys)} FROM {GROUPS} WHERE NOT released",
+                 "the groups that were suppressed"))
     return ctes
 
 
@@ -384,7 +486,7 @@ def _verdict(source: str, ranked: str, name: str, keys: list[str], sums: list[st
             x2 = f"coalesce(max({c}) FILTER (WHERE {r} = 2), 0)"
             conditions.append(f"100 * ({total} - {x1} - {x2}) >= {_literal(rules.p_percent)} * {x1}")
     lines = ["SELECT " + "".join(f"{key},\n       " for key in keys) + "\n       AND ".join(conditions)
-             + "\n         AS released", f"FROM {table}"]
+             + "\n         AS released" + (", count(unit) AS units" if keys else ""), f"FROM {table}"]
     if keys:
         lines.append(f"GROUP BY {', '.join(keys)}")
     ctes.append((name, "\n".join(lines), comment))
