@@ -40,6 +40,7 @@ unchanged; ORDER BY and LIMIT apply after suppression.
 from __future__ import annotations
 
 from dataclasses import replace
+from itertools import combinations
 from decimal import Decimal
 
 from anonproxy.policy.model import SuppressionParams
@@ -60,6 +61,7 @@ STEP_CELLS = "anonproxy_step_cells"
 STEP_RANKED = "anonproxy_step_ranked"
 STEP_VERDICTS = "anonproxy_step_verdicts"
 CHOSEN = "anonproxy_chosen"
+MARGINS = "anonproxy_margins"
 REST_CELLS = "anonproxy_rest_cells"
 REST_RANKED = "anonproxy_rest_ranked"
 REST = "anonproxy_rest"
@@ -72,6 +74,8 @@ POLICY_HINT = "Ask the DBA to fix the role's suppression parameters."
 # Complementary suppression checks the magnitude rules on the withheld groups together at this many steps (each
 # adds the smallest released group); past them it withholds every group of the answer.
 MAGNITUDE_STEPS = 8
+# The margins of a GROUP BY of several columns that complementary suppression covers: those of one or two columns.
+MARGIN_COLUMNS = 2
 
 
 class _Rules:
@@ -197,7 +201,8 @@ def _report(query: AnalyticQuery, rules: _Rules, keys: list[str], rest: bool, si
     if query.grouped:
         labels = "ARRAY[" + ", ".join(_string(item.alias or item.expression)
                                       for item in query.items if item.kind == "group") + "]::text[]"
-        people = f"(SELECT withheld FROM {STEPS} WHERE step = (SELECT step FROM {CHOSEN}))"
+        people = (f"(SELECT count(DISTINCT unit) FROM {CELLS}\n"
+                  f"  WHERE {_key_tuple(keys)} IN (SELECT {_key_tuple(keys, bare=True)} FROM {WITHHELD}))")
         sayable = _query_set_size(people, query, rules)
         groups = f"CASE WHEN {sayable} THEN (SELECT count(*) FROM {WITHHELD}) END"
         complementary = f"CASE WHEN {sayable} THEN (SELECT count(*) FROM {GROUPS} WHERE NOT released AND step > 0) END"
@@ -434,11 +439,38 @@ def _complementary(query: AnalyticQuery, rules: _Rules, keys: list[str], sums: l
         "       max(step)) AS step",
         f"FROM {STEPS} AS s",
     ]), "the first step at which the withheld groups pass together (the last step withholds everything)"))
+    released = f"step > (SELECT step FROM {CHOSEN})"
+    if len(keys) > 1:
+        ctes.append((MARGINS, _margins(keys, flags, on, rules), "the smallest released group of each margin whose "
+                     "withheld groups hold fewer than k people or contributors"))
+        released += f" AND step NOT IN (SELECT step FROM {MARGINS} WHERE step IS NOT NULL)"
     ctes.append((GROUPS, "\n".join([
-        f"SELECT {', '.join(keys)}, units, step, step > (SELECT step FROM {CHOSEN}) AS released",
+        f"SELECT {', '.join(keys)}, units, step, {released} AS released",
         f"FROM {ORDER}",
-    ]), "released: the groups after the chosen step"))
+    ]), "released: the groups after the chosen step, but for those withheld for a margin"))
     return ctes
+
+
+def _margins(keys: list[str], flags: list[str], on: str, rules: _Rules) -> str:
+    """Complementary suppression in the margins of a GROUP BY of several columns: a margin (the groups sharing the
+    values of one or two of the grouping columns) is itself a total another GROUP BY releases, so its withheld
+    groups must hold no one, or k people with k contributors per aggregate. Where they do not, its smallest
+    released group is withheld with them. One pass suffices: that group alone holds k people and contributors,
+    so every other margin it lies in gains as many (the magnitude rules are not checked per margin)."""
+    withheld = f"o.step <= (SELECT step FROM {CHOSEN})"
+    short = [f"count(DISTINCT c.unit) FILTER (WHERE {withheld}) BETWEEN 1 AND {rules.k - 1}"]
+    short += [f"(count(DISTINCT c.unit) FILTER (WHERE {withheld}) > 0\n"
+              f"        AND count(DISTINCT c.unit) FILTER (WHERE {withheld} AND c.{flag}) < {rules.k})"
+              for flag in flags]
+    width = min(len(keys) - 1, MARGIN_COLUMNS)
+    margins = [columns for size in range(1, width + 1) for columns in combinations(keys, size)]
+    branches = ["\n".join([
+        f"SELECT min(o.step) FILTER (WHERE NOT {withheld}) AS step",
+        f"FROM {CELLS} AS c JOIN {ORDER} AS o ON {on}",
+        f"GROUP BY {', '.join(f'ARRAY[o.{key}]' for key in columns)}",
+        f"HAVING {' OR '.join(short)}",
+    ]) for columns in margins]
+    return "\nUNION ALL\n".join(branches)
 
 
 def _withheld(query: AnalyticQuery, keys: list[str]) -> Ctes:
