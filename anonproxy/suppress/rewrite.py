@@ -2,25 +2,30 @@
 
 Two shapes:
 
-* **simple** (no magnitude rules apply, no suppressed-rest row): the client's
-  query with one more HAVING condition, query-set-size control
-  ``k <= count(DISTINCT unit) <= N - k`` on every group, as on the one group of
-  a query without GROUP BY: a group of all but a few people differs from the
-  whole table's total (another GROUP BY's sum) by those few.
+* **simple** (a total without GROUP BY, no magnitude rule applies): the
+  client's query with one more HAVING condition, query-set-size control: at
+  least k distinct units, and nobody or at least k of the FROM clause's N
+  people left out (a total over everyone is public; one over all but a few
+  would single those few out by one subtraction).
 
-* **cells** (dominance or p % rules on SUM/AVG, or a suppressed-rest row):
-  CTEs compute each privacy unit's contribution per group
-  (``anonproxy_cells``), rank contributions (``anonproxy_ranked``) and decide
-  per group (``anonproxy_groups.released``); the client's query keeps only the
-  released groups through a hashed ``IN`` on ``ARRAY[key]`` (an array compares
-  NULL keys as equal, like GROUP BY does). The rest row is a second branch of
-  a UNION ALL over the rows of the withheld groups, released only if that
-  rest itself passes the same rules, query-set-size control included: its
-  people, and all the people of the answer, must both leave k people out.
+* **cells** (every GROUP BY; a total with dominance or p % rules on
+  SUM/AVG): CTEs compute each privacy unit's contribution per group
+  (``anonproxy_cells``), rank contributions (``anonproxy_ranked``), decide
+  per group alone (``anonproxy_primary``), then complementary suppression
+  withholds the smallest groups that pass alone until the withheld groups
+  pass together (:func:`_complementary`, ``anonproxy_groups.released``); the
+  client's query keeps only the released groups through a hashed ``IN`` on
+  ``ARRAY[key]`` (an array compares NULL keys as equal, like GROUP BY does).
+  The rest row is a second branch of a UNION ALL over the rows of every
+  withheld group, released only if that rest itself passes the same rules,
+  query-set-size control included.
 
-The client's select list, WHERE, GROUP BY, HAVING, ORDER BY and LIMIT are
-their own text, so output names and types, and ``$n`` parameters, are
-unchanged; ORDER BY and LIMIT apply after suppression.
+The client's HAVING is evaluated on released groups and on the rest row only,
+never on a withheld group: the rest row holds every withheld group, and no
+verdict reads the HAVING. The client's select list, WHERE, GROUP BY, HAVING,
+ORDER BY and LIMIT are rendered from the checked tree, so output names and
+types, and ``$n`` parameters, are unchanged; ORDER BY and LIMIT apply after
+suppression.
 
 * **released** (post-aggregate expressions: ``round(avg(x), 1)``,
   ``sum(x) / count(*)``, a HAVING over them, ...): one of the shapes above
@@ -30,18 +35,14 @@ unchanged; ORDER BY and LIMIT apply after suppression.
   computes the client's select list, HAVING (as WHERE), ORDER BY and LIMIT
   from it (:mod:`anonproxy.plan.post_aggregate`). A materialized CTE is an
   optimization fence: PostgreSQL evaluates the outer expressions, which may
-  raise errors, on released rows only, never on a withheld group. A HAVING
-  without post-aggregate expressions stays in the inner query (it
-  chooses the groups the rest row adds up); one with them is evaluated
-  outside, on the released groups and the rest row, which then adds up every
-  withheld group.
+  raise errors, on released rows only, never on a withheld group.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
-from itertools import combinations
 from decimal import Decimal
+from itertools import combinations
 
 from anonproxy.policy.model import SuppressionParams
 from anonproxy.plan.analysis import AnalyticQuery, Item
@@ -128,9 +129,8 @@ def _is_simple(query: AnalyticQuery, magnitudes: tuple[str, ...]) -> bool:
 def _released(query: AnalyticQuery, outer: PostAggregate, rules: _Rules) -> str:
     """The suppressed values of the GROUP BY expressions, plain items and aggregates, as a materialized CTE; the
     client's select list, HAVING, ORDER BY and LIMIT computed over it."""
-    # A HAVING over post-aggregate expressions cannot be evaluated on a withheld group (it may raise an error), so
-    # it cannot choose the groups the rest row adds up: the rest row then adds up every withheld group, and HAVING
-    # filters the released rows, the rest row among them.
+    # A HAVING over post-aggregate expressions may raise an error, so it runs outside, over the released rows (the
+    # rest row among them); a plain HAVING stays in the suppressed query, which evaluates it on released rows too.
     inner = [Item(f"{expression} AS {key(k)}", expression, "group", None)
              for k, expression in enumerate(query.keys, 1)]
     inner += [Item(f"{item.expression} AS {plain(i)}", item.expression, item.kind, None)
@@ -157,10 +157,11 @@ def reported(query: AnalyticQuery, params: SuppressionParams) -> str:
 
     The answer is the same statement as a subquery (``SELECT * FROM (...) AS anonproxy_answer``: the same rows,
     order, column names and types). Next to it, CTEs count what was withheld: the cells shape's own verdicts, or,
-    for the simple shape, one more pass deciding each group with the answer's HAVING. A call of
+    for the simple shape, one more pass deciding its total. A call of
     ``anonproxy.suppression_report()`` (sql/0016) hands those figures to the proxy as an INFO message, which the
-    proxy turns into a NOTICE of its own words (anonproxy.suppress.explain) and never forwards. The call sits in a WHERE that reads no column, which PostgreSQL evaluates once, before the first
-    row, even when the answer is empty. Only figures safe to release leave the database: see :func:`_report`.
+    proxy turns into a NOTICE of its own words (anonproxy.suppress.explain) and never forwards. The call sits in a
+    WHERE that reads no column, which PostgreSQL evaluates once, before the first row, even when the answer is
+    empty. Only figures safe to release leave the database: see :func:`_report`.
     """
     rules = _Rules(params)
     magnitudes = query.magnitudes if rules.magnitude_rules else ()
@@ -246,7 +247,7 @@ def _simple(query: AnalyticQuery, rules: _Rules) -> str:
 
 
 def _group_rules(query: AnalyticQuery, rules: _Rules) -> str:
-    """The simple shape's condition on a group: k to N - k units, and k contributing units per aggregate."""
+    """The simple shape's condition on its total: query-set-size control, and k contributing units per aggregate."""
     conditions = [_query_set_size(f"count(DISTINCT {query.unit})", query, rules)]
     conditions += [f"count(DISTINCT CASE WHEN {_contributes(rule, argument)} THEN {query.unit} END) >= {rules.k}"
                    for rule, argument in query.contributors]
@@ -388,8 +389,7 @@ def _complementary(query: AnalyticQuery, rules: _Rules, keys: list[str], sums: l
     order = ", ".join(["units", *keys])
     ctes.append((ORDER, "\n".join([
         f"SELECT {', '.join(keys)}, units,",
-        f"       CASE WHEN released THEN row_number() OVER (PARTITION BY released ORDER BY {order}) ELSE 0 END"
-        " AS step",
+        f"       CASE WHEN released THEN row_number() OVER (PARTITION BY released ORDER BY {order}) ELSE 0 END AS step",
         f"FROM {PRIMARY}",
     ]), "the order of complementary suppression: withheld groups first (0), then the smallest released ones"))
     firsts = [f"min(o.step) FILTER (WHERE c.{flag}) AS first_{flag}" for flag in flags]
@@ -441,8 +441,8 @@ def _complementary(query: AnalyticQuery, rules: _Rules, keys: list[str], sums: l
     ]), "the first step at which the withheld groups pass together (the last step withholds everything)"))
     released = f"step > (SELECT step FROM {CHOSEN})"
     if len(keys) > 1:
-        ctes.append((MARGINS, _margins(keys, flags, on, rules), "the smallest released group of each margin whose "
-                     "withheld groups hold fewer than k people or contributors"))
+        ctes.append((MARGINS, _margins(keys, flags, on, rules), ("the smallest released group of each margin whose "
+                     "withheld groups hold fewer than k people or contributors")))
         released += f" AND step NOT IN (SELECT step FROM {MARGINS} WHERE step IS NOT NULL)"
     ctes.append((GROUPS, "\n".join([
         f"SELECT {', '.join(keys)}, units, step, {released} AS released",
