@@ -8,13 +8,15 @@ subtraction, that person's capital gain. So
 * an identifying column (the unit, a linked key, a column marked identifier) stands only bare outside WHERE:
   any expression over it in GROUP BY, the select list, HAVING or ORDER BY, or inside an aggregate, is refused
   with 42501, in both modes;
-* a released group obeys query-set-size control like a scalar query: k <= people <= N - k, so a group of all
-  but a few people (GROUP BY native_country = 'Holand-Netherlands', age > 16) is withheld, and with it the
-  rest row.
+* a released group obeys query-set-size control like a scalar query: k people or more, leaving out of N nobody
+  (the total over everyone is public anyway) or at least k, so a group of all but a few people (GROUP BY
+  native_country = 'Holand-Netherlands') is withheld;
+* complementary suppression: the released rows of one answer, the rest row among them, never add up to a total
+  over N - k + 1 to N - 1 people (GROUP BY sex with WHERE id <> 17 releases one group).
 
 Filtering on an identifying column in WHERE stays allowed (its query sets obey the same rules); two released
 answers with and without such a filter still differ by one person: that is suppression's documented
-differencing limit (docs/suppression.md "Limits", kept by tests/test_attacks.py), which dp mode answers.
+differencing limit (docs/suppression.md "Limits", kept here and by tests/test_attacks.py), which dp mode answers.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import Any
 import psycopg
 import pytest
 from conftest import Endpoint
-from test_attacks_relations import VISITS, refusal, reporter, tables  # noqa: F401 - fixtures
+from test_attacks_relations import VISITS, refusal, released_by_the_rules, reporter, tables  # noqa: F401 - fixtures
 from test_dp_proxy import analyst, budget_left  # noqa: F401 - fixtures
 
 K = 10
@@ -69,7 +71,7 @@ OTHERWISE_REFUSED = [
     "select sum(capital_gain) from adult group by id - 1146",
 ]
 
-# Released groups of more than N - k people: withheld like the scalar total, and the rest row with them.
+# Groups of more than N - k people: all but a few, or everyone.
 LARGE = [
     "select native_country = 'Holand-Netherlands', count(*), sum(capital_gain) from adult group by 1",
     "select age > 16, count(*), sum(capital_gain) from adult group by 1",
@@ -82,6 +84,16 @@ LARGE = [
 
 def _everyone(truth: psycopg.Connection[Any]) -> int:  # noqa: F811
     return truth.execute("select count(distinct id) from adult").fetchone()[0]
+
+
+def _nearly_everyone(counts: list[int], everyone: int) -> list[int]:
+    """The numbers of people from N - k + 1 to N - 1 that some of an answer's rows add up to: the rows of one
+    answer hold disjoint people (each person is in one group; the rest row holds the withheld ones), so each such
+    sum, subtracted from the public total over everyone, would give the total of fewer than k people."""
+    reachable = 1  # bit n: some rows hold n people together
+    for n in counts:
+        reachable |= reachable << n
+    return [n for n in range(everyone - K + 1, everyone) if reachable >> n & 1]
 
 
 def _assert_identifying(error: psycopg.Error, dp: bool) -> None:
@@ -120,8 +132,11 @@ def test_arithmetic_on_identifiers_is_refused(reporter: psycopg.Connection[Any],
 def test_bare_identifiers_and_filters_still_work(reporter: psycopg.Connection[Any],
                                                  truth: psycopg.Connection[Any]) -> None:  # noqa: F811
     """GROUP BY id (each group one person: all withheld), count(DISTINCT id), and WHERE on id stay allowed."""
-    assert reporter.execute("select id, count(*) from adult group by id").fetchall() == []
-    assert reporter.execute("select (id), count(*) from adult group by (id)").fetchall() == []
+    everyone = _everyone(truth)
+    # The rest row holds every group: the public total over everyone; over all but one person it is withheld.
+    assert reporter.execute("select id, count(*) from adult group by id").fetchall() == [(None, everyone)]
+    assert reporter.execute("select (id), count(*) from adult group by (id)").fetchall() == [(None, everyone)]
+    assert reporter.execute(f"select id, count(*) from adult where id <> {VICTIM} group by id").fetchall() == []
     people = reporter.execute("select sex, count(distinct id) from adult group by sex order by 1").fetchall()
     assert people == truth.execute("select sex, count(distinct id) from adult group by sex order by 1").fetchall()
     few = "select sex, count(*) from adult where id between 1 and 1000 group by sex order by 1"
@@ -132,23 +147,50 @@ def test_bare_identifiers_and_filters_still_work(reporter: psycopg.Connection[An
 
 
 @pytest.mark.parametrize("sql", LARGE)
-def test_groups_of_nearly_everyone_are_withheld(reporter: psycopg.Connection[Any], sql: str) -> None:
-    assert reporter.execute(sql).fetchall() == []
+def test_groups_of_nearly_everyone_are_withheld(reporter: psycopg.Connection[Any],
+                                                truth: psycopg.Connection[Any], sql: str) -> None:  # noqa: F811
+    """Each answer has, unguarded, a group of more than N - k people; one of all but a few people, subtracted from
+    the public total over everyone, gives those few people's total. Released, no row and no rows together hold
+    N - k + 1 to N - 1 people: a group of all but a few is withheld with the few, and the rest row then holds
+    everyone; a group of everyone is the public total, and is released."""
+    everyone = _everyone(truth)
+    cursor = truth.execute(sql)
+    count = [column.name for column in cursor.description].index("count")  # the first aggregate
+    exact = cursor.fetchall()
+    assert any(row[count] > everyone - K for row in exact)
+    rows = reporter.execute(sql).fetchall()
+    assert _nearly_everyone([row[count] for row in rows], everyone) == [], rows
+    # Each row is the truth's, or the rest row, which adds up the truth's rows that were not released.
+    released = [row for row in rows if row in exact]
+    rest = [row for row in rows if row not in exact]
+    assert len(rest) <= 1, rows
+    left = [row for row in exact if row not in released]
+    for row in rest:
+        assert all(value is None for value in row[:count]), row
+        assert list(row[count:]) == [sum(other[i] for other in left) for i in range(count, len(row))], (row, left)
+    assert [row[count] for row in rows] == [everyone]  # what is released is the public total, in one row
 
 
 def test_the_boundary_is_n_minus_k(reporter: psycopg.Connection[Any],
                                    truth: psycopg.Connection[Any]) -> None:  # noqa: F811
-    """A group of exactly N - k people is released, N - k + 1 is not; the same rule as a scalar query."""
+    """A group or total of exactly N - k people is released, N - k + 1 to N - 1 is not, N (everyone) is; the
+    same rule for a group as for a scalar query."""
     everyone = _everyone(truth)
     ten_out = "select age not in (82, 85), count(*) from adult group by 1 order by 1"  # 7 + 3 people left out
     assert truth.execute(ten_out).fetchall() == [(False, K), (True, everyone - K)]
     assert reporter.execute(ten_out).fetchall() == [(False, K), (True, everyone - K)]
     nine_out = "select age not in (83, 85, 86), count(*) from adult group by 1 order by 1"  # 5 + 3 + 1
     assert truth.execute(nine_out).fetchall() == [(False, K - 1), (True, everyone - K + 1)]
-    assert reporter.execute(nine_out).fetchall() == []
-    # The scalar queries over the same sets agree.
-    assert reporter.execute("select count(*) from adult where age not in (82, 85)").fetchall() == [(everyone - K,)]
-    assert reporter.execute("select count(*) from adult where age not in (83, 85, 86)").fetchall() == []
+    # Both groups withheld (9 people; N - 9): the rest row holds them, everyone.
+    assert reporter.execute(nine_out).fetchall() == [(None, everyone)]
+    # The scalar queries over such sets agree.
+    for where in ("age not in (82, 85)", "age not in (83, 85, 86)", "age <> 82", f"id <> {VICTIM}", "age >= 0",
+                  "true"):
+        sql = f"select count(*) from adult where {where}"
+        (n,), = truth.execute(sql).fetchall()
+        assert reporter.execute(sql).fetchall() == ([] if everyone - K < n < everyone else [(n,)]), where
+    assert truth.execute("select count(*) from adult where age <> 82").fetchone() == (everyone - 7,)
+    assert reporter.execute("select count(*) from adult").fetchall() == [(everyone,)]
 
 
 def test_withheld_large_group_goes_to_no_rest_row(reporter: psycopg.Connection[Any],
@@ -217,34 +259,72 @@ def test_differencing_one_person_fails(reporter: psycopg.Connection[Any],
 def test_dashboards_still_work(reporter: psycopg.Connection[Any], truth: psycopg.Connection[Any],  # noqa: F811
                                key: str) -> None:
     everyone = _everyone(truth)
+    people = {(group,): frozenset(ids)
+              for group, ids in truth.execute(f"select {key}, array_agg(id) from adult group by 1").fetchall()}
+    assert None not in {group for group, in people}  # a NULL in the answer is the rest row
+    groups, rest = released_by_the_rules(people, everyone)
     sql = f"select {key}, count(*), count(distinct id) from adult group by 1"
-    expected = {row[0]: row[1] for row in truth.execute(sql).fetchall() if K <= row[2] <= everyone - K}
-    got = {row[0]: row[1] for row in reporter.execute(sql).fetchall() if row[0] is not None}
+    expected = {group: len(people[(group,)]) for group, in groups}
+    rows = reporter.execute(sql).fetchall()
+    got = {row[0]: row[1] for row in rows if row[0] is not None}
     assert got == expected and len(got) >= 2
-    # with a sum, the magnitude rules may withhold more groups, never release others
+    assert [row for row in rows if row[0] is None] == ([(None, len(rest), len(rest))] if rest is not None else [])
+    # with a sum, the magnitude rules may withhold more groups; every released one passes alone, and is exact
+    alone = {group for (group,), ids in people.items()
+             if len(ids) >= K and (len(ids) == everyone or len(ids) <= everyone - K)}
     gains = reporter.execute(f"select {key}, sum(capital_gain) from adult group by 1").fetchall()
     truth_gains = dict(truth.execute(f"select {key}, sum(capital_gain) from adult group by 1").fetchall())
     released = [(group, total) for group, total in gains if group is not None]
-    assert released and all(group in expected and total == truth_gains[group] for group, total in released)
+    assert released and all(group in alone and total == truth_gains[group] for group, total in released)
 
 
-# --- what suppression still cannot stop ----------------------------------------------------------------------
+# --- complementary suppression, and what suppression still cannot stop -------------------------------------
 
 
-def test_known_limit_released_groups_together(reporter: psycopg.Connection[Any],
-                                              truth: psycopg.Connection[Any]) -> None:  # noqa: F811
-    """Documented limit (docs/suppression.md, "Secondary suppression"): every released group obeys k <= |G| <= N - k,
-    but the released groups of one answer together may cover N - 1 people, and the whole table's total is public.
-
-    Kept as a test so that the page stays true; dp mode is the answer to this attack.
-    """
+def test_released_groups_together_leave_nobody_or_k_out(reporter: psycopg.Connection[Any],
+                                                        truth: psycopg.Connection[Any]) -> None:  # noqa: F811
+    """The limit docs/suppression.md documented until complementary suppression: every released group passed
+    query-set-size control alone, but GROUP BY sex with WHERE id <> 17 released both sexes, a total over N - 1
+    people, and GROUP BY native_country withheld only the one person from the Netherlands; subtracted from the
+    public total, either gave one person's value. Now the withheld groups of an answer pass the rules together
+    and the released rows leave out of N nobody or at least k people."""
     everyone = _everyone(truth)
-    alone = "select hours_per_week from adult where native_country = 'Holand-Netherlands'"
-    assert len(truth.execute(alone).fetchall()) == 1
+    by_sex = "select sex, count(*) from adult where id <> 17 group by 1 order by 1"
+    exact = truth.execute(by_sex).fetchall()
+    assert len(exact) == 2 and sum(n for _, n in exact) == everyone - 1
+    larger = max(exact, key=lambda row: row[1])
+    # The smaller group is withheld with person 17, and no rest row holds it: it would leave one person out.
+    assert reporter.execute(by_sex).fetchall() == [larger]
+    assert larger[1] <= everyone - K
+
+    (hours,), = truth.execute("select hours_per_week from adult where native_country = 'Holand-Netherlands'").fetchall()
     whole = sum(n for _, n in reporter.execute("select sex, sum(hours_per_week) from adult group by 1").fetchall())
+    assert whole == truth.execute("select sum(hours_per_week) from adult").fetchone()[0]
     for sql in ("select sex, native_country = 'Holand-Netherlands', count(*), sum(hours_per_week) from adult "
                 "group by 1, 2",
                 "select native_country, count(*), sum(hours_per_week) from adult group by 1"):
+        exact = truth.execute(sql).fetchall()
+        # Unguarded, the rows of more than one person add up to everyone but that one, and their hours to
+        # the whole table's hours but theirs.
+        big = [row for row in exact if row[-2] > 1]
+        assert sum(row[-2] for row in big) == everyone - 1 and whole - sum(row[-1] for row in big) == hours, sql
         rows = reporter.execute(sql).fetchall()
-        assert sum(row[-2] for row in rows) == everyone - 1, sql
-        assert whole - sum(row[-1] for row in rows) == truth.execute(alone).fetchone()[0], sql
+        assert _nearly_everyone([row[-2] for row in rows], everyone) == [], (sql, rows)
+        assert whole - hours not in {sum(row[-1] for row in rows), *(row[-1] for row in rows)}, (sql, rows)
+
+
+def test_known_limit_differencing_two_where_clauses(reporter: psycopg.Connection[Any],
+                                                    truth: psycopg.Connection[Any]) -> None:  # noqa: F811
+    """Documented limit (docs/suppression.md "Limits"): complementary suppression covers one answer, not several.
+    Two totals whose WHERE clauses differ by one person each leave k people out of N, so both are released, and
+    their difference is that person's value.
+
+    Kept as a test so that the page stays true; dp mode is the answer to this attack.
+    """
+    sex, hours = truth.execute("select sex, hours_per_week from adult where id = 17").fetchone()
+    with_them = f"select count(*), sum(hours_per_week) from adult where sex = '{sex}'"
+    without_them = with_them + " and id <> 17"
+    (n, total), = reporter.execute(with_them).fetchall()
+    (others, others_total), = reporter.execute(without_them).fetchall()
+    assert (n, total) == truth.execute(with_them).fetchone()
+    assert (n - others, total - others_total) == (1, hours)

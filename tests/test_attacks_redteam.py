@@ -184,13 +184,30 @@ def test_set_config_of_ordinary_settings_still_passes(reporter: psycopg.Connecti
      "select a.id, count(*) from adult a join relations_visits v on v.person = a.id where v.person <> 1148 "
      "group by 1"),
 ])
-def test_a_linked_tables_total_is_not_released(reporter: psycopg.Connection[Any], everyone: str,
-                                               all_but_one: str) -> None:
-    """N in k <= |C| <= N - k is the people of the FROM clause. It was the protected table's (30,162 people), but
-    relations_visits holds 15,081: its grand total and its total without person 1148 were both released (scalar,
-    or as a rest row), and their difference was that person's cost, 3."""
-    assert reporter.execute(everyone).fetchall() == []
-    assert reporter.execute(all_but_one).fetchall() == []
+def test_a_linked_tables_total_and_its_all_but_one_are_not_both_released(
+        reporter: psycopg.Connection[Any], truth: psycopg.Connection[Any],  # noqa: F811
+        everyone: str, all_but_one: str) -> None:
+    """N in query-set-size control is the people of the FROM clause. It was the protected table's (30,162 people),
+    but relations_visits holds 15,081: its grand total and its total without person 1148 were both released
+    (scalar, or as a rest row), and their difference was that person's cost, 3 (or their 2 visits). Now the total
+    over everyone, |C| = N, is released (it is public: the sum of any GROUP BY's rows), and the total over the
+    N - 1 others is withheld, as a total, as groups and as a rest row: never both."""
+    def total(rows: list[tuple[Any, ...]]) -> int:
+        return sum(row[-1] for row in rows)
+
+    exact, exact_but_one = truth.execute(everyone).fetchall(), truth.execute(all_but_one).fetchall()
+    person = truth.execute("select count(*), sum(cost) from relations_visits where person = 1148").fetchone()
+    difference = total(exact) - total(exact_but_one)
+    assert difference > 0 and difference in person  # both released, they would give person 1148's visits or cost
+
+    answers = [reporter.execute(everyone).fetchall(), reporter.execute(all_but_one).fetchall()]
+    assert not all(answers), answers
+    assert answers[1] == []
+    assert len(answers[0]) == 1 and total(answers[0]) == total(exact)  # the one row over everyone
+    if "group by" in everyone:
+        assert answers[0][0][0] is None  # each group is one person: withheld, and the rest row holds everyone
+    else:
+        assert answers[0] == exact
 
 
 def test_linked_table_groups_within_the_bounds_are_answered(reporter: psycopg.Connection[Any],

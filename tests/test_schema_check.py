@@ -1,9 +1,10 @@
 """The proxy checks that the database has every migration it ships: at start, and before each policy load.
 
 A database set up by an older anonproxy lacks the newer migrations (0016 creates
-anonproxy.suppression_report, which every suppress answer calls). The proxy must not start
-in front of it (one line naming the missing versions and `anonproxy install`), and a
-running proxy whose database loses a migration refuses logins until it is installed again.
+anonproxy.suppression_report, which every suppress answer calls, and 0022 replaces it with the
+8-argument function the answers call now). The proxy must not start in front of it (one line
+naming the missing versions and `anonproxy install`), and a running proxy whose database loses a
+migration refuses logins until it is installed again.
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ from anonproxy.embedded import EmbeddedPostgres
 from anonproxy.policy.store import POLICY_CHANNEL
 
 SUPPRESSED = "select sex, count(*) from adult group by sex order by sex"
+# The report function every suppress answer calls (sql/0022), and the one of sql/0016 it replaced.
+REPORT = "anonproxy.suppression_report(integer, text, text[], bigint, bigint, text, boolean, boolean)"
+REPORT_0016 = "anonproxy.suppression_report(integer, text, text[], bigint, text, boolean, boolean)"
 
 
 @pytest.fixture
@@ -50,10 +54,21 @@ def serve(pg_server: EmbeddedPostgres, dbname: str) -> subprocess.CompletedProce
 
 
 def drop_suppression_report(conn: psycopg.Connection) -> None:
-    """A database that lacks migration 0016 (its function and its ledger row), as one whose install stopped there
-    and went on later would. Only 0016: the later migrations' objects stay, so `install` must not apply them again."""
-    conn.execute("drop function anonproxy.suppression_report(integer, text, text[], bigint, bigint, text, boolean, boolean)")
-    conn.execute("delete from anonproxy.schema_migrations where version = 16")
+    """A database that lacks the report function and the two migrations that made it, 0016 (which created it) and
+    0022 (which replaced it with the function the answers call now): their ledger rows too, as in a database whose
+    install stopped before 0016 and went on later. Dropping the 0022 function but only 0016's row would not do:
+    `install` would then re-create 0016's function, which no answer calls, and never apply 0022 again. Only these
+    two: the objects of 0017 to 0021 stay, so `install` must not apply them again."""
+    conn.execute(f"drop function {REPORT}")
+    conn.execute("delete from anonproxy.schema_migrations where version in (16, 22)")
+
+
+def report_functions(conn: psycopg.Connection) -> tuple[bool, bool]:
+    """Whether the database has the report function of 0022, and the one of 0016."""
+    row = conn.execute("select to_regprocedure(%s) is not null, to_regprocedure(%s) is not null",
+                       [REPORT, REPORT_0016]).fetchone()
+    assert row is not None
+    return row[0], row[1]
 
 
 def test_a_database_without_the_last_migrations_stops_the_start(pg_server: EmbeddedPostgres, dbname: str,
@@ -65,7 +80,8 @@ def test_a_database_without_the_last_migrations_stops_the_start(pg_server: Embed
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1, done.stderr
     last = schema.migrations()[-1].version
-    assert lines[0] == (f"anonproxy: the anonproxy schema of database {dbname!r} lacks migration 0016 (this "
+    assert last >= 22
+    assert lines[0] == (f"anonproxy: the anonproxy schema of database {dbname!r} lacks migrations 0016, 0022 (this "
                         f"anonproxy ships 0001 to {last:04d}); run `anonproxy install --dsn DSN` as the schema's "
                         "owner; refusing to start")
 
@@ -101,11 +117,14 @@ def test_a_database_without_the_schema_stops_the_start(pg_server: EmbeddedPostgr
 def test_install_brings_an_old_database_up_to_date(pg_server: EmbeddedPostgres, dbname: str,
                                                    governed: psycopg.Connection) -> None:
     drop_suppression_report(governed)
+    assert report_functions(governed) == (False, False)
     installed = subprocess.run([sys.executable, "-m", "anonproxy.cli", "install", "--dsn",
                                 pg_server.conninfo(dbname=dbname)], capture_output=True, text=True, timeout=60,
                                check=False)
     assert installed.returncode == 0, installed.stderr
     assert schema.missing_versions(governed) == []
+    # 0016 created its function and 0022, applied after it, replaced it: the answers' function, and only it.
+    assert report_functions(governed) == (True, False)
 
 
 def test_a_running_proxy_refuses_logins_while_a_migration_is_missing(
@@ -128,7 +147,7 @@ def test_a_running_proxy_refuses_logins_while_a_migration_is_missing(
                 break
             assert time.monotonic() < deadline, "the proxy kept its policy"
             time.sleep(0.1)
-        assert "lacks migration 0016 " in proxy.log() and "anonproxy install --dsn DSN" in proxy.log()
+        assert "lacks migrations 0016, 0022 " in proxy.log() and "anonproxy install --dsn DSN" in proxy.log()
         schema.install(governed)
         governed.execute("select pg_notify(%s, '')", [POLICY_CHANNEL])
         deadline = time.monotonic() + 20
@@ -143,4 +162,4 @@ def test_a_running_proxy_refuses_logins_while_a_migration_is_missing(
     finally:
         stop_proxy(proxy)
     assert "Traceback" not in proxy.log(), proxy.log()
-    assert proxy.log().count("lacks migration 0016 ") == 1, proxy.log()  # said once, not at every retry
+    assert proxy.log().count("lacks migrations 0016, 0022 ") == 1, proxy.log()  # said once, not at every retry

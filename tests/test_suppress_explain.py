@@ -31,8 +31,9 @@ def test_a_grouped_query_shows_every_rule_and_the_sql(gated_proxy: Endpoint, gat
                              "FROM adult WHERE age > 30 GROUP BY education")
     assert plan[0] == f"suppressed answer on public.adult: exact values; groups of fewer than k = {K} people withheld"
     assert '  privacy unit: "adult"."id" (people are counted as distinct units, not rows)' in plan
-    assert f"  query-set-size control: every released group, total and rest row covers n people, {K} <= n <= N - {K}" \
-        in plan
+    # docs/suppression.md, "The rules": n >= k, and n = N or n <= N - k (a total over everyone is released)
+    assert (f"  query-set-size control: every released group, total and rest row covers n people, n >= {K}, and "
+            f"n = N or n <= N - {K}") in plan
     assert ('    N: the people of the FROM clause, joins included, WHERE not: SELECT count(DISTINCT "adult"."id") FROM '
             '"public"."adult"') in plan
     assert "  grouping keys: education (text)" in plan  # typed from the column types the policy reads
@@ -41,8 +42,14 @@ def test_a_grouped_query_shows_every_rule_and_the_sql(gated_proxy: Endpoint, gat
     assert ("  dominance: a group is withheld when its 2 largest contributions make more than 85 % of the sum of "
             "hours_per_week") in plan
     assert any(line.startswith("  p % rule: withheld when the sum minus its two largest") for line in plan)
-    assert any(line.startswith("  suppressed rest: one more row, NULL in level, holds the withheld groups") for line
-               in plan)
+    assert ("  suppressed rest: one more row, NULL in level, holds the withheld groups together; released only if it "
+            f"passes the same rules and, with the released rows, leaves out of N nobody or at least {K} people") in plan
+    assert (f"  complementary suppression: the withheld groups together must hold nobody or at least {K} people and "
+            f"pass the same rules, and the released rows must leave out of N nobody or at least {K} people; else the "
+            "smallest released groups are withheld too") in plan
+    assert (f"  notice: after the answer, how many groups were withheld (when they hold at least {K} people together "
+            f"and leave out of N nobody or at least {K}), or why a total was withheld") in plan
+    assert not any(line.startswith("  HAVING:") for line in plan)  # the query has none
     sql = plan.index("SQL the service would run:")
     assert plan[sql + 1] == "  WITH anonproxy_universe(n) AS ("  # N, counted once
     assert "  anonproxy_cells AS (" in plan
@@ -55,9 +62,23 @@ def test_a_total_and_the_extended_protocol(gated_proxy: Endpoint, gated_database
         plan = explain(conn, "SELECT count(*) FROM adult WHERE age > %s", [30])
         again = explain(conn, "SELECT count(*) FROM adult WHERE age > %s", [99])
     assert plan == again  # the bound value is not looked at
-    assert f"  no GROUP BY: one total, withheld unless {K} <= n <= N - {K} (a whole-table total never is)" in plan
+    assert (f"  no GROUP BY: one total, withheld unless n >= {K} and n = N or n <= N - {K} (a total over everyone is "
+            "released)") in plan
     assert not any("suppressed rest" in line or "dominance" in line for line in plan)  # no sum, no rest row
+    assert not any("complementary" in line for line in plan)  # one total: no groups to withhold with it
     assert "  WHERE age > $1" in plan
+
+
+def test_having_is_said_to_read_released_values_only(gated_proxy: Endpoint, gated_database: str) -> None:
+    """docs/suppression.md, "HAVING, and everything after the groups": HAVING is evaluated on the released groups and
+    the rest row, never on a withheld group; on a total, it takes no part in the verdict."""
+    with reporter(gated_proxy, gated_database) as conn:
+        grouped = explain(conn, "SELECT education, count(*) FROM adult GROUP BY education HAVING count(*) > 100")
+        total = explain(conn, "SELECT count(*) FROM adult WHERE age > 40 HAVING count(*) > 100")
+    assert [line for line in grouped if line.startswith("  HAVING:")] == [
+        "  HAVING: evaluated on released groups and the rest row only; the rest row holds every withheld group"]
+    assert [line for line in total if line.startswith("  HAVING:")] == [
+        "  HAVING: applied to the total after the rules; it takes no part in the verdict"]
 
 
 def test_refusals_are_the_querys_own(gated_proxy: Endpoint, gated_database: str) -> None:

@@ -2,7 +2,7 @@
 
 * :func:`read_report` reads the INFO message that the SQL built by
   :func:`anonproxy.suppress.rewrite.reported` raises through
-  ``anonproxy.suppression_report()`` (sql/0016): figures computed next to
+  ``anonproxy.suppression_report()`` (sql/0022): figures computed next to
   the answer, already reduced to what may be released. :func:`notice` turns
   them into the words of the proxy's NOTICE.
 * :func:`explain_suppression` lists the plan of a suppress query (protected
@@ -82,12 +82,15 @@ def notice(report: SuppressionReport, rows: int | None) -> Notice | None:
     if report.groups is not None:
         plural = "s were" if report.groups != 1 else " was"
         message = f"anonproxy: {report.groups} group{plural} suppressed"
-        detail = (f"A group is suppressed when it holds fewer than k = {k} people or all but fewer than {k} of the "
+        detail = (f"A group is suppressed when it holds fewer than k = {k} people or all but 1 to {k - 1} of the "
                   f"people in {report.relation}, when fewer than {k} people contribute to one of its aggregates, "
                   "or when a few people dominate a sum (the role's dominance and p % rules).")
         if report.complementary:
             primary = report.groups - report.complementary
-            message += (f" ({primary} by the rules, {report.complementary} more by complementary suppression)")
+            if primary:
+                message += f" ({primary} by the rules, {report.complementary} more by complementary suppression)"
+            else:  # every withheld group passed the rules alone
+                message += f" (none by the rules, {report.complementary} by complementary suppression)"
             detail += (" The withheld groups must also pass the same rules together, so that no total minus the "
                        "released rows singles out fewer than k people: the smallest released groups are withheld "
                        "with them until they do (complementary suppression).")
@@ -102,15 +105,15 @@ def notice(report: SuppressionReport, rows: int | None) -> Notice | None:
         elif report.rest is False:
             message += f"; no rest row holds {them} together: it did not pass the same rules"
             detail += (f" The rest row must itself hold at least {k} people and pass the other rules, and it and "
-                       f"the released rows together must leave at least {k} people out.")
+                       f"the released rows together must leave out of N nobody or at least {k} people.")
         return Notice(message, detail)
     if rows == 0 and report.labels is not None:
         return Notice("anonproxy: no group was released",
-                      f"Suppression withholds groups of fewer than k = {k} people or of all but fewer than {k} of "
+                      f"Suppression withholds groups of fewer than k = {k} people or of all but 1 to {k - 1} of "
                       f"the people in {report.relation}, and groups whose aggregates fail the contributor, "
                       "dominance or p % rules. How many groups were withheld is not said when they hold fewer "
-                      f"than {k} people together, or all but fewer than {k}: the number could tell whether anybody "
-                      "matches the query.")
+                      f"than {k} people together, or leave out of N between 1 and {k - 1}: the number could tell "
+                      "whether anybody matches the query.")
     return None
 
 
@@ -144,19 +147,21 @@ def explain_suppression(query: AnalyticQuery, role: RolePolicy, sql: str) -> tup
         labels = tuple(item.alias or item.expression for item in query.items if item.kind == "group")
         shown = f", NULL in {_columns(labels)}," if labels else ""
         lines.append(f"  suppressed rest: one more row{shown} holds the withheld groups "
-                     f"together; released only if it passes the same rules and, with the released rows, leaves at "
-                     f"least {k} people out")
+                     f"together; released only if it passes the same rules and, with the released rows, leaves out of "
+                     f"N nobody or at least {k} people")
     elif query.grouped:
         lines.append("  suppressed rest: off (withheld groups are left out)")
     if query.grouped:
-        lines.append(f"  complementary suppression: the withheld groups together must hold {k} people and pass the "
-                     "same rules, and the released rows must leave out of N nobody or at least "
+        lines.append(f"  complementary suppression: the withheld groups together must hold nobody or at least {k} "
+                     "people and pass the same rules, and the released rows must leave out of N nobody or at least "
                      f"{k} people; else the smallest released groups are withheld too")
-    if query.having is not None:
+    if query.having is not None and query.grouped:
         lines.append("  HAVING: evaluated on released groups and the rest row only; the rest row holds every "
                      "withheld group")
-    lines.append(f"  notice: after the answer, how many groups were withheld (when they hold {k} to N - {k} people "
-                 "together), or why a total was withheld")
+    elif query.having is not None:
+        lines.append("  HAVING: applied to the total after the rules; it takes no part in the verdict")
+    lines.append(f"  notice: after the answer, how many groups were withheld (when they hold at least {k} people "
+                 f"together and leave out of N nobody or at least {k}), or why a total was withheld")
     lines.append("SQL the service would run:")
     lines += [f"  {line}" for line in sql.split("\n")]
     lines.append("nothing was run")
