@@ -16,6 +16,7 @@ import pytest
 
 from anonproxy.embedded import EmbeddedPostgres
 from conftest import Endpoint, wait_for_current_policy, wait_for_policy, wait_for_version
+from suppression_oracle import suppress
 
 K = 10
 
@@ -38,11 +39,12 @@ def test_group_counts_are_exact_and_small_groups_suppressed(gated_proxy: Endpoin
         rows = conn.execute("select native_country, count(*) from adult group by 1").fetchall()
     true_counts = Counter(country for (country,) in truth.execute("select native_country from adult"))
     released = {country: count for country, count in rows if country is not None}
-    assert released == {c: n for c, n in true_counts.items() if n >= K}
-    suppressed = [n for n in true_counts.values() if n < K]
-    assert suppressed, "the test needs some countries below k"
+    verdict = suppress(true_counts, k=K, everyone=sum(true_counts.values()), rest=True)
+    assert verdict.primary, "the test needs some countries below k"
+    assert released == {c: true_counts[c] for c in verdict.released}
+    assert all(true_counts[c] >= K for c in released)
     rest = [count for country, count in rows if country is None]
-    assert rest == ([sum(suppressed)] if sum(suppressed) >= K else [])
+    assert rest == ([sum(true_counts[c] for c in verdict.withheld)] if verdict.rest else [])
 
 
 def test_two_column_groups_with_filter_and_order(gated_proxy: Endpoint, gated_database: str,
@@ -93,8 +95,9 @@ def test_asyncpg_prepared_rewritten_statement(gated_proxy: Endpoint, gated_datab
             await conn.close()
 
     rows = asyncio.run(run())
-    expected = truth.execute(query.replace("$1", "%s"), [40]).fetchall()
-    assert sorted(r for r in rows if r[0] is not None) == sorted(r for r in expected if r[1] >= K)
+    expected = dict(truth.execute(query.replace("$1", "%s"), [40]).fetchall())
+    verdict = suppress(expected, k=K, everyone=truth.execute("select count(*) from adult").fetchone()[0], rest=True)
+    assert sorted(r for r in rows if r[0] is not None) == sorted((c, expected[c]) for c in verdict.released)
 
 
 def test_show_anonproxy_settings(gated_proxy: Endpoint, gated_database: str) -> None:
