@@ -8,6 +8,7 @@ over aggregates, computed on released values only. Decisions first, then through
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Iterator
 from decimal import Decimal
 from fractions import Fraction
@@ -15,6 +16,7 @@ from fractions import Fraction
 import psycopg
 import pytest
 from conftest import Endpoint, fresh_dp_role
+from suppression_oracle import Magnitudes, Verdict, suppress
 from test_dp_plan import POLICY as DP_POLICY
 from test_dp_plan import ROLE as DP_ROLE
 from test_dp_proxy import analyst, budget_left  # noqa: F401  (fixtures)
@@ -26,6 +28,7 @@ from anonproxy.dp.plan import plan_dp
 from anonproxy.rewrite.classify import decide
 from anonproxy.rewrite.decision import Reject, Rewrite
 from anonproxy.plan.post_aggregate import output_name
+from anonproxy.policy.yaml_policy import demo_policy
 
 K = 10
 PARAMS = DPParams(epsilon=1.0, delta=1e-6)
@@ -76,7 +79,7 @@ def test_refused_before_now_planned_in_dp_mode(sql: str) -> None:
 def test_post_aggregate_expressions_run_over_the_materialized_suppressed_result() -> None:
     sql = rewritten("select education, sum(capital_gain) / count(*) as r from adult group by education "
                     "having 1 / (count(*) - 37) > 0 order by r desc limit 3")
-    inner, outer = sql.split("\n)\nSELECT ")
+    inner, outer = sql.rsplit("\n)\nSELECT ", 1)  # the suppressed answer, then the client's select list over it
     assert inner.startswith("WITH anonproxy_released AS MATERIALIZED (")
     assert "1 /" not in inner and "37" not in inner, "HAVING is not evaluated before suppression"
     assert "(anonproxy_v1 / NULLIF(anonproxy_v2, 0)) AS \"r\"" in outer
@@ -94,14 +97,24 @@ def test_plain_queries_keep_their_shape() -> None:
     """Without post-aggregate expressions nothing moves: the client's select list, HAVING and ORDER BY, rendered."""
     sql = rewritten("select sex, count(*), sum(age)::bigint from adult group by sex having count(*) > 20 order by 2")
     assert "MATERIALIZED" not in sql
-    assert sql.startswith('SELECT sex AS "sex", count(*) AS "count", CAST(sum(age) AS BIGINT) AS "sum"')
+    answer = sql.rsplit("\n)\n", 1)[1]  # the statement after the verdicts' CTEs
+    assert answer == ('SELECT sex AS "sex", count(*) AS "count", CAST(sum(age) AS BIGINT) AS "sum"\n'
+                      'FROM "public"."adult"\n'
+                      "GROUP BY sex\n"
+                      "HAVING (count(*) > 20)\n"
+                      "   AND ARRAY[sex] IN (SELECT ARRAY[g1] FROM anonproxy_groups WHERE released)\n"
+                      "ORDER BY 2")
 
 
 def test_filter_counts_the_contributors_of_the_filtered_rows() -> None:
     sql = rewritten("select sex, count(*) filter (where age > 40), sum(age) filter (where age = 90) from adult "
                     "group by sex")
-    assert "count(DISTINCT CASE WHEN (CASE WHEN (age > 40) THEN 1 END) IS NOT NULL" in sql
-    assert "count(DISTINCT CASE WHEN (CASE WHEN (age = 90) THEN (age) END) <> 0" in sql
+    # Each person contributes to count(*) FILTER (WHERE c) when c holds for one of their rows, to
+    # sum(x) FILTER (WHERE c) when x is not zero there: k such people per group, and in the withheld groups together
+    assert "bool_or((CASE WHEN (age > 40) THEN 1 END) IS NOT NULL) AS n1" in sql
+    assert "bool_or((CASE WHEN (age = 90) THEN (age) END) <> 0) AS n2" in sql
+    assert "AND count(unit) FILTER (WHERE n1) >= 10\n       AND count(unit) FILTER (WHERE n2) >= 10" in sql
+    assert "AND contributors_n1 >= 10 AND contributors_n2 >= 10" in sql
     rules = suppress_role(k=5, dominance_n=2, dominance_percent=80, p_percent=10, suppressed_rest=True)
     cells = rewritten("select sex, sum(age) filter (where age > 40) from adult group by sex", rules)
     assert "sum(CASE WHEN (age > 40) THEN (age) END) AS s1" in cells, "magnitude rules see the filtered sums"
@@ -189,6 +202,31 @@ SUPPRESS_QUERY = ("select education, round(avg(age), 1) as a, sum(capital_gain) 
                   "count(distinct race), abs(0), 'label' from adult group by education")
 
 
+def reporter_verdict(truth: psycopg.Connection, key: str, contributors: dict[str, str],
+                     sums: dict[str, str]) -> Verdict:
+    """The demo reporter's verdict on ``GROUP BY key`` over adult, by the oracle, from the owner's rows (one row per
+    person): ``contributors`` are SQL conditions that make a person a contributor to an aggregate, ``sums`` the SQL
+    values a sum or avg adds up, whose contributions the dominance and p % rules look at."""
+    params = demo_policy().role("reporter").suppression
+    assert params is not None and params.dominance_n is not None and params.dominance_percent is not None
+    columns = [key, *(f"({c})" for c in contributors.values()), *(f"({v})" for v in sums.values())]
+    rows = truth.execute(f"select id, {', '.join(columns)} from adult").fetchall()
+    everyone = truth.execute("select count(distinct id) from adult").fetchone()[0]
+    groups: dict[object, set[int]] = defaultdict(set)
+    helping: dict[str, dict[object, set[int]]] = {name: defaultdict(set) for name in contributors}
+    parts: dict[str, dict[object, dict[int, object]]] = {name: defaultdict(dict) for name in sums}
+    for person, group, *values in rows:
+        groups[group].add(person)
+        for name, flag in zip(contributors, values[:len(contributors)], strict=True):
+            if flag:
+                helping[name][group].add(person)
+        for name, value in zip(sums, values[len(contributors):], strict=True):
+            parts[name][group][person] = value or 0
+    return suppress(groups, k=params.k, everyone=everyone, contributors=helping, sums=parts,
+                    magnitudes=Magnitudes((params.dominance_n, params.dominance_percent), params.p_percent),
+                    rest=params.suppressed_rest)
+
+
 @pytest.fixture
 def reporter(gated_proxy: Endpoint, gated_database: str):
     connection = psycopg.connect(gated_proxy.dsn(gated_database, user="reporter"), autocommit=True)
@@ -205,8 +243,17 @@ def test_suppress_results_equal_the_direct_query_over_released_groups(reporter: 
     assert [(c.name, c.type_code) for c in cursor.description] == \
         [(c.name, c.type_code) for c in expected_cursor.description]
     released = [row for row in rows if row[0] is not None]
-    assert len(released) >= len(expected) // 2, rows
+    # The oracle decides from each person's part of every aggregate the rules look at: contributors to the FILTER,
+    # the sums and averages (non-zero values), count(1) and count(distinct race) (non-null values); magnitudes of
+    # sum(capital_gain), avg(age), sum(age), avg(CASE ...) and sum(1).
+    verdict = reporter_verdict(truth, "education", contributors={
+        "older": "age > 40", "gain": "capital_gain <> 0", "age": "age <> 0", "male": "sex = 'Male'",
+        "all": "true"}, sums={"gain": "capital_gain", "age": "age", "male": "case when sex = 'Male' then 1 else 0 end",
+                              "one": "1"})
+    assert {row[0] for row in released} == verdict.released and len(verdict.released) >= len(expected) // 2
     assert all(row == expected[row[0]] for row in released)
+    rest = [row for row in rows if row[0] is None]
+    assert [row[6] for row in rest] == ([sum(expected[e][6] for e in verdict.withheld)] if verdict.rest else [])
     assert all(row[3] >= K for row in released), "FILTER counts of released groups come from ≥ k contributors"
     assert reporter.execute(SUPPRESS_QUERY, prepare=True).fetchall() == rows  # extended protocol: same answer
 
@@ -218,8 +265,11 @@ def test_suppress_having_and_order_over_released_values(reporter: psycopg.Connec
     rows = reporter.execute(query).fetchall()
     expected = truth.execute(query).fetchall()
     released = [row for row in rows if row[0] is not None]
-    assert released and set(released) <= set(expected)
-    assert [row for row in expected if row in released] == released, "ORDER BY as the direct query"
+    # The verdicts do not read the HAVING; it then drops released groups as the direct query drops them.
+    verdict = reporter_verdict(truth, "education", contributors={"gain": "capital_gain <> 0", "age": "age <> 0"},
+                               sums={"gain": "capital_gain", "age": "age"})
+    assert released == [row for row in expected if row[0] in verdict.released], "ORDER BY as the direct query"
+    assert released and len(released) < len(expected)
 
 
 ONE_PERSON = "age = 90 and native_country = 'Philippines'"  # quasi-identifiers that single out a few people

@@ -12,6 +12,7 @@ from decimal import Decimal
 import psycopg
 import pytest
 from conftest import Endpoint
+from suppression_oracle import suppress
 
 from anonproxy.plan import bounds
 from anonproxy.policy.model import Policy
@@ -180,14 +181,25 @@ THROUGH_THE_PROXY = [
 
 
 @pytest.mark.parametrize("sql", THROUGH_THE_PROXY)
-def test_reporter_gets_the_dbas_groups_of_k_or_more(gated_proxy: Endpoint, gated_database: str, sql: str) -> None:
+def test_reporter_gets_the_dbas_groups_of_k_or_more(gated_proxy: Endpoint, gated_database: str, policy: Policy,
+                                                    sql: str) -> None:
     with psycopg.connect(gated_proxy.dsn(gated_database, user="dba"), autocommit=True) as dba:
         truth = _rows(dba, sql)
+        everyone = dba.execute("select count(*) from adult").fetchone()[0]  # N: one row per person
     with psycopg.connect(gated_proxy.dsn(gated_database, user="reporter"), autocommit=True) as reporter:
         released = _rows(reporter, sql)
-    # A suppressed-rest row (keys NULL) may report what was withheld; every other row is a dba group of >= k.
+    # The reporter's rules on the dba's groups (one row per person: a group's count is its people). Its dominance
+    # and p % rules look at sums and averages only, and these queries have none: k decides alone.
+    counts = {row[0]: row[-1] for row in truth}
+    assert None not in counts, "a NULL key would look like the rest row"
+    rules = policy.role("reporter").suppression
+    assert rules is not None and rules.k == K
+    verdict = suppress(counts, k=rules.k, everyone=everyone, rest=rules.suppressed_rest)
     groups = {row for row in released if row[0] is not None}
-    assert groups == {row for row in truth if row[-1] >= K}
+    assert groups == {row for row in truth if row[0] in verdict.released}
+    # The suppressed-rest row (keys NULL) holds every withheld group, when it passes the same rules.
+    rest = [row for row in released if row[0] is None]
+    assert rest == ([(None, sum(counts[key] for key in verdict.withheld))] if verdict.rest else [])
     assert len(groups) >= 2
 
 

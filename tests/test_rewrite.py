@@ -9,15 +9,17 @@ shipped, or plain SQL without suppression).
 
 from __future__ import annotations
 
+import re
 import statistics
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from decimal import Decimal
 
 import psycopg
 import pytest
 from psycopg import pq
+from suppression_oracle import Magnitudes, suppress
 
 from anonproxy import sample_data
 from anonproxy.dp.model import DPParams
@@ -494,20 +496,49 @@ def test_e_string_backslash_quote_keeps_one_statement() -> None:
 # --- Rewrite: shape -------------------------------------------------------------------------
 
 
+def parts(sql: str) -> tuple[dict[str, str], str]:
+    """The CTEs of a rewritten statement (name -> body) and the statement that follows them."""
+    if not sql.startswith("WITH "):
+        return {}, sql
+    ctes = {name: body for name, body in re.findall(r"(?ms)^(?:WITH )?(anonproxy_\w+)(?:\(\w+\))? AS \(\n(.*?)\n\),?$",
+                                                   sql)}
+    return ctes, sql.rsplit("\n)\n", 1)[1]
+
+
 def test_rewrite_is_rendered_from_the_tree_with_the_client_names() -> None:
     sql = rewritten("select native_country, count(*) /* a comment */ from adult -- another\n group by 1")
-    assert sql == (
+    ctes, answer = parts(sql)
+    # The client's comments are gone: every piece is rendered from the checked tree, not cut from the text.
+    assert "a comment" not in sql and "another" not in sql and "/*" not in sql
+    # The answer is the client's statement, rendered, with the client's output names as explicit aliases; it keeps
+    # the groups the verdicts release.
+    assert answer == (
         'SELECT native_country AS "native_country", count(*) AS "count"\n'
         'FROM "public"."adult"\n'
         "GROUP BY 1\n"
-        'HAVING count(DISTINCT "adult"."id") BETWEEN 10 AND (SELECT count(DISTINCT "adult"."id") FROM "public"."adult") - 10'
+        "HAVING ARRAY[native_country] IN (SELECT ARRAY[g1] FROM anonproxy_groups WHERE released)"
     )
+    # The verdicts read the same rendered grouping expression, count people (the unit), not rows, and compare with
+    # N, the people of the whole table, counted once.
+    assert ctes["anonproxy_universe"].endswith('SELECT count(DISTINCT "adult"."id") FROM "public"."adult"')
+    assert 'SELECT native_country AS g1, "adult"."id" AS unit\nFROM "public"."adult"' in ctes["anonproxy_cells"]
+    assert "count(unit) >= 10 AND (SELECT n FROM anonproxy_universe) - count(unit) NOT BETWEEN 1 AND 9" in \
+        ctes["anonproxy_primary"]
+    # A GROUP BY always gets complementary suppression.
+    assert {"anonproxy_order", "anonproxy_people", "anonproxy_steps", "anonproxy_chosen", "anonproxy_groups",
+            "anonproxy_withheld"} <= set(ctes)
 
 
 def test_rewrite_without_group_by_applies_query_set_size_control() -> None:
     sql = rewritten("SELECT count(*) FROM adult WHERE age > 30")
-    assert 'HAVING count(DISTINCT "adult"."id") BETWEEN 10 AND (SELECT count(DISTINCT "adult"."id") FROM "public"."adult") - 10' \
-        in sql
+    # The simple shape: k people, and nobody or at least k of N left out (a total over everyone is answered).
+    assert sql == (
+        'SELECT count(*) AS "count"\n'
+        'FROM "public"."adult"\n'
+        "WHERE age > 30\n"
+        'HAVING count(DISTINCT "adult"."id") >= 10 AND (SELECT count(DISTINCT "adult"."id") FROM "public"."adult") '
+        '- count(DISTINCT "adult"."id") NOT BETWEEN 1 AND 9'
+    )
 
 
 def test_rewrite_keeps_parameters_casts_and_aliases() -> None:
@@ -524,19 +555,36 @@ def test_metabase_style_query() -> None:
         'sum("public"."adult"."hours_per_week") AS "sum" FROM "public"."adult" '
         "WHERE (\"public\".\"adult\".\"age\" > 30) AND (\"public\".\"adult\".\"sex\" = 'Male') "
         'GROUP BY "public"."adult"."education" ORDER BY "count" DESC, "public"."adult"."education" ASC LIMIT 2000')
-    assert ('HAVING count(DISTINCT "adult"."id") BETWEEN 10 AND (SELECT count(DISTINCT "adult"."id") FROM "public"."adult") '
-            "- 10") in sql
+    ctes, answer = parts(sql)
+    assert ctes["anonproxy_universe"].endswith('SELECT count(DISTINCT "adult"."id") FROM "public"."adult"')
+    assert "count(unit) >= 10 AND (SELECT n FROM anonproxy_universe) - count(unit) NOT BETWEEN 1 AND 9" in \
+        ctes["anonproxy_primary"]
+    # the sum needs k people with a non-zero value, in each group and in the withheld groups together
+    assert 'bool_or(("adult"."hours_per_week") <> 0) AS n1' in ctes["anonproxy_cells"]
+    assert "count(unit) FILTER (WHERE n1) >= 10" in ctes["anonproxy_primary"]
+    assert "contributors_n1 >= 10" in ctes["anonproxy_chosen"]
     # issue 11: three-part names are normalised to the table's reference before analysis (anonproxy.plan.names)
-    assert sql.endswith('ORDER BY "count" DESC, "adult"."education"\nLIMIT 2000')
+    assert '"public"."adult"."' not in sql
+    assert answer.startswith('SELECT "adult"."education" AS "education", count(*) AS "count", '
+                             'sum("adult"."hours_per_week") AS "sum"\nFROM "public"."adult"\n'
+                             'WHERE ("adult"."age" > 30) AND ("adult"."sex" = \'Male\')\n'
+                             'GROUP BY "adult"."education"\n')
+    assert 'WHERE ("adult"."age" > 30) AND ("adult"."sex" = \'Male\')' in ctes["anonproxy_cells"]
+    assert answer.endswith('ORDER BY "count" DESC, "adult"."education"\nLIMIT 2000')
 
 
 def test_linked_table_join_uses_the_protected_unit() -> None:
     sql = rewritten("SELECT a.sex, count(*) FROM visits v JOIN adult a ON v.person_id = a.id GROUP BY a.sex")
     assert 'FROM "public"."visits" AS v JOIN "public"."adult" AS a ON v.person_id = a.id' in sql
-    assert 'count(DISTINCT "a"."id") BETWEEN 10 AND (SELECT count(DISTINCT "a"."id") FROM "public"."visits" AS v JOIN "public"."adult" AS a ON v.person_id = a.id) - 10' in sql
+    ctes, _ = parts(sql)
+    # N is the people of the join, and each group counts the protected table's people
+    assert ctes["anonproxy_universe"].endswith(
+        'SELECT count(DISTINCT "a"."id") FROM "public"."visits" AS v JOIN "public"."adult" AS a ON v.person_id = a.id')
+    assert 'SELECT a.sex AS g1, "a"."id" AS unit\n' in ctes["anonproxy_cells"]
     only_linked = rewritten("SELECT count(*) FROM visits WHERE cost > 100")
-    assert 'count(DISTINCT "visits"."person_id") BETWEEN 10 AND (SELECT count(DISTINCT "visits"."person_id") FROM "public"."visits")' \
-        in only_linked
+    assert only_linked.endswith(
+        'HAVING count(DISTINCT "visits"."person_id") >= 10 AND (SELECT count(DISTINCT "visits"."person_id") FROM '
+        '"public"."visits") - count(DISTINCT "visits"."person_id") NOT BETWEEN 1 AND 9')
 
 
 def test_join_to_an_ordinary_table_is_refused() -> None:
@@ -553,8 +601,13 @@ def test_left_join_to_a_linked_table_on_its_key() -> None:
 
 def test_distinct_becomes_a_grouped_query() -> None:
     sql = rewritten("SELECT DISTINCT native_country FROM adult ORDER BY 1")
-    assert "GROUP BY native_country" in sql
-    assert 'count(DISTINCT "adult"."id") BETWEEN 10 AND (SELECT count(DISTINCT "adult"."id") FROM "public"."adult") - 10' in sql
+    ctes, answer = parts(sql)
+    assert answer == ('SELECT DISTINCT native_country AS "native_country"\nFROM "public"."adult"\nGROUP BY native_country\n'
+                      "HAVING ARRAY[native_country] IN (SELECT ARRAY[g1] FROM anonproxy_groups WHERE released)\n"
+                      "ORDER BY 1")
+    assert 'SELECT native_country AS g1, "adult"."id" AS unit' in ctes["anonproxy_cells"]
+    assert "count(unit) >= 10 AND (SELECT n FROM anonproxy_universe) - count(unit) NOT BETWEEN 1 AND 9" in \
+        ctes["anonproxy_primary"]
 
 
 def test_group_by_alias_that_may_be_a_column_is_refused() -> None:
@@ -605,7 +658,9 @@ def test_casts_of_aggregates_in_having_run_over_released_groups() -> None:
     assert "CAST(sum(capital_gain) AS BIGINT)" in rewritten("SELECT sex, sum(capital_gain)::bigint FROM adult GROUP BY sex")
     # Issue 11: HAVING and arithmetic over aggregates are computed outside the materialized suppressed result.
     outer = rewritten("SELECT sex FROM adult GROUP BY sex HAVING sum(capital_gain)::smallint > 0")
-    assert "AS MATERIALIZED" in outer and "WHERE (CAST(anonproxy_v1 AS SMALLINT) > 0)" in outer.split(")\nSELECT")[1]
+    inner, after = outer.rsplit("\n)\nSELECT ", 1)
+    assert inner.startswith("WITH anonproxy_released AS MATERIALIZED (")
+    assert "SMALLINT" not in inner and "WHERE (CAST(anonproxy_v1 AS SMALLINT) > 0)" in after
     assert "(anonproxy_v1 + 1)" in rewritten("SELECT sex, count(*) + 1 FROM adult GROUP BY sex")
 
 
@@ -709,12 +764,52 @@ def db(postgresql: psycopg.Connection) -> psycopg.Connection:
     return postgresql
 
 
+def people_by(rows: Iterable[dict[str, object]], key: Callable[[dict[str, object]], object],
+              where: Callable[[dict[str, object]], bool] = lambda row: True) -> dict[object, set[object]]:
+    """The people (ids) of each group of ``key`` over the rows ``where`` keeps: what the oracle decides from."""
+    groups: dict[object, set[object]] = defaultdict(set)
+    for row in rows:
+        if where(row):
+            groups[key(row)].add(row["id"])
+    return dict(groups)
+
+
 def test_group_by_country_k10(db: psycopg.Connection) -> None:
     rows = run(db, rewritten("select native_country, count(*) from adult group by 1"))
     counts = Counter(row["native_country"] for row in adult())
-    expected = {country: n for country, n in counts.items() if n >= 10}
-    assert {country: int(n) for country, n in rows} == expected
-    assert len(expected) < len(counts)  # some countries really were withheld
+    verdict = suppress(counts, k=10, everyone=len(adult()))
+    assert {country: int(n) for country, n in rows} == {country: counts[country] for country in verdict.released}
+    # The one person from the Netherlands fails alone; the next smallest country is withheld with them, so that the
+    # released rows subtracted from the public total leave k people (docs/suppression.md, complementary suppression)
+    assert counts["Holand-Netherlands"] == 1 and min(n for c, n in counts.items() if n >= 10) == counts["Scotland"]
+    assert verdict.primary == {"Holand-Netherlands"}
+    assert verdict.withheld == {"Holand-Netherlands", "Scotland"}
+    assert {c for c, _ in rows} == set(counts) - {"Holand-Netherlands", "Scotland"}
+
+
+def test_groups_of_everyone_and_of_all_but_a_few(db: psycopg.Connection) -> None:
+    """docs/suppression.md's examples: a group of everyone is released, a group of all but a few is not, and then
+    neither is the few's group, even when it is large enough alone."""
+    n = len(adult())
+    everyone = people_by(adult(), lambda row: int(row["age"]) > 16)  # type: ignore[call-overload]
+    assert suppress(everyone, k=10, everyone=n).released == {True}
+    assert run(db, rewritten("SELECT age > 16 AS adult, count(*) FROM adult GROUP BY 1")) == [("t", str(n))]
+    dutch = people_by(adult(), lambda row: row["native_country"] == "Holand-Netherlands")
+    assert suppress(dutch, k=10, everyone=n).released == set()
+    assert run(db, rewritten("SELECT native_country = 'Holand-Netherlands', count(*) FROM adult GROUP BY 1")) == []
+    # GROUP BY sex without person 17: the released rows would add up to the total minus person 17, so only the
+    # larger group is released (the smaller one holds thousands of people)
+    sex = people_by(adult(), lambda row: row["sex"], lambda row: row["id"] != 17)
+    verdict = suppress(sex, k=10, everyone=n)
+    assert verdict.primary == set() and verdict.released == {"Male"} and len(sex["Female"]) > 1000
+    assert run(db, rewritten("SELECT sex, count(*) FROM adult WHERE id <> 17 GROUP BY sex")) == [
+        ("Male", str(len(sex["Male"])))]
+    # Leaving k people out instead, both are released and add up to a total the scalar query answers too.
+    sex = people_by(adult(), lambda row: row["sex"], lambda row: int(row["id"]) > 10)  # type: ignore[call-overload]
+    assert suppress(sex, k=10, everyone=n).released == {"Male", "Female"}
+    got = run(db, rewritten("SELECT sex, count(*) FROM adult WHERE id > 10 GROUP BY sex ORDER BY 1"))
+    assert got == [(s, str(len(sex[s]))) for s in ("Female", "Male")]
+    assert run(db, rewritten("SELECT count(*) FROM adult WHERE id > 10")) == [(str(n - 10),)]
 
 
 def test_two_column_group_by_with_avg(db: psycopg.Connection) -> None:
@@ -723,44 +818,67 @@ def test_two_column_group_by_with_avg(db: psycopg.Connection) -> None:
     groups: dict[tuple[object, object], list[int]] = defaultdict(list)
     for row in adult():
         groups[(row["sex"], row["race"])].append(int(row["hours_per_week"]))  # type: ignore[arg-type]
-    expected = {key: (len(v), Decimal(sum(v)) / len(v)) for key, v in groups.items() if len(v) >= 200}
+    key = lambda row: (row["sex"], row["race"])  # noqa: E731
+    verdict = suppress(people_by(adult(), key), k=200, everyone=len(adult()),
+                       contributors={"avg": people_by(adult(), key, lambda row: row["hours_per_week"] != 0)})
+    expected = {key: (len(v), Decimal(sum(v)) / len(v)) for key, v in groups.items() if key in verdict.released}
     got = {(sex, race): (int(n), Decimal(avg)) for sex, race, n, avg in run(db, sql)}
     assert got.keys() == expected.keys() and len(got) < len(groups)
     for key, (n, avg) in got.items():
         assert n == expected[key][0]
         assert abs(avg - expected[key][1]) < Decimal("1e-12")
+    # The four groups of fewer than 200 people hold 517 together, but only 194 women (87 + 107): in the margin of
+    # the women (what GROUP BY sex adds up) the smallest released group of women is withheld with them.
+    assert verdict.primary == {key for key, v in groups.items() if len(v) < 200}
+    assert sum(len(groups[key]) for key in verdict.primary if key[0] == "Female") < 200
+    assert verdict.withheld - verdict.primary == {("Female", "Asian-Pac-Islander")}
 
 
 def test_sum_and_avg_by_category(db: psycopg.Connection) -> None:
     sql = rewritten("SELECT workclass, sum(hours_per_week), avg(capital_gain), sum(capital_gain) FROM adult "
                     "WHERE age >= $1 GROUP BY workclass ORDER BY 2 DESC", role=suppress_role(k=50))
+    older = lambda row: int(row["age"]) >= 30  # type: ignore[call-overload]  # noqa: E731
+    workclass = lambda row: row["workclass"]  # noqa: E731
     groups: dict[object, list[dict[str, object]]] = defaultdict(list)
     for row in adult():
-        if int(row["age"]) >= 30:  # type: ignore[call-overload]
+        if older(row):
             groups[row["workclass"]].append(row)
+    # k people, and k of them with non-zero hours (the first sum) and with a gain (the avg and the other sum)
+    verdict = suppress(people_by(adult(), workclass, older), k=50, everyone=len(adult()), contributors={
+        "hours": people_by(adult(), workclass, lambda row: older(row) and row["hours_per_week"] != 0),
+        "gain": people_by(adult(), workclass, lambda row: older(row) and row["capital_gain"] != 0)})
     expected = {}
     for key, members in groups.items():
         gains = [int(m["capital_gain"]) for m in members]  # type: ignore[call-overload]
-        if len(members) >= 50 and sum(1 for g in gains if g) >= 50:  # k people, and k of them with a gain
+        if key in verdict.released:
             expected[key] = (sum(int(m["hours_per_week"]) for m in members),  # type: ignore[call-overload]
                              Decimal(sum(gains)) / len(gains), sum(gains))
     rows = run(db, sql, [30])
     assert [int(r[1]) for r in rows] == sorted((e[0] for e in expected.values()), reverse=True)  # ORDER BY kept
-    for workclass, hours, avg_gain, gain in rows:
-        assert (int(hours), int(gain)) == (expected[workclass][0], expected[workclass][2])
-        assert abs(Decimal(avg_gain) - expected[workclass][1]) < Decimal("1e-12")
+    for workclass_, hours, avg_gain, gain in rows:
+        assert (int(hours), int(gain)) == (expected[workclass_][0], expected[workclass_][2])
+        assert abs(Decimal(avg_gain) - expected[workclass_][1]) < Decimal("1e-12")
+    assert {r[0] for r in rows} == set(expected)
     assert 0 < len(rows) < len(groups)
 
 
 def test_query_set_size_control(db: psycopg.Connection) -> None:
     n = len(adult())
     assert run(db, rewritten("SELECT count(*), sum(capital_gain) FROM adult WHERE id = 17")) == []
-    assert run(db, rewritten("SELECT count(*) FROM adult WHERE id <> 17")) == []  # |C| = N - 1 > N - k
-    assert run(db, rewritten("SELECT count(*) FROM adult")) == []  # the whole table too: |C| = N > N - k
+    assert run(db, rewritten("SELECT count(*) FROM adult WHERE id <> 17")) == []  # N - 1: one person left out
+    # The grand total over everyone (|C| = N) is answered: it is public anyway (the sum of any GROUP BY's rows)
+    total_gain = sum(int(r["capital_gain"]) for r in adult())  # type: ignore[call-overload]
+    assert run(db, rewritten("SELECT count(*), sum(capital_gain) FROM adult")) == [(str(n), str(total_gain))]
+    assert run(db, rewritten("SELECT count(*) FROM adult WHERE age >= 0")) == [(str(n),)]  # everyone passes
+    assert run(db, rewritten("SELECT count(*) FROM adult WHERE id > $1"), [0]) == [(str(n),)]
+    # A total over N - 1 to N - k + 1 people is withheld: a subtraction from the grand total gives the others
+    sql = rewritten("SELECT count(*), sum(capital_gain) FROM adult WHERE id > $1")
+    for left_out in range(1, 10):
+        assert run(db, sql, [left_out]) == [], left_out
+    assert run(db, rewritten("SELECT sum(capital_gain) FROM adult WHERE id <> $1"), [17]) == []
     assert run(db, rewritten("SELECT count(*) FROM adult WHERE id > $1"), [n - 10]) == [("10",)]  # |C| = k
     assert run(db, rewritten("SELECT count(*) FROM adult WHERE id > $1"), [n - 9]) == []
-    assert run(db, rewritten("SELECT count(*) FROM adult WHERE id > $1"), [9]) == []  # N - 9 > N - k
-    assert run(db, rewritten("SELECT count(*) FROM adult WHERE id > $1"), [10]) == [(str(n - 10),)]
+    assert run(db, rewritten("SELECT count(*) FROM adult WHERE id > $1"), [10]) == [(str(n - 10),)]  # k left out
     older = [row for row in adult() if int(row["age"]) > 40]  # type: ignore[call-overload]
     assert run(db, rewritten("SELECT count(*), sum(capital_gain) FROM adult WHERE age > 40")) == [
         (str(len(older)), str(sum(int(r["capital_gain"]) for r in older)))]  # type: ignore[call-overload]
@@ -769,49 +887,87 @@ def test_query_set_size_control(db: psycopg.Connection) -> None:
 def test_distinct_values_for_filter_dropdowns(db: psycopg.Connection) -> None:
     rows = run(db, rewritten("SELECT DISTINCT native_country FROM adult ORDER BY 1", role=suppress_role(k=100)))
     counts = Counter(row["native_country"] for row in adult())
-    assert [r[0] for r in rows] == sorted(c for c, n in counts.items() if n >= 100)  # type: ignore[type-var]
+    verdict = suppress(counts, k=100, everyone=len(adult()))
+    assert [r[0] for r in rows] == sorted(verdict.released)  # type: ignore[type-var]
+    assert 0 < len(rows) < len(counts)
 
 
 def test_suppressed_rest_row(db: psycopg.Connection) -> None:
-    young = [row for row in adult() if int(row["age"]) < 60]  # type: ignore[call-overload]
-    assert len(adult()) - len(young) >= 1000  # the query set leaves at least k people out, for every k below
-    counts = Counter(row["race"] for row in young)
+    young = lambda row: int(row["age"]) < 60  # type: ignore[call-overload]  # noqa: E731
+    race = lambda row: row["race"]  # noqa: E731
+    assert len(adult()) - sum(1 for row in adult() if young(row)) >= 1000  # the WHERE leaves >= k people out
+    counts = Counter(row["race"] for row in adult() if young(row))
     sql = "SELECT race, count(*) AS n FROM adult WHERE age < 60 GROUP BY race ORDER BY n DESC"
+    verdicts = {}
     for k in (300, 600, 1000):
-        released = {race: n for race, n in counts.items() if n >= k}
-        rest = sum(n for n in counts.values() if n < k)
-        expected = sorted(released.items(), key=lambda item: -item[1])
-        if rest >= k:
-            expected = sorted([*expected, (None, rest)], key=lambda item: -item[1])
+        verdict = suppress(people_by(adult(), race, young), k=k, everyone=len(adult()), rest=True)
+        expected = [(r, counts[r]) for r in verdict.released]
+        if verdict.rest:
+            expected.append((None, sum(counts[r] for r in verdict.withheld)))
+        expected.sort(key=lambda item: -item[1])
         rows = run(db, rewritten(sql, role=suppress_role(k=k, suppressed_rest=True)))
-        assert [(race, int(n)) for race, n in rows] == expected, k
-    # With k = 300 two groups are withheld and their people come back as one row; with k = 600 they are not
-    # enough for a rest row.
+        assert [(r, int(n)) for r, n in rows] == expected, k
+        verdicts[k] = verdict
+    # With k = 300 two groups fail alone (226 and 275 people): together they pass, and come back as one row. With
+    # k = 600 they are not enough together: the smallest group that passes alone (842 people) is withheld with
+    # them, and the rest row holds all three.
     assert sorted(n for n in counts.values() if n < 600) == [226, 275]
-    # Issue 10: over the whole table the released rows and the rest row would add up to the grand total, which a
-    # query without GROUP BY withholds (|C| = N > N - k): no rest row (it was released before).
+    assert verdicts[300].withheld == verdicts[300].primary and len(verdicts[300].rest_people) == 226 + 275
+    assert verdicts[600].withheld - verdicts[600].primary == {"Asian-Pac-Islander"} == {
+        r for r, n in counts.items() if n == min(n for n in counts.values() if n >= 600)}
+    assert all(v.rest for v in verdicts.values())
+    # Over the whole table the released rows and the rest row add up to the grand total, which is answered too
+    # (|C| = N): the rest row is released.
+    everyone = Counter(row["race"] for row in adult())
+    verdict = suppress(everyone, k=300, everyone=len(adult()), rest=True)
+    expected = sorted([*((r, everyone[r]) for r in verdict.released),
+                       *([(None, sum(everyone[r] for r in verdict.withheld))] if verdict.rest else [])],
+                      key=lambda item: -item[1])
     whole = run(db, rewritten("SELECT race, count(*) AS n FROM adult GROUP BY race ORDER BY n DESC",
                               role=suppress_role(k=300, suppressed_rest=True)))
-    assert [race for race, _ in whole] == ["White", "Black", "Asian-Pac-Islander"]
+    assert [(r, int(n)) for r, n in whole] == expected
+    assert verdict.rest and sum(n for _, n in expected) == len(adult())
 
 
 def test_rest_row_respects_client_having_and_where(db: psycopg.Connection) -> None:
+    """HAVING is never evaluated on a withheld group: the rest row holds them all, then HAVING keeps or drops it."""
     role = suppress_role(k=50, suppressed_rest=True)
-    sql = rewritten("SELECT native_country, count(*), avg(age) FROM adult WHERE sex = 'Female' "
-                    "GROUP BY 1 HAVING count(*) >= 20 ORDER BY 2 DESC, 1", role=role)
-    women = [row for row in adult() if row["sex"] == "Female"]
+    woman = lambda row: row["sex"] == "Female"  # noqa: E731
+    country = lambda row: row["native_country"]  # noqa: E731
+    women = [row for row in adult() if woman(row)]
     counts = Counter(row["native_country"] for row in women)
-    asked = {c: n for c, n in counts.items() if n >= 20}
-    withheld = {c for c, n in asked.items() if n < 50}
-    rows = run(db, sql)
-    assert {r[0]: int(r[1]) for r in rows if r[0] is not None} == {c: n for c, n in asked.items() if n >= 50}
+    verdict = suppress(people_by(adult(), country, woman), k=50, everyone=len(adult()), rest=True)
+    assert verdict.rest
+    released = {c: counts[c] for c in verdict.released}
+    rest_count = sum(counts[c] for c in verdict.withheld)
+    ages = [int(r["age"]) for r in women if r["native_country"] in verdict.withheld]  # type: ignore[call-overload]
+    assert rest_count == len(ages)
+    # The withheld groups the HAVING below would drop (fewer than 20 women) are in the rest row all the same.
+    assert any(counts[c] < 20 for c in verdict.withheld) and rest_count > sum(
+        counts[c] for c in verdict.withheld if counts[c] >= 20)
+
+    def answer(having: str) -> list[tuple[str | None, ...]]:
+        return run(db, rewritten("SELECT native_country, count(*), avg(age) FROM adult WHERE sex = 'Female' "
+                                 f"GROUP BY 1 HAVING {having} ORDER BY 2 DESC, 1", role=role))
+
+    rows = answer("count(*) >= 20")
+    assert {r[0]: int(r[1]) for r in rows if r[0] is not None} == released  # every released group has >= 50
     rest = [r for r in rows if r[0] is None]
-    rest_count = sum(asked[c] for c in withheld)
-    assert rest_count == 349  # 11 countries with 20 to 49 women; those with fewer than 20 are not asked for
-    ages = [int(r["age"]) for r in women if r["native_country"] in withheld]  # type: ignore[call-overload]
     assert len(rest) == 1 and int(rest[0][1]) == rest_count
     assert abs(Decimal(rest[0][2]) - Decimal(sum(ages)) / len(ages)) < Decimal("1e-12")
-    assert rows[1] == rest[0]  # ORDER BY 2 DESC, 1: the rest row (349) sorts by its count like any other
+    order = sorted([*released.items(), (None, rest_count)], key=lambda item: (-item[1], item[0] is None, item[0]))
+    assert [(r[0], int(r[1])) for r in rows] == order  # ORDER BY 2 DESC, 1: the rest row sorts by its count
+    # The same HAVING on the rest row's own count: it keeps the rest row when its count qualifies, and drops it
+    # (and the released groups alike) when it does not; the verdicts do not change.
+    kept = answer(f"count(*) <= {rest_count}")
+    assert [(r[0], int(r[1])) for r in kept] == [item for item in order if item[1] <= rest_count]
+    assert (None, rest_count) in [(r[0], int(r[1])) for r in kept]
+    dropped = answer(f"count(*) > {rest_count}")
+    assert [(r[0], int(r[1])) for r in dropped] == [item for item in order if item[1] > rest_count]
+    assert all(r[0] is not None for r in dropped)
+    # Without a HAVING, the same rows as the HAVING that keeps everything
+    assert answer("true") == run(db, rewritten("SELECT native_country, count(*), avg(age) FROM adult "
+                                               "WHERE sex = 'Female' GROUP BY 1 ORDER BY 2 DESC, 1", role=role))
 
 
 def _create_visits(conn: psycopg.Connection) -> list[tuple[int, str, int]]:
@@ -851,26 +1007,57 @@ def _verdicts(rows: list[tuple[int, str, int]], k: int, dominance: tuple[int, fl
     return verdict
 
 
+def _visit_facts(rows: Iterable[tuple[int, str, int]]) -> tuple[
+        dict[str, set[int]], dict[str, dict[str, set[int]]], dict[str, dict[str, dict[int, int]]]]:
+    """Per month: its people, the contributors to sum(cost) (a non-zero cost), each person's part of the sum."""
+    people: dict[str, set[int]] = defaultdict(set)
+    contributors: dict[str, set[int]] = defaultdict(set)
+    parts: dict[str, dict[int, int]] = defaultdict(lambda: defaultdict(int))
+    for person, month, cost in rows:
+        people[month].add(person)
+        parts[month][person] += cost
+        if cost != 0:
+            contributors[month].add(person)
+    return dict(people), {"sum": dict(contributors)}, {"sum": {m: dict(v) for m, v in parts.items()}}
+
+
+def _magnitudes(params: dict[str, object]) -> Magnitudes:
+    dominance = (params["dominance_n"], params["dominance_percent"]) if "dominance_n" in params else None
+    return Magnitudes(dominance, params.get("p_percent"))  # type: ignore[arg-type]
+
+
 def test_dominance_and_p_percent_rules(db: psycopg.Connection) -> None:
     rows = _create_visits(db)
+    everyone = len({r[0] for r in rows})  # N: the 53 people of visits
     sql = "SELECT visit_month, count(*), sum(cost) FROM visits GROUP BY visit_month ORDER BY 1"
     cases = [
-        # (role parameters, months released: worked out by hand in _create_visits' comments)
-        ({"k": 10}, {"A", "B", "C", "D", "E"}),
-        ({"k": 10, "dominance_n": 2, "dominance_percent": 80}, {"A", "E"}),
-        ({"k": 10, "dominance_n": 2, "dominance_percent": 95}, {"A", "C", "D", "E"}),
-        ({"k": 10, "p_percent": 10}, {"A", "C", "D", "E"}),
-        ({"k": 10, "p_percent": 20}, {"A", "E"}),
-        ({"k": 10, "dominance_n": 2, "dominance_percent": 95, "p_percent": 20}, {"A", "E"}),
+        # (role parameters, months that pass alone: worked out by hand in _create_visits' comments, months released
+        # after complementary suppression, worked out by hand below)
+        # F (5 people) fails alone; with A (the smallest month, 12 people, ties broken by name) the withheld months
+        # hold 17 people, but B's people are A's, so the released B, C, D, E would leave out only F's 5: B goes too.
+        ({"k": 10}, {"A", "B", "C", "D", "E"}, {"C", "D", "E"}),
+        # B, C, D, F together: person 1's 10000 and 600 are 87.5 % of 12115; with A, 10700 of 13315 (80.4 %);
+        # only with E too (everything: 10700 of 14515) do they pass. Nothing is released.
+        ({"k": 10, "dominance_n": 2, "dominance_percent": 80}, {"A", "E"}, set()),
+        # B and F: 10010 of 10115; with A: 10210 of 11315 (90.2 %) passes, and 17 people are left out of C, D, E.
+        ({"k": 10, "dominance_n": 2, "dominance_percent": 95}, {"A", "C", "D", "E"}, {"C", "D", "E"}),
+        ({"k": 10, "p_percent": 10}, {"A", "C", "D", "E"}, {"C", "D", "E"}),
+        # B, C, D, F: 12115 - 10000 - 600 < 20 % of 10000; with A: 13315 - 10100 - 600 >= 2020.
+        ({"k": 10, "p_percent": 20}, {"A", "E"}, {"E"}),
+        ({"k": 10, "dominance_n": 2, "dominance_percent": 95, "p_percent": 20}, {"A", "E"}, {"E"}),
     ]
     totals: dict[str, tuple[int, int]] = {}
     for _, month, cost in rows:
         count, total = totals.get(month, (0, 0))
         totals[month] = (count + 1, total + cost)
-    for params, released in cases:
+    groups, contributors, sums = _visit_facts(rows)
+    for params, alone, released in cases:
         python = _verdicts(rows, params["k"], (params["dominance_n"], params["dominance_percent"])
                            if "dominance_n" in params else None, params.get("p_percent"))
-        assert {m for m, ok in python.items() if ok} == released, params  # the hand reasoning holds
+        assert {m for m, ok in python.items() if ok} == alone, params  # the hand reasoning holds
+        verdict = suppress(groups, k=params["k"], everyone=everyone, contributors=contributors, sums=sums,
+                           magnitudes=_magnitudes(params))
+        assert set(groups) - verdict.primary == alone and verdict.released == released, params  # the oracle agrees
         got = run(db, rewritten(sql, role=suppress_role(**params)))
         assert [(m, int(c), int(s)) for m, c, s in got] == [(m, *totals[m]) for m in sorted(released)], params
 
@@ -894,46 +1081,84 @@ def test_dominance_by_category_on_adult(db: psycopg.Connection) -> None:
     sql = rewritten("SELECT occupation, sum(capital_gain) AS gains, count(*) FROM adult GROUP BY occupation",
                     role=suppress_role(**params))
     cells: dict[object, list[int]] = defaultdict(list)
+    parts: dict[object, dict[object, int]] = defaultdict(dict)
     for row in adult():
         cells[row["occupation"]].append(abs(int(row["capital_gain"])))  # type: ignore[call-overload]
-    expected = {}
-    for occupation, values in cells.items():
+        parts[row["occupation"]][row["id"]] = int(row["capital_gain"])  # type: ignore[call-overload]
+    occupation = lambda row: row["occupation"]  # noqa: E731
+    alone = set()
+    for key, values in cells.items():
         values.sort(reverse=True)
         total = sum(values)
         x1, x2 = (values + [0, 0])[:2]
         contributors = sum(1 for v in values if v)
         if len(values) >= 10 and contributors >= 10 and x1 + x2 <= 0.6 * total and total - x1 - x2 >= 0.25 * x1:
-            expected[occupation] = (sum(values), len(values))
-    got = {occupation: (int(g), int(n)) for occupation, g, n in run(db, sql)}
+            alone.add(key)
+    verdict = suppress(people_by(adult(), occupation), k=10, everyone=len(adult()),
+                       contributors={"gains": people_by(adult(), occupation, lambda row: row["capital_gain"] != 0)},
+                       sums={"gains": parts}, magnitudes=_magnitudes(params))
+    assert set(cells) - verdict.primary == alone  # the oracle's primary verdicts are the rules written out here
+    expected = {key: (sum(cells[key]), len(cells[key])) for key in verdict.released}
+    got = {key: (int(g), int(n)) for key, g, n in run(db, sql)}
     assert got == expected
-    assert 0 < len(got) < len(cells)
+    assert 0 < len(got) < len(alone) < len(cells), "primary and complementary suppression both withheld groups"
 
 
 def test_rest_row_obeys_the_same_rules(db: psycopg.Connection) -> None:
     rows = _create_visits(db)
+    everyone = len({r[0] for r in rows})  # N is the FROM clause's people: visits holds 53, not adult's 30,162
+    assert everyone == 53
     months = "SELECT visit_month, count(*), sum(cost) FROM visits {where} GROUP BY visit_month ORDER BY 1"
-    # Dominance (2, 80%) withholds B, C, D and F: 41 people together, but person 1's 10000 of 12015 still
-    # dominates them, so there is no rest row either.
-    role = suppress_role(k=10, dominance_n=2, dominance_percent=80, suppressed_rest=True)
-    assert [r[0] for r in run(db, rewritten(months.format(where=""), role=role))] == ["A", "E"]
-    # Without person 1, the p% rule (20%) withholds C and D, k withholds F; the released rows and the rest row
-    # would cover 52 of the 53 people of visits (more than N - k = 43: the rest row is withheld), a total the
-    # scalar query withholds (N is the FROM clause's people: visits holds 53, not adult's 30,162).
-    role = suppress_role(k=10, p_percent=20, suppressed_rest=True)
+
+    def expected(keep: Callable[[tuple[int, str, int]], bool], k: int,
+                 params: dict[str, object]) -> list[tuple[str | None, str, str]]:
+        """The oracle's answer: the released months, then (ORDER BY 1: NULL last) the rest row if released."""
+        kept = [r for r in rows if keep(r)]
+        groups, contributors, sums = _visit_facts(kept)
+        verdict = suppress(groups, k=k, everyone=everyone, contributors=contributors, sums=sums,
+                           magnitudes=_magnitudes(params), rest=True)
+        answer: list[tuple[str | None, str, str]] = [
+            (m, str(sum(1 for r in kept if r[1] == m)), str(sum(r[2] for r in kept if r[1] == m)))
+            for m in sorted(verdict.released)]
+        if verdict.rest:
+            withheld = [r for r in kept if r[1] in verdict.withheld]
+            answer.append((None, str(len(withheld)), str(sum(r[2] for r in withheld))))
+        return answer
+
+    grand_total = [(str(len(rows)), str(sum(r[2] for r in rows)))]
+    # Dominance (2, 80%) withholds B, C, D and F alone; person 1 dominates them together, with A too, and only
+    # everything together passes (test_dominance_and_p_percent_rules): no month is released, and the rest row is
+    # the total over all 53 people of visits, which the scalar query answers too.
+    params: dict[str, object] = {"k": 10, "dominance_n": 2, "dominance_percent": 80}
+    role = suppress_role(**params, suppressed_rest=True)
+    got = run(db, rewritten(months.format(where=""), role=role))
+    assert got == expected(lambda r: True, 10, params) == [(None, *grand_total[0])]
+    assert run(db, rewritten("SELECT count(*), sum(cost) FROM visits", role=role)) == grand_total
+    # Without person 1, the p% rule (20%) withholds C and D, k withholds F; together (29 people, largest
+    # contributions 600 and 500 of 2005) they pass, but the released rows and the rest row would cover 52 of the
+    # 53 people of visits, a total the scalar query withholds: no rest row.
+    params = {"k": 10, "p_percent": 20}
+    role = suppress_role(**params, suppressed_rest=True)
     got = run(db, rewritten(months.format(where="WHERE person_id <> 1"), role=role))
-    assert got == [("A", "11", "1100"), ("B", "11", "110"), ("E", "13", "1000")]
+    assert got == expected(lambda r: r[0] != 1, 10, params) == [
+        ("A", "11", "1100"), ("B", "11", "110"), ("E", "13", "1000")]
+    assert run(db, rewritten("SELECT count(*), sum(cost) FROM visits WHERE person_id <> 1", role=role)) == []
     # Leaving 11 people out (1 and 39 to 48): E keeps 2 people and is withheld by k too; the rest (C, D, E, F:
     # 31 people, 32 visits, 2005 in total, largest contributions 600 and 500: 2205 - 1100 >= 0.2 * 600) is
     # released, and the answer covers 42 <= 43 people.
-    got = run(db, rewritten(months.format(where="WHERE person_id <> 1 AND person_id NOT BETWEEN 39 AND 48"),
-                            role=role))
-    assert got == [("A", "11", "1100"), ("B", "11", "110"), (None, "32", "2005")]
-    # k = 13 withholds every month (12 people each at most): the rest row would be the total over all 53 people
-    # of visits, which a scalar query withholds too.
+    where = "WHERE person_id <> 1 AND person_id NOT BETWEEN 39 AND 48"
+    got = run(db, rewritten(months.format(where=where), role=role))
+    assert got == expected(lambda r: r[0] != 1 and not 39 <= r[0] <= 48, 10, params) == [
+        ("A", "11", "1100"), ("B", "11", "110"), (None, "32", "2005")]
+    # k = 13 withholds every month (12 people each at most): the rest row is the total over all 53 people of
+    # visits, released as the scalar query is; without person 1 it would cover 52 of them, and neither is.
     role = suppress_role(k=13, suppressed_rest=True)
-    assert run(db, rewritten(months.format(where=""), role=role)) == []
-    assert run(db, rewritten("SELECT count(*), sum(cost) FROM visits", role=role)) == []
-    assert len({r[0] for r in rows}) == 53
+    assert run(db, rewritten(months.format(where=""), role=role)) == expected(lambda r: True, 13, {}) == [
+        (None, *grand_total[0])]
+    assert run(db, rewritten("SELECT count(*), sum(cost) FROM visits", role=role)) == grand_total
+    assert run(db, rewritten(months.format(where="WHERE person_id <> 1"), role=role)) == expected(
+        lambda r: r[0] != 1, 13, {}) == []
+    assert run(db, rewritten("SELECT count(*), sum(cost) FROM visits WHERE person_id <> 1", role=role)) == []
 
 
 def test_join_along_the_declared_key(db: psycopg.Connection) -> None:
@@ -946,25 +1171,39 @@ def test_join_along_the_declared_key(db: psycopg.Connection) -> None:
     for person, _, cost in rows:
         visits[sex[person]].append((person, cost))
     everyone = len({person for person, _, _ in rows})  # N: the people of the join, 53
-    expected = sorted((s, len(v), len({p for p, _ in v}), sum(c for _, c in v))
-                      for s, v in visits.items() if 3 <= len({p for p, _ in v}) <= everyone - 3)
+    people = {s: {p for p, _ in v} for s, v in visits.items()}
+    contributors = {"count_distinct": people,  # count(DISTINCT person_id): the non-null ids
+                    "sum": {s: {p for p, c in v if c != 0} for s, v in visits.items()}}
+    verdict = suppress(people, k=3, everyone=everyone, contributors=contributors)
+    expected = sorted((s, len(v), len(people[s]), sum(c for _, c in v))
+                      for s, v in visits.items() if s in verdict.released)
     assert [(s, int(n), int(d), int(c)) for s, n, d, c in run(db, sql)] == expected
-    assert len(expected) == 2  # 50 men and 3 women: both within [k, N - k] for k = 3
+    assert len(expected) == 2  # 50 men and 3 women: both 3 or more, and both leave 3 or more of the 53 out
     # With k = 20 the men are too many people of the 53: their total is the whole join's but 3 women's.
+    assert suppress(people, k=20, everyone=everyone, contributors=contributors).released == set()
     assert run(db, rewritten("SELECT a.sex, count(*), count(DISTINCT v.person_id), sum(v.cost) "
                              "FROM visits v JOIN adult a ON v.person_id = a.id GROUP BY a.sex ORDER BY 1",
                              role=suppress_role(k=20))) == []
 
 
 def test_suppression_counts_people_not_rows(db: psycopg.Connection) -> None:
-    _create_visits(db)
-    # Month B has 13 visits but 12 people: with k = 13 it is withheld although count(*) = 13.
-    got = run(db, rewritten("SELECT visit_month, count(*) FROM visits GROUP BY 1 ORDER BY 1",
-                            role=suppress_role(k=12)))
-    assert got == [("A", "12"), ("B", "13"), ("C", "12"), ("D", "12"), ("E", "13")]
-    got = run(db, rewritten("SELECT visit_month, count(*) FROM visits GROUP BY 1 ORDER BY 1",
-                            role=suppress_role(k=13)))
-    assert got == []
+    rows = _create_visits(db)
+    # Seven more people in F, so that every month holds 12 people and none is withheld for another's sake.
+    more = [(p, "F", 1) for p in range(54, 61)]
+    with db.cursor() as cursor:
+        cursor.executemany("INSERT INTO public.visits VALUES (%s, %s, %s)", more)
+    rows += more
+    groups, _, _ = _visit_facts(rows)
+    visits = Counter(month for _, month, _ in rows)
+    assert {m: len(p) for m, p in groups.items()} == dict.fromkeys("ABCDEF", 12)
+    assert visits["B"] == visits["E"] == 13  # person 1 visited twice in B, person 37 twice in E
+    sql = rewritten("SELECT visit_month, count(*) FROM visits GROUP BY 1 ORDER BY 1", role=suppress_role(k=12))
+    assert suppress(groups, k=12, everyone=60).released == set("ABCDEF")
+    assert run(db, sql) == [(m, str(visits[m])) for m in "ABCDEF"]
+    # B and E have 13 visits but 12 people: with k = 13 they are withheld although count(*) = 13.
+    assert suppress(groups, k=13, everyone=60).released == set()
+    assert run(db, rewritten("SELECT visit_month, count(*) FROM visits GROUP BY 1 ORDER BY 1",
+                             role=suppress_role(k=13))) == []
 
 
 def test_linked_table_alone_uses_the_people_count_for_query_set_size(db: psycopg.Connection) -> None:
@@ -981,11 +1220,19 @@ def test_parameters_bind_on_the_server(db: psycopg.Connection) -> None:
     sql = rewritten("SELECT sex, count(*), sum(hours_per_week) FROM adult WHERE age > $1 AND workclass = $2 "
                     "GROUP BY sex ORDER BY 1 LIMIT $3", role=role)
     assert sql.count("$1") >= 3 and "$2" in sql and "LIMIT $3" in sql  # every copy of WHERE keeps them
-    selected = [r for r in adult() if int(r["age"]) > 60 and r["workclass"] == "State-gov"]  # type: ignore
-    expected = sorted((s, sum(1 for r in selected if r["sex"] == s),
-                       sum(int(r["hours_per_week"]) for r in selected if r["sex"] == s))  # type: ignore
-                      for s in {r["sex"] for r in selected})
-    expected = [(s, str(n), str(h)) for s, n, h in expected if n >= 10]
+    chosen = lambda r: int(r["age"]) > 60 and r["workclass"] == "State-gov"  # type: ignore  # noqa: E731
+    selected = [r for r in adult() if chosen(r)]
+    sex = lambda r: r["sex"]  # noqa: E731
+    hours = {s: {r["id"]: int(r["hours_per_week"]) for r in selected if r["sex"] == s}  # type: ignore
+             for s in {r["sex"] for r in selected}}
+    verdict = suppress(people_by(adult(), sex, chosen), k=10, everyone=len(adult()),
+                       contributors={"sum": people_by(adult(), sex, lambda r: chosen(r) and r["hours_per_week"] != 0)},
+                       sums={"sum": hours}, magnitudes=Magnitudes((2, 90)), rest=True)
+    expected = [(s, str(len(hours[s])), str(sum(hours[s].values()))) for s in sorted(verdict.released)]
+    if verdict.rest:  # ORDER BY 1: the rest row's NULL comes last
+        withheld = [r for r in selected if r["sex"] in verdict.withheld]
+        expected.append((None, str(len(withheld)), str(sum(int(r["hours_per_week"]) for r in withheld))))
+    assert len(expected) >= 2
     assert run(db, sql, [60, "State-gov", 5]) == expected
     assert run(db, sql, [60, "State-gov", 1]) == expected[:1]
 
@@ -1101,7 +1348,17 @@ def test_known_limit_differencing(db: psycopg.Connection) -> None:
 
     Kept as a test so that docs/suppression.md stays true: this attack works and is documented, not fixed.
     """
-    everyone = dict(run(db, rewritten("SELECT income, count(*) FROM adult GROUP BY income")))
+    # Within one answer, complementary suppression covers the plain form: over everyone but person 17, the
+    # released rows would add up to the public total minus that person, so only the larger group is released.
+    incomes = Counter(r["income"] for r in adult())
     without_17 = dict(run(db, rewritten("SELECT income, count(*) FROM adult WHERE id <> 17 GROUP BY income")))
+    assert set(without_17) == {max(incomes, key=lambda income: incomes[income])}
+    # Across two answers it does not: each of these leaves at least k people out (10 and 11 of them), both
+    # release both groups, and the two differ by person 17 alone.
+    everyone = dict(run(db, rewritten("SELECT income, count(*) FROM adult WHERE id > 10 GROUP BY income")))
+    without_17 = dict(run(db, rewritten("SELECT income, count(*) FROM adult WHERE id > 10 AND id <> 17 "
+                                        "GROUP BY income")))
+    assert set(everyone) == set(without_17) == set(incomes)
     differs = [income for income in everyone if everyone[income] != without_17[income]]
     assert differs == [next(r["income"] for r in adult() if r["id"] == 17)]
+    assert int(everyone[differs[0]]) - int(without_17[differs[0]]) == 1
