@@ -52,10 +52,10 @@ from anonproxy.plan.post_aggregate import RELEASED, PostAggregate, key, plain, v
 CELLS = "anonproxy_cells"
 RANKED = "anonproxy_ranked"
 GROUPS = "anonproxy_groups"
-ASKED = "anonproxy_asked"
 WITHHELD = "anonproxy_withheld"
 PRIMARY = "anonproxy_primary"
 ORDER = "anonproxy_order"
+CELL_STEPS = "anonproxy_cell_steps"
 PEOPLE = "anonproxy_people"
 STEPS = "anonproxy_steps"
 STEP_CELLS = "anonproxy_step_cells"
@@ -209,10 +209,9 @@ def _report(query: AnalyticQuery, rules: _Rules, keys: list[str], rest: bool, si
         complementary = f"CASE WHEN {sayable} THEN (SELECT count(*) FROM {GROUPS} WHERE NOT released AND step > 0) END"
         if rest:
             rest_released = f"(SELECT released FROM {REST})"
-            kept = [f"{key} IS NULL" for key in keys]
-            if query.having is not None:
-                kept.append(f"{_key_tuple(keys)} IN (SELECT * FROM {ASKED})")
-            null_group = f"EXISTS (SELECT 1 FROM {GROUPS} WHERE released AND {' AND '.join(kept)})"
+            # Whether the client's HAVING keeps that group is not asked: it would be evaluated on every group.
+            null_group = (f"EXISTS (SELECT 1 FROM {GROUPS} WHERE released AND "
+                          f"{' AND '.join(f'{key} IS NULL' for key in keys)})")
     else:
         units = f"(SELECT units FROM {GROUPS})" if simple else f"(SELECT count(unit) FROM {CELLS})"
         sized = _query_set_size(units, query, rules)
@@ -289,7 +288,7 @@ def _cells_parts(query: AnalyticQuery, rules: _Rules, magnitudes: tuple[str, ...
         released = f"(SELECT released FROM {GROUPS})"
 
     if query.grouped:
-        ctes += _withheld(query, keys)
+        ctes += _withheld(keys)
     if not rest:
         return ctes, _client_select(query, released, with_order=True)
 
@@ -392,11 +391,15 @@ def _complementary(query: AnalyticQuery, rules: _Rules, keys: list[str], sums: l
         f"       CASE WHEN released THEN row_number() OVER (PARTITION BY released ORDER BY {order}) ELSE 0 END AS step",
         f"FROM {PRIMARY}",
     ]), "the order of complementary suppression: withheld groups first (0), then the smallest released ones"))
-    firsts = [f"min(o.step) FILTER (WHERE c.{flag}) AS first_{flag}" for flag in flags]
-    ctes.append((PEOPLE, "\n".join([
-        f"SELECT c.unit, min(o.step) AS first, max(o.step) AS last{''.join(', ' + f for f in firsts)}",
+    ctes.append((CELL_STEPS, "\n".join([
+        f"SELECT {', '.join(f'c.{column}' for column in [*keys, 'unit', *sums, *flags])}, o.step",
         f"FROM {CELLS} AS c JOIN {ORDER} AS o ON {on}",
-        "GROUP BY c.unit",
+    ]), "each cell with its group's step, read by the steps, the magnitude rules and the margins"))
+    firsts = [f"min(step) FILTER (WHERE {flag}) AS first_{flag}" for flag in flags]
+    ctes.append((PEOPLE, "\n".join([
+        f"SELECT unit, min(step) AS first, max(step) AS last{''.join(', ' + f for f in firsts)}",
+        f"FROM {CELL_STEPS}",
+        "GROUP BY unit",
     ]), "each person's first and last step: withheld from the first, out of every released group from the last"))
     counted = [("first", "withheld"), ("last", "gone")] + [(f"first_{flag}", f"contributors_{flag}") for flag in flags]
     joins = [f"LEFT JOIN (SELECT {column} AS step, count(*) AS n FROM {PEOPLE} GROUP BY 1) AS {name} USING (step)"
@@ -419,8 +422,7 @@ def _complementary(query: AnalyticQuery, rules: _Rules, keys: list[str], sums: l
         ctes.append((STEP_CELLS, "\n".join([
             f"SELECT {', '.join(select)}",
             f"FROM ({tried}) AS s",
-            f"JOIN {ORDER} AS o ON o.step <= s.step",
-            f"JOIN {CELLS} AS c ON {on}",
+            f"JOIN {CELL_STEPS} AS c ON c.step <= s.step",
             "GROUP BY 1, 2",
         ]), "each person's part of the withheld groups, at the steps whose counts pass"))
         ctes += _verdict(STEP_CELLS, STEP_RANKED, STEP_VERDICTS, ["step"], sums, [], "true", rules,
@@ -441,7 +443,7 @@ def _complementary(query: AnalyticQuery, rules: _Rules, keys: list[str], sums: l
     ]), "the first step at which the withheld groups pass together (the last step withholds everything)"))
     released = f"step > (SELECT step FROM {CHOSEN})"
     if len(keys) > 1:
-        ctes.append((MARGINS, _margins(keys, flags, on, rules), ("the smallest released group of each margin whose "
+        ctes.append((MARGINS, _margins(keys, flags, rules), ("the smallest released group of each margin whose "
                      "withheld groups hold fewer than k people or contributors")))
         released += f" AND step NOT IN (SELECT step FROM {MARGINS} WHERE step IS NOT NULL)"
     ctes.append((GROUPS, "\n".join([
@@ -451,42 +453,32 @@ def _complementary(query: AnalyticQuery, rules: _Rules, keys: list[str], sums: l
     return ctes
 
 
-def _margins(keys: list[str], flags: list[str], on: str, rules: _Rules) -> str:
+def _margins(keys: list[str], flags: list[str], rules: _Rules) -> str:
     """Complementary suppression in the margins of a GROUP BY of several columns: a margin (the groups sharing the
     values of one or two of the grouping columns) is itself a total another GROUP BY releases, so its withheld
     groups must hold no one, or k people with k contributors per aggregate. Where they do not, its smallest
     released group is withheld with them. One pass suffices: that group alone holds k people and contributors,
     so every other margin it lies in gains as many (the magnitude rules are not checked per margin)."""
-    withheld = f"o.step <= (SELECT step FROM {CHOSEN})"
-    short = [f"count(DISTINCT c.unit) FILTER (WHERE {withheld}) BETWEEN 1 AND {rules.k - 1}"]
-    short += [f"(count(DISTINCT c.unit) FILTER (WHERE {withheld}) > 0\n"
-              f"        AND count(DISTINCT c.unit) FILTER (WHERE {withheld} AND c.{flag}) < {rules.k})"
+    withheld = f"step <= (SELECT step FROM {CHOSEN})"
+    short = [f"count(DISTINCT unit) FILTER (WHERE {withheld}) BETWEEN 1 AND {rules.k - 1}"]
+    short += [f"(count(DISTINCT unit) FILTER (WHERE {withheld}) > 0\n"
+              f"        AND count(DISTINCT unit) FILTER (WHERE {withheld} AND {flag}) < {rules.k})"
               for flag in flags]
     width = min(len(keys) - 1, MARGIN_COLUMNS)
     margins = [columns for size in range(1, width + 1) for columns in combinations(keys, size)]
     branches = ["\n".join([
-        f"SELECT min(o.step) FILTER (WHERE NOT {withheld}) AS step",
-        f"FROM {CELLS} AS c JOIN {ORDER} AS o ON {on}",
-        f"GROUP BY {', '.join(f'ARRAY[o.{key}]' for key in columns)}",
+        f"SELECT min(step) FILTER (WHERE NOT {withheld}) AS step",
+        f"FROM {CELL_STEPS}",
+        f"GROUP BY {', '.join(f'ARRAY[{key}]' for key in columns)}",
         f"HAVING {' OR '.join(short)}",
     ]) for columns in margins]
     return "\nUNION ALL\n".join(branches)
 
 
-def _withheld(query: AnalyticQuery, keys: list[str]) -> Ctes:
-    """``anonproxy_withheld``: the groups that were suppressed, whatever the client's HAVING says of them (it is
-    evaluated on released groups only); ``anonproxy_asked``: the groups the client's HAVING keeps, which the
-    notice reads for released groups only."""
-    ctes: Ctes = []
-    if query.having is not None:
-        asked = [f"SELECT {_key_tuple(query.keys, bare=True)}", f"FROM {query.from_sql}"]
-        if query.where is not None:
-            asked.append(f"WHERE {query.where}")
-        asked += [f"GROUP BY {', '.join(query.keys)}", f"HAVING {query.having}"]
-        ctes.append((ASKED, "\n".join(asked), "the groups the client's HAVING keeps (read for released groups)"))
-    ctes.append((WITHHELD, f"SELECT {', '.join(keys)} FROM {GROUPS} WHERE NOT released",
-                 "the groups that were suppressed"))
-    return ctes
+def _withheld(keys: list[str]) -> Ctes:
+    """``anonproxy_withheld``: the groups that were suppressed, whatever the client's HAVING would say of them: it is
+    evaluated on released groups and the rest row only."""
+    return [(WITHHELD, f"SELECT {', '.join(keys)} FROM {GROUPS} WHERE NOT released", "the groups that were suppressed")]
 
 
 def _verdict(source: str, ranked: str, name: str, keys: list[str], sums: list[str], flags: list[str],
