@@ -27,7 +27,8 @@ from typing import Any
 import psycopg
 import pytest
 from conftest import Endpoint
-from test_attacks_relations import VISITS, refusal, released_by_the_rules, reporter, tables  # noqa: F401 - fixtures
+from suppression_oracle import suppress
+from test_attacks_relations import VISITS, refusal, reporter, tables  # noqa: F401 - fixtures
 from test_dp_proxy import analyst, budget_left  # noqa: F401 - fixtures
 
 K = 10
@@ -259,18 +260,20 @@ def test_differencing_one_person_fails(reporter: psycopg.Connection[Any],
 def test_dashboards_still_work(reporter: psycopg.Connection[Any], truth: psycopg.Connection[Any],  # noqa: F811
                                key: str) -> None:
     everyone = _everyone(truth)
-    people = {(group,): frozenset(ids)
+    people = {group: frozenset(ids)
               for group, ids in truth.execute(f"select {key}, array_agg(id) from adult group by 1").fetchall()}
-    assert None not in {group for group, in people}  # a NULL in the answer is the rest row
-    groups, rest = released_by_the_rules(people, everyone)
+    assert None not in people  # a NULL in the answer is the rest row
     sql = f"select {key}, count(*), count(distinct id) from adult group by 1"
-    expected = {group: len(people[(group,)]) for group, in groups}
+    # count(distinct id): every person of a group contributes; no sum, so no magnitude rule applies
+    verdict = suppress(people, k=K, everyone=everyone, contributors={"count(distinct id)": people}, rest=True)
+    expected = {group: len(people[group]) for group in verdict.released}
     rows = reporter.execute(sql).fetchall()
     got = {row[0]: row[1] for row in rows if row[0] is not None}
     assert got == expected and len(got) >= 2
-    assert [row for row in rows if row[0] is None] == ([(None, len(rest), len(rest))] if rest is not None else [])
+    rest = len(verdict.rest_people)
+    assert [row for row in rows if row[0] is None] == ([(None, rest, rest)] if verdict.rest else [])
     # with a sum, the magnitude rules may withhold more groups; every released one passes alone, and is exact
-    alone = {group for (group,), ids in people.items()
+    alone = {group for group, ids in people.items()
              if len(ids) >= K and (len(ids) == everyone or len(ids) <= everyone - K)}
     gains = reporter.execute(f"select {key}, sum(capital_gain) from adult group by 1").fetchall()
     truth_gains = dict(truth.execute(f"select {key}, sum(capital_gain) from adult group by 1").fetchall())

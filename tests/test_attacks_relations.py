@@ -11,14 +11,13 @@ without protected data still pass under the client's own login.
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import Collection, Iterator
-from itertools import combinations
+from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 import pytest
 from conftest import Endpoint, wait_for_policy
+from suppression_oracle import suppress
 from test_dp_proxy import analyst, budget_left  # noqa: F401 - fixtures
 
 from anonproxy.rewrite.expressions import ROW_FUNCTIONS
@@ -132,61 +131,6 @@ def tables(truth: psycopg.Connection[Any], gated_proxy: Endpoint, gated_database
 def reporter(tables: None, gated_proxy: Endpoint, gated_database: str) -> Iterator[psycopg.Connection[Any]]:
     with psycopg.connect(gated_proxy.dsn(gated_database, user="reporter"), autocommit=True) as conn:
         yield conn
-
-
-def released_by_the_rules(groups: dict[tuple[Any, ...], frozenset[Any]], everyone: int, k: int = 10,
-                          margin_columns: int = 2) -> tuple[set[tuple[Any, ...]], frozenset[Any] | None]:
-    """The groups of a GROUP BY that docs/suppression.md "The rules" release, and the people of the suppressed-rest
-    row if it is released (None if not), decided here on the raw data: ``groups`` maps each group's key to its
-    people (the rows passing WHERE), ``everyone`` is N, the people of the FROM clause.
-
-    For a select list whose aggregates every person of a group feeds (count(*), count(DISTINCT id)) and no
-    magnitude rule, with the rest row on: a group passes alone with k people or more that leave out of N nobody or
-    k people (primary suppression); the smallest groups that pass alone (fewest people, then the grouping values)
-    are then withheld with the others until the withheld groups hold nobody or k people leaving nobody or k out,
-    and the people in no released group are nobody or k, or the rest row covers them (complementary
-    suppression); then, with several grouping columns, in each margin of one or two of them whose withheld groups
-    hold 1 to k - 1 people, the margin's smallest released group is withheld too (one pass). The rest row is
-    released when its people pass query-set-size control and the people of all the groups together leave out of N
-    nobody or k.
-    Ties between released groups of equal size matter nowhere this is used."""
-
-    def leaves_out_nobody_or_k(people: int) -> bool:
-        return people == 0 or people >= k
-
-    def passes_alone(people: int) -> bool:
-        return people >= k and leaves_out_nobody_or_k(everyone - people)
-
-    def people_of(keys: Collection[tuple[Any, ...]]) -> frozenset[Any]:
-        return frozenset().union(*(groups[key] for key in keys))
-
-    answered = people_of(groups)
-    alone = sorted((key for key, people in groups.items() if passes_alone(len(people))),
-                   key=lambda key: (len(groups[key]), [(value is None, value) for value in key]))
-    released: list[tuple[Any, ...]] = []
-    for step in range(len(alone) + 1):  # the last step withholds every group
-        released = alone[step:]
-        withheld = people_of(set(groups) - set(released))
-        together = not withheld or passes_alone(len(withheld))
-        outside = (leaves_out_nobody_or_k(everyone - len(people_of(released)))
-                   or (bool(withheld) and leaves_out_nobody_or_k(everyone - len(answered))))
-        if together and outside:
-            break
-    chosen = set(released)
-    width = len(next(iter(groups), ()))
-    for size in range(1, min(width - 1, margin_columns) + 1):
-        for columns in combinations(range(width), size):
-            margins: dict[tuple[Any, ...], list[tuple[Any, ...]]] = defaultdict(list)
-            for key in groups:
-                margins[tuple(key[i] for i in columns)].append(key)
-            for members in margins.values():
-                short = people_of([key for key in members if key not in chosen])
-                kept = [key for key in members if key in chosen]
-                if 0 < len(short) < k and kept:
-                    released = [key for key in released if key != min(kept, key=alone.index)]
-    rest = people_of(set(groups) - set(released))
-    rest_released = passes_alone(len(rest)) and leaves_out_nobody_or_k(everyone - len(answered))
-    return set(released), rest if rest_released else None
 
 
 def refusal(conn: psycopg.Connection[Any], sql: str) -> psycopg.Error:
@@ -408,14 +352,14 @@ def test_rest_row_with_two_keys_and_having(reporter: psycopg.Connection[Any],
     groups = {(country, sex): frozenset(ids) for country, sex, ids in truth.execute(
         "select native_country, sex, array_agg(id) from adult where age < 60 group by 1, 2")}
     everyone = truth.execute("select count(distinct id) from adult").fetchone()[0]
-    released, rest = released_by_the_rules(groups, everyone)
+    verdict = suppress(groups, k=10, everyone=everyone, rest=True)  # count(*): no contributors, no sums
     # The data make the case: a rest row worth releasing, withheld groups of fewer than 5 people in it (which
     # HAVING count(*) >= 5 kept out of it before), and groups of 10 or more withheld in a country's margin
     # (Cambodia's 15 men, with its 2 women).
-    assert rest is not None and len(rest) >= 200
+    assert verdict.rest and len(verdict.rest_people) >= 200
     assert any(len(people) < 5 for people in groups.values())
-    assert any(len(people) >= 10 for key, people in groups.items() if key not in released)
-    expected = {key: len(groups[key]) for key in released} | {(None, None): len(rest)}
+    assert any(len(people) >= 10 for key, people in groups.items() if key not in verdict.released)
+    expected = {key: len(groups[key]) for key in verdict.released} | {(None, None): len(verdict.rest_people)}
 
     def answer(sql: str) -> dict[tuple[Any, Any], int]:
         rows = reporter.execute(sql).fetchall()

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import psycopg
 import pytest
 from conftest import Endpoint, wait_for_policy
+from suppression_oracle import suppress
 
 from anonproxy.embedded import find_pg_bindir
 from anonproxy.policy.store import load_policy
@@ -139,49 +140,24 @@ class Expected:
         return sum(self.sizes[key] for key in self.withheld)
 
 
-def singles_out(left_out: int) -> bool:
-    """1 to k - 1 people left out of a set: a subtraction would single them out."""
-    return 1 <= left_out < K
-
-
 def expected(truth: psycopg.Connection, key: str, where: str = "true", contributors: str = "count(*)",
              rest_row: bool = True) -> Expected:
-    """The rules of docs/suppression.md applied by hand to the owner's ``GROUP BY key`` over adult (one row per
-    person, so the groups are disjoint and their people add up), for answers without magnitude rules:
-    threshold and query-set-size control per group (``contributors``: the people the weakest aggregate counts),
-    then complementary suppression, smallest released-alone group first, until the withheld groups hold nobody or
-    k people with k contributors, leaving out of N nobody or k, and the people in no released group are nobody or
-    k of N, or the released rest row covers them (then the answer must leave out of N nobody or k)."""
+    """What the rules of docs/suppression.md (tests/suppression_oracle.py) withhold of the owner's ``GROUP BY key``
+    over adult (one row per person, so the groups are disjoint and given as counts), for answers without
+    magnitude rules; ``contributors``: the people the weakest aggregate counts. The withheld groups are sayable
+    when they hold k people or more and leave out of N nobody or k or more."""
     everyone = truth.execute("SELECT count(DISTINCT id) FROM adult").fetchone()[0]
     rows = truth.execute(f"SELECT {key}, count(DISTINCT id), {contributors} FROM adult WHERE {where} "
                          "GROUP BY 1").fetchall()
     sizes = {row[0]: row[1] for row in rows}
-    given = {row[0]: row[2] for row in rows}
-    answered = sum(sizes.values())
-    primary = {g for g, n in sizes.items() if n < K or singles_out(everyone - n) or given[g] < K}
-
-    def rest(withheld: set[object]) -> bool:
-        people = sum(sizes[g] for g in withheld)
-        return (people >= K and not singles_out(everyone - people) and sum(given[g] for g in withheld) >= K
-                and not singles_out(everyone - answered))
-
-    def passes(withheld: set[object]) -> bool:
-        people = sum(sizes[g] for g in withheld)
-        together = people == 0 or (people >= K and not singles_out(everyone - people)
-                                   and sum(given[g] for g in withheld) >= K)
-        outside = not singles_out(everyone - (answered - people))
-        return together and (outside or (rest_row and people > 0 and rest(withheld)))
-
-    order = sorted((g for g in sizes if g not in primary), key=lambda g: (sizes[g], g))
-    withheld = set(primary)
-    while not passes(withheld) and order:
-        withheld.add(order.pop(0))
-    added = withheld - primary
-    if added and order:  # ties are broken by the grouping values in the database's collation: keep clear of them
-        assert max(sizes[g] for g in added) < sizes[order[0]]
-    people = sum(sizes[g] for g in withheld)
-    return Expected(sizes, frozenset(primary), frozenset(added), rest_row and bool(withheld) and rest(withheld),
-                    people >= K and not singles_out(everyone - people))
+    verdict = suppress(sizes, k=K, everyone=everyone, contributors={contributors: {row[0]: row[2] for row in rows}},
+                       rest=rest_row)
+    added = verdict.withheld - verdict.primary
+    if added and verdict.released:  # ties are broken by the grouping values in the database's collation: keep clear
+        assert max(sizes[g] for g in added) < min(sizes[g] for g in verdict.released)
+    people = len(verdict.rest_people)
+    return Expected(sizes, verdict.primary, added, verdict.rest,
+                    people >= K and (people == everyone or people <= everyone - K))
 
 
 def counted(groups: int, complementary: int) -> str:
