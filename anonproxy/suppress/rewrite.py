@@ -202,8 +202,8 @@ def _report(query: AnalyticQuery, rules: _Rules, keys: list[str], rest: bool, si
     if query.grouped:
         labels = "ARRAY[" + ", ".join(_string(item.alias or item.expression)
                                       for item in query.items if item.kind == "group") + "]::text[]"
-        people = (f"(SELECT count(DISTINCT unit) FROM {CELLS}\n"
-                  f"  WHERE {_key_tuple(keys)} IN (SELECT {_key_tuple(keys, bare=True)} FROM {WITHHELD}))")
+        people = (f"(SELECT count(DISTINCT unit) FROM {CELL_STEPS}\n"
+                  f"  WHERE step IN (SELECT step FROM {GROUPS} WHERE NOT released))")
         sayable = _query_set_size(people, query, rules)
         groups = f"CASE WHEN {sayable} THEN (SELECT count(*) FROM {WITHHELD}) END"
         complementary = f"CASE WHEN {sayable} THEN (SELECT count(*) FROM {GROUPS} WHERE NOT released AND step > 0) END"
@@ -458,19 +458,24 @@ def _margins(keys: list[str], flags: list[str], rules: _Rules) -> str:
     values of one or two of the grouping columns) is itself a total another GROUP BY releases, so its withheld
     groups must hold no one, or k people with k contributors per aggregate. Where they do not, its smallest
     released group is withheld with them. One pass suffices: that group alone holds k people and contributors,
-    so every other margin it lies in gains as many (the magnitude rules are not checked per margin)."""
-    withheld = f"step <= (SELECT step FROM {CHOSEN})"
-    short = [f"count(DISTINCT unit) FILTER (WHERE {withheld}) BETWEEN 1 AND {rules.k - 1}"]
-    short += [f"(count(DISTINCT unit) FILTER (WHERE {withheld}) > 0\n"
-              f"        AND count(DISTINCT unit) FILTER (WHERE {withheld} AND {flag}) < {rules.k})"
-              for flag in flags]
+    so every other margin it lies in gains as many (the magnitude rules are not checked per margin). A margin
+    with no withheld group has no row in ``w``."""
+    chosen = f"(SELECT step FROM {CHOSEN})"
+    short = [f"w.people < {rules.k}", *(f"w.{flag} < {rules.k}" for flag in flags)]
+    counted = ["count(DISTINCT unit) AS people", *(f"count(DISTINCT unit) FILTER (WHERE {flag}) AS {flag}"
+                                                   for flag in flags)]
     width = min(len(keys) - 1, MARGIN_COLUMNS)
     margins = [columns for size in range(1, width + 1) for columns in combinations(keys, size)]
+    # Only the withheld cells are counted (few, as a rule); the smallest released group of a margin comes from the
+    # groups' order, one row per group.
     branches = ["\n".join([
-        f"SELECT min(step) FILTER (WHERE NOT {withheld}) AS step",
-        f"FROM {CELL_STEPS}",
-        f"GROUP BY {', '.join(f'ARRAY[{key}]' for key in columns)}",
-        f"HAVING {' OR '.join(short)}",
+        "SELECT min(o.step) AS step",
+        f"FROM (SELECT {', '.join(f'ARRAY[{key}] AS {key}' for key in columns)}, {', '.join(counted)}",
+        f"      FROM {CELL_STEPS} WHERE step <= {chosen}",
+        f"      GROUP BY {', '.join(str(i) for i in range(1, len(columns) + 1))}) AS w",
+        f"JOIN {ORDER} AS o ON {' AND '.join(f'ARRAY[o.{key}] = w.{key}' for key in columns)}",
+        f"WHERE o.step > {chosen} AND ({' OR '.join(short)})",
+        f"GROUP BY {', '.join(f'w.{key}' for key in columns)}",
     ]) for columns in margins]
     return "\nUNION ALL\n".join(branches)
 
