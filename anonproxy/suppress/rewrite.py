@@ -67,9 +67,10 @@ REST_CELLS = "anonproxy_rest_cells"
 REST_RANKED = "anonproxy_rest_ranked"
 REST = "anonproxy_rest"
 REPORT = "anonproxy_report"
+WITHHELD_PEOPLE = "anonproxy_withheld_people"
 UNIVERSE = "anonproxy_universe"
 ANSWER = "anonproxy_answer"
-REPORT_FUNCTION = "anonproxy.suppression_report"  # sql/0016_suppression_report.sql
+REPORT_FUNCTION = "anonproxy.suppression_report"  # sql/0022_complementary_report.sql
 
 POLICY_HINT = "Ask the DBA to fix the role's suppression parameters."
 # Complementary suppression checks the magnitude rules on the withheld groups together at this many steps (each
@@ -158,7 +159,7 @@ def reported(query: AnalyticQuery, params: SuppressionParams) -> str:
     The answer is the same statement as a subquery (``SELECT * FROM (...) AS anonproxy_answer``: the same rows,
     order, column names and types). Next to it, CTEs count what was withheld: the cells shape's own verdicts, or,
     for the simple shape, one more pass deciding its total. A call of
-    ``anonproxy.suppression_report()`` (sql/0016) hands those figures to the proxy as an INFO message, which the
+    ``anonproxy.suppression_report()`` (sql/0022) hands those figures to the proxy as an INFO message, which the
     proxy turns into a NOTICE of its own words (anonproxy.suppress.explain) and never forwards. The call sits in a
     WHERE that reads no column, which PostgreSQL evaluates once, before the first row, even when the answer is
     empty. Only figures safe to release leave the database: see :func:`_report`.
@@ -175,6 +176,10 @@ def reported(query: AnalyticQuery, params: SuppressionParams) -> str:
     else:
         ctes, body = _cells_parts(query, rules, magnitudes, rest)
         keys = [f"g{i}" for i in range(1, len(query.keys) + 1)]
+    if query.grouped:
+        withheld_people = (f"SELECT count(DISTINCT unit) FROM {CELL_STEPS}\n"
+                           f"WHERE step IN (SELECT step FROM {GROUPS} WHERE NOT released)")
+        ctes.append((f"{WITHHELD_PEOPLE}(n)", withheld_people, "the people withheld"))
     ctes.append((REPORT, _report(query, rules, keys, rest, simple), "what the proxy says about suppression, in a "
                  "NOTICE"))
     # The body is not indented: a string constant of the client's may span lines.
@@ -183,7 +188,8 @@ def reported(query: AnalyticQuery, params: SuppressionParams) -> str:
 
 
 def _report(query: AnalyticQuery, rules: _Rules, keys: list[str], rest: bool, simple: bool) -> str:
-    """The call of ``anonproxy.suppression_report(k, relation, labels, groups, total, rest, null_group)``.
+    """The call of ``anonproxy.suppression_report(k, relation, labels, groups, complementary, total, rest,
+    null_group)``.
 
     * ``groups``: how many groups were withheld, and ``complementary``: how many of them only so that the withheld
       groups together pass the rules (complementary suppression); both only when those groups hold k people or
@@ -202,9 +208,7 @@ def _report(query: AnalyticQuery, rules: _Rules, keys: list[str], rest: bool, si
     if query.grouped:
         labels = "ARRAY[" + ", ".join(_string(item.alias or item.expression)
                                       for item in query.items if item.kind == "group") + "]::text[]"
-        people = (f"(SELECT count(DISTINCT unit) FROM {CELL_STEPS}\n"
-                  f"  WHERE step IN (SELECT step FROM {GROUPS} WHERE NOT released))")
-        sayable = _query_set_size(people, query, rules)
+        sayable = _query_set_size(f"(SELECT n FROM {WITHHELD_PEOPLE})", query, rules)
         groups = f"CASE WHEN {sayable} THEN (SELECT count(*) FROM {WITHHELD}) END"
         complementary = f"CASE WHEN {sayable} THEN (SELECT count(*) FROM {GROUPS} WHERE NOT released AND step > 0) END"
         if rest:
