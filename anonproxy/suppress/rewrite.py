@@ -55,7 +55,7 @@ GROUPS = "anonproxy_groups"
 WITHHELD = "anonproxy_withheld"
 PRIMARY = "anonproxy_primary"
 ORDER = "anonproxy_order"
-CELL_STEPS = "anonproxy_cell_steps"
+ANSWERED = "anonproxy_answered"
 PEOPLE = "anonproxy_people"
 STEPS = "anonproxy_steps"
 STEP_CELLS = "anonproxy_step_cells"
@@ -177,8 +177,8 @@ def reported(query: AnalyticQuery, params: SuppressionParams) -> str:
         ctes, body = _cells_parts(query, rules, magnitudes, rest)
         keys = [f"g{i}" for i in range(1, len(query.keys) + 1)]
     if query.grouped:
-        withheld_people = (f"SELECT count(DISTINCT unit) FROM {CELL_STEPS}\n"
-                           f"WHERE step IN (SELECT step FROM {GROUPS} WHERE NOT released)")
+        withheld_people = (f"SELECT count(DISTINCT unit) FROM {CELLS}\n"
+                           f"WHERE {_key_tuple(keys)} IN (SELECT {_key_tuple(keys, bare=True)} FROM {WITHHELD})")
         ctes.append((f"{WITHHELD_PEOPLE}(n)", withheld_people, "the people withheld"))
     ctes.append((REPORT, _report(query, rules, keys, rest, simple), "what the proxy says about suppression, in a "
                  "NOTICE"))
@@ -307,7 +307,7 @@ def _cells_parts(query: AnalyticQuery, rules: _Rules, magnitudes: tuple[str, ...
     # with the released rows it adds up to a total over everyone the answer covers; both must leave out of N
     # nobody or at least k people.
     population = (f"{_query_set_size('count(unit)', query, rules)}\n"
-                  f"         AND {_left_out(f'({query.universe}) - (SELECT count(*) FROM {PEOPLE})', rules)}")
+                  f"         AND {_left_out(f'({query.universe}) - (SELECT n FROM {ANSWERED})', rules)}")
     ctes += _verdict(REST_CELLS, REST_RANKED, REST, [], sums, flags, population, rules,
                      "the rest row is released only if it passes the same rules, query-set-size control included")
 
@@ -391,29 +391,45 @@ def _complementary(query: AnalyticQuery, rules: _Rules, keys: list[str], sums: l
     ctes: Ctes = []
     order = ", ".join(["units", *keys])
     ctes.append((ORDER, "\n".join([
-        f"SELECT {', '.join(keys)}, units,",
+        f"SELECT {', '.join([*keys, 'units', *flags])},",
         f"       CASE WHEN released THEN row_number() OVER (PARTITION BY released ORDER BY {order}) ELSE 0 END AS step",
         f"FROM {PRIMARY}",
     ]), "the order of complementary suppression: withheld groups first (0), then the smallest released ones"))
-    ctes.append((CELL_STEPS, "\n".join([
-        f"SELECT {', '.join(f'c.{column}' for column in [*keys, 'unit', *sums, *flags])}, o.step",
-        f"FROM {CELLS} AS c JOIN {ORDER} AS o ON {on}",
-    ]), "each cell with its group's step, read by the steps, the magnitude rules and the margins"))
-    firsts = [f"min(step) FILTER (WHERE {flag}) AS first_{flag}" for flag in flags]
+    ctes.append((f"{ANSWERED}(n, disjoint)", "\n".join([
+        f"SELECT count(*), count(*) = (SELECT sum(units) FROM {PRIMARY})",
+        f"FROM (SELECT unit FROM {CELLS} GROUP BY unit) AS people",
+    ]), "the people of the answer, and whether each is in one group only"))
+    counted = ["withheld", "gone", *(f"contributors_{flag}" for flag in flags)]
+    # Each person in one group (one row per person, the common case): the running sums of the groups' own counts.
+    by_group = ["sum(sum(units)) OVER (ORDER BY step) AS withheld", "sum(sum(units)) OVER (ORDER BY step) AS gone",
+                *(f"sum(sum({flag})) OVER (ORDER BY step) AS contributors_{flag}" for flag in flags)]
+    zeros = ", ".join(["0 AS step", "0 AS units", *(f"0 AS {flag}" for flag in flags)])
+    disjoint = "\n".join([
+        f"SELECT step, {', '.join(by_group)}",
+        f"FROM (SELECT {zeros} UNION ALL SELECT {', '.join(['step', 'units', *flags])} FROM {ORDER}) AS groups",
+        f"WHERE (SELECT disjoint FROM {ANSWERED})",
+        "GROUP BY step",
+    ])
+    # People in several groups (several rows per person, in different groups): each person's first step (withheld
+    # from it on), last step (in no released group from it on) and first step at which they contribute.
+    firsts = [f"min(o.step) FILTER (WHERE c.{flag}) AS first_{flag}" for flag in flags]
     ctes.append((PEOPLE, "\n".join([
-        f"SELECT unit, min(step) AS first, max(step) AS last{''.join(', ' + f for f in firsts)}",
-        f"FROM {CELL_STEPS}",
-        "GROUP BY unit",
-    ]), "each person's first and last step: withheld from the first, out of every released group from the last"))
-    counted = [("first", "withheld"), ("last", "gone")] + [(f"first_{flag}", f"contributors_{flag}") for flag in flags]
+        f"SELECT c.unit, min(o.step) AS first, max(o.step) AS last{''.join(', ' + f for f in firsts)}",
+        f"FROM {CELLS} AS c JOIN {ORDER} AS o ON {on}",
+        "GROUP BY c.unit",
+    ]), "each person's first and last step, read only when people are in several groups"))
+    columns = ["first", "last", *(f"first_{flag}" for flag in flags)]
     joins = [f"LEFT JOIN (SELECT {column} AS step, count(*) AS n FROM {PEOPLE} GROUP BY 1) AS {name} USING (step)"
-             for column, name in counted]
-    running = [f"sum(coalesce({name}.n, 0)) OVER (ORDER BY step) AS {name}" for _, name in counted]
-    ctes.append((STEPS, "\n".join([
+             for column, name in zip(columns, counted, strict=True)]
+    running = [f"sum(coalesce({name}.n, 0)) OVER (ORDER BY step) AS {name}" for name in counted]
+    several = "\n".join([
         f"SELECT step, {', '.join(running)}",
         f"FROM (SELECT 0 AS step UNION ALL SELECT step FROM {ORDER} WHERE step > 0) AS steps",
         *joins,
-    ]), "per step j: the people withheld, the people in no released group, the contributors withheld"))
+        f"WHERE NOT (SELECT disjoint FROM {ANSWERED})",
+    ])
+    ctes.append((STEPS, f"{disjoint}\nUNION ALL\n{several}",
+                 "per step j: the people withheld, the people in no released group, the contributors withheld"))
     counts = [f"withheld >= {k}", _left_out(f"{universe} - withheld", rules)]
     counts += [f"contributors_{flag} >= {k}" for flag in flags]
     counts_pass = " AND ".join(counts)
@@ -426,17 +442,18 @@ def _complementary(query: AnalyticQuery, rules: _Rules, keys: list[str], sums: l
         ctes.append((STEP_CELLS, "\n".join([
             f"SELECT {', '.join(select)}",
             f"FROM ({tried}) AS s",
-            f"JOIN {CELL_STEPS} AS c ON c.step <= s.step",
+            f"JOIN {ORDER} AS o ON o.step <= s.step",
+            f"JOIN {_cells_of(keys, f'(SELECT max(step) FROM ({tried}) AS tried)')} AS c ON {on}",
             "GROUP BY 1, 2",
         ]), "each person's part of the withheld groups, at the steps whose counts pass"))
         ctes += _verdict(STEP_CELLS, STEP_RANKED, STEP_VERDICTS, ["step"], sums, [], "true", rules,
                          "the magnitude rules on the withheld groups together, per step")
         within += f"\n       AND coalesce((SELECT v.released FROM {STEP_VERDICTS} AS v WHERE v.step = s.step), false)"
-    outside = _left_out(f"{universe} - ((SELECT count(*) FROM {PEOPLE}) - gone)", rules)
+    outside = _left_out(f"{universe} - ((SELECT n FROM {ANSWERED}) - gone)", rules)
     if rest:
         # The rest row covers the withheld groups when it is released: then the released rows cover the whole
         # answer, which must leave out of N nobody or k people.
-        answered = _left_out(f"{universe} - (SELECT count(*) FROM {PEOPLE})", rules)
+        answered = _left_out(f"{universe} - (SELECT n FROM {ANSWERED})", rules)
         outside = f"({outside} OR (withheld > 0 AND {answered}))"
     ctes.append((CHOSEN, "\n".join([
         "SELECT coalesce(min(step) FILTER (WHERE",
@@ -457,6 +474,13 @@ def _complementary(query: AnalyticQuery, rules: _Rules, keys: list[str], sums: l
     return ctes
 
 
+def _cells_of(keys: list[str], step: str) -> str:
+    """The cells of the groups up to ``step``, as a derived table: a hashed filter on the cells, where a join with
+    the groups' order would sort every cell."""
+    return (f"(SELECT * FROM {CELLS} WHERE {_key_tuple(keys)} IN\n"
+            f"  (SELECT {_key_tuple(keys, bare=True)} FROM {ORDER} WHERE step <= {step}))")
+
+
 def _margins(keys: list[str], flags: list[str], rules: _Rules) -> str:
     """Complementary suppression in the margins of a GROUP BY of several columns: a margin (the groups sharing the
     values of one or two of the grouping columns) is itself a total another GROUP BY releases, so its withheld
@@ -466,16 +490,16 @@ def _margins(keys: list[str], flags: list[str], rules: _Rules) -> str:
     with no withheld group has no row in ``w``."""
     chosen = f"(SELECT step FROM {CHOSEN})"
     short = [f"w.people < {rules.k}", *(f"w.{flag} < {rules.k}" for flag in flags)]
-    counted = ["count(DISTINCT unit) AS people", *(f"count(DISTINCT unit) FILTER (WHERE {flag}) AS {flag}"
-                                                   for flag in flags)]
+    counted = ["count(DISTINCT c.unit) AS people", *(f"count(DISTINCT c.unit) FILTER (WHERE c.{flag}) AS {flag}"
+                                                     for flag in flags)]
     width = min(len(keys) - 1, MARGIN_COLUMNS)
     margins = [columns for size in range(1, width + 1) for columns in combinations(keys, size)]
     # Only the withheld cells are counted (few, as a rule); the smallest released group of a margin comes from the
     # groups' order, one row per group.
     branches = ["\n".join([
         "SELECT min(o.step) AS step",
-        f"FROM (SELECT {', '.join(f'ARRAY[{key}] AS {key}' for key in columns)}, {', '.join(counted)}",
-        f"      FROM {CELL_STEPS} WHERE step <= {chosen}",
+        f"FROM (SELECT {', '.join(f'ARRAY[c.{key}] AS {key}' for key in columns)}, {', '.join(counted)}",
+        f"      FROM {_cells_of(keys, chosen)} AS c",
         f"      GROUP BY {', '.join(str(i) for i in range(1, len(columns) + 1))}) AS w",
         f"JOIN {ORDER} AS o ON {' AND '.join(f'ARRAY[o.{key}] = w.{key}' for key in columns)}",
         f"WHERE o.step > {chosen} AND ({' OR '.join(short)})",
@@ -519,11 +543,20 @@ def _verdict(source: str, ranked: str, name: str, keys: list[str], sums: list[st
             x2 = f"coalesce(max({c}) FILTER (WHERE {r} = 2), 0)"
             conditions.append(f"100 * ({total} - {x1} - {x2}) >= {_literal(rules.p_percent)} * {x1}")
     lines = ["SELECT " + "".join(f"{key},\n       " for key in keys) + "\n       AND ".join(conditions)
-             + "\n         AS released" + (", count(unit) AS units" if keys else ""), f"FROM {table}"]
+             + "\n         AS released" + "".join(f", {column}" for column in _group_counts(keys, flags)),
+             f"FROM {table}"]
     if keys:
         lines.append(f"GROUP BY {', '.join(keys)}")
     ctes.append((name, "\n".join(lines), comment))
     return ctes
+
+
+def _group_counts(keys: list[str], flags: list[str]) -> list[str]:
+    """A group's people, and its contributors per aggregate (named as the cells' flags), for complementary
+    suppression; none for a verdict without groups."""
+    if not keys:
+        return []
+    return ["count(unit) AS units", *(f"count(unit) FILTER (WHERE {flag}) AS {flag}" for flag in flags)]
 
 
 def _client_select(query: AnalyticQuery, condition: str, with_order: bool) -> str:
