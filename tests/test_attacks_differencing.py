@@ -331,3 +331,24 @@ def test_known_limit_differencing_two_where_clauses(reporter: psycopg.Connection
     (others, others_total), = reporter.execute(without_them).fetchall()
     assert (n, total) == truth.execute(with_them).fetchone()
     assert (n - others, total - others_total) == (1, hours)
+
+
+def test_known_limit_complementary_suppression_shows_that_a_small_group_exists(
+        reporter: psycopg.Connection[Any], truth: psycopg.Connection[Any]) -> None:  # noqa: F811
+    """Documented limit (docs/suppression.md, "Why the count is safe to tell" and "Limits"): complementary
+    suppression makes the released rows depend on whether a withheld group exists. A filter that adds one person
+    to an otherwise empty group withholds that group (one person) and, with it, the only other group; without that
+    person the other group is released alone. So one answer tells whether person 19 earns what the filter says,
+    the same bit that differencing the answer's total against the other group's total gives without it.
+
+    Kept as a test so that the page stays true; dp mode is the answer to this attack.
+    """
+    sex, income = truth.execute("select sex, income from adult where id = 19").fetchone()
+    other_sex, = truth.execute("select sex from adult where sex <> %s limit 1", [sex]).fetchone()
+    other_income, = truth.execute("select income from adult where income <> %s limit 1", [income]).fetchone()
+    asked = "select sex, count(*) from adult where sex = '{}' or (id = 19 and income = '{}') group by 1"
+    their_income = reporter.execute(asked.format(other_sex, income)).fetchall()
+    not_their_income = reporter.execute(asked.format(other_sex, other_income)).fetchall()
+    everyone_of_other_sex = truth.execute("select count(*) from adult where sex = %s", [other_sex]).fetchone()[0]
+    assert not_their_income == [(other_sex, everyone_of_other_sex)]  # one group, released
+    assert their_income == [(None, everyone_of_other_sex + 1)]  # both withheld, the rest row over them
