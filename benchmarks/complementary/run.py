@@ -34,7 +34,6 @@ import platform
 import re
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -46,6 +45,9 @@ from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+sys.path.append(str(Path(__file__).resolve().parents[1] / "passthrough"))
+from targets import free_port, process_tree_cpu_seconds  # noqa: E402 - the pass-through benchmark's helpers
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -256,17 +258,11 @@ def _code_env(code: Path) -> dict[str, str]:
     return env | {"PYTHONPATH": str(code)}
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        return int(sock.getsockname()[1])
-
-
 class Proxy:
     """``anonproxy serve`` (1 worker) of the code in ``code``, with the service login that gates roles."""
 
     def __init__(self, name: str, code: Path, upstream_port: int, service_dsn: str) -> None:
-        self.name, self.code, self.port = name, code, _free_port()
+        self.name, self.code, self.port = name, code, free_port()
         self.workdir = Path(tempfile.mkdtemp(prefix=f"bench-complementary-{name}-"))
         env = _code_env(code) | {
             "ANONPROXY_LISTEN_HOST": HOST, "ANONPROXY_LISTEN_PORT": str(self.port),
@@ -305,7 +301,7 @@ class Proxy:
         return f"host={HOST} port={self.port} dbname={DATABASE} user={ROLE} password={ROLE} sslmode=disable"
 
     def cpu_seconds(self) -> float:
-        return _tree_cpu_seconds(self.process.pid)
+        return process_tree_cpu_seconds(self.process.pid)
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -316,26 +312,6 @@ class Proxy:
                 self.process.kill()
                 self.process.wait()
         shutil.rmtree(self.workdir, ignore_errors=True)
-
-
-def _tree_cpu_seconds(root: int) -> float:
-    children: dict[int, list[int]] = {}
-    ticks: dict[int, int] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:
-            continue
-        fields = text[text.rindex(")") + 2:].split()
-        pid = int(stat.parent.name)
-        children.setdefault(int(fields[1]), []).append(pid)
-        ticks[pid] = int(fields[11]) + int(fields[12])
-    total, pending = 0, [root]
-    while pending:
-        pid = pending.pop()
-        total += ticks.get(pid, 0)
-        pending.extend(children.get(pid, ()))
-    return total / os.sysconf("SC_CLK_TCK")
 
 
 def ensure_old_checkout(path: Path) -> str:
