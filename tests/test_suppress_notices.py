@@ -450,9 +450,9 @@ def test_a_string_constant_spanning_lines_reads_the_same_in_every_copy(
     assert isinstance(decision, Rewrite) and decision.reported is not None
     assert decision.reported.count(constant) == decision.reported.count("native_country <>") >= 2
     assert decision.sql.count(constant) == decision.sql.count("native_country <>")
-    # The copy that decides the groups (each person's cells) is one of them.
-    cells = decision.reported.split("anonproxy_cells AS (", 1)[1].split("\n),\n", 1)[0]
-    assert f"WHERE native_country <> {constant}\n" in cells
+    # The copy that decides the groups (the one pass over the table, each row one person) is one of them.
+    summary = decision.reported.split("anonproxy_summary AS (", 1)[1].split("\n),\n", 1)[0]
+    assert f"WHERE native_country <> {constant}\nGROUP BY" in summary
 
 
 def described(conn: psycopg.Connection, sql: str, name: str) -> tuple[list[tuple], list[int]]:

@@ -27,7 +27,7 @@ from anonproxy.plan import bounds
 from anonproxy.plan.names import output_name, own_nodes
 from anonproxy.plan.render import sql
 from anonproxy.policy.model import SuppressionParams
-from anonproxy.rewrite.decision import forbidden, unsupported
+from anonproxy.rewrite.decision import Refusal, forbidden, unsupported
 from anonproxy.rewrite.expressions import (
     Checker,
     Scope,
@@ -139,6 +139,12 @@ class AnalyticQuery:
     having_node: exp.Expression | None = None  # the HAVING condition
     key_types: tuple[Typed, ...] = ()  # the grouping expressions, typed (as `keys`)
     argument_types: tuple[Typed, ...] = ()  # every aggregate argument (and FILTER folded in), typed, each once
+    # Each row of the FROM clause is a different person: the protected table, whose unit column the catalog makes
+    # unique and not null, joined only to reference tables (many-to-one). Then count(*) counts people.
+    one_row_per_person: bool = False
+    # The select list, HAVING and ORDER BY always computed over the released values (as `outer`, HAVING included),
+    # for a back-end that computes every aggregate in one pass first; None where they cannot be written so.
+    post: PostAggregate | None = None
 
     def text_of(self, node: exp.Expression) -> AggregateText:
         """The written form of an aggregate (given as parsed anywhere: compared in canonical form)."""
@@ -227,6 +233,8 @@ def analyze(statement: Statement, tree: exp.Expression, index: PolicyIndex, para
     aggregates = _aggregate_texts(tree, checker.aggregates)
     magnitudes, contributors = _aggregate_arguments(aggregates)
     outer, having_outer = _outer(tree, items, order, key_nodes, checker, statement.source, dp)
+    post = outer if outer is not None and (having_outer or having is None) else _post(
+        tree, items, order, key_nodes, checker, statement.source)
     from_sql = _from_sql(sources)
 
     return AnalyticQuery(
@@ -256,7 +264,18 @@ def analyze(statement: Statement, tree: exp.Expression, index: PolicyIndex, para
         having_node=having.this if having is not None else None,
         key_types=tuple(_typed(node, checker) for node in key_nodes),
         argument_types=_argument_types(tree, checker),
+        one_row_per_person=_one_row_per_person(sources, anchor),
+        post=post,
     )
+
+
+def _one_row_per_person(sources: list[Source], anchor: Source) -> bool:
+    """Whether each row of the FROM clause belongs to a different person: the anchor is a protected table whose
+    unit is unique and not null, and every other table is a reference table, which check_joins admits only joined
+    (INNER or LEFT) on one of its unique keys, so that no row of the anchor is repeated."""
+    table = anchor.table.protected
+    return (table is not None and table.unique_unit
+            and all(source is anchor or source.table.kind == "reference" for source in sources))
 
 
 def _outer(tree: exp.Select, items: list[Item], order: tuple[OrderItem, ...], keys: tuple[exp.Expression, ...],
@@ -281,6 +300,23 @@ def _outer(tree: exp.Select, items: list[Item], order: tuple[OrderItem, ...], ke
     outer = compile_outer(select, having.this if having_post else None, ordering, key_nodes, kinds, canonical,
                           source)
     return outer, having_post
+
+
+def _post(tree: exp.Select, items: list[Item], order: tuple[OrderItem, ...], keys: tuple[exp.Expression, ...],
+          checker: Checker, source: str) -> PostAggregate | None:
+    """The select list, HAVING and ORDER BY over the released values, whatever they hold; None when the compiler
+    does not write one of them (the back-end then runs the client's own select list)."""
+    having = tree.args.get("having")
+    order_nodes = tree.args["order"].expressions if tree.args.get("order") is not None else []
+    select = [(node.this if isinstance(node, exp.Alias) else node, item.alias,
+               item.kind in ("post", "aggregate", "constant")) for node, item in zip(tree.expressions, items, strict=True)]
+    ordering = [(node.this if item.position is None else None, item.position, item.suffix)
+                for item, node in zip(order, order_nodes, strict=True)]
+    try:
+        return compile_outer(select, having.this if having is not None else None, ordering,
+                             [canonical(key) for key in keys], checker.aggregates, canonical, source)
+    except Refusal:
+        return None
 
 
 # --- tables -----------------------------------------------------------------

@@ -60,6 +60,9 @@ class ProtectedTable:
     # The columns declared NOT NULL in the catalog (pg_attribute.attnotnull), read with the policy like ``types``;
     # None when not read. dp mode counts such a column with the statistic that counts rows (docs/dp.md).
     not_null: frozenset[str] | None = field(default=None, compare=False)
+    # Whether the catalog makes ``unit_column`` unique and not null (a primary key, or NOT NULL and a unique index
+    # of that column alone), read with the policy: then each row is one person. False when not read.
+    unique_unit: bool = field(default=False, compare=False)
 
 
 @dataclass(frozen=True)

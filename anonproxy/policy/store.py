@@ -89,6 +89,19 @@ select pg_catalog.json_build_object(
                         and pg_catalog.format('%I.%I', n.nspname, r.relname) = g.table_name
                    join pg_catalog.pg_attribute a on a.attrelid = r.oid and a.attnum > 0 and not a.attisdropped
                         and a.attnotnull),
+    -- The protected tables whose unit column alone is a primary key, or NOT NULL with a unique index of its own
+    -- (not partial, not on an expression): each row is one person, and the suppression SQL counts rows.
+    'unique_units', (select pg_catalog.json_agg(p.table_name order by p.table_name)
+                       from anonproxy.protected_tables p
+                       join pg_catalog.pg_class r on true
+                       join pg_catalog.pg_namespace n on n.oid = r.relnamespace
+                            and pg_catalog.format('%I.%I', n.nspname, r.relname) = p.table_name
+                       join pg_catalog.pg_attribute a on a.attrelid = r.oid and a.attname = p.unit_column
+                            and a.attnum > 0 and not a.attisdropped and a.attnotnull
+                      where exists (select from pg_catalog.pg_index i
+                                     where i.indrelid = r.oid and i.indisunique and i.indisvalid
+                                       and i.indnkeyatts = 1 and i.indkey[0] = a.attnum
+                                       and i.indpred is null and i.indexprs is null)),
     'roles', (select pg_catalog.json_agg(r order by r.role_name) from anonproxy.role_policies r),
     -- Amounts as text: JSON numbers would come back as floats, and budgets are exact.
     'budgets', (select pg_catalog.json_agg(pg_catalog.json_build_object(
@@ -157,6 +170,7 @@ def policy_from_json(doc: dict[str, Any]) -> Policy:
     not_null: dict[str, set[str]] = {}
     for table_name, column_name in doc.get("not_null") or ():
         not_null.setdefault(table_name, set()).add(column_name)
+    unique_units = set(doc.get("unique_units") or ())
     types: dict[str, dict[str, str]] = {}
     for table_name, column_name, type_name in doc.get("types") or ():
         types.setdefault(table_name, {})[column_name] = type_name
@@ -168,7 +182,8 @@ def policy_from_json(doc: dict[str, Any]) -> Policy:
     tables = {
         row["table_name"]: ProtectedTable(row["table_name"], row["unit_column"], columns.get(row["table_name"], {}),
                                           shared.get(row["table_name"]), types.get(row["table_name"], {}),
-                                          frozenset(not_null.get(row["table_name"], ())))
+                                          frozenset(not_null.get(row["table_name"], ())),
+                                          row["table_name"] in unique_units)
         for row in doc["tables"] or ()
     }
     budgets: dict[str, dict[str, Budget]] = {}

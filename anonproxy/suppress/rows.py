@@ -1,0 +1,240 @@
+"""The suppression SQL when each row of the FROM clause is one person (docs/suppression.md, "The SQL it runs").
+
+Where the catalog makes the protected table's unit column unique and not null,
+and the query joins it only to reference tables
+(:attr:`anonproxy.plan.analysis.AnalyticQuery.one_row_per_person`), a group's
+rows are its people: ``count(*)`` counts them, and a person's contribution to a
+SUM/AVG is the row's own value. Every rule is then arithmetic on what one
+aggregation pass computes per group, next to the client's own aggregates
+(``anonproxy_summary``):
+
+* its people and contributors per aggregate (the count rules, query-set-size
+  control, and complementary suppression, whose groups' counts add up since
+  nobody is in two groups);
+* per SUM/AVG argument, the total ``t`` and largest ``m`` of the absolute
+  contributions: they decide the magnitude rules for most groups
+  (:func:`anonproxy.suppress.rules.magnitude_bounds`); only the rows of the
+  groups they leave undecided are ranked, in a pass that is skipped when
+  there are none.
+
+N is ``count(*)`` of the FROM clause. The client's select list, HAVING and
+ORDER BY run over the released groups of the summary
+(:attr:`AnalyticQuery.post`), so the table is read once for the answer and the
+rules together; the suppressed-rest row, when withheld groups hold one, reads
+their rows once more.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from anonproxy.plan.analysis import AnalyticQuery
+from anonproxy.plan.post_aggregate import RELEASED, PostAggregate, key, plain, value
+from anonproxy.suppress.complementary import complementary
+from anonproxy.suppress.rules import (
+    ANSWERED,
+    CELLS,
+    EXACT,
+    GROUPS,
+    PRIMARY,
+    RANKED,
+    REST,
+    REST_EXACT,
+    REST_RANKED,
+    SUMMARY,
+    UNDECIDED,
+    UNIVERSE,
+    WITHHELD,
+    Ctes,
+    Rules,
+    contributes,
+    key_tuple,
+    left_out,
+    magnitude_bounds,
+    query_set_size,
+    ranked_verdict,
+)
+
+# Aggregate arguments whose absolute value is summed as bigint: abs() of the type itself could overflow.
+_SMALL_INTEGERS = ("int2", "int4")
+
+
+def applies(query: AnalyticQuery) -> bool:
+    """Whether :func:`parts` writes the suppression SQL of ``query``."""
+    return query.one_row_per_person and query.post is not None
+
+
+def parts(query: AnalyticQuery, rules: Rules) -> tuple[Ctes, str, list[str]]:
+    """The CTEs, the statement that follows them, and the names of the grouping columns of the verdicts."""
+    post = query.post
+    assert post is not None
+    magnitudes = query.magnitudes if rules.magnitude_rules else ()
+    rest = rules.rest and query.grouped
+    keys = [key(k) for k in range(1, len(query.keys) + 1)]
+    sums = [f"s{j}" for j in range(1, len(magnitudes) + 1)]
+    flags = [f"n{j}" for j in range(1, len(query.contributors) + 1)]
+    universe = f"SELECT count(*) FROM {query.from_sql}"  # one row per person: count(*) counts the people
+    ctes: Ctes = [(f"{UNIVERSE}(n)", universe, "N: the people of the FROM clause, one row each")]
+    query = replace(query, universe=f"SELECT n FROM {UNIVERSE}")
+    columns = _columns(query, post)
+    ctes.append((SUMMARY, _summary(query, columns, keys, magnitudes, flags),
+                 "one pass: each group's answer, people, contributors, and total and largest contribution per SUM/AVG"))
+    ctes.append((CELLS, _cells(query, keys, magnitudes, flags),
+                 "each person's row, read only to rank the groups whose totals leave the magnitude rules open"))
+    verdict = PRIMARY if query.grouped else GROUPS
+    ctes += _verdicts(query, rules, keys, sums, flags, verdict)
+    if query.grouped:
+        ctes.append((f"{ANSWERED}(n, disjoint)", f"SELECT coalesce(sum(units), 0), true FROM {PRIMARY}",
+                     "the people of the answer; each is in one group"))
+        ctes += complementary(query, rules, keys, sums, flags, rest, rows=True)
+        ctes.append((WITHHELD, f"SELECT {', '.join(keys)} FROM {GROUPS} WHERE NOT released",
+                     "the groups that were suppressed"))
+        released = f"{key_tuple(keys)} IN (SELECT {key_tuple(keys, bare=True)} FROM {GROUPS} WHERE released)"
+    else:
+        released = f"(SELECT released FROM {GROUPS})"
+    answer = [f"SELECT {', '.join(name for name, _ in columns)}", f"FROM {SUMMARY}", f"WHERE {released}"]
+    if rest:
+        ctes += _rest(query, rules, keys, sums, flags)
+        answer += ["UNION ALL", _rest_row(query, columns, keys)]
+    # Materialized: the client's post-aggregate expressions, which may raise errors, run on released rows only.
+    ctes.append((f"{RELEASED}", "\n".join(answer), "the released groups, and the suppressed-rest row"))
+    return ctes, _client(query, post), keys
+
+
+def withheld_people(keys: list[str]) -> str:
+    """The people of the withheld groups, for the report: their groups' own counts add up."""
+    return (f"SELECT coalesce(sum(units), 0) FROM {PRIMARY}\n"
+            f"WHERE {key_tuple(keys)} IN (SELECT {key_tuple(keys, bare=True)} FROM {WITHHELD})")
+
+
+def _columns(query: AnalyticQuery, post: PostAggregate) -> list[tuple[str, str]]:
+    """The summary's answer columns, (name, expression): the GROUP BY expressions, the plain select items and each
+    distinct aggregate, named as the post-aggregate select list reads them."""
+    columns = [(key(k), expression) for k, expression in enumerate(query.keys, 1)]
+    columns += [(plain(i), item.expression) for i, item in enumerate(query.items, 1)
+                if item.kind in ("group", "constant")]
+    columns += [(value(j), query.text_of(node).text) for j, node in enumerate(post.aggregates, 1)]
+    return columns
+
+
+def _contribution(query: AnalyticQuery, argument: str) -> str:
+    """A person's absolute contribution to a SUM/AVG of ``argument``, in a type whose abs() cannot overflow."""
+    types = {typed.sql: typed.type for typed in query.argument_types}
+    target = "bigint" if types.get(argument) in _SMALL_INTEGERS else "numeric"
+    return f"abs(({argument})::{target})"
+
+
+def _summary(query: AnalyticQuery, columns: list[tuple[str, str]], keys: list[str], magnitudes: tuple[str, ...],
+             flags: list[str]) -> str:
+    select = [f"{expression} AS {name}" for name, expression in columns]
+    select.append("count(*) AS units")
+    select += [f"count(*) FILTER (WHERE {contributes(rule, argument)}) AS {flag}"
+               for (rule, argument), flag in zip(query.contributors, flags, strict=True)]
+    for j, argument in enumerate(magnitudes, 1):
+        contribution = _contribution(query, argument)
+        select += [f"coalesce(sum({contribution}), 0)::numeric AS t{j}",
+                   f"coalesce(max({contribution}), 0)::numeric AS m{j}"]
+    lines = [f"SELECT {', '.join(select)}", f"FROM {query.from_sql}"]
+    if query.where is not None:
+        lines.append(f"WHERE {query.where}")
+    if query.grouped:
+        lines.append(f"GROUP BY {', '.join(query.keys)}")
+    return "\n".join(lines)
+
+
+def _cells(query: AnalyticQuery, keys: list[str], magnitudes: tuple[str, ...], flags: list[str]) -> str:
+    select = [f"{expression} AS {name}" for expression, name in zip(query.keys, keys, strict=True)]
+    select.append(f"{query.unit} AS unit")
+    select += [f"{argument} AS s{j}" for j, argument in enumerate(magnitudes, 1)]
+    select += [f"{contributes(rule, argument)} AS {flag}"
+               for (rule, argument), flag in zip(query.contributors, flags, strict=True)]
+    lines = [f"SELECT {', '.join(select)}", f"FROM {query.from_sql}"]
+    if query.where is not None:
+        lines.append(f"WHERE {query.where}")
+    return "\n".join(lines)
+
+
+def _verdicts(query: AnalyticQuery, rules: Rules, keys: list[str], sums: list[str], flags: list[str],
+              name: str) -> Ctes:
+    """``name``: each group's verdict alone, from its counts and the bounds of the magnitude rules; the rows of the
+    groups the bounds leave undecided are ranked (``anonproxy_exact``)."""
+    counts = [query_set_size("s.units", query, rules), *(f"s.{flag} >= {rules.k}" for flag in flags)]
+    ctes: Ctes = []
+    conditions = list(counts)
+    join = ""
+    if sums:
+        bounds = [magnitude_bounds(rules, f"s.t{s[1:]}", f"s.m{s[1:]}") for s in sums]
+        undecided = " OR ".join(f"({b.undecided})" for b in bounds)
+        ctes.append((UNDECIDED, "\n".join([
+            f"SELECT {', '.join(keys) or 'true AS undecided'} FROM {SUMMARY} AS s",
+            f"WHERE {' AND '.join(counts)}\n  AND ({undecided})",
+        ]), "the groups that pass the counts and whose totals leave the magnitude rules open"))
+        restricted = (f"(SELECT * FROM {CELLS} WHERE EXISTS (SELECT FROM {UNDECIDED})"
+                      + (f" AND {key_tuple(keys)} IN (SELECT {key_tuple(keys, bare=True)} FROM {UNDECIDED})"
+                         if keys else "") + ") AS undecided")
+        ctes += ranked_verdict(restricted, RANKED, EXACT, keys, sums, [], "true", rules,
+                               "the magnitude rules on the ranked contributions of those groups")
+        on = " AND ".join(f"ARRAY[s.{k}] = ARRAY[e.{k}]" for k in keys) or "true"
+        join = f"\nLEFT JOIN {EXACT} AS e ON {on}"
+        conditions += [b.verdict("e.released") for b in bounds]
+    totals = [f"s.{name}{s[1:]}" for s in sums for name in ("t", "m")]
+    select = [*(f"s.{k}" for k in keys), "s.units", *(f"s.{flag}" for flag in flags), *totals]
+    comment = ("primary suppression: each group alone holds k people, leaves nobody or k people out of N"
+               + (", passes the magnitude rules" if sums else "")) if keys else \
+        "released: k people, and nobody or k people left out of N, magnitude rules"
+    ctes.append((name, "\n".join([
+        f"SELECT {', '.join(select)},",
+        "       " + "\n       AND ".join(conditions) + " AS released",
+        f"FROM {SUMMARY} AS s{join}",
+    ]), comment))
+    return ctes
+
+
+def _rest(query: AnalyticQuery, rules: Rules, keys: list[str], sums: list[str], flags: list[str]) -> Ctes:
+    """``anonproxy_rest``: whether the rest row passes the rules, from the withheld groups' own counts and totals;
+    their rows are ranked only when the totals leave a magnitude rule open."""
+    ctes: Ctes = []
+    withheld = f"{key_tuple(keys)} IN (SELECT {key_tuple(keys, bare=True)} FROM {WITHHELD})"
+    # Query-set-size control, as for a query without GROUP BY: the rest row is a total over its own people, and
+    # with the released rows it adds up to a total over everyone the answer covers; both must leave out of N
+    # nobody or at least k people.
+    conditions = [query_set_size("units", query, rules),
+                  left_out(f"({query.universe}) - (SELECT n FROM {ANSWERED})", rules),
+                  *(f"{flag} >= {rules.k}" for flag in flags)]
+    if sums:
+        ctes += ranked_verdict(f"(SELECT * FROM {CELLS} WHERE {withheld}) AS withheld", REST_RANKED, REST_EXACT,
+                               [], sums, [], "true", rules, "the magnitude rules on the rest row's ranked contributions")
+        exact = f"(SELECT released FROM {REST_EXACT})"
+        conditions += [magnitude_bounds(rules, f"t{s[1:]}", f"m{s[1:]}").verdict(exact) for s in sums]
+    sums_of = ["coalesce(sum(units), 0) AS units", *(f"coalesce(sum({flag}), 0) AS {flag}" for flag in flags),
+               *(f"coalesce(sum(t{s[1:]}), 0) AS t{s[1:]}, coalesce(max(m{s[1:]}), 0) AS m{s[1:]}" for s in sums)]
+    ctes.append((REST, "\n".join([
+        "SELECT " + "\n       AND ".join(conditions) + " AS released",
+        f"FROM (SELECT {', '.join(sums_of)} FROM {PRIMARY} WHERE {withheld}) AS rest",
+    ]), "the rest row is released only if it passes the same rules, query-set-size control included"))
+    return ctes
+
+
+def _rest_row(query: AnalyticQuery, columns: list[tuple[str, str]], keys: list[str]) -> str:
+    """The suppressed-rest row: the client's aggregates over the rows of every withheld group, NULL for the grouping
+    columns. Its rows are read only when the rest row is released (a condition PostgreSQL checks once)."""
+    grouping = {key(k) for k in range(1, len(keys) + 1)}
+    grouping |= {plain(i) for i, item in enumerate(query.items, 1) if item.kind == "group"}
+    items = ", ".join("NULL" if name in grouping else expression for name, expression in columns)
+    rows = f"{key_tuple(query.keys)} IN (SELECT {key_tuple(keys, bare=True)} FROM {WITHHELD})"
+    conditions = [f"(SELECT released FROM {REST})", *([f"({query.where})"] if query.where is not None else []), rows]
+    return "\n".join([f"SELECT {items}", f"FROM {query.from_sql}", "WHERE " + "\n  AND ".join(conditions),
+                      f"HAVING (SELECT released FROM {REST})"])
+
+
+def _client(query: AnalyticQuery, post: PostAggregate) -> str:
+    """The client's select list, HAVING, ORDER BY and LIMIT over the released rows."""
+    lines = [f"SELECT {'DISTINCT ' if query.distinct else ''}{', '.join(item.sql for item in post.items)}",
+             f"FROM {RELEASED}"]
+    if post.having is not None:
+        lines.append(f"WHERE {post.having}")
+    if post.order:
+        lines.append(f"ORDER BY {', '.join(post.order)}")
+    if query.tail is not None:
+        lines.append(query.tail)
+    return "\n".join(lines)
