@@ -21,6 +21,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from conftest import Endpoint, wait_for_policy
 from anonproxy.policy.model import Policy, RolePolicy, SuppressionParams
 from anonproxy.policy.store import load_policy
 from anonproxy.rewrite.classify import decide
@@ -165,3 +166,43 @@ def test_the_one_pass_sql_answers_as_the_per_person_sql(truth: psycopg.Connectio
         assert ranked >= 3
     else:
         assert ranked == 0
+
+
+def _bump_policy(truth: psycopg.Connection, proxy: Endpoint, dbname: str, role: str, present: bool) -> None:
+    """Change the policy (a role of its own in or out), and wait until every worker of the proxy has read it."""
+    if present:
+        truth.execute(f"create role {role} login password '{role}'")
+        truth.execute("select anonproxy.set_role_policy(%s, 'suppress', 10)", [role])
+    else:
+        truth.execute("select anonproxy.drop_role_policy(%s)", [role])
+        truth.execute(f"drop owned by {role}")
+        truth.execute(f"drop role {role}")
+    version = truth.execute("select version from anonproxy.policy_version").fetchone()[0]  # type: ignore[index]
+    wait_for_policy(proxy, dbname, version)
+
+
+def test_a_unit_no_longer_unique_stops_the_one_pass_sql_until_the_policy_is_read_again(
+        truth: psycopg.Connection, gated_proxy: Endpoint, gated_database: str) -> None:
+    """The catalog fact is read with the policy and checked again by the SQL that rests on it (sql/0023): with the
+    primary key dropped, duplicate rows could count one person several times. The cached one-pass SQL then fails
+    with SQLSTATE 55000 before any row; once the policy is read again the per-person SQL answers the same."""
+    statement = "SELECT sex, count(*), sum(hours_per_week) FROM adult GROUP BY 1 ORDER BY 1"
+    with psycopg.connect(gated_proxy.dsn(gated_database, user="reporter"), autocommit=True) as conn:
+        before = conn.execute(statement).fetchall()
+        truth.execute("alter table adult drop constraint adult_pkey")
+        try:
+            with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState) as raised:
+                conn.execute(statement)
+            assert raised.value.diag.message_primary == ('anonproxy: "public"."adult".id is no longer unique and not '
+                                                         'null in the catalog, as it was when the policy was read')
+            assert raised.value.diag.message_hint is not None and "apply the policy again" in raised.value.diag.message_hint
+            _bump_policy(truth, gated_proxy, gated_database, "unique_unit_probe", present=True)
+            plan = [row[0] for row in conn.execute(f"EXPLAIN (ANONPROXY) {statement}")]
+            assert any('SELECT count(DISTINCT "adult"."id") FROM "public"."adult"' in line for line in plan)
+            assert conn.execute(statement).fetchall() == before
+        finally:
+            truth.execute("alter table adult add constraint adult_pkey primary key (id)")
+            _bump_policy(truth, gated_proxy, gated_database, "unique_unit_probe", present=False)
+        plan = [row[0] for row in conn.execute(f"EXPLAIN (ANONPROXY) {statement}")]
+        assert any('SELECT count(*) FROM "public"."adult"' in line for line in plan)
+        assert conn.execute(statement).fetchall() == before

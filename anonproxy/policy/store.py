@@ -90,16 +90,17 @@ select pg_catalog.json_build_object(
                    join pg_catalog.pg_attribute a on a.attrelid = r.oid and a.attnum > 0 and not a.attisdropped
                         and a.attnotnull),
     -- The protected tables whose unit column alone is a primary key, or NOT NULL with a unique index of its own
-    -- (not partial, not on an expression): each row is one person, and the suppression SQL counts rows.
+    -- (not partial, not on an expression), and no child table: each row is one person, and the suppression SQL counts
+    -- rows (checked again when it runs: sql/0023).
     'unique_units', (select pg_catalog.json_agg(p.table_name order by p.table_name)
                        from anonproxy.protected_tables p
-                       join pg_catalog.pg_class r on true
+                       join pg_catalog.pg_class r on not r.relhassubclass
                        join pg_catalog.pg_namespace n on n.oid = r.relnamespace
                             and pg_catalog.format('%I.%I', n.nspname, r.relname) = p.table_name
                        join pg_catalog.pg_attribute a on a.attrelid = r.oid and a.attname = p.unit_column
                             and a.attnum > 0 and not a.attisdropped and a.attnotnull
                       where exists (select from pg_catalog.pg_index i
-                                     where i.indrelid = r.oid and i.indisunique and i.indisvalid
+                                     where i.indrelid = r.oid and i.indisunique and i.indisvalid and i.indislive
                                        and i.indnkeyatts = 1 and i.indkey[0] = a.attnum
                                        and i.indpred is null and i.indexprs is null)),
     'roles', (select pg_catalog.json_agg(r order by r.role_name) from anonproxy.role_policies r),

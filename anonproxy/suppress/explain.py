@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from anonproxy.policy.model import RolePolicy
 from anonproxy.plan.analysis import AnalyticQuery
+from anonproxy.suppress.rows import applies
 
 REPORT_MESSAGE = "anonproxy.suppression_report"  # the MESSAGE of the INFO the report function raises
 
@@ -121,12 +122,19 @@ def explain_suppression(query: AnalyticQuery, role: RolePolicy, sql: str) -> tup
     """The rows of ``EXPLAIN (ANONPROXY)`` for a suppress query: its plan, from the query and the policy only."""
     params = role.suppression
     k = params.k
+    if applies(query):
+        unit = (f"  privacy unit: {query.unit}, unique and not null in the catalog: each row of the FROM clause is "
+                "one person, and the rules are decided in the same pass as the answer")
+        universe = f"SELECT count(*) FROM {query.from_sql}"
+    else:
+        unit = f"  privacy unit: {query.unit} (people are counted as distinct units, not rows)"
+        universe = query.universe
     lines = [f"suppressed answer on {query.owner or query.table}: exact values; groups of fewer than k = {k} "
              "people withheld",
-             f"  privacy unit: {query.unit} (people are counted as distinct units, not rows)",
+             unit,
              f"  query-set-size control: every released group, total and rest row covers n people, "
              f"n >= {k}, and n = N or n <= N - {k}",
-             f"    N: the people of the FROM clause, joins included, WHERE not: {query.universe}"]
+             f"    N: the people of the FROM clause, joins included, WHERE not: {universe}"]
     if query.grouped:
         lines.append(f"  grouping keys: {', '.join(key.describe() for key in query.key_types)}")
     else:

@@ -34,6 +34,7 @@ from anonproxy.suppress.complementary import complementary
 from anonproxy.suppress.rules import (
     ANSWERED,
     CELLS,
+    ONE_ROW_PER_PERSON,
     EXACT,
     GROUPS,
     PRIMARY,
@@ -53,6 +54,7 @@ from anonproxy.suppress.rules import (
     magnitude_bounds,
     query_set_size,
     ranked_verdict,
+    string,
 )
 
 # Aggregate arguments whose absolute value is summed as bigint: abs() of the type itself could overflow.
@@ -73,7 +75,10 @@ def parts(query: AnalyticQuery, rules: Rules) -> tuple[Ctes, str, list[str]]:
     keys = [key(k) for k in range(1, len(query.keys) + 1)]
     sums = [f"s{j}" for j in range(1, len(magnitudes) + 1)]
     flags = [f"n{j}" for j in range(1, len(query.contributors) + 1)]
-    universe = f"SELECT count(*) FROM {query.from_sql}"  # one row per person: count(*) counts the people
+    # One row per person: count(*) counts the people, once the catalog says it still holds (sql/0023; checked once,
+    # before the scan, as a condition that reads no column).
+    relation, unit = _protected(query)
+    universe = f"SELECT count(*) FROM {query.from_sql}\nWHERE {ONE_ROW_PER_PERSON}({string(relation)}, {string(unit)})"
     ctes: Ctes = [(f"{UNIVERSE}(n)", universe, "N: the people of the FROM clause, one row each")]
     query = replace(query, universe=f"SELECT n FROM {UNIVERSE}")
     columns = _columns(query, post)
@@ -99,6 +104,13 @@ def parts(query: AnalyticQuery, rules: Rules) -> tuple[Ctes, str, list[str]]:
     # Materialized: the client's post-aggregate expressions, which may raise errors, run on released rows only.
     ctes.append((f"{RELEASED}", "\n".join(answer), "the released groups, and the suppressed-rest row"))
     return ctes, _client(query, post), keys
+
+
+def _protected(query: AnalyticQuery) -> tuple[str, str]:
+    """The protected table (quoted, schema-qualified) and its unit column's name."""
+    tables = [table for _, table in query.sources if table.protected is not None]
+    assert len(tables) == 1 and tables[0].protected is not None
+    return tables[0].qualified, tables[0].protected.unit_column
 
 
 def withheld_people(keys: list[str]) -> str:

@@ -49,6 +49,7 @@ WITHHELD_PEOPLE = "anonproxy_withheld_people"
 UNIVERSE = "anonproxy_universe"
 ANSWER = "anonproxy_answer"
 REPORT_FUNCTION = "anonproxy.suppression_report"  # sql/0022_complementary_report.sql
+ONE_ROW_PER_PERSON = "anonproxy.one_row_per_person"  # sql/0023_one_row_per_person.sql
 
 POLICY_HINT = "Ask the DBA to fix the role's suppression parameters."
 # Complementary suppression checks the magnitude rules on the withheld groups together at this many steps (each
