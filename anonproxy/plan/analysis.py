@@ -125,7 +125,7 @@ class AnalyticQuery:
     order: tuple[OrderItem, ...]
     tail: str | None  # LIMIT / OFFSET / FETCH
     unit: str  # the privacy unit, e.g. "a"."id"
-    universe: str  # SELECT count(DISTINCT unit) over the FROM clause (joins included, WHERE not)
+    universe: str  # SQL: the distinct units of the FROM clause (joins included, WHERE not)
     magnitudes: tuple[str, ...]  # arguments of SUM and AVG
     contributors: tuple[tuple[Contribution, str], ...]  # per aggregate argument: who counts as contributing
     owner: str = ""  # policy name of the protected table whose privacy unit this is
@@ -252,7 +252,8 @@ def analyze(statement: Statement, tree: exp.Expression, index: PolicyIndex, para
         # N, the people a query set must leave k of out: those of the FROM clause, whose totals are public (add
         # up the groups of any GROUP BY). A linked table alone, or joined, holds fewer people than the protected
         # table: with the protected table's N, `sum(cost) FROM visits [WHERE person <> 17]` was released.
-        universe=f"SELECT count(DISTINCT {unit}) FROM {from_sql}",
+        # Counted over a GROUP BY, which PostgreSQL may hash, where count(DISTINCT) always sorts every row.
+        universe=f"SELECT count(anonproxy_units.unit) FROM (SELECT {unit} AS unit FROM {from_sql} GROUP BY 1) AS anonproxy_units",
         magnitudes=magnitudes,
         contributors=contributors,
         owner=owner,

@@ -54,7 +54,7 @@ from anonproxy.suppress.rules import (
     CELLS,
     GROUPS,
     PRIMARY,
-    RANKED,
+    SUMMARY,
     REPORT,
     REPORT_FUNCTION,
     REST,
@@ -69,6 +69,7 @@ from anonproxy.suppress.rules import (
     key_tuple,
     left_out,
     query_set_size,
+    bounded_verdicts,
     ranked_verdict,
     string,
     with_ctes,
@@ -312,15 +313,18 @@ def _group_verdicts(query: AnalyticQuery, rules: Rules, magnitudes: tuple[str, .
     ctes.append((CELLS, "\n".join(lines), ("one row per group and privacy unit: its part of each SUM/AVG, and "
                  "whether it contributes to each aggregate")))
 
-    threshold = query_set_size("count(unit)", query, rules)
-    if not query.grouped:
-        ctes += ranked_verdict(CELLS, RANKED, GROUPS, keys, sums, flags, threshold, rules,
-                         "released: k people, and nobody or k people left out of N, magnitude rules")
-        return keys, sums, flags, ctes
-    ctes += ranked_verdict(CELLS, RANKED, PRIMARY, keys, sums, flags, threshold, rules,
-                     "primary suppression: each group alone holds k people, leaves nobody or k people out of N"
-                     + (", passes the magnitude rules" if sums else ""))
-    ctes += complementary(query, rules, keys, sums, flags, rest, rows=False)
+    summary = [*keys, "count(unit) AS units", *(f"count(unit) FILTER (WHERE {flag}) AS {flag}" for flag in flags)]
+    for s in sums:
+        contribution = f"abs(coalesce({s}, 0))::numeric"
+        summary += [f"coalesce(sum({contribution}), 0) AS t{s[1:]}", f"coalesce(max({contribution}), 0) AS m{s[1:]}"]
+    lines = [f"SELECT {', '.join(summary)}", f"FROM {CELLS}"]
+    if keys:
+        lines.append(f"GROUP BY {', '.join(keys)}")
+    ctes.append((SUMMARY, "\n".join(lines), ("per group: its people, contributors, and total and largest "
+                 "contribution per SUM/AVG")))
+    ctes += bounded_verdicts(query, rules, keys, sums, flags, PRIMARY if query.grouped else GROUPS)
+    if query.grouped:
+        ctes += complementary(query, rules, keys, sums, flags, rest, rows=False)
     return keys, sums, flags, ctes
 
 

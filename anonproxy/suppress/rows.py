@@ -35,19 +35,17 @@ from anonproxy.suppress.rules import (
     ANSWERED,
     CELLS,
     ONE_ROW_PER_PERSON,
-    EXACT,
     GROUPS,
     PRIMARY,
-    RANKED,
     REST,
     REST_EXACT,
     REST_RANKED,
     SUMMARY,
-    UNDECIDED,
     UNIVERSE,
     WITHHELD,
     Ctes,
     Rules,
+    bounded_verdicts,
     contributes,
     key_tuple,
     left_out,
@@ -87,7 +85,7 @@ def parts(query: AnalyticQuery, rules: Rules) -> tuple[Ctes, str, list[str]]:
     ctes.append((CELLS, _cells(query, keys, magnitudes, flags),
                  "each person's row, read only to rank the groups whose totals leave the magnitude rules open"))
     verdict = PRIMARY if query.grouped else GROUPS
-    ctes += _verdicts(query, rules, keys, sums, flags, verdict)
+    ctes += bounded_verdicts(query, rules, keys, sums, flags, verdict)
     if query.grouped:
         ctes.append((f"{ANSWERED}(n, disjoint)", f"SELECT coalesce(sum(units), 0), true FROM {PRIMARY}",
                      "the people of the answer; each is in one group"))
@@ -164,42 +162,6 @@ def _cells(query: AnalyticQuery, keys: list[str], magnitudes: tuple[str, ...], f
     if query.where is not None:
         lines.append(f"WHERE {query.where}")
     return "\n".join(lines)
-
-
-def _verdicts(query: AnalyticQuery, rules: Rules, keys: list[str], sums: list[str], flags: list[str],
-              name: str) -> Ctes:
-    """``name``: each group's verdict alone, from its counts and the bounds of the magnitude rules; the rows of the
-    groups the bounds leave undecided are ranked (``anonproxy_exact``)."""
-    counts = [query_set_size("s.units", query, rules), *(f"s.{flag} >= {rules.k}" for flag in flags)]
-    ctes: Ctes = []
-    conditions = list(counts)
-    join = ""
-    if sums:
-        bounds = [magnitude_bounds(rules, f"s.t{s[1:]}", f"s.m{s[1:]}") for s in sums]
-        undecided = " OR ".join(f"({b.undecided})" for b in bounds)
-        ctes.append((UNDECIDED, "\n".join([
-            f"SELECT {', '.join(keys) or 'true AS undecided'} FROM {SUMMARY} AS s",
-            f"WHERE {' AND '.join(counts)}\n  AND ({undecided})",
-        ]), "the groups that pass the counts and whose totals leave the magnitude rules open"))
-        restricted = (f"(SELECT * FROM {CELLS} WHERE EXISTS (SELECT FROM {UNDECIDED})"
-                      + (f" AND {key_tuple(keys)} IN (SELECT {key_tuple(keys, bare=True)} FROM {UNDECIDED})"
-                         if keys else "") + ") AS undecided")
-        ctes += ranked_verdict(restricted, RANKED, EXACT, keys, sums, [], "true", rules,
-                               "the magnitude rules on the ranked contributions of those groups")
-        on = " AND ".join(f"ARRAY[s.{k}] = ARRAY[e.{k}]" for k in keys) or "true"
-        join = f"\nLEFT JOIN {EXACT} AS e ON {on}"
-        conditions += [b.verdict("e.released") for b in bounds]
-    totals = [f"s.{name}{s[1:]}" for s in sums for name in ("t", "m")]
-    select = [*(f"s.{k}" for k in keys), "s.units", *(f"s.{flag}" for flag in flags), *totals]
-    comment = ("primary suppression: each group alone holds k people, leaves nobody or k people out of N"
-               + (", passes the magnitude rules" if sums else "")) if keys else \
-        "released: k people, and nobody or k people left out of N, magnitude rules"
-    ctes.append((name, "\n".join([
-        f"SELECT {', '.join(select)},",
-        "       " + "\n       AND ".join(conditions) + " AS released",
-        f"FROM {SUMMARY} AS s{join}",
-    ]), comment))
-    return ctes
 
 
 def _rest(query: AnalyticQuery, rules: Rules, keys: list[str], sums: list[str], flags: list[str]) -> Ctes:

@@ -187,6 +187,44 @@ def ranked_verdict(source: str, ranked: str, name: str, keys: list[str], sums: l
     return ctes
 
 
+def bounded_verdicts(query: AnalyticQuery, rules: Rules, keys: list[str], sums: list[str], flags: list[str],
+                     name: str) -> Ctes:
+    """``name``: each group's verdict alone, from ``anonproxy_summary`` (per group: ``units``, the contributors
+    ``n<j>``, and per SUM/AVG argument the total ``t<j>`` and largest ``m<j>`` absolute contribution): the counts,
+    and the magnitude rules from the bounds; only the cells (``anonproxy_cells``) of the groups the bounds leave
+    undecided are ranked (``anonproxy_exact``), in a pass PostgreSQL skips when there are none."""
+    counts = [query_set_size("s.units", query, rules), *(f"s.{flag} >= {rules.k}" for flag in flags)]
+    ctes: Ctes = []
+    conditions = list(counts)
+    join = ""
+    if sums:
+        bounds = [magnitude_bounds(rules, f"s.t{s[1:]}", f"s.m{s[1:]}") for s in sums]
+        undecided = " OR ".join(f"({b.undecided})" for b in bounds)
+        ctes.append((UNDECIDED, "\n".join([
+            f"SELECT {', '.join(keys) or 'true AS undecided'} FROM {SUMMARY} AS s",
+            f"WHERE {' AND '.join(counts)}\n  AND ({undecided})",
+        ]), "the groups that pass the counts and whose totals leave the magnitude rules open"))
+        restricted = (f"(SELECT * FROM {CELLS} WHERE EXISTS (SELECT FROM {UNDECIDED})"
+                      + (f" AND {key_tuple(keys)} IN (SELECT {key_tuple(keys, bare=True)} FROM {UNDECIDED})"
+                         if keys else "") + ") AS undecided")
+        ctes += ranked_verdict(restricted, RANKED, EXACT, keys, sums, [], "true", rules,
+                               "the magnitude rules on the ranked contributions of those groups")
+        on = " AND ".join(f"ARRAY[s.{k}] = ARRAY[e.{k}]" for k in keys) or "true"
+        join = f"\nLEFT JOIN {EXACT} AS e ON {on}"
+        conditions += [b.verdict("e.released") for b in bounds]
+    totals = [f"s.{column}{s[1:]}" for s in sums for column in ("t", "m")]
+    select = [*(f"s.{k}" for k in keys), "s.units", *(f"s.{flag}" for flag in flags), *totals]
+    comment = ("primary suppression: each group alone holds k people, leaves nobody or k people out of N"
+               + (", passes the magnitude rules" if sums else "")) if keys else \
+        "released: k people, and nobody or k people left out of N, magnitude rules"
+    ctes.append((name, "\n".join([
+        f"SELECT {', '.join(select)},",
+        "       " + "\n       AND ".join(conditions) + " AS released",
+        f"FROM {SUMMARY} AS s{join}",
+    ]), comment))
+    return ctes
+
+
 def group_counts(keys: list[str], flags: list[str]) -> list[str]:
     """A group's people, and its contributors per aggregate (named as the cells' flags), for complementary
     suppression; none for a verdict without groups."""
