@@ -1,25 +1,34 @@
--- Migration 0023: the catalog fact that suppress mode's one-pass SQL rests on, checked when the SQL runs.
+-- Migration 0023: whether each row of a table is one person, read from the catalog, where the SQL runs.
 --
--- Where the unit column of a protected table is unique and not null (a primary key, or NOT NULL with a unique
--- index of that column alone), each row is one person, and the SQL the proxy runs for a role in suppress mode
--- counts people with count(*) (anonproxy/suppress/rows.py, docs/suppression.md "The SQL it runs"). The proxy reads
--- that fact with the policy; an index dropped since, or the NOT NULL, or a child table added (FROM t reads its
--- children too, which the index does not cover), would let one person's several rows count as several people
--- until the proxy reads the policy again. So that SQL calls anonproxy.one_row_per_person() first, once per
--- statement: it returns true while the fact holds and raises an error otherwise, before any row is returned.
+-- Where a unit column is unique and not null (a primary key, or NOT NULL with a unique index of that column alone,
+-- not partial, not on an expression) and the table has no child tables (FROM t reads its children too, which the
+-- index does not cover), each row is one person: a count of distinct units is a count of rows, which PostgreSQL
+-- computes without sorting.
 --
--- It reads only the catalog and writes nothing: PUBLIC keeps EXECUTE (the proxy's service role calls it).
+-- * anonproxy.one_row_per_person(relation, unit): the SQL the proxy runs for a role in suppress mode rests on
+--   that fact where the proxy read it with the policy (anonproxy/suppress/rows.py, docs/suppression.md "The
+--   one-pass shape"); an index dropped since, or the NOT NULL, or a child table added, would let one person's
+--   several rows count as several people until the proxy reads the policy again. So that SQL calls this function
+--   once per statement, before its scan: it returns true while the fact holds and raises an error otherwise,
+--   before any row is returned. It reads only the catalog and writes nothing: PUBLIC keeps EXECUTE (the proxy's
+--   service role calls it).
+-- * anonproxy.k_anonymity(rel, qi, unit) counts rows instead of distinct units when the fact holds for rel.
+
+create function anonproxy._unit_is_unique(relation regclass, unit text) returns boolean
+language sql stable set search_path = pg_catalog, pg_temp as $$
+    select exists (select
+                     from pg_catalog.pg_index i
+                     join pg_catalog.pg_attribute a on a.attrelid = i.indrelid and a.attnum = i.indkey[0]
+                     join pg_catalog.pg_class c on c.oid = i.indrelid and not c.relhassubclass
+                    where i.indrelid = relation and a.attname = unit and a.attnotnull
+                      and i.indisunique and i.indisvalid and i.indislive and i.indnkeyatts = 1
+                      and i.indpred is null and i.indexprs is null)
+$$;
 
 create function anonproxy.one_row_per_person(relation text, unit text) returns boolean
 language plpgsql stable set search_path = pg_catalog, pg_temp as $$
 begin
-    if exists (select
-                 from pg_catalog.pg_index i
-                 join pg_catalog.pg_attribute a on a.attrelid = i.indrelid and a.attnum = i.indkey[0]
-                 join pg_catalog.pg_class c on c.oid = i.indrelid and not c.relhassubclass
-                where i.indrelid = relation::regclass and a.attname = unit and a.attnotnull
-                  and i.indisunique and i.indisvalid and i.indislive and i.indnkeyatts = 1
-                  and i.indpred is null and i.indexprs is null) then
+    if anonproxy._unit_is_unique(relation::regclass, unit) then
         return true;
     end if;
     raise exception using errcode = 'object_not_in_prerequisite_state',
@@ -32,3 +41,20 @@ $$;
 comment on function anonproxy.one_row_per_person(text, text) is
     'Called by the SQL the proxy runs in suppress mode where each row is one person: true while the unit column is '
     'unique, not null and without child tables; raises object_not_in_prerequisite_state otherwise.';
+
+create or replace function anonproxy.k_anonymity(rel regclass, qi text[], unit text default null) returns bigint
+language plpgsql stable set search_path = pg_catalog, pg_temp set jit = off as $$
+declare
+    qi_list text := anonproxy._verify_column_list(rel, qi, 'the quasi-identifiers');
+    counted text := 'count(*)';
+    k bigint;
+begin
+    if unit is not null then
+        counted := anonproxy._verify_column_list(rel, array[unit], 'the unit');
+        -- A unique, not-null unit: each row is one unit, and counting rows needs no sort per class.
+        counted := case when anonproxy._unit_is_unique(rel, unit) then 'count(*)'
+                        else format('count(distinct %s)', counted) end;
+    end if;
+    execute format('select min(n) from (select %s as n from %s group by %s) ec', counted, rel, qi_list) into k;
+    return k;
+end $$;

@@ -315,6 +315,26 @@ def test_k_counts_distinct_units_when_asked(db: psycopg.Connection) -> None:
     assert scalar(db, "select anonproxy.k_anonymity('visits', array['age'], unit => 'person')") == 1
 
 
+def test_k_counts_rows_for_a_unique_unit_and_distinct_units_once_it_is_not(db: psycopg.Connection) -> None:
+    """sql/0023: a primary-key unit makes each row one unit, so k counts rows (no sort per class); a unit whose key
+    was dropped, or that gained a child table, is counted as distinct units again, whatever was true before."""
+    make_table(db, "people", {"person": "text", "age": "text"},
+               [("ann", "20-29"), ("bob", "20-29"), ("cy", "30-39"), ("dan", "30-39"), ("eve", "30-39")])
+    k = "select anonproxy.k_anonymity('people', array['age'], unit => 'person')"
+    plan = "select anonproxy._unit_is_unique('people', 'person')"
+    assert not scalar(db, plan) and scalar(db, k) == 2  # no key yet: distinct units
+    db.execute("alter table people add primary key (person)")
+    assert scalar(db, plan) and scalar(db, k) == 2
+    db.execute("alter table people drop constraint people_pkey")
+    db.execute("insert into people values ('ann', '20-29'), ('ann', '20-29')")
+    assert not scalar(db, plan) and scalar(db, k) == 2  # ann counted once, not three times
+    db.execute("delete from people where person = 'ann' and ctid <> (select min(ctid) from people where person = 'ann')")
+    db.execute("alter table people add primary key (person)")
+    db.execute("create table people_child () inherits (people)")
+    db.execute("insert into people_child values ('ann', '20-29'), ('ann', '20-29')")
+    assert not scalar(db, plan) and scalar(db, k) == 2  # the child's rows are read, and not covered by the key
+
+
 def test_microaggregated_column_reports_sse_over_sst(db: psycopg.Connection) -> None:
     make_table(db, "measures", {"x": "integer", "sex": "text"},
                [(1, "F"), (2, "F"), (3, "F"), (10, "M"), (11, "M"), (12, "M")])
