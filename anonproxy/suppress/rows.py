@@ -73,15 +73,11 @@ def parts(query: AnalyticQuery, rules: Rules) -> tuple[Ctes, str, list[str]]:
     keys = [key(k) for k in range(1, len(query.keys) + 1)]
     sums = [f"s{j}" for j in range(1, len(magnitudes) + 1)]
     flags = [f"n{j}" for j in range(1, len(query.contributors) + 1)]
-    # One row per person: count(*) counts the people, once the catalog says it still holds (sql/0023; checked once,
-    # before the scan, as a condition that reads no column).
-    relation, unit = _protected(query)
-    universe = f"SELECT count(*) FROM {query.from_sql}\nWHERE {ONE_ROW_PER_PERSON}({string(relation)}, {string(unit)})"
-    ctes: Ctes = [(f"{UNIVERSE}(n)", universe, "N: the people of the FROM clause, one row each")]
-    query = replace(query, universe=f"SELECT n FROM {UNIVERSE}")
     columns = _columns(query, post)
-    ctes.append((SUMMARY, _summary(query, columns, keys, magnitudes, flags),
-                 "one pass: each group's answer, people, contributors, and total and largest contribution per SUM/AVG"))
+    ctes: Ctes = [(SUMMARY, _summary(query, columns, keys, magnitudes, flags), ("one pass: each group's answer, "
+                   "people, contributors, and total and largest contribution per SUM/AVG"))]
+    ctes.append((f"{UNIVERSE}(n)", _universe(query), "N: the people of the FROM clause, one row each"))
+    query = replace(query, universe=f"SELECT n FROM {UNIVERSE}")
     ctes.append((CELLS, _cells(query, keys, magnitudes, flags),
                  "each person's row, read only to rank the groups whose totals leave the magnitude rules open"))
     verdict = PRIMARY if query.grouped else GROUPS
@@ -102,6 +98,17 @@ def parts(query: AnalyticQuery, rules: Rules) -> tuple[Ctes, str, list[str]]:
     # Materialized: the client's post-aggregate expressions, which may raise errors, run on released rows only.
     ctes.append((f"{RELEASED}", "\n".join(answer), "the released groups, and the suppressed-rest row"))
     return ctes, _client(query, post), keys
+
+
+def _universe(query: AnalyticQuery) -> str:
+    """N. One row per person: ``count(*)`` counts the people, and without a WHERE every row is in a group of the
+    summary, whose people add up to N without another scan. Either way, once the catalog says each row is still one
+    person (sql/0023: a condition that reads no column, checked once, before the scan)."""
+    relation, unit = _protected(query)
+    check = f"WHERE {ONE_ROW_PER_PERSON}({string(relation)}, {string(unit)})"
+    if query.where is None:
+        return f"SELECT coalesce(sum(units), 0) FROM {SUMMARY}\n{check}"
+    return f"SELECT count(*) FROM {query.from_sql}\n{check}"
 
 
 def _protected(query: AnalyticQuery) -> tuple[str, str]:
