@@ -26,9 +26,11 @@ their rows once more.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
-from anonproxy.plan.analysis import AnalyticQuery
+from sqlglot import exp
+
+from anonproxy.plan.analysis import AggregateText, AnalyticQuery
 from anonproxy.plan.post_aggregate import RELEASED, PostAggregate, key, plain, value
 from anonproxy.suppress.complementary import complementary
 from anonproxy.suppress.rules import (
@@ -57,6 +59,8 @@ from anonproxy.suppress.rules import (
 
 # Aggregate arguments whose absolute value is summed as bigint: abs() of the type itself could overflow.
 _SMALL_INTEGERS = ("int2", "int4")
+# Argument types whose sums are exact: the rest row's sums and averages follow from the groups' own.
+_EXACT_TYPES = ("int2", "int4", "int8", "numeric")
 
 
 def applies(query: AnalyticQuery) -> bool:
@@ -74,7 +78,7 @@ def parts(query: AnalyticQuery, rules: Rules) -> tuple[Ctes, str, list[str]]:
     sums = [f"s{j}" for j in range(1, len(magnitudes) + 1)]
     flags = [f"n{j}" for j in range(1, len(query.contributors) + 1)]
     columns = _columns(query, post)
-    ctes: Ctes = [(SUMMARY, _summary(query, columns, keys, magnitudes, flags), ("one pass: each group's answer, "
+    ctes: Ctes = [(SUMMARY, _summary(query, columns, magnitudes, flags), ("one pass: each group's answer, "
                    "people, contributors, and total and largest contribution per SUM/AVG"))]
     ctes.append((f"{UNIVERSE}(n)", _universe(query), "N: the people of the FROM clause, one row each"))
     query = replace(query, universe=f"SELECT n FROM {UNIVERSE}")
@@ -91,7 +95,8 @@ def parts(query: AnalyticQuery, rules: Rules) -> tuple[Ctes, str, list[str]]:
         released = f"{key_tuple(keys)} IN (SELECT {key_tuple(keys, bare=True)} FROM {GROUPS} WHERE released)"
     else:
         released = f"(SELECT released FROM {GROUPS})"
-    answer = [f"SELECT {', '.join(name for name, _ in columns)}", f"FROM {SUMMARY}", f"WHERE {released}"]
+    answer = [f"SELECT {', '.join(column.name for column in columns if column.answer)}", f"FROM {SUMMARY}",
+              f"WHERE {released}"]
     if rest:
         ctes += _rest(query, rules, keys, sums, flags)
         answer += ["UNION ALL", _rest_row(query, columns, keys)]
@@ -124,14 +129,54 @@ def withheld_people(keys: list[str]) -> str:
             f"WHERE {key_tuple(keys)} IN (SELECT {key_tuple(keys, bare=True)} FROM {WITHHELD})")
 
 
-def _columns(query: AnalyticQuery, post: PostAggregate) -> list[tuple[str, str]]:
-    """The summary's answer columns, (name, expression): the GROUP BY expressions, the plain select items and each
-    distinct aggregate, named as the post-aggregate select list reads them."""
-    columns = [(key(k), expression) for k, expression in enumerate(query.keys, 1)]
-    columns += [(plain(i), item.expression) for i, item in enumerate(query.items, 1)
-                if item.kind in ("group", "constant")]
-    columns += [(value(j), query.text_of(node).text) for j, node in enumerate(post.aggregates, 1)]
+@dataclass(frozen=True)
+class _Column:
+    """A column of the summary."""
+
+    name: str
+    expression: str  # computed per group
+    rest: str | None  # its value in the rest row, from the withheld groups' rows of the summary (None: not so)
+    answer: bool = True  # a column of the released rows (False: a part of another column's rest value)
+
+
+def _columns(query: AnalyticQuery, post: PostAggregate) -> list[_Column]:
+    """The summary's answer columns: the GROUP BY expressions, the plain select items and each distinct aggregate,
+    named as the post-aggregate select list reads them, with the hidden parts of the rest row's averages."""
+    columns = [_Column(key(k), expression, "NULL") for k, expression in enumerate(query.keys, 1)]
+    columns += [_Column(plain(i), item.expression, "NULL" if item.kind == "group" else item.expression)
+                for i, item in enumerate(query.items, 1) if item.kind in ("group", "constant")]
+    types = {typed.sql: typed.type for typed in query.argument_types}
+    for j, node in enumerate(post.aggregates, 1):
+        aggregate = query.text_of(node)
+        columns += _combined(value(j), aggregate, types.get(aggregate.argument or ""), j)
     return columns
+
+
+def _combined(name: str, aggregate: AggregateText, argument_type: str | None, j: int) -> list[_Column]:
+    """The summary column of ``aggregate`` and, where its value over several groups follows exactly from the groups'
+    own values, how the rest row computes it so: count and sum add up (in the aggregate's own result type), min and
+    max are the least and greatest, avg is the sum of the groups' sums over the sum of their counts. Not for
+    DISTINCT, spreads or floating-point sums, whose value over the rows the rest row reads them again for."""
+    node = aggregate.node.this if isinstance(aggregate.node, exp.Filter) else aggregate.node
+    filtered = f" FILTER (WHERE {aggregate.filter})" if aggregate.filter is not None else ""
+    exact = argument_type in _EXACT_TYPES
+    rest: str | None = None
+    hidden: list[_Column] = []
+    if isinstance(node.this, exp.Distinct):
+        pass
+    elif isinstance(node, exp.Count) or (isinstance(node, exp.Sum) and argument_type in _SMALL_INTEGERS):
+        rest = f"sum({name})::bigint"  # count's type, and sum's of smallint and integer
+    elif isinstance(node, exp.Sum) and exact:
+        rest = f"sum({name})"  # numeric, as sum of bigint and numeric
+    elif isinstance(node, (exp.Min, exp.Max)):
+        rest = f"{'min' if isinstance(node, exp.Min) else 'max'}({name})"
+    elif isinstance(node, exp.Avg) and exact:
+        parts = (f"anonproxy_sum{j}", f"anonproxy_count{j}")
+        hidden = [_Column(parts[0], f"sum({aggregate.argument}){filtered}", None, answer=False),
+                  _Column(parts[1], f"count({aggregate.argument}){filtered}", None, answer=False)]
+        # PostgreSQL's avg of these types is their exact sum divided by their count, as numeric.
+        rest = f"sum({parts[0]})::numeric / NULLIF(sum({parts[1]}), 0)"
+    return [_Column(name, aggregate.text, rest), *hidden]
 
 
 def _contribution(query: AnalyticQuery, argument: str) -> str:
@@ -141,9 +186,8 @@ def _contribution(query: AnalyticQuery, argument: str) -> str:
     return f"abs(({argument})::{target})"
 
 
-def _summary(query: AnalyticQuery, columns: list[tuple[str, str]], keys: list[str], magnitudes: tuple[str, ...],
-             flags: list[str]) -> str:
-    select = [f"{expression} AS {name}" for name, expression in columns]
+def _summary(query: AnalyticQuery, columns: list[_Column], magnitudes: tuple[str, ...], flags: list[str]) -> str:
+    select = [f"{column.expression} AS {column.name}" for column in columns]
     select.append("count(*) AS units")
     select += [f"count(*) FILTER (WHERE {contributes(rule, argument)}) AS {flag}"
                for (rule, argument), flag in zip(query.contributors, flags, strict=True)]
@@ -196,16 +240,21 @@ def _rest(query: AnalyticQuery, rules: Rules, keys: list[str], sums: list[str], 
     return ctes
 
 
-def _rest_row(query: AnalyticQuery, columns: list[tuple[str, str]], keys: list[str]) -> str:
-    """The suppressed-rest row: the client's aggregates over the rows of every withheld group, NULL for the grouping
-    columns. Its rows are read only when the rest row is released (a condition PostgreSQL checks once)."""
-    grouping = {key(k) for k in range(1, len(keys) + 1)}
-    grouping |= {plain(i) for i, item in enumerate(query.items, 1) if item.kind == "group"}
-    items = ", ".join("NULL" if name in grouping else expression for name, expression in columns)
-    rows = f"{key_tuple(query.keys)} IN (SELECT {key_tuple(keys, bare=True)} FROM {WITHHELD})"
-    conditions = [f"(SELECT released FROM {REST})", *([f"({query.where})"] if query.where is not None else []), rows]
+def _rest_row(query: AnalyticQuery, columns: list[_Column], keys: list[str]) -> str:
+    """The suppressed-rest row: the client's aggregates over every withheld group, NULL for the grouping columns.
+    From the withheld groups' rows of the summary where each aggregate follows from them; else from the rows of
+    those groups, read only when the rest row is released (a condition PostgreSQL checks once)."""
+    answer = [column for column in columns if column.answer]
+    withheld = f"IN (SELECT {key_tuple(keys, bare=True)} FROM {WITHHELD})"
+    released = f"(SELECT released FROM {REST})"
+    if all(column.rest is not None for column in answer):
+        return "\n".join([f"SELECT {', '.join(str(column.rest) for column in answer)}", f"FROM {SUMMARY}",
+                          f"WHERE {key_tuple(keys)} {withheld}", f"HAVING {released}"])
+    items = ", ".join("NULL" if column.rest == "NULL" else column.expression for column in answer)
+    conditions = [released, *([f"({query.where})"] if query.where is not None else []),
+                  f"{key_tuple(query.keys)} {withheld}"]
     return "\n".join([f"SELECT {items}", f"FROM {query.from_sql}", "WHERE " + "\n  AND ".join(conditions),
-                      f"HAVING (SELECT released FROM {REST})"])
+                      f"HAVING {released}"])
 
 
 def _client(query: AnalyticQuery, post: PostAggregate) -> str:
