@@ -113,7 +113,8 @@ def test_filter_counts_the_contributors_of_the_filtered_rows() -> None:
     # sum(x) FILTER (WHERE c) when x is not zero there: k such people per group, and in the withheld groups together
     assert "bool_or((CASE WHEN (age > 40) THEN 1 END) IS NOT NULL) AS n1" in sql
     assert "bool_or((CASE WHEN (age = 90) THEN (age) END) <> 0) AS n2" in sql
-    assert "AND count(unit) FILTER (WHERE n1) >= 10\n       AND count(unit) FILTER (WHERE n2) >= 10" in sql
+    assert "count(unit) FILTER (WHERE n1) AS n1, count(unit) FILTER (WHERE n2) AS n2" in sql  # per group
+    assert "AND s.n1 >= 10\n       AND s.n2 >= 10" in sql
     assert "AND contributors_n1 >= 10 AND contributors_n2 >= 10" in sql
     rules = suppress_role(k=5, dominance_n=2, dominance_percent=80, p_percent=10, suppressed_rest=True)
     cells = rewritten("select sex, sum(age) filter (where age > 40) from adult group by sex", rules)

@@ -74,10 +74,13 @@ def complementary(query: AnalyticQuery, rules: Rules, keys: list[str], sums: lis
         f"FROM {PRIMARY}",
     ]), "the order of complementary suppression: withheld groups first (0), then the smallest released ones"))
     if not rows:
-        ctes.append((f"{ANSWERED}(n, disjoint)", "\n".join([
-            f"SELECT count(*), count(*) = (SELECT sum(units) FROM {PRIMARY})",
-            f"FROM (SELECT unit FROM {CELLS} GROUP BY unit) AS people",
-        ]), "the people of the answer, and whether each is in one group only"))
+        if query.where is None:  # the answer covers everyone of the FROM clause: N, counted already
+            answered = f"SELECT n, n = (SELECT sum(units) FROM {PRIMARY})\nFROM ({query.universe}) AS everyone(n)"
+        else:
+            answered = "\n".join([f"SELECT count(*), count(*) = (SELECT sum(units) FROM {PRIMARY})",
+                                  f"FROM (SELECT unit FROM {CELLS} GROUP BY unit) AS people"])
+        ctes.append((f"{ANSWERED}(n, disjoint)", answered,
+                     "the people of the answer, and whether each is in one group only"))
         # People in several groups (several rows per person, in different groups): each person's first step
         # (withheld from it on), last step (in no released group from it on) and first step at which they contribute.
         firsts = [f"min(o.step) FILTER (WHERE c.{flag}) AS first_{flag}" for flag in flags]
@@ -122,12 +125,17 @@ def complementary(query: AnalyticQuery, rules: Rules, keys: list[str], sums: lis
         # answer, which must leave out of N nobody or k people.
         answered = left_out(f"{universe} - (SELECT n FROM {ANSWERED})", rules)
         outside = f"({outside} OR (withheld > 0 AND {answered}))"
+    # Step 0 passes when no group is withheld alone and the answer leaves out of N nobody or k people: then the
+    # steps (in the per-person shape, each person followed through them) are never computed.
+    nothing_withheld = (f"NOT EXISTS (SELECT FROM {ORDER} WHERE step = 0) AND "
+                        + left_out(f"{universe} - (SELECT n FROM {ANSWERED})", rules))
     ctes.append((CHOSEN, "\n".join([
-        "SELECT coalesce(min(step) FILTER (WHERE",
-        f"           (withheld = 0 OR ({within}))",
-        f"           AND {outside}),",
-        "       max(step)) AS step",
-        f"FROM {STEPS} AS s",
+        f"SELECT CASE WHEN {nothing_withheld} THEN 0 ELSE (",
+        "  SELECT coalesce(min(step) FILTER (WHERE",
+        f"             (withheld = 0 OR ({within}))",
+        f"             AND {outside}),",
+        "         max(step))",
+        f"  FROM {STEPS} AS s) END AS step",
     ]), "the first step at which the withheld groups pass together (the last step withholds everything)"))
     released = f"step > (SELECT step FROM {CHOSEN})"
     if len(keys) > 1:
