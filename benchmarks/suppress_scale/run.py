@@ -192,7 +192,9 @@ class GatedProxy(AnonProxy):  # type: ignore[misc]
         self._service_dsn = service_dsn
 
     def _start(self, args: list[str], env: dict[str, str] | None = None, cwd: Path | str = "/") -> None:
-        super()._start(args, env={**(env or {}), "ANONPROXY_SERVICE_DSN": self._service_dsn}, cwd=cwd)
+        # The proxy imports anonproxy from this repository too (a worktree of an older commit measures "before").
+        env = {**(env or {}), "ANONPROXY_SERVICE_DSN": self._service_dsn, "PYTHONPATH": str(REPO)}
+        super()._start(args, env=env, cwd=cwd)
 
 
 def connect(conninfo: str, options: str) -> psycopg.Connection[Any]:
