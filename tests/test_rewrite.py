@@ -510,21 +510,18 @@ def test_rewrite_is_rendered_from_the_tree_with_the_client_names() -> None:
     ctes, answer = parts(sql)
     # The client's comments are gone: every piece is rendered from the checked tree, not cut from the text.
     assert "a comment" not in sql and "another" not in sql and "/*" not in sql
-    # The answer is the client's statement, rendered, with the client's output names as explicit aliases; it keeps
-    # the groups the verdicts release.
-    assert answer == (
-        'SELECT native_country AS "native_country", count(*) AS "count"\n'
-        'FROM "public"."adult"\n'
-        "GROUP BY 1\n"
-        "HAVING ARRAY[native_country] IN (SELECT ARRAY[g1] FROM anonproxy_groups WHERE released)"
-    )
-    # The verdicts read the same rendered grouping expression, count people (the unit), not rows, and compare with
-    # N, the people of the whole table, counted once.
+    # The answer is the client's select list over the released groups, with the client's output names as explicit
+    # aliases; one pass computes each group's aggregates and people (no magnitude rule: distinct units).
+    assert answer == 'SELECT anonproxy_g1 AS "native_country", anonproxy_v1 AS "count"\nFROM anonproxy_released'
+    assert ctes["anonproxy_summary"].endswith(
+        'SELECT native_country AS anonproxy_g1, native_country AS anonproxy_c1, count(*) AS anonproxy_v1, '
+        'count(DISTINCT "adult"."id") AS units\nFROM "public"."adult"\nGROUP BY native_country')
+    # The verdicts count people (the unit), not rows, and compare with N, the people of the whole table, counted once.
     assert ctes["anonproxy_universe"].endswith(
         'SELECT count(anonproxy_units.unit) FROM (SELECT "adult"."id" AS unit FROM "public"."adult" GROUP BY 1) '
         'AS anonproxy_units')
-    assert 'SELECT native_country AS g1, "adult"."id" AS unit\nFROM "public"."adult"' in ctes["anonproxy_cells"]
-    assert "count(unit) AS units" in ctes["anonproxy_summary"]
+    assert 'SELECT native_country AS anonproxy_g1, "adult"."id" AS unit\nFROM "public"."adult"' in \
+        ctes["anonproxy_cells"]
     assert "s.units >= 10 AND (SELECT n FROM anonproxy_universe) - s.units NOT BETWEEN 1 AND 9" in \
         ctes["anonproxy_primary"]
     # A GROUP BY always gets complementary suppression.
@@ -548,7 +545,8 @@ def test_rewrite_without_group_by_applies_query_set_size_control() -> None:
 def test_rewrite_keeps_parameters_casts_and_aliases() -> None:
     sql = rewritten("SELECT sex AS \"Sex\", count(*) AS n, avg(hours_per_week)::numeric(6,2) AS h FROM adult "
                     "WHERE age > $1 AND workclass = $2::text GROUP BY 1 ORDER BY n DESC LIMIT $3")
-    assert 'sex AS "Sex", count(*) AS "n", CAST(avg(hours_per_week) AS DECIMAL(6, 2)) AS "h"' in sql
+    assert "count(*) AS anonproxy_v1, avg(hours_per_week) AS anonproxy_v2" in sql  # computed in one pass
+    assert 'anonproxy_g1 AS "Sex", anonproxy_v1 AS "n", CAST(anonproxy_v2 AS DECIMAL(6, 2)) AS "h"' in sql
     assert "WHERE age > $1 AND workclass = CAST($2 AS TEXT)" in sql
     assert "LIMIT $3" in sql
 
@@ -563,22 +561,27 @@ def test_metabase_style_query() -> None:
     assert ctes["anonproxy_universe"].endswith(
         'SELECT count(anonproxy_units.unit) FROM (SELECT "adult"."id" AS unit FROM "public"."adult" GROUP BY 1) '
         'AS anonproxy_units')
-    assert "count(unit) AS units" in ctes["anonproxy_summary"]
+    assert 'count(DISTINCT "adult"."id") AS units' in ctes["anonproxy_summary"]
     assert "s.units >= 10 AND (SELECT n FROM anonproxy_universe) - s.units NOT BETWEEN 1 AND 9" in \
         ctes["anonproxy_primary"]
     # the sum needs k people with a non-zero value, in each group and in the withheld groups together
+    assert 'count(DISTINCT "adult"."id") FILTER (WHERE ("adult"."hours_per_week") <> 0) AS n1' in \
+        ctes["anonproxy_summary"]
     assert 'bool_or(("adult"."hours_per_week") <> 0) AS n1' in ctes["anonproxy_cells"]
-    assert "count(unit) FILTER (WHERE n1) AS n1" in ctes["anonproxy_summary"]
     assert "s.n1 >= 10" in ctes["anonproxy_primary"]
     assert "contributors_n1 >= 10" in ctes["anonproxy_chosen"]
     # issue 11: three-part names are normalised to the table's reference before analysis (anonproxy.plan.names)
     assert '"public"."adult"."' not in sql
-    assert answer.startswith('SELECT "adult"."education" AS "education", count(*) AS "count", '
-                             'sum("adult"."hours_per_week") AS "sum"\nFROM "public"."adult"\n'
-                             'WHERE ("adult"."age" > 30) AND ("adult"."sex" = \'Male\')\n'
-                             'GROUP BY "adult"."education"\n')
+    assert ctes["anonproxy_summary"].startswith(
+        '-- one pass: each group\'s answer, people, contributors, and total and largest contribution per SUM/AVG\n'
+        'SELECT "adult"."education" AS anonproxy_g1, "adult"."education" AS anonproxy_c1, count(*) AS anonproxy_v1, '
+        'sum("adult"."hours_per_week") AS anonproxy_v2, ')
+    assert ctes["anonproxy_summary"].endswith('\nFROM "public"."adult"\n'
+                                              'WHERE ("adult"."age" > 30) AND ("adult"."sex" = \'Male\')\n'
+                                              'GROUP BY "adult"."education"')
     assert 'WHERE ("adult"."age" > 30) AND ("adult"."sex" = \'Male\')' in ctes["anonproxy_cells"]
-    assert answer.endswith('ORDER BY "count" DESC, "adult"."education"\nLIMIT 2000')
+    assert answer == ('SELECT anonproxy_g1 AS "education", anonproxy_v1 AS "count", anonproxy_v2 AS "sum"\n'
+                      'FROM anonproxy_released\nORDER BY 2 DESC, 1\nLIMIT 2000')
 
 
 def test_linked_table_join_uses_the_protected_unit() -> None:
@@ -589,7 +592,8 @@ def test_linked_table_join_uses_the_protected_unit() -> None:
     assert ctes["anonproxy_universe"].endswith(
         'SELECT count(anonproxy_units.unit) FROM (SELECT "a"."id" AS unit FROM "public"."visits" AS v JOIN '
         '"public"."adult" AS a ON v.person_id = a.id GROUP BY 1) AS anonproxy_units')
-    assert 'SELECT a.sex AS g1, "a"."id" AS unit\n' in ctes["anonproxy_cells"]
+    assert 'SELECT a.sex AS anonproxy_g1, "a"."id" AS unit\n' in ctes["anonproxy_cells"]
+    assert 'count(DISTINCT "a"."id") AS units' in ctes["anonproxy_summary"]
     only_linked = rewritten("SELECT count(*) FROM visits WHERE cost > 100")
     assert only_linked.endswith(
         'HAVING count(DISTINCT "visits"."person_id") >= 10 AND (SELECT count(anonproxy_units.unit) FROM (SELECT '
@@ -612,11 +616,9 @@ def test_left_join_to_a_linked_table_on_its_key() -> None:
 def test_distinct_becomes_a_grouped_query() -> None:
     sql = rewritten("SELECT DISTINCT native_country FROM adult ORDER BY 1")
     ctes, answer = parts(sql)
-    assert answer == ('SELECT DISTINCT native_country AS "native_country"\nFROM "public"."adult"\nGROUP BY native_country\n'
-                      "HAVING ARRAY[native_country] IN (SELECT ARRAY[g1] FROM anonproxy_groups WHERE released)\n"
-                      "ORDER BY 1")
-    assert 'SELECT native_country AS g1, "adult"."id" AS unit' in ctes["anonproxy_cells"]
-    assert "count(unit) AS units" in ctes["anonproxy_summary"]
+    assert answer == 'SELECT DISTINCT anonproxy_g1 AS "native_country"\nFROM anonproxy_released\nORDER BY 1'
+    assert 'SELECT native_country AS anonproxy_g1, "adult"."id" AS unit' in ctes["anonproxy_cells"]
+    assert 'count(DISTINCT "adult"."id") AS units' in ctes["anonproxy_summary"]
     assert "s.units >= 10 AND (SELECT n FROM anonproxy_universe) - s.units NOT BETWEEN 1 AND 9" in \
         ctes["anonproxy_primary"]
 
@@ -626,9 +628,14 @@ def test_group_by_alias_that_may_be_a_column_is_refused() -> None:
 
 
 def test_rest_row_needs_orderable_output_columns() -> None:
+    """The per-person shape (a magnitude rule on a sum) orders the rest row's UNION by output positions; the
+    one-pass shape orders over the released rows, by any expression of the select list or its aggregates."""
     role = suppress_role(k=10, suppressed_rest=True)
-    assert_reject("SELECT sex, count(*) FROM adult GROUP BY sex ORDER BY sum(age)", "0A000", "output column",
-                  role=role)
+    assert "ORDER BY anonproxy_v2" in rewritten("SELECT sex, count(*) FROM adult GROUP BY sex ORDER BY sum(age)",
+                                                role=role)
+    magnitudes = suppress_role(k=10, dominance_n=2, dominance_percent=80, suppressed_rest=True)
+    assert_reject("SELECT sex, sum(age) FROM adult GROUP BY sex ORDER BY count(*)", "0A000", "output column",
+                  role=magnitudes)
     assert "ORDER BY 2 DESC" in rewritten("SELECT sex, count(*) AS n FROM adult GROUP BY sex ORDER BY n DESC",
                                           role=role)
 
@@ -666,11 +673,11 @@ def test_count_distinct_takes_a_column() -> None:
 
 
 def test_casts_of_aggregates_in_having_run_over_released_groups() -> None:
-    assert "CAST(sum(capital_gain) AS BIGINT)" in rewritten("SELECT sex, sum(capital_gain)::bigint FROM adult GROUP BY sex")
+    assert "CAST(anonproxy_v1 AS BIGINT)" in rewritten("SELECT sex, sum(capital_gain)::bigint FROM adult GROUP BY sex")
     # Issue 11: HAVING and arithmetic over aggregates are computed outside the materialized suppressed result.
     outer = rewritten("SELECT sex FROM adult GROUP BY sex HAVING sum(capital_gain)::smallint > 0")
     inner, after = outer.rsplit("\n)\nSELECT ", 1)
-    assert inner.startswith("WITH anonproxy_released AS MATERIALIZED (")
+    assert "anonproxy_released AS MATERIALIZED (" in inner
     assert "SMALLINT" not in inner and "WHERE (CAST(anonproxy_v1 AS SMALLINT) > 0)" in after
     assert "(anonproxy_v1 + 1)" in rewritten("SELECT sex, count(*) + 1 FROM adult GROUP BY sex")
 

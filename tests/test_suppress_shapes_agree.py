@@ -133,8 +133,10 @@ def _comparable(rows: list[tuple[Any, ...]], ordered: bool) -> list[tuple[Any, .
     def key(row: tuple[Any, ...]) -> tuple[Any, ...]:
         return tuple((value is None, str(value)) for value in row)
 
-    # numeric as text: the same value must come with the same scale (1.50 is not 1.5 to a client)
-    normal = [tuple(str(v) if isinstance(v, Decimal) else v for v in row) for row in rows]
+    # numeric as text: the same value must come with the same scale (1.50 is not 1.5 to a client); a float sum to 12
+    # digits: PostgreSQL adds float rows in the order it reads them, which a sort for count(DISTINCT) changes.
+    normal = [tuple(str(v) if isinstance(v, Decimal) else float(f"{v:.12g}") if isinstance(v, float) else v
+                    for v in row) for row in rows]
     return normal if ordered else sorted(normal, key=key)
 
 

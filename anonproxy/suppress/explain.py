@@ -20,7 +20,6 @@ from dataclasses import dataclass
 
 from anonproxy.policy.model import RolePolicy
 from anonproxy.plan.analysis import AnalyticQuery
-from anonproxy.suppress.rows import applies
 
 REPORT_MESSAGE = "anonproxy.suppression_report"  # the MESSAGE of the INFO the report function raises
 
@@ -122,7 +121,7 @@ def explain_suppression(query: AnalyticQuery, role: RolePolicy, sql: str) -> tup
     """The rows of ``EXPLAIN (ANONPROXY)`` for a suppress query: its plan, from the query and the policy only."""
     params = role.suppression
     k = params.k
-    if applies(query):
+    if query.one_row_per_person and query.post is not None:  # the one-pass shape counts rows (rows.parts)
         unit = (f"  privacy unit: {query.unit}, unique and not null in the catalog: each row of the FROM clause is "
                 "one person, and the rules are decided in the same pass as the answer")
         universe = (f"SELECT count(*) FROM {query.from_sql}" if query.where is not None

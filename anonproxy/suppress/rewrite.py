@@ -78,7 +78,7 @@ from anonproxy.suppress.rules import (
 
 def rewrite(query: AnalyticQuery, params: SuppressionParams) -> str:
     rules = Rules(params)
-    if rows.applies(query):
+    if rows.applies(query, rules):
         ctes, body, _ = rows.parts(query, rules)
         return with_ctes(ctes, materialized=(RELEASED,)) + "\n" + body
     if query.outer is not None:
@@ -139,10 +139,10 @@ def reported(query: AnalyticQuery, params: SuppressionParams) -> str:
     rules = Rules(params)
     magnitudes = query.magnitudes if rules.magnitude_rules else ()
     rest = rules.rest and query.grouped
-    if rows.applies(query):
+    if rows.applies(query, rules):
         ctes, body, keys = rows.parts(query, rules)
         query = replace(query, universe=f"SELECT n FROM {UNIVERSE}")
-        withheld_people = rows.withheld_people(keys)
+        withheld_people = rows.withheld_people(query, keys)
         total_units = f"(SELECT units FROM {GROUPS})"
     else:
         simple = _is_simple(query, magnitudes)

@@ -63,9 +63,14 @@ _SMALL_INTEGERS = ("int2", "int4")
 _EXACT_TYPES = ("int2", "int4", "int8", "numeric")
 
 
-def applies(query: AnalyticQuery) -> bool:
-    """Whether :func:`parts` writes the suppression SQL of ``query``."""
-    return query.one_row_per_person and query.post is not None
+def applies(query: AnalyticQuery, rules: Rules) -> bool:
+    """Whether :func:`parts` writes the suppression SQL of ``query``: its select list runs over released values,
+    and each row is one person, or it has a GROUP BY and no magnitude rule applies (the count rules count distinct
+    people per group in the same pass; the magnitude rules need each person's part of a sum, from the per-person
+    shape; a total without them is the simple shape, one pass already)."""
+    if query.post is None:
+        return False
+    return query.one_row_per_person or (query.grouped and not (rules.magnitude_rules and query.magnitudes))
 
 
 def parts(query: AnalyticQuery, rules: Rules) -> tuple[Ctes, str, list[str]]:
@@ -77,19 +82,21 @@ def parts(query: AnalyticQuery, rules: Rules) -> tuple[Ctes, str, list[str]]:
     keys = [key(k) for k in range(1, len(query.keys) + 1)]
     sums = [f"s{j}" for j in range(1, len(magnitudes) + 1)]
     flags = [f"n{j}" for j in range(1, len(query.contributors) + 1)]
+    rows = query.one_row_per_person
     columns = _columns(query, post)
     ctes: Ctes = [(SUMMARY, _summary(query, columns, magnitudes, flags), ("one pass: each group's answer, "
                    "people, contributors, and total and largest contribution per SUM/AVG"))]
-    ctes.append((f"{UNIVERSE}(n)", _universe(query), "N: the people of the FROM clause, one row each"))
+    ctes.append((f"{UNIVERSE}(n)", _universe(query), "N: the people of the FROM clause"))
     query = replace(query, universe=f"SELECT n FROM {UNIVERSE}")
-    ctes.append((CELLS, _cells(query, keys, magnitudes, flags),
-                 "each person's row, read only to rank the groups whose totals leave the magnitude rules open"))
+    ctes.append((CELLS, _cells(query, keys, magnitudes, flags), ("each person's part of each group, read only to "
+                 "rank contributions, or to follow people in several groups")))
     verdict = PRIMARY if query.grouped else GROUPS
     ctes += bounded_verdicts(query, rules, keys, sums, flags, verdict)
     if query.grouped:
-        ctes.append((f"{ANSWERED}(n, disjoint)", f"SELECT coalesce(sum(units), 0), true FROM {PRIMARY}",
-                     "the people of the answer; each is in one group"))
-        ctes += complementary(query, rules, keys, sums, flags, rest, rows=True)
+        if rows:
+            ctes.append((f"{ANSWERED}(n, disjoint)", f"SELECT coalesce(sum(units), 0), true FROM {PRIMARY}",
+                         "the people of the answer; each is in one group"))
+        ctes += complementary(query, rules, keys, sums, flags, rest, rows=rows)
         ctes.append((WITHHELD, f"SELECT {', '.join(keys)} FROM {GROUPS} WHERE NOT released",
                      "the groups that were suppressed"))
         released = f"{key_tuple(keys)} IN (SELECT {key_tuple(keys, bare=True)} FROM {GROUPS} WHERE released)"
@@ -108,7 +115,10 @@ def parts(query: AnalyticQuery, rules: Rules) -> tuple[Ctes, str, list[str]]:
 def _universe(query: AnalyticQuery) -> str:
     """N. One row per person: ``count(*)`` counts the people, and without a WHERE every row is in a group of the
     summary, whose people add up to N without another scan. Either way, once the catalog says each row is still one
-    person (sql/0023: a condition that reads no column, checked once, before the scan)."""
+    person (sql/0023: a condition that reads no column, checked once, before the scan). Otherwise the distinct
+    units of the FROM clause."""
+    if not query.one_row_per_person:
+        return query.universe
     relation, unit = _protected(query)
     check = f"WHERE {ONE_ROW_PER_PERSON}({string(relation)}, {string(unit)})"
     if query.where is None:
@@ -123,10 +133,19 @@ def _protected(query: AnalyticQuery) -> tuple[str, str]:
     return tables[0].qualified, tables[0].protected.unit_column
 
 
-def withheld_people(keys: list[str]) -> str:
-    """The people of the withheld groups, for the report: their groups' own counts add up."""
-    return (f"SELECT coalesce(sum(units), 0) FROM {PRIMARY}\n"
-            f"WHERE {key_tuple(keys)} IN (SELECT {key_tuple(keys, bare=True)} FROM {WITHHELD})")
+def withheld_people(query: AnalyticQuery, keys: list[str]) -> str:
+    """The people of the withheld groups, for the report: their groups' own counts add up where each row is one
+    person; else their distinct units."""
+    if query.one_row_per_person:
+        return f"SELECT coalesce(sum(units), 0) FROM {PRIMARY}\nWHERE {_withheld(keys)}"
+    return f"SELECT count(DISTINCT unit) FROM {CELLS}\nWHERE {_withheld(keys)}"
+
+
+def _withheld(keys: list[str]) -> str:
+    """The rows of the withheld groups. The EXISTS reads no column: PostgreSQL checks it once, and when nothing was
+    withheld it never reads the rows (nor computes anonproxy_cells for them)."""
+    return (f"EXISTS (SELECT FROM {WITHHELD}) AND {key_tuple(keys)} IN "
+            f"(SELECT {key_tuple(keys, bare=True)} FROM {WITHHELD})")
 
 
 @dataclass(frozen=True)
@@ -188,9 +207,14 @@ def _contribution(query: AnalyticQuery, argument: str) -> str:
 
 def _summary(query: AnalyticQuery, columns: list[_Column], magnitudes: tuple[str, ...], flags: list[str]) -> str:
     select = [f"{column.expression} AS {column.name}" for column in columns]
-    select.append("count(*) AS units")
-    select += [f"count(*) FILTER (WHERE {contributes(rule, argument)}) AS {flag}"
-               for (rule, argument), flag in zip(query.contributors, flags, strict=True)]
+    if query.one_row_per_person:
+        select.append("count(*) AS units")
+        select += [f"count(*) FILTER (WHERE {contributes(rule, argument)}) AS {flag}"
+                   for (rule, argument), flag in zip(query.contributors, flags, strict=True)]
+    else:
+        select.append(f"count(DISTINCT {query.unit}) AS units")
+        select += [f"count(DISTINCT {query.unit}) FILTER (WHERE {contributes(rule, argument)}) AS {flag}"
+                   for (rule, argument), flag in zip(query.contributors, flags, strict=True)]
     for j, argument in enumerate(magnitudes, 1):
         contribution = _contribution(query, argument)
         select += [f"coalesce(sum({contribution}), 0)::numeric AS t{j}",
@@ -204,14 +228,21 @@ def _summary(query: AnalyticQuery, columns: list[_Column], magnitudes: tuple[str
 
 
 def _cells(query: AnalyticQuery, keys: list[str], magnitudes: tuple[str, ...], flags: list[str]) -> str:
+    """Each person's part of each group. One row per person: the rows themselves. Otherwise (no magnitude rule
+    then) one row per group and person, and whether one of the person's rows contributes to each aggregate."""
     select = [f"{expression} AS {name}" for expression, name in zip(query.keys, keys, strict=True)]
     select.append(f"{query.unit} AS unit")
     select += [f"{argument} AS s{j}" for j, argument in enumerate(magnitudes, 1)]
-    select += [f"{contributes(rule, argument)} AS {flag}"
-               for (rule, argument), flag in zip(query.contributors, flags, strict=True)]
+    tests = [contributes(rule, argument) for rule, argument in query.contributors]
+    if query.one_row_per_person:
+        select += [f"{test} AS {flag}" for test, flag in zip(tests, flags, strict=True)]
+    else:
+        select += [f"bool_or({test}) AS {flag}" for test, flag in zip(tests, flags, strict=True)]
     lines = [f"SELECT {', '.join(select)}", f"FROM {query.from_sql}"]
     if query.where is not None:
         lines.append(f"WHERE {query.where}")
+    if not query.one_row_per_person:
+        lines.append(f"GROUP BY {', '.join(str(i) for i in range(1, len(keys) + 2))}")
     return "\n".join(lines)
 
 
@@ -219,7 +250,7 @@ def _rest(query: AnalyticQuery, rules: Rules, keys: list[str], sums: list[str], 
     """``anonproxy_rest``: whether the rest row passes the rules, from the withheld groups' own counts and totals;
     their rows are ranked only when the totals leave a magnitude rule open."""
     ctes: Ctes = []
-    withheld = f"{key_tuple(keys)} IN (SELECT {key_tuple(keys, bare=True)} FROM {WITHHELD})"
+    withheld = _withheld(keys)
     # Query-set-size control, as for a query without GROUP BY: the rest row is a total over its own people, and
     # with the released rows it adds up to a total over everyone the answer covers; both must leave out of N
     # nobody or at least k people.
@@ -231,11 +262,17 @@ def _rest(query: AnalyticQuery, rules: Rules, keys: list[str], sums: list[str], 
                                [], sums, [], "true", rules, "the magnitude rules on the rest row's ranked contributions")
         exact = f"(SELECT released FROM {REST_EXACT})"
         conditions += [magnitude_bounds(rules, f"t{s[1:]}", f"m{s[1:]}").verdict(exact) for s in sums]
-    sums_of = ["coalesce(sum(units), 0) AS units", *(f"coalesce(sum({flag}), 0) AS {flag}" for flag in flags),
-               *(f"coalesce(sum(t{s[1:]}), 0) AS t{s[1:]}, coalesce(max(m{s[1:]}), 0) AS m{s[1:]}" for s in sums)]
+    if query.one_row_per_person:  # each person in one group: the groups' own counts and totals add up
+        counted = ["coalesce(sum(units), 0) AS units", *(f"coalesce(sum({flag}), 0) AS {flag}" for flag in flags),
+                   *(f"coalesce(sum(t{s[1:]}), 0) AS t{s[1:]}, coalesce(max(m{s[1:]}), 0) AS m{s[1:]}" for s in sums)]
+        source = PRIMARY
+    else:  # people may be in several withheld groups: each counted once
+        counted = ["count(DISTINCT unit) AS units",
+                   *(f"count(DISTINCT unit) FILTER (WHERE {flag}) AS {flag}" for flag in flags)]
+        source = CELLS
     ctes.append((REST, "\n".join([
         "SELECT " + "\n       AND ".join(conditions) + " AS released",
-        f"FROM (SELECT {', '.join(sums_of)} FROM {PRIMARY} WHERE {withheld}) AS rest",
+        f"FROM (SELECT {', '.join(counted)} FROM {source} WHERE {withheld}) AS rest",
     ]), "the rest row is released only if it passes the same rules, query-set-size control included"))
     return ctes
 
