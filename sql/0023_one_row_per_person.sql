@@ -6,7 +6,7 @@
 -- computes without sorting.
 --
 -- * anonproxy.one_row_per_person(relation, unit): the SQL the proxy runs for a role in suppress mode rests on
---   that fact where the proxy read it with the policy (anonproxy/suppress/rows.py, docs/suppression.md "The
+--   that fact where the proxy read it with the policy (anonproxy/suppress/one_pass.py, docs/suppression.md "The
 --   one-pass shape"); an index dropped since, or the NOT NULL, or a child table added, would let one person's
 --   several rows count as several people until the proxy reads the policy again. So that SQL calls this function
 --   once per statement, before its scan: it returns true while the fact holds and raises an error otherwise,

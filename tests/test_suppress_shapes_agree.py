@@ -1,7 +1,7 @@
 """Issue 24, item 5: the one-pass suppression SQL gives the same answers as the per-person SQL.
 
 Where each row of the FROM clause is one person (the catalog makes ``adult.id`` a primary key), the suppression SQL
-decides every rule from one aggregation pass (anonproxy.suppress.rows); elsewhere it aggregates each person's part
+decides every rule from one aggregation pass (anonproxy.suppress.one_pass); elsewhere it aggregates each person's part
 of each group first (anonproxy.suppress.rewrite, "cells"). Both must mean the same rules. This test draws
 statements over ``adult`` (one or two grouping keys, WHERE, SUM/AVG of columns whose largest values dominate their
 groups, FILTER, HAVING, ORDER BY with LIMIT, windows over the groups, post-aggregate expressions, totals, DISTINCT)

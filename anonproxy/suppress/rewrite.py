@@ -1,24 +1,27 @@
-"""Build the suppression SQL for an analytic query (docs/suppression.md).
+"""Build the suppression SQL for an analytic query (docs/suppression.md, "The rewritten SQL").
 
-Two shapes:
+* **one pass** (:mod:`anonproxy.suppress.one_pass`): where each row is one
+  person, every query; elsewhere a GROUP BY without a magnitude rule to apply.
 
-* **simple** (a total without GROUP BY, no magnitude rule applies): the
-  client's query with one more HAVING condition, query-set-size control: at
-  least k distinct units, and nobody or at least k of the FROM clause's N
+* **simple** (otherwise, a total without GROUP BY, no magnitude rule applies):
+  the client's query with one more HAVING condition, query-set-size control:
+  at least k distinct units, and nobody or at least k of the FROM clause's N
   people left out (a total over everyone is public; one over all but a few
   would single those few out by one subtraction).
 
-* **cells** (every GROUP BY; a total with dominance or p % rules on
-  SUM/AVG): CTEs compute each privacy unit's contribution per group
-  (``anonproxy_cells``), rank contributions (``anonproxy_ranked``), decide
-  per group alone (``anonproxy_primary``), then complementary suppression
-  withholds the smallest groups that pass alone until the withheld groups
-  pass together (:func:`complementary`, ``anonproxy_groups.released``); the
-  client's query keeps only the released groups through a hashed ``IN`` on
-  ``ARRAY[key]`` (an array compares NULL keys as equal, like GROUP BY does).
-  The rest row is a second branch of a UNION ALL over the rows of every
-  withheld group, released only if that rest itself passes the same rules,
-  query-set-size control included.
+* **cells**, the per-person shape (otherwise: a sum under dominance or p %
+  where a person may have several rows): CTEs compute each privacy unit's
+  contribution per group (``anonproxy_cells``), summarize each group
+  (``anonproxy_summary``), decide per group alone (``anonproxy_primary``,
+  ranking contributions only where the group's total and largest leave a
+  magnitude rule open), then complementary suppression withholds the
+  smallest groups that pass alone until the withheld groups pass together
+  (:func:`complementary`, ``anonproxy_groups.released``); the client's query
+  keeps only the released groups through a hashed ``IN`` on ``ARRAY[key]``
+  (an array compares NULL keys as equal, like GROUP BY does). The rest row is
+  a second branch of a UNION ALL over the rows of every withheld group,
+  released only if that rest itself passes the same rules, query-set-size
+  control included.
 
 The client's HAVING is evaluated on released groups and on the rest row only,
 never on a withheld group: the rest row holds every withheld group, and no
@@ -46,7 +49,7 @@ from anonproxy.plan.analysis import AnalyticQuery, Item
 from anonproxy.plan.post_aggregate import RELEASED, PostAggregate, key, plain, value
 from anonproxy.policy.model import SuppressionParams
 from anonproxy.rewrite.decision import unsupported
-from anonproxy.suppress import rows
+from anonproxy.suppress import one_pass
 from anonproxy.suppress.complementary import complementary
 from anonproxy.suppress.rules import (
     ANSWER,
@@ -78,8 +81,8 @@ from anonproxy.suppress.rules import (
 
 def rewrite(query: AnalyticQuery, params: SuppressionParams) -> str:
     rules = Rules(params)
-    if rows.applies(query, rules):
-        ctes, body, _ = rows.parts(query, rules)
+    if one_pass.applies(query, rules):
+        ctes, body, _ = one_pass.parts(query, rules)
         return with_ctes(ctes, materialized=(RELEASED,)) + "\n" + body
     if query.outer is not None:
         return _released(query, query.outer, rules)
@@ -139,10 +142,10 @@ def reported(query: AnalyticQuery, params: SuppressionParams) -> str:
     rules = Rules(params)
     magnitudes = query.magnitudes if rules.magnitude_rules else ()
     rest = rules.rest and query.grouped
-    if rows.applies(query, rules):
-        ctes, body, keys = rows.parts(query, rules)
+    if one_pass.applies(query, rules):
+        ctes, body, keys = one_pass.parts(query, rules)
         query = replace(query, universe=f"SELECT n FROM {UNIVERSE}")
-        withheld_people = rows.withheld_people(query, keys)
+        withheld_people = one_pass.withheld_people(query, keys)
         total_units = f"(SELECT units FROM {GROUPS})"
     else:
         simple = _is_simple(query, magnitudes)

@@ -2,7 +2,7 @@
 
 Shared by the two shapes of suppression SQL: :mod:`anonproxy.suppress.rewrite`
 (each person's part of each group, ``anonproxy_cells``, when a person may have
-several rows) and :mod:`anonproxy.suppress.rows` (each row one person: the
+several rows) and :mod:`anonproxy.suppress.one_pass` (one aggregation pass: the
 rules are arithmetic on each group's own aggregates). Pure functions.
 
 The magnitude rules (dominance and p %) need the largest contributions of a

@@ -1,27 +1,30 @@
-"""The suppression SQL when each row of the FROM clause is one person (docs/suppression.md, "The SQL it runs").
+"""The one-pass suppression SQL (docs/suppression.md, "The one-pass shape").
 
-Where the catalog makes the protected table's unit column unique and not null,
-and the query joins it only to reference tables
-(:attr:`anonproxy.plan.analysis.AnalyticQuery.one_row_per_person`), a group's
-rows are its people: ``count(*)`` counts them, and a person's contribution to a
-SUM/AVG is the row's own value. Every rule is then arithmetic on what one
-aggregation pass computes per group, next to the client's own aggregates
-(``anonproxy_summary``):
+One aggregation pass (``anonproxy_summary``) computes, per group, the client's
+own aggregates next to everything the rules need; every rule after it is
+arithmetic on one row per group, and the client's select list, HAVING and
+ORDER BY run over the released groups (:attr:`AnalyticQuery.post`).
 
-* its people and contributors per aggregate (the count rules, query-set-size
-  control, and complementary suppression, whose groups' counts add up since
-  nobody is in two groups);
-* per SUM/AVG argument, the total ``t`` and largest ``m`` of the absolute
-  contributions: they decide the magnitude rules for most groups
-  (:func:`anonproxy.suppress.rules.magnitude_bounds`); only the rows of the
-  groups they leave undecided are ranked, in a pass that is skipped when
-  there are none.
+* **Each row one person** (:attr:`AnalyticQuery.one_row_per_person`: the
+  catalog makes the protected table's unit unique and not null, and it is
+  joined only to reference tables): ``count(*)`` counts a group's people, a
+  person's contribution to a SUM/AVG is the row's value, the groups' counts
+  add up (nobody is in two groups), and the total ``t`` and largest ``m``
+  absolute contribution per SUM/AVG decide the magnitude rules for most
+  groups (:func:`anonproxy.suppress.rules.magnitude_bounds`); only the rows
+  of the groups they leave open are ranked. N is ``count(*)`` of the FROM
+  clause (without a WHERE, the groups' people added up), once the catalog
+  still says so (sql/0023).
+* **Otherwise, a GROUP BY without a magnitude rule to apply**: the summary
+  counts distinct units per group; each person's part of each group
+  (``anonproxy_cells``) is computed only when complementary suppression must
+  follow people through its steps or the rest row must count the withheld
+  groups' people.
 
-N is ``count(*)`` of the FROM clause. The client's select list, HAVING and
-ORDER BY run over the released groups of the summary
-(:attr:`AnalyticQuery.post`), so the table is read once for the answer and the
-rules together; the suppressed-rest row, when withheld groups hold one, reads
-their rows once more.
+The suppressed-rest row comes from the withheld groups' rows of the summary
+where the client's aggregates follow from them (counts, sums of exact types,
+extremes, averages of exact types); else it reads their rows again, only when
+it is released.
 """
 
 from __future__ import annotations
