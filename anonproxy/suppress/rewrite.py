@@ -149,14 +149,14 @@ def reported(query: AnalyticQuery, params: SuppressionParams) -> str:
         total_units = f"(SELECT units FROM {GROUPS})"
     else:
         simple = _is_simple(query, magnitudes)
-        counted, query = _counted_universe(query)
         if simple:
             keys = []
+            counted, query = _counted_universe(query)
             ctes = counted + _simple_verdict(query, rules)
             body = _simple(query, rules)
         else:
-            cells, body = _cells_parts(query, rules, magnitudes, rest)
-            ctes = counted + cells
+            ctes, body = _cells_parts(query, rules, magnitudes, rest)
+            query = replace(query, universe=f"SELECT n FROM {UNIVERSE}")
             keys = [f"g{i}" for i in range(1, len(query.keys) + 1)]
         withheld_people = (f"SELECT count(DISTINCT unit) FROM {CELLS}\n"
                            f"WHERE {key_tuple(keys)} IN (SELECT {key_tuple(keys, bare=True)} FROM {WITHHELD})")
@@ -229,9 +229,8 @@ def _simple_verdict(query: AnalyticQuery, rules: Rules) -> Ctes:
 
 
 def _cells(query: AnalyticQuery, rules: Rules, magnitudes: tuple[str, ...], rest: bool) -> str:
-    counted, query = _counted_universe(query)
     ctes, body = _cells_parts(query, rules, magnitudes, rest)
-    return with_ctes(counted + ctes) + "\n" + body
+    return with_ctes(ctes) + "\n" + body
 
 
 def _counted_universe(query: AnalyticQuery) -> tuple[Ctes, AnalyticQuery]:
@@ -243,7 +242,9 @@ def _counted_universe(query: AnalyticQuery) -> tuple[Ctes, AnalyticQuery]:
 
 def _cells_parts(query: AnalyticQuery, rules: Rules, magnitudes: tuple[str, ...], rest: bool) -> tuple[Ctes, str]:
     """The cells shape: its CTEs, and the statement that follows them."""
-    keys, sums, flags, ctes = _group_verdicts(query, rules, magnitudes, rest)
+    universe = query.universe
+    query = replace(query, universe=f"SELECT n FROM {UNIVERSE}")
+    keys, sums, flags, ctes = _group_verdicts(query, rules, magnitudes, rest, universe)
     if query.grouped:
         released = f"{key_tuple(query.keys)} IN (SELECT {key_tuple(keys, bare=True)} FROM {GROUPS} WHERE released)"
     else:
@@ -295,10 +296,11 @@ def _cells_parts(query: AnalyticQuery, rules: Rules, magnitudes: tuple[str, ...]
     return ctes, "\n".join([first, "UNION ALL", *second, *tail])
 
 
-def _group_verdicts(query: AnalyticQuery, rules: Rules, magnitudes: tuple[str, ...],
-                    rest: bool) -> tuple[list[str], list[str], list[str], Ctes]:
+def _group_verdicts(query: AnalyticQuery, rules: Rules, magnitudes: tuple[str, ...], rest: bool,
+                    universe: str) -> tuple[list[str], list[str], list[str], Ctes]:
     """CTEs deciding each group (``anonproxy_groups.released``) from each unit's contribution to it, and the names
-    of the key, sum and contributor columns of ``anonproxy_cells``."""
+    of the key, sum and contributor columns of ``anonproxy_cells``. ``universe``: the SQL of N, counted once in
+    ``anonproxy_universe``, which ``query`` reads."""
     keys = [f"g{i}" for i in range(1, len(query.keys) + 1)]
     sums = [f"s{j}" for j in range(1, len(magnitudes) + 1)]
     flags = [f"n{j}" for j in range(1, len(query.contributors) + 1)]
@@ -315,6 +317,11 @@ def _group_verdicts(query: AnalyticQuery, rules: Rules, magnitudes: tuple[str, .
     lines.append(f"GROUP BY {', '.join(str(i) for i in range(1, len(keys) + 2))}")
     ctes.append((CELLS, "\n".join(lines), ("one row per group and privacy unit: its part of each SUM/AVG, and "
                  "whether it contributes to each aggregate")))
+    if query.where is None:  # every row of the FROM clause is in a cell: N is the cells' distinct units
+        ctes.append((f"{UNIVERSE}(n)", f"SELECT count(*) FROM (SELECT unit FROM {CELLS} GROUP BY unit) AS people",
+                     "N: the people of the FROM clause, all in the cells"))
+    else:
+        ctes.insert(0, (f"{UNIVERSE}(n)", universe, "N: the people of the FROM clause"))
 
     summary = [*keys, "count(unit) AS units", *(f"count(unit) FILTER (WHERE {flag}) AS {flag}" for flag in flags)]
     for s in sums:
