@@ -13,9 +13,15 @@
 --   before any row is returned. It reads only the catalog and writes nothing: PUBLIC keeps EXECUTE (the proxy's
 --   service role calls it).
 -- * anonproxy.k_anonymity(rel, qi, unit) counts rows instead of distinct units when the fact holds for rel.
+--
+-- Both functions that the suppression SQL calls are marked for parallel query: a function left PARALLEL UNSAFE
+-- (the default) anywhere in a statement keeps PostgreSQL from planning any part of it in parallel, so the one
+-- aggregation pass over a large table ran on one core while the client's own statement, relayed, ran on several.
+-- one_row_per_person reads only the catalog: PARALLEL SAFE. suppression_report (migration 0022) raises an INFO
+-- message for the proxy: PARALLEL RESTRICTED, evaluated by the leader, which sends its messages in order.
 
 create function anonproxy._unit_is_unique(relation regclass, unit text) returns boolean
-language sql stable set search_path = pg_catalog, pg_temp as $$
+language sql stable parallel safe set search_path = pg_catalog, pg_temp as $$
     select exists (select
                      from pg_catalog.pg_index i
                      join pg_catalog.pg_attribute a on a.attrelid = i.indrelid and a.attnum = i.indkey[0]
@@ -26,7 +32,7 @@ language sql stable set search_path = pg_catalog, pg_temp as $$
 $$;
 
 create function anonproxy.one_row_per_person(relation text, unit text) returns boolean
-language plpgsql stable set search_path = pg_catalog, pg_temp as $$
+language plpgsql stable parallel safe set search_path = pg_catalog, pg_temp as $$
 begin
     if anonproxy._unit_is_unique(relation::regclass, unit) then
         return true;
@@ -58,3 +64,6 @@ begin
     execute format('select min(n) from (select %s as n from %s group by %s) ec', counted, rel, qi_list) into k;
     return k;
 end $$;
+
+alter function anonproxy.suppression_report(integer, text, text[], bigint, bigint, text, boolean, boolean)
+    parallel restricted;
