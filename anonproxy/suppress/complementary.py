@@ -49,7 +49,7 @@ from anonproxy.suppress.rules import (
 
 
 def complementary(query: AnalyticQuery, rules: Rules, keys: list[str], sums: list[str], flags: list[str],
-                  rest: bool, rows: bool) -> Ctes:
+                  rest: bool, rows: bool, units: str = f"SELECT unit FROM {CELLS} GROUP BY unit") -> Ctes:
     """The CTEs from ``anonproxy_order`` to ``anonproxy_groups`` (``released`` per group):
 
     * the withheld groups (step <= j) hold no one, or at least k people, with k contributors per aggregate and
@@ -60,7 +60,8 @@ def complementary(query: AnalyticQuery, rules: Rules, keys: list[str], sums: lis
     Withholding every group always meets both: then nothing is released. The magnitude rules are checked for the
     first few steps at which the counts already pass (``MAGNITUDE_STEPS``); past them, every group is withheld.
     ``rows``: each person is in one group, and ``anonproxy_primary`` has each group's total ``t<j>`` and largest
-    contribution ``m<j>`` per SUM/AVG argument, which decide most steps without ranking anyone.
+    contribution ``m<j>`` per SUM/AVG argument, which decide most steps without ranking anyone. Otherwise
+    ``units`` is the SQL of the answer's distinct units (a column ``unit``), for ``anonproxy_answered``.
     """
     k = rules.k
     universe = f"({query.universe})"
@@ -78,7 +79,7 @@ def complementary(query: AnalyticQuery, rules: Rules, keys: list[str], sums: lis
             answered = f"SELECT n, n = (SELECT sum(units) FROM {PRIMARY})\nFROM ({query.universe}) AS everyone(n)"
         else:
             answered = "\n".join([f"SELECT count(*), count(*) = (SELECT sum(units) FROM {PRIMARY})",
-                                  f"FROM (SELECT unit FROM {CELLS} GROUP BY unit) AS people"])
+                                  f"FROM ({units}) AS people"])
         ctes.append((f"{ANSWERED}(n, disjoint)", answered,
                      "the people of the answer, and whether each is in one group only"))
         # People in several groups (several rows per person, in different groups): each person's first step

@@ -99,7 +99,10 @@ def parts(query: AnalyticQuery, rules: Rules) -> tuple[Ctes, str, list[str]]:
         if rows:
             ctes.append((f"{ANSWERED}(n, disjoint)", f"SELECT coalesce(sum(units), 0), true FROM {PRIMARY}",
                          "the people of the answer; each is in one group"))
-        ctes += complementary(query, rules, keys, sums, flags, rest, rows=rows)
+        # The answer's people from its rows, not from the cells, which are then computed only if a group is withheld.
+        where = f" WHERE {query.where}" if query.where is not None else ""
+        units = f"SELECT {query.unit} AS unit FROM {query.from_sql}{where} GROUP BY 1"
+        ctes += complementary(query, rules, keys, sums, flags, rest, rows=rows, units=units)
         ctes.append((WITHHELD, f"SELECT {', '.join(keys)} FROM {GROUPS} WHERE NOT released",
                      "the groups that were suppressed"))
         released = f"{key_tuple(keys)} IN (SELECT {key_tuple(keys, bare=True)} FROM {GROUPS} WHERE released)"
