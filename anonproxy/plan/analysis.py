@@ -253,7 +253,8 @@ def analyze(statement: Statement, tree: exp.Expression, index: PolicyIndex, para
         # up the groups of any GROUP BY). A linked table alone, or joined, holds fewer people than the protected
         # table: with the protected table's N, `sum(cost) FROM visits [WHERE person <> 17]` was released.
         # Counted over a GROUP BY, which PostgreSQL may hash, where count(DISTINCT) always sorts every row.
-        universe=f"SELECT count(anonproxy_units.unit) FROM (SELECT {unit} AS unit FROM {from_sql} GROUP BY 1) AS anonproxy_units",
+        universe=(f"SELECT count(anonproxy_units.unit) FROM (SELECT {unit} AS unit FROM {from_sql} GROUP BY 1) "
+                  "AS anonproxy_units"),
         magnitudes=magnitudes,
         contributors=contributors,
         owner=owner,
@@ -310,7 +311,8 @@ def _post(tree: exp.Select, items: list[Item], order: tuple[OrderItem, ...], key
     having = tree.args.get("having")
     order_nodes = tree.args["order"].expressions if tree.args.get("order") is not None else []
     select = [(node.this if isinstance(node, exp.Alias) else node, item.alias,
-               item.kind in ("post", "aggregate", "constant")) for node, item in zip(tree.expressions, items, strict=True)]
+               item.kind in ("post", "aggregate", "constant"))
+              for node, item in zip(tree.expressions, items, strict=True)]
     ordering = [(node.this if item.position is None else None, item.position, item.suffix)
                 for item, node in zip(order, order_nodes, strict=True)]
     try:
