@@ -115,7 +115,7 @@ def parts(query: AnalyticQuery, rules: Rules) -> tuple[Ctes, str, list[str]]:
         answer += ["UNION ALL", _rest_row(query, columns, keys)]
     # Materialized: the client's post-aggregate expressions, which may raise errors, run on released rows only.
     ctes.append((f"{RELEASED}", "\n".join(answer), "the released groups, and the suppressed-rest row"))
-    return ctes, _client(query, post), keys
+    return ctes, over_released(query, post), keys
 
 
 def _universe(query: AnalyticQuery) -> str:
@@ -300,8 +300,9 @@ def _rest_row(query: AnalyticQuery, columns: list[_Column], keys: list[str]) -> 
                       f"HAVING {released}"])
 
 
-def _client(query: AnalyticQuery, post: PostAggregate) -> str:
-    """The client's select list, HAVING, ORDER BY and LIMIT over the released rows."""
+def over_released(query: AnalyticQuery, post: PostAggregate) -> str:
+    """The client's select list, HAVING (as WHERE), ORDER BY and LIMIT over ``anonproxy_released``: the answer of
+    this shape and of the released shape (anonproxy.suppress.rewrite)."""
     lines = [f"SELECT {'DISTINCT ' if query.distinct else ''}{', '.join(item.sql for item in post.items)}",
              f"FROM {RELEASED}"]
     if post.having is not None:

@@ -116,16 +116,8 @@ def _released(query: AnalyticQuery, outer: PostAggregate, rules: Rules) -> str:
     suppressed = replace(query, items=tuple(inner), distinct=False, group_by=query.keys, order=(), tail=None,
                          having=None if query.having_outer else query.having)
     # The body is not indented: a string constant of the client's may span lines.
-    lines = [f"WITH {RELEASED} AS MATERIALIZED (", _suppressed(suppressed, rules), ")",
-             f"SELECT {'DISTINCT ' if query.distinct else ''}{', '.join(item.sql for item in outer.items)}",
-             f"FROM {RELEASED}"]
-    if outer.having is not None:
-        lines.append(f"WHERE {outer.having}")
-    if outer.order:
-        lines.append(f"ORDER BY {', '.join(outer.order)}")
-    if query.tail is not None:
-        lines.append(query.tail)
-    return "\n".join(lines)
+    return "\n".join([f"WITH {RELEASED} AS MATERIALIZED (", _suppressed(suppressed, rules), ")",
+                      one_pass.over_released(query, outer)])
 
 
 def reported(query: AnalyticQuery, params: SuppressionParams) -> str:
