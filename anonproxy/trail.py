@@ -45,6 +45,7 @@ class Entry:
     rho: Decimal | None
     relations: list[str]
     statement: str
+    parameters: list[str | None] | None
 
 
 @dataclass(frozen=True)
@@ -125,7 +126,7 @@ def latest(conn: psycopg.Connection, filters: Filters, limit: int) -> list[Entry
     with conn.cursor(row_factory=class_row(Entry)) as cur:
         cur.execute(f"""select * from (
                           select id, at, login, host(client_addr) as client_addr, mode, decision, sqlstate, epsilon,
-                                 delta, rho, relations, statement
+                                 delta, rho, relations, statement, parameters
                             from anonproxy.audit_trail where {_WHERE}
                            order by at desc, id desc limit %(limit)s) latest
                         order by at, id""", _params(filters) | {"limit": limit})
@@ -139,6 +140,9 @@ def format_table(entries: list[Entry]) -> list[str]:
     for e in entries:
         decision = f"{e.decision} {e.sqlstate}" if e.sqlstate else e.decision
         statement = " ".join(e.statement.split())
+        if e.parameters:  # the values of one execution of a prepared statement
+            statement += " -- " + ", ".join(f"${n}={'NULL' if value is None else repr(value)}"
+                                             for n, value in enumerate(e.parameters, 1))
         if len(statement) > STATEMENT_WIDTH:
             statement = statement[:STATEMENT_WIDTH - 1] + "…"
         lines.append(f"{e.at.astimezone():%Y-%m-%d %H:%M:%S}  {e.login or '-':<12} {e.client_addr or '-':<15} "

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import itertools
-import logging
+import os
+import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -23,12 +26,14 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from conftest import SERVICE_ROLE, Endpoint, start_proxy, stop_proxy
+from conftest import SERVICE_ROLE, Endpoint, free_port, start_proxy, stop_proxy
 from psycopg.types.json import Jsonb
 from test_dp_proxy import analyst  # noqa: F401  (fixtures)
 
 from anonproxy.embedded import EmbeddedPostgres
-from anonproxy.proxy.audit_trail import AuditTrail, Who
+from anonproxy.proxy.audit_trail import AuditTrail, TrailUnavailable, Who, execution_record
+from anonproxy.proxy.gate import Execution
+from anonproxy.wire import protocol as pg
 from anonproxy.rewrite.decision import Pass
 
 WAIT = 20.0  # seconds a record may take to reach the database before a test gives up
@@ -161,48 +166,238 @@ def test_retention_deletes_old_rows(postgresql: psycopg.Connection) -> None:
         postgresql.execute("update anonproxy.audit_trail set login = 'someone'")
 
 
-def test_a_full_buffer_drops_records_but_says_how_many(gated_database: str, pg_server: EmbeddedPostgres,
-                                                       truth: psycopg.Connection,  # noqa: F811
-                                                       caplog: pytest.LogCaptureFixture) -> None:
-    marker = tag()
-    who = Who("reporter", gated_database, f"test.{next(_runs)}", "127.0.0.1", 5)
-    service = pg_server.conninfo(dbname=gated_database, user=SERVICE_ROLE, password=SERVICE_ROLE)
-
-    async def scenario() -> None:
-        writer = AuditTrail(service, capacity=2)
-        for n in range(5):
-            writer.decided(who, "suppress", f"/* {marker} {n} */ select 1", Pass())
-        await writer.flush()
-        await writer.stop()
-
-    with caplog.at_level(logging.WARNING, logger="anonproxy.audit"):
-        asyncio.run(scenario())
-    assert [r["statement"].split()[2] for r in records(truth, marker)] == ["0", "1"]
-    assert any("3 records were dropped" in message for message in caplog.messages)
-    lost = truth.execute("select statement, login from anonproxy.audit_trail where decision = 'lost' "
-                         "order by id desc limit 1").fetchone()
-    assert lost == ("3 audit record(s) dropped: the proxy's buffer was full or the database refused them", None)
-
-
-def test_a_batch_the_database_refuses_does_not_hold_up_the_next(gated_database: str, pg_server: EmbeddedPostgres,
-                                                                truth: psycopg.Connection) -> None:  # noqa: F811
+def test_a_row_the_database_refuses_fails_only_that_row(gated_database: str, pg_server: EmbeddedPostgres,
+                                                        truth: psycopg.Connection) -> None:  # noqa: F811
     marker = tag()
     service = pg_server.conninfo(dbname=gated_database, user=SERVICE_ROLE, password=SERVICE_ROLE)
     bad = Who("reporter", gated_database, f"test.{next(_runs)}", "not an address", 5)
     good = Who("reporter", gated_database, f"test.{next(_runs)}", "127.0.0.1", 5)
 
-    async def scenario() -> None:
+    async def scenario() -> list[BaseException | None]:
         writer = AuditTrail(service)
-        writer.decided(bad, "suppress", f"/* {marker} bad */ select 1", Pass())
-        await writer.flush()  # refused: inet rejects the address
-        writer.decided(good, "suppress", f"/* {marker} good */ select 1", Pass())
+        await writer.start()
+        # Asked for together: one batch, in which inet refuses the first address.
+        outcomes = await asyncio.gather(
+            *(writer.write(execution_record(who, "suppress", Execution(f"/* {marker} {name} */ select 1", Pass())))
+              for who, name in ((bad, "bad"), (good, "good1"), (good, "good2"))), return_exceptions=True)
         await writer.stop()
+        return outcomes
+
+    outcomes = asyncio.run(scenario())
+    assert isinstance(outcomes[0], TrailUnavailable) and outcomes[1:] == [None, None]
+    assert [r["statement"].split()[2] for r in records(truth, marker)] == ["good1", "good2"]
+
+
+def test_an_unreachable_database_fails_the_write(gated_database: str, pg_server: EmbeddedPostgres) -> None:
+    who = Who("reporter", gated_database, f"test.{next(_runs)}", "127.0.0.1", 5)
+
+    async def scenario() -> None:
+        writer = AuditTrail(f"host=127.0.0.1 port={free_port()} user={SERVICE_ROLE} connect_timeout=2", timeout=5)
+        await writer.start()
+        try:
+            with pytest.raises(TrailUnavailable):
+                await writer.write(execution_record(who, "suppress", Execution("select 1", Pass())))
+        finally:
+            await writer.stop()
 
     asyncio.run(scenario())
-    assert [r["statement"].split()[2] for r in records(truth, marker)] == ["good"]
-    lost = truth.execute("select statement from anonproxy.audit_trail where decision = 'lost' "
-                         "order by id desc limit 1").fetchone()
-    assert lost == ("1 audit record(s) dropped: the proxy's buffer was full or the database refused them",)
+
+
+def test_each_row_is_committed_before_the_answer_leaves(gated_proxy: Endpoint, gated_database: str,
+                                                         truth: psycopg.Connection) -> None:  # noqa: F811
+    """No polling: when the client holds the answer, its row is already in the table (and stays one row)."""
+    marker = tag()
+    with psycopg.connect(gated_proxy.dsn(gated_database, user="reporter"), autocommit=True) as conn:
+        for n in range(20):
+            conn.execute(f"/* {marker} {n} */ select sex, count(*) from adult where age > {n + 20} group by 1")
+            assert len(records(truth, marker)) == n + 1
+    with psycopg.connect(gated_proxy.dsn(gated_database, user="analyst"), autocommit=True) as conn:
+        conn.execute(f"/* {marker} dp */ select count(*) from adult where age > %s", [int(time.time()) % 40 + 20])
+        found = records(truth, marker)
+        assert len(found) == 21 and found[-1]["login"] == "analyst" and found[-1]["epsilon"] > 0
+
+
+def test_a_prepared_statement_is_one_row_per_execution_with_its_values(
+        gated_proxy: Endpoint, gated_database: str, truth: psycopg.Connection) -> None:  # noqa: F811
+    marker = tag()
+    statement = f"/* {marker} */ select sex, count(*) from adult where age <> %s group by 1"
+    with psycopg.connect(gated_proxy.dsn(gated_database, user="reporter"), autocommit=True) as conn:
+        for age in (30, 31, 32):
+            conn.execute(statement, [age], prepare=True).fetchall()
+        conn.execute(statement, [None], prepare=True).fetchall()
+        conn.execute(statement, [33], binary=True).fetchall()
+    found = records(truth, marker)
+    assert [r["parameters"] for r in found] == [["30"], ["31"], ["32"], [None], ["33"]]
+    assert all(r["decision"] == "answered" and r["relations"] == ["public.adult"] for r in found)
+
+
+def test_asyncpg_without_a_statement_cache_leaves_one_row_per_execution(
+        gated_proxy: Endpoint, gated_database: str, truth: psycopg.Connection) -> None:  # noqa: F811
+    asyncpg = pytest.importorskip("asyncpg")
+    marker = tag()
+
+    async def scenario() -> None:
+        conn = await asyncpg.connect(host=gated_proxy.host, port=gated_proxy.port, user="reporter",
+                                     password="reporter", database=gated_database, statement_cache_size=0)
+        try:
+            for age in (40, 41):
+                await conn.fetch(f"/* {marker} */ select sex, count(*) from adult where age > $1 group by 1", age)
+        finally:
+            await conn.close()
+
+    asyncio.run(scenario())
+    # asyncpg leaves the types to the server and binds in binary: values of undeclared type are kept in hex.
+    assert [r["parameters"] for r in records(truth, marker)] == [["\\x00000028"], ["\\x00000029"]]
+
+
+def test_no_byte_sequence_fails_a_row_and_the_text_is_kept_whole(
+        gated_proxy: Endpoint, gated_database: str, truth: psycopg.Connection) -> None:  # noqa: F811
+    marker = tag()
+    padding = "x" * 20_000
+    texts = [f"/* {marker} nul \0 in a comment */ select sex, count(*) from adult group by 1",
+             f"/* {marker} controls \x01\x1b[31m\x7f */ select sex, count(*) from adult group by 1",
+             f"/* {marker} long {padding} */ select race, count(*) from adult group by 1"]
+    replies = _raw_session(gated_proxy, gated_database, "reporter",
+                           b"".join(pg.query_message(text) for text in texts)
+                           + pg.message(b"Q", f"/* {marker} bad utf8 ".encode() + b"\xff */\0"))
+    assert replies.count(b"Z") == 4
+    found = records(truth, marker)
+    assert [r["decision"] for r in found] == ["answered", "answered", "answered", "refused"]
+    assert found[0]["statement"] == texts[0].replace("\0", "\u2400")
+    assert found[1]["statement"] == texts[1]
+    assert found[2]["statement"] == texts[2] and found[2]["statement_sha256"] is None
+    assert found[3]["sqlstate"] == "22021" and "\ufffd" in found[3]["statement"]
+
+
+def test_a_statement_over_the_limit_and_a_framing_error_are_rows(
+        gated_proxy: Endpoint, gated_database: str, truth: psycopg.Connection) -> None:  # noqa: F811
+    before = truth.execute("select count(*) from anonproxy.audit_trail where sqlstate = '54000' "
+                           "and login = 'reporter'").fetchone()[0]
+    with psycopg.connect(gated_proxy.dsn(gated_database, user="reporter"), autocommit=True) as conn:
+        with pytest.raises(psycopg.errors.ProgramLimitExceeded):
+            conn.execute("select count(*) from adult where age in (" + ",".join(["1"] * 200_000) + ")")
+        conn.execute("select 1")  # the session goes on
+    rows = truth.execute("select statement from anonproxy.audit_trail where sqlstate = '54000' "
+                         "and login = 'reporter' order by id").fetchall()
+    assert len(rows) == before + 1 and rows[-1][0].startswith("(not read: longer than")
+
+
+def test_a_flood_of_refusals_slows_the_flooder_and_loses_nothing(
+        gated_proxy: Endpoint, gated_database: str, truth: psycopg.Connection) -> None:  # noqa: F811
+    """Pipelined refusals with a differencing statement answered among them: every one is a row."""
+    marker = tag()
+    refused = pg.query_message(f"/* {marker} r */ select fnlwgt from adult")
+    answered = [pg.query_message(f"/* {marker} a{n} */ select sex, count(*) from adult where age <> {n + 30} "
+                                 "group by 1") for n in range(6)]
+    flood = b"".join(refused * 500 + answered[n] for n in range(6))
+    replies = _raw_session(gated_proxy, gated_database, "reporter", flood)
+    assert replies.count(b"Z") == 3006
+    counts = dict(truth.execute("select decision, count(*) from anonproxy.audit_trail where statement like %s "
+                                "group by 1", [f"%{marker}%"]).fetchall())
+    assert counts == {"refused": 3000, "answered": 6}
+
+
+def test_a_cursor_declared_in_a_script_is_answered_with_its_tables(
+        gated_proxy: Endpoint, gated_database: str, truth: psycopg.Connection) -> None:  # noqa: F811
+    """psqlODBC's way: BEGIN; DECLARE … WITH HOLD FOR <aggregate>; FETCH in one Query."""
+    marker = tag()
+    with psycopg.connect(gated_proxy.dsn(gated_database, user="reporter"), autocommit=True) as conn:
+        conn.execute(f"BEGIN; DECLARE {marker.replace('-', '_')} CURSOR WITH HOLD FOR "
+                     f"select /* {marker} */ sex, count(*) from adult group by 1; "
+                     f"FETCH 10 IN {marker.replace('-', '_')}")
+        conn.execute("COMMIT")
+    answered = truth.execute("select relations from anonproxy.audit_trail where statement like %s "
+                             "and decision = 'answered'", [f"%{marker}%"]).fetchall()
+    assert answered == [(["public.adult"],)]
+
+
+def test_a_trail_that_cannot_be_written_refuses_the_statement(
+        gated_proxy: Endpoint, gated_database: str, truth: psycopg.Connection) -> None:  # noqa: F811
+    """A row the database refuses (here a constraint the owner added) is a statement not answered."""
+    truth.execute("alter table anonproxy.audit_trail add constraint no_reporter check (login <> 'reporter') not valid")
+    try:
+        with psycopg.connect(gated_proxy.dsn(gated_database, user="reporter"), autocommit=True) as conn:
+            with pytest.raises(psycopg.Error) as raised:
+                conn.execute("select sex, count(*) from adult group by 1")
+            assert raised.value.sqlstate == "58030" and "audit trail" in str(raised.value)
+            assert raised.value.diag.message_hint is not None
+            truth.execute("alter table anonproxy.audit_trail drop constraint no_reporter")
+            assert len(conn.execute("select sex, count(*) from adult group by 1").fetchall()) == 2
+    finally:
+        truth.execute("alter table anonproxy.audit_trail drop constraint if exists no_reporter")
+
+
+def test_a_worker_killed_under_load_loses_no_answered_row(pg_server: EmbeddedPostgres, gated_database: str,
+                                                          truth: psycopg.Connection,  # noqa: F811
+                                                          tmp_path: Path) -> None:
+    """kill -9 of the proxy while four sessions are answered: every answer a client received has its row."""
+    marker = tag()
+    proxy = start_proxy(f"host={pg_server.host} port={pg_server.port}", tmp_path / "killed.log", workers="1",
+                        service_dsn=f"user={SERVICE_ROLE} password={SERVICE_ROLE} dbname={gated_database}")
+    received: list[str] = []
+
+    def client(number: int) -> None:
+        with contextlib.suppress(psycopg.Error), psycopg.connect(
+                proxy.endpoint.dsn(gated_database, user="reporter"), autocommit=True) as conn:
+            for n in itertools.count():
+                text = f"/* {marker} {number}.{n} */ select sex, count(*) from adult where age > {n % 40 + 20} group by 1"
+                conn.execute(text).fetchall()
+                received.append(text)
+
+    try:
+        _wait_for_gate(proxy.endpoint, gated_database)
+        threads = [threading.Thread(target=client, args=(number,)) for number in range(4)]
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + WAIT
+        while len(received) < 200 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        proxy.process.kill()
+        for thread in threads:
+            thread.join(WAIT)
+    finally:
+        proxy.process.kill()
+        proxy.process.wait()
+    answered = set(received)
+    recorded = {r["statement"] for r in records(truth, marker)}
+    assert len(answered) >= 200 and answered <= recorded
+
+
+def _raw_session(endpoint: Endpoint, database: str, user: str, messages: bytes) -> bytes:
+    """Log in with psycopg, then send ``messages`` at once on its socket and read until one ReadyForQuery per
+    Query: the answers' message types, in order (what psycopg cannot send: a NUL in a text, pipelined Queries)."""
+    with psycopg.connect(endpoint.dsn(database, user=user), autocommit=True) as conn:
+        with socket.socket(fileno=os.dup(conn.pgconn.socket)) as sock:
+            sock.settimeout(120)
+            sock.sendall(messages)
+            reader, types, expected = _Reader(sock), bytearray(), _queries(messages)
+            while types.count(b"Z") < expected:
+                types += reader.next()[0]
+        return bytes(types)
+
+
+def _queries(messages: bytes) -> int:
+    count, offset = 0, 0
+    while offset < len(messages):
+        count += messages[offset:offset + 1] == b"Q"
+        offset += 1 + int.from_bytes(messages[offset + 1:offset + 5], "big")
+    return count
+
+
+class _Reader:
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._buffer = b""
+
+    def next(self) -> tuple[bytes, bytes]:
+        while len(self._buffer) < 5 or len(self._buffer) < 1 + int.from_bytes(self._buffer[1:5], "big"):
+            chunk = self._sock.recv(1 << 16)
+            if not chunk:
+                raise ConnectionError("the proxy closed the connection")
+            self._buffer += chunk
+        size = 1 + int.from_bytes(self._buffer[1:5], "big")
+        message, self._buffer = self._buffer[:size], self._buffer[size:]
+        return message[:1], message[5:]
 
 
 def trail_command(*args: str) -> subprocess.CompletedProcess[str]:

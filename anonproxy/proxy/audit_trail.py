@@ -1,19 +1,27 @@
-"""The audit trail's writer: one per worker, off the client's path.
+"""The audit trail's writer: one per worker, on the client's path by group commit.
 
-Sessions call :meth:`AuditTrail.decided` when the gate decides a statement
-and :meth:`AuditTrail.answered` when the proxy has answered one itself (dp
-mode, ``SHOW``/``SET anonproxy.*``, ``EXPLAIN (ANONPROXY)``). Both only build
-an :class:`AuditRecord` and append it to a bounded in-memory buffer; a
-background task writes the buffer in batches through
-``anonproxy.audit_write`` (sql/0014_audit_trail.sql) on a connection of its
-own, as the service role, at most every ``FLUSH_INTERVAL`` seconds or as soon
-as a batch is full. Nothing on a client's path waits for the database.
+The gate asks for a row (``Execution``) before a gated statement runs or its
+refusal is sent — once per Query, once per Bind of a prepared statement,
+with its values — and the session waits for :meth:`AuditTrail.write` before
+letting it go on; statements the proxy answers itself (dp mode,
+``SHOW``/``SET anonproxy.*``, ``EXPLAIN (ANONPROXY)``) are written, with their
+charge, by :meth:`AuditTrail.answered` before their answer is sent. So no
+answer leaves without its row committed, and a crash loses nothing answered.
 
-When the buffer is full (the database is down or slower than the clients),
-new records are dropped rather than blocking the worker's event loop, which
-would stall every session of the worker. Drops are never silent: the next
-write adds a row with decision ``lost`` saying how many, and logs a WARNING
-with the number, so the gap shows in the trail itself.
+Writes are group-committed: while one ``anonproxy.audit_write`` call
+(sql/0014_audit_trail.sql, sql/0024) runs on the writer's own connection,
+the rows asked for meanwhile, from every session of the worker, wait and go
+together in the next call (up to ``BATCH``). A session waits for its own row
+only, so a client that floods statements slows itself, not the others, and
+nothing is dropped: the rows waiting are at most one per session.
+
+A row the database refuses fails only that row (the batch is written again
+without it); when the database cannot be reached or does not answer within
+``WRITE_TIMEOUT``, the rows waiting fail with :class:`TrailUnavailable` and
+their statements are refused — a statement is recorded or not answered.
+Nothing a client sends can make a row unwritable: a NUL (which PostgreSQL's
+text cannot hold) is written as U+2400, and a text over ``MAX_STATEMENT``
+characters is kept in part with the digest of the whole.
 
 The writer also calls ``anonproxy.audit_purge`` (rows older than the
 retention) when it starts and then every ``PURGE_INTERVAL`` seconds.
@@ -23,10 +31,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import os
+import struct
 import time
-from collections import deque
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -37,34 +46,42 @@ import sqlglot
 from sqlglot import exp
 from sqlglot.errors import SqlglotError
 
+from ..config import MAX_STATEMENT_SIZE
 from ..rewrite.decision import (
     DeclareCursor,
     Decision,
     ExplainDP,
-    ExplainSuppress,
     Intercept,
     Noisy,
     Pass,
     Reject,
     Relayed,
     Rewrite,
+    Script,
     SessionSetting,
 )
 from ..rewrite.statements import DIALECT
 from ..wire.results import Result
-from .gate import PROXY_SETTINGS
+from .gate import Execution, Parameters
 
 log = logging.getLogger("anonproxy.audit")
 
-CAPACITY = 10_000  # records buffered per worker before new ones are dropped
-BATCH = 500  # records per audit_write call; a full batch is written at once
-FLUSH_INTERVAL = 1.0  # seconds: the longest a record waits in the buffer while the database is up
+BATCH = 500  # rows per audit_write call at most
+WRITE_TIMEOUT = 10.0  # seconds one audit_write call may take before its statements are refused
 PURGE_INTERVAL = 3600.0  # seconds between two calls of anonproxy.audit_purge
 WARNING_INTERVAL = 60.0  # seconds between two warnings that the trail cannot be written
-STOP_TIMEOUT = 5.0  # seconds the last flush may take when the worker stops
-MAX_STATEMENT = 16_384  # characters of a statement's text kept in its record
+STOP_TIMEOUT = 5.0  # seconds the last rows may take when the worker stops
+MAX_STATEMENT = MAX_STATEMENT_SIZE  # characters of a statement's text kept in full (beyond: a part and a digest)
+NUL_STANDIN = "\u2400"  # SYMBOL FOR NULL: PostgreSQL's text cannot hold U+0000
 RELATIONS_CACHE_SIZE = 10_000
-TEXTS_SIZE = 10_000
+
+UNAVAILABLE = Reject("58030", "the audit trail cannot be written, so the statement was not run",
+                     "Try again; if it persists, the proxy's log says why (the trail's database is down or refuses "
+                     "the proxy's rows).")
+
+
+class TrailUnavailable(Exception):
+    """The row could not be written: the statement it records must not be answered."""
 
 
 @dataclass(frozen=True)
@@ -98,146 +115,177 @@ class AuditRecord:
     who: Who
     mode: str
     statement: str
-    decision: str  # answered, refused, passed, intercepted (lost: written by the writer only)
+    decision: str  # answered, refused, passed, intercepted
     sqlstate: str | None = None
     message: str | None = None
     relations: tuple[str, ...] = ()
-    rewritten: str | None = None  # suppress mode: the SQL that ran; its relations are read at flush time
+    rewritten: str | None = None  # suppress mode: the SQL that ran; its relations are read at write time
     epsilon: Decimal | float | None = None
     delta: Decimal | float | None = None
     rows_sent: int | None = None
     rho: Decimal | float | None = None
     delta_add: Decimal | float | None = None
+    parameters: tuple[str | None, ...] = ()
+
+
+def execution_record(who: Who, mode: str, execution: Execution) -> AuditRecord:
+    """The row of a statement the gate runs or refuses."""
+    decision = execution.decision
+    if isinstance(decision, DeclareCursor):
+        decision = decision.query  # a cursor's query is answered (or passed) as a plain one
+    parameters = parameter_texts(execution.parameters)
+    if isinstance(decision, Reject):
+        return AuditRecord(time.time(), who, mode, execution.sql, "refused", decision.sqlstate, decision.message,
+                           parameters=parameters)
+    if isinstance(decision, Rewrite):
+        kind, rewritten = "answered", decision.sql
+    elif isinstance(decision, Relayed):  # run under the client's login, with its privilege probes rewritten
+        kind, rewritten = "passed", decision.sql
+    elif isinstance(decision, (Pass, Script)):
+        kind, rewritten = "passed", None
+    else:
+        kind, rewritten = "intercepted", None
+    return AuditRecord(time.time(), who, mode, execution.sql, kind, rewritten=rewritten, parameters=parameters)
+
+
+def answered_record(who: Who, mode: str, sql: str, decision: Decision, parameters: Parameters, spent: Spent,
+                    reply: object) -> AuditRecord:
+    """The row of a statement the proxy answered (or refused) itself, with what it read and was charged."""
+    if isinstance(reply, Result):
+        spent.rows_sent = len(reply.rows)
+    return AuditRecord(time.time(), who, mode, sql or statement_text(decision),
+                       "refused" if spent.sqlstate is not None else "answered", spent.sqlstate, spent.message,
+                       spent.relations, epsilon=spent.epsilon, delta=spent.delta, rows_sent=spent.rows_sent,
+                       rho=spent.rho, delta_add=spent.delta_add, parameters=parameter_texts(parameters))
+
+
+def parameter_texts(parameters: Parameters) -> tuple[str | None, ...]:
+    """Bound values as text: text-format ones as sent, binary ones as PostgreSQL would print them for the common
+    types (integers, floats, booleans, text), else in hex (``\\x…``); SQL NULL as None."""
+    types = parameters.types + (0,) * (len(parameters.values) - len(parameters.types))
+    return tuple(None if value is None else value.decode(errors="replace") if form == 0 else _binary_text(value, oid)
+                 for value, form, oid in zip(parameters.values, parameters.formats, types, strict=False))
+
+
+def _binary_text(value: bytes, oid: int) -> str:
+    with contextlib.suppress(struct.error, UnicodeDecodeError):
+        if oid in _BINARY_NUMBERS and len(value) == struct.calcsize(_BINARY_NUMBERS[oid]):
+            return str(struct.unpack(_BINARY_NUMBERS[oid], value)[0])
+        if oid == 16 and value in (b"\0", b"\1"):
+            return "true" if value == b"\1" else "false"
+        if oid in _TEXT_TYPES:
+            return value.decode()
+    return "\\x" + value.hex()
+
+
+_BINARY_NUMBERS = {20: "!q", 21: "!h", 23: "!i", 26: "!I", 700: "!f", 701: "!d"}  # int8, int2, int4, oid, floats
+_TEXT_TYPES = frozenset({18, 19, 25, 1042, 1043})  # char, name, text, bpchar, varchar: binary is the text
 
 
 class AuditTrail:
-    def __init__(self, dsn: str, capacity: int = CAPACITY, batch: int = BATCH,
-                 interval: float = FLUSH_INTERVAL) -> None:
+    def __init__(self, dsn: str, batch: int = BATCH, timeout: float = WRITE_TIMEOUT) -> None:
         self._dsn = dsn
-        self.capacity = capacity
         self._batch = batch
-        self._interval = interval
-        self._buffer: deque[AuditRecord] = deque()
-        self._dropped = 0  # records dropped since the last 'lost' row was written
+        self._timeout = timeout
+        self._waiting: list[tuple[AuditRecord, asyncio.Future[None]]] = []
         self._conn: psycopg.AsyncConnection[Any] | None = None
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self._next_purge = 0.0  # time.monotonic() of the next audit_purge call
         self._quiet_until = 0.0  # time.monotonic() before which write failures are not logged again
         self._relations: dict[str, tuple[str, ...]] = {}
-        # (session, decision) -> the client's text of a statement the proxy answers itself, from decided()
-        self._texts: dict[tuple[str, Decision], str] = {}
 
-    # -- what sessions call (no I/O) ------------------------------------------------
+    async def write(self, record: AuditRecord) -> None:
+        """Once ``record`` is committed; TrailUnavailable if it cannot be."""
+        if self._task is None or self._task.done():
+            raise TrailUnavailable("the audit trail's writer is not running")
+        written: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting.append((record, written))
+        self._wake.set()
+        await written
 
-    def decided(self, who: Who, mode: str, sql: str, decision: Decision) -> None:
-        """The gate's decision on a statement; those the proxy answers itself are recorded by ``answered``."""
-        if isinstance(decision, DeclareCursor):
-            decision = decision.query  # a cursor's query is answered (or passed) as a plain one
-        if isinstance(decision, (Noisy, ExplainDP, ExplainSuppress, SessionSetting)) or (
-                isinstance(decision, Intercept) and decision.setting in PROXY_SETTINGS):
-            # Its decision holds the statement without the comments around it: keep the client's text for later.
-            if len(self._texts) >= TEXTS_SIZE:
-                self._texts.clear()
-            self._texts[(who.session_id, decision)] = sql
-            return
-        if isinstance(decision, Reject):
-            self._add(AuditRecord(time.time(), who, mode, sql, "refused", decision.sqlstate, decision.message))
-        elif isinstance(decision, Rewrite):
-            self._add(AuditRecord(time.time(), who, mode, sql, "answered", rewritten=decision.sql))
-        elif isinstance(decision, Pass):
-            self._add(AuditRecord(time.time(), who, mode, sql, "passed"))
-        elif isinstance(decision, Relayed):  # run under the client's login, with its privilege probes rewritten
-            self._add(AuditRecord(time.time(), who, mode, sql, "passed", rewritten=decision.sql))
-        else:
-            self._add(AuditRecord(time.time(), who, mode, sql, "intercepted"))
-
-    def answered(self, who: Who, mode: str, decision: Decision, spent: Spent, reply: object) -> None:
-        """A statement the proxy answered (or refused) itself, with what it read and was charged."""
-        refused = spent.sqlstate is not None
-        if isinstance(reply, Result):
-            spent.rows_sent = len(reply.rows)
-        text = self._texts.get((who.session_id, decision)) or statement_text(decision)
-        self._add(AuditRecord(time.time(), who, mode, text, "refused" if refused else "answered",
-                              spent.sqlstate, spent.message, spent.relations, epsilon=spent.epsilon,
-                              delta=spent.delta, rows_sent=spent.rows_sent, rho=spent.rho,
-                              delta_add=spent.delta_add))
-
-    def _add(self, record: AuditRecord) -> None:
-        if len(self._buffer) >= self.capacity:
-            self._dropped += 1
-            return
-        self._buffer.append(record)
-        if len(self._buffer) >= self._batch:
-            self._wake.set()
-
-    # -- the background writer ----------------------------------------------------
+    # -- the writer ---------------------------------------------------------------------
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._run())
 
     async def stop(self) -> None:
-        """Stop the background task, then write what is left (for at most ``STOP_TIMEOUT`` seconds)."""
+        """Stop the writer once the rows still waiting are written (for at most ``STOP_TIMEOUT`` seconds)."""
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(STOP_TIMEOUT):
-                await self.flush()
-        if self._buffer:
-            log.warning("audit trail: %d records could not be written before the proxy stopped", len(self._buffer))
+                await self._write_waiting()
+        for _, written in self._waiting:
+            if not written.done():
+                written.set_exception(TrailUnavailable("the proxy is stopping"))
         if self._conn is not None:
             await self._conn.close()
 
     async def _run(self) -> None:
         while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self._interval)
+            await self._wake.wait()
             self._wake.clear()
-            await self.flush()
+            await self._write_waiting()
 
-    async def flush(self) -> None:
-        """Write the buffered records, a batch at a time.
+    async def _write_waiting(self) -> None:
+        """Write the rows waiting, a batch per call: those asked for during one call go in the next."""
+        while self._waiting:
+            batch, self._waiting = self._waiting[:self._batch], self._waiting[self._batch:]
+            try:
+                await self._write_batch(batch)
+            except TrailUnavailable as exc:
+                self._warn(f"audit trail: cannot write ({exc}); {len(batch)} statements were refused")
+                for _, written in batch:
+                    if not written.done():
+                        written.set_exception(TrailUnavailable(str(exc)))
 
-        While the database cannot be reached the records stay in the buffer for the next flush; a batch the
-        database refuses (it could never be written) is counted as dropped, so that the records after it are not
-        held up and the trail still says how many are missing."""
-        batch = 0
+    async def _write_batch(self, batch: list[tuple[AuditRecord, asyncio.Future[None]]]) -> None:
+        rows = [self._row(record) for record, _ in batch]
         try:
-            if self._conn is None or self._conn.closed:
-                self._conn = await psycopg.AsyncConnection.connect(self._dsn, autocommit=True,
-                                                                   application_name="anonproxy audit")
-            if time.monotonic() >= self._next_purge:
-                deleted = (await (await self._conn.execute("select anonproxy.audit_purge()")).fetchone() or (0,))[0]
-                if deleted:
-                    log.info("audit trail: %d records older than the retention deleted", deleted)
-                self._next_purge = time.monotonic() + PURGE_INTERVAL
-            while self._buffer or self._dropped:
-                batch = min(self._batch, len(self._buffer))
-                rows = [self._row(self._buffer[i]) for i in range(batch)]
-                dropped = self._dropped
-                if dropped:
-                    rows.append(_lost_row(dropped))
+            await self._call(rows)
+        except psycopg.OperationalError:
+            raise
+        except psycopg.Error as exc:  # one row the database will not take: write the others, fail that one
+            if len(batch) == 1:
+                log.error("audit trail: the database refused a row (%s)", str(exc).strip())
+                raise TrailUnavailable(f"the database refused the row: {str(exc).strip()}") from None
+            for one in batch:
+                try:
+                    await self._write_batch([one])
+                except TrailUnavailable as single:
+                    if not one[1].done():
+                        one[1].set_exception(single)
+            return
+        for _, written in batch:
+            if not written.done():
+                written.set_result(None)
+
+    async def _call(self, rows: list[dict[str, Any]]) -> None:
+        """One audit_write call (and audit_purge when due); TrailUnavailable if the database does not answer."""
+        try:
+            async with asyncio.timeout(self._timeout):
+                if self._conn is None or self._conn.closed:
+                    self._conn = await psycopg.AsyncConnection.connect(self._dsn, autocommit=True,
+                                                                       application_name="anonproxy audit")
+                await self._purge_when_due(self._conn)
                 await self._conn.execute("select anonproxy.audit_write(%s)", (Jsonb(rows),))
-                if dropped:
-                    log.warning("audit trail: %d records were dropped (the buffer of %d was full, or the database "
-                                "refused them); a row with decision 'lost' says so", dropped, self.capacity)
-                self._dropped -= dropped
-                for _ in range(batch):
-                    self._buffer.popleft()
-        except psycopg.OperationalError as exc:
-            self._warn(f"audit trail: cannot write ({str(exc).strip()}); {len(self._buffer)} records wait in the "
-                       "buffer")
+        except (psycopg.OperationalError, TimeoutError) as exc:
             if self._conn is not None:
                 await self._conn.close()
                 self._conn = None
-        except (psycopg.Error, TypeError, ValueError) as exc:
-            self._warn(f"audit trail: the database refused a batch of {batch} records ({str(exc).strip()}); "
-                       "they are counted as dropped")
-            for _ in range(batch):
-                self._buffer.popleft()
-            self._dropped += batch
+            reason = str(exc).strip() or f"no answer within {self._timeout:g} s"
+            raise TrailUnavailable(reason) from None
+
+    async def _purge_when_due(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        if time.monotonic() < self._next_purge:
+            return
+        self._next_purge = time.monotonic() + PURGE_INTERVAL
+        deleted = (await (await conn.execute("select anonproxy.audit_purge()")).fetchone() or (0,))[0]
+        if deleted:
+            log.info("audit trail: %d records older than the retention deleted", deleted)
 
     def _warn(self, message: str) -> None:
         """A failure to write, logged at most once a minute: the database may stay down for long."""
@@ -248,15 +296,17 @@ class AuditTrail:
     def _row(self, record: AuditRecord) -> dict[str, Any]:
         who = record.who
         relations = record.relations if record.rewritten is None else self._relations_of(record.rewritten)
-        statement = record.statement
+        statement, digest = record.statement, None
         if len(statement) > MAX_STATEMENT:
+            digest = hashlib.sha256(statement.encode(errors="surrogatepass")).hexdigest()
             statement = f"{statement[:MAX_STATEMENT]}… ({len(statement) - MAX_STATEMENT} more characters)"
         return {"at": record.at, "login": who.login, "database": who.database, "client_addr": who.client_addr,
                 "client_port": who.client_port, "session_id": who.session_id, "mode": record.mode,
-                "statement": statement, "decision": record.decision, "sqlstate": record.sqlstate,
-                "message": record.message, "relations": list(relations), "epsilon": _number(record.epsilon),
-                "delta": _number(record.delta), "rho": _number(record.rho),
-                "delta_add": _number(record.delta_add), "rows_sent": record.rows_sent}
+                "statement": _storable(statement), "statement_sha256": digest, "decision": record.decision,
+                "sqlstate": record.sqlstate, "message": _storable(record.message), "relations": list(relations),
+                "epsilon": _number(record.epsilon), "delta": _number(record.delta), "rho": _number(record.rho),
+                "delta_add": _number(record.delta_add), "rows_sent": record.rows_sent,
+                "parameters": [_storable(value) for value in record.parameters] if record.parameters else None}
 
     def _relations_of(self, sql: str) -> tuple[str, ...]:
         """The tables a rewritten query reads, from its tree (cached: a dashboard repeats its queries)."""
@@ -299,9 +349,12 @@ def session_id(number: int) -> str:
     return f"{os.getpid()}.{number}"
 
 
-def _lost_row(count: int) -> dict[str, Any]:
-    return {"at": time.time(), "decision": "lost",
-            "statement": f"{count} audit record(s) dropped: the proxy's buffer was full or the database refused them"}
+def _storable(text: str | None) -> str | None:
+    """Text PostgreSQL can store: a NUL becomes U+2400 (a lone surrogate, which no client text decodes to, too)."""
+    if text is None:
+        return None
+    text = text.replace("\0", NUL_STANDIN)
+    return text.encode("utf-8", errors="replace").decode("utf-8")
 
 
 def _number(value: Decimal | float | None) -> str | None:

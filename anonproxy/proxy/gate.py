@@ -129,6 +129,17 @@ class Parameters:
 
 
 @dataclass(frozen=True)
+class Execution:
+    """A statement about to run for the client, or refused: what the audit trail records before anything of it
+    leaves (``record``; the gate holds the statement until ``recorded``)."""
+
+    sql: str  # the client's text
+    decision: Decision  # what runs (a Reject: refused)
+    parameters: Parameters = Parameters()  # the values bound to it
+    simple: bool = True  # a Query (else a message of the extended protocol)
+
+
+@dataclass(frozen=True)
 class Description:
     """The session's reply to a describing request: parameter types and result columns."""
 
@@ -145,6 +156,7 @@ class ProxyRequest:
     parameters: Parameters = Parameters()
     timeout_ms: int = 0  # the statement_timeout for what it runs (0: none)
     settings: tuple[tuple[str, str], ...] = ()  # the client's followed settings (followed_settings), for printing
+    sql: str = ""  # the client's text of the statement, for the audit trail
 
 
 # The session's reply: a Result, a Description, or ready-made messages (an ErrorResponse in the extended protocol).
@@ -167,6 +179,8 @@ class Route:
     declares: DeclareCursor | None = None  # a cursor the proxy will hold: its query's answer is kept, not sent
     script: Script | None = None  # a message to run statement by statement, from when nothing is in flight
     resets: int = 0  # RESET ALL / DISCARD ALL statements among what it sends to the client's connection
+    refusal: Reject | None = None  # what a LOCAL route refuses
+    record: Execution | None = None  # to record in the audit trail before the route runs
 
 
 @dataclass(frozen=True)
@@ -210,6 +224,7 @@ class Gate:
         release_service: Callable[[bool], None] = lambda clean: None,
         service_settings: dict[str, str] | None = None,
         reset_session: Callable[[], None] = lambda: None,
+        record: Callable[[Execution], None] | None = None,
     ) -> None:
         self._decide = decide  # None: being analysed, ``decided`` follows
         self._version = version  # of the policy in force
@@ -279,6 +294,10 @@ class Gate:
         # one, ``reset_session`` resets what the proxy keeps for the session (an error skips the rest: forgotten).
         self._reset_session = reset_session
         self._resets_expected = 0
+        # The audit trail (None: off): a statement runs, or its refusal is sent, once ``recorded`` says its row is
+        # written.
+        self._record = record
+        self._recording = False
 
     # -- input ------------------------------------------------------------------
 
@@ -292,6 +311,16 @@ class Gate:
         """The decision the session could not give at once (``decide`` returned None)."""
         self._analysed = (sql, decision, version)
         self._waiting = False
+        self._pump()
+
+    def recorded(self, refusal: Reject | None = None) -> None:
+        """The audit trail holds the row ``record`` asked for; ``refusal``: it could not be written, so the
+        statement is refused instead of run."""
+        route = self._held
+        assert self._recording and route is not None and route.record is not None
+        self._recording = False
+        self._held = replace(route, record=None) if refusal is None else \
+            self._refuse(refusal, simple=route.record.simple)
         self._pump()
 
     def upstream_piece(self, piece: Piece) -> None:
@@ -481,8 +510,10 @@ class Gate:
         text, decision = self._script.parts.popleft()
         raw = pg.query_message(text)
         if isinstance(decision, Pass):
-            return Route(Owner.UPSTREAM, raw, ends_batch=True, resets=decision.resets_session)
-        return self._route_cursor(raw, decision, block=True)
+            route = Route(Owner.UPSTREAM, raw, ends_batch=True, resets=decision.resets_session)
+        else:
+            route = self._route_cursor(raw, decision, block=True)
+        return _recorded(route, text, decision)
 
     def _route_cursor(self, raw: bytes, decision: Decision, block: bool) -> Route:
         """DECLARE, FETCH, MOVE or CLOSE in a Query (``block``: inside the implicit block of a Script)."""
@@ -548,10 +579,8 @@ class Gate:
                            + pg.message(b"H"))  # Flush: the server sends the answer now, before the client's Sync
                 return Route(Owner.SERVICE, payload, declares=decision)
             types = _parameter_types(self._texts[bind.statement].rest)
-            formats = bind.parameter_formats * len(bind.values) if len(bind.parameter_formats) == 1 \
-                else bind.parameter_formats or (0,) * len(bind.values)
             return Route(Owner.PROXY, b"", request=ProxyRequest(decision.query, parameters=Parameters(
-                types, formats, bind.values)), asking=("declare portal", name, 0), declares=decision)
+                types, _formats(bind), bind.values)), asking=("declare portal", name, 0), declares=decision)
         if isinstance(decision, FetchCursor):
             answer = self._cursors.fetch(decision, bind.result_formats, status, describe=False)
         else:
@@ -624,8 +653,8 @@ class Gate:
 
     def _dispatch(self) -> None:
         while self._held is not None or self._queue:
-            if self._waiting:
-                return  # a statement is being analysed
+            if self._waiting or self._recording:
+                return  # a statement is being analysed, or its row written to the audit trail
             if self._held is None:
                 if self.in_flight[Owner.PROXY]:
                     return  # route the next message once the proxy answered: an error skips the rest of the batch
@@ -644,6 +673,10 @@ class Gate:
                 if self._held is None:
                     continue
             route = self._held
+            if route.record is not None and self._record is not None:
+                self._recording = True
+                self._record(route.record)
+                return
             if route.in_batch and self._unsynced not in (None, route.owner):
                 self._close_batch_part(self._unsynced)
             if any(count for owner, count in self.in_flight.items()
@@ -765,7 +798,9 @@ class Gate:
         if body is None:  # a Query or Parse longer than max_statement_size, dropped unread
             if self._skipping and type_ == b"P":
                 return None
-            return self._refuse(self._too_long(), simple=type_ == b"Q")
+            refusal = self._too_long()
+            return replace(self._refuse(refusal, simple=type_ == b"Q"),
+                           record=Execution(_NOT_READ, refusal, simple=type_ == b"Q"))
         raw = pg.message(type_, body)
         if type_ == b"S":
             self._skipping = False
@@ -783,9 +818,11 @@ class Gate:
         if type_ == b"Q":
             sql = _text(body[:-1])
             if isinstance(sql, Reject):
-                return self._refuse(sql, simple=True)
+                return replace(self._refuse(sql, simple=True), record=Execution(_undecodable(body[:-1]), sql))
             decided = self._decision(sql)
-            return _WAIT if decided is None else self._route_query(raw, decided.decision)
+            if decided is None:
+                return _WAIT
+            return _recorded(self._route_query(raw, decided.decision), sql, decided.decision)
         if type_ == b"P":
             return self._route_parse(raw, body)
         if type_ == b"B":
@@ -848,11 +885,14 @@ class Gate:
         text, offset = pg.read_cstring(body, offset)
         sql = _text(text)
         if isinstance(sql, Reject):
-            return self._prepare(name, _Decided("", sql, self._version()), raw)
+            return _recorded(self._prepare(name, _Decided("", sql, self._version()), raw), _undecodable(text), sql,
+                             simple=False)
         decided = self._decision(sql)
         if decided is None:
             return _WAIT
-        return self._prepare(name, replace(decided, rest=body[offset:]), raw)
+        route = self._prepare(name, replace(decided, rest=body[offset:]), raw)
+        # Only a refusal is recorded at Parse: what runs is recorded at each Bind, with its values.
+        return route if route.refusal is None else _recorded(route, sql, route.refusal, simple=False)
 
     def _prepare(self, name: bytes, decided: _Decided, raw: bytes | None) -> Route:
         """Where statement ``name`` now belongs, and the route of its Parse (``raw``: the client's; None: ours)."""
@@ -897,6 +937,22 @@ class Gate:
         return Route(Owner.LOCAL, pg.message(b"1"))
 
     def _route_bind(self, raw: bytes, body: bytes) -> Route:
+        """A Bind: one execution of a statement, recorded in the audit trail with its values (the proxy's own
+        answers are recorded when answered)."""
+        route = self._bind(raw, body)
+        statement = pg.read_cstring(body, pg.read_cstring(body)[1])[0]
+        bound = self._texts.get(statement)
+        if route is _WAIT or route.owner is Owner.PROXY or (bound is None and route.refusal is None):
+            return route
+        if route.refusal is None and bound is not None and (statement in self._proxy_statements or (
+                isinstance(bound.decision, DeclareCursor) and _for_proxy(bound.decision.query))):
+            return route  # recorded when the proxy answers it
+        if bound is None:
+            return _recorded(route, "", Pass(), simple=False)  # refused: no such statement
+        return _recorded(route, bound.sql, bound.decision, _bound_values(body, _parameter_types(bound.rest)),
+                         simple=False)
+
+    def _bind(self, raw: bytes, body: bytes) -> Route:
         portal, offset = pg.read_cstring(body)
         statement, _ = pg.read_cstring(body, offset)
         again: Route | None = None  # the statement prepared again under a new policy
@@ -963,8 +1019,10 @@ class Gate:
         if type_ == b"C":
             names.pop(name, None)
             (self._texts if kind == b"S" else self._bound).pop(name, None)
+        decided = (self._texts if kind == b"S" else self._bound).get(name)
         if owner is Owner.PROXY:
-            return self._proxy_by_name(type_, kind, name, body)
+            route = self._proxy_by_name(type_, kind, name, body)
+            return route if decided is None else _with_text(route, decided.sql)
         if owner is not Owner.LOCAL:
             on_statement = name if kind == b"S" else None
             bound = self._bound.get(name) if type_ == b"E" else None
@@ -976,7 +1034,8 @@ class Gate:
             (self._cursor_statements if kind == b"S" else self._cursor_portals).pop(name, None)
             return Route(Owner.LOCAL, pg.message(b"3"))  # CloseComplete
         if name in (self._cursor_statements if kind == b"S" else self._cursor_portals):
-            return self._cursor_by_name(type_, kind, name)
+            route = self._cursor_by_name(type_, kind, name)
+            return route if decided is None else _with_text(route, decided.sql)
         answer = self._show(settings[name])
         if isinstance(answer, Reject):
             return self._refuse(answer)
@@ -989,9 +1048,7 @@ class Gate:
     def _bind_proxy(self, body: bytes) -> Route:
         bind = pg.parse_bind(body)
         decision, types = self._proxy_statements[bind.statement]
-        formats = bind.parameter_formats * len(bind.values) if len(bind.parameter_formats) == 1 \
-            else bind.parameter_formats or (0,) * len(bind.values)
-        self._proxy_portals[bind.portal] = _ProxyPortal(decision, Parameters(types, formats, bind.values),
+        self._proxy_portals[bind.portal] = _ProxyPortal(decision, Parameters(types, _formats(bind), bind.values),
                                                         bind.result_formats)
         return Route(Owner.LOCAL, pg.message(b"2"))  # BindComplete
 
@@ -1069,9 +1126,9 @@ class Gate:
     def _refuse(self, reject: Reject, simple: bool = False) -> Route:
         error = pg.error_response(reject.sqlstate, reject.message, hint=reject.hint)
         if simple:
-            return Route(Owner.LOCAL, error + pg.ready_for_query(self.transaction_status))
+            return Route(Owner.LOCAL, error + pg.ready_for_query(self.transaction_status), refusal=reject)
         self._skipping = True
-        return Route(Owner.LOCAL, error)
+        return Route(Owner.LOCAL, error, refusal=reject)
 
 
 def _text(sql: bytes) -> str | Reject:
@@ -1085,6 +1142,40 @@ def _text(sql: bytes) -> str | Reject:
         shown = " ".join(f"0x{byte:02x}" for byte in sql[exc.start: exc.start + length])
         return Reject("22021", f'invalid byte sequence for encoding "UTF8": {shown}',
                       "anonproxy reads the statements of anonymized roles as UTF-8; send them in UTF-8.")
+
+
+def _recorded(route: Route, sql: str, decision: Decision, parameters: Parameters = Parameters(),
+              simple: bool = True) -> Route:
+    """``route`` with the audit trail's record of the statement, unless the proxy answers it (recorded when
+    answered) or it is run part by part (each part is recorded)."""
+    if route is _WAIT or route.script is not None:
+        return route
+    if route.owner is Owner.PROXY:
+        return _with_text(route, sql)
+    return replace(route, record=Execution(sql, route.refusal or decision, parameters, simple))
+
+
+def _with_text(route: Route, sql: str) -> Route:
+    """A PROXY route whose request carries the client's text of its statement (for the audit trail)."""
+    return route if route.request is None else replace(route, request=replace(route.request, sql=sql))
+
+
+def _bound_values(body: bytes, types: tuple[int, ...]) -> Parameters:
+    """A Bind's parameter values, with one format code each and the types its statement declared."""
+    bind = pg.parse_bind(body)
+    return Parameters(types, _formats(bind), bind.values)
+
+
+def _formats(bind: pg.Bind) -> tuple[int, ...]:
+    """One format code per parameter value (a Bind may give one for all, or none: text)."""
+    if len(bind.parameter_formats) == 1:
+        return bind.parameter_formats * len(bind.values)
+    return bind.parameter_formats or (0,) * len(bind.values)
+
+
+def _undecodable(sql: bytes) -> str:
+    """A statement's text that is not valid UTF-8, for the audit trail: invalid bytes replaced."""
+    return sql.decode("utf-8", errors="replace")
 
 
 def _text_or_empty(name: bytes) -> str:
@@ -1106,6 +1197,7 @@ def _literal(value: str) -> str:
 # SHOW anonproxy.<these> need the ledger or the session's dp settings: answered by the session.
 PROXY_SETTINGS = frozenset({"budget", "epsilon", "delta"})
 EXPLAIN_COLUMNS = (Column("QUERY PLAN", 25),)
+_NOT_READ = "(not read: longer than the proxy's max_statement_size)"
 _ABORTED = Reject("25P02", "current transaction is aborted, commands ignored until end of transaction block")
 # pg_settings gives the value in milliseconds, whatever unit it was set in.
 _CLIENT_TIMEOUT_QUERY = pg.query_message(

@@ -23,6 +23,7 @@ else (no traceback) ever does.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import logging
 import ssl
@@ -54,10 +55,20 @@ from ..wire.framing import BoundaryTracker, MessageBuffer, Piece, RelayingMessag
 from ..wire.results import Result
 from .analysis import AnalysisFailed, AnalysisTimeout, Analyser
 from .cache import BoundedCache
-from .audit_trail import AuditTrail, Spent, Who, session_id
+from .audit_trail import (
+    UNAVAILABLE,
+    AuditRecord,
+    AuditTrail,
+    Spent,
+    TrailUnavailable,
+    Who,
+    answered_record,
+    execution_record,
+    session_id,
+)
 from .cancel import CancelRegistry, ClientKey, UpstreamKey, cancel_then_hang_up, send_cancel
 from .followed_settings import REPORTED_SETTINGS, follow_settings
-from .gate import EXPLAIN_COLUMNS, Gate, Owner, ProxyRequest, Reply
+from .gate import EXPLAIN_COLUMNS, Execution, Gate, Owner, ProxyRequest, Reply
 from .login_options import LoginOptionError, LoginSetting, login_settings
 from .noisy import NoisyAnswers, Refused, SessionLimits
 from .policy_watch import PolicyWatcher
@@ -124,6 +135,12 @@ class ProxyContext:
         task = asyncio.ensure_future(coroutine)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+
+async def _written_anyway(audit: AuditTrail, record: AuditRecord) -> None:
+    """Write a row nobody waits for (its session is ending); a failure is the writer's to log."""
+    with contextlib.suppress(TrailUnavailable):
+        await audit.write(record)
 
 
 def too_complex(budget: float) -> Reject:
@@ -267,6 +284,11 @@ class ClientConnection(asyncio.Protocol):
     def protocol_violation(self, exc: pg.ProtocolViolation) -> None:
         """Log one line (rate-limited), then answer as PostgreSQL would: an error, or a silent hang-up."""
         self.context.violations.warning("session %d: protocol violation from %s: %s", self.id, self._peer(), exc)
+        if self.state is State.GATED and self.context.audit is not None and self._who is not None:
+            # The session ends: its row is written after it, as a refusal of what could not be read.
+            record = execution_record(self._who, self._current()[1].mode, Execution(
+                "(not read: the message broke the protocol)", Reject(exc.sqlstate, str(exc))))
+            self.context.spawn(_written_anyway(self.context.audit, record))
         if not exc.silent:
             self.fail(exc.sqlstate, str(exc))
         elif self.transport is not None:
@@ -465,6 +487,7 @@ class ClientConnection(asyncio.Protocol):
             release_service=self._release_service,
             reset_session=self.dp_limits.reset,
             service_settings=self._output_settings(),
+            record=self._record if self.context.audit is not None else None,
         )
         self.gate = gate
         self.state = State.GATED
@@ -588,7 +611,11 @@ class ClientConnection(asyncio.Protocol):
             spent.sqlstate, spent.message = "XX000", "internal error in anonproxy while answering the query"
             reply = pg.error_response(spent.sqlstate, spent.message)
         if self.context.audit is not None and self._who is not None and not request.describe:
-            self.context.audit.answered(self._who, role.mode, decision, spent, reply)
+            record = answered_record(self._who, role.mode, request.sql, decision, request.parameters, spent, reply)
+            try:
+                await self.context.audit.write(record)
+            except TrailUnavailable:
+                reply = pg.error_response(UNAVAILABLE.sqlstate, UNAVAILABLE.message, hint=UNAVAILABLE.hint)
         if self.state is State.GATED and self.gate is not None:
             self.gate.proxy_answered(reply)
 
@@ -604,26 +631,31 @@ class ClientConnection(asyncio.Protocol):
         if role.mode == "direct":
             return Pass()
         if role.mode == "deny":
-            decision: Decision = Reject("42501", f'the privacy policy now denies role "{role.role}"',
-                                        "Reconnect later.")
-            self._audit_decided(role, sql, decision)
-            return decision
+            return Reject("42501", f'the privacy policy now denies role "{role.role}"', "Reconnect later.")
         decision = self.context.cached_decision(sql, role, policy)
         if decision is None:
             self.context.spawn(self._analyse(sql, role, policy))
-        else:
-            self._audit_decided(role, sql, decision)
         return decision
 
     async def _analyse(self, sql: str, role: RolePolicy, policy: Policy) -> None:
         decision = await self.context.decide(sql, role, policy)
-        self._audit_decided(role, sql, decision)
         if self.state is State.GATED and self.gate is not None:
             self.gate.decided(sql, decision, policy.version)
 
-    def _audit_decided(self, role: RolePolicy, sql: str, decision: Decision) -> None:
-        if self.context.audit is not None and self._who is not None:
-            self.context.audit.decided(self._who, role.mode, sql, decision)
+    def _record(self, execution: Execution) -> None:
+        """The gate's statement, to record in the audit trail before it goes on (``gate.recorded``)."""
+        assert self.context.audit is not None and self._who is not None
+        record = execution_record(self._who, self._current()[1].mode, execution)
+        self.context.spawn(self._write_record(self.context.audit, record))
+
+    async def _write_record(self, audit: AuditTrail, record: AuditRecord) -> None:
+        try:
+            await audit.write(record)
+            refusal = None
+        except TrailUnavailable:
+            refusal = UNAVAILABLE
+        if self.state is State.GATED and self.gate is not None:
+            self.gate.recorded(refusal)
 
     def _pause_reading(self, pause: bool) -> None:
         if self.transport is not None and not self.transport.is_closing():
