@@ -163,7 +163,7 @@ def test_settings_the_client_changes_follow_on_the_service_connection() -> None:
 def test_answers_the_proxy_computes_keep_their_place() -> None:
     wires = Wires()
     wires.gate.client_data(pg.query_message("dp") + pg.query_message("select 1"))
-    assert wires.asked == [ProxyRequest(Noisy("dp"))] and not wires.upstream  # the next query waits for the answer
+    assert wires.asked == [ProxyRequest(Noisy("dp"), sql="dp")] and not wires.upstream  # the next query waits for the answer
     wires.gate.proxy_answered(pg.command_complete("SELECT 0"))
     assert wires.types(wires.client) == [b"C", b"Z"]
     assert wires.upstream == pg.query_message("select 1")
@@ -183,7 +183,7 @@ def test_dp_statements_in_the_extended_protocol_are_emulated() -> None:
     wires = Wires()
     wires.gate.client_data(parse(b"s", "dp") + pg.message(b"D", b"Ss\0") + SYNC)
     assert wires.types(wires.client) == [b"1"]  # ParseComplete; Describe waits for the proxy
-    assert wires.asked == [ProxyRequest(Noisy("dp"), describe=True)]
+    assert wires.asked == [ProxyRequest(Noisy("dp"), describe=True, sql="dp")]
     wires.gate.proxy_answered(Description((23,), ANSWER.columns))
     messages = MessageBuffer().feed(bytes(wires.client))
     assert [t for t, _ in messages] == [b"t", b"T", b"Z"]
@@ -194,7 +194,7 @@ def test_dp_statements_in_the_extended_protocol_are_emulated() -> None:
     wires.gate.client_data(bind_values(b"p", b"s", [b"42"], [1]) + pg.message(b"E", b"p\0" + struct.pack("!i", 2))
                            + pg.message(b"E", b"p\0" + struct.pack("!i", 2)) + SYNC)
     assert wires.types(wires.client) == [b"2"]
-    assert wires.asked[-1] == ProxyRequest(Noisy("dp"), parameters=Parameters((), (0,), (b"42",)))
+    assert wires.asked[-1] == ProxyRequest(Noisy("dp"), parameters=Parameters((), (0,), (b"42",)), sql="dp")
     wires.gate.proxy_answered(ANSWER)
     messages = MessageBuffer().feed(bytes(wires.client))
     assert [t for t, _ in messages] == [b"D", b"D", b"s", b"N", b"D", b"C", b"Z"]
@@ -240,7 +240,7 @@ def test_describe_then_execute_of_a_portal_is_one_request() -> None:
     wires = Wires()
     describe_portal = pg.message(b"D", b"P\0")
     wires.gate.client_data(parse(b"", "dp") + bind(b"", b"") + describe_portal + execute() + SYNC)
-    assert wires.asked == [ProxyRequest(Noisy("dp"))], "the answer itself, not a separate description"
+    assert wires.asked == [ProxyRequest(Noisy("dp"), sql="dp")], "the answer itself, not a separate description"
     wires.gate.proxy_answered(ANSWER)
     assert wires.types(wires.client) == [b"1", b"2", b"T", b"D", b"D", b"D", b"C", b"N", b"Z"]
     assert len(wires.asked) == 1
