@@ -271,15 +271,28 @@ def test_no_byte_sequence_fails_a_row_and_the_text_is_kept_whole(
 
 def test_a_statement_over_the_limit_and_a_framing_error_are_rows(
         gated_proxy: Endpoint, gated_database: str, truth: psycopg.Connection) -> None:  # noqa: F811
-    before = truth.execute("select count(*) from anonproxy.audit_trail where sqlstate = '54000' "
-                           "and login = 'reporter'").fetchone()[0]
+    def rows(sqlstate: str) -> list[str]:
+        return [row[0] for row in truth.execute("select statement from anonproxy.audit_trail where sqlstate = %s "
+                                                "and login = 'reporter' order by id", [sqlstate])]
+
+    too_long, broken = len(rows("54000")), len(rows("08P01"))
     with psycopg.connect(gated_proxy.dsn(gated_database, user="reporter"), autocommit=True) as conn:
         with pytest.raises(psycopg.errors.ProgramLimitExceeded):
             conn.execute("select count(*) from adult where age in (" + ",".join(["1"] * 200_000) + ")")
         conn.execute("select 1")  # the session goes on
-    rows = truth.execute("select statement from anonproxy.audit_trail where sqlstate = '54000' "
-                         "and login = 'reporter' order by id").fetchall()
-    assert len(rows) == before + 1 and rows[-1][0].startswith("(not read: longer than")
+    assert len(rows("54000")) == too_long + 1 and rows("54000")[-1].startswith("(not read: longer than")
+    # A Bind whose parameter count runs past its end: the session ends, and its row says why.
+    # A message whose length field is shorter than the length field itself: the session ends, and its row says why.
+    with psycopg.connect(gated_proxy.dsn(gated_database, user="reporter"), autocommit=True) as conn:
+        with socket.socket(fileno=os.dup(conn.pgconn.socket)) as sock:
+            sock.settimeout(WAIT)
+            sock.sendall(b"Q\0\0\0\x02")
+            while sock.recv(1 << 16):
+                pass  # until the proxy hangs up
+    deadline = time.monotonic() + WAIT
+    while len(rows("08P01")) == broken and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert len(rows("08P01")) == broken + 1 and rows("08P01")[-1] == "(not read: the message broke the protocol)"
 
 
 def test_a_flood_of_refusals_slows_the_flooder_and_loses_nothing(

@@ -55,6 +55,7 @@ class Proxy:
     source: Path
     trail: bool
     port: int
+    pid: int
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -76,14 +77,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     report: dict[str, Any] = {"latency": {}, "load": {}}
     with ExitStack() as stack:
-        _progress("starting PostgreSQL")
+        progress("starting PostgreSQL")
         server = stack.enter_context(EmbeddedPostgres(settings={"max_connections": str(args.clients * 2 + 100)}))
-        service_dsn = _prepare_database(server)
+        service_dsn = prepare_database(server)
         owner = stack.enter_context(psycopg.connect(server.conninfo(dbname=DATABASE), autocommit=True))
         sources = [("trail on", REPO, True), ("trail off", REPO, False)]
         if args.baseline is not None:
             sources.append(("baseline, trail on", args.baseline.resolve(), True))
-        proxies = [stack.enter_context(_proxy(name, source, trail, server.port, service_dsn))
+        proxies = [stack.enter_context(start_proxy(name, source, trail, server.port, service_dsn))
                    for name, source, trail in sources]
         report["latency"] = _latency(proxies, args.repeats)
         for proxy in proxies:
@@ -92,7 +93,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for proxy in proxies:
                 figures = _load(proxy, owner, args.clients, args.seconds)
                 report["load"][proxy.name].append(figures)
-                _progress(f"{proxy.name}: {figures['per_second']:.0f} statements/s, "
+                progress(f"{proxy.name}: {figures['per_second']:.0f} statements/s, "
                           + ", ".join(f"{role} p99 {figures[role]['p99_ms']:.0f} ms" for role in ROLES))
     _print(report)
     return report
@@ -101,7 +102,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def _latency(proxies: list[Proxy], repeats: int) -> dict[str, dict[str, float]]:
     times: dict[str, list[float]] = {proxy.name: [] for proxy in proxies}
     with ExitStack() as stack:
-        conns = {proxy.name: stack.enter_context(_connect(proxy.port, "reporter")) for proxy in proxies}
+        conns = {proxy.name: stack.enter_context(connect(proxy.port, "reporter")) for proxy in proxies}
         for conn in conns.values():
             for statement in SUPPRESS:
                 conn.execute(statement).fetchall()  # seen from now on
@@ -112,7 +113,7 @@ def _latency(proxies: list[Proxy], repeats: int) -> dict[str, dict[str, float]]:
                     start = time.perf_counter()
                     conns[proxy.name].execute(statement).fetchall()
                     times[proxy.name].append((time.perf_counter() - start) * 1000)
-    return {name: {"p50_ms": _rank(values, 0.5), "p90_ms": _rank(values, 0.9), "count": len(values)}
+    return {name: {"p50_ms": rank(values, 0.5), "p90_ms": rank(values, 0.9), "count": len(values)}
             for name, values in times.items()}
 
 
@@ -126,7 +127,7 @@ def _load(proxy: Proxy, owner: psycopg.Connection[Any], clients: int, seconds: f
     def client(number: int) -> None:
         role = ROLES[number % 3]
         try:
-            conn = _open(proxy.port, role)
+            conn = open_session(proxy.port, role)
         except psycopg.Error as exc:
             errors.append(str(exc).strip())
             started.wait()
@@ -159,7 +160,7 @@ def _load(proxy: Proxy, owner: psycopg.Connection[Any], clients: int, seconds: f
                                "errors": len(errors), "first_error": errors[0] if errors else None,
                                "gated_answered": answered}
     for role, values in latencies.items():
-        figures[role] = {"count": len(values), "p50_ms": _rank(values, 0.5), "p99_ms": _rank(values, 0.99)}
+        figures[role] = {"count": len(values), "p50_ms": rank(values, 0.5), "p99_ms": rank(values, 0.99)}
     if proxy.trail:
         time.sleep(2.0)  # an asynchronous trail writes within a second
         figures["trail_rows"] = owner.execute(
@@ -168,7 +169,7 @@ def _load(proxy: Proxy, owner: psycopg.Connection[Any], clients: int, seconds: f
     return figures
 
 
-def _prepare_database(server: EmbeddedPostgres) -> str:
+def prepare_database(server: EmbeddedPostgres) -> str:
     """As `anonproxy up` does; returns the service login's DSN."""
     policy = demo_policy()
     with psycopg.connect(server.conninfo(dbname=DATABASE)) as conn:
@@ -182,7 +183,10 @@ def _prepare_database(server: EmbeddedPostgres) -> str:
 
 
 @contextmanager
-def _proxy(name: str, source: Path, trail: bool, upstream_port: int, service_dsn: str) -> Iterator[Proxy]:
+def start_proxy(name: str, source: Path, trail: bool, upstream_port: int, service_dsn: str,
+                workers: int | None = None) -> Iterator[Proxy]:
+    """``anonproxy serve`` from ``source`` (default workers; 1: it serves in its own process), until it has loaded
+    the policy; a Proxy whose ``pid`` is its process."""
     with socket.socket() as sock:
         sock.bind((HOST, 0))
         port = sock.getsockname()[1]
@@ -190,21 +194,23 @@ def _proxy(name: str, source: Path, trail: bool, upstream_port: int, service_dsn
     env |= {"PYTHONPATH": str(source), "ANONPROXY_LISTEN_PORT": str(port),
             "ANONPROXY_UPSTREAM": f"host={HOST} port={upstream_port}", "ANONPROXY_SERVICE_DSN": service_dsn,
             "ANONPROXY_LOG_LEVEL": "warning", "ANONPROXY_AUDIT_TRAIL": "on" if trail else "off"}
+    if workers is not None:
+        env["ANONPROXY_WORKERS"] = str(workers)
     process = subprocess.Popen([sys.executable, "-m", "anonproxy.cli", "serve"], env=env, cwd=source)
     try:
         deadline = time.monotonic() + 30
         while True:
             try:
-                with _connect(port, "reporter") as conn:
+                with connect(port, "reporter") as conn:
                     conn.execute("select sex, count(*) from adult group by 1").fetchall()  # the policy is loaded
                 break
             except psycopg.OperationalError:
                 if process.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"anonproxy ({name}) did not start") from None
                 time.sleep(0.2)
-        yield Proxy(name, source, trail, port)
+        yield Proxy(name, source, trail, port, process.pid)
     finally:
-        process.terminate()
+        process.terminate()  # (a benchmark may have killed it already)
         try:
             process.wait(15)
         except subprocess.TimeoutExpired:
@@ -212,18 +218,18 @@ def _proxy(name: str, source: Path, trail: bool, upstream_port: int, service_dsn
             process.wait()
 
 
-def _open(port: int, user: str) -> psycopg.Connection[Any]:
+def open_session(port: int, user: str) -> psycopg.Connection[Any]:
     return psycopg.connect(f"host={HOST} port={port} dbname={DATABASE} user={user} password={user}",
                            autocommit=True, connect_timeout=60)
 
 
 @contextmanager
-def _connect(port: int, user: str) -> Iterator[psycopg.Connection[Any]]:
-    with _open(port, user) as conn:
+def connect(port: int, user: str) -> Iterator[psycopg.Connection[Any]]:
+    with open_session(port, user) as conn:
         yield conn
 
 
-def _rank(values: list[float], fraction: float) -> float:
+def rank(values: list[float], fraction: float) -> float:
     """Nearest-rank percentile (NaN if there are none)."""
     if not values:
         return float("nan")
@@ -251,7 +257,7 @@ def _print(report: dict[str, Any]) -> None:
               f"errors {sum(r['errors'] for r in runs)}")
 
 
-def _progress(message: str) -> None:
+def progress(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
