@@ -14,12 +14,21 @@ refused for free), then charge the ledger, committed before any row is read
 exhausted budget is refused before its SQL runs); then, in one REPEATABLE
 READ READ ONLY transaction, read the data version of every table the plan
 reads and run the contribution-bounded SQL with the client's bound
-parameters, under the session's statement time limit (``timeout_ms``: past
-it the question fails with 57014 and stays paid for); measure (noise, partition selection), cache the
+parameters; measure (noise, partition selection), cache the
 measurement under that version (anonproxy.dp.ledger), and finish the statement from it. A query that only lists declared public
-domains reads no row and is neither charged nor cached. Answers are
-:class:`Result` values, which the gate encodes for the simple or the extended
-protocol; refusals raise :class:`Refused`, which carries the ErrorResponse.
+domains reads no row and is neither charged nor cached.
+
+Time limits and cancels (:class:`Stop`): a question is held to the session's
+statement time limit from when it is asked, and a client's CancelRequest
+stops it. Both are checked before the charge (and before a cached answer):
+stopped there, it fails with 57014 and costs nothing. Once charged, what is
+left of the limit is the data-reading transaction's ``statement_timeout``
+and a cancel is passed on to its backend: it fails with 57014 and stays paid
+for.
+
+Answers are :class:`Result` values, which the gate encodes for the simple or
+the extended protocol; refusals raise :class:`Refused`, which carries the
+ErrorResponse.
 
 Also: the column types of a dp query without running it (Describe),
 ``EXPLAIN (ANONPROXY)``, ``SHOW anonproxy.budget | epsilon | delta`` and
@@ -77,12 +86,12 @@ from ..wire.results import Column, Result, text_value
 from .audit_trail import Spent
 from .analysis import AnalysisFailed, AnalysisTimeout, Analyser
 from .cache import BoundedCache
+from .cancel import CANCEL_TIMEOUT
 from .gate import EXPLAIN_COLUMNS, Description, Parameters
 from .service import login_refusal
 
 log = logging.getLogger("anonproxy.dp")
 
-CANCEL_TIMEOUT = 5.0  # seconds the server may take to act on a cancel of a measurement
 POOL_SIZE = 4  # connections per worker: dp questions of different sessions run side by side
 PLAN_CACHE_BYTES = 32 * 1024 * 1024  # plans are deterministic in (text, role, policy version, ε, δ): kept per worker
 
