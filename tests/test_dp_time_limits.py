@@ -238,3 +238,18 @@ def test_asyncpgs_timeout_cancels_a_dp_question(endpoint: Endpoint, truth: psyco
     # Charged if the cancel came once the question was charged, else not: the ledger and the trail agree.
     assert sum(charges(truth, role)) == stopped[3] + answered[3]
 
+
+
+def test_a_client_gone_mid_question_stops_it(endpoint: Endpoint, truth: psycopg.Connection, role: str) -> None:
+    async def run() -> None:
+        conn = await asyncpg.connect(host=endpoint.host, port=endpoint.port, user=role, password=role,
+                                     database=DATABASE)
+        asking = asyncio.ensure_future(conn.fetch(question()))
+        assert len(await asyncio.to_thread(wait_for_charges, truth, role, 1)) == 1
+        conn.terminate()  # the socket is closed mid-question
+        with pytest.raises(asyncpg.ConnectionDoesNotExistError):
+            await asking
+
+    asyncio.run(run())
+    assert audit(truth, role, 1) == [("refused", "57014", "canceling statement due to user request",
+                                      charges(truth, role)[0])]
