@@ -68,6 +68,8 @@ role's mode), the statement_timeout of the client's own session (read from
 its connection with a query of the proxy's, after anything else ran there)
 capped by that limit is set on the service connection before a rewritten
 statement and passed with every request for the proxy (``timeout_ms``).
+A read stopped by the client's own statement_timeout is made once more,
+then taken as 1 ms (the limit is shorter than that query took).
 The same query reads the followed settings the server does not report
 (extra_float_digits; the list is :mod:`.followed_settings`), followed on the
 service connection like DateStyle, and given with every request for the
