@@ -146,6 +146,21 @@ def test_a_1ms_statement_timeout_stops_new_and_cached_dp_questions_and_charges_n
     assert stopped == [("refused", "57014", "canceling statement due to statement timeout", 0)] * 16
 
 
+def test_a_statement_timeout_reached_while_the_sql_runs(endpoint: Endpoint, truth: psycopg.Connection,
+                                                        role: str) -> None:
+    """What is left of the limit when the SQL starts is PostgreSQL's statement_timeout there: of 500 ms, against a
+    second of SQL. Charged when the limit came after the charge (as it does unless planning took 500 ms)."""
+    with connect(endpoint, role) as conn:
+        conn.execute("set statement_timeout = '500ms'")
+        with pytest.raises(psycopg.errors.QueryCanceled, match="canceling statement due to statement timeout"):
+            conn.execute(question())
+        conn.execute("reset statement_timeout")
+        assert len(conn.execute(question()).fetchall()) > 100
+    stopped, answered = audit(truth, role, 2)
+    assert stopped[:3] == ("refused", "57014", "canceling statement due to statement timeout")
+    assert sum(charges(truth, role)) == stopped[3] + answered[3]
+
+
 def test_the_statement_timeout_of_the_extended_protocol_and_a_prepared_statement(
         endpoint: Endpoint, truth: psycopg.Connection, role: str) -> None:
     cached = question()
