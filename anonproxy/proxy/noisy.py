@@ -14,9 +14,10 @@ refused for free), then charge the ledger, committed before any row is read
 exhausted budget is refused before its SQL runs); then, in one REPEATABLE
 READ READ ONLY transaction, read the data version of every table the plan
 reads and run the contribution-bounded SQL with the client's bound
-parameters; measure (noise, partition selection), cache the
-measurement under that version (anonproxy.dp.ledger), and finish the statement from it. A query that only lists declared public
-domains reads no row and is neither charged nor cached.
+parameters; measure (noise, partition selection), cache the measurement
+under that version (anonproxy.dp.ledger), and finish the statement from it.
+A query that only lists declared public domains reads no row and is neither
+charged nor cached.
 
 Time limits and cancels (:class:`Stop`): a question is held to the session's
 statement time limit from when it is asked, and a client's CancelRequest
