@@ -6,7 +6,9 @@ unchanged, so ``pg_backend_pid()``, notification senders and
 the proxy's own (random, as long as the server's: 4 bytes in protocol 3.0,
 up to 256 in 3.2): a session may have more than one backend to cancel (a
 gated one also the pooled service connection it holds at that moment), and
-the server's key never leaves the proxy.
+the server's key never leaves the proxy. A session may also stop work of
+its own (``on_cancel``: a dp question the proxy computes), which no upstream
+backend runs for it.
 
 A client's CancelRequest arrives on a new connection, which the kernel may
 give to any worker process (SO_REUSEPORT). A worker that does not hold the
@@ -21,6 +23,7 @@ import asyncio
 import hmac
 import logging
 import secrets
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,11 +63,16 @@ class CancelRegistry:
         # One entry per process id: a backend's id is unique while it lives, and a newer session
         # with a reused id replaces the entry of one whose backend has gone.
         self._keys: dict[int, tuple[bytes, list[UpstreamKey]]] = {}
+        self._own: dict[int, Callable[[], Awaitable[None]]] = {}  # what a session stops itself, by process id
 
-    def register(self, upstream: UpstreamKey) -> ClientKey:
-        """The key for the client of ``upstream``: its process id, and a fresh secret of the same length."""
+    def register(self, upstream: UpstreamKey, on_cancel: Callable[[], Awaitable[None]] | None = None) -> ClientKey:
+        """The key for the client of ``upstream``: its process id, and a fresh secret of the same length.
+        ``on_cancel``: what the session stops itself on a cancel with this key (awaited with the upstream cancels)."""
         key = ClientKey(upstream.process_id, secrets.token_bytes(len(upstream.secret_key)))
         self._keys[key.process_id] = (key.secret_key, [upstream])
+        self._own.pop(key.process_id, None)
+        if on_cancel is not None:
+            self._own[key.process_id] = on_cancel
         return key
 
     def add(self, key: ClientKey, upstream: UpstreamKey) -> None:
@@ -83,6 +91,7 @@ class CancelRegistry:
         entry = self._keys.get(key.process_id)
         if entry is not None and entry[0] == key.secret_key:
             del self._keys[key.process_id]
+            self._own.pop(key.process_id, None)
 
     async def cancel(self, process_id: int, secret_key: bytes) -> None:
         """Act on a client's CancelRequest; wrong keys are ignored (and logged), as PostgreSQL does."""
@@ -97,7 +106,8 @@ class CancelRegistry:
         entry = self._keys.get(process_id)
         if entry is None or not hmac.compare_digest(entry[0], secret_key):
             return False
-        await asyncio.gather(*(send_cancel(key) for key in list(entry[1])))
+        own = self._own.get(process_id)
+        await asyncio.gather(*(send_cancel(key) for key in list(entry[1])), *([own()] if own is not None else []))
         return True
 
     async def _ask_siblings(self, process_id: int, secret_key: bytes) -> bool:

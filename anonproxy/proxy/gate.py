@@ -68,6 +68,8 @@ role's mode), the statement_timeout of the client's own session (read from
 its connection with a query of the proxy's, after anything else ran there)
 capped by that limit is set on the service connection before a rewritten
 statement and passed with every request for the proxy (``timeout_ms``).
+A read stopped by the client's own statement_timeout is made once more,
+then taken as 1 ms (the limit is shorter than that query took).
 The same query reads the followed settings the server does not report
 (extra_float_digits; the list is :mod:`.followed_settings`), followed on the
 service connection like DateStyle, and given with every request for the
@@ -269,6 +271,8 @@ class Gate:
         self._client_timeout = 0
         self._client_timeout_stale = True
         self._asking_timeout = 0  # our own queries on the client's connection, answered to us
+        self._timeout_cancelled = False  # the last of them was stopped by the client's own statement_timeout
+        self._timeout_reread = False  # ... and is being read once more
         self._service_timeout: int | None = None  # the statement_timeout last set on the service connection
         # The service connection is borrowed from the worker's pool (``acquire_service``; the session answers
         # ``service_acquired`` or ``service_refused``) and handed back (``release_service``) once idle.
@@ -624,7 +628,7 @@ class Gate:
 
     def _timeout_answer(self, type_: bytes, body: bytes) -> None:
         """The answer to our query of the client's statement_timeout and the followed settings the server does
-        not report (an error keeps the last values)."""
+        not report (an error keeps the last values, but see ``_timeout_cancelled``)."""
         if type_ == b"D":
             value, *unreported = pg.parse_data_row(body)
             if value is not None and value.isdigit():
@@ -632,10 +636,27 @@ class Gate:
             for name, setting in zip(UNREPORTED_SETTINGS, unreported, strict=True):
                 if setting is not None and setting.decode() != self._output_settings.get(name):
                     self._settings_to_copy[name] = self._output_settings[name] = setting.decode()
+        elif type_ == b"E":
+            self._timeout_cancelled = pg.parse_fields(body).get("C") == "57014"
         elif type_ == b"Z":
             self._asking_timeout -= 1
             self.in_flight[Owner.UPSTREAM] -= 1
+            self._timeout_was_cancelled(body)
             self._pump()
+
+    def _timeout_was_cancelled(self, status: bytes) -> None:
+        """The client's statement_timeout stopped our query of it: it is shorter than that query took (the first
+        one of a new backend is the slowest). Read it once more; if that is stopped too (or the failure aborted
+        the client's transaction), it is as short as 1 ms for what runs next: any statement would be stopped."""
+        cancelled, self._timeout_cancelled = self._timeout_cancelled, False
+        if not cancelled:
+            self._timeout_reread = False
+        elif status == b"I" and not self._timeout_reread:
+            self._timeout_reread = True
+            self._client_timeout_stale = True
+        else:
+            self._timeout_reread = False
+            self._client_timeout = 1
 
     def _ready_for_query(self, owner: Owner, status: bytes) -> None:
         self.in_flight[owner] -= 1

@@ -14,12 +14,22 @@ refused for free), then charge the ledger, committed before any row is read
 exhausted budget is refused before its SQL runs); then, in one REPEATABLE
 READ READ ONLY transaction, read the data version of every table the plan
 reads and run the contribution-bounded SQL with the client's bound
-parameters, under the session's statement time limit (``timeout_ms``: past
-it the question fails with 57014 and stays paid for); measure (noise, partition selection), cache the
-measurement under that version (anonproxy.dp.ledger), and finish the statement from it. A query that only lists declared public
-domains reads no row and is neither charged nor cached. Answers are
-:class:`Result` values, which the gate encodes for the simple or the extended
-protocol; refusals raise :class:`Refused`, which carries the ErrorResponse.
+parameters; measure (noise, partition selection), cache the measurement
+under that version (anonproxy.dp.ledger), and finish the statement from it.
+A query that only lists declared public domains reads no row and is neither
+charged nor cached.
+
+Time limits and cancels (:class:`Stop`): a question is held to the session's
+statement time limit from when it is asked, and a client's CancelRequest
+stops it. Both are checked before the charge (and before a cached answer):
+stopped there, it fails with 57014 and costs nothing. Once charged, what is
+left of the limit is the data-reading transaction's ``statement_timeout``
+and a cancel is passed on to its backend: it fails with 57014 and stays paid
+for.
+
+Answers are :class:`Result` values, which the gate encodes for the simple or
+the extended protocol; refusals raise :class:`Refused`, which carries the
+ErrorResponse.
 
 Also: the column types of a dp query without running it (Describe),
 ``EXPLAIN (ANONPROXY)``, ``SHOW anonproxy.budget | epsilon | delta`` and
@@ -38,7 +48,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import select
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 from decimal import ROUND_FLOOR, Decimal
@@ -75,6 +87,7 @@ from ..wire.results import Column, Result, text_value
 from .audit_trail import Spent
 from .analysis import AnalysisFailed, AnalysisTimeout, Analyser
 from .cache import BoundedCache
+from .cancel import CANCEL_TIMEOUT
 from .gate import EXPLAIN_COLUMNS, Description, Parameters
 from .service import login_refusal
 
@@ -114,6 +127,67 @@ class Refused(Exception):
         self.response = pg.error_response(sqlstate, message, hint=hint, detail=detail)
 
 
+class Stop:
+    """What may stop one question before it is answered: the session's time limit (``timeout_ms``, the client's
+    statement_timeout capped by the policy's, counted from when the question was asked; 0: none) and the client's
+    CancelRequest (:meth:`cancel`). Checked before the charge (:meth:`check`: stopped there, a question costs
+    nothing) and while the measurement SQL runs (:meth:`running`: PostgreSQL stops it, and it stays charged)."""
+
+    def __init__(self, timeout_ms: int = 0) -> None:
+        self._deadline = time.monotonic() + timeout_ms / 1000 if timeout_ms > 0 else None
+        self._cancelled = False
+        self._running: psycopg.AsyncConnection[Any] | None = None  # the connection running the measurement
+        self._sending: asyncio.Task[None] | None = None  # the cancel sent to it
+
+    async def cancel(self) -> None:
+        """The client's cancel: the measurement running now is cancelled by PostgreSQL (57014); else the question
+        stops at its next check. Returns once the server has acted."""
+        self._cancelled = True
+        if self._running is not None and self._sending is None:
+            self._sending = asyncio.ensure_future(_send_cancel(self._running))
+        if self._sending is not None:
+            await asyncio.shield(self._sending)
+
+    def check(self) -> None:
+        """Refuse with PostgreSQL's own 57014 if the client cancelled or the time limit has passed."""
+        self._check_cancelled()
+        if self._deadline is not None and time.monotonic() >= self._deadline:
+            raise Refused("57014", "canceling statement due to statement timeout")
+
+    def _check_cancelled(self) -> None:
+        if self._cancelled:
+            raise Refused("57014", "canceling statement due to user request")
+
+    def left_ms(self) -> int:
+        """What is left of the time limit, in whole ms (at least 1); 0: no limit."""
+        if self._deadline is None:
+            return 0
+        return max(1, math.ceil((self._deadline - time.monotonic()) * 1000))
+
+    @contextlib.asynccontextmanager
+    async def running(self, conn: psycopg.AsyncConnection[Any]) -> AsyncIterator[None]:
+        """The measurement runs on ``conn``: a cancel from now on is sent to its backend. A cancel on its way when
+        it ends is waited for, so that it cannot reach a later statement on the pooled connection; and one that
+        reached the backend between two statements (PostgreSQL ignores it there) still stops the question."""
+        self.check()
+        self._running = conn
+        try:
+            yield
+        finally:
+            self._running = None
+            if self._sending is not None:
+                await asyncio.shield(self._sending)
+        self._check_cancelled()
+
+
+async def _send_cancel(conn: psycopg.AsyncConnection[Any]) -> None:
+    """Ask the server to cancel what ``conn`` runs; wait until it has acted."""
+    try:
+        await conn.cancel_safe(timeout=CANCEL_TIMEOUT)
+    except (psycopg.Error, OSError) as exc:
+        log.warning("cannot cancel a dp question's SQL: %s", str(exc).strip())
+
+
 class NoisyAnswers:
     def __init__(self, dsn: str, size: int = POOL_SIZE, analyser: Analyser | None = None,
                  login: ServiceLogin | None = None) -> None:
@@ -137,21 +211,22 @@ class NoisyAnswers:
     # -- what the session asks ---------------------------------------------------------
 
     async def answer(self, sql: str, role: RolePolicy, policy: Policy, parameters: Parameters,
-                     limits: SessionLimits, timeout_ms: int = 0, spent: Spent | None = None) -> Result:
-        """The noisy answer, charged (or the cached one, free); ``spent`` gets what it read and cost.
+                     limits: SessionLimits, stop: Stop | None = None, spent: Spent | None = None) -> Result:
+        """The noisy answer, charged (or the cached one, free); ``spent`` gets what it read and cost; ``stop``: the
+        time limit and the client's cancel, which stop it with 57014.
 
         A nested question (anonproxy.plan.outer) is answered in steps: its aggregate query first, like any other;
         then an outer query post-processes the released rows in PostgreSQL (over a VALUES list of them, reading no
         table), or Superset's series limit asks its second question, restricted to the released keys, and pays
         for it too."""
-        spent = spent or Spent()
-        result, plan = await self._answer(sql, role, policy, parameters, limits, timeout_ms, spent)
+        spent, stop = spent or Spent(), stop or Stop()
+        result, plan = await self._answer(sql, role, policy, parameters, limits, stop, spent)
         if isinstance(plan.nested, Outer):
             return await self._post_process(plan.nested, result, policy, role)
         if isinstance(plan.nested, Series):
             question = series_question(plan.nested, result.rows)
             second = Spent()
-            answered, _ = await self._answer(question, role, policy, parameters, limits, timeout_ms, second)
+            answered, _ = await self._answer(question, role, policy, parameters, limits, stop, second)
             spent.relations = tuple(sorted({*spent.relations, *second.relations}))
             spent.epsilon, spent.delta = spent.epsilon + second.epsilon, spent.delta + second.delta
             spent.rho, spent.delta_add = spent.rho + second.rho, spent.delta_add + second.delta_add
@@ -162,13 +237,15 @@ class NoisyAnswers:
         return result
 
     async def _answer(self, sql: str, role: RolePolicy, policy: Policy, parameters: Parameters,
-                      limits: SessionLimits, timeout_ms: int, spent: Spent) -> tuple[Result, DPPlan]:
-        """One question's noisy answer and its plan."""
+                      limits: SessionLimits, stop: Stop, spent: Spent) -> tuple[Result, DPPlan]:
+        """One question's noisy answer and its plan. Stopped (``stop``) before the charge, it costs nothing;
+        stopped while its SQL runs, it stays charged."""
         async with self._connection() as conn:
             plan, fingerprint, found = await self._question(conn, sql, role, policy, parameters, limits)
             plan = _bound_tail(plan, parameters)  # LIMIT $n, OFFSET $n: post-processing, not in the key
             spent.relations = plan.tables
             spent.epsilon, spent.delta, spent.rho, spent.delta_add = 0, 0, 0, 0  # until charged
+            stop.check()  # a cached answer too: a statement past its time limit fails, as in PostgreSQL
             if plan.free:
                 types, rows = await _run(conn, plan.sql, parameters)
                 return await _result(conn, plan, measure(plan, types, rows), "anonproxy: the declared public domain, "
@@ -182,14 +259,16 @@ class NoisyAnswers:
                 return _with_notice(await _result(conn, plan, cached, headline), "anonproxy: the same question on "
                                     "the same data was answered before; this is that answer, at no cost"), plan
             await _check_statement(conn, plan, parameters)
+            stop.check()
             # Charged, and committed, before the data is read: a question that fails from here on (its SQL, the
             # noise, the connection) stays paid for, so no failure is a free look at the data.
             left = await ledger.charge(conn, role.role, plan.table, plan.epsilon, plan.delta, fingerprint,
                                        rho=plan.rho, delta_add=plan.delta_add)
             spent.epsilon, spent.delta = plan.epsilon, plan.delta
             spent.rho, spent.delta_add = plan.rho, plan.delta_add
-            async with _snapshot(conn, timeout_ms):
+            async with stop.running(conn), _snapshot(conn, stop.left_ms()):
                 version = await ledger.data_version(conn, plan.tables)  # of the rows the plan reads next
+                stop.check()  # no await from here until the SQL is sent: a cancel now reaches it
                 types, rows = await _run(conn, plan.sql, parameters)
             measured = measure(plan, types, rows)
             # Another session of the role may have paid for the same question meanwhile: one measurement is released.
@@ -391,6 +470,8 @@ class NoisyAnswers:
                 yield conn
             except ledger.BudgetError as exc:
                 raise Refused(exc.sqlstate, exc.message, exc.hint, exc.detail) from exc
+            except psycopg.errors.QueryCanceled as exc:  # a time limit or a cancel: the connection is still good
+                raise _server_error(exc) from exc
             except psycopg.OperationalError as exc:
                 log.warning("dp connection failed: %s", str(exc).strip())
                 if conn is not None:
@@ -400,15 +481,19 @@ class NoisyAnswers:
                 raise Refused(diag.sqlstate or "08006", diag.message_primary or "anonproxy lost its connection to "
                               "the PostgreSQL server", diag.message_hint or "Try again.") from exc
             except psycopg.Error as exc:  # e.g. a bound value that is not valid input for its type
-                diag = exc.diag
-                raise Refused(diag.sqlstate or "XX000", diag.message_primary or str(exc), diag.message_hint,
-                              diag.message_detail) from exc
+                raise _server_error(exc) from exc
             finally:
                 if conn is not None and not conn.closed:
                     if conn.info.transaction_status == pq.TransactionStatus.IDLE:
                         self._idle.append(conn)
                     else:
                         await conn.close()
+
+
+def _server_error(exc: psycopg.Error) -> Refused:
+    """The server's error, as it gave it."""
+    diag = exc.diag
+    return Refused(diag.sqlstate or "XX000", diag.message_primary or str(exc), diag.message_hint, diag.message_detail)
 
 
 MAX_PARAMETERS = 65535  # the protocol's limit on $n parameters in one statement

@@ -70,7 +70,7 @@ from .cancel import CancelRegistry, ClientKey, UpstreamKey, cancel_then_hang_up,
 from .followed_settings import REPORTED_SETTINGS, follow_settings
 from .gate import EXPLAIN_COLUMNS, Execution, Gate, Owner, ProxyRequest, Reply
 from .login_options import LoginOptionError, LoginSetting, login_settings
-from .noisy import NoisyAnswers, Refused, SessionLimits
+from .noisy import NoisyAnswers, Refused, SessionLimits, Stop
 from .policy_watch import PolicyWatcher
 from .service import ServiceConnection, ServiceUnavailable
 from .service_pool import ServicePool
@@ -185,6 +185,7 @@ class ClientConnection(asyncio.Protocol):
         self.gate: Gate | None = None
         self.service: ServiceConnection | None = None  # borrowed from the pool while the gate needs it
         self._borrowing: asyncio.Task[None] | None = None
+        self._question: Stop | None = None  # the dp question being answered: a cancel of the client's stops it
         # Whether the client sent something the server has not yet answered with
         # ReadyForQuery: approximate under pipelining, used only to cancel abandoned queries.
         self.awaiting_server = False
@@ -246,6 +247,8 @@ class ClientConnection(asyncio.Protocol):
             self.awaiting_server = gate.in_flight[Owner.UPSTREAM] > 0
             if service is not None and gate.in_flight[Owner.SERVICE] and service.key is not None:
                 self.context.spawn(send_cancel(service.key))
+        if self._question is not None:  # no one will read its answer
+            self.context.spawn(self._question.cancel())
         if service is not None:
             # Mid-statement or mid-batch (else it would have been handed back): its state is unknown.
             self.service = None
@@ -375,7 +378,7 @@ class ClientConnection(asyncio.Protocol):
 
     def authenticated(self, key: UpstreamKey) -> bytes:
         """The upstream sent BackendKeyData: return the client's (same process id, the proxy's secret)."""
-        self._key = self.context.cancel_keys.register(key)
+        self._key = self.context.cancel_keys.register(key, self._cancel_question)
         return pg.backend_key_data(self._key.process_id, self._key.secret_key)
 
     def login_complete(self, ready: bytes) -> None:
@@ -600,8 +603,9 @@ class ClientConnection(asyncio.Protocol):
                 reply = await noisy.describe(decision.sql, role, policy, request.parameters, limits)
             else:
                 assert isinstance(decision, Noisy)
+                self._question = Stop(request.timeout_ms)
                 reply = await noisy.answer(decision.sql, role, policy, request.parameters, limits,
-                                           request.timeout_ms, spent)
+                                           self._question, spent)
                 reply = follow_settings(reply, dict(request.settings))
         except Refused as refused:
             reply = refused.response
@@ -610,6 +614,8 @@ class ClientConnection(asyncio.Protocol):
             log.exception("session %d: internal error while answering in dp mode", self.id)
             spent.sqlstate, spent.message = "XX000", "internal error in anonproxy while answering the query"
             reply = pg.error_response(spent.sqlstate, spent.message)
+        finally:
+            self._question = None
         if self.context.audit is not None and self._who is not None and not request.describe:
             record = answered_record(self._who, role.mode, request.sql, decision, request.parameters, spent, reply)
             try:
@@ -618,6 +624,12 @@ class ClientConnection(asyncio.Protocol):
                 reply = pg.error_response(UNAVAILABLE.sqlstate, UNAVAILABLE.message, hint=UNAVAILABLE.hint)
         if self.state is State.GATED and self.gate is not None:
             self.gate.proxy_answered(reply)
+
+    async def _cancel_question(self) -> None:
+        """A CancelRequest with this session's key: stop the dp question being answered, if any."""
+        if self._question is not None:
+            log.info("session %d: cancel request: stopping its dp question", self.id)
+            await self._question.cancel()
 
     def _current(self) -> tuple[Policy, RolePolicy]:
         """The policy in force now, and this session's role in it (it may change mid-session)."""
