@@ -7,7 +7,9 @@ session's left in flight. So N gated sessions need N backends of their own
 plus at most ``size`` service backends per worker, not 2N.
 
 Connections are opened lazily, up to ``size``; when all are busy, sessions
-wait in line (first come, first served). At checkout, a connection must
+wait in line (first come, first served), each for at most ``wait_timeout``
+seconds: then it gets :class:`PoolBusy` (a session answers its statement
+with an error), never an open-ended stall. At checkout, a connection must
 answer a Sync with ReadyForQuery: one that does not (the server ended it
 while it was idle, e.g. a restart) is dropped and another opened in its
 place. When the server refuses
@@ -39,26 +41,33 @@ ALIVE_TIMEOUT = 10.0  # seconds the server may take to answer the liveness check
 POOL_PARAMETERS = {"client_encoding": "UTF8"}
 
 
+class PoolBusy(Exception):
+    """Every connection of the pool stayed checked out for the whole of the pool's ``wait_timeout``."""
+
+
 class ServicePool:
-    def __init__(self, login: ServiceLogin, size: int) -> None:
+    def __init__(self, login: ServiceLogin, size: int, wait_timeout: float) -> None:
         self._login = login
         self.size = size
+        self.wait_timeout = wait_timeout
         self._free: deque[ServiceConnection] = deque()
         self._count = 0  # open or being opened, free or checked out
         # Sessions waiting for a connection: each gets one (or None: "open one yourself, a slot is free").
         self._waiters: deque[asyncio.Future[ServiceConnection | None]] = deque()
 
     async def acquire(self) -> ServiceConnection:
-        """A live connection for this session alone, until ``release`` or ``discard``."""
+        """A live connection for this session alone, until ``release`` or ``discard``; :class:`PoolBusy` if
+        none is handed back within ``wait_timeout``."""
+        deadline = asyncio.get_running_loop().time() + self.wait_timeout
         while True:
-            service = await self._next()
+            service = await self._next(deadline)
             if await self._alive(service):
                 return service
             log.info("a pooled service connection was ended by the server; replacing it")
             self.discard(service)
 
-    async def _next(self) -> ServiceConnection:
-        """A free connection, a new one if there is room, or the first one handed back."""
+    async def _next(self, deadline: float) -> ServiceConnection:
+        """A free connection, a new one if there is room, or the first one handed back before ``deadline``."""
         while True:
             if self._free:
                 return self._free.popleft()
@@ -67,10 +76,13 @@ class ServicePool:
             waiter: asyncio.Future[ServiceConnection | None] = asyncio.get_running_loop().create_future()
             self._waiters.append(waiter)
             try:
-                service = await waiter
-            except asyncio.CancelledError:
+                async with asyncio.timeout_at(deadline):
+                    service = await waiter
+            except (asyncio.CancelledError, TimeoutError) as exc:
                 if waiter.done() and not waiter.cancelled():
                     self._pass_on(waiter.result())  # handed to us as we were cancelled: to the next in line
+                if isinstance(exc, TimeoutError):
+                    raise PoolBusy from None
                 raise
             if service is not None:
                 return service

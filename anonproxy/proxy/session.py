@@ -62,7 +62,7 @@ from .login_options import LoginOptionError, LoginSetting, login_settings
 from .noisy import NoisyAnswers, Refused, SessionLimits
 from .policy_watch import PolicyWatcher
 from .service import ServiceConnection, ServiceUnavailable
-from .service_pool import ServicePool
+from .service_pool import PoolBusy, ServicePool
 from .upstream import open_upstream
 
 log = logging.getLogger("anonproxy.session")
@@ -85,6 +85,8 @@ class ProxyContext:
     policy: PolicyWatcher | None = None  # None: no service login configured, every role is direct
     service_login: ServiceLogin | None = None
     service_pool: ServicePool | None = None  # where gated sessions borrow service connections
+    # Seconds a gated session's open batch may keep its borrowed service connection waiting for the client.
+    service_hold_timeout: float = ProxyConfig.service_hold_timeout
     noisy: NoisyAnswers | None = None  # answers for roles in dp mode
     audit: AuditTrail | None = None  # None: the audit trail is off
     analyser: Analyser | None = None  # statement analysis off the event loop (None: on it)
@@ -168,6 +170,7 @@ class ClientConnection(asyncio.Protocol):
         self.gate: Gate | None = None
         self.service: ServiceConnection | None = None  # borrowed from the pool while the gate needs it
         self._borrowing: asyncio.Task[None] | None = None
+        self._hold_timer: asyncio.TimerHandle | None = None  # service_hold_timeout, while a batch holds it idle
         # Whether the client sent something the server has not yet answered with
         # ReadyForQuery: approximate under pipelining, used only to cancel abandoned queries.
         self.awaiting_server = False
@@ -216,6 +219,7 @@ class ClientConnection(asyncio.Protocol):
         self.state = State.CLOSED
         self.context.sessions.discard(self)
         self._cancel_startup_timer()
+        self._time_hold(False)
         if previous is State.STARTUP and self._startup_buffer:
             # As PostgreSQL: a connection closed before any byte is normal (a port probe); a partial packet is not.
             self.context.violations.warning("session %d: incomplete startup packet from %s (%d bytes)", self.id,
@@ -465,6 +469,7 @@ class ClientConnection(asyncio.Protocol):
             release_service=self._release_service,
             reset_session=self.dp_limits.reset,
             service_settings=self._output_settings(),
+            hold_timer=self._time_hold,
         )
         self.gate = gate
         self.state = State.GATED
@@ -504,6 +509,17 @@ class ClientConnection(asyncio.Protocol):
             if self.state is State.GATED and self.gate is not None:
                 self.gate.service_refused(error)
             return
+        except PoolBusy:
+            pool_size, waited = pool.size, pool.wait_timeout
+            log.warning("session %d: no service connection was free within service_wait_timeout (%g s)", self.id,
+                        waited)
+            if self.state is State.GATED and self.gate is not None:
+                self.gate.service_refused(pg.error_response(
+                    "53300", f"all {pool_size} service connections of this anonproxy worker stayed in use for "
+                             f"service_wait_timeout ({waited:g} s): the statement did not run",
+                    hint="Retry the statement. The limits are the proxy's service_pool_size and "
+                         "service_wait_timeout settings."))
+            return
         except Exception:
             log.exception("session %d: internal error while borrowing a service connection", self.id)
             self.fail("XX000", "internal error in anonproxy; the connection is closed")
@@ -529,6 +545,34 @@ class ClientConnection(asyncio.Protocol):
             self._service_pool().release(service)
         else:
             self._service_pool().discard(service)
+
+    def _time_hold(self, start: bool) -> None:
+        """The gate's hold timer: started when an open batch keeps the borrowed connection waiting for the
+        client, stopped when it goes on."""
+        if self._hold_timer is not None:
+            self._hold_timer.cancel()
+            self._hold_timer = None
+        if start:
+            self._hold_timer = asyncio.get_running_loop().call_later(self.context.service_hold_timeout,
+                                                                    self._hold_expired)
+
+    def _hold_expired(self) -> None:
+        self._hold_timer = None
+        if self.state is not State.GATED or self.gate is None:
+            return
+        limit = self.context.service_hold_timeout
+        log.info("session %d: a batch held a service connection for service_hold_timeout (%g s) without Sync; "
+                 "ending it", self.id, limit)
+        error = pg.error_response(
+            "57014", f"canceling the batch: it kept a service connection of anonproxy waiting for more than "
+                     f"service_hold_timeout ({limit:g} s) without Sync",
+            hint="End each batch with Sync soon after its last message; the rest of this batch, up to its Sync, "
+                 "is ignored. The limit is the proxy's service_hold_timeout setting.")
+        try:
+            self.gate.service_hold_expired(error)
+        except Exception:
+            log.exception("session %d: internal error while ending a batch that held a service connection", self.id)
+            self.fail("XX000", "internal error in anonproxy; the connection is closed")
 
     def enforce(self, policy: Policy) -> None:
         """A new policy: end a relayed session whose role is no longer direct.
