@@ -39,6 +39,7 @@ HOLD_TIMEOUT = 3  # seconds (service_hold_timeout of the first proxy)
 WAIT_TIMEOUT = 2  # seconds (service_wait_timeout of the second proxy, whose hold timeout is long)
 AGG = "select sex, count(*) from adult group by sex order by sex"
 BOUND = HOLD_TIMEOUT + 10  # generous: "answered, not stuck", while the attackers would hold for ever
+READ_LIMIT = 60  # seconds any expected answer may take: "not stuck for ever"
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +103,10 @@ class Raw:
         return type_, await self.reader.readexactly(length - 4)
 
     async def until(self, *last: bytes) -> list[tuple[bytes, bytes]]:
-        """Messages up to one of type ``last`` (or a FATAL error)."""
+        """Messages up to one of type ``last`` (or a FATAL error), within READ_LIMIT."""
+        return await asyncio.wait_for(self._until(*last), READ_LIMIT)
+
+    async def _until(self, *last: bytes) -> list[tuple[bytes, bytes]]:
         messages = []
         while True:
             messages.append(await self.read())
@@ -164,7 +168,7 @@ def test_sessions_preparing_with_asyncpg_and_never_executing_hold_no_service_con
         attackers = [await reporter(holding) for _ in range(ATTACKERS)]
         try:
             # prepare(): Parse, Describe, Flush, and no Sync until the statement is first executed.
-            statements = [await conn.prepare(AGG) for conn in attackers]
+            statements = [await asyncio.wait_for(conn.prepare(AGG), BOUND) for conn in attackers]
             assert [a.name for a in statements[0].get_attributes()] == ["sex", "count"]
             answer = await asyncio.wait_for(victim(holding), BOUND)
             assert [row["sex"] for row in answer] == ["Female", "Male"]
@@ -174,7 +178,7 @@ def test_sessions_preparing_with_asyncpg_and_never_executing_hold_no_service_con
                 assert [tuple(row) for row in await statement.fetch()] == [tuple(row) for row in answer]
         finally:
             for conn in attackers:
-                await conn.close()
+                conn.terminate()
 
     asyncio.run(run())
 
@@ -215,7 +219,7 @@ def test_an_open_batch_holds_a_service_connection_at_most_service_hold_timeout(h
             answer = await asyncio.wait_for(victim(holding), BOUND)
             assert [row["sex"] for row in answer] == ["Female", "Male"]
             for session in attackers:
-                got = await asyncio.wait_for(session.until(b"E"), BOUND + HOLD_TIMEOUT * ATTACKERS)
+                got = await session.until(b"E")
                 error = pg.parse_fields(got[-1][1])
                 assert error["S"] == "ERROR" and error["C"] == "57014", error
                 assert f"service_hold_timeout ({HOLD_TIMEOUT} s)" in error["M"] and "Sync" in error["H"]
