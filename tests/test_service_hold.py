@@ -4,9 +4,10 @@ The attack: more sessions than the pool has connections each send part of an ext
 Sync (asyncpg's ``prepare()``: Parse, Describe, Flush; or Parse, Bind, Execute, Flush) and keep it open. Before,
 each held a pooled service connection for as long as it liked, and every other statement of the worker waited
 behind them with no limit. Now a Parse is answered by the proxy, a lone Describe of a statement is closed with a
-Sync of the proxy's own (the connection goes back at once), an open batch may keep its connection waiting for at
-most ``service_hold_timeout`` (57014, the batch is ended, the session goes on), and a statement waits for a free
-connection at most ``service_wait_timeout`` (53300).
+Sync of the proxy's own (the connection goes back at once), an open batch may keep its connection waiting for the
+client at most ``service_yield_timeout`` while another statement waits for one, and ``service_hold_timeout`` in
+any case (57014: the batch is ended, the session goes on), and a statement waits for a free connection at most
+``service_wait_timeout`` (53300).
 
 Each module proxy serves a database of its own under the demo policy (``reporter``: suppress mode). Raw sessions
 log in with psycopg (SCRAM), then speak the wire protocol by hand on the same socket.
@@ -62,7 +63,8 @@ def _proxy(pg_server: EmbeddedPostgres, database: str, log_dir: Path, **settings
 @pytest.fixture(scope="module")
 def holding(pg_server: EmbeddedPostgres, database: str, tmp_path_factory: pytest.TempPathFactory
             ) -> Iterator[Endpoint]:
-    """A proxy whose open batches may keep a service connection waiting HOLD_TIMEOUT seconds."""
+    """A proxy whose open batches may keep a service connection waiting HOLD_TIMEOUT seconds (while another
+    statement waits for one, the default service_yield_timeout: 0.05 s)."""
     proxy = _proxy(pg_server, database, tmp_path_factory.mktemp("hold"), service_hold_timeout=str(HOLD_TIMEOUT))
     yield proxy.endpoint
     stop_proxy(proxy)
@@ -72,9 +74,10 @@ def holding(pg_server: EmbeddedPostgres, database: str, tmp_path_factory: pytest
 @pytest.fixture(scope="module")
 def waiting(pg_server: EmbeddedPostgres, database: str, tmp_path_factory: pytest.TempPathFactory
             ) -> Iterator[Endpoint]:
-    """A proxy whose open batches may hold for long, but whose statements wait WAIT_TIMEOUT seconds at most."""
+    """A proxy whose open batches may hold for long, even while others wait, but whose statements wait
+    WAIT_TIMEOUT seconds at most."""
     proxy = _proxy(pg_server, database, tmp_path_factory.mktemp("wait"), service_hold_timeout="600",
-                   service_wait_timeout=str(WAIT_TIMEOUT))
+                   service_yield_timeout="600", service_wait_timeout=str(WAIT_TIMEOUT))
     yield proxy.endpoint
     stop_proxy(proxy)
     assert "Traceback" not in proxy.log(), proxy.log()
@@ -206,11 +209,29 @@ def test_parse_describe_flush_without_sync_holds_no_service_connection(holding: 
     asyncio.run(run())
 
 
-@pytest.mark.parametrize("batch", [[parse(AGG), bind(), EXECUTE, FLUSH],
-                                   [parse(AGG), bind(), DESCRIBE_PORTAL, FLUSH]],
-                         ids=["parse-bind-execute", "parse-bind-describe"])
-def test_an_open_batch_holds_a_service_connection_at_most_service_hold_timeout(holding: Endpoint,
-                                                                              batch: list[bytes]) -> None:
+OPEN_BATCHES = pytest.mark.parametrize(
+    "batch", [[parse(AGG), bind(), EXECUTE, FLUSH], [parse(AGG), bind(), DESCRIBE_PORTAL, FLUSH],
+              [parse(AGG), bind(), EXECUTE]],  # (no Flush: the server keeps its answers until the Sync)
+    ids=["parse-bind-execute-flush", "parse-bind-describe-flush", "parse-bind-execute"])
+
+
+async def ended_batch(session: Raw) -> dict[str, str]:
+    """The error that ended ``session``'s open batch; the session goes on."""
+    got = await session.until(b"E")
+    assert b"E" not in types(got[:-1])
+    error = pg.parse_fields(got[-1][1])
+    assert error["S"] == "ERROR" and error["C"] == "57014", error
+    assert "without Sync" in error["M"] and "Sync" in error["H"]
+    # The rest of the batch is ignored up to its Sync; the session goes on.
+    session.send(bind(), EXECUTE, SYNC)
+    assert types(await session.until(b"Z")) == [b"Z"]
+    assert len(rows(await session.query(AGG))) == 2
+    return error
+
+
+@OPEN_BATCHES
+def test_open_batches_of_more_sessions_than_connections_yield_them_to_other_statements(holding: Endpoint,
+                                                                                      batch: list[bytes]) -> None:
     async def run() -> None:
         attackers = [await Raw.login(holding) for _ in range(ATTACKERS)]
         try:
@@ -218,19 +239,31 @@ def test_an_open_batch_holds_a_service_connection_at_most_service_hold_timeout(h
                 session.send(*batch)
             answer = await asyncio.wait_for(victim(holding), BOUND)
             assert [row["sex"] for row in answer] == ["Female", "Male"]
-            for session in attackers:
-                got = await session.until(b"E")
-                error = pg.parse_fields(got[-1][1])
-                assert error["S"] == "ERROR" and error["C"] == "57014", error
-                assert f"service_hold_timeout ({HOLD_TIMEOUT} s)" in error["M"] and "Sync" in error["H"]
-                assert b"E" not in types(got[:-1])
-                # The rest of the batch is ignored up to its Sync; the session goes on.
-                session.send(bind(), EXECUTE, SYNC)
-                assert types(await session.until(b"Z")) == [b"Z"]
-                assert len(rows(await session.query(AGG))) == 2
+            errors = [await ended_batch(session) for session in attackers]
+            # Those that held a connection while others waited gave it up; the last ones, at service_hold_timeout.
+            assert any("service_yield_timeout (0.05 s) while other statements waited" in error["M"]
+                       for error in errors), errors
+            assert all("service_yield_timeout" in error["M"] or f"service_hold_timeout ({HOLD_TIMEOUT} s)"
+                       in error["M"] for error in errors), errors
         finally:
             for session in attackers:
                 await session.close()
+
+    asyncio.run(run())
+
+
+@OPEN_BATCHES
+def test_an_open_batch_keeps_a_service_connection_waiting_at_most_service_hold_timeout(holding: Endpoint,
+                                                                                      batch: list[bytes]) -> None:
+    async def run() -> None:
+        session = await Raw.login(holding)
+        try:
+            session.send(*batch)
+            error = await ended_batch(session)
+            assert f"service_hold_timeout ({HOLD_TIMEOUT} s)" in error["M"], error
+            assert "service_hold_timeout" in error["H"]
+        finally:
+            await session.close()
 
     asyncio.run(run())
 
@@ -315,6 +348,18 @@ def test_the_hold_timer_runs_only_while_an_open_batch_waits_for_the_client() -> 
     assert wires.timer == [True, False]
     wires.server_answers(b"Z")
     assert wires.released == [True] and wires.received() == [b"2", b"D", b"C", b"Z"]
+
+
+def test_an_unflushed_batch_waits_for_the_client_at_once() -> None:
+    wires = Holding()
+    wires.gate.client_data(parse("agg") + bind() + EXECUTE)
+    wires.gate.service_acquired()
+    wires.server_answers(b"C", b"Z")
+    assert wires.timer == [True]  # the server keeps the answers until a Flush or the Sync: nothing to wait for
+    wires.gate.client_data(FLUSH)
+    assert wires.timer == [True, False]
+    wires.server_answers(b"1", b"2", b"C")
+    assert wires.timer == [True, False, True]
 
 
 def test_an_expired_hold_ends_the_batch_after_its_answers_and_hands_the_connection_back() -> None:

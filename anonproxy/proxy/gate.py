@@ -267,12 +267,14 @@ class Gate:
         # The session's output settings (DateStyle…), all applied on each connection borrowed.
         self._output_settings: dict[str, str] = dict(service_settings or {})
         self._service_statements: set[bytes] = set()  # statements prepared on the service connection held
-        # A borrowed connection held by an open batch (no Sync yet) while PostgreSQL has answered everything sent
-        # there is waiting for the client: ``hold_timer(True)`` starts the session's service_hold_timeout, which
-        # ends the batch (``service_hold_expired``); ``hold_timer(False)`` stops it.
+        # A borrowed connection held by an open batch (no Sync yet) while PostgreSQL owes no answer there (all
+        # answered, or the client did not Flush: the answers wait for its Sync) is waiting for the client:
+        # ``hold_timer(True)`` starts the session's hold limits, which end the batch (``service_hold_expired``);
+        # ``hold_timer(False)`` stops them.
         self._hold_timer = hold_timer
         self._holding_idle = False
         self._service_awaiting = 0  # batch messages sent to the service connection and not yet answered
+        self._service_flushed = False  # a Flush followed them: the server sends their answers without a Sync
         self._describing = False  # a Describe the gate closed with a Sync of its own is being answered
         # Cursors (see cursors.py): those the proxy holds, the gated DECLARE being answered, the message of
         # several statements being run one by one.
@@ -659,8 +661,9 @@ class Gate:
     def _watch_hold(self) -> None:
         """Start or stop the session's hold timer as a borrowed connection starts or stops waiting for the client
         in an open batch."""
+        answering = self._service_awaiting and self._service_flushed  # (unflushed answers wait for the client)
         idle = (self._acquire_service is not None and self._service_held and self._unsynced is Owner.SERVICE
-                and not self._service_awaiting and not self.in_flight[Owner.SERVICE] and not self._silenced
+                and not answering and not self.in_flight[Owner.SERVICE] and not self._silenced
                 and self._held is None and not self._waiting)
         if idle != self._holding_idle:
             self._holding_idle = idle
@@ -736,7 +739,10 @@ class Gate:
             if payload:
                 self._send[route.owner](payload)
             if route.owner is Owner.SERVICE:
-                self._service_awaiting += _requests(payload)
+                types = _types(payload)
+                requests = sum(type_ in _REQUESTS for type_ in types)
+                self._service_awaiting += requests
+                self._service_flushed = types[-1:] == [b"H"] or (self._service_flushed and not requests)
             if route.describes and self._unsynced is not Owner.SERVICE and all(t == b"H" for t, _ in self._queue):
                 # A Describe of a statement, alone, the client waiting for it (asyncpg's prepare()): a Sync of
                 # ours ends it, so that the connection goes back to the pool; the statement stays prepared there.
@@ -1148,14 +1154,17 @@ def _text(sql: bytes) -> str | Reject:
                       "anonproxy reads the statements of anonymized roles as UTF-8; send them in UTF-8.")
 
 
-def _requests(payload: bytes) -> int:
-    """How many of the messages in ``payload`` are batch messages the server answers (Parse, Bind, Describe,
-    Execute, Close)."""
-    count, offset = 0, 0
+def _types(payload: bytes) -> list[bytes]:
+    """The types of the messages in ``payload``, in order."""
+    types, offset = [], 0
     while offset < len(payload):
-        count += payload[offset:offset + 1] in (b"P", b"B", b"D", b"E", b"C")
+        types.append(payload[offset:offset + 1])
         offset += 1 + struct.unpack_from("!i", payload, offset + 1)[0]
-    return count
+    return types
+
+
+# Batch messages the server answers (Parse, Bind, Describe, Execute, Close), once the batch is flushed or synced.
+_REQUESTS = (b"P", b"B", b"D", b"E", b"C")
 
 
 # The answer that completes each of those messages (ParseComplete, BindComplete, a Describe's RowDescription or

@@ -95,6 +95,7 @@ class Worker:
             service_pool=ServicePool(config.service_login, config.service_pool_size, config.service_wait_timeout)
             if config.service_dsn else None,
             service_hold_timeout=config.service_hold_timeout,
+            service_yield_timeout=config.service_yield_timeout,
         )
         self._index = index
         self._run_dir = run_dir

@@ -9,7 +9,11 @@ plus at most ``size`` service backends per worker, not 2N.
 Connections are opened lazily, up to ``size``; when all are busy, sessions
 wait in line (first come, first served), each for at most ``wait_timeout``
 seconds: then it gets :class:`PoolBusy` (a session answers its statement
-with an error), never an open-ended stall. At checkout, a connection must
+with an error), never an open-ended stall. A session whose open batch keeps
+its connection waiting for the client registers with ``holding_idle``: while
+a session waits in line, the pool asks every such holder to give its
+connection up (``give_up``; the session ends the batch and hands it back).
+At checkout, a connection must
 answer a Sync with ReadyForQuery: one that does not (the server ended it
 while it was idle, e.g. a restart) is dropped and another opened in its
 place. When the server refuses
@@ -27,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
+from collections.abc import Callable
 
 from ..config import ServiceLogin
 from ..wire import protocol as pg
@@ -54,6 +59,7 @@ class ServicePool:
         self._count = 0  # open or being opened, free or checked out
         # Sessions waiting for a connection: each gets one (or None: "open one yourself, a slot is free").
         self._waiters: deque[asyncio.Future[ServiceConnection | None]] = deque()
+        self._idle_holders: dict[object, Callable[[], None]] = {}  # see ``holding_idle``
 
     async def acquire(self) -> ServiceConnection:
         """A live connection for this session alone, until ``release`` or ``discard``; :class:`PoolBusy` if
@@ -75,6 +81,7 @@ class ServicePool:
                 return await self._open()
             waiter: asyncio.Future[ServiceConnection | None] = asyncio.get_running_loop().create_future()
             self._waiters.append(waiter)
+            self._reclaim()
             try:
                 async with asyncio.timeout_at(deadline):
                     service = await waiter
@@ -150,6 +157,24 @@ class ServicePool:
         service.on_message, service.on_lost = _ignore, _nothing
         service.close()
         self._pass_on(None)
+
+    def holding_idle(self, holder: object, give_up: Callable[[], None]) -> None:
+        """``holder`` keeps a checked-out connection waiting for its client: ``give_up`` is called (soon, once)
+        when a session waits for a connection, now or until ``holding_busy``."""
+        self._idle_holders[holder] = give_up
+        self._reclaim()
+
+    def holding_busy(self, holder: object) -> None:
+        """``holder`` no longer keeps its connection (if any) waiting for its client."""
+        self._idle_holders.pop(holder, None)
+
+    def _reclaim(self) -> None:
+        """While a session waits, every idle holder is asked to give its connection up."""
+        if not any(not waiter.done() for waiter in self._waiters):
+            return
+        holders, self._idle_holders = self._idle_holders, {}
+        for give_up in holders.values():
+            asyncio.get_running_loop().call_soon(give_up)  # not from within another session's call
 
     def close(self) -> None:
         while self._free:

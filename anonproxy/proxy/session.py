@@ -85,8 +85,10 @@ class ProxyContext:
     policy: PolicyWatcher | None = None  # None: no service login configured, every role is direct
     service_login: ServiceLogin | None = None
     service_pool: ServicePool | None = None  # where gated sessions borrow service connections
-    # Seconds a gated session's open batch may keep its borrowed service connection waiting for the client.
+    # Seconds a gated session's open batch may keep its borrowed service connection waiting for the client: at all,
+    # and while another session waits for a connection.
     service_hold_timeout: float = ProxyConfig.service_hold_timeout
+    service_yield_timeout: float = ProxyConfig.service_yield_timeout
     noisy: NoisyAnswers | None = None  # answers for roles in dp mode
     audit: AuditTrail | None = None  # None: the audit trail is off
     analyser: Analyser | None = None  # statement analysis off the event loop (None: on it)
@@ -170,7 +172,8 @@ class ClientConnection(asyncio.Protocol):
         self.gate: Gate | None = None
         self.service: ServiceConnection | None = None  # borrowed from the pool while the gate needs it
         self._borrowing: asyncio.Task[None] | None = None
-        self._hold_timer: asyncio.TimerHandle | None = None  # service_hold_timeout, while a batch holds it idle
+        # service_hold_timeout and service_yield_timeout, while an open batch keeps the service connection idle
+        self._hold_timers: list[asyncio.TimerHandle] = []
         # Whether the client sent something the server has not yet answered with
         # ReadyForQuery: approximate under pipelining, used only to cancel abandoned queries.
         self.awaiting_server = False
@@ -547,27 +550,35 @@ class ClientConnection(asyncio.Protocol):
             self._service_pool().discard(service)
 
     def _time_hold(self, start: bool) -> None:
-        """The gate's hold timer: started when an open batch keeps the borrowed connection waiting for the
-        client, stopped when it goes on."""
-        if self._hold_timer is not None:
-            self._hold_timer.cancel()
-            self._hold_timer = None
+        """The gate's hold limits: started when an open batch keeps the borrowed connection waiting for the
+        client (service_hold_timeout; past service_yield_timeout, the pool may reclaim it for a waiting session),
+        stopped when it goes on."""
+        for timer in self._hold_timers:
+            timer.cancel()
+        self._hold_timers.clear()
+        if self.context.service_pool is not None:
+            self.context.service_pool.holding_busy(self)
         if start:
-            self._hold_timer = asyncio.get_running_loop().call_later(self.context.service_hold_timeout,
-                                                                    self._hold_expired)
+            loop = asyncio.get_running_loop()
+            self._hold_timers = [
+                loop.call_later(self.context.service_hold_timeout, self._end_hold, "service_hold_timeout", ""),
+                loop.call_later(self.context.service_yield_timeout, self._service_pool().holding_idle, self,
+                                lambda: self._end_hold("service_yield_timeout", " while other statements waited "
+                                                                                "for one")),
+            ]
 
-    def _hold_expired(self) -> None:
-        self._hold_timer = None
+    def _end_hold(self, setting: str, why: str) -> None:
+        """End the open batch that kept the service connection waiting for the client longer than ``setting``."""
         if self.state is not State.GATED or self.gate is None:
             return
-        limit = self.context.service_hold_timeout
-        log.info("session %d: a batch held a service connection for service_hold_timeout (%g s) without Sync; "
-                 "ending it", self.id, limit)
+        limit = getattr(self.context, setting)
+        log.info("session %d: a batch kept a service connection waiting without Sync for %s (%g s)%s; ending it",
+                 self.id, setting, limit, why)
         error = pg.error_response(
-            "57014", f"canceling the batch: it kept a service connection of anonproxy waiting for more than "
-                     f"service_hold_timeout ({limit:g} s) without Sync",
+            "57014", f"canceling the batch: it kept a service connection of anonproxy waiting without Sync for "
+                     f"more than {setting} ({limit:g} s){why}",
             hint="End each batch with Sync soon after its last message; the rest of this batch, up to its Sync, "
-                 "is ignored. The limit is the proxy's service_hold_timeout setting.")
+                 f"is ignored. The limit is the proxy's {setting} setting.")
         try:
             self.gate.service_hold_expired(error)
         except Exception:
