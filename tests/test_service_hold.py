@@ -26,6 +26,7 @@ import psycopg
 import pytest
 from pytest_postgresql.executors.noop import NoopExecutor
 
+from anonproxy.config import ConfigError, ProxyConfig, load_config
 from anonproxy.embedded import EmbeddedPostgres
 from anonproxy.proxy.gate import Gate
 from anonproxy.rewrite.decision import Rewrite
@@ -295,6 +296,20 @@ def test_a_statement_waits_for_a_service_connection_at_most_service_wait_timeout
                 await session.close()
 
     asyncio.run(run())
+
+
+def test_the_limits_are_settings() -> None:
+    defaults = ProxyConfig()
+    assert (defaults.service_pool_size, defaults.service_hold_timeout, defaults.service_yield_timeout,
+            defaults.service_wait_timeout) == (10, 10.0, 0.05, 30.0)
+    config = load_config(None, environ={"ANONPROXY_SERVICE_HOLD_TIMEOUT": "2.5",
+                                        "ANONPROXY_SERVICE_YIELD_TIMEOUT": "0.2",
+                                        "ANONPROXY_SERVICE_WAIT_TIMEOUT": "60"})
+    assert (config.service_hold_timeout, config.service_yield_timeout, config.service_wait_timeout) == (2.5, 0.2, 60)
+    for setting in ("service_hold_timeout", "service_yield_timeout", "service_wait_timeout"):
+        for value in ("0", "3601"):
+            with pytest.raises(ConfigError, match=f"{setting} must be more than 0 and at most 3600 seconds"):
+                load_config(None, environ={f"ANONPROXY_{setting.upper()}": value})
 
 
 # -- the gate's part, message by message (sans-I/O) ------------------------------------------------------------

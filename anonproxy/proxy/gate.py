@@ -53,9 +53,20 @@ transaction (rewritten statements run one by one, autocommit), so nothing
 ties a connection to a client transaction. On each connection borrowed, the
 gate first clears what another session may have left (``RESET ALL``, which
 keeps the connection's startup settings; ``DEALLOCATE ALL``), then applies
-the session's output settings and statement_timeout; statements the client
-prepared on an earlier connection are prepared again there, from the
-rewrite kept here, just before a message uses them.
+the session's output settings and statement_timeout. The client's Parse of
+a rewritten statement is answered here (ParseComplete): the statement is
+prepared on the service connection, from the rewrite kept here, just before
+a message uses it, and again on each connection borrowed later.
+
+A connection is borrowed only while PostgreSQL works for the client. A
+Describe of a statement sent alone (nothing else of the batch queued but
+Flush: asyncpg's ``prepare()``) goes with a Sync of the gate's own, so the
+connection goes back once it is answered. Another open batch (a portal does
+not outlive a Sync) keeps its connection; once PostgreSQL owes no answer
+there (all answered, or no Flush was sent), the gate tells the session
+(``hold_timer(True)``), whose limits may end the batch
+(``service_hold_expired``: a Sync of ours, then the error, and the rest of
+the client's batch skipped up to its Sync).
 
 Suppress mode's report: the SQL of a suppressed answer raises one INFO
 (anonproxy.suppression_report) with what suppression withheld. The gate never
