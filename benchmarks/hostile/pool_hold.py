@@ -7,10 +7,12 @@ sessions (``reporter``, suppress mode, in a process of their own) each send part
 and never its Sync:
 
 * ``prepare``: Parse, Describe (statement), Flush: what asyncpg's ``prepare()`` sends;
-* ``execute``: Parse, Bind, Execute, Flush.
+* ``execute``: Parse, Bind, Execute, Flush;
+* ``busy`` (for comparison, no attack): Parse, Bind, Execute, Sync, the aggregate in a loop.
 
 An attacker whose batch is ended by the proxy (an ErrorResponse) sends Sync and opens the same batch again at
-once, so that it holds as much as it can for the whole phase. Meanwhile another reporter session runs a rewritten
+once, so that it holds as much as it can for the whole phase (and runs the aggregate again each time: compare
+with ``busy``, the same load from well-behaved sessions). Meanwhile another reporter session runs a rewritten
 aggregate in a loop, each timed from send to rows; the worker's VmRSS is sampled. Prints, per phase, the victim's
 p50/p99/max and the worker's memory growth, then the targets: p99 <= 100 ms added to the idle p99, growth <= 50 MB.
 See README.md.
@@ -60,7 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--attacks", default="prepare,execute", help="of prepare, execute (both)")
+    parser.add_argument("--attacks", default="prepare,execute,busy", help="of prepare, execute, busy (all)")
     parser.add_argument("--attackers", default="10,20", help="numbers of attacker sessions, one phase each (10,20)")
     parser.add_argument("--seconds", type=float, default=30.0, help="length of each phase (30)")
     parser.add_argument("--source", type=Path, default=hostile.REPO,
@@ -159,9 +161,11 @@ def _message(type_: bytes, body: bytes = b"") -> bytes:
 
 PARSE = _message(b"P", b"\0" + AGG.encode() + b"\0" + struct.pack("!h", 0))
 BIND = _message(b"B", b"\0\0" + struct.pack("!hhh", 0, 0, 0))
-BATCHES = {"prepare": PARSE + _message(b"D", b"S\0") + _message(b"H"),
-           "execute": PARSE + BIND + _message(b"E", b"\0" + struct.pack("!i", 0)) + _message(b"H")}
+EXECUTE = _message(b"E", b"\0" + struct.pack("!i", 0))
 SYNC = _message(b"S")
+BATCHES = {"prepare": PARSE + _message(b"D", b"S\0") + _message(b"H"),
+           "execute": PARSE + BIND + EXECUTE + _message(b"H"),
+           "busy": PARSE + BIND + EXECUTE + SYNC}
 
 
 def _attack(port: int, attack: str, count: int, seconds: float, ready: Any, outcomes: Any) -> None:
@@ -179,7 +183,7 @@ async def _attackers(port: int, batch: bytes, count: int, seconds: float, ready:
     errors: dict[str, int] = {}
     await asyncio.gather(*(_hold(reader, writer, batch, time.monotonic() + seconds, errors)
                            for reader, writer in streams), return_exceptions=True)
-    outcomes.put(", ".join(f"{n} x {code}" for code, n in sorted(errors.items())) or "never interrupted")
+    outcomes.put(", ".join(f"{n} x {code}" for code, n in sorted(errors.items())) or "no error")
     for _, writer in streams:
         writer.close()
     for conn in logins:
@@ -188,21 +192,23 @@ async def _attackers(port: int, batch: bytes, count: int, seconds: float, ready:
 
 async def _hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, batch: bytes, until: float,
                 errors: dict[str, int]) -> None:
-    """Send ``batch`` and keep it open; when the proxy ends it with an error, Sync and open it again."""
+    """Send ``batch`` and keep it open; when the proxy ends it with an error, Sync and open it again (a batch
+    with its Sync: again once answered)."""
     while time.monotonic() < until:
         writer.write(batch)
         try:
             while True:
                 type_, body = await asyncio.wait_for(_read(reader), until - time.monotonic())
-                if type_ == b"E":
-                    code = next(field[1:] for field in body.split(b"\0") if field[:1] == b"C").decode()
-                    errors[code] = errors.get(code, 0) + 1
+                if type_ in b"EZ":
                     break
         except TimeoutError:
             return
-        writer.write(SYNC)
-        while (await _read(reader))[0] != b"Z":
-            pass
+        if type_ == b"E":
+            code = next(field[1:] for field in body.split(b"\0") if field[:1] == b"C").decode()
+            errors[code] = errors.get(code, 0) + 1
+            writer.write(SYNC)
+            while (await _read(reader))[0] != b"Z":
+                pass
 
 
 async def _read(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
