@@ -408,3 +408,27 @@ def test_a_lone_describe_of_a_statement_is_closed_with_a_sync_of_ours() -> None:
     wires.gate.client_data(parse("agg") + describe_statement() + bind() + EXECUTE + SYNC)
     wires.gate.service_acquired()
     assert wires.asked == 2 and wires.sent() == [b"Q", b"P", b"D", b"B", b"E", b"S"]
+
+
+def test_a_failing_lone_describe_skips_the_rest_of_the_batch_up_to_its_sync() -> None:
+    wires = Holding()
+    wires.gate.client_data(parse("agg", b"s") + describe_statement(b"s") + FLUSH)
+    wires.gate.service_acquired()
+    assert wires.sent() == [b"Q", b"C", b"P", b"D", b"S"]
+    wires.server_answers(b"C", b"Z", b"3")
+    wires.gate.service_message(b"E", pg.error_response("42703", "column does not exist")[5:])  # the rewrite's Parse
+    wires.server_answers(b"Z")
+    assert wires.released == [True]
+    wires.gate.client_data(bind(b"s") + EXECUTE + SYNC)  # PostgreSQL would skip them: so does the gate
+    assert wires.received() == [b"1", b"E", b"Z"] and wires.asked == 1 and not wires.service
+    # A client that sent its Sync before the error came back skips nothing after it.
+    wires.gate.client_data(describe_statement(b"s"))
+    wires.gate.service_acquired()
+    wires.sent()
+    wires.gate.client_data(SYNC)
+    wires.server_answers(b"C", b"Z", b"3")
+    wires.gate.service_message(b"E", pg.error_response("42703", "column does not exist")[5:])
+    wires.server_answers(b"Z")
+    wires.gate.client_data(bind(b"s") + EXECUTE + SYNC)
+    wires.gate.service_acquired()
+    assert wires.sent()[-3:] == [b"B", b"E", b"S"]

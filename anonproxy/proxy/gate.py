@@ -839,6 +839,7 @@ class Gate:
         raw = pg.message(type_, body)
         if type_ == b"S":
             self._skipping = False
+            self._describing = False  # the client's batch is over: a failing Describe of ours skips nothing more
             if self.transaction_status == b"I":
                 # The implicit transaction ends: its portals go, as in PostgreSQL.
                 self._proxy_portals.clear()
