@@ -388,9 +388,10 @@ class Gate:
                 self._describing = False
 
     def service_hold_expired(self, error: bytes) -> None:
-        """The session's service_hold_timeout ran out while an open batch held the service connection idle:
-        the batch is ended (a Sync of ours, so that the connection goes back to the pool), the client gets
-        ``error`` once the service side answered, and the rest of its batch is skipped, up to its Sync."""
+        """One of the session's hold limits (service_hold_timeout; service_yield_timeout, while another session
+        waits) ran out while an open batch kept the service connection waiting for the client: the batch is ended
+        (a Sync of ours, so that the connection goes back to the pool), the client gets ``error`` once the
+        service side answered, and the rest of its batch is skipped, up to its Sync."""
         if not self._holding_idle:
             return
         self._close_batch_part(Owner.SERVICE)

@@ -13,12 +13,12 @@ with an error), never an open-ended stall. A session whose open batch keeps
 its connection waiting for the client registers with ``holding_idle``: while
 a session waits in line, the pool asks every such holder to give its
 connection up (``give_up``; the session ends the batch and hands it back).
-At checkout, a connection must
-answer a Sync with ReadyForQuery: one that does not (the server ended it
-while it was idle, e.g. a restart) is dropped and another opened in its
-place. When the server refuses
-a new one (53300 too many clients, 57P03…), the waiting session gets the
-server's own reason (:class:`ServiceUnavailable` with its refusal).
+
+At checkout, a connection must answer a Sync with ReadyForQuery: one that
+does not (the server ended it while it was idle, e.g. a restart) is dropped
+and another opened in its place. When the server refuses a new one (53300
+too many clients, 57P03…), the waiting session gets the server's own reason
+(:class:`ServiceUnavailable` with its refusal).
 
 The pool does not reset connections itself: every session starts its use of
 a connection with ``RESET ALL; DEALLOCATE ALL`` and its own settings (see

@@ -561,19 +561,25 @@ class ClientConnection(asyncio.Protocol):
         if start:
             loop = asyncio.get_running_loop()
             self._hold_timers = [
-                loop.call_later(self.context.service_hold_timeout, self._end_hold, "service_hold_timeout", ""),
+                loop.call_later(self.context.service_hold_timeout, self._hold_expired),
                 loop.call_later(self.context.service_yield_timeout, self._service_pool().holding_idle, self,
-                                lambda: self._end_hold("service_yield_timeout", " while other statements waited "
-                                                                                "for one")),
+                                self._yield_service),
             ]
 
-    def _end_hold(self, setting: str, why: str) -> None:
+    def _hold_expired(self) -> None:
+        self._end_hold("service_hold_timeout", self.context.service_hold_timeout, "", logging.INFO)
+
+    def _yield_service(self) -> None:
+        """The pool reclaims the connection: another session waits for one."""
+        self._end_hold("service_yield_timeout", self.context.service_yield_timeout,
+                       " while other statements waited for one", logging.DEBUG)  # (frequent under load)
+
+    def _end_hold(self, setting: str, limit: float, why: str, level: int) -> None:
         """End the open batch that kept the service connection waiting for the client longer than ``setting``."""
         if self.state is not State.GATED or self.gate is None:
             return
-        limit = getattr(self.context, setting)
-        log.info("session %d: a batch kept a service connection waiting without Sync for %s (%g s)%s; ending it",
-                 self.id, setting, limit, why)
+        log.log(level, "session %d: a batch kept a service connection waiting without Sync for %s (%g s)%s; "
+                       "ending it", self.id, setting, limit, why)
         error = pg.error_response(
             "57014", f"canceling the batch: it kept a service connection of anonproxy waiting without Sync for "
                      f"more than {setting} ({limit:g} s){why}",
