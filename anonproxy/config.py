@@ -60,6 +60,12 @@ class ProxyConfig:
     max_statement_size: int = 256 * 1024
     analysis_timeout: float = 5.0
     service_pool_size: int = 10  # service connections per worker, shared by its gated sessions
+    # Seconds a gated session may keep a borrowed service connection waiting in an open batch (no Sync): at all,
+    # and while another statement waits for a connection; seconds a statement may wait for a free service
+    # connection. Past each, the batch or the statement is ended with an error.
+    service_hold_timeout: float = 10.0
+    service_yield_timeout: float = 0.05
+    service_wait_timeout: float = 30.0
 
     def __post_init__(self) -> None:
         if not 0 <= self.listen_port <= 65535:
@@ -81,6 +87,10 @@ class ProxyConfig:
             raise ConfigError(f"analysis_timeout must be positive, got {self.analysis_timeout}")
         if not 1 <= self.service_pool_size <= 1000:
             raise ConfigError(f"service_pool_size must be between 1 and 1000, got {self.service_pool_size}")
+        for setting in ("service_hold_timeout", "service_yield_timeout", "service_wait_timeout"):
+            if not 0 < getattr(self, setting) <= 3600:
+                raise ConfigError(f"{setting} must be more than 0 and at most 3600 seconds, "
+                                  f"got {getattr(self, setting)}")
         # Parse the connection strings now, so that a bad one fails at load time.
         _ = self.upstream_address
         if self.service_dsn:

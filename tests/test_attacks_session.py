@@ -450,10 +450,13 @@ class PolicyGate:
 
 def test_a_named_statement_is_prepared_again_under_a_new_rewrite() -> None:
     wires = PolicyGate()
-    wires.gate.client_data(_parse(b"s", "agg") + pg.message(b"S"))
-    assert [t for t, _ in wires.service_messages()] == [b"P", b"S"]
-    for type_ in (b"1", b"Z"):
-        wires.gate.service_message(type_, b"I" if type_ == b"Z" else b"")
+    wires.gate.client_data(_parse(b"s", "agg") + _bind(b"", b"s") + _execute(b"") + pg.message(b"S"))
+    sent = wires.service_messages()
+    assert [t for t, _ in sent] == [b"C", b"P", b"B", b"E", b"S"]  # prepared on the service side where first used
+    assert pg.parse_parse(sent[1][1]).query == b"old rewrite"
+    for type_ in (b"3", b"1", b"2", b"C"):
+        wires.gate.service_message(type_, b"SELECT 1\0" if type_ == b"C" else b"")
+    wires.gate.service_message(b"Z", b"I")
     wires.client.clear()
     wires.version = 2
     wires.gate.client_data(_bind(b"", b"s") + _execute(b"") + pg.message(b"S"))
@@ -485,7 +488,7 @@ def test_a_portal_bound_under_an_older_policy_is_not_executed() -> None:
     wires.gate.client_data(_parse(b"s2", "agg") + _bind(b"q", b"s2") + pg.message(b"H"))
     wires.version = 4
     wires.gate.client_data(_execute(b"q"))
-    assert [t for t, _ in wires.service_messages()] == [b"P", b"B", b"H", b"S"]
+    assert [t for t, _ in wires.service_messages()] == [b"C", b"P", b"B", b"H", b"S"]
     wires.gate.service_message(b"Z", b"T")
     error = [body for type_, body in MessageBuffer().feed(bytes(wires.client)) if type_ == b"E"]
     assert pg.parse_fields(error[-1])["C"] == "55000"

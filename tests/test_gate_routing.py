@@ -105,22 +105,22 @@ def test_a_batch_mixing_owners_is_split_with_a_sync_of_ours() -> None:
     assert wires.types(wires.upstream) == [b"P", b"B", b"E", b"S"]
     assert not wires.service
     wires.upstream_says((b"1", b""), (b"2", b""), *RESULT[1:], (b"Z", b"I"))
-    assert wires.types(wires.client) == [b"1", b"2", b"D", b"C"]  # our Sync's ReadyForQuery is swallowed
-    assert wires.types(wires.service) == [b"P", b"B", b"E", b"S"]
-    wires.service_says((b"1", b""), (b"2", b""), *RESULT[1:], (b"Z", b"I"))
-    assert wires.types(wires.client) == [b"1", b"2", b"D", b"C", b"Z"]
+    # Our Sync's ReadyForQuery is swallowed; the rewritten statement's Parse is answered by the gate, in turn.
+    assert wires.types(wires.client) == [b"1", b"2", b"D", b"C", b"1"]
+    assert wires.types(wires.service) == [b"C", b"P", b"B", b"E", b"S"]  # prepared where first used
+    wires.service_says((b"3", b""), (b"1", b""), (b"2", b""), *RESULT[1:], (b"Z", b"I"))
+    assert wires.types(wires.client) == [b"2", b"D", b"C", b"Z"]
     assert wires.gate.in_flight == {Owner.UPSTREAM: 0, Owner.SERVICE: 0, Owner.PROXY: 0}
 
 
 def test_rewritten_parse_carries_the_new_text_and_later_messages_follow_the_statement() -> None:
     wires = Wires()
     wires.gate.client_data(parse(b"s1", "agg") + SYNC)
-    messages = MessageBuffer().feed(bytes(wires.service))
-    assert messages[0] == (b"P", b"s1\0rewritten agg\0" + struct.pack("!h", 0))
-    wires.service.clear()
-    wires.service_says((b"1", b""), (b"Z", b"I"))
+    assert wires.types(wires.client) == [b"1", b"Z"] and not wires.service  # answered here; prepared when used
     wires.gate.client_data(bind(b"", b"s1") + execute() + SYNC)
-    assert wires.types(wires.service) == [b"B", b"E", b"S"] and not wires.upstream
+    messages = MessageBuffer().feed(bytes(wires.service))
+    assert messages[1] == (b"P", b"s1\0rewritten agg\0" + struct.pack("!h", 0))
+    assert [t for t, _ in messages] == [b"C", b"P", b"B", b"E", b"S"] and not wires.upstream
 
 
 def test_refused_parse_skips_the_rest_of_the_batch() -> None:

@@ -289,38 +289,38 @@ EXECUTE_SYNC = pg.message(b"E", b"\0" + struct.pack("!i", 0)) + pg.message(b"S")
 
 def test_a_borrowed_connection_is_cleared_then_a_statement_prepared_before_is_prepared_again() -> None:
     wires = Borrowing()
-    wires.gate.client_data(_parse(b"s", "agg") + pg.message(b"S"))
+    wires.gate.client_data(_parse(b"s", "agg") + _bind(b"s") + EXECUTE_SYNC)
     assert wires.asked == 1 and not wires.service  # nothing goes before the connection is there
     wires.gate.service_acquired()
     (setup, body), *rest = wires.sent()
     assert setup == b"Q" and body.startswith(b"RESET ALL;DEALLOCATE ALL;") and b"SET DateStyle TO 'German, DMY';" \
         in body
-    assert [type_ for type_, _ in rest] == [b"P", b"S"]
-    wires.server_answers(b"C", b"Z", b"1", b"Z")  # (the answer to the setup query is hidden)
+    assert [type_ for type_, _ in rest] == [b"C", b"P", b"B", b"E", b"S"]  # prepared where first used
+    wires.server_answers(b"C", b"Z", b"3", b"1", b"2", b"C", b"Z")  # (the answer to the setup query is hidden)
     assert wires.released == [True]
-    assert [type_ for type_, _ in MessageBuffer().feed(bytes(wires.client))] == [b"1", b"Z"]
+    assert [type_ for type_, _ in MessageBuffer().feed(bytes(wires.client))] == [b"1", b"2", b"C", b"Z"]
     wires.client.clear()
     # The next use borrows again (maybe another connection): cleared, and "s" prepared there before the Bind.
     wires.gate.client_data(_bind(b"s") + EXECUTE_SYNC)
     assert wires.asked == 2
     wires.gate.service_acquired()
     sent = wires.sent()
-    assert [type_ for type_, _ in sent] == [b"Q", b"P", b"B", b"E", b"S"]
-    assert pg.parse_parse(sent[1][1]).query == b"rewritten agg"
-    wires.server_answers(b"C", b"Z", b"1", b"2", b"C", b"Z")
+    assert [type_ for type_, _ in sent] == [b"Q", b"C", b"P", b"B", b"E", b"S"]
+    assert pg.parse_parse(sent[2][1]).query == b"rewritten agg"
+    wires.server_answers(b"C", b"Z", b"3", b"1", b"2", b"C", b"Z")
     assert [type_ for type_, _ in MessageBuffer().feed(bytes(wires.client))] == [b"2", b"C", b"Z"]
     assert wires.released == [True, True]
 
 
 def test_an_open_batch_keeps_its_connection_until_sync() -> None:
     wires = Borrowing()
-    wires.gate.client_data(_parse(b"", "agg") + pg.message(b"H"))  # Flush: the batch stays open
+    wires.gate.client_data(_parse(b"", "agg") + _bind(b"") + pg.message(b"H"))  # Flush: the batch stays open
     wires.gate.service_acquired()
-    wires.server_answers(b"C", b"Z", b"1")
+    wires.server_answers(b"C", b"Z", b"1", b"2")
     assert wires.released == []
-    wires.gate.client_data(_bind(b"") + EXECUTE_SYNC)
-    assert wires.asked == 1 and [type_ for type_, _ in wires.sent()][-3:] == [b"B", b"E", b"S"]
-    wires.server_answers(b"2", b"C", b"Z")
+    wires.gate.client_data(EXECUTE_SYNC)
+    assert wires.asked == 1 and [type_ for type_, _ in wires.sent()][-2:] == [b"E", b"S"]
+    wires.server_answers(b"C", b"Z")
     assert wires.released == [True]
 
 
@@ -333,6 +333,6 @@ def test_a_refused_connection_answers_the_statement_that_waited() -> None:
     wires.client.clear()
     # In the extended protocol the rest of the batch is skipped, up to Sync, as after any error.
     wires.gate.client_data(_parse(b"", "agg") + _bind(b"") + EXECUTE_SYNC)
-    wires.gate.service_refused(refusal)
-    assert [type_ for type_, _ in MessageBuffer().feed(bytes(wires.client))] == [b"E", b"Z"]
+    wires.gate.service_refused(refusal)  # (the Parse was answered by the gate: the Bind waited)
+    assert [type_ for type_, _ in MessageBuffer().feed(bytes(wires.client))] == [b"1", b"E", b"Z"]
     assert not wires.service and wires.released == []

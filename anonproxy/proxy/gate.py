@@ -53,9 +53,20 @@ transaction (rewritten statements run one by one, autocommit), so nothing
 ties a connection to a client transaction. On each connection borrowed, the
 gate first clears what another session may have left (``RESET ALL``, which
 keeps the connection's startup settings; ``DEALLOCATE ALL``), then applies
-the session's output settings and statement_timeout; statements the client
-prepared on an earlier connection are prepared again there, from the
-rewrite kept here, just before a message uses them.
+the session's output settings and statement_timeout. The client's Parse of
+a rewritten statement is answered here (ParseComplete): the statement is
+prepared on the service connection, from the rewrite kept here, just before
+a message uses it, and again on each connection borrowed later.
+
+A connection is borrowed only while PostgreSQL works for the client. A
+Describe of a statement sent alone (nothing else of the batch queued but
+Flush: asyncpg's ``prepare()``) goes with a Sync of the gate's own, so the
+connection goes back once it is answered. Another open batch (a portal does
+not outlive a Sync) keeps its connection; once PostgreSQL owes no answer
+there (all answered, or no Flush was sent), the gate tells the session
+(``hold_timer(True)``), whose limits may end the batch
+(``service_hold_expired``: a Sync of ours, then the error, and the rest of
+the client's batch skipped up to its Sync).
 
 Suppress mode's report: the SQL of a suppressed answer raises one INFO
 (anonproxy.suppression_report) with what suppression withheld. The gate never
@@ -174,10 +185,10 @@ class Route:
     request: ProxyRequest | None = None  # what a PROXY route asks the session to answer
     asking: tuple[str, bytes, int] = ("query", b"", 0)  # a PROXY route: (what for, portal, max rows)
     hidden: tuple[bytes, ...] = ()  # types of the owner's answers to drop (a statement prepared again)
-    # On the service connection: the statement the payload uses, prepares, or closes (see ``_on_service``).
+    # On the service connection: the statement the payload uses or closes (see ``_on_service``).
     uses: bytes | None = None
-    prepares: bytes | None = None
     closes: bytes | None = None
+    describes: bool = False  # a Describe of a statement on the service connection
     declares: DeclareCursor | None = None  # a cursor the proxy will hold: its query's answer is kept, not sent
     script: Script | None = None  # a message to run statement by statement, from when nothing is in flight
     resets: int = 0  # RESET ALL / DISCARD ALL statements among what it sends to the client's connection
@@ -227,6 +238,7 @@ class Gate:
         service_settings: dict[str, str] | None = None,
         reset_session: Callable[[], None] = lambda: None,
         record: Callable[[Execution], None] | None = None,
+        hold_timer: Callable[[bool], None] = lambda start: None,
     ) -> None:
         self._decide = decide  # None: being analysed, ``decided`` follows
         self._version = version  # of the policy in force
@@ -285,6 +297,15 @@ class Gate:
         # The session's output settings (DateStyle…), all applied on each connection borrowed.
         self._output_settings: dict[str, str] = dict(service_settings or {})
         self._service_statements: set[bytes] = set()  # statements prepared on the service connection held
+        # A borrowed connection held by an open batch (no Sync yet) while PostgreSQL owes no answer there (all
+        # answered, or the client did not Flush: the answers wait for its Sync) is waiting for the client:
+        # ``hold_timer(True)`` starts the session's hold limits, which end the batch (``service_hold_expired``);
+        # ``hold_timer(False)`` stops them.
+        self._hold_timer = hold_timer
+        self._holding_idle = False
+        self._service_awaiting = 0  # batch messages sent to the service connection and not yet answered
+        self._service_flushed = False  # a Flush followed them: the server sends their answers without a Sync
+        self._describing = False  # a Describe the gate closed with a Sync of its own is being answered
         # Cursors (see cursors.py): those the proxy holds, the gated DECLARE being answered, the message of
         # several statements being run one by one.
         self._cursors = Cursors()
@@ -363,6 +384,8 @@ class Gate:
         self._write_client(pg.message(type_, body))
 
     def service_message(self, type_: bytes, body: bytes) -> None:
+        if not self._silenced:
+            self._service_answered(type_)
         if self._silenced:
             # The answer to our own SET: not for the client.
             if type_ == b"Z":
@@ -384,6 +407,30 @@ class Gate:
             self._write_client(pg.message(type_, body))
             if self._report is not None and type_ in (b"C", b"s", b"E"):
                 self._tell_report(type_, body)
+        self._watch_hold()
+
+    def _service_answered(self, type_: bytes) -> None:
+        """Follow how many batch messages sent to the service connection PostgreSQL has yet to answer."""
+        if type_ in _LAST_ANSWERS:
+            self._service_awaiting = max(0, self._service_awaiting - 1)
+        elif type_ == b"E" or type_ == b"Z":  # after an error the server skips the rest, up to Sync
+            self._service_awaiting = 0
+            if type_ == b"E" and self._describing:
+                self._skipping = True  # the Sync was ours: the rest of the client's batch is skipped here
+            if type_ == b"Z":
+                self._describing = False
+
+    def service_hold_expired(self, error: bytes) -> None:
+        """One of the session's hold limits (service_hold_timeout; service_yield_timeout, while another session
+        waits) ran out while an open batch kept the service connection waiting for the client: the batch is ended
+        (a Sync of ours, so that the connection goes back to the pool), the client gets ``error`` once the
+        service side answered, and the rest of its batch is skipped, up to its Sync."""
+        if not self._holding_idle:
+            return
+        self._close_batch_part(Owner.SERVICE)
+        self._skipping = True
+        self._held = Route(Owner.LOCAL, error)  # sent when our Sync is answered, after the batch's answers
+        self._pump()
 
     def _tell_report(self, type_: bytes, body: bytes) -> None:
         """After an answer's CommandComplete (or PortalSuspended), the NOTICE of what suppression withheld; an
@@ -671,6 +718,18 @@ class Gate:
     def _pump(self) -> None:
         self._dispatch()
         self._flow()
+        self._watch_hold()
+
+    def _watch_hold(self) -> None:
+        """Start or stop the session's hold timer as a borrowed connection starts or stops waiting for the client
+        in an open batch."""
+        answering = self._service_awaiting and self._service_flushed  # (unflushed answers wait for the client)
+        idle = (self._acquire_service is not None and self._service_held and self._unsynced is Owner.SERVICE
+                and not answering and not self.in_flight[Owner.SERVICE] and not self._silenced
+                and self._held is None and not self._waiting)
+        if idle != self._holding_idle:
+            self._holding_idle = idle
+            self._hold_timer(idle)
 
     def _dispatch(self) -> None:
         while self._held is not None or self._queue:
@@ -745,7 +804,17 @@ class Gate:
             self._resets_expected += route.resets
             if payload:
                 self._send[route.owner](payload)
-            if route.ends_batch:
+            if route.owner is Owner.SERVICE:
+                types = _types(payload)
+                requests = sum(type_ in _REQUESTS for type_ in types)
+                self._service_awaiting += requests
+                self._service_flushed = types[-1:] == [b"H"] or (self._service_flushed and not requests)
+            if route.describes and self._unsynced is not Owner.SERVICE and all(t == b"H" for t, _ in self._queue):
+                # A Describe of a statement, alone, the client waiting for it (asyncpg's prepare()): a Sync of
+                # ours ends it, so that the connection goes back to the pool; the statement stays prepared there.
+                self._close_batch_part(Owner.SERVICE)
+                self._describing = True
+            elif route.ends_batch:
                 self.in_flight[route.owner] += 1
                 self._unsynced = None
             elif route.in_batch:
@@ -780,8 +849,9 @@ class Gate:
     def _on_service(self, route: Route) -> tuple[bytes, tuple[bytes, ...]]:
         """What goes to the service connection for ``route``, and the answers to hide.
 
-        A statement the client prepared on a connection it handed back is prepared again, from the rewrite
-        kept here, before the message that uses it; the client does not see that ParseComplete.
+        A statement is prepared there, from the rewrite kept here, just before the first message that uses it
+        (the client's Parse was answered here), and again on each connection borrowed later; a named one is
+        closed first, in case an older rewrite of it is there. The client sees neither answer.
         """
         payload, hidden = route.payload, route.hidden
         name = route.uses
@@ -790,9 +860,10 @@ class Gate:
             assert isinstance(decision, Rewrite)
             payload = pg.parse_message(name, decision.runs, self._texts[name].rest) + payload
             hidden = (b"1",) + hidden
+            if name:
+                payload = pg.message(b"C", b"S" + name + b"\0") + payload
+                hidden = (b"3",) + hidden
             self._service_statements.add(name)
-        if route.prepares is not None:
-            self._service_statements.add(route.prepares)
         if route.closes is not None:
             self._service_statements.discard(route.closes)
         return payload, hidden
@@ -825,6 +896,7 @@ class Gate:
         raw = pg.message(type_, body)
         if type_ == b"S":
             self._skipping = False
+            self._describing = False  # the client's batch is over: a failing Describe of ours skips nothing more
             if self.transaction_status == b"I":
                 # The implicit transaction ends: its portals go, as in PostgreSQL.
                 self._proxy_portals.clear()
@@ -946,8 +1018,11 @@ class Gate:
             self._statements[name] = Owner.UPSTREAM
             return Route(Owner.UPSTREAM, pg.parse_message(name, decision.sql, decided.rest))
         if isinstance(decision, Rewrite):
+            # Prepared on the service connection when a message first uses it (``_on_service``): a Parse alone
+            # borrows no connection.
             self._statements[name] = Owner.SERVICE
-            return Route(Owner.SERVICE, pg.parse_message(name, decision.runs, decided.rest), prepares=name)
+            self._service_statements.discard(name)
+            return Route(Owner.LOCAL, pg.message(b"1"))  # ParseComplete
         if _for_proxy(decision):
             self._statements[name] = Owner.PROXY
             self._proxy_statements[name] = (decision, _parameter_types(decided.rest))
@@ -1001,14 +1076,14 @@ class Gate:
             self._bound.pop(portal, None)
         if owner is Owner.PROXY:
             return self._bind_proxy(body)
+        if owner is Owner.SERVICE or (owner is not Owner.LOCAL and again is None):
+            return Route(owner, raw, uses=statement)  # (prepared again on the service side: ``_on_service``)
         if owner is not Owner.LOCAL:
-            if again is None:
-                return Route(owner, raw, uses=statement)
             # Close the old statement (a named one would clash), prepare the new one, bind it: the client sees
             # only the BindComplete.
+            assert again is not None
             close = pg.message(b"C", b"S" + statement + b"\0") if statement else b""
-            return Route(owner, close + again.payload + raw, hidden=(b"3",) * bool(close) + (b"1",),
-                         prepares=statement)
+            return Route(owner, close + again.payload + raw, hidden=(b"3",) * bool(close) + (b"1",))
         if statement in self._cursor_statements:
             bind = pg.parse_bind(body)
             self._cursor_portals[portal] = (self._cursor_statements[statement], bind)
@@ -1044,12 +1119,17 @@ class Gate:
         if owner is Owner.PROXY:
             route = self._proxy_by_name(type_, kind, name, body)
             return route if decided is None else _with_text(route, decided.sql)
+        if type_ == b"C" and owner is Owner.SERVICE and not (
+                self._service_held and (kind == b"P" or name in self._service_statements)):
+            self._service_statements.discard(name)
+            return Route(Owner.LOCAL, pg.message(b"3"))  # CloseComplete: not on the connection held, if any
         if owner is not Owner.LOCAL:
             on_statement = name if kind == b"S" else None
             bound = self._bound.get(name) if type_ == b"E" else None
             resets = bound is not None and isinstance(bound.decision, Pass) and bound.decision.resets_session
             return Route(owner, raw, uses=on_statement if type_ == b"D" else None,
-                         closes=on_statement if type_ == b"C" else None, resets=resets)
+                         closes=on_statement if type_ == b"C" else None, resets=resets,
+                         describes=type_ == b"D" and kind == b"S" and owner is Owner.SERVICE)
         if type_ == b"C":
             settings.pop(name, None)
             (self._cursor_statements if kind == b"S" else self._cursor_portals).pop(name, None)
@@ -1197,6 +1277,24 @@ def _formats(bind: pg.Bind) -> tuple[int, ...]:
 def _undecodable(sql: bytes) -> str:
     """A statement's text that is not valid UTF-8, for the audit trail: invalid bytes replaced."""
     return sql.decode("utf-8", errors="replace")
+
+
+def _types(payload: bytes) -> list[bytes]:
+    """The types of the messages in ``payload``, in order."""
+    types, offset = [], 0
+    while offset < len(payload):
+        types.append(payload[offset:offset + 1])
+        offset += 1 + struct.unpack_from("!i", payload, offset + 1)[0]
+    return types
+
+
+# Batch messages the server answers (Parse, Bind, Describe, Execute, Close), once the batch is flushed or synced.
+_REQUESTS = (b"P", b"B", b"D", b"E", b"C")
+
+
+# The answer that completes each of those messages (ParseComplete, BindComplete, a Describe's RowDescription or
+# NoData, an Execute's CommandComplete, PortalSuspended or EmptyQueryResponse, CloseComplete).
+_LAST_ANSWERS = (b"1", b"2", b"T", b"n", b"C", b"s", b"I", b"3")
 
 
 def _text_or_empty(name: bytes) -> str:

@@ -92,7 +92,10 @@ class Worker:
             analyser=analyser,
             audit=AuditTrail(config.service_conninfo) if config.service_dsn and config.audit_trail else None,
             max_statement_size=config.max_statement_size,
-            service_pool=ServicePool(config.service_login, config.service_pool_size) if config.service_dsn else None,
+            service_pool=ServicePool(config.service_login, config.service_pool_size, config.service_wait_timeout)
+            if config.service_dsn else None,
+            service_hold_timeout=config.service_hold_timeout,
+            service_yield_timeout=config.service_yield_timeout,
         )
         self._index = index
         self._run_dir = run_dir

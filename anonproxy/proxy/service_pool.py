@@ -7,12 +7,18 @@ session's left in flight. So N gated sessions need N backends of their own
 plus at most ``size`` service backends per worker, not 2N.
 
 Connections are opened lazily, up to ``size``; when all are busy, sessions
-wait in line (first come, first served). At checkout, a connection must
-answer a Sync with ReadyForQuery: one that does not (the server ended it
-while it was idle, e.g. a restart) is dropped and another opened in its
-place. When the server refuses
-a new one (53300 too many clients, 57P03…), the waiting session gets the
-server's own reason (:class:`ServiceUnavailable` with its refusal).
+wait in line (first come, first served), each for at most ``wait_timeout``
+seconds: then it gets :class:`PoolBusy` (a session answers its statement
+with an error), never an open-ended stall. A session whose open batch keeps
+its connection waiting for the client registers with ``holding_idle``: while
+a session waits in line, the pool asks every such holder to give its
+connection up (``give_up``; the session ends the batch and hands it back).
+
+At checkout, a connection must answer a Sync with ReadyForQuery: one that
+does not (the server ended it while it was idle, e.g. a restart) is dropped
+and another opened in its place. When the server refuses a new one (53300
+too many clients, 57P03…), the waiting session gets the server's own reason
+(:class:`ServiceUnavailable` with its refusal).
 
 The pool does not reset connections itself: every session starts its use of
 a connection with ``RESET ALL; DEALLOCATE ALL`` and its own settings (see
@@ -25,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
+from collections.abc import Callable
 
 from ..config import ServiceLogin
 from ..wire import protocol as pg
@@ -39,26 +46,34 @@ ALIVE_TIMEOUT = 10.0  # seconds the server may take to answer the liveness check
 POOL_PARAMETERS = {"client_encoding": "UTF8"}
 
 
+class PoolBusy(Exception):
+    """Every connection of the pool stayed checked out for the whole of the pool's ``wait_timeout``."""
+
+
 class ServicePool:
-    def __init__(self, login: ServiceLogin, size: int) -> None:
+    def __init__(self, login: ServiceLogin, size: int, wait_timeout: float) -> None:
         self._login = login
         self.size = size
+        self.wait_timeout = wait_timeout
         self._free: deque[ServiceConnection] = deque()
         self._count = 0  # open or being opened, free or checked out
         # Sessions waiting for a connection: each gets one (or None: "open one yourself, a slot is free").
         self._waiters: deque[asyncio.Future[ServiceConnection | None]] = deque()
+        self._idle_holders: dict[object, Callable[[], None]] = {}  # see ``holding_idle``
 
     async def acquire(self) -> ServiceConnection:
-        """A live connection for this session alone, until ``release`` or ``discard``."""
+        """A live connection for this session alone, until ``release`` or ``discard``; :class:`PoolBusy` if
+        none is handed back within ``wait_timeout``."""
+        deadline = asyncio.get_running_loop().time() + self.wait_timeout
         while True:
-            service = await self._next()
+            service = await self._next(deadline)
             if await self._alive(service):
                 return service
             log.info("a pooled service connection was ended by the server; replacing it")
             self.discard(service)
 
-    async def _next(self) -> ServiceConnection:
-        """A free connection, a new one if there is room, or the first one handed back."""
+    async def _next(self, deadline: float) -> ServiceConnection:
+        """A free connection, a new one if there is room, or the first one handed back before ``deadline``."""
         while True:
             if self._free:
                 return self._free.popleft()
@@ -66,11 +81,15 @@ class ServicePool:
                 return await self._open()
             waiter: asyncio.Future[ServiceConnection | None] = asyncio.get_running_loop().create_future()
             self._waiters.append(waiter)
+            self._reclaim()
             try:
-                service = await waiter
-            except asyncio.CancelledError:
+                async with asyncio.timeout_at(deadline):
+                    service = await waiter
+            except (asyncio.CancelledError, TimeoutError) as exc:
                 if waiter.done() and not waiter.cancelled():
                     self._pass_on(waiter.result())  # handed to us as we were cancelled: to the next in line
+                if isinstance(exc, TimeoutError):
+                    raise PoolBusy from None
                 raise
             if service is not None:
                 return service
@@ -138,6 +157,24 @@ class ServicePool:
         service.on_message, service.on_lost = _ignore, _nothing
         service.close()
         self._pass_on(None)
+
+    def holding_idle(self, holder: object, give_up: Callable[[], None]) -> None:
+        """``holder`` keeps a checked-out connection waiting for its client: ``give_up`` is called (soon, once)
+        when a session waits for a connection, now or until ``holding_busy``."""
+        self._idle_holders[holder] = give_up
+        self._reclaim()
+
+    def holding_busy(self, holder: object) -> None:
+        """``holder`` no longer keeps its connection (if any) waiting for its client."""
+        self._idle_holders.pop(holder, None)
+
+    def _reclaim(self) -> None:
+        """While a session waits, every idle holder is asked to give its connection up."""
+        if not any(not waiter.done() for waiter in self._waiters):
+            return
+        holders, self._idle_holders = self._idle_holders, {}
+        for give_up in holders.values():
+            asyncio.get_running_loop().call_soon(give_up)  # not from within another session's call
 
     def close(self) -> None:
         while self._free:

@@ -73,7 +73,7 @@ from .login_options import LoginOptionError, LoginSetting, login_settings
 from .noisy import NoisyAnswers, Refused, SessionLimits, Stop
 from .policy_watch import PolicyWatcher
 from .service import ServiceConnection, ServiceUnavailable
-from .service_pool import ServicePool
+from .service_pool import PoolBusy, ServicePool
 from .upstream import open_upstream
 
 log = logging.getLogger("anonproxy.session")
@@ -96,6 +96,10 @@ class ProxyContext:
     policy: PolicyWatcher | None = None  # None: no service login configured, every role is direct
     service_login: ServiceLogin | None = None
     service_pool: ServicePool | None = None  # where gated sessions borrow service connections
+    # Seconds a gated session's open batch may keep its borrowed service connection waiting for the client: at all,
+    # and while another session waits for a connection.
+    service_hold_timeout: float = ProxyConfig.service_hold_timeout
+    service_yield_timeout: float = ProxyConfig.service_yield_timeout
     noisy: NoisyAnswers | None = None  # answers for roles in dp mode
     audit: AuditTrail | None = None  # None: the audit trail is off
     analyser: Analyser | None = None  # statement analysis off the event loop (None: on it)
@@ -186,6 +190,8 @@ class ClientConnection(asyncio.Protocol):
         self.service: ServiceConnection | None = None  # borrowed from the pool while the gate needs it
         self._borrowing: asyncio.Task[None] | None = None
         self._question: Stop | None = None  # the dp question being answered: a cancel of the client's stops it
+        # service_hold_timeout and service_yield_timeout, while an open batch keeps the service connection idle
+        self._hold_timers: list[asyncio.TimerHandle] = []
         # Whether the client sent something the server has not yet answered with
         # ReadyForQuery: approximate under pipelining, used only to cancel abandoned queries.
         self.awaiting_server = False
@@ -234,6 +240,7 @@ class ClientConnection(asyncio.Protocol):
         self.state = State.CLOSED
         self.context.sessions.discard(self)
         self._cancel_startup_timer()
+        self._time_hold(False)
         if previous is State.STARTUP and self._startup_buffer:
             # As PostgreSQL: a connection closed before any byte is normal (a port probe); a partial packet is not.
             self.context.violations.warning("session %d: incomplete startup packet from %s (%d bytes)", self.id,
@@ -491,6 +498,7 @@ class ClientConnection(asyncio.Protocol):
             reset_session=self.dp_limits.reset,
             service_settings=self._output_settings(),
             record=self._record if self.context.audit is not None else None,
+            hold_timer=self._time_hold,
         )
         self.gate = gate
         self.state = State.GATED
@@ -530,6 +538,17 @@ class ClientConnection(asyncio.Protocol):
             if self.state is State.GATED and self.gate is not None:
                 self.gate.service_refused(error)
             return
+        except PoolBusy:
+            pool_size, waited = pool.size, pool.wait_timeout
+            log.warning("session %d: no service connection was free within service_wait_timeout (%g s)", self.id,
+                        waited)
+            if self.state is State.GATED and self.gate is not None:
+                self.gate.service_refused(pg.error_response(
+                    "53300", f"all {pool_size} service connections of this anonproxy worker stayed in use for "
+                             f"service_wait_timeout ({waited:g} s): the statement did not run",
+                    hint="Retry the statement. The limits are the proxy's service_pool_size and "
+                         "service_wait_timeout settings."))
+            return
         except Exception:
             log.exception("session %d: internal error while borrowing a service connection", self.id)
             self.fail("XX000", "internal error in anonproxy; the connection is closed")
@@ -555,6 +574,48 @@ class ClientConnection(asyncio.Protocol):
             self._service_pool().release(service)
         else:
             self._service_pool().discard(service)
+
+    def _time_hold(self, start: bool) -> None:
+        """The gate's hold limits: started when an open batch keeps the borrowed connection waiting for the
+        client (service_hold_timeout; past service_yield_timeout, the pool may reclaim it for a waiting session),
+        stopped when it goes on."""
+        for timer in self._hold_timers:
+            timer.cancel()
+        self._hold_timers.clear()
+        if self.context.service_pool is not None:
+            self.context.service_pool.holding_busy(self)
+        if start:
+            loop = asyncio.get_running_loop()
+            self._hold_timers = [
+                loop.call_later(self.context.service_hold_timeout, self._hold_expired),
+                loop.call_later(self.context.service_yield_timeout, self._service_pool().holding_idle, self,
+                                self._yield_service),
+            ]
+
+    def _hold_expired(self) -> None:
+        self._end_hold("service_hold_timeout", self.context.service_hold_timeout, "", logging.INFO)
+
+    def _yield_service(self) -> None:
+        """The pool reclaims the connection: another session waits for one."""
+        self._end_hold("service_yield_timeout", self.context.service_yield_timeout,
+                       " while other statements waited for one", logging.DEBUG)  # (frequent under load)
+
+    def _end_hold(self, setting: str, limit: float, why: str, level: int) -> None:
+        """End the open batch that kept the service connection waiting for the client longer than ``setting``."""
+        if self.state is not State.GATED or self.gate is None:
+            return
+        log.log(level, "session %d: a batch kept a service connection waiting without Sync for %s (%g s)%s; "
+                       "ending it", self.id, setting, limit, why)
+        error = pg.error_response(
+            "57014", f"canceling the batch: it kept a service connection of anonproxy waiting without Sync for "
+                     f"more than {setting} ({limit:g} s){why}",
+            hint="End each batch with Sync soon after its last message; the rest of this batch, up to its Sync, "
+                 f"is ignored. The limit is the proxy's {setting} setting.")
+        try:
+            self.gate.service_hold_expired(error)
+        except Exception:
+            log.exception("session %d: internal error while ending a batch that held a service connection", self.id)
+            self.fail("XX000", "internal error in anonproxy; the connection is closed")
 
     def enforce(self, policy: Policy) -> None:
         """A new policy: end a relayed session whose role is no longer direct.
