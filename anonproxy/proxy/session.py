@@ -174,6 +174,7 @@ class ClientConnection(asyncio.Protocol):
         self.terminating = False  # the client sent Terminate: the server will hang up
         self.dp_limits = SessionLimits()  # SET anonproxy.epsilon / anonproxy.delta
         self._who: Who | None = None  # who the audit trail says asked (gated sessions)
+        self._client_full = False  # the client's write buffer is above its high-water mark (pause_writing)
 
     # -- asyncio.Protocol -------------------------------------------------
 
@@ -241,12 +242,24 @@ class ClientConnection(asyncio.Protocol):
             upstream.transport.close()
 
     def pause_writing(self) -> None:
-        if self.upstream is not None and not self.upstream.closed:
-            self.upstream.transport.pause_reading()
+        self._client_full = True
+        self._follow_client()
 
     def resume_writing(self) -> None:
-        if self.upstream is not None and not self.upstream.closed:
-            self.upstream.transport.resume_reading()
+        self._client_full = False
+        self._follow_client()
+
+    def _follow_client(self) -> None:
+        """Backpressure: while the client does not read what it was sent, read nothing more for it from the server
+        side (its own connection, and the service connection it holds); go on once it has read."""
+        transports = [self.upstream.transport] if self.upstream is not None and not self.upstream.closed else []
+        if self.service is not None and not self.service.closed:
+            transports.append(self.service.transport)
+        for transport in transports:
+            if self._client_full:
+                transport.pause_reading()
+            else:
+                transport.resume_reading()
 
     # -- startup phase ----------------------------------------------------
 
@@ -515,6 +528,7 @@ class ClientConnection(asyncio.Protocol):
             return
         service.on_message, service.on_lost = self.gate.service_message, self._service_lost
         self.service = service
+        self._follow_client()  # paused at once if the client is not reading
         if service.key is not None and self._key is not None:
             self.context.cancel_keys.add(self._key, service.key)  # the client's cancel reaches it now
         self.gate.service_acquired()
@@ -526,6 +540,7 @@ class ClientConnection(asyncio.Protocol):
         if service.key is not None and self._key is not None:
             self.context.cancel_keys.remove(self._key, service.key)
         if clean:
+            service.transport.resume_reading()  # if the client's backpressure paused it: the next session reads it
             self._service_pool().release(service)
         else:
             self._service_pool().discard(service)

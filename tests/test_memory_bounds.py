@@ -1,0 +1,124 @@
+"""Memory bounded per session and per worker, through the real proxy (issue 21).
+
+* Backpressure: a client that sends a query with a large answer and does not
+  read it makes the proxy stop reading that answer from the server (its own
+  connection for a direct role, the service connection for a gated one): the
+  worker's resident memory stays flat, and the client gets the whole answer
+  when it does read.
+* The cursors the proxy holds for gated roles: a byte cap per cursor and per
+  session and a cap on their number (54000, the setting named, the session
+  goes on, no cursor left behind).
+* Prepared statements a gated session keeps: a cap on their number and bytes.
+
+The proxies here run with one worker, so that the worker is the process the
+test started and its VmRSS (/proc/<pid>/status) is the worker's.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from conftest import SERVICE_ROLE, Endpoint, ProxyProcess, start_proxy, stop_proxy
+from psycopg import pq
+
+from anonproxy.embedded import EmbeddedPostgres
+
+MB = 1 << 20
+SESSIONS = 6  # clients that do not read, at once
+RSS_BOUND = 100 * MB  # the worker's growth allowed while they do not read (today's code: far more)
+PAD = 100_000  # bytes of text in each row of the large answers
+# A gated answer of large rows: every released (education, age) group, with a literal of PAD bytes.
+GATED_QUERY = (f"select education, age, '{'x' * PAD}' as pad, count(*) from adult group by education, age "
+               "order by education, age")
+DIRECT_ROWS = 400
+DIRECT_QUERY = f"select i, repeat('x', {PAD}) as pad from generate_series(1, {DIRECT_ROWS}) as i"
+
+
+def _proxy(pg_server: EmbeddedPostgres, gated_database: str, path: Path, **settings: str) -> ProxyProcess:
+    return start_proxy(f"host={pg_server.host} port={pg_server.port}", path / "anonproxy.log", workers="1",
+                       log_level="debug",
+                       service_dsn=f"user={SERVICE_ROLE} password={SERVICE_ROLE} dbname={gated_database}",
+                       **settings)
+
+
+@pytest.fixture(scope="module")
+def worker(pg_server: EmbeddedPostgres, gated_database: str,
+           tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyProcess]:
+    """The proxy with its default settings, one worker."""
+    proxy = _proxy(pg_server, gated_database, tmp_path_factory.mktemp("memory"))
+    yield proxy
+    stop_proxy(proxy)
+    assert "Traceback" not in proxy.log(), proxy.log()
+
+
+def rss(pid: int) -> int:
+    """Resident memory of process ``pid``, in bytes."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmRSS for process {pid}")
+
+
+def send_unread(endpoint: Endpoint, dbname: str, user: str, sql: str) -> psycopg.Connection:
+    """A session that sends ``sql`` and reads nothing of the answer (libpq reads only when asked)."""
+    conn = psycopg.connect(endpoint.dsn(dbname, user=user), autocommit=True)
+    conn.pgconn.send_query(sql.encode())
+    while conn.pgconn.flush():
+        time.sleep(0.01)
+    return conn
+
+
+def read_answer(conn: psycopg.Connection) -> list[tuple[bytes | None, ...]]:
+    """The whole answer of the query ``send_unread`` sent: its rows (raw text values)."""
+    rows: list[tuple[bytes | None, ...]] = []
+    while (result := conn.pgconn.get_result()) is not None:
+        assert result.status == pq.ExecStatus.TUPLES_OK, result.error_message
+        rows.extend(tuple(result.get_value(row, column) for column in range(result.nfields))
+                    for row in range(result.ntuples))
+    return rows
+
+
+def peak_growth(pid: int, before: int, seconds: float) -> int:
+    """The worker's highest VmRSS growth over ``seconds`` (stops early once past the bound: no need to wait)."""
+    peak = 0
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and peak <= RSS_BOUND:
+        peak = max(peak, rss(pid) - before)
+        time.sleep(0.05)
+    return peak
+
+
+def warm_up(endpoint: Endpoint, dbname: str, user: str, sql: str) -> int:
+    """One session that reads its answer as it comes (the worker's lasting memory: the analysis child, caches);
+    the number of rows it got."""
+    with send_unread(endpoint, dbname, user, sql) as conn:
+        return len(read_answer(conn))
+
+
+@pytest.mark.parametrize("user", ["reporter", "dba"])
+def test_unread_answers_do_not_grow_the_worker(worker: ProxyProcess, gated_database: str, user: str) -> None:
+    """SESSIONS clients send a query with a large answer (tens of MB each) and do not read: the worker stops
+    reading those answers from the server (reporter: the service connection; dba: its own), so its memory stays
+    within RSS_BOUND; then each client reads and gets its whole answer."""
+    query = GATED_QUERY if user == "reporter" else DIRECT_QUERY
+    expected = warm_up(worker.endpoint, gated_database, user, query)
+    assert expected * PAD * SESSIONS > 2 * RSS_BOUND  # today's code, holding them all, exceeds the bound by far
+    before = rss(worker.process.pid)
+    sessions = [send_unread(worker.endpoint, gated_database, user, query) for _ in range(SESSIONS)]
+    try:
+        growth = peak_growth(worker.process.pid, before, seconds=8)
+        assert growth <= RSS_BOUND, f"the worker grew by {growth / MB:.0f} MB while {SESSIONS} clients did not read"
+        # Another session is answered meanwhile.
+        with psycopg.connect(worker.endpoint.dsn(gated_database, user=user), autocommit=True) as other:
+            assert other.execute("select 1").fetchone() == (1,)
+        for conn in sessions:
+            rows = read_answer(conn)
+            assert len(rows) == expected
+            assert all(row[-2 if user == "reporter" else 1] == b"x" * PAD for row in rows)
+    finally:
+        for conn in sessions:
+            conn.close()
