@@ -17,6 +17,7 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("text", "json")
 # The most a gated session holds of any one client message (statements, bound values, COPY data).
 MAX_STATEMENT_SIZE = 16 * 1024 * 1024
+MAX_MEMORY_SIZE = 1 << 30  # the largest byte limit a setting may give (max_cursor_size…)
 
 
 class ConfigError(ValueError):
@@ -60,6 +61,13 @@ class ProxyConfig:
     max_statement_size: int = 256 * 1024
     analysis_timeout: float = 5.0
     service_pool_size: int = 10  # service connections per worker, shared by its gated sessions
+    # What one gated session may keep in the proxy's memory (docs/proxy.md, "Memory"): the rows of the cursors the
+    # proxy holds for it, one cursor's and all of them, and how many; its named prepared statements and their bytes.
+    max_cursor_size: int = 8 * 1024 * 1024
+    max_session_cursor_size: int = 32 * 1024 * 1024
+    max_session_cursors: int = 64
+    max_prepared_statements: int = 1000
+    max_prepared_size: int = 16 * 1024 * 1024
 
     def __post_init__(self) -> None:
         if not 0 <= self.listen_port <= 65535:
@@ -81,6 +89,12 @@ class ProxyConfig:
             raise ConfigError(f"analysis_timeout must be positive, got {self.analysis_timeout}")
         if not 1 <= self.service_pool_size <= 1000:
             raise ConfigError(f"service_pool_size must be between 1 and 1000, got {self.service_pool_size}")
+        for name in ("max_cursor_size", "max_session_cursor_size", "max_prepared_size"):
+            if not 1024 <= getattr(self, name) <= MAX_MEMORY_SIZE:
+                raise ConfigError(f"{name} must be between 1024 and {MAX_MEMORY_SIZE} bytes, got {getattr(self, name)}")
+        for name in ("max_session_cursors", "max_prepared_statements"):
+            if not 1 <= getattr(self, name) <= 1_000_000:
+                raise ConfigError(f"{name} must be between 1 and 1000000, got {getattr(self, name)}")
         # Parse the connection strings now, so that a bad one fails at load time.
         _ = self.upstream_address
         if self.service_dsn:

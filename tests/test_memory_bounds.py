@@ -122,3 +122,105 @@ def test_unread_answers_do_not_grow_the_worker(worker: ProxyProcess, gated_datab
     finally:
         for conn in sessions:
             conn.close()
+
+
+# -- the cursors the proxy holds -------------------------------------------------------------------------------
+
+CURSOR_SIZE = 1 << 20
+SESSION_CURSOR_SIZE = 2 << 20
+CURSORS = 3
+
+
+@pytest.fixture(scope="module")
+def capped(pg_server: EmbeddedPostgres, gated_database: str,
+           tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyProcess]:
+    """The proxy with small memory limits per session."""
+    proxy = _proxy(pg_server, gated_database, tmp_path_factory.mktemp("capped"), max_cursor_size=str(CURSOR_SIZE),
+                   max_session_cursor_size=str(SESSION_CURSOR_SIZE), max_session_cursors=str(CURSORS),
+                   max_prepared_statements="5", max_prepared_size="65536")
+    yield proxy
+    stop_proxy(proxy)
+    assert "Traceback" not in proxy.log(), proxy.log()
+
+
+@pytest.fixture
+def reporter(capped: ProxyProcess, gated_database: str) -> Iterator[psycopg.Connection]:
+    with psycopg.connect(capped.endpoint.dsn(gated_database, user="reporter"), autocommit=True) as conn:
+        yield conn
+
+
+def by_education(pad: int) -> str:
+    """A suppressed aggregate of 16 rows (one per education), each with ``pad`` bytes of text."""
+    return f"select education, '{'x' * pad}' as pad, count(*) from adult group by education"
+
+
+def refusal(conn: psycopg.Connection, sql: str) -> psycopg.Error:
+    with pytest.raises(psycopg.Error) as caught:
+        conn.execute(sql)
+    return caught.value
+
+
+def absent(conn: psycopg.Connection, name: str) -> bool:
+    """Whether cursor ``name`` does not exist (PostgreSQL's 34000: the FETCH passes, no cursor of the proxy's)."""
+    try:
+        conn.execute(f"fetch 1 from {name}")
+    except psycopg.Error as exc:
+        return exc.sqlstate == "34000"
+    return False
+
+
+def fetch_all(conn: psycopg.Connection, name: str) -> list[tuple[object, ...]]:
+    return conn.execute(f"fetch all from {name}").fetchall()
+
+
+def test_a_cursor_over_max_cursor_size_is_refused(reporter: psycopg.Connection) -> None:
+    """A DECLARE whose answer is larger than max_cursor_size: 54000 naming the limit and the setting; no cursor;
+    the session goes on (a smaller cursor of the same name works). Extended protocol (psycopg), then simple."""
+    error = refusal(reporter, f"declare big cursor with hold for {by_education(100_000)}")
+    assert error.sqlstate == "54000"
+    assert "anonproxy holds at most 1 MB per cursor" in error.diag.message_primary
+    assert "max_cursor_size" in (error.diag.message_hint or "")
+    assert absent(reporter, "big")
+    result = reporter.pgconn.exec_(f"declare big cursor with hold for {by_education(100_000)}".encode())
+    assert result.status == pq.ExecStatus.FATAL_ERROR
+    assert result.error_field(pq.DiagnosticField.SQLSTATE) == b"54000"
+    assert absent(reporter, "big")
+    reporter.execute(f"declare big cursor with hold for {by_education(10)}")
+    assert len(fetch_all(reporter, "big")) == 16
+    reporter.execute("close big")
+
+
+def test_cursors_over_max_session_cursor_size_are_refused(reporter: psycopg.Connection) -> None:
+    """Two cursors of 800 kB fit in max_session_cursor_size (2 MB), a third does not: 54000 naming the setting,
+    the third absent, the first two whole; once one is closed, the third is declared."""
+    for name in ("one", "two"):
+        reporter.execute(f"declare {name} cursor with hold for {by_education(50_000)}")
+    error = refusal(reporter, f"declare three cursor with hold for {by_education(50_000)}")
+    assert error.sqlstate == "54000"
+    assert "of cursors per session" in error.diag.message_primary
+    assert "max_session_cursor_size" in (error.diag.message_hint or "")
+    assert absent(reporter, "three")
+    assert len(fetch_all(reporter, "one")) == 16
+    reporter.execute("close one")
+    reporter.execute(f"declare three cursor with hold for {by_education(50_000)}")
+    assert [len(fetch_all(reporter, name)) for name in ("two", "three")] == [16, 16]
+    reporter.execute("close all")
+
+
+def test_cursors_over_max_session_cursors_are_refused(reporter: psycopg.Connection) -> None:
+    """max_session_cursors (3) cursors held, a fourth is refused before its query runs (54000 naming the setting),
+    in a transaction block too, which goes on; after a CLOSE it is declared."""
+    for name in ("c1", "c2", "c3"):
+        reporter.execute(f"declare {name} cursor with hold for {by_education(1)}")
+    error = refusal(reporter, f"declare c4 cursor with hold for {by_education(1)}")
+    assert error.sqlstate == "54000"
+    assert "anonproxy holds at most 3 cursors per session" in error.diag.message_primary
+    assert "max_session_cursors" in (error.diag.message_hint or "")
+    assert absent(reporter, "c4")
+    with reporter.transaction():
+        assert refusal(reporter, f"declare c4 cursor for {by_education(1)}").sqlstate == "54000"
+        assert reporter.execute("select 1").fetchone() == (1,)
+        reporter.execute("close c1")
+        reporter.execute(f"declare c4 cursor for {by_education(1)}")
+        assert len(fetch_all(reporter, "c4")) == 16
+    reporter.execute("close all")

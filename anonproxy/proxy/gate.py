@@ -106,6 +106,7 @@ from ..wire.framing import BoundedMessageBuffer, Piece
 from ..wire.results import Column, FormatError, Result, check_formats, result_formats
 from .followed_settings import REPORTED_SETTINGS, UNREPORTED_SETTINGS
 from .cursors import Capture, Cursors, ScriptRun, follow, unnamed_bind
+from .limits import MemoryLimits
 
 SYNC = pg.message(b"S")
 _EXECUTE_ALL = pg.message(b"E", b"\0\0\0\0\0")  # Execute the unnamed portal, all rows
@@ -210,6 +211,7 @@ class Gate:
         release_service: Callable[[bool], None] = lambda clean: None,
         service_settings: dict[str, str] | None = None,
         reset_session: Callable[[], None] = lambda: None,
+        limits: MemoryLimits = MemoryLimits(),
     ) -> None:
         self._decide = decide  # None: being analysed, ``decided`` follows
         self._version = version  # of the policy in force
@@ -268,7 +270,7 @@ class Gate:
         self._service_statements: set[bytes] = set()  # statements prepared on the service connection held
         # Cursors (see cursors.py): those the proxy holds, the gated DECLARE being answered, the message of
         # several statements being run one by one.
-        self._cursors = Cursors()
+        self._cursors = Cursors(limits)
         self._capture: Capture | None = None
         self._declaring: DeclareCursor | None = None
         self._script: ScriptRun | None = None
@@ -663,7 +665,7 @@ class Gate:
                 self._queue.extendleft([(b"q", b"")] * len(route.script.parts))
                 continue
             if route.declares is not None and route.owner is Owner.SERVICE:
-                self._capture = Capture(route.declares)
+                self._capture = self._cursors.capture(route.declares)
             elif route.declares is not None:
                 self._declaring = route.declares
             if route.owner is Owner.LOCAL:

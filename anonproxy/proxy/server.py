@@ -31,6 +31,7 @@ from ..wire import protocol as pg
 from .analysis import Analyser
 from .audit_trail import AuditTrail
 from .cancel import CancelRegistry, answer_sibling, cancel_socket_path
+from .limits import MemoryLimits
 from .noisy import NoisyAnswers
 from .policy_watch import PolicyWatcher
 from .service_pool import ServicePool
@@ -92,6 +93,7 @@ class Worker:
             analyser=analyser,
             audit=AuditTrail(config.service_conninfo) if config.service_dsn and config.audit_trail else None,
             max_statement_size=config.max_statement_size,
+            limits=MemoryLimits.of(config),
             service_pool=ServicePool(config.service_login, config.service_pool_size) if config.service_dsn else None,
         )
         self._index = index

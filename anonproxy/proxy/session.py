@@ -58,6 +58,7 @@ from .audit_trail import AuditTrail, Spent, Who, session_id
 from .cancel import CancelRegistry, ClientKey, UpstreamKey, cancel_then_hang_up, send_cancel
 from .followed_settings import REPORTED_SETTINGS, follow_settings
 from .gate import EXPLAIN_COLUMNS, Gate, Owner, ProxyRequest, Reply
+from .limits import MemoryLimits
 from .login_options import LoginOptionError, LoginSetting, login_settings
 from .noisy import NoisyAnswers, Refused, SessionLimits
 from .policy_watch import PolicyWatcher
@@ -89,6 +90,7 @@ class ProxyContext:
     audit: AuditTrail | None = None  # None: the audit trail is off
     analyser: Analyser | None = None  # statement analysis off the event loop (None: on it)
     max_statement_size: int = ProxyConfig.max_statement_size  # of a gated session's Query or Parse, in bytes
+    limits: MemoryLimits = MemoryLimits()  # what one gated session may keep in memory (cursors, statements)
     sessions: set[ClientConnection] = field(default_factory=set)
     # Malformed startup packets and framing violations: one line each, but a client cannot flood the log.
     violations: RateLimitedLog = field(default_factory=lambda: RateLimitedLog(log))
@@ -478,6 +480,7 @@ class ClientConnection(asyncio.Protocol):
             release_service=self._release_service,
             reset_session=self.dp_limits.reset,
             service_settings=self._output_settings(),
+            limits=self.context.limits,
         )
         self.gate = gate
         self.state = State.GATED
