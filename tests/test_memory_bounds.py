@@ -224,3 +224,49 @@ def test_cursors_over_max_session_cursors_are_refused(reporter: psycopg.Connecti
         reporter.execute(f"declare c4 cursor for {by_education(1)}")
         assert len(fetch_all(reporter, "c4")) == 16
     reporter.execute("close all")
+
+
+# -- prepared statements ---------------------------------------------------------------------------------------
+
+
+def prepare(conn: psycopg.Connection, name: str, sql: str) -> str | None:
+    """Parse of a named statement (the extended protocol); the SQLSTATE of its error, if any."""
+    result = conn.pgconn.prepare(name.encode(), sql.encode())
+    if result.status == pq.ExecStatus.COMMAND_OK:
+        return None
+    assert result.error_field(pq.DiagnosticField.MESSAGE_HINT) is not None
+    return (result.error_field(pq.DiagnosticField.SQLSTATE) or b"").decode()
+
+
+def test_prepared_statements_over_max_prepared_statements_are_refused(reporter: psycopg.Connection) -> None:
+    """Five named statements kept (max_prepared_statements), a sixth is refused with 54000; the five still run;
+    once one is gone (DEALLOCATE, as psycopg sends it), the sixth is prepared. The unnamed statement never counts."""
+    for number in range(5):
+        assert prepare(reporter, f"s{number}", f"select {number}") is None
+    assert prepare(reporter, "s5", "select 5") == "54000"
+    result = reporter.pgconn.prepare(b"s5", b"select 5")
+    assert b"max_prepared_statements" in (result.error_field(pq.DiagnosticField.MESSAGE_HINT) or b"")
+    assert prepare(reporter, "", "select 'unnamed'") is None
+    assert reporter.pgconn.exec_prepared(b"s4", []).get_value(0, 0) == b"4"
+    assert reporter.execute("select 1").fetchone() == (1,)
+    reporter.execute("deallocate s0")
+    assert prepare(reporter, "s5", "select 5") is None
+    assert reporter.pgconn.exec_prepared(b"s5", []).get_value(0, 0) == b"5"
+    reporter.execute("deallocate all")
+    assert prepare(reporter, "s0", "select 0") is None
+
+
+def test_prepared_statements_over_max_prepared_size_are_refused(reporter: psycopg.Connection) -> None:
+    """Statements of 40 kB each: one fits in max_prepared_size (64 kB), a second does not (54000 naming the
+    setting); a rewritten aggregate's rewrite counts too."""
+    padded = f"select '{'x' * 40_000}' as pad"
+    assert prepare(reporter, "big1", padded) is None
+    assert prepare(reporter, "big2", padded) == "54000"
+    result = reporter.pgconn.prepare(b"big2", padded.encode())
+    assert b"max_prepared_size" in (result.error_field(pq.DiagnosticField.MESSAGE_HINT) or b"")
+    assert reporter.pgconn.exec_prepared(b"big1", []).get_value(0, 0) == b"x" * 40_000
+    assert prepare(reporter, "agg", by_education(15_000)) == "54000"  # 15 kB of text, several times that rewritten
+    reporter.execute("deallocate big1")
+    assert prepare(reporter, "agg", by_education(15_000)) is None
+    rows = reporter.pgconn.exec_prepared(b"agg", [])
+    assert rows.ntuples == 16

@@ -77,6 +77,7 @@ proxy (``settings``).
 from __future__ import annotations
 
 import enum
+import re
 import struct
 from collections import deque
 from collections.abc import Callable
@@ -106,7 +107,7 @@ from ..wire.framing import BoundedMessageBuffer, Piece
 from ..wire.results import Column, FormatError, Result, check_formats, result_formats
 from .followed_settings import REPORTED_SETTINGS, UNREPORTED_SETTINGS
 from .cursors import Capture, Cursors, ScriptRun, follow, unnamed_bind
-from .limits import MemoryLimits
+from .limits import MemoryLimits, size_text
 
 SYNC = pg.message(b"S")
 _EXECUTE_ALL = pg.message(b"E", b"\0\0\0\0\0")  # Execute the unnamed portal, all rows
@@ -270,6 +271,7 @@ class Gate:
         self._service_statements: set[bytes] = set()  # statements prepared on the service connection held
         # Cursors (see cursors.py): those the proxy holds, the gated DECLARE being answered, the message of
         # several statements being run one by one.
+        self._limits = limits
         self._cursors = Cursors(limits)
         self._capture: Capture | None = None
         self._declaring: DeclareCursor | None = None
@@ -787,7 +789,7 @@ class Gate:
             if isinstance(sql, Reject):
                 return self._refuse(sql, simple=True)
             decided = self._decision(sql)
-            return _WAIT if decided is None else self._route_query(raw, decided.decision)
+            return _WAIT if decided is None else self._route_query(raw, sql, decided.decision)
         if type_ == b"P":
             return self._route_parse(raw, body)
         if type_ == b"B":
@@ -820,8 +822,9 @@ class Gate:
                       "Shorten the statement (a long list of values is the usual cause); the limit is the "
                       "proxy's max_statement_size setting.")
 
-    def _route_query(self, raw: bytes, decision: Decision) -> Route:
+    def _route_query(self, raw: bytes, sql: str, decision: Decision) -> Route:
         if isinstance(decision, Pass):
+            self._deallocated(sql)
             return Route(Owner.UPSTREAM, raw, ends_batch=True, resets=decision.resets_session)
         if isinstance(decision, Relayed):
             return Route(Owner.UPSTREAM, pg.query_message(decision.sql), ends_batch=True)
@@ -861,6 +864,10 @@ class Gate:
         decision = decided.decision
         if self.transaction_status == b"E" and not isinstance(decision, (Pass, Relayed, Intercept, Reject)):
             return self._refuse(_ABORTED)  # as PostgreSQL: the statement of that name, if any, stays
+        if name and name not in self._texts and not isinstance(decision, Reject):
+            reject = self._no_room(name, decided)
+            if reject is not None:
+                return self._refuse(reject)
         self._statement_settings.pop(name, None)
         self._proxy_statements.pop(name, None)
         self._cursor_statements.pop(name, None)
@@ -897,6 +904,40 @@ class Gate:
         self._statements[name] = Owner.LOCAL
         self._statement_settings[name] = decision.setting
         return Route(Owner.LOCAL, pg.message(b"1"))
+
+    def _no_room(self, name: bytes, decided: _Decided) -> Reject | None:
+        """Why a new named statement cannot be kept (too many, or too many bytes, for the session's limits)."""
+        limits = self._limits
+        named = [(key, kept) for key, kept in self._texts.items() if key]
+        if len(named) >= limits.statements:
+            return Reject("54000", f"too many prepared statements: anonproxy keeps at most {limits.statements} per "
+                                   "session", "Close (or DEALLOCATE) the statements you no longer need; the limit is "
+                                              "the proxy's max_prepared_statements setting.")
+        size = sum(_statement_size(key, kept) for key, kept in named) + _statement_size(name, decided)
+        if size > limits.statement_size:
+            return Reject("54000", f"prepared statements too large: this session's would take {size_text(size)}; "
+                                   f"anonproxy keeps at most {size_text(limits.statement_size)} of them per session",
+                          "Close (or DEALLOCATE) the statements you no longer need; the limit is the proxy's "
+                          "max_prepared_size setting.")
+        return None
+
+    def _deallocated(self, sql: str) -> None:
+        """A DEALLOCATE that goes to the client's connection: PostgreSQL's statements of that name (or all of them)
+        are forgotten here too, so that they no longer count against the session's limits."""
+        match = _DEALLOCATE.fullmatch(sql)
+        if match is None:
+            return
+        name = match["name"]
+        if name.upper() == "ALL":
+            names = [key for key, owner in self._statements.items() if owner is Owner.UPSTREAM]
+        elif name.startswith('"'):
+            names = [name[1:-1].replace('""', '"').encode()]
+        else:
+            names = [name.lower().encode()]
+        for key in names:
+            if self._statements.get(key) is Owner.UPSTREAM:
+                del self._statements[key]
+                self._texts.pop(key, None)
 
     def _route_bind(self, raw: bytes, body: bytes) -> Route:
         portal, offset = pg.read_cstring(body)
@@ -1089,6 +1130,13 @@ def _text(sql: bytes) -> str | Reject:
                       "anonproxy reads the statements of anonymized roles as UTF-8; send them in UTF-8.")
 
 
+def _statement_size(name: bytes, decided: _Decided) -> int:
+    """About the bytes a prepared statement holds here: its name, text and parameter types, and its rewrite."""
+    decision = decided.decision
+    rewrite = len(decision.runs) if isinstance(decision, Rewrite) else 0
+    return len(name) + len(decided.sql) + len(decided.rest) + rewrite
+
+
 def _text_or_empty(name: bytes) -> str:
     try:
         return name.decode()
@@ -1108,6 +1156,8 @@ def _literal(value: str) -> str:
 # SHOW anonproxy.<these> need the ledger or the session's dp settings: answered by the session.
 PROXY_SETTINGS = frozenset({"budget", "epsilon", "delta"})
 EXPLAIN_COLUMNS = (Column("QUERY PLAN", 25),)
+# DEALLOCATE [PREPARE] name | ALL, alone in its message (PostgreSQL's grammar; a name quoted or not).
+_DEALLOCATE = re.compile(r'\s*deallocate\s+(?:prepare\s+)?(?P<name>"(?:[^"]|"")+"|[^\s";]+)\s*;?\s*', re.IGNORECASE)
 _ABORTED = Reject("25P02", "current transaction is aborted, commands ignored until end of transaction block")
 # pg_settings gives the value in milliseconds, whatever unit it was set in.
 _CLIENT_TIMEOUT_QUERY = pg.query_message(
