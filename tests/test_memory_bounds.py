@@ -16,6 +16,7 @@ test started and its VmRSS (/proc/<pid>/status) is the worker's.
 
 from __future__ import annotations
 
+import select
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,6 +36,7 @@ PAD = 100_000  # bytes of text in each row of the large answers
 GATED_QUERY = (f"select education, age, '{'x' * PAD}' as pad, count(*) from adult group by education, age "
                "order by education, age")
 DIRECT_ROWS = 400
+PIPELINED = 600  # statements a client pipelines without reading
 DIRECT_QUERY = f"select i, repeat('x', {PAD}) as pad from generate_series(1, {DIRECT_ROWS}) as i"
 
 
@@ -122,6 +124,54 @@ def test_unread_answers_do_not_grow_the_worker(worker: ProxyProcess, gated_datab
     finally:
         for conn in sessions:
             conn.close()
+
+
+
+def test_pipelined_statements_do_not_pile_up_for_the_service(worker: ProxyProcess, gated_database: str) -> None:
+    """A reporter pipelines PIPELINED rewritten statements (each with a 200 kB literal, kept in the rewrite) and
+    reads no answer: once the service connection's server stops taking them (it is sending an answer nobody
+    reads), the proxy stops reading from the client, so the statements wait in the client's socket, not in the
+    worker (today's code holds every answer, and the statements behind them); then every answer arrives."""
+    sql = f"select '{'x' * 200_000}' as pad, count(*) from adult".encode()
+    warm_up(worker.endpoint, gated_database, "reporter", sql.decode())
+    before = rss(worker.process.pid)
+    with psycopg.connect(worker.endpoint.dsn(gated_database, user="reporter"), autocommit=True) as conn:
+        pgconn = conn.pgconn
+        pgconn.nonblocking = 1
+        pgconn.enter_pipeline_mode()
+        for _ in range(PIPELINED):
+            pgconn.send_query_params(sql, None)
+        pgconn.pipeline_sync()
+        pgconn.flush()
+        growth, deadline = 0, time.monotonic() + 8
+        while time.monotonic() < deadline and growth <= RSS_BOUND:
+            pgconn.flush()  # as much as the proxy takes
+            growth = max(growth, rss(worker.process.pid) - before)
+            time.sleep(0.05)
+        assert growth <= RSS_BOUND, f"the worker grew by {growth / MB:.0f} MB while the client did not read"
+        assert pipeline_answers(pgconn) == PIPELINED
+        pgconn.exit_pipeline_mode()
+
+
+def pipeline_answers(pgconn: pq.PGconn) -> int:
+    """Send what is left and read every answer up to the pipeline's Sync; how many rows of 200 kB came."""
+    rows = 0
+    while True:
+        pgconn.flush()
+        wait_readable(pgconn)
+        pgconn.consume_input()
+        while not pgconn.is_busy():
+            result = pgconn.get_result()
+            if result is None:
+                continue  # between two statements' answers
+            if result.status == pq.ExecStatus.PIPELINE_SYNC:
+                return rows
+            assert result.status == pq.ExecStatus.TUPLES_OK, result.error_message
+            rows += sum(result.get_value(row, 0) == b"x" * 200_000 for row in range(result.ntuples))
+
+
+def wait_readable(pgconn: pq.PGconn) -> None:
+    select.select([pgconn.socket], [], [], 1)
 
 
 # -- the cursors the proxy holds -------------------------------------------------------------------------------

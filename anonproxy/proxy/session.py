@@ -177,6 +177,7 @@ class ClientConnection(asyncio.Protocol):
         self.dp_limits = SessionLimits()  # SET anonproxy.epsilon / anonproxy.delta
         self._who: Who | None = None  # who the audit trail says asked (gated sessions)
         self._client_full = False  # the client's write buffer is above its high-water mark (pause_writing)
+        self._service_backlog = False  # the service connection's write buffer is (its on_full)
 
     # -- asyncio.Protocol -------------------------------------------------
 
@@ -529,17 +530,27 @@ class ClientConnection(asyncio.Protocol):
         if self.state is not State.GATED or self.gate is None:
             pool.release(service)
             return
-        service.on_message, service.on_lost = self.gate.service_message, self._service_lost
+        service.on_message, service.on_lost, service.on_full = (self.gate.service_message, self._service_lost,
+                                                                 self._service_full)
         self.service = service
         self._follow_client()  # paused at once if the client is not reading
         if service.key is not None and self._key is not None:
             self.context.cancel_keys.add(self._key, service.key)  # the client's cancel reaches it now
         self.gate.service_acquired()
 
+    def _service_full(self, full: bool) -> None:
+        """Backpressure towards the client: while the service connection's server takes nothing more of what the
+        gate sends it (it is busy sending an answer the client does not read), read nothing more from the client."""
+        self._service_backlog = full
+        self._pause_reading(full)
+
     def _release_service(self, clean: bool) -> None:
         """The gate is done with the service connection: back to the pool (closed if not left idle)."""
         service, self.service = self.service, None
         assert service is not None
+        service.on_full = None
+        if self._service_backlog:
+            self._service_full(False)
         if service.key is not None and self._key is not None:
             self.context.cancel_keys.remove(self._key, service.key)
         if clean:
