@@ -26,7 +26,9 @@ import pytest
 from conftest import SERVICE_ROLE, Endpoint, ProxyProcess, start_proxy, stop_proxy
 from psycopg import pq
 
+from anonproxy.config import ConfigError, load_config
 from anonproxy.embedded import EmbeddedPostgres
+from anonproxy.proxy.limits import MemoryLimits
 
 MB = 1 << 20
 SESSIONS = 6  # clients that do not read, at once
@@ -320,3 +322,18 @@ def test_prepared_statements_over_max_prepared_size_are_refused(reporter: psycop
     assert prepare(reporter, "agg", by_education(15_000)) is None
     rows = reporter.pgconn.exec_prepared(b"agg", [])
     assert rows.ntuples == 16
+
+
+@pytest.mark.parametrize(("setting", "value"), [("max_cursor_size", "100"), ("max_session_cursor_size", "0"),
+                                                ("max_session_cursors", "0"), ("max_prepared_statements", "-1"),
+                                                ("max_prepared_size", str(2 << 30))])
+def test_limits_out_of_range_stop_the_proxy_at_load_time(setting: str, value: str) -> None:
+    with pytest.raises(ConfigError, match=setting):
+        load_config(environ={f"ANONPROXY_{setting.upper()}": value})
+
+
+def test_limits_are_read_from_the_environment() -> None:
+    config = load_config(environ={"ANONPROXY_MAX_CURSOR_SIZE": "65536", "ANONPROXY_MAX_PREPARED_STATEMENTS": "7"})
+    limits = MemoryLimits.of(config)
+    assert (limits.cursor_size, limits.statements) == (65536, 7)
+    assert MemoryLimits.of(load_config(environ={})) == MemoryLimits()

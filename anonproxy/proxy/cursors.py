@@ -34,7 +34,7 @@ from dataclasses import dataclass, field, replace
 from ..rewrite.decision import CloseCursor, Decision, DeclareCursor, FetchCursor, Reject
 from ..wire import protocol as pg
 from ..wire.results import BINARY, TEXT, Column, FormatError, Result, check_formats, result_formats
-from .limits import MemoryLimits, size_text
+from .limits import DEFAULT_LIMITS, MemoryLimits, size_text
 
 MAX_CURSOR_ROWS = 100_000  # rows one cursor the proxy holds may keep
 _FOLLOWED = frozenset(b"EZ")  # message types follow() looks at: ErrorResponse, ReadyForQuery
@@ -81,7 +81,7 @@ def row_size(values: tuple[bytes | None, ...]) -> int:
 class Cursors:
     """The cursors of one gated session, by name."""
 
-    def __init__(self, limits: MemoryLimits = MemoryLimits()) -> None:
+    def __init__(self, limits: MemoryLimits = DEFAULT_LIMITS) -> None:
         self._limits = limits
         self._cursors: dict[str, Cursor] = {}
         self._declaring: list[DeclareCursor] = []  # passed DECLAREs awaiting PostgreSQL's "DECLARE CURSOR"

@@ -107,7 +107,7 @@ from ..wire.framing import BoundedMessageBuffer, Piece
 from ..wire.results import Column, FormatError, Result, check_formats, result_formats
 from .followed_settings import REPORTED_SETTINGS, UNREPORTED_SETTINGS
 from .cursors import Capture, Cursors, ScriptRun, follow, unnamed_bind
-from .limits import MemoryLimits, size_text
+from .limits import DEFAULT_LIMITS, MemoryLimits, size_text
 
 SYNC = pg.message(b"S")
 _EXECUTE_ALL = pg.message(b"E", b"\0\0\0\0\0")  # Execute the unnamed portal, all rows
@@ -212,7 +212,7 @@ class Gate:
         release_service: Callable[[bool], None] = lambda clean: None,
         service_settings: dict[str, str] | None = None,
         reset_session: Callable[[], None] = lambda: None,
-        limits: MemoryLimits = MemoryLimits(),
+        limits: MemoryLimits = DEFAULT_LIMITS,
     ) -> None:
         self._decide = decide  # None: being analysed, ``decided`` follows
         self._version = version  # of the policy in force

@@ -27,6 +27,9 @@ class MemoryLimits:
                    config.max_prepared_statements, config.max_prepared_size)
 
 
+DEFAULT_LIMITS = MemoryLimits()
+
+
 def size_text(size: int) -> str:
     """Bytes as an error message says them: exact below 1 kB, else kB or MB with one decimal at most."""
     if size < 1024:

@@ -9,6 +9,10 @@ When the server refuses the login (53300 too many clients, 57P03 starting
 up, 28P01…) or ends the connection with a FATAL error, its SQLSTATE and
 message are kept (:class:`ServerRefusal`), so the client is told the real
 reason rather than a generic one of the proxy's.
+
+Flow control is the borrowing session's: it pauses reading while its client
+does not read, and hears through ``on_full`` when the server stops taking
+what is sent.
 """
 
 from __future__ import annotations

@@ -47,6 +47,7 @@ from anonproxy.embedded import EmbeddedPostgres
 TARGET_ADDED_P99_MS = 100.0
 TARGET_GROWTH_MB = 50.0
 SESSIONS = 10  # clients that do not read
+DIRECT_QUERY = "select i, repeat('x', 100000) as pad, 1 from generate_series(1, 450) as i"
 
 
 def _aggregate(pad: int, keys: str) -> str:
@@ -93,8 +94,7 @@ ATTACKS: dict[str, Callable[[int, float], tuple[Callable[..., None], tuple[Any, 
     "cursors": lambda port, hold: (_cursors, (port, 200_000, "age, sex", 6, hold)),
     "cursors-many": lambda port, hold: (_cursors, (port, 100_000, "education, sex", 20, hold)),
     "unread": lambda port, hold: (_unread, (port, "reporter", _aggregate(100_000, "education, age"), hold)),
-    "unread-direct": lambda port, hold: (_unread, (port, "dba", "select i, repeat('x', 100000) as pad, 1 "
-                                                               "from generate_series(1, 450) as i", hold)),
+    "unread-direct": lambda port, hold: (_unread, (port, "dba", DIRECT_QUERY, hold)),
 }
 
 
