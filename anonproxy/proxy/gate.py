@@ -36,6 +36,12 @@ holds that message, and those after it, until ``decided``. A Query or Parse
 longer than ``max_statement_size`` is never buffered (BoundedMessageBuffer)
 and is refused with 54000; one that is not valid UTF-8 with 22021.
 
+Memory: the named prepared statements a session keeps here are capped
+(``limits``, limits.py: their number and bytes); a Parse over a limit is
+refused with 54000 and nothing of it is kept. A DEALLOCATE sent alone in a
+Query forgets PostgreSQL's statements of that name here too. The cursors'
+caps are cursors.py's.
+
 Policy changes reach prepared statements: each remembers its text and the
 policy version it was decided under. A Bind of a statement decided under an
 older version decides it again; a refusal answers the Bind, and a new
@@ -923,9 +929,10 @@ class Gate:
 
     def _deallocated(self, sql: str) -> None:
         """A DEALLOCATE that goes to the client's connection: PostgreSQL's statements of that name (or all of them)
-        are forgotten here too, so that they no longer count against the session's limits."""
+        are forgotten here too, so that they no longer count against the session's limits (not in a failed
+        transaction, where PostgreSQL refuses it; elsewhere it is not undone by a rollback)."""
         match = _DEALLOCATE.fullmatch(sql)
-        if match is None:
+        if match is None or self.transaction_status == b"E":
             return
         name = match["name"]
         if name.upper() == "ALL":

@@ -90,7 +90,7 @@ class ProxyContext:
     audit: AuditTrail | None = None  # None: the audit trail is off
     analyser: Analyser | None = None  # statement analysis off the event loop (None: on it)
     max_statement_size: int = ProxyConfig.max_statement_size  # of a gated session's Query or Parse, in bytes
-    limits: MemoryLimits = field(default_factory=MemoryLimits)  # what one gated session may keep in memory (cursors, statements)
+    limits: MemoryLimits = field(default_factory=MemoryLimits)  # what a gated session may keep (cursors, statements)
     sessions: set[ClientConnection] = field(default_factory=set)
     # Malformed startup packets and framing violations: one line each, but a client cannot flood the log.
     violations: RateLimitedLog = field(default_factory=lambda: RateLimitedLog(log))
