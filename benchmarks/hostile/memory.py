@@ -10,7 +10,10 @@ its own while the dba (direct mode, same worker) runs ``select 1`` in a loop:
 * ``cursors-many``: the same with 100 kB in a smaller answer, 20 cursors;
 * ``unread``: ten reporters send a query whose answer is 45 MB and do not read
   it for ``--hold`` seconds; then they read it and check it is whole;
-* ``unread-direct``: the same with ten dba sessions (relayed).
+* ``unread-direct``: the same with ten dba sessions (relayed);
+* ``pipelined``: a reporter pipelines 600 statements with a 200 kB literal
+  (kept in their rewrites) and reads no answer for ``--hold`` seconds; then
+  it reads them all.
 
 Prints, per attack, what the attacker got, the dba's p50/p99/max and the
 worker's peak VmRSS growth, then the targets: p99 at most 100 ms above the idle
@@ -22,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import select
 import signal
 import sys
 import time
@@ -31,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from psycopg import pq
 from run import (  # the set-up, the dba's timing and the memory sampler of run.py (which puts REPO on the path)
     REPO,
     _connect,
@@ -90,11 +95,43 @@ def _unread(port: int, user: str, sql: str, hold: float, outcomes: Any) -> None:
     outcomes.put(f"{SESSIONS} sessions, each read {min(sizes) / 2**20:.0f} to {max(sizes) / 2**20:.0f} MB at the end")
 
 
+def _pipelined(port: int, count: int, hold: float, outcomes: Any) -> None:
+    """One reporter pipelines ``count`` statements (200 kB each, and 200 kB of answer) and reads nothing for
+    ``hold`` seconds, sending all the proxy takes; then it reads every answer."""
+    sql = f"select '{'x' * 200_000}' as pad, count(*) from adult".encode()
+    with _connect(port, "reporter") as conn:
+        pgconn = conn.pgconn
+        pgconn.nonblocking = 1
+        pgconn.enter_pipeline_mode()
+        for _ in range(count):
+            pgconn.send_query_params(sql, None)
+        pgconn.pipeline_sync()
+        deadline = time.monotonic() + hold
+        while time.monotonic() < deadline:
+            pgconn.flush()
+            time.sleep(0.05)
+        answers = 0
+        while True:
+            pgconn.flush()
+            select.select([pgconn.socket], [], [], 1)
+            pgconn.consume_input()
+            while not pgconn.is_busy():
+                result = pgconn.get_result()
+                if result is None:
+                    continue
+                if result.status == pq.ExecStatus.PIPELINE_SYNC:
+                    pgconn.exit_pipeline_mode()
+                    outcomes.put(f"{answers} of {count} answers read at the end")
+                    return
+                answers += result.status == pq.ExecStatus.TUPLES_OK
+
+
 ATTACKS: dict[str, Callable[[int, float], tuple[Callable[..., None], tuple[Any, ...]]]] = {
     "cursors": lambda port, hold: (_cursors, (port, 200_000, "age, sex", 6, hold)),
     "cursors-many": lambda port, hold: (_cursors, (port, 100_000, "education, sex", 20, hold)),
     "unread": lambda port, hold: (_unread, (port, "reporter", _aggregate(100_000, "education, age"), hold)),
     "unread-direct": lambda port, hold: (_unread, (port, "dba", DIRECT_QUERY, hold)),
+    "pipelined": lambda port, hold: (_pipelined, (port, 600, hold)),
 }
 
 
