@@ -28,7 +28,10 @@ from psycopg import pq
 
 from anonproxy.config import ConfigError, load_config
 from anonproxy.embedded import EmbeddedPostgres
+from anonproxy.proxy.cursors import Cursors
 from anonproxy.proxy.limits import MemoryLimits
+from anonproxy.rewrite.decision import DeclareCursor, Rewrite
+from anonproxy.wire import protocol as pg
 
 MB = 1 << 20
 SESSIONS = 6  # clients that do not read, at once
@@ -337,3 +340,22 @@ def test_limits_are_read_from_the_environment() -> None:
     limits = MemoryLimits.of(config)
     assert (limits.cursor_size, limits.statements) == (65536, 7)
     assert MemoryLimits.of(load_config(environ={})) == MemoryLimits()
+
+
+def test_a_captured_answer_past_the_room_is_dropped_as_it_comes() -> None:
+    """The service connection's answer to a gated DECLARE: rows are kept up to the room the limits leave, then
+    dropped as they arrive (only counted), and the answer is a 54000 naming max_cursor_size, no cursor made."""
+    cursors = Cursors(MemoryLimits(cursor_size=4096, session_cursor_size=1 << 20))
+    capture = cursors.capture(DeclareCursor("c", Rewrite("select …")))
+    assert capture.feed(b"T", pg.row_description(["pad"])[5:]) is None
+    row = pg.data_row(["x" * 100])[5:]
+    kept = []
+    for _ in range(100):
+        assert capture.feed(b"D", row) is None
+        kept.append(len(capture.rows))
+    assert max(kept) == 4096 // len(row) and kept[-1] == 0
+    answer = capture.feed(b"C", b"SELECT 100\0")
+    assert isinstance(answer, bytes) and answer[:1] == b"E"
+    fields = pg.parse_fields(answer[5:])
+    assert fields["C"] == "54000" and "max_cursor_size" in fields["H"]
+    assert not cursors.held("c")
