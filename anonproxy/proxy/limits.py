@@ -31,10 +31,10 @@ DEFAULT_LIMITS = MemoryLimits()
 
 
 def size_text(size: int) -> str:
-    """Bytes as an error message says them: exact below 1 kB, else kB or MB with one decimal at most."""
+    """Bytes as an error message says them: exact below 1 kB, else kB or MB with one decimal at most, rounded up
+    (a size just over a limit never reads as the limit)."""
     if size < 1024:
         return f"{size} bytes"
-    for unit, factor in (("MB", 1 << 20), ("kB", 1 << 10)):
-        if size >= factor:
-            return f"{size / factor:.1f}".removesuffix(".0") + f" {unit}"
-    raise AssertionError(size)
+    unit, factor = ("MB", 1 << 20) if size >= 1 << 20 else ("kB", 1 << 10)
+    tenths = -(-size * 10 // factor)
+    return f"{tenths // 10}{f'.{tenths % 10}' if tenths % 10 else ''} {unit}"
