@@ -17,6 +17,7 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("text", "json")
 # The most a gated session holds of any one client message (statements, bound values, COPY data).
 MAX_STATEMENT_SIZE = 16 * 1024 * 1024
+MAX_MEMORY_SIZE = 1 << 30  # the largest byte limit a setting may give (max_cursor_size…)
 
 
 class ConfigError(ValueError):
@@ -66,6 +67,13 @@ class ProxyConfig:
     service_hold_timeout: float = 10.0
     service_yield_timeout: float = 0.05
     service_wait_timeout: float = 30.0
+    # What one gated session may keep in the proxy's memory (docs/proxy.md, "Memory"): the rows of the cursors the
+    # proxy holds for it, one cursor's and all of them, and how many; its named prepared statements and their bytes.
+    max_cursor_size: int = 8 * 1024 * 1024
+    max_session_cursor_size: int = 32 * 1024 * 1024
+    max_session_cursors: int = 64
+    max_prepared_statements: int = 1000
+    max_prepared_size: int = 16 * 1024 * 1024
 
     def __post_init__(self) -> None:
         if not 0 <= self.listen_port <= 65535:
@@ -91,6 +99,12 @@ class ProxyConfig:
             if not 0 < getattr(self, setting) <= 3600:
                 raise ConfigError(f"{setting} must be more than 0 and at most 3600 seconds, "
                                   f"got {getattr(self, setting)}")
+        for name in ("max_cursor_size", "max_session_cursor_size", "max_prepared_size"):
+            if not 1024 <= getattr(self, name) <= MAX_MEMORY_SIZE:
+                raise ConfigError(f"{name} must be between 1024 and {MAX_MEMORY_SIZE} bytes, got {getattr(self, name)}")
+        for name in ("max_session_cursors", "max_prepared_statements"):
+            if not 1 <= getattr(self, name) <= 1_000_000:
+                raise ConfigError(f"{name} must be between 1 and 1000000, got {getattr(self, name)}")
         # Parse the connection strings now, so that a bad one fails at load time.
         _ = self.upstream_address
         if self.service_dsn:

@@ -13,6 +13,12 @@ Positions move exactly as PostgreSQL's portals do (``DoPortalRunFetch`` and
 materialised result, including which directions a cursor without SCROLL
 refuses (55000 "cursor can only scan forward").
 
+Memory: the rows a session's cursors hold are bounded (limits.py): per
+cursor, all of the session's together, and the number of cursors; a DECLARE
+over the limit is refused with 54000 and no cursor is made. The answer of a
+gated DECLARE's query is kept only up to what the limits leave room for;
+past that, its rows are counted and dropped as they come.
+
 Life time follows the transaction, as PostgreSQL's: a cursor WITHOUT HOLD
 ends with its transaction; one WITH HOLD survives COMMIT, and ends at a
 ROLLBACK of the transaction that declared it. The gate reports what the
@@ -28,6 +34,7 @@ from dataclasses import dataclass, field, replace
 from ..rewrite.decision import CloseCursor, Decision, DeclareCursor, FetchCursor, Reject
 from ..wire import protocol as pg
 from ..wire.results import BINARY, TEXT, Column, FormatError, Result, check_formats, result_formats
+from .limits import DEFAULT_LIMITS, MemoryLimits, size_text
 
 MAX_CURSOR_ROWS = 100_000  # rows one cursor the proxy holds may keep
 _FOLLOWED = frozenset(b"EZ")  # message types follow() looks at: ErrorResponse, ReadyForQuery
@@ -58,6 +65,7 @@ class Cursor:
     hold: bool = False
     committed: bool = False  # WITH HOLD and its transaction committed: a later ROLLBACK does not end it
     position: Position = field(default_factory=Position)
+    size: int = 0  # bytes of its rows (rows_size)
 
 
 def too_many_rows(count: int) -> Reject:
@@ -65,10 +73,16 @@ def too_many_rows(count: int) -> Reject:
                            "rows per cursor", "Group by fewer or coarser keys, or send the query without a cursor.")
 
 
+def row_size(values: tuple[bytes | None, ...]) -> int:
+    """Bytes of a row as a DataRow carries it (the body): the count, then each value's length and bytes."""
+    return 2 + sum(4 + len(value or b"") for value in values)
+
+
 class Cursors:
     """The cursors of one gated session, by name."""
 
-    def __init__(self) -> None:
+    def __init__(self, limits: MemoryLimits = DEFAULT_LIMITS) -> None:
+        self._limits = limits
         self._cursors: dict[str, Cursor] = {}
         self._declaring: list[DeclareCursor] = []  # passed DECLAREs awaiting PostgreSQL's "DECLARE CURSOR"
         self._rolled_back = False  # a ROLLBACK was answered since the last ReadyForQuery
@@ -91,16 +105,47 @@ class Cursors:
         if not hold and status == b"I" and not block:
             return Reject("25P01", "DECLARE CURSOR can only be used in transaction blocks",
                           "Declare it after BEGIN, or declare it WITH HOLD.")
+        held = sum(cursor.result is not None for cursor in self._cursors.values())
+        if held >= self._limits.cursors:
+            return Reject("54000", f"too many cursors: anonproxy holds at most {self._limits.cursors} cursors per "
+                                   "session", "Close the cursors you no longer need (CLOSE name); the limit is the "
+                                              "proxy's max_session_cursors setting.")
         return None
 
+    def capture(self, declare: DeclareCursor) -> Capture:
+        """What keeps the service connection's answer to ``declare``'s query, up to the room the limits leave."""
+        return Capture(declare, self, min(self._limits.cursor_size, self._limits.session_cursor_size - self._size()))
+
+    def too_big(self, count: int, size: int) -> Reject | None:
+        """Why an answer of ``count`` rows and ``size`` bytes cannot be held as a new cursor (None: it can)."""
+        if count > MAX_CURSOR_ROWS:
+            return too_many_rows(count)
+        if size > self._limits.cursor_size:
+            return Reject("54000", f"the cursor's query returned {size_text(size)} of rows; anonproxy holds at most "
+                                   f"{size_text(self._limits.cursor_size)} per cursor",
+                          "Group by fewer or coarser keys, or send the query without a cursor; the limit is the "
+                          "proxy's max_cursor_size setting.")
+        held = self._size()
+        if held + size > self._limits.session_cursor_size:
+            return Reject("54000", f"the cursor's query returned {size_text(size)} of rows and this session's cursors "
+                                   f"hold {size_text(held)}; anonproxy holds at most "
+                                   f"{size_text(self._limits.session_cursor_size)} of cursors per session",
+                          "Close the cursors you no longer need (CLOSE name); the limit is the proxy's "
+                          "max_session_cursor_size setting.")
+        return None
+
+    def _size(self) -> int:
+        return sum(cursor.size for cursor in self._cursors.values())
+
     def declare(self, declare: DeclareCursor, result: Result, committed: bool) -> bytes:
-        """Keep a gated cursor's rows; its answer (or an error, with too many rows). ``committed``: declared in a
+        """Keep a gated cursor's rows; its answer (or an error, over a limit). ``committed``: declared in a
         transaction of its own (a single statement outside a transaction block), which has committed."""
-        if len(result.rows) > MAX_CURSOR_ROWS:
-            reject = too_many_rows(len(result.rows))
+        size = sum(map(row_size, result.rows))
+        reject = self.too_big(len(result.rows), size)
+        if reject is not None:
             return pg.error_response(reject.sqlstate, reject.message, hint=reject.hint)
         self._cursors[declare.name] = Cursor(result, declare.binary, declare.scroll, declare.hold,
-                                             committed=declare.hold and committed)
+                                             committed=declare.hold and committed, size=size)
         return pg.command_complete("DECLARE CURSOR") + result.notices
 
     def passing(self, declare: DeclareCursor) -> None:
@@ -192,12 +237,16 @@ class Cursors:
 
 @dataclass
 class Capture:
-    """The service connection's answer to a gated DECLARE's query, kept for the cursor instead of sent."""
+    """The service connection's answer to a gated DECLARE's query, kept for the cursor instead of sent: rows are
+    kept up to ``room`` bytes (and MAX_CURSOR_ROWS); past either, only counted, for the error to say how many."""
 
     declare: DeclareCursor
+    cursors: Cursors
+    room: int
     columns: tuple[Column, ...] = ()
     rows: list[tuple[bytes | None, ...]] = field(default_factory=list)
     count: int = 0
+    size: int = 0
     notices: list[bytes] = field(default_factory=list)
 
     def feed(self, type_: bytes, body: bytes) -> Result | bytes | None:
@@ -206,15 +255,18 @@ class Capture:
             self.columns = tuple(Column(name, oid) for name, oid in pg.parse_row_description(body))
         elif type_ == b"D":
             self.count += 1
-            if self.count <= MAX_CURSOR_ROWS:  # past it, only counted: the error says how many
+            self.size += len(body)
+            if self.count <= MAX_CURSOR_ROWS and self.size <= self.room:
                 self.rows.append(pg.parse_data_row(body))
+            else:
+                self.rows.clear()  # the cursor will not be made: keep nothing more
         elif type_ == b"N":
             self.notices.append(pg.message(type_, body))
         elif type_ == b"E":
             return pg.message(type_, body)
         elif type_ == b"C":
-            if self.count > MAX_CURSOR_ROWS:
-                reject = too_many_rows(self.count)
+            reject = self.cursors.too_big(self.count, self.size)
+            if reject is not None:
                 return pg.error_response(reject.sqlstate, reject.message, hint=reject.hint)
             return Result(self.columns, tuple(self.rows), notices=b"".join(self.notices))
         return None  # ParseComplete, BindComplete of the extended protocol: not for the client

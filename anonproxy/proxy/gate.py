@@ -36,6 +36,12 @@ holds that message, and those after it, until ``decided``. A Query or Parse
 longer than ``max_statement_size`` is never buffered (BoundedMessageBuffer)
 and is refused with 54000; one that is not valid UTF-8 with 22021.
 
+Memory: the named prepared statements a session keeps here are capped
+(``limits``, limits.py: their number and bytes); a Parse over a limit is
+refused with 54000 and nothing of it is kept. A DEALLOCATE sent alone in a
+Query forgets PostgreSQL's statements of that name here too. The cursors'
+caps are cursors.py's.
+
 Policy changes reach prepared statements: each remembers its text and the
 policy version it was decided under. A Bind of a statement decided under an
 older version decides it again; a refusal answers the Bind, and a new
@@ -90,6 +96,7 @@ proxy (``settings``).
 from __future__ import annotations
 
 import enum
+import re
 import struct
 from collections import deque
 from collections.abc import Callable
@@ -119,6 +126,7 @@ from ..wire.framing import BoundedMessageBuffer, Piece
 from ..wire.results import Column, FormatError, Result, check_formats, result_formats
 from .followed_settings import REPORTED_SETTINGS, UNREPORTED_SETTINGS
 from .cursors import Capture, Cursors, ScriptRun, follow, unnamed_bind
+from .limits import DEFAULT_LIMITS, MemoryLimits, size_text
 
 SYNC = pg.message(b"S")
 _EXECUTE_ALL = pg.message(b"E", b"\0\0\0\0\0")  # Execute the unnamed portal, all rows
@@ -239,6 +247,7 @@ class Gate:
         reset_session: Callable[[], None] = lambda: None,
         record: Callable[[Execution], None] | None = None,
         hold_timer: Callable[[bool], None] = lambda start: None,
+        limits: MemoryLimits = DEFAULT_LIMITS,
     ) -> None:
         self._decide = decide  # None: being analysed, ``decided`` follows
         self._version = version  # of the policy in force
@@ -308,7 +317,8 @@ class Gate:
         self._describing = False  # a Describe the gate closed with a Sync of its own is being answered
         # Cursors (see cursors.py): those the proxy holds, the gated DECLARE being answered, the message of
         # several statements being run one by one.
-        self._cursors = Cursors()
+        self._limits = limits
+        self._cursors = Cursors(limits)
         self._capture: Capture | None = None
         self._declaring: DeclareCursor | None = None
         self._script: ScriptRun | None = None
@@ -776,7 +786,7 @@ class Gate:
                 self._queue.extendleft([(b"q", b"")] * len(route.script.parts))
                 continue
             if route.declares is not None and route.owner is Owner.SERVICE:
-                self._capture = Capture(route.declares)
+                self._capture = self._cursors.capture(route.declares)
             elif route.declares is not None:
                 self._declaring = route.declares
             if route.owner is Owner.LOCAL:
@@ -915,7 +925,7 @@ class Gate:
             decided = self._decision(sql)
             if decided is None:
                 return _WAIT
-            return _recorded(self._route_query(raw, decided.decision), sql, decided.decision)
+            return _recorded(self._route_query(raw, sql, decided.decision), sql, decided.decision)
         if type_ == b"P":
             return self._route_parse(raw, body)
         if type_ == b"B":
@@ -948,8 +958,9 @@ class Gate:
                       "Shorten the statement (a long list of values is the usual cause); the limit is the "
                       "proxy's max_statement_size setting.")
 
-    def _route_query(self, raw: bytes, decision: Decision) -> Route:
+    def _route_query(self, raw: bytes, sql: str, decision: Decision) -> Route:
         if isinstance(decision, Pass):
+            self._deallocated(sql)
             return Route(Owner.UPSTREAM, raw, ends_batch=True, resets=decision.resets_session)
         if isinstance(decision, Relayed):
             return Route(Owner.UPSTREAM, pg.query_message(decision.sql), ends_batch=True)
@@ -992,6 +1003,10 @@ class Gate:
         decision = decided.decision
         if self.transaction_status == b"E" and not isinstance(decision, (Pass, Relayed, Intercept, Reject)):
             return self._refuse(_ABORTED)  # as PostgreSQL: the statement of that name, if any, stays
+        if name and name not in self._texts and not isinstance(decision, Reject):
+            reject = self._no_room(name, decided)
+            if reject is not None:
+                return self._refuse(reject)
         self._statement_settings.pop(name, None)
         self._proxy_statements.pop(name, None)
         self._cursor_statements.pop(name, None)
@@ -1031,6 +1046,41 @@ class Gate:
         self._statements[name] = Owner.LOCAL
         self._statement_settings[name] = decision.setting
         return Route(Owner.LOCAL, pg.message(b"1"))
+
+    def _no_room(self, name: bytes, decided: _Decided) -> Reject | None:
+        """Why a new named statement cannot be kept (too many, or too many bytes, for the session's limits)."""
+        limits = self._limits
+        named = [(key, kept) for key, kept in self._texts.items() if key]
+        if len(named) >= limits.statements:
+            return Reject("54000", f"too many prepared statements: anonproxy keeps at most {limits.statements} per "
+                                   "session", "Close (or DEALLOCATE) the statements you no longer need; the limit is "
+                                              "the proxy's max_prepared_statements setting.")
+        size = sum(_statement_size(key, kept) for key, kept in named) + _statement_size(name, decided)
+        if size > limits.statement_size:
+            return Reject("54000", f"prepared statements too large: this session's would take {size_text(size)}; "
+                                   f"anonproxy keeps at most {size_text(limits.statement_size)} of them per session",
+                          "Close (or DEALLOCATE) the statements you no longer need; the limit is the proxy's "
+                          "max_prepared_size setting.")
+        return None
+
+    def _deallocated(self, sql: str) -> None:
+        """A DEALLOCATE that goes to the client's connection: PostgreSQL's statements of that name (or all of them)
+        are forgotten here too, so that they no longer count against the session's limits (not in a failed
+        transaction, where PostgreSQL refuses it; elsewhere it is not undone by a rollback)."""
+        match = _DEALLOCATE.fullmatch(sql)
+        if match is None or self.transaction_status == b"E":
+            return
+        name = match["name"]
+        if name.upper() == "ALL":
+            names = [key for key, owner in self._statements.items() if owner is Owner.UPSTREAM]
+        elif name.startswith('"'):
+            names = [name[1:-1].replace('""', '"').encode()]
+        else:
+            names = [name.lower().encode()]
+        for key in names:
+            if self._statements.get(key) is Owner.UPSTREAM:
+                del self._statements[key]
+                self._texts.pop(key, None)
 
     def _route_bind(self, raw: bytes, body: bytes) -> Route:
         """A Bind: one execution of a statement, recorded in the audit trail with its values (the proxy's own
@@ -1297,6 +1347,13 @@ _REQUESTS = (b"P", b"B", b"D", b"E", b"C")
 _LAST_ANSWERS = (b"1", b"2", b"T", b"n", b"C", b"s", b"I", b"3")
 
 
+def _statement_size(name: bytes, decided: _Decided) -> int:
+    """About the bytes a prepared statement holds here: its name, text and parameter types, and its rewrite."""
+    decision = decided.decision
+    rewrite = len(decision.runs) if isinstance(decision, Rewrite) else 0
+    return len(name) + len(decided.sql) + len(decided.rest) + rewrite
+
+
 def _text_or_empty(name: bytes) -> str:
     try:
         return name.decode()
@@ -1317,6 +1374,8 @@ def _literal(value: str) -> str:
 PROXY_SETTINGS = frozenset({"budget", "epsilon", "delta"})
 EXPLAIN_COLUMNS = (Column("QUERY PLAN", 25),)
 _NOT_READ = "(not read: longer than the proxy's max_statement_size)"
+# DEALLOCATE [PREPARE] name | ALL, alone in its message (PostgreSQL's grammar; a name quoted or not).
+_DEALLOCATE = re.compile(r'\s*deallocate\s+(?:prepare\s+)?(?P<name>"(?:[^"]|"")+"|[^\s";]+)\s*;?\s*', re.IGNORECASE)
 _ABORTED = Reject("25P02", "current transaction is aborted, commands ignored until end of transaction block")
 # pg_settings gives the value in milliseconds, whatever unit it was set in.
 _CLIENT_TIMEOUT_QUERY = pg.query_message(

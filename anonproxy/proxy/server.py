@@ -31,6 +31,7 @@ from ..wire import protocol as pg
 from .analysis import Analyser
 from .audit_trail import AuditTrail
 from .cancel import CancelRegistry, answer_sibling, cancel_socket_path
+from .limits import MemoryLimits
 from .noisy import NoisyAnswers
 from .policy_watch import PolicyWatcher
 from .service_pool import ServicePool
@@ -96,6 +97,7 @@ class Worker:
             if config.service_dsn else None,
             service_hold_timeout=config.service_hold_timeout,
             service_yield_timeout=config.service_yield_timeout,
+            limits=MemoryLimits.of(config),
         )
         self._index = index
         self._run_dir = run_dir

@@ -9,6 +9,10 @@ When the server refuses the login (53300 too many clients, 57P03 starting
 up, 28P01…) or ends the connection with a FATAL error, its SQLSTATE and
 message are kept (:class:`ServerRefusal`), so the client is told the real
 reason rather than a generic one of the proxy's.
+
+Flow control is the borrowing session's: it pauses reading while its client
+does not read, and hears through ``on_full`` when the server stops taking
+what is sent.
 """
 
 from __future__ import annotations
@@ -67,6 +71,9 @@ class ServiceConnection(asyncio.Protocol):
         # Where the server's messages and the loss go: the pool swaps them as sessions borrow the connection.
         self.on_message = on_message
         self.on_lost = on_lost
+        # Told True when the server stops taking what is sent (the write buffer passed its high-water mark: it is
+        # busy sending an answer nobody reads), False once it takes it again; None: nobody listens.
+        self.on_full: Callable[[bool], None] | None = None
         self._lost = False
         self._messages = MessageBuffer()
         self._auth = PasswordAuthenticator(login.user, login.password)
@@ -133,6 +140,14 @@ class ServiceConnection(asyncio.Protocol):
             self._ready.set_exception(ConnectionError("the server closed the service connection during login"))
         elif not self._ready.cancelled() and self._ready.exception() is None:
             self.on_lost()  # (a login that failed is reported by ``open``, not as a loss)
+
+    def pause_writing(self) -> None:
+        if self.on_full is not None:
+            self.on_full(True)
+
+    def resume_writing(self) -> None:
+        if self.on_full is not None:
+            self.on_full(False)
 
     @property
     def closed(self) -> bool:

@@ -69,6 +69,7 @@ from .audit_trail import (
 from .cancel import CancelRegistry, ClientKey, UpstreamKey, cancel_then_hang_up, send_cancel
 from .followed_settings import REPORTED_SETTINGS, follow_settings
 from .gate import EXPLAIN_COLUMNS, Execution, Gate, Owner, ProxyRequest, Reply
+from .limits import MemoryLimits
 from .login_options import LoginOptionError, LoginSetting, login_settings
 from .noisy import NoisyAnswers, Refused, SessionLimits, Stop
 from .policy_watch import PolicyWatcher
@@ -104,6 +105,7 @@ class ProxyContext:
     audit: AuditTrail | None = None  # None: the audit trail is off
     analyser: Analyser | None = None  # statement analysis off the event loop (None: on it)
     max_statement_size: int = ProxyConfig.max_statement_size  # of a gated session's Query or Parse, in bytes
+    limits: MemoryLimits = field(default_factory=MemoryLimits)  # what a gated session may keep (cursors, statements)
     sessions: set[ClientConnection] = field(default_factory=set)
     # Malformed startup packets and framing violations: one line each, but a client cannot flood the log.
     violations: RateLimitedLog = field(default_factory=lambda: RateLimitedLog(log))
@@ -198,6 +200,8 @@ class ClientConnection(asyncio.Protocol):
         self.terminating = False  # the client sent Terminate: the server will hang up
         self.dp_limits = SessionLimits()  # SET anonproxy.epsilon / anonproxy.delta
         self._who: Who | None = None  # who the audit trail says asked (gated sessions)
+        self._client_full = False  # the client's write buffer is above its high-water mark (pause_writing)
+        self._service_backlog = False  # the service connection's write buffer is (its on_full)
 
     # -- asyncio.Protocol -------------------------------------------------
 
@@ -268,12 +272,24 @@ class ClientConnection(asyncio.Protocol):
             upstream.transport.close()
 
     def pause_writing(self) -> None:
-        if self.upstream is not None and not self.upstream.closed:
-            self.upstream.transport.pause_reading()
+        self._client_full = True
+        self._follow_client()
 
     def resume_writing(self) -> None:
-        if self.upstream is not None and not self.upstream.closed:
-            self.upstream.transport.resume_reading()
+        self._client_full = False
+        self._follow_client()
+
+    def _follow_client(self) -> None:
+        """Backpressure: while the client does not read what it was sent, read nothing more for it from the server
+        side (its own connection, and the service connection it holds); go on once it has read."""
+        transports = [self.upstream.transport] if self.upstream is not None and not self.upstream.closed else []
+        if self.service is not None and not self.service.closed:
+            transports.append(self.service.transport)
+        for transport in transports:
+            if self._client_full:
+                transport.pause_reading()
+            else:
+                transport.resume_reading()
 
     # -- startup phase ----------------------------------------------------
 
@@ -499,6 +515,7 @@ class ClientConnection(asyncio.Protocol):
             service_settings=self._output_settings(),
             record=self._record if self.context.audit is not None else None,
             hold_timer=self._time_hold,
+            limits=self.context.limits,
         )
         self.gate = gate
         self.state = State.GATED
@@ -558,19 +575,31 @@ class ClientConnection(asyncio.Protocol):
         if self.state is not State.GATED or self.gate is None:
             pool.release(service)
             return
-        service.on_message, service.on_lost = self.gate.service_message, self._service_lost
+        service.on_message, service.on_lost, service.on_full = (self.gate.service_message, self._service_lost,
+                                                                 self._service_full)
         self.service = service
+        self._follow_client()  # paused at once if the client is not reading
         if service.key is not None and self._key is not None:
             self.context.cancel_keys.add(self._key, service.key)  # the client's cancel reaches it now
         self.gate.service_acquired()
+
+    def _service_full(self, full: bool) -> None:
+        """Backpressure towards the client: while the service connection's server takes nothing more of what the
+        gate sends it (it is busy sending an answer the client does not read), read nothing more from the client."""
+        self._service_backlog = full
+        self._pause_reading(full)
 
     def _release_service(self, clean: bool) -> None:
         """The gate is done with the service connection: back to the pool (closed if not left idle)."""
         service, self.service = self.service, None
         assert service is not None
+        service.on_full = None
+        if self._service_backlog:
+            self._service_full(False)
         if service.key is not None and self._key is not None:
             self.context.cancel_keys.remove(self._key, service.key)
         if clean:
+            service.transport.resume_reading()  # if the client's backpressure paused it: the next session reads it
             self._service_pool().release(service)
         else:
             self._service_pool().discard(service)
