@@ -132,6 +132,32 @@ def test_unread_answers_do_not_grow_the_worker(worker: ProxyProcess, gated_datab
 
 
 
+def test_an_unread_answer_gives_its_service_connection_up_when_another_statement_waits(
+        pg_server: EmbeddedPostgres, gated_database: str, tmp_path: Path) -> None:
+    """With one service connection, a reporter that reads nothing of its answer would keep it from every other
+    statement: past service_hold_timeout without progress, its session ends (57014) as soon as another
+    statement waits, and that statement is answered."""
+    proxy = _proxy(pg_server, gated_database, tmp_path, service_pool_size="1", service_hold_timeout="1",
+                   service_wait_timeout="120")
+    try:
+        unread = send_unread(proxy.endpoint, gated_database, "reporter", GATED_QUERY)
+        time.sleep(0.5)  # its answer fills the buffers, and the proxy stops reading it
+        with psycopg.connect(proxy.endpoint.dsn(gated_database, user="reporter"), autocommit=True) as other:
+            started = time.monotonic()
+            assert len(other.execute("select sex, count(*) from adult group by 1").fetchall()) == 2
+            assert time.monotonic() - started < 60  # not the 120 s of service_wait_timeout
+        results = []
+        while (result := unread.pgconn.get_result()) is not None:
+            results.append(result)
+        errors = [r for r in results if r.status == pq.ExecStatus.FATAL_ERROR]
+        assert any(r.error_field(pq.DiagnosticField.SQLSTATE) == b"57014" and b"service_hold_timeout" in
+                   r.error_message for r in errors), [r.error_message for r in errors]
+        unread.close()
+    finally:
+        stop_proxy(proxy)
+    assert "Traceback" not in proxy.log()
+
+
 def test_pipelined_statements_do_not_pile_up_for_the_service(worker: ProxyProcess, gated_database: str) -> None:
     """A reporter pipelines PIPELINED rewritten statements (each with a 200 kB literal, kept in the rewrite) and
     reads no answer: once the service connection's server stops taking them (it is sending an answer nobody

@@ -194,6 +194,9 @@ class ClientConnection(asyncio.Protocol):
         self._question: Stop | None = None  # the dp question being answered: a cancel of the client's stops it
         # service_hold_timeout and service_yield_timeout, while an open batch keeps the service connection idle
         self._hold_timers: list[asyncio.TimerHandle] = []
+        # service_hold_timeout while the client reads nothing of an answer on the service connection it holds
+        self._unread_timer: asyncio.TimerHandle | None = None
+        self._unread_holder = object()  # this session in the pool's list of holders it may ask to give up
         # Whether the client sent something the server has not yet answered with
         # ReadyForQuery: approximate under pipelining, used only to cancel abandoned queries.
         self.awaiting_server = False
@@ -245,6 +248,7 @@ class ClientConnection(asyncio.Protocol):
         self.context.sessions.discard(self)
         self._cancel_startup_timer()
         self._time_hold(False)
+        self._watch_unread()  # (closed: stops watching)
         if previous is State.STARTUP and self._startup_buffer:
             # As PostgreSQL: a connection closed before any byte is normal (a port probe); a partial packet is not.
             self.context.violations.warning("session %d: incomplete startup packet from %s (%d bytes)", self.id,
@@ -290,6 +294,44 @@ class ClientConnection(asyncio.Protocol):
                 transport.pause_reading()
             else:
                 transport.resume_reading()
+        self._watch_unread()
+
+    def _watch_unread(self) -> None:
+        """A client that reads nothing of its answer keeps the service connection the answer comes from: after
+        service_hold_timeout without progress, it gives it up as soon as another statement waits for one."""
+        unread = self._client_full and self.service is not None and self.state is State.GATED
+        if unread and self._unread_timer is None:
+            self._unread_timer = asyncio.get_running_loop().call_later(self.context.service_hold_timeout,
+                                                                       self._unread_too_long)
+        elif not unread:
+            if self._unread_timer is not None:
+                self._unread_timer.cancel()
+                self._unread_timer = None
+            if self.context.service_pool is not None:
+                self.context.service_pool.holding_busy(self._unread_holder)
+
+    def _unread_too_long(self) -> None:
+        self._unread_timer = None
+        if self._client_full and self.service is not None and self.context.service_pool is not None:
+            self.context.service_pool.holding_idle(self._unread_holder, self._give_up_unread)
+
+    def _give_up_unread(self) -> None:
+        """Another statement waits for the connection this session's unread answer keeps: end the session (its
+        protocol state mid-answer cannot be kept), and the connection, whose state is unknown, with it."""
+        service = self.service
+        if not (self._client_full and service is not None and self.state is State.GATED):
+            return
+        limit = self.context.service_hold_timeout
+        log.info("session %d: its client read nothing of its answer for service_hold_timeout (%g s) while another "
+                 "statement waited for a service connection; ending the session", self.id, limit)
+        self.service = None
+        if service.key is not None and self._key is not None:
+            self.context.cancel_keys.remove(self._key, service.key)
+        self._service_pool().discard(service)
+        self.fail("57014", "terminating connection: the client read nothing of its answer for more than "
+                           f"service_hold_timeout ({limit:g} s) while other statements waited for a service "
+                           "connection of anonproxy",
+                  hint="Read answers as they arrive. The limit is the proxy's service_hold_timeout setting.")
 
     # -- startup phase ----------------------------------------------------
 
@@ -594,6 +636,7 @@ class ClientConnection(asyncio.Protocol):
         service, self.service = self.service, None
         assert service is not None
         service.on_full = None
+        self._watch_unread()
         if self._service_backlog:
             self._service_full(False)
         if service.key is not None and self._key is not None:
