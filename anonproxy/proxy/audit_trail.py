@@ -237,7 +237,8 @@ class AuditTrail:
             try:
                 await self._write_batch(batch)
             except TrailUnavailable as exc:
-                self._warn(f"audit trail: cannot write ({exc}); {len(batch)} statements were refused")
+                self._warn(f"audit trail: cannot write ({exc}); {len(batch)} rows are missing: their statements "
+                           "were not run (refusals were sent as they were)")
                 for _, written in batch:
                     if not written.done():
                         written.set_exception(TrailUnavailable(str(exc)))
@@ -264,20 +265,27 @@ class AuditTrail:
                 written.set_result(None)
 
     async def _call(self, rows: list[dict[str, Any]]) -> None:
-        """One audit_write call (and audit_purge when due); TrailUnavailable if the database does not answer."""
-        try:
-            async with asyncio.timeout(self._timeout):
-                if self._conn is None or self._conn.closed:
-                    self._conn = await psycopg.AsyncConnection.connect(self._dsn, autocommit=True,
-                                                                       application_name="anonproxy audit")
-                await self._purge_when_due(self._conn)
-                await self._conn.execute("select anonproxy.audit_write(%s)", (Jsonb(rows),))
-        except (psycopg.OperationalError, TimeoutError) as exc:
-            if self._conn is not None:
-                await self._conn.close()
-                self._conn = None
-            reason = str(exc).strip() or f"no answer within {self._timeout:g} s"
-            raise TrailUnavailable(reason) from None
+        """One audit_write call (and audit_purge when due); TrailUnavailable if the database does not answer.
+        A connection that was open before the call and fails is opened again once (the server restarted)."""
+        stale = self._conn is not None and not self._conn.closed
+        while True:
+            try:
+                async with asyncio.timeout(self._timeout):
+                    if self._conn is None or self._conn.closed:
+                        self._conn = await psycopg.AsyncConnection.connect(self._dsn, autocommit=True,
+                                                                           application_name="anonproxy audit")
+                    await self._purge_when_due(self._conn)
+                    await self._conn.execute("select anonproxy.audit_write(%s)", (Jsonb(rows),))
+                return
+            except (psycopg.OperationalError, TimeoutError) as exc:
+                if self._conn is not None:
+                    await self._conn.close()
+                    self._conn = None
+                if stale and isinstance(exc, psycopg.OperationalError):
+                    stale = False
+                    continue
+                reason = str(exc).strip() or f"no answer within {self._timeout:g} s"
+                raise TrailUnavailable(reason) from None
 
     async def _purge_when_due(self, conn: psycopg.AsyncConnection[Any]) -> None:
         if time.monotonic() < self._next_purge:

@@ -754,7 +754,8 @@ class ClientConnection(asyncio.Protocol):
             try:
                 await self.context.audit.write(record)
             except TrailUnavailable:
-                reply = pg.error_response(UNAVAILABLE.sqlstate, UNAVAILABLE.message, hint=UNAVAILABLE.hint)
+                if spent.sqlstate is None:  # an answer: not sent unrecorded (a refusal goes as it is)
+                    reply = pg.error_response(UNAVAILABLE.sqlstate, UNAVAILABLE.message, hint=UNAVAILABLE.hint)
         if self.state is State.GATED and self.gate is not None:
             self.gate.proxy_answered(reply)
 
@@ -798,7 +799,8 @@ class ClientConnection(asyncio.Protocol):
             await audit.write(record)
             refusal = None
         except TrailUnavailable:
-            refusal = UNAVAILABLE
+            # What would run is refused; a refusal goes as it is (nothing leaves; the writer logs the lost row).
+            refusal = None if record.decision == "refused" else UNAVAILABLE
         if self.state is State.GATED and self.gate is not None:
             self.gate.recorded(refusal)
 
