@@ -32,7 +32,7 @@ from anonproxy.policy.model import (
     SuppressionParams,
 )
 from anonproxy.rewrite.classify import decide
-from anonproxy.rewrite.decision import Intercept, Noisy, Pass, Reject, Rewrite
+from anonproxy.rewrite.decision import Deallocate, Intercept, Noisy, Pass, Reject, Rewrite
 
 ADULT = ProtectedTable("public.adult", "id")
 VISITS = LinkedTable("public.visits", "person_id", "public.adult", "id")
@@ -130,19 +130,27 @@ COMMANDS = [
     "DISCARD ALL",
     "DEALLOCATE ALL",
     "DEALLOCATE PREPARE \"S_1\"",
+    "deallocate S_2",
     "LISTEN channel",
     "UNLISTEN *",
 ]
+# What a DEALLOCATE names, for the proxy to forget too: a quoted name as written, a bare one folded.
+DEALLOCATED = {"DEALLOCATE ALL": Deallocate(None), "DEALLOCATE PREPARE \"S_1\"": Deallocate("S_1"),
+               "deallocate S_2": Deallocate("s_2")}
+
+
+def passed(sql: str) -> Pass:
+    return Pass(resets_session=sql in ("RESET ALL", "DISCARD ALL"), deallocates=DEALLOCATED.get(sql))
 
 
 @pytest.mark.parametrize("sql", CATALOG_QUERIES + COMMANDS)
 def test_pass(sql: str) -> None:
-    assert decide(sql, SUPPRESS, POLICY) == Pass(resets_session=sql in ("RESET ALL", "DISCARD ALL"))
+    assert decide(sql, SUPPRESS, POLICY) == passed(sql)
 
 
 @pytest.mark.parametrize("sql", CATALOG_QUERIES + COMMANDS)
 def test_pass_in_dp_mode(sql: str) -> None:
-    assert decide(sql, DP, POLICY) == Pass(resets_session=sql in ("RESET ALL", "DISCARD ALL"))
+    assert decide(sql, DP, POLICY) == passed(sql)
 
 
 def test_direct_roles_always_pass() -> None:

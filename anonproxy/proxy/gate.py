@@ -96,7 +96,6 @@ proxy (``settings``).
 from __future__ import annotations
 
 import enum
-import re
 import struct
 from collections import deque
 from collections.abc import Callable
@@ -106,6 +105,7 @@ from ..config import MAX_STATEMENT_SIZE
 from ..rewrite.decision import (
     CloseCursor,
     CursorStatement,
+    Deallocate,
     DeclareCursor,
     Decision,
     ExplainDP,
@@ -925,7 +925,7 @@ class Gate:
             decided = self._decision(sql)
             if decided is None:
                 return _WAIT
-            return _recorded(self._route_query(raw, sql, decided.decision), sql, decided.decision)
+            return _recorded(self._route_query(raw, decided.decision), sql, decided.decision)
         if type_ == b"P":
             return self._route_parse(raw, body)
         if type_ == b"B":
@@ -958,9 +958,10 @@ class Gate:
                       "Shorten the statement (a long list of values is the usual cause); the limit is the "
                       "proxy's max_statement_size setting.")
 
-    def _route_query(self, raw: bytes, sql: str, decision: Decision) -> Route:
+    def _route_query(self, raw: bytes, decision: Decision) -> Route:
         if isinstance(decision, Pass):
-            self._deallocated(sql)
+            if decision.deallocates is not None:
+                self._deallocated(decision.deallocates)
             return Route(Owner.UPSTREAM, raw, ends_batch=True, resets=decision.resets_session)
         if isinstance(decision, Relayed):
             return Route(Owner.UPSTREAM, pg.query_message(decision.sql), ends_batch=True)
@@ -1063,20 +1064,16 @@ class Gate:
                           "max_prepared_size setting.")
         return None
 
-    def _deallocated(self, sql: str) -> None:
+    def _deallocated(self, deallocate: Deallocate) -> None:
         """A DEALLOCATE that goes to the client's connection: PostgreSQL's statements of that name (or all of them)
         are forgotten here too, so that they no longer count against the session's limits (not in a failed
         transaction, where PostgreSQL refuses it; elsewhere it is not undone by a rollback)."""
-        match = _DEALLOCATE.fullmatch(sql)
-        if match is None or self.transaction_status == b"E":
+        if self.transaction_status == b"E":
             return
-        name = match["name"]
-        if name.upper() == "ALL":
+        if deallocate.name is None:
             names = [key for key, owner in self._statements.items() if owner is Owner.UPSTREAM]
-        elif name.startswith('"'):
-            names = [name[1:-1].replace('""', '"').encode()]
         else:
-            names = [name.lower().encode()]
+            names = [deallocate.name.encode()]
         for key in names:
             if self._statements.get(key) is Owner.UPSTREAM:
                 del self._statements[key]
@@ -1374,8 +1371,6 @@ def _literal(value: str) -> str:
 PROXY_SETTINGS = frozenset({"budget", "epsilon", "delta"})
 EXPLAIN_COLUMNS = (Column("QUERY PLAN", 25),)
 _NOT_READ = "(not read: longer than the proxy's max_statement_size)"
-# DEALLOCATE [PREPARE] name | ALL, alone in its message (PostgreSQL's grammar; a name quoted or not).
-_DEALLOCATE = re.compile(r'\s*deallocate\s+(?:prepare\s+)?(?P<name>"(?:[^"]|"")+"|[^\s";]+)\s*;?\s*', re.IGNORECASE)
 _ABORTED = Reject("25P02", "current transaction is aborted, commands ignored until end of transaction block")
 # pg_settings gives the value in milliseconds, whatever unit it was set in.
 _CLIENT_TIMEOUT_QUERY = pg.query_message(

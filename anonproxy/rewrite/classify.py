@@ -141,10 +141,11 @@ def _decide(sql: str, role: RolePolicy, policy: Policy) -> Decision:
     index = PolicyIndex(policy)
     statements = split(sql)
     decisions = [_statement(statement, role, index) for statement in statements]
-    if not decisions or all(isinstance(d, Pass) for d in decisions):
-        return Pass(resets_session=any(d.resets_session for d in decisions if isinstance(d, Pass)))
     if len(decisions) == 1:
         return decisions[0]
+    if not decisions or all(isinstance(d, Pass) for d in decisions):
+        # (A DEALLOCATE among several statements is left to PostgreSQL alone: it may fail with the others.)
+        return Pass(resets_session=any(d.resets_session for d in decisions if isinstance(d, Pass)))
     if all(isinstance(d, (Pass, Relayed)) for d in decisions):
         # Each statement as it would run alone: the client's own text, or the one generated for its probes.
         return Relayed(";\n".join(d.sql if isinstance(d, Relayed) else s.text

@@ -35,6 +35,7 @@ from sqlglot.tokens import TokenType
 
 from anonproxy.rewrite.decision import (
     CloseCursor,
+    Deallocate,
     Decision,
     FetchCursor,
     Intercept,
@@ -135,10 +136,19 @@ def classify_command(statement: Statement, mode: str) -> Decision:
     if first == "DISCARD" and len(words) == 2 and words[1] in _DISCARD:
         return Pass(resets_session=words[1] == "ALL")
     if first == "DEALLOCATE" and 2 <= len(words) <= 3 and (len(words) == 2 or words[1] == "PREPARE"):
-        return Pass()
+        return Pass(deallocates=_deallocated(statement))
     if first in ("LISTEN", "UNLISTEN") and len(words) == 2:
         return Pass()
     raise refuse_statement(statement, mode)
+
+
+def _deallocated(statement: Statement) -> Deallocate:
+    """What ``DEALLOCATE [PREPARE] name | ALL`` names: a quoted name as written, a bare one folded to lower case."""
+    last = len(statement.tokens) - 1
+    token = statement.tokens[last]
+    if token.token_type == TokenType.IDENTIFIER:
+        return Deallocate(fold(token.text, quoted=True))
+    return Deallocate(None if statement.word(last) == "ALL" else fold(statement.raw(last), quoted=False))
 
 
 def _setting_name(statement: Statement, first: int) -> tuple[str, int]:

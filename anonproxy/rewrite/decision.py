@@ -19,9 +19,18 @@ FEATURE_NOT_SUPPORTED = "0A000"  # unparseable, or outside the SQL subset the re
 class Pass:
     """Forward the client's original bytes, unchanged, to its own upstream connection. ``resets_session``: a
     RESET ALL or DISCARD ALL; once PostgreSQL has run it, the settings the proxy keeps for the session
-    (anonproxy.epsilon, anonproxy.delta) go back to their login values as well."""
+    (anonproxy.epsilon, anonproxy.delta) go back to their login values as well. ``deallocates``: a DEALLOCATE,
+    whose prepared statements the proxy forgets too."""
 
     resets_session: bool = False
+    deallocates: Deallocate | None = None
+
+
+@dataclass(frozen=True)
+class Deallocate:
+    """What a DEALLOCATE names: one prepared statement (its name as PostgreSQL folds it), or all (None)."""
+
+    name: str | None
 
 
 @dataclass(frozen=True)
