@@ -42,9 +42,6 @@ from typing import Any
 
 import psycopg
 from psycopg.types.json import Jsonb
-import sqlglot
-from sqlglot import exp
-from sqlglot.errors import SqlglotError
 
 from ..config import MAX_STATEMENT_SIZE
 from ..rewrite.decision import (
@@ -60,7 +57,6 @@ from ..rewrite.decision import (
     Script,
     SessionSetting,
 )
-from ..rewrite.statements import DIALECT
 from ..wire.results import Result
 from .gate import Execution, Parameters
 
@@ -73,7 +69,6 @@ WARNING_INTERVAL = 60.0  # seconds between two warnings that the trail cannot be
 STOP_TIMEOUT = 5.0  # seconds the last rows may take when the worker stops
 MAX_STATEMENT = MAX_STATEMENT_SIZE  # characters of a statement's text kept in full (beyond: a part and a digest)
 NUL_STANDIN = "\u2400"  # SYMBOL FOR NULL: PostgreSQL's text cannot hold U+0000
-RELATIONS_CACHE_SIZE = 10_000
 
 UNAVAILABLE = Reject("58030", "the audit trail cannot be written, so the statement was not run",
                      "Try again; if it persists, the proxy's log says why (the trail's database is down or refuses "
@@ -119,7 +114,6 @@ class AuditRecord:
     sqlstate: str | None = None
     message: str | None = None
     relations: tuple[str, ...] = ()
-    rewritten: str | None = None  # suppress mode: the SQL that ran; its relations are read at write time
     epsilon: Decimal | float | None = None
     delta: Decimal | float | None = None
     rows_sent: int | None = None
@@ -137,15 +131,12 @@ def execution_record(who: Who, mode: str, execution: Execution) -> AuditRecord:
     if isinstance(decision, Reject):
         return AuditRecord(time.time(), who, mode, execution.sql, "refused", decision.sqlstate, decision.message,
                            parameters=parameters)
-    if isinstance(decision, Rewrite):
-        kind, rewritten = "answered", decision.sql
-    elif isinstance(decision, Relayed):  # run under the client's login, with its privilege probes rewritten
-        kind, rewritten = "passed", decision.sql
-    elif isinstance(decision, (Pass, Script)):
-        kind, rewritten = "passed", None
-    else:
-        kind, rewritten = "intercepted", None
-    return AuditRecord(time.time(), who, mode, execution.sql, kind, rewritten=rewritten, parameters=parameters)
+    # Relayed statements run under the client's login (their privilege probes rewritten): they read no protected
+    # table, and PostgreSQL's grants decide the rest.
+    kind = "answered" if isinstance(decision, Rewrite) else "passed" if isinstance(
+        decision, (Pass, Relayed, Script)) else "intercepted"
+    relations = decision.relations if isinstance(decision, Rewrite) else ()
+    return AuditRecord(time.time(), who, mode, execution.sql, kind, relations=relations, parameters=parameters)
 
 
 def answered_record(who: Who, mode: str, sql: str, decision: Decision, parameters: Parameters, spent: Spent,
@@ -193,7 +184,6 @@ class AuditTrail:
         self._wake = asyncio.Event()
         self._next_purge = 0.0  # time.monotonic() of the next audit_purge call
         self._quiet_until = 0.0  # time.monotonic() before which write failures are not logged again
-        self._relations: dict[str, tuple[str, ...]] = {}
 
     async def write(self, record: AuditRecord) -> None:
         """Once ``record`` is committed; TrailUnavailable if it cannot be."""
@@ -303,7 +293,6 @@ class AuditTrail:
 
     def _row(self, record: AuditRecord) -> dict[str, Any]:
         who = record.who
-        relations = record.relations if record.rewritten is None else self._relations_of(record.rewritten)
         statement, digest = record.statement, None
         if len(statement) > MAX_STATEMENT:
             digest = hashlib.sha256(statement.encode(errors="surrogatepass")).hexdigest()
@@ -311,30 +300,10 @@ class AuditTrail:
         return {"at": record.at, "login": who.login, "database": who.database, "client_addr": who.client_addr,
                 "client_port": who.client_port, "session_id": who.session_id, "mode": record.mode,
                 "statement": _storable(statement), "statement_sha256": digest, "decision": record.decision,
-                "sqlstate": record.sqlstate, "message": _storable(record.message), "relations": list(relations),
+                "sqlstate": record.sqlstate, "message": _storable(record.message), "relations": list(record.relations),
                 "epsilon": _number(record.epsilon), "delta": _number(record.delta), "rho": _number(record.rho),
                 "delta_add": _number(record.delta_add), "rows_sent": record.rows_sent,
                 "parameters": [_storable(value) for value in record.parameters] if record.parameters else None}
-
-    def _relations_of(self, sql: str) -> tuple[str, ...]:
-        """The tables a rewritten query reads, from its tree (cached: a dashboard repeats its queries)."""
-        relations = self._relations.get(sql)
-        if relations is None:
-            if len(self._relations) >= RELATIONS_CACHE_SIZE:
-                self._relations.clear()
-            relations = self._relations[sql] = tables_read(sql)
-        return relations
-
-
-def tables_read(sql: str) -> tuple[str, ...]:
-    """``schema.table`` of every table ``sql`` reads (CTE names left out), sorted; () if it cannot be parsed."""
-    try:
-        tree = sqlglot.parse_one(sql, dialect=DIALECT)
-    except SqlglotError:
-        return ()
-    ctes = {cte.alias for cte in tree.find_all(exp.CTE)}
-    return tuple(sorted({f"{table.db}.{table.name}" if table.db else table.name
-                         for table in tree.find_all(exp.Table) if table.db or table.name not in ctes}))
 
 
 def statement_text(decision: Decision) -> str:

@@ -184,20 +184,18 @@ def _statement(statement: Statement, role: RolePolicy, index: PolicyIndex) -> De
         _PARSED.put(statement, tree)  # for the dp planner, next in this process: no second parse
         return Noisy(statement.text)  # planned by anonproxy.dp.plan, which says what it supports
     shape = prepare(statement, tree, index)  # derived tables flattened, names normalised
+    # PostgreSQL's own parser reads the final SQL again, and says which tables it reads.
     if isinstance(shape, Nested):
         sql = suppressed(shape, index, role.suppression)
-        verify(sql, index.policy, role.role)  # PostgreSQL's own parser reads the final SQL again
-        return Rewrite(sql)
+        return Rewrite(sql, relations=verify(sql, index.policy, role.role))
     analysis = analyze(shape.statement, shape.tree, index, role.suppression)
     if analysis.outer is not None:  # post-aggregate expressions: computed over the released values
         sql = rewrite(analysis, role.suppression)
-        verify(sql, index.policy, role.role)
-        return Rewrite(sql)
+        return Rewrite(sql, relations=verify(sql, index.policy, role.role))
     # What runs: the answer and, next to it, what suppression withheld. It holds every CTE and clause of the
-    # answer alone, so PostgreSQL's own parser reading it again checks both.
+    # answer alone, so reading it checks both.
     report = reported(analysis, role.suppression)
-    verify(report, index.policy, role.role)
-    return Rewrite(rewrite(analysis, role.suppression), report)
+    return Rewrite(rewrite(analysis, role.suppression), report, verify(report, index.policy, role.role))
 
 
 def _declare(statement: Statement, role: RolePolicy, index: PolicyIndex) -> DeclareCursor:

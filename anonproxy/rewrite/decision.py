@@ -53,6 +53,7 @@ class Rewrite:
 
     sql: str
     reported: str | None = None
+    relations: tuple[str, ...] = ()  # the tables it reads, schema.table (for the audit trail)
 
     @property
     def runs(self) -> str:

@@ -122,17 +122,18 @@ class FinalCheckRefusal(Refusal):
         self.name = name
 
 
-def verify(sql: str, policy: Policy, role: str) -> None:
+def verify(sql: str, policy: Policy, role: str) -> tuple[str, ...]:
     """:func:`check_final_sql`, logging a refusal with the role and the offending name."""
     try:
-        check_final_sql(sql, policy)
+        return check_final_sql(sql, policy)
     except FinalCheckRefusal as refusal:
         log.warning("final SQL check refused a statement of role %s: %s", role, refusal.name)
         raise
 
 
-def check_final_sql(sql: str, policy: Policy) -> None:
-    """Raise :class:`FinalCheckRefusal` unless ``sql`` is one SELECT reading only what ``policy`` declares."""
+def check_final_sql(sql: str, policy: Policy) -> tuple[str, ...]:
+    """Raise :class:`FinalCheckRefusal` unless ``sql`` is one SELECT reading only what ``policy`` declares; the
+    tables it reads (``schema.table``, sorted: what the audit trail records)."""
     try:
         # The JSON form of the tree: several times faster to read than pglast's Python objects.
         statements = orjson.loads(parse_sql_json(sql))["stmts"]
@@ -147,16 +148,19 @@ def check_final_sql(sql: str, policy: Policy) -> None:
         raise FinalCheckRefusal("(not one SELECT)", "anonproxy's final check found generated SQL that is not "
                                 "exactly one SELECT")
     allowed = {split_policy_name(name) for name in [*policy.tables, *policy.links, *policy.references]}
+    walk = _Walk(allowed)
     try:
-        _Walk(allowed).statement(top["SelectStmt"])
+        walk.statement(top["SelectStmt"])
     except RecursionError:
         raise FinalCheckRefusal("(too deep)", "anonproxy's final check found the SQL it generated nested too "
                                 "deeply to walk") from None
+    return tuple(sorted(f"{schema}.{name}" for schema, name in walk.read))
 
 
 class _Walk:
     def __init__(self, allowed: set[tuple[str, str]]) -> None:
         self.allowed = allowed
+        self.read: set[tuple[str, str]] = set()  # the allowed tables met
 
     def statement(self, select: dict[str, Any]) -> None:
         """The top SELECT: only its own WITH clause may hold the dp plan's guard."""
@@ -216,6 +220,7 @@ class _Walk:
             if schema is None and name in ctes:
                 return
             if schema is not None and (schema, name) in self.allowed:
+                self.read.add((schema, name))
                 return
             if guard and schema == CATALOG and name in GUARD_RELATIONS:
                 return
