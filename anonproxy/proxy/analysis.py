@@ -236,11 +236,11 @@ class Analyser:
 
     def _finished(self, lane: _Lane, future: asyncio.Future[Any], outcome: asyncio.Future[Any]) -> None:
         self._idle.append(lane)
+        # Read even when nobody awaits any more, so that asyncio does not log an exception as never retrieved.
+        failure = AnalysisFailed("the analysis was cancelled") if outcome.cancelled() else outcome.exception()
         if not future.done():
-            if outcome.cancelled():
-                future.set_exception(AnalysisFailed("the analysis was cancelled"))
-            elif (exc := outcome.exception()) is not None:
-                future.set_exception(exc)
+            if failure is not None:
+                future.set_exception(failure)
             else:
                 future.set_result(outcome.result())
         self._dispatch()
