@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Iterator
 from itertools import count
+from typing import Self
 
 import psycopg
 import pytest
@@ -20,7 +21,7 @@ import pytest
 from anonproxy import demo
 from anonproxy.embedded import EmbeddedPostgres
 from anonproxy.policy.yaml_policy import apply_policy, demo_policy
-from anonproxy.proxy.analysis import AnalysisTimeout, Analyser, FairQueue
+from anonproxy.proxy.analysis import Analyser, AnalysisTimeout, FairQueue
 from conftest import SERVICE_ROLE, Endpoint, ProxyProcess, start_proxy, stop_proxy
 
 DATABASE = "anonproxy_fairness"
@@ -186,7 +187,7 @@ class Flood:
         self._labels = count()
         self._threads = [threading.Thread(target=self._flood, args=(n,), daemon=True) for n in range(sessions)]
 
-    def __enter__(self) -> Flood:
+    def __enter__(self) -> Self:
         for thread in self._threads:
             thread.start()
         return self
@@ -205,7 +206,7 @@ class Flood:
                         self.unexpected.append(AssertionError("a heavy statement was answered"))
                     except psycopg.errors.StatementTooComplex:
                         self.refused[n] += 1
-        except BaseException as exc:  # reported by the test
+        except Exception as exc:  # noqa: BLE001  reported by the test
             self.unexpected.append(exc)
 
     def wait_until_each_was_refused(self, timeout: float) -> None:

@@ -33,6 +33,7 @@ import sys
 from collections import OrderedDict, deque
 from collections.abc import Callable, Hashable
 from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 from itertools import count
 from multiprocessing.connection import Connection
 from typing import Any, Generic, TypeVar
@@ -232,7 +233,7 @@ class Analyser:
                 continue
             lane = self._idle.pop()
             done = asyncio.wrap_future(lane.submit(function, args))
-            done.add_done_callback(lambda outcome, lane=lane, future=future: self._finished(lane, future, outcome))
+            done.add_done_callback(partial(self._finished, lane, future))
 
     def _finished(self, lane: _Lane, future: asyncio.Future[Any], outcome: asyncio.Future[Any]) -> None:
         self._idle.append(lane)
