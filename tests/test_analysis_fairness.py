@@ -19,6 +19,7 @@ import psycopg
 import pytest
 
 from anonproxy import demo
+from anonproxy.config import ConfigError, load_config
 from anonproxy.embedded import EmbeddedPostgres
 from anonproxy.policy.yaml_policy import apply_policy, demo_policy
 from anonproxy.proxy.analysis import Analyser, AnalysisTimeout, FairQueue
@@ -96,6 +97,13 @@ def test_drain_empties_the_queue() -> None:
     queue.put("b", "b1")
     assert sorted(queue.drain()) == ["a1", "b1"]
     assert queue.take() is None
+
+
+def test_analysis_processes_is_a_setting_with_limits() -> None:
+    assert load_config(environ={}).analysis_processes == 2
+    assert load_config(environ={"ANONPROXY_ANALYSIS_PROCESSES": "4"}).analysis_processes == 4
+    with pytest.raises(ConfigError, match="analysis_processes must be between 1 and 32, got 0"):
+        load_config(environ={"ANONPROXY_ANALYSIS_PROCESSES": "0"})
 
 
 # -- The analyser, with its child processes ----------------------------------------------------------------------
