@@ -18,8 +18,8 @@ Statements waiting for a process are queued per session (the caller names
 who is asking) and taken in turns (``FairQueue``): the session served longest
 ago, or never, goes first. A session that floods heavy statements gets one
 turn while every other waiting session gets one, so a session's first
-statement waits for at most one analysis (one budget) when it arrives, not
-for everything queued before it.
+statement waits only for an analysis under way (at most one budget) and for
+other sessions' first statements sent before it, not for everything queued.
 """
 
 from __future__ import annotations
