@@ -60,6 +60,7 @@ class ProxyConfig:
     # may take (off the event loop) before it is refused.
     max_statement_size: int = 256 * 1024
     analysis_timeout: float = 5.0
+    analysis_processes: int = 2  # per worker, each with a spare: a session's analysis need not wait for another's
     service_pool_size: int = 10  # service connections per worker, shared by its gated sessions
     # Seconds a gated session may keep a borrowed service connection waiting in an open batch (no Sync): at all,
     # and while another statement waits for a connection; seconds a statement may wait for a free service
@@ -93,6 +94,8 @@ class ProxyConfig:
                               f"got {self.max_statement_size}")
         if self.analysis_timeout <= 0:
             raise ConfigError(f"analysis_timeout must be positive, got {self.analysis_timeout}")
+        if not 1 <= self.analysis_processes <= 32:
+            raise ConfigError(f"analysis_processes must be between 1 and 32, got {self.analysis_processes}")
         if not 1 <= self.service_pool_size <= 1000:
             raise ConfigError(f"service_pool_size must be between 1 and 1000, got {self.service_pool_size}")
         for setting in ("service_hold_timeout", "service_yield_timeout", "service_wait_timeout"):

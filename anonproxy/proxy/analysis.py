@@ -1,17 +1,25 @@
-"""Statement analysis off the event loop, with a time budget.
+"""Statement analysis off the event loop, with a time budget, shared fairly between sessions.
 
 Parsing and rewriting a statement (sqlglot, pure Python) is CPU-bound and
 grows with the statement's length: a 1 MB ``IN`` list takes tens of seconds.
 Run on a worker's event loop it would stall every session of the worker,
-direct ones included. So each worker hands analysis to a child process of
-its own, one statement at a time, from a helper thread; the loop only awaits.
+direct ones included. So each worker hands analysis to child processes of
+its own (``analysis_processes`` of them, each driven from a helper thread of
+its own, one statement at a time); the loop only awaits.
 
 A thread could not be stopped when a statement overruns its budget; a process
-can. The child that overruns is killed (its memory goes with it) and a spare,
-started beforehand, takes its place, so the next statement does not wait for
-an interpreter to start. The child is a plain ``python -m`` process (worker
-processes are daemonic and may not use multiprocessing's own children); it
-talks over a socket pair with multiprocessing's pickled messages.
+can. The child that overruns is killed (its memory goes with it) and its
+spare, started beforehand, takes its place, so the next statement does not
+wait for an interpreter to start. The child is a plain ``python -m`` process
+(worker processes are daemonic and may not use multiprocessing's own
+children); it talks over a socket pair with multiprocessing's pickled messages.
+
+Statements waiting for a process are queued per session (the caller names
+who is asking) and taken in turns (``FairQueue``): the session served longest
+ago, or never, goes first. A session that floods heavy statements gets one
+turn while every other waiting session gets one, so a session's first
+statement waits only for an analysis under way (at most one budget) and for
+other sessions' first statements sent before it, not for everything queued.
 """
 
 from __future__ import annotations
@@ -22,16 +30,22 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from collections import OrderedDict, deque
+from collections.abc import Callable, Hashable
+from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
+from itertools import count
 from multiprocessing.connection import Connection
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 log = logging.getLogger("anonproxy.analysis")
 
 T = TypeVar("T")
+Item = TypeVar("Item")
 READY = "ready"  # what a child says once it can take requests
 STARTUP_TIMEOUT = 60.0
+# Askers whose last turn is remembered; one forgotten beyond this counts as never served (a few hundred kB at most).
+REMEMBERED_ASKERS = 10_000
 
 
 class AnalysisTimeout(Exception):
@@ -40,6 +54,44 @@ class AnalysisTimeout(Exception):
 
 class AnalysisFailed(Exception):
     """The analysis raised; the message names the exception (no traceback)."""
+
+
+class FairQueue(Generic[Item]):
+    """Work waiting, queued per asker and taken in turns: first the asker whose last turn is oldest (never served
+    counts as oldest), ties in order of arrival. Pure: no I/O, no clock."""
+
+    def __init__(self, remembered: int = REMEMBERED_ASKERS) -> None:
+        self._waiting: dict[Hashable, deque[tuple[int, Item]]] = {}  # asker -> (arrival, item), oldest first
+        self._turns: OrderedDict[Hashable, int] = OrderedDict()  # asker -> its last turn, oldest first
+        self._remembered = remembered
+        self._clock = count(1)  # arrivals and turns, one sequence
+
+    def __len__(self) -> int:
+        return sum(len(items) for items in self._waiting.values())
+
+    def put(self, asker: Hashable, item: Item) -> None:
+        self._waiting.setdefault(asker, deque()).append((next(self._clock), item))
+
+    def take(self) -> Item | None:
+        """The next item by turns, or None when nothing waits."""
+        if not self._waiting:
+            return None
+        asker = min(self._waiting, key=lambda key: (self._turns.get(key, 0), self._waiting[key][0][0]))
+        items = self._waiting[asker]
+        _, item = items.popleft()
+        if not items:
+            del self._waiting[asker]
+        self._turns[asker] = next(self._clock)
+        self._turns.move_to_end(asker)
+        if len(self._turns) > self._remembered:
+            self._turns.popitem(last=False)
+        return item
+
+    def drain(self) -> list[Item]:
+        """Everything waiting, removed."""
+        items = [item for queue in self._waiting.values() for _, item in queue]
+        self._waiting.clear()
+        return items
 
 
 class _Child:
@@ -67,12 +119,12 @@ class _Child:
         self.process.wait()
 
 
-class Analyser:
-    """Runs ``function(*args)`` in the child process; at most ``budget`` seconds each."""
+class _Lane:
+    """One analysis process (and its spare), driven one call at a time from a helper thread of its own."""
 
-    def __init__(self, budget: float, log_level: str = "info", log_format: str = "text") -> None:
+    def __init__(self, budget: float, logging_args: tuple[str, str]) -> None:
         self.budget = budget
-        self._logging_args = (log_level, log_format)  # the child logs as the worker does (final SQL check refusals)
+        self._logging_args = logging_args  # the child logs as the worker does (final SQL check refusals)
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="anonproxy-analysis")
         self._child: _Child | None = None
         self._spare: _Child | None = None
@@ -81,9 +133,8 @@ class Analyser:
         """Start the child (and its spare) now rather than at the first statement."""
         self._thread.submit(lambda: self._ensure().wait_ready())
 
-    async def run(self, function: Callable[..., T], *args: Any) -> T:
-        """The function's value; raises AnalysisTimeout or AnalysisFailed. Calls run one at a time."""
-        return await asyncio.get_running_loop().run_in_executor(self._thread, self._call, function, args)
+    def submit(self, function: Callable[..., T], args: tuple[Any, ...]) -> Future[T]:
+        return self._thread.submit(self._call, function, args)
 
     def close(self) -> None:
         """Stop the processes now (an analysis under way ends with AnalysisFailed)."""
@@ -133,6 +184,67 @@ class Analyser:
             if child is not None:
                 child.stop()
         self._child = self._spare = None
+
+
+# What waits for a lane: the call and the future its caller awaits.
+_Work = tuple[Callable[..., Any], tuple[Any, ...], asyncio.Future[Any]]
+
+
+class Analyser:
+    """Runs ``function(*args)`` in a child process; at most ``budget`` seconds each, ``processes`` at a time, the
+    callers taking turns."""
+
+    def __init__(self, budget: float, processes: int = 2, log_level: str = "info", log_format: str = "text") -> None:
+        self.budget = budget
+        self._idle = [_Lane(budget, (log_level, log_format)) for _ in range(processes)]
+        self._lanes = tuple(self._idle)
+        self._waiting: FairQueue[_Work] = FairQueue()
+        self._closed = False
+
+    def start(self) -> None:
+        """Start the children (and their spares) now rather than at the first statement."""
+        for lane in self._lanes:
+            lane.start()
+
+    async def run(self, function: Callable[..., T], *args: Any, asker: Hashable) -> T:
+        """The function's value; raises AnalysisTimeout or AnalysisFailed. ``asker`` (a session's key) is whose
+        turn the call takes."""
+        if self._closed:
+            raise AnalysisFailed("the proxy is shutting down")
+        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        self._waiting.put(asker, (function, args, future))
+        self._dispatch()
+        return await future
+
+    def close(self) -> None:
+        """Stop the processes now; an analysis under way or waiting ends with AnalysisFailed."""
+        self._closed = True
+        for _, _, future in self._waiting.drain():
+            if not future.done():
+                future.set_exception(AnalysisFailed("the proxy is shutting down"))
+        for lane in self._lanes:
+            lane.close()
+
+    def _dispatch(self) -> None:
+        """Hand waiting calls, by turns, to the idle lanes."""
+        while self._idle and not self._closed and (work := self._waiting.take()) is not None:
+            function, args, future = work
+            if future.cancelled():  # its caller is gone
+                continue
+            lane = self._idle.pop()
+            done = asyncio.wrap_future(lane.submit(function, args))
+            done.add_done_callback(partial(self._finished, lane, future))
+
+    def _finished(self, lane: _Lane, future: asyncio.Future[Any], outcome: asyncio.Future[Any]) -> None:
+        self._idle.append(lane)
+        # Read even when nobody awaits any more, so that asyncio does not log an exception as never retrieved.
+        failure = AnalysisFailed("the analysis was cancelled") if outcome.cancelled() else outcome.exception()
+        if not future.done():
+            if failure is not None:
+                future.set_exception(failure)
+            else:
+                future.set_result(outcome.result())
+        self._dispatch()
 
 
 def _serve(connection: Connection) -> None:

@@ -112,6 +112,7 @@ class SessionLimits:
     epsilon: Decimal | None = None
     delta: Decimal | None = None
     at_login: dict[str, Decimal] = field(default_factory=dict)
+    asker: int = 0  # the session's id: whose turn the analysis of its dp plans takes
 
     def reset(self) -> None:
         """RESET ALL, DISCARD ALL: back to the values given at login, else the policy's."""
@@ -415,12 +416,14 @@ class NoisyAnswers:
             epsilon = min(epsilon, limits.epsilon)
         if limits.delta is not None:
             delta = min(delta, limits.delta)
-        plan = await self._plan_dp(sql, role, policy, DPParams(float(epsilon), float(delta), accounting=accounting))
+        plan = await self._plan_dp(sql, role, policy, DPParams(float(epsilon), float(delta), accounting=accounting),
+                                   limits.asker)
         if isinstance(plan, Reject):
             raise Refused(plan.sqlstate, plan.message, plan.hint)
         return plan
 
-    async def _plan_dp(self, sql: str, role: RolePolicy, policy: Policy, params: DPParams) -> DPPlan | Reject:
+    async def _plan_dp(self, sql: str, role: RolePolicy, policy: Policy, params: DPParams,
+                       asker: int) -> DPPlan | Reject:
         """``plan_dp``, cached, and off the event loop: planning costs milliseconds (seconds for a long statement),
         a statement already seen should not."""
         key = (sql, role.role, policy.version, params)
@@ -431,7 +434,7 @@ class NoisyAnswers:
             plan = plan_checked(sql, role, policy, params)
         else:
             try:
-                plan = await self._analyser.run(plan_checked, sql, role, policy, params)
+                plan = await self._analyser.run(plan_checked, sql, role, policy, params, asker=asker)
             except AnalysisTimeout:
                 raise Refused("54001", f"statement too complex: anonproxy stopped planning it after "
                               f"{self._analyser.budget:g} s", "Simplify the statement (a long list of values is "

@@ -80,7 +80,8 @@ class Worker:
     def __init__(self, config: ProxyConfig, port: int, index: int = 0, run_dir: Path | None = None) -> None:
         self.config = config
         self.port = port
-        analyser = Analyser(config.analysis_timeout, config.log_level, config.log_format) if config.service_dsn else None
+        analyser = Analyser(config.analysis_timeout, config.analysis_processes, config.log_level,
+                            config.log_format) if config.service_dsn else None
         self.context = ProxyContext(
             upstream=config.upstream_address,
             cancel_keys=CancelRegistry(index, run_dir),

@@ -117,8 +117,9 @@ class ProxyContext:
         """The decision already made on this text, for this role, under this policy version."""
         return self._decisions.get((sql, role.role, policy.version))
 
-    async def decide(self, sql: str, role: RolePolicy, policy: Policy) -> Decision:
-        """The gate's decision for a statement text, cached by text, role and policy version."""
+    async def decide(self, sql: str, role: RolePolicy, policy: Policy, *, asker: int) -> Decision:
+        """The gate's decision for a statement text, cached by text, role and policy version; ``asker``: the
+        session's id, whose turn an analysis takes."""
         key = (sql, role.role, policy.version)
         decision = self._decisions.get(key)
         if decision is not None:
@@ -127,7 +128,7 @@ class ProxyContext:
             decision = decide(sql, role, policy)
         else:
             try:
-                decision = await self.analyser.run(decide, sql, role, policy)
+                decision = await self.analyser.run(decide, sql, role, policy, asker=asker)
             except AnalysisTimeout:
                 decision = too_complex(self.analyser.budget)  # cached: the same text is not analysed again
             except AnalysisFailed as exc:
@@ -201,7 +202,7 @@ class ClientConnection(asyncio.Protocol):
         # ReadyForQuery: approximate under pipelining, used only to cancel abandoned queries.
         self.awaiting_server = False
         self.terminating = False  # the client sent Terminate: the server will hang up
-        self.dp_limits = SessionLimits()  # SET anonproxy.epsilon / anonproxy.delta
+        self.dp_limits = SessionLimits(asker=self.id)  # SET anonproxy.epsilon / anonproxy.delta
         self._who: Who | None = None  # who the audit trail says asked (gated sessions)
         self._client_full = False  # the client's write buffer is above its high-water mark (pause_writing)
         self._service_backlog = False  # the service connection's write buffer is (its on_full)
@@ -784,7 +785,7 @@ class ClientConnection(asyncio.Protocol):
         return decision
 
     async def _analyse(self, sql: str, role: RolePolicy, policy: Policy) -> None:
-        decision = await self.context.decide(sql, role, policy)
+        decision = await self.context.decide(sql, role, policy, asker=self.id)
         if self.state is State.GATED and self.gate is not None:
             self.gate.decided(sql, decision, policy.version)
 
