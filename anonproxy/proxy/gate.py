@@ -74,6 +74,13 @@ there (all answered, or no Flush was sent), the gate tells the session
 (``service_hold_expired``: a Sync of ours, then the error, and the rest of
 the client's batch skipped up to its Sync).
 
+The audit trail: with ``record`` given, a route that runs something for the
+client or refuses it carries an ``Execution`` (a Query, each part of a
+Script, a Bind with its values, a refused Parse); the gate asks for its row
+and holds the route until ``recorded`` (a refusal in its place when the row
+could not be written). The proxy's own answers are recorded by the session
+when answered, so their requests carry the client's text.
+
 Suppress mode's report: the SQL of a suppressed answer raises one INFO
 (anonproxy.suppression_report) with what suppression withheld. The gate never
 forwards it: after the answer's CommandComplete (or its first
