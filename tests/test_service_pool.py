@@ -23,7 +23,7 @@ from anonproxy.proxy.gate import Gate
 from anonproxy.rewrite.decision import Pass, Rewrite
 from anonproxy.wire import protocol as pg
 from anonproxy.wire.framing import MessageBuffer
-from conftest import SERVICE_ROLE, Endpoint, ProxyProcess, govern_by_demo_policy, start_proxy, stop_proxy
+from conftest import SERVICE_ROLE, ProxyProcess, govern_by_demo_policy, start_proxy, stop_proxy
 
 DATABASE = "anonproxy_pool"
 POOL_SIZE = 2
