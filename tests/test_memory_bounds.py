@@ -141,6 +141,7 @@ def test_an_unread_answer_gives_its_service_connection_up_when_another_statement
                    service_wait_timeout="120")
     try:
         unread = send_unread(proxy.endpoint, gated_database, "reporter", GATED_QUERY)
+        _wait_until_running_for_the_service(pg_server, gated_database)  # analysed, and the connection is its
         time.sleep(0.5)  # its answer fills the buffers, and the proxy stops reading it
         with psycopg.connect(proxy.endpoint.dsn(gated_database, user="reporter"), autocommit=True) as other:
             started = time.monotonic()
@@ -156,6 +157,17 @@ def test_an_unread_answer_gives_its_service_connection_up_when_another_statement
     finally:
         stop_proxy(proxy)
     assert "Traceback" not in proxy.log()
+
+
+def _wait_until_running_for_the_service(pg_server: EmbeddedPostgres, database: str) -> None:
+    """Until the service role's backend runs the large answer's query (its analysis may take a while)."""
+    deadline = time.monotonic() + 60
+    with psycopg.connect(pg_server.conninfo(dbname=database), autocommit=True) as owner:
+        while not owner.execute("select count(*) > 0 from pg_stat_activity where usename = %s and state = 'active' "
+                                "and query like %s",
+                                [SERVICE_ROLE, f"%{'x' * 100}%"]).fetchone()[0]:
+            assert time.monotonic() < deadline, "the unread query never ran on the service connection"
+            time.sleep(0.05)
 
 
 def test_pipelined_statements_do_not_pile_up_for_the_service(worker: ProxyProcess, gated_database: str) -> None:
