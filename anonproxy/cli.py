@@ -161,7 +161,7 @@ def _up(args: argparse.Namespace) -> int:
         def print_connection_strings(port: int) -> None:
             print("anonproxy is ready. Connect with:", flush=True)
             for role in demo.DEMO_ROLES:
-                mode = policy.role(role).mode
+                mode = "reads the trail: anonproxy console" if role == demo.AUDITOR_LOGIN else policy.role(role).mode
                 print(f"  {role:<9} postgresql://{role}:{role}@127.0.0.1:{port}/{DEMO_DATABASE}   ({mode})",
                       flush=True)
             owner = f"postgresql://{server.superuser}:{server.password}@127.0.0.1:{port}/{DEMO_DATABASE}"

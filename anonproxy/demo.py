@@ -14,6 +14,10 @@
 They may not create objects either (no CREATE on schema ``public``, no
 TEMPORARY on the database): a table of their own with a foreign key to a
 protected table would probe its keys through that REFERENCES privilege.
+
+- ``auditor`` is a member of ``anonproxy_auditor`` (sql/0026_auditor.sql): it
+  reads the audit trail, the budgets, the ledger, the release registry and the
+  policy's history, for ``anonproxy console``, and no row of ``adult``.
 """
 
 from __future__ import annotations
@@ -25,9 +29,11 @@ from psycopg import sql
 
 from .proxy.service_role import WIDENING_ROLES
 
-DEMO_ROLES = ("dba", "reporter", "analyst")
+DEMO_ROLES = ("dba", "reporter", "analyst", "auditor")
 DIRECT_ROLES = ("dba",)
-RESTRICTED_ROLES = tuple(role for role in DEMO_ROLES if role not in DIRECT_ROLES)
+AUDITOR_LOGIN = "auditor"
+AUDITOR_GROUP = "anonproxy_auditor"  # created by sql/0026_auditor.sql
+RESTRICTED_ROLES = tuple(role for role in DEMO_ROLES if role not in (*DIRECT_ROLES, AUDITOR_LOGIN))
 
 
 class DemoSetupError(RuntimeError):
@@ -58,6 +64,8 @@ def create_demo_roles(conn: psycopg.Connection, dbname: str) -> None:
                 "anonproxy.hierarchy_nodes to {}").format(direct),
         sql.SQL("grant usage on schema public to {}").format(restricted),
         sql.SQL("revoke all on all tables in schema public from public, {}").format(restricted),
+        sql.SQL("grant connect on database {} to {}").format(database, sql.Identifier(AUDITOR_LOGIN)),
+        sql.SQL("grant {} to {}").format(sql.Identifier(AUDITOR_GROUP), sql.Identifier(AUDITOR_LOGIN)),
     ]
     with conn.transaction():
         for role in DEMO_ROLES:
