@@ -17,6 +17,7 @@ import psycopg
 
 from . import trail
 from .config import ConfigError, ProxyConfig, load_config
+from .console import command as console_command
 from .embedded import EmbeddedPostgres, EmbeddedPostgresError
 from .logs import setup_logging
 from .policy import commands as policy_commands
@@ -87,6 +88,7 @@ def _parser() -> argparse.ArgumentParser:
     report.register(commands)
     verify_command.register(commands)
     trail.register(commands)
+    console_command.register(commands)
     return parser
 
 
