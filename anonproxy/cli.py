@@ -146,6 +146,7 @@ def _up(args: argparse.Namespace) -> int:
                     policy = dataclasses.replace(policy, version=apply_policy(conn, policy))
                 else:
                     policy = load_policy(conn)
+                    demo.ensure_auditor(conn, DEMO_DATABASE)  # a directory made before the auditor existed
                     service_password = demo.reset_service_role(conn, policy.service_role)
                     print(_kept_line(conn, server), file=sys.stderr, flush=True)
                 conn.commit()

@@ -64,14 +64,25 @@ def create_demo_roles(conn: psycopg.Connection, dbname: str) -> None:
                 "anonproxy.hierarchy_nodes to {}").format(direct),
         sql.SQL("grant usage on schema public to {}").format(restricted),
         sql.SQL("revoke all on all tables in schema public from public, {}").format(restricted),
-        sql.SQL("grant connect on database {} to {}").format(database, sql.Identifier(AUDITOR_LOGIN)),
-        sql.SQL("grant {} to {}").format(sql.Identifier(AUDITOR_GROUP), sql.Identifier(AUDITOR_LOGIN)),
     ]
     with conn.transaction():
-        for role in DEMO_ROLES:
+        for role in (*DIRECT_ROLES, *RESTRICTED_ROLES):
             _ensure_login_role(conn, role, password=role)
         for statement in statements:
             conn.execute(statement)
+        ensure_auditor(conn, dbname)
+
+
+def ensure_auditor(conn: psycopg.Connection, dbname: str) -> None:
+    """Create (or reset) the ``auditor`` login, a member of anonproxy_auditor that may connect to ``dbname``.
+
+    `up` calls it on a reused data directory too, made before the auditor existed.
+    """
+    with conn.transaction():
+        _ensure_login_role(conn, AUDITOR_LOGIN, password=AUDITOR_LOGIN)
+        conn.execute(sql.SQL("grant connect on database {} to {}").format(sql.Identifier(dbname),
+                                                                          sql.Identifier(AUDITOR_LOGIN)))
+        conn.execute(sql.SQL("grant {} to {}").format(sql.Identifier(AUDITOR_GROUP), sql.Identifier(AUDITOR_LOGIN)))
 
 
 def _ensure_login_role(conn: psycopg.Connection, role: str, password: str) -> None:

@@ -14,28 +14,24 @@
 -- so the trail gets a policy whose check refuses (42501) anyone but the auditors; its owner (and a superuser, or
 -- a BYPASSRLS role) is not subject to row security and reads it as before.
 --
--- The group role is created here when the installing role may create roles (and kept if it exists: roles
--- belong to the whole cluster, and another database's install may have made it); otherwise the migration stops
--- and says who must create it.
+-- The group role is created here when the installing role may create roles, and kept if it exists (roles belong
+-- to the whole cluster: another database's install may have made it). An owner that may not create roles (no
+-- CREATEROLE, as on some managed services) still installs the rest, with a warning: once someone with CREATEROLE
+-- has run `create role anonproxy_auditor nologin`, the owner runs `select anonproxy.grant_auditor_privileges()`.
+-- Until then nobody but the owner reads the trail.
 --
 -- Every function pins search_path = pg_catalog, pg_temp and qualifies every name.
 
 do $$
 begin
-    if not exists (select from pg_catalog.pg_roles where rolname = 'anonproxy_auditor') then
-        if not exists (select from pg_catalog.pg_roles
-                        where rolname = current_user and (rolcreaterole or rolsuper)) then
-            raise exception using errcode = '42501',
-                message = format('role %I may not create the group role anonproxy_auditor', current_user),
-                hint = 'a role with CREATEROLE runs: create role anonproxy_auditor nologin; then run '
-                       '`anonproxy install` again';
-        end if;
+    if pg_catalog.to_regrole('anonproxy_auditor') is null
+       and exists (select from pg_catalog.pg_roles where rolname = current_user and (rolcreaterole or rolsuper)) then
         create role anonproxy_auditor nologin;
+        comment on role anonproxy_auditor is
+            'anonproxy: reads the audit trail, budgets, ledger, release registry and policy history; nothing else.';
     end if;
 end
 $$;
-comment on role anonproxy_auditor is
-    'anonproxy: reads the audit trail, budgets, ledger, release registry and policy history; nothing else.';
 
 
 -- The trail: the owner and the auditors ---------------------------------------------------------
@@ -47,7 +43,8 @@ comment on role anonproxy_auditor is
 create function anonproxy.audit_trail_reader() returns boolean
 language plpgsql immutable set search_path = pg_catalog, pg_temp as $$
 begin
-    if not pg_catalog.pg_has_role(current_user, 'anonproxy_auditor', 'usage') then
+    if pg_catalog.to_regrole('anonproxy_auditor') is null
+       or not pg_catalog.pg_has_role(current_user, 'anonproxy_auditor', 'usage') then
         raise exception using errcode = '42501', message = 'permission denied for table audit_trail',
             detail = 'the audit trail is readable by its owner and the members of anonproxy_auditor only',
             hint = 'the owner of the anonproxy schema runs: grant anonproxy_auditor to <login>';
@@ -199,7 +196,31 @@ $$;
 
 revoke execute on function anonproxy.record_policy_version(), anonproxy.audit_budgets(),
     anonproxy.audit_budget_history(name, text), anonproxy.audit_release(bigint) from public;
-grant execute on function anonproxy.audit_budgets(), anonproxy.audit_budget_history(name, text),
-    anonproxy.audit_release(bigint) to anonproxy_auditor;
-grant select on anonproxy.audit_trail, anonproxy.audit_settings, anonproxy.budget_ledger, anonproxy.releases,
-    anonproxy.policy_history to anonproxy_auditor;
+
+-- The auditors' privileges; false (and nothing granted) while the group role does not exist. Idempotent.
+create function anonproxy.grant_auditor_privileges() returns boolean
+language plpgsql set search_path = pg_catalog, pg_temp as $$
+begin
+    if pg_catalog.to_regrole('anonproxy_auditor') is null then
+        return false;
+    end if;
+    grant execute on function anonproxy.audit_budgets(), anonproxy.audit_budget_history(name, text),
+        anonproxy.audit_release(bigint) to anonproxy_auditor;
+    grant select on anonproxy.audit_trail, anonproxy.audit_settings, anonproxy.budget_ledger, anonproxy.releases,
+        anonproxy.policy_history to anonproxy_auditor;
+    return true;
+end
+$$;
+revoke execute on function anonproxy.grant_auditor_privileges() from public;
+
+do $$
+begin
+    if not anonproxy.grant_auditor_privileges() then
+        raise warning using
+            message = format('the group role anonproxy_auditor does not exist and role %I may not create it: '
+                             'only the owner reads the audit trail', current_user),
+            hint = 'a role with CREATEROLE runs: create role anonproxy_auditor nologin; then the owner of the '
+                   'anonproxy schema runs: select anonproxy.grant_auditor_privileges()';
+    end if;
+end
+$$;
