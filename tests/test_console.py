@@ -37,6 +37,7 @@ PROBE = "select id, count(*) from adult group by id"
 WHOLE = "select count(*) from adult"
 DIFFERENCE = "select count(*) from adult where id <> 17"
 REFUSED = "select * from adult limit 1"  # suppress mode answers aggregates only
+ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts" / "console"  # screenshots, ignored by git
 
 
 @dataclass
@@ -101,7 +102,7 @@ def traffic(pg_server: EmbeddedPostgres, pg_template: object,
 
 
 @pytest.fixture(scope="module")
-def console(traffic: Traffic, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
+def console(traffic: Traffic) -> Iterator[Console]:
     """`anonproxy console` as the demo auditor, on the traffic's database."""
     port = free_port()
     process = subprocess.Popen([sys.executable, "-m", "anonproxy.cli", "console", "--port", str(port), "--dsn",
@@ -111,7 +112,8 @@ def console(traffic: Traffic, tmp_path_factory: pytest.TempPathFactory) -> Itera
         assert process.stdout is not None and process.stderr is not None
         ready = process.stdout.readline()
         assert f"http://127.0.0.1:{port}/" in ready, ready + process.stderr.read()
-        shots = tmp_path_factory.mktemp("console-screenshots")
+        shots = ARTIFACTS
+        shots.mkdir(parents=True, exist_ok=True)
         print(f"\nconsole screenshots in {shots}")
         yield Console(f"http://127.0.0.1:{port}", traffic.owner, traffic.direct, shots)
     finally:
