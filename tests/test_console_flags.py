@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from urllib.parse import unquote
 
 from anonproxy.console.flags import (
     Budget,
+    Flag,
     TrailRow,
     budget_exhaustion,
     differencing_pairs,
@@ -14,6 +17,7 @@ from anonproxy.console.flags import (
     refusal_bursts,
 )
 from anonproxy.console.history import policy_changes
+from anonproxy.console.pages import LINKED_IDS, flags_body
 
 T0 = datetime(2026, 11, 1, 9, 0, tzinfo=UTC)
 ADULT = ("public.adult",)
@@ -102,3 +106,11 @@ def test_policy_changes_name_what_changed() -> None:
                                              "budgets: removed analyst.public.adult"]
     assert policy_changes(after, after) == ["no change"]
     assert policy_changes(None, after) == ["(the first version recorded)"]
+
+
+def test_a_flag_links_to_its_latest_statements_only() -> None:
+    page = flags_body([Flag("budget", "analyst", "many", tuple(range(1, 1001)))], 1000, 20000)
+    link = re.search(r'href="/trail\?ids=([^"]*)"', page)
+    assert link is not None
+    assert unquote(link.group(1)).split(",") == [str(i) for i in range(1001 - LINKED_IDS, 1001)]
+    assert f"1000 statements (the latest {LINKED_IDS})" in page

@@ -15,6 +15,7 @@ from .queries import PAGE_SIZE, BudgetRow, TrailPage, TrailSearch
 
 NAV = (("/budgets", "Budgets"), ("/trail", "Trail"), ("/flags", "Flags"), ("/releases", "Releases"),
        ("/policy", "Policy history"))
+LINKED_IDS = 500  # trail rows a flag's link names at most
 DECISIONS = ("answered", "refused", "passed", "intercepted", "lost")
 FLAG_TITLES = {
     "refusals": "Many refusals in a short time",
@@ -208,12 +209,20 @@ def flags_body(flags: list[Flag], rows_read: int, limit: int) -> str:
     sections = []
     for kind, title in FLAG_TITLES.items():
         own = [f for f in flags if f.kind == kind]
-        rows = [[f'<span class="login">{e(f.login)}</span>', e(f.summary),
-                 f'<a class="statements" href="/trail?{e(urlencode({"ids": ",".join(map(str, f.ids))}))}">'
-                 f"{len(f.ids)} statement{'' if len(f.ids) == 1 else 's'}</a>" if f.ids else ""] for f in own]
+        rows = [[f'<span class="login">{e(f.login)}</span>', e(f.summary), _statements_link(f.ids)] for f in own]
         sections.append(f'<section class="flag-{kind}"><h2>{e(title)} ({len(own)})</h2>'
                         + (table(["login", "what", "behind it"], rows) if rows else "<p>None.</p>") + "</section>")
     return intro + "".join(sections)
+
+
+def _statements_link(ids: tuple[int, ...]) -> str:
+    """A link to the trail rows behind a flag (the latest ``LINKED_IDS`` of them: an address has a length limit)."""
+    if not ids:
+        return ""
+    shown = ids[-LINKED_IDS:]
+    label = f"{len(ids)} statement{'' if len(ids) == 1 else 's'}" + (f" (the latest {len(shown)})"
+                                                                      if len(shown) < len(ids) else "")
+    return f'<a class="statements" href="/trail?{e(urlencode({"ids": ",".join(map(str, shown))}))}">{label}</a>'
 
 
 # -- releases ------------------------------------------------------------------------------------------
