@@ -30,7 +30,6 @@ nav a.here { font-weight: bold; text-decoration: none; color: #222; }
 table { border-collapse: collapse; margin: 0.5rem 0 1rem; }
 th, td { border: 1px solid #ccc; padding: 0.2rem 0.5rem; text-align: left; vertical-align: top; }
 th { background: #f3f3f3; font-weight: normal; }
-td.num { text-align: right; font-variant-numeric: tabular-nums; }
 code { white-space: pre-wrap; }
 .denied { color: #a00; }
 .flagged { background: #fff3d6; }
