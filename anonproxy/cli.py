@@ -17,6 +17,7 @@ import psycopg
 
 from . import trail
 from .config import ConfigError, ProxyConfig, load_config
+from .console import command as console_command
 from .embedded import EmbeddedPostgres, EmbeddedPostgresError
 from .logs import setup_logging
 from .policy import commands as policy_commands
@@ -87,6 +88,7 @@ def _parser() -> argparse.ArgumentParser:
     report.register(commands)
     verify_command.register(commands)
     trail.register(commands)
+    console_command.register(commands)
     return parser
 
 
@@ -144,6 +146,7 @@ def _up(args: argparse.Namespace) -> int:
                     policy = dataclasses.replace(policy, version=apply_policy(conn, policy))
                 else:
                     policy = load_policy(conn)
+                    demo.ensure_auditor(conn, DEMO_DATABASE)  # a directory made before the auditor existed
                     service_password = demo.reset_service_role(conn, policy.service_role)
                     print(_kept_line(conn, server), file=sys.stderr, flush=True)
                 conn.commit()
@@ -161,7 +164,7 @@ def _up(args: argparse.Namespace) -> int:
         def print_connection_strings(port: int) -> None:
             print("anonproxy is ready. Connect with:", flush=True)
             for role in demo.DEMO_ROLES:
-                mode = policy.role(role).mode
+                mode = "reads the trail: anonproxy console" if role == demo.AUDITOR_LOGIN else policy.role(role).mode
                 print(f"  {role:<9} postgresql://{role}:{role}@127.0.0.1:{port}/{DEMO_DATABASE}   ({mode})",
                       flush=True)
             owner = f"postgresql://{server.superuser}:{server.password}@127.0.0.1:{port}/{DEMO_DATABASE}"

@@ -14,6 +14,10 @@
 They may not create objects either (no CREATE on schema ``public``, no
 TEMPORARY on the database): a table of their own with a foreign key to a
 protected table would probe its keys through that REFERENCES privilege.
+
+- ``auditor`` is a member of ``anonproxy_auditor`` (sql/0026_auditor.sql): it
+  reads the audit trail, the budgets, the ledger, the release registry and the
+  policy's history, for ``anonproxy console``, and no row of ``adult``.
 """
 
 from __future__ import annotations
@@ -25,9 +29,11 @@ from psycopg import sql
 
 from .proxy.service_role import WIDENING_ROLES
 
-DEMO_ROLES = ("dba", "reporter", "analyst")
+DEMO_ROLES = ("dba", "reporter", "analyst", "auditor")
 DIRECT_ROLES = ("dba",)
-RESTRICTED_ROLES = tuple(role for role in DEMO_ROLES if role not in DIRECT_ROLES)
+AUDITOR_LOGIN = "auditor"
+AUDITOR_GROUP = "anonproxy_auditor"  # created by sql/0026_auditor.sql
+RESTRICTED_ROLES = tuple(role for role in DEMO_ROLES if role not in (*DIRECT_ROLES, AUDITOR_LOGIN))
 
 
 class DemoSetupError(RuntimeError):
@@ -60,10 +66,23 @@ def create_demo_roles(conn: psycopg.Connection, dbname: str) -> None:
         sql.SQL("revoke all on all tables in schema public from public, {}").format(restricted),
     ]
     with conn.transaction():
-        for role in DEMO_ROLES:
+        for role in (*DIRECT_ROLES, *RESTRICTED_ROLES):
             _ensure_login_role(conn, role, password=role)
         for statement in statements:
             conn.execute(statement)
+        ensure_auditor(conn, dbname)
+
+
+def ensure_auditor(conn: psycopg.Connection, dbname: str) -> None:
+    """Create (or reset) the ``auditor`` login, a member of anonproxy_auditor that may connect to ``dbname``.
+
+    `up` calls it on a reused data directory too, made before the auditor existed.
+    """
+    with conn.transaction():
+        _ensure_login_role(conn, AUDITOR_LOGIN, password=AUDITOR_LOGIN)
+        conn.execute(sql.SQL("grant connect on database {} to {}").format(sql.Identifier(dbname),
+                                                                          sql.Identifier(AUDITOR_LOGIN)))
+        conn.execute(sql.SQL("grant {} to {}").format(sql.Identifier(AUDITOR_GROUP), sql.Identifier(AUDITOR_LOGIN)))
 
 
 def _ensure_login_role(conn: psycopg.Connection, role: str, password: str) -> None:

@@ -274,7 +274,7 @@ class Up:
                 self.urls[parts[0]] = parts[1]
             if "Press Ctrl-C" in line or time.monotonic() > deadline:
                 break
-        assert set(self.urls) == {"dba", "reporter", "analyst", "owner"}, "".join(self.output)
+        assert set(self.urls) == {"dba", "reporter", "analyst", "auditor", "owner"}, "".join(self.output)
 
     @property
     def text(self) -> str:
