@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -11,6 +12,8 @@ from typing import Any
 
 import psycopg.conninfo
 import yaml
+
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 ENV_PREFIX = "ANONPROXY_"
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -75,6 +78,9 @@ class ProxyConfig:
     max_session_cursors: int = 64
     max_prepared_statements: int = 1000
     max_prepared_size: int = 16 * 1024 * 1024
+    # Addresses (or networks, CIDR) of load balancers allowed to send a PROXY protocol header (v1 or v2) first on a
+    # connection, naming the client whose connection they relay; from any other address such a header is refused.
+    trusted_proxies: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not 0 <= self.listen_port <= 65535:
@@ -108,10 +114,21 @@ class ProxyConfig:
         for name in ("max_session_cursors", "max_prepared_statements"):
             if not 1 <= getattr(self, name) <= 1_000_000:
                 raise ConfigError(f"{name} must be between 1 and 1000000, got {getattr(self, name)}")
+        _ = self.trusted_proxy_networks
         # Parse the connection strings now, so that a bad one fails at load time.
         _ = self.upstream_address
         if self.service_dsn:
             _ = self.service_login
+
+    @property
+    def trusted_proxy_networks(self) -> tuple[IPNetwork, ...]:
+        networks = []
+        for entry in self.trusted_proxies:
+            try:
+                networks.append(ipaddress.ip_network(entry.strip(), strict=False))
+            except ValueError:
+                raise ConfigError(f"trusted_proxies: {entry!r} is not an IP address or network (CIDR)") from None
+        return tuple(networks)
 
     @property
     def upstream_address(self) -> UpstreamAddress:
@@ -192,6 +209,9 @@ def _coerce(name: str, value: Any) -> Any:
     try:
         if name in ("tls_cert", "tls_key"):
             return Path(value) if value not in (None, "") else None
+        if name == "trusted_proxies":  # a YAML list, or text separated by commas (the environment)
+            items = value.split(",") if isinstance(value, str) else list(value or ())
+            return tuple(str(item).strip() for item in items if str(item).strip())
         if isinstance(default, bool):
             return _boolean(value)
         return type(default)(value)

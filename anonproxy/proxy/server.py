@@ -87,6 +87,7 @@ class Worker:
             cancel_keys=CancelRegistry(index, run_dir),
             tls=tls_context(config),
             startup_timeout=config.startup_timeout,
+            trusted_proxies=config.trusted_proxy_networks,
             policy=PolicyWatcher(config.service_conninfo, self._policy_changed) if config.service_dsn else None,
             service_login=config.service_login if config.service_dsn else None,
             noisy=NoisyAnswers(config.service_conninfo, analyser=analyser,
