@@ -11,7 +11,9 @@ dashboard bursts of ``--burst`` statements, for ``--seconds`` per phase. Per num
   the same concurrency — what the database itself can do, the physical limit of the gated path;
 - ``dp``: the analyst's new questions (a new constant every statement, so each is planned and charged): statements
   per second is ledger charges per second;
-- ``relay``: the dba's statements (relayed untouched) through the balancer, for comparison.
+- ``relay``: the dba's statements (relayed untouched) through the balancer, for comparison;
+- ``policy``: ``--policy-changes`` policy changes, each timed from its commit until every worker of every proxy has
+  logged that it loaded it.
 
 It reports statements per second, p50/p99 of a burst, the ratio suppress/service, and the CPU seconds the proxies
 used per statement (their whole process trees, from /proc). Run as root (namespaces, PostgreSQL as postgres).
@@ -23,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -31,6 +34,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +100,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--burst", type=int, default=20, help="statements per burst (default 20)")
     parser.add_argument("--seconds", type=int, default=20, help="seconds per phase (default 20)")
     parser.add_argument("--warmup", type=int, default=3, help="unmeasured seconds before each phase (default 3)")
+    parser.add_argument("--policy-changes", type=int, default=10, help="policy changes timed (default 10)")
     parser.add_argument("--workers", type=int, default=1, help="workers per proxy (default 1)")
     parser.add_argument("--json", help="write the figures to this file")
     return parser
@@ -139,6 +144,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     run_report["phases"][phase.name] = figures
                     _progress(f"  {phase.name}: {figures['statements_per_second']:.0f} statements/s, burst p50 "
                               f"{figures['burst_p50_ms']:.0f} ms, p99 {figures['burst_p99_ms']:.0f} ms")
+                run_report["policy_reach_ms"] = _policy_reach(server, work, links[:count], args.policy_changes)
+                _progress(f"  policy: every worker within {max(run_report['policy_reach_ms']):.0f} ms")
                 phases = run_report["phases"]
                 run_report["suppress_over_service"] = (phases["suppress"]["statements_per_second"]
                                                        / phases["service"]["statements_per_second"])
@@ -189,7 +196,7 @@ def _proxies(links: list[Host], server: EmbeddedPostgres, service_dsn: str, work
             env |= {"PYTHONPATH": str(REPO), "ANONPROXY_LISTEN_HOST": link.inside, "ANONPROXY_LISTEN_PORT": str(PORT),
                     "ANONPROXY_UPSTREAM": f"host={link.outside} port={server.port}",
                     "ANONPROXY_SERVICE_DSN": service_dsn, "ANONPROXY_WORKERS": str(workers),
-                    "ANONPROXY_LOG_LEVEL": "warning", "ANONPROXY_TRUSTED_PROXIES": link.outside}
+                    "ANONPROXY_LOG_LEVEL": "info", "ANONPROXY_TRUSTED_PROXIES": link.outside}
             log = (work / f"{link.namespace}.log").open("wb")
             processes.append(subprocess.Popen([*link.command(), sys.executable, "-m", "anonproxy.cli", "serve"],
                                               env=env, stdout=log, stderr=subprocess.STDOUT))
@@ -251,6 +258,39 @@ backend proxies
     finally:
         process.terminate()
         process.wait(10)
+
+
+def _policy_reach(server: EmbeddedPostgres, work: Path, links: list[Host], changes: int) -> list[float]:
+    """For each policy change: ms from its commit until the last worker of every proxy logged that it loaded it."""
+    logs = [work / f"{link.namespace}.log" for link in links]
+    workers = [len(set(LOADED.findall(log.read_text()))) for log in logs]
+    reach = []
+    with psycopg.connect(server.conninfo(dbname=DATABASE), autocommit=True) as conn:
+        conn.execute("drop role if exists policy_probe")
+        conn.execute("create role policy_probe")
+        for change in range(changes):
+            conn.execute("select anonproxy.set_role_policy('policy_probe', %s)", ["deny" if change % 2 else "dp"])
+            committed = datetime.now()
+            version = conn.execute("select version from anonproxy.policy_version").fetchone()[0]
+            deadline = time.monotonic() + 60
+            while True:
+                loads = [_loads(log.read_text(), version) for log in logs]
+                if all(len(found) == count for found, count in zip(loads, workers)):
+                    break
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"policy version {version} did not reach every worker in 60 s: {loads}")
+                time.sleep(0.02)
+            last = max(at for found in loads for at in found.values())
+            reach.append(max(0.0, (last - committed).total_seconds() * 1000))
+    return reach
+
+
+LOADED = re.compile(r"^\S+ \S+ \w+ \[(\d+)\] anonproxy\.policy: policy version \d+ loaded", re.M)
+
+
+def _loads(log: str, version: int) -> dict[int, datetime]:
+    pattern = re.compile(rf"^(\S+ \S+) \w+ \[(\d+)\] anonproxy\.policy: policy version {version} loaded", re.M)
+    return {int(pid): datetime.strptime(at, "%Y-%m-%d %H:%M:%S,%f") for at, pid in pattern.findall(log)}
 
 
 def _burst(statements: list[str], size: int) -> str:
@@ -315,7 +355,9 @@ def _print(report: dict[str, Any]) -> None:
             print(f"{run_report['proxies']:>7} | {name:<8} | {figures['statements_per_second']:>12.0f} | "
                   f"{figures['burst_p50_ms']:>12.0f} | {figures['burst_p99_ms']:>12.0f} | "
                   f"{'' if cpu is None else f'{cpu:.2f}':>22} | {figures['charges_per_second']:>9.0f}")
-        print(f"{run_report['proxies']:>7} | suppress / service: {run_report['suppress_over_service']:.2f}")
+        reach = sorted(run_report["policy_reach_ms"])
+        print(f"{run_report['proxies']:>7} | suppress / service: {run_report['suppress_over_service']:.2f}; a policy "
+              f"change reached every worker in {reach[len(reach) // 2]:.0f} ms (median), {reach[-1]:.0f} ms (max)")
 
 
 def _progress(message: str) -> None:
