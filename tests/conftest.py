@@ -127,7 +127,7 @@ def start_proxy(upstream: str, log_path: Path, *, host: str = "127.0.0.1", port:
     log_file = log_path.open("wb")
     process = subprocess.Popen([*command_prefix, sys.executable, "-m", "anonproxy.cli", "serve"], env=env,
                                stdout=log_file, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 15
+    deadline = time.monotonic() + 30  # a loaded machine takes long to import
     while True:
         try:
             socket.create_connection((host, port), timeout=1).close()

@@ -15,6 +15,7 @@ import re
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -46,7 +47,7 @@ def links() -> Iterator[list[Host]]:
 
 @pytest.fixture(scope="module")
 def database(links: list[Host]) -> Iterator[EmbeddedPostgres]:
-    listen = ",".join(["127.0.0.1", *(link.outside for link in links)])
+    listen = ",".join(["127.0.0.1", *sorted({link.outside for link in links})])
     with EmbeddedPostgres(hba_extra=[f"host all all 10.{NET}.0.0/16 scram-sha-256"],
                           settings={"listen_addresses": listen}) as server:
         with psycopg.connect(server.conninfo(), autocommit=True) as conn:
@@ -70,6 +71,7 @@ def proxies(links: list[Host], database: EmbeddedPostgres, tmp_path_factory: pyt
                 f"host={link.outside} port={database.port}", tmp_path_factory.mktemp(link.namespace) / "anonproxy.log",
                 host=link.inside, port=PORT, command_prefix=link.command(), workers=str(WORKERS),
                 log_level="debug", trusted_proxies=link.outside,
+                peers=",".join(f"{other.inside}:{PORT}" for other in links if other != link),
                 service_dsn=f"user={SERVICE_ROLE} password={SERVICE_ROLE} dbname={DATABASE}"))
         yield started
     finally:
@@ -226,6 +228,21 @@ def test_charges_through_every_proxy_at_once_never_overspend(balancer: Balancer,
     assert epsilon_spent <= epsilon_budget and (rho_left is None or rho_left >= 0)
     assert charges == answered  # no answer without its charge, no charge twice
     assert trail == {"answered": answered, "refused": len(questions) - answered}
+
+
+def test_a_cancel_reaches_its_session_whichever_proxy_it_reaches(balancer: Balancer,
+                                                                  proxies: list[ProxyProcess]) -> None:
+    """A cancel request is a new connection: round robin sends it to the other proxy than its session's, which
+    passes it to its peers."""
+    for _ in range(2 * PROXIES):
+        with psycopg.connect(balancer.endpoint.dsn(DATABASE), autocommit=True) as conn:
+            conn.execute("set statement_timeout = '30s'")  # a lost cancel fails the test, not hangs it
+            timer = threading.Timer(1.0, conn.cancel)
+            timer.start()
+            with pytest.raises(psycopg.errors.QueryCanceled, match="user request"):
+                conn.execute("select pg_sleep(60)")
+            timer.join()
+    assert any("passed to its peers" in proxy.log() for proxy in proxies)
 
 
 def test_a_proxy_that_dies_is_taken_out_and_the_others_go_on(balancer: Balancer, links: list[Host],

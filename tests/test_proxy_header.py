@@ -114,6 +114,14 @@ def test_trusted_proxies_setting() -> None:
         load_config(environ={"ANONPROXY_TRUSTED_PROXIES": "balancer"})
 
 
+def test_peers_setting() -> None:
+    config = load_config(environ={"ANONPROXY_PEERS": "10.0.0.11:6432, [2001:db8::12]:7000"})
+    assert config.peer_endpoints == (("10.0.0.11", 6432), ("2001:db8::12", 7000))
+    for bad in ("proxy2:6432", "10.0.0.11", "10.0.0.11:0", "10.0.0.11:x"):
+        with pytest.raises(ConfigError, match="peers: "):
+            load_config(environ={"ANONPROXY_PEERS": bad})
+
+
 # -- through HAProxy and the real proxy --------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

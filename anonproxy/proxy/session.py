@@ -97,6 +97,7 @@ class ProxyContext:
     tls: ssl.SSLContext | None = None
     startup_timeout: float = 60.0
     trusted_proxies: tuple[IPNetwork, ...] = ()  # balancers whose PROXY protocol header names the client
+    peer_addresses: tuple[IPNetwork, ...] = ()  # the other proxies, whose cancel requests are not passed on again
     policy: PolicyWatcher | None = None  # None: no service login configured, every role is direct
     service_login: ServiceLogin | None = None
     service_pool: ServicePool | None = None  # where gated sessions borrow service connections
@@ -364,7 +365,7 @@ class ClientConnection(asyncio.Protocol):
         if not may_be_proxy_header(self._startup_buffer):
             self._header_expected = False
             return True
-        if not self._peer_is_trusted_proxy():
+        if not self._peer_within(self.context.trusted_proxies):
             raise pg.ProtocolViolation("PROXY protocol header from an address not in trusted_proxies", silent=True)
         header, size = read_proxy_header(self._startup_buffer)
         if header is None:
@@ -376,9 +377,10 @@ class ClientConnection(asyncio.Protocol):
             self._client_address = header.source
         return True
 
-    def _peer_is_trusted_proxy(self) -> bool:
+    def _peer_within(self, networks: tuple[IPNetwork, ...]) -> bool:
+        """Whether the connection comes from one of ``networks`` (its own peer, whatever a header says)."""
         peer = self.transport.get_extra_info("peername") if self.transport is not None else None
-        if not isinstance(peer, tuple) or not self.context.trusted_proxies:
+        if not isinstance(peer, tuple) or not networks:
             return False
         try:
             address = ipaddress.ip_address(peer[0])
@@ -386,7 +388,7 @@ class ClientConnection(asyncio.Protocol):
             return False
         if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
             address = address.ipv4_mapped
-        return any(address in network for network in self.context.trusted_proxies)
+        return any(address in network for network in networks)
 
     def _client_endpoint(self) -> tuple[str, int] | None:
         """The client's address and port: as a trusted balancer named them, else the connection's peer."""
@@ -432,7 +434,8 @@ class ClientConnection(asyncio.Protocol):
             self.state = State.CLOSED
             self.transport.pause_reading()
             self.context.spawn(cancel_then_hang_up(self.context.cancel_keys, packet.process_id, packet.secret_key,
-                                                   self.transport))
+                                                   self.transport,
+                                                   from_peer=self._peer_within(self.context.peer_addresses)))
         else:
             self._startup = packet
             self.state = State.CONNECTING

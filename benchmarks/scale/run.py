@@ -155,7 +155,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 @contextmanager
 def _database(links: list[Host], clients: int) -> Iterator[EmbeddedPostgres]:
-    listen = ",".join(["127.0.0.1", *(link.outside for link in links)])
+    listen = ",".join(["127.0.0.1", *sorted({link.outside for link in links})])
     settings = {"listen_addresses": listen, "max_connections": str(3 * clients + 200), "shared_buffers": "256MB"}
     with EmbeddedPostgres(hba_extra=[f"host all all 10.{NET}.0.0/16 scram-sha-256"], settings=settings) as server:
         yield server
