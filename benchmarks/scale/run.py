@@ -27,6 +27,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -86,6 +87,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if os.geteuid() != 0:
         print("run as root: it makes network namespaces and runs PostgreSQL as the postgres user", file=sys.stderr)
         return 2
+    # SIGTERM unwinds like Ctrl-C, so that the namespaces, proxies and server are removed.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))
     report = run(args)
     _print(report)
     if args.json:
@@ -140,7 +143,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     figures["proxy_cpu_ms_per_statement"] = (
                         1000 * (sum(process_tree_cpu_seconds(pid) for pid in pids) - cpu) / figures["statements"]
                         if phase.name != "service" and figures["statements"] else None)
-                    figures["charges_per_second"] = (_charges(server) - charges) / args.seconds
+                    figures["charges_per_second"] = (_charges(server) - charges) / figures["seconds"]
                     run_report["phases"][phase.name] = figures
                     _progress(f"  {phase.name}: {figures['statements_per_second']:.0f} statements/s, burst p50 "
                               f"{figures['burst_p50_ms']:.0f} ms, p99 {figures['burst_p99_ms']:.0f} ms")
@@ -322,13 +325,16 @@ def _pgbench(phase: Phase, password: str, args: argparse.Namespace, work: Path, 
     command = [_pgbench_binary(), "-n", "-M", "simple", "-c", str(args.clients), "-j", "2", "-T", str(seconds),
                "-f", str(phase.script), "--log", "--log-prefix", str(logs / "burst"), "-h", host, "-p", str(port),
                "-U", phase.user, DATABASE]
+    started = time.monotonic()
     done = subprocess.run(command, env={**os.environ, "PGPASSWORD": password}, capture_output=True, text=True,
                           cwd=work)
+    elapsed = time.monotonic() - started  # pgbench lets the bursts under way at the end finish: longer than -T
     if done.returncode != 0:
         raise RuntimeError(f"pgbench {phase.name} failed:\n{done.stderr[-3000:]}")
     bursts = sorted(int(line.split()[2]) for path in logs.iterdir() for line in path.read_text().splitlines())
     statements = len(bursts) * args.burst
-    return {"bursts": len(bursts), "statements": statements, "statements_per_second": statements / seconds,
+    return {"bursts": len(bursts), "statements": statements, "seconds": elapsed,
+            "statements_per_second": statements / elapsed,
             "burst_p50_ms": _rank(bursts, 0.5) / 1000, "burst_p99_ms": _rank(bursts, 0.99) / 1000}
 
 
