@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -11,6 +12,8 @@ from typing import Any
 
 import psycopg.conninfo
 import yaml
+
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 ENV_PREFIX = "ANONPROXY_"
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -75,6 +78,13 @@ class ProxyConfig:
     max_session_cursors: int = 64
     max_prepared_statements: int = 1000
     max_prepared_size: int = 16 * 1024 * 1024
+    # Addresses (or networks, CIDR) of load balancers allowed to send a PROXY protocol header (v1 or v2) first on a
+    # connection, naming the client whose connection they relay; from any other address such a header is refused.
+    trusted_proxies: tuple[str, ...] = ()
+    # The other proxies behind the same balancer, as "address:port" they listen on (and connect from): a cancel
+    # request whose key no worker here issued is passed to them, as the balancer may have sent it to another proxy
+    # than its session's.
+    peers: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not 0 <= self.listen_port <= 65535:
@@ -108,10 +118,42 @@ class ProxyConfig:
         for name in ("max_session_cursors", "max_prepared_statements"):
             if not 1 <= getattr(self, name) <= 1_000_000:
                 raise ConfigError(f"{name} must be between 1 and 1000000, got {getattr(self, name)}")
+        _ = self.trusted_proxy_networks
+        _ = self.peer_endpoints
         # Parse the connection strings now, so that a bad one fails at load time.
         _ = self.upstream_address
         if self.service_dsn:
             _ = self.service_login
+
+    @property
+    def trusted_proxy_networks(self) -> tuple[IPNetwork, ...]:
+        networks = []
+        for entry in self.trusted_proxies:
+            try:
+                networks.append(ipaddress.ip_network(entry.strip(), strict=False))
+            except ValueError:
+                raise ConfigError(f"trusted_proxies: {entry!r} is not an IP address or network (CIDR)") from None
+        return tuple(networks)
+
+    @property
+    def peer_endpoints(self) -> tuple[tuple[str, int], ...]:
+        endpoints = []
+        for entry in self.peers:
+            host, _, port = entry.strip().rpartition(":")
+            try:
+                address = ipaddress.ip_address(host.strip("[]"))
+                number = int(port)
+            except ValueError:
+                raise ConfigError(f"peers: {entry!r} is not an IP address and a port (address:port)") from None
+            if not 1 <= number <= 65535:
+                raise ConfigError(f"peers: {entry!r} has no valid port")
+            endpoints.append((str(address), number))
+        return tuple(endpoints)
+
+    @property
+    def peer_networks(self) -> tuple[IPNetwork, ...]:
+        """The peers' addresses, each a network of one address."""
+        return tuple(ipaddress.ip_network(host) for host, _ in self.peer_endpoints)
 
     @property
     def upstream_address(self) -> UpstreamAddress:
@@ -192,6 +234,9 @@ def _coerce(name: str, value: Any) -> Any:
     try:
         if name in ("tls_cert", "tls_key"):
             return Path(value) if value not in (None, "") else None
+        if name in ("trusted_proxies", "peers"):  # a YAML list, or text separated by commas (the environment)
+            items = value.split(",") if isinstance(value, str) else list(value or ())
+            return tuple(str(item).strip() for item in items if str(item).strip())
         if isinstance(default, bool):
             return _boolean(value)
         return type(default)(value)

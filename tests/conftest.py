@@ -15,7 +15,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -117,25 +117,27 @@ class ProxyProcess:
         return self.log_path.read_text(errors="replace")
 
 
-def start_proxy(upstream: str, log_path: Path, **settings: str) -> ProxyProcess:
-    """Run `anonproxy serve` configured through the environment; wait until it accepts clients."""
-    port = free_port()
-    env = {**os.environ, "ANONPROXY_LISTEN_PORT": str(port), "ANONPROXY_UPSTREAM": upstream,
-           **{f"ANONPROXY_{k.upper()}": v for k, v in settings.items()}}
+def start_proxy(upstream: str, log_path: Path, *, host: str = "127.0.0.1", port: int = 0,
+                command_prefix: Sequence[str] = (), **settings: str) -> ProxyProcess:
+    """Run `anonproxy serve` configured through the environment; wait until it accepts clients. ``host`` and
+    ``port`` (0: a free one) are where it listens; ``command_prefix`` runs it elsewhere (``ip netns exec NAME``)."""
+    port = port or free_port()
+    env = {**os.environ, "ANONPROXY_LISTEN_HOST": host, "ANONPROXY_LISTEN_PORT": str(port),
+           "ANONPROXY_UPSTREAM": upstream, **{f"ANONPROXY_{k.upper()}": v for k, v in settings.items()}}
     log_file = log_path.open("wb")
-    process = subprocess.Popen([sys.executable, "-m", "anonproxy.cli", "serve"], env=env,
+    process = subprocess.Popen([*command_prefix, sys.executable, "-m", "anonproxy.cli", "serve"], env=env,
                                stdout=log_file, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 15
+    deadline = time.monotonic() + 30  # a loaded machine takes long to import
     while True:
         try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            socket.create_connection((host, port), timeout=1).close()
             break
         except OSError:
             if process.poll() is not None or time.monotonic() > deadline:
                 process.kill()
                 raise RuntimeError(f"anonproxy did not start:\n{log_path.read_text()}")
             time.sleep(0.05)
-    return ProxyProcess(Endpoint("127.0.0.1", port), process, log_path)
+    return ProxyProcess(Endpoint(host, port), process, log_path)
 
 
 def stop_proxy(proxy: ProxyProcess) -> None:

@@ -15,6 +15,11 @@ give to any worker process (SO_REUSEPORT). A worker that does not hold the
 (process id, secret key) pair asks every sibling over its Unix socket in the
 run directory; the one that issued the key acts, and answers with one byte so
 that an unknown key is logged once, by the worker the client reached.
+
+Behind a load balancer the request may even reach another proxy than the
+session's. With ``peers`` configured, a key that no worker here issued is
+passed, as a CancelRequest of its own, to every peer proxy; a request that
+comes from a peer is never passed on again, so it travels one hop at most.
 """
 
 from __future__ import annotations
@@ -57,9 +62,11 @@ def cancel_socket_path(run_dir: Path, worker_index: int) -> Path:
 
 
 class CancelRegistry:
-    def __init__(self, worker_index: int = 0, run_dir: Path | None = None) -> None:
+    def __init__(self, worker_index: int = 0, run_dir: Path | None = None,
+                 peers: tuple[tuple[str, int], ...] = ()) -> None:
         self.worker_index = worker_index
         self._run_dir = run_dir
+        self._peers = peers
         # One entry per process id: a backend's id is unique while it lives, and a newer session
         # with a reused id replaces the entry of one whose backend has gone.
         self._keys: dict[int, tuple[bytes, list[UpstreamKey]]] = {}
@@ -93,11 +100,16 @@ class CancelRegistry:
             del self._keys[key.process_id]
             self._own.pop(key.process_id, None)
 
-    async def cancel(self, process_id: int, secret_key: bytes) -> None:
-        """Act on a client's CancelRequest; wrong keys are ignored (and logged), as PostgreSQL does."""
+    async def cancel(self, process_id: int, secret_key: bytes, *, from_peer: bool = False) -> None:
+        """Act on a client's CancelRequest (or a peer proxy's, passing one on); wrong keys are ignored (and logged),
+        as PostgreSQL does."""
         if await self.cancel_own(process_id, secret_key):
             return
         if self._run_dir is not None and await self._ask_siblings(process_id, secret_key):
+            return
+        if self._peers and not from_peer:
+            log.debug("cancel request for process %d: not a key of this proxy's, passed to its peers", process_id)
+            await asyncio.gather(*(_pass_to_peer(peer, process_id, secret_key) for peer in self._peers))
             return
         log.info("cancel request for process %d with an unknown key ignored", process_id)
 
@@ -133,15 +145,28 @@ async def _forward(path: Path, process_id: int, secret_key: bytes) -> bool:
         return False
 
 
+async def _pass_to_peer(peer: tuple[str, int], process_id: int, secret_key: bytes) -> None:
+    """Send a CancelRequest to a peer proxy and wait until it hangs up: it has acted, if the key was its own."""
+    try:
+        async with asyncio.timeout(CANCEL_TIMEOUT):
+            reader, writer = await asyncio.open_connection(*peer)
+            writer.write(cancel_request(process_id, secret_key))
+            await writer.drain()
+            await reader.read()
+            writer.close()
+    except (OSError, TimeoutError) as exc:
+        log.warning("cannot pass a cancel request to the peer proxy %s:%d: %s", *peer, exc)
+
+
 async def cancel_then_hang_up(registry: CancelRegistry, process_id: int, secret_key: bytes,
-                              transport: asyncio.BaseTransport) -> None:
+                              transport: asyncio.BaseTransport, *, from_peer: bool = False) -> None:
     """Act on a CancelRequest, then close its connection.
 
     Clients take the hang-up as "the cancel is done" (libpq waits for it), so
     it must come after the server acted; else a late cancel hits their next query.
     """
     try:
-        await registry.cancel(process_id, secret_key)
+        await registry.cancel(process_id, secret_key, from_peer=from_peer)
     finally:
         transport.close()
 

@@ -84,9 +84,11 @@ class Worker:
                             config.log_format) if config.service_dsn else None
         self.context = ProxyContext(
             upstream=config.upstream_address,
-            cancel_keys=CancelRegistry(index, run_dir),
+            cancel_keys=CancelRegistry(index, run_dir, config.peer_endpoints),
             tls=tls_context(config),
             startup_timeout=config.startup_timeout,
+            trusted_proxies=config.trusted_proxy_networks,
+            peer_addresses=config.peer_networks,
             policy=PolicyWatcher(config.service_conninfo, self._policy_changed) if config.service_dsn else None,
             service_login=config.service_login if config.service_dsn else None,
             noisy=NoisyAnswers(config.service_conninfo, analyser=analyser,

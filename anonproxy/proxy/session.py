@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import ipaddress
 import logging
 import ssl
 from collections.abc import Coroutine
@@ -32,7 +33,7 @@ from dataclasses import dataclass, field
 from itertools import count
 from typing import Any
 
-from ..config import ProxyConfig, ServiceLogin, UpstreamAddress
+from ..config import IPNetwork, ProxyConfig, ServiceLogin, UpstreamAddress
 from ..logs import RateLimitedLog
 from ..policy.model import Policy, RolePolicy
 from ..rewrite.classify import decide
@@ -52,6 +53,7 @@ from ..rewrite.decision import (
 )
 from ..wire import protocol as pg
 from ..wire.framing import BoundaryTracker, MessageBuffer, Piece, RelayingMessageBuffer
+from ..wire.proxy_header import may_be_proxy_header, read_proxy_header
 from ..wire.results import Result
 from .analysis import AnalysisFailed, AnalysisTimeout, Analyser
 from .cache import BoundedCache
@@ -94,6 +96,8 @@ class ProxyContext:
     cancel_keys: CancelRegistry
     tls: ssl.SSLContext | None = None
     startup_timeout: float = 60.0
+    trusted_proxies: tuple[IPNetwork, ...] = ()  # balancers whose PROXY protocol header names the client
+    peer_addresses: tuple[IPNetwork, ...] = ()  # the other proxies, whose cancel requests are not passed on again
     policy: PolicyWatcher | None = None  # None: no service login configured, every role is direct
     service_login: ServiceLogin | None = None
     service_pool: ServicePool | None = None  # where gated sessions borrow service connections
@@ -183,6 +187,8 @@ class ClientConnection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.upstream: UpstreamConnection | None = None
         self._startup_buffer = bytearray()
+        self._header_expected = True  # a PROXY protocol header may come first, before any startup packet
+        self._client_address: tuple[str, int] | None = None  # the client a trusted balancer's header named
         self._pending: list[bytes] = []  # client bytes that arrive while connecting upstream
         self._tls_active = False
         self._startup_timer: asyncio.TimerHandle | None = None
@@ -339,6 +345,8 @@ class ClientConnection(asyncio.Protocol):
     def _startup_received(self, data: bytes) -> None:
         self._startup_buffer += data
         try:
+            if self._header_expected and not self._proxy_header_read():
+                return
             while self.state is State.STARTUP:
                 packet, size = pg.read_startup_packet(self._startup_buffer)
                 if packet is None:
@@ -349,6 +357,45 @@ class ClientConnection(asyncio.Protocol):
         except pg.ProtocolViolation as exc:
             self._startup_buffer.clear()  # reported here, not again as incomplete when the connection closes
             self.protocol_violation(exc)
+
+    def _proxy_header_read(self) -> bool:
+        """Read the PROXY protocol header a trusted balancer sends first, if the connection begins with one; False
+        while more of it is needed. Raises ProtocolViolation for a header from an untrusted peer: anyone else could
+        name any address, and the audit trail would believe it."""
+        if not may_be_proxy_header(self._startup_buffer):
+            self._header_expected = False
+            return True
+        if not self._peer_within(self.context.trusted_proxies):
+            raise pg.ProtocolViolation("PROXY protocol header from an address not in trusted_proxies", silent=True)
+        header, size = read_proxy_header(self._startup_buffer)
+        if header is None:
+            return False
+        del self._startup_buffer[:size]
+        self._header_expected = False
+        if header.source is not None:
+            log.debug("session %d: client %s:%d, through the balancer %s", self.id, *header.source, self._peer())
+            self._client_address = header.source
+        return True
+
+    def _peer_within(self, networks: tuple[IPNetwork, ...]) -> bool:
+        """Whether the connection comes from one of ``networks`` (its own peer, whatever a header says)."""
+        peer = self.transport.get_extra_info("peername") if self.transport is not None else None
+        if not isinstance(peer, tuple) or not networks:
+            return False
+        try:
+            address = ipaddress.ip_address(peer[0])
+        except ValueError:  # e.g. an IPv6 address with a zone
+            return False
+        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+            address = address.ipv4_mapped
+        return any(address in network for network in networks)
+
+    def _client_endpoint(self) -> tuple[str, int] | None:
+        """The client's address and port: as a trusted balancer named them, else the connection's peer."""
+        if self._client_address is not None:
+            return self._client_address
+        peer = self.transport.get_extra_info("peername") if self.transport is not None else None
+        return (peer[0], peer[1]) if isinstance(peer, tuple) else None
 
     def protocol_violation(self, exc: pg.ProtocolViolation) -> None:
         """Log one line (rate-limited), then answer as PostgreSQL would: an error, or a silent hang-up."""
@@ -365,8 +412,8 @@ class ClientConnection(asyncio.Protocol):
             self.transport.close()
 
     def _peer(self) -> str:
-        peer = self.transport.get_extra_info("peername") if self.transport is not None else None
-        return f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else "a local socket"
+        peer = self._client_endpoint()
+        return f"{peer[0]}:{peer[1]}" if peer is not None else "a local socket"
 
     def _handle_startup_packet(self, packet: pg.StartupPacket, raw: bytes) -> None:
         assert self.transport is not None
@@ -387,7 +434,8 @@ class ClientConnection(asyncio.Protocol):
             self.state = State.CLOSED
             self.transport.pause_reading()
             self.context.spawn(cancel_then_hang_up(self.context.cancel_keys, packet.process_id, packet.secret_key,
-                                                   self.transport))
+                                                   self.transport,
+                                                   from_peer=self._peer_within(self.context.peer_addresses)))
         else:
             self._startup = packet
             self.state = State.CONNECTING
@@ -538,9 +586,8 @@ class ClientConnection(asyncio.Protocol):
 
     def _open_gate(self, ready: bytes) -> None:
         assert self._startup is not None and self.upstream is not None and self.transport is not None
-        peer = self.transport.get_extra_info("peername")
         self._who = Who(self._startup.user, self._startup.database, session_id(self.id),
-                        *(peer[:2] if isinstance(peer, tuple) else ()))
+                        *(self._client_endpoint() or ()))
         gate = Gate(
             decide=self._decide,
             settings=self._settings,
