@@ -55,7 +55,13 @@ declare
     pure boolean;            -- no unit has two (codes, sensitive) combinations
     unique_units boolean;    -- every row is its own unit
     merged boolean;          -- atoms merge units (strict over pure units)
-    codes_sql text := '';    -- array[code of QI 1, ...] for a row of input
+    codes_sql text := '';    -- code of QI 1, ... of a key
+    key_sql text;            -- the key of a row of input i
+    key_type text;
+    s_sql text;              -- the sensitive value's code of a key
+    sizes bigint[];          -- codes per QI
+    size bigint;
+    radix numeric;
     joins_sql text := '';
     side_sql text;
     halves_sql text;
@@ -161,7 +167,6 @@ begin
              where x.dim = j and (x.level, x.lo) = (c.level, c.lo);
             update _mondrian_dims set span = (select count(*) - 1 from _mondrian_dom where dim = j) where dim = j;
         end if;
-        codes_sql := codes_sql || format('%sd%s.code', case when j > 1 then ', ' end, j);
         joins_sql := joins_sql || format(' join _mondrian_dom d%1$s on d%1$s.dim = %1$s and d%1$s.%2$s = i.%3$I%4$s',
             j, case when q->>'kind' = 'numeric' then 'num' else 'txt' end, q->>'name',
             case when q->>'kind' = 'numeric' then '::numeric' else '::text' end);
@@ -190,10 +195,28 @@ begin
         end if;
     end if;
 
+    -- Each row's codes and sensitive value as one number in mixed radix (the
+    -- key): rows, atoms and the output then match on one integer; bigint
+    -- when every combination fits, else numeric.
+    select array_agg(n order by dim) into sizes from (select dim, count(*) as n from _mondrian_dom group by dim) x;
+    radix := 1;
+    foreach size in array sizes loop
+        radix := radix * size;
+    end loop;
+    key_type := case when radix * (1 + (select count(*) from _mondrian_sdom)) < 2::numeric ^ 62
+                     then 'bigint' else 'numeric' end;
+    key_sql := case when l is null and t is null then '0' else format('sd.s::%s * %s', key_type, radix) end;
+    s_sql := format(case key_type when 'bigint' then '(key / %s)::integer' else 'div(key, %s)::integer' end, radix);
+    radix := 1;
+    for j in 1 .. dims loop
+        key_sql := key_sql || format(' + (d%s.code - 1)::%s * %s', j, key_type, radix);
+        codes_sql := codes_sql || format('%s(%s %% %s + 1)::integer', case when j > 1 then ', ' end,
+            format(case key_type when 'bigint' then '(key / %s)' else 'div(key, %s)' end, radix), sizes[j]);
+        radix := radix * sizes[j];
+    end loop;
     execute format(
-        'create temp table _mondrian_rows as
-         select i._row, i._unit::text as unit, array[%s] as codes, %s as s from %s i %s',
-        codes_sql, case when l is null and t is null then '0' else 'sd.s' end, input, joins_sql);
+        'create temp table _mondrian_rows as select i._row, i._unit::text as unit, %s as key from %s i %s',
+        key_sql, input, joins_sql);
     execute format('select count(*) from %s', input) into n_rows;
     if n_rows <> (select count(*) from _mondrian_rows) then
         -- A row without a code: say which cell is to blame.
@@ -224,14 +247,15 @@ begin
     -- Pure: no unit has two different (codes, sensitive) combinations; true
     -- at once when every row is its own unit.
     select not exists (select from _mondrian_rows group by unit having count(*) > 1) into unique_units;
-    pure := unique_units or not exists (select from (select distinct unit, codes, s from _mondrian_rows) x
+    pure := unique_units or not exists (select from (select distinct unit, key from _mondrian_rows) x
                                          group by unit having count(*) > 1);
 
     if l is not null or t is not null then
-        update _mondrian_sdom sd set q = x.n::double precision / x.total
-          from (select s, count(distinct unit) as n, sum(count(distinct unit)) over () as total
-                  from _mondrian_rows group by s) x
-         where x.s = sd.s;
+        execute format(
+            'update _mondrian_sdom sd set q = x.n::double precision / x.total
+               from (select %s as s, count(distinct unit) as n, sum(count(distinct unit)) over () as total
+                       from _mondrian_rows group by 1) x
+              where x.s = sd.s', s_sql);
         if t is not null and t_distance = 'hierarchical' then
             select h.levels into levels from anonproxy.hierarchies h where h.name = sens->>'hierarchy';
             create temp table _mondrian_snodes as
@@ -252,11 +276,12 @@ begin
     -- otherwise one atom per unit.
     merged := pure and variant = 'strict';
     execute format('create temp table _mondrian_atoms as
-                    select row_number() over ()::integer as atom, %s as unit, codes, s, %s::integer as w, 1 as part
-                      from _mondrian_rows group by %s',
+                    select row_number() over ()::integer as atom, unit, array[%s] as codes,
+                           %s as s, w, 1 as part, key
+                      from (select key, %s as unit, %s::integer as w from _mondrian_rows group by 1, 2) g',
+                   codes_sql, s_sql,
                    case when merged then 'null::text' else 'unit' end,
-                   case when not merged then '1' when unique_units then 'count(*)' else 'count(distinct unit)' end,
-                   case when merged then 'codes, s' else 'unit, codes, s' end);
+                   case when not merged then '1' when unique_units then 'count(*)' else 'count(distinct unit)' end);
     analyze _mondrian_atoms;
     -- Atoms of final partitions leave _mondrian_atoms for this table.
     create temp table _mondrian_done as select * from _mondrian_atoms limit 0;
@@ -267,9 +292,11 @@ begin
     select a.part, g.dim, a.codes[g.dim] as code, a.s, sum(a.w)::integer as n
       from _mondrian_atoms a, generate_series(1, dims) g(dim)
      group by 1, 2, 3, 4;
-    -- The parts of this round's splits: their parent, and whether each is
-    -- the largest of its siblings (its histogram is counted by difference).
-    create temp table _mondrian_kids (part integer, parent integer, largest boolean);
+    -- The parts of this round's splits: their parent, whether each is the
+    -- largest of its siblings (its histogram is counted by difference), and
+    -- whether it is final already: when every unit is in one atom, a part
+    -- of fewer than 2k units has no split whose sides all reach k.
+    create temp table _mondrian_kids (part integer, parent integer, largest boolean, final boolean);
 
     create temp table _mondrian_cand (
         part integer, dim integer, kind text, lo integer, hi integer, level integer,
@@ -475,15 +502,16 @@ begin
         -- table inside one call, and dead versions would slow every scan.
         execute format(
             'create temp table _mondrian_next as
-             select a.atom, a.unit, a.codes, a.s, a.w, c.base + %s as part
+             select a.atom, a.unit, a.codes, a.s, a.w, c.base + %s as part, a.key
                from _mondrian_atoms a join _mondrian_chosen c on c.part = a.part', side_sql);
         drop table _mondrian_atoms;
         alter table _mondrian_next rename to _mondrian_atoms;
-        insert into _mondrian_kids (part, parent, largest)
-        select ch.base + h.side, ch.part, row_number() over (partition by ch.part order by h.n desc, h.side) = 1
+        insert into _mondrian_kids (part, parent, largest, final)
+        select ch.base + h.side, ch.part, row_number() over (partition by ch.part order by h.n desc, h.side) = 1,
+               pure and h.n < 2 * k
           from _mondrian_chosen ch
           join _mondrian_halves h on (h.part, h.dim) = (ch.part, ch.dim) and h.s is null;
-        get diagnostics open_parts = row_count;
+        select count(*) filter (where not final) into open_parts from _mondrian_kids;
         analyze _mondrian_kids;  -- the plans below size their hash tables from it
 
         -- The histogram of the new parts, over the QIs their parent varied
@@ -505,17 +533,21 @@ begin
         insert into _mondrian_hist_next
         select k.part, h.dim, h.code, h.s, h.n - coalesce(o.n, 0)
           from _mondrian_hist h
-          join _mondrian_kids k on k.parent = h.part and k.largest
+          join _mondrian_kids k on k.parent = h.part and k.largest and not k.final
           join _mondrian_chosen ch on ch.part = h.part
           join _mondrian_cand c on (c.part, c.dim) = (h.part, h.dim) and (c.dim <> ch.dim or ch.cut is not null)
           left join (select k.parent, n.dim, n.code, n.s, sum(n.n) as n
                        from _mondrian_hist_next n join _mondrian_kids k on k.part = n.part and not k.largest
                       group by 1, 2, 3, 4) o on (o.parent, o.dim, o.code, o.s) = (h.part, h.dim, h.code, h.s)
          where h.n > coalesce(o.n, 0);
+        -- Final parts need no histogram: without one they are no candidate,
+        -- and their atoms go with the next round's final atoms.
+        delete from _mondrian_hist_next n using _mondrian_kids k where k.part = n.part and k.final;
         drop table _mondrian_hist;
         alter table _mondrian_hist_next rename to _mondrian_hist;
         analyze _mondrian_hist;
     end loop;
+    insert into _mondrian_done select * from _mondrian_atoms;   -- parts final at birth in the last round
     raise notice 'anonproxy progress % of %: %', rounds, rounds, 'mondrian partitions final';
 
     -- Summaries: one text cell per partition and QI.
@@ -526,22 +558,24 @@ begin
         (select string_agg(format('max(a.codes[%s])', g), ', ') from generate_series(1, dims) g));
     execute format('create temp table _mondrian_parts as select a.part, %s from _mondrian_done a group by a.part',
                    bounds_agg);
+    -- A tree cell is the lowest common ancestor: the lowest node over both bounds.
     create temp table _mondrian_summary as
-    select b.part, b.dim,
+    select distinct on (b.part, b.dim) b.part, b.dim,
            case d.kind
            when 'numeric' then case when b.lo = b.hi then d.vals[b.lo] else d.vals[b.lo] || '-' || d.vals[b.hi] end
            when 'set' then case when b.lo = b.hi then d.vals[b.lo] else sv.vals end
-           else (select x.node from _mondrian_anc x
-                  where (x.dim, x.code) = (b.dim, b.lo) and x.hi >= b.hi order by x.level limit 1)
+           else x.node
            end as cell
       from (select p.part, u.dim::integer as dim, u.lo, u.hi
               from _mondrian_parts p, unnest(p.lo, p.hi) with ordinality as u(lo, hi, dim)) b
       join _mondrian_dims d on d.dim = b.dim
+      left join _mondrian_anc x on d.kind = 'tree' and (x.dim, x.code) = (b.dim, b.lo) and x.hi >= b.hi
       left join (select a.part, d.dim, array_agg(distinct v.txt)::text as vals
                    from _mondrian_done a
                    join _mondrian_dims d on d.kind = 'set'
                    join _mondrian_dom v on (v.dim, v.code) = (d.dim, a.codes[d.dim])
-                  group by a.part, d.dim) sv on (sv.part, sv.dim) = (b.part, b.dim);
+                  group by a.part, d.dim) sv on (sv.part, sv.dim) = (b.part, b.dim)
+     order by b.part, b.dim, x.level;
 
     execute format('create temp table %I (_row bigint, %s)', output,
                    (select string_agg(format('%I text', name), ', ' order by dim) from _mondrian_dims));
@@ -550,7 +584,7 @@ begin
            join (select part, array_agg(cell order by dim) as cells from _mondrian_summary group by part) s
              on s.part = a.part',
         output, (select string_agg(format('s.cells[%s]', g), ', ') from generate_series(1, dims) g),
-        case when merged then '(a.codes, a.s) = (r.codes, r.s)' else '(a.unit, a.codes, a.s) = (r.unit, r.codes, r.s)' end);
+        case when merged then 'a.key = r.key' else '(a.unit, a.key) = (r.unit, r.key)' end);
 
     select count(*) into open_parts from _mondrian_parts;
     select count(*) into n_atoms from _mondrian_done;
