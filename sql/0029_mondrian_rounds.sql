@@ -558,31 +558,34 @@ begin
         (select string_agg(format('max(a.codes[%s])', g), ', ') from generate_series(1, dims) g));
     execute format('create temp table _mondrian_parts as select a.part, %s from _mondrian_done a group by a.part',
                    bounds_agg);
-    -- A tree cell is the lowest common ancestor: the lowest node over both bounds.
+    -- A tree cell is the lowest common ancestor: the lowest node over both
+    -- bounds, found once per distinct pair of bounds.
     create temp table _mondrian_summary as
-    select distinct on (b.part, b.dim) b.part, b.dim,
-           case d.kind
+    with b as materialized (
+        select p.part, u.dim::integer as dim, u.lo, u.hi
+          from _mondrian_parts p, unnest(p.lo, p.hi) with ordinality as u(lo, hi, dim))
+    select b.part, array_agg(case d.kind
            when 'numeric' then case when b.lo = b.hi then d.vals[b.lo] else d.vals[b.lo] || '-' || d.vals[b.hi] end
            when 'set' then case when b.lo = b.hi then d.vals[b.lo] else sv.vals end
-           else x.node
-           end as cell
-      from (select p.part, u.dim::integer as dim, u.lo, u.hi
-              from _mondrian_parts p, unnest(p.lo, p.hi) with ordinality as u(lo, hi, dim)) b
+           else lca.node end order by b.dim) as cells
+      from b
       join _mondrian_dims d on d.dim = b.dim
-      left join _mondrian_anc x on d.kind = 'tree' and (x.dim, x.code) = (b.dim, b.lo) and x.hi >= b.hi
+      left join (select distinct on (r.dim, r.lo, r.hi) r.dim, r.lo, r.hi, x.node
+                   from (select distinct b.dim, b.lo, b.hi from b) r
+                   join _mondrian_anc x on x.dim = r.dim and x.code = r.lo and x.hi >= r.hi
+                  order by r.dim, r.lo, r.hi, x.level) lca on (lca.dim, lca.lo, lca.hi) = (b.dim, b.lo, b.hi)
       left join (select a.part, d.dim, array_agg(distinct v.txt)::text as vals
                    from _mondrian_done a
                    join _mondrian_dims d on d.kind = 'set'
                    join _mondrian_dom v on (v.dim, v.code) = (d.dim, a.codes[d.dim])
                   group by a.part, d.dim) sv on (sv.part, sv.dim) = (b.part, b.dim)
-     order by b.part, b.dim, x.level;
+     group by b.part;
 
     execute format('create temp table %I (_row bigint, %s)', output,
                    (select string_agg(format('%I text', name), ', ' order by dim) from _mondrian_dims));
     execute format(
         'insert into %I select r._row, %s from _mondrian_rows r join _mondrian_done a on %s
-           join (select part, array_agg(cell order by dim) as cells from _mondrian_summary group by part) s
-             on s.part = a.part',
+           join _mondrian_summary s on s.part = a.part',
         output, (select string_agg(format('s.cells[%s]', g), ', ') from generate_series(1, dims) g),
         case when merged then 'a.key = r.key' else '(a.unit, a.key) = (r.unit, r.key)' end);
 
