@@ -100,6 +100,7 @@ def sides(qi: Qi, codes: list[int]) -> list[int]:
             below, cum_below = code, cum
         elif median is None:
             median, at_median = code, cum
+    assert median is not None  # the last code always reaches half the units
     if below is None:
         start = median + 1
     elif at_median == total:
