@@ -1,35 +1,40 @@
 -- Migration 0029: Mondrian in fewer, cheaper statements per round (issue 23).
 --
--- anonproxy.anonymize_mondrian keeps the algorithm of sql/0006 and its result
--- (the same partitions, cuts and cells); only the way each round reaches them
--- changes. Measured on adult (k = 10, 18 rounds), the round of 0006 spent its
--- time in statements that each read every open atom or rebuilt per-partition
--- arrays: the histogram, a second pass over the atoms for every partition's
--- bounds, a candidate table built by a nested loop over the partitions, and
--- separate median, gain and choice statements. On 1,000,000 rows, writing the
--- output sorted the million rows by their codes (an external merge join).
+-- anonproxy.anonymize_mondrian keeps the algorithm of sql/0006 and, for
+-- strict Mondrian, its result (the same classes and cells); only the way each
+-- round reaches them changes. In 0006 each round read every open atom four
+-- times (the histogram, each partition's bounds, the move, the final ones),
+-- built its candidates by a nested loop over the partitions, summed in
+-- numeric, and ran separate median, gain and choice statements; on 1,000,000
+-- rows the output sorted the million rows by their codes (a merge join).
 --
--- A round now:
---   (1) histogram: units per open partition, QI that may still vary there
---       (those that varied in its parent: _mondrian_open) and code;
---   (2) candidates: bounds, normalized widths, ranks, lowest common ancestors
---       and ordered cuts, all from the histogram in one statement (the bounds
---       no longer need a pass over the atoms);
---   (3) halves, as in 0006;
---   (4) the choice: gain, allowability and the numbering of the new parts in
---       one statement; the parts of a split partition get consecutive ids
---       base + side, so (5) needs no join to find an atom's new partition;
---   (5) the atoms of split partitions move to their parts in one statement,
---       the others are final.
--- The final bounds and cells come from the final atoms once, at the end; the
--- output joins rows to atoms by hashing (merge joins are off in the function).
+-- Now:
+--   * each row's codes and sensitive value are one number in mixed radix
+--     (the key, bigint when every combination fits, else numeric): atoms
+--     group rows by it and the output joins rows to atoms on it;
+--   * the histogram (units per partition, QI, code and sensitive value) is
+--     made over every atom once, for the first partition; a split
+--     partition's parts get theirs from it: on the QI of a strict cut the
+--     parent's counts on each side, on the other QIs the parent varied in
+--     the atoms of every part but the largest, and the largest by difference;
+--   * bounds, widths, ranks, lowest common ancestors and ordered cuts come
+--     from the histogram in one statement, the choice of each partition's cut
+--     and the numbering of its parts (base + side) in another, so the move of
+--     the atoms is one join on the partition;
+--   * with pure units, a part of fewer than 2k units is final at birth;
+--   * the cells are made once per final partition, lowest common ancestors
+--     once per distinct pair of bounds.
+-- The relaxed variant numbers atoms in the order they come out of their
+-- grouping, as 0006 did, but that order is not 0006's: a relaxed release of
+-- the same data may differ from one made before, with the same guarantees.
 
 create or replace function anonproxy.anonymize_mondrian(input regclass, spec jsonb)
 returns jsonb
 language plpgsql
 set search_path = pg_catalog, pg_temp
 -- Every statement is a bulk operation over many partitions; temp tables have
--- no statistics between rounds, and a misestimated nested loop costs minutes.
+-- no statistics between rounds, and a misestimated nested loop costs minutes;
+-- a merge join sorts both sides (the output's: every row of the input).
 set enable_nestloop = off
 set enable_mergejoin = off
 set work_mem = '128MB'
@@ -109,7 +114,7 @@ begin
     perform anonproxy.drop_scratch_tables(array['_mondrian_dims', '_mondrian_dom', '_mondrian_anc',
         '_mondrian_sdom', '_mondrian_snodes', '_mondrian_rows', '_mondrian_atoms', '_mondrian_done',
         '_mondrian_next', '_mondrian_parts', '_mondrian_kids', '_mondrian_cand', '_mondrian_hist',
-        '_mondrian_hist_next', '_mondrian_halves', '_mondrian_chosen', '_mondrian_split', '_mondrian_summary']);   -- left by an earlier call
+        '_mondrian_hist_next', '_mondrian_halves', '_mondrian_chosen', '_mondrian_summary']);   -- left by an earlier call
 
     -- QIs, their codes, and for tree QIs every leaf's ancestor at every level.
     create temp table _mondrian_dims (
@@ -310,13 +315,13 @@ begin
 
     codes_hist := case when l is null and t is null then '_mondrian_hist'   -- s is 0 there
                        else '(select part, dim, code, sum(n)::integer as n from _mondrian_hist group by 1, 2, 3)' end;
-    -- (3) the side of atom a in the split of candidate c: the child of a tree
+    -- (2) the side of atom a in the split of candidate c: the child of a tree
     -- node, or below/above an ordered cut; in a relaxed split, the atoms equal
     -- to the median go low up to atom number mid_atom and high after it.
     side_sql := 'case when a.codes[c.dim] = c.cut then (a.atom > c.mid_atom)::integer
                       else width_bucket(a.codes[c.dim], c.starts) end';
 
-    -- (3) counts per half: sums over the histogram when atoms merge units;
+    -- (2) counts per half: sums over the histogram when atoms merge units;
     -- otherwise over the atoms, as sums of weights when units are pure, else
     -- as distinct units.
     halves_sql := format(
@@ -409,7 +414,7 @@ begin
         delete from _mondrian_halves;
         delete from _mondrian_chosen;
         delete from _mondrian_kids;
-        -- (2) the candidates: every QI with two codes or more in a partition,
+        -- (1) the candidates: every QI with two codes or more in a partition,
         -- its normalized width, its rank (widest first) and where it would
         -- be cut. A tree QI splits into the children of the lowest common
         -- ancestor of its codes. An ordered QI: a strict cut goes after the
@@ -460,10 +465,10 @@ begin
              where (x.part, x.dim) = (c.part, c.dim);
         end if;
 
-        -- (3) units per half, and per sensitive value when ℓ or t is asked.
+        -- (2) units per half, and per sensitive value when ℓ or t is asked.
         execute halves_sql;
 
-        -- (4) each partition takes its allowable split of best gain: the
+        -- (3) each partition takes its allowable split of best gain: the
         -- information loss it removes on the split QI, Σ over the parts of
         -- units × (width of the partition − width of the part), divided by
         -- the units of the smallest part. Plain widest-first never splits a
@@ -495,7 +500,7 @@ begin
                       order by c.part, g.gain desc, c.rank) x', next_part, failing_sql);
         select coalesce(max(base + cardinality(starts)), next_part) into next_part from _mondrian_chosen;
 
-        -- (5) the atoms of split partitions move to their parts; the others are final.
+        -- (4) the atoms of split partitions move to their parts; the others are final.
         insert into _mondrian_done
         select a.* from _mondrian_atoms a where not exists (select from _mondrian_chosen ch where ch.part = a.part);
         -- A new table each round, not an UPDATE: nothing vacuums a temp
@@ -514,7 +519,7 @@ begin
         select count(*) filter (where not final) into open_parts from _mondrian_kids;
         analyze _mondrian_kids;  -- the plans below size their hash tables from it
 
-        -- The histogram of the new parts, over the QIs their parent varied
+        -- (5) the histogram of the new parts, over the QIs their parent varied
         -- in, without reading every atom: on the QI of a strict split, the
         -- parent's counts on each side of the cut; on the others, the atoms
         -- of every part but the largest, and for the largest the parent's
