@@ -4,7 +4,8 @@ Life of a session:
 
 1. STARTUP  the proxy reads untyped packets itself: SSLRequest (TLS or 'N'),
             GSSENCRequest ('N'), CancelRequest, StartupMessage.
-2. AUTH     the StartupMessage goes upstream byte for byte and the proxy relays
+2. AUTH     the StartupMessage goes upstream byte for byte (inside TLS when the
+            upstream setting asks for it: upstream.py) and the proxy relays
             the authentication exchange the server asks for (SCRAM, md5,
             trust...). It reads the server's messages only to swap the
             secret key of the upstream BackendKeyData for one of its own
@@ -76,6 +77,7 @@ from .policy_watch import PolicyWatcher
 from .service import ServiceConnection, ServiceUnavailable
 from .service_pool import PoolBusy, ServicePool
 from .upstream import open_upstream
+from .upstream_tls import UpstreamTLSError
 
 log = logging.getLogger("anonproxy.session")
 
@@ -415,6 +417,9 @@ class ClientConnection(asyncio.Protocol):
         address = self.context.upstream
         try:
             _, upstream = await open_upstream(address, lambda: UpstreamConnection(self))
+        except UpstreamTLSError as exc:  # (logged once by upstream_tls, not for every client)
+            self.fail("08006", str(exc), hint=exc.hint)
+            return
         except (OSError, TimeoutError) as exc:
             log.warning("session %d: cannot connect to upstream %s: %s", self.id, address, exc)
             self.fail("08006", "anonproxy cannot reach the PostgreSQL server",
