@@ -77,7 +77,7 @@ from .policy_watch import PolicyWatcher
 from .service import ServiceConnection, ServiceUnavailable
 from .service_pool import PoolBusy, ServicePool
 from .upstream import open_upstream
-from .upstream_tls import UpstreamTLSError
+from .upstream_tls import UpstreamTLSError, without_channel_binding
 
 log = logging.getLogger("anonproxy.session")
 
@@ -895,6 +895,8 @@ class UpstreamConnection(asyncio.Protocol):
                 self.key = UpstreamKey(self.client.context.upstream, process_id, secret_key)
                 out.append(self.client.authenticated(self.key))
                 continue
+            if type_ == b"R":
+                body = without_channel_binding(body)  # (the client's login is not on the server's TLS connection)
             if type_ == b"S":
                 name, offset = pg.read_cstring(body)
                 self.client.server_parameters[name.decode()] = pg.read_cstring(body, offset)[0].decode()

@@ -7,6 +7,12 @@ exactly one byte: a server (or someone in between) that sends more before the
 handshake is refused, since those bytes would be read as if they had been
 encrypted (CVE-2021-23222).
 
+A server in TLS offers SCRAM with channel binding (SCRAM-SHA-256-PLUS), which
+binds the login to the TLS connection it runs on. The client's login runs on
+the client's connection to the proxy, not on the proxy's to the server, so the
+binding could never match: the proxy takes that mechanism out of the list it
+relays, and the client uses plain SCRAM-SHA-256.
+
 One ``ssl.SSLContext`` per process (so per worker) per setting, built on first
 use. A failure is logged once per worker until a connection succeeds again,
 however many clients meet it.
@@ -18,6 +24,7 @@ import asyncio
 import functools
 import logging
 import ssl
+import struct
 
 from ..config import UpstreamAddress, UpstreamTLS
 from ..wire import protocol as pg
@@ -25,6 +32,8 @@ from ..wire import protocol as pg
 log = logging.getLogger("anonproxy.upstream")
 
 _reported: set[str] = set()  # failures logged since the last connection that succeeded
+_AUTH_SASL = struct.pack("!i", 10)
+SCRAM_PLUS = b"SCRAM-SHA-256-PLUS"
 
 
 class UpstreamTLSError(ConnectionError):
@@ -135,3 +144,11 @@ def _reported_once(error: UpstreamTLSError) -> UpstreamTLSError:
         _reported.add(str(error))
         log.error("%s", error)
     return error
+
+
+def without_channel_binding(body: bytes) -> bytes:
+    """An Authentication message's body, with SCRAM-SHA-256-PLUS taken out of an AuthenticationSASL list."""
+    if not body.startswith(_AUTH_SASL) or SCRAM_PLUS not in body:
+        return body
+    mechanisms = [name for name in body[4:].split(b"\0") if name and name != SCRAM_PLUS]
+    return _AUTH_SASL + b"".join(name + b"\0" for name in mechanisms) + b"\0"
