@@ -26,7 +26,13 @@ from pathlib import Path
 import asyncpg
 import psycopg
 import pytest
-from conftest import SERVICE_ROLE, ProxyProcess, govern_by_demo_policy, start_proxy, stop_proxy
+from conftest import (
+    SERVICE_ROLE,
+    ProxyProcess,
+    govern_by_demo_policy,
+    start_proxy,
+    stop_proxy,
+)
 from tls_network import Certificates, Namespace, Tap, certificates, namespace
 
 from anonproxy import sample_data, schema
@@ -261,6 +267,13 @@ def test_require_against_a_server_without_tls_fails_cleanly(pg_server: EmbeddedP
     assert log.count("does not accept TLS") == 1, log
 
 
+def _serve(**settings: str) -> subprocess.CompletedProcess[str]:
+    """`anonproxy serve` with these settings, expected to stop at once."""
+    env = {**os.environ, "ANONPROXY_LISTEN_PORT": "0", **{f"ANONPROXY_{k.upper()}": v for k, v in settings.items()}}
+    return subprocess.run([sys.executable, "-m", "anonproxy.cli", "serve"], capture_output=True, text=True,
+                          check=False, env=env, timeout=30)
+
+
 @pytest.mark.parametrize("upstream, named", [
     ("host=db sslmode=verify-full sslrootcert=/nonexistent/root.crt", "sslrootcert"),
     ("host=db sslmode=verify-full", "sslrootcert"),
@@ -271,9 +284,7 @@ def test_require_against_a_server_without_tls_fails_cleanly(pg_server: EmbeddedP
     ("host=db sslpassword=secret", "sslpassword"),
 ])
 def test_a_bad_tls_setting_stops_serve_with_one_line_naming_it(upstream: str, named: str) -> None:
-    result = subprocess.run([sys.executable, "-m", "anonproxy.cli", "serve"], capture_output=True, text=True,
-                            env={**os.environ, "ANONPROXY_UPSTREAM": upstream, "ANONPROXY_LISTEN_PORT": "0"},
-                            timeout=30)
+    result = _serve(upstream=upstream)
     assert result.returncode == 2, result.stderr
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr, result.stderr
     assert result.stderr.startswith("anonproxy: configuration error: upstream ") and named in result.stderr, \
@@ -284,18 +295,32 @@ def test_a_client_key_others_may_read_is_refused(world: World, tmp_path: Path) -
     key = tmp_path / "client.key"
     key.write_bytes(world.certs.client_key.read_bytes())
     key.chmod(0o644)
-    upstream = f"host=db sslcert={world.certs.client_cert} sslkey={key}"
-    result = subprocess.run([sys.executable, "-m", "anonproxy.cli", "serve"], capture_output=True, text=True,
-                            env={**os.environ, "ANONPROXY_UPSTREAM": upstream, "ANONPROXY_LISTEN_PORT": "0"},
-                            timeout=30)
+    result = _serve(upstream=f"host=db sslcert={world.certs.client_cert} sslkey={key}")
     assert result.returncode == 2
     assert "group or world access" in result.stderr and str(key) in result.stderr, result.stderr
 
 
 def test_tls_settings_belong_in_upstream_not_service_dsn() -> None:
-    result = subprocess.run([sys.executable, "-m", "anonproxy.cli", "serve"], capture_output=True, text=True,
-                            env={**os.environ, "ANONPROXY_UPSTREAM": "host=db",
-                                 "ANONPROXY_SERVICE_DSN": "user=s password=s dbname=d sslmode=require"},
-                            timeout=30)
+    result = _serve(upstream="host=db", service_dsn="user=s password=s dbname=d sslmode=require")
     assert result.returncode == 2
     assert "service_dsn may not give sslmode" in result.stderr, result.stderr
+
+
+def test_scram_reaches_the_server_without_channel_binding(world: World, tmp_path: Path) -> None:
+    """The server in TLS offers SCRAM-SHA-256-PLUS; the proxy relays SCRAM-SHA-256 alone. A client in plaintext
+    logs in (libpq refuses -PLUS offered over plaintext); one in TLS to the proxy logs in with channel binding
+    off, and one that asks for channel binding is refused (the binding would be to the proxy's TLS, not the
+    server's)."""
+    running = start_proxy(world.upstream(), tmp_path / "proxy.log", workers="1",
+                          tls_cert=str(world.certs.client_cert), tls_key=str(world.certs.client_key))
+    try:
+        dsn = running.endpoint.dsn(DATABASE, user="dba", password="dba")
+        with psycopg.connect(f"{dsn} sslmode=disable") as conn:
+            assert conn.execute("select ssl from pg_stat_ssl where pid = pg_backend_pid()").fetchone() == (True,)
+        with psycopg.connect(f"{dsn} sslmode=require channel_binding=disable") as conn:
+            assert conn.pgconn.ssl_in_use
+            assert conn.execute("select ssl from pg_stat_ssl where pid = pg_backend_pid()").fetchone() == (True,)
+        with pytest.raises(psycopg.OperationalError, match="channel binding"):
+            psycopg.connect(f"{dsn} sslmode=require channel_binding=require")
+    finally:
+        _stopped_cleanly(running)

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Self
 
 
 @dataclass(frozen=True)
@@ -119,8 +120,8 @@ def namespace(prefix: str = "aptls") -> Iterator[Namespace]:
         _ip("netns", "exec", name, "ip", "link", "set", "lo", "up")
         yield space
     finally:
-        subprocess.run(["ip", "link", "del", host_end], capture_output=True)  # (its peer goes with it)
-        subprocess.run(["ip", "netns", "del", name], capture_output=True)
+        subprocess.run(["ip", "link", "del", host_end], capture_output=True, check=False)  # (its peer goes with it)
+        subprocess.run(["ip", "netns", "del", name], capture_output=True, check=False)
 
 
 @dataclass
@@ -136,7 +137,7 @@ class Tap:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
 
-    def __enter__(self) -> Tap:
+    def __enter__(self) -> Self:
         self._thread.start()
         future = asyncio.run_coroutine_threadsafe(asyncio.start_server(self._client, "127.0.0.1", 0), self._loop)
         self._server = future.result(10)

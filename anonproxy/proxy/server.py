@@ -36,8 +36,8 @@ from .noisy import NoisyAnswers
 from .policy_watch import PolicyWatcher
 from .service_pool import ServicePool
 from .service_role import HINT, excess_privileges
-from .upstream_tls import client_context
 from .session import ClientConnection, ProxyContext
+from .upstream_tls import client_context
 
 log = logging.getLogger("anonproxy.server")
 

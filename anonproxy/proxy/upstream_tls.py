@@ -112,6 +112,7 @@ async def negotiate(transport: asyncio.Transport, answer: SSLAnswer, address: Up
                     f"the PostgreSQL server at {address} does not accept TLS connections, and anonproxy's upstream "
                     f"setting asks for sslmode={tls.mode}",
                     "Turn ssl on in the server, or change sslmode in anonproxy's upstream setting.")
+            _reported.clear()
             transport.resume_reading()
             return transport
         if reply != b"S":
