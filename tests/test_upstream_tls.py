@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -22,6 +23,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Self
 
 import asyncpg
 import psycopg
@@ -324,3 +326,45 @@ def test_scram_reaches_the_server_without_channel_binding(world: World, tmp_path
             psycopg.connect(f"{dsn} sslmode=require channel_binding=require")
     finally:
         _stopped_cleanly(running)
+
+
+class EagerServer:
+    """A hostile stand-in for a server (or someone in between): it answers an SSLRequest with 'S' and, in the same
+    packet, plaintext that would pass for the server's first messages if it were read as if it had been encrypted
+    (CVE-2021-23222)."""
+
+    INJECTED = pg.message(b"R", b"\0\0\0\0") + pg.ready_for_query()
+
+    def __enter__(self) -> Self:
+        self._sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self._sock.getsockname()[1]
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._sock.close()
+        self._thread.join(5)
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return
+            with conn:
+                if conn.recv(8) == pg.ssl_request():
+                    conn.sendall(b"S" + self.INJECTED)
+                    conn.recv(1024)  # (until the proxy hangs up)
+
+
+def test_plaintext_after_the_servers_ssl_answer_is_refused(tmp_path: Path) -> None:
+    with EagerServer() as server:
+        running = start_proxy(f"host=127.0.0.1 port={server.port} sslmode=require", tmp_path / "proxy.log",
+                              workers="1")
+        try:
+            error = _refused(running, "dba", "postgres")
+        finally:
+            _stopped_cleanly(running)
+    assert error.sqlstate == "08006"
+    assert "sent unencrypted data after its answer to anonproxy's SSL request" in error.message, error.message
