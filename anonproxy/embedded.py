@@ -1,7 +1,8 @@
 """A private PostgreSQL server for `anonproxy up` and the test suite.
 
-The server listens on 127.0.0.1 only (or the one address it is given) and asks everyone for a SCRAM password
-(no trust); its Unix sockets live in the data directory, not /var/run.
+The server listens on 127.0.0.1 only (or the one address it is given) and asks
+everyone for a SCRAM password (no trust); its Unix sockets live in the data
+directory, not /var/run.
 PostgreSQL refuses to run as root, so when we are root the server binaries run
 as the ``postgres`` OS user, which then owns the data directory.
 
@@ -126,9 +127,10 @@ class EmbeddedPostgres:
 
     ``port=0`` picks a free loopback port at every start. ``hba_extra`` lines are
     placed before the default SCRAM rules of pg_hba.conf; ``settings`` go to
-    ``anonproxy.conf`` (see the module docstring). ``host``: the address it listens
-    on; ``wrapper``: a command the server programs run under, as root, before
-    becoming the server's OS account (e.g. ``ip netns exec NAME``: the tests' network namespaces).
+    ``anonproxy.conf`` (see the module docstring). ``host``: the address it
+    listens on; ``wrapper``: a command the server programs run under, as root,
+    before becoming the server's OS account (``ip netns exec NAME``: the
+    tests' network namespaces).
     """
 
     superuser: str = "postgres"

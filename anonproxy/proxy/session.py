@@ -9,7 +9,9 @@ Life of a session:
             the authentication exchange the server asks for (SCRAM, md5,
             trust...). It reads the server's messages only to swap the
             secret key of the upstream BackendKeyData for one of its own
-            (the process id stays the backend's: see cancel.py).
+            (the process id stays the backend's: see cancel.py), and to
+            take SCRAM-SHA-256-PLUS out of the mechanisms offered (its
+            channel binding cannot span two connections: upstream_tls.py).
 3. RELAY    after the first ReadyForQuery, bytes flow both ways untouched; the
             server-to-client stream is followed for message boundaries only.
    GATED    instead of RELAY when the policy puts the role in an anonymized
