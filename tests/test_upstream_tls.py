@@ -244,6 +244,16 @@ def test_verify_ca_with_an_unknown_ca_fails_cleanly(world: World, tmp_path: Path
         error.message
 
 
+def test_a_revoked_server_certificate_fails_verification(world: World, tmp_path: Path) -> None:
+    running = start_proxy(f"{world.upstream()} sslcrl={world.certs.revoked}", tmp_path / "proxy.log", workers="1")
+    try:
+        error = _refused(running, "dba")
+    finally:
+        _stopped_cleanly(running)
+    assert error.sqlstate == "08006"
+    assert error.message.startswith("certificate verification failed: certificate revoked"), error.message
+
+
 def test_without_its_client_certificate_the_proxy_is_refused_by_the_server(world: World, tmp_path: Path) -> None:
     """The server asks every connection for a certificate signed by the test's CA: the login works above only
     because the proxy presents one; without it, the client hears the server's own refusal."""

@@ -29,6 +29,7 @@ class Certificates:
     server_key: Path
     client_cert: Path  # the proxy's, CN = client_name
     client_key: Path
+    revoked: Path  # a CRL of the CA in which the server's certificate is revoked
 
 
 def _openssl(*args: str, cwd: Path) -> None:
@@ -49,10 +50,21 @@ def _signed(name: str, subject: str, extensions: str, cwd: Path) -> None:
              "-days", "2", "-extfile", f"{name}.ext", "-out", f"{name}.crt", cwd=cwd)
 
 
+def _revoke(name: str, cwd: Path) -> None:
+    """A CRL of the CA, ``revoked.crl``, revoking ``name``.crt."""
+    (cwd / "ca.cnf").write_text("[ca]\ndefault_ca = test\n[test]\ndatabase = index.txt\ncrlnumber = crlnumber\n"
+                                "default_md = sha256\ndefault_crl_days = 2\n")
+    (cwd / "index.txt").write_text("")
+    (cwd / "crlnumber").write_text("01\n")
+    _openssl("ca", "-config", "ca.cnf", "-keyfile", "ca.key", "-cert", "ca.crt", "-revoke", f"{name}.crt", cwd=cwd)
+    _openssl("ca", "-config", "ca.cnf", "-keyfile", "ca.key", "-cert", "ca.crt", "-gencrl", "-out", "revoked.crl",
+             cwd=cwd)
+
+
 @contextmanager
 def certificates(server_names: list[str], server_addresses: list[str], client_name: str) -> Iterator[Certificates]:
-    """A CA, a server certificate for those names and addresses, a client certificate for ``client_name``, and
-    another CA; in a directory the server's OS account (postgres) can read, removed afterwards."""
+    """A CA, a server certificate for those names and addresses, a client certificate for ``client_name``, a
+    CRL revoking the server's certificate, and another CA; in a directory the server's OS account (postgres) can read, removed afterwards."""
     directory = Path(tempfile.mkdtemp(prefix="anonproxy-tls-"))
     try:
         directory.chmod(0o755)
@@ -61,13 +73,15 @@ def certificates(server_names: list[str], server_addresses: list[str], client_na
         alt = ",".join([*(f"DNS:{name}" for name in server_names), *(f"IP:{address}" for address in server_addresses)])
         _signed("server", f"/CN={server_names[0]}", f"subjectAltName={alt}\nextendedKeyUsage=serverAuth", directory)
         _signed("client", f"/CN={client_name}", "extendedKeyUsage=clientAuth", directory)
+        _revoke("server", directory)
         account = pwd.getpwnam("postgres")
         for name in ("server.crt", "server.key", "ca.crt"):  # the server's files: its own, mode 0600 for the key
             os.chown(directory / name, account.pw_uid, account.pw_gid)
         (directory / "server.key").chmod(0o600)
         (directory / "client.key").chmod(0o600)
         yield Certificates(directory, directory / "ca.crt", directory / "other-ca.crt", directory / "server.crt",
-                           directory / "server.key", directory / "client.crt", directory / "client.key")
+                           directory / "server.key", directory / "client.crt", directory / "client.key",
+                           directory / "revoked.crl")
     finally:
         shutil.rmtree(directory, ignore_errors=True)
 
