@@ -80,6 +80,8 @@ def parse_upstream_tls(params: Mapping[str, Any]) -> UpstreamTLS:
     if mode in ("verify-ca", "verify-full") and rootcert is None:
         raise ConfigError(f"upstream sslmode={mode} needs sslrootcert: the file of the CA certificates that sign "
                           "the server's certificate (or sslrootcert=system for the system's CAs)")
+    if rootcert == "system" and mode != "verify-full":  # as libpq: the system's CAs vouch for any name they signed
+        raise ConfigError(f"upstream sslrootcert=system needs sslmode=verify-full, got sslmode={mode}")
     if bool(params.get("sslcert")) != bool(params.get("sslkey")):
         raise ConfigError("upstream sslcert and sslkey must be given together")
     files = {name: _readable_file(name, params.get(name)) for name in TLS_FILE_PARAMETERS}

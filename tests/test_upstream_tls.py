@@ -294,6 +294,7 @@ def _serve(**settings: str) -> subprocess.CompletedProcess[str]:
     ("host=db sslcert=/nonexistent/client.crt sslkey=/nonexistent/client.key", "sslcert"),
     ("host=db sslcert=/etc/hostname", "sslkey"),
     ("host=db sslpassword=secret", "sslpassword"),
+    ("host=db sslmode=verify-ca sslrootcert=system", "sslrootcert=system needs sslmode=verify-full"),
 ])
 def test_a_bad_tls_setting_stops_serve_with_one_line_naming_it(upstream: str, named: str) -> None:
     result = _serve(upstream=upstream)
