@@ -56,8 +56,8 @@ class UpstreamTLS:
         return self.mode in ("verify-ca", "verify-full") or (self.mode == "require" and self.rootcert is not None)
 
     def libpq_parameters(self) -> dict[str, str]:
-        """The same settings for libpq (psycopg connections), given explicitly so that PGSSLMODE and friends in the
-        environment cannot make those connections differ from the proxy's own."""
+        """The same settings for libpq (psycopg connections); sslmode always, so that PGSSLMODE in the environment
+        cannot make those connections differ from the proxy's own."""
         given = {"sslrootcert": self.rootcert, "sslcert": self.cert, "sslkey": self.key, "sslcrl": self.crl}
         return {"sslmode": self.mode, **{name: str(value) for name, value in given.items() if value is not None}}
 
