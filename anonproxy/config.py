@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import os
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,12 +28,100 @@ class ConfigError(ValueError):
     """A setting is missing, unknown or out of range; the message names it."""
 
 
+# libpq's sslmode values but "allow" (plaintext first, TLS only if the server insists: prefer covers it, encrypting
+# whenever the server can), weakest first; "prefer" is libpq's default and ours (docs/proxy.md, "TLS to PostgreSQL").
+SSL_MODES = ("disable", "prefer", "require", "verify-ca", "verify-full")
+TLS_FILE_PARAMETERS = ("sslrootcert", "sslcert", "sslkey", "sslcrl")
+
+
+@dataclass(frozen=True)
+class UpstreamTLS:
+    """The upstream connection string's libpq TLS parameters, for every connection the proxy opens to the server.
+
+    ``rootcert`` may also be "system" (the operating system's CAs), as in libpq.
+    """
+
+    mode: str = "prefer"
+    rootcert: str | None = None
+    cert: Path | None = None
+    key: Path | None = None
+    crl: Path | None = None
+
+    @property
+    def required(self) -> bool:
+        """No connection without TLS."""
+        return self.mode in ("require", "verify-ca", "verify-full")
+
+    @property
+    def verified(self) -> bool:
+        """The server's certificate is checked against ``rootcert`` (libpq: require with a root certificate
+        file behaves as verify-ca)."""
+        return self.mode in ("verify-ca", "verify-full") or (self.mode == "require" and self.rootcert is not None)
+
+    def libpq_parameters(self) -> dict[str, str]:
+        """The same settings for libpq (psycopg connections); sslmode always, so that PGSSLMODE in the environment
+        cannot make those connections differ from the proxy's own."""
+        given = {"sslrootcert": self.rootcert, "sslcert": self.cert, "sslkey": self.key, "sslcrl": self.crl}
+        return {"sslmode": self.mode, **{name: str(value) for name, value in given.items() if value is not None}}
+
+
+def parse_upstream_tls(params: Mapping[str, Any]) -> UpstreamTLS:
+    """The TLS settings of the ``upstream`` connection string; ConfigError names a bad or unreadable one."""
+    unsupported = sorted(name for name in params
+                         if name.startswith(("ssl", "gss", "requiressl")) and name not in ("sslmode",
+                                                                                           *TLS_FILE_PARAMETERS))
+    if unsupported:
+        raise ConfigError(f"upstream parameter {unsupported[0]} is not supported by anonproxy; "
+                          f"the TLS parameters it honours are sslmode, {', '.join(TLS_FILE_PARAMETERS)}")
+    mode = str(params.get("sslmode") or "prefer")
+    if mode == "allow":
+        raise ConfigError("upstream sslmode=allow is not supported by anonproxy: use prefer (TLS whenever the server "
+                          "offers it, else plaintext) or disable")
+    if mode not in SSL_MODES:
+        raise ConfigError(f"upstream sslmode must be one of {', '.join(SSL_MODES)}, got {mode!r}")
+    rootcert = params.get("sslrootcert") or None
+    if mode in ("verify-ca", "verify-full") and rootcert is None:
+        raise ConfigError(f"upstream sslmode={mode} needs sslrootcert: the file of the CA certificates that sign "
+                          "the server's certificate (or sslrootcert=system for the system's CAs)")
+    if rootcert == "system" and mode != "verify-full":  # as libpq: the system's CAs vouch for any name they signed
+        raise ConfigError(f"upstream sslrootcert=system needs sslmode=verify-full, got sslmode={mode}")
+    if bool(params.get("sslcert")) != bool(params.get("sslkey")):
+        raise ConfigError("upstream sslcert and sslkey must be given together")
+    files = {name: _readable_file(name, params.get(name)) for name in TLS_FILE_PARAMETERS}
+    if files["sslkey"] is not None:
+        _check_key_permissions(files["sslkey"])
+    return UpstreamTLS(mode, None if rootcert is None else str(files["sslrootcert"] or rootcert),
+                       files["sslcert"], files["sslkey"], files["sslcrl"])
+
+
+def _readable_file(name: str, value: Any) -> Path | None:
+    if not value or (name == "sslrootcert" and value == "system"):
+        return None
+    path = Path(str(value))
+    try:
+        with path.open("rb"):
+            pass
+    except OSError as exc:
+        raise ConfigError(f"upstream {name} {path} cannot be read: {exc.strerror}") from exc
+    return path
+
+
+def _check_key_permissions(path: Path) -> None:
+    """libpq refuses a private key others may read (psycopg connections would fail later): refuse it now."""
+    info = path.stat()
+    allowed = 0o640 if info.st_uid == 0 else 0o600  # a root-owned key may be group-readable, as in libpq
+    if stat.S_IMODE(info.st_mode) & ~allowed:
+        raise ConfigError(f"upstream sslkey {path} has group or world access; it must be at most "
+                          f"{allowed:04o} (chmod {allowed:04o} {path})")
+
+
 @dataclass(frozen=True)
 class UpstreamAddress:
-    """Where the proxy connects for each client: a TCP host or a Unix socket directory."""
+    """Where the proxy connects for each client: a TCP host or a Unix socket directory, and how (TLS)."""
 
     host: str
     port: int
+    tls: UpstreamTLS = UpstreamTLS()
 
     @property
     def is_unix(self) -> bool:
@@ -165,12 +254,16 @@ class ProxyConfig:
             port = int(params.get("port") or 5432)
         except ValueError as exc:
             raise ConfigError(f"upstream port is not a number: {params.get('port')!r}") from exc
-        return UpstreamAddress(host, port)
+        return UpstreamAddress(host, port, parse_upstream_tls(params))
 
     @property
     def service_login(self) -> ServiceLogin:
         """The service role's login, always to the upstream server (a host or port in the DSN is ignored)."""
         params = _parse_dsn("service_dsn", self.service_dsn)
+        tls = sorted(name for name in params if name.startswith(("ssl", "gss")))
+        if tls:
+            raise ConfigError(f"service_dsn may not give {tls[0]}: TLS settings go in upstream, for every "
+                              "connection to the server")
         missing = [key for key in ("user", "password", "dbname") if not params.get(key)]
         if missing:
             raise ConfigError(f"service_dsn must give {', '.join(missing)}")
@@ -179,9 +272,10 @@ class ProxyConfig:
 
     @property
     def service_conninfo(self) -> str:
-        """The service DSN for libpq, pointed at the upstream server."""
+        """The service DSN for libpq, pointed at the upstream server with the upstream's TLS settings."""
         address = self.upstream_address
-        return psycopg.conninfo.make_conninfo(self.service_dsn, host=address.host, port=address.port)
+        return psycopg.conninfo.make_conninfo(self.service_dsn, host=address.host, port=address.port,
+                                              **address.tls.libpq_parameters())
 
 
 @dataclass(frozen=True)

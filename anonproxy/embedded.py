@@ -1,7 +1,8 @@
 """A private PostgreSQL server for `anonproxy up` and the test suite.
 
-The server listens on 127.0.0.1 only and asks everyone for a SCRAM password
-(no trust); its Unix sockets live in the data directory, not /var/run.
+The server listens on 127.0.0.1 only (or the one address it is given) and asks
+everyone for a SCRAM password (no trust); its Unix sockets live in the data
+directory, not /var/run.
 PostgreSQL refuses to run as root, so when we are root the server binaries run
 as the ``postgres`` OS user, which then owns the data directory.
 
@@ -126,11 +127,13 @@ class EmbeddedPostgres:
 
     ``port=0`` picks a free loopback port at every start. ``hba_extra`` lines are
     placed before the default SCRAM rules of pg_hba.conf; ``settings`` go to
-    ``anonproxy.conf`` (see the module docstring).
+    ``anonproxy.conf`` (see the module docstring). ``host``: the address it
+    listens on; ``wrapper``: a command the server programs run under, as root,
+    before becoming the server's OS account (``ip netns exec NAME``: the
+    tests' network namespaces).
     """
 
     superuser: str = "postgres"
-    host: str = "127.0.0.1"
 
     def __init__(
         self,
@@ -138,17 +141,21 @@ class EmbeddedPostgres:
         port: int = 0,
         hba_extra: Sequence[str] = (),
         settings: Mapping[str, str] | None = None,
+        host: str = "127.0.0.1",
+        wrapper: Sequence[str] = (),
     ) -> None:
         for name in settings or {}:
             if not _SETTING_NAME.fullmatch(name):
                 raise EmbeddedPostgresError(f"invalid PostgreSQL setting name {name!r}")
         self.throwaway = data_dir is None
         self.data_dir: Path | None = None if data_dir is None else Path(data_dir).absolute()
+        self.host = host
         self.port = port
         self.password = ""  # known once start() has run
         self.created = False  # True when start() ran initdb: the data directory is new
         self._requested_port = port
         self._hba_extra = tuple(hba_extra)
+        self._wrapper = tuple(wrapper)
         self._settings = {name: str(value) for name, value in (settings or {}).items()}
         self._bindir = find_pg_bindir()
         self._account = _server_account()
@@ -307,7 +314,7 @@ class EmbeddedPostgres:
             self._temp_dirs.append(socket_dir)
         self._socket_dir = socket_dir
         settings = {
-            "listen_addresses": "127.0.0.1",
+            "listen_addresses": self.host,
             "port": str(self.port),
             "unix_socket_directories": str(socket_dir),
         }
@@ -365,6 +372,9 @@ class EmbeddedPostgres:
     def _run(self, args: Sequence[str], timeout: float | None = None) -> subprocess.CompletedProcess[str]:
         """Run a program as the server's OS account, from / (root's cwd is unreadable to it)."""
         account = self._account
+        if self._wrapper:  # the wrapper runs as root, and runuser becomes the account inside it
+            args = [*self._wrapper, *(["runuser", "-u", account.pw_name, "--"] if account else []), *args]
+            account = None
         return subprocess.run(
             args,
             capture_output=True,

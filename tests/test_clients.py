@@ -473,6 +473,9 @@ class CancelDelayingRelay:
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             head = await reader.readexactly(8)
+            if struct.unpack("!ii", head) == (8, 80877103):  # SSLRequest: no, as the server (ssl off) would say
+                writer.write(b"N")
+                head = await reader.readexactly(8)
             upstream_reader, upstream_writer = await asyncio.open_connection(*self.upstream)
             if struct.unpack("!ii", head) == (16, 80877102):  # CancelRequest
                 packet = head + await reader.readexactly(8)

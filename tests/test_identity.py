@@ -362,8 +362,10 @@ class Protocol32Server:
 
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            (length,) = struct.unpack("!i", await reader.readexactly(4))
-            packet, _ = pg.read_startup_packet(struct.pack("!i", length) + await reader.readexactly(length - 4))
+            packet = await self._packet(reader)
+            if isinstance(packet, pg.SSLRequest):  # no TLS here, as a server with ssl off answers
+                writer.write(b"N")
+                packet = await self._packet(reader)
             if isinstance(packet, pg.CancelRequest):
                 self.cancels.append((packet.process_id, packet.secret_key))
             elif isinstance(packet, pg.StartupMessage):
@@ -375,6 +377,11 @@ class Protocol32Server:
             pass
         finally:
             writer.close()
+
+    @staticmethod
+    async def _packet(reader: asyncio.StreamReader) -> pg.StartupPacket | None:
+        (length,) = struct.unpack("!i", await reader.readexactly(4))
+        return pg.read_startup_packet(struct.pack("!i", length) + await reader.readexactly(length - 4))[0]
 
 
 def test_a_protocol_3_2_key_is_relayed_at_its_length_and_cancels_across_workers(tmp_path: Path) -> None:

@@ -182,7 +182,8 @@ async def answer_sibling(registry: CancelRegistry, process_id: int, secret_key: 
 
 
 async def send_cancel(key: UpstreamKey) -> None:
-    """Send a CancelRequest to the upstream backend and wait until it hangs up."""
+    """Send a CancelRequest to the upstream backend and wait until it hangs up (in TLS as the upstream setting
+    asks, as libpq does: PostgreSQL reads a CancelRequest after an SSLRequest)."""
     try:
         async with asyncio.timeout(CANCEL_TIMEOUT):
             reader, writer = await open_upstream_stream(key.address)

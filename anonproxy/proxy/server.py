@@ -37,6 +37,7 @@ from .policy_watch import PolicyWatcher
 from .service_pool import ServicePool
 from .service_role import HINT, excess_privileges
 from .session import ClientConnection, ProxyContext
+from .upstream_tls import client_context
 
 log = logging.getLogger("anonproxy.server")
 
@@ -213,6 +214,11 @@ def run_proxy(config: ProxyConfig, ready: Callable[[int], None] | None = None) -
         tls_context(config)  # unreadable certificate files fail here, not in each worker
     except (OSError, ssl.SSLError) as exc:
         raise ProxyStartError(f"cannot listen on {config.listen_host}:{config.listen_port}: {exc}") from exc
+    try:
+        client_context(config.upstream_address.tls)  # (built here, before the workers fork: each has its copy)
+    except (OSError, ssl.SSLError) as exc:
+        placeholder.close()
+        raise ProxyStartError(f"the TLS files of the upstream setting cannot be used: {exc}") from exc
     if config.service_dsn:
         _check_service_login(config)
     try:

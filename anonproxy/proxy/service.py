@@ -3,7 +3,9 @@
 Gated sessions (roles in an anonymized mode) borrow service connections to
 the same database from their worker's pool (service_pool.py). A service
 connection logs in as the service role, which may read the protected
-tables; the client's own role may not. The session is read-only.
+tables; the client's own role may not. The session is read-only. It goes
+in TLS as the upstream setting asks (upstream.py); a server that fails that
+setting is told to the client as a refusal (08006, the reason).
 
 When the server refuses the login (53300 too many clients, 57P03 starting
 up, 28P01…) or ends the connection with a FATAL error, its SQLSTATE and
@@ -29,9 +31,9 @@ from ..wire.framing import MessageBuffer
 from .cancel import UpstreamKey
 from .followed_settings import FOLLOWED_SETTINGS
 from .upstream import open_upstream
+from .upstream_tls import UpstreamTLSError
 
 log = logging.getLogger("anonproxy.service")
-
 
 
 @dataclass(frozen=True)
@@ -93,13 +95,15 @@ class ServiceConnection(asyncio.Protocol):
                           options="-c default_transaction_read_only=on -c search_path=pg_catalog -c jit=off")
         try:
             _, service = await open_upstream(login.address, lambda: cls(login, on_message, on_lost))
-            service.transport.write(pg.startup_message(parameters))  # type: ignore[attr-defined]
-            await asyncio.wait_for(service._ready, 10)  # type: ignore[attr-defined]
+            service.transport.write(pg.startup_message(parameters))
+            await asyncio.wait_for(service._ready, 10)
         except _Refused as exc:
             raise ServiceUnavailable(str(exc), exc.refusal) from exc
+        except UpstreamTLSError as exc:  # the client is told why, as if the server had refused
+            raise ServiceUnavailable(str(exc), ServerRefusal("08006", str(exc), hint=exc.hint)) from exc
         except (OSError, TimeoutError, AuthenticationFailed, pg.ProtocolViolation) as exc:
             raise ServiceUnavailable(str(exc) or type(exc).__name__) from exc
-        return service  # type: ignore[return-value]
+        return service
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]

@@ -4,11 +4,14 @@ Life of a session:
 
 1. STARTUP  the proxy reads untyped packets itself: SSLRequest (TLS or 'N'),
             GSSENCRequest ('N'), CancelRequest, StartupMessage.
-2. AUTH     the StartupMessage goes upstream byte for byte and the proxy relays
+2. AUTH     the StartupMessage goes upstream byte for byte (inside TLS when the
+            upstream setting asks for it: upstream.py) and the proxy relays
             the authentication exchange the server asks for (SCRAM, md5,
             trust...). It reads the server's messages only to swap the
             secret key of the upstream BackendKeyData for one of its own
-            (the process id stays the backend's: see cancel.py).
+            (the process id stays the backend's: see cancel.py), and to
+            take SCRAM-SHA-256-PLUS out of the mechanisms offered (its
+            channel binding cannot span two connections: upstream_tls.py).
 3. RELAY    after the first ReadyForQuery, bytes flow both ways untouched; the
             server-to-client stream is followed for message boundaries only.
    GATED    instead of RELAY when the policy puts the role in an anonymized
@@ -78,6 +81,7 @@ from .policy_watch import PolicyWatcher
 from .service import ServiceConnection, ServiceUnavailable
 from .service_pool import PoolBusy, ServicePool
 from .upstream import open_upstream
+from .upstream_tls import UpstreamTLSError, without_channel_binding
 
 log = logging.getLogger("anonproxy.session")
 
@@ -463,6 +467,9 @@ class ClientConnection(asyncio.Protocol):
         address = self.context.upstream
         try:
             _, upstream = await open_upstream(address, lambda: UpstreamConnection(self))
+        except UpstreamTLSError as exc:  # (logged once by upstream_tls, not for every client)
+            self.fail("08006", str(exc), hint=exc.hint)
+            return
         except (OSError, TimeoutError) as exc:
             log.warning("session %d: cannot connect to upstream %s: %s", self.id, address, exc)
             self.fail("08006", "anonproxy cannot reach the PostgreSQL server",
@@ -937,6 +944,8 @@ class UpstreamConnection(asyncio.Protocol):
                 self.key = UpstreamKey(self.client.context.upstream, process_id, secret_key)
                 out.append(self.client.authenticated(self.key))
                 continue
+            if type_ == b"R":
+                body = without_channel_binding(body)  # (the client's login is not on the server's TLS connection)
             if type_ == b"S":
                 name, offset = pg.read_cstring(body)
                 self.client.server_parameters[name.decode()] = pg.read_cstring(body, offset)[0].decode()
