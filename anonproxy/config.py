@@ -29,7 +29,8 @@ class ConfigError(ValueError):
 
 
 # libpq's sslmode values but "allow" (plaintext first, TLS only if the server insists: prefer covers it, encrypting
-# whenever the server can), weakest first; "prefer" is libpq's default and ours (docs/proxy.md, "TLS to PostgreSQL").
+# whenever the server can), weakest first. Ours defaults to "disable", not libpq's "prefer": a relayed client in TLS
+# to the proxy could not log in with SCRAM to a server in TLS (docs/proxy.md, "TLS to PostgreSQL").
 SSL_MODES = ("disable", "prefer", "require", "verify-ca", "verify-full")
 TLS_FILE_PARAMETERS = ("sslrootcert", "sslcert", "sslkey", "sslcrl")
 
@@ -41,7 +42,7 @@ class UpstreamTLS:
     ``rootcert`` may also be "system" (the operating system's CAs), as in libpq.
     """
 
-    mode: str = "prefer"
+    mode: str = "disable"
     rootcert: str | None = None
     cert: Path | None = None
     key: Path | None = None
@@ -73,7 +74,7 @@ def parse_upstream_tls(params: Mapping[str, Any]) -> UpstreamTLS:
     if unsupported:
         raise ConfigError(f"upstream parameter {unsupported[0]} is not supported by anonproxy; "
                           f"the TLS parameters it honours are sslmode, {', '.join(TLS_FILE_PARAMETERS)}")
-    mode = str(params.get("sslmode") or "prefer")
+    mode = str(params.get("sslmode") or "disable")
     if mode == "allow":
         raise ConfigError("upstream sslmode=allow is not supported by anonproxy: use prefer (TLS whenever the server "
                           "offers it, else plaintext) or disable")

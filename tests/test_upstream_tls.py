@@ -38,6 +38,7 @@ from conftest import (
 from tls_network import Certificates, Namespace, Tap, certificates, namespace
 
 from anonproxy import sample_data, schema
+from anonproxy.config import load_config
 from anonproxy.embedded import EmbeddedPostgres
 from anonproxy.views.hierarchies import load_adult_hierarchies
 from anonproxy.wire import protocol as pg
@@ -146,7 +147,7 @@ def test_every_kind_of_connection_is_encrypted_and_presents_the_client_certifica
 
 
 def test_prefer_encrypts_when_the_server_offers_tls(world: World, tmp_path: Path) -> None:
-    """The default sslmode: no verification, but TLS whenever the server has it."""
+    """sslmode=prefer: no verification, but TLS whenever the server has it."""
     upstream = world.upstream("prefer")
     assert "sslmode=prefer" in upstream and "sslrootcert" not in upstream
     running = _proxy(upstream, tmp_path / "proxy.log", workers="1")
@@ -311,6 +312,14 @@ def test_a_client_key_others_may_read_is_refused(world: World, tmp_path: Path) -
     result = _serve(upstream=f"host=db sslcert={world.certs.client_cert} sslkey={key}")
     assert result.returncode == 2
     assert "group or world access" in result.stderr and str(key) in result.stderr, result.stderr
+
+
+def test_tls_to_the_server_is_off_unless_configured() -> None:
+    """Not libpq's prefer: a client in TLS to the proxy, with libpq's default channel binding, could not log in to a
+    server reached in TLS (test_scram_reaches_the_server_without_channel_binding)."""
+    config = load_config(environ={"ANONPROXY_UPSTREAM": "host=db.internal port=5432"})
+    assert config.upstream_address.tls.mode == "disable" and not config.upstream_address.tls.required
+    assert "sslmode=disable" in config.service_conninfo
 
 
 def test_tls_settings_belong_in_upstream_not_service_dsn() -> None:
