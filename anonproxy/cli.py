@@ -15,7 +15,7 @@ from typing import Any
 
 import psycopg
 
-from . import trail
+from . import login, trail
 from .config import ConfigError, ProxyConfig, load_config
 from .embedded import EmbeddedPostgres, EmbeddedPostgresError
 from .logs import setup_logging
@@ -39,6 +39,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return args.run(args)
     except ConfigError as exc:
         print(f"anonproxy: configuration error: {exc}", file=sys.stderr)
+        return 2
+    except login.GatedLogin as exc:
+        print(f"anonproxy {exc.command}: {exc}", file=sys.stderr)
         return 2
     except (ProxyStartError, EmbeddedPostgresError) as exc:
         print(f"anonproxy: {exc}", file=sys.stderr)
@@ -104,7 +107,7 @@ def _install(args: argparse.Namespace) -> int:
     setup_logging()
     bar = ProgressBar(sys.stderr, "anonproxy install")
     try:
-        with psycopg.connect(args.dsn) as conn:
+        with login.connect(args.dsn, "install") as conn:
             applied = schema.install(conn, bar.update)
     except psycopg.Error as exc:
         bar.close()

@@ -15,6 +15,7 @@ from typing import Any
 
 import psycopg
 
+from .. import login
 from .lint import lint, lint_k, reference_warnings
 from .store import load_policy
 from .yaml_policy import PolicyApplyError, PolicyError, apply_policy, dump_policy, read_policy_file
@@ -43,7 +44,7 @@ def register(subparsers: Any) -> None:
 def _apply(args: argparse.Namespace) -> int:
     try:
         policy = read_policy_file(args.file)
-        with psycopg.connect(args.dsn) as conn:
+        with login.connect(args.dsn, "policy") as conn:
             try:
                 version = apply_policy(conn, policy)
             except PolicyApplyError as exc:
@@ -60,7 +61,7 @@ def _apply(args: argparse.Namespace) -> int:
 
 def _show(args: argparse.Namespace) -> int:
     try:
-        with psycopg.connect(args.dsn) as conn:
+        with login.connect(args.dsn, "policy") as conn:
             policy = load_policy(conn)
     except psycopg.Error as exc:
         return _fail(exc)
@@ -70,7 +71,7 @@ def _show(args: argparse.Namespace) -> int:
 
 def _lint(args: argparse.Namespace) -> int:
     try:
-        with psycopg.connect(args.dsn) as conn:
+        with login.connect(args.dsn, "policy") as conn:
             policy = load_policy(conn)
             checked, findings = lint(conn, policy)
     except psycopg.Error as exc:
