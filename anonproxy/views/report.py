@@ -436,7 +436,7 @@ def _page(release: dict[str, Any], classes: list[ClassStat], curve: list[CurvePo
             "attack of Ganta, Kasiviswanathan and Smith, KDD 2008). Effective anonymity (EA) is how many "
             "values remain possible for a person; PVP, the share of vulnerable people, counts those narrowed "
             "down to one value (100 % confidence), two (50 %), three (33 %) or four (25 %).</p>" + _table(
-                [("releases", ", ".join(r["release"] for r in risk["releases"])), ("people shared", risk["overlap"]),
+                [("releases", ", ".join(r["release"] for r in sorted(risk["releases"], key=lambda r: r["id"]))), ("people shared", risk["overlap"]),
                  ("located in every release", risk["located"]),
                  ("could not be located (risk unknown)", risk.get("unlocated")),
                  ("average effective anonymity: most revealing single release / all combined",
