@@ -4,6 +4,7 @@ Wire into the main parser with ``register(subparsers)``; each handler is set as
 ``run`` and returns the exit code: 0, or 1 (printed as ``anonproxy policy: …``
 on stderr, no traceback) when the file, the connection or the database refuses.
 ``lint`` also returns 1 when it has warnings (printed on stdout, one a line).
+A login the proxy gates is refused before anything is sent (:mod:`anonproxy.login`, exit 2).
 """
 
 from __future__ import annotations

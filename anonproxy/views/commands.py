@@ -2,7 +2,10 @@
 
 Wire into the main parser with ``register(subparsers)``. Each handler returns
 the exit code: 0, or 1 with the server's message and hint on stderr (no
-traceback) when the file, the connection or the database refuses.
+traceback) when the file, the connection or the database refuses. A login the
+proxy gates is refused before anything is sent (:mod:`anonproxy.login`, exit 2).
+``release list`` also shows what combining each release with the other releases
+of its source reveals (:mod:`.combined`).
 """
 
 from __future__ import annotations
