@@ -40,7 +40,7 @@ def clause(combined: dict[str, Any] | None, target: str, sensitive: str | None) 
     named = f"combined with {', '.join(with_)}"
     risk, problem = combined.get("risk"), combined.get("problem")
     if risk is None:
-        return f"{named} the risk could not be measured: {problem or 'not measured'}"
+        return f"{named} the risk could not be measured: {problem}" if problem else f"{named}: not measured"
     share = revealed(combined)
     if share:
         said = (f"{named} it reveals {sensitive} exactly for {number(share)} % of the {risk['located']} people "
