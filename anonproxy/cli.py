@@ -15,7 +15,7 @@ from typing import Any
 
 import psycopg
 
-from . import trail
+from . import login, trail
 from .config import ConfigError, ProxyConfig, load_config
 from .console import command as console_command
 from .embedded import EmbeddedPostgres, EmbeddedPostgresError
@@ -40,6 +40,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return args.run(args)
     except ConfigError as exc:
         print(f"anonproxy: configuration error: {exc}", file=sys.stderr)
+        return 2
+    except login.GatedLogin as exc:
+        print(f"anonproxy {exc.command}: {exc}", file=sys.stderr)
         return 2
     except (ProxyStartError, EmbeddedPostgresError) as exc:
         print(f"anonproxy: {exc}", file=sys.stderr)
@@ -69,6 +72,8 @@ def _parser() -> argparse.ArgumentParser:
 
     up = commands.add_parser("up", help="start a throwaway PostgreSQL with sample data and the proxy in front of it")
     up.add_argument("--port", type=int, default=6432, help="proxy port on 127.0.0.1 (default 6432)")
+    up.add_argument("--pg-port", type=_port, default=0,
+                    help="PostgreSQL's port on 127.0.0.1 (default: a free port, chosen at each start)")
     up.add_argument("--data-dir", type=Path, help="keep the database here and reuse it on the next run")
     up.add_argument("--workers", type=int, default=1, help="proxy worker processes (default 1)")
     up.add_argument("--log-level", default="info")
@@ -106,7 +111,7 @@ def _install(args: argparse.Namespace) -> int:
     setup_logging()
     bar = ProgressBar(sys.stderr, "anonproxy install")
     try:
-        with psycopg.connect(args.dsn) as conn:
+        with login.connect(args.dsn, "install") as conn:
             applied = schema.install(conn, bar.update)
     except psycopg.Error as exc:
         bar.close()
@@ -127,12 +132,16 @@ def _up(args: argparse.Namespace) -> int:
     setup_logging(args.log_level)
     # Arguments first: a bad or taken port must not cost a PostgreSQL build.
     config = ProxyConfig(listen_port=args.port, workers=args.workers, log_level=args.log_level)
-    _check_port_free(config)
+    _check_port_free(config.listen_host, config.listen_port, "the proxy")
+    if args.pg_port:
+        if args.pg_port == args.port:
+            raise ConfigError(f"--pg-port and --port are both {args.port}: PostgreSQL and the proxy need a port each")
+        _check_port_free(EmbeddedPostgres.host, args.pg_port, "PostgreSQL (--pg-port)")
     # SIGTERM before the proxy takes over signals must still stop the server we start.
     signal.signal(signal.SIGTERM, _interrupt)
     progress = ProgressBar(sys.stderr, "anonproxy up")
     progress.say("starting PostgreSQL and loading the sample data (a few seconds)")
-    with _announced(progress, EmbeddedPostgres(data_dir=args.data_dir)) as server:
+    with _announced(progress, EmbeddedPostgres(data_dir=args.data_dir, port=args.pg_port)) as server:
         try:
             with psycopg.connect(server.conninfo(dbname=DEMO_DATABASE)) as conn:
                 schema.install(conn)
@@ -191,12 +200,23 @@ def _announced(progress: ProgressBar, server: EmbeddedPostgres) -> Iterator[Embe
             progress.say("stopped")
 
 
-def _check_port_free(config: ProxyConfig) -> None:
-    """Fail now if the proxy's port is taken (run_proxy checks again, once the server is up)."""
+def _port(text: str) -> int:
+    """A TCP port number for argparse: 1 to 65535, or 0 for a free one."""
     try:
-        bind_socket(config.listen_host, config.listen_port, reuse_port=False).close()
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port number from 0 to 65535, not {text!r}")
+    return port
+
+
+def _check_port_free(host: str, port: int, user: str) -> None:
+    """Fail now if a port `up` needs is taken (the proxy and PostgreSQL check again when they bind it)."""
+    try:
+        bind_socket(host, port, reuse_port=False).close()
     except OSError as exc:
-        raise ProxyStartError(f"cannot listen on {config.listen_host}:{config.listen_port}: {exc}") from exc
+        raise ProxyStartError(f"cannot listen on {host}:{port} for {user}: {exc}") from exc
 
 
 def _kept_line(conn: psycopg.Connection, server: EmbeddedPostgres) -> str:

@@ -28,6 +28,7 @@ import os
 import pwd
 import re
 import secrets
+import shlex
 import shutil
 import socket
 import subprocess
@@ -338,7 +339,8 @@ class EmbeddedPostgres:
         pg_ctl = self._bin("pg_ctl")
         if self._run([pg_ctl, "status", "-D", str(data_dir)]).returncode == 0:
             raise EmbeddedPostgresError(
-                f"a server is already running on {data_dir}; stop it with: {pg_ctl} stop -D {data_dir}"
+                f"a server is already running on {data_dir}; stop it with: "
+                + self.command_line([pg_ctl, "stop", "-D", str(data_dir)])
             )
         wait = ["-w", "-t", str(math.ceil(timeout))]
         args = [pg_ctl, "start", "-D", str(data_dir), "-l", str(self.log_file), *wait, "-s"]
@@ -365,6 +367,16 @@ class EmbeddedPostgres:
         return "\n--- end of the server log ---\n" + "\n".join(lines)
 
     # -- helpers --------------------------------------------------------------
+
+    def command_line(self, args: Sequence[str]) -> str:
+        """A shell command that runs ``args`` as the server's OS account, for a person to type.
+
+        PostgreSQL's programs refuse to run as root: as root, it runs them as that account from / (root's
+        home is closed to it), as ``_run`` does.
+        """
+        if self._account is None:
+            return shlex.join(args)
+        return f"cd / && runuser -u {shlex.quote(self._account.pw_name)} -- {shlex.join(args)}"
 
     def _bin(self, program: str) -> str:
         return str(self._bindir / program)

@@ -7,6 +7,7 @@ child process against the test's database.
 
 from __future__ import annotations
 
+import html
 import math
 import re
 import subprocess
@@ -169,8 +170,9 @@ def test_release_list_rounds_l_and_t(releases: str, postgresql: psycopg.Connecti
     done = cli("release", "list", "--dsn", releases)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    assert lines[0].split() == ["id", "target", "method", "source", "k", "entropy", "ℓ", "t", "built"]
-    for line, (l, t) in zip(lines[1:], stored, strict=True):
+    assert lines[0].split() == ["id", "target", "method", "source", "k", "entropy", "ℓ", "t", "built", "revealed",
+                                "combined"]
+    for line, (l, t) in zip(lines[1:3], stored, strict=True):
         fields = line.split()
         assert fields[5] == f"{float(l):.4g}" and fields[6] == f"{float(t):.4g}", line
 
@@ -185,11 +187,17 @@ def test_report_has_progress_verdict_and_words_and_uses_no_release_id(
     assert [line.split()[2] for line in steps] == [f"{i}/7" for i in range(8)], done.stderr
     assert "anonproxy report: 3/7 risk-utility curve: mondrian at k = 5" in steps
     # The verdict, as verify prints it, on stdout and on the page.
-    assert done.stdout.splitlines()[0] == "public.small_k10: meets its parameters"
+    # The two releases combined reveal nobody's occupation exactly (PVP at 100 % is 0): they meet their parameters.
+    risk = postgresql.execute("select anonproxy.composition_risk(array['small_k5', 'small_k10']::regclass[])"
+                              ).fetchone()[0]
+    postgresql.rollback()
+    assert float(risk["pvp"]["100"]) == 0
+    verdict = "meets its parameters; combined with public.small_k5 it reveals no one's occupation exactly"
+    assert done.stdout.splitlines()[0] == f"public.small_k10: {verdict}"
     verify = cli("verify", "public.small_k10", "--dsn", releases)
-    assert verify.stdout.rstrip().splitlines()[-1] == "meets its parameters"
+    assert verify.stdout.rstrip().splitlines()[-1] == verdict
     text = page.read_text()
-    assert "<strong>Verdict:</strong> meets its parameters" in text
+    assert f"<strong>Verdict:</strong> {html.escape(verdict)}" in text
     for k in (5, 10, 20):  # every k of the curve was computed
         assert f"k={k}</text>" in text.replace("\n", "")
     assert "<li>k = " not in text  # no k failed

@@ -109,3 +109,22 @@ def test_audit_prints_the_composition_risk(releases: str, postgresql: psycopg.Co
     assert nothing.returncode == 0 and "nothing to compose" in nothing.stdout
     one = cli("audit", "--dsn", releases, "--release", "small_k5")
     assert one.returncode == 2 and "at least two" in one.stderr
+
+
+def test_the_default_report_skips_the_curve_and_says_how_to_draw_it(releases: str, tmp_path: Path) -> None:
+    page = tmp_path / "report.html"
+    done = cli("report", "public.small_k10", "--html", str(page), "--dsn", releases)
+    assert done.returncode == 0, done.stderr
+    steps = [line.split()[2] for line in done.stderr.splitlines() if line.startswith("anonproxy report: ")]
+    assert steps == [f"{i}/4" for i in range(5)], done.stderr  # no step re-runs the method
+    assert ("risk-utility curve skipped (it re-runs public.small_k10's method once per k); add --curve to draw it"
+            in done.stdout.splitlines())
+    text = page.read_text()
+    assert "<code>anonproxy report public.small_k10 --curve</code> draws it" in text
+    assert "Risk and information loss over k" not in text
+
+    curved = cli("report", "public.small_k10", "--html", str(page), "--dsn", releases, "--curve")
+    assert curved.returncode == 0, curved.stderr
+    assert "anonproxy report: 3/10 risk-utility curve: mondrian at k = 2" in curved.stderr.splitlines()
+    assert "skipped" not in curved.stdout
+    assert all(f"k={k}</text>" in page.read_text().replace("\n", "") for k in (2, 5, 10, 25, 50, 100))

@@ -4,6 +4,7 @@ Wire into the main parser with ``register(subparsers)``; each handler is set as
 ``run`` and returns the exit code: 0, or 1 (printed as ``anonproxy policy: …``
 on stderr, no traceback) when the file, the connection or the database refuses.
 ``lint`` also returns 1 when it has warnings (printed on stdout, one a line).
+A login the proxy gates is refused before anything is sent (:mod:`anonproxy.login`, exit 2).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 
 import psycopg
 
+from .. import login
 from .lint import lint, lint_k, reference_warnings
 from .store import load_policy
 from .yaml_policy import PolicyApplyError, PolicyError, apply_policy, dump_policy, read_policy_file
@@ -43,7 +45,7 @@ def register(subparsers: Any) -> None:
 def _apply(args: argparse.Namespace) -> int:
     try:
         policy = read_policy_file(args.file)
-        with psycopg.connect(args.dsn) as conn:
+        with login.connect(args.dsn, "policy") as conn:
             try:
                 version = apply_policy(conn, policy)
             except PolicyApplyError as exc:
@@ -60,7 +62,7 @@ def _apply(args: argparse.Namespace) -> int:
 
 def _show(args: argparse.Namespace) -> int:
     try:
-        with psycopg.connect(args.dsn) as conn:
+        with login.connect(args.dsn, "policy") as conn:
             policy = load_policy(conn)
     except psycopg.Error as exc:
         return _fail(exc)
@@ -70,7 +72,7 @@ def _show(args: argparse.Namespace) -> int:
 
 def _lint(args: argparse.Namespace) -> int:
     try:
-        with psycopg.connect(args.dsn) as conn:
+        with login.connect(args.dsn, "policy") as conn:
             policy = load_policy(conn)
             checked, findings = lint(conn, policy)
     except psycopg.Error as exc:

@@ -17,6 +17,7 @@ from typing import Any
 
 import psycopg
 
+from .. import login
 from .progress import ProgressBar
 
 # The attacker's confidence levels of the paper's PVP_C, as keys of the summary's "pvp" object.
@@ -96,7 +97,7 @@ def _audit(args: argparse.Namespace) -> int:
         return 2
     bar = ProgressBar(sys.stderr, "anonproxy audit")
     try:
-        with psycopg.connect(args.dsn) as conn:
+        with login.connect(args.dsn, "audit") as conn:
             groups = [args.release] if args.release else release_groups(conn, args.source)
             if not groups:
                 print("no source has two or more releases with a sensitive attribute: nothing to compose")

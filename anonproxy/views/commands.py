@@ -2,7 +2,10 @@
 
 Wire into the main parser with ``register(subparsers)``. Each handler returns
 the exit code: 0, or 1 with the server's message and hint on stderr (no
-traceback) when the file, the connection or the database refuses.
+traceback) when the file, the connection or the database refuses. A login the
+proxy gates is refused before anything is sent (:mod:`anonproxy.login`, exit 2).
+``release list`` also shows what combining each release with the other releases
+of its source reveals (:mod:`.combined`).
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from . import hierarchies
+from .. import login
+from . import combined, hierarchies
 from .progress import ProgressBar
 from .words import number
 
@@ -98,7 +102,7 @@ def _build_prefix(args: argparse.Namespace) -> int:
 def _store(args: argparse.Namespace, store: Callable[[psycopg.Connection], int], levels: int) -> int:
     """Run ``store`` (which returns the number of values) in one transaction and report it."""
     try:
-        with psycopg.connect(args.dsn) as conn:
+        with login.connect(args.dsn, "hierarchy") as conn:
             leaves = store(conn)
     except psycopg.Error as exc:
         return fail("hierarchy", exc)
@@ -108,7 +112,7 @@ def _store(args: argparse.Namespace, store: Callable[[psycopg.Connection], int],
 
 def _list(args: argparse.Namespace) -> int:
     try:
-        with psycopg.connect(args.dsn) as conn:
+        with login.connect(args.dsn, "hierarchy") as conn:
             found = hierarchies.hierarchy_summary(conn)
     except psycopg.Error as exc:
         return fail("hierarchy", exc)
@@ -126,7 +130,7 @@ def _drop(args: argparse.Namespace) -> int:
 def _call(command: str, dsn: str, query: str, argument: str, done: str) -> int:
     """Run a one-argument function call in its own transaction; print ``done`` if it succeeds."""
     try:
-        with psycopg.connect(dsn) as conn:
+        with login.connect(dsn, command) as conn:
             conn.execute(query, (argument,))
     except psycopg.Error as exc:
         return fail(command, exc)
@@ -222,7 +226,7 @@ def _k_exceeding_source(dsn: str, source: str, unit: str | None, k: int) -> list
     then reports that problem in its own words.
     """
     try:
-        with psycopg.connect(dsn) as conn:
+        with login.connect(dsn, "anonymize") as conn:
             row = conn.execute("select n.nspname, c.relname from pg_catalog.pg_class c join pg_catalog.pg_namespace n "
                                "on n.oid = c.relnamespace where c.oid = %s::regclass", (source,)).fetchone()
             assert row is not None
@@ -241,7 +245,7 @@ def _run_release_query(command: str, dsn: str, query: sql.SQL | sql.Composed, ar
     """Run a query returning anonproxy.release_summary with a progress bar; print the summary."""
     bar = ProgressBar(sys.stderr, f"anonproxy {command}")
     try:
-        with psycopg.connect(dsn) as conn:
+        with login.connect(dsn, command) as conn:
             conn.add_notice_handler(bar.notice)
             cursor = conn.execute(query, arguments)
             row = cursor.fetchone()
@@ -296,21 +300,25 @@ def _register_release(subparsers: Any) -> None:
 
 def _release_list(args: argparse.Namespace) -> int:
     query = ("select id, target, method, source, (achieved ->> 'k')::numeric, (achieved ->> 'l_entropy')::numeric, "
-             "(achieved ->> 't')::numeric, coalesce(refreshed_at, created_at)::timestamp(0)::text "
+             "(achieved ->> 't')::numeric, coalesce(refreshed_at, created_at)::timestamp(0)::text, combined "
              "from anonproxy.releases order by id")
     try:
-        with psycopg.connect(args.dsn) as conn:
+        with login.connect(args.dsn, "release") as conn:
             rows = conn.execute(query).fetchall()
     except psycopg.Error as exc:
         return fail("release", exc)
-    header = ("id", "target", "method", "source", "k", "entropy ℓ", "t", "built")
+    ids = {row[1]: row[0] for row in rows}
+    header = ("id", "target", "method", "source", "k", "entropy ℓ", "t", "built", "revealed combined")
     # ℓ and t with four significant digits: the registry keeps 10 and 20 decimals, which tell nothing more.
     table = [header, *[(str(id_), target, method, source, number(k), "" if l is None else number(l),
-                        "" if t is None else number(t), built)
-                       for id_, target, method, source, k, l, t, built in rows]]
+                        "" if t is None else number(t), built, combined.cell(together, target, ids))
+                       for id_, target, method, source, k, l, t, built, together in rows]]
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
     for row in table:
         print("  ".join(value.ljust(width) for value, width in zip(row, widths, strict=True)).rstrip())
+    if any(combined.others(row[-1], row[1]) for row in rows):
+        print("\nrevealed combined: the share of people whose sensitive value combining the release with the releases "
+              "of those ids (same source) reveals exactly; `anonproxy verify TARGET` says it in words")
     return 0
 
 

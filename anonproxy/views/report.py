@@ -2,14 +2,16 @@
 
 The page shows what the release protects and what it costs: the sizes of its
 equivalence classes, each class's entropy ℓ and earth mover's distance against
-the thresholds asked, the information loss (NCP) per quasi-identifier, a
-risk-utility curve over k computed on demand (the release's method re-run at
-several k on the source, without creating or registering anything, in a
-transaction that is rolled back), the release's parameters, a verdict line as
-`anonproxy verify` prints it, and the composition risk with the other releases
-of its source (the intersection attack of Ganta et al., KDD 2008). Plots are
-inline SVG drawn by matplotlib: the file needs nothing else to display.
-docs/composition.md describes it; docs/glossary.md explains its terms.
+the thresholds asked, the information loss (NCP) per quasi-identifier, the
+release's parameters, a verdict line as `anonproxy verify` prints it, and the
+composition risk with the other releases of its source (the intersection attack
+of Ganta et al., KDD 2008), as the registry keeps it (:mod:`.combined`). With
+``--curve`` (or ``--curve-k``) it adds a risk-utility curve over k: the
+release's method re-run at several k on the source, without creating or
+registering anything, in a transaction that is rolled back; it is the slow part
+(seconds per k), so it is drawn only when asked. Plots are inline SVG drawn by
+matplotlib: the file needs nothing else to display. docs/composition.md
+describes it; docs/glossary.md explains its terms.
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from . import verify
+from .. import login
+from . import combined, verify
 from .audit import CONFIDENCES, release_groups
 from .progress import ProgressBar
 from .words import achieved_text, hierarchies_text, number, parameters_text, percent
@@ -46,10 +49,13 @@ def register(subparsers: Any) -> None:
     report.add_argument("--dsn", required=True, help="libpq connection string of a role that may read the source "
                                                      "(the curve re-runs the method in temporary tables, then rolls "
                                                      "back)")
-    report.add_argument("--curve-k", default=",".join(map(str, DEFAULT_CURVE)),
-                        help=f"values of k for the risk-utility curve (default {','.join(map(str, DEFAULT_CURVE))}; "
-                             "empty: no curve)")
+    report.add_argument("--curve", action="store_true",
+                        help=f"add the risk-utility curve: the method re-run at k = {_CURVE_TEXT} (seconds per k)")
+    report.add_argument("--curve-k", help="add the risk-utility curve at these values of k, comma-separated")
     report.set_defaults(run=_report)
+
+
+_CURVE_TEXT = ",".join(map(str, DEFAULT_CURVE))
 
 
 @dataclass(frozen=True)
@@ -69,15 +75,17 @@ class CurvePoint:
 
 
 def _report(args: argparse.Namespace) -> int:
-    try:
-        curve_k = [int(k) for k in args.curve_k.split(",") if k.strip()]
-    except ValueError:
-        print(f"anonproxy report: --curve-k must be integers separated by commas, not {args.curve_k!r}",
-              file=sys.stderr)
-        return 2
+    curve_k: list[int] = list(DEFAULT_CURVE) if args.curve else []
+    if args.curve_k is not None:
+        try:
+            curve_k = [int(k) for k in args.curve_k.split(",") if k.strip()]
+        except ValueError:
+            print(f"anonproxy report: --curve-k must be integers separated by commas, not {args.curve_k!r}",
+                  file=sys.stderr)
+            return 2
     bar = ProgressBar(sys.stderr, "anonproxy report")
     try:
-        with psycopg.connect(args.dsn) as conn:
+        with login.connect(args.dsn, "report") as conn:
             page, verdict = build_report(conn, args.target, curve_k, bar)
     except (psycopg.Error, LookupError) as exc:
         bar.close()
@@ -87,6 +95,8 @@ def _report(args: argparse.Namespace) -> int:
         bar.close()
     args.html.write_text(page, encoding="utf-8")
     print(f"{args.target}: {verdict}")
+    if not curve_k:
+        print(f"risk-utility curve skipped (it re-runs {args.target}'s method once per k); add --curve to draw it")
     print(f"wrote {args.html}")
     return 0
 
@@ -120,7 +130,7 @@ def verdict_of(conn: psycopg.Connection, release: dict[str, Any]) -> str:
     subject = verify.Subject(target=release["target"], qi=list(release["quasi_identifiers"]),
                              sensitive=release["sensitive"], source=release["source"], release_id=release["id"],
                              method=release["method"], unit=release["unit"], parameters=parameters,
-                             registry=release["achieved"])
+                             registry=release["achieved"], combined=release["combined"])
     distance = parameters.get("t_distance") if parameters.get("t") is not None else None
     now = verify.measure_levels(conn, subject, distance, parameters.get("hierarchies") or {})
     unjudged = verify.why_not_judged(subject, now)
@@ -233,7 +243,12 @@ def risk_utility_curve(conn: psycopg.Connection, release: dict[str, Any], ks: li
 
 
 def composition_of(conn: psycopg.Connection, release: dict[str, Any]) -> dict[str, Any] | None:
-    """The composition risk of the release with the other existing releases of its source."""
+    """The composition risk of the release with the other existing releases of its source.
+
+    The registry's figure (kept up to date by the database), else, when it has none, measured now.
+    """
+    if release["combined"] is not None:
+        return release["combined"]["risk"] if combined.others(release["combined"], release["target"]) else None
     group = next((g for g in release_groups(conn, release["source"]) if release["target"] in g), None)
     if group is None:
         return None
@@ -333,6 +348,17 @@ def _pvp_plot(risk: dict[str, Any]) -> str:
     return _svg(fig)
 
 
+def _curve_section(curve: list[CurvePoint], failed: dict[int, str], k: int | None, target: str) -> str:
+    if not curve and not failed:
+        return ("<h2>Risk–utility over k</h2><p>Not drawn: it re-runs the method once per k, which takes seconds "
+                f"each. <code>anonproxy report {html.escape(target)} --curve</code> draws it.</p>")
+    drawn = _curve_plot(curve, k) if curve else "<p>No curve: no value of k could be computed.</p>"
+    if failed:
+        drawn += "<ul>" + "".join(f"<li>k = {kk}: {html.escape(msg)}</li>" for kk, msg in failed.items()) + "</ul>"
+    return ("<h2>Risk–utility over k</h2><p>The method re-run at each k on the source as it is now, "
+            "in a transaction that was rolled back: nothing was created or registered.</p>" + drawn)
+
+
 def _table(rows: list[tuple[str, Any]]) -> str:
     cells = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(_text(v))}</td></tr>" for k, v in rows)
     return f"<table>{cells}</table>"
@@ -353,9 +379,9 @@ def _page(release: dict[str, Any], classes: list[ClassStat], curve: list[CurvePo
     k = p.get("k")
     sections = [
         f"<p class=\"verdict\"><strong>Verdict:</strong> {html.escape(verdict)} "
-        "(the levels measured now against the parameters the release was built with, as "
-        "<code>anonproxy verify</code> prints them). The terms are explained in <code>docs/glossary.md</code> "
-        "of anonproxy.</p>",
+        "(the levels measured now against the parameters the release was built with, and what combining it with "
+        "the other releases of its source reveals, as <code>anonproxy verify</code> prints them). The terms are "
+        "explained in <code>docs/glossary.md</code> of anonproxy.</p>",
         "<h2>Release</h2>" + _table([
             ("target", release["target"]), ("source", release["source"]), ("method", release["method"]),
             ("quasi-identifiers (columns generalized)", ", ".join(release["quasi_identifiers"])),
@@ -395,12 +421,12 @@ def _page(release: dict[str, Any], classes: list[ClassStat], curve: list[CurvePo
              number(metrics.get("kl_divergence"))),
             ("re-identification (prosecutor) risk, largest: 1 / smallest class", number(
                 metrics.get("prosecutor_max_risk")))]) + _ncp_plot(metrics["ncp_per_qi"]))
-    curve_html = _curve_plot(curve, k) if curve else "<p>No curve: no value of k could be computed.</p>"
-    if failed:
-        curve_html += "<ul>" + "".join(f"<li>k = {kk}: {html.escape(msg)}</li>" for kk, msg in failed.items()) + "</ul>"
-    sections.append("<h2>Risk–utility over k</h2><p>The method re-run at each k on the source as it is now, "
-                    "in a transaction that was rolled back: nothing was created or registered.</p>" + curve_html)
-    if risk is None:
+    sections.append(_curve_section(curve, failed, k, release["target"]))
+    with_others = combined.clause(release["combined"], release["target"], release["sensitive"])
+    if risk is None and with_others is not None:  # the registry knows the other releases, not their risk
+        sections.append(f"<h2>Composition with the other releases of the source</h2><p>{html.escape(with_others)}"
+                        "</p>")
+    elif risk is None:
         sections.append("<h2>Composition</h2><p>No other release of this source publishes the same sensitive "
                         "attribute: no intersection attack to measure.</p>")
     else:
@@ -410,7 +436,7 @@ def _page(release: dict[str, Any], classes: list[ClassStat], curve: list[CurvePo
             "attack of Ganta, Kasiviswanathan and Smith, KDD 2008). Effective anonymity (EA) is how many "
             "values remain possible for a person; PVP, the share of vulnerable people, counts those narrowed "
             "down to one value (100 % confidence), two (50 %), three (33 %) or four (25 %).</p>" + _table(
-                [("releases", ", ".join(r["release"] for r in risk["releases"])), ("people shared", risk["overlap"]),
+                [("releases", ", ".join(r["release"] for r in sorted(risk["releases"], key=lambda r: r["id"]))), ("people shared", risk["overlap"]),
                  ("located in every release", risk["located"]),
                  ("could not be located (risk unknown)", risk.get("unlocated")),
                  ("average effective anonymity: most revealing single release / all combined",
@@ -419,6 +445,10 @@ def _page(release: dict[str, Any], classes: list[ClassStat], curve: list[CurvePo
                  ("vulnerable (drop > 0)", f"{number(risk['vulnerable_pct'])} %")]
                 + [(f"PVP at {c} % confidence (people narrowed to {_NARROWED[c]})", f"{number(risk['pvp'][c])} %")
                    for c in CONFIDENCES]) + _pvp_plot(risk))
+        if release["combined"] is not None:
+            sections[-1] += (f"<p><strong>{html.escape(with_others or '')}</strong> (measured "
+                             f"{html.escape(str(release['combined'].get('measured_at')))}, when the releases of "
+                             "this source last changed).</p>")
     title = f"anonproxy release {release['target']}"
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>

@@ -5,9 +5,13 @@ sensitive column and parameters; any other table needs ``--qi`` (and
 ``--sensitive`` for ℓ and t, ``--source`` for the metrics). The levels come from
 ``anonproxy.k_anonymity``, ``l_diversity`` and ``t_closeness``, the metrics from
 ``anonproxy.utility`` (sql/0009_verify.sql), all computed on the table as it is
-now. Exit codes: 0, 1 when the database or the arguments refuse, 3 when a
-registered release no longer meets the parameters it was built with. A release
-made with a privacy unit is not judged (its levels count units, the table has no
+now. The verdict of a registered release also says what combining it with the
+other releases of its source reveals (``anonproxy.releases.combined``, read by
+:mod:`.combined`). Exit codes: 0, 1 when the database or the arguments refuse,
+3 when a registered release no longer meets the parameters it was built with,
+or when combined with the other releases of its source it reveals more than the
+composition guard allows (or its risk could not be measured). A release made
+with a privacy unit is not judged (its levels count units, the table has no
 unit column), nor is a table without rows (it has no levels).
 """
 
@@ -23,6 +27,8 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
+from .. import login
+from . import combined
 from .commands import fail, hierarchy_choice, name_list
 from .words import parameters_text
 
@@ -42,6 +48,7 @@ class Subject:
     unit: str | None = None
     parameters: dict[str, Any] = field(default_factory=dict)
     registry: dict[str, Any] = field(default_factory=dict)  # the levels measured when it was built
+    combined: dict[str, Any] | None = None  # the composition risk with the other releases of its source
 
 
 def register(subparsers: Any) -> None:
@@ -68,7 +75,7 @@ def register(subparsers: Any) -> None:
 def _verify(args: argparse.Namespace) -> int:
     try:
         hierarchies = dict(args.hierarchy)
-        with psycopg.connect(args.dsn) as conn:
+        with login.connect(args.dsn, "verify") as conn:
             subject = _subject(conn, args)
             hierarchies = {**(subject.parameters.get("hierarchies") or {}), **hierarchies}
             asked_t = subject.parameters.get("t") is not None
@@ -88,17 +95,17 @@ def _verify(args: argparse.Namespace) -> int:
         print(json.dumps({"target": subject.target, "release_id": subject.release_id, "method": subject.method,
                           "source": subject.source, "quasi_identifiers": subject.qi, "sensitive": subject.sensitive,
                           "unit": subject.unit, "parameters": subject.parameters, "registry": subject.registry,
-                          "now": now, "metrics": metrics, "shortfalls": shortfalls, "not_judged": unjudged},
-                         default=_json_number, indent=2))
+                          "now": now, "metrics": metrics, "shortfalls": shortfalls, "not_judged": unjudged,
+                          "combined": subject.combined}, default=_json_number, indent=2))
     else:
         print_report(subject, now, metrics, shortfalls, unjudged)
-    return EXIT_SHORT if shortfalls else 0
+    return EXIT_SHORT if shortfalls or combined.breaks(subject.combined) else 0
 
 
 def _subject(conn: psycopg.Connection, args: argparse.Namespace) -> Subject:
     row = conn.execute(
-        "select r.id, r.target, r.source, r.method, r.quasi_identifiers, r.sensitive, r.unit, r.parameters, r.achieved"
-        "  from anonproxy.releases r where r.target = anonproxy.release_target_name(%s, current_schema())",
+        "select r.id, r.target, r.source, r.method, r.quasi_identifiers, r.sensitive, r.unit, r.parameters, r.achieved,"
+        "       r.combined from anonproxy.releases r where r.target = anonproxy.release_target_name(%s, current_schema())",
         (args.target,)).fetchone()
     if row is None:
         if _scalar(conn, "select to_regclass(%s)", (args.target,)) is None:
@@ -110,9 +117,9 @@ def _subject(conn: psycopg.Connection, args: argparse.Namespace) -> Subject:
     if args.qi or args.sensitive or args.source:
         raise ValueError(f"{args.target} is a registered release: its columns and source come from anonproxy.releases"
                          " (drop --qi, --sensitive and --source)")
-    release_id, target, source, method, qi, sensitive, unit, parameters, achieved = row
+    release_id, target, source, method, qi, sensitive, unit, parameters, achieved, combined_risk = row
     return Subject(target=target, qi=list(qi), sensitive=sensitive, source=source, release_id=release_id,
-                   method=method, unit=unit, parameters=parameters, registry=achieved)
+                   method=method, unit=unit, parameters=parameters, registry=achieved, combined=combined_risk)
 
 
 def measure_levels(conn: psycopg.Connection, subject: Subject, distance: str | None,
@@ -196,14 +203,19 @@ def print_report(subject: Subject, now: dict[str, Any], metrics: dict[str, Any] 
 
 
 def verdict(subject: Subject, shortfalls: list[str], unjudged: str | None) -> str | None:
-    """The verdict line on the levels measured now: None for a table that is not a registered release."""
+    """The verdict line on the levels measured now and on the release combined with the other releases of its
+    source: None for a table that is not a registered release."""
     if unjudged:
-        return f"not judged: {unjudged}"
-    if shortfalls:
-        return "DOES NOT MEET its parameters now: " + "; ".join(shortfalls)
-    if subject.release_id is not None:
-        return "meets its parameters"
-    return None
+        alone = f"not judged: {unjudged}"
+    elif shortfalls:
+        alone = "DOES NOT MEET its parameters now: " + "; ".join(shortfalls)
+    elif subject.release_id is not None:
+        # "alone" when the combination breaks what the release meets by itself.
+        alone = "meets its parameters alone" if combined.breaks(subject.combined) else "meets its parameters"
+    else:
+        return None
+    with_others = combined.clause(subject.combined, subject.target, subject.sensitive)
+    return alone if with_others is None else f"{alone}; {with_others}"
 
 
 def metric_rows(metrics: dict[str, Any], qi: list[str]) -> list[tuple[str, str]]:
