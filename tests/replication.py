@@ -8,6 +8,8 @@ The primary holds the demo database: the Adult table, the demo roles and policy,
 
 from __future__ import annotations
 
+import itertools
+import threading
 import time
 from collections.abc import Mapping
 
@@ -31,9 +33,9 @@ def new_server(port: int = 0, settings: Mapping[str, str] | None = None) -> Embe
 
 def start_standby(primary: EmbeddedPostgres, port: int = 0,
                   settings: Mapping[str, str] | None = None) -> EmbeddedPostgres:
-    """A hot standby of ``primary``, streaming; it inherits the primary's ALTER SYSTEM settings (a promoted standby
-    of a synchronous primary is synchronous too)."""
-    standby = new_server(port, settings)
+    """A hot standby of ``primary``, streaming. Once promoted, its commits wait for a standby of its own
+    (synchronous_standby_names = '*' in its configuration: a fail-over keeps the ledger synchronous)."""
+    standby = new_server(port, {"synchronous_standby_names": "*", **(settings or {})})
     standby.start_standby_of(primary)
     return standby
 
@@ -85,3 +87,73 @@ def wait_replayed(primary: EmbeddedPostgres, standby: EmbeddedPostgres, timeout:
 
 def service_dsn() -> str:
     return f"user={SERVICE_ROLE} password={SERVICE_ROLE} dbname={DATABASE}"
+
+
+def fail_over(primary: EmbeddedPostgres, standby: EmbeddedPostgres,
+              settings: Mapping[str, str] | None = None) -> tuple[EmbeddedPostgres, EmbeddedPostgres]:
+    """kill -9 ``primary``, promote ``standby``, and re-create the old primary as a standby of the new one (a base
+    backup, on the old port, so the proxy's upstream list still names both). Until then the new primary's commits
+    (the ledger's charges) wait. Returns (new primary, new standby)."""
+    port = primary.port
+    primary.kill()
+    primary.stop()  # its throwaway directory goes
+    standby.promote()
+    return standby, start_standby(standby, port=port, settings=settings)
+
+
+class Askers:
+    """Threads asking dp questions through a proxy, one role each, every question a new one (its own charge),
+    until stopped; they reconnect after any error. ``delivered[role]``: the answers each role received."""
+
+    def __init__(self, host: str, port: int, roles: list[str]) -> None:
+        self._dsns = {role: f"host={host} port={port} dbname={DATABASE} user={role} password={role} "
+                            "connect_timeout=5" for role in roles}
+        self.delivered = dict.fromkeys(roles, 0)
+        self.errors = dict.fromkeys(roles, 0)
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._ask, args=(role,), daemon=True) for role in roles]
+
+    def __enter__(self) -> Askers:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(120)
+
+    def wait_for_more(self, answers: int, timeout: float = 180) -> None:
+        """Until every role has received ``answers`` more answers than now."""
+        target = {role: n + answers for role, n in self.delivered.items()}
+        deadline = time.monotonic() + timeout
+        while any(self.delivered[role] < n for role, n in target.items()):
+            assert time.monotonic() < deadline, f"answers stopped coming: {self.delivered}, errors {self.errors}"
+            time.sleep(0.05)
+
+    def _ask(self, role: str) -> None:
+        conn: psycopg.Connection | None = None
+        for number in itertools.count(1000):
+            if self._stop.is_set():
+                break
+            try:
+                if conn is None:
+                    conn = psycopg.connect(self._dsns[role], autocommit=True)
+                conn.execute(f"select count(*) from adult where hours_per_week <> {number}").fetchone()
+                self.delivered[role] += 1
+            except psycopg.Error:
+                self.errors[role] += 1
+                if conn is not None:
+                    conn.close()
+                conn = None
+                time.sleep(0.1)
+        if conn is not None:
+            conn.close()
+
+
+def charges_by_role(server: EmbeddedPostgres, roles: list[str]) -> dict[str, int]:
+    """The distinct questions each role was charged for, as ``server``'s ledger holds them."""
+    with psycopg.connect(server.conninfo(dbname=DATABASE), autocommit=True) as conn:
+        rows = conn.execute("select role_name, count(distinct fingerprint) from anonproxy.budget_ledger "
+                            "where role_name = any(%s) group by role_name", [roles]).fetchall()
+    return {role: dict(rows).get(role, 0) for role in roles}

@@ -175,8 +175,8 @@ class Servers:
             standby.lag = max(0, primary_lsn - int(row["lsn"]))
         serving = standby.lag is not None and standby.lag <= self._max_lag
         if serving != standby.in_rotation:
-            log.warning("standby %s is %s rotation (lag %s bytes, max_standby_lag %d)", standby.address,
-                        "in" if serving else "out of", "unknown" if standby.lag is None else standby.lag,
+            log.warning("standby %s is %s rotation (lag %s, max_standby_lag %d bytes)", standby.address,
+                        "in" if serving else "out of", "unknown" if standby.lag is None else f"{standby.lag} bytes",
                         self._max_lag)
             standby.in_rotation = serving
 
