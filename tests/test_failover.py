@@ -9,6 +9,7 @@ new one. Then the answers the clients received are compared with the charges the
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -74,3 +75,37 @@ def test_no_answer_without_its_charge_across_a_fail_over(pair: list[EmbeddedPost
     # short by the crash: the client saw an error) is an over-count, never an under-count.
     assert all(delivered[role] <= charged[role] <= delivered[role] + errors[role] for role in ROLES), \
         (delivered, charged, errors)
+
+
+def test_a_charge_whose_wait_for_the_standby_is_cancelled_is_not_answered(pair: list[EmbeddedPostgres],
+                                                                          tmp_path: Path) -> None:
+    """PostgreSQL commits locally, with a WARNING, when a commit's wait for the synchronous standby is cancelled (an
+    administrator's pg_cancel_backend while the standby is down): such a charge is not on any standby, so the
+    question it paid for must not be answered."""
+    proxy = proxy_for(pair, tmp_path / "anonproxy.log")
+    primary, standby = pair
+    role = ROLES[0]
+    outcome: list[object] = []
+    try:
+        with psycopg.connect(proxy.endpoint.dsn(DATABASE, user=role, password=role), autocommit=True) as conn:
+            conn.execute("select count(*) from adult where hours_per_week <> 101").fetchone()
+            before = charges_by_role(primary, [role])[role]
+            standby.stop()  # no synchronous standby left: every commit on the primary waits
+
+            def ask() -> None:
+                try:
+                    outcome.append(conn.execute("select count(*) from adult where hours_per_week <> 102").fetchone())
+                except psycopg.Error as exc:
+                    outcome.append(exc)
+
+            asking = threading.Thread(target=ask)
+            asking.start()
+            with psycopg.connect(primary.conninfo(), autocommit=True) as admin:
+                while asking.is_alive():  # the charge's wait, then the audit trail's, are cancelled
+                    admin.execute("select pg_cancel_backend(pid) from pg_stat_activity where wait_event = 'SyncRep'")
+                    asking.join(0.2)
+    finally:
+        stop_proxy(proxy)
+    assert isinstance(outcome[0], psycopg.Error), outcome
+    assert outcome[0].sqlstate == "57014" and "synchronous standby was cancelled" in str(outcome[0])
+    assert charges_by_role(primary, [role])[role] == before + 1  # charged on the primary, never answered

@@ -61,6 +61,7 @@ import contextlib
 import logging
 import math
 import time
+import weakref
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 from decimal import ROUND_FLOOR, Decimal
@@ -213,6 +214,8 @@ class NoisyAnswers:
         self._dsn = psycopg.conninfo.make_conninfo(dsn, options=options)
         self._servers = servers
         self._standbys = StandbyConnections(self._dsn)
+        # Connections that received a WARNING (see _check_confirmed).
+        self._warned: weakref.WeakSet[psycopg.AsyncConnection[Any]] = weakref.WeakSet()
         self._login = login  # the same login, to learn the server's reason when it refuses a connection
         self._idle: list[psycopg.AsyncConnection[Any]] = []
         self._slots = asyncio.Semaphore(size)
@@ -281,8 +284,10 @@ class NoisyAnswers:
             stop.check()
             # Charged, and committed, before the data is read: a question that fails from here on (its SQL, the
             # noise, the connection) stays paid for, so no failure is a free look at the data.
+            self._warned.discard(conn)
             left = await ledger.charge(conn, role.role, plan.table, plan.epsilon, plan.delta, fingerprint,
                                        rho=plan.rho, delta_add=plan.delta_add)
+            self._check_confirmed(conn)
             spent.epsilon, spent.delta = plan.epsilon, plan.delta
             spent.rho, spent.delta_add = plan.rho, plan.delta_add
             version, types, rows = await self._measure(conn, plan, parameters, stop)
@@ -293,6 +298,16 @@ class NoisyAnswers:
             kept = _readable(stored, plan)
             result = await _result(conn, plan, kept or measured, headline)
             return _with_notice(result, f"anonproxy: budget left on {plan.table}: {_left(left)}"), plan
+
+    def _check_confirmed(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """With standbys, refuse to answer when the charge's commit came with a WARNING: the ledger functions raise
+        none, so it is PostgreSQL saying that the commit's wait for the synchronous standby was cancelled (the
+        charge is committed on the primary alone, and a fail-over now would lose it). It stays charged."""
+        if self._servers is not None and conn in self._warned:
+            raise Refused("57014", "the privacy ledger's charge was committed on the primary but its wait for the "
+                          "synchronous standby was cancelled: the question stays charged and is not answered",
+                          "Check that a synchronous standby streams from the primary (docs/replicas.md), then ask "
+                          "again.")
 
     async def _measure(self, conn: psycopg.AsyncConnection[Any], plan: DPPlan, parameters: Parameters,
                        stop: Stop) -> tuple[str | None, list[int], list[tuple[Any, ...]]]:
@@ -488,7 +503,10 @@ class NoisyAnswers:
             log.info("a pooled dp connection was ended by the server; replacing it")
             await conn.close()
         try:
-            return await psycopg.AsyncConnection.connect(self._dsn, autocommit=True)
+            conn = await psycopg.AsyncConnection.connect(self._dsn, autocommit=True)
+            conn.add_notice_handler(lambda diag: self._warned.add(conn) if diag.severity_nonlocalized == "WARNING"
+                                    else None)
+            return conn
         except psycopg.OperationalError as exc:
             refusal = await login_refusal(self._login) if self._login is not None else None
             if refusal is None:
