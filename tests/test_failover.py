@@ -16,8 +16,19 @@ from pathlib import Path
 import psycopg
 import pytest
 from conftest import ProxyProcess, start_proxy, stop_proxy
-from replication import Askers, DATABASE, charges_by_role, create_dp_roles, fail_over, new_server, prepare_database, \
-    service_dsn, set_synchronous, start_standby, wait_replayed
+from replication import (
+    DATABASE,
+    Askers,
+    charges_by_role,
+    create_dp_roles,
+    fail_over,
+    new_server,
+    prepare_database,
+    service_dsn,
+    set_synchronous,
+    start_standby,
+    wait_replayed,
+)
 
 from anonproxy.embedded import EmbeddedPostgres
 

@@ -18,9 +18,17 @@ import asyncpg
 import psycopg
 import pytest
 from conftest import Endpoint, ProxyProcess, start_proxy, stop_proxy
-from replication import DATABASE, new_server, prepare_database, service_dsn, set_synchronous, start_standby, \
-    wait_replayed
+from replication import (
+    DATABASE,
+    new_server,
+    prepare_database,
+    service_dsn,
+    set_synchronous,
+    start_standby,
+    wait_replayed,
+)
 
+from anonproxy.config import ConfigError, ProxyConfig, UpstreamAddress, load_config
 from anonproxy.embedded import EmbeddedPostgres
 
 LOGGED = {"log_statement": "all"}
@@ -106,6 +114,40 @@ def analyst_count(proxy: Endpoint, number: int) -> tuple[float, list[str]]:
         conn.add_notice_handler(lambda diag: notices.append(diag.message_primary or ""))
         value = conn.execute(f"select count(*) from adult where hours_per_week <> {number}").fetchone()[0]
         return value, notices
+
+
+SERVICE = "user=s password=p dbname=d"
+
+
+def test_upstream_may_list_hosts_and_standbys_take_both_forms(tmp_path: Path) -> None:
+    config = ProxyConfig(upstream="host=a,b port=5432,5433", service_dsn=SERVICE,
+                         standbys="c:5434, [::1]:5435, d")
+    assert config.upstream_addresses == (UpstreamAddress("a", 5432), UpstreamAddress("b", 5433))
+    assert config.standby_addresses == (UpstreamAddress("c", 5434), UpstreamAddress("::1", 5435),
+                                        UpstreamAddress("d", 5432))
+    assert psycopg.conninfo.conninfo_to_dict(config.service_conninfo) == {
+        "user": "s", "password": "p", "dbname": "d", "host": "a,b", "port": "5432,5433",
+        "target_session_attrs": "read-write"}
+    path = tmp_path / "anonproxy.yaml"
+    path.write_text(f"service_dsn: {SERVICE}\nstandbys: [e:1, f:2]\naccept_async_ledger: on\n")
+    loaded = load_config(path, environ={})
+    assert loaded.standby_addresses == (UpstreamAddress("e", 1), UpstreamAddress("f", 2))
+    assert loaded.accept_async_ledger
+    assert ProxyConfig(standbys="host=g,h port=7", service_dsn=SERVICE).standby_addresses == (
+        UpstreamAddress("g", 7), UpstreamAddress("h", 7))
+
+
+@pytest.mark.parametrize(("settings", "words"), [
+    ({"standbys": "a:1"}, "standbys and an upstream of several hosts need service_dsn"),
+    ({"upstream": "host=a,b"}, "standbys and an upstream of several hosts need service_dsn"),
+    ({"standbys": "a:x", "service_dsn": SERVICE}, "standbys port is not a number: 'x'"),
+    ({"standbys": "host=a,b port=1,2,3", "service_dsn": SERVICE}, "standbys names 2 hosts but 3 ports"),
+    ({"max_standby_lag": -1}, "max_standby_lag must be between 0"),
+    ({"standby_check_interval": 0}, "standby_check_interval must be more than 0"),
+])
+def test_bad_replica_settings_are_named(settings: dict[str, object], words: str) -> None:
+    with pytest.raises(ConfigError, match=words):
+        ProxyConfig(**settings)  # type: ignore[arg-type]
 
 
 def test_gated_reads_run_on_a_standby_while_direct_roles_ledger_and_trail_use_the_primary(

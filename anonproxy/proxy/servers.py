@@ -106,10 +106,11 @@ class Servers:
         if self.synchronous is None:
             return ("57P03", "anonproxy has not yet learned whether the privacy ledger's commits wait for a standby",
                     "Try again shortly; the proxy cannot reach the primary server now.")
-        return ("55000", f"the privacy ledger's primary {self.primary} replicates asynchronously: a fail-over could "
-                "lose acknowledged charges, so roles in dp mode may not log in",
-                "Set synchronous_standby_names on the primary (docs/replicas.md), or accept the risk with the "
+        message = (f"the privacy ledger's primary {self.primary} replicates asynchronously: a fail-over could lose "
+                   "acknowledged charges, so roles in dp mode may not log in")
+        hint = ("Set synchronous_standby_names on the primary (docs/replicas.md), or accept the risk with the "
                 "proxy's accept_async_ledger setting.")
+        return ("55000", message, hint)
 
     # -- probing ----------------------------------------------------------------------------
 

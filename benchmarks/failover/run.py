@@ -30,8 +30,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
-from conftest import start_proxy, stop_proxy  # noqa: E402
-from replication import (  # noqa: E402
+from conftest import start_proxy, stop_proxy
+from replication import (
     Askers,
     charges_by_role,
     create_dp_roles,
