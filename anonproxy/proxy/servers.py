@@ -61,6 +61,7 @@ class Servers:
         self._accept_async = config.accept_async_ledger
         self.primary: UpstreamAddress = self._upstream[0]
         self.synchronous: bool | None = None  # the primary's synchronous_standby_names is set (None: not known yet)
+        self._without_primary = False  # the last probe found no primary (said once, not at every probe)
         self._conns: dict[UpstreamAddress, psycopg.AsyncConnection[Any]] = {}
         self._probing: asyncio.Task[None] | None = None
         self._loop: asyncio.Task[None] | None = None
@@ -164,8 +165,11 @@ class Servers:
                         "synchronously" if row["synchronous"] else "asynchronously (synchronous_standby_names is "
                         "empty)")
                 self.synchronous = row["synchronous"]
+            self._without_primary = False
             return int(row["lsn"])
-        log.warning("no upstream server accepts writes now (tried %s)", ", ".join(map(str, candidates)))
+        if not self._without_primary:
+            log.warning("no upstream server accepts writes now (tried %s)", ", ".join(map(str, candidates)))
+        self._without_primary = True
         return None
 
     async def _probe_standby(self, standby: Standby, primary_lsn: int | None) -> None:
