@@ -43,8 +43,9 @@ computed from (a lagging standby's answer is kept under its older version,
 which a question on the primary's newer data never finds). A standby that
 fails (unreachable, or a query cancelled by recovery) leaves the rotation and
 the measurement runs on the primary instead: the question, paid once, is
-answered once. The ledger's connections commit with ``synchronous_commit =
-on`` then, so a charge is on a synchronous standby before the data is read.
+answered once. ``anonproxy.charge()`` commits with ``synchronous_commit`` at
+least ``on`` whatever the server's default, so with a synchronous standby
+(servers.py checks there is one) a charge is on it before the data is read.
 
 Queries run on a small pool of psycopg connections of the service role,
 separate from the sessions' read-only service connections because the
@@ -208,10 +209,7 @@ class NoisyAnswers:
         # Unqualified names in plans resolve in pg_catalog only, as the final SQL check assumes (a function of the
         # same name in another schema on the search_path could otherwise be a better match for its argument types).
         options = psycopg.conninfo.conninfo_to_dict(dsn).get("options") or ""
-        options = f"{options} -c search_path=pg_catalog".strip()
-        if servers is not None:  # a charge returns once a synchronous standby has it (servers.py checks there is one)
-            options += " -c synchronous_commit=on"
-        self._dsn = psycopg.conninfo.make_conninfo(dsn, options=options)
+        self._dsn = psycopg.conninfo.make_conninfo(dsn, options=f"{options} -c search_path=pg_catalog".strip())
         self._servers = servers
         self._standbys = StandbyConnections(self._dsn)
         # Connections that received a WARNING (see _check_confirmed).

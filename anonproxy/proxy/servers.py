@@ -13,9 +13,9 @@ Used when the proxy works with more than one server (docs/replicas.md): ``upstre
   ``max_standby_lag`` bytes behind, unreachable, or no longer in recovery is out of rotation until a probe finds it
   caught up; a connection to it that fails takes it out at once. With no standby in rotation, reads go to the
   primary.
-- The ledger's durability: each probe of the primary reads ``synchronous_standby_names``. The proxy's ledger
-  connections commit with ``synchronous_commit = on`` (noisy.py), so with a name there every charge is on a standby
-  before it returns. Without one (asynchronous replication), :meth:`Servers.dp_refusal` refuses dp logins unless
+- The ledger's durability: each probe of the primary reads ``synchronous_standby_names``. ``anonproxy.charge()``
+  commits with ``synchronous_commit`` at least ``on`` whatever the server's default (sql/0003), so with a name
+  there every charge is on a standby before it returns. Without one (asynchronous replication), :meth:`Servers.dp_refusal` refuses dp logins unless
   ``accept_async_ledger`` is on: a promoted standby could have lost the last charges.
 """
 
