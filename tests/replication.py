@@ -40,12 +40,17 @@ def start_standby(primary: EmbeddedPostgres, port: int = 0,
     return standby
 
 
-def set_synchronous(server: EmbeddedPostgres, synchronous: bool) -> None:
-    """Whether ``server``'s commits wait for one standby (synchronous_standby_names = '*', ALTER SYSTEM). Set it once
-    a standby streams: with none, every commit waits."""
+def set_synchronous(server: EmbeddedPostgres, synchronous: bool, timeout: float = 30) -> None:
+    """Whether ``server``'s commits wait for one standby (synchronous_standby_names = '*', ALTER SYSTEM); returns once
+    a standby is synchronous (or none is). Set it once a standby streams: with none, every commit waits."""
     with psycopg.connect(server.conninfo(), autocommit=True) as conn:
         conn.execute("alter system set synchronous_standby_names = %s" % ("'*'" if synchronous else "''"))
         conn.execute("select pg_reload_conf()")
+        deadline = time.monotonic() + timeout
+        while conn.execute("select count(*) > 0 from pg_stat_replication where sync_state = 'sync'").fetchone()[0] \
+                != synchronous:
+            assert time.monotonic() < deadline, f"server {server.port} did not become synchronous={synchronous}"
+            time.sleep(0.05)
 
 
 def prepare_database(primary: EmbeddedPostgres) -> None:
