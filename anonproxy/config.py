@@ -175,6 +175,13 @@ class ProxyConfig:
     # request whose key no worker here issued is passed to them, as the balancer may have sent it to another proxy
     # than its session's.
     peers: tuple[str, ...] = ()
+    # Read replicas and fail-over (docs/replicas.md): hot standbys where suppress rewrites and dp measurements run;
+    # how far (bytes of WAL) one may lag behind the primary and stay in rotation; how often (seconds) the primary and
+    # the standbys are probed; whether dp roles may log in when the ledger's commits do not wait for a standby.
+    standbys: str = ""
+    max_standby_lag: int = 16 * 1024 * 1024
+    standby_check_interval: float = 1.0
+    accept_async_ledger: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.listen_port <= 65535:
@@ -210,8 +217,9 @@ class ProxyConfig:
                 raise ConfigError(f"{name} must be between 1 and 1000000, got {getattr(self, name)}")
         _ = self.trusted_proxy_networks
         _ = self.peer_endpoints
+        _check_replica_settings(self)
         # Parse the connection strings now, so that a bad one fails at load time.
-        _ = self.upstream_address
+        _ = self.upstream_addresses, self.standby_addresses
         if self.service_dsn:
             _ = self.service_login
 
@@ -246,20 +254,44 @@ class ProxyConfig:
         return tuple(ipaddress.ip_network(host) for host, _ in self.peer_endpoints)
 
     @property
-    def upstream_address(self) -> UpstreamAddress:
+    def upstream_addresses(self) -> tuple[UpstreamAddress, ...]:
+        """The upstream servers, in the order given (libpq's multi-host ``host=a,b port=5432,5433``): one of them is
+        the primary, which the proxy finds (proxy/servers.py)."""
         params = _parse_dsn("upstream", self.upstream)
-        host = str(params.get("host") or "127.0.0.1")
-        if "," in host:
-            raise ConfigError("upstream must name a single host")
-        try:
-            port = int(params.get("port") or 5432)
-        except ValueError as exc:
-            raise ConfigError(f"upstream port is not a number: {params.get('port')!r}") from exc
-        return UpstreamAddress(host, port, parse_upstream_tls(params))
+        return _addresses("upstream", str(params.get("host") or "127.0.0.1"), str(params.get("port") or ""),
+                          parse_upstream_tls(params))
+
+    @property
+    def upstream_address(self) -> UpstreamAddress:
+        """The first upstream server (the only one, unless ``upstream`` lists several)."""
+        return self.upstream_addresses[0]
+
+    @property
+    def standby_addresses(self) -> tuple[UpstreamAddress, ...]:
+        """The hot standbys of ``standbys``: ``host:port, host:port`` or a libpq ``host=a,b port=5433,5434``; reached
+        with the upstream's TLS settings (the same cluster)."""
+        text = self.standbys.strip()
+        if not text:
+            return ()
+        tls = self.upstream_addresses[0].tls
+        if "=" in text:
+            params = _parse_dsn("standbys", text)
+            unsupported = sorted(name for name in params if name not in ("host", "port"))
+            if unsupported:
+                raise ConfigError(f"standbys may give only host and port, not {unsupported[0]}: TLS settings go in "
+                                  "upstream, for every connection to the servers")
+            return _addresses("standbys", str(params.get("host") or "127.0.0.1"), str(params.get("port") or ""), tls)
+        hosts, ports = zip(*(_host_port(item.strip()) for item in text.split(",")), strict=True)
+        return _addresses("standbys", ",".join(hosts), ",".join(ports), tls)
+
+    @property
+    def replicated(self) -> bool:
+        """Whether the proxy works with more than one server (standbys, or several upstream hosts)."""
+        return bool(self.standby_addresses) or len(self.upstream_addresses) > 1
 
     @property
     def service_login(self) -> ServiceLogin:
-        """The service role's login, always to the upstream server (a host or port in the DSN is ignored)."""
+        """The service role's login, to the (first) upstream server (a host or port in the DSN is ignored)."""
         params = _parse_dsn("service_dsn", self.service_dsn)
         tls = sorted(name for name in params if name.startswith(("ssl", "gss")))
         if tls:
@@ -273,10 +305,53 @@ class ProxyConfig:
 
     @property
     def service_conninfo(self) -> str:
-        """The service DSN for libpq, pointed at the upstream server with the upstream's TLS settings."""
-        address = self.upstream_address
-        return psycopg.conninfo.make_conninfo(self.service_dsn, host=address.host, port=address.port,
-                                              **address.tls.libpq_parameters())
+        """The service DSN for libpq, pointed at the upstream server with the upstream's TLS settings; with several,
+        libpq tries each in turn and keeps the one that accepts writes (``target_session_attrs=read-write``): the
+        primary."""
+        addresses = self.upstream_addresses
+        hosts = {"host": ",".join(a.host for a in addresses), "port": ",".join(str(a.port) for a in addresses)}
+        if len(addresses) > 1:
+            hosts["target_session_attrs"] = "read-write"
+        return psycopg.conninfo.make_conninfo(self.service_dsn, **hosts, **addresses[0].tls.libpq_parameters())
+
+
+def _check_replica_settings(config: ProxyConfig) -> None:
+    if not 0 <= config.max_standby_lag <= 1 << 40:
+        raise ConfigError(f"max_standby_lag must be between 0 and {1 << 40} bytes, got {config.max_standby_lag}")
+    if not 0 < config.standby_check_interval <= 3600:
+        raise ConfigError(f"standby_check_interval must be more than 0 and at most 3600 seconds, "
+                          f"got {config.standby_check_interval}")
+    if not config.service_dsn and (config.standbys.strip() or len(config.upstream_addresses) > 1):
+        raise ConfigError("standbys and an upstream of several hosts need service_dsn: the proxy finds the "
+                              "primary and measures the standbys' lag with the service login")
+
+
+def _host_port(item: str) -> tuple[str, str]:
+    """``host:port`` (``[::1]:5433`` for IPv6), or a host alone (port 5432)."""
+    host, colon, port = item.rpartition(":")
+    if not colon or host.endswith(":") and not host.startswith("["):
+        return item, ""
+    return host.strip("[]"), port
+
+
+def _addresses(setting: str, hosts: str, ports: str, tls: UpstreamTLS) -> tuple[UpstreamAddress, ...]:
+    """libpq's rule: one port for every host, or one per host."""
+    host_list = [host.strip() or "127.0.0.1" for host in hosts.split(",")]
+    port_list = [port.strip() for port in ports.split(",")] if ports else [""]
+    if len(port_list) == 1:
+        port_list *= len(host_list)
+    if len(port_list) != len(host_list):
+        raise ConfigError(f"{setting} names {len(host_list)} hosts but {len(port_list)} ports")
+    addresses = []
+    for host, port in zip(host_list, port_list, strict=True):
+        try:
+            number = int(port or 5432)
+        except ValueError as exc:
+            raise ConfigError(f"{setting} port is not a number: {port!r}") from exc
+        if not 1 <= number <= 65535:
+            raise ConfigError(f"{setting} port must be between 1 and 65535, got {number}")
+        addresses.append(UpstreamAddress(host, number, tls))
+    return tuple(addresses)
 
 
 @dataclass(frozen=True)
@@ -327,6 +402,8 @@ def _coerce(name: str, value: Any) -> Any:
         raise ConfigError(f"unknown setting {name!r}; known settings: {', '.join(fields)}")
     default = fields[name].default
     try:
+        if name == "standbys" and isinstance(value, list):  # YAML: a list of host:port
+            return ", ".join(str(item) for item in value)
         if name in ("tls_cert", "tls_key"):
             return Path(value) if value not in (None, "") else None
         if name in ("trusted_proxies", "peers"):  # a YAML list, or text separated by commas (the environment)

@@ -16,6 +16,12 @@ Files we own inside the data directory, rewritten at every start:
 ``anonproxy-superuser.password`` (mode 0600) keeps the superuser password
 chosen at initdb, so a reused data directory knows it.
 
+Replication (tests and benchmarks of read replicas and fail-over):
+``start_standby_of(primary)`` starts a hot standby from a base backup of a
+running server (pg_basebackup -R: streaming replication as the superuser; the
+primary needs a ``host replication`` line in ``hba_extra``), ``promote()``
+makes a standby the primary, ``kill()`` ends the postmaster with SIGKILL.
+
 A start that fails removes every directory it created (a persistent data
 directory included, with its missing parents), so nothing is left behind;
 ``discard()`` does the same after a start whose follow-up set-up failed.
@@ -30,6 +36,7 @@ import re
 import secrets
 import shlex
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -43,7 +50,7 @@ SERVER_OS_USER = "postgres"
 PASSWORD_FILE = "anonproxy-superuser.password"
 CONF_FILE = "anonproxy.conf"
 LOG_FILE = "anonproxy-server.log"
-_SERVER_PROGRAMS = ("initdb", "pg_ctl", "postgres")
+_SERVER_PROGRAMS = ("initdb", "pg_ctl", "postgres")  # pg_basebackup too, for a standby (same directory)
 # sun_path holds 108 bytes; PostgreSQL appends "/.s.PGSQL.<port>" to the directory.
 _MAX_SOCKET_DIR_LEN = 107 - len("/.s.PGSQL.65535")
 _SETTING_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
@@ -187,6 +194,44 @@ class EmbeddedPostgres:
             self._remove_created_dirs()
             raise
         self._running = True
+
+    def start_standby_of(self, primary: EmbeddedPostgres, timeout: float = 60) -> None:
+        """Start as a hot standby of the running ``primary``: a base backup of it (which brings its superuser and
+        password), then streaming replication, named ``standby_<port>`` in its pg_stat_replication."""
+        if self._running:
+            raise EmbeddedPostgresError(f"the server in {self.data_dir} is already started")
+        try:
+            data_dir = self._prepare_data_dir()
+            self.port = self._requested_port or _free_port()
+            source = make_conninfo(primary.conninfo(), application_name=f"standby_{self.port}")
+            result = self._run([self._bin("pg_basebackup"), "-D", str(data_dir), "-R", "-X", "stream", "-c", "fast",
+                                "-d", source], timeout=timeout)
+            if result.returncode != 0:
+                raise EmbeddedPostgresError(f"pg_basebackup from port {primary.port} failed: {result.stderr.strip()}")
+            self.password = self._read_password(data_dir)
+            self._write_config(data_dir)
+            self._pg_ctl_start(data_dir, timeout)
+        except BaseException:
+            self._remove_temp_dirs()
+            self._remove_created_dirs()
+            raise
+        self._running = True
+
+    def promote(self, timeout: float = 60) -> None:
+        """End recovery: this standby becomes a primary (pg_ctl promote, waiting until it accepts writes)."""
+        assert self.data_dir is not None
+        result = self._run([self._bin("pg_ctl"), "promote", "-D", str(self.data_dir), "-w", "-t",
+                            str(math.ceil(timeout)), "-s"], timeout=timeout + 10)
+        if result.returncode != 0:
+            raise EmbeddedPostgresError(f"pg_ctl promote failed in {self.data_dir}: {result.stderr.strip()}")
+
+    def kill(self) -> None:
+        """SIGKILL the postmaster (a crash: nothing is flushed or shut down); ``stop()`` then removes what is
+        temporary."""
+        assert self.data_dir is not None
+        pid = int((self.data_dir / "postmaster.pid").read_text().splitlines()[0])
+        os.kill(pid, signal.SIGKILL)
+        self._running = False
 
     def stop(self) -> None:
         """Stop the server (fast shutdown) and remove the temporary directories we made. Idempotent."""

@@ -138,7 +138,7 @@ def test_settings_come_from_file_then_environment(tmp_path: Path) -> None:
         ("", {"ANONPROXY_LISTEN_PORT": "six"}, "setting listen_port has an invalid value 'six'"),
         ("tls_cert: /x.crt\n", {}, "tls_cert and tls_key must be given together"),
         ("log_format: xml\n", {}, "log_format must be one of text, json"),
-        ("upstream: 'host=a,b'\n", {}, "upstream must name a single host"),
+        ("upstream: 'host=a,b port=1,2,3'\n", {}, "upstream names 2 hosts but 3 ports"),
         ("upstream: 'nonsense without equals'\n", {}, "upstream is not a valid PostgreSQL connection string"),
         ("- a list\n", {}, "must hold a mapping of settings"),
     ],

@@ -35,6 +35,18 @@ Also: the column types of a dp query without running it (Describe),
 ``EXPLAIN (ANONPROXY)``, ``SHOW anonproxy.budget | epsilon | delta`` and
 ``SET anonproxy.epsilon | delta``.
 
+With standbys (proxy/servers.py, docs/replicas.md), the data-reading
+transaction runs on the standby in rotation with the least lag, after the
+charge committed on the primary; its data version is read there, in the same
+snapshot, so the answer is cached under the version of the data it was
+computed from (a lagging standby's answer is kept under its older version,
+which a question on the primary's newer data never finds). A standby that
+fails (unreachable, or a query cancelled by recovery) leaves the rotation and
+the measurement runs on the primary instead: the question, paid once, is
+answered once. ``anonproxy.charge()`` commits with ``synchronous_commit`` at
+least ``on`` whatever the server's default, so with a synchronous standby
+(servers.py checks there is one) a charge is on it before the data is read.
+
 Queries run on a small pool of psycopg connections of the service role,
 separate from the sessions' read-only service connections because the
 ledger writes. A pooled connection is checked before use (without a round
@@ -49,8 +61,8 @@ import asyncio
 import contextlib
 import logging
 import math
-import select
 import time
+import weakref
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 from decimal import ROUND_FLOOR, Decimal
@@ -89,7 +101,9 @@ from .analysis import AnalysisFailed, AnalysisTimeout, Analyser
 from .cache import BoundedCache
 from .cancel import CANCEL_TIMEOUT
 from .gate import EXPLAIN_COLUMNS, Description, Parameters
+from .servers import Servers
 from .service import login_refusal
+from .standby_reads import StandbyConnections, alive
 
 log = logging.getLogger("anonproxy.dp")
 
@@ -191,11 +205,15 @@ async def _send_cancel(conn: psycopg.AsyncConnection[Any]) -> None:
 
 class NoisyAnswers:
     def __init__(self, dsn: str, size: int = POOL_SIZE, analyser: Analyser | None = None,
-                 login: ServiceLogin | None = None) -> None:
+                 login: ServiceLogin | None = None, servers: Servers | None = None) -> None:
         # Unqualified names in plans resolve in pg_catalog only, as the final SQL check assumes (a function of the
         # same name in another schema on the search_path could otherwise be a better match for its argument types).
         options = psycopg.conninfo.conninfo_to_dict(dsn).get("options") or ""
         self._dsn = psycopg.conninfo.make_conninfo(dsn, options=f"{options} -c search_path=pg_catalog".strip())
+        self._servers = servers
+        self._standbys = StandbyConnections(self._dsn)
+        # Connections that received a WARNING (see _check_confirmed).
+        self._warned: weakref.WeakSet[psycopg.AsyncConnection[Any]] = weakref.WeakSet()
         self._login = login  # the same login, to learn the server's reason when it refuses a connection
         self._idle: list[psycopg.AsyncConnection[Any]] = []
         self._slots = asyncio.Semaphore(size)
@@ -208,6 +226,7 @@ class NoisyAnswers:
     async def close(self) -> None:
         while self._idle:
             await self._idle.pop().close()
+        await self._standbys.close()
 
     # -- what the session asks ---------------------------------------------------------
 
@@ -263,14 +282,13 @@ class NoisyAnswers:
             stop.check()
             # Charged, and committed, before the data is read: a question that fails from here on (its SQL, the
             # noise, the connection) stays paid for, so no failure is a free look at the data.
+            self._warned.discard(conn)
             left = await ledger.charge(conn, role.role, plan.table, plan.epsilon, plan.delta, fingerprint,
                                        rho=plan.rho, delta_add=plan.delta_add)
+            self._check_confirmed(conn)
             spent.epsilon, spent.delta = plan.epsilon, plan.delta
             spent.rho, spent.delta_add = plan.rho, plan.delta_add
-            async with stop.running(conn), _snapshot(conn, stop.left_ms()):
-                version = await ledger.data_version(conn, plan.tables)  # of the rows the plan reads next
-                stop.check()  # no await from here until the SQL is sent: a cancel now reaches it
-                types, rows = await _run(conn, plan.sql, parameters)
+            version, types, rows = await self._measure(conn, plan, parameters, stop)
             measured = measure(plan, types, rows)
             # Another session of the role may have paid for the same question meanwhile: one measurement is released.
             stored = await ledger.store_answer(conn, role.role, fingerprint, version,
@@ -278,6 +296,34 @@ class NoisyAnswers:
             kept = _readable(stored, plan)
             result = await _result(conn, plan, kept or measured, headline)
             return _with_notice(result, f"anonproxy: budget left on {plan.table}: {_left(left)}"), plan
+
+    def _check_confirmed(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """With standbys, refuse to answer when the charge's commit came with a WARNING: the ledger functions raise
+        none, so it is PostgreSQL saying that the commit's wait for the synchronous standby was cancelled (the
+        charge is committed on the primary alone, and a fail-over now would lose it). It stays charged."""
+        if self._servers is not None and conn in self._warned:
+            raise Refused("57014", "the privacy ledger's charge was committed on the primary but its wait for the "
+                          "synchronous standby was cancelled: the question stays charged and is not answered",
+                          "Check that a synchronous standby streams from the primary (docs/replicas.md), then ask "
+                          "again.")
+
+    async def _measure(self, conn: psycopg.AsyncConnection[Any], plan: DPPlan, parameters: Parameters,
+                       stop: Stop) -> tuple[str | None, list[int], list[tuple[Any, ...]]]:
+        """The data version and the rows of the plan's SQL, read in one snapshot: on the standby in rotation with
+        the least lag, else (none, or it failed) on ``conn``, the primary's. Called after the charge committed."""
+        standby = self._servers.standby() if self._servers is not None else None
+        if standby is not None:
+            assert self._servers is not None
+            try:
+                async with self._standbys.connection(standby) as reader:
+                    return await _measured_on(reader, plan, parameters, stop)
+            except psycopg.errors.QueryCanceled:
+                raise  # the client's cancel or time limit: the question stops, paid for
+            except psycopg.OperationalError as exc:  # unreachable, shut down, or cancelled by recovery (40001)
+                log.warning("dp measurement on standby %s failed (%s); measuring on the primary", standby,
+                            str(exc).strip())
+                self._servers.failed(standby)
+        return await _measured_on(conn, plan, parameters, stop)
 
     async def _post_process(self, outer: Outer, released: Result, policy: Policy, role: RolePolicy) -> Result:
         """The outer query over the released rows, run by PostgreSQL over a VALUES list of them: its functions,
@@ -450,12 +496,15 @@ class NoisyAnswers:
         """An idle pooled connection that is still alive, else a new one."""
         while self._idle:
             conn = self._idle.pop()
-            if _alive(conn):
+            if alive(conn):
                 return conn
             log.info("a pooled dp connection was ended by the server; replacing it")
             await conn.close()
         try:
-            return await psycopg.AsyncConnection.connect(self._dsn, autocommit=True)
+            conn = await psycopg.AsyncConnection.connect(self._dsn, autocommit=True)
+            conn.add_notice_handler(lambda diag: self._warned.add(conn) if diag.severity_nonlocalized == "WARNING"
+                                    else None)
+            return conn
         except psycopg.OperationalError as exc:
             refusal = await login_refusal(self._login) if self._login is not None else None
             if refusal is None:
@@ -599,16 +648,6 @@ async def _describe_columns(conn: psycopg.AsyncConnection[Any], sql: str, declar
     return tuple(Column((result.fname(i) or b"").decode(), result.ftype(i)) for i in range(result.nfields))
 
 
-def _alive(conn: psycopg.AsyncConnection[Any]) -> bool:
-    """Whether an idle pooled connection can be used: one with bytes to read was ended by the server (a restart,
-    pg_terminate_backend: an ErrorResponse and end of file). Checked without a round trip."""
-    if conn.closed or conn.broken:
-        return False
-    poller = select.poll()
-    poller.register(conn.fileno(), select.POLLIN)
-    return not poller.poll(0)
-
-
 @contextlib.asynccontextmanager
 async def _snapshot(conn: psycopg.AsyncConnection[Any], timeout_ms: int = 0) -> AsyncIterator[None]:
     """A REPEATABLE READ, READ ONLY transaction, begun in one statement: the data version read in it is the version
@@ -623,6 +662,15 @@ async def _snapshot(conn: psycopg.AsyncConnection[Any], timeout_ms: int = 0) -> 
                 await conn.execute("rollback")
         raise
     await conn.execute("commit")
+
+
+async def _measured_on(conn: psycopg.AsyncConnection[Any], plan: DPPlan, parameters: Parameters,
+                       stop: Stop) -> tuple[str | None, list[int], list[tuple[Any, ...]]]:
+    async with stop.running(conn), _snapshot(conn, stop.left_ms()):
+        version = await ledger.data_version(conn, plan.tables)  # of the rows the plan reads next
+        stop.check()  # no await from here until the SQL is sent: a cancel now reaches it
+        types, rows = await _run(conn, plan.sql, parameters)
+    return version, types, rows
 
 
 async def _run(conn: psycopg.AsyncConnection[Any], sql: str, parameters: Parameters,

@@ -34,6 +34,7 @@ from .cancel import CancelRegistry, answer_sibling, cancel_socket_path
 from .limits import MemoryLimits
 from .noisy import NoisyAnswers
 from .policy_watch import PolicyWatcher
+from .servers import Servers
 from .service_pool import ServicePool
 from .service_role import HINT, excess_privileges
 from .session import ClientConnection, ProxyContext
@@ -81,6 +82,8 @@ class Worker:
     def __init__(self, config: ProxyConfig, port: int, index: int = 0, run_dir: Path | None = None) -> None:
         self.config = config
         self.port = port
+        # The primary among several upstream hosts, and the standbys (None: one server, as configured).
+        servers = Servers(config) if config.replicated else None
         analyser = Analyser(config.analysis_timeout, config.analysis_processes, config.log_level,
                             config.log_format) if config.service_dsn else None
         self.context = ProxyContext(
@@ -92,16 +95,17 @@ class Worker:
             peer_addresses=config.peer_networks,
             policy=PolicyWatcher(config.service_conninfo, self._policy_changed) if config.service_dsn else None,
             service_login=config.service_login if config.service_dsn else None,
-            noisy=NoisyAnswers(config.service_conninfo, analyser=analyser,
-                               login=config.service_login) if config.service_dsn else None,
+            noisy=NoisyAnswers(config.service_conninfo, analyser=analyser, login=config.service_login,
+                               servers=servers) if config.service_dsn else None,
             analyser=analyser,
             audit=AuditTrail(config.service_conninfo) if config.service_dsn and config.audit_trail else None,
             max_statement_size=config.max_statement_size,
-            service_pool=ServicePool(config.service_login, config.service_pool_size, config.service_wait_timeout)
-            if config.service_dsn else None,
+            service_pool=ServicePool(config.service_login, config.service_pool_size, config.service_wait_timeout,
+                                     servers) if config.service_dsn else None,
             service_hold_timeout=config.service_hold_timeout,
             service_yield_timeout=config.service_yield_timeout,
             limits=MemoryLimits.of(config),
+            servers=servers,
         )
         self._index = index
         self._run_dir = run_dir
@@ -109,6 +113,8 @@ class Worker:
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
+        if self.context.servers is not None:
+            await self.context.servers.start()  # the primary first: every other connection goes there
         if self.context.analyser is not None:
             self.context.analyser.start()
         if self.context.policy is not None:
@@ -148,6 +154,8 @@ class Worker:
                     await server.wait_closed()
         if self.context.audit is not None:
             await self.context.audit.stop()  # after the sessions: their last records are written too
+        if self.context.servers is not None:
+            await self.context.servers.stop()
 
 
 class ForwardedCancel(asyncio.Protocol):

@@ -20,6 +20,12 @@ and another opened in its place. When the server refuses a new one (53300
 too many clients, 57P03…), the waiting session gets the server's own reason
 (:class:`ServiceUnavailable` with its refusal).
 
+With several servers (proxy/servers.py), a new connection goes to the standby
+in rotation with the least lag, else to the primary; one that cannot be opened
+on a standby takes it out of rotation and is opened on the next choice, so the
+statement waiting for it does not fail. At checkout, a connection to a server
+no longer in rotation (lagging, gone, promoted away) is closed and replaced.
+
 The pool does not reset connections itself: every session starts its use of
 a connection with ``RESET ALL; DEALLOCATE ALL`` and its own settings (see
 gate.py), so nothing of a previous session is seen. A connection handed back
@@ -29,13 +35,15 @@ in an unknown state (mid-statement, in a transaction) is closed instead.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections import deque
 from collections.abc import Callable
 
-from ..config import ServiceLogin
+from ..config import ServiceLogin, UpstreamAddress
 from ..wire import protocol as pg
-from .service import ServiceConnection
+from .servers import Servers
+from .service import ServiceConnection, ServiceUnavailable
 
 log = logging.getLogger("anonproxy.service")
 
@@ -51,8 +59,10 @@ class PoolBusy(Exception):
 
 
 class ServicePool:
-    def __init__(self, login: ServiceLogin, size: int, wait_timeout: float) -> None:
+    def __init__(self, login: ServiceLogin, size: int, wait_timeout: float, servers: Servers | None = None) -> None:
         self._login = login
+        self._servers = servers  # None: every connection goes to the login's address
+        self._where: dict[ServiceConnection, UpstreamAddress] = {}  # the server of each open connection
         self.size = size
         self.wait_timeout = wait_timeout
         self._free: deque[ServiceConnection] = deque()
@@ -67,9 +77,12 @@ class ServicePool:
         deadline = asyncio.get_running_loop().time() + self.wait_timeout
         while True:
             service = await self._next(deadline)
-            if await self._alive(service):
+            if not self._in_rotation(service):
+                log.info("a pooled service connection's server is out of rotation; replacing it")
+            elif await self._alive(service):
                 return service
-            log.info("a pooled service connection was ended by the server; replacing it")
+            else:
+                log.info("a pooled service connection was ended by the server; replacing it")
             self.discard(service)
 
     async def _next(self, deadline: float) -> ServiceConnection:
@@ -96,7 +109,7 @@ class ServicePool:
 
     async def _open(self) -> ServiceConnection:
         self._count += 1
-        opening = asyncio.ensure_future(ServiceConnection.open(self._login, POOL_PARAMETERS, _ignore, _nothing))
+        opening = asyncio.ensure_future(self._connect())
         try:
             service = await asyncio.shield(opening)  # a login half done when the session leaves must not leak
         except asyncio.CancelledError:
@@ -107,6 +120,28 @@ class ServicePool:
             raise
         self._idle(service)
         return service
+
+    async def _connect(self) -> ServiceConnection:
+        """A new connection: to the login's server, or to the reader the servers name now (a standby that cannot
+        be reached leaves the rotation, and the next choice is tried)."""
+        if self._servers is None:
+            return await ServiceConnection.open(self._login, POOL_PARAMETERS, _ignore, _nothing)
+        while True:
+            address = self._servers.reader()
+            try:
+                service = await ServiceConnection.open(dataclasses.replace(self._login, address=address),
+                                                       POOL_PARAMETERS, _ignore, _nothing)
+            except ServiceUnavailable:
+                self._servers.failed(address)
+                if address == self._servers.primary:
+                    raise
+                continue
+            self._where[service] = address
+            return service
+
+    def _in_rotation(self, service: ServiceConnection) -> bool:
+        address = self._where.get(service)
+        return self._servers is None or address is None or self._servers.serves(address)
 
     def _opened_for_nobody(self, opening: asyncio.Future[ServiceConnection]) -> None:
         """A connection opened for a session that left meanwhile: to the next in line, or free."""
@@ -156,6 +191,7 @@ class ServicePool:
         """Close a checked-out connection whose state is unknown; its slot goes to the next waiting session."""
         service.on_message, service.on_lost = _ignore, _nothing
         service.close()
+        self._where.pop(service, None)
         self._pass_on(None)
 
     def holding_idle(self, holder: object, give_up: Callable[[], None]) -> None:
@@ -179,6 +215,7 @@ class ServicePool:
     def close(self) -> None:
         while self._free:
             self._free.popleft().close()
+        self._where.clear()
 
     def _idle(self, service: ServiceConnection) -> None:
         # Between sessions, a notice or a parameter change is nobody's; a loss is noticed at checkout.

@@ -78,6 +78,7 @@ from .limits import MemoryLimits
 from .login_options import LoginOptionError, LoginSetting, login_settings
 from .noisy import NoisyAnswers, Refused, SessionLimits, Stop
 from .policy_watch import PolicyWatcher
+from .servers import Servers
 from .service import ServiceConnection, ServiceUnavailable
 from .service_pool import PoolBusy, ServicePool
 from .upstream import open_upstream
@@ -114,6 +115,7 @@ class ProxyContext:
     analyser: Analyser | None = None  # statement analysis off the event loop (None: on it)
     max_statement_size: int = ProxyConfig.max_statement_size  # of a gated session's Query or Parse, in bytes
     limits: MemoryLimits = field(default_factory=MemoryLimits)  # what a gated session may keep (cursors, statements)
+    servers: Servers | None = None  # the primary and the standbys, when there are several servers
     sessions: set[ClientConnection] = field(default_factory=set)
     # Malformed startup packets and framing violations: one line each, but a client cannot flood the log.
     violations: RateLimitedLog = field(default_factory=lambda: RateLimitedLog(log))
@@ -464,9 +466,19 @@ class ClientConnection(asyncio.Protocol):
         self.state = State.STARTUP
 
     async def _connect_upstream(self, startup: pg.StartupMessage) -> None:
-        address = self.context.upstream
+        servers = self.context.servers
+        address = self.context.upstream if servers is None else servers.primary
         try:
-            _, upstream = await open_upstream(address, lambda: UpstreamConnection(self))
+            try:
+                _, upstream = await open_upstream(address, lambda: UpstreamConnection(self))
+            except UpstreamTLSError:
+                raise  # the server is there: its TLS is what fails
+            except (OSError, TimeoutError):
+                if servers is None:
+                    raise
+                servers.failed(address)  # the primary may have changed: once more, to the one a probe finds now
+                address = await servers.find_primary()
+                _, upstream = await open_upstream(address, lambda: UpstreamConnection(self))
         except UpstreamTLSError as exc:  # (logged once by upstream_tls, not for every client)
             self.fail("08006", str(exc), hint=exc.hint)
             return
@@ -520,6 +532,10 @@ class ClientConnection(asyncio.Protocol):
         if role.mode == "deny":
             self.fail("42501", f'role "{role.role}" may not connect through anonproxy',
                       hint="The privacy policy denies this role; ask the DBA.")
+            return
+        refusal = self.context.servers.dp_refusal() if role.mode == "dp" and self.context.servers else None
+        if refusal is not None:  # the ledger could lose charges in a fail-over (docs/replicas.md)
+            self.fail(refusal[0], refusal[1], hint=refusal[2])
             return
         # The gate reads statements as UTF-8 with standard strings, as the server must.
         if (self.server_parameters.get("client_encoding"), self.server_parameters.get("standard_conforming_strings")) \
