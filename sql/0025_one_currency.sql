@@ -354,3 +354,19 @@ $$;
 -- The new helpers are arithmetic, as zcdp_epsilon: anyone may call them.
 grant execute on function anonproxy.zcdp_epsilon_at(numeric, numeric, numeric),
     anonproxy.zcdp_stationary(numeric, numeric) to public;
+
+
+-- The budget left of whoever asks (0019), with rho_spent rounded up at 12 decimals as the other figures are (the
+-- exact sum of the charges' rho stays in the ledger).
+create or replace view anonproxy.my_budget as
+select r.domain,
+       r.accounting,
+       r.epsilon_budget,
+       r.epsilon_spent,
+       r.epsilon as epsilon_left,           -- the lesser of the role's and the shared cap's
+       r.delta_budget,
+       r.delta as delta_left,
+       pg_catalog.trim_scale(anonproxy.round_up(r.rho_spent, 12)) as rho_spent,
+       least(r.rho_left, r.shared_rho_left) as rho_left,  -- null when neither budget is zcdp
+       r.refresh_period
+  from anonproxy.remaining_budgets(session_user) r;

@@ -258,6 +258,8 @@ class NoisyAnswers:
             headline = f"anonproxy: differentially private answer; it {cost(plan, found.accounting)}"
             cached = _readable(found.answer, plan)
             if cached is not None:  # the measurement paid for before, finished for this statement: no cost
+                headline = ("anonproxy: differentially private answer, paid for when first asked "
+                            f"(it {cost(plan, found.accounting)})")
                 return _with_notice(await _result(conn, plan, cached, headline), "anonproxy: the same question on "
                                     "the same data was answered before; this is that answer, at no cost: ε spent "
                                     f"on {plan.table} did not move"), plan
