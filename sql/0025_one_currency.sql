@@ -38,10 +38,48 @@ language sql immutable strict set search_path = pg_catalog, pg_temp as $$
            + pg_catalog.round(alpha * (log - pg_catalog.ln(alpha)) / ((alpha - 1) * (alpha - 1)), 45)
 $$;
 
+-- Bun and Steinke's zcdp_rho_max of 0019 under its own name (its body unchanged): the largest rho with
+-- rho + 2 sqrt(rho ln(1/delta)) <= epsilon, (epsilon / (sqrt(epsilon + L) + sqrt(L)))^2 with L = ln(1/delta),
+-- rounded down; 0 at delta = 0. zcdp_rho_max is never below it, and the default accounting rule still uses it.
+create function anonproxy.bun_steinke_rho_max(epsilon numeric, delta numeric) returns numeric
+language plpgsql immutable strict set search_path = pg_catalog, pg_temp as $$
+declare
+    wide constant numeric := 1.000000000000000000000000000000000000000000000;
+    l numeric;
+    root numeric;
+begin
+    if delta = 0 or epsilon = 0 then
+        return 0;
+    end if;
+    l := -pg_catalog.ln(delta * wide);
+    root := epsilon * wide / (pg_catalog.sqrt(epsilon * wide + l) + pg_catalog.sqrt(l));
+    return greatest(pg_catalog.trunc(root * root, 30) - 1e-30, 0);
+end
+$$;
+
+-- The default accounting of 0019, deciding as it did: with Bun and Steinke's rho_max, so that this migration (and
+-- re-applying a policy after it) never switches a budget's accounting -- a switch to zcdp can raise the epsilon
+-- spent shown for the answers already charged. Where it says zcdp, zcdp affords even more answers now.
+create or replace function anonproxy.default_accounting(epsilon numeric, delta numeric,
+                                                        epsilon_per_query numeric default null)
+returns text
+language plpgsql immutable set search_path = pg_catalog, pg_temp as $$
+declare
+    q numeric := coalesce(epsilon_per_query, 0.5);
+begin
+    if epsilon is null or delta is null or not (epsilon > 0 and epsilon < 'Infinity') or not (delta > 0 and delta < 1)
+       or not (q > 0 and q < 'Infinity') then
+        return 'basic';
+    end if;
+    return case when anonproxy.bun_steinke_rho_max(epsilon, delta) / (q * q / 4) > epsilon / q
+                then 'zcdp' else 'basic' end;
+end
+$$;
+
 -- The epsilon of the (epsilon, delta)-DP guarantee that rho-zCDP implies: the least epsilon_alpha over alpha > 1,
 -- found by bisection on the sign of its derivative (rho (alpha - 1)^2 - ln(1/delta) + ln alpha), 64 steps; and
--- never more than Bun and Steinke's rho + 2 sqrt(rho ln(1/delta)). Rounded up at 30 decimals, and one unit more;
--- infinite at delta = 0 unless rho = 0.
+-- never more than Bun and Steinke's rho + 2 sqrt(rho ln(1/delta)), nor less than 0. Rounded up at 30 decimals, and
+-- one unit more; infinite at delta = 0 unless rho = 0.
 create or replace function anonproxy.zcdp_epsilon(rho numeric, delta numeric) returns numeric
 language plpgsql immutable strict set search_path = pg_catalog, pg_temp as $$
 declare
@@ -78,7 +116,7 @@ begin
     end loop;
     tight := anonproxy.round_up(anonproxy.zcdp_epsilon_at(r, l, high), 30) + 1e-30;
     loose := anonproxy.round_up(r + 2 * pg_catalog.sqrt(r * l), 30) + 1e-30;
-    return pg_catalog.trim_scale(least(tight, loose));
+    return pg_catalog.trim_scale(greatest(least(tight, loose), 0));  -- a tiny rho at a large delta: below 0
 end
 $$;
 comment on function anonproxy.zcdp_epsilon(numeric, numeric) is
@@ -99,7 +137,6 @@ declare
     high numeric := 2;
     middle numeric;
     tight numeric;
-    root numeric;
 begin
     if not (epsilon >= 0 and epsilon < 'Infinity') then
         raise exception using errcode = '22023', message = format('epsilon must be a finite number >= 0, got %s', epsilon);
@@ -124,8 +161,7 @@ begin
         end if;
     end loop;
     tight := pg_catalog.trunc((e - anonproxy.zcdp_epsilon_at(0, l, high)) / high, 30) - 1e-30;
-    root := e / (pg_catalog.sqrt(e + l) + pg_catalog.sqrt(l));
-    return pg_catalog.trim_scale(greatest(tight, pg_catalog.trunc(root * root, 30) - 1e-30, 0));
+    return pg_catalog.trim_scale(greatest(tight, anonproxy.bun_steinke_rho_max(epsilon, delta)));
 end
 $$;
 comment on function anonproxy.zcdp_rho_max(numeric, numeric) is
@@ -353,7 +389,7 @@ $$;
 
 -- The new helpers are arithmetic, as zcdp_epsilon: anyone may call them.
 grant execute on function anonproxy.zcdp_epsilon_at(numeric, numeric, numeric),
-    anonproxy.zcdp_stationary(numeric, numeric) to public;
+    anonproxy.zcdp_stationary(numeric, numeric), anonproxy.bun_steinke_rho_max(numeric, numeric) to public;
 
 
 -- The budget left of whoever asks (0019), with rho_spent rounded up at 12 decimals as the other figures are (the

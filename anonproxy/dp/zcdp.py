@@ -35,8 +35,8 @@ Number = Decimal | int | float | str
 
 
 def zcdp_epsilon(rho: Number, delta: Number) -> Decimal:
-    """The ε of the (ε, δ)-DP guarantee that ρ-zCDP implies (the least ε_α over α), rounded up; infinite at δ = 0
-    unless ρ = 0."""
+    """The ε of the (ε, δ)-DP guarantee that ρ-zCDP implies (the least ε_α over α, and at least 0), rounded up;
+    infinite at δ = 0 unless ρ = 0."""
     r, d = _decimal(rho), _decimal(delta)
     if not r.is_finite() or r < 0 or not d.is_finite() or not 0 <= d < 1:
         raise ValueError(f"need rho >= 0 and delta in [0, 1), got rho {rho}, delta {delta}")
@@ -57,7 +57,8 @@ def zcdp_epsilon(rho: Number, delta: Number) -> Decimal:
             else:
                 high = middle
         tight = _up(_epsilon_at(r, log, high))
-        return min(tight, _up(r + 2 * (r * log).sqrt()))  # never looser than Bun and Steinke
+        # never looser than Bun and Steinke; and never below 0, where a tiny ρ at a large δ takes the formula
+        return max(min(tight, _up(r + 2 * (r * log).sqrt())), Decimal(0))
 
 
 def zcdp_rho_max(epsilon: Number, delta: Number) -> Decimal:
@@ -84,8 +85,18 @@ def zcdp_rho_max(epsilon: Number, delta: Number) -> Decimal:
             else:
                 high = middle
         tight = _down((e - _epsilon_at(Decimal(0), log, high)) / high)
-        loose = _down((e / ((e + log).sqrt() + log.sqrt())) ** 2)  # Bun and Steinke's, without cancellation
-        return max(tight, loose, Decimal(0))
+        return max(tight, bun_steinke_rho_max(e, d))
+
+
+def bun_steinke_rho_max(epsilon: Decimal, delta: Decimal) -> Decimal:
+    """The largest ρ with ρ + 2√(ρ·ln(1/δ)) ≤ ε (Bun and Steinke's conversion, the ledger's before migration 0025):
+    (ε / (√(ε + L) + √L))² with L = ln(1/δ), which loses no digits to cancellation; rounded down; 0 at δ = 0."""
+    if epsilon == 0 or delta == 0:
+        return Decimal(0)
+    with localcontext() as context:
+        context.prec = _DIGITS
+        log = -delta.ln()
+        return max(_down((epsilon / ((epsilon + log).sqrt() + log.sqrt())) ** 2), Decimal(0))
 
 
 def _epsilon_at(rho: Decimal, log: Decimal, alpha: Decimal) -> Decimal:
@@ -110,14 +121,20 @@ def _down(value: Decimal) -> Decimal:
 def default_accounting(epsilon: Number, delta: Number, epsilon_per_query: Number | None = None) -> Accounting:
     """zcdp when the budget affords more one-statistic answers at the accuracy ε q (a Gaussian answer at the noise
     of a Laplace one at q costs ρ = q²/4) than under basic composition (q each), else basic; basic at δ = 0, where
-    zCDP gives no finite ε."""
+    zCDP gives no finite ε.
+
+    The answers zCDP affords are counted with Bun and Steinke's ρ_max, as before migration 0025, so that the rule
+    decides every budget as it did: an upgrade never switches a budget's accounting (a switch to zcdp can raise the
+    ε spent shown for the answers already charged). Where it says zcdp, zcdp affords even more answers under the
+    ledger's tighter conversion; from ε 5.95 to 7.52 at δ 10⁻⁵ and q 0.5 it keeps basic where zcdp would afford
+    a few more (give ``accounting: zcdp`` there)."""
     e, d = _decimal(epsilon), _decimal(delta)
     q = DEFAULT_EPSILON_PER_QUERY if epsilon_per_query is None else _decimal(epsilon_per_query)
     if not (e.is_finite() and d.is_finite() and q.is_finite()) or e <= 0 or not 0 < d < 1 or q <= 0:
         return "basic"
     with localcontext() as context:
         context.prec = _DIGITS
-        return "zcdp" if zcdp_rho_max(e, d) / (q * q / 4) > e / q else "basic"
+        return "zcdp" if bun_steinke_rho_max(e, d) / (q * q / 4) > e / q else "basic"
 
 
 def _decimal(value: Number) -> Decimal:
