@@ -452,8 +452,8 @@ YAML_ERRORS = [
      "roles.analyst.budgets.public.adult.accuracy_epsilon: must be a number in (0, 1], the budget's epsilon; got 2"),
     (ADULT + "roles: {analyst: {mode: dp, budgets: {public.adult: {epsilon: 1, accuracy_epsilon: 0.5, "
              "epsilon_per_query: 0.5}}}}",
-     "roles.analyst.budgets.public.adult.epsilon_per_query: is the old name of accuracy_epsilon: give "
-     "accuracy_epsilon only"),
+     ("roles.analyst.budgets.public.adult.epsilon_per_query: is the old name of accuracy_epsilon: give "
+      "accuracy_epsilon only")),
     (ADULT + "roles: {analyst: {mode: dp, budgets: {public.adult: {epsilon: 1, delta: 0.00001, "
      "delta_per_query: 0.001}}}}",
      ("roles.analyst.budgets.public.adult.delta_per_query: must be a number in [0, 0.00001], the budget's delta; "
