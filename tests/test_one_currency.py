@@ -138,9 +138,11 @@ def test_every_surface_states_the_ledgers_epsilon_spent(gated_proxy: Endpoint, g
     assert len(state) == 1 and state[0] is not None, explained
     assert shows(state[0][1], total) and shows(state[0][2], rho_total) and shows(state[0][3], 10 - total, up=False)
     assert "cached" in " ".join(explained) and not [line for line in explained if line.startswith("running it")]
-    assert re.search(r"epsilon spent ([0-9.]+) of 10 \(rho ([0-9.]+) spent\)", shown) is not None, shown
-    show_spent, show_rho = re.findall(r"epsilon spent ([0-9.]+) of 10 \(rho ([0-9.]+) spent\)", shown)[0]
-    assert shows(show_spent, total) and shows(show_rho, rho_total), shown
+    said = re.fullmatch(r"public\.adult: epsilon ([0-9.]+) of 10 left, delta 0\.00001 of 0\.00001 left; epsilon spent "
+                        r"([0-9.]+) \(zcdp accounting: rho ([0-9.]+) spent, rho [0-9.]+ left\); accuracy epsilon 0\.5 "
+                        r"per query", shown)
+    assert said is not None, shown
+    assert shows(said[1], 10 - total, up=False) and shows(said[2], total) and shows(said[3], rho_total), shown
     assert [(row[0], row[1], row[3], row[4]) for row in mine] == [(ADULT, "zcdp", total, 10 - total)]
 
     # The trail's rows: the same figure per answer, 0 for the cached ones, none for the refused one.

@@ -346,8 +346,10 @@ class NoisyAnswers:
         """``SHOW anonproxy.budget``: one row per protected table the role has a budget on."""
         async with self._connection() as conn:
             budgets = await ledger.remaining_all(conn, role)
-        values = [f"{b.domain}: {_state(b, 'epsilon', 'delta', 'rho')}; accuracy epsilon "
-                  f"{_plain(per_query(b, 'epsilon'))} per query ({b.accounting} accounting)" for b in budgets]
+        values = [f"{b.domain}: epsilon {amounts.left(b.epsilon)} of {_plain(b.epsilon_budget)} left, delta "
+                  f"{_plain(b.delta)} of {_plain(b.delta_budget)} left; epsilon spent {amounts.spent(b.epsilon_spent)} "
+                  f"({_accounting(b)}); accuracy epsilon {_plain(per_query(b, 'epsilon'))} per query"
+                  for b in budgets]
         return _show("budget", values)
 
     async def show(self, setting: str, role: str, limits: SessionLimits) -> Result:
@@ -760,15 +762,25 @@ def _output_columns(plan: DPPlan, sql_types: list[int], post_types: list[int] | 
 _SETTING_NAMES = {"epsilon": "accuracy epsilon (accuracy_epsilon)", "delta": "per-query delta (delta_per_query)"}
 
 
-def _state(budget: ledger.Remaining, epsilon: str = "ε", delta: str = "δ", rho: str = "ρ") -> str:
+def _state(budget: ledger.Remaining) -> str:
     """Where a budget stands, in its own accounting: ε spent of the budget (and ρ under zCDP), and what is left (the
     lesser of the role's and the shared cap's)."""
-    text = f"{epsilon} spent {amounts.spent(budget.epsilon_spent)} of {_plain(budget.epsilon_budget)}"
+    text = f"ε spent {amounts.spent(budget.epsilon_spent)} of {_plain(budget.epsilon_budget)}"
     if budget.accounting == "zcdp":
-        text += f" ({rho} {amounts.spent(budget.rho_spent)} spent)"
-    text += f"; left: {epsilon} {amounts.left(budget.epsilon)}, {delta} {_plain(budget.delta)}"
+        text += f" (ρ {amounts.spent(budget.rho_spent)} spent)"
+    text += f"; left: ε {amounts.left(budget.epsilon)}, δ {_plain(budget.delta)}"
     if budget.rho is not None:
-        text += f", {rho} {amounts.left(budget.rho)}"
+        text += f", ρ {amounts.left(budget.rho)}"
+    return text
+
+
+def _accounting(budget: ledger.Remaining) -> str:
+    """How a budget counts, for SHOW anonproxy.budget: under zCDP with the ρ spent and what is left of it."""
+    text = f"{budget.accounting} accounting"
+    if budget.accounting == "zcdp":
+        text += f": rho {amounts.spent(budget.rho_spent)} spent"
+    if budget.rho is not None:
+        text += f"{',' if budget.accounting == 'zcdp' else ':'} rho {amounts.left(budget.rho)} left"
     return text
 
 
