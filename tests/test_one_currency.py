@@ -138,11 +138,11 @@ def test_every_surface_states_the_ledgers_epsilon_spent(gated_proxy: Endpoint, g
     assert len(state) == 1 and state[0] is not None, explained
     assert shows(state[0][1], total) and shows(state[0][2], rho_total) and shows(state[0][3], 10 - total, up=False)
     assert "cached" in " ".join(explained) and not [line for line in explained if line.startswith("running it")]
-    said = re.fullmatch(r"public\.adult: epsilon ([0-9.]+) of 10 left, delta 0\.00001 of 0\.00001 left; epsilon spent "
+    listed = re.fullmatch(r"public\.adult: epsilon ([0-9.]+) of 10 left, delta 0\.00001 of 0\.00001 left; epsilon spent "
                         r"([0-9.]+) \(zcdp accounting: rho ([0-9.]+) spent, rho [0-9.]+ left\); accuracy epsilon 0\.5 "
                         r"per query", shown)
-    assert said is not None, shown
-    assert shows(said[1], 10 - total, up=False) and shows(said[2], total) and shows(said[3], rho_total), shown
+    assert listed is not None, shown
+    assert shows(listed[1], 10 - total, up=False) and shows(listed[2], total) and shows(listed[3], rho_total), shown
     assert [(row[0], row[1], row[3], row[4]) for row in mine] == [(ADULT, "zcdp", total, 10 - total)]
 
     # The trail's rows: the same figure per answer, 0 for the cached ones, none for the refused one.
@@ -166,7 +166,7 @@ def test_every_surface_states_the_ledgers_epsilon_spent(gated_proxy: Endpoint, g
     assert "ε spent +" in header and "ε charged" not in header
     charged_lines = [line for line in lines if re.search(r" answered +[0-9.]+ +[0-9.]+ ", line)]
     assert len(charged_lines) == len(ledger)
-    figures = [re.search(r" answered +([0-9.]+) +([0-9.]+) ", line).groups() for line in charged_lines]
+    figures = [re.findall(r" answered +([0-9.]+) +([0-9.]+) ", line)[0] for line in charged_lines]
     assert all(shows(by, row[3]) and shows(after, row[2]) for (by, after), row in zip(figures, ledger, strict=True))
     assert not re.search(r"\d\.\d{8,}", text)
 
