@@ -77,7 +77,8 @@ end
 $$;
 
 -- The epsilon of the (epsilon, delta)-DP guarantee that rho-zCDP implies: the least epsilon_alpha over alpha > 1,
--- found by bisection on the sign of its derivative (rho (alpha - 1)^2 - ln(1/delta) + ln alpha), 64 steps; and
+-- where its derivative's sign, rho (alpha - 1)^2 - ln(1/delta) + ln alpha, turns (Newton's steps, or bisection when
+-- a step would leave the bracket, at most 40, as anonproxy.dp.zcdp takes them); and
 -- never more than Bun and Steinke's rho + 2 sqrt(rho ln(1/delta)), nor less than 0. Rounded up at 30 decimals, and
 -- one unit more; infinite at delta = 0 unless rho = 0.
 create or replace function anonproxy.zcdp_epsilon(rho numeric, delta numeric) returns numeric
@@ -88,7 +89,9 @@ declare
     l numeric;
     low numeric := 1;
     high numeric;
-    middle numeric;
+    alpha numeric;
+    phi numeric;
+    following numeric;
     tight numeric;
     loose numeric;
 begin
@@ -106,15 +109,23 @@ begin
     end if;
     l := -pg_catalog.ln(delta * wide);
     high := 1 + pg_catalog.sqrt(pg_catalog.round(l / r, 45));  -- the derivative is positive there
-    for step in 1 .. 64 loop
-        middle := pg_catalog.round((low + high) / 2, 45);
-        if r * (middle - 1) * (middle - 1) < l - pg_catalog.ln(middle) then
-            low := middle;
+    alpha := high;
+    for step in 1 .. 40 loop  -- Newton's steps on the derivative's sign, phi, kept within [low, high]
+        phi := r * (alpha - 1) * (alpha - 1) - l + pg_catalog.ln(alpha);
+        if phi < 0 then
+            low := alpha;
         else
-            high := middle;
+            high := alpha;
         end if;
+        following := pg_catalog.round(alpha - phi / (2 * r * (alpha - 1) + 1 / alpha), 45);
+        if abs(following - alpha) < 1e-40 then
+            alpha := following;
+            exit;
+        end if;
+        alpha := case when low < following and following < high then following
+                      else pg_catalog.round((low + high) / 2, 45) end;
     end loop;
-    tight := anonproxy.round_up(anonproxy.zcdp_epsilon_at(r, l, high), 30) + 1e-30;
+    tight := anonproxy.round_up(anonproxy.zcdp_epsilon_at(r, l, alpha), 30) + 1e-30;
     loose := anonproxy.round_up(r + 2 * pg_catalog.sqrt(r * l), 30) + 1e-30;
     return pg_catalog.trim_scale(greatest(least(tight, loose), 0));  -- a tiny rho at a large delta: below 0
 end
@@ -125,7 +136,8 @@ comment on function anonproxy.zcdp_epsilon(numeric, numeric) is
 
 -- The largest total rho whose conversion at delta stays within epsilon: the greatest
 -- (epsilon - epsilon_alpha(0, delta)) / alpha over alpha > 1 (any alpha gives a rho that fits), the best alpha
--- found by doubling, then 64 steps of bisection, on zcdp_stationary; and never less than Bun and Steinke's
+-- where zcdp_stationary equals epsilon, found by doubling, then Newton's steps within the bracket (at most 40);
+-- and never less than Bun and Steinke's
 -- (sqrt(epsilon + L) - sqrt(L))^2. Rounded down at 30 decimals, and one unit more; 0 at delta = 0.
 create or replace function anonproxy.zcdp_rho_max(epsilon numeric, delta numeric) returns numeric
 language plpgsql immutable strict set search_path = pg_catalog, pg_temp as $$
@@ -135,7 +147,11 @@ declare
     l numeric;
     low numeric;
     high numeric := 2;
-    middle numeric;
+    alpha numeric;
+    la numeric;
+    value numeric;
+    rate numeric;
+    following numeric;
     tight numeric;
 begin
     if not (epsilon >= 0 and epsilon < 'Infinity') then
@@ -152,15 +168,26 @@ begin
         high := high * 2;
     end loop;
     low := case when high = 2 then 1 else high / 2 end;
-    for step in 1 .. 64 loop
-        middle := pg_catalog.round((low + high) / 2, 45);
-        if anonproxy.zcdp_stationary(l, middle) > e then
-            low := middle;
+    alpha := high;
+    for step in 1 .. 40 loop  -- Newton's steps on epsilon - zcdp_stationary, kept within [low, high]
+        la := pg_catalog.ln(alpha);
+        value := e - (pg_catalog.round((l + (alpha - 1) * pg_catalog.ln(1 - 1 / alpha) - la) / (alpha - 1), 45)
+                      + pg_catalog.round(alpha * (l - la) / ((alpha - 1) * (alpha - 1)), 45));
+        if value < 0 then
+            low := alpha;
         else
-            high := middle;
+            high := alpha;
         end if;
+        rate := pg_catalog.round(((alpha - 1) + 2 * alpha * (l - la)) / ((alpha - 1) * (alpha - 1) * (alpha - 1)), 45);
+        following := case when rate > 0 then pg_catalog.round(alpha - value / rate, 45) else high end;
+        if abs(following - alpha) < 1e-40 then
+            alpha := following;
+            exit;
+        end if;
+        alpha := case when low < following and following < high then following
+                      else pg_catalog.round((low + high) / 2, 45) end;
     end loop;
-    tight := pg_catalog.trunc((e - anonproxy.zcdp_epsilon_at(0, l, high)) / high, 30) - 1e-30;
+    tight := pg_catalog.trunc((e - anonproxy.zcdp_epsilon_at(0, l, alpha)) / alpha, 30) - 1e-30;
     return pg_catalog.trim_scale(greatest(tight, anonproxy.bun_steinke_rho_max(epsilon, delta)));
 end
 $$;

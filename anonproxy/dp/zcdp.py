@@ -7,8 +7,8 @@ Privacy", Prop. 12 / Cor. 13). A ρ-zCDP answer is (ε, δ)-DP for every order �
 
 (which is their δ = exp((α−1)(αρ−ε)) / (α−1) · (1 − 1/α)^α solved for ε), so the tightest ε is the least of these
 over α; and the most ρ a budget (ε, δ) allows is the largest ρ with ε_α(ρ, δ) ≤ ε for some α:
-max over α of (ε − ε_α(0, δ)) / α. Every α gives a valid bound, so the search for the best α (bisection, a fixed
-number of steps) can only lose tightness, never validity. The result is also never looser than Bun and Steinke's
+max over α of (ε − ε_α(0, δ)) / α. Every α gives a valid bound, so the search for the best α (Newton's steps kept
+within a bracket, at most a fixed number) can only lose tightness, never validity. The result is also never looser than Bun and Steinke's
 (2016, Prop. 1.3) ρ + 2√(ρ·ln(1/δ)), the conversion the ledger used before migration 0025: each ε_α is below that
 bound's αρ + ln(1/δ)/(α−1), and the result is taken as the better of the two.
 
@@ -21,6 +21,7 @@ as the database does). Computed in :class:`~decimal.Decimal` at 50 digits and ro
 from __future__ import annotations
 
 from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal, localcontext
+from collections.abc import Callable
 from typing import Literal
 
 Accounting = Literal["basic", "zcdp"]
@@ -28,7 +29,8 @@ ACCOUNTINGS: tuple[Accounting, ...] = ("basic", "zcdp")
 DEFAULT_EPSILON_PER_QUERY = Decimal("0.5")  # the proxy's accuracy ε when a budget gives none (dp/answers.py)
 
 _DIGITS = 50
-_STEPS = 64  # bisection steps for the best order α: its error enters the bound squared (the bound is flat there)
+_STEPS = 40  # steps for the best order α (Newton's, or bisection): its error enters the bound squared
+_CLOSE = Decimal("1e-40")  # a step this small: the best order is found
 _UNIT = Decimal("1e-30")  # results are rounded outwards to this, and one unit more (as the database does)
 
 Number = Decimal | int | float | str
@@ -47,16 +49,11 @@ def zcdp_epsilon(rho: Number, delta: Number) -> Decimal:
     with localcontext() as context:
         context.prec = _DIGITS
         log = -d.ln()
-        # ε_α is convex-like in α: falling while ρ(α−1)² < ln(1/δ) − ln α, rising after; the root is below
-        # 1 + √(ln(1/δ)/ρ), where the left side alone reaches ln(1/δ).
-        low, high = Decimal(1), 1 + (log / r).sqrt()
-        for _ in range(_STEPS):
-            middle = (low + high) / 2
-            if r * (middle - 1) ** 2 < log - middle.ln():
-                low = middle
-            else:
-                high = middle
-        tight = _up(_epsilon_at(r, log, high))
+        # ε_α falls while φ(α) = ρ(α−1)² − ln(1/δ) + ln α < 0 and rises after; the root is below
+        # 1 + √(ln(1/δ)/ρ), where the first term alone reaches ln(1/δ).
+        alpha = _root(lambda a: r * (a - 1) ** 2 - log + a.ln(), lambda a: 2 * r * (a - 1) + 1 / a,
+                      Decimal(1), 1 + (log / r).sqrt())
+        tight = _up(_epsilon_at(r, log, alpha))
         # never looser than Bun and Steinke; and never below 0, where a tiny ρ at a large δ takes the formula
         return max(min(tight, _up(r + 2 * (r * log).sqrt())), Decimal(0))
 
@@ -72,19 +69,15 @@ def zcdp_rho_max(epsilon: Number, delta: Number) -> Decimal:
     with localcontext() as context:
         context.prec = _DIGITS
         log = -d.ln()
-        # (ε − ε_α(0, δ)) / α is largest where ε = ε_α(0, δ) + α·(ln(1/δ) − ln α)/(α−1)², whose right side falls
-        # with α: double the order until it is at most ε, then bisect.
+        # (ε − ε_α(0, δ)) / α is largest where s(α) = ε_α(0, δ) + α·(ln(1/δ) − ln α)/(α−1)² equals ε; s falls
+        # with α (s' = −((α−1) + 2α(ln(1/δ) − ln α))/(α−1)³): double the order until s is at most ε, then solve.
         high = Decimal(2)
         while _stationary(log, high) > e:
             high *= 2
-        low = Decimal(1) if high == 2 else high / 2
-        for _ in range(_STEPS):
-            middle = (low + high) / 2
-            if _stationary(log, middle) > e:
-                low = middle
-            else:
-                high = middle
-        tight = _down((e - _epsilon_at(Decimal(0), log, high)) / high)
+        alpha = _root(lambda a: e - _stationary(log, a),
+                      lambda a: ((a - 1) + 2 * a * (log - a.ln())) / (a - 1) ** 3,
+                      Decimal(1) if high == 2 else high / 2, high)
+        tight = _down((e - _epsilon_at(Decimal(0), log, alpha)) / alpha)
         return max(tight, bun_steinke_rho_max(e, d))
 
 
@@ -97,6 +90,26 @@ def bun_steinke_rho_max(epsilon: Decimal, delta: Decimal) -> Decimal:
         context.prec = _DIGITS
         log = -delta.ln()
         return max(_down((epsilon / ((epsilon + log).sqrt() + log.sqrt())) ** 2), Decimal(0))
+
+
+def _root(f: Callable[[Decimal], Decimal], slope: Callable[[Decimal], Decimal], low: Decimal,
+          high: Decimal) -> Decimal:
+    """The root of an increasing ``f`` between ``low`` (f < 0) and ``high`` (f ≥ 0): Newton's steps from ``high``,
+    a bisection whenever a step would leave the bracket; at most ``_STEPS`` steps, or until a step is below
+    ``_CLOSE``. The database takes the same steps (sql/0025_one_currency.sql)."""
+    alpha = high
+    for _ in range(_STEPS):
+        value = f(alpha)
+        if value < 0:
+            low = alpha
+        else:
+            high = alpha
+        rate = slope(alpha)
+        following = alpha - value / rate if rate > 0 else high
+        if abs(following - alpha) < _CLOSE:
+            return following
+        alpha = following if low < following < high else (low + high) / 2
+    return alpha
 
 
 def _epsilon_at(rho: Decimal, log: Decimal, alpha: Decimal) -> Decimal:
