@@ -101,11 +101,6 @@ class Remaining:
     epsilon_spent_delta: Decimal | None = None  # after a charge: what it moved epsilon_spent by (sql/0025); else None
 
     @property
-    def zcdp(self) -> bool:
-        """Whether a zCDP budget (the role's or the cap's) limits this role: then ρ is worth showing."""
-        return self.rho_left is not None or self.shared_rho_left is not None
-
-    @property
     def rho(self) -> Decimal | None:
         """The ρ still allowed by the zcdp budgets among the role's and the cap's; None when neither is zcdp."""
         left = [value for value in (self.rho_left, self.shared_rho_left) if value is not None]
