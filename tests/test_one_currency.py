@@ -21,6 +21,7 @@ from conftest import Endpoint, fresh_dp_role, wait_for_policy
 from psycopg.rows import dict_row
 
 from anonproxy.embedded import EmbeddedPostgres
+from anonproxy.trail import Filters, budget_spent
 
 D = Decimal
 ADULT = "public.adult"
@@ -179,6 +180,10 @@ def test_every_surface_states_the_ledgers_epsilon_spent(gated_proxy: Endpoint, g
                                        "last charge"]) + 1]
     assert row[:5] == [role, ADULT, "zcdp", row[3], "10"] and shows(row[3], total), row
     assert row[5] == str(len(ledger))
+    # what the page plots: the ledger's ε spent after each charge, against the budget
+    plotted = budget_spent(truth, Filters(role=role))
+    assert [(s.login, s.domain, s.budget) for s in plotted] == [(role, ADULT, 10)]
+    assert [after for _, after in plotted[0].points] == [row[2] for row in ledger]
 
 
 def trail(dsn: str, *args: str) -> str:
