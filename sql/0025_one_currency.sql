@@ -17,6 +17,10 @@
 --    audit trail records them for the answer beside the answer's own (epsilon, delta) and (rho, delta_add):
 --    audit_trail.budget_domain, accounting, epsilon_spent_delta, epsilon_spent_after. Rows written before this
 --    migration have them null. audit_write takes the new keys, and records without them as before.
+--
+-- 3. default_accounting still counts zCDP's answers with Bun and Steinke's rho_max (bun_steinke_rho_max), so that
+--    neither this migration nor a policy applied after it switches a budget's accounting; my_budget shows rho_spent
+--    rounded up at 12 decimals, as its other figures.
 
 -- The conversion ------------------------------------------------------------------------------
 
