@@ -304,6 +304,7 @@ def _budget_plot(spent: list[Spending]) -> str:
             ax.axhline(float(spending.budget), color=line.get_color(), linestyle="--", linewidth=1)
     ax.set_xlabel("time of the charge")
     ax.set_ylabel("ε spent (as the budget counts it)")
+    ax.set_ylim(bottom=0)
     ax.set_title("Privacy budget spent over time")
     ax.legend()
     fig.autofmt_xdate()
