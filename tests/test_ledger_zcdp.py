@@ -405,7 +405,7 @@ def test_my_budget_through_the_proxy_with_psycopg(gated_proxy: Endpoint, gated_d
         # the same numbers as SHOW anonproxy.budget and the ledger's own function
         shown = conn.execute("show anonproxy.budget").fetchone()[0]
         four = left.quantize(D(1).scaleb(left.adjusted() - 3), rounding=ROUND_FLOOR)  # shown to 4 digits, down
-        assert f"epsilon {four.normalize():f} of 10 left" in shown and "(zcdp accounting: rho " in shown
+        assert f"epsilon {four.normalize():f} of 10 left" in shown and "(zCDP accounting: rho " in shown
         explained = [line for (line,) in conn.execute("explain (anonproxy) select count(*) from adult where age > 50")]
         assert any(line.startswith("running it moves ε spent on public.adult by") for line in explained), explained
     assert truth.execute("select epsilon, rho_spent from anonproxy.remaining_budget(%s, 'public.adult')",

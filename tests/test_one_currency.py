@@ -140,7 +140,7 @@ def test_every_surface_states_the_ledgers_epsilon_spent(gated_proxy: Endpoint, g
     assert shows(state[0][1], total) and shows(state[0][2], rho_total) and shows(state[0][3], 10 - total, up=False)
     assert "cached" in " ".join(explained) and not [line for line in explained if line.startswith("running it")]
     listed = re.fullmatch(r"public\.adult: epsilon ([0-9.]+) of 10 left, delta 0\.00001 of 0\.00001 left; epsilon spent "
-                        r"([0-9.]+) \(zcdp accounting: rho ([0-9.]+) spent, rho [0-9.]+ left\); accuracy epsilon 0\.5 "
+                        r"([0-9.]+) \(zCDP accounting: rho ([0-9.]+) spent, rho [0-9.]+ left\); accuracy epsilon 0\.5 "
                         r"per query", shown)
     assert listed is not None, shown
     assert shows(listed[1], 10 - total, up=False) and shows(listed[2], total) and shows(listed[3], rho_total), shown

@@ -776,7 +776,7 @@ def _state(budget: ledger.Remaining) -> str:
 
 def _accounting(budget: ledger.Remaining) -> str:
     """How a budget counts, for SHOW anonproxy.budget: under zCDP with the ρ spent and what is left of it."""
-    text = f"{budget.accounting} accounting"
+    text = "zCDP accounting" if budget.accounting == "zcdp" else "basic accounting"
     if budget.accounting == "zcdp":
         text += f": rho {amounts.spent(budget.rho_spent)} spent"
     if budget.rho is not None:
