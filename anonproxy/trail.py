@@ -6,6 +6,12 @@ login and time; with ``--html``, writes instead a self-contained page with each
 dp role's privacy budget spent over time and the statements refused most
 often (plots by matplotlib, embedded as PNG). Only the owner of the
 ``anonproxy`` schema may read the trail. docs/audit-trail.md.
+
+Costs are stated as the budget counts them (sql/0025_one_currency.sql): what
+each answer moved its budget's "ε spent" by and the ledger's ε spent after
+it, with ρ under zCDP accounting, never a sum of answers' own ε (under zCDP
+that sum is far above what the budget counts). Figures are rounded for
+people (anonproxy.dp.amounts); the trail's columns keep the exact values.
 """
 
 from __future__ import annotations
@@ -16,7 +22,6 @@ import html
 import io
 import os
 import sys
-from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
@@ -25,6 +30,8 @@ from typing import Any
 
 import psycopg
 from psycopg.rows import class_row
+
+from anonproxy.dp import amounts
 
 DEFAULT_LIMIT = 100
 STATEMENT_WIDTH = 80  # characters of a statement shown per line of the table
@@ -43,6 +50,8 @@ class Entry:
     epsilon: Decimal | None
     delta: Decimal | None
     rho: Decimal | None
+    epsilon_spent_delta: Decimal | None  # what the answer moved its budget's ε spent by (null before 0025)
+    epsilon_spent_after: Decimal | None  # the budget's ε spent after it, as the ledger computed it
     relations: list[str]
     statement: str
     parameters: list[str | None] | None
@@ -126,7 +135,8 @@ def latest(conn: psycopg.Connection, filters: Filters, limit: int) -> list[Entry
     with conn.cursor(row_factory=class_row(Entry)) as cur:
         cur.execute(f"""select * from (
                           select id, at, login, host(client_addr) as client_addr, mode, decision, sqlstate, epsilon,
-                                 delta, rho, relations, statement, parameters
+                                 delta, rho, epsilon_spent_delta, epsilon_spent_after, relations, statement,
+                                 parameters
                             from anonproxy.audit_trail where {_WHERE}
                            order by at desc, id desc limit %(limit)s) latest
                         order by at, id""", _params(filters) | {"limit": limit})
@@ -134,9 +144,10 @@ def latest(conn: psycopg.Connection, filters: Filters, limit: int) -> list[Entry
 
 
 def format_table(entries: list[Entry]) -> list[str]:
-    """Plain-text lines: one per statement, with a header."""
-    lines = [f"{'time':<19}  {'login':<12} {'client':<15} {'mode':<8} {'decision':<16} {'ε charged':>9} "
-             f"{'δ charged':>9} {'ρ charged':>9}  {'relations':<14} statement"]
+    """Plain-text lines: one per statement, with a header. A dp answer's cost as its budget counts it: what it moved
+    ε spent by (+), ε spent after it, its ρ and δ."""
+    lines = [(f"{'time':<19}  {'login':<12} {'client':<15} {'mode':<8} {'decision':<16} {'ε spent +':>9} "
+              f"{'ε spent':>9} {'ρ':>9} {'δ':>9}  {'relations':<14} statement")]
     for e in entries:
         decision = f"{e.decision} {e.sqlstate}" if e.sqlstate else e.decision
         statement = " ".join(e.statement.split())
@@ -146,30 +157,52 @@ def format_table(entries: list[Entry]) -> list[str]:
         if len(statement) > STATEMENT_WIDTH:
             statement = statement[:STATEMENT_WIDTH - 1] + "…"
         lines.append(f"{e.at.astimezone():%Y-%m-%d %H:%M:%S}  {e.login or '-':<12} {e.client_addr or '-':<15} "
-                     f"{e.mode or '-':<8} {decision:<16} {_amount(e.epsilon):>9} {_amount(e.delta):>9} "
-                     f"{_amount(e.rho):>9}  "
+                     f"{e.mode or '-':<8} {decision:<16} {_amount(e.epsilon_spent_delta):>9} "
+                     f"{_amount(e.epsilon_spent_after):>9} {_amount(e.rho):>9} {_amount(e.delta):>9}  "
                      f"{','.join(e.relations) or '-':<14} {statement}")
     lines.append(f"({len(entries)} statement{'' if len(entries) == 1 else 's'})")
     return lines
 
 
 def _amount(value: Decimal | None) -> str:
-    return "-" if value is None else format(value.normalize(), "f") if value else "0"
+    return "-" if value is None else amounts.spent(value)
 
 
 # -- the HTML page -----------------------------------------------------------------------------------
 
 
-def budget_spent(conn: psycopg.Connection, filters: Filters) -> dict[str, list[tuple[datetime, float]]]:
-    """Per dp login, the ε it was charged, summed over time: (time of the charge, total so far)."""
-    rows = conn.execute(f"""select login, at, sum(epsilon) over (partition by login order by at, id)
-                              from anonproxy.audit_trail
-                             where mode = 'dp' and epsilon > 0 and {_WHERE}
-                             order by login, at, id""", _params(filters)).fetchall()
-    spent: dict[str, list[tuple[datetime, float]]] = defaultdict(list)
-    for login, at, total in rows:
-        spent[login].append((at, float(total)))
-    return dict(spent)
+@dataclass(frozen=True)
+class Spending:
+    """One dp budget (a login's, on a protected table) over time, as the ledger counted it at each charge."""
+
+    login: str
+    domain: str
+    accounting: str | None
+    budget: Decimal | None  # the budget's ε as configured now; None: the budget is gone
+    points: list[tuple[datetime, Decimal]]  # (time of the charge, ε spent after it)
+
+
+def budget_spent(conn: psycopg.Connection, filters: Filters) -> list[Spending]:
+    """Per dp login and budget, the ledger's ε spent after each charge (recorded with the answer: what the budget
+    counts, in its accounting), oldest first."""
+    rows = conn.execute(f"""select t.login, t.budget_domain, t.accounting, b.epsilon, t.at, t.epsilon_spent_after
+                              from anonproxy.audit_trail t
+                              left join anonproxy.budgets b on b.role_name = t.login and b.domain = t.budget_domain
+                             where t.mode = 'dp' and t.epsilon_spent_after is not null and {_WHERE}
+                             order by t.login, t.budget_domain, t.at, t.id""", _params(filters)).fetchall()
+    spent: dict[tuple[str, str], Spending] = {}
+    for login, domain, accounting, budget, at, after in rows:
+        spending = spent.setdefault((login, domain), Spending(login, domain, accounting, budget, []))
+        spending.points.append((at, after))
+    return list(spent.values())
+
+
+def unrecorded_charges(conn: psycopg.Connection, filters: Filters) -> int:
+    """Charged dp answers recorded before migration 0025, without the ledger's ε spent: not plotted."""
+    row = conn.execute(f"""select count(*)::int from anonproxy.audit_trail
+                            where mode = 'dp' and epsilon > 0 and epsilon_spent_after is null and {_WHERE}""",
+                       _params(filters)).fetchone()
+    return row[0] if row else 0
 
 
 def most_refused(conn: psycopg.Connection, filters: Filters) -> list[tuple[str, str, int, int]]:
@@ -183,21 +216,28 @@ def most_refused(conn: psycopg.Connection, filters: Filters) -> list[tuple[str, 
 
 def build_page(conn: psycopg.Connection, filters: Filters) -> str:
     spent = budget_spent(conn, filters)
+    unrecorded = unrecorded_charges(conn, filters)
     refused = most_refused(conn, filters)
     scope = ", ".join(part for part in (
         f"login {filters.role}" if filters.role else "",
         f"since {filters.since:%Y-%m-%d %H:%M}" if filters.since else "",
         f"until {filters.until:%Y-%m-%d %H:%M}" if filters.until else "") if part) or "the whole trail"
     sections = [f"<p>From {html.escape(scope)}.</p>"]
+    note = (f"<p>{unrecorded} charged answers were recorded before the trail kept the ledger's ε spent (migration "
+            "0025); they are not plotted.</p>" if unrecorded else "")
     if spent:
         sections.append("<h2>Privacy budget spent by each dp role</h2>"
-                        "<p>ε charged to each role, summed over time (answers already paid for cost nothing and do "
-                        "not appear).</p>" + _budget_plot(spent)
-                        + _table(["role", "ε spent", "charged answers", "last charge"],
-                                 [(login, f"{points[-1][1]:g}", len(points), f"{points[-1][0]:%Y-%m-%d %H:%M}")
-                                  for login, points in sorted(spent.items())]))
+                        "<p>ε spent of each role's budget after each charge, as the ledger counts it (under zCDP "
+                        "accounting the conversion of the ρ spent, not a sum of the answers' own ε), against the "
+                        "budget (dashed). Answers already paid for cost nothing and do not appear.</p>" + note
+                        + _budget_plot(spent)
+                        + _table(["role", "table", "accounting", "ε spent", "budget ε", "charged answers",
+                                  "last charge"],
+                                 [(s.login, s.domain, s.accounting or "-", amounts.spent(s.points[-1][1]),
+                                   "-" if s.budget is None else amounts.spent(s.budget), len(s.points),
+                                   f"{s.points[-1][0]:%Y-%m-%d %H:%M}") for s in spent]))
     else:
-        sections.append("<h2>Privacy budget spent by each dp role</h2><p>No dp role was charged.</p>")
+        sections.append("<h2>Privacy budget spent by each dp role</h2><p>No dp role was charged.</p>" + note)
     if refused:
         sections.append("<h2>Statements refused most often</h2>" + _refused_plot(refused)
                         + _table(["#", "statement", "SQLSTATE", "times", "logins"],
@@ -254,13 +294,17 @@ def _png(fig: Any, alt: str) -> str:
     return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
 
 
-def _budget_plot(spent: dict[str, list[tuple[datetime, float]]]) -> str:
+def _budget_plot(spent: list[Spending]) -> str:
     fig, ax = _figure(7, 3.5)
-    for login, points in sorted(spent.items()):
-        ax.step([at for at, _ in points], [total for _, total in points], where="post", marker="o", markersize=3,
-                label=login)
+    for spending in spent:
+        label = f"{spending.login} on {spending.domain}"
+        line, = ax.step([at for at, _ in spending.points], [float(after) for _, after in spending.points],
+                        where="post", marker="o", markersize=3, label=label)
+        if spending.budget is not None:
+            ax.axhline(float(spending.budget), color=line.get_color(), linestyle="--", linewidth=1)
     ax.set_xlabel("time of the charge")
-    ax.set_ylabel("ε spent (cumulative)")
+    ax.set_ylabel("ε spent (as the budget counts it)")
+    ax.set_ylim(bottom=0)
     ax.set_title("Privacy budget spent over time")
     ax.legend()
     fig.autofmt_xdate()

@@ -53,7 +53,8 @@ def test_noisy_answer_is_close_and_charged_once(gated_proxy: Endpoint, gated_dat
     assert all(abs(n - expected[education][0]) <= 56 for education, n, _ in rows)
     big = [row for row in rows if expected[row[0]][0] > 3000]
     assert all(abs(float(avg) - expected[education][1]) < 1.0 for education, _, avg in big)
-    assert any("differentially private answer, ε=0.5" in message for message, _ in notices)
+    assert any(message.startswith("anonproxy: differentially private answer; it costs ε=0.5, δ=")
+               and message.endswith("(basic composition)") for message, _ in notices)
     assert any("answered before" in message for message, _ in notices)
     assert any("95% interval" in detail for _, detail in notices)
 

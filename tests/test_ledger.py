@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Awaitable, Callable
 from decimal import Decimal
 from typing import Any, TypeVar
@@ -11,9 +12,9 @@ import psycopg
 import pytest
 from psycopg.pq import TransactionStatus
 
-from anonproxy.embedded import EmbeddedPostgres
 from anonproxy.dp import ledger
 from anonproxy.dp.ledger import BudgetExhausted, LedgerError, NoBudget, Remaining
+from anonproxy.embedded import EmbeddedPostgres
 from anonproxy.schema import migrations
 
 SERVICE = "anonproxy_service"
@@ -112,8 +113,10 @@ def test_charges_until_exhausted_then_refuses_naming_what_remains(db: psycopg.Co
         epsilon_budget=Decimal(1), delta_budget=Decimal("0.00001"), refresh_period=None,
         epsilon_per_query=Decimal("0.25"), delta_per_query=None,
         accounting="basic", epsilon_spent=Decimal("0.25"), rho_spent=Decimal("0.03125"), rho_left=None,
-        shared_accounting=None, shared_rho_left=None,
+        shared_accounting=None, shared_rho_left=None, epsilon_spent_delta=Decimal("0.25"),
     )  # fmt: skip
+    # basic accounting: each charge moves ε spent by its own ε (migration 0025)
+    assert [r.epsilon_spent_delta for r in left] == [Decimal("0.25")] * 4
     assert refused.sqlstate == "53400"
     assert refused.message == (f'privacy budget exhausted for role "{ALICE}" on public.adult: '
                                "remaining epsilon 0, delta 0.00001; this query needs epsilon 0.25, delta 0 "
@@ -185,7 +188,9 @@ def test_the_shared_cap_binds_all_roles_together(db: psycopg.Connection[Any], se
     assert f'role "{BOB}" on public.adult: remaining epsilon 0.1, delta 0' in refused.message
     assert refused.detail == ("the shared budget of all roles on public.adult is epsilon 1.5, delta 0 in total, "
                               "and epsilon 0.1, delta 0 of it is left")
-    assert refused.remaining == bob and listed == [bob]
+    # what the reading functions return is the charge's state, without what a charge moved (that is the charge's)
+    assert bob.epsilon_spent_delta == Decimal("0.4")
+    assert refused.remaining == listed[0] == dataclasses.replace(bob, epsilon_spent_delta=None) and len(listed) == 1
     # Dropping the cap leaves each role its own budget.
     db.execute("select anonproxy.drop_shared_budget('public.adult')")
     assert run(service_dsn, lambda conn: ledger.charge(conn, BOB, ADULT, "0.6", 0, "d")).epsilon == 0

@@ -56,7 +56,7 @@ def test_psycopg_dp_session_takes_epsilon_from_the_login(gated_proxy: Endpoint, 
 
 def test_psycopg_dp_login_refuses_what_set_refuses(gated_proxy: Endpoint, gated_database: str, analyst: str) -> None:
     message = refusal(gated_proxy, gated_database, analyst, "-c anonproxy.epsilon=0.6")
-    assert "anonproxy.epsilon may only lower the policy's per-query value: at most 0.5" in message
+    assert "anonproxy.epsilon may only lower the policy's accuracy epsilon (accuracy_epsilon): at most 0.5" in message
     assert "given at login (options -c anonproxy.epsilon=0.6)" in message
     message = refusal(gated_proxy, gated_database, analyst, "-c anonproxy.epsilon=abc")
     assert 'invalid value for parameter "anonproxy.epsilon": "abc"' in message

@@ -448,6 +448,12 @@ YAML_ERRORS = [
      "roles.analyst.budgets.public.adult.epsilon_per_query: must be a number in (0, 1], the budget's epsilon; got 2"),
     (ADULT + "roles: {analyst: {mode: dp, budgets: {public.adult: {epsilon: 1, epsilon_per_query: 0}}}}",
      "roles.analyst.budgets.public.adult.epsilon_per_query: must be a number in (0, 1], the budget's epsilon; got 0"),
+    (ADULT + "roles: {analyst: {mode: dp, budgets: {public.adult: {epsilon: 1, accuracy_epsilon: 2}}}}",
+     "roles.analyst.budgets.public.adult.accuracy_epsilon: must be a number in (0, 1], the budget's epsilon; got 2"),
+    (ADULT + "roles: {analyst: {mode: dp, budgets: {public.adult: {epsilon: 1, accuracy_epsilon: 0.5, "
+             "epsilon_per_query: 0.5}}}}",
+     ("roles.analyst.budgets.public.adult.epsilon_per_query: is the old name of accuracy_epsilon: give "
+      "accuracy_epsilon only")),
     (ADULT + "roles: {analyst: {mode: dp, budgets: {public.adult: {epsilon: 1, delta: 0.00001, "
      "delta_per_query: 0.001}}}}",
      ("roles.analyst.budgets.public.adult.delta_per_query: must be a number in [0, 0.00001], the budget's delta; "
@@ -461,7 +467,7 @@ YAML_ERRORS = [
      "roles.analyst.budgets.public.adult.refresh_period: must be a non-empty string, got 7"),
     (ADULT + "roles: {analyst: {mode: dp, budgets: {public.adult: {epsilon: 1, eps: 1}}}}",
      ("roles.analyst.budgets.public.adult: unknown key 'eps' (expected epsilon, delta, refresh_period, "
-      "epsilon_per_query, delta_per_query, accounting)")),
+      "accuracy_epsilon, delta_per_query, accounting, epsilon_per_query)")),
     ("roles: {analyst: {mode: dp, budgets: {public.adult: {epsilon: 1}}}}",
      "roles.analyst.budgets.public.adult: public.adult is not a protected table of this file (under tables)"),
     (("tables: {public.people: {unit: id}}\nlinks: {public.visits: {column: person_id, references: public.people}}\n"
@@ -494,6 +500,15 @@ def test_yaml_problems_name_their_path(text: str, problem: str) -> None:
         parse_policy(text)
     assert any(line == problem or (problem in line and "YAML" in line) for line in caught.value.problems), \
         caught.value.problems
+
+
+def test_accuracy_epsilon_is_read_under_its_old_name_too() -> None:
+    """accuracy_epsilon (the ε that sets each answer's noise) was called epsilon_per_query: policies that still say so
+    load as before, and are written back under the new name."""
+    budgets = "roles: {analyst: {mode: dp, budgets: {public.adult: {epsilon: 2, delta: 0.00001, %s: 0.25}}}}"
+    new, old = (parse_policy(ADULT + budgets % key) for key in ("accuracy_epsilon", "epsilon_per_query"))
+    assert new == old and new.roles["analyst"].budgets["public.adult"].epsilon_per_query == Decimal("0.25")
+    assert "accuracy_epsilon: 0.25" in dump_policy(old) and "epsilon_per_query" not in dump_policy(old)
 
 
 def test_every_yaml_problem_is_reported_at_once() -> None:
@@ -837,7 +852,7 @@ def test_policy_command_applies_and_shows(pg_server: EmbeddedPostgres, db: psyco
     assert run_policy_command("show", "--dsn", dsn) == 0
     shown = capsys.readouterr().out
     assert ("  analyst:\n    mode: dp\n    budgets:\n      public.adult: {epsilon: 10, delta: 0.00001, "
-            "epsilon_per_query: 0.5, delta_per_query: 0.0000001, accounting: zcdp}\n") in shown
+            "accuracy_epsilon: 0.5, delta_per_query: 0.0000001, accounting: zcdp}\n") in shown
     assert parse_policy(shown) == without_version(load_policy(db))
 
     bad = tmp_path / "bad.yaml"

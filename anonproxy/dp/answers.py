@@ -9,10 +9,11 @@ statement. What it asks this module:
   in the worker's analysis process;
 * :func:`fingerprint`: the key of the answer cache, taken from the plan's measurement only;
 * :func:`encoded` / :func:`decoded`: the cached value, a noisy measurement (anonproxy.dp.finish);
-* :func:`explained`: what EXPLAIN (ANONPROXY) says about a question;
+* :func:`explained`: what EXPLAIN (ANONPROXY) says about a question, and :func:`cost`: what its notice says
+  it costs, in the currency of the budget it is charged to;
 * :func:`series_question`: the second question of Superset's series limit,
   once the first one's released keys are known;
-* the per-query cost when a budget does not set one.
+* the accuracy ε and per-query δ when a budget does not set them.
 """
 
 from __future__ import annotations
@@ -31,10 +32,17 @@ from sqlglot.dialects.postgres import Postgres
 from sqlglot.errors import SqlglotError
 from sqlglot.tokens import TokenType
 
-from anonproxy.dp import ledger
-from anonproxy.dp.finish import Group, Measurement, canonical_names, canonical_statistics, plan_quantiles
+from anonproxy.dp import amounts, ledger
+from anonproxy.dp.finish import (
+    Group,
+    Measurement,
+    canonical_names,
+    canonical_statistics,
+    plan_quantiles,
+)
 from anonproxy.dp.model import DPParams, DPPlan
 from anonproxy.dp.plan import plan_dp
+from anonproxy.dp.zcdp import Accounting
 from anonproxy.plan import render
 from anonproxy.plan.outer import Series
 from anonproxy.policy.model import Policy, RolePolicy
@@ -156,8 +164,7 @@ def explained(plan: DPPlan, found: ledger.Lookup) -> list[str]:
     """What EXPLAIN (ANONPROXY) says about one question: its cost and noise, and whether it is cached."""
     if plan.free:
         return [f"the declared public domain, from the policy: reads no row of {plan.table}, costs nothing"]
-    lines = [(f"differentially private answer on {plan.table}: costs ε={plan.epsilon:g}, δ={plan.delta:g} "
-              f"(basic composition), or ρ={plan.rho:.4g}, δ={plan.delta_add:g} (zCDP)"),
+    lines = [f"differentially private answer on {plan.table}: {cost(plan, found.accounting)}",
              *(f"  {line}" for line in plan.notices())]
     if found.answer is not None:
         lines.append("cached: the same question was answered on the current data; asking it again costs nothing")
@@ -166,6 +173,15 @@ def explained(plan: DPPlan, found: ledger.Lookup) -> list[str]:
     else:
         lines.append("not cached: running it charges the cost above")
     return lines
+
+
+def cost(plan: DPPlan, accounting: Accounting) -> str:
+    """What an answer costs, in the currency of the budget it is charged to (what that budget adds up); its own
+    (ε, δ) guarantee, under zCDP, only labelled as such."""
+    if accounting == "zcdp":
+        return (f"costs ρ={amounts.spent(plan.rho)}, δ={plan.delta_add:g} (zCDP accounting; on its own it is "
+                f"(ε={amounts.spent(plan.epsilon)}, δ={plan.delta:g})-DP)")
+    return f"costs ε={amounts.spent(plan.epsilon)}, δ={plan.delta:g} (basic composition)"
 
 
 def series_question(series: Series, released: Iterable[tuple[bytes | None, ...]]) -> str:

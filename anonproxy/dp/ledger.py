@@ -28,7 +28,9 @@ Decimals, ints or strings; a float is converted through its shortest repr
 
 A charge carries four amounts (sql/0019_zcdp_ledger.sql): the answer's (ε, δ)
 for basic composition and its (ρ, δ_add) for zCDP accounting; each budget is
-checked by its own accounting (:attr:`Remaining.accounting`).
+checked by its own accounting (:attr:`Remaining.accounting`). What a charge
+moved the role's "ε spent" by, in that accounting (sql/0025_one_currency.sql),
+is :attr:`Remaining.epsilon_spent_delta` of what :func:`charge` returns.
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ Amount = Decimal | int | str | float
 _COLUMNS = (
     "role_name, domain, epsilon, delta, role_epsilon, role_delta, shared_epsilon, shared_delta, "
     "epsilon_budget, delta_budget, refresh_period::text as refresh_period, epsilon_per_query, delta_per_query, "
-    "accounting, epsilon_spent, rho_spent, rho_left, shared_accounting, shared_rho_left"
+    "accounting, epsilon_spent, rho_spent, rho_left, shared_accounting, shared_rho_left, epsilon_spent_delta"
 )
 _CHARGE_SQL = (f"select {_COLUMNS} from anonproxy.charge(%s, %s, %s::numeric, %s::numeric, %s::numeric, %s::numeric, "
                "%s)")
@@ -96,11 +98,7 @@ class Remaining:
     rho_left: Decimal | None  # what the role's budget still allows in ρ; None under basic
     shared_accounting: Accounting | None  # the shared cap's; None: no cap
     shared_rho_left: Decimal | None  # None unless the cap is zcdp
-
-    @property
-    def zcdp(self) -> bool:
-        """Whether a zCDP budget (the role's or the cap's) limits this role: then ρ is worth showing."""
-        return self.rho_left is not None or self.shared_rho_left is not None
+    epsilon_spent_delta: Decimal | None = None  # after a charge: what it moved epsilon_spent by (sql/0025); else None
 
     @property
     def rho(self) -> Decimal | None:
@@ -119,7 +117,7 @@ class Remaining:
             epsilon_per_query=row["epsilon_per_query"], delta_per_query=row["delta_per_query"],
             accounting=row["accounting"], epsilon_spent=row["epsilon_spent"], rho_spent=row["rho_spent"],
             rho_left=row["rho_left"], shared_accounting=row["shared_accounting"],
-            shared_rho_left=row["shared_rho_left"],
+            shared_rho_left=row["shared_rho_left"], epsilon_spent_delta=row["epsilon_spent_delta"],
         )
 
 

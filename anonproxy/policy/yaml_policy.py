@@ -15,7 +15,7 @@
       analyst:
         mode: dp
         budgets:
-          public.adult: {epsilon: 10, delta: 0.00001, epsilon_per_query: 0.5, delta_per_query: 0.0000001}
+          public.adult: {epsilon: 10, delta: 0.00001, accuracy_epsilon: 0.5, delta_per_query: 0.0000001}
     published:
       public.adult_k10: {roles: [reporter, analyst]}
     reference_tables: [public.regions, public.calendar]
@@ -76,7 +76,10 @@ _LINK_KEYS = ("column", "references", "columns")
 _COLUMN_KEYS = ("kind", "lower", "upper", "domain")
 _ROLE_KEYS = ("mode", "k", "dominance", "p_percent", "suppressed_rest", "allow_min_max", "budgets")
 _DOMINANCE_KEYS = ("n", "percent")
-_BUDGET_KEYS = ("epsilon", "delta", "refresh_period", "epsilon_per_query", "delta_per_query", "accounting")
+_BUDGET_KEYS = ("epsilon", "delta", "refresh_period", "accuracy_epsilon", "delta_per_query", "accounting",
+                "epsilon_per_query")
+# accuracy_epsilon (the ε that sets each answer's noise) was called epsilon_per_query: still read, deprecated.
+_ACCURACY_KEYS = ("accuracy_epsilon", "epsilon_per_query")
 _SHARED_BUDGET_KEYS = ("epsilon", "delta", "refresh_period", "accounting")
 _PUBLISHED_KEYS = ("roles",)
 # Units of a duration, as PostgreSQL's time settings take them, in milliseconds.
@@ -267,10 +270,14 @@ class _Checker:
             self.fail(path, f"{domain} is not a protected table of this file (under tables)")
         fields = self.mapping(spec, path, _BUDGET_KEYS)
         total = self.limits(fields, path)
-        epsilon_per_query = self.optional(fields, "epsilon_per_query", self.amount, None, f"{path}.epsilon_per_query")
+        given = [key for key in _ACCURACY_KEYS if key in fields]
+        if len(given) > 1:
+            self.fail(f"{path}.epsilon_per_query", "is the old name of accuracy_epsilon: give accuracy_epsilon only")
+        key = given[0] if given else "accuracy_epsilon"
+        epsilon_per_query = self.optional(fields, key, self.amount, None, f"{path}.{key}")
         if epsilon_per_query is not None and total.epsilon > 0 and not 0 < epsilon_per_query <= total.epsilon:
-            self.fail(f"{path}.epsilon_per_query", f"must be a number in (0, {_amount_text(total.epsilon)}], the "
-                                                    f"budget's epsilon; got {_amount_text(epsilon_per_query)}")
+            self.fail(f"{path}.{key}", f"must be a number in (0, {_amount_text(total.epsilon)}], the "
+                                       f"budget's epsilon; got {_amount_text(epsilon_per_query)}")
         delta_per_query = self.optional(fields, "delta_per_query", self.amount, None, f"{path}.delta_per_query")
         if delta_per_query is not None and not 0 <= delta_per_query <= total.delta:
             self.fail(f"{path}.delta_per_query", f"must be a number in [0, {_amount_text(total.delta)}], the "
@@ -608,7 +615,7 @@ def _dump_budget(budget: Budget) -> _Flow:
     fields = _dump_limits(budget)
     accounting = fields.pop("accounting")
     if budget.epsilon_per_query is not None:
-        fields["epsilon_per_query"] = budget.epsilon_per_query
+        fields["accuracy_epsilon"] = budget.epsilon_per_query
     if budget.delta_per_query is not None:
         fields["delta_per_query"] = budget.delta_per_query
     fields["accounting"] = accounting

@@ -9,7 +9,7 @@ charge, by :meth:`AuditTrail.answered` before their answer is sent. So no
 answer leaves without its row committed, and a crash loses nothing answered.
 
 Writes are group-committed: while one ``anonproxy.audit_write`` call
-(sql/0014_audit_trail.sql, sql/0024) runs on the writer's own connection,
+(sql/0014_audit_trail.sql, sql/0024, sql/0025) runs on the writer's own connection,
 the rows asked for meanwhile, from every session of the worker, wait and go
 together in the next call (up to ``BATCH``). A session waits for its own row
 only, so a client that floods statements slows itself, not the others, and
@@ -99,6 +99,10 @@ class Spent:
     delta: Decimal | float | None = None
     rho: Decimal | float | None = None  # the same charge's zCDP cost (sql/0019)
     delta_add: Decimal | float | None = None
+    budget_domain: str | None = None  # the protected table whose budget it was charged to (sql/0025)
+    accounting: str | None = None  # that budget's: basic or zcdp
+    epsilon_spent_delta: Decimal | None = None  # what it moved that budget's ε spent by (0: not charged)
+    epsilon_spent_after: Decimal | None = None  # the budget's ε spent right after the charge; None: not charged
     rows_sent: int | None = None
     sqlstate: str | None = None  # set when it was refused
     message: str | None = None
@@ -120,6 +124,10 @@ class AuditRecord:
     rho: Decimal | float | None = None
     delta_add: Decimal | float | None = None
     parameters: tuple[str | None, ...] = ()
+    budget_domain: str | None = None
+    accounting: str | None = None
+    epsilon_spent_delta: Decimal | None = None
+    epsilon_spent_after: Decimal | None = None
 
 
 def execution_record(who: Who, mode: str, execution: Execution) -> AuditRecord:
@@ -147,7 +155,9 @@ def answered_record(who: Who, mode: str, sql: str, decision: Decision, parameter
     return AuditRecord(time.time(), who, mode, sql or statement_text(decision),
                        "refused" if spent.sqlstate is not None else "answered", spent.sqlstate, spent.message,
                        spent.relations, epsilon=spent.epsilon, delta=spent.delta, rows_sent=spent.rows_sent,
-                       rho=spent.rho, delta_add=spent.delta_add, parameters=parameter_texts(parameters))
+                       rho=spent.rho, delta_add=spent.delta_add, parameters=parameter_texts(parameters),
+                       budget_domain=spent.budget_domain, accounting=spent.accounting,
+                       epsilon_spent_delta=spent.epsilon_spent_delta, epsilon_spent_after=spent.epsilon_spent_after)
 
 
 def parameter_texts(parameters: Parameters) -> tuple[str | None, ...]:
@@ -303,6 +313,9 @@ class AuditTrail:
                 "sqlstate": record.sqlstate, "message": _storable(record.message), "relations": list(record.relations),
                 "epsilon": _number(record.epsilon), "delta": _number(record.delta), "rho": _number(record.rho),
                 "delta_add": _number(record.delta_add), "rows_sent": record.rows_sent,
+                "budget_domain": record.budget_domain, "accounting": record.accounting,
+                "epsilon_spent_delta": _number(record.epsilon_spent_delta),
+                "epsilon_spent_after": _number(record.epsilon_spent_after),
                 "parameters": [_storable(value) for value in record.parameters] if record.parameters else None}
 
 

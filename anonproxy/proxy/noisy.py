@@ -65,7 +65,7 @@ import time
 import weakref
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
-from decimal import ROUND_FLOOR, Decimal
+from decimal import Decimal
 from typing import Any
 
 import psycopg
@@ -75,9 +75,10 @@ from psycopg.adapt import Transformer
 from ..config import ServiceLogin
 from ..plan.outer import ROWS, Outer, Series
 from ..policy.model import Policy, RolePolicy
-from ..dp import ledger
+from ..dp import amounts, ledger
 from ..dp.answers import (
     DEFAULT_COSTS,
+    cost,
     decoded,
     default_cost,
     encoded,
@@ -250,6 +251,8 @@ class NoisyAnswers:
             spent.relations = tuple(sorted({*spent.relations, *second.relations}))
             spent.epsilon, spent.delta = spent.epsilon + second.epsilon, spent.delta + second.delta
             spent.rho, spent.delta_add = spent.rho + second.rho, spent.delta_add + second.delta_add
+            spent.epsilon_spent_delta = (spent.epsilon_spent_delta or 0) + (second.epsilon_spent_delta or 0)
+            spent.epsilon_spent_after = second.epsilon_spent_after or spent.epsilon_spent_after
             keys = {plan.nested.key_values(row_texts(row)) for row in result.rows}
             rows = plan.nested.page(tuple(row for row in answered.rows
                                           if plan.nested.released(row_texts(row), keys)))
@@ -263,21 +266,22 @@ class NoisyAnswers:
         async with self._connection() as conn:
             plan, fingerprint, found = await self._question(conn, sql, role, policy, parameters, limits)
             plan = _bound_tail(plan, parameters)  # LIMIT $n, OFFSET $n: post-processing, not in the key
-            spent.relations = plan.tables
+            spent.relations, spent.budget_domain, spent.accounting = plan.tables, plan.table, found.accounting
             spent.epsilon, spent.delta, spent.rho, spent.delta_add = 0, 0, 0, 0  # until charged
+            spent.epsilon_spent_delta, spent.epsilon_spent_after = Decimal(0), None
             stop.check()  # a cached answer too: a statement past its time limit fails, as in PostgreSQL
             if plan.free:
                 types, rows = await _run(conn, plan.sql, parameters)
                 return await _result(conn, plan, measure(plan, types, rows), "anonproxy: the declared public domain, "
                                      "from the policy: no row was read and nothing was charged"), plan
-            headline = f"anonproxy: differentially private answer, ε={plan.epsilon:g}, δ={plan.delta:g}"
-            if found.accounting == "zcdp":  # what the budget adds up is ρ; (ε, δ) is the answer's guarantee alone
-                headline = (f"anonproxy: differentially private answer, ρ={plan.rho:g}, δ={plan.delta_add:g} "
-                            f"(zero-concentrated DP; on its own ε={plan.epsilon:g}, δ={plan.delta:g})")
+            headline = f"anonproxy: differentially private answer; it {cost(plan, found.accounting)}"
             cached = _readable(found.answer, plan)
             if cached is not None:  # the measurement paid for before, finished for this statement: no cost
+                headline = ("anonproxy: differentially private answer, paid for when first asked "
+                            f"(it {cost(plan, found.accounting)})")
                 return _with_notice(await _result(conn, plan, cached, headline), "anonproxy: the same question on "
-                                    "the same data was answered before; this is that answer, at no cost"), plan
+                                    "the same data was answered before; this is that answer, at no cost: ε spent "
+                                    f"on {plan.table} did not move"), plan
             await _check_statement(conn, plan, parameters)
             stop.check()
             # Charged, and committed, before the data is read: a question that fails from here on (its SQL, the
@@ -288,6 +292,8 @@ class NoisyAnswers:
             self._check_confirmed(conn)
             spent.epsilon, spent.delta = plan.epsilon, plan.delta
             spent.rho, spent.delta_add = plan.rho, plan.delta_add
+            spent.accounting, spent.epsilon_spent_after = left.accounting, left.epsilon_spent
+            spent.epsilon_spent_delta = left.epsilon_spent_delta or Decimal(0)
             version, types, rows = await self._measure(conn, plan, parameters, stop)
             measured = measure(plan, types, rows)
             # Another session of the role may have paid for the same question meanwhile: one measurement is released.
@@ -295,7 +301,8 @@ class NoisyAnswers:
                                                encoded(measured.canonical(plan)))
             kept = _readable(stored, plan)
             result = await _result(conn, plan, kept or measured, headline)
-            return _with_notice(result, f"anonproxy: budget left on {plan.table}: {_left(left)}"), plan
+            return _with_notice(result, f"anonproxy: this answer moved ε spent on {plan.table} by "
+                                        f"{amounts.spent(spent.epsilon_spent_delta)}: {_state(left)}"), plan
 
     def _check_confirmed(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """With standbys, refuse to answer when the charge's commit came with a WARNING: the ledger functions raise
@@ -373,14 +380,11 @@ class NoisyAnswers:
                              "question:")
                 lines += [f"  {line}" for line in explained(second, second_found)]
                 questions.append((second, second_found))
-                if not plan.free and not second.free:
-                    lines.append(f"both questions together cost ε={plan.epsilon + second.epsilon:g}, "
-                                 f"δ={plan.delta + second.delta:g}")
             budget = await ledger.remaining(conn, role.role, plan.table)
         charged = [question for question, seen in questions if not question.free and seen.answer is None]
-        if budget.accounting == "zcdp" and charged:
-            lines.append(_zcdp_explained(charged, budget))
-        lines.append(f"budget left on {plan.table}: {_left(budget)}")
+        if charged:
+            lines.append(_moved(charged, budget))
+        lines.append(f"budget of {plan.table}: {_state(budget)}")
         lines.append("nothing was run or charged")
         return Result(EXPLAIN_COLUMNS, tuple((line.encode(),) for line in lines), "EXPLAIN")
 
@@ -388,10 +392,10 @@ class NoisyAnswers:
         """``SHOW anonproxy.budget``: one row per protected table the role has a budget on."""
         async with self._connection() as conn:
             budgets = await ledger.remaining_all(conn, role)
-        values = [f"{b.domain}: epsilon {_shown(b.epsilon, b)} of {_plain(b.epsilon_budget)} left, "
-                  f"delta {_plain(b.delta)} of {_plain(b.delta_budget)} left"
-                  + (f" (zCDP accounting: rho {_shown(b.rho, b)} left, {_shown(b.rho_spent, b)} spent)"
-                     if b.rho is not None else "") for b in budgets]
+        values = [f"{b.domain}: epsilon {amounts.left(b.epsilon)} of {_plain(b.epsilon_budget)} left, delta "
+                  f"{_plain(b.delta)} of {_plain(b.delta_budget)} left; epsilon spent {amounts.spent(b.epsilon_spent)} "
+                  f"({_accounting(b)}); accuracy epsilon {_plain(per_query(b, 'epsilon'))} per query"
+                  for b in budgets]
         return _show("budget", values)
 
     async def show(self, setting: str, role: str, limits: SessionLimits) -> Result:
@@ -418,8 +422,8 @@ class NoisyAnswers:
                 raise Refused("42501", f'role "{role}" has no privacy budget', "Ask the DBA for one.")
             maximum = max(per_query(b, request.setting) for b in budgets)
             if request.value > maximum:
-                raise Refused("22023", f"{name} may only lower the policy's per-query value: at most "
-                              f"{_plain(maximum)} for role \"{role}\", got {_plain(request.value)}",
+                raise Refused("22023", f"{name} may only lower the policy's {_SETTING_NAMES[request.setting]}: "
+                              f"at most {_plain(maximum)} for role \"{role}\", got {_plain(request.value)}",
                               f"Give {name} a value up to {_plain(maximum)} (SET, or -c {name}=... at login); ask "
                               "the DBA for a larger one.")
             if at_login:
@@ -802,31 +806,45 @@ def _output_columns(plan: DPPlan, sql_types: list[int], post_types: list[int] | 
     return tuple(Column(column.name, oid) for column, oid in zip(plan.columns, types, strict=True))
 
 
-def _left(budget: ledger.Remaining) -> str:
-    """What is left of a budget, as notices and EXPLAIN say it."""
-    rho = f" (zCDP: ρ={_shown(budget.rho, budget)} left)" if budget.rho is not None else ""
-    return f"ε={_shown(budget.epsilon, budget)}, δ={_plain(budget.delta)}{rho}"
+# What the policy's per-query values are (docs/policy.md): ε sets the noise, δ is what partition selection may add.
+_SETTING_NAMES = {"epsilon": "accuracy epsilon (accuracy_epsilon)", "delta": "per-query delta (delta_per_query)"}
 
 
-def _shown(amount: Decimal | None, budget: ledger.Remaining) -> str:
-    """An amount of a budget as the proxy shows it: exact under basic; under zCDP, where it comes from a square root,
-    to 6 significant digits, rounded down (anonproxy.my_budget has 12 decimals)."""
-    if amount is None or not budget.zcdp or amount == 0:
-        return _plain(amount or Decimal(0))
-    return _plain(amount.quantize(Decimal(1).scaleb(amount.adjusted() - 5), rounding=ROUND_FLOOR))
+def _state(budget: ledger.Remaining) -> str:
+    """Where a budget stands, in its own accounting: ε spent of the budget (and ρ under zCDP), and what is left (the
+    lesser of the role's and the shared cap's)."""
+    text = f"ε spent {amounts.spent(budget.epsilon_spent)} of {_plain(budget.epsilon_budget)}"
+    if budget.accounting == "zcdp":
+        text += f" (ρ {amounts.spent(budget.rho_spent)} spent)"
+    text += f"; left: ε {amounts.left(budget.epsilon)}, δ {_plain(budget.delta)}"
+    if budget.rho is not None:
+        text += f", ρ {amounts.left(budget.rho)}"
+    return text
 
 
-def _zcdp_explained(charged: list[DPPlan], budget: ledger.Remaining) -> str:
-    """What the questions to be charged (a series limit's two, or one) do to a zCDP budget: their ρ adds up, and the
-    ε shown as spent is the conversion of the sum at what is left of δ, so an answer's share of ε is not its own ε (a
-    first answer looks dearer than later ones)."""
-    rho = sum((Decimal(repr(plan.rho)) for plan in charged), Decimal(0))
-    delta_add = sum((Decimal(repr(plan.delta_add)) for plan in charged), Decimal(0))
-    delta_left = budget.role_delta - delta_add  # the role's δ left under zcdp: D − Σδ_add
-    after = zcdp_epsilon(budget.rho_spent + rho, delta_left) if delta_left > 0 else Decimal("Infinity")
-    return (f"under zCDP accounting it costs ρ={float(rho):g}, δ_add={float(delta_add):g}: ε spent on "
-            f"{charged[0].table} would go from {float(budget.epsilon_spent):.6g} to {float(after):.6g} of "
-            f"{_plain(budget.epsilon_budget)}")
+def _accounting(budget: ledger.Remaining) -> str:
+    """How a budget counts, for SHOW anonproxy.budget: under zCDP with the ρ spent and what is left of it."""
+    text = "zCDP accounting" if budget.accounting == "zcdp" else "basic accounting"
+    if budget.accounting == "zcdp":
+        text += f": rho {amounts.spent(budget.rho_spent)} spent"
+    if budget.rho is not None:
+        text += f"{',' if budget.accounting == 'zcdp' else ':'} rho {amounts.left(budget.rho)} left"
+    return text
+
+
+def _moved(charged: list[DPPlan], budget: ledger.Remaining) -> str:
+    """What running the questions to be charged (a series limit's two, or one) would move the role's ε spent by, in its
+    accounting: under basic their ε; under zCDP their ρ adds up and ε spent is the conversion of the sum at what is
+    left of δ, so an answer's share of ε is not its own ε (a first answer looks dearer than later ones)."""
+    if budget.accounting == "basic":
+        after = budget.epsilon_spent + sum((Decimal(repr(plan.epsilon)) for plan in charged), Decimal(0))
+    else:
+        rho = sum((Decimal(repr(plan.rho)) for plan in charged), Decimal(0))
+        delta_add = sum((Decimal(repr(plan.delta_add)) for plan in charged), Decimal(0))
+        delta_left = budget.role_delta - delta_add  # the role's δ left under zcdp: D − Σδ_add
+        after = zcdp_epsilon(budget.rho_spent + rho, delta_left) if delta_left > 0 else Decimal("Infinity")
+    return (f"running it moves ε spent on {charged[0].table} by {amounts.spent(after - budget.epsilon_spent)}: from "
+            f"{amounts.spent(budget.epsilon_spent)} to {amounts.spent(after)} of {_plain(budget.epsilon_budget)}")
 
 
 def _show(setting: str, values: list[str]) -> Result:
