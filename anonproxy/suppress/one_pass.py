@@ -44,6 +44,7 @@ from anonproxy.suppress.rules import (
     PRIMARY,
     REST,
     REST_EXACT,
+    REST_CELLS,
     REST_RANKED,
     SUMMARY,
     UNIVERSE,
@@ -60,6 +61,7 @@ from anonproxy.suppress.rules import (
     string,
 )
 
+PLAIN_PREFIX = plain(1)[:-1]  # the summary's columns of plain select items: anonproxy_c<i>
 # Aggregate arguments whose absolute value is summed as bigint: abs() of the type itself could overflow.
 _SMALL_INTEGERS = ("int2", "int4")
 # Argument types whose sums are exact: the rest row's sums and averages follow from the groups' own.
@@ -73,7 +75,28 @@ def applies(query: AnalyticQuery, rules: Rules) -> bool:
     shape; a total without them is the simple shape, one pass already)."""
     if query.post is None:
         return False
-    return query.one_row_per_person or (query.grouped and not (rules.magnitude_rules and query.magnitudes))
+    if query.one_row_per_person:
+        return True
+    return query.grouped and (not (rules.magnitude_rules and query.magnitudes) or two_level(query, rules))
+
+
+def two_level(query: AnalyticQuery, rules: Rules) -> bool:
+    """Whether the summary comes from the per-person cells: a person may have several rows, the query has a GROUP BY
+    and a magnitude rule applies (which needs each person's part of each group anyway), every aggregate of the answer
+    follows exactly from its values over each person's rows (counts, sums of exact types, extremes, averages of exact
+    types), and every plain select item is a grouping expression or a constant. (Without a magnitude rule, counting
+    each group's distinct people in the summary's own pass is cheaper than a pass per group and person.)"""
+    post = query.post
+    if query.one_row_per_person or not query.grouped or post is None or not (rules.magnitude_rules
+                                                                                and query.magnitudes):
+        return False
+    aggregates = _aggregate_names(post)
+    for column in _columns(query, post):
+        if column.name in aggregates and column.rest is None:
+            return False
+        if column.name.startswith(PLAIN_PREFIX) and column.rest == "NULL" and _cell_key(query, column) is None:
+            return False
+    return True
 
 
 def parts(query: AnalyticQuery, rules: Rules) -> tuple[Ctes, str, list[str]]:
@@ -87,21 +110,34 @@ def parts(query: AnalyticQuery, rules: Rules) -> tuple[Ctes, str, list[str]]:
     flags = [f"n{j}" for j in range(1, len(query.contributors) + 1)]
     rows = query.one_row_per_person
     columns = _columns(query, post)
-    ctes: Ctes = [(SUMMARY, _summary(query, columns, magnitudes, flags), ("one pass: each group's answer, "
-                   "people, contributors, and total and largest contribution per SUM/AVG"))]
-    ctes.append((f"{UNIVERSE}(n)", _universe(query), "N: the people of the FROM clause"))
-    query = replace(query, universe=f"SELECT n FROM {UNIVERSE}")
-    ctes.append((CELLS, _cells(query, keys, magnitudes, flags), ("each person's part of each group, read only to "
-                 "rank contributions, or to follow people in several groups")))
+    linked = two_level(query, rules)
+    if linked:
+        ctes: Ctes = [(CELLS, _linked_cells(query, columns, keys, magnitudes, flags), ("one pass: each person's "
+                       "part of each group, and of each aggregate of the answer")),
+                      (SUMMARY, _linked_summary(query, columns, keys, sums, flags), ("each group's answer, "
+                       "people, contributors, and total and largest contribution per SUM/AVG, from its cells"))]
+        universe = (f"SELECT count(*) FROM (SELECT unit FROM {CELLS} GROUP BY unit) AS people"
+                    if query.where is None else query.universe)  # without a WHERE, everyone is in a cell
+        ctes.append((f"{UNIVERSE}(n)", universe, "N: the people of the FROM clause"))
+        query = replace(query, universe=f"SELECT n FROM {UNIVERSE}")
+    else:
+        ctes = [(SUMMARY, _summary(query, columns, magnitudes, flags), ("one pass: each group's answer, "
+                 "people, contributors, and total and largest contribution per SUM/AVG"))]
+        ctes.append((f"{UNIVERSE}(n)", _universe(query), "N: the people of the FROM clause"))
+        query = replace(query, universe=f"SELECT n FROM {UNIVERSE}")
+        ctes.append((CELLS, _cells(query, keys, magnitudes, flags), ("each person's part of each group, read only "
+                     "to rank contributions, or to follow people in several groups")))
     verdict = PRIMARY if query.grouped else GROUPS
     ctes += bounded_verdicts(query, rules, keys, sums, flags, verdict)
     if query.grouped:
         if rows:
             ctes.append((f"{ANSWERED}(n, disjoint)", f"SELECT coalesce(sum(units), 0), true FROM {PRIMARY}",
                          "the people of the answer; each is in one group"))
-        # The answer's people from its rows, not from the cells, which are then computed only if a group is withheld.
+        # The answer's people from its rows, not from the cells, which are then computed only if a group is withheld
+        # (unless the summary comes from the cells).
         where = f" WHERE {query.where}" if query.where is not None else ""
-        units = f"SELECT {query.unit} AS unit FROM {query.from_sql}{where} GROUP BY 1"
+        units = (f"SELECT unit FROM {CELLS} GROUP BY unit" if linked
+                 else f"SELECT {query.unit} AS unit FROM {query.from_sql}{where} GROUP BY 1")
         ctes += complementary(query, rules, keys, sums, flags, rest, rows=rows, units=units)
         ctes.append((WITHHELD, f"SELECT {', '.join(keys)} FROM {GROUPS} WHERE NOT released",
                      "the groups that were suppressed"))
@@ -252,6 +288,63 @@ def _cells(query: AnalyticQuery, keys: list[str], magnitudes: tuple[str, ...], f
     return "\n".join(lines)
 
 
+def _cell_key(query: AnalyticQuery, column: _Column) -> str | None:
+    """The grouping column (``anonproxy_g<k>``) a plain select item of a grouping expression reads, if it is one."""
+    for k, expression in enumerate(query.keys, 1):
+        if column.expression == expression:
+            return key(k)
+    return None
+
+
+def _linked_cells(query: AnalyticQuery, columns: list[_Column], keys: list[str], magnitudes: tuple[str, ...],
+                  flags: list[str]) -> str:
+    """One row per group and person: each aggregate of the answer over the person's rows of the group (of which the
+    group's value follows), the person's part of each SUM/AVG argument, and whether one of their rows contributes to
+    each aggregate."""
+    assert query.post is not None
+    aggregates = _aggregate_names(query.post)
+    select = [f"{expression} AS {name}" for expression, name in zip(query.keys, keys, strict=True)]
+    select.append(f"{query.unit} AS unit")
+    select += [f"{column.expression} AS {column.name}" for column in columns
+               if column.name in aggregates or not column.answer]
+    select += [f"sum({argument}) AS s{j}" for j, argument in enumerate(magnitudes, 1)]
+    select += [f"bool_or({contributes(rule, argument)}) AS {flag}"
+               for (rule, argument), flag in zip(query.contributors, flags, strict=True)]
+    lines = [f"SELECT {', '.join(select)}", f"FROM {query.from_sql}"]
+    if query.where is not None:
+        lines.append(f"WHERE {query.where}")
+    lines.append(f"GROUP BY {', '.join(str(i) for i in range(1, len(keys) + 2))}")
+    return "\n".join(lines)
+
+
+def _linked_summary(query: AnalyticQuery, columns: list[_Column], keys: list[str], sums: list[str],
+                    flags: list[str]) -> str:
+    """Each group's answer from its cells, one per person of the group: an aggregate's value over several cells
+    follows as the rest row's does over several groups (:func:`_combined`)."""
+    assert query.post is not None
+    aggregates = _aggregate_names(query.post)
+    select = []
+    for column in columns:
+        if not column.answer:  # a part of an average: the sum of the cells' parts
+            select.append(f"sum({column.name}) AS {column.name}")
+        elif column.name in aggregates:
+            select.append(f"{column.rest} AS {column.name}")
+        elif column.name in keys:
+            select.append(column.name)
+        else:  # a plain item: a grouping expression, read from its cells' column, or a constant
+            select.append(f"{_cell_key(query, column) or column.expression} AS {column.name}")
+    select.append("count(*) AS units")
+    select += [f"count(*) FILTER (WHERE {flag}) AS {flag}" for flag in flags]
+    for s in sums:
+        contribution = f"abs(coalesce({s}, 0))::numeric"
+        select += [f"coalesce(sum({contribution}), 0) AS t{s[1:]}", f"coalesce(max({contribution}), 0) AS m{s[1:]}"]
+    return "\n".join([f"SELECT {', '.join(select)}", f"FROM {CELLS}", f"GROUP BY {', '.join(keys)}"])
+
+
+def _aggregate_names(post: PostAggregate) -> set[str]:
+    return {value(j) for j in range(1, len(post.aggregates) + 1)}
+
+
 def _rest(query: AnalyticQuery, rules: Rules, keys: list[str], sums: list[str], flags: list[str]) -> Ctes:
     """``anonproxy_rest``: whether the rest row passes the rules, from the withheld groups' own counts and totals;
     their rows are ranked only when the totals leave a magnitude rule open."""
@@ -263,6 +356,8 @@ def _rest(query: AnalyticQuery, rules: Rules, keys: list[str], sums: list[str], 
     conditions = [query_set_size("units", query, rules),
                   left_out(f"({query.universe}) - (SELECT n FROM {ANSWERED})", rules),
                   *(f"{flag} >= {rules.k}" for flag in flags)]
+    if sums and not query.one_row_per_person:
+        return _linked_rest(query, rules, keys, sums, flags, conditions)
     if sums:
         ctes += ranked_verdict(f"(SELECT * FROM {CELLS} WHERE {withheld}) AS withheld", REST_RANKED, REST_EXACT,
                                [], sums, [], "true", rules, "the magnitude rules on the rest row's ranked contributions")
@@ -279,6 +374,29 @@ def _rest(query: AnalyticQuery, rules: Rules, keys: list[str], sums: list[str], 
     ctes.append((REST, "\n".join([
         "SELECT " + "\n       AND ".join(conditions) + " AS released",
         f"FROM (SELECT {', '.join(counted)} FROM {source} WHERE {withheld}) AS rest",
+    ]), "the rest row is released only if it passes the same rules, query-set-size control included"))
+    return ctes
+
+
+def _linked_rest(query: AnalyticQuery, rules: Rules, keys: list[str], sums: list[str], flags: list[str],
+                 conditions: list[str]) -> Ctes:
+    """``anonproxy_rest`` where a person may be in several withheld groups and a magnitude rule applies: each
+    person's part of the withheld groups (``anonproxy_rest_cells``), counted once, their total and largest
+    contribution per SUM/AVG; ranked only when those leave a rule open."""
+    parts = ["unit", *(f"sum({s}) AS {s}" for s in sums), *(f"bool_or({flag}) AS {flag}" for flag in flags)]
+    ctes: Ctes = [(REST_CELLS, f"SELECT {', '.join(parts)}\nFROM {CELLS}\nWHERE {_withheld(keys)}\nGROUP BY 1",
+                   "each person's part of the withheld groups")]
+    ctes += ranked_verdict(REST_CELLS, REST_RANKED, REST_EXACT, [], sums, [], "true", rules,
+                           "the magnitude rules on the rest row's ranked contributions")
+    exact = f"(SELECT released FROM {REST_EXACT})"
+    conditions = conditions + [magnitude_bounds(rules, f"t{s[1:]}", f"m{s[1:]}").verdict(exact) for s in sums]
+    counted = ["count(unit) AS units", *(f"count(unit) FILTER (WHERE {flag}) AS {flag}" for flag in flags)]
+    for s in sums:
+        contribution = f"abs(coalesce({s}, 0))::numeric"
+        counted += [f"coalesce(sum({contribution}), 0) AS t{s[1:]}", f"coalesce(max({contribution}), 0) AS m{s[1:]}"]
+    ctes.append((REST, "\n".join([
+        "SELECT " + "\n       AND ".join(conditions) + " AS released",
+        f"FROM (SELECT {', '.join(counted)} FROM {REST_CELLS}) AS rest",
     ]), "the rest row is released only if it passes the same rules, query-set-size control included"))
     return ctes
 
