@@ -20,6 +20,13 @@ ORDER BY run over the released groups (:attr:`AnalyticQuery.post`).
   (``anonproxy_cells``) is computed only when complementary suppression must
   follow people through its steps or the rest row must count the withheld
   groups' people.
+* **Otherwise, a GROUP BY under a magnitude rule whose answer follows from
+  each person's rows** (:func:`two_level`): the one pass is per group and
+  person (``anonproxy_cells``: the client's aggregates over the person's rows,
+  their part of each SUM/AVG, whether they contribute), and the summary, the
+  rules, complementary suppression, the rest row and the answer all come from
+  it; N adds up the groups where each person is in one group
+  (:func:`_one_group_per_person`), once the catalog still says so.
 
 The suppressed-rest row comes from the withheld groups' rows of the summary
 where the client's aggregates follow from them (counts, sums of exact types,
@@ -35,6 +42,7 @@ from sqlglot import exp
 
 from anonproxy.plan.analysis import AggregateText, AnalyticQuery
 from anonproxy.plan.post_aggregate import RELEASED, PostAggregate, key, plain, value
+from anonproxy.rewrite.names import ResolvedTable
 from anonproxy.suppress.complementary import complementary
 from anonproxy.suppress.rules import (
     ANSWERED,
@@ -116,9 +124,7 @@ def parts(query: AnalyticQuery, rules: Rules) -> tuple[Ctes, str, list[str]]:
                        "part of each group, and of each aggregate of the answer")),
                       (SUMMARY, _linked_summary(query, columns, keys, sums, flags), ("each group's answer, "
                        "people, contributors, and total and largest contribution per SUM/AVG, from its cells"))]
-        universe = (f"SELECT count(*) FROM (SELECT unit FROM {CELLS} GROUP BY unit) AS people"
-                    if query.where is None else query.universe)  # without a WHERE, everyone is in a cell
-        ctes.append((f"{UNIVERSE}(n)", universe, "N: the people of the FROM clause"))
+        ctes.append((f"{UNIVERSE}(n)", _linked_universe(query), "N: the people of the FROM clause"))
         query = replace(query, universe=f"SELECT n FROM {UNIVERSE}")
     else:
         ctes = [(SUMMARY, _summary(query, columns, magnitudes, flags), ("one pass: each group's answer, "
@@ -288,6 +294,54 @@ def _cells(query: AnalyticQuery, keys: list[str], magnitudes: tuple[str, ...], f
     return "\n".join(lines)
 
 
+def _linked_universe(query: AnalyticQuery) -> str:
+    """N where a person may have several rows. With a WHERE, the distinct units of the FROM clause. Without one,
+    everyone is in a cell: where each person is in one group (:func:`_one_group_per_person`), the groups' people
+    add up, once the catalog still says so; else the cells' distinct units."""
+    if query.where is not None:
+        return query.universe
+    protected = _one_group_per_person(query)
+    if protected is None:
+        return f"SELECT count(*) FROM (SELECT unit FROM {CELLS} GROUP BY unit) AS people"
+    relation, unit = protected
+    return (f"SELECT coalesce(sum(units), 0) FROM {SUMMARY}\n"
+            f"WHERE {ONE_ROW_PER_PERSON}({string(relation)}, {string(unit)})")
+
+
+def _one_group_per_person(query: AnalyticQuery) -> tuple[str, str] | None:
+    """The protected table (quoted, schema-qualified) and its unit column when each person is in one group: the
+    catalog makes that unit unique and not null (one row per person in that table), and every grouping expression
+    reads only that table's columns, so that a person's rows of a linked table all share their group. None
+    otherwise (a bare column name another table of the query also has, or a table whose columns are not known)."""
+    protected = [(reference, table) for reference, table in query.sources
+                 if table.protected is not None and table.protected.unique_unit]
+    if len(protected) != 1:
+        return None
+    reference, table = protected[0]
+    assert table.protected is not None
+    others: set[str] = set()
+    for other_reference, other in query.sources:
+        if other_reference != reference:
+            known = _known_columns(other)
+            if known is None:
+                return None
+            others |= known
+    own = _known_columns(table) or set()
+    for node in query.key_nodes:
+        for column in node.find_all(exp.Column):
+            qualifier = column.table
+            if qualifier != reference and (qualifier or column.name not in own or column.name in others):
+                return None
+    return table.qualified, table.protected.unit_column
+
+
+def _known_columns(table: ResolvedTable) -> set[str] | None:
+    """A table's columns as the catalog said when the policy was read; None when not read."""
+    declared = table.protected or table.linked or table.reference
+    types = declared.types if declared is not None else None
+    return set(types) if types is not None else None
+
+
 def _cell_key(query: AnalyticQuery, column: _Column) -> str | None:
     """The grouping column (``anonproxy_g<k>``) a plain select item of a grouping expression reads, if it is one."""
     for k, expression in enumerate(query.keys, 1):
@@ -333,8 +387,8 @@ def _linked_summary(query: AnalyticQuery, columns: list[_Column], keys: list[str
             select.append(column.name)
         else:  # a plain item: a grouping expression, read from its cells' column, or a constant
             select.append(f"{_cell_key(query, column) or column.expression} AS {column.name}")
-    select.append("count(*) AS units")
-    select += [f"count(*) FILTER (WHERE {flag}) AS {flag}" for flag in flags]
+    select.append("count(unit) AS units")
+    select += [f"count(unit) FILTER (WHERE {flag}) AS {flag}" for flag in flags]
     for s in sums:
         contribution = f"abs(coalesce({s}, 0))::numeric"
         select += [f"coalesce(sum({contribution}), 0) AS t{s[1:]}", f"coalesce(max({contribution}), 0) AS m{s[1:]}"]
