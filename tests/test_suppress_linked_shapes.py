@@ -27,7 +27,13 @@ from conftest import govern_by_demo_policy
 from suppression_oracle import Magnitudes, suppress
 
 from anonproxy.embedded import EmbeddedPostgres
-from anonproxy.policy.model import ColumnPolicy, LinkedTable, Policy, RolePolicy, SuppressionParams
+from anonproxy.policy.model import (
+    ColumnPolicy,
+    LinkedTable,
+    Policy,
+    RolePolicy,
+    SuppressionParams,
+)
 from anonproxy.policy.store import load_policy
 from anonproxy.policy.yaml_policy import apply_policy, demo_policy
 from anonproxy.rewrite.classify import decide

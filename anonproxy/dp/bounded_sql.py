@@ -24,7 +24,7 @@ from fractions import Fraction
 
 from anonproxy.dp.model import Statistic
 from anonproxy.plan.analysis import AnalyticQuery
-from anonproxy.suppress.rules import ONE_ROW_PER_PERSON
+from anonproxy.suppress.rules import one_row_per_person
 
 # Column names in the generated SQL (prefixed so they cannot collide with the client's).
 ROWS = "anonproxy_rows"
@@ -140,11 +140,10 @@ def _single_by_policy(query: AnalyticQuery) -> bool:
 def _single(query: AnalyticQuery, statistics: list[Statistic], public: list[tuple[str, ...]] | None,
             keys: list[str], arguments: dict[str, str], typecheck: list[tuple[str, str, str]]) -> str:
     """The statistics over the client's rows, each row one unit: no per-unit window, no guard, no second branch.
-    The catalog fact is checked once, before the scan, by a condition that reads no column."""
+    The catalog fact is checked once, in the leader, before the scan, by a condition that reads no column."""
     ((_, table),) = query.sources
     assert table.protected is not None
-    check = (f"{ONE_ROW_PER_PERSON}({text_literal(table.qualified)}, "
-             f"{text_literal(table.protected.unit_column)})")
+    check = one_row_per_person(table.qualified, table.protected.unit_column)
     conditions = [check] if query.where is None else [check, f"({query.where})"]
     select = [f"{key} AS {name}" for key, name in zip(query.keys, keys, strict=True)]
     select += [f"{_aggregate(stat, {a: a for a in arguments}, False)} AS {stat.name}" for stat in statistics]

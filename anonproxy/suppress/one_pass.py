@@ -47,12 +47,11 @@ from anonproxy.suppress.complementary import complementary
 from anonproxy.suppress.rules import (
     ANSWERED,
     CELLS,
-    ONE_ROW_PER_PERSON,
     GROUPS,
     PRIMARY,
     REST,
-    REST_EXACT,
     REST_CELLS,
+    REST_EXACT,
     REST_RANKED,
     SUMMARY,
     UNIVERSE,
@@ -64,9 +63,9 @@ from anonproxy.suppress.rules import (
     key_tuple,
     left_out,
     magnitude_bounds,
+    one_row_per_person,
     query_set_size,
     ranked_verdict,
-    string,
 )
 
 PLAIN_PREFIX = plain(1)[:-1]  # the summary's columns of plain select items: anonproxy_c<i>
@@ -168,7 +167,7 @@ def _universe(query: AnalyticQuery) -> str:
     if not query.one_row_per_person:
         return query.universe
     relation, unit = _protected(query)
-    check = f"WHERE {ONE_ROW_PER_PERSON}({string(relation)}, {string(unit)})"
+    check = f"WHERE {one_row_per_person(relation, unit)}"
     if query.where is None:
         return f"SELECT coalesce(sum(units), 0) FROM {SUMMARY}\n{check}"
     return f"SELECT count(*) FROM {query.from_sql}\n{check}"
@@ -305,7 +304,7 @@ def _linked_universe(query: AnalyticQuery) -> str:
         return f"SELECT count(*) FROM (SELECT unit FROM {CELLS} GROUP BY unit) AS people"
     relation, unit = protected
     return (f"SELECT coalesce(sum(units), 0) FROM {SUMMARY}\n"
-            f"WHERE {ONE_ROW_PER_PERSON}({string(relation)}, {string(unit)})")
+            f"WHERE {one_row_per_person(relation, unit)}")
 
 
 def _one_group_per_person(query: AnalyticQuery) -> tuple[str, str] | None:
