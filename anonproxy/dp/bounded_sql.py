@@ -4,6 +4,17 @@ Each privacy unit's rows are bounded (at most ``max_rows_per_unit`` per group, `
 each aggregate's argument clamped into its bounds, then the statistics of :class:`anonproxy.dp.model.Statistic`
 computed per group; groups of declared public domains are listed whether or not a row falls in them. Noise is
 added in the proxy (:mod:`anonproxy.dp.finish`), never in SQL.
+
+Where each row is one unit, no row needs to be dropped: each unit contributes one row to one group. Two ways to
+know it:
+
+* **from the policy** (:attr:`AnalyticQuery.one_row_per_person`, read from the catalog with the policy: the
+  protected table alone, its unit column unique and not null): the SQL is the statistics over the client's rows,
+  no bounding written at all, and it checks the fact once, before its scan (``anonproxy.one_row_per_person``,
+  sql/0023, which raises an error when a key was dropped since the policy was read, as suppress mode's one-pass
+  SQL does);
+* **at run time** (otherwise): a guard CTE reads the catalog, and of two branches only one runs, the rows as
+  they are or the bounded rows.
 """
 
 from __future__ import annotations
@@ -13,6 +24,7 @@ from fractions import Fraction
 
 from anonproxy.dp.model import Statistic
 from anonproxy.plan.analysis import AnalyticQuery
+from anonproxy.suppress.rules import one_row_per_person
 
 # Column names in the generated SQL (prefixed so they cannot collide with the client's).
 ROWS = "anonproxy_rows"
@@ -61,6 +73,8 @@ def bounded_sql(query: AnalyticQuery, statistics: list[Statistic], public: list[
     # Without bounding nothing reads the unit (each row is one): leaving it out spares decoding it (SELECT FROM t
     # with no column is valid PostgreSQL).
     plain = [f"SELECT {', '.join(select[1:])}", f"FROM {query.from_sql}", *where]
+    if _single_by_policy(query):
+        return _single(query, statistics, public, keys, arguments, typecheck)
     rows = [f"SELECT {', '.join([*select, 'random() AS anonproxy_r'])}", f"FROM {query.from_sql}", *where]
     ctes = [*typecheck,
             (GUARD, _guard(query), ("true when every table holds at most one row per unit (a valid unique index on "
@@ -106,11 +120,40 @@ def bounded_sql(query: AnalyticQuery, statistics: list[Statistic], public: list[
         return _with(ctes) + "\n" + final
     ctes.append((STATS, final, f"at most {groups_cap} group(s) per unit; exact per-group statistics"))
     ctes.append(_domain_cte(public, keys))
+    return _with(ctes) + "\n" + _over_domain(statistics, keys)
+
+
+def _over_domain(statistics: list[Statistic], keys: list[str]) -> str:
+    """Every group of the public domains, with its statistics (those of a group without rows: empty)."""
     on = " AND ".join(f"s.{key}::text = d.{key}" for key in keys)
-    outer = [f"SELECT {', '.join(f'd.{key}' for key in keys)}, "
-             + ", ".join(f"coalesce(s.{stat.name}, {_EMPTY[stat.kind]}) AS {stat.name}" for stat in statistics),
-             f"FROM {DOMAIN} AS d LEFT JOIN {STATS} AS s ON {on}"]
-    return _with(ctes) + "\n" + "\n".join(outer)
+    return "\n".join([f"SELECT {', '.join(f'd.{key}' for key in keys)}, "
+                      + ", ".join(f"coalesce(s.{stat.name}, {_EMPTY[stat.kind]}) AS {stat.name}" for stat in statistics),
+                      f"FROM {DOMAIN} AS d LEFT JOIN {STATS} AS s ON {on}"])
+
+
+def _single_by_policy(query: AnalyticQuery) -> bool:
+    """Whether the policy's catalog facts make each row of the FROM clause one unit: the protected table alone
+    (a reference table's key is not checked again at run time), its unit unique and not null."""
+    return query.one_row_per_person and len(query.sources) == 1
+
+
+def _single(query: AnalyticQuery, statistics: list[Statistic], public: list[tuple[str, ...]] | None,
+            keys: list[str], arguments: dict[str, str], typecheck: list[tuple[str, str, str]]) -> str:
+    """The statistics over the client's rows, each row one unit: no per-unit window, no guard, no second branch.
+    The catalog fact is checked once, in the leader, before the scan, by a condition that reads no column."""
+    ((_, table),) = query.sources
+    assert table.protected is not None
+    check = one_row_per_person(table.qualified, table.protected.unit_column)
+    conditions = [check] if query.where is None else [check, f"({query.where})"]
+    select = [f"{key} AS {name}" for key, name in zip(query.keys, keys, strict=True)]
+    select += [f"{_aggregate(stat, {a: a for a in arguments}, False)} AS {stat.name}" for stat in statistics]
+    lines = [f"SELECT {', '.join(select)}", f"FROM {query.from_sql}", "WHERE " + "\n  AND ".join(conditions)]
+    lines += [f"GROUP BY {', '.join(query.keys)}"] if keys else []
+    final = "\n".join(lines)
+    if public is None:
+        return (_with(typecheck) + "\n" if typecheck else "") + final
+    ctes = [*typecheck, (STATS, final, "exact per-group statistics, each row one unit"), _domain_cte(public, keys)]
+    return _with(ctes) + "\n" + _over_domain(statistics, keys)
 
 
 def _domain_cte(public: list[tuple[str, ...]], keys: list[str]) -> tuple[str, str, str]:

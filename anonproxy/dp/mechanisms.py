@@ -546,6 +546,7 @@ def combined_halfwidth(first: tuple[str, Number, Fraction], second: tuple[str, N
     return high * grid
 
 
+@lru_cache(maxsize=256)  # a few scales recur (per ε share and bounds); the bisection costs ms per new question
 def laplace_matched_sigma2(scale: Number) -> Fraction:
     """The σ² of the discrete Gaussian whose variance equals that of the discrete Laplace of scale t (never
     less), rounded up to a short rational: the Gaussian a statistic uses for the accuracy a Laplace at the same

@@ -20,6 +20,13 @@ ORDER BY run over the released groups (:attr:`AnalyticQuery.post`).
   (``anonproxy_cells``) is computed only when complementary suppression must
   follow people through its steps or the rest row must count the withheld
   groups' people.
+* **Otherwise, a GROUP BY under a magnitude rule whose answer follows from
+  each person's rows** (:func:`two_level`): the one pass is per group and
+  person (``anonproxy_cells``: the client's aggregates over the person's rows,
+  their part of each SUM/AVG, whether they contribute), and the summary, the
+  rules, complementary suppression, the rest row and the answer all come from
+  it; N adds up the groups where each person is in one group
+  (:func:`_one_group_per_person`), once the catalog still says so.
 
 The suppressed-rest row comes from the withheld groups' rows of the summary
 where the client's aggregates follow from them (counts, sums of exact types,
@@ -35,14 +42,15 @@ from sqlglot import exp
 
 from anonproxy.plan.analysis import AggregateText, AnalyticQuery
 from anonproxy.plan.post_aggregate import RELEASED, PostAggregate, key, plain, value
+from anonproxy.rewrite.names import ResolvedTable
 from anonproxy.suppress.complementary import complementary
 from anonproxy.suppress.rules import (
     ANSWERED,
     CELLS,
-    ONE_ROW_PER_PERSON,
     GROUPS,
     PRIMARY,
     REST,
+    REST_CELLS,
     REST_EXACT,
     REST_RANKED,
     SUMMARY,
@@ -55,11 +63,12 @@ from anonproxy.suppress.rules import (
     key_tuple,
     left_out,
     magnitude_bounds,
+    one_row_per_person,
     query_set_size,
     ranked_verdict,
-    string,
 )
 
+PLAIN_PREFIX = plain(1)[:-1]  # the summary's columns of plain select items: anonproxy_c<i>
 # Aggregate arguments whose absolute value is summed as bigint: abs() of the type itself could overflow.
 _SMALL_INTEGERS = ("int2", "int4")
 # Argument types whose sums are exact: the rest row's sums and averages follow from the groups' own.
@@ -73,7 +82,28 @@ def applies(query: AnalyticQuery, rules: Rules) -> bool:
     shape; a total without them is the simple shape, one pass already)."""
     if query.post is None:
         return False
-    return query.one_row_per_person or (query.grouped and not (rules.magnitude_rules and query.magnitudes))
+    if query.one_row_per_person:
+        return True
+    return query.grouped and (not (rules.magnitude_rules and query.magnitudes) or two_level(query, rules))
+
+
+def two_level(query: AnalyticQuery, rules: Rules) -> bool:
+    """Whether the summary comes from the per-person cells: a person may have several rows, the query has a GROUP BY
+    and a magnitude rule applies (which needs each person's part of each group anyway), every aggregate of the answer
+    follows exactly from its values over each person's rows (counts, sums of exact types, extremes, averages of exact
+    types), and every plain select item is a grouping expression or a constant. (Without a magnitude rule, counting
+    each group's distinct people in the summary's own pass is cheaper than a pass per group and person.)"""
+    post = query.post
+    if query.one_row_per_person or not query.grouped or post is None or not (rules.magnitude_rules
+                                                                                and query.magnitudes):
+        return False
+    aggregates = _aggregate_names(post)
+    for column in _columns(query, post):
+        if column.name in aggregates and column.rest is None:
+            return False
+        if column.name.startswith(PLAIN_PREFIX) and column.rest == "NULL" and _cell_key(query, column) is None:
+            return False
+    return True
 
 
 def parts(query: AnalyticQuery, rules: Rules) -> tuple[Ctes, str, list[str]]:
@@ -87,21 +117,32 @@ def parts(query: AnalyticQuery, rules: Rules) -> tuple[Ctes, str, list[str]]:
     flags = [f"n{j}" for j in range(1, len(query.contributors) + 1)]
     rows = query.one_row_per_person
     columns = _columns(query, post)
-    ctes: Ctes = [(SUMMARY, _summary(query, columns, magnitudes, flags), ("one pass: each group's answer, "
-                   "people, contributors, and total and largest contribution per SUM/AVG"))]
-    ctes.append((f"{UNIVERSE}(n)", _universe(query), "N: the people of the FROM clause"))
-    query = replace(query, universe=f"SELECT n FROM {UNIVERSE}")
-    ctes.append((CELLS, _cells(query, keys, magnitudes, flags), ("each person's part of each group, read only to "
-                 "rank contributions, or to follow people in several groups")))
+    linked = two_level(query, rules)
+    if linked:
+        ctes: Ctes = [(CELLS, _linked_cells(query, columns, keys, magnitudes, flags), ("one pass: each person's "
+                       "part of each group, and of each aggregate of the answer")),
+                      (SUMMARY, _linked_summary(query, columns, keys, sums, flags), ("each group's answer, "
+                       "people, contributors, and total and largest contribution per SUM/AVG, from its cells"))]
+        ctes.append((f"{UNIVERSE}(n)", _linked_universe(query), "N: the people of the FROM clause"))
+        query = replace(query, universe=f"SELECT n FROM {UNIVERSE}")
+    else:
+        ctes = [(SUMMARY, _summary(query, columns, magnitudes, flags), ("one pass: each group's answer, "
+                 "people, contributors, and total and largest contribution per SUM/AVG"))]
+        ctes.append((f"{UNIVERSE}(n)", _universe(query), "N: the people of the FROM clause"))
+        query = replace(query, universe=f"SELECT n FROM {UNIVERSE}")
+        ctes.append((CELLS, _cells(query, keys, magnitudes, flags), ("each person's part of each group, read only "
+                     "to rank contributions, or to follow people in several groups")))
     verdict = PRIMARY if query.grouped else GROUPS
     ctes += bounded_verdicts(query, rules, keys, sums, flags, verdict)
     if query.grouped:
         if rows:
             ctes.append((f"{ANSWERED}(n, disjoint)", f"SELECT coalesce(sum(units), 0), true FROM {PRIMARY}",
                          "the people of the answer; each is in one group"))
-        # The answer's people from its rows, not from the cells, which are then computed only if a group is withheld.
+        # The answer's people from its rows, not from the cells, which are then computed only if a group is withheld
+        # (unless the summary comes from the cells).
         where = f" WHERE {query.where}" if query.where is not None else ""
-        units = f"SELECT {query.unit} AS unit FROM {query.from_sql}{where} GROUP BY 1"
+        units = (f"SELECT unit FROM {CELLS} GROUP BY unit" if linked
+                 else f"SELECT {query.unit} AS unit FROM {query.from_sql}{where} GROUP BY 1")
         ctes += complementary(query, rules, keys, sums, flags, rest, rows=rows, units=units)
         ctes.append((WITHHELD, f"SELECT {', '.join(keys)} FROM {GROUPS} WHERE NOT released",
                      "the groups that were suppressed"))
@@ -126,7 +167,7 @@ def _universe(query: AnalyticQuery) -> str:
     if not query.one_row_per_person:
         return query.universe
     relation, unit = _protected(query)
-    check = f"WHERE {ONE_ROW_PER_PERSON}({string(relation)}, {string(unit)})"
+    check = f"WHERE {one_row_per_person(relation, unit)}"
     if query.where is None:
         return f"SELECT coalesce(sum(units), 0) FROM {SUMMARY}\n{check}"
     return f"SELECT count(*) FROM {query.from_sql}\n{check}"
@@ -252,6 +293,111 @@ def _cells(query: AnalyticQuery, keys: list[str], magnitudes: tuple[str, ...], f
     return "\n".join(lines)
 
 
+def _linked_universe(query: AnalyticQuery) -> str:
+    """N where a person may have several rows. With a WHERE, the distinct units of the FROM clause. Without one,
+    everyone is in a cell: where each person is in one group (:func:`_one_group_per_person`), the groups' people
+    add up, once the catalog still says so; else the cells' distinct units."""
+    if query.where is not None:
+        return query.universe
+    protected = _one_group_per_person(query)
+    if protected is None:
+        return f"SELECT count(*) FROM (SELECT unit FROM {CELLS} GROUP BY unit) AS people"
+    relation, unit = protected
+    return (f"SELECT coalesce(sum(units), 0) FROM {SUMMARY}\n"
+            f"WHERE {one_row_per_person(relation, unit)}")
+
+
+def _one_group_per_person(query: AnalyticQuery) -> tuple[str, str] | None:
+    """The protected table (quoted, schema-qualified) and its unit column when each person is in one group: the
+    catalog makes that unit unique and not null (one row per person in that table), and every grouping expression
+    reads only that table's columns, so that a person's rows of a linked table all share their group. None
+    otherwise (a bare column name another table of the query also has, or a table whose columns are not known)."""
+    protected = [(reference, table) for reference, table in query.sources
+                 if table.protected is not None and table.protected.unique_unit]
+    if len(protected) != 1:
+        return None
+    reference, table = protected[0]
+    assert table.protected is not None
+    others: set[str] = set()
+    for other_reference, other in query.sources:
+        if other_reference != reference:
+            known = _known_columns(other)
+            if known is None:
+                return None
+            others |= known
+    own = _known_columns(table) or set()
+    for node in query.key_nodes:
+        for column in node.find_all(exp.Column):
+            qualifier = column.table
+            if qualifier != reference and (qualifier or column.name not in own or column.name in others):
+                return None
+    return table.qualified, table.protected.unit_column
+
+
+def _known_columns(table: ResolvedTable) -> set[str] | None:
+    """A table's columns as the catalog said when the policy was read; None when not read."""
+    declared = table.protected or table.linked or table.reference
+    types = declared.types if declared is not None else None
+    return set(types) if types is not None else None
+
+
+def _cell_key(query: AnalyticQuery, column: _Column) -> str | None:
+    """The grouping column (``anonproxy_g<k>``) a plain select item of a grouping expression reads, if it is one."""
+    for k, expression in enumerate(query.keys, 1):
+        if column.expression == expression:
+            return key(k)
+    return None
+
+
+def _linked_cells(query: AnalyticQuery, columns: list[_Column], keys: list[str], magnitudes: tuple[str, ...],
+                  flags: list[str]) -> str:
+    """One row per group and person: each aggregate of the answer over the person's rows of the group (of which the
+    group's value follows), the person's part of each SUM/AVG argument, and whether one of their rows contributes to
+    each aggregate."""
+    assert query.post is not None
+    aggregates = _aggregate_names(query.post)
+    select = [f"{expression} AS {name}" for expression, name in zip(query.keys, keys, strict=True)]
+    select.append(f"{query.unit} AS unit")
+    select += [f"{column.expression} AS {column.name}" for column in columns
+               if column.name in aggregates or not column.answer]
+    select += [f"sum({argument}) AS s{j}" for j, argument in enumerate(magnitudes, 1)]
+    select += [f"bool_or({contributes(rule, argument)}) AS {flag}"
+               for (rule, argument), flag in zip(query.contributors, flags, strict=True)]
+    lines = [f"SELECT {', '.join(select)}", f"FROM {query.from_sql}"]
+    if query.where is not None:
+        lines.append(f"WHERE {query.where}")
+    lines.append(f"GROUP BY {', '.join(str(i) for i in range(1, len(keys) + 2))}")
+    return "\n".join(lines)
+
+
+def _linked_summary(query: AnalyticQuery, columns: list[_Column], keys: list[str], sums: list[str],
+                    flags: list[str]) -> str:
+    """Each group's answer from its cells, one per person of the group: an aggregate's value over several cells
+    follows as the rest row's does over several groups (:func:`_combined`)."""
+    assert query.post is not None
+    aggregates = _aggregate_names(query.post)
+    select = []
+    for column in columns:
+        if not column.answer:  # a part of an average: the sum of the cells' parts
+            select.append(f"sum({column.name}) AS {column.name}")
+        elif column.name in aggregates:
+            select.append(f"{column.rest} AS {column.name}")
+        elif column.name in keys:
+            select.append(column.name)
+        else:  # a plain item: a grouping expression, read from its cells' column, or a constant
+            select.append(f"{_cell_key(query, column) or column.expression} AS {column.name}")
+    select.append("count(unit) AS units")
+    select += [f"count(unit) FILTER (WHERE {flag}) AS {flag}" for flag in flags]
+    for s in sums:
+        contribution = f"abs(coalesce({s}, 0))::numeric"
+        select += [f"coalesce(sum({contribution}), 0) AS t{s[1:]}", f"coalesce(max({contribution}), 0) AS m{s[1:]}"]
+    return "\n".join([f"SELECT {', '.join(select)}", f"FROM {CELLS}", f"GROUP BY {', '.join(keys)}"])
+
+
+def _aggregate_names(post: PostAggregate) -> set[str]:
+    return {value(j) for j in range(1, len(post.aggregates) + 1)}
+
+
 def _rest(query: AnalyticQuery, rules: Rules, keys: list[str], sums: list[str], flags: list[str]) -> Ctes:
     """``anonproxy_rest``: whether the rest row passes the rules, from the withheld groups' own counts and totals;
     their rows are ranked only when the totals leave a magnitude rule open."""
@@ -263,6 +409,8 @@ def _rest(query: AnalyticQuery, rules: Rules, keys: list[str], sums: list[str], 
     conditions = [query_set_size("units", query, rules),
                   left_out(f"({query.universe}) - (SELECT n FROM {ANSWERED})", rules),
                   *(f"{flag} >= {rules.k}" for flag in flags)]
+    if sums and not query.one_row_per_person:
+        return _linked_rest(query, rules, keys, sums, flags, conditions)
     if sums:
         ctes += ranked_verdict(f"(SELECT * FROM {CELLS} WHERE {withheld}) AS withheld", REST_RANKED, REST_EXACT,
                                [], sums, [], "true", rules, "the magnitude rules on the rest row's ranked contributions")
@@ -279,6 +427,29 @@ def _rest(query: AnalyticQuery, rules: Rules, keys: list[str], sums: list[str], 
     ctes.append((REST, "\n".join([
         "SELECT " + "\n       AND ".join(conditions) + " AS released",
         f"FROM (SELECT {', '.join(counted)} FROM {source} WHERE {withheld}) AS rest",
+    ]), "the rest row is released only if it passes the same rules, query-set-size control included"))
+    return ctes
+
+
+def _linked_rest(query: AnalyticQuery, rules: Rules, keys: list[str], sums: list[str], flags: list[str],
+                 conditions: list[str]) -> Ctes:
+    """``anonproxy_rest`` where a person may be in several withheld groups and a magnitude rule applies: each
+    person's part of the withheld groups (``anonproxy_rest_cells``), counted once, their total and largest
+    contribution per SUM/AVG; ranked only when those leave a rule open."""
+    parts = ["unit", *(f"sum({s}) AS {s}" for s in sums), *(f"bool_or({flag}) AS {flag}" for flag in flags)]
+    ctes: Ctes = [(REST_CELLS, f"SELECT {', '.join(parts)}\nFROM {CELLS}\nWHERE {_withheld(keys)}\nGROUP BY 1",
+                   "each person's part of the withheld groups")]
+    ctes += ranked_verdict(REST_CELLS, REST_RANKED, REST_EXACT, [], sums, [], "true", rules,
+                           "the magnitude rules on the rest row's ranked contributions")
+    exact = f"(SELECT released FROM {REST_EXACT})"
+    conditions = conditions + [magnitude_bounds(rules, f"t{s[1:]}", f"m{s[1:]}").verdict(exact) for s in sums]
+    counted = ["count(unit) AS units", *(f"count(unit) FILTER (WHERE {flag}) AS {flag}" for flag in flags)]
+    for s in sums:
+        contribution = f"abs(coalesce({s}, 0))::numeric"
+        counted += [f"coalesce(sum({contribution}), 0) AS t{s[1:]}", f"coalesce(max({contribution}), 0) AS m{s[1:]}"]
+    ctes.append((REST, "\n".join([
+        "SELECT " + "\n       AND ".join(conditions) + " AS released",
+        f"FROM (SELECT {', '.join(counted)} FROM {REST_CELLS}) AS rest",
     ]), "the rest row is released only if it passes the same rules, query-set-size control included"))
     return ctes
 

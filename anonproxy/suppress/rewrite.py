@@ -10,7 +10,9 @@
   would single those few out by one subtraction).
 
 * **cells**, the per-person shape (otherwise: a sum under dominance or p %
-  where a person may have several rows): CTEs compute each privacy unit's
+  where a person may have several rows, in a total, or in a GROUP BY whose
+  aggregates the one-pass module's two levels cannot combine from each
+  person's rows): CTEs compute each privacy unit's
   contribution per group (``anonproxy_cells``), summarize each group
   (``anonproxy_summary``), decide per group alone (``anonproxy_primary``,
   ranking contributions only where the group's total and largest leave a

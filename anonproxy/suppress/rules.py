@@ -104,6 +104,14 @@ def query_set_size(units: str, query: AnalyticQuery, rules: Rules) -> str:
     return f"{units} >= {rules.k} AND {left_out(f'({query.universe}) - {units}', rules)}"
 
 
+def one_row_per_person(relation: str, unit: str) -> str:
+    """The check of the catalog fact that each row of ``relation`` is one person (sql/0023), as a condition that
+    reads no column. A scalar subquery: PostgreSQL evaluates it once, in the leader, and hands its value to
+    parallel workers; called directly, each worker (a new process per statement) would call, and first compile,
+    the function again."""
+    return f"(SELECT {ONE_ROW_PER_PERSON}({string(relation)}, {string(unit)}))"
+
+
 def left_out(people: str, rules: Rules) -> str:
     """``people`` is 0 or at least k: a set of people a subtraction could single out holds nobody or k people."""
     return f"{people} NOT BETWEEN 1 AND {rules.k - 1}"
