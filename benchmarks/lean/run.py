@@ -35,7 +35,10 @@ sys.path.insert(0, str(REPO))
 
 import psycopg  # noqa: E402
 
+from anonproxy.dp.model import DPParams, DPPlan  # noqa: E402
+from anonproxy.dp.plan import plan_dp  # noqa: E402
 from anonproxy.embedded import EmbeddedPostgres  # noqa: E402
+from anonproxy.policy.yaml_policy import demo_policy  # noqa: E402
 
 
 def _audit_trail_benchmark() -> Any:
@@ -54,12 +57,15 @@ Proxy, open_session, prepare_database, progress, start_proxy = (
 
 ROWS = "select g, 'row ' || g from generate_series(1, 20000) g"
 ROLES = ("dba", "reporter")  # relayed, gated
+DP_QUESTIONS = ("select count(*) from adult", "select sex, count(*) from adult group by 1",
+                "select education, avg(age) from adult group by 1")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--baseline", type=Path, help="another checkout to measure side by side")
     parser.add_argument("--repeat", type=int, default=40, help="answers per proxy and role for the CPU figure")
+    parser.add_argument("--charges", type=int, default=30, help="first answers per proxy and dp question")
     parser.add_argument("--json", type=Path, help="also write the figures as JSON")
     args = parser.parse_args(argv)
     report = run(args)
@@ -95,7 +101,45 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                               "cpu_ms_all": cpu[proxy.name, role]} for role in ROLES}
             figures["ratio"] = figures["reporter"]["cpu_ms_p50"] / figures["dba"]["cpu_ms_p50"]
             report[proxy.name] = figures
+        owner = stack.enter_context(psycopg.connect(server.conninfo(dbname=_setup.DATABASE), autocommit=True))
+        analysts = {proxy.name: stack.enter_context(open_session(proxy.port, "analyst")) for proxy in proxies}
+        report["first charge"] = _first_charges(owner, analysts, args.charges)
     return report
+
+
+def _first_charges(owner: psycopg.Connection[Any], analysts: dict[str, psycopg.Connection[Any]],
+                   repeat: int) -> dict[str, Any]:
+    """Latency a dp question's first answer (charged, measured, noised, cached; planned before) adds over the same
+    question asked directly as the owner (``direct``), and over the contribution-bounded SQL the proxy runs in its
+    place, asked directly (``bounded``): per proxy, the median over DP_QUESTIONS of the p50 differences."""
+    policy = demo_policy()
+    bounded = {}
+    for question in DP_QUESTIONS:
+        plan = plan_dp(question, policy.role("analyst"), policy, DPParams(0.5, 0.0000001))
+        assert isinstance(plan, DPPlan)
+        bounded[question] = plan.sql
+    owner.execute("select anonproxy.set_budget('analyst'::name, 'public.adult'::regclass, 1000000, 0.5, null, "
+                  "0.5, 0.0000001)")
+    times: dict[tuple[str, str], list[float]] = {}
+    progress(f"first charges: {repeat} per proxy and question, in turn")
+    for question in DP_QUESTIONS:  # warm: planned once on each proxy
+        for conn in analysts.values():
+            conn.execute(question).fetchall()
+    for _ in range(repeat):
+        for question in DP_QUESTIONS:
+            for name, conn, sql in [*((name, conn, question) for name, conn in analysts.items()),
+                                    ("direct", owner, question), ("bounded", owner, bounded[question])]:
+                owner.execute("delete from anonproxy.answer_cache where role_name = 'analyst'")  # a first answer
+                started = time.perf_counter()
+                conn.execute(sql, prepare=False).fetchall()
+                times.setdefault((name, question), []).append((time.perf_counter() - started) * 1000)
+    def added(name: str, reference: str) -> float:
+        return statistics.median(statistics.median(times[name, q]) - statistics.median(times[reference, q])
+                                 for q in DP_QUESTIONS)
+
+    return {"added_ms_p50": {name: added(name, "direct") for name in analysts},
+            "over_bounded_ms_p50": {name: added(name, "bounded") for name in analysts},
+            "p50_ms": {f"{name}: {q}": statistics.median(values) for (name, q), values in times.items()}}
 
 
 def _proxy(proxies: list[Proxy], name: str) -> Proxy:
@@ -129,6 +173,7 @@ def _writes(proxy: Proxy, conn: psycopg.Connection[Any]) -> int:
 
 
 def _print(report: dict[str, Any]) -> None:
+    charges = report.pop("first charge")
     print(f"\nOne answer of 20,000 rows ({ROWS!r}), worker of each proxy:")
     for name, figures in report.items():
         for role in ROLES:
@@ -136,6 +181,13 @@ def _print(report: dict[str, Any]) -> None:
             print(f"  {name:<14} {role:<9} ({kind:<7}) writes {figures[role]['writes']:6d}   "
                   f"CPU p50 {figures[role]['cpu_ms_p50']:7.2f} ms")
         print(f"  {name:<14} gated / relayed CPU: {figures['ratio']:.2f} (target ≤ 1.5)")
+    report["first charge"] = charges
+    print("\nA dp question's first answer, p50 through the proxy − p50 directly (median over the questions):")
+    for name, added in charges["added_ms_p50"].items():
+        print(f"  {name:<14} {added:+.2f} ms (target ≤ 2 ms); over the bounded SQL asked directly: "
+              f"{charges['over_bounded_ms_p50'][name]:+.2f} ms")
+    for label, ms in charges["p50_ms"].items():
+        print(f"    {label:<70} p50 {ms:7.2f} ms")
 
 
 if __name__ == "__main__":
