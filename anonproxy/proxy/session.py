@@ -14,7 +14,8 @@ Life of a session:
    GATED    instead of RELAY when the policy puts the role in an anonymized
             mode: every message goes through the session's Gate (gate.py),
             with service connections borrowed from the worker's pool
-            (service_pool.py) for rewritten queries.
+            (service_pool.py) for rewritten queries; what the gate sends
+            the client goes out in batches (output.py).
 
 Errors the proxy raises itself reach the client as ErrorResponse; nothing
 else (no traceback) ever does.
