@@ -5,8 +5,8 @@ The gate hands on the server's answers message by message (it reads each: errors
 one turn of the event loop (what one read from a server connection brought) and writes it at once at the end of the
 turn, or as soon as it reaches ``limit`` bytes. Order is kept: everything the session sends its client in gated mode
 goes through here, and ``flush`` comes before any direct write or close. Backpressure is the transport's, as before:
-past its high-water mark it calls the session's ``pause_writing``, which stops reading from the servers, so what is
-kept here never exceeds what one read brings plus ``limit``.
+past its high-water mark it calls the session's ``pause_writing``, which stops reading from the servers; what is
+kept here is never more than ``limit`` bytes and one message.
 """
 
 from __future__ import annotations
