@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 
 from . import login, trail
-from .config import ConfigError, ProxyConfig, load_config
+from .config import ConfigError, ProxyConfig, cores, load_config
 from .console import command as console_command
 from .embedded import EmbeddedPostgres, EmbeddedPostgresError
 from .logs import setup_logging
@@ -75,7 +75,8 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--pg-port", type=_port, default=0,
                     help="PostgreSQL's port on 127.0.0.1 (default: a free port, chosen at each start)")
     up.add_argument("--data-dir", type=Path, help="keep the database here and reuse it on the next run")
-    up.add_argument("--workers", type=int, default=1, help="proxy worker processes (default 1)")
+    up.add_argument("--workers", type=int, default=cores(),
+                    help=f"proxy worker processes (default: one per core, {cores()} here)")
     up.add_argument("--log-level", default="info")
     up.set_defaults(run=_up)
 
@@ -100,8 +101,9 @@ def _parser() -> argparse.ArgumentParser:
 def _serve(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     setup_logging(config.log_level, config.log_format)
-    run_proxy(config, ready=lambda port: log.info("listening on %s:%d, upstream %s", config.listen_host, port,
-                                                  config.upstream_address))
+    run_proxy(config, ready=lambda port: log.info("listening on %s:%d, upstream %s, %d worker%s", config.listen_host,
+                                                  port, config.upstream_address, config.workers,
+                                                  "s" if config.workers > 1 else ""))
     return 0
 
 

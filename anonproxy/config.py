@@ -22,6 +22,13 @@ LOG_FORMATS = ("text", "json")
 # The most a gated session holds of any one client message (statements, bound values, COPY data).
 MAX_STATEMENT_SIZE = 16 * 1024 * 1024
 MAX_MEMORY_SIZE = 1 << 30  # the largest byte limit a setting may give (max_cursor_size…)
+MAX_WORKERS = 64
+
+
+def cores() -> int:
+    """The CPUs this process may run on (its affinity, which containers and taskset narrow), at most MAX_WORKERS:
+    the default number of workers, one per core."""
+    return max(1, min(len(os.sched_getaffinity(0)), MAX_WORKERS))
 
 
 class ConfigError(ValueError):
@@ -145,7 +152,7 @@ class ProxyConfig:
     tls_key: Path | None = None
     log_level: str = "info"
     log_format: str = "text"
-    workers: int = 1
+    workers: int = dataclasses.field(default_factory=cores)  # one per core
     startup_timeout: float = 60.0
     service_dsn: str = ""
     audit_trail: bool = True  # record gated roles' statements in anonproxy.audit_trail (docs/audit-trail.md)
@@ -186,8 +193,8 @@ class ProxyConfig:
     def __post_init__(self) -> None:
         if not 0 <= self.listen_port <= 65535:
             raise ConfigError(f"listen_port must be between 0 and 65535, got {self.listen_port}")
-        if not 1 <= self.workers <= 64:
-            raise ConfigError(f"workers must be between 1 and 64, got {self.workers}")
+        if not 1 <= self.workers <= MAX_WORKERS:
+            raise ConfigError(f"workers must be between 1 and {MAX_WORKERS}, got {self.workers}")
         if self.log_level not in LOG_LEVELS:
             raise ConfigError(f"log_level must be one of {', '.join(LOG_LEVELS)}, got {self.log_level!r}")
         if self.log_format not in LOG_FORMATS:
@@ -400,7 +407,8 @@ def _coerce(name: str, value: Any) -> Any:
     fields = {f.name: f for f in dataclasses.fields(ProxyConfig)}
     if name not in fields:
         raise ConfigError(f"unknown setting {name!r}; known settings: {', '.join(fields)}")
-    default = fields[name].default
+    field = fields[name]
+    default = field.default_factory() if field.default is dataclasses.MISSING else field.default  # type: ignore[misc]
     try:
         if name == "standbys" and isinstance(value, list):  # YAML: a list of host:port
             return ", ".join(str(item) for item in value)

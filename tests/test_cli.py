@@ -181,6 +181,35 @@ def test_serve_with_json_logs_and_one_worker(pg_server: EmbeddedPostgres, dbname
     assert process.returncode == 0
 
 
+def _children(pid: int) -> list[int]:
+    return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+@pytest.mark.parametrize("cpus", [{0}, {0, 1}])
+def test_serve_runs_one_worker_per_core_by_default(pg_server: EmbeddedPostgres, dbname: str, tmp_path: Path,
+                                                    cpus: set[int]) -> None:
+    """No workers setting: as many worker processes as the cores the proxy may run on (its CPU affinity)."""
+    if not cpus <= os.sched_getaffinity(0):
+        pytest.skip(f"needs CPUs {sorted(cpus)}")
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANONPROXY_")}
+    env.update(ANONPROXY_LISTEN_PORT=str(port), ANONPROXY_UPSTREAM=f"host=127.0.0.1 port={pg_server.port}")
+    process = subprocess.Popen([sys.executable, "-m", "anonproxy", "serve"], env=env, stderr=subprocess.PIPE,
+                               text=True, preexec_fn=lambda: os.sched_setaffinity(0, cpus))
+    try:
+        assert process.stderr is not None
+        listening = next(line for line in process.stderr if "listening on" in line)
+        assert listening.rstrip().endswith(f"{len(cpus)} worker" + ("s" if len(cpus) > 1 else ""))
+        # One worker runs in the supervisor's own process; more are its children.
+        assert len(_children(process.pid)) == (0 if len(cpus) == 1 else len(cpus))
+        with psycopg.connect(f"host=127.0.0.1 port={port} dbname={dbname} user=dba password=dba") as conn:
+            assert conn.execute("select count(*) from adult").fetchone() == (30162,)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(15)
+    assert process.returncode == 0
+
+
 def test_install_command_is_idempotent(postgresql: psycopg.Connection, pg_server: EmbeddedPostgres) -> None:
     dsn = pg_server.conninfo(dbname=postgresql.info.dbname)
     postgresql.execute("drop schema anonproxy cascade")

@@ -12,8 +12,11 @@ only moves values and maps the two refusals to exceptions:
 Any other database error propagates as the ``psycopg.Error`` it is.
 
 :func:`charge` and :func:`store_answer` write: each runs in a transaction
-of its own (for ``charge`` READ COMMITTED, as ``anonproxy.charge`` requires)
-and returns only after its COMMIT has returned. The proxy charges before it reads the
+of its own and returns only after its COMMIT has returned, in one round trip:
+``charge`` sends BEGIN (READ COMMITTED, as ``anonproxy.charge`` requires),
+the charge and COMMIT pipelined (psycopg's pipeline mode: the server runs
+them in order and skips the rest after an error, which is rolled back), and
+``store_answer`` is one statement, its own transaction in autocommit. The proxy charges before it reads the
 data, so a charge returned is a charge kept, whatever happens to the query.
 They refuse a connection that is inside a transaction: its commit would not
 be theirs to make. The reading functions are one statement
@@ -35,7 +38,9 @@ is :attr:`Remaining.epsilon_spent_delta` of what :func:`charge` returns.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -68,6 +73,7 @@ _STORE_SQL = "select anonproxy.store_answer(%s, %s, %s, %s) as answer"
 _DATA_VERSION_SQL = "select anonproxy.data_version(%s::text[]) as version"
 _LOOKUP_SQL = ("select epsilon_per_query, delta_per_query, accounting, data_version, answer "
                "from anonproxy.lookup_answer(%s, %s, %s::text[], %s)")
+_BEGIN_READ_COMMITTED = "begin isolation level read committed"
 _READ_COMMITTED = "set transaction isolation level read committed"
 
 # Charges wait for each other's row locks; a deadlock or serialization failure
@@ -180,12 +186,7 @@ async def charge(conn: psycopg.AsyncConnection[Any], role: str, domain: str, eps
         raise TypeError("charge() takes both rho and delta_add, or neither")
     for attempt in range(_RETRIES):
         try:
-            async with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
-                await cur.execute(_READ_COMMITTED)
-                row = await (await cur.execute(sql, params)).fetchone()
-            # Leaving the block committed the charge: it is durable now.
-            assert row is not None
-            return Remaining.from_row(row)
+            return Remaining.from_row(await _committed(conn, sql, params))
         except (errors.DeadlockDetected, errors.SerializationFailure):
             if attempt == _RETRIES - 1:
                 raise
@@ -196,6 +197,32 @@ async def charge(conn: psycopg.AsyncConnection[Any], role: str, domain: str, eps
         except errors.InsufficientPrivilege as exc:
             raise _no_budget(exc) or exc
     raise AssertionError("unreachable")
+
+
+async def _committed(conn: psycopg.AsyncConnection[Any], sql: str, params: tuple[Any, ...]) -> dict[str, Any]:
+    """The row of ``sql`` run in a READ COMMITTED transaction of its own, committed when this returns: in
+    autocommit (the proxy's connections), BEGIN, ``sql`` and COMMIT in one round trip. After an error the server
+    ran nothing more; the transaction is rolled back before the error propagates."""
+    if not conn.autocommit:  # psycopg opens the transaction itself
+        async with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+            await cur.execute(_READ_COMMITTED)
+            row = await (await cur.execute(sql, params)).fetchone()
+        assert row is not None
+        return row
+    try:
+        async with conn.cursor(row_factory=dict_row) as cur:
+            async with conn.pipeline():
+                await conn.execute(_BEGIN_READ_COMMITTED)
+                await cur.execute(sql, params)
+                await conn.execute("commit")
+            row = await cur.fetchone()  # (the pipeline ended: the COMMIT has returned, the charge is durable)
+    except psycopg.Error:
+        if conn.info.transaction_status in (TransactionStatus.INTRANS, TransactionStatus.INERROR):
+            with contextlib.suppress(psycopg.Error):  # else the connection is not idle: its pool drops it
+                await conn.execute("rollback")
+        raise
+    assert row is not None
+    return row
 
 
 async def remaining(conn: psycopg.AsyncConnection[Any], role: str, domain: str) -> Remaining:
@@ -214,6 +241,12 @@ async def remaining_all(conn: psycopg.AsyncConnection[Any], role: str) -> list[R
     async with conn.cursor(row_factory=dict_row) as cur:
         rows = await (await cur.execute(_REMAINING_ALL_SQL, (role,))).fetchall()
     return [Remaining.from_row(row) for row in rows]
+
+
+def data_version_statement(tables: Sequence[str]) -> tuple[str, tuple[list[str]]]:
+    """The statement :func:`data_version` runs (its one column: the version), to send with others in one round
+    trip."""
+    return _DATA_VERSION_SQL, (list(tables),)
 
 
 async def data_version(conn: psycopg.AsyncConnection[Any], tables: Sequence[str]) -> str | None:
@@ -248,10 +281,16 @@ async def store_answer(conn: psycopg.AsyncConnection[Any], role: str, fingerprin
                        answer: bytes) -> bytes:
     """Cache ``answer`` unless one is cached already; return the cached one. Committed when this returns."""
     _require_idle(conn, "store_answer")
-    async with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+    # In autocommit the statement is its own transaction, committed when it returns: one round trip.
+    async with _own_transaction(conn), conn.cursor(row_factory=dict_row) as cur:
         row = await (await cur.execute(_STORE_SQL, (role, fingerprint, data_version, answer))).fetchone()
     assert row is not None
     return bytes(row["answer"])
+
+
+def _own_transaction(conn: psycopg.AsyncConnection[Any]) -> AbstractAsyncContextManager[Any]:
+    """A transaction block of psycopg's where the connection is not in autocommit (else the statement is one)."""
+    return contextlib.nullcontext() if conn.autocommit else conn.transaction()
 
 
 def _no_budget(exc: psycopg.Error) -> NoBudget | None:

@@ -129,7 +129,7 @@ from ..rewrite.decision import (
 )
 from ..suppress.explain import SuppressionReport, notice, read_report
 from ..wire import protocol as pg
-from ..wire.framing import BoundedMessageBuffer, Piece
+from ..wire.framing import BoundedMessageBuffer, Piece, Rows, messages
 from ..wire.results import Column, FormatError, Result, check_formats, result_formats
 from .followed_settings import REPORTED_SETTINGS, UNREPORTED_SETTINGS
 from .cursors import Capture, Cursors, ScriptRun, follow, unnamed_bind
@@ -373,6 +373,15 @@ class Gate:
             if piece.type_ == b"E":
                 self._failed()
         self._client(piece.raw)
+
+    def upstream_rows(self, rows: Rows) -> None:
+        """DataRows from the client's connection: to the client as they are, unless the proxy is reading answers
+        there itself (then message by message)."""
+        if self._asking_timeout or self._hidden[Owner.UPSTREAM]:
+            for type_, body in messages(rows.raw):
+                self.upstream_message(type_, body)
+        else:
+            self._client(rows.raw)  # (rows change neither cursors nor a Script's progress: see follow)
 
     def upstream_message(self, type_: bytes, body: bytes) -> None:
         if self._asking_timeout:

@@ -653,13 +653,21 @@ async def _describe_columns(conn: psycopg.AsyncConnection[Any], sql: str, declar
 
 
 @contextlib.asynccontextmanager
-async def _snapshot(conn: psycopg.AsyncConnection[Any], timeout_ms: int = 0) -> AsyncIterator[None]:
-    """A REPEATABLE READ, READ ONLY transaction, begun in one statement: the data version read in it is the version
-    of the rows the plan reads in it, so an answer is cached under the version it was computed from. Its statements
-    run under ``timeout_ms`` (0: none), which ends with it."""
-    await conn.execute(f"{_BEGIN_SNAPSHOT}; set local statement_timeout = {int(timeout_ms)}")
+async def _snapshot(conn: psycopg.AsyncConnection[Any], tables: tuple[str, ...],
+                    timeout_ms: int = 0) -> AsyncIterator[str | None]:
+    """A REPEATABLE READ, READ ONLY transaction; yields the data version of ``tables`` read in it, the version of the
+    rows the plan reads in it, so that an answer is cached under the version it was computed from. Its statements
+    run under ``timeout_ms`` (0: none), which ends with it. Begun, timed and the version read in one round trip
+    (pipelined)."""
     try:
-        yield
+        async with conn.cursor() as cur:
+            async with conn.pipeline():
+                await conn.execute(_BEGIN_SNAPSHOT)
+                await conn.execute(f"set local statement_timeout = {int(timeout_ms)}")
+                await cur.execute(*ledger.data_version_statement(tables))
+            row = await cur.fetchone()
+        assert row is not None
+        yield row[0]
     except BaseException:
         if conn.info.transaction_status in (pq.TransactionStatus.INTRANS, pq.TransactionStatus.INERROR):
             with contextlib.suppress(psycopg.Error):  # if it fails, the pool drops the connection (not idle)
@@ -670,8 +678,7 @@ async def _snapshot(conn: psycopg.AsyncConnection[Any], timeout_ms: int = 0) -> 
 
 async def _measured_on(conn: psycopg.AsyncConnection[Any], plan: DPPlan, parameters: Parameters,
                        stop: Stop) -> tuple[str | None, list[int], list[tuple[Any, ...]]]:
-    async with stop.running(conn), _snapshot(conn, stop.left_ms()):
-        version = await ledger.data_version(conn, plan.tables)  # of the rows the plan reads next
+    async with stop.running(conn), _snapshot(conn, plan.tables, stop.left_ms()) as version:
         stop.check()  # no await from here until the SQL is sent: a cancel now reaches it
         types, rows = await _run(conn, plan.sql, parameters)
     return version, types, rows

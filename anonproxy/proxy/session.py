@@ -17,7 +17,8 @@ Life of a session:
    GATED    instead of RELAY when the policy puts the role in an anonymized
             mode: every message goes through the session's Gate (gate.py),
             with service connections borrowed from the worker's pool
-            (service_pool.py) for rewritten queries.
+            (service_pool.py) for rewritten queries; what the gate sends
+            the client goes out in batches (output.py).
 
 Errors the proxy raises itself reach the client as ErrorResponse; nothing
 else (no traceback) ever does.
@@ -55,7 +56,7 @@ from ..rewrite.decision import (
     SessionSetting,
 )
 from ..wire import protocol as pg
-from ..wire.framing import BoundaryTracker, MessageBuffer, Piece, RelayingMessageBuffer
+from ..wire.framing import BoundaryTracker, MessageBuffer, Piece, RelayingMessageBuffer, Rows
 from ..wire.proxy_header import may_be_proxy_header, read_proxy_header
 from ..wire.results import Result
 from .analysis import AnalysisFailed, AnalysisTimeout, Analyser
@@ -76,6 +77,7 @@ from .followed_settings import REPORTED_SETTINGS, follow_settings
 from .gate import EXPLAIN_COLUMNS, Execution, Gate, Owner, ProxyRequest, Reply
 from .limits import MemoryLimits
 from .login_options import LoginOptionError, LoginSetting, login_settings
+from .output import ClientOutput
 from .noisy import NoisyAnswers, Refused, SessionLimits, Stop
 from .policy_watch import PolicyWatcher
 from .servers import Servers
@@ -202,6 +204,7 @@ class ClientConnection(asyncio.Protocol):
         self._startup: pg.StartupMessage | None = None
         self.server_parameters: dict[str, str] = {}  # ParameterStatus at login
         self.gate: Gate | None = None
+        self._output: ClientOutput | None = None  # what the gate writes to the client, in batches
         self.service: ServiceConnection | None = None  # borrowed from the pool while the gate needs it
         self._borrowing: asyncio.Task[None] | None = None
         self._question: Stop | None = None  # the dp question being answered: a cancel of the client's stops it
@@ -415,7 +418,7 @@ class ClientConnection(asyncio.Protocol):
             self.fail(exc.sqlstate, str(exc))
         elif self.transport is not None:
             self.state = State.CLOSED
-            self.transport.close()
+            self.close()
 
     def _peer(self) -> str:
         peer = self._client_endpoint()
@@ -611,10 +614,11 @@ class ClientConnection(asyncio.Protocol):
         assert self._startup is not None and self.upstream is not None and self.transport is not None
         self._who = Who(self._startup.user, self._startup.database, session_id(self.id),
                         *(self._client_endpoint() or ()))
+        output = self._output = ClientOutput(self.transport)
         gate = Gate(
             decide=self._decide,
             settings=self._settings,
-            write_client=self.transport.write,
+            write_client=output.write,
             send_upstream=self.upstream.transport.write,
             send_service=lambda data: self.service.send(data),  # type: ignore[union-attr]
             ask_proxy=lambda request: self.context.spawn(self._answer_for_gate(request)),
@@ -910,9 +914,20 @@ class ClientConnection(asyncio.Protocol):
     def fail(self, sqlstate: str, message: str, *, hint: str | None = None, detail: str | None = None) -> None:
         """Send a FATAL ErrorResponse and close the client connection."""
         if self.transport is not None and not self.transport.is_closing():
+            self.flush()
             self.transport.write(pg.error_response(sqlstate, message, severity="FATAL", hint=hint, detail=detail))
             self.transport.close()
         self.state = State.CLOSED
+
+    def flush(self) -> None:
+        """Write what the gate sent the client and is still kept for its batch (before any other write)."""
+        if self._output is not None:
+            self._output.flush()
+
+    def close(self) -> None:
+        """Close the client connection after what was sent to it."""
+        self.flush()
+        self.transport.close()  # type: ignore[union-attr]
 
 
 class UpstreamConnection(asyncio.Protocol):
@@ -933,13 +948,14 @@ class UpstreamConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         try:
+            if self._gate is not None:  # (its message buffer follows the boundaries: no tracker)
+                self._to_gate(data)
+                return
             self.tracker.feed(data)
             if self.relaying:
                 self.client.transport.write(data)  # type: ignore[union-attr]
                 if self.tracker.idle:
                     self.client.awaiting_server = False
-            elif self._gate is not None:
-                self._to_gate(data)
             elif self._auth_messages is not None:
                 self._auth_received(data)
             else:
@@ -990,7 +1006,9 @@ class UpstreamConnection(asyncio.Protocol):
     def _to_gate(self, data: bytes) -> None:
         assert self._gate is not None
         for message in self._gated_messages.feed(data):
-            if isinstance(message, Piece):
+            if isinstance(message, Rows):
+                self._gate.upstream_rows(message)
+            elif isinstance(message, Piece):
                 self._gate.upstream_piece(message)
             else:
                 self._gate.upstream_message(*message)
@@ -1001,13 +1019,14 @@ class UpstreamConnection(asyncio.Protocol):
         if client.state is State.CLOSED:
             return
         # Unless the client asked for it or the server said why (a FATAL ErrorResponse), tell the client.
-        if self.tracker.at_boundary and self.tracker.last_type != b"E" and not client.terminating:
+        boundaries = self._gated_messages if self._gate is not None else self.tracker
+        if boundaries.at_boundary and boundaries.last_type != b"E" and not client.terminating:
             log.warning("session %d: upstream connection lost", client.id)
             client.fail("08006", "the connection to the PostgreSQL server was lost",
                         hint="The server may be restarting; reconnect.")
         else:
             client.state = State.CLOSED
-            client.transport.close()  # type: ignore[union-attr]
+            client.close()
 
     def pause_writing(self) -> None:
         self.client.transport.pause_reading()  # type: ignore[union-attr]

@@ -9,7 +9,9 @@ Two tools for two jobs:
   a longer message is dropped as it streams in, never buffered.
 * ``RelayingMessageBuffer`` collects whole messages of a server whose
   messages are read (a gated session's), but hands on a long one (a big
-  row) piece by piece as it arrives, to be forwarded, never held whole.
+  row) piece by piece as it arrives, to be forwarded, never held whole,
+  and consecutive rows (DataRow) as one ``Rows`` of raw bytes, which the
+  gate forwards without looking into each.
 * ``BoundaryTracker`` follows message boundaries of a stream that is
   forwarded untouched, without copying it, so the proxy knows whether the
   upstream is idle and whether it may inject a message of its own.
@@ -17,12 +19,16 @@ Two tools for two jobs:
 
 from __future__ import annotations
 
+import struct
+from collections.abc import Iterator
 from typing import NamedTuple
 
 from .protocol import ProtocolViolation, read_header
 
 # PostgreSQL accepts messages up to 1 GB; anything larger is a broken peer.
 MAX_MESSAGE_SIZE = 1 << 30
+_LENGTH = struct.Struct("!i")
+_DATA_ROW = b"D"[0]
 
 
 class MessageBuffer:
@@ -101,17 +107,39 @@ class Piece(NamedTuple):
     first: bool
 
 
+class Rows(NamedTuple):
+    """Consecutive whole DataRow messages, as they came."""
+
+    raw: bytes
+
+
+def messages(raw: bytes) -> Iterator[tuple[bytes, bytes]]:
+    """The ``(type, body)`` of each whole message in ``raw``."""
+    offset = 0
+    while offset < len(raw):
+        type_, size = read_header(raw, offset)
+        yield type_, raw[offset + 5 : offset + size]
+        offset += size
+
+
 class RelayingMessageBuffer:
-    """Whole messages up to ``limit`` bytes as ``(type, body)``; longer ones as ``Piece``s, in stream order."""
+    """Whole messages up to ``limit`` bytes as ``(type, body)``, consecutive DataRows among them as one ``Rows``;
+    longer ones as ``Piece``s; in stream order."""
 
     def __init__(self, limit: int) -> None:
         self._buffer = bytearray()
         self._limit = limit
         self._type = b""  # of the long message under way
         self._remaining = 0  # of its bytes still to come
+        self.last_type = b""  # of the last message (or piece) handed on
 
-    def feed(self, data: bytes) -> list[tuple[bytes, bytes] | Piece]:
-        out: list[tuple[bytes, bytes] | Piece] = []
+    @property
+    def at_boundary(self) -> bool:
+        """Nothing of a message is held or still expected."""
+        return not self._remaining and not self._buffer
+
+    def feed(self, data: bytes) -> list[tuple[bytes, bytes] | Piece | Rows]:
+        out: list[tuple[bytes, bytes] | Piece | Rows] = []
         if self._remaining:
             piece = data[: self._remaining]
             self._remaining -= len(piece)
@@ -132,10 +160,30 @@ class RelayingMessageBuffer:
                 continue
             if available < size:
                 break
+            if type_ == b"D":
+                end = self._rows_end(offset + size)
+                out.append(Rows(bytes(self._buffer[offset:end])))
+                offset = end
+                continue
             out.append((type_, bytes(self._buffer[offset + 5 : offset + size])))
             offset += size
         del self._buffer[:offset]
+        if out:
+            last = out[-1]
+            self.last_type = b"D" if isinstance(last, Rows) else last[0]
         return out
+
+    def _rows_end(self, end: int) -> int:
+        """Where the run of whole DataRows (up to ``limit`` bytes each) that goes on at ``end`` stops: one header
+        read per row, nothing copied (the hot loop of a gated session's long answers)."""
+        buffer, limit, unpack = self._buffer, self._limit, _LENGTH.unpack_from
+        stop = len(buffer) - 5
+        while end <= stop and buffer[end] == _DATA_ROW:
+            length = unpack(buffer, end + 1)[0]
+            if length < 4 or length >= limit or end + 1 + length > len(buffer):
+                break  # invalid, long or partial: the main loop deals with it
+            end += 1 + length
+        return end
 
 
 class BoundaryTracker:
