@@ -127,7 +127,7 @@ def test_upstream_may_list_hosts_and_standbys_take_both_forms(tmp_path: Path) ->
                                         UpstreamAddress("d", 5432))
     assert psycopg.conninfo.conninfo_to_dict(config.service_conninfo) == {
         "user": "s", "password": "p", "dbname": "d", "host": "a,b", "port": "5432,5433",
-        "target_session_attrs": "read-write"}
+        "target_session_attrs": "read-write", "sslmode": "disable"}  # the upstream's TLS setting (its default)
     path = tmp_path / "anonproxy.yaml"
     path.write_text(f"service_dsn: {SERVICE}\nstandbys: [e:1, f:2]\naccept_async_ledger: on\n")
     loaded = load_config(path, environ={})
