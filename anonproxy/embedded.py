@@ -208,6 +208,9 @@ class EmbeddedPostgres:
                                 "-d", source], timeout=timeout)
             if result.returncode != 0:
                 raise EmbeddedPostgresError(f"pg_basebackup from port {primary.port} failed: {result.stderr.strip()}")
+            # The backup copies the primary's socket lock files (its sockets live in its data directory, and its own
+            # backup may hold its primary's): stale here, and one naming this port would stop the server starting.
+            self._run(["find", str(data_dir), "-maxdepth", "1", "-name", ".s.PGSQL.*.lock", "-delete"])
             self.password = self._read_password(data_dir)
             self._write_config(data_dir)
             self._pg_ctl_start(data_dir, timeout)

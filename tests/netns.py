@@ -21,6 +21,11 @@ class Host:
     outside: str  # this machine's address on the LAN
     inside: str  # the namespace's address
 
+    @property
+    def network(self) -> str:
+        """The LAN's network, for pg_hba.conf lines."""
+        return self.inside.rsplit(".", 1)[0] + ".0/24"
+
     def command(self) -> list[str]:
         """The prefix that runs a command inside the namespace."""
         return ["ip", "netns", "exec", self.namespace]

@@ -35,7 +35,8 @@ from conftest import (
     start_proxy,
     stop_proxy,
 )
-from tls_network import Certificates, Namespace, Tap, certificates, namespace
+from netns import Host, hosts
+from tls_network import Certificates, Tap, certificates
 
 from anonproxy import sample_data, schema
 from anonproxy.config import load_config
@@ -46,20 +47,21 @@ from anonproxy.wire import protocol as pg
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
 
 DATABASE = "tls_db"
+NET = 201  # the server's LAN: 10.201.0.0/24
 SERVER_NAME = "db.anonproxy.test"
 TLS_HANDSHAKE = 0x16  # the first byte of a TLS handshake record
 
 
 @dataclass(frozen=True)
 class World:
-    space: Namespace
+    space: Host
     certs: Certificates
     server: EmbeddedPostgres
 
     def upstream(self, sslmode: str = "verify-full", host: str | None = None, port: int | None = None,
                  rootcert: Path | None = None, client_cert: bool = True) -> str:
         """An upstream setting for the proxy."""
-        parts = [f"host={host or self.space.address}", f"port={port or self.server.port}", f"sslmode={sslmode}"]
+        parts = [f"host={host or self.space.inside}", f"port={port or self.server.port}", f"sslmode={sslmode}"]
         if sslmode.startswith("verify"):
             parts.append(f"sslrootcert={rootcert or self.certs.ca}")
         if client_cert:
@@ -73,13 +75,13 @@ class World:
 
 @pytest.fixture(scope="module")
 def world() -> Iterator[World]:
-    with namespace() as space, certificates([SERVER_NAME], [space.address], SERVICE_ROLE) as certs:
+    with hosts(NET, 1) as (space,), certificates([SERVER_NAME], [space.inside], SERVICE_ROLE) as certs:
         settings = {"ssl": "on", "ssl_cert_file": str(certs.server_cert), "ssl_key_file": str(certs.server_key),
                     "ssl_ca_file": str(certs.ca)}
         hba = [f"hostssl all {SERVICE_ROLE} {space.network} cert",  # the service login: its certificate alone
                f"hostssl all all {space.network} scram-sha-256 clientcert=verify-ca",
                "hostnossl all all 0.0.0.0/0 reject"]
-        with EmbeddedPostgres(hba_extra=hba, settings=settings, host=space.address, wrapper=space.wrapper) as server:
+        with EmbeddedPostgres(hba_extra=hba, settings=settings, host=space.inside, wrapper=space.command()) as server:
             found = World(space, certs, server)
             with psycopg.connect(server.conninfo() + f" {found.upstream()}", autocommit=True) as conn:
                 conn.execute(f"create database {DATABASE}")
@@ -170,7 +172,7 @@ def test_every_connection_turns_to_tls_after_its_ssl_request_cancel_requests_too
                                                                                   tmp_path: Path) -> None:
     """Through a tap that records what the proxy sends: each connection starts with an SSLRequest, and the next byte
     is the start of a TLS handshake. The proxy's cancel request is one of them, and the server acts on it."""
-    with Tap((world.space.address, world.server.port)) as tap:
+    with Tap((world.space.inside, world.server.port)) as tap:
         # verify-ca: the tap's address is not in the server's certificate.
         running = _proxy(world.upstream("verify-ca", host="127.0.0.1", port=tap.port), tmp_path / "proxy.log",
                          workers="2")
@@ -217,7 +219,7 @@ def _refused(proxy: ProxyProcess, user: str, database: str = DATABASE) -> asyncp
 
 def test_verify_full_with_a_wrong_host_name_fails_cleanly(world: World, tmp_path: Path) -> None:
     """The proxy is told 127.0.0.1 (a tap to the server), which the server's certificate does not name."""
-    with Tap((world.space.address, world.server.port)) as tap:
+    with Tap((world.space.inside, world.server.port)) as tap:
         running = start_proxy(world.upstream("verify-full", host="127.0.0.1", port=tap.port),
                               tmp_path / "proxy.log", workers="1")
         try:

@@ -86,58 +86,6 @@ def certificates(server_names: list[str], server_addresses: list[str], client_na
         shutil.rmtree(directory, ignore_errors=True)
 
 
-@dataclass(frozen=True)
-class Namespace:
-    name: str
-    host_address: str  # the host's end of the veth pair
-    address: str  # the namespace's end
-
-    @property
-    def network(self) -> str:
-        return self.host_address.rsplit(".", 1)[0] + ".0/24"
-
-    @property
-    def wrapper(self) -> list[str]:
-        """Runs a command inside the namespace."""
-        return ["ip", "netns", "exec", self.name]
-
-
-def _ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True)
-
-
-def _free_subnet() -> int:
-    """A third octet k such that 10.201.k.0/24 is not in use on this host (other tests may run at once)."""
-    used = subprocess.run(["ip", "-4", "-o", "addr"], capture_output=True, text=True, check=True).stdout
-    used += subprocess.run(["ip", "-4", "route"], capture_output=True, text=True, check=True).stdout
-    start = os.getpid() % 200
-    for k in [*range(start, 250), *range(1, start)]:
-        if f"10.201.{k}." not in used:
-            return k
-    raise RuntimeError("no free 10.201.k.0/24 subnet")
-
-
-@contextmanager
-def namespace(prefix: str = "aptls") -> Iterator[Namespace]:
-    """A network namespace reached from the host over a veth pair (10.201.k.1 here, 10.201.k.2 there)."""
-    k = _free_subnet()
-    name, host_end, ns_end = f"{prefix}{os.getpid()}", f"vh{os.getpid()}", f"vn{os.getpid()}"
-    space = Namespace(name, f"10.201.{k}.1", f"10.201.{k}.2")
-    try:
-        _ip("netns", "add", name)
-        _ip("link", "add", host_end, "type", "veth", "peer", "name", ns_end)
-        _ip("link", "set", ns_end, "netns", name)
-        _ip("addr", "add", f"{space.host_address}/24", "dev", host_end)
-        _ip("link", "set", host_end, "up")
-        _ip("netns", "exec", name, "ip", "addr", "add", f"{space.address}/24", "dev", ns_end)
-        _ip("netns", "exec", name, "ip", "link", "set", ns_end, "up")
-        _ip("netns", "exec", name, "ip", "link", "set", "lo", "up")
-        yield space
-    finally:
-        subprocess.run(["ip", "link", "del", host_end], capture_output=True, check=False)  # (its peer goes with it)
-        subprocess.run(["ip", "netns", "del", name], capture_output=True, check=False)
-
-
 @dataclass
 class Tap:
     """A TCP relay on 127.0.0.1 to ``target``: it passes every byte on and keeps what each client sent first."""

@@ -36,7 +36,8 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))  # the namespace and certificates of the tests
 
-from tls_network import certificates, namespace
+from netns import hosts  # noqa: E402
+from tls_network import certificates
 
 from anonproxy import demo, sample_data, schema
 from anonproxy.embedded import EmbeddedPostgres
@@ -61,14 +62,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run(repeats: int) -> dict[str, Any]:
     with ExitStack() as stack:
-        space = stack.enter_context(namespace("apbench"))
-        certs = stack.enter_context(certificates(["db.anonproxy.test"], [space.address], SERVICE))
+        (space,) = stack.enter_context(hosts(NET, 1))
+        certs = stack.enter_context(certificates(["db.anonproxy.test"], [space.inside], SERVICE))
         settings = {"ssl": "on", "ssl_cert_file": str(certs.server_cert), "ssl_key_file": str(certs.server_key)}
         server = stack.enter_context(EmbeddedPostgres(hba_extra=[f"host all all {space.network} scram-sha-256"],
-                                                      settings=settings, host=space.address, wrapper=space.wrapper))
-        print(f"PostgreSQL at {space.address}:{server.port} in namespace {space.name}", file=sys.stderr)
+                                                      settings=settings, host=space.inside, wrapper=space.command()))
+        print(f"PostgreSQL at {space.inside}:{server.port} in namespace {space.namespace}", file=sys.stderr)
         _prepare(server)
-        base = f"host={space.address} port={server.port}"
+        base = f"host={space.inside} port={server.port}"
         upstreams = {"plain": f"{base} sslmode=disable",
                      "tls": f"{base} sslmode=verify-full sslrootcert={certs.ca} sslcert={certs.client_cert} "
                             f"sslkey={certs.client_key}"}
