@@ -269,8 +269,8 @@ def _policy_reach(server: EmbeddedPostgres, work: Path, links: list[Host], chang
     workers = [len(set(LOADED.findall(log.read_text()))) for log in logs]
     reach = []
     with psycopg.connect(server.conninfo(dbname=DATABASE), autocommit=True) as conn:
-        conn.execute("drop role if exists policy_probe")
-        conn.execute("create role policy_probe")
+        if conn.execute("select count(*) from pg_roles where rolname = 'policy_probe'").fetchone()[0] == 0:
+            conn.execute("create role policy_probe")  # (the next number of proxies reuses it)
         for change in range(changes):
             conn.execute("select anonproxy.set_role_policy('policy_probe', %s)", ["deny" if change % 2 else "dp"])
             committed = datetime.now()
