@@ -13,7 +13,6 @@ The proxy here runs one worker, so that the worker is the process the test start
 from __future__ import annotations
 
 import re
-import shutil
 import signal
 import struct
 import subprocess
@@ -64,7 +63,6 @@ def _writes_while(pid: int, action: Callable[[], object]) -> int:
     return int(total.group(1))
 
 
-@pytest.mark.skipif(shutil.which("strace") is None, reason="needs strace")
 def test_a_long_gated_answer_is_written_in_a_few_system_calls(worker: ProxyProcess, gated_database: str) -> None:
     with psycopg.connect(worker.endpoint.dsn(gated_database, user="reporter"), autocommit=True) as conn:
         expected = [(g, f"row {g}") for g in range(1, ROWS + 1)]
