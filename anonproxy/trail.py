@@ -5,7 +5,7 @@ Prints the statements of gated roles the proxy recorded in
 login and time; with ``--html``, writes instead a self-contained page with each
 dp role's privacy budget spent over time and the statements refused most
 often (plots by matplotlib, embedded as PNG). Only the owner of the
-``anonproxy`` schema may read the trail. docs/audit-trail.md.
+``anonproxy`` schema and members of ``anonproxy_auditor`` may read the trail. docs/audit-trail.md.
 
 Costs are stated as the budget counts them (sql/0025_one_currency.sql): what
 each answer moved its budget's "ε spent" by and the ledger's ε spent after
@@ -68,7 +68,7 @@ def register(subparsers: Any) -> None:
     """Add the ``trail`` command to an ``argparse`` subparsers object."""
     trail = subparsers.add_parser("trail", help="print the audit trail of gated roles' statements, or an HTML page")
     trail.add_argument("--dsn", default=os.environ.get("ANONPROXY_DSN"),
-                       help="libpq connection string of the owner of the anonproxy schema (default $ANONPROXY_DSN)")
+                       help="libpq connection string of the anonproxy schema's owner or an auditor (default $ANONPROXY_DSN)")
     trail.add_argument("--role", help="only the statements of this login")
     trail.add_argument("--since", type=_timestamp, help="from this time on (ISO 8601: 2026-11-01 or 2026-11-01T09:00)")
     trail.add_argument("--until", type=_timestamp, help="before this time (ISO 8601)")
@@ -97,7 +97,7 @@ def _positive(text: str) -> int:
 def _trail(args: argparse.Namespace) -> int:
     if not args.dsn:
         print("anonproxy trail: give --dsn (or set ANONPROXY_DSN): a connection string of the anonproxy schema's "
-              "owner", file=sys.stderr)
+              "owner or of a member of anonproxy_auditor", file=sys.stderr)
         return 2
     filters = Filters(args.role, args.since, args.until)
     try:
@@ -108,7 +108,8 @@ def _trail(args: argparse.Namespace) -> int:
                 entries = latest(conn, filters, args.limit)
     except psycopg.errors.InsufficientPrivilege as exc:
         print(f"anonproxy trail: {str(exc).strip()}\nhint: the audit trail is readable by the owner of the anonproxy "
-              "schema only (the role that ran `anonproxy install`); connect as that role", file=sys.stderr)
+              "schema (the role that ran `anonproxy install`) and the members of anonproxy_auditor only; connect as "
+              "one of them (the demo's `auditor`)", file=sys.stderr)
         return 1
     except psycopg.Error as exc:
         print(f"anonproxy trail: {str(exc).strip()}", file=sys.stderr)
