@@ -142,6 +142,7 @@ class EmbeddedPostgres:
     """
 
     superuser: str = "postgres"
+    host: str = "127.0.0.1"  # where it listens unless told otherwise (``host=``)
 
     def __init__(
         self,
