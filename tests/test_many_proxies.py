@@ -28,6 +28,7 @@ import pytest
 from anonproxy import sample_data, schema
 from anonproxy.embedded import EmbeddedPostgres
 from conftest import SERVICE_ROLE, Endpoint, ProxyProcess, free_port, govern_by_demo_policy, start_proxy, stop_proxy
+from haproxy import server_states
 from netns import Host, hosts
 
 NET = 210  # the links are 10.210.<i>.0/24
@@ -109,16 +110,8 @@ backend proxies
                                         stderr=subprocess.STDOUT)
 
     def status(self) -> dict[str, str]:
-        with socket.socket(socket.AF_UNIX) as sock:
-            sock.connect(str(self.stats))
-            sock.sendall(b"show stat\n")
-            data = b""
-            while chunk := sock.recv(65536):
-                data += chunk
-        lines = data.decode().splitlines()
-        columns = lines[0].lstrip("# ").split(",")
-        rows = [dict(zip(columns, line.split(","))) for line in lines[1:] if line]
-        return {row["svname"]: row["status"] for row in rows if row["svname"].startswith("proxy")}
+        """Each proxy's status."""
+        return {server: state for (_, server), state in server_states(self.stats).items()}
 
     def wait_for(self, expected: dict[str, str]) -> None:
         deadline = time.monotonic() + 30

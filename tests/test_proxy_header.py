@@ -21,15 +21,15 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from pytest_postgresql.executors.noop import NoopExecutor
 
 from anonproxy.config import ConfigError, load_config
 from anonproxy.embedded import EmbeddedPostgres
 from anonproxy.wire.protocol import ProtocolViolation
 from anonproxy.wire.proxy_header import ProxyHeader, may_be_proxy_header, read_proxy_header
-from conftest import SERVICE_ROLE, Endpoint, ProxyProcess, free_port, govern_by_demo_policy, start_proxy, stop_proxy
+from conftest import GATED_DATABASE, SERVICE_ROLE, Endpoint, ProxyProcess, free_port, start_proxy, stop_proxy
+from haproxy import server_states
 
-DATABASE = "anonproxy_proxy_protocol"
+DATABASE = GATED_DATABASE  # the demo policy's (its trail rows are told apart by their statements' comments)
 BALANCER = "127.0.0.2"  # the source address of HAProxy's connections to the proxy, and the only trusted one
 AGG = "select sex, count(*) from adult group by sex order by sex"
 V2_SIGNATURE = b"\r\n\r\n\x00\r\nQUIT\n"
@@ -125,22 +125,11 @@ def test_peers_setting() -> None:
 # -- through HAProxy and the real proxy --------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def database(pg_server: EmbeddedPostgres, pg_template: NoopExecutor) -> str:
-    with psycopg.connect(pg_server.conninfo(), autocommit=True) as conn:
-        conn.execute(f"drop database if exists {DATABASE}")
-        conn.execute(f"create database {DATABASE} template {pg_template.template_dbname}")
-    with psycopg.connect(pg_server.conninfo(dbname=DATABASE)) as conn:
-        govern_by_demo_policy(conn, DATABASE)
-        conn.commit()
-    return DATABASE
-
-
-@pytest.fixture(scope="module")
-def anonproxy(pg_server: EmbeddedPostgres, database: str, tmp_path_factory: pytest.TempPathFactory
+def anonproxy(pg_server: EmbeddedPostgres, gated_database: str, tmp_path_factory: pytest.TempPathFactory
               ) -> Iterator[ProxyProcess]:
     proxy = start_proxy(f"host={pg_server.host} port={pg_server.port}",
                         tmp_path_factory.mktemp("proxy-protocol") / "anonproxy.log", workers="1", log_level="debug",
-                        service_dsn=f"user={SERVICE_ROLE} password={SERVICE_ROLE} dbname={database}",
+                        service_dsn=f"user={SERVICE_ROLE} password={SERVICE_ROLE} dbname={gated_database}",
                         trusted_proxies=BALANCER)
     yield proxy
     stop_proxy(proxy)
@@ -180,17 +169,8 @@ backend v2
                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
     def status(self) -> dict[str, str]:
-        """Each backend's server status, from HAProxy's stats socket."""
-        with socket.socket(socket.AF_UNIX) as sock:
-            sock.connect(str(self.stats))
-            sock.sendall(b"show stat\n")
-            data = b""
-            while chunk := sock.recv(65536):
-                data += chunk
-        lines = data.decode().splitlines()
-        columns = lines[0].lstrip("# ").split(",")
-        rows = [dict(zip(columns, line.split(","))) for line in lines[1:] if line]
-        return {row["pxname"]: row["status"] for row in rows if row["svname"] == "anonproxy"}
+        """Each backend's server status."""
+        return {backend: state for (backend, _), state in server_states(self.stats).items()}
 
     def stop(self) -> str:
         self.process.terminate()

@@ -24,7 +24,7 @@ from fractions import Fraction
 
 from anonproxy.dp.model import Statistic
 from anonproxy.plan.analysis import AnalyticQuery
-from anonproxy.suppress.rules import one_row_per_person
+from anonproxy.catalog_check import one_row_per_person
 
 # Column names in the generated SQL (prefixed so they cannot collide with the client's).
 ROWS = "anonproxy_rows"

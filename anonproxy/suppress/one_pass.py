@@ -40,6 +40,7 @@ from dataclasses import dataclass, replace
 
 from sqlglot import exp
 
+from anonproxy.catalog_check import one_row_per_person
 from anonproxy.plan.analysis import AggregateText, AnalyticQuery
 from anonproxy.plan.post_aggregate import RELEASED, PostAggregate, key, plain, value
 from anonproxy.rewrite.names import ResolvedTable
@@ -63,7 +64,6 @@ from anonproxy.suppress.rules import (
     key_tuple,
     left_out,
     magnitude_bounds,
-    one_row_per_person,
     query_set_size,
     ranked_verdict,
 )

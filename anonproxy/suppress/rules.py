@@ -49,7 +49,6 @@ WITHHELD_PEOPLE = "anonproxy_withheld_people"
 UNIVERSE = "anonproxy_universe"
 ANSWER = "anonproxy_answer"
 REPORT_FUNCTION = "anonproxy.suppression_report"  # sql/0022_complementary_report.sql
-ONE_ROW_PER_PERSON = "anonproxy.one_row_per_person"  # sql/0023_one_row_per_person.sql
 
 POLICY_HINT = "Ask the DBA to fix the role's suppression parameters."
 # Complementary suppression checks the magnitude rules on the withheld groups together at this many steps (each
@@ -102,14 +101,6 @@ def query_set_size(units: str, query: AnalyticQuery, rules: Rules) -> str:
     """``units >= k``, and ``units`` leaves out of the FROM clause's N people nobody or at least k: a released total
     over everyone is the public total, one over all but a few would single those few out."""
     return f"{units} >= {rules.k} AND {left_out(f'({query.universe}) - {units}', rules)}"
-
-
-def one_row_per_person(relation: str, unit: str) -> str:
-    """The check of the catalog fact that each row of ``relation`` is one person (sql/0023), as a condition that
-    reads no column. A scalar subquery: PostgreSQL evaluates it once, in the leader, and hands its value to
-    parallel workers; called directly, each worker (a new process per statement) would call, and first compile,
-    the function again."""
-    return f"(SELECT {ONE_ROW_PER_PERSON}({string(relation)}, {string(unit)}))"
 
 
 def left_out(people: str, rules: Rules) -> str:
