@@ -19,11 +19,18 @@ import pytest
 from conftest import Endpoint
 from test_dp_proxy import analyst  # noqa: F401  (fixtures)
 
-from anonproxy.policy.model import ColumnPolicy, Policy, ProtectedTable, RolePolicy, SuppressionParams
 from anonproxy.dp.model import DPParams, DPPlan
 from anonproxy.dp.plan import plan_dp
-from anonproxy.rewrite.classify import decide
-from anonproxy.rewrite.decision import Noisy, Reject, Rewrite
+from anonproxy.plan.refusals import Reject
+from anonproxy.policy.model import (
+    ColumnPolicy,
+    Policy,
+    ProtectedTable,
+    RolePolicy,
+    SuppressionParams,
+)
+from anonproxy.route.decide import decide
+from anonproxy.route.decision import Noisy, Rewrite
 
 K = 10
 TYPES = {"id": "integer", "age": "integer", "hours_per_week": "integer", "capital_gain": "integer",

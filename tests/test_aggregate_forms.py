@@ -25,10 +25,11 @@ from test_rewrite import POLICY, SUPPRESS, suppress_role
 from anonproxy.dp.finish import finish
 from anonproxy.dp.model import DPParams, DPPlan
 from anonproxy.dp.plan import plan_dp
-from anonproxy.rewrite.classify import decide
-from anonproxy.rewrite.decision import Reject, Rewrite
 from anonproxy.plan.post_aggregate import output_name
+from anonproxy.plan.refusals import Reject
 from anonproxy.policy.yaml_policy import demo_policy
+from anonproxy.route.decide import decide
+from anonproxy.route.decision import Rewrite
 
 K = 10
 PARAMS = DPParams(epsilon=1.0, delta=1e-6)

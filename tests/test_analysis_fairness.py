@@ -17,13 +17,13 @@ from typing import Self
 
 import psycopg
 import pytest
+from conftest import SERVICE_ROLE, Endpoint, ProxyProcess, start_proxy, stop_proxy
 
 from anonproxy import demo
 from anonproxy.config import ConfigError, load_config
 from anonproxy.embedded import EmbeddedPostgres
 from anonproxy.policy.yaml_policy import apply_policy, demo_policy
 from anonproxy.proxy.analysis import Analyser, AnalysisTimeout, FairQueue
-from conftest import SERVICE_ROLE, Endpoint, ProxyProcess, start_proxy, stop_proxy
 
 DATABASE = "anonproxy_fairness"
 BUDGET = 2.0  # the test proxy's analysis_timeout, in seconds

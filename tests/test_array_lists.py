@@ -14,8 +14,9 @@ from test_rewrite import DP, POLICY, SUPPRESS
 
 from anonproxy.dp.model import DPParams
 from anonproxy.dp.plan import plan_dp
-from anonproxy.rewrite.classify import decide
-from anonproxy.rewrite.decision import Noisy, Reject, Rewrite
+from anonproxy.plan.refusals import Reject
+from anonproxy.route.decide import decide
+from anonproxy.route.decision import Noisy, Rewrite
 
 PAIRS = [
     ("select sex, count(*) from adult where native_country = any(array['Cuba', 'Mexico']) group by sex",

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import psycopg
 import pytest
+from conftest import Endpoint
 
 from anonproxy.embedded import EmbeddedPostgres
-from conftest import Endpoint
 
 K = 10
 

@@ -19,12 +19,13 @@ import psycopg
 import pytest
 from conftest import Endpoint
 
-from anonproxy.policy.model import Policy, RolePolicy, SuppressionParams
-from anonproxy.policy.store import load_policy
 from anonproxy.dp.model import DPParams
 from anonproxy.dp.plan import plan_dp
-from anonproxy.rewrite.classify import decide
-from anonproxy.rewrite.decision import Noisy, Reject, Rewrite
+from anonproxy.plan.refusals import Reject
+from anonproxy.policy.model import Policy, RolePolicy, SuppressionParams
+from anonproxy.policy.store import load_policy
+from anonproxy.route.decide import decide
+from anonproxy.route.decision import Noisy, Rewrite
 
 ATTACKS = [
     "select 1/(age-37), count(*) from adult group by 1",

@@ -26,12 +26,13 @@ from test_reference_tables import (
     released,
 )
 
-from anonproxy.policy.model import Policy
-from anonproxy.policy.store import load_policy
 from anonproxy.dp.model import DPParams
 from anonproxy.dp.plan import plan_dp
-from anonproxy.rewrite.classify import decide
-from anonproxy.rewrite.decision import Decision, Reject
+from anonproxy.plan.refusals import Reject
+from anonproxy.policy.model import Policy
+from anonproxy.policy.store import load_policy
+from anonproxy.route.decide import decide
+from anonproxy.route.decision import Decision
 
 # pairs: a composite key (country, sex); labels: a primary key on id, a partial unique index on code and a unique
 # index on lower(label) (neither usable); people: keyed by adult's privacy unit; ages: a bigint key next to adult's

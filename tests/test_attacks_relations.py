@@ -20,7 +20,7 @@ from conftest import Endpoint, wait_for_policy
 from suppression_oracle import suppress
 from test_dp_proxy import analyst, budget_left  # noqa: F401 - fixtures
 
-from anonproxy.rewrite.expressions import ROW_FUNCTIONS
+from anonproxy.plan.expressions import ROW_FUNCTIONS
 
 LOOKUP = "public.relations_lookup"  # an ordinary table, readable by the gated roles
 VIEW = "public.relations_view"  # a view over it, readable too

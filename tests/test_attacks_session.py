@@ -18,19 +18,30 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from conftest import SERVICE_ROLE, Endpoint, ProxyProcess, start_proxy, stop_proxy
 from psycopg import pq
 
 from anonproxy import demo
 from anonproxy.embedded import EmbeddedPostgres
+from anonproxy.plan.refusals import Reject
 from anonproxy.policy.store import load_policy
-from anonproxy.policy.yaml_policy import apply_policy, demo_policy, dump_policy, parse_policy
+from anonproxy.policy.yaml_policy import (
+    apply_policy,
+    demo_policy,
+    dump_policy,
+    parse_policy,
+)
 from anonproxy.proxy.cache import BoundedCache
 from anonproxy.proxy.gate import Gate
-from anonproxy.rewrite.decision import Decision, Noisy, Pass, Reject, Rewrite
+from anonproxy.route.decision import Decision, Noisy, Pass, Rewrite
 from anonproxy.wire import protocol as pg
 from anonproxy.wire.auth import PasswordAuthenticator
-from anonproxy.wire.framing import BoundedMessageBuffer, MessageBuffer, Piece, RelayingMessageBuffer
-from conftest import SERVICE_ROLE, Endpoint, ProxyProcess, start_proxy, stop_proxy
+from anonproxy.wire.framing import (
+    BoundedMessageBuffer,
+    MessageBuffer,
+    Piece,
+    RelayingMessageBuffer,
+)
 
 DATABASE = "anonproxy_hostile"
 COPIES = 30  # the demo table, this many times over (new ids): about a million rows

@@ -19,11 +19,12 @@ from test_dp_proxy import analyst, budget_left  # noqa: F401 - fixtures
 from test_rewrite import POLICY, SUPPRESS
 from test_shapes import dp_session
 
-from anonproxy.policy.model import PublishedRelation
 from anonproxy.dp.model import DPParams
 from anonproxy.dp.plan import plan_dp
-from anonproxy.rewrite.classify import decide
-from anonproxy.rewrite.decision import Noisy, Reject
+from anonproxy.plan.refusals import Reject
+from anonproxy.policy.model import PublishedRelation
+from anonproxy.route.decide import decide
+from anonproxy.route.decision import Noisy
 
 DP = dataclasses.replace(SUPPRESS, mode="dp")
 

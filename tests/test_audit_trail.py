@@ -31,10 +31,15 @@ from psycopg.types.json import Jsonb
 from test_dp_proxy import analyst  # noqa: F401  (fixtures)
 
 from anonproxy.embedded import EmbeddedPostgres
-from anonproxy.proxy.audit_trail import AuditTrail, TrailUnavailable, Who, execution_record
+from anonproxy.proxy.audit_trail import (
+    AuditTrail,
+    TrailUnavailable,
+    Who,
+    execution_record,
+)
 from anonproxy.proxy.gate import Execution
+from anonproxy.route.decision import Pass
 from anonproxy.wire import protocol as pg
-from anonproxy.rewrite.decision import Pass
 
 WAIT = 20.0  # seconds a record may take to reach the database before a test gives up
 _runs = itertools.count(1)

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import psycopg
 import pytest
-
-from anonproxy.embedded import EmbeddedPostgres
 from bi_corpus import replay
 from conftest import Endpoint, wait_for_current_policy
+
+from anonproxy.embedded import EmbeddedPostgres
 
 ROLES = {"reporter": "suppress", "analyst": "dp"}
 ENTRIES = replay.load()

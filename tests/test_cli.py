@@ -14,11 +14,11 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from conftest import Up, free_port
 from suppression_oracle import suppress
 
 from anonproxy.config import ConfigError, ProxyConfig, UpstreamAddress, load_config
 from anonproxy.embedded import EmbeddedPostgres
-from conftest import Up, free_port
 
 
 def psql(url: str, sql: str) -> subprocess.CompletedProcess[str]:

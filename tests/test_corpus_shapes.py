@@ -25,12 +25,13 @@ from test_dp_proxy import analyst, budget_left  # noqa: F401 - fixtures
 from test_rewrite import POLICY, SUPPRESS
 from test_shapes import dp_session
 
-from anonproxy.plan.outer import Series
 from anonproxy.dp.model import DPParams, DPPlan
 from anonproxy.dp.plan import plan_dp
-from anonproxy.rewrite.classify import decide
-from anonproxy.rewrite.decision import Noisy, Reject, Rewrite
-from anonproxy.rewrite.final_sql import check_final_sql
+from anonproxy.plan.final_sql import check_final_sql
+from anonproxy.plan.outer import Series
+from anonproxy.plan.refusals import Reject
+from anonproxy.route.decide import decide
+from anonproxy.route.decision import Noisy, Rewrite
 
 DP = dataclasses.replace(SUPPRESS, mode="dp")
 PARAMS = DPParams(epsilon=1, delta=1e-6)

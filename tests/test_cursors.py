@@ -16,19 +16,26 @@ import subprocess
 from collections.abc import Iterator
 
 import asyncpg
-import pyodbc
 import psycopg
+import pyodbc
 import pytest
 from conftest import Endpoint, Up, free_port, fresh_dp_role
 from test_rewrite import POLICY, SUPPRESS
 
 from anonproxy.embedded import EmbeddedPostgres
+from anonproxy.plan.statements import split
 from anonproxy.proxy.cursors import MAX_CURSOR_ROWS, Cursors, NoScroll, Position, run
 from anonproxy.proxy.gate import Gate
-from anonproxy.rewrite.classify import decide
-from anonproxy.rewrite.commands import cursor_command
-from anonproxy.rewrite.decision import CloseCursor, DeclareCursor, FetchCursor, Pass, Rewrite, Script
-from anonproxy.rewrite.statements import split
+from anonproxy.route.commands import cursor_command
+from anonproxy.route.decide import decide
+from anonproxy.route.decision import (
+    CloseCursor,
+    DeclareCursor,
+    FetchCursor,
+    Pass,
+    Rewrite,
+    Script,
+)
 from anonproxy.wire import protocol as pg
 from anonproxy.wire.framing import MessageBuffer
 from anonproxy.wire.results import Column, Result

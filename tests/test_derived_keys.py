@@ -14,15 +14,16 @@ import pytest
 from conftest import Endpoint
 from suppression_oracle import suppress
 
-from anonproxy.plan import bounds
-from anonproxy.policy.model import Policy
-from anonproxy.policy.store import load_policy
 from anonproxy.dp.model import DPParams, DPPlan
 from anonproxy.dp.plan import plan_dp
-from anonproxy.rewrite.classify import decide
-from anonproxy.rewrite.decision import Noisy, Reject, Rewrite
-from anonproxy.rewrite.final_sql import check_final_sql
 from anonproxy.embedded import EmbeddedPostgres
+from anonproxy.plan import bounds
+from anonproxy.plan.final_sql import check_final_sql
+from anonproxy.plan.refusals import Reject
+from anonproxy.policy.model import Policy
+from anonproxy.policy.store import load_policy
+from anonproxy.route.decide import decide
+from anonproxy.route.decision import Noisy, Rewrite
 
 K = 10
 

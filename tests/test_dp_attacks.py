@@ -25,11 +25,11 @@ import pytest
 from conftest import Endpoint
 from test_dp_proxy import analyst, budget_left  # noqa: F401 - fixtures
 
-from anonproxy.policy.model import RolePolicy
-from anonproxy.policy.yaml_policy import demo_policy
 from anonproxy.dp.finish import answer
 from anonproxy.dp.model import DPParams, DPPlan
 from anonproxy.dp.plan import plan_dp
+from anonproxy.policy.model import RolePolicy
+from anonproxy.policy.yaml_policy import demo_policy
 
 DRAWS = 4000
 EPSILON = 0.5  # per query, as the proxy tests' budgets

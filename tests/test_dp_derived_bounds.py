@@ -21,8 +21,8 @@ from test_dp_proxy import analyst  # noqa: F401  (fixtures)
 
 from anonproxy.dp.model import DPPlan
 from anonproxy.dp.plan import plan_dp
+from anonproxy.plan.refusals import Reject
 from anonproxy.policy.model import Policy
-from anonproxy.rewrite.decision import Reject
 
 # (query, the clamp of its one sum statistic): bounds of age [15, 100], hours_per_week [0, 100], ratio [0, 1000]
 DERIVED = [

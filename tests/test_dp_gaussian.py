@@ -10,7 +10,13 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
-from test_mechanisms import ALPHA, SMALL_DRAWS, chi_square_p, confirmed_on_fresh_draws, gaussian_pmf
+from test_mechanisms import (
+    ALPHA,
+    SMALL_DRAWS,
+    chi_square_p,
+    confirmed_on_fresh_draws,
+    gaussian_pmf,
+)
 
 from anonproxy.dp.finish import answer
 from anonproxy.dp.mechanisms import (

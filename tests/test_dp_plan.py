@@ -17,6 +17,11 @@ from fractions import Fraction
 import psycopg
 import pytest
 
+from anonproxy.dp.finish import answer
+from anonproxy.dp.having import holds
+from anonproxy.dp.model import DPParams, DPPlan
+from anonproxy.dp.plan import plan_dp, selection_threshold
+from anonproxy.plan.refusals import Reject
 from anonproxy.policy.model import (
     ColumnPolicy,
     LinkedTable,
@@ -24,11 +29,6 @@ from anonproxy.policy.model import (
     ProtectedTable,
     RolePolicy,
 )
-from anonproxy.dp.having import holds
-from anonproxy.dp.finish import answer
-from anonproxy.dp.model import DPParams, DPPlan
-from anonproxy.dp.plan import plan_dp, selection_threshold
-from anonproxy.rewrite.decision import Reject
 
 WORKCLASS = ("Private", "Self-emp-not-inc", "Self-emp-inc", "Federal-gov", "Local-gov", "State-gov", "Without-pay",
              "Never-worked")

@@ -13,8 +13,15 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from conftest import (SERVICE_ROLE, Endpoint, fresh_dp_role, start_proxy, stop_proxy, wait_for_current_policy,
-                      wait_for_version)
+from conftest import (
+    SERVICE_ROLE,
+    Endpoint,
+    fresh_dp_role,
+    start_proxy,
+    stop_proxy,
+    wait_for_current_policy,
+    wait_for_version,
+)
 
 from anonproxy.embedded import EmbeddedPostgres
 

@@ -20,11 +20,18 @@ from decimal import Decimal
 import asyncpg
 import psycopg
 import pytest
+from conftest import (
+    SERVICE_ROLE,
+    Endpoint,
+    ProxyProcess,
+    fresh_dp_role,
+    start_proxy,
+    stop_proxy,
+)
 
 from anonproxy import demo
 from anonproxy.embedded import EmbeddedPostgres
 from anonproxy.policy.yaml_policy import apply_policy, demo_policy
-from conftest import SERVICE_ROLE, Endpoint, ProxyProcess, fresh_dp_role, start_proxy, stop_proxy
 
 DATABASE = "anonproxy_dp_time"
 COPIES = 30  # the demo table, this many times over (new ids): about a million rows

@@ -1,4 +1,4 @@
-"""The final SQL check (anonproxy.rewrite.final_sql): PostgreSQL's parser reads the generated SQL again.
+"""The final SQL check (anonproxy.plan.final_sql): PostgreSQL's parser reads the generated SQL again.
 
 First half, pure: hand-made SQL shaped like the generators' output, with one
 thing in it that the policy does not allow (a relation, a function, an
@@ -26,8 +26,10 @@ import pytest
 from conftest import Endpoint, ProxyProcess, start_proxy, stop_proxy
 
 from anonproxy.demo import reset_service_role
+from anonproxy.dp.model import DPParams, DPPlan
+from anonproxy.dp.plan import plan_dp
 from anonproxy.embedded import EmbeddedPostgres
-
+from anonproxy.plan.final_sql import FinalCheckRefusal, check_final_sql, verify
 from anonproxy.policy.model import (
     ColumnPolicy,
     LinkedTable,
@@ -37,12 +39,9 @@ from anonproxy.policy.model import (
     SuppressionParams,
 )
 from anonproxy.policy.yaml_policy import apply_policy, demo_policy
-from anonproxy.dp.model import DPParams, DPPlan
-from anonproxy.dp.plan import plan_dp
 from anonproxy.proxy.service_role import WIDENING_ROLES
-from anonproxy.rewrite.classify import decide
-from anonproxy.rewrite.decision import Rewrite
-from anonproxy.rewrite.final_sql import FinalCheckRefusal, check_final_sql, verify
+from anonproxy.route.decide import decide
+from anonproxy.route.decision import Rewrite
 
 ADULT = ProtectedTable("public.adult", "id")
 VISITS = LinkedTable("public.visits", "person_id", "public.adult", "id")

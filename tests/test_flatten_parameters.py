@@ -16,7 +16,6 @@ import psycopg
 import pytest
 from conftest import Endpoint, fresh_dp_role
 
-
 DROPPED = "select sex, count(*) from (select sex, {0}::integer as unused from adult where age > {1}) t group by sex"
 KEPT = "select sex, count(*) from (select sex, age from adult where age > {0}) t group by sex order by sex"
 READ = ("select s, count(*) from (select sex as s, age as a from adult where age > {0}) t where a < {1} "

@@ -12,12 +12,16 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
+from conftest import Endpoint, wait_for_policy
 from psycopg import sql
 from psycopg.types.string import TextLoader
 
 from anonproxy.embedded import EmbeddedPostgres
-from anonproxy.proxy.followed_settings import FOLLOWED_SETTINGS, REPORTED_SETTINGS, UNREPORTED_SETTINGS
-from conftest import Endpoint, wait_for_policy
+from anonproxy.proxy.followed_settings import (
+    FOLLOWED_SETTINGS,
+    REPORTED_SETTINGS,
+    UNREPORTED_SETTINGS,
+)
 
 # setting -> (a value other than the default, the query whose rendering it changes)
 CASES = {

@@ -13,10 +13,15 @@ from collections import Counter
 import asyncpg
 import psycopg
 import pytest
+from conftest import (
+    Endpoint,
+    wait_for_current_policy,
+    wait_for_policy,
+    wait_for_version,
+)
+from suppression_oracle import suppress
 
 from anonproxy.embedded import EmbeddedPostgres
-from conftest import Endpoint, wait_for_current_policy, wait_for_policy, wait_for_version
-from suppression_oracle import suppress
 
 K = 10
 

@@ -6,8 +6,9 @@ import struct
 
 import pytest
 
+from anonproxy.plan.refusals import Reject
 from anonproxy.proxy.gate import Description, Gate, Owner, Parameters, ProxyRequest
-from anonproxy.rewrite.decision import Decision, Intercept, Noisy, Pass, Reject, Rewrite
+from anonproxy.route.decision import Decision, Intercept, Noisy, Pass, Rewrite
 from anonproxy.wire import protocol as pg
 from anonproxy.wire.framing import MessageBuffer
 from anonproxy.wire.results import Column, Result

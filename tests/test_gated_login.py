@@ -12,7 +12,6 @@ from pathlib import Path
 
 import psycopg
 import pytest
-
 from conftest import Endpoint, fresh_dp_role
 
 # Every command that reads raw data or the registry, with arguments that would work for a direct login.

@@ -18,13 +18,13 @@ from pathlib import Path
 import asyncpg
 import psycopg
 import pytest
+from conftest import Endpoint, ProxyProcess, start_proxy, stop_proxy
 
 from anonproxy.config import UpstreamAddress
 from anonproxy.embedded import EmbeddedPostgres
 from anonproxy.logs import RateLimitedLog
 from anonproxy.proxy.cancel import CancelRegistry, UpstreamKey
 from anonproxy.wire import protocol as pg
-from conftest import Endpoint, ProxyProcess, start_proxy, stop_proxy
 
 PROTOCOL_3_2 = 3 << 16 | 2
 

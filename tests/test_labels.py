@@ -13,15 +13,15 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
-
-from anonproxy.embedded import EmbeddedPostgres
-from anonproxy.dp.model import DPParams, DPPlan
-from anonproxy.dp.plan import plan_dp
-from anonproxy.rewrite.classify import decide
-from anonproxy.rewrite.decision import Noisy, Pass, Rewrite
-from anonproxy.rewrite.statements import split
 from conftest import Endpoint, fresh_dp_role
 from test_rewrite import POLICY, SUPPRESS
+
+from anonproxy.dp.model import DPParams, DPPlan
+from anonproxy.dp.plan import plan_dp
+from anonproxy.embedded import EmbeddedPostgres
+from anonproxy.plan.statements import split
+from anonproxy.route.decide import decide
+from anonproxy.route.decision import Noisy, Pass, Rewrite
 
 DP = dataclasses.replace(SUPPRESS, mode="dp")
 

@@ -31,7 +31,6 @@ from test_ledger import (  # noqa: F401  (fixtures)
 
 from anonproxy.dp import ledger
 from anonproxy.dp.ledger import BudgetExhausted, Remaining
-from anonproxy.dp.zcdp import default_accounting, zcdp_epsilon, zcdp_rho_max
 from anonproxy.embedded import EmbeddedPostgres
 from anonproxy.policy.store import load_policy
 from anonproxy.policy.yaml_policy import (
@@ -41,6 +40,7 @@ from anonproxy.policy.yaml_policy import (
     dump_policy,
     parse_policy,
 )
+from anonproxy.policy.zcdp import default_accounting, zcdp_epsilon, zcdp_rho_max
 from anonproxy.schema import migrations
 
 D = Decimal

@@ -24,12 +24,20 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from conftest import (
+    SERVICE_ROLE,
+    Endpoint,
+    ProxyProcess,
+    free_port,
+    govern_by_demo_policy,
+    start_proxy,
+    stop_proxy,
+)
+from haproxy import server_states
+from netns import Host, hosts
 
 from anonproxy import sample_data, schema
 from anonproxy.embedded import EmbeddedPostgres
-from conftest import SERVICE_ROLE, Endpoint, ProxyProcess, free_port, govern_by_demo_policy, start_proxy, stop_proxy
-from haproxy import server_states
-from netns import Host, hosts
 
 NET = 210  # the links are 10.210.<i>.0/24
 PROXIES = 2

@@ -23,8 +23,8 @@ from collections.abc import Callable, Sequence
 from decimal import Decimal, localcontext
 from fractions import Fraction
 from functools import cache
-from typing import ParamSpec
 from statistics import NormalDist
+from typing import ParamSpec
 
 import numpy as np
 import pytest

@@ -30,7 +30,7 @@ from anonproxy.config import ConfigError, load_config
 from anonproxy.embedded import EmbeddedPostgres
 from anonproxy.proxy.cursors import Cursors
 from anonproxy.proxy.limits import MemoryLimits
-from anonproxy.rewrite.decision import DeclareCursor, Rewrite
+from anonproxy.route.decision import DeclareCursor, Rewrite
 from anonproxy.wire import protocol as pg
 
 MB = 1 << 20

@@ -22,8 +22,8 @@ import pytest
 from conftest import Endpoint, Up, free_port, fresh_dp_role
 from test_dp_plan import plan
 
-from anonproxy.embedded import EmbeddedPostgres
 from anonproxy.dp.finish import answer, supported_digits
+from anonproxy.embedded import EmbeddedPostgres
 
 QI = ["age", "workclass", "education", "marital_status", "race", "sex", "native_country"]
 SUPPRESS_AGGREGATES = ("Allowed aggregates: count(*), count(x), count(DISTINCT x), sum(x), avg(x), "

@@ -22,7 +22,13 @@ import psycopg
 import pytest
 
 from anonproxy.embedded import EmbeddedPostgres
-from anonproxy.policy.model import ColumnPolicy, LinkedTable, Policy, RolePolicy, SuppressionParams
+from anonproxy.policy.model import (
+    ColumnPolicy,
+    LinkedTable,
+    Policy,
+    RolePolicy,
+    SuppressionParams,
+)
 from anonproxy.policy.yaml_policy import apply_policy, demo_policy
 
 _roles = itertools.count(1)

@@ -22,8 +22,9 @@ from test_rewrite import DP, POLICY, SUPPRESS
 
 from anonproxy.dp.model import DPParams
 from anonproxy.dp.plan import plan_dp
-from anonproxy.rewrite.classify import decide
-from anonproxy.rewrite.decision import Reject, Rewrite
+from anonproxy.plan.refusals import Reject
+from anonproxy.route.decide import decide
+from anonproxy.route.decision import Rewrite
 
 _names = itertools.count(1)
 

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from conftest import Endpoint
 from psycopg import sql
 
 from anonproxy.embedded import EmbeddedPostgres
-from conftest import Endpoint
 
 ROLES = ("reporter", "analyst")
 
@@ -363,9 +363,10 @@ def test_what_is_rewritten() -> None:
     are redirected; other schemas' functions, a CTE named like a view and unqualified view names are not."""
     import dataclasses
 
-    from anonproxy.rewrite.classify import decide
-    from anonproxy.rewrite.decision import Pass, Relayed
     from test_rewrite import POLICY, SUPPRESS
+
+    from anonproxy.route.decide import decide
+    from anonproxy.route.decision import Pass, Relayed
 
     for role in (SUPPRESS, dataclasses.replace(SUPPRESS, mode="dp")):
         metabase = decide(METABASE_TABLE_PRIVILEGES, role, POLICY)

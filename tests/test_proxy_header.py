@@ -21,13 +21,25 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from conftest import (
+    GATED_DATABASE,
+    SERVICE_ROLE,
+    Endpoint,
+    ProxyProcess,
+    free_port,
+    start_proxy,
+    stop_proxy,
+)
+from haproxy import server_states
 
 from anonproxy.config import ConfigError, load_config
 from anonproxy.embedded import EmbeddedPostgres
 from anonproxy.wire.protocol import ProtocolViolation
-from anonproxy.wire.proxy_header import ProxyHeader, may_be_proxy_header, read_proxy_header
-from conftest import GATED_DATABASE, SERVICE_ROLE, Endpoint, ProxyProcess, free_port, start_proxy, stop_proxy
-from haproxy import server_states
+from anonproxy.wire.proxy_header import (
+    ProxyHeader,
+    may_be_proxy_header,
+    read_proxy_header,
+)
 
 DATABASE = GATED_DATABASE  # the demo policy's (its trail rows are told apart by their statements' comments)
 BALANCER = "127.0.0.2"  # the source address of HAProxy's connections to the proxy, and the only trusted one

@@ -7,9 +7,8 @@ import time
 
 import psycopg
 import pytest
-from psycopg import sql
-
 from conftest import AUTH_ROLES, Endpoint
+from psycopg import sql
 
 
 def test_simple_query_and_multi_statement_string(proxy: Endpoint, dbname: str) -> None:

@@ -16,6 +16,7 @@ import pytest
 from conftest import Endpoint, wait_for_policy
 
 from anonproxy.embedded import EmbeddedPostgres
+from anonproxy.plan.refusals import Reject
 from anonproxy.policy.model import PublishedRelation
 from anonproxy.policy.store import load_policy
 from anonproxy.policy.yaml_policy import (
@@ -24,8 +25,8 @@ from anonproxy.policy.yaml_policy import (
     demo_policy,
     parse_policy,
 )
-from anonproxy.rewrite.classify import decide
-from anonproxy.rewrite.decision import Pass, Reject
+from anonproxy.route.decide import decide
+from anonproxy.route.decision import Pass
 
 RELEASE = "public.adult_by_decade"
 DEMO_POLICY_TEXT = (Path(__file__).parents[1] / "anonproxy" / "data" / "demo_policy.yaml").read_text()

@@ -20,7 +20,6 @@ from pathlib import Path
 
 import psycopg
 import pytest
-
 from conftest import Up, free_port
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -23,7 +23,13 @@ from anonproxy.embedded import EmbeddedPostgres
 from anonproxy.policy.lint import reference_warnings
 from anonproxy.policy.model import ReferenceTable
 from anonproxy.policy.store import load_policy
-from anonproxy.policy.yaml_policy import PolicyApplyError, PolicyError, apply_policy, dump_policy, parse_policy
+from anonproxy.policy.yaml_policy import (
+    PolicyApplyError,
+    PolicyError,
+    apply_policy,
+    dump_policy,
+    parse_policy,
+)
 
 K = 10
 DEMO_POLICY_TEXT = (Path(__file__).parents[1] / "anonproxy" / "data" / "demo_policy.yaml").read_text()

@@ -14,9 +14,9 @@ import pytest
 from anonproxy.embedded import EmbeddedPostgres
 from anonproxy.plan import render
 from anonproxy.plan.names import output_name
-from anonproxy.rewrite.classify import parse_statement
-from anonproxy.rewrite.names import quote
-from anonproxy.rewrite.statements import split
+from anonproxy.plan.statements import split
+from anonproxy.plan.tables import quote
+from anonproxy.route.decide import parse_statement
 
 TABLE = """
 create temporary table t (i integer, b bigint, n numeric(10,2), f double precision, r real, s text,

@@ -24,6 +24,7 @@ from suppression_oracle import Magnitudes, suppress
 from anonproxy import sample_data
 from anonproxy.dp.model import DPParams
 from anonproxy.dp.plan import plan_dp
+from anonproxy.plan.refusals import Reject
 from anonproxy.policy.model import (
     LinkedTable,
     Policy,
@@ -31,8 +32,8 @@ from anonproxy.policy.model import (
     RolePolicy,
     SuppressionParams,
 )
-from anonproxy.rewrite.classify import decide
-from anonproxy.rewrite.decision import Deallocate, Intercept, Noisy, Pass, Reject, Rewrite
+from anonproxy.route.decide import decide
+from anonproxy.route.decision import Deallocate, Intercept, Noisy, Pass, Rewrite
 
 ADULT = ProtectedTable("public.adult", "id")
 VISITS = LinkedTable("public.visits", "person_id", "public.adult", "id")

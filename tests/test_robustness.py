@@ -7,9 +7,9 @@ that the proxy goes on serving everyone else.
 
 from __future__ import annotations
 
+import shutil
 import socket
 import struct
-import shutil
 import subprocess
 import tempfile
 import threading
@@ -18,12 +18,12 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from conftest import Endpoint, ProxyProcess, free_port, start_proxy, stop_proxy
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from anonproxy.embedded import EmbeddedPostgres
 from anonproxy.wire import protocol as pg
-from conftest import Endpoint, ProxyProcess, free_port, start_proxy, stop_proxy
 
 
 def open_raw(endpoint: Endpoint) -> socket.socket:

@@ -14,7 +14,6 @@ import psycopg
 import pytest
 from conftest import Endpoint, fresh_dp_role
 
-
 TOP = ("SELECT education AS education__, count(*) AS mme_inner__ FROM public.adult GROUP BY education "
        "ORDER BY mme_inner__ DESC LIMIT {top}")
 SERIES = ("SELECT education AS education, count(*) AS count FROM public.adult JOIN (" + TOP + ") AS series_limit "

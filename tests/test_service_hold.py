@@ -24,15 +24,22 @@ from pathlib import Path
 import asyncpg
 import psycopg
 import pytest
+from conftest import (
+    SERVICE_ROLE,
+    Endpoint,
+    ProxyProcess,
+    govern_by_demo_policy,
+    start_proxy,
+    stop_proxy,
+)
 from pytest_postgresql.executors.noop import NoopExecutor
 
 from anonproxy.config import ConfigError, ProxyConfig, load_config
 from anonproxy.embedded import EmbeddedPostgres
 from anonproxy.proxy.gate import Gate
-from anonproxy.rewrite.decision import Rewrite
+from anonproxy.route.decision import Rewrite
 from anonproxy.wire import protocol as pg
 from anonproxy.wire.framing import MessageBuffer
-from conftest import SERVICE_ROLE, Endpoint, ProxyProcess, govern_by_demo_policy, start_proxy, stop_proxy
 
 DATABASE = "anonproxy_hold"
 POOL_SIZE = 2

@@ -11,7 +11,11 @@ from anonproxy.config import ServiceLogin, UpstreamAddress
 from anonproxy.embedded import EmbeddedPostgres
 from anonproxy.proxy.service import ServiceConnection, ServiceUnavailable
 from anonproxy.wire import protocol as pg
-from anonproxy.wire.auth import AUTH_SASL_FINAL, AuthenticationFailed, PasswordAuthenticator
+from anonproxy.wire.auth import (
+    AUTH_SASL_FINAL,
+    AuthenticationFailed,
+    PasswordAuthenticator,
+)
 
 
 async def login_and_query(server: EmbeddedPostgres, user: str, password: str) -> list[tuple[bytes, bytes]]:

@@ -16,14 +16,20 @@ from pathlib import Path
 import asyncpg
 import psycopg
 import pytest
+from conftest import (
+    SERVICE_ROLE,
+    ProxyProcess,
+    govern_by_demo_policy,
+    start_proxy,
+    stop_proxy,
+)
 from pytest_postgresql.executors.noop import NoopExecutor
 
 from anonproxy.embedded import EmbeddedPostgres
 from anonproxy.proxy.gate import Gate
-from anonproxy.rewrite.decision import Pass, Rewrite
+from anonproxy.route.decision import Pass, Rewrite
 from anonproxy.wire import protocol as pg
 from anonproxy.wire.framing import MessageBuffer
-from conftest import SERVICE_ROLE, ProxyProcess, govern_by_demo_policy, start_proxy, stop_proxy
 
 DATABASE = "anonproxy_pool"
 POOL_SIZE = 2

@@ -18,12 +18,18 @@ from pathlib import Path
 import asyncpg
 import psycopg
 import pytest
+from conftest import (
+    SERVICE_ROLE,
+    Endpoint,
+    ProxyProcess,
+    free_port,
+    govern_by_demo_policy,
+    start_proxy,
+    stop_proxy,
+)
 
 from anonproxy import sample_data, schema
 from anonproxy.embedded import EmbeddedPostgres
-from conftest import (
-    SERVICE_ROLE, Endpoint, ProxyProcess, free_port, govern_by_demo_policy, start_proxy, stop_proxy,
-)
 
 DATABASE = "recovery"
 ANALYST = "recovery_analyst"

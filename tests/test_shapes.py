@@ -27,8 +27,9 @@ from test_rewrite import POLICY, SUPPRESS
 
 from anonproxy.dp.model import DPParams, DPPlan
 from anonproxy.dp.plan import plan_dp
-from anonproxy.rewrite.classify import decide
-from anonproxy.rewrite.decision import Noisy, Reject, Rewrite
+from anonproxy.plan.refusals import Reject
+from anonproxy.route.decide import decide
+from anonproxy.route.decision import Noisy, Rewrite
 
 DP = dataclasses.replace(SUPPRESS, mode="dp")
 PARAMS = DPParams(epsilon=1, delta=1e-6)

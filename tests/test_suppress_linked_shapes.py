@@ -36,8 +36,8 @@ from anonproxy.policy.model import (
 )
 from anonproxy.policy.store import load_policy
 from anonproxy.policy.yaml_policy import apply_policy, demo_policy
-from anonproxy.rewrite.classify import decide
-from anonproxy.rewrite.decision import Rewrite
+from anonproxy.route.decide import decide
+from anonproxy.route.decision import Rewrite
 from anonproxy.suppress import one_pass
 
 DATABASE = "linked_shapes"

@@ -21,8 +21,8 @@ from suppression_oracle import suppress
 
 from anonproxy.embedded import find_pg_bindir
 from anonproxy.policy.store import load_policy
-from anonproxy.rewrite.classify import decide
-from anonproxy.rewrite.decision import Rewrite
+from anonproxy.route.decide import decide
+from anonproxy.route.decision import Rewrite
 
 K = 10
 

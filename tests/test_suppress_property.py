@@ -65,7 +65,12 @@ from psycopg import sql as pgsql
 from pytest_postgresql.executors.noop import NoopExecutor
 
 from anonproxy.embedded import EmbeddedPostgres
-from anonproxy.policy.model import ColumnPolicy, LinkedTable, RolePolicy, SuppressionParams
+from anonproxy.policy.model import (
+    ColumnPolicy,
+    LinkedTable,
+    RolePolicy,
+    SuppressionParams,
+)
 from anonproxy.policy.yaml_policy import apply_policy, demo_policy
 
 K = 10

@@ -27,10 +27,11 @@ import psycopg
 import pytest
 from conftest import Endpoint, wait_for_policy
 from suppression_oracle import Magnitudes, suppress
+
 from anonproxy.policy.model import Policy, RolePolicy, SuppressionParams
 from anonproxy.policy.store import load_policy
-from anonproxy.rewrite.classify import decide
-from anonproxy.rewrite.decision import Rewrite
+from anonproxy.route.decide import decide
+from anonproxy.route.decision import Rewrite
 
 STATEMENTS = 60  # drawn statements per role
 ONE_PASS = "anonproxy.one_row_per_person("  # the one-pass SQL checks its catalog fact (sql/0023)

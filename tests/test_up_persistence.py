@@ -16,7 +16,6 @@ from importlib.resources import files
 from pathlib import Path
 
 import pytest
-
 from conftest import Up, free_port
 
 

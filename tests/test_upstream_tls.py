@@ -44,7 +44,6 @@ from anonproxy.embedded import EmbeddedPostgres
 from anonproxy.views.hierarchies import load_adult_hierarchies
 from anonproxy.wire import protocol as pg
 
-
 DATABASE = "tls_db"
 NET = 201  # the server's LAN: 10.201.0.0/24
 SERVER_NAME = "db.anonproxy.test"

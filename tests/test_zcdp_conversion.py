@@ -1,5 +1,5 @@
 """The zCDP → (ε, δ) conversion of migration 0025 (Canonne, Kamath and Steinke 2020, as OpenDP converts), in Python
-(anonproxy.dp.zcdp) and in the database, against an independent numeric evaluation (a fine grid over the order α in
+(anonproxy.policy.zcdp) and in the database, against an independent numeric evaluation (a fine grid over the order α in
 numpy's float64), against Bun and Steinke's bound, and an upgrade of a database with charges on it."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import psycopg
 import pytest
 from test_ledger import ALICE, BOB, db, logins  # noqa: F401  (fixtures)
 
-from anonproxy.dp.zcdp import default_accounting, zcdp_epsilon, zcdp_rho_max
 from anonproxy.embedded import EmbeddedPostgres
+from anonproxy.policy.zcdp import default_accounting, zcdp_epsilon, zcdp_rho_max
 from anonproxy.schema import migrations
 
 D = Decimal

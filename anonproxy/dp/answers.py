@@ -42,12 +42,12 @@ from anonproxy.dp.finish import (
 )
 from anonproxy.dp.model import DPParams, DPPlan
 from anonproxy.dp.plan import plan_dp
-from anonproxy.dp.zcdp import Accounting
 from anonproxy.plan import render
+from anonproxy.plan.final_sql import verify
 from anonproxy.plan.outer import Series
+from anonproxy.plan.refusals import Refusal, Reject
 from anonproxy.policy.model import Policy, RolePolicy
-from anonproxy.rewrite.decision import Refusal, Reject
-from anonproxy.rewrite.final_sql import verify
+from anonproxy.policy.zcdp import Accounting
 from anonproxy.wire.results import text_value
 
 # Used when a budget does not say what one query costs.

@@ -22,9 +22,9 @@ from __future__ import annotations
 from decimal import Decimal
 from fractions import Fraction
 
+from anonproxy.catalog_check import one_row_per_person
 from anonproxy.dp.model import Statistic
 from anonproxy.plan.analysis import AnalyticQuery
-from anonproxy.catalog_check import one_row_per_person
 
 # Column names in the generated SQL (prefixed so they cannot collide with the client's).
 ROWS = "anonproxy_rows"

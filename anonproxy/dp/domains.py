@@ -24,7 +24,7 @@ from sqlglot import exp
 from sqlglot.errors import SqlglotError
 
 from anonproxy.plan.analysis import AnalyticQuery
-from anonproxy.rewrite.names import ResolvedTable
+from anonproxy.plan.tables import ResolvedTable
 
 _TEXT = ("text", "character varying", "varchar", "name")
 _BLANK_PADDED = ("character", "bpchar")

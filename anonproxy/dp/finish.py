@@ -23,7 +23,15 @@ from fractions import Fraction
 from anonproxy.dp import intervals
 from anonproxy.dp.having import holds
 from anonproxy.dp.mechanisms import discrete_gaussian, discrete_laplace, to_grid
-from anonproxy.dp.model import ColumnNoise, DPPlan, OrderKey, OutputColumn, Quantile, Statistic, to_decimal
+from anonproxy.dp.model import (
+    ColumnNoise,
+    DPPlan,
+    OrderKey,
+    OutputColumn,
+    Quantile,
+    Statistic,
+    to_decimal,
+)
 
 
 @dataclass(frozen=True)

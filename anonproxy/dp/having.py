@@ -17,7 +17,7 @@ from decimal import Decimal, InvalidOperation
 
 from sqlglot import exp
 
-from anonproxy.rewrite.decision import Refusal, unsupported
+from anonproxy.plan.refusals import Refusal, unsupported
 
 HAVING_HINT = ("HAVING in dp mode compares aggregates and GROUP BY expressions with constants: =, <>, <, <=, >, >=, "
                "BETWEEN, IN (constants), IS [NOT] NULL, combined with AND, OR, NOT.")

@@ -12,12 +12,12 @@ from dataclasses import dataclass
 
 from sqlglot import exp
 
-from anonproxy.rewrite.decision import unsupported
-from anonproxy.rewrite.names import identifier
+from anonproxy.plan.interval_calls import FUNCTIONS, interval_call
+from anonproxy.plan.refusals import unsupported
+from anonproxy.plan.tables import identifier
 
-__all__ = ["HINT", "IntervalItem", "interval_call", "unwrap"]
+__all__ = ["HINT", "IntervalItem", "unwrap"]
 
-FUNCTIONS = {"dp_interval_low": "low", "dp_interval_high": "high"}
 HINT = ("Write dp_interval_low(<aggregate>) or dp_interval_high(<aggregate>) as a select item of its own, the "
         "aggregate being count, sum or avg (FILTER allowed) or the alias of such an output column: e.g. "
         "SELECT sex, avg(age) AS a, dp_interval_low(a), dp_interval_high(a) FROM adult GROUP BY sex.")
@@ -28,20 +28,6 @@ class IntervalItem:
     bound: str  # "low" or "high"
     function: str  # dp_interval_low / dp_interval_high, for messages
     name: str  # the output column's name, as PostgreSQL names the item
-
-
-def interval_call(node: exp.Expression) -> tuple[str, exp.Expression | None] | None:
-    """(function name, its one argument or None) when ``node`` calls dp_interval_low/high, plain or qualified
-    with the anonproxy schema; else None."""
-    if isinstance(node, exp.Dot) and isinstance(node.this, exp.Identifier) and identifier(node.this) == "anonproxy":
-        node = node.expression
-    if not isinstance(node, exp.Anonymous):
-        return None
-    name = identifier(node.this) if isinstance(node.this, exp.Identifier) else str(node.this).lower()
-    if name not in FUNCTIONS:
-        return None
-    arguments = node.expressions
-    return name, (arguments[0] if len(arguments) == 1 else None)
 
 
 def unwrap(tree: exp.Expression) -> dict[int, IntervalItem]:

@@ -50,7 +50,7 @@ from psycopg import errors
 from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 
-from anonproxy.dp.zcdp import Accounting
+from anonproxy.policy.zcdp import Accounting
 
 EXHAUSTED_SQLSTATE = "53400"  # configuration_limit_exceeded
 NO_BUDGET_SQLSTATE = "42501"  # insufficient_privilege, with table_name = 'budgets'

@@ -20,20 +20,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Literal
 from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal, localcontext
 from fractions import Fraction
+from typing import Literal
 
 from sqlglot import exp
 
-from anonproxy.plan import bounds
-from anonproxy.plan.shape import Nested, prepare
-from anonproxy.policy.model import (
-    ColumnPolicy,
-    Policy,
-    RolePolicy,
-    SuppressionParams,
-)
 from anonproxy.dp import interval_items, intervals
 from anonproxy.dp.bounded_sql import bounded_sql, text_literal
 from anonproxy.dp.domains import restricted
@@ -59,20 +51,27 @@ from anonproxy.dp.model import (
     StatKind,
     as_float,
 )
+from anonproxy.plan import bounds, post_aggregate
 from anonproxy.plan.analysis import AnalyticQuery, Item, analyze, canonical, filtered
+from anonproxy.plan.expressions import unwrap
 from anonproxy.plan.post_aggregate import RELEASED, PostAggregate, value
-from anonproxy.plan import post_aggregate
-from anonproxy.rewrite.classify import parsed_tree
-from anonproxy.rewrite.decision import (
+from anonproxy.plan.refusals import (
     FEATURE_NOT_SUPPORTED,
     Refusal,
     Reject,
     forbidden,
     unsupported,
 )
-from anonproxy.rewrite.expressions import unwrap
-from anonproxy.rewrite.names import PolicyIndex, ResolvedTable, identifier, quote
-from anonproxy.rewrite.statements import PARSE_HINT, split
+from anonproxy.plan.shape import Nested, prepare
+from anonproxy.plan.statements import PARSE_HINT, split
+from anonproxy.plan.tables import PolicyIndex, ResolvedTable, identifier, quote
+from anonproxy.policy.model import (
+    ColumnPolicy,
+    Policy,
+    RolePolicy,
+    SuppressionParams,
+)
+from anonproxy.route.decide import parsed_tree
 
 __all__ = ["gaussian_selection_threshold", "plan_dp", "selection_threshold"]
 

@@ -12,7 +12,7 @@ decisions beyond naming tables):
   outer query that post-processes the released rows of an aggregate query,
   and Superset's series limit (a top-N aggregate joined back to its table);
 * :mod:`anonproxy.plan.shape` runs the passes in order and hands each back-end
-  (suppression: :mod:`anonproxy.rewrite.classify`, differential privacy:
+  (suppression: :mod:`anonproxy.route.decide`, differential privacy:
   :mod:`anonproxy.dp.plan`) the statement it analyses.
 
 What the result may compute is still decided by the back-ends' analysis

@@ -24,11 +24,7 @@ from typing import Literal
 from sqlglot import exp
 
 from anonproxy.plan import bounds
-from anonproxy.plan.names import output_name, own_nodes
-from anonproxy.plan.render import sql
-from anonproxy.policy.model import SuppressionParams
-from anonproxy.rewrite.decision import Refusal, forbidden, unsupported
-from anonproxy.rewrite.expressions import (
+from anonproxy.plan.expressions import (
     Checker,
     Scope,
     contains_aggregate,
@@ -36,11 +32,15 @@ from anonproxy.rewrite.expressions import (
     unwrap,
     window_function,
 )
+from anonproxy.plan.joins import REFERENCE_HINT, Source, check_joins
+from anonproxy.plan.names import output_name, own_nodes
 from anonproxy.plan.post_aggregate import PostAggregate, compile_outer
-from anonproxy.rewrite.joins import REFERENCE_HINT, Source, check_joins
-from anonproxy.rewrite.names import PolicyIndex, ResolvedTable, fold, identifier, quote
-from anonproxy.rewrite.relations import check_relations
-from anonproxy.rewrite.statements import PARSE_HINT, Statement
+from anonproxy.plan.refusals import Refusal, forbidden, unsupported
+from anonproxy.plan.relations import check_relations
+from anonproxy.plan.render import sql
+from anonproxy.plan.statements import PARSE_HINT, Statement
+from anonproxy.plan.tables import PolicyIndex, ResolvedTable, fold, identifier, quote
+from anonproxy.policy.model import SuppressionParams
 
 SHAPE_HINT = (
     "Supported over protected tables: SELECT <grouping expressions and aggregates> FROM <protected table> "

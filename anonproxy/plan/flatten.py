@@ -36,8 +36,8 @@ from collections import Counter
 from sqlglot import exp
 
 from anonproxy.plan.names import output_name, own_nodes, reference, sources
-from anonproxy.rewrite.decision import forbidden, unsupported
-from anonproxy.rewrite.names import identifier
+from anonproxy.plan.refusals import forbidden, unsupported
+from anonproxy.plan.tables import identifier
 
 HINT = ("A derived table or WITH query over protected tables may select columns and row expressions, rename them, "
         "filter with WHERE and join linked tables: SELECT ... FROM (SELECT a, b AS c FROM t WHERE ...) AS d "

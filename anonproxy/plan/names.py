@@ -16,9 +16,9 @@ from collections.abc import Iterator
 
 from sqlglot import exp
 
-from anonproxy.rewrite.decision import unsupported
-from anonproxy.rewrite.names import PolicyIndex, identifier
-from anonproxy.rewrite.statements import DATE_PART
+from anonproxy.plan.refusals import unsupported
+from anonproxy.plan.statements import DATE_PART
+from anonproxy.plan.tables import PolicyIndex, identifier
 
 _NESTED = (exp.Select, exp.Subquery, exp.SetOperation)
 

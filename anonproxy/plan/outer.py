@@ -34,13 +34,12 @@ from dataclasses import dataclass
 from sqlglot import exp
 
 from anonproxy.plan import render
-
+from anonproxy.plan.expressions import Checker, Scope
 from anonproxy.plan.flatten import is_aggregate
 from anonproxy.plan.names import output_name, own_nodes, reference, sources
+from anonproxy.plan.refusals import unsupported
+from anonproxy.plan.tables import ResolvedTable, identifier
 from anonproxy.policy.model import SuppressionParams
-from anonproxy.rewrite.decision import unsupported
-from anonproxy.rewrite.expressions import Checker, Scope
-from anonproxy.rewrite.names import ResolvedTable, identifier
 
 OUTER_HINT = ("An outer query over an aggregate query may select, filter (WHERE), group, order and limit the "
               "inner query's output columns: SELECT count(*) FROM (SELECT k, count(*) AS n FROM t GROUP BY k) AS q.")

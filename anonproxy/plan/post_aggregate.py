@@ -31,8 +31,8 @@ from decimal import Decimal, InvalidOperation
 
 from sqlglot import exp
 
-from anonproxy.rewrite.decision import unsupported
-from anonproxy.rewrite.names import fold, identifier, quote
+from anonproxy.plan.refusals import unsupported
+from anonproxy.plan.tables import fold, identifier, quote
 
 RELEASED = "anonproxy_released"
 

@@ -14,7 +14,7 @@ Rendering is sqlglot's PostgreSQL generator, function names in lower case, with 
 * ``date_part(...)`` stays ``date_part``: sqlglot reads it and ``extract``
   into one node, but PostgreSQL gives them different result types
   (``double precision`` and ``numeric``) and column names. The classifier's
-  parser (:data:`anonproxy.rewrite.statements.DIALECT`) marks the node.
+  parser (:data:`anonproxy.plan.statements.DIALECT`) marks the node.
 
 Output column names are kept by the callers: a select item PostgreSQL would
 have named from the client's spelling gets that name as an explicit alias
@@ -26,7 +26,7 @@ from __future__ import annotations
 from sqlglot import exp
 from sqlglot.dialects.postgres import Postgres
 
-from anonproxy.rewrite.statements import DATE_PART
+from anonproxy.plan.statements import DATE_PART
 
 
 class _Postgres(Postgres):

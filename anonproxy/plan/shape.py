@@ -24,9 +24,9 @@ from sqlglot import exp
 from anonproxy.plan import outer as outer_shapes
 from anonproxy.plan.flatten import flatten, inline_ctes
 from anonproxy.plan.names import normalize, output_name
-from anonproxy.rewrite.decision import unsupported
-from anonproxy.rewrite.names import PolicyIndex
-from anonproxy.rewrite.statements import Statement
+from anonproxy.plan.refusals import unsupported
+from anonproxy.plan.statements import Statement
+from anonproxy.plan.tables import PolicyIndex
 
 
 @dataclass(frozen=True)

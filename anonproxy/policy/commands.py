@@ -19,7 +19,13 @@ import psycopg
 from .. import login
 from .lint import lint, lint_k, reference_warnings
 from .store import load_policy
-from .yaml_policy import PolicyApplyError, PolicyError, apply_policy, dump_policy, read_policy_file
+from .yaml_policy import (
+    PolicyApplyError,
+    PolicyError,
+    apply_policy,
+    dump_policy,
+    read_policy_file,
+)
 
 
 def register(subparsers: Any) -> None:

@@ -25,8 +25,7 @@ from typing import Any, Literal
 import psycopg
 from psycopg import sql
 
-from ..rewrite.names import split_policy_name
-from .model import ColumnPolicy, Policy, SuppressionParams
+from .model import ColumnPolicy, Policy, SuppressionParams, split_policy_name
 
 
 @dataclass(frozen=True)

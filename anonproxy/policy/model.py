@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Literal
 
-from anonproxy.dp.zcdp import Accounting, default_accounting
+from anonproxy.policy.zcdp import Accounting, default_accounting
 
 Mode = Literal["direct", "suppress", "dp", "deny"]
 ColumnKind = Literal["identifier", "quasi_identifier", "sensitive", "public"]
@@ -21,6 +21,15 @@ DEFAULT_SERVICE_ROLE = "anonproxy_service"
 # Modes whose statements the proxy runs (rewritten, or for a noisy answer), and so bounds in time.
 TIMED_MODES: tuple[Mode, ...] = ("suppress", "dp")
 DEFAULT_MAX_STATEMENT_MS = 30_000
+
+
+DEFAULT_SCHEMA = "public"  # where a policy name without a schema lives
+
+
+def split_policy_name(name: str) -> tuple[str, str]:
+    """(schema, table) of a policy name, ``schema.table`` or a bare table in the default schema."""
+    schema, dot, table = name.partition(".")
+    return (schema, table) if dot else (DEFAULT_SCHEMA, schema)
 
 
 @dataclass(frozen=True)

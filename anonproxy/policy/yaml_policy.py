@@ -46,7 +46,7 @@ from typing import Any, TypeVar, cast
 import psycopg
 import yaml
 
-from anonproxy.dp.zcdp import ACCOUNTINGS, Accounting
+from anonproxy.policy.zcdp import ACCOUNTINGS, Accounting
 
 from .model import (
     COLUMN_KINDS,

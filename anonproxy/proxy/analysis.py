@@ -277,6 +277,6 @@ if __name__ == "__main__":
 
     setup_logging(*sys.argv[2:4])
     import anonproxy.dp.answers  # noqa: F401  imported before the first request, not during it
-    import anonproxy.rewrite.classify  # noqa: F401
+    import anonproxy.route.decide  # noqa: F401
 
     _serve(Connection(int(sys.argv[1])))

@@ -44,14 +44,14 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from ..config import MAX_STATEMENT_SIZE
-from ..rewrite.decision import (
-    DeclareCursor,
+from ..plan.refusals import Reject
+from ..route.decision import (
     Decision,
+    DeclareCursor,
     ExplainDP,
     Intercept,
     Noisy,
     Pass,
-    Reject,
     Relayed,
     Rewrite,
     Script,

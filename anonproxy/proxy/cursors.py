@@ -31,9 +31,18 @@ import struct
 from collections import deque
 from dataclasses import dataclass, field, replace
 
-from ..rewrite.decision import CloseCursor, Decision, DeclareCursor, FetchCursor, Reject
+from ..plan.refusals import Reject
+from ..route.decision import CloseCursor, Decision, DeclareCursor, FetchCursor
 from ..wire import protocol as pg
-from ..wire.results import BINARY, TEXT, Column, FormatError, Result, check_formats, result_formats
+from ..wire.results import (
+    BINARY,
+    TEXT,
+    Column,
+    FormatError,
+    Result,
+    check_formats,
+    result_formats,
+)
 from .limits import DEFAULT_LIMITS, MemoryLimits, size_text
 
 MAX_CURSOR_ROWS = 100_000  # rows one cursor the proxy holds may keep

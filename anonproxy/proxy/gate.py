@@ -109,19 +109,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from ..config import MAX_STATEMENT_SIZE
-from ..rewrite.decision import (
+from ..plan.refusals import Reject
+from ..route.decision import (
     CloseCursor,
     CursorStatement,
     Deallocate,
-    DeclareCursor,
     Decision,
+    DeclareCursor,
     ExplainDP,
     ExplainSuppress,
     FetchCursor,
     Intercept,
     Noisy,
     Pass,
-    Reject,
     Relayed,
     Rewrite,
     Script,
@@ -131,8 +131,8 @@ from ..suppress.explain import SuppressionReport, notice, read_report
 from ..wire import protocol as pg
 from ..wire.framing import BoundedMessageBuffer, Piece, Rows, messages
 from ..wire.results import Column, FormatError, Result, check_formats, result_formats
-from .followed_settings import REPORTED_SETTINGS, UNREPORTED_SETTINGS
 from .cursors import Capture, Cursors, ScriptRun, follow, unnamed_bind
+from .followed_settings import REPORTED_SETTINGS, UNREPORTED_SETTINGS
 from .limits import DEFAULT_LIMITS, MemoryLimits, size_text
 
 SYNC = pg.message(b"S")

@@ -4,7 +4,7 @@ A StartupMessage sets configuration parameters two ways: its ``options`` paramet
 (``options=-c anonproxy.epsilon=0.1``, libpq's ``PGOPTIONS``), and any other parameter named after a setting
 (``application_name``, asyncpg's ``server_settings``). PostgreSQL applies the options first, then the other
 parameters, each in order. The proxy forwards the StartupMessage unchanged; for a gated role it then checks each
-setting as it checks the same ``SET`` after login (anonproxy.rewrite.commands), and applies the ``anonproxy.*``
+setting as it checks the same ``SET`` after login (anonproxy.route.commands), and applies the ``anonproxy.*``
 ones itself, so that none is silently ignored.
 
 Pure: :func:`login_settings` returns the settings, or raises :class:`LoginOptionError` for an option the proxy

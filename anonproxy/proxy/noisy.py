@@ -73,8 +73,6 @@ from psycopg import generators, pq
 from psycopg.adapt import Transformer
 
 from ..config import ServiceLogin
-from ..plan.outer import ROWS, Outer, Series
-from ..policy.model import Policy, RolePolicy
 from ..dp import amounts, ledger
 from ..dp.answers import (
     DEFAULT_COSTS,
@@ -92,13 +90,16 @@ from ..dp.answers import (
 )
 from ..dp.finish import Measurement, finish, measure, post_arrays, released_rows
 from ..dp.model import DPParams, DPPlan
-from ..dp.zcdp import Accounting, zcdp_epsilon
-from ..rewrite.decision import Reject, SessionSetting
-from ..rewrite.final_sql import verify
+from ..plan.final_sql import verify
+from ..plan.outer import ROWS, Outer, Series
+from ..plan.refusals import Reject
+from ..policy.model import Policy, RolePolicy
+from ..policy.zcdp import Accounting, zcdp_epsilon
+from ..route.decision import SessionSetting
 from ..wire import protocol as pg
 from ..wire.results import Column, Result, text_value
+from .analysis import Analyser, AnalysisFailed, AnalysisTimeout
 from .audit_trail import Spent
-from .analysis import AnalysisFailed, AnalysisTimeout, Analyser
 from .cache import BoundedCache
 from .cancel import CANCEL_TIMEOUT
 from .gate import EXPLAIN_COLUMNS, Description, Parameters

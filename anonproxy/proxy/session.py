@@ -39,28 +39,32 @@ from typing import Any
 
 from ..config import IPNetwork, ProxyConfig, ServiceLogin, UpstreamAddress
 from ..logs import RateLimitedLog
+from ..plan.refusals import Refusal, Reject
 from ..policy.model import Policy, RolePolicy
-from ..rewrite.classify import decide
-from ..rewrite.commands import login_setting
-from ..rewrite.decision import (
-    DeclareCursor,
+from ..route.commands import login_setting
+from ..route.decide import decide
+from ..route.decision import (
     Decision,
+    DeclareCursor,
     ExplainDP,
     ExplainSuppress,
     Intercept,
     Noisy,
     Pass,
-    Refusal,
-    Reject,
     Script,
     SessionSetting,
 )
 from ..wire import protocol as pg
-from ..wire.framing import BoundaryTracker, MessageBuffer, Piece, RelayingMessageBuffer, Rows
+from ..wire.framing import (
+    BoundaryTracker,
+    MessageBuffer,
+    Piece,
+    RelayingMessageBuffer,
+    Rows,
+)
 from ..wire.proxy_header import may_be_proxy_header, read_proxy_header
 from ..wire.results import Result
-from .analysis import AnalysisFailed, AnalysisTimeout, Analyser
-from .cache import BoundedCache
+from .analysis import Analyser, AnalysisFailed, AnalysisTimeout
 from .audit_trail import (
     UNAVAILABLE,
     AuditRecord,
@@ -72,13 +76,20 @@ from .audit_trail import (
     execution_record,
     session_id,
 )
-from .cancel import CancelRegistry, ClientKey, UpstreamKey, cancel_then_hang_up, send_cancel
+from .cache import BoundedCache
+from .cancel import (
+    CancelRegistry,
+    ClientKey,
+    UpstreamKey,
+    cancel_then_hang_up,
+    send_cancel,
+)
 from .followed_settings import REPORTED_SETTINGS, follow_settings
 from .gate import EXPLAIN_COLUMNS, Execution, Gate, Owner, ProxyRequest, Reply
 from .limits import MemoryLimits
 from .login_options import LoginOptionError, LoginSetting, login_settings
-from .output import ClientOutput
 from .noisy import NoisyAnswers, Refused, SessionLimits, Stop
+from .output import ClientOutput
 from .policy_watch import PolicyWatcher
 from .servers import Servers
 from .service import ServiceConnection, ServiceUnavailable

@@ -18,8 +18,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from anonproxy.policy.model import RolePolicy
 from anonproxy.plan.analysis import AnalyticQuery
+from anonproxy.policy.model import RolePolicy
 
 REPORT_MESSAGE = "anonproxy.suppression_report"  # the MESSAGE of the INFO the report function raises
 

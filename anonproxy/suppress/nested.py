@@ -20,12 +20,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from anonproxy.plan.analysis import analyze
 from anonproxy.plan.outer import ROWS, Outer, Series
 from anonproxy.plan.render import sql
 from anonproxy.plan.shape import Nested, Single, named
+from anonproxy.plan.tables import PolicyIndex, quote
 from anonproxy.policy.model import SuppressionParams
-from anonproxy.plan.analysis import analyze
-from anonproxy.rewrite.names import PolicyIndex, quote
 from anonproxy.suppress.rewrite import rewrite
 
 TOP = "anonproxy_top"

@@ -43,7 +43,7 @@ from sqlglot import exp
 from anonproxy.catalog_check import one_row_per_person
 from anonproxy.plan.analysis import AggregateText, AnalyticQuery
 from anonproxy.plan.post_aggregate import RELEASED, PostAggregate, key, plain, value
-from anonproxy.rewrite.names import ResolvedTable
+from anonproxy.plan.tables import ResolvedTable
 from anonproxy.suppress.complementary import complementary
 from anonproxy.suppress.rules import (
     ANSWERED,

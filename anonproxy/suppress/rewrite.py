@@ -49,8 +49,8 @@ from dataclasses import replace
 
 from anonproxy.plan.analysis import AnalyticQuery, Item
 from anonproxy.plan.post_aggregate import RELEASED, PostAggregate, key, plain, value
+from anonproxy.plan.refusals import unsupported
 from anonproxy.policy.model import SuppressionParams
-from anonproxy.rewrite.decision import unsupported
 from anonproxy.suppress import one_pass
 from anonproxy.suppress.complementary import complementary
 from anonproxy.suppress.rules import (
@@ -59,22 +59,22 @@ from anonproxy.suppress.rules import (
     CELLS,
     GROUPS,
     PRIMARY,
-    SUMMARY,
     REPORT,
     REPORT_FUNCTION,
     REST,
     REST_CELLS,
     REST_RANKED,
+    SUMMARY,
     UNIVERSE,
     WITHHELD,
     WITHHELD_PEOPLE,
     Ctes,
     Rules,
+    bounded_verdicts,
     contributes,
     key_tuple,
     left_out,
     query_set_size,
-    bounded_verdicts,
     ranked_verdict,
     string,
     with_ctes,

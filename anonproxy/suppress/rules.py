@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from decimal import Decimal
 
 from anonproxy.plan.analysis import AnalyticQuery
+from anonproxy.plan.refusals import unsupported
 from anonproxy.policy.model import SuppressionParams
-from anonproxy.rewrite.decision import unsupported
 
 CELLS = "anonproxy_cells"
 RANKED = "anonproxy_ranked"

@@ -31,7 +31,15 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from run import REPO, connect, open_session, prepare_database, progress, rank, start_proxy  # noqa: E402
+from run import (  # noqa: E402
+    REPO,
+    connect,
+    open_session,
+    prepare_database,
+    progress,
+    rank,
+    start_proxy,
+)
 
 from anonproxy.embedded import EmbeddedPostgres  # noqa: E402
 from anonproxy.wire import protocol as pg  # noqa: E402

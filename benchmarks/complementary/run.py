@@ -177,12 +177,12 @@ def emit_plans(dsn: str) -> None:
     import anonproxy.suppress.rewrite as rewrite_module  # noqa: PLC0415
     from anonproxy.plan.outer import Outer  # noqa: PLC0415
     from anonproxy.plan.shape import Nested, prepare  # noqa: PLC0415
+    from anonproxy.plan.statements import Statement as Parsed  # noqa: PLC0415
+    from anonproxy.plan.statements import split  # noqa: PLC0415
+    from anonproxy.plan.tables import PolicyIndex  # noqa: PLC0415
     from anonproxy.policy.store import load_policy  # noqa: PLC0415
-    from anonproxy.rewrite.classify import parse_statement  # noqa: PLC0415
-    from anonproxy.rewrite.commands import declare_cursor, is_query  # noqa: PLC0415
-    from anonproxy.rewrite.names import PolicyIndex  # noqa: PLC0415
-    from anonproxy.rewrite.statements import Statement as Parsed  # noqa: PLC0415
-    from anonproxy.rewrite.statements import split  # noqa: PLC0415
+    from anonproxy.route.commands import declare_cursor, is_query  # noqa: PLC0415
+    from anonproxy.route.decide import parse_statement  # noqa: PLC0415
 
     with psycopg.connect(dsn) as conn:
         policy = load_policy(conn)  # with the column types the proxy reads from the database

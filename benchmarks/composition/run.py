@@ -20,8 +20,8 @@ from pathlib import Path
 import psycopg
 
 from anonproxy import sample_data, schema
-from anonproxy.embedded import EmbeddedPostgres
 from anonproxy.dp.mechanisms import discrete_laplace, laplace_scale
+from anonproxy.embedded import EmbeddedPostgres
 from anonproxy.views.hierarchies import load_adult_hierarchies
 
 QI = ["age", "workclass", "education", "marital_status", "race", "sex", "native_country"]

@@ -41,11 +41,11 @@ from typing import Any
 
 import psycopg
 
+from anonproxy.dp.model import DPParams, DPPlan
+from anonproxy.dp.plan import plan_dp
 from anonproxy.embedded import EmbeddedPostgres
 from anonproxy.policy.model import ColumnPolicy, LinkedTable
 from anonproxy.policy.yaml_policy import demo_policy
-from anonproxy.dp.model import DPParams, DPPlan
-from anonproxy.dp.plan import plan_dp
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))

@@ -1,4 +1,4 @@
-"""What the final SQL check (anonproxy.rewrite.final_sql) adds to a first-sight decision.
+"""What the final SQL check (anonproxy.plan.final_sql) adds to a first-sight decision.
 
 For every query of the suppress benchmark's workload (both the demo reporter's rules — dominance, p %, rest
 row — and plain k), and every query of the dp benchmark's workload, the SQL the generator produces is checked
@@ -24,14 +24,14 @@ sys.path[:0] = [str(HERE.parent.parent), str(HERE.parent / "suppress"), str(HERE
 from dp_workload import QUERIES as DP_QUERIES  # noqa: E402
 from workload import QUERIES as SUPPRESS_QUERIES  # noqa: E402
 
-from anonproxy.policy.model import ColumnPolicy, LinkedTable, SuppressionParams  # noqa: E402
-from anonproxy.policy.yaml_policy import demo_policy  # noqa: E402
 from anonproxy.dp.model import DPParams, DPPlan  # noqa: E402
 from anonproxy.dp.plan import plan_dp  # noqa: E402
-from anonproxy.rewrite.classify import decide  # noqa: E402
-from anonproxy.rewrite import classify  # noqa: E402
-from anonproxy.rewrite.decision import Rewrite  # noqa: E402
-from anonproxy.rewrite.final_sql import check_final_sql  # noqa: E402
+from anonproxy.plan.final_sql import check_final_sql  # noqa: E402
+from anonproxy.policy.model import ColumnPolicy, LinkedTable, SuppressionParams  # noqa: E402
+from anonproxy.policy.yaml_policy import demo_policy  # noqa: E402
+from anonproxy.route import decide as classify  # noqa: E402
+from anonproxy.route.decide import decide  # noqa: E402
+from anonproxy.route.decision import Rewrite
 
 
 def timed(function: Callable[[int], object], runs: int) -> tuple[float, float]:

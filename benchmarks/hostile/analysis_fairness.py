@@ -28,7 +28,15 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from run import (  # noqa: E402  the hostile benchmark's helpers: database, proxy, sessions, memory, percentiles
-    REPO, EmbeddedPostgres, _connect, _MemorySampler, _prepare_database, _progress, _proxy, _summary)
+    REPO,
+    EmbeddedPostgres,
+    _connect,
+    _MemorySampler,
+    _prepare_database,
+    _progress,
+    _proxy,
+    _summary,
+)
 
 # Sums of one-digit values (``3+1``), many tokens and nodes per byte: about 10 s of analysis (CPU) on the test
 # machine for 250 kB, so that each statement runs into the 5 s budget (run.py's 256 kB statement takes 3.3 s and is

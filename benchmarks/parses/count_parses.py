@@ -17,11 +17,12 @@ from sqlglot.parser import Parser
 
 sys.path[:0] = [str(Path(__file__).parents[2]), str(Path(__file__).parents[2] / "tests")]
 
-from anonproxy.dp.model import DPParams  # noqa: E402
-from anonproxy.dp.answers import plan_checked  # noqa: E402
-from anonproxy.rewrite.classify import decide
-from anonproxy.rewrite.decision import Noisy  # noqa: E402
 from test_rewrite import POLICY, SUPPRESS  # noqa: E402
+
+from anonproxy.dp.answers import plan_checked  # noqa: E402
+from anonproxy.dp.model import DPParams  # noqa: E402
+from anonproxy.route.decide import decide
+from anonproxy.route.decision import Noisy
 
 DP = dataclasses.replace(SUPPRESS, mode="dp")
 STATEMENTS = {

@@ -44,14 +44,15 @@ def actions() -> dict[str, tuple[Callable[[str], None], list[str]]]:
     import workload  # noqa: PLC0415
     from test_rewrite import POLICY, SUPPRESS  # noqa: PLC0415
 
-    from anonproxy.rewrite.classify import decide  # noqa: PLC0415
-    from anonproxy.rewrite.decision import Noisy  # noqa: PLC0415
+    from anonproxy.route.decide import decide  # noqa: PLC0415
+    from anonproxy.route.decision import Noisy
 
     try:  # the layout since the back-ends got their own packages
         from anonproxy.dp.answers import plan_checked  # noqa: PLC0415
         from anonproxy.dp.model import DPParams  # noqa: PLC0415
     except ImportError:  # before (4ad7d93): dp planning in anonproxy.privacy, its check in the proxy
         from anonproxy.privacy.dp_plan import DPParams  # type: ignore[no-redef]  # noqa: PLC0415
+
         from anonproxy.proxy.noisy import plan_checked  # type: ignore[no-redef]  # noqa: PLC0415
 
     dp_role = dataclasses.replace(SUPPRESS, mode="dp")

@@ -46,14 +46,15 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))  # the namespaces, made as the tests make them
 sys.path.insert(0, str(REPO / "benchmarks" / "passthrough"))
 
+from netns import Host, hosts  # noqa: E402
+from targets import free_port, process_tree_cpu_seconds  # noqa: E402
+
 from anonproxy import demo, sample_data, schema  # noqa: E402
 from anonproxy.embedded import EmbeddedPostgres  # noqa: E402
 from anonproxy.policy.store import load_policy  # noqa: E402
 from anonproxy.policy.yaml_policy import apply_policy, demo_policy  # noqa: E402
-from anonproxy.rewrite.classify import decide  # noqa: E402
-from anonproxy.rewrite.decision import Rewrite  # noqa: E402
-from netns import Host, hosts  # noqa: E402
-from targets import free_port, process_tree_cpu_seconds  # noqa: E402
+from anonproxy.route.decide import decide  # noqa: E402
+from anonproxy.route.decision import Rewrite
 
 NET = 211  # links 10.211.<i>.0/24 (the tests use 10.210)
 PORT = 6432

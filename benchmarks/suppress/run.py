@@ -36,14 +36,14 @@ from typing import Any
 
 import numpy as np
 import psycopg
+from workload import QUERIES, Query, first_sight_text
+
 from anonproxy import demo, sample_data, schema
 from anonproxy.embedded import EmbeddedPostgres
 from anonproxy.policy.model import Policy, RolePolicy
 from anonproxy.policy.yaml_policy import apply_policy, demo_policy
-from anonproxy.rewrite.classify import decide
-from anonproxy.rewrite.decision import Rewrite
-
-from workload import QUERIES, Query, first_sight_text
+from anonproxy.route.decide import decide
+from anonproxy.route.decision import Rewrite
 
 PASSTHROUGH_DIR = Path(__file__).resolve().parents[1] / "passthrough"
 

@@ -59,8 +59,8 @@ from anonproxy.embedded import EmbeddedPostgres
 from anonproxy.policy.model import Budget, ColumnPolicy, LinkedTable, Policy
 from anonproxy.policy.store import load_policy
 from anonproxy.policy.yaml_policy import apply_policy, demo_policy
-from anonproxy.rewrite.classify import decide
-from anonproxy.rewrite.decision import Rewrite
+from anonproxy.route.decide import decide
+from anonproxy.route.decision import Rewrite
 
 DATABASE = "postgres"  # as `anonproxy up`
 COPIES = {"30k": 1, "300k": 10, "3m": 100}  # copies of the shipped rows (30,162 each) per size

@@ -1,6 +1,6 @@
 """What the proxy does with a statement: the possible decisions.
 
-``decide`` (see :mod:`anonproxy.rewrite.classify`) returns exactly one of these
+``decide`` (see :mod:`anonproxy.route.decide`) returns exactly one of these
 values for the whole text of a Query or Parse message. They are plain frozen
 dataclasses, so they can be cached and compared.
 """
@@ -10,9 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from decimal import Decimal
 
-# SQLSTATEs used for refusals.
-INSUFFICIENT_PRIVILEGE = "42501"  # the statement kind or the data it would read is not allowed
-FEATURE_NOT_SUPPORTED = "0A000"  # unparseable, or outside the SQL subset the rewriter understands
+from anonproxy.plan.refusals import Reject
 
 
 @dataclass(frozen=True)
@@ -38,7 +36,7 @@ class Relayed:
     """Run ``sql``, rewritten from the client's statement, on the client's own connection (under its login).
 
     For statements that read no protected table but ask about privileges (see
-    :mod:`anonproxy.rewrite.probes`); the client's parameter types and result formats go with it.
+    :mod:`anonproxy.route.probes`); the client's parameter types and result formats go with it.
     """
 
     sql: str
@@ -98,15 +96,6 @@ class ExplainSuppress:
 
 
 @dataclass(frozen=True)
-class Reject:
-    """Answer with an ErrorResponse carrying this SQLSTATE, message and hint."""
-
-    sqlstate: str
-    message: str
-    hint: str | None = None
-
-
-@dataclass(frozen=True)
 class DeclareCursor:
     """``DECLARE name ... CURSOR ... FOR query``: the query decided like a plain statement (Pass, Rewrite or Noisy).
 
@@ -149,19 +138,3 @@ class Script:
 
 Decision = (Pass | Relayed | Rewrite | Intercept | Noisy | SessionSetting | ExplainDP | ExplainSuppress | Reject
             | DeclareCursor | FetchCursor | CloseCursor | Script)
-
-
-class Refusal(Exception):
-    """Raised inside the rewriter; ``decide`` turns it into a :class:`Reject`."""
-
-    def __init__(self, sqlstate: str, message: str, hint: str | None = None) -> None:
-        super().__init__(message)
-        self.reject = Reject(sqlstate, message, hint)
-
-
-def unsupported(message: str, hint: str | None = None) -> Refusal:
-    return Refusal(FEATURE_NOT_SUPPORTED, message, hint)
-
-
-def forbidden(message: str, hint: str | None = None) -> Refusal:
-    return Refusal(INSUFFICIENT_PRIVILEGE, message, hint)

@@ -46,11 +46,16 @@ from typing import NoReturn
 
 from sqlglot import exp
 
-from anonproxy.dp.interval_items import interval_call
 from anonproxy.plan import bounds
-from anonproxy.policy.model import LinkedTable, ProtectedTable, ReferenceTable, SuppressionParams
-from anonproxy.rewrite.decision import forbidden, unsupported
-from anonproxy.rewrite.names import ResolvedTable, fold, identifier
+from anonproxy.plan.interval_calls import interval_call
+from anonproxy.plan.refusals import forbidden, unsupported
+from anonproxy.plan.tables import ResolvedTable, fold, identifier
+from anonproxy.policy.model import (
+    LinkedTable,
+    ProtectedTable,
+    ReferenceTable,
+    SuppressionParams,
+)
 
 SYSTEM_COLUMNS = frozenset({"ctid", "xmin", "xmax", "cmin", "cmax", "tableoid"})
 

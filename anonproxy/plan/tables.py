@@ -25,11 +25,17 @@ from typing import Literal
 
 from sqlglot import exp
 
-from anonproxy.policy.model import LinkedTable, Policy, ProtectedTable, ReferenceTable
-from anonproxy.rewrite.decision import unsupported
+from anonproxy.plan.refusals import unsupported
+from anonproxy.policy.model import (
+    DEFAULT_SCHEMA,
+    LinkedTable,
+    Policy,
+    ProtectedTable,
+    ReferenceTable,
+    split_policy_name,
+)
 
 NAMEDATALEN = 64
-DEFAULT_SCHEMA = "public"
 CATALOG_SCHEMA = "pg_catalog"
 
 _ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
@@ -52,11 +58,6 @@ def identifier(node: exp.Identifier | None) -> str | None:
 
 def quote(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
-
-
-def split_policy_name(name: str) -> tuple[str, str]:
-    schema, dot, table = name.partition(".")
-    return (schema, table) if dot else (DEFAULT_SCHEMA, schema)
 
 
 Kind = Literal["protected", "linked", "reference", "plain"]

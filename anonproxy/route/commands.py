@@ -33,20 +33,18 @@ from decimal import Decimal, InvalidOperation
 
 from sqlglot.tokens import TokenType
 
-from anonproxy.rewrite.decision import (
+from anonproxy.plan.refusals import Refusal, forbidden, unsupported
+from anonproxy.plan.statements import PARSE_HINT, Statement, split
+from anonproxy.plan.tables import fold
+from anonproxy.route.decision import (
     CloseCursor,
     Deallocate,
     Decision,
     FetchCursor,
     Intercept,
     Pass,
-    Refusal,
     SessionSetting,
-    forbidden,
-    unsupported,
 )
-from anonproxy.rewrite.names import fold
-from anonproxy.rewrite.statements import PARSE_HINT, Statement, split
 
 ALLOWED_HINT = (
     "This role may send: SELECT with aggregates (count, sum, avg) over protected tables, queries that do not "

@@ -22,8 +22,8 @@ from sqlglot.errors import SqlglotError
 from sqlglot.parser import Parser
 from sqlglot.tokens import Token, TokenType
 
-from anonproxy.rewrite.decision import unsupported
-from anonproxy.rewrite.names import fold
+from anonproxy.plan.refusals import unsupported
+from anonproxy.plan.tables import fold
 
 DIALECT = Dialect.get_or_raise("postgres")
 

@@ -19,7 +19,7 @@ Tools that parse access lists themselves get ``pg_class.relacl`` and
 ``pg_attribute.attacl`` through ``anonproxy.relacl`` / ``anonproxy.attacl``,
 which add that SELECT the same way.
 The rewritten SQL runs on the client's own connection, under its own login
-(:class:`~anonproxy.rewrite.decision.Relayed`), so PostgreSQL's privileges
+(:class:`~anonproxy.route.decision.Relayed`), so PostgreSQL's privileges
 still decide what it reads.
 """
 
@@ -28,8 +28,8 @@ from __future__ import annotations
 from sqlglot import exp
 from sqlglot.errors import SqlglotError
 
-from anonproxy.rewrite.names import CATALOG_SCHEMA, fold, identifier
-from anonproxy.rewrite.statements import DIALECT
+from anonproxy.plan.statements import DIALECT
+from anonproxy.plan.tables import CATALOG_SCHEMA, fold, identifier
 
 PROBE_SCHEMA = "anonproxy"
 PROBE_FUNCTIONS = frozenset({"has_table_privilege", "has_any_column_privilege", "has_column_privilege"})

@@ -20,8 +20,8 @@ as the database does). Computed in :class:`~decimal.Decimal` at 50 digits and ro
 
 from __future__ import annotations
 
-from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal, localcontext
 from collections.abc import Callable
+from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal, localcontext
 from typing import Literal
 
 Accounting = Literal["basic", "zcdp"]

@@ -10,11 +10,11 @@ protected or linked table passes (published relations, already anonymized,
 among them); one that does is refused if it also reads a published relation,
 else rewritten (mode ``suppress``) or handed to differential privacy (mode
 ``dp``: Noisy, planned by :mod:`anonproxy.dp.plan`); commands go through
-the allowlist of :mod:`anonproxy.rewrite.commands`; ``DECLARE … CURSOR FOR query`` is
+the allowlist of :mod:`anonproxy.route.commands`; ``DECLARE … CURSOR FOR query`` is
 DeclareCursor with its query decided as above, FETCH / MOVE / CLOSE are
 FetchCursor / CloseCursor (the gate knows which cursors the proxy holds).
 Then per message: all statements pass -> Pass; statements that pass, some
-with privilege probes redirected (:mod:`anonproxy.rewrite.probes`) ->
+with privilege probes redirected (:mod:`anonproxy.route.probes`) ->
 Relayed; exactly one statement, rewritten -> Rewrite (or Noisy); one
 ``SHOW anonproxy.*`` -> Intercept; statements that pass mixed with cursor
 statements -> Script (run one by one); any other mixture -> Reject.
@@ -28,11 +28,27 @@ from sqlglot import exp
 from sqlglot.errors import SqlglotError
 from sqlglot.tokens import TokenType
 
-from anonproxy.plan.outer import Outer
-from anonproxy.plan.shape import Nested, prepare
-from anonproxy.policy.model import Policy, RolePolicy
 from anonproxy.plan.analysis import analyze
-from anonproxy.rewrite.commands import (
+from anonproxy.plan.final_sql import verify
+from anonproxy.plan.outer import Outer
+from anonproxy.plan.refusals import (
+    FEATURE_NOT_SUPPORTED,
+    Refusal,
+    Reject,
+    forbidden,
+    unsupported,
+)
+from anonproxy.plan.shape import Nested, prepare
+from anonproxy.plan.statements import (
+    PARSE_HINT,
+    Statement,
+    closing_paren,
+    parser,
+    split,
+)
+from anonproxy.plan.tables import PolicyIndex, fold, identifier
+from anonproxy.policy.model import Policy, RolePolicy, split_policy_name
+from anonproxy.route.commands import (
     classify_command,
     cursor_command,
     declare_cursor,
@@ -40,37 +56,23 @@ from anonproxy.rewrite.commands import (
     is_query,
     refuse_statement,
 )
-from anonproxy.rewrite.decision import (
-    FEATURE_NOT_SUPPORTED,
+from anonproxy.route.decision import (
     CloseCursor,
-    DeclareCursor,
     Decision,
+    DeclareCursor,
     ExplainDP,
     ExplainSuppress,
     FetchCursor,
     Noisy,
     Pass,
-    Refusal,
-    Reject,
     Relayed,
     Rewrite,
     Script,
-    forbidden,
-    unsupported,
 )
-from anonproxy.rewrite.final_sql import verify
-from anonproxy.rewrite.names import PolicyIndex, fold, identifier, split_policy_name
-from anonproxy.rewrite.probes import redirect_probes
-from anonproxy.rewrite.statements import (
-    parser,
-    PARSE_HINT,
-    Statement,
-    closing_paren,
-    split,
-)
+from anonproxy.route.probes import redirect_probes
+from anonproxy.suppress.explain import explain_suppression
 from anonproxy.suppress.nested import suppressed
 from anonproxy.suppress.rewrite import reported, rewrite
-from anonproxy.suppress.explain import explain_suppression
 
 # Functions that run SQL given as text, open connections, or act as another role: never passed through.
 SQL_RUNNING_FUNCTIONS = frozenset({

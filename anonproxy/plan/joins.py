@@ -21,9 +21,9 @@ from dataclasses import dataclass
 
 from sqlglot import exp
 
-from anonproxy.rewrite.decision import forbidden, unsupported
-from anonproxy.rewrite.expressions import Checker, unwrap
-from anonproxy.rewrite.names import ResolvedTable, identifier
+from anonproxy.plan.expressions import Checker, unwrap
+from anonproxy.plan.refusals import forbidden, unsupported
+from anonproxy.plan.tables import ResolvedTable, identifier
 
 
 @dataclass

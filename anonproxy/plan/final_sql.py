@@ -33,9 +33,8 @@ import orjson
 from pglast import ast
 from pglast.parser import ParseError, parse_sql_json
 
-from anonproxy.policy.model import Policy
-from anonproxy.rewrite.decision import INSUFFICIENT_PRIVILEGE, Refusal
-from anonproxy.rewrite.names import split_policy_name
+from anonproxy.plan.refusals import INSUFFICIENT_PRIVILEGE, Refusal
+from anonproxy.policy.model import Policy, split_policy_name
 
 log = logging.getLogger("anonproxy.final_sql")
 
@@ -45,7 +44,7 @@ GUARD_CTE = "anonproxy_guard"
 GUARD_RELATIONS = frozenset({"pg_index", "pg_attribute", "pg_class"})
 
 # Functions the generators emit (aggregates, window functions, clamping helpers, the dp plan's random order and
-# public domains) and those the expression allowlist (anonproxy.rewrite.expressions) lets client text hold.
+# public domains) and those the expression allowlist (anonproxy.plan.expressions) lets client text hold.
 # coalesce, nullif, greatest and least are not function calls in PostgreSQL's tree (CoalesceExpr, A_Expr,
 # MinMaxExpr). None of these reads a relation or a setting.
 FUNCTIONS = frozenset({

@@ -1,7 +1,7 @@
 """What the gate does with a statement of an anonymized role.
 
-:func:`anonproxy.rewrite.classify.decide` returns, for the text of a Query or
-Parse message, one of the decisions of :mod:`anonproxy.rewrite.decision`:
+:func:`anonproxy.route.decide.decide` returns, for the text of a Query or
+Parse message, one of the decisions of :mod:`anonproxy.route.decision`:
 pass it, relay a rewrite of it, run the suppression SQL of
 :mod:`anonproxy.suppress`, answer it with differential privacy
 (:mod:`anonproxy.dp`), intercept it, or refuse it. The modules here

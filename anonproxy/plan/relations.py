@@ -9,20 +9,20 @@ about that person). So a statement that reads a protected or linked table may
 read nothing else: every relation anywhere in it (FROM, joins, subqueries,
 CTE bodies, set operations) must be one the policy declares as protected,
 linked, or a reference table (public data, joined many-to-one on a unique key:
-:mod:`anonproxy.rewrite.joins` checks how). Anything else is refused with 42501 and named as PostgreSQL would
+:mod:`anonproxy.plan.joins` checks how). Anything else is refused with 42501 and named as PostgreSQL would
 resolve it under the default search path (``pg_database`` is
 ``pg_catalog.pg_database``).
 
 Statements that read no protected table never come here: they pass under the
-client's own login (see :mod:`anonproxy.rewrite.classify`).
+client's own login (see :mod:`anonproxy.route.decide`).
 """
 
 from __future__ import annotations
 
 from sqlglot import exp
 
-from anonproxy.rewrite.decision import forbidden
-from anonproxy.rewrite.names import PolicyIndex, identifier
+from anonproxy.plan.refusals import forbidden
+from anonproxy.plan.tables import PolicyIndex, identifier
 
 _SCOPE = ("a query over protected data may read only the protected table and its linked tables, and the "
           "reference tables the policy declares")
