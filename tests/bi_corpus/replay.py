@@ -150,7 +150,7 @@ class Session:
         row = self.conn.execute(ADULT_OID_QUERY).fetchone()
         assert row is not None, "public.adult is not visible"
         self.adult_oid = str(row[0])
-        self.database = str(self.conn.execute("select current_database()").fetchone()[0])
+        self.database = self.conn.info.dbname
 
     def _connect(self) -> psycopg.Connection:
         return psycopg.connect(self.dsn, autocommit=True)
@@ -178,10 +178,12 @@ class Session:
 
     def _params(self, entry: Entry) -> tuple[object, ...] | dict[str, object] | None:
         """The entry's parameters, placeholders filled in (SQLAlchemy binds an oid it read before)."""
-        fill = lambda value: self._fill(value) if isinstance(value, str) else value  # noqa: E731
         if isinstance(entry.params, dict):
-            return {name: fill(value) for name, value in entry.params.items()}
-        return tuple(fill(value) for value in entry.params) if entry.params is not None else None
+            return {name: self._fill_value(value) for name, value in entry.params.items()}
+        return tuple(map(self._fill_value, entry.params)) if entry.params is not None else None
+
+    def _fill_value(self, value: object) -> object:
+        return self._fill(value) if isinstance(value, str) else value
 
     def _step(self, entry: Entry, sql: str) -> int:
         """Send one step in the entry's protocol; the number of data rows it returned."""

@@ -13,7 +13,7 @@ owner on the gated database and drop it afterwards.
 from __future__ import annotations
 
 import random
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -21,8 +21,8 @@ import psycopg
 
 TABLE = "public.visits"
 SEED = 19
-FIRST = datetime(2025, 1, 1, tzinfo=timezone.utc)
-SECONDS = int((datetime(2027, 1, 1, tzinfo=timezone.utc) - FIRST).total_seconds())  # up to 2026-12-31 23:59:59
+FIRST = datetime(2025, 1, 1, tzinfo=UTC)
+SECONDS = int((datetime(2027, 1, 1, tzinfo=UTC) - FIRST).total_seconds())  # up to 2026-12-31 23:59:59
 CHANNELS = ("web", "app", "store", "phone")
 AMOUNT_CENTS = (500, 50_000)  # 5.00 to 500.00
 # kind, lower, upper, domain — visited_at has no bounds: bounds on a time column are issue 19 item 1.
@@ -38,7 +38,7 @@ COLUMNS: dict[str, tuple[str, int | None, int | None, list[str] | None]] = {
 def rows(person_ids: list[int]) -> list[tuple[int, int, datetime, str, Decimal]]:
     """The visits of ``person_ids``, the same for the same ids: one to five each, uniform over the two years."""
     rng = random.Random(SEED)
-    visits = []
+    visits: list[tuple[int, int, datetime, str, Decimal]] = []
     for person in person_ids:
         for _ in range(rng.randint(1, 5)):
             visited_at = FIRST + timedelta(seconds=rng.randrange(SECONDS))
@@ -64,7 +64,9 @@ def create(owner: psycopg.Connection[Any]) -> int:
         for column, (kind, lower, upper, domain) in COLUMNS.items():
             owner.execute("select anonproxy.set_column(%s::regclass, %s::name, %s::text, %s::numeric, %s::numeric, "
                           "%s::text[])", [TABLE, column, kind, lower, upper, domain])
-    return int(owner.execute("select version from anonproxy.policy_version").fetchone()[0])
+    version = owner.execute("select version from anonproxy.policy_version").fetchone()
+    assert version is not None, "anonproxy is installed in this database"
+    return int(version[0])
 
 
 def drop(owner: psycopg.Connection[Any]) -> None:
