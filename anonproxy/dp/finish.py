@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from decimal import Decimal
 from fractions import Fraction
+from typing import Any
 
 from anonproxy.dp import intervals
 from anonproxy.dp.having import holds
@@ -33,6 +34,9 @@ from anonproxy.dp.model import (
     to_decimal,
 )
 
+# A row of values: as the SQL returned it, or an answer row.
+Row = tuple[Any, ...]
+
 
 @dataclass(frozen=True)
 class Group:
@@ -40,7 +44,7 @@ class Group:
     each quantile, by their canonical names (:func:`canonical_names`, :func:`quantile_id`), which do not depend on
     where the statement mentions them. Never an exact value."""
 
-    keys: tuple
+    keys: Row
     values: dict[str, object]
 
 
@@ -86,7 +90,7 @@ class Measurement:
         return [*self.key_types, *(self.statistic_types.get(names[stat.name], 0) for stat in plan.statistics)]
 
 
-def answer(plan: DPPlan, rows: list[tuple]) -> tuple[list[tuple], list[ColumnNoise | None]]:
+def answer(plan: DPPlan, rows: list[Row]) -> tuple[list[Row], list[ColumnNoise | None]]:
     """Noisy rows for the client from the rows of ``plan.sql``, and the noise of each output column (a plan
     without post-aggregate expressions; else :func:`released_rows`, the post statement, then :func:`finish`).
 
@@ -100,7 +104,7 @@ def answer(plan: DPPlan, rows: list[tuple]) -> tuple[list[tuple], list[ColumnNoi
 # --- measurement: noise and partition selection ---------------------------------------------------------------
 
 
-def measure(plan: DPPlan, types: tuple[int, ...] | list[int], rows: list[tuple]) -> Measurement:
+def measure(plan: DPPlan, types: tuple[int, ...] | list[int], rows: list[Row]) -> Measurement:
     """The released groups of ``plan`` with noisy statistics, from the rows of ``plan.sql`` (``types``: their
     column types). Groups without a public domain pass partition selection first; every quantile of the plan is
     drawn once per released group (whichever columns and HAVING repeat it: it is charged once)."""
@@ -116,7 +120,7 @@ def measure(plan: DPPlan, types: tuple[int, ...] | list[int], rows: list[tuple])
             stat = by_name[plan.selection]
             value = _noisy(stat, row[positions[stat.name]])
             assert plan.threshold is not None
-            if value < plan.threshold:  # type: ignore[operator]
+            if value < plan.threshold:
                 continue
             noisy[names[stat.name]] = value
         for stat in plan.statistics:
@@ -124,7 +128,7 @@ def measure(plan: DPPlan, types: tuple[int, ...] | list[int], rows: list[tuple])
                 noisy[names[stat.name]] = _noisy(stat, row[positions[stat.name]])
         for quantile in sorted(_quantiles(plan), key=_quantile_key):
             values = row[positions[quantile.values]]
-            noisy[quantile_id(quantile, names)] = quantile.draw(values)  # type: ignore[arg-type]
+            noisy[quantile_id(quantile, names)] = quantile.draw(values)
         groups.append(Group(tuple(row[:plan.keys]), noisy))
     types = list(types) or [0] * (plan.keys + len(plan.statistics))
     return Measurement(tuple(types[:plan.keys]), {names[stat.name]: types[plan.keys + i]
@@ -171,7 +175,7 @@ def quantile_id(quantile: Quantile, names: dict[str, str]) -> str:
 # --- finishing: post-processing of the measurement -----------------------------------------------------------
 
 
-def released_rows(plan: DPPlan, measurement: Measurement) -> list[tuple]:
+def released_rows(plan: DPPlan, measurement: Measurement) -> list[Row]:
     """The released groups' answer rows (output columns, then hidden ones), in the order of their keys, with a
     HAVING compiled by dp_having applied; ORDER BY and LIMIT not yet."""
     names = canonical_names(plan.statistics)
@@ -179,7 +183,8 @@ def released_rows(plan: DPPlan, measurement: Measurement) -> list[tuple]:
               **{_quantile_key(q): quantile_id(q, names) for q in _quantiles(plan)}}
     result = []
     for group in measurement.groups:
-        values = {name: group.values[canonical] for name, canonical in wanted.items()}  # by the plan's names
+        # by the plan's names
+        values: dict[object, object] = {name: group.values[canonical] for name, canonical in wanted.items()}
         out = tuple(_output(column, group.keys, values, plan) for column in plan.columns + plan.hidden)
         if plan.having is not None and not holds(plan.having, out):
             continue
@@ -187,14 +192,14 @@ def released_rows(plan: DPPlan, measurement: Measurement) -> list[tuple]:
     return result
 
 
-def post_arrays(plan: DPPlan, released: list[tuple]) -> list[list[object]]:
+def post_arrays(plan: DPPlan, released: list[Row]) -> list[list[object]]:
     """The post statement's parameters: the row numbers 1..n, then each value column it reads, as lists."""
     assert plan.post is not None
     return [list(range(1, len(released) + 1)), *([row[i] for row in released] for i in plan.post.values)]
 
 
-def finish(plan: DPPlan, released: list[tuple], computed: list[tuple] | None,
-           ) -> tuple[list[tuple], list[ColumnNoise | None]]:
+def finish(plan: DPPlan, released: list[Row], computed: list[Row] | None,
+           ) -> tuple[list[Row], list[ColumnNoise | None]]:
     """The client's rows: the post statement's ``computed`` rows (row number, computed columns, HAVING) merged
     into the released ones, then ORDER BY, OFFSET and LIMIT, all over released values."""
     result = []
@@ -214,7 +219,7 @@ def finish(plan: DPPlan, released: list[tuple], computed: list[tuple] | None,
     return result[plan.offset:end], [column.noise for column in plan.columns]
 
 
-def _key_order(plan: DPPlan, row: tuple) -> tuple:
+def _key_order(plan: DPPlan, row: Row) -> tuple[object, ...]:
     """A sort key of a SQL row's group keys that depends on nothing but their values: a public key's position in
     its declared domain, else the value itself (NULL last, as PostgreSQL sorts ascending)."""
     if plan.domains is not None:
@@ -222,7 +227,7 @@ def _key_order(plan: DPPlan, row: tuple) -> tuple:
     return tuple(_value_order(value) for value in row[:plan.keys])
 
 
-def _value_order(value: object) -> tuple:
+def _value_order(value: object) -> tuple[int, object]:
     """NULL and NaN after every number (PostgreSQL's order), other values by themselves or, if they have no
     order of their own, by their repr: never an exception, and the same order whatever order they arrive in."""
     nan = (isinstance(value, float) and math.isnan(value)) or (isinstance(value, Decimal) and value.is_nan())
@@ -263,7 +268,7 @@ def _like(template: object, value: Fraction) -> int | Decimal | float:
     return to_decimal(value)
 
 
-def _output(column: OutputColumn, keys: tuple, noisy: dict[str, object], plan: DPPlan) -> object:
+def _output(column: OutputColumn, keys: Row, noisy: dict[object, object], plan: DPPlan) -> object:
     if column.kind == "post":
         return None  # the post statement computes it
     if column.kind == "key":
@@ -273,11 +278,11 @@ def _output(column: OutputColumn, keys: tuple, noisy: dict[str, object], plan: D
         low, high = _interval(column.of, noisy, plan)
         return low if column.bound == "low" else high
     if column.kind == "count":
-        return max(0, noisy[column.statistic])  # type: ignore[call-overload, index]
+        return max(0, noisy[column.statistic])  # type: ignore[call-overload]
     if column.kind == "sum":
-        total = noisy[column.statistic]  # type: ignore[index]
+        total = noisy[column.statistic]
         if column.denominator is not None:  # Σ(x − c) + c·n, from its average's noisy statistics
-            exact = _fraction(total) + column.center * _fraction(noisy[column.denominator])  # type: ignore[index]
+            exact = _fraction(total) + column.center * _fraction(noisy[column.denominator])
             total = to_decimal(exact) if column.noise is not None and column.noise.resolution is not None \
                 else _like(total, exact)
         if column.noise is not None and column.noise.resolution is not None and column.noise.ci95_halfwidth:
@@ -288,12 +293,12 @@ def _output(column: OutputColumn, keys: tuple, noisy: dict[str, object], plan: D
         return noisy[_quantile_key(column.quantile)]  # drawn once per group by measure()
     if column.kind == "avg":
         return _average(column, noisy)[0]
-    n = max(int(noisy[column.denominator]), 1)  # type: ignore[call-overload, index]
-    mean = _fraction(noisy[column.linear]) / n  # type: ignore[index]
+    n = max(int(noisy[column.denominator]), 1)  # type: ignore[call-overload]
+    mean = _fraction(noisy[column.linear]) / n
     lower, upper = column.lower, column.upper
     assert lower is not None and upper is not None
     # Σ((x − c)² − o) / n + o − ((Σ(x − c)) / n)² is the population variance; n/(n − 1) times it the sample one.
-    variance = _fraction(noisy[column.statistic]) / n + column.offset - mean * mean  # type: ignore[index]
+    variance = _fraction(noisy[column.statistic]) / n + column.offset - mean * mean
     half = (upper - lower) / 2
     variance = min(max(variance, Fraction(0)), half * half)  # values in [L, U] have a variance ≤ ((U − L)/2)²
     if column.sample:
@@ -319,15 +324,15 @@ def _average(column: OutputColumn, noisy: dict[object, object], bounds: bool = F
     ends, rounded outward to the same digit."""
     lower, upper = column.lower, column.upper
     assert lower is not None and upper is not None and column.noise is not None and column.noise.parts is not None
-    spreads = [intervals.spread(part.mechanism, part.stddev) for part in column.noise.parts]
-    total, count = _fraction(noisy[column.statistic]), int(noisy[column.denominator])  # type: ignore[index]
-    value, half = intervals.average_value(total, count, column.center, lower, upper, *spreads)
+    sum_spread, count_spread = (intervals.spread(part.mechanism, part.stddev) for part in column.noise.parts)
+    total, count = _fraction(noisy[column.statistic]), int(noisy[column.denominator])  # type: ignore[call-overload]
+    value, half = intervals.average_value(total, count, column.center, lower, upper, sum_spread, count_spread)
     rounded = supported_digits(value, half)
     if not lower <= Fraction(rounded) <= upper:  # rounding must not leave the bounds either
         rounded = to_decimal(min(max(Fraction(rounded), lower), upper))
     if not bounds:
         return rounded, None, None
-    found = intervals.average(total, count, column.center, lower, upper, *spreads)
+    found = intervals.average(total, count, column.center, lower, upper, sum_spread, count_spread)
     low, high = intervals.outward(min(found.low, Fraction(rounded)), max(found.high, Fraction(rounded)),
                                   intervals.digits(half))
     return rounded, max(low, to_decimal(lower)), min(high, to_decimal(upper))
@@ -365,7 +370,7 @@ def _interval(column: OutputColumn, noisy: dict[object, object], plan: DPPlan) -
                 noisy[key] = _selected_average(column, noisy, plan.threshold, released) or noisy[key]
         return noisy[key]  # type: ignore[return-value]
     # a count's raw noisy value (its interval may reach below 0); a sum as released (derived from avg's statistics)
-    value = noisy[column.statistic] if column.kind == "count" else _output(column, (), noisy, plan)  # type: ignore
+    value = noisy[column.statistic] if column.kind == "count" else _output(column, (), noisy, plan)
     noise = column.noise
     assert noise is not None and noise.ci95_halfwidth is not None
     if column.kind == "count":
@@ -379,20 +384,20 @@ def _interval(column: OutputColumn, noisy: dict[object, object], plan: DPPlan) -
         total = _fraction(value)
         half_width = Fraction(noise.ci95_halfwidth)
         return intervals.outward(total - half_width, total + half_width, intervals.digits(noise.ci95_halfwidth))
-    half = noise.ci95_halfwidth
-    half = int(half) if isinstance(value, int) or half == int(half) else half
-    return value - half, value + half  # type: ignore[operator]
+    halfwidth = noise.ci95_halfwidth
+    halfwidth = int(halfwidth) if isinstance(value, int) or halfwidth == int(halfwidth) else halfwidth
+    return value - halfwidth, value + halfwidth  # type: ignore[operator]
 
 
 def _fraction(value: object) -> Fraction:
     return Fraction(value) if isinstance(value, (int, float)) else Fraction(Decimal(value))  # type: ignore[arg-type]
 
 
-def _ordered(rows: list[tuple], order: tuple[OrderKey, ...]) -> list[tuple]:
+def _ordered(rows: list[Row], order: tuple[OrderKey, ...]) -> list[Row]:
     if not order:
         return rows
 
-    def compare(a: tuple, b: tuple) -> int:
+    def compare(a: Row, b: Row) -> int:
         for key in order:
             x, y = a[key.position], b[key.position]
             if x is None or y is None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from decimal import Decimal, InvalidOperation
+from typing import Any, cast
 
 from sqlglot import exp
 
@@ -24,10 +25,11 @@ HAVING_HINT = ("HAVING in dp mode compares aggregates and GROUP BY expressions w
 
 # A compiled HAVING: ("value", index) | ("const", value) | ("cmp", op, a, b) | ("and"|"or", a, b) | ("not", a)
 #                    | ("null", a) (IS NULL)
-Node = tuple
+Node = tuple[Any, ...]
 INVALID_TEXT = "22P02"  # a string constant that is not a number, compared with an aggregate
 INVALID_PARAMETER = "22023"  # a non-finite number
-_COMPARISONS = {exp.EQ: "=", exp.NEQ: "<>", exp.GT: ">", exp.GTE: ">=", exp.LT: "<", exp.LTE: "<="}
+_COMPARISONS: dict[type[exp.Expr], str] = {
+    exp.EQ: "=", exp.NEQ: "<>", exp.GT: ">", exp.GTE: ">=", exp.LT: "<", exp.LTE: "<="}
 
 
 def compile_having(node: exp.Expression, value_of: Callable[[exp.Expression], int | None],
@@ -116,12 +118,12 @@ def _constant(node: exp.Expression) -> Node:
                       "proxy on the noisy values", HAVING_HINT)
 
 
-def holds(tree: Node, row: tuple) -> bool:
+def holds(tree: Node, row: tuple[object, ...]) -> bool:
     """Whether the group with answer row ``row`` passes (SQL: only TRUE passes, NULL does not)."""
     return _evaluate(tree, row) is True
 
 
-def _evaluate(tree: Node, row: tuple) -> object:
+def _evaluate(tree: Node, row: tuple[object, ...]) -> object:
     op = tree[0]
     if op == "value":
         return row[tree[1]]
@@ -153,14 +155,14 @@ def _evaluate(tree: Node, row: tuple) -> object:
         return None
 
 
-def _comparable(a: object, b: object) -> tuple | None:
+def _comparable(a: object, b: object) -> tuple[Any, Any] | None:
     """Numbers compare as numbers: a string constant next to a number is read as one, as PostgreSQL would; one
     that is not a number makes the comparison unknown (planning refuses it next to an aggregate, and PostgreSQL
     next to a grouping key, when it checks the plan's SQL)."""
     if isinstance(a, str) != isinstance(b, str):
         text, number = (a, b) if isinstance(a, str) else (b, a)
         try:
-            converted = Decimal(text)
+            converted = Decimal(cast(str, text))
         except InvalidOperation:
             return None
         return (converted, number) if isinstance(a, str) else (number, converted)

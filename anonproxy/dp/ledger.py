@@ -178,7 +178,8 @@ async def charge(conn: psycopg.AsyncConnection[Any], role: str, domain: str, eps
     Raises :class:`BudgetExhausted` (with what remains) or :class:`NoBudget`.
     """
     _require_idle(conn, "charge")
-    sql, params = _CHARGE_PURE_SQL, (role, domain, _decimal(epsilon), _decimal(delta), fingerprint)
+    sql = _CHARGE_PURE_SQL
+    params: tuple[object, ...] = (role, domain, _decimal(epsilon), _decimal(delta), fingerprint)
     if rho is not None and delta_add is not None:
         sql = _CHARGE_SQL
         params = (role, domain, _decimal(epsilon), _decimal(delta), _decimal(rho), _decimal(delta_add), fingerprint)

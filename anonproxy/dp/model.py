@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 from decimal import Decimal
 from fractions import Fraction
-from typing import Literal
+from typing import Any, Literal
 
 import psycopg
 
@@ -261,7 +261,7 @@ class DPPlan:
     max_groups_per_unit: int = 1
     max_rows_per_unit: int = 1
     hidden: tuple[OutputColumn, ...] = ()  # aggregates HAVING needs that the select list does not show
-    having: tuple | None = None  # compiled HAVING (dp_having) over columns + hidden
+    having: tuple[Any, ...] | None = None  # compiled HAVING (dp_having) over columns + hidden
     domains: tuple[tuple[str, ...], ...] | None = None  # the GROUP BY keys' declared public domains, in order
     post: PostProcess | None = None  # post-aggregate expressions, computed over the noisy values
     nested: nested_shapes.Outer | nested_shapes.Series | None = None  # the released rows' next step

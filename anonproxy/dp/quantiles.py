@@ -115,7 +115,7 @@ class _Setup:
                 if slack < u_f < top_f - slack and abs(u_f - round(u_f)) > slack:
                     between[math.floor(u_f) + 1] += 1  # fast path: clearly between two grid points
                     continue
-                exact = x if isinstance(x, (int, Fraction)) else Fraction(x)  # type: ignore[arg-type]
+                exact = x if isinstance(x, (int, Fraction)) else Fraction(x)  # type: ignore[call-overload]
                 u = min(max((exact - self.lower) / self.resolution, Fraction(0)), top)
             if u.denominator == 1:
                 on[int(u)] += 1

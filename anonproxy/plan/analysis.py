@@ -299,8 +299,8 @@ def _outer(tree: exp.Select, items: list[Item], order: tuple[OrderItem, ...], ke
     ordering = [(node.this if item.position is None else None, item.position, item.suffix)
                 for item, node in zip(order, order_nodes, strict=True)]
     key_nodes = [canonical(key) for key in keys]
-    outer = compile_outer(select, having.this if having_post else None, ordering, key_nodes, kinds, canonical,
-                          source)
+    post_having = having.this if having is not None and having_post else None
+    outer = compile_outer(select, post_having, ordering, key_nodes, kinds, canonical, source)
     return outer, having_post
 
 

@@ -69,7 +69,7 @@ MAX_WIDTH_BUCKETS = 10_000
 # The largest magnitude a derived value added up by sum() or avg() may have (see expressions.MAX_SUMMED_CONSTANT).
 MAX_SUMMED = Decimal("1e15")
 
-_CAST_TYPES: dict[exp.DataType.Type, str] = {
+_CAST_TYPES: dict[exp.DType, str] = {
     exp.DataType.Type.SMALLINT: "int2", exp.DataType.Type.INT: "int4", exp.DataType.Type.BIGINT: "int8",
     exp.DataType.Type.DECIMAL: "numeric", exp.DataType.Type.FLOAT: "float4", exp.DataType.Type.DOUBLE: "float8",
     exp.DataType.Type.TEXT: TEXT, exp.DataType.Type.VARCHAR: TEXT, exp.DataType.Type.CHAR: TEXT,
@@ -416,7 +416,7 @@ class _Interpreter:
         bounds = [self.value(node.args[key]) for key in ("min_value", "max_value", "num_buckets")]
         if not all(b.constant and isinstance(b.value, Decimal) for b in bounds):
             raise Unsafe("width_bucket needs constant bounds and bucket count", "width_bucket(x, 0, 100, 10)")
-        low, high, count = (b.value for b in bounds)  # type: ignore[misc]
+        low, high, count = (b.value for b in bounds)
         assert isinstance(low, Decimal) and isinstance(high, Decimal) and isinstance(count, Decimal)
         if low == high or count != count.to_integral_value() or not 1 <= count <= MAX_WIDTH_BUCKETS:
             raise Unsafe(f"width_bucket needs constant bounds low <> high and an integer count between 1 and "
@@ -594,7 +594,7 @@ def _datatype(name: str) -> exp.DataType | None:
 
 
 def _cast_type(datatype: exp.DataType) -> str:
-    return _CAST_TYPES.get(datatype.this, "other")  # type: ignore[arg-type]
+    return _CAST_TYPES.get(datatype.this, "other")
 
 
 def _typmod(datatype: exp.DataType) -> tuple[int | None, int]:

@@ -124,7 +124,7 @@ _NUMBER_TYPES = frozenset({exp.DataType.Type.SMALLINT, exp.DataType.Type.INT, ex
 # double precision. Not the floats to numeric: before PostgreSQL 14 an infinity fails to convert. numeric converts
 # to double precision only under a type modifier that keeps it within its range (_NUMERIC_TO_FLOAT).
 _T = exp.DataType.Type
-WIDENING: dict[str, frozenset[exp.DataType.Type]] = {
+WIDENING: dict[str, frozenset[exp.DType]] = {
     "smallint": frozenset({_T.SMALLINT, _T.INT, _T.BIGINT, _T.DECIMAL, _T.FLOAT, _T.DOUBLE}),
     "integer": frozenset({_T.INT, _T.BIGINT, _T.DECIMAL, _T.FLOAT, _T.DOUBLE}),
     "bigint": frozenset({_T.BIGINT, _T.DECIMAL, _T.FLOAT, _T.DOUBLE}),
@@ -363,7 +363,8 @@ class Scope:
         models = {reference: _model(table) for reference, table in self.references.items()}
         if any(model is None or model.types is None for model in models.values()):
             return None
-        return [reference for reference, model in models.items() if column in model.types]  # type: ignore[union-attr]
+        return [reference for reference, model in models.items()
+                if column in model.types]  # type: ignore[union-attr, operator]
 
     def is_identifier(self, table: str | None, column: str) -> bool:
         if table is not None:
@@ -987,7 +988,8 @@ def _percentile_argument(node: exp.WithinGroup) -> exp.Expression:
     (ordered,) = order.expressions
     if not isinstance(ordered, exp.Ordered) or _set_args(ordered) - {"this", "nulls_first"}:
         raise unsupported("WITHIN GROUP (ORDER BY x) must order ascending", hint)
-    return ordered.this
+    argument: exp.Expression = ordered.this
+    return argument
 
 
 def _row_arguments(aggregate: exp.Expression) -> list[exp.Expression]:
@@ -1004,7 +1006,7 @@ def _offset(node: object) -> bool:
     return isinstance(node, exp.Literal) and not node.is_string and node.this.isdigit()
 
 
-def window_function(node: exp.Expression) -> bool:
+def window_function(node: exp.Expr) -> bool:
     """Whether ``node`` is the function of a window (sum(...) in sum(...) OVER (...)): computed over the released
     rows, not an aggregate of the query."""
     return isinstance(node.parent, exp.Window) and node.parent.this is node

@@ -169,7 +169,7 @@ class _Walk:
             self.value(cte, ctes, _node(cte)[1].get("ctename") == GUARD_CTE)
         self.node("SelectStmt", {key: value for key, value in select.items() if key != "withClause"}, ctes, False)
 
-    def value(self, value: Any, ctes: frozenset[str], guard: bool) -> None:
+    def value(self, value: Any, ctes: frozenset[str | None], guard: bool) -> None:
         """A node written with its type's name around it, or a list of them (lists nest)."""
         if value.__class__ is list:
             for item in value:
@@ -178,7 +178,7 @@ class _Walk:
         elif value.__class__ is dict and value:
             self.node(*_node(value), ctes, guard)
 
-    def node(self, kind: str, fields: dict[str, Any], ctes: frozenset[str], guard: bool) -> None:
+    def node(self, kind: str, fields: dict[str, Any], ctes: frozenset[str | None], guard: bool) -> None:
         if kind not in NODES and not (guard and kind in GUARD_NODES):
             raise FinalCheckRefusal(kind, f"anonproxy's final check found a {kind} node in the SQL it generated, "
                                     "which a gated statement may not hold")
@@ -213,12 +213,12 @@ class _Walk:
             elif value.__class__ is list:
                 self.value(value, ctes, guard)
 
-    def _relation(self, fields: dict[str, Any], ctes: frozenset[str], guard: bool) -> None:
+    def _relation(self, fields: dict[str, Any], ctes: frozenset[str | None], guard: bool) -> None:
         catalog, schema, name = fields.get("catalogname"), fields.get("schemaname"), fields.get("relname")
         if catalog is None:
             if schema is None and name in ctes:
                 return
-            if schema is not None and (schema, name) in self.allowed:
+            if schema is not None and name is not None and (schema, name) in self.allowed:
                 self.read.add((schema, name))
                 return
             if guard and schema == CATALOG and name in GUARD_RELATIONS:
@@ -239,7 +239,7 @@ def _node(value: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     return kind, fields
 
 
-def _cte_names(select: dict[str, Any]) -> frozenset[str]:
+def _cte_names(select: dict[str, Any]) -> frozenset[str | None]:
     return frozenset(_node(cte)[1].get("ctename") for cte in select.get("withClause", {}).get("ctes", ()))
 
 

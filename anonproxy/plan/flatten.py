@@ -406,7 +406,7 @@ def _bare_column(select: exp.Select, name: str) -> bool:
     return False
 
 
-def _clause(node: exp.Expression, select: exp.Select) -> str | None:
+def _clause(node: exp.Expr, select: exp.Select) -> str | None:
     """The clause of ``select`` that holds ``node`` ("group", "order", "where", ...)."""
     while node.parent is not None and node.parent is not select:
         node = node.parent

@@ -14,7 +14,7 @@ from anonproxy.plan.tables import identifier
 FUNCTIONS = {"dp_interval_low": "low", "dp_interval_high": "high"}
 
 
-def interval_call(node: exp.Expression) -> tuple[str, exp.Expression | None] | None:
+def interval_call(node: exp.Expr) -> tuple[str, exp.Expression | None] | None:
     """(function name, its one argument or None) when ``node`` calls dp_interval_low/high, plain or qualified
     with the anonproxy schema; else None."""
     if isinstance(node, exp.Dot) and isinstance(node.this, exp.Identifier) and identifier(node.this) == "anonproxy":

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from sqlglot import exp
 
@@ -48,6 +49,7 @@ SERIES_HINT = ("Superset's series limit: JOIN (SELECT k AS k__, <aggregate> FROM
                "only in ON.")
 _OUTER_ARGS = frozenset({"expressions", "from_", "where", "group", "having", "order", "limit", "offset", "distinct"})
 ROWS = "anonproxy_released"  # the name the outer query's FROM gives the released rows
+_Row = TypeVar("_Row")  # a row of the released answer, whatever its values' form
 
 
 @dataclass(frozen=True)
@@ -85,7 +87,7 @@ class Series:
     def is_null_safe(self, index: int) -> bool:
         return index < len(self.null_safe) and self.null_safe[index]
 
-    def restriction(self, released: list[tuple[str | None, ...]]) -> exp.Expression:
+    def restriction(self, released: list[tuple[str | None, ...]]) -> exp.Expr:
         """``key IN (values)`` (``(k1 = a AND k2 = b) OR ...`` for several keys) over the released key values,
         written as string constants (PostgreSQL gives them the key's type); a released NULL matches ``key IS
         NULL`` for a key joined with IS NOT DISTINCT FROM, and nothing for one joined with ``=``, as in the join;
@@ -123,7 +125,7 @@ class Series:
             found.append(condition)
         return tuple(found)
 
-    def page(self, rows: tuple[tuple, ...]) -> tuple[tuple, ...]:
+    def page(self, rows: tuple[_Row, ...]) -> tuple[_Row, ...]:
         """The outer query's OFFSET and LIMIT over the rows of :meth:`question` kept by :meth:`released` (in the
         question's ORDER BY), when the question left them out."""
         page = self._page()
@@ -145,7 +147,7 @@ class Series:
     def key_values(self, row: tuple[str | None, ...]) -> tuple[str | None, ...]:
         return tuple(row[position] for _, position in self.keys)
 
-    def question(self, restriction: exp.Expression) -> exp.Select:
+    def question(self, restriction: exp.Expr) -> exp.Select:
         """The outer query with ``restriction`` added to its WHERE clause, and without its LIMIT and OFFSET when
         :meth:`page` applies them instead (after :meth:`released`: a back-end that lists a declared domain's every
         value must not let unreleased keys take the places the LIMIT counts)."""
@@ -259,13 +261,13 @@ def _check_outer(select: exp.Select, alias: str | None, names: tuple[str, ...], 
     for ordered in order.expressions if order is not None else []:
         checker.grouped(ordered.this, "ORDER BY")
     for key in ("limit", "offset"):
-        node = select.args.get(key)
-        value = node.args.get("expression") if node is not None else None
+        clause = select.args.get(key)
+        value = clause.args.get("expression") if clause is not None else None
         if value is not None and not (isinstance(value, exp.Literal) and not value.is_string):
             raise unsupported(f"{key.upper()} of an outer query takes a constant", OUTER_HINT)
 
 
-def _in_order_by(node: exp.Expression, select: exp.Select) -> bool:
+def _in_order_by(node: exp.Expr, select: exp.Select) -> bool:
     """Whether ``node`` stands in the ORDER BY clause of ``select`` (where a bare name means an output column)."""
     while node.parent is not None and node.parent is not select:
         node = node.parent

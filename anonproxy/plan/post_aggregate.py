@@ -36,14 +36,15 @@ from anonproxy.plan.tables import fold, identifier, quote
 
 RELEASED = "anonproxy_released"
 
-_COMPARISONS = {exp.EQ: "=", exp.NEQ: "<>", exp.GT: ">", exp.GTE: ">=", exp.LT: "<", exp.LTE: "<=",
-                exp.NullSafeEQ: "IS NOT DISTINCT FROM", exp.NullSafeNEQ: "IS DISTINCT FROM"}
-_ARITHMETIC = {exp.Add: "+", exp.Sub: "-", exp.Mul: "*"}
-_FUNCTIONS = {exp.Round: "round", exp.Trunc: "trunc", exp.Abs: "abs", exp.Sign: "sign", exp.Ceil: "ceil",
-              exp.Floor: "floor", exp.Greatest: "greatest", exp.Least: "least", exp.Coalesce: "coalesce",
-              exp.Nullif: "nullif"}
+_COMPARISONS: dict[type[exp.Expr], str] = {
+    exp.EQ: "=", exp.NEQ: "<>", exp.GT: ">", exp.GTE: ">=", exp.LT: "<", exp.LTE: "<=",
+    exp.NullSafeEQ: "IS NOT DISTINCT FROM", exp.NullSafeNEQ: "IS DISTINCT FROM"}
+_ARITHMETIC: dict[type[exp.Expr], str] = {exp.Add: "+", exp.Sub: "-", exp.Mul: "*"}
+_FUNCTIONS: dict[type[exp.Expr], str] = {
+    exp.Round: "round", exp.Trunc: "trunc", exp.Abs: "abs", exp.Sign: "sign", exp.Ceil: "ceil", exp.Floor: "floor",
+    exp.Greatest: "greatest", exp.Least: "least", exp.Coalesce: "coalesce", exp.Nullif: "nullif"}
 # PostgreSQL's names for cast targets, as FigureColname reports them (the last part of the type's name).
-_TYPE_NAMES = {
+_TYPE_NAMES: dict[exp.DType, str] = {
     exp.DataType.Type.SMALLINT: "int2", exp.DataType.Type.INT: "int4", exp.DataType.Type.BIGINT: "int8",
     exp.DataType.Type.DECIMAL: "numeric", exp.DataType.Type.DOUBLE: "float8", exp.DataType.Type.FLOAT: "float4",
     exp.DataType.Type.TEXT: "text", exp.DataType.Type.VARCHAR: "varchar", exp.DataType.Type.CHAR: "bpchar",
@@ -56,8 +57,9 @@ _WINDOW_FUNCTIONS = {exp.Sum: "sum", exp.Avg: "avg", exp.Count: "count", exp.Min
                      exp.RowNumber: "row_number", exp.Rank: "rank", exp.DenseRank: "dense_rank",
                      exp.PercentRank: "percent_rank", exp.CumeDist: "cume_dist", exp.Ntile: "ntile",
                      exp.Lag: "lag", exp.Lead: "lead", exp.FirstValue: "first_value", exp.LastValue: "last_value"}
-_NAMED = {exp.Case: ("case", 1), exp.Coalesce: ("coalesce", 2), exp.Nullif: ("nullif", 2),
-          exp.Greatest: ("greatest", 2), exp.Least: ("least", 2), exp.Boolean: ("bool", 1)}
+_NAMED: dict[type[exp.Expr], tuple[str, int]] = {
+    exp.Case: ("case", 1), exp.Coalesce: ("coalesce", 2), exp.Nullif: ("nullif", 2), exp.Greatest: ("greatest", 2),
+    exp.Least: ("least", 2), exp.Boolean: ("bool", 1)}
 Canonical = Callable[[exp.Expression], exp.Expression]  # makes two spellings of one expression compare equal
 HINT = ("Post-aggregate expressions combine aggregates, GROUP BY expressions and constants with + - * /, round, "
         "trunc, abs, sign, ceil, floor, coalesce, nullif, greatest, least, CASE and casts.")
@@ -114,8 +116,8 @@ def compile_outer(items: list[tuple[exp.Expression, str | None, bool]], having: 
         outer_items.append(OuterItem(f"{sql} AS {quote(name)}", name, computed))
     having_sql = compiler.sql(having) if having is not None else None
     order_sql = []
-    for node, position, suffix in order:
-        text = str(position) if position is not None else compiler.sql(node)  # type: ignore[arg-type]
+    for term, number, suffix in order:
+        text = str(number) if number is not None else compiler.sql(term)  # type: ignore[arg-type]
         order_sql.append(f"{text} {suffix}".rstrip())
     return PostAggregate(tuple(compiler.aggregates), tuple(outer_items), having_sql, tuple(order_sql),
                          compiler.keys_used, compiler.parameters, compiler.windows)
@@ -159,9 +161,8 @@ class _Compiler:
         if isinstance(node, exp.Paren):
             return f"({sql(node.this)})"
         if isinstance(node, exp.Literal):
-            if node.is_string:
-                return "'" + node.this.replace("'", "''") + "'"
-            return node.this
+            text: str = node.this
+            return "'" + text.replace("'", "''") + "'" if node.is_string else text
         if isinstance(node, exp.Null):
             return "NULL"
         if isinstance(node, exp.Boolean):

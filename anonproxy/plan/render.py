@@ -25,12 +25,13 @@ from __future__ import annotations
 
 from sqlglot import exp
 from sqlglot.dialects.postgres import Postgres
+from sqlglot.generators.postgres import PostgresGenerator
 
 from anonproxy.plan.statements import DATE_PART
 
 
 class _Postgres(Postgres):
-    class Generator(Postgres.Generator):
+    class Generator(PostgresGenerator):
         def extract_sql(self, expression: exp.Extract) -> str:
             if expression.meta.get(DATE_PART):
                 field = expression.this
@@ -48,4 +49,5 @@ def sql(node: exp.Expression) -> str:
     # copy=False: sqlglot's generator copies the tree first in case a dialect's transforms rewrite it; PostgreSQL's
     # leave the nodes the analysis admits as they are (tests/test_render_fidelity.py checks), and the copy was a
     # fifth of a first-sight decision.
-    return _DIALECT.generate(node, comments=False, normalize_functions="lower", copy=False)
+    rendered: str = _DIALECT.generate(node, comments=False, normalize_functions="lower", copy=False)
+    return rendered

@@ -12,15 +12,14 @@ comment that PostgreSQL would read as an operator, ...).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import ClassVar
 
-from sqlglot import exp
+from sqlglot import Token, TokenType, exp
 from sqlglot.dialects.dialect import Dialect
 from sqlglot.errors import SqlglotError
 from sqlglot.parser import Parser
-from sqlglot.tokens import Token, TokenType
 
 from anonproxy.plan.refusals import unsupported
 from anonproxy.plan.tables import fold
@@ -42,14 +41,15 @@ DATE_PART = "date_part"  # the meta key that marks an exp.Extract written as dat
 def _date_part(parser: Parser) -> exp.Expression:
     """date_part(...) as sqlglot reads it (an exp.Extract), marked so that it is rendered as written
     (anonproxy.plan.render: extract() and date_part() differ in result type)."""
-    node = _DATE_PART(parser)
+    node: exp.Expression = _DATE_PART(parser)
     if isinstance(node, exp.Extract):
         node.meta[DATE_PART] = True
     return node
 
 
 class _Parser(DIALECT.parser_class):  # type: ignore[name-defined,misc]
-    FUNCTION_PARSERS: ClassVar[dict] = {**DIALECT.parser_class.FUNCTION_PARSERS, "DATE_PART": _date_part}
+    FUNCTION_PARSERS: ClassVar[dict[str, Callable[[Parser], exp.Expr]]] = {
+        **DIALECT.parser_class.FUNCTION_PARSERS, "DATE_PART": _date_part}
 
 
 def parser() -> Parser:
@@ -111,7 +111,7 @@ class Statement:
 
 def tokenize(sql: str) -> list[Token]:
     try:
-        tokens = _TOKENIZER.tokenize(sql)
+        tokens: list[Token] = _TOKENIZER.tokenize(sql)
     except SqlglotError as exc:
         raise unsupported(f"could not read the statement: {_first_line(exc)}", PARSE_HINT) from None
     _check_lexing(sql, tokens)

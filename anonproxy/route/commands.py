@@ -30,8 +30,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
+from typing import cast
 
-from sqlglot.tokens import TokenType
+from sqlglot import TokenType
 
 from anonproxy.plan.refusals import Refusal, forbidden, unsupported
 from anonproxy.plan.statements import PARSE_HINT, Statement, split
@@ -400,10 +401,11 @@ def declare_cursor(statement: Statement) -> DeclareSyntax:
     """``DECLARE name [BINARY] [ASENSITIVE | INSENSITIVE] [[NO] SCROLL] CURSOR [{WITH | WITHOUT} HOLD] FOR query``
     (PostgreSQL takes the options in any order)."""
     name = cursor_name(statement, 1)
-    index, seen = 2, set()
+    index = 2
+    seen: set[str] = set()
     binary = scroll = False
     while statement.word(index) in _CURSOR_OPTIONS:
-        word = statement.word(index)
+        word = cast(str, statement.word(index))  # one of _CURSOR_OPTIONS
         if word == "NO":
             if statement.word(index + 1) != "SCROLL":
                 raise _syntax(statement, index)
@@ -436,7 +438,8 @@ def cursor_command(statement: Statement) -> FetchCursor | CloseCursor:
         return CloseCursor(None if words[1] == "ALL" else cursor_name(statement, 1))
     move = words[0] == "MOVE"
     index = 1
-    direction, count = "forward", 1
+    direction = "forward"
+    count: int | None = 1
     word = statement.word(index)
     signed = _signed_integer(statement, index)
     if signed is not None:

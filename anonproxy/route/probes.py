@@ -59,10 +59,10 @@ def redirect_probes(tree: exp.Expression) -> str | None:
             found = True
             node.set("db", exp.to_identifier(PROBE_SCHEMA))
         elif isinstance(node, exp.Column) and not isinstance(node.this, exp.Star):
-            call = _acl_call(node)
-            if call is not None:
+            acl = _acl_call(node)
+            if acl is not None:
                 found = True
-                node.replace(call)
+                node.replace(acl)
     if not found:
         return None
     for alias in tree.find_all(exp.Alias):
