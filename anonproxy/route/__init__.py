@@ -1,13 +1,12 @@
-"""What the gate does with a statement of an anonymized role.
+"""The router: what the gate does with a statement of an anonymized role.
 
 :func:`anonproxy.route.decide.decide` returns, for the text of a Query or
 Parse message, one of the decisions of :mod:`anonproxy.route.decision`:
 pass it, relay a rewrite of it, run the suppression SQL of
 :mod:`anonproxy.suppress`, answer it with differential privacy
-(:mod:`anonproxy.dp`), intercept it, or refuse it. The modules here
-split and parse statements (statements, classify), name tables (names),
-check what a gated statement reads and computes (relations, expressions),
-allow commands (commands), answer privilege probes (probes) and check the
-final SQL (final_sql). Nothing is imported here, so that the front end and
-the back-ends can import these modules without a cycle.
+(:mod:`anonproxy.dp`), intercept it, or refuse it. ``commands`` allows the
+session and transaction commands, ``probes`` answers privilege probes. The
+front end it drives (splitting, parsing, naming tables, checking what a
+statement reads and computes, the final SQL check) is :mod:`anonproxy.plan`;
+the router sits above it and above the back-ends, and nothing below imports it.
 """
