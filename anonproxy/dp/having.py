@@ -18,7 +18,12 @@ from typing import Any, cast
 
 from sqlglot import exp
 
-from anonproxy.plan.refusals import Refusal, unsupported
+from anonproxy.plan.refusals import (
+    INVALID_PARAMETER_VALUE,
+    INVALID_TEXT_REPRESENTATION,
+    Refusal,
+    unsupported,
+)
 
 HAVING_HINT = ("HAVING in dp mode compares aggregates and GROUP BY expressions with constants: =, <>, <, <=, >, >=, "
                "BETWEEN, IN (constants), IS [NOT] NULL, combined with AND, OR, NOT.")
@@ -26,8 +31,6 @@ HAVING_HINT = ("HAVING in dp mode compares aggregates and GROUP BY expressions w
 # A compiled HAVING: ("value", index) | ("const", value) | ("cmp", op, a, b) | ("and"|"or", a, b) | ("not", a)
 #                    | ("null", a) (IS NULL)
 Node = tuple[Any, ...]
-INVALID_TEXT = "22P02"  # a string constant that is not a number, compared with an aggregate
-INVALID_PARAMETER = "22023"  # a non-finite number
 _COMPARISONS: dict[type[exp.Expr], str] = {
     exp.EQ: "=", exp.NEQ: "<>", exp.GT: ">", exp.GTE: ">=", exp.LT: "<", exp.LTE: "<="}
 
@@ -80,7 +83,7 @@ def _as_number(side: Node, other: Node, numeric: Callable[[int], bool], node: ex
     try:
         number = Decimal(side[1].strip())
     except InvalidOperation:
-        raise Refusal(INVALID_TEXT, f"HAVING {node.sql(dialect='postgres')}: invalid input syntax for type "
+        raise Refusal(INVALID_TEXT_REPRESENTATION, f"HAVING {node.sql(dialect='postgres')}: invalid input syntax for type "
                       f"numeric: {side[1]!r}", HAVING_HINT) from None
     return ("const", _finite(number, node))
 
@@ -88,7 +91,7 @@ def _as_number(side: Node, other: Node, numeric: Callable[[int], bool], node: ex
 def _finite(number: Decimal, node: exp.Expression) -> Decimal:
     """Refuse NaN and ±Infinity: comparisons with them are not total orders (Decimal raises on NaN)."""
     if not number.is_finite():
-        raise Refusal(INVALID_PARAMETER, f"HAVING {node.sql(dialect='postgres')}: dp mode compares the noisy values "
+        raise Refusal(INVALID_PARAMETER_VALUE, f"HAVING {node.sql(dialect='postgres')}: dp mode compares the noisy values "
                       f"with finite numbers only, not {number}", HAVING_HINT)
     return number
 

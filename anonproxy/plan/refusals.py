@@ -10,6 +10,10 @@ from dataclasses import dataclass
 # SQLSTATEs used for refusals.
 INSUFFICIENT_PRIVILEGE = "42501"  # the statement kind or the data it would read is not allowed
 FEATURE_NOT_SUPPORTED = "0A000"  # unparseable, or outside the SQL subset the rewriter understands
+SYNTAX_ERROR = "42601"  # a command the proxy parses itself (cursors, SET) that PostgreSQL would not parse either
+INVALID_CURSOR_DEFINITION = "42P11"  # SCROLL and NO SCROLL, as PostgreSQL says
+INVALID_PARAMETER_VALUE = "22023"  # a setting out of range; a non-finite number compared with an aggregate
+INVALID_TEXT_REPRESENTATION = "22P02"  # a string constant that is not a number, compared with an aggregate
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,14 @@ from typing import cast
 
 from sqlglot import TokenType
 
-from anonproxy.plan.refusals import Refusal, forbidden, unsupported
+from anonproxy.plan.refusals import (
+    INVALID_CURSOR_DEFINITION,
+    INVALID_PARAMETER_VALUE,
+    SYNTAX_ERROR,
+    Refusal,
+    forbidden,
+    unsupported,
+)
 from anonproxy.plan.statements import PARSE_HINT, Statement, split
 from anonproxy.plan.tables import fold
 from anonproxy.route.decision import (
@@ -74,7 +81,6 @@ _OBJECT_WORDS = frozenset({"TEMP", "TEMPORARY", "OR", "REPLACE", "UNLOGGED", "MA
 DP_SETTING_NAMES = frozenset({"anonproxy.epsilon", "anonproxy.delta"})
 # Below this every answer is noise; a floor also keeps a typo (1e-9 for 1e-1) from wasting a query.
 MIN_SESSION_EPSILON = Decimal("0.000001")
-INVALID_VALUE = "22023"  # invalid_parameter_value
 
 # Statement kinds with a specific explanation: first word -> (what, why, hint).
 _PREPARE_HINT = "Use the extended query protocol (Parse/Bind/Execute), as drivers do for parameters."
@@ -235,7 +241,7 @@ def _dp_value(name: str, text: str | None, shown: str) -> Decimal:
     epsilon = name == "anonproxy.epsilon"
     if value is None or not value.is_finite() or not (value >= MIN_SESSION_EPSILON if epsilon else 0 <= value < 1):
         allowed = f"a number of at least {MIN_SESSION_EPSILON}" if epsilon else "a number in [0, 1)"
-        raise Refusal(INVALID_VALUE, f'invalid value for parameter "{name}": "{shown}"',
+        raise Refusal(INVALID_PARAMETER_VALUE, f'invalid value for parameter "{name}": "{shown}"',
                       f"{name} takes {allowed}, at most the policy's per-query value.")
     return value
 
@@ -367,7 +373,6 @@ def _savepoint(statement: Statement, words: list[str | None], mode: str) -> Deci
 
 # --- cursors ------------------------------------------------------------------
 
-SYNTAX_ERROR = "42601"
 NAME_BYTES = 63  # PostgreSQL truncates longer identifiers (NAMEDATALEN - 1)
 _INT4 = 2**31 - 1
 _CURSOR_OPTIONS = frozenset({"BINARY", "INSENSITIVE", "ASENSITIVE", "SCROLL", "NO"})
@@ -411,7 +416,7 @@ def declare_cursor(statement: Statement) -> DeclareSyntax:
                 raise _syntax(statement, index)
             word, index = "NO SCROLL", index + 1
         if word in seen or {word, *seen} >= {"SCROLL", "NO SCROLL"} or {word, *seen} >= {"INSENSITIVE", "ASENSITIVE"}:
-            raise Refusal("42P11" if "SCROLL" in word else SYNTAX_ERROR, "cannot specify both or repeated cursor "
+            raise Refusal(INVALID_CURSOR_DEFINITION if "SCROLL" in word else SYNTAX_ERROR, "cannot specify both or repeated cursor "
                           f"options near {statement.raw(index)!r}", PARSE_HINT)
         seen.add(word)
         binary |= word == "BINARY"
