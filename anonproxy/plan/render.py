@@ -25,18 +25,20 @@ from __future__ import annotations
 
 from sqlglot import exp
 from sqlglot.dialects.postgres import Postgres
+from sqlglot.generators.postgres import PostgresGenerator
 
 from anonproxy.plan.statements import DATE_PART
 
 
 class _Postgres(Postgres):
-    class Generator(Postgres.Generator):
+    class Generator(PostgresGenerator):  # Postgres.Generator, named so that a type checker sees a class
         def extract_sql(self, expression: exp.Extract) -> str:
             if expression.meta.get(DATE_PART):
                 field = expression.this
                 name = field.name if isinstance(field, (exp.Var, exp.Literal, exp.Identifier)) else self.sql(field)
                 return f"date_part({exp.Literal.string(name).sql(dialect=Postgres)}, {self.sql(expression, 'expression')})"
-            return super().extract_sql(expression)
+            written: str = super().extract_sql(expression)
+            return written
 
 
 _DIALECT = _Postgres()
