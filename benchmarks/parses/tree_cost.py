@@ -18,8 +18,8 @@ key) and times, per query (each a median over ``--repeat`` runs):
   rendered by joining its children's text (not SQL: only the per-node work every renderer does).
 
 Printed per mode: the medians over queries of each, the median node count and length of the statements, and
-(build + render) as a share of the decision and as a multiple of ``text``. On a shared machine the milliseconds
-move from run to run; the ratios, measured in one process, much less.
+(build + render) as a share of the decision and as a multiple of ``text``. On a busy shared machine the
+milliseconds, and even these ratios, move from run to run: count instructions instead (below).
 
     python3 benchmarks/parses/tree_cost.py [--repeat 20]
 
@@ -29,6 +29,9 @@ PASSES 5 minus PASSES 1, divided by 4 and by the number of queries written, is t
 first-sight decision)::
 
     valgrind --tool=callgrind --callgrind-out-file=/dev/null python3 .../tree_cost.py --count suppress 5
+
+``--what floor`` counts the floor's tuples instead, ``--what decisions`` the first-sight decisions of the same
+queries (those the back-end writes SQL for: dp's workload has queries refused for lack of declared bounds).
 """
 
 from __future__ import annotations
@@ -53,15 +56,14 @@ def _workloads() -> dict[str, tuple[Decide, list[str]]]:
     workload's queries."""
     sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "benchmarks" / "suppress"),
                     str(ROOT / "benchmarks" / "dp")]
-    import dp_workload  # noqa: PLC0415
-    import workload  # noqa: PLC0415
-    from test_rewrite import POLICY, SUPPRESS  # noqa: PLC0415
+    import dp_workload
+    import workload
+    from test_rewrite import POLICY, SUPPRESS
 
-    from anonproxy.dp.answers import plan_checked  # noqa: PLC0415
-    from anonproxy.dp.model import DPParams  # noqa: PLC0415
-    from anonproxy.dp.plan import DPPlan  # noqa: PLC0415
-    from anonproxy.route.decide import decide  # noqa: PLC0415
-    from anonproxy.route.decision import Noisy, Rewrite  # noqa: PLC0415
+    from anonproxy.dp.answers import plan_checked
+    from anonproxy.dp.model import DPParams, DPPlan
+    from anonproxy.route.decide import decide
+    from anonproxy.route.decision import Noisy, Rewrite
 
     dp_role = dataclasses.replace(SUPPRESS, mode="dp")
     params = DPParams(epsilon=1, delta=1e-6)
@@ -95,8 +97,8 @@ def _timed(function: Callable[..., Any]) -> Callable[..., Any]:
 
 def _time_writers() -> None:
     """Time every call of the back-ends' SQL writers where the decision makes it (the names their callers read)."""
-    import anonproxy.dp.plan as dp_plan  # noqa: PLC0415
-    import anonproxy.route.decide as route  # noqa: PLC0415
+    import anonproxy.dp.plan as dp_plan
+    import anonproxy.route.decide as route
 
     for module, name in ((route, "rewrite"), (route, "reported"), (route, "suppressed"), (dp_plan, "bounded_sql")):
         setattr(module, name, _timed(getattr(module, name)))
@@ -104,7 +106,7 @@ def _time_writers() -> None:
 
 def rebuild(node: Any) -> Any:
     """``node`` built again with the exp.* constructors, children first (lists and plain values as they are)."""
-    from sqlglot import exp  # noqa: PLC0415
+    from sqlglot import exp
 
     if isinstance(node, list):
         return [rebuild(child) for child in node]
@@ -121,7 +123,7 @@ Lean = tuple[str, tuple[Any, ...]]  # a node's kind and its children (Lean nodes
 
 def lean(node: Any) -> Any:
     """``node`` as nested tuples, one per node (the input of the floor's build)."""
-    from sqlglot import exp  # noqa: PLC0415
+    from sqlglot import exp
 
     if isinstance(node, list):
         return ("list", tuple(lean(child) for child in node))
@@ -160,10 +162,10 @@ class _Query:
 
 
 def _measure(decide: Decide, number: int, query: str, repeat: int) -> _Query | None:
-    import sqlglot  # noqa: PLC0415
+    import sqlglot
 
-    from anonproxy.plan.render import sql as render  # noqa: PLC0415
-    from anonproxy.plan.statements import DIALECT  # noqa: PLC0415
+    from anonproxy.plan.render import sql as render
+    from anonproxy.plan.statements import DIALECT
 
     texts = decide(query)
     if not texts:
@@ -194,28 +196,39 @@ def _measure(decide: Decide, number: int, query: str, repeat: int) -> _Query | N
     )
 
 
-def count(decide: Decide, queries: list[str], passes: int) -> None:
-    """Build and render the trees of every statement ``decide`` writes for ``queries``, ``passes`` times."""
-    import sqlglot  # noqa: PLC0415
+def count(decide: Decide, queries: list[str], passes: int, what: str) -> None:
+    """``passes`` times over the queries the back-end writes SQL for: build and render their statements' trees
+    (``trees``), or the floor's tuples (``floor``), or decide them on first sight again (``decisions``)."""
+    import sqlglot
 
-    from anonproxy.plan.render import sql as render  # noqa: PLC0415
-    from anonproxy.plan.statements import DIALECT  # noqa: PLC0415
+    from anonproxy.plan.render import sql as render
+    from anonproxy.plan.statements import DIALECT
 
-    trees = [sqlglot.parse_one(text, dialect=DIALECT) for query in queries for text in decide(query)]
-    for _ in range(passes):
-        for tree in trees:
-            render(rebuild(tree))
+    written = {query: texts for query in queries if (texts := decide(query))}
+    trees = [sqlglot.parse_one(text, dialect=DIALECT) for texts in written.values() for text in texts]
+    leans = [lean(tree) for tree in trees]
+    for serial in range(passes):
+        if what == "floor":
+            for tuples in leans:
+                lean_render(lean_copy(tuples))
+        elif what == "trees":
+            for tree in trees:
+                render(rebuild(tree))
+        else:
+            for number, query in enumerate(written):
+                decide(f"/* tree-count {number} #{serial} */ {query}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--count", nargs=2, metavar=("MODE", "PASSES"), help="build and render, for valgrind")
+    parser.add_argument("--what", choices=("trees", "floor", "decisions"), default="trees", help="what --count runs")
     args = parser.parse_args()
     workloads = _workloads()
     if args.count:
         decide, queries = workloads[args.count[0]]
-        count(decide, queries, int(args.count[1]))
+        count(decide, queries, int(args.count[1]), args.what)
         return
     _time_writers()
     for mode, (decide, queries) in workloads.items():
