@@ -31,7 +31,7 @@ from anonproxy.plan.statements import DATE_PART
 
 
 class _Postgres(Postgres):
-    class Generator(PostgresGenerator):
+    class Generator(PostgresGenerator):  # Postgres.Generator, named so that a type checker sees a class
         def extract_sql(self, expression: exp.Extract) -> str:
             if expression.meta.get(DATE_PART):
                 field = expression.this
