@@ -512,23 +512,7 @@ class Gate:
 
     def _go(self, route: Route) -> bool:
         """Send the held route on once nothing it must wait for is left; False: it waits."""
-        if route.record is not None and self._record is not None:
-            self._recording = True
-            self._record(route.record)
-            return False
-        if route.in_batch and self._unsynced not in (None, route.owner):
-            self._close_batch_part(self._unsynced)
-        if any(count for owner, count in self.in_flight.items()
-               if owner is not route.owner or route.declares is not None or route.script is not None):
-            return False  # wait for the other owner's ReadyForQuery (gated DECLARE, Script: for every answer)
-        if self._timeout is not None and self._needs_client_timeout(self._timeout, route):
-            self._send[Owner.UPSTREAM](self._timeout.ask())
-            self.in_flight[Owner.UPSTREAM] += 1
-            return False
-        if route.owner is Owner.SERVICE and not self._service.held:
-            if not self._service.acquiring and self._acquire_service is not None:
-                self._service.acquiring = True
-                self._acquire_service()
+        if self._must_wait(route):
             return False
         self._held = None
         if route.script is not None:  # its parts go first, one by one; the client sees one ReadyForQuery
@@ -541,6 +525,29 @@ class Gate:
             self._declaring = route.declares
         self._senders[route.owner](route)
         return True
+
+    def _must_wait(self, route: Route) -> bool:
+        """Whether ``route`` waits: for its audit-trail row, for what is in flight elsewhere, for the client's
+        statement_timeout, or for a service connection (each asked for here)."""
+        if route.record is not None and self._record is not None:
+            self._recording = True
+            self._record(route.record)
+            return True
+        if route.in_batch and self._unsynced not in (None, route.owner):
+            self._close_batch_part(self._unsynced)
+        if any(count for owner, count in self.in_flight.items()
+               if owner is not route.owner or route.declares is not None or route.script is not None):
+            return True  # wait for the other owner's ReadyForQuery (gated DECLARE, Script: for every answer)
+        if self._timeout is not None and self._needs_client_timeout(self._timeout, route):
+            self._send[Owner.UPSTREAM](self._timeout.ask())
+            self.in_flight[Owner.UPSTREAM] += 1
+            return True
+        if route.owner is Owner.SERVICE and not self._service.held:
+            if not self._service.acquiring and self._acquire_service is not None:
+                self._service.acquiring = True
+                self._acquire_service()
+            return True
+        return False
 
     def _send_proxy(self, route: Route) -> None:
         assert route.request is not None

@@ -25,6 +25,8 @@ import enum
 
 
 class State(enum.Enum):
+    __hash__ = object.__hash__  # members are singletons: the identity hash (Enum's own hashes the name, slowly)
+
     IDLE = "idle"
     BATCH = "in a batch"
     SKIPPING = "skipping to Sync"
@@ -32,6 +34,8 @@ class State(enum.Enum):
 
 class Kind(enum.Enum):
     """The kinds of client message, by type byte."""
+
+    __hash__ = object.__hash__
 
     QUERY = b"Q"
     PARSE = b"P"
@@ -51,7 +55,9 @@ class Kind(enum.Enum):
 
 
 class Action(enum.Enum):
-    """What the gate does with a message (each has one method in the gate)."""
+    """What the gate does with a message (each has one method in the router, routing.py)."""
+
+    __hash__ = object.__hash__
 
     QUERY = enum.auto()  # decide the statement and route it
     PARSE = enum.auto()  # decide the statement and prepare it where it belongs

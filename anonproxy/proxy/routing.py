@@ -22,7 +22,8 @@ No I/O: what the router needs of the gate's state comes with each message (``Now
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
+from typing import NamedTuple
 
 from ..plan.refusals import Reject
 from ..route import reports
@@ -69,9 +70,8 @@ _NOT_READ = "(not read: longer than the proxy's max_statement_size)"
 _ABORTED = Reject("25P02", "current transaction is aborted, commands ignored until end of transaction block")
 
 
-@dataclass(frozen=True)
-class Now:
-    """What the router needs of the gate's state when a message is routed."""
+class Now(NamedTuple):
+    """What the router needs of the gate's state when a message is routed (a tuple: made for every message)."""
 
     status: bytes = b"I"  # the client's transaction status
     unsynced: Owner | None = None  # the owner of the batch's open part (messages sent since the last Sync)
