@@ -78,7 +78,7 @@ class Route:
     request: ProxyRequest | None = None  # what a PROXY route asks the session to answer
     asking: tuple[str, bytes, int] = ("query", b"", 0)  # a PROXY route: (what for, portal, max rows)
     hidden: tuple[bytes, ...] = ()  # types of the owner's answers to drop (a statement prepared again)
-    # On the service connection: the statement the payload uses or closes (see ``Gate._on_service``).
+    # On the service connection: the statement the payload uses or closes (see ``ServiceSide.prepare_first``).
     uses: bytes | None = None
     closes: bytes | None = None
     describes: bool = False  # a Describe of a statement on the service connection

@@ -8,6 +8,7 @@ pass it, relay a rewrite of it, run the suppression SQL of
 split and parse statements (statements, classify), name tables (names),
 check what a gated statement reads and computes (relations, expressions),
 allow commands (commands), answer privilege probes (probes) and check the
-final SQL (final_sql). Nothing is imported here, so that the front end and
+final SQL (final_sql). :mod:`anonproxy.route.reports` is the gate's one
+hook into what a mode says about its answers. Nothing is imported here, so that the front end and
 the back-ends can import these modules without a cycle.
 """
