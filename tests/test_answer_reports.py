@@ -10,7 +10,15 @@ from pathlib import Path
 
 import anonproxy
 from anonproxy.route import reports
-from anonproxy.route.decision import ExplainDP, ExplainSuppress, Intercept, Noisy, Pass, Rewrite, SessionSetting
+from anonproxy.route.decision import (
+    ExplainDP,
+    ExplainSuppress,
+    Intercept,
+    Noisy,
+    Pass,
+    Rewrite,
+    SessionSetting,
+)
 from anonproxy.wire import protocol as pg
 from anonproxy.wire.framing import MessageBuffer
 
@@ -73,8 +81,8 @@ def test_what_the_proxy_answers_itself() -> None:
     for decision in (Noisy("q"), ExplainDP("q"), ExplainSuppress(("line",)), SessionSetting("epsilon", Decimal(1)),
                      Intercept("budget"), Intercept("epsilon"), Intercept("delta")):
         assert reports.answered_by_proxy(decision), decision
-    for decision in (Pass(), Rewrite("q"), Intercept("k")):
-        assert not reports.answered_by_proxy(decision), decision
+    for other in (Pass(), Rewrite("q"), Intercept("k")):
+        assert not reports.answered_by_proxy(other), other
 
 
 def test_an_explanation_made_when_decided_is_answered_as_it_is() -> None:

@@ -24,7 +24,15 @@ import pytest
 
 from anonproxy.plan.refusals import Reject
 from anonproxy.proxy.gate import Gate
-from anonproxy.proxy.gate_states import AFTER_ERROR, TRANSITIONS, Action, Kind, State, kind, transition
+from anonproxy.proxy.gate_states import (
+    AFTER_ERROR,
+    TRANSITIONS,
+    Action,
+    Kind,
+    State,
+    kind,
+    transition,
+)
 from anonproxy.route.decision import Decision, Pass
 from anonproxy.wire import protocol as pg
 from anonproxy.wire.framing import MessageBuffer
