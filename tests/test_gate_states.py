@@ -11,9 +11,12 @@ messages (the documentation's "Message Flow", and the main loop of postgres.c):
 * CopyData, CopyDone and CopyFail belong to a COPY, whose state the client's own server keeps (outside one, it
   ignores them); Terminate ends the session there: all four go to the client's connection;
 * a message type the protocol does not know is a protocol violation (08P01), which the client's server raises;
-* the proxy's own rules: a FunctionCall (fast path) is refused in every state; a Query is still answered while a
-  failed batch is skipped (PostgreSQL would ignore it up to the Sync: the one difference, kept as the gate has
-  always behaved), and so are the parts of a Query the gate runs one by one (b"q", never the client's).
+* the proxy's own rules: a FunctionCall (fast path) is refused in every state; the parts of a Query the gate runs
+  one by one (b"q", never the client's) are routed in every state.
+
+While a failed batch is skipped, PostgreSQL ignores every message but Sync; the gate skips only the extended
+protocol's, and answers or relays the others as in the other states (the one difference, kept as the gate has
+always behaved: the failed batch lives only in the gate, the client's connection is not skipping).
 """
 
 from __future__ import annotations

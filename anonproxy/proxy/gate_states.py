@@ -14,9 +14,10 @@ CopyDone and CopyFail go to the client's own connection, whose server keeps the 
 outside a COPY, and so does a message of a type the protocol does not know, which that server answers with a
 protocol violation (08P01) and the end of the connection.
 
-Two departures from PostgreSQL, kept as the gate has always behaved: while SKIPPING, a Query is still answered
-(PostgreSQL ignores it up to the Sync), and a FunctionCall is refused there too (the fast-path protocol is never
-allowed); a skipped batch lives only in the gate, so the client's connection sees neither.
+One departure from PostgreSQL, kept as the gate has always behaved: while skipping, PostgreSQL ignores every
+message but Sync, whereas the gate skips only the extended protocol's (Flush included). A Query is still answered
+there, a FunctionCall refused, and COPY messages, Terminate and unknown types go to the client's connection, which
+is not skipping: the failed batch lived only in the gate.
 """
 
 from __future__ import annotations
