@@ -28,7 +28,7 @@ no longer in rotation (lagging, gone, promoted away) is closed and replaced.
 
 The pool does not reset connections itself: every session starts its use of
 a connection with ``RESET ALL; DEALLOCATE ALL`` and its own settings (see
-gate.py), so nothing of a previous session is seen. A connection handed back
+service_side.py), so nothing of a previous session is seen. A connection handed back
 in an unknown state (mid-statement, in a transaction) is closed instead.
 """
 

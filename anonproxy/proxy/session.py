@@ -41,13 +41,13 @@ from ..config import IPNetwork, ProxyConfig, ServiceLogin, UpstreamAddress
 from ..logs import RateLimitedLog
 from ..plan.refusals import Refusal, Reject
 from ..policy.model import Policy, RolePolicy
+from ..route import reports
 from ..route.commands import login_setting
 from ..route.decide import decide
 from ..route.decision import (
     Decision,
     DeclareCursor,
     ExplainDP,
-    ExplainSuppress,
     Intercept,
     Noisy,
     Pass,
@@ -63,7 +63,6 @@ from ..wire.framing import (
     Rows,
 )
 from ..wire.proxy_header import may_be_proxy_header, read_proxy_header
-from ..wire.results import Result
 from .analysis import Analyser, AnalysisFailed, AnalysisTimeout
 from .audit_trail import (
     UNAVAILABLE,
@@ -85,7 +84,7 @@ from .cancel import (
     send_cancel,
 )
 from .followed_settings import REPORTED_SETTINGS, follow_settings
-from .gate import EXPLAIN_COLUMNS, Execution, Gate, Owner, ProxyRequest, Reply
+from .gate import Execution, Gate, Owner, ProxyRequest, Reply
 from .limits import MemoryLimits
 from .login_options import LoginOptionError, LoginSetting, login_settings
 from .noisy import NoisyAnswers, Refused, SessionLimits, Stop
@@ -801,9 +800,10 @@ class ClientConnection(asyncio.Protocol):
         noisy, decision, limits = self.context.noisy, request.decision, self.dp_limits
         reply: Reply
         spent = Spent()  # for the audit trail
+        explained = reports.explained(decision)  # made when the statement was decided: nothing runs
         try:
-            if isinstance(decision, ExplainSuppress):  # made when the statement was decided: nothing runs
-                reply = Result(EXPLAIN_COLUMNS, tuple((line.encode(),) for line in decision.lines), "EXPLAIN")
+            if explained is not None:
+                reply = explained
             elif noisy is None:
                 raise Refused("0A000", "differential-privacy mode needs the proxy's service login")
             elif isinstance(decision, Intercept) and decision.setting == "budget":

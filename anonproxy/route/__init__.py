@@ -5,7 +5,8 @@ Parse message, one of the decisions of :mod:`anonproxy.route.decision`:
 pass it, relay a rewrite of it, run the suppression SQL of
 :mod:`anonproxy.suppress`, answer it with differential privacy
 (:mod:`anonproxy.dp`), intercept it, or refuse it. ``commands`` allows the
-session and transaction commands, ``probes`` answers privilege probes. The
+session and transaction commands, ``probes`` answers privilege probes, and
+``reports`` is the gate's one hook into what a mode says about its answers. The
 front end it drives (splitting, parsing, naming tables, checking what a
 statement reads and computes, the final SQL check) is :mod:`anonproxy.plan`;
 the router sits above it and above the back-ends, and nothing below imports it.

@@ -47,7 +47,8 @@ class Rewrite:
     """Run ``sql`` on the proxy's privileged service connection instead of the client's text.
 
     ``reported``, when set, is the same answer wrapped so that it also reports what suppression withheld (an INFO
-    the proxy turns into a NOTICE, anonproxy.suppress.explain): the proxy runs it in place of ``sql``."""
+    that the gate hands to the hook of :mod:`anonproxy.route.reports`, which turns it into a NOTICE): the proxy
+    runs it in place of ``sql``."""
 
     sql: str
     reported: str | None = None

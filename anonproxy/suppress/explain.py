@@ -4,7 +4,8 @@
   :func:`anonproxy.suppress.rewrite.reported` raises through
   ``anonproxy.suppression_report()`` (sql/0022): figures computed next to
   the answer, already reduced to what may be released. :func:`notice` turns
-  them into the words of the proxy's NOTICE.
+  them into the words of the proxy's NOTICE. The gate reaches them only
+  through the mode-neutral hook :mod:`anonproxy.route.reports`.
 * :func:`explain_suppression` lists the plan of a suppress query (protected
   table, privacy unit, k, query-set-size control, grouping keys, the rule per
   aggregate, the rest row, the SQL) from the analysed query and the role's
@@ -16,6 +17,7 @@ Pure functions: no I/O.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from anonproxy.plan.analysis import AnalyticQuery
@@ -45,7 +47,7 @@ class Notice:
     hint: str | None = None
 
 
-def read_report(fields: dict[str, str]) -> SuppressionReport | None:
+def read_report(fields: Mapping[str, str]) -> SuppressionReport | None:
     """The report in the fields of a NoticeResponse, or None when the notice is not one (or is malformed)."""
     if fields.get("V") != "INFO" or fields.get("M") != REPORT_MESSAGE:
         return None
@@ -97,7 +99,7 @@ def notice(report: SuppressionReport, rows: int | None) -> Notice | None:
         them = "it" if report.groups == 1 else "them"
         if report.rest and not report.labels:  # no grouping column in the select list to show it
             message += f"; one more row, the last one unless the query orders the rows, holds {them} together"
-        elif report.rest:
+        elif report.rest and report.labels:
             message += f"; the row with NULL in {_columns(report.labels)} holds {them} together"
             if report.null_group:
                 detail += (f" A released group has NULL in {_columns(report.labels)} too: the rest row is the "
@@ -129,11 +131,11 @@ def explain_suppression(query: AnalyticQuery, role: RolePolicy, sql: str) -> tup
     else:
         unit = f"  privacy unit: {query.unit} (people are counted as distinct units, not rows)"
         universe = query.universe
-    lines = [f"suppressed answer on {query.owner or query.table}: exact values; groups of fewer than k = {k} "
-             "people withheld",
+    lines = [(f"suppressed answer on {query.owner or query.table}: exact values; groups of fewer than k = {k} "
+              "people withheld"),
              unit,
-             f"  query-set-size control: every released group, total and rest row covers n people, "
-             f"n >= {k}, and n = N or n <= N - {k}",
+             (f"  query-set-size control: every released group, total and rest row covers n people, "
+              f"n >= {k}, and n = N or n <= N - {k}"),
              f"    N: the people of the FROM clause, joins included, WHERE not: {universe}"]
     if query.grouped:
         lines.append(f"  grouping keys: {', '.join(key.describe() for key in query.key_types)}")

@@ -1,0 +1,85 @@
+"""The client's prepared statements and portals as the gate keeps them: where each belongs (its Owner), what it
+was decided on (text, decision, policy version), and what the gate needs to answer those it owns itself (SHOW
+anonproxy.* settings, statements the proxy answers, cursor statements).
+
+Memory: the named prepared statements kept here are capped (``limits``, limits.py: their number and bytes);
+:meth:`Prepared.no_room` says why a new one cannot be kept.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..plan.refusals import Reject
+from ..route.decision import CursorStatement, Deallocate, Decision
+from ..wire import protocol as pg
+from .gate_routes import Decided, Owner, statement_size
+from .limits import MemoryLimits, size_text
+from .proxy_portals import ProxyPortal
+
+
+@dataclass
+class Prepared:
+    texts: dict[bytes, Decided] = field(default_factory=dict)  # prepared statements, by name
+    bound: dict[bytes, Decided] = field(default_factory=dict)  # portals, by name
+    statements: dict[bytes, Owner] = field(default_factory=dict)
+    portals: dict[bytes, Owner] = field(default_factory=dict)
+    # Settings shown by the statements and portals the gate owns (SHOW anonproxy.*).
+    statement_settings: dict[bytes, str] = field(default_factory=dict)
+    portal_settings: dict[bytes, str] = field(default_factory=dict)
+    # Statements (with their parameter types) and portals the proxy answers after asynchronous work (owner PROXY).
+    proxy_statements: dict[bytes, tuple[Decision, tuple[int, ...]]] = field(default_factory=dict)
+    proxy_portals: dict[bytes, ProxyPortal] = field(default_factory=dict)
+    # Cursor statements the gate answers (the proxy holds their cursors), and their portals with their Bind.
+    cursor_statements: dict[bytes, CursorStatement] = field(default_factory=dict)
+    cursor_portals: dict[bytes, tuple[CursorStatement, pg.Bind]] = field(default_factory=dict)
+
+    def replacing(self, name: bytes) -> None:
+        """Statement ``name`` is prepared again: what the gate answered for the old one goes."""
+        self.statement_settings.pop(name, None)
+        self.proxy_statements.pop(name, None)
+        self.cursor_statements.pop(name, None)
+
+    def binding(self, portal: bytes, statement: bytes) -> Owner:
+        """Portal ``portal`` is bound to ``statement``: it belongs where the statement does."""
+        owner = self.portals[portal] = self.statements.get(statement, Owner.UPSTREAM)
+        self.proxy_portals.pop(portal, None)
+        self.cursor_portals.pop(portal, None)
+        bound = self.texts.get(statement)
+        if bound is not None:
+            self.bound[portal] = bound
+        else:
+            self.bound.pop(portal, None)
+        return owner
+
+    def transaction_ended(self) -> None:
+        """The implicit transaction of a batch ends at its Sync: its portals go, as in PostgreSQL."""
+        self.proxy_portals.clear()
+        self.bound.clear()
+
+    def no_room(self, name: bytes, decided: Decided, limits: MemoryLimits) -> Reject | None:
+        """Why a new named statement cannot be kept (too many, or too many bytes, for the session's limits)."""
+        named = [(key, kept) for key, kept in self.texts.items() if key]
+        if len(named) >= limits.statements:
+            return Reject("54000", f"too many prepared statements: anonproxy keeps at most {limits.statements} per "
+                                   "session", "Close (or DEALLOCATE) the statements you no longer need; the limit is "
+                                              "the proxy's max_prepared_statements setting.")
+        size = sum(statement_size(key, kept) for key, kept in named) + statement_size(name, decided)
+        if size > limits.statement_size:
+            return Reject("54000", f"prepared statements too large: this session's would take {size_text(size)}; "
+                                   f"anonproxy keeps at most {size_text(limits.statement_size)} of them per session",
+                          "Close (or DEALLOCATE) the statements you no longer need; the limit is the proxy's "
+                          "max_prepared_size setting.")
+        return None
+
+    def deallocated(self, deallocate: Deallocate) -> None:
+        """A DEALLOCATE run on the client's connection: PostgreSQL's statements of that name (or all of them) are
+        forgotten here too, so that they no longer count against the session's limits."""
+        if deallocate.name is None:
+            names = [key for key, owner in self.statements.items() if owner is Owner.UPSTREAM]
+        else:
+            names = [deallocate.name.encode()]
+        for key in names:
+            if self.statements.get(key) is Owner.UPSTREAM:
+                del self.statements[key]
+                self.texts.pop(key, None)
