@@ -64,7 +64,6 @@ FORBIDDEN: dict[tuple[str, str], str] = {
 # deleted here; empty, the dictionary stays.
 ALLOWED: dict[tuple[str, str], str] = {
     ("anonproxy.dp.plan", "anonproxy.route.decide"): "part A: the dp planner takes the parsed tree as a value",
-    ("anonproxy.proxy.gate", "anonproxy.suppress.explain"): "part B: the gate's one notice/explain hook",
 }
 
 
