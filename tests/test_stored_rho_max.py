@@ -219,3 +219,22 @@ def test_a_failed_budget_change_leaves_the_stored_values_as_they_were(db: psycop
             db.execute("update anonproxy.budgets set delta = 1 where role_name = %s", (ALICE,))
     assert db.execute("select * from anonproxy.budget_rho_max").fetchall() == before
     _stored_values_are_true(db)
+
+
+def test_the_upgrade_stores_the_budgets_already_set(
+        old_and_new: tuple[psycopg.Connection[Any], psycopg.Connection[Any]]) -> None:
+    """Applying 0031 to a database with budgets, a cap and charges stores their ρ_max, and changes no figure."""
+    old, _ = old_and_new
+    old.execute(f"select anonproxy.set_budget('{ALICE}', 'public.people', 10, 0.00001, null, 0.5, null, 'zcdp')")
+    old.execute(f"select anonproxy.set_budget('{BOB}', 'public.people', 3.0, 0.0001, null, null, null, 'basic')")
+    old.execute("select anonproxy.set_shared_budget('public.people', 40, 0.001, null, 'zcdp')")
+    for role in ROLES:
+        _outcome(old, "select anonproxy.charge(%s, 'public.people', 0.5, 0.000001, 0.0625, 0.000001, 'before')",
+                 (role,))
+    remaining = f"select {REMAINING} from anonproxy.remaining_budget(%s, 'public.people')"
+    before = [_outcome(old, remaining, (role,)) for role in ROLES]
+    _migrate(old, lambda version: version >= STORED_FROM)
+    _stored_values_are_true(old)
+    assert old.execute("select epsilon, delta from anonproxy.budget_rho_max order by 1").fetchall() == [
+        ("10", "0.00001"), ("40", "0.001")]
+    assert [_outcome(old, remaining, (role,)) for role in ROLES] == before
