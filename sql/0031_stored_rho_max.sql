@@ -10,24 +10,29 @@
 --   the budget is set or changed (a statement trigger on budgets and shared_budgets), and dropped when no budget
 --   has those numbers any more. It is keyed by the numbers exactly as the budget holds them, scale included
 --   (10 and 10.0 are equal but not the same input: the conversion's 45-decimal digits follow the input's scale).
--- * budget_balance reads rho_max from it (budget_rho_max_of); for a pair it does not hold (delta left below the
---   budget's once partition selection has spent some, or numbers no budget has) it computes it as before.
+-- * budget_balance reads rho_max from it (budget_rho_max_of), and computes it as before for a pair it does not hold.
+--   Once partition selection has spent some delta, the delta left is not the budget's: a charge stores rho_max at
+--   the delta left after it (keep_rho_max), where the next charge starts. So a charge searches once if it spends
+--   delta, and not at all otherwise.
 -- * charge computes the balances with the charge once, not twice (whether it fits, then what is left): each zcdp
 --   balance still converts its sum of rho to epsilon spent (zcdp_epsilon), which depends on every charge.
 --
 -- Every figure is the one the functions of 0025 give for the same numbers: nothing the ledger answers changes. A
 -- later migration that redefines zcdp_rho_max must empty anonproxy.budget_rho_max and call refresh_budget_rho_max().
 
+-- No unique key: two charges that store the same pair at once both insert it (each row of a pair holds the same
+-- value), rather than one waiting for the other's commit.
 create table anonproxy.budget_rho_max (
     epsilon text not null,  -- a budget's epsilon, as numeric's text: its value and its scale
-    delta text not null,    -- its delta, likewise
+    delta text not null,    -- its delta or a delta left, likewise
     rho_max numeric not null,
-    primary key (epsilon, delta),
     constraint exact_numbers check (epsilon = epsilon::numeric::text and delta = delta::numeric::text)
 );
+create index budget_rho_max_numbers on anonproxy.budget_rho_max (epsilon, delta);
 comment on table anonproxy.budget_rho_max is
-    'zcdp_rho_max(epsilon, delta) of every zcdp budget and shared cap, computed when it was set (sql/0031), so that '
-    'a charge reads it instead of searching for it. Keyed by the numbers'' text: value and scale.';
+    'zcdp_rho_max(epsilon, delta) of every zcdp budget and shared cap, computed when it was set, and at the delta '
+    'left after each charge that spent partition selection''s delta (sql/0031), so that a charge reads it instead '
+    'of searching for it. Keyed by the numbers'' text: value and scale.';
 revoke all on anonproxy.budget_rho_max from public;
 
 -- zcdp_rho_max(epsilon, delta): the stored value when a budget has those very numbers, else computed.
@@ -38,11 +43,26 @@ declare
 begin
     select m.rho_max into known
       from anonproxy.budget_rho_max m
-     where m.epsilon = budget_rho_max_of.epsilon::text and m.delta = budget_rho_max_of.delta::text;
+     where m.epsilon = budget_rho_max_of.epsilon::text and m.delta = budget_rho_max_of.delta::text
+     limit 1;
     if found then
         return known;
     end if;
     return anonproxy.zcdp_rho_max(epsilon, delta);
+end
+$$;
+
+-- For a charge: make sure the pair is stored, so that budget_balance reads it, and so will the next charge, which
+-- starts from this one's delta left (one search per charge that spends partition selection's delta, none after).
+create function anonproxy.keep_rho_max(epsilon numeric, delta numeric) returns void
+language plpgsql strict set search_path = pg_catalog, pg_temp as $$
+begin
+    if delta > 0 and not exists (select from anonproxy.budget_rho_max m
+                                  where m.epsilon = keep_rho_max.epsilon::text and m.delta = keep_rho_max.delta::text)
+    then
+        insert into anonproxy.budget_rho_max (epsilon, delta, rho_max)
+            values (epsilon::text, delta::text, anonproxy.zcdp_rho_max(epsilon, delta));
+    end if;
 end
 $$;
 
@@ -53,8 +73,9 @@ select b.epsilon::text as epsilon, b.delta::text as delta from anonproxy.budgets
 select s.epsilon::text, s.delta::text from anonproxy.shared_budgets s where s.accounting = 'zcdp';
 revoke all on anonproxy.zcdp_budget_numbers from public;
 
--- Make anonproxy.budget_rho_max hold the numbers of the zcdp budgets and caps, and only those. Computes only the
--- pairs it lacks: setting a budget to numbers already held costs a look-up.
+-- Make anonproxy.budget_rho_max hold the numbers of the zcdp budgets and caps, and only those (the pairs charges
+-- stored go too: the table never holds more pairs than there were charges since the last change of a budget).
+-- Computes only the pairs it lacks: setting a budget to numbers already held costs a look-up.
 create function anonproxy.refresh_budget_rho_max() returns void
 language plpgsql security definer set search_path = pg_catalog, pg_temp as $$
 begin
@@ -63,8 +84,7 @@ begin
     insert into anonproxy.budget_rho_max (epsilon, delta, rho_max)
     select n.epsilon, n.delta, anonproxy.zcdp_rho_max(n.epsilon::numeric, n.delta::numeric)
       from anonproxy.zcdp_budget_numbers n
-     where not exists (select from anonproxy.budget_rho_max m where m.epsilon = n.epsilon and m.delta = n.delta)
-        on conflict do nothing;  -- a concurrent change of another budget to the same numbers stored them first
+     where not exists (select from anonproxy.budget_rho_max m where m.epsilon = n.epsilon and m.delta = n.delta);
 end
 $$;
 
@@ -258,10 +278,16 @@ begin
         cap_spent := anonproxy.domain_spending(cap, as_of);
     end if;
     role_after := anonproxy.plus(role_spent, epsilon, delta, rho, delta_add);
+    if budget.accounting = 'zcdp' then  -- the delta left as budget_balance computes it
+        perform anonproxy.keep_rho_max(budget.epsilon, greatest(budget.delta - role_after.delta_add, 0));
+    end if;
     own := anonproxy.budget_balance(budget.accounting, budget.epsilon, budget.delta, role_after);
     by_role := not own.fits;
     if cap.domain is not null and not by_role then
         cap_after := anonproxy.plus(cap_spent, epsilon, delta, rho, delta_add);
+        if cap.accounting = 'zcdp' then
+            perform anonproxy.keep_rho_max(cap.epsilon, greatest(cap.delta - cap_after.delta_add, 0));
+        end if;
         shared := anonproxy.budget_balance(cap.accounting, cap.epsilon, cap.delta, cap_after);
     end if;
     if by_role or (cap.domain is not null and not shared.fits) then
@@ -328,7 +354,8 @@ end
 $$;
 
 -- As budget_balance (0019): internal, for the ledger's own SECURITY DEFINER functions.
-revoke execute on function anonproxy.budget_rho_max_of(numeric, numeric), anonproxy.refresh_budget_rho_max(),
+revoke execute on function anonproxy.budget_rho_max_of(numeric, numeric), anonproxy.keep_rho_max(numeric, numeric),
+    anonproxy.refresh_budget_rho_max(),
     anonproxy.budget_rho_max_follows(),
     anonproxy.budget_state(anonproxy.budgets, anonproxy.shared_budgets, anonproxy.budget_spending,
                            anonproxy.budget_balance, anonproxy.budget_balance)

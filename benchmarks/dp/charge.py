@@ -8,15 +8,16 @@ One throwaway PostgreSQL with two databases set up as ``anonproxy up`` does
   applied, so that this anonproxy serves it: 0031 changes SQL only);
 * ``after``: every migration.
 
-In each, two dp roles with a budget on public.adult that the run never spends:
+In each, dp roles with a budget on public.adult that the run never spends:
 ``analyst`` under zcdp accounting (ε 1000, δ 1e-5, ε 0.5 per query: the demo's
-accounting and δ) and ``analyst_basic`` under basic accounting (ε 1000000, δ 0.5).
+accounting and δ), ``analyst_basic`` under basic accounting (ε 1000000, δ 0.5),
+and ``analyst_delta`` as ``analyst``, for the charges that spend δ.
 
 1. The SQL charge. ``anonproxy.dp.ledger.charge`` (the proxy's call: BEGIN, the
    charge and COMMIT in one round trip) from one connection per database, the
-   four (database, accounting) series interleaved round by round; plus a zcdp
-   series whose charges spend partition selection's δ (delta_add > 0, so the
-   δ left moves with every charge). Reported: p50 of the round trip and the
+   (database, accounting) series interleaved round by round: one answer's cost
+   at ε 0.5 (ρ 0.0625), and under zcdp the same plus partition selection's δ
+   (delta_add 1e-9, so the δ left moves with every charge). Reported: p50 of the round trip and the
    backend's CPU time per charge (/proc/PID/stat; the server runs here).
 2. A dp question's first charge through the proxy: one ``anonproxy serve`` per
    database; before each repetition the answer cache of both roles is emptied
@@ -53,13 +54,14 @@ from anonproxy.policy.yaml_policy import apply_policy, demo_policy
 REPOSITORY = Path(__file__).resolve().parents[2]
 STORED_FROM = 31  # the migration that stores each budget's ρ_max
 DATABASES = ("before", "after")
-ZCDP, BASIC = "analyst", "analyst_basic"
-ROLES = {ZCDP: "zcdp", BASIC: "basic"}
+ZCDP, BASIC, ZCDP_DELTA = "analyst", "analyst_basic", "analyst_delta"
+ROLES = {ZCDP: "zcdp", BASIC: "basic", ZCDP_DELTA: "zcdp"}
 # Budgets the run never spends: (ε, δ, ε per query).
-BUDGETS = {ZCDP: ("1000", "0.00001", "0.5"), BASIC: ("1000000", "0.5", "0.5")}
-# A small charge, as one answer's: ε, δ, ρ, δ_add (ρ = ε²/2).
-CHARGE = (Decimal("0.001"), Decimal(0), Decimal("0.0000005"), Decimal(0))
-CHARGE_WITH_DELTA = (Decimal("0.001"), Decimal("0.000000001"), Decimal("0.0000005"), Decimal("0.000000001"))
+BUDGETS = {ZCDP: ("1000", "0.00001", "0.5"), BASIC: ("1000000", "0.5", "0.5"), ZCDP_DELTA: ("1000", "0.00001", "0.5")}
+# One answer's ε, δ, ρ, δ_add: a count at ε 0.5 (discrete Gaussian under zcdp: ρ = ε²/4); and the same with
+# partition selection's δ.
+CHARGE = (Decimal("0.5"), Decimal(0), Decimal("0.0625"), Decimal(0))
+CHARGE_WITH_DELTA = (Decimal("0.5"), Decimal("0.000000001"), Decimal("0.0625"), Decimal("0.000000001"))
 QUERIES = {
     "count": "SELECT count(*) FROM public.adult",
     "avg": "SELECT avg(age) FROM public.adult",
@@ -176,7 +178,7 @@ def _free_port() -> int:
 # 1. The SQL charge ----------------------------------------------------------------------------------------
 
 SERIES = [(name, role, costs) for name in DATABASES
-          for role, costs in ((ZCDP, CHARGE), (BASIC, CHARGE), (ZCDP, CHARGE_WITH_DELTA))]
+          for role, costs in ((ZCDP, CHARGE), (BASIC, CHARGE), (ZCDP_DELTA, CHARGE_WITH_DELTA))]
 
 
 def _series_name(database: str, role: str, costs: tuple[Decimal, ...]) -> str:
@@ -189,8 +191,7 @@ async def _sql_charges(server: EmbeddedPostgres, password: str, charges: int) ->
     conns = {name: await psycopg.AsyncConnection.connect(
         server.conninfo(user=service, password=password, dbname=name), autocommit=True) for name in DATABASES}
     try:
-        pids = {name: (await (await conn.execute("select pg_backend_pid()")).fetchone())[0]
-                for name, conn in conns.items()}
+        pids = {name: conn.info.backend_pid for name, conn in conns.items()}
         wall: dict[str, list[float]] = {_series_name(*s): [] for s in SERIES}
         cpu = dict.fromkeys(wall, 0.0)
         for n in range(charges + 10):  # the first 10 rounds warm up
@@ -222,7 +223,7 @@ def _cpu_seconds(pid: int) -> float:
 
 
 def _first_charges(server: EmbeddedPostgres, proxies: dict[str, int], repeat: int) -> dict[str, dict[str, float]]:
-    clients = {(name, role): _client(proxies[name], name, role) for name in DATABASES for role in ROLES}
+    clients = {(name, role): _client(proxies[name], name, role) for name in DATABASES for role in (ZCDP, BASIC)}
     admins = {name: psycopg.connect(server.conninfo(dbname=name), autocommit=True) for name in DATABASES}
     try:
         for (_, role), conn in clients.items():
@@ -276,8 +277,8 @@ def _server_version(server: EmbeddedPostgres) -> str:
 
 
 def _report_text(report: dict[str, Any]) -> str:
-    lines = [f"PostgreSQL {report['postgresql']}, load average {report['load_average'][0]:.1f} at the start, "
-             f"{report['load_average'][1]:.1f} at the end",
+    lines = [(f"PostgreSQL {report['postgresql']}, load average {report['load_average'][0]:.1f} at the start, "
+              f"{report['load_average'][1]:.1f} at the end"),
              f"1. SQL charge (ledger.charge: BEGIN, charge, COMMIT in one round trip), {report['charges']} each",
              f"   {'series':<22} {'p50 ms':>8} {'CPU ms':>8}"]
     lines += [f"   {name:<22} {row['p50_ms']:8.3f} {row['cpu_ms']:8.3f}" for name, row in report["sql"].items()]
