@@ -18,7 +18,8 @@ and ``analyst_delta`` as ``analyst``, for the charges that spend δ.
    (database, accounting) series interleaved round by round: one answer's cost
    at ε 0.5 (ρ 0.0625), and under zcdp the same plus partition selection's δ
    (delta_add 1e-9, so the δ left moves with every charge). Reported: p50 of the round trip and the
-   backend's CPU time per charge (/proc/PID/stat; the server runs here).
+   backend's CPU time per charge (/proc/PID/stat; the server runs here); then, per series, the time of
+   ``charge()`` and of the conversions it calls, from PostgreSQL's function statistics.
 2. A dp question's first charge through the proxy: one ``anonproxy serve`` per
    database; before each repetition the answer cache of both roles is emptied
    (as the owner), then each query is asked once per (database, role), in an
@@ -92,12 +93,14 @@ def run(charges: int, repeat: int) -> dict[str, Any]:
         load_start = os.getloadavg()[0]
         _progress(f"SQL charges: {charges} per series")
         sql = asyncio.run(_sql_charges(server, password, charges))
+        _progress("where a charge's time goes: PostgreSQL's function statistics")
+        functions = _function_times(server)
         proxies = {name: stack.enter_context(_proxy(server, name, password, Path(tmp) / f"{name}.log"))
                    for name in DATABASES}
         _progress(f"first charges through the proxy: {repeat} per query and series")
         first = _first_charges(server, proxies, repeat)
         return {"charges": charges, "repeat": repeat, "load_average": [load_start, os.getloadavg()[0]],
-                "postgresql": _server_version(server), "sql": sql, "proxy": first}
+                "postgresql": _server_version(server), "sql": sql, "functions": functions, "proxy": first}
 
 
 # Set-up ------------------------------------------------------------------------------------------------
@@ -213,6 +216,30 @@ async def _sql_charges(server: EmbeddedPostgres, password: str, charges: int) ->
             for name, values in wall.items()}
 
 
+FUNCTIONS = ("charge", "zcdp_rho_max", "zcdp_epsilon")
+PROFILED = 100
+
+
+def _function_times(server: EmbeddedPostgres) -> dict[str, dict[str, dict[str, float]]]:
+    """Per series: calls and total ms per charge of ``charge()`` and of the two conversions, from
+    pg_stat_xact_user_functions (track_functions = 'pl') over PROFILED charges in one transaction, rolled back; a
+    new connection per series, so no earlier statistic is counted."""
+    times: dict[str, dict[str, dict[str, float]]] = {}
+    for database, role, costs in SERIES:
+        with psycopg.connect(server.conninfo(dbname=database)) as conn:  # the owner may charge, and set this
+            conn.execute("set transaction isolation level read committed")
+            conn.execute("set local track_functions = 'pl'")
+            for n in range(PROFILED):
+                conn.execute("select anonproxy.charge(%s, 'public.adult', %s, %s, %s, %s, %s)",
+                             (role, *costs, f"profile-{n}"))
+            rows = conn.execute("select funcname, calls, total_time from pg_stat_xact_user_functions "
+                                "where schemaname = 'anonproxy' and funcname = any(%s)", (list(FUNCTIONS),))
+            times[_series_name(database, role, costs)] = {
+                name: {"calls": calls / PROFILED, "ms": total / PROFILED} for name, calls, total in rows}
+            conn.rollback()
+    return times
+
+
 def _cpu_seconds(pid: int) -> float:
     """User and system CPU time of process ``pid`` (fields 14 and 15 of /proc/PID/stat)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -282,6 +309,11 @@ def _report_text(report: dict[str, Any]) -> str:
              f"1. SQL charge (ledger.charge: BEGIN, charge, COMMIT in one round trip), {report['charges']} each",
              f"   {'series':<22} {'p50 ms':>8} {'CPU ms':>8}"]
     lines += [f"   {name:<22} {row['p50_ms']:8.3f} {row['cpu_ms']:8.3f}" for name, row in report["sql"].items()]
+    lines += [f"   where the time goes in the server, per charge ({PROFILED} charges, track_functions = 'pl'):",
+              f"   {'series':<22} " + " ".join(f"{name + ' ms (calls)':>26}" for name in FUNCTIONS)]
+    for name, functions in report["functions"].items():
+        cells = [functions.get(f, {"ms": 0.0, "calls": 0.0}) for f in FUNCTIONS]
+        lines.append(f"   {name:<22} " + " ".join(f"{c['ms']:>17.3f} ({c['calls']:.0f})".rjust(26) for c in cells))
     lines += [f"2. first charge through the proxy, {report['repeat']} per query and series",
               f"   {'series':<22} {'first p50':>10} {'exact p50':>10} {'added':>8}"]
     lines += [f"   {name:<22} {row['first_p50_ms']:10.2f} {row['exact_p50_ms']:10.2f} {row['added_ms']:8.2f}"
