@@ -35,7 +35,7 @@ comment on table anonproxy.budget_rho_max is
     'of searching for it. Keyed by the numbers'' text: value and scale.';
 revoke all on anonproxy.budget_rho_max from public;
 
--- zcdp_rho_max(epsilon, delta): the stored value when a budget has those very numbers, else computed.
+-- zcdp_rho_max(epsilon, delta): the stored value when those very numbers are stored, else computed.
 create function anonproxy.budget_rho_max_of(epsilon numeric, delta numeric) returns numeric
 language plpgsql stable strict set search_path = pg_catalog, pg_temp as $$
 declare
@@ -73,8 +73,8 @@ select b.epsilon::text as epsilon, b.delta::text as delta from anonproxy.budgets
 select s.epsilon::text, s.delta::text from anonproxy.shared_budgets s where s.accounting = 'zcdp';
 revoke all on anonproxy.zcdp_budget_numbers from public;
 
--- Make anonproxy.budget_rho_max hold the numbers of the zcdp budgets and caps, and only those (the pairs charges
--- stored go too: the table never holds more pairs than there were charges since the last change of a budget).
+-- Make anonproxy.budget_rho_max hold the numbers of the zcdp budgets and caps, and only those: the pairs charges
+-- stored go too, so besides the budgets' it holds at most one pair per charge since the last change of a budget.
 -- Computes only the pairs it lacks: setting a budget to numbers already held costs a look-up.
 create function anonproxy.refresh_budget_rho_max() returns void
 language plpgsql security definer set search_path = pg_catalog, pg_temp as $$

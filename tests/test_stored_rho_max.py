@@ -92,11 +92,13 @@ def _stored_values_are_true(new: psycopg.Connection[Any]) -> None:
 
 
 def _random_budget_change(rng: random.Random) -> tuple[str, tuple[Any, ...]]:
-    """A DBA's change: a role's budget or the cap set (numbers, accounting, refresh period), or the cap dropped."""
+    """A DBA's change: a role's budget or the cap set (numbers, accounting, refresh period), or either dropped."""
     epsilon, delta = D(rng.choice(EPSILONS)), D(rng.choice(DELTAS))
     accounting = rng.choice(("zcdp", "zcdp", "basic", None))
     period = rng.choice((None, None, "1 day"))
     kind = rng.random()
+    if kind < 0.05:  # the role's charges are refused (42501) until its budget is set again
+        return "select anonproxy.drop_budget(%s, 'public.people')", (rng.choice(ROLES),)
     if kind < 0.15:
         return "select anonproxy.drop_shared_budget('public.people')", ()
     if kind < 0.35:
@@ -144,7 +146,7 @@ def test_the_ledger_answers_as_before_over_generated_budgets_and_charges(
         result = _both(old, new, f"select {REMAINING} from anonproxy.charge(%s, %s, %s, %s, %s, %s, %s)",
                        (role, PEOPLE, *amounts, fingerprint))
         outcomes["charged" if isinstance(result, list) else "refused"] += 1
-        outcomes["by the cap"] += not isinstance(result, list) and result[2].startswith("the shared budget")
+        outcomes["by the cap"] += not isinstance(result, list) and (result[2] or "").startswith("the shared budget")
         if n % 10 == 0:
             for who in ROLES:
                 _both(old, new, f"select {REMAINING} from anonproxy.remaining_budget(%s, %s)", (who, PEOPLE))
@@ -155,7 +157,7 @@ def test_the_ledger_answers_as_before_over_generated_budgets_and_charges(
     _both(old, new, f"select {REMAINING} from anonproxy.audit_budgets()")
     _both(old, new, "select role_name, epsilon, delta, rho, delta_add, fingerprint, epsilon_spent_after, "
                     "epsilon_spent_delta from anonproxy.budget_ledger order by id")
-    assert outcomes["charged"] > 100 and outcomes["refused"] > 20 and outcomes["by the cap"] > 5, outcomes
+    assert outcomes["charged"] > 80 and outcomes["refused"] > 20 and outcomes["by the cap"] > 5, outcomes
     # What charges stored at the δ left after them is as true as what budgets stored.
     stored, wrong = new.execute("select count(*), count(*) filter (where rho_max <> anonproxy.zcdp_rho_max("
                                 "epsilon::numeric, delta::numeric)) from anonproxy.budget_rho_max").fetchone()
