@@ -1,12 +1,13 @@
 """The dp back-end's decisions around one question, without I/O.
 
-The proxy (:mod:`anonproxy.proxy.noisy`) does the I/O of a dp answer: the
-ledger's round trips, the bounded SQL on the service connection, the post
-statement. What it asks this module:
+The question's steps are :mod:`anonproxy.dp.question`; the proxy
+(:mod:`anonproxy.proxy.noisy`) does their I/O. What they ask this module:
 
-* :func:`plan_checked`: the plan of a statement (:mod:`anonproxy.dp.plan`)
-  and PostgreSQL's parser's reading of its SQL (the final SQL check), run
-  in the worker's analysis process;
+* :func:`priced_checked`: the plan of a measured statement at a per-query
+  cost (:func:`anonproxy.dp.plan.price`) and PostgreSQL's parser's reading of
+  its SQL (the final SQL check), run in the worker's analysis process
+  (:func:`measured_text` measures a text the proxy wrote itself there;
+  :func:`plan_checked` does both for a text, for tests and benchmarks);
 * :func:`fingerprint`: the key of the answer cache, taken from the plan's measurement only;
 * :func:`encoded` / :func:`decoded`: the cached value, a noisy measurement (anonproxy.dp.finish);
 * :func:`explained`: what EXPLAIN (ANONPROXY) says about a question, and :func:`cost`: what its notice says
@@ -41,11 +42,12 @@ from anonproxy.dp.finish import (
     plan_quantiles,
 )
 from anonproxy.dp.model import DPParams, DPPlan
-from anonproxy.dp.plan import plan_dp
+from anonproxy.dp.plan import DP_HINT, Measured, measure, plan_dp, price
 from anonproxy.plan import render
 from anonproxy.plan.final_sql import verify
 from anonproxy.plan.outer import Series
-from anonproxy.plan.refusals import Refusal, Reject
+from anonproxy.plan.refusals import Refusal, Reject, unsupported
+from anonproxy.plan.statements import parse_statement, split
 from anonproxy.policy.model import Policy, RolePolicy
 from anonproxy.policy.zcdp import Accounting
 from anonproxy.wire.results import text_value
@@ -57,9 +59,39 @@ DEFAULT_COSTS = (DEFAULT_EPSILON, DEFAULT_DELTA)
 
 
 def plan_checked(sql: str, role: RolePolicy, policy: Policy, params: DPParams) -> DPPlan | Reject:
-    """``plan_dp``, then PostgreSQL's own parser reads the plan's SQL (and its post statement) again (the final SQL
-    check); run in the analysis process, so a long statement's check does not hold up the event loop either."""
-    plan = plan_dp(sql, role, policy, params)
+    """``plan_dp`` of a text, then the final SQL check (:func:`checked`)."""
+    return checked(plan_dp(sql, role, policy, params), role, policy)
+
+
+def measured_text(sql: str, role: RolePolicy, policy: Policy) -> Measured | Reject:
+    """The measurement of a text the proxy wrote itself (a series limit's second question): parsed here, once."""
+    try:
+        statements = split(sql)
+        if len(statements) != 1:
+            raise unsupported("a dp query must be sent on its own, as one statement", DP_HINT)
+        return measure(statements[0], parse_statement(statements[0]), role, policy)
+    except Refusal as refusal:
+        return refusal.reject
+
+
+def priced_checked(measured: Measured | Reject, role: RolePolicy, policy: Policy,
+                   params: DPParams) -> DPPlan | Reject:
+    """``price``, then the final SQL check (:func:`checked`): what the analysis process runs for a question."""
+    return checked(price(measured, params), role, policy)
+
+
+def checked_sql(sql: str, policy: Policy, role: RolePolicy) -> Reject | None:
+    """The final SQL check of a statement the proxy wrote (an outer query over released rows): None, or why not."""
+    try:
+        verify(sql, policy, role.role)
+    except Refusal as refusal:
+        return refusal.reject
+    return None
+
+
+def checked(plan: DPPlan | Reject, role: RolePolicy, policy: Policy) -> DPPlan | Reject:
+    """PostgreSQL's own parser reads the plan's SQL (and its post statement) again: the final SQL check, defence in
+    depth; run in the analysis process, so a long statement's check does not hold up the event loop either."""
     if isinstance(plan, DPPlan):
         try:
             verify(plan.sql, policy, role.role)

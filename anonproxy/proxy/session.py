@@ -816,14 +816,14 @@ class ClientConnection(asyncio.Protocol):
             elif isinstance(decision, SessionSetting):
                 reply = await noisy.set(decision, role.role, limits)
             elif isinstance(decision, ExplainDP):
-                reply = await noisy.explain(decision.sql, role, policy, request.parameters, limits)
+                reply = await noisy.explain(decision, role, policy, request.parameters, limits)
             elif request.describe:
                 assert isinstance(decision, Noisy)
-                reply = await noisy.describe(decision.sql, role, policy, request.parameters, limits)
+                reply = await noisy.describe(decision, role, policy, request.parameters, limits)
             else:
                 assert isinstance(decision, Noisy)
                 self._question = Stop(request.timeout_ms)
-                reply = await noisy.answer(decision.sql, role, policy, request.parameters, limits,
+                reply = await noisy.answer(decision, role, policy, request.parameters, limits,
                                            self._question, spent)
                 reply = follow_settings(reply, dict(request.settings))
         except Refused as refused:
