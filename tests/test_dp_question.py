@@ -191,6 +191,8 @@ def test_a_cost_change_prices_the_same_measurement_again() -> None:
     prices = [need for need in driver.asked if isinstance(need, Price)]
     assert [need.params.epsilon for need in prices] == [0.5, 1.5]  # the default first, then the ledger's
     assert all(need.question is asked.measured for need in prices)  # priced again, never measured again
+    first = price(asked.measured, prices[0].params)
+    assert isinstance(first, DPPlan) and prices[1].checked == {first.sql}  # its SQL, checked once, is not again
     assert not any(isinstance(need, MeasureText) for need in driver.asked)
     charge = next(need for need in driver.asked if isinstance(need, Charge))
     assert charge.plan.epsilon == 1.5

@@ -74,10 +74,12 @@ def measured_text(sql: str, role: RolePolicy, policy: Policy) -> Measured | Reje
         return refusal.reject
 
 
-def priced_checked(measured: Measured | Reject, role: RolePolicy, policy: Policy,
-                   params: DPParams) -> DPPlan | Reject:
-    """``price``, then the final SQL check (:func:`checked`): what the analysis process runs for a question."""
-    return checked(price(measured, params), role, policy)
+def priced_checked(measured: Measured | Reject, role: RolePolicy, policy: Policy, params: DPParams,
+                   checked_before: frozenset[str] = frozenset()) -> DPPlan | Reject:
+    """``price``, then the final SQL check (:func:`checked`) of what it wrote, but for the texts in
+    ``checked_before`` (the same question priced before at another cost wrote the same SQL: it passed for this role
+    and policy): what the analysis process runs for a question."""
+    return checked(price(measured, params), role, policy, checked_before)
 
 
 def checked_sql(sql: str, policy: Policy, role: RolePolicy) -> Reject | None:
@@ -89,14 +91,16 @@ def checked_sql(sql: str, policy: Policy, role: RolePolicy) -> Reject | None:
     return None
 
 
-def checked(plan: DPPlan | Reject, role: RolePolicy, policy: Policy) -> DPPlan | Reject:
+def checked(plan: DPPlan | Reject, role: RolePolicy, policy: Policy,
+            checked_before: frozenset[str] = frozenset()) -> DPPlan | Reject:
     """PostgreSQL's own parser reads the plan's SQL (and its post statement) again: the final SQL check, defence in
-    depth; run in the analysis process, so a long statement's check does not hold up the event loop either."""
+    depth; run in the analysis process, so a long statement's check does not hold up the event loop either. A text
+    in ``checked_before`` passed it already."""
     if isinstance(plan, DPPlan):
         try:
-            verify(plan.sql, policy, role.role)
-            if plan.post is not None:
-                verify(plan.post.sql, policy, role.role)
+            for sql in (plan.sql, plan.post.sql if plan.post is not None else None):
+                if sql is not None and sql not in checked_before:
+                    verify(sql, policy, role.role)
         except Refusal as refusal:
             return refusal.reject
     return plan

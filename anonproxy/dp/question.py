@@ -18,7 +18,8 @@ The rules, here and nowhere else:
   ε and δ this worker last read for the role and table, lowered by the
   session's ``SET anonproxy.epsilon | delta``. When the ledger's lookup reads
   another per-query cost, the same measurement is priced again (never planned
-  again), at most :data:`PRICE_TRIES` times (then 40001).
+  again), at most :data:`PRICE_TRIES` times (then 40001), and SQL it wrote
+  before is not checked again.
 * **The charge commits before the first row is read**: :class:`Charge` comes
   before :class:`Read`, and nothing of the answer exists before it. A
   question stopped before the charge (:class:`CheckStop`: the time limit, a
@@ -132,6 +133,7 @@ class Price:
     question: Measured | Reject
     text: str  # the statement's text: what the priced plans are cached by
     params: DPParams
+    checked: frozenset[str] = frozenset()  # SQL this question wrote before at another cost: checked already
 
 
 @dataclass(frozen=True)
@@ -310,8 +312,10 @@ def priced_and_found(asked: Asked, known: MutableMapping[str, Costs],
     the lookup reads another, the same measurement is priced again at it, never measured again."""
     asked = yield from measured(asked)
     costs = known.get(asked.measured.table, DEFAULTS) if isinstance(asked.measured, Measured) else DEFAULTS
+    checked: frozenset[str] = frozenset()
     for _ in range(PRICE_TRIES):
-        plan = yield from priced(asked, costs)
+        plan = yield from priced(asked, costs, checked)
+        checked |= {plan.sql, *([plan.post.sql] if plan.post is not None else [])}
         key = fingerprint(plan, policy_version, measured_parameters(asked.parameters, plan.unmeasured_parameters))
         found: ledger.Lookup = yield Lookup(plan, None if plan.free else key)
         read: Costs = (or_default(found.epsilon_per_query, "epsilon"), or_default(found.delta_per_query, "delta"),
@@ -333,9 +337,11 @@ def measured(asked: Asked) -> Generator[Need, Any, Asked]:
     return asked
 
 
-def priced(asked: Asked, costs: Costs) -> Generator[Need, Any, DPPlan]:
-    """The question priced at per-query ``costs``, lowered by the session's; a refusal raises Refused."""
-    plan: DPPlan | Reject = yield Price(asked.measured, asked.text, params(costs, asked.limits))
+def priced(asked: Asked, costs: Costs, checked: frozenset[str] = frozenset()) -> Generator[Need, Any, DPPlan]:
+    """The question priced at per-query ``costs``, lowered by the session's (``checked``: the SQL it wrote at
+    another cost, which the final SQL check read already); a refusal raises Refused."""
+    assert not isinstance(asked.measured, str)
+    plan: DPPlan | Reject = yield Price(asked.measured, asked.text, params(costs, asked.limits), checked)
     if isinstance(plan, Reject):
         raise Refused(plan.sqlstate, plan.message, plan.hint)
     return plan

@@ -428,14 +428,14 @@ class NoisyAnswers:
     async def _priced(self, need: Price, asking: _Asking) -> DPPlan | Reject:
         """``priced_checked``, cached, and off the event loop: pricing and the final SQL check cost milliseconds
         (seconds for a long statement), a statement already seen should not."""
-        key = (need.text, asking.role.role, asking.policy.version, need.params)
+        key = (need.text, asking.role.role, asking.policy.version, need.params)  # `checked` only skips checks
         plan = self._plans.get(key)
         if plan is not None:
             return plan
         if isinstance(need.question, Reject):  # nothing to price or check: the refusal, at once
             return priced_checked(need.question, asking.role, asking.policy, need.params)
-        plan = await self._analysed(priced_checked, (need.question, asking.role, asking.policy, need.params),
-                                    asking.asker, "planning")
+        plan = await self._analysed(priced_checked, (need.question, asking.role, asking.policy, need.params,
+                                                     need.checked), asking.asker, "planning")
         # What a plan holds is mostly its SQL and the client's text, each about as long as the statement.
         self._plans.put(key, plan, len(need.text) + 2 * len(getattr(plan, "sql", "")))
         return plan
