@@ -31,7 +31,7 @@ from psycopg import pq
 from psycopg.adapt import Transformer
 from sqlglot.dialects.postgres import Postgres
 from sqlglot.errors import SqlglotError
-from sqlglot.tokens import TokenType
+from sqlglot.tokenizer_core import TokenType
 
 from anonproxy.dp import amounts, ledger
 from anonproxy.dp.finish import (

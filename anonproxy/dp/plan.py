@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass, field, replace
 from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal, localcontext
 from fractions import Fraction
-from typing import Any, Literal
+from typing import Any, Literal, TypeAlias
 
 from sqlglot import exp
 
@@ -97,7 +97,7 @@ _SPREADS: dict[type[exp.Expression], tuple[ColumnKind, bool]] = {  # aggregate -
     exp.Variance: ("variance", True), exp.VariancePop: ("variance", False), exp.Stddev: ("stddev", True),
     exp.StddevSamp: ("stddev", True), exp.StddevPop: ("stddev", False),
 }
-_AGGREGATES = (exp.Count, exp.Sum, exp.Avg, exp.Median, exp.WithinGroup, *_SPREADS)
+_AGGREGATES: tuple[type[exp.Expression], ...] = (exp.Count, exp.Sum, exp.Avg, exp.Median, exp.WithinGroup, *_SPREADS)
 
 
 # --- planning ---------------------------------------------------------------------
@@ -402,7 +402,7 @@ def _interval(wanted: interval_items.IntervalItem, item: Item, columns: _Columns
         raise unsupported(f"{wanted.function}({item.expression}): only count, sum and avg have a 95 % interval in "
                           "value units (a quantile's accuracy is stated in ranks; variance and stddev have no "
                           "interval yet)", interval_items.HINT)
-    return _Draft(wanted.name, "interval", bound=wanted.bound, of=target)
+    return _Draft(wanted.name, "interval", bound="low" if wanted.bound == "low" else "high", of=target)
 
 
 def _check_outer(outer: PostAggregate) -> None:
@@ -439,8 +439,10 @@ def _post_process(outer: PostAggregate, query: AnalyticQuery, inputs: list[tuple
     return PostProcess(sql, tuple(index for _, index in inputs), tuple(computed), query.having_outer)
 
 
-_ColumnKey = tuple  # identifies a statistic: (kind, argument, center, power, offset)
-_Moments = tuple  # (Σ(x − center), its count, center) of an avg, variance or stddev: what a sum may derive from
+_ColumnKey: TypeAlias = tuple[Any, ...]  # identifies a statistic: (kind, argument, center, power, offset)
+# (Σ(x − center), its count, center) of an avg, variance or stddev: what a sum may derive from
+_Moments: TypeAlias = tuple[_ColumnKey, _ColumnKey, Fraction]
+_QuantileKey: TypeAlias = tuple[str, Fraction, bool]  # (argument, q, discrete)
 
 
 def _settled(draft: _Draft, swaps: dict[_ColumnKey, _Moments]) -> _Draft:
@@ -518,11 +520,11 @@ class _Draft:
     lower: Fraction | None = None
     upper: Fraction | None = None
     sample: bool = False
-    quantile: tuple | None = None
+    quantile: _QuantileKey | None = None
     bound: Literal["low", "high"] | None = None  # kind "interval": which end of ``of``'s interval
     of: _Draft | None = None
 
-    def finish(self, statistics: dict[_ColumnKey, Statistic], quantiles: dict[tuple, Quantile]) -> OutputColumn:
+    def finish(self, statistics: dict[_ColumnKey, Statistic], quantiles: dict[_QuantileKey, Quantile]) -> OutputColumn:
         def name(key: _ColumnKey | None) -> str | None:
             return None if key is None else statistics[key].name
 
@@ -556,8 +558,8 @@ class _Draft:
             reach = float(max(self.upper - self.center, self.center - self.lower))
             spreads = [intervals.spread(part.mechanism, part.stddev) for part in parts]
             noise = ColumnNoise("ratio", None, float(total.epsilon + count.epsilon), 0.0, None, None,
-                                ratio_numerator=intervals.sum_quantile(*spreads, reach), parts=parts,
-                                ratio_center=intervals.sum_quantile(*spreads, 0.0))
+                                ratio_numerator=intervals.sum_quantile(spreads[0], spreads[1], reach), parts=parts,
+                                ratio_center=intervals.sum_quantile(spreads[0], spreads[1], 0.0))
         elif self.kind in ("variance", "stddev"):
             used = [self.statistic, self.denominator, self.linear]
             spent = float(sum(statistics[key].epsilon for key in used if key is not None))
@@ -581,7 +583,7 @@ class _Columns:
         self.nullable = _nullable_side(tree, self.tables)
         self.stats: dict[_ColumnKey, _Stat] = {}
         # (argument, q, discrete) -> (the values statistic, L, U, grid step)
-        self.quantiles: dict[tuple, tuple[_ColumnKey, Fraction, Fraction, Fraction]] = {}
+        self.quantiles: dict[_QuantileKey, tuple[_ColumnKey, Fraction, Fraction, Fraction]] = {}
         # argument -> (Σ(x − center), its count, center) of an avg, variance or stddev: what a sum may derive from
         self.moments: dict[str, tuple[_ColumnKey, _ColumnKey, Fraction]] = {}
         self.sums: list[tuple[_Draft, _ColumnKey]] = []  # sum drafts and their own statistics, for settle_sums
@@ -621,9 +623,11 @@ class _Columns:
         in the catalog (read with the policy), of a table not on the nullable side of a LEFT JOIN. Only the
         accuracy rests on it: a count of such a column is the count of rows, and shares that statistic."""
         found = self.column_table(node)
-        if found is None or found[0] is None or found[0] in self.nullable:
+        if found is None:
             return False
         table, name = found
+        if table is None or table in self.nullable:
+            return False
         model = table.protected if table.protected is not None else table.linked
         return model is not None and model.not_null is not None and name in model.not_null
 
@@ -732,8 +736,8 @@ class _Columns:
             if max(abs(derived[0]), abs(derived[1])) == 0:
                 raise unsupported(f"{function.upper()}({text}) adds up only zeros", DP_HINT)
             return derived[0], derived[1], text
-        cast = _unparen(argument)
-        cast = cast if isinstance(cast, exp.Cast) and node is not None else None  # checked: a widening cast
+        unwrapped = _unparen(argument)
+        cast = unwrapped if isinstance(unwrapped, exp.Cast) and node is not None else None  # checked: widening
         found = self.column_table(cast.this if cast is not None else argument)
         if found is None:
             if node is None:  # a quantile ranks the column's own values
@@ -757,7 +761,8 @@ class _Columns:
             raise unsupported(f"the declared bounds of {name} are both 0", BOUNDS_HINT)
         if cast is not None:  # the column's values, converted without error or change of magnitude
             return lower, upper, self.query.text_of(node).argument  # type: ignore[arg-type, return-value]
-        return lower, upper, self._column_sql(_unparen(argument))
+        assert isinstance(unwrapped, exp.Column)  # column_table found a table: a column reference
+        return lower, upper, self._column_sql(unwrapped)
 
     def _derived_bounds(self, argument: exp.Expression) -> tuple[Fraction, Fraction] | None:
         """Bounds that follow from the expression itself and the declared bounds of the columns it reads
@@ -788,7 +793,7 @@ class _Columns:
         found = self.column_table(node)
         if found is None or found[0] is None:
             return bounds.ColumnFacts(name, None)
-        table, name = found
+        table, name = found[0], found[1]
         model = table.protected if table.protected is not None else table.linked
         sql_type = model.types.get(name) if model is not None and model.types is not None else None
         policy = _policy_columns(table).get(name)
@@ -825,7 +830,7 @@ class _Columns:
         found = self.column_table(node)
         if found is None or found[0] is None:
             return False
-        table, name = found
+        table, name = found[0], found[1]
         if table.protected is not None:
             return name == table.protected.unit_column
         return table.linked is not None and name == table.linked.column
@@ -857,7 +862,7 @@ def _unparen(node: exp.Expression) -> exp.Expression:
 
 def _function_name(node: exp.Expression) -> str:
     """An aggregate's function name, for messages (its sqlglot class: var_samp is variance)."""
-    names = {exp.Count: "count", exp.Sum: "sum", exp.Avg: "avg", exp.Variance: "variance",
+    names: dict[type[exp.Expression], str] = {exp.Count: "count", exp.Sum: "sum", exp.Avg: "avg", exp.Variance: "variance",
              exp.VariancePop: "var_pop", exp.Stddev: "stddev", exp.StddevSamp: "stddev_samp",
              exp.StddevPop: "stddev_pop", exp.Median: "median", exp.PercentileCont: "percentile_cont",
              exp.PercentileDisc: "percentile_disc"}
@@ -865,7 +870,7 @@ def _function_name(node: exp.Expression) -> str:
 
 
 def _having(node: exp.Expression, keys: list[exp.Expression], query: AnalyticQuery, drafts: list[_Draft],
-            hidden: list[_Draft], columns: _Columns) -> tuple:
+            hidden: list[_Draft], columns: _Columns) -> tuple[Any, ...]:
     """HAVING compiled over the answer row (visible columns, then hidden ones it needs)."""
     positions: dict[exp.Expression, int] = {}
     for index, item in enumerate(query.items):
@@ -892,7 +897,7 @@ def _having(node: exp.Expression, keys: list[exp.Expression], query: AnalyticQue
     return compile_having(node, value_of, lambda index: [*drafts, *hidden][index].kind != "key")
 
 
-def _having_checks(tree: tuple | None, drafts: list[_Draft], hidden: list[_Draft], query: AnalyticQuery) -> list[str]:
+def _having_checks(tree: tuple[Any, ...] | None, drafts: list[_Draft], hidden: list[_Draft], query: AnalyticQuery) -> list[str]:
     """SQL conditions repeating HAVING's comparisons that involve a grouping key, with every aggregate standing in as
     a numeric, for PostgreSQL to type-check (text > 5 is an error there, not an empty answer): the plan's SQL parses
     them in a CTE it never runs."""
@@ -902,10 +907,10 @@ def _having_checks(tree: tuple | None, drafts: list[_Draft], hidden: list[_Draft
         return [check for child in tree[1:] for check in _having_checks(child, drafts, hidden, query)]
     outputs = [*drafts, *hidden]
 
-    def sql(node: tuple) -> str | None:
+    def sql(node: tuple[Any, ...]) -> str | None:
         if node[0] == "value":
             draft = outputs[node[1]]
-            return f"({query.keys[draft.key]})" if draft.kind == "key" else "0::numeric"  # type: ignore[index]
+            return f"({query.keys[draft.key]})" if draft.kind == "key" else "0::numeric"
         constant = node[1]
         if node[0] != "const" or constant is None:
             return None

@@ -411,12 +411,20 @@ def add_spent(spent: Spending, second: Spending) -> None:
     """A series limit's second question's cost added to the first's: both are charged to the same budget; ε spent
     after is the second's (when it was charged)."""
     spent.relations = tuple(sorted({*spent.relations, *second.relations}))
-    spent.epsilon = (spent.epsilon or 0) + (second.epsilon or 0)
-    spent.delta = (spent.delta or 0) + (second.delta or 0)
-    spent.rho = (spent.rho or 0) + (second.rho or 0)
-    spent.delta_add = (spent.delta_add or 0) + (second.delta_add or 0)
-    spent.epsilon_spent_delta = (spent.epsilon_spent_delta or 0) + (second.epsilon_spent_delta or 0)
+    spent.epsilon = _added(spent.epsilon, second.epsilon)
+    spent.delta = _added(spent.delta, second.delta)
+    spent.rho = _added(spent.rho, second.rho)
+    spent.delta_add = _added(spent.delta_add, second.delta_add)
+    spent.epsilon_spent_delta = (spent.epsilon_spent_delta or Decimal(0)) + (second.epsilon_spent_delta or Decimal(0))
     spent.epsilon_spent_after = second.epsilon_spent_after or spent.epsilon_spent_after
+
+
+def _added(first: Decimal | float | None, second: Decimal | float | None) -> Decimal | float:
+    """Two costs added (a plan's are floats, an uncharged question's 0), exactly when either is a Decimal."""
+    a, b = first or 0, second or 0
+    if isinstance(a, Decimal) or isinstance(b, Decimal):
+        return Decimal(str(a)) + Decimal(str(b))
+    return a + b
 
 
 # -- the rules, as functions ----------------------------------------------------------------------------------

@@ -646,7 +646,7 @@ async def _result(conn: psycopg.AsyncConnection[Any], plan: DPPlan, measurement:
                   notices=notice(headline, "\n".join(plan.notices()) or None))
 
 
-_INT8 = 20
+_INT8, _INT8_ARRAY = 20, 1016  # bigint and bigint[]
 
 
 def _array_types(plan: DPPlan, sql_types: list[int]) -> tuple[int, ...]:
@@ -654,7 +654,7 @@ def _array_types(plan: DPPlan, sql_types: list[int]) -> tuple[int, ...]:
     built-in type: aggregates are numbers, GROUP BY expressions of ordinary columns text, dates, numbers ...)."""
     assert plan.post is not None
     value_types = plan.value_types(sql_types)
-    types = [_array_of(_INT8)]
+    types = [_INT8_ARRAY]
     for index in plan.post.values:
         array = _array_of(value_types[index])
         if array is None:

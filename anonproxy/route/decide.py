@@ -24,7 +24,7 @@ statements -> Script (run one by one); any other mixture -> Reject.
 from __future__ import annotations
 
 from sqlglot import exp
-from sqlglot.tokens import TokenType
+from sqlglot.tokenizer_core import TokenType
 
 from anonproxy.dp.plan import measure
 from anonproxy.plan.analysis import analyze
@@ -154,7 +154,7 @@ def _decide(sql: str, role: RolePolicy, policy: Policy) -> Decision:
             isinstance(d, (Pass, Relayed, *_CURSOR_DECISIONS)) for d in decisions):
         # psqlODBC's "BEGIN;declare ... cursor ... for ...;fetch 100 in ...": the proxy runs it statement by
         # statement; a statement with privilege probes runs as its generated text.
-        return Script(tuple((decision.sql, Pass()) if isinstance(decision, Relayed) else (statement.text, decision)
+        return Script(tuple(_script_part(statement, decision)
                             for statement, decision in zip(statements, decisions, strict=True)))
     raise unsupported(
         "an aggregate query over protected tables, or SHOW anonproxy.*, must be sent on its own, not together "
@@ -164,6 +164,15 @@ def _decide(sql: str, role: RolePolicy, policy: Policy) -> Decision:
 
 
 _CURSOR_DECISIONS = (DeclareCursor, FetchCursor, CloseCursor)
+
+
+def _script_part(statement: Statement, decision: Decision) -> tuple[str, Pass | DeclareCursor | FetchCursor
+                                                                   | CloseCursor]:
+    """One statement of a Script: its own text and decision, or the text generated for its privilege probes."""
+    if isinstance(decision, Relayed):
+        return decision.sql, Pass()
+    assert isinstance(decision, (Pass, *_CURSOR_DECISIONS))
+    return statement.text, decision
 
 
 def _statement(statement: Statement, role: RolePolicy, index: PolicyIndex) -> Decision:
