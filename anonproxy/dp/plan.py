@@ -1,15 +1,20 @@
-"""Differential-privacy mode for one aggregate query: its plan (docs/dp.md).
+"""Differential-privacy mode for one aggregate query: its plan (docs/dp.md), measured, then priced.
 
-Pure and I/O-free. :func:`plan_dp` takes the statement's one parse through the
-same front end and checks as suppression mode (:mod:`anonproxy.plan`,
+Pure and I/O-free, in two steps. :func:`measure` takes the statement's one
+parse (the router's, :mod:`anonproxy.route.decide`, in the same call) through
+the same front end and checks as suppression mode (:mod:`anonproxy.plan`,
 :func:`anonproxy.plan.analysis.analyze`) and decides what to measure: which
 statistics each output column needs (each computed once), their bounds and
-sensitivity, each one's share of ε and its noise, partition selection for
-groups without a declared public domain, HAVING compiled over the noisy values
-(:mod:`anonproxy.dp.having`) and the post statement for post-aggregate
-expressions. The result is a :class:`anonproxy.dp.model.DPPlan`; its SQL is
-written by :mod:`anonproxy.dp.bounded_sql`, its answer made from the rows by
-:mod:`anonproxy.dp.finish`.
+sensitivity, partition selection for groups without a declared public domain,
+HAVING compiled over the noisy values (:mod:`anonproxy.dp.having`), the post
+statement for post-aggregate expressions, and the table whose budget pays.
+The result, :class:`Measured`, is a value the router's decision carries.
+:func:`price` then applies a per-query ε, δ and accounting to it: each
+statistic's share of ε and its noise, partition selection's threshold, the
+cost, and the SQL (:mod:`anonproxy.dp.bounded_sql`); the result is a
+:class:`anonproxy.dp.model.DPPlan`, whose answer is made from the rows by
+:mod:`anonproxy.dp.finish`. A new cost prices the same measurement again:
+nothing is planned twice. :func:`plan_dp` does both for a text.
 
 The plan is a deterministic function of (statement, policy, params), so it can
 be cached; its ``epsilon`` and ``delta`` are the cost to charge to the ledger

@@ -1,23 +1,27 @@
-"""Differentially private answers for roles in mode ``dp`` (one instance per worker).
+"""Differentially private answers for roles in mode ``dp`` (one instance per worker): the I/O of a question.
 
-The I/O of the dp back-end (what it decides without I/O is in
-:mod:`anonproxy.dp.answers`). For one query: plan it (anonproxy.dp.plan) with the role's per-query
-ε and δ from its budget — lowered by the session's ``SET anonproxy.epsilon``
-/ ``anonproxy.delta`` — and, in one statement (``anonproxy.lookup_answer``),
-read that per-query cost, the data version and the noisy measurement already
-paid for (keyed by the plan's measurement only: anonproxy.dp.answers.fingerprint).
-That one round trip is the whole ledger work for a question already answered;
-the statement is then finished from that measurement, at no cost.
-Else check the bound values (converted alone, reading nothing: a bad value is
-refused for free), then charge the ledger, committed before any row is read
-(fail closed: a question that fails after the charge stays paid for, and an
-exhausted budget is refused before its SQL runs); then, in one REPEATABLE
-READ READ ONLY transaction, read the data version of every table the plan
-reads and run the contribution-bounded SQL with the client's bound
-parameters; measure (noise, partition selection), cache the measurement
-under that version (anonproxy.dp.ledger), and finish the statement from it.
-A query that only lists declared public domains reads no row and is neither
-charged nor cached.
+What a question does, and in what order, is :mod:`anonproxy.dp.question`, a
+generator of steps without I/O; this module drives it (:meth:`NoisyAnswers._drive`)
+and does each step's I/O. For one query: the router's measurement of the
+statement (:class:`anonproxy.route.decision.Noisy`, made from its one parse)
+is priced, with the final SQL check, in the worker's analysis process, at the
+role's per-query ε and δ as this worker last read them (lowered by the
+session's ``SET anonproxy.epsilon`` / ``anonproxy.delta``), and cached per
+worker; in one statement (``anonproxy.lookup_answer``) the ledger gives that
+per-query cost, the data version and the noisy measurement already paid for
+(keyed by the plan's measurement only: anonproxy.dp.answers.fingerprint). That
+one round trip is the whole ledger work for a question already answered; the
+statement is then finished from that measurement, at no cost. (When the
+ledger's cost differs, the same measurement is priced again at it.) Else check
+the bound values (converted alone, reading nothing: a bad value is refused for
+free), then charge the ledger, committed before any row is read (fail closed:
+a question that fails after the charge stays paid for, and an exhausted budget
+is refused before its SQL runs); then, in one REPEATABLE READ READ ONLY
+transaction, read the data version of every table the plan reads and run the
+contribution-bounded SQL with the client's bound parameters; measure (noise,
+partition selection), cache the measurement under that version
+(anonproxy.dp.ledger), and finish the statement from it. A query that only
+lists declared public domains reads no row and is neither charged nor cached.
 
 Time limits and cancels (:class:`Stop`): a question is held to the session's
 statement time limit from when it is asked, and a client's CancelRequest
