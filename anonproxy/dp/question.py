@@ -213,7 +213,6 @@ class Remaining:
 
 
 Need = MeasureText | Price | Lookup | CheckStop | Check | Charge | Read | Store | Finish | RunReleased | Remaining
-Steps = Generator[Need, Any, Any]
 
 
 @dataclass(frozen=True)
