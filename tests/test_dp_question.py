@@ -22,7 +22,7 @@ from anonproxy.dp import ledger
 from anonproxy.dp.answers import encoded
 from anonproxy.dp.finish import measure
 from anonproxy.dp.model import DPParams, DPPlan
-from anonproxy.dp.plan import Measured, price
+from anonproxy.dp.plan import Packed, price
 from anonproxy.dp.question import (
     Asked,
     Charge,
@@ -72,9 +72,9 @@ class Spent:
     epsilon_spent_after: Decimal | None = None
 
 
-def _measured(sql: str = COUNT) -> Measured:
+def _measured(sql: str = COUNT) -> Packed:
     decision = decide(sql, ROLE, POLICY)
-    assert isinstance(decision, Noisy) and isinstance(decision.plan, Measured)
+    assert isinstance(decision, Noisy) and decision.plan is not None and decision.plan.table == "public.adult"
     return decision.plan
 
 
@@ -114,7 +114,7 @@ class Driver:
 
     def do(self, need: Any) -> Any:
         handlers: dict[type, Callable[[Any], Any]] = {
-            Price: lambda need: price(need.question, need.params),
+            Price: lambda need: price(need.question.open(), need.params),
             Lookup: lambda need: self.lookups.pop(0) if len(self.lookups) > 1 else self.lookups[0],
             CheckStop: self.check_stop,
             Check: lambda need: None,
@@ -171,7 +171,7 @@ def test_a_question_that_fails_after_its_charge_stays_charged() -> None:
 
 
 def test_a_cached_answer_is_finished_without_a_charge() -> None:
-    plan = price(_measured(), _asked_params())
+    plan = price(_measured().open(), _asked_params())
     assert isinstance(plan, DPPlan)
     cached = encoded(measure(plan, [20], [(1040,)]).canonical(plan))
     driver, spent = Driver(lookups=[_lookup(answer=cached)]), Spent()
@@ -191,7 +191,8 @@ def test_a_cost_change_prices_the_same_measurement_again() -> None:
     prices = [need for need in driver.asked if isinstance(need, Price)]
     assert [need.params.epsilon for need in prices] == [0.5, 1.5]  # the default first, then the ledger's
     assert all(need.question is asked.measured for need in prices)  # priced again, never measured again
-    first = price(asked.measured, prices[0].params)
+    assert not isinstance(asked.measured, str)
+    first = price(asked.measured.open(), prices[0].params)
     assert isinstance(first, DPPlan) and prices[1].checked == {first.sql}  # its SQL, checked once, is not again
     assert not any(isinstance(need, MeasureText) for need in driver.asked)
     charge = next(need for need in driver.asked if isinstance(need, Charge))
@@ -228,7 +229,7 @@ def test_a_refused_statement_is_refused_before_any_lookup() -> None:
 
 
 def _limited(sql: str) -> DPPlan:
-    plan = price(_measured(sql), _asked_params())
+    plan = price(_measured(sql).open(), _asked_params())
     assert isinstance(plan, DPPlan)
     return plan
 

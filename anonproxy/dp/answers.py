@@ -42,7 +42,7 @@ from anonproxy.dp.finish import (
     plan_quantiles,
 )
 from anonproxy.dp.model import DPParams, DPPlan
-from anonproxy.dp.plan import DP_HINT, Measured, measure, plan_dp, price
+from anonproxy.dp.plan import DP_HINT, Packed, measure, plan_dp, price
 from anonproxy.plan import render
 from anonproxy.plan.final_sql import verify
 from anonproxy.plan.outer import Series
@@ -63,23 +63,23 @@ def plan_checked(sql: str, role: RolePolicy, policy: Policy, params: DPParams) -
     return checked(plan_dp(sql, role, policy, params), role, policy)
 
 
-def measured_text(sql: str, role: RolePolicy, policy: Policy) -> Measured | Reject:
+def measured_text(sql: str, role: RolePolicy, policy: Policy) -> Packed:
     """The measurement of a text the proxy wrote itself (a series limit's second question): parsed here, once."""
     try:
         statements = split(sql)
         if len(statements) != 1:
             raise unsupported("a dp query must be sent on its own, as one statement", DP_HINT)
-        return measure(statements[0], parse_statement(statements[0]), role, policy)
+        return Packed.of(measure(statements[0], parse_statement(statements[0]), role, policy))
     except Refusal as refusal:
-        return refusal.reject
+        return Packed.of(refusal.reject)
 
 
-def priced_checked(measured: Measured | Reject, role: RolePolicy, policy: Policy, params: DPParams,
+def priced_checked(measured: Packed, role: RolePolicy, policy: Policy, params: DPParams,
                    checked_before: frozenset[str] = frozenset()) -> DPPlan | Reject:
     """``price``, then the final SQL check (:func:`checked`) of what it wrote, but for the texts in
     ``checked_before`` (the same question priced before at another cost wrote the same SQL: it passed for this role
     and policy): what the analysis process runs for a question."""
-    return checked(price(measured, params), role, policy, checked_before)
+    return checked(price(measured.open(), params), role, policy, checked_before)
 
 
 def checked_sql(sql: str, policy: Policy, role: RolePolicy) -> Reject | None:

@@ -24,6 +24,7 @@ be cached; its ``epsilon`` and ``delta`` are the cost to charge to the ledger
 from __future__ import annotations
 
 import math
+import pickle
 from dataclasses import dataclass, field, replace
 from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal, localcontext
 from fractions import Fraction
@@ -78,7 +79,7 @@ from anonproxy.policy.model import (
     SuppressionParams,
 )
 
-__all__ = ["Caps", "Measured", "caps_of", "gaussian_selection_threshold", "measure", "plan_dp", "price",
+__all__ = ["Caps", "Measured", "Packed", "caps_of", "gaussian_selection_threshold", "measure", "plan_dp", "price",
            "selection_threshold"]
 
 DP_HINT = ("Supported in dp mode: SELECT <GROUP BY columns>, count(*), count(x), count(DISTINCT <unit>), sum(x), "
@@ -166,6 +167,30 @@ class Measured:
     def table(self) -> str:
         """The privacy-unit domain the question is charged to (known before it is priced)."""
         return self.query.owner
+
+
+@dataclass(frozen=True)
+class Packed:
+    """A measurement (or its refusal) as a value to keep and to send: pickled. Its trees take some hundred times
+    the statement's length in memory, pickled a few times, so a cached decision weighs what it holds (``size``);
+    it is opened where it is priced. ``table``: the budget it is charged to (None: refused)."""
+
+    data: bytes
+    table: str | None
+
+    @classmethod
+    def of(cls, measured: Measured | Reject) -> Packed:
+        return cls(pickle.dumps(measured, pickle.HIGHEST_PROTOCOL),
+                   measured.table if isinstance(measured, Measured) else None)
+
+    def open(self) -> Measured | Reject:
+        opened = pickle.loads(self.data)
+        assert isinstance(opened, (Measured, Reject))
+        return opened
+
+    @property
+    def size(self) -> int:
+        return len(self.data)
 
 
 def measure(statement: Statement, tree: exp.Expression, role: RolePolicy, policy: Policy,

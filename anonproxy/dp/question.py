@@ -53,7 +53,7 @@ from anonproxy.dp.answers import (
 )
 from anonproxy.dp.finish import Measurement, measure
 from anonproxy.dp.model import DPParams, DPPlan
-from anonproxy.dp.plan import Measured
+from anonproxy.dp.plan import Packed
 from anonproxy.plan.outer import ROWS, Outer, Series
 from anonproxy.plan.refusals import Reject
 from anonproxy.policy.zcdp import Accounting, zcdp_epsilon
@@ -120,7 +120,7 @@ class Limits:
 @dataclass(frozen=True)
 class MeasureText:
     """Parse and measure ``text`` (a question the proxy makes itself: a series limit's second one), in the analysis
-    process. Sends back a Measured, or a Reject."""
+    process. Sends back a Packed measurement (or refusal)."""
 
     text: str
 
@@ -130,7 +130,7 @@ class Price:
     """Price ``question`` at ``params`` and check its SQL (the final SQL check), in the analysis process. Sends
     back a DPPlan, or a Reject."""
 
-    question: Measured | Reject
+    question: Packed
     text: str  # the statement's text: what the priced plans are cached by
     params: DPParams
     checked: frozenset[str] = frozenset()  # SQL this question wrote before at another cost: checked already
@@ -220,7 +220,7 @@ class Asked:
     """One question: the statement as the router measured it, and what the session gives it."""
 
     text: str
-    measured: Measured | Reject | str  # a text: measured first (a question the proxy makes itself)
+    measured: Packed | str  # a text: measured first (a question the proxy makes itself)
     role: str
     parameters: Bound
     limits: Limits = field(default_factory=Limits)
@@ -310,7 +310,7 @@ def priced_and_found(asked: Asked, known: MutableMapping[str, Costs],
     and what the lookup read for it. One lookup when the cost is the one this worker read last (``known``); when
     the lookup reads another, the same measurement is priced again at it, never measured again."""
     asked = yield from measured(asked)
-    costs = known.get(asked.measured.table, DEFAULTS) if isinstance(asked.measured, Measured) else DEFAULTS
+    costs = _costs(asked, known)
     checked: frozenset[str] = frozenset()
     for _ in range(PRICE_TRIES):
         plan = yield from priced(asked, costs, checked)
@@ -329,6 +329,12 @@ def priced_and_found(asked: Asked, known: MutableMapping[str, Costs],
                   "question was planned", "Try again.")
 
 
+def _costs(asked: Asked, known: MutableMapping[str, Costs]) -> Costs:
+    """The per-query cost last read for the question's table (the proxy's default before any)."""
+    table = asked.measured.table if isinstance(asked.measured, Packed) else None
+    return known.get(table, DEFAULTS) if table is not None else DEFAULTS
+
+
 def measured(asked: Asked) -> Generator[Need, Any, Asked]:
     """The question with its measurement: a text (a question the proxy makes itself) is measured first."""
     if isinstance(asked.measured, str):
@@ -339,7 +345,7 @@ def measured(asked: Asked) -> Generator[Need, Any, Asked]:
 def priced(asked: Asked, costs: Costs, checked: frozenset[str] = frozenset()) -> Generator[Need, Any, DPPlan]:
     """The question priced at per-query ``costs``, lowered by the session's (``checked``: the SQL it wrote at
     another cost, which the final SQL check read already); a refusal raises Refused."""
-    assert not isinstance(asked.measured, str)
+    assert isinstance(asked.measured, Packed)
     plan: DPPlan | Reject = yield Price(asked.measured, asked.text, params(costs, asked.limits), checked)
     if isinstance(plan, Reject):
         raise Refused(plan.sqlstate, plan.message, plan.hint)
@@ -350,7 +356,7 @@ def described(asked: Asked, known: MutableMapping[str, Costs]) -> Generator[Need
     """The plan whose SQL describes the question's columns (Describe): priced at the cost last read for its table,
     with no lookup (the types do not depend on the per-query cost)."""
     asked = yield from measured(asked)
-    costs = known.get(asked.measured.table, DEFAULTS) if isinstance(asked.measured, Measured) else DEFAULTS
+    costs = _costs(asked, known)
     return (yield from priced(asked, costs))
 
 

@@ -436,8 +436,6 @@ class NoisyAnswers:
         plan = self._plans.get(key)
         if plan is not None:
             return plan
-        if isinstance(need.question, Reject):  # nothing to price or check: the refusal, at once
-            return priced_checked(need.question, asking.role, asking.policy, need.params)
         plan = await self._analysed(priced_checked, (need.question, asking.role, asking.policy, need.params,
                                                      need.checked), asking.asker, "planning")
         # What a plan holds is mostly its SQL and the client's text, each about as long as the statement.

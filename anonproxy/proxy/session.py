@@ -180,13 +180,15 @@ def too_complex(budget: float) -> Reject:
 
 
 def _weight(decision: Decision) -> int:
-    """About the bytes a decision holds beyond its key: its texts (a cursor's query's, a Script's parts')."""
+    """About the bytes a decision holds beyond its key: its texts (a cursor's query's, a Script's parts') and a dp
+    statement's packed measurement."""
     if isinstance(decision, Script):
         return sum(len(text) + _weight(part) for text, part in decision.parts)
     if isinstance(decision, DeclareCursor):
         return len(decision.name) + _weight(decision.query)
-    return sum(len(getattr(decision, name, None) or "") for name in ("sql", "reported", "message", "hint")) + \
-        sum(len(line) for line in getattr(decision, "lines", ()))
+    packed = decision.plan.size if isinstance(decision, (Noisy, ExplainDP)) and decision.plan is not None else 0
+    return packed + sum(len(getattr(decision, name, None) or "") for name in ("sql", "reported", "message", "hint")) \
+        + sum(len(line) for line in getattr(decision, "lines", ()))
 
 
 class State(enum.Enum):

@@ -26,7 +26,7 @@ from __future__ import annotations
 from sqlglot import exp
 from sqlglot.tokenizer_core import TokenType
 
-from anonproxy.dp.plan import measure
+from anonproxy.dp.plan import Packed, measure
 from anonproxy.plan.analysis import analyze
 from anonproxy.plan.final_sql import verify
 from anonproxy.plan.outer import Outer
@@ -190,7 +190,7 @@ def _statement(statement: Statement, role: RolePolicy, index: PolicyIndex) -> De
         return _relayed(tree, role, index)
     _refuse_published(tree, index.policy)
     if role.mode == "dp":  # measured here, from this one parse; priced when the role's cost is known
-        return Noisy(statement.text, measure(statement, tree, role, index.policy))
+        return Noisy(statement.text, Packed.of(measure(statement, tree, role, index.policy)))
     shape = prepare(statement, tree, index)  # derived tables flattened, names normalised
     # PostgreSQL's own parser reads the final SQL again, and says which tables it reads.
     if isinstance(shape, Nested):

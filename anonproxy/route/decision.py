@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from decimal import Decimal
 
-from anonproxy.dp.plan import Measured
+from anonproxy.dp.plan import Packed
 from anonproxy.plan.refusals import Reject
 
 
@@ -72,11 +72,11 @@ class Noisy:
     """Mode ``dp``: answer this aggregate query with differential privacy (priced and charged by the proxy).
 
     ``plan``: what the statement measures (anonproxy.dp.plan.measure, from the tree decide() parsed), or why dp
-    refuses it, which the proxy reports when it answers; the proxy prices it at the role's per-query cost. None:
-    measured from ``sql`` when answered. Not compared: the text is the decision."""
+    refuses it, which the proxy reports when it answers, packed; the proxy prices it at the role's per-query cost.
+    None: measured from ``sql`` when answered. Not compared: the text is the decision."""
 
     sql: str
-    plan: Measured | Reject | None = field(default=None, compare=False, repr=False)
+    plan: Packed | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -92,7 +92,7 @@ class ExplainDP:
     """EXPLAIN (ANONPROXY) <dp query>: its cost and noise, without running or charging it (``plan`` as Noisy's)."""
 
     sql: str
-    plan: Measured | Reject | None = field(default=None, compare=False, repr=False)
+    plan: Packed | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
