@@ -23,6 +23,7 @@ be cached; its ``epsilon`` and ``delta`` are the cost to charge to the ledger
 
 from __future__ import annotations
 
+import copy
 import math
 import pickle
 from dataclasses import dataclass, field, replace
@@ -168,6 +169,15 @@ class Measured:
         """The privacy-unit domain the question is charged to (known before it is priced)."""
         return self.query.owner
 
+    def slim(self) -> Measured:
+        """Without the front end's nodes, which only measuring reads (pricing reads the rendered pieces): what is
+        packed."""
+        query = replace(self.query, items=(), order=(), contributors=(), aggregates=(), outer=None, key_nodes=(),
+                        having_node=None, key_types=(), argument_types=(), post=None)
+        columns = copy.copy(self.columns)
+        columns.query, columns.tables, columns.nullable = query, {}, []
+        return replace(self, query=query, columns=columns)
+
 
 @dataclass(frozen=True)
 class Packed:
@@ -180,7 +190,8 @@ class Packed:
 
     @classmethod
     def of(cls, measured: Measured | Reject) -> Packed:
-        return cls(pickle.dumps(measured, pickle.HIGHEST_PROTOCOL),
+        slim = measured.slim() if isinstance(measured, Measured) else measured
+        return cls(pickle.dumps(slim, pickle.HIGHEST_PROTOCOL),
                    measured.table if isinstance(measured, Measured) else None)
 
     def open(self) -> Measured | Reject:
