@@ -179,29 +179,44 @@ class Measured:
         return replace(self, query=query, columns=columns)
 
 
-@dataclass(frozen=True)
 class Packed:
-    """A measurement (or its refusal) as a value to keep and to send: pickled. Its trees take some hundred times
-    the statement's length in memory, pickled a few times, so a cached decision weighs what it holds (``size``);
-    it is opened where it is priced. ``table``: the budget it is charged to (None: refused)."""
+    """A measurement (or its refusal) as a value to keep and to send. Its trees take some hundred times the
+    statement's length in memory, pickled a few times: it crosses processes (and is kept by a worker) pickled,
+    slimmed of what only measuring reads, and is opened where it is priced; within one process it is the
+    measurement itself. ``table``: the budget it is charged to (None: refused); ``size``: what it weighs pickled."""
 
-    data: bytes
-    table: str | None
+    def __init__(self, measured: Measured | Reject) -> None:
+        self._measured: Measured | Reject | None = measured
+        self._data: bytes | None = None
+        self.table = measured.table if isinstance(measured, Measured) else None
 
     @classmethod
     def of(cls, measured: Measured | Reject) -> Packed:
-        slim = measured.slim() if isinstance(measured, Measured) else measured
-        return cls(pickle.dumps(slim, pickle.HIGHEST_PROTOCOL),
-                   measured.table if isinstance(measured, Measured) else None)
+        return cls(measured.slim() if isinstance(measured, Measured) else measured)
 
     def open(self) -> Measured | Reject:
-        opened = pickle.loads(self.data)
-        assert isinstance(opened, (Measured, Reject))
-        return opened
+        if self._measured is None:
+            assert self._data is not None
+            opened = pickle.loads(self._data)
+            assert isinstance(opened, (Measured, Reject))
+            self._measured = opened
+        return self._measured
 
     @property
     def size(self) -> int:
-        return len(self.data)
+        return len(self._pickled())
+
+    def _pickled(self) -> bytes:
+        if self._data is None:
+            self._data = pickle.dumps(self._measured, pickle.HIGHEST_PROTOCOL)
+        return self._data
+
+    def __getstate__(self) -> tuple[bytes, str | None]:
+        return self._pickled(), self.table
+
+    def __setstate__(self, state: tuple[bytes, str | None]) -> None:
+        self._data, self.table = state
+        self._measured = None  # opened when priced
 
 
 def measure(statement: Statement, tree: exp.Expression, role: RolePolicy, policy: Policy,
