@@ -1,12 +1,13 @@
 """The dp back-end's decisions around one question, without I/O.
 
-The proxy (:mod:`anonproxy.proxy.noisy`) does the I/O of a dp answer: the
-ledger's round trips, the bounded SQL on the service connection, the post
-statement. What it asks this module:
+The question's steps are :mod:`anonproxy.dp.question`; the proxy
+(:mod:`anonproxy.proxy.noisy`) does their I/O. What they ask this module:
 
-* :func:`plan_checked`: the plan of a statement (:mod:`anonproxy.dp.plan`)
-  and PostgreSQL's parser's reading of its SQL (the final SQL check), run
-  in the worker's analysis process;
+* :func:`priced_checked`: the plan of a measured statement at a per-query
+  cost (:func:`anonproxy.dp.plan.price`) and PostgreSQL's parser's reading of
+  its SQL (the final SQL check), run in the worker's analysis process
+  (:func:`measured_text` measures a text the proxy wrote itself there;
+  :func:`plan_checked` does both for a text, for tests and benchmarks);
 * :func:`fingerprint`: the key of the answer cache, taken from the plan's measurement only;
 * :func:`encoded` / :func:`decoded`: the cached value, a noisy measurement (anonproxy.dp.finish);
 * :func:`explained`: what EXPLAIN (ANONPROXY) says about a question, and :func:`cost`: what its notice says
@@ -30,7 +31,7 @@ from psycopg import pq
 from psycopg.adapt import Transformer
 from sqlglot.dialects.postgres import Postgres
 from sqlglot.errors import SqlglotError
-from sqlglot.tokens import TokenType
+from sqlglot.tokenizer_core import TokenType
 
 from anonproxy.dp import amounts, ledger
 from anonproxy.dp.finish import (
@@ -41,11 +42,12 @@ from anonproxy.dp.finish import (
     plan_quantiles,
 )
 from anonproxy.dp.model import DPParams, DPPlan
-from anonproxy.dp.plan import plan_dp
+from anonproxy.dp.plan import DP_HINT, Packed, measure, plan_dp, price
 from anonproxy.plan import render
 from anonproxy.plan.final_sql import verify
 from anonproxy.plan.outer import Series
-from anonproxy.plan.refusals import Refusal, Reject
+from anonproxy.plan.refusals import Refusal, Reject, unsupported
+from anonproxy.plan.statements import parse_statement, split
 from anonproxy.policy.model import Policy, RolePolicy
 from anonproxy.policy.zcdp import Accounting
 from anonproxy.wire.results import text_value
@@ -57,14 +59,48 @@ DEFAULT_COSTS = (DEFAULT_EPSILON, DEFAULT_DELTA)
 
 
 def plan_checked(sql: str, role: RolePolicy, policy: Policy, params: DPParams) -> DPPlan | Reject:
-    """``plan_dp``, then PostgreSQL's own parser reads the plan's SQL (and its post statement) again (the final SQL
-    check); run in the analysis process, so a long statement's check does not hold up the event loop either."""
-    plan = plan_dp(sql, role, policy, params)
+    """``plan_dp`` of a text, then the final SQL check (:func:`checked`)."""
+    return checked(plan_dp(sql, role, policy, params), role, policy)
+
+
+def measured_text(sql: str, role: RolePolicy, policy: Policy) -> Packed:
+    """The measurement of a text the proxy wrote itself (a series limit's second question): parsed here, once."""
+    try:
+        statements = split(sql)
+        if len(statements) != 1:
+            raise unsupported("a dp query must be sent on its own, as one statement", DP_HINT)
+        return Packed.of(measure(statements[0], parse_statement(statements[0]), role, policy))
+    except Refusal as refusal:
+        return Packed.of(refusal.reject)
+
+
+def priced_checked(measured: Packed, role: RolePolicy, policy: Policy, params: DPParams,
+                   checked_before: frozenset[str] = frozenset()) -> DPPlan | Reject:
+    """``price``, then the final SQL check (:func:`checked`) of what it wrote, but for the texts in
+    ``checked_before`` (the same question priced before at another cost wrote the same SQL: it passed for this role
+    and policy): what the analysis process runs for a question."""
+    return checked(price(measured.open(), params), role, policy, checked_before)
+
+
+def checked_sql(sql: str, policy: Policy, role: RolePolicy) -> Reject | None:
+    """The final SQL check of a statement the proxy wrote (an outer query over released rows): None, or why not."""
+    try:
+        verify(sql, policy, role.role)
+    except Refusal as refusal:
+        return refusal.reject
+    return None
+
+
+def checked(plan: DPPlan | Reject, role: RolePolicy, policy: Policy,
+            checked_before: frozenset[str] = frozenset()) -> DPPlan | Reject:
+    """PostgreSQL's own parser reads the plan's SQL (and its post statement) again: the final SQL check, defence in
+    depth; run in the analysis process, so a long statement's check does not hold up the event loop either. A text
+    in ``checked_before`` passed it already."""
     if isinstance(plan, DPPlan):
         try:
-            verify(plan.sql, policy, role.role)
-            if plan.post is not None:
-                verify(plan.post.sql, policy, role.role)
+            for sql in (plan.sql, plan.post.sql if plan.post is not None else None):
+                if sql is not None and sql not in checked_before:
+                    verify(sql, policy, role.role)
         except Refusal as refusal:
             return refusal.reject
     return plan

@@ -5,7 +5,8 @@ read as an AND of conditions, says which values the key column may take — ``co
 ``col <> 'v'``, ``col NOT IN (...)``, ``col IS [NOT] NULL``, also inside OR and NOT of those on the same column —
 the values that cannot pass are left out of the listing: their groups are empty in every database, and PostgreSQL
 would not return them either. Decided on the statement's tree and the policy only, never on the data, so it is
-free and sound whichever way it goes. Whatever is not understood (a function or cast of the column, a parameter,
+free and sound whichever way it goes. It reads the checked WHERE node of the statement's one parse, never its
+rendered text. Whatever is not understood (a function or cast of the column, a parameter,
 another column) may be true for every value: the value stays in.
 
 Values are compared as PostgreSQL compares them for the column's type: text types byte for byte (a deterministic
@@ -19,9 +20,7 @@ import enum
 from collections.abc import Callable
 from decimal import Decimal, InvalidOperation
 
-import sqlglot
 from sqlglot import exp
-from sqlglot.errors import SqlglotError
 
 from anonproxy.plan.analysis import AnalyticQuery
 from anonproxy.plan.tables import ResolvedTable
@@ -44,15 +43,12 @@ KeyOf = Callable[[exp.Expression], int | None]
 ColumnTable = Callable[[exp.Expression], "tuple[ResolvedTable | None, str] | None"]
 
 
-def restricted(query: AnalyticQuery, domains: list[tuple[str, ...]], column_table: ColumnTable,
-               ) -> list[tuple[str, ...]]:
+def restricted(query: AnalyticQuery, where: exp.Expression | None, domains: list[tuple[str, ...]],
+               column_table: ColumnTable) -> list[tuple[str, ...]]:
     """``domains`` (one per GROUP BY key of ``query``, each key a column) without the values its WHERE clause
-    excludes; ``column_table`` resolves a column reference to its table and name, as the planner does."""
-    if query.where is None:
-        return domains
-    try:
-        where = sqlglot.parse_one(query.where, read="postgres")
-    except SqlglotError:
+    (``where``: the checked condition, a node of the statement's tree) excludes; ``column_table`` resolves a
+    column reference to its table and name, as the planner does."""
+    if where is None:
         return domains
     keys = [column_table(node) for node in query.key_nodes]
 

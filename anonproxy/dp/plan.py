@@ -1,15 +1,20 @@
-"""Differential-privacy mode for one aggregate query: its plan (docs/dp.md).
+"""Differential-privacy mode for one aggregate query: its plan (docs/dp.md), measured, then priced.
 
-Pure and I/O-free. :func:`plan_dp` takes the statement's one parse through the
-same front end and checks as suppression mode (:mod:`anonproxy.plan`,
+Pure and I/O-free, in two steps. :func:`measure` takes the statement's one
+parse (the router's, :mod:`anonproxy.route.decide`, in the same call) through
+the same front end and checks as suppression mode (:mod:`anonproxy.plan`,
 :func:`anonproxy.plan.analysis.analyze`) and decides what to measure: which
 statistics each output column needs (each computed once), their bounds and
-sensitivity, each one's share of ε and its noise, partition selection for
-groups without a declared public domain, HAVING compiled over the noisy values
-(:mod:`anonproxy.dp.having`) and the post statement for post-aggregate
-expressions. The result is a :class:`anonproxy.dp.model.DPPlan`; its SQL is
-written by :mod:`anonproxy.dp.bounded_sql`, its answer made from the rows by
-:mod:`anonproxy.dp.finish`.
+sensitivity, partition selection for groups without a declared public domain,
+HAVING compiled over the noisy values (:mod:`anonproxy.dp.having`), the post
+statement for post-aggregate expressions, and the table whose budget pays.
+The result, :class:`Measured`, is a value the router's decision carries.
+:func:`price` then applies a per-query ε, δ and accounting to it: each
+statistic's share of ε and its noise, partition selection's threshold, the
+cost, and the SQL (:mod:`anonproxy.dp.bounded_sql`); the result is a
+:class:`anonproxy.dp.model.DPPlan`, whose answer is made from the rows by
+:mod:`anonproxy.dp.finish`. A new cost prices the same measurement again:
+nothing is planned twice. :func:`plan_dp` does both for a text.
 
 The plan is a deterministic function of (statement, policy, params), so it can
 be cached; its ``epsilon`` and ``delta`` are the cost to charge to the ledger
@@ -18,11 +23,13 @@ be cached; its ``epsilon`` and ``delta`` are the cost to charge to the ledger
 
 from __future__ import annotations
 
+import copy
 import math
-from dataclasses import dataclass, replace
+import pickle
+from dataclasses import dataclass, field, replace
 from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal, localcontext
 from fractions import Fraction
-from typing import Literal
+from typing import Any, Literal, TypeAlias
 
 from sqlglot import exp
 
@@ -54,6 +61,7 @@ from anonproxy.dp.model import (
 from anonproxy.plan import bounds, post_aggregate
 from anonproxy.plan.analysis import AnalyticQuery, Item, analyze, canonical, filtered
 from anonproxy.plan.expressions import unwrap
+from anonproxy.plan.outer import Outer, Series
 from anonproxy.plan.post_aggregate import RELEASED, PostAggregate, value
 from anonproxy.plan.refusals import (
     FEATURE_NOT_SUPPORTED,
@@ -63,7 +71,7 @@ from anonproxy.plan.refusals import (
     unsupported,
 )
 from anonproxy.plan.shape import Nested, prepare
-from anonproxy.plan.statements import PARSE_HINT, split
+from anonproxy.plan.statements import PARSE_HINT, Statement, parse_statement, split
 from anonproxy.plan.tables import PolicyIndex, ResolvedTable, identifier, quote
 from anonproxy.policy.model import (
     ColumnPolicy,
@@ -71,9 +79,9 @@ from anonproxy.policy.model import (
     RolePolicy,
     SuppressionParams,
 )
-from anonproxy.route.decide import parsed_tree
 
-__all__ = ["gaussian_selection_threshold", "plan_dp", "selection_threshold"]
+__all__ = ["Caps", "Measured", "Packed", "caps_of", "gaussian_selection_threshold", "measure", "plan_dp", "price",
+           "selection_threshold"]
 
 DP_HINT = ("Supported in dp mode: SELECT <GROUP BY columns>, count(*), count(x), count(DISTINCT <unit>), sum(x), "
            "avg(x), variance/var_samp/var_pop/stddev/stddev_samp/stddev_pop(x), median(x), "
@@ -96,16 +104,139 @@ _SPREADS: dict[type[exp.Expression], tuple[ColumnKind, bool]] = {  # aggregate -
     exp.Variance: ("variance", True), exp.VariancePop: ("variance", False), exp.Stddev: ("stddev", True),
     exp.StddevSamp: ("stddev", True), exp.StddevPop: ("stddev", False),
 }
-_AGGREGATES = (exp.Count, exp.Sum, exp.Avg, exp.Median, exp.WithinGroup, *_SPREADS)
+_AGGREGATES: tuple[type[exp.Expression], ...] = (exp.Count, exp.Sum, exp.Avg, exp.Median, exp.WithinGroup, *_SPREADS)
 
 
 # --- planning ---------------------------------------------------------------------
 
 
 def plan_dp(sql: str, role: RolePolicy, policy: Policy, params: DPParams) -> DPPlan | Reject:
-    """The plan for ``sql`` (one aggregate SELECT over a protected table), or why it is refused."""
+    """The plan for ``sql`` (one aggregate SELECT over a protected table), or why it is refused: the text parsed
+    here (a question the proxy builds itself, tests), then :func:`measure` and :func:`price`."""
     try:
-        return _plan(sql, role, policy, params)
+        statements = split(sql)
+        if len(statements) != 1:
+            raise unsupported("a dp query must be sent on its own, as one statement", DP_HINT)
+        tree = parse_statement(statements[0])
+    except Refusal as refusal:
+        return price(refusal.reject, params)
+    return price(measure(statements[0], tree, role, policy, caps_of(params)), params)
+
+
+def caps_of(params: DPParams) -> Caps:
+    """What a unit may contribute, from the role's dp parameters."""
+    return Caps(params.max_groups_per_unit, params.max_rows_per_unit)
+
+
+@dataclass(frozen=True)
+class Caps:
+    """What one unit may contribute: to how many groups, and how many rows to each. Part of the measurement (the
+    SQL bounds them), unlike ε, δ and the accounting, which only price it."""
+
+    max_groups_per_unit: int = 1
+    max_rows_per_unit: int = 1
+
+
+@dataclass
+class Measured:
+    """What a statement measures, before its price: everything :func:`price` needs to finish a plan at any per-query
+    ε, δ and accounting, without the statement's text or tree being read again. ``late``: a refusal found after the
+    point where a plan checks δ (so that a δ of 0 is reported first, as when both were decided in one pass);
+    ``tail``: one of ORDER BY, LIMIT or OFFSET, reported after the refusals of pricing."""
+
+    query: AnalyticQuery
+    columns: _Columns
+    drafts: list[_Draft] = field(default_factory=list)
+    hidden: list[_Draft] = field(default_factory=list)
+    public: list[tuple[str, ...]] | None = None
+    reach: int = 1
+    selection: _ColumnKey | None = None
+    having: tuple[Any, ...] | None = None
+    checks: list[str] = field(default_factory=list)
+    order: tuple[OrderKey, ...] = ()
+    limit: tuple[int | None, int | None] = (None, None)
+    offset: tuple[int | None, int | None] = (None, None)
+    unmeasured_parameters: tuple[int, ...] = ()
+    post: PostProcess | None = None
+    nested: Outer | Series | None = None
+    key_order: tuple[int, ...] = ()
+    caps: Caps = Caps()
+    late: Reject | None = None
+    tail: Reject | None = None  # a refusal of ORDER BY, LIMIT or OFFSET: reported after any of pricing's
+
+    @property
+    def table(self) -> str:
+        """The privacy-unit domain the question is charged to (known before it is priced)."""
+        return self.query.owner
+
+    def slim(self) -> Measured:
+        """Without the front end's nodes, which only measuring reads (pricing reads the rendered pieces): what is
+        packed."""
+        query = replace(self.query, items=(), order=(), contributors=(), aggregates=(), outer=None, key_nodes=(),
+                        having_node=None, key_types=(), argument_types=(), post=None)
+        columns = copy.copy(self.columns)
+        columns.query, columns.tables, columns.nullable = query, {}, []
+        return replace(self, query=query, columns=columns)
+
+
+class Packed:
+    """A measurement (or its refusal) as a value to keep and to send. Its trees take some hundred times the
+    statement's length in memory, pickled a few times: it crosses processes (and is kept by a worker) pickled,
+    slimmed of what only measuring reads, and is opened where it is priced; within one process it is the
+    measurement itself. ``table``: the budget it is charged to (None: refused); ``size``: what it weighs pickled."""
+
+    def __init__(self, measured: Measured | Reject) -> None:
+        self._measured: Measured | Reject | None = measured
+        self._data: bytes | None = None
+        self.table = measured.table if isinstance(measured, Measured) else None
+
+    @classmethod
+    def of(cls, measured: Measured | Reject) -> Packed:
+        return cls(measured.slim() if isinstance(measured, Measured) else measured)
+
+    def open(self) -> Measured | Reject:
+        if self._measured is None:
+            assert self._data is not None
+            opened = pickle.loads(self._data)
+            assert isinstance(opened, (Measured, Reject))
+            self._measured = opened
+        return self._measured
+
+    @property
+    def size(self) -> int:
+        return len(self._pickled())
+
+    def _pickled(self) -> bytes:
+        if self._data is None:
+            self._data = pickle.dumps(self._measured, pickle.HIGHEST_PROTOCOL)
+        return self._data
+
+    def __getstate__(self) -> tuple[bytes, str | None]:
+        return self._pickled(), self.table
+
+    def __setstate__(self, state: tuple[bytes, str | None]) -> None:
+        self._data, self.table = state
+        self._measured = None  # opened when priced
+
+
+def measure(statement: Statement, tree: exp.Expression, role: RolePolicy, policy: Policy,
+            caps: Caps = Caps()) -> Measured | Reject:
+    """What ``tree`` (the one parse of ``statement``) measures for ``role``, or why it is refused; its price comes
+    after (:func:`price`). The tree is changed in place."""
+    try:
+        return _measure(statement, tree, role, policy, caps)
+    except Refusal as refusal:
+        return refusal.reject
+    except RecursionError:
+        return Reject(FEATURE_NOT_SUPPORTED, "the statement is nested too deeply to analyze", PARSE_HINT)
+
+
+def price(measured: Measured | Reject, params: DPParams) -> DPPlan | Reject:
+    """The plan of a measured statement at per-query ``params`` (ε, δ, accounting): each statistic's share of ε and
+    its noise, partition selection's threshold, the SQL and the cost. Planning is not repeated: a new ε prices
+    the same measurement again."""
+    try:
+        return _price(measured, params)
     except Refusal as refusal:
         return refusal.reject
     except RecursionError:
@@ -115,18 +246,13 @@ def plan_dp(sql: str, role: RolePolicy, policy: Policy, params: DPParams) -> DPP
                       "scale is beyond the range of a double", "Ask the DBA for a larger per-query ε.")
 
 
-def _plan(sql: str, role: RolePolicy, policy: Policy, params: DPParams) -> DPPlan:
+def _measure(statement: Statement, tree: exp.Expression, role: RolePolicy, policy: Policy, caps: Caps,
+             ) -> Measured | Reject:
     if role.mode != "dp":
         raise forbidden(f"role {role.role} is not in dp mode (mode {role.mode})", "Ask the DBA for a dp role.")
-    epsilon, delta, groups_cap, rows_cap = _params(params)
-    # zCDP accounting: each statistic may take the discrete Gaussian of the same variance (it needs δ > 0 for the
-    # answer's basic (ε, δ) pair to be finite).
-    gaussian = params.accounting == "zcdp" and delta > 0
-    statements = split(sql)
-    if len(statements) != 1:
-        raise unsupported("a dp query must be sent on its own, as one statement", DP_HINT)
+    groups_cap, rows_cap = _caps(caps)
     index = PolicyIndex(policy)
-    shape = prepare(*parsed_tree(statements[0]), index)
+    shape = prepare(statement, tree, index)
     single = shape.inner if isinstance(shape, Nested) else shape  # a nested shape: the question asked first
     statement, tree = single.statement, single.tree
     interval_of = interval_items.unwrap(tree)  # dp_interval_low/high(x) items: planned as x, then bounded
@@ -136,25 +262,30 @@ def _plan(sql: str, role: RolePolicy, policy: Policy, params: DPParams) -> DPPla
         raise unsupported("SELECT DISTINCT with aggregates is not supported in dp mode", DP_HINT)
 
     columns = _Columns(query, rows_cap, tree)
-    keys = list(query.key_nodes)
-    public = _public_domains(query, columns) if query.keys else None
+    public = _public_domains(query, tree, columns) if query.keys else None
     # How many groups one unit can reach: a unit touches at most `groups_cap` groups, and never more than exist.
     # (At least 1: a WHERE may leave a domain no value, anonproxy.dp.domains; the answer is then empty.)
     reach = 1 if not query.keys else (min(groups_cap, max(1, math.prod(len(d) for d in public))) if public
                                       else groups_cap)
+    measured = Measured(query, columns, public=public, reach=reach, caps=caps,
+                        nested=shape.post if isinstance(shape, Nested) else None)
+    if query.keys and public is None:  # (its δ is checked when priced, first)
+        measured.selection = columns.need("units", None, Fraction(1))
+    try:
+        _measure_columns(measured, tree, interval_of)
+    except Refusal as refusal:
+        measured.late = refusal.reject
+    return measured
 
-    selection = None
-    if query.keys and public is None:
-        if delta <= 0:
-            raise unsupported(f"GROUP BY {', '.join(query.keys)} needs δ > 0: groups without a declared public "
-                              "domain are released only past a noisy threshold, which costs δ",
-                              "Declare a public domain for the grouping column, or give the role a δ.")
-        selection = columns.need("units", None, Fraction(1))
 
+def _measure_columns(measured: Measured, tree: exp.Select,
+                     interval_of: dict[int, interval_items.IntervalItem]) -> None:
+    """The output columns, hidden columns, HAVING, post statement and tail of a measured statement."""
+    query, columns, drafts, hidden = measured.query, measured.columns, measured.drafts, measured.hidden
+    keys = list(query.key_nodes)
     outer = query.outer
     if outer is not None:
         _check_outer(outer)
-    drafts: list[_Draft] = []
     for position, item in enumerate(query.items):
         if position in interval_of:
             drafts.append(_interval(interval_of[position], item, columns))
@@ -173,10 +304,8 @@ def _plan(sql: str, role: RolePolicy, policy: Policy, params: DPParams) -> DPPla
         else:
             drafts.append(columns.aggregate(node, item.name, item.expression))
 
-    hidden: list[_Draft] = []
-    having = None
     if query.having is not None and not query.having_outer:
-        having = _having(_having_node(query), keys, query, drafts, hidden, columns)
+        measured.having = _having(_having_node(query), keys, query, drafts, hidden, columns)
     inputs: list[tuple[str, int]] = []  # the post statement's value columns: (name, index in the answer row)
     if outer is not None:
         if outer.keys_used:  # the GROUP BY expressions, when an expression reads one: hidden key columns
@@ -186,34 +315,67 @@ def _plan(sql: str, role: RolePolicy, policy: Policy, params: DPParams) -> DPPla
         for number, node in enumerate(outer.aggregates, 1):  # each aggregate: a hidden column (statistics shared)
             hidden.append(columns.aggregate(node, query.text_of(node).text, None))
             inputs.append((value(number), len(drafts) + len(hidden) - 1))
+        measured.post = _post_process(outer, query, inputs, [i for i, d in enumerate(drafts) if d.kind == "post"])
 
-    columns.settle_sums(epsilon, reach, gaussian)
-    mechanisms = columns.noisy()
+    try:
+        measured.order, measured.limit, measured.offset = _tail(query, tree)
+    except Refusal as refusal:
+        measured.tail = refusal.reject  # reported once the plan is priced, as when both were one pass
+    limit_parameter, offset_parameter = measured.limit[1], measured.offset[1]
+    tail = [part for part in (tree.args.get("limit"), tree.args.get("offset")) if part is not None]
+    in_tail = {id(node) for part in tail for node in part.find_all(exp.Parameter)}
+    measured_parameters = {node.this.this for node in tree.find_all(exp.Parameter) if id(node) not in in_tail}
+    measured.unmeasured_parameters = tuple(sorted({number for number in (limit_parameter, offset_parameter)
+                                                   if number is not None and str(number) not in measured_parameters}))
+    # A LIMIT/OFFSET parameter is bound with the others: the SQL types it as PostgreSQL would (bigint), unrun.
+    measured.checks = _having_checks(measured.having, drafts, hidden, query) + [
+        f"${number}::bigint IS NULL" for number in (limit_parameter, offset_parameter) if number is not None]
+    # GROUP BY a, b and GROUP BY b, a measure the same groups: one order of the keys for the measurement
+    measured.key_order = tuple(sorted(range(len(query.keys)), key=lambda i: query.keys[i]))
+
+
+def _price(measured: Measured | Reject, params: DPParams) -> DPPlan:
+    epsilon, delta = _params(params)
+    if isinstance(measured, Reject):
+        raise _again(measured)
+    query, columns = measured.query, measured.columns
+    if measured.selection is not None and delta <= 0:
+        raise unsupported(f"GROUP BY {', '.join(query.keys)} needs δ > 0: groups without a declared public "
+                          "domain are released only past a noisy threshold, which costs δ",
+                          "Declare a public domain for the grouping column, or give the role a δ.")
+    if measured.late is not None:
+        raise _again(measured.late)
+    # zCDP accounting: each statistic may take the discrete Gaussian of the same variance (it needs δ > 0 for the
+    # answer's basic (ε, δ) pair to be finite).
+    gaussian = params.accounting == "zcdp" and delta > 0
+    reach, public = measured.reach, measured.public
+    stats, swaps = columns.settled_sums(epsilon, reach, gaussian)
+    drafts = [_settled(draft, swaps) for draft in measured.drafts]
+    hidden = [_settled(draft, swaps) for draft in measured.hidden]
+    mechanisms = columns.noisy(stats)
     if not mechanisms and not public:
         raise unsupported("a dp query needs an aggregate or a GROUP BY", DP_HINT)
     share = Fraction(epsilon) / max(mechanisms, 1)
-    names = {key: f"anonproxy_s{i}" for i, key in enumerate(columns.stats, 1)}
-    statistics = {key: stat.finish(names[key], share, reach, gaussian) for key, stat in columns.stats.items()}
-    quantiles = {key: Quantile(names[values], key[1], key[2], lower, upper, step, share / reach, share, rows_cap)
+    names = {key: f"anonproxy_s{i}" for i, key in enumerate(stats, 1)}
+    statistics = {key: stat.finish(names[key], share, reach, gaussian) for key, stat in stats.items()}
+    quantiles = {key: Quantile(names[values], key[1], key[2], lower, upper, step, share / reach, share,
+                               measured.caps.max_rows_per_unit)
                  for key, (values, lower, upper, step) in columns.quantiles.items()}
 
     threshold = None
+    selection = measured.selection
     if selection is not None:
         chosen = statistics[selection]
         threshold = (selection_threshold(chosen.scale, reach, float(delta)) if chosen.sigma2 is None
                      else gaussian_selection_threshold(chosen.sigma2, reach, float(delta)))
     cost = _costs(list(statistics.values()), list(quantiles.values()), delta, selection is not None)
-    order, (limit, limit_parameter), (offset, offset_parameter) = _tail(query, tree)
-    tail = [part for part in (tree.args.get("limit"), tree.args.get("offset")) if part is not None]
-    in_tail = {id(node) for part in tail for node in part.find_all(exp.Parameter)}
-    measured_parameters = {node.this.this for node in tree.find_all(exp.Parameter) if id(node) not in in_tail}
-    # A LIMIT/OFFSET parameter is bound with the others: the SQL types it as PostgreSQL would (bigint), unrun.
-    checks = _having_checks(having, drafts, hidden, query) + [
-        f"${number}::bigint IS NULL" for number in (limit_parameter, offset_parameter) if number is not None]
-    # GROUP BY a, b and GROUP BY b, a measure the same groups: one order of the keys for the measurement
-    key_order = tuple(sorted(range(len(query.keys)), key=lambda i: query.keys[i]))
+    (limit, limit_parameter), (offset, offset_parameter) = measured.limit, measured.offset
+    if measured.tail is not None:
+        raise _again(measured.tail)
+    key_order, caps = measured.key_order, measured.caps
+    groups_cap, rows_cap = caps.max_groups_per_unit, caps.max_rows_per_unit
     return DPPlan(
-        sql=bounded_sql(query, list(statistics.values()), public, rows_cap, groups_cap, checks),
+        sql=bounded_sql(query, list(statistics.values()), public, rows_cap, groups_cap, measured.checks),
         columns=tuple(draft.finish(statistics, quantiles) for draft in drafts),
         epsilon=cost.epsilon,  # 0 when listing a public domain, which reads nothing private
         delta=cost.delta,
@@ -223,21 +385,19 @@ def _plan(sql: str, role: RolePolicy, policy: Policy, params: DPParams) -> DPPla
         statistics=tuple(statistics.values()),
         selection=statistics[selection].name if selection is not None else None,
         threshold=threshold,
-        order=order,
+        order=measured.order,
         limit=limit,
         offset=offset or 0,
         limit_parameter=limit_parameter,
         offset_parameter=offset_parameter,
-        unmeasured_parameters=tuple(sorted({number for number in (limit_parameter, offset_parameter)
-                                            if number is not None and str(number) not in measured_parameters})),
+        unmeasured_parameters=measured.unmeasured_parameters,
         max_groups_per_unit=groups_cap,
         max_rows_per_unit=rows_cap,
         hidden=tuple(draft.finish(statistics, quantiles) for draft in hidden),
-        having=having,
+        having=measured.having,
         domains=tuple(public) if public is not None else None,
-        post=_post_process(outer, query, inputs, [i for i, d in enumerate(drafts) if d.kind == "post"])
-        if outer is not None else None,
-        nested=shape.post if isinstance(shape, Nested) else None,
+        post=measured.post,
+        nested=measured.nested,
         rho=cost.rho,
         delta_add=cost.delta_add,
         # What the answer cache's key reads: the SQL with statistics and keys in a canonical order, no HAVING checks.
@@ -246,6 +406,11 @@ def _plan(sql: str, role: RolePolicy, policy: Policy, params: DPParams) -> DPPla
                              None if public is None else [public[i] for i in key_order], rows_cap, groups_cap, []),
         key_order=key_order,
     )
+
+
+def _again(reject: Reject) -> Refusal:
+    """A refusal measuring found, raised when the plan is priced."""
+    return Refusal(reject.sqlstate, reject.message, reject.hint)
 
 
 @dataclass(frozen=True)
@@ -293,7 +458,7 @@ def _interval(wanted: interval_items.IntervalItem, item: Item, columns: _Columns
         raise unsupported(f"{wanted.function}({item.expression}): only count, sum and avg have a 95 % interval in "
                           "value units (a quantile's accuracy is stated in ranks; variance and stddev have no "
                           "interval yet)", interval_items.HINT)
-    return _Draft(wanted.name, "interval", bound=wanted.bound, of=target)
+    return _Draft(wanted.name, "interval", bound="low" if wanted.bound == "low" else "high", of=target)
 
 
 def _check_outer(outer: PostAggregate) -> None:
@@ -330,7 +495,20 @@ def _post_process(outer: PostAggregate, query: AnalyticQuery, inputs: list[tuple
     return PostProcess(sql, tuple(index for _, index in inputs), tuple(computed), query.having_outer)
 
 
-_ColumnKey = tuple  # identifies a statistic: (kind, argument, center, power, offset)
+_ColumnKey: TypeAlias = tuple[Any, ...]  # identifies a statistic: (kind, argument, center, power, offset)
+# (Σ(x − center), its count, center) of an avg, variance or stddev: what a sum may derive from
+_Moments: TypeAlias = tuple[_ColumnKey, _ColumnKey, Fraction]
+_QuantileKey: TypeAlias = tuple[str, Fraction, bool]  # (argument, q, discrete)
+
+
+def _settled(draft: _Draft, swaps: dict[_ColumnKey, _Moments]) -> _Draft:
+    """``draft`` with its sum's statistics as priced (``swaps``: own statistic -> the moments it derives from)."""
+    if draft.of is not None:
+        return replace(draft, of=_settled(draft.of, swaps))
+    if draft.kind == "sum" and draft.denominator is None and draft.statistic in swaps:
+        statistic, denominator, center = swaps[draft.statistic]
+        return replace(draft, statistic=statistic, denominator=denominator, center=center)
+    return draft
 
 
 @dataclass
@@ -398,11 +576,11 @@ class _Draft:
     lower: Fraction | None = None
     upper: Fraction | None = None
     sample: bool = False
-    quantile: tuple | None = None
+    quantile: _QuantileKey | None = None
     bound: Literal["low", "high"] | None = None  # kind "interval": which end of ``of``'s interval
     of: _Draft | None = None
 
-    def finish(self, statistics: dict[_ColumnKey, Statistic], quantiles: dict[tuple, Quantile]) -> OutputColumn:
+    def finish(self, statistics: dict[_ColumnKey, Statistic], quantiles: dict[_QuantileKey, Quantile]) -> OutputColumn:
         def name(key: _ColumnKey | None) -> str | None:
             return None if key is None else statistics[key].name
 
@@ -436,8 +614,8 @@ class _Draft:
             reach = float(max(self.upper - self.center, self.center - self.lower))
             spreads = [intervals.spread(part.mechanism, part.stddev) for part in parts]
             noise = ColumnNoise("ratio", None, float(total.epsilon + count.epsilon), 0.0, None, None,
-                                ratio_numerator=intervals.sum_quantile(*spreads, reach), parts=parts,
-                                ratio_center=intervals.sum_quantile(*spreads, 0.0))
+                                ratio_numerator=intervals.sum_quantile(spreads[0], spreads[1], reach), parts=parts,
+                                ratio_center=intervals.sum_quantile(spreads[0], spreads[1], 0.0))
         elif self.kind in ("variance", "stddev"):
             used = [self.statistic, self.denominator, self.linear]
             spent = float(sum(statistics[key].epsilon for key in used if key is not None))
@@ -461,45 +639,51 @@ class _Columns:
         self.nullable = _nullable_side(tree, self.tables)
         self.stats: dict[_ColumnKey, _Stat] = {}
         # (argument, q, discrete) -> (the values statistic, L, U, grid step)
-        self.quantiles: dict[tuple, tuple[_ColumnKey, Fraction, Fraction, Fraction]] = {}
+        self.quantiles: dict[_QuantileKey, tuple[_ColumnKey, Fraction, Fraction, Fraction]] = {}
         # argument -> (Σ(x − center), its count, center) of an avg, variance or stddev: what a sum may derive from
         self.moments: dict[str, tuple[_ColumnKey, _ColumnKey, Fraction]] = {}
         self.sums: list[tuple[_Draft, _ColumnKey]] = []  # sum drafts and their own statistics, for settle_sums
 
-    def noisy(self) -> int:
-        """How many noisy statistics the answer has (each quantile counted as one): its ε is split between them."""
-        return sum(stat.kind != "values" for stat in self.stats.values()) + len(self.quantiles)
+    def noisy(self, stats: dict[_ColumnKey, _Stat]) -> int:
+        """How many noisy statistics an answer with ``stats`` has (each quantile counted as one): its ε is split
+        between them."""
+        return sum(stat.kind != "values" for stat in stats.values()) + len(self.quantiles)
 
-    def settle_sums(self, epsilon: Fraction, reach: int, gaussian: bool) -> None:
-        """Give each sum its statistics: Σ(x − c) + c·n from an average of the same argument when that has the
-        smaller error at the final split of ε, else its own statistic. Decided on the plan alone."""
-        decided: dict[_ColumnKey, bool] = {}  # the sum's own statistic -> derived instead
-        for draft, own in self.sums:
+    def settled_sums(self, epsilon: Fraction, reach: int, gaussian: bool,
+                     ) -> tuple[dict[_ColumnKey, _Stat], dict[_ColumnKey, _Moments]]:
+        """The statistics at ``epsilon``, and each sum's statistic that is derived instead (from its moments):
+        Σ(x − c) + c·n from an average of the same argument when that has the smaller error at the final split of
+        ε, else its own statistic. Decided on the measurement alone, which it leaves as it is (it is priced again
+        at another ε)."""
+        stats = dict(self.stats)
+        swaps: dict[_ColumnKey, _Moments] = {}
+        decided: set[_ColumnKey] = set()
+        for _, own in self.sums:
             moments = self.moments.get(own[1])
-            if own not in decided:
-                derived = False
-                if moments is not None and moments[0] != own:  # (centred on 0, avg's sum is this one)
-                    linear, count, center = moments
-                    m = self.noisy()
-                    variance = (self.stats[linear].finish("", epsilon / (m - 1), reach, gaussian).stddev ** 2
-                                + float(center) ** 2 * self.stats[count].finish("", epsilon / (m - 1), reach,
-                                                                                gaussian).stddev ** 2)
-                    alone = self.stats[own].finish("", epsilon / m, reach, gaussian).stddev ** 2
-                    derived = variance <= alone
-                    if derived:
-                        del self.stats[own]
-                decided[own] = derived
-            if decided[own] and moments is not None:
-                draft.statistic, draft.denominator, draft.center = moments
+            if own in decided or moments is None or moments[0] == own:  # (centred on 0, avg's sum is this one)
+                continue
+            decided.add(own)
+            linear, count, center = moments
+            m = self.noisy(stats)
+            variance = (stats[linear].finish("", epsilon / (m - 1), reach, gaussian).stddev ** 2
+                        + float(center) ** 2 * stats[count].finish("", epsilon / (m - 1), reach,
+                                                                   gaussian).stddev ** 2)
+            alone = stats[own].finish("", epsilon / m, reach, gaussian).stddev ** 2
+            if variance <= alone:
+                del stats[own]
+                swaps[own] = moments
+        return stats, swaps
 
     def never_null(self, node: exp.Expression) -> bool:
         """Whether an aggregate's argument is a column that is NULL in no row of the FROM clause: declared NOT NULL
         in the catalog (read with the policy), of a table not on the nullable side of a LEFT JOIN. Only the
         accuracy rests on it: a count of such a column is the count of rows, and shares that statistic."""
         found = self.column_table(node)
-        if found is None or found[0] is None or found[0] in self.nullable:
+        if found is None:
             return False
         table, name = found
+        if table is None or table in self.nullable:
+            return False
         model = table.protected if table.protected is not None else table.linked
         return model is not None and model.not_null is not None and name in model.not_null
 
@@ -608,8 +792,8 @@ class _Columns:
             if max(abs(derived[0]), abs(derived[1])) == 0:
                 raise unsupported(f"{function.upper()}({text}) adds up only zeros", DP_HINT)
             return derived[0], derived[1], text
-        cast = _unparen(argument)
-        cast = cast if isinstance(cast, exp.Cast) and node is not None else None  # checked: a widening cast
+        unwrapped = _unparen(argument)
+        cast = unwrapped if isinstance(unwrapped, exp.Cast) and node is not None else None  # checked: widening
         found = self.column_table(cast.this if cast is not None else argument)
         if found is None:
             if node is None:  # a quantile ranks the column's own values
@@ -633,7 +817,8 @@ class _Columns:
             raise unsupported(f"the declared bounds of {name} are both 0", BOUNDS_HINT)
         if cast is not None:  # the column's values, converted without error or change of magnitude
             return lower, upper, self.query.text_of(node).argument  # type: ignore[arg-type, return-value]
-        return lower, upper, self._column_sql(_unparen(argument))
+        assert isinstance(unwrapped, exp.Column)  # column_table found a table: a column reference
+        return lower, upper, self._column_sql(unwrapped)
 
     def _derived_bounds(self, argument: exp.Expression) -> tuple[Fraction, Fraction] | None:
         """Bounds that follow from the expression itself and the declared bounds of the columns it reads
@@ -664,7 +849,7 @@ class _Columns:
         found = self.column_table(node)
         if found is None or found[0] is None:
             return bounds.ColumnFacts(name, None)
-        table, name = found
+        table, name = found[0], found[1]
         model = table.protected if table.protected is not None else table.linked
         sql_type = model.types.get(name) if model is not None and model.types is not None else None
         policy = _policy_columns(table).get(name)
@@ -701,7 +886,7 @@ class _Columns:
         found = self.column_table(node)
         if found is None or found[0] is None:
             return False
-        table, name = found
+        table, name = found[0], found[1]
         if table.protected is not None:
             return name == table.protected.unit_column
         return table.linked is not None and name == table.linked.column
@@ -733,7 +918,7 @@ def _unparen(node: exp.Expression) -> exp.Expression:
 
 def _function_name(node: exp.Expression) -> str:
     """An aggregate's function name, for messages (its sqlglot class: var_samp is variance)."""
-    names = {exp.Count: "count", exp.Sum: "sum", exp.Avg: "avg", exp.Variance: "variance",
+    names: dict[type[exp.Expression], str] = {exp.Count: "count", exp.Sum: "sum", exp.Avg: "avg", exp.Variance: "variance",
              exp.VariancePop: "var_pop", exp.Stddev: "stddev", exp.StddevSamp: "stddev_samp",
              exp.StddevPop: "stddev_pop", exp.Median: "median", exp.PercentileCont: "percentile_cont",
              exp.PercentileDisc: "percentile_disc"}
@@ -741,7 +926,7 @@ def _function_name(node: exp.Expression) -> str:
 
 
 def _having(node: exp.Expression, keys: list[exp.Expression], query: AnalyticQuery, drafts: list[_Draft],
-            hidden: list[_Draft], columns: _Columns) -> tuple:
+            hidden: list[_Draft], columns: _Columns) -> tuple[Any, ...]:
     """HAVING compiled over the answer row (visible columns, then hidden ones it needs)."""
     positions: dict[exp.Expression, int] = {}
     for index, item in enumerate(query.items):
@@ -768,7 +953,7 @@ def _having(node: exp.Expression, keys: list[exp.Expression], query: AnalyticQue
     return compile_having(node, value_of, lambda index: [*drafts, *hidden][index].kind != "key")
 
 
-def _having_checks(tree: tuple | None, drafts: list[_Draft], hidden: list[_Draft], query: AnalyticQuery) -> list[str]:
+def _having_checks(tree: tuple[Any, ...] | None, drafts: list[_Draft], hidden: list[_Draft], query: AnalyticQuery) -> list[str]:
     """SQL conditions repeating HAVING's comparisons that involve a grouping key, with every aggregate standing in as
     a numeric, for PostgreSQL to type-check (text > 5 is an error there, not an empty answer): the plan's SQL parses
     them in a CTE it never runs."""
@@ -778,10 +963,10 @@ def _having_checks(tree: tuple | None, drafts: list[_Draft], hidden: list[_Draft
         return [check for child in tree[1:] for check in _having_checks(child, drafts, hidden, query)]
     outputs = [*drafts, *hidden]
 
-    def sql(node: tuple) -> str | None:
+    def sql(node: tuple[Any, ...]) -> str | None:
         if node[0] == "value":
             draft = outputs[node[1]]
-            return f"({query.keys[draft.key]})" if draft.kind == "key" else "0::numeric"  # type: ignore[index]
+            return f"({query.keys[draft.key]})" if draft.kind == "key" else "0::numeric"
         constant = node[1]
         if node[0] != "const" or constant is None:
             return None
@@ -843,19 +1028,26 @@ def selection_threshold(scale: Fraction | float, reach: int, delta: float) -> in
     return max(2, 1 + ceil_scaled_log(scale, lambda alpha: (reach / Decimal(delta)).ln() - (1 + alpha).ln()))
 
 
-def _params(params: DPParams) -> tuple[Fraction, Fraction, int, int]:
-    hint = "Ask the DBA to fix the role's dp parameters."
+_PARAMS_HINT = "Ask the DBA to fix the role's dp parameters."
+
+
+def _params(params: DPParams) -> tuple[Fraction, Fraction]:
+    """The per-query ε and δ, exact, once checked (and the accounting)."""
     if not (isinstance(params.epsilon, (int, float)) and math.isfinite(params.epsilon) and params.epsilon > 0):
-        raise unsupported("the role's ε must be a positive number", hint)
+        raise unsupported("the role's ε must be a positive number", _PARAMS_HINT)
     if not (isinstance(params.delta, (int, float)) and 0 <= params.delta < 1):
-        raise unsupported("the role's δ must be in [0, 1)", hint)
+        raise unsupported("the role's δ must be in [0, 1)", _PARAMS_HINT)
     if params.accounting not in ("basic", "zcdp"):
-        raise unsupported("the role's accounting must be basic or zcdp", hint)
+        raise unsupported("the role's accounting must be basic or zcdp", _PARAMS_HINT)
+    return Fraction(params.epsilon), Fraction(params.delta)
+
+
+def _caps(caps: Caps) -> tuple[int, int]:
     for name in ("max_groups_per_unit", "max_rows_per_unit"):
-        value = getattr(params, name)
+        value = getattr(caps, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise unsupported(f"the role's {name} must be a positive integer", hint)
-    return (Fraction(params.epsilon), Fraction(params.delta), params.max_groups_per_unit, params.max_rows_per_unit)
+            raise unsupported(f"the role's {name} must be a positive integer", _PARAMS_HINT)
+    return caps.max_groups_per_unit, caps.max_rows_per_unit
 
 
 def _node(item: Item) -> exp.Expression:
@@ -884,7 +1076,7 @@ def _numeric_constant(node: exp.Expression) -> Fraction | None:
     return sign * Fraction(number) if number.is_finite() else None
 
 
-def _public_domains(query: AnalyticQuery, columns: _Columns) -> list[tuple[str, ...]] | None:
+def _public_domains(query: AnalyticQuery, tree: exp.Select, columns: _Columns) -> list[tuple[str, ...]] | None:
     """The declared domain of every GROUP BY key, when every key is a column that has one, without the values its
     WHERE clause excludes; else None."""
     domains = []
@@ -894,7 +1086,9 @@ def _public_domains(query: AnalyticQuery, columns: _Columns) -> list[tuple[str, 
         if column is None or not column.domain:
             return None
         domains.append(tuple(column.domain))
-    domains = restricted(query, domains, columns.column_table)  # the values the WHERE clause lets through
+    where = tree.args.get("where")
+    # the values the WHERE clause lets through
+    domains = restricted(query, where.this if where is not None else None, domains, columns.column_table)
     if math.prod(len(d) for d in domains) > MAX_DOMAIN_CELLS:
         raise unsupported(f"the public domains of the GROUP BY columns have more than {MAX_DOMAIN_CELLS} "
                           "combinations", "Group by fewer columns.")

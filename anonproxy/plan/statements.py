@@ -21,7 +21,7 @@ from sqlglot.dialects.dialect import Dialect
 from sqlglot.errors import SqlglotError
 from sqlglot.parser import Parser
 
-from anonproxy.plan.refusals import unsupported
+from anonproxy.plan.refusals import forbidden, unsupported
 from anonproxy.plan.tables import fold
 
 DIALECT = Dialect.get_or_raise("postgres")
@@ -319,3 +319,25 @@ def _check_gap(sql: str, position: int, stop: int) -> None:
 
 def _first_line(exc: Exception) -> str:
     return str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+
+
+# What a query statement may be at its top: one SELECT, set operation, VALUES or parenthesised query.
+_QUERY_TOPS = (exp.Select, exp.SetOperation, exp.Values, exp.Subquery)
+
+
+def parse_statement(statement: Statement) -> exp.Expression:
+    """The one sqlglot parse of a query statement (the router's, or the dp planner's for a text of its own)."""
+    try:
+        trees = parser().parse(list(statement.tokens), statement.source)
+    except SqlglotError as exc:
+        first_line = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        raise unsupported(f"could not parse the statement: {first_line}", PARSE_HINT) from None
+    trees = [tree for tree in trees if tree is not None]
+    if len(trees) != 1:
+        raise unsupported("could not parse the statement", PARSE_HINT)
+    tree = trees[0]
+    if isinstance(tree, (exp.DML, exp.DDL, exp.Command)):
+        raise forbidden(f"{type(tree).__name__.upper()} is not allowed for anonymized roles", PARSE_HINT)
+    if not isinstance(tree, _QUERY_TOPS):
+        raise unsupported(f"could not read {type(tree).__name__.upper()} as a query", PARSE_HINT)
+    return tree

@@ -1,23 +1,27 @@
-"""Differentially private answers for roles in mode ``dp`` (one instance per worker).
+"""Differentially private answers for roles in mode ``dp`` (one instance per worker): the I/O of a question.
 
-The I/O of the dp back-end (what it decides without I/O is in
-:mod:`anonproxy.dp.answers`). For one query: plan it (anonproxy.dp.plan) with the role's per-query
-ε and δ from its budget — lowered by the session's ``SET anonproxy.epsilon``
-/ ``anonproxy.delta`` — and, in one statement (``anonproxy.lookup_answer``),
-read that per-query cost, the data version and the noisy measurement already
-paid for (keyed by the plan's measurement only: anonproxy.dp.answers.fingerprint).
-That one round trip is the whole ledger work for a question already answered;
-the statement is then finished from that measurement, at no cost.
-Else check the bound values (converted alone, reading nothing: a bad value is
-refused for free), then charge the ledger, committed before any row is read
-(fail closed: a question that fails after the charge stays paid for, and an
-exhausted budget is refused before its SQL runs); then, in one REPEATABLE
-READ READ ONLY transaction, read the data version of every table the plan
-reads and run the contribution-bounded SQL with the client's bound
-parameters; measure (noise, partition selection), cache the measurement
-under that version (anonproxy.dp.ledger), and finish the statement from it.
-A query that only lists declared public domains reads no row and is neither
-charged nor cached.
+What a question does, and in what order, is :mod:`anonproxy.dp.question`, a
+generator of steps without I/O; this module drives it (:meth:`NoisyAnswers._drive`)
+and does each step's I/O. For one query: the router's measurement of the
+statement (:class:`anonproxy.route.decision.Noisy`, made from its one parse)
+is priced, with the final SQL check, in the worker's analysis process, at the
+role's per-query ε and δ as this worker last read them (lowered by the
+session's ``SET anonproxy.epsilon`` / ``anonproxy.delta``), and cached per
+worker; in one statement (``anonproxy.lookup_answer``) the ledger gives that
+per-query cost, the data version and the noisy measurement already paid for
+(keyed by the plan's measurement only: anonproxy.dp.answers.fingerprint). That
+one round trip is the whole ledger work for a question already answered; the
+statement is then finished from that measurement, at no cost. (When the
+ledger's cost differs, the same measurement is priced again at it.) Else check
+the bound values (converted alone, reading nothing: a bad value is refused for
+free), then charge the ledger, committed before any row is read (fail closed:
+a question that fails after the charge stays paid for, and an exhausted budget
+is refused before its SQL runs); then, in one REPEATABLE READ READ ONLY
+transaction, read the data version of every table the plan reads and run the
+contribution-bounded SQL with the client's bound parameters; measure (noise,
+partition selection), cache the measurement under that version
+(anonproxy.dp.ledger), and finish the statement from it. A query that only
+lists declared public domains reads no row and is neither charged nor cached.
 
 Time limits and cancels (:class:`Stop`): a question is held to the session's
 statement time limit from when it is asked, and a client's CancelRequest
@@ -63,10 +67,10 @@ import logging
 import math
 import time
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Generator
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg import generators, pq
@@ -74,51 +78,60 @@ from psycopg.adapt import Transformer
 
 from ..config import ServiceLogin
 from ..dp import amounts, ledger
+from ..dp import question as question_steps
 from ..dp.answers import (
-    DEFAULT_COSTS,
-    cost,
-    decoded,
+    checked_sql,
     default_cost,
-    encoded,
-    explained,
-    fingerprint,
-    or_default,
+    measured_text,
     per_query,
-    plan_checked,
-    row_texts,
+    priced_checked,
     series_question,
 )
-from ..dp.finish import Measurement, finish, measure, post_arrays, released_rows
+from ..dp.finish import Measurement, finish, post_arrays, released_rows
 from ..dp.model import DPParams, DPPlan
-from ..plan.final_sql import verify
-from ..plan.outer import ROWS, Outer, Series
+from ..dp.question import (
+    Asked,
+    Charge,
+    Check,
+    CheckStop,
+    Costs,
+    Finish,
+    Limits,
+    Lookup,
+    MeasureText,
+    Need,
+    Price,
+    Read,
+    Refused,
+    Remaining,
+    RunReleased,
+    Store,
+    notice,
+    plain,
+)
+from ..plan.outer import Outer, Series
 from ..plan.refusals import Reject
 from ..policy.model import Policy, RolePolicy
-from ..policy.zcdp import Accounting, zcdp_epsilon
-from ..route.decision import SessionSetting
-from ..wire import protocol as pg
+from ..route.decision import ExplainDP, Noisy, SessionSetting
 from ..wire.results import Column, Result, text_value
 from .analysis import Analyser, AnalysisFailed, AnalysisTimeout
 from .audit_trail import Spent
 from .cache import BoundedCache
 from .cancel import CANCEL_TIMEOUT
-from .gate import EXPLAIN_COLUMNS, Description, Parameters
+from .gate import Description, Parameters
 from .servers import Servers
 from .service import login_refusal
 from .standby_reads import StandbyConnections, alive
 
+__all__ = ["NoisyAnswers", "Refused", "SessionLimits", "Stop"]
+
 log = logging.getLogger("anonproxy.dp")
+T = TypeVar("T")
 
 POOL_SIZE = 4  # connections per worker: dp questions of different sessions run side by side
 PLAN_CACHE_BYTES = 32 * 1024 * 1024  # plans are deterministic in (text, role, policy version, ε, δ): kept per worker
 
 _BEGIN_SNAPSHOT = "begin isolation level repeatable read, read only"
-
-# What a question is planned at: the per-query ε and δ, and the accounting of the budget it spends (which decides
-# the mechanisms).
-Costs = tuple[Decimal, Decimal, Accounting]
-_DEFAULTS: Costs = (*DEFAULT_COSTS, "basic")
-
 
 @dataclass
 class SessionLimits:
@@ -133,15 +146,6 @@ class SessionLimits:
     def reset(self) -> None:
         """RESET ALL, DISCARD ALL: back to the values given at login, else the policy's."""
         self.epsilon, self.delta = self.at_login.get("epsilon"), self.at_login.get("delta")
-
-
-class Refused(Exception):
-    """An error for the client: SQLSTATE, message, hint, detail."""
-
-    def __init__(self, sqlstate: str, message: str, hint: str | None = None, detail: str | None = None) -> None:
-        super().__init__(message)
-        self.sqlstate, self.hint, self.detail = sqlstate, hint, detail
-        self.response = pg.error_response(sqlstate, message, hint=hint, detail=detail)
 
 
 class Stop:
@@ -205,6 +209,23 @@ async def _send_cancel(conn: psycopg.AsyncConnection[Any]) -> None:
         log.warning("cannot cancel a dp question's SQL: %s", str(exc).strip())
 
 
+@dataclass(frozen=True)
+class _Asking:
+    """Who asks a question, and with what: what the driver needs to do its steps' I/O."""
+
+    role: RolePolicy
+    policy: Policy
+    parameters: Parameters
+    stop: Stop
+    asker: int  # whose turn its analysis takes
+
+
+def _asked(question: Noisy | ExplainDP, role: RolePolicy, parameters: Parameters, limits: SessionLimits) -> Asked:
+    """The question as dp.question takes it: the router's measurement (else its text, measured when priced)."""
+    return Asked(question.sql, question.plan if question.plan is not None else question.sql, role.role, parameters,
+                 Limits(limits.epsilon, limits.delta))
+
+
 class NoisyAnswers:
     def __init__(self, dsn: str, size: int = POOL_SIZE, analyser: Analyser | None = None,
                  login: ServiceLogin | None = None, servers: Servers | None = None) -> None:
@@ -221,9 +242,9 @@ class NoisyAnswers:
         self._slots = asyncio.Semaphore(size)
         self._analyser = analyser  # plans off the event loop (None: on it)
         self._plans: BoundedCache[tuple[str, str, int, DPParams], DPPlan | Reject] = BoundedCache(PLAN_CACHE_BYTES)
-        # (role, table) -> the per-query (ε, δ) and the accounting last read from the ledger: what the next question
-        # is planned at before the ledger confirms it
-        self._costs: dict[tuple[str, str], Costs] = {}
+        # role -> table -> the per-query (ε, δ) and the accounting last read from the ledger: what the next question
+        # is priced at before the ledger confirms it
+        self._costs: dict[str, dict[str, Costs]] = {}
 
     async def close(self) -> None:
         while self._idle:
@@ -232,78 +253,44 @@ class NoisyAnswers:
 
     # -- what the session asks ---------------------------------------------------------
 
-    async def answer(self, sql: str, role: RolePolicy, policy: Policy, parameters: Parameters,
+    async def answer(self, question: Noisy, role: RolePolicy, policy: Policy, parameters: Parameters,
                      limits: SessionLimits, stop: Stop | None = None, spent: Spent | None = None) -> Result:
-        """The noisy answer, charged (or the cached one, free); ``spent`` gets what it read and cost; ``stop``: the
-        time limit and the client's cancel, which stop it with 57014.
-
-        A nested question (anonproxy.plan.outer) is answered in steps: its aggregate query first, like any other;
-        then an outer query post-processes the released rows in PostgreSQL (over a VALUES list of them, reading no
-        table), or Superset's series limit asks its second question, restricted to the released keys, and pays
-        for it too."""
-        spent, stop = spent or Spent(), stop or Stop()
-        result, plan = await self._answer(sql, role, policy, parameters, limits, stop, spent)
-        if isinstance(plan.nested, Outer):
-            return await self._post_process(plan.nested, result, policy, role)
-        if isinstance(plan.nested, Series):
-            question = series_question(plan.nested, result.rows)
-            second = Spent()
-            answered, _ = await self._answer(question, role, policy, parameters, limits, stop, second)
-            spent.relations = tuple(sorted({*spent.relations, *second.relations}))
-            spent.epsilon, spent.delta = spent.epsilon + second.epsilon, spent.delta + second.delta
-            spent.rho, spent.delta_add = spent.rho + second.rho, spent.delta_add + second.delta_add
-            spent.epsilon_spent_delta = (spent.epsilon_spent_delta or 0) + (second.epsilon_spent_delta or 0)
-            spent.epsilon_spent_after = second.epsilon_spent_after or spent.epsilon_spent_after
-            keys = {plan.nested.key_values(row_texts(row)) for row in result.rows}
-            rows = plan.nested.page(tuple(row for row in answered.rows
-                                          if plan.nested.released(row_texts(row), keys)))
-            return replace(answered, rows=rows, notices=result.notices + answered.notices)
-        return result
-
-    async def _answer(self, sql: str, role: RolePolicy, policy: Policy, parameters: Parameters,
-                      limits: SessionLimits, stop: Stop, spent: Spent) -> tuple[Result, DPPlan]:
-        """One question's noisy answer and its plan. Stopped (``stop``) before the charge, it costs nothing;
-        stopped while its SQL runs, it stays charged."""
+        """The noisy answer of ``question`` (the router's Noisy decision), charged (or the cached one, free);
+        ``spent`` gets what it read and cost; ``stop``: the time limit and the client's cancel, which stop it with
+        57014. The question's steps are anonproxy.dp.question's; this drives them."""
+        asking = _Asking(role, policy, parameters, stop or Stop(), limits.asker)
+        asked = _asked(question, role, parameters, limits)
         async with self._connection() as conn:
-            plan, fingerprint, found = await self._question(conn, sql, role, policy, parameters, limits)
-            plan = _bound_tail(plan, parameters)  # LIMIT $n, OFFSET $n: post-processing, not in the key
-            spent.relations, spent.budget_domain, spent.accounting = plan.tables, plan.table, found.accounting
-            spent.epsilon, spent.delta, spent.rho, spent.delta_add = 0, 0, 0, 0  # until charged
-            spent.epsilon_spent_delta, spent.epsilon_spent_after = Decimal(0), None
-            stop.check()  # a cached answer too: a statement past its time limit fails, as in PostgreSQL
-            if plan.free:
-                types, rows = await _run(conn, plan.sql, parameters)
-                return await _result(conn, plan, measure(plan, types, rows), "anonproxy: the declared public domain, "
-                                     "from the policy: no row was read and nothing was charged"), plan
-            headline = f"anonproxy: differentially private answer; it {cost(plan, found.accounting)}"
-            cached = _readable(found.answer, plan)
-            if cached is not None:  # the measurement paid for before, finished for this statement: no cost
-                headline = ("anonproxy: differentially private answer, paid for when first asked "
-                            f"(it {cost(plan, found.accounting)})")
-                return _with_notice(await _result(conn, plan, cached, headline), "anonproxy: the same question on "
-                                    "the same data was answered before; this is that answer, at no cost: ε spent "
-                                    f"on {plan.table} did not move"), plan
-            await _check_statement(conn, plan, parameters)
-            stop.check()
-            # Charged, and committed, before the data is read: a question that fails from here on (its SQL, the
-            # noise, the connection) stays paid for, so no failure is a free look at the data.
-            self._warned.discard(conn)
-            left = await ledger.charge(conn, role.role, plan.table, plan.epsilon, plan.delta, fingerprint,
-                                       rho=plan.rho, delta_add=plan.delta_add)
-            self._check_confirmed(conn)
-            spent.epsilon, spent.delta = plan.epsilon, plan.delta
-            spent.rho, spent.delta_add = plan.rho, plan.delta_add
-            spent.accounting, spent.epsilon_spent_after = left.accounting, left.epsilon_spent
-            spent.epsilon_spent_delta = left.epsilon_spent_delta or Decimal(0)
-            version, types, rows = await self._measure(conn, plan, parameters, stop)
-            measured = measure(plan, types, rows)
-            # Another session of the role may have paid for the same question meanwhile: one measurement is released.
-            stored = await ledger.store_answer(conn, role.role, fingerprint, version,
-                                               encoded(measured.canonical(plan)))
-            kept = _readable(stored, plan)
-            result = await _result(conn, plan, kept or measured, headline)
-            return _with_notice(result, f"anonproxy: this answer moved ε spent on {plan.table} by "
-                                        f"{amounts.spent(spent.epsilon_spent_delta)}: {_state(left)}"), plan
+            return await self._drive(question_steps.answer(asked, self._known(role), policy.version,
+                                                           spent or Spent()), asking, conn)
+
+    async def describe(self, question: Noisy, role: RolePolicy, policy: Policy, parameters: Parameters,
+                       limits: SessionLimits) -> Description:
+        """Parameter types and result columns of a dp query, from the server's description of its plan:
+        nothing is run, charged or read from the ledger (the types do not depend on the per-query cost)."""
+        asking = _Asking(role, policy, parameters, Stop(), limits.asker)
+        plan = await self._drive(question_steps.described(_asked(question, role, parameters, limits),
+                                                          self._known(role)), asking)
+        async with self._connection() as conn:
+            parameter_types, types = await _describe(conn, plan.sql, parameters.types)
+            post_types = await _post_types(conn, plan, types)
+            columns = _output_columns(plan, types, post_types)
+            if isinstance(plan.nested, Outer):
+                outer_sql, bound_types, _ = question_steps.over_released(plan.nested, Result(columns))
+                columns = await _describe_columns(conn, outer_sql, bound_types)
+        if isinstance(plan.nested, Series):  # the second question's columns; its restriction does not change them
+            second = await self.describe(Noisy(series_question(plan.nested, ())), role, policy, parameters, limits)
+            columns = second.columns
+        return Description(parameter_types, columns)
+
+    async def explain(self, question: ExplainDP, role: RolePolicy, policy: Policy, parameters: Parameters,
+                      limits: SessionLimits) -> Result:
+        """``EXPLAIN (ANONPROXY)``: cost, noise and whether the answer is cached, without running or charging."""
+        asking = _Asking(role, policy, parameters, Stop(), limits.asker)
+        asked = _asked(question, role, parameters, limits)
+        async with self._connection() as conn:
+            return await self._drive(question_steps.explain(asked, self._known(role), policy.version), asking,
+                                     conn)
 
     def _check_confirmed(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """With standbys, refuse to answer when the charge's commit came with a WARNING: the ledger functions raise
@@ -333,69 +320,13 @@ class NoisyAnswers:
                 self._servers.failed(standby)
         return await _measured_on(conn, plan, parameters, stop)
 
-    async def _post_process(self, outer: Outer, released: Result, policy: Policy, role: RolePolicy) -> Result:
-        """The outer query over the released rows, run by PostgreSQL over a VALUES list of them: its functions,
-        types and column names are PostgreSQL's, and it reads no table (the final SQL check says so)."""
-        sql, parameters = _over_released(outer, released)
-        verify(sql, policy, role.role)
-        async with self._connection() as conn:
-            columns, rows = await _run_described(conn, sql, parameters)
-        return Result(columns, tuple(tuple(text_value(value, column.type_oid)
-                                           for value, column in zip(row, columns, strict=True)) for row in rows),
-                      notices=released.notices + _notice("anonproxy: the outer query was computed from the released "
-                                                         "rows above, at no extra cost"))
-
-    async def describe(self, sql: str, role: RolePolicy, policy: Policy, parameters: Parameters,
-                       limits: SessionLimits) -> Description:
-        """Parameter types and result columns of a dp query, from the server's description of its plan:
-        nothing is run, charged or read from the ledger (the types do not depend on the per-query cost)."""
-        first = await self._plan(sql, role, policy, _DEFAULTS, limits)
-        plan = await self._plan(sql, role, policy, self._costs.get((role.role, first.table), _DEFAULTS), limits)
-        async with self._connection() as conn:
-            parameter_types, types = await _describe(conn, plan.sql, parameters.types)
-            post_types = await _post_types(conn, plan, types)
-            columns = _output_columns(plan, types, post_types)
-            if isinstance(plan.nested, Outer):
-                outer_sql, bound = _over_released(plan.nested, Result(columns))
-                columns = await _describe_columns(conn, outer_sql, bound.types)
-        if isinstance(plan.nested, Series):  # the second question's columns; its restriction does not change them
-            second = await self.describe(series_question(plan.nested, ()), role, policy, parameters,
-                                         limits)
-            columns = second.columns
-        return Description(parameter_types, columns)
-
-    async def explain(self, sql: str, role: RolePolicy, policy: Policy, parameters: Parameters,
-                      limits: SessionLimits) -> Result:
-        """``EXPLAIN (ANONPROXY)``: cost, noise and whether the answer is cached, without running or charging."""
-        async with self._connection() as conn:
-            plan, _, found = await self._question(conn, sql, role, policy, parameters, limits)
-            lines = explained(plan, found)
-            questions = [(plan, found)]
-            if isinstance(plan.nested, Outer):
-                lines.append("then an outer query post-processes the released rows: no extra cost")
-            elif isinstance(plan.nested, Series):
-                # The second question costs the same whatever keys the first one releases: plan it without them.
-                question = series_question(plan.nested, ())
-                second, _, second_found = await self._question(conn, question, role, policy, parameters, limits)
-                lines.append("then the same query restricted to the groups released above (series limit), a second "
-                             "question:")
-                lines += [f"  {line}" for line in explained(second, second_found)]
-                questions.append((second, second_found))
-            budget = await ledger.remaining(conn, role.role, plan.table)
-        charged = [question for question, seen in questions if not question.free and seen.answer is None]
-        if charged:
-            lines.append(_moved(charged, budget))
-        lines.append(f"budget of {plan.table}: {_state(budget)}")
-        lines.append("nothing was run or charged")
-        return Result(EXPLAIN_COLUMNS, tuple((line.encode(),) for line in lines), "EXPLAIN")
-
     async def budget(self, role: str) -> Result:
         """``SHOW anonproxy.budget``: one row per protected table the role has a budget on."""
         async with self._connection() as conn:
             budgets = await ledger.remaining_all(conn, role)
-        values = [f"{b.domain}: epsilon {amounts.left(b.epsilon)} of {_plain(b.epsilon_budget)} left, delta "
-                  f"{_plain(b.delta)} of {_plain(b.delta_budget)} left; epsilon spent {amounts.spent(b.epsilon_spent)} "
-                  f"({_accounting(b)}); accuracy epsilon {_plain(per_query(b, 'epsilon'))} per query"
+        values = [f"{b.domain}: epsilon {amounts.left(b.epsilon)} of {plain(b.epsilon_budget)} left, delta "
+                  f"{plain(b.delta)} of {plain(b.delta_budget)} left; epsilon spent {amounts.spent(b.epsilon_spent)} "
+                  f"({_accounting(b)}); accuracy epsilon {plain(per_query(b, 'epsilon'))} per query"
                   for b in budgets]
         return _show("budget", values)
 
@@ -403,13 +334,13 @@ class NoisyAnswers:
         """``SHOW anonproxy.epsilon | delta``: the session's value, else the policy's per query (per table)."""
         own = limits.epsilon if setting == "epsilon" else limits.delta
         if own is not None:
-            return _show(setting, [_plain(own)])
+            return _show(setting, [plain(own)])
         async with self._connection() as conn:
             budgets = await ledger.remaining_all(conn, role)
         values = {b.domain: per_query(b, setting) for b in budgets}
         if len(set(values.values())) <= 1:
-            return _show(setting, [_plain(next(iter(values.values()), default_cost(setting)))])
-        return _show(setting, [", ".join(f"{domain}: {_plain(v)}" for domain, v in sorted(values.items()))])
+            return _show(setting, [plain(next(iter(values.values()), default_cost(setting)))])
+        return _show(setting, [", ".join(f"{domain}: {plain(v)}" for domain, v in sorted(values.items()))])
 
     async def set(self, request: SessionSetting, role: str, limits: SessionLimits, at_login: bool = False) -> Result:
         """``SET anonproxy.epsilon | delta``: only down from the policy's per-query value; RESET goes back to the
@@ -424,8 +355,8 @@ class NoisyAnswers:
             maximum = max(per_query(b, request.setting) for b in budgets)
             if request.value > maximum:
                 raise Refused("22023", f"{name} may only lower the policy's {_SETTING_NAMES[request.setting]}: "
-                              f"at most {_plain(maximum)} for role \"{role}\", got {_plain(request.value)}",
-                              f"Give {name} a value up to {_plain(maximum)} (SET, or -c {name}=... at login); ask "
+                              f"at most {plain(maximum)} for role \"{role}\", got {plain(request.value)}",
+                              f"Give {name} a value up to {plain(maximum)} (SET, or -c {name}=... at login); ask "
                               "the DBA for a larger one.")
             if at_login:
                 limits.at_login[request.setting] = request.value
@@ -433,69 +364,100 @@ class NoisyAnswers:
         setattr(limits, request.setting, value)
         return Result((), tag="SET" if request.value is not None else "RESET")
 
-    # -- helpers ----------------------------------------------------------------------
+    # -- the I/O of a question's steps ----------------------------------------------------
 
-    async def _question(self, conn: psycopg.AsyncConnection[Any], sql: str, role: RolePolicy, policy: Policy,
-                        parameters: Parameters, limits: SessionLimits) -> tuple[DPPlan, str, ledger.Lookup]:
-        """The plan at the role's per-query cost on the table the query reads, lowered by the session's; its
-        fingerprint; and what ``anonproxy.lookup_answer`` read for it. One round trip when the role's per-query
-        cost is the one this worker read last; when it changed, the plan for the new cost is looked up again."""
-        first = await self._plan(sql, role, policy, _DEFAULTS, limits)
-        key = (role.role, first.table)
-        costs = self._costs.get(key, _DEFAULTS)
-        for _ in range(3):
-            plan = await self._plan(sql, role, policy, costs, limits)
-            key_of_answer = fingerprint(plan, policy.version, _measured(parameters, plan.unmeasured_parameters))
-            found = await ledger.lookup_answer(conn, role.role, plan.table, plan.tables,
-                                               None if plan.free else key_of_answer)
-            read: Costs = (or_default(found.epsilon_per_query, "epsilon"), or_default(found.delta_per_query, "delta"),
-                           found.accounting)
-            self._costs[key] = read
-            if read == costs:
-                if found.answer is not None and _readable(found.answer, plan) is None:
-                    found = replace(found, answer=None)  # cached in another format: a miss, never an error
-                return plan, key_of_answer, found
-            costs = read
-        raise Refused("40001", f'the per-query budget of role "{role.role}" on {first.table} kept changing while '
-                      "the question was planned", "Try again.")
+    def _known(self, role: RolePolicy) -> dict[str, Costs]:
+        """The role's per-query costs per table as this worker last read them."""
+        return self._costs.setdefault(role.role, {})
 
-    async def _plan(self, sql: str, role: RolePolicy, policy: Policy, costs: Costs,
-                    limits: SessionLimits) -> DPPlan:
-        """The plan at per-query ``costs`` (ε, δ lowered by the session's; accounting); a Reject becomes ``Refused``."""
-        epsilon, delta, accounting = costs
-        if limits.epsilon is not None:
-            epsilon = min(epsilon, limits.epsilon)
-        if limits.delta is not None:
-            delta = min(delta, limits.delta)
-        plan = await self._plan_dp(sql, role, policy, DPParams(float(epsilon), float(delta), accounting=accounting),
-                                   limits.asker)
-        if isinstance(plan, Reject):
-            raise Refused(plan.sqlstate, plan.message, plan.hint)
-        return plan
+    async def _drive(self, steps: Generator[Need, Any, T], asking: _Asking,
+                     conn: psycopg.AsyncConnection[Any] | None = None) -> T:
+        """Run ``steps`` to its end: each request it yields is done here, its outcome sent back. An exception of the
+        I/O ends it (what was done, a charge, stays done)."""
+        outcome: Any = None
+        while True:
+            try:
+                need = steps.send(outcome)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
+            outcome = await self._do(need, asking, conn)
 
-    async def _plan_dp(self, sql: str, role: RolePolicy, policy: Policy, params: DPParams,
-                       asker: int) -> DPPlan | Reject:
-        """``plan_dp``, cached, and off the event loop: planning costs milliseconds (seconds for a long statement),
-        a statement already seen should not."""
-        key = (sql, role.role, policy.version, params)
+    async def _do(self, need: Need, asking: _Asking, conn: psycopg.AsyncConnection[Any] | None) -> Any:
+        role, parameters = asking.role, asking.parameters
+        if isinstance(need, MeasureText):
+            return await self._analysed(measured_text, (need.text, role, asking.policy), asking.asker, "planning")
+        if isinstance(need, Price):
+            return await self._priced(need, asking)
+        if isinstance(need, CheckStop):
+            asking.stop.check()
+            return None
+        assert conn is not None  # every other step reads or writes the database
+        if isinstance(need, Lookup):
+            return await ledger.lookup_answer(conn, role.role, need.plan.table, need.plan.tables, need.key)
+        if isinstance(need, Check):
+            return await _check_statement(conn, need.plan, parameters)
+        if isinstance(need, Charge):
+            self._warned.discard(conn)
+            plan = need.plan
+            left = await ledger.charge(conn, role.role, plan.table, plan.epsilon, plan.delta, need.key,
+                                       rho=plan.rho, delta_add=plan.delta_add)
+            self._check_confirmed(conn)
+            return left
+        if isinstance(need, Read):
+            if need.free:
+                return (None, *await _run(conn, need.plan.sql, parameters))
+            return await self._measure(conn, need.plan, parameters, asking.stop)
+        if isinstance(need, Store):
+            return await ledger.store_answer(conn, role.role, need.key, need.version, need.data)
+        if isinstance(need, Finish):
+            return await _result(conn, need.plan, need.measurement, need.headline)
+        if isinstance(need, RunReleased):
+            return await self._run_released(conn, need, asking)
+        assert isinstance(need, Remaining)
+        return await ledger.remaining(conn, role.role, need.table)
+
+    async def _run_released(self, conn: psycopg.AsyncConnection[Any], need: RunReleased, asking: _Asking) -> Result:
+        """The outer query over the released rows, run by PostgreSQL over a VALUES list of them: its functions,
+        types and column names are PostgreSQL's, and it reads no table (the final SQL check, in the analysis
+        process, says so)."""
+        refusal = await self._analysed(checked_sql, (need.sql, asking.policy, asking.role), asking.asker,
+                                       "checking")
+        if refusal is not None:
+            raise Refused(refusal.sqlstate, refusal.message, refusal.hint)
+        bound = Parameters(types=need.types, formats=(0,) * len(need.values), values=need.values)
+        columns, rows = await _run_described(conn, need.sql, bound)
+        return Result(columns, tuple(tuple(text_value(value, column.type_oid)
+                                           for value, column in zip(row, columns, strict=True)) for row in rows))
+
+    async def _priced(self, need: Price, asking: _Asking) -> DPPlan | Reject:
+        """``priced_checked``, cached, and off the event loop: pricing and the final SQL check cost milliseconds
+        (seconds for a long statement), a statement already seen should not."""
+        key = (need.text, asking.role.role, asking.policy.version, need.params)  # `checked` only skips checks
         plan = self._plans.get(key)
         if plan is not None:
             return plan
-        if self._analyser is None:
-            plan = plan_checked(sql, role, policy, params)
-        else:
-            try:
-                plan = await self._analyser.run(plan_checked, sql, role, policy, params, asker=asker)
-            except AnalysisTimeout:
-                raise Refused("54001", f"statement too complex: anonproxy stopped planning it after "
-                              f"{self._analyser.budget:g} s", "Simplify the statement (a long list of values is "
-                              "the usual cause); the limit is the proxy's analysis_timeout setting.") from None
-            except AnalysisFailed as exc:
-                log.error("planning a dp query failed: %s", exc)
-                raise Refused("XX000", "internal error in anonproxy while planning the query") from None
+        plan = await self._analysed(priced_checked, (need.question, asking.role, asking.policy, need.params,
+                                                     need.checked), asking.asker, "planning")
         # What a plan holds is mostly its SQL and the client's text, each about as long as the statement.
-        self._plans.put(key, plan, len(sql) + 2 * len(getattr(plan, "sql", "")))
+        self._plans.put(key, plan, len(need.text) + 2 * len(getattr(plan, "sql", "")))
         return plan
+
+    async def _analysed(self, function: Callable[..., T], args: tuple[Any, ...], asker: int, doing: str) -> T:
+        """``function(*args)`` in the analysis process (on the event loop without one): statement time limit
+        54001, a failure XX000."""
+        if self._analyser is None:
+            return function(*args)
+        try:
+            return await self._analyser.run(function, *args, asker=asker)
+        except AnalysisTimeout:
+            raise Refused("54001", f"statement too complex: anonproxy stopped {doing} it after "
+                          f"{self._analyser.budget:g} s", "Simplify the statement (a long list of values is "
+                          "the usual cause); the limit is the proxy's analysis_timeout setting.") from None
+        except AnalysisFailed as exc:
+            log.error("%s a dp query failed: %s", doing, exc)
+            raise Refused("XX000", f"internal error in anonproxy while {doing} the query") from None
+
+    # -- the pool ----------------------------------------------------------------------
 
     async def _checkout(self) -> psycopg.AsyncConnection[Any]:
         """An idle pooled connection that is still alive, else a new one."""
@@ -551,85 +513,6 @@ def _server_error(exc: psycopg.Error) -> Refused:
     """The server's error, as it gave it."""
     diag = exc.diag
     return Refused(diag.sqlstate or "XX000", diag.message_primary or str(exc), diag.message_hint, diag.message_detail)
-
-
-MAX_PARAMETERS = 65535  # the protocol's limit on $n parameters in one statement
-
-
-def _measured(parameters: Parameters, unmeasured: tuple[int, ...]) -> tuple[tuple[int, int, int, bytes | None], ...]:
-    """The bound parameters the measurement depends on, as (number, declared type, format, value): those only
-    LIMIT and OFFSET use left out (``limit 5``, ``limit $1`` with 5 or with 10 measure the same groups)."""
-    count = len(parameters.values)
-    types = parameters.types + (0,) * (count - len(parameters.types))
-    formats = parameters.formats if len(parameters.formats) == count else (0,) * count
-    return tuple((number, types[number - 1], formats[number - 1], parameters.values[number - 1])
-                 for number in range(1, count + 1) if number not in unmeasured)
-
-
-def _bound_tail(plan: DPPlan, parameters: Parameters) -> DPPlan:
-    """``plan`` with the bound values of its LIMIT and OFFSET parameters, as PostgreSQL reads them: NULL is no
-    limit (or offset 0), a negative value an error."""
-    bound = {}
-    tail = (("limit", plan.limit_parameter, "2201W"), ("offset", plan.offset_parameter, "2201X"))
-    for name, number, sqlstate in tail:
-        if number is None:
-            continue
-        value = _bound_integer(parameters, number)
-        if value is not None and value < 0:
-            raise Refused(sqlstate, f"{name.upper()} must not be negative")
-        bound[name] = value if value is not None or name == "limit" else 0
-    return replace(plan, **bound) if bound else plan
-
-
-def _bound_integer(parameters: Parameters, number: int) -> int | None:
-    """The integer bound to ``$number`` (text, or binary int2/int4/int8 as the client sent it); None for NULL."""
-    if number > len(parameters.values):
-        raise Refused("08P01", f"bind message supplies {len(parameters.values)} parameters, but the statement "
-                      f"uses ${number}")
-    value = parameters.values[number - 1]
-    if value is None:
-        return None
-    binary = number <= len(parameters.formats) and parameters.formats[number - 1] == 1
-    try:
-        if binary and len(value) in (2, 4, 8):
-            return int.from_bytes(value, "big", signed=True)
-        if not binary:
-            return int(value.decode())
-    except (UnicodeDecodeError, ValueError):
-        pass
-    raise Refused("22P02", f"invalid input syntax for type bigint in LIMIT/OFFSET parameter ${number}")
-
-
-def _readable(cached: bytes | None, plan: DPPlan) -> Measurement | None:
-    """The cached measurement of ``plan``, keys in the plan's order; None (a miss) when there is none or it cannot
-    be read as one."""
-    measurement = decoded(cached)
-    return measurement.for_plan(plan) if measurement is not None and measurement.fits(plan) else None
-
-
-def _over_released(outer: Outer, released: Result) -> tuple[str, Parameters]:
-    """The outer query over ``WITH anonproxy_released(<columns>) AS (VALUES ($1, $2), ...)``, each value a
-    parameter typed as its column, in text format as the answer holds it."""
-    width = len(released.columns)
-    if width != len(outer.names):
-        raise Refused("XX000", "internal error in anonproxy: the released rows do not have the inner query's columns")
-    count = max(len(released.rows), 1)
-    if count * width > MAX_PARAMETERS:
-        raise Refused("54000", f"the outer query would read {len(released.rows)} released rows, more than anonproxy "
-                      "can pass to it", "Restrict the inner query (WHERE, LIMIT) or run it on its own.")
-    rows = released.rows or ((None,) * width,)
-    values = ", ".join("(" + ", ".join(f"${row * width + column + 1}" for column in range(width)) + ")"
-                       for row in range(count))
-    limit = "" if released.rows else " LIMIT 0"  # no rows: one row of NULLs keeps the types, and is cut
-    columns = ", ".join(_quote(name) for name in outer.names)
-    sql = f"WITH {_quote(ROWS)}({columns}) AS (VALUES {values}{limit})\n{outer.sql()}"
-    types = tuple(column.type_oid for column in released.columns) * count
-    flat = tuple(value for row in rows for value in row)
-    return sql, Parameters(types=types, formats=(0,) * len(flat), values=flat)
-
-
-def _quote(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
 
 
 async def _run_described(conn: psycopg.AsyncConnection[Any], sql: str, parameters: Parameters,
@@ -762,10 +645,10 @@ async def _result(conn: psycopg.AsyncConnection[Any], plan: DPPlan, measurement:
     return Result(columns, tuple(tuple(text_value(value, column.type_oid)
                                        for value, column in zip(row, columns, strict=True))
                                  for row in noisy_rows),
-                  notices=_notice(headline, "\n".join(plan.notices()) or None))
+                  notices=notice(headline, "\n".join(plan.notices()) or None))
 
 
-_INT8 = 20
+_INT8, _INT8_ARRAY = 20, 1016  # bigint and bigint[]
 
 
 def _array_types(plan: DPPlan, sql_types: list[int]) -> tuple[int, ...]:
@@ -773,7 +656,7 @@ def _array_types(plan: DPPlan, sql_types: list[int]) -> tuple[int, ...]:
     built-in type: aggregates are numbers, GROUP BY expressions of ordinary columns text, dates, numbers ...)."""
     assert plan.post is not None
     value_types = plan.value_types(sql_types)
-    types = [_array_of(_INT8)]
+    types = [_INT8_ARRAY]
     for index in plan.post.values:
         array = _array_of(value_types[index])
         if array is None:
@@ -818,18 +701,6 @@ def _output_columns(plan: DPPlan, sql_types: list[int], post_types: list[int] | 
 _SETTING_NAMES = {"epsilon": "accuracy epsilon (accuracy_epsilon)", "delta": "per-query delta (delta_per_query)"}
 
 
-def _state(budget: ledger.Remaining) -> str:
-    """Where a budget stands, in its own accounting: ε spent of the budget (and ρ under zCDP), and what is left (the
-    lesser of the role's and the shared cap's)."""
-    text = f"ε spent {amounts.spent(budget.epsilon_spent)} of {_plain(budget.epsilon_budget)}"
-    if budget.accounting == "zcdp":
-        text += f" (ρ {amounts.spent(budget.rho_spent)} spent)"
-    text += f"; left: ε {amounts.left(budget.epsilon)}, δ {_plain(budget.delta)}"
-    if budget.rho is not None:
-        text += f", ρ {amounts.left(budget.rho)}"
-    return text
-
-
 def _accounting(budget: ledger.Remaining) -> str:
     """How a budget counts, for SHOW anonproxy.budget: under zCDP with the ρ spent and what is left of it."""
     text = "zCDP accounting" if budget.accounting == "zcdp" else "basic accounting"
@@ -840,33 +711,5 @@ def _accounting(budget: ledger.Remaining) -> str:
     return text
 
 
-def _moved(charged: list[DPPlan], budget: ledger.Remaining) -> str:
-    """What running the questions to be charged (a series limit's two, or one) would move the role's ε spent by, in its
-    accounting: under basic their ε; under zCDP their ρ adds up and ε spent is the conversion of the sum at what is
-    left of δ, so an answer's share of ε is not its own ε (a first answer looks dearer than later ones)."""
-    if budget.accounting == "basic":
-        after = budget.epsilon_spent + sum((Decimal(repr(plan.epsilon)) for plan in charged), Decimal(0))
-    else:
-        rho = sum((Decimal(repr(plan.rho)) for plan in charged), Decimal(0))
-        delta_add = sum((Decimal(repr(plan.delta_add)) for plan in charged), Decimal(0))
-        delta_left = budget.role_delta - delta_add  # the role's δ left under zcdp: D − Σδ_add
-        after = zcdp_epsilon(budget.rho_spent + rho, delta_left) if delta_left > 0 else Decimal("Infinity")
-    return (f"running it moves ε spent on {charged[0].table} by {amounts.spent(after - budget.epsilon_spent)}: from "
-            f"{amounts.spent(budget.epsilon_spent)} to {amounts.spent(after)} of {_plain(budget.epsilon_budget)}")
-
-
 def _show(setting: str, values: list[str]) -> Result:
     return Result((Column(f"anonproxy.{setting}", 25),), tuple((value.encode(),) for value in values), "SHOW")
-
-
-def _with_notice(result: Result, message: str) -> Result:
-    return replace(result, notices=result.notices + _notice(message))
-
-
-def _plain(amount: Decimal) -> str:
-    """1.50 -> 1.5, 10 -> 10, 0.00001 -> 0.00001."""
-    return format(amount.normalize(), "f")
-
-
-def _notice(message: str, detail: str | None = None) -> bytes:
-    return pg.error_response("00000", message, severity="NOTICE", detail=detail, type_=b"N")

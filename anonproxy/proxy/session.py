@@ -179,13 +179,15 @@ def too_complex(budget: float) -> Reject:
 
 
 def _weight(decision: Decision) -> int:
-    """About the bytes a decision holds beyond its key: its texts (a cursor's query's, a Script's parts')."""
+    """About the bytes a decision holds beyond its key: its texts (a cursor's query's, a Script's parts') and a dp
+    statement's packed measurement."""
     if isinstance(decision, Script):
         return sum(len(text) + _weight(part) for text, part in decision.parts)
     if isinstance(decision, DeclareCursor):
         return len(decision.name) + _weight(decision.query)
-    return sum(len(getattr(decision, name, None) or "") for name in ("sql", "reported", "message", "hint")) + \
-        sum(len(line) for line in getattr(decision, "lines", ()))
+    packed = decision.plan.size if isinstance(decision, (Noisy, ExplainDP)) and decision.plan is not None else 0
+    return packed + sum(len(getattr(decision, name, None) or "") for name in ("sql", "reported", "message", "hint")) \
+        + sum(len(line) for line in getattr(decision, "lines", ()))
 
 
 class State(enum.Enum):
@@ -816,14 +818,14 @@ class ClientConnection(asyncio.Protocol):
             elif isinstance(decision, SessionSetting):
                 reply = await noisy.set(decision, role.role, limits)
             elif isinstance(decision, ExplainDP):
-                reply = await noisy.explain(decision.sql, role, policy, request.parameters, limits)
+                reply = await noisy.explain(decision, role, policy, request.parameters, limits)
             elif request.describe:
                 assert isinstance(decision, Noisy)
-                reply = await noisy.describe(decision.sql, role, policy, request.parameters, limits)
+                reply = await noisy.describe(decision, role, policy, request.parameters, limits)
             else:
                 assert isinstance(decision, Noisy)
                 self._question = Stop(request.timeout_ms)
-                reply = await noisy.answer(decision.sql, role, policy, request.parameters, limits,
+                reply = await noisy.answer(decision, role, policy, request.parameters, limits,
                                            self._question, spent)
                 reply = follow_settings(reply, dict(request.settings))
         except Refused as refused:

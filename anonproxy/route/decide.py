@@ -1,15 +1,16 @@
 """``decide``: one decision for the whole text of a Query or Parse message.
 
-Deterministic: no I/O, no clock; the proxy caches the result by (text, role,
-policy version). Its one state is a hand-over: the tree of a dp statement is
-kept for the dp planner, which runs next in the same process, so the
-statement is parsed once (:data:`parsed_tree`).
+Deterministic and stateless: no I/O, no clock; the proxy caches the result
+by (text, role, policy version). A statement is parsed once: a dp
+statement's tree goes, in the same call, to the dp planner
+(:func:`anonproxy.dp.plan.measure`), whose measurement the Noisy decision
+carries as a value for the proxy to price.
 
 Per statement: a query (SELECT / WITH / VALUES / TABLE) that reaches no
 protected or linked table passes (published relations, already anonymized,
 among them); one that does is refused if it also reads a published relation,
 else rewritten (mode ``suppress``) or handed to differential privacy (mode
-``dp``: Noisy, planned by :mod:`anonproxy.dp.plan`); commands go through
+``dp``: Noisy, measured by :mod:`anonproxy.dp.plan`); commands go through
 the allowlist of :mod:`anonproxy.route.commands`; ``DECLARE … CURSOR FOR query`` is
 DeclareCursor with its query decided as above, FETCH / MOVE / CLOSE are
 FetchCursor / CloseCursor (the gate knows which cursors the proxy holds).
@@ -22,12 +23,10 @@ statements -> Script (run one by one); any other mixture -> Reject.
 
 from __future__ import annotations
 
-from collections import OrderedDict
-
 from sqlglot import exp
-from sqlglot.errors import SqlglotError
-from sqlglot.tokens import TokenType
+from sqlglot.tokenizer_core import TokenType
 
+from anonproxy.dp.plan import Packed, measure
 from anonproxy.plan.analysis import analyze
 from anonproxy.plan.final_sql import verify
 from anonproxy.plan.outer import Outer
@@ -43,7 +42,7 @@ from anonproxy.plan.statements import (
     PARSE_HINT,
     Statement,
     closing_paren,
-    parser,
+    parse_statement,
     split,
 )
 from anonproxy.plan.tables import PolicyIndex, fold, identifier
@@ -87,7 +86,6 @@ GUARDED_SETTINGS = frozenset({"role", "session_authorization", "client_encoding"
 # Extended statistics views: not needed by BI tools, and CVE-2024-4317 showed they can leak column values.
 STATISTICS_RELATIONS = frozenset({"pg_stats_ext", "pg_stats_ext_exprs", "pg_statistic_ext_data", "pg_statistic"})
 
-_QUERY_TOPS = (exp.Select, exp.SetOperation, exp.Values, exp.Subquery)
 _WRITES = (exp.DML, exp.DDL, exp.Command, exp.Into, exp.Lock, exp.Copy, exp.Merge, exp.TruncateTable, exp.Alter)
 
 
@@ -113,7 +111,7 @@ def _explain_anonproxy(query: str, role: RolePolicy, policy: Policy) -> Decision
                       f'Role "{role.role}" is in {role.mode} mode.')
     inner = decide(query, role, policy)
     if isinstance(inner, Noisy):
-        return ExplainDP(inner.sql)
+        return ExplainDP(inner.sql, inner.plan)
     if isinstance(inner, Rewrite):
         try:  # decide() rewrote it: one statement, which takes the same shape and analyses as it did there
             statement = next(iter(split(query)))
@@ -156,7 +154,7 @@ def _decide(sql: str, role: RolePolicy, policy: Policy) -> Decision:
             isinstance(d, (Pass, Relayed, *_CURSOR_DECISIONS)) for d in decisions):
         # psqlODBC's "BEGIN;declare ... cursor ... for ...;fetch 100 in ...": the proxy runs it statement by
         # statement; a statement with privilege probes runs as its generated text.
-        return Script(tuple((decision.sql, Pass()) if isinstance(decision, Relayed) else (statement.text, decision)
+        return Script(tuple(_script_part(statement, decision)
                             for statement, decision in zip(statements, decisions, strict=True)))
     raise unsupported(
         "an aggregate query over protected tables, or SHOW anonproxy.*, must be sent on its own, not together "
@@ -166,6 +164,15 @@ def _decide(sql: str, role: RolePolicy, policy: Policy) -> Decision:
 
 
 _CURSOR_DECISIONS = (DeclareCursor, FetchCursor, CloseCursor)
+
+
+def _script_part(statement: Statement, decision: Decision) -> tuple[str, Pass | DeclareCursor | FetchCursor
+                                                                   | CloseCursor]:
+    """One statement of a Script: its own text and decision, or the text generated for its privilege probes."""
+    if isinstance(decision, Relayed):
+        return decision.sql, Pass()
+    assert isinstance(decision, (Pass, *_CURSOR_DECISIONS))
+    return statement.text, decision
 
 
 def _statement(statement: Statement, role: RolePolicy, index: PolicyIndex) -> Decision:
@@ -182,9 +189,8 @@ def _statement(statement: Statement, role: RolePolicy, index: PolicyIndex) -> De
         _check_passable(statement, tree, role, index)
         return _relayed(tree, role, index)
     _refuse_published(tree, index.policy)
-    if role.mode == "dp":
-        _PARSED.put(statement, tree)  # for the dp planner, next in this process: no second parse
-        return Noisy(statement.text)  # planned by anonproxy.dp.plan, which says what it supports
+    if role.mode == "dp":  # measured here, from this one parse; priced when the role's cost is known
+        return Noisy(statement.text, Packed.of(measure(statement, tree, role, index.policy)))
     shape = prepare(statement, tree, index)  # derived tables flattened, names normalised
     # PostgreSQL's own parser reads the final SQL again, and says which tables it reads.
     if isinstance(shape, Nested):
@@ -264,54 +270,6 @@ def _explain(statement: Statement, role: RolePolicy, index: PolicyIndex) -> Deci
                         "from the table's statistics", "Run the aggregate query itself.")
     _check_passable(inner, tree, role, index)
     return Pass()
-
-
-class _Parsed:
-    """Trees of dp statements that decide() parsed, each handed once to the dp planner.
-
-    A dp statement is decided (classified) first and planned next, when its per-query ε is known, in the same
-    process (the worker's analysis process, or the worker itself). The planner takes the tree decide() made
-    instead of parsing the text again; a tree is taken at most once (the planner's passes change it in place),
-    and only the latest few are kept. The statement comes with it: the tree's positions index into its source
-    (the whole message, where decide() found it).
-    """
-
-    SIZE = 32
-
-    def __init__(self) -> None:
-        self._trees: OrderedDict[str, tuple[Statement, exp.Expression]] = OrderedDict()
-
-    def put(self, statement: Statement, tree: exp.Expression) -> None:
-        self._trees[statement.text] = (statement, tree)
-        self._trees.move_to_end(statement.text)
-        while len(self._trees) > self.SIZE:
-            self._trees.popitem(last=False)
-
-    def take(self, statement: Statement) -> tuple[Statement, exp.Expression]:
-        """The statement and tree decide() made of ``statement``'s text, else ``statement`` and a new parse."""
-        found = self._trees.pop(statement.text, None)
-        return found if found is not None else (statement, parse_statement(statement))
-
-
-_PARSED = _Parsed()
-parsed_tree = _PARSED.take
-
-
-def parse_statement(statement: Statement) -> exp.Expression:
-    try:
-        trees = parser().parse(list(statement.tokens), statement.source)
-    except SqlglotError as exc:
-        first_line = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
-        raise unsupported(f"could not parse the statement: {first_line}", PARSE_HINT) from None
-    trees = [tree for tree in trees if tree is not None]
-    if len(trees) != 1:
-        raise unsupported("could not parse the statement", PARSE_HINT)
-    tree = trees[0]
-    if isinstance(tree, (exp.DML, exp.DDL, exp.Command)):
-        raise forbidden(f"{type(tree).__name__.upper()} is not allowed for anonymized roles", PARSE_HINT)
-    if not isinstance(tree, _QUERY_TOPS):
-        raise unsupported(f"could not read {type(tree).__name__.upper()} as a query", PARSE_HINT)
-    return tree
 
 
 def _touches_protected(statement: Statement, tree: exp.Expression, index: PolicyIndex) -> bool:

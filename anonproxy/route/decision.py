@@ -7,9 +7,10 @@ dataclasses, so they can be cached and compared.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 
+from anonproxy.dp.plan import Packed
 from anonproxy.plan.refusals import Reject
 
 
@@ -69,9 +70,14 @@ class Intercept:
 
 @dataclass(frozen=True)
 class Noisy:
-    """Mode ``dp``: answer this aggregate query with differential privacy (planned and charged by the proxy)."""
+    """Mode ``dp``: answer this aggregate query with differential privacy (priced and charged by the proxy).
+
+    ``plan``: what the statement measures (anonproxy.dp.plan.measure, from the tree decide() parsed), or why dp
+    refuses it, which the proxy reports when it answers, packed; the proxy prices it at the role's per-query cost.
+    None: measured from ``sql`` when answered. Not compared: the text is the decision."""
 
     sql: str
+    plan: Packed | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -84,9 +90,10 @@ class SessionSetting:
 
 @dataclass(frozen=True)
 class ExplainDP:
-    """EXPLAIN (ANONPROXY) <dp query>: its cost and noise, without running or charging it."""
+    """EXPLAIN (ANONPROXY) <dp query>: its cost and noise, without running or charging it (``plan`` as Noisy's)."""
 
     sql: str
+    plan: Packed | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)

@@ -2,9 +2,12 @@
 
 For every query of the suppress workload (benchmarks/suppress/workload.py) as a suppress role, and of the dp
 workload (benchmarks/dp/dp_workload.py) as a dp role, it times what the proxy does on first sight of a statement
-before any I/O: ``decide()`` (suppress: classification and rewrite), and for dp ``decide()`` then ``plan_checked()``
-(the dp plan and the final SQL check). Each timing uses a new text (a numbered leading comment), so nothing is
-cached. The policy is tests/test_rewrite.py's, as each tree has it.
+before any I/O: ``decide()`` (suppress: classification and rewrite), and for dp what the proxy does before its
+first ledger round trip: ``decide()`` then the plan and the final SQL check — since issue 18, ``decide()`` measures
+and ``priced_checked()`` prices that measurement once; before, ``plan_checked()`` planned the text at the default
+cost and, for a role with another cost (mode ``dp-cost``: ε 1, δ 1e-6), again at that cost. Each timing uses a new
+text (a numbered leading comment), so nothing is cached. The policy is tests/test_rewrite.py's, as each tree has
+it.
 
 Each tree runs in its own interpreter (``--child``); the trees alternate, ``--rounds`` times. Printed: per mode,
 the median over queries of each query's median time, and the largest query median, per tree and round.
@@ -45,7 +48,7 @@ def actions() -> dict[str, tuple[Callable[[str], None], list[str]]]:
     from test_rewrite import POLICY, SUPPRESS  # noqa: PLC0415
 
     from anonproxy.route.decide import decide  # noqa: PLC0415
-    from anonproxy.route.decision import Noisy
+    from anonproxy.route.decision import Noisy  # noqa: PLC0415
 
     try:  # the layout since the back-ends got their own packages
         from anonproxy.dp.answers import plan_checked  # noqa: PLC0415
@@ -54,20 +57,37 @@ def actions() -> dict[str, tuple[Callable[[str], None], list[str]]]:
         from anonproxy.privacy.dp_plan import DPParams  # type: ignore[no-redef]  # noqa: PLC0415
 
         from anonproxy.proxy.noisy import plan_checked  # type: ignore[no-redef]  # noqa: PLC0415
+    try:  # measure, then price (issue 18): decide() measures, the proxy prices the measurement once
+        from anonproxy.dp.answers import priced_checked  # noqa: PLC0415
+    except ImportError:
+        priced_checked = None
 
     dp_role = dataclasses.replace(SUPPRESS, mode="dp")
-    params = DPParams(epsilon=1, delta=1e-6)
+    default = DPParams(epsilon=0.5, delta=1e-7)  # the proxy's default per-query cost
+    own = DPParams(epsilon=1, delta=1e-6)  # a role whose per-query cost is not the default
 
     def suppress(sql: str) -> None:
         decide(sql, SUPPRESS, POLICY)
 
-    def dp(sql: str) -> None:
-        decision = decide(sql, dp_role, POLICY)
-        if isinstance(decision, Noisy):
-            plan_checked(decision.sql, dp_role, POLICY, params)
+    def dp_at(params: DPParams) -> Callable[[str], None]:
+        """What the proxy does on first sight of a dp statement for a role priced at ``params``: before, decide(),
+        then the plan at the default cost (to learn the table) and, for another cost, the plan at it; since issue
+        18, decide() (which measures) and the measurement priced once at the role's cost."""
+        def dp(sql: str) -> None:
+            decision = decide(sql, dp_role, POLICY)
+            if not isinstance(decision, Noisy):
+                return
+            if priced_checked is not None:
+                priced_checked(decision.plan, dp_role, POLICY, params)
+                return
+            plan_checked(decision.sql, dp_role, POLICY, default)
+            if params != default:
+                plan_checked(decision.sql, dp_role, POLICY, params)
+        return dp
 
-    return {"suppress": (suppress, [q.sql for q in workload.QUERIES]),
-            "dp": (dp, [q.sql for q in dp_workload.QUERIES])}
+    dp_queries = [q.sql for q in dp_workload.QUERIES]
+    return {"suppress": (suppress, [q.sql for q in workload.QUERIES]), "dp": (dp_at(default), dp_queries),
+            "dp-cost": (dp_at(own), dp_queries)}
 
 
 def child(repeat: int) -> None:
