@@ -19,7 +19,12 @@ them in order and skips the rest after an error, which is rolled back), and
 ``store_answer`` is one statement, its own transaction in autocommit. The proxy charges before it reads the
 data, so a charge returned is a charge kept, whatever happens to the query.
 They refuse a connection that is inside a transaction: its commit would not
-be theirs to make. The reading functions are one statement
+be theirs to make. A caller that sends the charge in a pipeline of its own (the
+proxy sends it with the measurement's read, anonproxy.proxy.noisy) takes it
+from :func:`charge_statement` and maps its failure with :func:`refusal` and
+:func:`retryable`, as :func:`charge` does. The answer cache's commit does not
+wait for the WAL flush (sql/0032): a lost answer costs a repeat a new charge.
+The reading functions are one statement
 each, with no transaction or savepoint of their own: in autocommit the
 statement is its own snapshot, inside the caller's transaction it reads that
 transaction's — so :func:`data_version` can be read in the snapshot of the query.

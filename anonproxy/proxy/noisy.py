@@ -13,7 +13,8 @@ per-query cost, the data version and the noisy measurement already paid for
 one round trip is the whole ledger work for a question already answered; the
 statement is then finished from that measurement, at no cost. (When the
 ledger's cost differs, the same measurement is priced again at it.) Else check
-the bound values (converted alone, reading nothing: a bad value is refused for
+the plan's SQL and the bound values (prepared and described in one round trip,
+pipelined; values converted alone, reading nothing: a bad value is refused for
 free), then charge the ledger, committed before any row is read (fail closed:
 a question that fails after the charge stays paid for, and an exhausted budget
 is refused before its SQL runs); then, in one REPEATABLE READ READ ONLY
@@ -22,6 +23,15 @@ contribution-bounded SQL with the client's bound parameters; measure (noise,
 partition selection), cache the measurement under that version
 (anonproxy.dp.ledger), and finish the statement from it. A query that only
 lists declared public domains reads no row and is neither charged nor cached.
+
+Round trips (:meth:`NoisyAnswers._charge_then_read`): when the data is read on
+the primary, the charge (BEGIN, charge, COMMIT) and the read (BEGIN REPEATABLE
+READ, its time limit, the data version, the SQL, COMMIT) go in one round trip,
+in pipeline mode. The server runs them in order, so the charge's COMMIT is
+durable before the SQL reads a row, and after an error it skips the rest: a
+refused charge reads nothing. A new question makes four round trips (lookup,
+check, charge with the read, store) where it made eight; one already answered
+makes one.
 
 Time limits and cancels (:class:`Stop`): a question is held to the session's
 statement time limit from when it is asked, and a client's CancelRequest
