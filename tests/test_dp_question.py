@@ -180,6 +180,16 @@ def test_the_charge_names_the_read_it_may_be_sent_with() -> None:
     assert isinstance(read, Read) and charge.then is read and not read.free and read.plan is charge.plan
 
 
+def test_the_charge_names_the_check_it_may_be_sent_after() -> None:
+    """A driver may keep the check for the charge's round trip only because the charge names it and nothing but a
+    CheckStop (no I/O) comes between them: the server, running the check first, skips the charge when it fails."""
+    driver = Driver()
+    driver.run(answer(_asked(), {}, 1, Spent()))
+    kinds = driver.kinds()
+    at = kinds.index("Charge")
+    assert kinds[at - 2:at] == ["Check", "CheckStop"] and driver.asked[at].check is driver.asked[at - 2]
+
+
 def test_a_read_sent_with_the_charge_that_failed_fails_at_the_read_charged() -> None:
     """The driver keeps the failure of a read it sent with the charge for the Read: the charge's outcome is recorded
     first, so the audit trail says the question was charged."""

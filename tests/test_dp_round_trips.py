@@ -2,14 +2,16 @@
 
 The real ``NoisyAnswers`` against a real PostgreSQL with its ledger, in this process so that its service
 connection's round trips can be counted: one round trip is one ``AsyncConnection.wait`` (psycopg sends what is
-queued and waits for the server's answer). A question already paid for is one: the ledger's lookup. A new one is
-four: the lookup; the check (its SQL prepared and described, pipelined); the charge with the measurement's read
-(BEGIN, charge, COMMIT, then the snapshot, its data version, the SQL and its COMMIT, pipelined: the server runs
-them in order, so the charge is durable before a row is read); the answer stored. (A wait is at most one round
+queued and waits for the server's answer). A question already paid for is one: the ledger's lookup. A new one
+without parameters or post statement is three: the lookup; the charge with its check and the measurement's read
+(the plan's SQL prepared, BEGIN, charge, COMMIT, then the snapshot, its data version, the SQL and its COMMIT,
+pipelined: the server runs them in order and skips the rest after an error, so a rejected SQL is not charged and
+the charge is durable before a row is read); the answer stored. (A wait is at most one round
 trip; psycopg's own pipeline mode, which the code before used for the charge and the snapshot, waits more than once
 per round trip: counted this way, a new question made 16 waits before, in 8 round trips: lookup, prepare,
 describe, charge, snapshot, SQL, commit, store.) The charge's rules hold on the
-pipelined path too: an exhausted budget reads nothing, a read that fails after the charge stays charged.
+pipelined path too: a statement the server rejects costs nothing, an exhausted budget reads nothing, a read that
+fails after the charge stays charged.
 """
 
 from __future__ import annotations
@@ -81,11 +83,40 @@ def _ask(policy: Policy, dsn: str, owner: psycopg.Connection, sql: str, trips: R
     return asyncio.run(run())
 
 
-def test_a_new_question_makes_four_round_trips_and_a_seen_one_one(
+def test_a_new_question_makes_three_round_trips_and_a_seen_one_one(
         governed: tuple[Policy, str], postgresql: psycopg.Connection, monkeypatch: pytest.MonkeyPatch) -> None:
     policy, dsn = governed
     first, seen = _ask(policy, dsn, postgresql, COUNT, RoundTrips(), monkeypatch, cached=True)
-    assert (first, seen) == (4, 1)  # lookup, check, charge with the read, store | lookup
+    assert (first, seen) == (3, 1)  # lookup, the charge with its check and read, store | lookup
+
+
+def test_a_statement_the_server_rejects_is_refused_in_the_charges_round_trip_at_no_cost(
+        governed: tuple[Policy, str], postgresql: psycopg.Connection) -> None:
+    """The plan's SQL, prepared first in the charge's round trip, names a column renamed since the policy was read:
+    PostgreSQL rejects it (42703) and skips the charge and the read that follow it."""
+    policy, dsn = governed
+    role = policy.role(ROLE)
+    decision = decide("select avg(age) from adult", role, policy)
+    assert isinstance(decision, Noisy), decision
+    charges = "select count(*) from anonproxy.budget_ledger where role_name = %s"
+    before = postgresql.execute(charges, [ROLE]).fetchone()
+    postgresql.execute("alter table public.adult rename column age to years")
+
+    async def run() -> str:
+        noisy = NoisyAnswers(dsn, analyser=None)
+        try:
+            await noisy.answer(decision, role, policy, Parameters(), SessionLimits())
+        except Refused as refused:
+            return refused.sqlstate
+        finally:
+            await noisy.close()
+        return ""
+
+    try:
+        assert asyncio.run(run()) == "42703"
+    finally:
+        postgresql.execute("alter table public.adult rename column years to age")
+    assert postgresql.execute(charges, [ROLE]).fetchone() == before
 
 
 def test_an_exhausted_budget_on_the_pipelined_path_reads_nothing_and_charges_nothing(

@@ -25,13 +25,14 @@ partition selection), cache the measurement under that version
 lists declared public domains reads no row and is neither charged nor cached.
 
 Round trips (:meth:`NoisyAnswers._charge_then_read`): when the data is read on
-the primary, the charge (BEGIN, charge, COMMIT) and the read (BEGIN REPEATABLE
-READ, its time limit, the data version, the SQL, COMMIT) go in one round trip,
-in pipeline mode. The server runs them in order, so the charge's COMMIT is
-durable before the SQL reads a row, and after an error it skips the rest: a
-refused charge reads nothing. A new question makes four round trips (lookup,
-check, charge with the read, store) where it made eight; one already answered
-makes one.
+the primary, the check (the plan's SQL prepared, when it has no post statement
+and no bound values; else it goes alone, before), the charge (BEGIN, charge,
+COMMIT) and the read (BEGIN REPEATABLE READ, its time limit, the data version,
+the SQL, COMMIT) go in one round trip, in pipeline mode. The server runs them
+in order and skips the rest after an error: a rejected SQL is not charged, a
+refused charge reads nothing, and the charge's COMMIT is durable before the
+SQL reads a row. A new question makes three round trips (lookup, that one,
+store) where it made eight; one already answered makes one.
 
 Time limits and cancels (:class:`Stop`): a question is held to the session's
 statement time limit from when it is asked, and a client's CancelRequest
@@ -231,6 +232,8 @@ class _Asking:
     # The outcome of a Read sent with its Charge (anonproxy.dp.question.Charge.then): rows, or the error to raise.
     read_ahead: list[tuple[str | None, list[int], list[tuple[Any, ...]]] | BaseException] = field(
         default_factory=list)
+    # A Check kept to be sent first with the Charge that names it (Charge.check).
+    check_ahead: list[Check] = field(default_factory=list)
 
 
 def _asked(question: Noisy | ExplainDP, role: RolePolicy, parameters: Parameters, limits: SessionLimits) -> Asked:
@@ -320,25 +323,31 @@ class NoisyAnswers:
         return self._servers.standby() if self._servers is not None else None
 
     async def _charge_then_read(self, conn: psycopg.AsyncConnection[Any], need: Charge, asking: _Asking,
-                                ) -> ledger.Remaining:
+                                check: bool) -> ledger.Remaining:
         """The charge, committed, then the measurement's snapshot and SQL, in one round trip (pipeline mode): the
         server runs them in order, so the charge's COMMIT has returned before the first row is read, and it skips
-        the rest when the charge fails (nothing read, nothing charged). The read's outcome, or its error, waits in
-        ``asking.read_ahead`` for the question's Read; a cancel from the charge on reaches the backend."""
+        the rest when the charge fails (nothing read, nothing charged). ``check``: the plan's SQL is prepared first
+        (the question's Check, kept for this round trip): when the server rejects it, nothing else runs and the
+        question is refused at no cost. The read's outcome, or its error, waits in ``asking.read_ahead`` for the
+        question's Read; a cancel from the charge on reaches the backend."""
         plan, role, stop = need.plan, asking.role.role, asking.stop
         sql, values = ledger.charge_statement(role, plan.table, plan.epsilon, plan.delta, need.key, rho=plan.rho,
                                               delta_add=plan.delta_add)
+        first = [_prepare(plan.sql, asking.parameters.types)] if check else []
         for attempt in range(ledger.RETRIES):
             results: list[pq.abc.PGresult] = []
             late: Refused | None = None
             try:
                 async with stop.running(conn):
-                    results = await _pipelined(conn, [*_charge_commands(sql, values),
+                    results = await _pipelined(conn, [*first, *_charge_commands(sql, values),
                                                       *_read_commands(plan, asking.parameters, stop.left_ms())])
             except Refused as exc:  # the client's cancel, come while the pipeline ran
                 if not results:
                     raise
                 late = exc
+            if first:
+                _last(results[:1], pq.ExecStatus.COMMAND_OK)  # the check: refused, nothing else ran
+                results = results[1:]
             failed = _error(conn, results[:_CHARGE_COMMANDS])
             if failed is not None:  # nothing was charged, nothing read
                 await _rollback(conn)
@@ -443,13 +452,20 @@ class NoisyAnswers:
         if isinstance(need, Lookup):
             return await ledger.lookup_answer(conn, role.role, need.plan.table, need.plan.tables, need.key)
         if isinstance(need, Check):
+            if need.plan.post is None and not parameters.values:  # one statement to prepare: it goes with the charge
+                asking.check_ahead.append(need)
+                return None
             return await _check_statement(conn, need.plan, parameters)
         if isinstance(need, Charge):
             self._warned.discard(conn)
             plan = need.plan
+            kept = any(check is need.check for check in asking.check_ahead)
+            asking.check_ahead.clear()
             if need.then is not None and not need.then.free and self._standby() is None:  # read on this connection
-                left = await self._charge_then_read(conn, need, asking)
+                left = await self._charge_then_read(conn, need, asking, kept)
             else:
+                if kept:
+                    await _check_statement(conn, plan, parameters)
                 left = await ledger.charge(conn, role.role, plan.table, plan.epsilon, plan.delta, need.key,
                                            rho=plan.rho, delta_add=plan.delta_add)
             self._check_confirmed(conn)
@@ -623,6 +639,11 @@ Command = Callable[[pq.abc.PGconn], None]
 def _command(sql: bytes, values: list[bytes | None] | None = None) -> Command:
     """One statement to send in a pipeline, its values in text format."""
     return lambda pgconn: pgconn.send_query_params(sql, values, result_format=pq.Format.TEXT)
+
+
+def _prepare(sql: str, declared: tuple[int, ...]) -> Command:
+    """The plan's SQL prepared as the unnamed statement: parsed and type-checked, never executed."""
+    return lambda pgconn: pgconn.send_prepare(b"", sql.encode(), list(declared))
 
 
 def _charge_commands(sql: bytes, values: list[bytes | None]) -> list[Command]:
