@@ -170,6 +170,37 @@ def test_a_question_that_fails_after_its_charge_stays_charged() -> None:
     assert spent.epsilon == 0.5 and spent.epsilon_spent_after == Decimal("0.5")
 
 
+def test_the_charge_names_the_read_it_may_be_sent_with() -> None:
+    """A driver may send the charge and the read in one round trip only because the charge says which read follows
+    it, and that read is the next request: nothing comes between them (no Store, no Finish of the answer)."""
+    driver = Driver()
+    driver.run(answer(_asked(), {}, 1, Spent()))
+    at = driver.kinds().index("Charge")
+    charge, read = driver.asked[at], driver.asked[at + 1]
+    assert isinstance(read, Read) and charge.then is read and not read.free and read.plan is charge.plan
+
+
+def test_the_charge_names_the_check_it_may_be_sent_after() -> None:
+    """A driver may keep the check for the charge's round trip only because the charge names it and nothing but a
+    CheckStop (no I/O) comes between them: the server, running the check first, skips the charge when it fails."""
+    driver = Driver()
+    driver.run(answer(_asked(), {}, 1, Spent()))
+    kinds = driver.kinds()
+    at = kinds.index("Charge")
+    assert kinds[at - 2:at] == ["Check", "CheckStop"] and driver.asked[at].check is driver.asked[at - 2]
+
+
+def test_a_read_sent_with_the_charge_that_failed_fails_at_the_read_charged() -> None:
+    """The driver keeps the failure of a read it sent with the charge for the Read: the charge's outcome is recorded
+    first, so the audit trail says the question was charged."""
+    driver, spent = Driver(read_fails=True), Spent()
+    steps = answer(_asked(), {}, 1, spent)
+    with pytest.raises(Refused):
+        driver.run(steps)
+    assert driver.kinds()[-2:] == ["Charge", "Read"] and driver.asked[-2].then is driver.asked[-1]
+    assert spent.epsilon == 0.5 and spent.epsilon_spent_delta == Decimal("0.5")
+
+
 def test_a_cached_answer_is_finished_without_a_charge() -> None:
     plan = price(_measured().open(), _asked_params())
     assert isinstance(plan, DPPlan)

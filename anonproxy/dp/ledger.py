@@ -19,7 +19,12 @@ them in order and skips the rest after an error, which is rolled back), and
 ``store_answer`` is one statement, its own transaction in autocommit. The proxy charges before it reads the
 data, so a charge returned is a charge kept, whatever happens to the query.
 They refuse a connection that is inside a transaction: its commit would not
-be theirs to make. The reading functions are one statement
+be theirs to make. A caller that sends the charge in a pipeline of its own (the
+proxy sends it with the measurement's read, anonproxy.proxy.noisy) takes it
+from :func:`charge_statement` and maps its failure with :func:`refusal` and
+:func:`retryable`, as :func:`charge` does. The answer cache's commit does not
+wait for the WAL flush (sql/0032): a lost answer costs a repeat a new charge.
+The reading functions are one statement
 each, with no transaction or savepoint of their own: in autocommit the
 statement is its own snapshot, inside the caller's transaction it reads that
 transaction's — so :func:`data_version` can be read in the snapshot of the query.
@@ -67,18 +72,21 @@ _COLUMNS = (
 _CHARGE_SQL = (f"select {_COLUMNS} from anonproxy.charge(%s, %s, %s::numeric, %s::numeric, %s::numeric, %s::numeric, "
                "%s)")
 _CHARGE_PURE_SQL = f"select {_COLUMNS} from anonproxy.charge(%s, %s, %s::numeric, %s::numeric, %s)"
+_CHARGE_PARAMETERS_SQL = (f"select {_COLUMNS} from anonproxy.charge($1, $2, $3::numeric, $4::numeric, $5::numeric, "
+                          "$6::numeric, $7)").encode()
 _REMAINING_SQL = f"select {_COLUMNS} from anonproxy.remaining_budget(%s, %s)"
 _REMAINING_ALL_SQL = f"select {_COLUMNS} from anonproxy.remaining_budgets(%s)"
 _STORE_SQL = "select anonproxy.store_answer(%s, %s, %s, %s) as answer"
 _DATA_VERSION_SQL = "select anonproxy.data_version(%s::text[]) as version"
+_DATA_VERSION_PARAMETERS_SQL = b"select anonproxy.data_version($1::text[]) as version"
 _LOOKUP_SQL = ("select epsilon_per_query, delta_per_query, accounting, data_version, answer "
                "from anonproxy.lookup_answer(%s, %s, %s::text[], %s)")
-_BEGIN_READ_COMMITTED = "begin isolation level read committed"
+BEGIN_CHARGE = "begin isolation level read committed"
 _READ_COMMITTED = "set transaction isolation level read committed"
 
 # Charges wait for each other's row locks; a deadlock or serialization failure
 # can only come from a concurrent edit of the budgets, and is worth a retry.
-_RETRIES = 3
+RETRIES = 3
 
 
 @dataclass(frozen=True)
@@ -185,19 +193,45 @@ async def charge(conn: psycopg.AsyncConnection[Any], role: str, domain: str, eps
         params = (role, domain, _decimal(epsilon), _decimal(delta), _decimal(rho), _decimal(delta_add), fingerprint)
     elif rho is not None or delta_add is not None:
         raise TypeError("charge() takes both rho and delta_add, or neither")
-    for attempt in range(_RETRIES):
+    for attempt in range(RETRIES):
         try:
             return Remaining.from_row(await _committed(conn, sql, params))
-        except (errors.DeadlockDetected, errors.SerializationFailure):
-            if attempt == _RETRIES - 1:
-                raise
-        except errors.ConfigurationLimitExceeded as exc:
-            diag = exc.diag
-            raise BudgetExhausted(await remaining(conn, role, domain), diag.message_primary or str(exc),
-                                  detail=diag.message_detail, hint=diag.message_hint) from exc
-        except errors.InsufficientPrivilege as exc:
-            raise _no_budget(exc) or exc
+        except psycopg.Error as exc:
+            if retryable(exc) and attempt < RETRIES - 1:
+                continue
+            raise await refusal(conn, exc, role, domain) or exc
     raise AssertionError("unreachable")
+
+
+def charge_statement(role: str, domain: str, epsilon: Amount, delta: Amount, fingerprint: str, *, rho: Amount,
+                     delta_add: Amount) -> tuple[bytes, list[bytes | None]]:
+    """The charge as :func:`charge` makes it, for a caller that sends it in a pipeline of its own: the statement and
+    its values in text format. It must run between :data:`BEGIN_CHARGE` and COMMIT, with nothing else in that
+    transaction; its row is a :class:`Remaining` (``Remaining.from_row``), its failure is :func:`refusal`'s to
+    map, and :func:`retryable` says when to send it again."""
+    values = (role, domain, _decimal(epsilon), _decimal(delta), _decimal(rho), _decimal(delta_add), fingerprint)
+    return _CHARGE_PARAMETERS_SQL, [str(value).encode() for value in values]
+
+
+def retryable(exc: psycopg.Error) -> bool:
+    """A charge that failed this way charged nothing and may be sent again: a deadlock or serialization failure,
+    which only a concurrent edit of the budgets causes."""
+    return isinstance(exc, (errors.DeadlockDetected, errors.SerializationFailure))
+
+
+async def refusal(conn: psycopg.AsyncConnection[Any], exc: psycopg.Error, role: str, domain: str,
+                  ) -> BudgetError | None:
+    """The ledger's refusal a charge's error is: :class:`BudgetExhausted` (with what remains, read on ``conn``,
+    which must be idle) or :class:`NoBudget`; None for any other error."""
+    if isinstance(exc, errors.ConfigurationLimitExceeded):
+        diag = exc.diag
+        exhausted = BudgetExhausted(await remaining(conn, role, domain), diag.message_primary or str(exc),
+                                    detail=diag.message_detail, hint=diag.message_hint)
+        exhausted.__cause__ = exc
+        return exhausted
+    if isinstance(exc, errors.InsufficientPrivilege):
+        return _no_budget(exc)
+    return None
 
 
 async def _committed(conn: psycopg.AsyncConnection[Any], sql: str, params: tuple[Any, ...]) -> dict[str, Any]:
@@ -213,7 +247,7 @@ async def _committed(conn: psycopg.AsyncConnection[Any], sql: str, params: tuple
     try:
         async with conn.cursor(row_factory=dict_row) as cur:
             async with conn.pipeline():
-                await conn.execute(_BEGIN_READ_COMMITTED)
+                await conn.execute(BEGIN_CHARGE)
                 await cur.execute(sql, params)
                 await conn.execute("commit")
             row = await cur.fetchone()  # (the pipeline ended: the COMMIT has returned, the charge is durable)
@@ -248,6 +282,13 @@ def data_version_statement(tables: Sequence[str]) -> tuple[str, tuple[list[str]]
     """The statement :func:`data_version` runs (its one column: the version), to send with others in one round
     trip."""
     return _DATA_VERSION_SQL, (list(tables),)
+
+
+def data_version_query(tables: Sequence[str]) -> tuple[bytes, list[bytes | None]]:
+    """The statement :func:`data_version` runs, with its one value in text format: for a caller that sends it in a
+    pipeline of its own (its one column: the version)."""
+    elements = ",".join('"' + table.replace("\\", "\\\\").replace('"', '\\"') + '"' for table in tables)
+    return _DATA_VERSION_PARAMETERS_SQL, [("{" + elements + "}").encode()]
 
 
 async def data_version(conn: psycopg.AsyncConnection[Any], tables: Sequence[str]) -> str | None:

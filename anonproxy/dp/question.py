@@ -21,7 +21,13 @@ The rules, here and nowhere else:
   again), at most :data:`PRICE_TRIES` times (then 40001), and SQL it wrote
   before is not checked again.
 * **The charge commits before the first row is read**: :class:`Charge` comes
-  before :class:`Read`, and nothing of the answer exists before it. A
+  before :class:`Read`, and nothing of the answer exists before it. The
+  Charge names the Read that follows it (``then``), so that the driver may
+  send both in one round trip, the read after the charge's COMMIT; what the
+  charge returned is recorded before the Read's outcome is taken, so a read
+  that fails leaves the question recorded as charged. It also names the
+  Check before it (``check``), which the driver may send first in that round
+  trip: a check that fails skips the charge, and fails the Charge uncharged. A
   question stopped before the charge (:class:`CheckStop`: the time limit, a
   cancel) costs nothing; a cached answer is finished at no cost; a question
   that only lists public domains reads no row and is not charged.
@@ -160,10 +166,21 @@ class Check:
 
 @dataclass(frozen=True)
 class Charge:
-    """Charge the plan's cost to the role's budget on its table, committed. Sends back a ledger.Remaining."""
+    """Charge the plan's cost to the role's budget on its table, committed. Sends back a ledger.Remaining.
+
+    ``then``: the :class:`Read` the question asks next, which the driver may send in the same round trip, after
+    the charge's COMMIT: the server runs them in order and skips the read when the charge fails, so no row is read
+    before the charge is durable. The read's outcome (or its failure) is then what the next Read sends back: a
+    read that fails after the charge fails at that Read, with the question charged.
+
+    ``check``: the :class:`Check` asked just before it (only a CheckStop between them), which the driver may have
+    kept to send first in the same round trip: the server skips the charge when the check fails, so such a
+    refusal still costs nothing (it fails at the Charge, uncharged)."""
 
     plan: DPPlan
     key: str
+    check: Check | None = None
+    then: Read | None = None
 
 
 @dataclass(frozen=True)
@@ -286,16 +303,18 @@ def ask(asked: Asked, known: MutableMapping[str, Costs], policy_version: int,
         result = yield Finish(plan, cached, headline)
         return with_notice(result, "anonproxy: the same question on the same data was answered before; this is "
                                    f"that answer, at no cost: ε spent on {plan.table} did not move"), plan
-    yield Check(plan)
+    check = Check(plan)
+    yield check
     yield CheckStop()
     # Charged, and committed, before the data is read: a question that fails from here on (its SQL, the noise,
     # the connection) stays paid for, so no failure is a free look at the data.
-    left: ledger.Remaining = yield Charge(plan, found.key)
+    read = Read(plan)
+    left: ledger.Remaining = yield Charge(plan, found.key, check=check, then=read)
     spent.epsilon, spent.delta = plan.epsilon, plan.delta
     spent.rho, spent.delta_add = plan.rho, plan.delta_add
     spent.accounting, spent.epsilon_spent_after = left.accounting, left.epsilon_spent
     spent.epsilon_spent_delta = left.epsilon_spent_delta or Decimal(0)
-    version, types, rows = yield Read(plan)
+    version, types, rows = yield read
     measured = measure(plan, types, rows)
     # Another session of the role may have paid for the same question meanwhile: one measurement is released.
     stored = yield Store(found.key, version, encoded(measured.canonical(plan)))

@@ -13,7 +13,8 @@ per-query cost, the data version and the noisy measurement already paid for
 one round trip is the whole ledger work for a question already answered; the
 statement is then finished from that measurement, at no cost. (When the
 ledger's cost differs, the same measurement is priced again at it.) Else check
-the bound values (converted alone, reading nothing: a bad value is refused for
+the plan's SQL and the bound values (prepared and described in one round trip,
+pipelined; values converted alone, reading nothing: a bad value is refused for
 free), then charge the ledger, committed before any row is read (fail closed:
 a question that fails after the charge stays paid for, and an exhausted budget
 is refused before its SQL runs); then, in one REPEATABLE READ READ ONLY
@@ -22,6 +23,16 @@ contribution-bounded SQL with the client's bound parameters; measure (noise,
 partition selection), cache the measurement under that version
 (anonproxy.dp.ledger), and finish the statement from it. A query that only
 lists declared public domains reads no row and is neither charged nor cached.
+
+Round trips (:meth:`NoisyAnswers._charge_then_read`): when the data is read on
+the primary, the check (the plan's SQL prepared, when it has no post statement
+and no bound values; else it goes alone, before), the charge (BEGIN, charge,
+COMMIT) and the read (BEGIN REPEATABLE READ, its time limit, the data version,
+the SQL, COMMIT) go in one round trip, in pipeline mode. The server runs them
+in order and skips the rest after an error: a rejected SQL is not charged, a
+refused charge reads nothing, and the charge's COMMIT is durable before the
+SQL reads a row. A new question makes three round trips (lookup, that one,
+store) where it made eight; one already answered makes one.
 
 Time limits and cancels (:class:`Stop`): a question is held to the session's
 statement time limit from when it is asked, and a client's CancelRequest
@@ -218,6 +229,11 @@ class _Asking:
     parameters: Parameters
     stop: Stop
     asker: int  # whose turn its analysis takes
+    # The outcome of a Read sent with its Charge (anonproxy.dp.question.Charge.then): rows, or the error to raise.
+    read_ahead: list[tuple[str | None, list[int], list[tuple[Any, ...]]] | BaseException] = field(
+        default_factory=list)
+    # A Check kept to be sent first with the Charge that names it (Charge.check).
+    check_ahead: list[Check] = field(default_factory=list)
 
 
 def _asked(question: Noisy | ExplainDP, role: RolePolicy, parameters: Parameters, limits: SessionLimits) -> Asked:
@@ -302,11 +318,52 @@ class NoisyAnswers:
                           "Check that a synchronous standby streams from the primary (docs/replicas.md), then ask "
                           "again.")
 
+    def _standby(self) -> Any:
+        """The standby a measurement would run on now (None: the primary)."""
+        return self._servers.standby() if self._servers is not None else None
+
+    async def _charge_then_read(self, conn: psycopg.AsyncConnection[Any], need: Charge, asking: _Asking,
+                                check: bool) -> ledger.Remaining:
+        """The charge, committed, then the measurement's snapshot and SQL, in one round trip (pipeline mode): the
+        server runs them in order, so the charge's COMMIT has returned before the first row is read, and it skips
+        the rest when the charge fails (nothing read, nothing charged). ``check``: the plan's SQL is prepared first
+        (the question's Check, kept for this round trip): when the server rejects it, nothing else runs and the
+        question is refused at no cost. The read's outcome, or its error, waits in ``asking.read_ahead`` for the
+        question's Read; a cancel from the charge on reaches the backend."""
+        plan, role, stop = need.plan, asking.role.role, asking.stop
+        sql, values = ledger.charge_statement(role, plan.table, plan.epsilon, plan.delta, need.key, rho=plan.rho,
+                                              delta_add=plan.delta_add)
+        first = [_prepare(plan.sql, asking.parameters.types)] if check else []
+        for attempt in range(ledger.RETRIES):
+            results: list[pq.abc.PGresult] = []
+            late: Refused | None = None
+            try:
+                async with stop.running(conn):
+                    results = await _pipelined(conn, [*first, *_charge_commands(sql, values),
+                                                      *_read_commands(plan, asking.parameters, stop.left_ms())])
+            except Refused as exc:  # the client's cancel, come while the pipeline ran
+                if not results:
+                    raise
+                late = exc
+            if first:
+                _last(results[:1], pq.ExecStatus.COMMAND_OK)  # the check: refused, nothing else ran
+                results = results[1:]
+            failed = _error(conn, results[:_CHARGE_COMMANDS])
+            if failed is not None:  # nothing was charged, nothing read
+                await _rollback(conn)
+                if ledger.retryable(failed) and attempt < ledger.RETRIES - 1:
+                    continue
+                raise await ledger.refusal(conn, failed, role, plan.table) or failed
+            left = ledger.Remaining.from_row(_row(conn, results[1]))
+            asking.read_ahead.append(late or await _read_outcome(conn, results[_CHARGE_COMMANDS:]))
+            return left
+        raise AssertionError("unreachable")
+
     async def _measure(self, conn: psycopg.AsyncConnection[Any], plan: DPPlan, parameters: Parameters,
                        stop: Stop) -> tuple[str | None, list[int], list[tuple[Any, ...]]]:
         """The data version and the rows of the plan's SQL, read in one snapshot: on the standby in rotation with
         the least lag, else (none, or it failed) on ``conn``, the primary's. Called after the charge committed."""
-        standby = self._servers.standby() if self._servers is not None else None
+        standby = self._standby()
         if standby is not None:
             assert self._servers is not None
             try:
@@ -395,15 +452,30 @@ class NoisyAnswers:
         if isinstance(need, Lookup):
             return await ledger.lookup_answer(conn, role.role, need.plan.table, need.plan.tables, need.key)
         if isinstance(need, Check):
+            if need.plan.post is None and not parameters.values:  # one statement to prepare: it goes with the charge
+                asking.check_ahead.append(need)
+                return None
             return await _check_statement(conn, need.plan, parameters)
         if isinstance(need, Charge):
             self._warned.discard(conn)
             plan = need.plan
-            left = await ledger.charge(conn, role.role, plan.table, plan.epsilon, plan.delta, need.key,
-                                       rho=plan.rho, delta_add=plan.delta_add)
+            kept = any(check is need.check for check in asking.check_ahead)
+            asking.check_ahead.clear()
+            if need.then is not None and not need.then.free and self._standby() is None:  # read on this connection
+                left = await self._charge_then_read(conn, need, asking, kept)
+            else:
+                if kept:
+                    await _check_statement(conn, plan, parameters)
+                left = await ledger.charge(conn, role.role, plan.table, plan.epsilon, plan.delta, need.key,
+                                           rho=plan.rho, delta_add=plan.delta_add)
             self._check_confirmed(conn)
             return left
         if isinstance(need, Read):
+            if asking.read_ahead:  # sent with the charge
+                outcome = asking.read_ahead.pop()
+                if isinstance(outcome, BaseException):
+                    raise outcome
+                return outcome
             if need.free:
                 return (None, *await _run(conn, need.plan.sql, parameters))
             return await self._measure(conn, need.plan, parameters, asking.stop)
@@ -560,6 +632,103 @@ async def _snapshot(conn: psycopg.AsyncConnection[Any], tables: tuple[str, ...],
     await conn.execute("commit")
 
 
+_CHARGE_COMMANDS = 3  # BEGIN, the charge, COMMIT
+Command = Callable[[pq.abc.PGconn], None]
+
+
+def _command(sql: bytes, values: list[bytes | None] | None = None) -> Command:
+    """One statement to send in a pipeline, its values in text format."""
+    return lambda pgconn: pgconn.send_query_params(sql, values, result_format=pq.Format.TEXT)
+
+
+def _prepare(sql: str, declared: tuple[int, ...]) -> Command:
+    """The plan's SQL prepared as the unnamed statement: parsed and type-checked, never executed."""
+    return lambda pgconn: pgconn.send_prepare(b"", sql.encode(), list(declared))
+
+
+def _charge_commands(sql: bytes, values: list[bytes | None]) -> list[Command]:
+    return [_command(ledger.BEGIN_CHARGE.encode()), _command(sql, values), _command(b"commit")]
+
+
+def _read_commands(plan: DPPlan, parameters: Parameters, timeout_ms: int) -> list[Command]:
+    """What _measured_on does, as commands: the snapshot begun and timed, its data version, the SQL with the
+    client's values as it bound them, the commit."""
+    count = len(parameters.values)
+    types = [*parameters.types[:count], *[0] * (count - len(parameters.types))]
+    version_sql, version_values = ledger.data_version_query(plan.tables)
+
+    def run(pgconn: pq.abc.PGconn) -> None:
+        pgconn.send_query_params(plan.sql.encode(), list(parameters.values), types, list(parameters.formats),
+                                 pq.Format.TEXT)
+
+    return [_command(_BEGIN_SNAPSHOT.encode()), _command(f"set local statement_timeout = {int(timeout_ms)}".encode()),
+            _command(version_sql, version_values), run, _command(b"commit")]
+
+
+async def _read_outcome(conn: psycopg.AsyncConnection[Any], results: list[pq.abc.PGresult],
+                        ) -> tuple[str | None, list[int], list[tuple[Any, ...]]] | psycopg.Error:
+    """The data version, column types and rows the read commands returned; or their error (rolled back)."""
+    failed = _error(conn, results)
+    if failed is not None:
+        await _rollback(conn)
+        return failed
+    version = _row(conn, results[2])["version"]
+    rows = results[3]
+    loader = Transformer(conn)
+    loader.set_pgresult(rows)
+    return version, [rows.ftype(i) for i in range(rows.nfields)], loader.load_rows(0, rows.ntuples, tuple)
+
+
+def _error(conn: psycopg.AsyncConnection[Any], results: list[pq.abc.PGresult]) -> psycopg.Error | None:
+    """The first error among a pipeline's results (the server skipped what followed it)."""
+    for result in results:
+        if result.status == pq.ExecStatus.FATAL_ERROR:
+            return psycopg.errors.error_from_result(result, encoding=conn.info.encoding)
+    return None
+
+
+def _row(conn: psycopg.AsyncConnection[Any], result: pq.abc.PGresult) -> dict[str, Any]:
+    """The first row of a result, by column name."""
+    loader = Transformer(conn)
+    loader.set_pgresult(result)
+    names = [(result.fname(i) or b"").decode() for i in range(result.nfields)]
+    return dict(zip(names, loader.load_row(0, tuple) or (), strict=True))
+
+
+async def _rollback(conn: psycopg.AsyncConnection[Any]) -> None:
+    """End a transaction a pipeline's error left open; if that fails, the pool drops the connection (not idle)."""
+    if conn.info.transaction_status in (pq.TransactionStatus.INTRANS, pq.TransactionStatus.INERROR):
+        with contextlib.suppress(psycopg.Error):
+            await conn.execute("rollback")
+
+
+async def _pipelined(conn: psycopg.AsyncConnection[Any], commands: list[Command]) -> list[pq.abc.PGresult]:
+    """``commands`` sent in pipeline mode, in one round trip: each one's result, in order (after an error the server
+    skipped the rest until the end: PIPELINE_ABORTED)."""
+    pgconn = conn.pgconn
+    async with conn.lock:
+        pgconn.enter_pipeline_mode()
+        for command in commands:
+            command(pgconn)
+        pgconn.pipeline_sync()
+        results = await conn.wait(_pipeline_results(pgconn))
+        pgconn.exit_pipeline_mode()
+    return results
+
+
+def _pipeline_results(pgconn: pq.abc.PGconn) -> Generator[Any, Any, list[pq.abc.PGresult]]:
+    """Flush what was sent, then read one result per command up to the pipeline's sync."""
+    yield from generators.send(pgconn)
+    results = []
+    while True:
+        result = yield from generators.fetch(pgconn)
+        if result is None:  # the end of one command's results
+            continue
+        if result.status == pq.ExecStatus.PIPELINE_SYNC:
+            return results
+        results.append(result)
+
+
 async def _measured_on(conn: psycopg.AsyncConnection[Any], plan: DPPlan, parameters: Parameters,
                        stop: Stop) -> tuple[str | None, list[int], list[tuple[Any, ...]]]:
     async with stop.running(conn), _snapshot(conn, plan.tables, stop.left_ms()) as version:
@@ -607,12 +776,11 @@ async def _describe(conn: psycopg.AsyncConnection[Any], sql: str, declared: tupl
 
 async def _prepared(conn: psycopg.AsyncConnection[Any], sql: str, declared: tuple[int, ...]) -> pq.abc.PGresult:
     """The server's description of ``sql`` prepared as the unnamed statement (never executed)."""
-    pgconn = conn.pgconn
-    async with conn.lock:
-        pgconn.send_prepare(b"", sql.encode(), list(declared))
-        _last(await conn.wait(generators.execute(pgconn)), pq.ExecStatus.COMMAND_OK)
-        pgconn.send_describe_prepared(b"")
-        return _last(await conn.wait(generators.execute(pgconn)), pq.ExecStatus.COMMAND_OK)
+    prepared, described = await _pipelined(conn, [lambda pgconn: pgconn.send_prepare(b"", sql.encode(),
+                                                                                    list(declared)),
+                                                   lambda pgconn: pgconn.send_describe_prepared(b"")])
+    _last([prepared], pq.ExecStatus.COMMAND_OK)  # (if it failed, the describe was skipped)
+    return _last([described], pq.ExecStatus.COMMAND_OK)
 
 
 def _last(results: list[pq.abc.PGresult], expected: pq.ExecStatus) -> pq.abc.PGresult:

@@ -1,0 +1,199 @@
+"""How many round trips to PostgreSQL a dp question makes, beyond its own SQL (issue 23: a first charge ≤ 2 ms).
+
+The real ``NoisyAnswers`` against a real PostgreSQL with its ledger, in this process so that its service
+connection's round trips can be counted: one round trip is one ``AsyncConnection.wait`` (psycopg sends what is
+queued and waits for the server's answer). A question already paid for is one: the ledger's lookup. A new one
+without parameters or post statement is three: the lookup; the charge with its check and the measurement's read
+(the plan's SQL prepared, BEGIN, charge, COMMIT, then the snapshot, its data version, the SQL and its COMMIT,
+pipelined: the server runs them in order and skips the rest after an error, so a rejected SQL is not charged and
+the charge is durable before a row is read); the answer stored. (A wait is at most one round
+trip; psycopg's own pipeline mode, which the code before used for the charge and the snapshot, waits more than once
+per round trip: counted this way, a new question made 16 waits before, in 8 round trips: lookup, prepare,
+describe, charge, snapshot, SQL, commit, store.) The charge's rules hold on the
+pipelined path too: a statement the server rejects costs nothing, an exhausted budget reads nothing, a read that
+fails after the charge stays charged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from conftest import SERVICE_ROLE, govern_by_demo_policy
+
+from anonproxy.embedded import EmbeddedPostgres
+from anonproxy.policy.model import Policy
+from anonproxy.policy.store import load_policy
+from anonproxy.proxy.gate import Parameters
+from anonproxy.proxy.noisy import NoisyAnswers, Refused, SessionLimits
+from anonproxy.route.decide import decide
+from anonproxy.route.decision import Noisy
+
+ROLE = "analyst"
+COUNT = "select count(*) from adult"
+
+
+@pytest.fixture
+def governed(postgresql: psycopg.Connection, pg_server: EmbeddedPostgres) -> Iterator[tuple[Policy, str]]:
+    """A fresh database under the demo policy: the policy as the proxy loads it and the service login's DSN."""
+    dbname = postgresql.info.dbname
+    postgresql.autocommit = True
+    govern_by_demo_policy(postgresql, dbname)
+    yield load_policy(postgresql), pg_server.conninfo(user=SERVICE_ROLE, password=SERVICE_ROLE, dbname=dbname)
+
+
+class RoundTrips:
+    def __init__(self) -> None:
+        self.count = 0
+
+
+def _ask(policy: Policy, dsn: str, owner: psycopg.Connection, sql: str, trips: RoundTrips,
+         monkeypatch: pytest.MonkeyPatch, cached: bool) -> list[int]:
+    """Round trips of ``sql`` asked first on a warm worker (planned, a pooled connection) with the answer cache
+    emptied, then asked again (``cached``: without emptying it)."""
+    role = policy.role(ROLE)
+    decision = decide(sql, role, policy)
+    assert isinstance(decision, Noisy)
+    wait = psycopg.AsyncConnection.wait
+
+    async def counted(self: psycopg.AsyncConnection[Any], *args: Any, **kwargs: Any) -> Any:
+        trips.count += 1
+        return await wait(self, *args, **kwargs)
+
+    async def run() -> list[int]:
+        noisy = NoisyAnswers(dsn, analyser=None)
+        counts = []
+        try:
+            await noisy.answer(decision, role, policy, Parameters(), SessionLimits())  # warm
+            for fresh in (True, not cached):
+                if fresh:
+                    owner.execute("delete from anonproxy.answer_cache where role_name = %s", [ROLE])
+                trips.count = 0
+                with monkeypatch.context() as patch:
+                    patch.setattr(psycopg.AsyncConnection, "wait", counted)
+                    await noisy.answer(decision, role, policy, Parameters(), SessionLimits())
+                counts.append(trips.count)
+        finally:
+            await noisy.close()
+        return counts
+
+    return asyncio.run(run())
+
+
+def test_a_new_question_makes_three_round_trips_and_a_seen_one_one(
+        governed: tuple[Policy, str], postgresql: psycopg.Connection, monkeypatch: pytest.MonkeyPatch) -> None:
+    policy, dsn = governed
+    first, seen = _ask(policy, dsn, postgresql, COUNT, RoundTrips(), monkeypatch, cached=True)
+    assert (first, seen) == (3, 1)  # lookup, the charge with its check and read, store | lookup
+
+
+def test_a_statement_the_server_rejects_is_refused_in_the_charges_round_trip_at_no_cost(
+        governed: tuple[Policy, str], postgresql: psycopg.Connection) -> None:
+    """The plan's SQL, prepared first in the charge's round trip, names a column renamed since the policy was read:
+    PostgreSQL rejects it (42703) and skips the charge and the read that follow it."""
+    policy, dsn = governed
+    role = policy.role(ROLE)
+    decision = decide("select avg(age) from adult", role, policy)
+    assert isinstance(decision, Noisy), decision
+    charges = "select count(*) from anonproxy.budget_ledger where role_name = %s"
+    before = postgresql.execute(charges, [ROLE]).fetchone()
+    postgresql.execute("alter table public.adult rename column age to years")
+
+    async def run() -> str:
+        noisy = NoisyAnswers(dsn, analyser=None)
+        try:
+            await noisy.answer(decision, role, policy, Parameters(), SessionLimits())
+        except Refused as refused:
+            return refused.sqlstate
+        finally:
+            await noisy.close()
+        return ""
+
+    try:
+        assert asyncio.run(run()) == "42703"
+    finally:
+        postgresql.execute("alter table public.adult rename column years to age")
+    assert postgresql.execute(charges, [ROLE]).fetchone() == before
+
+
+def test_an_exhausted_budget_on_the_pipelined_path_reads_nothing_and_charges_nothing(
+        governed: tuple[Policy, str], postgresql: psycopg.Connection) -> None:
+    policy, dsn = governed
+    role = policy.role(ROLE)
+    postgresql.execute("select anonproxy.set_budget(%s, 'public.adult'::regclass, 0.6, 0.001, null, 0.5, 0.0000001, "
+                       "'basic')",
+                       [ROLE])
+    charges = "select count(*) from anonproxy.budget_ledger where role_name = %s"
+    before = postgresql.execute(charges, [ROLE]).fetchone()
+
+    async def run() -> tuple[int, str]:
+        noisy = NoisyAnswers(dsn, analyser=None)
+        try:
+            answered = 0
+            for sql in (COUNT, "select sex, count(*) from adult group by 1"):
+                decision = decide(sql, role, policy)
+                assert isinstance(decision, Noisy)
+                try:
+                    await noisy.answer(decision, role, policy, Parameters(), SessionLimits())
+                    answered += 1
+                except Refused as refused:
+                    return answered, refused.sqlstate
+            return answered, ""
+        finally:
+            await noisy.close()
+
+    answered, sqlstate = asyncio.run(run())
+    assert (answered, sqlstate) == (1, "53400")  # the second question does not fit what is left
+    after = postgresql.execute(charges, [ROLE]).fetchone()
+    assert before is not None and after is not None and after[0] == before[0] + 1
+
+
+def test_a_read_that_fails_after_the_pipelined_charge_stays_charged(
+        governed: tuple[Policy, str], postgresql: psycopg.Connection) -> None:
+    """The measurement's SQL fails when it runs: the service role lost SELECT on the table (PostgreSQL checks
+    privileges when a statement runs, not when it is prepared, so the check passes). The charge, sent in the same
+    round trip, committed first and stays."""
+    policy, dsn = governed
+    role = policy.role(ROLE)
+    decision = decide(COUNT, role, policy)
+    assert isinstance(decision, Noisy), decision
+    charges = "select count(*) from anonproxy.budget_ledger where role_name = %s"
+    before = postgresql.execute(charges, [ROLE]).fetchone()
+    postgresql.execute(f"revoke select on public.adult from {SERVICE_ROLE}")
+
+    async def run() -> str:
+        noisy = NoisyAnswers(dsn, analyser=None)
+        try:
+            await noisy.answer(decision, role, policy, Parameters(), SessionLimits())
+        except Refused as refused:
+            return refused.sqlstate
+        finally:
+            await noisy.close()
+        return ""
+
+    try:
+        assert asyncio.run(run()) == "42501"  # permission denied, raised when the rows are read
+    finally:
+        postgresql.execute(f"grant select on public.adult to {SERVICE_ROLE}")
+    after = postgresql.execute(charges, [ROLE]).fetchone()
+    assert before is not None and after is not None and after[0] == before[0] + 1
+
+
+def test_a_stored_answer_does_not_wait_for_the_flush_and_a_charge_before_it_still_does(
+        governed: tuple[Policy, str], pg_server: EmbeddedPostgres, postgresql: psycopg.Connection) -> None:
+    """The answer cache only serves later repeats: its commit may return before the WAL flush (a lost answer costs a
+    repeat a new charge). Not so in a transaction that charged before storing: the charge's commit stays durable."""
+    _, dsn = governed
+    store = "select anonproxy.store_answer('analyst', %s, 'v1', '\\x00'::bytea)"
+    with psycopg.connect(dsn, options="-c synchronous_commit=on") as service:  # (the test server's default: off)
+        service.execute(store, ["a fingerprint"])
+        assert service.execute("show synchronous_commit").fetchone() == ("off",)
+        service.rollback()
+        service.execute("set transaction isolation level read committed")
+        service.execute("select anonproxy.charge('analyst', 'public.adult', 0.5, 0, 'another fingerprint')")
+        service.execute(store, ["another fingerprint"])
+        assert service.execute("show synchronous_commit").fetchone() == ("on",)
+        service.rollback()
