@@ -25,7 +25,7 @@ import pytest
 from conftest import SERVICE_ROLE, govern_by_demo_policy
 
 from anonproxy.embedded import EmbeddedPostgres
-from anonproxy.policy.model import Policy
+from anonproxy.policy.model import Policy, RolePolicy
 from anonproxy.policy.store import load_policy
 from anonproxy.proxy.gate import Parameters
 from anonproxy.proxy.noisy import NoisyAnswers, Refused, SessionLimits
@@ -83,6 +83,18 @@ def _ask(policy: Policy, dsn: str, owner: psycopg.Connection, sql: str, trips: R
     return asyncio.run(run())
 
 
+async def refusal(dsn: str, decision: Noisy, role: RolePolicy, policy: Policy) -> str:
+    """The SQLSTATE a question is refused with through a fresh NoisyAnswers ("" when it is answered)."""
+    noisy = NoisyAnswers(dsn, analyser=None)
+    try:
+        await noisy.answer(decision, role, policy, Parameters(), SessionLimits())
+    except Refused as refused:
+        return refused.sqlstate
+    finally:
+        await noisy.close()
+    return ""
+
+
 def test_a_new_question_makes_three_round_trips_and_a_seen_one_one(
         governed: tuple[Policy, str], postgresql: psycopg.Connection, monkeypatch: pytest.MonkeyPatch) -> None:
     policy, dsn = governed
@@ -102,18 +114,8 @@ def test_a_statement_the_server_rejects_is_refused_in_the_charges_round_trip_at_
     before = postgresql.execute(charges, [ROLE]).fetchone()
     postgresql.execute("alter table public.adult rename column age to years")
 
-    async def run() -> str:
-        noisy = NoisyAnswers(dsn, analyser=None)
-        try:
-            await noisy.answer(decision, role, policy, Parameters(), SessionLimits())
-        except Refused as refused:
-            return refused.sqlstate
-        finally:
-            await noisy.close()
-        return ""
-
     try:
-        assert asyncio.run(run()) == "42703"
+        assert asyncio.run(refusal(dsn, decision, role, policy)) == "42703"
     finally:
         postgresql.execute("alter table public.adult rename column years to age")
     assert postgresql.execute(charges, [ROLE]).fetchone() == before
@@ -164,18 +166,8 @@ def test_a_read_that_fails_after_the_pipelined_charge_stays_charged(
     before = postgresql.execute(charges, [ROLE]).fetchone()
     postgresql.execute(f"revoke select on public.adult from {SERVICE_ROLE}")
 
-    async def run() -> str:
-        noisy = NoisyAnswers(dsn, analyser=None)
-        try:
-            await noisy.answer(decision, role, policy, Parameters(), SessionLimits())
-        except Refused as refused:
-            return refused.sqlstate
-        finally:
-            await noisy.close()
-        return ""
-
     try:
-        assert asyncio.run(run()) == "42501"  # permission denied, raised when the rows are read
+        assert asyncio.run(refusal(dsn, decision, role, policy)) == "42501"  # permission denied, raised when the rows are read
     finally:
         postgresql.execute(f"grant select on public.adult to {SERVICE_ROLE}")
     after = postgresql.execute(charges, [ROLE]).fetchone()
