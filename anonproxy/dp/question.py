@@ -64,7 +64,7 @@ from anonproxy.plan.outer import ROWS, Outer, Series
 from anonproxy.plan.refusals import Reject
 from anonproxy.policy.zcdp import Accounting, zcdp_epsilon
 from anonproxy.wire import protocol as pg
-from anonproxy.wire.results import Column, Result
+from anonproxy.wire.results import Result, explain_result
 
 # What a question is priced at: the per-query ε and δ, and the accounting of the budget it spends (which decides
 # the mechanisms).
@@ -74,7 +74,6 @@ PRICE_TRIES = 3  # lookups that may each read a new per-query cost before the qu
 MAX_PARAMETERS = 65535  # the protocol's limit on $n parameters in one statement
 FREE_HEADLINE = ("anonproxy: the declared public domain, from the policy: no row was read and nothing was "
                  "charged")
-EXPLAIN_COLUMNS = (Column("QUERY PLAN", 25),)
 
 
 class Refused(Exception):
@@ -403,7 +402,7 @@ def explain(asked: Asked, known: MutableMapping[str, Costs], policy_version: int
         lines.append(moved(charged, budget))
     lines.append(f"budget of {plan.table}: {state(budget)}")
     lines.append("nothing was run or charged")
-    return Result(EXPLAIN_COLUMNS, tuple((line.encode(),) for line in lines), "EXPLAIN")
+    return explain_result(lines)
 
 
 def params(costs: Costs, limits: Limits) -> DPParams:

@@ -88,10 +88,9 @@ from ..config import MAX_STATEMENT_SIZE
 from ..plan.refusals import Reject
 from ..route import reports
 from ..route.decision import Decision, DeclareCursor
-from ..route.reports import EXPLAIN_COLUMNS
 from ..wire import protocol as pg
 from ..wire.framing import BoundedMessageBuffer, Piece, Rows, messages
-from ..wire.results import Result
+from ..wire.results import EXPLAIN_COLUMNS, Result
 from . import proxy_portals
 from .client_timeout import ClientTimeout
 from .cursors import Capture, Cursors, ScriptRun, follow

@@ -30,11 +30,10 @@ from anonproxy.route.decision import (
 )
 from anonproxy.suppress import explain as suppression
 from anonproxy.wire import protocol as pg
-from anonproxy.wire.results import Column, Result
+from anonproxy.wire.results import EXPLAIN_COLUMNS, Column, Result, explain_result
 
 # SHOW anonproxy.<these> need the ledger or the session's dp settings: answered by the proxy, not at once.
 PROXY_SETTINGS = frozenset({"budget", "epsilon", "delta"})
-EXPLAIN_COLUMNS = (Column("QUERY PLAN", 25),)
 
 
 def answered_by_proxy(decision: Decision) -> bool:
@@ -57,7 +56,7 @@ def fixed_columns(decision: Decision) -> tuple[Column, ...] | None:
 def explained(decision: Decision) -> Result | None:
     """The answer of an explanation made when the statement was decided (None: not one)."""
     if isinstance(decision, ExplainSuppress):
-        return Result(EXPLAIN_COLUMNS, tuple((line.encode(),) for line in decision.lines), "EXPLAIN")
+        return explain_result(decision.lines)
     return None
 
 

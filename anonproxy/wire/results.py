@@ -10,6 +10,7 @@ Pure functions, no I/O.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from decimal import Decimal
 
@@ -65,6 +66,14 @@ class Result:
         """The answer to a simple Query, ReadyForQuery excluded."""
         formats = (TEXT,) * len(self.columns)
         return self.description() + self.data_rows(formats) + self.command_complete(len(self.rows)) + self.notices
+
+
+EXPLAIN_COLUMNS = (Column("QUERY PLAN", 25),)  # as PostgreSQL names an EXPLAIN's one text column
+
+
+def explain_result(lines: Iterable[str]) -> Result:
+    """An EXPLAIN answer the proxy writes itself: one text row per line."""
+    return Result(EXPLAIN_COLUMNS, tuple((line.encode(),) for line in lines), "EXPLAIN")
 
 
 def result_formats(codes: tuple[int, ...], width: int) -> tuple[int, ...]:
