@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -209,6 +210,39 @@ def test_serve_runs_one_worker_per_core_by_default(pg_server: EmbeddedPostgres, 
         process.send_signal(signal.SIGTERM)
         process.wait(15)
     assert process.returncode == 0
+
+
+def test_a_killed_supervisor_takes_its_workers_with_it(pg_server: EmbeddedPostgres, dbname: str) -> None:
+    """kill -9 of `anonproxy serve`: its workers stop too, so nothing keeps serving on the port with the old
+    configuration and a restarted proxy can listen there again."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANONPROXY_")}
+    env.update(ANONPROXY_LISTEN_PORT=str(port), ANONPROXY_UPSTREAM=f"host=127.0.0.1 port={pg_server.port}",
+               ANONPROXY_WORKERS="2")
+    command = [sys.executable, "-m", "anonproxy", "serve"]
+    first = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
+    assert first.stderr is not None
+    next(line for line in first.stderr if "listening on" in line)
+    workers = _children(first.pid)
+    assert len(workers) == 2
+    first.kill()
+    first.wait(15)
+    deadline = time.monotonic() + 30
+    while any(Path(f"/proc/{pid}").exists() and "zombie" not in Path(f"/proc/{pid}/status").read_text()
+              for pid in workers):
+        assert time.monotonic() < deadline, f"workers {workers} outlived their supervisor"
+        time.sleep(0.1)
+    second = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        assert second.stderr is not None
+        started = next(line for line in second.stderr if "listening on" in line or "cannot listen" in line)
+        assert "listening on" in started, started
+        with psycopg.connect(f"host=127.0.0.1 port={port} dbname={dbname} user=dba password=dba") as conn:
+            assert conn.execute("select count(*) from adult").fetchone() == (30162,)
+    finally:
+        second.send_signal(signal.SIGTERM)
+        second.wait(15)
+    assert second.returncode == 0
 
 
 def test_install_command_is_idempotent(postgresql: psycopg.Connection, pg_server: EmbeddedPostgres) -> None:

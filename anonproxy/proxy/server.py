@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import logging
 import multiprocessing
+import os
 import shutil
 import signal
 import socket
@@ -43,6 +45,7 @@ from .upstream_tls import client_context
 log = logging.getLogger("anonproxy.server")
 
 SHUTDOWN_GRACE = 5.0
+PR_SET_PDEATHSIG = 1  # prctl(2): the signal this process gets when its parent dies
 
 
 class ProxyStartError(RuntimeError):
@@ -199,9 +202,21 @@ async def serve_until_stopped(worker: Worker, ready: Callable[[], None] | None =
     await worker.stop()
 
 
-def _worker_main(config: ProxyConfig, port: int, index: int, run_dir: Path, ready: Event) -> None:
+def _dies_with(supervisor: int) -> bool:
+    """Have Linux send this worker SIGTERM when its supervisor dies, kill -9 included: an orphan worker would keep
+    the port, and a restarted proxy could not bind it. False when the supervisor is already gone."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):  # not Linux: a killed supervisor leaves its workers running
+        pass
+    return os.getppid() == supervisor
+
+
+def _worker_main(config: ProxyConfig, port: int, index: int, run_dir: Path, ready: Event, supervisor: int) -> None:
     from ..logs import setup_logging
 
+    if not _dies_with(supervisor):
+        return
     setup_logging(config.log_level, config.log_format)
     loop = new_event_loop()
     try:
@@ -270,7 +285,8 @@ def _supervise(config: ProxyConfig, port: int, ready: Callable[[int], None] | No
 
     def start(index: int) -> multiprocessing.process.BaseProcess:
         event = fork.Event()
-        process = fork.Process(target=_worker_main, args=(config, port, index, run_dir, event), daemon=True)
+        process = fork.Process(target=_worker_main, args=(config, port, index, run_dir, event, os.getpid()),
+                               daemon=True)
         process.start()
         if not event.wait(30):
             raise RuntimeError(f"worker {index} did not start")
