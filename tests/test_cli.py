@@ -182,6 +182,15 @@ def test_serve_with_json_logs_and_one_worker(pg_server: EmbeddedPostgres, dbname
     assert process.returncode == 0
 
 
+def _serve_env(pg_server: EmbeddedPostgres, port: int, **settings: str) -> dict[str, str]:
+    """The environment of an `anonproxy serve` on ``port`` in front of ``pg_server``: none of the suite's own
+    ANONPROXY_ settings, these ``settings`` (ANONPROXY_<NAME>) instead."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANONPROXY_")}
+    env.update(ANONPROXY_LISTEN_PORT=str(port), ANONPROXY_UPSTREAM=f"host=127.0.0.1 port={pg_server.port}")
+    env.update({f"ANONPROXY_{name.upper()}": value for name, value in settings.items()})
+    return env
+
+
 def _children(pid: int) -> list[int]:
     return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
 
@@ -194,8 +203,7 @@ def test_serve_runs_one_worker_per_core_by_default(pg_server: EmbeddedPostgres, 
     allowed = os.sched_getaffinity(0)
     cpus = {min(allowed)} if cores == "one" else allowed
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ANONPROXY_")}
-    env.update(ANONPROXY_LISTEN_PORT=str(port), ANONPROXY_UPSTREAM=f"host=127.0.0.1 port={pg_server.port}")
+    env = _serve_env(pg_server, port)
     process = subprocess.Popen([sys.executable, "-m", "anonproxy", "serve"], env=env, stderr=subprocess.PIPE,
                                text=True, preexec_fn=lambda: os.sched_setaffinity(0, cpus))
     try:
@@ -216,9 +224,7 @@ def test_a_killed_supervisor_takes_its_workers_with_it(pg_server: EmbeddedPostgr
     """kill -9 of `anonproxy serve`: its workers stop too, so nothing keeps serving on the port with the old
     configuration and a restarted proxy can listen there again."""
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ANONPROXY_")}
-    env.update(ANONPROXY_LISTEN_PORT=str(port), ANONPROXY_UPSTREAM=f"host=127.0.0.1 port={pg_server.port}",
-               ANONPROXY_WORKERS="2")
+    env = _serve_env(pg_server, port, workers="2")
     command = [sys.executable, "-m", "anonproxy", "serve"]
     first = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
     assert first.stderr is not None
