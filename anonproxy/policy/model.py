@@ -7,6 +7,7 @@ sql/0002_policy.sql); this module only describes what was read from them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime
 from decimal import Decimal
 from typing import Literal
 
@@ -39,6 +40,10 @@ class ColumnPolicy:
     lower: float | None = None  # declared bounds of a numeric column
     upper: float | None = None
     domain: tuple[str, ...] | None = None  # public values of a grouping column, as text
+    # declared bounds of a date, timestamp or timestamptz column, inclusive: aware (UTC) for timestamptz, naive
+    # otherwise (a date column's bounds are midnights)
+    earliest: datetime | None = None
+    latest: datetime | None = None
 
 
 @dataclass(frozen=True)
