@@ -2,7 +2,8 @@
 
 Each privacy unit's rows are bounded (at most ``max_rows_per_unit`` per group, ``max_groups_per_unit`` groups),
 each aggregate's argument clamped into its bounds, then the statistics of :class:`anonproxy.dp.model.Statistic`
-computed per group; groups of declared public domains are listed whether or not a row falls in them. Noise is
+computed per group (a count of distinct values over the bounded rows, so that one unit adds at most its c rows'
+values to a group, however many rows of distinct values it has); groups of declared public domains are listed whether or not a row falls in them. Noise is
 added in the proxy (:mod:`anonproxy.dp.finish`), never in SQL.
 
 Where each row is one unit, no row needs to be dropped: each unit contributes one row to one group. Two ways to
@@ -190,7 +191,7 @@ def _guard(query: AnalyticQuery) -> str:
         f"  AND (i.indrelid, a.attname) IN ({', '.join(sorted(pairs))})"])
 
 
-_EMPTY = {"units": "0", "rows": "0", "count": "0", "sum": "0", "values": "'{}'"}  # an empty group's value
+_EMPTY = {"units": "0", "rows": "0", "count": "0", "distinct": "0", "sum": "0", "values": "'{}'"}  # an empty group's value
 
 
 def _aggregate(stat: Statistic, arguments: dict[str, str], bounded: bool) -> str:
@@ -201,6 +202,8 @@ def _aggregate(stat: Statistic, arguments: dict[str, str], bounded: bool) -> str
     argument = arguments[stat.argument]  # type: ignore[index]
     if stat.kind == "count":
         return f"count({argument})"
+    if stat.kind == "distinct":  # over the bounded rows: a unit's c rows per group hold at most c distinct values
+        return f"count(DISTINCT {argument})"
     assert stat.clamp is not None
     # GREATEST/LEAST skip NULLs (GREATEST(NULL, 17) = 17): a NULL must stay NULL, so that sum and array_agg skip it.
     clamped = (f"CASE WHEN {argument} IS NOT NULL THEN LEAST(GREATEST({argument}, {_literal(stat.clamp[0])}), "

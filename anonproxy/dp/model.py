@@ -25,7 +25,8 @@ from anonproxy.dp.mechanisms import (
 from anonproxy.dp.quantiles import dp_quantile, rank_halfwidth
 from anonproxy.plan import outer as nested_shapes
 
-StatKind = Literal["units", "rows", "count", "sum", "values"]
+# "distinct": count(DISTINCT x) over the bounded rows (a unit's rows there hold at most c distinct values of x)
+StatKind = Literal["units", "rows", "count", "distinct", "sum", "values"]
 # "post": computed by the plan's post statement over the noisy values (a post-aggregate expression)
 # "interval": dp_interval_low/high of another column (``of``), from the same noisy values
 ColumnKind = Literal["key", "count", "sum", "avg", "variance", "stddev", "quantile", "post", "interval"]
@@ -104,6 +105,8 @@ class Statistic:
             return "number of rows"
         if self.kind == "count":
             return f"count({self.argument})"
+        if self.kind == "distinct":
+            return f"count(DISTINCT {self.argument})"
         term = self.argument if self.center == 0 else f"{self.argument} − {self.center}"
         if self.power == 2:
             term = f"({term})²" + (f" − {self.offset}" if self.offset else "")

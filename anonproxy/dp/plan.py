@@ -60,7 +60,7 @@ from anonproxy.dp.model import (
 )
 from anonproxy.plan import bounds, post_aggregate
 from anonproxy.plan.analysis import AnalyticQuery, Item, analyze, canonical, filtered
-from anonproxy.plan.expressions import unwrap
+from anonproxy.plan.expressions import distinct_column
 from anonproxy.plan.outer import Outer, Series
 from anonproxy.plan.post_aggregate import RELEASED, PostAggregate, value
 from anonproxy.plan.refusals import (
@@ -83,7 +83,7 @@ from anonproxy.policy.model import (
 __all__ = ["Caps", "Measured", "Packed", "caps_of", "gaussian_selection_threshold", "measure", "plan_dp", "price",
            "selection_threshold"]
 
-DP_HINT = ("Supported in dp mode: SELECT <GROUP BY columns>, count(*), count(x), count(DISTINCT <unit>), sum(x), "
+DP_HINT = ("Supported in dp mode: SELECT <GROUP BY columns>, count(*), count(x), count(DISTINCT x), sum(x), "
            "avg(x), variance/var_samp/var_pop/stddev/stddev_samp/stddev_pop(x), median(x), "
            "percentile_cont/percentile_disc(q) WITHIN GROUP (ORDER BY x), each with an optional FILTER (WHERE ...) "
            "but the quantiles, and expressions over them and constants (+ - * /, round, trunc, abs, sign, ceil, "
@@ -692,7 +692,7 @@ class _Columns:
              offset: Fraction = Fraction(0)) -> _ColumnKey:
         if kind == "rows" and self.rows_cap == 1:
             kind = "units"  # one row per unit and group: count(*) is the count of distinct units
-        key = (kind, argument if kind in ("count", "sum", "values") else None, center, power, offset)
+        key = (kind, argument if kind in ("count", "distinct", "sum", "values") else None, center, power, offset)
         if key not in self.stats:
             self.stats[key] = _Stat(kind, key[1], per_group, clamp, center, power, offset)
         return key
@@ -711,16 +711,7 @@ class _Columns:
         argument = node.this
         if isinstance(node, exp.Count):
             if isinstance(argument, exp.Distinct):
-                column = unwrap(argument.expressions[0])  # Power BI writes count(distinct("rows"."id"))
-                if not self._is_unit(column) or condition is not None:
-                    raise unsupported(f"{written or node.sql(dialect='postgres')}: count(DISTINCT x) is supported "
-                                      f"in dp mode only on the privacy unit {self._unit_name()}, without FILTER "
-                                      "(a count of distinct values of another column has no bound the policy "
-                                      "declares on how much one person moves it)",
-                                      f"Count people with count(DISTINCT {self._unit_name()}); to see the values "
-                                      "of a column, GROUP BY it (in suppress mode count(DISTINCT column) is "
-                                      "answered).")
-                return _Draft(name, "count", statistic=self.need("units", None, Fraction(1)))
+                return self._distinct(name, argument.expressions[0], whole, condition)
             if isinstance(argument, exp.Star) or _numeric_constant(argument) is not None:  # count(1) is count(*)
                 if condition is None:
                     return _Draft(name, "count", statistic=self.need("rows", None, c))
@@ -769,6 +760,31 @@ class _Columns:
         kind, sample = _SPREADS[type(node)]
         return _Draft(name, kind, statistic=square, denominator=count, linear=linear, center=center, offset=offset,
                       lower=lower, upper=upper, sample=sample)
+
+    def _distinct(self, name: str, argument: exp.Expression, whole: exp.Expression, condition: str | None,
+                  ) -> _Draft:
+        """count(DISTINCT x) [FILTER (WHERE c)]. Of the unit (under casts that keep values apart: the same number),
+        read from a table on no nullable side and without FILTER: the one count of people. Otherwise the count of
+        distinct values of x over the bounded rows: adding or removing one unit changes a group's count by at most
+        the number of distinct values its rows there hold, at most c (its rows per group), and 1 for the unit (its
+        one value); over the groups it reaches, R times that, as count(x)."""
+        column = distinct_column(argument, self._column_type)
+        unit = column is not None and self._is_unit(column)
+        found = self.column_table(column) if column is not None else None
+        if unit and condition is None and found is not None and found[0] not in self.nullable:
+            return _Draft(name, "count", statistic=self.need("units", None, Fraction(1)))
+        text = filtered(self.query.text_of(whole).argument, condition)
+        assert text is not None  # count(DISTINCT x) has an argument
+        return _Draft(name, "count", statistic=self.need("distinct", text, Fraction(1 if unit else self.rows_cap)))
+
+    def _column_type(self, node: exp.Column) -> str | None:
+        """A column's SQL type as the policy read it (None: unknown)."""
+        found = self.column_table(node)
+        if found is None or found[0] is None:
+            return None
+        table = found[0]
+        model = table.protected or table.linked or table.reference
+        return model.types.get(found[1]) if model is not None and model.types is not None else None
 
     def _quantile(self, name: str, argument: exp.Expression, q: Fraction, discrete: bool, what: str) -> _Draft:
         lower, upper, text = self._bounds(what, argument)

@@ -17,6 +17,9 @@ Select items, HAVING and ORDER BY may also hold aggregates: COUNT(*),
 COUNT(x), COUNT(DISTINCT x), SUM, AVG, and MIN/MAX when the role allows them,
 each with an optional FILTER (WHERE <row condition>), checked like the
 aggregate's argument (FILTER (WHERE c) computes the aggregate of CASE WHEN c).
+COUNT(DISTINCT x) takes a column, or a cast of one that keeps its values
+apart (``distinct_column``: the same number); in dp mode, whose noise covers
+what one person's values add, any row expression.
 Over aggregates (and over constants alone) these clauses may also compute
 *post-aggregate expressions*: + - * /, round, trunc, abs, sign, ceil, floor,
 coalesce, nullif, greatest, least, casts and CASE. They may raise errors
@@ -39,7 +42,7 @@ ORDER BY inside an aggregate, ...) is refused rather than ignored.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from typing import NoReturn
@@ -72,7 +75,7 @@ ROW_EXPRESSIONS = (
 SUPPRESS_AGGREGATES = ("count(*), count(x), count(DISTINCT x), sum(x), avg(x), "
                        "variance/var_samp/var_pop/stddev/stddev_samp/stddev_pop(x){minmax}")
 DP_AGGREGATE_LIST = (
-    "count(*), count(x), count(DISTINCT <privacy unit>), sum(x), avg(x), "
+    "count(*), count(x), count(DISTINCT x), sum(x), avg(x), "
     "variance/var_samp/var_pop/stddev/stddev_samp/stddev_pop(x), median(x), "
     "percentile_cont/percentile_disc(q) WITHIN GROUP (ORDER BY x)"
 )
@@ -132,6 +135,14 @@ WIDENING: dict[str, frozenset[exp.DType]] = {
     "real": frozenset({_T.FLOAT, _T.DOUBLE}),
     "double precision": frozenset({_T.DOUBLE}),
 }
+# The types whose values each have one text form, so that a cast to text keeps distinct values apart and equal ones
+# together (dates and timestamps: in the session's DateStyle and TimeZone, fixed for a statement; character: its
+# trailing blanks are insignificant both ways). Not numeric (1.0 and 1.00 are equal, their texts are not), nor the
+# floats (0 and -0).
+DISTINCT_TO_TEXT = frozenset({"smallint", "integer", "bigint", "text", "character varying", "character", "boolean",
+                              "date", "timestamp without time zone", "timestamp with time zone", "uuid"})
+# Integer cast targets, by the type name a column of that type has.
+_INTEGER_NAMES = {_T.SMALLINT: "smallint", _T.INT: "integer", _T.BIGINT: "bigint"}
 # numeric(p, s) holds no nonzero value below 10^-s in magnitude and none from 10^(p-s) up: within double
 # precision's range (about 2.2e-308 to 1.8e308) when s <= 307 and p - s <= 308. A plain numeric may hold 1e-400,
 # whose conversion fails.
@@ -678,9 +689,22 @@ class Checker:
                     raise unsupported("count(DISTINCT ...) takes exactly one expression",
                                       self.aggregate_hint())
                 argument = unwrap(argument.expressions[0])  # count(DISTINCT (t.id)) is count(DISTINCT t.id)
-                if not isinstance(argument, exp.Column):
-                    raise unsupported("count(DISTINCT ...) takes a column: the number of distinct values of an "
-                                      "expression can single out a person", self.aggregate_hint())
+                column = distinct_column(argument, self._column_type)
+                if column is not None:
+                    argument = column  # count(DISTINCT id::text) is count(DISTINCT id)
+                elif not self.dp:
+                    raise unsupported(
+                        "count(DISTINCT ...) takes a column, or a cast of one that keeps its values apart (to "
+                        "text of an integer, text, boolean, date or timestamp column): the number of distinct "
+                        "values of another expression can single out a person (CASE WHEN <one person> THEN 'x' "
+                        "ELSE 'y' END)", self.aggregate_hint())
+                else:  # dp: noise calibrated to the values one person adds, whatever the expression
+                    self._in_aggregate = True
+                    try:
+                        self._walk(argument, f"the argument of {name}()", aggregates=False)
+                    finally:
+                        self._in_aggregate = False
+                    return
         elif isinstance(argument, exp.Distinct):
             raise unsupported(f"{name}(DISTINCT ...) is not allowed", self.aggregate_hint())
         if argument is None:
@@ -703,6 +727,11 @@ class Checker:
             self._walk(argument, f"the argument of {name}()", aggregates=False)
         finally:
             self._in_aggregate = self._summed = False
+
+    def _column_type(self, column: exp.Column) -> str | None:
+        """A column's SQL type as the policy read it (None: unknown, or the column's table is not known)."""
+        source, name = self._source(column)
+        return _sql_type(source, name) if source is not None and name is not None else None
 
     def _widens(self, cast: exp.Cast) -> bool:
         """Whether ``cast(column AS type)``, the whole argument of an aggregate (Tableau's sum(CAST(x AS BIGINT))),
@@ -1040,6 +1069,36 @@ def unwrap(node: exp.Expression) -> exp.Expression:
     while isinstance(node, (exp.Alias, exp.Paren)):
         node = node.this
     return node
+
+
+def distinct_column(argument: exp.Expression, column_type: Callable[[exp.Column], str | None]) -> exp.Column | None:
+    """The column ``argument`` is, under parentheses and casts that keep its values apart (to text of
+    :data:`DISTINCT_TO_TEXT`, to a wider integer), or None: count(DISTINCT CAST(col AS TEXT)) is then count(DISTINCT col), the same number. ``column_type``: a
+    column's SQL type as the policy read it (None when unknown: then no cast is known to keep values apart)."""
+    targets: list[exp.Expression] = []
+    node = unwrap(argument)
+    while isinstance(node, exp.Cast) and _set_args(node) == {"this", "to"}:
+        targets.append(node.args["to"])
+        node = unwrap(node.this)
+    if not isinstance(node, exp.Column):
+        return None
+    sql_type = column_type(node) if targets else None
+    for target in reversed(targets):
+        sql_type = _distinct_cast(sql_type, target)
+    return node if not targets or sql_type is not None else None
+
+
+def _distinct_cast(sql_type: str | None, target: exp.Expression) -> str | None:
+    """The type a value of ``sql_type`` has after a cast to ``target`` that maps equal values, and only those, to
+    equal values; None for any other cast."""
+    if sql_type is None or not isinstance(target, exp.DataType) or _set_args(target) != {"this"}:
+        return None  # varchar(2), char (char(1)): a modifier cuts values short
+    base = sql_type.partition("(")[0]
+    if target.this in (_T.TEXT, _T.VARCHAR):
+        return "text" if base in DISTINCT_TO_TEXT else None
+    if base in _INTEGER_NAMES.values() and target.this in WIDENING[base]:
+        return _INTEGER_NAMES.get(target.this)  # a wider integer (numeric: not on, its texts split equal values)
+    return None
 
 
 def _widening_cast(argument: exp.Expression) -> exp.Cast | None:
