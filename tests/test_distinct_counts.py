@@ -83,6 +83,7 @@ def _refusal(conn: psycopg.Connection[Any], sql: str) -> psycopg.Error:
     ("select workclass, count(distinct occupation) filter (where age > 40), count(distinct id::text) from adult "
     "group by workclass"),
     "select count(distinct cast(cast(age as bigint) as text)) from adult",
+    "select channel, count(distinct visited_at::text), count(distinct visited_at) from visits group by 1",
 ])
 def test_suppress_answers_casts_that_keep_values_apart_as_postgresql_does(
         reporter: psycopg.Connection[Any], truth: psycopg.Connection, sql: str) -> None:
@@ -141,6 +142,9 @@ def test_the_plan_counts_distinct_values_with_the_per_person_bound(policy: Polic
     for argument in ("person_id", "CAST(visits.person_id AS TEXT)", "(person_id)::varchar"):
         plan = _plan(f"select channel, count(DISTINCT {argument}) from visits group by 1", policy, 3, 2)
         assert [stat.kind for stat in plan.statistics] == ["units"], argument
+    # a row expression allowed as a GROUP BY key, with its no-error proof
+    plan = _plan("select channel, count(DISTINCT date_trunc('month', visited_at)) from visits group by 1", policy, 2)
+    assert [(stat.kind, stat.per_group) for stat in plan.statistics] == [("distinct", 2)]
     # the unit under FILTER: its own statistic, still 1 per group
     plan = _plan("select count(DISTINCT person_id) filter (where channel = 'web') from visits", policy, 3)
     ((kind, per_group),) = [(stat.kind, stat.per_group) for stat in plan.statistics]

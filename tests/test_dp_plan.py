@@ -97,7 +97,7 @@ def refused(sql: str, *words: str, params: DPParams = PARAMS, role: RolePolicy =
     ("select count(*) from visits v left join adult a on v.person = a.id", ("nullable side",)),
     ("select count(*) from adult a left join visits v on v.person = a.id and a.id = 17", ("identifying column",)),
     ("select count(*) from visits v join region r on r.region = v.ward", ("declared key",)),
-    ("select count(distinct education) from adult", ("count(DISTINCT x)", "privacy unit id")),
+    ("select count(distinct case when id = 1 then 1 end) from adult", ("identifying column id",)),
     ("select sex, count(*) from adult group by sex order by count(*) + 0", ("must name an output column",)),
     ("select occupation from adult group by occupation order by count(*)", ("must name an output column",)),
     ("select sex, count(*) from adult group by sex limit $1 + 1", ("LIMIT takes a constant or a $n parameter",)),
