@@ -16,6 +16,7 @@ answered, charged once, with the interval of a count.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from fractions import Fraction
 from typing import Any
@@ -113,6 +114,22 @@ def test_suppress_refuses_a_distinct_count_that_singles_out_a_person(reporter: p
     assert "count(DISTINCT" in str(refused) and "single out" in str(refused)
 
 
+def test_the_admitted_casts_keep_values_apart_and_the_refused_ones_do_not(truth: psycopg.Connection,
+                                                                          visits_table: None) -> None:  # noqa: F811
+    """What the rule rests on, in PostgreSQL itself: an admitted cast counts as many values as the column, in every
+    group; numeric to text splits equal values, char(1) merges different ones."""
+    for column, cast, table in (("age", "age::text", "adult"), ("education", "education::varchar", "adult"),
+                                ("age", "cast(age as bigint)", "adult"), ("id", "cast(id as text)", "adult"),
+                                ("visited_at", "visited_at::text", "visits"), ("person_id", "person_id::text", "visits")):
+        rows = truth.execute(f"select count(DISTINCT {column}) = count(DISTINCT {cast}) from {table} "
+                             f"group by {'sex' if table == 'adult' else 'channel'}").fetchall()
+        assert rows and all(equal for (equal,) in rows), cast
+    assert truth.execute("select count(DISTINCT x), count(DISTINCT x::text) from (values (1.0), (1.00)) v(x)"
+                         ).fetchone() == (1, 2)
+    assert truth.execute("select count(DISTINCT x), count(DISTINCT x::char) from (values ('ab'), ('ac')) v(x)"
+                         ).fetchone() == (2, 1)
+
+
 @pytest.mark.parametrize("argument", [
     "CAST(education AS CHAR)",  # char(1): 'Bachelors' and 'Bachelors'' neighbours merge into 'B'
     "education::varchar(3)",  # cut short: merges values
@@ -173,6 +190,30 @@ def test_one_person_with_many_distinct_values_moves_the_count_by_at_most_c(polic
         (raw_with,), = truth.execute(sql).fetchall()
     assert raw_with - raw_without == 1000  # unbounded, one person would move it by 1000
     assert with_target - without == 5 and without == raw_without  # bounded: by c, and the others' rows kept
+
+
+def test_a_distinct_count_that_singles_out_a_person_learns_no_more_than_epsilon_allows(
+        postgresql: psycopg.Connection) -> None:
+    """The suppress-mode attack in dp mode, where it is answered: count(DISTINCT CASE WHEN <the target> THEN 'x'
+    ELSE 'y' END) is 2 with the target and 1 without. Over 4000 noisy answers in each world, guessing "with" when
+    the answer is at least 1.5 is right no more often than ε-DP allows (e^ε/(1+e^ε), plus five binomial standard
+    deviations), and better than a coin (the noise is calibrated, not infinite)."""
+    (target, age, occupation) = postgresql.execute(
+        "select min(id), age, occupation from adult where age = 90 and sex = 'Female' group by age, occupation "
+        "having count(*) = 1 limit 1").fetchone()
+    plan = _plan(f"select count(DISTINCT CASE WHEN age = {age} AND sex = 'Female' AND occupation = '{occupation}' "
+                 "THEN 'x' ELSE 'y' END) from adult", demo_policy())
+    with_rows = postgresql.execute(plan.sql).fetchall()
+    postgresql.execute("delete from adult where id = %s", [target])
+    without_rows = postgresql.execute(plan.sql).fetchall()
+    assert (with_rows, without_rows) == ([(2,)], [(1,)])  # without noise the attack is exact
+    draws, right = 4000, 0
+    for rows, present in ((with_rows, True), (without_rows, False)):
+        for _ in range(draws):
+            ((value,),), _ = answer(plan, rows)
+            right += (value >= 1.5) == present
+    p = math.exp(EPSILON) / (1 + math.exp(EPSILON))
+    assert 0.52 < right / (2 * draws) <= p + 5 * math.sqrt(p * (1 - p) / (2 * draws))
 
 
 @confirmed_on_fresh_draws
