@@ -118,9 +118,10 @@ def test_the_admitted_casts_keep_values_apart_and_the_refused_ones_do_not(truth:
                                                                           visits_table: None) -> None:  # noqa: F811
     """What the rule rests on, in PostgreSQL itself: an admitted cast counts as many values as the column, in every
     group; numeric to text splits equal values, char(1) merges different ones."""
-    for column, cast, table in (("age", "age::text", "adult"), ("education", "education::varchar", "adult"),
-                                ("age", "cast(age as bigint)", "adult"), ("id", "cast(id as text)", "adult"),
-                                ("visited_at", "visited_at::text", "visits"), ("person_id", "person_id::text", "visits")):
+    for column, cast, table in (
+            ("age", "age::text", "adult"), ("education", "education::varchar", "adult"),
+            ("age", "cast(age as bigint)", "adult"), ("id", "cast(id as text)", "adult"),
+            ("visited_at", "visited_at::text", "visits"), ("person_id", "person_id::text", "visits")):
         rows = truth.execute(f"select count(DISTINCT {column}) = count(DISTINCT {cast}) from {table} "
                              f"group by {'sex' if table == 'adult' else 'channel'}").fetchall()
         assert rows and all(equal for (equal,) in rows), cast
@@ -296,13 +297,16 @@ def test_dp_counts_people_through_the_link(gated_proxy: Endpoint, gated_database
 
 def test_dp_distinct_count_has_an_interval_and_is_charged_once(gated_proxy: Endpoint, gated_database: str,
                                                                analyst: str) -> None:  # noqa: F811
+    notices: list[str] = []
     with psycopg.connect(gated_proxy.dsn(gated_database, user=analyst), autocommit=True) as conn:
+        conn.add_notice_handler(lambda d: notices.append(f"{d.message_primary} {d.message_detail}"))
         low, value, high, people = conn.execute(
             "select dp_interval_low(count(distinct education)), count(distinct education), "
             "dp_interval_high(count(distinct education)), count(distinct id) from adult").fetchone()
         assert low <= value <= high and high - low > 0
         assert "epsilon 1.5 of 2 left" in budget_left(conn)
         assert people > 30_000 - 200
+    assert any("count(DISTINCT education)" in notice for notice in notices), notices  # what the notice measured
 
 
 def test_dp_still_refuses_what_no_bound_covers(gated_proxy: Endpoint, gated_database: str,

@@ -2,9 +2,9 @@
 
 Each privacy unit's rows are bounded (at most ``max_rows_per_unit`` per group, ``max_groups_per_unit`` groups),
 each aggregate's argument clamped into its bounds, then the statistics of :class:`anonproxy.dp.model.Statistic`
-computed per group (a count of distinct values over the bounded rows, so that one unit adds at most its c rows'
-values to a group, however many rows of distinct values it has); groups of declared public domains are listed whether or not a row falls in them. Noise is
-added in the proxy (:mod:`anonproxy.dp.finish`), never in SQL.
+computed per group (a count of distinct values over the bounded rows too, so that one unit adds at most its c
+rows' values to a group, however many rows of distinct values it has); groups of declared public domains are listed
+whether or not a row falls in them. Noise is added in the proxy (:mod:`anonproxy.dp.finish`), never in SQL.
 
 Where each row is one unit, no row needs to be dropped: each unit contributes one row to one group. Two ways to
 know it:
@@ -191,7 +191,8 @@ def _guard(query: AnalyticQuery) -> str:
         f"  AND (i.indrelid, a.attname) IN ({', '.join(sorted(pairs))})"])
 
 
-_EMPTY = {"units": "0", "rows": "0", "count": "0", "distinct": "0", "sum": "0", "values": "'{}'"}  # an empty group's value
+# an empty group's value
+_EMPTY = {"units": "0", "rows": "0", "count": "0", "distinct": "0", "sum": "0", "values": "'{}'"}
 
 
 def _aggregate(stat: Statistic, arguments: dict[str, str], bounded: bool) -> str:

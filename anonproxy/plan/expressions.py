@@ -1073,8 +1073,9 @@ def unwrap(node: exp.Expression) -> exp.Expression:
 
 def distinct_column(argument: exp.Expression, column_type: Callable[[exp.Column], str | None]) -> exp.Column | None:
     """The column ``argument`` is, under parentheses and casts that keep its values apart (to text of
-    :data:`DISTINCT_TO_TEXT`, to a wider integer), or None: count(DISTINCT CAST(col AS TEXT)) is then count(DISTINCT col), the same number. ``column_type``: a
-    column's SQL type as the policy read it (None when unknown: then no cast is known to keep values apart)."""
+    :data:`DISTINCT_TO_TEXT`, to a wider integer), or None: count(DISTINCT CAST(col AS TEXT)) is then
+    count(DISTINCT col), the same number. ``column_type``: a column's SQL type as the policy read it (None when
+    unknown: then no cast is known to keep values apart)."""
     targets: list[exp.Expression] = []
     node = unwrap(argument)
     while isinstance(node, exp.Cast) and _set_args(node) == {"this", "to"}:
@@ -1092,12 +1093,12 @@ def _distinct_cast(sql_type: str | None, target: exp.Expression) -> str | None:
     """The type a value of ``sql_type`` has after a cast to ``target`` that maps equal values, and only those, to
     equal values; None for any other cast."""
     if sql_type is None or not isinstance(target, exp.DataType) or _set_args(target) != {"this"}:
-        return None  # varchar(2), char (char(1)): a modifier cuts values short
+        return None  # varchar(2): a modifier cuts values short (and char without one is char(1), below)
     base = sql_type.partition("(")[0]
     if target.this in (_T.TEXT, _T.VARCHAR):
         return "text" if base in DISTINCT_TO_TEXT else None
     if base in _INTEGER_NAMES.values() and target.this in WIDENING[base]:
-        return _INTEGER_NAMES.get(target.this)  # a wider integer (numeric: not on, its texts split equal values)
+        return _INTEGER_NAMES.get(target.this)  # a wider integer; not numeric, whose texts split equal values
     return None
 
 
