@@ -1,9 +1,10 @@
 """Run the front end's passes on the one parse of a gated query and say which shape it has.
 
 :func:`prepare` takes the statement and its tree (parsed once by the
-classifier), inlines WITH queries, normalises column names and flattens
-derived tables (:mod:`anonproxy.plan.names`, :mod:`anonproxy.plan.flatten`),
-then returns one of:
+classifier), drops the connected database from table names, inlines WITH
+queries, normalises column names and flattens derived tables
+(:mod:`anonproxy.plan.names`, :mod:`anonproxy.plan.flatten`), then returns
+one of:
 
 * :class:`Single`: one SELECT for the back-ends, the tree of the client's
   statement (changed in place by the passes; never parsed again). When a
@@ -23,7 +24,7 @@ from sqlglot import exp
 
 from anonproxy.plan import outer as outer_shapes
 from anonproxy.plan.flatten import flatten, inline_ctes
-from anonproxy.plan.names import normalize, output_name
+from anonproxy.plan.names import drop_database, normalize, output_name
 from anonproxy.plan.refusals import unsupported
 from anonproxy.plan.statements import Statement
 from anonproxy.plan.tables import PolicyIndex
@@ -47,6 +48,7 @@ _NESTING = (exp.Subquery, exp.With, exp.CTE)  # what the passes take apart (with
 
 def prepare(statement: Statement, tree: exp.Expression, index: PolicyIndex) -> Shape:
     """The shape of ``tree`` (which is changed in place)."""
+    drop_database(tree, index.policy.database)
     if not any(isinstance(node, _NESTING) or (isinstance(node, exp.Column) and node.args.get("db") is not None)
                for node in tree.walk()):
         return Single(statement, tree)  # the usual case: nothing for the passes to do
