@@ -62,6 +62,16 @@ def is_aggregate(select: exp.Select) -> bool:
                if not isinstance(node, exp.Window) and _outside_window(node, select))
 
 
+def over_released(select: exp.Select) -> bool:
+    """Whether ``select`` reads nothing but the rows of an aggregate query: its one FROM item is an aggregate
+    derived table, or a derived table that is itself over released rows (Power BI's TOPN nests a filter between
+    the aggregate and the outer query)."""
+    items = sources(select)
+    if len(items) != 1 or not isinstance(items[0], exp.Subquery) or not isinstance(items[0].this, exp.Select):
+        return False
+    return is_aggregate(items[0].this) or over_released(items[0].this)
+
+
 def inline_ctes(tree: exp.Expression) -> bool:
     """Replace every reference to a WITH query by a derived table holding a copy of its body; whether any."""
     if not isinstance(tree, exp.Select):
@@ -196,7 +206,7 @@ def _flatten(select: exp.Select, source: str) -> bool:
                 raise unsupported("UNION, INTERSECT, EXCEPT and VALUES are not supported as derived tables over "
                                   "protected tables", HINT)
             changed = _flatten(body, source) or changed
-            if not is_aggregate(body):
+            if not is_aggregate(body) and not over_released(body):
                 _inline(select, position, item, body, source)
                 changed = True
                 continue  # the inlined table now stands at this position
@@ -235,8 +245,9 @@ def _inline(outer: exp.Select, position: int, item: exp.Subquery, body: exp.Sele
             rivals |= {output_name(expression, source) or "?column?" for expression in other.this.expressions}
         else:
             rivals = None
-    _substitute(outer, alias, outputs, star, rivals,
-                output_names={output_name(item, source) for item in outer.expressions} - {None})
+    names = [output_name(item, source) for item in outer.expressions]
+    _substitute(outer, alias, outputs, star, rivals, output_names=set(names) - {None})
+    _keep_names(outer, names, source)
     condition = body.args.get("where")
     if position == 0:
         outer.set("from_", body.args["from_"])
@@ -254,6 +265,15 @@ def _inline(outer: exp.Select, position: int, item: exp.Subquery, body: exp.Sele
             if on is None:
                 raise unsupported("a derived table with WHERE must be joined with ON", HINT)
             join.set("on", exp.and_(exp.paren(on, copy=False), exp.paren(condition.this, copy=False), copy=False))
+
+
+def _keep_names(select: exp.Select, names: list[str | None], source: str) -> None:
+    """Alias the select items whose name the substitution changed with the name they had (``metric_time__day``
+    stays the name of the column that read it, now ``DATE_TRUNC('day', t.visited_at) AS metric_time__day``): an
+    outer query may read it by that name."""
+    for item, name in zip(list(select.expressions), names, strict=True):
+        if name is not None and not isinstance(item, exp.Alias) and output_name(item, source) != name:
+            item.replace(exp.Alias(this=item.copy(), alias=exp.Identifier(this=name, quoted=True)))
 
 
 def _check_inlinable(item: exp.Subquery, body: exp.Select) -> None:

@@ -36,7 +36,7 @@ from sqlglot import exp
 
 from anonproxy.plan import render
 from anonproxy.plan.expressions import Checker, Scope
-from anonproxy.plan.flatten import is_aggregate
+from anonproxy.plan.flatten import is_aggregate, over_released
 from anonproxy.plan.names import output_name, own_nodes, reference, sources
 from anonproxy.plan.refusals import unsupported
 from anonproxy.plan.tables import ResolvedTable, identifier
@@ -57,14 +57,12 @@ class Outer:
     """An outer query over the released rows of ``inner`` (an aggregate SELECT)."""
 
     inner: exp.Select
-    outer: exp.Select  # its FROM is a table named ROWS (see :meth:`sql`)
+    outer: exp.Select  # its FROM (its innermost level's, when levels are stacked) is the table named ROWS
     names: tuple[str, ...]  # the inner query's output column names
 
     def sql(self) -> str:
         """The outer query, reading the released rows from a WITH query named ROWS that the back-end defines."""
-        outer = self.outer.copy()
-        outer.set("from_", exp.From(this=exp.Table(this=exp.Identifier(this=ROWS, quoted=True))))
-        return render.sql(outer)
+        return render.sql(self.outer)
 
 
 @dataclass(frozen=True)
@@ -176,9 +174,11 @@ def _is_null(key: exp.Expression) -> exp.Expression:
 
 
 def nested_aggregate(select: exp.Select) -> int | None:
-    """The position among FROM and JOIN items of the aggregate derived table ``select`` reads, if any."""
+    """The position among FROM and JOIN items of the derived table ``select`` reads that is an aggregate query or
+    reads one's released rows (:func:`anonproxy.plan.flatten.over_released`), if any."""
     found = [i for i, item in enumerate(sources(select))
-             if isinstance(item, exp.Subquery) and isinstance(item.this, exp.Select) and is_aggregate(item.this)]
+             if isinstance(item, exp.Subquery) and isinstance(item.this, exp.Select)
+             and (is_aggregate(item.this) or over_released(item.this))]
     if len(found) > 1:
         raise unsupported("a query over protected tables may nest one aggregate query", OUTER_HINT)
     return found[0] if found else None
@@ -189,31 +189,66 @@ def inner_names(inner: exp.Select, source: str) -> tuple[str, ...]:
 
 
 def outer(select: exp.Select, source: str) -> Outer:
-    """``select`` reads the released rows of its only FROM item, an aggregate derived table."""
+    """``select`` reads the released rows of its only FROM item: an aggregate derived table, or a stack of derived
+    tables over one (each level post-processes the rows of the level below it)."""
+    levels = [select]  # the post-processing levels, outermost first
     item = sources(select)[0]
     assert isinstance(item, exp.Subquery) and isinstance(item.this, exp.Select)
+    while over_released(item.this):
+        levels.append(item.this)
+        item = sources(item.this)[0]
+        assert isinstance(item, exp.Subquery) and isinstance(item.this, exp.Select)
     inner = item.this
-    alias = reference(item)
-    names = inner_names(inner, source)
+    names = _columns(item, inner_names(inner, source))
+    below, alias = names, reference(item)
+    for level in reversed(levels):  # innermost first: each level reads the columns of the one below
+        _check_level(level, alias, below, source)
+        below = _columns(level.parent, _level_names(level, below, source)) \
+            if isinstance(level.parent, exp.Subquery) else below
+        alias = reference(level.parent) if isinstance(level.parent, exp.Subquery) else None
+    rewritten = select.copy()
+    deepest = rewritten
+    for _ in levels[1:]:
+        deepest = sources(deepest)[0].this
+    label = item.args.get("alias")
+    rows = exp.Table(this=exp.Identifier(this=ROWS, quoted=True),
+                     alias=exp.TableAlias(this=label.this.copy()) if label is not None and label.this else None)
+    deepest.set("from_", exp.From(this=rows))
+    for division in list(rewritten.find_all(exp.Div, exp.Mod)):
+        divisor = division.expression
+        division.set("expression", exp.Nullif(this=divisor.copy(), expression=exp.Literal.number(0)))
+    return Outer(inner=inner, outer=rewritten, names=names)
+
+
+def _columns(item: exp.Expression, names: tuple[str, ...]) -> tuple[str, ...]:
+    """The column names of derived table ``item`` whose select list gives ``names``: its alias's column list
+    renames the first ones."""
     columns = item.args["alias"].args.get("columns") if item.args.get("alias") is not None else None
-    if columns:
-        if len(columns) > len(names):
-            raise unsupported("the derived table's column list names more columns than it has", OUTER_HINT)
-        names = tuple(identifier(column) or "" for column in columns) + names[len(columns):]
+    if not columns:
+        return names
+    if len(columns) > len(names):
+        raise unsupported("the derived table's column list names more columns than it has", OUTER_HINT)
+    return tuple(identifier(column) or "" for column in columns) + names[len(columns):]
+
+
+def _level_names(level: exp.Select, below: tuple[str, ...], source: str) -> tuple[str, ...]:
+    """The output column names of a post-processing level that reads columns ``below`` (its ``*`` is those)."""
+    names: list[str] = []
+    for item in level.expressions:
+        core = item.this if isinstance(item, exp.Alias) else item
+        if isinstance(core, exp.Star) or (isinstance(core, exp.Column) and isinstance(core.this, exp.Star)):
+            names.extend(below)
+        else:
+            names.append(output_name(item, source) or "?column?")
+    return tuple(names)
+
+
+def _check_level(select: exp.Select, alias: str | None, names: tuple[str, ...], source: str) -> None:
     extra = {key for key, value in select.args.items() if value not in (None, False, [], "")} - _OUTER_ARGS
     if extra or select.args.get("joins"):
         what = "JOIN" if select.args.get("joins") else ", ".join(sorted(extra)).upper()
         raise unsupported(f"{what} is not supported in an outer query over an aggregate query", OUTER_HINT)
     _check_outer(select, alias, names, source)
-    rewritten = select.copy()
-    for node in list(rewritten.find_all(exp.Column)):
-        if node.args.get("table") is not None:
-            node.set("table", exp.Identifier(this=ROWS, quoted=True))
-    for division in list(rewritten.find_all(exp.Div, exp.Mod)):
-        divisor = division.expression
-        division.set("expression", exp.Nullif(this=divisor.copy(), expression=exp.Literal.number(0)))
-    rewritten.set("from_", None)
-    return Outer(inner=inner, outer=rewritten, names=names)
 
 
 def _check_outer(select: exp.Select, alias: str | None, names: tuple[str, ...], source: str) -> None:
@@ -239,7 +274,7 @@ def _check_outer(select: exp.Select, alias: str | None, names: tuple[str, ...], 
     # The released rows hold no identifying column that matters here: every value in them was released.
     released = ResolvedTable("", alias or ROWS, "plain", columns=frozenset(names))  # "source"."count": a column
     checker = Checker(Scope(references={alias or ROWS: released}),
-                      SuppressionParams(k=1, allow_min_max=True), "the released rows")
+                      SuppressionParams(k=1, allow_min_max=True), "the released rows", released=True)
     for item in select.expressions:
         core = item.this if isinstance(item, exp.Alias) else item
         if isinstance(core, exp.Star) or (isinstance(core, exp.Column) and isinstance(core.this, exp.Star)):
