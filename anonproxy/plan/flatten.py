@@ -13,9 +13,12 @@ back-ends analyse one plain SELECT.
 Inlined only: select items that are column references or row expressions (the
 back-ends check them where they end up), renames (``AS``, column lists of the
 alias), ``*`` and ``t.*``, WHERE, and joins. A derived table with aggregates,
-DISTINCT, GROUP BY or HAVING is left for :mod:`anonproxy.plan.outer`; one with
-ORDER BY, LIMIT, OFFSET, window functions, set operations and every other
-clause is refused, and so is a WITH query used twice, unused, or recursive.
+DISTINCT, GROUP BY or HAVING is left for :mod:`anonproxy.plan.outer`, and so
+is every derived table above one that reads nothing else (:func:`over_released`:
+Power BI's TOPN filters the aggregate's rows in a derived table of its own):
+those post-process released rows. Over tables, a derived table with ORDER BY,
+LIMIT, OFFSET, window functions, set operations and every other clause is
+refused, and so is a WITH query used twice, unused, or recursive.
 
 Names follow PostgreSQL: identifiers fold unless quoted; a WITH query shadows
 a table of the same name in the statement that defines it (not in its own
@@ -41,7 +44,8 @@ from anonproxy.plan.tables import identifier
 
 HINT = ("A derived table or WITH query over protected tables may select columns and row expressions, rename them, "
         "filter with WHERE and join linked tables: SELECT ... FROM (SELECT a, b AS c FROM t WHERE ...) AS d "
-        "GROUP BY ...; an aggregate query may be nested only as the whole FROM clause of an outer query.")
+        "GROUP BY ...; an aggregate query may be nested as the one FROM item of the derived tables above it, which "
+        "then read only its released rows.")
 QUALIFY_HINT = "Qualify the column with the alias of its table or derived table (alias.column)."
 
 # The clauses of a derived table that can be inlined, and why the others cannot.
@@ -296,8 +300,8 @@ def _check_inlinable(item: exp.Subquery, body: exp.Select) -> None:
                               HINT)
     for source in sources(body):
         if not isinstance(source, exp.Table):
-            raise unsupported("an aggregate query may be nested only as the whole FROM clause of the outermost "
-                              "query, and other table expressions not at all", HINT)
+            raise unsupported("an aggregate query nested in FROM must be the only FROM item of the derived table "
+                              "that reads it (no join), and other table expressions are not supported", HINT)
 
 
 def _qualify(body: exp.Select, inner: list[exp.Expression]) -> None:

@@ -2,16 +2,22 @@
 
 **Outer query over an aggregate query** (:class:`Outer`): Superset's
 ``SELECT COUNT(*) AS rowcount FROM (<aggregate query>) AS rowcount_qry``, or
-``SELECT * FROM (<aggregate query>) q WHERE ... ORDER BY ... LIMIT ...``. The
-inner query is gated like any other; the outer one only post-processes the
-rows it released, as if the client had computed it on its result set. So it
-may read nothing but the inner query's output columns, and its expressions
-pass the same allowlist as a select list (:class:`Checker`): no subqueries, no
-joins, no functions outside the allowlist. A division in it divides by
-``NULLIF(divisor, 0)``, so a released zero gives NULL, never an error. The
-rows it sees are exactly the inner query's answer, including the suppressed
-rest row when the role reports one: ``COUNT(*)`` counts the rows the client
-would have received.
+``SELECT * FROM (<aggregate query>) q WHERE ... ORDER BY ... LIMIT ...``, or
+a stack of such levels (Power BI's TOPN filters the aggregate's rows in one
+derived table and orders and limits them in the next; Lightdash computes a
+percent of total with a window in a WITH query over its metrics query). The
+inner query is gated like any other; the levels above it only post-process
+the rows it released, as if the client had computed them on its result set.
+So each level may read nothing but the output columns of the level below
+(its ``*`` is those), and its expressions pass the allowlist of expressions
+over aggregates (:class:`Checker` with ``released``: arithmetic, casts,
+CASE, window functions over the rows): no subqueries, no joins, no functions
+outside the allowlist. They need no no-error proof: an error there depends on
+released values only. A division divides by ``NULLIF(divisor, 0)``, so a
+released zero gives NULL. The rows the levels see are exactly the inner
+query's answer, including the suppressed rest row when the role reports one:
+``COUNT(*)`` counts the rows the client would have received, never the groups
+withheld.
 
 **Series limit** (:class:`Series`): Superset limits a chart to the top N
 groups with ``... FROM t JOIN (SELECT k AS k__, <metric> FROM t GROUP BY k
