@@ -108,6 +108,24 @@ def test_another_database_is_refused_as_postgresql_refuses_it(gated_proxy: Endpo
             assert "epsilon 2 of 2 left" in budget_left(conn)
 
 
+@pytest.mark.parametrize("role", ["reporter", "analyst"])
+def test_a_listing_by_identifying_columns_stays_refused(visits_table: None, gated_proxy: Endpoint,
+                                                        gated_database: str, analyst: str,  # noqa: F811
+                                                        role: str) -> None:
+    """Lightdash's results table groups by the key without an aggregate: once its three-part name is read, it is
+    refused as the row-level listing it is (it was refused before for its name only)."""
+    user = analyst if role == "analyst" else role
+    listing = (f'SELECT "visits".visit_id AS "visits_visit_id", "visits".visited_at AS "visits_visited_at" FROM '
+               f'"{gated_database}"."public"."visits" AS "visits" GROUP BY 1, 2 ORDER BY "visits_visited_at" DESC '
+               "LIMIT 500")
+    with psycopg.connect(gated_proxy.dsn(gated_database, user=user), autocommit=True) as conn:
+        error = _refusal(conn, listing)
+        assert error.sqlstate == "42501" and "identifying column" in str(error), str(error)
+        grouped = conn.execute(f'select count(*) from "{gated_database}"."public"."visits" v '
+                               "group by v.visit_id").fetchall()  # with an aggregate: answered, every group withheld
+        assert len(grouped) <= 1
+
+
 # --- an aggregate query nested at any depth ---------------------------------------------------------------------
 
 

@@ -219,6 +219,8 @@ def analyze(statement: Statement, tree: exp.Expression, index: PolicyIndex, para
             if not aggregated:
                 raise forbidden(f"a query over protected table {anchor.table.policy_name} must aggregate: "
                                 "without GROUP BY or an aggregate it returns one row per person", ROW_LEVEL_HINT)
+    if not aggregated:
+        _refuse_listing(key_nodes, scope, anchor.table.policy_name)
 
     where = tree.args.get("where")
     if where is not None:
@@ -269,6 +271,17 @@ def analyze(statement: Statement, tree: exp.Expression, index: PolicyIndex, para
         one_row_per_person=_one_row_per_person(sources, anchor),
         post=post,
     )
+
+
+def _refuse_listing(keys: tuple[exp.Expression, ...], scope: Scope, table: str) -> None:
+    """A grouping without any aggregate by an identifying column (Lightdash's results table: GROUP BY visit_id,
+    visited_at) lists rows, one per group: refused as row-level, not answered with every group withheld."""
+    for key in keys:
+        node = unwrap(key)
+        if isinstance(node, exp.Column) and isinstance(node.this, exp.Identifier) \
+                and scope.is_identifier(identifier(node.args.get("table")), identifier(node.this) or ""):
+            raise forbidden(f"{sql(node)} is an identifying column: grouped without an aggregate, it lists the rows "
+                            f"of protected table {table} one by one", ROW_LEVEL_HINT)
 
 
 def _one_row_per_person(sources: list[Source], anchor: Source) -> bool:
