@@ -17,10 +17,12 @@ same noisy statistics: the nested levels are free post-processing).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
+import yaml
 from bi_corpus import visits
 from conftest import Endpoint, wait_for_current_policy
 from test_dp_proxy import analyst, budget_left  # noqa: F401 - fixtures
@@ -195,6 +197,46 @@ def test_dp_nested_levels_post_process_the_same_answer(gated_proxy: Endpoint, ga
         total = sum(count for _, count, _ in percent)
         assert len(percent) == 8 and all(pct == count / total for _, count, pct in percent)
         assert "epsilon 1 of 2 left" in budget_left(conn), "each question charged once, its levels free"
+
+
+def _metricflow() -> str:
+    """MetricFlow's nested derived metric (tests/bi_corpus/metricflow.yaml): two aggregate queries over one WITH
+    query, their rows joined (FULL OUTER JOIN) and combined."""
+    entries = yaml.safe_load((Path(__file__).parent / "bi_corpus" / "metricflow.yaml").read_text())["entries"]
+    return next(entry["sql"] for entry in entries if entry["id"] == "mf-nested-derived")
+
+
+def test_joined_aggregate_queries_are_each_answered_then_joined(visits_table: None,
+                                                                reporter: psycopg.Connection[Any],
+                                                                truth: psycopg.Connection[Any]) -> None:
+    sql = _metricflow()
+    rows = reporter.execute(sql).fetchall()
+    own = truth.execute(sql).fetchall()
+    # every month holds thousands of visits: nothing is withheld, and the answer is PostgreSQL's own
+    assert len(rows) == 24 and sorted(rows, key=str) == sorted(own, key=str)
+
+
+def test_dp_joined_aggregate_queries_are_two_questions(visits_table: None, gated_proxy: Endpoint,
+                                                       gated_database: str, analyst: str,  # noqa: F811
+                                                       truth: psycopg.Connection[Any]) -> None:
+    sql = _metricflow()
+    with psycopg.connect(gated_proxy.dsn(gated_database, user=analyst), autocommit=True) as conn:
+        explained = "\n".join(row[0] for row in conn.execute(f"explain (anonproxy) {sql}").fetchall())
+        assert "a question of its own" in explained, explained
+        rows = dict(conn.execute(sql).fetchall())
+        assert "epsilon 1 of 2 left" in budget_left(conn), "each aggregate query charged once"
+    own = dict(truth.execute(sql).fetchall())
+    assert set(rows) <= set(own) and len(rows) >= 20
+    assert all(abs(float(rows[month]) - float(own[month])) < 0.1 for month in rows), (rows, own)
+
+
+def test_a_with_query_read_in_two_aggregate_queries_is_not_a_self_join(reporter: psycopg.Connection[Any]) -> None:
+    """Each read of a WITH query is a copy of its body: read twice inside one aggregate query, it is the self-join
+    of a protected table, refused as written out."""
+    sql = ("with t as (select id, sex from public.adult) select a.sex, count(*) from t a join t b on a.id = b.id "
+           "group by 1")
+    error = _refusal(reporter, sql)
+    assert error.sqlstate == "0A000" and "one protected table" in str(error), str(error)
 
 
 # --- LEFT JOIN from the linked table to the protected table ----------------------------------------------------

@@ -18,7 +18,13 @@ is every derived table above one that reads nothing else (:func:`over_released`:
 Power BI's TOPN filters the aggregate's rows in a derived table of its own):
 those post-process released rows. Over tables, a derived table with ORDER BY,
 LIMIT, OFFSET, window functions, set operations and every other clause is
-refused, and so is a WITH query used twice, unused, or recursive.
+refused, and so is a WITH query unused or recursive.
+
+A WITH query read more than once (MetricFlow reads one in each of two
+aggregate queries it joins) is a copy of its body at each read, as if the
+client had written it there: each copy is then checked where it stands (two
+reads inside one aggregate query are a self-join, which the joins' rules
+decide). At most ``MAX_CTE_READS`` reads in all.
 
 Names follow PostgreSQL: identifiers fold unless quoted; a WITH query shadows
 a table of the same name in the statement that defines it (not in its own
@@ -47,6 +53,8 @@ HINT = ("A derived table or WITH query over protected tables may select columns 
         "GROUP BY ...; an aggregate query may be nested as the one FROM item of the derived tables above it, which "
         "then read only its released rows.")
 QUALIFY_HINT = "Qualify the column with the alias of its table or derived table (alias.column)."
+# Each read of a WITH query is a copy of its body (a WITH query that reads another twice doubles it): a bound.
+MAX_CTE_READS = 16
 
 # The clauses of a derived table that can be inlined, and why the others cannot.
 _INLINED = frozenset({"expressions", "from_", "joins", "where"})
@@ -67,13 +75,12 @@ def is_aggregate(select: exp.Select) -> bool:
 
 
 def over_released(select: exp.Select) -> bool:
-    """Whether ``select`` reads nothing but the rows of an aggregate query: its one FROM item is an aggregate
+    """Whether ``select`` reads nothing but the rows of aggregate queries: each FROM and JOIN item is an aggregate
     derived table, or a derived table that is itself over released rows (Power BI's TOPN nests a filter between
-    the aggregate and the outer query)."""
+    the aggregate and the outer query; MetricFlow joins two aggregate queries' rows)."""
     items = sources(select)
-    if len(items) != 1 or not isinstance(items[0], exp.Subquery) or not isinstance(items[0].this, exp.Select):
-        return False
-    return is_aggregate(items[0].this) or over_released(items[0].this)
+    return bool(items) and all(isinstance(item, exp.Subquery) and isinstance(item.this, exp.Select)
+                               and (is_aggregate(item.this) or over_released(item.this)) for item in items)
 
 
 def inline_ctes(tree: exp.Expression) -> bool:
@@ -120,9 +127,9 @@ def _inline_ctes(select: exp.Select, visible: dict[str, exp.CTE], uses: Counter[
             continue
         uses[id(cte)] += 1
         name = identifier(cte.args["alias"].this)
-        if uses[id(cte)] > 1:
-            raise unsupported(f"WITH query {name} is used more than once; each WITH query over protected tables "
-                              "may be read once", "Repeat the query, or join its tables directly.")
+        if sum(uses.values()) > MAX_CTE_READS:
+            raise unsupported(f"WITH queries are read more than {MAX_CTE_READS} times in all (WITH query {name} "
+                              "among them): each read is a copy of its body", "Repeat fewer WITH queries.")
         alias = item.args.get("alias")
         columns = [column.copy() for column in cte.args["alias"].args.get("columns") or []]
         if alias is not None and alias.args.get("columns"):

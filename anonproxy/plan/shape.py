@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from sqlglot import exp
 
 from anonproxy.plan import outer as outer_shapes
-from anonproxy.plan.flatten import flatten, inline_ctes
+from anonproxy.plan.flatten import flatten, inline_ctes, over_released
 from anonproxy.plan.names import drop_database, normalize, output_name
 from anonproxy.plan.refusals import unsupported
 from anonproxy.plan.statements import Statement
@@ -59,16 +59,18 @@ def prepare(statement: Statement, tree: exp.Expression, index: PolicyIndex) -> S
     if not isinstance(tree, exp.Select):
         return Single(statement, tree) if not changed else named(tree, [], statement)
     changed = flatten(tree, statement.source) or changed
+    if over_released(tree):
+        post = outer_shapes.outer(tree, statement.source)
+        _name_items(post.outer, names)
+        for more in post.more:
+            named(more.inner, list(more.names), statement)
+        return Nested(named(post.inner, list(post.names), statement), post)
     position = outer_shapes.nested_aggregate(tree)
     if position is None:
         return Single(statement, tree) if not changed else named(tree, names, statement)
     if position == 0:
-        if tree.args.get("joins"):
-            raise unsupported("an aggregate query nested in FROM cannot be joined to other tables (except as "
-                              "Superset's series limit)", outer_shapes.SERIES_HINT)
-        post = outer_shapes.outer(tree, statement.source)
-        _name_items(post.outer, names)
-        return Nested(named(post.inner, list(post.names), statement), post)
+        raise unsupported("an aggregate query nested in FROM cannot be joined to other tables (except as "
+                          "Superset's series limit)", outer_shapes.SERIES_HINT)
     series = outer_shapes.series(tree, position, statement.source)
     _name_items(series.rest, names)
     return Nested(named(series.top, [output_name(item, statement.source) for item in series.top.expressions],
