@@ -5,7 +5,11 @@
   references are not implemented", naming what the client wrote). Catalog queries pass to PostgreSQL as before.
 * An aggregate query at any depth of FROM (Power BI's TOPN, dbt's generic tests), windows in a WITH query over an
   aggregate (Lightdash's percent of total and running total), MetricFlow's derived metric (a column the inner
-  query names through a derived table): every level above the aggregate post-processes its released rows.
+  query names through a derived table), MetricFlow's nested derived metric (two aggregate queries over one WITH
+  query, joined): every level above the aggregates post-processes their released rows; each aggregate query
+  is asked on its own (a dp question charged once).
+* Grouping by an identifying column without an aggregate (Lightdash's results table) stays refused as
+  row-level once its three-part name is read.
 * ``visits LEFT JOIN adult ON visits.person_id = adult.id`` (Cube, Looker, Metabase): each row keeps its person
   through the linked key.
 
@@ -155,7 +159,8 @@ def test_an_outer_count_counts_released_rows_only(reporter: psycopg.Connection[A
     # a level cannot reach back past the released rows: only their columns exist there
     for sql in (f'select count(*) from (select "_".k, "_".n, "_".age from ({inner}) "_") t',
                 (f'select t.k from (select "_".k from ({inner}) "_" where "_".k in (select native_country '
-                 "from public.adult)) t")):
+                 "from public.adult)) t"),
+                f"select t.k, count(*) from ({inner}) t join public.adult a on a.native_country = t.k group by 1"):
         error = _refusal(reporter, sql)
         assert error.sqlstate == "0A000" and error.diag.message_hint, str(error)
 
@@ -237,6 +242,13 @@ def test_a_with_query_read_in_two_aggregate_queries_is_not_a_self_join(reporter:
            "group by 1")
     error = _refusal(reporter, sql)
     assert error.sqlstate == "0A000" and "one protected table" in str(error), str(error)
+
+
+def test_with_query_copies_are_bounded(reporter: psycopg.Connection[Any]) -> None:
+    joined = " join ".join(f"(select sex, count(*) as n from t group by sex) q{i}" + (f" on q0.sex = q{i}.sex" if i
+                                                                                    else "") for i in range(17))
+    error = _refusal(reporter, f"with t as (select sex from public.adult) select q0.sex, q0.n from {joined}")
+    assert error.sqlstate == "0A000" and "more than 16 times" in str(error), str(error)
 
 
 # --- LEFT JOIN from the linked table to the protected table ----------------------------------------------------

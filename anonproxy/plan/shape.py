@@ -12,7 +12,8 @@ one of:
   derived from the client's spelling gets it as an explicit alias, so the
   output columns keep the names the client's statement gives them.
 * :class:`Nested`: an aggregate query (its :class:`Single`) and what is done
-  with its released rows (:class:`anonproxy.plan.outer.Outer` or
+  with its released rows (:class:`anonproxy.plan.outer.Outer`, which may join
+  the released rows of further aggregate queries, or
   :class:`anonproxy.plan.outer.Series`).
 """
 
