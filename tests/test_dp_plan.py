@@ -94,7 +94,7 @@ def refused(sql: str, *words: str, params: DPParams = PARAMS, role: RolePolicy =
     ("select count(*) from adult a join plain p on p.id = a.id", ("relation public.plain",)),
     ("select count(*) from adult a left join pg_database d on a.id = 17", ("relation pg_catalog.pg_database",)),
     ("select count(*) from adult a join visits v on v.minutes = a.id", ("declared key",)),
-    ("select count(*) from visits v left join adult a on v.person = a.id", ("nullable side",)),
+    ("select count(*) from visits v left join adult a on v.minutes = a.age", ("declared key",)),
     ("select count(*) from adult a left join visits v on v.person = a.id and a.id = 17", ("identifying column",)),
     ("select count(*) from visits v join region r on r.region = v.ward", ("declared key",)),
     ("select count(distinct case when id = 1 then 1 end) from adult", ("identifying column id",)),

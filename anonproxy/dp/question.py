@@ -60,6 +60,7 @@ from anonproxy.dp.answers import (
 from anonproxy.dp.finish import Measurement, measure
 from anonproxy.dp.model import DPParams, DPPlan
 from anonproxy.dp.plan import Packed
+from anonproxy.plan import render
 from anonproxy.plan.outer import ROWS, Outer, Series
 from anonproxy.plan.refusals import Reject
 from anonproxy.policy.zcdp import Accounting, zcdp_epsilon
@@ -259,13 +260,21 @@ def answer(asked: Asked, known: MutableMapping[str, Costs], policy_version: int,
     """The noisy answer, charged (or the cached one, free). ``known``: the role's per-query costs per table as
     this worker last read them (updated as read); ``spent``: what it read and cost, as it goes.
 
-    A nested question (anonproxy.plan.outer) is answered in steps: its aggregate query first, like any other;
+    A nested question (anonproxy.plan.outer) is answered in steps: its aggregate query first, like any other (and
+    each further aggregate query the outer query joins, each a question of its own, charged as if sent alone);
     then an outer query post-processes the released rows in PostgreSQL (over a VALUES list of them, reading no
     table), or Superset's series limit asks its second question, restricted to the released keys, and pays for
     it too."""
     result, plan = yield from ask(asked, known, policy_version, spent)
     if isinstance(plan.nested, Outer):
-        sql, types, values = over_released(plan.nested, result)
+        more = []
+        for further in further_questions(plan.nested):  # each joined aggregate query: a question of its own
+            second = _Spent()
+            answered, _ = yield from ask(replace(asked, text=further, measured=further), known, policy_version,
+                                         second)
+            add_spent(spent, second)
+            more.append(answered)
+        sql, types, values = over_released(plan.nested, result, tuple(more))
         post: Result = yield RunReleased(sql, types, values)
         return replace(post, notices=result.notices + notice("anonproxy: the outer query was computed from the "
                                                              "released rows above, at no extra cost"))
@@ -386,6 +395,12 @@ def explain(asked: Asked, known: MutableMapping[str, Costs], policy_version: int
     lines = explained(plan, first.lookup)
     questions = [first]
     if isinstance(plan.nested, Outer):
+        for further in further_questions(plan.nested):
+            found = yield from priced_and_found(replace(asked, text=further, measured=further), known,
+                                                policy_version)
+            lines.append("and the aggregate query it joins, a question of its own:")
+            lines += [f"  {line}" for line in explained(found.plan, found.lookup)]
+            questions.append(found)
         lines.append("then an outer query post-processes the released rows: no extra cost")
     elif isinstance(plan.nested, Series):
         # The second question costs the same whatever keys the first one releases: price it without them.
@@ -505,24 +520,39 @@ def bound_integer(parameters: Bound, number: int) -> int | None:
     raise Refused("22P02", f"invalid input syntax for type bigint in LIMIT/OFFSET parameter ${number}")
 
 
-def over_released(outer: Outer, released: Result) -> tuple[str, tuple[int, ...], tuple[bytes | None, ...]]:
-    """The outer query over ``WITH anonproxy_released(<columns>) AS (VALUES ($1, $2), ...)``, each value a
-    parameter typed as its column, in text format as the answer holds it: (SQL, parameter types, values)."""
-    width = len(released.columns)
-    if width != len(outer.names):
-        raise Refused("XX000", "internal error in anonproxy: the released rows do not have the inner query's columns")
-    count = max(len(released.rows), 1)
-    if count * width > MAX_PARAMETERS:
-        raise Refused("54000", f"the outer query would read {len(released.rows)} released rows, more than anonproxy "
-                      "can pass to it", "Restrict the inner query (WHERE, LIMIT) or run it on its own.")
-    rows = released.rows or ((None,) * width,)
-    values = ", ".join("(" + ", ".join(f"${row * width + column + 1}" for column in range(width)) + ")"
-                       for row in range(count))
-    limit = "" if released.rows else " LIMIT 0"  # no rows: one row of NULLs keeps the types, and is cut
-    columns = ", ".join(_quote(name) for name in outer.names)
-    sql = f"WITH {_quote(ROWS)}({columns}) AS (VALUES {values}{limit})\n{outer.sql()}"
-    types = tuple(column.type_oid for column in released.columns) * count
-    return sql, types, tuple(value for row in rows for value in row)
+def further_questions(outer: Outer) -> tuple[str, ...]:
+    """The SQL of the aggregate queries an outer query joins besides its first (asked after it, each on its own)."""
+    return tuple(render.sql(more.inner) for more in outer.more)
+
+
+def over_released(outer: Outer, released: Result, more: tuple[Result, ...] = ()
+                  ) -> tuple[str, tuple[int, ...], tuple[bytes | None, ...]]:
+    """The outer query over ``WITH anonproxy_released(<columns>) AS (VALUES ($1, $2), ...)`` (and a WITH query of
+    the same form for each further aggregate query it joins, answered in ``more``), each value a parameter typed
+    as its column, in text format as the answer holds it: (SQL, parameter types, values)."""
+    inputs = [(ROWS, outer.names, released), *((further.name, further.names, answer)
+                                              for further, answer in zip(outer.more, more, strict=True))]
+    parts: list[str] = []
+    types: list[int] = []
+    values: list[bytes | None] = []
+    for name, names, answer in inputs:
+        width = len(answer.columns)
+        if width != len(names):
+            raise Refused("XX000", "internal error in anonproxy: the released rows do not have the inner query's "
+                          "columns")
+        count = max(len(answer.rows), 1)
+        if len(types) + count * width > MAX_PARAMETERS:
+            raise Refused("54000", f"the outer query would read {len(answer.rows)} released rows, more than "
+                          "anonproxy can pass to it", "Restrict the inner query (WHERE, LIMIT) or run it on its own.")
+        first = len(types) + 1
+        rows = answer.rows or ((None,) * width,)
+        listed = ", ".join("(" + ", ".join(f"${first + row * width + column}" for column in range(width)) + ")"
+                           for row in range(count))
+        limit = "" if answer.rows else " LIMIT 0"  # no rows: one row of NULLs keeps the types, and is cut
+        parts.append(f"{_quote(name)}({', '.join(_quote(column) for column in names)}) AS (VALUES {listed}{limit})")
+        types += [column.type_oid for column in answer.columns] * count
+        values += [value for row in rows for value in row]
+    return f"WITH {', '.join(parts)}\n{outer.sql()}", tuple(types), tuple(values)
 
 
 def _quote(name: str) -> str:

@@ -32,7 +32,7 @@ from anonproxy.plan.expressions import (
     unwrap,
     window_function,
 )
-from anonproxy.plan.joins import REFERENCE_HINT, Source, check_joins
+from anonproxy.plan.joins import REFERENCE_HINT, Source, check_joins, join_side
 from anonproxy.plan.names import output_name, own_nodes
 from anonproxy.plan.post_aggregate import PostAggregate, compile_outer
 from anonproxy.plan.refusals import Refusal, forbidden, unsupported
@@ -219,6 +219,8 @@ def analyze(statement: Statement, tree: exp.Expression, index: PolicyIndex, para
             if not aggregated:
                 raise forbidden(f"a query over protected table {anchor.table.policy_name} must aggregate: "
                                 "without GROUP BY or an aggregate it returns one row per person", ROW_LEVEL_HINT)
+    if not aggregated:
+        _refuse_listing(key_nodes, scope, anchor.table.policy_name)
 
     where = tree.args.get("where")
     if where is not None:
@@ -269,6 +271,17 @@ def analyze(statement: Statement, tree: exp.Expression, index: PolicyIndex, para
         one_row_per_person=_one_row_per_person(sources, anchor),
         post=post,
     )
+
+
+def _refuse_listing(keys: tuple[exp.Expression, ...], scope: Scope, table: str) -> None:
+    """A grouping without any aggregate by an identifying column (Lightdash's results table: GROUP BY visit_id,
+    visited_at) lists rows, one per group: refused as row-level, not answered with every group withheld."""
+    for key in keys:
+        node = unwrap(key)
+        if isinstance(node, exp.Column) and isinstance(node.this, exp.Identifier) \
+                and scope.is_identifier(identifier(node.args.get("table")), identifier(node.this) or ""):
+            raise forbidden(f"{sql(node)} is an identifying column: grouped without an aggregate, it lists the rows "
+                            f"of protected table {table} one by one", ROW_LEVEL_HINT)
 
 
 def _one_row_per_person(sources: list[Source], anchor: Source) -> bool:
@@ -388,6 +401,11 @@ def _privacy_unit(sources: list[Source], index: PolicyIndex) -> tuple[Source, st
                           REFERENCE_HINT)
     if len(protected) > 1:
         raise unsupported("a query may read only one protected table", SHAPE_HINT)
+    if protected and protected[0].join is not None and join_side(protected[0].join) == "LEFT":
+        # visits LEFT JOIN adult ON visits.person_id = adult.id: every row is a row of the linked table, whose key
+        # names its person whether a row of the protected table matches or not (check_joins admits the protected
+        # table there only on that key). The unit is the linked table's key, as without the join.
+        protected = []  # (a linked table comes first: a reference table cannot, the protected one is joined)
     if protected:
         anchor = protected[0]
         table = anchor.table.protected
@@ -414,6 +432,10 @@ def _privacy_unit(sources: list[Source], index: PolicyIndex) -> tuple[Source, st
         if owner.kind != "protected" or owner.protected is None:
             raise unsupported(f"linked table {anchor.table.policy_name} references {link.references}, "
                               "which the policy does not protect", SHAPE_HINT)
+        for source in sources:
+            if source.table.kind == "protected" and source.table.policy_name != owner.policy_name:
+                raise unsupported(f"linked table {anchor.table.policy_name} belongs to {link.references}, not to "
+                                  f"{source.table.policy_name}", SHAPE_HINT)
         unit_column = link.column
     unit = f"{quote(anchor.reference)}.{quote(unit_column)}"
     assert owner.protected is not None

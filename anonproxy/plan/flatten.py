@@ -13,9 +13,18 @@ back-ends analyse one plain SELECT.
 Inlined only: select items that are column references or row expressions (the
 back-ends check them where they end up), renames (``AS``, column lists of the
 alias), ``*`` and ``t.*``, WHERE, and joins. A derived table with aggregates,
-DISTINCT, GROUP BY or HAVING is left for :mod:`anonproxy.plan.outer`; one with
-ORDER BY, LIMIT, OFFSET, window functions, set operations and every other
-clause is refused, and so is a WITH query used twice, unused, or recursive.
+DISTINCT, GROUP BY or HAVING is left for :mod:`anonproxy.plan.outer`, and so
+is every derived table above one that reads nothing else (:func:`over_released`:
+Power BI's TOPN filters the aggregate's rows in a derived table of its own):
+those post-process released rows. Over tables, a derived table with ORDER BY,
+LIMIT, OFFSET, window functions, set operations and every other clause is
+refused, and so is a WITH query unused or recursive.
+
+A WITH query read more than once (MetricFlow reads one in each of two
+aggregate queries it joins) is a copy of its body at each read, as if the
+client had written it there: each copy is then checked where it stands (two
+reads inside one aggregate query are a self-join, which the joins' rules
+decide). At most ``MAX_CTE_READS`` reads in all.
 
 Names follow PostgreSQL: identifiers fold unless quoted; a WITH query shadows
 a table of the same name in the statement that defines it (not in its own
@@ -41,8 +50,11 @@ from anonproxy.plan.tables import identifier
 
 HINT = ("A derived table or WITH query over protected tables may select columns and row expressions, rename them, "
         "filter with WHERE and join linked tables: SELECT ... FROM (SELECT a, b AS c FROM t WHERE ...) AS d "
-        "GROUP BY ...; an aggregate query may be nested only as the whole FROM clause of an outer query.")
+        "GROUP BY ...; an aggregate query may be nested as the one FROM item of the derived tables above it, which "
+        "then read only its released rows.")
 QUALIFY_HINT = "Qualify the column with the alias of its table or derived table (alias.column)."
+# Each read of a WITH query is a copy of its body (a WITH query that reads another twice doubles it): a bound.
+MAX_CTE_READS = 16
 
 # The clauses of a derived table that can be inlined, and why the others cannot.
 _INLINED = frozenset({"expressions", "from_", "joins", "where"})
@@ -60,6 +72,15 @@ def is_aggregate(select: exp.Select) -> bool:
         return True
     return any(isinstance(node, (exp.AggFunc, exp.WithinGroup)) for node in own_nodes(select)
                if not isinstance(node, exp.Window) and _outside_window(node, select))
+
+
+def over_released(select: exp.Select) -> bool:
+    """Whether ``select`` reads nothing but the rows of aggregate queries: each FROM and JOIN item is an aggregate
+    derived table, or a derived table that is itself over released rows (Power BI's TOPN nests a filter between
+    the aggregate and the outer query; MetricFlow joins two aggregate queries' rows)."""
+    items = sources(select)
+    return bool(items) and all(isinstance(item, exp.Subquery) and isinstance(item.this, exp.Select)
+                               and (is_aggregate(item.this) or over_released(item.this)) for item in items)
 
 
 def inline_ctes(tree: exp.Expression) -> bool:
@@ -106,9 +127,9 @@ def _inline_ctes(select: exp.Select, visible: dict[str, exp.CTE], uses: Counter[
             continue
         uses[id(cte)] += 1
         name = identifier(cte.args["alias"].this)
-        if uses[id(cte)] > 1:
-            raise unsupported(f"WITH query {name} is used more than once; each WITH query over protected tables "
-                              "may be read once", "Repeat the query, or join its tables directly.")
+        if sum(uses.values()) > MAX_CTE_READS:
+            raise unsupported(f"WITH queries are read more than {MAX_CTE_READS} times in all (WITH query {name} "
+                              "among them): each read is a copy of its body", "Repeat fewer WITH queries.")
         alias = item.args.get("alias")
         columns = [column.copy() for column in cte.args["alias"].args.get("columns") or []]
         if alias is not None and alias.args.get("columns"):
@@ -196,7 +217,7 @@ def _flatten(select: exp.Select, source: str) -> bool:
                 raise unsupported("UNION, INTERSECT, EXCEPT and VALUES are not supported as derived tables over "
                                   "protected tables", HINT)
             changed = _flatten(body, source) or changed
-            if not is_aggregate(body):
+            if not is_aggregate(body) and not over_released(body):
                 _inline(select, position, item, body, source)
                 changed = True
                 continue  # the inlined table now stands at this position
@@ -235,8 +256,9 @@ def _inline(outer: exp.Select, position: int, item: exp.Subquery, body: exp.Sele
             rivals |= {output_name(expression, source) or "?column?" for expression in other.this.expressions}
         else:
             rivals = None
-    _substitute(outer, alias, outputs, star, rivals,
-                output_names={output_name(item, source) for item in outer.expressions} - {None})
+    names = [output_name(item, source) for item in outer.expressions]
+    _substitute(outer, alias, outputs, star, rivals, output_names=set(names) - {None})
+    _keep_names(outer, names, source)
     condition = body.args.get("where")
     if position == 0:
         outer.set("from_", body.args["from_"])
@@ -254,6 +276,15 @@ def _inline(outer: exp.Select, position: int, item: exp.Subquery, body: exp.Sele
             if on is None:
                 raise unsupported("a derived table with WHERE must be joined with ON", HINT)
             join.set("on", exp.and_(exp.paren(on, copy=False), exp.paren(condition.this, copy=False), copy=False))
+
+
+def _keep_names(select: exp.Select, names: list[str | None], source: str) -> None:
+    """Alias the select items whose name the substitution changed with the name they had (``metric_time__day``
+    stays the name of the column that read it, now ``DATE_TRUNC('day', t.visited_at) AS metric_time__day``): an
+    outer query may read it by that name."""
+    for item, name in zip(list(select.expressions), names, strict=True):
+        if name is not None and not isinstance(item, exp.Alias) and output_name(item, source) != name:
+            item.replace(exp.Alias(this=item.copy(), alias=exp.Identifier(this=name, quoted=True)))
 
 
 def _check_inlinable(item: exp.Subquery, body: exp.Select) -> None:
@@ -276,8 +307,8 @@ def _check_inlinable(item: exp.Subquery, body: exp.Select) -> None:
                               HINT)
     for source in sources(body):
         if not isinstance(source, exp.Table):
-            raise unsupported("an aggregate query may be nested only as the whole FROM clause of the outermost "
-                              "query, and other table expressions not at all", HINT)
+            raise unsupported("an aggregate query nested in FROM must be the only FROM item of the derived table "
+                              "that reads it (no join), and other table expressions are not supported", HINT)
 
 
 def _qualify(body: exp.Select, inner: list[exp.Expression]) -> None:

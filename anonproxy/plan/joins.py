@@ -12,6 +12,14 @@ INNER or LEFT with the table that carries the privacy unit first and on the pres
   columns of each equality have the same SQL type (type modifiers aside): a comparison that casts one side could
   make distinct key values equal (two bigints that round to one float). A reference key equated with an
   identifying column would make the reference row a label of one person: refused.
+
+The protected table may itself be LEFT JOINed to a linked table that comes first (Cube, Looker, Metabase and
+Lightdash join ``visits LEFT JOIN adult ON visits.person_id = adult.id``), joined on the declared key as any linked
+table is. Then every row of the FROM clause is a row of the linked table, and its key names its person whether a
+row of the protected table matches or not: the linked table's key is the privacy unit, as when it is queried alone
+(:func:`anonproxy.plan.analysis.analyze` chooses it). No row lacks its person; a row matched by several rows of the
+protected table (a unit that is not unique) stays that person's row each time, within the rows per person that dp
+bounds, as in the inner join.
 """
 
 from __future__ import annotations
@@ -48,7 +56,7 @@ def check_joins(sources: list[Source], anchor: Source, checker: Checker) -> None
     Sources are protected, linked or reference tables only (check_relations). A condition next to the key is
     checked like WHERE and may not name an identifying column: in an outer join it filters nothing, it only decides
     which rows of the nullable side match, which turns every aggregate into a question about the rows it names. The
-    table that carries the privacy unit is never on the nullable side, so no row lacks its person.
+    table whose column is the privacy unit (``anchor``) is never on the nullable side, so no row lacks its person.
     """
     nullable: set[str] = set()
     for position, source in enumerate(sources):

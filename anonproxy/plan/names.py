@@ -8,6 +8,12 @@ three-part names to that form, per SELECT (each derived table and CTE body is
 its own scope). A three-part name that matches no unaliased table of its
 SELECT is left alone: the back-ends refuse it as naming no table of the FROM
 clause, as PostgreSQL would.
+
+A table name may carry the database too (``"postgres"."public"."adult"``:
+Lightdash and dbt write every relation so). :func:`drop_database` removes
+that part when it names the database the policy governs (the only one a gated
+role may be connected to); another database is refused as PostgreSQL refuses
+it, 0A000 "cross-database references are not implemented".
 """
 
 from __future__ import annotations
@@ -49,6 +55,22 @@ def reference(item: exp.Expression) -> str | None:
     if isinstance(item, exp.Table) and isinstance(item.this, exp.Identifier):
         return identifier(item.this)
     return None
+
+
+def drop_database(tree: exp.Expression, database: str | None) -> None:
+    """Remove the database part of every table name in ``tree`` that names ``database``. A table name qualified
+    with another database (or any, when ``database`` is unknown) is refused."""
+    for table in tree.find_all(exp.Table):
+        catalog = table.args.get("catalog")
+        if catalog is None:
+            continue
+        if not isinstance(catalog, exp.Identifier) or database is None or identifier(catalog) != database:
+            written = ".".join(part.sql(dialect="postgres") for part in (catalog, table.args.get("db"), table.this)
+                               if part is not None)
+            where = f"the connected database, {database}" if database is not None else "the connected database"
+            raise unsupported(f"cross-database references are not implemented: {written}",
+                              f"Name tables of {where}, or leave the database out: schema.table.")
+        table.set("catalog", None)
 
 
 def normalize(tree: exp.Expression, index: PolicyIndex) -> bool:

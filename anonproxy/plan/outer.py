@@ -2,16 +2,22 @@
 
 **Outer query over an aggregate query** (:class:`Outer`): Superset's
 ``SELECT COUNT(*) AS rowcount FROM (<aggregate query>) AS rowcount_qry``, or
-``SELECT * FROM (<aggregate query>) q WHERE ... ORDER BY ... LIMIT ...``. The
-inner query is gated like any other; the outer one only post-processes the
-rows it released, as if the client had computed it on its result set. So it
-may read nothing but the inner query's output columns, and its expressions
-pass the same allowlist as a select list (:class:`Checker`): no subqueries, no
-joins, no functions outside the allowlist. A division in it divides by
-``NULLIF(divisor, 0)``, so a released zero gives NULL, never an error. The
-rows it sees are exactly the inner query's answer, including the suppressed
-rest row when the role reports one: ``COUNT(*)`` counts the rows the client
-would have received.
+``SELECT * FROM (<aggregate query>) q WHERE ... ORDER BY ... LIMIT ...``, or
+a stack of such levels (Power BI's TOPN filters the aggregate's rows in one
+derived table and orders and limits them in the next; Lightdash computes a
+percent of total with a window in a WITH query over its metrics query). The
+inner query is gated like any other; the levels above it only post-process
+the rows it released, as if the client had computed them on its result set.
+So each level may read nothing but the output columns of the level below
+(its ``*`` is those), and its expressions pass the allowlist of expressions
+over aggregates (:class:`Checker` with ``released``: arithmetic, casts,
+CASE, window functions over the rows): no subqueries, no joins, no functions
+outside the allowlist. They need no no-error proof: an error there depends on
+released values only. A division divides by ``NULLIF(divisor, 0)``, so a
+released zero gives NULL. The rows the levels see are exactly the inner
+query's answer, including the suppressed rest row when the role reports one:
+``COUNT(*)`` counts the rows the client would have received, never the groups
+withheld.
 
 **Series limit** (:class:`Series`): Superset limits a chart to the top N
 groups with ``... FROM t JOIN (SELECT k AS k__, <metric> FROM t GROUP BY k
@@ -36,7 +42,7 @@ from sqlglot import exp
 
 from anonproxy.plan import render
 from anonproxy.plan.expressions import Checker, Scope
-from anonproxy.plan.flatten import is_aggregate
+from anonproxy.plan.flatten import is_aggregate, over_released
 from anonproxy.plan.names import output_name, own_nodes, reference, sources
 from anonproxy.plan.refusals import unsupported
 from anonproxy.plan.tables import ResolvedTable, identifier
@@ -47,24 +53,34 @@ OUTER_HINT = ("An outer query over an aggregate query may select, filter (WHERE)
 SERIES_HINT = ("Superset's series limit: JOIN (SELECT k AS k__, <aggregate> FROM t GROUP BY k ORDER BY ... LIMIT n) "
                "AS series_limit ON t.k = series_limit.k__ (or t.k IS NOT DISTINCT FROM series_limit.k__), read "
                "only in ON.")
-_OUTER_ARGS = frozenset({"expressions", "from_", "where", "group", "having", "order", "limit", "offset", "distinct"})
+_OUTER_ARGS = frozenset({"expressions", "from_", "joins", "where", "group", "having", "order", "limit", "offset",
+                         "distinct"})
 ROWS = "anonproxy_released"  # the name the outer query's FROM gives the released rows
 _Row = TypeVar("_Row")  # a row of the released answer, whatever its values' form
 
 
 @dataclass(frozen=True)
-class Outer:
-    """An outer query over the released rows of ``inner`` (an aggregate SELECT)."""
+class Released:
+    """A further aggregate query whose released rows the outer query reads, as the WITH query ``name``."""
 
     inner: exp.Select
-    outer: exp.Select  # its FROM is a table named ROWS (see :meth:`sql`)
+    names: tuple[str, ...]  # its output column names
+    name: str  # anonproxy_released_2, ...
+
+
+@dataclass(frozen=True)
+class Outer:
+    """An outer query over the released rows of ``inner`` (an aggregate SELECT), and of ``more`` when it joins
+    several aggregate queries' answers (MetricFlow)."""
+
+    inner: exp.Select
+    outer: exp.Select  # where it read ``inner``, it reads the table named ROWS (and each of ``more`` by its name)
     names: tuple[str, ...]  # the inner query's output column names
+    more: tuple[Released, ...] = ()  # each asked on its own, after ``inner``
 
     def sql(self) -> str:
         """The outer query, reading the released rows from a WITH query named ROWS that the back-end defines."""
-        outer = self.outer.copy()
-        outer.set("from_", exp.From(this=exp.Table(this=exp.Identifier(this=ROWS, quoted=True))))
-        return render.sql(outer)
+        return render.sql(self.outer)
 
 
 @dataclass(frozen=True)
@@ -176,9 +192,11 @@ def _is_null(key: exp.Expression) -> exp.Expression:
 
 
 def nested_aggregate(select: exp.Select) -> int | None:
-    """The position among FROM and JOIN items of the aggregate derived table ``select`` reads, if any."""
+    """The position among FROM and JOIN items of the derived table ``select`` reads that is an aggregate query or
+    reads one's released rows (:func:`anonproxy.plan.flatten.over_released`), if any."""
     found = [i for i, item in enumerate(sources(select))
-             if isinstance(item, exp.Subquery) and isinstance(item.this, exp.Select) and is_aggregate(item.this)]
+             if isinstance(item, exp.Subquery) and isinstance(item.this, exp.Select)
+             and (is_aggregate(item.this) or over_released(item.this))]
     if len(found) > 1:
         raise unsupported("a query over protected tables may nest one aggregate query", OUTER_HINT)
     return found[0] if found else None
@@ -189,40 +207,99 @@ def inner_names(inner: exp.Select, source: str) -> tuple[str, ...]:
 
 
 def outer(select: exp.Select, source: str) -> Outer:
-    """``select`` reads the released rows of its only FROM item, an aggregate derived table."""
-    item = sources(select)[0]
-    assert isinstance(item, exp.Subquery) and isinstance(item.this, exp.Select)
-    inner = item.this
-    alias = reference(item)
-    names = inner_names(inner, source)
-    columns = item.args["alias"].args.get("columns") if item.args.get("alias") is not None else None
-    if columns:
-        if len(columns) > len(names):
-            raise unsupported("the derived table's column list names more columns than it has", OUTER_HINT)
-        names = tuple(identifier(column) or "" for column in columns) + names[len(columns):]
-    extra = {key for key, value in select.args.items() if value not in (None, False, [], "")} - _OUTER_ARGS
-    if extra or select.args.get("joins"):
-        what = "JOIN" if select.args.get("joins") else ", ".join(sorted(extra)).upper()
-        raise unsupported(f"{what} is not supported in an outer query over an aggregate query", OUTER_HINT)
-    _check_outer(select, alias, names, source)
+    """``select`` reads only released rows (:func:`anonproxy.plan.flatten.over_released`): aggregate derived
+    tables, or derived tables over them, stacked and joined at any depth; each level post-processes the rows of
+    the levels below it. Each distinct aggregate query is one question (one read twice is asked once)."""
     rewritten = select.copy()
-    for node in list(rewritten.find_all(exp.Column)):
-        if node.args.get("table") is not None:
-            node.set("table", exp.Identifier(this=ROWS, quoted=True))
+    found: list[tuple[exp.Select, tuple[str, ...], str]] = []
+    _level(rewritten, source, found)
     for division in list(rewritten.find_all(exp.Div, exp.Mod)):
         divisor = division.expression
         division.set("expression", exp.Nullif(this=divisor.copy(), expression=exp.Literal.number(0)))
-    rewritten.set("from_", None)
-    return Outer(inner=inner, outer=rewritten, names=names)
+    (inner, names, _), *more = found
+    return Outer(inner=inner, outer=rewritten, names=names,
+                 more=tuple(Released(body, columns, name) for body, columns, name in more))
 
 
-def _check_outer(select: exp.Select, alias: str | None, names: tuple[str, ...], source: str) -> None:
-    """The outer query reads only the inner query's output columns, with allowlisted expressions."""
+def _level(select: exp.Select, source: str, found: list[tuple[exp.Select, tuple[str, ...], str]],
+           ) -> tuple[str, ...]:
+    """Check one level over released rows, replace the aggregate queries it reads by the tables of their released
+    rows (``found`` collects them); its output column names."""
+    references: dict[str | None, tuple[str, ...]] = {}
+    for item in sources(select):
+        if not isinstance(item, exp.Subquery) or not isinstance(item.this, exp.Select):
+            raise unsupported("an outer query over an aggregate query may read only aggregate queries and derived "
+                              "tables over them", OUTER_HINT)
+        alias, body = reference(item), item.this
+        if alias in references:
+            raise unsupported(f"derived table name {alias or '(none)'} appears twice in FROM",
+                              "Give each derived table its own alias.")
+        if over_released(body):
+            references[alias] = _columns(item, _level(body, source, found))
+            continue
+        names = _columns(item, inner_names(body, source))
+        text = render.sql(body)
+        name = next((known for other, _, known in found if render.sql(other) == text), None)
+        if name is None:
+            name = ROWS if not found else f"{ROWS}_{len(found) + 1}"
+            found.append((body, names, name))
+        label = item.args.get("alias")
+        item.replace(exp.Table(this=exp.Identifier(this=name, quoted=True),
+                               alias=exp.TableAlias(this=label.this.copy()) if label is not None and label.this
+                               else None))
+        references[alias] = names
+    _check_level(select, references, source)
+    return _level_names(select, references, source)
+
+
+def _columns(item: exp.Expression, names: tuple[str, ...]) -> tuple[str, ...]:
+    """The column names of derived table ``item`` whose select list gives ``names``: its alias's column list
+    renames the first ones."""
+    columns = item.args["alias"].args.get("columns") if item.args.get("alias") is not None else None
+    if not columns:
+        return names
+    if len(columns) > len(names):
+        raise unsupported("the derived table's column list names more columns than it has", OUTER_HINT)
+    return tuple(identifier(column) or "" for column in columns) + names[len(columns):]
+
+
+def _level_names(level: exp.Select, references: dict[str | None, tuple[str, ...]],
+                 source: str) -> tuple[str, ...]:
+    """The output column names of a level over released rows (``*`` is all the columns it reads, ``t.*``
+    those of ``t``)."""
+    names: list[str] = []
+    for item in level.expressions:
+        core = item.this if isinstance(item, exp.Alias) else item
+        if isinstance(core, exp.Star):
+            names.extend(name for columns in references.values() for name in columns)
+        elif isinstance(core, exp.Column) and isinstance(core.this, exp.Star):
+            names.extend(references.get(identifier(core.args.get("table")), ()))
+        else:
+            names.append(output_name(item, source) or "?column?")
+    return tuple(names)
+
+
+def _check_level(select: exp.Select, references: dict[str | None, tuple[str, ...]], source: str) -> None:
+    extra = {key for key, value in select.args.items() if value not in (None, False, [], "")} - _OUTER_ARGS
+    if extra:
+        raise unsupported(f"{', '.join(sorted(extra)).upper()} is not supported in an outer query over an aggregate "
+                          "query", OUTER_HINT)
+    for join in select.args.get("joins") or []:
+        if join.args.get("using") or join.args.get("method"):
+            raise unsupported("a join of aggregate queries' rows takes ON (not USING or NATURAL)", OUTER_HINT)
+    _check_outer(select, references, source)
+
+
+def _check_outer(select: exp.Select, references: dict[str | None, tuple[str, ...]], source: str) -> None:
+    """The outer query reads only the columns of the released rows it reads (``references``: their names by
+    alias), with allowlisted expressions."""
     outputs = {output_name(item, source) for item in select.expressions}
-    clauses = [value for key, value in select.args.items() if key != "from_"]
+    clauses = [value for key, value in select.args.items() if key not in ("from_", "joins")]
+    clauses += [join.args.get("on") for join in select.args.get("joins") or []]
     if any(isinstance(node, exp.Expression) and node.find(exp.Select, exp.Subquery, exp.SetOperation) is not None
            for value in clauses for node in (value if isinstance(value, list) else [value])):
         raise unsupported("subqueries are not allowed in an outer query over an aggregate query", OUTER_HINT)
+    everything = [name for names in references.values() for name in names]
     for node in own_nodes(select):
         if isinstance(node, (exp.Parameter, exp.Placeholder)):
             raise unsupported("$n parameters are not allowed in an outer query over an aggregate query",
@@ -230,16 +307,20 @@ def _check_outer(select: exp.Select, alias: str | None, names: tuple[str, ...], 
         if not isinstance(node, exp.Column) or not isinstance(node.this, exp.Identifier):
             continue
         table, name = identifier(node.args.get("table")), identifier(node.this) or ""
-        if node.args.get("db") is not None or (table is not None and table != alias):
+        if node.args.get("db") is not None or (table is not None and table not in references):
             raise unsupported(f"{node.sql(dialect='postgres')} is not a column of the aggregate query the outer "
                               "query reads", OUTER_HINT)
+        names = references[table] if table is not None else tuple(everything)
         if names.count(name) != 1 and not (table is None and name in outputs and _in_order_by(node, select)):
             what = "is ambiguous in" if names.count(name) > 1 else "is not an output column of"
             raise unsupported(f"column {name} {what} the aggregate query the outer query reads", OUTER_HINT)
     # The released rows hold no identifying column that matters here: every value in them was released.
-    released = ResolvedTable("", alias or ROWS, "plain", columns=frozenset(names))  # "source"."count": a column
-    checker = Checker(Scope(references={alias or ROWS: released}),
-                      SuppressionParams(k=1, allow_min_max=True), "the released rows")
+    scope = Scope(references={alias or ROWS: ResolvedTable("", alias or ROWS, "plain", columns=frozenset(names))
+                              for alias, names in references.items()})  # "source"."count": a column
+    checker = Checker(scope, SuppressionParams(k=1, allow_min_max=True), "the released rows", released=True)
+    for join in select.args.get("joins") or []:
+        if join.args.get("on") is not None:
+            _arithmetic(join.args["on"], lambda node: checker.row(node, "JOIN ... ON"))
     for item in select.expressions:
         core = item.this if isinstance(item, exp.Alias) else item
         if isinstance(core, exp.Star) or (isinstance(core, exp.Column) and isinstance(core.this, exp.Star)):

@@ -1,9 +1,10 @@
 """Run the front end's passes on the one parse of a gated query and say which shape it has.
 
 :func:`prepare` takes the statement and its tree (parsed once by the
-classifier), inlines WITH queries, normalises column names and flattens
-derived tables (:mod:`anonproxy.plan.names`, :mod:`anonproxy.plan.flatten`),
-then returns one of:
+classifier), drops the connected database from table names, inlines WITH
+queries, normalises column names and flattens derived tables
+(:mod:`anonproxy.plan.names`, :mod:`anonproxy.plan.flatten`), then returns
+one of:
 
 * :class:`Single`: one SELECT for the back-ends, the tree of the client's
   statement (changed in place by the passes; never parsed again). When a
@@ -11,7 +12,8 @@ then returns one of:
   derived from the client's spelling gets it as an explicit alias, so the
   output columns keep the names the client's statement gives them.
 * :class:`Nested`: an aggregate query (its :class:`Single`) and what is done
-  with its released rows (:class:`anonproxy.plan.outer.Outer` or
+  with its released rows (:class:`anonproxy.plan.outer.Outer`, which may join
+  the released rows of further aggregate queries, or
   :class:`anonproxy.plan.outer.Series`).
 """
 
@@ -22,8 +24,8 @@ from dataclasses import dataclass
 from sqlglot import exp
 
 from anonproxy.plan import outer as outer_shapes
-from anonproxy.plan.flatten import flatten, inline_ctes
-from anonproxy.plan.names import normalize, output_name
+from anonproxy.plan.flatten import flatten, inline_ctes, over_released
+from anonproxy.plan.names import drop_database, normalize, output_name
 from anonproxy.plan.refusals import unsupported
 from anonproxy.plan.statements import Statement
 from anonproxy.plan.tables import PolicyIndex
@@ -47,6 +49,7 @@ _NESTING = (exp.Subquery, exp.With, exp.CTE)  # what the passes take apart (with
 
 def prepare(statement: Statement, tree: exp.Expression, index: PolicyIndex) -> Shape:
     """The shape of ``tree`` (which is changed in place)."""
+    drop_database(tree, index.policy.database)
     if not any(isinstance(node, _NESTING) or (isinstance(node, exp.Column) and node.args.get("db") is not None)
                for node in tree.walk()):
         return Single(statement, tree)  # the usual case: nothing for the passes to do
@@ -57,16 +60,18 @@ def prepare(statement: Statement, tree: exp.Expression, index: PolicyIndex) -> S
     if not isinstance(tree, exp.Select):
         return Single(statement, tree) if not changed else named(tree, [], statement)
     changed = flatten(tree, statement.source) or changed
+    if over_released(tree):
+        post = outer_shapes.outer(tree, statement.source)
+        _name_items(post.outer, names)
+        for more in post.more:
+            named(more.inner, list(more.names), statement)
+        return Nested(named(post.inner, list(post.names), statement), post)
     position = outer_shapes.nested_aggregate(tree)
     if position is None:
         return Single(statement, tree) if not changed else named(tree, names, statement)
     if position == 0:
-        if tree.args.get("joins"):
-            raise unsupported("an aggregate query nested in FROM cannot be joined to other tables (except as "
-                              "Superset's series limit)", outer_shapes.SERIES_HINT)
-        post = outer_shapes.outer(tree, statement.source)
-        _name_items(post.outer, names)
-        return Nested(named(post.inner, list(post.names), statement), post)
+        raise unsupported("an aggregate query nested in FROM cannot be joined to other tables (except as "
+                          "Superset's series limit)", outer_shapes.SERIES_HINT)
     series = outer_shapes.series(tree, position, statement.source)
     _name_items(series.rest, names)
     return Nested(named(series.top, [output_name(item, statement.source) for item in series.top.expressions],

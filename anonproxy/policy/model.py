@@ -159,6 +159,10 @@ class Policy:
     references: dict[str, ReferenceTable] = field(default_factory=dict)  # declared reference tables
     # The longest a statement of a role in this mode may run, in ms (a client's statement_timeout may be shorter).
     max_statement_ms: dict[str, int] = field(default_factory=dict)  # by mode in TIMED_MODES, only if not the default
+    # The database the policy was read from, which gated roles are connected to (None: not read from a database):
+    # a table name qualified with it ("postgres"."public"."adult") names a table of this database. Where the policy
+    # was read from, not what it says: left out of comparisons.
+    database: str | None = field(default=None, compare=False)
 
     def role(self, name: str) -> RolePolicy:
         """A role's policy; roles the policy does not name are direct (PostgreSQL's grants decide)."""

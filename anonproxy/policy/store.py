@@ -3,7 +3,8 @@
 0019 (the accounting of budgets).
 
 The whole policy is read by one statement, so the version and the contents come
-from the same snapshot. A database without those tables has the empty policy:
+from the same snapshot; the policy also keeps the name of the database it was
+read from (a three-part table name may be qualified with it). A database without those tables has the empty policy:
 every role is direct, and PostgreSQL's own privileges decide.
 
 Proxies LISTEN on ``POLICY_CHANNEL``; the payload of each notification is the
@@ -12,6 +13,7 @@ new policy version, sent when the transaction that changed the policy commits.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from decimal import Decimal
 from typing import Any
 
@@ -138,7 +140,7 @@ def load_policy(conn: psycopg.Connection[Any]) -> Policy:
     with conn.transaction(), conn.cursor() as cur:
         if not _scalar(cur.execute(_INSTALLED_SQL).fetchone()):
             return Policy()
-        return policy_from_json(_scalar(cur.execute(_POLICY_SQL).fetchone()))
+        return replace(policy_from_json(_scalar(cur.execute(_POLICY_SQL).fetchone())), database=conn.info.dbname)
 
 
 async def load_policy_async(conn: psycopg.AsyncConnection[Any]) -> Policy:
@@ -146,7 +148,8 @@ async def load_policy_async(conn: psycopg.AsyncConnection[Any]) -> Policy:
     async with conn.transaction(), conn.cursor() as cur:
         if not _scalar(await (await cur.execute(_INSTALLED_SQL)).fetchone()):
             return Policy()
-        return policy_from_json(_scalar(await (await cur.execute(_POLICY_SQL)).fetchone()))
+        return replace(policy_from_json(_scalar(await (await cur.execute(_POLICY_SQL)).fetchone())),
+                       database=conn.info.dbname)
 
 
 def service_role(conn: psycopg.Connection[Any]) -> str:

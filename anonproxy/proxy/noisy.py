@@ -287,12 +287,15 @@ class NoisyAnswers:
         asking = _Asking(role, policy, parameters, Stop(), limits.asker)
         plan = await self._drive(question_steps.described(_asked(question, role, parameters, limits),
                                                           self._known(role)), asking)
+        more = tuple([Result((await self.describe(Noisy(further), role, policy, parameters, limits)).columns)
+                      for further in question_steps.further_questions(plan.nested)]
+                     if isinstance(plan.nested, Outer) else [])  # the columns of the aggregate queries it joins
         async with self._connection() as conn:
             parameter_types, types = await _describe(conn, plan.sql, parameters.types)
             post_types = await _post_types(conn, plan, types)
             columns = _output_columns(plan, types, post_types)
             if isinstance(plan.nested, Outer):
-                outer_sql, bound_types, _ = question_steps.over_released(plan.nested, Result(columns))
+                outer_sql, bound_types, _ = question_steps.over_released(plan.nested, Result(columns), more)
                 columns = await _describe_columns(conn, outer_sql, bound_types)
         if isinstance(plan.nested, Series):  # the second question's columns; its restriction does not change them
             second = await self.describe(Noisy(series_question(plan.nested, ())), role, policy, parameters, limits)

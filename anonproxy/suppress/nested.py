@@ -3,7 +3,9 @@
 * An outer query over an aggregate query runs over the inner query's
   suppressed answer, as a WITH query: ``WITH anonproxy_released AS
   (<inner suppression SQL>) <outer query>``. It sees exactly the rows the
-  client would have received (the suppressed-rest row included).
+  client would have received (the suppressed-rest row included). When it
+  joins several aggregate queries' rows, each is suppressed on its own, as if
+  sent alone (``anonproxy_released_2`` ...).
 * Superset's series limit: the outer query's own suppression SQL, its WHERE
   clause restricted to the keys the top-N query released:
   ``(key, ...) IN (SELECT <columns> FROM (<top-N suppression SQL>) AS anonproxy_top)``;
@@ -37,9 +39,12 @@ def suppressed(shape: Single | Nested, index: PolicyIndex, params: SuppressionPa
         return rewrite(analyze(shape.statement, shape.tree, index, params), params)
     post = shape.post
     if isinstance(post, Outer):
-        inner = rewrite(analyze(shape.inner.statement, shape.inner.tree, index, params), params)
-        columns = ", ".join(quote(name) for name in post.names)
-        return f"WITH {ROWS}({columns}) AS (\n{inner}\n)\n{post.sql()}"
+        inputs = [(ROWS, post.names, shape.inner.tree), *((more.name, more.names, more.inner) for more in post.more)]
+        released = ",\n".join(
+            f"{name}({', '.join(quote(column) for column in names)}) AS (\n"
+            f"{rewrite(analyze(shape.inner.statement, tree, index, params), params)}\n)"
+            for name, names, tree in inputs)
+        return f"WITH {released}\n{post.sql()}"
     assert isinstance(post, Series)
     rest = named(post.rest, [], shape.inner.statement)
     # The ON keys run on the outer query's rows: they pass the checks of its WHERE condition (identifying
