@@ -180,6 +180,8 @@ def analyze(statement: Statement, tree: exp.Expression, index: PolicyIndex, para
                             ROW_LEVEL_HINT)
     if any(isinstance(node, exp.Lateral) for node in tree.walk()):
         raise unsupported("LATERAL is not allowed in a query over protected tables", SHAPE_HINT)
+    _fold_constant_concatenations(tree)
+    _inline_constant_subqueries(tree)
     for node in tree.walk():
         if node is not tree and isinstance(node, (exp.Select, exp.Subquery, exp.SetOperation, exp.Exists)):
             raise unsupported("subqueries are not allowed in a query over protected tables", SHAPE_HINT)
@@ -289,16 +291,19 @@ def _outer(tree: exp.Select, items: list[Item], order: tuple[OrderItem, ...], ke
     order_nodes = tree.args["order"].expressions if tree.args.get("order") is not None else []
     order_post = any(item.position is None and has_post_aggregate(node.this, kinds)
                      for item, node in zip(order, order_nodes, strict=True))
-    # dp mode computes constant select items there too (its own SQL returns only keys and statistics).
-    if not (any(item.kind == "post" or (dp and item.kind == "constant") for item in items) or having_post
-            or order_post):
-        return None, False
     nodes = [(node.this if isinstance(node, exp.Alias) else node) for node in tree.expressions]
-    select = [(node, item.alias, item.kind in ("post", "aggregate", "constant"))
-              for node, item in zip(nodes, items, strict=True)]
+    key_nodes = [canonical(key) for key in keys]
+    # dp mode computes there too constant select items and those over GROUP BY expressions that are not one
+    # (to_char(date_trunc(...)) grouped by the date_trunc): its own SQL returns only keys and statistics.
+    over_keys = [dp and item.kind == "group" and canonical(node) not in key_nodes
+                 for node, item in zip(nodes, items, strict=True)]
+    if not (any(item.kind == "post" or (dp and item.kind == "constant") for item in items) or any(over_keys)
+            or having_post or order_post):
+        return None, False
+    select = [(node, item.alias, item.kind in ("post", "aggregate", "constant") or derived)
+              for node, item, derived in zip(nodes, items, over_keys, strict=True)]
     ordering = [(node.this if item.position is None else None, item.position, item.suffix)
                 for item, node in zip(order, order_nodes, strict=True)]
-    key_nodes = [canonical(key) for key in keys]
     post_having = having.this if having is not None and having_post else None
     outer = compile_outer(select, post_having, ordering, key_nodes, kinds, canonical, source)
     return outer, having_post
@@ -581,6 +586,47 @@ def _constant(node: exp.Expression) -> bool:
     """Whether ``node`` reads no column and no parameter (its value is the same for every row)."""
     return not any(isinstance(n, (exp.Column, exp.Parameter, exp.Placeholder, exp.Star, exp.Select))
                    for n in node.walk())
+
+
+def _fold_constant_concatenations(tree: exp.Select) -> None:
+    """a || b of string and integer constants (Looker's (-6 || ' day')::INTERVAL) becomes the string it evaluates
+    to: PostgreSQL computes || when the statement runs, so a cast of it that fails (('x' || ' day')::INTERVAL)
+    would fail only if a row reached it; a cast of a string constant is checked when the statement is planned."""
+    for node in reversed(list(tree.walk())):  # inner ones first: a || b || c
+        if isinstance(node, exp.DPipe) and set(_set_args(node)) <= {"this", "expression", "safe"}:
+            parts = [_constant_text(node.this), _constant_text(node.expression)]
+            if parts[0] is not None and parts[1] is not None:
+                node.replace(exp.Literal.string(parts[0] + parts[1]))
+
+
+def _constant_text(node: exp.Expression) -> str | None:
+    """The text form of a string or integer constant (-6 included); None for anything else."""
+    while isinstance(node, exp.Paren):
+        node = node.this
+    if isinstance(node, exp.Literal):
+        return str(node.this) if node.is_string or node.this.isdigit() else None
+    if isinstance(node, exp.Neg) and isinstance(node.this, exp.Literal) and node.this.this.isdigit():
+        return f"-{node.this.this}"
+    return None
+
+
+def _inline_constant_subqueries(tree: exp.Select) -> None:
+    """(SELECT x) without FROM, x of constants and the clock (Looker's relative dates), becomes (x): the same value,
+    which the expression allowlist then checks like any other (a subquery with an aggregate is not inlined:
+    (SELECT count(*)) counts its own one row)."""
+    for node in reversed(list(tree.walk())):  # inner ones first: ((SELECT x)) is a subquery of a subquery
+        if not isinstance(node, exp.Subquery) or _set_args(node) != {"this"}:
+            continue
+        inner = node.this
+        if isinstance(inner, exp.Select) and _set_args(inner) == {"expressions"} and len(inner.expressions) == 1 \
+                and not isinstance(inner.expressions[0], exp.Alias):
+            inner = inner.expressions[0]
+        if not isinstance(inner, exp.Query) and not any(isinstance(part, _NOT_CONSTANT) for part in inner.walk()):
+            node.replace(exp.Paren(this=inner))
+
+
+# What a subquery's expression may not hold to be inlined: it must be a constant (or the clock).
+_NOT_CONSTANT = (exp.Column, exp.Parameter, exp.Placeholder, exp.Query, exp.Star, exp.AggFunc, exp.Window)
 
 
 def _qualify_bare_columns(tree: exp.Select, nodes: list[exp.Expression], scope: Scope) -> None:
