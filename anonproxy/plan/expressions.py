@@ -546,7 +546,8 @@ class Checker:
         extra = _set_args(node) - allowed
         if extra:
             raise unsupported(
-                f"{type(node).__name__.lower()} with {', '.join(sorted(extra))} is not allowed in {clause} "
+                f"{self._written(node) or type(node).__name__.lower()} with {', '.join(sorted(extra))} is not "
+                f"allowed in {clause} "
                 f"of a query over {self.table}", self.clause_hint(clause))
         check = getattr(self, f"_check_{type(node).__name__.lower()}", None)
         if check is not None and check(node, clause, aggregates):

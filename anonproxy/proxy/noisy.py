@@ -86,6 +86,7 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg import generators, pq
 from psycopg.adapt import Transformer
+from psycopg.types.string import TextLoader
 
 from ..config import ServiceLogin
 from ..dp import amounts, ledger
@@ -541,6 +542,8 @@ class NoisyAnswers:
             await conn.close()
         try:
             conn = await psycopg.AsyncConnection.connect(self._dsn, autocommit=True)
+            for name in TEXT_LOADED:  # kept in PostgreSQL's text: Python's dates have no ±infinity
+                conn.adapters.register_loader(name, TextLoader)
             conn.add_notice_handler(lambda diag: self._warned.add(conn) if diag.severity_nonlocalized == "WARNING"
                                     else None)
             return conn
@@ -579,6 +582,11 @@ class NoisyAnswers:
                         self._idle.append(conn)
                     else:
                         await conn.close()
+
+
+# Result types read as text from the dp connection: a key or bound of these may be 'infinity', which psycopg's own
+# loaders refuse (a date_trunc key over a timestamp column with a sentinel row would fail the whole answer).
+TEXT_LOADED = ("date", "timestamp", "timestamptz")
 
 
 def _server_error(exc: psycopg.Error) -> Refused:
