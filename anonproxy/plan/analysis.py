@@ -12,7 +12,10 @@ those of the client's statement. Post-aggregate expressions
 (``round(avg(x), 1)``, ``sum(x) / count(*)``, a HAVING over them) are
 compiled into SQL over the released values
 (:mod:`anonproxy.plan.post_aggregate`, ``AnalyticQuery.outer``), because
-every division gets a ``NULLIF``.
+every division gets a ``NULLIF``. Before the checks, two kinds of constants are
+computed in the tree, so that what runs cannot fail only when a row reaches
+it: ``||`` of string and integer constants becomes the string it gives, and
+``(SELECT x)`` without FROM over constants and the clock becomes ``(x)``.
 """
 
 from __future__ import annotations

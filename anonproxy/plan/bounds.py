@@ -15,7 +15,8 @@ evaluated here, not on data but on what its inputs may hold:
 * ``scale``: every non-zero value is at least 10^-scale in magnitude (integers:
   0), which is what rules out float underflow;
 * whether it may be NaN or ±Infinity (float and unbounded numeric columns,
-  extract() of an infinite timestamp).
+  extract() of an infinite timestamp); for a date or timestamp, whether it may
+  be ±infinity.
 
 A node that may raise for some value within those raises :class:`Unsafe`, with
 the reason and a hint showing the safe form: division and modulo only by
@@ -26,13 +27,16 @@ some (substring lengths, round's digits, to_char's format).
 
 Subtrees without columns or parameters are constant: PostgreSQL folds them
 when it plans the statement (an error there is the same for every row and
-every database), so they are typed but not proved. A ``$n`` parameter is not
+every database), so they are typed but not proved. Not the clock and
+to_timestamp(): PostgreSQL evaluates those when the statement runs, so they
+are proved (|| of constants is computed before, anonproxy.plan.analysis). A ``$n`` parameter is not
 constant (a generic plan evaluates it per row), and is refused in arithmetic.
 
 The proof trusts declared bounds: they are the DBA's statement of what a column
-holds. Dates and timestamps are taken to lie within PostgreSQL's timestamp
-range, except for its first weeks (November 4714 BC), where truncating to a
-month or more fails.
+holds. Dates and timestamps are intervals of microseconds too, with ±infinity:
+where they lie without declared bounds, and what each time function may do to
+them (truncations, time zones, intervals, the clock), is
+:mod:`anonproxy.plan.time_values`.
 """
 
 from __future__ import annotations

@@ -4,14 +4,18 @@ Everything that reaches a row of a protected table (WHERE, GROUP BY, JOIN
 conditions, aggregate arguments) must be *total*: it may not raise an error
 for some rows and not others. An error is a one-bit answer about a row that
 suppression never sees: ``CASE WHEN id = 17 AND income = '>50K' THEN 1/0 END``
-tells whether person 17 earns more than 50K. So there is no concatenation,
-regular expressions, user functions, subqueries, windows or set-returning
+tells whether person 17 earns more than 50K. So there is no concatenation (but of constants,
+computed before), regular expressions, user functions, subqueries (but (SELECT x)
+of constants, inlined before: anonproxy.plan.analysis), windows or set-returning
 functions; LIKE patterns are constants that cannot fail; date_trunc/extract
-units are constants checked here. Arithmetic, division and modulo, rounding,
-casts between number types, width_bucket, to_char and the text functions are
-admitted only where the no-error proof of :mod:`anonproxy.plan.bounds` shows
-that no value within the columns' types and declared bounds can make them
-fail (every entry point below runs it on the whole expression).
+units are constants checked here (the proof checks they suit the argument's
+type). Arithmetic, division and modulo, rounding, casts between number types,
+width_bucket, to_char, the text functions and the time functions (date_bin,
+AT TIME ZONE, casts between time types, intervals added to dates, the clock,
+make_date and to_timestamp of constants) are admitted only where the no-error
+proof of :mod:`anonproxy.plan.bounds` shows that no value within the columns'
+types and declared bounds can make them fail (every entry point below runs it
+on the whole expression).
 
 Select items, HAVING and ORDER BY may also hold aggregates: COUNT(*),
 COUNT(x), COUNT(DISTINCT x), SUM, AVG, and MIN/MAX when the role allows them,
