@@ -183,8 +183,7 @@ def analyze(statement: Statement, tree: exp.Expression, index: PolicyIndex, para
                             ROW_LEVEL_HINT)
     if any(isinstance(node, exp.Lateral) for node in tree.walk()):
         raise unsupported("LATERAL is not allowed in a query over protected tables", SHAPE_HINT)
-    _fold_constant_concatenations(tree)
-    _inline_constant_subqueries(tree)
+    _compute_constants(tree)
     for node in tree.walk():
         if node is not tree and isinstance(node, (exp.Select, exp.Subquery, exp.SetOperation, exp.Exists)):
             raise unsupported("subqueries are not allowed in a query over protected tables", SHAPE_HINT)
@@ -591,15 +590,24 @@ def _constant(node: exp.Expression) -> bool:
                    for n in node.walk())
 
 
-def _fold_constant_concatenations(tree: exp.Select) -> None:
-    """a || b of string and integer constants (Looker's (-6 || ' day')::INTERVAL) becomes the string it evaluates
-    to: PostgreSQL computes || when the statement runs, so a cast of it that fails (('x' || ' day')::INTERVAL)
-    would fail only if a row reached it; a cast of a string constant is checked when the statement is planned."""
-    for node in reversed(list(tree.walk())):  # inner ones first: a || b || c
-        if isinstance(node, exp.DPipe) and set(_set_args(node)) <= {"this", "expression", "safe"}:
-            parts = [_constant_text(node.this), _constant_text(node.expression)]
-            if parts[0] is not None and parts[1] is not None:
-                node.replace(exp.Literal.string(parts[0] + parts[1]))
+def _compute_constants(tree: exp.Select) -> None:
+    """Constants PostgreSQL would compute only when a row needs them, computed here (one walk, inner ones first:
+    a || b || c, ((SELECT x))): ``||`` of string and integer constants becomes the string it gives (Looker's
+    (-6 || ' day')::INTERVAL: a cast of a string constant is checked when the statement is planned, whatever the
+    data), and ``(SELECT x)`` without FROM over constants and the clock becomes ``(x)``, the same value, which the
+    expression allowlist then checks (a subquery with an aggregate is not one: (SELECT count(*)) counts its own
+    row)."""
+    for node in reversed([n for n in tree.walk() if isinstance(n, (exp.DPipe, exp.Subquery))]):
+        if isinstance(node, exp.DPipe):
+            _fold_concatenation(node)
+        else:
+            _inline_subquery(node)
+
+
+def _fold_concatenation(node: exp.DPipe) -> None:
+    parts = [_constant_text(node.this), _constant_text(node.expression)]
+    if parts[0] is not None and parts[1] is not None and set(_set_args(node)) <= {"this", "expression", "safe"}:
+        node.replace(exp.Literal.string(parts[0] + parts[1]))
 
 
 def _constant_text(node: exp.Expression) -> str | None:
@@ -613,19 +621,15 @@ def _constant_text(node: exp.Expression) -> str | None:
     return None
 
 
-def _inline_constant_subqueries(tree: exp.Select) -> None:
-    """(SELECT x) without FROM, x of constants and the clock (Looker's relative dates), becomes (x): the same value,
-    which the expression allowlist then checks like any other (a subquery with an aggregate is not inlined:
-    (SELECT count(*)) counts its own one row)."""
-    for node in reversed(list(tree.walk())):  # inner ones first: ((SELECT x)) is a subquery of a subquery
-        if not isinstance(node, exp.Subquery) or _set_args(node) != {"this"}:
-            continue
-        inner = node.this
-        if isinstance(inner, exp.Select) and _set_args(inner) == {"expressions"} and len(inner.expressions) == 1 \
-                and not isinstance(inner.expressions[0], exp.Alias):
-            inner = inner.expressions[0]
-        if not isinstance(inner, exp.Query) and not any(isinstance(part, _NOT_CONSTANT) for part in inner.walk()):
-            node.replace(exp.Paren(this=inner))
+def _inline_subquery(node: exp.Subquery) -> None:
+    if _set_args(node) != {"this"}:
+        return
+    inner = node.this
+    if isinstance(inner, exp.Select) and _set_args(inner) == {"expressions"} and len(inner.expressions) == 1 \
+            and not isinstance(inner.expressions[0], exp.Alias):
+        inner = inner.expressions[0]
+    if not isinstance(inner, exp.Query) and not any(isinstance(part, _NOT_CONSTANT) for part in inner.walk()):
+        node.replace(exp.Paren(this=inner))
 
 
 # What a subquery's expression may not hold to be inlined: it must be a constant (or the clock).

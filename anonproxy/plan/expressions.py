@@ -953,7 +953,7 @@ class Checker:
         if constant and kind in _CONSTANT_CAST_TYPES:
             self._walk(inner, clause, aggregates)
             return True
-        if kind in _TIME_TYPES:
+        if kind in _TIME_TYPES and not isinstance(inner, exp.Parameter):
             self._walk(node.this, clause, aggregates)  # the proof checks the source is a time that fits
             return True
         if kind in _TEXT_TYPES or (kind in _NUMBER_TYPES and not isinstance(inner, exp.Parameter)):
