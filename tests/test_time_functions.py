@@ -21,6 +21,8 @@ import pytest
 from conftest import Endpoint, fresh_dp_role, wait_for_current_policy
 from psycopg.types.string import TextLoader
 
+from anonproxy.dp.answers import decoded, encoded
+from anonproxy.dp.finish import Group, Measurement
 from anonproxy.dp.model import DPParams
 from anonproxy.dp.plan import plan_dp
 from anonproxy.plan.refusals import Reject
@@ -180,6 +182,14 @@ def test_without_bounds_a_shift_larger_than_the_assumed_margin_asks_for_them() -
     admitted("select count(*) from events where at + interval '5000 years' > now()", BOUNDED)
 
 
+def test_a_cached_dp_answer_keeps_infinite_time_keys() -> None:
+    # the dp connection reads dates and timestamps as text ('infinity' has no Python datetime); the answer cache
+    # reads its keys back the same way, so a cached answer with such a key is found, not a miss charged again
+    measurement = Measurement((1184, 1082), {"n": 20}, (
+        Group(("infinity", "-infinity"), {"n": 12}), Group(("2025-01-01 00:00:00+00", "2025-01-01"), {"n": 40})))
+    assert decoded(encoded(measurement)) == measurement
+
+
 # --- through the proxy ----------------------------------------------------------------------------------------
 
 CREATE = """
@@ -317,6 +327,13 @@ def test_dp_series_over_calendar_buckets(gated_proxy: Endpoint, gated_database: 
     with fresh_dp_role(owner, gated_proxy, gated_database, "dp_time_analyst") as role, \
             psycopg.connect(gated_proxy.dsn(gated_database, user=role), autocommit=True) as conn:
         rows = conn.execute(sql).fetchall()
+        left = conn.execute("show anonproxy.budget").fetchone()
+        # asked again: the cached answer, read back with its keys as they were, at no further cost
+        assert conn.execute(sql).fetchall() == rows
+        assert conn.execute("show anonproxy.budget").fetchone() == left
+        keyed = "select date_trunc('month', at) as m, count(*) from events group by 1"
+        first = as_text(conn).execute(keyed).fetchall()
+        assert first and conn.execute(keyed).fetchall() == first
         with pytest.raises(psycopg.Error) as caught:
             conn.execute(ATTACKS[0])
         assert caught.value.sqlstate == "0A000"

@@ -92,6 +92,7 @@ from ..config import ServiceLogin
 from ..dp import amounts, ledger
 from ..dp import question as question_steps
 from ..dp.answers import (
+    TEXT_LOADED,
     checked_sql,
     default_cost,
     measured_text,
@@ -542,7 +543,8 @@ class NoisyAnswers:
             await conn.close()
         try:
             conn = await psycopg.AsyncConnection.connect(self._dsn, autocommit=True)
-            for name in TEXT_LOADED:  # kept in PostgreSQL's text: Python's dates have no ±infinity
+            for name in TEXT_LOADED:  # kept in PostgreSQL's text: Python's dates have no ±infinity (a date_trunc key
+                # over a column with an 'infinity' sentinel row failed the whole answer)
                 conn.adapters.register_loader(name, TextLoader)
             conn.add_notice_handler(lambda diag: self._warned.add(conn) if diag.severity_nonlocalized == "WARNING"
                                     else None)
@@ -582,11 +584,6 @@ class NoisyAnswers:
                         self._idle.append(conn)
                     else:
                         await conn.close()
-
-
-# Result types read as text from the dp connection: a key or bound of these may be 'infinity', which psycopg's own
-# loaders refuse (a date_trunc key over a timestamp column with a sentinel row would fail the whole answer).
-TEXT_LOADED = ("date", "timestamp", "timestamptz")
 
 
 def _server_error(exc: psycopg.Error) -> Refused:
