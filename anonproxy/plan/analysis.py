@@ -183,10 +183,10 @@ def analyze(statement: Statement, tree: exp.Expression, index: PolicyIndex, para
                             ROW_LEVEL_HINT)
     if any(isinstance(node, exp.Lateral) for node in tree.walk()):
         raise unsupported("LATERAL is not allowed in a query over protected tables", SHAPE_HINT)
-    _compute_constants(tree)
-    for node in tree.walk():
-        if node is not tree and isinstance(node, (exp.Select, exp.Subquery, exp.SetOperation, exp.Exists)):
-            raise unsupported("subqueries are not allowed in a query over protected tables", SHAPE_HINT)
+    nested = [node for node in tree.walk() if node is not tree and isinstance(node, _NESTED)]
+    _compute_constants(nested)
+    if any(isinstance(node, _QUERIES) and node.root() is tree for node in nested):  # not inlined
+        raise unsupported("subqueries are not allowed in a query over protected tables", SHAPE_HINT)
     distinct = tree.args.get("distinct")
     if distinct is not None and _set_args(distinct):
         raise unsupported("DISTINCT ON is not allowed over protected tables", SHAPE_HINT)
@@ -590,17 +590,22 @@ def _constant(node: exp.Expression) -> bool:
                    for n in node.walk())
 
 
-def _compute_constants(tree: exp.Select) -> None:
+# Nodes of a nested query, and those _compute_constants computes (|| and scalar subqueries).
+_QUERIES = (exp.Select, exp.Subquery, exp.SetOperation, exp.Exists)
+_NESTED = (*_QUERIES, exp.DPipe)
+
+
+def _compute_constants(nested: list[exp.Expression]) -> None:
     """Constants PostgreSQL would compute only when a row needs them, computed here (one walk, inner ones first:
     a || b || c, ((SELECT x))): ``||`` of string and integer constants becomes the string it gives (Looker's
     (-6 || ' day')::INTERVAL: a cast of a string constant is checked when the statement is planned, whatever the
     data), and ``(SELECT x)`` without FROM over constants and the clock becomes ``(x)``, the same value, which the
     expression allowlist then checks (a subquery with an aggregate is not one: (SELECT count(*)) counts its own
     row)."""
-    for node in reversed([n for n in tree.walk() if isinstance(n, (exp.DPipe, exp.Subquery))]):
+    for node in reversed(nested):  # (a walk's order: inner ones last)
         if isinstance(node, exp.DPipe):
             _fold_concatenation(node)
-        else:
+        elif isinstance(node, exp.Subquery):
             _inline_subquery(node)
 
 
