@@ -20,6 +20,7 @@ it: ``||`` of string and integer constants becomes the string it gives, and
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from decimal import Decimal, localcontext
 from typing import Literal
@@ -595,7 +596,7 @@ _QUERIES = (exp.Select, exp.Subquery, exp.SetOperation, exp.Exists)
 _NESTED = (*_QUERIES, exp.DPipe)
 
 
-def _compute_constants(nested: list[exp.Expression]) -> None:
+def _compute_constants(nested: Sequence[exp.Expression]) -> None:
     """Constants PostgreSQL would compute only when a row needs them, computed here (one walk, inner ones first:
     a || b || c, ((SELECT x))): ``||`` of string and integer constants becomes the string it gives (Looker's
     (-6 || ' day')::INTERVAL: a cast of a string constant is checked when the statement is planned, whatever the
