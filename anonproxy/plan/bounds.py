@@ -84,17 +84,6 @@ _CAST_TYPES: dict[exp.DType, str] = {
     exp.DataType.Type.TIMESTAMP: "timestamp", exp.DataType.Type.TIMESTAMPTZ: "timestamptz",
     exp.DataType.Type.TIME: "time", exp.DataType.Type.INTERVAL: "interval",
 }  # fmt: skip
-# extract()/date_part() fields: the range of their finite results over every date and timestamp, and whether an
-# infinite date or timestamp gives ±Infinity (it gives NULL for the others).
-_FIELDS: dict[str, tuple[Decimal, Decimal, bool]] = {
-    "year": (Decimal(-4714), Decimal(5874898), True), "isoyear": (Decimal(-4714), Decimal(5874898), True),
-    "decade": (Decimal(-472), Decimal(587490), True), "century": (Decimal(-48), Decimal(58749), True),
-    "millennium": (Decimal(-5), Decimal(5875), True), "quarter": (Decimal(1), Decimal(4), False),
-    "month": (Decimal(1), Decimal(12), False), "week": (Decimal(1), Decimal(53), False),
-    "day": (Decimal(1), Decimal(31), False), "dow": (Decimal(0), Decimal(6), False),
-    "isodow": (Decimal(1), Decimal(7), False), "doy": (Decimal(1), Decimal(366), False),
-    "epoch": (Decimal("-2.2e14"), Decimal("1.9e14"), True), "julian": (Decimal(0), Decimal("2.2e9"), True),
-}  # fmt: skip
 
 # Stable functions of the clock PostgreSQL spells as plain function calls (now() and the keywords are typed nodes).
 STABLE_CLOCK = frozenset({"transaction_timestamp", "statement_timestamp"})
@@ -607,14 +596,11 @@ class _Interpreter:
         if len(numbers) != 3:
             raise Unsafe("make_date takes three integer constants", "make_date(2025, 1, 31)")
         year, month, day = (int(n) for n in numbers)
-        try:
-            moment = tv.civil(year, month, day) if year >= 1 and datetime_valid(year, month, day) else None
-        except ValueError:
-            moment = None
         # Immutable over constants: PostgreSQL folds it when it plans the statement, so even an invalid date fails
-        # for every database alike; typed here.
-        if moment is None:
+        # for every database alike; typed here (with its value, when valid: arithmetic over it is proved).
+        if not _valid_date(year, month, day):
             return Value("date", constant=True)
+        moment = tv.civil(year, month, day)
         return Value("date", moment, moment, constant=True)
 
     def _strtotime(self, node: exp.StrToTime) -> Value:
@@ -1066,7 +1052,8 @@ def _interval_epoch(source: Value) -> Value:
     return Value("float8", source.low / 1_000_000 - 1, source.high / 1_000_000 + 1, 6)
 
 
-def datetime_valid(year: int, month: int, day: int) -> bool:
+def _valid_date(year: int, month: int, day: int) -> bool:
+    """Whether make_date(year, month, day) is a date (AD years here; PostgreSQL also reads negative ones as BC)."""
     try:
         date(year, month, day)
     except ValueError:

@@ -34,7 +34,7 @@ import functools
 import re
 import zoneinfo
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from decimal import Decimal
 
 DAY = Decimal(86_400_000_000)  # microseconds
@@ -220,7 +220,6 @@ def strptime(text: str, strftime_format: str) -> Decimal | None:
 def bound_micros(moment: datetime) -> Decimal:
     """A declared bound (ColumnPolicy.earliest/latest) in microseconds since 2000-01-01 (UTC when aware)."""
     if moment.tzinfo is not None:
-        offset = moment.utcoffset()
-        moment = moment.replace(tzinfo=None) - (offset if offset is not None else moment - moment)
+        moment = moment.astimezone(UTC).replace(tzinfo=None)
     return civil(moment.year, moment.month, moment.day) + Decimal(
         ((moment.hour * 60 + moment.minute) * 60 + moment.second) * 1_000_000 + moment.microsecond)
