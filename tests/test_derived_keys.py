@@ -132,7 +132,9 @@ UNSAFE = [
     ("round(age, age)", "integer constant"),
     ("to_char(d, t)", "constant format"),
     ("age + $1", "parameter"),
-    ("d + 1", "type date"),
+    ("d + 1.5", "constant interval"),
+    ("d + interval '300000 years'", "range of dates"),
+    ("lower(t) + 1", "type text"),
     ("sum(big::numeric * 1000)", "1e+15"),
 ]
 

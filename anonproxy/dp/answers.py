@@ -106,6 +106,11 @@ def checked(plan: DPPlan | Reject, role: RolePolicy, policy: Policy,
     return plan
 
 
+# Result types the dp connection reads as text (anonproxy.proxy.noisy): a key of these may be 'infinity', which
+# psycopg's own loaders refuse. A cached answer's keys of these types are read back as text too: the same values.
+TEXT_LOADED = ("date", "timestamp", "timestamptz")
+_TEXT_OIDS = frozenset(info.oid for info in (psycopg.adapters.types.get(name) for name in TEXT_LOADED) if info)
+
 # The cached value's format, also part of every fingerprint: an answer cached in another format (the whole wire
 # answer, before answers were cached by meaning) is never found, and one that is found but unreadable is a miss.
 MEASUREMENT_FORMAT = b"anonproxy-measurement/2\n"  # 2: keys in the canonical order (DPPlan.key_order)
@@ -167,8 +172,8 @@ def decoded(data: bytes | None) -> Measurement | None:
         types = tuple(int(oid) for oid in document["key_types"])
         statistic_types = {str(name): int(oid) for name, oid in document["statistic_types"].items()}
         loader = Transformer()
-        groups = tuple(Group(tuple(None if text is None else loader.get_loader(types[i], pq.Format.TEXT).load(
-                                   text.encode()) for i, text in enumerate(group["k"])),
+        groups = tuple(Group(tuple(None if text is None else text if types[i] in _TEXT_OIDS else loader.get_loader(
+                                   types[i], pq.Format.TEXT).load(text.encode()) for i, text in enumerate(group["k"])),
                              {name: _load_number(value) for name, value in group["v"].items()})
                        for group in document["groups"])
     except (ValueError, KeyError, TypeError, IndexError, AttributeError, ArithmeticError, psycopg.Error):

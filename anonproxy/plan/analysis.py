@@ -12,11 +12,15 @@ those of the client's statement. Post-aggregate expressions
 (``round(avg(x), 1)``, ``sum(x) / count(*)``, a HAVING over them) are
 compiled into SQL over the released values
 (:mod:`anonproxy.plan.post_aggregate`, ``AnalyticQuery.outer``), because
-every division gets a ``NULLIF``.
+every division gets a ``NULLIF``. Before the checks, two kinds of constants are
+computed in the tree, so that what runs cannot fail only when a row reaches
+it: ``||`` of string and integer constants becomes the string it gives, and
+``(SELECT x)`` without FROM over constants and the clock becomes ``(x)``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from decimal import Decimal, localcontext
 from typing import Literal
@@ -180,9 +184,10 @@ def analyze(statement: Statement, tree: exp.Expression, index: PolicyIndex, para
                             ROW_LEVEL_HINT)
     if any(isinstance(node, exp.Lateral) for node in tree.walk()):
         raise unsupported("LATERAL is not allowed in a query over protected tables", SHAPE_HINT)
-    for node in tree.walk():
-        if node is not tree and isinstance(node, (exp.Select, exp.Subquery, exp.SetOperation, exp.Exists)):
-            raise unsupported("subqueries are not allowed in a query over protected tables", SHAPE_HINT)
+    nested = [node for node in tree.walk() if node is not tree and isinstance(node, _NESTED)]
+    _compute_constants(nested)
+    if any(isinstance(node, _QUERIES) and node.root() is tree for node in nested):  # not inlined
+        raise unsupported("subqueries are not allowed in a query over protected tables", SHAPE_HINT)
     distinct = tree.args.get("distinct")
     if distinct is not None and _set_args(distinct):
         raise unsupported("DISTINCT ON is not allowed over protected tables", SHAPE_HINT)
@@ -302,16 +307,19 @@ def _outer(tree: exp.Select, items: list[Item], order: tuple[OrderItem, ...], ke
     order_nodes = tree.args["order"].expressions if tree.args.get("order") is not None else []
     order_post = any(item.position is None and has_post_aggregate(node.this, kinds)
                      for item, node in zip(order, order_nodes, strict=True))
-    # dp mode computes constant select items there too (its own SQL returns only keys and statistics).
-    if not (any(item.kind == "post" or (dp and item.kind == "constant") for item in items) or having_post
-            or order_post):
-        return None, False
     nodes = [(node.this if isinstance(node, exp.Alias) else node) for node in tree.expressions]
-    select = [(node, item.alias, item.kind in ("post", "aggregate", "constant"))
-              for node, item in zip(nodes, items, strict=True)]
+    key_nodes = [canonical(key) for key in keys]
+    # dp mode computes there too constant select items and those over GROUP BY expressions that are not one
+    # (to_char(date_trunc(...)) grouped by the date_trunc): its own SQL returns only keys and statistics.
+    over_keys = [dp and item.kind == "group" and canonical(node) not in key_nodes
+                 for node, item in zip(nodes, items, strict=True)]
+    if not (any(item.kind == "post" or (dp and item.kind == "constant") for item in items) or any(over_keys)
+            or having_post or order_post):
+        return None, False
+    select = [(node, item.alias, item.kind in ("post", "aggregate", "constant") or derived)
+              for node, item, derived in zip(nodes, items, over_keys, strict=True)]
     ordering = [(node.this if item.position is None else None, item.position, item.suffix)
                 for item, node in zip(order, order_nodes, strict=True)]
-    key_nodes = [canonical(key) for key in keys]
     post_having = having.this if having is not None and having_post else None
     outer = compile_outer(select, post_having, ordering, key_nodes, kinds, canonical, source)
     return outer, having_post
@@ -603,6 +611,57 @@ def _constant(node: exp.Expression) -> bool:
     """Whether ``node`` reads no column and no parameter (its value is the same for every row)."""
     return not any(isinstance(n, (exp.Column, exp.Parameter, exp.Placeholder, exp.Star, exp.Select))
                    for n in node.walk())
+
+
+# Nodes of a nested query, and those _compute_constants computes (|| and scalar subqueries).
+_QUERIES = (exp.Select, exp.Subquery, exp.SetOperation, exp.Exists)
+_NESTED = (*_QUERIES, exp.DPipe)
+
+
+def _compute_constants(nested: Sequence[exp.Expression]) -> None:
+    """Constants PostgreSQL would compute only when a row needs them, computed here (one walk, inner ones first:
+    a || b || c, ((SELECT x))): ``||`` of string and integer constants becomes the string it gives (Looker's
+    (-6 || ' day')::INTERVAL: a cast of a string constant is checked when the statement is planned, whatever the
+    data), and ``(SELECT x)`` without FROM over constants and the clock becomes ``(x)``, the same value, which the
+    expression allowlist then checks (a subquery with an aggregate is not one: (SELECT count(*)) counts its own
+    row)."""
+    for node in reversed(nested):  # (a walk's order: inner ones last)
+        if isinstance(node, exp.DPipe):
+            _fold_concatenation(node)
+        elif isinstance(node, exp.Subquery):
+            _inline_subquery(node)
+
+
+def _fold_concatenation(node: exp.DPipe) -> None:
+    parts = [_constant_text(node.this), _constant_text(node.expression)]
+    if parts[0] is not None and parts[1] is not None and set(_set_args(node)) <= {"this", "expression", "safe"}:
+        node.replace(exp.Literal.string(parts[0] + parts[1]))
+
+
+def _constant_text(node: exp.Expression) -> str | None:
+    """The text form of a string or integer constant (-6 included); None for anything else."""
+    while isinstance(node, exp.Paren):
+        node = node.this
+    if isinstance(node, exp.Literal):
+        return str(node.this) if node.is_string or node.this.isdigit() else None
+    if isinstance(node, exp.Neg) and isinstance(node.this, exp.Literal) and node.this.this.isdigit():
+        return f"-{node.this.this}"
+    return None
+
+
+def _inline_subquery(node: exp.Subquery) -> None:
+    if _set_args(node) != {"this"}:
+        return
+    inner = node.this
+    if isinstance(inner, exp.Select) and _set_args(inner) == {"expressions"} and len(inner.expressions) == 1 \
+            and not isinstance(inner.expressions[0], exp.Alias):
+        inner = inner.expressions[0]
+    if not isinstance(inner, exp.Query) and not any(isinstance(part, _NOT_CONSTANT) for part in inner.walk()):
+        node.replace(exp.Paren(this=inner))
+
+
+# What a subquery's expression may not hold to be inlined: it must be a constant (or the clock).
+_NOT_CONSTANT = (exp.Column, exp.Parameter, exp.Placeholder, exp.Query, exp.Star, exp.AggFunc, exp.Window)
 
 
 def _qualify_bare_columns(tree: exp.Select, nodes: list[exp.Expression], scope: Scope) -> None:

@@ -15,7 +15,8 @@ evaluated here, not on data but on what its inputs may hold:
 * ``scale``: every non-zero value is at least 10^-scale in magnitude (integers:
   0), which is what rules out float underflow;
 * whether it may be NaN or ±Infinity (float and unbounded numeric columns,
-  extract() of an infinite timestamp).
+  extract() of an infinite timestamp); for a date or timestamp, whether it may
+  be ±infinity.
 
 A node that may raise for some value within those raises :class:`Unsafe`, with
 the reason and a hint showing the safe form: division and modulo only by
@@ -26,13 +27,16 @@ some (substring lengths, round's digits, to_char's format).
 
 Subtrees without columns or parameters are constant: PostgreSQL folds them
 when it plans the statement (an error there is the same for every row and
-every database), so they are typed but not proved. A ``$n`` parameter is not
+every database), so they are typed but not proved. Not the clock and
+to_timestamp(): PostgreSQL evaluates those when the statement runs, so they
+are proved (|| of constants is computed before, anonproxy.plan.analysis). A ``$n`` parameter is not
 constant (a generic plan evaluates it per row), and is refused in arithmetic.
 
 The proof trusts declared bounds: they are the DBA's statement of what a column
-holds. Dates and timestamps are taken to lie within PostgreSQL's timestamp
-range, except for its first weeks (November 4714 BC), where truncating to a
-month or more fails.
+holds. Dates and timestamps are intervals of microseconds too, with ±infinity:
+where they lie without declared bounds, and what each time function may do to
+them (truncations, time zones, intervals, the clock), is
+:mod:`anonproxy.plan.time_values`.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from datetime import date
 from decimal import (
     ROUND_CEILING,
     ROUND_FLOOR,
@@ -51,6 +56,8 @@ from decimal import (
 
 from sqlglot import exp
 from sqlglot.errors import SqlglotError
+
+from anonproxy.plan import time_values as tv
 
 INF = Decimal("Infinity")
 INTEGERS = {"int2": (Decimal(-(2**15)), Decimal(2**15 - 1)), "int4": (Decimal(-(2**31)), Decimal(2**31 - 1)),
@@ -77,18 +84,9 @@ _CAST_TYPES: dict[exp.DType, str] = {
     exp.DataType.Type.TIMESTAMP: "timestamp", exp.DataType.Type.TIMESTAMPTZ: "timestamptz",
     exp.DataType.Type.TIME: "time", exp.DataType.Type.INTERVAL: "interval",
 }  # fmt: skip
-# extract()/date_part() fields: the range of their finite results over every date and timestamp, and whether an
-# infinite date or timestamp gives ±Infinity (it gives NULL for the others).
-_FIELDS: dict[str, tuple[Decimal, Decimal, bool]] = {
-    "year": (Decimal(-4714), Decimal(5874898), True), "isoyear": (Decimal(-4714), Decimal(5874898), True),
-    "decade": (Decimal(-472), Decimal(587490), True), "century": (Decimal(-48), Decimal(58749), True),
-    "millennium": (Decimal(-5), Decimal(5875), True), "quarter": (Decimal(1), Decimal(4), False),
-    "month": (Decimal(1), Decimal(12), False), "week": (Decimal(1), Decimal(53), False),
-    "day": (Decimal(1), Decimal(31), False), "dow": (Decimal(0), Decimal(6), False),
-    "isodow": (Decimal(1), Decimal(7), False), "doy": (Decimal(1), Decimal(366), False),
-    "epoch": (Decimal("-2.2e14"), Decimal("1.9e14"), True), "julian": (Decimal(0), Decimal("2.2e9"), True),
-}  # fmt: skip
 
+# Stable functions of the clock PostgreSQL spells as plain function calls (now() and the keywords are typed nodes).
+STABLE_CLOCK = frozenset({"transaction_timestamp", "statement_timestamp"})
 DECLARE_HINT = "have the DBA declare bounds for the columns involved (anonproxy.set_column(..., lower, upper))"
 
 
@@ -110,6 +108,9 @@ class ColumnFacts:
     type: str | None
     lower: Decimal | None = None
     upper: Decimal | None = None
+    # a time column's declared bounds, in microseconds since 2000-01-01 (anonproxy.plan.time_values)
+    earliest: Decimal | None = None
+    latest: Decimal | None = None
 
 
 @dataclass(frozen=True)
@@ -118,7 +119,7 @@ class Value:
 
     type: str  # a name of NUMBERS or DATETIMES, text, bool, time, interval; unknown (a column whose type is not
     # known), literal (a quoted constant of no type yet), null, param, other
-    low: Decimal = -INF  # bounds of its finite values (numbers only)
+    low: Decimal = -INF  # bounds of its finite values (numbers; dates and timestamps: microseconds since 2000)
     high: Decimal = INF
     scale: int | None = 0  # non-zero values are at least 10^-scale in magnitude; None: arbitrarily close to zero
     nan: bool = False
@@ -176,7 +177,9 @@ def column_value(facts: ColumnFacts) -> Value:
         limit = FLOATS[kind][0]
         value = Value(kind, -limit, limit, None, nan=True, infinite=True)
     elif kind in DATETIMES:
-        return Value(kind, infinite=True)
+        if facts.earliest is not None and facts.latest is not None:
+            return Value(kind, facts.earliest, facts.latest)  # declared: within them, never infinite
+        return Value(kind, *tv.ASSUMED, infinite=True)
     else:
         return Value(kind)
     if declared:
@@ -284,13 +287,20 @@ class _Interpreter:
 
     def _add(self, node: exp.Add) -> Value:
         a, b, kind = self._operands(node)
+        if kind in DATETIMES:
+            return self._time_arithmetic(node, a, b)
         return _fit(_result(kind, a, b, a.low + b.low, a.high + b.high, _sum_scale(kind, a, b)), node)
 
     def _sub(self, node: exp.Sub) -> Value:
         a, b, kind = self._operands(node)
+        if kind in DATETIMES:
+            return self._time_arithmetic(node, a, b)
         return _fit(_result(kind, a, b, a.low - b.high, a.high - b.low, _sum_scale(kind, a, b)), node)
 
     def _mul(self, node: exp.Mul) -> Value:
+        scaled = self._scaled_interval(node)
+        if scaled is not None:
+            return scaled
         a, b, kind = self._operands(node)
         products = [_times(x, y) for x in (a.low, a.high) for y in (b.low, b.high)]
         scale = None if a.scale is None or b.scale is None else a.scale + b.scale
@@ -336,7 +346,14 @@ class _Interpreter:
         return _fit(_result(kind, a, b, low, high, _sum_scale(kind, a, b)), node)
 
     def _operands(self, node: exp.Expression) -> tuple[Value, Value, str]:
-        a, b = self._number(node.this, node), self._number(node.expression, node)
+        """The operands of an arithmetic operator, and the type it computes in; a date or timestamp operand of + or
+        - gives its type (the operands are then checked by _time_arithmetic)."""
+        a, b = self.value(node.this), self.value(node.expression)
+        if isinstance(node, (exp.Add, exp.Sub)):
+            moved = next((v.type for v in (a, b) if v.type in DATETIMES), None)
+            if moved is not None:
+                return a, b, moved
+        a, b = self._checked_number(a, node.this, node), self._checked_number(b, node.expression, node)
         if a.constant and b.constant:
             kind = _promote(a.type, b.type)
             return a, b, kind
@@ -346,7 +363,9 @@ class _Interpreter:
         return a, b, kind
 
     def _number(self, child: exp.Expression, node: exp.Expression) -> Value:
-        value = self.value(child)
+        return self._checked_number(self.value(child), child, node)
+
+    def _checked_number(self, value: Value, child: exp.Expression, node: exp.Expression) -> Value:
         if value.type == "param":
             raise Unsafe(f"{_operation(node)} with a $n parameter ({_sql(node)}): its value is not known when the "
                          "statement is checked",
@@ -440,6 +459,8 @@ class _Interpreter:
             return Value(TEXT, constant=source.constant)  # every value has a text form
         if source.constant and source.type != "param":
             return _constant_cast(kind, target, source)
+        if kind in DATETIMES:
+            return self._time_cast(source, kind, node)
         if source.type == "unknown":
             raise Unsafe(f"cast to {_sql(target)} of {_sql(node.this)}, whose type the proxy does not know: it may fail",
                          "Cast to text, or reload the policy so the proxy reads the column types.")
@@ -448,6 +469,11 @@ class _Interpreter:
                          "cast that fails on some rows reveals data",
                          "Write $n without a cast (the server infers its type from the comparison), or cast it to "
                          "text.")
+        if kind in INTEGERS and source.infinite and isinstance(_unparen(node.this), exp.Extract):
+            raise Unsafe(f"{_sql(node)} fails for 'infinity' dates and timestamps, which the column may hold: their "
+                         "fields are Infinity, which no integer holds",
+                         "Have the DBA declare the time column's bounds (earliest and latest): a bounded column "
+                         "holds no infinity.")
         if kind == "int4" and source.type == "bool":
             return Value("int4", Decimal(0), Decimal(1), 0)
         if kind not in NUMBERS or source.type not in NUMBERS:
@@ -462,18 +488,236 @@ class _Interpreter:
 
     def _timestamptrunc(self, node: exp.Expression) -> Value:
         source = self.value(node.this)
-        kind = {"date": "timestamptz"}.get(source.type, source.type)
-        return Value(kind, infinite=source.infinite, constant=source.constant)
+        unit_node = node.args.get("unit")
+        name = unit_node.name if isinstance(unit_node, (exp.Var, exp.Literal)) else ""
+        unit = tv.truncation_unit(name)
+        if unit is None:
+            raise Unsafe(f"date_trunc unit {name or (_sql(unit_node) if unit_node else '')} is not one PostgreSQL "
+                         "accepts",
+                         f"Use one of: {', '.join(tv.TRUNCATION)}.")
+        zone = node.args.get("zone")
+        if zone is not None:
+            self._zone(zone, node)
+        if source.type in ("interval", "unknown"):
+            if unit == "week":
+                raise Unsafe(f"date_trunc('week', ...) fails on an interval, and the proxy does not know the type of "
+                             f"{_sql(node.this)}" if source.type == "unknown" else
+                             "date_trunc('week', ...) fails on an interval (months have fractional weeks)",
+                             "Truncate dates or timestamps to weeks; reload the policy if the column is one.")
+            return Value(source.type, constant=source.constant)
+        if source.type not in DATETIMES and not source.constant:
+            raise Unsafe(f"date_trunc of a value of type {source.type}", "date_trunc('month', column) over a date or "
+                         "timestamp column.")
+        zoned = source.type in ("date", "timestamptz") or zone is not None  # truncated in a time zone's local time
+        shift = (tv.SESSION_ZONE_SHIFT if zoned else Decimal(0)) + (tv.ZONE_SHIFT if zone is not None else 0)
+        kind = "timestamp" if source.type == "timestamp" and zone is None else "timestamptz"
+        moved = replace(source, type=kind, low=source.low - tv.TRUNCATION[unit], value=None)
+        return self._in_range(moved, shift, node)
 
     _datetrunc = _timestamptrunc
 
     def _extract(self, node: exp.Extract) -> Value:
         source = self.value(node.expression)
-        field = node.this.name.lower() if isinstance(node.this, (exp.Var, exp.Literal)) else ""
-        low, high, infinite = _FIELDS.get(field, (-INF, INF, True))
+        name = node.this.name if isinstance(node.this, (exp.Var, exp.Literal)) else ""
+        field = tv.extract_field(name)
+        if source.type == "interval" and field == "epoch":
+            return _interval_epoch(source)
+        if source.type in DATETIMES:
+            fields = tv.extract_fields(source.type)
+        elif source.constant or source.type == "unknown":
+            fields = tv.extract_fields("date")  # valid on every date and timestamp
+        else:
+            raise Unsafe(f"extract/date_part of a value of type {source.type}",
+                         "Extract fields of date and timestamp columns.")
+        if field not in fields:
+            raise Unsafe(f"extract/date_part field {name or _sql(node.this)} fails on a value of type "
+                         f"{source.type} ({_sql(node.expression)})", f"Use one of: {', '.join(fields)}.")
+        if source.type == "date" and source.high >= tv.TS_END:  # date_part(f, date) casts the date to a timestamp
+            raise Unsafe(f"date_part of {_sql(node.expression)}, a date that may lie past 294276 AD, fails: its "
+                         "cast to a timestamp overflows", f"Declare the column's bounds: {DECLARE_HINT}.")
+        low, high, infinite = fields[field]
         # extract() gives numeric, date_part() double precision: checked as the stricter of the two.
-        scale = 6 if field == "epoch" else 0
+        scale = 6 if field in ("epoch", "second", "milliseconds") else 0
         return Value("float8", low, high, scale, infinite=infinite and source.infinite, constant=source.constant)
+
+    def _scaled_interval(self, node: exp.Mul) -> Value | None:
+        """A constant interval times a bounded number (Cube's INTERVAL '14 day' * floor(...)); None when neither
+        side is an interval. PostgreSQL fails when a field of the product (months, days: 32 bits) overflows."""
+        a, b = self.value(node.this), self.value(node.expression)
+        if b.type == "interval":
+            a, b = b, a
+        if a.type != "interval":
+            return None
+        interval = tv.parse_interval(str(a.value)) if a.constant else None
+        factor = self._checked_number(b, node.expression if a is not b else node.this, node)
+        if interval is None or factor.nan or factor.infinite or not factor.magnitude.is_finite():
+            raise Unsafe(f"{_sql(node)}: an interval may be multiplied only when it is a constant and the number is "
+                         "bounded", f"INTERVAL '1 day' * n with n bounded: {DECLARE_HINT}.")
+        most = factor.magnitude
+        if max(abs(interval.months), abs(interval.days)) * most >= 2**31 or abs(interval.micros) * most >= 2**63:
+            raise Unsafe(f"{_sql(node)} can overflow an interval for values the columns may hold",
+                         f"Declare bounds: {DECLARE_HINT}.")
+        reach = interval.reach * most
+        return Value("interval", -reach, reach, constant=a.constant and b.constant)
+
+    def _interval(self, node: exp.Interval) -> Value:
+        """INTERVAL '1 day' (sqlglot may split it into '1' and the unit DAY)."""
+        unit = node.args.get("unit")
+        text = node.this.name if isinstance(node.this, exp.Literal) else ""
+        return Value("interval", constant=True, value=f"{text} {unit.name}" if isinstance(unit, exp.Var) else text)
+
+    # -- the clock and time constants --------------------------------------------------------------------------
+
+    def _clock(self, node: exp.Expression) -> Value:
+        """now(), current_timestamp, current_date, localtimestamp: the same value for every row of the statement,
+        no one's data; within tv.CLOCK (evaluated when the statement runs, so not a folded constant)."""
+        if _set_args(node):
+            raise Unsafe(f"{_sql(node)} with a precision", "Write current_timestamp without a precision.")
+        kind = "date" if isinstance(node, exp.CurrentDate) else (
+            "timestamp" if isinstance(node, exp.Localtimestamp) else "timestamptz")
+        return Value(kind, *tv.CLOCK)
+
+    _currenttimestamp = _currentdate = _localtimestamp = _clock
+
+    def _anonymous(self, node: exp.Anonymous) -> Value:
+        name = node.name.lower()
+        arguments = node.expressions
+        if name in STABLE_CLOCK and not arguments:
+            return Value("timestamptz", *tv.CLOCK)
+        if name == "timezone" and len(arguments) == 2:
+            return self._shifted_zone(arguments[1], arguments[0], node)
+        if name == "make_date" and len(arguments) == 3:
+            return self._make_date(node)
+        raise Unsafe(f"function {node.name}() is not allowed", "Only a few built-in functions are allowed.")
+
+    def _make_date(self, node: exp.Anonymous) -> Value:
+        values = [self.value(argument) for argument in node.expressions]
+        numbers = [v.value for v in values if v.constant and isinstance(v.value, Decimal) and v.type in INTEGERS]
+        if len(numbers) != 3:
+            raise Unsafe("make_date takes three integer constants", "make_date(2025, 1, 31)")
+        year, month, day = (int(n) for n in numbers)
+        # Immutable over constants: PostgreSQL folds it when it plans the statement, so even an invalid date fails
+        # for every database alike; typed here (with its value, when valid: arithmetic over it is proved).
+        if not _valid_date(year, month, day):
+            return Value("date", constant=True)
+        moment = tv.civil(year, month, day)
+        return Value("date", moment, moment, constant=True)
+
+    def _strtotime(self, node: exp.StrToTime) -> Value:
+        """to_timestamp(text, format) of constants: evaluated when the statement runs (it is stable, not folded), so
+        it must not fail: the text is read here with the format, strictly."""
+        text, fmt = node.this, node.args.get("format")
+        if set(_set_args(node)) - {"this", "format"} or not (
+                isinstance(text, exp.Literal) and text.is_string and isinstance(fmt, exp.Literal) and fmt.is_string):
+            raise Unsafe("to_timestamp takes a constant string and a constant format",
+                         "to_timestamp('2025-01-01 00:00:00', 'YYYY-MM-DD HH24:MI:SS'), or TIMESTAMP '2025-01-01'.")
+        moment = tv.strptime(text.this, fmt.this)
+        if moment is None:
+            raise Unsafe(f"{_sql(node)}: the proxy cannot read {text.sql(dialect='postgres')} with that format, and "
+                         "PostgreSQL would raise its error only if some row reached the call",
+                         "Write the constant as TIMESTAMP 'YYYY-MM-DD HH:MM:SS'.")
+        return Value("timestamptz", moment - tv.SESSION_ZONE_SHIFT, moment + tv.SESSION_ZONE_SHIFT)
+
+    # -- time zones, casts and arithmetic on dates and timestamps ---------------------------------------------
+
+    def _zone(self, zone: exp.Expression, node: exp.Expression) -> None:
+        if not (isinstance(zone, exp.Literal) and zone.is_string and tv.known_zone(zone.this)):
+            raise Unsafe(f"the time zone of {_sql(node)} must be a constant IANA name or UTC: an unknown zone fails "
+                         "only when a row reaches it, and that error reveals whether any did",
+                         "AT TIME ZONE 'UTC', AT TIME ZONE 'Europe/Paris'.")
+
+    def _attimezone(self, node: exp.AtTimeZone) -> Value:
+        return self._shifted_zone(node.this, node.args["zone"], node)
+
+    def _shifted_zone(self, operand: exp.Expression, zone: exp.Expression, node: exp.Expression) -> Value:
+        """x AT TIME ZONE zone: a timestamptz to the zone's local timestamp, a timestamp (taken as the zone's local
+        time) to a timestamptz; a date is first a timestamptz in the session's time zone."""
+        self._zone(zone, node)
+        source = self.value(operand)
+        if source.type not in DATETIMES:
+            raise Unsafe(f"AT TIME ZONE of a value of type {source.type} ({_sql(operand)})",
+                         "Convert timestamp or timestamptz columns.")
+        kind = "timestamptz" if source.type == "timestamp" else "timestamp"
+        shift = tv.ZONE_SHIFT + (tv.SESSION_ZONE_SHIFT if source.type == "date" else 0)
+        moved = replace(source, type=kind, low=source.low - shift, high=source.high + shift, value=None)
+        return self._in_range(moved, Decimal(0), node)
+
+    def _datebin(self, node: exp.DateBin) -> Value:
+        """date_bin(stride, x, origin): fails for a stride of months, zero or negative, and out of range; both
+        constants here, the stride as number-unit pairs."""
+        stride_value, origin = self.value(node.this), self.value(node.args["unit"]) if node.args.get("unit") else None
+        stride = tv.parse_interval(str(stride_value.value)) if stride_value.constant else None
+        if stride is None or stride.months or stride.days * tv.DAY + stride.micros <= 0:
+            raise Unsafe(f"the stride of {_sql(node)} must be a constant positive interval of days, hours, minutes or "
+                         "seconds: PostgreSQL refuses months, zero and negative strides",
+                         "date_bin('15 minutes', column, TIMESTAMP '2000-01-01').")
+        if origin is None or not origin.constant or origin.type not in ("timestamp", "timestamptz") \
+                or not origin.low.is_finite():
+            raise Unsafe(f"the origin of {_sql(node)} must be a timestamp constant",
+                         "date_bin('15 minutes', column, TIMESTAMP '2000-01-01').")
+        source = self.value(node.expression)
+        if source.type != origin.type:
+            raise Unsafe(f"date_bin of {_sql(node.expression)} ({source.type}) from an origin of type {origin.type}",
+                         "Give the origin the column's type: TIMESTAMP '...' or TIMESTAMPTZ '...'.")
+        reach = stride.days * tv.DAY + stride.micros
+        # PostgreSQL subtracts the origin in 64 bits: both within the range keeps the difference there.
+        moved = replace(source, low=min(source.low, origin.low) - reach, high=max(source.high, origin.high), value=None)
+        return self._in_range(moved, Decimal(0), node)
+
+    def _date(self, node: exp.Date) -> Value:
+        """date(x), as Looker writes the cast to date."""
+        if set(_set_args(node)) != {"this"}:
+            raise Unsafe(f"{_sql(node)} takes one argument", "date(column)")
+        return self._time_cast(self.value(node.this), "date", node)
+
+    def _time_cast(self, source: Value, kind: str, node: exp.Expression) -> Value:
+        """A cast between date, timestamp and timestamptz: a conversion through the session's time zone when one
+        side has one; the value must stay within the timestamp range (a date past 294276 AD has no timestamp)."""
+        if source.type == kind:
+            return source
+        if source.type not in DATETIMES:
+            what = "text" if source.type in (TEXT, "literal") else source.type
+            raise Unsafe(f"cast to {kind} of {_sql(node.this)} ({what}): a cast that fails on some values reveals "
+                         "which rows hold them", "Cast date and timestamp columns; compare text with text.")
+        zoned = "timestamptz" in (source.type, kind)
+        shift = tv.SESSION_ZONE_SHIFT if zoned else Decimal(0)
+        low, high = source.low - shift, source.high + shift
+        if kind == "date":
+            low, high = source.low - shift - tv.DAY, source.high + shift  # the day's midnight
+        return self._in_range(replace(source, type=kind, low=low, high=high, value=None), Decimal(0), node)
+
+    def _in_range(self, value: Value, shift: Decimal, node: exp.Expression) -> Value:
+        """``value``, after checking its finite values (give or take ``shift``) are timestamps PostgreSQL holds."""
+        end = tv.DATE_END if value.type == "date" else tv.TS_END
+        if value.low - shift < tv.TS_MIN or value.high + shift >= end:
+            raise Unsafe(f"{_sql(node)} can leave PostgreSQL's range of dates and timestamps for values the column "
+                         "may hold, and the error reveals which rows hold them",
+                         "Have the DBA declare the time column's bounds (earliest and latest), or use a smaller "
+                         "interval.")
+        return value
+
+    def _time_arithmetic(self, node: exp.Expression, a: Value, b: Value) -> Value:
+        """date/timestamp ± a constant or bounded interval, date ± an integer constant, the difference of two."""
+        if b.type in DATETIMES and isinstance(node, exp.Add):
+            a, b = b, a  # interval + timestamp
+        if a.type in DATETIMES and b.type == a.type and isinstance(node, exp.Sub):
+            return _difference(a, b, node)
+        if a.type not in DATETIMES or b.type in DATETIMES:
+            raise Unsafe(f"{_sql(node)} adds or subtracts dates or timestamps of different types",
+                         "Add or subtract a constant interval: column + INTERVAL '1 day'.")
+        if a.type == "date" and b.type in INTEGERS and b.constant and isinstance(b.value, Decimal):
+            reach = abs(b.value) * tv.DAY
+            return self._in_range(replace(a, low=a.low - reach, high=a.high + reach, value=None), Decimal(0), node)
+        interval = tv.parse_interval(str(b.value)) if b.type == "interval" and b.constant else None
+        if interval is None and b.type == "interval" and b.low.is_finite() and b.high.is_finite():
+            interval = tv.Interval(micros=b.magnitude + tv.DAY)  # computed (days counted in 25 hours: the margin)
+        if interval is None:
+            raise Unsafe(f"{_sql(node)}: dates and timestamps may be moved only by a constant interval written as "
+                         "number-unit pairs", "column + INTERVAL '1 day', column - INTERVAL '30 days', date - 7.")
+        kind = "timestamp" if a.type == "date" else a.type
+        shift = tv.SESSION_ZONE_SHIFT if a.type == "timestamptz" else Decimal(0)  # months and days: in local time
+        moved = replace(a, type=kind, low=a.low - interval.reach, high=a.high + interval.reach, value=None)
+        return self._in_range(moved, shift, node)
 
     def _timetostr(self, node: exp.TimeToStr) -> Value:
         source = self.value(node.this)
@@ -566,6 +810,12 @@ def _children(node: exp.Expression) -> list[exp.Expression]:
 
 def _set_args(node: exp.Expression) -> list[str]:
     return [key for key, value in node.args.items() if value not in (None, False, [], "")]
+
+
+def _unparen(node: exp.Expression) -> exp.Expression:
+    while isinstance(node, exp.Paren):
+        node = node.this
+    return node
 
 
 def _is_constant_tree(node: exp.Expression) -> bool:
@@ -700,7 +950,8 @@ def _join(values: list[Value], node: exp.Expression) -> Value:
         raise Unsafe(f"{_sql(node)} mixes dates and timestamps: a date after 294276 AD does not convert to a timestamp",
                      "Give every branch the same type.")
     kind = kinds.pop() if len(kinds) == 1 else "other"
-    return Value(kind, infinite=any(v.infinite for v in typed), constant=all(v.constant for v in values))
+    low, high = (min(v.low for v in typed), max(v.high for v in typed)) if kind in DATETIMES else (-INF, INF)
+    return Value(kind, low, high, infinite=any(v.infinite for v in typed), constant=all(v.constant for v in values))
 
 
 def _quoted_number(value: Value) -> Value:
@@ -753,6 +1004,12 @@ def _convert(value: Value, kind: str, node: exp.Expression, target: exp.DataType
 
 def _constant_cast(kind: str, target: exp.DataType, source: Value) -> Value:
     """A cast PostgreSQL folds when it plans the statement: typed, not proved."""
+    if kind == "interval" and isinstance(source.value, str):
+        return Value(kind, constant=True, value=source.value)
+    if kind in DATETIMES and isinstance(source.value, str):
+        moment = tv.literal_instant(source.value)
+        if moment is not None:  # within a day or so, whatever the zone: bounds for arithmetic over it
+            return Value(kind, moment - tv.SESSION_ZONE_SHIFT, moment + tv.SESSION_ZONE_SHIFT, constant=True)
     if kind in NUMBERS and isinstance(source.value, (Decimal, str)):
         try:
             number = Decimal(str(source.value).strip())
@@ -763,6 +1020,45 @@ def _constant_cast(kind: str, target: exp.DataType, source: Value) -> Value:
                 number = number.to_integral_value(rounding=ROUND_HALF_UP)
             return Value(kind, number, number, _scale_of(number), constant=True, value=number)
     return Value(kind, constant=True)
+
+
+def _difference(a: Value, b: Value, node: exp.Expression) -> Value:
+    """date - date (days, an integer) or timestamp - timestamp (an interval): PostgreSQL refuses infinite operands,
+    and the difference must fit 64 bits of microseconds."""
+    if (a.infinite or b.infinite) and not (a.constant and b.constant):
+        raise Unsafe(f"{_sql(node)} subtracts dates or timestamps that may be infinite, which fails for the rows "
+                     "holding one", "Have the DBA declare the time column's bounds (earliest and latest): a bounded "
+                     "column holds no infinity.")
+    low, high = a.low - b.high, a.high - b.low
+    if a.type == "date":
+        return Value("int4", _round_to(low / tv.DAY, Decimal(1), ROUND_FLOOR),
+                     _round_to(high / tv.DAY, Decimal(1), ROUND_CEILING), 0, constant=a.constant and b.constant)
+    if max(abs(low), abs(high)) >= 2**63:
+        raise Unsafe(f"{_sql(node)} can overflow an interval", f"Declare the time column's bounds: {DECLARE_HINT}.")
+    return Value("interval", low, high, constant=a.constant and b.constant)
+
+
+def _interval_epoch(source: Value) -> Value:
+    """extract(epoch from an interval), in seconds (a month counts 30 days, a year 365.25)."""
+    if source.constant:
+        interval = tv.parse_interval(str(source.value))
+        if interval is not None:
+            seconds = (Decimal(interval.months) * 30 * 86400 + Decimal(interval.days) * 86400
+                       + interval.micros / 1_000_000)
+            return Value("float8", seconds, seconds, 6, constant=True, value=seconds)
+        return Value("float8", constant=True)
+    if not (source.low.is_finite() and source.high.is_finite()):
+        raise Unsafe("extract(epoch) of an interval the proxy cannot bound", f"Declare bounds: {DECLARE_HINT}.")
+    return Value("float8", source.low / 1_000_000 - 1, source.high / 1_000_000 + 1, 6)
+
+
+def _valid_date(year: int, month: int, day: int) -> bool:
+    """Whether make_date(year, month, day) is a date (AD years here; PostgreSQL also reads negative ones as BC)."""
+    try:
+        date(year, month, day)
+    except ValueError:
+        return False
+    return True
 
 
 def _no_underflow(kind: str, result: Value, node: exp.Expression) -> None:

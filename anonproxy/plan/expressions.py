@@ -4,14 +4,18 @@ Everything that reaches a row of a protected table (WHERE, GROUP BY, JOIN
 conditions, aggregate arguments) must be *total*: it may not raise an error
 for some rows and not others. An error is a one-bit answer about a row that
 suppression never sees: ``CASE WHEN id = 17 AND income = '>50K' THEN 1/0 END``
-tells whether person 17 earns more than 50K. So there is no concatenation,
-regular expressions, user functions, subqueries, windows or set-returning
+tells whether person 17 earns more than 50K. So there is no concatenation (but of constants,
+computed before), regular expressions, user functions, subqueries (but (SELECT x)
+of constants, inlined before: anonproxy.plan.analysis), windows or set-returning
 functions; LIKE patterns are constants that cannot fail; date_trunc/extract
-units are constants checked here. Arithmetic, division and modulo, rounding,
-casts between number types, width_bucket, to_char and the text functions are
-admitted only where the no-error proof of :mod:`anonproxy.plan.bounds` shows
-that no value within the columns' types and declared bounds can make them
-fail (every entry point below runs it on the whole expression).
+units are constants checked here (the proof checks they suit the argument's
+type). Arithmetic, division and modulo, rounding, casts between number types,
+width_bucket, to_char, the text functions and the time functions (date_bin,
+AT TIME ZONE, casts between time types, intervals added to dates, the clock,
+make_date and to_timestamp of constants) are admitted only where the no-error
+proof of :mod:`anonproxy.plan.bounds` shows that no value within the columns'
+types and declared bounds can make them fail (every entry point below runs it
+on the whole expression).
 
 Select items, HAVING and ORDER BY may also hold aggregates: COUNT(*),
 COUNT(x), COUNT(DISTINCT x), SUM, AVG, and MIN/MAX when the role allows them,
@@ -49,7 +53,7 @@ from typing import NoReturn
 
 from sqlglot import exp
 
-from anonproxy.plan import bounds
+from anonproxy.plan import bounds, time_values
 from anonproxy.plan.interval_calls import interval_call
 from anonproxy.plan.refusals import forbidden, unsupported
 from anonproxy.plan.tables import ResolvedTable, fold, identifier
@@ -65,11 +69,15 @@ SYSTEM_COLUMNS = frozenset({"ctid", "xmin", "xmax", "cmin", "cmax", "tableoid"})
 # What a row-level expression may be built from (WHERE, GROUP BY, JOIN conditions, aggregate arguments).
 ROW_EXPRESSIONS = (
     "column references, constants, $n parameters, comparisons, AND/OR/NOT, IN (list), BETWEEN, IS [NOT] NULL, "
-    "LIKE/ILIKE with a constant pattern, CASE, coalesce, nullif, lower, upper, date_trunc, extract/date_part, "
-    "width_bucket, casts of constants, and casts to text; and where no value can make them fail: + - * and "
-    "unary minus, / and % by non-zero constants, abs, floor, ceil, round, trunc, casts between number types, "
-    "to_char of dates and timestamps with a constant format, substring/left/right with constant positions, "
-    "trim and length"
+    "LIKE/ILIKE with a constant pattern, CASE, coalesce, nullif, lower, upper, width_bucket, casts of constants, "
+    "and casts to text; the clock (now(), current_timestamp, current_date, localtimestamp, transaction_timestamp(), "
+    "statement_timestamp()); and where no value can make them fail: + - * and unary minus, / and % by non-zero "
+    "constants, abs, floor, ceil, round, trunc, casts between number types, date_trunc (with a constant time "
+    "zone), date_bin, extract/date_part of a field the type has, to_char of dates and timestamps with a constant "
+    "format, casts between date, timestamp and timestamptz, date(x), AT TIME ZONE and timezone() with a constant "
+    "IANA zone, a constant interval added to or subtracted from a date or timestamp (date ± integer), make_date "
+    "and to_timestamp of constants, substring/left/right with constant positions, trim and length; || of "
+    "constants and (SELECT x) of constants and the clock are computed before the checks"
 )
 # The aggregates of each mode, as the hints list them.
 SUPPRESS_AGGREGATES = ("count(*), count(x), count(DISTINCT x), sum(x), avg(x), "
@@ -89,17 +97,13 @@ _NO_AGGREGATE_HINTS = {
                         "or HAVING.",
 }
 
-# date_trunc units valid for timestamp, timestamptz and interval alike ('week' fails on intervals).
-TRUNC_UNITS = frozenset({
-    "microsecond", "microseconds", "millisecond", "milliseconds", "second", "seconds", "minute", "minutes",
-    "hour", "hours", "day", "days", "month", "months", "quarter", "year", "years", "decade", "decades",
-    "century", "centuries", "millennium", "millennia",
-})  # fmt: skip
-# extract/date_part fields valid for date, timestamp and timestamptz (hour/minute/second fail on dates).
-EXTRACT_UNITS = frozenset({
-    "year", "quarter", "month", "week", "day", "dow", "isodow", "doy", "isoyear", "decade", "century",
-    "millennium", "epoch", "julian",
-})  # fmt: skip
+# date_trunc units and extract/date_part fields PostgreSQL knows; the proof (anonproxy.plan.bounds) decides by the
+# argument's type which apply ('week' fails on intervals, hour on dates, timezone on timestamps).
+TRUNC_UNITS = time_values.ALL_UNITS
+EXTRACT_UNITS = time_values.ALL_FIELDS
+# Functions sqlglot leaves as plain calls that the proof knows (anonproxy.plan.bounds: the clock, timezone(zone, x),
+# make_date of constants).
+_CALLS = frozenset({"transaction_timestamp", "statement_timestamp", "timezone", "make_date"})
 # The largest constant a SUM or AVG may add up. A sum of a few huge constants overflows (numeric past 1e131072,
 # real past 3.4e38, the rules' own arithmetic), and that error would say how many rows the constant reached:
 # sum(CASE WHEN <condition> THEN 9e131071 ELSE 0 END) fails exactly when two rows of a withheld group meet the
@@ -116,6 +120,8 @@ _CONSTANT_CAST_TYPES = frozenset({
     exp.DataType.Type.VARCHAR, exp.DataType.Type.CHAR, exp.DataType.Type.DATE, exp.DataType.Type.TIME,
     exp.DataType.Type.TIMESTAMP, exp.DataType.Type.TIMESTAMPTZ, exp.DataType.Type.INTERVAL,
 })  # fmt: skip
+# Casts to these of dates and timestamps are admitted when the proof shows they fit (anonproxy.plan.bounds).
+_TIME_TYPES = frozenset({exp.DataType.Type.DATE, exp.DataType.Type.TIMESTAMP, exp.DataType.Type.TIMESTAMPTZ})
 # Any value casts to text without error.
 _TEXT_TYPES = frozenset({exp.DataType.Type.TEXT, exp.DataType.Type.VARCHAR, exp.DataType.Type.CHAR})
 # Casts of a value to these are admitted when the proof shows it fits (anonproxy.plan.bounds).
@@ -187,8 +193,16 @@ _ROW_NODES: dict[type[exp.Expression], frozenset[str]] = {
     exp.Nullif: frozenset({"this", "expression"}),
     exp.Lower: frozenset({"this"}),
     exp.Upper: frozenset({"this"}),
-    exp.TimestampTrunc: frozenset({"this", "unit"}),
+    exp.TimestampTrunc: frozenset({"this", "unit", "zone"}),
     exp.DateTrunc: frozenset({"this", "unit"}),
+    exp.DateBin: frozenset({"this", "expression", "unit"}),
+    exp.AtTimeZone: frozenset({"this", "zone"}),
+    exp.Date: frozenset({"this"}),
+    exp.CurrentTimestamp: frozenset(),
+    exp.CurrentDate: frozenset(),
+    exp.Localtimestamp: frozenset(),
+    exp.StrToTime: frozenset({"this", "format"}),
+    exp.Anonymous: frozenset({"this", "expressions"}),
     exp.Extract: frozenset({"this", "expression"}),
     exp.WidthBucket: frozenset({"this", "min_value", "max_value", "num_buckets"}),
     exp.Cast: frozenset({"this", "to"}),
@@ -285,6 +299,9 @@ POST_EXPRESSIONS = ("+ - * / (a division by zero gives NULL), round, trunc, abs,
 SPELLINGS: dict[type[exp.Expression], frozenset[str]] = {
     exp.Coalesce: frozenset({"coalesce"}), exp.Nullif: frozenset({"nullif"}), exp.Lower: frozenset({"lower"}),
     exp.Upper: frozenset({"upper"}), exp.TimestampTrunc: frozenset({"date_trunc"}),
+    exp.DateBin: frozenset({"date_bin"}), exp.Date: frozenset({"date"}), exp.StrToTime: frozenset({"to_timestamp"}),
+    exp.CurrentTimestamp: frozenset({"now", "current_timestamp"}), exp.CurrentDate: frozenset({"current_date"}),
+    exp.Localtimestamp: frozenset({"localtimestamp"}),
     exp.DateTrunc: frozenset({"date_trunc"}), exp.WidthBucket: frozenset({"width_bucket"}),
     exp.Count: frozenset({"count"}), exp.Sum: frozenset({"sum"}), exp.Avg: frozenset({"avg"}),
     exp.Min: frozenset({"min"}), exp.Max: frozenset({"max"}), exp.Variance: frozenset({"variance", "var_samp"}),
@@ -499,10 +516,12 @@ class Checker:
         model = found[0]
         assert model.types is not None
         declared = None if isinstance(model, ReferenceTable) else model.columns.get(name)  # no bounds declared
-        lower = upper = None
+        lower = upper = earliest = latest = None
         if declared is not None and declared.lower is not None and declared.upper is not None:
             lower, upper = Decimal(repr(declared.lower)), Decimal(repr(declared.upper))
-        return bounds.ColumnFacts(name, model.types[name], lower, upper)
+        if declared is not None and declared.earliest is not None and declared.latest is not None:
+            earliest, latest = time_values.bound_micros(declared.earliest), time_values.bound_micros(declared.latest)
+        return bounds.ColumnFacts(name, model.types[name], lower, upper, earliest, latest)
 
     def input_column(self, name: str) -> bool | None:
         """Whether ``name`` is a column of a table of the FROM clause: None when some table's columns are not
@@ -547,7 +566,8 @@ class Checker:
         extra = _set_args(node) - allowed
         if extra:
             raise unsupported(
-                f"{type(node).__name__.lower()} with {', '.join(sorted(extra))} is not allowed in {clause} "
+                f"{self._written(node) or type(node).__name__.lower()} with {', '.join(sorted(extra))} is not "
+                f"allowed in {clause} "
                 f"of a query over {self.table}", self.clause_hint(clause))
         check = getattr(self, f"_check_{type(node).__name__.lower()}", None)
         if check is not None and check(node, clause, aggregates):
@@ -563,6 +583,13 @@ class Checker:
         finally:
             self._summed = True
 
+    def _written(self, node: exp.Expression) -> str | None:
+        """How the client spelled the function ``node`` calls; None when its position is not known."""
+        start, end = node.meta.get("start"), node.meta.get("end")
+        if self.source is None or start is None or end is None or not isinstance(node, exp.Func):
+            return None
+        return fold(self.source[start:end + 1], False)
+
     def _check_spelling(self, node: exp.Expression, clause: str) -> None:
         spellings = SPELLINGS.get(type(node))
         start, end = node.meta.get("start"), node.meta.get("end")
@@ -575,6 +602,9 @@ class Checker:
 
     def _refuse(self, node: exp.Expression, clause: str) -> NoReturn:
         what, why = refused_construct(node)
+        written = self._written(node)
+        if written is not None and what.startswith("function "):
+            what = f"function {written}()"  # the client's name, not sqlglot's (to_timestamp, not str_to_time)
         message = f"not allowed in {clause} of a query over protected table {self.table}: {what} ({why})"
         if isinstance(node, exp.Star):
             raise forbidden(message, "Select aggregates such as count(*), sum(x), avg(x), grouped by columns.")
@@ -920,18 +950,25 @@ class Checker:
         unit = node.args.get("unit")
         if not isinstance(unit, exp.Var) or unit.name.lower() not in TRUNC_UNITS:
             raise unsupported(f"date_trunc unit {unit.sql(dialect='postgres') if unit else None} is not allowed",
-                              f"Use one of: {', '.join(sorted(TRUNC_UNITS))} as a string constant.")
+                              f"Use one of: {', '.join(time_values.TRUNCATION)} as a string constant.")
         self._walk(node.this, clause, aggregates)
-        return True
+        return True  # the zone: a constant the proof checks
 
-    _check_datetrunc = _check_timestamptrunc
+    def _check_attimezone(self, node: exp.AtTimeZone, clause: str, aggregates: bool) -> bool:
+        self._walk(node.this, clause, aggregates)
+        return True  # the zone: a constant the proof checks
+
+    def _check_anonymous(self, node: exp.Anonymous, clause: str, aggregates: bool) -> bool:
+        if node.name.lower() not in _CALLS:
+            self._refuse(node, clause)
+        return False
 
     def _check_extract(self, node: exp.Extract, clause: str, aggregates: bool) -> bool:
         unit = node.this
         name = unit.name.lower() if isinstance(unit, (exp.Var, exp.Literal)) else None
         if name not in EXTRACT_UNITS:
             raise unsupported(f"extract/date_part field {name or unit.sql(dialect='postgres')} is not allowed",
-                              f"Use one of: {', '.join(sorted(EXTRACT_UNITS))}.")
+                              f"Use one of: {', '.join(sorted(time_values.extract_fields('timestamptz')))}.")
         self._walk(node.expression, clause, aggregates)
         return True
 
@@ -949,6 +986,9 @@ class Checker:
             isinstance(inner, exp.Neg) and isinstance(inner.this, exp.Literal))
         if constant and kind in _CONSTANT_CAST_TYPES:
             self._walk(inner, clause, aggregates)
+            return True
+        if kind in _TIME_TYPES and not isinstance(inner, exp.Parameter):
+            self._walk(node.this, clause, aggregates)  # the proof checks the source is a time that fits
             return True
         if kind in _TEXT_TYPES or (kind in _NUMBER_TYPES and not isinstance(inner, exp.Parameter)):
             self._walk(node.this, clause, aggregates)  # to a number: the proof checks the value fits

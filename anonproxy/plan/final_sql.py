@@ -58,7 +58,13 @@ FUNCTIONS = frozenset({
     "round", "trunc", "ceil", "ceiling", "floor", "sign",  # post-aggregate expressions (plan.post_aggregate)
     # derived values the no-error proof admits (anonproxy.plan.bounds); trim() is btrim/ltrim/rtrim in the tree
     "mod", "to_char", "substring", "substr", "left", "right", "btrim", "ltrim", "rtrim", "length", "char_length",
+    # time functions the proof admits (AT TIME ZONE is timezone() in the tree) and the statement-stable clock
+    "timezone", "date_bin", "date", "make_date", "to_timestamp", "now", "transaction_timestamp",
+    "statement_timestamp",
 })  # fmt: skip
+# The SQL keywords of the clock (SQLValueFunction): not CURRENT_USER, CURRENT_SCHEMA and the like, which read
+# settings, nor the volatile-looking current_time variants.
+CLOCK_KEYWORDS = frozenset({"SVFOP_CURRENT_DATE", "SVFOP_CURRENT_TIMESTAMP", "SVFOP_LOCALTIMESTAMP"})
 # The functions outside pg_catalog: suppress mode's report to the proxy (sql/0022), which reads nothing, and the
 # check that each row is still one person (sql/0023), which reads the catalog only.
 ANONPROXY_FUNCTIONS = frozenset({("anonproxy", "suppression_report"), ("anonproxy", "one_row_per_person")})
@@ -89,7 +95,7 @@ NODES = frozenset({
     "SelectStmt", "WithClause", "CommonTableExpr", "ResTarget", "RangeVar", "Alias", "JoinExpr", "RangeSubselect",
     "RangeFunction", "SubLink", "ColumnRef", "A_Star", "A_Const", "String", "Integer", "ParamRef", "FuncCall", "A_Expr",
     "BoolExpr", "NullTest", "BooleanTest", "CaseExpr", "CaseWhen", "CoalesceExpr", "MinMaxExpr", "TypeCast",
-    "TypeName", "A_ArrayExpr", "RowExpr", "SortBy", "WindowDef", "List",
+    "TypeName", "A_ArrayExpr", "RowExpr", "SortBy", "WindowDef", "List", "SQLValueFunction",
 })  # fmt: skip
 GUARD_NODES = frozenset({"A_Indirection", "A_Indices"})  # i.indkey[0]
 
@@ -200,6 +206,9 @@ class _Walk:
             _operator_name(fields["useOp"])
         elif kind == "TypeName":
             _type(fields, guard)
+        elif kind == "SQLValueFunction" and fields.get("op") not in CLOCK_KEYWORDS:
+            raise FinalCheckRefusal(f"SQLValueFunction {fields.get('op')}", "anonproxy's final check found a SQL value function "
+                                    f"{fields.get('op')} in the SQL it generated, which is not on its allowlist")
         elif kind in ("RangeSubselect", "RangeFunction") and fields.get("lateral"):
             raise FinalCheckRefusal("LATERAL", "anonproxy's final check found LATERAL in the SQL it generated")
         for field, value in fields.items():  # scalars, most fields, hold nothing to check

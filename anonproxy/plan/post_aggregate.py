@@ -213,11 +213,40 @@ class _Compiler:
             return f"({sql(node.this)} {negate}BETWEEN {sql(node.args['low'])} AND {sql(node.args['high'])})"
         if isinstance(node, exp.Window):
             return self._window(node)
+        keyed = self._over_keys(node)
+        if keyed is not None:
+            return keyed
         if isinstance(node, exp.Column):
             raise unsupported(f"column {node.sql(dialect='postgres')} in an expression over aggregates must be a "
                               "GROUP BY expression", HINT)
         raise unsupported(f"{node.sql(dialect='postgres')} cannot be computed over the released values: over "
                           "aggregates, a part without aggregates must be a GROUP BY expression or a constant", HINT)
+
+    def _over_keys(self, node: exp.Expression) -> str | None:
+        """A row expression whose columns all lie in GROUP BY expressions (Looker's to_char of the grouped
+        date_trunc): the same expression over the released keys; None for anything else. The expression allowlist
+        and its no-error proof already admitted it over every row, so over the released ones too."""
+        if any(isinstance(part, (*self.kinds, exp.Window, exp.Parameter)) for part in node.walk()):
+            return None
+        used = False
+
+        def replace(part: exp.Expression) -> exp.Expression:
+            nonlocal used
+            found = self.key_of(part) if isinstance(part, (exp.Column, exp.Func, exp.Cast, exp.Binary)) else None
+            if found is None:
+                return part
+            used = True
+            return exp.column(key(found))
+
+        rewritten = node.copy().transform(replace)
+        if not used or any(isinstance(part, exp.Column) and part.name not in self._key_names()
+                           for part in rewritten.walk()):
+            return None
+        self.keys_used = True
+        return rewritten.sql(dialect="postgres")
+
+    def _key_names(self) -> set[str]:
+        return {key(number) for number in range(1, len(self.keys) + 1)}
 
     def _window(self, node: exp.Window) -> str:
         """A window function over the released rows (checked by expressions.Checker: function, frame)."""

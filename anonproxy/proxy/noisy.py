@@ -86,11 +86,13 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg import generators, pq
 from psycopg.adapt import Transformer
+from psycopg.types.string import TextLoader
 
 from ..config import ServiceLogin
 from ..dp import amounts, ledger
 from ..dp import question as question_steps
 from ..dp.answers import (
+    TEXT_LOADED,
     checked_sql,
     default_cost,
     measured_text,
@@ -544,6 +546,9 @@ class NoisyAnswers:
             await conn.close()
         try:
             conn = await psycopg.AsyncConnection.connect(self._dsn, autocommit=True)
+            for name in TEXT_LOADED:  # kept in PostgreSQL's text: Python's dates have no ±infinity (a date_trunc key
+                # over a column with an 'infinity' sentinel row failed the whole answer)
+                conn.adapters.register_loader(name, TextLoader)
             conn.add_notice_handler(lambda diag: self._warned.add(conn) if diag.severity_nonlocalized == "WARNING"
                                     else None)
             return conn

@@ -1,0 +1,346 @@
+"""Time functions over protected tables (issue 19 item 2), in both modes, with the no-error proof.
+
+Decisions first, on an in-memory policy (a linked table of dates and timestamps, with and without declared time
+bounds): what is admitted, what is refused and why, the refusals naming what the client wrote. Then through the
+gated proxy over ``public.events``, a table linked to ``adult`` whose rows include the 'infinity' and '-infinity'
+timestamps real data holds as sentinels: suppress-mode answers equal PostgreSQL's own for the released groups, dp
+answers are noisy answers over the right buckets, and each attack (a cast or a field that fails on the infinite
+row, a time zone that fails only when a row reaches it, an interval that overflows for one person's row, a bucket
+that exists only because of one person's timestamp) is refused before any row is read, where PostgreSQL itself
+shows the error the refusal keeps from leaking.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from datetime import UTC, datetime
+
+import psycopg
+import pytest
+from conftest import Endpoint, fresh_dp_role, wait_for_current_policy
+from psycopg.types.string import TextLoader
+
+from anonproxy.dp.answers import decoded, encoded
+from anonproxy.dp.finish import Group, Measurement
+from anonproxy.dp.model import DPParams
+from anonproxy.dp.plan import plan_dp
+from anonproxy.plan.refusals import Reject
+from anonproxy.policy.model import (
+    ColumnPolicy,
+    LinkedTable,
+    Policy,
+    ProtectedTable,
+    RolePolicy,
+    SuppressionParams,
+)
+from anonproxy.route.decide import decide
+from anonproxy.route.decision import Noisy
+
+K = 10
+ADULT_TYPES = {"id": "integer", "age": "integer", "sex": "text"}
+ADULT = ProtectedTable("public.adult", "id", {"id": ColumnPolicy("id", "identifier"),
+                                              "age": ColumnPolicy("age", lower=17, upper=90)}, types=ADULT_TYPES)
+EVENT_TYPES = {"event_id": "bigint", "person_id": "integer", "at": "timestamp with time zone", "day": "date",
+               "local": "timestamp without time zone", "spent": "interval", "kind": "text", "epoch": "bigint"}
+EVENT_COLUMNS = {"event_id": ColumnPolicy("event_id", "identifier"), "person_id": ColumnPolicy("person_id", "identifier"),
+                 "kind": ColumnPolicy("kind", domain=("web", "app"))}
+EVENTS = LinkedTable("public.events", "person_id", "public.adult", "id", EVENT_COLUMNS, types=EVENT_TYPES)
+POLICY = Policy(version=1, tables={"public.adult": ADULT}, links={"public.events": EVENTS})
+# The same, with the time columns' declared bounds (issue 19 item 1): then no infinity, and a narrow range.
+BOUNDED = Policy(version=1, tables={"public.adult": ADULT}, links={"public.events": dataclasses.replace(
+    EVENTS, columns=EVENT_COLUMNS | {
+        "at": ColumnPolicy("at", earliest=datetime(2025, 1, 1, tzinfo=UTC), latest=datetime(2026, 12, 31, tzinfo=UTC)),
+        "day": ColumnPolicy("day", earliest=datetime(2025, 1, 1), latest=datetime(2026, 12, 31)),
+        "local": ColumnPolicy("local", earliest=datetime(2025, 1, 1), latest=datetime(2026, 12, 31))})})
+SUPPRESS = RolePolicy("reporter", "suppress", SuppressionParams(k=K))
+DP = RolePolicy("analyst", "dp")
+PARAMS = DPParams(epsilon=1.0, delta=1e-6)
+
+
+def decided(sql: str, role: RolePolicy, policy: Policy = POLICY) -> object:
+    decision = decide(sql, role, policy)
+    if isinstance(decision, Noisy):
+        return plan_dp(decision.sql, role, policy, PARAMS)
+    return decision
+
+
+def admitted(sql: str, policy: Policy = POLICY) -> None:
+    for role in (SUPPRESS, DP):
+        decision = decided(sql, role, policy)
+        assert not isinstance(decision, Reject), (role.mode, sql, decision)
+
+
+def refused(sql: str, *words: str, policy: Policy = POLICY, hint: str = "") -> None:
+    for role in (SUPPRESS, DP):
+        decision = decided(sql, role, policy)
+        assert isinstance(decision, Reject), (role.mode, sql, decision)
+        assert decision.sqlstate == "0A000" and decision.hint and hint in decision.hint, decision
+        for word in words:
+            assert word.lower() in decision.message.lower(), (word, decision.message)
+
+
+# --- decisions ------------------------------------------------------------------------------------------------
+
+ADMITTED = [
+    # every date_trunc unit on timestamps, dates and timestamptz; 'week' included; a constant IANA zone
+    *(f"select date_trunc('{unit}', at), count(*) from events group by 1" for unit in (
+        "microseconds", "milliseconds", "second", "minute", "hour", "day", "week", "month", "quarter", "year",
+        "decade", "century", "millennium")),
+    "select date_trunc('week', day), date_trunc('WEEK', local), count(*) from events group by 1, 2",
+    "select date_trunc('day', at, 'Europe/Paris'), count(*) from events group by 1",
+    "select date_trunc('hour', spent), count(*) from events group by 1",  # an interval: every unit but week
+    "select date_bin('15 minutes', local, timestamp '2001-01-01'), count(*) from events group by 1",
+    # extract/date_part fields of each type, and their integer casts where no infinity can reach them
+    ("select extract(hour from at), extract(timezone from at), date_part('minute', local), count(*) "
+     "from events group by 1, 2, 3"),
+    "select extract(dow from day), extract(isodow from at), count(*) from events group by 1, 2",
+    "select cast(extract(dow from at) as integer) + 1, count(*) from events group by 1",  # NULL on infinity
+    # casts between time types, date(x), AT TIME ZONE both ways, timezone()
+    "select at::date, cast(at as timestamp), local::timestamptz, date(at), count(*) from events group by 1, 2, 3, 4",
+    "select at at time zone 'UTC', local at time zone 'America/New_York', count(*) from events group by 1, 2",
+    "select timezone('Asia/Tokyo', at), count(*) from events group by 1",
+    # interval arithmetic with constants, the clock, to_timestamp and make_date of constants
+    "select date_trunc('week', at + interval '1 day') + interval '-1 day', count(*) from events group by 1",
+    "select count(*) from events where at >= now() - interval '30 days' and day > current_date - 7",
+    ("select count(*) from events where local < localtimestamp and at < transaction_timestamp() "
+     "and at <= statement_timestamp() and at < current_timestamp"),
+    "select count(*) from events where at >= to_timestamp('2025-01-01 00:00:00', 'YYYY-MM-DD HH24:MI:SS')",
+    "select count(*) from events where day >= make_date(2025, 1, 31)",
+    "select to_char(date_trunc('month', at), 'YYYY-MM'), count(*) from events group by date_trunc('month', at)",
+    # Looker: a constant subquery over the clock, with || of constants cast to an interval
+    ("select count(*) from events where at >= ((SELECT (DATE_TRUNC('day', CURRENT_TIMESTAMP) + (-6 || ' day')"
+     "::INTERVAL)))"),
+]
+
+
+@pytest.mark.parametrize("sql", ADMITTED)
+def test_time_functions_are_admitted_in_both_modes(sql: str) -> None:
+    admitted(sql)
+
+
+@pytest.mark.parametrize(("sql", "words"), [
+    # week fails on an interval; hour on a date; timezone on a timestamp (PostgreSQL: only when a row reaches it)
+    ("select date_trunc('week', spent), count(*) from events group by 1", ("week", "interval")),
+    ("select extract(hour from day), count(*) from events group by 1", ("hour", "date")),
+    ("select date_part('hour', day), count(*) from events group by 1", ("hour", "date")),
+    ("select extract(timezone from local), count(*) from events group by 1", ("timezone", "timestamp")),
+    # an 'infinity' timestamp has an infinite year: the integer cast fails on that row
+    ("select cast(extract(year from at) as integer), count(*) from events group by 1", ("infinity",)),
+    ("select count(*) from events where extract(epoch from at)::bigint > 0", ("infinity",)),
+    # subtracting timestamps fails on infinite ones
+    ("select count(*) from events where at - timestamptz '2025-01-01' > interval '1 day'", ("infinite",)),
+    # a zone PostgreSQL does not know fails only when a row reaches it; a POSIX zone may shift by days
+    ("select count(*) from events where person_id = 17 and (at at time zone 'Nope/Zone') > now()", ("time zone",)),
+    ("select date_trunc('day', at at time zone 'UTC+99'), count(*) from events group by 1", ("time zone",)),
+    ("select date_trunc('day', at, 'Mars/Olympus'), count(*) from events group by 1", ("time zone",)),
+    ("select timezone(kind, at), count(*) from events group by 1", ("time zone",)),
+    # an interval that overflows for the rows a CASE routes to it
+    ("select count(*) from events where case when person_id = 17 then at + interval '300000 years' end > now()",
+     ("range of dates",)),
+    ("select count(*) from events where day + 100000000 > current_date", ("range of dates",)),
+    ("select count(*) from events where at + spent > now()", ("constant interval",)),
+    # date_bin's stride: no months, not zero or negative
+    ("select date_bin('1 month', local, timestamp '2001-01-01'), count(*) from events group by 1", ("stride",)),
+    ("select date_bin('0 days', local, timestamp '2001-01-01'), count(*) from events group by 1", ("stride",)),
+    ("select date_bin('-1 day', local, timestamp '2001-01-01'), count(*) from events group by 1", ("stride",)),
+    # to_timestamp runs when the statement runs: a constant it cannot read would fail only if a row reached it
+    ("select count(*) from events where at > to_timestamp('2025-13-45', 'YYYY-MM-DD')", ("to_timestamp",)),
+    # the volatile clock is not the statement's: it tells how long each row took
+    ("select count(*) from events where at < clock_timestamp()", ("clock_timestamp",)),
+    ("select count(*) from events where at < current_timestamp(3)", ("current_timestamp",)),
+    # a subquery with an aggregate, or over a column, is not a constant
+    ("select count(*) from events where at > (select max(at))", ("subqueries",)),
+])
+def test_time_attacks_are_refused_in_both_modes(sql: str, words: tuple[str, ...]) -> None:
+    refused(sql, *words)
+
+
+def test_refusals_name_the_function_the_client_wrote() -> None:
+    # sqlglot reads to_timestamp(x) as UnixToTime and to_timestamp(a, b) as StrToTime
+    for sql in ("select count(*) from events where to_timestamp(epoch) > now()",
+                "select count(*) from events where at > to_timestamp(kind, 'YYYY')"):
+        for role in (SUPPRESS, DP):
+            decision = decided(sql, role)
+            assert isinstance(decision, Reject), decision
+            assert "to_timestamp" in decision.message.lower(), decision.message
+            assert "unix_to_time" not in decision.message.lower() and "str_to_time" not in decision.message.lower()
+
+
+def test_declared_time_bounds_admit_what_infinity_would_break() -> None:
+    for sql in ("select cast(extract(year from at) as integer), count(*) from events group by 1",
+                "select extract(epoch from at)::bigint / 86400, count(*) from events group by 1",
+                "select count(*) from events where at - timestamptz '2025-01-01' > interval '1 day'"):
+        refused(sql)
+        admitted(sql, BOUNDED)
+
+
+def test_without_bounds_a_shift_larger_than_the_assumed_margin_asks_for_them() -> None:
+    admitted("select count(*) from events where at + interval '100 years' > now()")
+    refused("select count(*) from events where at + interval '5000 years' > now()", "range of dates",
+            hint="earliest and latest")
+    admitted("select count(*) from events where at + interval '5000 years' > now()", BOUNDED)
+
+
+def test_a_cached_dp_answer_keeps_infinite_time_keys() -> None:
+    # the dp connection reads dates and timestamps as text ('infinity' has no Python datetime); the answer cache
+    # reads its keys back the same way, so a cached answer with such a key is found, not a miss charged again
+    measurement = Measurement((1184, 1082), {"n": 20}, (
+        Group(("infinity", "-infinity"), {"n": 12}), Group(("2025-01-01 00:00:00+00", "2025-01-01"), {"n": 40})))
+    assert decoded(encoded(measurement)) == measurement
+
+
+# --- through the proxy ----------------------------------------------------------------------------------------
+
+CREATE = """
+create table public.events (event_id bigint primary key, person_id integer not null references public.adult (id),
+                            at timestamptz not null, day date not null, local timestamp not null,
+                            spent interval not null, kind text not null, epoch bigint not null);
+insert into public.events
+select row_number() over (), id, t, (t at time zone 'UTC')::date, t at time zone 'UTC',
+       make_interval(mins => id % 90), case when id % 2 = 0 then 'web' else 'app' end, extract(epoch from t)::bigint
+from (select id, timestamptz '2025-01-01 00:00+00' + make_interval(secs => (id * 7919 + j * 104729) % 31536000) t
+      from public.adult, generate_series(0, 2) j where j <= id % 3) people;
+-- sentinels real data holds: one person's rows at ±infinity, and no other (a dp answer always reads them)
+delete from public.events where person_id = (select max(id) from public.adult);
+insert into public.events select 1000000 + n, (select max(id) from public.adult), v, v::date, v::timestamp,
+       interval '1 minute', 'web', 0
+from (values (1, timestamptz 'infinity'), (2, timestamptz '-infinity')) s (n, v);
+analyze public.events;
+"""
+ENTITY = "select anonproxy.link_table('public.events'::regclass, 'person_id', 'public.adult'::regclass)"
+SET_COLUMN = ("select anonproxy.set_column('public.events'::regclass, %s::name, %s::text, null::numeric, "
+              "null::numeric, %s::text[])")
+
+
+@pytest.fixture(scope="module")
+def events(pg_server, gated_database: str, gated_proxy: Endpoint) -> Iterator[None]:  # type: ignore[no-untyped-def]
+    with psycopg.connect(pg_server.conninfo(dbname=gated_database), autocommit=True) as owner:
+        with owner.transaction():
+            owner.execute(CREATE)
+            owner.execute(ENTITY)
+            for column, kind, domain in (("event_id", "identifier", None), ("person_id", "identifier", None),
+                                         ("kind", "quasi_identifier", ["web", "app"])):
+                owner.execute(SET_COLUMN, [column, kind, domain])
+        wait_for_current_policy(owner, gated_proxy, gated_database)
+        try:
+            yield
+        finally:
+            owner.execute("select anonproxy.unlink_table('public.events')")
+            owner.execute("drop table public.events")
+            wait_for_current_policy(owner, gated_proxy, gated_database)
+
+
+def as_text(connection: psycopg.Connection) -> psycopg.Connection:
+    """Dates and timestamps read as PostgreSQL writes them: Python's datetime has no infinity."""
+    for name in ("date", "timestamp", "timestamptz", "interval"):
+        connection.adapters.register_loader(name, TextLoader)
+    return connection
+
+
+@pytest.fixture
+def reporter(gated_proxy: Endpoint, gated_database: str, events: None) -> Iterator[psycopg.Connection]:
+    with psycopg.connect(gated_proxy.dsn(gated_database, user="reporter"), autocommit=True) as connection:
+        yield as_text(connection)
+
+
+@pytest.fixture
+def owner(pg_server, gated_database: str) -> Iterator[psycopg.Connection]:  # type: ignore[no-untyped-def]
+    """PostgreSQL's own answers, as the database owner."""
+    with psycopg.connect(pg_server.conninfo(dbname=gated_database), autocommit=True) as connection:
+        yield as_text(connection)
+
+
+SERIES = [
+    "select date_trunc('week', at) as w, count(*) from events group by 1 order by 1",
+    ("select date_trunc('month', at at time zone 'UTC') as m, kind, count(*), sum(extract(dow from at)) "
+     "from events group by 1, 2 order by 1, 2"),
+    ("select cast(at as date) as d, count(*) from events where at >= timestamptz '2025-06-01' "
+     "and at < timestamptz '2025-06-08' group by 1 order by 1"),
+    ("select (date_trunc('week', (at + interval '1 day')) + interval '-1 day') as w, count(*) from events "
+     "group by 1 order by 1"),
+    "select extract(isodow from at) as dow, count(*) from events group by 1 order by 1",
+    ("select date_bin('6 hours', local, timestamp '2025-01-01') as b, count(*) from events "
+     "where local < timestamp '2025-01-15' group by 1 order by 1"),
+    ("select to_char(date_trunc('month', at), 'YYYY-MM') as m, count(*) from events "
+     "where at >= to_timestamp('2025-01-01 00:00:00', 'YYYY-MM-DD HH24:MI:SS') group by date_trunc('month', at) "
+     "order by 1"),
+    ("select date(at) as d, count(*) from events where at >= ((SELECT (DATE_TRUNC('day', timestamptz "
+     "'2025-03-10') + (-6 || ' day')::INTERVAL))) and at < timestamptz '2025-03-10' group by 1 order by 1"),
+]
+
+
+@pytest.mark.parametrize("sql", SERIES)
+def test_suppress_answers_equal_postgresql_for_released_buckets(reporter: psycopg.Connection,
+                                                                owner: psycopg.Connection, sql: str) -> None:
+    rows = reporter.execute(sql).fetchall()
+    expected = owner.execute(sql).fetchall()
+    released = [row for row in rows if row[0] is not None]
+    assert released, rows
+    assert all(row in expected for row in released), (released, expected)
+    assert all(row[-1] >= K for row in released if isinstance(row[-1], int))
+    # the 'infinity' bucket is one person's: withheld
+    assert not any(str(value) in ("infinity", "-infinity") for row in released for value in row)
+
+
+def test_the_clock_filters_like_postgresql(reporter: psycopg.Connection, owner: psycopg.Connection) -> None:
+    sql = ("select kind, count(*) from events where at > now() - interval '30 days' "
+           "or day >= current_date - 700 group by 1 order by 1")
+    assert reporter.execute(sql).fetchall() == owner.execute(sql).fetchall()
+
+
+ATTACKS = [
+    # each fails in PostgreSQL because of the one person whose rows are at ±infinity
+    "select cast(extract(year from at) as integer) as y, count(*) from events group by 1",
+    "select count(*) from events where at - timestamptz '2025-01-01' > interval '1 day'",
+]
+
+
+@pytest.mark.parametrize("sql", ATTACKS)
+def test_errors_one_row_would_raise_are_refused_before_any_row(reporter: psycopg.Connection,
+                                                               owner: psycopg.Connection, sql: str) -> None:
+    with pytest.raises(psycopg.Error), owner.transaction():
+        owner.execute(sql)  # the leak: PostgreSQL fails because of the infinite row
+    with pytest.raises(psycopg.Error) as caught:
+        reporter.execute(sql)
+    assert caught.value.sqlstate == "0A000" and caught.value.diag.message_hint, caught.value
+
+
+def test_an_unknown_time_zone_is_refused_whether_or_not_a_row_reaches_it(reporter: psycopg.Connection,
+                                                                          owner: psycopg.Connection) -> None:
+    template = ("select count(*) from events where person_id = {person} "
+                "and (at at time zone 'Nope/Zone') > timestamp '2000-01-01'")
+    owner.execute(template.format(person=-1))  # no row: PostgreSQL answers
+    with pytest.raises(psycopg.errors.InvalidParameterValue), owner.transaction():
+        owner.execute(template.format(person="(select min(id) from adult)"))  # a row: it fails
+    for person in (-1, 17):
+        with pytest.raises(psycopg.Error) as caught:
+            reporter.execute(template.format(person=person))
+        assert caught.value.sqlstate == "0A000" and "time zone" in str(caught.value)
+
+
+def test_dp_series_over_calendar_buckets(gated_proxy: Endpoint, gated_database: str, events: None,
+                                         owner: psycopg.Connection) -> None:
+    sql = ("select to_char(date_trunc('month', at), 'YYYY-MM') as m, count(*) from events "
+           "where at >= now() - interval '5 years' group by date_trunc('month', at)")
+    expected = dict(owner.execute(sql).fetchall())
+    with fresh_dp_role(owner, gated_proxy, gated_database, "dp_time_analyst") as role, \
+            psycopg.connect(gated_proxy.dsn(gated_database, user=role), autocommit=True) as conn:
+        rows = conn.execute(sql).fetchall()
+        left = conn.execute("show anonproxy.budget").fetchone()
+        # asked again: the cached answer, read back with its keys as they were, at no further cost
+        assert conn.execute(sql).fetchall() == rows
+        assert conn.execute("show anonproxy.budget").fetchone() == left
+        keyed = "select date_trunc('month', at) as m, count(*) from events group by 1"
+        first = as_text(conn).execute(keyed).fetchall()
+        assert first and conn.execute(keyed).fetchall() == first
+        with pytest.raises(psycopg.Error) as caught:
+            conn.execute(ATTACKS[0])
+        assert caught.value.sqlstate == "0A000"
+    assert rows and all(month in expected for month, _ in rows), (rows, expected)
+    # each month holds thousands of events: every one released; the 'infinity' row's bucket (to_char gives NULL) is
+    # one person's: partition selection withholds it
+    assert expected.pop(None) == 1 and len(rows) == len(expected) == 12, rows
+    # dp counts a person's rows in at most a few groups (contribution bounding, docs/dp.md), then adds noise of a
+    # scale of a few units: below the true count, yet of its size
+    assert all(expected[month] / 4 < count < expected[month] + 100 for month, count in rows), (rows, expected)
