@@ -46,7 +46,6 @@ from anonproxy.dp.mechanisms import (
     laplace_matched_sigma2,
     laplace_scale,
 )
-from anonproxy.dp.time_domains import MAX_TIME_BUCKETS, TIME_TYPES, TimeColumn, TimeDomain, calendar_domain
 from anonproxy.dp.model import (
     ColumnKind,
     ColumnNoise,
@@ -59,6 +58,13 @@ from anonproxy.dp.model import (
     Statistic,
     StatKind,
     as_float,
+)
+from anonproxy.dp.time_domains import (
+    MAX_TIME_BUCKETS,
+    TIME_TYPES,
+    TimeColumn,
+    TimeDomain,
+    calendar_domain,
 )
 from anonproxy.plan import bounds, post_aggregate
 from anonproxy.plan.analysis import AnalyticQuery, Item, analyze, canonical, filtered
