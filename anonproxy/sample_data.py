@@ -7,9 +7,10 @@ the anonymization literature, numbered 1..30162 in file order.
 
 ``public.visits`` is made up: one to five visits per person of ``adult``, at
 times uniform over 2025–2026 (UTC), drawn from a fixed seed, so the same rows on
-every run: ``visits (visit_id bigint primary key, person_id integer not null
-references adult(id), visited_at timestamptz not null, channel text not null,
-amount numeric(10,2) not null)``. Its policy (a linked table of ``adult`` on
+every run: ``visits (visit_id bigint primary key, person_id integer not null,
+visited_at timestamptz not null, channel text not null, amount numeric(10,2) not
+null)``, person_id an id of ``adult`` (no foreign key: dropping or changing
+``adult`` stays the owner's business, as with any linked table). Its policy (a linked table of ``adult`` on
 ``person_id``, visited_at's time bounds) is in ``data/demo_policy.yaml``.
 """
 
@@ -119,15 +120,15 @@ def load_visits(conn: psycopg.Connection) -> int:
             count = _scalar(conn, sql.SQL("select count(*) from public.visits"))
             assert isinstance(count, int)
             return count
-        conn.execute("create table public.visits (visit_id bigint primary key, "
-                     "person_id integer not null references public.adult (id), visited_at timestamptz not null, "
-                     "channel text not null, amount numeric(10,2) not null)")
+        conn.execute("create table public.visits (visit_id bigint primary key, person_id integer not null, "
+                     "visited_at timestamptz not null, channel text not null, amount numeric(10,2) not null)")
         people = [row[0] for row in conn.execute("select id from public.adult order by id")]
         visits = visit_rows(people)
         with conn.cursor().copy("copy public.visits (visit_id, person_id, visited_at, channel, amount) "
                                 "from stdin") as copy:
             for row in visits:
                 copy.write_row(row)
+        conn.execute("create index visits_person_id on public.visits (person_id)")
         conn.execute("analyze public.visits")
     return len(visits)
 

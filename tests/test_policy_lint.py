@@ -82,7 +82,7 @@ def test_the_demo_policy_gets_no_warning(postgresql: psycopg.Connection, owner_d
     done = lint(owner_dsn)
     assert done.returncode == 0, done.stdout + done.stderr
     assert findings(done.stdout) == set()
-    assert "12 declared bound(s) checked against k = 10: 0 warning(s)" in done.stdout, done.stdout
+    assert "16 declared bound(s) checked against k = 10: 0 warning(s)" in done.stdout, done.stdout
 
 
 def test_exact_extremes_are_reported_with_their_counts(postgresql: psycopg.Connection, owner_dsn: str,
