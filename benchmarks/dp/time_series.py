@@ -100,7 +100,7 @@ def main() -> int:
     print("|---|---|---|---|---|---|")
     for name in SERIES:
         b, a = before[name], after[name]
-        print(f"| {name} | {BUCKETS[name.split()[0]]} | {b['released']:.1%} | {a['released']:.1%} | "
+        print(f"| {name} | {BUCKETS[name.split()[0]]} | {b['released']:.2%} | {a['released']:.2%} | "
               f"{_error(b['median_relative_error'])} | {_error(a['median_relative_error'])} |")
     if args.json:
         args.json.write_text(json.dumps({"repeat": args.repeat, "before": before, "after": after}, indent=2))
