@@ -1,15 +1,17 @@
 """Public time domains: the buckets of a calendar key over a time column's declared range (docs/dp.md).
 
 A GROUP BY key that a calendar function derives from one time column with declared bounds (``earliest``,
-``latest``: sql/0033) — ``date_trunc`` of a unit, ``extract``/``date_part`` of a calendar field, ``to_char``
-with a constant format, a cast of the column to ``date``, and casts of these — takes a value that only the
-calendar decides, for each instant of the declared range. Those values are public: they are listed as the key's
+``latest``: sql/0033) — ``date_trunc`` of a unit, ``date_bin`` with a constant stride and origin,
+``extract``/``date_part`` of a calendar field, ``to_char`` with a constant format, a cast of the column to
+``date``, and casts of these — takes a value that only the calendar decides, for each instant of the declared
+range. Those values are public: they are listed as the key's
 domain, every bucket is released (noisy, zero-filled where empty) and no partition selection is needed.
 
 PostgreSQL lists them, in the statement that measures, from the statement's own key expression applied to the
-instants of a grid over the range (no row is read): the grid's step is the unit of the calendar function
-applied to the column (the innermost one), so each bucket that one instant of the range falls in holds a grid
-point, or the range's first or last instant. The same session computes the buckets and the rows' keys (time
+instants of a grid over the range (no row is read): the grid's step is the unit (or date_bin's stride) of the
+calendar function applied to the column (the innermost one), its start that function's bucket of the range's
+first instant, so each bucket that one instant of the range falls in holds a grid point, or the range's first or
+last instant. The same session computes the buckets and the rows' keys (time
 zone and all), so they agree. Decided on the statement's tree and the policy only.
 
 A WHERE clause read as an AND of conditions narrows the range: ``col >= c``, ``col > c``, ``col < c``,
@@ -72,6 +74,23 @@ _QUOTED = re.compile(r'"[^"]*"')
 _TRUNC_NAMES = {_Grid.SECOND: "second", _Grid.MINUTE: "minute", _Grid.HOUR: "hour", _Grid.DAY: "day",
                 _Grid.MONTH: "month"}
 _EXACT = "exact"  # the column's own value (or a cast that keeps it): no grid yet
+_STRIDE = re.compile(r"\s*(\d+)\s*(second|sec|minute|min|hour|day|week)s?\s*", re.IGNORECASE)
+_STRIDE_SECONDS = {"second": 1, "sec": 1, "minute": 60, "min": 60, "hour": 3600, "day": 86400, "week": 7 * 86400}
+
+
+@dataclass(frozen=True)
+class _Steps:
+    """A grid: its first point from the range's first instant (SQL), its step (an interval, SQL), and the step's
+    shortest length in seconds (how many buckets a range may hold)."""
+
+    start: str  # SQL over the range's first instant, anonproxy_range.lo
+    step: str
+    seconds: float
+
+
+def _calendar_steps(grid: _Grid) -> _Steps:
+    name = _TRUNC_NAMES[grid]
+    return _Steps(f"date_trunc('{name}', {_RANGE}.lo)", f"interval '1 {name}'", grid.value)
 
 
 @dataclass(frozen=True)
@@ -109,9 +128,9 @@ def calendar_domain(key: exp.Expression, where: exp.Expression | None, column_of
         return None
     column = column_of(columns[0])
     grid = _grid(key)
-    if column is None or not isinstance(grid, _Grid):
+    if column is None or not isinstance(grid, _Steps):
         return None
-    buckets = math.floor((column.latest - column.earliest).total_seconds() / grid.value) + 3
+    buckets = math.floor((column.latest - column.earliest).total_seconds() / grid.seconds) + 3
     if buckets > MAX_TIME_BUCKETS:
         return None
     low, high = [_moment(column.earliest, column.sql_type)], [_moment(column.latest, column.sql_type)]
@@ -121,17 +140,16 @@ def calendar_domain(key: exp.Expression, where: exp.Expression | None, column_of
     point = key.copy()
     for node in point.find_all(exp.Column):
         node.replace(exp.column(POINT, table=_POINTS))
-    step = _TRUNC_NAMES[grid]
     cast = column.sql_type
     valid = f"FROM (SELECT {lo} AS lo, {hi} AS hi) AS {_RANGE} WHERE {_RANGE}.lo <= {_RANGE}.hi"
-    points = (f"SELECT CAST(generate_series(date_trunc('{step}', {_RANGE}.lo), {_RANGE}.hi, interval '1 {step}') "
-              f"AS {cast}) AS {POINT} {valid} UNION ALL SELECT {_RANGE}.lo {valid} UNION ALL SELECT {_RANGE}.hi {valid}")
+    points = (f"SELECT CAST(generate_series({grid.start}, {_RANGE}.hi, {grid.step}) AS {cast}) AS {POINT} {valid} "
+              f"UNION ALL SELECT {_RANGE}.lo {valid} UNION ALL SELECT {_RANGE}.hi {valid}")
     listing = f"SELECT DISTINCT {render(point)} FROM ({points}) AS {_POINTS}"
     within = f"{render(columns[0])} BETWEEN {low[0]} AND {high[0]}"
     return TimeDomain(listing, buckets, within)
 
 
-def _grid(node: exp.Expression) -> _Grid | str | None:
+def _grid(node: exp.Expression) -> _Steps | str | None:
     """The grid of a key: the unit of the calendar function applied to the column (``_EXACT``: the column itself,
     None: not a calendar key)."""
     while isinstance(node, exp.Paren):
@@ -144,13 +162,36 @@ def _grid(node: exp.Expression) -> _Grid | str | None:
             return inner
         target = node.to.this
         if target == exp.DataType.Type.DATE:
-            return _Grid.DAY
+            return _calendar_steps(_Grid.DAY)
         return _EXACT if target in (exp.DataType.Type.TIMESTAMP, exp.DataType.Type.TIMESTAMPTZ) else None
+    if isinstance(node, exp.DateBin):
+        inner = _grid(node.expression)
+        return _bins(node) if inner == _EXACT else inner
     unit = _unit(node)
     if unit is None:
         return None
     inner = _grid(node.this if not isinstance(node, exp.Extract) else node.expression)
-    return unit if inner == _EXACT else inner
+    return _calendar_steps(unit) if inner == _EXACT else inner
+
+
+def _bins(node: exp.DateBin) -> _Steps | None:
+    """date_bin(stride, col, origin)'s grid: its bins from the range's first instant's, a stride apart; None unless
+    the stride is a constant of whole seconds to weeks and the origin a constant (a string, or one cast)."""
+    stride, origin = node.this, node.args.get("unit")
+    text = None
+    if isinstance(stride, exp.Literal) and stride.is_string:
+        text = stride.this
+    elif isinstance(stride, exp.Interval) and isinstance(stride.this, exp.Literal) and stride.unit is not None:
+        text = f"{stride.this.this} {stride.unit.name}"
+    match = _STRIDE.fullmatch(text) if text is not None else None
+    while isinstance(origin, exp.Cast):
+        origin = origin.this
+    if match is None or not (isinstance(origin, exp.Literal) and origin.is_string) or int(match[1]) < 1:
+        return None
+    start = node.copy()
+    start.set("expression", exp.column("lo", table=_RANGE))
+    seconds = int(match[1]) * _STRIDE_SECONDS[match[2].lower()]
+    return _Steps(render(start), f"CAST({render(stride)} AS interval)", seconds)
 
 
 def _unit(node: exp.Expression) -> _Grid | None:
