@@ -119,6 +119,19 @@ def test_other_calendar_keys(conn: psycopg.Connection, truth: psycopg.Connection
         (channel, year) for channel in ("web", "app", "store", "phone") for year in (2025, 2026))
 
 
+def test_grafanas_epoch_bins_list_every_hour_of_its_time_filter(conn: psycopg.Connection) -> None:
+    """$__timeGroupAlias(visited_at, 1h) with $__timeFilter over one week and a metric column (the BI corpus's
+    gf-macro-timegroup-hour-metric): every hour of the week for every channel, though an hour holds a few people."""
+    rows = conn.execute("""
+        SELECT floor(extract(epoch from visited_at)/3600)*3600 AS "time", channel AS metric, sum(amount) AS "revenue"
+        FROM visits WHERE visited_at BETWEEN '2025-06-01T00:00:00Z' AND '2025-06-07T23:59:59Z'
+        GROUP BY 1, 2 ORDER BY 1""").fetchall()
+    first = datetime(2025, 6, 1, tzinfo=UTC).timestamp()
+    assert {(int(row[0]), row[1]) for row in rows} == {
+        (int(first) + 3600 * hour, channel) for hour in range(7 * 24) for channel in ("web", "app", "store", "phone")}
+    assert len(rows) == 7 * 24 * 4
+
+
 def test_one_persons_timestamp_outside_the_range_makes_no_bucket(conn: psycopg.Connection,
                                                                  truth: psycopg.Connection) -> None:
     """The attack: one person's visit in 1970 (and one in 2031) would be a group of one, released only because of

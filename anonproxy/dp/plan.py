@@ -276,9 +276,10 @@ def _measure(statement: Statement, tree: exp.Expression, role: RolePolicy, polic
         where = " AND ".join(f"({condition})" for condition in ([query.where] if query.where else []) + within)
         query = columns.query = replace(query, where=where)
     # How many groups one unit can reach: a unit touches at most `groups_cap` groups, and never more than exist.
-    # (At least 1: a WHERE may leave a domain no value, anonproxy.dp.domains; the answer is then empty.)
-    reach = 1 if not query.keys else (min(groups_cap, max(1, math.prod(len(d) for d in public))) if public
-                                      else groups_cap)
+    # (At least 1: a WHERE may leave a domain no value, anonproxy.dp.domains; the answer is then empty.) A calendar's
+    # buckets are counted by PostgreSQL, not here: `groups_cap` (its estimate only decides whether to list them).
+    reach = 1 if not query.keys else (min(groups_cap, max(1, math.prod(len(d) for d in public)))
+                                      if public and not within else groups_cap)
     measured = Measured(query, columns, public=public, reach=reach, caps=caps,
                         nested=shape.post if isinstance(shape, Nested) else None)
     if query.keys and public is None:  # (its δ is checked when priced, first)

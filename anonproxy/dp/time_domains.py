@@ -3,7 +3,8 @@
 A GROUP BY key that a calendar function derives from one time column with declared bounds (``earliest``,
 ``latest``: sql/0033) — ``date_trunc`` of a unit, ``date_bin`` with a constant stride and origin,
 ``extract``/``date_part`` of a calendar field, ``to_char`` with a constant format, a cast of the column to
-``date``, and casts of these — takes a value that only the calendar decides, for each instant of the declared
+``date``, Grafana's epoch bins ``floor(extract(epoch from col) / n) * n``, and casts and arithmetic with constants
+of these — takes a value that only the calendar decides, for each instant of the declared
 range. Those values are public: they are listed as the key's
 domain, every bucket is released (noisy, zero-filled where empty) and no partition selection is needed.
 
@@ -31,7 +32,7 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 
 from sqlglot import exp
 
@@ -74,6 +75,8 @@ _QUOTED = re.compile(r'"[^"]*"')
 _TRUNC_NAMES = {_Grid.SECOND: "second", _Grid.MINUTE: "minute", _Grid.HOUR: "hour", _Grid.DAY: "day",
                 _Grid.MONTH: "month"}
 _EXACT = "exact"  # the column's own value (or a cast that keeps it): no grid yet
+_EPOCH = "epoch"  # its seconds since 1970 (extract(epoch from col)): a number, bins only by floor(… / n)
+_ARITHMETIC = (exp.Add, exp.Sub, exp.Mul, exp.Div)
 _STRIDE = re.compile(r"\s*(\d+)\s*(second|sec|minute|min|hour|day|week)s?\s*", re.IGNORECASE)
 _STRIDE_SECONDS = {"second": 1, "sec": 1, "minute": 60, "min": 60, "hour": 3600, "day": 86400, "week": 7 * 86400}
 
@@ -105,8 +108,10 @@ class TimeColumn:
 
 @dataclass(frozen=True)
 class TimeDomain:
-    """The buckets of a calendar key: ``sql`` lists them (a SELECT of one column, reading no row), at most
-    ``buckets`` of them; ``within`` is the condition that keeps the rows in the declared range."""
+    """The buckets of a calendar key: ``sql`` lists them (a SELECT of one column, reading no row), about
+    ``buckets`` of them (an estimate from the range and the WHERE's constants, which decides whether they are
+    listed; the planner never sizes noise on it); ``within`` is the condition that keeps the rows in the declared
+    range."""
 
     sql: str
     buckets: int
@@ -130,12 +135,15 @@ def calendar_domain(key: exp.Expression, where: exp.Expression | None, column_of
     grid = _grid(key)
     if column is None or not isinstance(grid, _Steps):
         return None
-    buckets = math.floor((column.latest - column.earliest).total_seconds() / grid.seconds) + 3
+    low, high = [_moment(column.earliest, column.sql_type)], [_moment(column.latest, column.sql_type)]
+    first, last = _naive(column.earliest), _naive(column.latest)
+    for condition in _conjuncts(where):
+        for side, moment in _narrow(condition, column, column_of, low, high):
+            # a literal without an offset is read in the session's time zone: a day either way covers any
+            first, last = (max(first, moment - _DAY), last) if side == "low" else (first, min(last, moment + _DAY))
+    buckets = max(0, math.floor((last - first).total_seconds() / grid.seconds)) + 3
     if buckets > MAX_TIME_BUCKETS:
         return None
-    low, high = [_moment(column.earliest, column.sql_type)], [_moment(column.latest, column.sql_type)]
-    for condition in _conjuncts(where):
-        _narrow(condition, column, column_of, low, high)
     lo, hi = (_extreme("GREATEST", low), _extreme("LEAST", high))
     point = key.copy()
     for node in point.find_all(exp.Column):
@@ -167,11 +175,47 @@ def _grid(node: exp.Expression) -> _Steps | str | None:
     if isinstance(node, exp.DateBin):
         inner = _grid(node.expression)
         return _bins(node) if inner == _EXACT else inner
+    if isinstance(node, exp.Extract) and isinstance(node.this, exp.Var) and node.this.name.lower() == "epoch":
+        return _EPOCH if _grid(node.expression) == _EXACT else None
+    if isinstance(node, exp.Floor) and node.args.get("decimals") is None:
+        return _epoch_bins(node.this)
+    if isinstance(node, _ARITHMETIC):  # a calendar value and a number: constant wherever the value is
+        left, right = node.this, node.expression
+        value = left if _is_number(right) else right if _is_number(left) else None
+        inner = _grid(value) if value is not None else None
+        return inner if isinstance(inner, _Steps) else None
     unit = _unit(node)
     if unit is None:
         return None
     inner = _grid(node.this if not isinstance(node, exp.Extract) else node.expression)
     return _calendar_steps(unit) if inner == _EXACT else inner
+
+
+def _is_number(node: exp.Expression) -> bool:
+    while isinstance(node, exp.Paren):
+        node = node.this
+    return isinstance(node, exp.Literal) and not node.is_string
+
+
+def _number(node: exp.Expression) -> int | None:
+    """A positive whole number written as a constant, else None."""
+    while isinstance(node, exp.Paren):
+        node = node.this
+    if isinstance(node, exp.Literal) and not node.is_string and node.this.isdigit() and int(node.this) > 0:
+        return int(node.this)
+    return None
+
+
+def _epoch_bins(node: exp.Expression) -> _Steps | str | None:
+    """floor(x)'s grid: bins of n seconds when x is extract(epoch from col) / n (any grid of step n has one point in
+    each bin, whatever its start), the grid of x when x is already a calendar value, else None."""
+    while isinstance(node, exp.Paren):
+        node = node.this
+    if isinstance(node, exp.Div) and _grid(node.this) == _EPOCH:
+        seconds = _number(node.expression)
+        return None if seconds is None else _Steps(f"{_RANGE}.lo", f"interval '{seconds} seconds'", seconds)
+    inner = _grid(node)
+    return inner if isinstance(inner, _Steps) else None
 
 
 def _bins(node: exp.DateBin) -> _Steps | None:
@@ -256,27 +300,30 @@ _FLIPPED: dict[type[exp.Expression], type[exp.Expression]] = {exp.GT: exp.LT, ex
 
 
 def _narrow(condition: exp.Expression, column: TimeColumn, column_of: TimeColumnOf, low: list[str],
-            high: list[str]) -> None:
-    """Add to ``low`` and ``high`` the bounds one condition sets on the column (inclusive), if it sets any."""
+            high: list[str]) -> list[tuple[str, datetime]]:
+    """Add to ``low`` and ``high`` the bounds one condition sets on the column (inclusive), if it sets any; return
+    them as Python reads them, naive, for the estimate of the buckets ("low" or "high", the moment)."""
     if isinstance(condition, exp.Between) and _is(condition.this, column, column_of) \
             and not condition.args.get("symmetric"):
         first, last = _constant(condition.args.get("low"), column), _constant(condition.args.get("high"), column)
-        if first is not None and last is not None:
-            low.append(first)
-            high.append(last)
-        return
+        if first is None or last is None:
+            return []
+        low.append(first[0])
+        high.append(last[0])
+        return _read([("low", first[1]), ("high", last[1])])
     kind = type(condition)
     if kind not in _FLIPPED:
-        return
+        return []
     assert isinstance(condition, exp.Binary)
     left, right = condition.this, condition.expression
     if _is(right, column, column_of):
         left, right, kind = right, left, _FLIPPED[kind]
     if not _is(left, column, column_of):
-        return
-    value = _constant(right, column)
-    if value is None:
-        return
+        return []
+    constant = _constant(right, column)
+    if constant is None:
+        return []
+    value = constant[0]
     # a strict bound excludes its own instant: the next one (a day for a date column, else a microsecond)
     step = "1" if column.sql_type == "date" else "interval '1 microsecond'"
     if kind in (exp.GTE, exp.EQ):
@@ -287,6 +334,27 @@ def _narrow(condition: exp.Expression, column: TimeColumn, column_of: TimeColumn
         low.append(f"{value} + {step}")
     if kind is exp.LT:
         high.append(f"{value} - {step}")
+    return _read([(side, constant[1]) for side in _SIDES[kind]])
+
+
+_DAY = timedelta(days=1)
+_SIDES: dict[type[exp.Expression], tuple[str, ...]] = {exp.GT: ("low",), exp.GTE: ("low",), exp.LT: ("high",),
+                                                       exp.LTE: ("high",), exp.EQ: ("low", "high")}
+
+
+def _read(texts: list[tuple[str, str]]) -> list[tuple[str, datetime]]:
+    """The constants Python reads as ISO dates and times, naive (in UTC when written with an offset)."""
+    read = []
+    for side, text in texts:
+        try:
+            read.append((side, _naive(datetime.fromisoformat(text.strip()))))
+        except ValueError:
+            continue
+    return read
+
+
+def _naive(moment: datetime) -> datetime:
+    return moment.astimezone(UTC).replace(tzinfo=None) if moment.tzinfo is not None else moment
 
 
 def _is(node: exp.Expression, column: TimeColumn, column_of: TimeColumnOf) -> bool:
@@ -298,16 +366,17 @@ def _is(node: exp.Expression, column: TimeColumn, column_of: TimeColumnOf) -> bo
     return found is not None and found.identity == column.identity
 
 
-def _constant(node: exp.Expression | None, column: TimeColumn) -> str | None:
-    """A constant compared with the column, as SQL of the column's type: a string literal (read as the column's
-    type, as PostgreSQL reads it), or a string literal cast to that very type; None for anything else."""
+def _constant(node: exp.Expression | None, column: TimeColumn) -> tuple[str, str] | None:
+    """A constant compared with the column, as SQL of the column's type, and its text: a string literal (read as
+    the column's type, as PostgreSQL reads it), or a string literal cast to that very type; None for anything
+    else."""
     while isinstance(node, exp.Paren):
         node = node.this
     if isinstance(node, exp.Cast) and TIME_TYPES.get(_type_name(node.to)) == column.sql_type:
         node = node.this
     if not (isinstance(node, exp.Literal) and node.is_string):
         return None
-    return f"CAST({text_literal(node.this)} AS {column.sql_type})"
+    return f"CAST({text_literal(node.this)} AS {column.sql_type})", node.this
 
 
 def _type_name(node: exp.DataType) -> str:
