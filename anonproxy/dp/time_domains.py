@@ -3,17 +3,17 @@
 A GROUP BY key that a calendar function derives from one time column with declared bounds (``earliest``,
 ``latest``: sql/0033) — ``date_trunc`` of a unit, ``date_bin`` with a constant stride and origin,
 ``extract``/``date_part`` of a calendar field, ``to_char`` with a constant format, a cast of the column to
-``date``, Grafana's epoch bins ``floor(extract(epoch from col) / n) * n``, and casts and arithmetic with constants
-of these — takes a value that only the calendar decides, for each instant of the declared
-range. Those values are public: they are listed as the key's
-domain, every bucket is released (noisy, zero-filled where empty) and no partition selection is needed.
+``date``, Grafana's epoch bins ``floor(extract(epoch from col) / n) * n``, and casts and arithmetic with numbers
+of these — takes a value that only the calendar decides, for each instant of the declared range. Those values are
+public: they are listed as the key's domain, every bucket is released (noisy, zero-filled where empty) and no
+partition selection is needed.
 
 PostgreSQL lists them, in the statement that measures, from the statement's own key expression applied to the
-instants of a grid over the range (no row is read): the grid's step is the unit (or date_bin's stride) of the
-calendar function applied to the column (the innermost one), its start that function's bucket of the range's
-first instant, so each bucket that one instant of the range falls in holds a grid point, or the range's first or
-last instant. The same session computes the buckets and the rows' keys (time
-zone and all), so they agree. Decided on the statement's tree and the policy only.
+instants of a grid over the range (no row is read): the grid's step is the unit (date_bin's stride, the epoch
+bins' seconds) of the calendar function applied to the column (the innermost one), its start that function's
+bucket of the range's first instant, so each bucket that one instant of the range falls in holds a grid point,
+or the range's first or last instant. The same session computes the buckets and the rows' keys (time zone and
+all), so they agree. Decided on the statement's tree and the policy only.
 
 A WHERE clause read as an AND of conditions narrows the range: ``col >= c``, ``col > c``, ``col < c``,
 ``col <= c``, ``col = c`` and ``col BETWEEN c1 AND c2``, each constant a string literal or a literal cast to the
