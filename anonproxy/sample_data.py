@@ -1,16 +1,27 @@
-"""The UCI Adult (Census Income) data set, shipped for demos and tests.
+"""The sample data of demos and tests: the UCI Adult (Census Income) data set, and a dated table linked to it.
 
 ``anonproxy/data/adult.data.gz`` is the UCI Machine Learning Repository
 "Adult" training file (Becker & Kohavi, 1996; CC BY 4.0), unchanged. We keep
 the 30,162 rows without a missing value (``?``), the subset used throughout
 the anonymization literature, numbered 1..30162 in file order.
+
+``public.visits`` is made up: one to five visits per person of ``adult``, at
+times uniform over 2025–2026 (UTC), drawn from a fixed seed, so the same rows on
+every run: ``visits (visit_id bigint primary key, person_id integer not null,
+visited_at timestamptz not null, channel text not null, amount numeric(10,2) not
+null)``, person_id an id of ``adult`` (no foreign key: dropping or changing
+``adult`` stays the owner's business, as with any linked table). Its policy (a linked table of ``adult`` on
+``person_id``, visited_at's time bounds) is in ``data/demo_policy.yaml``.
 """
 
 from __future__ import annotations
 
 import csv
 import gzip
+import random
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from importlib.resources import files
 
 import psycopg
@@ -77,6 +88,49 @@ def load_adult(conn: psycopg.Connection, table: str = "public.adult") -> int:
                 loaded += 1
         conn.execute(sql.SQL("analyze {}").format(target))
     return loaded
+
+
+VISITS_TABLE = "public.visits"
+VISITS_SEED = 19
+VISITS_FIRST = datetime(2025, 1, 1, tzinfo=UTC)
+_VISITS_SECONDS = int((datetime(2027, 1, 1, tzinfo=UTC) - VISITS_FIRST).total_seconds())  # to 2026-12-31 23:59:59
+VISIT_CHANNELS = ("web", "app", "store", "phone")
+_AMOUNT_CENTS = (500, 50_000)  # 5.00 to 500.00
+
+Visit = tuple[int, int, datetime, str, Decimal]
+
+
+def visit_rows(person_ids: list[int]) -> list[Visit]:
+    """The visits of ``person_ids``, the same for the same ids: one to five each, uniform over the two years."""
+    rng = random.Random(VISITS_SEED)
+    visits: list[Visit] = []
+    for person in person_ids:
+        for _ in range(rng.randint(1, 5)):
+            visited_at = VISITS_FIRST + timedelta(seconds=rng.randrange(_VISITS_SECONDS))
+            amount = Decimal(rng.randint(*_AMOUNT_CENTS)) / 100
+            visits.append((len(visits) + 1, person, visited_at, rng.choice(VISIT_CHANNELS), amount))
+    return visits
+
+
+def load_visits(conn: psycopg.Connection) -> int:
+    """Create ``public.visits`` with the visits of every person of ``public.adult`` and ANALYZE it; the row count.
+    Does nothing if the table exists (a reused data directory keeps what its owner did with it)."""
+    with conn.transaction():
+        if _scalar(conn, sql.SQL("select to_regclass(%s)"), (VISITS_TABLE,)) is not None:
+            count = _scalar(conn, sql.SQL("select count(*) from public.visits"))
+            assert isinstance(count, int)
+            return count
+        conn.execute("create table public.visits (visit_id bigint primary key, person_id integer not null, "
+                     "visited_at timestamptz not null, channel text not null, amount numeric(10,2) not null)")
+        people = [row[0] for row in conn.execute("select id from public.adult order by id")]
+        visits = visit_rows(people)
+        with conn.cursor().copy("copy public.visits (visit_id, person_id, visited_at, channel, amount) "
+                                "from stdin") as copy:
+            for row in visits:
+                copy.write_row(row)
+        conn.execute("create index visits_person_id on public.visits (person_id)")
+        conn.execute("analyze public.visits")
+    return len(visits)
 
 
 def _scalar(conn: psycopg.Connection, query: sql.SQL | sql.Composed, params: tuple[object, ...] = ()) -> object:

@@ -7,7 +7,7 @@ or fails with XX000. Per mode: at least 90 % of the other aggregates of the
 established corpus are answered (an answer without rows counts: suppression
 withholds whole-table totals). The aggregates of the widened corpus (issue
 19: tools the established corpus does not cover, time series over the dated
-table ``public.visits``, created here for the module and dropped after) are
+table ``public.visits`` of the demo data, anonproxy/sample_data.py) are
 each answered or refused cleanly, with a SQLSTATE and a message, and every
 widened statement is valid PostgreSQL (the direct role ``dba`` is answered).
 The coverage tables per tool and role are printed, and the refused aggregates
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from bi_corpus import replay, visits
+from bi_corpus import replay
 from conftest import Endpoint, wait_for_current_policy
 
 from anonproxy.embedded import EmbeddedPostgres
@@ -76,27 +76,13 @@ def analyst_budget(pg_server: EmbeddedPostgres, gated_database: str, gated_proxy
 
 
 @pytest.fixture(scope="module")
-def visits_table(pg_server: EmbeddedPostgres, gated_database: str, gated_proxy: Endpoint) -> Iterator[None]:
-    """The corpus's dated table, linked to adult, known to every worker of the proxy; dropped afterwards."""
-    with psycopg.connect(pg_server.conninfo(dbname=gated_database), autocommit=True) as owner:
-        visits.create(owner)
-        wait_for_current_policy(owner, gated_proxy, gated_database)
-        try:
-            yield
-        finally:
-            visits.drop(owner)
-            wait_for_current_policy(owner, gated_proxy, gated_database)
-
-
-@pytest.fixture(scope="module")
-def outcomes(gated_proxy: Endpoint, gated_database: str, analyst_budget: None, visits_table: None
-             ) -> list[replay.Outcome]:
+def outcomes(gated_proxy: Endpoint, gated_database: str, analyst_budget: None) -> list[replay.Outcome]:
     dsns = {role: gated_proxy.dsn(gated_database, user=role) for role in ROLES}
     return replay.replay(ENTRIES, dsns, ROLES)
 
 
 @pytest.fixture(scope="module")
-def direct_outcomes(gated_proxy: Endpoint, gated_database: str, visits_table: None) -> list[replay.Outcome]:
+def direct_outcomes(gated_proxy: Endpoint, gated_database: str) -> list[replay.Outcome]:
     """The widened corpus as the direct role dba: what PostgreSQL itself makes of each statement."""
     return replay.replay(WIDENED, {"dba": gated_proxy.dsn(gated_database, user="dba")}, {"dba": "direct"})
 

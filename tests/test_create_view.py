@@ -327,12 +327,12 @@ def test_reserved_column_names_are_refused(postgresql: psycopg.Connection) -> No
 
 def test_k_is_counted_in_privacy_units(postgresql: psycopg.Connection) -> None:
     # Two rows per person: 15,081 people.
-    postgresql.execute("create table visits as select (id + 1) / 2 as person, age, sex, race from public.adult")
+    postgresql.execute("create table stays as select (id + 1) / 2 as person, age, sex, race from public.adult")
     postgresql.commit()
     with pytest.raises(psycopg.Error) as caught:
-        create(postgresql, source="visits", unit="person", k=20000)
+        create(postgresql, source="stays", unit="person", k=20000)
     assert caught.value.sqlstate == "22023"
-    assert caught.value.diag.message_primary == "k = 20000 exceeds the 15081 privacy units of public.visits"
+    assert caught.value.diag.message_primary == "k = 20000 exceeds the 15081 privacy units of public.stays"
 
 
 def test_k_l_and_t_of_a_release_count_privacy_units(postgresql: psycopg.Connection) -> None:

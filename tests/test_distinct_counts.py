@@ -24,7 +24,6 @@ from typing import Any
 import psycopg
 import pytest
 from conftest import Endpoint
-from test_bi_corpus import visits_table  # noqa: F401 - fixture
 from test_dp_proxy import analyst, budget_left  # noqa: F401 - fixtures
 from test_mechanisms import (
     ALPHA,
@@ -52,13 +51,13 @@ def _plan(sql: str, policy: Policy, rows: int = 1, groups: int = 1) -> DPPlan:
 
 
 @pytest.fixture(scope="module")
-def policy(truth: psycopg.Connection, visits_table: None) -> Policy:  # noqa: F811
+def policy(truth: psycopg.Connection) -> Policy:
     """The gated database's policy as the proxy reads it: with the columns' SQL types."""
     return load_policy(truth)
 
 
 @pytest.fixture
-def reporter(gated_proxy: Endpoint, gated_database: str, visits_table: None  # noqa: F811
+def reporter(gated_proxy: Endpoint, gated_database: str
              ) -> Iterator[psycopg.Connection[Any]]:
     with psycopg.connect(gated_proxy.dsn(gated_database, user="reporter"), autocommit=True) as conn:
         yield conn
@@ -114,8 +113,7 @@ def test_suppress_refuses_a_distinct_count_that_singles_out_a_person(reporter: p
     assert "count(DISTINCT" in str(refused) and "single out" in str(refused)
 
 
-def test_the_admitted_casts_keep_values_apart_and_the_refused_ones_do_not(truth: psycopg.Connection,
-                                                                          visits_table: None) -> None:  # noqa: F811
+def test_the_admitted_casts_keep_values_apart_and_the_refused_ones_do_not(truth: psycopg.Connection) -> None:
     """What the rule rests on, in PostgreSQL itself: an admitted cast counts as many values as the column, in every
     group; numeric to text splits equal values, char(1) merges different ones."""
     for column, cast, table in (
@@ -265,7 +263,7 @@ def test_the_interval_of_a_distinct_count_covers_95_percent() -> None:
 ])
 def test_dp_answers_distinct_counts_close_to_postgresql(gated_proxy: Endpoint, gated_database: str,
                                                         analyst: str, truth: psycopg.Connection,  # noqa: F811
-                                                        visits_table: None, sql: str) -> None:  # noqa: F811
+                                                        sql: str) -> None:
     exact = {str(key): value for key, value in truth.execute(sql).fetchall()}
     with psycopg.connect(gated_proxy.dsn(gated_database, user=analyst), autocommit=True) as conn:
         answered = {str(key): value for key, value in conn.execute(sql).fetchall()}
@@ -283,7 +281,7 @@ def test_dp_answers_distinct_counts_close_to_postgresql(gated_proxy: Endpoint, g
     'FROM "public"."visits" "visits" GROUP BY 1'),
 ])
 def test_dp_counts_people_through_the_link(gated_proxy: Endpoint, gated_database: str, analyst: str,  # noqa: F811
-                                           truth: psycopg.Connection, visits_table: None,  # noqa: F811
+                                           truth: psycopg.Connection,
                                            sql: str) -> None:
     """One group per person (the role's bound): each person is counted in one of their channels, so the channels'
     counts add up to the people who visit, give or take the four counts' noise (scale 2 each)."""

@@ -76,18 +76,18 @@ def test_an_exhausted_budget_is_refused_before_the_sql_runs(gated_proxy: Endpoin
 def test_a_join_answer_is_a_new_question_after_the_linked_table_changes(gated_proxy: Endpoint, gated_database: str,
                                                                       analyst: str,  # noqa: F811
                                                                       truth: psycopg.Connection) -> None:  # noqa: F811
-    truth.execute("create table public.visits (person int not null, minutes int)")
-    truth.execute("insert into public.visits select id, 10 from public.adult where id % 3 = 0")
-    truth.execute("select anonproxy.link_table('public.visits', 'person', 'public.adult')")
+    truth.execute("create table public.stays (person int not null, minutes int)")
+    truth.execute("insert into public.stays select id, 10 from public.adult where id % 3 = 0")
+    truth.execute("select anonproxy.link_table('public.stays', 'person', 'public.adult')")
     version = truth.execute("select version from anonproxy.policy_version").fetchone()[0]
-    join = "select count(*) from adult a join visits v on v.person = a.id"
+    join = "select count(*) from adult a join stays v on v.person = a.id"
     try:
         with psycopg.connect(gated_proxy.dsn(gated_database, user=analyst), autocommit=True) as conn:
             wait_for_version(conn, version)
             first = conn.execute(join).fetchone()[0]
             assert conn.execute(join).fetchone()[0] == first, "the same question on the same data: cached"
             assert "epsilon 1.5 of 2 left" in budget_left(conn)
-            truth.execute("insert into public.visits select id, 10 from public.adult where id % 3 <> 0")
+            truth.execute("insert into public.stays select id, 10 from public.adult where id % 3 <> 0")
             second = conn.execute(join).fetchone()[0]
             assert "epsilon 1 of 2 left" in budget_left(conn), "the linked table changed: a new, charged question"
         adults = truth.execute("select count(*) from public.adult").fetchone()[0]
@@ -95,8 +95,8 @@ def test_a_join_answer_is_a_new_question_after_the_linked_table_changes(gated_pr
         # count noise of scale 2 (ε 0.5): |error| < 2·ln(1e6) ≈ 28, while the true counts are ~20,000 apart
         assert abs(first - thirds) <= 28 and abs(second - adults) <= 28
     finally:
-        truth.execute("select anonproxy.unlink_table('public.visits')")
-        truth.execute("drop table public.visits")
+        truth.execute("select anonproxy.unlink_table('public.stays')")
+        truth.execute("drop table public.stays")
 
 
 def test_a_question_the_server_rejects_unread_costs_nothing(gated_proxy: Endpoint, gated_database: str,

@@ -44,8 +44,8 @@ ADULT = ProtectedTable("public.adult", "id", {
     # occupation, native_country: no domain -> partition selection; fnlwgt: no bounds
 })
 SPREAD = ProtectedTable("public.spread", "unit", {"v": ColumnPolicy("v", lower=0, upper=10)})
-# Linked tables keyed by the privacy unit: visits (many rows per person), region (one row per person).
-VISITS = LinkedTable("public.visits", "person", "public.adult", "id", {
+# Linked tables keyed by the privacy unit: stays (many rows per person), region (one row per person).
+VISITS = LinkedTable("public.stays", "person", "public.adult", "id", {
     "minutes": ColumnPolicy("minutes", lower=0, upper=60),
     "ward": ColumnPolicy("ward", domain=("A", "B", "C")),
 })
@@ -53,7 +53,7 @@ REGION = LinkedTable("public.region", "id", "public.adult", "id", {
     "region": ColumnPolicy("region", domain=("North", "South", "East", "West")),
 })
 POLICY = Policy(version=1, tables={"public.adult": ADULT, "public.spread": SPREAD},
-                links={"public.visits": VISITS, "public.region": REGION})
+                links={"public.stays": VISITS, "public.region": REGION})
 ROLE = RolePolicy("researcher", "dp")
 PARAMS = DPParams(epsilon=1.0, delta=1e-6)
 
@@ -93,10 +93,10 @@ def refused(sql: str, *words: str, params: DPParams = PARAMS, role: RolePolicy =
     ("select var_pop(fnlwgt) from adult", ("needs declared bounds",)),
     ("select count(*) from adult a join plain p on p.id = a.id", ("relation public.plain",)),
     ("select count(*) from adult a left join pg_database d on a.id = 17", ("relation pg_catalog.pg_database",)),
-    ("select count(*) from adult a join visits v on v.minutes = a.id", ("declared key",)),
-    ("select count(*) from visits v left join adult a on v.minutes = a.age", ("declared key",)),
-    ("select count(*) from adult a left join visits v on v.person = a.id and a.id = 17", ("identifying column",)),
-    ("select count(*) from visits v join region r on r.region = v.ward", ("declared key",)),
+    ("select count(*) from adult a join stays v on v.minutes = a.id", ("declared key",)),
+    ("select count(*) from stays v left join adult a on v.minutes = a.age", ("declared key",)),
+    ("select count(*) from adult a left join stays v on v.person = a.id and a.id = 17", ("identifying column",)),
+    ("select count(*) from stays v join region r on r.region = v.ward", ("declared key",)),
     ("select count(distinct case when id = 1 then 1 end) from adult", ("identifying column id",)),
     ("select sex, count(*) from adult group by sex order by count(*) + 0", ("must name an output column",)),
     ("select occupation from adult group by occupation order by count(*)", ("must name an output column",)),
@@ -446,53 +446,53 @@ def test_plans_of_the_new_aggregates() -> None:
 
 
 def test_joins_to_linked_tables_are_bounded_per_unit() -> None:
-    p = plan("select v.ward, count(*), sum(v.minutes) from adult a join visits v on v.person = a.id "
+    p = plan("select v.ward, count(*), sum(v.minutes) from adult a join stays v on v.person = a.id "
              "where a.age > 30 group by v.ward", DPParams(1.0, 1e-6, max_groups_per_unit=2, max_rows_per_unit=3))
     assert p.table == "public.adult"  # the budget of the protected table pays
-    assert '"a"."id" AS anonproxy_unit' in p.sql and '"public"."visits" AS v' in p.sql
+    assert '"a"."id" AS anonproxy_unit' in p.sql and '"public"."stays" AS v' in p.sql
     # bounds and the public domain come from the linked table's policy; a unit reaches 2 of the 3 wards
     assert [(s.kind, s.sensitivity) for s in p.statistics] == [("rows", 6), ("sum", 2 * 3 * 60)]
     assert "unnest(ARRAY['A', 'B', 'C']::text[])" in p.sql
     # a linked table alone is charged to its protected table too
-    assert plan("select count(distinct person) from visits").table == "public.adult"
+    assert plan("select count(distinct person) from stays").table == "public.adult"
     # two linked tables, each joined to the protected table on its key
-    p = plan("select r.region, count(*) from adult a join visits v on v.person = a.id join region r on r.id = a.id "
+    p = plan("select r.region, count(*) from adult a join stays v on v.person = a.id join region r on r.id = a.id "
              "group by r.region")
     assert "unnest(ARRAY['North', 'South', 'East', 'West']::text[])" in p.sql
     assert "(i.indrelid, a.attname) IN (" in p.sql and p.sql.count("::regclass::oid") == 3
     # or two linked tables joined on their keys, without the protected table: the first one's key is the unit
-    p = plan("select r.region, sum(v.minutes) from visits v join region r on r.id = v.person group by r.region")
+    p = plan("select r.region, sum(v.minutes) from stays v join region r on r.id = v.person group by r.region")
     assert p.table == "public.adult" and '"v"."person" AS anonproxy_unit' in p.sql
 
 
 def _visits(conn: psycopg.Connection) -> None:
-    conn.execute("create table public.visits (person int, ward text, minutes int)")
-    # person 1: 500 visits of 60 minutes in ward A; persons 2..301: two visits each, 10 minutes, ward B
-    conn.execute("insert into public.visits select 1, 'A', 60 from generate_series(1, 500)")
-    conn.execute("insert into public.visits select p, 'B', 10 from generate_series(2, 301) p, generate_series(1, 2)")
+    conn.execute("create table public.stays (person int, ward text, minutes int)")
+    # person 1: 500 stays of 60 minutes in ward A; persons 2..301: two stays each, 10 minutes, ward B
+    conn.execute("insert into public.stays select 1, 'A', 60 from generate_series(1, 500)")
+    conn.execute("insert into public.stays select p, 'B', 10 from generate_series(2, 301) p, generate_series(1, 2)")
 
 
 def test_join_counts_people_not_visits(postgresql: psycopg.Connection) -> None:
     _visits(postgresql)
-    p = plan("select v.ward, count(*), sum(v.minutes) from adult a join visits v on v.person = a.id group by 1",
+    p = plan("select v.ward, count(*), sum(v.minutes) from adult a join stays v on v.person = a.id group by 1",
              DPParams(1.0, 1e-6, max_rows_per_unit=2))
     exact = {row[0]: row[1:] for row in run(postgresql, p)}
-    assert exact["A"] == (2, 120)  # person 1's 500 visits are capped at 2 rows
+    assert exact["A"] == (2, 120)  # person 1's 500 stays are capped at 2 rows
     assert exact["B"] == (600, 6000) and exact["C"] == (0, 0)
     rows, noise = answer(p, run(postgresql, p))
     assert sorted(row[0] for row in rows) == ["A", "B", "C"]
     for key, count, minutes in rows:
         assert abs(count - exact[key][0]) <= 6 * noise[1].ci95_halfwidth
         assert abs(minutes - exact[key][1]) <= 6 * noise[2].ci95_halfwidth
-    # issue 10: a LEFT JOIN on the declared key keeps the people without visits, one row each
-    p = plan("select count(*) from adult a left join visits v on v.person = a.id",
+    # issue 10: a LEFT JOIN on the declared key keeps the people without stays, one row each
+    p = plan("select count(*) from adult a left join stays v on v.person = a.id",
              DPParams(1.0, 1e-6, max_rows_per_unit=2))
     adults = postgresql.execute("select count(*) from adult").fetchone()[0]
     assert run(postgresql, p) == [(adults - 301 + 2 + 600,)]
     # two linked tables without adult: person 1 is in the North, the others in the South
     postgresql.execute("create table public.region as select id, case when id = 1 then 'North' else 'South' end "
                        "as region from public.adult where id <= 301")
-    p = plan("select r.region, count(*) from visits v join region r on r.id = v.person group by r.region",
+    p = plan("select r.region, count(*) from stays v join region r on r.id = v.person group by r.region",
              DPParams(1.0, 1e-6, max_rows_per_unit=1))
     assert {row[0]: row[1] for row in run(postgresql, p)} == {"North": 1, "South": 300, "East": 0, "West": 0}
 
@@ -600,11 +600,11 @@ def test_bounding_is_skipped_only_when_the_catalog_guarantees_one_row_per_unit(p
     postgresql.execute("alter table public.spread alter column unit set not null")
     assert not _bounding_ran(postgresql, p.sql)
     assert run(postgresql, p) == [(5, 50)]
-    # joined tables must all be single-row on their keys: region is, visits is not
+    # joined tables must all be single-row on their keys: region is, stays is not
     postgresql.execute("create table public.region (id int primary key, region text)")
     _visits(postgresql)
     assert not _bounding_ran(postgresql, plan("select count(*) from adult a join region r on r.id = a.id").sql)
-    assert _bounding_ran(postgresql, plan("select count(*) from adult a join visits v on v.person = a.id").sql)
+    assert _bounding_ran(postgresql, plan("select count(*) from adult a join stays v on v.person = a.id").sql)
     # the answer does not depend on which branch ran: adult has a primary key on id
     p = plan("select sex, count(*), sum(age) from adult group by sex")
     fast = sorted(run(postgresql, p))

@@ -491,8 +491,8 @@ def test_data_version_is_unknown_unless_every_part_is_tracked(db: psycopg.Connec
     ("select anonproxy.set_budget('ghost', 'public.adult', 1)", "42704", 'role "ghost" does not exist'),
     (f"select anonproxy.set_budget('{ALICE}', 'public.adlt', 1)", "42P01", 'relation "public.adlt" does not exist'),
     (f"select anonproxy.set_budget('{ALICE}', 'public.people', 1)", "22023", "table public.people is not protected"),
-    (f"select anonproxy.set_budget('{ALICE}', 'public.visits', 1)", "22023",
-     "table public.visits is a linked table; budgets belong to the protected table it links to, public.adult"),
+    (f"select anonproxy.set_budget('{ALICE}', 'public.stays', 1)", "22023",
+     "table public.stays is a linked table; budgets belong to the protected table it links to, public.adult"),
     ("select anonproxy.set_shared_budget('public.adult', 1, 2)", "22023",
      "delta of the shared budget on public.adult must be in [0, 1), got 2"),
     (f"select anonproxy.drop_budget('{ALICE}', 'public.adult')", "42704",
@@ -515,8 +515,8 @@ def test_data_version_is_unknown_unless_every_part_is_tracked(db: psycopg.Connec
 def test_errors_name_the_item(db: psycopg.Connection[Any], statement: str, sqlstate: str, message: str) -> None:
     db.execute("""
         create table public.people (id integer primary key);
-        create table public.visits (id integer primary key, person_id integer not null);
-        select anonproxy.link_table('public.visits', 'person_id', 'public.adult');
+        create table public.stays (id integer primary key, person_id integer not null);
+        select anonproxy.link_table('public.stays', 'person_id', 'public.adult');
     """)
     set_budget(db, BOB, "1")
     error = sql_error(db, statement)

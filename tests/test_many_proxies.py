@@ -65,6 +65,7 @@ def database(links: list[Host]) -> Iterator[EmbeddedPostgres]:
         with psycopg.connect(server.conninfo(dbname=DATABASE)) as conn:
             schema.install(conn)
             sample_data.load_adult(conn)
+            sample_data.load_visits(conn)  # the demo policy declares public.visits too
             govern_by_demo_policy(conn, DATABASE)
             conn.commit()
         yield server

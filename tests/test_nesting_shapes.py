@@ -27,8 +27,7 @@ from typing import Any
 import psycopg
 import pytest
 import yaml
-from bi_corpus import visits
-from conftest import Endpoint, wait_for_current_policy
+from conftest import Endpoint
 from test_dp_proxy import analyst, budget_left  # noqa: F401 - fixtures
 
 PLAIN = 'select "education", count(*) as "a0" from "public"."adult" as "$Table" group by "education"'
@@ -54,19 +53,6 @@ JOINED = ('select a.sex, count(*) as n, sum(v.amount) as total from public.visit
 def reporter(gated_proxy: Endpoint, gated_database: str) -> Iterator[psycopg.Connection[Any]]:
     with psycopg.connect(gated_proxy.dsn(gated_database, user="reporter"), autocommit=True) as conn:
         yield conn
-
-
-@pytest.fixture(scope="module")
-def visits_table(pg_server: Any, gated_database: str, gated_proxy: Endpoint) -> Iterator[None]:
-    """The corpus's dated table, linked to adult on person_id, known to every worker; dropped afterwards."""
-    with psycopg.connect(pg_server.conninfo(dbname=gated_database), autocommit=True) as owner:
-        visits.create(owner)
-        wait_for_current_policy(owner, gated_proxy, gated_database)
-        try:
-            yield
-        finally:
-            visits.drop(owner)
-            wait_for_current_policy(owner, gated_proxy, gated_database)
 
 
 def _refusal(conn: psycopg.Connection[Any], sql: str) -> psycopg.Error:
@@ -115,7 +101,7 @@ def test_another_database_is_refused_as_postgresql_refuses_it(gated_proxy: Endpo
 
 
 @pytest.mark.parametrize("role", ["reporter", "analyst"])
-def test_a_listing_by_identifying_columns_stays_refused(visits_table: None, gated_proxy: Endpoint,
+def test_a_listing_by_identifying_columns_stays_refused(gated_proxy: Endpoint,
                                                         gated_database: str, analyst: str,  # noqa: F811
                                                         role: str) -> None:
     """Lightdash's results table groups by the key without an aggregate: once its three-part name is read, it is
@@ -211,8 +197,7 @@ def _metricflow() -> str:
     return next(entry["sql"] for entry in entries if entry["id"] == "mf-nested-derived")
 
 
-def test_joined_aggregate_queries_are_each_answered_then_joined(visits_table: None,
-                                                                reporter: psycopg.Connection[Any],
+def test_joined_aggregate_queries_are_each_answered_then_joined(reporter: psycopg.Connection[Any],
                                                                 truth: psycopg.Connection[Any]) -> None:
     sql = _metricflow()
     rows = reporter.execute(sql).fetchall()
@@ -221,7 +206,7 @@ def test_joined_aggregate_queries_are_each_answered_then_joined(visits_table: No
     assert len(rows) == 24 and sorted(rows, key=str) == sorted(own, key=str)
 
 
-def test_dp_joined_aggregate_queries_are_two_questions(visits_table: None, gated_proxy: Endpoint,
+def test_dp_joined_aggregate_queries_are_two_questions(gated_proxy: Endpoint,
                                                        gated_database: str, analyst: str,  # noqa: F811
                                                        truth: psycopg.Connection[Any]) -> None:
     sql = _metricflow()
@@ -254,7 +239,7 @@ def test_with_query_copies_are_bounded(reporter: psycopg.Connection[Any]) -> Non
 # --- LEFT JOIN from the linked table to the protected table ----------------------------------------------------
 
 
-def test_linked_table_left_joined_to_the_unit_table(visits_table: None, reporter: psycopg.Connection[Any],
+def test_linked_table_left_joined_to_the_unit_table(reporter: psycopg.Connection[Any],
                                                     truth: psycopg.Connection[Any]) -> None:
     rows = _released(reporter.execute(JOINED).fetchall())
     own = _released(truth.execute(JOINED).fetchall())
@@ -279,14 +264,14 @@ def test_linked_table_left_joined_to_the_unit_table(visits_table: None, reporter
     ("select a.sex, count(*) from public.visits v full join public.adult a on v.person_id = a.id group by 1",
      "0A000", "FULL JOIN"),
 ])
-def test_outer_joins_that_would_lose_a_person_are_refused(visits_table: None, reporter: psycopg.Connection[Any],
+def test_outer_joins_that_would_lose_a_person_are_refused(reporter: psycopg.Connection[Any],
                                                           sql: str, sqlstate: str, words: str) -> None:
     error = _refusal(reporter, sql)
     assert error.sqlstate == sqlstate and words.lower() in str(error).lower(), str(error)
     assert error.diag.message_hint
 
 
-def test_dp_linked_table_left_joined_to_the_unit_table(visits_table: None, gated_proxy: Endpoint,
+def test_dp_linked_table_left_joined_to_the_unit_table(gated_proxy: Endpoint,
                                                        gated_database: str, analyst: str,  # noqa: F811
                                                        truth: psycopg.Connection[Any]) -> None:
     sql = "select a.sex, count(*) from public.visits v left join public.adult a on v.person_id = a.id group by 1"

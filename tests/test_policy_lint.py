@@ -82,26 +82,26 @@ def test_the_demo_policy_gets_no_warning(postgresql: psycopg.Connection, owner_d
     done = lint(owner_dsn)
     assert done.returncode == 0, done.stdout + done.stderr
     assert findings(done.stdout) == set()
-    assert "12 declared bound(s) checked against k = 10: 0 warning(s)" in done.stdout, done.stdout
+    assert "16 declared bound(s) checked against k = 10: 0 warning(s)" in done.stdout, done.stdout
 
 
 def test_exact_extremes_are_reported_with_their_counts(postgresql: psycopg.Connection, owner_dsn: str,
                                                         service: str) -> None:
     # A linked table where people have several rows: counts are of people, not rows.
-    postgresql.execute("create table public.visits (person_id integer, minutes integer)")
-    postgresql.execute("insert into public.visits select id, case when id % 2991 = 0 then 500 else 10 + id % 7 end "
+    postgresql.execute("create table public.stays (person_id integer, minutes integer)")
+    postgresql.execute("insert into public.stays select id, case when id % 2991 = 0 then 500 else 10 + id % 7 end "
                        "from public.adult where id % 3 = 0")
-    postgresql.execute("insert into public.visits select person_id, minutes from public.visits")  # every row twice
+    postgresql.execute("insert into public.stays select person_id, minutes from public.stays")  # every row twice
     extremes = {name: postgresql.execute(f"select min({name}), max({name}) from public.adult").fetchone()
                 for name in BOUNDED}
     adult = demo_policy().tables["public.adult"]
     columns = {name: replace(column, lower=float(extremes[name][0]), upper=float(extremes[name][1]))
                if name in extremes else column for name, column in adult.columns.items()}
-    visits = LinkedTable("public.visits", "person_id", "public.adult", "id",
+    stays = LinkedTable("public.stays", "person_id", "public.adult", "id",
                          columns={"minutes": ColumnPolicy("minutes", "sensitive", 10, 500)})
     roles = {"reporter": RolePolicy("reporter", "suppress", SuppressionParams(k=10)),
              "analyst": RolePolicy("analyst", "suppress", SuppressionParams(k=40))}  # the largest k counts
-    policy = Policy(tables={"public.adult": replace(adult, columns=columns)}, links={"public.visits": visits},
+    policy = Policy(tables={"public.adult": replace(adult, columns=columns)}, links={"public.stays": stays},
                     roles=roles, service_role=service)
     apply_policy(postgresql, policy)
     postgresql.commit()
@@ -109,7 +109,7 @@ def test_exact_extremes_are_reported_with_their_counts(postgresql: psycopg.Conne
     expected = set()
     for table, column, unit, lower, upper in [
         *(("public.adult", name, "id", low, high) for name, (low, high) in extremes.items()),
-        ("public.visits", "minutes", "person_id", 10, 500),
+        ("public.stays", "minutes", "person_id", 10, 500),
     ]:
         rows = postgresql.execute(f"select {unit}, {column} from {table}").fetchall()
         for side, value in (("lower", Decimal(lower)), ("upper", Decimal(upper))):
@@ -118,8 +118,8 @@ def test_exact_extremes_are_reported_with_their_counts(postgresql: psycopg.Conne
                 expected.add((table, column, side, value, count, 40))
     # The data's extremes include values a single person holds (as the old demo policy's bounds were).
     assert any(count == 1 for *_, count, _ in expected), expected
-    assert ("public.visits", "minutes", "upper", Decimal(500), holders(
-        postgresql.execute("select person_id, minutes from public.visits").fetchall(), Decimal(500)), 40) in expected
+    assert ("public.stays", "minutes", "upper", Decimal(500), holders(
+        postgresql.execute("select person_id, minutes from public.stays").fetchall(), Decimal(500)), 40) in expected
 
     done = lint(owner_dsn)
     assert done.returncode == 1, done.stdout + done.stderr

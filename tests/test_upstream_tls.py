@@ -86,6 +86,7 @@ def world() -> Iterator[World]:
             with found.superuser() as conn:
                 schema.install(conn)
                 sample_data.load_adult(conn)
+                sample_data.load_visits(conn)  # the demo policy declares public.visits too
                 load_adult_hierarchies(conn)
                 govern_by_demo_policy(conn, DATABASE)
             yield found

@@ -305,14 +305,14 @@ def test_hierarchical_emd_needs_every_value_in_the_tree(db: psycopg.Connection) 
 # --- privacy units, microaggregation, suppression --------------------------------------------------------------------
 
 def test_k_counts_distinct_units_when_asked(db: psycopg.Connection) -> None:
-    make_table(db, "visits", {"person": "text", "age": "text"},
+    make_table(db, "stays", {"person": "text", "age": "text"},
                [("ann", "20-29"), ("ann", "20-29"), ("bob", "20-29"), ("cy", "30-39"), ("dan", "30-39")])
-    assert k_of(db, "visits", ["age"]) == 2
-    assert scalar(db, "select anonproxy.k_anonymity('visits', array['age'], unit => 'person')") == 2
-    db.execute("insert into visits values ('ann', '20-29')")
-    assert k_of(db, "visits", ["age"]) == 2  # rows: 4 and 2
-    db.execute("delete from visits where person = 'bob'")
-    assert scalar(db, "select anonproxy.k_anonymity('visits', array['age'], unit => 'person')") == 1
+    assert k_of(db, "stays", ["age"]) == 2
+    assert scalar(db, "select anonproxy.k_anonymity('stays', array['age'], unit => 'person')") == 2
+    db.execute("insert into stays values ('ann', '20-29')")
+    assert k_of(db, "stays", ["age"]) == 2  # rows: 4 and 2
+    db.execute("delete from stays where person = 'bob'")
+    assert scalar(db, "select anonproxy.k_anonymity('stays', array['age'], unit => 'person')") == 1
 
 
 def test_k_counts_rows_for_a_unique_unit_and_distinct_units_once_it_is_not(db: psycopg.Connection) -> None:
@@ -503,8 +503,8 @@ def test_verify_does_not_judge_a_release_made_per_unit(
         db: psycopg.Connection, pg_server: EmbeddedPostgres, capsys: pytest.CaptureFixture[str]) -> None:
     """Its levels count privacy units; the table has none, so verify shows row levels and passes no verdict."""
     dsn = pg_server.conninfo(dbname=db.info.dbname)
-    db.execute("create table visits as select id % 700 as person, age, sex, occupation from adult where id <= 2100")
-    db.execute("select anonproxy.create_anonymized_view(source => 'public.visits', target => 'public.visits_k5', "
+    db.execute("create table stays as select id % 700 as person, age, sex, occupation from adult where id <= 2100")
+    db.execute("select anonproxy.create_anonymized_view(source => 'public.stays', target => 'public.visits_k5', "
                "quasi_identifiers => array['age', 'sex'], sensitive => 'occupation', k => 5, l => 3, "
                "unit => 'person')")
     db.commit()

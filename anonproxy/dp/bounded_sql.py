@@ -25,7 +25,11 @@ from fractions import Fraction
 
 from anonproxy.catalog_check import one_row_per_person
 from anonproxy.dp.model import Statistic
+from anonproxy.dp.time_domains import TimeDomain
 from anonproxy.plan.analysis import AnalyticQuery
+
+# The public domain of a GROUP BY key: its declared values (as text), or a calendar key's buckets.
+Domain = tuple[str, ...] | TimeDomain
 
 # Column names in the generated SQL (prefixed so they cannot collide with the client's).
 ROWS = "anonproxy_rows"
@@ -50,7 +54,7 @@ def text_literal(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
 
-def bounded_sql(query: AnalyticQuery, statistics: list[Statistic], public: list[tuple[str, ...]] | None, rows_cap: int,
+def bounded_sql(query: AnalyticQuery, statistics: list[Statistic], public: list[Domain] | None, rows_cap: int,
          groups_cap: int, checks: list[str]) -> str:
     keys = [f"anonproxy_g{i}" for i in range(1, len(query.keys) + 1)]
     arguments: dict[str, str] = {}
@@ -121,12 +125,14 @@ def bounded_sql(query: AnalyticQuery, statistics: list[Statistic], public: list[
         return _with(ctes) + "\n" + final
     ctes.append((STATS, final, f"at most {groups_cap} group(s) per unit; exact per-group statistics"))
     ctes.append(_domain_cte(public, keys))
-    return _with(ctes) + "\n" + _over_domain(statistics, keys)
+    return _with(ctes) + "\n" + _over_domain(statistics, keys, public)
 
 
-def _over_domain(statistics: list[Statistic], keys: list[str]) -> str:
-    """Every group of the public domains, with its statistics (those of a group without rows: empty)."""
-    on = " AND ".join(f"s.{key}::text = d.{key}" for key in keys)
+def _over_domain(statistics: list[Statistic], keys: list[str], public: list[Domain]) -> str:
+    """Every group of the public domains, with its statistics (those of a group without rows: empty). A declared
+    domain's values are text; a calendar key's buckets are values of the key's own type."""
+    on = " AND ".join(f"s.{key}::text = d.{key}" if isinstance(domain, tuple) else f"s.{key} = d.{key}"
+                      for key, domain in zip(keys, public, strict=True))
     return "\n".join([f"SELECT {', '.join(f'd.{key}' for key in keys)}, "
                       + ", ".join(f"coalesce(s.{stat.name}, {_EMPTY[stat.kind]}) AS {stat.name}" for stat in statistics),
                       f"FROM {DOMAIN} AS d LEFT JOIN {STATS} AS s ON {on}"])
@@ -138,7 +144,7 @@ def _single_by_policy(query: AnalyticQuery) -> bool:
     return query.one_row_per_person and len(query.sources) == 1
 
 
-def _single(query: AnalyticQuery, statistics: list[Statistic], public: list[tuple[str, ...]] | None,
+def _single(query: AnalyticQuery, statistics: list[Statistic], public: list[Domain] | None,
             keys: list[str], arguments: dict[str, str], typecheck: list[tuple[str, str, str]]) -> str:
     """The statistics over the client's rows, each row one unit: no per-unit window, no guard, no second branch.
     The catalog fact is checked once, in the leader, before the scan, by a condition that reads no column."""
@@ -154,17 +160,20 @@ def _single(query: AnalyticQuery, statistics: list[Statistic], public: list[tupl
     if public is None:
         return (_with(typecheck) + "\n" if typecheck else "") + final
     ctes = [*typecheck, (STATS, final, "exact per-group statistics, each row one unit"), _domain_cte(public, keys)]
-    return _with(ctes) + "\n" + _over_domain(statistics, keys)
+    return _with(ctes) + "\n" + _over_domain(statistics, keys, public)
 
 
-def _domain_cte(public: list[tuple[str, ...]], keys: list[str]) -> tuple[str, str, str]:
+def _domain_cte(public: list[Domain], keys: list[str]) -> tuple[str, str, str]:
     domain_from = []
     for i, (values, key) in enumerate(zip(public, keys, strict=True)):
+        if isinstance(values, TimeDomain):  # the buckets of the declared range, listed from the calendar alone
+            domain_from.append(f"({values.sql}) AS d{i + 1}({key})")
+            continue
         array = ", ".join(text_literal(v) for v in values)
         domain_from.append(f"unnest(ARRAY[{array}]::text[]) AS d{i + 1}({key})")
     domain = [f"SELECT {', '.join(f'd{i + 1}.{key}' for i, key in enumerate(keys))}",
               f"FROM {' CROSS JOIN '.join(domain_from)}"]
-    return DOMAIN, "\n".join(domain), "every value of the declared public domains"
+    return DOMAIN, "\n".join(domain), "every value of the public domains (declared, or a calendar's buckets)"
 
 
 def _guard(query: AnalyticQuery) -> str:

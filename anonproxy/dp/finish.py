@@ -222,8 +222,9 @@ def finish(plan: DPPlan, released: list[Row], computed: list[Row] | None,
 def _key_order(plan: DPPlan, row: Row) -> tuple[object, ...]:
     """A sort key of a SQL row's group keys that depends on nothing but their values: a public key's position in
     its declared domain, else the value itself (NULL last, as PostgreSQL sorts ascending)."""
-    if plan.domains is not None:
-        return tuple(domain.index(value) for domain, value in zip(plan.domains, row[:plan.keys], strict=True))
+    if plan.domains is not None:  # a calendar key's buckets: by their own values
+        return tuple(domain.index(value) if isinstance(domain, tuple) else _value_order(value)
+                     for domain, value in zip(plan.domains, row[:plan.keys], strict=True))
     return tuple(_value_order(value) for value in row[:plan.keys])
 
 

@@ -23,6 +23,7 @@ from anonproxy.dp.mechanisms import (
     discrete_laplace_stddev,
 )
 from anonproxy.dp.quantiles import dp_quantile, rank_halfwidth
+from anonproxy.dp.time_domains import TimeDomain
 from anonproxy.plan import outer as nested_shapes
 
 # "distinct": count(DISTINCT x) over the bounded rows (a unit's rows there hold at most c distinct values of x)
@@ -265,7 +266,8 @@ class DPPlan:
     max_rows_per_unit: int = 1
     hidden: tuple[OutputColumn, ...] = ()  # aggregates HAVING needs that the select list does not show
     having: tuple[Any, ...] | None = None  # compiled HAVING (dp_having) over columns + hidden
-    domains: tuple[tuple[str, ...], ...] | None = None  # the GROUP BY keys' declared public domains, in order
+    # the GROUP BY keys' public domains, in order: declared values, or a calendar key's buckets (dp/time_domains.py)
+    domains: tuple[tuple[str, ...] | TimeDomain, ...] | None = None
     post: PostProcess | None = None  # post-aggregate expressions, computed over the noisy values
     nested: nested_shapes.Outer | nested_shapes.Series | None = None  # the released rows' next step
     rho: float = 0.0

@@ -26,6 +26,7 @@ from __future__ import annotations
 import copy
 import math
 import pickle
+import re
 from dataclasses import dataclass, field, replace
 from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal, localcontext
 from fractions import Fraction
@@ -34,7 +35,7 @@ from typing import Any, Literal, TypeAlias
 from sqlglot import exp
 
 from anonproxy.dp import interval_items, intervals
-from anonproxy.dp.bounded_sql import bounded_sql, text_literal
+from anonproxy.dp.bounded_sql import Domain, bounded_sql, text_literal
 from anonproxy.dp.domains import restricted
 from anonproxy.dp.finish import canonical_statistics
 from anonproxy.dp.having import compile_having
@@ -57,6 +58,13 @@ from anonproxy.dp.model import (
     Statistic,
     StatKind,
     as_float,
+)
+from anonproxy.dp.time_domains import (
+    MAX_TIME_BUCKETS,
+    TIME_TYPES,
+    TimeColumn,
+    TimeDomain,
+    calendar_domain,
 )
 from anonproxy.plan import bounds, post_aggregate
 from anonproxy.plan.analysis import AnalyticQuery, Item, analyze, canonical, filtered
@@ -148,7 +156,7 @@ class Measured:
     columns: _Columns
     drafts: list[_Draft] = field(default_factory=list)
     hidden: list[_Draft] = field(default_factory=list)
-    public: list[tuple[str, ...]] | None = None
+    public: list[Domain] | None = None
     reach: int = 1
     selection: _ColumnKey | None = None
     having: tuple[Any, ...] | None = None
@@ -263,10 +271,15 @@ def _measure(statement: Statement, tree: exp.Expression, role: RolePolicy, polic
 
     columns = _Columns(query, rows_cap, tree)
     public = _public_domains(query, tree, columns) if query.keys else None
+    within = [domain.within for domain in public or () if isinstance(domain, TimeDomain)]
+    if within:  # rows outside a calendar key's declared range fall in none of its buckets
+        where = " AND ".join(f"({condition})" for condition in ([query.where] if query.where else []) + within)
+        query = columns.query = replace(query, where=where)
     # How many groups one unit can reach: a unit touches at most `groups_cap` groups, and never more than exist.
-    # (At least 1: a WHERE may leave a domain no value, anonproxy.dp.domains; the answer is then empty.)
-    reach = 1 if not query.keys else (min(groups_cap, max(1, math.prod(len(d) for d in public))) if public
-                                      else groups_cap)
+    # (At least 1: a WHERE may leave a domain no value, anonproxy.dp.domains; the answer is then empty.) A calendar's
+    # buckets are counted by PostgreSQL, not here: `groups_cap` (its estimate only decides whether to list them).
+    reach = 1 if not query.keys else (min(groups_cap, max(1, math.prod(len(d) for d in public)))
+                                      if public and not within else groups_cap)
     measured = Measured(query, columns, public=public, reach=reach, caps=caps,
                         nested=shape.post if isinstance(shape, Nested) else None)
     if query.keys and public is None:  # (its δ is checked when priced, first)
@@ -877,6 +890,20 @@ class _Columns:
             return bounds.ColumnFacts(name, None)
         return bounds.ColumnFacts(name, sql_type)
 
+    def time_column(self, node: exp.Expression) -> TimeColumn | None:
+        """A reference to a date, timestamp or timestamptz column with declared time bounds, else None."""
+        found = self.column_table(node)
+        if found is None or found[0] is None:
+            return None
+        table, name = found[0], found[1]
+        policy = _policy_columns(table).get(name)
+        model = table.protected if table.protected is not None else table.linked
+        sql_type = model.types.get(name) if model is not None and model.types is not None else None
+        cast = TIME_TYPES.get(re.sub(r"\(\d+\)", "", sql_type or ""))
+        if policy is None or policy.earliest is None or policy.latest is None or cast is None:
+            return None
+        return TimeColumn((id(table), name), cast, policy.earliest, policy.latest)
+
     def column_table(self, node: exp.Expression) -> tuple[ResolvedTable | None, str] | None:
         """The table a column reference reads (None when unqualified and not declared by exactly one table)."""
         node = _unparen(node)
@@ -1092,20 +1119,32 @@ def _numeric_constant(node: exp.Expression) -> Fraction | None:
     return sign * Fraction(number) if number.is_finite() else None
 
 
-def _public_domains(query: AnalyticQuery, tree: exp.Select, columns: _Columns) -> list[tuple[str, ...]] | None:
-    """The declared domain of every GROUP BY key, when every key is a column that has one, without the values its
-    WHERE clause excludes; else None."""
-    domains = []
-    for key in query.key_nodes:
+def _public_domains(query: AnalyticQuery, tree: exp.Select, columns: _Columns) -> list[Domain] | None:
+    """The public domain of every GROUP BY key — a column's declared domain without the values its WHERE clause
+    excludes, or a calendar key's buckets (anonproxy.dp.time_domains) — when every key has one; else None (and
+    None past MAX_TIME_BUCKETS combinations with a calendar key: partition selection, as without bounds)."""
+    where_node = tree.args.get("where")
+    where = where_node.this if where_node is not None else None
+    declared: list[tuple[str, ...]] = []
+    calendars: dict[int, TimeDomain] = {}
+    for index, key in enumerate(query.key_nodes):
         found = columns.column_table(key)
         column = _policy_columns(found[0]).get(found[1]) if found is not None else None
-        if column is None or not column.domain:
+        if column is not None and column.domain:
+            declared.append(tuple(column.domain))
+            continue
+        calendar = calendar_domain(key, where, columns.time_column)
+        if calendar is None:
             return None
-        domains.append(tuple(column.domain))
-    where = tree.args.get("where")
+        declared.append(())  # (listed by the calendar, not by restricted())
+        calendars[index] = calendar
     # the values the WHERE clause lets through
-    domains = restricted(query, where.this if where is not None else None, domains, columns.column_table)
-    if math.prod(len(d) for d in domains) > MAX_DOMAIN_CELLS:
+    restricted_values = restricted(query, where, declared, columns.column_table)
+    domains: list[Domain] = [calendars.get(index, values) for index, values in enumerate(restricted_values)]
+    cells = math.prod(len(d) for d in domains)
+    if calendars:
+        return domains if cells <= MAX_TIME_BUCKETS else None
+    if cells > MAX_DOMAIN_CELLS:
         raise unsupported(f"the public domains of the GROUP BY columns have more than {MAX_DOMAIN_CELLS} "
                           "combinations", "Group by fewer columns.")
     return domains

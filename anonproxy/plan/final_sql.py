@@ -53,7 +53,7 @@ FUNCTIONS = frozenset({
     "row_number", "dense_rank", "first_value",  # window functions (contribution bounding, ranking)
     # window functions over released rows (post-aggregate expressions: running totals, ranks, previous values)
     "rank", "percent_rank", "cume_dist", "ntile", "lag", "lead", "last_value",
-    "abs", "random", "unnest",  # magnitudes, the dp plan's random row order, its public domains
+    "abs", "random", "unnest", "generate_series",  # magnitudes, the dp plan's random row order, its public domains
     "lower", "upper", "date_trunc", "date_part", "extract", "width_bucket",  # client expressions
     "round", "trunc", "ceil", "ceiling", "floor", "sign",  # post-aggregate expressions (plan.post_aggregate)
     # derived values the no-error proof admits (anonproxy.plan.bounds); trim() is btrim/ltrim/rtrim in the tree

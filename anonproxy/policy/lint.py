@@ -8,6 +8,13 @@ value and reports the bounds that fewer than k of them hold (none at all is
 fine: then the bound says nothing about anybody). k is the largest k of the
 policy's roles in suppress mode, or the default k when there is none.
 
+A time bound (``earliest``, ``latest`` of a date or timestamp column) is rarely
+anybody's exact value, so it is counted differently: the people whose value is
+at or before the earliest bound, and at or after the latest. A bound that 1 to
+k − 1 people reach is the data's own extreme, or leaves a few people outside
+the declared range (their rows fall out of dp's calendar buckets): either way
+it is reported. A bound beyond every value (none reaches it) is fine.
+
 It also warns about every declared reference table that has no usable unique
 key (dropped, made partial or deferrable since it was declared; or the table
 is gone): it stays declared, but every join to it is refused until it has one.
@@ -19,6 +26,7 @@ bound values are parameters.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from decimal import Decimal
 from typing import Any, Literal
 
@@ -27,19 +35,27 @@ from psycopg import sql
 
 from .model import ColumnPolicy, Policy, SuppressionParams, split_policy_name
 
+Side = Literal["lower", "upper", "earliest", "latest"]
+
 
 @dataclass(frozen=True)
 class Finding:
-    """A bound held by ``count`` privacy units, 0 < count < k."""
+    """A bound held (a time bound: reached) by ``count`` privacy units, 0 < count < k."""
 
     table: str  # policy name, "public.adult"
     column: str
-    side: Literal["lower", "upper"]
-    value: float
+    side: Side
+    value: float | datetime
     count: int
     k: int
 
     def __str__(self) -> str:
+        if isinstance(self.value, datetime):
+            people = "person has" if self.count == 1 else "people have"
+            where = "before" if self.side == "earliest" else "after"
+            return (f"{self.table}.{self.column}: {self.side} bound {_moment(self.value)}: {self.count} {people} a "
+                    f"value at or {where} it (fewer than k = {self.k}); declare a public bound beyond every value, "
+                    "rounded outward")
         people = "person holds" if self.count == 1 else "people hold"
         return (f"{self.table}.{self.column}: {self.side} bound {_plain(self.value)} is a value {self.count} "
                 f"{people} (fewer than k = {self.k}); declare a public bound, rounded outward")
@@ -62,7 +78,7 @@ def lint(conn: psycopg.Connection[Any], policy: Policy) -> tuple[int, list[Findi
             sides = _bounds(column)
             if not sides:
                 continue
-            counts = _holders(conn, name, unit, column.name, [value for _, value in sides])
+            counts = _holders(conn, name, unit, column.name, sides)
             checked += len(sides)
             findings += [Finding(name, column.name, side, value, count, k)
                          for (side, value), count in zip(sides, counts, strict=True) if 0 < count < k]
@@ -76,26 +92,41 @@ def reference_warnings(policy: Policy) -> list[str]:
             for reference in policy.references.values() if not reference.keys]
 
 
-def _bounds(column: ColumnPolicy) -> list[tuple[Literal["lower", "upper"], float]]:
-    sides: list[tuple[Literal["lower", "upper"], float]] = []
+def _bounds(column: ColumnPolicy) -> list[tuple[Side, float | datetime]]:
+    sides: list[tuple[Side, float | datetime]] = []
     if column.lower is not None:
         sides.append(("lower", column.lower))
     if column.upper is not None:
         sides.append(("upper", column.upper))
+    if column.earliest is not None:
+        sides.append(("earliest", column.earliest))
+    if column.latest is not None:
+        sides.append(("latest", column.latest))
     return sides
 
 
-def _holders(conn: psycopg.Connection[Any], table: str, unit: str, column: str, values: list[float]) -> list[int]:
-    """Distinct units whose ``column`` equals each value, in one scan of the table."""
+# How a side's value is compared with the column's: held exactly (numbers), reached (time).
+_TESTS = {"lower": "=", "upper": "=", "earliest": "<=", "latest": ">="}
+
+
+def _holders(conn: psycopg.Connection[Any], table: str, unit: str, column: str,
+             sides: list[tuple[Side, float | datetime]]) -> list[int]:
+    """Distinct units holding (or reaching) each bound, in one scan of the table."""
     counts = sql.SQL(", ").join(
-        sql.SQL("count(DISTINCT {unit}) FILTER (WHERE {column} = {value})").format(
-            unit=sql.Identifier(unit), column=sql.Identifier(column), value=sql.Placeholder())
-        for _ in values)
+        sql.SQL("count(DISTINCT {unit}) FILTER (WHERE {column} {test} {value})").format(
+            unit=sql.Identifier(unit), column=sql.Identifier(column), test=sql.SQL(_TESTS[side]),
+            value=sql.Placeholder())
+        for side, _ in sides)
     query = sql.SQL("SELECT {counts} FROM {table}").format(counts=counts,
                                                             table=sql.Identifier(*split_policy_name(table)))
-    row = conn.execute(query, [Decimal(repr(value)) for value in values]).fetchone()
+    values = [value if isinstance(value, datetime) else Decimal(repr(value)) for _, value in sides]
+    row = conn.execute(query, values).fetchone()
     assert row is not None  # an aggregate without GROUP BY returns one row
     return [int(count) for count in row]
+
+
+def _moment(value: datetime) -> str:
+    return value.isoformat(" ").replace("+00:00", "+00")
 
 
 def _plain(value: float) -> str:

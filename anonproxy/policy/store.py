@@ -1,6 +1,6 @@
 """Read the policy from its tables: migrations 0002 (tables, roles), 0003 (budgets), 0011 (published relations),
 0013 (statement time limits), 0017 (reference tables and their unique keys, read from the catalog each time),
-0019 (the accounting of budgets).
+0019 (the accounting of budgets), 0033 (the time bounds of date and timestamp columns).
 
 The whole policy is read by one statement, so the version and the contents come
 from the same snapshot; the policy also keeps the name of the database it was
@@ -14,6 +14,7 @@ new policy version, sent when the transaction that changed the policy commits.
 from __future__ import annotations
 
 from dataclasses import replace
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
@@ -162,22 +163,25 @@ def service_role(conn: psycopg.Connection[Any]) -> str:
 
 def policy_from_json(doc: dict[str, Any]) -> Policy:
     """Build the model from the document ``_POLICY_SQL`` returns (rows as JSON objects)."""
+    types: dict[str, dict[str, str]] = {}
+    for table_name, column_name, type_name in doc.get("types") or ():
+        types.setdefault(table_name, {})[column_name] = type_name
     columns: dict[str, dict[str, ColumnPolicy]] = {}
     for row in doc["columns"] or ():
+        aware = types.get(row["table_name"], {}).get(row["column_name"]) == "timestamp with time zone"
         columns.setdefault(row["table_name"], {})[row["column_name"]] = ColumnPolicy(
             name=row["column_name"],
             kind=row["kind"],
             lower=_float(row["lower_bound"]),
             upper=_float(row["upper_bound"]),
             domain=None if row["domain"] is None else tuple(row["domain"]),
+            earliest=_time(row.get("earliest"), aware),
+            latest=_time(row.get("latest"), aware),
         )
     not_null: dict[str, set[str]] = {}
     for table_name, column_name in doc.get("not_null") or ():
         not_null.setdefault(table_name, set()).add(column_name)
     unique_units = set(doc.get("unique_units") or ())
-    types: dict[str, dict[str, str]] = {}
-    for table_name, column_name, type_name in doc.get("types") or ():
-        types.setdefault(table_name, {})[column_name] = type_name
     shared = {
         row["domain"]: SharedBudget(Decimal(row["epsilon"]), Decimal(row["delta"]), row["refresh_period"],
                                     row["accounting"])
@@ -253,6 +257,14 @@ def _scalar(row: tuple[Any, ...] | None) -> Any:
 
 def _float(value: float | None) -> float | None:
     return None if value is None else float(value)
+
+
+def _time(value: str | None, aware: bool) -> datetime | None:
+    """A stored time bound (a timestamp's JSON text); aware, in UTC, for a timestamptz column."""
+    if value is None:
+        return None
+    moment = datetime.fromisoformat(value)
+    return moment.replace(tzinfo=UTC) if aware else moment
 
 
 def _decimal(value: str | None) -> Decimal | None:

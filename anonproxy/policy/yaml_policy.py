@@ -9,7 +9,11 @@
           age: {kind: quasi_identifier, lower: 17, upper: 90}
           sex: {kind: quasi_identifier, domain: [Female, Male]}
     links:
-      public.visits: {column: person_id, references: public.people}
+      public.visits:
+        column: person_id
+        references: public.people
+        columns:
+          visited_at: {kind: quasi_identifier, earliest: 2025-01-01 00:00:00+00, latest: 2026-12-31 23:59:59+00}
     roles:
       reporter: {mode: suppress, k: 10, dominance: {n: 2, percent: 85}, suppressed_rest: true}
       analyst:
@@ -30,6 +34,11 @@ roles, and a refusal leaves the previous policy in force.
 
 Durations (``max_statement_time``) are written like PostgreSQL's time
 settings: a number and a unit, ``500ms``, ``30s``, ``2min``, ``1h``.
+
+Time bounds (``earliest``, ``latest``: a date, timestamp or timestamptz column's
+range, inclusive) are a date (``2025-01-01``) or a date and time, with an offset
+(``2025-01-01 00:00:00+00``) or without; for a timestamptz column a time without
+offset is UTC (sql/0033_time_bounds.sql checks them against the column's type).
 """
 
 from __future__ import annotations
@@ -38,6 +47,7 @@ import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import replace
+from datetime import UTC, date, datetime
 from decimal import Decimal
 from importlib.resources import files
 from pathlib import Path
@@ -73,7 +83,7 @@ T = TypeVar("T")
 _TOP_KEYS = ("service_role", "tables", "links", "roles", "published", "reference_tables", "max_statement_time")
 _TABLE_KEYS = ("unit", "shared_budget", "columns")
 _LINK_KEYS = ("column", "references", "columns")
-_COLUMN_KEYS = ("kind", "lower", "upper", "domain")
+_COLUMN_KEYS = ("kind", "lower", "upper", "domain", "earliest", "latest")
 _ROLE_KEYS = ("mode", "k", "dominance", "p_percent", "suppressed_rest", "allow_min_max", "budgets")
 _DOMINANCE_KEYS = ("n", "percent")
 _BUDGET_KEYS = ("epsilon", "delta", "refresh_period", "accuracy_epsilon", "delta_per_query", "accounting",
@@ -228,7 +238,17 @@ class _Checker:
         elif lower is not None and upper is not None and lower > upper:
             self.fail(path, f"lower bound {_number_text(lower)} is greater than upper bound {_number_text(upper)}")
         domain = self.optional(fields, "domain", self.domain, None, f"{path}.domain")
-        return ColumnPolicy(name, cast(ColumnKind, kind), lower, upper, domain)  # checked above
+        earliest = self.optional(fields, "earliest", self.moment, None, f"{path}.earliest")
+        latest = self.optional(fields, "latest", self.moment, None, f"{path}.latest")
+        if ("earliest" in fields) != ("latest" in fields):
+            self.fail(path, "give both earliest and latest bounds, or neither")
+        elif earliest is not None and latest is not None:
+            if (earliest.tzinfo is None) != (latest.tzinfo is None):
+                self.fail(path, "give earliest and latest both with an offset (+00) or both without")
+            elif earliest > latest:
+                self.fail(path, f"earliest bound {earliest.isoformat(' ')} is later than latest bound "
+                                f"{latest.isoformat(' ')}")
+        return ColumnPolicy(name, cast(ColumnKind, kind), lower, upper, domain, earliest, latest)  # checked above
 
     def role(self, name: str, spec: object, path: str, tables: Mapping[str, ProtectedTable],
              links: Mapping[str, LinkedTable]) -> RolePolicy:
@@ -447,6 +467,23 @@ class _Checker:
                         f"got {value!r}")
         return None
 
+    def moment(self, value: object, path: str) -> datetime | None:
+        """A time bound: a date (its midnight), or a date and time (with an offset: in UTC)."""
+        if isinstance(value, datetime):
+            moment = value
+        elif isinstance(value, date):
+            moment = datetime(value.year, value.month, value.day)
+        else:
+            try:
+                moment = datetime.fromisoformat(value) if isinstance(value, str) else None
+            except ValueError:
+                moment = None
+            if moment is None:
+                self.fail(path, f"must be a date or a date and time, like 2025-01-01 or 2025-01-01 00:00:00+00; "
+                                f"got {value!r}")
+                return None
+        return moment.astimezone(UTC) if moment.tzinfo is not None else moment
+
     def domain(self, value: object, path: str) -> tuple[str, ...] | None:
         if not isinstance(value, list) or not value:
             self.fail(path, f"must be a non-empty list of values, got {value!r}")
@@ -541,6 +578,9 @@ def _set_columns(conn: psycopg.Connection[Any], table: str, columns: Mapping[str
               "select anonproxy.set_column(%s::regclass, %s::name, %s::text, %s::numeric, %s::numeric, %s::text[])",
               (table, column.name, column.kind, column.lower, column.upper,
                None if column.domain is None else list(column.domain)))
+        if column.earliest is not None and column.latest is not None:
+            _call(conn, f"{path}.{column.name}", "select anonproxy.set_time_bounds(%s::regclass, %s::name, %s, %s)",
+                  (table, column.name, _moment_text(column.earliest), _moment_text(column.latest)))
 
 
 def _call(conn: psycopg.Connection[Any], path: str, query: str, params: tuple[Any, ...] = ()) -> None:
@@ -632,6 +672,8 @@ def _dump_columns(columns: Mapping[str, ColumnPolicy]) -> dict[str, _Flow]:
             fields["upper"] = _plain_number(column.upper)
         if column.domain is not None:
             fields["domain"] = list(column.domain)
+        if column.earliest is not None and column.latest is not None:
+            fields["earliest"], fields["latest"] = _moment_text(column.earliest), _moment_text(column.latest)
         dumped[column.name] = fields
     return dumped
 
@@ -665,6 +707,12 @@ def _duration_text(ms: int) -> str:
     """``30000`` -> ``30s``: the largest unit that writes it whole."""
     unit = next(name for name, size in sorted(_TIME_UNITS.items(), key=lambda item: -item[1]) if ms % size == 0)
     return f"{ms // _TIME_UNITS[unit]}{unit}"
+
+
+def _moment_text(moment: datetime) -> str:
+    """A time bound as set_time_bounds and YAML read it: 2025-01-01 00:00:00, +00 when it is aware (UTC)."""
+    text = moment.replace(tzinfo=None).isoformat(" ")
+    return f"{text}+00" if moment.tzinfo is not None else text
 
 
 def _plain_number(value: float) -> int | float:

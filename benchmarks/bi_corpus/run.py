@@ -2,9 +2,8 @@
 """Coverage of the BI corpus (tests/bi_corpus/) through `anonproxy up`, as a markdown table.
 
 Starts `anonproxy up` (a throwaway PostgreSQL with the demo data, roles and
-policy, and the proxy) on a free port, adds the corpus's dated table
-`public.visits` as a linked table of `adult` (tests/bi_corpus/visits.py; the
-demo itself is unchanged), gives the demo `analyst` a budget large enough for
+policy, and the proxy, with the dated table `public.visits` the corpus's
+time series read) on a free port, gives the demo `analyst` a budget large enough for
 the whole corpus, replays every tool's statements as `reporter` (suppress) and
 `analyst` (dp), and the widened corpus's also as `dba` (direct: the SQL is
 valid PostgreSQL), and prints the coverage per tool and mode of the
@@ -30,7 +29,7 @@ from pathlib import Path
 import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
-from bi_corpus import replay, visits  # noqa: E402
+from bi_corpus import replay  # noqa: E402
 
 ROLES = {"reporter": "suppress", "analyst": "dp"}
 DIRECT = {"dba": "direct"}  # replays the widened corpus to check its SQL
@@ -83,18 +82,6 @@ def raise_analyst_budget(owner_url: str) -> None:
                       "0.0000001)")
 
 
-def add_visits(owner_url: str, reporter_url: str) -> None:
-    """The corpus's dated table, linked to adult; back when the proxy has loaded the policy that declares it."""
-    with psycopg.connect(owner_url, autocommit=True) as owner:
-        version = visits.create(owner)
-    deadline = time.monotonic() + 30
-    with psycopg.connect(reporter_url, autocommit=True) as reporter:  # one worker's view: enough for a benchmark
-        while int(reporter.execute("show anonproxy.policy_version").fetchone()[0]) < version:
-            if time.monotonic() > deadline:
-                raise SystemExit("the proxy did not load the policy that declares public.visits")
-            time.sleep(0.1)
-
-
 def failures(outcomes: list[replay.Outcome]) -> list[str]:
     """What the test suite asserts per statement, as lines."""
     found = []
@@ -120,7 +107,6 @@ def main() -> int:
     process, urls = start_up(free_port())
     try:
         raise_analyst_budget(urls["owner"])
-        add_visits(urls["owner"], urls["reporter"])
         outcomes = replay.replay(entries, {role: urls[role] for role in ROLES}, ROLES)
         direct = replay.replay(widened, {role: urls[role] for role in DIRECT}, DIRECT)
     finally:

@@ -111,6 +111,7 @@ policy = demo_policy()
 with psycopg.connect(os.environ["BENCH_DSN"]) as conn:
     schema.install(conn)
     sample_data.load_adult(conn)
+    sample_data.load_visits(conn)  # the demo policy declares public.visits too
     demo.create_demo_roles(conn, conn.info.dbname)
     password = demo.reset_service_role(conn, policy.service_role)
     apply_policy(conn, policy)

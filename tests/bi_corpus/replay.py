@@ -24,8 +24,8 @@ sent as written, without the line break that ends a YAML block.
 
 A file's ``corpus`` is ``established`` (the default: the corpus the targets
 below were met on) or ``widened`` (issue 19: the SQL of tools the established
-corpus does not cover, and time series over ``public.visits``, the dated table
-of ``visits.py``); an entry marked ``time_series: true`` draws a chart over
+corpus does not cover, and time series over ``public.visits``, the demo's dated
+table, anonproxy/sample_data.py); an entry marked ``time_series: true`` draws a chart over
 time.
 
 Used by tests/test_bi_corpus.py and benchmarks/bi_corpus/run.py.
