@@ -1007,6 +1007,7 @@ def _create_visits(conn: psycopg.Connection) -> list[tuple[int, str, int]]:
     rows += [(25, "D", 600), (26, "D", 300)] + [(p, "D", 10) for p in range(27, 37)]  # T - x1 - x2 = 100
     rows += [(37, "E", 1000), (37, "E", -900), (38, "E", -100)] + [(p, "E", 100) for p in range(39, 49)]
     rows += [(p, "F", 1) for p in range(49, 54)]  # only 5 people
+    conn.execute("DROP TABLE public.visits")  # the demo's, in the template: this test's policy has its own
     conn.execute("CREATE TABLE public.visits (person_id int REFERENCES public.adult (id), visit_month text, "
                  "cost int)")
     with conn.cursor() as cursor:
