@@ -28,6 +28,7 @@ from sqlglot.tokenizer_core import TokenType
 
 from anonproxy.dp.plan import Packed, measure
 from anonproxy.plan.analysis import analyze
+from anonproxy.plan.bind_values import Slot, representative_text, slots
 from anonproxy.plan.final_sql import verify
 from anonproxy.plan.outer import Outer
 from anonproxy.plan.refusals import (
@@ -56,6 +57,7 @@ from anonproxy.route.commands import (
     refuse_statement,
 )
 from anonproxy.route.decision import (
+    AtBind,
     CloseCursor,
     Decision,
     DeclareCursor,
@@ -189,6 +191,9 @@ def _statement(statement: Statement, role: RolePolicy, index: PolicyIndex) -> De
         _check_passable(statement, tree, role, index)
         return _relayed(tree, role, index)
     _refuse_published(tree, index.policy)
+    found = slots(tree)
+    if found:
+        return _at_bind(statement, tree, found, role, index)
     if role.mode == "dp":  # measured here, from this one parse; priced when the role's cost is known
         return Noisy(statement.text, Packed.of(measure(statement, tree, role, index.policy)))
     shape = prepare(statement, tree, index)  # derived tables flattened, names normalised
@@ -206,6 +211,16 @@ def _statement(statement: Statement, role: RolePolicy, index: PolicyIndex) -> De
     return Rewrite(rewrite(analysis, role.suppression), report, verify(report, index.policy, role.role))
 
 
+def _at_bind(statement: Statement, tree: exp.Expression, found: tuple[Slot, ...], role: RolePolicy,
+             index: PolicyIndex) -> AtBind:
+    """A statement with parameters where constants are needed: decided at each Bind with their values; here with
+    a representative value in each place, so that what does not depend on the values is refused at Parse."""
+    (representative,) = split(representative_text(tree, found))
+    described = _statement(representative, role, index)
+    assert isinstance(described, (Rewrite, Noisy))  # it reads the protected tables the statement reads
+    return AtBind(statement.text, found, described, representative.text)
+
+
 def _declare(statement: Statement, role: RolePolicy, index: PolicyIndex) -> DeclareCursor:
     """DECLARE ... CURSOR FOR query: the query is decided exactly like a plain statement."""
     syntax = declare_cursor(statement)
@@ -213,6 +228,9 @@ def _declare(statement: Statement, role: RolePolicy, index: PolicyIndex) -> Decl
     if not is_query(inner):
         raise refuse_statement(inner, role.mode)
     query = _statement(inner, role, index)
+    if isinstance(query, AtBind):
+        raise unsupported(f"parameter ${query.slots[0].number} stands where the query of a cursor needs a constant",
+                          "Write the constant in DECLARE ... CURSOR FOR, or run the query as a prepared statement.")
     if isinstance(query, Relayed):
         # A cursor over a catalog query runs the client's own text: its privilege probes get PostgreSQL's answer.
         query = Pass()

@@ -1,0 +1,213 @@
+"""Parameters decided at Bind: ``$n`` where a statement needs a constant (a LIKE pattern, a date_trunc unit, a
+to_char format, a cast's operand), bound by real drivers through the real proxy, in both modes.
+
+Each bound statement is answered as if the client had written its values as constants: suppression's answers
+equal PostgreSQL's own, dp answers are noisy within their bounds and charged at Execute only; a value that the
+constant form would refuse is refused at Bind with the same SQLSTATE and message, and the batch is skipped to
+its Sync; a decision made for one value is never served for another.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import asyncpg
+import psycopg
+import pytest
+from bi_corpus import visits
+from conftest import Endpoint, fresh_dp_role, wait_for_current_policy
+from psycopg import pq
+
+from anonproxy.embedded import EmbeddedPostgres
+
+CONTAINS = "select count(*) from adult where occupation ilike %s"
+MONTHLY = ("select date_trunc(%(unit)s::varchar, visited_at) as month, count(*) as n from visits "
+           "group by date_trunc(%(unit)s::varchar, visited_at) order by 1")  # SQLAlchemy's, one $1 twice
+YEARS = "select to_char(visited_at, %s) as y, count(*) from visits group by 1 order by 1"
+OLDER = "select education, avg(hours_per_week) as h from adult where age >= %s::integer group by education order by 1"
+
+
+@pytest.fixture(scope="module")
+def dated(pg_server: EmbeddedPostgres, gated_database: str, gated_proxy: Endpoint) -> Iterator[None]:
+    with psycopg.connect(pg_server.conninfo(dbname=gated_database), autocommit=True) as owner:
+        visits.create(owner)
+        wait_for_current_policy(owner, gated_proxy, gated_database)
+        try:
+            yield
+        finally:
+            visits.drop(owner)
+            wait_for_current_policy(owner, gated_proxy, gated_database)
+
+
+def connect(proxy: Endpoint, database: str, role: str) -> psycopg.Connection[Any]:
+    return psycopg.connect(proxy.dsn(database, user=role), autocommit=True)
+
+
+def refusal(conn: psycopg.Connection[Any], sql: str, params: list[Any] | None = None,
+            **options: Any) -> tuple[str | None, str]:
+    with pytest.raises(psycopg.Error) as raised:
+        conn.execute(sql, params, **options)
+    return raised.value.sqlstate, raised.value.diag.message_primary or ""
+
+
+def constant(sql: str, *values: str) -> str:
+    """``sql`` with its %s written as the string constants ``values`` (test text only)."""
+    return sql % tuple("'" + value.replace("'", "''") + "'" for value in values)
+
+
+# -- suppress mode: answers equal PostgreSQL's own ------------------------------------------------------------------
+
+
+def test_a_bound_like_pattern_is_answered_as_the_constant(gated_proxy: Endpoint, gated_database: str,
+                                                          truth: psycopg.Connection[Any]) -> None:
+    with connect(gated_proxy, gated_database, "reporter") as conn:
+        for pattern in ("%sales%", "%tech%", "%sales%", "%craft%"):
+            for prepare in (False, True):
+                answer = conn.execute(CONTAINS, [pattern], prepare=prepare).fetchall()
+                assert answer == truth.execute(CONTAINS, [pattern]).fetchall(), pattern
+        # Django's icontains with server-side binding: UPPER(%s) around the parameter.
+        django = 'SELECT COUNT(*) AS "__count" FROM "adult" WHERE UPPER("adult"."occupation"::text) LIKE UPPER(%s)'
+        assert conn.execute(django, ["%sales%"]).fetchall() == truth.execute(django, ["%sales%"]).fetchall()
+
+
+def test_a_bound_unit_and_format_are_answered_as_the_constants(gated_proxy: Endpoint, gated_database: str,
+                                                               truth: psycopg.Connection[Any], dated: None) -> None:
+    with connect(gated_proxy, gated_database, "reporter") as conn:
+        for unit in ("month", "year", "quarter", "month"):
+            answer = conn.execute(MONTHLY, {"unit": unit}, prepare=True).fetchall()
+            assert answer == truth.execute(MONTHLY, {"unit": unit}).fetchall(), unit
+        for pattern in ("YYYY", "YYYY-Q"):
+            assert conn.execute(YEARS, [pattern]).fetchall() == truth.execute(YEARS, [pattern]).fetchall()
+
+
+def test_a_cast_parameter_is_answered_as_the_constant(gated_proxy: Endpoint, gated_database: str,
+                                                      truth: psycopg.Connection[Any]) -> None:
+    """SQLAlchemy's %(age_1)s::INTEGER (psycopg declares the int as int2): released groups equal PostgreSQL's."""
+    with connect(gated_proxy, gated_database, "reporter") as conn:
+        for age in (40, 60):
+            answer = {group: h for group, h in conn.execute(OLDER, [age]) if group is not None}  # None: the rest
+            expected = dict(truth.execute(OLDER, [age]).fetchall())
+            assert answer and all(answer[group] == expected[group] for group in answer)
+
+
+def test_binary_parameters_and_null(gated_proxy: Endpoint, gated_database: str,
+                                    truth: psycopg.Connection[Any]) -> None:
+    with connect(gated_proxy, gated_database, "reporter") as conn:
+        binary = conn.cursor(binary=True)
+        assert binary.execute(CONTAINS, ["%sales%"]).fetchall() == truth.execute(CONTAINS, ["%sales%"]).fetchall()
+        released = {group for group, _ in binary.execute(OLDER, [40])}
+        assert released - {None} and released - {None} <= {group for group, _ in truth.execute(OLDER, [40])}
+        # LIKE NULL matches no row and never fails: PostgreSQL counts 0.
+        assert conn.execute(CONTAINS, [None]).fetchall() in ([(0,)], [])
+
+
+def test_asyncpg_describes_before_binding(gated_proxy: Endpoint, gated_database: str,
+                                          truth: psycopg.Connection[Any], dated: None) -> None:
+    """asyncpg prepares and describes the statement before any value is bound, then binds in binary format: the
+    description holds for every value class (the types do not depend on the values)."""
+    async def run() -> None:
+        conn = await asyncpg.connect(host=gated_proxy.host, port=gated_proxy.port, user="reporter",
+                                     password="reporter", database=gated_database)
+        try:
+            statement = await conn.prepare(MONTHLY.replace("%(unit)s", "$1"))
+            assert [t.name for t in statement.get_parameters()] == ["varchar"]
+            assert [(a.name, a.type.name) for a in statement.get_attributes()] == [("month", "timestamptz"),
+                                                                                 ("n", "int8")]
+            for unit in ("month", "year"):
+                rows = [tuple(row) for row in await statement.fetch(unit)]
+                assert rows == truth.execute(MONTHLY, {"unit": unit}).fetchall()
+            with pytest.raises(asyncpg.PostgresError) as raised:
+                await statement.fetch("fortnight")
+            assert raised.value.sqlstate == "0A000"
+            count = await conn.fetchval(CONTAINS.replace("%s", "$1"), "%sales%")
+            assert count == truth.execute(CONTAINS, ["%sales%"]).fetchone()[0]
+        finally:
+            await conn.close()
+
+    asyncio.run(run())
+
+
+# -- what is refused, and where ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("sql", "value"), [
+    (CONTAINS, "sales\\"),  # a trailing escape fails only on the rows whose text reaches it
+    ("select date_trunc(%s, visited_at), count(*) from visits group by 1", "fortnight"),
+    ("select date_part(%s, visited_at), count(*) from visits group by 1", "timezone_hour"),
+    (OLDER, "40 or 1=1"),
+])
+@pytest.mark.parametrize("role", ["reporter", "analyst"])
+def test_a_bound_value_is_refused_as_the_constant(gated_proxy: Endpoint, gated_database: str, dated: None,
+                                                  sql: str, value: str, role: str) -> None:
+    with connect(gated_proxy, gated_database, role) as conn:
+        written = refusal(conn, constant(sql, value))
+        assert written[0] is not None and written[0] != "XX000"
+        assert refusal(conn, sql, [value]) == written
+        assert refusal(conn, sql, [value], prepare=True) == written
+        assert conn.execute("select 1").fetchone() == (1,)  # the batch was skipped to its Sync; the session goes on
+
+
+def test_a_decision_is_never_served_to_another_value(gated_proxy: Endpoint, gated_database: str,
+                                                     truth: psycopg.Connection[Any]) -> None:
+    """One named statement bound with a pattern that is answered, one that is refused, and the first again: each
+    Bind is decided for its own values."""
+    with connect(gated_proxy, gated_database, "reporter") as conn:
+        pgconn = conn.pgconn
+        sql = CONTAINS.replace("%s", "$1").encode()
+        assert pgconn.prepare(b"contains", sql).status == pq.ExecStatus.COMMAND_OK
+        for pattern, answered in ((b"%sales%", True), (b"sales\\", False), (b"%sales%", True), (b"sales\\", False)):
+            result = pgconn.exec_prepared(b"contains", [pattern])
+            if answered:
+                assert result.status == pq.ExecStatus.TUPLES_OK
+                assert int(result.get_value(0, 0)) == truth.execute(CONTAINS, [pattern.decode()]).fetchone()[0]
+            else:
+                assert result.status == pq.ExecStatus.FATAL_ERROR
+                assert result.error_field(pq.DiagnosticField.SQLSTATE) == b"0A000"
+
+
+def test_what_no_value_can_change_is_refused_at_parse(gated_proxy: Endpoint, gated_database: str) -> None:
+    with connect(gated_proxy, gated_database, "reporter") as conn:
+        # A row-level statement: refused whatever the pattern, at Parse.
+        result = conn.pgconn.prepare(b"rows", b"select age from adult where occupation like $1")
+        assert result.status == pq.ExecStatus.FATAL_ERROR
+        assert result.error_field(pq.DiagnosticField.SQLSTATE) in (b"42501", b"0A000")
+        # A parameter in a simple Query has no value: PostgreSQL's own error.
+        assert refusal(conn, "select count(*) from adult where occupation like $1", prepare=False)[0] in (
+            "42P02", "08P01")
+
+
+def test_a_simple_query_with_a_parameter(gated_proxy: Endpoint, gated_database: str) -> None:
+    with connect(gated_proxy, gated_database, "reporter") as conn:
+        conn.pgconn.send_query(b"select count(*) from adult where occupation like $1")
+        result = conn.pgconn.get_result()
+        while conn.pgconn.get_result() is not None:
+            pass
+        assert result.error_field(pq.DiagnosticField.SQLSTATE) == b"42P02"
+
+
+# -- dp mode ---------------------------------------------------------------------------------------------------------
+
+
+def budget(conn: psycopg.Connection[Any]) -> str:
+    return str(conn.execute("show anonproxy.budget").fetchone())
+
+
+def test_dp_answers_a_bound_pattern_and_charges_at_execute_only(pg_server: EmbeddedPostgres, gated_proxy: Endpoint,
+                                                                gated_database: str,
+                                                                truth: psycopg.Connection[Any]) -> None:
+    with psycopg.connect(pg_server.conninfo(dbname=gated_database), autocommit=True) as owner, \
+            fresh_dp_role(owner, gated_proxy, gated_database, "bind_analyst") as role, \
+            connect(gated_proxy, gated_database, role) as conn:
+        before = budget(conn)
+        pgconn = conn.pgconn
+        assert pgconn.prepare(b"contains", CONTAINS.replace("%s", "$1").encode()).status == pq.ExecStatus.COMMAND_OK
+        assert pgconn.describe_prepared(b"contains").status == pq.ExecStatus.COMMAND_OK
+        refused = pgconn.exec_prepared(b"contains", [b"sales\\"])
+        assert refused.error_field(pq.DiagnosticField.SQLSTATE) == b"0A000"
+        assert budget(conn) == before  # Parse, Describe and a refused Bind charge nothing
+        noisy = int(pgconn.exec_prepared(b"contains", [b"%sales%"]).get_value(0, 0))
+        # count(*) at ε 0.5: scale 2, 2·ln(1e6) < 28.
+        assert abs(noisy - truth.execute(CONTAINS, ["%sales%"]).fetchone()[0]) <= 28
+        assert budget(conn) != before
