@@ -191,7 +191,8 @@ def _statement(statement: Statement, role: RolePolicy, index: PolicyIndex) -> De
         _check_passable(statement, tree, role, index)
         return _relayed(tree, role, index)
     _refuse_published(tree, index.policy)
-    found = slots(tree)
+    # (Most statements have no $n: the token scan spares them the walk of the tree.)
+    found = slots(tree) if any(token.token_type == TokenType.PARAMETER for token in statement.tokens) else ()
     if found:
         return _at_bind(statement, tree, found, role, index)
     if role.mode == "dp":  # measured here, from this one parse; priced when the role's cost is known
