@@ -19,8 +19,15 @@ import pytest
 from bi_corpus import visits
 from conftest import Endpoint, fresh_dp_role, wait_for_current_policy
 from psycopg import pq
+from test_rewrite import POLICY, SUPPRESS
 
 from anonproxy.embedded import EmbeddedPostgres
+from anonproxy.plan.bind_values import Slot
+from anonproxy.plan.refusals import Reject
+from anonproxy.proxy.bind_time import class_text
+from anonproxy.proxy.gate import Parameters
+from anonproxy.route.decide import decide
+from anonproxy.route.decision import AtBind, Rewrite
 
 CONTAINS = "select count(*) from adult where occupation ilike %s"
 MONTHLY = ("select date_trunc(%(unit)s::varchar, visited_at) as month, count(*) as n from visits "
@@ -55,6 +62,35 @@ def refusal(conn: psycopg.Connection[Any], sql: str, params: list[Any] | None = 
 def constant(sql: str, *values: str) -> str:
     """``sql`` with its %s written as the string constants ``values`` (test text only)."""
     return sql % tuple("'" + value.replace("'", "''") + "'" for value in values)
+
+
+# -- the decision at Parse ---------------------------------------------------------------------------------------------
+
+
+def test_parse_decides_with_representative_values() -> None:
+    """decide() finds the parameters that stand where constants are needed (one per number, seen through casts
+    to text and upper()), and decides the statement with a representative value in each."""
+    sql = ("SELECT date_trunc(CAST($1 AS VARCHAR), visited_at), count(*) FROM visits WHERE channel ILIKE UPPER($2) "
+           "AND visited_at >= $3 GROUP BY date_trunc(CAST($1 AS VARCHAR), visited_at)")
+    decision = decide(sql, SUPPRESS, POLICY)
+    assert isinstance(decision, AtBind) and isinstance(decision.described, Rewrite)
+    assert decision.slots == (Slot(1, "unit", 1043), Slot(2, "pattern", 25))
+    assert "$1" not in decision.representative and "$2" not in decision.representative
+    assert "$3" in decision.representative  # a comparison's operand stays a parameter
+    # A statement refused whatever the values is refused at Parse; without such a parameter, nothing changes.
+    assert isinstance(decide("SELECT id FROM adult WHERE occupation LIKE $1", SUPPRESS, POLICY), Reject)
+    assert isinstance(decide("SELECT count(*) FROM adult WHERE age > $1", SUPPRESS, POLICY), Rewrite)
+
+
+def test_each_value_is_its_own_text() -> None:
+    """The text a Bind is decided on holds its values: two values never share a decision-cache key."""
+    statement = decide("SELECT count(*) FROM adult WHERE occupation ILIKE $1::varchar", SUPPRESS, POLICY)
+    assert isinstance(statement, AtBind)
+    texts = {value: class_text(statement, Parameters((0,), (0,), (value,))) for value in (b"%a%", b"%b%", b"a\\")}
+    assert len(set(texts.values())) == 3 and all(value.decode() in texts[value] for value in texts)
+    assert class_text(statement, Parameters((0,), (1,), (b"%a%",))) == texts[b"%a%"]  # binary text: the same value
+    assert isinstance(class_text(statement, Parameters((0,), (0,), (b"\xff",))), Reject)  # not UTF-8
+    assert isinstance(class_text(statement, Parameters((600,), (0,), (b"(1,2)",))), Reject)  # a point: no constant
 
 
 # -- suppress mode: answers equal PostgreSQL's own ------------------------------------------------------------------

@@ -23,13 +23,13 @@ from pathlib import Path
 
 sys.path[:0] = [".", str(Path("tests"))]
 
-from test_rewrite import POLICY, SUPPRESS  # noqa: E402
+from test_rewrite import POLICY, SUPPRESS
 
-from anonproxy.proxy.gate import Gate  # noqa: E402
-from anonproxy.route.decide import decide  # noqa: E402
-from anonproxy.route.decision import Decision  # noqa: E402
-from anonproxy.wire import protocol as pg  # noqa: E402
-from anonproxy.wire.framing import MessageBuffer  # noqa: E402
+from anonproxy.proxy.gate import Gate
+from anonproxy.route.decide import decide
+from anonproxy.route.decision import Decision
+from anonproxy.wire import protocol as pg
+from anonproxy.wire.framing import MessageBuffer
 
 LOOPS = {
     "plain": ("select education, count(*) from adult where age > $1 group by 1", [b"30", b"40"]),
