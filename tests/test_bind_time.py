@@ -10,6 +10,8 @@ its Sync; a decision made for one value is never served for another.
 from __future__ import annotations
 
 import asyncio
+import json
+import shutil
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,6 +21,7 @@ import pytest
 from bi_corpus import visits
 from conftest import Endpoint, fresh_dp_role, wait_for_current_policy
 from psycopg import pq
+from test_clients import NODE_DIR, ensure_node_modules, libpq_env, run
 from test_rewrite import POLICY, SUPPRESS
 
 from anonproxy.embedded import EmbeddedPostgres
@@ -80,6 +83,11 @@ def test_parse_decides_with_representative_values() -> None:
     # A statement refused whatever the values is refused at Parse; without such a parameter, nothing changes.
     assert isinstance(decide("SELECT id FROM adult WHERE occupation LIKE $1", SUPPRESS, POLICY), Reject)
     assert isinstance(decide("SELECT count(*) FROM adult WHERE age > $1", SUPPRESS, POLICY), Rewrite)
+    # No value to bind: a cursor's query and EXPLAIN (ANONPROXY) need the constant written.
+    for sql in ("DECLARE c CURSOR FOR SELECT count(*) FROM adult WHERE occupation LIKE $1",
+                "EXPLAIN (ANONPROXY) SELECT count(*) FROM adult WHERE occupation LIKE $1"):
+        refused = decide(sql, SUPPRESS, POLICY)
+        assert isinstance(refused, Reject) and "$1" in refused.message and refused.sqlstate == "0A000"
 
 
 def test_each_value_is_its_own_text() -> None:
@@ -163,6 +171,25 @@ def test_asyncpg_describes_before_binding(gated_proxy: Endpoint, gated_database:
             await conn.close()
 
     asyncio.run(run())
+
+
+def test_node_postgres_named_and_unnamed(gated_proxy: Endpoint, gated_database: str,
+                                        truth: psycopg.Connection[Any], dated: None) -> None:
+    ensure_node_modules()
+    node = shutil.which("node")
+    assert node, "node is required for the node-postgres test"
+    done = run([node, "bind.js"], libpq_env(gated_proxy, gated_database, user="reporter"), cwd=NODE_DIR)
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    counts = [truth.execute(CONTAINS, [pattern]).fetchone()[0] for pattern in ("%sales%", "%tech%")]
+    # node-postgres returns bigint as a string.
+    assert out["contains"] == [{"rows": [{"n": str(counts[0])}]}, {"error": "0A000"}, {"rows": [{"n": str(counts[1])}]},
+                               {"rows": [{"n": str(counts[0])}]}]
+    monthly = ("select date_trunc(%(unit)s::varchar, visited_at)::text as d, count(*) as n from visits "
+               "group by date_trunc(%(unit)s::varchar, visited_at) order by 1")
+    expected = [[{"d": d, "n": str(n)} for d, n in truth.execute(monthly, {"unit": unit})] for unit in ("year",
+                                                                                                      "quarter")]
+    assert out["monthly"] == [{"rows": expected[0]}, {"error": "0A000"}, {"rows": expected[1]}]
 
 
 # -- what is refused, and where ---------------------------------------------------------------------------------------

@@ -112,6 +112,9 @@ def _explain_anonproxy(query: str, role: RolePolicy, policy: Policy) -> Decision
         return Reject(FEATURE_NOT_SUPPORTED, "EXPLAIN (ANONPROXY) explains queries of roles in suppress or dp mode",
                       f'Role "{role.role}" is in {role.mode} mode.')
     inner = decide(query, role, policy)
+    if isinstance(inner, AtBind):
+        return Reject(FEATURE_NOT_SUPPORTED, f"EXPLAIN (ANONPROXY) needs the constant that parameter "
+                      f"${inner.slots[0].number} stands for", "Write the value in the statement explained.")
     if isinstance(inner, Noisy):
         return ExplainDP(inner.sql, inner.plan)
     if isinstance(inner, Rewrite):
