@@ -16,6 +16,12 @@ decision prepares it again where it now belongs (a Close and a Parse with the ne
 client does not see, go before the Bind), so SQL rewritten under the old policy never runs again. An Execute of a
 portal bound under an older version runs only if the decision did not change.
 
+A statement with ``$n`` where the plan needs a constant (AtBind, anonproxy.plan.bind_values) is prepared with its
+decision for representative values (what Parse and a Describe before Bind answer) and decided again at each Bind
+for the values bound (bind_time.py: the statement written with them as constants, decided like any text, so a
+value class is analysed once and found in the cache after); a decision that differs from the one prepared
+prepares the statement again the same way, and a refusal answers the Bind.
+
 No I/O: what the router needs of the gate's state comes with each message (``Now``).
 """
 

@@ -10,7 +10,9 @@ Per statement: a query (SELECT / WITH / VALUES / TABLE) that reaches no
 protected or linked table passes (published relations, already anonymized,
 among them); one that does is refused if it also reads a published relation,
 else rewritten (mode ``suppress``) or handed to differential privacy (mode
-``dp``: Noisy, measured by :mod:`anonproxy.dp.plan`); commands go through
+``dp``: Noisy, measured by :mod:`anonproxy.dp.plan`), or, when a ``$n`` stands where the plan needs a constant,
+decided with a representative value there and handed to the gate to decide at each Bind (AtBind, see
+:mod:`anonproxy.plan.bind_values`); commands go through
 the allowlist of :mod:`anonproxy.route.commands`; ``DECLARE … CURSOR FOR query`` is
 DeclareCursor with its query decided as above, FETCH / MOVE / CLOSE are
 FetchCursor / CloseCursor (the gate knows which cursors the proxy holds).
