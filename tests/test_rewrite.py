@@ -381,7 +381,6 @@ SIDE_CHANNELS = [
     ("SELECT count(*) FROM adult WHERE native_country ~ '('", "regular expressions"),
     ("SELECT count(*) FROM adult WHERE native_country SIMILAR TO 'x'", "regular expressions"),
     ("SELECT count(*) FROM adult WHERE native_country LIKE native_country", "constant"),
-    ("SELECT count(*) FROM adult WHERE native_country LIKE $1", "constant"),
     ("SELECT count(*) FROM adult WHERE native_country LIKE 'ab\\'", "escape character"),
     ("SELECT count(*) FROM adult WHERE native_country LIKE 'a!%' ESCAPE '!'", "ESCAPE"),
     ("SELECT count(*) FROM adult WHERE octet_length(native_country) > 3", "octet_length"),

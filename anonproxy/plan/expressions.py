@@ -910,6 +910,11 @@ class Checker:
 
     def _check_like(self, node: exp.Like, clause: str, aggregates: bool) -> bool:
         pattern = node.expression
+        while isinstance(pattern, (exp.Upper, exp.Lower, exp.Paren)):  # Django's UPPER('%x%'): case leaves \ be
+            pattern = pattern.this
+        if isinstance(pattern, exp.Null):  # LIKE NULL (a parameter bound to NULL): no row matches, none fails
+            self._walk(node.this, clause, aggregates)
+            return True
         if not (isinstance(pattern, exp.Literal) and pattern.is_string):
             raise unsupported(f"LIKE/ILIKE patterns must be constant strings in {clause}",
                               "Write the pattern as a string literal; an invalid pattern would raise errors.")

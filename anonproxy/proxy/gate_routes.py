@@ -101,6 +101,7 @@ class Decided:
     decision: Decision
     version: int
     rest: bytes = b""  # the Parse message after the text: parameter types
+    on: str = ""  # the text decided, when not ``sql``: the statement with values bound at Bind as constants
 
 
 def recorded(route: Route, sql: str, decision: Decision, parameters: Parameters = Parameters(),

@@ -22,6 +22,9 @@ from .proxy_portals import ProxyPortal
 class Prepared:
     texts: dict[bytes, Decided] = field(default_factory=dict)  # prepared statements, by name
     bound: dict[bytes, Decided] = field(default_factory=dict)  # portals, by name
+    # Statements decided at each Bind (route.decision.AtBind), by name; ``texts`` holds the decision of the value
+    # class last bound (or the representative one), which is what is prepared where it belongs.
+    templates: dict[bytes, Decided] = field(default_factory=dict)
     statements: dict[bytes, Owner] = field(default_factory=dict)
     portals: dict[bytes, Owner] = field(default_factory=dict)
     # Settings shown by the statements and portals the gate owns (SHOW anonproxy.*).

@@ -16,6 +16,12 @@ decision prepares it again where it now belongs (a Close and a Parse with the ne
 client does not see, go before the Bind), so SQL rewritten under the old policy never runs again. An Execute of a
 portal bound under an older version runs only if the decision did not change.
 
+A statement with ``$n`` where the plan needs a constant (AtBind, anonproxy.plan.bind_values) is prepared with its
+decision for representative values (what Parse and a Describe before Bind answer) and decided again at each Bind
+for the values bound (bind_time.py: the statement written with them as constants, decided like any text, so a
+value class is analysed once and found in the cache after); a decision that differs from the one prepared
+prepares the statement again the same way, and a refusal answers the Bind.
+
 No I/O: what the router needs of the gate's state comes with each message (``Now``).
 """
 
@@ -28,6 +34,7 @@ from typing import NamedTuple
 from ..plan.refusals import Reject
 from ..route import reports
 from ..route.decision import (
+    AtBind,
     CloseCursor,
     Decision,
     DeclareCursor,
@@ -41,7 +48,7 @@ from ..route.decision import (
 from ..route.reports import fixed_columns
 from ..wire import protocol as pg
 from ..wire.results import Result
-from . import gate_cursors, proxy_portals
+from . import bind_time, gate_cursors, proxy_portals
 from .cursors import Cursors, ScriptRun
 from .gate_routes import (
     WAIT,
@@ -189,6 +196,8 @@ class Router:
                                                              block=False), simple=True)
         if isinstance(decision, Reject):
             return self._refuse(decision, simple=True)
+        if isinstance(decision, AtBind):  # $n in a Query: PostgreSQL's own refusal
+            return self._refuse(Reject("42P02", f"there is no parameter ${decision.slots[0].number}"), simple=True)
         if isinstance(decision, Rewrite) or reports.answered_by_proxy(decision):
             if self._now.status == b"E":
                 return self._refuse(_ABORTED, simple=True)
@@ -247,6 +256,13 @@ class Router:
             if reject is not None:
                 return self._refuse(reject)
         prepared.replacing(name)
+        if raw is not None:
+            prepared.templates.pop(name, None)  # the client prepares it anew
+        if isinstance(decision, AtBind):  # decided at each Bind; described, until then, with representative values
+            prepared.templates[name] = decided
+            decided = Decided(decided.sql, decision.described, decided.version,
+                              bind_time.service_rest(decision, decided.rest), decision.representative)
+            decision = decided.decision
         if isinstance(decision, Script):
             decision = Reject("42601", "cannot insert multiple commands into a prepared statement")
         elif isinstance(decision, (DeclareCursor, FetchCursor, CloseCursor)):
@@ -307,7 +323,8 @@ class Router:
     def _bind(self, raw: bytes, body: bytes) -> Route:
         portal, offset = pg.read_cstring(body)
         statement, _ = pg.read_cstring(body, offset)
-        again = self._decide_again(statement)  # the statement prepared again under a new policy
+        # The statement prepared again: for the value class of this Bind's values, or under a new policy.
+        again = self._decide_at_bind(statement, body)
         if again is WAIT or again is not None and again.refusal is not None:
             return again
         owner = self._prepared.binding(portal, statement)
@@ -326,6 +343,40 @@ class Router:
         else:
             self._prepared.portal_settings[portal] = self._prepared.statement_settings[statement]
         return Route(Owner.LOCAL, pg.message(b"2"))  # BindComplete
+
+    def _decide_at_bind(self, statement: bytes, body: bytes) -> Route | None:
+        """A statement decided at each Bind (AtBind): the decision for the value class of this Bind's values (its
+        slots' values written as constants). None: the decision it is prepared with stands; else WAIT, a refusal,
+        or the route of its Parse with that decision. Other statements: ``_decide_again``."""
+        template = self._prepared.templates.get(statement)
+        if template is None:
+            return self._decide_again(statement)
+        if template.version != self._version():
+            fresh = self._decision(template.sql)
+            if fresh is None:
+                return WAIT
+            fresh = replace(fresh, rest=template.rest)
+            if not isinstance(fresh.decision, AtBind):  # the new policy decides it at Parse
+                del self._prepared.templates[statement]
+                return self._refuse(fresh.decision) if isinstance(fresh.decision, Reject) else \
+                    self._prepare(statement, fresh, None)
+            self._prepared.templates[statement] = template = fresh
+        assert isinstance(template.decision, AtBind)
+        parameters = bound_values(body, parameter_types(template.rest))
+        text_of_class = bind_time.class_text(template.decision, parameters)
+        if isinstance(text_of_class, Reject):
+            return self._refuse(text_of_class)
+        fresh = self._decision(text_of_class)
+        if fresh is None:
+            return WAIT
+        if isinstance(fresh.decision, Reject):
+            return self._refuse(fresh.decision)  # as if the client had written these constants
+        current = self._prepared.texts[statement]
+        if current.decision == fresh.decision and current.version == fresh.version:
+            return None
+        return self._prepare(statement, Decided(template.sql, fresh.decision, fresh.version,
+                                                bind_time.service_rest(template.decision, template.rest),
+                                                text_of_class), None)
 
     def _decide_again(self, statement: bytes) -> Route | None:
         """A statement decided under an older policy, bound: decided again. None: its decision stands (or no such
@@ -370,6 +421,8 @@ class Router:
         if type_ == b"C":
             names.pop(name, None)
             (prepared.texts if kind == b"S" else prepared.bound).pop(name, None)
+            if kind == b"S":
+                prepared.templates.pop(name, None)
         decided = (prepared.texts if kind == b"S" else prepared.bound).get(name)
         if owner is Owner.PROXY:
             route = self._proxy_by_name(type_, kind, name, body)
@@ -388,7 +441,7 @@ class Router:
         bound = self._prepared.bound.get(portal)
         if bound is None or bound.version == self._version():
             return None
-        fresh = self._decision(bound.sql)
+        fresh = self._decision(bound.on or bound.sql)
         if fresh is None:
             return WAIT
         if fresh.decision != bound.decision:

@@ -45,6 +45,7 @@ from ..route import reports
 from ..route.commands import login_setting
 from ..route.decide import decide
 from ..route.decision import (
+    AtBind,
     Decision,
     DeclareCursor,
     ExplainDP,
@@ -185,6 +186,8 @@ def _weight(decision: Decision) -> int:
         return sum(len(text) + _weight(part) for text, part in decision.parts)
     if isinstance(decision, DeclareCursor):
         return len(decision.name) + _weight(decision.query)
+    if isinstance(decision, AtBind):
+        return len(decision.sql) + len(decision.representative) + _weight(decision.described)
     packed = decision.plan.size if isinstance(decision, (Noisy, ExplainDP)) and decision.plan is not None else 0
     return packed + sum(len(getattr(decision, name, None) or "") for name in ("sql", "reported", "message", "hint")) \
         + sum(len(line) for line in getattr(decision, "lines", ()))

@@ -10,7 +10,9 @@ Per statement: a query (SELECT / WITH / VALUES / TABLE) that reaches no
 protected or linked table passes (published relations, already anonymized,
 among them); one that does is refused if it also reads a published relation,
 else rewritten (mode ``suppress``) or handed to differential privacy (mode
-``dp``: Noisy, measured by :mod:`anonproxy.dp.plan`); commands go through
+``dp``: Noisy, measured by :mod:`anonproxy.dp.plan`), or, when a ``$n`` stands where the plan needs a constant,
+decided with a representative value there and handed to the gate to decide at each Bind (AtBind, see
+:mod:`anonproxy.plan.bind_values`); commands go through
 the allowlist of :mod:`anonproxy.route.commands`; ``DECLARE … CURSOR FOR query`` is
 DeclareCursor with its query decided as above, FETCH / MOVE / CLOSE are
 FetchCursor / CloseCursor (the gate knows which cursors the proxy holds).
@@ -28,6 +30,7 @@ from sqlglot.tokenizer_core import TokenType
 
 from anonproxy.dp.plan import Packed, measure
 from anonproxy.plan.analysis import analyze
+from anonproxy.plan.bind_values import Slot, representative_text, slots
 from anonproxy.plan.final_sql import verify
 from anonproxy.plan.outer import Outer
 from anonproxy.plan.refusals import (
@@ -56,6 +59,7 @@ from anonproxy.route.commands import (
     refuse_statement,
 )
 from anonproxy.route.decision import (
+    AtBind,
     CloseCursor,
     Decision,
     DeclareCursor,
@@ -110,6 +114,9 @@ def _explain_anonproxy(query: str, role: RolePolicy, policy: Policy) -> Decision
         return Reject(FEATURE_NOT_SUPPORTED, "EXPLAIN (ANONPROXY) explains queries of roles in suppress or dp mode",
                       f'Role "{role.role}" is in {role.mode} mode.')
     inner = decide(query, role, policy)
+    if isinstance(inner, AtBind):
+        return Reject(FEATURE_NOT_SUPPORTED, f"EXPLAIN (ANONPROXY) needs the constant that parameter "
+                      f"${inner.slots[0].number} stands for", "Write the value in the statement explained.")
     if isinstance(inner, Noisy):
         return ExplainDP(inner.sql, inner.plan)
     if isinstance(inner, Rewrite):
@@ -192,6 +199,10 @@ def _statement(statement: Statement, role: RolePolicy, index: PolicyIndex) -> De
         _check_passable(statement, tree, role, index)
         return _relayed(tree, role, index)
     _refuse_published(tree, index.policy)
+    # (Most statements have no $n: the token scan spares them the walk of the tree.)
+    found = slots(tree) if any(token.token_type == TokenType.PARAMETER for token in statement.tokens) else ()
+    if found:
+        return _at_bind(statement, tree, found, role, index)
     if role.mode == "dp":  # measured here, from this one parse; priced when the role's cost is known
         return Noisy(statement.text, Packed.of(measure(statement, tree, role, index.policy)))
     shape = prepare(statement, tree, index)  # derived tables flattened, names normalised
@@ -209,6 +220,16 @@ def _statement(statement: Statement, role: RolePolicy, index: PolicyIndex) -> De
     return Rewrite(rewrite(analysis, role.suppression), report, verify(report, index.policy, role.role))
 
 
+def _at_bind(statement: Statement, tree: exp.Expression, found: tuple[Slot, ...], role: RolePolicy,
+             index: PolicyIndex) -> AtBind:
+    """A statement with parameters where constants are needed: decided at each Bind with their values; here with
+    a representative value in each place, so that what does not depend on the values is refused at Parse."""
+    (representative,) = split(representative_text(tree, found))
+    described = _statement(representative, role, index)
+    assert isinstance(described, (Rewrite, Noisy))  # it reads the protected tables the statement reads
+    return AtBind(statement.text, found, described, representative.text)
+
+
 def _declare(statement: Statement, role: RolePolicy, index: PolicyIndex) -> DeclareCursor:
     """DECLARE ... CURSOR FOR query: the query is decided exactly like a plain statement."""
     syntax = declare_cursor(statement)
@@ -216,6 +237,9 @@ def _declare(statement: Statement, role: RolePolicy, index: PolicyIndex) -> Decl
     if not is_query(inner):
         raise refuse_statement(inner, role.mode)
     query = _statement(inner, role, index)
+    if isinstance(query, AtBind):
+        raise unsupported(f"parameter ${query.slots[0].number} stands where the query of a cursor needs a constant",
+                          "Write the constant in DECLARE ... CURSOR FOR, or run the query as a prepared statement.")
     if isinstance(query, Relayed):
         # A cursor over a catalog query runs the client's own text: its privilege probes get PostgreSQL's answer.
         query = Pass()

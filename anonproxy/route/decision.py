@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 
 from anonproxy.dp.plan import Packed
+from anonproxy.plan.bind_values import Slot
 from anonproxy.plan.refusals import Reject
 
 
@@ -133,6 +134,19 @@ class CloseCursor:
     name: str | None  # None: CLOSE ALL
 
 
+@dataclass(frozen=True)
+class AtBind:
+    """A statement with ``$n`` parameters where the plan needs a constant (anonproxy.plan.bind_values): decided
+    again at each Bind, with their values written as constants (the text of that value class, decided like any
+    other). ``described``: its decision with a representative value in each slot, which Parse and a Describe
+    before the first Bind answer (a refusal there refuses the statement at Parse)."""
+
+    sql: str
+    slots: tuple[Slot, ...]
+    described: Rewrite | Noisy
+    representative: str  # the text ``described`` decides
+
+
 CursorStatement = DeclareCursor | FetchCursor | CloseCursor
 
 
@@ -145,4 +159,4 @@ class Script:
 
 
 Decision = (Pass | Relayed | Rewrite | Intercept | Noisy | SessionSetting | ExplainDP | ExplainSuppress | Reject
-            | DeclareCursor | FetchCursor | CloseCursor | Script)
+            | DeclareCursor | FetchCursor | CloseCursor | Script | AtBind)

@@ -1,0 +1,170 @@
+"""Parameters decided at Bind: the ``$n`` that stand where the plan needs a constant.
+
+Some places of a statement must hold a constant for the analysis to prove it safe: a LIKE/ILIKE pattern (a
+pattern ending with the escape character fails only on the rows that reach it), a ``date_trunc`` unit, an
+``extract``/``date_part`` field, a ``to_char`` format, the zone of ``AT TIME ZONE``, and the operand of a cast
+to a type other than text (a run-time cast that fails on some rows reveals them). A client that binds its
+values at Bind (server-side binding: Django, SQLAlchemy with psycopg, asyncpg, Metabase) sends a ``$n`` there.
+
+:func:`slots` finds those parameters on the statement's one parse (a parameter may stand there bare, or under a
+cast to text or varchar, or inside upper()/lower() in a LIKE pattern). :func:`bound_text` writes the statement
+again with each of them replaced, everywhere it appears, by a literal built from its value (a string literal,
+cast to the type the client declared when that is not a text type; NULL for a NULL) — the statement as if the
+client had written the constant, rendered from the tree (never cut from the client's text). A plain ``CAST($n
+AS text|varchar)`` in a pattern, unit, field, format or zone slot is replaced as a whole: these places read text,
+so the cast changes nothing there.
+The proxy decides that text like any other; its text is the value class, which the decision cache keys on.
+
+Which parameters are not decided at Bind: every other ``$n`` (a comparison's operand, an IN list, LIMIT and
+OFFSET) is decided at Parse as it is, and those the analysis refuses there stay refused (a parameter added up in
+an aggregate: its value changes the sensitivity of what the statement reads).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from functools import lru_cache
+
+from sqlglot import exp
+
+from anonproxy.plan.refusals import unsupported
+from anonproxy.plan.render import sql as render
+from anonproxy.plan.statements import parse_statement, split
+
+TEXT_OID = 25
+# Declared types whose values are written as plain string literals (text, varchar, unknown, unspecified).
+_PLAIN = frozenset({0, TEXT_OID, 1043, 705})
+# Other declared types a value can be cast to as a constant: OID -> SQL type.
+_CASTS: Mapping[int, str] = {
+    16: "BOOLEAN", 20: "BIGINT", 21: "SMALLINT", 23: "INT", 700: "REAL", 701: "DOUBLE PRECISION", 1700: "NUMERIC",
+    1082: "DATE", 1114: "TIMESTAMP", 1184: "TIMESTAMPTZ", 1186: "INTERVAL",
+}
+_OIDS = {
+    exp.DataType.Type.BOOLEAN: 16, exp.DataType.Type.BIGINT: 20, exp.DataType.Type.SMALLINT: 21,
+    exp.DataType.Type.INT: 23, exp.DataType.Type.FLOAT: 700, exp.DataType.Type.DOUBLE: 701,
+    exp.DataType.Type.DECIMAL: 1700, exp.DataType.Type.DATE: 1082, exp.DataType.Type.TIMESTAMP: 1114,
+    exp.DataType.Type.TIMESTAMPTZ: 1184, exp.DataType.Type.INTERVAL: 1186, exp.DataType.Type.TEXT: TEXT_OID,
+    exp.DataType.Type.VARCHAR: 1043,
+}  # fmt: skip
+_TEXT = (exp.DataType.Type.TEXT, exp.DataType.Type.VARCHAR)
+# A value every statement of each kind accepts: the statement is decided with it at Parse, and described with it.
+_REPRESENTATIVE = {"pattern": "%", "unit": "year", "field": "year", "format": "YYYY", "zone": "UTC"}
+_REPRESENTATIVE_CAST = {1082: "2000-01-01", 1114: "2000-01-01 00:00:00", 1184: "2000-01-01 00:00:00+00",
+                        1186: "1 day", 16: "true"}
+
+
+@dataclass(frozen=True)
+class Slot:
+    """A parameter decided at Bind: its number, the kind of place it stands in, and the type it has when the
+    client declares none (what PostgreSQL infers there: the cast's target, else text)."""
+
+    number: int
+    kind: str  # "pattern", "unit", "field", "format", "zone" or "cast"
+    type_oid: int = TEXT_OID
+
+    def representative(self) -> str:
+        return _REPRESENTATIVE.get(self.kind) or _REPRESENTATIVE_CAST.get(self.type_oid, "0")
+
+
+def slots(tree: exp.Expression) -> tuple[Slot, ...]:
+    """The parameters of ``tree`` that stand where a constant is needed, one per number, by number."""
+    found: dict[int, Slot] = {}
+    for node, kind in _places(tree):
+        parameter = _parameter(node, kind)
+        if parameter is not None:
+            number = _number(parameter)
+            cast = parameter.parent if isinstance(parameter.parent, exp.Cast) else None
+            oid = _OIDS.get(cast.to.this, TEXT_OID) if cast is not None and not cast.to.expressions else TEXT_OID
+            found.setdefault(number, Slot(number, kind, oid))
+    return tuple(found[number] for number in sorted(found))
+
+
+def representative_text(tree: exp.Expression, found: tuple[Slot, ...]) -> str:
+    """``tree``'s statement with each slot's representative value: what Parse decides and Describe describes."""
+    return _rendered(tree, {slot.number: exp.Literal.string(slot.representative()) for slot in found})
+
+
+def bound_text(sql: str, values: tuple[tuple[int, str | None, int], ...]) -> str:
+    """Statement ``sql`` (one statement that :func:`slots` found slots in) with each ``(number, value, declared
+    type OID)`` written as a constant: the text decided at Bind. Raises Refusal for a type it cannot write."""
+    return _rendered(_template(sql), {number: _literal(number, value, oid) for number, value, oid in values})
+
+
+@lru_cache(maxsize=64)
+def _template(sql: str) -> exp.Expression:
+    """The one statement of ``sql``, parsed (kept: a dashboard binds the same statement again and again)."""
+    (statement,) = split(sql)
+    return parse_statement(statement)
+
+
+def _literal(number: int, value: str | None, oid: int) -> exp.Expression:
+    if value is None:
+        return exp.Null() if oid in _PLAIN else exp.cast(exp.Null(), _type(number, oid))
+    literal = exp.Literal.string(value)
+    return literal if oid in _PLAIN else exp.cast(literal, _type(number, oid))
+
+
+def _type(number: int, oid: int) -> str:
+    name = _CASTS.get(oid)
+    if name is None:
+        raise unsupported(f"parameter ${number} is declared with type OID {oid}, which anonproxy cannot write as a "
+                          "constant where the statement needs one",
+                          "Declare it as text (or leave its type unspecified), or write the constant in the "
+                          "statement.")
+    return name
+
+
+def _rendered(tree: exp.Expression, literals: Mapping[int, exp.Expression]) -> str:
+    copy = tree.copy()
+    for node, kind in list(_places(copy)):
+        parameter = _parameter(node, kind)
+        if parameter is not None and kind != "cast" and parameter.parent is node and isinstance(node, exp.Cast):
+            node.replace(literals[_number(parameter)].copy())  # CAST($n AS text) where text is read: the value
+    for parameter in list(copy.find_all(exp.Parameter)):
+        literal = literals.get(_number(parameter)) if _numbered(parameter) else None
+        if literal is not None:
+            parameter.replace(literal.copy())
+    return render(copy)
+
+
+def _places(tree: exp.Expression) -> Iterator[tuple[exp.Expression, str]]:
+    """The nodes that must hold a constant, with their kind."""
+    for node in tree.walk():
+        if isinstance(node, (exp.Like, exp.ILike)):
+            yield from _pattern_parts(node.expression)
+        elif isinstance(node, (exp.TimestampTrunc, exp.DateTrunc)) and node.args.get("unit") is not None:
+            yield node.args["unit"], "unit"
+        elif isinstance(node, exp.Extract):
+            yield node.this, "field"
+        elif isinstance(node, exp.TimeToStr) and node.args.get("format") is not None:
+            yield node.args["format"], "format"
+        elif isinstance(node, exp.AtTimeZone) and node.args.get("zone") is not None:
+            yield node.args["zone"], "zone"
+        elif isinstance(node, exp.Cast) and isinstance(node.this, exp.Parameter) and node.to.this not in _TEXT:
+            yield node, "cast"
+
+
+def _pattern_parts(pattern: exp.Expression) -> Iterator[tuple[exp.Expression, str]]:
+    """A LIKE pattern, seen through upper(), lower() and parentheses (Django's UPPER(%s))."""
+    while isinstance(pattern, (exp.Upper, exp.Lower, exp.Paren)):
+        pattern = pattern.this
+    yield pattern, "pattern"
+
+
+def _parameter(node: exp.Expression, kind: str) -> exp.Parameter | None:
+    """The $n standing in ``node``: ``node`` itself, or the operand of a cast (to text, outside "cast" slots)."""
+    if isinstance(node, exp.Parameter) and _numbered(node):
+        return node
+    if isinstance(node, exp.Cast) and isinstance(node.this, exp.Parameter) and _numbered(node.this) and (
+            kind == "cast" or (node.to.this in _TEXT and not node.to.expressions)):
+        return node.this
+    return None
+
+
+def _numbered(parameter: exp.Parameter) -> bool:
+    return isinstance(parameter.this, exp.Literal) and parameter.this.name.isdigit()
+
+
+def _number(parameter: exp.Parameter) -> int:
+    return int(parameter.this.name)
