@@ -12,14 +12,12 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-from collections.abc import Iterator
 from typing import Any
 
 import asyncpg
 import psycopg
 import pytest
-from bi_corpus import visits
-from conftest import Endpoint, fresh_dp_role, wait_for_current_policy
+from conftest import Endpoint, fresh_dp_role
 from psycopg import pq
 from test_clients import NODE_DIR, ensure_node_modules, libpq_env, run
 from test_rewrite import POLICY, SUPPRESS
@@ -37,18 +35,6 @@ MONTHLY = ("select date_trunc(%(unit)s::varchar, visited_at) as month, count(*) 
            "group by date_trunc(%(unit)s::varchar, visited_at) order by 1")  # SQLAlchemy's, one $1 twice
 YEARS = "select to_char(visited_at, %s) as y, count(*) from visits group by 1 order by 1"
 OLDER = "select education, avg(hours_per_week) as h from adult where age >= %s::integer group by education order by 1"
-
-
-@pytest.fixture(scope="module")
-def dated(pg_server: EmbeddedPostgres, gated_database: str, gated_proxy: Endpoint) -> Iterator[None]:
-    with psycopg.connect(pg_server.conninfo(dbname=gated_database), autocommit=True) as owner:
-        visits.create(owner)
-        wait_for_current_policy(owner, gated_proxy, gated_database)
-        try:
-            yield
-        finally:
-            visits.drop(owner)
-            wait_for_current_policy(owner, gated_proxy, gated_database)
 
 
 def connect(proxy: Endpoint, database: str, role: str) -> psycopg.Connection[Any]:
@@ -117,7 +103,7 @@ def test_a_bound_like_pattern_is_answered_as_the_constant(gated_proxy: Endpoint,
 
 
 def test_a_bound_unit_and_format_are_answered_as_the_constants(gated_proxy: Endpoint, gated_database: str,
-                                                               truth: psycopg.Connection[Any], dated: None) -> None:
+                                                               truth: psycopg.Connection[Any]) -> None:
     with connect(gated_proxy, gated_database, "reporter") as conn:
         for unit in ("month", "year", "quarter", "month"):
             answer = conn.execute(MONTHLY, {"unit": unit}, prepare=True).fetchall()
@@ -148,7 +134,7 @@ def test_binary_parameters_and_null(gated_proxy: Endpoint, gated_database: str,
 
 
 def test_asyncpg_describes_before_binding(gated_proxy: Endpoint, gated_database: str,
-                                          truth: psycopg.Connection[Any], dated: None) -> None:
+                                          truth: psycopg.Connection[Any]) -> None:
     """asyncpg prepares and describes the statement before any value is bound, then binds in binary format: the
     description holds for every value class (the types do not depend on the values)."""
     async def run() -> None:
@@ -174,7 +160,7 @@ def test_asyncpg_describes_before_binding(gated_proxy: Endpoint, gated_database:
 
 
 def test_node_postgres_named_and_unnamed(gated_proxy: Endpoint, gated_database: str,
-                                        truth: psycopg.Connection[Any], dated: None) -> None:
+                                        truth: psycopg.Connection[Any]) -> None:
     ensure_node_modules()
     node = shutil.which("node")
     assert node, "node is required for the node-postgres test"
@@ -219,7 +205,7 @@ def outcome(conn: psycopg.Connection[Any], sql: str, params: list[Any] | None = 
      "Mars/Olympus_Mons"),
     (OLDER, "40"), (OLDER, "forty"),
 ])
-def test_a_bound_value_decides_as_the_constant(gated_proxy: Endpoint, gated_database: str, dated: None,
+def test_a_bound_value_decides_as_the_constant(gated_proxy: Endpoint, gated_database: str,
                                                sql: str, value: str) -> None:
     """Answered or refused, a statement with a value bound at Bind comes out as the same statement with the value
     written as a constant: the same rows (suppression is exact), or the same SQLSTATE and message."""
@@ -234,11 +220,11 @@ def test_a_bound_value_decides_as_the_constant(gated_proxy: Endpoint, gated_data
 @pytest.mark.parametrize(("sql", "value"), [
     (CONTAINS, "sales\\"),  # a trailing escape fails only on the rows whose text reaches it
     ("select date_trunc(%s, visited_at), count(*) from visits group by 1", "fortnight"),
-    ("select date_part(%s, visited_at), count(*) from visits group by 1", "timezone_hour"),
+    ("select date_part(%s, visited_at), count(*) from visits group by 1", "weekday"),  # not a field PostgreSQL knows
     (OLDER, "40 or 1=1"),
 ])
 @pytest.mark.parametrize("role", ["reporter", "analyst"])
-def test_a_bound_value_is_refused_as_the_constant(gated_proxy: Endpoint, gated_database: str, dated: None,
+def test_a_bound_value_is_refused_as_the_constant(gated_proxy: Endpoint, gated_database: str,
                                                   sql: str, value: str, role: str) -> None:
     with connect(gated_proxy, gated_database, role) as conn:
         written = refusal(conn, constant(sql, value))
