@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 
 import psycopg
 import pytest
+import sqlglot
 from conftest import Endpoint, fresh_dp_role, wait_for_current_policy
 from psycopg.types.string import TextLoader
 
@@ -25,6 +26,7 @@ from anonproxy.dp.answers import decoded, encoded
 from anonproxy.dp.finish import Group, Measurement
 from anonproxy.dp.model import DPParams
 from anonproxy.dp.plan import plan_dp
+from anonproxy.plan import bounds
 from anonproxy.plan.refusals import Reject
 from anonproxy.policy.model import (
     ColumnPolicy,
@@ -107,6 +109,9 @@ ADMITTED = [
      "and at <= statement_timestamp() and at < current_timestamp"),
     "select count(*) from events where at >= to_timestamp('2025-01-01 00:00:00', 'YYYY-MM-DD HH24:MI:SS')",
     "select count(*) from events where day >= make_date(2025, 1, 31)",
+    # make_interval of number constants (MetricFlow's offset window), by name or by position
+    "select date_trunc('day', at) + make_interval(days => 14), count(*) from events group by 1",
+    "select count(*) from events where at > now() - make_interval(0, 1, 0, -2, 0, 0, 1)",
     "select to_char(date_trunc('month', at), 'YYYY-MM'), count(*) from events group by date_trunc('month', at)",
     # Looker: a constant subquery over the clock, with || of constants cast to an interval
     ("select count(*) from events where at >= ((SELECT (DATE_TRUNC('day', CURRENT_TIMESTAMP) + (-6 || ' day')"
@@ -149,6 +154,8 @@ def test_time_functions_are_admitted_in_both_modes(sql: str) -> None:
     # the volatile clock is not the statement's: it tells how long each row took
     ("select count(*) from events where at < clock_timestamp()", ("clock_timestamp",)),
     ("select count(*) from events where at < current_timestamp(3)", ("current_timestamp",)),
+    # make_interval of a column is not a constant interval
+    ("select count(*) from events where at > now() - make_interval(days => person_id)", ("make_interval",)),
     # a subquery with an aggregate, or over a column, is not a constant
     ("select count(*) from events where at > (select max(at))", ("subqueries",)),
 ])
@@ -344,3 +351,17 @@ def test_dp_series_over_calendar_buckets(gated_proxy: Endpoint, gated_database: 
     # dp counts a person's rows in at most a few groups (contribution bounding, docs/dp.md), then adds noise of a
     # scale of a few units: below the true count, yet of its size
     assert all(expected[month] / 4 < count < expected[month] + 100 for month, count in rows), (rows, expected)
+
+
+@pytest.mark.parametrize("interval", ["14 day", "2 hours 30 minutes", "1 year", "-1 year 5 months", "13 months",
+                                      "3 years 7 months 2 days 4 seconds", "-25 months -1 day"])
+def test_the_epoch_of_a_constant_interval_is_postgresql_s(truth: psycopg.Connection, interval: str) -> None:
+    """The proof's value of extract(epoch from a constant interval), and the constant the analysis folds it to (a
+    divisor the final check accepts), equal what PostgreSQL computes."""
+    (expected,) = truth.execute("select extract(epoch from %s::interval)", [interval]).fetchone()
+    proven = bounds.evaluate(sqlglot.parse_one(f"extract(epoch from interval '{interval}')", read="postgres"),
+                             lambda column: bounds.ColumnFacts(column.name, None))
+    assert proven.constant and proven.value == expected
+    if "year" not in interval and "month" not in interval:
+        sql = f"select count(*) / extract(epoch from interval '{interval}') from events"
+        assert f"/ {expected}" in str(decided(sql, SUPPRESS))

@@ -28,6 +28,7 @@ from typing import Literal
 from sqlglot import exp
 
 from anonproxy.plan import bounds
+from anonproxy.plan import time_values as tv
 from anonproxy.plan.expressions import (
     Checker,
     Scope,
@@ -613,21 +614,28 @@ def _constant(node: exp.Expression) -> bool:
                    for n in node.walk())
 
 
-# Nodes of a nested query, and those _compute_constants computes (|| and scalar subqueries).
+# Nodes of a nested query, and those _compute_constants computes (||, make_interval and scalar subqueries).
 _QUERIES = (exp.Select, exp.Subquery, exp.SetOperation, exp.Exists)
-_NESTED = (*_QUERIES, exp.DPipe)
+_NESTED = (*_QUERIES, exp.DPipe, exp.MakeInterval, exp.Extract)
 
 
 def _compute_constants(nested: Sequence[exp.Expression]) -> None:
     """Constants PostgreSQL would compute only when a row needs them, computed here (one walk, inner ones first:
     a || b || c, ((SELECT x))): ``||`` of string and integer constants becomes the string it gives (Looker's
     (-6 || ' day')::INTERVAL: a cast of a string constant is checked when the statement is planned, whatever the
-    data), and ``(SELECT x)`` without FROM over constants and the clock becomes ``(x)``, the same value, which the
-    expression allowlist then checks (a subquery with an aggregate is not one: (SELECT count(*)) counts its own
-    row)."""
+    data), ``make_interval`` of number constants becomes the interval constant it gives (MetricFlow's
+    ``make_interval(days => 14)``: ``'14 day'::interval``), the epoch of a constant interval of days and smaller
+    units becomes its number of seconds (Cube's ``/ EXTRACT(EPOCH FROM INTERVAL '14 day')``: a constant divisor,
+    as the final SQL check wants it), and ``(SELECT x)`` without FROM over constants and
+    the clock becomes ``(x)``, the same value, which the expression allowlist then checks (a subquery with an
+    aggregate is not one: (SELECT count(*)) counts its own row)."""
     for node in reversed(nested):  # (a walk's order: inner ones last)
         if isinstance(node, exp.DPipe):
             _fold_concatenation(node)
+        elif isinstance(node, exp.MakeInterval):
+            _fold_make_interval(node)
+        elif isinstance(node, exp.Extract):
+            _fold_interval_epoch(node)
         elif isinstance(node, exp.Subquery):
             _inline_subquery(node)
 
@@ -636,6 +644,59 @@ def _fold_concatenation(node: exp.DPipe) -> None:
     parts = [_constant_text(node.this), _constant_text(node.expression)]
     if parts[0] is not None and parts[1] is not None and set(_set_args(node)) <= {"this", "expression", "safe"}:
         node.replace(exp.Literal.string(parts[0] + parts[1]))
+
+
+# make_interval's arguments (sqlglot names them by the unit, which interval input reads as written).
+_INTERVAL_UNITS = frozenset(exp.MakeInterval.arg_types)
+
+
+def _fold_make_interval(node: exp.MakeInterval) -> None:
+    parts: list[str] = []
+    for name, value in node.args.items():
+        if value is None:
+            continue
+        if name not in _INTERVAL_UNITS:
+            return
+        value = value.expression if isinstance(value, exp.Kwarg) else value
+        text = _constant_integer(value)
+        if text is None:
+            return
+        parts.append(f"{text} {name}")
+    node.replace(exp.cast(exp.Literal.string(" ".join(parts) or "0 second"), exp.DataType.Type.INTERVAL))
+
+
+def _fold_interval_epoch(node: exp.Extract) -> None:
+    field, source = node.this, node.expression
+    if not isinstance(field, exp.Var) or field.name.lower() != "epoch" or set(_set_args(node)) != {"this",
+                                                                                                  "expression"}:
+        return
+    if isinstance(source, exp.Interval) and isinstance(source.this, exp.Literal) and source.this.is_string:
+        unit = source.args.get("unit")
+        text = f"{source.this.name} {unit.name}" if isinstance(unit, exp.Var) else source.this.name
+    elif isinstance(source, exp.Cast) and source.to.is_type(exp.DataType.Type.INTERVAL) \
+            and isinstance(source.this, exp.Literal) and source.this.is_string:
+        text = source.this.name
+    else:
+        return
+    interval = tv.parse_interval(text)
+    if interval is None or interval.months:  # PostgreSQL counts a year as 365.25 days there: left to it
+        return
+    seconds = Decimal(interval.days) * 86400 + interval.micros / 1_000_000
+    node.replace(exp.Literal.number(format(seconds.quantize(Decimal("0.000001")), "f")))
+
+
+def _constant_integer(node: exp.Expression) -> str | None:
+    """An integer constant, -6 included, as written; None for anything else (the interval proof reads integer-unit
+    pairs only)."""
+    while isinstance(node, exp.Paren):
+        node = node.this
+    sign = ""
+    if isinstance(node, exp.Neg):
+        sign, node = "-", node.this
+    if not isinstance(node, exp.Literal) or node.is_string:
+        return None
+    text = str(node.this)
+    return sign + text if text.isdigit() else None
 
 
 def _constant_text(node: exp.Expression) -> str | None:

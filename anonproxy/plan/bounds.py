@@ -1039,12 +1039,14 @@ def _difference(a: Value, b: Value, node: exp.Expression) -> Value:
 
 
 def _interval_epoch(source: Value) -> Value:
-    """extract(epoch from an interval), in seconds (a month counts 30 days, a year 365.25)."""
+    """extract(epoch from an interval), in seconds (as PostgreSQL counts: the whole years of its months, truncated
+    toward zero, as 365.25 days each, the months left as 30 days)."""
     if source.constant:
         interval = tv.parse_interval(str(source.value))
         if interval is not None:
-            seconds = (Decimal(interval.months) * 30 * 86400 + Decimal(interval.days) * 86400
-                       + interval.micros / 1_000_000)
+            years = int(interval.months / 12)
+            days = Decimal("365.25") * years + 30 * (interval.months - 12 * years) + interval.days
+            seconds = Decimal(days) * 86400 + interval.micros / 1_000_000
             return Value("float8", seconds, seconds, 6, constant=True, value=seconds)
         return Value("float8", constant=True)
     if not (source.low.is_finite() and source.high.is_finite()):
