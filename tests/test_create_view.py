@@ -42,11 +42,12 @@ def create(conn: psycopg.Connection, **arguments: object) -> tuple[object, ...]:
 
 
 def leftovers(conn: psycopg.Connection) -> dict[str, object]:
-    """What a refused call could have left: tables other than adult, registry rows, staging tables."""
+    """What a refused call could have left: tables other than the demo's (adult, visits), registry rows, staging
+    tables."""
     return {
         "tables": conn.execute("select array_agg(format('%I.%I', schemaname, tablename) order by 1) from pg_tables "
                                "where schemaname not in ('pg_catalog', 'information_schema', 'anonproxy') "
-                               "and tablename <> 'adult'").fetchone()[0],
+                               "and tablename not in ('adult', 'visits')").fetchone()[0],
         "releases": conn.execute("select count(*) from anonproxy.releases").fetchone()[0],
         "staging": conn.execute("select array_agg(relname::text) from pg_class "
                                 "where relname like 'anonproxy\\_%' and relpersistence = 't'").fetchone()[0],
