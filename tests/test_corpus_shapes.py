@@ -112,6 +112,9 @@ def test_a_constant_grouping_key_does_not_partition() -> None:
     ("select count(*) from adult group by abs($1)", "parameter"),
     ("select count(*) from adult group by random()", "function"),
     ("select count(*) from adult group by (select 1)", "subquer"),
+    # a constant subquery of a number is not inlined there: GROUP BY (2) would group by the second select item
+    ("select sex, age, count(*) from adult group by sex, (select 2)", "subquer"),
+    ("select sex, count(*) from adult group by sex order by (select -1)", "subquer"),
     ("select sex, count(*) from adult group by abs(0)", "row-level"),  # no partition: sex is not grouped
     ("select count(*) from adult group by 0", "position 0"),  # an ordinal, not a constant
 ])
