@@ -34,6 +34,7 @@ from bi_corpus import replay  # noqa: E402
 ROLES = {"reporter": "suppress", "analyst": "dp"}
 DIRECT = {"dba": "direct"}  # replays the widened corpus to check its SQL
 TARGET_AGGREGATE_SHARE = 0.9
+TARGET_WIDENED_SHARE = 0.95  # issue 19, with every time series answered
 STARTUP_SECONDS = 180
 
 
@@ -125,13 +126,19 @@ def main() -> int:
     print("\nAggregates of the established corpus answered: "
           + ", ".join(f"{role} {share:.0%}" for role, share in shares.items())
           + f" (target {TARGET_AGGREGATE_SHARE:.0%})")
+    widened_shares = {role: replay.aggregate_share(new, role) for role in ROLES}
+    series_refused = [f"{o.entry.id} ({o.role})" for o in new if o.entry.time_series and not o.answered]
+    print("Aggregates of the widened corpus answered: "
+          + ", ".join(f"{role} {share:.0%}" for role, share in widened_shares.items())
+          + f" (target {TARGET_WIDENED_SHARE:.0%}); time series refused: {', '.join(series_refused) or 'none'}")
     if args.json:
         args.json.write_text(json.dumps([
             {"id": o.entry.id, "tool": o.entry.tool, "corpus": o.entry.corpus, "time_series": o.entry.time_series,
              "kind": o.entry.kind, "role": o.role, "mode": o.mode,
              "answered": o.answered, "rows": o.rows, "sqlstate": o.sqlstate, "message": o.message}
             for o in outcomes], indent=1))
-    return 0 if not problems and min(shares.values()) >= TARGET_AGGREGATE_SHARE else 1
+    met = min(shares.values()) >= TARGET_AGGREGATE_SHARE and min(widened_shares.values()) >= TARGET_WIDENED_SHARE
+    return 0 if not problems and met and not series_refused else 1
 
 
 def report_established(entries: list[replay.Entry], outcomes: list[replay.Outcome]) -> None:
