@@ -20,6 +20,7 @@ from psycopg import sql
 from anonproxy.embedded import EmbeddedPostgres
 
 ROLES = ("reporter", "analyst")
+GATED = ("adult", "visits")  # the demo's protected table and its linked table, answered for the gated roles
 
 # Metabase's postgres driver, sql-jdbc sync: the table-privileges query, as it sends it.
 METABASE_TABLE_PRIVILEGES = """with table_privileges as (
@@ -71,9 +72,10 @@ def test_metabase_sync_lists_the_protected_table(gated_proxy: Endpoint, gated_da
     assert names == ["role", "schema", "table", "update", "select", "insert", "delete"]
     expected = as_role(truth, role, METABASE_TABLE_PRIVILEGES)
     assert ("public", "adult") in {(row[1], row[2]) for row in expected}
-    assert [row for row in expected if row[1:3] == ("public", "adult")] == \
-        [(None, "public", "adult", False, False, False, False)]  # what PostgreSQL says: Metabase would hide it
-    wanted = [(None, "public", "adult", False, True, False, False) if row[1:3] == ("public", "adult") else row
+    for table in GATED:  # what PostgreSQL says: Metabase would hide them
+        assert [row for row in expected if row[1:3] == ("public", table)] == \
+            [(None, "public", table, False, False, False, False)]
+    wanted = [(None, *row[1:3], False, True, False, False) if row[1] == "public" and row[2] in GATED else row
               for row in expected]
     assert sorted(got, key=str) == sorted(wanted, key=str)
 
@@ -118,7 +120,8 @@ def test_every_overload_says_select_and_nothing_more(gated_proxy: Endpoint, gate
 @pytest.mark.parametrize("role", ROLES)
 def test_other_tables_keep_postgresql_answers(gated_proxy: Endpoint, gated_database: str,
                                               truth: psycopg.Connection, role: str) -> None:
-    """Every table of the database and every privilege type: the proxy changes only (adult, SELECT)."""
+    """Every table of the database and every privilege type: the proxy changes only (adult, SELECT) and (visits,
+    SELECT), the protected table and its linked table."""
     relations = "from pg_class c cross join (values {}) p (kind) where c.relkind in ('r', 'v', 'm', 'p', 'f') "
     table = ("select c.oid::regclass::text, p.kind, has_table_privilege(c.oid, p.kind) " + relations.format(
         "('SELECT'), ('INSERT'), ('UPDATE'), ('DELETE'), ('TRUNCATE'), ('REFERENCES'), ('TRIGGER')"))
@@ -130,7 +133,7 @@ def test_other_tables_keep_postgresql_answers(gated_proxy: Endpoint, gated_datab
     expected = as_role(truth, role, query)
     assert len(got) == len(expected) > 100
     changed = [(a, b) for a, b in zip(got, expected, strict=True) if a != b]
-    assert changed == [(("adult", "SELECT", True), ("adult", "SELECT", False))] * 2
+    assert changed == [((table, "SELECT", True), (table, "SELECT", False)) for table in GATED for _ in range(2)]
 
 
 @pytest.mark.parametrize("role", ROLES)
@@ -185,14 +188,14 @@ def test_information_schema_privilege_views(gated_proxy: Endpoint, gated_databas
         "select attname from pg_attribute where attrelid = 'public.adult'::regclass and attnum > 0 "
         "and not attisdropped order by attnum")]
     with through(gated_proxy, gated_database, role) as conn:
-        for view in ("table_privileges", "role_table_grants"):
+        for view, table in ((view, table) for view in ("table_privileges", "role_table_grants") for table in GATED):
             query = (f"select grantor, grantee, table_catalog, table_schema, table_name, privilege_type, is_grantable, "
-                     f"with_hierarchy from information_schema.{view} where table_name = 'adult' "
+                     f"with_hierarchy from information_schema.{view} where table_name = %s "
                      "order by privilege_type")
-            got = conn.execute(query).fetchall()
-            assert got == [(owner, role, gated_database, "public", "adult", "REFERENCES", "NO", "NO"),
-                           (owner, role, gated_database, "public", "adult", "SELECT", "NO", "YES")], view
-            assert as_role(truth, role, query) == got[:1], view  # PostgreSQL's own: REFERENCES only
+            got = conn.execute(query, [table]).fetchall()
+            assert got == [(owner, role, gated_database, "public", table, "REFERENCES", "NO", "NO"),
+                           (owner, role, gated_database, "public", table, "SELECT", "NO", "YES")], view
+            assert as_role(truth, role, query, (table,)) == got[:1], view  # PostgreSQL's own: REFERENCES only
         for view in ("column_privileges", "role_column_grants"):
             query = (f'select column_name, privilege_type from "information_schema"."{view}" '
                      "where table_schema = 'public' and table_name = 'adult' and grantee = %s "
@@ -201,7 +204,7 @@ def test_information_schema_privilege_views(gated_proxy: Endpoint, gated_databas
             assert got == sorted([(c, "REFERENCES") for c in columns] + [(c, "SELECT") for c in columns]), view
         # Other tables: exactly PostgreSQL's rows.
         other = ("select table_schema, table_name, privilege_type from information_schema.table_privileges "
-                 "where table_name <> 'adult' order by 1, 2, 3")
+                 "where table_name not in ('adult', 'visits') order by 1, 2, 3")
         assert conn.execute(other).fetchall() == as_role(truth, role, other)
 
 
@@ -281,7 +284,7 @@ def test_pgjdbc_metadata(gated_proxy: Endpoint, gated_database: str) -> None:
 def test_access_lists_show_the_select(gated_proxy: Endpoint, gated_database: str, truth: psycopg.Connection,
                                      role: str) -> None:
     """pg_class.relacl and pg_attribute.attacl, as tools that parse them read them: SELECT added for the roles
-    the proxy answers, on the protected table only."""
+    the proxy answers, on the protected table and its linked table only."""
     query = ("select c.oid::regclass::text, c.relacl::text[] from pg_catalog.pg_class c "
              "where c.relkind in ('r', 'v') order by 1")
     owner = truth.execute("select pg_get_userbyid(relowner) from pg_class where oid = 'public.adult'::regclass"
@@ -292,8 +295,9 @@ def test_access_lists_show_the_select(gated_proxy: Endpoint, gated_database: str
                                "where attrelid = 'public.adult'::regclass and attname = 'age'").fetchall()
     expected = dict(as_role(truth, role, query))
     assert set(got) == set(expected)
-    assert {name for name in got if got[name] != expected[name]} == {"adult"}
-    assert got["adult"] == expected["adult"] + [f"analyst=r/{owner}", f"reporter=r/{owner}"]
+    assert {name for name in got if got[name] != expected[name]} == set(GATED)
+    for table in GATED:
+        assert got[table] == (expected[table] or []) + [f"analyst=r/{owner}", f"reporter=r/{owner}"], table
     assert columns == [("age", [f"analyst=r/{owner}", f"reporter=r/{owner}"])]
 
 
