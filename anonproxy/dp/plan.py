@@ -7,7 +7,9 @@ the same front end and checks as suppression mode (:mod:`anonproxy.plan`,
 statistics each output column needs (each computed once), their bounds and
 sensitivity, partition selection for groups without a declared public domain,
 HAVING compiled over the noisy values (:mod:`anonproxy.dp.having`), the post
-statement for post-aggregate expressions, and the table whose budget pays.
+statement for post-aggregate expressions, and the table whose budget pays. What one
+person may contribute (at most g groups, c rows in each) is what the role declares with
+its budget on that table (sql/0034), 1 and 1 where each row of the FROM clause is one person.
 The result, :class:`Measured`, is a value the router's decision carries.
 :func:`price` then applies a per-query ε, δ and accounting to it: each
 statistic's share of ε and its noise, partition selection's threshold, the
