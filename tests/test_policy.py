@@ -130,7 +130,8 @@ RICH_POLICY = Policy(
     },
     roles={
         "analyst": RolePolicy("analyst", "dp", budgets={
-            "public.people": Budget(Decimal("1.25"), Decimal("0.00000001"), "1 day", Decimal("0.25"), Decimal(0))}),
+            "public.people": Budget(Decimal("1.25"), Decimal("0.00000001"), "1 day", Decimal("0.25"), Decimal(0),
+                                    max_groups_per_person=4, max_rows_per_person_and_group=2)}),
         "reporter": RolePolicy("reporter", "suppress", SuppressionParams(
             k=5, dominance_n=3, dominance_percent=72.5, p_percent=2.5, suppressed_rest=True, allow_min_max=True)),
     },
@@ -467,7 +468,8 @@ YAML_ERRORS = [
      "roles.analyst.budgets.public.adult.refresh_period: must be a non-empty string, got 7"),
     (ADULT + "roles: {analyst: {mode: dp, budgets: {public.adult: {epsilon: 1, eps: 1}}}}",
      ("roles.analyst.budgets.public.adult: unknown key 'eps' (expected epsilon, delta, refresh_period, "
-      "accuracy_epsilon, delta_per_query, accounting, epsilon_per_query)")),
+      "accuracy_epsilon, delta_per_query, accounting, epsilon_per_query, max_groups_per_person, "
+      "max_rows_per_person_and_group)")),
     ("roles: {analyst: {mode: dp, budgets: {public.adult: {epsilon: 1}}}}",
      "roles.analyst.budgets.public.adult: public.adult is not a protected table of this file (under tables)"),
     (("tables: {public.people: {unit: id}}\nlinks: {public.stays: {column: person_id, references: public.people}}\n"

@@ -42,8 +42,9 @@ MECHANISM_NAMES = {"discrete_laplace": "discrete Laplace", "discrete_gaussian": 
 class DPParams:
     epsilon: float
     delta: float
-    max_groups_per_unit: int = 1
-    max_rows_per_unit: int = 1  # per unit and group
+    # What a unit may contribute (a test's or benchmark's own; None: the bounds the role declares on the table, sql/0034)
+    max_groups_per_unit: int | None = None
+    max_rows_per_unit: int | None = None  # per unit and group
     accounting: Literal["basic", "zcdp"] = "basic"
 
 

@@ -7,7 +7,9 @@ the same front end and checks as suppression mode (:mod:`anonproxy.plan`,
 statistics each output column needs (each computed once), their bounds and
 sensitivity, partition selection for groups without a declared public domain,
 HAVING compiled over the noisy values (:mod:`anonproxy.dp.having`), the post
-statement for post-aggregate expressions, and the table whose budget pays.
+statement for post-aggregate expressions, and the table whose budget pays. What one
+person may contribute (at most g groups, c rows in each) is what the role declares with
+its budget on that table (sql/0034), 1 and 1 where each row of the FROM clause is one person.
 The result, :class:`Measured`, is a value the router's decision carries.
 :func:`price` then applies a per-query ε, δ and accounting to it: each
 statistic's share of ε and its noise, partition selection's threshold, the
@@ -88,8 +90,8 @@ from anonproxy.policy.model import (
     SuppressionParams,
 )
 
-__all__ = ["Caps", "Measured", "Packed", "caps_of", "gaussian_selection_threshold", "measure", "plan_dp", "price",
-           "selection_threshold"]
+__all__ = ["Caps", "Measured", "Packed", "caps_of", "declared_caps", "gaussian_selection_threshold", "measure",
+           "plan_dp", "price", "selection_threshold"]
 
 DP_HINT = ("Supported in dp mode: SELECT <GROUP BY columns>, count(*), count(x), count(DISTINCT x), sum(x), "
            "avg(x), variance/var_samp/var_pop/stddev/stddev_samp/stddev_pop(x), median(x), "
@@ -131,9 +133,21 @@ def plan_dp(sql: str, role: RolePolicy, policy: Policy, params: DPParams) -> DPP
     return price(measure(statements[0], tree, role, policy, caps_of(params)), params)
 
 
-def caps_of(params: DPParams) -> Caps:
-    """What a unit may contribute, from the role's dp parameters."""
-    return Caps(params.max_groups_per_unit, params.max_rows_per_unit)
+def caps_of(params: DPParams) -> Caps | None:
+    """What a unit may contribute, when the parameters say (a bound they leave out is 1); None: the role's declared
+    bounds."""
+    if params.max_groups_per_unit is None and params.max_rows_per_unit is None:
+        return None
+    return Caps(1 if params.max_groups_per_unit is None else params.max_groups_per_unit,
+                1 if params.max_rows_per_unit is None else params.max_rows_per_unit)
+
+
+def declared_caps(role: RolePolicy, table: str) -> Caps:
+    """The contribution bounds ``role`` declares on protected ``table`` with its budget (1 and 1 without one)."""
+    budget = role.budgets.get(table)
+    if budget is None:
+        return Caps()
+    return Caps(budget.max_groups_per_person, budget.max_rows_per_person_and_group)
 
 
 @dataclass(frozen=True)
@@ -143,6 +157,9 @@ class Caps:
 
     max_groups_per_unit: int = 1
     max_rows_per_unit: int = 1
+
+
+ONE_ROW = Caps()  # where each row of the FROM clause is one person: what every unit contributes, whatever is declared
 
 
 @dataclass
@@ -228,9 +245,10 @@ class Packed:
 
 
 def measure(statement: Statement, tree: exp.Expression, role: RolePolicy, policy: Policy,
-            caps: Caps = Caps()) -> Measured | Reject:
+            caps: Caps | None = None) -> Measured | Reject:
     """What ``tree`` (the one parse of ``statement``) measures for ``role``, or why it is refused; its price comes
-    after (:func:`price`). The tree is changed in place."""
+    after (:func:`price`). ``caps``: what a unit may contribute; None: what the role declares on the statement's
+    protected table (:func:`declared_caps`). The tree is changed in place."""
     try:
         return _measure(statement, tree, role, policy, caps)
     except Refusal as refusal:
@@ -254,11 +272,12 @@ def price(measured: Measured | Reject, params: DPParams) -> DPPlan | Reject:
                       "scale is beyond the range of a double", "Ask the DBA for a larger per-query ε.")
 
 
-def _measure(statement: Statement, tree: exp.Expression, role: RolePolicy, policy: Policy, caps: Caps,
+def _measure(statement: Statement, tree: exp.Expression, role: RolePolicy, policy: Policy, caps: Caps | None,
              ) -> Measured | Reject:
     if role.mode != "dp":
         raise forbidden(f"role {role.role} is not in dp mode (mode {role.mode})", "Ask the DBA for a dp role.")
-    groups_cap, rows_cap = _caps(caps)
+    if caps is not None:
+        _caps(caps)
     index = PolicyIndex(policy)
     shape = prepare(statement, tree, index)
     single = shape.inner if isinstance(shape, Nested) else shape  # a nested shape: the question asked first
@@ -268,6 +287,10 @@ def _measure(statement: Statement, tree: exp.Expression, role: RolePolicy, polic
     assert isinstance(tree, exp.Select)  # analyze refuses everything else, and every relation outside the policy
     if query.distinct and any(item.kind == "aggregate" or item.aggregates for item in query.items):
         raise unsupported("SELECT DISTINCT with aggregates is not supported in dp mode", DP_HINT)
+    # Each row one person (checked again by the SQL, anonproxy.dp.bounded_sql): one row in one group, whatever the
+    # bounds say; larger bounds would only add noise.
+    caps = ONE_ROW if query.one_row_per_person else caps or declared_caps(role, query.owner)
+    groups_cap, rows_cap = _caps(caps)
 
     columns = _Columns(query, rows_cap, tree)
     public = _public_domains(query, tree, columns) if query.keys else None

@@ -115,6 +115,9 @@ class SuppressionParams:
     allow_min_max: bool = False
 
 
+MAX_CONTRIBUTION_BOUND = 1000  # the largest declared contribution bound (sql/0034)
+
+
 @dataclass(frozen=True)
 class Budget:
     """What a role in mode dp may spend on one protected table (its privacy-unit domain)."""
@@ -125,6 +128,9 @@ class Budget:
     epsilon_per_query: Decimal | None = None  # the default cost of one query; None: the proxy's default
     delta_per_query: Decimal | None = None
     accounting: Accounting | None = None  # basic or zcdp (sql/0019); None given: the default rule, as the database's
+    # What one person may contribute to a dp answer (sql/0034): at most this many groups, this many rows in each.
+    max_groups_per_person: int = 1
+    max_rows_per_person_and_group: int = 1
 
     def __post_init__(self) -> None:
         if self.accounting is None:

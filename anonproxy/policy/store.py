@@ -1,6 +1,6 @@
 """Read the policy from its tables: migrations 0002 (tables, roles), 0003 (budgets), 0011 (published relations),
 0013 (statement time limits), 0017 (reference tables and their unique keys, read from the catalog each time),
-0019 (the accounting of budgets), 0033 (the time bounds of date and timestamp columns).
+0019 (the accounting of budgets), 0033 (the time bounds of date and timestamp columns), 0034 (contribution bounds).
 
 The whole policy is read by one statement, so the version and the contents come
 from the same snapshot; the policy also keeps the name of the database it was
@@ -111,7 +111,9 @@ select pg_catalog.json_build_object(
     'budgets', (select pg_catalog.json_agg(pg_catalog.json_build_object(
                     'role_name', b.role_name, 'domain', b.domain, 'epsilon', b.epsilon::text, 'delta', b.delta::text,
                     'refresh_period', b.refresh_period::text, 'epsilon_per_query', b.epsilon_per_query::text,
-                    'delta_per_query', b.delta_per_query::text, 'accounting', b.accounting)
+                    'delta_per_query', b.delta_per_query::text, 'accounting', b.accounting,
+                    'max_groups_per_person', b.max_groups_per_person,
+                    'max_rows_per_person_and_group', b.max_rows_per_person_and_group)
                     order by b.role_name, b.domain)
                   from anonproxy.budgets b),
     'shared_budgets', (select pg_catalog.json_agg(pg_catalog.json_build_object(
@@ -203,6 +205,8 @@ def policy_from_json(doc: dict[str, Any]) -> Policy:
             epsilon_per_query=_decimal(row["epsilon_per_query"]),
             delta_per_query=_decimal(row["delta_per_query"]),
             accounting=row["accounting"],
+            max_groups_per_person=row["max_groups_per_person"],
+            max_rows_per_person_and_group=row["max_rows_per_person_and_group"],
         )
     links = {
         row["table_name"]: LinkedTable(

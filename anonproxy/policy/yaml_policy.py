@@ -19,7 +19,8 @@
       analyst:
         mode: dp
         budgets:
-          public.adult: {epsilon: 10, delta: 0.00001, accuracy_epsilon: 0.5, delta_per_query: 0.0000001}
+          public.adult: {epsilon: 10, delta: 0.00001, accuracy_epsilon: 0.5, delta_per_query: 0.0000001,
+                         max_groups_per_person: 5}
     published:
       public.adult_k10: {roles: [reporter, analyst]}
     reference_tables: [public.regions, public.calendar]
@@ -39,6 +40,9 @@ Time bounds (``earliest``, ``latest``: a date, timestamp or timestamptz column's
 range, inclusive) are a date (``2025-01-01``) or a date and time, with an offset
 (``2025-01-01 00:00:00+00``) or without; for a timestamptz column a time without
 offset is UTC (sql/0033_time_bounds.sql checks them against the column's type).
+
+Contribution bounds (``max_groups_per_person``, ``max_rows_per_person_and_group``: what one person may add to a dp
+answer, sql/0034_contribution_bounds.sql) are integers from 1 to 1000, 1 when not given.
 """
 
 from __future__ import annotations
@@ -62,6 +66,7 @@ from .model import (
     COLUMN_KINDS,
     DEFAULT_MAX_STATEMENT_MS,
     DEFAULT_SERVICE_ROLE,
+    MAX_CONTRIBUTION_BOUND,
     MODES,
     TIMED_MODES,
     Budget,
@@ -87,7 +92,8 @@ _COLUMN_KEYS = ("kind", "lower", "upper", "domain", "earliest", "latest")
 _ROLE_KEYS = ("mode", "k", "dominance", "p_percent", "suppressed_rest", "allow_min_max", "budgets")
 _DOMINANCE_KEYS = ("n", "percent")
 _BUDGET_KEYS = ("epsilon", "delta", "refresh_period", "accuracy_epsilon", "delta_per_query", "accounting",
-                "epsilon_per_query")
+                "epsilon_per_query", "max_groups_per_person", "max_rows_per_person_and_group")
+_BOUND_KEYS = ("max_groups_per_person", "max_rows_per_person_and_group")  # contribution bounds (sql/0034)
 # accuracy_epsilon (the ε that sets each answer's noise) was called epsilon_per_query: still read, deprecated.
 _ACCURACY_KEYS = ("accuracy_epsilon", "epsilon_per_query")
 _SHARED_BUDGET_KEYS = ("epsilon", "delta", "refresh_period", "accounting")
@@ -302,8 +308,16 @@ class _Checker:
         if delta_per_query is not None and not 0 <= delta_per_query <= total.delta:
             self.fail(f"{path}.delta_per_query", f"must be a number in [0, {_amount_text(total.delta)}], the "
                                                   f"budget's delta; got {_amount_text(delta_per_query)}")
+        groups, rows = (self.optional(fields, key, self.bound, 1, f"{path}.{key}") for key in _BOUND_KEYS)
         return Budget(total.epsilon, total.delta, total.refresh_period, epsilon_per_query, delta_per_query,
-                      self.accounting(fields, total.delta, path))
+                      self.accounting(fields, total.delta, path), groups, rows)
+
+    def bound(self, value: object, path: str) -> int | None:
+        """A contribution bound: an integer in [1, MAX_CONTRIBUTION_BOUND]."""
+        if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_CONTRIBUTION_BOUND:
+            return value
+        self.fail(path, f"must be an integer in [1, {MAX_CONTRIBUTION_BOUND}], got {value!r}")
+        return None
 
     def shared_budget(self, spec: object, path: str) -> SharedBudget:
         fields = self.mapping(spec, path, _SHARED_BUDGET_KEYS)
@@ -558,6 +572,9 @@ def apply_policy(conn: psycopg.Connection[Any], policy: Policy) -> int:
                       "%s::numeric, %s::numeric, %s::text)",
                       (role.role, domain, budget.epsilon, budget.delta, budget.refresh_period,
                        budget.epsilon_per_query, budget.delta_per_query, budget.accounting))
+                _call(conn, f"roles.{role.role}.budgets.{domain}",
+                      "select anonproxy.set_contribution_bounds(%s::name, %s::regclass, %s::integer, %s::integer)",
+                      (role.role, domain, budget.max_groups_per_person, budget.max_rows_per_person_and_group))
         for published in policy.published.values():
             _call(conn, f"published.{published.name}",
                   "select anonproxy.publish_relation(%s::regclass, %s::name[])", (published.name, list(published.roles)))
@@ -659,6 +676,9 @@ def _dump_budget(budget: Budget) -> _Flow:
     if budget.delta_per_query is not None:
         fields["delta_per_query"] = budget.delta_per_query
     fields["accounting"] = accounting
+    for key in _BOUND_KEYS:  # only when declared: 1 is the default
+        if getattr(budget, key) != 1:
+            fields[key] = getattr(budget, key)
     return fields
 
 

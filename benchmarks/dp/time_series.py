@@ -13,7 +13,9 @@ proxy, count(*) and sum(amount) by day and by hour of 2025 (``where visited_at >
 
 Per series: the share of the year's buckets released (the truth has a visit in every day and nearly every hour) and
 the median relative error |noisy − true| / max(|true|, 1) over the released buckets, against the plain SQL's answer
-(so it includes the contribution bound's effect: one group per person at the demo's settings). Prints a markdown
+(so it includes the contribution bounds' effect: at the demo's settings one group per person, one row in it).
+--groups and --rows declare other contribution bounds for the analyst (anonproxy.set_contribution_bounds: at most g
+groups per person, c rows per person in each); --after-only skips the run without time bounds. Prints a markdown
 table; --json writes the figures.
 """
 
@@ -71,6 +73,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--groups", type=int, default=1, help="max_groups_per_person of the analyst (default 1)")
+    parser.add_argument("--rows", type=int, default=1,
+                        help="max_rows_per_person_and_group of the analyst (default 1)")
+    parser.add_argument("--after-only", action="store_true", help="only the run with the time bounds declared")
     args = parser.parse_args()
     policy = demo_policy()
     with ExitStack() as stack:
@@ -81,14 +87,20 @@ def main() -> int:
         admin.execute("set timezone = 'UTC'")
         admin.execute("select anonproxy.set_budget(%s::name, 'public.adult'::regclass, 1000000, 0.5, null, 0.5, "
                       "0.0000001)", (ROLE,))
+        admin.execute("select anonproxy.set_contribution_bounds(%s::name, 'public.adult'::regclass, %s, %s)",
+                      (ROLE, args.groups, args.rows))
         truth = {name: {row[0]: float(row[1]) for row in admin.execute(sql)} for name, sql in SERIES.items()}
         service_dsn = psycopg.conninfo.make_conninfo(user=policy.service_role, password=password,
                                                      dbname=suppress.DATABASE)
         proxy = stack.enter_context(suppress.GatedProxy(server.port, service_dsn))
         client = stack.enter_context(_wait_for_dp_gate(proxy.port))
         client.execute("set timezone = 'UTC'")
-        progress(f"after: time bounds declared; {args.repeat} repetitions of {len(SERIES)} series")
+        progress(f"after: time bounds declared, contribution bounds g = {args.groups}, c = {args.rows}; "
+                 f"{args.repeat} repetitions of {len(SERIES)} series")
         after = measure(client, admin, args.repeat, truth)
+        if args.after_only:
+            _print({"after": after}, args)
+            return 0
         admin.execute("select anonproxy.set_time_bounds('public.visits', 'visited_at', null, null)")
         version = admin.execute("select version from anonproxy.policy_version").fetchone()[0]
         while int(client.execute("show anonproxy.policy_version").fetchone()[0]) < version:
@@ -96,15 +108,23 @@ def main() -> int:
         progress("before: no time bounds")
         before = measure(client, admin, args.repeat, truth)
         admin.execute(f"select anonproxy.set_time_bounds('public.visits', 'visited_at', {BOUNDS})")
-    print("| series (2025) | buckets | released before | released after | median rel. error before | after |")
-    print("|---|---|---|---|---|---|")
-    for name in SERIES:
-        b, a = before[name], after[name]
-        print(f"| {name} | {BUCKETS[name.split()[0]]} | {b['released']:.2%} | {a['released']:.2%} | "
-              f"{_error(b['median_relative_error'])} | {_error(a['median_relative_error'])} |")
-    if args.json:
-        args.json.write_text(json.dumps({"repeat": args.repeat, "before": before, "after": after}, indent=2))
+    _print({"before": before, "after": after}, args)
     return 0
+
+
+def _print(runs: dict[str, dict[str, dict[str, Any]]], args: argparse.Namespace) -> None:
+    """The markdown table of ``runs`` (before and after, or after alone), and the JSON file if asked."""
+    print(f"contribution bounds: g = {args.groups}, c = {args.rows}")
+    print("| series (2025) | buckets | " + " | ".join(f"released {run}" for run in runs) + " | "
+          + " | ".join(f"median rel. error {run}" for run in runs) + " |")
+    print("|---|---|" + "---|" * (2 * len(runs)))
+    for name in SERIES:
+        print(f"| {name} | {BUCKETS[name.split()[0]]} | "
+              + " | ".join(f"{run[name]['released']:.2%}" for run in runs.values()) + " | "
+              + " | ".join(_error(run[name]["median_relative_error"]) for run in runs.values()) + " |")
+    if args.json:
+        args.json.write_text(json.dumps({"repeat": args.repeat, "groups": args.groups, "rows": args.rows, **runs},
+                                        indent=2))
 
 
 def _error(value: float | None) -> str:
