@@ -149,8 +149,7 @@ def _up(args: argparse.Namespace) -> int:
                 schema.install(conn)
                 if server.created:
                     # Only a new data directory gets the demo; a reused one keeps what its owner changed.
-                    sample_data.load_adult(conn)
-                    sample_data.load_visits(conn)
+                    sample_data.load_demo(conn)
                     load_adult_hierarchies(conn)
                     demo.create_demo_roles(conn, DEMO_DATABASE)
                     policy = demo_policy()

@@ -133,6 +133,12 @@ def load_visits(conn: psycopg.Connection) -> int:
     return len(visits)
 
 
+def load_demo(conn: psycopg.Connection) -> None:
+    """The demo's tables, as its policy declares them: ``public.adult``, then the visits of its people."""
+    load_adult(conn)
+    load_visits(conn)
+
+
 def _scalar(conn: psycopg.Connection, query: sql.SQL | sql.Composed, params: tuple[object, ...] = ()) -> object:
     row = conn.execute(query, params).fetchone()
     assert row is not None

@@ -86,8 +86,7 @@ def pg_template(pg_server: EmbeddedPostgres) -> Iterator[NoopExecutor]:
     with janitor:
         with psycopg.connect(pg_server.conninfo(dbname=executor.template_dbname)) as conn:
             schema.install(conn)
-            sample_data.load_adult(conn)
-            sample_data.load_visits(conn)
+            sample_data.load_demo(conn)
             load_adult_hierarchies(conn)
             demo.create_demo_roles(conn, executor.template_dbname)
         yield executor

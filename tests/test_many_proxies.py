@@ -64,8 +64,7 @@ def database(links: list[Host]) -> Iterator[EmbeddedPostgres]:
             conn.execute("create role scram_user login superuser password 'scram_user'")
         with psycopg.connect(server.conninfo(dbname=DATABASE)) as conn:
             schema.install(conn)
-            sample_data.load_adult(conn)
-            sample_data.load_visits(conn)  # the demo policy declares public.visits too
+            sample_data.load_demo(conn)
             govern_by_demo_policy(conn, DATABASE)
             conn.commit()
         yield server

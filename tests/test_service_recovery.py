@@ -49,8 +49,7 @@ def server() -> Iterator[EmbeddedPostgres]:
                 conn.execute(f"create database {DATABASE}")
             with psycopg.connect(server.conninfo(dbname=DATABASE)) as conn:
                 schema.install(conn)
-                sample_data.load_adult(conn)
-                sample_data.load_visits(conn)  # the demo policy declares public.visits too
+                sample_data.load_demo(conn)
                 govern_by_demo_policy(conn, DATABASE)
                 # A dp role with budget for many questions (ε 0.5 each).
                 conn.execute(f"create role {ANALYST} login password '{ANALYST}'")

@@ -85,8 +85,7 @@ def world() -> Iterator[World]:
                 conn.execute(f"create database {DATABASE}")
             with found.superuser() as conn:
                 schema.install(conn)
-                sample_data.load_adult(conn)
-                sample_data.load_visits(conn)  # the demo policy declares public.visits too
+                sample_data.load_demo(conn)
                 load_adult_hierarchies(conn)
                 govern_by_demo_policy(conn, DATABASE)
             yield found

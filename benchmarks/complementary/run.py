@@ -110,8 +110,7 @@ from anonproxy.policy.yaml_policy import apply_policy, demo_policy
 policy = demo_policy()
 with psycopg.connect(os.environ["BENCH_DSN"]) as conn:
     schema.install(conn)
-    sample_data.load_adult(conn)
-    sample_data.load_visits(conn)  # the demo policy declares public.visits too
+    sample_data.load_demo(conn)
     demo.create_demo_roles(conn, conn.info.dbname)
     password = demo.reset_service_role(conn, policy.service_role)
     apply_policy(conn, policy)

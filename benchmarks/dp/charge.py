@@ -118,8 +118,7 @@ def _prepare(server: EmbeddedPostgres) -> str:
         _progress(f"database {name}: schema, adult, demo roles and policy")
         with psycopg.connect(server.conninfo(dbname=name), autocommit=True) as conn:
             _install(conn, stored=name == "after")
-            sample_data.load_adult(conn)
-            sample_data.load_visits(conn)  # the demo policy declares public.visits too
+            sample_data.load_demo(conn)
             demo.create_demo_roles(conn, name)
             apply_policy(conn, demo_policy())
             for role, accounting in ROLES.items():

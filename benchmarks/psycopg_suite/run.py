@@ -120,8 +120,7 @@ def _prepare(server: EmbeddedPostgres) -> None:
         conn.execute(f"create database {DATABASE}")
     with psycopg.connect(server.conninfo(dbname=DATABASE)) as conn:
         schema.install(conn)
-        sample_data.load_adult(conn)  # the demo policy protects it
-        sample_data.load_visits(conn)  # the demo policy declares public.visits too
+        sample_data.load_demo(conn)
         demo.create_demo_roles(conn, DATABASE)
         demo.reset_service_role(conn, SERVICE_ROLE)
         conn.execute(f"alter role {SERVICE_ROLE} password '{SERVICE_ROLE}'")

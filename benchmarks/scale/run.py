@@ -171,8 +171,7 @@ def _prepare(server: EmbeddedPostgres) -> tuple[str, list[str]]:
     policy = demo_policy()
     with psycopg.connect(server.conninfo(dbname=DATABASE)) as conn:
         schema.install(conn)
-        sample_data.load_adult(conn)
-        sample_data.load_visits(conn)  # the demo policy declares public.visits too
+        sample_data.load_demo(conn)
         demo.create_demo_roles(conn, DATABASE)
         password = demo.reset_service_role(conn, policy.service_role)
         apply_policy(conn, policy)

@@ -82,8 +82,7 @@ def run(repeats: int) -> dict[str, Any]:
 def _prepare(server: EmbeddedPostgres) -> None:
     with psycopg.connect(server.conninfo(dbname=DATABASE)) as conn:
         schema.install(conn)
-        sample_data.load_adult(conn)
-        sample_data.load_visits(conn)  # the demo policy declares public.visits too
+        sample_data.load_demo(conn)
         demo.create_demo_roles(conn, DATABASE)
         demo.reset_service_role(conn, SERVICE)
         conn.execute(f"alter role {SERVICE} password '{SERVICE}'")
