@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from importlib.resources import files
 from pathlib import Path
@@ -69,7 +70,14 @@ def test_a_policy_change_survives_two_restarts(base: Path, policy_with_k_20: Pat
         # The owner's login as `up` printed it, from ANONPROXY_DSN, with no file read.
         applied = anonproxy("policy", "apply", str(policy_with_k_20), dsn=owner)
         assert applied.returncode == 0, applied.stderr
-        assert psql(first.urls["reporter"], "show anonproxy.k") == "20"
+        # Each worker reloads on the change's NOTIFY (docs/scale.md: within a few hundred ms): until ten fresh
+        # sessions in a row, on whichever worker, see the new k.
+        deadline = time.monotonic() + 20
+        seen = 0
+        while seen < 10:
+            k = psql(first.urls["reporter"], "show anonproxy.k")
+            assert k in ("10", "20") and time.monotonic() < deadline, k
+            seen = seen + 1 if k == "20" else 0
         psql(first.urls["analyst"], "select sex, count(*) from adult group by 1")  # one charge
         # zCDP accounting (the demo budget's, by the default rule): what is left is the conversion of ρ spent
         budget_left = psql(first.urls["analyst"], "show anonproxy.budget")
