@@ -624,8 +624,8 @@ def _compute_constants(nested: Sequence[exp.Expression]) -> None:
     a || b || c, ((SELECT x))): ``||`` of string and integer constants becomes the string it gives (Looker's
     (-6 || ' day')::INTERVAL: a cast of a string constant is checked when the statement is planned, whatever the
     data), ``make_interval`` of number constants becomes the interval constant it gives (MetricFlow's
-    ``make_interval(days => 14)``: ``'14 day'::interval``), the epoch of a constant interval of days and smaller
-    units becomes its number of seconds (Cube's ``/ EXTRACT(EPOCH FROM INTERVAL '14 day')``: a constant divisor,
+    ``make_interval(days => 14)``: ``'14 day'::interval``), the epoch of a constant interval becomes its
+    number of seconds (Cube's ``/ EXTRACT(EPOCH FROM INTERVAL '14 day')``: a constant divisor,
     as the final SQL check wants it), and ``(SELECT x)`` without FROM over constants and
     the clock becomes ``(x)``, the same value, which the expression allowlist then checks (a subquery with an
     aggregate is not one: (SELECT count(*)) counts its own row)."""
@@ -658,7 +658,7 @@ def _fold_make_interval(node: exp.MakeInterval) -> None:
         if name not in _INTERVAL_UNITS:
             return
         value = value.expression if isinstance(value, exp.Kwarg) else value
-        text = _constant_integer(value)
+        text = _constant_text(value, strings=False)
         if text is None:
             return
         parts.append(f"{text} {name}")
@@ -679,35 +679,24 @@ def _fold_interval_epoch(node: exp.Extract) -> None:
     else:
         return
     interval = tv.parse_interval(text)
-    if interval is None or interval.months:  # PostgreSQL counts a year as 365.25 days there: left to it
-        return
-    seconds = Decimal(interval.days) * 86400 + interval.micros / 1_000_000
-    node.replace(exp.Literal.number(format(seconds.quantize(Decimal("0.000001")), "f")))
+    if interval is not None:
+        node.replace(exp.Literal.number(format(interval.epoch_seconds.quantize(Decimal("0.000001")), "f")))
 
 
-def _constant_integer(node: exp.Expression) -> str | None:
-    """An integer constant, -6 included, as written; None for anything else (the interval proof reads integer-unit
-    pairs only)."""
+def _constant_text(node: exp.Expression, *, strings: bool = True) -> str | None:
+    """The text form of an integer constant (-6 included), or of a string constant unless ``strings`` is false (the
+    interval proof reads integer-unit pairs only); None for anything else."""
     while isinstance(node, exp.Paren):
         node = node.this
     sign = ""
     if isinstance(node, exp.Neg):
         sign, node = "-", node.this
-    if not isinstance(node, exp.Literal) or node.is_string:
+    if not isinstance(node, exp.Literal):
         return None
     text = str(node.this)
+    if node.is_string:
+        return text if strings and not sign else None
     return sign + text if text.isdigit() else None
-
-
-def _constant_text(node: exp.Expression) -> str | None:
-    """The text form of a string or integer constant (-6 included); None for anything else."""
-    while isinstance(node, exp.Paren):
-        node = node.this
-    if isinstance(node, exp.Literal):
-        return str(node.this) if node.is_string or node.this.isdigit() else None
-    if isinstance(node, exp.Neg) and isinstance(node.this, exp.Literal) and node.this.this.isdigit():
-        return f"-{node.this.this}"
-    return None
 
 
 def _inline_subquery(node: exp.Subquery) -> None:

@@ -1044,9 +1044,7 @@ def _interval_epoch(source: Value) -> Value:
     if source.constant:
         interval = tv.parse_interval(str(source.value))
         if interval is not None:
-            years = int(interval.months / 12)
-            days = Decimal("365.25") * years + 30 * (interval.months - 12 * years) + interval.days
-            seconds = Decimal(days) * 86400 + interval.micros / 1_000_000
+            seconds = interval.epoch_seconds
             return Value("float8", seconds, seconds, 6, constant=True, value=seconds)
         return Value("float8", constant=True)
     if not (source.low.is_finite() and source.high.is_finite()):

@@ -146,6 +146,14 @@ class Interval:
         """The most it can move a timestamp (a day may be 25 hours in a time zone)."""
         return abs(self.months) * MONTH + abs(self.days) * (DAY + Decimal(3_600_000_000)) + abs(self.micros)
 
+    @property
+    def epoch_seconds(self) -> Decimal:
+        """extract(epoch from it), as PostgreSQL counts: the whole years of its months (truncated toward zero) as
+        365.25 days each, the months left as 30 days."""
+        years = int(self.months / 12)
+        days = Decimal("365.25") * years + 30 * (self.months - 12 * years) + self.days
+        return days * 86400 + self.micros / 1_000_000
+
 
 _UNIT_WORDS: dict[str, tuple[str, Decimal]] = {
     "microsecond": ("micros", Decimal(1)), "millisecond": ("micros", Decimal(1000)),
