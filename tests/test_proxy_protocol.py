@@ -157,7 +157,8 @@ def test_cancel_stops_the_right_query(proxy: Endpoint, dbname: str) -> None:
             for thread in threads:
                 thread.join(15)
             assert cancelled["result"] == "cancelled"
-            assert cancelled["elapsed"] < 1.0
+            # well before its 10 s: the cancel ended it (a bound with room for a loaded machine, not a timing)
+            assert cancelled["elapsed"] < 7.0
             assert untouched["result"] == "finished"
             assert victim.execute("select 1").fetchone() == (1,)
 
