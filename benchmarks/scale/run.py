@@ -128,7 +128,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     counts = sorted({int(n) for n in args.proxies.split(",")})
     variants = [name for name in VARIANTS if name in args.variants.split(",")]
     report: dict[str, Any] = {"clients": args.clients, "burst": args.burst, "seconds": args.seconds,
-                              "workers_per_proxy": args.workers, "cores": os.cpu_count(), "runs": []}
+                              "workers_per_proxy": args.workers, "rounds": args.rounds, "cores": os.cpu_count(),
+                              "runs": []}
     with ExitStack() as stack:
         links = stack.enter_context(hosts(NET, max(counts)))
         primary = stack.enter_context(_database(links, args.clients))
@@ -165,7 +166,7 @@ def _measure(args: argparse.Namespace, links: list[Host], primary: EmbeddedPostg
               Phase("relay", "dba", _BALANCER, scripts["relay"]))
     rounds: list[dict[str, dict[str, Any]]] = []
     with _proxies(links, primary, standby, service_dsn, args.workers, work) as pids, \
-            _balancer(links, work) as balancer:
+            _balancer(links, work) as (balancer, balancer_pid):
         for number in range(args.rounds):
             figures = {}
             for phase in phases:
@@ -174,7 +175,8 @@ def _measure(args: argparse.Namespace, links: list[Host], primary: EmbeddedPostg
                 if number == 0:  # every worker of every proxy has seen the statements; a few sessions suffice
                     warm = min(args.clients, 2 * len(links) * args.workers)
                     _pgbench(phase, target, password, args, work, args.warmup, warm)
-                figures[phase.name] = _phase(phase, target, password, args, work, pids, primary, servers)
+                figures[phase.name] = _phase(phase, target, password, args, work, pids, balancer_pid, primary,
+                                             servers)
             rounds.append(figures)
         reach = _policy_reach(primary, work, links, args.policy_changes)
         _progress(f"  policy: every worker within {max(reach):.0f} ms")
@@ -189,22 +191,52 @@ _BALANCER = ("balancer", 0)  # a phase's target: the balancer, whose port is kno
 
 
 def _phase(phase: Phase, target: tuple[str, int], password: str, args: argparse.Namespace, work: Path,
-           pids: list[int], primary: EmbeddedPostgres, servers: dict[str, EmbeddedPostgres]) -> dict[str, Any]:
-    """One measured phase: pgbench's figures, the CPU per statement of the proxies and of each server, charges/s."""
+           pids: list[int], balancer: int, primary: EmbeddedPostgres, servers: dict[str, EmbeddedPostgres]
+           ) -> dict[str, Any]:
+    """One measured phase: pgbench's figures, the CPU per statement of the proxies, the balancer and each server,
+    and charges/s."""
     charges = _charges(primary)
     cpu = sum(process_tree_cpu_seconds(pid) for pid in pids)
+    waited = sum(_run_queue_wait_seconds(pid) for pid in pids)
+    balancer_cpu = process_tree_cpu_seconds(balancer)
     server_cpu = {name: _server_cpu_seconds(server) for name, server in servers.items()}
     figures = _pgbench(phase, target, password, args, work, args.seconds, args.clients)
     statements = figures["statements"] or 1
     figures["proxy_cpu_ms_per_statement"] = (
         1000 * (sum(process_tree_cpu_seconds(pid) for pid in pids) - cpu) / statements
         if phase.name != "service" else None)
+    figures["proxy_wait_ms_per_statement"] = (
+        1000 * (sum(_run_queue_wait_seconds(pid) for pid in pids) - waited) / statements
+        if phase.name != "service" else None)
+    figures["balancer_cpu_ms_per_statement"] = (
+        1000 * (process_tree_cpu_seconds(balancer) - balancer_cpu) / statements if phase.name != "service" else None)
     figures["server_cpu_ms_per_statement"] = {
         name: 1000 * (_server_cpu_seconds(server) - server_cpu[name]) / statements for name, server in servers.items()}
     figures["charges_per_second"] = (_charges(primary) - charges) / figures["seconds"]
     _progress(f"  {phase.name}: {figures['statements_per_second']:.0f} statements/s, burst p50 "
               f"{figures['burst_p50_ms']:.0f} ms, p99 {figures['burst_p99_ms']:.0f} ms")
     return figures
+
+
+def _run_queue_wait_seconds(root: int) -> float:
+    """Time the threads of ``root`` and its descendants spent runnable but waiting for a core (the second field of
+    /proc/PID/task/TID/schedstat): how long the machine's other work kept the proxies from running."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            children.setdefault(int(stat.read_text().rsplit(")", 1)[1].split()[1]), []).append(int(stat.parent.name))
+        except (OSError, IndexError, ValueError):
+            continue  # the process has just ended
+    total, pending = 0, [root]
+    while pending:
+        pid = pending.pop()
+        pending.extend(children.get(pid, ()))
+        for task in Path(f"/proc/{pid}/task").glob("*/schedstat"):
+            try:
+                total += int(task.read_text().split()[1])
+            except OSError:
+                continue
+    return total / 1e9
 
 
 def _medians(rounds: list[dict[str, Any]]) -> dict[str, Any]:
@@ -323,7 +355,8 @@ def _wait_for_policy(dsn: str) -> None:
 
 
 @contextmanager
-def _balancer(links: list[Host], work: Path) -> Iterator[tuple[str, int]]:
+def _balancer(links: list[Host], work: Path) -> Iterator[tuple[tuple[str, int], int]]:
+    """HAProxy in front of the proxies of ``links``; yields its address and process id."""
     port = free_port()
     servers = "\n".join(f"    server proxy{i} {link.inside}:{PORT} send-proxy-v2 check check-send-proxy inter 1s"
                         for i, link in enumerate(links, 1))
@@ -350,7 +383,7 @@ backend proxies
                                stdout=log, stderr=subprocess.STDOUT)
     try:
         _wait_for_policy(f"host=127.0.0.1 port={port} dbname={DATABASE} user=reporter password=reporter")
-        yield ("127.0.0.1", port)
+        yield ("127.0.0.1", port), process.pid
     finally:
         process.terminate()
         process.wait(10)
@@ -447,18 +480,20 @@ def _rank(ordered: list[int], fraction: float) -> float:
 
 def _print(report: dict[str, Any]) -> None:
     print(f"\n{report['clients']} clients, bursts of {report['burst']} statements, {report['seconds']} s per phase, "
-          f"{report['workers_per_proxy']} worker(s) per proxy, {report['cores']} cores")
-    print("proxies | reads on | phase    | statements/s | burst p50 ms | burst p99 ms | proxy CPU ms/stmt | "
-          "primary CPU ms/stmt | standby CPU ms/stmt | charges/s")
+          f"{report['workers_per_proxy']} worker(s) per proxy, {report['cores']} cores; medians of "
+          f"{report['rounds']} round(s); CPU in ms per statement")
+    print("proxies | reads on | phase    | statements/s | burst p50 ms | burst p99 ms | proxies CPU | proxies wait | "
+          "balancer CPU | primary CPU | standby CPU | charges/s")
     for run_report in report["runs"]:
         for name, figures in run_report["phases"].items():
-            cpu = figures["proxy_cpu_ms_per_statement"]
             server = figures["server_cpu_ms_per_statement"]
-            standby = f"{server['standby']:.2f}" if "standby" in server else ""
+            cpu = [figures["proxy_cpu_ms_per_statement"], figures["proxy_wait_ms_per_statement"],
+                   figures["balancer_cpu_ms_per_statement"], server["primary"], server.get("standby")]
+            cells = " | ".join(f"{'' if value is None else f'{value:.2f}':>{width}}"
+                               for value, width in zip(cpu, (11, 12, 12, 11, 11)))
             print(f"{run_report['proxies']:>7} | {run_report['variant']:<8} | {name:<8} | "
                   f"{figures['statements_per_second']:>12.0f} | {figures['burst_p50_ms']:>12.0f} | "
-                  f"{figures['burst_p99_ms']:>12.0f} | {'' if cpu is None else f'{cpu:.2f}':>17} | "
-                  f"{server['primary']:>19.2f} | {standby:>19} | {figures['charges_per_second']:>9.0f}")
+                  f"{figures['burst_p99_ms']:>12.0f} | {cells} | {figures['charges_per_second']:>9.0f}")
         reach = sorted(run_report["policy_reach_ms"])
         print(f"{run_report['proxies']:>7} | {run_report['variant']:<8} | suppress / service: "
               f"{run_report['suppress_over_service']:.2f}; a policy change reached every worker in "
