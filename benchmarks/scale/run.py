@@ -457,7 +457,8 @@ def _pgbench(phase: Phase, target: tuple[str, int], password: str, args: argpars
                           cwd=work)
     elapsed = time.monotonic() - started  # pgbench lets the bursts under way at the end finish: longer than -T
     if done.returncode != 0:
-        raise RuntimeError(f"pgbench {phase.name} failed:\n{done.stderr[-3000:]}")
+        errors = [line for line in done.stderr.splitlines() if re.search(r"ERROR|FATAL|error|abort", line)]
+        raise RuntimeError(f"pgbench {phase.name} failed:\n" + "\n".join(errors[-20:]))
     bursts = sorted(int(line.split()[2]) for path in logs.iterdir() for line in path.read_text().splitlines())
     statements = len(bursts) * args.burst
     return {"bursts": len(bursts), "statements": statements, "seconds": elapsed,
