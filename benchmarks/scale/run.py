@@ -20,9 +20,10 @@ commits wait for it: synchronous_standby_names '*'). Per variant:
 - ``policy``: ``--policy-changes`` policy changes, each timed from its commit until every worker of every proxy has
   logged that it loaded it.
 
-It reports statements per second, p50/p99 of a burst, the ratio suppress/service, and the CPU the proxies (their
-whole process trees) and each server (its postmaster's tree, ended backends included) used per statement, from
-/proc. Run as root (namespaces, PostgreSQL as postgres).
+It reports statements per second, p50/p99 of a burst, the ratio suppress/service, the CPU the proxies (their whole
+process trees), HAProxy and each server (its postmaster's tree, ended backends included) used per statement, and how
+long the proxies waited for a core per statement, from /proc. ``--rounds`` repeats the phases; figures are medians.
+Run as root (namespaces, PostgreSQL as postgres).
 See README.md.
 """
 
@@ -220,7 +221,7 @@ def _phase(phase: Phase, target: tuple[str, int], password: str, args: argparse.
 
 def _run_queue_wait_seconds(root: int) -> float:
     """Time the threads of ``root`` and its descendants spent runnable but waiting for a core (the second field of
-    /proc/PID/task/TID/schedstat): how long the machine's other work kept the proxies from running."""
+    /proc/PID/task/TID/schedstat): how long everything else on the machine kept the proxies from running."""
     children: dict[int, list[int]] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
