@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+from itertools import pairwise
 
 import pytest
 from hypothesis import given, settings
@@ -104,12 +105,41 @@ def test_framers_follow_any_split(items: list[tuple[bytes, bytes]], cuts: list[i
     points = sorted({min(c, len(stream)) for c in cuts} | {0, len(stream)})
     tracker, buffer = BoundaryTracker(), MessageBuffer()
     seen: list[tuple[bytes, bytes]] = []
-    for start, end in zip(points, points[1:]):
+    for start, end in pairwise(points):
         tracker.feed(stream[start:end])
         seen += buffer.feed(stream[start:end])
         assert tracker.at_boundary == (end in boundaries)
     assert seen == items
-    assert tracker.idle and tracker.transaction_status == status and tracker.last_type == b"Z"
+    assert tracker.idle and tracker.last_type == b"Z"
+
+
+@settings(max_examples=300, deadline=None)
+@given(messages, st.lists(st.integers(min_value=0, max_value=7000), max_size=12))
+def test_tracker_state_after_every_feed(items: list[tuple[bytes, bytes]], cuts: list[int]) -> None:
+    """What the relay reads of the tracker (the last message begun, whether it was a complete ReadyForQuery) is what
+    a whole parse of the bytes fed so far says, wherever the stream is cut: one byte at a time, mid-header, mid-body,
+    several messages at once."""
+    stream = b"".join(pg.message(t, b) for t, b in items)
+    points = sorted({min(c, len(stream)) for c in cuts} | {0, len(stream)})
+    tracker = BoundaryTracker()
+    for start, end in pairwise(points):
+        tracker.feed(stream[start:end])
+        assert (tracker.last_type, tracker.idle) == _last_begun(stream[:end])
+
+
+def _last_begun(prefix: bytes) -> tuple[bytes, bool]:
+    """The type of the last message whose header is in ``prefix``, and whether it is a whole ReadyForQuery."""
+    last_type, idle, offset = b"", True, 0
+    while len(prefix) - offset >= 5:
+        last_type = prefix[offset : offset + 1]
+        offset += 1 + struct.unpack_from("!i", prefix, offset + 1)[0]
+        idle = last_type == b"Z" and offset <= len(prefix)
+    return last_type, idle
+
+
+def test_tracker_refuses_an_impossible_length() -> None:
+    with pytest.raises(pg.ProtocolViolation):
+        BoundaryTracker().feed(b"Z\x00\x00\x00\x03I")
 
 
 def _message_ends(stream: bytes) -> set[int]:

@@ -3,13 +3,13 @@
 Over TCP, unless sslmode=disable, the connection first negotiates TLS
 (upstream_tls.py); only then does the caller's protocol see it, and whatever
 it writes (a StartupMessage, a CancelRequest) goes inside TLS. As in libpq,
-TLS is never tried over a Unix socket.
+TLS is never tried over a Unix socket. TCP_NODELAY needs no call here: asyncio
+and uvloop both set it on every TCP transport they make.
 """
 
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -28,10 +28,8 @@ async def open_upstream(address: UpstreamAddress, protocol_factory: Callable[[],
             return await loop.create_unix_connection(protocol_factory, address.unix_path)  # type: ignore[return-value]
         if address.tls.mode == "disable":
             transport, protocol = await loop.create_connection(protocol_factory, address.host, address.port)
-            _no_delay(transport)
             return transport, protocol  # type: ignore[return-value]
         transport, answer = await loop.create_connection(SSLAnswer, address.host, address.port)
-        _no_delay(transport)
         try:
             transport = await negotiate(transport, answer, address)  # type: ignore[arg-type]
         except BaseException:
@@ -43,12 +41,6 @@ async def open_upstream(address: UpstreamAddress, protocol_factory: Callable[[],
     for data in answer.early:  # (the server speaks only when spoken to: normally none)
         protocol.data_received(data)
     return transport, protocol
-
-
-def _no_delay(transport: asyncio.BaseTransport) -> None:
-    sock = transport.get_extra_info("socket")
-    if sock is not None:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
 async def open_upstream_stream(address: UpstreamAddress) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:

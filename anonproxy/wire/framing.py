@@ -189,16 +189,17 @@ class RelayingMessageBuffer:
 class BoundaryTracker:
     """Follows the message boundaries of a server-to-client stream.
 
-    ``feed`` costs O(1) for data inside a long message and one header read
-    per message otherwise; it never copies the stream.
+    ``feed`` costs O(1) for data inside a long message and one length read
+    per message otherwise; it never copies the stream. It is the relay's
+    only work per read besides the write, so it reads nothing but lengths
+    and, once per read, the type of the last message begun.
     """
 
     def __init__(self) -> None:
         self._remaining = 0  # bytes of the current message not yet seen
         self.last_type = b""  # type of the current (or last complete) message
         self._header = b""  # a header split across two feeds
-        self.transaction_status = b"I"  # from the last ReadyForQuery
-        self.idle = True  # the last complete message was ReadyForQuery
+        self.idle = True  # the last complete message was ReadyForQuery, and no other has begun since
 
     @property
     def at_boundary(self) -> bool:
@@ -209,22 +210,25 @@ class BoundaryTracker:
             data = self._header + data
             self._header = b""
         size = len(data)
-        offset = self._remaining
-        if 0 < offset <= size:
-            self._message_complete(data, offset)
-        while offset < size:
-            if size - offset < 5:
-                self._header = data[offset:]
-                self._remaining = 0
-                return
-            self.last_type, length = read_header(data, offset)
-            self.idle = False
-            offset += length
-            if offset <= size:
-                self._message_complete(data, offset)
-        self._remaining = offset - size
-
-    def _message_complete(self, data: bytes, end: int) -> None:
-        if self.last_type == b"Z":
-            self.transaction_status = data[end - 1 : end]
-            self.idle = True
+        carried = offset = self._remaining
+        if offset > size:  # all inside the current message
+            self._remaining = offset - size
+            return
+        last = -1  # where the last message begun in ``data`` starts
+        unpack = _LENGTH.unpack_from
+        while size - offset >= 5:
+            last = offset
+            length = unpack(data, offset + 1)[0]
+            if length < 4:
+                raise ProtocolViolation(f"invalid message length {length} for message type {data[last:last + 1]!r}")
+            offset += 1 + length
+        if offset < size:  # (at most 4 bytes: a header cut short)
+            self._header = data[offset:]
+            self._remaining = 0
+        else:
+            self._remaining = offset - size
+        if last >= 0:
+            self.last_type = data[last : last + 1]
+            self.idle = offset <= size and self.last_type == b"Z"
+        elif carried:  # only the end of the current message came
+            self.idle = self.last_type == b"Z"

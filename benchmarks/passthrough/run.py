@@ -3,8 +3,10 @@
 
 pgbench select-only runs directly against a throwaway PostgreSQL, through
 pgbouncer (session pooling) and through anonproxy (one instance per worker
-count), interleaved, in both query modes. Prints tps and p50/p99 latency of
-each and the tps ratio anonproxy / pgbouncer per mode. See README.md.
+count, and optionally a second source tree side by side), interleaved, in
+both query modes. Prints tps, p50/p99 latency and the proxy's CPU per
+transaction of each, and the tps ratio anonproxy / pgbouncer per mode. See
+README.md.
 """
 
 from __future__ import annotations
@@ -31,8 +33,17 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
-from targets import HOST, PGBOUNCER, AnonProxy, BenchmarkError, PgBouncer, Service
+from targets import (
+    HOST,
+    PGBOUNCER,
+    REPO_ROOT,
+    AnonProxy,
+    BenchmarkError,
+    PgBouncer,
+    Service,
+)
 
+from anonproxy.config import cores
 from anonproxy.embedded import EmbeddedPostgres, find_pg_bindir
 
 SCALE = 10
@@ -40,7 +51,7 @@ CLIENTS = 8
 THREADS = 2
 ROLE = "bench"
 DATABASE = "bench"
-TARGET_RATIO = 0.6
+TARGET_RATIO = 1.1  # issue 23: the relay at 1.1x pgbouncer's tps, with the default worker count
 WARMUP_SECONDS = 3
 MODES = ("simple", "extended", "prepared")
 SERVER_SETTINGS = {"shared_buffers": "512MB"}  # the scale-10 data set (~160 MB) stays in shared buffers
@@ -52,6 +63,7 @@ class Target:
     port: int
     service: Service | None = None  # the proxy process, whose CPU use is sampled
     workers: int | None = None  # anonproxy worker processes
+    label: str | None = None  # which anonproxy tree: "anonproxy" (this one) or "baseline"
 
 
 @dataclass(frozen=True)
@@ -61,12 +73,15 @@ class Measurement:
     p99_ms: float
     transactions: int
     proxy_cpu_pct: float | None  # CPU of the proxy's processes, 100 = one core busy
+    proxy_user_us: float | None  # the proxy's user CPU per transaction, µs
+    proxy_system_us: float | None  # the proxy's system (kernel) CPU per transaction, µs
     machine_cpu_pct: float  # CPU of the whole machine, 100 = every core busy
 
 
 @dataclass(frozen=True)
 class Result:
     target: str
+    label: str | None
     workers: int | None
     mode: str
     median: Measurement  # of the runs, figure by figure
@@ -75,12 +90,15 @@ class Result:
 
 @dataclass(frozen=True)
 class Ratio:
-    """anonproxy tps / pgbouncer tps in one mode, for each worker count; the headline is the best one."""
+    """One anonproxy tree against pgbouncer in one mode, for each worker count: tps ratio, and proxy CPU per
+    transaction ratio; the headline is the default worker count (one per core)."""
 
+    label: str
     mode: str
     by_workers: dict[int, float]
-    best_workers: int
-    best: float
+    cpu_by_workers: dict[int, float]
+    default_workers: int
+    at_default: float | None  # None: the default worker count was not measured
     passed: bool
 
 
@@ -117,8 +135,14 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--workers",
         type=_int_list,
-        default=[1, 2],
-        help="comma-separated anonproxy worker counts, one proxy each (default 1,2)",
+        default=sorted({1, cores()}),
+        help=f"comma-separated anonproxy worker counts, one proxy each (default 1,{cores()}: one, and the default "
+        "of one per core)",
+    )
+    parser.add_argument(
+        "--baseline",
+        type=_source_tree,
+        help="another anonproxy source tree (a checkout of the code before a change) to run side by side",
     )
     parser.add_argument(
         "--modes",
@@ -139,6 +163,13 @@ def _positive_int(text: str) -> int:
 
 def _int_list(text: str) -> list[int]:
     return sorted({_positive_int(part) for part in text.split(",")})
+
+
+def _source_tree(text: str) -> Path:
+    tree = Path(text).resolve()
+    if not (tree / "anonproxy" / "cli.py").is_file():
+        raise argparse.ArgumentTypeError(f"{text} is not an anonproxy source tree (no anonproxy/cli.py)")
+    return tree
 
 
 def _mode_list(text: str) -> list[str]:
@@ -162,9 +193,11 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         _prepare_database(server, pgbench, env)
         bouncer = stack.enter_context(PgBouncer(server.port, DATABASE, ROLE, password, pool_size=CLIENTS))
         targets = [Target("direct", server.port), Target("pgbouncer", bouncer.port, bouncer)]
+        trees = [("anonproxy", REPO_ROOT)] + ([("baseline", args.baseline)] if args.baseline else [])
         for workers in args.workers:
-            proxy = stack.enter_context(AnonProxy(server.port, workers))
-            targets.append(Target(proxy.name, proxy.port, proxy, workers))
+            for label, tree in trees:
+                proxy = stack.enter_context(AnonProxy(server.port, workers, tree, label))
+                targets.append(Target(proxy.name, proxy.port, proxy, workers, label))
         machine = _machine(server, pgbench)
         _progress("machine: " + ", ".join(f"{key} {value}" for key, value in machine.items()))
 
@@ -179,11 +212,13 @@ def run(args: argparse.Namespace) -> dict[str, object]:
                     _progress(f"round {round_}/{args.repeat} {mode:<8} {target.name:<22} {measurement.tps:9.0f} tps")
 
     results = [
-        Result(target.name, target.workers, mode, _median(runs[target.name, mode]), runs[target.name, mode])
+        Result(target.name, target.label, target.workers, mode, _median(runs[target.name, mode]),
+               runs[target.name, mode])
         for mode in args.modes
         for target in targets
     ]
-    ratios = [_ratio(mode, results) for mode in args.modes]
+    labels = list(dict.fromkeys(target.label for target in targets if target.label))
+    ratios = [_ratio(label, mode, results) for label in labels for mode in args.modes]
     _print_report(results, ratios)
     settings = {
         "scale": SCALE,
@@ -193,6 +228,8 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         "repeat": args.repeat,
         "server_settings": SERVER_SETTINGS,
         "target_ratio": TARGET_RATIO,
+        "default_workers": cores(),
+        "baseline": str(args.baseline) if args.baseline else None,
     }
     return {
         "settings": settings,
@@ -234,13 +271,13 @@ def _run_pgbench(pgbench: Path, target: Target, mode: str, duration: int, env: d
             str(pgbench), "-n", "-S", "-c", str(CLIENTS), "-j", str(THREADS), "-T", str(duration), "-M", mode,
             "-l", "--log-prefix", f"{log_dir}/tx", *_connection_args(target.port),
         ]  # fmt: skip
-        proxy_before = target.service.cpu_seconds() if target.service else 0.0
+        proxy_before = target.service.cpu_seconds() if target.service else (0.0, 0.0)
         machine_before = _machine_cpu_ticks()
         started = time.monotonic()
         output = _check_call(args, env)
         elapsed = time.monotonic() - started
         machine_busy, machine_total = (after - before for after, before in zip(_machine_cpu_ticks(), machine_before))
-        proxy_cpu = target.service.cpu_seconds() - proxy_before if target.service else None
+        proxy_after = target.service.cpu_seconds() if target.service else None
 
         failed = re.search(r"^number of failed transactions: (\d+)", output, re.MULTILINE)
         if failed is not None and int(failed[1]) > 0:
@@ -251,12 +288,18 @@ def _run_pgbench(pgbench: Path, target: Target, mode: str, duration: int, env: d
         latencies = sorted(_logged_latencies_us(Path(log_dir)))
     if not latencies:
         raise BenchmarkError(f"pgbench logged no transactions through {target.name} ({mode})")
+    if proxy_after is None:
+        user = system = None
+    else:
+        user, system = proxy_after[0] - proxy_before[0], proxy_after[1] - proxy_before[1]
     return Measurement(
         tps=float(tps[1]),
         p50_ms=_percentile(latencies, 0.50) / 1000,
         p99_ms=_percentile(latencies, 0.99) / 1000,
         transactions=len(latencies),
-        proxy_cpu_pct=None if proxy_cpu is None else 100 * proxy_cpu / elapsed,
+        proxy_cpu_pct=None if user is None or system is None else 100 * (user + system) / elapsed,
+        proxy_user_us=None if user is None else 1e6 * user / len(latencies),
+        proxy_system_us=None if system is None else 1e6 * system / len(latencies),
         machine_cpu_pct=100 * machine_busy / machine_total,
     )
 
@@ -289,29 +332,42 @@ def _median(runs: list[Measurement]) -> Measurement:
     return Measurement(**values)
 
 
-def _ratio(mode: str, results: list[Result]) -> Ratio:
+def _ratio(label: str, mode: str, results: list[Result]) -> Ratio:
     in_mode = [result for result in results if result.mode == mode]
-    bouncer_tps = next(result.median.tps for result in in_mode if result.target == "pgbouncer")
-    by_workers = {result.workers: result.median.tps / bouncer_tps for result in in_mode if result.workers}
-    best = max(by_workers, key=lambda workers: by_workers[workers])
-    return Ratio(mode, by_workers, best, by_workers[best], by_workers[best] >= TARGET_RATIO)
+    bouncer = next(result.median for result in in_mode if result.target == "pgbouncer")
+    ours = {result.workers: result.median for result in in_mode if result.label == label and result.workers}
+    by_workers = {workers: m.tps / bouncer.tps for workers, m in ours.items()}
+    cpu_by_workers = {workers: _cpu_us(m) / _cpu_us(bouncer) for workers, m in ours.items()}
+    at_default = by_workers.get(cores())
+    return Ratio(label, mode, by_workers, cpu_by_workers, cores(), at_default,
+                 at_default is not None and at_default >= TARGET_RATIO)
+
+
+def _cpu_us(measurement: Measurement) -> float:
+    """The proxy's CPU per transaction, µs."""
+    return (measurement.proxy_user_us or 0.0) + (measurement.proxy_system_us or 0.0)
 
 
 def _print_report(results: list[Result], ratios: list[Ratio]) -> None:
     print()
-    print(f"{'target':<22} {'mode':<9} {'tps':>9} {'p50 ms':>7} {'p99 ms':>7} {'proxy CPU':>9} {'machine CPU':>11}")
+    print(f"{'target':<22} {'mode':<9} {'tps':>9} {'p50 ms':>7} {'p99 ms':>7} {'proxy CPU':>9} "
+          f"{'us/tx user+sys':>14} {'machine CPU':>11}")
     for result in results:
         m = result.median
         proxy_cpu = "-" if m.proxy_cpu_pct is None else f"{m.proxy_cpu_pct:.0f}%"
+        per_tx = "-" if m.proxy_user_us is None else f"{m.proxy_user_us:.1f}+{m.proxy_system_us:.1f}"
         print(
             f"{result.target:<22} {result.mode:<9} {m.tps:9.0f} {m.p50_ms:7.3f} {m.p99_ms:7.3f} "
-            f"{proxy_cpu:>9} {m.machine_cpu_pct:10.0f}%"
+            f"{proxy_cpu:>9} {per_tx:>14} {m.machine_cpu_pct:10.0f}%"
         )
     print()
-    print(f"tps ratio anonproxy / pgbouncer (target >= {TARGET_RATIO}):")
+    print(f"tps ratio / pgbouncer with the default {_workers(cores())} (target >= {TARGET_RATIO}), "
+          "and [proxy CPU per transaction / pgbouncer's]:")
     for ratio in ratios:
-        each = ", ".join(f"{_workers(workers)} {value:.2f}" for workers, value in ratio.by_workers.items())
-        print(f"  {ratio.mode:<9} {ratio.best:.2f} {'PASS' if ratio.passed else 'MISS'}  ({each})")
+        each = ", ".join(f"{_workers(workers)} {value:.2f} [{ratio.cpu_by_workers[workers]:.2f}]"
+                         for workers, value in ratio.by_workers.items())
+        headline = "-   " if ratio.at_default is None else f"{ratio.at_default:.2f}"
+        print(f"  {ratio.label:<9} {ratio.mode:<9} {headline} {'PASS' if ratio.passed else 'MISS'}  ({each})")
 
 
 def _workers(count: int) -> str:

@@ -57,8 +57,8 @@ class Service:
     def log_file(self) -> Path:
         return self.workdir / "output.log"
 
-    def cpu_seconds(self) -> float:
-        """CPU time (user + system) used so far by the process and its descendants (e.g. workers)."""
+    def cpu_seconds(self) -> tuple[float, float]:
+        """CPU time (user, system) used so far by the process and its descendants (e.g. workers)."""
         assert self.process is not None
         return process_tree_cpu_seconds(self.process.pid)
 
@@ -173,12 +173,15 @@ log_stats = 0
 
 
 class AnonProxy(Service):
-    """``anonproxy serve`` with ``workers`` worker processes in front of the upstream server."""
+    """``anonproxy serve`` with ``workers`` worker processes in front of the upstream server, run from the source
+    tree ``tree`` (another checkout: the code before a change, side by side with this one)."""
 
-    def __init__(self, upstream_port: int, workers: int) -> None:
-        super().__init__(f"anonproxy ({workers} worker{'s' if workers > 1 else ''})")
+    def __init__(self, upstream_port: int, workers: int, tree: Path = REPO_ROOT, label: str = "anonproxy") -> None:
+        super().__init__(f"{label} ({workers} worker{'s' if workers > 1 else ''})")
+        self.label = label
         self.workers = workers
         self._upstream_port = upstream_port
+        self._tree = tree
 
     def __enter__(self) -> Self:
         env = {name: value for name, value in os.environ.items() if not name.startswith("ANONPROXY_")}
@@ -188,19 +191,20 @@ class AnonProxy(Service):
             "ANONPROXY_UPSTREAM": f"host={HOST} port={self._upstream_port}",
             "ANONPROXY_WORKERS": str(self.workers),
             "ANONPROXY_LOG_LEVEL": "warning",
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(self._tree), env.get("PYTHONPATH")])),
         }
         try:
-            self._start([sys.executable, "-m", "anonproxy.cli", "serve"], env=env, cwd=REPO_ROOT)
+            self._start([sys.executable, "-m", "anonproxy.cli", "serve"], env=env, cwd=self._tree)
         except BaseException:
             self.stop()
             raise
         return self
 
 
-def process_tree_cpu_seconds(root: int) -> float:
-    """User + system CPU time of ``root`` and all its living descendants, from /proc."""
+def process_tree_cpu_seconds(root: int) -> tuple[float, float]:
+    """User and system CPU time of ``root`` and all its living descendants, from /proc."""
     children: dict[int, list[int]] = {}
-    ticks: dict[int, int] = {}
+    ticks: dict[int, tuple[int, int]] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             text = stat.read_text()
@@ -210,10 +214,13 @@ def process_tree_cpu_seconds(root: int) -> float:
         fields = text[text.rindex(")") + 2 :].split()
         pid = int(stat.parent.name)
         children.setdefault(int(fields[1]), []).append(pid)
-        ticks[pid] = int(fields[11]) + int(fields[12])
-    total, pending = 0, [root]
+        ticks[pid] = (int(fields[11]), int(fields[12]))
+    user = system = 0
+    pending = [root]
     while pending:
         pid = pending.pop()
-        total += ticks.get(pid, 0)
+        user_ticks, system_ticks = ticks.get(pid, (0, 0))
+        user, system = user + user_ticks, system + system_ticks
         pending.extend(children.get(pid, ()))
-    return total / os.sysconf("SC_CLK_TCK")
+    hertz = os.sysconf("SC_CLK_TCK")
+    return user / hertz, system / hertz
