@@ -28,10 +28,12 @@ import importlib.util
 import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,10 +42,12 @@ sys.path.insert(0, str(REPO))
 
 import psycopg
 
+from anonproxy import demo, sample_data
 from anonproxy.dp.answers import priced_checked
 from anonproxy.dp.model import DPParams
 from anonproxy.embedded import EmbeddedPostgres
 from anonproxy.policy.store import load_policy
+from anonproxy.policy.yaml_policy import apply_policy, demo_policy
 from anonproxy.proxy.gate import Parameters
 from anonproxy.proxy.noisy import NoisyAnswers, SessionLimits
 from anonproxy.route.decide import decide
@@ -178,102 +182,160 @@ def in_process(server: EmbeddedPostgres, owner: psycopg.Connection[Any], service
 # -- 2. the charge against the ledger's size -------------------------------------------------------------------
 
 
-CHARGE = ("select (anonproxy.charge('analyst', 'public.adult', 0.5, 0, 0.125, 0, 'breakdown')).epsilon_spent")
+CHARGE = "select (anonproxy.charge('analyst', 'public.adult', 0.5, 0, 0.125, 0, 'breakdown')).epsilon_spent"
+LEDGER_SIZES = (0, 1000, 10000)
 
 
-def charges(owner: psycopg.Connection[Any], service_dsn: str, server: EmbeddedPostgres,
-            count: int) -> dict[str, Any]:
-    dsn = server.conninfo(**{key: value for key, value in psycopg.conninfo.conninfo_to_dict(service_dsn).items()
-                             if key in ("user", "password", "dbname")})
-    figures: dict[str, Any] = {"load_before": load()}
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        backend = conn.info.backend_pid
-        held = owner.execute("select count(*) from anonproxy.budget_ledger where role_name = 'analyst'").fetchone()
-        have = held[0] if held else 0
-        for size in (0, 1000, 10000):
-            if size > have:
-                owner.execute("insert into anonproxy.budget_ledger (role_name, domain, epsilon, delta, rho, delta_add,"
-                              " fingerprint) select 'analyst', 'public.adult', 0.5, 0, 0.125, 0, 'filler' "
-                              "from generate_series(1, %s)", [size - have])
-                owner.execute("vacuum analyze anonproxy.budget_ledger")
-                have = size
-            times, cpu = [], cpu_ms(backend)
-            for _ in range(count):
-                begun = time.perf_counter()
-                with conn.pipeline():
-                    conn.execute("begin isolation level read committed")
-                    cursor = conn.execute(CHARGE)
-                    conn.execute("commit")
-                cursor.fetchone()
-                times.append((time.perf_counter() - begun) * 1000)
-            have += count
-            figures[str(size)] = {"p50_ms": p50(times), "backend_cpu_ms": (cpu_ms(backend) - cpu) / count}
-    figures["load_after"] = load()
+@dataclass
+class Side:
+    """One tree measured: its own server, with its own migrations, and its own proxy (part 3)."""
+
+    name: str
+    tree: Path
+    server: EmbeddedPostgres
+    service_dsn: str
+    owner: psycopg.Connection[Any]
+    ledger: int = 0  # the analyst's charges so far
+
+    def service(self) -> psycopg.Connection[Any]:
+        dsn = self.server.conninfo(**{key: value for key, value in
+                                      psycopg.conninfo.conninfo_to_dict(self.service_dsn).items()
+                                      if key in ("user", "password", "dbname")})
+        return psycopg.connect(dsn, autocommit=True)
+
+
+def charges(sides: list[Side], count: int) -> dict[str, Any]:
+    """The charge's round trip and its backend's CPU, per side and ledger size, the sides alternating in rounds of
+    ten charges."""
+    figures: dict[str, Any] = {"load": load()}
+    with ExitStack() as stack:
+        conns = {side.name: stack.enter_context(side.service()) for side in sides}
+        for size in LEDGER_SIZES:
+            for side in sides:
+                held = side.owner.execute("select count(*) from anonproxy.budget_ledger "
+                                          "where role_name = 'analyst'").fetchone()
+                have = held[0] if held else 0
+                if size > have:
+                    side.owner.execute("insert into anonproxy.budget_ledger (role_name, domain, epsilon, delta, rho, "
+                                       "delta_add, fingerprint) select 'analyst', 'public.adult', 0.5, 0, 0.125, 0, "
+                                       "'filler' from generate_series(1, %s)", [size - have])
+                    side.owner.execute("vacuum analyze anonproxy.budget_ledger")
+            times: dict[str, list[float]] = {side.name: [] for side in sides}
+            cpu: dict[str, float] = dict.fromkeys(times, 0.0)
+            for round_ in range(count // 10):
+                for side in sides if round_ % 2 == 0 else reversed(sides):
+                    conn = conns[side.name]
+                    before = cpu_ms(conn.info.backend_pid)
+                    for _ in range(10):
+                        begun = time.perf_counter()
+                        with conn.pipeline():
+                            conn.execute("begin isolation level read committed")
+                            cursor = conn.execute(CHARGE)
+                            conn.execute("commit")
+                        cursor.fetchone()
+                        times[side.name].append((time.perf_counter() - begun) * 1000)
+                    cpu[side.name] += cpu_ms(conn.info.backend_pid) - before
+            figures[str(size)] = {name: {"p50_ms": p50(values), "backend_cpu_ms": cpu[name] / len(values)}
+                                  for name, values in times.items()}
+    figures["load"] += f" -> {load()}"
     return figures
 
 
 # -- 3. through the proxy --------------------------------------------------------------------------------------
 
 
-def through_proxy(server: EmbeddedPostgres, service_dsn: str, rounds: int) -> dict[str, Any]:
+def through_proxy(sides: list[Side], rounds: int) -> dict[str, Any]:
+    """The shapes as the owner (relayed) and as analyst (a new text each time) through each side's proxy, the sides
+    and the users alternating question by question."""
     with ExitStack() as stack:
-        proxy = stack.enter_context(_setup.start_proxy("this checkout", REPO, True, server.port, service_dsn,
-                                                       workers=1))
-        conns = {user: stack.enter_context(_setup.connect(proxy.port, user)) for user in ("dba", "analyst")}
-        times: dict[tuple[str, str], list[float]] = {}
+        proxies = {side.name: stack.enter_context(_setup.start_proxy(side.name, side.tree, True, side.server.port,
+                                                                     side.service_dsn, workers=1))
+                   for side in sides}
+        conns = {(name, user): stack.enter_context(_setup.connect(proxy.port, user))
+                 for name, proxy in proxies.items() for user in ("dba", "analyst")}
+        times: dict[tuple[str, str, str], list[float]] = {}
+        cpu: dict[str, float] = dict.fromkeys(proxies, 0.0)
         serial = [10_000]
 
-        def ask(user: str, template: str) -> float:
+        def ask(name: str, user: str, template: str) -> float:
             serial[0] += 1
             text = template.format(n=serial[0] if user == "analyst" else 0)
             begun = time.perf_counter()
-            conns[user].execute(text, prepare=False).fetchall()
+            conns[name, user].execute(text, prepare=False).fetchall()
             return (time.perf_counter() - begun) * 1000
 
-        for _, template in SHAPES:
-            ask("dba", template)
-            ask("analyst", template)
-        started, cpu_analyst = load(), 0.0
+        for name in proxies:
+            for _, template in SHAPES:
+                ask(name, "dba", template)
+                ask(name, "analyst", template)
+        started = load()
         for round_ in range(rounds):
             for index, (shape_id, template) in enumerate(SHAPES):
-                order = ("dba", "analyst") if (round_ + index) % 2 == 0 else ("analyst", "dba")
-                for user in order:
-                    before = tree_cpu_ms(proxy.pid)
-                    times.setdefault((shape_id, user), []).append(ask(user, template))
-                    if user == "analyst":
-                        cpu_analyst += tree_cpu_ms(proxy.pid) - before
-        ratios = [p50(times[shape_id, "analyst"]) / p50(times[shape_id, "dba"]) for shape_id, _ in SHAPES]
-        return {"load": f"{started} -> {load()}",
-                "per_shape": {shape_id: {"relayed_p50_ms": p50(times[shape_id, "dba"]),
-                                         "analyst_p50_ms": p50(times[shape_id, "analyst"])}
-                              for shape_id, _ in SHAPES},
+                names = list(proxies) if (round_ + index) % 2 == 0 else list(reversed(proxies))
+                for name in names:
+                    for user in ("dba", "analyst") if round_ % 2 == 0 else ("analyst", "dba"):
+                        before = tree_cpu_ms(proxies[name].pid)
+                        times.setdefault((name, shape_id, user), []).append(ask(name, user, template))
+                        if user == "analyst":
+                            cpu[name] += tree_cpu_ms(proxies[name].pid) - before
+        report: dict[str, Any] = {"load": f"{started} -> {load()}"}
+        for name in proxies:
+            ratios = [p50(times[name, shape_id, "analyst"]) / p50(times[name, shape_id, "dba"])
+                      for shape_id, _ in SHAPES]
+            report[name] = {
+                "per_shape": {shape_id: [round(p50(times[name, shape_id, "dba"]), 2),
+                                         round(p50(times[name, shape_id, "analyst"]), 2)] for shape_id, _ in SHAPES},
                 "analyst_over_relayed_median": p50(ratios), "analyst_over_relayed_range": [min(ratios), max(ratios)],
-                "proxy_cpu_ms_per_analyst_question": cpu_analyst / (rounds * len(SHAPES))}
+                "analyst_minus_relayed_median_ms": p50([p50(times[name, shape_id, "analyst"])
+                                                        - p50(times[name, shape_id, "dba"]) for shape_id, _ in SHAPES]),
+                "proxy_cpu_ms_per_analyst_question": cpu[name] / (rounds * len(SHAPES))}
+        return report
+
+
+def prepared(stack: ExitStack, name: str, tree: Path, accounting: str) -> Side:
+    """A server set up as ``anonproxy up`` does, with ``tree``'s own migrations (installed by its own code)."""
+    server = stack.enter_context(EmbeddedPostgres())
+    install = ("import sys, psycopg; from anonproxy import schema; conn = psycopg.connect(sys.argv[1]); "
+               "schema.install(conn); conn.close()")
+    subprocess.run([sys.executable, "-c", install, server.conninfo(dbname=_setup.DATABASE)], check=True, cwd=tree,
+                   env={**os.environ, "PYTHONPATH": str(tree)})
+    policy = demo_policy()
+    with psycopg.connect(server.conninfo(dbname=_setup.DATABASE)) as conn:
+        sample_data.load_demo(conn)
+        demo.create_demo_roles(conn, _setup.DATABASE)
+        password = demo.reset_service_role(conn, policy.service_role)
+        apply_policy(conn, policy)
+        conn.commit()
+    service_dsn = psycopg.conninfo.make_conninfo(user=policy.service_role, password=password, dbname=_setup.DATABASE)
+    owner = stack.enter_context(psycopg.connect(server.conninfo(dbname=_setup.DATABASE), autocommit=True))
+    owner.execute(BUDGET, [accounting])
+    return Side(name, tree, server, service_dsn, owner)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=20, help="new texts per shape (parts 1 and 3)")
-    parser.add_argument("--charges", type=int, default=200, help="charges per ledger size (part 2)")
+    parser.add_argument("--charges", type=int, default=200, help="charges per ledger size and side (part 2)")
     parser.add_argument("--accounting", choices=("basic", "zcdp"), default="zcdp")
     parser.add_argument("--parts", default="1,2,3")
+    parser.add_argument("--baseline", type=Path, help="another checkout, measured beside this one (parts 2 and 3)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     report: dict[str, Any] = {"code": os.popen(f"git -C {REPO} rev-parse --short HEAD").read().strip(),
                               "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
-    parts: dict[str, Callable[..., dict[str, Any]]] = {}
+    chosen = args.parts.split(",")
     with ExitStack() as stack:
-        server = stack.enter_context(EmbeddedPostgres())
-        service_dsn = _setup.prepare_database(server)
-        owner = stack.enter_context(psycopg.connect(server.conninfo(dbname=_setup.DATABASE), autocommit=True))
-        owner.execute(BUDGET, [args.accounting])
-        chosen = args.parts.split(",")
+        sides = [prepared(stack, "this checkout", REPO, args.accounting)]
+        if args.baseline is not None:
+            sides.insert(0, prepared(stack, "baseline", args.baseline.resolve(), args.accounting))
+        parts: dict[str, Callable[[], dict[str, Any]]] = {}
         if "1" in chosen:
-            parts["1 in process"] = lambda: in_process(server, owner, service_dsn, args.rounds)
+            this = sides[-1]
+            parts["1 in process"] = lambda: in_process(this.server, this.owner, this.service_dsn, args.rounds)
         if "3" in chosen:
-            parts["3 through the proxy"] = lambda: through_proxy(server, service_dsn, args.rounds)
+            parts["3 through the proxy"] = lambda: through_proxy(sides, args.rounds)
         if "2" in chosen:  # last: it fills the ledger
-            parts["2 charge by ledger size"] = lambda: charges(owner, service_dsn, server, args.charges)
+            parts["2 charge by ledger size"] = lambda: charges(sides, args.charges)
         for name, part in parts.items():
             report[name] = part()
             print(name, json.dumps(report[name], indent=1), flush=True)
