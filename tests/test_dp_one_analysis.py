@@ -29,7 +29,7 @@ from anonproxy.wire.results import Result
 ROLE = "analyst"
 QUESTIONS = ("select education, count(*) from adult group by education",
              "select sex, avg(age) from adult where hours_per_week > 30 group by 1",
-             "select count(*) from adult")
+             "select count(*) from adult where age > 30;")
 
 
 class Counted(Analyser):

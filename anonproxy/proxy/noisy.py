@@ -286,7 +286,8 @@ class NoisyAnswers:
         (a session that lowered its own ε or δ prices it again, at those)."""
         decision, params, plan = outcome
         if params is not None and plan is not None:
-            self._plans.put((sql, role.role, policy.version, params), plan, _plan_weight(sql, plan))
+            text = getattr(decision, "sql", sql)  # the statement's own text (a trailing ';' split off), as it is asked
+            self._plans.put((text, role.role, policy.version, params), plan, _plan_weight(text, plan))
         return decision  # type: ignore[no-any-return]
 
     async def answer(self, question: Noisy, role: RolePolicy, policy: Policy, parameters: Parameters,
