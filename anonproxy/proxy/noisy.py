@@ -7,7 +7,8 @@ statement (:class:`anonproxy.route.decision.Noisy`, made from its one parse)
 is priced, with the final SQL check, in the worker's analysis process, at the
 role's per-query ε and δ as this worker last read them (lowered by the
 session's ``SET anonproxy.epsilon`` / ``anonproxy.delta``), and cached per
-worker; in one statement (``anonproxy.lookup_answer``) the ledger gives that
+worker (a new text is priced in the same analysis call as the router's
+decision: :meth:`NoisyAnswers.deciding`); in one statement (``anonproxy.lookup_answer``) the ledger gives that
 per-query cost, the data version and the noisy measurement already paid for
 (keyed by the plan's measurement only: anonproxy.dp.answers.fingerprint). That
 one round trip is the whole ledger work for a question already answered; the

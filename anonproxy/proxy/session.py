@@ -142,7 +142,7 @@ class ProxyContext:
 
     async def decide(self, sql: str, role: RolePolicy, policy: Policy, *, asker: int) -> Decision:
         """The gate's decision for a statement text, cached by text, role and policy version; ``asker``: the
-        session's id, whose turn an analysis takes."""
+        session's id, whose turn an analysis takes. A dp role's measurement is priced in the same analysis call."""
         key = (sql, role.role, policy.version)
         decision = self._decisions.get(key)
         if decision is not None:
