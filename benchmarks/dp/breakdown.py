@@ -2,8 +2,9 @@
 """Where a dp question's first answer spends its time, step by step (issue 23 "first charge ≤ 2 ms", issue 24 "a new
 dp question ≤ 2× the relayed statement").
 
-One throwaway PostgreSQL set up like ``anonproxy up`` (benchmarks/audit_trail/run.py's set-up); ``analyst`` gets a
-budget it never spends (``--accounting``). Three parts:
+One throwaway PostgreSQL per checkout (this one, and ``--baseline``'s if given), set up like ``anonproxy up`` with
+that checkout's own migrations, installed by its own code; ``analyst`` gets a budget it never spends
+(``--accounting``). Three parts:
 
 1. **In process**: the real ``NoisyAnswers`` (no analysis process: its pricing runs here) asked the questions of
    benchmarks/suppress_scale over ``adult`` (s01–s10), each a new text (a new alias) so that nothing is cached:
@@ -17,7 +18,9 @@ budget it never spends (``--accounting``). Three parts:
    new text each time), interleaved; p50 of each, their ratio, and the proxy's CPU per question (the worker and its
    analysis processes, from ``/proc``).
 
-    PYTHONPATH=. python3 benchmarks/dp/breakdown.py [--rounds 20] [--json out.json]
+    PYTHONPATH=. python3 benchmarks/dp/breakdown.py [--baseline DIR] [--parts 1,2,3] [--rounds 20] [--json out.json]
+
+Parts 2 and 3 measure the baseline beside this checkout, interleaved; part 1 this checkout only.
 """
 
 from __future__ import annotations
