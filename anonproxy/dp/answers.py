@@ -8,6 +8,8 @@ The question's steps are :mod:`anonproxy.dp.question`; the proxy
   its SQL (the final SQL check), run in the worker's analysis process
   (:func:`measured_text` measures a text the proxy wrote itself there;
   :func:`plan_checked` does both for a text, for tests and benchmarks);
+* :func:`decided_and_priced`: the router's decision on a new text and, for a dp measurement, its plan, in one call
+  of the analysis process;
 * :func:`fingerprint`: the key of the answer cache, taken from the plan's measurement only;
 * :func:`encoded` / :func:`decoded`: the cached value, a noisy measurement (anonproxy.dp.finish);
 * :func:`explained`: what EXPLAIN (ANONPROXY) says about a question, and :func:`cost`: what its notice says
@@ -22,9 +24,10 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from decimal import Decimal
+from typing import TypeVar
 
 import psycopg
 from psycopg import pq
@@ -56,6 +59,7 @@ from anonproxy.wire.results import text_value
 DEFAULT_EPSILON = Decimal("0.5")
 DEFAULT_DELTA = Decimal("1e-7")
 DEFAULT_COSTS = (DEFAULT_EPSILON, DEFAULT_DELTA)
+T = TypeVar("T")
 
 
 def plan_checked(sql: str, role: RolePolicy, policy: Policy, params: DPParams) -> DPPlan | Reject:
@@ -79,7 +83,23 @@ def priced_checked(measured: Packed, role: RolePolicy, policy: Policy, params: D
     """``price``, then the final SQL check (:func:`checked`) of what it wrote, but for the texts in
     ``checked_before`` (the same question priced before at another cost wrote the same SQL: it passed for this role
     and policy): what the analysis process runs for a question."""
-    return checked(price(measured.open(), params), role, policy, checked_before)
+    plan = checked(price(measured.open(), params), role, policy, checked_before)
+    return replace(plan, measured_tokens=folded(plan.measured)) if isinstance(plan, DPPlan) else plan
+
+
+def decided_and_priced(decide: Callable[[str, RolePolicy, Policy], T], sql: str, role: RolePolicy, policy: Policy,
+                       costs: Mapping[str, DPParams], default: DPParams) -> tuple[T, DPParams | None,
+                                                                                   DPPlan | Reject | None]:
+    """``decide(sql, role, policy)`` and, when the decision carries a dp measurement, that measurement priced at
+    ``costs`` of its table (``default`` for a table not in it) with :func:`priced_checked`: both in one call of the
+    analysis process, so that a new text of a dp role crosses to it once, not twice. Returns the decision, and the
+    parameters and plan it was priced at (None, None without a measurement)."""
+    decision = decide(sql, role, policy)
+    measured = getattr(decision, "plan", None)
+    if not isinstance(measured, Packed) or measured.table is None:
+        return decision, None, None
+    params = costs.get(measured.table, default)
+    return decision, params, priced_checked(measured, role, policy, params)
 
 
 def checked_sql(sql: str, policy: Policy, role: RolePolicy) -> Reject | None:
@@ -126,7 +146,8 @@ def fingerprint(plan: DPPlan, policy_version: int, parameters: object) -> str:
     order by the planner, so neither the select list's nor GROUP BY's order changes the measurement either."""
     names = canonical_names(plan.statistics)
     domains = None if plan.domains is None else tuple(plan.domains[i] for i in plan.key_order or range(plan.keys))
-    measurement = replace(plan, sql=folded(plan.measured), measured="", statistics=tuple(canonical_statistics(plan.statistics)),
+    measurement = replace(plan, sql=plan.measured_tokens or folded(plan.measured), measured="",
+                          statistics=tuple(canonical_statistics(plan.statistics)),
                           selection=names.get(plan.selection or ""), columns=(), order=(), limit=None, offset=0,
                           hidden=(), having=None, post=None, nested=None, domains=domains, key_order=(),
                           limit_parameter=None, offset_parameter=None, unmeasured_parameters=())

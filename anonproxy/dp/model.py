@@ -8,7 +8,7 @@ into the noisy answer.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 from fractions import Fraction
 from typing import Any, Literal
@@ -280,6 +280,10 @@ class DPPlan:
     # The keys' canonical order, the one `measured` and the answer cache use: key_order[i] is the position in `sql`
     # of the i-th key in that order (empty: the keys' own order)
     key_order: tuple[int, ...] = ()
+    # `measured` as the answer cache's key reads it (answers.folded), computed where the plan is priced (the analysis
+    # process) so that the worker does not tokenize it again; "" until then. Not part of the plan's repr or equality:
+    # the key is the same with or without it.
+    measured_tokens: str = field(default="", repr=False, compare=False)
 
     @property
     def free(self) -> bool:

@@ -7,7 +7,8 @@ statement (:class:`anonproxy.route.decision.Noisy`, made from its one parse)
 is priced, with the final SQL check, in the worker's analysis process, at the
 role's per-query ε and δ as this worker last read them (lowered by the
 session's ``SET anonproxy.epsilon`` / ``anonproxy.delta``), and cached per
-worker; in one statement (``anonproxy.lookup_answer``) the ledger gives that
+worker (a new text is priced in the same analysis call as the router's
+decision: :meth:`NoisyAnswers.deciding`); in one statement (``anonproxy.lookup_answer``) the ledger gives that
 per-query cost, the data version and the noisy measurement already paid for
 (keyed by the plan's measurement only: anonproxy.dp.answers.fingerprint). That
 one round trip is the whole ledger work for a question already answered; the
@@ -94,6 +95,7 @@ from ..dp import question as question_steps
 from ..dp.answers import (
     TEXT_LOADED,
     checked_sql,
+    decided_and_priced,
     default_cost,
     measured_text,
     per_query,
@@ -125,7 +127,7 @@ from ..dp.question import (
 from ..plan.outer import Outer, Series
 from ..plan.refusals import Reject
 from ..policy.model import Policy, RolePolicy
-from ..route.decision import ExplainDP, Noisy, SessionSetting
+from ..route.decision import Decision, ExplainDP, Noisy, SessionSetting
 from ..wire.results import Column, Result, text_value
 from .analysis import Analyser, AnalysisFailed, AnalysisTimeout
 from .audit_trail import Spent
@@ -270,6 +272,24 @@ class NoisyAnswers:
         await self._standbys.close()
 
     # -- what the session asks ---------------------------------------------------------
+
+    def deciding(self, decide: Callable[[str, RolePolicy, Policy], Decision], sql: str, role: RolePolicy,
+                 policy: Policy) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+        """What the analysis process runs for a new text of a dp role: ``decide``, and the measurement it makes
+        priced at the per-query cost this worker last read for its table (the proxy's default before any), in the
+        same call (anonproxy.dp.answers.decided_and_priced). :meth:`decided` takes its outcome."""
+        costs = {table: question_steps.params(known, Limits()) for table, known in self._known(role).items()}
+        return decided_and_priced, (decide, sql, role, policy, costs, question_steps.params(question_steps.DEFAULTS,
+                                                                                            Limits()))
+
+    def decided(self, sql: str, role: RolePolicy, policy: Policy, outcome: tuple[Any, ...]) -> Decision:
+        """The decision of :meth:`deciding`'s call; its priced plan is kept where pricing the question looks first
+        (a session that lowered its own ε or δ prices it again, at those)."""
+        decision, params, plan = outcome
+        if params is not None and plan is not None:
+            text = getattr(decision, "sql", sql)  # the statement's own text (a trailing ';' split off), as it is asked
+            self._plans.put((text, role.role, policy.version, params), plan, _plan_weight(text, plan))
+        return decision  # type: ignore[no-any-return]
 
     async def answer(self, question: Noisy, role: RolePolicy, policy: Policy, parameters: Parameters,
                      limits: SessionLimits, stop: Stop | None = None, spent: Spent | None = None) -> Result:
@@ -515,8 +535,7 @@ class NoisyAnswers:
             return plan
         plan = await self._analysed(priced_checked, (need.question, asking.role, asking.policy, need.params,
                                                      need.checked), asking.asker, "planning")
-        # What a plan holds is mostly its SQL and the client's text, each about as long as the statement.
-        self._plans.put(key, plan, len(need.text) + 2 * len(getattr(plan, "sql", "")))
+        self._plans.put(key, plan, _plan_weight(need.text, plan))
         return plan
 
     async def _analysed(self, function: Callable[..., T], args: tuple[Any, ...], asker: int, doing: str) -> T:
@@ -587,6 +606,12 @@ class NoisyAnswers:
                         self._idle.append(conn)
                     else:
                         await conn.close()
+
+
+def _plan_weight(text: str, plan: DPPlan | Reject) -> int:
+    """What a cached plan holds is mostly its SQL, its measured SQL's tokens and the client's text, each about as long
+    as the statement."""
+    return len(text) + 3 * len(getattr(plan, "sql", ""))
 
 
 def _server_error(exc: psycopg.Error) -> Refused:

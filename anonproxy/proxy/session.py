@@ -32,7 +32,7 @@ import enum
 import ipaddress
 import logging
 import ssl
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from itertools import count
 from typing import Any
@@ -142,21 +142,27 @@ class ProxyContext:
 
     async def decide(self, sql: str, role: RolePolicy, policy: Policy, *, asker: int) -> Decision:
         """The gate's decision for a statement text, cached by text, role and policy version; ``asker``: the
-        session's id, whose turn an analysis takes."""
+        session's id, whose turn an analysis takes. A dp role's measurement is priced in the same analysis call."""
         key = (sql, role.role, policy.version)
         decision = self._decisions.get(key)
         if decision is not None:
             return decision
+        function: Callable[..., Any] = decide
+        args: tuple[Any, ...] = (sql, role, policy)
+        noisy = self.noisy if role.mode == "dp" else None
+        if noisy is not None:  # what a dp statement measures is priced in the same analysis call
+            function, args = noisy.deciding(decide, sql, role, policy)
         if self.analyser is None:
-            decision = decide(sql, role, policy)
+            outcome = function(*args)
         else:
             try:
-                decision = await self.analyser.run(decide, sql, role, policy, asker=asker)
-            except AnalysisTimeout:
-                decision = too_complex(self.analyser.budget)  # cached: the same text is not analysed again
+                outcome = await self.analyser.run(function, *args, asker=asker)
+            except AnalysisTimeout:  # cached: the same text is not analysed again
+                outcome, noisy = too_complex(self.analyser.budget), None
             except AnalysisFailed as exc:
                 log.error("statement analysis failed: %s", exc)
                 return Reject("XX000", "internal error in anonproxy while analysing the statement")
+        decision = noisy.decided(sql, role, policy, outcome) if noisy is not None else outcome
         self._decisions.put(key, decision, len(sql) + _weight(decision))
         return decision
 

@@ -1,11 +1,10 @@
 #!/usr/bin/env python3
 """A dp question's first answer, this checkout and a baseline checkout side by side, interleaved question by question.
 
-Two throwaway PostgreSQL servers set up like ``anonproxy up`` (benchmarks/audit_trail/run.py's set-up) with this
-checkout's migrations; on the baseline's server the ledger functions migration 0032 changed are put back as they
-were before it (``store_answer`` of 0003, ``data_version`` without its plan setting), so each side runs its own
-code on its own schema. One ``anonproxy serve`` (1 worker) per checkout. ``analyst`` gets a basic budget it never
-spends. Each round asks every question on both sides (the order of the sides alternating from round to round):
+Two throwaway PostgreSQL servers set up like ``anonproxy up``, each with its own checkout's migrations, installed by
+that checkout's code (benchmarks/dp/breakdown.py's ``prepared``), so each side runs its own code on its own schema.
+One ``anonproxy serve`` (1 worker) per checkout. ``analyst`` gets a budget it never spends (``--accounting``, basic
+by default) and, with ``--ledger N``, N earlier charges (a role that has asked N questions before). Each round asks every question on both sides (the order of the sides alternating from round to round):
 through the proxy with the answer cache emptied (a first answer: lookup, check, charge, read, store), and directly
 as the owner (the plain query). Prints, per side, the p50 of each and the added latency (first p50 − direct p50),
 and the median over the questions. See README.md ("Fewer round trips").
@@ -24,52 +23,45 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-import psycopg  # noqa: E402
-
-from anonproxy.embedded import EmbeddedPostgres  # noqa: E402
-
 _spec = importlib.util.spec_from_file_location("audit_trail_run", REPO / "benchmarks" / "audit_trail" / "run.py")
 assert _spec is not None and _spec.loader is not None
 _setup = importlib.util.module_from_spec(_spec)
 sys.modules[_spec.name] = _setup
 _spec.loader.exec_module(_setup)
+_spec = importlib.util.spec_from_file_location("dp_breakdown", REPO / "benchmarks" / "dp" / "breakdown.py")
+assert _spec is not None and _spec.loader is not None
+_breakdown = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = _breakdown
+_spec.loader.exec_module(_breakdown)
 
 QUESTIONS = ("select count(*) from adult", "select sex, count(*) from adult group by 1",
              "select education, avg(age) from adult group by 1", "select sum(capital_gain) from adult where age > 40")
-BUDGET = ("select anonproxy.set_budget('analyst'::name, 'public.adult'::regclass, 10000000, 0.5, null, 0.5, "
-          "0.0000001, 'basic')")
-
-
-def before_0032() -> list[str]:
-    """The statements that put the ledger functions 0032 changed back as they were."""
-    text = (REPO / "sql" / "0003_ledger.sql").read_text()
-    start = text.index("create function anonproxy.store_answer")
-    end = text.index("$$;", text.index("$$", start) + 2) + 3
-    return ["create or replace " + text[start + len("create "):end],
-            "alter function anonproxy.data_version(text[]) reset plan_cache_mode"]
+FILLER = ("insert into anonproxy.budget_ledger (role_name, domain, epsilon, delta, rho, delta_add, fingerprint) "
+          "select 'analyst', 'public.adult', 0.5, 0, 0.125, 0, 'filler' from generate_series(1, %s)")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--baseline", type=Path, required=True, help="the checkout to compare with (e.g. main)")
     parser.add_argument("--rounds", type=int, default=60)
+    parser.add_argument("--accounting", choices=("basic", "zcdp"), default="basic")
+    parser.add_argument("--ledger", type=int, default=0, help="charges the analyst made before the run")
     args = parser.parse_args()
     with ExitStack() as stack:
         sides = {}
         for name, tree in (("baseline", args.baseline.resolve()), ("this checkout", REPO)):
-            server = stack.enter_context(EmbeddedPostgres())
-            service = _setup.prepare_database(server)
-            owner = stack.enter_context(psycopg.connect(server.conninfo(dbname=_setup.DATABASE), autocommit=True))
-            for sql in before_0032() if name == "baseline" else []:
-                owner.execute(sql)
-            owner.execute(BUDGET)
-            proxy = stack.enter_context(_setup.start_proxy(name, tree, True, server.port, service, workers=1))
-            sides[name] = (owner, stack.enter_context(_setup.open_session(proxy.port, "analyst")))
+            side = _breakdown.prepared(stack, name, tree, args.accounting)  # each tree's own migrations
+            if args.ledger:
+                side.owner.execute(FILLER, [args.ledger])
+                side.owner.execute("vacuum analyze anonproxy.budget_ledger")
+            proxy = stack.enter_context(_setup.start_proxy(name, tree, True, side.server.port, side.service_dsn,
+                                                           workers=1))
+            sides[name] = (side.owner, stack.enter_context(_setup.open_session(proxy.port, "analyst")))
         for question in QUESTIONS:  # warm: planned, a pooled connection
             for _, analyst in sides.values():
                 analyst.execute(question).fetchall()
         times: dict[tuple[str, str, str], list[float]] = {}
-        started, load = time.strftime("%H:%M:%S", time.gmtime()), open("/proc/loadavg").read().split()[:3]
+        started, load = time.strftime("%H:%M:%S", time.gmtime()), Path("/proc/loadavg").read_text().split()[:3]
         for round_ in range(args.rounds):
             order = list(sides.items()) if round_ % 2 == 0 else list(reversed(sides.items()))
             for question in QUESTIONS:
@@ -80,7 +72,7 @@ def main() -> int:
                         conn.execute(question, prepare=False).fetchall()
                         times.setdefault((name, kind, question), []).append((time.perf_counter() - begun) * 1000)
         print(f"{args.rounds} rounds, {started}-{time.strftime('%H:%M:%S', time.gmtime())} UTC, load average "
-              f"{' '.join(load)} -> {' '.join(open('/proc/loadavg').read().split()[:3])}")
+              f"{' '.join(load)} -> {' '.join(Path('/proc/loadavg').read_text().split()[:3])}")
         for name in sides:
             added = []
             for question in QUESTIONS:
