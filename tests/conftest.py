@@ -127,7 +127,7 @@ def start_proxy(upstream: str, log_path: Path, *, host: str = "127.0.0.1", port:
     log_file = log_path.open("wb")
     process = subprocess.Popen([*command_prefix, sys.executable, "-m", "anonproxy.cli", "serve"], env=env,
                                stdout=log_file, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 30  # a loaded machine takes long to import
+    deadline = time.monotonic() + 90  # a loaded machine takes long to import
     while True:
         try:
             socket.create_connection((host, port), timeout=1).close()
@@ -213,7 +213,7 @@ def gated_proxy(gated_proxy_process: ProxyProcess) -> Endpoint:
 
 def wait_for_version(conn: psycopg.Connection, version: int) -> None:
     """Until the worker serving ``conn`` has loaded policy ``version`` (other workers reload on their own)."""
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 60  # a bound on a hang, not a timing: a loaded machine reloads slowly
     while int(conn.execute("show anonproxy.policy_version").fetchone()[0]) < version:
         assert time.monotonic() < deadline, "the proxy did not reload the policy"
         time.sleep(0.05)
@@ -222,7 +222,7 @@ def wait_for_version(conn: psycopg.Connection, version: int) -> None:
 def wait_for_policy(proxy: Endpoint, dbname: str, version: int) -> None:
     """Until every worker of the proxy has loaded policy ``version``: a role must not log in before its worker knows
     its mode (fresh connections land on any worker; ten in a row must all know it)."""
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 60  # a bound on a hang, not a timing: a loaded machine reloads slowly
     seen = 0
     while seen < 10:
         with psycopg.connect(proxy.dsn(dbname, user="reporter"), autocommit=True) as conn:
