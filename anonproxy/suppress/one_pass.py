@@ -48,13 +48,17 @@ from anonproxy.suppress.complementary import complementary
 from anonproxy.suppress.rules import (
     ANSWERED,
     CELLS,
+    COVERED,
+    GROUP_PEOPLE,
     GROUPS,
     PRIMARY,
     REST,
     REST_CELLS,
     REST_EXACT,
     REST_RANKED,
+    ROWS,
     SUMMARY,
+    SURE,
     UNIVERSE,
     WITHHELD,
     Ctes,
@@ -118,6 +122,7 @@ def parts(query: AnalyticQuery, rules: Rules) -> tuple[Ctes, str, list[str]]:
     rows = query.one_row_per_person
     columns = _columns(query, post)
     linked = two_level(query, rules)
+    covered: str | None = None  # the answer's people, counted before the summary (the bounded summary)
     if linked:
         ctes: Ctes = [(CELLS, _linked_cells(query, columns, keys, magnitudes, flags), ("one pass: each person's "
                        "part of each group, and of each aggregate of the answer")),
@@ -125,6 +130,11 @@ def parts(query: AnalyticQuery, rules: Rules) -> tuple[Ctes, str, list[str]]:
                        "people, contributors, and total and largest contribution per SUM/AVG, from its cells"))]
         ctes.append((f"{UNIVERSE}(n)", _linked_universe(query), "N: the people of the FROM clause"))
         query = replace(query, universe=f"SELECT n FROM {UNIVERSE}")
+    elif query.grouped and not rows:
+        ctes, covered = _bounded(query, rules, columns, flags)
+        query = replace(query, universe=f"SELECT n FROM {UNIVERSE}")
+        ctes.append((CELLS, _cells(query, keys, magnitudes, flags), ("each person's part of each group, read only "
+                     "to follow people in several groups")))
     else:
         ctes = [(SUMMARY, _summary(query, columns, magnitudes, flags), ("one pass: each group's answer, "
                  "people, contributors, and total and largest contribution per SUM/AVG"))]
@@ -143,7 +153,7 @@ def parts(query: AnalyticQuery, rules: Rules) -> tuple[Ctes, str, list[str]]:
         where = f" WHERE {query.where}" if query.where is not None else ""
         units = (f"SELECT unit FROM {CELLS} GROUP BY unit" if linked
                  else f"SELECT {query.unit} AS unit FROM {query.from_sql}{where} GROUP BY 1")
-        ctes += complementary(query, rules, keys, sums, flags, rest, rows=rows, units=units)
+        ctes += complementary(query, rules, keys, sums, flags, rest, rows=rows, units=units, covered=covered)
         ctes.append((WITHHELD, f"SELECT {', '.join(keys)} FROM {GROUPS} WHERE NOT released",
                      "the groups that were suppressed"))
         released = f"{key_tuple(keys)} IN (SELECT {key_tuple(keys, bare=True)} FROM {GROUPS} WHERE released)"
@@ -157,6 +167,70 @@ def parts(query: AnalyticQuery, rules: Rules) -> tuple[Ctes, str, list[str]]:
     # Materialized: the client's post-aggregate expressions, which may raise errors, run on released rows only.
     ctes.append((f"{RELEASED}", "\n".join(answer), "the released groups, and the suppressed-rest row"))
     return ctes, over_released(query, post), keys
+
+
+def _bounded(query: AnalyticQuery, rules: Rules, columns: list[_Column], flags: list[str]) -> tuple[Ctes, str | None]:
+    """The summary of a GROUP BY whose rows are not known to be people, with no magnitude rule to apply: the
+    answer and each group's rows in one pass PostgreSQL can split over workers (``anonproxy_rows``); each group's
+    distinct people only when the rows cannot prove that every group passes (``anonproxy_group_people``).
+
+    A person has at most ``most`` rows of the FROM clause (counted with N), so a group of ``r`` rows with a unit
+    holds between ``ceil(r / most)`` and ``r`` people. When every group holds surely k people, surely k
+    contributors per aggregate and surely leaves k of N out (``r <= N - k``), and the answer leaves out of N
+    nobody or k people, every group is released whatever its exact count (``anonproxy_sure``), complementary
+    suppression stops at step 0 and reads no count, and the summary carries each group's rows in place of its
+    people. Otherwise the exact counts, as before. Returns the CTEs and the SQL of the answer's people with a
+    WHERE (None without: N)."""
+    k, unit = rules.k, query.unit
+    n, most = f"(SELECT n FROM {UNIVERSE})", f"(SELECT most FROM {UNIVERSE})"
+    ctes: Ctes = [(f"{UNIVERSE}(n, most)", "\n".join([
+        "SELECT count(unit), coalesce(max(unit_rows) FILTER (WHERE unit IS NOT NULL), 0)",
+        f"FROM (SELECT {unit} AS unit, count(*) AS unit_rows FROM {query.from_sql} GROUP BY 1) AS anonproxy_units",
+    ]), "N: the people of the FROM clause, and the most rows one person has there")]
+    tests = [contributes(rule, argument) for rule, argument in query.contributors]
+    counted = [f"count({unit}) AS unit_rows",
+               *(f"count({unit}) FILTER (WHERE {test}) AS unit_rows_{flag}" for test, flag in zip(tests, flags,
+                                                                                                   strict=True))]
+    select = [f"{column.expression} AS {column.name}" for column in columns]
+    ctes.append((ROWS, _grouped(query, [*select, *counted]), ("one pass: each group's answer, and its rows with a "
+                 "unit, per aggregate those that contribute")))
+    surely = [f"unit_rows > {k - 1} * {most}", f"unit_rows <= {n} - {k}",
+              *(f"unit_rows_{flag} > {k - 1} * {most}" for flag in flags)]
+    sure = f"NOT EXISTS (SELECT FROM {ROWS} WHERE NOT ({' AND '.join(surely)}))"
+    covered = None
+    if query.where is not None:
+        ctes.append((f"{COVERED}(n)", (f"SELECT count(*) FROM (SELECT {unit} AS unit FROM {query.from_sql}\n"
+                                       f"WHERE {query.where} GROUP BY 1) AS people"), "the people of the answer"))
+        covered = f"SELECT n FROM {COVERED}"
+        sure += f"\n  AND {left_out(f'{n} - ({covered})', rules)}"
+    ctes.append((f"{SURE}(sure)", f"SELECT {sure}", ("every group surely passes the counts, by its rows, and the "
+                 "answer leaves out of N nobody or k people")))
+    exact = [f"{expression} AS {key(i)}" for i, expression in enumerate(query.keys, 1)]
+    exact += [f"count(DISTINCT {unit}) AS units",
+              *(f"count(DISTINCT {unit}) FILTER (WHERE {test}) AS {flag}" for test, flag in zip(tests, flags,
+                                                                                                  strict=True))]
+    ctes.append((GROUP_PEOPLE, _grouped(query, exact, f"NOT (SELECT sure FROM {SURE})"), ("each group's people "
+                 "and contributors, counted only when the rows do not settle the counts")))
+    chosen = f"CASE WHEN (SELECT sure FROM {SURE}) THEN r.{{}} ELSE p.{{}} END AS {{}}"
+    summary = [f"r.{column.name}" for column in columns]
+    summary += [chosen.format("unit_rows", "units", "units"),
+                *(chosen.format(f"unit_rows_{flag}", flag, flag) for flag in flags)]
+    on = " AND ".join(f"ARRAY[r.{key(i)}] = ARRAY[p.{key(i)}]" for i in range(1, len(query.keys) + 1))
+    ctes.append((SUMMARY, "\n".join([f"SELECT {', '.join(summary)}",
+                                      f"FROM {ROWS} AS r LEFT JOIN {GROUP_PEOPLE} AS p ON {on}"]),
+                 "each group's answer, with its people and contributors (the rows standing in when they settle it)"))
+    return ctes, covered
+
+
+def _grouped(query: AnalyticQuery, select: list[str], condition: str | None = None) -> str:
+    """``select`` over the FROM clause, the client's WHERE (and ``condition``), grouped by the client's keys."""
+    conditions = [*([condition] if condition is not None else []),
+                  *([f"({query.where})"] if query.where is not None else [])]
+    lines = [f"SELECT {', '.join(select)}", f"FROM {query.from_sql}"]
+    if conditions:
+        lines.append("WHERE " + " AND ".join(conditions))
+    lines.append(f"GROUP BY {', '.join(query.keys)}")
+    return "\n".join(lines)
 
 
 def _universe(query: AnalyticQuery) -> str:

@@ -47,6 +47,10 @@ REST = "anonproxy_rest"
 REPORT = "anonproxy_report"
 WITHHELD_PEOPLE = "anonproxy_withheld_people"
 UNIVERSE = "anonproxy_universe"
+ROWS = "anonproxy_rows"
+SURE = "anonproxy_sure"
+GROUP_PEOPLE = "anonproxy_group_people"
+COVERED = "anonproxy_covered"
 ANSWER = "anonproxy_answer"
 REPORT_FUNCTION = "anonproxy.suppression_report"  # sql/0022_complementary_report.sql
 
