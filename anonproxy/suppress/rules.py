@@ -145,6 +145,20 @@ def magnitude_bounds(rules: Rules, total: str, largest: str) -> Bounds:
     return Bounds(" AND ".join(holds) or "true", " OR ".join(fails) or "false")
 
 
+def surely_hold(rules: Rules, least_total: str, most_part: str) -> list[str]:
+    """The magnitude rules surely hold for a group whose absolute contributions add up to at least ``least_total``
+    and are each at most ``most_part``: the n largest add up to at most n times it (dominance), and the total less
+    the two largest is at least ``least_total`` less twice it (p %). The magnitude bounds of the rules
+    (:func:`magnitude_bounds`) then hold at these values too."""
+    conditions = []
+    if rules.dominance is not None:
+        n, percent = rules.dominance
+        conditions.append(f"100 * {n} * {most_part} <= {literal(percent)} * {least_total}")
+    if rules.p_percent is not None:
+        conditions.append(f"100 * ({least_total} - 2 * {most_part}) >= {literal(rules.p_percent)} * {most_part}")
+    return conditions
+
+
 def magnitude_conditions(rules: Rules, contribution: str, rank: str) -> list[str]:
     """The magnitude rules as aggregate conditions over ranked rows: ``contribution`` (absolute) and its ``rank``
     in the group (1: the largest)."""
