@@ -180,7 +180,7 @@ def _bounded(query: AnalyticQuery, rules: Rules, columns: list[_Column], magnitu
     before. Returns the CTEs and the SQL of the answer's people with a WHERE (None without: N)."""
     k, unit = rules.k, query.unit
     n, most = f"(SELECT n FROM {UNIVERSE})", f"(SELECT most FROM {UNIVERSE})"
-    universe = ["SELECT count(unit), coalesce(max(unit_rows) FILTER (WHERE unit IS NOT NULL), 0)",
+    universe = ["SELECT count(unit), coalesce(max(unit_rows), 0)",
                 f"FROM (SELECT {unit} AS unit, count(*) AS unit_rows FROM {query.from_sql} GROUP BY 1) AS anonproxy_units"]
     protected = _one_group_per_person(query)
     if protected is not None:  # the bounds below rest on it: checked when the statement runs
