@@ -40,14 +40,14 @@ STATEMENTS = {
     # a count by a column of the linked table (each group's people counted only when needed)
     "count by kind": ("SELECT s.kind, count(*) AS n FROM public.sessions s GROUP BY 1", 0),
     # a sum under the magnitude rules, by a column of adult (each person in one group)
-    "sum by sex": ("SELECT a.sex, count(*) AS n, sum(s.minutes) AS total FROM public.adult a JOIN public.sessions s "
-                   "ON s.person = a.id GROUP BY 1", 0),
+    "sum by sex": (("SELECT a.sex, count(*) AS n, sum(s.minutes) AS total FROM public.adult a JOIN public.sessions s "
+                   "ON s.person = a.id GROUP BY 1"), 0),
     # a WHERE: the answer's people are counted too
-    "avg by education, filtered": ("SELECT a.education, count(*) AS n, avg(s.minutes) AS mean FROM public.adult a "
-                                   "JOIN public.sessions s ON s.person = a.id WHERE a.age > 30 GROUP BY 1", 1),
+    "avg by education, filtered": (("SELECT a.education, count(*) AS n, avg(s.minutes) AS mean FROM public.adult a "
+                                   "JOIN public.sessions s ON s.person = a.id WHERE a.age > 30 GROUP BY 1"), 1),
     # a sum by a column of the linked table: a person's rows in several groups
-    "sum by kind": ("SELECT s.kind, sum(s.minutes) AS total, count(s.minutes) AS counted FROM public.sessions s "
-                    "GROUP BY 1", 0),
+    "sum by kind": (("SELECT s.kind, sum(s.minutes) AS total, count(s.minutes) AS counted FROM public.sessions s "
+                    "GROUP BY 1"), 0),
 }
 
 
