@@ -15,18 +15,15 @@ ORDER BY run over the released groups (:attr:`AnalyticQuery.post`).
   of the groups they leave open are ranked. N is ``count(*)`` of the FROM
   clause (without a WHERE, the groups' people added up), once the catalog
   still says so (sql/0023).
-* **Otherwise, a GROUP BY without a magnitude rule to apply**: the summary
-  counts distinct units per group; each person's part of each group
-  (``anonproxy_cells``) is computed only when complementary suppression must
-  follow people through its steps or the rest row must count the withheld
-  groups' people.
-* **Otherwise, a GROUP BY under a magnitude rule whose answer follows from
-  each person's rows** (:func:`two_level`): the one pass is per group and
-  person (``anonproxy_cells``: the client's aggregates over the person's rows,
-  their part of each SUM/AVG, whether they contribute), and the summary, the
-  rules, complementary suppression, the rest row and the answer all come from
-  it; N adds up the groups where each person is in one group
-  (:func:`_one_group_per_person`), once the catalog still says so.
+* **Otherwise, a GROUP BY** (people may have several rows; :func:`_bounded`): the answer comes from one pass
+  over the FROM clause that PostgreSQL can split over workers (``anonproxy_rows``), next to each group's rows with
+  a unit and, per SUM/AVG, ``|sum|`` and ``max|x|``; N is counted with the most rows one person has. Those bound
+  each group's people, contributors and contributions; when they prove that every group passes
+  (``anonproxy_sure``), nothing else reads the table. Otherwise each group's exact figures: its distinct units
+  (no magnitude rule to apply), or, under a magnitude rule whose figures follow from each person's rows
+  (:func:`two_level`), each person's part of each group (``anonproxy_cells``), from which the rules, complementary
+  suppression and the rest row are decided. Where each person is in one group (:func:`_one_group_per_person`),
+  the other groups' rows also bound the people a group leaves out, once the catalog still says so.
 
 The suppressed-rest row comes from the withheld groups' rows of the summary
 where the client's aggregates follow from them (counts, sums of exact types,
@@ -82,9 +79,9 @@ _EXACT_TYPES = ("int2", "int4", "int8", "numeric")
 
 def applies(query: AnalyticQuery, rules: Rules) -> bool:
     """Whether :func:`parts` writes the suppression SQL of ``query``: its select list runs over released values,
-    and each row is one person, or it has a GROUP BY and no magnitude rule applies (the count rules count distinct
-    people per group in the same pass; the magnitude rules need each person's part of a sum, from the per-person
-    shape; a total without them is the simple shape, one pass already)."""
+    and each row is one person, or it has a GROUP BY and no magnitude rule applies (the count rules: each group's
+    people bounded by its rows, counted only when the bounds leave them open), or :func:`two_level` (a total
+    without them is the simple shape, one pass already)."""
     if query.post is None:
         return False
     if query.one_row_per_person:
@@ -93,11 +90,13 @@ def applies(query: AnalyticQuery, rules: Rules) -> bool:
 
 
 def two_level(query: AnalyticQuery, rules: Rules) -> bool:
-    """Whether the summary comes from the per-person cells: a person may have several rows, the query has a GROUP BY
-    and a magnitude rule applies (which needs each person's part of each group anyway), every aggregate of the answer
-    follows exactly from its values over each person's rows (counts, sums of exact types, extremes, averages of exact
-    types), and every plain select item is a grouping expression or a constant. (Without a magnitude rule, counting
-    each group's distinct people in the summary's own pass is cheaper than a pass per group and person.)"""
+    """Whether the rules' exact figures come from per-person cells (``anonproxy_cells``, computed only when the
+    bounds leave a group open): a person may have several rows, the query has a GROUP BY and a magnitude rule
+    applies (which needs each person's part of each group), every aggregate of the answer follows exactly from its
+    values over each person's rows (counts, sums of exact types, extremes, averages of exact types: the rest row
+    adds up the withheld groups' own values), and every plain select item is a grouping expression or a constant.
+    Otherwise the per-person shape of anonproxy.suppress.rewrite. (Without a magnitude rule, counting each group's
+    distinct people is cheaper than a pass per group and person.)"""
     post = query.post
     if query.one_row_per_person or not query.grouped or post is None or not (rules.magnitude_rules
                                                                                 and query.magnitudes):
