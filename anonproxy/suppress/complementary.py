@@ -49,7 +49,8 @@ from anonproxy.suppress.rules import (
 
 
 def complementary(query: AnalyticQuery, rules: Rules, keys: list[str], sums: list[str], flags: list[str],
-                  rest: bool, rows: bool, units: str = f"SELECT unit FROM {CELLS} GROUP BY unit") -> Ctes:
+                  rest: bool, rows: bool, units: str = f"SELECT unit FROM {CELLS} GROUP BY unit",
+                  covered: str | None = None) -> Ctes:
     """The CTEs from ``anonproxy_order`` to ``anonproxy_groups`` (``released`` per group):
 
     * the withheld groups (step <= j) hold no one, or at least k people, with k contributors per aggregate and
@@ -61,7 +62,8 @@ def complementary(query: AnalyticQuery, rules: Rules, keys: list[str], sums: lis
     first few steps at which the counts already pass (``MAGNITUDE_STEPS``); past them, every group is withheld.
     ``rows``: each person is in one group, and ``anonproxy_primary`` has each group's total ``t<j>`` and largest
     contribution ``m<j>`` per SUM/AVG argument, which decide most steps without ranking anyone. Otherwise
-    ``units`` is the SQL of the answer's distinct units (a column ``unit``), for ``anonproxy_answered``.
+    ``units`` is the SQL of the answer's distinct units (a column ``unit``), for ``anonproxy_answered``, unless
+    ``covered``, the SQL of their number (a column ``n``), counted already.
     """
     k = rules.k
     universe = f"({query.universe})"
@@ -75,8 +77,9 @@ def complementary(query: AnalyticQuery, rules: Rules, keys: list[str], sums: lis
         f"FROM {PRIMARY}",
     ]), "the order of complementary suppression: withheld groups first (0), then the smallest released ones"))
     if not rows:
-        if query.where is None:  # the answer covers everyone of the FROM clause: N, counted already
-            answered = f"SELECT n, n = (SELECT sum(units) FROM {PRIMARY})\nFROM ({query.universe}) AS everyone(n)"
+        if query.where is None or covered is not None:  # N (the answer covers everyone), or counted already
+            people = query.universe if covered is None else covered
+            answered = f"SELECT n, n = (SELECT sum(units) FROM {PRIMARY})\nFROM ({people}) AS everyone(n)"
         else:
             answered = "\n".join([f"SELECT count(*), count(*) = (SELECT sum(units) FROM {PRIMARY})",
                                   f"FROM ({units}) AS people"])

@@ -15,18 +15,15 @@ ORDER BY run over the released groups (:attr:`AnalyticQuery.post`).
   of the groups they leave open are ranked. N is ``count(*)`` of the FROM
   clause (without a WHERE, the groups' people added up), once the catalog
   still says so (sql/0023).
-* **Otherwise, a GROUP BY without a magnitude rule to apply**: the summary
-  counts distinct units per group; each person's part of each group
-  (``anonproxy_cells``) is computed only when complementary suppression must
-  follow people through its steps or the rest row must count the withheld
-  groups' people.
-* **Otherwise, a GROUP BY under a magnitude rule whose answer follows from
-  each person's rows** (:func:`two_level`): the one pass is per group and
-  person (``anonproxy_cells``: the client's aggregates over the person's rows,
-  their part of each SUM/AVG, whether they contribute), and the summary, the
-  rules, complementary suppression, the rest row and the answer all come from
-  it; N adds up the groups where each person is in one group
-  (:func:`_one_group_per_person`), once the catalog still says so.
+* **Otherwise, a GROUP BY** (people may have several rows; :func:`_bounded`): the answer comes from one pass
+  over the FROM clause that PostgreSQL can split over workers (``anonproxy_rows``), next to each group's rows with
+  a unit and, per SUM/AVG, ``|sum|`` and ``max|x|``; N is counted with the most rows one person has. Those bound
+  each group's people, contributors and contributions; when they prove that every group passes
+  (``anonproxy_sure``), nothing else reads the table. Otherwise each group's exact figures: its distinct units
+  (no magnitude rule to apply), or, under a magnitude rule whose figures follow from each person's rows
+  (:func:`two_level`), each person's part of each group (``anonproxy_cells``), from which the rules, complementary
+  suppression and the rest row are decided. Where each person is in one group (:func:`_one_group_per_person`),
+  the other groups' rows also bound the people a group leaves out, once the catalog still says so.
 
 The suppressed-rest row comes from the withheld groups' rows of the summary
 where the client's aggregates follow from them (counts, sums of exact types,
@@ -48,13 +45,17 @@ from anonproxy.suppress.complementary import complementary
 from anonproxy.suppress.rules import (
     ANSWERED,
     CELLS,
+    COVERED,
+    GROUP_PEOPLE,
     GROUPS,
     PRIMARY,
     REST,
     REST_CELLS,
     REST_EXACT,
     REST_RANKED,
+    ROWS,
     SUMMARY,
+    SURE,
     UNIVERSE,
     WITHHELD,
     Ctes,
@@ -66,6 +67,7 @@ from anonproxy.suppress.rules import (
     magnitude_bounds,
     query_set_size,
     ranked_verdict,
+    surely_hold,
 )
 
 PLAIN_PREFIX = plain(1)[:-1]  # the summary's columns of plain select items: anonproxy_c<i>
@@ -77,9 +79,9 @@ _EXACT_TYPES = ("int2", "int4", "int8", "numeric")
 
 def applies(query: AnalyticQuery, rules: Rules) -> bool:
     """Whether :func:`parts` writes the suppression SQL of ``query``: its select list runs over released values,
-    and each row is one person, or it has a GROUP BY and no magnitude rule applies (the count rules count distinct
-    people per group in the same pass; the magnitude rules need each person's part of a sum, from the per-person
-    shape; a total without them is the simple shape, one pass already)."""
+    and each row is one person, or it has a GROUP BY and no magnitude rule applies (the count rules: each group's
+    people bounded by its rows, counted only when the bounds leave them open), or :func:`two_level` (a total
+    without them is the simple shape, one pass already)."""
     if query.post is None:
         return False
     if query.one_row_per_person:
@@ -88,11 +90,13 @@ def applies(query: AnalyticQuery, rules: Rules) -> bool:
 
 
 def two_level(query: AnalyticQuery, rules: Rules) -> bool:
-    """Whether the summary comes from the per-person cells: a person may have several rows, the query has a GROUP BY
-    and a magnitude rule applies (which needs each person's part of each group anyway), every aggregate of the answer
-    follows exactly from its values over each person's rows (counts, sums of exact types, extremes, averages of exact
-    types), and every plain select item is a grouping expression or a constant. (Without a magnitude rule, counting
-    each group's distinct people in the summary's own pass is cheaper than a pass per group and person.)"""
+    """Whether the rules' exact figures come from per-person cells (``anonproxy_cells``, computed only when the
+    bounds leave a group open): a person may have several rows, the query has a GROUP BY and a magnitude rule
+    applies (which needs each person's part of each group), every aggregate of the answer follows exactly from its
+    values over each person's rows (counts, sums of exact types, extremes, averages of exact types: the rest row
+    adds up the withheld groups' own values), and every plain select item is a grouping expression or a constant.
+    Otherwise the per-person shape of anonproxy.suppress.rewrite. (Without a magnitude rule, counting each group's
+    distinct people is cheaper than a pass per group and person.)"""
     post = query.post
     if query.one_row_per_person or not query.grouped or post is None or not (rules.magnitude_rules
                                                                                 and query.magnitudes):
@@ -118,13 +122,13 @@ def parts(query: AnalyticQuery, rules: Rules) -> tuple[Ctes, str, list[str]]:
     rows = query.one_row_per_person
     columns = _columns(query, post)
     linked = two_level(query, rules)
-    if linked:
-        ctes: Ctes = [(CELLS, _linked_cells(query, columns, keys, magnitudes, flags), ("one pass: each person's "
-                       "part of each group, and of each aggregate of the answer")),
-                      (SUMMARY, _linked_summary(query, columns, keys, sums, flags), ("each group's answer, "
-                       "people, contributors, and total and largest contribution per SUM/AVG, from its cells"))]
-        ctes.append((f"{UNIVERSE}(n)", _linked_universe(query), "N: the people of the FROM clause"))
+    covered: str | None = None  # the answer's people, counted before the summary (the bounded summary)
+    if query.grouped and not rows:
+        ctes, covered = _bounded(query, rules, columns, magnitudes, flags, linked)
         query = replace(query, universe=f"SELECT n FROM {UNIVERSE}")
+        if not linked:
+            ctes.append((CELLS, _cells(query, keys, magnitudes, flags), ("each person's part of each group, read "
+                         "only to follow people in several groups")))
     else:
         ctes = [(SUMMARY, _summary(query, columns, magnitudes, flags), ("one pass: each group's answer, "
                  "people, contributors, and total and largest contribution per SUM/AVG"))]
@@ -141,9 +145,8 @@ def parts(query: AnalyticQuery, rules: Rules) -> tuple[Ctes, str, list[str]]:
         # The answer's people from its rows, not from the cells, which are then computed only if a group is withheld
         # (unless the summary comes from the cells).
         where = f" WHERE {query.where}" if query.where is not None else ""
-        units = (f"SELECT unit FROM {CELLS} GROUP BY unit" if linked
-                 else f"SELECT {query.unit} AS unit FROM {query.from_sql}{where} GROUP BY 1")
-        ctes += complementary(query, rules, keys, sums, flags, rest, rows=rows, units=units)
+        units = f"SELECT {query.unit} AS unit FROM {query.from_sql}{where} GROUP BY 1"
+        ctes += complementary(query, rules, keys, sums, flags, rest, rows=rows, units=units, covered=covered)
         ctes.append((WITHHELD, f"SELECT {', '.join(keys)} FROM {GROUPS} WHERE NOT released",
                      "the groups that were suppressed"))
         released = f"{key_tuple(keys)} IN (SELECT {key_tuple(keys, bare=True)} FROM {GROUPS} WHERE released)"
@@ -157,6 +160,102 @@ def parts(query: AnalyticQuery, rules: Rules) -> tuple[Ctes, str, list[str]]:
     # Materialized: the client's post-aggregate expressions, which may raise errors, run on released rows only.
     ctes.append((f"{RELEASED}", "\n".join(answer), "the released groups, and the suppressed-rest row"))
     return ctes, over_released(query, post), keys
+
+
+def _bounded(query: AnalyticQuery, rules: Rules, columns: list[_Column], magnitudes: tuple[str, ...],
+             flags: list[str], linked: bool) -> tuple[Ctes, str | None]:
+    """The summary of a GROUP BY whose rows are not known to be people: the answer and each group's bounds in one
+    pass PostgreSQL can split over workers (``anonproxy_rows``); each group's exact people, contributors and
+    contributions only when the bounds cannot prove that every group passes (``anonproxy_group_people``, from the
+    per-person cells where a magnitude rule applies: ``linked``, :func:`two_level`).
+
+    A person has at most ``most`` rows of the FROM clause (counted with N), so a group of ``r`` rows with a unit
+    holds between ``ceil(r / most)`` and ``r`` people, and a person's part of a SUM/AVG of ``x`` is at most
+    ``most * max|x|`` in absolute value, while the total of the absolute parts is at least ``|sum(x)|``. When
+    every group surely holds k people and k contributors per aggregate, surely leaves k of N out (``r <= N - k``),
+    surely passes the magnitude rules at those bounds, and the answer leaves out of N nobody or k people, every
+    group is released whatever its exact figures (``anonproxy_sure``): complementary suppression stops at step 0
+    and reads none of them, and the summary carries the bounds in their place. Otherwise the exact figures, as
+    before. Returns the CTEs and the SQL of the answer's people with a WHERE (None without: N)."""
+    k, unit = rules.k, query.unit
+    n, most = f"(SELECT n FROM {UNIVERSE})", f"(SELECT most FROM {UNIVERSE})"
+    universe = ["SELECT count(unit), coalesce(max(unit_rows), 0)",
+                f"FROM (SELECT {unit} AS unit, count(*) AS unit_rows FROM {query.from_sql} GROUP BY 1) AS anonproxy_units"]
+    protected = _one_group_per_person(query)
+    if protected is not None:  # the bounds below rest on it: checked when the statement runs
+        universe.append(f"WHERE {one_row_per_person(*protected)}")
+    ctes: Ctes = [(f"{UNIVERSE}(n, most)", "\n".join(universe),
+                   "N: the people of the FROM clause, and the most rows one person has there")]
+    tests = [contributes(rule, argument) for rule, argument in query.contributors]
+    bounds = [f"count({unit}) AS unit_rows",
+              *(f"count({unit}) FILTER (WHERE {test}) AS unit_rows_{flag}" for test, flag in zip(tests, flags,
+                                                                                                  strict=True))]
+    for j, argument in enumerate(magnitudes, 1):
+        # |sum(x)| <= the total of the people's absolute parts; max|x| bounds each row's part.
+        bounds += [f"coalesce(abs(sum({argument})::numeric), 0) AS least_t{j}",
+                   f"coalesce(max({_contribution(query, argument)}), 0)::numeric AS largest_x{j}"]
+    select = [f"{column.expression} AS {column.name}" for column in columns]
+    ctes.append((ROWS, _grouped(query, [*select, *bounds]), ("one pass: each group's answer, its rows with a unit "
+                 "(per aggregate those that contribute), and per SUM/AVG the bounds of its contributions")))
+    # A group leaves out of N at least the people it cannot hold (r <= N - k); where each person is in one group,
+    # at least the other groups' people, each of whom has at most ``most`` of their rows.
+    left = f"unit_rows <= {n} - {k}"
+    if protected is not None:
+        left = f"({left} OR all_rows - unit_rows >= {k} * {most})"
+    surely = [f"unit_rows > {k - 1} * {most}", left, *(f"unit_rows_{flag} > {k - 1} * {most}" for flag in flags)]
+    for j in range(1, len(magnitudes) + 1):
+        surely += surely_hold(rules, f"least_t{j}", f"({most} * largest_x{j})")
+    sure = (f"NOT EXISTS (SELECT FROM (SELECT *, sum(unit_rows) OVER () AS all_rows FROM {ROWS}) AS r\n"
+            f"  WHERE NOT ({' AND '.join(surely)}))")
+    covered = None
+    if query.where is not None:
+        ctes.append((f"{COVERED}(n)", (f"SELECT count(*) FROM (SELECT {unit} AS unit FROM {query.from_sql}\n"
+                                       f"WHERE {query.where} GROUP BY 1) AS people"), "the people of the answer"))
+        covered = f"SELECT n FROM {COVERED}"
+        sure += f"\n  AND {left_out(f'{n} - ({covered})', rules)}"
+    ctes.append((f"{SURE}(sure)", f"SELECT {sure}", ("every group surely passes the rules at its bounds, and the "
+                 "answer leaves out of N nobody or k people")))
+    unsure = f"NOT (SELECT sure FROM {SURE})"
+    keys = [key(i) for i in range(1, len(query.keys) + 1)]
+    sums = [f"s{j}" for j in range(1, len(magnitudes) + 1)]
+    exact: list[str]
+    if linked:
+        ctes.append((CELLS, _linked_cells(query, keys, magnitudes, flags, unsure), ("each person's part of each "
+                     "group and of each SUM/AVG, computed only when the bounds do not settle the rules")))
+        exact = _cell_counts(sums, flags)
+        body = "\n".join([f"SELECT {', '.join([*keys, *exact])}", f"FROM {CELLS}", f"GROUP BY {', '.join(keys)}"])
+    else:
+        exact = [f"{expression} AS {name}" for expression, name in zip(query.keys, keys, strict=True)]
+        exact += [f"count(DISTINCT {unit}) AS units",
+                  *(f"count(DISTINCT {unit}) FILTER (WHERE {test}) AS {flag}" for test, flag in zip(tests, flags,
+                                                                                                      strict=True))]
+        body = _grouped(query, exact, unsure)
+    ctes.append((GROUP_PEOPLE, body, ("each group's people, contributors and contributions, counted only when the "
+                 "bounds do not settle the rules" + (", from its cells" if linked else ""))))
+    chosen = f"CASE WHEN (SELECT sure FROM {SURE}) THEN r.{{}} ELSE p.{{}} END AS {{}}"
+    summary = [f"r.{column.name}" for column in columns]
+    summary += [chosen.format("unit_rows", "units", "units"),
+                *(chosen.format(f"unit_rows_{flag}", flag, flag) for flag in flags)]
+    for j in range(1, len(magnitudes) + 1):
+        summary += [chosen.format(f"least_t{j}", f"t{j}", f"t{j}"),
+                    chosen.format(f"largest_x{j} * {most}", f"m{j}", f"m{j}")]
+    on = " AND ".join(f"ARRAY[r.{name}] = ARRAY[p.{name}]" for name in keys)
+    ctes.append((SUMMARY, "\n".join([f"SELECT {', '.join(summary)}",
+                                      f"FROM {ROWS} AS r LEFT JOIN {GROUP_PEOPLE} AS p ON {on}"]),
+                 ("each group's answer, with its people, contributors and contributions (the bounds standing in "
+                  "when they settle the rules)")))
+    return ctes, covered
+
+
+def _grouped(query: AnalyticQuery, select: list[str], condition: str | None = None) -> str:
+    """``select`` over the FROM clause, the client's WHERE (and ``condition``), grouped by the client's keys."""
+    conditions = [*([condition] if condition is not None else []),
+                  *([f"({query.where})"] if query.where is not None else [])]
+    lines = [f"SELECT {', '.join(select)}", f"FROM {query.from_sql}"]
+    if conditions:
+        lines.append("WHERE " + " AND ".join(conditions))
+    lines.append(f"GROUP BY {', '.join(query.keys)}")
+    return "\n".join(lines)
 
 
 def _universe(query: AnalyticQuery) -> str:
@@ -293,20 +392,6 @@ def _cells(query: AnalyticQuery, keys: list[str], magnitudes: tuple[str, ...], f
     return "\n".join(lines)
 
 
-def _linked_universe(query: AnalyticQuery) -> str:
-    """N where a person may have several rows. With a WHERE, the distinct units of the FROM clause. Without one,
-    everyone is in a cell: where each person is in one group (:func:`_one_group_per_person`), the groups' people
-    add up, once the catalog still says so; else the cells' distinct units."""
-    if query.where is not None:
-        return query.universe
-    protected = _one_group_per_person(query)
-    if protected is None:
-        return f"SELECT count(*) FROM (SELECT unit FROM {CELLS} GROUP BY unit) AS people"
-    relation, unit = protected
-    return (f"SELECT coalesce(sum(units), 0) FROM {SUMMARY}\n"
-            f"WHERE {one_row_per_person(relation, unit)}")
-
-
 def _one_group_per_person(query: AnalyticQuery) -> tuple[str, str] | None:
     """The protected table (quoted, schema-qualified) and its unit column when each person is in one group: the
     catalog makes that unit unique and not null (one row per person in that table), and every grouping expression
@@ -349,49 +434,29 @@ def _cell_key(query: AnalyticQuery, column: _Column) -> str | None:
     return None
 
 
-def _linked_cells(query: AnalyticQuery, columns: list[_Column], keys: list[str], magnitudes: tuple[str, ...],
-                  flags: list[str]) -> str:
-    """One row per group and person: each aggregate of the answer over the person's rows of the group (of which the
-    group's value follows), the person's part of each SUM/AVG argument, and whether one of their rows contributes to
-    each aggregate."""
-    assert query.post is not None
-    aggregates = _aggregate_names(query.post)
+def _linked_cells(query: AnalyticQuery, keys: list[str], magnitudes: tuple[str, ...], flags: list[str],
+                  condition: str) -> str:
+    """One row per group and person (when ``condition`` holds): the person's part of each SUM/AVG argument, and
+    whether one of their rows contributes to each aggregate."""
     select = [f"{expression} AS {name}" for expression, name in zip(query.keys, keys, strict=True)]
     select.append(f"{query.unit} AS unit")
-    select += [f"{column.expression} AS {column.name}" for column in columns
-               if column.name in aggregates or not column.answer]
     select += [f"sum({argument}) AS s{j}" for j, argument in enumerate(magnitudes, 1)]
     select += [f"bool_or({contributes(rule, argument)}) AS {flag}"
                for (rule, argument), flag in zip(query.contributors, flags, strict=True)]
-    lines = [f"SELECT {', '.join(select)}", f"FROM {query.from_sql}"]
-    if query.where is not None:
-        lines.append(f"WHERE {query.where}")
-    lines.append(f"GROUP BY {', '.join(str(i) for i in range(1, len(keys) + 2))}")
+    lines = [f"SELECT {', '.join(select)}", f"FROM {query.from_sql}",
+             "WHERE " + " AND ".join([condition, *([f"({query.where})"] if query.where is not None else [])]),
+             f"GROUP BY {', '.join(str(i) for i in range(1, len(keys) + 2))}"]
     return "\n".join(lines)
 
 
-def _linked_summary(query: AnalyticQuery, columns: list[_Column], keys: list[str], sums: list[str],
-                    flags: list[str]) -> str:
-    """Each group's answer from its cells, one per person of the group: an aggregate's value over several cells
-    follows as the rest row's does over several groups (:func:`_combined`)."""
-    assert query.post is not None
-    aggregates = _aggregate_names(query.post)
-    select = []
-    for column in columns:
-        if not column.answer:  # a part of an average: the sum of the cells' parts
-            select.append(f"sum({column.name}) AS {column.name}")
-        elif column.name in aggregates:
-            select.append(f"{column.rest} AS {column.name}")
-        elif column.name in keys:
-            select.append(column.name)
-        else:  # a plain item: a grouping expression, read from its cells' column, or a constant
-            select.append(f"{_cell_key(query, column) or column.expression} AS {column.name}")
-    select.append("count(unit) AS units")
-    select += [f"count(unit) FILTER (WHERE {flag}) AS {flag}" for flag in flags]
+def _cell_counts(sums: list[str], flags: list[str]) -> list[str]:
+    """A group's people, contributors, and total and largest absolute contribution per SUM/AVG, from its cells (one
+    per person of the group)."""
+    counted = ["count(unit) AS units", *(f"count(unit) FILTER (WHERE {flag}) AS {flag}" for flag in flags)]
     for s in sums:
         contribution = f"abs(coalesce({s}, 0))::numeric"
-        select += [f"coalesce(sum({contribution}), 0) AS t{s[1:]}", f"coalesce(max({contribution}), 0) AS m{s[1:]}"]
-    return "\n".join([f"SELECT {', '.join(select)}", f"FROM {CELLS}", f"GROUP BY {', '.join(keys)}"])
+        counted += [f"coalesce(sum({contribution}), 0) AS t{s[1:]}", f"coalesce(max({contribution}), 0) AS m{s[1:]}"]
+    return counted
 
 
 def _aggregate_names(post: PostAggregate) -> set[str]:

@@ -47,6 +47,10 @@ REST = "anonproxy_rest"
 REPORT = "anonproxy_report"
 WITHHELD_PEOPLE = "anonproxy_withheld_people"
 UNIVERSE = "anonproxy_universe"
+ROWS = "anonproxy_rows"
+SURE = "anonproxy_sure"
+GROUP_PEOPLE = "anonproxy_group_people"
+COVERED = "anonproxy_covered"
 ANSWER = "anonproxy_answer"
 REPORT_FUNCTION = "anonproxy.suppression_report"  # sql/0022_complementary_report.sql
 
@@ -139,6 +143,20 @@ def magnitude_bounds(rules: Rules, total: str, largest: str) -> Bounds:
         holds.append(f"100 * ({t} - {m} - least({m}, {t} - {m})) >= {p} * {m}")
         fails.append(f"100 * ({t} - {m}) < {p} * {m}")
     return Bounds(" AND ".join(holds) or "true", " OR ".join(fails) or "false")
+
+
+def surely_hold(rules: Rules, least_total: str, most_part: str) -> list[str]:
+    """The magnitude rules surely hold for a group whose absolute contributions add up to at least ``least_total``
+    and are each at most ``most_part``: the n largest add up to at most n times it (dominance), and the total less
+    the two largest is at least ``least_total`` less twice it (p %). The magnitude bounds of the rules
+    (:func:`magnitude_bounds`) then hold at these values too."""
+    conditions = []
+    if rules.dominance is not None:
+        n, percent = rules.dominance
+        conditions.append(f"100 * {n} * {most_part} <= {literal(percent)} * {least_total}")
+    if rules.p_percent is not None:
+        conditions.append(f"100 * ({least_total} - 2 * {most_part}) >= {literal(rules.p_percent)} * {most_part}")
+    return conditions
 
 
 def magnitude_conditions(rules: Rules, contribution: str, rank: str) -> list[str]:

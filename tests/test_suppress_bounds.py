@@ -1,0 +1,150 @@
+"""Issue 24: a GROUP BY whose rows are not people decides from bounds when they settle every group.
+
+Over a linked table (several rows per person), the count rule needs each group's distinct people and the
+magnitude rules each person's part of each group: one aggregation with as many groups as people. The suppression
+SQL first computes, in the pass that answers the statement, each group's rows with a unit and, per SUM/AVG, the
+absolute value of its sum and its largest absolute value; with the most rows one person has (counted with N), these
+bound the people (``ceil(rows / most)`` to ``rows``), the largest part of a person (``most * max|x|``) and the total
+of the parts (at least ``|sum|``). When the bounds prove that every group passes (``anonproxy_sure``), the exact
+figures are never computed (anonproxy.suppress.one_pass, ``_bounded``; docs/suppression.md).
+
+Checked here on a linked table with 1 to 4 rows per person: the bounds are used (the exact pass reads no row),
+the answer is PostgreSQL's own answer to the client's statement (every group released), and it is the same, rows
+and report, as the same SQL forced onto its exact path; with one person given ten thousand rows the bounds settle
+nothing and the exact path answers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterator
+from decimal import Decimal
+from typing import Any
+
+import psycopg
+import pytest
+from conftest import govern_by_demo_policy
+
+from anonproxy.embedded import EmbeddedPostgres
+from anonproxy.policy.model import ColumnPolicy, LinkedTable
+from anonproxy.policy.store import load_policy
+from anonproxy.policy.yaml_policy import apply_policy, demo_policy
+from anonproxy.route.decide import decide
+from anonproxy.route.decision import Rewrite
+
+DATABASE = "suppress_bounds"
+SESSIONS = "public.sessions"
+SURE = "SELECT NOT EXISTS (SELECT FROM (SELECT *, sum(unit_rows) OVER ()"  # the start of anonproxy_sure's body
+STATEMENTS = {
+    # a count by a column of the linked table (each group's people counted only when needed)
+    "count by kind": ("SELECT s.kind, count(*) AS n FROM public.sessions s GROUP BY 1", 0),
+    # a sum under the magnitude rules, by a column of adult (each person in one group)
+    "sum by sex": (("SELECT a.sex, count(*) AS n, sum(s.minutes) AS total FROM public.adult a JOIN public.sessions s "
+                   "ON s.person = a.id GROUP BY 1"), 0),
+    # a WHERE: the answer's people are counted too
+    "avg by education, filtered": (("SELECT a.education, count(*) AS n, avg(s.minutes) AS mean FROM public.adult a "
+                                   "JOIN public.sessions s ON s.person = a.id WHERE a.age > 30 GROUP BY 1"), 1),
+    # a sum by a column of the linked table: a person's rows in several groups
+    "sum by kind": (("SELECT s.kind, sum(s.minutes) AS total, count(s.minutes) AS counted FROM public.sessions s "
+                    "GROUP BY 1"), 0),
+}
+
+
+@pytest.fixture(scope="module")
+def owner(pg_server: EmbeddedPostgres, pg_template: Any) -> Iterator[psycopg.Connection]:
+    """A database of its own: the demo policy, and ``sessions`` linked to adult, 1 to 4 rows per person, minutes
+    1 to 60 (no dominant contribution), three kinds."""
+    with psycopg.connect(pg_server.conninfo(), autocommit=True) as conn:
+        conn.execute(f"drop database if exists {DATABASE}")
+        conn.execute(f"create database {DATABASE} template {pg_template.template_dbname}")
+    with psycopg.connect(pg_server.conninfo(dbname=DATABASE)) as conn:
+        govern_by_demo_policy(conn, DATABASE)
+        conn.execute(f"create table {SESSIONS} (person integer not null, kind text not null, "
+                     "minutes integer not null)")
+        conn.execute(f"insert into {SESSIONS} select id, (array['web', 'app', 'phone'])[(id + n) % 3 + 1], "
+                     "1 + (id * 7 + n) % 60 from public.adult, generate_series(1, 1 + id % 4) n")
+        conn.execute(f"analyze {SESSIONS}")
+        link = LinkedTable(SESSIONS, "person", "public.adult", "id", {
+            "person": ColumnPolicy("person", "identifier"),
+            "kind": ColumnPolicy("kind", "quasi_identifier"),
+            "minutes": ColumnPolicy("minutes", "sensitive", 0, 1000)})
+        apply_policy(conn, dataclasses.replace(demo_policy(), links={SESSIONS: link}))
+        conn.commit()
+    with psycopg.connect(pg_server.conninfo(dbname=DATABASE), autocommit=True) as conn:
+        yield conn
+    with psycopg.connect(pg_server.conninfo(), autocommit=True) as conn:
+        conn.execute(f"drop database {DATABASE} with (force)")
+
+
+def _rewrite(conn: psycopg.Connection[Any], statement: str) -> str:
+    policy = load_policy(conn)
+    decision = decide(statement, policy.roles["reporter"], policy)
+    assert isinstance(decision, Rewrite), (statement, decision)
+    return decision.runs
+
+
+def _exact(sql: str) -> str:
+    """The same SQL forced onto its exact path: ``anonproxy_sure`` false."""
+    assert sql.count(SURE) == 1
+    return sql.replace(SURE, "SELECT false AND " + SURE.removeprefix("SELECT "))
+
+
+def _run(conn: psycopg.Connection[Any], sql: str) -> tuple[list[tuple[Any, ...]], list[str]]:
+    """Sorted rows (numeric as text: the same scale too) and the report's details, as the service session runs it."""
+    details: list[str] = []
+
+    def keep(notice: psycopg.errors.Diagnostic) -> None:
+        details.append(notice.message_detail or "")
+
+    conn.add_notice_handler(keep)
+    try:
+        with conn.transaction():
+            conn.execute("SET LOCAL search_path = pg_catalog")
+            conn.execute("SET LOCAL jit = off")
+            rows = conn.execute(sql).fetchall()
+    finally:
+        conn.remove_notice_handler(keep)
+    normal = [tuple(str(v) if isinstance(v, Decimal) else v for v in row) for row in rows]
+    return sorted(normal, key=lambda row: tuple((v is None, str(v)) for v in row)), details
+
+
+def _scans(conn: psycopg.Connection[Any], sql: str) -> int:
+    """How many scans of sessions the statement runs (one process, so that each scan is one plan node)."""
+    with conn.transaction():
+        conn.execute("SET LOCAL search_path = pg_catalog")
+        conn.execute("SET LOCAL max_parallel_workers_per_gather = 0")
+        row = conn.execute(f"EXPLAIN (ANALYZE, FORMAT JSON) {sql}").fetchone()
+    assert row is not None
+    plan = row[0] if isinstance(row[0], list) else json.loads(row[0])
+
+    def count(node: dict[str, Any]) -> int:
+        here = int(node.get("Relation Name") == "sessions" and node.get("Actual Loops", 0) > 0)
+        return here + sum(count(child) for child in node.get("Plans", []))
+
+    return count(plan[0]["Plan"])
+
+
+@pytest.mark.parametrize("name", sorted(STATEMENTS))
+def test_the_bounds_settle_every_group_and_the_answer_is_postgresqls(owner: psycopg.Connection, name: str) -> None:
+    statement, filtered = STATEMENTS[name]
+    sql = _rewrite(owner, statement)
+    assert SURE in sql, sql
+    rows, report = _run(owner, sql)
+    assert rows == _run(owner, statement)[0]  # every group released: the client's own answer
+    assert (rows, report) == _run(owner, _exact(sql))
+    # N with the most rows of a person, the answering pass (and the WHERE's people): not the exact pass
+    assert _scans(owner, sql) == 2 + filtered
+    assert _scans(owner, _exact(sql)) == 3 + filtered
+
+
+@pytest.mark.parametrize("name", sorted(STATEMENTS))
+def test_a_person_with_many_rows_leaves_the_bounds_open(owner: psycopg.Connection, name: str) -> None:
+    """One person with ten thousand rows: ``ceil(rows / most)`` proves too few people, and the exact path answers,
+    as the SQL forced onto it does."""
+    statement, filtered = STATEMENTS[name]
+    with owner.transaction(force_rollback=True):
+        owner.execute(f"insert into {SESSIONS} select 17, 'web', 5 from generate_series(1, 10000)")
+        sql = _rewrite(owner, statement)
+        assert _run(owner, sql) == _run(owner, _exact(sql))
+        assert _scans(owner, sql) == 3 + filtered
