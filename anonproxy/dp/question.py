@@ -241,6 +241,7 @@ class Asked:
     role: str
     parameters: Bound
     limits: Limits = field(default_factory=Limits)
+    zone: str = ""  # the client's TimeZone, which the measurement runs in ("": the server's)
 
 
 @dataclass(frozen=True)
@@ -342,7 +343,8 @@ def priced_and_found(asked: Asked, known: MutableMapping[str, Costs],
     for _ in range(PRICE_TRIES):
         plan = yield from priced(asked, costs, checked)
         checked |= {plan.sql, *([plan.post.sql] if plan.post is not None else [])}
-        key = fingerprint(plan, policy_version, measured_parameters(asked.parameters, plan.unmeasured_parameters))
+        key = fingerprint(plan, policy_version, measured_parameters(asked.parameters, plan.unmeasured_parameters),
+                          asked.zone)
         found: ledger.Lookup = yield Lookup(plan, None if plan.free else key)
         read: Costs = (or_default(found.epsilon_per_query, "epsilon"), or_default(found.delta_per_query, "delta"),
                        found.accounting)

@@ -233,6 +233,7 @@ class _Asking:
     parameters: Parameters
     stop: Stop
     asker: int  # whose turn its analysis takes
+    zone: str = ""  # the client's TimeZone: what the question's SQL runs in ("": the server's)
     # The outcome of a Read sent with its Charge (anonproxy.dp.question.Charge.then): rows, or the error to raise.
     read_ahead: list[tuple[str | None, list[int], list[tuple[Any, ...]]] | BaseException] = field(
         default_factory=list)
@@ -240,10 +241,11 @@ class _Asking:
     check_ahead: list[Check] = field(default_factory=list)
 
 
-def _asked(question: Noisy | ExplainDP, role: RolePolicy, parameters: Parameters, limits: SessionLimits) -> Asked:
+def _asked(question: Noisy | ExplainDP, role: RolePolicy, parameters: Parameters, limits: SessionLimits,
+           zone: str = "") -> Asked:
     """The question as dp.question takes it: the router's measurement (else its text, measured when priced)."""
     return Asked(question.sql, question.plan if question.plan is not None else question.sql, role.role, parameters,
-                 Limits(limits.epsilon, limits.delta))
+                 Limits(limits.epsilon, limits.delta), zone)
 
 
 class NoisyAnswers:
@@ -292,12 +294,14 @@ class NoisyAnswers:
         return decision  # type: ignore[no-any-return]
 
     async def answer(self, question: Noisy, role: RolePolicy, policy: Policy, parameters: Parameters,
-                     limits: SessionLimits, stop: Stop | None = None, spent: Spent | None = None) -> Result:
+                     limits: SessionLimits, stop: Stop | None = None, spent: Spent | None = None,
+                     zone: str = "") -> Result:
         """The noisy answer of ``question`` (the router's Noisy decision), charged (or the cached one, free);
         ``spent`` gets what it read and cost; ``stop``: the time limit and the client's cancel, which stop it with
-        57014. The question's steps are anonproxy.dp.question's; this drives them."""
-        asking = _Asking(role, policy, parameters, stop or Stop(), limits.asker)
-        asked = _asked(question, role, parameters, limits)
+        57014; ``zone``: the client's TimeZone, which its SQL runs in and its cache key names. The question's
+        steps are anonproxy.dp.question's; this drives them."""
+        asking = _Asking(role, policy, parameters, stop or Stop(), limits.asker, zone=zone)
+        asked = _asked(question, role, parameters, limits, zone)
         async with self._connection() as conn:
             return await self._drive(question_steps.answer(asked, self._known(role), policy.version,
                                                            spent or Spent()), asking, conn)
@@ -325,10 +329,11 @@ class NoisyAnswers:
         return Description(parameter_types, columns)
 
     async def explain(self, question: ExplainDP, role: RolePolicy, policy: Policy, parameters: Parameters,
-                      limits: SessionLimits) -> Result:
-        """``EXPLAIN (ANONPROXY)``: cost, noise and whether the answer is cached, without running or charging."""
-        asking = _Asking(role, policy, parameters, Stop(), limits.asker)
-        asked = _asked(question, role, parameters, limits)
+                      limits: SessionLimits, zone: str = "") -> Result:
+        """``EXPLAIN (ANONPROXY)``: cost, noise and whether the answer is cached (in the client's TimeZone
+        ``zone``), without running or charging."""
+        asking = _Asking(role, policy, parameters, Stop(), limits.asker, zone=zone)
+        asked = _asked(question, role, parameters, limits, zone)
         async with self._connection() as conn:
             return await self._drive(question_steps.explain(asked, self._known(role), policy.version), asking,
                                      conn)
@@ -365,7 +370,8 @@ class NoisyAnswers:
             try:
                 async with stop.running(conn):
                     results = await _pipelined(conn, [*first, *_charge_commands(sql, values),
-                                                      *_read_commands(plan, asking.parameters, stop.left_ms())])
+                                                      *_read_commands(plan, asking.parameters, stop.left_ms(),
+                                                                      asking.zone)])
             except Refused as exc:  # the client's cancel, come while the pipeline ran
                 if not results:
                     raise
@@ -385,7 +391,7 @@ class NoisyAnswers:
         raise AssertionError("unreachable")
 
     async def _measure(self, conn: psycopg.AsyncConnection[Any], plan: DPPlan, parameters: Parameters,
-                       stop: Stop) -> tuple[str | None, list[int], list[tuple[Any, ...]]]:
+                       stop: Stop, zone: str) -> tuple[str | None, list[int], list[tuple[Any, ...]]]:
         """The data version and the rows of the plan's SQL, read in one snapshot: on the standby in rotation with
         the least lag, else (none, or it failed) on ``conn``, the primary's. Called after the charge committed."""
         standby = self._standby()
@@ -393,14 +399,14 @@ class NoisyAnswers:
             assert self._servers is not None
             try:
                 async with self._standbys.connection(standby) as reader:
-                    return await _measured_on(reader, plan, parameters, stop)
+                    return await _measured_on(reader, plan, parameters, stop, zone)
             except psycopg.errors.QueryCanceled:
                 raise  # the client's cancel or time limit: the question stops, paid for
             except psycopg.OperationalError as exc:  # unreachable, shut down, or cancelled by recovery (40001)
                 log.warning("dp measurement on standby %s failed (%s); measuring on the primary", standby,
                             str(exc).strip())
                 self._servers.failed(standby)
-        return await _measured_on(conn, plan, parameters, stop)
+        return await _measured_on(conn, plan, parameters, stop, zone)
 
     async def budget(self, role: str) -> Result:
         """``SHOW anonproxy.budget``: one row per protected table the role has a budget on."""
@@ -502,12 +508,12 @@ class NoisyAnswers:
                     raise outcome
                 return outcome
             if need.free:
-                return (None, *await _run(conn, need.plan.sql, parameters))
-            return await self._measure(conn, need.plan, parameters, asking.stop)
+                return (None, *await _run(conn, need.plan.sql, parameters, asking.zone))
+            return await self._measure(conn, need.plan, parameters, asking.stop, asking.zone)
         if isinstance(need, Store):
             return await ledger.store_answer(conn, role.role, need.key, need.version, need.data)
         if isinstance(need, Finish):
-            return await _result(conn, need.plan, need.measurement, need.headline)
+            return await _result(conn, need.plan, need.measurement, need.headline, asking.zone)
         if isinstance(need, RunReleased):
             return await self._run_released(conn, need, asking)
         assert isinstance(need, Remaining)
@@ -522,7 +528,7 @@ class NoisyAnswers:
         if refusal is not None:
             raise Refused(refusal.sqlstate, refusal.message, refusal.hint)
         bound = Parameters(types=need.types, formats=(0,) * len(need.values), values=need.values)
-        columns, rows = await _run_described(conn, need.sql, bound)
+        columns, rows = await _run_described(conn, need.sql, bound, asking.zone)
         return Result(columns, tuple(tuple(text_value(value, column.type_oid)
                                            for value, column in zip(row, columns, strict=True)) for row in rows))
 
@@ -620,14 +626,10 @@ def _server_error(exc: psycopg.Error) -> Refused:
     return Refused(diag.sqlstate or "XX000", diag.message_primary or str(exc), diag.message_hint, diag.message_detail)
 
 
-async def _run_described(conn: psycopg.AsyncConnection[Any], sql: str, parameters: Parameters,
+async def _run_described(conn: psycopg.AsyncConnection[Any], sql: str, parameters: Parameters, zone: str,
                          ) -> tuple[tuple[Column, ...], list[tuple[Any, ...]]]:
-    """Result columns (names and types) and rows of ``sql``, with ``parameters`` bound."""
-    pgconn = conn.pgconn
-    async with conn.lock:
-        pgconn.send_query_params(sql.encode(), list(parameters.values), list(parameters.types),
-                                 list(parameters.formats), pq.Format.TEXT)
-        result = _last(await conn.wait(generators.execute(pgconn)), pq.ExecStatus.TUPLES_OK)
+    """Result columns (names and types) and rows of ``sql``, with ``parameters`` bound, run in ``zone``."""
+    result = await _executed(conn, sql, parameters, zone)
     loader = Transformer(conn)
     loader.set_pgresult(result)
     columns = tuple(Column((result.fname(i) or b"").decode(), result.ftype(i)) for i in range(result.nfields))
@@ -643,16 +645,18 @@ async def _describe_columns(conn: psycopg.AsyncConnection[Any], sql: str, declar
 
 @contextlib.asynccontextmanager
 async def _snapshot(conn: psycopg.AsyncConnection[Any], tables: tuple[str, ...],
-                    timeout_ms: int = 0) -> AsyncIterator[str | None]:
+                    timeout_ms: int = 0, zone: str = "") -> AsyncIterator[str | None]:
     """A REPEATABLE READ, READ ONLY transaction; yields the data version of ``tables`` read in it, the version of the
     rows the plan reads in it, so that an answer is cached under the version it was computed from. Its statements
-    run under ``timeout_ms`` (0: none), which ends with it. Begun, timed and the version read in one round trip
-    (pipelined)."""
+    run under ``timeout_ms`` (0: none) and in the TimeZone ``zone`` ("": the server's), which end with it. Begun,
+    timed, zoned and the version read in one round trip (pipelined)."""
     try:
         async with conn.cursor() as cur:
             async with conn.pipeline():
                 await conn.execute(_BEGIN_SNAPSHOT)
                 await conn.execute(f"set local statement_timeout = {int(timeout_ms)}")
+                if zone:
+                    await conn.execute(_SET_ZONE, [zone])
                 await cur.execute(*ledger.data_version_statement(tables))
             row = await cur.fetchone()
         assert row is not None
@@ -666,6 +670,8 @@ async def _snapshot(conn: psycopg.AsyncConnection[Any], tables: tuple[str, ...],
 
 
 _CHARGE_COMMANDS = 3  # BEGIN, the charge, COMMIT
+# The client's TimeZone for the rest of a transaction, as a bound value (never spliced into the SQL).
+_SET_ZONE = "select pg_catalog.set_config('TimeZone', $1, true)"
 Command = Callable[[pq.abc.PGconn], None]
 
 
@@ -683,9 +689,14 @@ def _charge_commands(sql: bytes, values: list[bytes | None]) -> list[Command]:
     return [_command(ledger.BEGIN_CHARGE.encode()), _command(sql, values), _command(b"commit")]
 
 
-def _read_commands(plan: DPPlan, parameters: Parameters, timeout_ms: int) -> list[Command]:
-    """What _measured_on does, as commands: the snapshot begun and timed, its data version, the SQL with the
-    client's values as it bound them, the commit."""
+def _zone_commands(zone: str) -> list[Command]:
+    """The client's TimeZone set for the transaction begun just before ("": the server's, nothing to set)."""
+    return [_command(_SET_ZONE.encode(), [zone.encode()])] if zone else []
+
+
+def _read_commands(plan: DPPlan, parameters: Parameters, timeout_ms: int, zone: str) -> list[Command]:
+    """What _measured_on does, as commands: the snapshot begun, timed and zoned, its data version, the SQL with
+    the client's values as it bound them, the commit."""
     count = len(parameters.values)
     types = [*parameters.types[:count], *[0] * (count - len(parameters.types))]
     version_sql, version_values = ledger.data_version_query(plan.tables)
@@ -695,7 +706,7 @@ def _read_commands(plan: DPPlan, parameters: Parameters, timeout_ms: int) -> lis
                                  pq.Format.TEXT)
 
     return [_command(_BEGIN_SNAPSHOT.encode()), _command(f"set local statement_timeout = {int(timeout_ms)}".encode()),
-            _command(version_sql, version_values), run, _command(b"commit")]
+            *_zone_commands(zone), _command(version_sql, version_values), run, _command(b"commit")]
 
 
 async def _read_outcome(conn: psycopg.AsyncConnection[Any], results: list[pq.abc.PGresult],
@@ -705,8 +716,8 @@ async def _read_outcome(conn: psycopg.AsyncConnection[Any], results: list[pq.abc
     if failed is not None:
         await _rollback(conn)
         return failed
-    version = _row(conn, results[2])["version"]
-    rows = results[3]
+    version = _row(conn, results[-3])["version"]
+    rows = results[-2]
     loader = Transformer(conn)
     loader.set_pgresult(rows)
     return version, [rows.ftype(i) for i in range(rows.nfields)], loader.load_rows(0, rows.ntuples, tuple)
@@ -763,26 +774,46 @@ def _pipeline_results(pgconn: pq.abc.PGconn) -> Generator[Any, Any, list[pq.abc.
 
 
 async def _measured_on(conn: psycopg.AsyncConnection[Any], plan: DPPlan, parameters: Parameters,
-                       stop: Stop) -> tuple[str | None, list[int], list[tuple[Any, ...]]]:
-    async with stop.running(conn), _snapshot(conn, plan.tables, stop.left_ms()) as version:
+                       stop: Stop, zone: str) -> tuple[str | None, list[int], list[tuple[Any, ...]]]:
+    async with stop.running(conn), _snapshot(conn, plan.tables, stop.left_ms(), zone) as version:
         stop.check()  # no await from here until the SQL is sent: a cancel now reaches it
         types, rows = await _run(conn, plan.sql, parameters)
     return version, types, rows
 
 
-async def _run(conn: psycopg.AsyncConnection[Any], sql: str, parameters: Parameters,
+async def _run(conn: psycopg.AsyncConnection[Any], sql: str, parameters: Parameters, zone: str = "",
                ) -> tuple[list[int], list[tuple[Any, ...]]]:
-    """Column types and rows of ``sql``, the client's $n values bound as it sent them (text or binary)."""
-    count = len(parameters.values)
-    types = [*parameters.types[:count], *[0] * (count - len(parameters.types))]
-    pgconn = conn.pgconn
-    async with conn.lock:
-        pgconn.send_query_params(sql.encode(), list(parameters.values), types, list(parameters.formats),
-                                 pq.Format.TEXT)
-        result = _last(await conn.wait(generators.execute(pgconn)), pq.ExecStatus.TUPLES_OK)
+    """Column types and rows of ``sql``, the client's $n values bound as it sent them (text or binary), run in the
+    TimeZone ``zone`` ("": the server's)."""
+    result = await _executed(conn, sql, parameters, zone)
     loader = Transformer(conn)
     loader.set_pgresult(result)
     return [result.ftype(i) for i in range(result.nfields)], loader.load_rows(0, result.ntuples, tuple)
+
+
+async def _executed(conn: psycopg.AsyncConnection[Any], sql: str, parameters: Parameters, zone: str,
+                    ) -> pq.abc.PGresult:
+    """The result of ``sql`` with ``parameters`` bound; with a ``zone``, in a read-only transaction of its own that
+    sets it first (one round trip, pipelined), so that the pooled connection keeps the server's."""
+    count = len(parameters.values)
+    types = [*parameters.types[:count], *[0] * (count - len(parameters.types))]
+
+    def run(pgconn: pq.abc.PGconn) -> None:
+        pgconn.send_query_params(sql.encode(), list(parameters.values), types, list(parameters.formats),
+                                 pq.Format.TEXT)
+
+    if not zone:
+        pgconn = conn.pgconn
+        async with conn.lock:
+            run(pgconn)
+            return _last(await conn.wait(generators.execute(pgconn)), pq.ExecStatus.TUPLES_OK)
+    results = await _pipelined(conn, [_command(b"begin read only"), *_zone_commands(zone), run,
+                                      _command(b"commit")])
+    failed = _error(conn, results)
+    if failed is not None:
+        await _rollback(conn)
+        raise failed
+    return results[-2]
 
 
 async def _check_statement(conn: psycopg.AsyncConnection[Any], plan: DPPlan, parameters: Parameters) -> None:
@@ -828,10 +859,12 @@ def _last(results: list[pq.abc.PGresult], expected: pq.ExecStatus) -> pq.abc.PGr
     return result
 
 
-async def _result(conn: psycopg.AsyncConnection[Any], plan: DPPlan, measurement: Measurement, headline: str) -> Result:
+async def _result(conn: psycopg.AsyncConnection[Any], plan: DPPlan, measurement: Measurement, headline: str,
+                  zone: str) -> Result:
     """The statement's answer from a noisy measurement, fresh or cached (its columns, HAVING, the post statement
-    over the noisy values when the query has post-aggregate expressions, ORDER BY, LIMIT), with a notice:
-    ``headline`` and the plan's noise lines. Post-processing only: it costs nothing."""
+    over the noisy values when the query has post-aggregate expressions, run in the client's TimeZone ``zone``,
+    ORDER BY, LIMIT), with a notice: ``headline`` and the plan's noise lines. Post-processing only: it costs
+    nothing."""
     types = measurement.sql_types(plan)  # this statement's order of the statistics
     released = released_rows(plan, measurement)
     post_types, computed = None, None
@@ -840,7 +873,8 @@ async def _result(conn: psycopg.AsyncConnection[Any], plan: DPPlan, measurement:
         arrays = post_arrays(plan, released)
         values = tuple(_array_text(values, element) for values, element in
                        zip(arrays, (_INT8, *(plan.value_types(types)[i] for i in plan.post.values)), strict=True))
-        post_types, computed = await _run(conn, plan.post.sql, Parameters(array_types, (0,) * len(values), values))
+        post_types, computed = await _run(conn, plan.post.sql, Parameters(array_types, (0,) * len(values), values),
+                                          zone)
     columns = _output_columns(plan, types, post_types)
     noisy_rows, _ = finish(plan, released, computed)
     return Result(columns, tuple(tuple(text_value(value, column.type_oid)
