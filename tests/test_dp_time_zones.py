@@ -16,6 +16,7 @@ from typing import Any
 import psycopg
 import pytest
 from conftest import Endpoint, fresh_dp_role
+from psycopg.types.string import TextLoader
 
 _names = itertools.count(1)
 # The discrete Gaussian at ε 0.5 of a count (Δ = 1) has σ ≈ 2.8: |noise| > 28 has probability < 1e-20.
@@ -29,6 +30,14 @@ HOURLY = ("select date_trunc('hour', visited_at) as hour, count(*) from visits "
           "where visited_at >= '2025-03-09' and visited_at < '2025-03-10' group by 1 order by 1")
 DATES = ("select visited_at::date as day, count(*) from visits "
          "where visited_at >= '2025-03-01' and visited_at < '2025-03-08' group by 1 order by 1")
+
+
+@pytest.fixture(autouse=True)
+def truth_as_it_was(truth: psycopg.Connection) -> Iterator[None]:
+    """The shared connection to the data back at the server's own settings after each test."""
+    yield
+    truth.execute("reset timezone")
+    truth.execute("reset datestyle")
 
 
 @pytest.fixture
@@ -124,3 +133,42 @@ def test_explain_says_whether_this_zones_answer_is_cached(conn: psycopg.Connecti
     in_zone(conn, "UTC", DAILY)
     assert "running it moves" not in explained("UTC")  # paid for: free
     assert "running it moves" in explained("America/New_York")  # another zone: another question
+
+
+def test_dates_are_read_and_printed_in_the_clients_datestyle(conn: psycopg.Connection,
+                                                             truth: psycopg.Connection) -> None:
+    """'01/03/2025' is the 1st of March to a DMY client: its dp question reads it so, and its keys print as
+    PostgreSQL prints them to it (SQL style, the zone's abbreviation)."""
+    sql = ("select date_trunc('day', visited_at) as day, count(*) from visits "
+           "where visited_at >= '01/03/2025' and visited_at < '04/03/2025' group by 1 order by 1")
+
+    def texts(connection: psycopg.Connection) -> list[str]:
+        connection.execute("set datestyle = 'SQL, DMY'")
+        cursor = connection.cursor()
+        cursor.adapters.register_loader("timestamptz", TextLoader)
+        return [row[0] for row in cursor.execute(sql)]
+
+    conn.execute("set time zone 'America/New_York'")
+    truth.execute("set time zone 'America/New_York'")
+    assert texts(conn) == texts(truth) == [f"0{day}/03/2025 00:00:00 EST" for day in (1, 2, 3)]
+
+
+def test_attack_zone_switching_buys_no_free_draw_and_stops_at_the_budget(truth: psycopg.Connection,
+                                                                        gated_proxy: Endpoint,
+                                                                        gated_database: str) -> None:
+    """An attacker who shifts the zone to move one person's visit between buckets, or to average fresh noise,
+    pays for each zone's answer: with ε 1 in all (0.5 a question), two zones are answered (noisy), the third is refused before its
+    SQL runs, and asking again in a zone already paid for gives that zone's same noisy answer, free."""
+    role = f"dp_zone_{next(_names)}"
+    with fresh_dp_role(truth, gated_proxy, gated_database, role, epsilon=1), \
+            psycopg.connect(gated_proxy.dsn(gated_database, user=role), autocommit=True) as attacker:
+        in_utc = in_zone(attacker, "UTC", HOURLY)
+        in_new_york = in_zone(attacker, "America/New_York", HOURLY)
+        assert "epsilon 0 of 1 left" in spent(attacker)
+        with pytest.raises(psycopg.Error) as refused:
+            in_zone(attacker, "Asia/Kolkata", HOURLY)
+        assert refused.value.sqlstate == "53400"
+        assert in_zone(attacker, "UTC", HOURLY) == in_utc
+        assert in_zone(attacker, "America/New_York", HOURLY) == in_new_york
+        exact = dict(in_zone(truth, "America/New_York", HOURLY))
+        assert any(count != exact.get(hour, 0) for hour, count in in_new_york)  # noisy, not the exact counts

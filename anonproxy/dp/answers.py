@@ -136,7 +136,7 @@ _TEXT_OIDS = frozenset(info.oid for info in (psycopg.adapters.types.get(name) fo
 MEASUREMENT_FORMAT = b"anonproxy-measurement/2\n"  # 2: keys in the canonical order (DPPlan.key_order)
 
 
-def fingerprint(plan: DPPlan, policy_version: int, parameters: object, zone: str = "") -> str:
+def fingerprint(plan: DPPlan, policy_version: int, parameters: object, session: object = ()) -> str:
     """The answer cache's key: the plan's **measurement** — its bounded SQL (without HAVING's never-run type
     checks), statistics and their noise, quantiles, domains, partition selection and cost — the policy it obeys
     and the bound values (``parameters``: without those only LIMIT and OFFSET use). Not what is done with the
@@ -144,9 +144,10 @@ def fingerprint(plan: DPPlan, policy_version: int, parameters: object, zone: str
     LIMIT, OFFSET, the nested step), which is free post-processing: statements that differ only there are one
     question. Statistics are named, and keys measured, in a canonical
     order by the planner, so neither the select list's nor GROUP BY's order changes the measurement either.
-    ``zone``, the TimeZone the measurement runs in, is part of it whatever the plan reads: a day bucket, a cast of
-    a timestamptz to date or text, a comparison with a literal without an offset all read it, so a question asked
-    in another zone is another question (charged, then cached, as one)."""
+    ``session``, the client's settings the measurement runs under (its TimeZone, DateStyle's field order), is part
+    of it whatever the plan reads: a day bucket, a cast of a timestamptz to date or text, a literal without an
+    offset or with an ambiguous date all read them, so a question asked in another zone is another question
+    (charged, then cached, as one)."""
     names = canonical_names(plan.statistics)
     domains = None if plan.domains is None else tuple(plan.domains[i] for i in plan.key_order or range(plan.keys))
     measurement = replace(plan, sql=plan.measured_tokens or folded(plan.measured), measured="",
@@ -155,7 +156,7 @@ def fingerprint(plan: DPPlan, policy_version: int, parameters: object, zone: str
                           hidden=(), having=None, post=None, nested=None, domains=domains, key_order=(),
                           limit_parameter=None, offset_parameter=None, unmeasured_parameters=())
     text = (f"{MEASUREMENT_FORMAT!r}\0{policy_version}\0{measurement!r}\0{plan_quantiles(plan)!r}\0{parameters!r}"
-            f"\0{zone}")
+            f"\0{session!r}")
     return hashlib.sha256(text.encode()).hexdigest()
 
 

@@ -230,6 +230,8 @@ class Remaining:
 
 
 Need = MeasureText | Price | Lookup | CheckStop | Check | Charge | Read | Store | Finish | RunReleased | Remaining
+# The client's settings a measurement runs under, as (name, value) pairs: part of its answer cache key.
+Measuring: TypeAlias = tuple[tuple[str, str], ...]
 
 
 @dataclass(frozen=True)
@@ -241,7 +243,7 @@ class Asked:
     role: str
     parameters: Bound
     limits: Limits = field(default_factory=Limits)
-    zone: str = ""  # the client's TimeZone, which the measurement runs in ("": the server's)
+    session: Measuring = ()  # the client's settings the measurement runs under (TimeZone, DateStyle's order)
 
 
 @dataclass(frozen=True)
@@ -344,7 +346,7 @@ def priced_and_found(asked: Asked, known: MutableMapping[str, Costs],
         plan = yield from priced(asked, costs, checked)
         checked |= {plan.sql, *([plan.post.sql] if plan.post is not None else [])}
         key = fingerprint(plan, policy_version, measured_parameters(asked.parameters, plan.unmeasured_parameters),
-                          asked.zone)
+                          asked.session)
         found: ledger.Lookup = yield Lookup(plan, None if plan.free else key)
         read: Costs = (or_default(found.epsilon_per_query, "epsilon"), or_default(found.delta_per_query, "delta"),
                        found.accounting)

@@ -114,6 +114,7 @@ from ..dp.question import (
     Limits,
     Lookup,
     MeasureText,
+    Measuring,
     Need,
     Price,
     Read,
@@ -233,7 +234,7 @@ class _Asking:
     parameters: Parameters
     stop: Stop
     asker: int  # whose turn its analysis takes
-    zone: str = ""  # the client's TimeZone: what the question's SQL runs in ("": the server's)
+    session: Measuring = ()  # the client's settings that the question's SQL runs under (measuring)
     # The outcome of a Read sent with its Charge (anonproxy.dp.question.Charge.then): rows, or the error to raise.
     read_ahead: list[tuple[str | None, list[int], list[tuple[Any, ...]]] | BaseException] = field(
         default_factory=list)
@@ -242,10 +243,10 @@ class _Asking:
 
 
 def _asked(question: Noisy | ExplainDP, role: RolePolicy, parameters: Parameters, limits: SessionLimits,
-           zone: str = "") -> Asked:
+           session: Measuring = ()) -> Asked:
     """The question as dp.question takes it: the router's measurement (else its text, measured when priced)."""
     return Asked(question.sql, question.plan if question.plan is not None else question.sql, role.role, parameters,
-                 Limits(limits.epsilon, limits.delta), zone)
+                 Limits(limits.epsilon, limits.delta), session)
 
 
 class NoisyAnswers:
@@ -295,13 +296,15 @@ class NoisyAnswers:
 
     async def answer(self, question: Noisy, role: RolePolicy, policy: Policy, parameters: Parameters,
                      limits: SessionLimits, stop: Stop | None = None, spent: Spent | None = None,
-                     zone: str = "") -> Result:
+                     settings: dict[str, str] | None = None) -> Result:
         """The noisy answer of ``question`` (the router's Noisy decision), charged (or the cached one, free);
         ``spent`` gets what it read and cost; ``stop``: the time limit and the client's cancel, which stop it with
-        57014; ``zone``: the client's TimeZone, which its SQL runs in and its cache key names. The question's
-        steps are anonproxy.dp.question's; this drives them."""
-        asking = _Asking(role, policy, parameters, stop or Stop(), limits.asker, zone=zone)
-        asked = _asked(question, role, parameters, limits, zone)
+        57014; ``settings``: the client's followed settings, those of them that change what its SQL reads
+        (:func:`measuring`) it runs under and its cache key names. The question's steps are
+        anonproxy.dp.question's; this drives them."""
+        session = measuring(settings or {})
+        asking = _Asking(role, policy, parameters, stop or Stop(), limits.asker, session=session)
+        asked = _asked(question, role, parameters, limits, session)
         async with self._connection() as conn:
             return await self._drive(question_steps.answer(asked, self._known(role), policy.version,
                                                            spent or Spent()), asking, conn)
@@ -329,11 +332,12 @@ class NoisyAnswers:
         return Description(parameter_types, columns)
 
     async def explain(self, question: ExplainDP, role: RolePolicy, policy: Policy, parameters: Parameters,
-                      limits: SessionLimits, zone: str = "") -> Result:
-        """``EXPLAIN (ANONPROXY)``: cost, noise and whether the answer is cached (in the client's TimeZone
-        ``zone``), without running or charging."""
-        asking = _Asking(role, policy, parameters, Stop(), limits.asker, zone=zone)
-        asked = _asked(question, role, parameters, limits, zone)
+                      limits: SessionLimits, settings: dict[str, str] | None = None) -> Result:
+        """``EXPLAIN (ANONPROXY)``: cost, noise and whether the answer is cached (under the client's ``settings``,
+        as :meth:`answer`), without running or charging."""
+        session = measuring(settings or {})
+        asking = _Asking(role, policy, parameters, Stop(), limits.asker, session=session)
+        asked = _asked(question, role, parameters, limits, session)
         async with self._connection() as conn:
             return await self._drive(question_steps.explain(asked, self._known(role), policy.version), asking,
                                      conn)
@@ -371,7 +375,7 @@ class NoisyAnswers:
                 async with stop.running(conn):
                     results = await _pipelined(conn, [*first, *_charge_commands(sql, values),
                                                       *_read_commands(plan, asking.parameters, stop.left_ms(),
-                                                                      asking.zone)])
+                                                                      asking.session)])
             except Refused as exc:  # the client's cancel, come while the pipeline ran
                 if not results:
                     raise
@@ -391,7 +395,7 @@ class NoisyAnswers:
         raise AssertionError("unreachable")
 
     async def _measure(self, conn: psycopg.AsyncConnection[Any], plan: DPPlan, parameters: Parameters,
-                       stop: Stop, zone: str) -> tuple[str | None, list[int], list[tuple[Any, ...]]]:
+                       stop: Stop, session: Measuring) -> tuple[str | None, list[int], list[tuple[Any, ...]]]:
         """The data version and the rows of the plan's SQL, read in one snapshot: on the standby in rotation with
         the least lag, else (none, or it failed) on ``conn``, the primary's. Called after the charge committed."""
         standby = self._standby()
@@ -399,14 +403,14 @@ class NoisyAnswers:
             assert self._servers is not None
             try:
                 async with self._standbys.connection(standby) as reader:
-                    return await _measured_on(reader, plan, parameters, stop, zone)
+                    return await _measured_on(reader, plan, parameters, stop, session)
             except psycopg.errors.QueryCanceled:
                 raise  # the client's cancel or time limit: the question stops, paid for
             except psycopg.OperationalError as exc:  # unreachable, shut down, or cancelled by recovery (40001)
                 log.warning("dp measurement on standby %s failed (%s); measuring on the primary", standby,
                             str(exc).strip())
                 self._servers.failed(standby)
-        return await _measured_on(conn, plan, parameters, stop, zone)
+        return await _measured_on(conn, plan, parameters, stop, session)
 
     async def budget(self, role: str) -> Result:
         """``SHOW anonproxy.budget``: one row per protected table the role has a budget on."""
@@ -508,12 +512,12 @@ class NoisyAnswers:
                     raise outcome
                 return outcome
             if need.free:
-                return (None, *await _run(conn, need.plan.sql, parameters, asking.zone))
-            return await self._measure(conn, need.plan, parameters, asking.stop, asking.zone)
+                return (None, *await _run(conn, need.plan.sql, parameters, asking.session))
+            return await self._measure(conn, need.plan, parameters, asking.stop, asking.session)
         if isinstance(need, Store):
             return await ledger.store_answer(conn, role.role, need.key, need.version, need.data)
         if isinstance(need, Finish):
-            return await _result(conn, need.plan, need.measurement, need.headline, asking.zone)
+            return await _result(conn, need.plan, need.measurement, need.headline, asking.session)
         if isinstance(need, RunReleased):
             return await self._run_released(conn, need, asking)
         assert isinstance(need, Remaining)
@@ -528,7 +532,7 @@ class NoisyAnswers:
         if refusal is not None:
             raise Refused(refusal.sqlstate, refusal.message, refusal.hint)
         bound = Parameters(types=need.types, formats=(0,) * len(need.values), values=need.values)
-        columns, rows = await _run_described(conn, need.sql, bound, asking.zone)
+        columns, rows = await _run_described(conn, need.sql, bound, asking.session)
         return Result(columns, tuple(tuple(text_value(value, column.type_oid)
                                            for value, column in zip(row, columns, strict=True)) for row in rows))
 
@@ -626,10 +630,10 @@ def _server_error(exc: psycopg.Error) -> Refused:
     return Refused(diag.sqlstate or "XX000", diag.message_primary or str(exc), diag.message_hint, diag.message_detail)
 
 
-async def _run_described(conn: psycopg.AsyncConnection[Any], sql: str, parameters: Parameters, zone: str,
-                         ) -> tuple[tuple[Column, ...], list[tuple[Any, ...]]]:
-    """Result columns (names and types) and rows of ``sql``, with ``parameters`` bound, run in ``zone``."""
-    result = await _executed(conn, sql, parameters, zone)
+async def _run_described(conn: psycopg.AsyncConnection[Any], sql: str, parameters: Parameters,
+                         session: Measuring) -> tuple[tuple[Column, ...], list[tuple[Any, ...]]]:
+    """Result columns (names and types) and rows of ``sql``, with ``parameters`` bound, run under ``session``."""
+    result = await _executed(conn, sql, parameters, session)
     loader = Transformer(conn)
     loader.set_pgresult(result)
     columns = tuple(Column((result.fname(i) or b"").decode(), result.ftype(i)) for i in range(result.nfields))
@@ -645,18 +649,18 @@ async def _describe_columns(conn: psycopg.AsyncConnection[Any], sql: str, declar
 
 @contextlib.asynccontextmanager
 async def _snapshot(conn: psycopg.AsyncConnection[Any], tables: tuple[str, ...],
-                    timeout_ms: int = 0, zone: str = "") -> AsyncIterator[str | None]:
+                    timeout_ms: int = 0, session: Measuring = ()) -> AsyncIterator[str | None]:
     """A REPEATABLE READ, READ ONLY transaction; yields the data version of ``tables`` read in it, the version of the
     rows the plan reads in it, so that an answer is cached under the version it was computed from. Its statements
-    run under ``timeout_ms`` (0: none) and in the TimeZone ``zone`` ("": the server's), which end with it. Begun,
-    timed, zoned and the version read in one round trip (pipelined)."""
+    run under ``timeout_ms`` (0: none) and the client's ``session`` settings, which end with it. Begun, timed,
+    set and the version read in one round trip (pipelined)."""
     try:
         async with conn.cursor() as cur:
             async with conn.pipeline():
                 await conn.execute(_BEGIN_SNAPSHOT)
                 await conn.execute(f"set local statement_timeout = {int(timeout_ms)}")
-                if zone:
-                    await conn.execute(_SET_ZONE, [zone])
+                if session:
+                    await conn.execute(_set_local(session), [value for pair in session for value in pair])
                 await cur.execute(*ledger.data_version_statement(tables))
             row = await cur.fetchone()
         assert row is not None
@@ -670,8 +674,27 @@ async def _snapshot(conn: psycopg.AsyncConnection[Any], tables: tuple[str, ...],
 
 
 _CHARGE_COMMANDS = 3  # BEGIN, the charge, COMMIT
-# The client's TimeZone for the rest of a transaction, as a bound value (never spliced into the SQL).
-_SET_ZONE = "select pg_catalog.set_config('TimeZone', $1, true)"
+
+
+def measuring(settings: dict[str, str]) -> Measuring:
+    """The client's settings that change what a dp question's SQL reads, as it runs them: TimeZone (day and hour
+    buckets, casts of timestamptz, literals without an offset) and DateStyle's field order (literals such as
+    '03/01/2025'). Values are printed in ISO style all the same: the proxy reads them back (answers, cached
+    measurements) and prints them in the client's style itself (anonproxy.proxy.followed_settings)."""
+    session = []
+    if settings.get("TimeZone"):
+        session.append(("TimeZone", settings["TimeZone"]))
+    if settings.get("DateStyle"):
+        order = settings["DateStyle"].split(",")[-1].strip().upper()
+        session.append(("DateStyle", f"ISO, {order if order in ('DMY', 'MDY', 'YMD') else 'MDY'}"))
+    return tuple(session)
+
+
+def _set_local(session: Measuring) -> str:
+    """Set ``session``'s settings for the rest of a transaction, names and values bound ($1, $2, ...): never
+    spliced into the SQL."""
+    return "select " + ", ".join(f"pg_catalog.set_config(${2 * i + 1}, ${2 * i + 2}, true)"
+                                 for i in range(len(session)))
 Command = Callable[[pq.abc.PGconn], None]
 
 
@@ -689,14 +712,15 @@ def _charge_commands(sql: bytes, values: list[bytes | None]) -> list[Command]:
     return [_command(ledger.BEGIN_CHARGE.encode()), _command(sql, values), _command(b"commit")]
 
 
-def _zone_commands(zone: str) -> list[Command]:
-    """The client's TimeZone set for the transaction begun just before ("": the server's, nothing to set)."""
-    return [_command(_SET_ZONE.encode(), [zone.encode()])] if zone else []
+def _session_commands(session: Measuring) -> list[Command]:
+    """The client's settings set for the transaction begun just before (none: nothing to set)."""
+    return [_command(_set_local(session).encode(), [value.encode() for pair in session for value in pair])
+            ] if session else []
 
 
-def _read_commands(plan: DPPlan, parameters: Parameters, timeout_ms: int, zone: str) -> list[Command]:
-    """What _measured_on does, as commands: the snapshot begun, timed and zoned, its data version, the SQL with
-    the client's values as it bound them, the commit."""
+def _read_commands(plan: DPPlan, parameters: Parameters, timeout_ms: int, session: Measuring) -> list[Command]:
+    """What _measured_on does, as commands: the snapshot begun, timed and set to the client's settings, its data
+    version, the SQL with the client's values as it bound them, the commit."""
     count = len(parameters.values)
     types = [*parameters.types[:count], *[0] * (count - len(parameters.types))]
     version_sql, version_values = ledger.data_version_query(plan.tables)
@@ -706,7 +730,7 @@ def _read_commands(plan: DPPlan, parameters: Parameters, timeout_ms: int, zone: 
                                  pq.Format.TEXT)
 
     return [_command(_BEGIN_SNAPSHOT.encode()), _command(f"set local statement_timeout = {int(timeout_ms)}".encode()),
-            *_zone_commands(zone), _command(version_sql, version_values), run, _command(b"commit")]
+            *_session_commands(session), _command(version_sql, version_values), run, _command(b"commit")]
 
 
 async def _read_outcome(conn: psycopg.AsyncConnection[Any], results: list[pq.abc.PGresult],
@@ -774,27 +798,27 @@ def _pipeline_results(pgconn: pq.abc.PGconn) -> Generator[Any, Any, list[pq.abc.
 
 
 async def _measured_on(conn: psycopg.AsyncConnection[Any], plan: DPPlan, parameters: Parameters,
-                       stop: Stop, zone: str) -> tuple[str | None, list[int], list[tuple[Any, ...]]]:
-    async with stop.running(conn), _snapshot(conn, plan.tables, stop.left_ms(), zone) as version:
+                       stop: Stop, session: Measuring) -> tuple[str | None, list[int], list[tuple[Any, ...]]]:
+    async with stop.running(conn), _snapshot(conn, plan.tables, stop.left_ms(), session) as version:
         stop.check()  # no await from here until the SQL is sent: a cancel now reaches it
         types, rows = await _run(conn, plan.sql, parameters)
     return version, types, rows
 
 
-async def _run(conn: psycopg.AsyncConnection[Any], sql: str, parameters: Parameters, zone: str = "",
+async def _run(conn: psycopg.AsyncConnection[Any], sql: str, parameters: Parameters, session: Measuring = (),
                ) -> tuple[list[int], list[tuple[Any, ...]]]:
-    """Column types and rows of ``sql``, the client's $n values bound as it sent them (text or binary), run in the
-    TimeZone ``zone`` ("": the server's)."""
-    result = await _executed(conn, sql, parameters, zone)
+    """Column types and rows of ``sql``, the client's $n values bound as it sent them (text or binary), run under
+    the client's ``session`` settings."""
+    result = await _executed(conn, sql, parameters, session)
     loader = Transformer(conn)
     loader.set_pgresult(result)
     return [result.ftype(i) for i in range(result.nfields)], loader.load_rows(0, result.ntuples, tuple)
 
 
-async def _executed(conn: psycopg.AsyncConnection[Any], sql: str, parameters: Parameters, zone: str,
+async def _executed(conn: psycopg.AsyncConnection[Any], sql: str, parameters: Parameters, session: Measuring,
                     ) -> pq.abc.PGresult:
-    """The result of ``sql`` with ``parameters`` bound; with a ``zone``, in a read-only transaction of its own that
-    sets it first (one round trip, pipelined), so that the pooled connection keeps the server's."""
+    """The result of ``sql`` with ``parameters`` bound; with ``session`` settings, in a read-only transaction of
+    its own that sets them first (one round trip, pipelined), so that the pooled connection keeps its own."""
     count = len(parameters.values)
     types = [*parameters.types[:count], *[0] * (count - len(parameters.types))]
 
@@ -802,12 +826,12 @@ async def _executed(conn: psycopg.AsyncConnection[Any], sql: str, parameters: Pa
         pgconn.send_query_params(sql.encode(), list(parameters.values), types, list(parameters.formats),
                                  pq.Format.TEXT)
 
-    if not zone:
+    if not session:
         pgconn = conn.pgconn
         async with conn.lock:
             run(pgconn)
             return _last(await conn.wait(generators.execute(pgconn)), pq.ExecStatus.TUPLES_OK)
-    results = await _pipelined(conn, [_command(b"begin read only"), *_zone_commands(zone), run,
+    results = await _pipelined(conn, [_command(b"begin read only"), *_session_commands(session), run,
                                       _command(b"commit")])
     failed = _error(conn, results)
     if failed is not None:
@@ -860,9 +884,9 @@ def _last(results: list[pq.abc.PGresult], expected: pq.ExecStatus) -> pq.abc.PGr
 
 
 async def _result(conn: psycopg.AsyncConnection[Any], plan: DPPlan, measurement: Measurement, headline: str,
-                  zone: str) -> Result:
+                  session: Measuring) -> Result:
     """The statement's answer from a noisy measurement, fresh or cached (its columns, HAVING, the post statement
-    over the noisy values when the query has post-aggregate expressions, run in the client's TimeZone ``zone``,
+    over the noisy values when the query has post-aggregate expressions, run under the client's ``session``,
     ORDER BY, LIMIT), with a notice: ``headline`` and the plan's noise lines. Post-processing only: it costs
     nothing."""
     types = measurement.sql_types(plan)  # this statement's order of the statistics
@@ -874,7 +898,7 @@ async def _result(conn: psycopg.AsyncConnection[Any], plan: DPPlan, measurement:
         values = tuple(_array_text(values, element) for values, element in
                        zip(arrays, (_INT8, *(plan.value_types(types)[i] for i in plan.post.values)), strict=True))
         post_types, computed = await _run(conn, plan.post.sql, Parameters(array_types, (0,) * len(values), values),
-                                          zone)
+                                          session)
     columns = _output_columns(plan, types, post_types)
     noisy_rows, _ = finish(plan, released, computed)
     return Result(columns, tuple(tuple(text_value(value, column.type_oid)

@@ -833,7 +833,7 @@ class ClientConnection(asyncio.Protocol):
                 reply = await noisy.set(decision, role.role, limits)
             elif isinstance(decision, ExplainDP):
                 reply = await noisy.explain(decision, role, policy, request.parameters, limits,
-                                            dict(request.settings).get("TimeZone", ""))
+                                            dict(request.settings))
             elif request.describe:
                 assert isinstance(decision, Noisy)
                 reply = await noisy.describe(decision, role, policy, request.parameters, limits)
@@ -841,7 +841,7 @@ class ClientConnection(asyncio.Protocol):
                 assert isinstance(decision, Noisy)
                 self._question = Stop(request.timeout_ms)
                 reply = await noisy.answer(decision, role, policy, request.parameters, limits,
-                                           self._question, spent, dict(request.settings).get("TimeZone", ""))
+                                           self._question, spent, dict(request.settings))
                 reply = follow_settings(reply, dict(request.settings))
         except Refused as refused:
             reply = refused.response
