@@ -28,11 +28,11 @@ lists declared public domains reads no row and is neither charged nor cached.
 Round trips (:meth:`NoisyAnswers._charge_then_read`): when the data is read on
 the primary, the check (the plan's SQL prepared, when it has no post statement
 and no bound values; else it goes alone, before), the charge (BEGIN, charge,
-COMMIT) and the read (BEGIN REPEATABLE READ, its time limit, the data version,
-the SQL, COMMIT) go in one round trip, in pipeline mode. The server runs them
-in order and skips the rest after an error: a rejected SQL is not charged, a
-refused charge reads nothing, and the charge's COMMIT is durable before the
-SQL reads a row. A new question makes three round trips (lookup, that one,
+COMMIT) and the read (BEGIN REPEATABLE READ, its time limit, the client's
+settings, the data version, the SQL, COMMIT) go in one round trip, in pipeline
+mode. The server runs them in order and skips the rest after an error: a
+rejected SQL is not charged, a refused charge reads nothing, and the charge's
+COMMIT is durable before the SQL reads a row. A new question makes three round trips (lookup, that one,
 store) where it made eight; one already answered makes one.
 
 Time limits and cancels (:class:`Stop`): a question is held to the session's
@@ -42,6 +42,12 @@ stopped there, it fails with 57014 and costs nothing. Once charged, what is
 left of the limit is the data-reading transaction's ``statement_timeout``
 and a cancel is passed on to its backend: it fails with 57014 and stays paid
 for.
+
+The client's session (:func:`measuring`): every statement that computes an
+answer's values (the read, a free listing, the post statement, an outer query
+over released rows) runs with the client's TimeZone and DateStyle field order
+set locally in its transaction (bound values), and the answer cache's key
+names them: in another zone a question is another question.
 
 Answers are :class:`Result` values, which the gate encodes for the simple or
 the extended protocol; refusals raise :class:`Refused`, which carries the
