@@ -153,6 +153,18 @@ def test_dates_are_read_and_printed_in_the_clients_datestyle(conn: psycopg.Conne
     assert texts(conn) == texts(truth) == [f"0{day}/03/2025 00:00:00 EST" for day in (1, 2, 3)]
 
 
+def test_an_output_style_alone_is_the_same_question(conn: psycopg.Connection) -> None:
+    """DateStyle's output style (not its field order), IntervalStyle and extra_float_digits only change how the
+    answer prints: the same measurement, free, printed again."""
+    conn.execute("set datestyle = 'ISO, MDY'")
+    first = in_zone(conn, "America/New_York", DATES)
+    before = spent(conn)
+    conn.execute("set datestyle = 'Postgres, MDY'")
+    conn.execute("set intervalstyle = 'iso_8601'")
+    conn.execute("set extra_float_digits = 0")
+    assert conn.execute(DATES).fetchall() == first and spent(conn) == before
+
+
 def test_attack_zone_switching_buys_no_free_draw_and_stops_at_the_budget(truth: psycopg.Connection,
                                                                         gated_proxy: Endpoint,
                                                                         gated_database: str) -> None:

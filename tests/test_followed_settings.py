@@ -107,7 +107,9 @@ def test_suppress_answers_follow_the_setting(gated_proxy: Endpoint, gated_databa
 def test_dp_answers_follow_the_setting(gated_proxy: Endpoint, gated_database: str, stays: psycopg.Connection,
                                        setting: str, how: str) -> None:
     """A dp answer (noisy values, exact keys) prints its keys and floats as the client's settings say; the
-    same question asked again under other settings is the same (cached) answer, printed again."""
+    same question asked again under other settings is the same (cached) answer, printed again, unless they
+    change what its SQL reads: another TimeZone or DateStyle field order is another question
+    (tests/test_dp_time_zones.py)."""
     _wait_for_policy(gated_proxy, gated_database, stays)
     value, query = CASES[setting]
     if setting == "extra_float_digits":  # dp: a noisy sum of the float column (a float8, of few digits here)
@@ -130,7 +132,8 @@ def test_dp_answers_follow_the_setting(gated_proxy: Endpoint, gated_database: st
         truth = f"select distinct {query.split()[1]}::text from public.stays order by 1"
         assert [row[0] for row in after] == [row[0] for row in _truth(stays, truth, setting, value)]
         assert [row[0] for row in before] == [row[0] for row in _truth(stays, truth, setting, DEFAULTS[setting])]
-        assert [row[1] for row in after] == [row[1] for row in before]  # the same noisy counts
+        if setting == "IntervalStyle":
+            assert [row[1] for row in after] == [row[1] for row in before]  # the same noisy counts
 
 
 STYLES = [

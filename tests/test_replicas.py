@@ -172,6 +172,17 @@ def test_gated_reads_run_on_a_standby_while_direct_roles_ledger_and_trail_use_th
     assert len(trail) == 2
 
 
+def test_a_dp_measurement_on_a_standby_runs_in_the_clients_time_zone(cluster: Cluster,
+                                                                     replicated_proxy: ProxyProcess) -> None:
+    """The standby's read transaction sets the client's TimeZone (a bound value, in the standby's log)."""
+    number = next(_numbers)
+    with connect(replicated_proxy.endpoint, "analyst") as conn:
+        conn.execute("set time zone 'Pacific/Chatham'")
+        conn.execute(f"select count(*) from adult where hours_per_week <> {number}").fetchone()
+    standby = next(standby for standby in cluster.standbys if ran_on(standby, number))
+    assert "'Pacific/Chatham'" in standby.log_file.read_text(errors="replace")
+
+
 def pause_replay(cluster: Cluster, pause: bool) -> None:
     for standby in cluster.standbys:
         with cluster.superuser(standby) as conn:

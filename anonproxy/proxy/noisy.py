@@ -666,7 +666,7 @@ async def _snapshot(conn: psycopg.AsyncConnection[Any], tables: tuple[str, ...],
                 await conn.execute(_BEGIN_SNAPSHOT)
                 await conn.execute(f"set local statement_timeout = {int(timeout_ms)}")
                 if session:
-                    await conn.execute(_set_local(session), [value for pair in session for value in pair])
+                    await conn.execute(_set_local(session, "%s"), [value for pair in session for value in pair])
                 await cur.execute(*ledger.data_version_statement(tables))
             row = await cur.fetchone()
         assert row is not None
@@ -696,11 +696,12 @@ def measuring(settings: dict[str, str]) -> Measuring:
     return tuple(session)
 
 
-def _set_local(session: Measuring) -> str:
-    """Set ``session``'s settings for the rest of a transaction, names and values bound ($1, $2, ...): never
-    spliced into the SQL."""
-    return "select " + ", ".join(f"pg_catalog.set_config(${2 * i + 1}, ${2 * i + 2}, true)"
-                                 for i in range(len(session)))
+def _set_local(session: Measuring, placeholder: str = "") -> str:
+    """Set ``session``'s settings for the rest of a transaction, names and values bound (``$1, $2, ...``, or
+    ``placeholder`` for psycopg's ``%s``): never spliced into the SQL."""
+    marks = [placeholder or f"${number}" for number in range(1, 2 * len(session) + 1)]
+    return "select " + ", ".join(f"pg_catalog.set_config({name}, {value}, true)"
+                                 for name, value in zip(marks[::2], marks[1::2], strict=True))
 Command = Callable[[pq.abc.PGconn], None]
 
 
