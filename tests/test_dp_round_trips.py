@@ -51,9 +51,9 @@ class RoundTrips:
 
 
 def _ask(policy: Policy, dsn: str, owner: psycopg.Connection, sql: str, trips: RoundTrips,
-         monkeypatch: pytest.MonkeyPatch, cached: bool) -> list[int]:
+         monkeypatch: pytest.MonkeyPatch, cached: bool, settings: dict[str, str] | None = None) -> list[int]:
     """Round trips of ``sql`` asked first on a warm worker (planned, a pooled connection) with the answer cache
-    emptied, then asked again (``cached``: without emptying it)."""
+    emptied, then asked again (``cached``: without emptying it); ``settings``: the client's followed settings."""
     role = policy.role(ROLE)
     decision = decide(sql, role, policy)
     assert isinstance(decision, Noisy)
@@ -67,14 +67,14 @@ def _ask(policy: Policy, dsn: str, owner: psycopg.Connection, sql: str, trips: R
         noisy = NoisyAnswers(dsn, analyser=None)
         counts = []
         try:
-            await noisy.answer(decision, role, policy, Parameters(), SessionLimits())  # warm
+            await noisy.answer(decision, role, policy, Parameters(), SessionLimits(), settings=settings)  # warm
             for fresh in (True, not cached):
                 if fresh:
                     owner.execute("delete from anonproxy.answer_cache where role_name = %s", [ROLE])
                 trips.count = 0
                 with monkeypatch.context() as patch:
                     patch.setattr(psycopg.AsyncConnection, "wait", counted)
-                    await noisy.answer(decision, role, policy, Parameters(), SessionLimits())
+                    await noisy.answer(decision, role, policy, Parameters(), SessionLimits(), settings=settings)
                 counts.append(trips.count)
         finally:
             await noisy.close()
@@ -100,6 +100,15 @@ def test_a_new_question_makes_three_round_trips_and_a_seen_one_one(
     policy, dsn = governed
     first, seen = _ask(policy, dsn, postgresql, COUNT, RoundTrips(), monkeypatch, cached=True)
     assert (first, seen) == (3, 1)  # lookup, the charge with its check and read, store | lookup
+
+
+def test_the_clients_time_zone_costs_no_round_trip(
+        governed: tuple[Policy, str], postgresql: psycopg.Connection, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The client's TimeZone and DateStyle order are set in the read's own transaction, in the same round trip."""
+    policy, dsn = governed
+    settings = {"TimeZone": "America/New_York", "DateStyle": "SQL, DMY"}
+    counts = _ask(policy, dsn, postgresql, COUNT, RoundTrips(), monkeypatch, cached=True, settings=settings)
+    assert counts == [3, 1]
 
 
 def test_a_statement_the_server_rejects_is_refused_in_the_charges_round_trip_at_no_cost(
