@@ -702,6 +702,8 @@ def _set_local(session: Measuring, placeholder: str = "") -> str:
     marks = [placeholder or f"${number}" for number in range(1, 2 * len(session) + 1)]
     return "select " + ", ".join(f"pg_catalog.set_config({name}, {value}, true)"
                                  for name, value in zip(marks[::2], marks[1::2], strict=True))
+
+
 Command = Callable[[pq.abc.PGconn], None]
 
 
