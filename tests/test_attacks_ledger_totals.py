@@ -36,8 +36,8 @@ LOWER = ("delete from anonproxy.budget_totals", "truncate anonproxy.budget_total
          "update anonproxy.budget_totals set epsilon = 0", "update anonproxy.budget_totals set rho = rho - 1",
          "update anonproxy.budget_totals set charges = charges + 1, epsilon = epsilon - 0.25",
          "update anonproxy.budget_totals set domain = 'public.adult2'",
-         f"insert into anonproxy.budget_totals values ('{ALICE}', '{ADULT}', -1, 0, -1, 0, 1) "
-         "on conflict (role_name, domain) do update set epsilon = excluded.epsilon",
+         (f"insert into anonproxy.budget_totals values ('{ALICE}', '{ADULT}', -1, 0, -1, 0, 1) "
+          "on conflict (role_name, domain) do update set epsilon = excluded.epsilon"),
          # a role that has not been charged yet: a row of negative amounts would be a larger budget
          f"insert into anonproxy.budget_totals values ('{BOB}', '{ADULT}', -1, 0, -1, 0, 1)")
 
