@@ -40,7 +40,7 @@ from sqlglot import exp
 from anonproxy.catalog_check import one_row_per_person
 from anonproxy.plan.analysis import AggregateText, AnalyticQuery
 from anonproxy.plan.post_aggregate import RELEASED, PostAggregate, key, plain, value
-from anonproxy.plan.tables import ResolvedTable
+from anonproxy.plan.tables import ResolvedTable, quote
 from anonproxy.suppress.complementary import complementary
 from anonproxy.suppress.rules import (
     ANSWERED,
@@ -394,15 +394,19 @@ def _cells(query: AnalyticQuery, keys: list[str], magnitudes: tuple[str, ...], f
 
 def _one_group_per_person(query: AnalyticQuery) -> tuple[str, str] | None:
     """The protected table (quoted, schema-qualified) and its unit column when each person is in one group: the
-    catalog makes that unit unique and not null (one row per person in that table), and every grouping expression
-    reads only that table's columns, so that a person's rows of a linked table all share their group. None
-    otherwise (a bare column name another table of the query also has, or a table whose columns are not known)."""
+    catalog makes that unit unique and not null (one row per person in that table), it is the query's unit, and
+    every grouping expression reads only that table's columns, so that a person's rows of a linked table all share
+    their group. None otherwise: a bare column name another table of the query also has, a table whose columns are
+    not known, or the protected table LEFT JOINed to the linked one (the unit is then the linked table's key, and a
+    condition next to the join's key sends some of a person's rows to the NULL group, the others to their own)."""
     protected = [(reference, table) for reference, table in query.sources
                  if table.protected is not None and table.protected.unique_unit]
     if len(protected) != 1:
         return None
     reference, table = protected[0]
     assert table.protected is not None
+    if query.unit != f"{quote(reference)}.{quote(table.protected.unit_column)}":
+        return None
     others: set[str] = set()
     for other_reference, other in query.sources:
         if other_reference != reference:

@@ -112,6 +112,13 @@ def left_out(people: str, rules: Rules) -> str:
     return f"{people} NOT BETWEEN 1 AND {rules.k - 1}"
 
 
+def finite(total: str) -> str:
+    """A numeric total is finite: neither Infinity nor NaN (NaN sorts above Infinity in PostgreSQL). One person's
+    infinite value makes the total infinite, and Infinity compares equal to any multiple of itself, so that the
+    magnitude rules' inequalities would hold for a group that one person dominates: such a group is withheld."""
+    return f"{total} < 'Infinity'::numeric"
+
+
 @dataclass(frozen=True)
 class Bounds:
     """What a group's total and largest contribution say of the magnitude rules on one SUM/AVG argument."""
@@ -134,6 +141,9 @@ def magnitude_bounds(rules: Rules, total: str, largest: str) -> Bounds:
     lies between 0 and min(m, t - m)."""
     t, m = total, largest
     holds, fails = [], []
+    if rules.magnitude_rules:
+        holds.append(finite(t))
+        fails.append(f"NOT {finite(t)}")
     if rules.dominance is not None:
         n, percent = rules.dominance
         holds.append(f"100 * least({n} * {m}, {t}) <= {literal(percent)} * {t}")
@@ -150,7 +160,7 @@ def surely_hold(rules: Rules, least_total: str, most_part: str) -> list[str]:
     and are each at most ``most_part``: the n largest add up to at most n times it (dominance), and the total less
     the two largest is at least ``least_total`` less twice it (p %). The magnitude bounds of the rules
     (:func:`magnitude_bounds`) then hold at these values too."""
-    conditions = []
+    conditions = [finite(least_total), finite(most_part)] if rules.magnitude_rules else []
     if rules.dominance is not None:
         n, percent = rules.dominance
         conditions.append(f"100 * {n} * {most_part} <= {literal(percent)} * {least_total}")
@@ -164,7 +174,7 @@ def magnitude_conditions(rules: Rules, contribution: str, rank: str) -> list[str
     in the group (1: the largest)."""
     c, r = contribution, rank
     total = f"coalesce(sum({c}), 0)"
-    conditions = []
+    conditions = [finite(total)] if rules.magnitude_rules else []
     if rules.dominance is not None:
         n, percent = rules.dominance
         conditions.append(f"100 * coalesce(sum({c}) FILTER (WHERE {r} <= {n}), 0) <= {literal(percent)} * {total}")
