@@ -19,12 +19,12 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Iterator
-from decimal import Decimal
 from typing import Any
 
 import psycopg
 import pytest
 from conftest import govern_by_demo_policy
+from service_sql import run_as_service, sorted_rows
 
 from anonproxy.embedded import EmbeddedPostgres
 from anonproxy.policy.model import ColumnPolicy, LinkedTable
@@ -92,21 +92,9 @@ def _exact(sql: str) -> str:
 
 def _run(conn: psycopg.Connection[Any], sql: str) -> tuple[list[tuple[Any, ...]], list[str]]:
     """Sorted rows (numeric as text: the same scale too) and the report's details, as the service session runs it."""
-    details: list[str] = []
-
-    def keep(notice: psycopg.errors.Diagnostic) -> None:
-        details.append(notice.message_detail or "")
-
-    conn.add_notice_handler(keep)
-    try:
-        with conn.transaction():
-            conn.execute("SET LOCAL search_path = pg_catalog")
-            conn.execute("SET LOCAL jit = off")
-            rows = conn.execute(sql).fetchall()
-    finally:
-        conn.remove_notice_handler(keep)
-    normal = [tuple(str(v) if isinstance(v, Decimal) else v for v in row) for row in rows]
-    return sorted(normal, key=lambda row: tuple((v is None, str(v)) for v in row)), details
+    rows, details, error = run_as_service(conn, sql)
+    assert error is None, error
+    return sorted_rows(rows), details
 
 
 def _scans(conn: psycopg.Connection[Any], sql: str) -> int:

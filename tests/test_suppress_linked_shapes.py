@@ -24,6 +24,7 @@ from typing import Any
 import psycopg
 import pytest
 from conftest import govern_by_demo_policy
+from service_sql import run_as_service
 from suppression_oracle import Magnitudes, suppress
 
 from anonproxy.embedded import EmbeddedPostgres
@@ -111,25 +112,6 @@ def draw(rng: random.Random) -> tuple[str, bool]:
     return " ".join(parts), ordered
 
 
-def _run(conn: psycopg.Connection[Any], sql: str) -> tuple[list[tuple[Any, ...]], list[str], str | None]:
-    """Rows, the report's details, and the error, as the service session would see them."""
-    details: list[str] = []
-
-    def keep(notice: psycopg.errors.Diagnostic) -> None:
-        details.append(notice.message_detail or "")
-
-    conn.add_notice_handler(keep)
-    try:
-        with conn.transaction():
-            conn.execute("SET LOCAL search_path = pg_catalog")
-            conn.execute("SET LOCAL jit = off")
-            return conn.execute(sql).fetchall(), details, None
-    except psycopg.Error as error:
-        return [], details, f"{error.sqlstate} {error.diag.message_primary}"
-    finally:
-        conn.remove_notice_handler(keep)
-
-
 def _comparable(rows: list[tuple[Any, ...]], ordered: bool) -> list[tuple[Any, ...]]:
     # numeric as text: the same value must come with the same scale (1.50 is not 1.5 to a client)
     normal = [tuple(str(v) if isinstance(v, Decimal) else v for v in row) for row in rows]
@@ -159,8 +141,8 @@ def test_the_two_level_sql_answers_as_the_per_person_sql(owner: psycopg.Connecti
         assert TWO_LEVEL not in slow
         # every drawn aggregate follows from the cells: a SUM or AVG (a magnitude rule applies) takes the two levels
         assert (TWO_LEVEL in fast) == ("sum(" in statement or "avg(" in statement), statement
-        fast_rows, fast_report, fast_error = _run(owner, fast)
-        slow_rows, slow_report, slow_error = _run(owner, slow)
+        fast_rows, fast_report, fast_error = run_as_service(owner, fast)
+        slow_rows, slow_report, slow_error = run_as_service(owner, slow)
         assert fast_error == slow_error, statement
         assert _comparable(fast_rows, ordered) == _comparable(slow_rows, ordered), statement
         assert fast_report == slow_report, statement
@@ -200,7 +182,7 @@ def test_the_two_level_sql_releases_what_the_oracle_releases(owner: psycopg.Conn
             statement = f"SELECT {key} AS k1, count(*) AS n, sum(s.cost) AS total FROM {source}{filtered} GROUP BY 1"
             decision = decide(statement, rules, policy)
             assert isinstance(decision, Rewrite) and TWO_LEVEL in decision.runs, statement
-            answer, _, error = _run(owner, decision.runs)
+            answer, _, error = run_as_service(owner, decision.runs)
             assert error is None, statement
             assert {row[0] for row in answer if row[0] is not None} == set(verdict.released), statement
             assert any(row[0] is None for row in answer) == verdict.rest, statement
@@ -227,13 +209,13 @@ def test_the_catalog_is_checked_only_where_each_person_is_in_one_group(owner: ps
         assert (check in decision.runs) == (statement in adds_up), statement
     decision = decide(adds_up[0], rules, policy)
     assert isinstance(decision, Rewrite)
-    before, _, error = _run(owner, decision.runs)
+    before, _, error = run_as_service(owner, decision.runs)
     assert error is None and len(before) == 2
     owner.execute("alter table adult drop constraint adult_pkey")
     try:
-        _, _, error = _run(owner, decision.runs)
+        _, _, error = run_as_service(owner, decision.runs)
         assert error == ('55000 anonproxy: "public"."adult".id is no longer unique and not null in the catalog, as it '
                          'was when the policy was read')
     finally:
         owner.execute("alter table adult add constraint adult_pkey primary key (id)")
-    assert _run(owner, decision.runs)[0] == before
+    assert run_as_service(owner, decision.runs)[0] == before

@@ -26,6 +26,7 @@ from typing import Any
 import psycopg
 import pytest
 from conftest import Endpoint, wait_for_policy
+from service_sql import run_as_service
 from suppression_oracle import Magnitudes, suppress
 
 from anonproxy.policy.model import Policy, RolePolicy, SuppressionParams
@@ -96,25 +97,6 @@ def _per_person(policy: Policy) -> Policy:
     return dataclasses.replace(policy, tables=tables)
 
 
-def _run(conn: psycopg.Connection[Any], sql: str) -> tuple[list[tuple[Any, ...]], list[str], str | None]:
-    """Rows, the report's details, and the error (SQLSTATE and message), as the service session would see them."""
-    details: list[str] = []
-
-    def keep(notice: psycopg.errors.Diagnostic) -> None:
-        details.append(notice.message_detail or "")
-
-    conn.add_notice_handler(keep)
-    try:
-        with conn.transaction():
-            conn.execute("SET LOCAL search_path = pg_catalog")
-            conn.execute("SET LOCAL jit = off")
-            return conn.execute(sql).fetchall(), details, None
-    except psycopg.Error as error:
-        return [], details, f"{error.sqlstate} {error.diag.message_primary}"
-    finally:
-        conn.remove_notice_handler(keep)
-
-
 def _ranks_rows(conn: psycopg.Connection[Any], sql: str) -> bool:
     """Whether running ``sql`` read each person's row to rank contributions (the totals left a rule open)."""
     with conn.transaction():
@@ -161,8 +143,8 @@ def test_the_one_pass_sql_answers_as_the_per_person_sql(truth: psycopg.Connectio
             continue
         one_pass += ONE_PASS in fast.runs
         assert ONE_PASS not in slow.runs
-        fast_rows, fast_report, fast_error = _run(truth, fast.runs)
-        slow_rows, slow_report, slow_error = _run(truth, slow.runs)
+        fast_rows, fast_report, fast_error = run_as_service(truth, fast.runs)
+        slow_rows, slow_report, slow_error = run_as_service(truth, slow.runs)
         assert fast_error == slow_error, statement
         assert _comparable(fast_rows, ordered) == _comparable(slow_rows, ordered), statement
         assert fast_report == slow_report, statement
@@ -255,7 +237,7 @@ def test_the_one_pass_sql_releases_what_the_oracle_releases(truth: psycopg.Conne
         for chosen in (policy, _per_person(policy)):
             decision = decide(statement, rules, chosen)
             assert isinstance(decision, Rewrite), statement
-            answer, _, error = _run(truth, decision.runs)
+            answer, _, error = run_as_service(truth, decision.runs)
             assert error is None, statement
             released = {row[0] for row in answer if row[0] is not None}
             rest = [row for row in answer if row[0] is None]
