@@ -454,7 +454,7 @@ def test_search_path_cannot_hide_a_protected_table() -> None:
     assert_reject("SELECT * FROM pg_temp.people, people", "42501", policy=policy)
     sql = rewritten("SELECT count(*) FROM people GROUP BY dept", policy=policy)
     assert 'FROM "hr"."people"' in sql
-    assert 'SELECT "people"."person_id" AS unit FROM "hr"."people" GROUP BY 1' in sql
+    assert 'SELECT "people"."person_id" AS unit, count(*) AS unit_rows FROM "hr"."people" GROUP BY 1' in sql
     # A table of that name in another schema, qualified, is another table.
     assert decide("SELECT * FROM public.people", SUPPRESS, policy) == Pass()
 
@@ -509,7 +509,7 @@ def parts(sql: str) -> tuple[dict[str, str], str]:
     """The CTEs of a rewritten statement (name -> body) and the statement that follows them."""
     if not sql.startswith("WITH "):
         return {}, sql
-    ctes = {name: body for name, body in re.findall(r"(?ms)^(?:WITH )?(anonproxy_\w+)(?:\(\w+\))? AS \(\n(.*?)\n\),?$",
+    ctes = {name: body for name, body in re.findall(r"(?ms)^(?:WITH )?(anonproxy_\w+)(?:\([\w, ]+\))? AS \(\n(.*?)\n\),?$",
                                                    sql)}
     return ctes, sql.rsplit("\n)\n", 1)[1]
 
@@ -520,15 +520,20 @@ def test_rewrite_is_rendered_from_the_tree_with_the_client_names() -> None:
     # The client's comments are gone: every piece is rendered from the checked tree, not cut from the text.
     assert "a comment" not in sql and "another" not in sql and "/*" not in sql
     # The answer is the client's select list over the released groups, with the client's output names as explicit
-    # aliases; one pass computes each group's aggregates and people (no magnitude rule: distinct units).
+    # aliases; one pass computes each group's aggregates and rows with a unit (no magnitude rule, the unit not known
+    # to be unique: the bounds first), and each group's distinct people only where the bounds do not settle the rules.
     assert answer == 'SELECT anonproxy_g1 AS "native_country", anonproxy_v1 AS "count"\nFROM anonproxy_released'
-    assert ctes["anonproxy_summary"].endswith(
+    assert ctes["anonproxy_rows"].endswith(
         'SELECT native_country AS anonproxy_g1, native_country AS anonproxy_c1, count(*) AS anonproxy_v1, '
-        'count(DISTINCT "adult"."id") AS units\nFROM "public"."adult"\nGROUP BY native_country')
-    # The verdicts count people (the unit), not rows, and compare with N, the people of the whole table, counted once.
+        'count("adult"."id") AS unit_rows\nFROM "public"."adult"\nGROUP BY native_country')
+    assert ctes["anonproxy_group_people"].endswith(
+        'SELECT native_country AS anonproxy_g1, count(DISTINCT "adult"."id") AS units\nFROM "public"."adult"\n'
+        'WHERE NOT (SELECT sure FROM anonproxy_sure)\nGROUP BY native_country')
+    # The verdicts count people (the unit), not rows, and compare with N, the people of the whole table, counted once
+    # (with the most rows one person has, for the bounds).
     assert ctes["anonproxy_universe"].endswith(
-        'SELECT count(anonproxy_units.unit) FROM (SELECT "adult"."id" AS unit FROM "public"."adult" GROUP BY 1) '
-        'AS anonproxy_units')
+        'SELECT count(unit), coalesce(max(unit_rows), 0)\nFROM (SELECT "adult"."id" AS unit, count(*) AS unit_rows '
+        'FROM "public"."adult" GROUP BY 1) AS anonproxy_units')
     assert 'SELECT native_country AS anonproxy_g1, "adult"."id" AS unit\nFROM "public"."adult"' in \
         ctes["anonproxy_cells"]
     assert "s.units >= 10 AND (SELECT n FROM anonproxy_universe) - s.units NOT BETWEEN 1 AND 9" in \
@@ -568,26 +573,29 @@ def test_metabase_style_query() -> None:
         'GROUP BY "public"."adult"."education" ORDER BY "count" DESC, "public"."adult"."education" ASC LIMIT 2000')
     ctes, answer = parts(sql)
     assert ctes["anonproxy_universe"].endswith(
-        'SELECT count(anonproxy_units.unit) FROM (SELECT "adult"."id" AS unit FROM "public"."adult" GROUP BY 1) '
-        'AS anonproxy_units')
-    assert 'count(DISTINCT "adult"."id") AS units' in ctes["anonproxy_summary"]
+        'SELECT count(unit), coalesce(max(unit_rows), 0)\nFROM (SELECT "adult"."id" AS unit, count(*) AS unit_rows '
+        'FROM "public"."adult" GROUP BY 1) AS anonproxy_units')
+    assert 'count(DISTINCT "adult"."id") AS units' in ctes["anonproxy_group_people"]
     assert "s.units >= 10 AND (SELECT n FROM anonproxy_universe) - s.units NOT BETWEEN 1 AND 9" in \
         ctes["anonproxy_primary"]
     # the sum needs k people with a non-zero value, in each group and in the withheld groups together
     assert 'count(DISTINCT "adult"."id") FILTER (WHERE ("adult"."hours_per_week") <> 0) AS n1' in \
-        ctes["anonproxy_summary"]
+        ctes["anonproxy_group_people"]
+    assert 'count("adult"."id") FILTER (WHERE ("adult"."hours_per_week") <> 0) AS unit_rows_n1' in \
+        ctes["anonproxy_rows"]
     assert 'bool_or(("adult"."hours_per_week") <> 0) AS n1' in ctes["anonproxy_cells"]
     assert "s.n1 >= 10" in ctes["anonproxy_primary"]
     assert "contributors_n1 >= 10" in ctes["anonproxy_chosen"]
     # issue 11: three-part names are normalised to the table's reference before analysis (anonproxy.plan.names)
     assert '"public"."adult"."' not in sql
-    assert ctes["anonproxy_summary"].startswith(
-        '-- one pass: each group\'s answer, people, contributors, and total and largest contribution per SUM/AVG\n'
+    assert ctes["anonproxy_rows"].startswith(
+        '-- one pass: each group\'s answer, its rows with a unit (per aggregate those that contribute), and per '
+        'SUM/AVG the bounds of its contributions\n'
         'SELECT "adult"."education" AS anonproxy_g1, "adult"."education" AS anonproxy_c1, count(*) AS anonproxy_v1, '
         'sum("adult"."hours_per_week") AS anonproxy_v2, ')
-    assert ctes["anonproxy_summary"].endswith('\nFROM "public"."adult"\n'
-                                              'WHERE ("adult"."age" > 30) AND ("adult"."sex" = \'Male\')\n'
-                                              'GROUP BY "adult"."education"')
+    assert ctes["anonproxy_rows"].endswith('\nFROM "public"."adult"\n'
+                                           'WHERE (("adult"."age" > 30) AND ("adult"."sex" = \'Male\'))\n'
+                                           'GROUP BY "adult"."education"')
     assert 'WHERE ("adult"."age" > 30) AND ("adult"."sex" = \'Male\')' in ctes["anonproxy_cells"]
     assert answer == ('SELECT anonproxy_g1 AS "education", anonproxy_v1 AS "count", anonproxy_v2 AS "sum"\n'
                       'FROM anonproxy_released\nORDER BY 2 DESC, 1\nLIMIT 2000')
@@ -599,10 +607,10 @@ def test_linked_table_join_uses_the_protected_unit() -> None:
     ctes, _ = parts(sql)
     # N is the people of the join, and each group counts the protected table's people
     assert ctes["anonproxy_universe"].endswith(
-        'SELECT count(anonproxy_units.unit) FROM (SELECT "a"."id" AS unit FROM "public"."visits" AS v JOIN '
+        'FROM (SELECT "a"."id" AS unit, count(*) AS unit_rows FROM "public"."visits" AS v JOIN '
         '"public"."adult" AS a ON v.person_id = a.id GROUP BY 1) AS anonproxy_units')
     assert 'SELECT a.sex AS anonproxy_g1, "a"."id" AS unit\n' in ctes["anonproxy_cells"]
-    assert 'count(DISTINCT "a"."id") AS units' in ctes["anonproxy_summary"]
+    assert 'count(DISTINCT "a"."id") AS units' in ctes["anonproxy_group_people"]
     only_linked = rewritten("SELECT count(*) FROM visits WHERE cost > 100")
     assert only_linked.endswith(
         'HAVING count(DISTINCT "visits"."person_id") >= 10 AND (SELECT count(anonproxy_units.unit) FROM (SELECT '
@@ -627,7 +635,7 @@ def test_distinct_becomes_a_grouped_query() -> None:
     ctes, answer = parts(sql)
     assert answer == 'SELECT DISTINCT anonproxy_g1 AS "native_country"\nFROM anonproxy_released\nORDER BY 1'
     assert 'SELECT native_country AS anonproxy_g1, "adult"."id" AS unit' in ctes["anonproxy_cells"]
-    assert 'count(DISTINCT "adult"."id") AS units' in ctes["anonproxy_summary"]
+    assert 'count(DISTINCT "adult"."id") AS units' in ctes["anonproxy_group_people"]
     assert "s.units >= 10 AND (SELECT n FROM anonproxy_universe) - s.units NOT BETWEEN 1 AND 9" in \
         ctes["anonproxy_primary"]
 
