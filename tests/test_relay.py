@@ -8,13 +8,26 @@ answer is checked against what the statement must return, computed here.
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 import psycopg
-from conftest import Endpoint
-from test_robustness import assert_proxy_serves, login, open_raw, read_until_ready
+from conftest import Endpoint, start_proxy, stop_proxy
+from test_robustness import (
+    assert_closed,
+    assert_proxy_serves,
+    login,
+    open_raw,
+    read_error,
+    read_until_ready,
+    simple_query,
+)
 
+from anonproxy.embedded import EmbeddedPostgres
 from anonproxy.wire import protocol as pg
 
 
@@ -96,3 +109,95 @@ def test_the_server_s_messages_are_relayed_byte_for_byte(proxy: Endpoint, direct
             answers.append([message for _ in script for message in read_until_ready(sock)])
     assert answers[0] == answers[1]
     assert [body for type_, body in answers[0] if type_ == b"Z"] == [b"T", b"E", b"E", b"I", b"I", b"I"]
+
+
+# -- The relay's threads (relay.py): what a forwarder on blocking sockets could get wrong --------------------------
+
+def _backend_state(admin: psycopg.Connection, pid: int) -> str | None:
+    row = admin.execute("select state from pg_stat_activity where pid = %s", [pid]).fetchone()
+    return None if row is None else str(row[0])
+
+
+def _wait(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + 60  # a bound on a hang, not a timing: a loaded machine is slow
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+def test_a_client_gone_during_a_query_has_its_query_cancelled(proxy: Endpoint, direct: Endpoint,
+                                                               dbname: str) -> None:
+    with psycopg.connect(direct.dsn(dbname), autocommit=True) as admin:
+        with open_raw(proxy) as sock:
+            messages = login(sock, dbname)
+            pid = next(pg.parse_backend_key_data(body)[0] for type_, body in messages if type_ == b"K")
+            sock.sendall(_query("select pg_sleep(600)"))
+            _wait(lambda: _backend_state(admin, pid) == "active", "the query did not start")
+        _wait(lambda: _backend_state(admin, pid) != "active", "the query of a client that left is still running")
+    assert_proxy_serves(proxy, dbname)
+
+
+def test_the_server_ending_a_relayed_session_tells_the_client_why(proxy: Endpoint, direct: Endpoint,
+                                                                  dbname: str) -> None:
+    with open_raw(proxy) as sock:
+        messages = login(sock, dbname)
+        pid = next(pg.parse_backend_key_data(body)[0] for type_, body in messages if type_ == b"K")
+        with psycopg.connect(direct.dsn(dbname), autocommit=True) as admin:
+            assert admin.execute("select pg_terminate_backend(%s)", [pid]).fetchone() == (True,)
+        fields = read_error(sock)  # the server's own FATAL, relayed, and nothing of the proxy's after it
+        assert (fields["S"], fields["C"]) == ("FATAL", "57P01")
+        assert "administrator command" in fields["M"]
+        assert_closed(sock)
+    assert_proxy_serves(proxy, dbname)
+
+
+def _threads(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/task"))
+
+
+def test_shutdown_ends_relayed_sessions_idle_busy_or_unread(pg_server: EmbeddedPostgres, dbname: str,
+                                                             tmp_path: Path) -> None:
+    """SIGTERM: an idle and a busy relayed session get the proxy's FATAL 57P01; a client that reads nothing of a
+    long answer (its relay blocked writing to it) does not keep the proxy from exiting; no traceback."""
+    proxy = start_proxy(f"host={pg_server.host} port={pg_server.port}", tmp_path / "p.log", workers="1",
+                        log_level="debug")
+    try:
+        idle, busy, unread = open_raw(proxy.endpoint), open_raw(proxy.endpoint), open_raw(proxy.endpoint)
+        with idle, busy, unread:
+            for sock in (idle, busy, unread):
+                login(sock, dbname)
+            assert _values(simple_query(idle, "select 'idle'")) == [b"idle"]
+            busy.sendall(_query("select pg_sleep(600)"))
+            unread.sendall(_query("select repeat('u', 100000) from generate_series(1, 2000)"))  # 200 MB, never read
+            with psycopg.connect(pg_server.conninfo(dbname=dbname), autocommit=True) as admin:
+                _wait(lambda: admin.execute("select count(*) from pg_stat_activity where wait_event = 'ClientWrite'"
+                                            " or query = 'select pg_sleep(600)'").fetchone() == (2,),
+                      "the busy and the unread sessions did not get under way")
+            proxy.process.send_signal(signal.SIGTERM)
+            for sock in (idle, busy):
+                fields = read_error(sock)
+                assert (fields["S"], fields["C"]) == ("FATAL", "57P01")
+                assert "anonproxy is shutting down" in fields["M"]
+                assert_closed(sock)
+            assert proxy.process.wait(60) == 0
+    finally:
+        if proxy.process.poll() is None:
+            proxy.process.kill()
+    assert "Traceback" not in proxy.log(), proxy.log()
+
+
+def test_relay_threads_end_with_their_sessions(pg_server: EmbeddedPostgres, dbname: str, tmp_path: Path) -> None:
+    proxy = start_proxy(f"host={pg_server.host} port={pg_server.port}", tmp_path / "p.log", workers="1")
+    try:
+        worker = proxy.process.pid  # (one worker: serve runs it in its own process)
+        before = _threads(worker)
+        for _ in range(3):
+            sessions = [psycopg.connect(proxy.endpoint.dsn(dbname), autocommit=True) for _ in range(10)]
+            for number, conn in enumerate(sessions):
+                assert conn.execute("select %s::int * 2", [number]).fetchone() == (number * 2,)
+            for conn in sessions:
+                conn.close()
+        _wait(lambda: _threads(worker) <= before, f"threads left behind: {_threads(worker)}, before {before}")
+    finally:
+        stop_proxy(proxy)
+    assert "Traceback" not in proxy.log(), proxy.log()

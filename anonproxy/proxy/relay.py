@@ -70,7 +70,7 @@ class ThreadRelay:
                 send(data)
         except OSError:
             pass  # a reset or a shut-down socket: the end of this direction, like a clean close
-        except Exception as exc:  # watch() refused the stream (an invalid server message)
+        except Exception as exc:  # noqa: BLE001 (watch() refused the stream: the session says why, on the loop)
             error = exc
         finally:
             view.release()

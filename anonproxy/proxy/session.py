@@ -819,7 +819,10 @@ class ClientConnection(asyncio.Protocol):
         if self.state is State.CLOSED or self.upstream is None or self.transport is None:
             return
         if error is not None:
-            log.warning("session %d: upstream sent an invalid message: %s", self.id, error)
+            if isinstance(error, pg.ProtocolViolation):
+                log.warning("session %d: upstream sent an invalid message: %s", self.id, error)
+            else:
+                log.error("session %d: internal error", self.id, exc_info=error)
             self.upstream.transport.abort()
         elif after is not None:
             after()
