@@ -8,7 +8,6 @@ answer is checked against what the statement must return, computed here.
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
 import time
@@ -16,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import psycopg
-from conftest import Endpoint, start_proxy, stop_proxy
+from conftest import Endpoint, start_proxy
 from test_robustness import (
     assert_closed,
     assert_proxy_serves,
@@ -111,7 +110,7 @@ def test_the_server_s_messages_are_relayed_byte_for_byte(proxy: Endpoint, direct
     assert [body for type_, body in answers[0] if type_ == b"Z"] == [b"T", b"E", b"E", b"I", b"I", b"I"]
 
 
-# -- The relay's threads (relay.py): what a forwarder on blocking sockets could get wrong --------------------------
+# -- Ends of a relayed session that a new forwarder could get wrong ------------------------------------------------
 
 def _backend_state(admin: psycopg.Connection, pid: int) -> str | None:
     row = admin.execute("select state from pg_stat_activity where pid = %s", [pid]).fetchone()
@@ -151,10 +150,6 @@ def test_the_server_ending_a_relayed_session_tells_the_client_why(proxy: Endpoin
     assert_proxy_serves(proxy, dbname)
 
 
-def _threads(pid: int) -> int:
-    return len(os.listdir(f"/proc/{pid}/task"))
-
-
 def test_shutdown_ends_relayed_sessions_idle_busy_or_unread(pg_server: EmbeddedPostgres, dbname: str,
                                                              tmp_path: Path) -> None:
     """SIGTERM: an idle and a busy relayed session get the proxy's FATAL 57P01; a client that reads nothing of a
@@ -185,19 +180,3 @@ def test_shutdown_ends_relayed_sessions_idle_busy_or_unread(pg_server: EmbeddedP
             proxy.process.kill()
     assert "Traceback" not in proxy.log(), proxy.log()
 
-
-def test_relay_threads_end_with_their_sessions(pg_server: EmbeddedPostgres, dbname: str, tmp_path: Path) -> None:
-    proxy = start_proxy(f"host={pg_server.host} port={pg_server.port}", tmp_path / "p.log", workers="1")
-    try:
-        worker = proxy.process.pid  # (one worker: serve runs it in its own process)
-        before = _threads(worker)
-        for _ in range(3):
-            sessions = [psycopg.connect(proxy.endpoint.dsn(dbname), autocommit=True) for _ in range(10)]
-            for number, conn in enumerate(sessions):
-                assert conn.execute("select %s::int * 2", [number]).fetchone() == (number * 2,)
-            for conn in sessions:
-                conn.close()
-        _wait(lambda: _threads(worker) <= before, f"threads left behind: {_threads(worker)}, before {before}")
-    finally:
-        stop_proxy(proxy)
-    assert "Traceback" not in proxy.log(), proxy.log()

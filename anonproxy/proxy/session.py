@@ -14,8 +14,6 @@ Life of a session:
             channel binding cannot span two connections: upstream_tls.py).
 3. RELAY    after the first ReadyForQuery, bytes flow both ways untouched; the
             server-to-client stream is followed for message boundaries only.
-            Without TLS on either side, two threads relay the sockets
-            (relay.py); over TLS, the event loop does.
    GATED    instead of RELAY when the policy puts the role in an anonymized
             mode: every message goes through the session's Gate (gate.py),
             with service connections borrowed from the worker's pool
@@ -93,7 +91,6 @@ from .login_options import LoginOptionError, LoginSetting, login_settings
 from .noisy import NoisyAnswers, Refused, SessionLimits, Stop
 from .output import ClientOutput
 from .policy_watch import PolicyWatcher
-from .relay import Side, ThreadRelay
 from .servers import Servers
 from .service import ServiceConnection, ServiceUnavailable
 from .service_pool import PoolBusy, ServicePool
@@ -250,8 +247,6 @@ class ClientConnection(asyncio.Protocol):
         self._who: Who | None = None  # who the audit trail says asked (gated sessions)
         self._client_full = False  # the client's write buffer is above its high-water mark (pause_writing)
         self._service_backlog = False  # the service connection's write buffer is (its on_full)
-        self._relay: ThreadRelay | None = None  # the threads relaying a direct session (relay.py)
-        self._after_relay: Callable[[], None] | None = None  # what stopped them wants done once they have
 
     # -- asyncio.Protocol -------------------------------------------------
 
@@ -265,7 +260,10 @@ class ClientConnection(asyncio.Protocol):
         try:
             if self.state is _RELAY:
                 self.upstream.transport.write(data)  # type: ignore[union-attr]
-                self.relayed(data)
+                if data.endswith(TERMINATE):
+                    self.terminating = True
+                else:
+                    self.awaiting_server = True
             elif self.state is State.GATED:
                 self.terminating = data.endswith(TERMINATE)
                 self.gate.client_data(data)  # type: ignore[union-attr]
@@ -282,13 +280,6 @@ class ClientConnection(asyncio.Protocol):
         except Exception:
             log.exception("session %d: internal error", self.id)
             self.fail("XX000", "internal error in anonproxy; the connection is closed")
-
-    def relayed(self, data: bytes) -> None:
-        """The client's bytes that go to the server untouched (from the event loop or a relay thread)."""
-        if data.endswith(TERMINATE):
-            self.terminating = True
-        else:
-            self.awaiting_server = True
 
     def eof_received(self) -> bool | None:
         return None  # close the transport; connection_lost tidies up
@@ -566,7 +557,6 @@ class ClientConnection(asyncio.Protocol):
             self.state = State.RELAY
             self.transport.write(ready)
             self.upstream.start_relay()  # type: ignore[union-attr]
-            self._relay_in_threads()
             return
         if role.mode == "deny":
             self.fail("42501", f'role "{role.role}" may not connect through anonproxy',
@@ -800,37 +790,6 @@ class ClientConnection(asyncio.Protocol):
             log.exception("session %d: internal error while ending a batch that held a service connection", self.id)
             self.fail("XX000", "internal error in anonproxy; the connection is closed")
 
-    def _relay_in_threads(self) -> None:
-        """Hand plain sockets with nothing left to write to a ThreadRelay; TLS stays on the event loop."""
-        client, upstream = self.transport, self.upstream
-        assert client is not None and upstream is not None
-        if self._tls_active or upstream.transport.get_extra_info("ssl_object") is not None \
-                or client.get_write_buffer_size() or upstream.transport.get_write_buffer_size():
-            return
-        client.pause_reading()
-        upstream.transport.pause_reading()
-        self._relay = ThreadRelay(client.get_extra_info("socket"), upstream.transport.get_extra_info("socket"),
-                                  watch_client=self.relayed, watch_server=upstream.relayed, ended=self._relay_ended)
-
-    def _relay_ended(self, side: Side, error: BaseException | None) -> None:
-        """The relay threads have stopped and the transports own their sockets again: close as the loop would."""
-        self._relay = None
-        after, self._after_relay = self._after_relay, None
-        if self.state is State.CLOSED or self.upstream is None or self.transport is None:
-            return
-        if error is not None:
-            if isinstance(error, pg.ProtocolViolation):
-                log.warning("session %d: upstream sent an invalid message: %s", self.id, error)
-            else:
-                log.error("session %d: internal error", self.id, exc_info=error)
-            self.upstream.transport.abort()
-        elif after is not None:
-            after()
-        elif side is Side.SERVER:
-            self.upstream.transport.close()  # its connection_lost tells the client, as without threads
-        else:
-            self.transport.close()  # connection_lost cancels a query under way and closes the upstream
-
     def enforce(self, policy: Policy) -> None:
         """A new policy: end a relayed session whose role is no longer direct.
 
@@ -843,14 +802,6 @@ class ClientConnection(asyncio.Protocol):
             return
         log.info("session %d: role %r is now in %s mode; closing its direct session", self.id,
                  self._startup.user, mode)
-        if self._relay is not None:  # the boundaries are known once its threads have stopped
-            self._after_relay = lambda: self._end_for_policy(mode)
-            self._relay.stop()
-        else:
-            self._end_for_policy(mode)
-
-    def _end_for_policy(self, mode: str) -> None:
-        assert self._startup is not None
         upstream = self.upstream
         if upstream is not None and upstream.tracker.at_boundary:
             self.fail("57P01", f"terminating connection: the privacy policy now puts role "
@@ -990,10 +941,6 @@ class ClientConnection(asyncio.Protocol):
 
     def fail(self, sqlstate: str, message: str, *, hint: str | None = None, detail: str | None = None) -> None:
         """Send a FATAL ErrorResponse and close the client connection."""
-        if self._relay is not None:  # once its threads have stopped writing to the client
-            self._after_relay = lambda: self.fail(sqlstate, message, hint=hint, detail=detail)
-            self._relay.stop()
-            return
         if self.transport is not None and not self.transport.is_closing():
             self.flush()
             self.transport.write(pg.error_response(sqlstate, message, severity="FATAL", hint=hint, detail=detail))
@@ -1032,12 +979,12 @@ class UpstreamConnection(asyncio.Protocol):
             if self._gate is not None:  # (its message buffer follows the boundaries: no tracker)
                 self._to_gate(data)
                 return
-            if self.relaying:
-                self.relayed(data)
-                self.client.transport.write(data)  # type: ignore[union-attr]
-                return
             self.tracker.feed(data)
-            if self._auth_messages is not None:
+            if self.relaying:
+                self.client.transport.write(data)  # type: ignore[union-attr]
+                if self.tracker.idle:
+                    self.client.awaiting_server = False
+            elif self._auth_messages is not None:
                 self._auth_received(data)
             else:
                 self._held.append(data)  # login done, relay or gate not decided yet
@@ -1071,12 +1018,6 @@ class UpstreamConnection(asyncio.Protocol):
                 return
             out.append(pg.message(type_, body))
         self.client.transport.writelines(out)  # type: ignore[union-attr]
-
-    def relayed(self, data: bytes) -> None:
-        """The server's bytes that go to the client untouched (from the event loop or a relay thread)."""
-        self.tracker.feed(data)
-        if self.tracker.idle:
-            self.client.awaiting_server = False
 
     def start_relay(self) -> None:
         """Forward bytes untouched from now on."""
