@@ -165,8 +165,9 @@ def test_shutdown_ends_relayed_sessions_idle_busy_or_unread(pg_server: EmbeddedP
             busy.sendall(_query("select pg_sleep(600)"))
             unread.sendall(_query("select repeat('u', 100000) from generate_series(1, 2000)"))  # 200 MB, never read
             with psycopg.connect(pg_server.conninfo(dbname=dbname), autocommit=True) as admin:
-                _wait(lambda: admin.execute("select count(*) from pg_stat_activity where wait_event = 'ClientWrite'"
-                                            " or query = 'select pg_sleep(600)'").fetchone() == (2,),
+                _wait(lambda: admin.execute("select count(*) from pg_stat_activity where datname = current_database()"
+                                            " and (wait_event = 'ClientWrite' or query = 'select pg_sleep(600)')"
+                                            ).fetchone() == (2,),
                       "the busy and the unread sessions did not get under way")
             proxy.process.send_signal(signal.SIGTERM)
             for sock in (idle, busy):
