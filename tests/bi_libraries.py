@@ -15,6 +15,7 @@ step sends, recorded into the corpus files tests/bi_corpus/<library>.yaml).
 from __future__ import annotations
 
 import datetime as dt
+import math
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -52,7 +53,7 @@ def _frame_rows(frame: Any) -> Rows:
 
 
 def _missing(value: object) -> bool:
-    return value is None or (isinstance(value, float) and value != value)
+    return value is None or (isinstance(value, float) and math.isnan(value))
 
 
 # --- pandas -------------------------------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from sqlglot import exp
 TESTS = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(TESTS))
 
-import bi_libraries  # noqa: E402
+import bi_libraries
 
 DEMO_TABLES = {"adult", "visits"}
 Sent = tuple[str, object]
