@@ -4,9 +4,10 @@ Run against `anonproxy up` as the direct role, from the repository root:
 
     python tests/bi_corpus/capture_libraries.py postgresql://dba:dba@127.0.0.1:6432/postgres
 
-Each step of each library runs once; every statement it sends through psycopg 3 (which all of them use: the
-SQLAlchemy dialect postgresql+psycopg, Ibis's postgres backend, Peewee's psycopg 3 adapter, pandas and Polars over
-either) is recorded by wrapping ``psycopg.Cursor.execute`` as it was sent, with its parameters. A statement that
+Each step of each library runs once; every statement it sends through psycopg 3 (which all the Python ones use:
+the SQLAlchemy dialect postgresql+psycopg, Ibis's postgres backend, Peewee's psycopg 3 adapter, pandas and Polars
+over either) is recorded by wrapping ``psycopg.Cursor.execute`` as it was sent, with its parameters; Knex and
+Kysely (tests/bi_builders.py) report what they hand node-postgres themselves (Knex's query event, Kysely's log). A statement that
 reads neither ``adult`` nor ``visits`` is a catalog statement (connect-time set-up, introspection); the others take
 the step's kind. The same statement sent again (a connection's set-up) is kept once.
 """
@@ -14,8 +15,10 @@ the step's kind. The same statement sent again (a connection's set-up) is kept o
 from __future__ import annotations
 
 import datetime as dt
+import re
 import sys
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +30,7 @@ from sqlglot import exp
 TESTS = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(TESTS))
 
+import bi_builders
 import bi_libraries
 
 DEMO_TABLES = {"adult", "visits"}
@@ -52,7 +56,18 @@ def plain(value: object) -> object:
     return value if value is None or isinstance(value, (int, float, str, bool, dt.datetime, dt.date)) else str(value)
 
 
-def capture(library: bi_libraries.Library, url: str) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class Ran:
+    """One step as it ran: its id, kind, call, whether it draws time, and the statements it sent."""
+
+    id: str
+    kind: str
+    what: str
+    time_series: bool
+    sent: list[Sent]
+
+
+def capture(library: bi_libraries.Library, url: str) -> list[Ran]:
     sent: list[Sent] = []
     original = psycopg.Cursor.execute
 
@@ -61,24 +76,51 @@ def capture(library: bi_libraries.Library, url: str) -> list[dict[str, Any]]:
         sent.append((text, params))
         return original(cursor, query, params, **kwargs)
 
-    entries: list[dict[str, Any]] = []
-    seen: set[str] = set()
+    ran = []
     psycopg.Cursor.execute = recording  # type: ignore[method-assign]
     try:
         with bi_libraries.opened(library, url) as handle:
             for step in library.steps:
                 del sent[:]
                 step.run(handle)
-                entries.extend(_entries(library, step, list(sent), seen))
+                ran.append(Ran(step.id, step.kind, step.what, step.time_series, list(sent)))
     finally:
         psycopg.Cursor.execute = original  # type: ignore[method-assign]
-    return entries
+    return ran
 
 
-def _entries(library: bi_libraries.Library, step: bi_libraries.Step, sent: list[Sent],
-             seen: set[str]) -> list[dict[str, Any]]:
+def capture_builders(url: str) -> dict[str, list[Ran]]:
+    """The steps of Knex and Kysely (tests/bi_builders.py) by tool; node-postgres sends every value as text."""
+    info = psycopg.conninfo.conninfo_to_dict(url)
+    steps = bi_builders.run(str(info["host"]), int(info["port"]), str(info["dbname"]), str(info["user"]),
+                            str(info["password"]))
+    by_tool: dict[str, list[Ran]] = {}
+    for step in steps:
+        sent: list[Sent] = [(pyformat(statement["sql"], len(statement["params"])), statement["params"])
+                            for statement in step["statements"]]
+        by_tool.setdefault(step["tool"], []).append(
+            Ran(step["id"], step["kind"], step["what"], step["time_series"], sent))
+    return by_tool
+
+
+def pyformat(sql: str, count: int) -> str:
+    """node-postgres's ``$1 … $n`` (each once, in order, as Knex and Kysely write them) as psycopg's ``%s``, which
+    the corpus's replay binds to the same $n; a % of the text doubled."""
+    if not count:
+        return sql
+    parts = re.split(r"\$(\d+)\b", sql)
+    assert [int(number) for number in parts[1::2]] == list(range(1, count + 1)), sql
+    return "%s".join(part.replace("%", "%%") for part in parts[0::2])
+
+
+def entries(version: str, ran: list[Ran]) -> list[dict[str, Any]]:
+    seen: set[str] = set()
+    return [entry for step in ran for entry in _entries(version, step, seen)]
+
+
+def _entries(version: str, step: Ran, seen: set[str]) -> list[dict[str, Any]]:
     chosen = []
-    for sql, params in sent:
+    for sql, params in step.sent:
         key = repr((sql, params))
         if key in seen:
             continue
@@ -88,7 +130,7 @@ def _entries(library: bi_libraries.Library, step: bi_libraries.Step, sent: list[
     for number, (sql, params, kind) in enumerate(chosen, 1):
         entry: dict[str, Any] = {
             "id": step.id if len(chosen) == 1 else f"{step.id}-{number}", "kind": kind,
-            "source": f"{library.version} run: {step.what}" + ("" if kind == step.kind else " (sent by the library)"),
+            "source": f"{version} run: {step.what}" + ("" if kind == step.kind else " (sent by the library)"),
         }
         if params:  # psycopg sends a statement without parameters (None or empty) as a simple Query
             entry["params"] = plain(list(params) if isinstance(params, tuple) else params)
@@ -99,18 +141,26 @@ def _entries(library: bi_libraries.Library, step: bi_libraries.Step, sent: list[
     return entries
 
 
-def write(library: bi_libraries.Library, entries: list[dict[str, Any]]) -> None:
-    header = (f"# {library.version}: every statement the library sent for the steps of tests/bi_libraries.py, as\n"
-              "# recorded by tests/bi_corpus/capture_libraries.py against `anonproxy up` as the direct role dba\n"
-              "# (psycopg 3 binds parameters on the server: each %s or %(name)s is a $n of the extended protocol).\n")
-    document = {"tool": library.tool, "corpus": "widened", "protocol": "simple", "entries": entries}
+def write(tool: str, file: str, version: str, binding: str, entries: list[dict[str, Any]]) -> None:
+    header = (f"# {version}: every statement the library sent for its steps ({binding}), as recorded by\n"
+              "# tests/bi_corpus/capture_libraries.py against `anonproxy up` as the direct role dba.\n")
+    document = {"tool": tool, "corpus": "widened", "protocol": "simple", "entries": entries}
     text = yaml.safe_dump(document, sort_keys=False, allow_unicode=True, width=120)
-    (Path(__file__).resolve().parent / f"{library.file}.yaml").write_text(header + text)
+    (Path(__file__).resolve().parent / f"{file}.yaml").write_text(header + text)
+
+
+PSYCOPG_BINDING = "tests/bi_libraries.py; psycopg 3 binds parameters on the server: each %s or %(name)s is a $n"
+NODE_BINDING = "tests/clients/node_builders/builders.js; node-postgres binds each value as text of no declared type"
+BUILDERS = {"Knex": ("knex", "Knex 3.3 over node-postgres 8.23"), "Kysely": ("kysely", "Kysely 0.28 over node-postgres 8.23")}
 
 
 def main(url: str) -> None:
     for library in bi_libraries.LIBRARIES:
-        write(library, capture(library, url))
+        write(library.tool, library.file, library.version, PSYCOPG_BINDING, entries(library.version,
+                                                                                      capture(library, url)))
+    for tool, ran in capture_builders(url).items():
+        file, version = BUILDERS[tool]
+        write(tool, file, version, NODE_BINDING, entries(version, ran))
 
 
 if __name__ == "__main__":
