@@ -2,7 +2,7 @@
 
 Each workload is a list of steps of one library: a step calls the library as
 its user would (pandas.read_sql over SQLAlchemy or a psycopg connection,
-Polars read_database, Ibis expressions, Peewee and SQLAlchemy ORM queries,
+Polars read_database, Ibis expressions (grouping, time buckets, windows over groups, top-k, joins), Peewee and SQLAlchemy ORM queries,
 their catalog introspection) and returns what the library returned, made
 comparable (a sorted list of rows). The kind says what a gated role must get:
 ``catalog`` and ``aggregate`` answered, ``row-level`` refused.
@@ -188,6 +188,13 @@ def _ibis_share_of_total(adult: Any, _visits: Any) -> Any:
     return grouped.mutate(share=grouped.n / grouped.n.sum().over(ibis.window()))
 
 
+def _ibis_rank(adult: Any, _visits: Any) -> Any:
+    import ibis
+
+    grouped = adult.group_by("occupation").aggregate(n=adult.count())
+    return grouped.mutate(r=ibis.rank().over(order_by=ibis.desc("n")))
+
+
 IBIS = Library("Ibis", "ibis", "ibis-framework 12.0 (postgres backend, psycopg 3.3)", _ibis_connect,
                lambda con: con.disconnect(), (
     Step("ib-list-tables", "catalog", "con.list_tables()", lambda con: sorted(con.list_tables())),
@@ -204,6 +211,23 @@ IBIS = Library("Ibis", "ibis", "ibis-framework 12.0 (postgres backend, psycopg 3
          _ibis(_ibis_monthly), time_series=True),
     Step("ib-window-share", "aggregate", "g = t.group_by('education').aggregate(n=t.count()); "
          "g.mutate(share=g.n / g.n.sum().over(ibis.window()))", _ibis(_ibis_share_of_total)),
+    Step("ib-year", "aggregate", "v.group_by(year=v.visited_at.year()).aggregate(n=v.count())",
+         _ibis(lambda _t, v: v.group_by(year=v.visited_at.year()).aggregate(n=v.count())), time_series=True),
+    Step("ib-weekly", "aggregate", "v.group_by(week=v.visited_at.truncate('W')).aggregate(n=v.count())",
+         _ibis(lambda _t, v: v.group_by(week=v.visited_at.truncate("W")).aggregate(n=v.count())), time_series=True),
+    Step("ib-weekday", "aggregate", "v.group_by(day=v.visited_at.day_of_week.index()).aggregate(n=v.count())",
+         _ibis(lambda _t, v: v.group_by(day=v.visited_at.day_of_week.index()).aggregate(n=v.count())),
+         time_series=True),
+    Step("ib-nunique-std", "aggregate", "t.group_by('sex').aggregate(k=t.education.nunique(), s=t.age.std())",
+         _ibis(lambda t, _v: t.group_by("sex").aggregate(k=t.education.nunique(), s=t.age.std()))),
+    Step("ib-case-bucket", "aggregate", "t.group_by(older=t.age > 50, band=t.age.bucket([0, 30, 50, 100]))"
+         ".aggregate(n=t.count())",
+         _ibis(lambda t, _v: t.group_by(older=t.age > 50, band=t.age.bucket([0, 30, 50, 100])).aggregate(n=t.count()))),
+    Step("ib-value-counts", "aggregate", "t.race.value_counts()", _ibis(lambda t, _v: t.race.value_counts())),
+    Step("ib-join", "aggregate", "v.join(t, v.person_id == t.id).group_by('sex').aggregate(a=v.amount.mean())",
+         _ibis(lambda t, v: v.join(t, v.person_id == t.id).group_by("sex").aggregate(a=v.amount.mean()))),
+    Step("ib-rank", "aggregate", "g = t.group_by('occupation').aggregate(n=t.count()); "
+         "g.mutate(r=ibis.rank().over(order_by=ibis.desc('n')))", _ibis(_ibis_rank)),
     Step("ib-count", "aggregate", "t.count().execute()",
          lambda con: int(con.table("adult").count().execute())),
     Step("ib-head", "row-level", "t.head(10).execute()",
