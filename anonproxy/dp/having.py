@@ -107,7 +107,7 @@ def _constant(node: exp.Expression) -> Node:
         return ("const", None)
     if isinstance(node, exp.Boolean):
         return ("const", bool(node.this))
-    if _is_typed_number(node):  # a value bound at Bind to a parameter of a numeric type: CAST('100' AS INT)
+    if isinstance(node, exp.Cast) and _is_typed_number(node):  # a value bound at Bind to a parameter of a numeric type: CAST('100' AS INT)
         return ("const", sign * _typed_number(node))
     if isinstance(node, exp.Literal):
         if node.is_string:
@@ -124,12 +124,11 @@ def _constant(node: exp.Expression) -> Node:
                       "proxy on the noisy values", HAVING_HINT)
 
 
-def _is_typed_number(node: exp.Expression) -> bool:
-    return isinstance(node, exp.Cast) and isinstance(node.this, exp.Literal) and node.this.is_string \
-        and node.to.is_type(*exp.DataType.NUMERIC_TYPES)
+def _is_typed_number(node: exp.Cast) -> bool:
+    return isinstance(node.this, exp.Literal) and node.this.is_string and node.to.is_type(*exp.DataType.NUMERIC_TYPES)
 
 
-def _typed_number(node: exp.Expression) -> Decimal:
+def _typed_number(node: exp.Cast) -> Decimal:
     """The number a string cast to a numeric type stands for; refused where PostgreSQL's cast would fail."""
     text = node.this.this.strip()
     try:
