@@ -11,6 +11,10 @@ table ``public.visits`` of the demo data, anonproxy/sample_data.py) are
 each answered or refused cleanly, with a SQLSTATE and a message; at least
 95 % of them are answered in each mode, and every time series; every
 widened statement is valid PostgreSQL (the direct role ``dba`` is answered).
+The widened corpus also holds the SQL that analysts' and applications'
+libraries sent when run for real (pandas, Polars, Ibis, Peewee, Knex, Kysely:
+tests/bi_corpus/capture_libraries.py; test_bi_libraries.py and
+test_bi_builders.py drive the libraries themselves through the proxy).
 The coverage tables per tool and role are printed, and the refused aggregates
 with their SQLSTATE and message, the widened corpus's grouped by cause.
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+from decimal import Decimal
 from typing import Any
 
 import asyncpg
@@ -274,6 +275,32 @@ def test_a_simple_query_with_a_parameter(gated_proxy: Endpoint, gated_database: 
 
 def budget(conn: psycopg.Connection[Any]) -> str:
     return str(conn.execute("show anonproxy.budget").fetchone())
+
+
+HAVING_COUNT = "select education, count(*) as n from adult group by education having count(*) > %s order by 1"
+
+
+def test_dp_reads_a_bound_having_operand_as_the_constant(pg_server: EmbeddedPostgres, gated_proxy: Endpoint,
+                                                         gated_database: str,
+                                                         truth: psycopg.Connection[Any]) -> None:
+    """dp evaluates HAVING on the noisy values, in the proxy: a parameter there (Peewee with psycopg 3 binds
+    ``HAVING COUNT(id) > 100``) is read at Bind as the constant it stands for, whatever type the client declares;
+    a value that is no number of that type is refused as PostgreSQL refuses it (22P02)."""
+    counts = dict(truth.execute("select education, count(*) from adult group by education").fetchall())
+    with psycopg.connect(pg_server.conninfo(dbname=gated_database), autocommit=True) as owner, \
+            fresh_dp_role(owner, gated_proxy, gated_database, "having_analyst", epsilon=10) as role, \
+            connect(gated_proxy, gated_database, role) as conn:
+        for value in (1000, "1000", Decimal(1000)):  # bound as smallint, as text, as numeric
+            rows = conn.execute(HAVING_COUNT, [value]).fetchall()
+            assert rows and all(n > 1000 for _, n in rows)  # the filter ran on the released (noisy) counts
+            kept = {education for education, _ in rows}
+            # count(*) at ε 0.5: the noise stays within ±28 (2·ln(1e6)), so groups 100 away are decided alike
+            assert {education for education, n in counts.items() if n > 1100} <= kept
+            assert not kept & {education for education, n in counts.items() if n < 900}
+        assert refusal(conn, HAVING_COUNT, ["a thousand"])[0] == "22P02"
+        with pytest.raises(psycopg.errors.InvalidTextRepresentation):
+            truth.execute(HAVING_COUNT.replace("%s", "%s::int"), ["1000.5"])
+        assert refusal(conn, HAVING_COUNT.replace("%s", "%s::int"), ["1000.5"])[0] == "22P02"
 
 
 def test_dp_answers_a_bound_pattern_and_charges_at_execute_only(pg_server: EmbeddedPostgres, gated_proxy: Endpoint,

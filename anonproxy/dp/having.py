@@ -3,7 +3,8 @@
 Filtering released values is post-processing, so it costs no privacy. The
 client's HAVING is compiled once, at planning, into a small tuple tree whose
 leaves are output values (an aggregate or a grouping key of the answer row),
-constants or NULL; :func:`holds` evaluates it on one answer row with SQL's
+constants or NULL (a parameter of HAVING is bound at Bind and arrives here as a constant:
+anonproxy/plan/bind_values.py); :func:`holds` evaluates it on one answer row with SQL's
 three-valued logic. Anything outside comparisons, AND/OR/NOT, BETWEEN,
 IN (constants) and IS [NOT] NULL is refused: the filter must be computable
 from the released values alone.
@@ -106,6 +107,8 @@ def _constant(node: exp.Expression) -> Node:
         return ("const", None)
     if isinstance(node, exp.Boolean):
         return ("const", bool(node.this))
+    if isinstance(node, exp.Cast) and _is_typed_number(node):  # a value bound at Bind to a parameter of a numeric type: CAST('100' AS INT)
+        return ("const", sign * _typed_number(node))
     if isinstance(node, exp.Literal):
         if node.is_string:
             if sign < 0:
@@ -119,6 +122,23 @@ def _constant(node: exp.Expression) -> Node:
             return ("const", _finite(number, node))
     raise unsupported(f"HAVING in dp mode cannot evaluate {node.sql(dialect='postgres')}: the filter runs in the "
                       "proxy on the noisy values", HAVING_HINT)
+
+
+def _is_typed_number(node: exp.Cast) -> bool:
+    return isinstance(node.this, exp.Literal) and node.this.is_string and node.to.is_type(*exp.DataType.NUMERIC_TYPES)
+
+
+def _typed_number(node: exp.Cast) -> Decimal:
+    """The number a string cast to a numeric type stands for; refused where PostgreSQL's cast would fail."""
+    text = node.this.this.strip()
+    try:
+        number = Decimal(text)
+    except InvalidOperation:
+        number = None
+    if number is None or (node.to.is_type(*exp.DataType.INTEGER_TYPES) and number != number.to_integral_value()):
+        raise Refusal(INVALID_TEXT_REPRESENTATION, f"HAVING {node.sql(dialect='postgres')}: invalid input syntax for "
+                      f"type {node.to.sql(dialect='postgres').lower()}: {text!r}", HAVING_HINT)
+    return _finite(number, node)
 
 
 def holds(tree: Node, row: tuple[object, ...]) -> bool:

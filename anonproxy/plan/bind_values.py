@@ -3,8 +3,10 @@
 Some places of a statement must hold a constant for the analysis to prove it safe: a LIKE/ILIKE pattern (a
 pattern ending with the escape character fails only on the rows that reach it), a ``date_trunc`` unit, an
 ``extract``/``date_part`` field, a ``to_char`` format, the zone of ``AT TIME ZONE``, and the operand of a cast
-to a type other than text (a run-time cast that fails on some rows reveals them). A client that binds its
-values at Bind (server-side binding: Django, SQLAlchemy with psycopg, asyncpg, Metabase) sends a ``$n`` there.
+to a type other than text (a run-time cast that fails on some rows reveals them), and in dp mode any operand of
+HAVING (dp evaluates HAVING in the proxy on the noisy values: anonproxy/dp/having.py). A client that binds its
+values at Bind (server-side binding: Django, SQLAlchemy with psycopg, Peewee with psycopg 3, asyncpg, Metabase)
+sends a ``$n`` there.
 
 :func:`slots` finds those parameters on the statement's one parse (a parameter may stand there bare, or under a
 cast to text or varchar, or inside upper()/lower() in a LIKE pattern). :func:`bound_text` writes the statement
@@ -60,17 +62,18 @@ class Slot:
     client declares none (what PostgreSQL infers there: the cast's target, else text)."""
 
     number: int
-    kind: str  # "pattern", "unit", "field", "format", "zone" or "cast"
+    kind: str  # "pattern", "unit", "field", "format", "zone", "cast" or "having"
     type_oid: int = TEXT_OID
 
     def representative(self) -> str:
         return _REPRESENTATIVE.get(self.kind) or _REPRESENTATIVE_CAST.get(self.type_oid, "0")
 
 
-def slots(tree: exp.Expression) -> tuple[Slot, ...]:
-    """The parameters of ``tree`` that stand where a constant is needed, one per number, by number."""
+def slots(tree: exp.Expression, *, having: bool = False) -> tuple[Slot, ...]:
+    """The parameters of ``tree`` that stand where a constant is needed, one per number, by number; with
+    ``having`` (dp mode), every parameter of a HAVING clause too."""
     found: dict[int, Slot] = {}
-    for node, kind in _places(tree):
+    for node, kind in _places(tree, having):
         parameter = _parameter(node, kind)
         if parameter is not None:
             number = _number(parameter)
@@ -117,7 +120,7 @@ def _type(number: int, oid: int) -> str:
 
 def _rendered(tree: exp.Expression, literals: Mapping[int, exp.Expression]) -> str:
     copy = tree.copy()
-    for node, kind in list(_places(copy)):
+    for node, kind in list(_places(copy, having=False)):
         parameter = _parameter(node, kind)
         if parameter is not None and kind != "cast" and parameter.parent is node and isinstance(node, exp.Cast):
             node.replace(literals[_number(parameter)].copy())  # CAST($n AS text) where text is read: the value
@@ -128,9 +131,11 @@ def _rendered(tree: exp.Expression, literals: Mapping[int, exp.Expression]) -> s
     return render(copy)
 
 
-def _places(tree: exp.Expression) -> Iterator[tuple[exp.Expression, str]]:
-    """The nodes that must hold a constant, with their kind."""
+def _places(tree: exp.Expression, having: bool) -> Iterator[tuple[exp.Expression, str]]:
+    """The nodes that must hold a constant, with their kind (with ``having``, the parameters of HAVING too)."""
     for node in tree.walk():
+        if having and isinstance(node, exp.Having):
+            yield from ((parameter, "having") for parameter in node.find_all(exp.Parameter))
         if isinstance(node, (exp.Like, exp.ILike)):
             yield from _pattern_parts(node.expression)
         elif isinstance(node, (exp.TimestampTrunc, exp.DateTrunc)) and node.args.get("unit") is not None:

@@ -200,7 +200,9 @@ def _statement(statement: Statement, role: RolePolicy, index: PolicyIndex) -> De
         return _relayed(tree, role, index)
     _refuse_published(tree, index.policy)
     # (Most statements have no $n: the token scan spares them the walk of the tree.)
-    found = slots(tree) if any(token.token_type == TokenType.PARAMETER for token in statement.tokens) else ()
+    # In dp mode HAVING is evaluated on the noisy values in the proxy: its parameters are read as constants too.
+    found = slots(tree, having=role.mode == "dp") \
+        if any(token.token_type == TokenType.PARAMETER for token in statement.tokens) else ()
     if found:
         return _at_bind(statement, tree, found, role, index)
     if role.mode == "dp":  # measured here, from this one parse; priced when the role's cost is known
