@@ -98,6 +98,15 @@ def inline_ctes(tree: exp.Expression) -> bool:
     return bool(defined)
 
 
+def _branches(body: exp.Expression) -> list[exp.Select]:
+    """The SELECTs a derived table's body is made of: itself, or each branch of its set operations."""
+    if isinstance(body, exp.Subquery):
+        return _branches(body.this)
+    if isinstance(body, exp.SetOperation):
+        return _branches(body.this) + _branches(body.expression)
+    return [body] if isinstance(body, exp.Select) else []
+
+
 def _inline_ctes(select: exp.Select, visible: dict[str, exp.CTE], uses: Counter[int], defined: list[exp.CTE]) -> None:
     scope = dict(visible)
     with_ = select.args.get("with_")
@@ -119,8 +128,10 @@ def _inline_ctes(select: exp.Select, visible: dict[str, exp.CTE], uses: Counter[
             defined.append(cte)
         select.set("with_", None)
     for item in sources(select):
-        if isinstance(item, exp.Subquery) and isinstance(item.this, exp.Select):
-            _inline_ctes(item.this, scope, uses, defined)
+        if isinstance(item, exp.Subquery) and isinstance(item.this, (exp.Select, exp.SetOperation)):
+            # A set operation's branches read WITH queries too: counted here, refused later for what it is.
+            for branch in _branches(item.this):
+                _inline_ctes(branch, scope, uses, defined)
             continue
         cte = _cte_of(item, scope)
         if cte is None:
