@@ -953,7 +953,7 @@ class Checker:
 
     def _check_timestamptrunc(self, node: exp.Expression, clause: str, aggregates: bool) -> bool:
         unit = node.args.get("unit")
-        if not isinstance(unit, exp.Var) or unit.name.lower() not in TRUNC_UNITS:
+        if not isinstance(unit, exp.Var) or time_values.folded(unit.name) not in TRUNC_UNITS:
             raise unsupported(f"date_trunc unit {unit.sql(dialect='postgres') if unit else None} is not allowed",
                               f"Use one of: {', '.join(time_values.TRUNCATION)} as a string constant.")
         self._walk(node.this, clause, aggregates)
@@ -970,7 +970,7 @@ class Checker:
 
     def _check_extract(self, node: exp.Extract, clause: str, aggregates: bool) -> bool:
         unit = node.this
-        name = unit.name.lower() if isinstance(unit, (exp.Var, exp.Literal)) else None
+        name = time_values.folded(unit.name) if isinstance(unit, (exp.Var, exp.Literal)) else None
         if name not in EXTRACT_UNITS:
             raise unsupported(f"extract/date_part field {name or unit.sql(dialect='postgres')} is not allowed",
                               f"Use one of: {', '.join(sorted(time_values.extract_fields('timestamptz')))}.")

@@ -97,9 +97,16 @@ _FIELD_PLURALS = {"years": "year", "months": "month", "days": "day", "hours": "h
                   "decades": "decade", "centuries": "century", "millennia": "millennium"}
 
 
+def folded(name: str) -> str:
+    """A unit, field or zone name as PostgreSQL matches it: ASCII letters lowered, nothing else changed (Python's
+    lower() also maps some other letters to ASCII ones, the Kelvin sign to k: PostgreSQL knows no such name, and
+    fails on it only when a row reaches the call)."""
+    return name.lower() if name.isascii() else name
+
+
 def truncation_unit(name: str) -> str | None:
     """date_trunc's unit, singular; None when PostgreSQL does not know it."""
-    unit = name.lower()
+    unit = folded(name)
     unit = _PLURALS.get(unit, unit)
     return unit if unit in TRUNCATION else None
 
@@ -114,7 +121,7 @@ def extract_fields(kind: str) -> dict[str, tuple[Decimal, Decimal, bool]]:
 
 
 def extract_field(name: str) -> str:
-    field = name.lower()
+    field = folded(name)
     return _FIELD_PLURALS.get(field, field)
 
 
@@ -129,8 +136,9 @@ def _zones() -> frozenset[str]:
 
 def known_zone(name: str) -> bool:
     """Whether ``name`` is an IANA time zone (or UTC/GMT): PostgreSQL knows it, within a day of UTC. Abbreviations
-    and POSIX zones (EST, UTC+99) are not accepted: an offset may be anything there."""
-    return name.strip().lower() in _zones()
+    and POSIX zones (EST, UTC+99) are not accepted: an offset may be anything there. Nor is a name with spaces
+    around it: PostgreSQL does not strip them."""
+    return folded(name) in _zones()
 
 
 @dataclass(frozen=True)
