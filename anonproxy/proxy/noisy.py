@@ -33,7 +33,12 @@ settings, the data version, the SQL, COMMIT) go in one round trip, in pipeline
 mode. The server runs them in order and skips the rest after an error: a
 rejected SQL is not charged, a refused charge reads nothing, and the charge's
 COMMIT is durable before the SQL reads a row. A new question makes three round trips (lookup, that one,
-store) where it made eight; one already answered makes one.
+store) where it made eight; one already answered makes one. Once this worker has read the role's per-query cost
+on the table, a question it has not seen answered skips the lookup (:meth:`NoisyAnswers._lookup`: folded): its
+charge is ``anonproxy.charge_unless_answered`` (sql/0041), which looks it up in the charge's transaction and
+charges only if no answer is cached and the cost is the one it was priced at, and its read starts with
+``require_charged``, so nothing is read uncharged; not charged, the question goes round again from what the
+ledger read. Two round trips (that one, store).
 
 Time limits and cancels (:class:`Stop`): a question is held to the session's
 statement time limit from when it is asked, and a client's CancelRequest
