@@ -30,7 +30,10 @@ The rules, here and nowhere else:
   trip: a check that fails skips the charge, and fails the Charge uncharged. A
   question stopped before the charge (:class:`CheckStop`: the time limit, a
   cancel) costs nothing; a cached answer is finished at no cost; a question
-  that only lists public domains reads no row and is not charged.
+  that only lists public domains reads no row and is not charged. A Charge made after a folded lookup
+  (``unless_answered``: the driver read nothing) may send back what the ledger read instead of charging (an
+  answer cached, another per-query cost): nothing was charged or read, and the question is asked again from it,
+  never folded twice.
 * **LIMIT $n / OFFSET $n** are bound here, as PostgreSQL reads them
   (:func:`bound_tail`: 2201W, 2201X, 22P02, 08P01), and are not part of the
   measurement (:func:`measured_parameters`).
