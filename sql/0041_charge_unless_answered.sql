@@ -8,6 +8,10 @@
 -- trip stops at its first statement (require_charged): nothing is read uncharged. The proxy then finishes the
 -- cached answer, or prices the question again at the cost read, as after a lookup.
 --
+-- The question's time limit is checked after the lookup and before the charge, as the proxy checked it after its
+-- lookup round trip: time_left_ms (0: no limit) is what was left of it when the round trip was sent; past it when
+-- the lookup is done, the function fails with 57014 and charges nothing.
+--
 -- Two sessions asking the same new question at once are charged as before: each charge checks for an answer
 -- stored, not for one being computed, so both are charged and store_answer keeps the first measurement, which
 -- both release. A question whose answer was stored before its charge runs is never charged.
@@ -15,7 +19,7 @@
 create function anonproxy.charge_unless_answered(
     role_name name, domain text, tables text[], answer_key text,
     priced_epsilon_per_query numeric, priced_delta_per_query numeric, priced_accounting text,
-    epsilon numeric, delta numeric, rho numeric, delta_add numeric, fingerprint text,
+    epsilon numeric, delta numeric, rho numeric, delta_add numeric, fingerprint text, time_left_ms integer,
     out charged boolean, out epsilon_per_query numeric, out delta_per_query numeric, out per_query_accounting text,
     out data_version text, out answer bytea, out remaining anonproxy.budget_remaining)
 language plpgsql security definer set search_path = pg_catalog, pg_temp as $$
@@ -29,6 +33,10 @@ begin
     per_query_accounting := looked.accounting;
     data_version := looked.data_version;
     answer := looked.answer;
+    if time_left_ms > 0
+       and pg_catalog.clock_timestamp() >= pg_catalog.statement_timestamp() + time_left_ms * interval '1 ms' then
+        raise exception using errcode = '57014', message = 'canceling statement due to statement timeout';
+    end if;
     charged := looked.answer is null
         and looked.epsilon_per_query is not distinct from priced_epsilon_per_query
         and looked.delta_per_query is not distinct from priced_delta_per_query

@@ -83,7 +83,7 @@ _UNLESS_ANSWERED_SQL = ("select charged, c.epsilon_per_query as per_query_epsilo
                         "per_query_delta, per_query_accounting, data_version, answer, "
                         + ", ".join(f"(remaining).{column}" for column in _COLUMNS.split(", ")) +
                         " from anonproxy.charge_unless_answered($1, $2, $3::text[], $4, $5::numeric, $6::numeric, "
-                        "$7, $8::numeric, $9::numeric, $10::numeric, $11::numeric, $12) c").encode()
+                        "$7, $8::numeric, $9::numeric, $10::numeric, $11::numeric, $12, $13::integer) c").encode()
 _REQUIRE_CHARGED_SQL = b"select anonproxy.require_charged($1)"
 _LOOKUP_SQL = ("select epsilon_per_query, delta_per_query, accounting, data_version, answer "
                "from anonproxy.lookup_answer(%s, %s, %s::text[], %s)")
@@ -223,15 +223,17 @@ def charge_statement(role: str, domain: str, epsilon: Amount, delta: Amount, fin
 
 def charge_unless_answered_statement(role: str, domain: str, tables: Sequence[str], key: str, priced: Lookup,
                                      epsilon: Amount, delta: Amount, *, rho: Amount, delta_add: Amount,
-                                     ) -> tuple[bytes, list[bytes | None]]:
+                                     time_left_ms: int = 0) -> tuple[bytes, list[bytes | None]]:
     """As :func:`charge_statement`, the charge made only if the ledger holds no answer under ``key`` on the current
-    data version of ``tables`` and reads the per-query cost and accounting of ``priced`` (sql/0041). Its row is
+    data version of ``tables`` and reads the per-query cost and accounting of ``priced`` (sql/0041), and only if,
+    once it looked, the question's ``time_left_ms`` (0: no limit) has not passed (else 57014). Its row is
     :func:`charged_or_looked`'s to read; the read sent after it in the same round trip starts with
     :func:`require_charged_query`."""
     values: list[bytes | None] = [role.encode(), domain.encode(), _text_array(tables), key.encode()]
     values += [None if value is None else str(value).encode()
                for value in (priced.epsilon_per_query, priced.delta_per_query, priced.accounting)]
-    values += [str(_decimal(value)).encode() for value in (epsilon, delta, rho, delta_add)] + [key.encode()]
+    values += [str(_decimal(value)).encode() for value in (epsilon, delta, rho, delta_add)]
+    values += [key.encode(), str(int(time_left_ms)).encode()]
     return _UNLESS_ANSWERED_SQL, values
 
 

@@ -183,6 +183,7 @@ class Stop:
     nothing) and while the measurement SQL runs (:meth:`running`: PostgreSQL stops it, and it stays charged)."""
 
     def __init__(self, timeout_ms: int = 0) -> None:
+        self.timeout_ms = timeout_ms
         self._deadline = time.monotonic() + timeout_ms / 1000 if timeout_ms > 0 else None
         self._cancelled = False
         self._running: psycopg.AsyncConnection[Any] | None = None  # the connection running the measurement
@@ -392,7 +393,8 @@ class NoisyAnswers:
         else:
             sql, values = ledger.charge_unless_answered_statement(role, plan.table, plan.tables, need.key, unless,
                                                                   plan.epsilon, plan.delta, rho=plan.rho,
-                                                                  delta_add=plan.delta_add)
+                                                                  delta_add=plan.delta_add,
+                                                                  time_left_ms=stop.left_ms())
         guard = ledger.require_charged_query(need.key) if unless is not None else None
         first = [_prepare(plan.sql, asking.parameters.types)] if check else []
         for attempt in range(ledger.RETRIES):
@@ -522,7 +524,7 @@ class NoisyAnswers:
             return None
         assert conn is not None  # every other step reads or writes the database
         if isinstance(need, Lookup):
-            return await self._lookup(conn, need, role.role)
+            return await self._lookup(conn, need, asking)
         if isinstance(need, Check):
             if need.plan.post is None and not parameters.values:  # one statement to prepare: it goes with the charge
                 asking.check_ahead.append(need)
@@ -562,13 +564,16 @@ class NoisyAnswers:
         assert isinstance(need, Remaining)
         return await ledger.remaining(conn, role.role, need.table)
 
-    async def _lookup(self, conn: psycopg.AsyncConnection[Any], need: Lookup, role: str) -> ledger.Lookup:
+    async def _lookup(self, conn: psycopg.AsyncConnection[Any], need: Lookup, asking: _Asking) -> ledger.Lookup:
         """The ledger's lookup; folded (nothing read: the cost read last, no answer) when the question may be and
-        this worker knows the cost, does not know it answered, and reads on the primary."""
-        table = need.plan.table
+        this worker knows the cost, does not know it answered, and reads on the primary, and the client did not
+        set a time limit of its own (shorter than the policy's): such a question is looked up first, as before, so
+        that a limit shorter than the lookup still stops it before the charge, at no cost."""
+        role, table = asking.role.role, need.plan.table
         last = self._looked.get((role, table))
+        own_limit = 0 < asking.stop.timeout_ms < asking.policy.statement_limit("dp")
         if (need.fold and need.key is not None and last is not None and self._answered.get((role, need.key)) is None
-                and self._standby() is None):
+                and self._standby() is None and not own_limit):
             return replace(last, data_version=None, answer=None, folded=True)
         return self._read(role, table, need.key, await ledger.lookup_answer(conn, role, table, need.plan.tables,
                                                                              need.key))
