@@ -12,6 +12,10 @@ per round trip: counted this way, a new question made 16 waits before, in 8 roun
 describe, charge, snapshot, SQL, commit, store.) The charge's rules hold on the
 pipelined path too: a statement the server rejects costs nothing, an exhausted budget reads nothing, a read that
 fails after the charge stays charged.
+
+Since migration 0041 a worker that has read the role's per-query cost does not look up a question it has not seen
+answered: the lookup is made by the charge (``charge_unless_answered``), and a new question is two round trips. The
+tests that empty the answer cache between two askings of one text keep the lookup (the worker saw it answered).
 """
 
 from __future__ import annotations
@@ -99,7 +103,8 @@ def test_a_new_question_makes_three_round_trips_and_a_seen_one_one(
         governed: tuple[Policy, str], postgresql: psycopg.Connection, monkeypatch: pytest.MonkeyPatch) -> None:
     policy, dsn = governed
     first, seen = _ask(policy, dsn, postgresql, COUNT, RoundTrips(), monkeypatch, cached=True)
-    assert (first, seen) == (3, 1)  # lookup, the charge with its check and read, store | lookup
+    # lookup (the worker stored this question's answer: not folded), the charge with its check and read, store
+    assert (first, seen) == (3, 1)
 
 
 def test_the_clients_time_zone_costs_no_round_trip(
@@ -198,3 +203,144 @@ def test_a_stored_answer_does_not_wait_for_the_flush_and_a_charge_before_it_stil
         service.execute(store, ["another fingerprint"])
         assert service.execute("show synchronous_commit").fetchone() == ("on",)
         service.rollback()
+
+
+AVG = "select avg(age) from adult"
+CHARGES = "select count(*) from anonproxy.budget_ledger where role_name = %s"
+
+
+def _charges(owner: psycopg.Connection) -> int:
+    row = owner.execute(CHARGES, [ROLE]).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def _counted(trips: RoundTrips) -> Any:
+    wait = psycopg.AsyncConnection.wait
+
+    async def counted(self: psycopg.AsyncConnection[Any], *args: Any, **kwargs: Any) -> Any:
+        trips.count += 1
+        return await wait(self, *args, **kwargs)
+
+    return counted
+
+
+async def _answer(noisy: NoisyAnswers, policy: Policy, sql: str) -> Any:
+    role = policy.role(ROLE)
+    decision = decide(sql, role, policy)
+    assert isinstance(decision, Noisy), decision
+    return await noisy.answer(decision, role, policy, Parameters(), SessionLimits())
+
+
+def test_a_new_question_on_a_warm_worker_makes_two_round_trips(
+        governed: tuple[Policy, str], postgresql: psycopg.Connection, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once the worker has read the role's per-query cost, a question it has not seen answered is charged unless
+    answered, with its check and read, in one round trip, then stored: no lookup of its own (sql/0041). Asked
+    again, it is one lookup."""
+    policy, dsn = governed
+    trips = RoundTrips()
+
+    async def run() -> list[int]:
+        noisy = NoisyAnswers(dsn, analyser=None)
+        counts = []
+        try:
+            await _answer(noisy, policy, COUNT)  # the worker reads the per-query cost
+            for _ in range(2):
+                trips.count = 0
+                with monkeypatch.context() as patch:
+                    patch.setattr(psycopg.AsyncConnection, "wait", _counted(trips))
+                    await _answer(noisy, policy, AVG)
+                counts.append(trips.count)
+        finally:
+            await noisy.close()
+        return counts
+
+    before = _charges(postgresql)
+    assert asyncio.run(run()) == [2, 1]  # charge unless answered with check and read, store | lookup
+    assert _charges(postgresql) == before + 2  # COUNT and AVG, once each
+
+
+def test_a_question_another_worker_answered_is_not_charged_again_and_reads_nothing(
+        governed: tuple[Policy, str], postgresql: psycopg.Connection, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Worker A knows the cost but not that worker B answered the question: its charge unless answered finds the
+    answer, charges nothing, the read after it stops at its first statement, and A releases B's answer."""
+    policy, dsn = governed
+    trips = RoundTrips()
+
+    async def run() -> tuple[Any, Any, int]:
+        first, second = NoisyAnswers(dsn, analyser=None), NoisyAnswers(dsn, analyser=None)
+        try:
+            await _answer(first, policy, COUNT)
+            answered = await _answer(second, policy, AVG)
+            charges = _charges(postgresql)
+            with monkeypatch.context() as patch:
+                patch.setattr(psycopg.AsyncConnection, "wait", _counted(trips))
+                again = await _answer(first, policy, AVG)
+            assert _charges(postgresql) == charges
+            return answered, again, trips.count
+        finally:
+            await first.close()
+            await second.close()
+
+    answered, again, count = asyncio.run(run())
+    assert again.rows == answered.rows
+    assert b"answered before" in again.notices, again.notices
+    assert count == 2  # the charge unless answered (not charged, read stopped), the rollback of the stopped read
+
+
+def test_a_per_query_cost_changed_since_the_worker_read_it_is_charged_once_at_the_new_cost(
+        governed: tuple[Policy, str], postgresql: psycopg.Connection) -> None:
+    """The folded charge reads another per-query ε than the question was priced at: it charges nothing, and the
+    question is priced again at the ledger's cost and charged once, at it."""
+    policy, dsn = governed
+
+    async def run() -> None:
+        noisy = NoisyAnswers(dsn, analyser=None)
+        try:
+            await _answer(noisy, policy, COUNT)
+            postgresql.execute("update anonproxy.budgets set epsilon_per_query = 0.25 where role_name = %s", [ROLE])
+            await _answer(noisy, policy, AVG)
+        finally:
+            await noisy.close()
+
+    async def cold() -> None:  # a worker that has read nothing looks the question up first
+        noisy = NoisyAnswers(dsn, analyser=None)
+        try:
+            await _answer(noisy, policy, AVG)
+        finally:
+            await noisy.close()
+
+    before = _charges(postgresql)
+    asyncio.run(run())
+    assert _charges(postgresql) == before + 2
+    postgresql.execute("delete from anonproxy.answer_cache where role_name = %s", [ROLE])
+    asyncio.run(cold())
+    last = postgresql.execute("select epsilon, delta, rho, delta_add from anonproxy.budget_ledger "
+                              "where role_name = %s order by id desc limit 2", [ROLE]).fetchall()
+    assert last[0] == last[1]  # the same charge as after a lookup that read the new cost
+
+
+def test_two_sessions_racing_on_a_new_question_release_one_answer(
+        governed: tuple[Policy, str], postgresql: psycopg.Connection) -> None:
+    """Two workers that know the cost ask the same new question at once. Each charge checks for an answer stored,
+    not one being computed: both may be charged (as with a lookup before the charge), never more, and both release
+    the one measurement stored first. Asked again, by either, it is not charged."""
+    policy, dsn = governed
+
+    async def run() -> tuple[Any, Any, int, int]:
+        first, second = NoisyAnswers(dsn, analyser=None), NoisyAnswers(dsn, analyser=None)
+        try:
+            await asyncio.gather(_answer(first, policy, COUNT), _answer(second, policy, COUNT))
+            before = _charges(postgresql)
+            one, other = await asyncio.gather(_answer(first, policy, AVG), _answer(second, policy, AVG))
+            raced = _charges(postgresql) - before
+            await asyncio.gather(_answer(first, policy, AVG), _answer(second, policy, AVG))
+            return one, other, raced, _charges(postgresql) - before
+        finally:
+            await first.close()
+            await second.close()
+
+    one, other, raced, after = asyncio.run(run())
+    assert one.rows == other.rows
+    assert raced in (1, 2)
+    assert after == raced

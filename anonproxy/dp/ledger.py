@@ -79,6 +79,12 @@ _REMAINING_ALL_SQL = f"select {_COLUMNS} from anonproxy.remaining_budgets(%s)"
 _STORE_SQL = "select anonproxy.store_answer(%s, %s, %s, %s) as answer"
 _DATA_VERSION_SQL = "select anonproxy.data_version(%s::text[]) as version"
 _DATA_VERSION_PARAMETERS_SQL = b"select anonproxy.data_version($1::text[]) as version"
+_UNLESS_ANSWERED_SQL = ("select charged, c.epsilon_per_query as per_query_epsilon, c.delta_per_query as "
+                        "per_query_delta, per_query_accounting, data_version, answer, "
+                        + ", ".join(f"(remaining).{column}" for column in _COLUMNS.split(", ")) +
+                        " from anonproxy.charge_unless_answered($1, $2, $3::text[], $4, $5::numeric, $6::numeric, "
+                        "$7, $8::numeric, $9::numeric, $10::numeric, $11::numeric, $12, $13::integer) c").encode()
+_REQUIRE_CHARGED_SQL = b"select anonproxy.require_charged($1)"
 _LOOKUP_SQL = ("select epsilon_per_query, delta_per_query, accounting, data_version, answer "
                "from anonproxy.lookup_answer(%s, %s, %s::text[], %s)")
 BEGIN_CHARGE = "begin isolation level read committed"
@@ -172,6 +178,8 @@ class Lookup:
     accounting: Accounting  # of the role's budget there: the plan's mechanisms follow it
     data_version: str | None  # None: unknown, nothing is cached
     answer: bytes | None  # the answer already paid for, on that version; None: none
+    # Not read: the cost read last, no answer; the charge looks the question up itself (charge_unless_answered)
+    folded: bool = False
 
 
 async def charge(conn: psycopg.AsyncConnection[Any], role: str, domain: str, epsilon: Amount, delta: Amount,
@@ -211,6 +219,38 @@ def charge_statement(role: str, domain: str, epsilon: Amount, delta: Amount, fin
     map, and :func:`retryable` says when to send it again."""
     values = (role, domain, _decimal(epsilon), _decimal(delta), _decimal(rho), _decimal(delta_add), fingerprint)
     return _CHARGE_PARAMETERS_SQL, [str(value).encode() for value in values]
+
+
+def charge_unless_answered_statement(role: str, domain: str, tables: Sequence[str], key: str, priced: Lookup,
+                                     epsilon: Amount, delta: Amount, *, rho: Amount, delta_add: Amount,
+                                     time_left_ms: int = 0) -> tuple[bytes, list[bytes | None]]:
+    """As :func:`charge_statement`, the charge made only if the ledger holds no answer under ``key`` on the current
+    data version of ``tables`` and reads the per-query cost and accounting of ``priced`` (sql/0041), and only if,
+    once it looked, the question's ``time_left_ms`` (0: no limit) has not passed (else 57014). Its row is
+    :func:`charged_or_looked`'s to read; the read sent after it in the same round trip starts with
+    :func:`require_charged_query`."""
+    values: list[bytes | None] = [role.encode(), domain.encode(), _text_array(tables), key.encode()]
+    values += [None if value is None else str(value).encode()
+               for value in (priced.epsilon_per_query, priced.delta_per_query, priced.accounting)]
+    values += [str(_decimal(value)).encode() for value in (epsilon, delta, rho, delta_add)]
+    values += [key.encode(), str(int(time_left_ms)).encode()]
+    return _UNLESS_ANSWERED_SQL, values
+
+
+def charged_or_looked(row: dict[str, Any]) -> Remaining | Lookup:
+    """What charge_unless_answered returned: the budget left after the charge, or, not charged, what its lookup
+    read (an answer already paid for, or another per-query cost)."""
+    if row["charged"]:
+        return Remaining.from_row(row)
+    answer = row["answer"]
+    return Lookup(row["per_query_epsilon"], row["per_query_delta"], row["per_query_accounting"], row["data_version"],
+                  None if answer is None else bytes(answer))
+
+
+def require_charged_query(key: str) -> tuple[bytes, list[bytes | None]]:
+    """The statement that fails, so that the server skips what follows it, unless the charge committed just before
+    on the connection was made for ``key`` by charge_unless_answered."""
+    return _REQUIRE_CHARGED_SQL, [key.encode()]
 
 
 def retryable(exc: psycopg.Error) -> bool:
@@ -287,8 +327,13 @@ def data_version_statement(tables: Sequence[str]) -> tuple[str, tuple[list[str]]
 def data_version_query(tables: Sequence[str]) -> tuple[bytes, list[bytes | None]]:
     """The statement :func:`data_version` runs, with its one value in text format: for a caller that sends it in a
     pipeline of its own (its one column: the version)."""
-    elements = ",".join('"' + table.replace("\\", "\\\\").replace('"', '\\"') + '"' for table in tables)
-    return _DATA_VERSION_PARAMETERS_SQL, [("{" + elements + "}").encode()]
+    return _DATA_VERSION_PARAMETERS_SQL, [_text_array(tables)]
+
+
+def _text_array(texts: Sequence[str]) -> bytes:
+    """A text[] value in text format."""
+    elements = ",".join('"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"' for text in texts)
+    return ("{" + elements + "}").encode()
 
 
 async def data_version(conn: psycopg.AsyncConnection[Any], tables: Sequence[str]) -> str | None:

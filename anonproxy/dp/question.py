@@ -30,7 +30,10 @@ The rules, here and nowhere else:
   trip: a check that fails skips the charge, and fails the Charge uncharged. A
   question stopped before the charge (:class:`CheckStop`: the time limit, a
   cancel) costs nothing; a cached answer is finished at no cost; a question
-  that only lists public domains reads no row and is not charged.
+  that only lists public domains reads no row and is not charged. A Charge made after a folded lookup
+  (``unless_answered``: the driver read nothing) may send back what the ledger read instead of charging (an
+  answer cached, another per-query cost): nothing was charged or read, and the question is asked again from it,
+  never folded twice.
 * **LIMIT $n / OFFSET $n** are bound here, as PostgreSQL reads them
   (:func:`bound_tail`: 2201W, 2201X, 22P02, 08P01), and are not part of the
   measurement (:func:`measured_parameters`).
@@ -145,10 +148,14 @@ class Price:
 @dataclass(frozen=True)
 class Lookup:
     """``anonproxy.lookup_answer``: the role's per-query cost on the plan's table, its data version and the answer
-    cached under ``key`` (None: a free plan, nothing cached). Sends back a :class:`anonproxy.dp.ledger.Lookup`."""
+    cached under ``key`` (None: a free plan, nothing cached). Sends back a :class:`anonproxy.dp.ledger.Lookup`.
+
+    ``fold``: the question is asked to be answered (not explained), so the driver may send back, without reading
+    anything, the cost it read last and no answer (``Lookup.folded``), and make the lookup with the charge."""
 
     plan: DPPlan
     key: str | None
+    fold: bool = False
 
 
 @dataclass(frozen=True)
@@ -175,12 +182,17 @@ class Charge:
 
     ``check``: the :class:`Check` asked just before it (only a CheckStop between them), which the driver may have
     kept to send first in the same round trip: the server skips the charge when the check fails, so such a
-    refusal still costs nothing (it fails at the Charge, uncharged)."""
+    refusal still costs nothing (it fails at the Charge, uncharged).
+
+    ``unless_answered``: the folded :class:`ledger.Lookup` the question was priced after; the charge is then made
+    only if the ledger holds no answer for ``key`` and reads that cost (sql/0041), else it sends back what the
+    ledger read (a ledger.Lookup), having charged nothing and read nothing."""
 
     plan: DPPlan
     key: str
     check: Check | None = None
     then: Read | None = None
+    unless_answered: ledger.Lookup | None = None
 
 
 @dataclass(frozen=True)
@@ -293,10 +305,11 @@ def answer(asked: Asked, known: MutableMapping[str, Costs], policy_version: int,
 
 
 def ask(asked: Asked, known: MutableMapping[str, Costs], policy_version: int,
-        spent: Spending) -> Generator[Need, Any, tuple[Result, DPPlan]]:
+        spent: Spending, looked: ledger.Lookup | None = None) -> Generator[Need, Any, tuple[Result, DPPlan]]:
     """One question's noisy answer and its plan. Stopped before the charge, it costs nothing; stopped while its SQL
-    runs, it stays charged."""
-    found = yield from priced_and_found(asked, known, policy_version)
+    runs, it stays charged. ``looked``: what a charge made unless answered read instead of charging (asked again
+    from it, without folding: a question goes round at most twice)."""
+    found = yield from priced_and_found(asked, known, policy_version, looked, fold=looked is None)
     plan = bound_tail(found.plan, asked.parameters)  # LIMIT $n, OFFSET $n: post-processing, not in the key
     accounting = found.lookup.accounting
     spent.relations, spent.budget_domain, spent.accounting = plan.tables, plan.table, accounting
@@ -320,7 +333,10 @@ def ask(asked: Asked, known: MutableMapping[str, Costs], policy_version: int,
     # Charged, and committed, before the data is read: a question that fails from here on (its SQL, the noise,
     # the connection) stays paid for, so no failure is a free look at the data.
     read = Read(plan)
-    left: ledger.Remaining = yield Charge(plan, found.key, check=check, then=read)
+    left: ledger.Remaining | ledger.Lookup = yield Charge(
+        plan, found.key, check=check, then=read, unless_answered=found.lookup if found.lookup.folded else None)
+    if isinstance(left, ledger.Lookup):  # answered before, or another per-query cost: nothing charged, nothing read
+        return (yield from ask(asked, known, policy_version, spent, left))
     spent.epsilon, spent.delta = plan.epsilon, plan.delta
     spent.rho, spent.delta_add = plan.rho, plan.delta_add
     spent.accounting, spent.epsilon_spent_after = left.accounting, left.epsilon_spent
@@ -334,11 +350,13 @@ def ask(asked: Asked, known: MutableMapping[str, Costs], policy_version: int,
                                f"{amounts.spent(spent.epsilon_spent_delta)}: {state(left)}"), plan
 
 
-def priced_and_found(asked: Asked, known: MutableMapping[str, Costs],
-                     policy_version: int) -> Generator[Need, Any, Found]:
+def priced_and_found(asked: Asked, known: MutableMapping[str, Costs], policy_version: int,
+                     looked: ledger.Lookup | None = None, fold: bool = False) -> Generator[Need, Any, Found]:
     """The question priced at the role's per-query cost on its table, lowered by the session's; its fingerprint;
     and what the lookup read for it. One lookup when the cost is the one this worker read last (``known``); when
-    the lookup reads another, the same measurement is priced again at it, never measured again."""
+    the lookup reads another, the same measurement is priced again at it, never measured again. ``looked``: what
+    the ledger read for the question priced at ``known`` (the first lookup, not asked again); ``fold``: the first
+    lookup may be folded into the charge (:class:`Lookup`)."""
     asked = yield from measured(asked)
     costs = _costs(asked, known)
     checked: frozenset[str] = frozenset()
@@ -347,7 +365,9 @@ def priced_and_found(asked: Asked, known: MutableMapping[str, Costs],
         checked |= {plan.sql, *([plan.post.sql] if plan.post is not None else [])}
         key = fingerprint(plan, policy_version, measured_parameters(asked.parameters, plan.unmeasured_parameters),
                           asked.session)
-        found: ledger.Lookup = yield Lookup(plan, None if plan.free else key)
+        found: ledger.Lookup = looked if looked is not None else (yield Lookup(plan, None if plan.free else key,
+                                                                             fold))
+        looked, fold = None, False
         read: Costs = (or_default(found.epsilon_per_query, "epsilon"), or_default(found.delta_per_query, "delta"),
                        found.accounting)
         known[plan.table] = read

@@ -33,7 +33,12 @@ settings, the data version, the SQL, COMMIT) go in one round trip, in pipeline
 mode. The server runs them in order and skips the rest after an error: a
 rejected SQL is not charged, a refused charge reads nothing, and the charge's
 COMMIT is durable before the SQL reads a row. A new question makes three round trips (lookup, that one,
-store) where it made eight; one already answered makes one.
+store) where it made eight; one already answered makes one. Once this worker has read the role's per-query cost
+on the table, a question it has not seen answered skips the lookup (:meth:`NoisyAnswers._lookup`: folded): its
+charge is ``anonproxy.charge_unless_answered`` (sql/0041), which looks it up in the charge's transaction and
+charges only if no answer is cached and the cost is the one it was priced at, and its read starts with
+``require_charged``, so nothing is read uncharged; not charged, the question goes round again from what the
+ledger read. Two round trips (that one, store).
 
 Time limits and cancels (:class:`Stop`): a question is held to the session's
 statement time limit from when it is asked, and a client's CancelRequest
@@ -152,6 +157,7 @@ T = TypeVar("T")
 
 POOL_SIZE = 4  # connections per worker: dp questions of different sessions run side by side
 PLAN_CACHE_BYTES = 32 * 1024 * 1024  # plans are deterministic in (text, role, policy version, ε, δ): kept per worker
+ANSWERED_BYTES = 4 * 1024 * 1024  # the questions this worker saw answered: their next lookup is not folded
 
 _BEGIN_SNAPSHOT = "begin isolation level repeatable read, read only"
 
@@ -177,6 +183,7 @@ class Stop:
     nothing) and while the measurement SQL runs (:meth:`running`: PostgreSQL stops it, and it stays charged)."""
 
     def __init__(self, timeout_ms: int = 0) -> None:
+        self.timeout_ms = timeout_ms
         self._deadline = time.monotonic() + timeout_ms / 1000 if timeout_ms > 0 else None
         self._cancelled = False
         self._running: psycopg.AsyncConnection[Any] | None = None  # the connection running the measurement
@@ -274,6 +281,10 @@ class NoisyAnswers:
         # role -> table -> the per-query (ε, δ) and the accounting last read from the ledger: what the next question
         # is priced at before the ledger confirms it
         self._costs: dict[str, dict[str, Costs]] = {}
+        # (role, table) -> what the ledger's lookup read last, as it read it: a question not known to be answered is
+        # priced at it and charged unless answered, without a lookup of its own (question.Lookup.fold)
+        self._looked: dict[tuple[str, str], ledger.Lookup] = {}
+        self._answered: BoundedCache[tuple[str, str], bool] = BoundedCache(ANSWERED_BYTES)  # (role, key)
 
     async def close(self) -> None:
         while self._idle:
@@ -363,16 +374,28 @@ class NoisyAnswers:
         return self._servers.standby() if self._servers is not None else None
 
     async def _charge_then_read(self, conn: psycopg.AsyncConnection[Any], need: Charge, asking: _Asking,
-                                check: bool) -> ledger.Remaining:
+                                check: bool) -> ledger.Remaining | ledger.Lookup:
         """The charge, committed, then the measurement's snapshot and SQL, in one round trip (pipeline mode): the
         server runs them in order, so the charge's COMMIT has returned before the first row is read, and it skips
         the rest when the charge fails (nothing read, nothing charged). ``check``: the plan's SQL is prepared first
         (the question's Check, kept for this round trip): when the server rejects it, nothing else runs and the
         question is refused at no cost. The read's outcome, or its error, waits in ``asking.read_ahead`` for the
-        question's Read; a cancel from the charge on reaches the backend."""
-        plan, role, stop = need.plan, asking.role.role, asking.stop
-        sql, values = ledger.charge_statement(role, plan.table, plan.epsilon, plan.delta, need.key, rho=plan.rho,
-                                              delta_add=plan.delta_add)
+        question's Read; a cancel from the charge on reaches the backend.
+
+        With ``need.unless_answered`` (the question's lookup folded into this round trip), the charge is made only
+        if the ledger holds no answer and reads the cost the question was priced at, and the read begins with
+        require_charged: not charged, nothing is read, and what the ledger read is returned instead (as it is when
+        the check fails: a question answered before is then finished from its answer, as after a lookup)."""
+        plan, role, stop, unless = need.plan, asking.role.role, asking.stop, need.unless_answered
+        if unless is None:
+            sql, values = ledger.charge_statement(role, plan.table, plan.epsilon, plan.delta, need.key, rho=plan.rho,
+                                                  delta_add=plan.delta_add)
+        else:
+            sql, values = ledger.charge_unless_answered_statement(role, plan.table, plan.tables, need.key, unless,
+                                                                  plan.epsilon, plan.delta, rho=plan.rho,
+                                                                  delta_add=plan.delta_add,
+                                                                  time_left_ms=stop.left_ms())
+        guard = ledger.require_charged_query(need.key) if unless is not None else None
         first = [_prepare(plan.sql, asking.parameters.types)] if check else []
         for attempt in range(ledger.RETRIES):
             results: list[pq.abc.PGresult] = []
@@ -381,12 +404,16 @@ class NoisyAnswers:
                 async with stop.running(conn):
                     results = await _pipelined(conn, [*first, *_charge_commands(sql, values),
                                                       *_read_commands(plan, asking.parameters, stop.left_ms(),
-                                                                      asking.session)])
+                                                                      asking.session, guard)])
             except Refused as exc:  # the client's cancel, come while the pipeline ran
                 if not results:
                     raise
                 late = exc
             if first:
+                if unless is not None and results[0].status != pq.ExecStatus.COMMAND_OK:
+                    await _rollback(conn)  # refused, nothing else ran; unless the question was answered before
+                    return self._read(role, plan.table, need.key, await ledger.lookup_answer(
+                        conn, role, plan.table, plan.tables, need.key))
                 _last(results[:1], pq.ExecStatus.COMMAND_OK)  # the check: refused, nothing else ran
                 results = results[1:]
             failed = _error(conn, results[:_CHARGE_COMMANDS])
@@ -395,7 +422,13 @@ class NoisyAnswers:
                 if ledger.retryable(failed) and attempt < ledger.RETRIES - 1:
                     continue
                 raise await ledger.refusal(conn, failed, role, plan.table) or failed
-            left = ledger.Remaining.from_row(_row(conn, results[1]))
+            row = _row(conn, results[1])
+            left = ledger.Remaining.from_row(row) if unless is None else ledger.charged_or_looked(row)
+            if isinstance(left, ledger.Lookup):  # not charged: the read stopped at require_charged
+                await _rollback(conn)
+                if late is not None:
+                    raise late
+                return self._read(role, plan.table, need.key, left)
             asking.read_ahead.append(late or await _read_outcome(conn, results[_CHARGE_COMMANDS:]))
             return left
         raise AssertionError("unreachable")
@@ -491,7 +524,7 @@ class NoisyAnswers:
             return None
         assert conn is not None  # every other step reads or writes the database
         if isinstance(need, Lookup):
-            return await ledger.lookup_answer(conn, role.role, need.plan.table, need.plan.tables, need.key)
+            return await self._lookup(conn, need, asking)
         if isinstance(need, Check):
             if need.plan.post is None and not parameters.values:  # one statement to prepare: it goes with the charge
                 asking.check_ahead.append(need)
@@ -502,7 +535,8 @@ class NoisyAnswers:
             plan = need.plan
             kept = any(check is need.check for check in asking.check_ahead)
             asking.check_ahead.clear()
-            if need.then is not None and not need.then.free and self._standby() is None:  # read on this connection
+            # read on this connection (a charge unless answered always is: its read must stop when it charged nothing)
+            if need.then is not None and not need.then.free and (self._standby() is None or need.unless_answered):
                 left = await self._charge_then_read(conn, need, asking, kept)
             else:
                 if kept:
@@ -521,6 +555,7 @@ class NoisyAnswers:
                 return (None, *await _run(conn, need.plan.sql, parameters, asking.session))
             return await self._measure(conn, need.plan, parameters, asking.stop, asking.session)
         if isinstance(need, Store):
+            self._answered.put((role.role, need.key), True, len(need.key))
             return await ledger.store_answer(conn, role.role, need.key, need.version, need.data)
         if isinstance(need, Finish):
             return await _result(conn, need.plan, need.measurement, need.headline, asking.session)
@@ -528,6 +563,28 @@ class NoisyAnswers:
             return await self._run_released(conn, need, asking)
         assert isinstance(need, Remaining)
         return await ledger.remaining(conn, role.role, need.table)
+
+    async def _lookup(self, conn: psycopg.AsyncConnection[Any], need: Lookup, asking: _Asking) -> ledger.Lookup:
+        """The ledger's lookup; folded (nothing read: the cost read last, no answer) when the question may be and
+        this worker knows the cost, does not know it answered, and reads on the primary, and the client did not
+        set a time limit of its own (shorter than the policy's): such a question is looked up first, as before, so
+        that a limit shorter than the lookup still stops it before the charge, at no cost."""
+        role, table = asking.role.role, need.plan.table
+        last = self._looked.get((role, table))
+        own_limit = 0 < asking.stop.timeout_ms < asking.policy.statement_limit("dp")
+        if (need.fold and need.key is not None and last is not None and self._answered.get((role, need.key)) is None
+                and self._standby() is None and not own_limit):
+            return replace(last, data_version=None, answer=None, folded=True)
+        return self._read(role, table, need.key, await ledger.lookup_answer(conn, role, table, need.plan.tables,
+                                                                             need.key))
+
+    def _read(self, role: str, table: str, key: str | None, looked: ledger.Lookup) -> ledger.Lookup:
+        """``looked``, kept as what the ledger read last for the role's table (and, with an answer, the key known
+        answered)."""
+        self._looked[(role, table)] = replace(looked, data_version=None, answer=None)
+        if looked.answer is not None and key is not None:
+            self._answered.put((role, key), True, len(key))
+        return looked
 
     async def _run_released(self, conn: psycopg.AsyncConnection[Any], need: RunReleased, asking: _Asking) -> Result:
         """The outer query over the released rows, run by PostgreSQL over a VALUES list of them: its functions,
@@ -727,9 +784,11 @@ def _session_commands(session: Measuring) -> list[Command]:
             ] if session else []
 
 
-def _read_commands(plan: DPPlan, parameters: Parameters, timeout_ms: int, session: Measuring) -> list[Command]:
+def _read_commands(plan: DPPlan, parameters: Parameters, timeout_ms: int, session: Measuring,
+                   guard: tuple[bytes, list[bytes | None]] | None = None) -> list[Command]:
     """What _measured_on does, as commands: the snapshot begun, timed and set to the client's settings, its data
-    version, the SQL with the client's values as it bound them, the commit."""
+    version, the SQL with the client's values as it bound them, the commit. ``guard``: a statement run first in
+    the snapshot, which stops the read when it fails (ledger.require_charged_query)."""
     count = len(parameters.values)
     types = [*parameters.types[:count], *[0] * (count - len(parameters.types))]
     version_sql, version_values = ledger.data_version_query(plan.tables)
@@ -738,7 +797,8 @@ def _read_commands(plan: DPPlan, parameters: Parameters, timeout_ms: int, sessio
         pgconn.send_query_params(plan.sql.encode(), list(parameters.values), types, list(parameters.formats),
                                  pq.Format.TEXT)
 
-    return [_command(_BEGIN_SNAPSHOT.encode()), _command(f"set local statement_timeout = {int(timeout_ms)}".encode()),
+    return [_command(_BEGIN_SNAPSHOT.encode()), *([_command(*guard)] if guard is not None else []),
+            _command(f"set local statement_timeout = {int(timeout_ms)}".encode()),
             *_session_commands(session), _command(version_sql, version_values), run, _command(b"commit")]
 
 

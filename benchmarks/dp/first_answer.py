@@ -5,7 +5,8 @@ Two throwaway PostgreSQL servers set up like ``anonproxy up``, each with its own
 that checkout's code (benchmarks/dp/breakdown.py's ``prepared``), so each side runs its own code on its own schema.
 One ``anonproxy serve`` (1 worker) per checkout. ``analyst`` gets a budget it never spends (``--accounting``, basic
 by default) and, with ``--ledger N``, N earlier charges (a role that has asked N questions before). Each round asks every question on both sides (the order of the sides alternating from round to round):
-through the proxy with the answer cache emptied (a first answer: lookup, check, charge, read, store), and directly
+through the proxy with the answer cache emptied (a first answer: lookup, check, charge, read, store; with
+``--new-texts``, a new text each time: planned too, and not known to the worker as answered), and directly
 as the owner (the plain query). Prints, per side, the p50 of each and the added latency (first p50 − direct p50),
 and the median over the questions. See README.md ("Fewer round trips").
 """
@@ -46,6 +47,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=60)
     parser.add_argument("--accounting", choices=("basic", "zcdp"), default="basic")
     parser.add_argument("--ledger", type=int, default=0, help="charges the analyst made before the run")
+    parser.add_argument("--new-texts", action="store_true",
+                        help="ask each first answer as a new text (a new table alias: planned, and not known to the "
+                             "worker as answered) instead of the same text with the answer cache emptied")
     args = parser.parse_args()
     with ExitStack() as stack:
         sides = {}
@@ -66,10 +70,11 @@ def main() -> int:
             order = list(sides.items()) if round_ % 2 == 0 else list(reversed(sides.items()))
             for question in QUESTIONS:
                 for name, (owner, analyst) in order:
+                    text = question.replace(" from adult", f" from adult as r{round_}") if args.new_texts else question
                     for kind, conn in (("first", analyst), ("direct", owner)):
                         owner.execute("delete from anonproxy.answer_cache where role_name = 'analyst'")
                         begun = time.perf_counter()
-                        conn.execute(question, prepare=False).fetchall()
+                        conn.execute(text, prepare=False).fetchall()
                         times.setdefault((name, kind, question), []).append((time.perf_counter() - begun) * 1000)
         print(f"{args.rounds} rounds, {started}-{time.strftime('%H:%M:%S', time.gmtime())} UTC, load average "
               f"{' '.join(load)} -> {' '.join(Path('/proc/loadavg').read_text().split()[:3])}")
