@@ -4,10 +4,8 @@ Both come from one aggregation per person over the FROM clause, which PostgreSQL
 the pass that answers the statement runs on every core. Where the unit is a column of integer type, the people
 below a point (``anonproxy.unit_midpoint``, sql/0040) and those at or above it are counted in two branches of one
 UNION ALL, which PostgreSQL runs side by side (a Parallel Append), and added up; a third branch holds the rows
-without a unit, as the single aggregation did, unless the catalog made the column NOT NULL (when the policy was
-read: were NOT NULL dropped since, those rows, nobody's, would only be left out of ``most``, which still bounds every
-person's rows). Each person is in exactly one branch whatever the point, so N and ``most`` are those of the single
-aggregation. Other unit types keep the single aggregation.
+without a unit, as the single aggregation did. Each person is in exactly one branch whatever the point, so N and
+``most`` are those of the single aggregation. Other unit types keep the single aggregation.
 """
 
 from __future__ import annotations
@@ -22,7 +20,7 @@ MIDPOINT = "anonproxy.unit_midpoint"
 
 def universe_and_most(query: AnalyticQuery, condition: str | None) -> str:
     """SQL of one row (n, most): the distinct units of the FROM clause (WHERE not) and the most rows one unit has
-    there (the rows without a unit counted as one unit's where the column may hold NULL, as before), under ``condition`` (a check that reads no
+    there (the rows without a unit counted as one unit's, as before), under ``condition`` (a check that reads no
     column) when given."""
     split = _integer_unit(query)
     if split is None:
@@ -30,9 +28,8 @@ def universe_and_most(query: AnalyticQuery, condition: str | None) -> str:
                  f"FROM ({_per_unit(query, None)}) AS anonproxy_units"]
     else:
         midpoint = f"{MIDPOINT}({_literal(split[0])}, {_literal(split[1])})"
-        tests = [f"< {midpoint}", f">= {midpoint}", *([] if split[2] else ["IS NULL"])]
         branches = [f"SELECT count(unit) AS n, max(unit_rows) AS most FROM ({_per_unit(query, test)}) "
-                    "AS anonproxy_units" for test in tests]
+                    "AS anonproxy_units" for test in (f"< {midpoint}", f">= {midpoint}", "IS NULL")]
         lines = ["SELECT coalesce(sum(n), 0)::bigint, coalesce(max(most), 0)",
                  "FROM (" + "\nUNION ALL\n".join(branches) + ") AS anonproxy_halves"]
     if condition is not None:
@@ -46,20 +43,18 @@ def _per_unit(query: AnalyticQuery, test: str | None) -> str:
     return f"SELECT {query.unit} AS unit, count(*) AS unit_rows FROM {query.from_sql}{where} GROUP BY 1"
 
 
-def _integer_unit(query: AnalyticQuery) -> tuple[str, str, bool] | None:
-    """The table (quoted, schema-qualified) and column of the query's unit, and whether that column is NOT NULL,
-    when the catalog gave it an integer type (both read with the policy); None otherwise."""
+def _integer_unit(query: AnalyticQuery) -> tuple[str, str] | None:
+    """The table (quoted, schema-qualified) and column of the query's unit when the catalog gave that column an
+    integer type (read with the policy); None otherwise."""
     for reference, table in query.sources:
         if table.protected is not None:
-            column, types, not_null = table.protected.unit_column, table.protected.types, table.protected.not_null
+            column, types = table.protected.unit_column, table.protected.types
         elif table.linked is not None:
-            column, types, not_null = table.linked.column, table.linked.types, table.linked.not_null
+            column, types = table.linked.column, table.linked.types
         else:
             continue
         if query.unit == f"{quote(reference)}.{quote(column)}":
-            if (types or {}).get(column) not in _INTEGER_TYPES:
-                return None
-            return table.qualified, column, column in (not_null or frozenset())
+            return (table.qualified, column) if (types or {}).get(column) in _INTEGER_TYPES else None
     return None
 
 
