@@ -65,11 +65,9 @@ FUNCTIONS = frozenset({
 # The SQL keywords of the clock (SQLValueFunction): not CURRENT_USER, CURRENT_SCHEMA and the like, which read
 # settings, nor the volatile-looking current_time variants.
 CLOCK_KEYWORDS = frozenset({"SVFOP_CURRENT_DATE", "SVFOP_CURRENT_TIMESTAMP", "SVFOP_LOCALTIMESTAMP"})
-# The functions outside pg_catalog: suppress mode's report to the proxy (sql/0022), which reads nothing, the
-# check that each row is still one person (sql/0023), which reads the catalog only, and the point that splits N's
-# count in two (sql/0040), which reads the unit column's extremes with the service role's rights.
-ANONPROXY_FUNCTIONS = frozenset({("anonproxy", "suppression_report"), ("anonproxy", "one_row_per_person"),
-                                 ("anonproxy", "unit_midpoint")})
+# The functions outside pg_catalog: suppress mode's report to the proxy (sql/0022), which reads nothing, and the
+# check that each row is still one person (sql/0023), which reads the catalog only.
+ANONPROXY_FUNCTIONS = frozenset({("anonproxy", "suppression_report"), ("anonproxy", "one_row_per_person")})
 # Comparison, LIKE/ILIKE (~~ and friends), and the arithmetic of the generators' thresholds and sums.
 OPERATORS = frozenset({"=", "<>", "<", ">", "<=", ">=", "~~", "!~~", "~~*", "!~~*", "+", "-", "*"})
 # Division and modulo only by NULLIF(divisor, 0) or a non-zero constant, as post-aggregate expressions

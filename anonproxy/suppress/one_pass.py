@@ -17,8 +17,7 @@ ORDER BY run over the released groups (:attr:`AnalyticQuery.post`).
   still says so (sql/0023).
 * **Otherwise, a GROUP BY** (people may have several rows; :func:`_bounded`): the answer comes from one pass
   over the FROM clause that PostgreSQL can split over workers (``anonproxy_rows``), next to each group's rows with
-  a unit and, per SUM/AVG, ``|sum|`` and ``max|x|``; N is counted with the most rows one person has (on two cores
-  where the unit is an integer: :mod:`anonproxy.suppress.universe`). Those bound
+  a unit and, per SUM/AVG, ``|sum|`` and ``max|x|``; N is counted with the most rows one person has. Those bound
   each group's people, contributors and contributions; when they prove that every group passes
   (``anonproxy_sure``), nothing else reads the table. Otherwise each group's exact figures: its distinct units
   (no magnitude rule to apply), or, under a magnitude rule whose figures follow from each person's rows
@@ -70,7 +69,6 @@ from anonproxy.suppress.rules import (
     ranked_verdict,
     surely_hold,
 )
-from anonproxy.suppress.universe import universe_and_most
 
 PLAIN_PREFIX = plain(1)[:-1]  # the summary's columns of plain select items: anonproxy_c<i>
 # Aggregate arguments whose absolute value is summed as bigint: abs() of the type itself could overflow.
@@ -181,10 +179,12 @@ def _bounded(query: AnalyticQuery, rules: Rules, columns: list[_Column], magnitu
     before. Returns the CTEs and the SQL of the answer's people with a WHERE (None without: N)."""
     k, unit = rules.k, query.unit
     n, most = f"(SELECT n FROM {UNIVERSE})", f"(SELECT most FROM {UNIVERSE})"
+    universe = ["SELECT count(unit), coalesce(max(unit_rows), 0)",
+                f"FROM (SELECT {unit} AS unit, count(*) AS unit_rows FROM {query.from_sql} GROUP BY 1) AS anonproxy_units"]
     protected = _one_group_per_person(query)
-    # The bounds below rest on that catalog fact where it is used: checked when the statement runs.
-    universe = universe_and_most(query, None if protected is None else one_row_per_person(*protected))
-    ctes: Ctes = [(f"{UNIVERSE}(n, most)", universe,
+    if protected is not None:  # the bounds below rest on it: checked when the statement runs
+        universe.append(f"WHERE {one_row_per_person(*protected)}")
+    ctes: Ctes = [(f"{UNIVERSE}(n, most)", "\n".join(universe),
                    "N: the people of the FROM clause, and the most rows one person has there")]
     tests = [contributes(rule, argument) for rule, argument in query.contributors]
     bounds = [f"count({unit}) AS unit_rows",
