@@ -25,6 +25,7 @@ from anonproxy.wire.framing import MessageBuffer
 
 CONTAINS = "select count(*) from adult where occupation ilike $1"
 BY_PATTERN = "select sex, count(*) from adult where occupation ilike $1 group by sex order by 1"
+OLDER = "select sex, count(*) from adult where age > $1 group by sex order by 1"  # decided at Parse
 PATTERNS = ("%sales%", "%tech%", "%craft%", "%e%")
 
 
@@ -189,8 +190,10 @@ def test_dp_portals_of_one_statement_keep_their_values(pg_server: EmbeddedPostgr
     assert len(keys[PATTERNS[0]]) == 2
 
 
-@pytest.mark.xfail(strict=True, reason="a portal on the service connection does not outlive its batch's Sync")
-def test_suppress_portals_across_syncs_in_a_transaction(gated_proxy: Endpoint, gated_database: str) -> None:
+@pytest.mark.xfail(strict=True, raises=asyncpg.InvalidCursorNameError, reason="a portal on the service connection does not outlive its batch's Sync")
+@pytest.mark.parametrize(("sql", "value"), [(BY_PATTERN, PATTERNS[0]), (OLDER, 40)])
+def test_suppress_portals_across_syncs_in_a_transaction(gated_proxy: Endpoint, gated_database: str, sql: str,
+                                                        value: object) -> None:
     """asyncpg cursors in a transaction as the reporter: each Bind and Execute is its own batch, and the rewritten
     statement runs on a service connection, whose portals end at each Sync (docs/proxy.md, "Service
     connections"). Known limitation, for any statement the proxy rewrites, decided at Bind or not."""
@@ -199,10 +202,24 @@ def test_suppress_portals_across_syncs_in_a_transaction(gated_proxy: Endpoint, g
                                      password="reporter", database=gated_database)
         try:
             async with conn.transaction():
-                statement = await conn.prepare(BY_PATTERN)
-                cursor = await statement.cursor(PATTERNS[0])
+                statement = await conn.prepare(sql)
+                cursor = await statement.cursor(value)
                 await cursor.fetch(1)
         finally:
             await conn.close()
 
     asyncio.run(read())
+
+
+def test_postgresql_keeps_a_portal_whose_statement_is_prepared_again(gated_proxy: Endpoint,
+                                                                      gated_database: str) -> None:
+    """What the re-preparing relies on, on PostgreSQL itself (dba: relayed): a portal outlives the Close of its
+    statement and a new Parse under the same name, and still runs what it was bound to."""
+    client = RawClient(gated_proxy, gated_database, "dba")
+    try:
+        answers = client.batch(parse(b"s", "select $1::text"), bind(b"p1", b"s", "a"), pg.message(b"C", b"Ss\0"),
+                               parse(b"s", "select $1::text || '!'"), bind(b"p2", b"s", "b"),
+                               execute(b"p1"), execute(b"p2"))
+        assert results(answers) == [[("a",)], [("b!",)]]
+    finally:
+        client.close()
