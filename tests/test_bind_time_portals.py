@@ -9,14 +9,18 @@ values, as the same SQL written with those values as constants does through the 
 from __future__ import annotations
 
 import asyncio
+import shutil
 import socket
 import struct
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import asyncpg
 import psycopg
 import pytest
 from conftest import Endpoint, fresh_dp_role
+from test_clients import jdbc_jar
 
 from anonproxy.embedded import EmbeddedPostgres
 from anonproxy.wire import protocol as pg
@@ -223,3 +227,33 @@ def test_postgresql_keeps_a_portal_whose_statement_is_prepared_again(gated_proxy
         assert results(answers) == [[("a",)], [("b!",)]]
     finally:
         client.close()
+
+
+def jdbc_portals(proxy: Endpoint, database: str, role: str) -> list[tuple[str, ...]]:
+    """The lines of tests/clients/JdbcPortals.java run as ``role`` for the first two patterns."""
+    java = shutil.which("java")
+    assert java, "java (17+) is required for the JDBC client test"
+    source = Path(__file__).parent / "clients" / "JdbcPortals.java"
+    done = subprocess.run([java, "-cp", jdbc_jar(), str(source), proxy.host, str(proxy.port), database, role,
+                           *PATTERNS[:2]], check=False, capture_output=True, text=True, timeout=90)
+    assert done.returncode == 0, f"JdbcPortals failed:\n{done.stdout}\n{done.stderr}"
+    return [tuple(line.split("|", 2)) for line in done.stdout.splitlines()]
+
+
+def test_jdbc_fetch_size_in_dp(pg_server: EmbeddedPostgres, gated_proxy: Endpoint, gated_database: str) -> None:
+    """JDBC, two result sets of one statement read a row at a time, interleaved, in a transaction (dp mode): each
+    answers the groups of its own value."""
+    with psycopg.connect(pg_server.conninfo(dbname=gated_database), autocommit=True) as owner, \
+            fresh_dp_role(owner, gated_proxy, gated_database, "jdbc_portal_analyst", epsilon=4) as role:
+        lines = jdbc_portals(gated_proxy, gated_database, role)
+        keys = {value: [row[0] for row in as_constants(gated_proxy, gated_database, role,
+                                                       constant(BY_PATTERN, value))] for value in PATTERNS[:2]}
+    for value in PATTERNS[:2]:
+        assert [line[1] for line in lines if line[0] == value] == keys[value], lines
+
+
+def test_jdbc_fetch_size_in_suppress_is_refused_cleanly(gated_proxy: Endpoint, gated_database: str) -> None:
+    """The same as the reporter (suppress): a portal kept across a Sync is not supported on the service connection
+    (docs/proxy.md); the driver gets PostgreSQL's 34000, and the session goes on."""
+    lines = jdbc_portals(gated_proxy, gated_database, "reporter")
+    assert lines[-1][:2] == ("error", "34000"), lines
