@@ -128,6 +128,23 @@ def test_two_portals_of_one_statement_bound_before_either_runs(gated_proxy: Endp
         client.close()
 
 
+
+def test_portals_outlive_the_close_of_their_statement(gated_proxy: Endpoint, gated_database: str) -> None:
+    """Bind two values, Close the statement, Execute both portals (PostgreSQL keeps them): each answers for its
+    value; the name is free for another statement afterwards."""
+    client = RawClient(gated_proxy, gated_database, "reporter")
+    try:
+        answers = client.batch(parse(b"s", BY_PATTERN), bind(b"p1", b"s", PATTERNS[0]), bind(b"p2", b"s", PATTERNS[1]),
+                               pg.message(b"C", b"Ss\0"), execute(b"p1"), execute(b"p2"))
+        expected = [as_constants(gated_proxy, gated_database, "reporter", constant(BY_PATTERN, value))
+                    for value in PATTERNS[:2]]
+        assert results(answers) == expected
+        again = client.batch(parse(b"s", CONTAINS), bind(b"", b"s", PATTERNS[2]), execute(b""))
+        assert results(again) == [as_constants(gated_proxy, gated_database, "reporter",
+                                               constant(CONTAINS, PATTERNS[2]))]
+    finally:
+        client.close()
+
 def test_many_portals_open_read_a_row_at_a_time(gated_proxy: Endpoint, gated_database: str) -> None:
     """Four portals of one statement, each for its own value, read one row at a time, interleaved (as JDBC's
     fetch size reads several open cursors), then the statement bound again for the first value."""
