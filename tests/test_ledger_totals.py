@@ -13,16 +13,13 @@ from typing import Any
 
 import psycopg
 import pytest
-from test_ledger import ALICE, BOB, db, logins  # noqa: F401  (fixtures)
-from test_stored_rho_max import (  # the generated budget changes and charges of 0031's test, and its comparison
+from ledger_versions import (
     PEOPLE,
-    REMAINING,
-    ROLES,
-    _both,
-    _migrate,
-    _random_budget_change,
-    _random_charge,
+    migrate,
+    old_and_new_databases,
+    replay_in_both,
 )
+from test_ledger import ALICE, BOB, db, logins  # noqa: F401  (fixtures)
 
 from anonproxy.embedded import EmbeddedPostgres
 
@@ -37,26 +34,9 @@ CHARGE = "select anonproxy.charge(%s, %s, %s, %s, %s, %s, %s)"
 @pytest.fixture
 def old_and_new(pg_server: EmbeddedPostgres,
                 logins: tuple[str, ...]) -> Iterator[tuple[psycopg.Connection[Any], psycopg.Connection[Any]]]:  # noqa: F811
-    """Two databases with public.people protected, as their superuser (autocommit): the schema before 0035, and
-    with every migration."""
-    names = ("totals_old", "totals_new")
-    with psycopg.connect(pg_server.conninfo(), autocommit=True) as conn:
-        for name in names:
-            conn.execute(f"drop database if exists {name}")
-            conn.execute(f"create database {name}")
-    conns = [psycopg.connect(pg_server.conninfo(dbname=name), autocommit=True) for name in names]
-    try:
-        for conn, which in zip(conns, (lambda v: v < TOTALS_FROM, lambda v: True), strict=True):
-            _migrate(conn, which)
-            conn.execute("create table public.people (id integer primary key)")
-            conn.execute("select anonproxy.protect_table('public.people', 'id')")
-        yield conns[0], conns[1]
-    finally:
-        for conn in conns:
-            conn.close()
-        with psycopg.connect(pg_server.conninfo(), autocommit=True) as conn:
-            for name in names:
-                conn.execute(f"drop database if exists {name}")
+    """Two databases with public.people protected: the schema before 0035, and with every migration."""
+    with old_and_new_databases(pg_server, "totals", TOTALS_FROM) as conns:
+        yield conns
 
 
 def _charged(conn: psycopg.Connection[Any], *amounts: Any) -> bool:
@@ -130,35 +110,7 @@ def test_the_ledger_answers_as_before_over_generated_budgets_and_charges(
     schema before 0035 and with it: every charge's result or refusal, every remaining budget, the auditor's views
     and the ledger's rows are the same, and the totals are the ledger's sums."""
     old, new = old_and_new
-    rng = random.Random(35)
-    for conn in (old, new):  # charges older than a day: a refresh period of a day no longer counts them
-        for role in ROLES:
-            conn.execute("insert into anonproxy.budget_ledger (role_name, domain, epsilon, delta, rho, delta_add, "
-                         "fingerprint, charged_at) values (%s, %s, 0.5, 0.000001, 0.125, 0.000001, 'old', "
-                         "now() - interval '2 days')", (role, PEOPLE))
-    for role in ROLES:
-        _both(old, new, "select anonproxy.set_budget(%s, 'public.people', 10, 0.00001, null, 0.5, null, 'zcdp')",
-              (role,))
-    charged = 0
-    for n in range(400):
-        if rng.random() < 0.2:
-            _both(old, new, *_random_budget_change(rng))
-            continue
-        role, *amounts, fingerprint = _random_charge(rng, n)
-        result = _both(old, new, f"select {REMAINING} from anonproxy.charge(%s, %s, %s, %s, %s, %s, %s)",
-                       (role, PEOPLE, *amounts, fingerprint))
-        charged += isinstance(result, list)
-        if n % 10 == 0:
-            for who in ROLES:
-                _both(old, new, f"select {REMAINING} from anonproxy.remaining_budget(%s, %s)", (who, PEOPLE))
-    for who in ROLES:
-        _both(old, new, f"select {REMAINING} from anonproxy.remaining_budgets(%s)", (who,))
-        _both(old, new, "select epsilon, rho, epsilon_spent from anonproxy.audit_budget_history(%s, %s)",
-              (who, PEOPLE))
-    _both(old, new, f"select {REMAINING} from anonproxy.audit_budgets()")
-    _both(old, new, "select role_name, epsilon, delta, rho, delta_add, fingerprint, epsilon_spent_after, "
-                    "epsilon_spent_delta from anonproxy.budget_ledger order by id")
-    assert charged > 60
+    assert replay_in_both(old, new, seed=35).charged > 60
     assert new.execute(TOTALS).fetchall() == new.execute(SUMS).fetchall()
 
 
@@ -169,7 +121,7 @@ def test_the_upgrade_counts_the_charges_already_made(
     old.execute(f"select anonproxy.set_budget('{ALICE}', 'public.people', 10, 0.00001, null, 0.5, null, 'basic')")
     for n in range(5):
         assert _charged(old, ALICE, PEOPLE, "0.25", "0", "0.03125", "0", f"before {n}")
-    _migrate(old, lambda version: version >= TOTALS_FROM)
+    migrate(old, lambda version: version >= TOTALS_FROM)
     assert old.execute(TOTALS).fetchall() == old.execute(SUMS).fetchall() != []
     row = old.execute(f"select epsilon_spent from anonproxy.charge('{ALICE}', 'public.people', 0.25, 0, 0.03125, 0, "
                       "'after')").fetchone()

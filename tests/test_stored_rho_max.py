@@ -4,80 +4,35 @@ the last digit, and the stored values follow every change a DBA makes to budgets
 
 from __future__ import annotations
 
-import random
 from collections.abc import Iterator
 from decimal import Decimal
 from typing import Any
 
 import psycopg
 import pytest
+from ledger_versions import (
+    REMAINING,
+    ROLES,
+    migrate,
+    old_and_new_databases,
+    outcome,
+    replay_in_both,
+)
 from test_ledger import ALICE, BOB, db, logins  # noqa: F401  (fixtures)
 
 from anonproxy.embedded import EmbeddedPostgres
 from anonproxy.policy.yaml_policy import apply_policy, dump_policy, parse_policy
-from anonproxy.schema import migrations
 
 D = Decimal
 STORED_FROM = 31
-PEOPLE = "public.people"
-ROLES = (ALICE, BOB)
-# The columns a charge and remaining_budget return (anonproxy.budget_remaining), all of them.
-REMAINING = ("role_name, domain, epsilon, delta, role_epsilon, role_delta, shared_epsilon, shared_delta, "
-             "epsilon_budget, delta_budget, refresh_period, epsilon_per_query, delta_per_query, accounting, "
-             "epsilon_spent, rho_spent, rho_left, shared_accounting, shared_rho_left, epsilon_spent_delta")
-# Budget numbers, some equal in value but written with another scale (the conversion's digits follow the scale).
-EPSILONS = ("0.5", "1", "3.25", "10", "10.0", "7.52", "40", "100", "100.00", "1000")
-DELTAS = ("0.00001", "0.000010", "0.000001", "0.001", "0.0000000001", "0.2")
-
-
-def _migrate(conn: psycopg.Connection[Any], which: Any) -> None:
-    for migration in (m for m in migrations() if which(m.version)):
-        with conn.transaction():  # as anonproxy.schema.install runs them
-            conn.execute("select set_config('search_path', 'pg_catalog, pg_temp', true)")
-            conn.execute(migration.sql.encode())
 
 
 @pytest.fixture
 def old_and_new(pg_server: EmbeddedPostgres,
                 logins: tuple[str, ...]) -> Iterator[tuple[psycopg.Connection[Any], psycopg.Connection[Any]]]:  # noqa: F811
-    """Two databases with public.people protected, as their superuser (autocommit): the schema before 0031, and
-    with every migration."""
-    names = ("rho_max_old", "rho_max_new")
-    with psycopg.connect(pg_server.conninfo(), autocommit=True) as conn:
-        for name in names:
-            conn.execute(f"drop database if exists {name}")
-            conn.execute(f"create database {name}")
-    conns = [psycopg.connect(pg_server.conninfo(dbname=name), autocommit=True) for name in names]
-    try:
-        for conn, which in zip(conns, (lambda v: v < STORED_FROM, lambda v: True)):
-            _migrate(conn, which)
-            conn.execute("create table public.people (id integer primary key)")
-            conn.execute("select anonproxy.protect_table('public.people', 'id')")
-        yield conns[0], conns[1]
-    finally:
-        for conn in conns:
-            conn.close()
-        with psycopg.connect(pg_server.conninfo(), autocommit=True) as conn:
-            for name in names:
-                conn.execute(f"drop database if exists {name}")
-
-
-def _outcome(conn: psycopg.Connection[Any], statement: str, params: Any = None) -> Any:
-    """Every row of ``statement`` in a READ COMMITTED transaction of its own, or its error as PostgreSQL gives it."""
-    try:
-        with conn.transaction():
-            conn.execute("set transaction isolation level read committed")
-            return conn.execute(statement, params).fetchall()
-    except psycopg.Error as error:
-        diag = error.diag
-        return error.sqlstate, diag.message_primary, diag.message_detail, diag.message_hint
-
-
-def _both(old: psycopg.Connection[Any], new: psycopg.Connection[Any], statement: str, params: Any = None) -> Any:
-    """The outcome of ``statement`` in both databases, which must be the same; returns it."""
-    before, after = _outcome(old, statement, params), _outcome(new, statement, params)
-    assert after == before, statement
-    return after
+    """Two databases with public.people protected: the schema before 0031, and with every migration."""
+    with old_and_new_databases(pg_server, "rho_max", STORED_FROM) as conns:
+        yield conns
 
 
 def _stored_values_are_true(new: psycopg.Connection[Any]) -> None:
@@ -91,73 +46,15 @@ def _stored_values_are_true(new: psycopg.Connection[Any]) -> None:
     assert stored == expected
 
 
-def _random_budget_change(rng: random.Random) -> tuple[str, tuple[Any, ...]]:
-    """A DBA's change: a role's budget or the cap set (numbers, accounting, refresh period), or either dropped."""
-    epsilon, delta = D(rng.choice(EPSILONS)), D(rng.choice(DELTAS))
-    accounting = rng.choice(("zcdp", "zcdp", "basic", None))
-    period = rng.choice((None, None, "1 day"))
-    kind = rng.random()
-    if kind < 0.05:  # the role's charges are refused (42501) until its budget is set again
-        return "select anonproxy.drop_budget(%s, 'public.people')", (rng.choice(ROLES),)
-    if kind < 0.15:
-        return "select anonproxy.drop_shared_budget('public.people')", ()
-    if kind < 0.35:
-        return ("select anonproxy.set_shared_budget('public.people', %s, %s, %s::interval, %s)",
-                (epsilon, delta, period, accounting))
-    if kind < 0.45:  # by hand, as the owner may: the table's own constraints still hold
-        return (("update anonproxy.budgets set epsilon = %s, delta = %s, delta_per_query = null, "
-                 "epsilon_per_query = null where role_name = %s"), (epsilon, delta, rng.choice(ROLES)))
-    return ("select anonproxy.set_budget(%s, 'public.people', %s, %s, %s::interval, null, null, %s)",
-            (rng.choice(ROLES), epsilon, delta, period, accounting))
-
-
-def _random_charge(rng: random.Random, n: int) -> tuple[Any, ...]:
-    """One answer's four amounts: mostly small, some with partition selection's δ, some large enough to refuse."""
-    epsilon = D(rng.choice(("0.01", "0.05", "0.1", "0.25", "0.5", "1")))
-    rho = epsilon * epsilon / 2 if rng.random() < 0.5 else D(rng.choice(("0.0001", "0.001", "0.005", "0.0625")))
-    delta = D(rng.choice(("0", "0", "0", "0", "0", "0.00000001", "0.0000001", "0.000001")))
-    delta_add = delta if rng.random() < 0.7 else D(0)
-    return rng.choice(ROLES), epsilon, delta, rho, delta_add, f"q{n}"
-
-
 def test_the_ledger_answers_as_before_over_generated_budgets_and_charges(
         old_and_new: tuple[psycopg.Connection[Any], psycopg.Connection[Any]]) -> None:
     """Seeded sequences of budget changes and charges, run in the schema before 0031 and with it: every charge's
     result or refusal (message, detail, hint), every remaining budget, the ledger's rows and the auditor's views are
     the same, and the stored ρ_max stay those of the current budgets."""
     old, new = old_and_new
-    rng = random.Random(31)
-    for conn in (old, new):  # charges older than a day: a refresh period of a day no longer counts them
-        for role in ROLES:
-            conn.execute("insert into anonproxy.budget_ledger (role_name, domain, epsilon, delta, rho, delta_add, "
-                         "fingerprint, charged_at) values (%s, %s, 0.5, 0.000001, 0.125, 0.000001, 'old', "
-                         "now() - interval '2 days')", (role, PEOPLE))
-    outcomes = {"charged": 0, "refused": 0, "by the cap": 0}
-    for role in ROLES:
-        _both(old, new, "select anonproxy.set_budget(%s, 'public.people', 10, 0.00001, null, 0.5, null, 'zcdp')",
-              (role,))
-    for n in range(400):
-        if rng.random() < 0.2:
-            statement, params = _random_budget_change(rng)
-            if isinstance(_both(old, new, statement, params), list):  # (else refused, and nothing changed)
-                _stored_values_are_true(new)
-            continue
-        role, *amounts, fingerprint = _random_charge(rng, n)
-        result = _both(old, new, f"select {REMAINING} from anonproxy.charge(%s, %s, %s, %s, %s, %s, %s)",
-                       (role, PEOPLE, *amounts, fingerprint))
-        outcomes["charged" if isinstance(result, list) else "refused"] += 1
-        outcomes["by the cap"] += not isinstance(result, list) and (result[2] or "").startswith("the shared budget")
-        if n % 10 == 0:
-            for who in ROLES:
-                _both(old, new, f"select {REMAINING} from anonproxy.remaining_budget(%s, %s)", (who, PEOPLE))
-    for who in ROLES:
-        _both(old, new, f"select {REMAINING} from anonproxy.remaining_budgets(%s)", (who,))
-        _both(old, new, "select epsilon, rho, epsilon_spent from anonproxy.audit_budget_history(%s, %s)",
-              (who, PEOPLE))
-    _both(old, new, f"select {REMAINING} from anonproxy.audit_budgets()")
-    _both(old, new, "select role_name, epsilon, delta, rho, delta_add, fingerprint, epsilon_spent_after, "
-                    "epsilon_spent_delta from anonproxy.budget_ledger order by id")
-    assert outcomes["charged"] > 80 and outcomes["refused"] > 20 and outcomes["by the cap"] > 5, outcomes
+    replayed = replay_in_both(old, new, seed=31, after_change=_stored_values_are_true)
+    by_the_cap = [result for result in replayed.refused if (result[2] or "").startswith("the shared budget")]
+    assert replayed.charged > 80 and len(replayed.refused) > 20 and len(by_the_cap) > 5
     # What charges stored at the δ left after them is as true as what budgets stored.
     stored, wrong = new.execute("select count(*), count(*) filter (where rho_max <> anonproxy.zcdp_rho_max("
                                 "epsilon::numeric, delta::numeric)) from anonproxy.budget_rho_max").fetchone()
@@ -212,10 +109,10 @@ def test_the_stored_values_follow_the_policy_file(db: psycopg.Connection[Any]) -
     _stored_values_are_true(db)
     rho_max = db.execute("select anonproxy.zcdp_rho_max(12, 0.00001)").fetchone()[0]
     assert rho_max > db.execute("select anonproxy.zcdp_rho_max(10, 0.00001)").fetchone()[0]
-    fits = _outcome(db, "select rho_left from anonproxy.charge(%s, 'public.adult', 1, 0, %s, 0, 'all')",
+    fits = outcome(db, "select rho_left from anonproxy.charge(%s, 'public.adult', 1, 0, %s, 0, 'all')",
                     (ALICE, rho_max))
     assert fits == [(0,)]
-    refused = _outcome(db, "select anonproxy.charge(%s, 'public.adult', 1, 0, 1e-30, 0, 'more')", (ALICE,))
+    refused = outcome(db, "select anonproxy.charge(%s, 'public.adult', 1, 0, 1e-30, 0, 'more')", (ALICE,))
     assert refused[0] == "53400"
     apply_policy(db, parse_policy("tables: {public.adult: {unit: id}}\n"))  # no budget left: nothing stored
     assert db.execute("select count(*) from anonproxy.budget_rho_max").fetchone() == (0,)
@@ -241,12 +138,12 @@ def test_the_upgrade_stores_the_budgets_already_set(
     old.execute(f"select anonproxy.set_budget('{BOB}', 'public.people', 3.0, 0.0001, null, null, null, 'basic')")
     old.execute("select anonproxy.set_shared_budget('public.people', 40, 0.001, null, 'zcdp')")
     for role in ROLES:
-        _outcome(old, "select anonproxy.charge(%s, 'public.people', 0.5, 0.000001, 0.0625, 0.000001, 'before')",
+        outcome(old, "select anonproxy.charge(%s, 'public.people', 0.5, 0.000001, 0.0625, 0.000001, 'before')",
                  (role,))
     remaining = f"select {REMAINING} from anonproxy.remaining_budget(%s, 'public.people')"
-    before = [_outcome(old, remaining, (role,)) for role in ROLES]
-    _migrate(old, lambda version: version >= STORED_FROM)
+    before = [outcome(old, remaining, (role,)) for role in ROLES]
+    migrate(old, lambda version: version >= STORED_FROM)
     _stored_values_are_true(old)
     assert old.execute("select epsilon, delta from anonproxy.budget_rho_max order by 1").fetchall() == [
         ("10", "0.00001"), ("40", "0.001")]
-    assert [_outcome(old, remaining, (role,)) for role in ROLES] == before
+    assert [outcome(old, remaining, (role,)) for role in ROLES] == before
