@@ -23,6 +23,7 @@ from typing import Any
 import asyncpg
 import psycopg
 import pytest
+from bi_corpus import replay
 from conftest import Endpoint, fresh_dp_role
 
 _names = itertools.count(1)
@@ -114,7 +115,7 @@ def test_a_value_the_constant_refuses_is_refused_and_charges_nothing(
     before = spent(bound)
     with pytest.raises(psycopg.Error) as refused_bound:
         bound.execute(DAILY.format("%s", "%s"), ["not a day", "2025-04-01"], prepare=True)
-    assert refused_constant.value.sqlstate is not None
+    assert refused_constant.value.sqlstate == "22007"  # invalid_datetime_format, as PostgreSQL reads the constant
     assert refused_bound.value.sqlstate == refused_constant.value.sqlstate
     assert spent(bound) == before
     # the session goes on: a good value is answered
@@ -148,3 +149,26 @@ def test_asyncpg_binds_the_range_in_binary(roles: tuple[psycopg.Connection[Any],
         rows, charged, _ = asyncio.run(run(role))
     assert [row[0] for row in rows] == [row[0] for row in expected] == MARCH
     assert charged == spent(constant)
+
+
+@pytest.mark.parametrize("entry_id", ["pd-dbapi-daily-range", "kx-daily-bound-unit"])
+def test_the_libraries_daily_ranges_list_the_range(roles: tuple[psycopg.Connection[Any], psycopg.Connection[Any]],
+                                                   entry_id: str) -> None:
+    """The statements pandas (over psycopg) and Knex (over node-postgres: each value text, no declared type) sent
+    for a daily series over a bound range (tests/bi_corpus), bound on the server with the values they bound."""
+    _, bound = roles
+    (entry,) = [entry for entry in replay.load() if entry.id == entry_id]
+    assert isinstance(entry.params, tuple) and len(entry.steps) == 1
+    rows = bound.execute(entry.steps[0], [str(value) for value in entry.params], prepare=True).fetchall()
+    assert [row[0] for row in rows] == MARCH
+
+
+def test_suppress_answers_a_bound_range_as_the_constant_already(gated_proxy: Endpoint, gated_database: str) -> None:
+    """Suppression lists no public time domain: its answer to the bound range already equals the constant's (the
+    parameter stays one PostgreSQL binds, decided at Parse)."""
+    with psycopg.connect(gated_proxy.dsn(gated_database, user="reporter"), autocommit=True) as conn:
+        conn.execute("set timezone = 'UTC'")
+        expected = conn.execute(written(DAILY, "2025-03-01", "2025-04-01")).fetchall()
+        assert expected and {row[0] for row in expected} <= set(MARCH)
+        assert conn.execute(DAILY.format("%s", "%s"), ["2025-03-01", "2025-04-01"], prepare=True).fetchall() \
+            == expected

@@ -168,7 +168,7 @@ def _time_places(tree: exp.Expression, times: TimeColumns) -> Iterator[tuple[exp
     where = tree.args.get("where") if isinstance(tree, exp.Select) else None
     for condition in _conjuncts(where.this if where is not None else None):
         if isinstance(condition, exp.Between) and not condition.args.get("symmetric"):
-            pairs = [(condition.this, condition.args.get("low")), (condition.this, condition.args.get("high"))]
+            pairs = [(condition.this, condition.args["low"]), (condition.this, condition.args["high"])]
         elif isinstance(condition, _COMPARISONS):
             pairs = [(condition.this, condition.expression), (condition.expression, condition.this)]
         else:
