@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import struct
 from collections.abc import Iterator
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
@@ -25,6 +26,12 @@ import psycopg
 import pytest
 from bi_corpus import replay
 from conftest import Endpoint, fresh_dp_role
+
+from anonproxy.plan.bind_values import Slot
+from anonproxy.plan.refusals import Reject
+from anonproxy.proxy.bind_time import class_text
+from anonproxy.proxy.gate import Parameters
+from anonproxy.route.decision import AtBind, Rewrite
 
 _names = itertools.count(1)
 DAILY = ("select date_trunc('day', visited_at) as day, count(*) as n from visits "
@@ -172,3 +179,24 @@ def test_suppress_answers_a_bound_range_as_the_constant_already(gated_proxy: End
         assert expected and {row[0] for row in expected} <= set(MARCH)
         assert conn.execute(DAILY.format("%s", "%s"), ["2025-03-01", "2025-04-01"], prepare=True).fetchall() \
             == expected
+
+
+@pytest.mark.parametrize("oid, raw, written_as", [
+    (1082, struct.pack("!i", 9191), "CAST('2025-03-01' AS DATE)"),  # days since 2000-01-01
+    (1114, struct.pack("!q", 794_102_400_000_000), "CAST('2025-03-01 00:00:00' AS TIMESTAMP)"),  # microseconds
+    (1184, struct.pack("!q", 794_102_400_000_001), "CAST('2025-03-01 00:00:00.000001+00' AS TIMESTAMPTZ)"),
+    (1184, struct.pack("!q", 2**63 - 1), "CAST('infinity' AS TIMESTAMPTZ)"),
+    (1082, struct.pack("!i", -(2**31)), "CAST('-infinity' AS DATE)"),
+])
+def test_binary_times_are_read_as_postgresql_prints_them(oid: int, raw: bytes, written_as: str) -> None:
+    sql = "select count(*) from visits where visited_at >= $1"
+    statement = AtBind(sql, (Slot(1, "time", 1184),), Rewrite(sql), sql)  # (the decision at Parse is not read)
+    text = class_text(statement, Parameters((oid,), (1,), (raw,)))
+    assert isinstance(text, str) and text.endswith(f"WHERE visited_at >= {written_as}")
+
+
+def test_a_binary_time_past_python_s_years_asks_for_text() -> None:
+    sql = "select count(*) from visits where visited_at >= $1"
+    statement = AtBind(sql, (Slot(1, "time", 1184),), Rewrite(sql), sql)
+    refused = class_text(statement, Parameters((1114,), (1,), (struct.pack("!q", -(2**62)),)))
+    assert isinstance(refused, Reject) and refused.sqlstate == "0A000"
