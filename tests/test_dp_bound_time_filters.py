@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
+import shutil
 import struct
 from collections.abc import Iterator
 from datetime import UTC, date, datetime, timedelta
@@ -26,6 +28,7 @@ import psycopg
 import pytest
 from bi_corpus import replay
 from conftest import Endpoint, fresh_dp_role
+from test_clients import NODE_DIR, ensure_node_modules, libpq_env, run
 
 from anonproxy.plan.bind_values import Slot
 from anonproxy.plan.refusals import Reject
@@ -200,3 +203,15 @@ def test_a_binary_time_past_python_s_years_asks_for_text() -> None:
     statement = AtBind(sql, (Slot(1, "time", 1184),), Rewrite(sql), sql)
     refused = class_text(statement, Parameters((1114,), (1,), (struct.pack("!q", -(2**62)),)))
     assert isinstance(refused, Reject) and refused.sqlstate == "0A000"
+
+
+def test_node_postgres_binds_the_range_as_untyped_text(truth: psycopg.Connection[Any], gated_proxy: Endpoint,
+                                                       gated_database: str) -> None:
+    ensure_node_modules()
+    node = shutil.which("node")
+    assert node, "node is required for the node-postgres test"
+    with fresh_dp_role(truth, gated_proxy, gated_database, f"dp_bound_{next(_names)}", epsilon=20) as role:
+        done = run([node, "bound_range.js"], libpq_env(gated_proxy, gated_database, user=role), cwd=NODE_DIR)
+    assert done.returncode == 0, done.stderr
+    march = [day.date().isoformat() for day in MARCH]
+    assert json.loads(done.stdout) == [march, march]  # strings, then Dates
