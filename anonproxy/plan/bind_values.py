@@ -21,8 +21,8 @@ so the cast changes nothing there.
 The proxy decides that text like any other; its text is the value class, which the decision cache keys on.
 
 Which parameters are not decided at Bind: every other ``$n`` (a comparison's operand but a dp time filter's, an
-IN list, LIMIT and OFFSET) is decided at Parse as it is, and those the analysis refuses there stay refused (a parameter added up in
-an aggregate: its value changes the sensitivity of what the statement reads).
+IN list, LIMIT and OFFSET) is decided at Parse as it is, and those the analysis refuses there stay refused (a
+parameter added up in an aggregate: its value changes the sensitivity of what the statement reads).
 """
 
 from __future__ import annotations
