@@ -16,8 +16,10 @@ or the range's first or last instant. The same session computes the buckets and 
 all), so they agree. Decided on the statement's tree and the policy only.
 
 A WHERE clause read as an AND of conditions narrows the range: ``col >= c``, ``col > c``, ``col < c``,
-``col <= c``, ``col = c`` and ``col BETWEEN c1 AND c2``, each constant a string literal or a literal cast to the
-column's own type (compared as PostgreSQL compares them). Whatever else it says leaves the range as it is: a
+``col <= c``, ``col = c`` and ``col BETWEEN c1 AND c2``, each constant a string literal, or a literal cast to the
+column's own type or to a narrower time type (a date, or a timestamp with a timestamptz column: widened to the
+column's type as PostgreSQL compares them). A client's ``$n`` there is bound at Bind and arrives here as such a
+constant (anonproxy/plan/bind_values.py, "time" slots). Whatever else it says leaves the range as it is: a
 bucket listed that no row can reach is answered as an empty one.
 
 Rows outside the declared range are left out of a calendar key's buckets (the SQL keeps only rows within the
@@ -372,11 +374,22 @@ def _constant(node: exp.Expression | None, column: TimeColumn) -> tuple[str, str
     else."""
     while isinstance(node, exp.Paren):
         node = node.this
-    if isinstance(node, exp.Cast) and TIME_TYPES.get(_type_name(node.to)) == column.sql_type:
+    cast = TIME_TYPES.get(_type_name(node.to)) if isinstance(node, exp.Cast) else None
+    if cast is not None and cast != column.sql_type and (cast, column.sql_type) not in _WIDENED:
+        return None
+    if isinstance(node, exp.Cast) and cast is not None:
         node = node.this
     if not (isinstance(node, exp.Literal) and node.is_string):
         return None
-    return f"CAST({text_literal(node.this)} AS {column.sql_type})", node.this
+    value = text_literal(node.this)
+    if cast is not None and cast != column.sql_type:  # compared as PostgreSQL does: the value widened
+        value = f"CAST({value} AS {cast})"
+    return f"CAST({value} AS {column.sql_type})", node.this
+
+
+# A constant of the first type compared with a column of the second: PostgreSQL casts the constant to the column's
+# type (the other way round, it casts the column, which a bound on the column does not follow exactly).
+_WIDENED = frozenset({("date", "timestamp"), ("date", "timestamptz"), ("timestamp", "timestamptz")})
 
 
 def _type_name(node: exp.DataType) -> str:

@@ -4,7 +4,10 @@ Some places of a statement must hold a constant for the analysis to prove it saf
 pattern ending with the escape character fails only on the rows that reach it), a ``date_trunc`` unit, an
 ``extract``/``date_part`` field, a ``to_char`` format, the zone of ``AT TIME ZONE``, and the operand of a cast
 to a type other than text (a run-time cast that fails on some rows reveals them), and in dp mode any operand of
-HAVING (dp evaluates HAVING in the proxy on the noisy values: anonproxy/dp/having.py). A client that binds its
+HAVING (dp evaluates HAVING in the proxy on the noisy values: anonproxy/dp/having.py), and in dp mode the
+operand of a WHERE condition on a time column with declared bounds (``col >= $n``, ``>``, ``<``, ``<=``, ``=``,
+``BETWEEN $n AND $m``, an AND of them at the top of the WHERE: a constant there narrows the public time domain,
+anonproxy/dp/time_domains.py; which columns those are: anonproxy/dp/bound_times.py). A client that binds its
 values at Bind (server-side binding: Django, SQLAlchemy with psycopg, Peewee with psycopg 3, asyncpg, Metabase)
 sends a ``$n`` there.
 
@@ -17,14 +20,14 @@ AS text|varchar)`` in a pattern, unit, field, format or zone slot is replaced as
 so the cast changes nothing there.
 The proxy decides that text like any other; its text is the value class, which the decision cache keys on.
 
-Which parameters are not decided at Bind: every other ``$n`` (a comparison's operand, an IN list, LIMIT and
-OFFSET) is decided at Parse as it is, and those the analysis refuses there stay refused (a parameter added up in
-an aggregate: its value changes the sensitivity of what the statement reads).
+Which parameters are not decided at Bind: every other ``$n`` (a comparison's operand but a dp time filter's, an
+IN list, LIMIT and OFFSET) is decided at Parse as it is, and those the analysis refuses there stay refused (a
+parameter added up in an aggregate: its value changes the sensitivity of what the statement reads).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -62,16 +65,21 @@ class Slot:
     client declares none (what PostgreSQL infers there: the cast's target, else text)."""
 
     number: int
-    kind: str  # "pattern", "unit", "field", "format", "zone", "cast" or "having"
+    kind: str  # "pattern", "unit", "field", "format", "zone", "cast", "having" or "time"
     type_oid: int = TEXT_OID
 
     def representative(self) -> str:
         return _REPRESENTATIVE.get(self.kind) or _REPRESENTATIVE_CAST.get(self.type_oid, "0")
 
 
-def slots(tree: exp.Expression, *, having: bool = False) -> tuple[Slot, ...]:
+# A column reference -> the type OID of the time column with declared bounds it reads, else None.
+TimeColumns = Callable[[exp.Column], "int | None"]
+
+
+def slots(tree: exp.Expression, *, having: bool = False, times: TimeColumns | None = None) -> tuple[Slot, ...]:
     """The parameters of ``tree`` that stand where a constant is needed, one per number, by number; with
-    ``having`` (dp mode), every parameter of a HAVING clause too."""
+    ``having`` (dp mode), every parameter of a HAVING clause too; with ``times`` (dp mode), every parameter a
+    top-level WHERE condition compares with a time column it names (typed as the column when undeclared)."""
     found: dict[int, Slot] = {}
     for node, kind in _places(tree, having):
         parameter = _parameter(node, kind)
@@ -80,6 +88,8 @@ def slots(tree: exp.Expression, *, having: bool = False) -> tuple[Slot, ...]:
             cast = parameter.parent if isinstance(parameter.parent, exp.Cast) else None
             oid = _OIDS.get(cast.to.this, TEXT_OID) if cast is not None and not cast.to.expressions else TEXT_OID
             found.setdefault(number, Slot(number, kind, oid))
+    for parameter, oid in _time_places(tree, times) if times is not None else ():
+        found.setdefault(_number(parameter), Slot(_number(parameter), "time", oid))
     return tuple(found[number] for number in sorted(found))
 
 
@@ -148,6 +158,39 @@ def _places(tree: exp.Expression, having: bool) -> Iterator[tuple[exp.Expression
             yield node.args["zone"], "zone"
         elif isinstance(node, exp.Cast) and isinstance(node.this, exp.Parameter) and node.to.this not in _TEXT:
             yield node, "cast"
+
+
+_COMPARISONS = (exp.GT, exp.GTE, exp.LT, exp.LTE, exp.EQ)
+
+
+def _time_places(tree: exp.Expression, times: TimeColumns) -> Iterator[tuple[exp.Parameter, int]]:
+    """The bare parameters compared with a time column in the conjuncts of ``tree``'s WHERE, with its type."""
+    where = tree.args.get("where") if isinstance(tree, exp.Select) else None
+    for condition in _conjuncts(where.this if where is not None else None):
+        if isinstance(condition, exp.Between) and not condition.args.get("symmetric"):
+            pairs = [(condition.this, condition.args["low"]), (condition.this, condition.args["high"])]
+        elif isinstance(condition, _COMPARISONS):
+            pairs = [(condition.this, condition.expression), (condition.expression, condition.this)]
+        else:
+            continue
+        for column, operand in pairs:
+            column, operand = _unparen(column), _unparen(operand)
+            oid = times(column) if isinstance(column, exp.Column) else None
+            if oid is not None and isinstance(operand, exp.Parameter) and _numbered(operand):
+                yield operand, oid
+
+
+def _conjuncts(node: exp.Expression | None) -> list[exp.Expression]:
+    node = _unparen(node) if node is not None else None
+    if isinstance(node, exp.And):
+        return _conjuncts(node.this) + _conjuncts(node.expression)
+    return [node] if node is not None else []
+
+
+def _unparen(node: exp.Expression) -> exp.Expression:
+    while isinstance(node, exp.Paren):
+        node = node.this
+    return node
 
 
 def _pattern_parts(pattern: exp.Expression) -> Iterator[tuple[exp.Expression, str]]:

@@ -2,7 +2,7 @@
 
 A Bind gives each parameter a value in text or binary format, typed by the statement's Parse (0: unspecified).
 The values of the statement's slots (anonproxy.plan.bind_values) are read here — text as it is, binary for the
-types a client binds there (text and varchar, the integers, the floats, boolean) — and the statement is written
+types a client binds there (text and varchar, the integers, the floats, boolean, date, timestamp and timestamptz) — and the statement is written
 again with them as constants (``class_text``). That text is decided like any other and cached by the session
 under it, so a value class is analysed once per worker, as PostgreSQL plans a custom plan for each.
 
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import struct
+from datetime import date, datetime, timedelta
 
 from ..plan.bind_values import Slot, bound_text
 from ..plan.refusals import Refusal, Reject
@@ -25,6 +26,8 @@ from .gate_routes import Parameters, parameter_types
 _TEXTS = frozenset({0, 25, 1043, 705, 1042, 19})  # binary format: the UTF-8 bytes
 _INTEGERS = {21: "!h", 23: "!i", 20: "!q"}
 _FLOATS = {700: "!f", 701: "!d"}
+_TIMES = {1082: "!i", 1114: "!q", 1184: "!q"}  # days (date), microseconds (timestamps) since 2000-01-01
+_EPOCH = datetime(2000, 1, 1)
 _CLASS_TEXTS = BoundedCache[tuple[str, tuple[tuple[int, str | None, int], ...]], str](4 << 20)
 
 
@@ -86,8 +89,11 @@ def _value(slot: Slot, parameters: Parameters) -> str | None | Reject:
 
 def _binary(slot: Slot, oid: int, raw: bytes) -> str | Reject:
     """A binary value of a number or boolean type, as PostgreSQL would print it."""
-    layout = _INTEGERS.get(oid) or _FLOATS.get(oid) or ("!?" if oid == 16 else None)
-    if layout is None or struct.calcsize(layout) != len(raw):
+    layout = _INTEGERS.get(oid) or _FLOATS.get(oid) or _TIMES.get(oid) or ("!?" if oid == 16 else None)
+    moment = _moment(oid, raw) if oid in _TIMES and struct.calcsize(_TIMES[oid]) == len(raw) else None
+    if moment is not None:
+        return moment
+    if layout is None or struct.calcsize(layout) != len(raw) or oid in _TIMES:
         return Reject("0A000", f"parameter ${slot.number} is bound in binary format as type OID {oid}, which "
                                "anonproxy does not read where the statement needs a constant",
                       "Bind it in text format.")
@@ -97,3 +103,19 @@ def _binary(slot: Slot, oid: int, raw: bytes) -> str | Reject:
     if isinstance(number, float) and not math.isfinite(number):
         return "NaN" if math.isnan(number) else "Infinity" if number > 0 else "-Infinity"
     return repr(number)
+
+
+def _moment(oid: int, raw: bytes) -> str | None:
+    """A binary date, timestamp or timestamptz as PostgreSQL reads it back in text (timestamptz in UTC: +00);
+    None past the years Python's datetime holds."""
+    (number,) = struct.unpack(_TIMES[oid], raw)
+    bits = 8 * len(raw) - 1
+    if number in (2**bits - 1, -(2**bits)):
+        return "infinity" if number > 0 else "-infinity"
+    try:
+        if oid == 1082:
+            return (date(2000, 1, 1) + timedelta(days=number)).isoformat()
+        moment = _EPOCH + timedelta(microseconds=number)
+    except OverflowError:
+        return None
+    return moment.isoformat(" ") + ("+00" if oid == 1184 else "")

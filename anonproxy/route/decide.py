@@ -28,6 +28,7 @@ from __future__ import annotations
 from sqlglot import exp
 from sqlglot.tokenizer_core import TokenType
 
+from anonproxy.dp.bound_times import time_columns
 from anonproxy.dp.plan import Packed, measure
 from anonproxy.plan.analysis import analyze
 from anonproxy.plan.bind_values import Slot, representative_text, slots
@@ -200,8 +201,9 @@ def _statement(statement: Statement, role: RolePolicy, index: PolicyIndex) -> De
         return _relayed(tree, role, index)
     _refuse_published(tree, index.policy)
     # (Most statements have no $n: the token scan spares them the walk of the tree.)
-    # In dp mode HAVING is evaluated on the noisy values in the proxy: its parameters are read as constants too.
-    found = slots(tree, having=role.mode == "dp") \
+    # In dp mode HAVING is evaluated on the noisy values in the proxy, and a WHERE bound on a time column narrows
+    # the public time domain: their parameters are read as constants too.
+    found = slots(tree, having=role.mode == "dp", times=time_columns(tree, index) if role.mode == "dp" else None) \
         if any(token.token_type == TokenType.PARAMETER for token in statement.tokens) else ()
     if found:
         return _at_bind(statement, tree, found, role, index)
