@@ -400,7 +400,7 @@ def _check_outer(select: exp.Select, references: dict[str | None, tuple[str, ...
         _arithmetic(where.this, lambda node: checker.row(node, "WHERE"))
     group = select.args.get("group")
     if group is not None:
-        if set(k for k, v in group.args.items() if v) != {"expressions"}:
+        if {k for k, v in group.args.items() if v} != {"expressions"}:
             raise unsupported("ROLLUP, CUBE and GROUPING SETS are not supported in an outer query", OUTER_HINT)
         for key in group.expressions:
             checker.key(key, "GROUP BY")

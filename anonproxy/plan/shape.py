@@ -26,7 +26,13 @@ from dataclasses import dataclass
 from sqlglot import exp
 
 from anonproxy.plan import outer as outer_shapes
-from anonproxy.plan.flatten import flatten, flatten_branches, inline_ctes, over_released, released
+from anonproxy.plan.flatten import (
+    flatten,
+    flatten_branches,
+    inline_ctes,
+    over_released,
+    released,
+)
 from anonproxy.plan.names import drop_database, normalize, output_name
 from anonproxy.plan.refusals import unsupported
 from anonproxy.plan.statements import Statement
@@ -100,7 +106,7 @@ def _name_items(select: exp.Select, names: list[str | None]) -> None:
     """Alias the first ``len(names)`` items with their names (None: PostgreSQL's ``?column?``)."""
     items = []
     for position, item in enumerate(select.expressions):
-        if position >= len(names) or isinstance(item, exp.Alias) or isinstance(item, exp.Star) \
+        if position >= len(names) or isinstance(item, (exp.Alias, exp.Star)) \
                 or (isinstance(item, exp.Column) and isinstance(item.this, exp.Star)):
             items.append(item)
         else:
