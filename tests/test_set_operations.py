@@ -191,3 +191,8 @@ def test_ibis_describe_is_refused_for_its_aggregates(gated_proxy: Endpoint, gate
     assert isinstance(error, psycopg.Error), caught.value
     message = error.diag.message_primary or ""
     assert "UNION" not in message and message.startswith(("min()", "max()", "percentile", "mode")), message
+
+
+def test_explain_names_the_set_operation(reporter: psycopg.Connection[Any]) -> None:
+    explained = [row[0] for row in reporter.execute(f"explain (anonproxy) {BY_SEX} union all {TOTAL}").fetchall()]
+    assert explained[0].startswith("a set operation of the released rows of 2 aggregate queries"), explained
