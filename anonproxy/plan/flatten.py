@@ -16,9 +16,12 @@ alias), ``*`` and ``t.*``, WHERE, and joins. A derived table with aggregates,
 DISTINCT, GROUP BY or HAVING is left for :mod:`anonproxy.plan.outer`, and so
 is every derived table above one that reads nothing else (:func:`over_released`:
 Power BI's TOPN filters the aggregate's rows in a derived table of its own):
-those post-process released rows. Over tables, a derived table with ORDER BY,
-LIMIT, OFFSET, window functions, set operations and every other clause is
-refused, and so is a WITH query unused or recursive.
+those post-process released rows, and so do set operations of aggregate
+queries (:func:`released`, :mod:`anonproxy.plan.set_operations`), whose
+branches are flattened each on its own. Over tables, a derived table with
+ORDER BY, LIMIT, OFFSET, window functions, other set operations and every
+other clause is refused, and so is a WITH query unused or recursive. WITH
+queries around a set operation are visible in its branches.
 
 A WITH query read more than once (MetricFlow reads one in each of two
 aggregate queries it joins) is a copy of its body at each read, as if the

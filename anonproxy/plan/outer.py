@@ -19,6 +19,11 @@ query's answer, including the suppressed rest row when the role reports one:
 ``COUNT(*)`` counts the rows the client would have received, never the groups
 withheld.
 
+A set operation of aggregate queries (:mod:`anonproxy.plan.set_operations`),
+alone or as a derived table of such a level, is an :class:`Outer` too: each
+branch is read from its released rows (a WITH query with positional column
+names, ``anonproxy_c1``...), and ``combines`` says so.
+
 **Series limit** (:class:`Series`): Superset limits a chart to the top N
 groups with ``... FROM t JOIN (SELECT k AS k__, <metric> FROM t GROUP BY k
 ORDER BY <metric> DESC LIMIT N) AS series_limit ON t.k = series_limit.k__
