@@ -196,3 +196,12 @@ def test_ibis_describe_is_refused_for_its_aggregates(gated_proxy: Endpoint, gate
 def test_explain_names_the_set_operation(reporter: psycopg.Connection[Any]) -> None:
     explained = [row[0] for row in reporter.execute(f"explain (anonproxy) {BY_SEX} union all {TOTAL}").fetchall()]
     assert explained[0].startswith("a set operation of the released rows of 2 aggregate queries"), explained
+
+
+def test_parameters_in_the_branches(reporter: psycopg.Connection[Any]) -> None:
+    """$n parameters bound by the driver (psycopg binds on the server) stand in the branches as in the text."""
+    sql = ("select sex, count(*) from adult where age > %s group by sex "
+           "union all select 'Total', count(*) from adult where age > %s")
+    answer = reporter.execute(sql, (40, 40)).fetchall()
+    assert Counter(answer) == Counter(_alone(reporter, sql.replace("%s", "40")))
+    assert len(answer) == 3
