@@ -130,7 +130,7 @@ REFUSED = [
     ("select count(*) from adult a where a.native_country in (select name from countries)", "0A000", "subqueries"),
     ("select count(*) from adult a where exists (select 1 from countries c where c.name = a.native_country)",
      "0A000", "subqueries"),
-    ("select count(*) from adult union all select count(*) from countries", "0A000", "UNION"),
+    ("select count(*) from adult union all select name from countries", "0A000", "UNION"),
     # a reference table keyed by the privacy unit labels one person
     ("select p.nickname, count(*) from adult a join ref_people p on p.id = a.id group by 1", "42501",
      "cannot be joined on identifying column a.id"),
@@ -170,6 +170,14 @@ def test_refused(policy: Policy, role: str, sql: str, sqlstate: str, fragment: s
     assert rejected.sqlstate == sqlstate, (sql, rejected)
     assert fragment in rejected.message, (sql, rejected)
     assert rejected.hint, rejected
+
+
+def test_a_set_operation_with_a_reference_table_branch_is_refused(policy: Policy) -> None:
+    """Each branch of a set operation is gated as if alone over protected data (tests/test_set_operations.py): an
+    aggregate over a reference table alone is refused as such; dp mode refuses set operations."""
+    sql = "select count(*) from adult union all select count(*) from countries"
+    assert "cannot come first in FROM" in rejection(policy, "reporter", sql).message
+    assert "suppress mode only" in rejection(policy, "analyst", sql).message
 
 
 ALLOWED = [

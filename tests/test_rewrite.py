@@ -338,7 +338,7 @@ ROW_LEVEL = [
     ("SELECT count(*) FROM adult WHERE xmin::text = '1'", "42501", "system column xmin"),
     ('SELECT count(*) FROM adult a GROUP BY a."tableoid"', "42501", "system column tableoid"),
     ("SELECT count(*) FROM adult TABLESAMPLE SYSTEM (1)", "42501", "TABLESAMPLE"),
-    ("SELECT count(*) FROM adult UNION SELECT count(*) FROM adult", "0A000", "UNION"),
+    ("SELECT count(*) FROM adult UNION SELECT age FROM adult", "0A000", "UNION"),  # a branch reading rows
     ("SELECT DISTINCT ON (sex) sex, age FROM adult", "0A000", "DISTINCT ON"),
     ("SELECT string_agg(native_country, ',') FROM adult", "0A000", "group_concat"),
     ("SELECT array_agg(age) FROM adult", "0A000", "array_agg"),

@@ -68,7 +68,7 @@ from anonproxy.dp.time_domains import (
     TimeDomain,
     calendar_domain,
 )
-from anonproxy.plan import bounds, post_aggregate
+from anonproxy.plan import bounds, post_aggregate, set_operations
 from anonproxy.plan.analysis import AnalyticQuery, Item, analyze, canonical, filtered
 from anonproxy.plan.expressions import distinct_column
 from anonproxy.plan.outer import Outer, Series
@@ -280,6 +280,9 @@ def _measure(statement: Statement, tree: exp.Expression, role: RolePolicy, polic
         _caps(caps)
     index = PolicyIndex(policy)
     shape = prepare(statement, tree, index)
+    if isinstance(shape, Nested) and isinstance(shape.post, Outer) and shape.post.combines:
+        raise unsupported("UNION, INTERSECT and EXCEPT of aggregate queries are answered in suppress mode only",
+                          set_operations.DP_HINT)
     single = shape.inner if isinstance(shape, Nested) else shape  # a nested shape: the question asked first
     statement, tree = single.statement, single.tree
     interval_of = interval_items.unwrap(tree)  # dp_interval_low/high(x) items: planned as x, then bounded

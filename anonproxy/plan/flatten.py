@@ -16,9 +16,12 @@ alias), ``*`` and ``t.*``, WHERE, and joins. A derived table with aggregates,
 DISTINCT, GROUP BY or HAVING is left for :mod:`anonproxy.plan.outer`, and so
 is every derived table above one that reads nothing else (:func:`over_released`:
 Power BI's TOPN filters the aggregate's rows in a derived table of its own):
-those post-process released rows. Over tables, a derived table with ORDER BY,
-LIMIT, OFFSET, window functions, set operations and every other clause is
-refused, and so is a WITH query unused or recursive.
+those post-process released rows, and so do set operations of aggregate
+queries (:func:`released`, :mod:`anonproxy.plan.set_operations`), whose
+branches are flattened each on its own. Over tables, a derived table with
+ORDER BY, LIMIT, OFFSET, window functions, other set operations and every
+other clause is refused, and so is a WITH query unused or recursive. WITH
+queries around a set operation are visible in its branches.
 
 A WITH query read more than once (MetricFlow reads one in each of two
 aggregate queries it joins) is a copy of its body at each read, as if the
@@ -46,6 +49,7 @@ from sqlglot import exp
 
 from anonproxy.plan.names import output_name, own_nodes, reference, sources
 from anonproxy.plan.refusals import forbidden, unsupported
+from anonproxy.plan.set_operations import selects
 from anonproxy.plan.tables import identifier
 
 HINT = ("A derived table or WITH query over protected tables may select columns and row expressions, rename them, "
@@ -79,15 +83,23 @@ def over_released(select: exp.Select) -> bool:
     derived table, or a derived table that is itself over released rows (Power BI's TOPN nests a filter between
     the aggregate and the outer query; MetricFlow joins two aggregate queries' rows)."""
     items = sources(select)
-    return bool(items) and all(isinstance(item, exp.Subquery) and isinstance(item.this, exp.Select)
-                               and (is_aggregate(item.this) or over_released(item.this)) for item in items)
+    return bool(items) and all(isinstance(item, exp.Subquery) and released(item.this) for item in items)
+
+
+def released(body: exp.Expression) -> bool:
+    """Whether ``body`` (a derived table's, or a statement) gives released rows only: an aggregate query, a query
+    over released rows, or a set operation of those (:mod:`anonproxy.plan.set_operations`)."""
+    if isinstance(body, exp.SetOperation):
+        return all(released(branch) for branch in selects(body))
+    return isinstance(body, exp.Select) and (is_aggregate(body) or over_released(body))
 
 
 def inline_ctes(tree: exp.Expression) -> bool:
     """Replace every reference to a WITH query by a derived table holding a copy of its body; whether any."""
-    if not isinstance(tree, exp.Select):
+    if not isinstance(tree, (exp.Select, exp.SetOperation)):
         if any(select.args.get("with_") for select in tree.find_all(exp.Select)) or tree.args.get("with_"):
-            raise unsupported("WITH is supported over protected tables only around a SELECT", HINT)
+            raise unsupported("WITH is supported over protected tables only around a SELECT or a set operation",
+                              HINT)
         return False
     uses: Counter[int] = Counter()
     defined: list[exp.CTE] = []
@@ -98,18 +110,15 @@ def inline_ctes(tree: exp.Expression) -> bool:
     return bool(defined)
 
 
-def _branches(body: exp.Expression) -> list[exp.Select]:
-    """The SELECTs a derived table's body is made of: itself, or each branch of its set operations."""
-    if isinstance(body, exp.Subquery):
-        return _branches(body.this)
-    if isinstance(body, exp.SetOperation):
-        return _branches(body.this) + _branches(body.expression)
-    return [body] if isinstance(body, exp.Select) else []
-
-
-def _inline_ctes(select: exp.Select, visible: dict[str, exp.CTE], uses: Counter[int], defined: list[exp.CTE]) -> None:
+def _inline_ctes(query: exp.Expression, visible: dict[str, exp.CTE], uses: Counter[int],
+                 defined: list[exp.CTE]) -> None:
+    if isinstance(query, exp.Subquery):
+        _inline_ctes(query.this, visible, uses, defined)
+        return
+    if not isinstance(query, (exp.Select, exp.SetOperation)):
+        return
     scope = dict(visible)
-    with_ = select.args.get("with_")
+    with_ = query.args.get("with_")
     if with_ is not None:
         if with_.args.get("recursive"):
             raise unsupported("WITH RECURSIVE is not supported over protected tables", HINT)
@@ -120,18 +129,21 @@ def _inline_ctes(select: exp.Select, visible: dict[str, exp.CTE], uses: Counter[
                 raise unsupported("WITH ... AS [NOT] MATERIALIZED and other WITH options are not supported over "
                                   "protected tables", HINT)
             body = cte.this
-            if not isinstance(body, exp.Select):
-                raise unsupported(f"WITH query {identifier(alias.this)} must be a plain SELECT (no UNION, VALUES "
-                                  "or data-modifying statement)", HINT)
+            if not isinstance(body, (exp.Select, exp.SetOperation)):
+                raise unsupported(f"WITH query {identifier(alias.this)} must be a SELECT or a set operation (no "
+                                  "VALUES or data-modifying statement)", HINT)
             _inline_ctes(body, scope, uses, defined)  # earlier WITH queries are visible in later ones, not itself
             scope[identifier(alias.this) or ""] = cte
             defined.append(cte)
-        select.set("with_", None)
+        query.set("with_", None)
+    if isinstance(query, exp.SetOperation):  # the WITH queries of a set operation are visible in its branches
+        _inline_ctes(query.this, scope, uses, defined)
+        _inline_ctes(query.expression, scope, uses, defined)
+        return
+    select = query
     for item in sources(select):
         if isinstance(item, exp.Subquery) and isinstance(item.this, (exp.Select, exp.SetOperation)):
-            # A set operation's branches read WITH queries too: counted here, refused later for what it is.
-            for branch in _branches(item.this):
-                _inline_ctes(branch, scope, uses, defined)
+            _inline_ctes(item.this, scope, uses, defined)  # a set operation's branches read WITH queries too
             continue
         cte = _cte_of(item, scope)
         if cte is None:
@@ -197,6 +209,15 @@ def flatten(select: exp.Select, source: str) -> bool:
     return changed
 
 
+def flatten_branches(operation: exp.SetOperation, source: str) -> bool:
+    """:func:`flatten` each SELECT branch of a set operation; whether any changed."""
+    changed = False
+    for branch in selects(operation):
+        if isinstance(branch, exp.Select):
+            changed = flatten(branch, source) or changed
+    return changed
+
+
 def _parameters(node: exp.Expression) -> set[int]:
     """The numbers of the $n parameters ``node`` holds (its nested queries included)."""
     return {int(found.this.name) for found in node.find_all(exp.Parameter)
@@ -224,9 +245,14 @@ def _flatten(select: exp.Select, source: str) -> bool:
         item = sources(select)[position]
         if isinstance(item, exp.Subquery):
             body = item.this
+            if isinstance(body, exp.SetOperation):
+                changed = flatten_branches(body, source) or changed
             if not isinstance(body, exp.Select):
+                if released(body):
+                    position += 1
+                    continue  # a set operation of aggregate queries: left for anonproxy.plan.outer
                 raise unsupported("UNION, INTERSECT, EXCEPT and VALUES are not supported as derived tables over "
-                                  "protected tables", HINT)
+                                  "protected tables, except a set operation of aggregate queries", HINT)
             changed = _flatten(body, source) or changed
             if not is_aggregate(body) and not over_released(body):
                 _inline(select, position, item, body, source)

@@ -19,6 +19,11 @@ query's answer, including the suppressed rest row when the role reports one:
 ``COUNT(*)`` counts the rows the client would have received, never the groups
 withheld.
 
+A set operation of aggregate queries (:mod:`anonproxy.plan.set_operations`),
+alone or as a derived table of such a level, is an :class:`Outer` too: each
+branch is read from its released rows (a WITH query with positional column
+names, ``anonproxy_c1``...), and ``combines`` says so.
+
 **Series limit** (:class:`Series`): Superset limits a chart to the top N
 groups with ``... FROM t JOIN (SELECT k AS k__, <metric> FROM t GROUP BY k
 ORDER BY <metric> DESC LIMIT N) AS series_limit ON t.k = series_limit.k__
@@ -40,7 +45,7 @@ from typing import TypeVar
 
 from sqlglot import exp
 
-from anonproxy.plan import render
+from anonproxy.plan import render, set_operations
 from anonproxy.plan.expressions import Checker, Scope
 from anonproxy.plan.flatten import is_aggregate, over_released
 from anonproxy.plan.names import output_name, own_nodes, reference, sources
@@ -74,9 +79,12 @@ class Outer:
     several aggregate queries' answers (MetricFlow)."""
 
     inner: exp.Select
-    outer: exp.Select  # where it read ``inner``, it reads the table named ROWS (and each of ``more`` by its name)
+    # Where it read ``inner``, it reads the table named ROWS (and each of ``more`` by its name); a set operation
+    # when the client's statement is one (anonproxy.plan.set_operations).
+    outer: exp.Select | exp.SetOperation
     names: tuple[str, ...]  # the inner query's output column names
     more: tuple[Released, ...] = ()  # each asked on its own, after ``inner``
+    combines: bool = False  # whether a set operation combines some of the aggregate queries' rows
 
     def sql(self) -> str:
         """The outer query, reading the released rows from a WITH query named ROWS that the back-end defines."""
@@ -206,19 +214,86 @@ def inner_names(inner: exp.Select, source: str) -> tuple[str, ...]:
     return tuple(output_name(item, source) or "?column?" for item in inner.expressions)
 
 
-def outer(select: exp.Select, source: str) -> Outer:
+def outer(select: exp.Select | exp.SetOperation, source: str) -> Outer:
     """``select`` reads only released rows (:func:`anonproxy.plan.flatten.over_released`): aggregate derived
     tables, or derived tables over them, stacked and joined at any depth; each level post-processes the rows of
-    the levels below it. Each distinct aggregate query is one question (one read twice is asked once)."""
+    the levels below it. Or ``select`` is a set operation of such queries and aggregate queries
+    (:func:`anonproxy.plan.flatten.released`). Each distinct aggregate query is one question (one read twice is
+    asked once)."""
     rewritten = select.copy()
     found: list[tuple[exp.Select, tuple[str, ...], str]] = []
-    _level(rewritten, source, found)
+    if isinstance(rewritten, exp.SetOperation):
+        _combine(rewritten, source, found)
+    else:
+        _level(rewritten, source, found)
     for division in list(rewritten.find_all(exp.Div, exp.Mod)):
         divisor = division.expression
         division.set("expression", exp.Nullif(this=divisor.copy(), expression=exp.Literal.number(0)))
     (inner, names, _), *more = found
     return Outer(inner=inner, outer=rewritten, names=names,
-                 more=tuple(Released(body, columns, name) for body, columns, name in more))
+                 more=tuple(Released(body, columns, name) for body, columns, name in more),
+                 combines=rewritten.find(exp.SetOperation) is not None)
+
+
+def _combine(operation: exp.SetOperation, source: str, found: list[tuple[exp.Select, tuple[str, ...], str]],
+             ) -> tuple[str, ...]:
+    """Replace each branch of a set operation by a read of its released rows (``found`` collects the aggregate
+    queries); its output column names (its first branch's)."""
+    names: tuple[str, ...] | None = None
+    for branch in set_operations.selects(operation):
+        if not isinstance(branch, exp.Select):
+            raise unsupported("VALUES is not supported in a set operation of aggregate queries", set_operations.HINT)
+        if over_released(branch):
+            columns = _level(branch, source, found)
+        else:
+            columns = inner_names(branch, source)
+            name = _register(branch, _positions(len(columns)), found)
+            branch.replace(_read(name, columns, [_untyped(item) for item in branch.expressions]))
+        if names is not None and len(columns) != len(names):
+            raise unsupported("each branch of a set operation must have as many columns as the first",
+                              set_operations.HINT)
+        names = names or columns
+    assert names is not None
+    set_operations.check(operation, names)
+    return names
+
+
+def _positions(count: int) -> tuple[str, ...]:
+    """The column names of a branch's released rows (positions: a branch's own names may repeat)."""
+    return tuple(f"anonproxy_c{i}" for i in range(1, count + 1))
+
+
+def _read(name: str, names: tuple[str, ...], constants: list[exp.Expression | None]) -> exp.Select:
+    """``SELECT anonproxy_c1 AS "<name 1>", ... FROM "<name>"``: a branch's released rows, under its names; an
+    untyped constant is written again in place of its column (see :func:`_untyped`)."""
+    return exp.Select(
+        expressions=[exp.Alias(this=constant or exp.column(column), alias=exp.Identifier(this=alias, quoted=True))
+                     for column, alias, constant in zip(_positions(len(names)), names, constants, strict=True)],
+        from_=exp.From(this=exp.Table(this=exp.Identifier(this=name, quoted=True))))
+
+
+def _untyped(item: exp.Expression) -> exp.Expression | None:
+    """A copy of a select item that is a string constant or NULL. PostgreSQL types such a constant from the other
+    branches of the set operation (NULL beside an integer column is an integer), but a WITH query's column has
+    a type of its own (text): the branch's released rows hold the constant in every row (the suppressed-rest row
+    too), so it is read from the statement, not from them, and the result's types are the client's statement's."""
+    core = item.this if isinstance(item, exp.Alias) else item
+    if isinstance(core, exp.Null) or (isinstance(core, exp.Literal) and core.is_string):
+        return core.copy()
+    return None
+
+
+def _register(body: exp.Select, names: tuple[str, ...], found: list[tuple[exp.Select, tuple[str, ...], str]],
+              ) -> str:
+    """The name of the WITH query of ``body``'s released rows, its columns named ``names`` (one asked twice is
+    asked once)."""
+    text = render.sql(body)
+    known = next((name for other, columns, name in found if columns == names and render.sql(other) == text), None)
+    if known is not None:
+        return known
+    name = ROWS if not found else f"{ROWS}_{len(found) + 1}"
+    found.append((body, names, name))
+    return name
 
 
 def _level(select: exp.Select, source: str, found: list[tuple[exp.Select, tuple[str, ...], str]],
@@ -227,22 +302,21 @@ def _level(select: exp.Select, source: str, found: list[tuple[exp.Select, tuple[
     rows (``found`` collects them); its output column names."""
     references: dict[str | None, tuple[str, ...]] = {}
     for item in sources(select):
-        if not isinstance(item, exp.Subquery) or not isinstance(item.this, exp.Select):
+        if not isinstance(item, exp.Subquery) or not isinstance(item.this, (exp.Select, exp.SetOperation)):
             raise unsupported("an outer query over an aggregate query may read only aggregate queries and derived "
                               "tables over them", OUTER_HINT)
         alias, body = reference(item), item.this
         if alias in references:
             raise unsupported(f"derived table name {alias or '(none)'} appears twice in FROM",
                               "Give each derived table its own alias.")
+        if isinstance(body, exp.SetOperation):
+            references[alias] = _columns(item, _combine(body, source, found))
+            continue
         if over_released(body):
             references[alias] = _columns(item, _level(body, source, found))
             continue
         names = _columns(item, inner_names(body, source))
-        text = render.sql(body)
-        name = next((known for other, _, known in found if render.sql(other) == text), None)
-        if name is None:
-            name = ROWS if not found else f"{ROWS}_{len(found) + 1}"
-            found.append((body, names, name))
+        name = _register(body, names, found)
         label = item.args.get("alias")
         item.replace(exp.Table(this=exp.Identifier(this=name, quoted=True),
                                alias=exp.TableAlias(this=label.this.copy()) if label is not None and label.this
@@ -331,7 +405,7 @@ def _check_outer(select: exp.Select, references: dict[str | None, tuple[str, ...
         _arithmetic(where.this, lambda node: checker.row(node, "WHERE"))
     group = select.args.get("group")
     if group is not None:
-        if set(k for k, v in group.args.items() if v) != {"expressions"}:
+        if {k for k, v in group.args.items() if v} != {"expressions"}:
             raise unsupported("ROLLUP, CUBE and GROUPING SETS are not supported in an outer query", OUTER_HINT)
         for key in group.expressions:
             checker.key(key, "GROUP BY")

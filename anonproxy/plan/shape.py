@@ -14,7 +14,9 @@ one of:
 * :class:`Nested`: an aggregate query (its :class:`Single`) and what is done
   with its released rows (:class:`anonproxy.plan.outer.Outer`, which may join
   the released rows of further aggregate queries, or
-  :class:`anonproxy.plan.outer.Series`).
+  :class:`anonproxy.plan.outer.Series`). A set operation of aggregate queries
+  (:mod:`anonproxy.plan.set_operations`) is an :class:`anonproxy.plan.outer.Outer`
+  too: the set operation combines the branches' released rows.
 """
 
 from __future__ import annotations
@@ -24,7 +26,13 @@ from dataclasses import dataclass
 from sqlglot import exp
 
 from anonproxy.plan import outer as outer_shapes
-from anonproxy.plan.flatten import flatten, inline_ctes, over_released
+from anonproxy.plan.flatten import (
+    flatten,
+    flatten_branches,
+    inline_ctes,
+    over_released,
+    released,
+)
 from anonproxy.plan.names import drop_database, normalize, output_name
 from anonproxy.plan.refusals import unsupported
 from anonproxy.plan.statements import Statement
@@ -44,7 +52,7 @@ class Nested:
 
 
 Shape = Single | Nested
-_NESTING = (exp.Subquery, exp.With, exp.CTE)  # what the passes take apart (with three-part column names)
+_NESTING = (exp.Subquery, exp.With, exp.CTE, exp.SetOperation)  # what the passes take apart (with three-part column names)
 
 
 def prepare(statement: Statement, tree: exp.Expression, index: PolicyIndex) -> Shape:
@@ -57,15 +65,18 @@ def prepare(statement: Statement, tree: exp.Expression, index: PolicyIndex) -> S
         if isinstance(tree, exp.Select) else []
     changed = inline_ctes(tree)
     changed = normalize(tree, index) or changed
+    if isinstance(tree, exp.SetOperation):
+        changed = flatten_branches(tree, statement.source) or changed
+        if released(tree):
+            return _nested(outer_shapes.outer(tree, statement.source), statement)
     if not isinstance(tree, exp.Select):
         return Single(statement, tree) if not changed else named(tree, [], statement)
     changed = flatten(tree, statement.source) or changed
     if over_released(tree):
         post = outer_shapes.outer(tree, statement.source)
+        assert isinstance(post.outer, exp.Select)
         _name_items(post.outer, names)
-        for more in post.more:
-            named(more.inner, list(more.names), statement)
-        return Nested(named(post.inner, list(post.names), statement), post)
+        return _nested(post, statement)
     position = outer_shapes.nested_aggregate(tree)
     if position is None:
         return Single(statement, tree) if not changed else named(tree, names, statement)
@@ -76,6 +87,12 @@ def prepare(statement: Statement, tree: exp.Expression, index: PolicyIndex) -> S
     _name_items(series.rest, names)
     return Nested(named(series.top, [output_name(item, statement.source) for item in series.top.expressions],
                         statement), series)
+
+
+def _nested(post: outer_shapes.Outer, statement: Statement) -> Nested:
+    for more in post.more:
+        named(more.inner, list(more.names), statement)
+    return Nested(named(post.inner, list(post.names), statement), post)
 
 
 def named(tree: exp.Expression, names: list[str | None], statement: Statement) -> Single:
@@ -89,7 +106,7 @@ def _name_items(select: exp.Select, names: list[str | None]) -> None:
     """Alias the first ``len(names)`` items with their names (None: PostgreSQL's ``?column?``)."""
     items = []
     for position, item in enumerate(select.expressions):
-        if position >= len(names) or isinstance(item, exp.Alias) or isinstance(item, exp.Star) \
+        if position >= len(names) or isinstance(item, (exp.Alias, exp.Star)) \
                 or (isinstance(item, exp.Column) and isinstance(item.this, exp.Star)):
             items.append(item)
         else:

@@ -134,7 +134,10 @@ def _explain_anonproxy(query: str, role: RolePolicy, policy: Policy) -> Decision
             first = ("an outer query over the aggregate query below: it reads only the rows that query releases"
                      if isinstance(shape.post, Outer) else "a series limit: the top groups' query below is asked "
                      "first; the chart's query then reads only the groups it releases, under the same rules")
-            if isinstance(shape.post, Outer) and shape.post.more:
+            if isinstance(shape.post, Outer) and shape.post.combines:
+                first = (f"a set operation of the released rows of {1 + len(shape.post.more)} aggregate queries, "
+                         "each suppressed on its own as if sent alone; the first one below")
+            elif isinstance(shape.post, Outer) and shape.post.more:
                 first += (f", and those of the {len(shape.post.more)} other aggregate queries it joins, each "
                           "suppressed on its own as if sent alone")
             lines = (first, *lines)
