@@ -226,7 +226,11 @@ def literal_instant(text: str) -> Decimal | None:
 def strptime(text: str, strftime_format: str) -> Decimal | None:
     """``text`` read with a strftime format (as sqlglot translates to_timestamp's), in microseconds since
     2000-01-01; None when Python's strict reading fails or the year is outside 1..9999 (PostgreSQL reads what
-    Python reads strictly, and more)."""
+    Python reads strictly, and more), and for text other than ASCII: Python's digits and its case-blind matching
+    are Unicode's ('٢٠٢٥', '２０２５' read as 2025), PostgreSQL's are ASCII, and it fails on them only when a row
+    reaches the call."""
+    if not (text.isascii() and strftime_format.isascii()):
+        return None
     try:
         parsed = datetime.strptime(text, strftime_format)
     except ValueError:
