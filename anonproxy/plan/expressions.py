@@ -495,7 +495,8 @@ class Checker:
         if self.released:
             return  # an error over released values depends on nothing the client could not see in the answer
         try:
-            self._proved[id(node)] = bounds.evaluate(node, self.facts, self.zones)  # the tree outlives the checker: ids hold
+            # the tree outlives the checker: ids hold
+            self._proved[id(node)] = bounds.evaluate(node, self.facts, self.zones)
         except bounds.Unsafe as unsafe:
             raise unsupported(f"not allowed in {clause} of a query over protected table {self.table}: "
                               f"{unsafe.reason}", unsafe.hint) from None

@@ -137,9 +137,9 @@ WITHOUT_SERVER_LIST = frozenset({"utc", "gmt"})
 
 def known_zone(name: str, zones: frozenset[str] | None) -> bool:
     """Whether ``name`` is a time zone of the server's tz database (``zones``, Policy.zones: its names in lower
-    case; None: not read, then only UTC and GMT), which PostgreSQL finds whatever the row, within a day of UTC. Abbreviations
-    outside it and POSIX zones (UTC+99) are not accepted: an offset may be anything there. Nor is a name with spaces
-    around it: PostgreSQL does not strip them."""
+    case; None: not read, then only UTC and GMT), which PostgreSQL finds whatever the row, within a day of UTC.
+    Abbreviations outside it and POSIX zones (UTC+99) are not accepted: an offset may be anything there. Nor is a
+    name with spaces around it: PostgreSQL does not strip them."""
     return folded(name) in (WITHOUT_SERVER_LIST if zones is None else zones)
 
 
@@ -226,9 +226,9 @@ def literal_instant(text: str) -> Decimal | None:
 def strptime(text: str, strftime_format: str) -> Decimal | None:
     """``text`` read with a strftime format (as sqlglot translates to_timestamp's), in microseconds since
     2000-01-01; None when Python's strict reading fails or the year is outside 1..9999 (PostgreSQL reads what
-    Python reads strictly, and more), and for text other than ASCII: Python's digits and its case-blind matching
-    are Unicode's ('٢٠٢٥', '２０２５' read as 2025), PostgreSQL's are ASCII, and it fails on them only when a row
-    reaches the call."""
+    Python reads strictly, and more), and for text other than ASCII: Python's digits and its case-blind
+    matching are Unicode's (Arabic-Indic or fullwidth digits read as 2025), PostgreSQL's are ASCII, and it fails
+    on them only when a row reaches the call."""
     if not (text.isascii() and strftime_format.isascii()):
         return None
     try:
