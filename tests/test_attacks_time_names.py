@@ -42,8 +42,8 @@ NAMES = [
     # Python's strptime reads any Unicode digits; PostgreSQL's to_timestamp only ASCII ones
     (f"select count(*) from events where person_id = 17 and at > to_timestamp('{ARABIC_2025}-01-01', 'YYYY-MM-DD')",
      ARABIC_2025, "2025"),
-    (f"select count(*) from events where person_id = 17 and at > to_timestamp('{FULLWIDTH_2025}-01-01', "
-     "'YYYY-MM-DD')", FULLWIDTH_2025, "2025"),
+    (f"select count(*) from events where person_id = 17 and at > to_timestamp('{FULLWIDTH_2025}-01', 'YYYY-MM')",
+     FULLWIDTH_2025, "2025"),
 ]
 
 
@@ -64,8 +64,8 @@ THROUGH = [
     ("select count(*) from visits where person_id = {person} and extract('{name}' from visited_at) > 60",
      (f"wee{KELVIN}",)),
     # (a difference: a bare comparison with it is evaluated when PostgreSQL plans, to estimate it, whatever the rows)
-    ("select count(*) from visits where person_id = {person} "
-     "and (visited_at - to_timestamp('{name}', 'YYYY-MM-DD')) > interval '0'",
+    (("select count(*) from visits where person_id = {person} "
+      "and (visited_at - to_timestamp('{name}', 'YYYY-MM-DD')) > interval '0'"),
      (f"{ARABIC_2025}-01-01", f"{FULLWIDTH_2025}-01-01")),
 ]
 CASES = [(template, name) for template, names in THROUGH for name in names]
