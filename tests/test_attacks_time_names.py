@@ -4,9 +4,11 @@ proxy's check and PostgreSQL read them differently.
 PostgreSQL matches these names case-insensitively in ASCII only, and does not strip spaces around a zone name; it
 fails on a name it does not know only when a row reaches the call, so the error tells whether any row did (one
 person's row, under a WHERE that isolates it). The proof used to strip the zone (' UTC') and lower names with
-Python's Unicode lower(), which maps the Kelvin sign (U+212A) to 'k' ('WEE\u212a', 'Asia/\u212aolkata'): each such
-statement was admitted and PostgreSQL raised its error for exactly the rows the attacker aimed at. Each is now
-refused (0A000) before any row is read, in both modes, bound as a parameter too, and charges nothing.
+Python's Unicode lower(), which maps the Kelvin sign (U+212A) to 'k' ('WEE\u212a', 'Asia/\u212aolkata'), and read
+to_timestamp's constant text with Python's strptime, which takes any Unicode digits ('\u0662\u0660\u0662\u0665' is
+2025 to it, not to PostgreSQL): each such statement was admitted and PostgreSQL raised its error for exactly the rows
+the attacker aimed at. Each is now refused (0A000) before any row is read, in both modes, bound as a parameter too,
+and charges nothing.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from psycopg import pq
 from test_time_functions import admitted, refused
 
 KELVIN = "\u212a"  # KELVIN SIGN: Python's "\u212a".lower() == "k"; PostgreSQL leaves it as it is
+ARABIC_2025 = "\u0662\u0660\u0662\u0665"  # ARABIC-INDIC DIGITs: Python's int() and strptime read them as 2025
+FULLWIDTH_2025 = "\uff12\uff10\uff12\uff15"  # FULLWIDTH DIGITs, the same
 
 # (the attack over the test policy's ``events``, the same statement spelled as PostgreSQL knows it)
 NAMES = [
@@ -35,6 +39,11 @@ NAMES = [
     (f"select count(*) from events where person_id = 17 and date_part('wee{KELVIN}', at) > 1", KELVIN, "k"),
     (f"select count(*) from events where person_id = 17 and extract('wee{KELVIN}' from at) > 1", KELVIN, "k"),
     (f"select count(*) from events where person_id = 17 and extract(wee{KELVIN} from at) > 1", KELVIN, "k"),
+    # Python's strptime reads any Unicode digits; PostgreSQL's to_timestamp only ASCII ones
+    (f"select count(*) from events where person_id = 17 and at > to_timestamp('{ARABIC_2025}-01-01', 'YYYY-MM-DD')",
+     ARABIC_2025, "2025"),
+    (f"select count(*) from events where person_id = 17 and at > to_timestamp('{FULLWIDTH_2025}-01', 'YYYY-MM')",
+     FULLWIDTH_2025, "2025"),
 ]
 
 
@@ -54,6 +63,10 @@ THROUGH = [
      (f"WEE{KELVIN}",)),
     ("select count(*) from visits where person_id = {person} and extract('{name}' from visited_at) > 60",
      (f"wee{KELVIN}",)),
+    # (a difference: a bare comparison with it is evaluated when PostgreSQL plans, to estimate it, whatever the rows)
+    (("select count(*) from visits where person_id = {person} "
+      "and (visited_at - to_timestamp('{name}', 'YYYY-MM-DD')) > interval '0'"),
+     (f"{ARABIC_2025}-01-01", f"{FULLWIDTH_2025}-01-01")),
 ]
 CASES = [(template, name) for template, names in THROUGH for name in names]
 

@@ -48,13 +48,18 @@ EVENT_TYPES = {"event_id": "bigint", "person_id": "integer", "at": "timestamp wi
 EVENT_COLUMNS = {"event_id": ColumnPolicy("event_id", "identifier"), "person_id": ColumnPolicy("person_id", "identifier"),
                  "kind": ColumnPolicy("kind", domain=("web", "app"))}
 EVENTS = LinkedTable("public.events", "person_id", "public.adult", "id", EVENT_COLUMNS, types=EVENT_TYPES)
-POLICY = Policy(version=1, tables={"public.adult": ADULT}, links={"public.events": EVENTS})
+# Part of a server's tz database (pg_timezone_names, folded), as a policy read from PostgreSQL carries it: the zones
+# the proof accepts ('Mars/Olympus' and the like are in none).
+ZONES = frozenset({"utc", "gmt", "europe/paris", "asia/tokyo", "asia/kolkata", "america/new_york",
+                   "pacific/kiritimati", "etc/gmt+12", "america/st_johns", "asia/kathmandu"})
+POLICY = Policy(version=1, tables={"public.adult": ADULT}, links={"public.events": EVENTS}, zones=ZONES)
 # The same, with the time columns' declared bounds (issue 19 item 1): then no infinity, and a narrow range.
 BOUNDED = Policy(version=1, tables={"public.adult": ADULT}, links={"public.events": dataclasses.replace(
     EVENTS, columns=EVENT_COLUMNS | {
         "at": ColumnPolicy("at", earliest=datetime(2025, 1, 1, tzinfo=UTC), latest=datetime(2026, 12, 31, tzinfo=UTC)),
         "day": ColumnPolicy("day", earliest=datetime(2025, 1, 1), latest=datetime(2026, 12, 31)),
-        "local": ColumnPolicy("local", earliest=datetime(2025, 1, 1), latest=datetime(2026, 12, 31))})})
+        "local": ColumnPolicy("local", earliest=datetime(2025, 1, 1), latest=datetime(2026, 12, 31))})},
+    zones=ZONES)
 SUPPRESS = RolePolicy("reporter", "suppress", SuppressionParams(k=K))
 DP = RolePolicy("analyst", "dp")
 PARAMS = DPParams(epsilon=1.0, delta=1e-6)

@@ -295,7 +295,7 @@ def _measure(statement: Statement, tree: exp.Expression, role: RolePolicy, polic
     caps = ONE_ROW if query.one_row_per_person else caps or declared_caps(role, query.owner)
     groups_cap, rows_cap = _caps(caps)
 
-    columns = _Columns(query, rows_cap, tree)
+    columns = _Columns(query, rows_cap, tree, policy.zones)
     public = _public_domains(query, tree, columns) if query.keys else None
     within = [domain.within for domain in public or () if isinstance(domain, TimeDomain)]
     if within:  # rows outside a calendar key's declared range fall in none of its buckets
@@ -671,8 +671,9 @@ class _Draft:
 class _Columns:
     """The statistics and quantiles the query's aggregates need, each computed once."""
 
-    def __init__(self, query: AnalyticQuery, rows_cap: int, tree: exp.Select) -> None:
+    def __init__(self, query: AnalyticQuery, rows_cap: int, tree: exp.Select, zones: frozenset[str] | None) -> None:
         self.query = query
+        self.zones = zones  # the server's time zone names (Policy.zones), for bounds of derived arguments
         self.rows_cap = rows_cap
         self.tables = dict(query.sources)
         self.nullable = _nullable_side(tree, self.tables)
@@ -890,7 +891,7 @@ class _Columns:
                                                   and isinstance(_unparen(argument.this), exp.Column)):
             return None
         try:
-            found = bounds.evaluate(argument, self.facts)
+            found = bounds.evaluate(argument, self.facts, self.zones)
         except bounds.Unsafe:
             return None  # the proof passed with the columns' types; without their bounds no range follows
         if found.type not in bounds.NUMBERS or not (found.low.is_finite() and found.high.is_finite()):

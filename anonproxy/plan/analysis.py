@@ -200,7 +200,7 @@ def analyze(statement: Statement, tree: exp.Expression, index: PolicyIndex, para
         unaliased={(s.table.schema, s.table.name): s.reference for s in sources if s.node.args.get("alias") is None},
         identifiers={source.reference: _identifier_columns(source.table) for source in sources},
     )
-    checker = Checker(scope, params, anchor.table.policy_name, dp, statement.source)
+    checker = Checker(scope, params, anchor.table.policy_name, dp, statement.source, zones=index.policy.zones)
     nodes = list(own_nodes(tree))  # the two passes below change nodes in place, never the list's
     _qualify_bare_columns(tree, nodes, scope)
     _arrays_as_lists(nodes)

@@ -135,14 +135,15 @@ class Value:
 Facts = Callable[[exp.Column], ColumnFacts]
 
 
-def evaluate(node: exp.Expression, facts: Facts) -> Value:
-    """The value of ``node``; raises :class:`Unsafe` if some row could make it raise an error."""
+def evaluate(node: exp.Expression, facts: Facts, zones: frozenset[str] | None = None) -> Value:
+    """The value of ``node``; raises :class:`Unsafe` if some row could make it raise an error. ``zones``: the time
+    zone names the server knows (Policy.zones; None: UTC and GMT only)."""
     with localcontext() as context:
         # Sums and products of bounds are exact at 400 digits; a quotient is rounded to nearest, which is monotone:
         # a bound at or past a limit (every limit is representable) never rounds back below it.
         context.prec, context.Emax, context.Emin = 400, 999_999, -999_999
         try:
-            return _Interpreter(facts).value(node)
+            return _Interpreter(facts, zones).value(node)
         except ArithmeticError:  # decimal's own overflow: bounds beyond 10^999999
             raise Unsafe(f"{_sql(node)} computes values too large to bound", DECLARE_HINT[0].upper()
                          + DECLARE_HINT[1:] + ".") from None
@@ -201,8 +202,9 @@ _AGGREGATES = (exp.Count, exp.Sum, exp.Avg, exp.Min, exp.Max, exp.Variance, exp.
 
 
 class _Interpreter:
-    def __init__(self, facts: Facts) -> None:
+    def __init__(self, facts: Facts, zones: frozenset[str] | None) -> None:
         self.facts = facts
+        self.zones = zones
         self.reads = 0  # columns and parameters evaluated so far: a subtree that read one is not constant
 
     def value(self, node: exp.Expression) -> Value:
@@ -621,9 +623,10 @@ class _Interpreter:
     # -- time zones, casts and arithmetic on dates and timestamps ---------------------------------------------
 
     def _zone(self, zone: exp.Expression, node: exp.Expression) -> None:
-        if not (isinstance(zone, exp.Literal) and zone.is_string and tv.known_zone(zone.this)):
-            raise Unsafe(f"the time zone of {_sql(node)} must be a constant IANA name or UTC: an unknown zone fails "
-                         "only when a row reaches it, and that error reveals whether any did",
+        if not (isinstance(zone, exp.Literal) and zone.is_string and tv.known_zone(zone.this, self.zones)):
+            raise Unsafe(f"the time zone of {_sql(node)} must be a constant name of the server's tz database "
+                         "(pg_timezone_names) or UTC: an unknown zone fails only when a row reaches it, and that error "
+                         "reveals whether any did",
                          "AT TIME ZONE 'UTC', AT TIME ZONE 'Europe/Paris'.")
 
     def _attimezone(self, node: exp.AtTimeZone) -> Value:

@@ -404,8 +404,9 @@ class Checker:
     """Validates expressions of one query; raises a Refusal naming the first construct not allowed."""
 
     def __init__(self, scope: Scope, params: SuppressionParams, table: str, dp: bool = False,
-                 source: str | None = None, released: bool = False) -> None:
+                 source: str | None = None, released: bool = False, zones: frozenset[str] | None = None) -> None:
         self.scope = scope
+        self.zones = zones  # the time zone names the server knows (Policy.zones), for the no-error proof
         # The columns are released values (an outer query over an aggregate query's answer): what is allowed over
         # aggregates (casts, windows) is allowed over them, and they need no no-error proof.
         self.released = released
@@ -475,7 +476,7 @@ class Checker:
         """What a checked row-level expression evaluates to: its type and, for a number, its bounds (as its proof
         found, when the node was proved on its own)."""
         proved = self._proved.get(id(node))
-        return proved if proved is not None else bounds.evaluate(node, self.facts)
+        return proved if proved is not None else bounds.evaluate(node, self.facts, self.zones)
 
     def join_condition(self, node: exp.Expression) -> None:
         """A JOIN condition next to the declared key: row-level, and without identifying columns."""
@@ -494,7 +495,8 @@ class Checker:
         if self.released:
             return  # an error over released values depends on nothing the client could not see in the answer
         try:
-            self._proved[id(node)] = bounds.evaluate(node, self.facts)  # the tree outlives the checker: ids hold
+            # the tree outlives the checker: ids hold
+            self._proved[id(node)] = bounds.evaluate(node, self.facts, self.zones)
         except bounds.Unsafe as unsafe:
             raise unsupported(f"not allowed in {clause} of a query over protected table {self.table}: "
                               f"{unsafe.reason}", unsafe.hint) from None

@@ -24,15 +24,16 @@ Where the values come from:
 
 Shifts are counted generously: a session time zone moves a local time by up to
 :data:`SESSION_ZONE_SHIFT` (PostgreSQL accepts POSIX zones such as ``UTC+99``
-there); a time zone named in the statement must be an IANA name (or UTC/GMT),
-within a day of UTC.
+there); a time zone named in the statement must be a name of the SERVER's tz
+database (pg_timezone_names, read with the policy: Policy.zones), within a day of
+UTC. Not the proxy host's: when the two differ (another host, another tzdata
+version, Python's ``tzdata`` package), a name only the proxy knows would fail in
+PostgreSQL only when a row reaches the call.
 """
 
 from __future__ import annotations
 
-import functools
 import re
-import zoneinfo
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -129,16 +130,17 @@ ALL_FIELDS = frozenset(_DATE_FIELDS) | frozenset(_TIME_FIELDS) | frozenset(_ZONE
 ALL_UNITS = frozenset(TRUNCATION) | frozenset(_PLURALS)
 
 
-@functools.lru_cache(maxsize=1)
-def _zones() -> frozenset[str]:
-    return frozenset(name.lower() for name in zoneinfo.available_timezones()) | {"utc", "gmt"}
+# The zones accepted when the server's list was not read (a policy built in memory): GMT is built into PostgreSQL,
+# UTC is in every tz database and in its default abbreviations.
+WITHOUT_SERVER_LIST = frozenset({"utc", "gmt"})
 
 
-def known_zone(name: str) -> bool:
-    """Whether ``name`` is an IANA time zone (or UTC/GMT): PostgreSQL knows it, within a day of UTC. Abbreviations
-    and POSIX zones (EST, UTC+99) are not accepted: an offset may be anything there. Nor is a name with spaces
-    around it: PostgreSQL does not strip them."""
-    return folded(name) in _zones()
+def known_zone(name: str, zones: frozenset[str] | None) -> bool:
+    """Whether ``name`` is a time zone of the server's tz database (``zones``, Policy.zones: its names in lower
+    case; None: not read, then only UTC and GMT), which PostgreSQL finds whatever the row, within a day of UTC.
+    Abbreviations outside it and POSIX zones (UTC+99) are not accepted: an offset may be anything there. Nor is a
+    name with spaces around it: PostgreSQL does not strip them."""
+    return folded(name) in (WITHOUT_SERVER_LIST if zones is None else zones)
 
 
 @dataclass(frozen=True)
@@ -224,7 +226,11 @@ def literal_instant(text: str) -> Decimal | None:
 def strptime(text: str, strftime_format: str) -> Decimal | None:
     """``text`` read with a strftime format (as sqlglot translates to_timestamp's), in microseconds since
     2000-01-01; None when Python's strict reading fails or the year is outside 1..9999 (PostgreSQL reads what
-    Python reads strictly, and more)."""
+    Python reads strictly, and more), and for text other than ASCII: Python's digits and its case-blind
+    matching are Unicode's (Arabic-Indic or fullwidth digits read as 2025), PostgreSQL's are ASCII, and it fails
+    on them only when a row reaches the call."""
+    if not (text.isascii() and strftime_format.isascii()):
+        return None
     try:
         parsed = datetime.strptime(text, strftime_format)
     except ValueError:

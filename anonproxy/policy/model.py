@@ -169,6 +169,10 @@ class Policy:
     # a table name qualified with it ("postgres"."public"."adult") names a table of this database. Where the policy
     # was read from, not what it says: left out of comparisons.
     database: str | None = field(default=None, compare=False)
+    # The time zone names the server's tz database holds (pg_timezone_names), folded to lower case, read with the
+    # policy: the only zones the no-error proof accepts (anonproxy.plan.time_values.known_zone). None when not read
+    # (a policy built in memory): then UTC and GMT only. A fact about the server, not the policy: not compared.
+    zones: frozenset[str] | None = field(default=None, compare=False)
 
     def role(self, name: str) -> RolePolicy:
         """A role's policy; roles the policy does not name are direct (PostgreSQL's grants decide)."""

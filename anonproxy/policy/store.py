@@ -1,6 +1,7 @@
 """Read the policy from its tables: migrations 0002 (tables, roles), 0003 (budgets), 0011 (published relations),
 0013 (statement time limits), 0017 (reference tables and their unique keys, read from the catalog each time),
-0019 (the accounting of budgets), 0033 (the time bounds of date and timestamp columns), 0034 (contribution bounds).
+0019 (the accounting of budgets), 0033 (the time bounds of date and timestamp columns), 0034 (contribution bounds);
+with it, the server's time zone names (pg_timezone_names: the zones a gated statement may name).
 
 The whole policy is read by one statement, so the version and the contents come
 from the same snapshot; the policy also keeps the name of the database it was
@@ -13,6 +14,7 @@ new policy version, sent when the transaction that changed the policy commits.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import replace
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -137,13 +139,18 @@ select pg_catalog.json_build_object(
 
 _SERVICE_ROLE_SQL = "select s.service_role from anonproxy.settings s"
 
+# The zones PostgreSQL finds by name, from its own tz database (not the proxy host's: they may differ).
+_ZONES_SQL = "select z.name from pg_catalog.pg_timezone_names z"
+
 
 def load_policy(conn: psycopg.Connection[Any]) -> Policy:
     """The policy in force; ``Policy()`` if the policy tables are not installed."""
     with conn.transaction(), conn.cursor() as cur:
         if not _scalar(cur.execute(_INSTALLED_SQL).fetchone()):
             return Policy()
-        return replace(policy_from_json(_scalar(cur.execute(_POLICY_SQL).fetchone())), database=conn.info.dbname)
+        policy = policy_from_json(_scalar(cur.execute(_POLICY_SQL).fetchone()))
+        zones = _zones(row[0] for row in cur.execute(_ZONES_SQL).fetchall())
+        return replace(policy, database=conn.info.dbname, zones=zones)
 
 
 async def load_policy_async(conn: psycopg.AsyncConnection[Any]) -> Policy:
@@ -151,8 +158,9 @@ async def load_policy_async(conn: psycopg.AsyncConnection[Any]) -> Policy:
     async with conn.transaction(), conn.cursor() as cur:
         if not _scalar(await (await cur.execute(_INSTALLED_SQL)).fetchone()):
             return Policy()
-        return replace(policy_from_json(_scalar(await (await cur.execute(_POLICY_SQL)).fetchone())),
-                       database=conn.info.dbname)
+        policy = policy_from_json(_scalar(await (await cur.execute(_POLICY_SQL)).fetchone()))
+        zones = _zones(row[0] for row in await (await cur.execute(_ZONES_SQL)).fetchall())
+        return replace(policy, database=conn.info.dbname, zones=zones)
 
 
 def service_role(conn: psycopg.Connection[Any]) -> str:
@@ -252,6 +260,12 @@ def policy_from_json(doc: dict[str, Any]) -> Policy:
 def _statement_limits(limits: dict[str, int]) -> dict[str, int]:
     """The modes whose maximum statement time is not the default (the model keeps only those)."""
     return {mode: int(ms) for mode, ms in limits.items() if ms != DEFAULT_MAX_STATEMENT_MS}
+
+
+def _zones(names: Iterable[str]) -> frozenset[str]:
+    """The server's zone names as PostgreSQL matches them, ASCII letters lowered (anonproxy.plan.time_values.folded);
+    a name with other letters (none in the tz database) is left out: refused, never matched by a Python folding."""
+    return frozenset(name.lower() for name in names if name.isascii())
 
 
 def _scalar(row: tuple[Any, ...] | None) -> Any:

@@ -12,7 +12,9 @@ Used when the proxy works with more than one server (docs/replicas.md): ``upstre
   less the standby's ``pg_last_wal_replay_lsn()``, both read by each probe. A standby more than
   ``max_standby_lag`` bytes behind, unreachable, or no longer in recovery is out of rotation until a probe finds it
   caught up; a connection to it that fails takes it out at once. With no standby in rotation, reads go to the
-  primary.
+  primary. A standby whose tz database lists other zone names than the primary's (pg_timezone_names: the proof
+  admits the zones the policy read on the primary, and a zone a standby lacks would fail there row by row) is kept
+  out too; each server's list is read once per probe connection.
 - The ledger's durability: each probe of the primary reads ``synchronous_standby_names``. ``anonproxy.charge()``
   commits with ``synchronous_commit`` at least ``on`` whatever the server's default (sql/0003), so with a name
   there every charge is on a standby before it returns. Without one (asynchronous replication), :meth:`Servers.dp_refusal` refuses dp logins unless
@@ -40,6 +42,9 @@ PROBE_TIMEOUT = 3.0  # seconds a probe may take to connect to one server and ans
 _PRIMARY_SQL = ("select pg_catalog.pg_is_in_recovery() as recovery, case when not pg_catalog.pg_is_in_recovery() "
                 "then pg_catalog.pg_current_wal_lsn() - '0/0' end as lsn, "
                 "pg_catalog.current_setting('synchronous_standby_names') <> '' as synchronous")
+# A digest of the server's time zone names (they are files of its host's tz database, not replicated).
+_ZONES_SQL = ("select pg_catalog.md5(coalesce(pg_catalog.string_agg(z.name, ',' order by z.name collate \"C\"), ''))"
+              " as zones from pg_catalog.pg_timezone_names z")
 _STANDBY_SQL = ("select pg_catalog.pg_is_in_recovery() as recovery, "
                 "pg_catalog.pg_last_wal_replay_lsn() - '0/0' as lsn")
 
@@ -49,6 +54,7 @@ class Standby:
     address: UpstreamAddress
     lag: int | None = None  # bytes of WAL behind the primary at the last probe; None: unreachable, or promoted
     in_rotation: bool = False
+    other_zones: bool = False  # its tz database differs from the primary's (said once, not at every probe)
 
 
 class Servers:
@@ -63,6 +69,7 @@ class Servers:
         self.synchronous: bool | None = None  # the primary's synchronous_standby_names is set (None: not known yet)
         self._without_primary = False  # the last probe found no primary (said once, not at every probe)
         self._conns: dict[UpstreamAddress, psycopg.AsyncConnection[Any]] = {}
+        self._zones: dict[UpstreamAddress, str | None] = {}  # _ZONES_SQL's digest, per probe connection
         self._probing: asyncio.Task[None] | None = None
         self._loop: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
@@ -178,12 +185,27 @@ class Servers:
             standby.lag = None
         elif primary_lsn is not None:
             standby.lag = max(0, primary_lsn - int(row["lsn"]))
-        serving = standby.lag is not None and standby.lag <= self._max_lag
+        serving = standby.lag is not None and standby.lag <= self._max_lag and await self._same_zones(standby)
         if serving != standby.in_rotation:
             log.warning("standby %s is %s rotation (lag %s, max_standby_lag %d bytes)", standby.address,
                         "in" if serving else "out of", "unknown" if standby.lag is None else f"{standby.lag} bytes",
                         self._max_lag)
             standby.in_rotation = serving
+
+    async def _same_zones(self, standby: Standby) -> bool:
+        """Whether ``standby`` knows the same time zone names as the primary (unknown: no)."""
+        for address in (standby.address, self.primary):
+            if address not in self._zones:
+                row = await self._ask(address, _ZONES_SQL)
+                if address in self._conns:  # read again when the probe connects anew; the last digest kept meanwhile
+                    self._zones[address] = None if row is None else row["zones"]
+        digest = self._zones.get(standby.address)
+        same = digest is not None and digest == self._zones.get(self.primary)
+        if not same and not standby.other_zones:
+            log.warning("standby %s is kept out of rotation: its time zone names (pg_timezone_names) are not the "
+                        "primary's, and a zone it lacks would fail only for the rows that reach it", standby.address)
+        standby.other_zones = not same
+        return same
 
     async def _ask(self, address: UpstreamAddress, sql: str) -> dict[str, Any] | None:
         """One row of ``sql`` on ``address`` over the probe's own connection; None if it cannot be reached."""
@@ -194,6 +216,7 @@ class Servers:
                     conn = await psycopg.AsyncConnection.connect(
                         self._conninfo(address), autocommit=True, row_factory=dict_row)
                     self._conns[address] = conn
+                    self._zones.pop(address, None)  # read again on the new connection
                 return await (await conn.execute(sql)).fetchone()
         except (psycopg.Error, OSError, TimeoutError) as exc:
             log.debug("probe of %s failed: %s", address, str(exc).strip())
