@@ -123,7 +123,8 @@ def parts(query: AnalyticQuery, rules: Rules) -> tuple[Ctes, str, list[str]]:
     columns = _columns(query, post)
     linked = two_level(query, rules)
     covered: str | None = None  # the answer's people, counted before the summary (the bounded summary)
-    if query.grouped and not rows:
+    bounded = query.grouped and not rows
+    if bounded:
         ctes, covered = _bounded(query, rules, columns, magnitudes, flags, linked)
         query = replace(query, universe=f"SELECT n FROM {UNIVERSE}")
         if not linked:
@@ -137,7 +138,10 @@ def parts(query: AnalyticQuery, rules: Rules) -> tuple[Ctes, str, list[str]]:
         ctes.append((CELLS, _cells(query, keys, magnitudes, flags), ("each person's part of each group, read only "
                      "to rank contributions, or to follow people in several groups")))
     verdict = PRIMARY if query.grouped else GROUPS
-    ctes += bounded_verdicts(query, rules, keys, sums, flags, verdict)
+    # Bounds that settle every group settle primary suppression: a group's rows, standing in for its people, may
+    # leave 1 to k - 1 of N out where its people leave k out (through the other groups' rows).
+    settled = f"(SELECT sure FROM {SURE})" if bounded else None
+    ctes += bounded_verdicts(query, rules, keys, sums, flags, verdict, settled)
     if query.grouped:
         if rows:
             ctes.append((f"{ANSWERED}(n, disjoint)", f"SELECT coalesce(sum(units), 0), true FROM {PRIMARY}",
