@@ -178,8 +178,9 @@ def _bounded(query: AnalyticQuery, rules: Rules, columns: list[_Column], magnitu
     ``most * max|x|`` in absolute value, while the total of the absolute parts is at least ``|sum(x)|``. When
     every group surely holds k people and k contributors per aggregate, surely leaves k of N out (``r <= N - k``),
     surely passes the magnitude rules at those bounds, and the answer leaves out of N nobody or k people, every
-    group is released whatever its exact figures (``anonproxy_sure``): complementary suppression stops at step 0
-    and reads none of them, and the summary carries the bounds in their place. Otherwise the exact figures, as
+    group is released whatever its exact figures (``anonproxy_sure``): primary suppression releases every group on
+    that proof (not on the bounds, which are not the figures), complementary suppression stops at step 0 and reads
+    none of them, and the summary carries the bounds in their place. Otherwise the exact figures, as
     before. Returns the CTEs and the SQL of the answer's people with a WHERE (None without: N)."""
     k, unit = rules.k, query.unit
     n, most = f"(SELECT n FROM {UNIVERSE})", f"(SELECT most FROM {UNIVERSE})"
