@@ -80,8 +80,9 @@ def owner(pg_server: EmbeddedPostgres, pg_template: Any) -> Iterator[psycopg.Con
 
 
 def fill(conn: psycopg.Connection[Any], rng: random.Random) -> None:
-    """New data: 30 to 300 people in skewed regions, 1 to ``most`` rows each, a few heavy people, maybe rows with
-    no person, values mostly small (zero, negative or positive), maybe a dominant one."""
+    """New data: 40 to 400 people in skewed regions, 1 to ``most`` rows each, a few heavy people, or (one data set
+    in three) crowded; maybe rows with no person, values mostly small (zero, negative or positive), maybe a dominant
+    one."""
     people = rng.randint(40, 400)
     weights = [rng.choice((1, 1, 3, 20)) for _ in range(rng.randint(1, 4))]
     regions = rng.choices([f"r{i}" for i in range(len(weights))], weights, k=people)
@@ -91,6 +92,8 @@ def fill(conn: psycopg.Connection[Any], rng: random.Random) -> None:
     counts = [rng.randint(1, most) for _ in range(people)]
     for heavy in rng.sample(range(people), rng.choice((0, 0, 0, 1, 3))):
         counts[heavy] = rng.randint(most, 4 * most + 3)
+    if rng.random() < 1 / 3:
+        regions, counts = crowded(rng, people)
     low = rng.choice((0, -10, -60))
     acts: list[tuple[int | None, str, int, str | None]] = []
     for person, rows in enumerate(counts):
@@ -102,6 +105,17 @@ def fill(conn: psycopg.Connection[Any], rng: random.Random) -> None:
     if rng.random() < 0.2:
         acts[rng.randrange(len(acts))] = (rng.randrange(people), "a", 5000, "5000.00")
     load(conn, list(zip(range(people), regions, bands, ages, strict=True)), acts)
+
+
+def crowded(rng: random.Random, people: int) -> tuple[list[str], list[int]]:
+    """Regions and rows per person where r0 holds all but 20 to 40 people (r1, one row each), and r0's rows
+    outnumber its people by nearly as many: N - rows of r0 is 1 to 4, while its people leave 20 to 40 out of N
+    (the bounds settle it through the other groups' rows, at most 2 per person)."""
+    others = rng.randint(20, min(40, people // 2))
+    doubled = others - rng.randint(1, 4)
+    regions = ["r1"] * others + ["r0"] * (people - others)
+    counts = [1] * others + [2] * doubled + [1] * (people - others - doubled)
+    return regions, counts
 
 
 def load(conn: psycopg.Connection[Any], folks: list[tuple[int, str, int | None, int]],
