@@ -123,7 +123,8 @@ def parts(query: AnalyticQuery, rules: Rules) -> tuple[Ctes, str, list[str]]:
     columns = _columns(query, post)
     linked = two_level(query, rules)
     covered: str | None = None  # the answer's people, counted before the summary (the bounded summary)
-    if query.grouped and not rows:
+    bounded = query.grouped and not rows
+    if bounded:
         ctes, covered = _bounded(query, rules, columns, magnitudes, flags, linked)
         query = replace(query, universe=f"SELECT n FROM {UNIVERSE}")
         if not linked:
@@ -137,7 +138,10 @@ def parts(query: AnalyticQuery, rules: Rules) -> tuple[Ctes, str, list[str]]:
         ctes.append((CELLS, _cells(query, keys, magnitudes, flags), ("each person's part of each group, read only "
                      "to rank contributions, or to follow people in several groups")))
     verdict = PRIMARY if query.grouped else GROUPS
-    ctes += bounded_verdicts(query, rules, keys, sums, flags, verdict)
+    # Bounds that settle every group settle primary suppression: a group's rows, standing in for its people, may
+    # leave 1 to k - 1 of N out where its people leave k out (through the other groups' rows).
+    settled = f"(SELECT sure FROM {SURE})" if bounded else None
+    ctes += bounded_verdicts(query, rules, keys, sums, flags, verdict, settled)
     if query.grouped:
         if rows:
             ctes.append((f"{ANSWERED}(n, disjoint)", f"SELECT coalesce(sum(units), 0), true FROM {PRIMARY}",
@@ -174,8 +178,9 @@ def _bounded(query: AnalyticQuery, rules: Rules, columns: list[_Column], magnitu
     ``most * max|x|`` in absolute value, while the total of the absolute parts is at least ``|sum(x)|``. When
     every group surely holds k people and k contributors per aggregate, surely leaves k of N out (``r <= N - k``),
     surely passes the magnitude rules at those bounds, and the answer leaves out of N nobody or k people, every
-    group is released whatever its exact figures (``anonproxy_sure``): complementary suppression stops at step 0
-    and reads none of them, and the summary carries the bounds in their place. Otherwise the exact figures, as
+    group is released whatever its exact figures (``anonproxy_sure``): primary suppression releases every group on
+    that proof (not on the bounds, which are not the figures), complementary suppression stops at step 0 and reads
+    none of them, and the summary carries the bounds in their place. Otherwise the exact figures, as
     before. Returns the CTEs and the SQL of the answer's people with a WHERE (None without: N)."""
     k, unit = rules.k, query.unit
     n, most = f"(SELECT n FROM {UNIVERSE})", f"(SELECT most FROM {UNIVERSE})"

@@ -215,11 +215,12 @@ def ranked_verdict(source: str, ranked: str, name: str, keys: list[str], sums: l
 
 
 def bounded_verdicts(query: AnalyticQuery, rules: Rules, keys: list[str], sums: list[str], flags: list[str],
-                     name: str) -> Ctes:
+                     name: str, settled: str | None = None) -> Ctes:
     """``name``: each group's verdict alone, from ``anonproxy_summary`` (per group: ``units``, the contributors
     ``n<j>``, and per SUM/AVG argument the total ``t<j>`` and largest ``m<j>`` absolute contribution): the counts,
     and the magnitude rules from the bounds; only the cells (``anonproxy_cells``) of the groups the bounds leave
-    undecided are ranked (``anonproxy_exact``), in a pass PostgreSQL skips when there are none."""
+    undecided are ranked (``anonproxy_exact``), in a pass PostgreSQL skips when there are none. ``settled``: SQL
+    of a condition that proves every group passes (then the summary's figures are bounds, not a group's own)."""
     counts = [query_set_size("s.units", query, rules), *(f"s.{flag} >= {rules.k}" for flag in flags)]
     ctes: Ctes = []
     conditions = list(counts)
@@ -244,9 +245,12 @@ def bounded_verdicts(query: AnalyticQuery, rules: Rules, keys: list[str], sums: 
     comment = ("primary suppression: each group alone holds k people, leaves nobody or k people out of N"
                + (", passes the magnitude rules" if sums else "")) if keys else \
         "released: k people, and nobody or k people left out of N, magnitude rules"
+    verdict = "\n       AND ".join(conditions)
+    if settled is not None:
+        verdict = f"({settled}\n        OR {verdict})"
     ctes.append((name, "\n".join([
         f"SELECT {', '.join(select)},",
-        "       " + "\n       AND ".join(conditions) + " AS released",
+        f"       {verdict} AS released",
         f"FROM {SUMMARY} AS s{join}",
     ]), comment))
     return ctes
