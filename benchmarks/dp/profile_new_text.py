@@ -30,11 +30,11 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from anonproxy.policy.store import load_policy  # noqa: E402
-from anonproxy.proxy.gate import Parameters  # noqa: E402
-from anonproxy.proxy.noisy import NoisyAnswers, SessionLimits  # noqa: E402
-from anonproxy.route.decide import decide  # noqa: E402
-from anonproxy.route.decision import Noisy  # noqa: E402
+from anonproxy.policy.store import load_policy
+from anonproxy.proxy.gate import Parameters
+from anonproxy.proxy.noisy import NoisyAnswers, SessionLimits
+from anonproxy.route.decide import decide
+from anonproxy.route.decision import Noisy
 
 
 def _module(name: str, path: Path) -> Any:
