@@ -4,7 +4,8 @@
 A throwaway PostgreSQL set up like ``anonproxy up`` (benchmarks/dp/breakdown.py's set-up); in one process, what a
 worker and its analysis process do for a new text of ``analyst``: the analysis call (``decide`` and the pricing,
 ``NoisyAnswers.deciding``), the pickling of that call's request and reply both ways (what crosses to the analysis
-process), then ``NoisyAnswers.answer`` (ledger round trips, noise, the answer's rows). The benchmark's ten
+process; deciding, and the answer cache's key tokens of the plan, ``answers.folded``, are also timed again on their
+own), then ``NoisyAnswers.answer`` (ledger round trips, noise, the answer's rows). The benchmark's ten
 ``suppress_scale`` shapes over ``adult``, each asked ``--rounds`` times as a new text (a new alias). Prints CPU ms per new text
 (``time.process_time``: waiting for PostgreSQL costs nothing), total and per step; with ``--profile``, under
 cProfile with that CPU clock, the functions with the most CPU (cumulative and own).
@@ -23,13 +24,17 @@ import pickle
 import pstats
 import sys
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+from anonproxy.dp.answers import folded
+from anonproxy.dp.model import DPPlan
 from anonproxy.policy.store import load_policy
 from anonproxy.proxy.gate import Parameters
 from anonproxy.proxy.noisy import NoisyAnswers, SessionLimits
@@ -49,6 +54,20 @@ def _module(name: str, path: Path) -> Any:
 breakdown = _module("dp_breakdown", REPO / "benchmarks" / "dp" / "breakdown.py")
 
 
+def _cpu(call: Callable[[], object]) -> float:
+    begun = time.process_time()
+    call()
+    return time.process_time() - begun
+
+
+def _folded_again(outcome: tuple[Any, ...]) -> None:
+    """The answer cache's key tokens of the priced plan, computed again (the function's cache emptied first)."""
+    plan = outcome[2]
+    if isinstance(plan, DPPlan):
+        folded.cache_clear()
+        folded(plan.measured)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=10, help="new texts per shape")
@@ -64,6 +83,7 @@ def main() -> int:
                                       breakdown.psycopg.conninfo.conninfo_to_dict(side.service_dsn).items()
                                       if key in ("user", "password", "dbname")})
         steps: dict[str, float] = {"analysis call": 0.0, "pickling both ways": 0.0, "answer": 0.0}
+        parts: dict[str, float] = {"deciding": 0.0, "the cache key's tokens": 0.0}  # within the analysis call
         sizes: list[int] = []
         profile = cProfile.Profile(time.process_time) if args.profile else None
 
@@ -95,6 +115,9 @@ def main() -> int:
                             asked += 1
                             sizes.append(len(request) + len(reply))
                             steps["analysis call"] += decided - begun
+                            if profile is None:
+                                parts["deciding"] += _cpu(partial(decide, text, role, policy))
+                                parts["the cache key's tokens"] += _cpu(partial(_folded_again, outcome))
                             steps["pickling both ways"] += pickled - decided
                             steps["answer"] += answered - pickled
             finally:
@@ -107,6 +130,9 @@ def main() -> int:
         print(f"CPU per new text: {sum(steps.values()) * 1000 / asked:.2f} ms")
         for step, seconds in steps.items():
             print(f"  {step}: {seconds * 1000 / asked:.2f} ms")
+            if step == "analysis call" and profile is None:
+                for part, spent in parts.items():
+                    print(f"    of which {part}, measured again: {spent * 1000 / asked:.2f} ms")
         print(f"  bytes pickled per new text (request and reply): {sum(sizes) // len(sizes)}")
         if profile is None:
             return 0
