@@ -95,7 +95,8 @@ def answer(plan: DPPlan, rows: list[Row]) -> tuple[list[Row], list[ColumnNoise |
     without post-aggregate expressions; else :func:`released_rows`, the post statement, then :func:`finish`).
 
     Call only after the plan's (ε, δ) has been charged. Every value of every statistic gets fresh noise from
-    :mod:`secrets`-driven exact samplers; nothing here depends on the data except through those noisy values.
+    exact samplers drawing from ``os.urandom`` (anonproxy.dp.randomness); nothing here depends on the data except
+    through those noisy values.
     """
     assert plan.post is None, "a plan with post-aggregate expressions needs its post statement run"
     return finish(plan, released_rows(plan, measure(plan, (), rows)), None)

@@ -2,7 +2,7 @@
 
 Samplers (Canonne, Kamath, Steinke 2020, "The Discrete Gaussian for
 Differential Privacy", Algorithms 1–3), on exact rationals, with every random
-bit from :func:`secrets.randbelow`:
+bit from :func:`anonproxy.dp.randomness.randbelow` (``os.urandom``, read in blocks):
 
 * :func:`bernoulli_exp` — Bernoulli(exp(−γ)) for rational γ ≥ 0;
 * :func:`discrete_laplace` — Pr[X = x] ∝ exp(−|x|/t) on the integers;
@@ -33,13 +33,14 @@ r·ℤ, the noise is integer in grid units, so the released value is
 from __future__ import annotations
 
 import math
-import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import ROUND_CEILING, Decimal, localcontext
 from fractions import Fraction
 from functools import lru_cache
 from numbers import Rational
+
+from anonproxy.dp.randomness import randbelow
 
 __all__ = [
     "NoisyValue",
@@ -72,8 +73,8 @@ __all__ = [
 Number = int | float | Fraction | Decimal
 
 #: The only source of randomness in this package's samplers (a CSPRNG:
-#: ``os.urandom`` through :class:`random.SystemRandom`).
-_randbelow = secrets.randbelow
+#: ``os.urandom``, read in blocks; :mod:`anonproxy.dp.randomness` says why that is the same).
+_randbelow = randbelow
 
 CONFIDENCE = 0.95
 
