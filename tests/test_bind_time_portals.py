@@ -211,29 +211,31 @@ def test_dp_portals_of_one_statement_keep_their_values(pg_server: EmbeddedPostgr
     assert len(keys[PATTERNS[0]]) == 2
 
 
-@pytest.mark.parametrize(("sql", "value"), [(BY_PATTERN, PATTERNS[0]), (OLDER, 40)])
-def test_suppress_portals_across_syncs_in_a_transaction_fail_cleanly(gated_proxy: Endpoint, gated_database: str,
-                                                                     sql: str, value: object) -> None:
+@pytest.mark.parametrize(("sql", "value"), [(BY_PATTERN, PATTERNS[0]), (OLDER, "40")])
+def test_suppress_portals_across_syncs_in_a_transaction(gated_proxy: Endpoint, gated_database: str, sql: str,
+                                                        value: str) -> None:
     """asyncpg cursors in a transaction as the reporter: each Bind and Execute is its own batch, and the rewritten
-    statement runs on a service connection, whose portals end at each Sync (docs/proxy.md, "Service
-    connections"). Known limitation, for any statement the proxy rewrites, decided at Bind or not: the later
-    fetch fails with PostgreSQL's own 34000, and the session goes on (the transaction rolls back, the next
-    statement is answered)."""
-    async def read() -> int:
+    statement runs on a service connection, whose portals end at each Sync; the proxy keeps the answer of a portal
+    read with a row limit. Decided at Bind or not, two cursors open at once, read a row at a time, interleaved, answer
+    what the same SQL with constants does."""
+    async def read() -> list[list[tuple[str, ...]]]:
         conn = await asyncpg.connect(host=gated_proxy.host, port=gated_proxy.port, user="reporter",
                                      password="reporter", database=gated_database)
         try:
-            with pytest.raises(asyncpg.InvalidCursorNameError):
-                async with conn.transaction():
-                    statement = await conn.prepare(sql)
-                    cursor = await statement.cursor(value)
-                    await cursor.fetch(1)
-            answered: int = await conn.fetchval("select count(*) from adult")
-            return answered
+            async with conn.transaction():
+                statement = await conn.prepare(sql)
+                arguments = (int(value),) if sql == OLDER else (value,)
+                first, second = await statement.cursor(*arguments), await statement.cursor(*arguments)
+                parts = [await first.fetch(1), await second.fetch(2), await first.fetch(1), await first.fetch(5),
+                         await second.fetch(5)]
+            return [[tuple(str(field) for field in row) for row in part] for part in parts]
         finally:
             await conn.close()
 
-    assert asyncio.run(read()) >= 10
+    expected = as_constants(gated_proxy, gated_database, "reporter", constant(sql, value))
+    parts = asyncio.run(read())
+    assert len(expected) == 2
+    assert parts[0] + parts[2] + parts[3] == expected and parts[1] + parts[4] == expected
 
 
 def test_postgresql_keeps_a_portal_whose_statement_is_prepared_again(gated_proxy: Endpoint,
@@ -250,13 +252,13 @@ def test_postgresql_keeps_a_portal_whose_statement_is_prepared_again(gated_proxy
         client.close()
 
 
-def jdbc_portals(proxy: Endpoint, database: str, role: str) -> list[tuple[str, ...]]:
+def jdbc_portals(proxy: Endpoint, database: str, role: str, fetch_size: int = 1) -> list[tuple[str, ...]]:
     """The lines of tests/clients/JdbcPortals.java run as ``role`` for the first two patterns."""
     java = shutil.which("java")
     assert java, "java (17+) is required for the JDBC client test"
     source = Path(__file__).parent / "clients" / "JdbcPortals.java"
     done = subprocess.run([java, "-cp", jdbc_jar(), str(source), proxy.host, str(proxy.port), database, role,
-                           *PATTERNS[:2]], check=False, capture_output=True, text=True, timeout=90)
+                           *PATTERNS[:2], str(fetch_size)], check=False, capture_output=True, text=True, timeout=90)
     assert done.returncode == 0, f"JdbcPortals failed:\n{done.stdout}\n{done.stderr}"
     return [tuple(line.split("|", 2)) for line in done.stdout.splitlines()]
 
@@ -273,8 +275,11 @@ def test_jdbc_fetch_size_in_dp(pg_server: EmbeddedPostgres, gated_proxy: Endpoin
         assert [line[1] for line in lines if line[0] == value] == keys[value], lines
 
 
-def test_jdbc_fetch_size_in_suppress_is_refused_cleanly(gated_proxy: Endpoint, gated_database: str) -> None:
-    """The same as the reporter (suppress): a portal kept across a Sync is not supported on the service connection
-    (docs/proxy.md); the driver gets PostgreSQL's 34000, and the session goes on."""
-    lines = jdbc_portals(gated_proxy, gated_database, "reporter")
-    assert lines[-1][:2] == ("error", "34000"), lines
+@pytest.mark.parametrize("fetch_size", [1, 2])
+def test_jdbc_fetch_size_in_suppress(gated_proxy: Endpoint, gated_database: str, fetch_size: int) -> None:
+    """The same as the reporter (suppress), with a fetch size of 1 and 2, autocommit off: each result set answers
+    the groups of its own value, as the constants do."""
+    lines = jdbc_portals(gated_proxy, gated_database, "reporter", fetch_size)
+    for value in PATTERNS[:2]:
+        expected = as_constants(gated_proxy, gated_database, "reporter", constant(BY_PATTERN, value))
+        assert [tuple(line[1:]) for line in lines if line[0] == value] == expected, lines
