@@ -283,3 +283,117 @@ def test_jdbc_fetch_size_in_suppress(gated_proxy: Endpoint, gated_database: str,
     for value in PATTERNS[:2]:
         expected = as_constants(gated_proxy, gated_database, "reporter", constant(BY_PATTERN, value))
         assert [tuple(line[1:]) for line in lines if line[0] == value] == expected, lines
+
+
+def query(text: str) -> bytes:
+    return pg.message(b"Q", text.encode() + b"\0")
+
+
+def simple(client: RawClient, text: str) -> list[tuple[bytes, bytes]]:
+    """Send a Query; its answers up to ReadyForQuery, which is included."""
+    client.sock.sendall(query(text))
+    answers = []
+    while (answer := client.receive())[0] != b"Z":
+        answers.append(answer)
+    return answers + [answer]
+
+
+def portal_read(endpoint: Endpoint, database: str, role: str, sql: str, value: str, max_rows: int,
+                end: str) -> list[list[tuple[bytes, bytes]]]:
+    """In a transaction: a portal bound and executed with ``max_rows``, then in batches of their own, Executes until
+    its CommandComplete and one more, a Describe, then ``end`` ("close": its Close; "commit": COMMIT and a new
+    transaction), and an Execute of the portal. The answers of each batch (ReadyForQuery dropped)."""
+    client = RawClient(endpoint, database, role)
+    try:
+        simple(client, "BEGIN")
+        batches = [client.batch(parse(b"s", sql), bind(b"p", b"s", value), execute(b"p", max_rows))]
+        while not any(type_ == b"C" for type_, _ in batches[-1]):
+            assert len(batches) < 10, batches
+            batches.append(client.batch(execute(b"p", max_rows)))
+        batches.append(client.batch(execute(b"p", max_rows)))  # a portal at its end: SELECT 0
+        batches.append(client.batch(pg.message(b"D", b"Pp\0")))
+        if end == "close":
+            batches.append(client.batch(pg.message(b"C", b"Pp\0")))
+        else:
+            batches.append(simple(client, "COMMIT")[:-1])
+            simple(client, "BEGIN")
+        batches.append(client.batch(execute(b"p", max_rows)))
+        simple(client, "ROLLBACK")
+        return batches
+    finally:
+        client.close()
+
+
+def comparable(batches: list[list[tuple[bytes, bytes]]]) -> list[list[tuple[bytes, object]]]:
+    """The answers, byte for byte, but for what tells the two apart without being the portal's: a RowDescription's
+    table OIDs and column numbers (the rewrite reads other relations), an error's place in PostgreSQL's source."""
+    def one(type_: bytes, body: bytes) -> tuple[bytes, object]:
+        if type_ == b"T":
+            return type_, [(name, type_oid) for name, type_oid in pg.parse_row_description(body)]
+        if type_ == b"E":
+            fields = pg.parse_fields(body)
+            return type_, (fields["C"], fields["M"])
+        return type_, body
+    return [[one(type_, body) for type_, body in batch] for batch in batches]
+
+
+@pytest.mark.parametrize("end", ["close", "commit"])
+@pytest.mark.parametrize("max_rows", [1, 2, 3])
+@pytest.mark.parametrize(("sql", "value"), [(BY_PATTERN, "%sales%"), (OLDER, "40")])
+def test_a_suppress_portal_across_syncs_answers_as_postgresql(gated_proxy: Endpoint, gated_database: str, sql: str,
+                                                              value: str, max_rows: int, end: str) -> None:
+    """The reporter's portal (its statement decided at Bind, or at Parse), read with a row limit of 1, 2, and more
+    than its rows, across Syncs in a transaction, then closed or ended by COMMIT, answers with the bytes PostgreSQL
+    sends the dba for the same portal (whose answer releases the same groups): rows, PortalSuspended exactly where
+    PostgreSQL sends it, CommandComplete with each Execute's count (SELECT 0 at the end), the RowDescription, the
+    CloseComplete, and 34000 once the portal is gone."""
+    relayed = as_constants(gated_proxy, gated_database, "dba", constant(sql, value))
+    assert as_constants(gated_proxy, gated_database, "reporter", constant(sql, value)) == relayed
+    assert len(relayed) == 2
+    reporter = portal_read(gated_proxy, gated_database, "reporter", sql, value, max_rows, end)
+    dba = portal_read(gated_proxy, gated_database, "dba", sql, value, max_rows, end)
+    assert comparable(reporter) == comparable(dba)
+    assert reporter[-1][0][0] == b"E" and pg.parse_fields(reporter[-1][0][1])["C"] == "34000"
+
+
+def test_outside_a_transaction_a_suppress_portal_ends_at_sync(gated_proxy: Endpoint, gated_database: str) -> None:
+    """Outside a transaction block, the portal kept for a row limit ends with its batch, as PostgreSQL's does."""
+    client = RawClient(gated_proxy, gated_database, "reporter")
+    try:
+        first = client.batch(parse(b"s", BY_PATTERN), bind(b"p", b"s", "%sales%"), execute(b"p", 1))
+        assert [type_ for type_, _ in first] == [b"1", b"2", b"D", b"s"]
+        later = client.batch(execute(b"p", 1))
+        assert later[0][0] == b"E" and pg.parse_fields(later[0][1])["C"] == "34000"
+        assert results(client.batch(bind(b"p", b"s", "%tech%"), execute(b"p"))) == [
+            as_constants(gated_proxy, gated_database, "reporter", constant(BY_PATTERN, "%tech%"))]
+    finally:
+        client.close()
+
+
+COUNTRIES = "select native_country, count(*) from adult group by native_country order by 1"
+
+
+def test_suppressed_rest_and_notice_arrive_once(gated_proxy: Endpoint, gated_database: str) -> None:
+    """A suppress answer with withheld groups read a row at a time across Syncs: its rows (the suppressed rest
+    among them, once) are those of the same Query, and its NOTICE comes once, after the first row."""
+    notices: list[str] = []
+    with psycopg.connect(gated_proxy.dsn(gated_database, user="reporter"), autocommit=True) as conn:
+        conn.add_notice_handler(lambda diagnostic: notices.append(diagnostic.message_primary or ""))
+        expected = [tuple(None if field is None else str(field) for field in row)
+                    for row in conn.execute(COUNTRIES).fetchall()]
+    assert len(notices) == 1 and "suppressed" in notices[0], notices
+    client = RawClient(gated_proxy, gated_database, "reporter")
+    try:
+        simple(client, "BEGIN")
+        answers = client.batch(parse(b"", COUNTRIES), pg.message(b"B", b"p\0\0" + struct.pack("!hhh", 0, 0, 0)),
+                               execute(b"p", 1))
+        assert [type_ for type_, _ in answers] == [b"1", b"2", b"D", b"s", b"N"]
+        while answers[-1][0] != b"C":
+            answers += client.batch(execute(b"p", 1))
+        simple(client, "COMMIT")
+    finally:
+        client.close()
+    rows = [_row(body) for type_, body in answers if type_ == b"D"]
+    assert rows == expected
+    told = [pg.parse_fields(body)["M"] for type_, body in answers if type_ == b"N"]
+    assert told == notices
