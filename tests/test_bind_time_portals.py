@@ -13,13 +13,14 @@ import shutil
 import socket
 import struct
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import asyncpg
 import psycopg
 import pytest
-from conftest import Endpoint, fresh_dp_role
+from conftest import SERVICE_ROLE, Endpoint, fresh_dp_role, start_proxy, stop_proxy
 from test_clients import jdbc_jar
 
 from anonproxy.embedded import EmbeddedPostgres
@@ -381,7 +382,8 @@ def test_suppressed_rest_and_notice_arrive_once(gated_proxy: Endpoint, gated_dat
         conn.add_notice_handler(lambda diagnostic: notices.append(diagnostic.message_primary or ""))
         expected = [tuple(None if field is None else str(field) for field in row)
                     for row in conn.execute(COUNTRIES).fetchall()]
-    assert len(notices) == 1 and "suppressed" in notices[0], notices
+    assert len(notices) == 1 and "the row with NULL in native_country holds them" in notices[0], notices
+    assert [row for row in expected if row[0] is None] == [(None, "12")]  # the suppressed rest
     client = RawClient(gated_proxy, gated_database, "reporter")
     try:
         simple(client, "BEGIN")
@@ -397,3 +399,36 @@ def test_suppressed_rest_and_notice_arrive_once(gated_proxy: Endpoint, gated_dat
     assert rows == expected
     told = [pg.parse_fields(body)["M"] for type_, body in answers if type_ == b"N"]
     assert told == notices
+
+
+@pytest.fixture(scope="module")
+def small_proxy(pg_server: EmbeddedPostgres, gated_database: str,
+                tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoint]:
+    """The proxy keeping at most 1 kB of rows per cursor, or per portal read with a row limit."""
+    proxy = start_proxy(f"host={pg_server.host} port={pg_server.port}",
+                        tmp_path_factory.mktemp("small") / "anonproxy.log", workers="1",
+                        service_dsn=f"user={SERVICE_ROLE} password={SERVICE_ROLE} dbname={gated_database}",
+                        max_cursor_size="1024", max_session_cursor_size="2048")
+    yield proxy.endpoint
+    stop_proxy(proxy)
+    assert "Traceback" not in proxy.log(), proxy.log()
+
+
+def test_a_kept_portal_over_the_limit_is_refused(small_proxy: Endpoint, gated_database: str) -> None:
+    """A portal read with a row limit whose answer is larger than the proxy keeps: 54000, naming the limit, with a
+    hint to read without a row limit; the batch is skipped up to Sync, the session goes on and the same statement
+    read without a row limit answers."""
+    client = RawClient(small_proxy, gated_database, "reporter")
+    try:
+        simple(client, "BEGIN")
+        padded = f"select education, '{'x' * 100}' as pad, count(*) from adult group by education"  # 16 rows
+        answers = client.batch(parse(b"s", padded), pg.message(b"B", b"p\0s\0" + struct.pack("!hhh", 0, 0, 0)),
+                               execute(b"p", 1), execute(b"p", 1))
+        assert [type_ for type_, _ in answers] == [b"1", b"2", b"E"]
+        fields = pg.parse_fields(answers[-1][1])
+        assert fields["C"] == "54000" and "1 kB" in fields["M"] and "without a row limit" in fields["H"], fields
+        rows = client.batch(pg.message(b"B", b"q\0s\0" + struct.pack("!hhh", 0, 0, 0)), execute(b"q"))
+        assert [type_ for type_, _ in rows] == [b"2"] + [b"D"] * 16 + [b"C"]
+        simple(client, "COMMIT")
+    finally:
+        client.close()
