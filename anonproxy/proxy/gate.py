@@ -47,6 +47,14 @@ flight, no open batch part). The client's Parse of a rewritten statement is
 answered here (ParseComplete); the statement is prepared on the service
 connection just before a message uses it (service_side.py).
 
+A rewritten portal executed with a row limit, or in a later batch than its
+Bind (its service-side portal ended at a Sync), is run again from its Bind
+and run to completion there (proxy_portals.py); the gate routes nothing
+more until that answer is in (``Keeping``), keeps it, and the router serves
+this and later Executes from it until the portal ends (its Close, a new
+Bind of its name, the end of the client's transaction: a ReadyForQuery
+with status I reaching the client).
+
 A connection is borrowed only while PostgreSQL works for the client. A
 Describe of a statement sent alone (nothing else of the batch queued but
 Flush: asyncpg's ``prepare()``) goes with a Sync of the gate's own, so the

@@ -1,6 +1,7 @@
 """The client's prepared statements and portals as the gate keeps them: where each belongs (its Owner), what it
 was decided on (text, decision, policy version), and what the gate needs to answer those it owns itself (SHOW
-anonproxy.* settings, statements the proxy answers, cursor statements).
+anonproxy.* settings, statements the proxy answers, cursor statements), and the rewritten portals whose Bind it
+remembers or whose answer it keeps (proxy_portals.KeptPortal).
 
 Memory: the named prepared statements kept here are capped (``limits``, limits.py: their number and bytes);
 :meth:`Prepared.no_room` says why a new one cannot be kept.

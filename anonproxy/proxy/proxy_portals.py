@@ -4,6 +4,10 @@ the proxy's settings) in the extended protocol: their RowDescription in the Bind
 
 Pure functions on a :class:`ProxyPortal`: no I/O. A result format a column cannot take is answered with the
 ErrorResponse PostgreSQL sends (the caller then skips the rest of the batch).
+
+Also the rewritten (suppress) portals the proxy keeps because their service connection's portal ends at a Sync
+(:class:`KeptPortal`, below): what is sent to run one again from its Bind, how its answer is kept (up to the
+session's limits: 54000 past them), and its rows served as PostgreSQL serves them.
 """
 
 from __future__ import annotations
