@@ -281,6 +281,7 @@ def test_jdbc_fetch_size_in_suppress(gated_proxy: Endpoint, gated_database: str,
     """The same as the reporter (suppress), with a fetch size of 1 and 2, autocommit off: each result set answers
     the groups of its own value, as the constants do."""
     lines = jdbc_portals(gated_proxy, gated_database, "reporter", fetch_size)
+    assert all(line[0] in PATTERNS[:2] for line in lines), lines  # no "error" line
     for value in PATTERNS[:2]:
         expected = as_constants(gated_proxy, gated_database, "reporter", constant(BY_PATTERN, value))
         assert [tuple(line[1:]) for line in lines if line[0] == value] == expected, lines
