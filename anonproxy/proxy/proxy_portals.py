@@ -89,9 +89,10 @@ def keep_payload(runs: str, parameter_types: bytes, bind: bytes) -> bytes:
     """What goes to the service connection in place of the client's Execute: the portal's statement prepared and
     bound again (``parameter_types``: a Parse's part after the text; ``bind``: the client's Bind after the names),
     described, executed to completion and closed, then a Flush (nothing else of the client's is sent until all
-    this is answered)."""
+    this is answered). The statement is closed first too: after an error, PostgreSQL skipped the last Close."""
     named = KEPT + b"\0"
-    return (pg.parse_message(KEPT, runs, parameter_types) + pg.message(b"B", named + named + bind)
+    return (pg.message(b"C", b"S" + named) + pg.parse_message(KEPT, runs, parameter_types)
+            + pg.message(b"B", named + named + bind)
             + pg.message(b"D", b"P" + named) + pg.message(b"E", named + b"\0\0\0\0")
             + pg.message(b"C", b"P" + named) + pg.message(b"C", b"S" + named) + pg.message(b"H"))
 
@@ -122,7 +123,7 @@ class Keeping:
     rows: list[bytes] = field(default_factory=list)
     size: int = 0
     tag: bytes = b""  # the CommandComplete's, once it came
-    closed: int = 0  # of the portal and statement
+    closed: int = 0  # the statement's, before; the portal's and the statement's, after
 
     def ours(self, type_: bytes) -> bool:
         """Whether a message of the service connection answers our messages (else an earlier one: counted)."""
@@ -146,7 +147,7 @@ class Keeping:
             self.tag = body
         elif type_ == b"3":
             self.closed += 1
-        return self.closed == 2  # (ParseComplete, BindComplete: not for the client)
+        return self.closed == 3  # (ParseComplete, BindComplete: not for the client)
 
     def kept(self) -> KeptPortal | bytes:
         """The portal kept, or the error (54000) that answers the client's Execute."""
