@@ -433,3 +433,21 @@ def test_a_kept_portal_over_the_limit_is_refused(small_proxy: Endpoint, gated_da
         simple(client, "COMMIT")
     finally:
         client.close()
+
+
+def test_a_suppress_portal_executed_in_a_later_batch_without_a_row_limit(gated_proxy: Endpoint,
+                                                                         gated_database: str) -> None:
+    """In a transaction, a portal bound in one batch and executed, without a row limit, in the next: all its rows
+    and CommandComplete, as the constants answer (its statement decided at Bind)."""
+    client = RawClient(gated_proxy, gated_database, "reporter")
+    try:
+        simple(client, "BEGIN")
+        assert [type_ for type_, _ in client.batch(parse(b"s", BY_PATTERN), bind(b"p", b"s", "%tech%"))] \
+            == [b"1", b"2"]
+        answers = client.batch(execute(b"p"))
+        simple(client, "COMMIT")
+    finally:
+        client.close()
+    assert answers[-1] == (b"C", b"SELECT 2\0")
+    assert results(answers) == [as_constants(gated_proxy, gated_database, "reporter",
+                                             constant(BY_PATTERN, "%tech%"))]

@@ -189,7 +189,7 @@ class Gate:
         self._declaring: DeclareCursor | None = None
         self._script: ScriptRun | None = None
         self._report: reports.AnswerReport | None = None  # on the rewritten answer the service is sending
-        # A rewritten portal executed with a row limit, whose whole answer is being kept (proxy_portals.py).
+        # A rewritten portal executed with a row limit or after a Sync, whose whole answer is being kept.
         self._keeping: Keeping | None = None
         self._limits = limits
         # RESET ALL / DISCARD ALL sent to the client's connection and not yet answered: when PostgreSQL completes
