@@ -4,6 +4,10 @@ A statement with ``$n`` where the plan needs a constant (anonproxy/proxy/bind_ti
 class it is bound with. Drivers bind one prepared statement twice before executing (a batch of Bind/Execute
 pairs, named portals open together: JDBC's fetch size, pipelines): each portal must still answer for its own
 values, as the same SQL written with those values as constants does through the proxy.
+
+A suppress portal read with a row limit, or in a later batch than its Bind, is kept by the proxy (its service
+connection's portal ends at each Sync: docs/proxy.md, "Portals read a few rows at a time"): it answers with the
+bytes PostgreSQL sends for the same portal, and lives as long as PostgreSQL's would.
 """
 
 from __future__ import annotations
