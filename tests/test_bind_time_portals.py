@@ -4,6 +4,10 @@ A statement with ``$n`` where the plan needs a constant (anonproxy/proxy/bind_ti
 class it is bound with. Drivers bind one prepared statement twice before executing (a batch of Bind/Execute
 pairs, named portals open together: JDBC's fetch size, pipelines): each portal must still answer for its own
 values, as the same SQL written with those values as constants does through the proxy.
+
+A suppress portal read with a row limit, or in a later batch than its Bind, is kept by the proxy (its service
+connection's portal ends at each Sync: docs/proxy.md, "Portals read a few rows at a time"): it answers with the
+bytes PostgreSQL sends for the same portal, and lives as long as PostgreSQL's would.
 """
 
 from __future__ import annotations
@@ -13,13 +17,14 @@ import shutil
 import socket
 import struct
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import asyncpg
 import psycopg
 import pytest
-from conftest import Endpoint, fresh_dp_role
+from conftest import SERVICE_ROLE, Endpoint, fresh_dp_role, start_proxy, stop_proxy
 from test_clients import jdbc_jar
 
 from anonproxy.embedded import EmbeddedPostgres
@@ -211,29 +216,31 @@ def test_dp_portals_of_one_statement_keep_their_values(pg_server: EmbeddedPostgr
     assert len(keys[PATTERNS[0]]) == 2
 
 
-@pytest.mark.parametrize(("sql", "value"), [(BY_PATTERN, PATTERNS[0]), (OLDER, 40)])
-def test_suppress_portals_across_syncs_in_a_transaction_fail_cleanly(gated_proxy: Endpoint, gated_database: str,
-                                                                     sql: str, value: object) -> None:
+@pytest.mark.parametrize(("sql", "value"), [(BY_PATTERN, PATTERNS[0]), (OLDER, "40")])
+def test_suppress_portals_across_syncs_in_a_transaction(gated_proxy: Endpoint, gated_database: str, sql: str,
+                                                        value: str) -> None:
     """asyncpg cursors in a transaction as the reporter: each Bind and Execute is its own batch, and the rewritten
-    statement runs on a service connection, whose portals end at each Sync (docs/proxy.md, "Service
-    connections"). Known limitation, for any statement the proxy rewrites, decided at Bind or not: the later
-    fetch fails with PostgreSQL's own 34000, and the session goes on (the transaction rolls back, the next
-    statement is answered)."""
-    async def read() -> int:
+    statement runs on a service connection, whose portals end at each Sync; the proxy keeps the answer of a portal
+    read with a row limit. Decided at Bind or not, two cursors open at once, read a row at a time, interleaved, answer
+    what the same SQL with constants does."""
+    async def read() -> list[list[tuple[str, ...]]]:
         conn = await asyncpg.connect(host=gated_proxy.host, port=gated_proxy.port, user="reporter",
                                      password="reporter", database=gated_database)
         try:
-            with pytest.raises(asyncpg.InvalidCursorNameError):
-                async with conn.transaction():
-                    statement = await conn.prepare(sql)
-                    cursor = await statement.cursor(value)
-                    await cursor.fetch(1)
-            answered: int = await conn.fetchval("select count(*) from adult")
-            return answered
+            async with conn.transaction():
+                statement = await conn.prepare(sql)
+                arguments = (int(value),) if sql == OLDER else (value,)
+                first, second = await statement.cursor(*arguments), await statement.cursor(*arguments)
+                parts = [await first.fetch(1), await second.fetch(2), await first.fetch(1), await first.fetch(5),
+                         await second.fetch(5)]
+            return [[tuple(str(field) for field in row) for row in part] for part in parts]
         finally:
             await conn.close()
 
-    assert asyncio.run(read()) >= 10
+    expected = as_constants(gated_proxy, gated_database, "reporter", constant(sql, value))
+    parts = asyncio.run(read())
+    assert len(expected) == 2
+    assert parts[0] + parts[2] + parts[3] == expected and parts[1] + parts[4] == expected
 
 
 def test_postgresql_keeps_a_portal_whose_statement_is_prepared_again(gated_proxy: Endpoint,
@@ -250,13 +257,13 @@ def test_postgresql_keeps_a_portal_whose_statement_is_prepared_again(gated_proxy
         client.close()
 
 
-def jdbc_portals(proxy: Endpoint, database: str, role: str) -> list[tuple[str, ...]]:
+def jdbc_portals(proxy: Endpoint, database: str, role: str, fetch_size: int = 1) -> list[tuple[str, ...]]:
     """The lines of tests/clients/JdbcPortals.java run as ``role`` for the first two patterns."""
     java = shutil.which("java")
     assert java, "java (17+) is required for the JDBC client test"
     source = Path(__file__).parent / "clients" / "JdbcPortals.java"
     done = subprocess.run([java, "-cp", jdbc_jar(), str(source), proxy.host, str(proxy.port), database, role,
-                           *PATTERNS[:2]], check=False, capture_output=True, text=True, timeout=90)
+                           *PATTERNS[:2], str(fetch_size)], check=False, capture_output=True, text=True, timeout=90)
     assert done.returncode == 0, f"JdbcPortals failed:\n{done.stdout}\n{done.stderr}"
     return [tuple(line.split("|", 2)) for line in done.stdout.splitlines()]
 
@@ -273,8 +280,178 @@ def test_jdbc_fetch_size_in_dp(pg_server: EmbeddedPostgres, gated_proxy: Endpoin
         assert [line[1] for line in lines if line[0] == value] == keys[value], lines
 
 
-def test_jdbc_fetch_size_in_suppress_is_refused_cleanly(gated_proxy: Endpoint, gated_database: str) -> None:
-    """The same as the reporter (suppress): a portal kept across a Sync is not supported on the service connection
-    (docs/proxy.md); the driver gets PostgreSQL's 34000, and the session goes on."""
-    lines = jdbc_portals(gated_proxy, gated_database, "reporter")
-    assert lines[-1][:2] == ("error", "34000"), lines
+@pytest.mark.parametrize("fetch_size", [1, 2])
+def test_jdbc_fetch_size_in_suppress(gated_proxy: Endpoint, gated_database: str, fetch_size: int) -> None:
+    """The same as the reporter (suppress), with a fetch size of 1 and 2, autocommit off: each result set answers
+    the groups of its own value, as the constants do."""
+    lines = jdbc_portals(gated_proxy, gated_database, "reporter", fetch_size)
+    assert all(line[0] in PATTERNS[:2] for line in lines), lines  # no "error" line
+    for value in PATTERNS[:2]:
+        expected = as_constants(gated_proxy, gated_database, "reporter", constant(BY_PATTERN, value))
+        assert [tuple(line[1:]) for line in lines if line[0] == value] == expected, lines
+
+
+def query(text: str) -> bytes:
+    return pg.message(b"Q", text.encode() + b"\0")
+
+
+def simple(client: RawClient, text: str) -> list[tuple[bytes, bytes]]:
+    """Send a Query; its answers up to ReadyForQuery, which is included."""
+    client.sock.sendall(query(text))
+    answers = []
+    while (answer := client.receive())[0] != b"Z":
+        answers.append(answer)
+    return answers + [answer]
+
+
+def portal_read(endpoint: Endpoint, database: str, role: str, sql: str, value: str, max_rows: int,
+                end: str) -> list[list[tuple[bytes, bytes]]]:
+    """In a transaction: a portal bound and executed with ``max_rows``, then in batches of their own, Executes until
+    its CommandComplete and one more, a Describe, then ``end`` ("close": its Close; "commit": COMMIT and a new
+    transaction), and an Execute of the portal. The answers of each batch (ReadyForQuery dropped)."""
+    client = RawClient(endpoint, database, role)
+    try:
+        simple(client, "BEGIN")
+        batches = [client.batch(parse(b"s", sql), bind(b"p", b"s", value), execute(b"p", max_rows))]
+        while not any(type_ == b"C" for type_, _ in batches[-1]):
+            assert len(batches) < 10, batches
+            batches.append(client.batch(execute(b"p", max_rows)))
+        batches.append(client.batch(execute(b"p", max_rows)))  # a portal at its end: SELECT 0
+        batches.append(client.batch(pg.message(b"D", b"Pp\0")))
+        if end == "close":
+            batches.append(client.batch(pg.message(b"C", b"Pp\0")))
+        else:
+            batches.append(simple(client, "COMMIT")[:-1])
+            simple(client, "BEGIN")
+        batches.append(client.batch(execute(b"p", max_rows)))
+        simple(client, "ROLLBACK")
+        return batches
+    finally:
+        client.close()
+
+
+def comparable(batches: list[list[tuple[bytes, bytes]]]) -> list[list[tuple[bytes, object]]]:
+    """The answers, byte for byte, but for what tells the two apart without being the portal's: a RowDescription's
+    table OIDs and column numbers (the rewrite reads other relations), an error's place in PostgreSQL's source."""
+    def one(type_: bytes, body: bytes) -> tuple[bytes, object]:
+        if type_ == b"T":
+            return type_, [(name, type_oid) for name, type_oid in pg.parse_row_description(body)]
+        if type_ == b"E":
+            fields = pg.parse_fields(body)
+            return type_, (fields["C"], fields["M"])
+        return type_, body
+    return [[one(type_, body) for type_, body in batch] for batch in batches]
+
+
+@pytest.mark.parametrize("end", ["close", "commit"])
+@pytest.mark.parametrize("max_rows", [1, 2, 3])
+@pytest.mark.parametrize(("sql", "value"), [(BY_PATTERN, "%sales%"), (OLDER, "40")])
+def test_a_suppress_portal_across_syncs_answers_as_postgresql(gated_proxy: Endpoint, gated_database: str, sql: str,
+                                                              value: str, max_rows: int, end: str) -> None:
+    """The reporter's portal (its statement decided at Bind, or at Parse), read with a row limit of 1, 2, and more
+    than its rows, across Syncs in a transaction, then closed or ended by COMMIT, answers with the bytes PostgreSQL
+    sends the dba for the same portal (whose answer releases the same groups): rows, PortalSuspended exactly where
+    PostgreSQL sends it, CommandComplete with each Execute's count (SELECT 0 at the end), the RowDescription, the
+    CloseComplete, and 34000 once the portal is gone."""
+    relayed = as_constants(gated_proxy, gated_database, "dba", constant(sql, value))
+    assert as_constants(gated_proxy, gated_database, "reporter", constant(sql, value)) == relayed
+    assert len(relayed) == 2
+    reporter = portal_read(gated_proxy, gated_database, "reporter", sql, value, max_rows, end)
+    dba = portal_read(gated_proxy, gated_database, "dba", sql, value, max_rows, end)
+    assert comparable(reporter) == comparable(dba)
+    assert reporter[-1][0][0] == b"E" and pg.parse_fields(reporter[-1][0][1])["C"] == "34000"
+
+
+def test_outside_a_transaction_a_suppress_portal_ends_at_sync(gated_proxy: Endpoint, gated_database: str) -> None:
+    """Outside a transaction block, the portal kept for a row limit ends with its batch, as PostgreSQL's does."""
+    client = RawClient(gated_proxy, gated_database, "reporter")
+    try:
+        first = client.batch(parse(b"s", BY_PATTERN), bind(b"p", b"s", "%sales%"), execute(b"p", 1))
+        assert [type_ for type_, _ in first] == [b"1", b"2", b"D", b"s"]
+        later = client.batch(execute(b"p", 1))
+        assert later[0][0] == b"E" and pg.parse_fields(later[0][1])["C"] == "34000"
+        assert results(client.batch(bind(b"p", b"s", "%tech%"), execute(b"p"))) == [
+            as_constants(gated_proxy, gated_database, "reporter", constant(BY_PATTERN, "%tech%"))]
+    finally:
+        client.close()
+
+
+COUNTRIES = "select native_country, count(*) from adult group by native_country order by 1"
+
+
+def test_suppressed_rest_and_notice_arrive_once(gated_proxy: Endpoint, gated_database: str) -> None:
+    """A suppress answer with withheld groups read a row at a time across Syncs: its rows (the suppressed rest
+    among them, once) are those of the same Query, and its NOTICE comes once, after the first row."""
+    notices: list[str] = []
+    with psycopg.connect(gated_proxy.dsn(gated_database, user="reporter"), autocommit=True) as conn:
+        conn.add_notice_handler(lambda diagnostic: notices.append(diagnostic.message_primary or ""))
+        expected = [tuple(None if field is None else str(field) for field in row)
+                    for row in conn.execute(COUNTRIES).fetchall()]
+    assert len(notices) == 1 and "the row with NULL in native_country holds them" in notices[0], notices
+    assert [row for row in expected if row[0] is None] == [(None, "12")]  # the suppressed rest
+    client = RawClient(gated_proxy, gated_database, "reporter")
+    try:
+        simple(client, "BEGIN")
+        answers = client.batch(parse(b"", COUNTRIES), pg.message(b"B", b"p\0\0" + struct.pack("!hhh", 0, 0, 0)),
+                               execute(b"p", 1))
+        assert [type_ for type_, _ in answers] == [b"1", b"2", b"D", b"s", b"N"]
+        while answers[-1][0] != b"C":
+            answers += client.batch(execute(b"p", 1))
+        simple(client, "COMMIT")
+    finally:
+        client.close()
+    rows = [_row(body) for type_, body in answers if type_ == b"D"]
+    assert rows == expected
+    told = [pg.parse_fields(body)["M"] for type_, body in answers if type_ == b"N"]
+    assert told == notices
+
+
+@pytest.fixture(scope="module")
+def small_proxy(pg_server: EmbeddedPostgres, gated_database: str,
+                tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoint]:
+    """The proxy keeping at most 1 kB of rows per cursor, or per portal read with a row limit."""
+    proxy = start_proxy(f"host={pg_server.host} port={pg_server.port}",
+                        tmp_path_factory.mktemp("small") / "anonproxy.log", workers="1",
+                        service_dsn=f"user={SERVICE_ROLE} password={SERVICE_ROLE} dbname={gated_database}",
+                        max_cursor_size="1024", max_session_cursor_size="2048")
+    yield proxy.endpoint
+    stop_proxy(proxy)
+    assert "Traceback" not in proxy.log(), proxy.log()
+
+
+def test_a_kept_portal_over_the_limit_is_refused(small_proxy: Endpoint, gated_database: str) -> None:
+    """A portal read with a row limit whose answer is larger than the proxy keeps: 54000, naming the limit, with a
+    hint to read without a row limit; the batch is skipped up to Sync, the session goes on and the same statement
+    read without a row limit answers."""
+    client = RawClient(small_proxy, gated_database, "reporter")
+    try:
+        simple(client, "BEGIN")
+        padded = f"select education, '{'x' * 100}' as pad, count(*) from adult group by education"  # 16 rows
+        answers = client.batch(parse(b"s", padded), pg.message(b"B", b"p\0s\0" + struct.pack("!hhh", 0, 0, 0)),
+                               execute(b"p", 1), execute(b"p", 1))
+        assert [type_ for type_, _ in answers] == [b"1", b"2", b"E"]
+        fields = pg.parse_fields(answers[-1][1])
+        assert fields["C"] == "54000" and "1 kB" in fields["M"] and "without a row limit" in fields["H"], fields
+        rows = client.batch(pg.message(b"B", b"q\0s\0" + struct.pack("!hhh", 0, 0, 0)), execute(b"q"))
+        assert [type_ for type_, _ in rows] == [b"2"] + [b"D"] * 16 + [b"C"]
+        simple(client, "COMMIT")
+    finally:
+        client.close()
+
+
+def test_a_suppress_portal_executed_in_a_later_batch_without_a_row_limit(gated_proxy: Endpoint,
+                                                                         gated_database: str) -> None:
+    """In a transaction, a portal bound in one batch and executed, without a row limit, in the next: all its rows
+    and CommandComplete, as the constants answer (its statement decided at Bind)."""
+    client = RawClient(gated_proxy, gated_database, "reporter")
+    try:
+        simple(client, "BEGIN")
+        assert [type_ for type_, _ in client.batch(parse(b"s", BY_PATTERN), bind(b"p", b"s", "%tech%"))] \
+            == [b"1", b"2"]
+        answers = client.batch(execute(b"p"))
+        simple(client, "COMMIT")
+    finally:
+        client.close()
+    assert answers[-1] == (b"C", b"SELECT 2\0")
+    assert results(answers) == [as_constants(gated_proxy, gated_database, "reporter",
+                                             constant(BY_PATTERN, "%tech%"))]

@@ -47,6 +47,14 @@ flight, no open batch part). The client's Parse of a rewritten statement is
 answered here (ParseComplete); the statement is prepared on the service
 connection just before a message uses it (service_side.py).
 
+A rewritten portal executed with a row limit, or in a later batch than its
+Bind (its service-side portal ended at a Sync), is run again from its Bind
+and run to completion there (proxy_portals.py); the gate routes nothing
+more until that answer is in (``Keeping``), keeps it, and the router serves
+this and later Executes from it until the portal ends (its Close, a new
+Bind of its name, the end of the client's transaction: a ReadyForQuery
+with status I reaching the client).
+
 A connection is borrowed only while PostgreSQL works for the client. A
 Describe of a statement sent alone (nothing else of the batch queued but
 Flush: asyncpg's ``prepare()``) goes with a Sync of the gate's own, so the
@@ -109,7 +117,7 @@ from .gate_routes import (
 )
 from .limits import DEFAULT_LIMITS, MemoryLimits
 from .prepared import Prepared
-from .proxy_portals import ProxyPortal
+from .proxy_portals import Keeping, ProxyPortal, keeping_room
 from .routing import Now, Router
 from .service_side import ServiceSide
 
@@ -181,6 +189,9 @@ class Gate:
         self._declaring: DeclareCursor | None = None
         self._script: ScriptRun | None = None
         self._report: reports.AnswerReport | None = None  # on the rewritten answer the service is sending
+        # A rewritten portal executed with a row limit or after a Sync, whose whole answer is being kept.
+        self._keeping: Keeping | None = None
+        self._limits = limits
         # RESET ALL / DISCARD ALL sent to the client's connection and not yet answered: when PostgreSQL completes
         # one, ``reset_session`` resets what the proxy keeps for the session (an error skips the rest: forgotten).
         self._reset_session = reset_session
@@ -268,12 +279,18 @@ class Gate:
         service = self._service
         if not service.silenced and service.answered(type_):
             self._router.failed()  # the Sync was ours: the rest of the client's batch is skipped here
+        keeping = self._keeping
+        dropped = keeping is not None and type_ == b"E" and keeping.ahead > 0 and not service.silenced
+        if dropped:
+            keeping = self._keeping = None  # an earlier message failed: PostgreSQL skips ours, up to the Sync
         if service.silenced:
             # The answer to our own SET: not for the client.
             if type_ == b"Z":
                 service.silenced -= 1
                 self.in_flight[Owner.SERVICE] -= 1
                 self._pump()
+        elif keeping is not None and keeping.ours(type_):
+            self._kept_answer(keeping, type_, body)
         elif self._hide(Owner.SERVICE, type_):
             return
         elif type_ == b"N" and (report := reports.read_notice(pg.parse_fields(body))) is not None:
@@ -289,7 +306,39 @@ class Gate:
             self._write_client(pg.message(type_, body))
             if self._report is not None and type_ in (b"C", b"s", b"E"):
                 self._tell_report(self._report, type_, body)
+        if dropped:
+            self._pump()  # what waited for the portal's answer
         self._watch_hold()
+
+    def _kept_answer(self, keeping: Keeping, type_: bytes, body: bytes) -> None:
+        """A message of the service connection's answer to a portal's Execute the gate keeps: the client gets its
+        first ``max_rows`` rows once all is in, then the answer's report, as for an answer sent as it comes."""
+        if type_ == b"N":
+            report = reports.read_notice(pg.parse_fields(body))
+            if report is None:
+                self._write_client(pg.message(type_, body))
+            else:
+                self._report = report
+            return
+        if type_ == b"E":
+            self._keeping = self._report = None
+            self._write_batch_answer(pg.message(type_, body))
+            self._pump()
+            return
+        if not keeping.feed(type_, body):
+            return
+        self._keeping = None
+        kept = keeping.kept()
+        if isinstance(kept, bytes):
+            self._report = None
+            self._write_batch_answer(kept)
+        else:
+            self._prepared.kept_portals[keeping.portal] = kept
+            rows, end = proxy_portals.next_rows(kept, keeping.max_rows)
+            self._write_client(rows + end)
+            if self._report is not None:
+                self._tell_report(self._report, end[:1], end[5:])
+        self._pump()
 
     def service_hold_expired(self, error: bytes) -> None:
         """One of the session's hold limits (service_hold_timeout; service_yield_timeout, while another session
@@ -457,6 +506,8 @@ class Gate:
         if self._swallow[owner]:
             self._swallow[owner] -= 1  # it answers a Sync of ours
         else:
+            if status == b"I":  # the client's transaction ended (COMMIT, ROLLBACK, a Sync outside a block)
+                self._prepared.portals_ended()
             self._write_client(pg.ready_for_query(status))
         self._pump()
 
@@ -498,6 +549,8 @@ class Gate:
             return False  # the parts of a Script run one after the other
         if self._capture is not None or self._declaring is not None:
             return False  # what follows a gated DECLARE may name its cursor: routed once the cursor is held
+        if self._keeping is not None:
+            return False  # what follows may read the portal being kept
         type_, body = self._queue.popleft()
         now = Now(self.transaction_status, self._unsynced, self._queue[0] if self._queue else None, self._script)
         route = self._router.route(type_, body, now)
@@ -564,6 +617,9 @@ class Gate:
         if owner is Owner.SERVICE:
             self._follow_on_service()
             payload, hidden = self._service.prepare_first(route, self._prepared)
+        if route.keeps is not None and not self._service.skipping:
+            self._keeping = Keeping(*route.keeps, ahead=self._service.awaiting,
+                                    room=keeping_room(self._prepared.kept_portals, self._limits))
         self._hidden[owner].extend(hidden)
         self._resets_expected += route.resets
         if payload:

@@ -82,6 +82,7 @@ class Route:
     uses: bytes | None = None
     closes: bytes | None = None
     describes: bool = False  # a Describe of a statement on the service connection
+    keeps: tuple[bytes, int] | None = None  # an Execute (portal, max rows) whose answer the gate keeps
     declares: DeclareCursor | None = None  # a cursor the proxy will hold: its query's answer is kept, not sent
     script: Script | None = None  # a message to run statement by statement, from when nothing is in flight
     resets: int = 0  # RESET ALL / DISCARD ALL statements among what it sends to the client's connection

@@ -1,6 +1,7 @@
 """The client's prepared statements and portals as the gate keeps them: where each belongs (its Owner), what it
 was decided on (text, decision, policy version), and what the gate needs to answer those it owns itself (SHOW
-anonproxy.* settings, statements the proxy answers, cursor statements).
+anonproxy.* settings, statements the proxy answers, cursor statements), and the rewritten portals whose Bind it
+remembers or whose answer it keeps (proxy_portals.KeptPortal).
 
 Memory: the named prepared statements kept here are capped (``limits``, limits.py: their number and bytes);
 :meth:`Prepared.no_room` says why a new one cannot be kept.
@@ -15,7 +16,7 @@ from ..route.decision import CursorStatement, Deallocate, Decision
 from ..wire import protocol as pg
 from .gate_routes import Decided, Owner, statement_size
 from .limits import MemoryLimits, size_text
-from .proxy_portals import ProxyPortal
+from .proxy_portals import KeptPortal, ProxyPortal
 
 
 @dataclass
@@ -36,6 +37,11 @@ class Prepared:
     # Cursor statements the gate answers (the proxy holds their cursors), and their portals with their Bind.
     cursor_statements: dict[bytes, CursorStatement] = field(default_factory=dict)
     cursor_portals: dict[bytes, tuple[CursorStatement, pg.Bind]] = field(default_factory=dict)
+    # Rewritten portals (on the service connection): the client's Bind after the names, to run them again where
+    # the service side's portal is gone; those read with a row limit or after a Sync, whose answers the gate keeps
+    # (proxy_portals.KeptPortal).
+    service_binds: dict[bytes, bytes] = field(default_factory=dict)
+    kept_portals: dict[bytes, KeptPortal] = field(default_factory=dict)
 
     def replacing(self, name: bytes) -> None:
         """Statement ``name`` is prepared again: what the gate answered for the old one goes."""
@@ -48,6 +54,8 @@ class Prepared:
         owner = self.portals[portal] = self.statements.get(statement, Owner.UPSTREAM)
         self.proxy_portals.pop(portal, None)
         self.cursor_portals.pop(portal, None)
+        self.kept_portals.pop(portal, None)
+        self.service_binds.pop(portal, None)
         bound = self.texts.get(statement)
         if bound is not None:
             self.bound[portal] = bound
@@ -58,7 +66,13 @@ class Prepared:
     def transaction_ended(self) -> None:
         """The implicit transaction of a batch ends at its Sync: its portals go, as in PostgreSQL."""
         self.proxy_portals.clear()
+        self.portals_ended()
         self.bound.clear()
+
+    def portals_ended(self) -> None:
+        """The client's transaction ended: the rewritten portals kept or known here go."""
+        self.kept_portals.clear()
+        self.service_binds.clear()
 
     def no_room(self, name: bytes, decided: Decided, limits: MemoryLimits) -> Reject | None:
         """Why a new named statement cannot be kept (too many, or too many bytes, for the session's limits)."""

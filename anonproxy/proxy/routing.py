@@ -7,8 +7,10 @@ connection from the rewrite kept here, or answered by the gate or the proxy), an
 Close go to the owner of what they name. For statements the proxy answers, the router plays the server's part:
 ParseComplete, BindComplete (keeping the bound values), Describe (a request for the column types of a dp query
 — unless an Execute of the same portal follows in the batch: then the answer is asked for at once), Execute (a
-request for the answer, once per portal, then its rows: proxy_portals.py), CloseComplete. Cursor statements are
-routed by gate_cursors.py. A refusal of a batch's message skips the rest of the batch, up to Sync.
+request for the answer, once per portal, then its rows: proxy_portals.py), CloseComplete. A rewritten portal
+executed with a row limit, or in a later batch than its Bind, is run again from its Bind and kept (``_keep``;
+proxy_portals.py), then answered here. Cursor statements are routed by gate_cursors.py. A refusal of a batch's
+message skips the rest of the batch, up to Sync.
 
 Policy changes reach prepared statements: each remembers its text and the policy version it was decided under.
 A Bind of a statement decided under an older version decides it again; a refusal answers the Bind, and a new
@@ -101,6 +103,7 @@ class Router:
         self._state = State.IDLE
         self._now = Now()
         self._analysed: tuple[str, Decision, int] | None = None  # the decision ``decided`` brought
+        self._bound_in_batch: set[bytes] = set()  # portals bound on the service side since the client's last Sync
         self._actions: dict[Action, Callable[[bytes, bytes | None], Route | None]] = {
             Action.QUERY: self._route_query, Action.PARSE: self._route_parse, Action.BIND: self._route_bind,
             Action.BY_NAME: self._route_by_name, Action.SYNC: self._route_sync, Action.FLUSH: self._route_flush,
@@ -134,6 +137,7 @@ class Router:
 
     def _route_sync(self, type_: bytes, body: bytes | None) -> Route:
         self._service.describing = False  # the client's batch is over: a failing Describe of ours skips nothing more
+        self._bound_in_batch.clear()
         if self._now.status == b"I":
             self._prepared.transaction_ended()
         if self._now.unsynced is not None:
@@ -322,7 +326,7 @@ class Router:
 
     def _bind(self, raw: bytes, body: bytes) -> Route:
         portal, offset = pg.read_cstring(body)
-        statement, _ = pg.read_cstring(body, offset)
+        statement, values = pg.read_cstring(body, offset)
         # The statement prepared again: for the value class of this Bind's values, or under a new policy.
         again = self._decide_at_bind(statement, body)
         if again is WAIT or again is not None and again.refusal is not None:
@@ -330,6 +334,9 @@ class Router:
         owner = self._prepared.binding(portal, statement)
         if owner is Owner.PROXY:
             return self._bind_proxy(body)
+        if owner is Owner.SERVICE:  # its values, to run it again where the service side's portal is gone
+            self._prepared.service_binds[portal] = body[values:]
+            self._bound_in_batch.add(portal)
         if owner is Owner.SERVICE or (owner is not Owner.LOCAL and again is None):
             return Route(owner, raw, uses=statement)  # (prepared again on the service side: prepare_first)
         if owner is not Owner.LOCAL:
@@ -421,8 +428,12 @@ class Router:
         if type_ == b"C":
             names.pop(name, None)
             (prepared.texts if kind == b"S" else prepared.bound).pop(name, None)
+            if kind == b"P":
+                prepared.service_binds.pop(name, None)
             if kind == b"S":
                 prepared.templates.pop(name, None)
+        if kind == b"P" and name in prepared.kept_portals:
+            return self._kept_by_name(type_, name, body)
         decided = (prepared.texts if kind == b"S" else prepared.bound).get(name)
         if owner is Owner.PROXY:
             route = self._proxy_by_name(type_, kind, name, body)
@@ -459,10 +470,36 @@ class Router:
             return Route(Owner.LOCAL, pg.message(b"3"))  # CloseComplete: not on the connection held, if any
         on_statement = name if kind == b"S" else None
         bound = self._prepared.bound.get(name) if type_ == b"E" else None
+        if type_ == b"E" and owner is Owner.SERVICE:
+            kept = self._keep(name, pg.parse_execute(raw[5:])[1])
+            if kept is not None:
+                return kept
         resets = bound is not None and isinstance(bound.decision, Pass) and bound.decision.resets_session
         return Route(owner, raw, uses=on_statement if type_ == b"D" else None,
                      closes=on_statement if type_ == b"C" else None, resets=resets,
                      describes=type_ == b"D" and kind == b"S" and owner is Owner.SERVICE)
+
+    def _keep(self, portal: bytes, max_rows: int) -> Route | None:
+        """The Execute of a rewritten portal with a row limit, or in a later batch than its Bind (the service
+        side's portal is gone): run again from its Bind and kept (proxy_portals.py). None: sent as it is."""
+        bind = self._prepared.service_binds.get(portal)
+        bound = self._prepared.bound.get(portal)
+        if bind is None or bound is None or not isinstance(bound.decision, Rewrite) \
+                or (max_rows <= 0 and portal in self._bound_in_batch):
+            return None
+        return Route(Owner.SERVICE, proxy_portals.keep_payload(bound.decision.runs, bound.rest, bind),
+                     keeps=(portal, max_rows))
+
+    def _kept_by_name(self, type_: bytes, name: bytes, body: bytes) -> Route:
+        """Describe, Execute or Close of a rewritten portal whose answer the gate keeps (proxy_portals.py)."""
+        if type_ == b"C":
+            del self._prepared.kept_portals[name]
+            return Route(Owner.LOCAL, pg.message(b"3"))  # CloseComplete
+        kept = self._prepared.kept_portals[name]
+        if type_ == b"D":
+            return Route(Owner.LOCAL, kept.description)
+        rows, end = proxy_portals.next_rows(kept, pg.parse_execute(body)[1])
+        return Route(Owner.LOCAL, rows + end)
 
     def _local_by_name(self, type_: bytes, kind: bytes, name: bytes) -> Route:
         """Describe, Close or Execute of a statement or portal the gate answers: a SHOW anonproxy.*, or (Close) a

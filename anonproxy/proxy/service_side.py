@@ -46,12 +46,14 @@ class ServiceSide:
         self.awaiting = 0  # batch messages sent and not yet answered
         self.flushed = False  # a Flush followed them: the server sends their answers without a Sync
         self.describing = False  # a Describe the gate closed with a Sync of its own is being answered
+        self.skipping = False  # an error answered the batch: PostgreSQL ignores what comes, up to a Sync
 
     def acquired(self) -> None:
         """A connection was borrowed: nothing of the session is on it yet."""
         self.acquiring = False
         self.held = True
         self._reset = True
+        self.skipping = False
         self._statements.clear()
         self._to_copy = dict(self.output_settings)
         self._timeout = None
@@ -121,6 +123,7 @@ class ServiceSide:
             return False
         self.awaiting = 0  # after an error the server skips the rest, up to Sync
         failed = type_ == b"E" and self.describing
+        self.skipping = type_ == b"E"
         if type_ == b"Z":
             self.describing = False
         return failed

@@ -1,9 +1,9 @@
 import java.sql.*;
 
 /**
- * Two result sets of one statement open at once in a transaction, read with a fetch size of 1 (pgjdbc's named
- * portals, Execute with a row limit, PortalSuspended), interleaved. Args: host port database role pattern1
- * pattern2. Prints "value|sex|count" lines, or "error|SQLSTATE|message".
+ * Two result sets of one statement open at once in a transaction, read with a fetch size (pgjdbc's named portals,
+ * Execute with a row limit, PortalSuspended), interleaved. Args: host port database role pattern1 pattern2
+ * fetchSize. Prints "value|sex|count" lines, or "error|SQLSTATE|message".
  */
 public class JdbcPortals {
     public static void main(String[] args) throws Exception {
@@ -13,8 +13,9 @@ public class JdbcPortals {
             conn.setAutoCommit(false);  // a fetch size needs a transaction: pgjdbc keeps its portals open
             try (PreparedStatement first = conn.prepareStatement(sql);
                  PreparedStatement second = conn.prepareStatement(sql)) {
-                first.setFetchSize(1);
-                second.setFetchSize(1);
+                int fetchSize = Integer.parseInt(args[6]);
+                first.setFetchSize(fetchSize);
+                second.setFetchSize(fetchSize);
                 first.setString(1, args[4]);
                 second.setString(1, args[5]);
                 try (ResultSet a = first.executeQuery(); ResultSet b = second.executeQuery()) {
