@@ -281,6 +281,9 @@ def _measure(statement: Statement, tree: exp.Expression, role: RolePolicy, polic
     index = PolicyIndex(policy)
     shape = prepare(statement, tree, index)
     if isinstance(shape, Nested) and isinstance(shape.post, Outer) and shape.post.combines:
+        for branch in (shape.inner.tree, *(more.inner for more in shape.post.more)):
+            # a branch's own refusal first: a relation outside the policy is named (42501), as for a plain query
+            analyze(shape.inner.statement, branch, index, SuppressionParams(k=1), dp=True)
         raise unsupported("UNION, INTERSECT and EXCEPT of aggregate queries are answered in suppress mode only",
                           set_operations.DP_HINT)
     single = shape.inner if isinstance(shape, Nested) else shape  # a nested shape: the question asked first
