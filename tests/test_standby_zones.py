@@ -31,7 +31,6 @@ from replication import (
 
 from anonproxy.embedded import EmbeddedPostgres
 
-pytestmark = pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare (util-linux) and root")
 
 SYSTEM_ZONES = Path("/usr/share/zoneinfo")
 MISSING = "Europe/Kyiv"
@@ -58,6 +57,7 @@ def standby(primary: EmbeddedPostgres, wrapper: list[str]) -> EmbeddedPostgres:
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[EmbeddedPostgres, ...]]:
+    assert shutil.which("unshare"), "unshare (util-linux) is required, run as root, for a standby in a mount namespace"
     zones = narrow_zones(tmp_path_factory.mktemp("tz"))
     inside = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
               f'mount --bind "$0" {SYSTEM_ZONES} && exec "$@"', str(zones)]
