@@ -31,7 +31,6 @@ from replication import (
 
 from anonproxy.embedded import EmbeddedPostgres
 
-
 SYSTEM_ZONES = Path("/usr/share/zoneinfo")
 MISSING = "Europe/Kyiv"
 LOGGED = {"log_statement": "all"}
