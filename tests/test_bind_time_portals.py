@@ -19,7 +19,7 @@ import struct
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import asyncpg
 import psycopg
@@ -455,3 +455,67 @@ def test_a_suppress_portal_executed_in_a_later_batch_without_a_row_limit(gated_p
     assert answers[-1] == (b"C", b"SELECT 2\0")
     assert results(answers) == [as_constants(gated_proxy, gated_database, "reporter",
                                              constant(BY_PATTERN, "%tech%"))]
+
+
+Step = str | tuple[bytes, ...]  # a Query's text, or a batch of messages (a Sync is added)
+
+
+def conversation(endpoint: Endpoint, database: str, role: str, steps: list[Step]) -> list[list[tuple[bytes, bytes]]]:
+    """The answers to each step: a Query's with its ReadyForQuery (the transaction status), a batch's without (an
+    error on the service connection does not fail the client's transaction: docs/proxy.md)."""
+    client = RawClient(endpoint, database, role)
+    try:
+        return [simple(client, step) if isinstance(step, str) else client.batch(*step) for step in steps]
+    finally:
+        client.close()
+
+
+def as_postgresql(proxy: Endpoint, database: str, steps: list[Step]) -> list[list[tuple[bytes, object]]]:
+    """The reporter's answers to ``steps``, checked against the dba's (PostgreSQL's own, the same groups
+    released: asserted), and returned comparable."""
+    assert as_constants(proxy, database, "reporter", constant(BY_PATTERN, "%sales%")) \
+        == as_constants(proxy, database, "dba", constant(BY_PATTERN, "%sales%"))
+    reporter = comparable(conversation(proxy, database, "reporter", steps))
+    assert reporter == comparable(conversation(proxy, database, "dba", steps))
+    return reporter
+
+
+def sqlstate(answer: tuple[bytes, object]) -> object:
+    """The SQLSTATE of a comparable ErrorResponse."""
+    assert answer[0] == b"E", answer
+    return cast(tuple[str, str], answer[1])[0]
+
+
+def test_a_kept_portal_in_a_failed_transaction(gated_proxy: Endpoint, gated_database: str) -> None:
+    """After an error in a transaction block, an Execute or a Describe of a kept portal gets 25P02, as
+    PostgreSQL answers; after ROLLBACK the portal is gone (34000)."""
+    answers = as_postgresql(gated_proxy, gated_database, [
+        "BEGIN", (parse(b"s", BY_PATTERN), bind(b"p", b"s", "%sales%"), execute(b"p", 1)), "select 1/0",
+        (execute(b"p", 1),), (pg.message(b"D", b"Pp\0"),), "ROLLBACK", (execute(b"p", 1),)])
+    assert [sqlstate(answers[step][0]) for step in (3, 4, 6)] == ["25P02", "25P02", "34000"]
+
+
+def test_kept_portals_and_savepoints(gated_proxy: Endpoint, gated_database: str) -> None:
+    """ROLLBACK TO SAVEPOINT ends the kept portals bound since the savepoint and keeps the older ones; RELEASE
+    SAVEPOINT keeps its portals, which then belong to the level around it; as in PostgreSQL."""
+    answers = as_postgresql(gated_proxy, gated_database, [
+        "BEGIN", (parse(b"s", BY_PATTERN), bind(b"p1", b"s", "%sales%"), execute(b"p1", 1)),
+        "SAVEPOINT a", (bind(b"p2", b"s", "%sales%"), execute(b"p2", 1)),
+        "SAVEPOINT b", (bind(b"p3", b"s", "%sales%"), execute(b"p3", 1)), "RELEASE SAVEPOINT b",
+        "SAVEPOINT c", "ROLLBACK TO SAVEPOINT c", (execute(b"p3", 1),),  # released into a: kept
+        "ROLLBACK TO a", (execute(b"p1", 1),), (execute(b"p2", 1),), "ROLLBACK"])
+    assert [type_ for type_, _ in answers[9]] == [b"D", b"s"] and [type_ for type_, _ in answers[11]] == [b"D", b"s"]
+    assert sqlstate(answers[12][0]) == "34000"
+
+
+@pytest.mark.parametrize("end", ["COMMIT", "ROLLBACK"])
+def test_a_transaction_ended_in_the_batch_ends_a_kept_portal(gated_proxy: Endpoint, gated_database: str,
+                                                             end: str) -> None:
+    """COMMIT or ROLLBACK in the same batch as later Executes of a kept portal (no Sync between) ends the portal
+    for them: 34000, as in PostgreSQL."""
+    ending = (parse(b"", end), pg.message(b"B", b"\0\0" + struct.pack("!hhh", 0, 0, 0)), execute(b""))
+    answers = as_postgresql(gated_proxy, gated_database, [
+        "BEGIN", (parse(b"s", BY_PATTERN), bind(b"p", b"s", "%sales%"), execute(b"p", 1)),
+        (execute(b"p", 1), *ending, execute(b"p", 1))])
+    assert [type_ for type_, _ in answers[2]] == [b"D", b"s", b"1", b"2", b"C", b"E"]
+    assert sqlstate(answers[2][5]) == "34000"

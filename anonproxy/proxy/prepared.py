@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..plan.refusals import Reject
-from ..route.decision import CursorStatement, Deallocate, Decision
+from ..route.decision import Control, CursorStatement, Deallocate, Decision, TransactionControl
 from ..wire import protocol as pg
 from .gate_routes import Decided, Owner, statement_size
 from .limits import MemoryLimits, size_text
@@ -42,6 +42,10 @@ class Prepared:
     # (proxy_portals.KeptPortal).
     service_binds: dict[bytes, bytes] = field(default_factory=dict)
     kept_portals: dict[bytes, KeptPortal] = field(default_factory=dict)
+    # The client's savepoints, outermost first, as its transaction statements name them; and for each rewritten
+    # portal, how many of them were open at its Bind (a ROLLBACK TO ends the portals opened since the savepoint).
+    savepoints: list[str] = field(default_factory=list)
+    levels: dict[bytes, int] = field(default_factory=dict)
 
     def replacing(self, name: bytes) -> None:
         """Statement ``name`` is prepared again: what the gate answered for the old one goes."""
@@ -54,14 +58,25 @@ class Prepared:
         owner = self.portals[portal] = self.statements.get(statement, Owner.UPSTREAM)
         self.proxy_portals.pop(portal, None)
         self.cursor_portals.pop(portal, None)
-        self.kept_portals.pop(portal, None)
-        self.service_binds.pop(portal, None)
+        self.forget_portal(portal)
         bound = self.texts.get(statement)
         if bound is not None:
             self.bound[portal] = bound
         else:
             self.bound.pop(portal, None)
         return owner
+
+    def service_bound(self, portal: bytes, bind: bytes) -> None:
+        """Rewritten portal ``portal`` is bound (``bind``: the client's Bind after the names), at the savepoint
+        level in force."""
+        self.service_binds[portal] = bind
+        self.levels[portal] = len(self.savepoints)
+
+    def forget_portal(self, portal: bytes) -> None:
+        """The rewritten portal ``portal``, if any, ends (its Close, a new Bind of its name)."""
+        self.kept_portals.pop(portal, None)
+        self.service_binds.pop(portal, None)
+        self.levels.pop(portal, None)
 
     def transaction_ended(self) -> None:
         """The implicit transaction of a batch ends at its Sync: its portals go, as in PostgreSQL."""
@@ -70,9 +85,41 @@ class Prepared:
         self.bound.clear()
 
     def portals_ended(self) -> None:
-        """The client's transaction ended: the rewritten portals kept or known here go."""
+        """The client's transaction ended: the rewritten portals kept or known here go, and its savepoints."""
         self.kept_portals.clear()
         self.service_binds.clear()
+        self.levels.clear()
+        self.savepoints.clear()
+
+    def transaction_control(self, statement: TransactionControl, failed: bool) -> None:
+        """A transaction statement sent to the client's connection (``failed``: in a failed transaction, where
+        PostgreSQL refuses all but ROLLBACK and ROLLBACK TO): the rewritten portals it ends go, as PostgreSQL's.
+        Decided when the statement is sent: one that then fails (no such savepoint) aborts the transaction, whose
+        portals serve nothing more until it is rolled back."""
+        control = statement.control
+        if control is Control.END:
+            self.portals_ended()
+        elif failed and control is not Control.ROLLBACK_TO:
+            return
+        elif control is Control.SAVEPOINT:
+            self.savepoints.append(statement.savepoint)
+        elif statement.savepoint not in self.savepoints:
+            # No savepoint of that name that the proxy saw made (PostgreSQL fails the statement, or it was made
+            # where the proxy does not follow): every rewritten portal goes, rather than serve one PostgreSQL ended.
+            self._portals_opened_after(-1)
+        else:
+            level = len(self.savepoints) - 1 - self.savepoints[::-1].index(statement.savepoint)  # the latest
+            if control is Control.RELEASE:  # its portals now belong to the level around it
+                del self.savepoints[level:]
+                self.levels = {portal: min(opened, level) for portal, opened in self.levels.items()}
+            else:
+                del self.savepoints[level + 1:]
+                self._portals_opened_after(level)
+
+    def _portals_opened_after(self, level: int) -> None:
+        """The rewritten portals bound with more than ``level`` savepoints open end (a ROLLBACK TO)."""
+        for portal in [portal for portal, opened in self.levels.items() if opened > level]:
+            self.forget_portal(portal)
 
     def no_room(self, name: bytes, decided: Decided, limits: MemoryLimits) -> Reject | None:
         """Why a new named statement cannot be kept (too many, or too many bytes, for the session's limits)."""

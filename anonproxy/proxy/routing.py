@@ -219,7 +219,14 @@ class Router:
             # PostgreSQL's statements of that name are forgotten here too (PostgreSQL refuses a DEALLOCATE in a
             # failed transaction; elsewhere a rollback does not undo it).
             self._prepared.deallocated(decision.deallocates)
+        self._transaction_control(decision)
         return Route(Owner.UPSTREAM, raw, ends_batch=True, resets=decision.resets_session)
+
+    def _transaction_control(self, decision: Pass) -> None:
+        """A statement passed to the client's connection that ends rewritten portals (COMMIT, ROLLBACK TO…): they
+        end here when it is sent, so that no message after it, in the same batch or later, reads them."""
+        if decision.transaction is not None:
+            self._prepared.transaction_control(decision.transaction, failed=self._now.status == b"E")
 
     def _route_part(self, type_: bytes, body: bytes | None) -> Route:
         """The next statement of a Query run part by part (a Script)."""
@@ -227,6 +234,7 @@ class Router:
         sql, decision = self._now.script.parts.popleft()
         raw = pg.query_message(sql)
         if isinstance(decision, Pass):
+            self._transaction_control(decision)
             route = Route(Owner.UPSTREAM, raw, ends_batch=True, resets=decision.resets_session)
         else:
             route = self._or_refused(gate_cursors.query_route(raw, decision, self._cursors, self._now.status,
@@ -335,7 +343,7 @@ class Router:
         if owner is Owner.PROXY:
             return self._bind_proxy(body)
         if owner is Owner.SERVICE:  # its values, to run it again where the service side's portal is gone
-            self._prepared.service_binds[portal] = body[values:]
+            self._prepared.service_bound(portal, body[values:])
             self._bound_in_batch.add(portal)
         if owner is Owner.SERVICE or (owner is not Owner.LOCAL and again is None):
             return Route(owner, raw, uses=statement)  # (prepared again on the service side: prepare_first)
@@ -413,14 +421,17 @@ class Router:
     def _route_by_name(self, type_: bytes, body: bytes | None) -> Route:
         """Describe, Close, Execute: to the owner of the statement or portal they name."""
         assert body is not None
+        prepared = self._prepared
         if type_ == b"E":
             kind, (name, _) = b"P", pg.read_cstring(body)
+        else:
+            kind, (name, _) = body[:1], pg.read_cstring(body, 1)
+        if kind == b"P" and type_ != b"C" and name in prepared.service_binds and self._now.status == b"E":
+            return self._refuse(_ABORTED)  # a rewritten portal (its service connection's transaction did not fail)
+        if type_ == b"E":
             stale = self._bound_under_old_policy(name)
             if stale is not None:
                 return stale
-        else:
-            kind, (name, _) = body[:1], pg.read_cstring(body, 1)
-        prepared = self._prepared
         names = prepared.statements if kind == b"S" else prepared.portals
         if type_ == b"D" and kind == b"P" and name not in names and self._cursors.held(text_or_empty(name)):
             return Route(Owner.LOCAL, self._cursors.describe(text_or_empty(name)))  # psycopg's named cursors
@@ -428,8 +439,8 @@ class Router:
         if type_ == b"C":
             names.pop(name, None)
             (prepared.texts if kind == b"S" else prepared.bound).pop(name, None)
-            if kind == b"P":
-                prepared.service_binds.pop(name, None)
+            if kind == b"P" and name not in prepared.kept_portals:
+                prepared.forget_portal(name)
             if kind == b"S":
                 prepared.templates.pop(name, None)
         if kind == b"P" and name in prepared.kept_portals:
@@ -475,6 +486,8 @@ class Router:
             if kept is not None:
                 return kept
         resets = bound is not None and isinstance(bound.decision, Pass) and bound.decision.resets_session
+        if bound is not None and isinstance(bound.decision, Pass) and owner is Owner.UPSTREAM:
+            self._transaction_control(bound.decision)
         return Route(owner, raw, uses=on_statement if type_ == b"D" else None,
                      closes=on_statement if type_ == b"C" else None, resets=resets,
                      describes=type_ == b"D" and kind == b"S" and owner is Owner.SERVICE)
@@ -493,7 +506,7 @@ class Router:
     def _kept_by_name(self, type_: bytes, name: bytes, body: bytes) -> Route:
         """Describe, Execute or Close of a rewritten portal whose answer the gate keeps (proxy_portals.py)."""
         if type_ == b"C":
-            del self._prepared.kept_portals[name]
+            self._prepared.forget_portal(name)
             return Route(Owner.LOCAL, pg.message(b"3"))  # CloseComplete
         kept = self._prepared.kept_portals[name]
         if type_ == b"D":

@@ -46,12 +46,14 @@ from anonproxy.plan.statements import PARSE_HINT, Statement, split
 from anonproxy.plan.tables import fold
 from anonproxy.route.decision import (
     CloseCursor,
+    Control,
     Deallocate,
     Decision,
     FetchCursor,
     Intercept,
     Pass,
     SessionSetting,
+    TransactionControl,
 )
 
 ALLOWED_HINT = (
@@ -356,7 +358,11 @@ def _transaction(statement: Statement, words: list[str | None], mode: str) -> De
         if statement.tokens[index].token_type == TokenType.COMMA:
             continue
         raise unsupported(f"unexpected {statement.raw(index)!r} in {words[0]}", ALLOWED_HINT)
-    return Pass()
+    return Pass() if words[0] in ("BEGIN", "START") else Pass(transaction=TransactionControl(Control.END))
+
+
+_SAVEPOINT_CONTROLS = {"SAVEPOINT": Control.SAVEPOINT, "RELEASE": Control.RELEASE, "ROLLBACK": Control.ROLLBACK_TO,
+                       "ABORT": Control.ROLLBACK_TO}
 
 
 def _savepoint(statement: Statement, words: list[str | None], mode: str) -> Decision:
@@ -368,7 +374,7 @@ def _savepoint(statement: Statement, words: list[str | None], mode: str) -> Deci
     if token is None or index != len(statement.tokens) - 1 or (
             token.token_type != TokenType.IDENTIFIER and words[index] is None):
         raise unsupported(f"malformed {words[0]}", ALLOWED_HINT)
-    return Pass()
+    return Pass(transaction=TransactionControl(_SAVEPOINT_CONTROLS[cast(str, words[0])], cursor_name(statement, index)))
 
 
 # --- cursors ------------------------------------------------------------------

@@ -62,6 +62,7 @@ from anonproxy.route.commands import (
 from anonproxy.route.decision import (
     AtBind,
     CloseCursor,
+    Control,
     Decision,
     DeclareCursor,
     ExplainDP,
@@ -72,6 +73,7 @@ from anonproxy.route.decision import (
     Relayed,
     Rewrite,
     Script,
+    TransactionControl,
 )
 from anonproxy.route.probes import redirect_probes
 from anonproxy.suppress.explain import explain_suppression
@@ -158,8 +160,12 @@ def _decide(sql: str, role: RolePolicy, policy: Policy) -> Decision:
     if len(decisions) == 1:
         return decisions[0]
     if not decisions or all(isinstance(d, Pass) for d in decisions):
-        # (A DEALLOCATE among several statements is left to PostgreSQL alone: it may fail with the others.)
-        return Pass(resets_session=any(d.resets_session for d in decisions if isinstance(d, Pass)))
+        # (A DEALLOCATE among several statements is left to PostgreSQL alone: it may fail with the others.
+        # Transaction statements among them end every rewritten portal the proxy keeps: it may end more than
+        # PostgreSQL does, never fewer.)
+        passes = [d for d in decisions if isinstance(d, Pass)]
+        ends = TransactionControl(Control.END) if any(d.transaction for d in passes) else None
+        return Pass(resets_session=any(d.resets_session for d in passes), transaction=ends)
     if all(isinstance(d, (Pass, Relayed)) for d in decisions):
         # Each statement as it would run alone: the client's own text, or the one generated for its probes.
         return Relayed(";\n".join(d.sql if isinstance(d, Relayed) else s.text

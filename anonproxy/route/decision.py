@@ -7,6 +7,7 @@ dataclasses, so they can be cached and compared.
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 from decimal import Decimal
 
@@ -20,10 +21,27 @@ class Pass:
     """Forward the client's original bytes, unchanged, to its own upstream connection. ``resets_session``: a
     RESET ALL or DISCARD ALL; once PostgreSQL has run it, the settings the proxy keeps for the session
     (anonproxy.epsilon, anonproxy.delta) go back to their login values as well. ``deallocates``: a DEALLOCATE,
-    whose prepared statements the proxy forgets too."""
+    whose prepared statements the proxy forgets too. ``transaction``: a transaction statement that ends portals
+    (the proxy's kept ones follow PostgreSQL's)."""
 
     resets_session: bool = False
     deallocates: Deallocate | None = None
+    transaction: TransactionControl | None = None
+
+
+class Control(enum.Enum):
+    END = "end"  # COMMIT, END, ROLLBACK, ABORT: every portal of the transaction ends
+    SAVEPOINT = "savepoint"
+    RELEASE = "release"  # the portals opened since the savepoint now belong to the enclosing level
+    ROLLBACK_TO = "rollback to"  # the portals opened since the savepoint end
+
+
+@dataclass(frozen=True)
+class TransactionControl:
+    """A transaction statement, with the savepoint it names (folded as PostgreSQL folds it; "" for END)."""
+
+    control: Control
+    savepoint: str = ""
 
 
 @dataclass(frozen=True)
