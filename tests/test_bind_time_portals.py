@@ -487,12 +487,15 @@ def sqlstate(answer: tuple[bytes, object]) -> object:
 
 
 def test_a_kept_portal_in_a_failed_transaction(gated_proxy: Endpoint, gated_database: str) -> None:
-    """After an error in a transaction block, an Execute or a Describe of a kept portal gets 25P02, as
-    PostgreSQL answers; after ROLLBACK the portal is gone (34000)."""
+    """After an error in a transaction block, an Execute or a Describe of a kept portal gets 25P02, and so does a
+    Bind of its statement (the rest of its batch skipped), as PostgreSQL answers; after ROLLBACK the portal is
+    gone (34000)."""
     answers = as_postgresql(gated_proxy, gated_database, [
         "BEGIN", (parse(b"s", BY_PATTERN), bind(b"p", b"s", "%sales%"), execute(b"p", 1)), "select 1/0",
-        (execute(b"p", 1),), (pg.message(b"D", b"Pp\0"),), "ROLLBACK", (execute(b"p", 1),)])
-    assert [sqlstate(answers[step][0]) for step in (3, 4, 6)] == ["25P02", "25P02", "34000"]
+        (execute(b"p", 1),), (pg.message(b"D", b"Pp\0"),), (bind(b"q", b"s", "%sales%"), execute(b"q")), "ROLLBACK",
+        (execute(b"p", 1),)])
+    assert [sqlstate(answers[step][0]) for step in (3, 4, 5, 7)] == ["25P02", "25P02", "25P02", "34000"]
+    assert len(answers[5]) == 1
 
 
 def test_kept_portals_and_savepoints(gated_proxy: Endpoint, gated_database: str) -> None:
@@ -519,3 +522,13 @@ def test_a_transaction_ended_in_the_batch_ends_a_kept_portal(gated_proxy: Endpoi
         (execute(b"p", 1), *ending, execute(b"p", 1))])
     assert [type_ for type_, _ in answers[2]] == [b"D", b"s", b"1", b"2", b"C", b"E"]
     assert sqlstate(answers[2][5]) == "34000"
+
+
+def test_a_failed_bind_outside_a_transaction_block(gated_proxy: Endpoint, gated_database: str) -> None:
+    """Outside a transaction block, a Bind whose value does not convert fails (22P02; the Execute with a row limit
+    after it is skipped), and its portal is gone in the next batch (34000), as in PostgreSQL: it is not run again
+    from the failed Bind."""
+    answers = as_postgresql(gated_proxy, gated_database, [
+        (parse(b"s", OLDER), bind(b"p", b"s", "abc"), execute(b"p", 1)), (execute(b"p", 1),)])
+    assert [type_ for type_, _ in answers[0]] == [b"1", b"E"]
+    assert sqlstate(answers[0][1]) == "22P02" and sqlstate(answers[1][0]) == "34000"

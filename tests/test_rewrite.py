@@ -33,7 +33,7 @@ from anonproxy.policy.model import (
     SuppressionParams,
 )
 from anonproxy.route.decide import decide
-from anonproxy.route.decision import Deallocate, Intercept, Noisy, Pass, Rewrite
+from anonproxy.route.decision import Control, Deallocate, Intercept, Noisy, Pass, Rewrite, TransactionControl
 
 ADULT = ProtectedTable("public.adult", "id")
 VISITS = LinkedTable("public.visits", "person_id", "public.adult", "id")
@@ -128,6 +128,7 @@ COMMANDS = [
     "RELEASE SAVEPOINT s1",
     "RELEASE s1",
     "ROLLBACK TO SAVEPOINT s1",
+    'rollback work to "S2"',
     "DISCARD ALL",
     "DEALLOCATE ALL",
     "DEALLOCATE PREPARE \"S_1\"",
@@ -138,10 +139,20 @@ COMMANDS = [
 # What a DEALLOCATE names, for the proxy to forget too: a quoted name as written, a bare one folded.
 DEALLOCATED = {"DEALLOCATE ALL": Deallocate(None), "DEALLOCATE PREPARE \"S_1\"": Deallocate("S_1"),
                "deallocate S_2": Deallocate("s_2")}
+# The transaction statements that end portals (the proxy's kept ones follow), with the savepoint each names.
+_END = TransactionControl(Control.END)
+TRANSACTIONS = {"COMMIT": _END, "COMMIT AND NO CHAIN": _END, "END": _END, "ROLLBACK": _END, "ABORT": _END,
+                "SAVEPOINT s1": TransactionControl(Control.SAVEPOINT, "s1"),
+                "RELEASE SAVEPOINT s1": TransactionControl(Control.RELEASE, "s1"),
+                "RELEASE s1": TransactionControl(Control.RELEASE, "s1"),
+                "ROLLBACK TO SAVEPOINT s1": TransactionControl(Control.ROLLBACK_TO, "s1"),
+                'rollback work to "S2"': TransactionControl(Control.ROLLBACK_TO, "S2"),
+                "BEGIN; SELECT 1; COMMIT": _END}  # several statements, transaction statements among them: all end
 
 
 def passed(sql: str) -> Pass:
-    return Pass(resets_session=sql in ("RESET ALL", "DISCARD ALL"), deallocates=DEALLOCATED.get(sql))
+    return Pass(resets_session=sql in ("RESET ALL", "DISCARD ALL"), deallocates=DEALLOCATED.get(sql),
+                transaction=TRANSACTIONS.get(sql))
 
 
 @pytest.mark.parametrize("sql", CATALOG_QUERIES + COMMANDS)

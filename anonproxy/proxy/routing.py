@@ -335,6 +335,8 @@ class Router:
     def _bind(self, raw: bytes, body: bytes) -> Route:
         portal, offset = pg.read_cstring(body)
         statement, values = pg.read_cstring(body, offset)
+        if self._now.status == b"E" and self._prepared.statements.get(statement) is Owner.SERVICE:
+            return self._refuse(_ABORTED)  # as PostgreSQL (the service connection's transaction did not fail)
         # The statement prepared again: for the value class of this Bind's values, or under a new policy.
         again = self._decide_at_bind(statement, body)
         if again is WAIT or again is not None and again.refusal is not None:
