@@ -532,3 +532,27 @@ def test_a_failed_bind_outside_a_transaction_block(gated_proxy: Endpoint, gated_
         (parse(b"s", OLDER), bind(b"p", b"s", "abc"), execute(b"p", 1)), (execute(b"p", 1),)])
     assert [type_ for type_, _ in answers[0]] == [b"1", b"E"]
     assert sqlstate(answers[0][1]) == "22P02" and sqlstate(answers[1][0]) == "34000"
+
+
+def commit_pipelined(endpoint: Endpoint, database: str, role: str) -> list[tuple[bytes, object]]:
+    """In a transaction, a portal read with a row limit; then, sent at once, a COMMIT Query and a batch executing
+    the portal again: the answers to these two, comparable."""
+    client = RawClient(endpoint, database, role)
+    try:
+        simple(client, "BEGIN")
+        client.batch(parse(b"s", BY_PATTERN), bind(b"p", b"s", "%sales%"), execute(b"p", 1))
+        client.sock.sendall(query("COMMIT") + execute(b"p", 1) + pg.message(b"S"))
+        answers = [client.receive()]
+        while [type_ for type_, _ in answers].count(b"Z") < 2:
+            answers.append(client.receive())
+        return comparable([answers])[0]
+    finally:
+        client.close()
+
+
+def test_a_commit_query_sent_before_an_execute_ends_a_kept_portal(gated_proxy: Endpoint, gated_database: str) -> None:
+    """A COMMIT Query sent with a batch executing a kept portal, before its answer came: the portal is gone for
+    that Execute (34000), as in PostgreSQL."""
+    answers = commit_pipelined(gated_proxy, gated_database, "reporter")
+    assert answers == commit_pipelined(gated_proxy, gated_database, "dba")
+    assert [type_ for type_, _ in answers] == [b"C", b"Z", b"E", b"Z"] and sqlstate(answers[2]) == "34000"

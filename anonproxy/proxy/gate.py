@@ -52,8 +52,10 @@ Bind (its service-side portal ended at a Sync), is run again from its Bind
 and run to completion there (proxy_portals.py); the gate routes nothing
 more until that answer is in (``Keeping``), keeps it, and the router serves
 this and later Executes from it until the portal ends (its Close, a new
-Bind of its name, the end of the client's transaction: a ReadyForQuery
-with status I reaching the client).
+Bind of its name, a COMMIT, ROLLBACK or ROLLBACK TO SAVEPOINT that ends
+PostgreSQL's portal, once routed: prepared.Prepared.transaction_control;
+the end of the client's transaction: a ReadyForQuery with status I
+reaching the client).
 
 A connection is borrowed only while PostgreSQL works for the client. A
 Describe of a statement sent alone (nothing else of the batch queued but
