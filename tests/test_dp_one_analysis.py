@@ -39,9 +39,9 @@ class Counted(Analyser):
         super().__init__(30.0, processes=1)
         self.calls: list[str] = []
 
-    async def run(self, function: Any, *args: Any, asker: Any) -> Any:
+    async def run(self, function: Any, *args: Any, asker: Any, shared: tuple[Any, ...] = ()) -> Any:
         self.calls.append(function.__name__)
-        return await super().run(function, *args, asker=asker)
+        return await super().run(function, *args, asker=asker, shared=shared)
 
 
 @pytest.fixture

@@ -32,9 +32,7 @@ from typing import TypeVar
 import psycopg
 from psycopg import pq
 from psycopg.adapt import Transformer
-from sqlglot.dialects.postgres import Postgres
-from sqlglot.errors import SqlglotError
-from sqlglot.tokenizer_core import TokenType
+from pglast.parser import ParseError, Token, scan
 
 from anonproxy.dp import amounts, ledger
 from anonproxy.dp.finish import (
@@ -51,6 +49,7 @@ from anonproxy.plan.final_sql import verify
 from anonproxy.plan.outer import Series
 from anonproxy.plan.refusals import Refusal, Reject, unsupported
 from anonproxy.plan.statements import parse_statement, split
+from anonproxy.plan.tables import fold
 from anonproxy.policy.model import Policy, RolePolicy
 from anonproxy.policy.zcdp import Accounting
 from anonproxy.wire.results import text_value
@@ -160,21 +159,39 @@ def fingerprint(plan: DPPlan, policy_version: int, parameters: object, session: 
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-# Tokens whose case is meaning: strings of every kind and quoted identifiers.
-_CASED = frozenset({token for token in TokenType if "STRING" in token.name} | {TokenType.IDENTIFIER})
+# PostgreSQL's scanner's tokens that are not read: white space never is a token.
+_COMMENTS = frozenset({"C_COMMENT", "SQL_COMMENT"})
 
 
 @functools.lru_cache(maxsize=512)
 def folded(sql: str) -> str:
-    """``sql`` as PostgreSQL reads it, for the cache's key only (it never runs): its tokens with keywords and
-    unquoted identifiers in lower case (PostgreSQL folds them: ``GROUP BY Education`` is ``education``), strings
-    and quoted identifiers as they are, white space and comments gone."""
-    try:
-        tokens = Postgres().tokenize(sql)
-    except SqlglotError:
-        return sql
-    return repr([(token.token_type.name, token.text if token.token_type in _CASED else token.text.lower())
-                 for token in tokens])
+    """``sql`` as PostgreSQL reads it, for the cache's key only (it never runs): a digest of PostgreSQL's own
+    scanner's tokens (libpg_query, through pglast), keywords in lower case and bare identifiers folded as
+    PostgreSQL folds them (``GROUP BY Education`` is ``education``), strings and quoted identifiers as they are,
+    white space and comments gone. Texts that differ otherwise have different digests."""
+    if "\0" not in sql:  # a NUL would end the scanner's C string early: such a text is its own key
+        try:
+            tokens = scan(sql)
+        except ParseError:
+            pass
+        else:
+            # A token's name has no space and no text has a NUL: the joined string names one token list.
+            return _digest("tokens", "\0".join(f"{token.name} {_read(sql[token.start:token.end + 1], token)}"
+                                                for token in tokens if token.name not in _COMMENTS))
+    return _digest("text", sql)
+
+
+def _read(text: str, token: Token) -> str:
+    """A token's text as it means: a keyword in lower case, a bare identifier folded, anything else as written."""
+    if token.kind != "NO_KEYWORD":
+        return text.lower()  # keywords are ASCII
+    if token.name == "IDENT" and not text.startswith('"'):
+        return fold(text, quoted=False)
+    return text
+
+
+def _digest(form: str, text: str) -> str:
+    return hashlib.sha256(f"{form}\0{text}".encode()).hexdigest()
 
 
 def encoded(measurement: Measurement) -> bytes:

@@ -14,6 +14,10 @@ wait for an interpreter to start. The child is a plain ``python -m`` process
 (worker processes are daemonic and may not use multiprocessing's own
 children); it talks over a socket pair with multiprocessing's pickled messages.
 
+An argument a caller names ``shared`` (the policy, some 29 kB pickled, most of a new text's request) crosses to
+a child once: the child holds it (the ``HELD`` last ones) and later calls name it by a number. The parent holds
+the same objects, so an object it finds held is the one the child has; a new child holds nothing.
+
 Statements waiting for a process are queued per session (the caller names
 who is asking) and taken in turns (``FairQueue``): the session served longest
 ago, or never, goes first. A session that floods heavy statements gets one
@@ -46,6 +50,8 @@ READY = "ready"  # what a child says once it can take requests
 STARTUP_TIMEOUT = 60.0
 # Askers whose last turn is remembered; one forgotten beyond this counts as never served (a few hundred kB at most).
 REMEMBERED_ASKERS = 10_000
+# Shared values a child holds between calls: a worker's current policy, and those its sessions may still be on.
+HELD = 4
 
 
 class AnalysisTimeout(Exception):
@@ -104,6 +110,8 @@ class _Child:
                                             pass_fds=[child.fileno()], stdin=subprocess.DEVNULL)
         self.connection = Connection(parent.detach())
         self._ready = False
+        self._held: OrderedDict[int, tuple[int, Any]] = OrderedDict()  # id(value) -> (its number, the value)
+        self._numbers = count()
 
     def wait_ready(self) -> None:
         """Wait until the child has imported the analysis code: its start-up is not part of any budget."""
@@ -111,6 +119,26 @@ class _Child:
             if not self.connection.poll(STARTUP_TIMEOUT) or self.connection.recv() != READY:
                 raise EOFError("the analysis process did not start")
             self._ready = True
+
+    def send(self, function: Callable[..., Any], args: tuple[Any, ...], shared: tuple[Any, ...]) -> None:
+        """Send the call ``function(*args)``: an argument that is (by identity) one of ``shared`` goes as a number
+        when the child holds it already, else along with the call (the child holds it from then on, and lets go
+        of the one used longest ago beyond HELD)."""
+        held = self._held.copy()  # recorded once sent: a call that does not pickle changes nothing
+        new: dict[int, Any] = {}
+        numbers: dict[int, int] = {}  # position in args -> number of the value held
+        for position, value in enumerate(args):
+            if not any(value is one for one in shared):
+                continue
+            if id(value) not in held:  # held values are kept alive here: an id held is that very object
+                held[id(value)] = (next(self._numbers), value)
+                new[held[id(value)][0]] = value
+            held.move_to_end(id(value))
+            numbers[position] = held[id(value)][0]
+        dropped = [held.popitem(last=False)[1][0] for _ in range(len(held) - HELD)]
+        plain = tuple(None if position in numbers else value for position, value in enumerate(args))
+        self.connection.send((function, plain, numbers, new, dropped))
+        self._held = held
 
     def stop(self) -> None:
         self.connection.close()
@@ -133,8 +161,8 @@ class _Lane:
         """Start the child (and its spare) now rather than at the first statement."""
         self._thread.submit(lambda: self._ensure().wait_ready())
 
-    def submit(self, function: Callable[..., T], args: tuple[Any, ...]) -> Future[T]:
-        return self._thread.submit(self._call, function, args)
+    def submit(self, function: Callable[..., T], args: tuple[Any, ...], shared: tuple[Any, ...]) -> Future[T]:
+        return self._thread.submit(self._call, function, args, shared)
 
     def close(self) -> None:
         """Stop the processes now (an analysis under way ends with AnalysisFailed)."""
@@ -146,11 +174,11 @@ class _Lane:
 
     # -- in the helper thread ------------------------------------------------------
 
-    def _call(self, function: Callable[..., T], args: tuple[Any, ...]) -> T:
+    def _call(self, function: Callable[..., T], args: tuple[Any, ...], shared: tuple[Any, ...]) -> T:
         child = self._ensure()
         try:
             child.wait_ready()
-            child.connection.send((function, args))
+            child.send(function, args, shared)
             if not child.connection.poll(self.budget):
                 raise AnalysisTimeout()
             ok, value = child.connection.recv()
@@ -187,7 +215,7 @@ class _Lane:
 
 
 # What waits for a lane: the call and the future its caller awaits.
-_Work = tuple[Callable[..., Any], tuple[Any, ...], asyncio.Future[Any]]
+_Work = tuple[Callable[..., Any], tuple[Any, ...], tuple[Any, ...], asyncio.Future[Any]]
 
 
 class Analyser:
@@ -206,20 +234,21 @@ class Analyser:
         for lane in self._lanes:
             lane.start()
 
-    async def run(self, function: Callable[..., T], *args: Any, asker: Hashable) -> T:
+    async def run(self, function: Callable[..., T], *args: Any, asker: Hashable, shared: tuple[Any, ...] = ()) -> T:
         """The function's value; raises AnalysisTimeout or AnalysisFailed. ``asker`` (a session's key) is whose
-        turn the call takes."""
+        turn the call takes; ``shared``: arguments the child may hold from one call to the next (never changed
+        once made, such as a policy), sent to each child once."""
         if self._closed:
             raise AnalysisFailed("the proxy is shutting down")
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        self._waiting.put(asker, (function, args, future))
+        self._waiting.put(asker, (function, args, shared, future))
         self._dispatch()
         return await future
 
     def close(self) -> None:
         """Stop the processes now; an analysis under way or waiting ends with AnalysisFailed."""
         self._closed = True
-        for _, _, future in self._waiting.drain():
+        for *_, future in self._waiting.drain():
             if not future.done():
                 future.set_exception(AnalysisFailed("the proxy is shutting down"))
         for lane in self._lanes:
@@ -228,11 +257,11 @@ class Analyser:
     def _dispatch(self) -> None:
         """Hand waiting calls, by turns, to the idle lanes."""
         while self._idle and not self._closed and (work := self._waiting.take()) is not None:
-            function, args, future = work
+            function, args, shared, future = work
             if future.cancelled():  # its caller is gone
                 continue
             lane = self._idle.pop()
-            done = asyncio.wrap_future(lane.submit(function, args))
+            done = asyncio.wrap_future(lane.submit(function, args, shared))
             done.add_done_callback(partial(self._finished, lane, future))
 
     def _finished(self, lane: _Lane, future: asyncio.Future[Any], outcome: asyncio.Future[Any]) -> None:
@@ -248,17 +277,23 @@ class Analyser:
 
 
 def _serve(connection: Connection) -> None:
-    """The child: answer ``(function, args)`` requests until the parent closes the socket."""
+    """The child: answer the calls :meth:`_Child.send` sends until the parent closes the socket."""
     try:
         connection.send(READY)
     except OSError:
         return
+    held: dict[int, Any] = {}  # number -> a shared value, as the parent numbered it
     while True:
         try:
-            function, args = connection.recv()
+            function, plain, numbers, new, dropped = connection.recv()
         except (EOFError, OSError):
             return
+        for number in dropped:
+            held.pop(number, None)
+        held.update(new)
         try:
+            args = tuple(held[numbers[position]] if position in numbers else value
+                         for position, value in enumerate(plain))
             reply = (True, function(*args))
         except Exception as exc:  # a bug in the analysis: the worker logs it and refuses the statement
             reply = (False, f"{type(exc).__name__}: {exc}")

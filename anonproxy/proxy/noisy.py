@@ -516,7 +516,7 @@ class NoisyAnswers:
     async def _do(self, need: Need, asking: _Asking, conn: psycopg.AsyncConnection[Any] | None) -> Any:
         role, parameters = asking.role, asking.parameters
         if isinstance(need, MeasureText):
-            return await self._analysed(measured_text, (need.text, role, asking.policy), asking.asker, "planning")
+            return await self._analysed(measured_text, (need.text, role, asking.policy), asking, "planning")
         if isinstance(need, Price):
             return await self._priced(need, asking)
         if isinstance(need, CheckStop):
@@ -590,8 +590,7 @@ class NoisyAnswers:
         """The outer query over the released rows, run by PostgreSQL over a VALUES list of them: its functions,
         types and column names are PostgreSQL's, and it reads no table (the final SQL check, in the analysis
         process, says so)."""
-        refusal = await self._analysed(checked_sql, (need.sql, asking.policy, asking.role), asking.asker,
-                                       "checking")
+        refusal = await self._analysed(checked_sql, (need.sql, asking.policy, asking.role), asking, "checking")
         if refusal is not None:
             raise Refused(refusal.sqlstate, refusal.message, refusal.hint)
         bound = Parameters(types=need.types, formats=(0,) * len(need.values), values=need.values)
@@ -607,17 +606,17 @@ class NoisyAnswers:
         if plan is not None:
             return plan
         plan = await self._analysed(priced_checked, (need.question, asking.role, asking.policy, need.params,
-                                                     need.checked), asking.asker, "planning")
+                                                     need.checked), asking, "planning")
         self._plans.put(key, plan, _plan_weight(need.text, plan))
         return plan
 
-    async def _analysed(self, function: Callable[..., T], args: tuple[Any, ...], asker: int, doing: str) -> T:
-        """``function(*args)`` in the analysis process (on the event loop without one): statement time limit
-        54001, a failure XX000."""
+    async def _analysed(self, function: Callable[..., T], args: tuple[Any, ...], asking: _Asking, doing: str) -> T:
+        """``function(*args)`` in the analysis process (on the event loop without one), which holds the policy
+        from one call to the next: statement time limit 54001, a failure XX000."""
         if self._analyser is None:
             return function(*args)
         try:
-            return await self._analyser.run(function, *args, asker=asker)
+            return await self._analyser.run(function, *args, asker=asking.asker, shared=(asking.policy,))
         except AnalysisTimeout:
             raise Refused("54001", f"statement too complex: anonproxy stopped {doing} it after "
                           f"{self._analyser.budget:g} s", "Simplify the statement (a long list of values is "

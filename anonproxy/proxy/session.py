@@ -156,7 +156,7 @@ class ProxyContext:
             outcome = function(*args)
         else:
             try:
-                outcome = await self.analyser.run(function, *args, asker=asker)
+                outcome = await self.analyser.run(function, *args, asker=asker, shared=(policy,))
             except AnalysisTimeout:  # cached: the same text is not analysed again
                 outcome, noisy = too_complex(self.analyser.budget), None
             except AnalysisFailed as exc:

@@ -4,8 +4,9 @@
 A throwaway PostgreSQL set up like ``anonproxy up`` (benchmarks/dp/breakdown.py's set-up); in one process, what a
 worker and its analysis process do for a new text of ``analyst``: the analysis call (``decide`` and the pricing,
 ``NoisyAnswers.deciding``), the pickling of that call's request and reply both ways (what crosses to the analysis
-process; deciding, and the answer cache's key tokens of the plan, ``answers.folded``, are also timed again on their
-own), then ``NoisyAnswers.answer`` (ledger round trips, noise, the answer's rows). The benchmark's ten
+process, which holds the policy from an earlier call; deciding, and the answer cache's key tokens of the plan,
+``answers.folded``, are also timed again on their own), then ``NoisyAnswers.answer`` (ledger round trips, noise, the
+answer's rows). The benchmark's ten
 ``suppress_scale`` shapes over ``adult``, each asked ``--rounds`` times as a new text (a new alias). Prints CPU ms per new text
 (``time.process_time``: waiting for PostgreSQL costs nothing), total and per step; with ``--profile``, under
 cProfile with that CPU clock, the functions with the most CPU (cumulative and own).
@@ -101,7 +102,9 @@ def main() -> int:
                         function, call = noisy.deciding(decide, text, role, policy)
                         outcome = function(*call)
                         decided = time.process_time()
-                        request = pickle.dumps((function, call), pickle.HIGHEST_PROTOCOL)
+                        # the analysis process holds the policy from the call before (analysis.py, shared)
+                        held = tuple(None if value is policy else value for value in call)
+                        request = pickle.dumps((function, held), pickle.HIGHEST_PROTOCOL)
                         reply = pickle.dumps((True, outcome), pickle.HIGHEST_PROTOCOL)
                         assert pickle.loads(request) and pickle.loads(reply)
                         pickled = time.process_time()
