@@ -165,11 +165,14 @@ def test_dp_nested_shapes_release_no_person(gated_proxy: Endpoint, gated_databas
         series = conn.execute("SELECT id, count(*) FROM adult JOIN (SELECT id AS id__, count(*) AS m FROM adult "
                               "GROUP BY id ORDER BY m DESC LIMIT 1) AS series_limit ON adult.id = series_limit.id__ "
                               "GROUP BY id").fetchall()
-        assert series == [], "no single person's group passes partition selection"
+        # Each of the 30,162 one-person groups passes partition selection with probability below δ = 1e-7 (per
+        # query, the threshold's own bound): about 0.3 % that one of them does, about 5e-6 that two do. So at most
+        # one is allowed; an implementation without the threshold, or with a looser one, releases many.
+        assert len(series) <= 1, "no single person's group passes partition selection"
         assert "epsilon 1 of 2 left" in budget_left(conn), "both questions were paid for"
         outer = conn.execute("select count(*) from (select id, count(*) as n from adult group by id) q "
                              "where n > 0").fetchone()[0]
-        assert outer == 0
+        assert outer <= 1  # as above: a count of the released one-person groups
         # Its inner question is the series limit's top-N measurement renamed and unsorted: already paid for (issue 12,
         # cache by meaning).
         assert "epsilon 1 of 2 left" in budget_left(conn)
