@@ -83,3 +83,158 @@ def test_an_all_time_range_bound_at_bind_is_the_constant_one(analyst: psycopg.Co
 def test_a_range_past_the_declared_one_lists_no_month(analyst: psycopg.Connection[Any]) -> None:
     for low, high in [("infinity", "infinity"), ("3000-01-01", "9999-12-31"), ("0001-01-01", "2024-12-01")]:
         assert analyst.execute(_written(MONTHLY, low, high)).fetchall() == []
+
+
+# --- suppress: set operations of aggregate queries -------------------------------------------------------------
+
+BY_AGE = "select age, count(*) as n from adult group by age"
+TOTAL = "select 'Total', count(*) from adult"
+
+
+@pytest.fixture(scope="module")
+def rare_age(truth: psycopg.Connection[Any]) -> int:
+    """An age fewer than k = 10 people have: its group is withheld when asked alone."""
+    row = truth.execute("select age from adult group by age having count(*) between 1 and 9 order by age limit 1")
+    return int(row.fetchone()[0])
+
+
+def _alone(conn: psycopg.Connection[Any], sql: str) -> Rows:
+    return conn.execute(sql).fetchall()
+
+
+def test_intersect_and_except_do_not_test_a_withheld_group(reporter: psycopg.Connection[Any], rare_age: int) -> None:
+    """INTERSECT and EXCEPT as a membership test on a rare age: the branch that names it is withheld as when asked
+    alone, so no operator can tell whether the age exists."""
+    one = f"select age from adult where age = {rare_age} group by age"
+    assert _alone(reporter, one) == []
+    every = "select age from adult group by age"
+    assert rare_age not in {age for (age,) in _alone(reporter, every)}
+    for sql in [f"{every} intersect {one}", f"{one} except {every}", f"{one} except select age from adult "
+                "where age > 1000 group by age", f"{one} union {one}"]:
+        assert _alone(reporter, sql) == [], sql
+
+
+def test_a_branch_that_leaves_out_a_few_people_is_withheld(reporter: psycopg.Connection[Any],
+                                                           truth: psycopg.Connection[Any], rare_age: int) -> None:
+    """Two totals a few people apart: the one leaving out fewer than k of everyone is withheld, as alone (its
+    difference with the other would be those people's count)."""
+    sql = f"select count(*) from adult union all select count(*) from adult where age <> {rare_age}"
+    assert _alone(reporter, sql) == truth.execute("select count(*) from adult").fetchall()
+    sql = (f"select 'all', sum(capital_gain) from adult union all select 'but', sum(capital_gain) from adult "
+           f"where age <> {rare_age}")
+    assert [label for label, _ in _alone(reporter, sql)] == ["all"]
+
+
+def test_order_and_limit_over_the_combination_see_released_rows_only(reporter: psycopg.Connection[Any],
+                                                                     rare_age: int) -> None:
+    """ORDER BY a count and LIMIT 1 over the union: the smallest released row, never the rare age's."""
+    sql = f"({BY_AGE}) union all (select age, count(*) from adult where age = {rare_age} group by age) order by 2, 1"
+    answer = _alone(reporter, f"{sql} limit 3")
+    expected = sorted((row for row in _alone(reporter, BY_AGE)), key=lambda row: (row[1], row[0] is None, row[0]))
+    assert answer == expected[:3]
+    assert rare_age not in {age for age, _ in answer}
+
+
+@pytest.mark.parametrize("sql, sqlstate", [
+    # a scalar subquery standing for an aggregate query's value
+    ("select (select count(*) from adult) union all select count(*) from adult", "0A000"),
+    ("select count(*) from adult union all values (1)", "0A000"),
+    ("select count(*) from adult union all select 1", "0A000"),
+    ("select count(*) from adult union all select count(*)", "0A000"),
+    ("select count(*) from adult union all select distinct 88", "0A000"),
+    # a branch reading a catalog, alone or joined
+    ("select count(*) from adult union all select count(*) from pg_class", "42501"),
+    ("select count(*) from adult union all select count(*) from adult, pg_class", "42501"),
+    ("select count(*) from (select relname, count(*) from pg_class group by 1) q union all "
+     "select count(*) from adult", "42501"),
+    # a set operation as a membership test in WHERE, in a select item, joined to the protected table
+    ("select count(*) from adult where age in (select age from adult group by age having count(*) = 1 "
+     "union select age from adult group by age having count(*) = 2)", "0A000"),
+    ("select count(*) from adult where exists (select age from adult group by age having count(*) = 1 "
+     "intersect select age from adult where age = 88 group by age)", "0A000"),
+    (f"select count(*), (select count(*) from adult union select 1) from adult", "0A000"),
+    ("select count(*) from adult a join (select sex, count(*) as n from adult group by sex union all "
+     "select 'x', count(*) from adult) q on q.sex = a.sex", "0A000"),
+    ("with s as (select sex, count(*) as n from adult group by sex union all select 'x', count(*) from adult) "
+     "select count(*) from adult, s", "0A000"),
+    # a set operation over rows, under an aggregate
+    ("select count(*) from (select age from adult union select age from adult) q", "0A000"),
+    ("select sum(n) from (select age, 1 as n from adult union all select age, count(*) from adult group by age) q",
+     "0A000"),
+    # ORDER BY or LIMIT that would compute over the rows
+    (f"{BY_AGE} union all {BY_AGE} order by count(*)", "0A000"),
+    (f"{BY_AGE} union all {BY_AGE} order by n + 0", "0A000"),
+    (f"{BY_AGE} union all {BY_AGE} limit (select count(*) from adult)", "0A000"),
+])
+def test_disguised_branches_and_set_operations_are_refused(reporter: psycopg.Connection[Any], sql: str,
+                                                            sqlstate: str) -> None:
+    error = _refusal(reporter, sql)
+    assert error.sqlstate == sqlstate, (sql, error)
+    assert error.diag.message_hint, (sql, error)
+
+
+@pytest.mark.parametrize("sql", [
+    "select sex, count(*) from adult where age > {0} group by sex "
+    "union all select age, count(*) from adult where age > {0} group by age",  # text and integer
+    "select age, count(*) from adult where age > {0} group by age union all select 'abc', count(*) from adult "
+    "where age > {0}",  # a string constant beside an integer column
+])
+def test_type_errors_between_branches_do_not_depend_on_the_rows(reporter: psycopg.Connection[Any],
+                                                                 truth: psycopg.Connection[Any], sql: str) -> None:
+    """PostgreSQL's own error for the client's statement, whether every row or none reaches the branches."""
+    expected = _refusal(truth, sql.format(0)).sqlstate
+    assert expected in ("42804", "22P02")
+    for low in (0, 1000):
+        assert _refusal(reporter, sql.format(low)).sqlstate == expected
+
+
+def test_a_set_operation_in_a_with_query_is_its_branches_answers(reporter: psycopg.Connection[Any],
+                                                                  rare_age: int) -> None:
+    rare = f"select age, count(*) as n from adult where age = {rare_age} group by age"
+    sql = f"with s as ({BY_AGE} union all {rare}) select count(*), sum(n) from s where n is not null"
+    rows = _alone(reporter, BY_AGE) + _alone(reporter, rare)
+    kept = [n for _, n in rows if n is not None]
+    assert _alone(reporter, sql) == [(len(kept), sum(kept))]
+    assert Counter(_alone(reporter, f"with s as ({BY_AGE} union all {rare}) select * from s")) == Counter(rows)
+
+
+def test_dp_refuses_a_nested_set_operation_and_charges_nothing(analyst: psycopg.Connection[Any]) -> None:
+    before = _spent(analyst)
+    for sql in [f"select count(*) from ({BY_AGE} union all {TOTAL}) q",
+                f"with s as ({BY_AGE} intersect {BY_AGE}) select * from s"]:
+        error = _refusal(analyst, sql)
+        assert error.sqlstate == "0A000" and "suppress mode only" in (error.diag.message_primary or ""), error
+    assert _spent(analyst) == before
+
+
+@pytest.mark.parametrize("clause", [
+    "fetch first (select count(*) from public.adult where age = {0}) rows only",
+    "order by 1 fetch first (select count(*) from \"public\".\"adult\" where age = {0}) rows with ties",
+    "offset (select count(*) from public.adult where age = {0}) rows",
+    "limit (select count(*) from public.adult where age = {0})",
+    "fetch first $1 rows only",
+    "fetch first (length(current_setting('server_version'))) rows only",  # a function, no subquery
+])
+def test_a_fetch_count_reading_the_table_is_refused(reporter: psycopg.Connection[Any], truth: psycopg.Connection[Any],
+                                                    rare_age: int, clause: str) -> None:
+    """FETCH FIRST (SELECT count(*) FROM public.adult WHERE ...) ROWS ONLY over a set operation: the number of
+    rows answered would be the exact count of the rare age's people (one person's attribute with a WHERE on
+    them). The set operation's row counts are constants, whatever their spelling (LIMIT, OFFSET, FETCH)."""
+    sql = f"{BY_AGE} union all {BY_AGE} {clause.format(rare_age)}"
+    error = _refusal(reporter, sql.replace("$1", "%s"), [1] if "$1" in sql else None)
+    assert error.sqlstate == "0A000", error
+    assert "takes a constant" in (error.diag.message_primary or ""), error
+    # an outer query over released rows: refused by the analysis too (its subquery, its $n or its count)
+    sql = f"select * from ({BY_AGE}) as q {clause.format(rare_age)}"
+    assert _refusal(reporter, sql.replace("$1", "%s"), [1] if "$1" in sql else None).sqlstate == "0A000"
+
+
+def test_a_constant_fetch_count_is_answered(reporter: psycopg.Connection[Any]) -> None:
+    """FETCH FIRST n ROWS ONLY (and WITH TIES) with a constant: the first rows of the combined released rows."""
+    total = "select null, count(*) from adult"
+    released = _alone(reporter, BY_AGE) + _alone(reporter, total)
+    ordered = sorted(released, key=lambda row: -row[1])
+    answer = _alone(reporter, f"{BY_AGE} union all {total} order by 2 desc fetch first 3 rows only")
+    assert [n for _, n in answer] == [n for _, n in ordered[:3]]
+    ties = _alone(reporter, f"{BY_AGE} union all {BY_AGE} order by 2 desc fetch first 1 rows with ties")
+    assert len(ties) == 2 and ties[0] == ties[1] == ordered[1]  # the largest age group, from both branches

@@ -28,6 +28,7 @@ HINT = ("A UNION, INTERSECT or EXCEPT over protected tables combines aggregate q
         "FROM adult GROUP BY sex UNION ALL SELECT 'Total', count(*) FROM adult ORDER BY 1.")
 DP_HINT = "Ask each branch of the set operation as its own query: each is its own question, charged on its own."
 _ALLOWED = frozenset({"this", "expression", "distinct", "order", "limit", "offset"})
+_COUNT_NODES = (exp.Limit, exp.Offset, exp.Fetch, exp.LimitOptions)  # a count clause's own nodes, around its number
 
 
 def selects(node: exp.Expression) -> list[exp.Expression]:
@@ -62,9 +63,19 @@ def check(node: exp.SetOperation, names: tuple[str, ...]) -> None:
             _check_order(ordered.this, names)
         for key in ("limit", "offset"):
             clause = operation.args.get(key)
-            value = clause.args.get("expression") if clause is not None else None
-            if value is not None and not (isinstance(value, exp.Literal) and not value.is_string):
-                raise unsupported(f"{key.upper()} of a set operation of aggregate queries takes a constant", HINT)
+            if not constant_count(clause):
+                what = "FETCH FIRST" if isinstance(clause, exp.Fetch) else key.upper()
+                raise unsupported(f"{what} of a set operation of aggregate queries takes a constant", HINT)
+
+
+def constant_count(clause: exp.Expression | None) -> bool:
+    """Whether a LIMIT, OFFSET or FETCH FIRST clause (or none) holds nothing but a number written as a constant
+    (FETCH FIRST ROWS ONLY: none). Over released rows, the count is evaluated in the statement that reads them,
+    with the service role's reach: a subquery there (FETCH FIRST (SELECT count(*) FROM public.adult WHERE ...)
+    ROWS ONLY) would read the table, the rows answered counting its people."""
+    return clause is None or all(
+        isinstance(node, _COUNT_NODES) or (isinstance(node, exp.Literal) and not node.is_string)
+        for node in clause.walk())
 
 
 def _check_order(node: exp.Expression, names: tuple[str, ...]) -> None:
