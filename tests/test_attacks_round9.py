@@ -1,10 +1,14 @@
-"""Red team, round 9: set operations of aggregate queries (suppress), and dp's time filters bound at Bind.
+"""Red team, round 9: set operations of aggregate queries (suppress), suppression's bounds first, and dp's time
+filters bound at Bind.
 
-Each attack goes through the real gated proxy with a real driver and asserts the safe outcome: what a set
-operation releases is what its branches release when asked alone (a withheld group stays withheld whatever the
-operator), a disguised branch or a set operation outside the shapes answered is refused with its SQLSTATE, and a
-time filter at the edges of the calendar (the first and last days Python's datetime holds, ±infinity, BC) is
-answered as PostgreSQL reads it: the buckets of the declared range the filter leaves, the same bound as written.
+Each attack asserts the safe outcome. Through the real gated proxy with a real driver: what a set operation
+releases is what its branches release when asked alone (a withheld group stays withheld whatever the operator),
+a disguised branch or a set operation outside the shapes answered is refused with its SQLSTATE, its row counts
+(LIMIT, OFFSET, FETCH FIRST) are constants, and a time filter at the edges of the calendar (the first and last
+days Python's datetime holds, ±infinity, BC) is answered as PostgreSQL reads it: the buckets of the declared range
+the filter leaves, the same bound as written. On a database of its own, as the service session runs it: the
+bounds-first SQL answers as its own exact path where rows are duplicated by a self-join or a person's many rows
+sit in a group near k.
 """
 
 from __future__ import annotations
@@ -15,9 +19,19 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
+import dataclasses
+
 import psycopg
 import pytest
-from conftest import Endpoint, fresh_dp_role
+from conftest import Endpoint, fresh_dp_role, govern_by_demo_policy
+from service_sql import run_as_service, sorted_rows
+
+from anonproxy.embedded import EmbeddedPostgres
+from anonproxy.policy.model import ColumnPolicy, LinkedTable
+from anonproxy.policy.store import load_policy
+from anonproxy.policy.yaml_policy import apply_policy, demo_policy
+from anonproxy.route.decide import decide
+from anonproxy.route.decision import Rewrite
 
 Rows = list[tuple[Any, ...]]
 _names = itertools.count(1)
@@ -238,3 +252,78 @@ def test_a_constant_fetch_count_is_answered(reporter: psycopg.Connection[Any]) -
     assert [n for _, n in answer] == [n for _, n in ordered[:3]]
     ties = _alone(reporter, f"{BY_AGE} union all {BY_AGE} order by 2 desc fetch first 1 rows with ties")
     assert len(ties) == 2 and ties[0] == ties[1] == ordered[1]  # the largest age group, from both branches
+
+
+
+# --- suppress: bounds first where rows are duplicated or a person has many rows -------------------------------------
+
+DATABASE = "attacks_round9"
+SURE = "SELECT NOT EXISTS (SELECT FROM (SELECT *, sum(unit_rows) OVER ()"  # the start of anonproxy_sure's body
+FIRST = "(select min(id) from public.adult)"
+# Everyone one visit of kind 'web'; nine people 40 visits each of kind 'nine', ten people one each of kind 'ten'.
+NEAR_K = (f"insert into public.stays select id, 'web', 1 + id % 7 from public.adult; "
+          f"insert into public.stays select {FIRST} + p, 'nine', 5 from generate_series(1, 9) p, "
+          "generate_series(1, 40); "
+          f"insert into public.stays select {FIRST} + 100 + p, 'ten', 5 from generate_series(1, 10) p")
+
+
+@pytest.fixture(scope="module")
+def owner(pg_server: EmbeddedPostgres, pg_template: Any) -> Iterator[psycopg.Connection[Any]]:
+    """The demo policy, and ``stays`` linked to adult, empty (each attack fills it in a transaction it rolls
+    back)."""
+    with psycopg.connect(pg_server.conninfo(), autocommit=True) as conn:
+        conn.execute(f"drop database if exists {DATABASE}")
+        conn.execute(f"create database {DATABASE} template {pg_template.template_dbname}")
+    with psycopg.connect(pg_server.conninfo(dbname=DATABASE)) as conn:
+        govern_by_demo_policy(conn, DATABASE)
+        conn.execute("create table public.stays (person integer, kind text not null, amount numeric not null)")
+        link = LinkedTable("public.stays", "person", "public.adult", "id", {
+            "person": ColumnPolicy("person", "identifier"),
+            "kind": ColumnPolicy("kind", "quasi_identifier"),
+            "amount": ColumnPolicy("amount", "sensitive")})
+        apply_policy(conn, dataclasses.replace(demo_policy(), links={"public.stays": link}))
+        conn.commit()
+    with psycopg.connect(pg_server.conninfo(dbname=DATABASE), autocommit=True) as conn:
+        yield conn
+    with psycopg.connect(pg_server.conninfo(), autocommit=True) as conn:
+        conn.execute(f"drop database {DATABASE} with (force)")
+
+
+def _bounded_and_exact(conn: psycopg.Connection[Any], statement: str) -> tuple[Rows, Rows]:
+    """The reporter's rewrite of ``statement`` (the bounds-first shape) and the same SQL forced onto its exact path
+    (``anonproxy_sure`` false), each run as the service session runs it: their rows."""
+    policy = load_policy(conn)
+    decision = decide(statement, policy.roles["reporter"], policy)
+    assert isinstance(decision, Rewrite) and decision.runs.count(SURE) == 1, decision
+    answers = []
+    for sql in (decision.runs, decision.runs.replace(SURE, "SELECT false AND " + SURE.removeprefix("SELECT "))):
+        rows, _, error = run_as_service(conn, sql)
+        assert error is None, error
+        answers.append(sorted_rows(rows))
+    return answers[0], answers[1]
+
+
+@pytest.mark.parametrize("statement", [
+    "SELECT v.kind, count(*) AS n FROM public.stays v GROUP BY 1",
+    "SELECT v.kind, sum(v.amount) AS total FROM public.stays v GROUP BY 1",
+    # a self-join: a person with r rows has r * r joined rows
+    "SELECT v.kind, count(*) AS n FROM public.stays v JOIN public.stays w ON w.person = v.person GROUP BY 1",
+    "SELECT w.kind, sum(v.amount) AS total FROM public.stays v JOIN public.stays w ON w.person = v.person "
+    "GROUP BY 1",
+    # adult joined: the unit is unique, and a WHERE that removes most of the many-row people's rows
+    "SELECT v.kind, count(*) AS n FROM public.adult a JOIN public.stays v ON v.person = a.id "
+    "WHERE v.amount < 5 GROUP BY 1",
+])
+@pytest.mark.parametrize("more", ["", "insert into public.stays select null, 'nine', 5 from generate_series(1, 2000)"])
+def test_a_group_of_nine_people_with_many_rows_is_withheld(owner: psycopg.Connection[Any], statement: str,
+                                                           more: str) -> None:
+    """Kind 'nine' has 360 rows (or 14,400 joined) but 9 people; kind 'ten' 10 people; and maybe 2,000 rows of
+    'nine' without a person. The bounds must not take rows for people: 'nine' is withheld, exactly as the exact
+    path decides."""
+    with owner.transaction(force_rollback=True):
+        owner.execute(NEAR_K)
+        if more:
+            owner.execute(more)
+        bounded, exact = _bounded_and_exact(owner, statement)
+    assert bounded == exact
+    assert "nine" not in {row[0] for row in bounded}, bounded
