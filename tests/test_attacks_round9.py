@@ -243,6 +243,27 @@ def test_a_fetch_count_reading_the_table_is_refused(reporter: psycopg.Connection
     assert _refusal(reporter, sql.replace("$1", "%s"), [1] if "$1" in sql else None).sqlstate == "0A000"
 
 
+@pytest.mark.parametrize("sql", [
+    f"select null, count(*) from adult union all (({BY_AGE}) limit (select count(*) from public.adult "
+    "where age = {0}))",
+    f"(({BY_AGE}) fetch first (select count(*) from public.adult where age = {{0}}) rows only) union all "
+    "select null, count(*) from adult",
+    # the order of the released rows would say whether the rare age's people earn more than 50K
+    f"(({BY_AGE}) order by case when (select count(*) from public.adult where age = {{0}} and income = '>50K') > 0 "
+    "then age else -age end) union all select null, count(*) from adult",
+    f"(({BY_AGE} union all {BY_AGE}) limit (select count(*) from public.adult where age = {{0}})) "
+    "union all select null, count(*) from adult",
+])
+def test_clauses_on_a_branch_s_parentheses_are_refused(reporter: psycopg.Connection[Any], rare_age: int,
+                                                       sql: str) -> None:
+    """``((SELECT ...) LIMIT (SELECT count(*) FROM public.adult WHERE ...))``: the LIMIT (ORDER BY, FETCH) stands on
+    the parentheses around the branch, not on the branch the gate answers, and was run as written with the
+    service role. Refused: a branch's own clauses go inside its parentheses."""
+    error = _refusal(reporter, sql.format(rare_age))
+    assert error.sqlstate == "0A000", error
+    assert "parenthesised branch" in (error.diag.message_primary or ""), error
+
+
 def test_a_constant_fetch_count_is_answered(reporter: psycopg.Connection[Any]) -> None:
     """FETCH FIRST n ROWS ONLY (and WITH TIES) with a constant: the first rows of the combined released rows."""
     total = "select null, count(*) from adult"

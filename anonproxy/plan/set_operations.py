@@ -50,9 +50,24 @@ def operations(node: exp.Expression) -> list[exp.SetOperation]:
     return []
 
 
+def _parentheses(node: exp.Expression) -> list[exp.Subquery]:
+    """The parentheses :func:`selects` looks through, at every depth of ``node``."""
+    if isinstance(node, exp.Subquery) and not node.args.get("alias"):
+        return [node, *_parentheses(node.this)]
+    if isinstance(node, exp.SetOperation):
+        return _parentheses(node.this) + _parentheses(node.expression)
+    return []
+
+
 def check(node: exp.SetOperation, names: tuple[str, ...]) -> None:
     """The set operations of ``node`` use only what post-processes released rows: the operators, ORDER BY over
     the output columns (``names``, or positions), and constant LIMIT and OFFSET counts."""
+    for parenthesis in _parentheses(node):
+        # ((SELECT ...) ORDER BY ... LIMIT ...): clauses on the parentheses, outside the branch the gate answers
+        extra = {key for key, value in parenthesis.args.items() if value not in (None, False, [], "")} - {"this"}
+        if extra:
+            raise unsupported(f"{', '.join(sorted(extra)).upper()} after a parenthesised branch is not supported in a "
+                              "set operation of aggregate queries: write it inside the branch's parentheses", HINT)
     for operation in operations(node):
         extra = {key for key, value in operation.args.items() if value not in (None, False, [], "")} - _ALLOWED
         if extra:
