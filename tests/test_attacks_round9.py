@@ -264,6 +264,42 @@ def test_clauses_on_a_branch_s_parentheses_are_refused(reporter: psycopg.Connect
     assert "parenthesised branch" in (error.diag.message_primary or ""), error
 
 
+@pytest.fixture(scope="module")
+def withheld_total(truth: psycopg.Connection[Any]) -> tuple[str, int]:
+    """A total over the linked table ``visits`` that holds thousands of people but leaves five out of N, so is
+    withheld (query-set-size control), and its exact row count: ``visited_at < T``, T the first visit of the
+    fifth-latest newcomer. Rows are not people there: suppression's simple shape, one HAVING."""
+    first = truth.execute("select min(visited_at) as m from visits group by person_id order by m desc "
+                          "limit 1 offset 4").fetchone()[0]
+    condition = f"v.visited_at < '{first.isoformat()}'"
+    left_out = truth.execute("select count(*) from (select person_id from visits group by 1 "
+                             "having min(visited_at) >= %s) q", [first]).fetchone()[0]
+    assert 1 <= left_out <= 9
+    return condition, int(truth.execute(f"select count(*) from visits v where {condition}").fetchone()[0])
+
+
+@pytest.mark.parametrize("shape", [
+    "select * from ({0}) q where n * {1} > 0",
+    "select count(*) from ({0}) q where n * {1} > 0",
+    "select * from ({0} union all {0} and v.amount >= 0) q where n * {1} > 0",  # two totals, each read once
+    "with t as ({0}) select n from t where n * {1} > 0",
+])
+def test_an_outer_condition_is_not_evaluated_on_a_withheld_total(reporter: psycopg.Connection[Any],
+                                                                  withheld_total: tuple[str, int],
+                                                                  shape: str) -> None:
+    """``WHERE n * K > 0`` over released rows overflows exactly when n >= 2^63 / K. PostgreSQL inlines a WITH query
+    read once and pushes such a condition into the HAVING of the total's suppression, where it ran before the
+    query-set-size rule: the error said whether the withheld n reached the threshold, and a search over K read n
+    (its difference with the public total: the five people's visits). The outer query must see released rows only:
+    the answer is the one over the total's own answer (no row), for K at n and at n + 1 alike."""
+    condition, n = withheld_total
+    inner = f"select count(*) as n from visits v where {condition}"
+    assert _alone(reporter, inner) == []
+    expected = [(0,)] if shape.startswith("select count(*)") else []
+    for factor in (-(-(2**63) // n), -(-(2**63) // (n + 1))):  # n * factor: past bigint, then just within it
+        assert _alone(reporter, shape.format(inner, factor)) == expected
+
+
 def test_a_constant_fetch_count_is_answered(reporter: psycopg.Connection[Any]) -> None:
     """FETCH FIRST n ROWS ONLY (and WITH TIES) with a constant: the first rows of the combined released rows."""
     total = "select null, count(*) from adult"
