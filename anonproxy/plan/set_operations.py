@@ -61,7 +61,8 @@ def _parentheses(node: exp.Expression) -> list[exp.Subquery]:
 
 def check(node: exp.SetOperation, names: tuple[str, ...]) -> None:
     """The set operations of ``node`` use only what post-processes released rows: the operators, ORDER BY over
-    the output columns (``names``, or positions), and constant LIMIT and OFFSET counts."""
+    the output columns (``names``, or positions), and constant LIMIT, OFFSET and FETCH FIRST counts; and no clause
+    stands on the parentheses around a branch."""
     for parenthesis in _parentheses(node):
         # ((SELECT ...) ORDER BY ... LIMIT ...): clauses on the parentheses, outside the branch the gate answers
         extra = {key for key, value in parenthesis.args.items() if value not in (None, False, [], "")} - {"this"}
