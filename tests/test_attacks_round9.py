@@ -13,13 +13,12 @@ sit in a group near k.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections import Counter
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
-
-import dataclasses
 
 import psycopg
 import pytest
@@ -141,10 +140,10 @@ def test_a_branch_that_leaves_out_a_few_people_is_withheld(reporter: psycopg.Con
 
 def test_order_and_limit_over_the_combination_see_released_rows_only(reporter: psycopg.Connection[Any],
                                                                      rare_age: int) -> None:
-    """ORDER BY a count and LIMIT 1 over the union: the smallest released row, never the rare age's."""
+    """ORDER BY a count and LIMIT 3 over the union: the smallest released rows, never the rare age's."""
     sql = f"({BY_AGE}) union all (select age, count(*) from adult where age = {rare_age} group by age) order by 2, 1"
     answer = _alone(reporter, f"{sql} limit 3")
-    expected = sorted((row for row in _alone(reporter, BY_AGE)), key=lambda row: (row[1], row[0] is None, row[0]))
+    expected = sorted(_alone(reporter, BY_AGE), key=lambda row: (row[1], row[0] is None, row[0]))
     assert answer == expected[:3]
     assert rare_age not in {age for age, _ in answer}
 
@@ -166,7 +165,7 @@ def test_order_and_limit_over_the_combination_see_released_rows_only(reporter: p
      "union select age from adult group by age having count(*) = 2)", "0A000"),
     ("select count(*) from adult where exists (select age from adult group by age having count(*) = 1 "
      "intersect select age from adult where age = 88 group by age)", "0A000"),
-    (f"select count(*), (select count(*) from adult union select 1) from adult", "0A000"),
+    ("select count(*), (select count(*) from adult union select 1) from adult", "0A000"),
     ("select count(*) from adult a join (select sex, count(*) as n from adult group by sex union all "
      "select 'x', count(*) from adult) q on q.sex = a.sex", "0A000"),
     ("with s as (select sex, count(*) as n from adult group by sex union all select 'x', count(*) from adult) "
@@ -229,8 +228,8 @@ def test_dp_refuses_a_nested_set_operation_and_charges_nothing(analyst: psycopg.
     "fetch first $1 rows only",
     "fetch first (length(current_setting('server_version'))) rows only",  # a function, no subquery
 ])
-def test_a_fetch_count_reading_the_table_is_refused(reporter: psycopg.Connection[Any], truth: psycopg.Connection[Any],
-                                                    rare_age: int, clause: str) -> None:
+def test_a_fetch_count_reading_the_table_is_refused(reporter: psycopg.Connection[Any], rare_age: int,
+                                                    clause: str) -> None:
     """FETCH FIRST (SELECT count(*) FROM public.adult WHERE ...) ROWS ONLY over a set operation: the number of
     rows answered would be the exact count of the rare age's people (one person's attribute with a WHERE on
     them). The set operation's row counts are constants, whatever their spelling (LIMIT, OFFSET, FETCH)."""
@@ -311,7 +310,6 @@ def test_a_constant_fetch_count_is_answered(reporter: psycopg.Connection[Any]) -
     assert len(ties) == 2 and ties[0] == ties[1] == ordered[1]  # the largest age group, from both branches
 
 
-
 # --- suppress: bounds first where rows are duplicated or a person has many rows -------------------------------------
 
 DATABASE = "attacks_round9"
@@ -367,7 +365,7 @@ def _bounded_and_exact(conn: psycopg.Connection[Any], statement: str) -> tuple[R
     "SELECT v.kind, count(*) AS n FROM public.stays v JOIN public.stays w ON w.person = v.person GROUP BY 1",
     "SELECT w.kind, sum(v.amount) AS total FROM public.stays v JOIN public.stays w ON w.person = v.person "
     "GROUP BY 1",
-    # adult joined: the unit is unique, and a WHERE that removes most of the many-row people's rows
+    # adult joined (its unit unique), and a WHERE that removes the many-row people's rows, which N's most still counts
     "SELECT v.kind, count(*) AS n FROM public.adult a JOIN public.stays v ON v.person = a.id "
     "WHERE v.amount < 5 GROUP BY 1",
 ])
