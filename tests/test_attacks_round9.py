@@ -365,6 +365,9 @@ def _bounded_and_exact(conn: psycopg.Connection[Any], statement: str) -> tuple[R
     "SELECT v.kind, count(*) AS n FROM public.stays v JOIN public.stays w ON w.person = v.person GROUP BY 1",
     "SELECT w.kind, sum(v.amount) AS total FROM public.stays v JOIN public.stays w ON w.person = v.person "
     "GROUP BY 1",
+    # adult's key joined twice: each person in one sex group, with r * r rows there
+    "SELECT a.sex, count(*) AS n, sum(w.amount) AS total FROM public.adult a JOIN public.stays v ON v.person = a.id "
+    "JOIN public.stays w ON w.person = a.id GROUP BY 1",
     # adult joined (its unit unique), and a WHERE that removes the many-row people's rows, which N's most still counts
     "SELECT v.kind, count(*) AS n FROM public.adult a JOIN public.stays v ON v.person = a.id "
     "WHERE v.amount < 5 GROUP BY 1",
