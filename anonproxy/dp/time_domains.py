@@ -142,7 +142,8 @@ def calendar_domain(key: exp.Expression, where: exp.Expression | None, column_of
     for condition in _conjuncts(where):
         for side, moment in _narrow(condition, column, column_of, low, high):
             # a literal without an offset is read in the session's time zone: a day either way covers any
-            first, last = (max(first, moment - _DAY), last) if side == "low" else (first, min(last, moment + _DAY))
+            wider = _day_wider(moment, side)
+            first, last = (max(first, wider), last) if side == "low" else (first, min(last, wider))
     buckets = max(0, math.floor((last - first).total_seconds() / grid.seconds)) + 3
     if buckets > MAX_TIME_BUCKETS:
         return None
@@ -345,14 +346,24 @@ _SIDES: dict[type[exp.Expression], tuple[str, ...]] = {exp.GT: ("low",), exp.GTE
 
 
 def _read(texts: list[tuple[str, str]]) -> list[tuple[str, datetime]]:
-    """The constants Python reads as ISO dates and times, naive (in UTC when written with an offset)."""
+    """The constants Python reads as ISO dates and times, naive (in UTC when written with an offset); not one whose
+    UTC instant lies outside Python's years (0001-01-01 00:00+05): it then narrows the estimate not at all."""
     read = []
     for side, text in texts:
         try:
             read.append((side, _naive(datetime.fromisoformat(text.strip()))))
-        except ValueError:
+        except (ValueError, OverflowError):
             continue
     return read
+
+
+def _day_wider(moment: datetime, side: str) -> datetime:
+    """A day before a low bound or after a high one; Python's first or last instant past its years (an "all time"
+    range an ORM writes from datetime.min to datetime.max)."""
+    try:
+        return moment - _DAY if side == "low" else moment + _DAY
+    except OverflowError:
+        return datetime.min if side == "low" else datetime.max
 
 
 def _naive(moment: datetime) -> datetime:

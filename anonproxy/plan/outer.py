@@ -417,9 +417,9 @@ def _check_outer(select: exp.Select, references: dict[str | None, tuple[str, ...
         checker.grouped(ordered.this, "ORDER BY")
     for key in ("limit", "offset"):
         clause = select.args.get(key)
-        value = clause.args.get("expression") if clause is not None else None
-        if value is not None and not (isinstance(value, exp.Literal) and not value.is_string):
-            raise unsupported(f"{key.upper()} of an outer query takes a constant", OUTER_HINT)
+        if not set_operations.constant_count(clause):
+            what = "FETCH FIRST" if isinstance(clause, exp.Fetch) else key.upper()
+            raise unsupported(f"{what} of an outer query takes a constant", OUTER_HINT)
 
 
 def _in_order_by(node: exp.Expr, select: exp.Select) -> bool:

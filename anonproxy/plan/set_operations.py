@@ -28,6 +28,7 @@ HINT = ("A UNION, INTERSECT or EXCEPT over protected tables combines aggregate q
         "FROM adult GROUP BY sex UNION ALL SELECT 'Total', count(*) FROM adult ORDER BY 1.")
 DP_HINT = "Ask each branch of the set operation as its own query: each is its own question, charged on its own."
 _ALLOWED = frozenset({"this", "expression", "distinct", "order", "limit", "offset"})
+_COUNT_NODES = (exp.Limit, exp.Offset, exp.Fetch, exp.LimitOptions)  # a count clause's own nodes, around its number
 
 
 def selects(node: exp.Expression) -> list[exp.Expression]:
@@ -49,9 +50,25 @@ def operations(node: exp.Expression) -> list[exp.SetOperation]:
     return []
 
 
+def _parentheses(node: exp.Expression) -> list[exp.Subquery]:
+    """The parentheses :func:`selects` looks through, at every depth of ``node``."""
+    if isinstance(node, exp.Subquery) and not node.args.get("alias"):
+        return [node, *_parentheses(node.this)]
+    if isinstance(node, exp.SetOperation):
+        return _parentheses(node.this) + _parentheses(node.expression)
+    return []
+
+
 def check(node: exp.SetOperation, names: tuple[str, ...]) -> None:
     """The set operations of ``node`` use only what post-processes released rows: the operators, ORDER BY over
-    the output columns (``names``, or positions), and constant LIMIT and OFFSET counts."""
+    the output columns (``names``, or positions), and constant LIMIT, OFFSET and FETCH FIRST counts; and no clause
+    stands on the parentheses around a branch."""
+    for parenthesis in _parentheses(node):
+        # ((SELECT ...) ORDER BY ... LIMIT ...): clauses on the parentheses, outside the branch the gate answers
+        extra = {key for key, value in parenthesis.args.items() if value not in (None, False, [], "")} - {"this"}
+        if extra:
+            raise unsupported(f"{', '.join(sorted(extra)).upper()} after a parenthesised branch is not supported in a "
+                              "set operation of aggregate queries: write it inside the branch's parentheses", HINT)
     for operation in operations(node):
         extra = {key for key, value in operation.args.items() if value not in (None, False, [], "")} - _ALLOWED
         if extra:
@@ -62,9 +79,19 @@ def check(node: exp.SetOperation, names: tuple[str, ...]) -> None:
             _check_order(ordered.this, names)
         for key in ("limit", "offset"):
             clause = operation.args.get(key)
-            value = clause.args.get("expression") if clause is not None else None
-            if value is not None and not (isinstance(value, exp.Literal) and not value.is_string):
-                raise unsupported(f"{key.upper()} of a set operation of aggregate queries takes a constant", HINT)
+            if not constant_count(clause):
+                what = "FETCH FIRST" if isinstance(clause, exp.Fetch) else key.upper()
+                raise unsupported(f"{what} of a set operation of aggregate queries takes a constant", HINT)
+
+
+def constant_count(clause: exp.Expression | None) -> bool:
+    """Whether a LIMIT, OFFSET or FETCH FIRST clause (or none) holds nothing but a number written as a constant
+    (FETCH FIRST ROWS ONLY: none). Over released rows, the count is evaluated in the statement that reads them,
+    with the service role's reach: a subquery there (FETCH FIRST (SELECT count(*) FROM public.adult WHERE ...)
+    ROWS ONLY) would read the table, the rows answered counting its people."""
+    return clause is None or all(
+        isinstance(node, _COUNT_NODES) or (isinstance(node, exp.Literal) and not node.is_string)
+        for node in clause.walk())
 
 
 def _check_order(node: exp.Expression, names: tuple[str, ...]) -> None:

@@ -1,11 +1,12 @@
 """Suppression SQL for the nested shapes of :mod:`anonproxy.plan.outer`, from the inner query's suppression SQL.
 
 * An outer query over an aggregate query runs over the inner query's
-  suppressed answer, as a WITH query: ``WITH anonproxy_released AS
-  (<inner suppression SQL>) <outer query>``. It sees exactly the rows the
-  client would have received (the suppressed-rest row included). When it
-  joins several aggregate queries' rows, each is suppressed on its own, as if
-  sent alone (``anonproxy_released_2`` ...).
+  suppressed answer, as a materialized WITH query: ``WITH anonproxy_released
+  AS MATERIALIZED (<inner suppression SQL>) <outer query>``. It sees exactly
+  the rows the client would have received (the suppressed-rest row
+  included), and none of its conditions runs inside the suppression SQL.
+  When it joins several aggregate queries' rows, each is suppressed on its
+  own, as if sent alone (``anonproxy_released_2`` ...).
 * Superset's series limit: the outer query's own suppression SQL, its WHERE
   clause restricted to the keys the top-N query released:
   ``(key, ...) IN (SELECT <columns> FROM (<top-N suppression SQL>) AS anonproxy_top)``;
@@ -40,8 +41,11 @@ def suppressed(shape: Single | Nested, index: PolicyIndex, params: SuppressionPa
     post = shape.post
     if isinstance(post, Outer):
         inputs = [(ROWS, post.names, shape.inner.tree), *((more.name, more.names, more.inner) for more in post.more)]
+        # MATERIALIZED: a fence. PostgreSQL would inline a WITH query read once and push the outer query's
+        # conditions into it, into the HAVING of a total's suppression, ahead of its rules: an error there (an
+        # overflow) would depend on a withheld value.
         released = ",\n".join(
-            f"{name}({', '.join(quote(column) for column in names)}) AS (\n"
+            f"{name}({', '.join(quote(column) for column in names)}) AS MATERIALIZED (\n"
             f"{rewrite(analyze(shape.inner.statement, tree, index, params), params)}\n)"
             for name, names, tree in inputs)
         return f"WITH {released}\n{post.sql()}"
