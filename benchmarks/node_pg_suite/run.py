@@ -1,0 +1,300 @@
+#!/usr/bin/env python3
+"""node-postgres's own integration tests, once directly against PostgreSQL and once through anonproxy: which differ.
+
+The tests come from a checkout of node-postgres's repository given on the command line (it is not part of this
+project); what they need besides node-postgres's own packages is installed by ``npm install`` beside this script.
+Both runs use the same throwaway PostgreSQL (with TLS, as the proxy in front of it, for the suite's SSL tests),
+database and login (``dba``, a direct role of the demo policy, made
+superuser as node-postgres's tests expect of their login); the proxy runs with a service login, so the role goes
+through the policy's decision and is relayed. See README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+
+HERE = Path(__file__).resolve().parent
+REPO_ROOT = HERE.parents[1]
+sys.path.insert(0, str(REPO_ROOT))  # this checkout's anonproxy, the one whose proxy runs, not an installed copy
+sys.path.insert(0, str(REPO_ROOT / "tests"))  # the certificates of the tests
+
+from anonproxy import demo, sample_data, schema  # noqa: E402
+from anonproxy.embedded import EmbeddedPostgres  # noqa: E402
+from anonproxy.policy.yaml_policy import apply_policy, demo_policy  # noqa: E402
+from tls_network import Certificates, certificates  # noqa: E402
+
+HOST = "127.0.0.1"
+DATABASE = "node_pg_suite"
+ROLE = "dba"  # a direct role of the demo policy
+SERVICE_ROLE = "anonproxy_service"
+DEFAULT_TESTS = ("test/integration",)  # relative to packages/pg, as the Makefile's test-integration
+# The checkout's own packages that pg requires; pg-protocol is TypeScript and is compiled for the run.
+LINKED_PACKAGES = ("pg-pool", "pg-connection-string")
+REPORTER = HERE / "report.js"  # records each test's outcome (node --require)
+
+
+@dataclass(frozen=True)
+class Run:
+    name: str
+    outcomes: dict[str, str]  # test id ("file" or "file::test name") -> passed | failed | skipped
+    messages: dict[str, str]  # test id -> the first line of what the failing file printed about it
+    seconds: float
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("node_postgres_source", type=Path, help="a checkout of node-postgres's repository")
+    parser.add_argument("--tests", nargs="+", default=list(DEFAULT_TESTS),
+                        help="test files or directories relative to packages/pg (default: test/integration)")
+    parser.add_argument("-k", dest="keyword", help="run only the test files whose path contains this")
+    parser.add_argument("--workers", type=int, default=2, help="anonproxy worker processes (default 2)")
+    parser.add_argument("--timeout", type=int, default=120, help="seconds per test file before it counts as failed")
+    parser.add_argument("--json", type=Path, help="also write both runs' outcomes here")
+    parser.add_argument("--direct-json", type=Path,
+                        help="take the direct run from this earlier --json output instead of running it again")
+    args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that the server and the proxy are stopped
+    package = args.node_postgres_source.resolve() / "packages" / "pg"
+    if not (package / "test" / "suite.js").is_file():
+        print(f"{args.node_postgres_source} is not a checkout of node-postgres (no packages/pg/test/suite.js)",
+              file=sys.stderr)
+        return 2
+    if not (HERE / "node_modules" / "typescript").is_dir():
+        print(f"the suite's own packages are missing: run `npm install --prefix {HERE}` first", file=sys.stderr)
+        return 2
+    files = _test_files(package, args.tests, args.keyword)
+    print(f"node {_output(['node', '--version'])}, pg {_package_version(package)} from {package.parents[1]} "
+          f"({_describe(package)}): {len(files)} test files", flush=True)
+
+    with tempfile.TemporaryDirectory(prefix="bench-node-pg-") as tmp, \
+            certificates(["localhost"], [HOST], ROLE) as certs, \
+            EmbeddedPostgres(settings={"max_connections": "200", "ssl": "on", "ssl_cert_file": str(certs.server_cert),
+                                       "ssl_key_file": str(certs.server_key)}) as server:
+        workdir = Path(tmp)
+        node_path = _node_modules(package.parent, workdir)
+        _prepare(server)
+        direct = _load_run(args.direct_json, "direct") if args.direct_json else \
+            _run_suite("direct", server.port, package, files, node_path, args.timeout)
+        proxy, port = _start_proxy(server, workdir, args.workers, certs)
+        try:
+            via = _run_suite("anonproxy", port, package, files, node_path, args.timeout)
+        finally:
+            _stop(proxy)
+        proxy_log = (workdir / "anonproxy.log").read_text(errors="replace")
+    _report(direct, via)
+    if "Traceback" in proxy_log:
+        print("\nthe proxy's log holds a traceback:\n" + proxy_log[proxy_log.index("Traceback"):][:4000])
+    if args.json:
+        args.json.write_text(json.dumps({run.name: {"seconds": run.seconds, "outcomes": run.outcomes,
+                                                    "messages": run.messages} for run in (direct, via)}, indent=1))
+    return 0
+
+
+def _output(command: list[str], cwd: Path | None = None) -> str:
+    done = subprocess.run(command, cwd=cwd, capture_output=True, text=True)
+    return done.stdout.strip() if done.returncode == 0 else ""
+
+
+def _describe(package: Path) -> str:
+    """The checkout's tag or commit, when it is a git checkout."""
+    return _output(["git", "describe", "--tags", "--always"], cwd=package) or "not a git checkout"
+
+
+def _package_version(package: Path) -> str:
+    return json.loads((package / "package.json").read_text())["version"]
+
+
+def _test_files(package: Path, tests: list[str], keyword: str | None) -> list[str]:
+    """The ``*-tests.js`` files under the given paths, as the Makefile finds them, relative to packages/pg."""
+    found: set[str] = set()
+    for test in tests:
+        path = package / test
+        candidates = [path] if path.is_file() else path.rglob("*-tests.js")
+        found.update(str(file.relative_to(package)) for file in candidates)
+    return sorted(file for file in found if keyword is None or keyword in file)
+
+
+def _node_modules(packages: Path, workdir: Path) -> str:
+    """NODE_PATH for the run: the checkout's own packages first, then what npm installed beside this script.
+
+    The checkout itself is left as it is: pg-protocol is compiled into the work directory, the plain JavaScript
+    packages are linked there.
+    """
+    modules = workdir / "node_modules"
+    protocol = modules / "pg-protocol"
+    protocol.mkdir(parents=True)
+    shutil.copy(packages / "pg-protocol" / "package.json", protocol / "package.json")
+    subprocess.run(["node", str(HERE / "node_modules" / "typescript" / "bin" / "tsc"),
+                    str(packages / "pg-protocol" / "src" / "index.ts"), "--rootDir", str(packages / "pg-protocol" / "src"),
+                    "--outDir", str(protocol / "dist"), "--module", "node16", "--moduleResolution", "node16",
+                    "--target", "es6", "--esModuleInterop", "--skipLibCheck", "--types", "node",
+                    "--typeRoots", str(HERE / "node_modules" / "@types")], check=True)
+    for name in LINKED_PACKAGES:
+        (modules / name).symlink_to(packages / name)
+    return os.pathsep.join([str(modules), str(HERE / "node_modules")])
+
+
+def _prepare(server: EmbeddedPostgres) -> None:
+    """The database with the anonproxy schema and the demo policy; ``dba`` made superuser for the suite."""
+    with psycopg.connect(server.conninfo(), autocommit=True) as conn:
+        conn.execute(f"create database {DATABASE}")
+    with psycopg.connect(server.conninfo(dbname=DATABASE)) as conn:
+        schema.install(conn)
+        sample_data.load_demo(conn)
+        demo.create_demo_roles(conn, DATABASE)
+        demo.reset_service_role(conn, SERVICE_ROLE)
+        conn.execute(f"alter role {SERVICE_ROLE} password '{SERVICE_ROLE}'")
+        apply_policy(conn, demo_policy())
+        conn.execute(f"alter role {ROLE} superuser")
+        conn.commit()
+
+
+def _start_proxy(server: EmbeddedPostgres, workdir: Path, workers: int,
+                 certs: Certificates) -> tuple[subprocess.Popen[bytes], int]:
+    """``anonproxy serve`` with the server's certificate for its clients' TLS; plain TCP to the server."""
+    with socket.socket() as sock:
+        sock.bind((HOST, 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, "ANONPROXY_LISTEN_PORT": str(port), "ANONPROXY_WORKERS": str(workers),
+           "ANONPROXY_UPSTREAM": f"host={HOST} port={server.port}",
+           "ANONPROXY_SERVICE_DSN": f"user={SERVICE_ROLE} password={SERVICE_ROLE} dbname={DATABASE}",
+           "ANONPROXY_TLS_CERT": str(certs.server_cert), "ANONPROXY_TLS_KEY": str(certs.server_key)}
+    with (workdir / "anonproxy.log").open("wb") as log:
+        process = subprocess.Popen([sys.executable, "-m", "anonproxy.cli", "serve"], env=env, cwd=REPO_ROOT,
+                                   stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            socket.create_connection((HOST, port), timeout=1).close()
+            return process, port
+        except OSError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                process.kill()
+                raise RuntimeError("anonproxy did not start:\n" + (workdir / "anonproxy.log").read_text()) from None
+            time.sleep(0.1)
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(20)
+    except subprocess.TimeoutExpired:
+        process.kill()
+
+
+def _suite_env(port: int, node_path: str) -> dict[str, str]:
+    """The variables the tests read: libpq's for the login, SCRAM_TEST_* for the SCRAM tests (same login)."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("PG", "SCRAM_TEST_"))}
+    login = {"HOST": HOST, "PORT": str(port), "USER": ROLE, "PASSWORD": ROLE, "DATABASE": DATABASE}
+    env.update({f"PG{key}": value for key, value in login.items()})
+    env.update({f"SCRAM_TEST_PG{key}": value for key, value in login.items()})
+    env["NODE_PATH"] = node_path
+    return env
+
+
+def _run_suite(name: str, port: int, package: Path, files: list[str], node_path: str, timeout: int) -> Run:
+    """Each file in its own node process, one after the other, as the Makefile's ``xargs -n 1`` does."""
+    print(f"\n== {name}: {HOST}:{port}", flush=True)
+    env = _suite_env(port, node_path)
+    outcomes: dict[str, str] = {}
+    messages: dict[str, str] = {}
+    start = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="node-pg-report-") as tmp:
+        for number, file in enumerate(files):
+            report = Path(tmp) / f"{number}.jsonl"
+            code, output = _run_file(file, package, {**env, "NODE_PG_SUITE_REPORT": str(report)}, timeout)
+            file_outcomes = _read_report(file, code, report)
+            outcomes.update(file_outcomes)
+            if code != 0:
+                message = _first_error(output.splitlines()) or f"exit status {code}"
+                messages.update({test: message for test, outcome in file_outcomes.items() if outcome == "failed"})
+            print(f"  {file}: {outcomes[file]}", flush=True)
+    seconds = time.monotonic() - start
+    print(f"{name}: {dict(Counter(outcomes.values()))} in {seconds:.0f} s", flush=True)
+    return Run(name, outcomes, messages, seconds)
+
+
+def _run_file(file: str, package: Path, env: dict[str, str], timeout: int) -> tuple[int | None, str]:
+    """The file's exit status (None when killed at the timeout) and what it printed."""
+    try:
+        done = subprocess.run(["node", "--require", str(REPORTER), file], cwd=package, env=env, capture_output=True,
+                              text=True, timeout=timeout)
+        return done.returncode, done.stdout + done.stderr
+    except subprocess.TimeoutExpired as expired:
+        return None, _text(expired.stdout) + _text(expired.stderr) + f"\nkilled after {timeout} s"
+
+
+def _text(output: bytes | str | None) -> str:
+    return output.decode(errors="replace") if isinstance(output, bytes) else output or ""
+
+
+def _read_report(file: str, code: int | None, report: Path) -> dict[str, str]:
+    """The file's outcome (its exit status) and its named tests' outcomes (from report.js's lines)."""
+    outcomes: dict[str, str] = {file: "passed" if code == 0 else "failed"}
+    started: dict[str, str] = {}  # a test's name -> its id (a file can name two tests alike)
+    lines = report.read_text().splitlines() if report.exists() else []
+    for event in map(json.loads, lines):
+        test = f"{file}::{event['test']}"
+        if event["event"] == "start":
+            started[event["test"]] = test = _unique(test, outcomes)
+            outcomes[test] = "failed" if event["body"] else "skipped"  # until it is done
+        elif outcomes[started[event["test"]]] == "failed":
+            outcomes[started[event["test"]]] = "passed"
+    return outcomes
+
+
+def _unique(test: str, seen: dict[str, str]) -> str:
+    """The second test of a file named alike is ``name #2``."""
+    number, candidate = 1, test
+    while candidate in seen:
+        number += 1
+        candidate = f"{test} #{number}"
+    return candidate
+
+
+def _first_error(lines: list[str]) -> str:
+    for line in lines:
+        if "Error" in line or "killed after" in line:
+            return line.strip()[:200]
+    return ""
+
+
+def _load_run(path: Path, name: str) -> Run:
+    saved = json.loads(path.read_text())[name]
+    return Run(name, saved["outcomes"], saved["messages"], saved["seconds"])
+
+
+def _report(direct: Run, via: Run) -> None:
+    print("\n| run | files | passed | failed | tests | passed | failed | skipped | seconds |\n"
+          "|---|---|---|---|---|---|---|---|---|")
+    for run in (direct, via):
+        files = Counter(outcome for test, outcome in run.outcomes.items() if "::" not in test)
+        tests = Counter(outcome for test, outcome in run.outcomes.items() if "::" in test)
+        print(f"| {run.name} | {sum(files.values())} | {files['passed']} | {files['failed']} | "
+              f"{sum(tests.values())} | {tests['passed']} | {tests['failed']} | {tests['skipped']} | "
+              f"{run.seconds:.0f} |")
+    tests = sorted(set(direct.outcomes) | set(via.outcomes))
+    differ = [test for test in tests if direct.outcomes.get(test) != via.outcomes.get(test)]
+    print(f"\n{len(differ)} files or tests differ (direct -> through anonproxy):")
+    for test in differ:
+        message = via.messages.get(test) or direct.messages.get(test) or ""
+        print(f"  {test}: {direct.outcomes.get(test, 'absent')} -> {via.outcomes.get(test, 'absent')}"
+              f"{'  | ' + message if message else ''}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
