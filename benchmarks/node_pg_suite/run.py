@@ -4,9 +4,9 @@
 The tests come from a checkout of node-postgres's repository given on the command line (it is not part of this
 project); what they need besides node-postgres's own packages is installed by ``npm install`` beside this script.
 Both runs use the same throwaway PostgreSQL (with TLS, as the proxy in front of it, for the suite's SSL tests),
-database and login (``dba``, a direct role of the demo policy, made
-superuser as node-postgres's tests expect of their login); the proxy runs with a service login, so the role goes
-through the policy's decision and is relayed. See README.md.
+database and login (``dba``, a direct role of the demo policy, made superuser as node-postgres's tests expect of
+their login); the proxy runs with a service login, so the role goes through the policy's decision and is relayed.
+See README.md.
 """
 
 from __future__ import annotations
@@ -63,6 +63,8 @@ def main() -> int:
     parser.add_argument("-k", dest="keyword", help="run only the test files whose path contains this")
     parser.add_argument("--workers", type=int, default=2, help="anonproxy worker processes (default 2)")
     parser.add_argument("--timeout", type=int, default=120, help="seconds per test file before it counts as failed")
+    parser.add_argument("--tls", action="store_true",
+                        help="every connection of the suite in TLS (PGSSLMODE=verify-full, the run's CA trusted)")
     parser.add_argument("--json", type=Path, help="also write both runs' outcomes here")
     parser.add_argument("--direct-json", type=Path,
                         help="take the direct run from this earlier --json output instead of running it again")
@@ -88,10 +90,12 @@ def main() -> int:
         node_path = _node_modules(package.parent, workdir)
         _prepare(server)
         direct = _load_run(args.direct_json, "direct") if args.direct_json else \
-            _run_suite("direct", server.port, package, files, node_path, args.timeout)
+            _run_suite("direct", _suite_env(server.port, node_path, certs if args.tls else None), package, files,
+                       args.timeout)
         proxy, port = _start_proxy(server, workdir, args.workers, certs)
         try:
-            via = _run_suite("anonproxy", port, package, files, node_path, args.timeout)
+            via = _run_suite("anonproxy", _suite_env(port, node_path, certs if args.tls else None), package, files,
+                             args.timeout)
         finally:
             _stop(proxy)
         proxy_log = (workdir / "anonproxy.log").read_text(errors="replace")
@@ -115,7 +119,7 @@ def _describe(package: Path) -> str:
 
 
 def _package_version(package: Path) -> str:
-    return json.loads((package / "package.json").read_text())["version"]
+    return str(json.loads((package / "package.json").read_text())["version"])
 
 
 def _test_files(package: Path, tests: list[str], keyword: str | None) -> list[str]:
@@ -135,14 +139,13 @@ def _node_modules(packages: Path, workdir: Path) -> str:
     packages are linked there.
     """
     modules = workdir / "node_modules"
-    protocol = modules / "pg-protocol"
+    protocol, source = modules / "pg-protocol", packages / "pg-protocol"
     protocol.mkdir(parents=True)
-    shutil.copy(packages / "pg-protocol" / "package.json", protocol / "package.json")
-    subprocess.run(["node", str(HERE / "node_modules" / "typescript" / "bin" / "tsc"),
-                    str(packages / "pg-protocol" / "src" / "index.ts"), "--rootDir", str(packages / "pg-protocol" / "src"),
-                    "--outDir", str(protocol / "dist"), "--module", "node16", "--moduleResolution", "node16",
-                    "--target", "es6", "--esModuleInterop", "--skipLibCheck", "--types", "node",
-                    "--typeRoots", str(HERE / "node_modules" / "@types")], check=True)
+    shutil.copy(source / "package.json", protocol / "package.json")
+    subprocess.run(["node", str(HERE / "node_modules" / "typescript" / "bin" / "tsc"), str(source / "src" / "index.ts"),
+                    "--rootDir", str(source / "src"), "--outDir", str(protocol / "dist"), "--module", "node16",
+                    "--moduleResolution", "node16", "--target", "es6", "--esModuleInterop", "--skipLibCheck",
+                    "--types", "node", "--typeRoots", str(HERE / "node_modules" / "@types")], check=True)
     for name in LINKED_PACKAGES:
         (modules / name).symlink_to(packages / name)
     return os.pathsep.join([str(modules), str(HERE / "node_modules")])
@@ -196,33 +199,36 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
         process.kill()
 
 
-def _suite_env(port: int, node_path: str) -> dict[str, str]:
-    """The variables the tests read: libpq's for the login, SCRAM_TEST_* for the SCRAM tests (same login)."""
+def _suite_env(port: int, node_path: str, tls: Certificates | None) -> dict[str, str]:
+    """The variables the tests read: libpq's for the login, SCRAM_TEST_* for the SCRAM tests (same login); with
+    ``tls``, PGSSLMODE for every connection and the CA that signed the server's (and the proxy's) certificate."""
     env = {key: value for key, value in os.environ.items() if not key.startswith(("PG", "SCRAM_TEST_"))}
     login = {"HOST": HOST, "PORT": str(port), "USER": ROLE, "PASSWORD": ROLE, "DATABASE": DATABASE}
     env.update({f"PG{key}": value for key, value in login.items()})
     env.update({f"SCRAM_TEST_PG{key}": value for key, value in login.items()})
     env["NODE_PATH"] = node_path
+    if tls is not None:  # node reads the CA from NODE_EXTRA_CA_CERTS, psql (gh-issues/130) from PGSSLROOTCERT
+        env.update(PGSSLMODE="verify-full", NODE_EXTRA_CA_CERTS=str(tls.ca), PGSSLROOTCERT=str(tls.ca))
     return env
 
 
-def _run_suite(name: str, port: int, package: Path, files: list[str], node_path: str, timeout: int) -> Run:
+def _run_suite(name: str, env: dict[str, str], package: Path, files: list[str], timeout: int) -> Run:
     """Each file in its own node process, one after the other, as the Makefile's ``xargs -n 1`` does."""
-    print(f"\n== {name}: {HOST}:{port}", flush=True)
-    env = _suite_env(port, node_path)
+    print(f"\n== {name}: {env['PGHOST']}:{env['PGPORT']}{' in TLS' if 'PGSSLMODE' in env else ''}", flush=True)
     outcomes: dict[str, str] = {}
     messages: dict[str, str] = {}
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="node-pg-report-") as tmp:
         for number, file in enumerate(files):
             report = Path(tmp) / f"{number}.jsonl"
+            began = time.monotonic()
             code, output = _run_file(file, package, {**env, "NODE_PG_SUITE_REPORT": str(report)}, timeout)
             file_outcomes = _read_report(file, code, report)
             outcomes.update(file_outcomes)
             if code != 0:
                 message = _first_error(output.splitlines()) or f"exit status {code}"
                 messages.update({test: message for test, outcome in file_outcomes.items() if outcome == "failed"})
-            print(f"  {file}: {outcomes[file]}", flush=True)
+            print(f"  {file}: {outcomes[file]} ({time.monotonic() - began:.1f} s)", flush=True)
     seconds = time.monotonic() - start
     print(f"{name}: {dict(Counter(outcomes.values()))} in {seconds:.0f} s", flush=True)
     return Run(name, outcomes, messages, seconds)
@@ -287,8 +293,8 @@ def _report(direct: Run, via: Run) -> None:
         print(f"| {run.name} | {sum(files.values())} | {files['passed']} | {files['failed']} | "
               f"{sum(tests.values())} | {tests['passed']} | {tests['failed']} | {tests['skipped']} | "
               f"{run.seconds:.0f} |")
-    tests = sorted(set(direct.outcomes) | set(via.outcomes))
-    differ = [test for test in tests if direct.outcomes.get(test) != via.outcomes.get(test)]
+    everything = sorted(set(direct.outcomes) | set(via.outcomes))
+    differ = [test for test in everything if direct.outcomes.get(test) != via.outcomes.get(test)]
     print(f"\n{len(differ)} files or tests differ (direct -> through anonproxy):")
     for test in differ:
         message = via.messages.get(test) or direct.messages.get(test) or ""
