@@ -26,7 +26,7 @@ from anonproxy.dp.answers import decoded, encoded
 from anonproxy.dp.finish import Group, Measurement
 from anonproxy.dp.model import DPParams
 from anonproxy.dp.plan import plan_dp
-from anonproxy.plan import bounds
+from anonproxy.plan import bounds, time_values
 from anonproxy.plan.refusals import Reject
 from anonproxy.policy.model import (
     ColumnPolicy,
@@ -121,6 +121,12 @@ ADMITTED = [
     # Looker: a constant subquery over the clock, with || of constants cast to an interval
     ("select count(*) from events where at >= ((SELECT (DATE_TRUNC('day', CURRENT_TIMESTAMP) + (-6 || ' day')"
      "::INTERVAL)))"),
+    # date_bin's origin as a quoted string: it takes the source's type (timestamp or timestamptz)
+    "select date_bin('1 hour', local, '2025-01-01'), date_bin('1 day', at, '2025-01-01 12:00+00'), count(*) "
+    "from events group by 1, 2",
+    # ±infinity constants moved by an interval or a number of days stay infinite: PostgreSQL raises nothing
+    ("select count(*) from events where at < 'infinity'::timestamptz + interval '1 day' "
+     "and local > timestamp '-infinity' - interval '300000 years' and day < 'infinity'::date + 3"),
 ]
 
 
@@ -154,6 +160,16 @@ def test_time_functions_are_admitted_in_both_modes(sql: str) -> None:
     ("select date_bin('1 month', local, timestamp '2001-01-01'), count(*) from events group by 1", ("stride",)),
     ("select date_bin('0 days', local, timestamp '2001-01-01'), count(*) from events group by 1", ("stride",)),
     ("select date_bin('-1 day', local, timestamp '2001-01-01'), count(*) from events group by 1", ("stride",)),
+    # an infinite origin fails for every finite row ("origin out of range"); one the proxy cannot read is refused
+    ("select date_bin('1 hour', local, 'infinity'), count(*) from events group by 1", ("finite timestamp",)),
+    ("select date_bin('1 hour', local, timestamp '-infinity'), count(*) from events group by 1", ("finite",)),
+    ("select date_bin('1 hour', local, 'today'), count(*) from events group by 1", ("origin",)),
+    # a quoted origin with a date makes PostgreSQL pick the timestamptz date_bin: refused like a typed one
+    ("select date_bin('1 hour', day, '2025-01-01'), count(*) from events group by 1", ("date", "timestamptz")),
+    # no date_bin of two arguments in PostgreSQL
+    ("select date_bin('1 hour', local), count(*) from events group by 1", ("date_bin",)),
+    # subtracting an infinite constant from a column fails for every finite row
+    ("select count(*) from events where local - 'infinity'::timestamp > interval '1 day'", ("infinite",)),
     # to_timestamp runs when the statement runs: a constant it cannot read would fail only if a row reached it
     ("select count(*) from events where at > to_timestamp('2025-13-45', 'YYYY-MM-DD')", ("to_timestamp",)),
     # the volatile clock is not the statement's: it tells how long each row took
@@ -185,6 +201,41 @@ def test_declared_time_bounds_admit_what_infinity_would_break() -> None:
                 "select count(*) from events where at - timestamptz '2025-01-01' > interval '1 day'"):
         refused(sql)
         admitted(sql, BOUNDED)
+
+
+def test_a_quoted_date_bin_origin_stays_a_quoted_string() -> None:
+    # sqlglot alone reads the third argument as a unit and renders it unquoted: 2025-01-01 00:30 (arithmetic)
+    sql = "select date_bin('1 hour', local, '2025-01-01 00:30') as b, count(*) from events group by 1"
+    for role in (SUPPRESS, DP):
+        decision = decided(sql, role)
+        assert not isinstance(decision, Reject), decision
+        assert "date_bin('1 hour', local, '2025-01-01 00:30')" in decision.sql, decision.sql
+
+
+def test_a_bc_constant_subtracted_from_a_bounded_column_is_admitted() -> None:
+    # the BC constant is read: with declared bounds the difference fits an interval for every value they allow
+    sql = "select count(*) from events where at - '4713-01-01 BC'::timestamptz > interval '2460000 days'"
+    refused(sql, "infinite")
+    admitted(sql, BOUNDED)
+
+
+@pytest.mark.parametrize("earliest", ["4713-01-01 BC", "4714-11-24 BC"])
+def test_a_difference_that_may_pass_the_interval_range_stays_refused(truth: psycopg.Connection,
+                                                                      earliest: str) -> None:
+    """A column holding the whole timestamp range: its latest value minus 4713 BC is more than 2^63 microseconds.
+    PostgreSQL fails there ("interval out of range", newer versions) or wraps around to a negative interval (older
+    ones, without an overflow check): either way no right answer exists for that row, and the proof refuses."""
+    sql = f"select timestamp '294276-12-31 23:59:59' - timestamp '{earliest}' > interval '0 days'"
+    try:
+        with truth.transaction():
+            (positive,) = truth.execute(sql).fetchone()
+        assert positive is False
+    except psycopg.errors.DatetimeFieldOverflow:
+        pass
+    whole = bounds.ColumnFacts("t", "timestamp without time zone", earliest=time_values.TS_MIN,
+                               latest=time_values.TS_END - 1)
+    with pytest.raises(bounds.Unsafe, match="overflow an interval"):
+        bounds.evaluate(sqlglot.parse_one(f"t - '{earliest}'::timestamp", read="postgres"), lambda column: whole)
 
 
 def test_without_bounds_a_shift_larger_than_the_assumed_margin_asks_for_them() -> None:
@@ -279,6 +330,11 @@ SERIES = [
      "order by 1"),
     ("select date(at) as d, count(*) from events where at >= ((SELECT (DATE_TRUNC('day', timestamptz "
      "'2025-03-10') + (-6 || ' day')::INTERVAL))) and at < timestamptz '2025-03-10' group by 1 order by 1"),
+    # a quoted origin, half past: the bins start at :30 as PostgreSQL's do
+    ("select date_bin('6 hours', local, '2025-01-01 00:30') as b, count(*) from events "
+     "where local < timestamp '2025-01-15' group by 1 order by 1"),
+    ("select date_bin('1 day', at, '2025-01-01 12:00+00') as b, count(*) from events "
+     "where at < timestamptz '2025-01-15' group by 1 order by 1"),
 ]
 
 
@@ -299,6 +355,44 @@ def test_the_clock_filters_like_postgresql(reporter: psycopg.Connection, owner: 
     sql = ("select kind, count(*) from events where at > now() - interval '30 days' "
            "or day >= current_date - 700 group by 1 order by 1")
     assert reporter.execute(sql).fetchall() == owner.execute(sql).fetchall()
+
+
+# Constants PostgreSQL folds without error: ±infinity moved stays infinite; a BC constant from a bounded column.
+FOLDED = [
+    ("select kind, count(*) from events where at < 'infinity'::timestamptz + interval '1 day' "
+     "group by 1 order by 1"),
+    # (<= keeps the one person of the infinite rows: a filter leaving out fewer than k people is withheld)
+    ("select kind, count(*) from events where at > '-infinity'::timestamptz - interval '1 year' "
+     "and day <= 'infinity'::date + 3 and local <= timestamp 'infinity' + interval '5 months' group by 1 order by 1"),
+    ("select count(*) from visits where visited_at - '4713-01-01 BC'::timestamptz > interval '2460700 days'"),
+]
+
+
+@pytest.mark.parametrize("sql", FOLDED)
+def test_folded_time_constants_answer_like_postgresql(reporter: psycopg.Connection, owner: psycopg.Connection,
+                                                      sql: str) -> None:
+    expected = owner.execute(sql).fetchall()
+    assert expected and all(row[-1] >= K for row in expected)  # big groups: suppression releases them all
+    assert reporter.execute(sql).fetchall() == expected
+
+
+def test_dp_answers_the_time_constants(gated_proxy: Endpoint, gated_database: str, events: None,
+                                       owner: psycopg.Connection) -> None:
+    binned = ("select date_bin('1 day', at, '2025-01-01 12:00+00') as b, count(*) from events "
+              "where at >= timestamptz '2025-03-01' and at < timestamptz '2025-04-01' group by 1")
+    expected = [dict(owner.execute(sql).fetchall()) for sql in (binned, FOLDED[0])]
+    (visits,) = owner.execute(FOLDED[2]).fetchone()
+    with fresh_dp_role(owner, gated_proxy, gated_database, "dp_time_constants") as role, \
+            psycopg.connect(gated_proxy.dsn(gated_database, user=role), autocommit=True) as conn:
+        answers = [dict(as_text(conn).execute(sql).fetchall()) for sql in (binned, FOLDED[0])]
+        (noisy,) = conn.execute(FOLDED[2]).fetchone()
+    # every bin released is one of PostgreSQL's (its keys as PostgreSQL writes them), and so is each kind
+    assert answers[0] and set(answers[0]) <= set(expected[0]), (answers[0], expected[0])
+    assert set(answers[1]) == set(expected[1]) == {"web", "app"}
+    # noisy counts of the size of the true ones (contribution bounding keeps a few rows per person: below them)
+    for answer, truth in zip(answers, expected, strict=True):
+        assert all(truth[key] / 4 < count < truth[key] + 100 for key, count in answer.items()), (answer, truth)
+    assert visits / 4 < noisy < visits + 100, (noisy, visits)
 
 
 ATTACKS = [

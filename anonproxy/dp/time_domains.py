@@ -224,7 +224,7 @@ def _epoch_bins(node: exp.Expression) -> _Steps | str | None:
 def _bins(node: exp.DateBin) -> _Steps | None:
     """date_bin(stride, col, origin)'s grid: its bins from the range's first instant's, a stride apart; None unless
     the stride is a constant of whole seconds to weeks and the origin a constant (a string, or one cast)."""
-    stride, origin = node.this, node.args.get("unit")
+    stride, origin = node.this, node.args.get("origin")
     text = None
     if isinstance(stride, exp.Literal) and stride.is_string:
         text = stride.this

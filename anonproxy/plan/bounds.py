@@ -460,7 +460,7 @@ class _Interpreter:
         if kind == TEXT:
             return Value(TEXT, constant=source.constant)  # every value has a text form
         if source.constant and source.type != "param":
-            return _constant_cast(kind, target, source)
+            return _constant_cast(kind, source)
         if kind in DATETIMES:
             return self._time_cast(source, kind, node)
         if source.type == "unknown":
@@ -648,17 +648,24 @@ class _Interpreter:
     def _datebin(self, node: exp.DateBin) -> Value:
         """date_bin(stride, x, origin): fails for a stride of months, zero or negative, and out of range; both
         constants here, the stride as number-unit pairs."""
-        stride_value, origin = self.value(node.this), self.value(node.args["unit"]) if node.args.get("unit") else None
+        stride_value = self.value(node.this)
         stride = tv.parse_interval(str(stride_value.value)) if stride_value.constant else None
         if stride is None or stride.months or stride.days * tv.DAY + stride.micros <= 0:
             raise Unsafe(f"the stride of {_sql(node)} must be a constant positive interval of days, hours, minutes or "
                          "seconds: PostgreSQL refuses months, zero and negative strides",
                          "date_bin('15 minutes', column, TIMESTAMP '2000-01-01').")
+        source = self.value(node.expression)
+        origin = self.value(node.args["origin"]) if node.args.get("origin") else None
+        if origin is not None and origin.type == "literal" and source.type in DATETIMES:
+            # A quoted origin takes the type of the overload the source picks when PostgreSQL plans the statement:
+            # a date's is timestamptz (the preferred type of the implicit casts from date).
+            kind = "timestamptz" if source.type == "date" else source.type
+            origin = _constant_cast(kind, origin)
+        # A finite origin: an infinite one fails for every finite row ("origin out of range").
         if origin is None or not origin.constant or origin.type not in ("timestamp", "timestamptz") \
                 or not origin.low.is_finite():
-            raise Unsafe(f"the origin of {_sql(node)} must be a timestamp constant",
+            raise Unsafe(f"the origin of {_sql(node)} must be a finite timestamp constant",
                          "date_bin('15 minutes', column, TIMESTAMP '2000-01-01').")
-        source = self.value(node.expression)
         if source.type != origin.type:
             raise Unsafe(f"date_bin of {_sql(node.expression)} ({source.type}) from an origin of type {origin.type}",
                          "Give the origin the column's type: TIMESTAMP '...' or TIMESTAMPTZ '...'.")
@@ -1005,11 +1012,14 @@ def _convert(value: Value, kind: str, node: exp.Expression, target: exp.DataType
     return replace(value, type=kind)
 
 
-def _constant_cast(kind: str, target: exp.DataType, source: Value) -> Value:
+def _constant_cast(kind: str, source: Value) -> Value:
     """A cast PostgreSQL folds when it plans the statement: typed, not proved."""
     if kind == "interval" and isinstance(source.value, str):
         return Value(kind, constant=True, value=source.value)
     if kind in DATETIMES and isinstance(source.value, str):
+        if tv.infinity(source.value):
+            # ±infinity only: no finite value (an empty interval), so arithmetic keeps it infinite, as PostgreSQL does.
+            return Value(kind, INF, -INF, infinite=True, constant=True)
         moment = tv.literal_instant(source.value)
         if moment is not None:  # within a day or so, whatever the zone: bounds for arithmetic over it
             return Value(kind, moment - tv.SESSION_ZONE_SHIFT, moment + tv.SESSION_ZONE_SHIFT, constant=True)

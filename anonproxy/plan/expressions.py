@@ -195,7 +195,7 @@ _ROW_NODES: dict[type[exp.Expression], frozenset[str]] = {
     exp.Upper: frozenset({"this"}),
     exp.TimestampTrunc: frozenset({"this", "unit", "zone"}),
     exp.DateTrunc: frozenset({"this", "unit"}),
-    exp.DateBin: frozenset({"this", "expression", "unit"}),
+    exp.DateBin: frozenset({"this", "expression", "origin"}),
     exp.AtTimeZone: frozenset({"this", "zone"}),
     exp.Date: frozenset({"this"}),
     exp.CurrentTimestamp: frozenset(),

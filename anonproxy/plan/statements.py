@@ -47,7 +47,19 @@ def _date_part(parser: Parser) -> exp.Expression:
     return node
 
 
+def _date_bin(args: list[exp.Expression]) -> exp.Expression:
+    """date_bin(stride, source, origin) with the origin kept as written: sqlglot reads a third argument as a unit,
+    which turns a quoted origin into a bare word (rendered unquoted: arithmetic). Other arities are no date_bin
+    PostgreSQL has: left as an unknown function."""
+    if len(args) != 3:
+        return exp.Anonymous(this="date_bin", expressions=args)
+    stride, source, origin = args
+    return exp.DateBin(this=stride, expression=source, origin=origin)
+
+
 class _Parser(DIALECT.parser_class):  # type: ignore[name-defined,misc]
+    FUNCTIONS: ClassVar[dict[str, Callable[..., exp.Expression]]] = {
+        **DIALECT.parser_class.FUNCTIONS, "DATE_BIN": _date_bin}
     FUNCTION_PARSERS: ClassVar[dict[str, Callable[[Parser], exp.Expr]]] = {
         **DIALECT.parser_class.FUNCTION_PARSERS, "DATE_PART": _date_part}
 

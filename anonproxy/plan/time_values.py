@@ -212,14 +212,27 @@ def parse_interval(text: str) -> Interval | None:
     return Interval(months, days, micros)
 
 
+_ERA = re.compile(r"(.*\S)\s+(BC|AD)", re.IGNORECASE)
+
+
+def infinity(text: str) -> bool:
+    """Whether a date or timestamp constant is PostgreSQL's 'infinity' or '-infinity'."""
+    return text.strip().lower() in ("infinity", "+infinity", "-infinity")
+
+
 def literal_instant(text: str) -> Decimal | None:
-    """A constant date or timestamp written as ISO 'YYYY-MM-DD[ HH:MM[:SS[.ffffff]]][+zone]', in microseconds
-    since 2000-01-01 (within a day, whatever the zone); None for any other spelling."""
+    """A constant date or timestamp written as ISO 'YYYY-MM-DD[ HH:MM[:SS[.ffffff]]][+zone][ BC|AD]', in
+    microseconds since 2000-01-01 (within a day, whatever the zone); None for any other spelling."""
+    body, era = text.strip(), _ERA.fullmatch(text.strip())
+    if era is not None:
+        body = era[1]
     try:
-        parsed = datetime.fromisoformat(text.strip().replace("T", " ", 1))
+        parsed = datetime.fromisoformat(body.replace("T", " ", 1))
     except ValueError:
         return None
-    return civil(parsed.year, parsed.month, parsed.day) + Decimal(
+    # PostgreSQL's year n BC is astronomical year 1 - n (there is no year 0).
+    year = 1 - parsed.year if era is not None and era[2].upper() == "BC" else parsed.year
+    return civil(year, parsed.month, parsed.day) + Decimal(
         ((parsed.hour * 60 + parsed.minute) * 60 + parsed.second) * 1_000_000 + parsed.microsecond)
 
 
