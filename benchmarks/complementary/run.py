@@ -301,7 +301,7 @@ class Proxy:
         return f"host={HOST} port={self.port} dbname={DATABASE} user={ROLE} password={ROLE} sslmode=disable"
 
     def cpu_seconds(self) -> float:
-        return process_tree_cpu_seconds(self.process.pid)
+        return sum(process_tree_cpu_seconds(self.process.pid))  # user and system
 
     def stop(self) -> None:
         if self.process.poll() is None:

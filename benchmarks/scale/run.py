@@ -197,20 +197,20 @@ def _phase(phase: Phase, target: tuple[str, int], password: str, args: argparse.
     """One measured phase: pgbench's figures, the CPU per statement of the proxies, the balancer and each server,
     and charges/s."""
     charges = _charges(primary)
-    cpu = sum(process_tree_cpu_seconds(pid) for pid in pids)
+    cpu = sum(_cpu_seconds(pid) for pid in pids)
     waited = sum(_run_queue_wait_seconds(pid) for pid in pids)
-    balancer_cpu = process_tree_cpu_seconds(balancer)
+    balancer_cpu = _cpu_seconds(balancer)
     server_cpu = {name: _server_cpu_seconds(server) for name, server in servers.items()}
     figures = _pgbench(phase, target, password, args, work, args.seconds, args.clients)
     statements = figures["statements"] or 1
     figures["proxy_cpu_ms_per_statement"] = (
-        1000 * (sum(process_tree_cpu_seconds(pid) for pid in pids) - cpu) / statements
+        1000 * (sum(_cpu_seconds(pid) for pid in pids) - cpu) / statements
         if phase.name != "service" else None)
     figures["proxy_wait_ms_per_statement"] = (
         1000 * (sum(_run_queue_wait_seconds(pid) for pid in pids) - waited) / statements
         if phase.name != "service" else None)
     figures["balancer_cpu_ms_per_statement"] = (
-        1000 * (process_tree_cpu_seconds(balancer) - balancer_cpu) / statements if phase.name != "service" else None)
+        1000 * (_cpu_seconds(balancer) - balancer_cpu) / statements if phase.name != "service" else None)
     figures["server_cpu_ms_per_statement"] = {
         name: 1000 * (_server_cpu_seconds(server) - server_cpu[name]) / statements for name, server in servers.items()}
     figures["charges_per_second"] = (_charges(primary) - charges) / figures["seconds"]
@@ -277,6 +277,11 @@ def _standby(primary: EmbeddedPostgres, links: list[Host], clients: int) -> Iter
         standby.stop()
 
 
+def _cpu_seconds(root: int) -> float:
+    """User and system CPU of ``root``'s living process tree, together."""
+    return sum(process_tree_cpu_seconds(root))
+
+
 def _server_cpu_seconds(server: EmbeddedPostgres) -> float:
     """CPU of the server's postmaster and its processes, the ended ones included (the postmaster reaped them: its
     cutime and cstime)."""
@@ -284,7 +289,7 @@ def _server_cpu_seconds(server: EmbeddedPostgres) -> float:
     postmaster = int((server.data_dir / "postmaster.pid").read_text().split()[0])
     fields = Path(f"/proc/{postmaster}/stat").read_text().rsplit(")", 1)[1].split()
     reaped = (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")
-    return process_tree_cpu_seconds(postmaster) + reaped
+    return _cpu_seconds(postmaster) + reaped
 
 
 def _prepare(server: EmbeddedPostgres) -> tuple[str, list[str]]:
