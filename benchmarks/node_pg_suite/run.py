@@ -17,7 +17,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,22 +25,20 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-import psycopg
 
 HERE = Path(__file__).resolve().parent
 REPO_ROOT = HERE.parents[1]
 sys.path.insert(0, str(REPO_ROOT))  # this checkout's anonproxy, the one whose proxy runs, not an installed copy
+sys.path.insert(0, str(REPO_ROOT / "benchmarks"))  # driver_suite, shared with the other driver's suite
 sys.path.insert(0, str(REPO_ROOT / "tests"))  # the certificates of the tests
 
-from anonproxy import demo, sample_data, schema  # noqa: E402
+import driver_suite  # noqa: E402
 from anonproxy.embedded import EmbeddedPostgres  # noqa: E402
-from anonproxy.policy.yaml_policy import apply_policy, demo_policy  # noqa: E402
 from tls_network import Certificates, certificates  # noqa: E402
 
-HOST = "127.0.0.1"
+HOST = driver_suite.HOST
 DATABASE = "node_pg_suite"
-ROLE = "dba"  # a direct role of the demo policy
-SERVICE_ROLE = "anonproxy_service"
+ROLE = driver_suite.ROLE
 DEFAULT_TESTS = ("test/integration",)  # relative to packages/pg, as the Makefile's test-integration
 # The checkout's own packages the tests require; pg-protocol is TypeScript and is compiled for the run.
 LINKED_PACKAGES = ("pg", "pg-pool", "pg-connection-string", "pg-cursor", "pg-query-stream")
@@ -107,15 +104,16 @@ def main() -> int:
         node_path = _node_modules(package.parent, workdir)
         units = [Unit(file, package, mocha=False) for file in files] + \
             [Unit(name, _mocha_directory(package.parent / name, workdir), mocha=True) for name in args.packages]
-        _prepare(server)
+        driver_suite.prepare(server, DATABASE)
         direct = _load_run(args.direct_json, "direct") if args.direct_json else \
             _run_suite("direct", _suite_env(server.port, node_path, certs if args.tls else None), units, args.timeout)
-        proxy, port = _start_proxy(server, workdir, args.workers, certs)
+        proxy, port = driver_suite.start_proxy(server, DATABASE, workdir, args.workers,
+                                                  (certs.server_cert, certs.server_key))
         try:
             via = _run_suite("anonproxy", _suite_env(port, node_path, certs if args.tls else None), units,
                              args.timeout)
         finally:
-            _stop(proxy)
+            driver_suite.stop(proxy)
         proxy_log = (workdir / "anonproxy.log").read_text(errors="replace")
     _report(direct, via)
     if "Traceback" in proxy_log:
@@ -181,54 +179,6 @@ def _compile(sources: list[Path], root: Path, out: Path) -> None:
     subprocess.run(["node", str(TSC), "--ignoreConfig", "--noCheck", *map(str, sources), "--rootDir", str(root),
                     "--outDir", str(out), "--module", "node16", "--moduleResolution", "node16", "--target", "es6",
                     "--esModuleInterop"], check=True)
-
-
-def _prepare(server: EmbeddedPostgres) -> None:
-    """The database with the anonproxy schema and the demo policy; ``dba`` made superuser for the suite."""
-    with psycopg.connect(server.conninfo(), autocommit=True) as conn:
-        conn.execute(f"create database {DATABASE}")
-    with psycopg.connect(server.conninfo(dbname=DATABASE)) as conn:
-        schema.install(conn)
-        sample_data.load_demo(conn)
-        demo.create_demo_roles(conn, DATABASE)
-        demo.reset_service_role(conn, SERVICE_ROLE)
-        conn.execute(f"alter role {SERVICE_ROLE} password '{SERVICE_ROLE}'")
-        apply_policy(conn, demo_policy())
-        conn.execute(f"alter role {ROLE} superuser")
-        conn.commit()
-
-
-def _start_proxy(server: EmbeddedPostgres, workdir: Path, workers: int,
-                 certs: Certificates) -> tuple[subprocess.Popen[bytes], int]:
-    """``anonproxy serve`` with the server's certificate for its clients' TLS; plain TCP to the server."""
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        port = sock.getsockname()[1]
-    env = {**os.environ, "ANONPROXY_LISTEN_PORT": str(port), "ANONPROXY_WORKERS": str(workers),
-           "ANONPROXY_UPSTREAM": f"host={HOST} port={server.port}",
-           "ANONPROXY_SERVICE_DSN": f"user={SERVICE_ROLE} password={SERVICE_ROLE} dbname={DATABASE}",
-           "ANONPROXY_TLS_CERT": str(certs.server_cert), "ANONPROXY_TLS_KEY": str(certs.server_key)}
-    with (workdir / "anonproxy.log").open("wb") as log:
-        process = subprocess.Popen([sys.executable, "-m", "anonproxy.cli", "serve"], env=env, cwd=REPO_ROOT,
-                                   stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            socket.create_connection((HOST, port), timeout=1).close()
-            return process, port
-        except OSError:
-            if process.poll() is not None or time.monotonic() > deadline:
-                process.kill()
-                raise RuntimeError("anonproxy did not start:\n" + (workdir / "anonproxy.log").read_text()) from None
-            time.sleep(0.1)
-
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    process.send_signal(signal.SIGTERM)
-    try:
-        process.wait(20)
-    except subprocess.TimeoutExpired:
-        process.kill()
 
 
 def _suite_env(port: int, node_path: str, tls: Certificates | None) -> dict[str, str]:

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,15 +26,14 @@ import psycopg
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT))  # this checkout's anonproxy, the one whose proxy runs, not an installed copy
+sys.path.insert(0, str(REPO_ROOT / "benchmarks"))  # driver_suite, shared with the other driver's suite
 
-from anonproxy import demo, sample_data, schema  # noqa: E402
+import driver_suite  # noqa: E402
 from anonproxy.embedded import EmbeddedPostgres  # noqa: E402
-from anonproxy.policy.yaml_policy import apply_policy, demo_policy  # noqa: E402
 
-HOST = "127.0.0.1"
+HOST = driver_suite.HOST
 DATABASE = "psycopg_suite"
-ROLE = "dba"  # a direct role of the demo policy
-SERVICE_ROLE = "anonproxy_service"
+ROLE = driver_suite.ROLE
 # The parts of the suite that talk to a server through the protocol the proxy relays (pool, CockroachDB,
 # DNS, gevent and typing checks are left out: they test nothing the proxy touches, or need what is not here).
 DEFAULT_TESTS = (
@@ -87,16 +84,16 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bench-psycopg-") as tmp, \
             EmbeddedPostgres(settings=SERVER_SETTINGS) as server:
         workdir = Path(tmp)
-        _prepare(server)
+        driver_suite.prepare(server, DATABASE)
         direct_dsn = f"host={HOST} port={server.port} dbname={DATABASE} user={ROLE} password={ROLE}"
         direct = _load_run(args.direct_json, "direct") if args.direct_json else \
             _run_suite("direct", direct_dsn, source, args, workdir)
-        proxy, port = _start_proxy(server, workdir, args.workers)
+        proxy, port = driver_suite.start_proxy(server, DATABASE, workdir, args.workers)
         try:
             via = _run_suite("anonproxy", f"host={HOST} port={port} dbname={DATABASE} user={ROLE} password={ROLE}",
                              source, args, workdir)
         finally:
-            _stop(proxy)
+            driver_suite.stop(proxy)
         proxy_log = (workdir / "anonproxy.log").read_text(errors="replace")
     _report(direct, via)
     if "Traceback" in proxy_log:
@@ -112,51 +109,6 @@ def _describe(source: Path) -> str:
     found = subprocess.run(["git", "-C", str(source), "describe", "--tags", "--always"], capture_output=True,
                            text=True)
     return found.stdout.strip() if found.returncode == 0 else "not a git checkout"
-
-
-def _prepare(server: EmbeddedPostgres) -> None:
-    """The database with the anonproxy schema and the demo policy; ``dba`` made superuser for the suite."""
-    with psycopg.connect(server.conninfo(), autocommit=True) as conn:
-        conn.execute(f"create database {DATABASE}")
-    with psycopg.connect(server.conninfo(dbname=DATABASE)) as conn:
-        schema.install(conn)
-        sample_data.load_demo(conn)
-        demo.create_demo_roles(conn, DATABASE)
-        demo.reset_service_role(conn, SERVICE_ROLE)
-        conn.execute(f"alter role {SERVICE_ROLE} password '{SERVICE_ROLE}'")
-        apply_policy(conn, demo_policy())
-        conn.execute(f"alter role {ROLE} superuser")
-        conn.commit()
-
-
-def _start_proxy(server: EmbeddedPostgres, workdir: Path, workers: int) -> tuple[subprocess.Popen[bytes], int]:
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        port = sock.getsockname()[1]
-    env = {**os.environ, "ANONPROXY_LISTEN_PORT": str(port), "ANONPROXY_WORKERS": str(workers),
-           "ANONPROXY_UPSTREAM": f"host={HOST} port={server.port}",
-           "ANONPROXY_SERVICE_DSN": f"user={SERVICE_ROLE} password={SERVICE_ROLE} dbname={DATABASE}"}
-    with (workdir / "anonproxy.log").open("wb") as log:
-        process = subprocess.Popen([sys.executable, "-m", "anonproxy.cli", "serve"], env=env, cwd=REPO_ROOT,
-                                   stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            socket.create_connection((HOST, port), timeout=1).close()
-            return process, port
-        except OSError:
-            if process.poll() is not None or time.monotonic() > deadline:
-                process.kill()
-                raise RuntimeError("anonproxy did not start:\n" + (workdir / "anonproxy.log").read_text()) from None
-            time.sleep(0.1)
-
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    process.send_signal(signal.SIGTERM)
-    try:
-        process.wait(20)
-    except subprocess.TimeoutExpired:
-        process.kill()
 
 
 def _run_suite(name: str, dsn: str, source: Path, args: argparse.Namespace, workdir: Path) -> Run:
