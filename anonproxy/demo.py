@@ -27,6 +27,8 @@ import secrets
 import psycopg
 from psycopg import sql
 
+from . import sample_data, schema
+from .policy.yaml_policy import apply_policy, demo_policy
 from .proxy.service_role import WIDENING_ROLES
 
 DEMO_ROLES = ("dba", "reporter", "analyst", "auditor")
@@ -115,3 +117,22 @@ def reset_service_role(conn: psycopg.Connection, role: str) -> str:
         for (widening,) in granted:
             conn.execute(sql.SQL("revoke {} from {}").format(sql.Identifier(widening), sql.Identifier(role)))
     return password
+
+
+def govern_by_demo_policy(conn: psycopg.Connection, dbname: str, service_role: str, service_password: str) -> None:
+    """The demo roles, the service login ``service_role`` with ``service_password`` and the demo policy in
+    ``dbname`` (whose tables are already there); the caller commits."""
+    create_demo_roles(conn, dbname)
+    reset_service_role(conn, service_role)
+    conn.execute(sql.SQL("alter role {} password {}").format(sql.Identifier(service_role),
+                                                             sql.Literal(service_password)))
+    apply_policy(conn, demo_policy())
+
+
+def install_demo_database(conn: psycopg.Connection, dbname: str, service_role: str, service_password: str) -> None:
+    """An empty ``dbname`` made as ``anonproxy up`` makes it: the anonproxy schema, the demo data, then
+    `govern_by_demo_policy`. For test and benchmark servers, whose service login needs a known password; the
+    caller commits."""
+    schema.install(conn)
+    sample_data.load_demo(conn)
+    govern_by_demo_policy(conn, dbname, service_role, service_password)

@@ -13,9 +13,8 @@ from pathlib import Path
 
 import psycopg
 
-from anonproxy import demo, sample_data, schema
+from anonproxy import demo
 from anonproxy.embedded import EmbeddedPostgres
-from anonproxy.policy.yaml_policy import apply_policy, demo_policy
 
 HOST = "127.0.0.1"
 ROLE = "dba"  # a direct role of the demo policy: its sessions are relayed
@@ -28,12 +27,7 @@ def prepare(server: EmbeddedPostgres, database: str) -> None:
     with psycopg.connect(server.conninfo(), autocommit=True) as conn:
         conn.execute(f"create database {database}")
     with psycopg.connect(server.conninfo(dbname=database)) as conn:
-        schema.install(conn)
-        sample_data.load_demo(conn)
-        demo.create_demo_roles(conn, database)
-        demo.reset_service_role(conn, SERVICE_ROLE)
-        conn.execute(f"alter role {SERVICE_ROLE} password '{SERVICE_ROLE}'")
-        apply_policy(conn, demo_policy())
+        demo.install_demo_database(conn, database, SERVICE_ROLE, SERVICE_ROLE)
         conn.execute(f"alter role {ROLE} superuser")
         conn.commit()
 

@@ -28,7 +28,6 @@ from pytest_postgresql.janitor import DatabaseJanitor
 
 from anonproxy import demo, sample_data, schema
 from anonproxy.embedded import EmbeddedPostgres
-from anonproxy.policy.yaml_policy import apply_policy, demo_policy
 from anonproxy.views.hierarchies import load_adult_hierarchies
 
 # Roles that exercise each authentication method the proxy must relay.
@@ -167,10 +166,7 @@ def proxy(proxy_process: ProxyProcess) -> Endpoint:
 
 def govern_by_demo_policy(conn: psycopg.Connection, dbname: str) -> None:
     """The demo roles, the service login (password = its name) and the demo policy, in database ``dbname``."""
-    demo.create_demo_roles(conn, dbname)
-    demo.reset_service_role(conn, SERVICE_ROLE)
-    conn.execute(f"alter role {SERVICE_ROLE} password '{SERVICE_ROLE}'")
-    apply_policy(conn, demo_policy())
+    demo.govern_by_demo_policy(conn, dbname, SERVICE_ROLE, SERVICE_ROLE)
 
 
 @pytest.fixture(scope="session")

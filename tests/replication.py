@@ -15,9 +15,8 @@ from collections.abc import Mapping
 
 import psycopg
 
-from anonproxy import demo, sample_data, schema
+from anonproxy import demo
 from anonproxy.embedded import EmbeddedPostgres
-from anonproxy.policy.yaml_policy import apply_policy, demo_policy
 
 DATABASE = "replicated"
 SERVICE_ROLE = "anonproxy_service"
@@ -59,12 +58,7 @@ def prepare_database(primary: EmbeddedPostgres) -> None:
     with psycopg.connect(primary.conninfo(), autocommit=True) as conn:
         conn.execute(f"create database {DATABASE}")
     with psycopg.connect(primary.conninfo(dbname=DATABASE)) as conn:
-        schema.install(conn)
-        sample_data.load_demo(conn)
-        demo.create_demo_roles(conn, DATABASE)
-        demo.reset_service_role(conn, SERVICE_ROLE)
-        conn.execute(f"alter role {SERVICE_ROLE} password '{SERVICE_ROLE}'")
-        apply_policy(conn, demo_policy())
+        demo.install_demo_database(conn, DATABASE, SERVICE_ROLE, SERVICE_ROLE)
         conn.commit()
 
 

@@ -39,9 +39,8 @@ sys.path.insert(0, str(REPO / "tests"))  # the namespace and certificates of the
 from netns import hosts  # noqa: E402
 from tls_network import certificates
 
-from anonproxy import demo, sample_data, schema
+from anonproxy import demo
 from anonproxy.embedded import EmbeddedPostgres
-from anonproxy.policy.yaml_policy import apply_policy, demo_policy
 
 DATABASE = "postgres"
 SERVICE = "anonproxy_service"
@@ -81,12 +80,7 @@ def run(repeats: int) -> dict[str, Any]:
 
 def _prepare(server: EmbeddedPostgres) -> None:
     with psycopg.connect(server.conninfo(dbname=DATABASE)) as conn:
-        schema.install(conn)
-        sample_data.load_demo(conn)
-        demo.create_demo_roles(conn, DATABASE)
-        demo.reset_service_role(conn, SERVICE)
-        conn.execute(f"alter role {SERVICE} password '{SERVICE}'")
-        apply_policy(conn, demo_policy())
+        demo.install_demo_database(conn, DATABASE, SERVICE, SERVICE)
 
 
 @contextmanager
