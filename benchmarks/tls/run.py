@@ -44,6 +44,7 @@ from anonproxy.embedded import EmbeddedPostgres
 
 DATABASE = "postgres"
 SERVICE = "anonproxy_service"
+NET = 202  # the server's LAN: 10.202.0.0/24 (tests/test_upstream_tls.py uses 10.201)
 SUPPRESS = "select education, count(*), avg(hours_per_week) from adult where age > 30 group by 1"
 
 
