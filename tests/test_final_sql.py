@@ -308,7 +308,7 @@ def test_the_proxy_refuses_to_start_with_a_widened_service_login(
     for statement in grant.format(role=service_role).split(";"):
         postgresql.execute(statement)
     postgresql.commit()
-    with pytest.raises(RuntimeError, match="did not start") as caught:
+    with pytest.raises(RuntimeError, match="did not start"):
         start_gated(pg_server, dbname, service_role, tmp_path / "proxy.log")
     log = (tmp_path / "proxy.log").read_text()
     assert reason in log and "refusing to start" in log and service_role in log, log

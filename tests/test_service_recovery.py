@@ -7,7 +7,6 @@ can run out) with a gated proxy of its own: the session server of the other test
 
 from __future__ import annotations
 
-import asyncio
 import shutil
 import tempfile
 import threading
@@ -15,7 +14,6 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import asyncpg
 import psycopg
 import pytest
 from conftest import (
