@@ -101,7 +101,6 @@ def test_a_range_past_the_declared_one_lists_no_month(analyst: psycopg.Connectio
 # --- suppress: set operations of aggregate queries -------------------------------------------------------------
 
 BY_AGE = "select age, count(*) as n from adult group by age"
-TOTAL = "select 'Total', count(*) from adult"
 
 
 @pytest.fixture(scope="module")
