@@ -3,9 +3,9 @@
 Through the real gated proxy as ``reporter`` (suppress, k = 10, rest row on): a set operation whose every branch
 is an aggregate query is answered with the client's set operator applied to what each branch releases when asked
 alone through the proxy (its own suppression, its own suppressed-rest row); the result's column names and types are
-PostgreSQL's own for the client's statement. A branch reading rows is refused as before; in dp mode the set
-operation is refused with a hint to ask the branches separately. Ibis drives its own set operations (``union``) and
-``describe()`` through the real library.
+PostgreSQL's own for the client's statement. A branch reading rows is refused as before. In dp mode each branch
+is asked as its own noisy question (each charged) and the set operation combines their rows. Ibis drives its own
+set operations (``union``) and ``describe()`` through the real library.
 """
 
 from __future__ import annotations
@@ -141,14 +141,42 @@ def test_order_by_an_expression_is_refused(reporter: psycopg.Connection[Any]) ->
     assert error.sqlstate == "0A000" and "must name an output column" in (error.diag.message_primary or "")
 
 
-def test_dp_refuses_and_charges_nothing(analyst: str, gated_proxy: Endpoint,  # noqa: F811 - fixture
-                                        gated_database: str) -> None:
+def test_dp_answers_each_branch_as_its_own_question(analyst: str, gated_proxy: Endpoint,  # noqa: F811 - fixture
+                                                    gated_database: str, truth: psycopg.Connection[Any]) -> None:
+    """In dp mode each branch is a noisy question of its own, charged on its own (two charges, then both cached);
+    the set operation only combines the noisy rows (post-processing). The keys are PostgreSQL's (sex has a
+    declared domain: both are listed; the total's one row always exists)."""
+    sql = f"{BY_SEX} union all {TOTAL} order by 1"
     with psycopg.connect(gated_proxy.dsn(gated_database, user=analyst), autocommit=True) as conn:
         before = budget_left(conn)
-        error = _refusal(conn, f"{BY_SEX} union all {TOTAL}")
-        assert error.sqlstate == "0A000"
-        assert "suppress mode only" in (error.diag.message_primary or "")
-        assert "each branch" in (error.diag.message_hint or "")
+        rows = conn.execute(sql).fetchall()
+        after = budget_left(conn)
+        assert [row[0] for row in rows] == [row[0] for row in truth.execute(sql).fetchall()]
+        assert after != before
+        assert conn.execute(sql).fetchall() == rows and budget_left(conn) == after  # cached: free
+        explained = [row[0] for row in conn.execute(f"explain (anonproxy) {sql}").fetchall()]
+        assert "and the next branch of the set operation, a question of its own:" in explained, explained
+
+
+def test_dp_union_without_all_and_intersect(analyst: str, gated_proxy: Endpoint,  # noqa: F811 - fixture
+                                            gated_database: str) -> None:
+    """UNION keeps each noisy row once; INTERSECT of a branch with itself asks it once (its rows, once each)."""
+    with psycopg.connect(gated_proxy.dsn(gated_database, user=analyst), autocommit=True) as conn:
+        union = conn.execute(f"{BY_SEX} union {TOTAL}").fetchall()
+        assert sorted(row[0] for row in union) == ["Female", "Male", "Total"]
+        left = budget_left(conn)
+        same = conn.execute(f"{BY_SEX} intersect {BY_SEX}").fetchall()
+        assert budget_left(conn) == left  # the by-sex branch was asked (and paid) by the union already
+        assert Counter(same) == Counter(row for row in union if row[0] != "Total")
+
+
+def test_dp_refuses_a_refused_branch_before_charging_any(analyst: str, gated_proxy: Endpoint,  # noqa: F811
+                                                         gated_database: str) -> None:
+    """A later branch that dp refuses (min(): an extreme) refuses the statement before the first branch is charged."""
+    with psycopg.connect(gated_proxy.dsn(gated_database, user=analyst), autocommit=True) as conn:
+        before = budget_left(conn)
+        error = _refusal(conn, f"{BY_SEX} union all select 'Youngest', min(age) from adult")
+        assert error.sqlstate == "42501" and (error.diag.message_primary or "").startswith("min()"), error
         assert budget_left(conn) == before
 
 

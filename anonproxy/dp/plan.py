@@ -68,7 +68,7 @@ from anonproxy.dp.time_domains import (
     TimeDomain,
     calendar_domain,
 )
-from anonproxy.plan import bounds, post_aggregate, set_operations
+from anonproxy.plan import bounds, post_aggregate, render
 from anonproxy.plan.analysis import AnalyticQuery, Item, analyze, canonical, filtered
 from anonproxy.plan.expressions import distinct_column
 from anonproxy.plan.outer import Outer, Series
@@ -281,12 +281,8 @@ def _measure(statement: Statement, tree: exp.Expression, role: RolePolicy, polic
         _caps(caps)
     index = PolicyIndex(policy)
     shape = prepare(statement, tree, index)
-    if isinstance(shape, Nested) and isinstance(shape.post, Outer) and shape.post.combines:
-        for branch in (shape.inner.tree, *(more.inner for more in shape.post.more)):
-            # a branch's own refusal first: a relation outside the policy is named (42501), as for a plain query
-            analyze(shape.inner.statement, branch, index, SuppressionParams(k=1), dp=True)
-        raise unsupported("UNION, INTERSECT and EXCEPT of aggregate queries are answered in suppress mode only",
-                          set_operations.DP_HINT)
+    if isinstance(shape, Nested) and isinstance(shape.post, Outer):
+        _measure_further(shape.post, role, policy)
     single = shape.inner if isinstance(shape, Nested) else shape  # a nested shape: the question asked first
     statement, tree = single.statement, single.tree
     interval_of = interval_items.unwrap(tree)  # dp_interval_low/high(x) items: planned as x, then bounded
@@ -319,6 +315,18 @@ def _measure(statement: Statement, tree: exp.Expression, role: RolePolicy, polic
     except Refusal as refusal:
         measured.late = refusal.reject
     return measured
+
+
+def _measure_further(outer: Outer, role: RolePolicy, policy: Policy) -> None:
+    """The aggregate queries an outer query joins, or a set operation combines, besides its first are asked after
+    it, each charged on its own: each is measured here too, so that one refused refuses the statement before the
+    first is charged."""
+    for more in outer.more:
+        statement = split(render.sql(more.inner))[0]  # the text it is asked with (anonproxy.dp.question)
+        measured = _measure(statement, parse_statement(statement), role, policy, None)  # as it is asked
+        refusal = measured if isinstance(measured, Reject) else measured.late
+        if refusal is not None:
+            raise _again(refusal)
 
 
 def _measure_columns(measured: Measured, tree: exp.Select,

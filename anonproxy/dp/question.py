@@ -276,7 +276,9 @@ def answer(asked: Asked, known: MutableMapping[str, Costs], policy_version: int,
     this worker last read them (updated as read); ``spent``: what it read and cost, as it goes.
 
     A nested question (anonproxy.plan.outer) is answered in steps: its aggregate query first, like any other (and
-    each further aggregate query the outer query joins, each a question of its own, charged as if sent alone);
+    each further aggregate query the outer query joins or its set operation combines, each a question of its own,
+    charged as if sent alone; measuring the statement measured them all, so one that measuring refuses refuses
+    the statement before any charge);
     then an outer query post-processes the released rows in PostgreSQL (over a VALUES list of them, reading no
     table), or Superset's series limit asks its second question, restricted to the released keys, and pays for
     it too."""
@@ -419,10 +421,12 @@ def explain(asked: Asked, known: MutableMapping[str, Costs], policy_version: int
     lines = explained(plan, first.lookup)
     questions = [first]
     if isinstance(plan.nested, Outer):
+        next_one = ("and the next branch of the set operation, a question of its own:" if plan.nested.combines
+                    else "and the aggregate query it joins, a question of its own:")
         for further in further_questions(plan.nested):
             found = yield from priced_and_found(replace(asked, text=further, measured=further), known,
                                                 policy_version)
-            lines.append("and the aggregate query it joins, a question of its own:")
+            lines.append(next_one)
             lines += [f"  {line}" for line in explained(found.plan, found.lookup)]
             questions.append(found)
         lines.append("then an outer query post-processes the released rows: no extra cost")

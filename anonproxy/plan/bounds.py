@@ -666,6 +666,8 @@ class _Interpreter:
                 or not origin.low.is_finite():
             raise Unsafe(f"the origin of {_sql(node)} must be a finite timestamp constant",
                          "date_bin('15 minutes', column, TIMESTAMP '2000-01-01').")
+        if source.type == "date":  # PostgreSQL casts a date to the origin's type (implicit cast, same bounds check)
+            source = self._time_cast(source, origin.type, node)
         if source.type != origin.type:
             raise Unsafe(f"date_bin of {_sql(node.expression)} ({source.type}) from an origin of type {origin.type}",
                          "Give the origin the column's type: TIMESTAMP '...' or TIMESTAMPTZ '...'.")

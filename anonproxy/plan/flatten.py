@@ -59,6 +59,8 @@ HINT = ("A derived table or WITH query over protected tables may select columns 
 QUALIFY_HINT = "Qualify the column with the alias of its table or derived table (alias.column)."
 # Each read of a WITH query is a copy of its body (a WITH query that reads another twice doubles it): a bound.
 MAX_CTE_READS = 16
+SAMPLE_MESSAGE = ("TABLESAMPLE applies to tables only, not to a derived table or WITH query (PostgreSQL refuses it "
+                  "there too)")
 
 # The clauses of a derived table that can be inlined, and why the others cannot.
 _INLINED = frozenset({"expressions", "from_", "joins", "where"})
@@ -160,7 +162,8 @@ def _inline_ctes(query: exp.Expression, visible: dict[str, exp.CTE], uses: Count
         label = alias.this.copy() if alias is not None and alias.this is not None else exp.Identifier(
             this=name, quoted=True)
         body = cte.this.copy()
-        item.replace(exp.Subquery(this=body, alias=exp.TableAlias(this=label, columns=columns or None)))
+        item.replace(exp.Subquery(this=body, alias=exp.TableAlias(this=label, columns=columns or None),
+                                  sample=item.args.get("sample")))  # kept, to be refused as on a derived table
     # Subqueries elsewhere (WHERE, select list) see the same WITH queries; the back-ends refuse them, but a name
     # there must never fall through to the table it shadows.
     for nested in _nested_selects(select):
@@ -326,6 +329,8 @@ def _keep_names(select: exp.Select, names: list[str | None], source: str) -> Non
 
 def _check_inlinable(item: exp.Subquery, body: exp.Select) -> None:
     extra = {key for key, value in item.args.items() if value not in (None, False, [], "")} - {"this", "alias"}
+    if "sample" in extra:
+        raise unsupported(SAMPLE_MESSAGE, HINT)
     if extra:
         raise unsupported(f"{', '.join(sorted(extra)).upper()} on a derived table is not supported over protected "
                           "tables", HINT)

@@ -47,7 +47,7 @@ from sqlglot import exp
 
 from anonproxy.plan import render, set_operations
 from anonproxy.plan.expressions import Checker, Scope
-from anonproxy.plan.flatten import is_aggregate, over_released
+from anonproxy.plan.flatten import SAMPLE_MESSAGE, is_aggregate, over_released
 from anonproxy.plan.names import output_name, own_nodes, reference, sources
 from anonproxy.plan.refusals import unsupported
 from anonproxy.plan.tables import ResolvedTable, identifier
@@ -58,6 +58,9 @@ OUTER_HINT = ("An outer query over an aggregate query may select, filter (WHERE)
 SERIES_HINT = ("Superset's series limit: JOIN (SELECT k AS k__, <aggregate> FROM t GROUP BY k ORDER BY ... LIMIT n) "
                "AS series_limit ON t.k = series_limit.k__ (or t.k IS NOT DISTINCT FROM series_limit.k__), read "
                "only in ON.")
+# TABLESAMPLE on released rows would drop some at random: PostgreSQL refuses it there, so does the proxy.
+SAMPLE_HINT = ("Read all the aggregate query's released rows, or keep some with ORDER BY ... LIMIT n in the outer "
+               "query: SELECT * FROM (SELECT k, count(*) AS n FROM t GROUP BY k) AS q ORDER BY n DESC LIMIT 10.")
 _OUTER_ARGS = frozenset({"expressions", "from_", "joins", "where", "group", "having", "order", "limit", "offset",
                          "distinct"})
 ROWS = "anonproxy_released"  # the name the outer query's FROM gives the released rows
@@ -305,6 +308,8 @@ def _level(select: exp.Select, source: str, found: list[tuple[exp.Select, tuple[
         if not isinstance(item, exp.Subquery) or not isinstance(item.this, (exp.Select, exp.SetOperation)):
             raise unsupported("an outer query over an aggregate query may read only aggregate queries and derived "
                               "tables over them", OUTER_HINT)
+        if item.args.get("sample") is not None:
+            raise unsupported(SAMPLE_MESSAGE, SAMPLE_HINT)
         alias, body = reference(item), item.this
         if alias in references:
             raise unsupported(f"derived table name {alias or '(none)'} appears twice in FROM",

@@ -26,7 +26,6 @@ from anonproxy.plan.tables import identifier
 HINT = ("A UNION, INTERSECT or EXCEPT over protected tables combines aggregate queries, each one the proxy answers "
         "alone, and may order (by output column names or positions) and limit the result: SELECT sex, count(*) "
         "FROM adult GROUP BY sex UNION ALL SELECT 'Total', count(*) FROM adult ORDER BY 1.")
-DP_HINT = "Ask each branch of the set operation as its own query: each is its own question, charged on its own."
 _ALLOWED = frozenset({"this", "expression", "distinct", "order", "limit", "offset"})
 _COUNT_NODES = (exp.Limit, exp.Offset, exp.Fetch, exp.LimitOptions)  # a count clause's own nodes, around its number
 
