@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -219,71 +218,6 @@ def test_serve_runs_one_worker_per_core_by_default(pg_server: EmbeddedPostgres, 
         process.send_signal(signal.SIGTERM)
         process.wait(15)
     assert process.returncode == 0
-
-
-def _connections(pid: int) -> list[tuple[int, int]]:
-    """(local port, remote port) of each established TCP connection process ``pid`` holds, from /proc."""
-    inodes = set()
-    for fd in Path(f"/proc/{pid}/fd").iterdir():
-        with contextlib.suppress(OSError):  # (an fd closed meanwhile)
-            target = os.readlink(fd)
-            if target.startswith("socket:["):
-                inodes.add(target[len("socket:["):-1])
-    found = []
-    for table in ("tcp", "tcp6"):
-        for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
-            fields = line.split()  # sl local_address rem_address st ... inode (10th)
-            if fields[3] == "01" and fields[9] in inodes:  # 01: ESTABLISHED
-                found.append((int(fields[1].rsplit(":", 1)[1], 16), int(fields[2].rsplit(":", 1)[1], 16)))
-    return found
-
-
-def test_serve_hands_each_client_to_the_worker_with_the_fewest_sessions(pg_server: EmbeddedPostgres,
-                                                                         dbname: str) -> None:
-    """Several workers: the supervisor passes each new client to the worker with the fewest open sessions. Eight
-    sessions split 4/4 (SO_REUSEPORT's hash of the addresses split pgbench's eight anywhere from 4/4 to 7/1), and
-    once one worker's sessions have ended, the next four all go to it."""
-    port = free_port()
-    process = subprocess.Popen([sys.executable, "-m", "anonproxy", "serve"],
-                               env=_serve_env(pg_server, port, workers="2"), stderr=subprocess.PIPE, text=True)
-    conninfo = f"host=127.0.0.1 port={port} dbname={dbname} user=dba password=dba"
-
-    def sessions(worker: int) -> set[int]:
-        """A worker's relayed sessions, by the local port of its connection to PostgreSQL."""
-        return {local for local, remote in _connections(worker) if remote == pg_server.port}
-
-    def upstream_port(conn: psycopg.Connection) -> int:
-        """The port the session's backend sees its client (the proxy) connect from."""
-        row = conn.execute("select client_port from pg_stat_activity where pid = pg_backend_pid()").fetchone()
-        assert row is not None
-        return row[0]
-
-    try:
-        assert process.stderr is not None
-        next(line for line in process.stderr if "listening on" in line)
-        workers = _children(process.pid)
-        with contextlib.ExitStack() as stack:
-            first = [stack.enter_context(psycopg.connect(conninfo)) for _ in range(8)]
-            by_worker = [sessions(worker) for worker in workers]
-            assert sorted(map(len, by_worker)) == [4, 4]
-            assert by_worker[0] | by_worker[1] == {upstream_port(conn) for conn in first}
-            for conn in first:
-                if upstream_port(conn) in by_worker[0]:
-                    conn.close()
-            deadline = time.monotonic() + 30
-            # Until the worker holds none of their client connections (uvloop closes a socket after telling the
-            # session, which counts it as ended).
-            while any(local == port for local, _ in _connections(workers[0])):
-                assert time.monotonic() < deadline, "the closed sessions' client connections stayed open"
-                time.sleep(0.05)
-            second = [stack.enter_context(psycopg.connect(conninfo)) for _ in range(4)]
-            assert sessions(workers[0]) == {upstream_port(conn) for conn in second}
-            assert sessions(workers[1]) == by_worker[1]
-    finally:
-        process.send_signal(signal.SIGTERM)
-        _, errors = process.communicate(timeout=15)
-    assert process.returncode == 0
-    assert "Traceback" not in errors, errors
 
 
 def test_a_killed_supervisor_takes_its_workers_with_it(pg_server: EmbeddedPostgres, dbname: str) -> None:

@@ -10,8 +10,8 @@ the server's key never leaves the proxy. A session may also stop work of
 its own (``on_cancel``: a dp question the proxy computes), which no upstream
 backend runs for it.
 
-A client's CancelRequest arrives on a new connection, which the supervisor
-may give to any worker process (the one with the fewest sessions). A worker that does not hold the
+A client's CancelRequest arrives on a new connection, which the kernel may
+give to any worker process (SO_REUSEPORT). A worker that does not hold the
 (process id, secret key) pair asks every sibling over its Unix socket in the
 run directory; the one that issued the key acts, and answers with one byte so
 that an unknown key is logged once, by the worker the client reached.

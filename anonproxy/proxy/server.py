@@ -1,14 +1,10 @@
-"""The proxy server: a supervisor handing each client to the worker process with the fewest sessions.
+"""The proxy server: worker processes sharing a port with SO_REUSEPORT.
 
 ``run_proxy`` binds the port, starts ``config.workers`` worker processes (or
 serves in-process when there is one), and stops them on SIGINT/SIGTERM.
-Each worker is an event loop (uvloop when installed). With several workers,
-the supervisor accepts the clients and passes each socket (SCM_RIGHTS, over
-a Unix socket pair per worker) to the worker with the fewest open sessions:
-SO_REUSEPORT's hash of the addresses would split them unevenly (8 sessions
-went 4/4 to 7/1 between pgbench runs), and the busier worker then delays
-its clients while the other idles. Each worker also takes cancel requests
-forwarded by its siblings on a Unix socket. One worker accepts on its own.
+Each worker is an event loop (uvloop when installed) accepting clients on its
+own SO_REUSEPORT socket and, with several workers, cancel requests forwarded
+by its siblings on a Unix socket.
 """
 
 from __future__ import annotations
@@ -19,14 +15,12 @@ import ctypes
 import logging
 import multiprocessing
 import os
-import selectors
 import shutil
 import signal
 import socket
 import ssl
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
 from multiprocessing.synchronize import Event
 from pathlib import Path
 
@@ -52,8 +46,6 @@ log = logging.getLogger("anonproxy.server")
 
 SHUTDOWN_GRACE = 5.0
 PR_SET_PDEATHSIG = 1  # prctl(2): the signal this process gets when its parent dies
-LISTEN_BACKLOG = 1024
-HANDED_AT_ONCE = 64  # clients a worker takes from its hand-off socket per turn of its loop
 
 
 class ProxyStartError(RuntimeError):
@@ -87,28 +79,12 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
     return uvloop.new_event_loop()
 
 
-@dataclass
-class Handoff:
-    """A worker's end of the supervisor's hand-off: the Unix socket its clients' sockets come over, and the shared
-    count, by worker, of the sessions that have ended (the supervisor's count of each worker's open sessions)."""
-
-    channel: socket.socket
-    ended: ctypes.Array[ctypes.c_long]
-    index: int
-
-    def session_ended(self) -> None:
-        self.ended[self.index] += 1  # (only this worker writes its slot)
-
-
 class Worker:
-    """One event loop serving clients; usable in-process (``up``, tests) or in a child. It accepts clients on its
-    own socket, or, given a ``handoff``, takes those the supervisor passes it."""
+    """One event loop serving clients; usable in-process (``up``, tests) or in a child."""
 
-    def __init__(self, config: ProxyConfig, port: int, index: int = 0, run_dir: Path | None = None,
-                 handoff: Handoff | None = None) -> None:
+    def __init__(self, config: ProxyConfig, port: int, index: int = 0, run_dir: Path | None = None) -> None:
         self.config = config
         self.port = port
-        self._handoff = handoff
         # The primary among several upstream hosts, and the standbys (None: one server, as configured).
         servers = Servers(config) if config.replicated else None
         analyser = Analyser(config.analysis_timeout, config.analysis_processes, config.log_level,
@@ -133,7 +109,6 @@ class Worker:
             service_yield_timeout=config.service_yield_timeout,
             limits=MemoryLimits.of(config),
             servers=servers,
-            session_ended=handoff.session_ended if handoff is not None else None,
         )
         self._index = index
         self._run_dir = run_dir
@@ -152,41 +127,11 @@ class Worker:
                         "protect the data")
         if self.context.audit is not None:
             await self.context.audit.start()
-        if self._handoff is None:
-            sock = bind_socket(self.config.listen_host, self.port)
-            self._servers.append(await loop.create_server(lambda: ClientConnection(self.context), sock=sock,
-                                                          backlog=LISTEN_BACKLOG))
-        else:
-            self._handoff.channel.setblocking(False)
-            loop.add_reader(self._handoff.channel.fileno(), self._take_clients)
+        sock = bind_socket(self.config.listen_host, self.port)
+        self._servers.append(await loop.create_server(lambda: ClientConnection(self.context), sock=sock, backlog=1024))
         if self._run_dir is not None:
             path = cancel_socket_path(self._run_dir, self._index)
             self._servers.append(await loop.create_unix_server(lambda: ForwardedCancel(self.context), str(path)))
-
-    def _take_clients(self) -> None:
-        """Serve the client sockets the supervisor has passed."""
-        assert self._handoff is not None
-        channel = self._handoff.channel
-        for _ in range(HANDED_AT_ONCE):
-            try:
-                message, fds, _, _ = socket.recv_fds(channel, 1, 1)
-            except (BlockingIOError, InterruptedError):
-                return
-            if not message:  # the supervisor has gone (and this worker with it: see _dies_with)
-                asyncio.get_running_loop().remove_reader(channel.fileno())
-                return
-            for fd in fds:
-                self.context.spawn(self._serve(socket.socket(fileno=fd)))
-
-    async def _serve(self, sock: socket.socket) -> None:
-        sock.setblocking(False)
-        try:
-            await asyncio.get_running_loop().connect_accepted_socket(lambda: ClientConnection(self.context), sock)
-        except OSError as exc:  # the client has already gone
-            log.debug("a client handed over by the supervisor could not be served: %s", exc)
-            sock.close()
-            assert self._handoff is not None
-            self._handoff.session_ended()
 
     def _policy_changed(self, policy: Policy) -> None:
         """Relayed sessions whose role the new policy anonymizes must not go on unfiltered."""
@@ -196,8 +141,6 @@ class Worker:
     async def stop(self) -> None:
         for server in self._servers:
             server.close()
-        if self._handoff is not None:
-            asyncio.get_running_loop().remove_reader(self._handoff.channel.fileno())
         if self.context.policy is not None:
             await self.context.policy.stop()
         if self.context.noisy is not None:
@@ -269,19 +212,15 @@ def _dies_with(supervisor: int) -> bool:
     return os.getppid() == supervisor
 
 
-def _worker_main(config: ProxyConfig, port: int, handoff: Handoff, siblings: list[socket.socket], run_dir: Path,
-                 ready: Event, supervisor: int) -> None:
+def _worker_main(config: ProxyConfig, port: int, index: int, run_dir: Path, ready: Event, supervisor: int) -> None:
     from ..logs import setup_logging
 
-    for channel in siblings:  # the supervisor's ends of the other workers' hand-off sockets, copied by the fork
-        channel.close()
     if not _dies_with(supervisor):
         return
     setup_logging(config.log_level, config.log_format)
     loop = new_event_loop()
     try:
-        worker = Worker(config, port, handoff.index, run_dir, handoff)
-        loop.run_until_complete(serve_until_stopped(worker, ready.set))
+        loop.run_until_complete(serve_until_stopped(Worker(config, port, index, run_dir), ready.set))
     finally:
         loop.close()
 
@@ -293,7 +232,7 @@ def run_proxy(config: ProxyConfig, ready: Callable[[int], None] | None = None) -
         # SO_REUSEPORT (a second anonproxy, say) would otherwise split our clients.
         with bind_socket(config.listen_host, config.listen_port, reuse_port=False) as probe:
             port = probe.getsockname()[1]
-        # Hold the port while workers come and go (several workers: the supervisor's listening socket).
+        # Hold the port while workers come and go.
         placeholder = bind_socket(config.listen_host, port)
         tls_context(config)  # unreadable certificate files fail here, not in each worker
     except (OSError, ssl.SSLError) as exc:
@@ -314,7 +253,7 @@ def run_proxy(config: ProxyConfig, ready: Callable[[int], None] | None = None) -
             finally:
                 loop.close()
         else:
-            _supervise(config, placeholder, ready)
+            _supervise(config, port, ready)
     finally:
         placeholder.close()
 
@@ -339,28 +278,16 @@ def _check_service_login(config: ProxyConfig) -> None:
         raise ProxyStartError(f"{schema.outdated_message(missing, database)}; refusing to start")
 
 
-def _supervise(config: ProxyConfig, listener: socket.socket, ready: Callable[[int], None] | None) -> None:
-    port = listener.getsockname()[1]
+def _supervise(config: ProxyConfig, port: int, ready: Callable[[int], None] | None) -> None:
     run_dir = Path(tempfile.mkdtemp(prefix="anonproxy-"))
     fork = multiprocessing.get_context("fork")
-    ended = fork.RawArray(ctypes.c_long, config.workers)  # sessions ended, by worker (each writes its own)
-    handed = [0] * config.workers  # clients handed to each worker
-    channels: dict[int, socket.socket] = {}  # the supervisor's end of each worker's hand-off socket
     stopping = False
 
     def start(index: int) -> multiprocessing.process.BaseProcess:
-        if index in channels:
-            channels.pop(index).close()
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        handed[index], ended[index] = 0, 0
         event = fork.Event()
-        process = fork.Process(target=_worker_main, daemon=True,
-                               args=(config, port, Handoff(theirs, ended, index), list(channels.values()), run_dir,
-                                     event, os.getpid()))
+        process = fork.Process(target=_worker_main, args=(config, port, index, run_dir, event, os.getpid()),
+                               daemon=True)
         process.start()
-        theirs.close()
-        ours.setblocking(False)
-        channels[index] = ours
         if not event.wait(30):
             raise RuntimeError(f"worker {index} did not start")
         return process
@@ -371,23 +298,17 @@ def _supervise(config: ProxyConfig, listener: socket.socket, ready: Callable[[in
 
     previous = {s: signal.signal(s, request_stop) for s in (signal.SIGINT, signal.SIGTERM)}
     workers = {}
-    selector = selectors.DefaultSelector()
     try:
         workers = {index: start(index) for index in range(config.workers)}
-        listener.listen(LISTEN_BACKLOG)
-        listener.setblocking(False)
-        selector.register(listener, selectors.EVENT_READ)
         if ready is not None:
             ready(port)
         while not stopping:
-            if selector.select(timeout=0.5):
-                _hand_out(listener, channels, handed, ended)
             for index, process in list(workers.items()):
+                process.join(timeout=0.5 / len(workers))
                 if process.exitcode is not None and not stopping:
                     log.error("worker %d exited with code %s; restarting it", index, process.exitcode)
                     workers[index] = start(index)
     finally:
-        selector.close()
         for process in workers.values():
             if process.is_alive():
                 process.terminate()
@@ -395,30 +316,6 @@ def _supervise(config: ProxyConfig, listener: socket.socket, ready: Callable[[in
             process.join(SHUTDOWN_GRACE + 1)
             if process.is_alive():
                 process.kill()
-        for channel in channels.values():
-            channel.close()
         for signum, handler in previous.items():
             signal.signal(signum, handler)
         shutil.rmtree(run_dir, ignore_errors=True)
-
-
-def _hand_out(listener: socket.socket, channels: dict[int, socket.socket], handed: list[int],
-              ended: ctypes.Array[ctypes.c_long]) -> None:
-    """Pass each client waiting on the listener to the worker with the fewest open sessions (the next one if its
-    hand-off socket is full or gone, as when it is being restarted)."""
-    while True:
-        try:
-            client, _ = listener.accept()
-        except (BlockingIOError, InterruptedError):
-            return
-        with client:
-            by_sessions = sorted(channels, key=lambda index: handed[index] - ended[index])
-            for index in by_sessions:
-                try:
-                    socket.send_fds(channels[index], [b"c"], [client.fileno()])
-                except OSError:
-                    continue
-                handed[index] += 1
-                break
-            else:
-                log.error("no worker could take a client; its connection is closed")

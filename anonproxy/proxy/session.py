@@ -130,8 +130,6 @@ class ProxyContext:
     limits: MemoryLimits = field(default_factory=MemoryLimits)  # what a gated session may keep (cursors, statements)
     servers: Servers | None = None  # the primary and the standbys, when there are several servers
     sessions: set[ClientConnection] = field(default_factory=set)
-    # Told of each client connection that ends: how the supervisor keeps count of the worker's sessions.
-    session_ended: Callable[[], None] | None = None
     # Malformed startup packets and framing violations: one line each, but a client cannot flood the log.
     violations: RateLimitedLog = field(default_factory=lambda: RateLimitedLog(log))
     _tasks: set[asyncio.Future[None]] = field(default_factory=set)
@@ -290,8 +288,6 @@ class ClientConnection(asyncio.Protocol):
         previous = self.state
         self.state = State.CLOSED
         self.context.sessions.discard(self)
-        if self.context.session_ended is not None:
-            self.context.session_ended()
         self._cancel_startup_timer()
         self._time_hold(False)
         self._watch_unread()  # (closed: stops watching)
