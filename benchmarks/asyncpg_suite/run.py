@@ -78,16 +78,16 @@ def main() -> int:
         server_version = _server_version(server)
         envs = {"direct": _suite_env(server.port, server_version)}
         direct = driver_suite.load_run(args.direct_json, "direct") if args.direct_json else \
-            _run_suite("direct", envs["direct"], source, args.tests, args, workdir)
+            _run_suite("direct", envs["direct"], source, args.tests, args.keyword, args.timeout, workdir)
         proxy, port = driver_suite.start_proxy(server, DATABASE, workdir, args.workers)
         try:
             envs["anonproxy"] = _suite_env(port, server_version)
-            via = _run_suite("anonproxy", envs["anonproxy"], source, args.tests, args, workdir)
+            via = _run_suite("anonproxy", envs["anonproxy"], source, args.tests, args.keyword, args.timeout, workdir)
             driver_suite.report(direct, via)
-            differ = [test for test in via.outcomes
-                      if direct.outcomes.get(test) != via.outcomes[test] and _node_id(test) is not None]
+            differ = {test: node_id for test in via.outcomes
+                      if direct.outcomes.get(test) != via.outcomes[test] and (node_id := _node_id(test)) is not None}
             if differ and args.again:
-                _run_again(differ, envs, source, args, workdir)
+                _run_again(differ, envs, source, args.again, args.timeout, workdir)
         finally:
             driver_suite.stop(proxy)
         proxy_log = (workdir / "anonproxy.log").read_text(errors="replace")
@@ -136,20 +136,20 @@ def _suite_env(port: int, server_version: str) -> dict[str, str]:
     return env
 
 
-def _run_again(tests: list[str], envs: dict[str, dict[str, str]], source: Path, args: argparse.Namespace,
+def _run_again(tests: dict[str, str], envs: dict[str, dict[str, str]], source: Path, times: int, timeout: int,
                workdir: Path) -> None:
-    """The tests that differ, ``args.again`` more times each way (a fresh pytest each time, the two ways taking
-    turns so that both see the same load): how often each passed. A test bound by time flips both ways."""
+    """The tests that differ (JUnit id -> pytest's id), ``times`` more times each way (a fresh pytest each time, the
+    two ways taking turns so that both see the same load): how often each passed. A test bound by time flips both
+    ways."""
     passed = {test: dict.fromkeys(envs, 0) for test in tests}
-    for attempt in range(args.again):
+    for attempt in range(times):
         for name, env in envs.items():
-            node_ids = [str(_node_id(test)) for test in tests]
-            run = _run_suite(f"{name}-again-{attempt + 1}", env, source, node_ids, args, workdir, keyword=False)
+            run = _run_suite(f"{name}-again-{attempt + 1}", env, source, list(tests.values()), None, timeout, workdir)
             for test in tests:
                 passed[test][name] += run.outcomes.get(test) == "passed"
-    print(f"\nrun {args.again} more times each way, passed (direct, through anonproxy):")
+    print(f"\nrun {times} more times each way, passed (direct, through anonproxy):")
     for test, counts in passed.items():
-        print(f"  {test}: {counts['direct']}/{args.again}, {counts['anonproxy']}/{args.again}")
+        print(f"  {test}: {counts['direct']}/{times}, {counts['anonproxy']}/{times}")
 
 
 def _node_id(test: str) -> str | None:
@@ -163,15 +163,15 @@ def _node_id(test: str) -> str | None:
     return f"{module.replace('.', '/')}.py::{cls}::{name}"
 
 
-def _run_suite(name: str, env: dict[str, str], source: Path, tests: list[str], args: argparse.Namespace,
-               workdir: Path, keyword: bool = True) -> driver_suite.Run:
+def _run_suite(name: str, env: dict[str, str], source: Path, tests: list[str], keyword: str | None, timeout: int,
+               workdir: Path) -> driver_suite.Run:
     report = workdir / f"{name}.xml"
     # -P: the checkout's directory is not put on sys.path, so the tests import the installed (compiled) asyncpg,
     # not the checkout's uncompiled source.
     command = [sys.executable, "-P", "-m", "pytest", *tests, f"--junitxml={report}", "-q",
-               "-p", "no:cacheprovider", f"--timeout={args.timeout}"]
-    if keyword and args.keyword:
-        command += ["-k", args.keyword]
+               "-p", "no:cacheprovider", f"--timeout={timeout}"]
+    if keyword:
+        command += ["-k", keyword]
     print(f"\n== {name}: {env['PGHOST']}:{env['PGPORT']}", flush=True)
     output = workdir / f"{name}-pytest.log"
     start = time.monotonic()
