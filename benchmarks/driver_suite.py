@@ -1,14 +1,19 @@
-"""What the drivers' own test suites (psycopg_suite, node_pg_suite) share: the demo database on a throwaway
-PostgreSQL, and ``anonproxy serve`` in front of it relaying the suite's login."""
+"""What the drivers' own test suites (psycopg_suite, node_pg_suite, asyncpg_suite) share: the demo database on a
+throwaway PostgreSQL, ``anonproxy serve`` in front of it relaying the suite's login, and for the suites pytest runs
+(psycopg's, asyncpg's) the outcomes read from its JUnit XML and the comparison of the two runs."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+import xml.etree.ElementTree as ET
+from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
@@ -65,3 +70,58 @@ def stop(process: subprocess.Popen[bytes]) -> None:
         process.wait(20)
     except subprocess.TimeoutExpired:
         process.kill()
+
+
+@dataclass(frozen=True)
+class Run:
+    """One run of a pytest suite: each test's outcome, the first line of each failure, the run's duration."""
+    name: str
+    outcomes: dict[str, str]  # test id -> passed | failed | error | skipped
+    messages: dict[str, str]  # test id -> first line of its failure
+    seconds: float
+
+
+def read_junit(name: str, path: Path, seconds: float) -> Run:
+    """The outcomes of pytest's ``--junitxml`` report at ``path``."""
+    outcomes: dict[str, str] = {}
+    messages: dict[str, str] = {}
+    for case in ET.parse(path).getroot().iter("testcase"):
+        test = f"{case.get('classname')}::{case.get('name')}"
+        outcome = "passed"
+        for child in case:
+            if child.tag in ("failure", "error", "skipped"):
+                outcome = {"failure": "failed", "error": "error", "skipped": "skipped"}[child.tag]
+                text = (child.get("message") or child.text or "").strip()
+                messages[test] = text.splitlines()[0][:200] if text else ""
+                break
+        # A test can report twice (a failure in the call, an error at teardown): the worse outcome counts.
+        if outcomes.get(test) not in ("failed", "error"):
+            outcomes[test] = outcome
+    return Run(name, outcomes, messages, seconds)
+
+
+def load_run(path: Path, name: str) -> Run:
+    """Run ``name`` from an earlier ``--json`` output (``save_runs``)."""
+    saved = json.loads(path.read_text())[name]
+    return Run(name, saved["outcomes"], saved["messages"], saved["seconds"])
+
+
+def save_runs(path: Path, runs: tuple[Run, ...]) -> None:
+    path.write_text(json.dumps({run.name: {"seconds": run.seconds, "outcomes": run.outcomes,
+                                           "messages": run.messages} for run in runs}, indent=1))
+
+
+def report(direct: Run, via: Run) -> None:
+    """Both runs' counts, then every test whose outcome differs, with its failure's first line."""
+    print("\n| run | tests | passed | failed | error | skipped | seconds |\n|---|---|---|---|---|---|---|")
+    for run in (direct, via):
+        counts = Counter(run.outcomes.values())
+        print(f"| {run.name} | {len(run.outcomes)} | {counts['passed']} | {counts['failed']} | {counts['error']} | "
+              f"{counts['skipped']} | {run.seconds:.0f} |")
+    tests = sorted(set(direct.outcomes) | set(via.outcomes))
+    differ = [test for test in tests if direct.outcomes.get(test) != via.outcomes.get(test)]
+    print(f"\n{len(differ)} tests differ (direct -> through anonproxy):")
+    for test in differ:
+        message = via.messages.get(test) or direct.messages.get(test) or ""
+        print(f"  {test}: {direct.outcomes.get(test, 'absent')} -> {via.outcomes.get(test, 'absent')}"
+              f"{'  | ' + message if message else ''}")

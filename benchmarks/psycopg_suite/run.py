@@ -10,15 +10,11 @@ login, so the role goes through the policy's decision and is relayed. See README
 from __future__ import annotations
 
 import argparse
-import json
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-import xml.etree.ElementTree as ET
-from collections import Counter
-from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
@@ -51,14 +47,6 @@ DEFAULT_TESTS = (
 SERVER_SETTINGS = {"max_connections": "200", "max_prepared_transactions": "10"}  # the tpc tests need the latter
 
 
-@dataclass(frozen=True)
-class Run:
-    name: str
-    outcomes: dict[str, str]  # test id -> passed | failed | error | skipped
-    messages: dict[str, str]  # test id -> first line of its failure
-    seconds: float
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("psycopg_source", type=Path, help="a checkout of psycopg's repository (holds tests/)")
@@ -86,7 +74,7 @@ def main() -> int:
         workdir = Path(tmp)
         driver_suite.prepare(server, DATABASE)
         direct_dsn = f"host={HOST} port={server.port} dbname={DATABASE} user={ROLE} password={ROLE}"
-        direct = _load_run(args.direct_json, "direct") if args.direct_json else \
+        direct = driver_suite.load_run(args.direct_json, "direct") if args.direct_json else \
             _run_suite("direct", direct_dsn, source, args, workdir)
         proxy, port = driver_suite.start_proxy(server, DATABASE, workdir, args.workers)
         try:
@@ -95,12 +83,11 @@ def main() -> int:
         finally:
             driver_suite.stop(proxy)
         proxy_log = (workdir / "anonproxy.log").read_text(errors="replace")
-    _report(direct, via)
+    driver_suite.report(direct, via)
     if "Traceback" in proxy_log:
         print("\nthe proxy's log holds a traceback:\n" + proxy_log[proxy_log.index("Traceback"):][:4000])
     if args.json:
-        args.json.write_text(json.dumps({run.name: {"seconds": run.seconds, "outcomes": run.outcomes,
-                                                    "messages": run.messages} for run in (direct, via)}, indent=1))
+        driver_suite.save_runs(args.json, (direct, via))
     return 0
 
 
@@ -111,7 +98,7 @@ def _describe(source: Path) -> str:
     return found.stdout.strip() if found.returncode == 0 else "not a git checkout"
 
 
-def _run_suite(name: str, dsn: str, source: Path, args: argparse.Namespace, workdir: Path) -> Run:
+def _run_suite(name: str, dsn: str, source: Path, args: argparse.Namespace, workdir: Path) -> driver_suite.Run:
     report = workdir / f"{name}.xml"
     command = [sys.executable, "-m", "pytest", *args.tests, "--test-dsn", dsn, f"--junitxml={report}", "-q",
                "-p", "no:randomly", "-o", f"cache_dir={workdir / (name + '-cache')}", f"--timeout={args.timeout}",
@@ -126,46 +113,7 @@ def _run_suite(name: str, dsn: str, source: Path, args: argparse.Namespace, work
     print(summary[-1] if summary else done.stdout[-2000:] + done.stderr[-2000:], flush=True)
     if not report.exists():
         raise RuntimeError(f"pytest wrote no report for the {name} run:\n{done.stdout[-4000:]}{done.stderr[-4000:]}")
-    outcomes, messages = _read_report(report)
-    return Run(name, outcomes, messages, seconds)
-
-
-def _load_run(path: Path, name: str) -> Run:
-    saved = json.loads(path.read_text())[name]
-    return Run(name, saved["outcomes"], saved["messages"], saved["seconds"])
-
-
-def _read_report(path: Path) -> tuple[dict[str, str], dict[str, str]]:
-    outcomes: dict[str, str] = {}
-    messages: dict[str, str] = {}
-    for case in ET.parse(path).getroot().iter("testcase"):
-        test = f"{case.get('classname')}::{case.get('name')}"
-        outcome = "passed"
-        for child in case:
-            if child.tag in ("failure", "error", "skipped"):
-                outcome = {"failure": "failed", "error": "error", "skipped": "skipped"}[child.tag]
-                text = (child.get("message") or child.text or "").strip()
-                messages[test] = text.splitlines()[0][:200] if text else ""
-                break
-        # A test can report twice (a failure in the call, an error at teardown): the worse outcome counts.
-        if outcomes.get(test) not in ("failed", "error"):
-            outcomes[test] = outcome
-    return outcomes, messages
-
-
-def _report(direct: Run, via: Run) -> None:
-    print("\n| run | tests | passed | failed | error | skipped | seconds |\n|---|---|---|---|---|---|---|")
-    for run in (direct, via):
-        counts = Counter(run.outcomes.values())
-        print(f"| {run.name} | {len(run.outcomes)} | {counts['passed']} | {counts['failed']} | {counts['error']} | "
-              f"{counts['skipped']} | {run.seconds:.0f} |")
-    tests = sorted(set(direct.outcomes) | set(via.outcomes))
-    differ = [test for test in tests if direct.outcomes.get(test) != via.outcomes.get(test)]
-    print(f"\n{len(differ)} tests differ (direct -> through anonproxy):")
-    for test in differ:
-        message = via.messages.get(test) or direct.messages.get(test) or ""
-        print(f"  {test}: {direct.outcomes.get(test, 'absent')} -> {via.outcomes.get(test, 'absent')}"
-              f"{'  | ' + message if message else ''}")
+    return driver_suite.read_junit(name, report, seconds)
 
 
 if __name__ == "__main__":
