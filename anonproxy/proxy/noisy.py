@@ -32,13 +32,15 @@ COMMIT) and the read (BEGIN REPEATABLE READ, its time limit, the client's
 settings, the data version, the SQL, COMMIT) go in one round trip, in pipeline
 mode. The server runs them in order and skips the rest after an error: a
 rejected SQL is not charged, a refused charge reads nothing, and the charge's
-COMMIT is durable before the SQL reads a row. A new question makes three round trips (lookup, that one,
-store) where it made eight; one already answered makes one. Once this worker has read the role's per-query cost
-on the table, a question it has not seen answered skips the lookup (:meth:`NoisyAnswers._lookup`: folded): its
-charge is ``anonproxy.charge_unless_answered`` (sql/0041), which looks it up in the charge's transaction and
-charges only if no answer is cached and the cost is the one it was priced at, and its read starts with
-``require_charged``, so nothing is read uncharged; not charged, the question goes round again from what the
-ledger read. Two round trips (that one, store).
+COMMIT is durable before the SQL reads a row; the read's COMMIT, after a sync of its own, ends whatever
+transaction a failure left open, so a refusal needs no ROLLBACK round trip. A new question on a worker that has
+not read the role's per-query cost makes three round trips (lookup, that one, store) where it made eight; one
+already answered makes one. Once this worker has read the role's per-query cost on the table, a question skips
+the lookup (:meth:`NoisyAnswers._lookup`: folded): its charge is ``anonproxy.charge_unless_answered`` (sql/0041),
+which looks it up in the charge's transaction and charges only if no answer is cached and the cost is the one it
+was priced at, and its read starts with ``require_charged``, so nothing is read uncharged; not charged, the
+question goes round again from what the ledger read (an answer cached is finished from, at no cost, with no other
+round trip). Two round trips for a new question (that one, store), one for a question answered before.
 
 Time limits and cancels (:class:`Stop`): a question is held to the session's
 statement time limit from when it is asked, and a client's CancelRequest
@@ -157,7 +159,6 @@ T = TypeVar("T")
 
 POOL_SIZE = 4  # connections per worker: dp questions of different sessions run side by side
 PLAN_CACHE_BYTES = 32 * 1024 * 1024  # plans are deterministic in (text, role, policy version, ε, δ): kept per worker
-ANSWERED_BYTES = 4 * 1024 * 1024  # the questions this worker saw answered: their next lookup is not folded
 
 _BEGIN_SNAPSHOT = "begin isolation level repeatable read, read only"
 
@@ -284,7 +285,6 @@ class NoisyAnswers:
         # (role, table) -> what the ledger's lookup read last, as it read it: a question not known to be answered is
         # priced at it and charged unless answered, without a lookup of its own (question.Lookup.fold)
         self._looked: dict[tuple[str, str], ledger.Lookup] = {}
-        self._answered: BoundedCache[tuple[str, str], bool] = BoundedCache(ANSWERED_BYTES)  # (role, key)
 
     async def close(self) -> None:
         while self._idle:
@@ -380,7 +380,8 @@ class NoisyAnswers:
         the rest when the charge fails (nothing read, nothing charged). ``check``: the plan's SQL is prepared first
         (the question's Check, kept for this round trip): when the server rejects it, nothing else runs and the
         question is refused at no cost. The read's outcome, or its error, waits in ``asking.read_ahead`` for the
-        question's Read; a cancel from the charge on reaches the backend.
+        question's Read; a cancel from the charge on reaches the backend. Whatever failed, the round trip's last
+        COMMIT, after a sync of its own, has ended the failed transaction (_read_commands): the connection is idle.
 
         With ``need.unless_answered`` (the question's lookup folded into this round trip), the charge is made only
         if the ledger holds no answer and reads the cost the question was priced at, and the read begins with
@@ -396,7 +397,7 @@ class NoisyAnswers:
                                                                   delta_add=plan.delta_add,
                                                                   time_left_ms=stop.left_ms())
         guard = ledger.require_charged_query(need.key) if unless is not None else None
-        first = [_prepare(plan.sql, asking.parameters.types)] if check else []
+        first = _prepare_read(plan.sql, asking.parameters.types) if check else []
         for attempt in range(ledger.RETRIES):
             results: list[pq.abc.PGresult] = []
             late: Refused | None = None
@@ -404,32 +405,30 @@ class NoisyAnswers:
                 async with stop.running(conn):
                     results = await _pipelined(conn, [*first, *_charge_commands(sql, values),
                                                       *_read_commands(plan, asking.parameters, stop.left_ms(),
-                                                                      asking.session, guard)])
+                                                                      asking.session, guard, bool(first))])
             except Refused as exc:  # the client's cancel, come while the pipeline ran
                 if not results:
                     raise
                 late = exc
             if first:
-                if unless is not None and results[0].status != pq.ExecStatus.COMMAND_OK:
-                    await _rollback(conn)  # refused, nothing else ran; unless the question was answered before
-                    return self._read(role, plan.table, need.key, await ledger.lookup_answer(
+                if unless is not None and results[len(first) - 1].status != pq.ExecStatus.COMMAND_OK:
+                    # refused, nothing else ran; unless the question was answered before
+                    return self._read(role, plan.table, await ledger.lookup_answer(
                         conn, role, plan.table, plan.tables, need.key))
-                _last(results[:1], pq.ExecStatus.COMMAND_OK)  # the check: refused, nothing else ran
-                results = results[1:]
+                _last(results[:len(first)], pq.ExecStatus.COMMAND_OK)  # the check: refused, nothing else ran
+                results = results[len(first):]
             failed = _error(conn, results[:_CHARGE_COMMANDS])
             if failed is not None:  # nothing was charged, nothing read
-                await _rollback(conn)
                 if ledger.retryable(failed) and attempt < ledger.RETRIES - 1:
                     continue
                 raise await ledger.refusal(conn, failed, role, plan.table) or failed
             row = _row(conn, results[1])
             left = ledger.Remaining.from_row(row) if unless is None else ledger.charged_or_looked(row)
             if isinstance(left, ledger.Lookup):  # not charged: the read stopped at require_charged
-                await _rollback(conn)
                 if late is not None:
                     raise late
-                return self._read(role, plan.table, need.key, left)
-            asking.read_ahead.append(late or await _read_outcome(conn, results[_CHARGE_COMMANDS:]))
+                return self._read(role, plan.table, left)
+            asking.read_ahead.append(late or _read_outcome(conn, results[_CHARGE_COMMANDS:]))
             return left
         raise AssertionError("unreachable")
 
@@ -543,7 +542,8 @@ class NoisyAnswers:
                     await _check_statement(conn, plan, parameters)
                 left = await ledger.charge(conn, role.role, plan.table, plan.epsilon, plan.delta, need.key,
                                            rho=plan.rho, delta_add=plan.delta_add)
-            self._check_confirmed(conn)
+            if isinstance(left, ledger.Remaining):  # charged (else nothing was: nothing to confirm)
+                self._check_confirmed(conn)
             return left
         if isinstance(need, Read):
             if asking.read_ahead:  # sent with the charge
@@ -555,7 +555,6 @@ class NoisyAnswers:
                 return (None, *await _run(conn, need.plan.sql, parameters, asking.session))
             return await self._measure(conn, need.plan, parameters, asking.stop, asking.session)
         if isinstance(need, Store):
-            self._answered.put((role.role, need.key), True, len(need.key))
             return await ledger.store_answer(conn, role.role, need.key, need.version, need.data)
         if isinstance(need, Finish):
             return await _result(conn, need.plan, need.measurement, need.headline, asking.session)
@@ -566,24 +565,20 @@ class NoisyAnswers:
 
     async def _lookup(self, conn: psycopg.AsyncConnection[Any], need: Lookup, asking: _Asking) -> ledger.Lookup:
         """The ledger's lookup; folded (nothing read: the cost read last, no answer) when the question may be and
-        this worker knows the cost, does not know it answered, and reads on the primary, and the client did not
-        set a time limit of its own (shorter than the policy's): such a question is looked up first, as before, so
-        that a limit shorter than the lookup still stops it before the charge, at no cost."""
+        this worker knows the cost and reads on the primary, and the client did not set a time limit of its own
+        (shorter than the policy's): such a question is looked up first, as before, so that a limit shorter than
+        the lookup still stops it before the charge, at no cost. A question answered before is folded too: its
+        charge unless answered finds the answer and charges nothing, in the one round trip a lookup would take."""
         role, table = asking.role.role, need.plan.table
         last = self._looked.get((role, table))
         own_limit = 0 < asking.stop.timeout_ms < asking.policy.statement_limit("dp")
-        if (need.fold and need.key is not None and last is not None and self._answered.get((role, need.key)) is None
-                and self._standby() is None and not own_limit):
+        if need.fold and need.key is not None and last is not None and self._standby() is None and not own_limit:
             return replace(last, data_version=None, answer=None, folded=True)
-        return self._read(role, table, need.key, await ledger.lookup_answer(conn, role, table, need.plan.tables,
-                                                                             need.key))
+        return self._read(role, table, await ledger.lookup_answer(conn, role, table, need.plan.tables, need.key))
 
-    def _read(self, role: str, table: str, key: str | None, looked: ledger.Lookup) -> ledger.Lookup:
-        """``looked``, kept as what the ledger read last for the role's table (and, with an answer, the key known
-        answered)."""
+    def _read(self, role: str, table: str, looked: ledger.Lookup) -> ledger.Lookup:
+        """``looked``, kept as what the ledger read last for the role's table."""
         self._looked[(role, table)] = replace(looked, data_version=None, answer=None)
-        if looked.answer is not None and key is not None:
-            self._answered.put((role, key), True, len(key))
         return looked
 
     async def _run_released(self, conn: psycopg.AsyncConnection[Any], need: RunReleased, asking: _Asking) -> Result:
@@ -768,9 +763,15 @@ def _command(sql: bytes, values: list[bytes | None] | None = None) -> Command:
     return lambda pgconn: pgconn.send_query_params(sql, values, result_format=pq.Format.TEXT)
 
 
-def _prepare(sql: str, declared: tuple[int, ...]) -> Command:
-    """The plan's SQL prepared as the unnamed statement: parsed and type-checked, never executed."""
-    return lambda pgconn: pgconn.send_prepare(b"", sql.encode(), list(declared))
+_READ_STATEMENT = b"anonproxy_dp_read"  # the plan's SQL as checked, then run by the read in the same round trip
+
+
+def _prepare_read(sql: str, declared: tuple[int, ...]) -> list[Command]:
+    """The plan's SQL prepared as :data:`_READ_STATEMENT` (the one an earlier question left closed first: closing a
+    statement that does not exist is no error): parsed and type-checked, not executed; the read then runs it
+    without parsing it again."""
+    return [lambda pgconn: pgconn.send_close_prepared(_READ_STATEMENT),
+            lambda pgconn: pgconn.send_prepare(_READ_STATEMENT, sql.encode(), list(declared))]
 
 
 def _charge_commands(sql: bytes, values: list[bytes | None]) -> list[Command]:
@@ -783,30 +784,44 @@ def _session_commands(session: Measuring) -> list[Command]:
             ] if session else []
 
 
+def _sync(pgconn: pq.abc.PGconn) -> None:
+    """The end of a pipeline's segment: after an error the server skips what follows up to here, then goes on."""
+    pgconn.pipeline_sync()
+
+
 def _read_commands(plan: DPPlan, parameters: Parameters, timeout_ms: int, session: Measuring,
-                   guard: tuple[bytes, list[bytes | None]] | None = None) -> list[Command]:
+                   guard: tuple[bytes, list[bytes | None]] | None = None, prepared: bool = False) -> list[Command]:
     """What _measured_on does, as commands: the snapshot begun, timed and set to the client's settings, its data
     version, the SQL with the client's values as it bound them, the commit. ``guard``: a statement run first in
-    the snapshot, which stops the read when it fails (ledger.require_charged_query)."""
+    the snapshot, which stops the read when it fails (ledger.require_charged_query); ``prepared``: the SQL was
+    prepared earlier in the round trip (:func:`_prepare_read`) and runs as that statement.
+
+    The COMMIT goes after a sync of its own: when anything before it failed (the check, the charge, the guard, the
+    SQL), the server skipped the rest up to the sync, and this COMMIT then ends the failed transaction (PostgreSQL
+    rolls it back), in the same round trip: no ROLLBACK round trip after a refusal."""
     count = len(parameters.values)
     types = [*parameters.types[:count], *[0] * (count - len(parameters.types))]
     version_sql, version_values = ledger.data_version_query(plan.tables)
 
     def run(pgconn: pq.abc.PGconn) -> None:
-        pgconn.send_query_params(plan.sql.encode(), list(parameters.values), types, list(parameters.formats),
-                                 pq.Format.TEXT)
+        if prepared:
+            pgconn.send_query_prepared(_READ_STATEMENT, list(parameters.values), list(parameters.formats),
+                                       pq.Format.TEXT)
+        else:
+            pgconn.send_query_params(plan.sql.encode(), list(parameters.values), types, list(parameters.formats),
+                                     pq.Format.TEXT)
 
     return [_command(_BEGIN_SNAPSHOT.encode()), *([_command(*guard)] if guard is not None else []),
             _command(f"set local statement_timeout = {int(timeout_ms)}".encode()),
-            *_session_commands(session), _command(version_sql, version_values), run, _command(b"commit")]
+            *_session_commands(session), _command(version_sql, version_values), run, _sync, _command(b"commit")]
 
 
-async def _read_outcome(conn: psycopg.AsyncConnection[Any], results: list[pq.abc.PGresult],
-                        ) -> tuple[str | None, list[int], list[tuple[Any, ...]]] | psycopg.Error:
-    """The data version, column types and rows the read commands returned; or their error (rolled back)."""
+def _read_outcome(conn: psycopg.AsyncConnection[Any], results: list[pq.abc.PGresult],
+                  ) -> tuple[str | None, list[int], list[tuple[Any, ...]]] | psycopg.Error:
+    """The data version, column types and rows the read commands returned; or their error (rolled back by their
+    last COMMIT)."""
     failed = _error(conn, results)
     if failed is not None:
-        await _rollback(conn)
         return failed
     version = _row(conn, results[-3])["version"]
     rows = results[-2]
@@ -840,20 +855,20 @@ async def _rollback(conn: psycopg.AsyncConnection[Any]) -> None:
 
 async def _pipelined(conn: psycopg.AsyncConnection[Any], commands: list[Command]) -> list[pq.abc.PGresult]:
     """``commands`` sent in pipeline mode, in one round trip: each one's result, in order (after an error the server
-    skipped the rest until the end: PIPELINE_ABORTED)."""
+    skipped the rest until the next :func:`_sync`, or the end: PIPELINE_ABORTED)."""
     pgconn = conn.pgconn
     async with conn.lock:
         pgconn.enter_pipeline_mode()
         for command in commands:
             command(pgconn)
         pgconn.pipeline_sync()
-        results = await conn.wait(_pipeline_results(pgconn))
+        results = await conn.wait(_pipeline_results(pgconn, 1 + commands.count(_sync)))
         pgconn.exit_pipeline_mode()
     return results
 
 
-def _pipeline_results(pgconn: pq.abc.PGconn) -> Generator[Any, Any, list[pq.abc.PGresult]]:
-    """Flush what was sent, then read one result per command up to the pipeline's sync."""
+def _pipeline_results(pgconn: pq.abc.PGconn, syncs: int) -> Generator[Any, Any, list[pq.abc.PGresult]]:
+    """Flush what was sent, then read one result per command up to the pipeline's last of ``syncs`` syncs."""
     yield from generators.send(pgconn)
     results = []
     while True:
@@ -861,7 +876,10 @@ def _pipeline_results(pgconn: pq.abc.PGconn) -> Generator[Any, Any, list[pq.abc.
         if result is None:  # the end of one command's results
             continue
         if result.status == pq.ExecStatus.PIPELINE_SYNC:
-            return results
+            syncs -= 1
+            if not syncs:
+                return results
+            continue
         results.append(result)
 
 
