@@ -397,7 +397,7 @@ class NoisyAnswers:
                                                                   delta_add=plan.delta_add,
                                                                   time_left_ms=stop.left_ms())
         guard = ledger.require_charged_query(need.key) if unless is not None else None
-        first = _prepare_read(plan.sql, asking.parameters.types) if check else []
+        first = [_prepare(plan.sql, asking.parameters.types)] if check else []
         for attempt in range(ledger.RETRIES):
             results: list[pq.abc.PGresult] = []
             late: Refused | None = None
@@ -405,18 +405,18 @@ class NoisyAnswers:
                 async with stop.running(conn):
                     results = await _pipelined(conn, [*first, *_charge_commands(sql, values),
                                                       *_read_commands(plan, asking.parameters, stop.left_ms(),
-                                                                      asking.session, guard, bool(first))])
+                                                                      asking.session, guard)])
             except Refused as exc:  # the client's cancel, come while the pipeline ran
                 if not results:
                     raise
                 late = exc
             if first:
-                if unless is not None and results[len(first) - 1].status != pq.ExecStatus.COMMAND_OK:
+                if unless is not None and results[0].status != pq.ExecStatus.COMMAND_OK:
                     # refused, nothing else ran; unless the question was answered before
                     return self._read(role, plan.table, await ledger.lookup_answer(
                         conn, role, plan.table, plan.tables, need.key))
-                _last(results[:len(first)], pq.ExecStatus.COMMAND_OK)  # the check: refused, nothing else ran
-                results = results[len(first):]
+                _last(results[:1], pq.ExecStatus.COMMAND_OK)  # the check: refused, nothing else ran
+                results = results[1:]
             failed = _error(conn, results[:_CHARGE_COMMANDS])
             if failed is not None:  # nothing was charged, nothing read
                 if ledger.retryable(failed) and attempt < ledger.RETRIES - 1:
@@ -763,15 +763,9 @@ def _command(sql: bytes, values: list[bytes | None] | None = None) -> Command:
     return lambda pgconn: pgconn.send_query_params(sql, values, result_format=pq.Format.TEXT)
 
 
-_READ_STATEMENT = b"anonproxy_dp_read"  # the plan's SQL as checked, then run by the read in the same round trip
-
-
-def _prepare_read(sql: str, declared: tuple[int, ...]) -> list[Command]:
-    """The plan's SQL prepared as :data:`_READ_STATEMENT` (the one an earlier question left closed first: closing a
-    statement that does not exist is no error): parsed and type-checked, not executed; the read then runs it
-    without parsing it again."""
-    return [lambda pgconn: pgconn.send_close_prepared(_READ_STATEMENT),
-            lambda pgconn: pgconn.send_prepare(_READ_STATEMENT, sql.encode(), list(declared))]
+def _prepare(sql: str, declared: tuple[int, ...]) -> Command:
+    """The plan's SQL prepared as the unnamed statement: parsed and type-checked, never executed."""
+    return lambda pgconn: pgconn.send_prepare(b"", sql.encode(), list(declared))
 
 
 def _charge_commands(sql: bytes, values: list[bytes | None]) -> list[Command]:
@@ -790,11 +784,10 @@ def _sync(pgconn: pq.abc.PGconn) -> None:
 
 
 def _read_commands(plan: DPPlan, parameters: Parameters, timeout_ms: int, session: Measuring,
-                   guard: tuple[bytes, list[bytes | None]] | None = None, prepared: bool = False) -> list[Command]:
+                   guard: tuple[bytes, list[bytes | None]] | None = None) -> list[Command]:
     """What _measured_on does, as commands: the snapshot begun, timed and set to the client's settings, its data
     version, the SQL with the client's values as it bound them, the commit. ``guard``: a statement run first in
-    the snapshot, which stops the read when it fails (ledger.require_charged_query); ``prepared``: the SQL was
-    prepared earlier in the round trip (:func:`_prepare_read`) and runs as that statement.
+    the snapshot, which stops the read when it fails (ledger.require_charged_query).
 
     The COMMIT goes after a sync of its own: when anything before it failed (the check, the charge, the guard, the
     SQL), the server skipped the rest up to the sync, and this COMMIT then ends the failed transaction (PostgreSQL
@@ -804,12 +797,8 @@ def _read_commands(plan: DPPlan, parameters: Parameters, timeout_ms: int, sessio
     version_sql, version_values = ledger.data_version_query(plan.tables)
 
     def run(pgconn: pq.abc.PGconn) -> None:
-        if prepared:
-            pgconn.send_query_prepared(_READ_STATEMENT, list(parameters.values), list(parameters.formats),
-                                       pq.Format.TEXT)
-        else:
-            pgconn.send_query_params(plan.sql.encode(), list(parameters.values), types, list(parameters.formats),
-                                     pq.Format.TEXT)
+        pgconn.send_query_params(plan.sql.encode(), list(parameters.values), types, list(parameters.formats),
+                                 pq.Format.TEXT)
 
     return [_command(_BEGIN_SNAPSHOT.encode()), *([_command(*guard)] if guard is not None else []),
             _command(f"set local statement_timeout = {int(timeout_ms)}".encode()),

@@ -21,6 +21,7 @@ import asyncio
 import cProfile
 import importlib.util
 import io
+import os
 import pickle
 import pstats
 import sys
@@ -69,6 +70,12 @@ def _folded_again(outcome: tuple[Any, ...]) -> None:
         folded(plan.measured)
 
 
+def _service_cpu_ms(owner: Any, user: str) -> dict[int, float]:
+    """CPU (ms) of each backend of the service login: the dp connections' server side."""
+    rows = owner.execute("select pid from pg_stat_activity where usename = %s", [user]).fetchall()
+    return {pid: breakdown.cpu_ms(pid) for (pid,) in rows}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=10, help="new texts per shape")
@@ -78,7 +85,11 @@ def main() -> int:
     parser.add_argument("--same-text", action="store_true",
                         help="ask each shape's one text again and again, the answer cache emptied before each (a new "
                              "question on a text seen before: its plan cached, no analysis call)")
+    parser.add_argument("--seen", action="store_true",
+                        help="ask each shape's one text again and again, its answer kept (a question already "
+                             "answered: no charge)")
     args = parser.parse_args()
+    same = args.same_text or args.seen
     with ExitStack() as stack:
         side = breakdown.prepared(stack, "this checkout", REPO, "zcdp")
         policy = load_policy(side.owner)
@@ -89,6 +100,8 @@ def main() -> int:
         steps: dict[str, float] = {"analysis call": 0.0, "pickling both ways": 0.0, "answer": 0.0}
         parts: dict[str, float] = {"deciding": 0.0, "the cache key's tokens": 0.0}  # within the analysis call
         sizes: list[int] = []
+        user = breakdown.psycopg.conninfo.conninfo_to_dict(side.service_dsn)["user"]
+        server: dict[int, float] = {}  # the service backends' CPU when the measured rounds begin
         profile = cProfile.Profile(time.process_time) if args.profile else None
 
         async def run() -> int:
@@ -97,15 +110,17 @@ def main() -> int:
             decisions: dict[str, Noisy] = {}
             try:
                 for number in range(args.rounds + 1):
+                    if number == 1:
+                        server.update(_service_cpu_ms(side.owner, user))
                     for _, template in breakdown.SHAPES:
-                        text = template.format(n=0 if args.same_text else number)
+                        text = template.format(n=0 if same else number)
                         measured = number > 0  # round 0 warms the caches and connections
                         if args.same_text:
                             side.owner.execute("delete from anonproxy.answer_cache where role_name = 'analyst'")
                         if measured and profile is not None:
                             profile.enable()
                         begun = time.process_time()
-                        if args.same_text and number > 0:  # the worker's decision is cached (proxy.decisions)
+                        if same and number > 0:  # the worker's decision is cached (proxy.session)
                             await noisy.answer(decisions[text], role, policy, Parameters(), SessionLimits())
                             if measured:
                                 if profile is not None:
@@ -138,6 +153,8 @@ def main() -> int:
                                 parts["the cache key's tokens"] += _cpu(partial(_folded_again, outcome))
                             steps["pickling both ways"] += pickled - decided
                             steps["answer"] += answered - pickled
+                ended = _service_cpu_ms(side.owner, user)
+                server.update({pid: ended[pid] - server.get(pid, 0.0) for pid in ended})
             finally:
                 await noisy.close()
             return asked
@@ -146,6 +163,8 @@ def main() -> int:
         asked = asyncio.run(run())
         print(f"load {started} -> {breakdown.load()}; {asked} new texts")
         print(f"CPU per new text: {sum(steps.values()) * 1000 / asked:.2f} ms")
+        print(f"  the service backends' CPU per new text (PostgreSQL's side, 1/{os.sysconf('SC_CLK_TCK')} s ticks): "
+              f"{sum(server.values()) / asked:.2f} ms")
         for step, seconds in steps.items():
             print(f"  {step}: {seconds * 1000 / asked:.2f} ms")
             if step == "analysis call" and profile is None:
