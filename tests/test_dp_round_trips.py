@@ -14,10 +14,10 @@ pipelined path too: a statement the server rejects costs nothing, an exhausted b
 fails after the charge stays charged.
 
 Since migration 0041 a worker that has read the role's per-query cost does not look up a question it has not seen
-answered: the lookup is made by the charge (``charge_unless_answered``), and a new question is two round trips. Since
-the read's COMMIT has a sync of its own (a refusal needs no ROLLBACK round trip), a question the worker saw answered
-is folded too: asked again after its answer was dropped (the data changed, or the cache emptied as here) it is two
-round trips, and answered from the cache it is one, the charge unless answered finding the answer.
+answered: the lookup is made by the charge (``charge_unless_answered``), and a new question is two round trips. The
+tests that empty the answer cache between two askings of one text keep the lookup (the worker saw it answered).
+Since the read's COMMIT has a sync of its own, whatever fails in that round trip (the check, the charge,
+``require_charged``, the SQL) leaves no transaction open: a refusal needs no ROLLBACK round trip.
 """
 
 from __future__ import annotations
@@ -101,14 +101,12 @@ async def refusal(dsn: str, decision: Noisy, role: RolePolicy, policy: Policy) -
     return ""
 
 
-def test_a_new_question_makes_two_round_trips_and_a_seen_one_one(
+def test_a_new_question_makes_three_round_trips_and_a_seen_one_one(
         governed: tuple[Policy, str], postgresql: psycopg.Connection, monkeypatch: pytest.MonkeyPatch) -> None:
     policy, dsn = governed
-    charges = _charges(postgresql)
     first, seen = _ask(policy, dsn, postgresql, COUNT, RoundTrips(), monkeypatch, cached=True)
-    # the charge unless answered with its check and read, store | the charge unless answered, which finds the answer
-    assert (first, seen) == (2, 1)
-    assert _charges(postgresql) == charges + 2  # warming, then the first answer after the cache was emptied
+    # lookup (the worker stored this question's answer: not folded), the charge with its check and read, store
+    assert (first, seen) == (3, 1)
 
 
 def test_the_clients_time_zone_costs_no_round_trip(
@@ -117,7 +115,7 @@ def test_the_clients_time_zone_costs_no_round_trip(
     policy, dsn = governed
     settings = {"TimeZone": "America/New_York", "DateStyle": "SQL, DMY"}
     counts = _ask(policy, dsn, postgresql, COUNT, RoundTrips(), monkeypatch, cached=True, settings=settings)
-    assert counts == [2, 1]
+    assert counts == [3, 1]
 
 
 def test_a_statement_the_server_rejects_is_refused_in_the_charges_round_trip_at_no_cost(
@@ -348,3 +346,37 @@ def test_two_sessions_racing_on_a_new_question_release_one_answer(
     assert one.rows == other.rows
     assert raced in (1, 2)
     assert after == raced
+
+
+def test_a_read_that_fails_after_the_charge_is_refused_in_its_one_round_trip(
+        governed: tuple[Policy, str], postgresql: psycopg.Connection, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The measurement's SQL fails when it runs (the service role lost SELECT; privileges are checked when a statement
+    runs, not when it is prepared): the read's COMMIT, after a sync of its own, ends the failed transaction in the
+    same round trip, so the refusal takes that one round trip and no ROLLBACK. The charge stays; the pooled
+    connection answers the next question."""
+    policy, dsn = governed
+    trips = RoundTrips()
+
+    async def run() -> tuple[str, int, Any]:
+        noisy = NoisyAnswers(dsn, analyser=None)
+        try:
+            await _answer(noisy, policy, COUNT)  # the worker reads the per-query cost
+            postgresql.execute(f"revoke select on public.adult from {SERVICE_ROLE}")
+            sqlstate = ""
+            try:
+                with monkeypatch.context() as patch:
+                    patch.setattr(psycopg.AsyncConnection, "wait", _counted(trips))
+                    await _answer(noisy, policy, AVG)
+            except Refused as refused:
+                sqlstate = refused.sqlstate
+            finally:
+                postgresql.execute(f"grant select on public.adult to {SERVICE_ROLE}")
+            return sqlstate, trips.count, await _answer(noisy, policy, AVG)
+        finally:
+            await noisy.close()
+
+    before = _charges(postgresql)
+    sqlstate, count, again = asyncio.run(run())
+    assert (sqlstate, count) == ("42501", 1)
+    assert len(again.rows) == 1
+    assert _charges(postgresql) == before + 3  # COUNT; AVG, which failed and stays charged; AVG asked again

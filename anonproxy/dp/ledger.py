@@ -28,8 +28,7 @@ The reading functions are one statement
 each, with no transaction or savepoint of their own: in autocommit the
 statement is its own snapshot, inside the caller's transaction it reads that
 transaction's — so :func:`data_version` can be read in the snapshot of the query.
-:func:`lookup_answer` is the proxy's one round trip for a question on a worker that has not read the role's
-per-query cost yet (after that, the lookup is made by :func:`charge_unless_answered_statement`'s charge).
+:func:`lookup_answer` is the proxy's one round trip for a question it has seen.
 
 Amounts are :class:`decimal.Decimal`, as PostgreSQL's numeric: exact. Pass
 Decimals, ints or strings; a float is converted through its shortest repr

@@ -33,14 +33,14 @@ settings, the data version, the SQL, COMMIT) go in one round trip, in pipeline
 mode. The server runs them in order and skips the rest after an error: a
 rejected SQL is not charged, a refused charge reads nothing, and the charge's
 COMMIT is durable before the SQL reads a row; the read's COMMIT, after a sync of its own, ends whatever
-transaction a failure left open, so a refusal needs no ROLLBACK round trip. A new question on a worker that has
-not read the role's per-query cost makes three round trips (lookup, that one, store) where it made eight; one
-already answered makes one. Once this worker has read the role's per-query cost on the table, a question skips
-the lookup (:meth:`NoisyAnswers._lookup`: folded): its charge is ``anonproxy.charge_unless_answered`` (sql/0041),
-which looks it up in the charge's transaction and charges only if no answer is cached and the cost is the one it
-was priced at, and its read starts with ``require_charged``, so nothing is read uncharged; not charged, the
-question goes round again from what the ledger read (an answer cached is finished from, at no cost, with no other
-round trip). Two round trips for a new question (that one, store), one for a question answered before.
+transaction a failure left open, so a refusal needs no ROLLBACK round trip. A new question makes three round trips
+(lookup, that one, store) where it made eight; one already answered makes one. Once this worker has read the role's
+per-query cost on the table, a question it has not seen answered skips the lookup (:meth:`NoisyAnswers._lookup`:
+folded): its charge is ``anonproxy.charge_unless_answered`` (sql/0041), which looks it up in the charge's
+transaction and charges only if no answer is cached and the cost is the one it was priced at, and its read starts
+with ``require_charged``, so nothing is read uncharged; not charged, the question goes round again from what the
+ledger read (an answer another worker cached is then finished from, at no cost, with no other round trip). Two
+round trips (that one, store).
 
 Time limits and cancels (:class:`Stop`): a question is held to the session's
 statement time limit from when it is asked, and a client's CancelRequest
@@ -159,6 +159,7 @@ T = TypeVar("T")
 
 POOL_SIZE = 4  # connections per worker: dp questions of different sessions run side by side
 PLAN_CACHE_BYTES = 32 * 1024 * 1024  # plans are deterministic in (text, role, policy version, ε, δ): kept per worker
+ANSWERED_BYTES = 4 * 1024 * 1024  # the questions this worker saw answered: their next lookup is not folded
 
 _BEGIN_SNAPSHOT = "begin isolation level repeatable read, read only"
 
@@ -285,6 +286,7 @@ class NoisyAnswers:
         # (role, table) -> what the ledger's lookup read last, as it read it: a question not known to be answered is
         # priced at it and charged unless answered, without a lookup of its own (question.Lookup.fold)
         self._looked: dict[tuple[str, str], ledger.Lookup] = {}
+        self._answered: BoundedCache[tuple[str, str], bool] = BoundedCache(ANSWERED_BYTES)  # (role, key)
 
     async def close(self) -> None:
         while self._idle:
@@ -413,7 +415,7 @@ class NoisyAnswers:
             if first:
                 if unless is not None and results[0].status != pq.ExecStatus.COMMAND_OK:
                     # refused, nothing else ran; unless the question was answered before
-                    return self._read(role, plan.table, await ledger.lookup_answer(
+                    return self._read(role, plan.table, need.key, await ledger.lookup_answer(
                         conn, role, plan.table, plan.tables, need.key))
                 _last(results[:1], pq.ExecStatus.COMMAND_OK)  # the check: refused, nothing else ran
                 results = results[1:]
@@ -427,7 +429,7 @@ class NoisyAnswers:
             if isinstance(left, ledger.Lookup):  # not charged: the read stopped at require_charged
                 if late is not None:
                     raise late
-                return self._read(role, plan.table, left)
+                return self._read(role, plan.table, need.key, left)
             asking.read_ahead.append(late or _read_outcome(conn, results[_CHARGE_COMMANDS:]))
             return left
         raise AssertionError("unreachable")
@@ -555,6 +557,7 @@ class NoisyAnswers:
                 return (None, *await _run(conn, need.plan.sql, parameters, asking.session))
             return await self._measure(conn, need.plan, parameters, asking.stop, asking.session)
         if isinstance(need, Store):
+            self._answered.put((role.role, need.key), True, len(need.key))
             return await ledger.store_answer(conn, role.role, need.key, need.version, need.data)
         if isinstance(need, Finish):
             return await _result(conn, need.plan, need.measurement, need.headline, asking.session)
@@ -565,20 +568,26 @@ class NoisyAnswers:
 
     async def _lookup(self, conn: psycopg.AsyncConnection[Any], need: Lookup, asking: _Asking) -> ledger.Lookup:
         """The ledger's lookup; folded (nothing read: the cost read last, no answer) when the question may be and
-        this worker knows the cost and reads on the primary, and the client did not set a time limit of its own
-        (shorter than the policy's): such a question is looked up first, as before, so that a limit shorter than
-        the lookup still stops it before the charge, at no cost. A question answered before is folded too: its
-        charge unless answered finds the answer and charges nothing, in the one round trip a lookup would take."""
+        this worker knows the cost, does not know it answered, and reads on the primary, and the client did not
+        set a time limit of its own (shorter than the policy's): such a question is looked up first, as before, so
+        that a limit shorter than the lookup still stops it before the charge, at no cost. A question this worker
+        saw answered is looked up alone (one statement): its answer is most likely still cached, and a folded
+        charge that finds it costs the server the check, two transactions and the stopped read besides."""
         role, table = asking.role.role, need.plan.table
         last = self._looked.get((role, table))
         own_limit = 0 < asking.stop.timeout_ms < asking.policy.statement_limit("dp")
-        if need.fold and need.key is not None and last is not None and self._standby() is None and not own_limit:
+        if (need.fold and need.key is not None and last is not None and self._answered.get((role, need.key)) is None
+                and self._standby() is None and not own_limit):
             return replace(last, data_version=None, answer=None, folded=True)
-        return self._read(role, table, await ledger.lookup_answer(conn, role, table, need.plan.tables, need.key))
+        return self._read(role, table, need.key, await ledger.lookup_answer(conn, role, table, need.plan.tables,
+                                                                             need.key))
 
-    def _read(self, role: str, table: str, looked: ledger.Lookup) -> ledger.Lookup:
-        """``looked``, kept as what the ledger read last for the role's table."""
+    def _read(self, role: str, table: str, key: str | None, looked: ledger.Lookup) -> ledger.Lookup:
+        """``looked``, kept as what the ledger read last for the role's table (and, with an answer, the key known
+        answered)."""
         self._looked[(role, table)] = replace(looked, data_version=None, answer=None)
+        if looked.answer is not None and key is not None:
+            self._answered.put((role, key), True, len(key))
         return looked
 
     async def _run_released(self, conn: psycopg.AsyncConnection[Any], need: RunReleased, asking: _Asking) -> Result:
