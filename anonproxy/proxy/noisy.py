@@ -868,7 +868,7 @@ async def _pipelined(conn: psycopg.AsyncConnection[Any], commands: list[Command]
 def _pipeline_results(pgconn: pq.abc.PGconn, syncs: int) -> Generator[Any, Any, list[pq.abc.PGresult]]:
     """Flush what was sent, then read one result per command up to the pipeline's last of ``syncs`` syncs."""
     yield from generators.send(pgconn)
-    results = []
+    results: list[pq.abc.PGresult] = []
     while True:
         result = yield from generators.fetch(pgconn)
         if result is None:  # the end of one command's results

@@ -8,10 +8,14 @@ process, which holds the policy from an earlier call; deciding, and the answer c
 ``answers.folded``, are also timed again on their own), then ``NoisyAnswers.answer`` (ledger round trips, noise, the
 answer's rows). The benchmark's ten
 ``suppress_scale`` shapes over ``adult``, each asked ``--rounds`` times as a new text (a new alias). Prints CPU ms per new text
-(``time.process_time``: waiting for PostgreSQL costs nothing), total and per step; with ``--profile``, under
-cProfile with that CPU clock, the functions with the most CPU (cumulative and own).
+(``time.process_time``: waiting for PostgreSQL costs nothing), total and per step, and the CPU of the service
+login's backends per question (PostgreSQL's side, from ``/proc``); with ``--profile``, under cProfile with that CPU
+clock, the functions with the most CPU (cumulative and own). ``--same-text`` asks each shape's one text again and
+again with the answer cache emptied before each (a new question whose plan the worker has: no analysis call),
+``--seen`` with its answer kept (a question already answered).
 
-    PYTHONPATH=. python3 benchmarks/dp/profile_new_text.py [--rounds 10] [--profile [--top 40] [--pstats out.prof]]
+    PYTHONPATH=. python3 benchmarks/dp/profile_new_text.py [--rounds 10] [--same-text | --seen]
+        [--profile [--top 40] [--pstats out.prof]]
 """
 
 from __future__ import annotations
@@ -122,11 +126,10 @@ def main() -> int:
                         begun = time.process_time()
                         if same and number > 0:  # the worker's decision is cached (proxy.session)
                             await noisy.answer(decisions[text], role, policy, Parameters(), SessionLimits())
-                            if measured:
-                                if profile is not None:
-                                    profile.disable()
-                                asked += 1
-                                steps["answer"] += time.process_time() - begun
+                            if profile is not None:
+                                profile.disable()
+                            asked += 1
+                            steps["answer"] += time.process_time() - begun
                             continue
                         function, call = noisy.deciding(decide, text, role, policy)
                         outcome = function(*call)
@@ -153,17 +156,18 @@ def main() -> int:
                                 parts["the cache key's tokens"] += _cpu(partial(_folded_again, outcome))
                             steps["pickling both ways"] += pickled - decided
                             steps["answer"] += answered - pickled
-                ended = _service_cpu_ms(side.owner, user)
-                server.update({pid: ended[pid] - server.get(pid, 0.0) for pid in ended})
+                spent = {pid: cpu - server.get(pid, 0.0) for pid, cpu in _service_cpu_ms(side.owner, user).items()}
+                server.clear()
+                server.update(spent)
             finally:
                 await noisy.close()
             return asked
 
         started = breakdown.load()
         asked = asyncio.run(run())
-        print(f"load {started} -> {breakdown.load()}; {asked} new texts")
-        print(f"CPU per new text: {sum(steps.values()) * 1000 / asked:.2f} ms")
-        print(f"  the service backends' CPU per new text (PostgreSQL's side, 1/{os.sysconf('SC_CLK_TCK')} s ticks): "
+        print(f"load {started} -> {breakdown.load()}; {asked} questions")
+        print(f"CPU per question: {sum(steps.values()) * 1000 / asked:.2f} ms")
+        print(f"  the service backends' CPU per question (PostgreSQL's side, 1/{os.sysconf('SC_CLK_TCK')} s ticks): "
               f"{sum(server.values()) / asked:.2f} ms")
         for step, seconds in steps.items():
             print(f"  {step}: {seconds * 1000 / asked:.2f} ms")
