@@ -16,6 +16,8 @@ fails after the charge stays charged.
 Since migration 0041 a worker that has read the role's per-query cost does not look up a question it has not seen
 answered: the lookup is made by the charge (``charge_unless_answered``), and a new question is two round trips. The
 tests that empty the answer cache between two askings of one text keep the lookup (the worker saw it answered).
+Since the read's COMMIT has a sync of its own, whatever fails in that round trip (the check, the charge,
+``require_charged``, the SQL) leaves no transaction open: a refusal needs no ROLLBACK round trip.
 """
 
 from __future__ import annotations
@@ -285,7 +287,7 @@ def test_a_question_another_worker_answered_is_not_charged_again_and_reads_nothi
     answered, again, count = asyncio.run(run())
     assert again.rows == answered.rows
     assert b"answered before" in again.notices, again.notices
-    assert count == 2  # the charge unless answered (not charged, read stopped), the rollback of the stopped read
+    assert count == 1  # the charge unless answered (not charged, read stopped, its transaction ended by its COMMIT)
 
 
 def test_a_per_query_cost_changed_since_the_worker_read_it_is_charged_once_at_the_new_cost(
@@ -344,3 +346,37 @@ def test_two_sessions_racing_on_a_new_question_release_one_answer(
     assert one.rows == other.rows
     assert raced in (1, 2)
     assert after == raced
+
+
+def test_a_read_that_fails_after_the_charge_is_refused_in_its_one_round_trip(
+        governed: tuple[Policy, str], postgresql: psycopg.Connection, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The measurement's SQL fails when it runs (the service role lost SELECT; privileges are checked when a statement
+    runs, not when it is prepared): the read's COMMIT, after a sync of its own, ends the failed transaction in the
+    same round trip, so the refusal takes that one round trip and no ROLLBACK. The charge stays; the pooled
+    connection answers the next question."""
+    policy, dsn = governed
+    trips = RoundTrips()
+
+    async def run() -> tuple[str, int, Any]:
+        noisy = NoisyAnswers(dsn, analyser=None)
+        try:
+            await _answer(noisy, policy, COUNT)  # the worker reads the per-query cost
+            postgresql.execute(f"revoke select on public.adult from {SERVICE_ROLE}")
+            sqlstate = ""
+            try:
+                with monkeypatch.context() as patch:
+                    patch.setattr(psycopg.AsyncConnection, "wait", _counted(trips))
+                    await _answer(noisy, policy, AVG)
+            except Refused as refused:
+                sqlstate = refused.sqlstate
+            finally:
+                postgresql.execute(f"grant select on public.adult to {SERVICE_ROLE}")
+            return sqlstate, trips.count, await _answer(noisy, policy, AVG)
+        finally:
+            await noisy.close()
+
+    before = _charges(postgresql)
+    sqlstate, count, again = asyncio.run(run())
+    assert (sqlstate, count) == ("42501", 1)
+    assert len(again.rows) == 1
+    assert _charges(postgresql) == before + 3  # COUNT; AVG, which failed and stays charged; AVG asked again

@@ -42,6 +42,8 @@ def randbelow(n: int) -> int:
     """A uniform random integer in [0, n), n ≥ 1, as :func:`secrets.randbelow`."""
     if n <= 0:
         raise ValueError("randbelow needs a positive upper bound")
+    if n == 1:  # the one value: no byte to read (the samplers' Bernoulli trials ask for it at every first step)
+        return 0
     bits = n.bit_length()
     size = (bits + 7) // 8
     shift = size * 8 - bits

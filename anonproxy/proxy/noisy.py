@@ -32,13 +32,15 @@ COMMIT) and the read (BEGIN REPEATABLE READ, its time limit, the client's
 settings, the data version, the SQL, COMMIT) go in one round trip, in pipeline
 mode. The server runs them in order and skips the rest after an error: a
 rejected SQL is not charged, a refused charge reads nothing, and the charge's
-COMMIT is durable before the SQL reads a row. A new question makes three round trips (lookup, that one,
-store) where it made eight; one already answered makes one. Once this worker has read the role's per-query cost
-on the table, a question it has not seen answered skips the lookup (:meth:`NoisyAnswers._lookup`: folded): its
-charge is ``anonproxy.charge_unless_answered`` (sql/0041), which looks it up in the charge's transaction and
-charges only if no answer is cached and the cost is the one it was priced at, and its read starts with
-``require_charged``, so nothing is read uncharged; not charged, the question goes round again from what the
-ledger read. Two round trips (that one, store).
+COMMIT is durable before the SQL reads a row; the read's COMMIT, after a sync of its own, ends whatever
+transaction a failure left open, so a refusal needs no ROLLBACK round trip. A new question makes three round trips
+(lookup, that one, store) where it made eight; one already answered makes one. Once this worker has read the role's
+per-query cost on the table, a question it has not seen answered skips the lookup (:meth:`NoisyAnswers._lookup`:
+folded): its charge is ``anonproxy.charge_unless_answered`` (sql/0041), which looks it up in the charge's
+transaction and charges only if no answer is cached and the cost is the one it was priced at, and its read starts
+with ``require_charged``, so nothing is read uncharged; not charged, the question goes round again from what the
+ledger read (an answer another worker cached is then finished from, at no cost, with no other round trip). Two
+round trips (that one, store).
 
 Time limits and cancels (:class:`Stop`): a question is held to the session's
 statement time limit from when it is asked, and a client's CancelRequest
@@ -380,7 +382,8 @@ class NoisyAnswers:
         the rest when the charge fails (nothing read, nothing charged). ``check``: the plan's SQL is prepared first
         (the question's Check, kept for this round trip): when the server rejects it, nothing else runs and the
         question is refused at no cost. The read's outcome, or its error, waits in ``asking.read_ahead`` for the
-        question's Read; a cancel from the charge on reaches the backend.
+        question's Read; a cancel from the charge on reaches the backend. Whatever failed, the round trip's last
+        COMMIT, after a sync of its own, has ended the failed transaction (_read_commands): the connection is idle.
 
         With ``need.unless_answered`` (the question's lookup folded into this round trip), the charge is made only
         if the ledger holds no answer and reads the cost the question was priced at, and the read begins with
@@ -411,25 +414,23 @@ class NoisyAnswers:
                 late = exc
             if first:
                 if unless is not None and results[0].status != pq.ExecStatus.COMMAND_OK:
-                    await _rollback(conn)  # refused, nothing else ran; unless the question was answered before
+                    # refused, nothing else ran; unless the question was answered before
                     return self._read(role, plan.table, need.key, await ledger.lookup_answer(
                         conn, role, plan.table, plan.tables, need.key))
                 _last(results[:1], pq.ExecStatus.COMMAND_OK)  # the check: refused, nothing else ran
                 results = results[1:]
             failed = _error(conn, results[:_CHARGE_COMMANDS])
             if failed is not None:  # nothing was charged, nothing read
-                await _rollback(conn)
                 if ledger.retryable(failed) and attempt < ledger.RETRIES - 1:
                     continue
                 raise await ledger.refusal(conn, failed, role, plan.table) or failed
             row = _row(conn, results[1])
             left = ledger.Remaining.from_row(row) if unless is None else ledger.charged_or_looked(row)
             if isinstance(left, ledger.Lookup):  # not charged: the read stopped at require_charged
-                await _rollback(conn)
                 if late is not None:
                     raise late
                 return self._read(role, plan.table, need.key, left)
-            asking.read_ahead.append(late or await _read_outcome(conn, results[_CHARGE_COMMANDS:]))
+            asking.read_ahead.append(late or _read_outcome(conn, results[_CHARGE_COMMANDS:]))
             return left
         raise AssertionError("unreachable")
 
@@ -543,7 +544,8 @@ class NoisyAnswers:
                     await _check_statement(conn, plan, parameters)
                 left = await ledger.charge(conn, role.role, plan.table, plan.epsilon, plan.delta, need.key,
                                            rho=plan.rho, delta_add=plan.delta_add)
-            self._check_confirmed(conn)
+            if isinstance(left, ledger.Remaining):  # charged (else nothing was: nothing to confirm)
+                self._check_confirmed(conn)
             return left
         if isinstance(need, Read):
             if asking.read_ahead:  # sent with the charge
@@ -568,7 +570,9 @@ class NoisyAnswers:
         """The ledger's lookup; folded (nothing read: the cost read last, no answer) when the question may be and
         this worker knows the cost, does not know it answered, and reads on the primary, and the client did not
         set a time limit of its own (shorter than the policy's): such a question is looked up first, as before, so
-        that a limit shorter than the lookup still stops it before the charge, at no cost."""
+        that a limit shorter than the lookup still stops it before the charge, at no cost. A question this worker
+        saw answered is looked up alone (one statement): its answer is most likely still cached, and a folded
+        charge that finds it costs the server the check, two transactions and the stopped read besides."""
         role, table = asking.role.role, need.plan.table
         last = self._looked.get((role, table))
         own_limit = 0 < asking.stop.timeout_ms < asking.policy.statement_limit("dp")
@@ -783,11 +787,20 @@ def _session_commands(session: Measuring) -> list[Command]:
             ] if session else []
 
 
+def _sync(pgconn: pq.abc.PGconn) -> None:
+    """The end of a pipeline's segment: after an error the server skips what follows up to here, then goes on."""
+    pgconn.pipeline_sync()
+
+
 def _read_commands(plan: DPPlan, parameters: Parameters, timeout_ms: int, session: Measuring,
                    guard: tuple[bytes, list[bytes | None]] | None = None) -> list[Command]:
     """What _measured_on does, as commands: the snapshot begun, timed and set to the client's settings, its data
     version, the SQL with the client's values as it bound them, the commit. ``guard``: a statement run first in
-    the snapshot, which stops the read when it fails (ledger.require_charged_query)."""
+    the snapshot, which stops the read when it fails (ledger.require_charged_query).
+
+    The COMMIT goes after a sync of its own: when anything before it failed (the check, the charge, the guard, the
+    SQL), the server skipped the rest up to the sync, and this COMMIT then ends the failed transaction (PostgreSQL
+    rolls it back), in the same round trip: no ROLLBACK round trip after a refusal."""
     count = len(parameters.values)
     types = [*parameters.types[:count], *[0] * (count - len(parameters.types))]
     version_sql, version_values = ledger.data_version_query(plan.tables)
@@ -798,15 +811,15 @@ def _read_commands(plan: DPPlan, parameters: Parameters, timeout_ms: int, sessio
 
     return [_command(_BEGIN_SNAPSHOT.encode()), *([_command(*guard)] if guard is not None else []),
             _command(f"set local statement_timeout = {int(timeout_ms)}".encode()),
-            *_session_commands(session), _command(version_sql, version_values), run, _command(b"commit")]
+            *_session_commands(session), _command(version_sql, version_values), run, _sync, _command(b"commit")]
 
 
-async def _read_outcome(conn: psycopg.AsyncConnection[Any], results: list[pq.abc.PGresult],
-                        ) -> tuple[str | None, list[int], list[tuple[Any, ...]]] | psycopg.Error:
-    """The data version, column types and rows the read commands returned; or their error (rolled back)."""
+def _read_outcome(conn: psycopg.AsyncConnection[Any], results: list[pq.abc.PGresult],
+                  ) -> tuple[str | None, list[int], list[tuple[Any, ...]]] | psycopg.Error:
+    """The data version, column types and rows the read commands returned; or their error (rolled back by their
+    last COMMIT)."""
     failed = _error(conn, results)
     if failed is not None:
-        await _rollback(conn)
         return failed
     version = _row(conn, results[-3])["version"]
     rows = results[-2]
@@ -840,28 +853,31 @@ async def _rollback(conn: psycopg.AsyncConnection[Any]) -> None:
 
 async def _pipelined(conn: psycopg.AsyncConnection[Any], commands: list[Command]) -> list[pq.abc.PGresult]:
     """``commands`` sent in pipeline mode, in one round trip: each one's result, in order (after an error the server
-    skipped the rest until the end: PIPELINE_ABORTED)."""
+    skipped the rest until the next :func:`_sync`, or the end: PIPELINE_ABORTED)."""
     pgconn = conn.pgconn
     async with conn.lock:
         pgconn.enter_pipeline_mode()
         for command in commands:
             command(pgconn)
         pgconn.pipeline_sync()
-        results = await conn.wait(_pipeline_results(pgconn))
+        results = await conn.wait(_pipeline_results(pgconn, 1 + commands.count(_sync)))
         pgconn.exit_pipeline_mode()
     return results
 
 
-def _pipeline_results(pgconn: pq.abc.PGconn) -> Generator[Any, Any, list[pq.abc.PGresult]]:
-    """Flush what was sent, then read one result per command up to the pipeline's sync."""
+def _pipeline_results(pgconn: pq.abc.PGconn, syncs: int) -> Generator[Any, Any, list[pq.abc.PGresult]]:
+    """Flush what was sent, then read one result per command up to the pipeline's last of ``syncs`` syncs."""
     yield from generators.send(pgconn)
-    results = []
+    results: list[pq.abc.PGresult] = []
     while True:
         result = yield from generators.fetch(pgconn)
         if result is None:  # the end of one command's results
             continue
         if result.status == pq.ExecStatus.PIPELINE_SYNC:
-            return results
+            syncs -= 1
+            if not syncs:
+                return results
+            continue
         results.append(result)
 
 

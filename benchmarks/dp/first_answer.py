@@ -7,7 +7,8 @@ One ``anonproxy serve`` (1 worker) per checkout. ``analyst`` gets a budget it ne
 by default) and, with ``--ledger N``, N earlier charges (a role that has asked N questions before). Each round asks every question on both sides (the order of the sides alternating from round to round):
 through the proxy with the answer cache emptied (a first answer: lookup, check, charge, read, store; with
 ``--new-texts``, a new text each time: planned too, and not known to the worker as answered), and directly
-as the owner (the plain query). Prints, per side, the p50 of each and the added latency (first p50 − direct p50),
+as the owner (the plain query), then through the proxy again with the answer kept (a question already answered: no
+charge). Prints, per side, the p50 of each and the added latency (first p50 − direct p50, seen p50 − direct p50),
 and the median over the questions. See README.md ("Fewer round trips").
 """
 
@@ -71,22 +72,25 @@ def main() -> int:
             for question in QUESTIONS:
                 for name, (owner, analyst) in order:
                     text = question.replace(" from adult", f" from adult as r{round_}") if args.new_texts else question
-                    for kind, conn in (("first", analyst), ("direct", owner)):
-                        owner.execute("delete from anonproxy.answer_cache where role_name = 'analyst'")
+                    for kind, conn in (("first", analyst), ("direct", owner), ("seen", analyst)):
+                        if kind == "first":
+                            owner.execute("delete from anonproxy.answer_cache where role_name = 'analyst'")
                         begun = time.perf_counter()
                         conn.execute(text, prepare=False).fetchall()
                         times.setdefault((name, kind, question), []).append((time.perf_counter() - begun) * 1000)
         print(f"{args.rounds} rounds, {started}-{time.strftime('%H:%M:%S', time.gmtime())} UTC, load average "
               f"{' '.join(load)} -> {' '.join(Path('/proc/loadavg').read_text().split()[:3])}")
         for name in sides:
-            added = []
+            added, seen_added = [], []
             for question in QUESTIONS:
-                first = statistics.median(times[name, "first", question])
-                direct = statistics.median(times[name, "direct", question])
+                first, direct, seen = (statistics.median(times[name, kind, question])
+                                       for kind in ("first", "direct", "seen"))
                 added.append(first - direct)
+                seen_added.append(seen - direct)
                 print(f"  {name:<14} first p50 {first:7.2f} ms  direct p50 {direct:7.2f} ms  +{first - direct:6.2f}"
-                      f"  {question}")
-            print(f"  {name:<14} added, median over the questions: {statistics.median(added):+.2f} ms")
+                      f"  seen p50 {seen:7.2f} ms  {seen - direct:+6.2f}  {question}")
+            print(f"  {name:<14} added, median over the questions: first {statistics.median(added):+.2f} ms, "
+                  f"seen {statistics.median(seen_added):+.2f} ms")
     return 0
 
 

@@ -8,10 +8,14 @@ process, which holds the policy from an earlier call; deciding, and the answer c
 ``answers.folded``, are also timed again on their own), then ``NoisyAnswers.answer`` (ledger round trips, noise, the
 answer's rows). The benchmark's ten
 ``suppress_scale`` shapes over ``adult``, each asked ``--rounds`` times as a new text (a new alias). Prints CPU ms per new text
-(``time.process_time``: waiting for PostgreSQL costs nothing), total and per step; with ``--profile``, under
-cProfile with that CPU clock, the functions with the most CPU (cumulative and own).
+(``time.process_time``: waiting for PostgreSQL costs nothing), total and per step, and the CPU of the service
+login's backends per question (PostgreSQL's side, from ``/proc``); with ``--profile``, under cProfile with that CPU
+clock, the functions with the most CPU (cumulative and own). ``--same-text`` asks each shape's one text again and
+again with the answer cache emptied before each (a new question whose plan the worker has: no analysis call),
+``--seen`` with its answer kept (a question already answered).
 
-    PYTHONPATH=. python3 benchmarks/dp/profile_new_text.py [--rounds 10] [--profile [--top 40] [--pstats out.prof]]
+    PYTHONPATH=. python3 benchmarks/dp/profile_new_text.py [--rounds 10] [--same-text | --seen]
+        [--profile [--top 40] [--pstats out.prof]]
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import asyncio
 import cProfile
 import importlib.util
 import io
+import os
 import pickle
 import pstats
 import sys
@@ -69,13 +74,26 @@ def _folded_again(outcome: tuple[Any, ...]) -> None:
         folded(plan.measured)
 
 
+def _service_cpu_ms(owner: Any, user: str) -> dict[int, float]:
+    """CPU (ms) of each backend of the service login: the dp connections' server side."""
+    rows = owner.execute("select pid from pg_stat_activity where usename = %s", [user]).fetchall()
+    return {pid: breakdown.cpu_ms(pid) for (pid,) in rows}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=10, help="new texts per shape")
     parser.add_argument("--profile", action="store_true", help="under cProfile (which about triples the CPU)")
     parser.add_argument("--top", type=int, default=40)
     parser.add_argument("--pstats", type=Path, help="write cProfile's statistics there")
+    parser.add_argument("--same-text", action="store_true",
+                        help="ask each shape's one text again and again, the answer cache emptied before each (a new "
+                             "question on a text seen before: its plan cached, no analysis call)")
+    parser.add_argument("--seen", action="store_true",
+                        help="ask each shape's one text again and again, its answer kept (a question already "
+                             "answered: no charge)")
     args = parser.parse_args()
+    same = args.same_text or args.seen
     with ExitStack() as stack:
         side = breakdown.prepared(stack, "this checkout", REPO, "zcdp")
         policy = load_policy(side.owner)
@@ -86,19 +104,33 @@ def main() -> int:
         steps: dict[str, float] = {"analysis call": 0.0, "pickling both ways": 0.0, "answer": 0.0}
         parts: dict[str, float] = {"deciding": 0.0, "the cache key's tokens": 0.0}  # within the analysis call
         sizes: list[int] = []
+        user = breakdown.psycopg.conninfo.conninfo_to_dict(side.service_dsn)["user"]
+        server: dict[int, float] = {}  # the service backends' CPU when the measured rounds begin
         profile = cProfile.Profile(time.process_time) if args.profile else None
 
         async def run() -> int:
             noisy = NoisyAnswers(dsn, analyser=None)
             asked = 0
+            decisions: dict[str, Noisy] = {}
             try:
                 for number in range(args.rounds + 1):
+                    if number == 1:
+                        server.update(_service_cpu_ms(side.owner, user))
                     for _, template in breakdown.SHAPES:
-                        text = template.format(n=number)
+                        text = template.format(n=0 if same else number)
                         measured = number > 0  # round 0 warms the caches and connections
+                        if args.same_text:
+                            side.owner.execute("delete from anonproxy.answer_cache where role_name = 'analyst'")
                         if measured and profile is not None:
                             profile.enable()
                         begun = time.process_time()
+                        if same and number > 0:  # the worker's decision is cached (proxy.session)
+                            await noisy.answer(decisions[text], role, policy, Parameters(), SessionLimits())
+                            if profile is not None:
+                                profile.disable()
+                            asked += 1
+                            steps["answer"] += time.process_time() - begun
+                            continue
                         function, call = noisy.deciding(decide, text, role, policy)
                         outcome = function(*call)
                         decided = time.process_time()
@@ -110,6 +142,7 @@ def main() -> int:
                         pickled = time.process_time()
                         decision = noisy.decided(text, role, policy, outcome)
                         assert isinstance(decision, Noisy), decision
+                        decisions[text] = decision
                         await noisy.answer(decision, role, policy, Parameters(), SessionLimits())
                         answered = time.process_time()
                         if measured:
@@ -123,20 +156,26 @@ def main() -> int:
                                 parts["the cache key's tokens"] += _cpu(partial(_folded_again, outcome))
                             steps["pickling both ways"] += pickled - decided
                             steps["answer"] += answered - pickled
+                spent = {pid: cpu - server.get(pid, 0.0) for pid, cpu in _service_cpu_ms(side.owner, user).items()}
+                server.clear()
+                server.update(spent)
             finally:
                 await noisy.close()
             return asked
 
         started = breakdown.load()
         asked = asyncio.run(run())
-        print(f"load {started} -> {breakdown.load()}; {asked} new texts")
-        print(f"CPU per new text: {sum(steps.values()) * 1000 / asked:.2f} ms")
+        print(f"load {started} -> {breakdown.load()}; {asked} questions")
+        print(f"CPU per question: {sum(steps.values()) * 1000 / asked:.2f} ms")
+        print(f"  the service backends' CPU per question (PostgreSQL's side, 1/{os.sysconf('SC_CLK_TCK')} s ticks): "
+              f"{sum(server.values()) / asked:.2f} ms")
         for step, seconds in steps.items():
             print(f"  {step}: {seconds * 1000 / asked:.2f} ms")
             if step == "analysis call" and profile is None:
                 for part, spent in parts.items():
                     print(f"    of which {part}, measured again: {spent * 1000 / asked:.2f} ms")
-        print(f"  bytes pickled per new text (request and reply): {sum(sizes) // len(sizes)}")
+        if sizes:
+            print(f"  bytes pickled per new text (request and reply): {sum(sizes) // len(sizes)}")
         if profile is None:
             return 0
         if args.pstats is not None:
