@@ -129,6 +129,23 @@ def test_a_plan_postgresql_will_not_reuse_runs_as_a_plain_query() -> None:
     assert wires.types(wires.service) == PREPARED_FIRST
 
 
+def test_a_query_behind_a_prepared_one_waits_for_its_answer() -> None:
+    wires = Wires()
+    wires.gate.client_data(pg.query_message("agg") + pg.query_message("agg"))
+    assert wires.types(wires.service) == PREPARED_FIRST  # the second waits: the first may run again as a Query
+    wires.service_says(*PREPARING, *RESULT, (b"Z", b"I"))
+    assert wires.types(wires.service) == PREPARED_AGAIN
+    wires.service_says((b"2", b""), *RESULT, (b"Z", b"I"))
+    assert wires.types(wires.client) == [b"T", b"D", b"C", b"Z"] * 2
+
+
+def test_a_query_after_an_open_batch_of_the_client_runs_as_a_plain_query() -> None:
+    wires = Wires()
+    wires.gate.client_data(parse(b"", "agg") + bind(b"", b"") + pg.message(b"H") + pg.query_message("agg"))
+    messages = MessageBuffer().feed(bytes(wires.service))
+    assert [t for t, _ in messages] == [b"P", b"B", b"H", b"Q"] and messages[-1][1] == b"rewritten agg\0"
+
+
 def test_refusal_answers_locally() -> None:
     wires = Wires()
     wires.gate.client_data(pg.query_message("bad"))

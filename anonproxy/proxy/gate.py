@@ -605,6 +605,8 @@ class Gate:
             self._send[Owner.UPSTREAM](self._timeout.ask())
             self.in_flight[Owner.UPSTREAM] += 1
             return True
+        if route.owner is Owner.SERVICE and self._service.running:
+            return True  # a Query run as a prepared statement may run again as a plain one: nothing goes behind it
         if route.owner is Owner.SERVICE and not self._service.held:
             if not self._service.acquiring and self._acquire_service is not None:
                 self._service.acquiring = True
@@ -626,8 +628,9 @@ class Gate:
         owner = route.owner
         payload, hidden = route.payload, route.hidden
         if owner is Owner.SERVICE:
+            alone = not self.in_flight[Owner.SERVICE] and self._unsynced is not Owner.SERVICE
             self._follow_on_service()
-            payload, hidden = self._service.prepare_first(route, self._prepared)
+            payload, hidden = self._service.prepare_first(route, self._prepared, alone)
         if route.keeps is not None and not self._service.skipping:
             self._keeping = Keeping(*route.keeps, ahead=self._service.awaiting,
                                     room=keeping_room(self._prepared.kept_portals, self._limits))

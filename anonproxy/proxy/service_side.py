@@ -96,11 +96,12 @@ class ServiceSide:
         self.silenced += 1
         return closes + pg.query_message(statements)
 
-    def prepare_first(self, route: Route, prepared: Prepared) -> tuple[bytes, tuple[bytes, ...]]:
+    def prepare_first(self, route: Route, prepared: Prepared, alone: bool) -> tuple[bytes, tuple[bytes, ...]]:
         """What goes to the connection for ``route``, and the answers to hide: the statement it uses, prepared first
         if it is not there yet (a named one closed before, in case an older rewrite of it is there). A rewritten
-        Query runs as the connection's prepared statement of its text."""
-        if route.query is not None:
+        Query runs as the connection's prepared statement of its text when it goes ``alone`` (no other answer of
+        the session's is to come there first, no batch of the client's is open there); else as a plain Query."""
+        if route.query is not None and alone:
             self._running, self._bound, self._retry = route.query, False, False
             return self._on.run(route.query)
         payload, hidden = route.payload, route.hidden
@@ -119,6 +120,11 @@ class ServiceSide:
             self._on.clients.discard(route.closes)
             self._on.forget(route.closes)
         return payload, hidden
+
+    @property
+    def running(self) -> bool:
+        """Whether a Query run as a prepared statement is not answered yet."""
+        return self._running is not None
 
     def has(self, name: bytes) -> bool:
         """Whether statement ``name`` is prepared on the connection held."""
