@@ -182,6 +182,29 @@ def test_ddl_between_runs_changes_nothing_of_the_answers(
     assert answer(reporter, sql) == answer(service, rewrite(owner, sql))
 
 
+def test_the_catalog_check_of_one_row_per_person_runs_at_every_execution_of_the_prepared_statement(
+        owner: psycopg.Connection, service: psycopg.Connection) -> None:
+    """The suppress SQL checks, as it runs, that each row of adult is one person (a STABLE function call, which a
+    generic plan keeps): PostgreSQL evaluates it again at each execution of the prepared statement, so a primary
+    key dropped after the statement was prepared fails it as it fails the plain Query (55000)."""
+    runs = rewrite(owner, "select relationship, count(*) from adult where age > 36 group by relationship")
+    assert "one_row_per_person" in runs
+    service.execute(f"prepare one_row_check as {runs}")
+    try:
+        assert service.execute("execute one_row_check").fetchall() == answer(service, runs)[0]
+        key = owner.execute("select conname from pg_constraint where conrelid = 'public.adult'::regclass "
+                            "and contype = 'p'").fetchone()[0]
+        owner.execute(f"alter table adult drop constraint {key}")
+        try:
+            assert outcome(service, runs) == "55000"
+            assert outcome(service, "execute one_row_check") == "55000"
+        finally:
+            owner.execute(f"alter table adult add constraint {key} primary key (id)")
+        assert service.execute("execute one_row_check").fetchall() == answer(service, runs)[0]
+    finally:
+        service.execute("deallocate one_row_check")
+
+
 def test_an_error_of_the_prepared_statement_is_the_plain_querys(
         owner: psycopg.Connection, service: psycopg.Connection, reporter: psycopg.Connection) -> None:
     sql = "select workclass, count(*) from adult where age > 34 group by workclass"
