@@ -31,8 +31,8 @@ a connection with a Close of each statement the previous one prepared there
 for its client, ``RESET ALL`` and its own settings (see service_side.py), so
 nothing of a previous session is seen; the proxy's own prepared statements of
 rewritten Queries stay, recorded with the connection (service_statements.py).
-A connection handed back
-in an unknown state (mid-statement, in a transaction) is closed instead.
+A connection handed back in an unknown state (mid-statement, in a
+transaction) is closed instead.
 """
 
 from __future__ import annotations
