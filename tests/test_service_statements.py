@@ -9,17 +9,26 @@ the same generated SQL sent as a plain Query by the service login directly.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
-from conftest import SERVICE_ROLE, ProxyProcess, govern_by_demo_policy, start_proxy, stop_proxy
+from conftest import (
+    SERVICE_ROLE,
+    ProxyProcess,
+    govern_by_demo_policy,
+    start_proxy,
+    stop_proxy,
+    wait_for_current_policy,
+)
 from pytest_postgresql.executors.noop import NoopExecutor
 
 from anonproxy.embedded import EmbeddedPostgres
 from anonproxy.policy.store import load_policy
+from anonproxy.policy.yaml_policy import apply_policy, demo_policy
 from anonproxy.route.decide import decide
 from anonproxy.route.decision import Rewrite
 from anonproxy.proxy.service_statements import LIMIT, ServiceStatements, close_statement, name_of
@@ -218,6 +227,31 @@ def test_an_error_of_the_prepared_statement_is_the_plain_querys(
     finally:
         owner.execute(f"grant select on adult to {SERVICE_ROLE}")
     assert answer(reporter, sql) == answer(service, runs)
+
+
+def test_a_new_policy_runs_its_own_statement(
+        pg_server: EmbeddedPostgres, proxy: ProxyProcess, owner: psycopg.Connection, service: psycopg.Connection,
+        reporter: psycopg.Connection) -> None:
+    """A policy change that changes the rewrite changes its text, hence its name: the statement prepared under the
+    old policy is not run again."""
+    sql = "select education, count(*) from adult where age > 38 group by education"
+    log = ServerLog(pg_server)
+    before = answer(reporter, sql)
+    assert before == answer(service, rewrite(owner, sql))
+    policy = demo_policy()
+    reporter_policy = policy.roles["reporter"]
+    stricter = dataclasses.replace(reporter_policy, suppression=dataclasses.replace(reporter_policy.suppression, k=500))
+    apply_policy(owner, dataclasses.replace(policy, roles={**policy.roles, "reporter": stricter}))
+    try:
+        wait_for_current_policy(owner, proxy.endpoint, DATABASE)
+        after = answer(reporter, sql)
+        assert after == answer(service, rewrite(owner, sql)) and after != before
+        parsed = [name for step, name in log.steps() if step == "parse"]
+        assert len(parsed) == 2 and parsed[0] != parsed[1]
+    finally:
+        apply_policy(owner, policy)
+        wait_for_current_policy(owner, proxy.endpoint, DATABASE)
+    assert answer(reporter, sql) == before
 
 
 def test_a_replaced_connection_prepares_the_statement_again(
