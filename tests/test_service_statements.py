@@ -29,9 +29,9 @@ from pytest_postgresql.executors.noop import NoopExecutor
 from anonproxy.embedded import EmbeddedPostgres
 from anonproxy.policy.store import load_policy
 from anonproxy.policy.yaml_policy import apply_policy, demo_policy
+from anonproxy.proxy.service_statements import LIMIT, ServiceStatements, close_statement, name_of
 from anonproxy.route.decide import decide
 from anonproxy.route.decision import Rewrite
-from anonproxy.proxy.service_statements import LIMIT, ServiceStatements, close_statement, name_of
 
 DATABASE = "anonproxy_statements"
 STEP = re.compile(r"LOG:  duration: [0-9.]+ ms  (parse|bind|execute) (anonproxy_[0-9a-f]+)")
