@@ -1,7 +1,7 @@
 """The named statements on one service connection: the clients' and the proxy's own.
 
 A seen suppress statement's generated SQL is long; PostgreSQL spends a fixed part of its time on it parsing,
-analysing and planning the text (about 1 to 3 ms at 30k rows: docs/performance.md). So the rewrite of a simple
+analysing and planning the text (0.3 to 3 ms of CPU at 30k rows: docs/performance.md). So the rewrite of a simple
 Query runs as a prepared statement of the connection's: parsed once per (connection, SQL text), named by a hash
 of the text, then only bound and executed. A statement without parameters always runs PostgreSQL's generic plan:
 reuse skips parse analysis and planning, and PostgreSQL plans it again itself after DDL on what it reads. A new
