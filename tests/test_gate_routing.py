@@ -61,6 +61,11 @@ def execute(portal: bytes = b"") -> bytes:
 
 SYNC = pg.message(b"S")
 RESULT = ((b"T", b"x"), (b"D", b"y"), (b"C", b"SELECT 1\0"))
+# A Query's rewrite runs as the service connection's prepared statement: Close (of a statement of that name left
+# there), Parse, Bind, Describe, Execute, Sync the first time there; then only Bind, Describe, Execute, Sync.
+PREPARED_FIRST = [b"C", b"P", b"B", b"D", b"E", b"S"]
+PREPARED_AGAIN = [b"B", b"D", b"E", b"S"]
+PREPARING = ((b"3", b""), (b"1", b""), (b"2", b""))  # CloseComplete, ParseComplete, BindComplete
 
 
 def test_simple_queries_go_where_the_decision_says() -> None:
@@ -71,11 +76,74 @@ def test_simple_queries_go_where_the_decision_says() -> None:
     assert wires.types(wires.client) == [b"T", b"D", b"C", b"Z"]
     wires.upstream.clear()
     wires.gate.client_data(pg.query_message("agg"))
-    assert wires.service == pg.query_message("rewritten agg") and not wires.upstream
-    wires.service_says(*RESULT, (b"S", b"x\0y\0"), (b"Z", b"I"))
+    messages = MessageBuffer().feed(bytes(wires.service))
+    assert [t for t, _ in messages] == PREPARED_FIRST and not wires.upstream
+    assert pg.parse_parse(messages[1][1]).query == b"rewritten agg"
+    wires.service_says(*PREPARING, *RESULT, (b"S", b"x\0y\0"), (b"Z", b"I"))
     # The service's own ParameterStatus is hidden; its status is replaced by the client's ('T').
     assert bytes(wires.client).endswith(pg.ready_for_query(b"T"))
     assert wires.types(wires.client) == [b"T", b"D", b"C", b"Z"]
+
+
+def test_a_query_seen_again_on_the_connection_is_only_bound_and_executed() -> None:
+    wires = Wires()
+    wires.gate.client_data(pg.query_message("agg"))
+    first = MessageBuffer().feed(bytes(wires.service))
+    wires.service.clear()
+    name = pg.parse_parse(first[1][1]).statement
+    assert [t for t, _ in first] == PREPARED_FIRST and name and first[0][1] == b"S" + name + b"\0"
+    wires.service_says(*PREPARING, *RESULT, (b"Z", b"I"))
+    wires.gate.client_data(pg.query_message("agg"))
+    again = MessageBuffer().feed(bytes(wires.service))
+    assert [t for t, _ in again] == PREPARED_AGAIN and pg.parse_bind(again[0][1]).statement == name
+    wires.service_says((b"2", b""), *RESULT, (b"Z", b"I"))
+    assert wires.types(wires.client) == [b"T", b"D", b"C", b"Z", b"T", b"D", b"C", b"Z"]
+
+
+def test_an_error_of_a_prepared_query_reaches_the_client_and_it_is_prepared_again() -> None:
+    wires = Wires()
+    wires.gate.client_data(pg.query_message("agg"))
+    wires.service.clear()
+    wires.service_says((b"3", b""), (b"1", b""), (b"E", pg.error_response("57014", "canceled")[5:]), (b"Z", b"I"))
+    assert wires.types(wires.client) == [b"E", b"Z"]
+    wires.gate.client_data(pg.query_message("agg"))
+    assert wires.types(wires.service) == PREPARED_FIRST  # its Parse may be what failed
+
+
+def test_a_plan_postgresql_will_not_reuse_runs_as_a_plain_query() -> None:
+    wires = Wires()
+    wires.gate.client_data(pg.query_message("agg"))
+    wires.service_says(*PREPARING, *RESULT, (b"Z", b"I"))
+    wires.types(wires.client)
+    wires.service.clear()
+    wires.gate.client_data(pg.query_message("agg"))
+    assert wires.types(wires.service) == PREPARED_AGAIN
+    stale = pg.error_response("0A000", "cached plan must not change result type")[5:]
+    wires.service_says((b"E", stale), (b"Z", b"I"))
+    assert wires.types(wires.client) == []  # not the client's: the Query runs as before
+    assert wires.service == pg.query_message("rewritten agg")
+    wires.service.clear()
+    wires.service_says(*RESULT, (b"Z", b"I"))
+    assert wires.types(wires.client) == [b"T", b"D", b"C", b"Z"]
+    wires.gate.client_data(pg.query_message("agg"))
+    assert wires.types(wires.service) == PREPARED_FIRST
+
+
+def test_a_query_behind_a_prepared_one_waits_for_its_answer() -> None:
+    wires = Wires()
+    wires.gate.client_data(pg.query_message("agg") + pg.query_message("agg"))
+    assert wires.types(wires.service) == PREPARED_FIRST  # the second waits: the first may run again as a Query
+    wires.service_says(*PREPARING, *RESULT, (b"Z", b"I"))
+    assert wires.types(wires.service) == PREPARED_AGAIN
+    wires.service_says((b"2", b""), *RESULT, (b"Z", b"I"))
+    assert wires.types(wires.client) == [b"T", b"D", b"C", b"Z"] * 2
+
+
+def test_a_query_after_an_open_batch_of_the_client_runs_as_a_plain_query() -> None:
+    wires = Wires()
+    wires.gate.client_data(parse(b"", "agg") + bind(b"", b"") + pg.message(b"H") + pg.query_message("agg"))
+    messages = MessageBuffer().feed(bytes(wires.service))
+    assert [t for t, _ in messages] == [b"P", b"B", b"H", b"Q"] and messages[-1][1] == b"rewritten agg\0"
 
 
 def test_refusal_answers_locally() -> None:
@@ -93,9 +161,9 @@ def test_responses_keep_the_order_of_requests() -> None:
     assert wires.upstream and not wires.service  # the rewrite waits for the upstream's answer
     assert wires.types(wires.client) == []
     wires.upstream_says(*RESULT, (b"Z", b"I"))
-    assert wires.service == pg.query_message("rewritten agg")
+    assert wires.types(wires.service) == PREPARED_FIRST
     assert wires.types(wires.client) == [b"T", b"D", b"C", b"Z"]  # the refusal waits for the service
-    wires.service_says(*RESULT, (b"Z", b"I"))
+    wires.service_says(*PREPARING, *RESULT, (b"Z", b"I"))
     assert wires.types(wires.client) == [b"T", b"D", b"C", b"Z", b"E", b"Z"]
 
 
@@ -154,10 +222,11 @@ def test_settings_the_client_changes_follow_on_the_service_connection() -> None:
     assert wires.types(wires.client) == [b"S", b"C", b"Z"]
     wires.gate.client_data(pg.query_message("agg"))
     messages = MessageBuffer().feed(bytes(wires.service))
-    assert messages == [(b"Q", b"SET DateStyle TO 'German, DMY';\0"), (b"Q", b"rewritten agg\0")]
+    assert messages[0] == (b"Q", b"SET DateStyle TO 'German, DMY';\0")
+    assert [t for t, _ in messages[1:]] == PREPARED_FIRST
     wires.service_says((b"C", b"SET\0"), (b"Z", b"I"))  # the answer to our SET is not the client's
     assert wires.types(wires.client) == []
-    wires.service_says(*RESULT, (b"Z", b"I"))
+    wires.service_says(*PREPARING, *RESULT, (b"Z", b"I"))
     assert wires.types(wires.client) == [b"T", b"D", b"C", b"Z"]
 
 

@@ -37,6 +37,7 @@ from pytest_postgresql.executors.noop import NoopExecutor
 from anonproxy.config import ConfigError, ProxyConfig, load_config
 from anonproxy.embedded import EmbeddedPostgres
 from anonproxy.proxy.gate import Gate
+from anonproxy.proxy.service_statements import ServiceStatements
 from anonproxy.route.decision import Rewrite
 from anonproxy.wire import protocol as pg
 from anonproxy.wire.framing import MessageBuffer
@@ -360,7 +361,7 @@ def test_the_hold_timer_runs_only_while_an_open_batch_waits_for_the_client() -> 
     wires.gate.client_data(parse("agg") + FLUSH)
     assert wires.received() == [b"1"] and not wires.service and wires.timer == []  # nothing borrowed
     wires.gate.client_data(bind() + EXECUTE + FLUSH)
-    wires.gate.service_acquired()
+    wires.gate.service_acquired(ServiceStatements())
     assert wires.sent() == [b"Q", b"P", b"B", b"E", b"H"]
     wires.server_answers(b"C", b"Z", b"1", b"2", b"D")
     assert wires.timer == []  # PostgreSQL is still working for the client
@@ -375,7 +376,7 @@ def test_the_hold_timer_runs_only_while_an_open_batch_waits_for_the_client() -> 
 def test_an_unflushed_batch_waits_for_the_client_at_once() -> None:
     wires = Holding()
     wires.gate.client_data(parse("agg") + bind() + EXECUTE)
-    wires.gate.service_acquired()
+    wires.gate.service_acquired(ServiceStatements())
     wires.server_answers(b"C", b"Z")
     assert wires.timer == [True]  # the server keeps the answers until a Flush or the Sync: nothing to wait for
     wires.gate.client_data(FLUSH)
@@ -387,7 +388,7 @@ def test_an_unflushed_batch_waits_for_the_client_at_once() -> None:
 def test_an_expired_hold_ends_the_batch_after_its_answers_and_hands_the_connection_back() -> None:
     wires = Holding()
     wires.gate.client_data(parse("agg") + bind() + EXECUTE + FLUSH)
-    wires.gate.service_acquired()
+    wires.gate.service_acquired(ServiceStatements())
     wires.server_answers(b"C", b"Z", b"1", b"2", b"C")
     assert wires.timer == [True]
     wires.sent()
@@ -406,21 +407,21 @@ def test_an_expired_hold_ends_the_batch_after_its_answers_and_hands_the_connecti
 def test_a_lone_describe_of_a_statement_is_closed_with_a_sync_of_ours() -> None:
     wires = Holding()
     wires.gate.client_data(parse("agg", b"s") + describe_statement(b"s") + FLUSH)
-    wires.gate.service_acquired()
+    wires.gate.service_acquired(ServiceStatements())
     assert wires.sent() == [b"Q", b"C", b"P", b"D", b"S"]
     wires.server_answers(b"C", b"Z", b"3", b"1", b"t", b"T", b"Z")
     assert wires.received() == [b"1", b"t", b"T"]  # our Sync's ReadyForQuery is not the client's
     assert wires.released == [True] and wires.timer == []
     # Followed by more of the batch, a Describe goes as it is.
     wires.gate.client_data(parse("agg") + describe_statement() + bind() + EXECUTE + SYNC)
-    wires.gate.service_acquired()
+    wires.gate.service_acquired(ServiceStatements())
     assert wires.asked == 2 and wires.sent() == [b"Q", b"P", b"D", b"B", b"E", b"S"]
 
 
 def test_a_failing_lone_describe_skips_the_rest_of_the_batch_up_to_its_sync() -> None:
     wires = Holding()
     wires.gate.client_data(parse("agg", b"s") + describe_statement(b"s") + FLUSH)
-    wires.gate.service_acquired()
+    wires.gate.service_acquired(ServiceStatements())
     assert wires.sent() == [b"Q", b"C", b"P", b"D", b"S"]
     wires.server_answers(b"C", b"Z", b"3")
     wires.gate.service_message(b"E", pg.error_response("42703", "column does not exist")[5:])  # the rewrite's Parse
@@ -430,12 +431,12 @@ def test_a_failing_lone_describe_skips_the_rest_of_the_batch_up_to_its_sync() ->
     assert wires.received() == [b"1", b"E", b"Z"] and wires.asked == 1 and not wires.service
     # A client that sent its Sync before the error came back skips nothing after it.
     wires.gate.client_data(describe_statement(b"s"))
-    wires.gate.service_acquired()
+    wires.gate.service_acquired(ServiceStatements())
     wires.sent()
     wires.gate.client_data(SYNC)
     wires.server_answers(b"C", b"Z", b"3")
     wires.gate.service_message(b"E", pg.error_response("42703", "column does not exist")[5:])
     wires.server_answers(b"Z")
     wires.gate.client_data(bind(b"s") + EXECUTE + SYNC)
-    wires.gate.service_acquired()
+    wires.gate.service_acquired(ServiceStatements())
     assert wires.sent()[-3:] == [b"B", b"E", b"S"]

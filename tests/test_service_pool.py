@@ -27,6 +27,7 @@ from pytest_postgresql.executors.noop import NoopExecutor
 
 from anonproxy.embedded import EmbeddedPostgres
 from anonproxy.proxy.gate import Gate
+from anonproxy.proxy.service_statements import ServiceStatements
 from anonproxy.route.decision import Pass, Rewrite
 from anonproxy.wire import protocol as pg
 from anonproxy.wire.framing import MessageBuffer
@@ -297,10 +298,9 @@ def test_a_borrowed_connection_is_cleared_then_a_statement_prepared_before_is_pr
     wires = Borrowing()
     wires.gate.client_data(_parse(b"s", "agg") + _bind(b"s") + EXECUTE_SYNC)
     assert wires.asked == 1 and not wires.service  # nothing goes before the connection is there
-    wires.gate.service_acquired()
+    wires.gate.service_acquired(ServiceStatements())
     (setup, body), *rest = wires.sent()
-    assert setup == b"Q" and body.startswith(b"RESET ALL;DEALLOCATE ALL;") and b"SET DateStyle TO 'German, DMY';" \
-        in body
+    assert setup == b"Q" and body == b"RESET ALL;SET DateStyle TO 'German, DMY';\0"
     assert [type_ for type_, _ in rest] == [b"C", b"P", b"B", b"E", b"S"]  # prepared where first used
     wires.server_answers(b"C", b"Z", b"3", b"1", b"2", b"C", b"Z")  # (the answer to the setup query is hidden)
     assert wires.released == [True]
@@ -309,7 +309,7 @@ def test_a_borrowed_connection_is_cleared_then_a_statement_prepared_before_is_pr
     # The next use borrows again (maybe another connection): cleared, and "s" prepared there before the Bind.
     wires.gate.client_data(_bind(b"s") + EXECUTE_SYNC)
     assert wires.asked == 2
-    wires.gate.service_acquired()
+    wires.gate.service_acquired(ServiceStatements())
     sent = wires.sent()
     assert [type_ for type_, _ in sent] == [b"Q", b"C", b"P", b"B", b"E", b"S"]
     assert pg.parse_parse(sent[2][1]).query == b"rewritten agg"
@@ -318,10 +318,36 @@ def test_a_borrowed_connection_is_cleared_then_a_statement_prepared_before_is_pr
     assert wires.released == [True, True]
 
 
+def test_a_connection_borrowed_again_keeps_the_proxys_statements_and_closes_the_clients() -> None:
+    on_connection = ServiceStatements()
+    first = Borrowing()
+    first.gate.client_data(pg.query_message("total"))
+    first.gate.service_acquired(on_connection)
+    sent = first.sent()
+    assert [type_ for type_, _ in sent] == [b"Q", b"C", b"P", b"B", b"D", b"E", b"S"]  # the Query's rewrite, prepared
+    ours = pg.parse_parse(sent[2][1]).statement
+    first.server_answers(b"C", b"Z", b"3", b"1", b"2", b"T", b"D", b"C", b"Z")
+    first.gate.client_data(_parse(b"s", "agg") + _bind(b"s") + EXECUTE_SYNC)
+    first.gate.service_acquired(on_connection)
+    assert [type_ for type_, _ in first.sent()] == [b"Q", b"C", b"P", b"B", b"E", b"S"]
+    first.server_answers(b"C", b"Z", b"3", b"1", b"2", b"C", b"Z")
+    assert first.released == [True, True]
+    # Another session borrows the same connection: "s" of the first one's client is closed, the proxy's kept.
+    second = Borrowing()
+    second.gate.client_data(pg.query_message("total"))
+    second.gate.service_acquired(on_connection)
+    sent = second.sent()
+    assert sent[0] == (b"C", b"Ss\0") and sent[1][0] == b"Q" and sent[1][1].startswith(b"RESET ALL;")
+    assert [type_ for type_, _ in sent[2:]] == [b"B", b"D", b"E", b"S"]
+    assert pg.parse_bind(sent[2][1]).statement == ours
+    second.server_answers(b"3", b"C", b"Z", b"2", b"T", b"D", b"C", b"Z")
+    assert [type_ for type_, _ in MessageBuffer().feed(bytes(second.client))] == [b"T", b"D", b"C", b"Z"]
+
+
 def test_an_open_batch_keeps_its_connection_until_sync() -> None:
     wires = Borrowing()
     wires.gate.client_data(_parse(b"", "agg") + _bind(b"") + pg.message(b"H"))  # Flush: the batch stays open
-    wires.gate.service_acquired()
+    wires.gate.service_acquired(ServiceStatements())
     wires.server_answers(b"C", b"Z", b"1", b"2")
     assert wires.released == []
     wires.gate.client_data(EXECUTE_SYNC)

@@ -45,7 +45,9 @@ hands it back (``release_service``) when the service side answered
 ReadyForQuery with nothing of the session's left on it (no request in
 flight, no open batch part). The client's Parse of a rewritten statement is
 answered here (ParseComplete); the statement is prepared on the service
-connection just before a message uses it (service_side.py).
+connection just before a message uses it (service_side.py). A Query's
+rewrite runs there as the connection's own prepared statement of its text
+(service_statements.py); the client gets the answer of a Query.
 
 A rewritten portal executed with a row limit, or in a later batch than its
 Bind (its service-side portal ended at a Sync), is run again from its Bind
@@ -122,6 +124,7 @@ from .prepared import Prepared
 from .proxy_portals import Keeping, ProxyPortal, keeping_room
 from .routing import Now, Router
 from .service_side import ServiceSide
+from .service_statements import ServiceStatements
 
 # The gate's public names: session.py, the audit trail, the dp answers and the tests import them from here.
 __all__ = ["EXPLAIN_COLUMNS", "Description", "Execution", "Gate", "Owner", "Parameters", "ProxyRequest", "Reply"]
@@ -293,6 +296,11 @@ class Gate:
                 self._pump()
         elif keeping is not None and keeping.ours(type_):
             self._kept_answer(keeping, type_, body)
+        elif (instead := service.replan(type_, body)) is not None:
+            self._hidden[Owner.SERVICE].clear()  # (what was hidden answered the prepared statement)
+            if instead:
+                self._send[Owner.SERVICE](instead)
+                service.sent(instead)
         elif self._hide(Owner.SERVICE, type_):
             return
         elif type_ == b"N" and (report := reports.read_notice(pg.parse_fields(body))) is not None:
@@ -363,9 +371,10 @@ class Gate:
             if told:
                 self._write_client(told)
 
-    def service_acquired(self) -> None:
-        """The session borrowed a service connection (``acquire_service``): what waited for it goes on."""
-        self._service.acquired()
+    def service_acquired(self, statements: ServiceStatements) -> None:
+        """The session borrowed a service connection (``acquire_service``; ``statements``: the named statements on
+        it): what waited for it goes on."""
+        self._service.acquired(statements)
         self._pump()
 
     def service_refused(self, error: bytes) -> None:
@@ -596,6 +605,8 @@ class Gate:
             self._send[Owner.UPSTREAM](self._timeout.ask())
             self.in_flight[Owner.UPSTREAM] += 1
             return True
+        if route.owner is Owner.SERVICE and self._service.running:
+            return True  # a Query run as a prepared statement may run again as a plain one: nothing goes behind it
         if route.owner is Owner.SERVICE and not self._service.held:
             if not self._service.acquiring and self._acquire_service is not None:
                 self._service.acquiring = True
@@ -617,8 +628,9 @@ class Gate:
         owner = route.owner
         payload, hidden = route.payload, route.hidden
         if owner is Owner.SERVICE:
+            alone = not self.in_flight[Owner.SERVICE] and self._unsynced is not Owner.SERVICE
             self._follow_on_service()
-            payload, hidden = self._service.prepare_first(route, self._prepared)
+            payload, hidden = self._service.prepare_first(route, self._prepared, alone)
         if route.keeps is not None and not self._service.skipping:
             self._keeping = Keeping(*route.keeps, ahead=self._service.awaiting,
                                     room=keeping_room(self._prepared.kept_portals, self._limits))

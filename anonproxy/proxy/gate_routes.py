@@ -81,6 +81,7 @@ class Route:
     # On the service connection: the statement the payload uses or closes (see ``ServiceSide.prepare_first``).
     uses: bytes | None = None
     closes: bytes | None = None
+    query: str | None = None  # a Query's rewritten SQL, run as the service connection's prepared statement of it
     describes: bool = False  # a Describe of a statement on the service connection
     keeps: tuple[bytes, int] | None = None  # an Execute (portal, max rows) whose answer the gate keeps
     declares: DeclareCursor | None = None  # a cursor the proxy will hold: its query's answer is kept, not sent

@@ -30,6 +30,7 @@ from ..wire.auth import AuthenticationFailed, PasswordAuthenticator
 from ..wire.framing import MessageBuffer
 from .cancel import UpstreamKey
 from .followed_settings import FOLLOWED_SETTINGS
+from .service_statements import ServiceStatements
 from .upstream import open_upstream
 from .upstream_tls import UpstreamTLSError
 
@@ -83,6 +84,7 @@ class ServiceConnection(asyncio.Protocol):
         self.transport: asyncio.Transport = None  # type: ignore[assignment]
         self.key: UpstreamKey | None = None
         self.fatal: ServerRefusal | None = None  # the FATAL error the server ended the connection with
+        self.statements = ServiceStatements()  # the named statements on it, kept from one borrowing session to the next
 
     @classmethod
     async def open(cls, login: ServiceLogin, client_parameters: dict[str, str],

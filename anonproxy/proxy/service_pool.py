@@ -27,9 +27,12 @@ statement waiting for it does not fail. At checkout, a connection to a server
 no longer in rotation (lagging, gone, promoted away) is closed and replaced.
 
 The pool does not reset connections itself: every session starts its use of
-a connection with ``RESET ALL; DEALLOCATE ALL`` and its own settings (see
-service_side.py), so nothing of a previous session is seen. A connection handed back
-in an unknown state (mid-statement, in a transaction) is closed instead.
+a connection with a Close of each statement the previous one prepared there
+for its client, ``RESET ALL`` and its own settings (see service_side.py), so
+nothing of a previous session is seen; the proxy's own prepared statements of
+rewritten Queries stay, recorded with the connection (service_statements.py).
+A connection handed back in an unknown state (mid-statement, in a
+transaction) is closed instead.
 """
 
 from __future__ import annotations

@@ -3,10 +3,14 @@ must follow, and how many batch messages PostgreSQL has yet to answer there.
 
 Service connections are borrowed from the worker's pool and never run the client's transaction (rewritten
 statements run one by one, autocommit). On each connection borrowed, the gate first clears what another session
-may have left (``RESET ALL``, which keeps the connection's startup settings; ``DEALLOCATE ALL``), then applies the
-session's output settings and statement_timeout (:meth:`ServiceSide.settings_query`, whose answers the client
-never sees). A rewritten statement is prepared there from the rewrite the gate keeps, just before the first
-message that uses it, and again on each connection borrowed later (:meth:`ServiceSide.prepare_first`).
+may have left (``RESET ALL``, which keeps the connection's startup settings; a Close of each statement it prepared
+for its client), then applies the session's output settings and statement_timeout
+(:meth:`ServiceSide.settings_query`, whose answers the client never sees). A client's prepared statement is
+prepared there from the rewrite the gate keeps, just before the first message that uses it, and again on each
+connection borrowed later (:meth:`ServiceSide.prepare_first`). The rewrite of a simple Query runs as the
+connection's own prepared statement of that text, kept across sessions (service_statements.py); the client sees
+the answer of a Query. Where PostgreSQL refuses to reuse it because its result type changed (DDL; 0A000 "cached
+plan must not change result type"), the rewrite runs again as a plain Query, whose answer the client gets.
 
 No I/O: the gate sends what these methods return.
 """
@@ -17,6 +21,7 @@ from ..route.decision import Rewrite
 from ..wire import protocol as pg
 from .gate_routes import Owner, Route, message_types
 from .prepared import Prepared
+from .service_statements import ServiceStatements, close_statement
 
 # Batch messages the server answers (Parse, Bind, Describe, Execute, Close), once the batch is flushed or synced.
 _REQUESTS = (b"P", b"B", b"D", b"E", b"C")
@@ -36,7 +41,11 @@ class ServiceSide:
         self.held = not borrowed
         self.acquiring = False
         self._reset = False  # a borrowed connection: clear what another session left first
-        self._statements: set[bytes] = set()  # statements prepared on the connection held
+        self._on = ServiceStatements()  # the named statements on the connection held
+        self._left: set[bytes] = set()  # the statements another session prepared there for its client
+        self._running: str | None = None  # the SQL of the Query run as a prepared statement, until its ReadyForQuery
+        self._bound = False  # its Bind was answered: the client may have seen its answer's first messages
+        self._retry = False  # PostgreSQL would not reuse its plan: run it as a plain Query after the ReadyForQuery
         # The session's output settings (DateStyle…), all applied on each connection borrowed, and those the
         # client changed since they were last applied.
         self.output_settings = dict(output_settings)
@@ -48,13 +57,17 @@ class ServiceSide:
         self.describing = False  # a Describe the gate closed with a Sync of its own is being answered
         self.skipping = False  # an error answered the batch: PostgreSQL ignores what comes, up to a Sync
 
-    def acquired(self) -> None:
-        """A connection was borrowed: nothing of the session is on it yet."""
+    def acquired(self, statements: ServiceStatements) -> None:
+        """A connection was borrowed (``statements``: the named statements on it): nothing of the session is on it
+        yet."""
         self.acquiring = False
         self.held = True
         self._reset = True
         self.skipping = False
-        self._statements.clear()
+        self._on = statements
+        self._left = set(statements.clients)
+        statements.clients.clear()
+        self._running = None
         self._to_copy = dict(self.output_settings)
         self._timeout = None
 
@@ -70,41 +83,77 @@ class ServiceSide:
     def settings_query(self) -> bytes:
         """Our own Query that applies what changed (b"": nothing did), its answers to drop. On a borrowed connection,
         what the previous session left goes first: its settings (back to the connection's own: read-only, the
-        pinned search_path) and its prepared statements."""
+        pinned search_path) and the statements it prepared for its client (Closed: no error where one is gone). The
+        proxy's own statements stay."""
         if not self._to_copy and not self._reset:
             return b""
-        statements = "RESET ALL;DEALLOCATE ALL;" if self._reset else ""
+        closes = b"".join(close_statement(name) for name in sorted(self._left))
+        statements = "RESET ALL;" if self._reset else ""
         statements += "".join(f"SET {name} TO {_literal(value)};" for name, value in self._to_copy.items())
         self._to_copy.clear()
+        self._left.clear()
         self._reset = False
         self.silenced += 1
-        return pg.query_message(statements)
+        return closes + pg.query_message(statements)
 
-    def prepare_first(self, route: Route, prepared: Prepared) -> tuple[bytes, tuple[bytes, ...]]:
+    def prepare_first(self, route: Route, prepared: Prepared, alone: bool) -> tuple[bytes, tuple[bytes, ...]]:
         """What goes to the connection for ``route``, and the answers to hide: the statement it uses, prepared first
-        if it is not there yet (a named one closed before, in case an older rewrite of it is there)."""
+        if it is not there yet (a named one closed before, in case an older rewrite of it is there). A rewritten
+        Query runs as the connection's prepared statement of its text when it goes ``alone`` (no other answer of
+        the session's is to come there first, no batch of the client's is open there); else as a plain Query."""
+        if route.query is not None and alone:
+            self._running, self._bound, self._retry = route.query, False, False
+            return self._on.run(route.query)
         payload, hidden = route.payload, route.hidden
         name = route.uses
-        if name is not None and name not in self._statements and prepared.statements.get(name) is Owner.SERVICE:
+        if name is not None and name not in self._on.clients and prepared.statements.get(name) is Owner.SERVICE:
             kept = prepared.texts[name]
             assert isinstance(kept.decision, Rewrite)
             payload = pg.parse_message(name, kept.decision.runs, kept.rest) + payload
             hidden = (b"1",) + hidden
             if name:
-                payload = pg.message(b"C", b"S" + name + b"\0") + payload
+                payload = close_statement(name) + payload
                 hidden = (b"3",) + hidden
-            self._statements.add(name)
+                self._on.forget(name)
+            self._on.clients.add(name)
         if route.closes is not None:
-            self._statements.discard(route.closes)
+            self._on.clients.discard(route.closes)
+            self._on.forget(route.closes)
         return payload, hidden
+
+    @property
+    def running(self) -> bool:
+        """Whether a Query run as a prepared statement is not answered yet."""
+        return self._running is not None
 
     def has(self, name: bytes) -> bool:
         """Whether statement ``name`` is prepared on the connection held."""
-        return name in self._statements
+        return name in self._on.clients
 
     def forget(self, name: bytes) -> None:
         """Statement ``name`` is prepared anew (or closed): not on the connection any more, as far as it matters."""
-        self._statements.discard(name)
+        self._on.clients.discard(name)
+
+    def replan(self, type_: bytes, body: bytes) -> bytes | None:
+        """Follow the answer of a Query run as a prepared statement. None: the message goes on; b"": it is dropped;
+        a Query message: dropped, and that is sent in its place. PostgreSQL's refusal to reuse the statement's plan
+        because its result type changed (0A000, at Bind: nothing of the answer was sent yet) and its
+        ReadyForQuery are dropped, and the rewrite runs as a plain Query, as it did before it was prepared."""
+        if self._running is None:
+            return None
+        if type_ == b"2":
+            self._bound = True
+        elif type_ == b"E":
+            self._on.failed(self._running)
+            if pg.parse_fields(body).get("C") == "0A000" and not self._bound:
+                self._retry = True
+                return b""
+        elif type_ == b"Z":
+            sql, self._running = self._running, None
+            if self._retry:
+                self._retry = False
+                return pg.query_message(sql)
+        return None
 
     def sent(self, payload: bytes) -> None:
         """Follow what PostgreSQL owes for ``payload``, sent to the connection."""

@@ -724,7 +724,7 @@ class ClientConnection(asyncio.Protocol):
         self._follow_client()  # paused at once if the client is not reading
         if service.key is not None and self._key is not None:
             self.context.cancel_keys.add(self._key, service.key)  # the client's cancel reaches it now
-        self.gate.service_acquired()
+        self.gate.service_acquired(service.statements)
 
     def _service_full(self, full: bool) -> None:
         """Backpressure towards the client: while the service connection's server takes nothing more of what the
