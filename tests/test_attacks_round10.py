@@ -1,0 +1,151 @@
+"""Red team, round 10: date_bin's origin far from the data (suppress), the dp answer cache's key on Unicode-escaped
+and dollar-quoted tokens, and outer queries over released rows (window functions, DISTINCT ON, LATERAL).
+
+Each attack asserts the safe outcome. date_bin subtracts its origin from the value in 64 bits of microseconds, and
+PostgreSQL raises "interval out of range" past them: the timestamp range (4714 BC to 294276 AD) spans more than
+that, so an origin at its start and a column's value moved towards its end fail for the rows far enough out only.
+On a database of its own, as the service session runs the rewrite: one person's row must not decide whether the
+statement fails. The other attacks run through the real gated proxy with a real driver.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from conftest import Endpoint
+
+from anonproxy.dp.answers import folded
+from anonproxy.plan import bounds
+from anonproxy.plan import time_values as tv
+from anonproxy.plan.statements import parse_statement, split
+
+Rows = list[tuple[Any, ...]]
+BY_AGE = "select age, count(*) as n from adult group by age"
+
+
+@pytest.fixture
+def reporter(gated_proxy: Endpoint, gated_database: str) -> Iterator[psycopg.Connection[Any]]:
+    """The demo's suppress role: k = 10, dominance (2, 85 %), p 10 %, a suppressed-rest row."""
+    with psycopg.connect(gated_proxy.dsn(gated_database, user="reporter"), autocommit=True) as conn:
+        yield conn
+
+
+@pytest.fixture(scope="module")
+def rare_age(truth: psycopg.Connection[Any]) -> int:
+    """An age fewer than k = 10 people have: its group is withheld when asked alone."""
+    row = truth.execute("select age from adult group by age having count(*) between 1 and 9 order by age limit 1")
+    return int(row.fetchone()[0])
+
+
+# --- suppress: date_bin from an origin too far from the data -------------------------------------------------------
+
+# A timestamp column known to lie in 150000 AD (facts as the proof takes them), moved by 1,227,000,000 hours (about
+# 139,973 years): every value stays a timestamp (10027 to 289974 AD), but more than 2^63 microseconds after 4713 BC.
+FAR_FACTS = bounds.ColumnFacts("at", "timestamp", earliest=tv.civil(150000), latest=tv.civil(150001))
+SHIFTED = "{0} + interval '700000000 hours' + interval '527000000 hours'"
+
+
+def _proved(sql: str) -> bounds.Value:
+    """The proof's value of the select item of ``sql`` over a column ``at`` of FAR_FACTS."""
+    item = parse_statement(split(f"select {sql}")[0]).expressions[0]
+    return bounds.evaluate(item, lambda column: FAR_FACTS)
+
+
+def test_a_date_bin_origin_too_far_from_the_values_is_refused(truth: psycopg.Connection[Any]) -> None:
+    """date_bin('1 day', x, TIMESTAMP '4713-01-01 BC') subtracts the origin in 64 bits: PostgreSQL fails with
+    "interval out of range" for the values further than 2^63 microseconds from it, though the values and the origin
+    are timestamps. The proof used to admit it (it checked the range of the result only); such an error would depend
+    on the rows. Not reachable through a policy today (declared bounds end by 9999 AD, undeclared columns are taken
+    to lie in 2000 BC to 200000 AD, and a shift moves both ends), so checked on the proof itself."""
+    moved = SHIFTED.format("timestamp '150000-06-01'")
+    with pytest.raises(psycopg.Error) as caught:
+        truth.execute(f"select date_bin('1 day', {moved}, timestamp '4713-01-01 BC')").fetchall()
+    assert caught.value.sqlstate == "22008", caught.value
+    assert _proved(SHIFTED.format("at")).high < tv.TS_END  # the value moved is a timestamp
+    with pytest.raises(bounds.Unsafe, match="too far from the origin"):
+        _proved(f"date_bin('1 day', {SHIFTED.format('at')}, timestamp '4713-01-01 BC')")
+
+
+def test_a_date_bin_origin_near_the_values_is_admitted(truth: psycopg.Connection[Any]) -> None:
+    """The same values from an origin in 2000 AD: within 2^63 microseconds of every one, admitted, and PostgreSQL
+    answers for the furthest."""
+    moved = SHIFTED.format("timestamp '150001-01-01'")
+    assert truth.execute(f"select date_bin('1 day', {moved}, timestamp '2000-01-01') is not null").fetchone() == (True,)
+    assert _proved(f"date_bin('1 day', {SHIFTED.format('at')}, timestamp '2000-01-01')").type == "timestamp"
+
+
+# --- dp: the answer cache's key on escaped and dollar-quoted tokens ---------------------------------------------
+
+# Texts PostgreSQL reads differently though they differ only in the case of an escaped or dollar-quoted token: one
+# key for both would answer the second question with the first one's noisy answer, charged nothing.
+ESCAPED = [
+    ('select U&"A" from key_tokens10', 'select U&"a" from key_tokens10'),
+    ("select U&'!0041' uescape '!' from key_tokens10", "select U&'!0061' uescape '!' from key_tokens10"),
+    ("select U&'\\0041' from key_tokens10", "select U&'\\0061' from key_tokens10"),
+    ("select $$A$$ from key_tokens10", "select $$a$$ from key_tokens10"),
+    ("select $q$A$q$ from key_tokens10", "select $Q$A$Q$ || 'x' from key_tokens10"),
+    ("select E'\\x41' from key_tokens10", "select E'\\x61' from key_tokens10"),
+]
+
+
+@pytest.fixture
+def key_table(truth: psycopg.Connection[Any]) -> Iterator[psycopg.Connection[Any]]:
+    truth.execute('create temp table key_tokens10 (a int, "A" int)')
+    truth.execute("insert into key_tokens10 values (1, 2)")
+    yield truth
+    truth.execute("drop table key_tokens10")
+
+
+@pytest.mark.parametrize(("one", "other"), ESCAPED)
+def test_escaped_tokens_read_differently_have_different_keys(key_table: psycopg.Connection[Any], one: str,
+                                                             other: str) -> None:
+    def read(sql: str) -> tuple[list[str], Rows]:
+        cursor = key_table.execute(sql)
+        return [column.name for column in cursor.description or []], cursor.fetchall()
+
+    assert read(one) != read(other)
+    assert folded(one) != folded(other)
+
+
+# --- suppress: outer queries over released rows ----------------------------------------------------------------
+
+
+def test_a_window_over_released_rows_adds_up_released_rows(reporter: psycopg.Connection[Any],
+                                                           rare_age: int) -> None:
+    """sum(n) OVER () and rank() OVER (ORDER BY n) in an outer query: computed over what the inner query releases
+    (its groups and the suppressed-rest row), never over the rare age's withheld group."""
+    released = reporter.execute(BY_AGE).fetchall()
+    rows = reporter.execute(f"select age, n, sum(n) over (), count(*) over () from ({BY_AGE}) q").fetchall()
+    assert sorted(rows, key=str) == sorted(((age, n, sum(m for _, m in released), len(released))
+                                            for age, n in released), key=str)
+    assert rare_age not in {age for age, *_ in rows}
+
+
+def test_distinct_on_over_released_rows_picks_among_them(reporter: psycopg.Connection[Any], rare_age: int) -> None:
+    """DISTINCT ON (n) over the released rows: one row per released count, the smallest age first; a rare age's
+    count (fewer than k) is not among them."""
+    released = reporter.execute(BY_AGE).fetchall()
+    rows = reporter.execute(f"select distinct on (n) age, n from ({BY_AGE}) q order by n, age").fetchall()
+    first: dict[int, Any] = {}
+    for age, n in sorted(released, key=lambda row: (row[1], row[0] is None, row[0])):
+        first.setdefault(n, age)
+    assert rows == sorted(((age, n) for n, age in first.items()), key=lambda row: row[1])
+    assert rare_age not in {age for age, _ in rows}
+
+
+@pytest.mark.parametrize("sql", [
+    # an aggregate per outer row, correlated through LATERAL: a count per age, the rare one's included
+    "select q.age, l.n from (select age from adult group by age) q, "
+    "lateral (select count(*) as n from adult a where a.age = q.age) l",
+    "select q.age, l.n from (select age, count(*) as c from adult group by age) q "
+    "cross join lateral (select q.c * 1 as n) l where q.age = {0}",
+    "select l.n from (select 1) q, lateral (select count(*) as n from adult where age = {0}) l",
+])
+def test_lateral_around_an_aggregate_is_refused(reporter: psycopg.Connection[Any], rare_age: int, sql: str) -> None:
+    with pytest.raises(psycopg.Error) as caught:
+        reporter.execute(sql.format(rare_age)).fetchall()
+    assert caught.value.sqlstate == "0A000", caught.value
+    assert caught.value.diag.message_hint, caught.value
