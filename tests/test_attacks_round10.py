@@ -3,10 +3,9 @@ and dollar-quoted tokens, and outer queries over released rows (window functions
 
 Each attack asserts the safe outcome. date_bin subtracts its origin from the value in 64 bits of microseconds, and
 PostgreSQL raises "interval out of range" past them: the timestamp range (4714 BC to 294276 AD) spans more than
-that, so an origin at its start and a column's value moved towards its end fail for the rows far enough out only.
-On a database of its own, as the service session runs the rewrite: one person's row must not decide whether the
-statement fails. The other attacks run through the real gated proxy with a real driver.
-"""
+that, so an origin at its start fails for the values far enough from it only. That is checked on the no-error
+proof itself (with PostgreSQL's own error beside it); the key's tokens on PostgreSQL's readings; the other attacks
+run through the real gated proxy with a real driver."""
 
 from __future__ import annotations
 
