@@ -14,7 +14,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from conftest import Endpoint
+from conftest import Endpoint, fresh_dp_role
 
 from anonproxy.dp.answers import folded
 from anonproxy.plan import bounds
@@ -29,6 +29,15 @@ BY_AGE = "select age, count(*) as n from adult group by age"
 def reporter(gated_proxy: Endpoint, gated_database: str) -> Iterator[psycopg.Connection[Any]]:
     """The demo's suppress role: k = 10, dominance (2, 85 %), p 10 %, a suppressed-rest row."""
     with psycopg.connect(gated_proxy.dsn(gated_database, user="reporter"), autocommit=True) as conn:
+        yield conn
+
+
+@pytest.fixture
+def analyst(truth: psycopg.Connection[Any], gated_proxy: Endpoint,
+            gated_database: str) -> Iterator[psycopg.Connection[Any]]:
+    """A dp role of its own (ε 20 in all)."""
+    with fresh_dp_role(truth, gated_proxy, gated_database, "dp_round10", epsilon=20), \
+            psycopg.connect(gated_proxy.dsn(gated_database, user="dp_round10"), autocommit=True) as conn:
         yield conn
 
 
@@ -199,3 +208,41 @@ def test_a_product_of_one_group_s_sum_raises_no_error(reporter: psycopg.Connecti
                "group by sex order by 1")
         answers.append([(sex, value is None) for sex, value in reporter.execute(sql).fetchall()])
     assert answers[0] == answers[1]
+
+
+# --- dp: declared bounds are where values are clamped, not facts ------------------------------------------------
+
+# The demo declares age in [15, 100] and capital_gain in [0, 100000]: within them none of these overflows integer
+# (100 * 21,000,000 and 100,000 * 21,000 are below 2^31), but one person outside them makes each fail.
+TRUSTING_BOUNDS = [
+    "select count(*) from adult where capital_gain * 21000 > 0",
+    "select sex, count(*) from adult where age * 21000000 > 0 group by sex",
+    "select age * 21000000 as k, count(*) from adult group by 1",
+    "select sum(capital_gain * 21000) from adult",
+]
+
+
+@pytest.mark.parametrize("sql", TRUSTING_BOUNDS)
+def test_dp_does_not_trust_declared_bounds_against_errors(analyst: psycopg.Connection[Any],
+                                                          truth: psycopg.Connection[Any], sql: str) -> None:
+    """dp clamps values into the declared bounds and tolerates values outside them (the lint only warns), so an
+    expression proved not to fail within them fails on such a person's row, un-noised: a search over the factor
+    would read their capital gain. PostgreSQL fails with one person at capital gain 150,000 and age 150; through
+    the proxy the statement is refused on its structure (0A000, with a hint), charging nothing."""
+    with truth.transaction(force_rollback=True):
+        truth.execute("update adult set capital_gain = 150000, age = 150 where id = (select min(id) from adult)")
+        with pytest.raises(psycopg.errors.NumericValueOutOfRange):
+            truth.execute(sql).fetchall()
+    before = str(analyst.execute("show anonproxy.budget").fetchone()[0])
+    with pytest.raises(psycopg.Error) as caught:
+        analyst.execute(sql).fetchall()
+    assert caught.value.sqlstate == "0A000" and "overflow" in (caught.value.diag.message_primary or ""), caught.value
+    assert caught.value.diag.message_hint, caught.value
+    assert str(analyst.execute("show anonproxy.budget").fetchone()[0]) == before
+
+
+def test_dp_answers_the_same_arithmetic_in_numeric(analyst: psycopg.Connection[Any]) -> None:
+    """The safe spelling the hint gives, numeric arithmetic (no overflow short of 10^131072), is answered."""
+    rows = analyst.execute("select sum(capital_gain::numeric * 21000) from adult").fetchall()
+    assert len(rows) == 1 and rows[0][0] is not None
+    assert analyst.execute("select count(*) from adult where capital_gain::numeric * 21000 > 0").fetchall()

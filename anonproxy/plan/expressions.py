@@ -519,7 +519,9 @@ class Checker:
         assert model.types is not None
         declared = None if isinstance(model, ReferenceTable) else model.columns.get(name)  # no bounds declared
         lower = upper = earliest = latest = None
-        if declared is not None and declared.lower is not None and declared.upper is not None:
+        # In dp mode a number's declared bounds are where its values are clamped, not facts: a value outside them
+        # (which dp tolerates) must not make an expression proved within them fail on its row, un-noised.
+        if declared is not None and declared.lower is not None and declared.upper is not None and not self.dp:
             lower, upper = Decimal(repr(declared.lower)), Decimal(repr(declared.upper))
         if declared is not None and declared.earliest is not None and declared.latest is not None:
             earliest, latest = time_values.bound_micros(declared.earliest), time_values.bound_micros(declared.latest)
