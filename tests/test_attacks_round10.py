@@ -1,5 +1,6 @@
 """Red team, round 10: date_bin's origin far from the data (suppress), the dp answer cache's key on Unicode-escaped
-and dollar-quoted tokens, and outer queries over released rows (window functions, DISTINCT ON, LATERAL).
+and dollar-quoted tokens, outer queries over released rows (window functions, DISTINCT ON, LATERAL), arithmetic
+over a withheld aggregate (suppress), and declared bounds in dp's no-error proof (a clamp, not a fact).
 
 Each attack asserts the safe outcome. date_bin subtracts its origin from the value in 64 bits of microseconds, and
 PostgreSQL raises "interval out of range" past them: the timestamp range (4714 BC to 294276 AD) spans more than
@@ -246,3 +247,29 @@ def test_dp_answers_the_same_arithmetic_in_numeric(analyst: psycopg.Connection[A
     rows = analyst.execute("select sum(capital_gain::numeric * 21000) from adult").fetchall()
     assert len(rows) == 1 and rows[0][0] is not None
     assert analyst.execute("select count(*) from adult where capital_gain::numeric * 21000 > 0").fetchall()
+
+
+@pytest.mark.parametrize("sql", [
+    "select count(*) from visits where visited_at - timestamptz '2025-01-01 00:00:00+00' > interval '1 day'",
+    "select channel, count(*) from visits where extract(year from visited_at)::int > 2000 group by channel",
+])
+def test_dp_does_not_trust_declared_time_bounds_against_errors(analyst: psycopg.Connection[Any],
+                                                               truth: psycopg.Connection[Any], sql: str) -> None:
+    """visited_at is declared within 2025-2026, and dp leaves rows outside that range out of its answers; but an
+    expression proved within it (a difference of timestamps, an integer year) fails on one person's 'infinity'
+    visit, un-noised. PostgreSQL fails with that visit; through the proxy the statement is refused (0A000) on its
+    structure, with or without the visit, charging nothing."""
+    truth.execute("insert into visits select max(visit_id) + 1, min(person_id), 'infinity', 'web', 1 from visits")
+    try:
+        with pytest.raises(psycopg.Error):
+            truth.execute(sql).fetchall()
+        for _ in range(2):
+            before = str(analyst.execute("show anonproxy.budget").fetchone()[0])
+            with pytest.raises(psycopg.Error) as caught:
+                analyst.execute(sql).fetchall()
+            assert caught.value.sqlstate == "0A000" and caught.value.diag.message_hint, caught.value
+            assert "not allowed in WHERE" in (caught.value.diag.message_primary or ""), caught.value
+            assert str(analyst.execute("show anonproxy.budget").fetchone()[0]) == before
+            truth.execute("delete from visits where visited_at = 'infinity'")
+    finally:
+        truth.execute("delete from visits where visited_at = 'infinity'")

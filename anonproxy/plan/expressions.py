@@ -517,11 +517,12 @@ class Checker:
             return bounds.ColumnFacts(name, None)  # unknown, or ambiguous (which PostgreSQL refuses)
         model = found[0]
         assert model.types is not None
-        declared = None if isinstance(model, ReferenceTable) else model.columns.get(name)  # no bounds declared
+        # No bounds on a reference table. In dp mode declared bounds are where values are clamped or left out, not
+        # facts: a value outside them (which dp tolerates) must not make an expression proved within them fail on
+        # its row, un-noised.
+        declared = None if isinstance(model, ReferenceTable) or self.dp else model.columns.get(name)
         lower = upper = earliest = latest = None
-        # In dp mode a number's declared bounds are where its values are clamped, not facts: a value outside them
-        # (which dp tolerates) must not make an expression proved within them fail on its row, un-noised.
-        if declared is not None and declared.lower is not None and declared.upper is not None and not self.dp:
+        if declared is not None and declared.lower is not None and declared.upper is not None:
             lower, upper = Decimal(repr(declared.lower)), Decimal(repr(declared.upper))
         if declared is not None and declared.earliest is not None and declared.latest is not None:
             earliest, latest = time_values.bound_micros(declared.earliest), time_values.bound_micros(declared.latest)
