@@ -273,3 +273,27 @@ def test_dp_does_not_trust_declared_time_bounds_against_errors(analyst: psycopg.
             truth.execute("delete from visits where visited_at = 'infinity'")
     finally:
         truth.execute("delete from visits where visited_at = 'infinity'")
+
+
+@pytest.mark.parametrize("sql", [
+    "select cast(extract(year from visited_at) as integer) as y, count(*) from visits group by 1",
+    "select date_trunc('month', visited_at) as m, count(*) from visits group by 1",
+])
+def test_a_dp_key_over_a_time_column_does_not_fail_on_an_infinite_visit(analyst: psycopg.Connection[Any],
+                                                                        truth: psycopg.Connection[Any],
+                                                                        sql: str) -> None:
+    """Calendar keys of visited_at, whose declared range dp's SQL keeps rows within: one person's 'infinity' visit
+    changes neither whether the statement is answered nor its SQLSTATE when refused."""
+    def outcome() -> str:
+        try:
+            analyst.execute(sql).fetchall()
+        except psycopg.Error as error:
+            return str(error.sqlstate)
+        return "answered"
+
+    without = outcome()
+    truth.execute("insert into visits select max(visit_id) + 1, min(person_id), 'infinity', 'web', 1 from visits")
+    try:
+        assert outcome() == without
+    finally:
+        truth.execute("delete from visits where visited_at = 'infinity'")
