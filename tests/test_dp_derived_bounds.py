@@ -1,9 +1,11 @@
 """dp bounds that follow from the expression an aggregate adds up (issue 11: "bounds when they follow from the plan").
 
-``sum(hours_per_week * 52)``, ``avg(capital_gain - capital_loss)``, ``avg(age / 10)``: the bounds of the argument
-follow from the declared bounds of its columns through the interpreter of the no-error proof
+``sum(hours_per_week::numeric * 52)``, ``avg(capital_gain::numeric - capital_loss)``, ``avg(age / 10)``: the
+bounds of the argument follow from the declared bounds of its columns through the interpreter of the no-error proof
 (anonproxy.plan.bounds); the bounded SQL clamps every value of the argument into them before adding up, so the
 noise is calibrated to them whatever the data holds. A number without declared bounds gives no bound: refused.
+Integer arithmetic that could overflow for a value outside the declared bounds (``hours_per_week * 52``) is
+refused by the no-error proof, which in dp mode takes a number's bounds as a clamp, not as a fact.
 Decisions on an in-memory policy first, then through the proxy for a fresh dp role: answers close to the truth,
 and the noise scale that the derived bounds give.
 """
@@ -26,12 +28,12 @@ from anonproxy.policy.model import Policy
 
 # (query, the clamp of its one sum statistic): bounds of age [15, 100], hours_per_week [0, 100], ratio [0, 1000]
 DERIVED = [
-    ("select sum(hours_per_week * 52) from adult", (0, 5200)),
-    ("select sum(age * 2) from adult", (30, 200)),
-    ("select sum(age - 17) from adult", (-2, 83)),
-    ("select sum(abs(age - 40)) from adult", (0, 60)),
+    ("select sum(hours_per_week::numeric * 52) from adult", (0, 5200)),
+    ("select sum(age::numeric * 2) from adult", (30, 200)),
+    ("select sum(age::numeric - 17) from adult", (-2, 83)),
+    ("select sum(abs(age::numeric - 40)) from adult", (0, 60)),
     ("select sum(age / 10) from adult", (1, 10)),
-    ("select sum(hours_per_week - age) from adult", (-100, 85)),
+    ("select sum(hours_per_week::numeric - age) from adult", (-100, 85)),
     ("select sum(floor(age / 10.0) * 10) from adult", (10, 100)),
     ("select sum(case when education = 'Masters' then hours_per_week else 0 end) from adult", (0, 100)),
     ("select sum(age::numeric / 4) from adult", (Fraction(15, 4), 25)),
@@ -51,7 +53,7 @@ def test_the_clamp_is_the_bound_that_follows_from_the_declared_bounds(sql: str, 
 
 
 def test_avg_of_a_derived_value_uses_the_derived_bounds() -> None:
-    plan = plan_dp("select avg(hours_per_week * 52) from adult", DP, POLICY, PARAMS)
+    plan = plan_dp("select avg(hours_per_week::numeric * 52) from adult", DP, POLICY, PARAMS)
     assert isinstance(plan, DPPlan), plan
     assert [s.clamp for s in plan.statistics if s.kind == "sum"] == [(Fraction(0), Fraction(5200))]
 
@@ -70,7 +72,7 @@ def test_a_number_without_declared_bounds_gives_no_bound(sql: str) -> None:
 
 def test_without_column_types_nothing_is_derived() -> None:
     untyped = Policy(version=1, tables={"public.adult": dataclasses.replace(ADULT, types=None)})
-    assert isinstance(plan_dp("select sum(hours_per_week * 52) from adult", DP, untyped, PARAMS), Reject)
+    assert isinstance(plan_dp("select sum(hours_per_week::numeric * 52) from adult", DP, untyped, PARAMS), Reject)
 
 
 # --- through the proxy ----------------------------------------------------------------------------------------
@@ -79,7 +81,8 @@ def test_without_column_types_nothing_is_derived() -> None:
 def test_derived_sums_and_averages_are_answered_close_to_the_truth(gated_proxy: Endpoint, gated_database: str,
                                                                    analyst: str,  # noqa: F811
                                                                    truth: psycopg.Connection) -> None:  # noqa: F811
-    queries = ["select avg(hours_per_week * 52) from adult", "select avg(capital_gain - capital_loss) from adult",
+    queries = ["select avg(hours_per_week::numeric * 52) from adult",
+               "select avg(capital_gain::numeric - capital_loss) from adult",
                "select sum(age / 10) from adult"]
     with psycopg.connect(gated_proxy.dsn(gated_database, user=analyst), autocommit=True) as conn:
         for sql in queries:
@@ -90,10 +93,11 @@ def test_derived_sums_and_averages_are_answered_close_to_the_truth(gated_proxy: 
 
 def test_the_noise_scale_follows_the_derived_bounds(gated_proxy: Endpoint, gated_database: str,
                                                     analyst: str) -> None:  # noqa: F811
-    """One person adds at most 5,200 to sum(hours_per_week * 52) (hours_per_week clamped into its declared [0, 100]
-    times 52): at the per-query ε 0.5, EXPLAIN (ANONPROXY) states the Laplace scale 5200 / 0.5 = 10400."""
+    """One person adds at most 5,200 to sum(hours_per_week::numeric * 52) (hours_per_week clamped into its declared
+    [0, 100] times 52): at the per-query ε 0.5, EXPLAIN (ANONPROXY) states the Laplace scale 5200 / 0.5 = 10400."""
     with psycopg.connect(gated_proxy.dsn(gated_database, user=analyst), autocommit=True) as conn:
-        lines = [row[0] for row in conn.execute("explain (anonproxy) select sum(hours_per_week * 52) from adult")]
+        lines = [row[0] for row in conn.execute("explain (anonproxy) select sum(hours_per_week::numeric * 52) "
+                                                "from adult")]
         plain = [row[0] for row in conn.execute("explain (anonproxy) select sum(hours_per_week) from adult")]
     assert any("ε=0.5, scale 10400," in line for line in lines), lines
     assert any("ε=0.5, scale 200," in line for line in plain), plain
@@ -111,6 +115,7 @@ def test_the_no_error_proof_still_decides_first(sql: str) -> None:
 
 
 def test_a_quantile_ranks_a_column_not_an_expression() -> None:
-    plan = plan_dp("select percentile_cont(0.5) within group (order by age * 2) from adult", DP, POLICY, PARAMS)
+    plan = plan_dp("select percentile_cont(0.5) within group (order by age::numeric * 2) from adult", DP, POLICY,
+                   PARAMS)
     assert isinstance(plan, Reject), plan
     assert "not an expression" in plan.message and plan.hint

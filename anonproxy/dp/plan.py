@@ -101,7 +101,7 @@ DP_HINT = ("Supported in dp mode: SELECT <GROUP BY columns>, count(*), count(x),
            "[[LEFT] JOIN <linked table> ON <declared key>] [WHERE ...] [GROUP BY ...] [HAVING ...] "
            "[ORDER BY <output columns>] [LIMIT n] [OFFSET n]; x needs declared bounds except in count, or is an "
            "expression whose bounds follow from its columns' declared bounds (constants, CASE, arithmetic, "
-           "rounding, casts: sum(hours_per_week * 52)).")
+           "rounding, casts: sum(hours_per_week::numeric * 52)).")
 BOUNDS_HINT = "Ask the DBA to declare lower and upper bounds for the column in the policy."
 JOIN_HINT = ("In dp mode a query reads one protected table and its linked tables, each joined with "
              "JOIN <linked table> ON <linked>.<key> = <protected>.<unit> as the policy declares them.")

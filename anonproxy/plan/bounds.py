@@ -672,7 +672,13 @@ class _Interpreter:
             raise Unsafe(f"date_bin of {_sql(node.expression)} ({source.type}) from an origin of type {origin.type}",
                          "Give the origin the column's type: TIMESTAMP '...' or TIMESTAMPTZ '...'.")
         reach = stride.days * tv.DAY + stride.micros
-        # PostgreSQL subtracts the origin in 64 bits: both within the range keeps the difference there.
+        # PostgreSQL subtracts the origin in 64 bits of microseconds ("interval out of range" past them), then steps
+        # back a stride below an origin: the timestamp range spans more than that, so being in it is not enough.
+        if max(source.high - origin.low, origin.high - source.low + reach) >= 2**63:
+            raise Unsafe(f"{_sql(node)}: values the column may hold are too far from the origin (over 292,000 years), "
+                         "and PostgreSQL's error would reveal which rows hold them",
+                         "Take an origin near the data (TIMESTAMP '2000-01-01'), or have the DBA declare the time "
+                         "column's bounds.")
         moved = replace(source, low=min(source.low, origin.low) - reach, high=max(source.high, origin.high), value=None)
         return self._in_range(moved, Decimal(0), node)
 

@@ -47,7 +47,7 @@ ORDER BY inside an aggregate, ...) is refused rather than ignored.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from decimal import Decimal, InvalidOperation
 from typing import NoReturn
 
@@ -89,6 +89,7 @@ DP_AGGREGATE_LIST = (
 )
 # Clauses evaluated once per group: aggregates are allowed there.
 _GROUPED_CLAUSES = ("the select list", "HAVING", "ORDER BY")
+_CONDITIONS = ("WHERE", "a JOIN condition")  # filters: PostgreSQL evaluates them in an order of its choosing
 # Why an aggregate does not belong in a row-level clause, and where it goes instead.
 _NO_AGGREGATE_HINTS = {
     "WHERE": "WHERE filters rows before they are grouped: put a condition on an aggregate in HAVING.",
@@ -496,7 +497,8 @@ class Checker:
             return  # an error over released values depends on nothing the client could not see in the answer
         try:
             # the tree outlives the checker: ids hold
-            self._proved[id(node)] = bounds.evaluate(node, self.facts, self.zones)
+            facts = self.condition_facts if self.dp and clause in _CONDITIONS else self.facts
+            self._proved[id(node)] = bounds.evaluate(node, facts, self.zones)
         except bounds.Unsafe as unsafe:
             raise unsupported(f"not allowed in {clause} of a query over protected table {self.table}: "
                               f"{unsafe.reason}", unsafe.hint) from None
@@ -519,11 +521,19 @@ class Checker:
         assert model.types is not None
         declared = None if isinstance(model, ReferenceTable) else model.columns.get(name)  # no bounds declared
         lower = upper = earliest = latest = None
-        if declared is not None and declared.lower is not None and declared.upper is not None:
+        # In dp mode a number's declared bounds are where its values are clamped, not facts: a value outside them
+        # (which dp tolerates) must not make an expression proved within them fail on its row, un-noised.
+        if declared is not None and declared.lower is not None and declared.upper is not None and not self.dp:
             lower, upper = Decimal(repr(declared.lower)), Decimal(repr(declared.upper))
         if declared is not None and declared.earliest is not None and declared.latest is not None:
             earliest, latest = time_values.bound_micros(declared.earliest), time_values.bound_micros(declared.latest)
         return bounds.ColumnFacts(name, model.types[name], lower, upper, earliest, latest)
+
+    def condition_facts(self, node: exp.Column) -> bounds.ColumnFacts:
+        """:meth:`facts` for a dp condition (WHERE, JOIN): without declared time bounds. dp keeps a calendar key's
+        rows within its column's range with a condition of its own, but PostgreSQL may evaluate the client's
+        conditions before it, on a row outside the range ('infinity')."""
+        return replace(self.facts(node), earliest=None, latest=None)
 
     def input_column(self, name: str) -> bool | None:
         """Whether ``name`` is a column of a table of the FROM clause: None when some table's columns are not
