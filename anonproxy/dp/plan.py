@@ -67,6 +67,7 @@ from anonproxy.dp.time_domains import (
     TimeColumn,
     TimeDomain,
     calendar_domain,
+    within_range,
 )
 from anonproxy.plan import bounds, post_aggregate, render
 from anonproxy.plan.analysis import AnalyticQuery, Item, analyze, canonical, filtered
@@ -298,8 +299,9 @@ def _measure(statement: Statement, tree: exp.Expression, role: RolePolicy, polic
     columns = _Columns(query, rows_cap, tree, policy.zones)
     public = _public_domains(query, tree, columns) if query.keys else None
     within = [domain.within for domain in public or () if isinstance(domain, TimeDomain)]
-    if within:  # rows outside a calendar key's declared range fall in none of its buckets
-        where = " AND ".join(f"({condition})" for condition in ([query.where] if query.where else []) + within)
+    guards = within + [guard for guard in _time_guards(query, columns) if guard not in within]
+    if guards:  # rows outside a calendar key's declared range fall in none of its buckets
+        where = " AND ".join(f"({condition})" for condition in ([query.where] if query.where else []) + guards)
         query = columns.query = replace(query, where=where)
     # How many groups one unit can reach: a unit touches at most `groups_cap` groups, and never more than exist.
     # (At least 1: a WHERE may leave a domain no value, anonproxy.dp.domains; the answer is then empty.) A calendar's
@@ -315,6 +317,21 @@ def _measure(statement: Statement, tree: exp.Expression, role: RolePolicy, polic
     except Refusal as refusal:
         measured.late = refusal.reject
     return measured
+
+
+def _time_guards(query: AnalyticQuery, columns: _Columns) -> list[str]:
+    """A condition keeping the rows within the declared range of each bounded time column that a GROUP BY key or
+    an aggregate reads. The no-error proof trusts that range there (expressions.Checker): those run only on the
+    rows the WHERE clause let through, so a value outside it ('infinity') must not reach them. (It does not trust
+    the range in WHERE and JOIN conditions, which PostgreSQL may evaluate before these.)"""
+    guards: list[str] = []
+    for node in (*query.key_nodes, *(aggregate.node for aggregate in query.aggregates)):
+        for column in node.find_all(exp.Column):
+            time = columns.time_column(column)
+            guard = within_range(column, time) if time is not None else None
+            if guard is not None and guard not in guards:
+                guards.append(guard)
+    return guards
 
 
 def _measure_further(outer: Outer, role: RolePolicy, policy: Policy) -> None:

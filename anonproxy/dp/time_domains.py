@@ -156,8 +156,13 @@ def calendar_domain(key: exp.Expression, where: exp.Expression | None, column_of
     points = (f"SELECT CAST(generate_series({grid.start}, {_RANGE}.hi, {grid.step}) AS {cast}) AS {POINT} {valid} "
               f"UNION ALL SELECT {_RANGE}.lo {valid} UNION ALL SELECT {_RANGE}.hi {valid}")
     listing = f"SELECT DISTINCT {render(point)} FROM ({points}) AS {_POINTS}"
-    within = f"{render(columns[0])} BETWEEN {low[0]} AND {high[0]}"
-    return TimeDomain(listing, buckets, within)
+    return TimeDomain(listing, buckets, within_range(columns[0], column))
+
+
+def within_range(node: exp.Column, column: TimeColumn) -> str:
+    """The condition that keeps the rows of time column ``column`` (read as ``node``) within its declared range."""
+    return (f"{render(node)} BETWEEN {_moment(column.earliest, column.sql_type)} "
+            f"AND {_moment(column.latest, column.sql_type)}")
 
 
 def _grid(node: exp.Expression) -> _Steps | str | None:
