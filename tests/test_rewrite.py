@@ -222,6 +222,9 @@ REFUSED_STATEMENTS = [
     ("COMMIT PREPARED 'x'", "42501", "two-phase"),
     ("PREPARE TRANSACTION 'x'", "42501", "PREPARE"),
     ("SELECT * INTO t FROM pg_class", "42501", "SELECT INTO"),
+    # over a protected table: named SELECT INTO, not "relation t is not part of the privacy policy"
+    ("SELECT sex, count(*) INTO TEMP t FROM adult GROUP BY 1", "42501", "SELECT INTO"),
+    ("SELECT count(*) INTO public.adult_copy FROM adult", "42501", "SELECT INTO"),
     ("WITH d AS (DELETE FROM t RETURNING *) SELECT * FROM d", "42501", "DELETE"),
     ("WITH d AS (SELECT 1) DELETE FROM t", "42501", "DELETE"),
     ("SELECT * FROM pg_class FOR UPDATE", "42501", "FOR UPDATE"),

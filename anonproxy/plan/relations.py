@@ -35,6 +35,8 @@ def check_relations(tree: exp.Expression, index: PolicyIndex, dp: bool) -> None:
     for table in tree.find_all(exp.Table):
         if not isinstance(table.this, exp.Identifier):
             continue  # a function in FROM: not a relation; analyze() refuses it
+        if isinstance(table.parent, exp.Into):
+            continue  # the table SELECT INTO would create, not a relation read: analyze() refuses SELECT INTO
         if table.args.get("db") is None and identifier(table.this) in ctes:
             continue  # a CTE's name, not a relation; analyze() refuses WITH, and the CTE's body is walked
         resolved = index.resolve(table)
