@@ -238,7 +238,9 @@ def test_dp_does_not_trust_declared_bounds_against_errors(analyst: psycopg.Conne
     with pytest.raises(psycopg.Error) as caught:
         analyst.execute(sql).fetchall()
     assert caught.value.sqlstate == "0A000" and "overflow" in (caught.value.diag.message_primary or ""), caught.value
-    assert caught.value.diag.message_hint, caught.value
+    hint = caught.value.diag.message_hint or ""
+    # what works in dp: numeric arithmetic; declaring bounds does not (dp does not take them as facts)
+    assert "::numeric" in hint and "declare" not in hint, hint
     assert str(analyst.execute("show anonproxy.budget").fetchone()[0]) == before
 
 

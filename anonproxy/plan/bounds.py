@@ -93,10 +93,11 @@ DECLARE_HINT = "have the DBA declare bounds for the columns involved (anonproxy.
 class Unsafe(Exception):
     """The expression may raise an error for some value within the declared bounds and types."""
 
-    def __init__(self, reason: str, hint: str) -> None:
+    def __init__(self, reason: str, hint: str, rewrite: str | None = None) -> None:
         super().__init__(reason)
         self.reason = reason
         self.hint = hint
+        self.rewrite = rewrite  # what works whatever the declared bounds (dp mode does not take them as facts)
 
 
 @dataclass(frozen=True)
@@ -1099,10 +1100,12 @@ def _fit(value: Value, node: exp.Expression) -> Value:
         low, high = INTEGERS[kind]
         if value.low < low or value.high > high:
             name = {"int2": "smallint", "int4": "integer", "int8": "bigint"}[kind]
+            cast = isinstance(node, exp.Cast)
             raise Unsafe(f"{_sql(node)} can overflow {name} for values the columns may hold, and the error reveals "
                          "which rows hold them",
-                         f"{DECLARE_HINT[0].upper() + DECLARE_HINT[1:]}." if isinstance(node, exp.Cast) else
-                         f"Cast to numeric first ({_hint_numeric(node)}), or {DECLARE_HINT}.")
+                         f"{DECLARE_HINT[0].upper() + DECLARE_HINT[1:]}." if cast else
+                         f"Cast to numeric first ({_hint_numeric(node)}), or {DECLARE_HINT}.",
+                         None if cast else f"Cast to numeric first: {_hint_numeric(node)}.")
     elif kind == "numeric":
         if value.magnitude >= NUMERIC_LIMIT:
             raise Unsafe(f"{_sql(node)} can exceed numeric's range for values the columns may hold",

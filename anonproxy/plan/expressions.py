@@ -500,8 +500,10 @@ class Checker:
             facts = self.condition_facts if self.dp and clause in _CONDITIONS else self.facts
             self._proved[id(node)] = bounds.evaluate(node, facts, self.zones)
         except bounds.Unsafe as unsafe:
+            # dp does not take declared number bounds as facts: declaring them is no remedy there
+            hint = unsafe.rewrite if self.dp and unsafe.rewrite else unsafe.hint
             raise unsupported(f"not allowed in {clause} of a query over protected table {self.table}: "
-                              f"{unsafe.reason}", unsafe.hint) from None
+                              f"{unsafe.reason}", hint) from None
 
     def facts(self, node: exp.Column) -> bounds.ColumnFacts:
         """The type and declared bounds of the column ``node`` names; type None when the policy does not know it."""
