@@ -117,6 +117,9 @@ ADMITTED = [
     "select timezone('Asia/Tokyo', at), count(*) from events group by 1",
     # interval arithmetic with constants, the clock, to_timestamp and make_date of constants
     "select date_trunc('week', at + interval '1 day') + interval '-1 day', count(*) from events group by 1",
+    # a shift one way moves one end of the range: 90,000 years later stays within it from 200000 AD, an earlier
+    # start of the range stays where it was (it was also moved 90,000 years back, past 4714 BC)
+    "select count(*) from events where at + interval '90000 years' > now() and local - interval '-90000 years' > now()",
     "select count(*) from events where at >= now() - interval '30 days' and day > current_date - 7",
     ("select count(*) from events where local < localtimestamp and at < transaction_timestamp() "
      "and at <= statement_timestamp() and at < current_timestamp"),
@@ -165,7 +168,9 @@ def test_time_functions_are_admitted_in_both_modes(sql: str) -> None:
     # an interval that overflows for the rows a CASE routes to it
     ("select count(*) from events where case when person_id = 17 then at + interval '300000 years' end > now()",
      ("range of dates",)),
-    ("select count(*) from events where day + 100000000 > current_date", ("range of dates",)),
+    ("select count(*) from events where day - 100000000 > current_date", ("range of dates",)),
+    ("select count(*) from events where at - interval '90000 years' > now()", ("range of dates",)),
+    ("select count(*) from events where at + interval '100000 years' > now()", ("range of dates",)),
     ("select count(*) from events where at + spent > now()", ("constant interval",)),
     # date_bin's stride: no months, not zero or negative
     ("select date_bin('1 month', local, timestamp '2001-01-01'), count(*) from events group by 1", ("stride",)),
@@ -252,9 +257,12 @@ def test_a_difference_that_may_pass_the_interval_range_stays_refused(truth: psyc
 
 def test_without_bounds_a_shift_larger_than_the_assumed_margin_asks_for_them() -> None:
     admitted("select count(*) from events where at + interval '100 years' > now()")
-    refused("select count(*) from events where at + interval '5000 years' > now()", "range of dates",
+    # (later only moves the end of the range, 94,000 years from PostgreSQL's last timestamp; earlier moves its
+    # start, 2,700 years from PostgreSQL's first)
+    admitted("select count(*) from events where at + interval '5000 years' > now()")
+    refused("select count(*) from events where at - interval '5000 years' > now()", "range of dates",
             hint="earliest and latest")
-    admitted_in_suppress_only("select count(*) from events where at + interval '5000 years' > now()", BOUNDED)
+    admitted_in_suppress_only("select count(*) from events where at - interval '5000 years' > now()", BOUNDED)
 
 
 def test_a_cached_dp_answer_keeps_infinite_time_keys() -> None:

@@ -724,10 +724,12 @@ class _Interpreter:
         if a.type not in DATETIMES or b.type in DATETIMES:
             raise Unsafe(f"{_sql(node)} adds or subtracts dates or timestamps of different types",
                          "Add or subtract a constant interval: column + INTERVAL '1 day'.")
+        direction = -1 if isinstance(node, exp.Sub) else 1
         if a.type == "date" and b.type in INTEGERS and b.constant and isinstance(b.value, Decimal):
             reach = abs(b.value) * tv.DAY
-            return self._in_range(replace(a, low=a.low - reach, high=a.high + reach, value=None), Decimal(0), node)
+            return self._in_range(_moved(a, reach, direction * int(b.value.compare(0))), Decimal(0), node)
         interval = tv.parse_interval(str(b.value)) if b.type == "interval" and b.constant else None
+        sign = interval.sign if interval is not None else 0
         if interval is None and b.type == "interval" and b.low.is_finite() and b.high.is_finite():
             interval = tv.Interval(micros=b.magnitude + tv.DAY)  # computed (days counted in 25 hours: the margin)
         if interval is None:
@@ -735,8 +737,7 @@ class _Interpreter:
                          "number-unit pairs", "column + INTERVAL '1 day', column - INTERVAL '30 days', date - 7.")
         kind = "timestamp" if a.type == "date" else a.type
         shift = tv.SESSION_ZONE_SHIFT if a.type == "timestamptz" else Decimal(0)  # months and days: in local time
-        moved = replace(a, type=kind, low=a.low - interval.reach, high=a.high + interval.reach, value=None)
-        return self._in_range(moved, shift, node)
+        return self._in_range(replace(_moved(a, interval.reach, direction * sign), type=kind), shift, node)
 
     def _timetostr(self, node: exp.TimeToStr) -> Value:
         source = self.value(node.this)
@@ -1042,6 +1043,12 @@ def _constant_cast(kind: str, source: Value) -> Value:
                 number = number.to_integral_value(rounding=ROUND_HALF_UP)
             return Value(kind, number, number, _scale_of(number), constant=True, value=number)
     return Value(kind, constant=True)
+
+
+def _moved(value: Value, reach: Decimal, way: int) -> Value:
+    """``value`` moved by at most ``reach``: later only (``way`` 1), earlier only (-1), or either way (0)."""
+    return replace(value, low=value.low - (reach if way <= 0 else 0), high=value.high + (reach if way >= 0 else 0),
+                   value=None)
 
 
 def _difference(a: Value, b: Value, node: exp.Expression) -> Value:

@@ -152,6 +152,17 @@ class Interval:
     micros: Decimal = Decimal(0)
 
     @property
+    def sign(self) -> int:
+        """1 when it can only move a timestamp later (no part negative, one positive), -1 only earlier, else 0:
+        a month or a day forward is never a step back, whatever the calendar or the time zone."""
+        parts = (self.months, self.days, self.micros)
+        if all(part >= 0 for part in parts) and any(parts):
+            return 1
+        if all(part <= 0 for part in parts) and any(parts):
+            return -1
+        return 0
+
+    @property
     def reach(self) -> Decimal:
         """The most it can move a timestamp (a day may be 25 hours in a time zone)."""
         return abs(self.months) * MONTH + abs(self.days) * (DAY + Decimal(3_600_000_000)) + abs(self.micros)
