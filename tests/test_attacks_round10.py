@@ -304,3 +304,17 @@ def test_a_dp_key_over_a_time_column_does_not_fail_on_an_infinite_visit(analyst:
         assert outcome() == without
     finally:
         truth.execute("delete from visits where visited_at = 'infinity'")
+
+
+def test_a_dp_time_guard_keeps_the_rows_a_left_join_leaves_without_a_visit(analyst: psycopg.Connection[Any],
+                                                                           truth: psycopg.Connection[Any]) -> None:
+    """The range condition dp adds for a time column an aggregate reads keeps rows where the column is NULL: a
+    LEFT JOIN that finds no visit (here: none of the channel asked) leaves every adult counted, as PostgreSQL
+    counts them, not dropped by the condition."""
+    sql = ("select a.sex, count(*) as n, count(distinct extract(epoch from v.visited_at)::bigint / 86400) as days "
+           "from adult a left join visits v on v.person_id = a.id and v.channel = 'nowhere' group by 1 order by 1")
+    expected = {sex: n for sex, n, _ in truth.execute(sql).fetchall()}
+    got = {sex: n for sex, n, _ in analyst.execute(sql).fetchall()}
+    assert set(got) == set(expected), (got, expected)
+    for sex, n in expected.items():  # noisy counts: within a few hundred of thousands
+        assert abs(got[sex] - n) < 200, (sex, got[sex], n)

@@ -299,7 +299,7 @@ def _measure(statement: Statement, tree: exp.Expression, role: RolePolicy, polic
     columns = _Columns(query, rows_cap, tree, policy.zones)
     public = _public_domains(query, tree, columns) if query.keys else None
     within = [domain.within for domain in public or () if isinstance(domain, TimeDomain)]
-    guards = within + [guard for guard in _time_guards(query, columns) if guard not in within]
+    guards = within + _time_guards(query, columns, within)
     if guards:  # rows outside a calendar key's declared range fall in none of its buckets
         where = " AND ".join(f"({condition})" for condition in ([query.where] if query.where else []) + guards)
         query = columns.query = replace(query, where=where)
@@ -319,17 +319,21 @@ def _measure(statement: Statement, tree: exp.Expression, role: RolePolicy, polic
     return measured
 
 
-def _time_guards(query: AnalyticQuery, columns: _Columns) -> list[str]:
+def _time_guards(query: AnalyticQuery, columns: _Columns, within: list[str]) -> list[str]:
     """A condition keeping the rows within the declared range of each bounded time column that a GROUP BY key or
     an aggregate reads. The no-error proof trusts that range there (expressions.Checker): those run only on the
     rows the WHERE clause let through, so a value outside it ('infinity') must not reach them. (It does not trust
-    the range in WHERE and JOIN conditions, which PostgreSQL may evaluate before these.)"""
+    the range in WHERE and JOIN conditions, which PostgreSQL may evaluate before these.) A NULL raises no error and
+    stays: the rows a LEFT JOIN finds no match for are counted as PostgreSQL counts them. ``within``: the
+    calendar keys' conditions, which keep their columns' rows within the range already."""
     guards: list[str] = []
     for node in (*query.key_nodes, *(aggregate.node for aggregate in query.aggregates)):
         for column in node.find_all(exp.Column):
             time = columns.time_column(column)
-            guard = within_range(column, time) if time is not None else None
-            if guard is not None and guard not in guards:
+            if time is None or within_range(column, time) in within:
+                continue
+            guard = f"{render.sql(column)} IS NULL OR {within_range(column, time)}"
+            if guard not in guards:
                 guards.append(guard)
     return guards
 
