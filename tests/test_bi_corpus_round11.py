@@ -143,6 +143,11 @@ def test_a_semi_join_group_of_few_people_is_withheld(reporter: psycopg.Connectio
     # tied to the outer query by another column than the unit: one visit's id could pick one person
     ("SELECT a.sex, count(*) FROM public.adult a WHERE EXISTS (SELECT 1 FROM public.visits v WHERE v.visit_id = "
      "a.id) GROUP BY a.sex", "0A000", "an EXISTS subquery over protected tables must tie"),
+    # the inner table's name shadows the outer one's: the "correlation" compares the inner rows with themselves,
+    # and the EXISTS would say whether anyone's visit has this amount
+    ("SELECT visits.channel, count(*) FROM public.visits WHERE EXISTS (SELECT 1 FROM public.visits WHERE "
+     "visits.person_id = visits.person_id AND visits.amount = 123.45) GROUP BY visits.channel", "0A000",
+     "an EXISTS subquery over protected tables must tie"),
     # a condition on the count of a person's rows: not a row condition
     ("SELECT a.sex, count(*) FROM public.adult a WHERE a.id IN (SELECT v.person_id FROM public.visits v GROUP BY "
      "v.person_id HAVING count(*) > 3) GROUP BY a.sex", "0A000", "GROUP, HAVING is not allowed in a semi-join"),
@@ -187,6 +192,25 @@ def test_what_is_not_a_semi_join_or_a_spine_stays_refused(sql: str, sqlstate: st
         assert error.sqlstate == sqlstate, error
         assert message is None or message in (error.diag.message_primary or ""), error
         assert error.diag.message_hint, error
+
+
+DJANGO_BOUND = ("SELECT \"adult\".\"sex\", COUNT(*) AS \"n\" FROM \"adult\" WHERE EXISTS(SELECT 1 AS \"a\" FROM "
+                "\"visits\" U1 WHERE (U1.\"channel\" = %s AND U1.\"person_id\" = (\"adult\".\"id\")) LIMIT 1) "
+                "GROUP BY \"adult\".\"sex\"")
+
+
+def test_a_bound_parameter_in_a_semi_join(reporter: psycopg.Connection[Any], analyst: psycopg.Connection[Any],
+                                          truth: psycopg.Connection[Any]) -> None:
+    """Django's server-side binding sends the filter's value as $1 inside the EXISTS: answered as PostgreSQL
+    answers it (reporter), and answered with its column names (dp)."""
+    expected = truth.execute(DJANGO_BOUND, ["web"])
+    expected_names, expected_rows = [column.name for column in expected.description], expected.fetchall()
+    got = reporter.execute(DJANGO_BOUND, ["web"])
+    assert [column.name for column in got.description] == expected_names
+    assert sorted(got.fetchall()) == sorted(expected_rows)
+    noisy = analyst.execute(DJANGO_BOUND, ["web"])
+    assert [column.name for column in noisy.description] == expected_names
+    assert noisy.fetchall()
 
 
 def test_a_semi_join_filters_as_postgresql_in_dp(analyst: psycopg.Connection[Any],

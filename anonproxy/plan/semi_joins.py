@@ -169,13 +169,17 @@ def _unit_column(table: ResolvedTable) -> str:
 
 def _correlation(condition: exp.Expression, reference: str, unit: str, sources: list[Source], owner: str,
                  index: PolicyIndex) -> bool:
-    """Whether ``condition`` is ``<inner unit> = <outer unit>`` (either way round)."""
+    """Whether ``condition`` is ``<inner unit> = <outer unit>`` (either way round). The outer column's qualifier
+    must not be the inner table's name: inside the subquery that name is the inner table (``FROM visits WHERE
+    EXISTS (SELECT 1 FROM visits WHERE visits.person_id = visits.person_id ...)`` ties nothing, and would tell
+    whether anyone's row passes)."""
     if not isinstance(condition, exp.EQ):
         return False
     sides = [_unparen(condition.this), _unparen(condition.expression)]
     for mine, other in (sides, sides[::-1]):
         if _is_inner_unit(mine, reference, unit) and isinstance(other, exp.Column) \
-                and other.args.get("table") is not None and _outer_unit(other, sources, owner, index) is not None:
+                and other.args.get("table") is not None and identifier(other.args["table"]) != reference \
+                and _outer_unit(other, sources, owner, index) is not None:
             return True
     return False
 
