@@ -81,6 +81,12 @@ CORPUS = [
     Shape("SQLAlchemy", "the linked table filtered by its person's attributes: IN (SELECT id FROM adult ...)",
           "SELECT visits.channel, count(*) AS n, sum(visits.amount) AS revenue FROM public.visits WHERE "
           "visits.person_id IN (SELECT adult.id FROM public.adult WHERE adult.age > 40) GROUP BY visits.channel"),
+    Shape("Power BI", "EXISTS inside a folded step: a derived table filtered by the semi-join",
+          "SELECT t.sex, count(*) AS n FROM (SELECT * FROM public.adult WHERE EXISTS (SELECT 1 FROM public.visits v "
+          "WHERE v.person_id = adult.id AND v.channel = 'web')) t GROUP BY 1"),
+    Shape("Looker", "EXISTS on the joined person of the linked table's rows",
+          "SELECT v.channel, count(*) AS n FROM public.visits v JOIN public.adult a ON a.id = v.person_id WHERE "
+          "EXISTS (SELECT 1 FROM public.visits w WHERE w.person_id = a.id AND w.amount > 400) GROUP BY 1"),
     Shape("Analyst", "EXISTS beside a WHERE condition of the outer query",
           "SELECT a.education, count(*) AS n FROM public.adult a WHERE a.age >= 30 AND EXISTS (SELECT 1 FROM "
           "public.visits v WHERE v.person_id = a.id AND v.amount > 100) GROUP BY a.education"),
@@ -165,6 +171,13 @@ def test_a_semi_join_group_of_few_people_is_withheld(reporter: psycopg.Connectio
     # an OR around the semi-join: not a top-level conjunct
     ("SELECT a.sex, count(*) FROM public.adult a WHERE a.age > 80 OR EXISTS (SELECT 1 FROM public.visits v WHERE "
      "v.person_id = a.id) GROUP BY a.sex", "0A000", "subqueries are not allowed"),
+    # a VALUES "spine" that reads a person's data
+    ("SELECT s.c, q.n FROM (VALUES ((SELECT count(*) FROM public.adult WHERE id = 17))) AS s(c) LEFT JOIN (SELECT "
+     "age, count(*) AS n FROM public.adult GROUP BY age) q ON q.age = s.c", "0A000",
+     "a VALUES list beside aggregate queries holds at most 20000 rows of constants"),
+    ("SELECT s.c, q.n FROM generate_series(1, (SELECT max(age) FROM public.adult)) AS s(c) LEFT JOIN (SELECT age, "
+     "count(*) AS n FROM public.adult GROUP BY age) q ON q.age = s.c", "0A000",
+     "generate_series beside aggregate queries takes constants"),
     # a spine too long
     ("SELECT d.day, q.visits FROM generate_series('2000-01-01'::timestamptz, '2030-01-01'::timestamptz, interval "
      f"'1 hour') AS d(day) LEFT JOIN ({DAILY}) AS q ON q.day = d.day", "0A000",
