@@ -1,22 +1,28 @@
-"""Round 11 of the BI corpus: time spines and semi-joins, two shapes of the generators that were refused although
-safe (tests/test_bi_corpus_generated.py's survey).
+"""Round 11 of the BI corpus: time spines and semi-joins, shapes of the generators that were refused although safe
+(tests/test_bi_corpus_generated.py's survey).
 
 * A time spine — ``generate_series`` of constants, a VALUES list, or a derived table over one (Cube's
   ``(SELECT date_from::timestamptz ... FROM (VALUES ...) AS dates (date_from, date_to))``) — LEFT JOINed to an
   aggregate query (Grafana's and MetricFlow's gap filling, Cube's time series): the spine holds constants only,
   so the outer query post-processes the released rows beside it (anonproxy.plan.spines).
+* A ``generate_series`` spine joined to a table's rows and grouped by the spine (``FROM generate_series(...) d
+  LEFT JOIN visits v ON date_trunc('day', v.visited_at) = d.day GROUP BY d.day``, and MetricFlow's offset metric
+  ``ON date_trunc('day', visited_at) = spine.ds - interval '7 day'``, also inside a derived table): rewritten
+  into the spine joined to the aggregate query of the rows grouped by the join's key. A spine row without a
+  released group is left out, as a group of fewer than k people is.
 * Django's filters on a reverse relation: ``EXISTS (SELECT 1 AS "a" FROM "visits" U1 WHERE (... AND
   U1."person_id" = ("adult"."id")) LIMIT 1)`` and ``"adult"."id" IN (SELECT U0."person_id" FROM "visits" U0
   WHERE ...)``: a semi-join on the privacy unit keeps or drops each person whole (anonproxy.plan.semi_joins).
 * MetricFlow's offset metric as an aggregate LEFT JOINed to the same aggregate shifted by an interval on its time
-  key (answered before this round: kept here as the shape of class (d) that is answered).
+  key (answered before this round: kept here).
 
 Through the real gated proxy on the demo data: as ``reporter`` (suppress, k = 10) each answer is PostgreSQL's own
-answer to the same statement; as a dp role each is answered with PostgreSQL's column names. Then the attacks:
-a spine day or a semi-join group of fewer than k people is withheld, and what is not a semi-join on the unit or a
-constant spine stays refused with a SQLSTATE and a message. Still refused (docs/bi-tools.md says why): a spine
-joined to the rows and aggregated (``FROM generate_series(...) d LEFT JOIN visits v ON ... GROUP BY d``), Cube's
-rolling window over such a join, and MetricFlow's offset written as a spine joined to the rows.
+answer to the same statement (or, where marked, every released row is one of PostgreSQL's and groups of fewer
+than k people are missing); as a dp role each is answered with PostgreSQL's column names. Then the attacks: a
+spine day or a semi-join group of fewer than k people is withheld, and what is not a semi-join on the unit or a
+constant spine stays refused with a SQLSTATE, a message and a hint — Cube's rolling window among them (each
+visit in several windows: released overlapping windows would give away the days they are made of, see
+docs/bi-tools.md).
 """
 
 from __future__ import annotations
@@ -68,6 +74,26 @@ CORPUS = [
           "visited_at) AS metric_time__day, SUM(1) AS visits FROM public.visits GROUP BY 1) a LEFT JOIN (SELECT "
           "date_trunc('day', visited_at) AS metric_time__day, SUM(1) AS visits FROM public.visits GROUP BY 1) b "
           "ON a.metric_time__day = b.metric_time__day + interval '7 day' ORDER BY 1"),
+    Shape("Grafana", "a day spine LEFT JOIN the rows, grouped by the spine's day",
+          f"SELECT d.day, count(v.visit_id) AS visits FROM {MARCH} AS d(day) LEFT JOIN public.visits v ON "
+          "date_trunc('day', v.visited_at) = d.day GROUP BY d.day ORDER BY 1"),
+    Shape("Analyst", "the spine joined to the rows, unnamed aggregates, a WHERE condition on the rows",
+          f"SELECT d.day, count(v.visit_id), sum(v.amount), avg(v.amount) FROM {MARCH} AS d(day) LEFT JOIN "
+          "public.visits v ON date_trunc('day', v.visited_at) = d.day WHERE v.channel = 'web' GROUP BY 1 ORDER BY 1"),
+    Shape("Analyst", "an age spine LEFT JOIN the people: ages without k people are left out",
+          "SELECT s.age, count(a.id) AS n FROM generate_series(17, 90) AS s(age) LEFT JOIN public.adult a ON a.age = "
+          "s.age GROUP BY s.age ORDER BY 1", complete=False),
+    Shape("MetricFlow", "offset metric: the time spine joined to the rows 7 days back",
+          "SELECT spine.ds + interval '7 day' AS metric_time__day, SUM(1) AS visits_7_days_ago FROM "
+          f"{MARCH} AS spine(ds) INNER JOIN public.visits v ON date_trunc('day', v.visited_at) = "
+          "spine.ds - interval '7 day' GROUP BY 1 ORDER BY 1"),
+    Shape("MetricFlow", "derived offset metric: the metric INNER JOIN its offset (a spine joined to the rows) "
+          "in a derived table",
+          "SELECT subq_a.metric_time__day, subq_a.visits - subq_b.visits_7_days_ago AS visits_growth FROM (SELECT "
+          "date_trunc('day', visited_at) AS metric_time__day, SUM(1) AS visits FROM public.visits GROUP BY 1) subq_a "
+          "INNER JOIN (SELECT spine.ds + interval '7 day' AS metric_time__day, SUM(1) AS visits_7_days_ago FROM "
+          f"{MARCH} AS spine(ds) INNER JOIN public.visits v ON date_trunc('day', v.visited_at) = spine.ds - interval "
+          "'7 day' GROUP BY 1) subq_b ON subq_a.metric_time__day = subq_b.metric_time__day ORDER BY 1"),
     Shape("Django", "filter on a reverse relation: EXISTS(... LIMIT 1) beside the unit",
           "SELECT \"adult\".\"race\", COUNT(\"adult\".\"id\") AS \"n\" FROM \"adult\" WHERE EXISTS(SELECT 1 AS "
           "\"a\" FROM \"visits\" U1 WHERE (U1.\"channel\" = 'web' AND U1.\"person_id\" = (\"adult\".\"id\")) "
@@ -145,6 +171,29 @@ def test_a_semi_join_group_of_few_people_is_withheld(reporter: psycopg.Connectio
     assert got == []
 
 
+ROLLING_VALUES = ("SELECT \"visits.visited_at_series\".\"date_from\", count(\"visits\".visit_id) FROM (SELECT "
+                  "date_from::timestamptz AS \"date_from\", date_to::timestamptz AS \"date_to\" FROM (VALUES "
+                  "('2025-03-01T00:00:00.000Z', '2025-03-07T23:59:59.999Z'), ('2025-03-08T00:00:00.000Z', "
+                  "'2025-03-14T23:59:59.999Z')) AS dates (date_from, date_to)) AS \"visits.visited_at_series\" LEFT "
+                  "JOIN public.visits AS \"visits\" ON \"visits\".visited_at >= "
+                  "\"visits.visited_at_series\".\"date_from\" - interval '6 day' AND \"visits\".visited_at <= "
+                  "\"visits.visited_at_series\".\"date_to\" GROUP BY 1")
+
+
+def test_a_spine_joined_to_the_rows_leaves_out_small_days(reporter: psycopg.Connection[Any],
+                                                         truth: psycopg.Connection[Any]) -> None:
+    """A spine joined to the rows and grouped: a day whose rows are fewer than k people's is left out; every row
+    released is PostgreSQL's."""
+    sql = (f"SELECT d.day, count(v.visit_id) AS visits FROM {MARCH} AS d(day) LEFT JOIN public.visits v ON "
+           "date_trunc('day', v.visited_at) = d.day WHERE v.amount >= 495 GROUP BY d.day")
+    small = {day for day, people in truth.execute(PEOPLE_PER_DAY).fetchall() if people < K}
+    assert small
+    got = dict(reporter.execute(sql).fetchall())
+    assert not set(got) & small
+    expected = dict(truth.execute(sql).fetchall())
+    assert got == {day: n for day, n in expected.items() if day not in small}
+
+
 @pytest.mark.parametrize(("sql", "sqlstate", "message"), [
     # tied to the outer query by another column than the unit: one visit's id could pick one person
     ("SELECT a.sex, count(*) FROM public.adult a WHERE EXISTS (SELECT 1 FROM public.visits v WHERE v.visit_id = "
@@ -185,12 +234,22 @@ def test_a_semi_join_group_of_few_people_is_withheld(reporter: psycopg.Connectio
     # a "spine" that reads the protected table is no spine
     ("SELECT d.day, q.visits FROM (SELECT visited_at AS day FROM public.visits) AS d LEFT JOIN "
      f"({DAILY}) AS q ON q.day = d.day", "0A000", None),
-    # still refused: a spine joined to the rows, then aggregated (and Cube's rolling window, the same join)
-    (f"SELECT d.day, count(v.visit_id) FROM {MARCH} AS d(day) LEFT JOIN public.visits v ON date_trunc('day', "
-     "v.visited_at) = d.day GROUP BY d.day", "0A000", "functions and other table expressions in FROM"),
+    # Cube's rolling window: each visit in seven windows; the released windows would give away the days
     (f"SELECT d.day, count(v.visit_id) FROM {MARCH} AS d(day) LEFT JOIN public.visits v ON v.visited_at >= d.day - "
      "interval '7 day' AND v.visited_at < d.day GROUP BY d.day", "0A000",
-     "functions and other table expressions in FROM"),
+     "a time spine joined to a table's rows takes one ON equality"),
+    (ROLLING_VALUES, "0A000", "a time spine joined to a table's rows takes one ON equality"),
+    # groups coarser than the spine: a group would be many spine rows
+    (f"SELECT date_trunc('month', d.day), count(v.visit_id) FROM {MARCH} AS d(day) LEFT JOIN public.visits v ON "
+     "date_trunc('day', v.visited_at) = d.day GROUP BY 1", "0A000",
+     "a time spine joined to a table's rows must be grouped by the spine's column"),
+    # a row value beside the spine
+    (f"SELECT d.day, v.amount FROM {MARCH} AS d(day) LEFT JOIN public.visits v ON date_trunc('day', "
+     "v.visited_at) = d.day GROUP BY 1, 2", "0A000",
+     "a time spine joined to a table's rows must be grouped by the spine's column"),
+    (f"SELECT d.day, count(v.visit_id) FROM {MARCH} AS d(day) LEFT JOIN public.visits v ON date_trunc('day', "
+     "v.visited_at) = d.day WHERE v.visited_at > d.day GROUP BY 1", "0A000",
+     "a WHERE condition of a time spine joined to a table's rows must read the spine or the table, not both"),
 ])
 def test_what_is_not_a_semi_join_or_a_spine_stays_refused(sql: str, sqlstate: str, message: str | None,
                                                           reporter: psycopg.Connection[Any],

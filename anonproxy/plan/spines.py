@@ -7,6 +7,12 @@ d.day``, or ``(VALUES (...), ...) AS dates(date_from, date_to)`` and a derived t
 holds constants only, no person's data: an outer query over released rows (:mod:`anonproxy.plan.outer`) may read
 it beside them. A period without a released row (none happened, or its group was withheld) gets the NULLs of the
 LEFT JOIN. Its size is bounded: :data:`MAX_ROWS` rows at most, counted from its constant arguments.
+
+A ``generate_series`` spine joined to a table's rows and grouped by the spine (``FROM generate_series(...) AS
+d(day) LEFT JOIN visits v ON date_trunc('day', v.visited_at) = d.day GROUP BY d.day``; MetricFlow's offset
+metric joins ``ON ... = spine.ds - interval '7 day'``) is rewritten into that form first
+(:func:`rewrite_joined`): the rows grouped by the join's key in an aggregate query, which the back-ends gate
+like any other, and the spine joined to its released rows.
 """
 
 from __future__ import annotations
@@ -27,7 +33,8 @@ HINT = ("A time spine is generate_series(<start>, <stop>, <step>) of constants (
         "interval), or a VALUES list, of at most 20000 rows, LEFT JOINed to an aggregate query: FROM "
         "generate_series('2025-01-01'::timestamptz, '2025-01-31'::timestamptz, interval '1 day') AS d(day) LEFT "
         "JOIN (SELECT date_trunc('day', t) AS day, count(*) AS n FROM ... GROUP BY 1) AS q ON q.day = d.day.")
-_SECONDS_PER_STEP_UNIT = {"months": 28 * 86400, "days": 86400}  # the shortest month and day a step can be
+# The shortest month and day a step can be: 28 days, a day of 23 hours (a step across the spring's time change).
+_SECONDS_PER_STEP_UNIT = {"months": 28 * 86400 - 3600, "days": 23 * 3600}
 
 
 def is_spine(item: exp.Expression) -> bool:
@@ -115,8 +122,8 @@ def _integer(node: exp.Expression | None) -> int | None:
 
 def _time_rows(start: exp.Expression | None, end: exp.Expression | None, step: exp.Expression | None,
                ) -> int | None:
-    """Rows of generate_series over timestamps, at most: the span over the step's shortest length (a month of 28
-    days, a day of 24 hours); None unless both ends are timestamp constants and the step a positive interval."""
+    """Rows of generate_series over timestamps, at most: the span over the step's shortest length; None unless both
+    ends are timestamp constants and the step a positive interval."""
     low, high, interval = _moment(start), _moment(end), _interval(step)
     if low is None or high is None or interval is None or interval.sign != 1:
         return None
@@ -169,11 +176,11 @@ def rewrite_joined(tree: exp.Expression, source: str) -> None:
 
 def joined_to_rows(select: exp.Select) -> bool:
     """Whether ``select`` has the form of a spine joined to one table's rows and grouped (MetricFlow's offset
-    metrics, a spine LEFT JOINed to the rows): generate_series first in FROM, one table joined, GROUP BY."""
+    metrics, a spine LEFT JOINed to the rows, Cube's rolling window): a spine first in FROM, one table joined,
+    GROUP BY."""
     from_ = select.args.get("from_")
     joins = select.args.get("joins") or []
-    return from_ is not None and isinstance(from_.this, exp.Table) \
-        and isinstance(from_.this.this, exp.ExplodingGenerateSeries) and len(joins) == 1 \
+    return from_ is not None and is_spine(from_.this) and len(joins) == 1 \
         and isinstance(joins[0].this, exp.Table) and isinstance(joins[0].this.this, exp.Identifier) \
         and select.args.get("group") is not None
 
@@ -193,7 +200,6 @@ def aggregate_first(select: exp.Select, source: str) -> None:
                           "joined to a table's rows", JOINED_HINT)
     spine_name, names = reference(spine), columns(spine, source)
     table = join.this
-    table_name = identifier(table.args["alias"].this) if table.args.get("alias") is not None else table.name
 
     def reads(node: exp.Expression) -> set[str]:
         """What ``node`` reads: "spine", "table", or "released" (an aggregate already replaced by its column of
@@ -207,6 +213,9 @@ def aggregate_first(select: exp.Select, source: str) -> None:
         return found
 
     key, point = _join_key(join.args["on"], reads)
+    if not isinstance(spine, exp.Table):  # VALUES may repeat a row, which PostgreSQL's GROUP BY would merge
+        raise unsupported("a VALUES spine joined to a table's rows is not supported: join generate_series, or LEFT "
+                          "JOIN the VALUES to an aggregate query", JOINED_HINT)
     inner_where, outer_where = [], []
     where = select.args.get("where")
     for condition in _conjuncts(where.this) if where is not None else []:
