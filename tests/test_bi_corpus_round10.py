@@ -26,6 +26,7 @@ import psycopg
 import pytest
 from conftest import answer, corpus_roles, released_as_postgresql
 
+
 @dataclass(frozen=True)
 class Shape:
     tool: str
