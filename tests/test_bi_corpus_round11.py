@@ -94,6 +94,9 @@ CORPUS = [
           "INNER JOIN (SELECT spine.ds + interval '7 day' AS metric_time__day, SUM(1) AS visits_7_days_ago FROM "
           f"{MARCH} AS spine(ds) INNER JOIN public.visits v ON date_trunc('day', v.visited_at) = spine.ds - interval "
           "'7 day' GROUP BY 1) subq_b ON subq_a.metric_time__day = subq_b.metric_time__day ORDER BY 1"),
+    Shape("Analyst", "a rolling 7-day sum over the released daily counts: the window's range in ON",
+          f"SELECT d.day, sum(q.visits) AS visits_7d FROM {MARCH} AS d(day) LEFT JOIN ({DAILY}) AS q ON q.day >= "
+          "d.day - interval '7 day' AND q.day < d.day GROUP BY d.day ORDER BY 1"),
     Shape("Django", "filter on a reverse relation: EXISTS(... LIMIT 1) beside the unit",
           "SELECT \"adult\".\"race\", COUNT(\"adult\".\"id\") AS \"n\" FROM \"adult\" WHERE EXISTS(SELECT 1 AS "
           "\"a\" FROM \"visits\" U1 WHERE (U1.\"channel\" = 'web' AND U1.\"person_id\" = (\"adult\".\"id\")) "
