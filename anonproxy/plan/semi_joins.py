@@ -216,8 +216,7 @@ def _own_columns(condition: exp.Expression, reference: str, table: ResolvedTable
 
 def _known_columns(table: ResolvedTable) -> frozenset[str] | None:
     model = table.protected or table.linked
-    types = getattr(model, "types", None)
-    return frozenset(types) if types is not None else None
+    return frozenset(model.types) if model is not None and model.types is not None else None
 
 
 def _constant_item(item: exp.Expression) -> bool:
