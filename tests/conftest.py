@@ -15,10 +15,12 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -253,6 +255,42 @@ def fresh_dp_role(owner: psycopg.Connection, proxy: Endpoint, dbname: str, role:
         owner.execute("select anonproxy.drop_role_policy(%s)", [role])
         owner.execute(f"drop owned by {role}")
         owner.execute(f"drop role {role}")
+
+
+def corpus_roles(dp_role: str) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """Fixtures ``reporter`` and ``analyst`` for a corpus test module: a connection (autocommit) through the gated
+    proxy as ``reporter`` (suppress, k = 10), and one as a dp role of the module's own, named ``dp_role``, with
+    budget for the whole corpus (ε 0.5 a question). Use: ``reporter, analyst = corpus_roles("dp_round10")``."""
+
+    @pytest.fixture(scope="module", name="reporter")
+    def reporter(gated_proxy: Endpoint, gated_database: str) -> Iterator[psycopg.Connection]:
+        with psycopg.connect(gated_proxy.dsn(gated_database, user="reporter"), autocommit=True) as conn:
+            yield conn
+
+    @pytest.fixture(scope="module", name="analyst")
+    def analyst(truth: psycopg.Connection, gated_proxy: Endpoint, gated_database: str) -> Iterator[psycopg.Connection]:
+        with fresh_dp_role(truth, gated_proxy, gated_database, dp_role, epsilon=1000, delta=0.5) as role, \
+                psycopg.connect(gated_proxy.dsn(gated_database, user=role), autocommit=True) as conn:
+            yield conn
+
+    return reporter, analyst
+
+
+def answer(conn: psycopg.Connection, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
+    """The output column names and the rows of ``sql`` on ``conn``."""
+    cursor = conn.execute(sql)
+    return [column.name for column in cursor.description or []], cursor.fetchall()
+
+
+def released_as_postgresql(got: list[tuple[Any, ...]], expected: list[tuple[Any, ...]], complete: bool) -> None:
+    """The released rows are PostgreSQL's: all of them when no group is small; else some groups are withheld (and
+    a rest row, its key NULL, may hold them)."""
+    if complete:
+        assert Counter(got) == Counter(expected)
+        return
+    released = Counter(row for row in got if row[0] is not None)
+    assert released and not released - Counter(expected), (got, expected)
+    assert released.total() < len(expected), "some group is withheld: why the statement is marked incomplete"
 
 
 class Up:

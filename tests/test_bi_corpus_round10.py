@@ -19,15 +19,12 @@ derived table or WITH query, which PostgreSQL refuses, refused with a clear 0A00
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 import pytest
-from conftest import Endpoint, fresh_dp_role
-
-Rows = list[tuple[Any, ...]]
+from conftest import answer, corpus_roles, released_as_postgresql
 
 
 @dataclass(frozen=True)
@@ -220,50 +217,22 @@ CORPUS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def reporter(gated_proxy: Endpoint, gated_database: str) -> Iterator[psycopg.Connection[Any]]:
-    with psycopg.connect(gated_proxy.dsn(gated_database, user="reporter"), autocommit=True) as conn:
-        yield conn
-
-
-@pytest.fixture(scope="module")
-def analyst(truth: psycopg.Connection[Any], gated_proxy: Endpoint,
-            gated_database: str) -> Iterator[psycopg.Connection[Any]]:
-    """A dp role of its own, with budget for the whole corpus (ε 0.5 a question)."""
-    with fresh_dp_role(truth, gated_proxy, gated_database, "dp_round10", epsilon=1000, delta=0.5) as role, \
-            psycopg.connect(gated_proxy.dsn(gated_database, user=role), autocommit=True) as conn:
-        yield conn
-
-
-def _answer(conn: psycopg.Connection[Any], sql: str) -> tuple[list[str], Rows]:
-    cursor = conn.execute(sql)
-    return [column.name for column in cursor.description or []], cursor.fetchall()
-
-
-def _suppressed_as_postgresql(got: Rows, expected: Rows, complete: bool) -> None:
-    """The released rows are PostgreSQL's: all of them when no group is small; else some groups are withheld (and
-    a rest row, its key NULL, may hold them)."""
-    if complete:
-        assert Counter(got) == Counter(expected)
-        return
-    released = Counter(row for row in got if row[0] is not None)
-    assert released and not released - Counter(expected), (got, expected)
-    assert released.total() < len(expected), "some group is withheld: why the statement is marked incomplete"
+reporter, analyst = corpus_roles("dp_round10")
 
 
 @pytest.mark.parametrize("shape", CORPUS, ids=[f"{shape.tool}: {shape.what}" for shape in CORPUS])
 def test_suppress_answers_as_postgresql(shape: Shape, reporter: psycopg.Connection[Any],
                                         truth: psycopg.Connection[Any]) -> None:
-    names, got = _answer(reporter, shape.sql)
-    expected_names, expected = _answer(truth, shape.sql)
+    names, got = answer(reporter, shape.sql)
+    expected_names, expected = answer(truth, shape.sql)
     assert names == expected_names
-    _suppressed_as_postgresql(got, expected, shape.complete)
+    released_as_postgresql(got, expected, shape.complete)
 
 
 @pytest.mark.parametrize("shape", CORPUS, ids=[f"{shape.tool}: {shape.what}" for shape in CORPUS])
 def test_dp_answers(shape: Shape, analyst: psycopg.Connection[Any], truth: psycopg.Connection[Any]) -> None:
-    names, got = _answer(analyst, shape.sql)
-    assert names == _answer(truth, shape.sql)[0]
+    names, got = answer(analyst, shape.sql)
+    assert names == answer(truth, shape.sql)[0]
     assert got, "every statement of the corpus has rows in the demo data"
 
 

@@ -11,6 +11,11 @@ decisions beyond naming tables):
 * :mod:`anonproxy.plan.outer` recognises the two shapes that stay nested: an
   outer query that post-processes the released rows of an aggregate query,
   and Superset's series limit (a top-N aggregate joined back to its table);
+* :mod:`anonproxy.plan.spines` recognises constant relations (time spines:
+  ``generate_series`` of constants, VALUES) that such an outer query may read
+  beside the released rows;
+* :mod:`anonproxy.plan.semi_joins` admits EXISTS and IN subqueries in WHERE
+  that are semi-joins on the privacy unit (each person in or out);
 * :mod:`anonproxy.plan.shape` runs the passes in order and hands each back-end
   (suppression: :mod:`anonproxy.route.decide`, differential privacy:
   :mod:`anonproxy.dp.plan`) the statement it analyses.

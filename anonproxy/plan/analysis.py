@@ -27,7 +27,7 @@ from typing import Literal
 
 from sqlglot import exp
 
-from anonproxy.plan import bounds
+from anonproxy.plan import bounds, semi_joins
 from anonproxy.plan import time_values as tv
 from anonproxy.plan.expressions import (
     Checker,
@@ -170,6 +170,15 @@ def analyze(statement: Statement, tree: exp.Expression, index: PolicyIndex, para
     ``conditions`` filter the query's rows too, in SQL built around it (a series limit's ON keys,
     anonproxy.plan.outer): they are checked like WHERE."""
     check_relations(tree, index, dp)  # first: a relation outside the policy is refused as such, whatever else
+    if not isinstance(tree, exp.Select):
+        return _analyze(statement, tree, index, params, dp, conditions, [])
+    with semi_joins.set_aside(tree) as semis:
+        return _analyze(statement, tree, index, params, dp, conditions, semis)
+
+
+def _analyze(statement: Statement, tree: exp.Expression, index: PolicyIndex, params: SuppressionParams, dp: bool,
+             conditions: tuple[exp.Expression, ...], semis: list[semi_joins.SemiJoin]) -> AnalyticQuery:
+    """analyze() of ``tree`` whose WHERE clause is without ``semis``, its semi-joins on the privacy unit."""
     if isinstance(tree, exp.SetOperation):
         raise unsupported("UNION, INTERSECT and EXCEPT are not supported over protected tables", SHAPE_HINT)
     if not isinstance(tree, exp.Select):
@@ -205,6 +214,10 @@ def analyze(statement: Statement, tree: exp.Expression, index: PolicyIndex, para
     _qualify_bare_columns(tree, nodes, scope)
     _arrays_as_lists(nodes)
     check_joins(sources, anchor, checker)
+    for semi in semis:
+        semi_joins.check(semi, sources, owner, index, lambda table, name, condition: Checker(
+            Scope(references={name: table}, identifiers={name: _identifier_columns(table)}), params,
+            table.policy_name, dp, statement.source, zones=index.policy.zones).row(condition, "WHERE"))
 
     items = _items(tree, checker, dp, statement.source)
     key_nodes, group_by = _grouping(tree, items, checker)
@@ -250,7 +263,7 @@ def analyze(statement: Statement, tree: exp.Expression, index: PolicyIndex, para
         items=tuple(items),
         distinct=distinct is not None,
         from_sql=from_sql,
-        where=sql(where.this) if where is not None else None,
+        where=_where_sql(where, semis, index),
         group_by=group_by,
         keys=keys,
         having=sql(having.this) if having is not None else None,
@@ -277,6 +290,14 @@ def analyze(statement: Statement, tree: exp.Expression, index: PolicyIndex, para
         one_row_per_person=_one_row_per_person(sources, anchor),
         post=post,
     )
+
+
+def _where_sql(where: exp.Where | None, semis: list[semi_joins.SemiJoin], index: PolicyIndex) -> str | None:
+    """The WHERE condition rendered, the semi-joins set aside for the analysis back in it."""
+    parts = ([sql(where.this)] if where is not None else []) + [semi_joins.render(semi, index) for semi in semis]
+    if len(parts) <= 1:
+        return parts[0] if parts else None
+    return " AND ".join(f"({part})" for part in parts)
 
 
 def _refuse_listing(keys: tuple[exp.Expression, ...], scope: Scope, table: str) -> None:

@@ -50,6 +50,7 @@ from sqlglot import exp
 from anonproxy.plan.names import output_name, own_nodes, reference, sources
 from anonproxy.plan.refusals import forbidden, unsupported
 from anonproxy.plan.set_operations import selects
+from anonproxy.plan.spines import is_spine
 from anonproxy.plan.tables import identifier
 
 HINT = ("A derived table or WITH query over protected tables may select columns and row expressions, rename them, "
@@ -83,9 +84,10 @@ def is_aggregate(select: exp.Select) -> bool:
 def over_released(select: exp.Select) -> bool:
     """Whether ``select`` reads nothing but the rows of aggregate queries: each FROM and JOIN item is an aggregate
     derived table, or a derived table that is itself over released rows (Power BI's TOPN nests a filter between
-    the aggregate and the outer query; MetricFlow joins two aggregate queries' rows)."""
-    items = sources(select)
-    return bool(items) and all(isinstance(item, exp.Subquery) and released(item.this) for item in items)
+    the aggregate and the outer query; MetricFlow joins two aggregate queries' rows), or a constant relation beside
+    them (a time spine, :mod:`anonproxy.plan.spines`)."""
+    read = [isinstance(item, exp.Subquery) and released(item.this) for item in sources(select)]
+    return any(read) and all(found or is_spine(item) for found, item in zip(read, sources(select), strict=True))
 
 
 def released(body: exp.Expression) -> bool:
@@ -246,7 +248,7 @@ def _flatten(select: exp.Select, source: str) -> bool:
     position = 0
     while position < len(sources(select)):
         item = sources(select)[position]
-        if isinstance(item, exp.Subquery):
+        if isinstance(item, exp.Subquery) and not is_spine(item):  # a spine stays, for anonproxy.plan.outer
             body = item.this
             if isinstance(body, exp.SetOperation):
                 changed = flatten_branches(body, source) or changed

@@ -45,7 +45,7 @@ from typing import TypeVar
 
 from sqlglot import exp
 
-from anonproxy.plan import render, set_operations
+from anonproxy.plan import render, set_operations, spines
 from anonproxy.plan.expressions import Checker, Scope
 from anonproxy.plan.flatten import SAMPLE_MESSAGE, is_aggregate, over_released
 from anonproxy.plan.names import output_name, own_nodes, reference, sources
@@ -305,6 +305,13 @@ def _level(select: exp.Select, source: str, found: list[tuple[exp.Select, tuple[
     rows (``found`` collects them); its output column names."""
     references: dict[str | None, tuple[str, ...]] = {}
     for item in sources(select):
+        if spines.is_spine(item):  # constants beside the released rows
+            name = spines.reference(item)
+            if name in references:
+                raise unsupported(f"derived table name {name} appears twice in FROM",
+                                  "Give each derived table its own alias.")
+            references[name] = spines.columns(item, source)
+            continue
         if not isinstance(item, exp.Subquery) or not isinstance(item.this, (exp.Select, exp.SetOperation)):
             raise unsupported("an outer query over an aggregate query may read only aggregate queries and derived "
                               "tables over them", OUTER_HINT)

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from sqlglot import exp
 
 from anonproxy.plan import outer as outer_shapes
+from anonproxy.plan import spines
 from anonproxy.plan.flatten import (
     flatten,
     flatten_branches,
@@ -58,6 +59,7 @@ _NESTING = (exp.Subquery, exp.With, exp.CTE, exp.SetOperation)  # what the passe
 def prepare(statement: Statement, tree: exp.Expression, index: PolicyIndex) -> Shape:
     """The shape of ``tree`` (which is changed in place)."""
     drop_database(tree, index.policy.database)
+    spines.rewrite_joined(tree, statement.source)  # a spine joined to rows: now the spine beside an aggregate query
     if not any(isinstance(node, _NESTING) or (isinstance(node, exp.Column) and node.args.get("db") is not None)
                for node in tree.walk()):
         return Single(statement, tree)  # the usual case: nothing for the passes to do

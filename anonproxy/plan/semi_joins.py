@@ -1,0 +1,242 @@
+"""Semi-joins on the privacy unit: WHERE filters that keep or drop each person whole.
+
+Django writes a filter on a reverse relation as ``EXISTS (SELECT 1 AS "a" FROM "visits" U1 WHERE
+(U1."channel" = 'web' AND U1."person_id" = ("adult"."id")) LIMIT 1)`` or ``"adult"."id" IN (SELECT
+U0."person_id" FROM "visits" U0 WHERE ...)``. Such a condition asks, of each person of the outer query, whether
+some row of that same person's (in a protected or linked table of the same privacy unit) passes the inner
+conditions: the person is in or out, with all of their outer rows, never repeated. It is a filter on the person's
+own data, like any WHERE condition, and the back-ends count, suppress and charge the outer query as before.
+
+Admitted as a top-level AND conjunct of the outer WHERE, in the forms ``EXISTS (...)``, ``NOT EXISTS (...)`` and
+``<outer unit column> IN (SELECT <inner unit column> ...)``, when the subquery reads one protected or linked table
+of the outer query's privacy unit, without joins, grouping, aggregates or nested subqueries, ties itself to the
+outer query only by ``<inner unit column> = <outer unit column>`` (EXISTS) or by the IN, and its other
+conditions pass the checks of a WHERE condition over its own table (the allowlist and the no-error proof). ``NOT
+IN`` is refused (a NULL among the inner values makes it NULL for everyone); anything else with a subquery stays
+refused by the analysis.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from sqlglot import exp
+
+from anonproxy.plan.joins import Source
+from anonproxy.plan.refusals import unsupported
+from anonproxy.plan.render import sql
+from anonproxy.plan.tables import PolicyIndex, ResolvedTable, identifier
+
+HINT = ("A subquery in WHERE over protected tables may be a semi-join on the privacy unit: EXISTS (SELECT 1 FROM "
+        "<linked> v WHERE v.<key> = <protected>.<unit> AND <conditions on v>), NOT EXISTS (...) or <protected>.<unit> "
+        "IN (SELECT <key> FROM <linked> WHERE <conditions>), its columns qualified or its own.")
+
+
+@dataclass(frozen=True)
+class SemiJoin:
+    """One admitted conjunct: the node (as in the WHERE clause) and the subquery it reads."""
+
+    node: exp.Expression
+    select: exp.Select
+    exists: bool  # EXISTS / NOT EXISTS (else IN)
+
+
+@contextmanager
+def set_aside(tree: exp.Select) -> Iterator[list[SemiJoin]]:
+    """Take the semi-join conjuncts out of ``tree``'s WHERE clause for the analysis of the rest, and put the clause
+    back as it was afterwards (the tree is the statement's, which other passes read again)."""
+    where = tree.args.get("where")
+    if where is None:
+        yield []
+        return
+    found, rest = [], []
+    for conjunct in _conjuncts(where.this):
+        semi = _semi_join(conjunct)
+        if semi is None:
+            rest.append(conjunct)
+        else:
+            found.append(semi)
+    if not found:
+        yield []
+        return
+    tree.set("where", exp.Where(this=exp.and_(*(c.copy() for c in rest))) if rest else None)
+    try:
+        yield found
+    finally:
+        tree.set("where", where)
+
+
+def check(semi: SemiJoin, sources: list[Source], owner: str, index: PolicyIndex,
+          row_check: Callable[[ResolvedTable, str, exp.Expression], None]) -> None:
+    """Refuse ``semi`` unless it is a semi-join on the privacy unit of protected table ``owner`` (the outer query's);
+    ``row_check(table, reference, condition)`` checks an inner condition as a WHERE condition over that table."""
+    select = semi.select
+    allowed = {"expressions", "from_", "where"} | ({"limit"} if semi.exists else {"distinct"})
+    extra = {key for key, value in select.args.items() if value not in (None, False, [], "")} - allowed
+    if extra or isinstance(select.args.get("distinct"), exp.Distinct) and select.args["distinct"].args.get("on"):
+        raise unsupported(f"{', '.join(sorted(extra)).upper() or 'DISTINCT ON'} is not allowed in a semi-join "
+                          "subquery over protected tables", HINT)
+    if semi.exists and select.args.get("limit") is not None and not _positive(select.args["limit"]):
+        raise unsupported("LIMIT in an EXISTS subquery over protected tables takes a positive constant", HINT)
+    if any(node is not select and isinstance(node, (exp.Select, exp.Subquery, exp.Exists, exp.Lateral))
+           for node in select.walk()):
+        raise unsupported("a semi-join subquery over protected tables may not nest another query", HINT)
+    table, reference = _inner_table(select, owner, index)
+    unit = _unit_column(table)
+    conditions = _conjuncts(select.args["where"].this) if select.args.get("where") is not None else []
+    if semi.exists:
+        links = [c for c in conditions if _correlation(c, reference, unit, sources, owner, index)]
+        if len(links) != 1:
+            raise unsupported(f"an EXISTS subquery over protected tables must tie {reference}.{unit} to the outer "
+                              "query's privacy unit with one equality, and nothing else of the outer query", HINT)
+        conditions = [c for c in conditions if c is not links[0]]
+        if not all(_constant_item(item) for item in select.expressions):
+            raise unsupported("the select list of an EXISTS subquery over protected tables holds constants only",
+                              HINT)
+    else:
+        outer = semi.node.this
+        if _outer_unit(outer, sources, owner, index) is None:
+            raise unsupported("IN (SELECT ...) over protected tables must test the outer query's privacy unit "
+                              "column", HINT)
+        items = select.expressions
+        if len(items) != 1 or not _is_inner_unit(items[0], reference, unit):
+            raise unsupported(f"the subquery of IN must select the privacy unit column {unit} of its table", HINT)
+    for condition in conditions:
+        _own_columns(condition, reference, table)
+        row_check(table, reference, condition)
+
+
+def render(semi: SemiJoin, index: PolicyIndex) -> str:
+    """The conjunct as SQL, its table schema-qualified (as the analysis renders the FROM clause)."""
+    node = semi.node.copy()
+    inner = node.find(exp.Select)
+    assert inner is not None
+    table = inner.args["from_"].this
+    resolved = index.resolve(table)
+    table.set("this", exp.Identifier(this=resolved.name, quoted=True))
+    table.set("db", exp.Identifier(this=resolved.schema, quoted=True))
+    return sql(node)
+
+
+def _semi_join(node: exp.Expression) -> SemiJoin | None:
+    """``node`` as a semi-join conjunct by its form (checked later), or None."""
+    node = _unparen(node)
+    negated = isinstance(node, exp.Not)
+    inner = _unparen(node.this) if negated else node
+    if isinstance(inner, exp.Exists) and isinstance(inner.this, exp.Select):
+        return SemiJoin(node, inner.this, exists=True)
+    if isinstance(inner, exp.In) and isinstance(inner.args.get("query"), exp.Subquery) \
+            and isinstance(inner.args["query"].this, exp.Select):
+        if negated:
+            raise unsupported("NOT IN (SELECT ...) is not allowed over protected tables: a NULL among the values "
+                              "makes it NULL for every row", "Write NOT EXISTS (SELECT 1 FROM ... WHERE <key> = "
+                              "<unit> AND ...) instead.")
+        return SemiJoin(inner, inner.args["query"].this, exists=False)
+    return None
+
+
+def _inner_table(select: exp.Select, owner: str, index: PolicyIndex) -> tuple[ResolvedTable, str]:
+    from_ = select.args.get("from_")
+    node = from_.this if from_ is not None else None
+    if not isinstance(node, exp.Table) or not isinstance(node.this, exp.Identifier) \
+            or {key for key, value in node.args.items() if value} - {"this", "db", "alias"} \
+            or (node.args.get("alias") is not None and node.args["alias"].args.get("columns")):
+        raise unsupported("a semi-join subquery over protected tables reads one table", HINT)
+    table = index.resolve(node)
+    if _owner(table, index) != owner:
+        raise unsupported(f"a semi-join subquery may read only protected table {owner} or its linked tables", HINT)
+    alias = node.args.get("alias")
+    return table, (identifier(alias.this) if alias is not None else None) or table.name
+
+
+def _owner(table: ResolvedTable, index: PolicyIndex) -> str | None:
+    """The policy name of the protected table whose privacy unit ``table`` carries."""
+    if table.protected is not None:
+        return table.policy_name
+    if table.linked is not None:
+        return index.lookup(table.linked.references).policy_name
+    return None
+
+
+def _unit_column(table: ResolvedTable) -> str:
+    if table.protected is not None:
+        return table.protected.unit_column
+    assert table.linked is not None
+    return table.linked.column
+
+
+def _correlation(condition: exp.Expression, reference: str, unit: str, sources: list[Source], owner: str,
+                 index: PolicyIndex) -> bool:
+    """Whether ``condition`` is ``<inner unit> = <outer unit>`` (either way round). The outer column's qualifier
+    must not be the inner table's name: inside the subquery that name is the inner table (``FROM visits WHERE
+    EXISTS (SELECT 1 FROM visits WHERE visits.person_id = visits.person_id ...)`` ties nothing, and would tell
+    whether anyone's row passes)."""
+    if not isinstance(condition, exp.EQ):
+        return False
+    sides = [_unparen(condition.this), _unparen(condition.expression)]
+    for mine, other in (sides, sides[::-1]):
+        if _is_inner_unit(mine, reference, unit) and isinstance(other, exp.Column) \
+                and other.args.get("table") is not None and identifier(other.args["table"]) != reference \
+                and _outer_unit(other, sources, owner, index) is not None:
+            return True
+    return False
+
+
+def _is_inner_unit(node: exp.Expression, reference: str, unit: str) -> bool:
+    node = _unparen(node)
+    return isinstance(node, exp.Column) and identifier(node.this) == unit \
+        and identifier(node.args.get("table")) in (None, reference) and node.args.get("db") is None
+
+
+def _outer_unit(node: exp.Expression, sources: list[Source], owner: str, index: PolicyIndex) -> Source | None:
+    """The outer source whose privacy unit column ``node`` names (qualified, or bare when one source has it)."""
+    node = _unparen(node)
+    if not isinstance(node, exp.Column) or node.args.get("db") is not None:
+        return None
+    table, name = identifier(node.args.get("table")), identifier(node.this)
+    found = [source for source in sources
+             if (table is None or source.reference == table) and _owner(source.table, index) == owner
+             and _unit_column(source.table) == name]
+    return found[0] if len(found) == 1 else None
+
+
+def _own_columns(condition: exp.Expression, reference: str, table: ResolvedTable) -> None:
+    """Every column of an inner condition is the inner table's: qualified with its name, or bare and known to be
+    one of its columns (PostgreSQL resolves any other bare name to the outer query, unchecked)."""
+    types = _known_columns(table)
+    for column in condition.find_all(exp.Column):
+        name, qualifier = identifier(column.this), identifier(column.args.get("table"))
+        if column.args.get("db") is not None or qualifier not in (None, reference) \
+                or (qualifier is None and (types is None or name not in types)):
+            raise unsupported(f"{column.sql(dialect='postgres')} in a semi-join subquery must be a column of its "
+                              f"table {reference} (write {reference}.<column>)", HINT)
+
+
+def _known_columns(table: ResolvedTable) -> frozenset[str] | None:
+    model = table.protected or table.linked
+    return frozenset(model.types) if model is not None and model.types is not None else None
+
+
+def _constant_item(item: exp.Expression) -> bool:
+    core = item.this if isinstance(item, exp.Alias) else item
+    return isinstance(core, (exp.Literal, exp.Null, exp.Boolean, exp.Star))
+
+
+def _positive(limit: exp.Expression) -> bool:
+    count = limit.expression if isinstance(limit, exp.Limit) else None
+    return isinstance(count, exp.Literal) and not count.is_string and count.name.isdigit() and int(count.name) > 0
+
+
+def _conjuncts(node: exp.Expression) -> list[exp.Expression]:
+    node = _unparen(node)
+    if isinstance(node, exp.And):
+        return _conjuncts(node.this) + _conjuncts(node.expression)
+    return [node]
+
+
+def _unparen(node: exp.Expression) -> exp.Expression:
+    while isinstance(node, exp.Paren):
+        node = node.this
+    return node
