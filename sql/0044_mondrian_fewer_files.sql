@@ -280,9 +280,9 @@ begin
     -- Atoms: strict over pure units merges units (weight: how many);
     -- otherwise one atom per unit. Only the relaxed variant reads an atom's
     -- number (median atoms go low in that order) and only unmerged atoms a
-    -- unit; merged atoms have no text column, hence no TOAST table (nor do
-    -- _mondrian_done and _mondrian_next, made like them): creating files is
-    -- not free.
+    -- unit; merged atoms have no text column, hence (unless the key is
+    -- numeric) no TOAST table, nor do _mondrian_done and _mondrian_next,
+    -- made like them: creating files is not free.
     merged := pure and variant = 'strict';
     execute format('create temp table _mondrian_atoms as
                     select %s as atom, unit, %s as s, w, 1 as part, key
