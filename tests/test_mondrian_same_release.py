@@ -8,7 +8,8 @@ outputs row for row and cell for cell, and the facts both return (rounds,
 partitions, atoms). The cases are those benchmarks/views/README.md lists:
 strict k = 10 on adult, k = 50, distinct ℓ, recursive (c,ℓ), entropy ℓ,
 t-closeness with its three distances, units of several rows (with and
-without ℓ), and the relaxed variant.
+without ℓ), and the relaxed variant; and a QI without a hierarchy, whose
+cells are value sets.
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ OCCUPATION_TREE = {
 HOURS = {"name": "hours_per_week", "kind": "numeric", "hierarchy": None}
 # Without occupation among the QIs, so that it can be the sensitive column.
 SMALL_QI = [q for q in ADULT_QI if q["name"] != "occupation"]
+# Occupation without its hierarchy: a class's cell lists the occupations it holds.
+SET_QI = [OCCUPATION_SET if q["name"] == "occupation" else q for q in ADULT_QI]
 
 ONE_ROW_PER_UNIT = "id::text"
 TWO_ROWS_PER_UNIT = (
@@ -63,6 +66,7 @@ CASES: dict[
 ] = {
     "strict k=10": (ONE_ROW_PER_UNIT, ADULT_QI, None, {"k": 10}),
     "strict k=50": (ONE_ROW_PER_UNIT, ADULT_QI, None, {"k": 50}),
+    "strict k=10, value sets": (ONE_ROW_PER_UNIT, SET_QI, None, {"k": 10}),
     "distinct l=2": (
         ONE_ROW_PER_UNIT,
         ADULT_QI,
