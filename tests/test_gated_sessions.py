@@ -1,4 +1,4 @@
-"""Gated roles inside transactions behave as PostgreSQL does.
+"""Gated roles inside transactions and sessions behave as PostgreSQL does.
 
 A statement the proxy refuses, or one that fails on the service path (a rewritten query's error on the service
 connection, a dp answer's error), inside a transaction block fails that transaction as any error does in
@@ -9,6 +9,9 @@ Each sequence runs twice: through the proxy as a gated role, and on a direct con
 role, which has no privilege on the protected tables, so that there the same failing statement fails with
 PostgreSQL's own 42501. The expectation is PostgreSQL's behaviour for the sequence, compared step by step: each
 step's outcome (success and its command tag and rows, 25P02, or another error) and the transaction status after it.
+
+Session settings that shape how values print (IntervalStyle, DateStyle, TimeZone, extra_float_digits,
+bytea_output) print gated answers, computed away from the client's connection, as PostgreSQL prints the same values.
 """
 
 from __future__ import annotations
@@ -19,7 +22,9 @@ from collections.abc import Iterator
 import asyncpg
 import psycopg
 import pytest
-from conftest import Endpoint, fresh_dp_role
+from conftest import Endpoint, fresh_dp_role, wait_for_current_policy
+from psycopg import sql
+from psycopg.types.string import TextLoader
 
 REFUSED = "select age from public.adult"  # row-level data: the proxy refuses it
 SERVICE_ERROR = "select count(*) from public.adult where age > 2147483647 + 1"  # 22003 where the answer is made
@@ -128,13 +133,14 @@ def test_gated_answers_after_rollback_to_savepoint(gated_proxy: Endpoint, gated_
             with conn.transaction():  # a savepoint, rolled back to when the block raises
                 conn.execute(REFUSED)
         assert conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
-        (count,) = conn.execute(COUNT).fetchone() or (None,)
-        assert conn.pgconn.transaction_status == psycopg.pq.TransactionStatus.INTRANS
+        row = conn.execute(COUNT).fetchone()
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
         assert conn.execute("commit").statusmessage == "COMMIT"
+    assert row is not None
     if mode == "suppress":
-        assert count == truth.execute(COUNT).fetchone()[0]
+        assert row == truth.execute(COUNT).fetchone()
     else:
-        assert isinstance(count, int)
+        assert isinstance(row[0], int)  # a noisy count
 
 
 def test_asyncpg_nested_transaction_recovers(gated_proxy: Endpoint, gated_database: str,
@@ -157,3 +163,79 @@ def test_asyncpg_nested_transaction_recovers(gated_proxy: Endpoint, gated_databa
     count, status = asyncio.run(scenario())
     assert count == truth.execute(COUNT).fetchone()[0]
     assert status == "SELECT 1"
+
+
+# -- session settings that shape how answers print ---------------------------------------------------------------
+
+SETTINGS = {"IntervalStyle": "iso_8601", "DateStyle": "SQL, DMY", "TimeZone": "Asia/Kolkata",
+            "extra_float_digits": "-4", "bytea_output": "escape"}
+KEYS = "select day, at, length, tag, count(*) from public.x11_kinds group by day, at, length, tag order by day"
+MEAN = "select half, avg(score)::float8 from public.x11_kinds group by half order by half"
+
+
+@pytest.fixture(scope="module")
+def kinds(truth: psycopg.Connection, gated_proxy: Endpoint, gated_database: str, dp_role: str) -> Iterator[None]:
+    """A protected table with a key of each type whose printing a setting changes: 1000 people in two groups of
+    500 (dp's partition selection releases both)."""
+    truth.execute("create table public.x11_kinds (person int, half int, score float8, day date, at timestamptz, "
+                  "length interval, tag bytea)")
+    truth.execute("insert into public.x11_kinds select p, p % 2, p / 7.0, date '2024-03-01' + (p % 2) * 40, "
+                  "timestamptz '2024-03-01 22:30:00+00' + (p % 2) * interval '1 day', "
+                  "interval '1 day 02:03:04.5' * (1 + p % 2), "
+                  "decode(case p % 2 when 0 then '615c62' else '00ff0a' end, 'hex') from generate_series(1, 1000) p")
+    truth.execute("select anonproxy.protect_table('public.x11_kinds', 'person')")
+    truth.execute("select anonproxy.set_column('public.x11_kinds', 'score', 'sensitive', 0, 200)")
+    truth.execute("select anonproxy.apply_grants()")
+    truth.execute("select anonproxy.set_budget(%s, 'public.x11_kinds', 100, 0.001, null, 1, 0.00001)", [dp_role])
+    wait_for_current_policy(truth, gated_proxy, gated_database)
+    yield
+    truth.execute("select anonproxy.drop_budget(%s, 'public.x11_kinds')", [dp_role])
+    truth.execute("select anonproxy.unprotect_table('public.x11_kinds')")
+    truth.execute("drop table public.x11_kinds")
+
+
+def _printed(conn: psycopg.Connection, query: str) -> list[tuple[str | None, ...]]:
+    """The answer's values as the server (or the proxy) printed them."""
+    for oid in ("float8", "date", "timestamptz", "interval", "bytea", "int8"):
+        conn.adapters.register_loader(oid, TextLoader)
+    return conn.execute(query).fetchall()
+
+
+def _as_postgresql(truth: psycopg.Connection, query: str, settings: dict[str, str]) -> list[tuple[str | None, ...]]:
+    """PostgreSQL's own printing of the answer under ``settings``."""
+    with truth.transaction():
+        for name, value in settings.items():
+            truth.execute("select set_config(%s, %s, true)", [name, value])
+        return _printed(truth, query)
+
+
+@pytest.mark.parametrize("mode", ["suppress", "dp"])
+def test_settings_print_gated_answers_as_postgresql(gated_proxy: Endpoint, gated_database: str,
+                                                    truth: psycopg.Connection, dp_role: str, kinds: None,
+                                                    mode: str) -> None:
+    """IntervalStyle, DateStyle, TimeZone, extra_float_digits and bytea_output set in the session print a gated
+    answer's keys (dates, timestamptz, intervals, bytea; suppress: also its exact float mean) as PostgreSQL prints
+    the same values; a SET rolled back, and a SET LOCAL once its transaction is over, no longer apply."""
+    with psycopg.connect(gated_proxy.dsn(gated_database, user=_role(mode, dp_role)), autocommit=True) as conn:
+        for name, value in SETTINGS.items():
+            conn.execute(sql.SQL("set {} = {}").format(sql.Identifier(name), sql.Literal(value)))
+        keys = _printed(conn, KEYS)
+        mean = _printed(conn, MEAN) if mode == "suppress" else None
+        conn.execute("begin")
+        conn.execute("set IntervalStyle = 'postgres_verbose'")
+        conn.execute("set local bytea_output = 'hex'")
+        in_block = _printed(conn, KEYS)
+        conn.execute("rollback")
+        after = _printed(conn, KEYS)
+    expected = _as_postgresql(truth, KEYS, SETTINGS)
+    assert expected != _as_postgresql(truth, KEYS, {})  # the settings matter for this answer
+
+    def key_columns(rows: list[tuple[str | None, ...]]) -> list[tuple[str | None, ...]]:
+        return rows if mode == "suppress" else [row[:-1] for row in rows]  # (dp: noisy counts)
+
+    assert key_columns(keys) == key_columns(expected)
+    assert key_columns(in_block) == key_columns(_as_postgresql(
+        truth, KEYS, {**SETTINGS, "IntervalStyle": "postgres_verbose", "bytea_output": "hex"}))
+    assert key_columns(after) == key_columns(expected)
+    if mean is not None:
+        assert mean == _as_postgresql(truth, MEAN, SETTINGS)

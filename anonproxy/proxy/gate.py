@@ -26,6 +26,16 @@ proxy closes the first owner's part with a Sync of its own and swallows its
 ReadyForQuery. After an error the rest of the batch is skipped up to Sync,
 as PostgreSQL does.
 
+Every ReadyForQuery the client gets carries the status of its own
+connection, where its transaction lives. An error from elsewhere (a
+refusal, the service connection, the proxy) inside a transaction block
+fails that block there too: the ReadyForQuery is held back, the client's
+connection fails its transaction (a Parse that cannot succeed, and a Sync;
+its error hidden) and that connection's ReadyForQuery, 'E', goes to the
+client (``_transaction_failed``). PostgreSQL then answers 25P02, COMMIT and
+ROLLBACK TO SAVEPOINT itself, and the gate keeps no state that could drift
+from it.
+
 Statements are decided by the session (``decide``), which may answer "not
 yet" (None) while the statement is analysed off the event loop; the gate then
 holds that message, and those after it, until ``decided``. A Query or Parse

@@ -337,7 +337,7 @@ class Router:
         portal, offset = pg.read_cstring(body)
         statement, values = pg.read_cstring(body, offset)
         if self._now.status == b"E" and self._prepared.statements.get(statement) in (Owner.SERVICE, Owner.PROXY):
-            return self._refuse(_ABORTED)  # as PostgreSQL (the transaction failed on the client's connection only)
+            return self._refuse(_ABORTED)  # as PostgreSQL (the failed transaction is on the client's connection)
         # The statement prepared again: for the value class of this Bind's values, or under a new policy.
         again = self._decide_at_bind(statement, body)
         if again is WAIT or again is not None and again.refusal is not None:
