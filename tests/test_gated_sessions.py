@@ -37,7 +37,7 @@ SEQUENCES = {
                  "select current_setting('x11.mark', true)"],
     "savepoint": ["begin", "savepoint s", "F", "select 1", "F", "rollback to savepoint s", "select 1",
                   "release savepoint s", "commit"],
-    "work undone": ["begin", "select set_config('x11.mark', 'kept?', false)", "savepoint s",
+    "work undone": ["begin", "select set_config('x11.mark', 'before the savepoint', false)", "savepoint s",
                     "select set_config('x11.mark', 'after the savepoint', false)", "F", "rollback to savepoint s",
                     "select current_setting('x11.mark')", "commit", "select current_setting('x11.mark')"],
 }
@@ -120,6 +120,42 @@ def test_asyncpg_failed_transaction_as_postgresql(gated_proxy: Endpoint, direct:
     expected = asyncio.run(_asyncpg_outcomes(direct.url(gated_database, user=role), steps, simple))
     assert ("ROLLBACK" if sequence == "commit" else "RELEASE") in [o[1] for o in expected]
     assert asyncio.run(_asyncpg_outcomes(gated_proxy.url(gated_database, user=role), steps, simple)) == expected
+
+
+def _pipeline_outcomes(dsn: str, failing: str) -> list[object]:
+    """In a transaction block, one batch (psycopg's pipeline: one Sync at its end) whose second statement fails:
+    what the pipeline raises, then the transaction's status and what the next statements get."""
+    outcomes: list[object] = []
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("begin")
+        try:
+            with conn.pipeline():
+                conn.execute("select 1")
+                conn.execute(failing)
+                conn.execute("select 2")
+        except psycopg.Error as error:
+            outcomes.append("25P02" if error.sqlstate == "25P02" else "error")
+        outcomes.append(conn.info.transaction_status.name)
+        try:
+            conn.execute("select 3")
+        except psycopg.Error as error:
+            outcomes.append(error.sqlstate)
+        outcomes.append(conn.execute("commit").statusmessage)
+    return outcomes
+
+
+@pytest.mark.parametrize(("mode", "failing"), [("suppress", REFUSED), ("dp", REFUSED), ("dp", SERVICE_ERROR)],
+                         ids=["suppress-refused", "dp-refused", "dp-answer error"])
+def test_psycopg_pipeline_failed_transaction_as_postgresql(gated_proxy: Endpoint, direct: Endpoint,
+                                                           gated_database: str, dp_role: str, mode: str,
+                                                           failing: str) -> None:
+    """An error in the middle of a batch. (Not an error on the service connection there, a known departure: the
+    proxy ends the batch's earlier part, on the client's connection, with a Sync of its own, so the statement after
+    the error, on that connection again, is not skipped; docs/proxy.md.)"""
+    role = _role(mode, dp_role)
+    expected = _pipeline_outcomes(direct.dsn(gated_database, user=role), failing)
+    assert expected[-1] == "ROLLBACK"
+    assert _pipeline_outcomes(gated_proxy.dsn(gated_database, user=role), failing) == expected
 
 
 @pytest.mark.parametrize("mode", ["suppress", "dp"])
