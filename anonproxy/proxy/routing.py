@@ -591,8 +591,8 @@ class Router:
                 pg.data_row([values[setting]]) + pg.command_complete("SHOW"))
 
     def _failed_first(self, reject: Reject) -> Reject:
-        """A statement's refusal, or 25P02 in a failed transaction: PostgreSQL checks that before anything but the
-        syntax (whose errors, 42601, come first), so a failed transaction reveals nothing of the statement."""
+        """A statement's refusal, or 25P02 in a failed transaction, as PostgreSQL answers: it checks for a failed
+        transaction before anything but the syntax (whose errors, 42601, come first)."""
         return _ABORTED if self._now.status == b"E" and reject.sqlstate != "42601" else reject
 
     def _or_refused(self, route: Route | Reject, simple: bool = False) -> Route:
