@@ -493,8 +493,13 @@ def test_a_portal_bound_under_an_older_policy_is_not_executed() -> None:
     wires.gate.service_message(b"Z", b"T")
     error = [body for type_, body in MessageBuffer().feed(bytes(wires.client)) if type_ == b"E"]
     assert pg.parse_fields(error[-1])["C"] == "42501"
-    wires.client.clear()
+    wires.upstream.clear()
     wires.gate.client_data(pg.message(b"S"))
+    # In its transaction block, the refusal fails the transaction on the client's connection too.
+    assert [t for t, _ in MessageBuffer().feed(bytes(wires.upstream))] == [b"P", b"S"]
+    wires = PolicyGate()  # the rest in a new session's transaction block
+    wires.gate.client_data(pg.query_message("select 1"))
+    wires.gate.upstream_message(b"Z", b"T")
     wires.version = 2  # a new rewrite: the portal of the old one must be bound again
     wires.gate.client_data(_parse(b"s2", "agg") + _bind(b"q", b"s2") + pg.message(b"H"))
     wires.version = 4

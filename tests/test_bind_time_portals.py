@@ -421,8 +421,8 @@ def small_proxy(pg_server: EmbeddedPostgres, gated_database: str,
 
 def test_a_kept_portal_over_the_limit_is_refused(small_proxy: Endpoint, gated_database: str) -> None:
     """A portal read with a row limit whose answer is larger than the proxy keeps: 54000, naming the limit, with a
-    hint to read without a row limit; the batch is skipped up to Sync, the session goes on and the same statement
-    read without a row limit answers."""
+    hint to read without a row limit; the batch is skipped up to Sync, the error fails the transaction block as in
+    PostgreSQL, the session goes on and the same statement read without a row limit answers."""
     client = RawClient(small_proxy, gated_database, "reporter")
     try:
         simple(client, "BEGIN")
@@ -432,6 +432,8 @@ def test_a_kept_portal_over_the_limit_is_refused(small_proxy: Endpoint, gated_da
         assert [type_ for type_, _ in answers] == [b"1", b"2", b"E"]
         fields = pg.parse_fields(answers[-1][1])
         assert fields["C"] == "54000" and "1 kB" in fields["M"] and "without a row limit" in fields["H"], fields
+        assert simple(client, "ROLLBACK")[-1] == (b"Z", b"I")
+        simple(client, "BEGIN")
         rows = client.batch(pg.message(b"B", b"q\0s\0" + struct.pack("!hhh", 0, 0, 0)), execute(b"q"))
         assert [type_ for type_, _ in rows] == [b"2"] + [b"D"] * 16 + [b"C"]
         simple(client, "COMMIT")

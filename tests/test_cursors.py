@@ -307,7 +307,7 @@ def test_declare_gets_the_refusal_of_its_query(reporter: psycopg.Connection, que
     plain = sqlstate(reporter, query)
     assert plain in ("42501", "0A000")
     with reporter.transaction():
-        assert sqlstate(reporter, f"declare c cursor for {query}") == plain
+        assert in_savepoint(reporter, f"declare c cursor for {query}") == plain  # (the refusal fails the block)
         assert sqlstate(reporter, "fetch all from c") == "34000"  # PostgreSQL never saw a cursor c
     assert sqlstate(reporter, f'BEGIN;declare "SQL_CUR1" cursor with hold for {query};fetch 100 in "SQL_CUR1"') \
         == plain
@@ -338,10 +338,10 @@ def test_no_scroll_cursor_refuses_backward_moves(reporter: psycopg.Connection) -
 def test_cursor_names_fold_and_collide_as_postgresql_s(reporter: psycopg.Connection) -> None:
     with reporter.transaction():
         reporter.execute("declare catalog cursor for select relname from pg_class")  # passed through
-        assert sqlstate(reporter, f"declare CATALOG cursor for {QUERY}") == "42P03"
+        assert in_savepoint(reporter, f"declare CATALOG cursor for {QUERY}") == "42P03"
         reporter.execute(f"declare Held cursor for {QUERY}")
-        assert sqlstate(reporter, "declare held cursor for select relname from pg_class") == "42P03"
-        assert sqlstate(reporter, f'declare "held" cursor for {QUERY}') == "42P03"
+        assert in_savepoint(reporter, "declare held cursor for select relname from pg_class") == "42P03"
+        assert in_savepoint(reporter, f'declare "held" cursor for {QUERY}') == "42P03"
         reporter.execute(f'declare "Held" cursor for {QUERY}')  # another name
         assert reporter.execute('fetch 1 from "Held"').fetchall() == reporter.execute("fetch 1 from HELD").fetchall()
         assert reporter.execute("fetch 1 from catalog").fetchall()  # still PostgreSQL's own
@@ -497,7 +497,7 @@ def test_dp_declare_of_a_refused_query_is_refused_and_free(gated_proxy: Endpoint
             plain = sqlstate(conn, query)
             assert plain is not None
             with conn.transaction():
-                assert sqlstate(conn, f"declare c cursor for {query}") == plain
+                assert in_savepoint(conn, f"declare c cursor for {query}") == plain
                 assert sqlstate(conn, "fetch all from c") == "34000"
             assert sqlstate(conn, f'BEGIN;declare "SQL_CUR2" cursor with hold for {query};fetch 10 in "SQL_CUR2"') \
                 == plain

@@ -3,7 +3,8 @@ anonproxy.proxy.followed_settings).
 
 Each followed setting, set with SET or at login (``options=-c ...``), must change how a gated answer prints,
 exactly as it changes PostgreSQL's rendering of the same values: extra_float_digits on a float average,
-DateStyle on a date key, TimeZone on a timestamptz key, IntervalStyle on an interval key.
+DateStyle on a date key, TimeZone on a timestamptz key, IntervalStyle on an interval key, bytea_output on a bytea
+key.
 """
 
 from __future__ import annotations
@@ -29,8 +30,10 @@ CASES = {
     "DateStyle": ("SQL, DMY", "select day as v, count(*) from public.stays group by day order by 1"),
     "TimeZone": ("Asia/Tokyo", "select at as v, count(*) from public.stays group by at order by 1"),
     "IntervalStyle": ("sql_standard", "select length as v, count(*) from public.stays group by length order by 1"),
+    "bytea_output": ("escape", "select tag as v, count(*) from public.stays group by tag order by 1"),
 }
-DEFAULTS = {"extra_float_digits": "1", "DateStyle": "ISO, MDY", "TimeZone": "UTC", "IntervalStyle": "postgres"}
+DEFAULTS = {"extra_float_digits": "1", "DateStyle": "ISO, MDY", "TimeZone": "UTC", "IntervalStyle": "postgres",
+            "bytea_output": "hex"}
 
 
 def test_one_list() -> None:
@@ -40,14 +43,16 @@ def test_one_list() -> None:
 
 @pytest.fixture(scope="module")
 def stays(pg_server: EmbeddedPostgres, gated_database: str) -> Iterator[psycopg.Connection]:
-    """A protected table with float, date, timestamptz and interval columns: 1000 people, groups of 500
+    """A protected table with float, date, timestamptz, interval and bytea columns: 1000 people, groups of 500
     (large enough for dp's partition selection to release both keys)."""
     conn = psycopg.connect(pg_server.conninfo(dbname=gated_database), autocommit=True)
     conn.execute("create table public.stays (person int, half int, score float8, day date, at timestamptz, "
-                 "length interval)")
+                 "length interval, tag bytea)")
     conn.execute("insert into public.stays select p, p % 2, p / 7.0, date '2024-03-01' + (p % 2) * 40, "
                  "timestamptz '2024-03-01 22:30:00+00' + (p % 2) * interval '1 day', "
-                 "interval '1 day 02:03:04' * (1 + p % 2) from generate_series(1, 1000) p")
+                 "interval '1 day 02:03:04' * (1 + p % 2), "
+                 "decode(case p % 2 when 0 then '615c62' else '00ff0a' end, 'hex') "
+                 "from generate_series(1, 1000) p")
     conn.execute("select anonproxy.protect_table('public.stays', 'person')")
     conn.execute("select anonproxy.set_column('public.stays', 'score', 'sensitive', 0, 10)")
     conn.execute("select anonproxy.apply_grants()")
@@ -61,7 +66,7 @@ def stays(pg_server: EmbeddedPostgres, gated_database: str) -> Iterator[psycopg.
 
 def _texts(conn: psycopg.Connection, query: str) -> list[tuple[str | None, ...]]:
     """The answer's values as the server (or the proxy) printed them."""
-    for oid in ("float8", "date", "timestamptz", "interval", "numeric", "int8"):
+    for oid in ("float8", "date", "timestamptz", "interval", "numeric", "int8", "bytea"):
         conn.adapters.register_loader(oid, TextLoader)
     return conn.execute(query).fetchall()
 

@@ -4,7 +4,8 @@ When the session gives a ``time_limit`` (the policy's maximum for the role's mod
 statement_timeout with a query of the proxy's on the client's connection, after anything else ran there, and
 caps it by that limit (:meth:`ClientTimeout.milliseconds`). A read stopped by the client's own statement_timeout
 is made once more, then taken as 1 ms (the limit is shorter than that query took). The same query reads the
-followed settings the server does not report (extra_float_digits; the list is :mod:`.followed_settings`).
+followed settings the server does not report (extra_float_digits, bytea_output; the list is
+:mod:`.followed_settings`).
 
 No I/O: the gate sends :data:`QUERY` and hands the answer's messages back here.
 """

@@ -26,16 +26,16 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from ..wire.results import Result
 
-# How values print: text encoding, dates and times, time zone, intervals, floating-point digits.
+# How values print: text encoding, dates and times, time zone, intervals, floating-point digits, binary strings.
 FOLLOWED_SETTINGS: tuple[str, ...] = ("client_encoding", "DateStyle", "TimeZone", "IntervalStyle",
-                                      "extra_float_digits")
+                                      "extra_float_digits", "bytea_output")
 # Those the server reports (ParameterStatus) at login and on every change.
 REPORTED_SETTINGS: tuple[str, ...] = ("client_encoding", "DateStyle", "TimeZone", "IntervalStyle")
 # Those it does not: read with ``current_setting`` on the client's own connection.
 UNREPORTED_SETTINGS: tuple[str, ...] = tuple(name for name in FOLLOWED_SETTINGS if name not in REPORTED_SETTINGS)
 
 
-FLOAT4, FLOAT8, DATE, TIMESTAMP, TIMESTAMPTZ, INTERVAL = 700, 701, 1082, 1114, 1184, 1186
+BYTEA, FLOAT4, FLOAT8, DATE, TIMESTAMP, TIMESTAMPTZ, INTERVAL = 17, 700, 701, 1082, 1114, 1184, 1186
 _FLOAT_DIGITS = {FLOAT8: 15, FLOAT4: 6}  # DBL_DIG, FLT_DIG
 
 
@@ -45,7 +45,8 @@ def follow_settings(result: Result, settings: dict[str, str]) -> Result:
     Its values are in the proxy's own text (psycopg's: floats in shortest form, ISO dates, times with their
     offset, intervals as days and time); each float, date, timestamp, timestamptz and interval column is
     printed again the way PostgreSQL prints it under the client's extra_float_digits, DateStyle, TimeZone and
-    IntervalStyle. Cached answers are stored in the proxy's text and printed on delivery.
+    IntervalStyle, and each bytea column under its bytea_output. Cached answers are stored in the proxy's text and
+    printed on delivery.
     """
     style = _Style.of(settings)
     printers = [_PRINTERS.get(column.type_oid) for column in result.columns]
@@ -63,6 +64,7 @@ class _Style:
     day_first: bool  # DateStyle's DMY (not MDY or YMD)
     zone: tzinfo | None  # None: a TimeZone the proxy cannot read (the offset is kept)
     intervals: str  # postgres, postgres_verbose, sql_standard, iso_8601
+    bytea_hex: bool  # bytea_output hex (else escape)
 
     @classmethod
     def of(cls, settings: dict[str, str]) -> _Style:
@@ -73,7 +75,7 @@ class _Style:
             digits = 1
         return cls(digits, words[0] if words[0] in ("ISO", "SQL", "POSTGRES", "GERMAN") else "ISO",
                    "DMY" in words or "EURO" in words or "EUROPEAN" in words, _zone(settings.get("TimeZone", "UTC")),
-                   settings.get("IntervalStyle", "postgres").lower())
+                   settings.get("IntervalStyle", "postgres").lower(), settings.get("bytea_output", "hex") != "escape")
 
 
 def _zone(name: str) -> tzinfo | None:
@@ -219,8 +221,35 @@ def _interval(text: str, style: _Style) -> str:
     return out
 
 
+def _bytea(text: str, style: _Style) -> str:
+    """byteaout: ``\\x`` and two hex digits a byte, or (escape) printable ASCII as it is, a backslash doubled and
+    any other byte as a backslash and three octal digits. The proxy's text is either form."""
+    data = bytes.fromhex(text[2:]) if text.startswith("\\x") else _unescaped(text)
+    if style.bytea_hex:
+        return "\\x" + data.hex()
+    return "".join("\\\\" if byte == 0x5C else chr(byte) if 0x20 <= byte <= 0x7E else f"\\{byte:03o}"
+                   for byte in data)
+
+
+def _unescaped(text: str) -> bytes:
+    """The bytes of bytea's escape form."""
+    data = bytearray()
+    index = 0
+    while index < len(text):
+        if text[index] != "\\":
+            data.append(ord(text[index]))
+            index += 1
+        elif text[index + 1] == "\\":
+            data.append(0x5C)
+            index += 2
+        else:
+            data.append(int(text[index + 1:index + 4], 8))
+            index += 4
+    return bytes(data)
+
+
 _PRINTERS: dict[int, Callable[[str, _Style], str]] = {
     FLOAT8: lambda text, style: _float(text, style, _FLOAT_DIGITS[FLOAT8]),
     FLOAT4: lambda text, style: _float(text, style, _FLOAT_DIGITS[FLOAT4]),
-    DATE: _date, TIMESTAMP: _timestamp, TIMESTAMPTZ: _timestamptz, INTERVAL: _interval,
+    DATE: _date, TIMESTAMP: _timestamp, TIMESTAMPTZ: _timestamptz, INTERVAL: _interval, BYTEA: _bytea,
 }

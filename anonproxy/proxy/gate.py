@@ -26,6 +26,16 @@ proxy closes the first owner's part with a Sync of its own and swallows its
 ReadyForQuery. After an error the rest of the batch is skipped up to Sync,
 as PostgreSQL does.
 
+Every ReadyForQuery the client gets carries the status of its own
+connection, where its transaction lives. An error from elsewhere (a
+refusal, the service connection, the proxy) inside a transaction block
+fails that block there too: the ReadyForQuery is held back, the client's
+connection fails its transaction (a Parse that cannot succeed, and a Sync;
+its error hidden) and that connection's ReadyForQuery, 'E', goes to the
+client (``_transaction_failed``). PostgreSQL then answers 25P02, COMMIT and
+ROLLBACK TO SAVEPOINT itself, and the gate keeps no state that could drift
+from it.
+
 Statements are decided by the session (``decide``), which may answer "not
 yet" (None) while the statement is analysed off the event loop; the gate then
 holds that message, and those after it, until ``decided``. A Query or Parse
@@ -130,6 +140,10 @@ from .service_statements import ServiceStatements
 __all__ = ["EXPLAIN_COLUMNS", "Description", "Execution", "Gate", "Owner", "Parameters", "ProxyRequest", "Reply"]
 
 QUEUE_LIMIT = 1 << 20  # bytes of client messages waiting in the gate before the session stops reading
+# What fails the client's transaction block on its own connection after an error from elsewhere: a Parse whose text
+# is a syntax error (certain to fail, in any transaction state), of a statement of the proxy's name (a Parse of the
+# unnamed statement would drop the client's), and a Sync whose ReadyForQuery the client gets.
+_FAIL_TRANSACTION = pg.message(b"P", b"anonproxy.failed\0anonproxy failed the client's statement\0\0\0") + SYNC
 
 
 class Gate:
@@ -173,6 +187,7 @@ class Gate:
         self._swallow = {Owner.UPSTREAM: 0, Owner.SERVICE: 0}  # ReadyForQuery of our own Syncs
         self._asking: tuple[str, bytes, int] | None = None  # what the PROXY request in flight is for
         self.transaction_status = b"I"
+        self._erred = False  # an error from elsewhere than the client's connection reached the client since its RFQ
         # The client's statement_timeout, when the policy limits the mode's statement time.
         self._timeout = ClientTimeout(time_limit) if time_limit is not None else None
         # The service connection is borrowed from the worker's pool (``acquire_service``; the session answers
@@ -278,7 +293,7 @@ class Gate:
             name, offset = pg.read_cstring(body)
             if name.decode() in REPORTED_SETTINGS:
                 self._service.follow(name.decode(), pg.read_cstring(body, offset)[0].decode())
-        self._write_client(pg.message(type_, body))
+        self._write_client(pg.message(type_, body), upstream=True)
 
     def service_message(self, type_: bytes, body: bytes) -> None:
         service = self._service
@@ -448,13 +463,39 @@ class Gate:
 
     # -- what goes to the client -------------------------------------------------------------------------------
 
-    def _write_client(self, data: bytes) -> None:
-        """Whole messages for the client, followed on their way (cursors' life time, a Script's ReadyForQuery)."""
+    def _write_client(self, data: bytes, upstream: bool = False) -> None:
+        """Whole messages for the client (``upstream``: from its own connection), followed on their way (cursors'
+        life time, a Script's ReadyForQuery)."""
+        data = self._transaction_failed(data, upstream)
         data, over = follow(data, self._cursors, self._script)
         if over:
             self._end_script()
         if data:
             self._client(data)
+
+    def _transaction_failed(self, data: bytes, upstream: bool) -> bytes:
+        """``data`` for the client, its ReadyForQuery (last, if any) carrying the status of the client's connection.
+
+        An error the client got from elsewhere (a refusal, the service connection, the proxy) inside a transaction
+        block fails that transaction where it lives: the ReadyForQuery that follows is held back, the client's
+        connection fails its transaction too (_FAIL_TRANSACTION, its error hidden) and that connection's own
+        ReadyForQuery ('E') goes to the client. PostgreSQL then answers what follows as it answers any failed
+        transaction (25P02, COMMIT reported as ROLLBACK, ROLLBACK TO SAVEPOINT recovering), and the status the
+        gate follows is always the server's."""
+        last = b""
+        for type_, _ in messages(data):
+            last = type_
+            self._erred |= type_ == b"E" and not upstream
+        if last != b"Z":
+            return data
+        if not (self._erred and self.transaction_status == b"T"):
+            self._erred = False
+            return data if upstream else data[:-6] + pg.ready_for_query(self.transaction_status)
+        self._erred = False
+        self._send[Owner.UPSTREAM](_FAIL_TRANSACTION)
+        self._hidden[Owner.UPSTREAM].append(b"E")
+        self.in_flight[Owner.UPSTREAM] += 1
+        return data[:-6]
 
     def _failed(self) -> None:
         self._cursors.error()
@@ -519,7 +560,7 @@ class Gate:
         else:
             if status == b"I":  # the client's transaction ended (COMMIT, ROLLBACK, a Sync outside a block)
                 self._prepared.portals_ended()
-            self._write_client(pg.ready_for_query(status))
+            self._write_client(pg.ready_for_query(status), upstream=owner is Owner.UPSTREAM)
         self._pump()
 
     # -- dispatch -----------------------------------------------------------------

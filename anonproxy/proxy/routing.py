@@ -200,7 +200,7 @@ class Router:
             return self._or_refused(gate_cursors.query_route(raw, decision, self._cursors, self._now.status,
                                                              block=False), simple=True)
         if isinstance(decision, Reject):
-            return self._refuse(decision, simple=True)
+            return self._refuse(self._failed_first(decision), simple=True)
         if isinstance(decision, AtBind):  # $n in a Query: PostgreSQL's own refusal
             return self._refuse(Reject("42P02", f"there is no parameter ${decision.slots[0].number}"), simple=True)
         if isinstance(decision, Rewrite) or reports.answered_by_proxy(decision):
@@ -289,7 +289,7 @@ class Router:
         if isinstance(decision, Reject):
             prepared.statements.pop(name, None)
             prepared.texts.pop(name, None)
-            return self._refuse(decision)
+            return self._refuse(self._failed_first(decision))
         prepared.texts[name] = decided
         return self._parse_route(name, decided, decision, raw)
 
@@ -336,8 +336,8 @@ class Router:
     def _bind(self, raw: bytes, body: bytes) -> Route:
         portal, offset = pg.read_cstring(body)
         statement, values = pg.read_cstring(body, offset)
-        if self._now.status == b"E" and self._prepared.statements.get(statement) is Owner.SERVICE:
-            return self._refuse(_ABORTED)  # as PostgreSQL (the service connection's transaction did not fail)
+        if self._now.status == b"E" and self._prepared.statements.get(statement) in (Owner.SERVICE, Owner.PROXY):
+            return self._refuse(_ABORTED)  # as PostgreSQL (the failed transaction is on the client's connection)
         # The statement prepared again: for the value class of this Bind's values, or under a new policy.
         again = self._decide_at_bind(statement, body)
         if again is WAIT or again is not None and again.refusal is not None:
@@ -429,8 +429,9 @@ class Router:
             kind, (name, _) = b"P", pg.read_cstring(body)
         else:
             kind, (name, _) = body[:1], pg.read_cstring(body, 1)
-        if kind == b"P" and type_ != b"C" and name in prepared.service_binds and self._now.status == b"E":
-            return self._refuse(_ABORTED)  # a rewritten portal (its service connection's transaction did not fail)
+        if kind == b"P" and type_ != b"C" and self._now.status == b"E" and (
+                name in prepared.service_binds or name in prepared.proxy_portals):
+            return self._refuse(_ABORTED)  # a portal answered elsewhere than on the client's connection
         if type_ == b"E":
             stale = self._bound_under_old_policy(name)
             if stale is not None:
@@ -588,6 +589,11 @@ class Router:
                           f"anonproxy settings: {', '.join('anonproxy.' + s for s in sorted(values))}")
         return (pg.row_description([f"anonproxy.{setting}"]),
                 pg.data_row([values[setting]]) + pg.command_complete("SHOW"))
+
+    def _failed_first(self, reject: Reject) -> Reject:
+        """A statement's refusal, or 25P02 in a failed transaction, as PostgreSQL answers: it checks for a failed
+        transaction before anything but the syntax (whose errors, 42601, come first)."""
+        return _ABORTED if self._now.status == b"E" and reject.sqlstate != "42601" else reject
 
     def _or_refused(self, route: Route | Reject, simple: bool = False) -> Route:
         return self._refuse(route, simple) if isinstance(route, Reject) else route
