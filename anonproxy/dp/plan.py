@@ -300,7 +300,9 @@ def _measure(statement: Statement, tree: exp.Expression, role: RolePolicy, polic
     public = _public_domains(query, tree, columns) if query.keys else None
     within = [domain.within for domain in public or () if isinstance(domain, TimeDomain)]
     guards = within + _time_guards(query, columns, within)
-    if guards:  # rows outside a calendar key's declared range fall in none of its buckets
+    # Rows outside the declared range of a calendar key's column fall in none of its buckets; those outside the
+    # range of a time column another key or an aggregate reads must not reach it (the proof trusts the range there).
+    if guards:
         where = " AND ".join(f"({condition})" for condition in ([query.where] if query.where else []) + guards)
         query = columns.query = replace(query, where=where)
     # How many groups one unit can reach: a unit touches at most `groups_cap` groups, and never more than exist.
@@ -325,14 +327,19 @@ def _time_guards(query: AnalyticQuery, columns: _Columns, within: list[str]) -> 
     rows the WHERE clause let through, so a value outside it ('infinity') must not reach them. (It does not trust
     the range in WHERE and JOIN conditions, which PostgreSQL may evaluate before these.) A NULL raises no error and
     stays: the rows a LEFT JOIN finds no match for are counted as PostgreSQL counts them. ``within``: the
-    calendar keys' conditions, which keep their columns' rows within the range already."""
+    calendar keys' conditions, which keep their columns' rows within the range already. Numbers are not guarded
+    here: a number whose bounds the proof needs is read clamped into them wherever it is read, conditions included
+    (anonproxy.plan.clamp), and a row outside them stays, counted at the bound."""
     guards: list[str] = []
     for node in (*query.key_nodes, *(aggregate.node for aggregate in query.aggregates)):
         for column in node.find_all(exp.Column):
             time = columns.time_column(column)
-            if time is None or within_range(column, time) in within:
+            if time is None:
                 continue
-            guard = f"{render.sql(column)} IS NULL OR {within_range(column, time)}"
+            within_time = within_range(column, time)
+            if within_time in within:
+                continue
+            guard = f"{render.sql(column)} IS NULL OR {within_time}"
             if guard not in guards:
                 guards.append(guard)
     return guards
