@@ -19,6 +19,11 @@ import psycopg
 import pytest
 from conftest import Endpoint, fresh_dp_role
 
+from anonproxy.dp.model import DPParams, DPPlan
+from anonproxy.dp.plan import plan_dp
+from anonproxy.policy.model import Policy
+from anonproxy.policy.store import load_policy
+
 # The demo declares age in [15, 100], hours_per_week in [0, 100], capital_gain in [0, 100000], capital_loss in
 # [0, 5000]; the adult data lies within them.
 BOUNDED = {"age": (15, 100), "hours_per_week": (0, 100), "capital_gain": (0, 100000), "capital_loss": (0, 5000)}
@@ -105,6 +110,39 @@ def test_an_out_of_bounds_person_counts_at_the_bound(analyst: psycopg.Connection
         value, low, high = analyst.execute("select count(*) as n, dp_interval_low(n), dp_interval_high(n) "
                                            "from adult where -age > -16").fetchone()
     assert abs(value - clamped) <= 3 * (high - low) / 2, (value, low, high, clamped)
+
+
+def test_a_clamped_column_keeps_its_nulls(analyst: psycopg.Connection[Any], truth: psycopg.Connection[Any]) -> None:
+    """amount (numeric(10,2), declared in [0, 1000]) times 100 cast to integer overflows for amounts the type holds,
+    and is admitted with amount read clamped; the visits a LEFT JOIN finds none of leave amount NULL, and a NULL
+    stays NULL (not the lower bound): count() of it is PostgreSQL's 0, not the 30,162 adults."""
+    sql = ("select count((v.amount * 100)::int) as n, dp_interval_low(n), dp_interval_high(n) from adult a "
+           "left join visits v on v.person_id = a.id and v.channel = 'nowhere'")
+    assert truth.execute("select count((v.amount * 100)::int) from adult a left join visits v "
+                         "on v.person_id = a.id and v.channel = 'nowhere'").fetchone()[0] == 0
+    value, low, high = analyst.execute(sql).fetchone()
+    assert abs(value) <= 3 * (high - low) / 2, (value, low, high)
+
+
+@pytest.fixture(scope="module")
+def policy(truth: psycopg.Connection[Any]) -> Policy:
+    return load_policy(truth)
+
+
+@pytest.mark.parametrize("sql", [
+    "select sex, count(*), sum(age), avg(hours_per_week) from adult where age > 30 group by sex",
+    "select count(*) from adult where capital_gain::numeric * 21000 > 0 and age between 20 and 30",
+    "select age / 10 * 10 as decade, count(*) from adult group by 1",
+    "select sum(age / 10), avg(hours_per_week::numeric * 52) from adult",
+])
+def test_statements_that_need_no_bounds_keep_their_sql(policy: Policy, sql: str) -> None:
+    """A statement the proof admits without declared bounds reads no column clamped: its SQL, hence its answer
+    cache key (the plan's measured SQL), is what it was before columns were ever clamped."""
+    plan = plan_dp(sql, policy.role("analyst"), policy, DPParams(epsilon=1.0, delta=1e-6))
+    assert isinstance(plan, DPPlan), plan
+    # (an aggregate's own clamp of its argument, CASE WHEN x IS NOT NULL THEN LEAST(GREATEST(...)), is as before)
+    clamp = "CASE WHEN NOT "  # how a column read clamped is written (anonproxy.plan.clamp)
+    assert clamp not in plan.sql and clamp not in plan.measured
 
 
 # --- a property: generated arithmetic, one person outside the bounds --------------------------------------------
