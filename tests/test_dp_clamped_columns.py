@@ -73,27 +73,32 @@ ANSWERED = [
 @pytest.mark.parametrize(("sql", "expected"), ANSWERED)
 def test_integer_arithmetic_on_bounded_columns_is_answered_close_to_postgresql(
         analyst: psycopg.Connection[Any], truth: psycopg.Connection[Any], sql: str, expected: str) -> None:
-    """Refused in dp before (0A000, "Cast to numeric first"); now answered, within three times the half-width of
-    the 95 % interval the proxy states of PostgreSQL's answer (a Laplace error past that has odds below 10⁻³)."""
+    """Refused in dp before (0A000, "Cast to numeric first"); now answered, within four times the half-width of
+    the 95 % interval the proxy states of PostgreSQL's answer (a Laplace error past that has odds of 20⁻⁴)."""
     true = float(truth.execute(expected).fetchone()[0])
     value, low, high = (float(v) for v in analyst.execute(sql).fetchone())
     assert low <= value <= high
-    assert abs(value - true) <= 3 * (high - low) / 2, (value, low, high, true)
+    assert abs(value - true) <= 4 * (high - low) / 2, (value, low, high, true)
 
 
 @pytest.mark.parametrize("key", ["age * 2", "-age"])
 def test_a_key_of_integer_arithmetic_is_answered_close_to_postgresql(analyst: psycopg.Connection[Any],
                                                                       truth: psycopg.Connection[Any],
                                                                       key: str) -> None:
-    """GROUP BY age * 2 and -age: the groups released (partition selection) are PostgreSQL's groups, each count
-    within three half-widths of its stated 95 % interval of PostgreSQL's count."""
+    """GROUP BY age * 2 and -age: the groups released (partition selection) are PostgreSQL's groups, every group
+    of 100 people or more among them, each count within four half-widths of its stated 95 % interval of
+    PostgreSQL's count. (A small group is released only when its noise took it past the threshold: its count is
+    not compared.)"""
     expected = dict(truth.execute(f"select {key}, count(*) from adult group by 1").fetchall())
     rows = analyst.execute(f"select {key} as k, count(*) as n, dp_interval_low(n), dp_interval_high(n) "
                            "from adult group by 1").fetchall()
-    assert len(rows) > 20  # ages 17 to 90: most groups hold far more people than the threshold
-    for k, n, low, high in rows:
-        assert k in expected, k
-        assert abs(n - expected[k]) <= 3 * (high - low) / 2, (k, n, low, high, expected[k])
+    released = {k: (n, low, high) for k, n, low, high in rows}
+    assert set(released) <= set(expected)
+    large = {k: count for k, count in expected.items() if count >= 100}
+    assert len(large) > 20 and set(large) <= set(released)  # ages 17 to 90: most groups are far past the threshold
+    for k, count in large.items():
+        n, low, high = released[k]
+        assert abs(n - count) <= 4 * (high - low) / 2, (k, n, low, high, count)
 
 
 def test_an_out_of_bounds_person_counts_at_the_bound(analyst: psycopg.Connection[Any],
@@ -109,7 +114,7 @@ def test_an_out_of_bounds_person_counts_at_the_bound(analyst: psycopg.Connection
                                         [person]).fetchone()[0]
         value, low, high = analyst.execute("select count(*) as n, dp_interval_low(n), dp_interval_high(n) "
                                            "from adult where -age > -16").fetchone()
-    assert abs(value - clamped) <= 3 * (high - low) / 2, (value, low, high, clamped)
+    assert abs(value - clamped) <= 4 * (high - low) / 2, (value, low, high, clamped)
 
 
 def test_a_clamped_column_keeps_its_nulls(analyst: psycopg.Connection[Any], truth: psycopg.Connection[Any]) -> None:
@@ -121,7 +126,7 @@ def test_a_clamped_column_keeps_its_nulls(analyst: psycopg.Connection[Any], trut
     assert truth.execute("select count((v.amount * 100)::int) from adult a left join visits v "
                          "on v.person_id = a.id and v.channel = 'nowhere'").fetchone()[0] == 0
     value, low, high = analyst.execute(sql).fetchone()
-    assert abs(value) <= 3 * (high - low) / 2, (value, low, high)
+    assert abs(value) <= 4 * (high - low) / 2, (value, low, high)
 
 
 @pytest.fixture(scope="module")

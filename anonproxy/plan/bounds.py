@@ -36,10 +36,10 @@ The proof trusts the bounds its caller gives as facts: in suppress mode the
 declared bounds, the DBA's statement of what a column holds; in dp mode, which
 tolerates values outside them, only those of columns read clamped into them
 (:mod:`anonproxy.plan.clamp`) and declared time ranges where dp keeps rows
-within them (:mod:`anonproxy.plan.expressions`). Dates and timestamps are intervals of microseconds too, with ±infinity:
-where they lie without declared bounds, and what each time function may do to
-them (truncations, time zones, intervals, the clock), is
-:mod:`anonproxy.plan.time_values`.
+within them (:mod:`anonproxy.plan.expressions`). Dates and timestamps are
+intervals of microseconds too, with ±infinity: where they lie without declared
+bounds, and what each time function may do to them (truncations, time zones,
+intervals, the clock), is :mod:`anonproxy.plan.time_values`.
 """
 
 from __future__ import annotations
