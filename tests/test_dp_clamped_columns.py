@@ -1,5 +1,5 @@
-"""dp mode reads a bounded integer column clamped into its declared bounds where the no-error proof needs them
-(anonproxy.plan.clamp, docs/dp.md "Arithmetic on bounded columns").
+"""dp mode reads a bounded integer or numeric column clamped into its declared bounds where the no-error proof
+needs them (anonproxy.plan.clamp, docs/dp.md "Arithmetic on bounded columns").
 
 Integer arithmetic the proof admits only within the declared bounds (``age + 1``, ``hours_per_week * 52``,
 ``capital_gain - capital_loss``, ``-age``) is answered in dp mode: its SQL reads those columns as
@@ -26,7 +26,7 @@ from anonproxy.policy.store import load_policy
 
 # The demo declares age in [15, 100], hours_per_week in [0, 100], capital_gain in [0, 100000], capital_loss in
 # [0, 5000]; the adult data lies within them.
-BOUNDED = {"age": (15, 100), "hours_per_week": (0, 100), "capital_gain": (0, 100000), "capital_loss": (0, 5000)}
+BOUNDED = ("age", "hours_per_week", "capital_gain", "capital_loss")
 
 
 @pytest.fixture
