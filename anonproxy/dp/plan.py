@@ -239,7 +239,7 @@ class Packed:
 
     @property
     def size(self) -> int:
-        return len(self._pickled())
+        return len(self._pickled()) + sum(more.size for more in self.further)
 
     def _pickled(self) -> bytes:
         if self._data is None:
