@@ -149,7 +149,7 @@ def _admitted(sql: str, policy: Policy) -> bool:
     if isinstance(dp, Noisy):
         dp = plan_dp(dp.sql, DP, policy, DPParams(epsilon=1.0, delta=1e-6))
     assert isinstance(suppress, (Rewrite, Reject)), suppress
-    # dp takes declared bounds as a clamp, not as facts (docs/dp.md): what it admits suppress admits, not conversely
+    # dp trusts declared bounds only where it reads the column clamped (docs/dp.md): what it admits suppress admits
     assert isinstance(suppress, Rewrite) or isinstance(dp, Reject), (sql, suppress, dp)
     return isinstance(suppress, Rewrite)
 

@@ -1,6 +1,7 @@
 """Red team, round 10: date_bin's origin far from the data (suppress), the dp answer cache's key on Unicode-escaped
 and dollar-quoted tokens, outer queries over released rows (window functions, DISTINCT ON, LATERAL), arithmetic
-over a withheld aggregate (suppress), and declared bounds in dp's no-error proof (a clamp, not a fact).
+over a withheld aggregate (suppress), and declared bounds in dp's no-error proof (facts only where dp reads the
+column clamped).
 
 Each attack asserts the safe outcome. date_bin subtracts its origin from the value in 64 bits of microseconds, and
 PostgreSQL raises "interval out of range" past them: the timestamp range (4714 BC to 294276 AD) spans more than
@@ -11,6 +12,7 @@ run through the real gated proxy with a real driver."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import psycopg
@@ -211,7 +213,7 @@ def test_a_product_of_one_group_s_sum_raises_no_error(reporter: psycopg.Connecti
     assert answers[0] == answers[1]
 
 
-# --- dp: declared bounds are where values are clamped, not facts ------------------------------------------------
+# --- dp: declared bounds are where values are clamped: facts only where the SQL reads the column clamped --------
 
 # The demo declares age in [15, 100] and capital_gain in [0, 100000]: within them none of these overflows integer
 # (100 * 21,000,000 and 100,000 * 21,000 are below 2^31), but one person outside them makes each fail.
@@ -221,27 +223,59 @@ TRUSTING_BOUNDS = [
     "select age * 21000000 as k, count(*) from adult group by 1",
     "select sum(capital_gain * 21000) from adult",
 ]
+# Even within the bounds these overflow integer (100,000 * 22,000 and 100 * 22,000,000 are past 2^31).
+OVERFLOWING_WITHIN_BOUNDS = [
+    "select count(*) from adult where capital_gain * 22000 > 0",
+    "select sum(age * 22000000) from adult",
+]
+
+
+@contextmanager
+def out_of_bounds(truth: psycopg.Connection[Any]) -> Iterator[None]:
+    """One person at capital gain 150,000 and age 150, outside the declared bounds (which dp tolerates: the lint
+    only warns), put back afterwards."""
+    row = truth.execute("select id, capital_gain, age from adult order by id limit 1").fetchone()
+    truth.execute("update adult set capital_gain = 150000, age = 150 where id = %s", [row[0]])
+    try:
+        yield
+    finally:
+        truth.execute("update adult set capital_gain = %s, age = %s where id = %s", [row[1], row[2], row[0]])
 
 
 @pytest.mark.parametrize("sql", TRUSTING_BOUNDS)
-def test_dp_does_not_trust_declared_bounds_against_errors(analyst: psycopg.Connection[Any],
-                                                          truth: psycopg.Connection[Any], sql: str) -> None:
-    """dp clamps values into the declared bounds and tolerates values outside them (the lint only warns), so an
-    expression proved not to fail within them fails on such a person's row, un-noised: a search over the factor
-    would read their capital gain. PostgreSQL fails with one person at capital gain 150,000 and age 150; through
-    the proxy the statement is refused on its structure (0A000, with a hint), charging nothing."""
-    with truth.transaction(force_rollback=True):
-        truth.execute("update adult set capital_gain = 150000, age = 150 where id = (select min(id) from adult)")
+def test_dp_reads_bounded_columns_clamped_against_errors(analyst: psycopg.Connection[Any],
+                                                         truth: psycopg.Connection[Any], sql: str) -> None:
+    """An expression proved not to fail only within the declared bounds fails on an out-of-bounds person's row in
+    PostgreSQL, and would fail un-noised (a search over the factor would read their capital gain) if dp trusted
+    the bounds of the raw column. dp reads capital_gain and age clamped into their bounds there: with that person
+    present the statement is answered, with noise, and charged; no error."""
+    with out_of_bounds(truth):
         with pytest.raises(psycopg.errors.NumericValueOutOfRange):
             truth.execute(sql).fetchall()
-    before = str(analyst.execute("show anonproxy.budget").fetchone()[0])
-    with pytest.raises(psycopg.Error) as caught:
-        analyst.execute(sql).fetchall()
-    assert caught.value.sqlstate == "0A000" and "overflow" in (caught.value.diag.message_primary or ""), caught.value
-    hint = caught.value.diag.message_hint or ""
-    # what works in dp: numeric arithmetic; declaring bounds does not (dp does not take them as facts)
+        before = str(analyst.execute("show anonproxy.budget").fetchone()[0])
+        rows = analyst.execute(sql).fetchall()
+        assert rows and all(value is not None for row in rows for value in row), rows
+        assert str(analyst.execute("show anonproxy.budget").fetchone()[0]) != before
+
+
+@pytest.mark.parametrize("sql", OVERFLOWING_WITHIN_BOUNDS)
+def test_dp_refuses_what_overflows_within_the_bounds(analyst: psycopg.Connection[Any],
+                                                     truth: psycopg.Connection[Any], sql: str) -> None:
+    """Refused on its structure (0A000), with or without the out-of-bounds person, charging nothing; the hint is
+    the numeric spelling (the bounds are already used)."""
+    def refusal() -> tuple[str, str, str]:
+        before = str(analyst.execute("show anonproxy.budget").fetchone()[0])
+        with pytest.raises(psycopg.Error) as caught:
+            analyst.execute(sql).fetchall()
+        assert str(analyst.execute("show anonproxy.budget").fetchone()[0]) == before
+        diag = caught.value.diag
+        return str(caught.value.sqlstate), diag.message_primary or "", diag.message_hint or ""
+
+    with out_of_bounds(truth):
+        sqlstate, message, hint = refusal()
+    assert (sqlstate, message, hint) == refusal()
+    assert sqlstate == "0A000" and "overflow" in message, message
     assert "::numeric" in hint and "declare" not in hint, hint
-    assert str(analyst.execute("show anonproxy.budget").fetchone()[0]) == before
 
 
 def test_dp_answers_the_same_arithmetic_in_numeric(analyst: psycopg.Connection[Any]) -> None:

@@ -4,8 +4,8 @@
 bounds of the argument follow from the declared bounds of its columns through the interpreter of the no-error proof
 (anonproxy.plan.bounds); the bounded SQL clamps every value of the argument into them before adding up, so the
 noise is calibrated to them whatever the data holds. A number without declared bounds gives no bound: refused.
-Integer arithmetic that could overflow for a value outside the declared bounds (``hours_per_week * 52``) is
-refused by the no-error proof, which in dp mode takes a number's bounds as a clamp, not as a fact.
+Integer arithmetic that could overflow for a value outside the declared bounds (``hours_per_week * 52``) reads
+its columns clamped into their bounds, which the no-error proof then trusts (tests/test_dp_clamped_columns.py).
 Decisions on an in-memory policy first, then through the proxy for a fresh dp role: answers close to the truth,
 and the noise scale that the derived bounds give.
 """

@@ -10,6 +10,7 @@ set operations (``union``) and ``describe()`` through the real library.
 
 from __future__ import annotations
 
+import pickle
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -19,10 +20,20 @@ import pytest
 from conftest import Endpoint
 from test_dp_proxy import analyst, budget_left  # noqa: F401 - fixtures
 
+from anonproxy.dp.answers import measured_text
+from anonproxy.dp.model import DPParams, DPPlan
+from anonproxy.dp.plan import price
+from anonproxy.dp.question import further_questions
+from anonproxy.plan.outer import Outer
+from anonproxy.policy.store import load_policy
+from anonproxy.route.decide import decide
+from anonproxy.route.decision import Noisy
+
 Rows = list[tuple[Any, ...]]
 BY_SEX = "select sex, count(*) as n from adult group by sex"
 BY_AGE = "select age, count(*) as n from adult group by age"  # ages of fewer than 10 people: withheld
 TOTAL = "select 'Total', count(*) from adult"
+PARAMS = DPParams(epsilon=1.0, delta=1e-6)
 BY_COUNTRY = "select native_country, count(*) as n from adult group by native_country"
 
 
@@ -178,6 +189,24 @@ def test_dp_refuses_a_refused_branch_before_charging_any(analyst: str, gated_pro
         error = _refusal(conn, f"{BY_SEX} union all select 'Youngest', min(age) from adult")
         assert error.sqlstate == "42501" and (error.diag.message_primary or "").startswith("min()"), error
         assert budget_left(conn) == before
+
+
+def test_dp_measures_each_later_branch_once(truth: psycopg.Connection[Any]) -> None:
+    """The router's measurement of a set operation carries each later branch's measurement, made when every branch
+    was checked (before any is charged); the branch is asked with it, not measured again from its text, and it is
+    what measuring that text gives (the same SQL once priced), also after crossing processes (pickled)."""
+    policy = load_policy(truth)
+    role = policy.role("analyst")
+    decision = decide(f"{BY_SEX} union all {TOTAL}", role, policy)
+    assert isinstance(decision, Noisy) and decision.plan is not None
+    packed = pickle.loads(pickle.dumps(decision.plan))
+    plan = price(packed.open(), PARAMS)
+    assert isinstance(plan, DPPlan) and isinstance(plan.nested, Outer)
+    ((text, measured),) = further_questions(plan.nested, packed)
+    assert measured is packed.further[0]
+    again = price(measured_text(text, role, policy).open(), PARAMS)
+    branch = price(measured.open(), PARAMS)
+    assert isinstance(branch, DPPlan) and isinstance(again, DPPlan) and branch.sql == again.sql
 
 
 def test_ibis_union_of_aggregates(reporter: psycopg.Connection[Any], gated_proxy: Endpoint,

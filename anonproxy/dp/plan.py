@@ -168,7 +168,9 @@ class Measured:
     """What a statement measures, before its price: everything :func:`price` needs to finish a plan at any per-query
     ε, δ and accounting, without the statement's text or tree being read again. ``late``: a refusal found after the
     point where a plan checks δ (so that a δ of 0 is reported first, as when both were decided in one pass);
-    ``tail``: one of ORDER BY, LIMIT or OFFSET, reported after the refusals of pricing."""
+    ``tail``: one of ORDER BY, LIMIT or OFFSET, reported after the refusals of pricing; ``further``: the
+    measurements of the aggregate queries an outer query joins, or a set operation combines, besides the first
+    (:func:`_measure_further`), packed apart (:class:`Packed`)."""
 
     query: AnalyticQuery
     columns: _Columns
@@ -189,6 +191,7 @@ class Measured:
     caps: Caps = Caps()
     late: Reject | None = None
     tail: Reject | None = None  # a refusal of ORDER BY, LIMIT or OFFSET: reported after any of pricing's
+    further: tuple[Measured, ...] = ()  # the later aggregate queries of a nested statement, each asked on its own
 
     @property
     def table(self) -> str:
@@ -203,23 +206,28 @@ class Measured:
         columns = copy.copy(self.columns)
         # the time zone names (some 24 kB pickled) only bound the arguments measuring reads, as the tables do
         columns.query, columns.tables, columns.nullable, columns.zones = query, {}, [], None
-        return replace(self, query=query, columns=columns)
+        return replace(self, query=query, columns=columns, further=())
 
 
 class Packed:
     """A measurement (or its refusal) as a value to keep and to send. Its trees take some hundred times the
     statement's length in memory, pickled a few times: it crosses processes (and is kept by a worker) pickled,
     slimmed of what only measuring reads, and is opened where it is priced; within one process it is the
-    measurement itself. ``table``: the budget it is charged to (None: refused); ``size``: what it weighs pickled."""
+    measurement itself. ``table``: the budget it is charged to (None: refused); ``size``: what it weighs pickled;
+    ``further``: the later aggregate queries' measurements (:attr:`Measured.further`), each packed, asked with
+    these rather than measured again."""
 
-    def __init__(self, measured: Measured | Reject) -> None:
+    def __init__(self, measured: Measured | Reject, further: tuple[Packed, ...] = ()) -> None:
         self._measured: Measured | Reject | None = measured
         self._data: bytes | None = None
         self.table = measured.table if isinstance(measured, Measured) else None
+        self.further = further
 
     @classmethod
     def of(cls, measured: Measured | Reject) -> Packed:
-        return cls(measured.slim() if isinstance(measured, Measured) else measured)
+        if isinstance(measured, Measured):
+            return cls(measured.slim(), tuple(cls.of(more) for more in measured.further))
+        return cls(measured)
 
     def open(self) -> Measured | Reject:
         if self._measured is None:
@@ -231,18 +239,18 @@ class Packed:
 
     @property
     def size(self) -> int:
-        return len(self._pickled())
+        return len(self._pickled()) + sum(more.size for more in self.further)
 
     def _pickled(self) -> bytes:
         if self._data is None:
             self._data = pickle.dumps(self._measured, pickle.HIGHEST_PROTOCOL)
         return self._data
 
-    def __getstate__(self) -> tuple[bytes, str | None]:
-        return self._pickled(), self.table
+    def __getstate__(self) -> tuple[bytes, str | None, tuple[Packed, ...]]:
+        return self._pickled(), self.table, self.further
 
-    def __setstate__(self, state: tuple[bytes, str | None]) -> None:
-        self._data, self.table = state
+    def __setstate__(self, state: tuple[bytes, str | None, tuple[Packed, ...]]) -> None:
+        self._data, self.table, self.further = state
         self._measured = None  # opened when priced
 
 
@@ -282,8 +290,8 @@ def _measure(statement: Statement, tree: exp.Expression, role: RolePolicy, polic
         _caps(caps)
     index = PolicyIndex(policy)
     shape = prepare(statement, tree, index)
-    if isinstance(shape, Nested) and isinstance(shape.post, Outer):
-        _measure_further(shape.post, role, policy)
+    further = _measure_further(shape.post, role, policy) if isinstance(shape, Nested) and isinstance(
+        shape.post, Outer) else ()
     single = shape.inner if isinstance(shape, Nested) else shape  # a nested shape: the question asked first
     statement, tree = single.statement, single.tree
     interval_of = interval_items.unwrap(tree)  # dp_interval_low/high(x) items: planned as x, then bounded
@@ -300,7 +308,9 @@ def _measure(statement: Statement, tree: exp.Expression, role: RolePolicy, polic
     public = _public_domains(query, tree, columns) if query.keys else None
     within = [domain.within for domain in public or () if isinstance(domain, TimeDomain)]
     guards = within + _time_guards(query, columns, within)
-    if guards:  # rows outside a calendar key's declared range fall in none of its buckets
+    # Rows outside the declared range of a calendar key's column fall in none of its buckets; those outside the
+    # range of a time column another key or an aggregate reads must not reach it (the proof trusts the range there).
+    if guards:
         where = " AND ".join(f"({condition})" for condition in ([query.where] if query.where else []) + guards)
         query = columns.query = replace(query, where=where)
     # How many groups one unit can reach: a unit touches at most `groups_cap` groups, and never more than exist.
@@ -309,7 +319,7 @@ def _measure(statement: Statement, tree: exp.Expression, role: RolePolicy, polic
     reach = 1 if not query.keys else (min(groups_cap, max(1, math.prod(len(d) for d in public)))
                                       if public and not within else groups_cap)
     measured = Measured(query, columns, public=public, reach=reach, caps=caps,
-                        nested=shape.post if isinstance(shape, Nested) else None)
+                        nested=shape.post if isinstance(shape, Nested) else None, further=further)
     if query.keys and public is None:  # (its δ is checked when priced, first)
         measured.selection = columns.need("units", None, Fraction(1))
     try:
@@ -325,29 +335,38 @@ def _time_guards(query: AnalyticQuery, columns: _Columns, within: list[str]) -> 
     rows the WHERE clause let through, so a value outside it ('infinity') must not reach them. (It does not trust
     the range in WHERE and JOIN conditions, which PostgreSQL may evaluate before these.) A NULL raises no error and
     stays: the rows a LEFT JOIN finds no match for are counted as PostgreSQL counts them. ``within``: the
-    calendar keys' conditions, which keep their columns' rows within the range already."""
+    calendar keys' conditions, which keep their columns' rows within the range already. Numbers are not guarded
+    here: a number whose bounds the proof needs is read clamped into them wherever it is read, conditions included
+    (anonproxy.plan.clamp), and a row outside them stays, counted at the bound."""
     guards: list[str] = []
     for node in (*query.key_nodes, *(aggregate.node for aggregate in query.aggregates)):
         for column in node.find_all(exp.Column):
             time = columns.time_column(column)
-            if time is None or within_range(column, time) in within:
+            if time is None:
                 continue
-            guard = f"{render.sql(column)} IS NULL OR {within_range(column, time)}"
+            within_time = within_range(column, time)
+            if within_time in within:
+                continue
+            guard = f"{render.sql(column)} IS NULL OR {within_time}"
             if guard not in guards:
                 guards.append(guard)
     return guards
 
 
-def _measure_further(outer: Outer, role: RolePolicy, policy: Policy) -> None:
+def _measure_further(outer: Outer, role: RolePolicy, policy: Policy) -> tuple[Measured, ...]:
     """The aggregate queries an outer query joins, or a set operation combines, besides its first are asked after
-    it, each charged on its own: each is measured here too, so that one refused refuses the statement before the
-    first is charged."""
+    it, each charged on its own: each is measured here, once, so that one refused refuses the statement before the
+    first is charged; they are asked with these measurements (anonproxy.dp.question)."""
+    measurements = []
     for more in outer.more:
         statement = split(render.sql(more.inner))[0]  # the text it is asked with (anonproxy.dp.question)
         measured = _measure(statement, parse_statement(statement), role, policy, None)  # as it is asked
         refusal = measured if isinstance(measured, Reject) else measured.late
         if refusal is not None:
             raise _again(refusal)
+        assert isinstance(measured, Measured)
+        measurements.append(measured)
+    return tuple(measurements)
 
 
 def _measure_columns(measured: Measured, tree: exp.Select,

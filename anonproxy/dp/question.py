@@ -285,9 +285,9 @@ def answer(asked: Asked, known: MutableMapping[str, Costs], policy_version: int,
     result, plan = yield from ask(asked, known, policy_version, spent)
     if isinstance(plan.nested, Outer):
         more = []
-        for further in further_questions(plan.nested):  # each joined aggregate query: a question of its own
+        for further, measured in further_questions(plan.nested, asked.measured):  # each: a question of its own
             second = _Spent()
-            answered, _ = yield from ask(replace(asked, text=further, measured=further), known, policy_version,
+            answered, _ = yield from ask(replace(asked, text=further, measured=measured), known, policy_version,
                                          second)
             add_spent(spent, second)
             more.append(answered)
@@ -423,8 +423,8 @@ def explain(asked: Asked, known: MutableMapping[str, Costs], policy_version: int
     if isinstance(plan.nested, Outer):
         next_one = ("and the next branch of the set operation, a question of its own:" if plan.nested.combines
                     else "and the aggregate query it joins, a question of its own:")
-        for further in further_questions(plan.nested):
-            found = yield from priced_and_found(replace(asked, text=further, measured=further), known,
+        for further, measured in further_questions(plan.nested, asked.measured):
+            found = yield from priced_and_found(replace(asked, text=further, measured=measured), known,
                                                 policy_version)
             lines.append(next_one)
             lines += [f"  {line}" for line in explained(found.plan, found.lookup)]
@@ -548,9 +548,14 @@ def bound_integer(parameters: Bound, number: int) -> int | None:
     raise Refused("22P02", f"invalid input syntax for type bigint in LIMIT/OFFSET parameter ${number}")
 
 
-def further_questions(outer: Outer) -> tuple[str, ...]:
-    """The SQL of the aggregate queries an outer query joins besides its first (asked after it, each on its own)."""
-    return tuple(render.sql(more.inner) for more in outer.more)
+def further_questions(outer: Outer, measured: Packed | str) -> tuple[tuple[str, Packed | str], ...]:
+    """The SQL of the aggregate queries an outer query joins besides its first (asked after it, each on its own),
+    each with its measurement: made when the statement was (``measured``, its measurement), or else (a statement
+    measured from its text) its text, measured when asked."""
+    texts = tuple(render.sql(more.inner) for more in outer.more)
+    if isinstance(measured, Packed):
+        return tuple(zip(texts, measured.further, strict=True))
+    return tuple((text, text) for text in texts)
 
 
 def over_released(outer: Outer, released: Result, more: tuple[Result, ...] = ()

@@ -32,11 +32,14 @@ to_timestamp(): PostgreSQL evaluates those when the statement runs, so they
 are proved (|| of constants is computed before, anonproxy.plan.analysis). A ``$n`` parameter is not
 constant (a generic plan evaluates it per row), and is refused in arithmetic.
 
-The proof trusts declared bounds: they are the DBA's statement of what a column
-holds. Dates and timestamps are intervals of microseconds too, with ±infinity:
-where they lie without declared bounds, and what each time function may do to
-them (truncations, time zones, intervals, the clock), is
-:mod:`anonproxy.plan.time_values`.
+The proof trusts the bounds its caller gives as facts: in suppress mode the
+declared bounds, the DBA's statement of what a column holds; in dp mode, which
+tolerates values outside them, only those of columns read clamped into them
+(:mod:`anonproxy.plan.clamp`) and declared time ranges where dp keeps rows
+within them (:mod:`anonproxy.plan.expressions`). Dates and timestamps are
+intervals of microseconds too, with ±infinity: where they lie without declared
+bounds, and what each time function may do to them (truncations, time zones,
+intervals, the clock), is :mod:`anonproxy.plan.time_values`.
 """
 
 from __future__ import annotations
@@ -97,7 +100,7 @@ class Unsafe(Exception):
         super().__init__(reason)
         self.reason = reason
         self.hint = hint
-        self.rewrite = rewrite  # what works whatever the declared bounds (dp mode does not take them as facts)
+        self.rewrite = rewrite  # what works whatever the declared bounds (dp mode, past the bounds it reads clamped)
 
 
 @dataclass(frozen=True)

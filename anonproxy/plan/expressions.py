@@ -53,11 +53,12 @@ from typing import NoReturn
 
 from sqlglot import exp
 
-from anonproxy.plan import bounds, time_values
+from anonproxy.plan import bounds, clamp, time_values
 from anonproxy.plan.interval_calls import interval_call
 from anonproxy.plan.refusals import forbidden, unsupported
 from anonproxy.plan.tables import ResolvedTable, fold, identifier
 from anonproxy.policy.model import (
+    ColumnPolicy,
     LinkedTable,
     ProtectedTable,
     ReferenceTable,
@@ -492,21 +493,71 @@ class Checker:
 
     def _prove(self, node: exp.Expression, clause: str) -> None:
         """Refuse ``node`` unless no value of the columns it reads, within their types and declared bounds, can make
-        it raise an error (anonproxy.plan.bounds)."""
+        it raise an error (anonproxy.plan.bounds). In dp mode declared number bounds are facts only for the columns
+        read clamped into them: an expression proved only with them reads its bounded columns clamped."""
         if self.released:
             return  # an error over released values depends on nothing the client could not see in the answer
+        # the tree outlives the checker: ids hold
+        facts = self.condition_facts if self.dp and clause in _CONDITIONS else self.facts
         try:
-            # the tree outlives the checker: ids hold
-            facts = self.condition_facts if self.dp and clause in _CONDITIONS else self.facts
             self._proved[id(node)] = bounds.evaluate(node, facts, self.zones)
+            return
         except bounds.Unsafe as unsafe:
-            # dp does not take declared number bounds as facts: declaring them is no remedy there
-            hint = unsafe.rewrite if self.dp and unsafe.rewrite else unsafe.hint
-            raise unsupported(f"not allowed in {clause} of a query over protected table {self.table}: "
-                              f"{unsafe.reason}", hint) from None
+            refused = unsafe
+        marked = self._clamp(node) if self.dp else []
+        if marked:
+            try:
+                self._proved[id(node)] = bounds.evaluate(node, facts, self.zones)
+                return
+            except bounds.Unsafe as unsafe:
+                refused = unsafe
+            for column in marked:  # refused: nothing is read clamped that the proof does not trust
+                clamp.unmark(column)
+        # past the bounds already read clamped, what works is another spelling (numeric arithmetic)
+        hint = refused.rewrite if marked and refused.rewrite else refused.hint
+        raise unsupported(f"not allowed in {clause} of a query over protected table {self.table}: "
+                          f"{refused.reason}", hint) from None
+
+    def _clamp(self, node: exp.Expression) -> list[exp.Column]:
+        """Mark every column reference in ``node`` that has declared bounds it can be clamped into (anonproxy.plan.
+        clamp) and is not marked yet; the references marked."""
+        marked = []
+        for column in node.find_all(exp.Column):
+            declared = self._declared(column)
+            if declared is None or clamp.clamp_of(column) is not None:
+                continue
+            sql_type, policy = declared
+            if policy is None or policy.lower is None or policy.upper is None:
+                continue
+            found = clamp.clamp_for(sql_type, Decimal(repr(policy.lower)), Decimal(repr(policy.upper)))
+            if found is not None:
+                clamp.mark(column, found)
+                marked.append(column)
+        return marked
 
     def facts(self, node: exp.Column) -> bounds.ColumnFacts:
-        """The type and declared bounds of the column ``node`` names; type None when the policy does not know it."""
+        """The type and declared bounds of the column ``node`` names; type None when the policy does not know it.
+        In dp mode a number's declared bounds are where its values are clamped, not facts: a value outside them
+        (which dp tolerates) must not make an expression proved within them fail on its row, un-noised. There the
+        facts of a reference read clamped are its clamp's."""
+        name = identifier(node.this) or ""
+        declared = self._declared(node)
+        if declared is None:
+            return bounds.ColumnFacts(name, None)  # unknown, or ambiguous (which PostgreSQL refuses)
+        sql_type, policy = declared
+        lower = upper = earliest = latest = None
+        if policy is not None and policy.earliest is not None and policy.latest is not None:
+            earliest, latest = time_values.bound_micros(policy.earliest), time_values.bound_micros(policy.latest)
+        clamped = clamp.clamp_of(node)
+        if clamped is not None:
+            return bounds.ColumnFacts(name, clamped.type, clamped.low, clamped.high, earliest, latest)
+        if policy is not None and policy.lower is not None and policy.upper is not None and not self.dp:
+            lower, upper = Decimal(repr(policy.lower)), Decimal(repr(policy.upper))
+        return bounds.ColumnFacts(name, sql_type, lower, upper, earliest, latest)
+
+    def _declared(self, node: exp.Column) -> tuple[str, ColumnPolicy | None] | None:
+        """The SQL type of the column ``node`` names and its policy (None: a reference table's, or none declared);
+        None when no table of the FROM clause, or more than one, has it."""
         name = identifier(node.this) or ""
         table = identifier(node.args.get("table"))
         schema = identifier(node.args.get("db"))
@@ -518,18 +569,10 @@ class Checker:
         found = [model for model in (_model(source) for source in candidates)
                  if model is not None and model.types is not None and name in model.types]
         if len(found) != 1:
-            return bounds.ColumnFacts(name, None)  # unknown, or ambiguous (which PostgreSQL refuses)
+            return None
         model = found[0]
         assert model.types is not None
-        declared = None if isinstance(model, ReferenceTable) else model.columns.get(name)  # no bounds declared
-        lower = upper = earliest = latest = None
-        # In dp mode a number's declared bounds are where its values are clamped, not facts: a value outside them
-        # (which dp tolerates) must not make an expression proved within them fail on its row, un-noised.
-        if declared is not None and declared.lower is not None and declared.upper is not None and not self.dp:
-            lower, upper = Decimal(repr(declared.lower)), Decimal(repr(declared.upper))
-        if declared is not None and declared.earliest is not None and declared.latest is not None:
-            earliest, latest = time_values.bound_micros(declared.earliest), time_values.bound_micros(declared.latest)
-        return bounds.ColumnFacts(name, model.types[name], lower, upper, earliest, latest)
+        return model.types[name], None if isinstance(model, ReferenceTable) else model.columns.get(name)
 
     def condition_facts(self, node: exp.Column) -> bounds.ColumnFacts:
         """:meth:`facts` for a dp condition (WHERE, JOIN): without declared time bounds. dp keeps a calendar key's

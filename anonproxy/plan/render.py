@@ -7,14 +7,16 @@ what PostgreSQL runs is exactly what was proved safe: a word the parser
 dropped, a comment, or a spelling PostgreSQL reads otherwise cannot reach
 the service.
 
-Rendering is sqlglot's PostgreSQL generator, function names in lower case, with two changes:
+Rendering is sqlglot's PostgreSQL generator, function names in lower case, with three changes:
 
 * comments are never rendered (a client's comment is text, and ``--`` in
   one could end a rendered ``/* */``);
 * ``date_part(...)`` stays ``date_part``: sqlglot reads it and ``extract``
   into one node, but PostgreSQL gives them different result types
   (``double precision`` and ``numeric``) and column names. The classifier's
-  parser (:data:`anonproxy.plan.statements.DIALECT`) marks the node.
+  parser (:data:`anonproxy.plan.statements.DIALECT`) marks the node;
+* a column reference dp mode's no-error proof marked (:mod:`anonproxy.plan.clamp`)
+  is rendered clamped into its declared bounds, wherever it is rendered.
 
 Output column names are kept by the callers: a select item PostgreSQL would
 have named from the client's spelling gets that name as an explicit alias
@@ -27,6 +29,7 @@ from sqlglot import exp
 from sqlglot.dialects.postgres import Postgres
 from sqlglot.generators.postgres import PostgresGenerator
 
+from anonproxy.plan.clamp import clamp_of, clamped
 from anonproxy.plan.statements import DATE_PART
 
 
@@ -38,6 +41,11 @@ class _Postgres(Postgres):
                 name = field.name if isinstance(field, (exp.Var, exp.Literal, exp.Identifier)) else self.sql(field)
                 return f"date_part({exp.Literal.string(name).sql(dialect=Postgres)}, {self.sql(expression, 'expression')})"
             return super().extract_sql(expression)
+
+        def column_sql(self, expression: exp.Column) -> str:
+            if clamp_of(expression) is not None:
+                return self.sql(clamped(expression))
+            return super().column_sql(expression)
 
 
 _DIALECT = _Postgres()

@@ -117,6 +117,7 @@ from ..dp.answers import (
 )
 from ..dp.finish import Measurement, finish, post_arrays, released_rows
 from ..dp.model import DPParams, DPPlan
+from ..dp.plan import Packed
 from ..dp.question import (
     Asked,
     Charge,
@@ -333,10 +334,11 @@ class NoisyAnswers:
         """Parameter types and result columns of a dp query, from the server's description of its plan:
         nothing is run, charged or read from the ledger (the types do not depend on the per-query cost)."""
         asking = _Asking(role, policy, parameters, Stop(), limits.asker)
-        plan = await self._drive(question_steps.described(_asked(question, role, parameters, limits),
-                                                          self._known(role)), asking)
-        more = tuple([Result((await self.describe(Noisy(further), role, policy, parameters, limits)).columns)
-                      for further in question_steps.further_questions(plan.nested)]
+        asked = _asked(question, role, parameters, limits)
+        plan = await self._drive(question_steps.described(asked, self._known(role)), asking)
+        more = tuple([Result((await self.describe(Noisy(further, packed if isinstance(packed, Packed) else None),
+                                                  role, policy, parameters, limits)).columns)
+                      for further, packed in question_steps.further_questions(plan.nested, asked.measured)]
                      if isinstance(plan.nested, Outer) else [])  # the columns of the aggregate queries it joins
         async with self._connection() as conn:
             parameter_types, types = await _describe(conn, plan.sql, parameters.types)
