@@ -100,6 +100,16 @@ def test_keys_that_fail_outside_the_declared_bounds_read_the_column_clamped_in_d
     check_final_sql(plan.sql, policy)
 
 
+def test_a_refusal_quotes_the_key_as_written_not_clamped(policy: Policy) -> None:
+    """The clamp is the proxy's reading of the column, not the client's words: a message names the key as written."""
+    sql = "select age * 1000000, count(*) from adult group by 1"  # no public domain: its groups need δ > 0
+    analyst = decide(sql, policy.role("analyst"), policy)
+    assert isinstance(analyst, Noisy), analyst
+    refused = plan_dp(analyst.sql, policy.role("analyst"), policy, DPParams(epsilon=1.0, delta=0.0))
+    assert isinstance(refused, Reject), refused
+    assert refused.message.startswith('GROUP BY "age" * 1000000 needs δ > 0'), refused.message
+
+
 def test_the_proof_gives_types_and_intervals() -> None:
     """floor((age - 10.0) / 10.0) * 10.0 + 10.0 over age in [15, 100] is numeric within [10, 100]."""
     import sqlglot

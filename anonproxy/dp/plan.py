@@ -389,7 +389,7 @@ def _measure_columns(measured: Measured, tree: exp.Select,
         node = _node(item)
         if item.kind == "group":
             if canonical(node) not in keys:
-                raise unsupported(f"select item {item.expression} must be one of the GROUP BY expressions in dp "
+                raise unsupported(f"select item {render.written(node)} must be one of the GROUP BY expressions in dp "
                                   "mode", DP_HINT)
             drafts.append(_Draft(item.name, "key", key=keys.index(canonical(node))))
         else:
@@ -431,7 +431,7 @@ def _price(measured: Measured | Reject, params: DPParams) -> DPPlan:
         raise _again(measured)
     query, columns = measured.query, measured.columns
     if measured.selection is not None and delta <= 0:
-        raise unsupported(f"GROUP BY {', '.join(query.keys)} needs δ > 0: groups without a declared public "
+        raise unsupported(f"GROUP BY {', '.join(map(render.written, query.key_nodes))} needs δ > 0: groups without a declared public "
                           "domain are released only past a noisy threshold, which costs δ",
                           "Declare a public domain for the grouping column, or give the role a δ.")
     if measured.late is not None:

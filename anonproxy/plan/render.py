@@ -48,7 +48,14 @@ class _Postgres(Postgres):
             return super().column_sql(expression)
 
 
+class _Written(_Postgres):
+    class Generator(_Postgres.Generator):
+        def column_sql(self, expression: exp.Column) -> str:
+            return PostgresGenerator.column_sql(self, expression)  # as the client wrote it: no clamp
+
+
 _DIALECT = _Postgres()
+_WRITTEN = _Written()
 
 
 def sql(node: exp.Expression) -> str:
@@ -58,4 +65,10 @@ def sql(node: exp.Expression) -> str:
     # leave the nodes the analysis admits as they are (tests/test_render_fidelity.py checks), and the copy was a
     # fifth of a first-sight decision.
     rendered: str = _DIALECT.generate(node, comments=False, normalize_functions="lower", copy=False)
+    return rendered
+
+
+def written(node: exp.Expression) -> str:
+    """``node`` as :func:`sql` renders it, but a clamped column as the bare column the client wrote: for messages."""
+    rendered: str = _WRITTEN.generate(node, comments=False, normalize_functions="lower", copy=False)
     return rendered
