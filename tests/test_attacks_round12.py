@@ -17,6 +17,10 @@ Two attacks got through before this round's fixes:
   merges January 28 to 31 into one group (no group smaller than k was released, but the answer was not
   PostgreSQL's). Moving by an integer or an interval without months is one value per spine row; anything else is
   refused.
+
+A third, not a leak: a spine's bound of 20,000 rows was passed by a set-returning function in the select list of a
+derived table over a one-row spine (``SELECT generate_series(1, 1000000) AS n FROM generate_series(1, 1)``):
+answered before, refused now with the other values that are not constants.
 """
 
 from __future__ import annotations
@@ -75,6 +79,16 @@ def test_a_spine_of_constants_with_casts_and_arithmetic_is_still_answered(
     assert answer(reporter, sql) == answer(truth, sql)
 
 
+def test_a_set_returning_function_in_a_spine_is_refused(reporter: psycopg.Connection[Any],
+                                                       truth: psycopg.Connection[Any]) -> None:
+    """generate_series() in the select list of a derived table over a one-row spine gave a million rows, past the
+    spine's bound of 20,000 (answered before); a spine's values are constants now."""
+    sql = ("SELECT s.n, q.n FROM (SELECT generate_series(1, 1000000) AS n FROM generate_series(1, 1) AS g(i)) AS s "
+           "LEFT JOIN (SELECT age, count(*) AS n FROM public.adult GROUP BY age) AS q ON q.age = s.n LIMIT 2")
+    assert truth.execute(sql).fetchall() == [(1, None), (2, None)]
+    refused(reporter, sql, "0A000", "a derived table over a time spine may compute only over its constants")
+
+
 @pytest.mark.parametrize("arguments", ["1, (SELECT 3)", "1, $$3$$::int", "1, 3, 0",
                                        "now(), now() + interval '3 day', interval '1 day'"])
 def test_a_series_of_arguments_that_are_not_constants_is_refused(reporter: psycopg.Connection[Any],
@@ -100,6 +114,15 @@ def test_a_spine_grouped_by_its_day_moved_by_days_is_postgresqls_answer(reporter
                                                                           truth: psycopg.Connection[Any]) -> None:
     sql = (f"SELECT d.day + interval '7 day' AS m, count(*) AS n FROM {DAYS} JOIN public.visits v ON "
            f"{DAY_OF_VISIT} GROUP BY d.day + interval '7 day' ORDER BY 1")
+    assert answer(reporter, sql) == answer(truth, sql)
+
+
+def test_a_semi_join_in_a_spine_joined_to_rows_is_postgresqls_answer(reporter: psycopg.Connection[Any],
+                                                                       truth: psycopg.Connection[Any]) -> None:
+    """The semi-join goes into the aggregate query of the rewrite, tied to the same person there."""
+    sql = ("SELECT d.n, count(*) FROM generate_series(17, 19) AS d(n) LEFT JOIN public.adult a ON a.age = d.n "
+           "WHERE EXISTS (SELECT 1 FROM public.visits v WHERE v.person_id = a.id AND v.amount > 400) GROUP BY d.n "
+           "ORDER BY 1")
     assert answer(reporter, sql) == answer(truth, sql)
 
 
@@ -140,6 +163,16 @@ def test_a_join_key_that_fails_on_a_persons_value_is_refused(reporter: psycopg.C
      "GROUP BY d.n HAVING count(*) > 400", "HAVING is not supported for a time spine joined to a table's rows"),
     ("SELECT d.n, (SELECT count(*) FROM public.adult) FROM generate_series(1, 3) AS d(n) JOIN public.adult a ON "
      "a.age = d.n GROUP BY d.n", "subqueries are not allowed in an outer query over an aggregate query"),
+    ("SELECT d.day, count(*) FROM generate_series('2025-03-01'::timestamptz, '2025-03-03'::timestamptz, interval "
+     "'1 day') AS d(day) JOIN public.visits v ON date_trunc('day', v.visited_at) = d.day JOIN public.adult a ON "
+     "a.id = v.person_id GROUP BY d.day", "functions and other table expressions in FROM are not allowed"),
+    # a spine that repeats a value would count each person of its group twice: only generate_series is joined
+    ("SELECT s.age, count(*) FROM (SELECT 17 AS age FROM generate_series(1, 2) AS g(i)) AS s JOIN public.adult a "
+     "ON a.age = s.age GROUP BY s.age", "spine joined to a table's rows is not supported"),
+    ("SELECT count(*) FROM public.adult a JOIN (VALUES (17), (17)) AS s(age) ON a.age = s.age",
+     "functions and other table expressions in FROM are not allowed"),
+    ("SELECT d.n, count(*) FROM generate_series(17, 19) AS d(n) LEFT JOIN public.adult a ON a.age = d.n WHERE d.n "
+     "IN (SELECT age FROM public.adult) GROUP BY d.n", "must read the spine or the table, not both"),
 ])
 def test_spines_joined_other_ways_are_refused(reporter: psycopg.Connection[Any], sql: str, message: str) -> None:
     """Joins that let a person's row into several groups, or none, or outside the spine's groups."""
