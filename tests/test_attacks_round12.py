@@ -274,6 +274,26 @@ def test_a_semi_join_not_tied_to_the_same_person_is_refused(reporter: psycopg.Co
     refused(reporter, f"SELECT count(*) FROM public.adult WHERE {condition}", "0A000", message)
 
 
+@pytest.mark.parametrize("sql", [
+    "SELECT count(*) FROM (SELECT visit_id AS person_id, person_id AS visit_id FROM public.visits) s WHERE EXISTS "
+    "(SELECT 1 FROM public.adult a WHERE a.id = s.person_id AND a.age > 88)",
+    "SELECT count(*) FROM (SELECT age AS id, id AS age FROM public.adult) s WHERE EXISTS (SELECT 1 FROM "
+    "public.visits v WHERE v.person_id = s.id AND v.amount > 499)",
+    "WITH s AS (SELECT age AS id, id AS age FROM public.adult) SELECT count(*) FROM s WHERE EXISTS (SELECT 1 FROM "
+    "public.visits v WHERE v.person_id = s.id AND v.amount > 499)",
+])
+def test_a_semi_join_on_a_renamed_column_is_refused(reporter: psycopg.Connection[Any], sql: str) -> None:
+    """A derived table names another column as the unit (person_id is a visit's id, id a person's age): the tie
+    would join one person's row to another person's. Refused (as is any tie to a derived table's column)."""
+    refused(reporter, sql, "0A000", "to the outer query's privacy unit with one equality")
+
+
+def test_in_on_a_renamed_column_is_refused(reporter: psycopg.Connection[Any]) -> None:
+    refused(reporter, "SELECT count(*) FROM (SELECT age AS id, id AS age FROM public.adult) s WHERE s.id IN (SELECT "
+            "v.person_id FROM public.visits v WHERE v.amount > 499)", "0A000",
+            "must test the outer query's privacy unit column")
+
+
 @pytest.mark.parametrize(("sql", "message"), [
     # a WITH query named as the inner table would be read in its place
     ("WITH visits AS (SELECT id AS person_id, age AS amount FROM public.adult) SELECT count(*) FROM public.adult a "
