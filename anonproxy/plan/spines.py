@@ -83,9 +83,16 @@ def columns(item: exp.Expression, source: str) -> tuple[str, ...]:
     return listed + names[len(listed):]
 
 
+# What a spine's values may be built of: constants, the spine's own columns, casts and arithmetic. Anything else (a
+# query, a parameter, a function call such as query_to_xml(), which runs a query of its text) is refused.
+_CONSTANT_PARTS = (exp.Literal, exp.Null, exp.Boolean, exp.Column, exp.Identifier, exp.Star, exp.Tuple, exp.Alias,
+                   exp.Paren, exp.Neg, exp.Add, exp.Sub, exp.Mul, exp.Cast, exp.DataType, exp.DataTypeParam,
+                   exp.Interval, exp.Var)
+
+
 def _reads_data(node: exp.Expression) -> bool:
-    """Whether ``node`` holds anything but constants and the spine's own columns: a parameter or a query."""
-    return any(isinstance(part, (exp.Parameter, exp.Placeholder, exp.Query, exp.Exists)) for part in node.walk())
+    """Whether ``node`` holds anything but constants and the spine's own columns, with casts and arithmetic."""
+    return any(type(part) not in _CONSTANT_PARTS for part in node.walk())
 
 
 def _check_series(series: exp.ExplodingGenerateSeries) -> None:
@@ -278,12 +285,20 @@ def _check_groups(select: exp.Select, reads: Callable[[exp.Expression], set[str]
 
 
 def _moved_column(node: exp.Expression, names: tuple[str, ...], spine_name: str) -> bool:
-    """Whether ``node`` is the spine's column, or it plus or minus a constant (one value per spine row)."""
+    """Whether ``node`` is the spine's column, or it plus or minus an integer or an interval without months (one
+    value per spine row: a month is not, '2025-01-30' and '2025-01-31' plus a month are both '2025-02-28')."""
     node = _unparen(node)
-    if isinstance(node, (exp.Add, exp.Sub)) and not any(node.expression.find_all(exp.Column)):
+    if isinstance(node, (exp.Add, exp.Sub)) and _shift(_unparen(node.expression)):
         node = _unparen(node.this)
     return isinstance(node, exp.Column) and identifier(node.this) in names \
         and identifier(node.args.get("table")) in (None, spine_name)
+
+
+def _shift(node: exp.Expression) -> bool:
+    """Whether ``node`` is a constant that moves distinct values to distinct values: an integer, or an interval
+    without months."""
+    interval = _interval(node)
+    return _integer(node) is not None or (interval is not None and interval.months == 0)
 
 
 def _take_aggregates(select: exp.Select, reads: Callable[[exp.Expression], set[str]]) -> list[exp.Expression]:
