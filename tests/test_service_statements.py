@@ -271,12 +271,16 @@ def test_a_replaced_connection_prepares_the_statement_again(
 def test_at_most_limit_statements_are_kept_per_connection_and_the_oldest_is_closed() -> None:
     statements = ServiceStatements()
     texts = [f"select {n}" for n in range(LIMIT + 1)]
+
+    def run(sql: str) -> tuple[bytes, tuple[bytes, ...]]:
+        return statements.run(sql, name_of(sql, {}))
+
     for sql in texts[:LIMIT]:
-        payload, _ = statements.run(sql)
+        payload, _ = run(sql)
         assert payload[:1] == b"C"  # Close, then Parse: new on the connection
-    payload, hidden = statements.run(texts[0])
+    payload, hidden = run(texts[0])
     assert payload[:1] == b"B" and hidden == (b"2",)  # still there: the most recently used now
-    payload, hidden = statements.run(texts[LIMIT])  # one too many: the least recently used (texts[1]) goes
-    assert payload.startswith(close_statement(name_of(texts[1]))) and hidden == (b"3", b"3", b"1", b"2")
-    assert statements.run(texts[1])[0][:1] == b"C"  # prepared anew
-    assert statements.run(texts[0])[0][:1] == b"B"
+    payload, hidden = run(texts[LIMIT])  # one too many: the least recently used (texts[1]) goes
+    assert payload.startswith(close_statement(name_of(texts[1], {}))) and hidden == (b"3", b"3", b"1", b"2")
+    assert run(texts[1])[0][:1] == b"C"  # prepared anew
+    assert run(texts[0])[0][:1] == b"B"
