@@ -166,6 +166,28 @@ def test_a_client_statement_of_the_same_name_is_its_own(
     assert run_named() == as_text  # prepared again there before its Bind
 
 
+def test_a_client_statement_left_under_the_proxys_name_is_not_run_for_the_next_session(
+        pg_server: EmbeddedPostgres, owner: psycopg.Connection, service: psycopg.Connection,
+        reporter: psycopg.Connection) -> None:
+    """Red team (round 11): a session prepares, under the name of the proxy's own statement of a seen Query (read
+    here from the server's log; an attacker computes it from the code), the rewrite of another statement, runs it
+    on the one service connection and leaves. The next session's seen Query runs its own SQL there, not the
+    statement left behind."""
+    seen = "select sex, count(*) from adult where age > 39 group by sex"
+    other = "select race, count(*) from adult where age > 39 group by race"
+    expected = answer(service, rewrite(owner, seen))
+    log = ServerLog(pg_server)
+    assert answer(reporter, seen) == expected
+    (name,) = {name for _, name in log.steps()}
+    with psycopg.connect(reporter.info.dsn, password="reporter", autocommit=True) as attacker:
+        assert attacker.pgconn.prepare(name.encode(), other.encode()).status == psycopg.pq.ExecStatus.COMMAND_OK
+        result = attacker.pgconn.exec_prepared(name.encode(), [])
+        assert result.status == psycopg.pq.ExecStatus.TUPLES_OK and result.ntuples == len(answer(service, rewrite(
+            owner, other))[0])
+    with psycopg.connect(reporter.info.dsn, password="reporter", autocommit=True, prepare_threshold=None) as next_:
+        assert answer(next_, seen) == expected
+
+
 def test_ddl_between_runs_changes_nothing_of_the_answers(
         pg_server: EmbeddedPostgres, owner: psycopg.Connection, service: psycopg.Connection,
         reporter: psycopg.Connection) -> None:
