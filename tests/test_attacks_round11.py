@@ -1,7 +1,8 @@
-"""Red team, round 11: the session settings a seen suppress statement is prepared under, dp set operations (what a
-branch may read, what each costs), dp time guards around an 'infinity' visit (set-operation branches, outer
-queries, HAVING, ORDER BY, JOIN conditions, date_bin, one-way intervals), and suppress's HAVING, ORDER BY and outer
-queries over a withheld aggregate.
+"""Red team, round 11: the session settings and the clock a seen suppress statement is prepared under, dp set
+operations (what a branch may read, what each costs), dp time guards around an 'infinity' visit (set-operation
+branches, outer queries, HAVING, ORDER BY, JOIN conditions, date_bin, one-way intervals) and around visits at
+PostgreSQL's first and last instants (WHERE and JOIN conditions), and suppress's HAVING, ORDER BY and outer queries
+over a withheld aggregate.
 
 Each attack asserts the safe outcome, through the real gated proxy with a real driver, against PostgreSQL's own
 answers where the proxy should answer as PostgreSQL does."""
