@@ -166,6 +166,28 @@ def test_a_client_statement_of_the_same_name_is_its_own(
     assert run_named() == as_text  # prepared again there before its Bind
 
 
+def test_a_client_statement_left_under_the_proxys_name_is_not_run_for_the_next_session(
+        pg_server: EmbeddedPostgres, owner: psycopg.Connection, service: psycopg.Connection,
+        reporter: psycopg.Connection) -> None:
+    """Red team (round 11): a session prepares, under the name of the proxy's own statement of a seen Query (read
+    here from the server's log; an attacker computes it from the code), the rewrite of another statement, runs it
+    on the one service connection and leaves. The next session's seen Query runs its own SQL there, not the
+    statement left behind."""
+    seen = "select sex, count(*) from adult where age > 39 group by sex"
+    other = "select race, count(*) from adult where age > 39 group by race"
+    expected = answer(service, rewrite(owner, seen))
+    log = ServerLog(pg_server)
+    assert answer(reporter, seen) == expected
+    (name,) = {name for _, name in log.steps()}
+    with psycopg.connect(reporter.info.dsn, password="reporter", autocommit=True) as attacker:
+        assert attacker.pgconn.prepare(name.encode(), other.encode()).status == psycopg.pq.ExecStatus.COMMAND_OK
+        result = attacker.pgconn.exec_prepared(name.encode(), [])
+        assert result.status == psycopg.pq.ExecStatus.TUPLES_OK and result.ntuples == len(answer(service, rewrite(
+            owner, other))[0])
+    with psycopg.connect(reporter.info.dsn, password="reporter", autocommit=True, prepare_threshold=None) as next_:
+        assert answer(next_, seen) == expected
+
+
 def test_ddl_between_runs_changes_nothing_of_the_answers(
         pg_server: EmbeddedPostgres, owner: psycopg.Connection, service: psycopg.Connection,
         reporter: psycopg.Connection) -> None:
@@ -271,12 +293,16 @@ def test_a_replaced_connection_prepares_the_statement_again(
 def test_at_most_limit_statements_are_kept_per_connection_and_the_oldest_is_closed() -> None:
     statements = ServiceStatements()
     texts = [f"select {n}" for n in range(LIMIT + 1)]
+
+    def run(sql: str) -> tuple[bytes, tuple[bytes, ...]]:
+        return statements.run(sql, name_of(sql, {}))
+
     for sql in texts[:LIMIT]:
-        payload, _ = statements.run(sql)
+        payload, _ = run(sql)
         assert payload[:1] == b"C"  # Close, then Parse: new on the connection
-    payload, hidden = statements.run(texts[0])
+    payload, hidden = run(texts[0])
     assert payload[:1] == b"B" and hidden == (b"2",)  # still there: the most recently used now
-    payload, hidden = statements.run(texts[LIMIT])  # one too many: the least recently used (texts[1]) goes
-    assert payload.startswith(close_statement(name_of(texts[1]))) and hidden == (b"3", b"3", b"1", b"2")
-    assert statements.run(texts[1])[0][:1] == b"C"  # prepared anew
-    assert statements.run(texts[0])[0][:1] == b"B"
+    payload, hidden = run(texts[LIMIT])  # one too many: the least recently used (texts[1]) goes
+    assert payload.startswith(close_statement(name_of(texts[1], {}))) and hidden == (b"3", b"3", b"1", b"2")
+    assert run(texts[1])[0][:1] == b"C"  # prepared anew
+    assert run(texts[0])[0][:1] == b"B"

@@ -308,10 +308,12 @@ def _measure(statement: Statement, tree: exp.Expression, role: RolePolicy, polic
     public = _public_domains(query, tree, columns) if query.keys else None
     within = [domain.within for domain in public or () if isinstance(domain, TimeDomain)]
     guards = within + _time_guards(query, columns, within)
+    where = _guarded_where(query, tree, columns)
     # Rows outside the declared range of a calendar key's column fall in none of its buckets; those outside the
-    # range of a time column another key or an aggregate reads must not reach it (the proof trusts the range there).
-    if guards:
-        where = " AND ".join(f"({condition})" for condition in ([query.where] if query.where else []) + guards)
+    # range of a time column another key, an aggregate or a WHERE expression reads must not reach it (the proof
+    # trusts the range there).
+    if guards or where != query.where:
+        where = " AND ".join(f"({condition})" for condition in ([where] if where else []) + guards)
         query = columns.query = replace(query, where=where)
     # How many groups one unit can reach: a unit touches at most `groups_cap` groups, and never more than exist.
     # (At least 1: a WHERE may leave a domain no value, anonproxy.dp.domains; the answer is then empty.) A calendar's
@@ -351,6 +353,34 @@ def _time_guards(query: AnalyticQuery, columns: _Columns, within: list[str]) -> 
             if guard not in guards:
                 guards.append(guard)
     return guards
+
+
+# Where a column is compared as it is (visited_at >= '2025-06-01'): no value of it makes that fail.
+_COMPARED = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.NullSafeEQ, exp.NullSafeNEQ, exp.Between, exp.In,
+             exp.Is)
+
+
+def _guarded_where(query: AnalyticQuery, tree: exp.Select, columns: _Columns) -> str | None:
+    """The client's WHERE clause, evaluated only on the rows where each bounded time column it reads inside an
+    expression (date_trunc('day', visited_at) BETWEEN ...) is within its declared range, or NULL: the no-error
+    proof trusts that range there (expressions.Checker.where_facts), and a CASE is evaluated in its order, before
+    the clause, whatever order PostgreSQL picks for conditions. A row outside the range ('infinity') is left out,
+    as it is of the keys and aggregates that read the column. A clause that reads such columns only as they are
+    stays as written (an index serves it)."""
+    node = tree.args.get("where")
+    if query.where is None or node is None:
+        return query.where
+    guards: list[str] = []
+    for column in node.find_all(exp.Column):
+        time = columns.time_column(column)
+        if time is None or isinstance(column.parent, _COMPARED):
+            continue
+        guard = f"{render.sql(column)} IS NULL OR {within_range(column, time)}"
+        if guard not in guards:
+            guards.append(guard)
+    if not guards:
+        return query.where
+    return f"CASE WHEN {' AND '.join(f'({guard})' for guard in guards)} THEN ({query.where}) ELSE false END"
 
 
 def _measure_further(outer: Outer, role: RolePolicy, policy: Policy) -> tuple[Measured, ...]:

@@ -115,6 +115,8 @@ class ColumnFacts:
     # a time column's declared bounds, in microseconds since 2000-01-01 (anonproxy.plan.time_values)
     earliest: Decimal | None = None
     latest: Decimal | None = None
+    # without them: any value PostgreSQL holds, not only time_values.ASSUMED (dp's conditions assume nothing)
+    whole_range: bool = False
 
 
 @dataclass(frozen=True)
@@ -184,6 +186,8 @@ def column_value(facts: ColumnFacts) -> Value:
     elif kind in DATETIMES:
         if facts.earliest is not None and facts.latest is not None:
             return Value(kind, facts.earliest, facts.latest)  # declared: within them, never infinite
+        if facts.whole_range:
+            return Value(kind, tv.TS_MIN, (tv.DATE_END - tv.DAY) if kind == "date" else tv.TS_END - 1, infinite=True)
         return Value(kind, *tv.ASSUMED, infinite=True)
     else:
         return Value(kind)

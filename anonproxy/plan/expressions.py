@@ -90,7 +90,6 @@ DP_AGGREGATE_LIST = (
 )
 # Clauses evaluated once per group: aggregates are allowed there.
 _GROUPED_CLAUSES = ("the select list", "HAVING", "ORDER BY")
-_CONDITIONS = ("WHERE", "a JOIN condition")  # filters: PostgreSQL evaluates them in an order of its choosing
 # Why an aggregate does not belong in a row-level clause, and where it goes instead.
 _NO_AGGREGATE_HINTS = {
     "WHERE": "WHERE filters rows before they are grouped: put a condition on an aggregate in HAVING.",
@@ -498,7 +497,8 @@ class Checker:
         if self.released:
             return  # an error over released values depends on nothing the client could not see in the answer
         # the tree outlives the checker: ids hold
-        facts = self.condition_facts if self.dp and clause in _CONDITIONS else self.facts
+        filters = {"WHERE": self.where_facts, "a JOIN condition": self.join_facts} if self.dp else {}
+        facts = filters.get(clause, self.facts)
         try:
             self._proved[id(node)] = bounds.evaluate(node, facts, self.zones)
             return
@@ -574,11 +574,16 @@ class Checker:
         assert model.types is not None
         return model.types[name], None if isinstance(model, ReferenceTable) else model.columns.get(name)
 
-    def condition_facts(self, node: exp.Column) -> bounds.ColumnFacts:
-        """:meth:`facts` for a dp condition (WHERE, JOIN): without declared time bounds. dp keeps a calendar key's
-        rows within its column's range with a condition of its own, but PostgreSQL may evaluate the client's
-        conditions before it, on a row outside the range ('infinity')."""
-        return replace(self.facts(node), earliest=None, latest=None)
+    def where_facts(self, node: exp.Column) -> bounds.ColumnFacts:
+        """:meth:`facts` for dp's WHERE clause: a time column with declared bounds within them (dp runs the clause
+        only on rows within them wherever it reads the column inside an expression: anonproxy.dp.plan), any other
+        anywhere PostgreSQL holds (294276 AD, 4714 BC: dp assumes nothing of the data)."""
+        return replace(self.facts(node), whole_range=True)
+
+    def join_facts(self, node: exp.Column) -> bounds.ColumnFacts:
+        """:meth:`facts` for a dp JOIN condition, which PostgreSQL evaluates as it joins, before any condition of
+        dp's own: a time column anywhere PostgreSQL holds, outside its declared range ('infinity') included."""
+        return replace(self.facts(node), earliest=None, latest=None, whole_range=True)
 
     def input_column(self, name: str) -> bool | None:
         """Whether ``name`` is a column of a table of the FROM clause: None when some table's columns are not

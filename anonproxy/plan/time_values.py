@@ -18,7 +18,8 @@ Where the values come from:
   no real record holds them, and the margin to its limits is what lets a
   truncation, a time zone or a constant interval of up to centuries pass
   without declared bounds; a shift that could leave the range is refused with a
-  hint to declare bounds;
+  hint to declare bounds (dp mode assumes nothing of the data in its conditions:
+  there such a column may hold anything PostgreSQL holds, ColumnFacts.whole_range);
 * the statement-stable clock (now(), current_timestamp ...) lies within
   :data:`CLOCK`, a finite constant for the statement.
 

@@ -207,7 +207,8 @@ class Router:
             if self._now.status == b"E":
                 return self._refuse(_ABORTED, simple=True)
             if isinstance(decision, Rewrite):
-                return Route(Owner.SERVICE, pg.query_message(decision.runs), ends_batch=True, query=decision.runs)
+                return Route(Owner.SERVICE, pg.query_message(decision.runs), ends_batch=True,
+                             query=None if decision.reads_clock else decision.runs)
             return Route(Owner.PROXY, b"", ends_batch=True, request=ProxyRequest(decision))
         assert isinstance(decision, Intercept)
         answer = self._show(decision.setting)

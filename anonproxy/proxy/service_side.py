@@ -21,7 +21,7 @@ from ..route.decision import Rewrite
 from ..wire import protocol as pg
 from .gate_routes import Owner, Route, message_types
 from .prepared import Prepared
-from .service_statements import ServiceStatements, close_statement
+from .service_statements import ServiceStatements, close_statement, name_of
 
 # Batch messages the server answers (Parse, Bind, Describe, Execute, Close), once the batch is flushed or synced.
 _REQUESTS = (b"P", b"B", b"D", b"E", b"C")
@@ -44,6 +44,7 @@ class ServiceSide:
         self._on = ServiceStatements()  # the named statements on the connection held
         self._left: set[bytes] = set()  # the statements another session prepared there for its client
         self._running: str | None = None  # the SQL of the Query run as a prepared statement, until its ReadyForQuery
+        self._running_name = b""  # the name of that statement
         self._bound = False  # its Bind was answered: the client may have seen its answer's first messages
         self._retry = False  # PostgreSQL would not reuse its plan: run it as a plain Query after the ReadyForQuery
         # The session's output settings (DateStyle…), all applied on each connection borrowed, and those the
@@ -103,7 +104,8 @@ class ServiceSide:
         the session's is to come there first, no batch of the client's is open there); else as a plain Query."""
         if route.query is not None and alone:
             self._running, self._bound, self._retry = route.query, False, False
-            return self._on.run(route.query)
+            self._running_name = name_of(route.query, self.output_settings)  # the settings the connection has
+            return self._on.run(route.query, self._running_name)
         payload, hidden = route.payload, route.hidden
         name = route.uses
         if name is not None and name not in self._on.clients and prepared.statements.get(name) is Owner.SERVICE:
@@ -144,7 +146,7 @@ class ServiceSide:
         if type_ == b"2":
             self._bound = True
         elif type_ == b"E":
-            self._on.failed(self._running)
+            self._on.failed(self._running_name)
             if pg.parse_fields(body).get("C") == "0A000" and not self._bound:
                 self._retry = True
                 return b""

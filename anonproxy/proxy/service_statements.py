@@ -3,10 +3,13 @@
 A seen suppress statement's generated SQL is long; PostgreSQL spends a fixed part of its time on it parsing,
 analysing and planning the text (0.3 to 3 ms of CPU at 30k rows: docs/performance.md). So the rewrite of a simple
 Query runs as a prepared statement of the connection's: parsed once per (connection, SQL text), named by a hash
-of the text, then only bound and executed. A statement without parameters always runs PostgreSQL's generic plan:
-reuse skips parse analysis and planning, and PostgreSQL plans it again itself after DDL on what it reads. A new
-policy writes a new text, hence a new name. At most ``LIMIT`` are kept per connection; the least recently used is
-closed first.
+of the text and of the settings its constants are read with, then only bound and executed. A statement without
+parameters always runs PostgreSQL's generic plan: reuse skips parse analysis and planning, and PostgreSQL plans it
+again itself after DDL on what it reads. A new policy writes a new text, hence a new name. PostgreSQL reads a
+constant such as '2025-06-01 00:00' (a timestamptz beside a timestamptz column) once, at Parse, under the session's
+TimeZone, DateStyle and IntervalStyle: a statement prepared under one TimeZone answered the same text sent under
+another as if it were still the first, so those settings are part of the name. At most ``LIMIT`` are kept per
+connection; the least recently used is closed first.
 
 The record lives with the connection (pooled connections outlive the sessions that borrow them): it also holds
 the names the borrowing session prepared for its client's Parse messages, which the next session closes.
@@ -16,15 +19,20 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
+from collections.abc import Mapping
 
 from ..wire import protocol as pg
 
 LIMIT = 32  # the proxy's own statements per connection (each keeps its parse tree and plan in the backend)
 PREFIX = b"anonproxy_"
+# The settings PostgreSQL reads a statement's date, time and interval constants with, once, at Parse.
+READ_WITH = ("DateStyle", "IntervalStyle", "TimeZone")
 
 
-def name_of(sql: str) -> bytes:
-    return PREFIX + hashlib.sha256(sql.encode()).hexdigest()[:32].encode()
+def name_of(sql: str, settings: Mapping[str, str]) -> bytes:
+    """The name of the statement of ``sql`` parsed under ``settings`` (the session's: those of READ_WITH count)."""
+    reading = "\0".join(settings.get(name, "") for name in READ_WITH)
+    return PREFIX + hashlib.sha256(f"{reading}\0{sql}".encode()).hexdigest()[:32].encode()
 
 
 def close_statement(name: bytes) -> bytes:
@@ -37,10 +45,10 @@ class ServiceStatements:
         self._ours: OrderedDict[bytes, None] = OrderedDict()  # the proxy's own, least recently used first
         self.clients: set[bytes] = set()  # prepared there for a client's Parse by the session that holds it
 
-    def run(self, sql: str) -> tuple[bytes, tuple[bytes, ...]]:
-        """The messages that run ``sql`` as the connection's prepared statement (closed and prepared first when
-        new there), up to its Sync, and the answers to hide from the client: it then sees the answer of a Query."""
-        name = name_of(sql)
+    def run(self, sql: str, name: bytes) -> tuple[bytes, tuple[bytes, ...]]:
+        """The messages that run ``sql`` as the connection's prepared statement ``name`` (:func:`name_of`; closed
+        and prepared first when new there), up to its Sync, and the answers to hide from the client: it then sees
+        the answer of a Query."""
         first: list[bytes] = []
         hidden: list[bytes] = []
         if name in self._ours:
@@ -63,6 +71,6 @@ class ServiceStatements:
         """Statement ``name`` was closed or prepared for a client: not one of ours any more."""
         self._ours.pop(name, None)
 
-    def failed(self, sql: str) -> None:
-        """Running the statement of ``sql`` failed: prepared anew next time (its Parse may be what failed)."""
-        self._ours.pop(name_of(sql), None)
+    def failed(self, name: bytes) -> None:
+        """Running statement ``name`` failed: prepared anew next time (its Parse may be what failed)."""
+        self._ours.pop(name, None)

@@ -25,6 +25,8 @@ statements -> Script (run one by one); any other mixture -> Reject.
 
 from __future__ import annotations
 
+import re
+
 from sqlglot import exp
 from sqlglot.tokenizer_core import TokenType
 
@@ -218,19 +220,39 @@ def _statement(statement: Statement, role: RolePolicy, index: PolicyIndex) -> De
         return _at_bind(statement, tree, found, role, index)
     if role.mode == "dp":  # measured here, from this one parse; priced when the role's cost is known
         return Noisy(statement.text, Packed.of(measure(statement, tree, role, index.policy)))
+    clock = _reads_clock(tree)
     shape = prepare(statement, tree, index)  # derived tables flattened, names normalised
     # PostgreSQL's own parser reads the final SQL again, and says which tables it reads.
     if isinstance(shape, Nested):
         sql = suppressed(shape, index, role.suppression)
-        return Rewrite(sql, relations=verify(sql, index.policy, role.role))
+        return Rewrite(sql, relations=verify(sql, index.policy, role.role), reads_clock=clock)
     analysis = analyze(shape.statement, shape.tree, index, role.suppression)
     if analysis.outer is not None:  # post-aggregate expressions: computed over the released values
         sql = rewrite(analysis, role.suppression)
-        return Rewrite(sql, relations=verify(sql, index.policy, role.role))
+        return Rewrite(sql, relations=verify(sql, index.policy, role.role), reads_clock=clock)
     # What runs: the answer and, next to it, what suppression withheld. It holds every CTE and clause of the
     # answer alone, so reading it checks both.
     report = reported(analysis, role.suppression)
-    return Rewrite(rewrite(analysis, role.suppression), report, verify(report, index.policy, role.role))
+    return Rewrite(rewrite(analysis, role.suppression), report, verify(report, index.policy, role.role),
+                   reads_clock=clock)
+
+
+# The words of a date or time constant that PostgreSQL reads with the clock: a prepared statement keeps the value
+# of its Parse ('now' stays the time it was parsed at).
+_CLOCK_WORDS = frozenset({"now", "today", "tomorrow", "yesterday"})
+
+
+def _reads_clock(tree: exp.Expression) -> bool:
+    """Whether a string constant of ``tree`` may be read with the clock: it holds one of those words, or is written
+    with Unicode escapes (not read here)."""
+    for node in tree.find_all(exp.Literal, exp.ByteString, exp.RawString, exp.UnicodeString, exp.National):
+        if isinstance(node, exp.UnicodeString):
+            return True
+        if isinstance(node, exp.Literal) and not node.is_string:
+            continue
+        if _CLOCK_WORDS & set(re.findall(r"[a-z]+", node.name.lower())):
+            return True
+    return False
 
 
 def _at_bind(statement: Statement, tree: exp.Expression, found: tuple[Slot, ...], role: RolePolicy,

@@ -73,6 +73,9 @@ class Rewrite:
     sql: str
     reported: str | None = None
     relations: tuple[str, ...] = ()  # the tables it reads, schema.table (for the audit trail)
+    # A constant PostgreSQL reads with the clock ('now', 'today'...), once, when the statement is parsed: the
+    # statement is then not kept prepared on the service connection (anonproxy.proxy.service_statements).
+    reads_clock: bool = False
 
     @property
     def runs(self) -> str:
