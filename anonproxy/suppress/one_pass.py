@@ -133,7 +133,7 @@ def parts(query: AnalyticQuery, rules: Rules) -> tuple[Ctes, str, list[str]]:
     else:
         ctes = [(SUMMARY, _summary(query, columns, magnitudes, flags), ("one pass: each group's answer, "
                  "people, contributors, and total and largest contribution per SUM/AVG"))]
-        ctes.append((f"{UNIVERSE}(n)", _universe(query), "N: the people of the FROM clause"))
+        ctes.append((f"{UNIVERSE}(n)", _universe(query, rules.k), "N: the people of the FROM clause"))
         query = replace(query, universe=f"SELECT n FROM {UNIVERSE}")
         ctes.append((CELLS, _cells(query, keys, magnitudes, flags), ("each person's part of each group, read only "
                      "to rank contributions, or to follow people in several groups")))
@@ -263,18 +263,23 @@ def _grouped(query: AnalyticQuery, select: list[str], condition: str | None = No
     return "\n".join(lines)
 
 
-def _universe(query: AnalyticQuery) -> str:
-    """N. One row per person: ``count(*)`` counts the people, and without a WHERE every row is in a group of the
-    summary, whose people add up to N without another scan. Either way, once the catalog says each row is still one
-    person (sql/0023: a condition that reads no column, checked once, before the scan). Otherwise the distinct
-    units of the FROM clause."""
+def _universe(query: AnalyticQuery, k: int) -> str:
+    """N, or where each row is one person a figure that decides every rule as N does. One row per person: the groups'
+    people add up to the answer's people, and without a WHERE every row is in a group, so that N is their sum without
+    another scan. With a WHERE, N is that sum plus the rows the WHERE leaves out; those are counted only up to k (a
+    scan that stops at the k-th): every rule compares N - x with 1..k-1 for some x between 0 and the answer's people,
+    and at k rows left out or more, N - x and the sum plus k, minus x, are both at least k. Either way, once the
+    catalog says each row is still one person (sql/0023: a condition that reads no column, checked once). Otherwise
+    the distinct units of the FROM clause."""
     if not query.one_row_per_person:
         return query.universe
     relation, unit = _protected(query)
     check = f"WHERE {one_row_per_person(relation, unit)}"
-    if query.where is None:
-        return f"SELECT coalesce(sum(units), 0) FROM {SUMMARY}\n{check}"
-    return f"SELECT count(*) FROM {query.from_sql}\n{check}"
+    n = "coalesce(sum(units), 0)"
+    if query.where is not None:
+        outside = f"SELECT FROM {query.from_sql} WHERE ({query.where}) IS NOT TRUE LIMIT {k}"
+        n += f" + (SELECT count(*) FROM ({outside}) AS left_out)"
+    return f"SELECT {n} FROM {SUMMARY}\n{check}"
 
 
 def _protected(query: AnalyticQuery) -> tuple[str, str]:
