@@ -184,8 +184,12 @@ def _bounded(query: AnalyticQuery, rules: Rules, columns: list[_Column], magnitu
     before. Returns the CTEs and the SQL of the answer's people with a WHERE (None without: N)."""
     k, unit = rules.k, query.unit
     n, most = f"(SELECT n FROM {UNIVERSE})", f"(SELECT most FROM {UNIVERSE})"
-    universe = ["SELECT count(unit), coalesce(max(unit_rows), 0)",
-                f"FROM (SELECT {unit} AS unit, count(*) AS unit_rows FROM {query.from_sql} GROUP BY 1) AS anonproxy_units"]
+    people = f"SELECT {unit} AS unit, count(*) AS unit_rows FROM {query.from_sql} GROUP BY 1"
+    if _indexed_units(query):
+        # In the unit's order, PostgreSQL counts each person's rows as the indexes give them (a merge join for a
+        # linked table); unordered, it plans a hash of every person where the table is small, twice as slow.
+        people += " ORDER BY 1"
+    universe = ["SELECT count(unit), coalesce(max(unit_rows), 0)", f"FROM ({people}) AS anonproxy_units"]
     protected = _one_group_per_person(query)
     if protected is not None:  # the bounds below rest on it: checked when the statement runs
         universe.append(f"WHERE {one_row_per_person(*protected)}")
@@ -431,6 +435,12 @@ def _one_group_per_person(query: AnalyticQuery) -> tuple[str, str] | None:
             if qualifier != reference and (qualifier or column.name not in own or column.name in others):
                 return None
     return table.qualified, table.protected.unit_column
+
+
+def _indexed_units(query: AnalyticQuery) -> bool:
+    """Whether an index leads with the unit (link) column of every protected and linked table of the FROM clause."""
+    tables = [table.protected or table.linked for _, table in query.sources if table.reference is None]
+    return all(table is not None and table.indexed_unit for table in tables)
 
 
 def _known_columns(table: ResolvedTable) -> set[str] | None:
