@@ -12,9 +12,9 @@ ORDER BY run over the released groups (:attr:`AnalyticQuery.post`).
   add up (nobody is in two groups), and the total ``t`` and largest ``m``
   absolute contribution per SUM/AVG decide the magnitude rules for most
   groups (:func:`anonproxy.suppress.rules.magnitude_bounds`); only the rows
-  of the groups they leave open are ranked. N is ``count(*)`` of the FROM
-  clause (without a WHERE, the groups' people added up), once the catalog
-  still says so (sql/0023).
+  of the groups they leave open are ranked. N is the groups' people added
+  up, plus the rows a WHERE leaves out counted up to k (:func:`_universe`),
+  once the catalog still says so (sql/0023).
 * **Otherwise, a GROUP BY** (people may have several rows; :func:`_bounded`): the answer comes from one pass
   over the FROM clause that PostgreSQL can split over workers (``anonproxy_rows``), next to each group's rows with
   a unit and, per SUM/AVG, ``|sum|`` and ``max|x|``; N is counted with the most rows one person has. Those bound
