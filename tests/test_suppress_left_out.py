@@ -57,7 +57,8 @@ def test_a_total_is_released_unless_the_where_leaves_out_1_to_k_minus_1_people(
     sql = f"SELECT count(*) FROM adult WHERE {where}"
     assert _one_pass(load_policy(truth), sql.replace("%s", "0"))
     (answered,) = truth.execute(sql, [m]).fetchone()  # type: ignore[misc]
-    (left,) = truth.execute(f"SELECT count(*) FROM adult WHERE ({where}) IS NOT TRUE", [m]).fetchone()  # type: ignore[misc]
+    outside = f"SELECT count(*) FROM adult WHERE ({where}) IS NOT TRUE"
+    (left,) = truth.execute(outside, [m]).fetchone()  # type: ignore[misc]
     assert left == m  # the ids start at 1 with no gap
     rows = ask(gated_proxy, gated_database, sql, [m])
     # Query-set-size control: n >= k and n = N or n <= N - k, with N the people of the table.

@@ -121,8 +121,8 @@ select pg_catalog.json_build_object(
                        where exists (select from pg_catalog.pg_index i
                                       join pg_catalog.pg_class x on x.oid = i.indexrelid
                                       join pg_catalog.pg_am m on m.oid = x.relam and m.amname = 'btree'
-                                     where i.indrelid = r.oid and i.indisvalid and i.indkey[0] = a.attnum
-                                       and i.indpred is null)),
+                                     where i.indrelid = r.oid and i.indisvalid and i.indislive
+                                       and i.indkey[0] = a.attnum and i.indpred is null)),
     'roles', (select pg_catalog.json_agg(r order by r.role_name) from anonproxy.role_policies r),
     -- Amounts as text: JSON numbers would come back as floats, and budgets are exact.
     'budgets', (select pg_catalog.json_agg(pg_catalog.json_build_object(
