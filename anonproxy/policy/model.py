@@ -77,6 +77,9 @@ class ProtectedTable:
     # Whether the catalog makes ``unit_column`` unique and not null (a primary key, or NOT NULL and a unique index
     # of that column alone), read with the policy: then each row is one person. False when not read.
     unique_unit: bool = field(default=False, compare=False)
+    # Whether a B-tree index of the whole table (not partial) leads with ``unit_column``, read with the policy: the
+    # suppression SQL then counts each person's rows in that column's order. False when not read.
+    indexed_unit: bool = field(default=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -90,6 +93,7 @@ class LinkedTable:
     columns: dict[str, ColumnPolicy] = field(default_factory=dict)
     types: dict[str, str] | None = field(default=None, compare=False)  # as ProtectedTable.types
     not_null: frozenset[str] | None = field(default=None, compare=False)  # as ProtectedTable.not_null
+    indexed_unit: bool = field(default=False, compare=False)  # as ProtectedTable.indexed_unit, of ``column``
 
 
 @dataclass(frozen=True)

@@ -108,6 +108,21 @@ select pg_catalog.json_build_object(
                                      where i.indrelid = r.oid and i.indisunique and i.indisvalid and i.indislive
                                        and i.indnkeyatts = 1 and i.indkey[0] = a.attnum
                                        and i.indpred is null and i.indexprs is null)),
+    -- The protected and linked tables whose unit (link) column leads a B-tree index of every row (not partial): the
+    -- suppression SQL counts each person's rows in that order, which the index gives without hashing every person.
+    'indexed_units', (select pg_catalog.json_agg(g.table_name order by g.table_name)
+                        from (select p.table_name, p.unit_column as unit from anonproxy.protected_tables p
+                              union select l.table_name, l.link_column from anonproxy.linked_tables l) g
+                        join pg_catalog.pg_class r on true
+                        join pg_catalog.pg_namespace n on n.oid = r.relnamespace
+                             and pg_catalog.format('%I.%I', n.nspname, r.relname) = g.table_name
+                        join pg_catalog.pg_attribute a on a.attrelid = r.oid and a.attname = g.unit
+                             and a.attnum > 0 and not a.attisdropped
+                       where exists (select from pg_catalog.pg_index i
+                                      join pg_catalog.pg_class x on x.oid = i.indexrelid
+                                      join pg_catalog.pg_am m on m.oid = x.relam and m.amname = 'btree'
+                                     where i.indrelid = r.oid and i.indisvalid and i.indislive
+                                       and i.indkey[0] = a.attnum and i.indpred is null)),
     'roles', (select pg_catalog.json_agg(r order by r.role_name) from anonproxy.role_policies r),
     -- Amounts as text: JSON numbers would come back as floats, and budgets are exact.
     'budgets', (select pg_catalog.json_agg(pg_catalog.json_build_object(
@@ -192,6 +207,7 @@ def policy_from_json(doc: dict[str, Any]) -> Policy:
     for table_name, column_name in doc.get("not_null") or ():
         not_null.setdefault(table_name, set()).add(column_name)
     unique_units = set(doc.get("unique_units") or ())
+    indexed_units = set(doc.get("indexed_units") or ())
     shared = {
         row["domain"]: SharedBudget(Decimal(row["epsilon"]), Decimal(row["delta"]), row["refresh_period"],
                                     row["accounting"])
@@ -201,7 +217,7 @@ def policy_from_json(doc: dict[str, Any]) -> Policy:
         row["table_name"]: ProtectedTable(row["table_name"], row["unit_column"], columns.get(row["table_name"], {}),
                                           shared.get(row["table_name"]), types.get(row["table_name"], {}),
                                           frozenset(not_null.get(row["table_name"], ())),
-                                          row["table_name"] in unique_units)
+                                          row["table_name"] in unique_units, row["table_name"] in indexed_units)
         for row in doc["tables"] or ()
     }
     budgets: dict[str, dict[str, Budget]] = {}
@@ -225,6 +241,7 @@ def policy_from_json(doc: dict[str, Any]) -> Policy:
             columns=columns.get(row["table_name"], {}),
             types=types.get(row["table_name"], {}),
             not_null=frozenset(not_null.get(row["table_name"], ())),
+            indexed_unit=row["table_name"] in indexed_units,
         )
         for row in doc["links"] or ()
     }

@@ -12,9 +12,9 @@ ORDER BY run over the released groups (:attr:`AnalyticQuery.post`).
   add up (nobody is in two groups), and the total ``t`` and largest ``m``
   absolute contribution per SUM/AVG decide the magnitude rules for most
   groups (:func:`anonproxy.suppress.rules.magnitude_bounds`); only the rows
-  of the groups they leave open are ranked. N is ``count(*)`` of the FROM
-  clause (without a WHERE, the groups' people added up), once the catalog
-  still says so (sql/0023).
+  of the groups they leave open are ranked. N is the groups' people added
+  up, plus the rows a WHERE leaves out counted up to k (:func:`_universe`),
+  once the catalog still says so (sql/0023).
 * **Otherwise, a GROUP BY** (people may have several rows; :func:`_bounded`): the answer comes from one pass
   over the FROM clause that PostgreSQL can split over workers (``anonproxy_rows``), next to each group's rows with
   a unit and, per SUM/AVG, ``|sum|`` and ``max|x|``; N is counted with the most rows one person has. Those bound
@@ -133,7 +133,7 @@ def parts(query: AnalyticQuery, rules: Rules) -> tuple[Ctes, str, list[str]]:
     else:
         ctes = [(SUMMARY, _summary(query, columns, magnitudes, flags), ("one pass: each group's answer, "
                  "people, contributors, and total and largest contribution per SUM/AVG"))]
-        ctes.append((f"{UNIVERSE}(n)", _universe(query), "N: the people of the FROM clause"))
+        ctes.append((f"{UNIVERSE}(n)", _universe(query, rules.k), "N: the people of the FROM clause"))
         query = replace(query, universe=f"SELECT n FROM {UNIVERSE}")
         ctes.append((CELLS, _cells(query, keys, magnitudes, flags), ("each person's part of each group, read only "
                      "to rank contributions, or to follow people in several groups")))
@@ -184,8 +184,12 @@ def _bounded(query: AnalyticQuery, rules: Rules, columns: list[_Column], magnitu
     before. Returns the CTEs and the SQL of the answer's people with a WHERE (None without: N)."""
     k, unit = rules.k, query.unit
     n, most = f"(SELECT n FROM {UNIVERSE})", f"(SELECT most FROM {UNIVERSE})"
-    universe = ["SELECT count(unit), coalesce(max(unit_rows), 0)",
-                f"FROM (SELECT {unit} AS unit, count(*) AS unit_rows FROM {query.from_sql} GROUP BY 1) AS anonproxy_units"]
+    people = f"SELECT {unit} AS unit, count(*) AS unit_rows FROM {query.from_sql} GROUP BY 1"
+    if _indexed_units(query):
+        # In the unit's order, PostgreSQL counts each person's rows as the indexes give them (a merge join for a
+        # linked table); unordered, it plans a hash of every person where the table is small, twice as slow.
+        people += " ORDER BY 1"
+    universe = ["SELECT count(unit), coalesce(max(unit_rows), 0)", f"FROM ({people}) AS anonproxy_units"]
     protected = _one_group_per_person(query)
     if protected is not None:  # the bounds below rest on it: checked when the statement runs
         universe.append(f"WHERE {one_row_per_person(*protected)}")
@@ -263,18 +267,23 @@ def _grouped(query: AnalyticQuery, select: list[str], condition: str | None = No
     return "\n".join(lines)
 
 
-def _universe(query: AnalyticQuery) -> str:
-    """N. One row per person: ``count(*)`` counts the people, and without a WHERE every row is in a group of the
-    summary, whose people add up to N without another scan. Either way, once the catalog says each row is still one
-    person (sql/0023: a condition that reads no column, checked once, before the scan). Otherwise the distinct
-    units of the FROM clause."""
+def _universe(query: AnalyticQuery, k: int) -> str:
+    """N, or where each row is one person a figure that decides every rule as N does. One row per person: the groups'
+    people add up to the answer's people, and without a WHERE every row is in a group, so that N is their sum without
+    another scan. With a WHERE, N is that sum plus the rows the WHERE leaves out; those are counted only up to k (a
+    scan that stops at the k-th): every rule compares N - x with 1..k-1 for some x between 0 and the answer's people,
+    and at k rows left out or more, N - x and the sum plus k, minus x, are both at least k. Either way, once the
+    catalog says each row is still one person (sql/0023: a condition that reads no column, checked once). Otherwise
+    the distinct units of the FROM clause."""
     if not query.one_row_per_person:
         return query.universe
     relation, unit = _protected(query)
     check = f"WHERE {one_row_per_person(relation, unit)}"
-    if query.where is None:
-        return f"SELECT coalesce(sum(units), 0) FROM {SUMMARY}\n{check}"
-    return f"SELECT count(*) FROM {query.from_sql}\n{check}"
+    n = "coalesce(sum(units), 0)"
+    if query.where is not None:
+        outside = f"SELECT FROM {query.from_sql} WHERE ({query.where}) IS NOT TRUE LIMIT {k}"
+        n += f" + (SELECT count(*) FROM ({outside}) AS left_out)"
+    return f"SELECT {n} FROM {SUMMARY}\n{check}"
 
 
 def _protected(query: AnalyticQuery) -> tuple[str, str]:
@@ -426,6 +435,12 @@ def _one_group_per_person(query: AnalyticQuery) -> tuple[str, str] | None:
             if qualifier != reference and (qualifier or column.name not in own or column.name in others):
                 return None
     return table.qualified, table.protected.unit_column
+
+
+def _indexed_units(query: AnalyticQuery) -> bool:
+    """Whether an index leads with the unit (link) column of every protected and linked table of the FROM clause."""
+    tables = [table.protected or table.linked for _, table in query.sources if table.reference is None]
+    return all(table is not None and table.indexed_unit for table in tables)
 
 
 def _known_columns(table: ResolvedTable) -> set[str] | None:
