@@ -239,6 +239,52 @@ def test_a_visit_at_the_end_of_time_changes_no_dp_outcome(analyst: psycopg.Conne
     assert failures  # PostgreSQL fails on at least one of them
 
 
+# Keys and aggregates over a time column without declared bounds: the proof takes it to lie between 2000 BC and
+# 200000 AD (or at ±infinity), where a truncation or a shift of up to centuries cannot fail.
+UNDECLARED = [
+    "select date_trunc('month', visited_at) as m, count(*) from visits group by 1",
+    "select date_trunc('week', visited_at) as w, count(*) from visits group by 1",
+    "select visited_at + interval '1 day' as d, count(*) from visits group by 1",
+    "select channel, count(distinct date_trunc('day', visited_at - interval '1 hour')) from visits group by 1",
+]
+
+
+def test_a_visit_at_the_end_of_time_changes_no_dp_outcome_without_declared_bounds(
+        analyst: psycopg.Connection[Any], truth: psycopg.Connection[Any], gated_proxy: Endpoint,
+        gated_database: str) -> None:
+    """Failed before dp kept such a column's rows within what the proof assumes (a condition beside the WHERE):
+    the month truncation of a visit at 4714 BC and the shift of one at 294276 AD failed (22008), un-noised."""
+    from conftest import wait_for_policy
+
+    def reload() -> None:
+        wait_for_policy(gated_proxy, gated_database,
+                        truth.execute("select version from anonproxy.policy_version").fetchone()[0])
+
+    truth.execute("select anonproxy.set_time_bounds('public.visits', 'visited_at', null, null)")
+    reload()
+    try:
+        without = {sql: _answered(analyst, sql) for sql in UNDECLARED}
+        assert set(without.values()) == {"answered"}, without
+        failures = set()
+        for value in EXTREME_VISITS:
+            truth.execute("insert into visits select max(visit_id) + 1, min(person_id), %s, 'web', 1 from visits",
+                          [value])
+            try:
+                for sql in UNDECLARED:
+                    try:
+                        truth.execute(f"select count(*) from ({sql}) as q").fetchone()  # (no 294276 AD in Python)
+                    except psycopg.errors.DatetimeFieldOverflow:
+                        failures.add((sql, value))
+                    assert _answered(analyst, sql) == "answered", (sql, value)
+            finally:
+                truth.execute("delete from visits where visit_id = (select max(visit_id) from visits)")
+        assert len(failures) >= 2, failures  # PostgreSQL fails on them
+    finally:
+        truth.execute("select anonproxy.set_time_bounds('public.visits', 'visited_at', '2025-01-01 00:00:00+00', "
+                      "'2026-12-31 23:59:59+00')")
+        reload()
+
+
 # --- suppress: HAVING, ORDER BY and outer queries over a withheld aggregate ----------------------------------------
 
 WITHHELD = [

@@ -67,6 +67,7 @@ from anonproxy.dp.time_domains import (
     TimeColumn,
     TimeDomain,
     calendar_domain,
+    within_assumed,
     within_range,
 )
 from anonproxy.plan import bounds, post_aggregate, render
@@ -334,7 +335,9 @@ def _measure(statement: Statement, tree: exp.Expression, role: RolePolicy, polic
 def _time_guards(query: AnalyticQuery, columns: _Columns, within: list[str]) -> list[str]:
     """A condition keeping the rows within the declared range of each bounded time column that a GROUP BY key or
     an aggregate reads. The no-error proof trusts that range there (expressions.Checker): those run only on the
-    rows the WHERE clause let through, so a value outside it ('infinity') must not reach them. (It does not trust
+    rows the WHERE clause let through, so a value outside it ('infinity') must not reach them. Likewise for a time
+    column without declared bounds, which the proof takes to lie between 2000 BC and 200000 AD (or at ±infinity):
+    a value PostgreSQL holds beyond (4714 BC, 294276 AD) would make a truncation or a shift fail. (It does not trust
     the range in WHERE and JOIN conditions, which PostgreSQL may evaluate before these.) A NULL raises no error and
     stays: the rows a LEFT JOIN finds no match for are counted as PostgreSQL counts them. ``within``: the
     calendar keys' conditions, which keep their columns' rows within the range already. Numbers are not guarded
@@ -344,11 +347,15 @@ def _time_guards(query: AnalyticQuery, columns: _Columns, within: list[str]) -> 
     for node in (*query.key_nodes, *(aggregate.node for aggregate in query.aggregates)):
         for column in node.find_all(exp.Column):
             time = columns.time_column(column)
-            if time is None:
-                continue
-            within_time = within_range(column, time)
-            if within_time in within:
-                continue
+            if time is not None:
+                within_time = within_range(column, time)
+                if within_time in within:
+                    continue
+            else:
+                sql_type = columns.time_type(column)
+                if sql_type is None:
+                    continue
+                within_time = within_assumed(column, sql_type)
             guard = f"{render.sql(column)} IS NULL OR {within_time}"
             if guard not in guards:
                 guards.append(guard)
@@ -1006,12 +1013,20 @@ class _Columns:
             return None
         table, name = found[0], found[1]
         policy = _policy_columns(table).get(name)
-        model = table.protected if table.protected is not None else table.linked
-        sql_type = model.types.get(name) if model is not None and model.types is not None else None
-        cast = TIME_TYPES.get(re.sub(r"\(\d+\)", "", sql_type or ""))
+        cast = _time_type(table, name)
         if policy is None or policy.earliest is None or policy.latest is None or cast is None:
             return None
         return TimeColumn((id(table), name), cast, policy.earliest, policy.latest)
+
+    def time_type(self, node: exp.Column) -> str | None:
+        """The type (date, timestamp, timestamptz) of a reference to a date or time column of a protected or linked
+        table, bounds declared or not (a column without a policy of its own included), else None."""
+        name, qualifier = identifier(node.this), identifier(node.args.get("table"))
+        if name is None or node.args.get("db") is not None:
+            return None
+        tables = [self.tables.get(qualifier)] if qualifier is not None else list(self.tables.values())
+        types = {_time_type(table, name) for table in tables if table is not None} - {None}
+        return types.pop() if len(types) == 1 else None
 
     def column_table(self, node: exp.Expression) -> tuple[ResolvedTable | None, str] | None:
         """The table a column reference reads (None when unqualified and not declared by exactly one table)."""
@@ -1045,6 +1060,13 @@ class _Columns:
 
     def _unit_name(self) -> str:
         return self.query.unit.split(".")[-1].strip('"')
+
+
+def _time_type(table: ResolvedTable, name: str) -> str | None:
+    """The type (date, timestamp, timestamptz) of column ``name`` of a protected or linked table, if a time type."""
+    model = table.protected if table.protected is not None else table.linked
+    sql_type = model.types.get(name) if model is not None and model.types is not None else None
+    return TIME_TYPES.get(re.sub(r"\(\d+\)", "", sql_type or ""))
 
 
 def _outward(number: Decimal, rounding: str) -> Fraction:

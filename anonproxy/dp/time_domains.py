@@ -165,6 +165,16 @@ def within_range(node: exp.Column, column: TimeColumn) -> str:
             f"AND {_moment(column.latest, column.sql_type)}")
 
 
+def within_assumed(node: exp.Column, sql_type: str) -> str:
+    """The condition that keeps the rows of a date or time column without declared bounds (of type ``sql_type``,
+    read as ``node``) where the no-error proof takes its values to lie (anonproxy.plan.time_values.ASSUMED: 2000
+    BC to 200000 AD, or ±infinity). A year inside each end: whatever TimeZone the constants are read under."""
+    low, high, minus, plus = (f"CAST({text_literal(text)} AS {sql_type})"
+                              for text in ("1999-01-01 BC", "199999-12-31", "-infinity", "infinity"))
+    column = render(node)
+    return f"{column} BETWEEN {low} AND {high} OR {column} IN ({minus}, {plus})"
+
+
 def _grid(node: exp.Expression) -> _Steps | str | None:
     """The grid of a key: the unit of the calendar function applied to the column (``_EXACT``: the column itself,
     None: not a calendar key)."""
