@@ -111,7 +111,7 @@ from ..plan.refusals import Reject
 from ..route import reports
 from ..route.decision import Decision, DeclareCursor
 from ..wire import protocol as pg
-from ..wire.framing import BoundedMessageBuffer, Piece, Rows, messages
+from ..wire.framing import BoundedMessageBuffer, Piece, Rows, last_type, messages
 from ..wire.results import EXPLAIN_COLUMNS, Result
 from . import proxy_portals
 from .client_timeout import ClientTimeout
@@ -143,6 +143,7 @@ QUEUE_LIMIT = 1 << 20  # bytes of client messages waiting in the gate before the
 # What fails the client's transaction block on its own connection after an error from elsewhere: a Parse whose text
 # is a syntax error (certain to fail, in any transaction state), of a statement of the proxy's name (a Parse of the
 # unnamed statement would drop the client's), and a Sync whose ReadyForQuery the client gets.
+_READY_HEAD = pg.ready_for_query(b"I")[:5]  # how data ending with a ReadyForQuery ends, but its status
 _FAIL_TRANSACTION = pg.message(b"P", b"anonproxy.failed\0anonproxy failed the client's statement\0\0\0") + SYNC
 
 
@@ -482,10 +483,10 @@ class Gate:
         ReadyForQuery ('E') goes to the client. PostgreSQL then answers what follows as it answers any failed
         transaction (25P02, COMMIT reported as ROLLBACK, ROLLBACK TO SAVEPOINT recovering), and the status the
         gate follows is always the server's."""
-        last = b""
-        for type_, _ in messages(data):
-            last = type_
-            self._erred |= type_ == b"E" and not upstream
+        if upstream and data[-6:-1] != _READY_HEAD:
+            return data  # (most: rows relayed from the client's connection) not ending with a ReadyForQuery
+        last, erred = last_type(data, b"E")
+        self._erred |= erred and not upstream
         if last != b"Z":
             return data
         if not (self._erred and self.transaction_status == b"T"):

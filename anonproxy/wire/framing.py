@@ -122,6 +122,17 @@ def messages(raw: bytes) -> Iterator[tuple[bytes, bytes]]:
         offset += size
 
 
+def last_type(raw: bytes, watched: bytes) -> tuple[bytes, bool]:
+    """The type of the last whole message in ``raw`` and whether one of type ``watched`` is among them (their
+    headers read, no body copied: this runs on every answer a gated session gets)."""
+    offset, last, seen = 0, b"", False
+    while offset < len(raw):
+        last, size = read_header(raw, offset)
+        seen = seen or last == watched
+        offset += size
+    return last, seen
+
+
 class RelayingMessageBuffer:
     """Whole messages up to ``limit`` bytes as ``(type, body)``, consecutive DataRows among them as one ``Rows``;
     longer ones as ``Piece``s; in stream order."""
