@@ -5,6 +5,12 @@ literal binds (what pandas.read_sql receives) — written over the demo tables i
 Through the real gated proxy on the demo data: as ``reporter`` (suppress, k = 10) each answer is PostgreSQL's own
 answer to the same statement (or, where marked, every released row is one of PostgreSQL's and groups of fewer
 than k people are missing); as a dp role each is answered with PostgreSQL's column names.
+
+Refused before this round: Prisma's aggregate() and count(), which read the rows in a derived table with ``OFFSET
+$n``, bound to 0 without a ``skip``. A derived table's ``OFFSET 0`` skips no row and is now dropped before the
+derived table is inlined (anonproxy/plan/flatten.py; a bound one is decided at Bind, anonproxy/plan/bind_values.py):
+the tests below check that it changes no answer and that any other OFFSET, a LIMIT, max() and the row-level
+shapes of these generators stay refused with a SQLSTATE, a message and a hint.
 """
 
 from __future__ import annotations
@@ -51,6 +57,20 @@ CORPUS = [
           "COUNT(\"visits\".visit_id) AS \"visits_count\" FROM \"public\".\"visits\" AS \"visits\" WHERE "
           "((\"visits\".channel) IN ('web', 'app')) GROUP BY 1) SELECT * FROM metrics ORDER BY "
           "\"visits_visited_at_month\" DESC LIMIT 500"),
+    # Lightdash's pivot: the metric query re-aggregated, ranked with DENSE_RANK() for rows and columns, the
+    # number of columns counted, all over the released rows
+    Shape("lightdash/lightdash packages/backend/src/utils/QueryBuilder/PivotQueryBuilder.ts",
+          "pivot: group_by_query, pivot_query with DENSE_RANK() indexes, total_columns CROSS JOINed",
+          "WITH original_query AS (SELECT \"adult\".sex AS \"adult_sex\", \"adult\".race AS \"adult_race\", "
+          "COUNT(DISTINCT \"adult\".id) AS \"adult_count\" FROM \"public\".\"adult\" AS \"adult\" GROUP BY 1,2), "
+          "group_by_query AS (SELECT \"adult_sex\", \"adult_race\", sum(\"adult_count\") AS \"adult_count_sum\" "
+          "FROM original_query group by \"adult_sex\", \"adult_race\"), pivot_query AS (SELECT g.\"adult_sex\", "
+          "g.\"adult_race\", g.\"adult_count_sum\", DENSE_RANK() OVER (ORDER BY g.\"adult_sex\" ASC) AS "
+          "\"row_index\", DENSE_RANK() OVER (ORDER BY g.\"adult_race\" ASC) AS \"column_index\" FROM group_by_query "
+          "g), filtered_rows AS (SELECT * FROM pivot_query WHERE \"row_index\" <= 500), total_columns AS (SELECT "
+          "COUNT(*) AS total_columns FROM (SELECT DISTINCT \"adult_race\" FROM filtered_rows) AS distinct_groups) "
+          "SELECT p.*, t.total_columns FROM pivot_query p CROSS JOIN total_columns t WHERE p.\"row_index\" <= 500 "
+          "order by p.\"row_index\", p.\"column_index\""),
     # Prisma: aggregate() and count() read the rows in a derived table "sub" (with the pagination's OFFSET), then
     # aggregate its unqualified columns
     Shape(PRISMA, "aggregate(): _count, _avg, _sum over the rows in a derived table with OFFSET 0",
@@ -75,6 +95,9 @@ CORPUS = [
           "\"sex\" ORDER BY count(\"id\") DESC;"),
     Shape(SEQUELIZE, "Model.count({ group }): the key and count(\"adult\".\"id\") AS \"count\"",
           "SELECT \"race\", count(\"adult\".\"id\") AS \"count\" FROM \"adult\" AS \"adult\" GROUP BY \"race\";"),
+    Shape(SEQUELIZE, "fn('date_trunc', 'month', col(...)) grouped by the output alias",
+          "SELECT date_trunc('month', \"visited_at\") AS \"month\", COUNT(\"visit_id\") AS \"n\" FROM \"visits\" AS "
+          "\"visits\" GROUP BY \"month\" ORDER BY \"month\" ASC;"),
     # TypeORM: aliases "<alias>_<column>", getCount's COUNT(DISTINCT("alias"."id")) AS "cnt", joins without spaces
     Shape(TYPEORM, "getRawMany(): \"adult_sex\", COUNT(...) AS \"cnt\", ORDER BY the alias, LIMIT and OFFSET",
           "SELECT \"adult\".\"sex\" AS \"adult_sex\", COUNT(\"adult\".\"id\") AS \"cnt\" FROM \"public\".\"adult\" "
@@ -91,8 +114,8 @@ CORPUS = [
           "select a1_0.sex,count(a1_0.id) from public.adult a1_0 group by a1_0.sex order by count(a1_0.id) desc "
           "offset 0 rows fetch first 10 rows only"),
     Shape(HIBERNATE, "avg(cast(... as float(53))), a HAVING on count",
-          "select a1_0.education,avg(cast(a1_0.age as float(53))),sum(a1_0.hours_per_week) from public.adult a1_0 where "
-          "a1_0.age>=18 group by a1_0.education having count(a1_0.id)>100"),
+          "select a1_0.education,avg(cast(a1_0.age as float(53))),sum(a1_0.hours_per_week) from public.adult a1_0 "
+          "where a1_0.age>=18 group by a1_0.education having count(a1_0.id)>100"),
     Shape(HIBERNATE, "count(distinct ...) over a join of the linked table",
           "select v1_0.channel,count(distinct a1_0.id) from public.visits v1_0 join public.adult a1_0 on "
           "a1_0.id=v1_0.person_id group by v1_0.channel"),
@@ -116,6 +139,12 @@ CORPUS = [
     Shape(ECTO, "date_trunc grouped by the repeated expression, coalesce(sum(...), 0)",
           "SELECT date_trunc('month', v0.\"visited_at\"), coalesce(sum(v0.\"amount\"), 0) FROM \"visits\" AS v0 "
           "GROUP BY date_trunc('month', v0.\"visited_at\")"),
+    Shape(ECTO, "fragment(\"?::date\"): a cast to date grouped by the repeated expression",
+          "SELECT v0.\"visited_at\"::date, count(v0.\"visit_id\") FROM \"visits\" AS v0 WHERE (v0.\"visited_at\" >= "
+          "'2025-03-01'::timestamptz) AND (v0.\"visited_at\" < '2025-04-01'::timestamptz) GROUP BY "
+          "v0.\"visited_at\"::date"),
+    Shape(ECTO, "Repo.aggregate(:count) of a distinct query: the number of distinct values",
+          "SELECT count(*) FROM (SELECT DISTINCT sa0.\"education\" AS \"education\" FROM \"adult\" AS sa0) AS s0"),
     # SQLAlchemy Core compiled with literal_binds (what pandas.read_sql is given)
     Shape(SQLALCHEMY, "count_1 labels, ORDER BY the aggregate, LIMIT ... OFFSET ...",
           "SELECT adult.sex, count(adult.id) AS count_1 FROM adult WHERE adult.age > 30 GROUP BY adult.sex ORDER BY "
@@ -126,6 +155,9 @@ CORPUS = [
     Shape(SQLALCHEMY, "select(func.count()).select_from(grouped subquery): the number of groups",
           "SELECT count(*) AS count_1 FROM (SELECT adult.sex AS sex, count(adult.id) AS n FROM adult GROUP BY "
           "adult.sex) AS anon_1"),
+    Shape(SQLALCHEMY, "select(func.count()).select_from(select(adult).where(...).subquery()): every column inside",
+          "SELECT count(*) AS count_1 FROM (SELECT adult.id AS id, adult.age AS age, adult.sex AS sex, adult.race AS "
+          "race FROM adult WHERE adult.age > 30) AS anon_1"),
 ]
 
 
