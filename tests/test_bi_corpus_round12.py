@@ -98,6 +98,10 @@ CORPUS = [
     Shape(SEQUELIZE, "fn('date_trunc', 'month', col(...)) grouped by the output alias",
           "SELECT date_trunc('month', \"visited_at\") AS \"month\", COUNT(\"visit_id\") AS \"n\" FROM \"visits\" AS "
           "\"visits\" GROUP BY \"month\" ORDER BY \"month\" ASC;"),
+    Shape(SEQUELIZE, "findAll({ include: [{ model, attributes: [] }], group }): counts of the included rows",
+          "SELECT \"adult\".\"sex\", COUNT(\"visits\".\"visit_id\") AS \"visitCount\" FROM \"adult\" AS \"adult\" "
+          "LEFT OUTER JOIN \"visits\" AS \"visits\" ON \"adult\".\"id\" = \"visits\".\"person_id\" GROUP BY "
+          "\"adult\".\"sex\";"),
     # TypeORM: aliases "<alias>_<column>", getCount's COUNT(DISTINCT("alias"."id")) AS "cnt", joins without spaces
     Shape(TYPEORM, "getRawMany(): \"adult_sex\", COUNT(...) AS \"cnt\", ORDER BY the alias, LIMIT and OFFSET",
           "SELECT \"adult\".\"sex\" AS \"adult_sex\", COUNT(\"adult\".\"id\") AS \"cnt\" FROM \"public\".\"adult\" "
@@ -109,6 +113,10 @@ CORPUS = [
           "SELECT COUNT(DISTINCT(\"adult\".\"id\")) AS \"cnt\" FROM \"public\".\"adult\" \"adult\" INNER JOIN "
           "\"public\".\"visits\" \"visit\" ON \"visit\".\"person_id\"=\"adult\".\"id\" WHERE \"visit\".\"channel\" = "
           "'app'"),
+    Shape(TYPEORM, "leftJoin + addSelect(\"SUM(visit.amount)\", \"total\") + groupBy",
+          "SELECT \"adult\".\"sex\" AS \"adult_sex\", SUM(\"visit\".\"amount\") AS \"total\" FROM "
+          "\"public\".\"adult\" \"adult\" LEFT JOIN \"public\".\"visits\" \"visit\" ON "
+          "\"visit\".\"person_id\"=\"adult\".\"id\" GROUP BY \"adult\".\"sex\""),
     # Hibernate 6: aliases a1_0, unnamed aggregates, avg(cast(... as float(53))), offset/fetch first
     Shape(HIBERNATE, "a1_0 aliases, ORDER BY the aggregate, offset ... rows fetch first ... rows only",
           "select a1_0.sex,count(a1_0.id) from public.adult a1_0 group by a1_0.sex order by count(a1_0.id) desc "
@@ -127,6 +135,9 @@ CORPUS = [
     Shape(HIBERNATE, "a CASE dimension grouped by the repeated expression",
           "select case when a1_0.age<30 then 'young' else 'older' end,count(a1_0.id) from public.adult a1_0 group "
           "by case when a1_0.age<30 then 'young' else 'older' end"),
+    Shape(HIBERNATE, "cast(... as date) and coalesce(sum(...),0) over a date range",
+          "select cast(v1_0.visited_at as date),coalesce(sum(v1_0.amount),0) from public.visits v1_0 where "
+          "v1_0.visited_at between '2025-03-01' and '2025-03-31' group by cast(v1_0.visited_at as date) order by 1"),
     # Ecto: aliases a0 / v0, typed literals (30::bigint), avg(...)::float, a subquery's s0 / sa0 aliases
     Shape(ECTO, "group_by with count and a typed literal in WHERE",
           "SELECT a0.\"sex\", count(a0.\"id\") FROM \"public\".\"adult\" AS a0 WHERE (a0.\"age\" > 30::bigint) "
@@ -180,6 +191,8 @@ def test_dp_answers(shape: Shape, analyst: psycopg.Connection[Any], truth: psyco
     assert got, "every statement of the corpus has rows in the demo data"
 
 
+HIBERNATE_BOUND = ("select a1_0.race,count(a1_0.id) from public.adult a1_0 where a1_0.age>=%s group by a1_0.race "
+                   "order by count(a1_0.id) desc offset %s rows fetch first %s rows only")
 PRISMA_BOUND = ("SELECT COUNT(*), AVG(\"age\") FROM (SELECT \"public\".\"adult\".\"id\", \"public\".\"adult\".\"age\" "
                 "FROM \"public\".\"adult\" WHERE \"public\".\"adult\".\"sex\" = %s OFFSET %s) AS \"sub\"")
 
@@ -205,6 +218,17 @@ def test_prisma_binds_its_offset(reporter: psycopg.Connection[Any], analyst: psy
             _bound(conn, PRISMA_BOUND, ["Female", 10])
         assert caught.value.sqlstate == "0A000", caught.value
         assert "OFFSET inside a derived table" in (caught.value.diag.message_primary or "")
+
+
+def test_hibernate_binds_its_page(reporter: psycopg.Connection[Any], analyst: psycopg.Connection[Any],
+                                  truth: psycopg.Connection[Any]) -> None:
+    """Hibernate binds the filter and the page (offset ? rows fetch first ? rows only) of an aggregate query:
+    answered as PostgreSQL answers it (reporter) and with its column names (dp)."""
+    values = [30, 1, 3]
+    expected = _bound(truth, HIBERNATE_BOUND, values)
+    assert _bound(reporter, HIBERNATE_BOUND, values) == expected
+    names, rows = _bound(analyst, HIBERNATE_BOUND, values)
+    assert names == expected[0] and rows
 
 
 @pytest.mark.parametrize("sql", [
