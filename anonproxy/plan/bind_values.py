@@ -2,14 +2,15 @@
 
 Some places of a statement must hold a constant for the analysis to prove it safe: a LIKE/ILIKE pattern (a
 pattern ending with the escape character fails only on the rows that reach it), a ``date_trunc`` unit, an
-``extract``/``date_part`` field, a ``to_char`` format, the zone of ``AT TIME ZONE``, and the operand of a cast
-to a type other than text (a run-time cast that fails on some rows reveals them), and in dp mode any operand of
-HAVING (dp evaluates HAVING in the proxy on the noisy values: anonproxy/dp/having.py), and in dp mode the
-operand of a WHERE condition on a time column with declared bounds (``col >= $n``, ``>``, ``<``, ``<=``, ``=``,
-``BETWEEN $n AND $m``, an AND of them at the top of the WHERE: a constant there narrows the public time domain,
-anonproxy/dp/time_domains.py; which columns those are: anonproxy/dp/bound_times.py). A client that binds its
-values at Bind (server-side binding: Django, SQLAlchemy with psycopg, Peewee with psycopg 3, asyncpg, Metabase)
-sends a ``$n`` there.
+``extract``/``date_part`` field, a ``to_char`` format, the zone of ``AT TIME ZONE``, the operand of a cast to a
+type other than text (a run-time cast that fails on some rows reveals them), the OFFSET of a derived table or
+WITH query (only ``OFFSET 0`` is inlined there, and Prisma binds it: anonproxy/plan/flatten.py), and in dp mode
+any operand of HAVING (dp evaluates HAVING in the proxy on the noisy values: anonproxy/dp/having.py), and in dp
+mode the operand of a WHERE condition on a time column with declared bounds (``col >= $n``, ``>``, ``<``,
+``<=``, ``=``, ``BETWEEN $n AND $m``, an AND of them at the top of the WHERE: a constant there narrows the public
+time domain, anonproxy/dp/time_domains.py; which columns those are: anonproxy/dp/bound_times.py). A client that
+binds its values at Bind (server-side binding: Django, SQLAlchemy with psycopg, Peewee with psycopg 3, asyncpg,
+Metabase, Prisma) sends a ``$n`` there.
 
 :func:`slots` finds those parameters on the statement's one parse (a parameter may stand there bare, or under a
 cast to text or varchar, or inside upper()/lower() in a LIKE pattern). :func:`bound_text` writes the statement
@@ -21,8 +22,8 @@ so the cast changes nothing there.
 The proxy decides that text like any other; its text is the value class, which the decision cache keys on.
 
 Which parameters are not decided at Bind: every other ``$n`` (a comparison's operand but a dp time filter's, an
-IN list, LIMIT and OFFSET) is decided at Parse as it is, and those the analysis refuses there stay refused (a
-parameter added up in an aggregate: its value changes the sensitivity of what the statement reads).
+IN list, the statement's own LIMIT and OFFSET) is decided at Parse as it is, and those the analysis refuses there
+stay refused (a parameter added up in an aggregate: its value changes the sensitivity of what the statement reads).
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ _OIDS = {
 }  # fmt: skip
 _TEXT = (exp.DataType.Type.TEXT, exp.DataType.Type.VARCHAR)
 # A value every statement of each kind accepts: the statement is decided with it at Parse, and described with it.
-_REPRESENTATIVE = {"pattern": "%", "unit": "year", "field": "year", "format": "YYYY", "zone": "UTC"}
+_REPRESENTATIVE = {"pattern": "%", "unit": "year", "field": "year", "format": "YYYY", "zone": "UTC", "offset": "0"}
 _REPRESENTATIVE_CAST = {1082: "2000-01-01", 1114: "2000-01-01 00:00:00", 1184: "2000-01-01 00:00:00+00",
                         1186: "1 day", 16: "true"}
 
@@ -65,7 +66,7 @@ class Slot:
     client declares none (what PostgreSQL infers there: the cast's target, else text)."""
 
     number: int
-    kind: str  # "pattern", "unit", "field", "format", "zone", "cast", "having" or "time"
+    kind: str  # "pattern", "unit", "field", "format", "zone", "offset", "cast", "having" or "time"
     type_oid: int = TEXT_OID
 
     def representative(self) -> str:
@@ -158,6 +159,9 @@ def _places(tree: exp.Expression, having: bool) -> Iterator[tuple[exp.Expression
             yield node.args["zone"], "zone"
         elif isinstance(node, exp.Cast) and isinstance(node.this, exp.Parameter) and node.to.this not in _TEXT:
             yield node, "cast"
+        elif isinstance(node, exp.Offset) and isinstance(node.parent, exp.Select) \
+                and isinstance(node.parent.parent, (exp.Subquery, exp.CTE)):
+            yield node.expression, "offset"
 
 
 _COMPARISONS = (exp.GT, exp.GTE, exp.LT, exp.LTE, exp.EQ)

@@ -12,15 +12,17 @@ back-ends analyse one plain SELECT.
 
 Inlined only: select items that are column references or row expressions (the
 back-ends check them where they end up), renames (``AS``, column lists of the
-alias), ``*`` and ``t.*``, WHERE, and joins. A derived table with aggregates,
+alias), ``*`` and ``t.*``, WHERE, and joins; an ``OFFSET 0`` is dropped, as it
+skips no row (Prisma reads the rows it aggregates in a derived table with
+``OFFSET $1``, bound to 0 without a skip). A derived table with aggregates,
 DISTINCT, GROUP BY or HAVING is left for :mod:`anonproxy.plan.outer`, and so
 is every derived table above one that reads nothing else (:func:`over_released`:
 Power BI's TOPN filters the aggregate's rows in a derived table of its own):
 those post-process released rows, and so do set operations of aggregate
 queries (:func:`released`, :mod:`anonproxy.plan.set_operations`), whose
 branches are flattened each on its own. Over tables, a derived table with
-ORDER BY, LIMIT, OFFSET, window functions, other set operations and every
-other clause is refused, and so is a WITH query unused or recursive. WITH
+ORDER BY, LIMIT, another OFFSET, window functions, other set operations and
+every other clause is refused, and so is a WITH query unused or recursive. WITH
 queries around a set operation are visible in its branches.
 
 A WITH query read more than once (MetricFlow reads one in each of two
@@ -71,6 +73,8 @@ _REASONS = {
     "windows": "WINDOW", "qualify": "QUALIFY", "laterals": "LATERAL", "locks": "FOR UPDATE/SHARE",
     "into": "SELECT INTO", "sample": "TABLESAMPLE", "with_": "WITH",
 }
+
+_INTEGERS = (exp.DataType.Type.SMALLINT, exp.DataType.Type.INT, exp.DataType.Type.BIGINT)
 
 
 def is_aggregate(select: exp.Select) -> bool:
@@ -280,6 +284,9 @@ def _check_qualifiers(select: exp.Select) -> None:
 
 
 def _inline(outer: exp.Select, position: int, item: exp.Subquery, body: exp.Select, source: str) -> None:
+    offset = body.args.get("offset")
+    if offset is not None and _is_zero(offset.expression):
+        body.set("offset", None)  # skips no row
     _check_inlinable(item, body)
     inner = sources(body)
     if position > 0 and (len(inner) != 1 or body.args.get("joins")):
@@ -320,6 +327,14 @@ def _inline(outer: exp.Select, position: int, item: exp.Subquery, body: exp.Sele
             join.set("on", exp.and_(exp.paren(on, copy=False), exp.paren(condition.this, copy=False), copy=False))
 
 
+def _is_zero(node: exp.Expression) -> bool:
+    """Whether ``node`` is the constant 0 as PostgreSQL reads an OFFSET: ``0``, ``'0'`` (a bound value written as a
+    constant), either cast to an integer type."""
+    if isinstance(node, exp.Cast) and node.to.this in _INTEGERS and not node.to.expressions:
+        node = node.this
+    return isinstance(node, exp.Literal) and node.name.strip().isdigit() and int(node.name) == 0
+
+
 def _keep_names(select: exp.Select, names: list[str | None], source: str) -> None:
     """Alias the select items whose name the substitution changed with the name they had (``metric_time__day``
     stays the name of the column that read it, now ``DATE_TRUNC('day', t.visited_at) AS metric_time__day``): an
@@ -342,7 +357,7 @@ def _check_inlinable(item: exp.Subquery, body: exp.Select) -> None:
         what = _REASONS.get(key, key.upper())
         refusal = forbidden if key in ("into", "sample") else unsupported
         raise refusal(f"{what} inside a derived table is not supported over protected tables: only column "
-                      "selections, renames, WHERE and joins are inlined", HINT)
+                      "selections, renames, WHERE, joins and OFFSET 0 are inlined", HINT)
     if body.args.get("from_") is None:
         raise unsupported("a derived table or WITH query over protected tables needs a FROM clause", HINT)
     for node in own_nodes(body):
