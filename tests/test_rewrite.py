@@ -342,8 +342,10 @@ ROW_LEVEL = [
     ("WITH adult AS (SELECT 1 AS x) SELECT x FROM adult", "0A000", "WITH"),
     ("SELECT count(*) FROM (SELECT * FROM adult ORDER BY age) s", "0A000", "ORDER BY inside a derived table"),
     ("SELECT (SELECT age FROM adult LIMIT 1)", "0A000", "subqueries"),
-    ("SELECT 1 WHERE EXISTS (SELECT 1 FROM adult WHERE id = 17 AND income = '>50K')", "0A000", "subqueries"),
-    ("SELECT count(*) FROM adult WHERE id IN (SELECT id FROM adult WHERE age > 90)", "0A000", "subqueries"),
+    ("SELECT 1 WHERE EXISTS (SELECT 1 FROM adult WHERE id = 17 AND income = '>50K')", "0A000", "needs a FROM clause"),
+    # (without the column types, a bare name in a semi-join subquery may be the outer table's: refused)
+    ("SELECT count(*) FROM adult WHERE id IN (SELECT id FROM adult WHERE age > 90)", "0A000",
+     "in a semi-join subquery must be a column of its table"),
     ("SELECT count(*) FROM adult a, LATERAL (SELECT a.age) x", "0A000", "LATERAL"),
     ("SELECT count(*) FROM adult a CROSS JOIN LATERAL (SELECT a.age) x", "0A000", "LATERAL"),
     ("SELECT age, count(*) OVER () FROM adult", "42501", "row-level"),  # a row per person, each with the total
