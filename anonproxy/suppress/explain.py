@@ -126,7 +126,8 @@ def explain_suppression(query: AnalyticQuery, role: RolePolicy, sql: str) -> tup
     if query.one_row_per_person and query.post is not None:  # the one-pass shape counts rows (rows.parts)
         unit = (f"  privacy unit: {query.unit}, unique and not null in the catalog: each row of the FROM clause is "
                 "one person, and the rules are decided in the same pass as the answer")
-        universe = (f"SELECT count(*) FROM {query.from_sql}" if query.where is not None
+        universe = (f"the people of every group, added up, plus the rows the WHERE leaves out counted up to k = {k} "
+                    "(enough for every rule)" if query.where is not None
                     else "the people of every group, added up (no WHERE: every row is in a group)")
     else:
         unit = f"  privacy unit: {query.unit} (people are counted as distinct units, not rows)"
