@@ -36,10 +36,10 @@ HINT = ("A subquery in WHERE over protected tables may be a semi-join on the pri
         "<linked> v WHERE v.<key> = <protected>.<unit> AND <conditions on v>), NOT EXISTS (...) or <protected>.<unit> "
         "IN (SELECT <key> FROM <linked> WHERE <conditions>), its columns qualified or its own.")
 
-# IN (SELECT ... LIMIT n) keeps n people chosen by the order of other people's rows (ORDER BY, or the order
-# PostgreSQL reads them in): LIMIT 11 and LIMIT 10 differ by one person, whom two answers would give away.
+# IN (SELECT ... LIMIT n) keeps the people of n rows, chosen by the order of other people's rows (the order
+# PostgreSQL reads them in): LIMIT 11 and LIMIT 10 differ by one person at most, whom two answers would give away.
 LIMIT_MESSAGE = ("LIMIT is not allowed in IN (SELECT ...) over protected tables: it keeps the people of the first "
-                 "rows only, which other people's rows decide (two limits differ by one person)")
+                 "rows only, which other people's rows decide (LIMIT n and LIMIT n + 1 differ by one person at most)")
 LIMIT_HINT = ("Drop the LIMIT: IN (SELECT <key> FROM <linked> WHERE <conditions>) keeps every person with a "
               "matching row; EXISTS (SELECT 1 ... LIMIT 1) asks the same of each person.")
 
