@@ -119,6 +119,25 @@ CORPUS = [
     Shape("Analyst", "EXISTS beside a WHERE condition of the outer query",
           "SELECT a.education, count(*) AS n FROM public.adult a WHERE a.age >= 30 AND EXISTS (SELECT 1 FROM "
           "public.visits v WHERE v.person_id = a.id AND v.amount > 100) GROUP BY a.education"),
+    Shape("Django", "a queryset wrapped in a subquery: EXISTS tied to the unit it passes through (*)",
+          "SELECT s.sex, count(*) AS n FROM (SELECT * FROM public.adult a) s WHERE EXISTS (SELECT 1 FROM "
+          "public.visits v WHERE v.person_id = s.id AND v.channel = 'web') GROUP BY s.sex"),
+    Shape("SQLAlchemy", "IN on the unit column a subquery selects by name",
+          "SELECT s.sex, count(*) AS n FROM (SELECT id, sex FROM public.adult) s WHERE s.id IN (SELECT person_id "
+          "FROM public.visits WHERE channel = 'web') GROUP BY s.sex"),
+    Shape("Analyst", "a derived table with its own WHERE, NOT EXISTS tied to its unit column",
+          "SELECT s.sex, count(*) AS n, avg(s.age) AS avg_age FROM (SELECT a.id, a.sex, a.age FROM public.adult a "
+          "WHERE a.age > 30) s WHERE NOT EXISTS (SELECT 1 FROM public.visits v WHERE v.person_id = s.id AND "
+          "v.amount > 400) GROUP BY 1"),
+    Shape("Analyst", "a WITH query of the linked table, EXISTS on its person's row",
+          "WITH s AS (SELECT person_id, channel FROM public.visits) SELECT s.channel, count(*) AS n FROM s WHERE "
+          "EXISTS (SELECT 1 FROM public.adult a WHERE a.id = s.person_id AND a.age > 40) GROUP BY 1"),
+    Shape("Django", "EXISTS(... ORDER BY ... LIMIT 1): the order of the inner rows changes nothing",
+          "SELECT a.sex, count(*) AS n FROM public.adult a WHERE EXISTS (SELECT 1 FROM public.visits v WHERE "
+          "v.person_id = a.id AND v.channel = 'app' ORDER BY v.amount DESC, v.visited_at LIMIT 1) GROUP BY 1"),
+    Shape("Analyst", "EXISTS with ORDER BY an expression and no LIMIT",
+          "SELECT a.race, count(*) AS n FROM public.adult a WHERE EXISTS (SELECT 1 FROM public.visits v WHERE "
+          "v.person_id = a.id ORDER BY v.amount * 2) GROUP BY 1"),
 ]
 
 

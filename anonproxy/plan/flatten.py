@@ -307,6 +307,7 @@ def _inline(outer: exp.Select, position: int, item: exp.Subquery, body: exp.Sele
             rivals = None
     names = [output_name(item, source) for item in outer.expressions]
     _substitute(outer, alias, outputs, star, rivals, output_names=set(names) - {None})
+    _pass_through_subqueries(outer, alias, outputs, star)
     _keep_names(outer, names, source)
     condition = body.args.get("where")
     if position == 0:
@@ -483,6 +484,39 @@ def _substitute(outer: exp.Select, alias: str | None, outputs: dict[str, exp.Exp
         if not isinstance(replacement, (exp.Column, exp.Literal, exp.Paren, exp.Func)):
             replacement = exp.paren(replacement, copy=False)
         node.replace(replacement)
+
+
+def _pass_through_subqueries(outer: exp.Select, alias: str | None, outputs: dict[str, exp.Expression | None],
+                             star: str | None) -> None:
+    """Replace ``alias.<name>`` in the subqueries of the outer WHERE (semi-joins on the privacy unit,
+    :mod:`anonproxy.plan.semi_joins`) where the derived table passes a column through under its own name
+    (``SELECT * FROM adult a``, ``SELECT id, sex FROM adult``): Django and SQLAlchemy tie a semi-join to the
+    unit column of a wrapped queryset so. A renamed or computed column (``age AS id``) stays a name of no table,
+    which the semi-join check refuses; so does one whose table the subquery's own FROM item would shadow."""
+    where = outer.args.get("where")
+    stack: list[exp.Expression] = [where] if where is not None and alias is not None else []
+    while stack:
+        node = stack.pop()
+        if not isinstance(node, exp.Select):
+            stack.extend(node.iter_expressions())
+            continue
+        shadowed = {reference(item) for item in sources(node)}
+        if alias in shadowed:
+            continue
+        for column in list(own_nodes(node)):
+            if not isinstance(column, exp.Column) or identifier(column.args.get("table")) != alias \
+                    or column.args.get("db") is not None or not isinstance(column.this, exp.Identifier):
+                continue
+            name = identifier(column.this) or ""
+            if name in outputs:
+                passed = outputs[name]
+            elif star is not None:
+                passed = exp.column(name, star, quoted=True)
+            else:
+                continue
+            if isinstance(passed, exp.Column) and identifier(passed.this) == name \
+                    and identifier(passed.args.get("table")) not in shadowed:
+                column.replace(passed.copy())
 
 
 def _bare_column(select: exp.Select, name: str) -> bool:

@@ -11,9 +11,12 @@ Admitted as a top-level AND conjunct of the outer WHERE, in the forms ``EXISTS (
 ``<outer unit column> IN (SELECT <inner unit column> ...)``, when the subquery reads one protected or linked table
 of the outer query's privacy unit, without joins, grouping, aggregates or nested subqueries, ties itself to the
 outer query only by ``<inner unit column> = <outer unit column>`` (EXISTS) or by the IN, and its other
-conditions pass the checks of a WHERE condition over its own table (the allowlist and the no-error proof). ``NOT
-IN`` is refused (a NULL among the inner values makes it NULL for everyone); anything else with a subquery stays
-refused by the analysis.
+conditions pass the checks of a WHERE condition over its own table (the allowlist and the no-error proof). An
+EXISTS subquery may end in ORDER BY (which changes nothing, its expressions checked as the conditions are) and a
+positive LIMIT; IN (SELECT ... LIMIT n) is refused (:data:`LIMIT_MESSAGE`). ``NOT IN`` is refused (a NULL among
+the inner values makes it NULL for everyone); anything else with a subquery stays refused by the analysis. The
+outer column may be a derived table's column that passes the unit column through under its own name
+(:mod:`anonproxy.plan.flatten` substitutes it).
 """
 
 from __future__ import annotations
@@ -32,6 +35,13 @@ from anonproxy.plan.tables import PolicyIndex, ResolvedTable, identifier
 HINT = ("A subquery in WHERE over protected tables may be a semi-join on the privacy unit: EXISTS (SELECT 1 FROM "
         "<linked> v WHERE v.<key> = <protected>.<unit> AND <conditions on v>), NOT EXISTS (...) or <protected>.<unit> "
         "IN (SELECT <key> FROM <linked> WHERE <conditions>), its columns qualified or its own.")
+
+# IN (SELECT ... LIMIT n) keeps the people of n rows, chosen by the order of other people's rows (the order
+# PostgreSQL reads them in): LIMIT 11 and LIMIT 10 differ by one person at most, whom two answers would give away.
+LIMIT_MESSAGE = ("LIMIT is not allowed in IN (SELECT ...) over protected tables: it keeps the people of the first "
+                 "rows only, which other people's rows decide (LIMIT n and LIMIT n + 1 differ by one person at most)")
+LIMIT_HINT = ("Drop the LIMIT: IN (SELECT <key> FROM <linked> WHERE <conditions>) keeps every person with a "
+              "matching row; EXISTS (SELECT 1 ... LIMIT 1) asks the same of each person.")
 
 
 @dataclass(frozen=True)
@@ -69,12 +79,15 @@ def set_aside(tree: exp.Select) -> Iterator[list[SemiJoin]]:
 
 
 def check(semi: SemiJoin, sources: list[Source], owner: str, index: PolicyIndex,
-          row_check: Callable[[ResolvedTable, str, exp.Expression], None]) -> None:
+          row_check: Callable[[ResolvedTable, str, exp.Expression, str], None]) -> None:
     """Refuse ``semi`` unless it is a semi-join on the privacy unit of protected table ``owner`` (the outer query's);
-    ``row_check(table, reference, condition)`` checks an inner condition as a WHERE condition over that table."""
+    ``row_check(table, reference, expression, clause)`` checks an inner expression as a row-level expression of
+    that clause over that table."""
     select = semi.select
-    allowed = {"expressions", "from_", "where"} | ({"limit"} if semi.exists else {"distinct"})
+    allowed = {"expressions", "from_", "where"} | ({"limit", "order"} if semi.exists else {"distinct"})
     extra = {key for key, value in select.args.items() if value not in (None, False, [], "")} - allowed
+    if "limit" in extra:
+        raise unsupported(LIMIT_MESSAGE, LIMIT_HINT)
     if extra or isinstance(select.args.get("distinct"), exp.Distinct) and select.args["distinct"].args.get("on"):
         raise unsupported(f"{', '.join(sorted(extra)).upper() or 'DISTINCT ON'} is not allowed in a semi-join "
                           "subquery over protected tables", HINT)
@@ -105,7 +118,11 @@ def check(semi: SemiJoin, sources: list[Source], owner: str, index: PolicyIndex,
             raise unsupported(f"the subquery of IN must select the privacy unit column {unit} of its table", HINT)
     for condition in conditions:
         _own_columns(condition, reference, table)
-        row_check(table, reference, condition)
+        row_check(table, reference, condition, "WHERE")
+    # EXISTS ignores the order of its rows, but PostgreSQL may still evaluate the expressions: they must not fail
+    for ordered in select.args["order"].expressions if select.args.get("order") is not None else []:
+        _own_columns(ordered.this, reference, table)
+        row_check(table, reference, ordered.this, "ORDER BY")
 
 
 def render(semi: SemiJoin, index: PolicyIndex) -> str:

@@ -220,9 +220,11 @@ def aggregate_first(select: exp.Select, source: str) -> None:
         return found
 
     key, point = _join_key(join.args["on"], reads)
-    if not isinstance(spine, exp.Table):  # VALUES may repeat a row, which PostgreSQL's GROUP BY would merge
-        raise unsupported("a VALUES spine joined to a table's rows is not supported: join generate_series, or LEFT "
-                          "JOIN the VALUES to an aggregate query", JOINED_HINT)
+    # VALUES, or a derived table's select items, may repeat a row, which PostgreSQL's GROUP BY would merge
+    if not isinstance(spine, exp.Table):
+        raise unsupported(f"{_spine_kind(spine)} joined to a table's rows is not supported: join generate_series "
+                          f"itself, or LEFT JOIN the {_spine_kind(spine, short=True)} to an aggregate query",
+                          JOINED_HINT)
     inner_where, outer_where = [], []
     where = select.args.get("where")
     for condition in _conjuncts(where.this) if where is not None else []:
@@ -250,6 +252,14 @@ def aggregate_first(select: exp.Select, source: str) -> None:
         this=exp.Identifier(this=ROWS, quoted=True))), on=on)])
     select.set("where", exp.Where(this=exp.and_(*outer_where)) if outer_where else None)
     select.set("group", None)
+
+
+def _spine_kind(spine: exp.Expression, short: bool = False) -> str:
+    """What the client wrote as a spine that is not generate_series itself, for a message."""
+    if isinstance(spine, exp.Values):
+        return "VALUES list" if short else "a VALUES spine"
+    over = "generate_series" if spine.find(exp.ExplodingGenerateSeries) is not None else "VALUES"
+    return "derived table" if short else f"a derived table over {over} as a spine"
 
 
 def _join_key(on: exp.Expression, reads: Callable[[exp.Expression], set[str]],
