@@ -24,7 +24,8 @@ another owner waits until the owners with requests in flight have answered
 (ReadyForQuery). When one batch (messages up to Sync) mixes owners, the
 proxy closes the first owner's part with a Sync of its own and swallows its
 ReadyForQuery. After an error the rest of the batch is skipped up to Sync,
-as PostgreSQL does.
+as PostgreSQL does: also after an error from a part the proxy ended, the
+message already routed for the next part being dropped (``_batch_error``).
 
 Every ReadyForQuery the client gets carries the status of its own
 connection, where its transaction lives. An error from elsewhere (a
@@ -308,10 +309,10 @@ class Gate:
 
     def service_message(self, type_: bytes, body: bytes) -> None:
         service = self._service
-        if not service.silenced and service.answered(type_):
-            self._router.failed()  # the Sync was ours: the rest of the client's batch is skipped here
-        if type_ == b"E" and not service.silenced:
-            self._batch_error(Owner.SERVICE)
+        if not service.silenced:
+            service.answered(type_)
+            if type_ == b"E":
+                self._batch_error(Owner.SERVICE)
         keeping = self._keeping
         dropped = keeping is not None and type_ == b"E" and keeping.ahead > 0 and not service.silenced
         if dropped:
@@ -713,7 +714,6 @@ class Gate:
             # A Describe of a statement, alone, the client waiting for it (asyncpg's prepare()): a Sync of ours
             # ends it, so that the connection goes back to the pool; the statement stays prepared there.
             self._close_batch_part(Owner.SERVICE)
-            self._service.describing = True
         elif route.ends_batch:
             self.in_flight[owner] += 1
             self._unsynced = None
