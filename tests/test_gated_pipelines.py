@@ -4,7 +4,8 @@ ends the batch carries the right transaction status.
 
 A gated batch mixes owners: the failing statement is a rewritten aggregate that fails on the proxy's service
 connection (22003: an integer overflow in the answer's SQL), or a dp answer that fails in the proxy; the statements
-around it (``select 1``, ``nextval`` of a sequence, which no rollback undoes) go to the client's own connection. Each
+around it (``select 1``, ``nextval`` of a sequence, which no rollback undoes) go to the client's own connection;
+and the other way round, an error on the client's connection (22012) before a gated aggregate. Each
 sequence runs twice: through the proxy as a gated role, and straight to PostgreSQL as the same role, which has no
 privilege on the protected table, so that there the same statement fails with PostgreSQL's own 42501. The
 expectation is what PostgreSQL does: which statements ran (a ``nextval`` after the error draws nothing), what the
@@ -24,6 +25,7 @@ from conftest import Endpoint, fresh_dp_role
 SERVICE_ERROR = "select count(*) from public.adult where age > 2147483647 + 1"  # 22003 where the answer is made
 MARKS = "public.y12_marks"  # a sequence the batches draw from: a skipped nextval leaves it as it was
 DRAW = f"select nextval('{MARKS}')"
+COUNT = "select count(*) from public.adult"  # a gated aggregate, answered on the service connection
 
 Outcome = list[object]
 
@@ -59,20 +61,19 @@ def _error(error: Exception) -> str:
     return "25P02" if getattr(error, "sqlstate", None) == "25P02" else "error"
 
 
-def _psycopg_pipeline(dsn: str, truth: psycopg.Connection, in_block: bool) -> Outcome:
-    """One pipeline (one Sync at its end): a statement on the client's connection, the failing one, then a
-    ``nextval`` and a ``select`` that PostgreSQL skips; what it raised, the transaction status, what the next
-    statements get and the values drawn."""
+def _psycopg_pipeline(dsn: str, truth: psycopg.Connection, in_block: bool,
+                      statements: tuple[str, ...] = ("select 1", SERVICE_ERROR, DRAW, "select 2")) -> Outcome:
+    """One pipeline (one Sync at its end) of ``statements``, one of which fails (by default: a statement on the
+    client's connection, the failing one, then a ``nextval`` and a ``select`` that PostgreSQL skips); what it
+    raised, the transaction status, what the next statements get and the values drawn."""
     outcome: Outcome = []
     with psycopg.connect(dsn, autocommit=True) as conn:
         if in_block:
             conn.execute("begin")
         try:
             with conn.pipeline():
-                conn.execute("select 1")
-                conn.execute(SERVICE_ERROR)
-                conn.execute(DRAW)
-                conn.execute("select 2")
+                for statement in statements:
+                    conn.execute(statement)
         except psycopg.Error as error:
             outcome.append(_error(error))
         outcome.append(conn.info.transaction_status.name)
@@ -95,6 +96,19 @@ def test_psycopg_pipeline_skips_after_a_service_error(gated_proxy: Endpoint, dir
     expected = _psycopg_pipeline(direct.dsn(gated_database, user=role), truth, in_block)
     assert expected[0] == "error" and expected[-1] == 0  # PostgreSQL: one error, the nextval skipped
     assert _psycopg_pipeline(gated_proxy.dsn(gated_database, user=role), truth, in_block) == expected
+
+
+@pytest.mark.parametrize("in_block", [False, True], ids=["autocommit", "transaction block"])
+def test_psycopg_pipeline_skips_a_gated_aggregate_after_an_error(gated_proxy: Endpoint, direct: Endpoint,
+                                                                 gated_database: str, truth: psycopg.Connection,
+                                                                 marks: None, in_block: bool) -> None:
+    """The other way round: the error comes from the client's own connection (22012), whose part the gate ends
+    with a Sync of its own when the gated aggregate comes; the aggregate and the ``nextval`` after it are skipped."""
+    statements = ("select 1 / 0", COUNT, DRAW)
+    expected = _psycopg_pipeline(direct.dsn(gated_database, user="reporter"), truth, in_block, statements)
+    assert expected[0] == "error" and expected[-1] == 0
+    assert _psycopg_pipeline(gated_proxy.dsn(gated_database, user="reporter"), truth, in_block,
+                             statements) == expected
 
 
 def _psycopg_two_parts(dsn: str, truth: psycopg.Connection) -> Outcome:
