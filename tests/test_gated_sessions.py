@@ -144,14 +144,14 @@ def _pipeline_outcomes(dsn: str, failing: str) -> list[object]:
     return outcomes
 
 
-@pytest.mark.parametrize(("mode", "failing"), [("suppress", REFUSED), ("dp", REFUSED), ("dp", SERVICE_ERROR)],
-                         ids=["suppress-refused", "dp-refused", "dp-answer error"])
+@pytest.mark.parametrize(("mode", "failing"), [("suppress", REFUSED), ("suppress", SERVICE_ERROR), ("dp", REFUSED),
+                                               ("dp", SERVICE_ERROR)],
+                         ids=["suppress-refused", "suppress-service error", "dp-refused", "dp-answer error"])
 def test_psycopg_pipeline_failed_transaction_as_postgresql(gated_proxy: Endpoint, direct: Endpoint,
                                                            gated_database: str, dp_role: str, mode: str,
                                                            failing: str) -> None:
-    """An error in the middle of a batch. (Not an error on the service connection there, a known departure: the
-    proxy ends the batch's earlier part, on the client's connection, with a Sync of its own, so the statement after
-    the error, on that connection again, is not skipped; docs/proxy.md.)"""
+    """An error in the middle of a batch, the statements around it on the client's connection (more in
+    test_gated_pipelines.py)."""
     role = _role(mode, dp_role)
     expected = _pipeline_outcomes(direct.dsn(gated_database, user=role), failing)
     assert expected[-1] == "ROLLBACK"

@@ -24,7 +24,8 @@ another owner waits until the owners with requests in flight have answered
 (ReadyForQuery). When one batch (messages up to Sync) mixes owners, the
 proxy closes the first owner's part with a Sync of its own and swallows its
 ReadyForQuery. After an error the rest of the batch is skipped up to Sync,
-as PostgreSQL does.
+as PostgreSQL does: also after an error from a part the proxy ended, the
+message already routed for the next part being dropped (``_batch_error``).
 
 Every ReadyForQuery the client gets carries the status of its own
 connection, where its transaction lives. An error from elsewhere (a
@@ -184,6 +185,9 @@ class Gate:
         self._prepared = Prepared()  # the client's statements and portals, where each belongs
         self._held: Route | None = None
         self._unsynced: Owner | None = None  # owner of batch messages sent since the last Sync
+        # The owner of the client's batch's last part that the gate ended with a Sync of its own, until the client's
+        # Sync is routed: an error there fails the client's batch (``_batch_error``).
+        self._closed_part: Owner | None = None
         self.in_flight = {Owner.UPSTREAM: 0, Owner.SERVICE: 0, Owner.PROXY: 0}  # requests awaiting ReadyForQuery
         self._swallow = {Owner.UPSTREAM: 0, Owner.SERVICE: 0}  # ReadyForQuery of our own Syncs
         self._asking: tuple[str, bytes, int] | None = None  # what the PROXY request in flight is for
@@ -246,8 +250,12 @@ class Gate:
         """The audit trail holds the row ``record`` asked for; ``refusal``: it could not be written, so the
         statement is refused instead of run."""
         route = self._held
-        assert self._recording and route is not None and route.record is not None
+        assert self._recording
         self._recording = False
+        if route is None:  # an error answered an earlier message of the batch meanwhile: this one is skipped
+            self._pump()
+            return
+        assert route.record is not None
         self._held = replace(route, record=None) if refusal is None else \
             self._router.refuse(refusal, route.record.simple, self.transaction_status)
         self._pump()
@@ -256,9 +264,11 @@ class Gate:
         """Part of a long message from the client's connection (a big row, COPY data): to the client as it comes.
         (The proxy's own queries there and the answers it hides are never long.)"""
         if piece.first:
-            self._hide(Owner.UPSTREAM, piece.type_)  # a long ErrorResponse still ends what is hidden
+            hidden = self._hide(Owner.UPSTREAM, piece.type_)  # a long ErrorResponse still ends what is hidden
             if piece.type_ == b"E":
                 self._failed()
+                if not hidden:
+                    self._batch_error(Owner.UPSTREAM)
         self._client(piece.raw)
 
     def upstream_rows(self, rows: Rows) -> None:
@@ -290,6 +300,7 @@ class Gate:
                 self._reset_session()
         elif type_ == b"E":
             self._resets_expected = 0
+            self._batch_error(Owner.UPSTREAM)
         elif type_ == b"S":
             name, offset = pg.read_cstring(body)
             if name.decode() in REPORTED_SETTINGS:
@@ -298,8 +309,10 @@ class Gate:
 
     def service_message(self, type_: bytes, body: bytes) -> None:
         service = self._service
-        if not service.silenced and service.answered(type_):
-            self._router.failed()  # the Sync was ours: the rest of the client's batch is skipped here
+        if not service.silenced:
+            service.answered(type_)
+            if type_ == b"E":
+                self._batch_error(Owner.SERVICE)
         keeping = self._keeping
         dropped = keeping is not None and type_ == b"E" and keeping.ahead > 0 and not service.silenced
         if dropped:
@@ -335,6 +348,19 @@ class Gate:
         if dropped:
             self._pump()  # what waited for the portal's answer
         self._watch_hold()
+
+    def _batch_error(self, owner: Owner) -> None:
+        """An ErrorResponse from ``owner``'s connection. When it answers a message of the client's open batch (the
+        part open there, or the part the gate ended with a Sync of its own, every Sync there still unanswered being
+        ours), PostgreSQL skips the rest of the client's batch up to its Sync, on whatever connection it would run:
+        the gate skips it as after a refusal, and the message already routed, waiting for that part's
+        ReadyForQuery, is dropped, never sent."""
+        if owner not in (self._unsynced, self._closed_part) or self.in_flight[owner] != self._swallow[owner]:
+            return  # (an error of a batch the client already ended with its Sync: PostgreSQL skipped to that Sync)
+        self._router.failed()
+        held = self._held
+        if held is not None and held.in_batch and not held.ends_batch and held.script is None:
+            self._held = None
 
     def _kept_answer(self, keeping: Keeping, type_: bytes, body: bytes) -> None:
         """A message of the service connection's answer to a portal's Execute the gate keeps: the client gets its
@@ -605,6 +631,8 @@ class Gate:
         if self._keeping is not None:
             return False  # what follows may read the portal being kept
         type_, body = self._queue.popleft()
+        if type_ == b"S":
+            self._closed_part = None  # the client's batch ends: an error of its parts skips nothing more
         now = Now(self.transaction_status, self._unsynced, self._queue[0] if self._queue else None, self._script)
         route = self._router.route(type_, body, now)
         if route is WAIT:
@@ -686,7 +714,6 @@ class Gate:
             # A Describe of a statement, alone, the client waiting for it (asyncpg's prepare()): a Sync of ours
             # ends it, so that the connection goes back to the pool; the statement stays prepared there.
             self._close_batch_part(Owner.SERVICE)
-            self._service.describing = True
         elif route.ends_batch:
             self.in_flight[owner] += 1
             self._unsynced = None
@@ -718,6 +745,7 @@ class Gate:
                 and self.transaction_status != b"E")  # in a failed transaction the query would fail: keep the last
 
     def _close_batch_part(self, owner: Owner) -> None:
+        self._closed_part = owner
         self._send[owner](SYNC)
         self.in_flight[owner] += 1
         self._swallow[owner] += 1

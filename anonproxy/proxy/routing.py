@@ -137,7 +137,6 @@ class Router:
         return Route(Owner.LOCAL, error, refusal=reject)
 
     def _route_sync(self, type_: bytes, body: bytes | None) -> Route:
-        self._service.describing = False  # the client's batch is over: a failing Describe of ours skips nothing more
         self._bound_in_batch.clear()
         if self._now.status == b"I":
             self._prepared.transaction_ended()

@@ -55,7 +55,6 @@ class ServiceSide:
         self.silenced = 0  # our own SET queries, whose answers are dropped
         self.awaiting = 0  # batch messages sent and not yet answered
         self.flushed = False  # a Flush followed them: the server sends their answers without a Sync
-        self.describing = False  # a Describe the gate closed with a Sync of its own is being answered
         self.skipping = False  # an error answered the batch: PostgreSQL ignores what comes, up to a Sync
 
     def acquired(self, statements: ServiceStatements) -> None:
@@ -164,20 +163,13 @@ class ServiceSide:
         self.awaiting += requests
         self.flushed = types[-1:] == [b"H"] or (self.flushed and not requests)
 
-    def answered(self, type_: bytes) -> bool:
-        """Follow a message of the connection's answers; True: an error answered a Describe that the gate ended
-        with a Sync of its own (the rest of the client's batch is then skipped)."""
+    def answered(self, type_: bytes) -> None:
+        """Follow a message of the connection's answers."""
         if type_ in _LAST_ANSWERS:
             self.awaiting = max(0, self.awaiting - 1)
-            return False
-        if type_ not in (b"E", b"Z"):
-            return False
-        self.awaiting = 0  # after an error the server skips the rest, up to Sync
-        failed = type_ == b"E" and self.describing
-        self.skipping = type_ == b"E"
-        if type_ == b"Z":
-            self.describing = False
-        return failed
+        elif type_ in (b"E", b"Z"):
+            self.awaiting = 0  # after an error the server skips the rest, up to Sync
+            self.skipping = type_ == b"E"
 
     def answering(self) -> bool:
         """Whether PostgreSQL owes answers it sends without waiting for the client (they were flushed)."""
