@@ -293,6 +293,23 @@ def released_as_postgresql(got: list[tuple[Any, ...]], expected: list[tuple[Any,
     assert released.total() < len(expected), "some group is withheld: why the statement is marked incomplete"
 
 
+def suppress_answers_as_postgresql(reporter: psycopg.Connection, truth: psycopg.Connection, sql: str,
+                                   complete: bool = True) -> None:
+    """A corpus statement as ``reporter`` (suppress): PostgreSQL's column names, and its rows (``complete``) or only
+    rows of PostgreSQL's, some groups withheld (:func:`released_as_postgresql`)."""
+    names, got = answer(reporter, sql)
+    expected_names, expected = answer(truth, sql)
+    assert names == expected_names
+    released_as_postgresql(got, expected, complete)
+
+
+def dp_answers(analyst: psycopg.Connection, truth: psycopg.Connection, sql: str) -> None:
+    """A corpus statement as a dp role: answered, with PostgreSQL's column names and at least one row."""
+    names, got = answer(analyst, sql)
+    assert names == answer(truth, sql)[0]
+    assert got, "every statement of the corpus has rows in the demo data"
+
+
 class Up:
     """`anonproxy up` in a child process, read until it prints its connection strings."""
 

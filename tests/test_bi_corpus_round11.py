@@ -32,7 +32,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from conftest import answer, corpus_roles, released_as_postgresql
+from conftest import corpus_roles, dp_answers, suppress_answers_as_postgresql
 
 K = 10  # the demo policy's k for reporter
 MARCH = "generate_series('2025-03-01'::timestamptz, '2025-03-31'::timestamptz, interval '1 day')"
@@ -147,17 +147,12 @@ reporter, analyst = corpus_roles("dp_round11")
 @pytest.mark.parametrize("shape", CORPUS, ids=[f"{shape.tool}: {shape.what}" for shape in CORPUS])
 def test_suppress_answers_as_postgresql(shape: Shape, reporter: psycopg.Connection[Any],
                                         truth: psycopg.Connection[Any]) -> None:
-    names, got = answer(reporter, shape.sql)
-    expected_names, expected = answer(truth, shape.sql)
-    assert names == expected_names
-    released_as_postgresql(got, expected, shape.complete)
+    suppress_answers_as_postgresql(reporter, truth, shape.sql, shape.complete)
 
 
 @pytest.mark.parametrize("shape", CORPUS, ids=[f"{shape.tool}: {shape.what}" for shape in CORPUS])
 def test_dp_answers(shape: Shape, analyst: psycopg.Connection[Any], truth: psycopg.Connection[Any]) -> None:
-    names, got = answer(analyst, shape.sql)
-    assert names == answer(truth, shape.sql)[0]
-    assert got, "every statement of the corpus has rows in the demo data"
+    dp_answers(analyst, truth, shape.sql)
 
 
 # Visits of at least 495 (amounts run from 5 to 500): a few a day, each of a person or two.
