@@ -1,0 +1,142 @@
+"""Red team, round 13: dp's clamped reads of bounded columns (anonproxy.plan.clamp) attacked by a reader of the
+code, through the real gated proxy with a real driver.
+
+The no-error proof trusts a bounded integer or numeric column's declared bounds only where the SQL PostgreSQL runs
+reads the column clamped into them. Each attack puts one person far outside every declared bound (integer's
+extremes in adult's bounded columns, a visit of NaN), asks a statement whose proof needs a clamp in some other
+part of the query than the select list's aggregate (HAVING, ORDER BY, a derived table, a WITH query, a set
+operation's branch, a JOIN condition, FILTER, a dp_interval item, a bound parameter, a prepared statement asked
+again), then asks it again without that person: the outcome (answered, or the same refusal) must be the same, and
+never an error raised by a row (class 22 or XX), which would tell the person's value un-noised.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+import pytest
+from conftest import Endpoint, fresh_dp_role
+
+
+@pytest.fixture(scope="module")
+def analyst(truth: psycopg.Connection[Any], gated_proxy: Endpoint,
+            gated_database: str) -> Iterator[psycopg.Connection[Any]]:
+    """A dp role of this module's own (ε 1000 in all, 0.5 a question)."""
+    with fresh_dp_role(truth, gated_proxy, gated_database, "dp_round13", epsilon=1000), \
+            psycopg.connect(gated_proxy.dsn(gated_database, user="dp_round13"), autocommit=True) as conn:
+        yield conn
+
+
+@contextmanager
+def outlier(truth: psycopg.Connection[Any]) -> Iterator[None]:
+    """One person with integer's extremes in adult's four bounded columns, and one visit of NaN (amount is
+    numeric(10,2), declared in [0, 1000]); put back afterwards."""
+    row = truth.execute("select id, age, hours_per_week, capital_gain, capital_loss from adult "
+                        "where id in (select person_id from visits) order by id limit 1").fetchone()
+    visit = truth.execute("select visit_id, amount from visits where person_id = %s order by visit_id limit 1",
+                          [row[0]]).fetchone()
+    truth.execute("update adult set age = -2147483648, hours_per_week = 2147483647, capital_gain = 2147483647, "
+                  "capital_loss = -2147483648 where id = %s", [row[0]])
+    truth.execute("update visits set amount = 'NaN' where visit_id = %s", [visit[0]])
+    try:
+        yield
+    finally:
+        truth.execute("update adult set age = %s, hours_per_week = %s, capital_gain = %s, capital_loss = %s "
+                      "where id = %s", [*row[1:], row[0]])
+        truth.execute("update visits set amount = %s where visit_id = %s", [visit[1], visit[0]])
+
+
+def _outcome(conn: psycopg.Connection[Any], sql: str, params: list[Any] | None = None,
+             prepare: bool | None = None) -> tuple[str, str]:
+    """("answered", "") or the error's (SQLSTATE, message)."""
+    try:
+        conn.execute(sql, params, prepare=prepare).fetchall()
+    except psycopg.Error as error:
+        return str(error.sqlstate), error.diag.message_primary or ""
+    return "answered", ""
+
+
+# statements whose proof needs a clamp outside the plain select list's aggregate argument
+CLAMPED_ELSEWHERE = [
+    "select sex, count(*) from adult group by sex having sum(-age) < 0",
+    "select sex, count(*) from adult group by sex having sum(age * 21000000) > 0",
+    "select sex, count(*) from adult group by sex order by sum(-age)",
+    "select sex, count(*) from adult group by sex order by sum(age * 21000000) desc",
+    "select count(*) from (select -age as x from adult) s where x > -16",
+    "select count(*) from (select age * 21000000 as x from adult) s where x > 0",
+    "select sum(x) from (select -age as x from adult) s",
+    "with s as (select age * 21000000 as x from adult) select count(*) from s where x > 0",
+    "select count(*) from adult where -age > -16 union all select count(*) from adult where age * 21000000 > 0",
+    "select sex, count(*) from adult where -age > -16 group by sex "
+    "union all select sex, count(*) from adult where age * 21000000 > 0 group by sex",
+    "select count(*) from adult a join visits v on v.person_id = a.id and -a.age < 0",
+    "select count(*) from adult a join visits v on v.person_id = a.id and (v.amount * 100)::int >= 0",
+    "select count(*) filter (where -age > -16) from adult",
+    "select count(*) filter (where age * 21000000 > 0) as n, dp_interval_low(n), dp_interval_high(n) from adult",
+    "select sum(-age) as s, dp_interval_low(s), dp_interval_high(s) from adult",
+    "select sum(case when age > 50 then age * 21000000 else -age end) from adult",
+    "select count(distinct -age) from adult",
+    "select -age as k, count(*) from adult group by -age",
+    "select age * 21000000 as k, count(*) from adult group by age * 21000000",
+    "select count(*) from adult where -age in (-16, -17)",
+    "select count(*) from adult where age * 21000000 between 0 and 1",
+    "select count(*) from adult where coalesce(-age, 0) < 0",
+    "select count(*) from adult where -age < 0 and -hours_per_week < 0 and capital_gain * 21000 >= 0",
+    "select sum((age * 21000000)::int) from adult",
+    "select sum(age * hours_per_week * 1000) from adult",
+    "select sum(capital_gain * capital_gain) from adult",
+    "select count(*) from adult where exists (select 1 from visits v where v.person_id = adult.id "
+    "and (v.amount * 100)::int > 0)",
+    "select count(*) from adult where id in (select person_id from visits where (amount * 100)::int > 0)",
+    "select count(*) from adult a join visits v on v.person_id = a.id where (v.amount * 100)::int > 0",
+    "select sum((v.amount * 100)::int) from adult a join visits v on v.person_id = a.id",
+    "select (v.amount * 100)::int / 1000 as k, count(*) from adult a join visits v on v.person_id = a.id "
+    "group by 1",
+    "select n from (select count(*) as n from adult where -age > -16) s",
+    "select sex, s from (select sex, sum(-age) as s from adult group by sex) q order by s",
+]
+
+
+@pytest.mark.parametrize("sql", CLAMPED_ELSEWHERE)
+def test_a_clamp_the_proof_trusts_is_rendered_everywhere(analyst: psycopg.Connection[Any],
+                                                        truth: psycopg.Connection[Any], sql: str) -> None:
+    """The same outcome with the out-of-bounds person and without, never an error from a row."""
+    with outlier(truth):
+        first = _outcome(analyst, sql)
+    second = _outcome(analyst, sql)
+    assert first == second, (sql, first, second)
+    assert not first[0].startswith(("22", "XX")), (sql, first)
+
+
+BOUND = [
+    ("select count(*) from adult where -age > %s::int", [-16]),
+    ("select count(*) from adult where age * %s::int > 0", [21000000]),
+    ("select sum(age * 21000000) from adult where age > %s::int", [0]),
+]
+
+
+@pytest.mark.parametrize(("sql", "params"), BOUND)
+def test_a_clamp_holds_for_a_bound_and_a_prepared_statement(analyst: psycopg.Connection[Any],
+                                                           truth: psycopg.Connection[Any], sql: str,
+                                                           params: list[Any]) -> None:
+    """Parameters bound at Bind, and the statement prepared and asked a second time (a cached plan): the same
+    outcome with the person and without, never an error from a row."""
+    with outlier(truth):
+        outcomes = [_outcome(analyst, sql, params, prepare=True) for _ in range(2)]
+    outcomes.append(_outcome(analyst, sql, params, prepare=True))
+    assert len(set(outcomes)) == 1, (sql, outcomes)
+    assert not outcomes[0][0].startswith(("22", "XX")), (sql, outcomes)
+
+
+def test_an_order_by_refusal_quotes_the_expression_as_written(analyst: psycopg.Connection[Any]) -> None:
+    """ORDER BY an aggregate that is no output column is refused in dp mode; its message named the expression with
+    the proxy's clamp (``sum(-CASE WHEN NOT age IS NULL THEN least(greatest(age, ...``), not as the client wrote
+    it (this test failed before)."""
+    with pytest.raises(psycopg.errors.FeatureNotSupported) as caught:
+        analyst.execute("select sex, count(*) from adult group by sex order by sum(-age) desc").fetchall()
+    assert caught.value.diag.message_primary is not None
+    assert caught.value.diag.message_primary.startswith("ORDER BY sum(-age) DESC must name an output column"), \
+        caught.value.diag.message_primary
