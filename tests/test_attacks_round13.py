@@ -140,3 +140,47 @@ def test_an_order_by_refusal_quotes_the_expression_as_written(analyst: psycopg.C
     assert caught.value.diag.message_primary is not None
     assert caught.value.diag.message_primary.startswith("ORDER BY sum(-age) DESC must name an output column"), \
         caught.value.diag.message_primary
+
+
+# --- a derived table's OFFSET 0, written or bound -----------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def reporter(gated_proxy: Endpoint, gated_database: str) -> Iterator[psycopg.Connection[Any]]:
+    """``reporter`` (suppress, k = 10) through the gated proxy."""
+    with psycopg.connect(gated_proxy.dsn(gated_database, user="reporter"), autocommit=True) as conn:
+        yield conn
+
+
+# Digits Python reads as 0 or as a digit and PostgreSQL's integer input does not: ARABIC-INDIC ZERO, SUPERSCRIPT
+# TWO, and a 0 after a no-break space (PostgreSQL skips only ASCII white space).
+NOT_ZERO = ["\u0660", "\u00b2", "\u00a00"]
+
+
+@pytest.mark.parametrize("value", NOT_ZERO)
+def test_an_offset_postgresql_cannot_read_is_not_inlined(reporter: psycopg.Connection[Any],
+                                                        truth: psycopg.Connection[Any], value: str) -> None:
+    """A derived table's OFFSET is inlined only when it is 0 as PostgreSQL reads it. An OFFSET of a non-ASCII digit
+    was taken for 0 (answered, where PostgreSQL fails with 22P02) or made the proxy fail inside (ValueError), both
+    written as a constant and bound at Bind (these tests failed before): now the proxy refuses it, as PostgreSQL."""
+    sql = "select sex, count(*) from (select * from adult offset {}) s group by sex"
+    with pytest.raises(psycopg.errors.InvalidTextRepresentation):
+        truth.execute(sql.format("%s"), [value]).fetchall()
+    for params in (None, [value]):
+        written = sql.format("%s" if params else "'" + value + "'")
+        with pytest.raises(psycopg.Error) as caught:
+            reporter.execute(written, params).fetchall()
+        assert caught.value.sqlstate is not None and not caught.value.sqlstate.startswith("XX"), caught.value
+        assert "Traceback" not in str(caught.value)
+
+
+def test_a_bound_offset_of_zero_and_then_one(reporter: psycopg.Connection[Any],
+                                            truth: psycopg.Connection[Any]) -> None:
+    """The same prepared statement bound with 0 (inlined, answered as PostgreSQL) and then 1: the decision made for
+    0 is not reused for 1, which skips a row PostgreSQL's order does not fix (refused, not answered)."""
+    sql = "select sex, count(*) from (select * from adult offset %s) s group by sex order by sex"
+    expected = truth.execute(sql, ["0"]).fetchall()
+    assert reporter.execute(sql, ["0"], prepare=True).fetchall() == expected
+    with pytest.raises(psycopg.Error) as caught:
+        reporter.execute(sql, ["1"], prepare=True).fetchall()
+    assert caught.value.sqlstate == "0A000", caught.value
+    assert reporter.execute(sql, ["0"], prepare=True).fetchall() == expected
