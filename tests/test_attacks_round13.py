@@ -19,6 +19,7 @@ from typing import Any
 import psycopg
 import pytest
 from conftest import Endpoint, fresh_dp_role
+from suppression_oracle import suppress
 
 
 @pytest.fixture(scope="module")
@@ -184,3 +185,29 @@ def test_a_bound_offset_of_zero_and_then_one(reporter: psycopg.Connection[Any],
         reporter.execute(sql, ["1"], prepare=True).fetchall()
     assert caught.value.sqlstate == "0A000", caught.value
     assert reporter.execute(sql, ["0"], prepare=True).fetchall() == expected
+
+
+# --- suppression's N where each row is one person: the rows the WHERE leaves out, counted up to k -------------------
+
+K = 10  # reporter's k
+# WHEREs that leave out a few people (age 90 with some weekly hours: 0 to a handful each), rows where the condition
+# is NULL (nullif), and many.
+WHERES = [*(f"age < 90 or hours_per_week <> {hours}" for hours in (40, 99, 50, 45, 20, 35, 1)),
+          "nullif(hours_per_week, 40) > 0", "nullif(age, 90) < 90 or sex = 'Female'", "capital_gain > 0"]
+
+
+@pytest.mark.parametrize("where", WHERES)
+def test_suppression_with_a_where_decides_as_with_the_true_n(reporter: psycopg.Connection[Any],
+                                                            truth: psycopg.Connection[Any], where: str) -> None:
+    """GROUP BY native_country under a WHERE: the groups released, and the rest row, are those the independent
+    oracle releases with the true N (every person of adult), whatever number of rows the WHERE leaves out (the
+    proxy counts them only up to k) and whether it is NULL or false there."""
+    everyone = truth.execute("select count(*) from adult").fetchone()[0]
+    people = {group: frozenset(ids) for group, ids in truth.execute(
+        f"select native_country, array_agg(id) from adult where {where} group by 1").fetchall()}
+    assert None not in people  # a NULL in the answer is the rest row
+    verdict = suppress(people, k=K, everyone=everyone, rest=True)
+    rows = reporter.execute(f"select native_country, count(*) from adult where {where} group by 1").fetchall()
+    assert {key: n for key, n in rows if key is not None} == {key: len(people[key]) for key in verdict.released}
+    rest = len(verdict.rest_people)
+    assert [n for key, n in rows if key is None] == ([rest] if verdict.rest else [])
