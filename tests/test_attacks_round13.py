@@ -211,3 +211,38 @@ def test_suppression_with_a_where_decides_as_with_the_true_n(reporter: psycopg.C
     assert {key: n for key, n in rows if key is not None} == {key: len(people[key]) for key in verdict.released}
     rest = len(verdict.rest_people)
     assert [n for key, n in rows if key is None] == ([rest] if verdict.rest else [])
+
+
+# --- semi-joins tied to a derived table's pass-through column; ORDER BY inside EXISTS -----------------------------
+
+VISITED = "exists (select 1 from visits v where v.person_id = {unit}{more})"
+SEMI_JOINS_REFUSED = [
+    # a computed or renamed column under the unit's name is no pass-through: no semi-join on the unit
+    "select sex, count(*) from (select age as id, sex from adult) s where " + VISITED.format(unit="s.id", more="")
+    + " group by sex",
+    "select sex, count(*) from (select id + 1 as id, sex from adult) s where " + VISITED.format(unit="s.id", more="")
+    + " group by sex",
+    # ORDER BY inside EXISTS that fails on an amount the column may hold (0, 5), with and without LIMIT
+    "select sex, count(*) from adult where " + VISITED.format(unit="adult.id", more=" order by 1 / v.amount")
+    + " group by sex",
+    "select sex, count(*) from (select * from adult) s where "
+    + VISITED.format(unit="s.id", more=" order by 1 / (v.amount - 5) limit 1") + " group by sex",
+]
+
+
+@pytest.mark.parametrize("sql", SEMI_JOINS_REFUSED)
+def test_a_semi_join_that_is_not_on_the_unit_or_may_fail_is_refused(reporter: psycopg.Connection[Any],
+                                                                    sql: str) -> None:
+    """Refused by the analysis (0A000), never answered nor failed by a row."""
+    with pytest.raises(psycopg.errors.FeatureNotSupported):
+        reporter.execute(sql).fetchall()
+
+
+def test_a_shadowed_pass_through_name_is_not_tied_to_the_outer_unit(reporter: psycopg.Connection[Any]) -> None:
+    """The subquery's own FROM item named like the derived table (``visits s``): ``s.id`` is not the outer unit,
+    and the statement is refused, never answered as a semi-join on it."""
+    with pytest.raises(psycopg.Error) as caught:
+        reporter.execute("select sex, count(*) from (select * from adult) s where exists "
+                         "(select 1 from visits s where s.person_id = s.id) group by sex").fetchall()
+    assert caught.value.sqlstate == "0A000", caught.value
+    assert "must tie s.person_id to the outer query's privacy unit" in str(caught.value), caught.value
