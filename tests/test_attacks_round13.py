@@ -246,3 +246,94 @@ def test_a_shadowed_pass_through_name_is_not_tied_to_the_outer_unit(reporter: ps
                          "(select 1 from visits s where s.person_id = s.id) group by sex").fetchall()
     assert caught.value.sqlstate == "0A000", caught.value
     assert "must tie s.person_id to the outer query's privacy unit" in str(caught.value), caught.value
+
+
+# --- the gate: a refusal in a pipelined batch, a savepoint after a gated error ------------------------------------
+
+MARKS = "public.r13_marks"  # a sequence: a nextval the batch skips draws nothing
+DRAW = f"select nextval('{MARKS}')"
+REFUSED = "select age from public.adult"  # a row-level read: refused by the proxy, 42501 from PostgreSQL itself
+SERVICE_ERROR = "select count(*) from public.adult where age > 2147483647 + 1"  # 22003 where the answer is made
+
+
+@pytest.fixture
+def marks(truth: psycopg.Connection[Any]) -> Iterator[None]:
+    truth.execute(f"drop sequence if exists {MARKS}")
+    truth.execute(f"create sequence {MARKS}")
+    truth.execute(f"grant usage on sequence {MARKS} to public")
+    yield
+    truth.execute(f"drop sequence {MARKS}")
+
+
+def _drawn(truth: psycopg.Connection[Any]) -> int:
+    last_value, is_called = truth.execute(f"select last_value, is_called from {MARKS}").fetchone()
+    truth.execute(f"alter sequence {MARKS} restart")
+    return int(last_value) if is_called else 0
+
+
+def _kind(error: psycopg.Error) -> str:
+    """25P02 kept apart; any other error the same (the proxy's refusal stands for PostgreSQL's 42501)."""
+    return "25P02" if error.sqlstate == "25P02" else "error"
+
+
+def _pipeline_with_refusal(dsn: str, truth: psycopg.Connection[Any], in_block: bool) -> list[object]:
+    """A pipeline (two batches) whose first batch holds a refused row-level read between a ``select`` and a
+    ``nextval``, its second a ``nextval``: what each raised, the status, what follows, the values drawn."""
+    outcome: list[object] = []
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        if in_block:
+            conn.execute("begin")
+        try:
+            with conn.pipeline() as pipeline:
+                conn.execute("select 1")
+                conn.execute(REFUSED)
+                conn.execute(DRAW)
+                pipeline.sync()
+                conn.execute(DRAW)
+        except psycopg.Error as error:
+            outcome.append(_kind(error))
+        outcome.append(conn.info.transaction_status.name)
+        if in_block:
+            outcome.append(conn.execute("rollback").statusmessage)
+        outcome.append(conn.execute("select 4").fetchall())
+    return [*outcome, _drawn(truth)]
+
+
+@pytest.mark.parametrize("in_block", [False, True], ids=["autocommit", "transaction block"])
+def test_a_refusal_in_a_pipeline_skips_as_postgresql(gated_proxy: Endpoint, direct: Endpoint,
+                                                    gated_database: str, truth: psycopg.Connection[Any],
+                                                    marks: None, in_block: bool) -> None:
+    """The proxy's refusal in the middle of a batch skips the ``nextval`` after it (nothing drawn there), and the
+    next batch runs (autocommit) or gets 25P02 (the failed block), as PostgreSQL's own 42501 does."""
+    expected = _pipeline_with_refusal(direct.dsn(gated_database, user="reporter"), truth, in_block)
+    assert expected[0] == "error"
+    assert _pipeline_with_refusal(gated_proxy.dsn(gated_database, user="reporter"), truth, in_block) == expected
+
+
+def _savepoint_after_error(dsn: str, truth: psycopg.Connection[Any]) -> list[object]:
+    """In a block: a ``nextval``, a savepoint, the failing statement, ROLLBACK TO SAVEPOINT, a ``nextval``,
+    COMMIT: what each step got and the values drawn (both, when the savepoint recovers the block)."""
+    outcome: list[object] = []
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("begin")
+        conn.execute(DRAW)
+        conn.execute("savepoint s")
+        for statement in (SERVICE_ERROR, "select 1", "rollback to savepoint s", DRAW, "commit"):
+            try:
+                cursor = conn.execute(statement)
+                outcome.append(cursor.statusmessage)
+            except psycopg.Error as error:
+                outcome.append(_kind(error))
+        outcome.append(conn.info.transaction_status.name)
+    return [*outcome, _drawn(truth)]
+
+
+def test_a_savepoint_recovers_from_a_gated_error_as_postgresql(gated_proxy: Endpoint, direct: Endpoint,
+                                                              gated_database: str, truth: psycopg.Connection[Any],
+                                                              marks: None) -> None:
+    """An error from the service connection in a block fails the client's transaction at the point it came
+    (after the savepoint): ROLLBACK TO SAVEPOINT recovers it, the later ``nextval`` runs and COMMIT commits, as
+    after PostgreSQL's own error."""
+    expected = _savepoint_after_error(direct.dsn(gated_database, user="reporter"), truth)
+    assert expected[0] == "error" and expected[1] == "25P02" and expected[-1] == 2
+    assert _savepoint_after_error(gated_proxy.dsn(gated_database, user="reporter"), truth) == expected
