@@ -3,7 +3,7 @@ code, through the real gated proxy with a real driver.
 
 The no-error proof trusts a bounded integer or numeric column's declared bounds only where the SQL PostgreSQL runs
 reads the column clamped into them. Each attack puts one person far outside every declared bound (integer's
-extremes in adult's bounded columns, a visit of NaN), asks a statement whose proof needs a clamp in some other
+extremes in adult's bounded columns, visits of NaN and a large negative amount), asks a statement whose proof needs a clamp in some other
 part of the query than the select list's aggregate (HAVING, ORDER BY, a derived table, a WITH query, a set
 operation's branch, a JOIN condition, FILTER, a dp_interval item, a bound parameter, a prepared statement asked
 again), then asks it again without that person: the outcome (answered, or the same refusal) must be the same, and
@@ -33,21 +33,23 @@ def analyst(truth: psycopg.Connection[Any], gated_proxy: Endpoint,
 
 @contextmanager
 def outlier(truth: psycopg.Connection[Any]) -> Iterator[None]:
-    """One person with integer's extremes in adult's four bounded columns, and one visit of NaN (amount is
-    numeric(10,2), declared in [0, 1000]); put back afterwards."""
-    row = truth.execute("select id, age, hours_per_week, capital_gain, capital_loss from adult "
-                        "where id in (select person_id from visits) order by id limit 1").fetchone()
-    visit = truth.execute("select visit_id, amount from visits where person_id = %s order by visit_id limit 1",
-                          [row[0]]).fetchone()
+    """One person with integer's extremes in adult's four bounded columns, and two visits of theirs of NaN and
+    -99999999.99 (amount is numeric(10,2), declared in [0, 1000]); put back afterwards."""
+    row = truth.execute("select id, age, hours_per_week, capital_gain, capital_loss from adult where id in "
+                        "(select person_id from visits group by 1 having count(*) >= 2) order by id limit 1").fetchone()
+    visits = truth.execute("select visit_id, amount from visits where person_id = %s order by visit_id limit 2",
+                           [row[0]]).fetchall()
     truth.execute("update adult set age = -2147483648, hours_per_week = 2147483647, capital_gain = 2147483647, "
                   "capital_loss = -2147483648 where id = %s", [row[0]])
-    truth.execute("update visits set amount = 'NaN' where visit_id = %s", [visit[0]])
+    for (visit, _), amount in zip(visits, ["NaN", "-99999999.99"], strict=True):
+        truth.execute("update visits set amount = %s::numeric where visit_id = %s", [amount, visit])
     try:
         yield
     finally:
         truth.execute("update adult set age = %s, hours_per_week = %s, capital_gain = %s, capital_loss = %s "
                       "where id = %s", [*row[1:], row[0]])
-        truth.execute("update visits set amount = %s where visit_id = %s", [visit[1], visit[0]])
+        for visit, amount in visits:
+            truth.execute("update visits set amount = %s where visit_id = %s", [amount, visit])
 
 
 def _outcome(conn: psycopg.Connection[Any], sql: str, params: list[Any] | None = None,
@@ -94,6 +96,11 @@ CLAMPED_ELSEWHERE = [
     "select count(*) from adult where id in (select person_id from visits where (amount * 100)::int > 0)",
     "select count(*) from adult a join visits v on v.person_id = a.id where (v.amount * 100)::int > 0",
     "select sum((v.amount * 100)::int) from adult a join visits v on v.person_id = a.id",
+    "select sum(v.amount::numeric(6, 2)) from adult a join visits v on v.person_id = a.id",
+    "select count(*) from adult a join visits v on v.person_id = a.id where (v.amount * 1000)::numeric(9, 2) > 5",
+    "select sum(sqrt(v.amount)) from adult a join visits v on v.person_id = a.id",
+    "select sum(ln(v.amount + 1)) from adult a join visits v on v.person_id = a.id",
+    "select count(*) from adult a join visits v on v.person_id = a.id where sqrt(v.amount) > 3",
     "select (v.amount * 100)::int / 1000 as k, count(*) from adult a join visits v on v.person_id = a.id "
     "group by 1",
     "select n from (select count(*) as n from adult where -age > -16) s",
