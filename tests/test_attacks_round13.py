@@ -1,13 +1,23 @@
-"""Red team, round 13: dp's clamped reads of bounded columns (anonproxy.plan.clamp) attacked by a reader of the
-code, through the real gated proxy with a real driver.
+"""Red team, round 13: the code merged in round 12 attacked by a reader of it, through the real gated proxy with a
+real driver: dp's clamped reads of bounded columns (anonproxy.plan.clamp), suppression's N where each row is one
+person (anonproxy.suppress.one_pass), a derived table's OFFSET 0 (anonproxy.plan.flatten), semi-joins tied to a
+derived table's pass-through column and ORDER BY inside EXISTS (anonproxy.plan.semi_joins), and the gate's errors
+in a batch and in a transaction block (anonproxy.proxy.gate).
 
-The no-error proof trusts a bounded integer or numeric column's declared bounds only where the SQL PostgreSQL runs
-reads the column clamped into them. Each attack puts one person far outside every declared bound (integer's
-extremes in adult's bounded columns, visits of NaN and a large negative amount), asks a statement whose proof needs a clamp in some other
-part of the query than the select list's aggregate (HAVING, ORDER BY, a derived table, a WITH query, a set
-operation's branch, a JOIN condition, FILTER, a dp_interval item, a bound parameter, a prepared statement asked
-again), then asks it again without that person: the outcome (answered, or the same refusal) must be the same, and
-never an error raised by a row (class 22 or XX), which would tell the person's value un-noised.
+Clamps: the no-error proof trusts a bounded integer or numeric column's declared bounds only where the SQL
+PostgreSQL runs reads the column clamped into them. Each attack puts one person far outside every declared bound
+(integer's extremes in adult's bounded columns, visits of NaN and a large negative amount), asks a statement whose
+proof needs a clamp outside the plain select list's aggregate (HAVING, a derived table, a WITH query, a set
+operation's branch, a JOIN condition, FILTER, EXISTS, a dp_interval item, a cast to numeric(p,s), a bound
+parameter, a prepared statement asked again), then asks it again without that person: the outcome must be the same,
+never an error raised by a row (class 22 or XX), which would tell the person's value un-noised. None leaked.
+
+Two gaps are fixed with this round (the tests on them failed before):
+
+* a dp refusal of ORDER BY an aggregate that is no output column quoted the proxy's clamp
+  (``sum(-CASE WHEN NOT age IS NULL THEN least(greatest(...``) instead of the expression as the client wrote it;
+* a derived table's OFFSET of a non-ASCII digit, written or bound at Bind, was taken for 0 (``'\u0660'``: inlined
+  and answered where PostgreSQL fails with 22P02) or failed inside the proxy (``'\u00b2'``: XX000).
 """
 
 from __future__ import annotations

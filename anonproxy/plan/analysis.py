@@ -85,7 +85,7 @@ class OrderItem:
     text: str  # rendered: expression [ASC|DESC] [NULLS FIRST|LAST]
     suffix: str  # the ASC/DESC/NULLS part ("" for the default order)
     position: int | None  # 1-based select-list position when it names an output column
-    written: str  # the expression as the client wrote it (a clamped column bare): for messages
+    written: str  # ``text`` as the client wrote it (a clamped column bare): for messages
 
 
 @dataclass(frozen=True)
