@@ -1287,7 +1287,7 @@ def _tail(query: AnalyticQuery, tree: exp.Select) -> tuple[tuple[OrderKey, ...],
     order = []
     for item in query.order:
         if item.position is None:
-            raise unsupported(f"ORDER BY {item.text} must name an output column in dp mode (ordering happens "
+            raise unsupported(f"ORDER BY {item.written} must name an output column in dp mode (ordering happens "
                               "after the noise is added)", "Order by a select-list position or an output alias.")
         words = item.suffix.upper().split()
         descending = "DESC" in words

@@ -27,7 +27,7 @@ from typing import Literal
 
 from sqlglot import exp
 
-from anonproxy.plan import bounds, semi_joins
+from anonproxy.plan import bounds, render, semi_joins
 from anonproxy.plan import time_values as tv
 from anonproxy.plan.expressions import (
     Checker,
@@ -85,6 +85,7 @@ class OrderItem:
     text: str  # rendered: expression [ASC|DESC] [NULLS FIRST|LAST]
     suffix: str  # the ASC/DESC/NULLS part ("" for the default order)
     position: int | None  # 1-based select-list position when it names an output column
+    written: str  # ``text`` as the client wrote it (a clamped column bare): for messages
 
 
 @dataclass(frozen=True)
@@ -844,7 +845,8 @@ def _order(tree: exp.Select, items: list[Item], checker: Checker) -> tuple[Order
             matches = [i for i, item in enumerate(canonical_items, 1) if item == wanted]
             position = matches[0] if matches else None
         suffix = _order_suffix(node)
-        result.append(OrderItem(f"{sql(target)} {suffix}".rstrip(), suffix, position))
+        result.append(OrderItem(f"{sql(target)} {suffix}".rstrip(), suffix, position,
+                                f"{render.written(target)} {suffix}".rstrip()))
     return tuple(result)
 
 

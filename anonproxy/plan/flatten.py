@@ -333,7 +333,12 @@ def _is_zero(node: exp.Expression) -> bool:
     constant), either cast to an integer type."""
     if isinstance(node, exp.Cast) and node.to.this in _INTEGERS and not node.to.expressions:
         node = node.this
-    return isinstance(node, exp.Literal) and node.name.strip().isdigit() and int(node.name) == 0
+    if not isinstance(node, exp.Literal):
+        return False
+    # PostgreSQL's integer input skips ASCII white space only and reads ASCII digits only (Python's isdigit()
+    # also takes '\u0660', and int() fails on '\u00b2')
+    digits = node.name.strip(" \t\n\r\v\f")
+    return digits.isascii() and digits.isdigit() and int(digits) == 0
 
 
 def _keep_names(select: exp.Select, names: list[str | None], source: str) -> None:
