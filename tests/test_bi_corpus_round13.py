@@ -50,8 +50,9 @@ def _fanout(where: str = "") -> str:
 FANOUT = [
     _fanout(),
     _fanout(" WHERE ((\"visits\".channel) IN ('web', 'app'))"),
-    # no dimension: the metrics CTE CROSS JOINed to the unaffected one
-    "WITH cte_keys_adult AS (SELECT DISTINCT \"adult\".id AS \"pk_id\" " + _JOIN + "), cte_metrics_adult AS "
+    # no dimension, a filter: the metrics CTE CROSS JOINed to the unaffected one
+    "WITH cte_keys_adult AS (SELECT DISTINCT \"adult\".id AS \"pk_id\" " + _JOIN + " WHERE ((\"visits\".channel) = "
+    "('web'))), cte_metrics_adult AS "
     "(SELECT SUM(\"adult\".age) AS \"adult_total_age\" FROM cte_keys_adult LEFT JOIN \"public\".\"adult\" AS "
     "\"adult\" ON cte_keys_adult.\"pk_id\" = \"adult\".id), cte_unaffected AS (SELECT COUNT(\"visits\".visit_id) "
     "AS \"visits_count\" " + _JOIN + " WHERE ((\"visits\".channel) = ('web'))) SELECT cte_unaffected.*, "
@@ -82,6 +83,7 @@ CORPUS = [
     Shape(SUPERSET, "row limit over grouped rows ordered by a metric: LIMIT",
           "SELECT education AS education, count(*) AS count FROM public.adult GROUP BY education ORDER BY count DESC "
           "LIMIT 5"),
+    # SQLAlchemy renders Superset's row limit as LIMIT for PostgreSQL; FETCH FIRST is the standard's spelling
     Shape(SUPERSET, "row limit over grouped rows ordered by a metric: FETCH FIRST",
           "SELECT education AS education, AVG(hours_per_week) AS \"AVG(hours_per_week)\" FROM public.adult GROUP BY "
           "education ORDER BY \"AVG(hours_per_week)\" DESC FETCH FIRST 5 ROWS ONLY"),
@@ -90,6 +92,7 @@ CORPUS = [
           "FROM public.visits WHERE visited_at >= TO_TIMESTAMP('2025-02-01 00:00:00.000000', 'YYYY-MM-DD "
           "HH24:MI:SS.US') AND visited_at < TO_TIMESTAMP('2025-03-01 00:00:00.000000', 'YYYY-MM-DD HH24:MI:SS.US') "
           "GROUP BY DATE_TRUNC('day', visited_at), channel LIMIT 10000"),
+    # Superset joins the shifted answer to the current one in pandas; here that join is written in SQL
     Shape(SUPERSET_OFFSET, "time comparison: the current and the shifted range joined on the dimension",
           "SELECT cur.channel, cur.\"SUM(amount)\", prev.\"SUM(amount)\" AS \"SUM(amount)__1 month ago\" FROM "
           "(SELECT channel AS channel, sum(amount) AS \"SUM(amount)\" FROM public.visits WHERE visited_at >= "
