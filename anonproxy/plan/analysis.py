@@ -37,6 +37,7 @@ from anonproxy.plan.expressions import (
     unwrap,
     window_function,
 )
+from anonproxy.plan.flatten import fanout_keys
 from anonproxy.plan.joins import REFERENCE_HINT, Source, check_joins, join_side
 from anonproxy.plan.names import output_name, own_nodes
 from anonproxy.plan.post_aggregate import PostAggregate, compile_outer
@@ -389,6 +390,8 @@ def _sources(tree: exp.Select, index: PolicyIndex) -> list[Source]:
 def _source(node: exp.Expression, join: exp.Join | None, index: PolicyIndex) -> Source:
     if isinstance(node, exp.Lateral):
         raise unsupported("LATERAL is not allowed in a query over protected tables", SHAPE_HINT)
+    if isinstance(node, exp.Subquery) and isinstance(node.this, exp.Select) and node.this.args.get("distinct"):
+        raise fanout_keys()
     if isinstance(node, exp.Subquery):
         raise unsupported("subqueries in FROM are not allowed in a query over protected tables", SHAPE_HINT)
     if not isinstance(node, exp.Table) or not isinstance(node.this, exp.Identifier):

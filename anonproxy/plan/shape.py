@@ -28,13 +28,14 @@ from sqlglot import exp
 from anonproxy.plan import outer as outer_shapes
 from anonproxy.plan import spines
 from anonproxy.plan.flatten import (
+    fanout_keys,
     flatten,
     flatten_branches,
     inline_ctes,
     over_released,
     released,
 )
-from anonproxy.plan.names import drop_database, normalize, output_name
+from anonproxy.plan.names import drop_database, normalize, output_name, sources
 from anonproxy.plan.refusals import unsupported
 from anonproxy.plan.statements import Statement
 from anonproxy.plan.tables import PolicyIndex
@@ -82,6 +83,8 @@ def prepare(statement: Statement, tree: exp.Expression, index: PolicyIndex) -> S
     position = outer_shapes.nested_aggregate(tree)
     if position is None:
         return Single(statement, tree) if not changed else named(tree, names, statement)
+    if position == 0 and _joins_distinct_keys(tree):
+        raise fanout_keys()
     if position == 0:
         raise unsupported("an aggregate query nested in FROM cannot be joined to other tables (except as "
                           "Superset's series limit)", outer_shapes.SERIES_HINT)
@@ -89,6 +92,14 @@ def prepare(statement: Statement, tree: exp.Expression, index: PolicyIndex) -> S
     _name_items(series.rest, names)
     return Nested(named(series.top, [output_name(item, statement.source) for item in series.top.expressions],
                         statement), series)
+
+
+def _joins_distinct_keys(tree: exp.Select) -> bool:
+    """Whether some SELECT in ``tree`` joins a SELECT DISTINCT derived table to another FROM item: the keys CTE
+    Lightdash joins back to the table whose rows a one-to-many join repeats."""
+    return any(len(items) > 1 and any(isinstance(item, exp.Subquery) and isinstance(item.this, exp.Select)
+                                      and item.this.args.get("distinct") is not None for item in items)
+               for items in (sources(select) for select in tree.find_all(exp.Select)))
 
 
 def _nested(post: outer_shapes.Outer, statement: Statement) -> Nested:
