@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from sqlglot import exp
 
-from anonproxy.plan.joins import Source
+from anonproxy.plan.joins import Source, conjuncts
 from anonproxy.plan.refusals import unsupported
 from anonproxy.plan.render import sql
 from anonproxy.plan.tables import PolicyIndex, ResolvedTable, identifier
@@ -62,7 +62,7 @@ def set_aside(tree: exp.Select) -> Iterator[list[SemiJoin]]:
         yield []
         return
     found, rest = [], []
-    for conjunct in _conjuncts(where.this):
+    for conjunct in conjuncts(where.this):
         semi = _semi_join(conjunct)
         if semi is None:
             rest.append(conjunct)
@@ -98,7 +98,7 @@ def check(semi: SemiJoin, sources: list[Source], owner: str, index: PolicyIndex,
         raise unsupported("a semi-join subquery over protected tables may not nest another query", HINT)
     table, reference = _inner_table(select, owner, index)
     unit = _unit_column(table)
-    conditions = _conjuncts(select.args["where"].this) if select.args.get("where") is not None else []
+    conditions = conjuncts(select.args["where"].this) if select.args.get("where") is not None else []
     if semi.exists:
         links = [c for c in conditions if _correlation(c, reference, unit, sources, owner, index)]
         if len(links) != 1:
@@ -244,13 +244,6 @@ def _constant_item(item: exp.Expression) -> bool:
 def _positive(limit: exp.Expression) -> bool:
     count = limit.expression if isinstance(limit, exp.Limit) else None
     return isinstance(count, exp.Literal) and not count.is_string and count.name.isdigit() and int(count.name) > 0
-
-
-def _conjuncts(node: exp.Expression) -> list[exp.Expression]:
-    node = _unparen(node)
-    if isinstance(node, exp.And):
-        return _conjuncts(node.this) + _conjuncts(node.expression)
-    return [node]
 
 
 def _unparen(node: exp.Expression) -> exp.Expression:

@@ -24,6 +24,7 @@ from decimal import Decimal
 from sqlglot import exp
 
 from anonproxy.plan import time_values as tv
+from anonproxy.plan.joins import conjuncts
 from anonproxy.plan.names import output_name, own_nodes, sources
 from anonproxy.plan.refusals import unsupported
 from anonproxy.plan.tables import identifier
@@ -227,7 +228,7 @@ def aggregate_first(select: exp.Select, source: str) -> None:
                           JOINED_HINT)
     inner_where, outer_where = [], []
     where = select.args.get("where")
-    for condition in _conjuncts(where.this) if where is not None else []:
+    for condition in conjuncts(where.this) if where is not None else []:
         part = reads(condition)
         if part == {"table"}:
             inner_where.append(condition.copy())
@@ -333,13 +334,6 @@ def _take_aggregates(select: exp.Select, reads: Callable[[exp.Expression], set[s
         raise unsupported("outside its aggregates, a time spine joined to a table's rows reads the spine only",
                           JOINED_HINT)
     return list(found.values())
-
-
-def _conjuncts(node: exp.Expression) -> list[exp.Expression]:
-    node = _unparen(node)
-    if isinstance(node, exp.And):
-        return _conjuncts(node.this) + _conjuncts(node.expression)
-    return [node]
 
 
 def _unparen(node: exp.Expression) -> exp.Expression:
