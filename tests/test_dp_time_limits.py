@@ -129,16 +129,16 @@ def audit(truth: psycopg.Connection, role: str, count: int) -> list[tuple[str, s
         time.sleep(0.1)
 
 
-def reset_timeout(conn: psycopg.Connection) -> None:
-    """RESET statement_timeout under a 1 ms limit: on a loaded machine the RESET itself can outlast the millisecond
-    and be stopped, by PostgreSQL as by the proxy, so it is tried again (a few times at most)."""
+def reset_timeout(conn: psycopg.Connection, command: str = "reset statement_timeout") -> None:
+    """``command`` (lifting a 1 ms statement_timeout): on a loaded machine the command itself can outlast the
+    millisecond and be stopped, by PostgreSQL as by the proxy, so it is tried again (a few times at most)."""
     for _ in range(10):
         try:
-            conn.execute("reset statement_timeout")
+            conn.execute(command)
             return
         except psycopg.errors.QueryCanceled:
             continue
-    raise AssertionError("RESET statement_timeout was stopped ten times in a row")
+    raise AssertionError(f"{command} was stopped ten times in a row")
 
 
 # -- statement_timeout -------------------------------------------------------------------------------------------
@@ -221,7 +221,7 @@ def test_the_statement_timeout_of_the_extended_protocol_and_a_prepared_statement
             conn.execute(cached, prepare=True)
         with pytest.raises(psycopg.errors.QueryCanceled, match="statement timeout"):
             conn.execute("select count(*) from adult where age > %s", [40])
-        conn.execute("set statement_timeout = 0")
+        reset_timeout(conn, "set statement_timeout = 0")
         assert conn.execute(cached, prepare=True).fetchall()
     # the new question is charged only if the proxy reached its charge within the millisecond (the trail says so)
     assert_ledger_matches_trail(truth, role, 4)
