@@ -145,10 +145,10 @@ def test_notification_pid_is_the_senders(proxy: Endpoint, dbname: str) -> None:
             psycopg.connect(proxy.dsn(dbname), autocommit=True) as sender:
         listener.execute("listen identity_channel")
         sender.execute("notify identity_channel, 'hello'")
-        received = next(listener.notifies(timeout=5, stop_after=1))
+        received = next(listener.notifies(timeout=20, stop_after=1))
         assert (received.pid, received.payload) == (sender.info.backend_pid, "hello")
         listener.execute("notify identity_channel, 'self'")
-        received = next(listener.notifies(timeout=5, stop_after=1))
+        received = next(listener.notifies(timeout=20, stop_after=1))
         assert received.pid == listener.info.backend_pid
 
 

@@ -101,7 +101,7 @@ def test_listen_notify(proxy: Endpoint, dbname: str) -> None:
             psycopg.connect(proxy.dsn(dbname), autocommit=True) as sender:
         listener.execute("listen anonproxy_channel")
         sender.execute("notify anonproxy_channel, 'payload 1'")
-        received = next(listener.notifies(timeout=5, stop_after=1))
+        received = next(listener.notifies(timeout=20, stop_after=1))
         assert (received.channel, received.payload) == ("anonproxy_channel", "payload 1")
 
 
