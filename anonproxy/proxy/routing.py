@@ -165,6 +165,15 @@ class Router:
                          "proxy's max_statement_size setting.")
         return replace(self._refuse(refusal, simple=simple), record=Execution(_NOT_READ, refusal, simple=simple))
 
+    def _bound_too_long(self) -> Reject:
+        """The refusal of a Bind whose values, written into its statement as constants, make a text longer than
+        max_statement_size: the analysis reads no longer text than a client may send."""
+        mode = self._settings().get("mode", "an anonymized")
+        return Reject("54000", f"statement too long with its bound values: anonproxy accepts statements of up to "
+                               f"{self._max_statement_size} bytes from roles in {mode} mode, values bound where a "
+                               f"constant is needed (a LIKE pattern, a unit, a format) included",
+                      "Bind a shorter value; the limit is the proxy's max_statement_size setting.")
+
     def _decision(self, sql: str) -> Decided | None:
         """The decision on ``sql`` under the policy in force; None: being analysed (``decided`` follows)."""
         version = self._version()
@@ -384,6 +393,8 @@ class Router:
         text_of_class = bind_time.class_text(template.decision, parameters)
         if isinstance(text_of_class, Reject):
             return self._refuse(text_of_class)
+        if len(text_of_class.encode()) > self._max_statement_size:
+            return self._refuse(self._bound_too_long())  # the values are written into the text analysed
         fresh = self._decision(text_of_class)
         if fresh is None:
             return WAIT
