@@ -14,7 +14,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from conftest import Endpoint
+from conftest import SERVICE_ROLE, Endpoint, fresh_dp_role
 
 from anonproxy.embedded import EmbeddedPostgres
 from anonproxy.wire import protocol as pg
@@ -238,4 +238,198 @@ def test_copy_and_do_by_a_gated_role_release_nothing(reporter: Raw, sql: str) ->
     a CopyOutResponse or CopyInResponse, and the session goes on."""
     got = reporter.query(sql)
     assert types(got) == [b"E", b"Z"], got
+    assert simple_answer(reporter, AGGREGATE)
+
+
+SIDE_EFFECTS = [
+    "select count(*) from public.adult where pg_notify('round14', id::text) is null",
+    "select count(*) from public.adult where pg_advisory_lock(id) is null",
+    "select count(*) from public.adult where pg_try_advisory_xact_lock(id) and age > 30",
+    "select count(*) from public.adult where set_config('application_name', id::text, false) is not null",
+    "select count(*) from public.adult where set_config('round14.x', id::text, false) is not null",
+    "select count(*) from public.adult where pg_sleep(0) is null",
+    "select sum(length(pg_notify('round14', age::text)::text)) from public.adult",
+    "select count(*) filter (where pg_advisory_unlock_all() is null) from public.adult",
+    "select count(*) from public.adult where nextval('round14') > 0",
+    "select count(*) from public.adult where pg_backend_pid() > 0 and current_setting('round14.x', true) = id::text",
+]
+
+
+@pytest.fixture(scope="module")
+def listener(pg_server: EmbeddedPostgres, gated_database: str) -> Iterator[psycopg.Connection[Any]]:
+    """A session of the database's superuser listening on the channel the attacks notify."""
+    with psycopg.connect(pg_server.conninfo(dbname=gated_database), autocommit=True) as conn:
+        conn.execute("listen round14")
+        yield conn
+
+
+@pytest.fixture(scope="module")
+def analyst14(truth: psycopg.Connection[Any], gated_proxy: Endpoint,
+              gated_database: str) -> Iterator[psycopg.Connection[Any]]:
+    with fresh_dp_role(truth, gated_proxy, gated_database, "dp_round14", epsilon=1000), \
+            psycopg.connect(gated_proxy.dsn(gated_database, user="dp_round14"), autocommit=True) as conn:
+        yield conn
+
+
+@pytest.fixture(scope="module")
+def reporter14(gated_proxy: Endpoint, gated_database: str) -> Iterator[psycopg.Connection[Any]]:
+    with psycopg.connect(gated_proxy.dsn(gated_database, user="reporter"), autocommit=True) as conn:
+        yield conn
+
+
+def _service_traces(truth: psycopg.Connection[Any]) -> list[tuple[Any, ...]]:
+    """Advisory locks and application names of the service role's backends, which the attacks would touch."""
+    return truth.execute("select 'lock', l.objid::text from pg_locks l join pg_stat_activity a using (pid) "
+                         "where l.locktype = 'advisory' and a.usename = %s "
+                         "union all select 'name', application_name from pg_stat_activity "
+                         "where usename = %s and application_name !~ '^(anonproxy( |$)|$)'",
+                         [SERVICE_ROLE, SERVICE_ROLE]).fetchall()
+
+
+@pytest.mark.parametrize("sql", SIDE_EFFECTS)
+@pytest.mark.parametrize("role", ["reporter", "analyst"])
+def test_a_function_with_side_effects_never_runs_on_the_service_connection(
+        reporter14: psycopg.Connection[Any], analyst14: psycopg.Connection[Any], listener: psycopg.Connection[Any],
+        truth: psycopg.Connection[Any], role: str, sql: str) -> None:
+    """Notifications, advisory locks, settings and sleeps called per row of a gated aggregate would send one
+    person's values out of the answer (a NOTIFY the attacker listens to, a lock or application_name any session
+    sees in pg_locks and pg_stat_activity) or hold a pooled connection: refused before anything runs."""
+    conn = reporter14 if role == "reporter" else analyst14
+    with pytest.raises(psycopg.Error) as refused:
+        conn.execute(sql).fetchall()
+    assert refused.value.sqlstate is not None and not refused.value.sqlstate.startswith("XX")
+    assert not list(listener.notifies(timeout=0, stop_after=1))
+    assert _service_traces(truth) == []
+
+
+def test_a_gated_role_cannot_forge_or_purge_the_audit_trail(reporter14: psycopg.Connection[Any],
+                                                           truth: psycopg.Connection[Any]) -> None:
+    """The trail's writer functions keep PUBLIC's EXECUTE and check their caller: called by a gated role on its
+    own connection (where the proxy passes catalog-like statements), they refuse and write nothing."""
+    before = truth.execute("select count(*) from anonproxy.audit_trail").fetchone()[0]
+    forged = '[{"at": 0, "login": "dba", "database": "x", "session_id": "x", "mode": "suppress", ' \
+             '"statement": "forged", "decision": "answered"}]'
+    for sql, params in [("select anonproxy.audit_write(%s::jsonb)", [forged]),
+                        ("select anonproxy.audit_purge()", None),
+                        ("delete from anonproxy.audit_trail", None),
+                        ("truncate anonproxy.audit_trail", None)]:
+        with pytest.raises(psycopg.Error) as refused:
+            reporter14.execute(sql, params)
+        assert refused.value.sqlstate == "42501", (sql, refused.value)
+    assert truth.execute("select count(*) from anonproxy.audit_trail where statement = 'forged'").fetchone()[0] == 0
+    assert truth.execute("select count(*) from anonproxy.audit_trail").fetchone()[0] >= before
+
+
+# -- holding the service pool ------------------------------------------------------------------------------------
+
+POOL = 2 * 10  # the gated proxy's service connections: 2 workers, service_pool_size 10 each
+
+
+def _idle_in_a_block(session: Raw, suspended: bool) -> None:
+    """A transaction block left open after a gated answer: read whole, or a portal suspended after one row (which
+    PostgreSQL keeps across the Sync, until the block ends)."""
+    assert session.query("begin")[-1] == (b"Z", b"T")
+    if suspended:
+        session.send(parse(AGGREGATE), bind(portal=b"kept"), execute(b"kept", max_rows=1), SYNC)
+        got = session.until(b"Z")
+        assert types(got) == [b"1", b"2", b"D", b"s", b"Z"], got
+    else:
+        assert simple_answer(session, AGGREGATE)
+
+
+def test_sessions_idle_in_transaction_blocks_hold_no_service_connection(gated_proxy: Endpoint,
+                                                                       gated_database: str) -> None:
+    """More sessions than the pool has connections each open a transaction block, get a gated answer (half of them
+    leave a portal suspended in it) and sit idle: another session's gated statement is answered (it would wait
+    service_wait_timeout and fail if they held the pool), and the suspended portals go on from where they were."""
+    sessions = [Raw(gated_proxy.dsn(gated_database, user="reporter")) for _ in range(POOL + 2)]
+    try:
+        for number, session in enumerate(sessions):
+            _idle_in_a_block(session, suspended=number % 2 == 0)
+        with psycopg.connect(gated_proxy.dsn(gated_database, user="reporter"), autocommit=True) as victim:
+            expected = victim.execute(AGGREGATE).fetchall()
+        first = sessions[0]
+        first.send(execute(b"kept"), SYNC)
+        got = first.until(b"Z")
+        assert types(got) == [b"D"] * (len(expected) - 1) + [b"C", b"Z"], got
+        assert [tuple(value.decode() for value in row) for row in rows(got)] == \
+            [(sex, str(count)) for sex, count in expected[1:]]
+    finally:
+        for session in sessions:
+            session.close()
+
+
+# -- the audit trail and cancel requests ---------------------------------------------------------------------------
+
+
+def _waiting_on_a_lock(truth: psycopg.Connection[Any], application_name: str) -> int:
+    """The process id of a backend of that name once it waits on a lock (bounded poll)."""
+    deadline = time.monotonic() + READ_LIMIT  # a bound on a hang, not a timing
+    while True:
+        found = truth.execute("select pid from pg_stat_activity where application_name = %s "
+                              "and wait_event_type = 'Lock'", [application_name]).fetchone()
+        if found is not None:
+            return int(found[0])
+        assert time.monotonic() < deadline, f"no {application_name} waited on the lock"
+        time.sleep(0.02)
+
+
+def _trail_rows(truth: psycopg.Connection[Any], marker: str) -> list[tuple[Any, ...]]:
+    return truth.execute("select decision, sqlstate from anonproxy.audit_trail where statement like %s",
+                         [f"%{marker}%"]).fetchall()
+
+
+def test_no_answer_leaves_while_the_trail_writer_is_held(reporter: Raw, truth: psycopg.Connection[Any],
+                                                         pg_server: EmbeddedPostgres, gated_database: str) -> None:
+    """The table's owner locks the trail, so the proxy's writer waits: the gated statement's answer does not leave
+    while its row is not written; once the lock goes, the answer comes with its row committed (or, past the
+    writer's time limit, the statement is refused with 58030 and nothing is answered)."""
+    marker = "round14 trail held"
+    with psycopg.connect(pg_server.conninfo(dbname=gated_database)) as owner:
+        owner.execute("lock table anonproxy.audit_trail in access exclusive mode")
+        reporter.send(pg.query_message(f"{AGGREGATE} -- {marker}"))
+        _waiting_on_a_lock(truth, "anonproxy audit")
+        assert not reporter.pending()
+        owner.rollback()
+    got = reporter.until(b"Z")
+    if errors(got):
+        assert errors(got) == ["58030"] and not rows(got), got
+    else:
+        assert rows(got) and _trail_rows(truth, marker) == [("answered", None)]
+
+
+def _cancel(endpoint: Endpoint, process_id: int, secret_key: bytes) -> None:
+    """A CancelRequest to the proxy; returns once the proxy hung up (it has acted, or ignored the key)."""
+    with socket.create_connection((endpoint.host, endpoint.port), timeout=READ_LIMIT) as sock:
+        sock.sendall(pg.cancel_request(process_id, secret_key))
+        assert sock.recv(1) == b""
+
+
+def test_cancels_with_wrong_keys_stop_no_one_and_the_right_one_is_recorded(
+        reporter: Raw, gated_proxy: Endpoint, truth: psycopg.Connection[Any], pg_server: EmbeddedPostgres,
+        gated_database: str) -> None:
+    """A gated statement waits on the service connection (the table's owner locks it). CancelRequests with the
+    session's process id and a wrong key, and with the service backend's process id, stop nothing: once the lock
+    goes, the answer comes. A statement cancelled with the session's own key gets 57014, and the trail holds its
+    row either way."""
+    marker = "round14 cancel"
+    with psycopg.connect(pg_server.conninfo(dbname=gated_database)) as owner:
+        owner.execute("lock table public.adult in access exclusive mode")
+        reporter.send(pg.query_message(f"{AGGREGATE} -- {marker} 1"))
+        service_pid = _waiting_on_a_lock(truth, "anonproxy service")
+        for process_id, key in [(reporter.backend_pid, b"\0\0\0\0"), (reporter.backend_pid, b"\xff" * 4),
+                                (service_pid, b"\0\0\0\0"), (service_pid, b"\xff" * 4)]:
+            _cancel(gated_proxy, process_id, key)
+        owner.rollback()
+    got = reporter.until(b"Z")
+    assert not errors(got) and rows(got) == simple_answer(reporter, AGGREGATE)
+    with psycopg.connect(pg_server.conninfo(dbname=gated_database)) as owner:
+        owner.execute("lock table public.adult in access exclusive mode")
+        reporter.send(pg.query_message(f"{AGGREGATE} -- {marker} 2"))
+        _waiting_on_a_lock(truth, "anonproxy service")
+        reporter.conn.cancel_safe()
+        got = reporter.until(b"Z")
+        owner.rollback()
+    assert errors(got) == ["57014"] and not rows(got), got
+    assert len(_trail_rows(truth, f"{marker} 2")) == 1
     assert simple_answer(reporter, AGGREGATE)
