@@ -362,15 +362,15 @@ def test_sessions_idle_in_transaction_blocks_hold_no_service_connection(gated_pr
 # -- the audit trail and cancel requests ---------------------------------------------------------------------------
 
 
-def _waiting_on_a_lock(truth: psycopg.Connection[Any], application_name: str) -> int:
-    """The process id of a backend of that name once it waits on a lock (bounded poll)."""
+def _waiting_on_a_lock(truth: psycopg.Connection[Any], application_name: str, count: int = 1) -> int:
+    """The process id of a backend of that name once ``count`` of them wait on a lock (bounded poll)."""
     deadline = time.monotonic() + READ_LIMIT  # a bound on a hang, not a timing
     while True:
         found = truth.execute("select pid from pg_stat_activity where application_name = %s "
-                              "and wait_event_type = 'Lock'", [application_name]).fetchone()
-        if found is not None:
-            return int(found[0])
-        assert time.monotonic() < deadline, f"no {application_name} waited on the lock"
+                              "and wait_event_type = 'Lock'", [application_name]).fetchall()
+        if len(found) >= count:
+            return int(found[0][0])
+        assert time.monotonic() < deadline, f"not {count} {application_name} waited on the lock"
         time.sleep(0.02)
 
 
@@ -433,3 +433,58 @@ def test_cancels_with_wrong_keys_stop_no_one_and_the_right_one_is_recorded(
     assert errors(got) == ["57014"] and not rows(got), got
     assert len(_trail_rows(truth, f"{marker} 2")) == 1
     assert simple_answer(reporter, AGGREGATE)
+
+
+def test_clients_gone_mid_statement_leave_the_pool_and_their_rows(gated_proxy: Endpoint, gated_database: str,
+                                                                  pg_server: EmbeddedPostgres,
+                                                                  truth: psycopg.Connection[Any]) -> None:
+    """Rounds of clients whose gated statements run (waiting on the service connection: the table's owner locks
+    it) hang up before their answers: each statement has its row in the trail, and after more such clients than
+    the pool has connections, another session is answered (their connections went back to the pool)."""
+    marker = "round14 gone"
+    per_round = 8  # fewer than a worker's pool: all of a round run at once
+    for round_ in range(3):
+        with psycopg.connect(pg_server.conninfo(dbname=gated_database)) as owner:
+            owner.execute("lock table public.adult in access exclusive mode")
+            sessions = [Raw(gated_proxy.dsn(gated_database, user="reporter")) for _ in range(per_round)]
+            for number, session in enumerate(sessions):
+                session.send(pg.query_message(f"{AGGREGATE} -- {marker} {round_} {number}"))
+            _waiting_on_a_lock(truth, "anonproxy service", per_round)
+            for session in sessions:
+                session.close()
+            owner.rollback()
+        assert len(_trail_rows(truth, f"{marker} {round_} ")) == per_round
+    with psycopg.connect(gated_proxy.dsn(gated_database, user="reporter"), autocommit=True) as victim:
+        assert victim.execute(AGGREGATE).fetchall()
+
+
+# -- session commands and names the proxy uses --------------------------------------------------------------------
+
+IDENTITY = ["set role dba", "set role analyst", "set session authorization dba", "set session authorization analyst",
+            "select set_config('role', 'dba', false)", "select set_config('session_authorization', 'dba', false)"]
+
+
+@pytest.mark.parametrize("sql", IDENTITY)
+def test_a_gated_role_cannot_become_another(reporter14: psycopg.Connection[Any], sql: str) -> None:
+    """SET ROLE, SET SESSION AUTHORIZATION and their set_config forms: refused (by PostgreSQL: the role is no
+    member; or by the proxy), and the session still answers as reporter."""
+    with pytest.raises(psycopg.Error) as refused:
+        reporter14.execute(sql)
+    assert refused.value.sqlstate == "42501", refused.value
+    assert reporter14.execute("select current_user, session_user").fetchone() == ("reporter", "reporter")
+    assert reporter14.execute("select count(*) from public.adult").fetchone()[0] >= 10
+
+
+def test_a_client_statement_of_the_proxys_failing_name(reporter: Raw) -> None:
+    """The client prepares a statement named as the proxy's own that fails a transaction block after an error from
+    elsewhere (``anonproxy.failed``): a refusal in a block still fails the block (25P02 after it), and the
+    client's statement of that name is still its own after the rollback."""
+    reporter.send(parse("select 14", b"anonproxy.failed"), SYNC)
+    assert types(reporter.until(b"Z")) == [b"1", b"Z"]
+    assert reporter.query("begin")[-1] == (b"Z", b"T")
+    refused = reporter.query("select age from public.adult")
+    assert types(refused) == [b"E", b"Z"] and refused[-1] == (b"Z", b"E")
+    assert errors(reporter.query("select 1")) == ["25P02"]
+    assert reporter.query("rollback")[-1] == (b"Z", b"I")
+    reporter.send(bind(statement=b"anonproxy.failed"), execute(), SYNC)
+    assert rows(reporter.until(b"Z")) == [(b"14",)]
