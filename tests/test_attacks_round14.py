@@ -488,3 +488,29 @@ def test_a_client_statement_of_the_proxys_failing_name(reporter: Raw) -> None:
     assert reporter.query("rollback")[-1] == (b"Z", b"I")
     reporter.send(bind(statement=b"anonproxy.failed"), execute(), SYNC)
     assert rows(reporter.until(b"Z")) == [(b"14",)]
+
+
+# -- dp answers through portals ------------------------------------------------------------------------------------
+
+
+def test_a_dp_portal_read_in_parts_closed_and_bound_again_is_one_charged_answer(
+        analyst14: psycopg.Connection[Any], gated_proxy: Endpoint, gated_database: str,
+        truth: psycopg.Connection[Any]) -> None:
+    """A dp aggregate's portal described, read one row at a time, closed, and its statement bound and read again:
+    every row the client gets is one answer's (the same as the question asked again in a simple Query), and the
+    trail holds one charge for it (ε > 0), the rest answered at no charge."""
+    session = Raw(gated_proxy.dsn(gated_database, user="dp_round14"))
+    sql = "select sex, count(*) from public.adult where age > 41 group by sex order by sex"
+    try:
+        session.send(parse(sql, b"dp"), bind(statement=b"dp", portal=b"p"), describe(b"P", b"p"),
+                     execute(b"p", max_rows=1), execute(b"p", max_rows=1), close(b"P", b"p"),
+                     bind(statement=b"dp", portal=b"p"), execute(b"p"), SYNC)
+        got = session.until(b"Z")
+        assert not errors(got), got
+        first, again = rows(got)[:2], rows(got)[2:]
+        assert first == again == simple_answer(session, sql)
+    finally:
+        session.close()
+    charges = truth.execute("select epsilon from anonproxy.audit_trail where login = 'dp_round14' "
+                            "and statement = %s and decision = 'answered'", [sql]).fetchall()
+    assert len(charges) == 3 and sorted(epsilon > 0 for (epsilon,) in charges) == [False, False, True], charges
