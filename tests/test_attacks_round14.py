@@ -1,6 +1,21 @@
 """Red team, round 14: the protocol layer (anonproxy/proxy/gate*.py, routing, prepared statements and portals, the
 service pool, the audit trail, cancel keys) attacked by a reader of the code, through the real gated proxy, with
 the wire protocol written by hand where drivers cannot.
+
+Attacked, each asserting the safe outcome: Flush without Sync; a portal suspended with max_rows, closed, executed
+again; a simple Query inside an unfinished extended batch; Describe of a rewritten statement (what RowDescription
+tells: PostgreSQL's names and types, nothing more); a huge value bound where a constant is needed, 20000 bound
+parameters; COPY both ways and DO blocks; notifications, advisory locks, set_config, pg_sleep and nextval called
+per row of a gated aggregate (one person's value would leave through a channel, pg_locks or pg_stat_activity);
+the trail's writer functions called by a gated role; more sessions than the pool has connections idle in
+transaction blocks (some with a suspended portal); the trail locked by its owner while a statement waits for its
+row; cancel requests with wrong keys and with the service backend's process id; clients gone while their
+statements run; SET ROLE and SET SESSION AUTHORIZATION; a client statement of the proxy's own name
+(``anonproxy.failed``); a dp portal read in parts, closed and bound again (one charge).
+
+One gap is fixed with this round (its test failed before): a value bound where the statement needs a constant is
+written into the text the proxy analyses, and a value past max_statement_size made a text longer than any a
+client may send (a 300 KB LIKE pattern was analysed and answered); it is now refused with 54000.
 """
 
 from __future__ import annotations
