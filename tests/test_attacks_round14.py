@@ -178,6 +178,31 @@ def test_a_suspended_portal_closed_then_executed_is_gone_as_in_postgresql(report
     assert got == [b"1", b"2", b"D", b"s", b"3", b"E", b"Z"]
 
 
+def _read_to_end_then_again(session: Raw) -> list[list[Message]]:
+    """In a transaction block, a portal read to its end in the batch of its Bind, then executed in later batches,
+    without and with a row limit."""
+    assert session.query("begin")[-1] == (b"Z", b"T")
+    session.send(parse(AGGREGATE), bind(portal=b"done"), execute(b"done"), SYNC)
+    answers = [session.until(b"Z")]
+    for later in (execute(b"done"), execute(b"done", max_rows=1)):
+        session.send(later, SYNC)
+        answers.append(session.until(b"Z"))
+    assert session.query("rollback")[-1] == (b"Z", b"I")
+    return answers
+
+
+def test_a_portal_read_to_its_end_is_not_run_again_in_a_later_batch(reporter: Raw, postgresql_raw: Raw) -> None:
+    """A rewritten portal read to its end stays at its end, as PostgreSQL's: an Execute of it in a later batch of
+    the transaction gets no row (SELECT 0). Before, the proxy ran it again from its Bind (its service-side portal
+    had ended at the Sync) and sent the whole answer a second time: a statement run again, on the data of that
+    moment, without a row of its own in the audit trail."""
+    got = _read_to_end_then_again(reporter)
+    direct = _read_to_end_then_again(postgresql_raw)
+    assert [types(answer) for answer in got] == [types(answer) for answer in direct]
+    assert got[1:] == direct[1:] == [[(b"C", b"SELECT 0\0"), (b"Z", b"T")]] * 2
+    assert len(rows(got[0])) == len(rows(direct[0]))
+
+
 def test_a_query_inside_an_unfinished_batch(reporter: Raw, postgresql_raw: Raw) -> None:
     """A simple Query sent after Parse/Bind/Execute of a gated aggregate, before its Sync: both are answered, in
     order, as in PostgreSQL (which ends the open batch's implicit transaction with the Query)."""

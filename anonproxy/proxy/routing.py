@@ -509,11 +509,16 @@ class Router:
 
     def _keep(self, portal: bytes, max_rows: int) -> Route | None:
         """The Execute of a rewritten portal with a row limit, or in a later batch than its Bind (the service
-        side's portal is gone): run again from its Bind and kept (proxy_portals.py). None: sent as it is."""
+        side's portal is gone): run again from its Bind and kept (proxy_portals.py); or, once it was read to its
+        end, PostgreSQL's answer to an Execute of a portal at its end: no row. None: sent as it is."""
         bind = self._prepared.service_binds.get(portal)
         bound = self._prepared.bound.get(portal)
-        if bind is None or bound is None or not isinstance(bound.decision, Rewrite) \
-                or (max_rows <= 0 and portal in self._bound_in_batch):
+        if bind is None or bound is None or not isinstance(bound.decision, Rewrite):
+            return None
+        if portal in self._prepared.read_to_end:
+            return Route(Owner.LOCAL, proxy_portals.AT_END)  # never run again: its answer went out once
+        if max_rows <= 0 and portal in self._bound_in_batch:
+            self._prepared.read_to_end.add(portal)  # the service side runs it to its end
             return None
         return Route(Owner.SERVICE, proxy_portals.keep_payload(bound.decision.runs, bound.rest, bind),
                      keeps=(portal, max_rows))
