@@ -530,6 +530,32 @@ def test_a_client_statement_of_the_proxys_failing_name(reporter: Raw) -> None:
     assert rows(reporter.until(b"Z")) == [(b"14",)]
 
 
+
+def _kept_name_used(session: Raw) -> list[list[bytes]]:
+    """In a transaction block, the client's statement and portal named as those the proxy runs a kept portal
+    under (``anonproxy_kept``), around portals read with a row limit (which the proxy keeps)."""
+    assert session.query("begin")[-1] == (b"Z", b"T")
+    count = "select count(*) from public.adult"
+    batches = [(parse(AGGREGATE, b"anonproxy_kept"), parse(count, b"count"), bind(statement=b"count", portal=b"p"),
+                execute(b"p", max_rows=1)),
+               (bind(statement=b"anonproxy_kept", portal=b"anonproxy_kept"), execute(b"anonproxy_kept")),
+               (bind(statement=b"count", portal=b"q"), execute(b"q", max_rows=1),
+                bind(statement=b"anonproxy_kept", portal=b"r"), execute(b"r"))]
+    answers = []
+    for batch in batches:
+        session.send(*batch, SYNC)
+        answers.append(types(session.until(b"Z")))
+    assert session.query("rollback")[-1] == (b"Z", b"I")
+    return answers
+
+
+def test_the_clients_names_may_be_the_kept_portals_names(reporter: Raw, postgresql_raw: Raw) -> None:
+    """The proxy's kept portals run under ``anonproxy_kept`` on the service connection, closed first: a client's
+    statement and portal of that name are still its own (answered as PostgreSQL answers them, no error)."""
+    assert _kept_name_used(reporter) == _kept_name_used(postgresql_raw) == [
+        [b"1", b"1", b"2", b"D", b"s", b"Z"], [b"2", b"D", b"D", b"C", b"Z"],
+        [b"2", b"D", b"s", b"2", b"D", b"D", b"C", b"Z"]]
+
 # -- dp answers through portals ------------------------------------------------------------------------------------
 
 
