@@ -224,14 +224,24 @@ def test_a_query_inside_an_unfinished_batch(reporter: Raw, postgresql_raw: Raw) 
     assert rows(got) == expected * 2
     assert simple_answer(reporter, AGGREGATE) == expected  # the session goes on
 
-def test_describe_of_a_gated_statement_tells_what_postgresql_tells(reporter: Raw, postgresql_raw: Raw) -> None:
-    """A Describe of a rewritten statement (before any Bind) tells its parameter types and its columns' names and
-    types as PostgreSQL's Describe of the client's statement does: nothing of the rewrite, nothing of the data."""
-    sql = "select sex, count(*) as n, avg(age) from public.adult where age > $1 group by sex"
-    answers = []
-    for session in (reporter, postgresql_raw):
-        session.send(parse(sql, b"described"), describe(b"S", b"described"), SYNC)
-        answers.append(session.until(b"Z"))
+@pytest.mark.parametrize("role", ["reporter", "dp_round14"])
+def test_describe_of_a_gated_statement_tells_what_postgresql_tells(
+        analyst14: psycopg.Connection[Any], gated_proxy: Endpoint, gated_database: str, postgresql_raw: Raw,
+        role: str) -> None:
+    """A Describe of a rewritten or dp statement (before any Bind) tells its parameter types and its columns' names
+    and types as PostgreSQL's Describe of the client's statement does: nothing of the rewrite, nothing of the
+    data; and it costs no budget."""
+    sql = "select sex, count(*) as n, avg(age), sum(hours_per_week) from public.adult where age > $1 group by sex"
+    session = Raw(gated_proxy.dsn(gated_database, user=role))
+    try:
+        budget = session.query("show anonproxy.budget")
+        answers = []
+        for asked in (session, postgresql_raw):
+            asked.send(parse(sql, b"described"), describe(b"S", b"described"), SYNC)
+            answers.append(asked.until(b"Z"))
+        assert session.query("show anonproxy.budget") == budget
+    finally:
+        session.close()
     got, direct = answers
     assert types(got) == types(direct) == [b"1", b"t", b"T", b"Z"]
     parameters = [body for type_, body in got if type_ == b"t"]
