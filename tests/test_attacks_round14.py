@@ -13,7 +13,8 @@ transaction blocks (some with a suspended portal); the trail locked by its owner
 row; cancel requests with wrong keys and with the service backend's process id; clients gone while their
 statements run, or right after an error on the service connection in an open batch; SET ROLE and SET SESSION
 AUTHORIZATION; a client statement of the proxy's own name
-(``anonproxy.failed``); a dp portal read in parts, closed and bound again (one charge).
+(``anonproxy.failed``); a dp portal read in parts, closed and bound again (one charge); a dp answer flushed
+without Sync, then a Query inside that open batch (each charged once).
 
 Two gaps are fixed with this round (their tests failed before):
 
@@ -613,3 +614,30 @@ def test_a_dp_portal_read_in_parts_closed_and_bound_again_is_one_charged_answer(
     charges = truth.execute("select epsilon from anonproxy.audit_trail where login = 'dp_round14' "
                             "and statement = %s and decision = 'answered'", [sql]).fetchall()
     assert len(charges) == 3 and sorted(epsilon > 0 for (epsilon,) in charges) == [False, False, True], charges
+
+
+def _answer_types(messages: list[Message]) -> list[bytes]:
+    """The types of the messages but the notices (a dp answer's notes on its noise)."""
+    return [type_ for type_ in types(messages) if type_ != b"N"]
+
+
+def test_a_dp_answer_flushed_then_a_query_inside_the_open_batch(analyst14: psycopg.Connection[Any],
+                                                               gated_proxy: Endpoint, gated_database: str,
+                                                               truth: psycopg.Connection[Any]) -> None:
+    """A dp question executed and flushed without Sync is answered at once; a simple Query sent inside that open
+    batch is answered after it; each answer has its row in the trail, charged (ε > 0) once."""
+    first = "select count(*) from public.adult where age > 52"
+    second = "select count(*) from public.adult where age > 53"
+    session = Raw(gated_proxy.dsn(gated_database, user="dp_round14"))
+    try:
+        session.send(parse(first), bind(), execute(), FLUSH)
+        assert _answer_types(session.until(b"C")) == [b"1", b"2", b"D", b"C"]
+        session.send(pg.query_message(second), SYNC)
+        assert _answer_types(session.until(b"Z")) == [b"T", b"D", b"C", b"Z"]
+        assert session.until(b"Z") == [(b"Z", b"I")]
+    finally:
+        session.close()
+    for sql in (first, second):
+        charges = truth.execute("select epsilon from anonproxy.audit_trail where login = 'dp_round14' "
+                                "and statement = %s and decision = 'answered'", [sql]).fetchall()
+        assert len(charges) == 1 and charges[0][0] > 0, (sql, charges)
