@@ -62,7 +62,8 @@ rewrite runs there as the connection's own prepared statement of its text
 
 A rewritten portal executed with a row limit, or in a later batch than its
 Bind (its service-side portal ended at a Sync), is run again from its Bind
-and run to completion there (proxy_portals.py); the gate routes nothing
+and run to completion there (proxy_portals.py; not one read to its end in
+the batch of its Bind, which the router answers SELECT 0); the gate routes nothing
 more until that answer is in (``Keeping``), keeps it, and the router serves
 this and later Executes from it until the portal ends (its Close, a new
 Bind of its name, a COMMIT, ROLLBACK or ROLLBACK TO SAVEPOINT that ends

@@ -42,6 +42,9 @@ class Prepared:
     # (proxy_portals.KeptPortal).
     service_binds: dict[bytes, bytes] = field(default_factory=dict)
     kept_portals: dict[bytes, KeptPortal] = field(default_factory=dict)
+    # Rewritten portals executed without a row limit in the batch of their Bind: read to their end there, never run
+    # again (a later Execute gets no row, as PostgreSQL's portal at its end).
+    read_to_end: set[bytes] = field(default_factory=set)
     # The client's savepoints, outermost first, as its transaction statements name them; and for each rewritten
     # portal, how many of them were open at its Bind (a ROLLBACK TO ends the portals opened since the savepoint).
     savepoints: list[str] = field(default_factory=list)
@@ -76,6 +79,7 @@ class Prepared:
         """The rewritten portal ``portal``, if any, ends (its Close, a new Bind of its name)."""
         self.kept_portals.pop(portal, None)
         self.service_binds.pop(portal, None)
+        self.read_to_end.discard(portal)
         self.levels.pop(portal, None)
 
     def transaction_ended(self) -> None:
@@ -88,6 +92,7 @@ class Prepared:
         """The client's transaction ended: the rewritten portals kept or known here go, and its savepoints."""
         self.kept_portals.clear()
         self.service_binds.clear()
+        self.read_to_end.clear()
         self.levels.clear()
         self.savepoints.clear()
 

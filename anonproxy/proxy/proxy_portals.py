@@ -71,6 +71,8 @@ def rows(portal: ProxyPortal, max_rows: int) -> bytes:
 # it, as PostgreSQL serves a portal: ``max_rows`` rows then PortalSuspended, until CommandComplete.
 
 KEPT = b"anonproxy_kept"  # the statement and portal names the proxy runs a kept portal under, on the service side
+# PostgreSQL's answer to an Execute of a portal already read to its end (a rewritten statement is a query: SELECT).
+AT_END = pg.command_complete("SELECT 0")
 
 
 @dataclass

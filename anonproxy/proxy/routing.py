@@ -9,9 +9,10 @@ ParseComplete, BindComplete (keeping the bound values), Describe (a request for 
 — unless an Execute of the same portal follows in the batch: then the answer is asked for at once), Execute (a
 request for the answer, once per portal, then its rows: proxy_portals.py), CloseComplete. A rewritten portal
 executed with a row limit, or in a later batch than its Bind, is run again from its Bind and kept (``_keep``;
-proxy_portals.py), then answered here, until a transaction statement routed to the client's connection ends it as
-it ends PostgreSQL's portals (prepared.Prepared.transaction_control); in a failed transaction it gets 25P02. Cursor
-statements are routed by gate_cursors.py. A refusal of a batch's message skips the rest of the batch, up to Sync.
+proxy_portals.py; one read to its end in its Bind's batch is never run again: SELECT 0), then answered here, until
+a transaction statement routed to the client's connection ends it as it ends PostgreSQL's portals
+(prepared.Prepared.transaction_control); in a failed transaction it gets 25P02. Cursor statements are routed by
+gate_cursors.py. A refusal of a batch's message skips the rest of the batch, up to Sync.
 
 Policy changes reach prepared statements: each remembers its text and the policy version it was decided under.
 A Bind of a statement decided under an older version decides it again; a refusal answers the Bind, and a new
@@ -164,6 +165,15 @@ class Router:
                          "Shorten the statement (a long list of values is the usual cause); the limit is the "
                          "proxy's max_statement_size setting.")
         return replace(self._refuse(refusal, simple=simple), record=Execution(_NOT_READ, refusal, simple=simple))
+
+    def _bound_too_long(self) -> Reject:
+        """The refusal of a Bind whose values, written into its statement as constants, make a text longer than
+        max_statement_size: the analysis reads no longer text than a client may send."""
+        mode = self._settings().get("mode", "an anonymized")
+        return Reject("54000", f"statement too long with its bound values: anonproxy accepts statements of up to "
+                               f"{self._max_statement_size} bytes from roles in {mode} mode, values bound where a "
+                               f"constant is needed (a LIKE pattern, a unit, a format) included",
+                      "Bind a shorter value; the limit is the proxy's max_statement_size setting.")
 
     def _decision(self, sql: str) -> Decided | None:
         """The decision on ``sql`` under the policy in force; None: being analysed (``decided`` follows)."""
@@ -384,6 +394,8 @@ class Router:
         text_of_class = bind_time.class_text(template.decision, parameters)
         if isinstance(text_of_class, Reject):
             return self._refuse(text_of_class)
+        if len(text_of_class.encode()) > self._max_statement_size:
+            return self._refuse(self._bound_too_long())  # the values are written into the text analysed
         fresh = self._decision(text_of_class)
         if fresh is None:
             return WAIT
@@ -498,11 +510,16 @@ class Router:
 
     def _keep(self, portal: bytes, max_rows: int) -> Route | None:
         """The Execute of a rewritten portal with a row limit, or in a later batch than its Bind (the service
-        side's portal is gone): run again from its Bind and kept (proxy_portals.py). None: sent as it is."""
+        side's portal is gone): run again from its Bind and kept (proxy_portals.py); or, once it was read to its
+        end, PostgreSQL's answer to an Execute of a portal at its end: no row. None: sent as it is."""
         bind = self._prepared.service_binds.get(portal)
         bound = self._prepared.bound.get(portal)
-        if bind is None or bound is None or not isinstance(bound.decision, Rewrite) \
-                or (max_rows <= 0 and portal in self._bound_in_batch):
+        if bind is None or bound is None or not isinstance(bound.decision, Rewrite):
+            return None
+        if portal in self._prepared.read_to_end:
+            return Route(Owner.LOCAL, proxy_portals.AT_END)  # never run again: its answer went out once
+        if max_rows <= 0 and portal in self._bound_in_batch:
+            self._prepared.read_to_end.add(portal)  # the service side runs it to its end
             return None
         return Route(Owner.SERVICE, proxy_portals.keep_payload(bound.decision.runs, bound.rest, bind),
                      keeps=(portal, max_rows))
