@@ -299,6 +299,8 @@ class Gate:
             if tag in ("RESET", "DISCARD ALL") and self._resets_expected:
                 self._resets_expected -= 1
                 self._reset_session()
+            if tag in ("DEALLOCATE ALL", "DISCARD ALL"):
+                self._prepared.deallocated(None)  # PostgreSQL dropped every named statement: the gated ones go too
         elif type_ == b"E":
             self._resets_expected = 0
             self._batch_error(Owner.UPSTREAM)

@@ -40,6 +40,7 @@ from ..route import reports
 from ..route.decision import (
     AtBind,
     CloseCursor,
+    Deallocate,
     Decision,
     DeclareCursor,
     FetchCursor,
@@ -226,12 +227,23 @@ class Router:
         return Route(Owner.LOCAL, b"".join(answer) + pg.ready_for_query(self._now.status))
 
     def _pass_query(self, raw: bytes, decision: Pass) -> Route:
-        if decision.deallocates is not None and self._now.status != b"E":
-            # PostgreSQL's statements of that name are forgotten here too (PostgreSQL refuses a DEALLOCATE in a
-            # failed transaction; elsewhere a rollback does not undo it).
-            self._prepared.deallocated(decision.deallocates)
+        if decision.deallocates is not None and self._deallocate(decision.deallocates):
+            return Route(Owner.LOCAL, pg.command_complete("DEALLOCATE") + pg.ready_for_query(self._now.status))
         self._transaction_control(decision)
         return Route(Owner.UPSTREAM, raw, ends_batch=True, resets=decision.resets_session)
+
+    def _deallocate(self, deallocate: Deallocate) -> bool:
+        """A DEALLOCATE of one statement about to run: the statement of that name is forgotten here. True: it is
+        one the client's connection does not hold (rewritten, answered by the proxy or the gate), which the gate
+        deallocates itself, answering as PostgreSQL (CommandComplete DEALLOCATE). False: it goes to the client's
+        connection, which deallocates its own or answers 26000, and in a failed transaction 25P02 for any name.
+        (DEALLOCATE ALL is followed when PostgreSQL completes it: Gate.upstream_message.)"""
+        if deallocate.name is None or self._now.status == b"E":
+            return False
+        name = deallocate.name.encode()
+        gated = self._prepared.statements.get(name, Owner.UPSTREAM) is not Owner.UPSTREAM
+        self._prepared.deallocated(name)  # a rollback does not undo it, in PostgreSQL either
+        return gated
 
     def _transaction_control(self, decision: Pass) -> None:
         """A statement passed to the client's connection that ends rewritten portals (COMMIT, ROLLBACK TO…): they
@@ -501,8 +513,15 @@ class Router:
             kept = self._keep(name, pg.parse_execute(raw[5:])[1])
             if kept is not None:
                 return kept
+        if type_ == b"D" and kind == b"P" and owner is Owner.SERVICE and name not in self._bound_in_batch:
+            described = self._describe_again(name)
+            if described is not None:
+                return described
         resets = bound is not None and isinstance(bound.decision, Pass) and bound.decision.resets_session
         if bound is not None and isinstance(bound.decision, Pass) and owner is Owner.UPSTREAM:
+            deallocates = bound.decision.deallocates
+            if deallocates is not None and self._deallocate(deallocates):
+                return Route(Owner.LOCAL, pg.command_complete("DEALLOCATE"))  # (psycopg's, of an evicted statement)
             self._transaction_control(bound.decision)
         return Route(owner, raw, uses=on_statement if type_ == b"D" else None,
                      closes=on_statement if type_ == b"C" else None, resets=resets,
@@ -523,6 +542,16 @@ class Router:
             return None
         return Route(Owner.SERVICE, proxy_portals.keep_payload(bound.decision.runs, bound.rest, bind),
                      keeps=(portal, max_rows))
+
+    def _describe_again(self, portal: bytes) -> Route | None:
+        """The Describe of a rewritten portal bound in an earlier batch (the service side's portal is gone): bound
+        again there from its Bind and described, as PostgreSQL describes its portal. None: not such a portal."""
+        bind = self._prepared.service_binds.get(portal)
+        bound = self._prepared.bound.get(portal)
+        if bind is None or bound is None or not isinstance(bound.decision, Rewrite):
+            return None
+        return Route(Owner.SERVICE, proxy_portals.describe_payload(bound.decision.runs, bound.rest, bind),
+                     hidden=proxy_portals.DESCRIBE_HIDDEN)
 
     def _kept_by_name(self, type_: bytes, name: bytes, body: bytes) -> Route:
         """Describe, Execute or Close of a rewritten portal whose answer the gate keeps (proxy_portals.py)."""
