@@ -7,7 +7,8 @@ ErrorResponse PostgreSQL sends (the caller then skips the rest of the batch).
 
 Also the rewritten (suppress) portals the proxy keeps because their service connection's portal ends at a Sync
 (:class:`KeptPortal`, below): what is sent to run one again from its Bind, how its answer is kept (up to the
-session's limits: 54000 past them), and its rows served as PostgreSQL serves them.
+session's limits: 54000 past them), and its rows served as PostgreSQL serves them; and what is sent to describe
+one bound in an earlier batch.
 """
 
 from __future__ import annotations

@@ -11,8 +11,10 @@ request for the answer, once per portal, then its rows: proxy_portals.py), Close
 executed with a row limit, or in a later batch than its Bind, is run again from its Bind and kept (``_keep``;
 proxy_portals.py; one read to its end in its Bind's batch is never run again: SELECT 0), then answered here, until
 a transaction statement routed to the client's connection ends it as it ends PostgreSQL's portals
-(prepared.Prepared.transaction_control); in a failed transaction it gets 25P02. Cursor statements are routed by
-gate_cursors.py. A refusal of a batch's message skips the rest of the batch, up to Sync.
+(prepared.Prepared.transaction_control); in a failed transaction it gets 25P02. Described in a later batch than
+its Bind, before that, it is bound again on the service side and described there (``_describe_again``). A
+DEALLOCATE of a statement not on the client's connection is answered here (``_deallocate``). Cursor statements are
+routed by gate_cursors.py. A refusal of a batch's message skips the rest of the batch, up to Sync.
 
 Policy changes reach prepared statements: each remembers its text and the policy version it was decided under.
 A Bind of a statement decided under an older version decides it again; a refusal answers the Bind, and a new
