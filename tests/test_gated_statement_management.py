@@ -1,7 +1,8 @@
 """Drivers' statement management through a gated role behaves as PostgreSQL: DEALLOCATE (SQL, in the simple and the
 extended protocol) of a rewritten or dp statement deallocates it, DEALLOCATE ALL and DISCARD ALL drop every
 prepared statement (DISCARD PLANS none), and a statement of the same name prepared again afterwards works; inside
-and outside transaction blocks, and in a failed one (25P02); a portal bound from a deallocated statement still runs.
+and outside transaction blocks, and in a failed one (25P02); a portal bound from a deallocated statement still runs;
+a simple Query drops the unnamed statement.
 A rewritten portal described in a later batch than its Bind gets its RowDescription.
 
 Each scenario, written on the wire by hand, runs side by side on PostgreSQL directly (as the database's owner, who
@@ -66,6 +67,7 @@ SCENARIOS: dict[str, list[Step]] = {
     "discard all extended": [_parsed(b"s1"), _extended("discard all"), _run(b"s1")],
     "discard all in a block": [_parsed(b"s1"), "begin", "discard all", "rollback", _run(b"s1")],
     "discard plans": [_parsed(b"s1"), "discard plans", _run(b"s1")],
+    "unnamed statement after a query": [_parsed(b""), "select 1", _run(b""), _parsed(b""), _run(b"")],
     "portal outlives its statement": ["begin", parse(COUNT, b"s1") + bind(statement=b"s1", portal=b"p1") + SYNC,
                                       "deallocate s1", execute(b"p1") + SYNC, _run(b"s1"), "commit"],
     "describe in a later batch": ["begin", _parsed(b"s1"), bind(statement=b"s1", portal=b"p1") + SYNC,

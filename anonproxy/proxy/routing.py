@@ -190,6 +190,7 @@ class Router:
         return None if fresh is None else Decided(sql, fresh, version)
 
     def _route_query(self, type_: bytes, body: bytes | None) -> Route:
+        self._prepared.deallocated(b"")  # PostgreSQL drops the unnamed statement at every Query, before anything
         if body is None:
             return self._too_long(simple=True)
         sql = text(body[:-1])
