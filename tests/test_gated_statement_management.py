@@ -94,6 +94,8 @@ def _outcome(message: Message, rows: bool) -> Outcome:
 
 
 def _outcomes(session: Raw, steps: list[Step], rows: bool) -> list[list[Outcome]]:
+    """Each step's answer, up to its ReadyForQuery (a mode's NOTICE on its answer, which PostgreSQL does not send,
+    left out)."""
     answers = []
     for step in steps:
         session.send(pg.query_message(step) if isinstance(step, str) else step)
@@ -115,6 +117,7 @@ def role(request: pytest.FixtureRequest, dp_role: str) -> str:
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
 def test_statement_management_as_postgresql(pg_server: EmbeddedPostgres, gated_proxy: Endpoint,
                                             gated_database: str, role: str, scenario: str) -> None:
+    """Each step's answer through the proxy is PostgreSQL's (rows: in suppress mode)."""
     steps = SCENARIOS[scenario]
     rows = role == "reporter"
     direct = Raw(pg_server.conninfo(dbname=gated_database))
