@@ -26,7 +26,7 @@ MIGRATION_0036 = (
     Path(__file__).resolve().parent.parent / "sql" / "0036_mondrian_lean.sql"
 )
 
-ADULT_QI = [
+ADULT_QI: list[dict[str, Any]] = [
     {"name": "age", "kind": "numeric", "hierarchy": None},
     {"name": "workclass", "kind": "categorical", "hierarchy": "adult.workclass"},
     {"name": "education_num", "kind": "numeric", "hierarchy": None},
@@ -56,9 +56,9 @@ HOURS = {"name": "hours_per_week", "kind": "numeric", "hierarchy": None}
 SMALL_QI = [q for q in ADULT_QI if q["name"] != "occupation"]
 # Occupation without its hierarchy: a class's cell lists the occupations it holds.
 SET_QI = [OCCUPATION_SET if q["name"] == "occupation" else q for q in ADULT_QI]
-# Twelve QIs whose codes do not fit in a bigint key (adult has 6.6e18 combinations of their
-# values, more than 2^62: the key is numeric), two of them value sets.
-NUMERIC_KEY_QI = [
+# Twelve QIs whose codes do not fit in a bigint key (the product of their numbers of distinct
+# values on adult is 6.6e18, more than 2^62: the key is numeric), two of them value sets.
+NUMERIC_KEY_QI: list[dict[str, Any]] = [
     {"name": name, "kind": "numeric", "hierarchy": None}
     for name in ("fnlwgt", "capital_gain", "capital_loss", "hours_per_week")
 ] + [
