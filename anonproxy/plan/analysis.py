@@ -37,11 +37,10 @@ from anonproxy.plan.expressions import (
     unwrap,
     window_function,
 )
-from anonproxy.plan.flatten import fanout_keys
 from anonproxy.plan.joins import REFERENCE_HINT, Source, check_joins, join_side
 from anonproxy.plan.names import output_name, own_nodes
 from anonproxy.plan.post_aggregate import PostAggregate, compile_outer
-from anonproxy.plan.refusals import Refusal, forbidden, unsupported
+from anonproxy.plan.refusals import Refusal, fanout_keys, forbidden, unsupported
 from anonproxy.plan.relations import check_relations
 from anonproxy.plan.render import sql
 from anonproxy.plan.statements import PARSE_HINT, Statement
