@@ -183,7 +183,11 @@ def _reads_keys_qualified(select: exp.Select, keys: exp.Subquery, alias: str, na
 
 
 def _substitute(select: exp.Select, alias: str, own: dict[str, tuple[str, str]], target: str) -> None:
-    """Replace ``alias.<key>`` in ``select`` by the column of the table's row the key holds."""
+    """Replace ``alias.<key>`` in ``select`` by the column of the table's row the key holds; a select item that is
+    such a reference keeps the key's name (an outer query reads it by that name: Cube's q_1."adult__sex")."""
+    for item in list(select.expressions):
+        if isinstance(item, exp.Column) and identifier(item.args.get("table")) == alias:
+            item.replace(exp.Alias(this=item.copy(), alias=exp.Identifier(this=identifier(item.this), quoted=True)))
     for node in list(own_nodes(select)):
         if isinstance(node, exp.Column) and identifier(node.args.get("table")) == alias \
                 and isinstance(node.this, exp.Identifier):
