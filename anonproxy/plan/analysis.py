@@ -218,7 +218,8 @@ def _analyze(statement: Statement, tree: exp.Expression, index: PolicyIndex, par
     for semi in semis:
         semi_joins.check(semi, sources, owner, index, lambda table, name, node, clause: Checker(
             Scope(references={name: table}, identifiers={name: _identifier_columns(table)}), params,
-            table.policy_name, dp, statement.source, zones=index.policy.zones).row(node, clause), checker.row)
+            table.policy_name, dp, statement.source, zones=index.policy.zones).row(node, clause),
+            semi_joins.OuterChecks(checker.row, checker.scope.is_identifier))
 
     items = _items(tree, checker, dp, statement.source)
     key_nodes, group_by = _grouping(tree, items, checker)

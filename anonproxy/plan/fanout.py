@@ -50,9 +50,11 @@ def _rewrite(select: exp.Select, index: PolicyIndex) -> bool:
     with keys :func:`_keys` proves to be that table's rows."""
     items = sources(select)
     joins = select.args.get("joins") or []
-    if len(items) != 2 or not isinstance(items[0], exp.Subquery) or not _plain_join(joins[0], ("", "LEFT")):
+    if len(items) != 2 or not _plain_join(joins[0], ("", "LEFT")):
         return False
     keys, table = items
+    if not isinstance(keys, exp.Subquery):
+        return False
     body = keys.this
     alias = reference(keys)
     if not isinstance(body, exp.Select) or not isinstance(table, exp.Table) or alias is None \
@@ -64,7 +66,7 @@ def _rewrite(select: exp.Select, index: PolicyIndex) -> bool:
         return False
     key = _joined_key(joins[0].args["on"], alias, reference(table), protected.unit_column)
     rows = _keys(body, resolved, index, key) if key is not None else None
-    if rows is None or not _reads_keys_qualified(select, keys, alias, rows[1]):
+    if key is None or rows is None or not _reads_keys_qualified(select, keys, alias, rows[1]):
         return False
     conditions, own = rows
     target = reference(table) or ""
@@ -95,9 +97,11 @@ def _keys(body: exp.Select, table: ResolvedTable, index: PolicyIndex, key: str,
     own: dict[str, tuple[str, str]] = {}
     for item in body.expressions:
         core = item.this if isinstance(item, exp.Alias) else item
+        if not isinstance(core, exp.Column) or not isinstance(core.this, exp.Identifier) \
+                or identifier(core.args.get("table")) != own_reference or core.args.get("db") is not None:
+            return None
         name = identifier(item.args.get("alias")) if isinstance(item, exp.Alias) else identifier(core.this)
-        if not isinstance(core, exp.Column) or identifier(core.args.get("table")) != own_reference \
-                or core.args.get("db") is not None or name is None or name in own:
+        if name is None or name in own:
             return None
         own[name] = (own_reference, identifier(core.this) or "")
     assert table.protected is not None
@@ -125,9 +129,9 @@ def _conditions(body: exp.Select, conditions: list[exp.Expression], own: str, ta
     link = index.resolve(linked).linked
     other = reference(linked) or ""
     assert table.protected is not None
-    if link is None or link.references != table.policy_name or link.references_column != table.protected.unit_column \
-            or other == own \
-            or _joined_key(joins[0].args["on"], other, own, table.protected.unit_column) != link.column:
+    unit = table.protected.unit_column
+    if link is None or link.references != table.policy_name or link.references_column != unit or other == own \
+            or _joined_key(joins[0].args["on"], other, own, unit) != link.column:
         return None
     mine = [c.copy() for c in conditions if _columns_of(c) == {own}]
     theirs = [c for c in conditions if _columns_of(c) == {other}]
@@ -140,7 +144,7 @@ def _conditions(body: exp.Select, conditions: list[exp.Expression], own: str, ta
     inner = exp.select(exp.column(link.column, other, quoted=True)).from_(linked.copy())
     for condition in theirs:
         inner.where(condition.copy(), copy=False)
-    semi = exp.In(this=exp.column(table.protected.unit_column, own, quoted=True),
+    semi = exp.In(this=exp.column(unit, own, quoted=True),
                   query=exp.Subquery(this=inner))
     return [*mine, semi]
 

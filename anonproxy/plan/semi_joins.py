@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from sqlglot import exp
 
 from anonproxy.plan.joins import Source, conjuncts
-from anonproxy.plan.refusals import unsupported
+from anonproxy.plan.refusals import forbidden, unsupported
 from anonproxy.plan.render import sql
 from anonproxy.plan.tables import PolicyIndex, ResolvedTable, identifier
 
@@ -44,6 +44,15 @@ LIMIT_MESSAGE = ("LIMIT is not allowed in IN (SELECT ...) over protected tables:
                  "rows only, which other people's rows decide (LIMIT n and LIMIT n + 1 differ by one person at most)")
 LIMIT_HINT = ("Drop the LIMIT: IN (SELECT <key> FROM <linked> WHERE <conditions>) keeps every person with a "
               "matching row; EXISTS (SELECT 1 ... LIMIT 1) asks the same of each person.")
+
+
+@dataclass(frozen=True)
+class OuterChecks:
+    """The outer query's checks: ``row(expression, clause)`` refuses what that clause may not hold,
+    ``is_identifier(table, column)`` tells an identifying column (table None: a bare name)."""
+
+    row: Callable[[exp.Expression, str], None]
+    is_identifier: Callable[[str | None, str], bool]
 
 
 @dataclass(frozen=True)
@@ -82,15 +91,14 @@ def set_aside(tree: exp.Select) -> Iterator[list[SemiJoin]]:
 
 
 def check(semi: SemiJoin, sources: list[Source], owner: str, index: PolicyIndex,
-          row_check: Callable[[ResolvedTable, str, exp.Expression, str], None],
-          outer_check: Callable[[exp.Expression, str], None]) -> None:
+          row_check: Callable[[ResolvedTable, str, exp.Expression, str], None], outer: OuterChecks) -> None:
     """Refuse ``semi`` unless it is a semi-join on the privacy unit of protected table ``owner`` (the outer query's)
     or a test of a list of a reference table's values (:func:`_check_reference_list`); ``row_check(table,
     reference, expression, clause)`` checks an inner expression as a row-level expression of that clause over that
-    table, ``outer_check(expression, clause)`` one of the outer query."""
+    table."""
     select = semi.select
     if not semi.exists and _reads_reference(select, index):
-        _check_reference_list(semi, index, row_check, outer_check)
+        _check_reference_list(semi, index, row_check, outer)
         return
     if semi.negated:
         raise unsupported("NOT IN (SELECT ...) is not allowed over protected tables: a NULL among the values makes "
@@ -121,8 +129,7 @@ def check(semi: SemiJoin, sources: list[Source], owner: str, index: PolicyIndex,
             raise unsupported("the select list of an EXISTS subquery over protected tables holds constants only",
                               HINT)
     else:
-        outer = _test(semi).this
-        if _outer_unit(outer, sources, owner, index) is None:
+        if _outer_unit(_test(semi).this, sources, owner, index) is None:
             raise unsupported("IN (SELECT ...) over protected tables must test the outer query's privacy unit "
                               "column", HINT)
         items = select.expressions
@@ -147,12 +154,13 @@ def _reads_reference(select: exp.Select, index: PolicyIndex) -> bool:
 
 def _check_reference_list(semi: SemiJoin, index: PolicyIndex,
                           row_check: Callable[[ResolvedTable, str, exp.Expression, str], None],
-                          outer_check: Callable[[exp.Expression, str], None]) -> None:
+                          outer: OuterChecks) -> None:
     """``<outer expression> [NOT] IN (SELECT <column> FROM <reference table> [WHERE ...])``: the subquery reads only
     a table of public values, so the condition is a test of each row's own value against a list that holds no
     one's data, as ``IN ('a', 'b')`` is (the outer expression checked as such a test is); PostgreSQL answers it,
-    NULLs and NOT IN included. The subquery: one column of its table, DISTINCT, WHERE conditions over its own
-    columns checked as a reference table's row expressions, no other clause."""
+    NULLs and NOT IN included. An identifying column tested so is refused, as a reference table joined on one is
+    (a list of ids picks people out). The subquery: one column of its table, DISTINCT, WHERE conditions over its
+    own columns checked as a reference table's row expressions, no other clause."""
     select = semi.select
     extra = {key for key, value in select.args.items() if value not in (None, False, [], "")} \
         - {"expressions", "from_", "where", "distinct"}
@@ -177,7 +185,12 @@ def _check_reference_list(semi: SemiJoin, index: PolicyIndex,
         _own_columns(condition, reference, table)
         row_check(table, reference, condition, "WHERE")
     test = _test(semi)
-    outer_check(exp.In(this=test.this.copy(), expressions=[exp.Literal.string("")]), "WHERE")
+    for column in test.this.find_all(exp.Column):
+        if isinstance(column.this, exp.Identifier) \
+                and outer.is_identifier(identifier(column.args.get("table")), identifier(column.this) or ""):
+            raise forbidden(f"identifying column {sql(column)} cannot be tested against reference table "
+                            f"{table.policy_name}: a list of its values picks people out", REFERENCE_HINT)
+    outer.row(exp.In(this=test.this.copy(), expressions=[exp.Literal.string("")]), "WHERE")
 
 
 def _test(semi: SemiJoin) -> exp.In:
