@@ -299,6 +299,8 @@ REFERENCE_REFUSED = {
                        "WHERE kind IN (SELECT kind FROM channel_kinds)) GROUP BY 1", "may not nest another query"),
     "a condition that could fail": ("SELECT channel, count(*) FROM visits WHERE channel IN (SELECT channel FROM "
                                     "channel_kinds WHERE length(kind) / 0 > 1) GROUP BY 1", "division by 0"),
+    "a subquery tested": ("SELECT channel, count(*) FROM visits WHERE (SELECT max(v2.channel) FROM visits v2) IN "
+                          "(SELECT channel FROM channel_kinds) GROUP BY 1", "subqueries"),
     "NOT IN over visits": ("SELECT sex, count(*) FROM adult WHERE id NOT IN (SELECT person_id FROM visits) GROUP BY 1",
                            "NOT IN (SELECT ...) is not allowed over protected tables"),
 }
