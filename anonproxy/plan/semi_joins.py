@@ -14,7 +14,9 @@ outer query only by ``<inner unit column> = <outer unit column>`` (EXISTS) or by
 conditions pass the checks of a WHERE condition over its own table (the allowlist and the no-error proof). An
 EXISTS subquery may end in ORDER BY (which changes nothing, its expressions checked as the conditions are) and a
 positive LIMIT; IN (SELECT ... LIMIT n) is refused (:data:`LIMIT_MESSAGE`). ``NOT IN`` is refused (a NULL among
-the inner values makes it NULL for everyone); anything else with a subquery stays refused by the analysis. The
+the inner values makes it NULL for everyone), except over a reference table: ``<expression> [NOT] IN (SELECT
+<column> FROM <reference table> ...)`` tests each row against a list of public values, answered as PostgreSQL
+answers it (:func:`_check_reference_list`); anything else with a subquery stays refused by the analysis. The
 outer column may be a derived table's column that passes the unit column through under its own name
 (:mod:`anonproxy.plan.flatten` substitutes it).
 """
