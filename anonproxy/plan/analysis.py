@@ -37,11 +37,10 @@ from anonproxy.plan.expressions import (
     unwrap,
     window_function,
 )
-from anonproxy.plan.flatten import fanout_keys
 from anonproxy.plan.joins import REFERENCE_HINT, Source, check_joins, join_side
 from anonproxy.plan.names import output_name, own_nodes
 from anonproxy.plan.post_aggregate import PostAggregate, compile_outer
-from anonproxy.plan.refusals import Refusal, forbidden, unsupported
+from anonproxy.plan.refusals import Refusal, fanout_keys, forbidden, unsupported
 from anonproxy.plan.relations import check_relations
 from anonproxy.plan.render import sql
 from anonproxy.plan.statements import PARSE_HINT, Statement
@@ -219,7 +218,8 @@ def _analyze(statement: Statement, tree: exp.Expression, index: PolicyIndex, par
     for semi in semis:
         semi_joins.check(semi, sources, owner, index, lambda table, name, node, clause: Checker(
             Scope(references={name: table}, identifiers={name: _identifier_columns(table)}), params,
-            table.policy_name, dp, statement.source, zones=index.policy.zones).row(node, clause))
+            table.policy_name, dp, statement.source, zones=index.policy.zones).row(node, clause),
+            semi_joins.OuterChecks(checker.row, checker.scope.is_identifier))
 
     items = _items(tree, checker, dp, statement.source)
     key_nodes, group_by = _grouping(tree, items, checker)
