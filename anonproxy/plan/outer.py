@@ -48,6 +48,7 @@ from sqlglot import exp
 from anonproxy.plan import render, set_operations, spines
 from anonproxy.plan.expressions import Checker, Scope
 from anonproxy.plan.flatten import SAMPLE_MESSAGE, is_aggregate, over_released
+from anonproxy.plan.joins import conjuncts
 from anonproxy.plan.names import output_name, own_nodes, reference, sources
 from anonproxy.plan.refusals import unsupported
 from anonproxy.plan.tables import ResolvedTable, identifier
@@ -468,7 +469,7 @@ def series(select: exp.Select, position: int, source: str) -> Series:
             or join.args.get("method") or join.args.get("on") is None:
         raise unsupported("a joined aggregate query must be joined with [INNER] JOIN ... ON", SERIES_HINT)
     keys, null_safe = [], []
-    for condition in _conjuncts(join.args["on"]):
+    for condition in conjuncts(join.args["on"]):
         if not isinstance(condition, (exp.EQ, exp.NullSafeEQ)):
             raise unsupported("the ON condition of a joined aggregate query must be equalities (= or IS NOT "
                               "DISTINCT FROM) with its columns", SERIES_HINT)
@@ -519,13 +520,6 @@ def _reads(node: exp.Expression, alias: str | None, names: tuple[str, ...]) -> b
         if identifier(table) == alias if table is not None else identifier(column.this) in names:
             return True
     return False
-
-
-def _conjuncts(node: exp.Expression) -> list[exp.Expression]:
-    node = _unparen(node)
-    if isinstance(node, exp.And):
-        return _conjuncts(node.this) + _conjuncts(node.expression)
-    return [node]
 
 
 def _unparen(node: exp.Expression) -> exp.Expression:
