@@ -34,6 +34,7 @@ from functools import lru_cache
 
 from sqlglot import exp
 
+from anonproxy.plan.expressions import unparen
 from anonproxy.plan.joins import conjuncts
 from anonproxy.plan.refusals import unsupported
 from anonproxy.plan.render import sql as render
@@ -179,16 +180,10 @@ def _time_places(tree: exp.Expression, times: TimeColumns) -> Iterator[tuple[exp
         else:
             continue
         for column, operand in pairs:
-            column, operand = _unparen(column), _unparen(operand)
+            column, operand = unparen(column), unparen(operand)
             oid = times(column) if isinstance(column, exp.Column) else None
             if oid is not None and isinstance(operand, exp.Parameter) and _numbered(operand):
                 yield operand, oid
-
-
-def _unparen(node: exp.Expression) -> exp.Expression:
-    while isinstance(node, exp.Paren):
-        node = node.this
-    return node
 
 
 def _pattern_parts(pattern: exp.Expression) -> Iterator[tuple[exp.Expression, str]]:
