@@ -34,6 +34,7 @@ from anonproxy.plan.expressions import (
     Scope,
     contains_aggregate,
     has_post_aggregate,
+    unparen,
     unwrap,
     window_function,
 )
@@ -731,16 +732,10 @@ def _inline_subquery(node: exp.Subquery) -> None:
     if isinstance(inner, exp.Select) and _set_args(inner) == {"expressions"} and len(inner.expressions) == 1 \
             and not isinstance(inner.expressions[0], exp.Alias):
         inner = inner.expressions[0]
-    if isinstance(_unparenthesised(inner), (exp.Literal, exp.Neg)):
+    if isinstance(unparen(inner), (exp.Literal, exp.Neg)):
         return  # (SELECT 1) is no number: GROUP BY (1) or ORDER BY (1) would name a select item's position
     if not isinstance(inner, exp.Query) and not any(isinstance(part, _NOT_CONSTANT) for part in inner.walk()):
         node.replace(exp.Paren(this=inner))
-
-
-def _unparenthesised(node: exp.Expression) -> exp.Expression:
-    while isinstance(node, exp.Paren):
-        node = node.this
-    return node
 
 
 # What a subquery's expression may not hold to be inlined: it must be a constant (or the clock).

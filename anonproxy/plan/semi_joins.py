@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 from sqlglot import exp
 
+from anonproxy.plan.expressions import unparen
 from anonproxy.plan.joins import Source, conjuncts
 from anonproxy.plan.refusals import forbidden, unsupported
 from anonproxy.plan.render import sql
@@ -216,9 +217,9 @@ def render(semi: SemiJoin, index: PolicyIndex) -> str:
 
 def _semi_join(node: exp.Expression) -> SemiJoin | None:
     """``node`` as a semi-join conjunct by its form (checked later), or None."""
-    node = _unparen(node)
+    node = unparen(node)
     negated = isinstance(node, exp.Not)
-    inner = _unparen(node.this) if negated else node
+    inner = unparen(node.this) if negated else node
     if isinstance(inner, exp.Exists) and isinstance(inner.this, exp.Select):
         return SemiJoin(node, inner.this, exists=True)
     if isinstance(inner, exp.In) and isinstance(inner.args.get("query"), exp.Subquery) \
@@ -265,7 +266,7 @@ def _correlation(condition: exp.Expression, reference: str, unit: str, sources: 
     whether anyone's row passes)."""
     if not isinstance(condition, exp.EQ):
         return False
-    sides = [_unparen(condition.this), _unparen(condition.expression)]
+    sides = [unparen(condition.this), unparen(condition.expression)]
     for mine, other in (sides, sides[::-1]):
         if _is_inner_unit(mine, reference, unit) and isinstance(other, exp.Column) \
                 and other.args.get("table") is not None and identifier(other.args["table"]) != reference \
@@ -275,14 +276,14 @@ def _correlation(condition: exp.Expression, reference: str, unit: str, sources: 
 
 
 def _is_inner_unit(node: exp.Expression, reference: str, unit: str) -> bool:
-    node = _unparen(node)
+    node = unparen(node)
     return isinstance(node, exp.Column) and identifier(node.this) == unit \
         and identifier(node.args.get("table")) in (None, reference) and node.args.get("db") is None
 
 
 def _outer_unit(node: exp.Expression, sources: list[Source], owner: str, index: PolicyIndex) -> Source | None:
     """The outer source whose privacy unit column ``node`` names (qualified, or bare when one source has it)."""
-    node = _unparen(node)
+    node = unparen(node)
     if not isinstance(node, exp.Column) or node.args.get("db") is not None:
         return None
     table, name = identifier(node.args.get("table")), identifier(node.this)
@@ -317,9 +318,3 @@ def _constant_item(item: exp.Expression) -> bool:
 def _positive(limit: exp.Expression) -> bool:
     count = limit.expression if isinstance(limit, exp.Limit) else None
     return isinstance(count, exp.Literal) and not count.is_string and count.name.isdigit() and int(count.name) > 0
-
-
-def _unparen(node: exp.Expression) -> exp.Expression:
-    while isinstance(node, exp.Paren):
-        node = node.this
-    return node
