@@ -198,7 +198,7 @@ def _check_reference_list(semi: SemiJoin, index: PolicyIndex,
 
 def _test(semi: SemiJoin) -> exp.In:
     """The IN node of an IN or NOT IN semi-join."""
-    node = _unparen(semi.node.this) if semi.negated else semi.node
+    node = unparen(semi.node.this) if semi.negated else semi.node
     assert isinstance(node, exp.In)
     return node
 
