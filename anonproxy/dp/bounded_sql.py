@@ -121,12 +121,14 @@ def _bounded(keys: list[str], rows_cap: int, groups_cap: int) -> str:
             "(SELECT * FROM (",
             f"  SELECT *, row_number() OVER (PARTITION BY {UNIT} ORDER BY random()) AS anonproxy_row_rank",
             f"  FROM {ROWS}",
-            f") AS anonproxy_ranked WHERE anonproxy_row_rank <= 1) AS {BOUNDED}  -- one row per unit, chosen at random"])
+            ") AS anonproxy_ranked WHERE anonproxy_row_rank <= 1",
+            f") AS {BOUNDED}  -- one row per unit, chosen at random"])
     cell = ", ".join([UNIT, *keys])
     # The first random number of a cell (unit, group) in the cell's random order is the cell's own. It is a column
     # of the subquery below it: an argument of first_value would be evaluated again for each row.
     cells = "\n".join([
-        "(SELECT *, row_number() OVER cell AS anonproxy_row_rank, first_value(anonproxy_r) OVER cell AS anonproxy_cell_r",
+        "(SELECT *, row_number() OVER cell AS anonproxy_row_rank,",
+        "    first_value(anonproxy_r) OVER cell AS anonproxy_cell_r",
         f"  FROM (SELECT *, random() AS anonproxy_r FROM {ROWS}) AS anonproxy_drawn",
         f"  WINDOW cell AS (PARTITION BY {cell} ORDER BY anonproxy_r)",
         f") AS {CELLS}  -- a random order of each unit's rows per group, a random number per (unit, group)"])
@@ -134,9 +136,9 @@ def _bounded(keys: list[str], rows_cap: int, groups_cap: int) -> str:
     if keys:
         ranked = (f"SELECT *, dense_rank() OVER (PARTITION BY {UNIT} ORDER BY anonproxy_cell_r, {', '.join(keys)}) "
                   "AS anonproxy_group_rank")
-    return "\n".join([f"({ranked}", f"FROM {cells}", f"WHERE anonproxy_row_rank <= {rows_cap}) AS {BOUNDED}"
-                      f"  -- at most {rows_cap} row(s) per unit and group" + (", groups ranked at random per unit"
-                                                                               if keys else "")])
+    comment = f"at most {rows_cap} row(s) per unit and group" + (", groups ranked at random per unit" if keys else "")
+    return "\n".join([f"({ranked}", f"FROM {cells}", f"WHERE anonproxy_row_rank <= {rows_cap}",
+                      f") AS {BOUNDED}  -- {comment}"])
 
 
 def _over_domain(statistics: list[Statistic], keys: list[str], public: list[Domain]) -> str:
