@@ -40,7 +40,8 @@ import signal
 import socket
 import subprocess
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
 
@@ -179,9 +180,7 @@ class EmbeddedPostgres:
 
     def start(self, timeout: float = 30) -> None:
         """Initialise the data directory if needed and start the server; wait until it accepts connections."""
-        if self._running:
-            raise EmbeddedPostgresError(f"the server in {self.data_dir} is already started")
-        try:
+        with self._starting():
             data_dir = self._prepare_data_dir()
             self.created = not (data_dir / "PG_VERSION").exists()
             if self.created:
@@ -190,18 +189,11 @@ class EmbeddedPostgres:
             self.port = self._requested_port or _free_port()
             self._write_config(data_dir)
             self._pg_ctl_start(data_dir, timeout)
-        except BaseException:
-            self._remove_temp_dirs()
-            self._remove_created_dirs()
-            raise
-        self._running = True
 
     def start_standby_of(self, primary: EmbeddedPostgres, timeout: float = 60) -> None:
         """Start as a hot standby of the running ``primary``: a base backup of it (which brings its superuser and
         password), then streaming replication, named ``standby_<port>`` in its pg_stat_replication."""
-        if self._running:
-            raise EmbeddedPostgresError(f"the server in {self.data_dir} is already started")
-        try:
+        with self._starting():
             data_dir = self._prepare_data_dir()
             self.port = self._requested_port or _free_port()
             source = make_conninfo(primary.conninfo(), application_name=f"standby_{self.port}")
@@ -215,11 +207,6 @@ class EmbeddedPostgres:
             self.password = self._read_password(data_dir)
             self._write_config(data_dir)
             self._pg_ctl_start(data_dir, timeout)
-        except BaseException:
-            self._remove_temp_dirs()
-            self._remove_created_dirs()
-            raise
-        self._running = True
 
     def promote(self, timeout: float = 60) -> None:
         """End recovery: this standby becomes a primary (pg_ctl promote, waiting until it accepts writes)."""
@@ -383,6 +370,19 @@ class EmbeddedPostgres:
         self._write_file(data_dir / "pg_hba.conf", "# Written by anonproxy at every start.\n" + "\n".join(hba) + "\n")
 
     # -- server process -------------------------------------------------------
+
+    @contextmanager
+    def _starting(self) -> Iterator[None]:
+        """A start: refused while the server runs; if it fails, what it made is removed; if not, the server runs."""
+        if self._running:
+            raise EmbeddedPostgresError(f"the server in {self.data_dir} is already started")
+        try:
+            yield
+        except BaseException:
+            self._remove_temp_dirs()
+            self._remove_created_dirs()
+            raise
+        self._running = True
 
     def _pg_ctl_start(self, data_dir: Path, timeout: float) -> None:
         pg_ctl = self._bin("pg_ctl")

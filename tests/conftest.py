@@ -9,6 +9,7 @@ process, with two workers so that cancel requests cross workers.
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import socket
@@ -20,7 +21,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import psycopg
 import pytest
@@ -271,6 +272,32 @@ def corpus_roles(dp_role: str) -> tuple[Callable[..., Any], Callable[..., Any]]:
     def analyst(truth: psycopg.Connection, gated_proxy: Endpoint, gated_database: str) -> Iterator[psycopg.Connection]:
         with fresh_dp_role(truth, gated_proxy, gated_database, dp_role, epsilon=1000, delta=0.5) as role, \
                 psycopg.connect(gated_proxy.dsn(gated_database, user=role), autocommit=True) as conn:
+            yield conn
+
+    return reporter, analyst
+
+
+def attack_roles(dp_role: str, epsilon: float = 20, scope: Literal["function", "module"] = "function",
+                 timezone: str | None = None) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """Fixtures ``reporter`` and ``analyst`` for an attack test module: a connection (autocommit) through the gated
+    proxy as ``reporter`` (the demo's suppress role: k = 10, dominance (2, 85 %), p 10 %, a suppressed-rest row), and
+    one as a dp role of the module's own with ``epsilon`` in all (0.5 a question), its session in ``timezone`` if
+    given. Made anew for each test (each test then has a dp role of its own, ``dp_role`` and a number), or once for
+    the module (``scope``; the role is then ``dp_role``). Use: ``reporter, analyst = attack_roles("dp_round10")``."""
+    numbers = itertools.count(1)
+
+    @pytest.fixture(scope=scope, name="reporter")
+    def reporter(gated_proxy: Endpoint, gated_database: str) -> Iterator[psycopg.Connection]:
+        with psycopg.connect(gated_proxy.dsn(gated_database, user="reporter"), autocommit=True) as conn:
+            yield conn
+
+    @pytest.fixture(scope=scope, name="analyst")
+    def analyst(truth: psycopg.Connection, gated_proxy: Endpoint, gated_database: str) -> Iterator[psycopg.Connection]:
+        name = dp_role if scope == "module" else f"{dp_role}_{next(numbers)}"
+        with fresh_dp_role(truth, gated_proxy, gated_database, name, epsilon=epsilon) as role, \
+                psycopg.connect(gated_proxy.dsn(gated_database, user=role), autocommit=True) as conn:
+            if timezone is not None:
+                conn.execute(f"set timezone = '{timezone}'")
             yield conn
 
     return reporter, analyst

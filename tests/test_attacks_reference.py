@@ -126,9 +126,11 @@ REFUSED = [
     # a snowflake link to a table that comes later
     ("select count(*) from adult a join continents k on k.name = c.continent join countries c "
      "on c.name = a.native_country", "0A000", "public.continents must be joined"),
-    # reference tables in subqueries and set operations
-    ("select count(*) from adult a where a.native_country in (select name from countries)", "0A000",
-     "semi-join subquery may read only"),
+    # reference tables in subqueries and set operations (IN over one is answered, round 14; not on an identifier)
+    ("select count(*) from adult a where a.id in (select p.id from ref_people p where p.nickname = 'person 17')",
+     "42501", "identifying column a.id cannot be tested against reference table public.ref_people"),
+    ("select count(*) from adult a where a.native_country in (select c.name from countries c where c.population "
+     "/ 0 > 1)", "0A000", "not allowed in WHERE"),
     ("select count(*) from adult a where exists (select 1 from countries c where c.name = a.native_country)",
      "0A000", "semi-join subquery may read only"),
     ("select count(*) from adult union all select name from countries", "0A000", "UNION"),
@@ -199,6 +201,10 @@ ALLOWED = [
     'join countries c on c.name = "_".native_country) "rows" group by 1',
     "select a.sex, count(c.name) from adult a left join (select * from countries where population > 1000) c "
     "on c.name = a.native_country group by 1",
+    # a list of a reference table's values (round 14)
+    "select count(*) from adult a where a.native_country in (select name from countries)",
+    "select a.sex, count(*) from adult a where a.native_country not in (select c.name from countries c where "
+    "c.continent = 'Europe') group by 1",
 ]
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from conftest import Endpoint, fresh_dp_role
+from conftest import attack_roles
 
 from anonproxy.dp.answers import folded
 from anonproxy.plan import bounds
@@ -28,20 +28,7 @@ Rows = list[tuple[Any, ...]]
 BY_AGE = "select age, count(*) as n from adult group by age"
 
 
-@pytest.fixture
-def reporter(gated_proxy: Endpoint, gated_database: str) -> Iterator[psycopg.Connection[Any]]:
-    """The demo's suppress role: k = 10, dominance (2, 85 %), p 10 %, a suppressed-rest row."""
-    with psycopg.connect(gated_proxy.dsn(gated_database, user="reporter"), autocommit=True) as conn:
-        yield conn
-
-
-@pytest.fixture
-def analyst(truth: psycopg.Connection[Any], gated_proxy: Endpoint,
-            gated_database: str) -> Iterator[psycopg.Connection[Any]]:
-    """A dp role of its own (ε 20 in all)."""
-    with fresh_dp_role(truth, gated_proxy, gated_database, "dp_round10", epsilon=20), \
-            psycopg.connect(gated_proxy.dsn(gated_database, user="dp_round10"), autocommit=True) as conn:
-        yield conn
+reporter, analyst = attack_roles("dp_round10")
 
 
 @pytest.fixture(scope="module")

@@ -10,30 +10,16 @@ answers where the proxy should answer as PostgreSQL does."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 import pytest
-from conftest import Endpoint, fresh_dp_role
+from conftest import Endpoint, attack_roles
 
 Rows = list[tuple[Any, ...]]
 
 
-@pytest.fixture
-def reporter(gated_proxy: Endpoint, gated_database: str) -> Iterator[psycopg.Connection[Any]]:
-    """The demo's suppress role: k = 10, dominance (2, 85 %), p 10 %, a suppressed-rest row."""
-    with psycopg.connect(gated_proxy.dsn(gated_database, user="reporter"), autocommit=True) as conn:
-        yield conn
-
-
-@pytest.fixture
-def analyst(truth: psycopg.Connection[Any], gated_proxy: Endpoint,
-            gated_database: str) -> Iterator[psycopg.Connection[Any]]:
-    """A dp role of its own (ε 20 in all)."""
-    with fresh_dp_role(truth, gated_proxy, gated_database, "dp_round11", epsilon=20), \
-            psycopg.connect(gated_proxy.dsn(gated_database, user="dp_round11"), autocommit=True) as conn:
-        yield conn
+reporter, analyst = attack_roles("dp_round11")
 
 
 def outcome(conn: psycopg.Connection[Any], sql: str) -> Rows | str:

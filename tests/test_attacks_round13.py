@@ -28,17 +28,11 @@ from typing import Any
 
 import psycopg
 import pytest
-from conftest import Endpoint, fresh_dp_role
+from conftest import Endpoint, attack_roles
 from suppression_oracle import suppress
 
 
-@pytest.fixture(scope="module")
-def analyst(truth: psycopg.Connection[Any], gated_proxy: Endpoint,
-            gated_database: str) -> Iterator[psycopg.Connection[Any]]:
-    """A dp role of this module's own (ε 1000 in all, 0.5 a question)."""
-    with fresh_dp_role(truth, gated_proxy, gated_database, "dp_round13", epsilon=1000), \
-            psycopg.connect(gated_proxy.dsn(gated_database, user="dp_round13"), autocommit=True) as conn:
-        yield conn
+reporter, analyst = attack_roles("dp_round13", epsilon=1000, scope="module")
 
 
 @contextmanager
@@ -161,13 +155,6 @@ def test_an_order_by_refusal_quotes_the_expression_as_written(analyst: psycopg.C
 
 
 # --- a derived table's OFFSET 0, written or bound -----------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def reporter(gated_proxy: Endpoint, gated_database: str) -> Iterator[psycopg.Connection[Any]]:
-    """``reporter`` (suppress, k = 10) through the gated proxy."""
-    with psycopg.connect(gated_proxy.dsn(gated_database, user="reporter"), autocommit=True) as conn:
-        yield conn
-
 
 # Digits Python reads as 0 or as a digit and PostgreSQL's integer input does not: ARABIC-INDIC ZERO, SUPERSCRIPT
 # TWO, and a 0 after a no-break space (PostgreSQL skips only ASCII white space).

@@ -14,7 +14,6 @@ sit in a group near k.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 from collections import Counter
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -22,7 +21,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from conftest import Endpoint, fresh_dp_role, govern_by_demo_policy
+from conftest import attack_roles, govern_by_demo_policy
 from service_sql import run_as_service, sorted_rows
 
 from anonproxy.embedded import EmbeddedPostgres
@@ -33,28 +32,12 @@ from anonproxy.route.decide import decide
 from anonproxy.route.decision import Rewrite
 
 Rows = list[tuple[Any, ...]]
-_names = itertools.count(1)
 MONTHLY = ("select date_trunc('month', visited_at) as month, count(*) as n from visits "
            "where visited_at >= {0} and visited_at < {1} group by 1 order by 1")
 DECLARED = [datetime(2025 + m // 12, m % 12 + 1, 1, tzinfo=UTC) for m in range(24)]  # visits' declared range
 
 
-@pytest.fixture
-def reporter(gated_proxy: Endpoint, gated_database: str) -> Iterator[psycopg.Connection[Any]]:
-    """The demo's suppress role: k = 10, dominance (2, 85 %), p 10 %, a suppressed-rest row."""
-    with psycopg.connect(gated_proxy.dsn(gated_database, user="reporter"), autocommit=True) as conn:
-        yield conn
-
-
-@pytest.fixture
-def analyst(truth: psycopg.Connection[Any], gated_proxy: Endpoint,
-            gated_database: str) -> Iterator[psycopg.Connection[Any]]:
-    """A dp role of its own (ε 20 in all), its session in UTC."""
-    role = f"dp_round9_{next(_names)}"
-    with fresh_dp_role(truth, gated_proxy, gated_database, role, epsilon=20), \
-            psycopg.connect(gated_proxy.dsn(gated_database, user=role), autocommit=True) as conn:
-        conn.execute("set timezone = 'UTC'")
-        yield conn
+reporter, analyst = attack_roles("dp_round9", timezone="UTC")
 
 
 def _refusal(conn: psycopg.Connection[Any], sql: str, params: list[Any] | None = None) -> psycopg.Error:

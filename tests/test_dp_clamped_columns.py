@@ -17,7 +17,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from conftest import Endpoint, fresh_dp_role
+from conftest import attack_roles
 
 from anonproxy.dp.model import DPParams, DPPlan
 from anonproxy.dp.plan import plan_dp
@@ -29,13 +29,7 @@ from anonproxy.policy.store import load_policy
 BOUNDED = ("age", "hours_per_week", "capital_gain", "capital_loss")
 
 
-@pytest.fixture
-def analyst(truth: psycopg.Connection[Any], gated_proxy: Endpoint,
-            gated_database: str) -> Iterator[psycopg.Connection[Any]]:
-    """A dp role of its own (ε 1000 in all, 0.5 per query)."""
-    with fresh_dp_role(truth, gated_proxy, gated_database, "dp_clamped", epsilon=1000), \
-            psycopg.connect(gated_proxy.dsn(gated_database, user="dp_clamped"), autocommit=True) as conn:
-        yield conn
+analyst = attack_roles("dp_clamped", epsilon=1000)[1]
 
 
 @contextmanager

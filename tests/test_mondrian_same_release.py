@@ -8,8 +8,9 @@ outputs row for row and cell for cell, and the facts both return (rounds,
 partitions, atoms). The cases are those benchmarks/views/README.md lists:
 strict k = 10 on adult, k = 50, distinct ℓ, recursive (c,ℓ), entropy ℓ,
 t-closeness with its three distances, units of several rows (with and
-without ℓ), and the relaxed variant; and a QI without a hierarchy, whose
-cells are value sets.
+without ℓ), and the relaxed variant; a QI without a hierarchy, whose
+cells are value sets; and twelve QIs whose codes need a numeric key, two of
+them value sets.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ MIGRATION_0036 = (
     Path(__file__).resolve().parent.parent / "sql" / "0036_mondrian_lean.sql"
 )
 
-ADULT_QI = [
+ADULT_QI: list[dict[str, Any]] = [
     {"name": "age", "kind": "numeric", "hierarchy": None},
     {"name": "workclass", "kind": "categorical", "hierarchy": "adult.workclass"},
     {"name": "education_num", "kind": "numeric", "hierarchy": None},
@@ -55,6 +56,15 @@ HOURS = {"name": "hours_per_week", "kind": "numeric", "hierarchy": None}
 SMALL_QI = [q for q in ADULT_QI if q["name"] != "occupation"]
 # Occupation without its hierarchy: a class's cell lists the occupations it holds.
 SET_QI = [OCCUPATION_SET if q["name"] == "occupation" else q for q in ADULT_QI]
+# Twelve QIs whose codes do not fit in a bigint key (the product of their numbers of distinct
+# values on adult is 6.6e18, more than 2^62: the key is numeric), two of them value sets.
+NUMERIC_KEY_QI: list[dict[str, Any]] = [
+    {"name": name, "kind": "numeric", "hierarchy": None}
+    for name in ("fnlwgt", "capital_gain", "capital_loss", "hours_per_week")
+] + [
+    {**q, "hierarchy": None} if q["name"] in ("workclass", "marital_status") else q
+    for q in ADULT_QI
+]
 
 ONE_ROW_PER_UNIT = "id::text"
 TWO_ROWS_PER_UNIT = (
@@ -67,6 +77,7 @@ CASES: dict[
     "strict k=10": (ONE_ROW_PER_UNIT, ADULT_QI, None, {"k": 10}),
     "strict k=50": (ONE_ROW_PER_UNIT, ADULT_QI, None, {"k": 50}),
     "strict k=10, value sets": (ONE_ROW_PER_UNIT, SET_QI, None, {"k": 10}),
+    "strict k=10, numeric key, two value sets": (ONE_ROW_PER_UNIT, NUMERIC_KEY_QI, None, {"k": 10}),
     "distinct l=2": (
         ONE_ROW_PER_UNIT,
         ADULT_QI,

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from anonproxy.wire import protocol as pg
-from anonproxy.wire.framing import BoundaryTracker, MessageBuffer
+from anonproxy.wire.framing import BoundaryTracker, MessageBuffer, offsets
 
 
 def test_startup_message_round_trip() -> None:
@@ -111,6 +111,19 @@ def test_framers_follow_any_split(items: list[tuple[bytes, bytes]], cuts: list[i
         assert tracker.at_boundary == (end in boundaries)
     assert seen == items
     assert tracker.idle and tracker.last_type == b"Z"
+
+
+@settings(max_examples=300, deadline=None)
+@given(messages)
+def test_offsets_are_where_the_messages_of_the_asked_types_begin(items: list[tuple[bytes, bytes]]) -> None:
+    """``offsets`` (the gate's one walk over an answer's headers) finds each ErrorResponse and ReadyForQuery where it
+    was put in the stream, and nothing else, whatever bytes the bodies hold."""
+    stream, expected = b"", []
+    for type_, body in items:
+        if type_ in (b"E", b"Z"):
+            expected.append(len(stream))
+        stream += pg.message(type_, body)
+    assert offsets(stream, b"EZ") == expected
 
 
 @settings(max_examples=300, deadline=None)

@@ -80,39 +80,19 @@ def bounded_sql(query: AnalyticQuery, statistics: list[Statistic], public: list[
     plain = [f"SELECT {', '.join(select[1:])}", f"FROM {query.from_sql}", *where]
     if _single_by_policy(query):
         return _single(query, statistics, public, keys, arguments, typecheck)
-    rows = [f"SELECT {', '.join([*select, 'random() AS anonproxy_r'])}", f"FROM {query.from_sql}", *where]
+    rows = [f"SELECT {', '.join(select)}", f"FROM {query.from_sql}", *where]
     ctes = [*typecheck,
             (GUARD, _guard(query), ("true when every table holds at most one row per unit (a valid unique index on "
              "its non-null unit column, no child table), as of this statement's snapshot: then no row needs to be "
              "dropped")),
             (PLAIN, "\n".join(plain), "the client's FROM and WHERE, when each unit has at most one row"),
-            (ROWS, "\n".join(rows), "the client's FROM and WHERE, with a random number per row")]
-    if rows_cap == 1 and (groups_cap == 1 or not keys):
-        # One random row per unit (so one group): a single sort. Each group then has one row per unit.
-        ctes.append((BOUNDED, "\n".join([
-            "SELECT * FROM (",
-            f"  SELECT *, row_number() OVER (PARTITION BY {UNIT} ORDER BY anonproxy_r) AS anonproxy_row_rank",
-            f"  FROM {ROWS}",
-            ") AS ranked WHERE anonproxy_row_rank = 1"]), "one row per unit, chosen at random"))
-    else:
-        cell = ", ".join([UNIT, *keys])
-        # The first random number of a cell (unit, group) in the cell's random order is the cell's own.
-        cells = [("SELECT *, row_number() OVER cell AS anonproxy_row_rank, first_value(anonproxy_r) OVER cell "
-                 "AS anonproxy_cell_r"), f"FROM {ROWS}", f"WINDOW cell AS (PARTITION BY {cell} ORDER BY anonproxy_r)"]
-        bounded = ["SELECT *"]
-        if keys:
-            bounded = [(f"SELECT *, dense_rank() OVER (PARTITION BY {UNIT} ORDER BY anonproxy_cell_r, "
-                        f"{', '.join(keys)}) AS anonproxy_group_rank")]
-        bounded += [f"FROM {CELLS}", f"WHERE anonproxy_row_rank <= {rows_cap}"]
-        ctes += [(CELLS, "\n".join(cells), ("a random order of each unit's rows per group, a random number per "
-                  "(unit, group)")),
-                 (BOUNDED, "\n".join(bounded), f"at most {rows_cap} row(s) per unit and group" +
-                  (", groups ranked at random per unit" if keys else ""))]
+            (ROWS, "\n".join(rows), "the client's FROM and WHERE, with the unit")]
+    bounded = _bounded(keys, rows_cap, groups_cap)
     # Two branches, only one of which runs: the guard is a one-time filter (PostgreSQL skips the other scan). The
     # same guard in HAVING drops the row an aggregate without GROUP BY returns for no input.
     single = f"(SELECT single FROM {GUARD})"
     branches = []
-    for source, condition, bounded_rows in ((PLAIN, single, False), (BOUNDED, f"NOT {single}", True)):
+    for source, condition, bounded_rows in ((PLAIN, single, False), (bounded, f"NOT {single}", True)):
         aggregates = [f"{_aggregate(stat, arguments, bounded_rows)} AS {stat.name}" for stat in statistics]
         conditions = [condition]
         if bounded_rows and keys and not (rows_cap == 1 and groups_cap == 1):
@@ -126,6 +106,39 @@ def bounded_sql(query: AnalyticQuery, statistics: list[Statistic], public: list[
     ctes.append((STATS, final, f"at most {groups_cap} group(s) per unit; exact per-group statistics"))
     ctes.append(_domain_cte(public, keys))
     return _with(ctes) + "\n" + _over_domain(statistics, keys, public)
+
+
+def _bounded(keys: list[str], rows_cap: int, groups_cap: int) -> str:
+    """The bounded rows of ``anonproxy_rows``, as a subquery of the FROM that reads them. Not a CTE: the random
+    numbers make it volatile, and PostgreSQL materializes a volatile CTE (every row written to a tuplestore, on disk
+    past work_mem), where a subquery streams and leaves the rows' CTE inlined, so that an index leading with the
+    unit can give the window its order (an incremental sort of each unit's rows)."""
+    if rows_cap == 1 and (groups_cap == 1 or not keys):
+        # One random row per unit (so one group): a single sort. Each group then has one row per unit. "<= 1", not
+        # "= 1" (the same rows): its default estimate for "=" keeps 0.5 % of the rows, and PostgreSQL then sorted the
+        # kept rows by group (on disk past work_mem) where it hashes them now.
+        return "\n".join([
+            "(SELECT * FROM (",
+            f"  SELECT *, row_number() OVER (PARTITION BY {UNIT} ORDER BY random()) AS anonproxy_row_rank",
+            f"  FROM {ROWS}",
+            ") AS anonproxy_ranked WHERE anonproxy_row_rank <= 1",
+            f") AS {BOUNDED}  -- one row per unit, chosen at random"])
+    cell = ", ".join([UNIT, *keys])
+    # The first random number of a cell (unit, group) in the cell's random order is the cell's own. It is a column
+    # of the subquery below it: an argument of first_value would be evaluated again for each row.
+    cells = "\n".join([
+        "(SELECT *, row_number() OVER cell AS anonproxy_row_rank,",
+        "    first_value(anonproxy_r) OVER cell AS anonproxy_cell_r",
+        f"  FROM (SELECT *, random() AS anonproxy_r FROM {ROWS}) AS anonproxy_drawn",
+        f"  WINDOW cell AS (PARTITION BY {cell} ORDER BY anonproxy_r)",
+        f") AS {CELLS}  -- a random order of each unit's rows per group, a random number per (unit, group)"])
+    ranked = "SELECT *"
+    if keys:
+        ranked = (f"SELECT *, dense_rank() OVER (PARTITION BY {UNIT} ORDER BY anonproxy_cell_r, {', '.join(keys)}) "
+                  "AS anonproxy_group_rank")
+    comment = f"at most {rows_cap} row(s) per unit and group" + (", groups ranked at random per unit" if keys else "")
+    return "\n".join([f"({ranked}", f"FROM {cells}", f"WHERE anonproxy_row_rank <= {rows_cap}",
+                      f") AS {BOUNDED}  -- {comment}"])
 
 
 def _over_domain(statistics: list[Statistic], keys: list[str], public: list[Domain]) -> str:

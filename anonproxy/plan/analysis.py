@@ -34,14 +34,14 @@ from anonproxy.plan.expressions import (
     Scope,
     contains_aggregate,
     has_post_aggregate,
+    unparen,
     unwrap,
     window_function,
 )
-from anonproxy.plan.flatten import fanout_keys
 from anonproxy.plan.joins import REFERENCE_HINT, Source, check_joins, join_side
 from anonproxy.plan.names import output_name, own_nodes
 from anonproxy.plan.post_aggregate import PostAggregate, compile_outer
-from anonproxy.plan.refusals import Refusal, forbidden, unsupported
+from anonproxy.plan.refusals import Refusal, fanout_keys, forbidden, unsupported
 from anonproxy.plan.relations import check_relations
 from anonproxy.plan.render import sql
 from anonproxy.plan.statements import PARSE_HINT, Statement
@@ -219,7 +219,8 @@ def _analyze(statement: Statement, tree: exp.Expression, index: PolicyIndex, par
     for semi in semis:
         semi_joins.check(semi, sources, owner, index, lambda table, name, node, clause: Checker(
             Scope(references={name: table}, identifiers={name: _identifier_columns(table)}), params,
-            table.policy_name, dp, statement.source, zones=index.policy.zones).row(node, clause))
+            table.policy_name, dp, statement.source, zones=index.policy.zones).row(node, clause),
+            semi_joins.OuterChecks(checker.row, checker.scope.is_identifier))
 
     items = _items(tree, checker, dp, statement.source)
     key_nodes, group_by = _grouping(tree, items, checker)
@@ -731,16 +732,10 @@ def _inline_subquery(node: exp.Subquery) -> None:
     if isinstance(inner, exp.Select) and _set_args(inner) == {"expressions"} and len(inner.expressions) == 1 \
             and not isinstance(inner.expressions[0], exp.Alias):
         inner = inner.expressions[0]
-    if isinstance(_unparenthesised(inner), (exp.Literal, exp.Neg)):
+    if isinstance(unparen(inner), (exp.Literal, exp.Neg)):
         return  # (SELECT 1) is no number: GROUP BY (1) or ORDER BY (1) would name a select item's position
     if not isinstance(inner, exp.Query) and not any(isinstance(part, _NOT_CONSTANT) for part in inner.walk()):
         node.replace(exp.Paren(this=inner))
-
-
-def _unparenthesised(node: exp.Expression) -> exp.Expression:
-    while isinstance(node, exp.Paren):
-        node = node.this
-    return node
 
 
 # What a subquery's expression may not hold to be inlined: it must be a constant (or the clock).

@@ -34,6 +34,8 @@ from functools import lru_cache
 
 from sqlglot import exp
 
+from anonproxy.plan.expressions import unparen
+from anonproxy.plan.joins import conjuncts
 from anonproxy.plan.refusals import unsupported
 from anonproxy.plan.render import sql as render
 from anonproxy.plan.statements import parse_statement, split
@@ -170,7 +172,7 @@ _COMPARISONS = (exp.GT, exp.GTE, exp.LT, exp.LTE, exp.EQ)
 def _time_places(tree: exp.Expression, times: TimeColumns) -> Iterator[tuple[exp.Parameter, int]]:
     """The bare parameters compared with a time column in the conjuncts of ``tree``'s WHERE, with its type."""
     where = tree.args.get("where") if isinstance(tree, exp.Select) else None
-    for condition in _conjuncts(where.this if where is not None else None):
+    for condition in conjuncts(where.this) if where is not None else []:
         if isinstance(condition, exp.Between) and not condition.args.get("symmetric"):
             pairs = [(condition.this, condition.args["low"]), (condition.this, condition.args["high"])]
         elif isinstance(condition, _COMPARISONS):
@@ -178,23 +180,10 @@ def _time_places(tree: exp.Expression, times: TimeColumns) -> Iterator[tuple[exp
         else:
             continue
         for column, operand in pairs:
-            column, operand = _unparen(column), _unparen(operand)
+            column, operand = unparen(column), unparen(operand)
             oid = times(column) if isinstance(column, exp.Column) else None
             if oid is not None and isinstance(operand, exp.Parameter) and _numbered(operand):
                 yield operand, oid
-
-
-def _conjuncts(node: exp.Expression | None) -> list[exp.Expression]:
-    node = _unparen(node) if node is not None else None
-    if isinstance(node, exp.And):
-        return _conjuncts(node.this) + _conjuncts(node.expression)
-    return [node] if node is not None else []
-
-
-def _unparen(node: exp.Expression) -> exp.Expression:
-    while isinstance(node, exp.Paren):
-        node = node.this
-    return node
 
 
 def _pattern_parts(pattern: exp.Expression) -> Iterator[tuple[exp.Expression, str]]:

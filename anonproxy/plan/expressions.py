@@ -1183,6 +1183,13 @@ def unwrap(node: exp.Expression) -> exp.Expression:
     return node
 
 
+def unparen(node: exp.Expression) -> exp.Expression:
+    """The expression under parentheses."""
+    while isinstance(node, exp.Paren):
+        node = node.this
+    return node
+
+
 def distinct_column(argument: exp.Expression, column_type: Callable[[exp.Column], str | None]) -> exp.Column | None:
     """The column ``argument`` is, under parentheses and casts that keep its values apart (to text of
     :data:`DISTINCT_TO_TEXT`, to a wider integer), or None: count(DISTINCT CAST(col AS TEXT)) is then

@@ -50,7 +50,7 @@ from collections import Counter
 from sqlglot import exp
 
 from anonproxy.plan.names import output_name, own_nodes, reference, sources
-from anonproxy.plan.refusals import Refusal, forbidden, unsupported
+from anonproxy.plan.refusals import forbidden, unsupported
 from anonproxy.plan.set_operations import selects
 from anonproxy.plan.spines import is_spine
 from anonproxy.plan.tables import identifier
@@ -551,15 +551,3 @@ def _outside_window(node: exp.Expression, select: exp.Select) -> bool:
         parent = parent.parent
     return True
 
-
-# Lightdash counts a metric of a table that a one-to-many join repeats once per key with its fan-out CTEs; the
-# proxy answers the one aggregate over the join, where count(DISTINCT <unit>) counts each person once.
-FANOUT_HINT = ("Aggregate over the join directly: SELECT <dimensions>, count(DISTINCT <protected>.<unit>), "
-               "sum(...) FROM <protected table> [LEFT] JOIN <linked table> ON <linked>.<key> = <protected>.<unit> "
-               "GROUP BY <dimensions> (in Lightdash, a count distinct metric needs no fan-out CTEs).")
-
-
-def fanout_keys() -> Refusal:
-    """The refusal of a SELECT DISTINCT derived table joined in FROM, as the keys of Lightdash's fan-out CTEs."""
-    return unsupported("a SELECT DISTINCT subquery joined in FROM (the keys of Lightdash's fan-out CTEs, "
-                       "cte_keys_<table>) is not supported over protected tables", FANOUT_HINT)

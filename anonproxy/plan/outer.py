@@ -46,8 +46,9 @@ from typing import TypeVar
 from sqlglot import exp
 
 from anonproxy.plan import render, set_operations, spines
-from anonproxy.plan.expressions import Checker, Scope
+from anonproxy.plan.expressions import Checker, Scope, unparen
 from anonproxy.plan.flatten import SAMPLE_MESSAGE, is_aggregate, over_released
+from anonproxy.plan.joins import conjuncts
 from anonproxy.plan.names import output_name, own_nodes, reference, sources
 from anonproxy.plan.refusals import unsupported
 from anonproxy.plan.tables import ResolvedTable, identifier
@@ -447,7 +448,7 @@ _ARITHMETIC = (exp.Add, exp.Sub, exp.Mul, exp.Div, exp.Mod)
 def _arithmetic(node: exp.Expression, check: Callable[[exp.Expression], None]) -> None:
     """Arithmetic on released values is allowed (its errors depend on released values only, and a division's
     divisor is wrapped in NULLIF): check its operands, and anything else with ``check``."""
-    inner = _unparen(node)
+    inner = unparen(node)
     if isinstance(inner, _ARITHMETIC):
         _arithmetic(inner.this, check)
         _arithmetic(inner.expression, check)
@@ -468,12 +469,12 @@ def series(select: exp.Select, position: int, source: str) -> Series:
             or join.args.get("method") or join.args.get("on") is None:
         raise unsupported("a joined aggregate query must be joined with [INNER] JOIN ... ON", SERIES_HINT)
     keys, null_safe = [], []
-    for condition in _conjuncts(join.args["on"]):
+    for condition in conjuncts(join.args["on"]):
         if not isinstance(condition, (exp.EQ, exp.NullSafeEQ)):
             raise unsupported("the ON condition of a joined aggregate query must be equalities (= or IS NOT "
                               "DISTINCT FROM) with its columns", SERIES_HINT)
         null_safe.append(isinstance(condition, exp.NullSafeEQ))
-        sides = [_unparen(condition.this), _unparen(condition.expression)]
+        sides = [unparen(condition.this), unparen(condition.expression)]
         mine = [side for side in sides if _reads(side, alias, names)]
         if len(mine) != 1 or not isinstance(mine[0], exp.Column):
             raise unsupported("each ON equality of a joined aggregate query must compare one of its columns "
@@ -504,7 +505,7 @@ def _shown(select: exp.Select, key: exp.Expression) -> int | None:
 
 
 def _canonical(node: exp.Expression) -> exp.Expression:
-    node = _unparen(node).copy()
+    node = unparen(node).copy()
     for ident in node.find_all(exp.Identifier):
         ident.set("this", identifier(ident))
         ident.set("quoted", True)
@@ -519,16 +520,3 @@ def _reads(node: exp.Expression, alias: str | None, names: tuple[str, ...]) -> b
         if identifier(table) == alias if table is not None else identifier(column.this) in names:
             return True
     return False
-
-
-def _conjuncts(node: exp.Expression) -> list[exp.Expression]:
-    node = _unparen(node)
-    if isinstance(node, exp.And):
-        return _conjuncts(node.this) + _conjuncts(node.expression)
-    return [node]
-
-
-def _unparen(node: exp.Expression) -> exp.Expression:
-    while isinstance(node, exp.Paren):
-        node = node.this
-    return node

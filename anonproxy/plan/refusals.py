@@ -39,3 +39,21 @@ def unsupported(message: str, hint: str | None = None) -> Refusal:
 
 def forbidden(message: str, hint: str | None = None) -> Refusal:
     return Refusal(INSUFFICIENT_PRIVILEGE, message, hint)
+
+
+# Lightdash counts a metric of a table that a one-to-many join repeats once per key with its fan-out CTEs; the
+# proxy answers them where the keys are provably the table's rows (anonproxy.plan.fanout), else the one aggregate
+# over the join, where count(DISTINCT <unit>) counts each person once.
+FANOUT_HINT = ("Aggregate over the join directly: SELECT <dimensions>, count(DISTINCT <protected>.<unit>), "
+               "sum(...) FROM <protected table> [LEFT] JOIN <linked table> ON <linked>.<key> = <protected>.<unit> "
+               "GROUP BY <dimensions> (in Lightdash, a count distinct metric needs no fan-out CTEs). Fan-out keys "
+               "are answered when they are the protected table's unique unit and columns of its own, read from it "
+               "alone or joined to one linked table, and joined back on that unit.")
+
+
+def fanout_keys() -> Refusal:
+    """The refusal of a SELECT DISTINCT derived table joined in FROM, as the keys of Lightdash's fan-out CTEs that
+    :mod:`anonproxy.plan.fanout` could not prove to be the rows of a protected table."""
+    return unsupported("a SELECT DISTINCT subquery joined in FROM (the keys of Lightdash's fan-out CTEs, "
+                       "cte_keys_<table>) is not supported over protected tables unless its keys are provably the "
+                       "rows of a protected table", FANOUT_HINT)

@@ -14,7 +14,9 @@ outer query only by ``<inner unit column> = <outer unit column>`` (EXISTS) or by
 conditions pass the checks of a WHERE condition over its own table (the allowlist and the no-error proof). An
 EXISTS subquery may end in ORDER BY (which changes nothing, its expressions checked as the conditions are) and a
 positive LIMIT; IN (SELECT ... LIMIT n) is refused (:data:`LIMIT_MESSAGE`). ``NOT IN`` is refused (a NULL among
-the inner values makes it NULL for everyone); anything else with a subquery stays refused by the analysis. The
+the inner values makes it NULL for everyone), except over a reference table: ``<expression> [NOT] IN (SELECT
+<column> FROM <reference table> ...)`` tests each row against a list of public values, answered as PostgreSQL
+answers it (:func:`_check_reference_list`); anything else with a subquery stays refused by the analysis. The
 outer column may be a derived table's column that passes the unit column through under its own name
 (:mod:`anonproxy.plan.flatten` substitutes it).
 """
@@ -27,11 +29,14 @@ from dataclasses import dataclass
 
 from sqlglot import exp
 
+from anonproxy.plan.expressions import unparen
 from anonproxy.plan.joins import Source, conjuncts
-from anonproxy.plan.refusals import unsupported
+from anonproxy.plan.refusals import forbidden, unsupported
 from anonproxy.plan.render import sql
 from anonproxy.plan.tables import PolicyIndex, ResolvedTable, identifier
 
+REFERENCE_HINT = ("A subquery in WHERE may read a reference table: <column> [NOT] IN (SELECT <column> FROM "
+                  "<reference table> WHERE <conditions on its columns>).")
 HINT = ("A subquery in WHERE over protected tables may be a semi-join on the privacy unit: EXISTS (SELECT 1 FROM "
         "<linked> v WHERE v.<key> = <protected>.<unit> AND <conditions on v>), NOT EXISTS (...) or <protected>.<unit> "
         "IN (SELECT <key> FROM <linked> WHERE <conditions>), its columns qualified or its own.")
@@ -45,12 +50,22 @@ LIMIT_HINT = ("Drop the LIMIT: IN (SELECT <key> FROM <linked> WHERE <conditions>
 
 
 @dataclass(frozen=True)
+class OuterChecks:
+    """The outer query's checks: ``row(expression, clause)`` refuses what that clause may not hold,
+    ``is_identifier(table, column)`` tells an identifying column (table None: a bare name)."""
+
+    row: Callable[[exp.Expression, str], None]
+    is_identifier: Callable[[str | None, str], bool]
+
+
+@dataclass(frozen=True)
 class SemiJoin:
     """One admitted conjunct: the node (as in the WHERE clause) and the subquery it reads."""
 
     node: exp.Expression
     select: exp.Select
     exists: bool  # EXISTS / NOT EXISTS (else IN)
+    negated: bool = False  # NOT IN (answered over a reference table only)
 
 
 @contextmanager
@@ -79,11 +94,19 @@ def set_aside(tree: exp.Select) -> Iterator[list[SemiJoin]]:
 
 
 def check(semi: SemiJoin, sources: list[Source], owner: str, index: PolicyIndex,
-          row_check: Callable[[ResolvedTable, str, exp.Expression, str], None]) -> None:
-    """Refuse ``semi`` unless it is a semi-join on the privacy unit of protected table ``owner`` (the outer query's);
-    ``row_check(table, reference, expression, clause)`` checks an inner expression as a row-level expression of
-    that clause over that table."""
+          row_check: Callable[[ResolvedTable, str, exp.Expression, str], None], outer: OuterChecks) -> None:
+    """Refuse ``semi`` unless it is a semi-join on the privacy unit of protected table ``owner`` (the outer query's)
+    or a test of a list of a reference table's values (:func:`_check_reference_list`); ``row_check(table,
+    reference, expression, clause)`` checks an inner expression as a row-level expression of that clause over that
+    table."""
     select = semi.select
+    if not semi.exists and _reads_reference(select, index):
+        _check_reference_list(semi, index, row_check, outer)
+        return
+    if semi.negated:
+        raise unsupported("NOT IN (SELECT ...) is not allowed over protected tables: a NULL among the values makes "
+                          "it NULL for every row", "Write NOT EXISTS (SELECT 1 FROM ... WHERE <key> = <unit> AND "
+                          "...) instead.")
     allowed = {"expressions", "from_", "where"} | ({"limit", "order"} if semi.exists else {"distinct"})
     extra = {key for key, value in select.args.items() if value not in (None, False, [], "")} - allowed
     if "limit" in extra:
@@ -109,8 +132,7 @@ def check(semi: SemiJoin, sources: list[Source], owner: str, index: PolicyIndex,
             raise unsupported("the select list of an EXISTS subquery over protected tables holds constants only",
                               HINT)
     else:
-        outer = semi.node.this
-        if _outer_unit(outer, sources, owner, index) is None:
+        if _outer_unit(_test(semi).this, sources, owner, index) is None:
             raise unsupported("IN (SELECT ...) over protected tables must test the outer query's privacy unit "
                               "column", HINT)
         items = select.expressions
@@ -123,6 +145,62 @@ def check(semi: SemiJoin, sources: list[Source], owner: str, index: PolicyIndex,
     for ordered in select.args["order"].expressions if select.args.get("order") is not None else []:
         _own_columns(ordered.this, reference, table)
         row_check(table, reference, ordered.this, "ORDER BY")
+
+
+def _reads_reference(select: exp.Select, index: PolicyIndex) -> bool:
+    """Whether ``select``'s one FROM item is a reference table of the policy."""
+    from_ = select.args.get("from_")
+    node = from_.this if from_ is not None else None
+    return isinstance(node, exp.Table) and isinstance(node.this, exp.Identifier) \
+        and index.resolve(node).kind == "reference"
+
+
+def _check_reference_list(semi: SemiJoin, index: PolicyIndex,
+                          row_check: Callable[[ResolvedTable, str, exp.Expression, str], None],
+                          outer: OuterChecks) -> None:
+    """``<outer expression> [NOT] IN (SELECT <column> FROM <reference table> [WHERE ...])``: the subquery reads only
+    a table of public values, so the condition is a test of each row's own value against a list that holds no
+    one's data, as ``IN ('a', 'b')`` is (the outer expression checked as such a test is); PostgreSQL answers it,
+    NULLs and NOT IN included. An identifying column tested so is refused, as a reference table joined on one is
+    (a list of ids picks people out). The subquery: one column of its table, DISTINCT, WHERE conditions over its
+    own columns checked as a reference table's row expressions, no other clause."""
+    select = semi.select
+    extra = {key for key, value in select.args.items() if value not in (None, False, [], "")} \
+        - {"expressions", "from_", "where", "distinct"}
+    if extra or isinstance(select.args.get("distinct"), exp.Distinct) and select.args["distinct"].args.get("on"):
+        raise unsupported(f"{', '.join(sorted(extra)).upper() or 'DISTINCT ON'} is not allowed in IN (SELECT ... "
+                          "FROM <reference table>) over protected tables", REFERENCE_HINT)
+    if any(node is not select and isinstance(node, (exp.Select, exp.Subquery, exp.Exists, exp.Lateral))
+           for node in select.walk()):
+        raise unsupported("IN (SELECT ... FROM <reference table>) over protected tables may not nest another query",
+                          REFERENCE_HINT)
+    table = index.resolve(select.args["from_"].this)
+    alias = select.args["from_"].this.args.get("alias")
+    reference = (identifier(alias.this) if alias is not None else None) or table.name
+    items = select.expressions
+    core = items[0].this if len(items) == 1 and isinstance(items[0], exp.Alias) else (items or [None])[0]
+    if len(items) != 1 or not isinstance(core, exp.Column) or not isinstance(core.this, exp.Identifier):
+        raise unsupported("the subquery of IN over a reference table must select one of its columns",
+                          REFERENCE_HINT)
+    _own_columns(core, reference, table)
+    where = select.args.get("where")
+    for condition in conjuncts(where.this) if where is not None else []:
+        _own_columns(condition, reference, table)
+        row_check(table, reference, condition, "WHERE")
+    test = _test(semi)
+    for column in test.this.find_all(exp.Column):
+        if isinstance(column.this, exp.Identifier) \
+                and outer.is_identifier(identifier(column.args.get("table")), identifier(column.this) or ""):
+            raise forbidden(f"identifying column {sql(column)} cannot be tested against reference table "
+                            f"{table.policy_name}: a list of its values picks people out", REFERENCE_HINT)
+    outer.row(exp.In(this=test.this.copy(), expressions=[exp.Literal.string("")]), "WHERE")
+
+
+def _test(semi: SemiJoin) -> exp.In:
+    """The IN node of an IN or NOT IN semi-join."""
+    node = unparen(semi.node.this) if semi.negated else semi.node
+    assert isinstance(node, exp.In)
+    return node
 
 
 def render(semi: SemiJoin, index: PolicyIndex) -> str:
@@ -139,18 +217,14 @@ def render(semi: SemiJoin, index: PolicyIndex) -> str:
 
 def _semi_join(node: exp.Expression) -> SemiJoin | None:
     """``node`` as a semi-join conjunct by its form (checked later), or None."""
-    node = _unparen(node)
+    node = unparen(node)
     negated = isinstance(node, exp.Not)
-    inner = _unparen(node.this) if negated else node
+    inner = unparen(node.this) if negated else node
     if isinstance(inner, exp.Exists) and isinstance(inner.this, exp.Select):
         return SemiJoin(node, inner.this, exists=True)
     if isinstance(inner, exp.In) and isinstance(inner.args.get("query"), exp.Subquery) \
             and isinstance(inner.args["query"].this, exp.Select):
-        if negated:
-            raise unsupported("NOT IN (SELECT ...) is not allowed over protected tables: a NULL among the values "
-                              "makes it NULL for every row", "Write NOT EXISTS (SELECT 1 FROM ... WHERE <key> = "
-                              "<unit> AND ...) instead.")
-        return SemiJoin(inner, inner.args["query"].this, exists=False)
+        return SemiJoin(node, inner.args["query"].this, exists=False, negated=negated)
     return None
 
 
@@ -192,7 +266,7 @@ def _correlation(condition: exp.Expression, reference: str, unit: str, sources: 
     whether anyone's row passes)."""
     if not isinstance(condition, exp.EQ):
         return False
-    sides = [_unparen(condition.this), _unparen(condition.expression)]
+    sides = [unparen(condition.this), unparen(condition.expression)]
     for mine, other in (sides, sides[::-1]):
         if _is_inner_unit(mine, reference, unit) and isinstance(other, exp.Column) \
                 and other.args.get("table") is not None and identifier(other.args["table"]) != reference \
@@ -202,14 +276,14 @@ def _correlation(condition: exp.Expression, reference: str, unit: str, sources: 
 
 
 def _is_inner_unit(node: exp.Expression, reference: str, unit: str) -> bool:
-    node = _unparen(node)
+    node = unparen(node)
     return isinstance(node, exp.Column) and identifier(node.this) == unit \
         and identifier(node.args.get("table")) in (None, reference) and node.args.get("db") is None
 
 
 def _outer_unit(node: exp.Expression, sources: list[Source], owner: str, index: PolicyIndex) -> Source | None:
     """The outer source whose privacy unit column ``node`` names (qualified, or bare when one source has it)."""
-    node = _unparen(node)
+    node = unparen(node)
     if not isinstance(node, exp.Column) or node.args.get("db") is not None:
         return None
     table, name = identifier(node.args.get("table")), identifier(node.this)
@@ -232,7 +306,7 @@ def _own_columns(condition: exp.Expression, reference: str, table: ResolvedTable
 
 
 def _known_columns(table: ResolvedTable) -> frozenset[str] | None:
-    model = table.protected or table.linked
+    model = table.protected or table.linked or table.reference
     return frozenset(model.types) if model is not None and model.types is not None else None
 
 
@@ -244,9 +318,3 @@ def _constant_item(item: exp.Expression) -> bool:
 def _positive(limit: exp.Expression) -> bool:
     count = limit.expression if isinstance(limit, exp.Limit) else None
     return isinstance(count, exp.Literal) and not count.is_string and count.name.isdigit() and int(count.name) > 0
-
-
-def _unparen(node: exp.Expression) -> exp.Expression:
-    while isinstance(node, exp.Paren):
-        node = node.this
-    return node

@@ -25,10 +25,9 @@ from dataclasses import dataclass
 
 from sqlglot import exp
 
+from anonproxy.plan import fanout, spines
 from anonproxy.plan import outer as outer_shapes
-from anonproxy.plan import spines
 from anonproxy.plan.flatten import (
-    fanout_keys,
     flatten,
     flatten_branches,
     inline_ctes,
@@ -36,7 +35,7 @@ from anonproxy.plan.flatten import (
     released,
 )
 from anonproxy.plan.names import drop_database, normalize, output_name, sources
-from anonproxy.plan.refusals import unsupported
+from anonproxy.plan.refusals import fanout_keys, unsupported
 from anonproxy.plan.statements import Statement
 from anonproxy.plan.tables import PolicyIndex
 
@@ -68,6 +67,7 @@ def prepare(statement: Statement, tree: exp.Expression, index: PolicyIndex) -> S
         if isinstance(tree, exp.Select) else []
     changed = inline_ctes(tree)
     changed = normalize(tree, index) or changed
+    changed = fanout.rewrite(tree, index) or changed  # before flatten: the keys table is still whole
     if isinstance(tree, exp.SetOperation):
         changed = flatten_branches(tree, statement.source) or changed
         if released(tree):

@@ -24,6 +24,7 @@ from decimal import Decimal
 from sqlglot import exp
 
 from anonproxy.plan import time_values as tv
+from anonproxy.plan.expressions import unparen
 from anonproxy.plan.joins import conjuncts
 from anonproxy.plan.names import output_name, own_nodes, sources
 from anonproxy.plan.refusals import unsupported
@@ -266,7 +267,7 @@ def _spine_kind(spine: exp.Expression, short: bool = False) -> str:
 def _join_key(on: exp.Expression, reads: Callable[[exp.Expression], set[str]],
               ) -> tuple[exp.Expression, exp.Expression]:
     """The ON condition's two sides: (the table's expression, the spine's); one equality, each side of one."""
-    on = _unparen(on)
+    on = unparen(on)
     if isinstance(on, exp.EQ):
         for mine, other in ((on.this, on.expression), (on.expression, on.this)):
             if reads(mine) == {"table"} and reads(other) == {"spine"}:
@@ -290,7 +291,7 @@ def _check_groups(select: exp.Select, reads: Callable[[exp.Expression], set[str]
         elif isinstance(key, exp.Column) and key.args.get("table") is None and identifier(key.this) in aliases \
                 and identifier(key.this) not in names:
             key = aliases[identifier(key.this) or ""]
-        keys.append(_unparen(key))
+        keys.append(unparen(key))
     if any(reads(key) != {"spine"} for key in keys) or not any(_moved_column(key, names, spine_name) for key in keys):
         raise unsupported("a time spine joined to a table's rows must be grouped by the spine's column", JOINED_HINT)
 
@@ -298,9 +299,9 @@ def _check_groups(select: exp.Select, reads: Callable[[exp.Expression], set[str]
 def _moved_column(node: exp.Expression, names: tuple[str, ...], spine_name: str) -> bool:
     """Whether ``node`` is the spine's column, or it plus or minus an integer or an interval without months (one
     value per spine row: a month is not, '2025-01-30' and '2025-01-31' plus a month are both '2025-02-28')."""
-    node = _unparen(node)
-    if isinstance(node, (exp.Add, exp.Sub)) and _shift(_unparen(node.expression)):
-        node = _unparen(node.this)
+    node = unparen(node)
+    if isinstance(node, (exp.Add, exp.Sub)) and _shift(unparen(node.expression)):
+        node = unparen(node.this)
     return isinstance(node, exp.Column) and identifier(node.this) in names \
         and identifier(node.args.get("table")) in (None, spine_name)
 
@@ -334,9 +335,3 @@ def _take_aggregates(select: exp.Select, reads: Callable[[exp.Expression], set[s
         raise unsupported("outside its aggregates, a time spine joined to a table's rows reads the spine only",
                           JOINED_HINT)
     return list(found.values())
-
-
-def _unparen(node: exp.Expression) -> exp.Expression:
-    while isinstance(node, exp.Paren):
-        node = node.this
-    return node

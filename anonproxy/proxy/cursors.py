@@ -46,7 +46,7 @@ from ..wire.results import (
 from .limits import DEFAULT_LIMITS, MemoryLimits, size_text
 
 MAX_CURSOR_ROWS = 100_000  # rows one cursor the proxy holds may keep
-_FOLLOWED = frozenset(b"EZ")  # message types follow() looks at: ErrorResponse, ReadyForQuery
+FOLLOWED = b"EZ"  # message types follow() looks at: ErrorResponse, ReadyForQuery
 
 NO_SCROLL = Reject("55000", "cursor can only scan forward", "Declare it with SCROLL option to enable backward scan.")
 ABORTED = Reject("25P02", "current transaction is aborted, commands ignored until end of transaction block",
@@ -292,30 +292,26 @@ class ScriptRun:
     failed: bool = False
 
 
-def follow(data: bytes, cursors: Cursors, script: ScriptRun | None) -> tuple[bytes, bool]:
+def follow(data: bytes, followed: list[int], cursors: Cursors, script: ScriptRun | None) -> tuple[bytes, bool]:
     """Whole messages on their way to the client: errors and ReadyForQuery tell the cursors' life time and a Script's
-    progress. Returns what the client gets (a part's ReadyForQuery dropped) and whether the Script is over."""
-    if not data or (data[0] not in _FOLLOWED and len(data) == 1 + struct.unpack_from("!i", data, 1)[0]):
-        return data, False  # one message, neither (most: a DataRow relayed from the client's connection)
-    offset = start = 0
+    progress. ``followed``: the offsets of those messages in ``data`` (``framing.offsets`` of FOLLOWED). Returns what
+    the client gets (a part's ReadyForQuery dropped) and whether the Script is over."""
+    start = 0
     kept: list[bytes] = []
     over = False
-    while offset < len(data):
-        type_ = data[offset:offset + 1]
-        end = offset + 1 + struct.unpack_from("!i", data, offset + 1)[0]
-        if type_ == b"E":
+    for offset in followed:
+        end = offset + 6  # of a ReadyForQuery: type, length, status
+        if data[offset:offset + 1] == b"E":
             cursors.error()
             if script is not None:
                 script.failed = True
-        elif type_ == b"Z":
-            if script is not None and not over and script.answers > 1 and not script.failed:
-                script.answers -= 1
-                kept.append(data[start:offset])
-                start = end
-            else:
-                over = script is not None
-                cursors.ready(data[offset + 5:end])
-        offset = end
+        elif script is not None and not over and script.answers > 1 and not script.failed:
+            script.answers -= 1
+            kept.append(data[start:offset])
+            start = end
+        else:
+            over = script is not None
+            cursors.ready(data[offset + 5:end])
     if start:
         kept.append(data[start:])
         data = b"".join(kept)

@@ -116,11 +116,11 @@ from ..plan.refusals import Reject
 from ..route import reports
 from ..route.decision import Decision, DeclareCursor
 from ..wire import protocol as pg
-from ..wire.framing import BoundedMessageBuffer, Piece, Rows, last_type, messages
+from ..wire.framing import BoundedMessageBuffer, Piece, Rows, messages, offsets
 from ..wire.results import EXPLAIN_COLUMNS, Result
 from . import proxy_portals
 from .client_timeout import ClientTimeout
-from .cursors import Capture, Cursors, ScriptRun, follow
+from .cursors import FOLLOWED, Capture, Cursors, ScriptRun, follow
 from .followed_settings import REPORTED_SETTINGS
 from .gate_routes import (
     SYNC,
@@ -148,7 +148,6 @@ QUEUE_LIMIT = 1 << 20  # bytes of client messages waiting in the gate before the
 # What fails the client's transaction block on its own connection after an error from elsewhere: a Parse whose text
 # is a syntax error (certain to fail, in any transaction state), of a statement of the proxy's name (a Parse of the
 # unnamed statement would drop the client's), and a Sync whose ReadyForQuery the client gets.
-_READY_HEAD = pg.ready_for_query(b"I")[:5]  # how data ending with a ReadyForQuery ends, but its status
 _FAIL_TRANSACTION = pg.message(b"P", b"anonproxy.failed\0anonproxy failed the client's statement\0\0\0") + SYNC
 
 
@@ -499,15 +498,17 @@ class Gate:
     def _write_client(self, data: bytes, upstream: bool = False) -> None:
         """Whole messages for the client (``upstream``: from its own connection), followed on their way (cursors'
         life time, a Script's ReadyForQuery)."""
-        data = self._transaction_failed(data, upstream)
-        data, over = follow(data, self._cursors, self._script)
+        followed = offsets(data, FOLLOWED)  # the one walk over the messages' headers, for both steps
+        data, followed = self._transaction_failed(data, followed, upstream)
+        data, over = follow(data, followed, self._cursors, self._script)
         if over:
             self._end_script()
         if data:
             self._client(data)
 
-    def _transaction_failed(self, data: bytes, upstream: bool) -> bytes:
-        """``data`` for the client, its ReadyForQuery (last, if any) carrying the status of the client's connection.
+    def _transaction_failed(self, data: bytes, followed: list[int], upstream: bool) -> tuple[bytes, list[int]]:
+        """``data`` for the client, its ReadyForQuery (last, if any) carrying the status of the client's connection;
+        ``followed``: the offsets of its ErrorResponse and ReadyForQuery messages, returned with what is returned.
 
         An error the client got from elsewhere (a refusal, the service connection, the proxy) inside a transaction
         block fails that transaction where it lives: the ReadyForQuery that follows is held back, the client's
@@ -515,20 +516,18 @@ class Gate:
         ReadyForQuery ('E') goes to the client. PostgreSQL then answers what follows as it answers any failed
         transaction (25P02, COMMIT reported as ROLLBACK, ROLLBACK TO SAVEPOINT recovering), and the status the
         gate follows is always the server's."""
-        if upstream and data[-6:-1] != _READY_HEAD:
-            return data  # (most: rows relayed from the client's connection) not ending with a ReadyForQuery
-        last, erred = last_type(data, b"E")
-        self._erred |= erred and not upstream
-        if last != b"Z":
-            return data
+        if not upstream:
+            self._erred |= any(data[offset:offset + 1] == b"E" for offset in followed)
+        if not followed or followed[-1] != len(data) - 6 or data[-6:-5] != b"Z":
+            return data, followed  # not ending with a ReadyForQuery (a ReadyForQuery is 6 bytes)
         if not (self._erred and self.transaction_status == b"T"):
             self._erred = False
-            return data if upstream else data[:-6] + pg.ready_for_query(self.transaction_status)
+            return (data if upstream else data[:-6] + pg.ready_for_query(self.transaction_status)), followed
         self._erred = False
         self._send[Owner.UPSTREAM](_FAIL_TRANSACTION)
         self._hidden[Owner.UPSTREAM].append(b"E")
         self.in_flight[Owner.UPSTREAM] += 1
-        return data[:-6]
+        return data[:-6], followed[:-1]
 
     def _failed(self) -> None:
         self._cursors.error()

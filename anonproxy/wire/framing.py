@@ -122,15 +122,16 @@ def messages(raw: bytes) -> Iterator[tuple[bytes, bytes]]:
         offset += size
 
 
-def last_type(raw: bytes, watched: bytes) -> tuple[bytes, bool]:
-    """The type of the last whole message in ``raw`` and whether one of type ``watched`` is among them (their
-    headers read, no body copied: this runs on every answer a gated session gets)."""
-    offset, last, seen = 0, b"", False
+def offsets(raw: bytes, types: bytes) -> list[int]:
+    """The offsets of the messages in ``raw`` (whole ones, as the proxy made or framed them) whose type is one of the
+    bytes of ``types``: their headers read, no body copied (this runs on every answer a gated session gets)."""
+    found: list[int] = []
+    offset = 0
     while offset < len(raw):
-        last, size = read_header(raw, offset)
-        seen = seen or last == watched
-        offset += size
-    return last, seen
+        if raw[offset] in types:
+            found.append(offset)
+        offset += 1 + _LENGTH.unpack_from(raw, offset + 1)[0]
+    return found
 
 
 class RelayingMessageBuffer:

@@ -1,0 +1,228 @@
+"""Lightdash's fan-out keys, answered where the catalog proves them harmless: a SELECT DISTINCT derived table of
+a protected table's unique unit joined back to that table is the table's own rows, filtered.
+
+Lightdash computes a metric of a table that a one-to-many join repeats over that table's distinct keys::
+
+    SELECT k.sex, sum(adult.age) FROM (SELECT DISTINCT adult.sex, adult.id AS pk FROM adult
+        LEFT JOIN visits ON adult.id = visits.person_id WHERE visits.channel = 'web') AS k
+    LEFT JOIN adult ON k.pk = adult.id GROUP BY 1
+
+When the catalog makes ``adult.id`` unique and not null (``ProtectedTable.unique_unit``), the keys table is
+first in its FROM clause, every other key is a column of that same row, and the join back equates the key with
+the unit, each row of the keys table is one row of ``adult``, and the join back finds that row and no other: the
+statement is the one over ``adult`` alone, keeping the rows that had a match::
+
+    SELECT adult.sex, sum(adult.age) FROM adult
+    WHERE adult.id IN (SELECT visits.person_id FROM visits WHERE visits.channel = 'web') GROUP BY 1
+
+:func:`rewrite` makes that change on the tree when it can prove it: the keys table reads the protected table
+alone (its WHERE moves over) or joined (INNER or LEFT) on its declared key to one linked table, whose conditions
+become a semi-join on the unit (:mod:`anonproxy.plan.semi_joins`); under a LEFT JOIN each such condition must be
+false for a row without a match (a comparison of one of its columns), and with none every row is kept. Anything
+else (a key of the joined table, such as Lightdash's dimension of the many side; a unit the catalog does not
+prove unique; conditions over both tables) is left as it is, for the analysis to refuse
+(:func:`anonproxy.plan.refusals.fanout_keys`).
+"""
+
+from __future__ import annotations
+
+from sqlglot import exp
+
+from anonproxy.plan.joins import conjuncts
+from anonproxy.plan.names import own_nodes, reference, sources
+from anonproxy.plan.tables import PolicyIndex, ResolvedTable, identifier
+
+# A condition of these forms over a column of a LEFT JOINed table is NULL on a row without a match: strict operators.
+_STRICT = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.Like, exp.ILike, exp.In, exp.Between)
+_KEYS_ARGS = frozenset({"expressions", "from_", "joins", "where", "distinct"})
+
+
+def rewrite(tree: exp.Expression, index: PolicyIndex) -> bool:
+    """Rewrite every SELECT of ``tree`` that joins provably harmless fan-out keys back to their table; whether any."""
+    changed = False
+    for select in list(tree.find_all(exp.Select)):
+        changed = _rewrite(select, index) or changed
+    return changed
+
+
+def _rewrite(select: exp.Select, index: PolicyIndex) -> bool:
+    """Rewrite ``select`` when it is ``FROM (SELECT DISTINCT ...) k [LEFT] JOIN <protected> ON k.<key> = <unit>``
+    with keys :func:`_keys` proves to be that table's rows."""
+    items = sources(select)
+    joins = select.args.get("joins") or []
+    if len(items) != 2 or not _plain_join(joins[0], ("", "LEFT")):
+        return False
+    keys, table = items
+    if not isinstance(keys, exp.Subquery):
+        return False
+    body = keys.this
+    alias = reference(keys)
+    if not isinstance(body, exp.Select) or not isinstance(table, exp.Table) or alias is None \
+            or keys.args["alias"].args.get("columns") or _extra(keys, {"this", "alias"}):
+        return False
+    resolved = index.resolve(table)
+    protected = resolved.protected
+    if protected is None or not protected.unique_unit or _extra(table, {"this", "db", "alias"}):
+        return False
+    key = _joined_key(joins[0].args["on"], alias, reference(table), protected.unit_column)
+    rows = _keys(body, resolved, index, key) if key is not None else None
+    if key is None or rows is None or not _reads_keys_qualified(select, keys, alias, rows[1]):
+        return False
+    conditions, own = rows
+    target = reference(table) or ""
+    _substitute(select, alias, own, target)
+    select.set("from_", exp.From(this=table))
+    select.set("joins", None)
+    for condition in conditions:
+        _requalify(condition, own[key][0], target)
+        select.where(condition, copy=False)
+    return True
+
+
+def _keys(body: exp.Select, table: ResolvedTable, index: PolicyIndex, key: str,
+          ) -> tuple[list[exp.Expression], dict[str, tuple[str, str]]] | None:
+    """When ``body`` gives the rows of ``table`` (once each: its DISTINCT keys hold the unit, named ``key``, and
+    columns of that row only), the conditions that keep those rows (over its own reference, or a semi-join) and
+    each key's (reference, column) in that row; else None."""
+    distinct = body.args.get("distinct")
+    if not isinstance(distinct, exp.Distinct) or distinct.args.get("on") or _extra(body, _KEYS_ARGS):
+        return None
+    if any(isinstance(node, (exp.Select, exp.Subquery, exp.Star)) for node in body.walk() if node is not body):
+        return None
+    first = body.args["from_"].this
+    if not isinstance(first, exp.Table) or _extra(first, {"this", "db", "alias"}) \
+            or index.resolve(first).policy_name != table.policy_name:
+        return None
+    own_reference = reference(first) or ""
+    own: dict[str, tuple[str, str]] = {}
+    for item in body.expressions:
+        core = item.this if isinstance(item, exp.Alias) else item
+        if not isinstance(core, exp.Column) or not isinstance(core.this, exp.Identifier) \
+                or identifier(core.args.get("table")) != own_reference or core.args.get("db") is not None:
+            return None
+        name = identifier(item.args.get("alias")) if isinstance(item, exp.Alias) else identifier(core.this)
+        if name is None or name in own:
+            return None
+        own[name] = (own_reference, identifier(core.this) or "")
+    assert table.protected is not None
+    if own.get(key) != (own_reference, table.protected.unit_column):
+        return None
+    where = body.args.get("where")
+    conditions = conjuncts(where.this) if where is not None else []
+    kept = _conditions(body, conditions, own_reference, table, index)
+    return (kept, own) if kept is not None else None
+
+
+def _conditions(body: exp.Select, conditions: list[exp.Expression], own: str, table: ResolvedTable,
+                index: PolicyIndex) -> list[exp.Expression] | None:
+    """The keys table's conditions as conditions on the protected table's rows: its own as they are, a linked
+    table's as one semi-join on the unit; None when they cannot be (see the module's doc)."""
+    joins = body.args.get("joins") or []
+    if any(_columns_of(condition) - {own} for condition in conditions) and not joins:
+        return None
+    if not joins:
+        return [condition.copy() for condition in conditions]
+    linked = joins[0].this
+    if len(joins) != 1 or not _plain_join(joins[0], ("", "LEFT")) or not isinstance(linked, exp.Table) \
+            or _extra(linked, {"this", "db", "alias"}):
+        return None
+    link = index.resolve(linked).linked
+    other = reference(linked) or ""
+    assert table.protected is not None
+    unit = table.protected.unit_column
+    if link is None or link.references != table.policy_name or link.references_column != unit or other == own \
+            or _joined_key(joins[0].args["on"], other, own, unit) != link.column:
+        return None
+    mine = [c.copy() for c in conditions if _columns_of(c) == {own}]
+    theirs = [c for c in conditions if _columns_of(c) == {other}]
+    if len(mine) + len(theirs) != len(conditions):
+        return None  # a condition over both tables, or over neither
+    if joins[0].args.get("side") and not all(_rejects_nulls(c, other) for c in theirs):
+        return None
+    if joins[0].args.get("side") and not theirs:
+        return mine  # a LEFT JOIN without conditions on the joined table keeps every row
+    inner = exp.select(exp.column(link.column, other, quoted=True)).from_(linked.copy())
+    for condition in theirs:
+        inner.where(condition.copy(), copy=False)
+    semi = exp.In(this=exp.column(unit, own, quoted=True),
+                  query=exp.Subquery(this=inner))
+    return [*mine, semi]
+
+
+def _rejects_nulls(condition: exp.Expression, other: str) -> bool:
+    """Whether ``condition`` is a strict comparison whose left side is a column of ``other``: NULL on a row that
+    LEFT JOIN filled with NULLs."""
+    node = _unparen(condition)
+    return isinstance(node, _STRICT) and isinstance(_unparen(node.this), exp.Column) \
+        and identifier(_unparen(node.this).args.get("table")) == other
+
+
+def _joined_key(on: exp.Expression, keys: str, table: str | None, unit: str) -> str | None:
+    """The column of ``keys`` when ``on`` is exactly ``keys.<column> = table.<unit>`` (either way round)."""
+    node = _unparen(on)
+    if not isinstance(node, exp.EQ):
+        return None
+    sides = [_unparen(node.this), _unparen(node.expression)]
+    for mine, theirs in (sides, sides[::-1]):
+        if isinstance(mine, exp.Column) and isinstance(theirs, exp.Column) \
+                and identifier(mine.args.get("table")) == keys and identifier(theirs.args.get("table")) == table \
+                and identifier(theirs.this) == unit and not mine.args.get("db") and not theirs.args.get("db"):
+            return identifier(mine.this)
+    return None
+
+
+def _reads_keys_qualified(select: exp.Select, keys: exp.Subquery, alias: str, names: dict[str, tuple[str, str]],
+                          ) -> bool:
+    """Whether ``select`` names the keys' columns only qualified, and only those the keys table has (a bare name
+    could be the keys' or the table's; ``*`` would read both), and holds no other subquery."""
+    for node in own_nodes(select):
+        if isinstance(node, exp.Star) or (isinstance(node, exp.Column) and isinstance(node.this, exp.Star)):
+            return False
+        if isinstance(node, exp.Column) and isinstance(node.this, exp.Identifier):
+            qualifier = identifier(node.args.get("table"))
+            if (qualifier == alias and identifier(node.this) not in names) \
+                    or (qualifier is None and identifier(node.this) in names):
+                return False
+    return all(node is keys for node in select.find_all(exp.Subquery))
+
+
+def _substitute(select: exp.Select, alias: str, own: dict[str, tuple[str, str]], target: str) -> None:
+    """Replace ``alias.<key>`` in ``select`` by the column of the table's row the key holds; a select item that is
+    such a reference keeps the key's name (an outer query reads it by that name: Cube's q_1."adult__sex")."""
+    for item in list(select.expressions):
+        if isinstance(item, exp.Column) and identifier(item.args.get("table")) == alias:
+            item.replace(exp.Alias(this=item.copy(), alias=exp.Identifier(this=identifier(item.this), quoted=True)))
+    for node in list(own_nodes(select)):
+        if isinstance(node, exp.Column) and identifier(node.args.get("table")) == alias \
+                and isinstance(node.this, exp.Identifier):
+            node.replace(exp.column(own[identifier(node.this) or ""][1], target, quoted=True))
+
+
+def _requalify(condition: exp.Expression, old: str, new: str) -> None:
+    """Name the protected table of the keys table (``old``) as the outer query does (``new``), outside subqueries."""
+    for node in list(condition.walk()):
+        if isinstance(node, exp.Column) and identifier(node.args.get("table")) == old \
+                and node.find_ancestor(exp.Subquery) is None:
+            node.set("table", exp.Identifier(this=new, quoted=True))
+
+
+def _columns_of(condition: exp.Expression) -> set[str | None]:
+    """The qualifiers of the columns of ``condition`` (None: a bare column)."""
+    return {identifier(column.args.get("table")) for column in condition.find_all(exp.Column)}
+
+
+def _plain_join(join: exp.Join, sides: tuple[str, ...]) -> bool:
+    side = (join.args.get("side") or "").upper()
+    kind = (join.args.get("kind") or "").upper()
+    return side in sides and kind in ("", "INNER", "OUTER") and join.args.get("on") is not None \
+        and not _extra(join, {"this", "on", "side", "kind"})
+
+
+def _extra(node: exp.Expression, allowed: set[str] | frozenset[str]) -> set[str]:
+    return {key for key, value in node.args.items() if value not in (None, False, [], "")} - set(allowed)
+
+
+def _unparen(node: exp.Expression) -> exp.Expression:
+    while isinstance(node, exp.Paren):
+        node = node.this
+    return node
