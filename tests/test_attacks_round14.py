@@ -25,11 +25,11 @@ Two gaps are fixed with this round (their tests failed before):
   by an Execute in a later batch, which got the whole answer a second time (on the data of that moment, without
   a row of its own in the audit trail) where PostgreSQL sends SELECT 0; it now gets SELECT 0.
 
-Departures from PostgreSQL found that reveal nothing, left as they are: a DEALLOCATE of a rewritten statement's name
-goes to the client's connection, which answers 26000 (the statement lives on the service side) where PostgreSQL
-deallocates it, and after DEALLOCATE ALL or DISCARD ALL a rewritten statement still binds and runs where
-PostgreSQL answers 26000; a Describe of a rewritten portal in
-a later batch than its Bind, before an Execute there kept it, gets 34000 (docs/proxy.md says so).
+Departures from PostgreSQL found that reveal nothing, since fixed (tests/test_gated_statement_management.py): a
+DEALLOCATE of a rewritten statement's name went to the client's connection, which answered 26000 (the statement
+lives on the service side) where PostgreSQL deallocates it; after DEALLOCATE ALL or DISCARD ALL a rewritten
+statement still bound and ran where PostgreSQL answers 26000; a Describe of a rewritten portal in a later batch
+than its Bind, before an Execute there kept it, got 34000.
 """
 
 from __future__ import annotations

@@ -45,8 +45,11 @@ and is refused with 54000; one that is not valid UTF-8 with 22021.
 
 Memory: the named prepared statements a session keeps here are capped
 (``limits``, see prepared.py); a Parse over a limit is refused with 54000
-and nothing of it is kept. A DEALLOCATE sent alone in a Query forgets
-PostgreSQL's statements of that name here too. The cursors' caps are
+and nothing of it is kept. A DEALLOCATE of a statement that does not live
+on the client's connection is answered by the router, which forgets it;
+once PostgreSQL completes a DEALLOCATE ALL or DISCARD ALL, every statement
+kept here is forgotten too (docs/proxy.md, "Deallocating prepared
+statements"). The cursors' caps are
 cursors.py's. Past QUEUE_LIMIT bytes of client messages waiting here, the
 session stops reading from the client (``pause_client``).
 
@@ -298,6 +301,8 @@ class Gate:
             if tag in ("RESET", "DISCARD ALL") and self._resets_expected:
                 self._resets_expected -= 1
                 self._reset_session()
+            if tag in ("DEALLOCATE ALL", "DISCARD ALL"):
+                self._prepared.deallocated(None)  # PostgreSQL dropped every named statement: the gated ones go too
         elif type_ == b"E":
             self._resets_expected = 0
             self._batch_error(Owner.UPSTREAM)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..plan.refusals import Reject
-from ..route.decision import Control, CursorStatement, Deallocate, Decision, TransactionControl
+from ..route.decision import Control, CursorStatement, Decision, TransactionControl
 from ..wire import protocol as pg
 from .gate_routes import Decided, Owner, statement_size
 from .limits import MemoryLimits, size_text
@@ -141,14 +141,12 @@ class Prepared:
                           "max_prepared_size setting.")
         return None
 
-    def deallocated(self, deallocate: Deallocate) -> None:
-        """A DEALLOCATE run on the client's connection: PostgreSQL's statements of that name (or all of them) are
-        forgotten here too, so that they no longer count against the session's limits."""
-        if deallocate.name is None:
-            names = [key for key, owner in self.statements.items() if owner is Owner.UPSTREAM]
-        else:
-            names = [deallocate.name.encode()]
-        for key in names:
-            if self.statements.get(key) is Owner.UPSTREAM:
-                del self.statements[key]
-                self.texts.pop(key, None)
+    def deallocated(self, name: bytes | None) -> None:
+        """DEALLOCATE ``name`` ran (None: DEALLOCATE ALL or DISCARD ALL): the statement of that name (or every named
+        one) is forgotten wherever it belongs, as PostgreSQL forgets its own, so that it no longer binds and no longer
+        counts against the session's limits. The portals bound from it stay, as PostgreSQL's do."""
+        for key in [key for key in self.statements if key] if name is None else [name]:
+            self.statements.pop(key, None)
+            self.texts.pop(key, None)
+            self.templates.pop(key, None)
+            self.replacing(key)

@@ -7,7 +7,8 @@ ErrorResponse PostgreSQL sends (the caller then skips the rest of the batch).
 
 Also the rewritten (suppress) portals the proxy keeps because their service connection's portal ends at a Sync
 (:class:`KeptPortal`, below): what is sent to run one again from its Bind, how its answer is kept (up to the
-session's limits: 54000 past them), and its rows served as PostgreSQL serves them.
+session's limits: 54000 past them), and its rows served as PostgreSQL serves them; and what is sent to describe
+one bound in an earlier batch.
 """
 
 from __future__ import annotations
@@ -93,10 +94,28 @@ def keep_payload(runs: str, parameter_types: bytes, bind: bytes) -> bytes:
     described, executed to completion and closed, then a Flush (nothing else of the client's is sent until all
     this is answered). The statement is closed first too: after an error, PostgreSQL skipped the last Close."""
     named = KEPT + b"\0"
+    return _bound_again(runs, parameter_types, bind, pg.message(b"E", named + b"\0\0\0\0")) + pg.message(b"H")
+
+
+def describe_payload(runs: str, parameter_types: bytes, bind: bytes) -> bytes:
+    """What goes to the service connection in place of the client's Describe of a rewritten portal bound in an
+    earlier batch: the portal bound again as for :func:`keep_payload`, described (its RowDescription, in the Bind's
+    result formats, is the client's answer; the others are hidden: DESCRIBE_HIDDEN) and closed, nothing run."""
+    return _bound_again(runs, parameter_types, bind, b"")
+
+
+# The service connection's answers to describe_payload that the client does not see: CloseComplete, ParseComplete,
+# BindComplete before the RowDescription, two CloseComplete after it.
+DESCRIBE_HIDDEN = (b"3", b"1", b"2", b"3", b"3")
+
+
+def _bound_again(runs: str, parameter_types: bytes, bind: bytes, execute: bytes) -> bytes:
+    """The statement closed, prepared again and bound, the portal described, ``execute`` (or nothing), then the
+    portal and the statement closed."""
+    named = KEPT + b"\0"
     return (pg.message(b"C", b"S" + named) + pg.parse_message(KEPT, runs, parameter_types)
-            + pg.message(b"B", named + named + bind)
-            + pg.message(b"D", b"P" + named) + pg.message(b"E", named + b"\0\0\0\0")
-            + pg.message(b"C", b"P" + named) + pg.message(b"C", b"S" + named) + pg.message(b"H"))
+            + pg.message(b"B", named + named + bind) + pg.message(b"D", b"P" + named) + execute
+            + pg.message(b"C", b"P" + named) + pg.message(b"C", b"S" + named))
 
 
 def next_rows(portal: KeptPortal, max_rows: int) -> tuple[bytes, bytes]:

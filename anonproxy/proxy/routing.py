@@ -11,8 +11,10 @@ request for the answer, once per portal, then its rows: proxy_portals.py), Close
 executed with a row limit, or in a later batch than its Bind, is run again from its Bind and kept (``_keep``;
 proxy_portals.py; one read to its end in its Bind's batch is never run again: SELECT 0), then answered here, until
 a transaction statement routed to the client's connection ends it as it ends PostgreSQL's portals
-(prepared.Prepared.transaction_control); in a failed transaction it gets 25P02. Cursor statements are routed by
-gate_cursors.py. A refusal of a batch's message skips the rest of the batch, up to Sync.
+(prepared.Prepared.transaction_control); in a failed transaction it gets 25P02. Described in a later batch than
+its Bind, before that, it is bound again on the service side and described there (``_describe_again``). A
+DEALLOCATE of a statement not on the client's connection is answered here (``_deallocate``). Cursor statements are
+routed by gate_cursors.py. A refusal of a batch's message skips the rest of the batch, up to Sync.
 
 Policy changes reach prepared statements: each remembers its text and the policy version it was decided under.
 A Bind of a statement decided under an older version decides it again; a refusal answers the Bind, and a new
@@ -40,6 +42,7 @@ from ..route import reports
 from ..route.decision import (
     AtBind,
     CloseCursor,
+    Deallocate,
     Decision,
     DeclareCursor,
     FetchCursor,
@@ -187,6 +190,7 @@ class Router:
         return None if fresh is None else Decided(sql, fresh, version)
 
     def _route_query(self, type_: bytes, body: bytes | None) -> Route:
+        self._prepared.deallocated(b"")  # PostgreSQL drops the unnamed statement at every Query, before anything
         if body is None:
             return self._too_long(simple=True)
         sql = text(body[:-1])
@@ -226,12 +230,23 @@ class Router:
         return Route(Owner.LOCAL, b"".join(answer) + pg.ready_for_query(self._now.status))
 
     def _pass_query(self, raw: bytes, decision: Pass) -> Route:
-        if decision.deallocates is not None and self._now.status != b"E":
-            # PostgreSQL's statements of that name are forgotten here too (PostgreSQL refuses a DEALLOCATE in a
-            # failed transaction; elsewhere a rollback does not undo it).
-            self._prepared.deallocated(decision.deallocates)
+        if decision.deallocates is not None and self._deallocate(decision.deallocates):
+            return Route(Owner.LOCAL, pg.command_complete("DEALLOCATE") + pg.ready_for_query(self._now.status))
         self._transaction_control(decision)
         return Route(Owner.UPSTREAM, raw, ends_batch=True, resets=decision.resets_session)
+
+    def _deallocate(self, deallocate: Deallocate) -> bool:
+        """A DEALLOCATE of one statement about to run: the statement of that name is forgotten here. True: it is
+        one the client's connection does not hold (rewritten, answered by the proxy or the gate), which the gate
+        deallocates itself, answering as PostgreSQL (CommandComplete DEALLOCATE). False: it goes to the client's
+        connection, which deallocates its own or answers 26000, and in a failed transaction 25P02 for any name.
+        (DEALLOCATE ALL is followed when PostgreSQL completes it: Gate.upstream_message.)"""
+        if deallocate.name is None or self._now.status == b"E":
+            return False
+        name = deallocate.name.encode()
+        gated = self._prepared.statements.get(name, Owner.UPSTREAM) is not Owner.UPSTREAM
+        self._prepared.deallocated(name)  # a rollback does not undo it, in PostgreSQL either
+        return gated
 
     def _transaction_control(self, decision: Pass) -> None:
         """A statement passed to the client's connection that ends rewritten portals (COMMIT, ROLLBACK TO…): they
@@ -501,8 +516,15 @@ class Router:
             kept = self._keep(name, pg.parse_execute(raw[5:])[1])
             if kept is not None:
                 return kept
+        if type_ == b"D" and kind == b"P" and owner is Owner.SERVICE and name not in self._bound_in_batch:
+            described = self._describe_again(name)
+            if described is not None:
+                return described
         resets = bound is not None and isinstance(bound.decision, Pass) and bound.decision.resets_session
         if bound is not None and isinstance(bound.decision, Pass) and owner is Owner.UPSTREAM:
+            deallocates = bound.decision.deallocates
+            if deallocates is not None and self._deallocate(deallocates):
+                return Route(Owner.LOCAL, pg.command_complete("DEALLOCATE"))  # (psycopg's, of an evicted statement)
             self._transaction_control(bound.decision)
         return Route(owner, raw, uses=on_statement if type_ == b"D" else None,
                      closes=on_statement if type_ == b"C" else None, resets=resets,
@@ -523,6 +545,16 @@ class Router:
             return None
         return Route(Owner.SERVICE, proxy_portals.keep_payload(bound.decision.runs, bound.rest, bind),
                      keeps=(portal, max_rows))
+
+    def _describe_again(self, portal: bytes) -> Route | None:
+        """The Describe of a rewritten portal bound in an earlier batch (the service side's portal is gone): bound
+        again there from its Bind and described, as PostgreSQL describes its portal. None: not such a portal."""
+        bind = self._prepared.service_binds.get(portal)
+        bound = self._prepared.bound.get(portal)
+        if bind is None or bound is None or not isinstance(bound.decision, Rewrite):
+            return None
+        return Route(Owner.SERVICE, proxy_portals.describe_payload(bound.decision.runs, bound.rest, bind),
+                     hidden=proxy_portals.DESCRIBE_HIDDEN)
 
     def _kept_by_name(self, type_: bytes, name: bytes, body: bytes) -> Route:
         """Describe, Execute or Close of a rewritten portal whose answer the gate keeps (proxy_portals.py)."""
