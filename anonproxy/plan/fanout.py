@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from sqlglot import exp
 
+from anonproxy.plan.expressions import unparen
 from anonproxy.plan.joins import conjuncts
 from anonproxy.plan.names import own_nodes, reference, sources
 from anonproxy.plan.tables import PolicyIndex, ResolvedTable, identifier
@@ -152,17 +153,17 @@ def _conditions(body: exp.Select, conditions: list[exp.Expression], own: str, ta
 def _rejects_nulls(condition: exp.Expression, other: str) -> bool:
     """Whether ``condition`` is a strict comparison whose left side is a column of ``other``: NULL on a row that
     LEFT JOIN filled with NULLs."""
-    node = _unparen(condition)
-    return isinstance(node, _STRICT) and isinstance(_unparen(node.this), exp.Column) \
-        and identifier(_unparen(node.this).args.get("table")) == other
+    node = unparen(condition)
+    return isinstance(node, _STRICT) and isinstance(unparen(node.this), exp.Column) \
+        and identifier(unparen(node.this).args.get("table")) == other
 
 
 def _joined_key(on: exp.Expression, keys: str, table: str | None, unit: str) -> str | None:
     """The column of ``keys`` when ``on`` is exactly ``keys.<column> = table.<unit>`` (either way round)."""
-    node = _unparen(on)
+    node = unparen(on)
     if not isinstance(node, exp.EQ):
         return None
-    sides = [_unparen(node.this), _unparen(node.expression)]
+    sides = [unparen(node.this), unparen(node.expression)]
     for mine, theirs in (sides, sides[::-1]):
         if isinstance(mine, exp.Column) and isinstance(theirs, exp.Column) \
                 and identifier(mine.args.get("table")) == keys and identifier(theirs.args.get("table")) == table \
@@ -220,9 +221,3 @@ def _plain_join(join: exp.Join, sides: tuple[str, ...]) -> bool:
 
 def _extra(node: exp.Expression, allowed: set[str] | frozenset[str]) -> set[str]:
     return {key for key, value in node.args.items() if value not in (None, False, [], "")} - set(allowed)
-
-
-def _unparen(node: exp.Expression) -> exp.Expression:
-    while isinstance(node, exp.Paren):
-        node = node.this
-    return node
