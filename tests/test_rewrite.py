@@ -470,7 +470,7 @@ def test_search_path_cannot_hide_a_protected_table() -> None:
     assert_reject("SELECT * FROM pg_temp.people, people", "42501", policy=policy)
     sql = rewritten("SELECT count(*) FROM people GROUP BY dept", policy=policy)
     assert 'FROM "hr"."people"' in sql
-    assert 'SELECT "people"."person_id" AS unit, count(*) AS unit_rows FROM "hr"."people" GROUP BY 1' in sql
+    assert 'SELECT "people"."person_id" AS unit FROM "hr"."people" GROUP BY 1' in sql
     # A table of that name in another schema, qualified, is another table.
     assert decide("SELECT * FROM public.people", SUPPRESS, policy) == Pass()
 
@@ -536,20 +536,26 @@ def test_rewrite_is_rendered_from_the_tree_with_the_client_names() -> None:
     # The client's comments are gone: every piece is rendered from the checked tree, not cut from the text.
     assert "a comment" not in sql and "another" not in sql and "/*" not in sql
     # The answer is the client's select list over the released groups, with the client's output names as explicit
-    # aliases; one pass computes each group's aggregates and rows with a unit (no magnitude rule, the unit not known
-    # to be unique: the bounds first), and each group's distinct people only where the bounds do not settle the rules.
+    # aliases; one pass computes each group's aggregates, rows with a unit and buckets of people (no magnitude rule,
+    # the unit not known to be unique: the bounds first; its type not read: the buckets by its type's hash), and each
+    # group's distinct people only where the bounds do not settle the rules.
     assert answer == 'SELECT anonproxy_g1 AS "native_country", anonproxy_v1 AS "count"\nFROM anonproxy_released'
     assert ctes["anonproxy_rows"].endswith(
         'SELECT native_country AS anonproxy_g1, native_country AS anonproxy_c1, count(*) AS anonproxy_v1, '
-        'count("adult"."id") AS unit_rows\nFROM "public"."adult"\nGROUP BY native_country')
+        'count("adult"."id") AS unit_rows, coalesce(length(replace((bit_or(1::bigint << '
+        '((hash_array(ARRAY["adult"."id"])) & 63)::int))::bit(64)::text, \'0\', \'\')), 0) AS unit_low\n'
+        'FROM "public"."adult"\nGROUP BY native_country')
     assert ctes["anonproxy_group_people"].endswith(
         'SELECT native_country AS anonproxy_g1, count(DISTINCT "adult"."id") AS units\nFROM "public"."adult"\n'
         'WHERE NOT (SELECT sure FROM anonproxy_sure)\nGROUP BY native_country')
-    # The verdicts count people (the unit), not rows, and compare with N, the people of the whole table, counted once
-    # (with the most rows one person has, for the bounds).
+    # The verdicts count people (the unit), not rows, and compare with N, the people of the whole table: counted up to
+    # k more than the largest group's rows when the bounds settle every group, whole otherwise.
+    assert ctes["anonproxy_counted"].endswith(
+        'SELECT count(*) FROM (SELECT "adult"."id" AS unit FROM "public"."adult" WHERE "adult"."id" IS NOT NULL '
+        'GROUP BY 1 LIMIT (SELECT coalesce(max(unit_rows), 0) FROM anonproxy_rows) + 10) AS anonproxy_units')
     assert ctes["anonproxy_universe"].endswith(
-        'SELECT count(unit), coalesce(max(unit_rows), 0)\nFROM (SELECT "adult"."id" AS unit, count(*) AS unit_rows '
-        'FROM "public"."adult" GROUP BY 1) AS anonproxy_units')
+        'SELECT CASE WHEN (SELECT sure FROM anonproxy_sure) THEN (SELECT n FROM anonproxy_counted) ELSE (SELECT '
+        'count(unit) FROM (SELECT "adult"."id" AS unit FROM "public"."adult" GROUP BY 1) AS anonproxy_units) END')
     assert 'SELECT native_country AS anonproxy_g1, "adult"."id" AS unit\nFROM "public"."adult"' in \
         ctes["anonproxy_cells"]
     assert "s.units >= 10 AND (SELECT n FROM anonproxy_universe) - s.units NOT BETWEEN 1 AND 9" in \
@@ -589,15 +595,16 @@ def test_metabase_style_query() -> None:
         'GROUP BY "public"."adult"."education" ORDER BY "count" DESC, "public"."adult"."education" ASC LIMIT 2000')
     ctes, answer = parts(sql)
     assert ctes["anonproxy_universe"].endswith(
-        'SELECT count(unit), coalesce(max(unit_rows), 0)\nFROM (SELECT "adult"."id" AS unit, count(*) AS unit_rows '
-        'FROM "public"."adult" GROUP BY 1) AS anonproxy_units')
+        'ELSE (SELECT count(unit) FROM (SELECT "adult"."id" AS unit FROM "public"."adult" GROUP BY 1) '
+        'AS anonproxy_units) END')
     assert 'count(DISTINCT "adult"."id") AS units' in ctes["anonproxy_group_people"]
     assert "s.units >= 10 AND (SELECT n FROM anonproxy_universe) - s.units NOT BETWEEN 1 AND 9" in \
         ctes["anonproxy_primary"]
     # the sum needs k people with a non-zero value, in each group and in the withheld groups together
     assert 'count(DISTINCT "adult"."id") FILTER (WHERE ("adult"."hours_per_week") <> 0) AS n1' in \
         ctes["anonproxy_group_people"]
-    assert 'count("adult"."id") FILTER (WHERE ("adult"."hours_per_week") <> 0) AS unit_rows_n1' in \
+    assert ('bit_or(1::bigint << ((hash_array(ARRAY["adult"."id"])) & 63)::int) FILTER (WHERE '
+            '("adult"."hours_per_week") <> 0))::bit(64)::text, \'0\', \'\')), 0) AS unit_low_n1') in \
         ctes["anonproxy_rows"]
     assert 'bool_or(("adult"."hours_per_week") <> 0) AS n1' in ctes["anonproxy_cells"]
     assert "s.n1 >= 10" in ctes["anonproxy_primary"]
@@ -605,8 +612,8 @@ def test_metabase_style_query() -> None:
     # issue 11: three-part names are normalised to the table's reference before analysis (anonproxy.plan.names)
     assert '"public"."adult"."' not in sql
     assert ctes["anonproxy_rows"].startswith(
-        '-- one pass: each group\'s answer, its rows with a unit (per aggregate those that contribute), and per '
-        'SUM/AVG the bounds of its contributions\n'
+        '-- one pass: each group\'s answer, its rows with a unit, the buckets of people it holds (per aggregate those '
+        'that contribute), and per SUM/AVG the bounds of its contributions\n'
         'SELECT "adult"."education" AS anonproxy_g1, "adult"."education" AS anonproxy_c1, count(*) AS anonproxy_v1, '
         'sum("adult"."hours_per_week") AS anonproxy_v2, ')
     assert ctes["anonproxy_rows"].endswith('\nFROM "public"."adult"\n'
@@ -623,8 +630,8 @@ def test_linked_table_join_uses_the_protected_unit() -> None:
     ctes, _ = parts(sql)
     # N is the people of the join, and each group counts the protected table's people
     assert ctes["anonproxy_universe"].endswith(
-        'FROM (SELECT "a"."id" AS unit, count(*) AS unit_rows FROM "public"."visits" AS v JOIN '
-        '"public"."adult" AS a ON v.person_id = a.id GROUP BY 1) AS anonproxy_units')
+        'ELSE (SELECT count(unit) FROM (SELECT "a"."id" AS unit FROM "public"."visits" AS v JOIN '
+        '"public"."adult" AS a ON v.person_id = a.id GROUP BY 1) AS anonproxy_units) END')
     assert 'SELECT a.sex AS anonproxy_g1, "a"."id" AS unit\n' in ctes["anonproxy_cells"]
     assert 'count(DISTINCT "a"."id") AS units' in ctes["anonproxy_group_people"]
     only_linked = rewritten("SELECT count(*) FROM visits WHERE cost > 100")

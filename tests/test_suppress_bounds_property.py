@@ -38,7 +38,7 @@ from anonproxy.route.decide import decide
 from anonproxy.route.decision import Rewrite
 
 DATABASE = "suppress_bounds_property"
-SURE = "SELECT NOT EXISTS (SELECT FROM (SELECT *, sum(unit_rows) OVER ()"  # the start of anonproxy_sure's body
+SURE = "SELECT NOT EXISTS (SELECT FROM (SELECT *"  # the start of anonproxy_sure's body
 DATASETS = 12
 STATEMENTS = 25  # per data set
 KEYS = ("f.region", "f.band", "a.kind")

@@ -61,6 +61,9 @@ FUNCTIONS = frozenset({
     # time functions the proof admits (AT TIME ZONE is timezone() in the tree) and the statement-stable clock
     "timezone", "date_bin", "date", "make_date", "to_timestamp", "now", "transaction_timestamp",
     "statement_timestamp",
+    # suppress mode's buckets of people (anonproxy.suppress.one_pass): a unit's hash by its type's own hash function,
+    # the buckets a group holds as the bits of a bigint, and their number
+    "hash_array", "bit_or", "replace",
 })  # fmt: skip
 # The SQL keywords of the clock (SQLValueFunction): not CURRENT_USER, CURRENT_SCHEMA and the like, which read
 # settings, nor the volatile-looking current_time variants.
@@ -69,7 +72,8 @@ CLOCK_KEYWORDS = frozenset({"SVFOP_CURRENT_DATE", "SVFOP_CURRENT_TIMESTAMP", "SV
 # check that each row is still one person (sql/0023), which reads the catalog only.
 ANONPROXY_FUNCTIONS = frozenset({("anonproxy", "suppression_report"), ("anonproxy", "one_row_per_person")})
 # Comparison, LIKE/ILIKE (~~ and friends), and the arithmetic of the generators' thresholds and sums.
-OPERATORS = frozenset({"=", "<>", "<", ">", "<=", ">=", "~~", "!~~", "~~*", "!~~*", "+", "-", "*"})
+OPERATORS = frozenset({"=", "<>", "<", ">", "<=", ">=", "~~", "!~~", "~~*", "!~~*", "+", "-", "*",
+                       "&", "<<"})  # and suppress mode's bucket of a unit, as a bit of a bigint
 # Division and modulo only by NULLIF(divisor, 0) or a non-zero constant, as post-aggregate expressions
 # (anonproxy.plan.post_aggregate), outer queries over released rows (anonproxy.plan.outer) and the derived
 # values of the no-error proof (anonproxy.plan.bounds) write them: a zero divisor gives NULL or cannot occur.
@@ -80,11 +84,11 @@ _EXPRESSION_KINDS = frozenset({
     "AEXPR_BETWEEN", "AEXPR_NOT_BETWEEN", "AEXPR_BETWEEN_SYM", "AEXPR_NOT_BETWEEN_SYM",
 })  # fmt: skip
 # Cast targets: the types constants may be cast to (expressions._CONSTANT_CAST_TYPES), text for columns, and
-# the dp plan's numeric sums and name/oid/regclass in its guard. A cast runs the type's input or cast function:
-# a type of some other schema could run anything.
+# the dp plan's numeric sums and name/oid/regclass in its guard, and bit for suppress mode's buckets of people. A
+# cast runs the type's input or cast function: a type of some other schema could run anything.
 TYPES = frozenset({
     "bool", "int2", "int4", "int8", "numeric", "float4", "float8", "text", "varchar", "bpchar", "date", "time",
-    "timetz", "timestamp", "timestamptz", "interval", "name", "oid",
+    "timetz", "timestamp", "timestamptz", "interval", "name", "oid", "bit",
 })  # fmt: skip
 GUARD_TYPES = frozenset({"regclass"})  # a name looked up in pg_class: the guard's own table names
 

@@ -17,13 +17,15 @@ ORDER BY run over the released groups (:attr:`AnalyticQuery.post`).
   once the catalog still says so (sql/0023).
 * **Otherwise, a GROUP BY** (people may have several rows; :func:`_bounded`): the answer comes from one pass
   over the FROM clause that PostgreSQL can split over workers (``anonproxy_rows``), next to each group's rows with
-  a unit and, per SUM/AVG, ``|sum|`` and ``max|x|``; N is counted with the most rows one person has. Those bound
-  each group's people, contributors and contributions; when they prove that every group passes
-  (``anonproxy_sure``), nothing else reads the table. Otherwise each group's exact figures: its distinct units
-  (no magnitude rule to apply), or, under a magnitude rule whose figures follow from each person's rows
-  (:func:`two_level`), each person's part of each group (``anonproxy_cells``), from which the rules, complementary
-  suppression and the rest row are decided. Where each person is in one group (:func:`_one_group_per_person`),
-  the other groups' rows also bound the people a group leaves out, once the catalog still says so.
+  a unit, the buckets of people it holds (by the unit: people in different buckets are different people) and, per
+  SUM/AVG, ``|sum|`` and the largest bucket's total of ``|x|``. Those bound each group's people, contributors and
+  contributions without a pass per person; when they prove that every group passes (``anonproxy_sure``), nothing
+  else reads the table but N, counted up to a limit that gives every verdict N gives. Otherwise each group's exact
+  figures: its distinct units (no magnitude rule to apply), or, under a magnitude rule whose figures follow from
+  each person's rows (:func:`two_level`), each person's part of each group (``anonproxy_cells``), from which the
+  rules, complementary suppression and the rest row are decided, with N itself. Where each person is in one group
+  (:func:`_one_group_per_person`), the other groups' buckets also bound the people a group leaves out, once the
+  catalog still says so.
 
 The suppressed-rest row comes from the withheld groups' rows of the summary
 where the client's aggregates follow from them (counts, sums of exact types,
@@ -45,6 +47,7 @@ from anonproxy.suppress.complementary import complementary
 from anonproxy.suppress.rules import (
     ANSWERED,
     CELLS,
+    COUNTED,
     COVERED,
     GROUP_PEOPLE,
     GROUPS,
@@ -73,6 +76,10 @@ from anonproxy.suppress.rules import (
 PLAIN_PREFIX = plain(1)[:-1]  # the summary's columns of plain select items: anonproxy_c<i>
 # Aggregate arguments whose absolute value is summed as bigint: abs() of the type itself could overflow.
 _SMALL_INTEGERS = ("int2", "int4")
+_INTEGERS = ("smallint", "integer", "bigint")  # as the policy reads column types (format_type)
+# Buckets of people for the bounds of each person's part of a SUM/AVG: the largest holds about an eighth of a large
+# group's total, within dominance (n, k %) where n / 8 is well below k %, and p % up to 100.
+_SUM_BUCKETS = 8
 # Argument types whose sums are exact: the rest row's sums and averages follow from the groups' own.
 _EXACT_TYPES = ("int2", "int4", "int8", "numeric")
 
@@ -173,57 +180,66 @@ def _bounded(query: AnalyticQuery, rules: Rules, columns: list[_Column], magnitu
     contributions only when the bounds cannot prove that every group passes (``anonproxy_group_people``, from the
     per-person cells where a magnitude rule applies: ``linked``, :func:`two_level`).
 
-    A person has at most ``most`` rows of the FROM clause (counted with N), so a group of ``r`` rows with a unit
-    holds between ``ceil(r / most)`` and ``r`` people, and a person's part of a SUM/AVG of ``x`` is at most
-    ``most * max|x|`` in absolute value, while the total of the absolute parts is at least ``|sum(x)|``. When
-    every group surely holds k people and k contributors per aggregate, surely leaves k of N out (``r <= N - k``),
-    surely passes the magnitude rules at those bounds, and the answer leaves out of N nobody or k people, every
-    group is released whatever its exact figures (``anonproxy_sure``): primary suppression releases every group on
-    that proof (not on the bounds, which are not the figures), complementary suppression stops at step 0 and reads
-    none of them, and the summary carries the bounds in their place. Otherwise the exact figures, as
+    The bounds need no pass per person. Each person falls in one of 64 buckets by their unit (:func:`_unit_number`):
+    people in different buckets are different people, so a group holds at least as many people as it has buckets
+    with a unit (``unit_low``), and contributors likewise. A person's part of a SUM/AVG is at most the total of the
+    absolute values in their bucket (one of :data:`_SUM_BUCKETS`, fewer, so that each holds a share of a large
+    group), and the total of the absolute parts is at least ``|sum(x)|``. A group of ``r`` rows with a unit holds at
+    most ``r`` people, so it leaves out of N at least ``N - r``; where each person is in one group, at least the
+    other groups' people. When every group surely holds k people and k contributors per aggregate, surely leaves k
+    of N out, surely passes the magnitude rules at those bounds, and the answer leaves out of N nobody or k people,
+    every group is released whatever its exact figures (``anonproxy_sure``): primary suppression releases every
+    group on that proof (not on the bounds, which are not the figures), complementary suppression stops at step 0
+    and reads none of them, and the summary carries the bounds in their place. Otherwise the exact figures, as
     before. Returns the CTEs and the SQL of the answer's people with a WHERE (None without: N)."""
     k, unit = rules.k, query.unit
-    n, most = f"(SELECT n FROM {UNIVERSE})", f"(SELECT most FROM {UNIVERSE})"
-    people = f"SELECT {unit} AS unit, count(*) AS unit_rows FROM {query.from_sql} GROUP BY 1"
-    if _indexed_units(query):
-        # In the unit's order, PostgreSQL counts each person's rows as the indexes give them (a merge join for a
-        # linked table); unordered, it plans a hash of every person where the table is small, twice as slow.
-        people += " ORDER BY 1"
-    universe = ["SELECT count(unit), coalesce(max(unit_rows), 0)", f"FROM ({people}) AS anonproxy_units"]
     protected = _one_group_per_person(query)
-    if protected is not None:  # the bounds below rest on it: checked when the statement runs
-        universe.append(f"WHERE {one_row_per_person(*protected)}")
-    ctes: Ctes = [(f"{UNIVERSE}(n, most)", "\n".join(universe),
-                   "N: the people of the FROM clause, and the most rows one person has there")]
+    number = _unit_number(query)
+    bucket = f"1::bigint << (({number}) & 63)::int"
     tests = [contributes(rule, argument) for rule, argument in query.contributors]
-    bounds = [f"count({unit}) AS unit_rows",
-              *(f"count({unit}) FILTER (WHERE {test}) AS unit_rows_{flag}" for test, flag in zip(tests, flags,
-                                                                                                  strict=True))]
+    bounds = [f"count({unit}) AS unit_rows", f"{_buckets_held(f'bit_or({bucket})')} AS unit_low",
+              *(f"{_buckets_held(f'bit_or({bucket}) FILTER (WHERE {test})')} AS unit_low_{flag}"
+                for test, flag in zip(tests, flags, strict=True))]
     for j, argument in enumerate(magnitudes, 1):
-        # |sum(x)| <= the total of the people's absolute parts; max|x| bounds each row's part.
+        # Rows without a unit fall in bucket 0: the exact path counts them as one contribution.
+        parts = [f"sum({_contribution(query, argument)}) FILTER (WHERE coalesce(({number}) & {_SUM_BUCKETS - 1}, 0) "
+                 f"= {b})" for b in range(_SUM_BUCKETS)]
         bounds += [f"coalesce(abs(sum({argument})::numeric), 0) AS least_t{j}",
-                   f"coalesce(max({_contribution(query, argument)}), 0)::numeric AS largest_x{j}"]
+                   f"coalesce(greatest({', '.join(parts)}), 0)::numeric AS largest_part{j}"]
     select = [f"{column.expression} AS {column.name}" for column in columns]
-    ctes.append((ROWS, _grouped(query, [*select, *bounds]), ("one pass: each group's answer, its rows with a unit "
-                 "(per aggregate those that contribute), and per SUM/AVG the bounds of its contributions")))
-    # A group leaves out of N at least the people it cannot hold (r <= N - k); where each person is in one group,
-    # at least the other groups' people, each of whom has at most ``most`` of their rows.
-    left = f"unit_rows <= {n} - {k}"
-    if protected is not None:
-        left = f"({left} OR all_rows - unit_rows >= {k} * {most})"
-    surely = [f"unit_rows > {k - 1} * {most}", left, *(f"unit_rows_{flag} > {k - 1} * {most}" for flag in flags)]
+    ctes: Ctes = [(ROWS, _grouped(query, [*select, *bounds]), ("one pass: each group's answer, its rows with a unit, "
+                   "the buckets of people it holds (per aggregate those that contribute), and per SUM/AVG the "
+                   "bounds of its contributions"))]
+    counted = f"(SELECT n FROM {COUNTED})"
+    if protected is not None:  # the other groups' people are not in this one: the statement checks the catalog
+        left = f"all_low - unit_low >= {k}"
+        compared: list[str] = []
+        rows = f"SELECT *, sum(unit_low) OVER () AS all_low FROM {ROWS} WHERE {one_row_per_person(*protected)}"
+    else:
+        left = f"unit_rows <= {counted} - {k}"
+        compared = [f"(SELECT coalesce(max(unit_rows), 0) FROM {ROWS})"]
+        rows = f"SELECT * FROM {ROWS}"
+    surely = [f"unit_low >= {k}", left, *(f"unit_low_{flag} >= {k}" for flag in flags)]
     for j in range(1, len(magnitudes) + 1):
-        surely += surely_hold(rules, f"least_t{j}", f"({most} * largest_x{j})")
-    sure = (f"NOT EXISTS (SELECT FROM (SELECT *, sum(unit_rows) OVER () AS all_rows FROM {ROWS}) AS r\n"
-            f"  WHERE NOT ({' AND '.join(surely)}))")
+        surely += surely_hold(rules, f"least_t{j}", f"largest_part{j}")
+    sure = f"NOT EXISTS (SELECT FROM ({rows}) AS r\n  WHERE ({' AND '.join(surely)}) IS NOT TRUE)"
     covered = None
     if query.where is not None:
         ctes.append((f"{COVERED}(n)", (f"SELECT count(*) FROM (SELECT {unit} AS unit FROM {query.from_sql}\n"
                                        f"WHERE {query.where} GROUP BY 1) AS people"), "the people of the answer"))
         covered = f"SELECT n FROM {COVERED}"
-        sure += f"\n  AND {left_out(f'{n} - ({covered})', rules)}"
+        compared.append(f"({covered})")
+        sure += f"\n  AND {left_out(f'{counted} - ({covered})', rules)}"
+    limit = f"greatest({', '.join(compared)}) + {k}" if len(compared) > 1 else " + ".join([*compared, str(k)])
+    people = f"{_units(query, unit_not_null=True)} LIMIT {limit}"
+    ctes.append((f"{COUNTED}(n)", f"SELECT count(*) FROM ({people}) AS anonproxy_units",
+                 "N counted up to k more than every figure the bounds compare with it"))
     ctes.append((f"{SURE}(sure)", f"SELECT {sure}", ("every group surely passes the rules at its bounds, and the "
                  "answer leaves out of N nobody or k people")))
+    everyone = f"(SELECT count(unit) FROM ({_units(query)}) AS anonproxy_units)"
+    ctes.append((f"{UNIVERSE}(n)", f"SELECT CASE WHEN (SELECT sure FROM {SURE}) THEN {counted} ELSE {everyone} END",
+                 ("N: counted up to a limit when the bounds settle every group (every verdict is then the same), "
+                  "else every person")))
     unsure = f"NOT (SELECT sure FROM {SURE})"
     keys = [key(i) for i in range(1, len(query.keys) + 1)]
     sums = [f"s{j}" for j in range(1, len(magnitudes) + 1)]
@@ -244,16 +260,47 @@ def _bounded(query: AnalyticQuery, rules: Rules, columns: list[_Column], magnitu
     chosen = f"CASE WHEN (SELECT sure FROM {SURE}) THEN r.{{}} ELSE p.{{}} END AS {{}}"
     summary = [f"r.{column.name}" for column in columns]
     summary += [chosen.format("unit_rows", "units", "units"),
-                *(chosen.format(f"unit_rows_{flag}", flag, flag) for flag in flags)]
+                *(chosen.format(f"unit_low_{flag}", flag, flag) for flag in flags)]
     for j in range(1, len(magnitudes) + 1):
         summary += [chosen.format(f"least_t{j}", f"t{j}", f"t{j}"),
-                    chosen.format(f"largest_x{j} * {most}", f"m{j}", f"m{j}")]
+                    chosen.format(f"largest_part{j}", f"m{j}", f"m{j}")]
     on = " AND ".join(f"ARRAY[r.{name}] = ARRAY[p.{name}]" for name in keys)
     ctes.append((SUMMARY, "\n".join([f"SELECT {', '.join(summary)}",
                                       f"FROM {ROWS} AS r LEFT JOIN {GROUP_PEOPLE} AS p ON {on}"]),
                  ("each group's answer, with its people, contributors and contributions (the bounds standing in "
                   "when they settle the rules)")))
     return ctes, covered
+
+
+def _units(query: AnalyticQuery, unit_not_null: bool = False) -> str:
+    """The distinct units of the FROM clause (the WHERE not), in the unit's order where indexes give it: PostgreSQL
+    then reads them along the indexes (a merge join for a linked table), where unordered it plans a hash of every
+    person when the table is small, twice as slow."""
+    lines = [f"SELECT {query.unit} AS unit FROM {query.from_sql}"]
+    if unit_not_null:
+        lines.append(f"WHERE {query.unit} IS NOT NULL")
+    lines.append("GROUP BY 1" + (" ORDER BY 1" if _indexed_units(query) else ""))
+    return " ".join(lines)
+
+
+def _unit_number(query: AnalyticQuery) -> str:
+    """An integer of each person's unit, the same for units GROUP BY takes as one: the unit itself where the catalog
+    types it as an integer, else its hash by its type's own hash function (hash_array, with the unit's collation)."""
+    for reference, table in query.sources:
+        if table.protected is not None:
+            column, types = table.protected.unit_column, table.protected.types
+        elif table.linked is not None:
+            column, types = table.linked.column, table.linked.types
+        else:
+            continue
+        if f"{quote(reference)}.{quote(column)}" == query.unit and (types or {}).get(column) in _INTEGERS:
+            return query.unit
+    return f"hash_array(ARRAY[{query.unit}])"
+
+
+def _buckets_held(mask: str) -> str:
+    """The bits set in a bigint ``mask`` (0 for NULL): the buckets a group's people fall in."""
+    return f"coalesce(length(replace(({mask})::bit(64)::text, '0', '')), 0)"
 
 
 def _grouped(query: AnalyticQuery, select: list[str], condition: str | None = None) -> str:

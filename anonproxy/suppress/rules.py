@@ -51,6 +51,7 @@ ROWS = "anonproxy_rows"
 SURE = "anonproxy_sure"
 GROUP_PEOPLE = "anonproxy_group_people"
 COVERED = "anonproxy_covered"
+COUNTED = "anonproxy_counted"
 ANSWER = "anonproxy_answer"
 REPORT_FUNCTION = "anonproxy.suppression_report"  # sql/0022_complementary_report.sql
 
