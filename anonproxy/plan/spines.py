@@ -177,21 +177,19 @@ def give_series_a_from(tree: exp.Expression) -> None:
     dimension) into ``generate_series(...) AS d(name)``, and such a WITH query into ``SELECT name FROM
     generate_series(...) AS anonproxy_series(name)``: PostgreSQL gives the same rows, in the form of a spine
     (:func:`is_spine`), whose constants :func:`columns` then checks."""
-    for select in [node for node in tree.find_all(exp.Select) if isinstance(node.parent, (exp.Subquery, exp.CTE))]:
-        series = _selected_series(select)
-        if series is None:
+    for select in list(tree.find_all(exp.Select)):
+        parent, series = select.parent, _selected_series(select)
+        if series is None or not isinstance(parent, (exp.Subquery, exp.CTE)):
             continue
         item = select.expressions[0]
         name = exp.to_identifier(item.alias if isinstance(item, exp.Alias) else "generate_series", quoted=True)
-        alias = select.parent.args.get("alias")
-        if isinstance(select.parent, exp.Subquery) and alias is not None and alias.this and not alias.columns:
-            select.parent.replace(exp.Table(this=series.copy(), alias=exp.TableAlias(this=alias.this.copy(),
-                                                                                     columns=[name])))
-            continue
-        function = exp.Table(this=series.copy(), alias=exp.TableAlias(
-            this=exp.to_identifier(_SERIES_NAME, quoted=True), columns=[name.copy()]))
-        select.set("expressions", [exp.column(name)])
-        select.set("from_", exp.From(this=function))
+        alias = parent.args.get("alias")
+        if isinstance(parent, exp.Subquery) and alias is not None and alias.this and not alias.columns:
+            parent.replace(exp.Table(this=series.copy(), alias=exp.TableAlias(this=alias.this.copy(), columns=[name])))
+        else:  # a WITH query, or a derived table without a plain alias: its body reads the series in FROM
+            select.set("expressions", [exp.column(name.copy())])
+            select.set("from_", exp.From(this=exp.Table(this=series.copy(), alias=exp.TableAlias(
+                this=exp.to_identifier(_SERIES_NAME, quoted=True), columns=[name]))))
 
 
 def _selected_series(select: exp.Select) -> exp.ExplodingGenerateSeries | None:
