@@ -59,6 +59,7 @@ _NESTING = (exp.Subquery, exp.With, exp.CTE, exp.SetOperation)  # what the passe
 def prepare(statement: Statement, tree: exp.Expression, index: PolicyIndex) -> Shape:
     """The shape of ``tree`` (which is changed in place)."""
     drop_database(tree, index.policy.database)
+    spines.give_series_a_from(tree)  # MetricFlow's FROM-less spine: now generate_series in FROM
     spines.rewrite_joined(tree, statement.source)  # a spine joined to rows: now the spine beside an aggregate query
     if not any(isinstance(node, _NESTING) or (isinstance(node, exp.Column) and node.args.get("db") is not None)
                for node in tree.walk()):

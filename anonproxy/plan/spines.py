@@ -167,6 +167,41 @@ def _interval(node: exp.Expression | None) -> tv.Interval | None:
     return None
 
 
+# --- generate_series in the select list of a query without FROM ---------------------------------------------
+
+_SERIES_NAME = "anonproxy_series"
+
+
+def give_series_a_from(tree: exp.Expression) -> None:
+    """Rewrite each derived table ``(SELECT generate_series(...) [AS name]) AS d`` (MetricFlow's spine of a time
+    dimension) into ``generate_series(...) AS d(name)``, and such a WITH query into ``SELECT name FROM
+    generate_series(...) AS anonproxy_series(name)``: PostgreSQL gives the same rows, in the form of a spine
+    (:func:`is_spine`), whose constants :func:`columns` then checks."""
+    for select in list(tree.find_all(exp.Select)):
+        parent, series = select.parent, _selected_series(select)
+        if series is None or not isinstance(parent, (exp.Subquery, exp.CTE)):
+            continue
+        item = select.expressions[0]
+        name = exp.to_identifier(item.alias if isinstance(item, exp.Alias) else "generate_series", quoted=True)
+        alias = parent.args.get("alias")
+        if isinstance(parent, exp.Subquery) and alias is not None and alias.this and not alias.columns:
+            parent.replace(exp.Table(this=series.copy(), alias=exp.TableAlias(this=alias.this.copy(), columns=[name])))
+        else:  # a WITH query, or a derived table without a plain alias: its body reads the series in FROM
+            select.set("expressions", [exp.column(name.copy())])
+            select.set("from_", exp.From(this=exp.Table(this=series.copy(), alias=exp.TableAlias(
+                this=exp.to_identifier(_SERIES_NAME, quoted=True), columns=[name]))))
+
+
+def _selected_series(select: exp.Select) -> exp.ExplodingGenerateSeries | None:
+    """The generate_series call that is the one item of ``select``, when nothing else is in it (no FROM)."""
+    used = {key for key, value in select.args.items() if value not in (None, False, [], "")}
+    if used != {"expressions"} or len(select.expressions) != 1:
+        return None
+    item = select.expressions[0]
+    item = item.this if isinstance(item, exp.Alias) else item
+    return item if isinstance(item, exp.ExplodingGenerateSeries) else None
+
+
 # --- a spine joined to the rows, then grouped by the spine ---------------------------------------------------
 
 ROWS = "anonproxy_spine_rows"  # the aggregate query's released rows, in the rewritten statement
