@@ -23,8 +23,9 @@ from typing import Any
 
 import psycopg
 import pytest
-from conftest import govern_by_demo_policy
+from conftest import Endpoint, attack_roles, govern_by_demo_policy, released_as_postgresql, wait_for_current_policy
 from service_sql import run_as_service, sorted_rows
+from test_attacks_round14 import SYNC, Raw, bind, errors, execute, parse, rows
 
 from anonproxy.embedded import EmbeddedPostgres
 from anonproxy.policy.model import ColumnPolicy, LinkedTable
@@ -32,6 +33,7 @@ from anonproxy.policy.store import load_policy
 from anonproxy.policy.yaml_policy import apply_policy, demo_policy
 from anonproxy.route.decide import decide
 from anonproxy.route.decision import Rewrite
+from anonproxy.wire import protocol as pg
 
 DATABASE = "attacks_round15"
 ACTS = "public.acts"
@@ -245,3 +247,229 @@ def test_the_attacked_statements_take_the_bounds_first_shape(owner: psycopg.Conn
     """The attacks above reach ``_bounded``: their rewritten SQL holds ``anonproxy_sure``."""
     for statement in (COUNT, SUM, "SELECT a.kind, count(*) AS n FROM public.acts a WHERE a.v > 0 GROUP BY 1"):
         assert _rewrite(owner, statement).count(SURE) == 1, statement
+
+
+# Through the real proxy: fan-out keys, reference semi-joins, DEALLOCATE ----------------------------------------------
+
+reporter, analyst = attack_roles("dp_round15", scope="module")
+REFERENCE = "public.r15_channels"
+SHADOW = "r15_shadow"  # a schema whose tables share the names of public's
+
+
+@pytest.fixture(scope="module")
+def reference(truth: psycopg.Connection[Any], gated_proxy: Endpoint, gated_database: str) -> Iterator[None]:
+    """A declared reference table of channels, and a schema of tables named as adult and it, readable by all."""
+    truth.execute(f"create table {REFERENCE} (channel text primary key, kind text not null)")
+    truth.execute(f"insert into {REFERENCE} values ('web', 'online'), ('app', 'online'), ('store', 'offline')")
+    truth.execute(f"select anonproxy.declare_reference_table('{REFERENCE}')")
+    truth.execute(f"create schema {SHADOW}")
+    truth.execute(f"create table {SHADOW}.adult as select * from public.adult where id < 5")
+    truth.execute(f"create table {SHADOW}.r15_channels as select id::text as channel, sex as kind from public.adult")
+    truth.execute(f"grant usage on schema {SHADOW} to public")
+    truth.execute(f"grant select on all tables in schema {SHADOW} to public")
+    wait_for_current_policy(truth, gated_proxy, gated_database)
+    try:
+        yield
+    finally:
+        truth.execute(f"select anonproxy.undeclare_reference_table('{REFERENCE}')")
+        truth.execute(f"drop table {REFERENCE}")
+        truth.execute(f"drop schema {SHADOW} cascade")
+        wait_for_current_policy(truth, gated_proxy, gated_database)
+
+
+def _outcome(conn: psycopg.Connection[Any], sql: str) -> tuple[str, Any]:
+    """("rows", the rows) or ("error", its SQLSTATE)."""
+    try:
+        return "rows", conn.execute(sql).fetchall()
+    except psycopg.Error as error:
+        return "error", error.sqlstate
+
+
+def _keys(keys: str, outer: str = "public.adult", on: str = "k.pk = adult.id", select: str = "k.s, count(*)",
+          where: str = "") -> str:
+    return (f"SELECT {select} FROM (SELECT DISTINCT {keys}) AS k JOIN {outer} ON {on} {where} GROUP BY 1")
+
+
+FANOUT = {
+    # the keys' alias is the joined table's too: PostgreSQL refuses the duplicate name
+    "one alias for both": _keys("adult.sex s, adult.id pk FROM public.adult", "public.adult k", "k.pk = k.id"),
+    # a DISTINCT key named as the unit that is another column
+    "a key named as the unit": _keys("adult.age id, adult.sex s FROM public.adult", on="k.id = adult.id"),
+    # the keys from another schema's table of the same name
+    "keys of a shadow table": _keys(f"adult.sex s, adult.id pk FROM {SHADOW}.adult"),
+    # joined back to another schema's table of the same name
+    "joined back to a shadow table": _keys("adult.sex s, adult.id pk FROM public.adult", f"{SHADOW}.adult"),
+    # quoted identifiers that differ from the key's name only in case
+    "a key in another case": _keys('adult.sex s, adult.id "PK" FROM public.adult', on='k."PK" = adult.id'),
+    "a key named in another case": _keys('adult.sex s, adult.id "PK" FROM public.adult', on="k.pk = adult.id"),
+    # an outer WHERE on the unit through the keys: one person's group
+    "an outer WHERE on the key": _keys("adult.sex s, adult.id pk FROM public.adult", where="WHERE k.pk = 17"),
+    # the unit itself as the outer group: one person a group
+    "grouped by the key": _keys("adult.sex s, adult.id pk FROM public.adult", select="k.pk, count(*)"),
+    # the keys' WHERE reads the outer table (PostgreSQL: not without LATERAL)
+    "keys reading the outer query": _keys("a2.sex s, a2.id pk FROM public.adult a2 WHERE a2.age > adult.age"),
+}
+
+
+@pytest.mark.parametrize("sql", FANOUT.values(), ids=FANOUT.keys())
+def test_fanout_keys_answer_as_postgresql_or_refuse(sql: str, reference: None, reporter: psycopg.Connection[Any],
+                                                    truth: psycopg.Connection[Any]) -> None:
+    """Each statement is refused, or answered with PostgreSQL's own rows less withheld groups (none of fewer than
+    k people); where PostgreSQL refuses it, the proxy does too."""
+    kind, expected = _outcome(truth, sql)
+    got_kind, got = _outcome(reporter, sql)
+    if kind == "error" or got_kind == "error":
+        assert got_kind == "error", (sql, expected, got)
+        return
+    assert all(row[-1] >= K for row in got if row[0] is not None), got
+    released_as_postgresql(got, expected, complete=len(got) == len(expected))
+
+
+SEMI = {
+    "a protected table": "SELECT sex, count(*) FROM public.adult WHERE sex IN (SELECT sex FROM public.adult) GROUP BY 1",
+    "a linked table": ("SELECT channel, count(*) FROM public.visits WHERE channel IN (SELECT channel FROM "
+                       "public.visits) GROUP BY 1"),
+    "a shadow table of the same name": (f"SELECT channel, count(*) FROM public.visits WHERE channel IN (SELECT channel "
+                                        f"FROM {SHADOW}.r15_channels) GROUP BY 1"),
+    "a function": ("SELECT channel, count(*) FROM public.visits WHERE channel IN (SELECT channel FROM "
+                   "pg_catalog.generate_series(1, 2) AS channel) GROUP BY 1"),
+    "a view over the protected table": ("SELECT channel, count(*) FROM public.visits WHERE channel IN (SELECT "
+                                        "table_name FROM information_schema.tables) GROUP BY 1"),
+    "the unit against a list": ("SELECT sex, count(*) FROM public.adult WHERE id::text IN (SELECT channel FROM "
+                                f"{SHADOW}.r15_channels) GROUP BY 1"),
+}
+
+
+@pytest.mark.parametrize("sql", SEMI.values(), ids=SEMI.keys())
+def test_semi_joins_on_what_is_not_a_reference_table_are_refused(sql: str, reference: None,
+                                                                 reporter: psycopg.Connection[Any],
+                                                                 analyst: psycopg.Connection[Any]) -> None:
+    for conn in (reporter, analyst):
+        kind, sqlstate = _outcome(conn, sql)
+        assert kind == "error" and sqlstate in ("0A000", "42501", "42P01"), (sql, kind, sqlstate)
+
+
+# Errors that would depend on one person's value: the left side fails only for an age some person has. (The
+# subquery reads only the reference table, public: its errors follow public values.)
+FAILING = {
+    "a cast of the left side": ("SELECT sex, count(*) FROM public.adult WHERE (CASE WHEN age = {age} THEN 'x'::int "
+                                "ELSE 0 END)::text IN (SELECT channel FROM public.r15_channels) GROUP BY 1"),
+    "a division on the left side": ("SELECT sex, count(*) FROM public.adult WHERE (100 / (age - {age}))::text IN "
+                                    "(SELECT channel FROM public.r15_channels) GROUP BY 1"),
+}
+
+
+@pytest.mark.parametrize("sql", FAILING.values(), ids=FAILING.keys())
+def test_an_error_does_not_tell_whether_someone_has_a_value(sql: str, reference: None,
+                                                            reporter: psycopg.Connection[Any],
+                                                            analyst: psycopg.Connection[Any],
+                                                            truth: psycopg.Connection[Any]) -> None:
+    """With an age some person has (90) and one nobody has (-5), the proxy's outcome (refused, an error, rows) is the
+    same: whatever SQLSTATE it gives does not follow the data."""
+    present, absent = (sql.format(age=age) for age in (90, -5))
+    assert truth.execute("SELECT count(*) FROM public.adult WHERE age = 90").fetchone()[0] > 0
+    for conn in (reporter, analyst):
+        with_someone, without = _outcome(conn, present), _outcome(conn, absent)
+        assert with_someone[0] == without[0], (sql, with_someone, without)
+        if with_someone[0] == "error":
+            assert with_someone == without, sql
+
+
+# DEALLOCATE and a statement of the same name prepared again, in one batch ------------------------------------------
+
+def _steps(session: Raw, *steps: bytes) -> list[list[tuple[bytes, bytes]]]:
+    """Each step's messages up to its ReadyForQuery."""
+    answers = []
+    for step in steps:
+        session.send(step)
+        answers.append(session.until(b"Z"))
+    return answers
+
+
+ALLOWED = "select count(*) from public.adult"
+IDS = "select id, age from public.adult"  # refused to the reporter: person by person
+
+
+@pytest.mark.parametrize("drop", ["deallocate s1", "DEALLOCATE PREPARE S1", 'deallocate "s1"', "select 1; deallocate s1",
+                                  "deallocate s1; select 1/0", "discard all", "deallocate all"])
+def test_a_name_prepared_again_after_deallocate_runs_under_its_own_decision(drop: str, gated_proxy: Endpoint,
+                                                                             gated_database: str) -> None:
+    """One batch: an allowed count prepared as s1 and run, ``drop`` as a Query, s1 prepared again as the ids of
+    every person, bound and run. PostgreSQL would answer it to its owner; through the proxy its Parse is refused
+    and no row of it comes back, whatever dropped s1 (and whether it did)."""
+    session = Raw(gated_proxy.dsn(gated_database, user="reporter"))
+    try:
+        session.send(parse(ALLOWED, b"s1") + bind(statement=b"s1") + execute() + SYNC, pg.query_message(drop),
+                     parse(IDS, b"s1") + bind(statement=b"s1") + execute() + SYNC)
+        first, dropped, again = session.until(b"Z"), session.until(b"Z"), session.until(b"Z")
+    finally:
+        session.close()
+    assert len(rows(first)) == 1 and not errors(first), first
+    assert dropped  # answered, as PostgreSQL answers it or with its error
+    assert rows(again) == [] and errors(again), again
+
+
+def test_a_name_in_use_keeps_its_statement_and_its_decision(gated_proxy: Endpoint, pg_server: EmbeddedPostgres,
+                                                            gated_database: str) -> None:
+    """s1 on the wire is "S1": ``deallocate S1`` (folded to s1) drops nothing; "S1" prepared again as the ids of
+    every person, then as another count, is refused both times; "S1" still runs the first count. As PostgreSQL
+    answers (the first error aside: the proxy refuses the ids before PostgreSQL would find the name in use)."""
+    steps = (parse(ALLOWED, b"S1") + SYNC, pg.query_message("deallocate S1"), parse(IDS, b"S1") + SYNC,
+             parse(ALLOWED + " where age > 50", b"S1") + SYNC, bind(statement=b"S1") + execute() + SYNC)
+    answers = {}
+    for who, dsn in (("proxy", gated_proxy.dsn(gated_database, user="reporter")),
+                     ("postgresql", pg_server.conninfo(dbname=gated_database))):
+        session = Raw(dsn)
+        try:
+            answers[who] = _steps(session, *steps)
+        finally:
+            session.close()
+    for who, (prepared, dropped, ids, other, run) in answers.items():
+        assert not errors(prepared) and errors(dropped) == ["26000"], (who, dropped)
+        assert rows(ids) == [] and errors(ids) == (["42501"] if who == "proxy" else ["42P05"]), (who, ids)
+        assert errors(other) == ["42P05"], (who, other)
+        assert not errors(run), (who, run)
+    assert rows(answers["proxy"][-1]) == rows(answers["postgresql"][-1])
+
+
+def test_a_name_the_gate_forgot_binds_nothing_after_the_policy_changed(truth: psycopg.Connection[Any],
+                                                                       gated_proxy: Endpoint,
+                                                                       gated_database: str) -> None:
+    """s9 reads a declared reference table (answered on the client's connection); prepared again as the ids of
+    every person, refused, the gate forgot s9 while the connection kept it. The table then stops being a reference
+    table, which the reporter may no longer read. Bound, s9 must not run its old text without a decision under the
+    policy in force: no row comes back."""
+    truth.execute("create table public.r15_secret (x integer primary key)")
+    truth.execute("insert into public.r15_secret values (1), (2)")
+    truth.execute("select anonproxy.declare_reference_table('public.r15_secret')")
+    wait_for_current_policy(truth, gated_proxy, gated_database)
+    session = Raw(gated_proxy.dsn(gated_database, user="reporter"))
+    try:
+        prepared, again = _steps(session, parse("select x from public.r15_secret", b"s9") + SYNC,
+                                 parse(IDS, b"s9") + SYNC)
+        assert not errors(prepared) and errors(again), (prepared, again)
+        truth.execute("select anonproxy.undeclare_reference_table('public.r15_secret')")
+        wait_for_current_policy(truth, gated_proxy, gated_database)
+        assert errors(session.query("select x from public.r15_secret"))  # the policy now refuses it
+        bound, = _steps(session, bind(statement=b"s9") + execute() + SYNC)
+        assert rows(bound) == [] and errors(bound), bound
+    finally:
+        session.close()
+        truth.execute("drop table public.r15_secret")
+        wait_for_current_policy(truth, gated_proxy, gated_database)
+
+
+def test_deallocate_of_a_gated_statement_that_took_a_relayed_name(gated_proxy: Endpoint, pg_server: EmbeddedPostgres,
+                                                                  gated_database: str) -> None:
+    """s8 prepared as ``select 1`` (on the client's connection), then as a gated count (PostgreSQL: 42P05, s8
+    unchanged), then DEALLOCATE s8: bound afterwards, s8 is gone through the proxy as in PostgreSQL (26000) -- the
+    connection's old s8 never runs without the gate's decision."""
+    steps = (parse("select 1", b"s8") + SYNC, parse(ALLOWED, b"s8") + SYNC, pg.query_message("deallocate s8"),
+             bind(statement=b"s8") + execute() + SYNC)
+    for dsn in (gated_proxy.dsn(gated_database, user="reporter"), pg_server.conninfo(dbname=gated_database)):
+        session = Raw(dsn)
+        try:
+            bound = _steps(session, *steps)[-1]
+        finally:
+            session.close()
+        assert rows(bound) == [] and errors(bound) == ["26000"], (dsn, bound)
