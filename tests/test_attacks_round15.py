@@ -11,6 +11,13 @@ its exact path (``anonproxy_sure`` false), and an independent computation in Pyt
 returns for the statement's FROM and WHERE (a released group holds at least k distinct people, and passes
 dominance (2, 85 %) and p 10 % over each person's part). A generated test draws small tables of that shape and
 statements over them.
+
+Through the real proxy (``attack_roles``): fan-out keys the rewrite could misread (aliases that shadow, a key
+named as the unit, another schema's table of the same name, quoted names, conditions on both sides) answer as
+PostgreSQL less withheld groups, or are refused; IN (SELECT ...) over what is not a reference table is refused,
+and an error on the left side does not follow whether someone has a value; a statement name deallocated or in
+use never runs another text, or a text the gate has no decision for (the last two failed before the fix in
+anonproxy/proxy/routing.py: ``_bind``, ``_prepare``).
 """
 
 from __future__ import annotations
