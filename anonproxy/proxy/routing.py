@@ -287,8 +287,16 @@ class Router:
         """Where statement ``name`` now belongs, and the route of its Parse (``raw``: the client's; None: ours)."""
         decision = decided.decision
         prepared = self._prepared
+        if isinstance(decision, Script):  # PostgreSQL checks it first, after the syntax
+            decision = Reject("42601", "cannot insert multiple commands into a prepared statement")
         if self._now.status == b"E" and not isinstance(decision, (Pass, Relayed, Intercept, Reject)):
             return self._refuse(_ABORTED)  # as PostgreSQL: the statement of that name, if any, stays
+        if raw is not None and name and name in prepared.statements:
+            # A name in use: PostgreSQL refuses the Parse (the statement's own error, else 42P05) and keeps the
+            # statement of that name, and so does the gate with its decision (else the two could differ on what the
+            # name runs: one the client's connection holds with no decision here, or another text than decided).
+            in_use = Reject("42P05", f'prepared statement "{name.decode(errors="replace")}" already exists')
+            return self._refuse(self._failed_first(decision if isinstance(decision, Reject) else in_use))
         if name and name not in prepared.texts and not isinstance(decision, Reject):
             reject = prepared.no_room(name, decided, self._limits)
             if reject is not None:
@@ -301,9 +309,7 @@ class Router:
             decided = Decided(decided.sql, decision.described, decided.version,
                               bind_time.service_rest(decision, decided.rest), decision.representative)
             decision = decided.decision
-        if isinstance(decision, Script):
-            decision = Reject("42601", "cannot insert multiple commands into a prepared statement")
-        elif isinstance(decision, (DeclareCursor, FetchCursor, CloseCursor)):
+        if isinstance(decision, (DeclareCursor, FetchCursor, CloseCursor)):
             if gate_cursors.for_cursors(decision, self._cursors):
                 prepared.texts[name] = decided
                 prepared.statements[name] = Owner.LOCAL
@@ -361,6 +367,11 @@ class Router:
     def _bind(self, raw: bytes, body: bytes) -> Route:
         portal, offset = pg.read_cstring(body)
         statement, values = pg.read_cstring(body, offset)
+        if statement not in self._prepared.statements:
+            # Every statement of the client's connection was prepared through the gate (SQL PREPARE is refused):
+            # one it does not know has no decision, even where that connection still holds the name (prepared
+            # again and refused, or taken over by a gated statement since deallocated). PostgreSQL's own error.
+            return self._refuse(_no_statement(statement))
         if self._now.status == b"E" and self._prepared.statements.get(statement) in (Owner.SERVICE, Owner.PROXY):
             return self._refuse(_ABORTED)  # as PostgreSQL (the failed transaction is on the client's connection)
         # The statement prepared again: for the value class of this Bind's values, or under a new policy.
@@ -649,3 +660,10 @@ class Router:
 
     def _refuse(self, reject: Reject, simple: bool = False) -> Route:
         return self.refuse(reject, simple, self._now.status)
+
+
+def _no_statement(name: bytes) -> Reject:
+    """PostgreSQL's error for a Bind of a statement that does not exist."""
+    if not name:
+        return Reject("26000", "unnamed prepared statement does not exist")
+    return Reject("26000", f'prepared statement "{name.decode(errors="replace")}" does not exist')
