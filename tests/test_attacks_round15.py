@@ -493,3 +493,25 @@ def test_deallocate_of_a_gated_statement_that_took_a_relayed_name(gated_proxy: E
         finally:
             session.close()
         assert rows(bound) == [] and errors(bound) == ["26000"], (dsn, bound)
+
+
+@pytest.mark.parametrize("again", ["select count(*) from pg_catalog.pg_class", ALLOWED])
+def test_a_name_whose_parse_failed_on_the_connection_can_be_prepared_again(again: str, gated_proxy: Endpoint,
+                                                                          pg_server: EmbeddedPostgres,
+                                                                          gated_database: str) -> None:
+    """s7's first Parse goes to the client's connection (a catalog query) and fails there (42703): the name is free,
+    and prepared again (relayed, or a gated count) it runs, as in PostgreSQL -- the gate does not take a name whose
+    Parse it did not answer itself for one in use."""
+    steps = (parse("select nosuchcolumn from pg_catalog.pg_class", b"s7") + SYNC, parse(again, b"s7") + SYNC,
+             bind(statement=b"s7") + execute() + SYNC)
+    answers = {}
+    for who, dsn in (("proxy", gated_proxy.dsn(gated_database, user="reporter")),
+                     ("postgresql", pg_server.conninfo(dbname=gated_database))):
+        session = Raw(dsn)
+        try:
+            answers[who] = _steps(session, *steps)
+        finally:
+            session.close()
+    for who, (failed, prepared, run) in answers.items():
+        assert errors(failed) == ["42703"] and not errors(prepared) and not errors(run), (who, prepared, run)
+    assert rows(answers["proxy"][-1]) == rows(answers["postgresql"][-1])

@@ -291,10 +291,11 @@ class Router:
             decision = Reject("42601", "cannot insert multiple commands into a prepared statement")
         if self._now.status == b"E" and not isinstance(decision, (Pass, Relayed, Intercept, Reject)):
             return self._refuse(_ABORTED)  # as PostgreSQL: the statement of that name, if any, stays
-        if raw is not None and name and name in prepared.statements:
-            # A name in use: PostgreSQL refuses the Parse (the statement's own error, else 42P05) and keeps the
-            # statement of that name, and so does the gate with its decision (else the two could differ on what the
-            # name runs: one the client's connection holds with no decision here, or another text than decided).
+        if raw is not None and name and prepared.statements.get(name) in (Owner.SERVICE, Owner.PROXY, Owner.LOCAL):
+            # A name in use, the gate's own (it answered that Parse, so the statement surely exists): PostgreSQL
+            # refuses the Parse (the statement's own error, else 42P05) and keeps the statement of that name, and so
+            # does the gate with its decision. A name whose Parse went to the client's connection may have failed
+            # there: that connection answers, as PostgreSQL (and a Bind of a name the gate forgot gets 26000).
             in_use = Reject("42P05", f'prepared statement "{name.decode(errors="replace")}" already exists')
             return self._refuse(self._failed_first(decision if isinstance(decision, Reject) else in_use))
         if name and name not in prepared.texts and not isinstance(decision, Reject):
