@@ -68,3 +68,11 @@ def service_answer(conn: psycopg.Connection[Any], sql: str) -> tuple[list[tuple[
     rows, details, error = run_as_service(conn, sql)
     assert error is None, error
     return sorted_rows(rows), details
+
+
+def bounds_settle(conn: psycopg.Connection[Any], sql: str) -> bool:
+    """Whether the bounds of bounds-first SQL settle every group: its CTEs up to ``anonproxy_sure``, and its value."""
+    end = sql.index("\n)", sql.index(SURE)) + 2
+    rows, _, error = run_as_service(conn, sql[:end] + "\nSELECT sure FROM anonproxy_sure")
+    assert error is None, error
+    return bool(rows[0][0])

@@ -19,7 +19,7 @@ from typing import Any
 
 import psycopg
 from conftest import database_of_its_own
-from service_sql import SURE, exact_path, rewritten, run_as_service, service_answer, sorted_rows
+from service_sql import bounds_settle, exact_path, rewritten, service_answer, sorted_rows
 
 from anonproxy.policy.model import (
     ColumnPolicy,
@@ -137,14 +137,6 @@ def _rewrite(policy: Policy, params: SuppressionParams, text: str) -> str:
     return rewritten(text, RolePolicy("reporter", "suppress", params), policy)
 
 
-def _sure(conn: psycopg.Connection[Any], sql: str) -> bool:
-    """Whether the bounds settle every group: the statement's CTEs up to ``anonproxy_sure``, and its value."""
-    end = sql.index("\n)", sql.index(SURE)) + 2
-    rows, _, error = run_as_service(conn, sql[:end] + "\nSELECT sure FROM anonproxy_sure")
-    assert error is None, error
-    return bool(rows[0][0])
-
-
 def test_the_bounds_path_answers_as_the_exact_path(owner: psycopg.Connection) -> None:
     rng = random.Random("issue 24 bounds first, generated")
     policy = load_policy(owner)
@@ -156,7 +148,7 @@ def test_the_bounds_path_answers_as_the_exact_path(owner: psycopg.Connection) ->
             sql = _rewrite(policy, params, text)
             answer = service_answer(owner, sql)
             assert answer == service_answer(owner, exact_path(sql)), (params, text)
-            settled += _sure(owner, sql)
+            settled += bounds_settle(owner, sql)
             withheld += any('"groups": null' not in d and '"groups": 0' not in d for d in answer[1])
             cases += 1
     assert settled >= cases // 4, (settled, cases)  # the bounds path is taken, not only the exact one
@@ -175,7 +167,7 @@ def test_a_group_settled_by_the_other_groups_rows_is_released(owner: psycopg.Con
             "ON a.person = f.id GROUP BY 1")
     params = SuppressionParams(k=10, dominance_n=2, dominance_percent=85, p_percent=10, suppressed_rest=True)
     sql = _rewrite(load_policy(owner), params, text)
-    assert _sure(owner, sql)
+    assert bounds_settle(owner, sql)
     rows, details = service_answer(owner, sql)
     assert rows == sorted_rows(owner.execute(text).fetchall())  # both groups, PostgreSQL's own answer
     assert (rows, details) == service_answer(owner, exact_path(sql))
