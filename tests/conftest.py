@@ -31,6 +31,8 @@ from pytest_postgresql.janitor import DatabaseJanitor
 
 from anonproxy import demo, sample_data, schema
 from anonproxy.embedded import EmbeddedPostgres
+from anonproxy.policy.model import Policy
+from anonproxy.policy.yaml_policy import apply_policy
 from anonproxy.views.hierarchies import load_adult_hierarchies
 
 # Roles that exercise each authentication method the proxy must relay.
@@ -172,12 +174,39 @@ def govern_by_demo_policy(conn: psycopg.Connection, dbname: str) -> None:
     demo.govern_by_demo_policy(conn, dbname, SERVICE_ROLE, SERVICE_ROLE)
 
 
+def create_database(pg_server: EmbeddedPostgres, pg_template: NoopExecutor, dbname: str) -> None:
+    """Database ``dbname`` made anew from the template (the anonproxy schema and the sample data)."""
+    with psycopg.connect(pg_server.conninfo(), autocommit=True) as conn:
+        conn.execute(f"drop database if exists {dbname}")
+        conn.execute(f"create database {dbname} template {pg_template.template_dbname}")
+
+
+def database_of_its_own(dbname: str, prepare: Callable[[psycopg.Connection], Policy]) -> Callable[..., Any]:
+    """Fixture ``owner`` for a test module: a database of its own, ``dbname``, made from the template and governed
+    by the demo policy, where ``prepare`` (given a connection in a transaction) creates the module's tables and
+    returns the policy to apply, usually the demo's with its linked tables; then a superuser connection to it
+    (autocommit) for the module, and the database dropped after it. Use: ``owner = database_of_its_own("db", tables)``.
+    """
+
+    @pytest.fixture(scope="module", name="owner")
+    def owner(pg_server: EmbeddedPostgres, pg_template: NoopExecutor) -> Iterator[psycopg.Connection]:
+        create_database(pg_server, pg_template, dbname)
+        with psycopg.connect(pg_server.conninfo(dbname=dbname)) as conn:
+            govern_by_demo_policy(conn, dbname)
+            apply_policy(conn, prepare(conn))
+            conn.commit()
+        with psycopg.connect(pg_server.conninfo(dbname=dbname), autocommit=True) as conn:
+            yield conn
+        with psycopg.connect(pg_server.conninfo(), autocommit=True) as conn:
+            conn.execute(f"drop database {dbname} with (force)")
+
+    return owner
+
+
 @pytest.fixture(scope="session")
 def gated_database(pg_server: EmbeddedPostgres, pg_template: NoopExecutor) -> str:
     """A database under the demo policy (reporter: suppress, k = 10; analyst: dp; dba: direct)."""
-    with psycopg.connect(pg_server.conninfo(), autocommit=True) as conn:
-        conn.execute(f"drop database if exists {GATED_DATABASE}")
-        conn.execute(f"create database {GATED_DATABASE} template {pg_template.template_dbname}")
+    create_database(pg_server, pg_template, GATED_DATABASE)
     with psycopg.connect(pg_server.conninfo(dbname=GATED_DATABASE)) as conn:
         govern_by_demo_policy(conn, GATED_DATABASE)
         conn.commit()
@@ -263,18 +292,13 @@ def corpus_roles(dp_role: str) -> tuple[Callable[..., Any], Callable[..., Any]]:
     proxy as ``reporter`` (suppress, k = 10), and one as a dp role of the module's own, named ``dp_role``, with
     budget for the whole corpus (ε 0.5 a question). Use: ``reporter, analyst = corpus_roles("dp_round10")``."""
 
-    @pytest.fixture(scope="module", name="reporter")
-    def reporter(gated_proxy: Endpoint, gated_database: str) -> Iterator[psycopg.Connection]:
-        with psycopg.connect(gated_proxy.dsn(gated_database, user="reporter"), autocommit=True) as conn:
-            yield conn
-
     @pytest.fixture(scope="module", name="analyst")
     def analyst(truth: psycopg.Connection, gated_proxy: Endpoint, gated_database: str) -> Iterator[psycopg.Connection]:
         with fresh_dp_role(truth, gated_proxy, gated_database, dp_role, epsilon=1000, delta=0.5) as role, \
                 psycopg.connect(gated_proxy.dsn(gated_database, user=role), autocommit=True) as conn:
             yield conn
 
-    return reporter, analyst
+    return _reporter("module"), analyst
 
 
 def attack_roles(dp_role: str, epsilon: float = 20, scope: Literal["function", "module"] = "function",
@@ -286,11 +310,6 @@ def attack_roles(dp_role: str, epsilon: float = 20, scope: Literal["function", "
     the module (``scope``; the role is then ``dp_role``). Use: ``reporter, analyst = attack_roles("dp_round10")``."""
     numbers = itertools.count(1)
 
-    @pytest.fixture(scope=scope, name="reporter")
-    def reporter(gated_proxy: Endpoint, gated_database: str) -> Iterator[psycopg.Connection]:
-        with psycopg.connect(gated_proxy.dsn(gated_database, user="reporter"), autocommit=True) as conn:
-            yield conn
-
     @pytest.fixture(scope=scope, name="analyst")
     def analyst(truth: psycopg.Connection, gated_proxy: Endpoint, gated_database: str) -> Iterator[psycopg.Connection]:
         name = dp_role if scope == "module" else f"{dp_role}_{next(numbers)}"
@@ -300,7 +319,18 @@ def attack_roles(dp_role: str, epsilon: float = 20, scope: Literal["function", "
                 conn.execute(f"set timezone = '{timezone}'")
             yield conn
 
-    return reporter, analyst
+    return _reporter(scope), analyst
+
+
+def _reporter(scope: Literal["function", "module"]) -> Callable[..., Any]:
+    """Fixture ``reporter``: a connection (autocommit) through the gated proxy as the demo's suppress role."""
+
+    @pytest.fixture(scope=scope, name="reporter")
+    def reporter(gated_proxy: Endpoint, gated_database: str) -> Iterator[psycopg.Connection]:
+        with psycopg.connect(gated_proxy.dsn(gated_database, user="reporter"), autocommit=True) as conn:
+            yield conn
+
+    return reporter
 
 
 def answer(conn: psycopg.Connection, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:

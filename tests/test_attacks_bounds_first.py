@@ -10,75 +10,41 @@ group or a value the exact figures would withhold, and never raise an error the 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 import pytest
-from conftest import govern_by_demo_policy
-from service_sql import run_as_service, sorted_rows
+from conftest import database_of_its_own
+from service_sql import exact_path, reporter_sql, service_answer
 
-from anonproxy.embedded import EmbeddedPostgres
-from anonproxy.policy.model import ColumnPolicy, LinkedTable
-from anonproxy.policy.store import load_policy
-from anonproxy.policy.yaml_policy import apply_policy, demo_policy
-from anonproxy.route.decide import decide
-from anonproxy.route.decision import Rewrite
+from anonproxy.policy.model import ColumnPolicy, LinkedTable, Policy
+from anonproxy.policy.yaml_policy import demo_policy
 
 DATABASE = "attacks_bounds_first"
 VISITS = "public.stays"
-SURE = "SELECT NOT EXISTS (SELECT FROM (SELECT *"  # the start of anonproxy_sure's body
 
 
-@pytest.fixture(scope="module")
-def owner(pg_server: EmbeddedPostgres, pg_template: Any) -> Iterator[psycopg.Connection]:
-    """A database of its own: the demo policy (reporter: k 10, dominance (2, 85 %), p 10 %, a rest row), and
-    ``stays`` linked to adult, empty (each attack fills it in a transaction it rolls back)."""
-    with psycopg.connect(pg_server.conninfo(), autocommit=True) as conn:
-        conn.execute(f"drop database if exists {DATABASE}")
-        conn.execute(f"create database {DATABASE} template {pg_template.template_dbname}")
-    with psycopg.connect(pg_server.conninfo(dbname=DATABASE)) as conn:
-        govern_by_demo_policy(conn, DATABASE)
-        conn.execute(f"create table {VISITS} (person integer, kind text not null, amount numeric not null)")
-        link = LinkedTable(VISITS, "person", "public.adult", "id", {
-            "person": ColumnPolicy("person", "identifier"),
-            "kind": ColumnPolicy("kind", "quasi_identifier"),
-            "amount": ColumnPolicy("amount", "sensitive")})
-        apply_policy(conn, dataclasses.replace(demo_policy(), links={VISITS: link}))
-        conn.commit()
-    with psycopg.connect(pg_server.conninfo(dbname=DATABASE), autocommit=True) as conn:
-        yield conn
-    with psycopg.connect(pg_server.conninfo(), autocommit=True) as conn:
-        conn.execute(f"drop database {DATABASE} with (force)")
+def _stays(conn: psycopg.Connection[Any]) -> Policy:
+    """The demo policy (reporter: k 10, dominance (2, 85 %), p 10 %, a rest row), and ``stays`` linked to adult,
+    empty (each attack fills it in a transaction it rolls back)."""
+    conn.execute(f"create table {VISITS} (person integer, kind text not null, amount numeric not null)")
+    link = LinkedTable(VISITS, "person", "public.adult", "id", {
+        "person": ColumnPolicy("person", "identifier"),
+        "kind": ColumnPolicy("kind", "quasi_identifier"),
+        "amount": ColumnPolicy("amount", "sensitive")})
+    return dataclasses.replace(demo_policy(), links={VISITS: link})
 
 
-def _rewrite(conn: psycopg.Connection[Any], statement: str) -> str:
-    policy = load_policy(conn)
-    decision = decide(statement, policy.roles["reporter"], policy)
-    assert isinstance(decision, Rewrite), (statement, decision)
-    assert decision.runs.count(SURE) == 1, decision.runs  # the bounds-first shape
-    return decision.runs
-
-
-def _exact(sql: str) -> str:
-    """The same SQL forced onto its exact path: ``anonproxy_sure`` false."""
-    return sql.replace(SURE, "SELECT false AND " + SURE.removeprefix("SELECT "))
-
-
-def _run(conn: psycopg.Connection[Any], sql: str) -> tuple[list[tuple[Any, ...]], list[str]]:
-    """Sorted rows (numeric as text: the same scale too) and the report's details, as the service session runs it."""
-    rows, details, error = run_as_service(conn, sql)
-    assert error is None, error
-    return sorted_rows(rows), details
+owner = database_of_its_own(DATABASE, _stays)
 
 
 def _same_as_exact(conn: psycopg.Connection[Any], fill: str, statement: str) -> list[tuple[Any, ...]]:
     """Fill stays, rewrite ``statement`` and check that it answers as its exact path; the rows."""
     with conn.transaction(force_rollback=True):
         conn.execute(fill)
-        sql = _rewrite(conn, statement)
-        answer = _run(conn, sql)
-        assert answer == _run(conn, _exact(sql)), statement
+        sql = reporter_sql(conn, statement)
+        answer = service_answer(conn, sql)
+        assert answer == service_answer(conn, exact_path(sql)), statement
         return answer[0]
 
 

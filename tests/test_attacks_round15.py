@@ -30,56 +30,32 @@ from typing import Any
 
 import psycopg
 import pytest
-from conftest import Endpoint, attack_roles, govern_by_demo_policy, wait_for_current_policy
-from service_sql import run_as_service, sorted_rows
+from conftest import Endpoint, attack_roles, database_of_its_own, wait_for_current_policy
+from service_sql import SURE, exact_path, reporter_sql, service_answer, sorted_rows
 from test_attacks_round14 import SYNC, Raw, bind, errors, execute, parse, rows
 
 from anonproxy.embedded import EmbeddedPostgres
-from anonproxy.policy.model import ColumnPolicy, LinkedTable
-from anonproxy.policy.store import load_policy
-from anonproxy.policy.yaml_policy import apply_policy, demo_policy
-from anonproxy.route.decide import decide
-from anonproxy.route.decision import Rewrite
+from anonproxy.policy.model import ColumnPolicy, LinkedTable, Policy
+from anonproxy.policy.yaml_policy import demo_policy
 from anonproxy.wire import protocol as pg
 
 DATABASE = "attacks_round15"
 ACTS = "public.acts"
-SURE = "SELECT NOT EXISTS (SELECT FROM (SELECT *"  # the start of anonproxy_sure's body
 K = 10  # the demo reporter's rules: k, dominance (2, 85 %), p 10 %
 BIG = 2**40  # bigint units that differ from small ones only above the bucket bits
 
 
-@pytest.fixture(scope="module")
-def owner(pg_server: EmbeddedPostgres, pg_template: Any) -> Iterator[psycopg.Connection]:
-    """A database of its own: the demo policy, and ``acts`` (person bigint, nullable) linked to adult, empty."""
-    with psycopg.connect(pg_server.conninfo(), autocommit=True) as conn:
-        conn.execute(f"drop database if exists {DATABASE}")
-        conn.execute(f"create database {DATABASE} template {pg_template.template_dbname}")
-    with psycopg.connect(pg_server.conninfo(dbname=DATABASE)) as conn:
-        govern_by_demo_policy(conn, DATABASE)
-        conn.execute(f"create table {ACTS} (person bigint, kind text not null, v integer not null)")
-        link = LinkedTable(ACTS, "person", "public.adult", "id", {
-            "person": ColumnPolicy("person", "identifier"),
-            "kind": ColumnPolicy("kind", "quasi_identifier"),
-            "v": ColumnPolicy("v", "sensitive")})
-        apply_policy(conn, dataclasses.replace(demo_policy(), links={ACTS: link}))
-        conn.commit()
-    with psycopg.connect(pg_server.conninfo(dbname=DATABASE), autocommit=True) as conn:
-        yield conn
-    with psycopg.connect(pg_server.conninfo(), autocommit=True) as conn:
-        conn.execute(f"drop database {DATABASE} with (force)")
+def _acts(conn: psycopg.Connection[Any]) -> Policy:
+    """The demo policy, and ``acts`` (person bigint, nullable) linked to adult, empty."""
+    conn.execute(f"create table {ACTS} (person bigint, kind text not null, v integer not null)")
+    link = LinkedTable(ACTS, "person", "public.adult", "id", {
+        "person": ColumnPolicy("person", "identifier"),
+        "kind": ColumnPolicy("kind", "quasi_identifier"),
+        "v": ColumnPolicy("v", "sensitive")})
+    return dataclasses.replace(demo_policy(), links={ACTS: link})
 
 
-def _rewrite(conn: psycopg.Connection[Any], statement: str) -> str:
-    policy = load_policy(conn)
-    decision = decide(statement, policy.roles["reporter"], policy)
-    assert isinstance(decision, Rewrite), (statement, decision)
-    return decision.runs
-
-
-def _run(conn: psycopg.Connection[Any], sql: str) -> tuple[list[tuple[Any, ...]], list[str], str | None]:
-    rows, details, error = run_as_service(conn, sql)
-    return sorted_rows(rows), details, error
+owner = database_of_its_own(DATABASE, _acts)
 
 
 def _fill(conn: psycopg.Connection[Any], rows: list[tuple[int | None, str, int]]) -> None:
@@ -114,12 +90,10 @@ def _check(conn: psycopg.Connection[Any], statement: str, where: str | None, sum
     """``statement`` rewritten answers as its exact path (where it takes the bounds-first shape), releases only
     groups the oracle passes, and their values are PostgreSQL's own; the released kinds, and whether the
     suppressed-rest row is released."""
-    sql = _rewrite(conn, statement)
-    fast = _run(conn, sql)
+    sql = reporter_sql(conn, statement)
+    rows, details = service_answer(conn, sql)
     if SURE in sql:
-        assert fast == _run(conn, sql.replace(SURE, "SELECT false AND " + SURE.removeprefix("SELECT "))), statement
-    rows, _, error = fast
-    assert error is None, (statement, error)
+        assert (rows, details) == service_answer(conn, exact_path(sql)), statement
     released = {row[0] for row in rows if row[0] is not None}
     assert released <= _oracle(conn, where, sums), statement
     own = {row[0]: row for row in sorted_rows(conn.execute(statement).fetchall())}
@@ -253,7 +227,7 @@ def test_the_oracle_counts_people_not_rows() -> None:
 def test_the_attacked_statements_take_the_bounds_first_shape(owner: psycopg.Connection) -> None:
     """The attacks above reach ``_bounded``: their rewritten SQL holds ``anonproxy_sure``."""
     for statement in (COUNT, SUM, "SELECT a.kind, count(*) AS n FROM public.acts a WHERE a.v > 0 GROUP BY 1"):
-        assert _rewrite(owner, statement).count(SURE) == 1, statement
+        assert reporter_sql(owner, statement).count(SURE) == 1, statement
 
 
 # Through the real proxy: fan-out keys, reference semi-joins, DEALLOCATE ----------------------------------------------
@@ -405,6 +379,21 @@ def _steps(session: Raw, *steps: bytes) -> list[list[tuple[bytes, bytes]]]:
     return answers
 
 
+def _steps_on_both(gated_proxy: Endpoint, pg_server: EmbeddedPostgres, gated_database: str,
+                   *steps: bytes) -> dict[str, list[list[tuple[bytes, bytes]]]]:
+    """The answers of :func:`_steps` in a session of the reporter through the proxy, and of the superuser on
+    PostgreSQL itself."""
+    answers = {}
+    for who, dsn in (("proxy", gated_proxy.dsn(gated_database, user="reporter")),
+                     ("postgresql", pg_server.conninfo(dbname=gated_database))):
+        session = Raw(dsn)
+        try:
+            answers[who] = _steps(session, *steps)
+        finally:
+            session.close()
+    return answers
+
+
 ALLOWED = "select count(*) from public.adult"
 IDS = "select id, age from public.adult"  # refused to the reporter: person by person
 
@@ -436,14 +425,7 @@ def test_a_name_in_use_keeps_its_statement_and_its_decision(gated_proxy: Endpoin
     answers (the first error aside: the proxy refuses the ids before PostgreSQL would find the name in use)."""
     steps = (parse(ALLOWED, b"S1") + SYNC, pg.query_message("deallocate S1"), parse(IDS, b"S1") + SYNC,
              parse(ALLOWED + " where age > 50", b"S1") + SYNC, bind(statement=b"S1") + execute() + SYNC)
-    answers = {}
-    for who, dsn in (("proxy", gated_proxy.dsn(gated_database, user="reporter")),
-                     ("postgresql", pg_server.conninfo(dbname=gated_database))):
-        session = Raw(dsn)
-        try:
-            answers[who] = _steps(session, *steps)
-        finally:
-            session.close()
+    answers = _steps_on_both(gated_proxy, pg_server, gated_database, *steps)
     for who, (prepared, dropped, ids, other, run) in answers.items():
         assert not errors(prepared) and errors(dropped) == ["26000"], (who, dropped)
         assert rows(ids) == [] and errors(ids) == (["42501"] if who == "proxy" else ["42P05"]), (who, ids)
@@ -486,13 +468,9 @@ def test_deallocate_of_a_gated_statement_that_took_a_relayed_name(gated_proxy: E
     connection's old s8 never runs without the gate's decision."""
     steps = (parse("select 1", b"s8") + SYNC, parse(ALLOWED, b"s8") + SYNC, pg.query_message("deallocate s8"),
              bind(statement=b"s8") + execute() + SYNC)
-    for dsn in (gated_proxy.dsn(gated_database, user="reporter"), pg_server.conninfo(dbname=gated_database)):
-        session = Raw(dsn)
-        try:
-            bound = _steps(session, *steps)[-1]
-        finally:
-            session.close()
-        assert rows(bound) == [] and errors(bound) == ["26000"], (dsn, bound)
+    for who, answers in _steps_on_both(gated_proxy, pg_server, gated_database, *steps).items():
+        bound = answers[-1]
+        assert rows(bound) == [] and errors(bound) == ["26000"], (who, bound)
 
 
 @pytest.mark.parametrize("again", ["select count(*) from pg_catalog.pg_class", ALLOWED])
@@ -504,14 +482,7 @@ def test_a_name_whose_parse_failed_on_the_connection_can_be_prepared_again(again
     Parse it did not answer itself for one in use."""
     steps = (parse("select nosuchcolumn from pg_catalog.pg_class", b"s7") + SYNC, parse(again, b"s7") + SYNC,
              bind(statement=b"s7") + execute() + SYNC)
-    answers = {}
-    for who, dsn in (("proxy", gated_proxy.dsn(gated_database, user="reporter")),
-                     ("postgresql", pg_server.conninfo(dbname=gated_database))):
-        session = Raw(dsn)
-        try:
-            answers[who] = _steps(session, *steps)
-        finally:
-            session.close()
+    answers = _steps_on_both(gated_proxy, pg_server, gated_database, *steps)
     for who, (failed, prepared, run) in answers.items():
         assert errors(failed) == ["42703"] and not errors(prepared) and not errors(run), (who, prepared, run)
     assert rows(answers["proxy"][-1]) == rows(answers["postgresql"][-1])

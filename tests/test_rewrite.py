@@ -542,8 +542,9 @@ def test_rewrite_is_rendered_from_the_tree_with_the_client_names() -> None:
     assert answer == 'SELECT anonproxy_g1 AS "native_country", anonproxy_v1 AS "count"\nFROM anonproxy_released'
     assert ctes["anonproxy_rows"].endswith(
         'SELECT native_country AS anonproxy_g1, native_country AS anonproxy_c1, count(*) AS anonproxy_v1, '
-        'count("adult"."id") AS unit_rows, coalesce(length(replace((bit_or(1::bigint << '
-        '((hash_array(ARRAY["adult"."id"])) & 63)::int))::bit(64)::text, \'0\', \'\')), 0) AS unit_low\n'
+        'count("adult"."id") AS unit_rows, coalesce(length(replace((bit_or(1::bigint << ((CASE WHEN "adult"."id" '
+        'IS NOT NULL THEN hash_array(ARRAY["adult"."id"]) END) & 63)::int))::bit(64)::text, \'0\', \'\')), 0) '
+        'AS unit_low\n'
         'FROM "public"."adult"\nGROUP BY native_country')
     assert ctes["anonproxy_group_people"].endswith(
         'SELECT native_country AS anonproxy_g1, count(DISTINCT "adult"."id") AS units\nFROM "public"."adult"\n'
@@ -603,8 +604,9 @@ def test_metabase_style_query() -> None:
     # the sum needs k people with a non-zero value, in each group and in the withheld groups together
     assert 'count(DISTINCT "adult"."id") FILTER (WHERE ("adult"."hours_per_week") <> 0) AS n1' in \
         ctes["anonproxy_group_people"]
-    assert ('bit_or(1::bigint << ((hash_array(ARRAY["adult"."id"])) & 63)::int) FILTER (WHERE '
-            '("adult"."hours_per_week") <> 0))::bit(64)::text, \'0\', \'\')), 0) AS unit_low_n1') in \
+    assert ('bit_or(1::bigint << ((CASE WHEN "adult"."id" IS NOT NULL THEN hash_array(ARRAY["adult"."id"]) END) '
+            '& 63)::int) FILTER (WHERE ("adult"."hours_per_week") <> 0))::bit(64)::text, \'0\', \'\')), 0) '
+            'AS unit_low_n1') in \
         ctes["anonproxy_rows"]
     assert 'bool_or(("adult"."hours_per_week") <> 0) AS n1' in ctes["anonproxy_cells"]
     assert "s.n1 >= 10" in ctes["anonproxy_primary"]

@@ -19,25 +19,19 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 import pytest
-from conftest import govern_by_demo_policy
-from service_sql import run_as_service, sorted_rows
+from conftest import database_of_its_own
+from service_sql import SURE, exact_path, reporter_sql, service_answer
 
-from anonproxy.embedded import EmbeddedPostgres
-from anonproxy.policy.model import ColumnPolicy, LinkedTable
-from anonproxy.policy.store import load_policy
-from anonproxy.policy.yaml_policy import apply_policy, demo_policy
-from anonproxy.route.decide import decide
-from anonproxy.route.decision import Rewrite
+from anonproxy.policy.model import ColumnPolicy, LinkedTable, Policy
+from anonproxy.policy.yaml_policy import demo_policy
 
 DATABASE = "suppress_bounds"
 SESSIONS = "public.sessions"
 SESSIONS_TEXT = "public.sessions_text"  # the same rows, the person as text
-SURE = "SELECT NOT EXISTS (SELECT FROM (SELECT *"  # the start of anonproxy_sure's body
 STATEMENTS = {
     # a count by a column of the linked table (each group's people counted only when needed)
     "count by kind": ("SELECT s.kind, count(*) AS n FROM public.sessions s GROUP BY 1", 0),
@@ -56,51 +50,22 @@ STATEMENTS = {
 SEVERAL = {"count by kind", "sum by kind"}
 
 
-@pytest.fixture(scope="module")
-def owner(pg_server: EmbeddedPostgres, pg_template: Any) -> Iterator[psycopg.Connection]:
-    """A database of its own: the demo policy, and ``sessions`` linked to adult, 1 to 4 rows per person, minutes
-    1 to 60 (no dominant contribution), three kinds."""
-    with psycopg.connect(pg_server.conninfo(), autocommit=True) as conn:
-        conn.execute(f"drop database if exists {DATABASE}")
-        conn.execute(f"create database {DATABASE} template {pg_template.template_dbname}")
-    with psycopg.connect(pg_server.conninfo(dbname=DATABASE)) as conn:
-        govern_by_demo_policy(conn, DATABASE)
-        conn.execute(f"create table {SESSIONS} (person integer not null, kind text not null, "
-                     "minutes integer not null)")
-        conn.execute(f"insert into {SESSIONS} select id, (array['web', 'app', 'phone'])[(id + n) % 3 + 1], "
-                     "1 + (id * 7 + n) % 60 from public.adult, generate_series(1, 1 + id % 4) n")
-        conn.execute(f"analyze {SESSIONS}")
-        conn.execute(f"create table {SESSIONS_TEXT} as select person::text as person, kind, minutes from {SESSIONS}")
-        conn.execute(f"analyze {SESSIONS_TEXT}")
-        columns = {"person": ColumnPolicy("person", "identifier"), "kind": ColumnPolicy("kind", "quasi_identifier"),
-                   "minutes": ColumnPolicy("minutes", "sensitive", 0, 1000)}
-        links = {name: LinkedTable(name, "person", "public.adult", "id", columns) for name in (SESSIONS, SESSIONS_TEXT)}
-        apply_policy(conn, dataclasses.replace(demo_policy(), links=links))
-        conn.commit()
-    with psycopg.connect(pg_server.conninfo(dbname=DATABASE), autocommit=True) as conn:
-        yield conn
-    with psycopg.connect(pg_server.conninfo(), autocommit=True) as conn:
-        conn.execute(f"drop database {DATABASE} with (force)")
+def _sessions(conn: psycopg.Connection[Any]) -> Policy:
+    """The demo policy, and ``sessions`` linked to adult, 1 to 4 rows per person, minutes 1 to 60 (no dominant
+    contribution), three kinds."""
+    conn.execute(f"create table {SESSIONS} (person integer not null, kind text not null, minutes integer not null)")
+    conn.execute(f"insert into {SESSIONS} select id, (array['web', 'app', 'phone'])[(id + n) % 3 + 1], "
+                 "1 + (id * 7 + n) % 60 from public.adult, generate_series(1, 1 + id % 4) n")
+    conn.execute(f"analyze {SESSIONS}")
+    conn.execute(f"create table {SESSIONS_TEXT} as select person::text as person, kind, minutes from {SESSIONS}")
+    conn.execute(f"analyze {SESSIONS_TEXT}")
+    columns = {"person": ColumnPolicy("person", "identifier"), "kind": ColumnPolicy("kind", "quasi_identifier"),
+               "minutes": ColumnPolicy("minutes", "sensitive", 0, 1000)}
+    links = {name: LinkedTable(name, "person", "public.adult", "id", columns) for name in (SESSIONS, SESSIONS_TEXT)}
+    return dataclasses.replace(demo_policy(), links=links)
 
 
-def _rewrite(conn: psycopg.Connection[Any], statement: str) -> str:
-    policy = load_policy(conn)
-    decision = decide(statement, policy.roles["reporter"], policy)
-    assert isinstance(decision, Rewrite), (statement, decision)
-    return decision.runs
-
-
-def _exact(sql: str) -> str:
-    """The same SQL forced onto its exact path: ``anonproxy_sure`` false."""
-    assert sql.count(SURE) == 1
-    return sql.replace(SURE, "SELECT false AND " + SURE.removeprefix("SELECT "))
-
-
-def _run(conn: psycopg.Connection[Any], sql: str) -> tuple[list[tuple[Any, ...]], list[str]]:
-    """Sorted rows (numeric as text: the same scale too) and the report's details, as the service session runs it."""
-    rows, details, error = run_as_service(conn, sql)
-    assert error is None, error
-    return sorted_rows(rows), details
+owner = database_of_its_own(DATABASE, _sessions)
 
 
 def _scans(conn: psycopg.Connection[Any], sql: str, relation: str = "sessions") -> int:
@@ -122,14 +87,14 @@ def _scans(conn: psycopg.Connection[Any], sql: str, relation: str = "sessions") 
 @pytest.mark.parametrize("name", sorted(STATEMENTS))
 def test_the_bounds_settle_every_group_and_the_answer_is_postgresqls(owner: psycopg.Connection, name: str) -> None:
     statement, filtered = STATEMENTS[name]
-    sql = _rewrite(owner, statement)
+    sql = reporter_sql(owner, statement)
     assert SURE in sql, sql
-    rows, report = _run(owner, sql)
-    assert rows == _run(owner, statement)[0]  # every group released: the client's own answer
-    assert (rows, report) == _run(owner, _exact(sql))
+    rows, report = service_answer(owner, sql)
+    assert rows == service_answer(owner, statement)[0]  # every group released: the client's own answer
+    assert (rows, report) == service_answer(owner, exact_path(sql))
     # the answering pass, N counted up to a limit (and the WHERE's people): not exact N nor the exact pass
     assert _scans(owner, sql) == 2 + filtered
-    assert _scans(owner, _exact(sql)) == 3 + filtered
+    assert _scans(owner, exact_path(sql)) == 3 + filtered
 
 
 @pytest.mark.parametrize("name", sorted(STATEMENTS))
@@ -141,8 +106,8 @@ def test_a_person_with_many_rows_leaves_the_bounds_open(owner: psycopg.Connectio
     statement, filtered = STATEMENTS[name]
     with owner.transaction(force_rollback=True):
         owner.execute(f"insert into {SESSIONS} select 17, 'web', 1000 from generate_series(1, 10000)")
-        sql = _rewrite(owner, statement)
-        assert _run(owner, sql) == _run(owner, _exact(sql))
+        sql = reporter_sql(owner, statement)
+        assert service_answer(owner, sql) == service_answer(owner, exact_path(sql))
         assert _scans(owner, sql) == 3 + filtered + (name in SEVERAL)
 
 
@@ -155,11 +120,11 @@ def test_people_in_one_bucket_leave_the_bounds_open(owner: psycopg.Connection) -
     with owner.transaction(force_rollback=True):
         owner.execute(f"insert into {SESSIONS} select id, 'fax', 5 from public.adult where id % 64 = 0 "
                       "order by id limit 20")
-        sql = _rewrite(owner, statement)
-        rows, report = _run(owner, sql)
+        sql = reporter_sql(owner, statement)
+        rows, report = service_answer(owner, sql)
         assert ("fax", 20) in rows
-        assert rows == _run(owner, statement)[0]  # every kind released
-        assert (rows, report) == _run(owner, _exact(sql))
+        assert rows == service_answer(owner, statement)[0]  # every kind released
+        assert (rows, report) == service_answer(owner, exact_path(sql))
         assert _scans(owner, sql) >= 3  # more than the bounds path's two: N and the exact pass
 
 
@@ -168,9 +133,9 @@ def test_a_unit_that_is_not_an_integer_falls_in_a_bucket_by_its_hash(owner: psyc
     every group (the answering pass and N counted up to a limit: two scans), and the answer is PostgreSQL's own and
     the exact path's."""
     statement = ("SELECT s.kind, count(*) AS n, sum(s.minutes) AS total FROM public.sessions_text s GROUP BY 1")
-    sql = _rewrite(owner, statement)
+    sql = reporter_sql(owner, statement)
     assert 'hash_array(ARRAY["s"."person"])' in sql
-    rows, report = _run(owner, sql)
-    assert rows == _run(owner, statement)[0]
-    assert (rows, report) == _run(owner, _exact(sql))
+    rows, report = service_answer(owner, sql)
+    assert rows == service_answer(owner, statement)[0]
+    assert (rows, report) == service_answer(owner, exact_path(sql))
     assert _scans(owner, sql, "sessions_text") == 2

@@ -15,15 +15,12 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
-import pytest
-from conftest import govern_by_demo_policy
-from service_sql import run_as_service, sorted_rows
+from conftest import database_of_its_own
+from service_sql import bounds_settle, exact_path, rewritten, service_answer, sorted_rows
 
-from anonproxy.embedded import EmbeddedPostgres
 from anonproxy.policy.model import (
     ColumnPolicy,
     LinkedTable,
@@ -33,12 +30,9 @@ from anonproxy.policy.model import (
     SuppressionParams,
 )
 from anonproxy.policy.store import load_policy
-from anonproxy.policy.yaml_policy import apply_policy, demo_policy
-from anonproxy.route.decide import decide
-from anonproxy.route.decision import Rewrite
+from anonproxy.policy.yaml_policy import demo_policy
 
 DATABASE = "suppress_bounds_property"
-SURE = "SELECT NOT EXISTS (SELECT FROM (SELECT *"  # the start of anonproxy_sure's body
 DATASETS = 12
 STATEMENTS = 25  # per data set
 KEYS = ("f.region", "f.band", "a.kind")
@@ -47,36 +41,27 @@ AGGREGATES = ("count(*)", "count(a.v)", "sum(a.v)", "avg(a.v)", "min(a.v)", "max
 WHERES = (None, None, "f.age > 30", "a.v > -20", "f.region <> 'r3'", "a.kind <> 'b'")
 
 
-@pytest.fixture(scope="module")
-def owner(pg_server: EmbeddedPostgres, pg_template: Any) -> Iterator[psycopg.Connection]:
-    """A database of its own: ``folks`` (protected, id its primary key) and ``acts`` linked to it, empty."""
-    with psycopg.connect(pg_server.conninfo(), autocommit=True) as conn:
-        conn.execute(f"drop database if exists {DATABASE}")
-        conn.execute(f"create database {DATABASE} template {pg_template.template_dbname}")
-    with psycopg.connect(pg_server.conninfo(dbname=DATABASE)) as conn:
-        govern_by_demo_policy(conn, DATABASE)
-        conn.execute("create table public.folks (id integer primary key, region text not null, band integer, "
-                     "age integer not null)")
-        conn.execute("create table public.acts (person integer, kind text not null, v integer not null, "
-                     "w numeric(8, 2))")
-        folks = ProtectedTable("public.folks", "id", {
-            "id": ColumnPolicy("id", "identifier"),
-            "region": ColumnPolicy("region", "quasi_identifier"),
-            "band": ColumnPolicy("band", "quasi_identifier", 0, 10),
-            "age": ColumnPolicy("age", "quasi_identifier", 0, 120)})
-        acts = LinkedTable("public.acts", "person", "public.folks", "id", {
-            "person": ColumnPolicy("person", "identifier"),
-            "kind": ColumnPolicy("kind", "quasi_identifier"),
-            "v": ColumnPolicy("v", "sensitive", -10000, 10000),
-            "w": ColumnPolicy("w", "sensitive", -10000, 10000)})
-        demo = demo_policy()
-        apply_policy(conn, dataclasses.replace(demo, tables={**demo.tables, folks.name: folks},
-                                               links={acts.name: acts}))
-        conn.commit()
-    with psycopg.connect(pg_server.conninfo(dbname=DATABASE), autocommit=True) as conn:
-        yield conn
-    with psycopg.connect(pg_server.conninfo(), autocommit=True) as conn:
-        conn.execute(f"drop database {DATABASE} with (force)")
+def _folks_and_acts(conn: psycopg.Connection[Any]) -> Policy:
+    """``folks`` (protected, id its primary key) and ``acts`` linked to it, empty, beside the demo policy."""
+    conn.execute("create table public.folks (id integer primary key, region text not null, band integer, "
+                 "age integer not null)")
+    conn.execute("create table public.acts (person integer, kind text not null, v integer not null, "
+                 "w numeric(8, 2))")
+    folks = ProtectedTable("public.folks", "id", {
+        "id": ColumnPolicy("id", "identifier"),
+        "region": ColumnPolicy("region", "quasi_identifier"),
+        "band": ColumnPolicy("band", "quasi_identifier", 0, 10),
+        "age": ColumnPolicy("age", "quasi_identifier", 0, 120)})
+    acts = LinkedTable("public.acts", "person", "public.folks", "id", {
+        "person": ColumnPolicy("person", "identifier"),
+        "kind": ColumnPolicy("kind", "quasi_identifier"),
+        "v": ColumnPolicy("v", "sensitive", -10000, 10000),
+        "w": ColumnPolicy("w", "sensitive", -10000, 10000)})
+    demo = demo_policy()
+    return dataclasses.replace(demo, tables={**demo.tables, folks.name: folks}, links={acts.name: acts})
+
+
+owner = database_of_its_own(DATABASE, _folks_and_acts)
 
 
 def fill(conn: psycopg.Connection[Any], rng: random.Random) -> None:
@@ -149,29 +134,7 @@ def statement(rng: random.Random) -> str:
 
 
 def _rewrite(policy: Policy, params: SuppressionParams, text: str) -> str:
-    decision = decide(text, RolePolicy("reporter", "suppress", params), policy)
-    assert isinstance(decision, Rewrite), (text, decision)
-    assert decision.runs.count(SURE) == 1, text  # the bounds-first shape
-    return decision.runs
-
-
-def _exact(sql: str) -> str:
-    """The same SQL forced onto its exact path: ``anonproxy_sure`` false."""
-    return sql.replace(SURE, "SELECT false AND " + SURE.removeprefix("SELECT "))
-
-
-def _sure(conn: psycopg.Connection[Any], sql: str) -> bool:
-    """Whether the bounds settle every group: the statement's CTEs up to ``anonproxy_sure``, and its value."""
-    end = sql.index("\n)", sql.index(SURE)) + 2
-    rows, _, error = run_as_service(conn, sql[:end] + "\nSELECT sure FROM anonproxy_sure")
-    assert error is None, error
-    return bool(rows[0][0])
-
-
-def _answer(conn: psycopg.Connection[Any], sql: str) -> tuple[list[tuple[Any, ...]], list[str]]:
-    rows, details, error = run_as_service(conn, sql)
-    assert error is None, error
-    return sorted_rows(rows), details
+    return rewritten(text, RolePolicy("reporter", "suppress", params), policy)
 
 
 def test_the_bounds_path_answers_as_the_exact_path(owner: psycopg.Connection) -> None:
@@ -183,9 +146,9 @@ def test_the_bounds_path_answers_as_the_exact_path(owner: psycopg.Connection) ->
         for _ in range(STATEMENTS):
             params, text = rules(rng), statement(rng)
             sql = _rewrite(policy, params, text)
-            answer = _answer(owner, sql)
-            assert answer == _answer(owner, _exact(sql)), (params, text)
-            settled += _sure(owner, sql)
+            answer = service_answer(owner, sql)
+            assert answer == service_answer(owner, exact_path(sql)), (params, text)
+            settled += bounds_settle(owner, sql)
             withheld += any('"groups": null' not in d and '"groups": 0' not in d for d in answer[1])
             cases += 1
     assert settled >= cases // 4, (settled, cases)  # the bounds path is taken, not only the exact one
@@ -204,7 +167,7 @@ def test_a_group_settled_by_the_other_groups_rows_is_released(owner: psycopg.Con
             "ON a.person = f.id GROUP BY 1")
     params = SuppressionParams(k=10, dominance_n=2, dominance_percent=85, p_percent=10, suppressed_rest=True)
     sql = _rewrite(load_policy(owner), params, text)
-    assert _sure(owner, sql)
-    rows, details = _answer(owner, sql)
+    assert bounds_settle(owner, sql)
+    rows, details = service_answer(owner, sql)
     assert rows == sorted_rows(owner.execute(text).fetchall())  # both groups, PostgreSQL's own answer
-    assert (rows, details) == _answer(owner, _exact(sql))
+    assert (rows, details) == service_answer(owner, exact_path(sql))

@@ -13,20 +13,16 @@ without the index.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 import pytest
-from conftest import govern_by_demo_policy
-from service_sql import run_as_service, sorted_rows
+from conftest import database_of_its_own
+from service_sql import reporter_sql, run_as_service, sorted_rows
 
-from anonproxy.embedded import EmbeddedPostgres
-from anonproxy.policy.model import ColumnPolicy, LinkedTable
+from anonproxy.policy.model import ColumnPolicy, LinkedTable, Policy
 from anonproxy.policy.store import load_policy
-from anonproxy.policy.yaml_policy import apply_policy, demo_policy
-from anonproxy.route.decide import decide
-from anonproxy.route.decision import Rewrite
+from anonproxy.policy.yaml_policy import demo_policy
 
 DATABASE = "suppress_indexed_units"
 ORDERED = "GROUP BY 1 ORDER BY 1) AS anonproxy_units"  # N's people, in the unit's order
@@ -46,40 +42,25 @@ STATEMENTS = (
 )
 
 
-@pytest.fixture(scope="module")
-def owner(pg_server: EmbeddedPostgres, pg_template: Any) -> Iterator[psycopg.Connection]:
-    """A database of its own: the demo policy and four linked tables of adult, 1 to 4 rows per person."""
-    with psycopg.connect(pg_server.conninfo(), autocommit=True) as conn:
-        conn.execute(f"drop database if exists {DATABASE}")
-        conn.execute(f"create database {DATABASE} template {pg_template.template_dbname}")
-    with psycopg.connect(pg_server.conninfo(dbname=DATABASE)) as conn:
-        govern_by_demo_policy(conn, DATABASE)
-        links = {}
-        for table, index in INDEXES.items():
-            conn.execute(f"create table public.{table} (person integer not null, ward text not null, "
-                         "nights integer not null)")
-            conn.execute(f"insert into public.{table} select id, (array['a', 'b', 'c'])[(id + n) % 3 + 1], "
-                         "1 + (id * 7 + n) % 9 from public.adult, generate_series(1, 1 + id % 4) n")
-            if index is not None:
-                conn.execute(index)
-            conn.execute(f"analyze public.{table}")
-            links[f"public.{table}"] = LinkedTable(f"public.{table}", "person", "public.adult", "id", {
-                "person": ColumnPolicy("person", "identifier"),
-                "ward": ColumnPolicy("ward", "quasi_identifier"),
-                "nights": ColumnPolicy("nights", "sensitive", 0, 100)})
-        apply_policy(conn, dataclasses.replace(demo_policy(), links=links))
-        conn.commit()
-    with psycopg.connect(pg_server.conninfo(dbname=DATABASE), autocommit=True) as conn:
-        yield conn
-    with psycopg.connect(pg_server.conninfo(), autocommit=True) as conn:
-        conn.execute(f"drop database {DATABASE} with (force)")
+def _stays(conn: psycopg.Connection[Any]) -> Policy:
+    """The demo policy and four linked tables of adult, 1 to 4 rows per person."""
+    links = {}
+    for table, index in INDEXES.items():
+        conn.execute(f"create table public.{table} (person integer not null, ward text not null, "
+                     "nights integer not null)")
+        conn.execute(f"insert into public.{table} select id, (array['a', 'b', 'c'])[(id + n) % 3 + 1], "
+                     "1 + (id * 7 + n) % 9 from public.adult, generate_series(1, 1 + id % 4) n")
+        if index is not None:
+            conn.execute(index)
+        conn.execute(f"analyze public.{table}")
+        links[f"public.{table}"] = LinkedTable(f"public.{table}", "person", "public.adult", "id", {
+            "person": ColumnPolicy("person", "identifier"),
+            "ward": ColumnPolicy("ward", "quasi_identifier"),
+            "nights": ColumnPolicy("nights", "sensitive", 0, 100)})
+    return dataclasses.replace(demo_policy(), links=links)
 
 
-def _rewrite(conn: psycopg.Connection[Any], statement: str) -> str:
-    policy = load_policy(conn)
-    decision = decide(statement, policy.roles["reporter"], policy)
-    assert isinstance(decision, Rewrite), (statement, decision)
-    return decision.runs
+owner = database_of_its_own(DATABASE, _stays)
 
 
 def test_the_policy_reads_which_unit_columns_lead_an_index(owner: psycopg.Connection) -> None:
@@ -93,8 +74,8 @@ def test_the_policy_reads_which_unit_columns_lead_an_index(owner: psycopg.Connec
 @pytest.mark.parametrize("statement", STATEMENTS)
 def test_people_are_counted_in_the_index_s_order_with_the_same_answer(owner: psycopg.Connection,
                                                                       statement: str) -> None:
-    ordered = _rewrite(owner, statement.format(table="stays_indexed"))
-    plain = _rewrite(owner, statement.format(table="stays_plain"))
+    ordered = reporter_sql(owner, statement.format(table="stays_indexed"))
+    plain = reporter_sql(owner, statement.format(table="stays_plain"))
     assert ORDERED in ordered and ORDERED not in plain
     assert ordered.replace("stays_indexed", "stays_plain").replace("GROUP BY 1 ORDER BY 1", "GROUP BY 1") == plain
     rows, details, error = run_as_service(owner, ordered)

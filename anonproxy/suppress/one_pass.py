@@ -35,6 +35,7 @@ it is released.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 
 from sqlglot import exp
@@ -77,6 +78,14 @@ PLAIN_PREFIX = plain(1)[:-1]  # the summary's columns of plain select items: ano
 # Aggregate arguments whose absolute value is summed as bigint: abs() of the type itself could overflow.
 _SMALL_INTEGERS = ("int2", "int4")
 _INTEGERS = ("smallint", "integer", "bigint")  # as the policy reads column types (format_type)
+# Unit types PostgreSQL hashes (a default hash operator class), as format_type names them less a modifier
+# ("character varying(20)"). Others may have no hash function (bit, varbit, money, tsvector, tsquery, a composite or
+# array type that holds one), and hash_array would fail on them: their people all fall in one bucket.
+_HASHED_TYPES = frozenset({
+    "text", "character varying", "character", "bpchar", "name", "uuid", "numeric", "bytea", "boolean", "date",
+    "time without time zone", "time with time zone", "timestamp without time zone", "timestamp with time zone",
+    "interval", "inet", "cidr", "macaddr", "macaddr8", "oid", "real", "double precision", "jsonb",
+})
 # Buckets of people for the bounds of each person's part of a SUM/AVG: the largest holds about an eighth of a large
 # group's total, within dominance (n, k %) where n / 8 is well below k %, and p % up to 100.
 _SUM_BUCKETS = 8
@@ -284,8 +293,20 @@ def _units(query: AnalyticQuery, unit_not_null: bool = False) -> str:
 
 
 def _unit_number(query: AnalyticQuery) -> str:
-    """An integer of each person's unit, the same for units GROUP BY takes as one: the unit itself where the catalog
-    types it as an integer, else its hash by its type's own hash function (hash_array, with the unit's collation)."""
+    """An integer of each person's unit, the same for units GROUP BY takes as one, NULL for rows without a unit: the
+    unit itself where the catalog types it as an integer; else, where its type is one PostgreSQL hashes (or was not
+    read), its hash by that type's own hash function (hash_array, with the unit's collation; it hashes NULL too);
+    else 0: every person in one bucket, so that the bounds prove one person a group and the exact path answers."""
+    unit_type = _unit_type(query)
+    if unit_type in _INTEGERS:
+        return query.unit
+    hashed = unit_type is None or re.sub(r"\(.*?\)", "", unit_type) in _HASHED_TYPES
+    number = f"hash_array(ARRAY[{query.unit}])" if hashed else "0"
+    return f"CASE WHEN {query.unit} IS NOT NULL THEN {number} END"
+
+
+def _unit_type(query: AnalyticQuery) -> str | None:
+    """The unit's type as the policy read it from the catalog (a domain's base type, format_type), if it did."""
     for reference, table in query.sources:
         if table.protected is not None:
             column, types = table.protected.unit_column, table.protected.types
@@ -293,9 +314,9 @@ def _unit_number(query: AnalyticQuery) -> str:
             column, types = table.linked.column, table.linked.types
         else:
             continue
-        if f"{quote(reference)}.{quote(column)}" == query.unit and (types or {}).get(column) in _INTEGERS:
-            return query.unit
-    return f"hash_array(ARRAY[{query.unit}])"
+        if f"{quote(reference)}.{quote(column)}" == query.unit:
+            return (types or {}).get(column)
+    return None
 
 
 def _buckets_held(mask: str) -> str:
