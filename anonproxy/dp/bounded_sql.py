@@ -109,10 +109,10 @@ def bounded_sql(query: AnalyticQuery, statistics: list[Statistic], public: list[
 def _only_if(branch: list[str], condition: str) -> str:
     """The rows of ``branch`` (a SELECT's lines) when ``condition``, a one-time condition, holds. OFFSET 0 keeps the
     condition out of the branch: PostgreSQL then checks it once, above the branch's plan, and when it is false
-    never starts the branch, nor the parallel workers of its scan. Inside the branch (pushed down to its scan) it
-    was checked in each worker, after the workers of a branch that returns nothing had been launched. Outside, it
-    also drops the row an aggregate without GROUP BY returns for no input."""
-    inner = "\n".join("  " + line for line in [*"\n".join(branch).split("\n"), "OFFSET 0"])
+    never starts the branch, nor the parallel workers of its scan. (A condition inside the branch is pushed down to
+    its scan and checked in each worker, once PostgreSQL has launched them.) Above the branch, it also drops the
+    row an aggregate without GROUP BY returns for no input."""
+    inner = "\n".join("  " + line for line in "\n".join([*branch, "OFFSET 0"]).split("\n"))
     return f"SELECT * FROM (\n{inner}\n) AS anonproxy_branch WHERE {condition}"
 
 
