@@ -71,6 +71,32 @@ def test_the_bounded_rows_are_streamed_not_materialized(truth: psycopg.Connectio
     assert any(node["Node Type"] == "WindowAgg" for node in nodes)  # visits.person_id is not unique: it bounds
 
 
+@pytest.mark.parametrize("sql", [BY_CHANNEL, JOINED])
+@pytest.mark.parametrize(("groups", "rows"), [(1, 1), (2, 3)])
+def test_the_branch_the_guard_rules_out_is_never_started(truth: psycopg.Connection, sql: str, groups: int,
+                                                         rows: int) -> None:
+    """visits.person_id is not unique: the guard is false, so the branch over the rows as they are (one row per
+    person) must not run, nor launch parallel workers (each a process that competes with the bounding for the
+    cores). Parallel plans are made free here so that PostgreSQL plans workers for that branch whatever the test
+    tables' size. The answer still lists every group PostgreSQL sees in the rows."""
+    plan = _plan(truth, sql, groups, rows)
+    with truth.transaction():
+        truth.execute("SET LOCAL search_path = pg_catalog")
+        for setting in ("parallel_setup_cost", "parallel_tuple_cost", "min_parallel_table_scan_size"):
+            truth.execute(f"SET LOCAL {setting} = 0")
+        ((explained,),) = truth.execute(f"EXPLAIN (ANALYZE, FORMAT JSON) {plan.sql}").fetchall()
+        answered = truth.execute(plan.sql).fetchall()
+    (append,) = [node for node in _nodes(explained[0]["Plan"]) if node["Node Type"] == "Append"]
+    plain, bounded = append["Plans"]  # the UNION ALL's two branches
+    below = [node for child in plain["Plans"] if child["Parent Relationship"] != "InitPlan" for node in _nodes(child)]
+    assert any(node["Node Type"] in ("Gather", "Gather Merge") for node in below), "no parallel plan to check"
+    assert all(node["Actual Loops"] == 0 and node.get("Workers Launched", 0) == 0 for node in below), below
+    windows = [node for node in _nodes(bounded) if node["Node Type"] == "WindowAgg"]
+    assert windows and all(node["Actual Loops"] == 1 for node in windows)  # the bounding ran
+    seen = {row[0] for row in truth.execute(sql.replace("count(*), sum(v.amount)", "count(*)"))}
+    assert {row[0] for row in answered} == seen
+
+
 @pytest.mark.parametrize("rows", [1, 2])
 def test_bounds_that_drop_no_group_count_what_postgresql_counts(truth: psycopg.Connection, rows: int) -> None:
     """g = 5: nobody has visits in more than five channels (four exist), so each person keeps every channel and

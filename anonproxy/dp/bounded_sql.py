@@ -88,24 +88,32 @@ def bounded_sql(query: AnalyticQuery, statistics: list[Statistic], public: list[
             (PLAIN, "\n".join(plain), "the client's FROM and WHERE, when each unit has at most one row"),
             (ROWS, "\n".join(rows), "the client's FROM and WHERE, with the unit")]
     bounded = _bounded(keys, rows_cap, groups_cap)
-    # Two branches, only one of which runs: the guard is a one-time filter (PostgreSQL skips the other scan). The
-    # same guard in HAVING drops the row an aggregate without GROUP BY returns for no input.
+    # Two branches, only one of which runs: the guard is a one-time condition above each (_only_if).
     single = f"(SELECT single FROM {GUARD})"
     branches = []
     for source, condition, bounded_rows in ((PLAIN, single, False), (bounded, f"NOT {single}", True)):
         aggregates = [f"{_aggregate(stat, arguments, bounded_rows)} AS {stat.name}" for stat in statistics]
-        conditions = [condition]
+        branch = [f"SELECT {', '.join([*keys, *aggregates])}", f"FROM {source}"]
         if bounded_rows and keys and not (rows_cap == 1 and groups_cap == 1):
-            conditions.append(f"anonproxy_group_rank <= {groups_cap}")
-        branch = [f"SELECT {', '.join([*keys, *aggregates])}", f"FROM {source}", f"WHERE {' AND '.join(conditions)}"]
+            branch.append(f"WHERE anonproxy_group_rank <= {groups_cap}")
         branch += [f"GROUP BY {', '.join(keys)}"] if keys else []
-        branches.append("\n".join([*branch, f"HAVING {condition}"]))
+        branches.append(_only_if(branch, condition))
     final = "\nUNION ALL\n".join(branches)
     if public is None:
         return _with(ctes) + "\n" + final
     ctes.append((STATS, final, f"at most {groups_cap} group(s) per unit; exact per-group statistics"))
     ctes.append(_domain_cte(public, keys))
     return _with(ctes) + "\n" + _over_domain(statistics, keys, public)
+
+
+def _only_if(branch: list[str], condition: str) -> str:
+    """The rows of ``branch`` (a SELECT's lines) when ``condition``, a one-time condition, holds. OFFSET 0 keeps the
+    condition out of the branch: PostgreSQL then checks it once, above the branch's plan, and when it is false
+    never starts the branch, nor the parallel workers of its scan. (A condition inside the branch is pushed down to
+    its scan and checked in each worker, once PostgreSQL has launched them.) Above the branch, it also drops the
+    row an aggregate without GROUP BY returns for no input."""
+    inner = "\n".join("  " + line for line in "\n".join([*branch, "OFFSET 0"]).split("\n"))
+    return f"SELECT * FROM (\n{inner}\n) AS anonproxy_branch WHERE {condition}"
 
 
 def _bounded(keys: list[str], rows_cap: int, groups_cap: int) -> str:
