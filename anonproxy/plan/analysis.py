@@ -650,12 +650,12 @@ def _compute_constants(nested: Sequence[exp.Expression]) -> None:
     """Constants PostgreSQL would compute only when a row needs them, computed here (one walk, inner ones first:
     a || b || c, ((SELECT x))): ``||`` of string and integer constants becomes the string it gives (Looker's
     (-6 || ' day')::INTERVAL: a cast of a string constant is checked when the statement is planned, whatever the
-    data), and so does ``concat(...)`` of them (PRQL's ``LIKE CONCAT('%', 'x', '%')``), ``make_interval`` of number constants becomes the interval constant it gives (MetricFlow's
-    ``make_interval(days => 14)``: ``'14 day'::interval``), the epoch of a constant interval becomes its
-    number of seconds (Cube's ``/ EXTRACT(EPOCH FROM INTERVAL '14 day')``: a constant divisor,
-    as the final SQL check wants it), and ``(SELECT x)`` without FROM over constants and
-    the clock becomes ``(x)``, the same value, which the expression allowlist then checks (a subquery with an
-    aggregate is not one: (SELECT count(*)) counts its own row)."""
+    data), and so does ``concat(...)`` of them (PRQL's ``LIKE CONCAT('%', 'x', '%')``), ``make_interval`` of
+    number constants becomes the interval constant it gives (MetricFlow's ``make_interval(days => 14)``:
+    ``'14 day'::interval``), the epoch of a constant interval becomes its number of seconds (Cube's ``/
+    EXTRACT(EPOCH FROM INTERVAL '14 day')``: a constant divisor, as the final SQL check wants it), and ``(SELECT
+    x)`` without FROM over constants and the clock becomes ``(x)``, the same value, which the expression allowlist
+    then checks (a subquery with an aggregate is not one: (SELECT count(*)) counts its own row)."""
     for node in reversed(nested):  # (a walk's order: inner ones last)
         if isinstance(node, exp.DPipe):
             _fold_concatenation(node)

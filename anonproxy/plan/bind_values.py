@@ -15,18 +15,18 @@ binds its values at Bind (server-side binding: Django, SQLAlchemy with psycopg, 
 Metabase, Prisma) sends a ``$n`` there.
 
 :func:`slots` finds those parameters on the statement's one parse (a parameter may stand there bare, or under a
-cast to text or varchar, or inside upper()/lower() in a LIKE pattern). :func:`bound_text` writes the statement
-again with each of them replaced, everywhere it appears, by a literal built from its value (a string literal,
-cast to the type the client declared when that is not a text type; NULL for a NULL; a bare integer for a
-count) — the statement as if the
-client had written the constant, rendered from the tree (never cut from the client's text). A plain ``CAST($n
-AS text|varchar)`` in a pattern, unit, field, format or zone slot is replaced as a whole: these places read text,
-so the cast changes nothing there.
+cast to text or varchar, or inside upper()/lower() or concat() in a LIKE pattern). :func:`bound_text` writes the
+statement again with each of them replaced, everywhere it appears, by a literal built from its value (a string
+literal, cast to the type the client declared when that is not a text type; NULL for a NULL; a bare integer for a
+count) — the statement as if the client had written the constant, rendered from the tree (never cut from the
+client's text). A plain ``CAST($n AS text|varchar)`` in a pattern, unit, field, format or zone slot is replaced as
+a whole: these places read text, so the cast changes nothing there.
 The proxy decides that text like any other; its text is the value class, which the decision cache keys on.
 
 Which parameters are not decided at Bind: every other ``$n`` (a comparison's operand but a dp time filter's, an
-IN list, the statement's own LIMIT and OFFSET) is decided at Parse as it is, and those the analysis refuses there
-stay refused (a parameter added up in an aggregate: its value changes the sensitivity of what the statement reads).
+IN list, the statement's own LIMIT and OFFSET unless cast) is decided at Parse as it is, and those the analysis
+refuses there stay refused (a parameter added up in an aggregate: its value changes the sensitivity of what the
+statement reads).
 """
 
 from __future__ import annotations
@@ -206,9 +206,13 @@ def _time_places(tree: exp.Expression, times: TimeColumns) -> Iterator[tuple[exp
 
 
 def _pattern_parts(pattern: exp.Expression) -> Iterator[tuple[exp.Expression, str]]:
-    """A LIKE pattern, seen through upper(), lower() and parentheses (Django's UPPER(%s))."""
+    """A LIKE pattern, seen through upper(), lower() and parentheses (Django's UPPER(%s)), or the parts of a
+    concat() (Spring Data's and MyBatis's CONCAT('%', $1, '%'): constants at Bind, which the analysis folds)."""
     while isinstance(pattern, (exp.Upper, exp.Lower, exp.Paren)):
         pattern = pattern.this
+    if type(pattern) is exp.Concat:  # not concat_ws
+        yield from ((part, "pattern") for part in pattern.expressions)
+        return
     yield pattern, "pattern"
 
 

@@ -48,7 +48,7 @@ class _Tokenizer(DIALECT.tokenizer_class):  # type: ignore[name-defined,misc]
     COMMANDS: ClassVar[set[TokenType]] = set()
 
     def _init_core(self) -> TokenizerCore:
-        core = super()._init_core()
+        core: TokenizerCore = super()._init_core()
         core.__class__ = _Core  # the state sqlglot set up, scanned by the lexer above (same slots)
         return core
 
