@@ -59,10 +59,10 @@ _OIDS = {
     exp.DataType.Type.VARCHAR: 1043,
 }  # fmt: skip
 _TEXT = (exp.DataType.Type.TEXT, exp.DataType.Type.VARCHAR)
+_INTEGERS = (exp.DataType.Type.SMALLINT, exp.DataType.Type.INT, exp.DataType.Type.BIGINT)  # a count's casts
 # A value every statement of each kind accepts: the statement is decided with it at Parse, and described with it.
 _REPRESENTATIVE = {"pattern": "%", "unit": "year", "field": "year", "format": "YYYY", "zone": "UTC", "offset": "0",
                    "count": "0"}
-_INTEGERS = (exp.DataType.Type.SMALLINT, exp.DataType.Type.INT, exp.DataType.Type.BIGINT)
 _REPRESENTATIVE_CAST = {1082: "2000-01-01", 1114: "2000-01-01 00:00:00", 1184: "2000-01-01 00:00:00+00",
                         1186: "1 day", 16: "true"}
 

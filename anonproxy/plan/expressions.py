@@ -301,7 +301,7 @@ def _float_precision(target: exp.DataType) -> bool:
     params = target.expressions
     value = params[0].this if len(params) == 1 and isinstance(params[0], exp.DataTypeParam) else None
     return (target.this == exp.DataType.Type.DOUBLE and isinstance(value, exp.Literal) and not value.is_string
-            and value.name.isdigit() and 1 <= int(value.name) <= 53)
+            and value.name.isascii() and value.name.isdigit() and 1 <= int(value.name) <= 53)
 
 
 # How PostgreSQL spells each allowed function. sqlglot reads other dialects' names into the same nodes (ifnull,
