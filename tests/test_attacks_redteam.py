@@ -244,7 +244,8 @@ REFUSED = [
     ('select count(*) from "template1"."public"."adult" where age > 30', "0A000"),
     ("select a.sex, count(*) from adult a join anonproxy_gated.pg_catalog.pg_database d on true group by 1", "42501"),
     ("select count(*) from adult where anonproxy_gated.public.adult.age > 30", "0A000"),
-    ("select count(*) from adult where age > 30 and (sex, age) in (('Male', 40))", "0A000"),
+    # (a row IN list is answered since round 17, as the equalities it is: tests/test_bi_corpus_round17.py)
+    ("select count(*) from adult where age > 30 and (sex, age) > ('Male', 40)", "0A000"),
     ('table adult', '42501'),
     ('select * from adult', '42501'),
     ('values ((select count(*) from adult))', '0A000'),
@@ -273,7 +274,7 @@ REFUSED = [
     ("select sex, count(*) from adult group by sex union select 'x', 1", '0A000'),
     ("select count(*) from adult where sex similar to 'M%'", '0A000'),
     ("select count(*) from adult where sex ~ 'M'", '0A000'),
-    ("select count(*) from adult where sex like 'M%' escape '#'", '0A000'),
+    ("select count(*) from adult where sex like 'M%#' escape '#'", '0A000'),  # ends with the escape (round 17)
     ("select count(*) from adult where sex like 'M\\'", '0A000'),
     ("select count(*) from adult where sex = any($1)", '0A000'),  # = ANY(ARRAY['Male']) is IN ('Male')
     ('select sum(age order by age) from adult where age > 30', '0A000'),

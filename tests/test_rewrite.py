@@ -398,7 +398,9 @@ SIDE_CHANNELS = [
     ("SELECT count(*) FROM adult WHERE native_country SIMILAR TO 'x'", "regular expressions"),
     ("SELECT count(*) FROM adult WHERE native_country LIKE native_country", "constant"),
     ("SELECT count(*) FROM adult WHERE native_country LIKE 'ab\\'", "escape character"),
-    ("SELECT count(*) FROM adult WHERE native_country LIKE 'a!%' ESCAPE '!'", "ESCAPE"),
+    # (a valid ESCAPE of one character is answered since round 17; one ending the pattern fails on the rows it meets)
+    ("SELECT count(*) FROM adult WHERE native_country LIKE 'a%!' ESCAPE '!'", "escape character"),
+    ("SELECT count(*) FROM adult WHERE native_country LIKE 'a!%' ESCAPE '!!'", "ESCAPE"),
     ("SELECT count(*) FROM adult WHERE octet_length(native_country) > 3", "octet_length"),
     ("SELECT count(*) FROM adult WHERE my_function(age) > 3", "my_function"),
     ("SELECT count(*) FROM adult WHERE pg_sleep(CASE WHEN id = 17 THEN 5 ELSE 0 END) IS NULL", "pg_sleep"),

@@ -198,6 +198,7 @@ def _analyze(statement: Statement, tree: exp.Expression, index: PolicyIndex, par
         raise unsupported("LATERAL is not allowed in a query over protected tables", SHAPE_HINT)
     nested = [node for node in tree.walk() if node is not tree and isinstance(node, _NESTED)]
     _compute_constants(nested)
+    _expand_row_in(tree)
     if any(isinstance(node, _QUERIES) and node.root() is tree for node in nested):  # not inlined
         raise unsupported("subqueries are not allowed in a query over protected tables", SHAPE_HINT)
     distinct = tree.args.get("distinct")
@@ -642,22 +643,24 @@ def _constant(node: exp.Expression) -> bool:
 
 # Nodes of a nested query, and those _compute_constants computes (||, make_interval and scalar subqueries).
 _QUERIES = (exp.Select, exp.Subquery, exp.SetOperation, exp.Exists)
-_NESTED = (*_QUERIES, exp.DPipe, exp.MakeInterval, exp.Extract)
+_NESTED = (*_QUERIES, exp.DPipe, exp.Concat, exp.MakeInterval, exp.Extract)
 
 
 def _compute_constants(nested: Sequence[exp.Expression]) -> None:
     """Constants PostgreSQL would compute only when a row needs them, computed here (one walk, inner ones first:
     a || b || c, ((SELECT x))): ``||`` of string and integer constants becomes the string it gives (Looker's
     (-6 || ' day')::INTERVAL: a cast of a string constant is checked when the statement is planned, whatever the
-    data), ``make_interval`` of number constants becomes the interval constant it gives (MetricFlow's
-    ``make_interval(days => 14)``: ``'14 day'::interval``), the epoch of a constant interval becomes its
-    number of seconds (Cube's ``/ EXTRACT(EPOCH FROM INTERVAL '14 day')``: a constant divisor,
-    as the final SQL check wants it), and ``(SELECT x)`` without FROM over constants and
-    the clock becomes ``(x)``, the same value, which the expression allowlist then checks (a subquery with an
-    aggregate is not one: (SELECT count(*)) counts its own row)."""
+    data), and so does ``concat(...)`` of them (PRQL's ``LIKE CONCAT('%', 'x', '%')``), ``make_interval`` of
+    number constants becomes the interval constant it gives (MetricFlow's ``make_interval(days => 14)``:
+    ``'14 day'::interval``), the epoch of a constant interval becomes its number of seconds (Cube's ``/
+    EXTRACT(EPOCH FROM INTERVAL '14 day')``: a constant divisor, as the final SQL check wants it), and ``(SELECT
+    x)`` without FROM over constants and the clock becomes ``(x)``, the same value, which the expression allowlist
+    then checks (a subquery with an aggregate is not one: (SELECT count(*)) counts its own row)."""
     for node in reversed(nested):  # (a walk's order: inner ones last)
         if isinstance(node, exp.DPipe):
             _fold_concatenation(node)
+        elif type(node) is exp.Concat:  # not concat_ws (a subclass), whose first argument separates
+            _fold_concat_call(node)
         elif isinstance(node, exp.MakeInterval):
             _fold_make_interval(node)
         elif isinstance(node, exp.Extract):
@@ -666,10 +669,33 @@ def _compute_constants(nested: Sequence[exp.Expression]) -> None:
             _inline_subquery(node)
 
 
+def _expand_row_in(tree: exp.Expression) -> None:
+    """``(a, b) IN ((x, y), ...)`` (SQLAlchemy's ``tuple_(...).in_(...)``) as ``((a = x AND b = y) OR ...)``:
+    PostgreSQL compares rows member by member, NULLs as that AND does, so the comparisons are what the checks read.
+    Other row or array forms stay as they are (and are refused by the expression checks)."""
+    for node in list(tree.find_all(exp.In)):
+        row = node.this
+        if not isinstance(row, exp.Tuple) or set(_set_args(node)) != {"this", "expressions"} or not all(
+                isinstance(value, exp.Tuple) and len(value.expressions) == len(row.expressions)
+                for value in node.expressions):
+            continue
+        matches = [exp.and_(*(exp.EQ(this=member.copy(), expression=part.copy())
+                              for member, part in zip(row.expressions, value.expressions, strict=True)))
+                   for value in node.expressions]
+        node.replace(exp.Paren(this=exp.or_(*matches)))
+
+
 def _fold_concatenation(node: exp.DPipe) -> None:
     parts = [_constant_text(node.this), _constant_text(node.expression)]
     if parts[0] is not None and parts[1] is not None and set(_set_args(node)) <= {"this", "expression", "safe"}:
         node.replace(exp.Literal.string(parts[0] + parts[1]))
+
+
+def _fold_concat_call(node: exp.Concat) -> None:
+    """concat() of string and integer constants (none NULL) as the string it gives."""
+    parts = [_constant_text(argument) for argument in node.expressions]
+    if parts and None not in parts and set(_set_args(node)) <= {"expressions", "safe", "coalesce"}:
+        node.replace(exp.Literal.string("".join(part for part in parts if part is not None)))
 
 
 # make_interval's arguments (sqlglot names them by the unit, which interval input reads as written).

@@ -4,7 +4,9 @@ Some places of a statement must hold a constant for the analysis to prove it saf
 pattern ending with the escape character fails only on the rows that reach it), a ``date_trunc`` unit, an
 ``extract``/``date_part`` field, a ``to_char`` format, the zone of ``AT TIME ZONE``, the operand of a cast to a
 type other than text (a run-time cast that fails on some rows reveals them), the OFFSET of a derived table or
-WITH query (only ``OFFSET 0`` is inlined there, and Prisma binds it: anonproxy/plan/flatten.py), and in dp mode
+WITH query (only ``OFFSET 0`` is inlined there, and Prisma binds it: anonproxy/plan/flatten.py), a LIMIT, OFFSET
+or FETCH count cast to an integer type (SQLAlchemy's ``LIMIT $1::INTEGER`` with psycopg or asyncpg: written as the
+integer it is, which the checks of a constant count then read), and in dp mode
 any operand of HAVING (dp evaluates HAVING in the proxy on the noisy values: anonproxy/dp/having.py), and in dp
 mode the operand of a WHERE condition on a time column with declared bounds (``col >= $n``, ``>``, ``<``,
 ``<=``, ``=``, ``BETWEEN $n AND $m``, an AND of them at the top of the WHERE: a constant there narrows the public
@@ -13,17 +15,18 @@ binds its values at Bind (server-side binding: Django, SQLAlchemy with psycopg, 
 Metabase, Prisma) sends a ``$n`` there.
 
 :func:`slots` finds those parameters on the statement's one parse (a parameter may stand there bare, or under a
-cast to text or varchar, or inside upper()/lower() in a LIKE pattern). :func:`bound_text` writes the statement
-again with each of them replaced, everywhere it appears, by a literal built from its value (a string literal,
-cast to the type the client declared when that is not a text type; NULL for a NULL) — the statement as if the
-client had written the constant, rendered from the tree (never cut from the client's text). A plain ``CAST($n
-AS text|varchar)`` in a pattern, unit, field, format or zone slot is replaced as a whole: these places read text,
-so the cast changes nothing there.
+cast to text or varchar, or inside upper()/lower() or concat() in a LIKE pattern). :func:`bound_text` writes the
+statement again with each of them replaced, everywhere it appears, by a literal built from its value (a string
+literal, cast to the type the client declared when that is not a text type; NULL for a NULL; a bare integer for a
+count) — the statement as if the client had written the constant, rendered from the tree (never cut from the
+client's text). A plain ``CAST($n AS text|varchar)`` in a pattern, unit, field, format or zone slot is replaced as
+a whole: these places read text, so the cast changes nothing there.
 The proxy decides that text like any other; its text is the value class, which the decision cache keys on.
 
 Which parameters are not decided at Bind: every other ``$n`` (a comparison's operand but a dp time filter's, an
-IN list, the statement's own LIMIT and OFFSET) is decided at Parse as it is, and those the analysis refuses there
-stay refused (a parameter added up in an aggregate: its value changes the sensitivity of what the statement reads).
+IN list, the statement's own LIMIT and OFFSET unless cast) is decided at Parse as it is, and those the analysis
+refuses there stay refused (a parameter added up in an aggregate: its value changes the sensitivity of what the
+statement reads).
 """
 
 from __future__ import annotations
@@ -56,8 +59,10 @@ _OIDS = {
     exp.DataType.Type.VARCHAR: 1043,
 }  # fmt: skip
 _TEXT = (exp.DataType.Type.TEXT, exp.DataType.Type.VARCHAR)
+_INTEGERS = (exp.DataType.Type.SMALLINT, exp.DataType.Type.INT, exp.DataType.Type.BIGINT)  # a count's casts
 # A value every statement of each kind accepts: the statement is decided with it at Parse, and described with it.
-_REPRESENTATIVE = {"pattern": "%", "unit": "year", "field": "year", "format": "YYYY", "zone": "UTC", "offset": "0"}
+_REPRESENTATIVE = {"pattern": "%", "unit": "year", "field": "year", "format": "YYYY", "zone": "UTC", "offset": "0",
+                   "count": "0"}
 _REPRESENTATIVE_CAST = {1082: "2000-01-01", 1114: "2000-01-01 00:00:00", 1184: "2000-01-01 00:00:00+00",
                         1186: "1 day", 16: "true"}
 
@@ -68,7 +73,7 @@ class Slot:
     client declares none (what PostgreSQL infers there: the cast's target, else text)."""
 
     number: int
-    kind: str  # "pattern", "unit", "field", "format", "zone", "offset", "cast", "having" or "time"
+    kind: str  # "pattern", "unit", "field", "format", "zone", "offset", "count", "cast", "having" or "time"
     type_oid: int = TEXT_OID
 
     def representative(self) -> str:
@@ -135,13 +140,24 @@ def _rendered(tree: exp.Expression, literals: Mapping[int, exp.Expression]) -> s
     copy = tree.copy()
     for node, kind in list(_places(copy, having=False)):
         parameter = _parameter(node, kind)
-        if parameter is not None and kind != "cast" and parameter.parent is node and isinstance(node, exp.Cast):
+        if parameter is not None and kind == "count":
+            node.replace(_count(literals[_number(parameter)], _number(parameter)))
+        elif parameter is not None and kind != "cast" and parameter.parent is node and isinstance(node, exp.Cast):
             node.replace(literals[_number(parameter)].copy())  # CAST($n AS text) where text is read: the value
     for parameter in list(copy.find_all(exp.Parameter)):
         literal = literals.get(_number(parameter)) if _numbered(parameter) else None
         if literal is not None:
             parameter.replace(literal.copy())
     return render(copy)
+
+
+def _count(literal: exp.Expression, number: int) -> exp.Expression:
+    """A LIMIT, OFFSET or FETCH count bound under an integer cast, as the integer constant it is."""
+    text = literal.this.name if isinstance(literal, exp.Cast) else literal.name
+    if not (text.isascii() and text.isdigit()):
+        raise unsupported(f"parameter ${number} of a LIMIT, OFFSET or FETCH count must be a non-negative integer",
+                          "Bind a row count (0, 1, 2, ...).")
+    return exp.Literal.number(int(text))
 
 
 def _places(tree: exp.Expression, having: bool) -> Iterator[tuple[exp.Expression, str]]:
@@ -159,6 +175,9 @@ def _places(tree: exp.Expression, having: bool) -> Iterator[tuple[exp.Expression
             yield node.args["format"], "format"
         elif isinstance(node, exp.AtTimeZone) and node.args.get("zone") is not None:
             yield node.args["zone"], "zone"
+        elif isinstance(node, exp.Cast) and isinstance(node.this, exp.Parameter) and node.to.this in _INTEGERS \
+                and not node.to.expressions and isinstance(node.parent, (exp.Limit, exp.Offset, exp.Fetch)):
+            yield node, "count"
         elif isinstance(node, exp.Cast) and isinstance(node.this, exp.Parameter) and node.to.this not in _TEXT:
             yield node, "cast"
         elif isinstance(node, exp.Offset) and isinstance(node.parent, exp.Select) \
@@ -187,9 +206,13 @@ def _time_places(tree: exp.Expression, times: TimeColumns) -> Iterator[tuple[exp
 
 
 def _pattern_parts(pattern: exp.Expression) -> Iterator[tuple[exp.Expression, str]]:
-    """A LIKE pattern, seen through upper(), lower() and parentheses (Django's UPPER(%s))."""
+    """A LIKE pattern, seen through upper(), lower() and parentheses (Django's UPPER(%s)), or the parts of a
+    concat() (Spring Data's and MyBatis's CONCAT('%', $1, '%'): constants at Bind, which the analysis folds)."""
     while isinstance(pattern, (exp.Upper, exp.Lower, exp.Paren)):
         pattern = pattern.this
+    if type(pattern) is exp.Concat:  # not concat_ws
+        yield from ((part, "pattern") for part in pattern.expressions)
+        return
     yield pattern, "pattern"
 
 
@@ -198,7 +221,7 @@ def _parameter(node: exp.Expression, kind: str) -> exp.Parameter | None:
     if isinstance(node, exp.Parameter) and _numbered(node):
         return node
     if isinstance(node, exp.Cast) and isinstance(node.this, exp.Parameter) and _numbered(node.this) and (
-            kind == "cast" or (node.to.this in _TEXT and not node.to.expressions)):
+            kind in ("cast", "count") or (node.to.this in _TEXT and not node.to.expressions)):
         return node.this
     return None
 

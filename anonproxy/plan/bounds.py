@@ -204,7 +204,7 @@ def column_value(facts: ColumnFacts) -> Value:
 _ARITHMETIC = (exp.Add, exp.Sub, exp.Mul, exp.Div, exp.Mod)
 _DERIVED = (*_ARITHMETIC, exp.Neg, exp.Abs, exp.Floor, exp.Ceil, exp.Round, exp.Trunc, exp.Length, exp.Cast)
 _PREDICATES = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.NullSafeEQ, exp.NullSafeNEQ, exp.And,
-               exp.Or, exp.Not, exp.Is, exp.In, exp.Between, exp.Like, exp.ILike, exp.Boolean)
+               exp.Or, exp.Not, exp.Is, exp.In, exp.Between, exp.Like, exp.ILike, exp.Escape, exp.Boolean)
 _AGGREGATES = (exp.Count, exp.Sum, exp.Avg, exp.Min, exp.Max, exp.Variance, exp.VariancePop, exp.Stddev,
                exp.StddevSamp, exp.StddevPop, exp.Median, exp.WithinGroup)
 
@@ -229,7 +229,7 @@ class _Interpreter:
             return result
         if isinstance(node, _PREDICATES):
             children = [self.value(child) for child in _children(node)]
-            if not isinstance(node, (exp.And, exp.Or, exp.Not)):
+            if not isinstance(node, (exp.And, exp.Or, exp.Not, exp.Escape)):  # (ESCAPE: a LIKE and its character)
                 _common(children, node)  # a numeric compared with a float is converted to float: it may not fit
             return Value("bool", constant=all(child.constant for child in children))
         # Anything else the expression allowlist admitted (intervals, a bare type name ...): typed opaquely.

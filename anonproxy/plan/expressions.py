@@ -70,15 +70,15 @@ SYSTEM_COLUMNS = frozenset({"ctid", "xmin", "xmax", "cmin", "cmax", "tableoid"})
 # What a row-level expression may be built from (WHERE, GROUP BY, JOIN conditions, aggregate arguments).
 ROW_EXPRESSIONS = (
     "column references, constants, $n parameters, comparisons, AND/OR/NOT, IN (list), BETWEEN, IS [NOT] NULL, "
-    "LIKE/ILIKE with a constant pattern, CASE, coalesce, nullif, lower, upper, width_bucket, casts of constants, "
-    "and casts to text; the clock (now(), current_timestamp, current_date, localtimestamp, transaction_timestamp(), "
-    "statement_timestamp()); and where no value can make them fail: + - * and unary minus, / and % by non-zero "
-    "constants, abs, floor, ceil, round, trunc, casts between number types, date_trunc (with a constant time "
-    "zone), date_bin, extract/date_part of a field the type has, to_char of dates and timestamps with a constant "
-    "format, casts between date, timestamp and timestamptz, date(x), AT TIME ZONE and timezone() with a constant "
-    "IANA zone, a constant interval added to or subtracted from a date or timestamp (date ± integer), make_date "
-    "and to_timestamp of constants, substring/left/right with constant positions, trim and length; || of "
-    "constants and (SELECT x) of constants and the clock are computed before the checks"
+    "LIKE/ILIKE with a constant pattern (ESCAPE of one character or none), CASE, coalesce, nullif, lower, upper, "
+    "width_bucket, casts of constants, and casts to text; the clock (now(), current_timestamp, current_date, "
+    "localtimestamp, transaction_timestamp(), statement_timestamp()); and where no value can make them fail: + - * "
+    "and unary minus, / and % by non-zero constants, abs, floor, ceil, round, trunc, casts between number types, "
+    "date_trunc (with a constant time zone), date_bin, extract/date_part of a field the type has, to_char of dates "
+    "and timestamps with a constant format, casts between date, timestamp and timestamptz, date(x), AT TIME ZONE and "
+    "timezone() with a constant IANA zone, a constant interval added to or subtracted from a date or timestamp (date "
+    "± integer), make_date and to_timestamp of constants, substring/left/right with constant positions, trim and "
+    "length; || of constants and (SELECT x) of constants and the clock are computed before the checks"
 )
 # The aggregates of each mode, as the hints list them.
 SUPPRESS_AGGREGATES = ("count(*), count(x), count(DISTINCT x), sum(x), avg(x), "
@@ -112,7 +112,7 @@ _CALLS = frozenset({"transaction_timestamp", "statement_timestamp", "timezone", 
 MAX_SUMMED_CONSTANT = Decimal("1e15")
 # Nodes whose operands are compared, not added up: a constant there never reaches a sum.
 _PREDICATES = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.NullSafeEQ, exp.NullSafeNEQ, exp.In,
-               exp.Between, exp.Like, exp.ILike, exp.Is)
+               exp.Between, exp.Like, exp.ILike, exp.Escape, exp.Is)
 
 # Types a constant may be cast to (folded at plan time, so a failure never depends on data).
 _CONSTANT_CAST_TYPES = frozenset({
@@ -188,6 +188,7 @@ _ROW_NODES: dict[type[exp.Expression], frozenset[str]] = {
     exp.Between: frozenset({"this", "low", "high", "symmetric", "negate"}),
     exp.Like: frozenset({"this", "expression", "negate"}),
     exp.ILike: frozenset({"this", "expression", "negate"}),
+    exp.Escape: frozenset({"this", "expression"}),
     exp.Case: frozenset({"this", "ifs", "default"}),
     exp.If: frozenset({"this", "true", "false"}),
     exp.Coalesce: frozenset({"this", "expressions"}),
@@ -294,6 +295,15 @@ POST_EXPRESSIONS = ("+ - * / (a division by zero gives NULL), round, trunc, abs,
                     "cume_dist, ntile, lag, lead, first_value, last_value), over aggregates, GROUP BY "
                     "expressions and constants")
 
+
+def _float_precision(target: exp.DataType) -> bool:
+    """float(p) with a precision PostgreSQL takes (1 to 53 bits: real up to 24, double precision above)."""
+    params = target.expressions
+    value = params[0].this if len(params) == 1 and isinstance(params[0], exp.DataTypeParam) else None
+    return (target.this == exp.DataType.Type.DOUBLE and isinstance(value, exp.Literal) and not value.is_string
+            and value.name.isascii() and value.name.isdigit() and 1 <= int(value.name) <= 53)
+
+
 # How PostgreSQL spells each allowed function. sqlglot reads other dialects' names into the same nodes (ifnull,
 # nvl -> coalesce, lcase -> lower, stdev -> stddev ...); the client's spelling is what runs, so it must be one of
 # these. Nodes without a position (extract/date_part, casts, CASE) are keywords and need no check.
@@ -343,7 +353,6 @@ _REFUSED: list[tuple[tuple[type[exp.Expression], ...], str, str]] = [
     ((exp.Star,), "* (all columns)", "it returns row-level data"),
     ((exp.RegexpLike, exp.RegexpILike, exp.SimilarTo), "regular expressions", "a bad pattern raises errors"),
     ((exp.Collate,), "COLLATE", "it is outside the supported subset"),
-    ((exp.Escape,), "LIKE ... ESCAPE", "it is outside the supported subset"),
     ((exp.Any, exp.All), "ANY/ALL other than = ANY(ARRAY[...]) and <> ALL(ARRAY[...])",
      "an array parameter's element type is the client's choice; write x IN ($1, $2, ...) or x = ANY(ARRAY[...])"),
     ((exp.Array, exp.Tuple, exp.Struct), "arrays and row constructors", "they are outside the supported subset"),
@@ -700,10 +709,12 @@ class Checker:
                               f"{clause}", self.clause_hint(clause))
         if isinstance(node, exp.Cast):
             target = node.args.get("to")
-            # a type modifier only where PostgreSQL's own types take one: numeric(p, s), varchar(n), char(n)
+            # a type modifier only where PostgreSQL's own types take one: numeric(p, s), varchar(n), char(n) and
+            # float(p) (Hibernate's float(53): PostgreSQL reads it as real or double precision)
             modified = isinstance(target, exp.DataType) and bool(target.expressions)
             if not isinstance(target, exp.DataType) or target.this not in POST_CAST_TYPES or (
-                    modified and target.this not in _TEXT_TYPES | {exp.DataType.Type.DECIMAL}):
+                    modified and target.this not in _TEXT_TYPES | {exp.DataType.Type.DECIMAL}
+                    and not _float_precision(target)):
                 raise unsupported(f"cast to {target.sql(dialect='postgres') if target else None} is not allowed in "
                                   f"{clause}", "Cast aggregates to smallint, integer, bigint, numeric, real, double "
                                   "precision or text.")
@@ -970,9 +981,11 @@ class Checker:
             raise unsupported("IN needs a list of values", self.clause_hint(clause))
         return False
 
-    def _check_like(self, node: exp.Like, clause: str, aggregates: bool) -> bool:
+    def _check_like(self, node: exp.Like | exp.ILike, clause: str, aggregates: bool, escape: str = "\\") -> bool:
         pattern = node.expression
+        cased = False
         while isinstance(pattern, (exp.Upper, exp.Lower, exp.Paren)):  # Django's UPPER('%x%'): case leaves \ be
+            cased = cased or not isinstance(pattern, exp.Paren)
             pattern = pattern.this
         if isinstance(pattern, exp.Null):  # LIKE NULL (a parameter bound to NULL): no row matches, none fails
             self._walk(node.this, clause, aggregates)
@@ -980,13 +993,28 @@ class Checker:
         if not (isinstance(pattern, exp.Literal) and pattern.is_string):
             raise unsupported(f"LIKE/ILIKE patterns must be constant strings in {clause}",
                               "Write the pattern as a string literal; an invalid pattern would raise errors.")
-        trailing = len(pattern.this) - len(pattern.this.rstrip("\\"))
+        if cased and escape.lower() != escape.upper():  # upper()/lower() would make other escape characters
+            raise unsupported(f"ESCAPE {escape!r} with upper() or lower() of the pattern is not supported",
+                              "Use an escape character without case, such as '\\' or '!'.")
+        trailing = len(pattern.this) - len(pattern.this.rstrip(escape)) if escape else 0
         if trailing % 2:
-            raise unsupported("a LIKE pattern must not end with the escape character", "Remove the trailing backslash.")
+            raise unsupported("a LIKE pattern must not end with the escape character",
+                              "Remove the trailing escape character.")
         self._walk(node.this, clause, aggregates)
         return True
 
     _check_ilike = _check_like
+
+    def _check_escape(self, node: exp.Escape, clause: str, aggregates: bool) -> bool:
+        """LIKE/ILIKE ... ESCAPE 'c' (Spring Data's derived Containing queries: ESCAPE '\\'), or ESCAPE '' (none):
+        the pattern is checked with that escape character; PostgreSQL refuses any longer escape string."""
+        like, escape = node.this, node.expression
+        if not isinstance(like, (exp.Like, exp.ILike)) or _set_args(like) - _ROW_NODES[type(like)]:
+            raise unsupported(f"ESCAPE is allowed after LIKE and ILIKE only, in {clause}", self.clause_hint(clause))
+        if not (isinstance(escape, exp.Literal) and escape.is_string and len(escape.this) <= 1):
+            raise unsupported(f"ESCAPE takes a constant string of one character or none in {clause}",
+                              "Write ESCAPE '\\' (or another single character), or ESCAPE '' for none.")
+        return self._check_like(like, clause, aggregates, escape.this)
 
     def _check_case(self, node: exp.Case, clause: str, aggregates: bool) -> bool:
         for branch in node.args.get("ifs") or []:

@@ -55,6 +55,7 @@ FUNCTIONS = frozenset({
     "rank", "percent_rank", "cume_dist", "ntile", "lag", "lead", "last_value",
     "abs", "random", "unnest", "generate_series",  # magnitudes, the dp plan's random row order, its public domains
     "lower", "upper", "date_trunc", "date_part", "extract", "width_bucket",  # client expressions
+    "like_escape",  # LIKE ... ESCAPE in the tree: like_escape(pattern, escape) of constants
     "round", "trunc", "ceil", "ceiling", "floor", "sign",  # post-aggregate expressions (plan.post_aggregate)
     # derived values the no-error proof admits (anonproxy.plan.bounds); trim() is btrim/ltrim/rtrim in the tree
     "mod", "to_char", "substring", "substr", "left", "right", "btrim", "ltrim", "rtrim", "length", "char_length",

@@ -20,6 +20,7 @@ from sqlglot import Token, TokenType, exp
 from sqlglot.dialects.dialect import Dialect
 from sqlglot.errors import SqlglotError
 from sqlglot.parser import Parser
+from sqlglot.tokenizer_core import TokenizerCore
 
 from anonproxy.plan.refusals import forbidden, unsupported
 from anonproxy.plan.tables import fold
@@ -27,10 +28,29 @@ from anonproxy.plan.tables import fold
 DIALECT = Dialect.get_or_raise("postgres")
 
 
+class _Core(TokenizerCore):
+    """sqlglot's lexer, with a $ read as PostgreSQL reads it: a dollar quote only before a tag and its closing $
+    ($$, $tag$). sqlglot takes any text up to the next $ for a tag, so pgjdbc's "in ($1,$2)" (Hibernate) failed
+    as a dollar quote tagged "1,"; PostgreSQL reads a parameter there."""
+
+    __slots__ = ()
+
+    def _scan_string(self, start: str) -> bool:
+        if start == "$" and not _DOLLAR_TAG.match(self.sql, self._current - 1):
+            self._add(TokenType.PARAMETER)
+            return True
+        return bool(super()._scan_string(start))
+
+
 class _Tokenizer(DIALECT.tokenizer_class):  # type: ignore[name-defined,misc]
     """PostgreSQL tokens for every statement: no raw-text "command" mode after SHOW, FETCH, EXECUTE, DO, ..."""
 
     COMMANDS: ClassVar[set[TokenType]] = set()
+
+    def _init_core(self) -> TokenizerCore:
+        core: TokenizerCore = super()._init_core()
+        core.__class__ = _Core  # the state sqlglot set up, scanned by the lexer above (same slots)
+        return core
 
 
 _TOKENIZER = _Tokenizer(dialect=DIALECT)
