@@ -40,6 +40,8 @@ class Source:
     node: exp.Table
     reference: str  # the name the query's expressions use for it
     join: exp.Join | None  # None for the first FROM item
+    # A linked table's distinct rows (anonproxy.plan.distinct_pairs): the derived table, ``node`` its table inside
+    derived: exp.Subquery | None = None
 
 
 JOIN_HINT = ("Join a linked table with [LEFT] JOIN <linked> ON <linked>.<key> = <protected>.<unit>, the protected "
