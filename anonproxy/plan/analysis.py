@@ -222,7 +222,7 @@ def _analyze(statement: Statement, tree: exp.Expression, index: PolicyIndex, par
     check_joins(sources, anchor, checker)
     for source in sources:
         if source.derived is not None:
-            distinct_pairs.check(source.derived, source.table, lambda table, name, node, clause: Checker(
+            distinct_pairs.check(source.derived, index, lambda table, name, node, clause: Checker(
                 Scope(references={name: table}, identifiers={name: _identifier_columns(table)}), params,
                 table.policy_name, dp, statement.source, zones=index.policy.zones).row(node, clause))
     for semi in semis:

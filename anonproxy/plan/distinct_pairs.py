@@ -83,12 +83,14 @@ def resolve(item: exp.Subquery, index: PolicyIndex) -> ResolvedTable:
     return replace(resolved, linked=replace(link, types=known, not_null=not_null))
 
 
-def check(item: exp.Subquery, table: ResolvedTable,
+def check(item: exp.Subquery, index: PolicyIndex,
           row_check: Callable[[ResolvedTable, str, exp.Expression, str], None]) -> None:
     """Refuse a WHERE condition of ``item`` that names another table's column, nests a query, or fails the row
-    checks of a WHERE over ``table`` (``row_check(table, reference, condition, clause)``)."""
+    checks of a WHERE over its table, all of whose columns it may read (``row_check(table, reference, condition,
+    clause)``)."""
     select = item.this
     inner = select.args["from_"].this
+    table = index.resolve(inner)
     own = _reference(inner, table)
     where = select.args.get("where")
     for condition in conjuncts(where.this) if where is not None else []:
