@@ -120,6 +120,12 @@ FANOUT = [
         "COUNT(\"adult\".id)").replace("SELECT k.\"visits_channel\", k.\"visits_person\",",
                                        "SELECT k.\"visits_channel\", count(k.\"visits_person\") AS n,")
         .replace("GROUP BY 1, 2", "GROUP BY 1")),
+    Shape(LIGHTDASH, "a count distinct metric of adult over the keys by channel", _lightdash(
+        _CHANNEL, "COUNT(DISTINCT \"adult\".id)", _WEB_APP)),
+    Shape(LIGHTDASH, "a count distinct of a column of adult over the keys by channel", _metrics(
+        _CHANNEL, "COUNT(DISTINCT \"adult\".education)")),
+    Shape(LIGHTDASH, "the unaffected CTE's own count distinct of visits beside the keys", _lightdash(
+        _CHANNEL, _HOURS, _WEB_APP).replace("COUNT(\"visits\".visit_id)", "COUNT(DISTINCT \"visits\".visit_id)")),
     Shape(CUBE, "multiplied measure by a dimension of the joined cube", _cube(
         [("\"visits\".channel", "visits__channel")], "sum(\"adult\".age) \"adult__total_age\"")),
     Shape(CUBE, "multiplied measure by a dimension of the joined cube, filtered on it", _cube(
@@ -169,6 +175,18 @@ PERIOD = [
           "visits.channel, sum(visits.amount) AS total FROM visits WHERE visits.visited_at >= '2025-01-01'::timestamptz "
           "AND visits.visited_at < '2025-07-01'::timestamptz GROUP BY 1) SELECT cur.channel, cur.total, prev.total AS "
           "previous FROM cur LEFT JOIN prev ON cur.channel = prev.channel ORDER BY 1"),
+    Shape(PERIODS, "period over period by a dimension of adult, a count of distinct people over the join",
+          "WITH cur AS (SELECT adult.sex, count(DISTINCT adult.id) AS people FROM adult JOIN visits ON "
+          "visits.person_id = adult.id WHERE visits.visited_at >= '2026-01-01'::timestamptz GROUP BY 1), prev AS "
+          "(SELECT adult.sex, count(DISTINCT adult.id) AS people FROM adult JOIN visits ON visits.person_id = "
+          "adult.id WHERE visits.visited_at < '2026-01-01'::timestamptz GROUP BY 1) SELECT cur.sex, cur.people, "
+          "prev.people AS previous, cur.people - prev.people AS change FROM cur LEFT JOIN prev ON cur.sex = prev.sex "
+          "ORDER BY 1"),
+    Shape(PERIODS, "period over period with FULL OUTER JOIN and COALESCE of the dimension",
+          "SELECT COALESCE(a.channel, b.channel) AS channel, a.n AS this_year, b.n AS last_year FROM (SELECT "
+          "channel, count(*) AS n FROM visits WHERE visited_at >= '2026-01-01'::timestamptz GROUP BY 1) a FULL OUTER "
+          "JOIN (SELECT channel, count(*) AS n FROM visits WHERE visited_at < '2026-01-01'::timestamptz GROUP BY 1) b "
+          "ON a.channel = b.channel ORDER BY 1"),
 ]
 
 reporter, analyst = corpus_roles("dp_round16")

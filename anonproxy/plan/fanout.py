@@ -19,9 +19,23 @@ statement is the one over ``adult`` alone, keeping the rows that had a match::
 alone (its WHERE moves over) or joined (INNER or LEFT) on its declared key to one linked table, whose conditions
 become a semi-join on the unit (:mod:`anonproxy.plan.semi_joins`); under a LEFT JOIN each such condition must be
 false for a row without a match (a comparison of one of its columns), and with none every row is kept. Anything
-else (a key of the joined table, such as Lightdash's dimension of the many side; a unit the catalog does not
-prove unique; conditions over both tables) is left as it is, for the analysis to refuse
-(:func:`anonproxy.plan.refusals.fanout_keys`).
+else (a unit the catalog does not prove unique; conditions over both tables; a linked table not joined on its
+declared key) is left as it is, for the analysis to refuse (:func:`anonproxy.plan.refusals.fanout_keys`).
+
+Keys of the joined table (Lightdash's usual dimension of the many side, ``SELECT DISTINCT visits.channel,
+adult.id ...``) are (values, person) pairs: each adult once per distinct channel of its visits that pass the
+linked table's conditions, or once with NULLs under a LEFT JOIN without such conditions (an adult without a
+visit). The linked table's distinct rows of those columns and its key are exactly those pairs, so the statement
+is the one that joins them to the table::
+
+    SELECT k.channel, sum(adult.age) FROM adult
+    JOIN (SELECT DISTINCT visits.channel, visits.person_id FROM visits WHERE visits.channel <> 'web') AS k
+      ON k.person_id = adult.id
+    GROUP BY 1
+
+(``LEFT JOIN`` when the keys joined visits with LEFT JOIN and no condition on it; the table's own conditions stay
+in WHERE.) The analysis admits that derived table as a linked table (:mod:`anonproxy.plan.distinct_pairs`). A bare
+name in the outer query that the derived table would newly show (its columns' names) keeps the statement as it is.
 """
 
 from __future__ import annotations
@@ -70,7 +84,7 @@ def _rewrite(select: exp.Select, index: PolicyIndex) -> bool:
     if key is None or rows is None:
         return False
     conditions, own, pairs = rows
-    hidden = {column for _, column in own.values()} if pairs is not None else set()
+    hidden = {identifier(column.this) or "" for column in pairs.this.this.expressions} if pairs is not None else set()
     if not _reads_keys_qualified(select, keys, alias, own, hidden):
         return False
     target = reference(table) or ""
