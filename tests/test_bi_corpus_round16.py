@@ -44,6 +44,9 @@ SQLALCHEMY = "sqlalchemy/sqlalchemy lib/sqlalchemy/sql/selectable.py Exists (fro
 # LEFT JOINed on it
 PERIODS = "looker / metabase period-over-period SQL (from memory)"
 
+# written here: the form the fan-out rewrite gives, as a person would write it
+BY_HAND = "hand-written (the rewrite's own form)"
+
 _JOIN = ("FROM public.adult AS \"adult\"\nLEFT JOIN public.visits AS \"visits\" ON \"adult\".id = "
          "\"visits\".person_id")
 
@@ -134,7 +137,7 @@ FANOUT = [
     Shape(CUBE, "multiplied measure by dimensions of both cubes", _cube(
         [("\"adult\".sex", "adult__sex"), ("\"visits\".channel", "visits__channel")],
         "count(\"adult\".id) \"adult__count\"")),
-    Shape(CUBE, "the linked table's distinct rows written directly, joined on the key",
+    Shape(BY_HAND, "the linked table's distinct rows written directly, joined on the key",
           "SELECT k.channel, sum(\"adult\".age) AS total FROM public.adult AS \"adult\" JOIN (SELECT DISTINCT "
           "v.channel, v.person_id FROM public.visits v WHERE v.amount > 10) AS k ON k.person_id = \"adult\".id "
           "GROUP BY 1 ORDER BY 1"),
@@ -270,6 +273,9 @@ FANOUT_REFUSED = {
         "WITH k AS (SELECT DISTINCT \"visits\".channel AS c, \"visits\".person_id AS p " + _JOIN + ") SELECT k.c, "
         "sum(\"adult\".age) FROM k LEFT JOIN public.adult AS \"adult\" ON k.p = \"adult\".id GROUP BY 1",
         "0A000", FANOUT_MESSAGE),
+    # a computed key of visits (Lightdash's DATE_TRUNC of a time dimension): not rewritten (see docs/bi-tools.md)
+    "a computed key of visits": (_metrics([("DATE_TRUNC('MONTH', \"visits\".visited_at)", "visits_month")],
+                                          _HOURS), "0A000", FANOUT_MESSAGE),
     # the linked table's distinct rows without its key: not joined on the person
     "distinct rows without the key": (
         "SELECT k.channel, sum(adult.age) FROM adult JOIN (SELECT DISTINCT channel FROM visits) AS k ON k.channel = "
@@ -344,6 +350,9 @@ EXISTS_REFUSED = {
     "GROUP BY inside": (
         "SELECT channel, count(*) FROM visits WHERE EXISTS (SELECT 1 FROM channel_kinds k WHERE k.channel = "
         "visits.channel GROUP BY k.kind) GROUP BY 1", "0A000", "GROUP is not allowed in EXISTS"),
+    "an outer expression that could fail": (
+        "SELECT channel, count(*) FROM visits WHERE EXISTS (SELECT 1 FROM channel_kinds k WHERE k.channel = "
+        "(visits.amount / 0)::text) GROUP BY 1", "0A000", "division by 0"),
     "an identifying column": (
         "SELECT channel, count(*) FROM visits WHERE EXISTS (SELECT 1 FROM channel_kinds k WHERE k.channel = "
         "visits.person_id::text) GROUP BY 1", "42501", "identifying column"),
