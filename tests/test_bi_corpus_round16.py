@@ -198,9 +198,10 @@ reporter, analyst = corpus_roles("dp_round16")
 @pytest.fixture(scope="module")
 def reference(truth: psycopg.Connection[Any], gated_proxy: Endpoint, gated_database: str) -> Iterator[None]:
     """The module's reference table, declared; afterwards undeclared and dropped."""
-    truth.execute(f"create table {REFERENCE} (channel text primary key, kind text not null, replaced_by text)")
-    truth.execute(f"insert into {REFERENCE} values ('web', 'online', null), ('app', 'online', null), "
-                  "('store', 'offline', null), ('phone', 'offline', 'app')")
+    truth.execute(f"create table {REFERENCE} (channel text primary key, kind text not null, replaced_by text, "
+                  "weight numeric)")
+    truth.execute(f"insert into {REFERENCE} values ('web', 'online', null, 1), ('app', 'online', null, 2), "
+                  "('store', 'offline', null, 3), ('phone', 'offline', 'app', 1e400)")
     truth.execute(f"select anonproxy.declare_reference_table('{REFERENCE}')")
     wait_for_current_policy(truth, gated_proxy, gated_database)
     try:
@@ -353,6 +354,10 @@ EXISTS_REFUSED = {
     "an outer expression that could fail": (
         "SELECT channel, count(*) FROM visits WHERE EXISTS (SELECT 1 FROM channel_kinds k WHERE k.channel = "
         "(visits.amount / 0)::text) GROUP BY 1", "0A000", "division by 0"),
+    # numeric compared with a person's integer: a comparison that converts one side could fail on some value
+    "a comparison across types": (
+        "SELECT channel, count(*) FROM visits WHERE EXISTS (SELECT 1 FROM channel_kinds k WHERE k.weight = "
+        "visits.amount::float8) GROUP BY 1", "0A000", "whose type it may not have"),
     "an identifying column": (
         "SELECT channel, count(*) FROM visits WHERE EXISTS (SELECT 1 FROM channel_kinds k WHERE k.channel = "
         "visits.person_id::text) GROUP BY 1", "42501", "identifying column"),

@@ -199,8 +199,9 @@ def _analyze(statement: Statement, tree: exp.Expression, index: PolicyIndex, par
         raise unsupported("LATERAL is not allowed in a query over protected tables", SHAPE_HINT)
     nested = [node for node in tree.walk() if node is not tree and isinstance(node, _NESTED)]
     _compute_constants(nested)
-    pairs = [item for item in sources_of(tree) if distinct_pairs.body(item) is not None]  # checked as sources
-    if any(isinstance(node, _QUERIES) and node.root() is tree and not _within(node, pairs)
+    # a linked table's distinct rows joined in FROM are checked as a source (distinct_pairs)
+    pairs = {id(node) for item in sources_of(tree) if distinct_pairs.body(item) is not None for node in item.walk()}
+    if any(isinstance(node, _QUERIES) and node.root() is tree and id(node) not in pairs
            for node in nested):  # not inlined
         raise unsupported("subqueries are not allowed in a query over protected tables", SHAPE_HINT)
     distinct = tree.args.get("distinct")
@@ -662,15 +663,6 @@ def _constant(node: exp.Expression) -> bool:
 # Nodes of a nested query, and those _compute_constants computes (||, make_interval and scalar subqueries).
 _QUERIES = (exp.Select, exp.Subquery, exp.SetOperation, exp.Exists)
 _NESTED = (*_QUERIES, exp.DPipe, exp.MakeInterval, exp.Extract)
-
-
-def _within(node: exp.Expression, items: list[exp.Expression]) -> bool:
-    """Whether ``node`` is one of ``items`` or inside one."""
-    while node is not None:
-        if any(node is item for item in items):
-            return True
-        node = node.parent
-    return False
 
 
 def _compute_constants(nested: Sequence[exp.Expression]) -> None:

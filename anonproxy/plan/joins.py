@@ -138,7 +138,7 @@ def _reference_equality(condition: exp.Expression, sources: list[Source], positi
                             f"{other.reference}.{other_column}: its rows would then describe one person each",
                             "Join reference tables on columns shared by many people (a region, a date, a product "
                             "code); a table about people must be linked, not declared a reference table.")
-        mine_type, other_type = _base_type(target.table, column), _base_type(other.table, other_column)
+        mine_type, other_type = base_type(target.table, column), base_type(other.table, other_column)
         if mine_type is None or mine_type != other_type:
             raise unsupported(f"{target.reference}.{column} ({mine_type or 'type unknown'}) and "
                               f"{other.reference}.{other_column} ({other_type or 'type unknown'}) differ in type: a "
@@ -148,7 +148,7 @@ def _reference_equality(condition: exp.Expression, sources: list[Source], positi
     return None
 
 
-def _base_type(table: ResolvedTable, column: str) -> str | None:
+def base_type(table: ResolvedTable, column: str) -> str | None:
     """``column``'s SQL type as read with the policy, without its type modifier; None when unknown."""
     model = table.protected or table.linked or table.reference
     types = model.types if model is not None else None

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from sqlglot import exp
 
 from anonproxy.plan.expressions import unparen
-from anonproxy.plan.joins import Source, conjuncts
+from anonproxy.plan.joins import Source, base_type, conjuncts
 from anonproxy.plan.refusals import forbidden, unsupported
 from anonproxy.plan.render import sql
 from anonproxy.plan.tables import PolicyIndex, ResolvedTable, identifier
@@ -108,7 +108,7 @@ def check(semi: SemiJoin, sources: list[Source], owner: str, index: PolicyIndex,
         _check_reference_exists(semi, sources, index, row_check, outer)
         return
     if _reads_reference(select, index):
-        _check_reference_list(semi, index, row_check, outer)
+        _check_reference_list(semi, sources, index, row_check, outer)
         return
     if semi.negated:
         raise unsupported("NOT IN (SELECT ...) is not allowed over protected tables: a NULL among the values makes "
@@ -162,7 +162,7 @@ def _reads_reference(select: exp.Select, index: PolicyIndex) -> bool:
         and index.resolve(node).kind == "reference"
 
 
-def _check_reference_list(semi: SemiJoin, index: PolicyIndex,
+def _check_reference_list(semi: SemiJoin, sources: list[Source], index: PolicyIndex,
                           row_check: Callable[[ResolvedTable, str, exp.Expression, str], None],
                           outer: OuterChecks) -> None:
     """``<outer expression> [NOT] IN (SELECT <column> FROM <reference table> [WHERE ...])``: the subquery reads only
@@ -192,19 +192,42 @@ def _check_reference_list(semi: SemiJoin, index: PolicyIndex,
     for condition in conjuncts(where.this) if where is not None else []:
         _own_columns(condition, reference, table, REFERENCE_HINT)
         row_check(table, reference, condition, "WHERE")
-    _check_tested(_test(semi).this, table, outer)
+    _check_tested(_test(semi).this, table, identifier(core.this) or "", sources, outer)
 
 
-def _check_tested(tested: exp.Expression, table: ResolvedTable, outer: OuterChecks) -> None:
-    """The outer expression tested against a reference table's values: checked as the outer query's test of a list
-    of constants is; an identifying column in it refused (a list of its values picks people out, as a reference
-    table joined on one would)."""
-    for column in tested.find_all(exp.Column):
-        if isinstance(column.this, exp.Identifier) \
-                and outer.is_identifier(identifier(column.args.get("table")), identifier(column.this) or ""):
-            raise forbidden(f"identifying column {sql(column)} cannot be tested against reference table "
+def _check_tested(tested: exp.Expression, table: ResolvedTable, column: str, sources: list[Source],
+                  outer: OuterChecks) -> None:
+    """The outer expression tested against a reference table's ``column``: checked as the outer query's test of a
+    list of constants is; an identifying column in it refused (a list of its values picks people out, as a
+    reference table joined on one would). Unless the reference column is a string, the tested expression is a
+    column of the same type: a comparison that converts one side can fail on a value (a numeric too large for a
+    double precision), and the error would tell whether some row reached it."""
+    for found in tested.find_all(exp.Column):
+        if isinstance(found.this, exp.Identifier) \
+                and outer.is_identifier(identifier(found.args.get("table")), identifier(found.this) or ""):
+            raise forbidden(f"identifying column {sql(found)} cannot be tested against reference table "
                             f"{table.policy_name}: a list of its values picks people out", REFERENCE_HINT)
     outer.row(exp.In(this=tested.copy(), expressions=[exp.Literal.string("")]), "WHERE")
+    wanted = base_type(table, column)
+    if wanted is not None and wanted not in _STRINGS and _type_of(tested, sources) != wanted:
+        raise unsupported(f"{sql(tested)} is compared with {table.policy_name}.{column} ({wanted}), whose type it "
+                          "may not have: a comparison that converts one side can fail on a value", REFERENCE_HINT)
+
+
+# Reference column types any tested expression may be compared with: a conversion to a string cannot fail, and a
+# type without such a comparison is refused by PostgreSQL when it plans the statement, whatever the data.
+_STRINGS = frozenset({"text", "character varying", "character", "name"})
+
+
+def _type_of(node: exp.Expression, sources: list[Source]) -> str | None:
+    """The type of ``node`` when it is a column of one of ``sources`` whose type was read with the policy."""
+    node = unparen(node)
+    if not isinstance(node, exp.Column) or not isinstance(node.this, exp.Identifier):
+        return None
+    qualifier, name = identifier(node.args.get("table")), identifier(node.this) or ""
+    types = {base_type(source.table, name) for source in sources if qualifier in (None, source.reference)}
+    types.discard(None)
+    return types.pop() if len(types) == 1 else None
 
 
 def _check_reference_exists(semi: SemiJoin, sources: list[Source], index: PolicyIndex,
@@ -251,8 +274,8 @@ def _check_reference_exists(semi: SemiJoin, sources: list[Source], index: Policy
         raise unsupported(f"an EXISTS subquery over reference table {table.policy_name} must tie one of its columns "
                           "to the outer query with an equality (<reference>.<column> = <outer table>.<column>)",
                           REFERENCE_HINT)
-    for expression in tested:
-        _check_tested(expression, table, outer)
+    for column, expression in tested:
+        _check_tested(expression, table, column, sources, outer)
 
 
 def _reference_source(select: exp.Select, index: PolicyIndex) -> tuple[ResolvedTable, str]:
@@ -264,11 +287,11 @@ def _reference_source(select: exp.Select, index: PolicyIndex) -> tuple[ResolvedT
 
 
 def _reference_correlation(condition: exp.Expression, reference: str, table: ResolvedTable,
-                           sources: list[Source]) -> exp.Expression | None:
-    """The outer expression when ``condition`` is ``<reference column> = <expression over the outer query's
-    tables>`` (either way round): every column of that expression qualified with the name of a FROM item of the
-    outer query that is not the reference table's own name inside the subquery (a bare name, or that name, is
-    the reference table's when it has such a column)."""
+                           sources: list[Source]) -> tuple[str, exp.Expression] | None:
+    """The reference column and the outer expression when ``condition`` is ``<reference column> = <expression over
+    the outer query's tables>`` (either way round): every column of that expression qualified with the name of a
+    FROM item of the outer query that is not the reference table's own name inside the subquery (a bare name, or
+    that name, is the reference table's when it has such a column)."""
     node = unparen(condition)
     if not isinstance(node, exp.EQ):
         return None
@@ -279,7 +302,7 @@ def _reference_correlation(condition: exp.Expression, reference: str, table: Res
         if _is_own_column(mine, reference, table) and columns \
                 and all(column.args.get("db") is None and identifier(column.args.get("table")) in outer
                         for column in columns):
-            return other
+            return identifier(mine.this) or "", other
     return None
 
 
