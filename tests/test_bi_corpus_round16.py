@@ -114,6 +114,10 @@ FANOUT = [
         [("\"adult\".sex", "adult_sex"), *_CHANNEL], _HOURS, _WEB_APP)),
     Shape(LIGHTDASH, "by a dimension of visits over a date range on visits", _lightdash(
         _CHANNEL, "AVG(\"adult\".hours_per_week)", _H1)),
+    Shape(LIGHTDASH, "by a dimension of visits, an \"is not null\" filter on visits (false for no visit)", _lightdash(
+        _CHANNEL, _HOURS, "WHERE ((\"visits\".channel) IS NOT NULL)")),
+    Shape(LIGHTDASH, "by a dimension of visits, a \"does not start with\" filter on visits", _lightdash(
+        _CHANNEL, _HOURS, "WHERE ((\"visits\".channel) NOT LIKE 'ph%')")),
     Shape(LIGHTDASH, "the metrics CTE alone, a count of adults per channel", _metrics(
         _CHANNEL, "COUNT(\"adult\".id)")),
     Shape(LIGHTDASH, "the metrics CTE alone, the keys over an INNER JOIN", _metrics(
@@ -269,6 +273,9 @@ FANOUT_REFUSED = {
     # IS NULL under the LEFT JOIN keeps adults without a visit: not a filter of visits' rows
     "IS NULL on visits under the LEFT JOIN": (_metrics(_CHANNEL, _HOURS, "WHERE \"visits\".channel IS NULL"),
                                               "0A000", FANOUT_MESSAGE),
+    # NOT (... IS NOT NULL) is IS NULL: it keeps the adults without a visit
+    "NOT IS NOT NULL on visits under the LEFT JOIN": (
+        _metrics(_CHANNEL, _HOURS, "WHERE NOT (\"visits\".channel IS NOT NULL)"), "0A000", FANOUT_MESSAGE),
     # the key joined back is a column of visits, not adult's unit
     "joined back on a key of visits": (
         "WITH k AS (SELECT DISTINCT \"visits\".channel AS c, \"visits\".person_id AS p " + _JOIN + ") SELECT k.c, "

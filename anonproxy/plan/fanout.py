@@ -18,7 +18,8 @@ statement is the one over ``adult`` alone, keeping the rows that had a match::
 :func:`rewrite` makes that change on the tree when it can prove it: the keys table reads the protected table
 alone (its WHERE moves over) or joined (INNER or LEFT) on its declared key to one linked table, whose conditions
 become a semi-join on the unit (:mod:`anonproxy.plan.semi_joins`); under a LEFT JOIN each such condition must be
-false for a row without a match (a comparison of one of its columns), and with none every row is kept. Anything
+false for a row without a match (a comparison of one of its columns, its negation, or ``IS NOT NULL``), and with
+none every row is kept. Anything
 else (a unit the catalog does not prove unique; conditions over both tables; a linked table not joined on its
 declared key) is left as it is, for the analysis to refuse (:func:`anonproxy.plan.refusals.fanout_keys`).
 
@@ -200,11 +201,22 @@ def _pairs(linked: exp.Table, other: str, columns: list[str], theirs: list[exp.E
 
 
 def _rejects_nulls(condition: exp.Expression, other: str) -> bool:
-    """Whether ``condition`` is a strict comparison whose left side is a column of ``other``: NULL on a row that
-    LEFT JOIN filled with NULLs."""
+    """Whether ``condition`` is a strict comparison whose left side is a column of ``other`` (NULL on a row that
+    LEFT JOIN filled with NULLs), its negation (NOT NULL is NULL), or ``<that column> IS NOT NULL`` (false)."""
     node = unparen(condition)
-    return isinstance(node, _STRICT) and isinstance(unparen(node.this), exp.Column) \
-        and identifier(unparen(node.this).args.get("table")) == other
+    if isinstance(node, exp.Is) and isinstance(node.expression, exp.Null) and node.args.get("negate"):
+        return _is_column_of(node.this, other)
+    if isinstance(node, exp.Not):
+        inner = unparen(node.this)
+        if isinstance(inner, exp.Is) and isinstance(inner.expression, exp.Null) and not inner.args.get("negate"):
+            return _is_column_of(inner.this, other)
+        return not isinstance(inner, exp.Is) and _rejects_nulls(inner, other)
+    return isinstance(node, _STRICT) and _is_column_of(node.this, other)
+
+
+def _is_column_of(node: exp.Expression, other: str) -> bool:
+    node = unparen(node)
+    return isinstance(node, exp.Column) and identifier(node.args.get("table")) == other
 
 
 def _joined_key(on: exp.Expression, keys: str, table: str | None, unit: str) -> str | None:
