@@ -118,6 +118,11 @@ FANOUT = [
         _CHANNEL, _HOURS, "WHERE ((\"visits\".channel) IS NOT NULL)")),
     Shape(LIGHTDASH, "by a dimension of visits, a \"does not start with\" filter on visits", _lightdash(
         _CHANNEL, _HOURS, "WHERE ((\"visits\".channel) NOT LIKE 'ph%')")),
+    Shape(LIGHTDASH, "by a time dimension of visits (DATE_TRUNC by month) and a filter on visits", _lightdash(
+        [("DATE_TRUNC('MONTH', \"visits\".visited_at)", "visits_visited_at_month")], _HOURS, _WEB_APP)),
+    Shape(LIGHTDASH, "by a time dimension of visits (by year) and channel, no filter", _lightdash(
+        [("DATE_TRUNC('YEAR', \"visits\".visited_at)", "visits_visited_at_year"), *_CHANNEL],
+        "COUNT(\"adult\".id)")),
     Shape(LIGHTDASH, "the metrics CTE alone, a count of adults per channel", _metrics(
         _CHANNEL, "COUNT(\"adult\".id)")),
     Shape(LIGHTDASH, "the metrics CTE alone, the keys over an INNER JOIN", _metrics(
@@ -281,9 +286,13 @@ FANOUT_REFUSED = {
         "WITH k AS (SELECT DISTINCT \"visits\".channel AS c, \"visits\".person_id AS p " + _JOIN + ") SELECT k.c, "
         "sum(\"adult\".age) FROM k LEFT JOIN public.adult AS \"adult\" ON k.p = \"adult\".id GROUP BY 1",
         "0A000", FANOUT_MESSAGE),
-    # a computed key of visits (Lightdash's DATE_TRUNC of a time dimension): not rewritten (see docs/bi-tools.md)
-    "a computed key of visits": (_metrics([("DATE_TRUNC('MONTH', \"visits\".visited_at)", "visits_month")],
-                                          _HOURS), "0A000", FANOUT_MESSAGE),
+    # a computed key named as visits' key: the join would compare a month with a person
+    "a computed key named person_id": (_metrics([("DATE_TRUNC('MONTH', \"visits\".visited_at)", "person_id")],
+                                                _HOURS), "0A000", FANOUT_MESSAGE),
+    # a time dimension computed from a column of both tables: only the linked table's own columns
+    "a computed key of adult's column beside visits' keys": (
+        _metrics([("DATE_TRUNC('MONTH', \"visits\".visited_at)", "m"), ("\"visits\".channel", "c")], _HOURS)
+        .replace("\"visits\".visited_at)", "\"adult\".id::timestamptz)"), "0A000", FANOUT_MESSAGE),
     # the linked table's distinct rows without its key: not joined on the person
     "distinct rows without the key": (
         "SELECT k.channel, sum(adult.age) FROM adult JOIN (SELECT DISTINCT channel FROM visits) AS k ON k.channel = "
@@ -296,6 +305,10 @@ FANOUT_REFUSED = {
     "a failing condition inside": (
         "SELECT k.channel, sum(adult.age) FROM adult JOIN (SELECT DISTINCT v.channel, v.person_id FROM visits v "
         "WHERE v.amount / 0 > 1) AS k ON k.person_id = adult.id GROUP BY 1", "0A000", "division"),
+    # a unit date_trunc does not know: PostgreSQL's error would come only when a row reaches it
+    "date_trunc of an unknown unit inside": (
+        "SELECT k.m, sum(adult.age) FROM adult JOIN (SELECT DISTINCT DATE_TRUNC('fortnight', v.visited_at) AS m, "
+        "v.person_id FROM visits v) AS k ON k.person_id = adult.id GROUP BY 1", "0A000", "date_trunc unit FORTNIGHT"),
     # a nested query inside the distinct rows
     "a nested query inside": (
         "SELECT k.channel, sum(adult.age) FROM adult JOIN (SELECT DISTINCT v.channel, v.person_id FROM visits v "

@@ -9,11 +9,14 @@ and no more of them than the linked table holds. Joined on the declared key, it 
 checks and the back-ends: suppression counts the people of each group, dp bounds each person's rows and groups
 over the FROM clause as written, whatever it holds.
 
-Admitted by form (:func:`body`): ``SELECT DISTINCT`` of plain columns, unaliased, of one table, an optional WHERE,
-no other clause, its alias without column names. The analysis then requires (:func:`resolve`, :func:`check`): a
+Admitted by form (:func:`body`): ``SELECT DISTINCT`` of plain columns, unaliased, or ``date_trunc('<unit>',
+<column>) AS <name>`` (a BI tool's time dimension), of one table, an optional WHERE, no other clause, its alias
+without column names. The analysis then requires (:func:`resolve`, :func:`check`): a
 linked table; its key column among the columns (the join names it); the WHERE conditions over its own columns,
-passing the checks of a WHERE over that table (the allowlist, the no-error proof), without nested queries. The
-outer query sees only the selected columns (the table's column types are cut to them).
+passing the checks of a WHERE over that table (the allowlist, the no-error proof), without nested queries; a
+``date_trunc`` of a column that is not identifying, checked as a grouping expression. The outer query sees only
+the selected columns (the table's column types are cut to them; a ``date_trunc`` has its column's timestamp type,
+and no column policy: dp mode selects its groups as for any undeclared key).
 """
 
 from __future__ import annotations
@@ -46,15 +49,24 @@ def body(item: exp.Expression) -> exp.Select | None:
     if not isinstance(distinct, exp.Distinct) or distinct.args.get("on") or _extra(select, _ARGS) \
             or from_ is None or not isinstance(from_.this, exp.Table):
         return None
-    if not all(isinstance(column, exp.Column) and isinstance(column.this, exp.Identifier)
-               for column in select.expressions):
+    if not all((isinstance(item, exp.Column) and isinstance(item.this, exp.Identifier))
+               or (isinstance(item, exp.Alias) and truncated(item.this, None)) for item in select.expressions):
         return None
     return select
 
 
+def truncated(node: exp.Expression, table: str | None) -> bool:
+    """Whether ``node`` is ``date_trunc('<unit>', <column>)`` (a BI tool's time dimension), its column qualified
+    with ``table`` (None: any name or none)."""
+    column = node.this if isinstance(node, exp.TimestampTrunc) else None
+    return isinstance(column, exp.Column) and isinstance(column.this, exp.Identifier) \
+        and column.args.get("db") is None and isinstance(node.args.get("unit"), exp.Var) \
+        and (table is None or identifier(column.args.get("table")) == table)
+
+
 def resolve(item: exp.Subquery, index: PolicyIndex) -> ResolvedTable:
-    """The linked table ``item`` reads, its columns cut to those it selects; refused when not a linked table, or when
-    its key column is not selected."""
+    """The linked table ``item`` reads, its columns cut to those it selects; refused when not a linked table, when
+    its key column is not selected, or when two columns have one name."""
     select = item.this
     table = select.args["from_"].this
     resolved = index.resolve(table)
@@ -64,23 +76,36 @@ def resolve(item: exp.Subquery, index: PolicyIndex) -> ResolvedTable:
         raise unsupported(f"a SELECT DISTINCT derived table joined in FROM must read one linked table, not "
                           f"{resolved.policy_name}", HINT)
     own = _reference(table, resolved)
-    names = []
-    for column in select.expressions:
+    outputs: dict[str, tuple[str, bool]] = {}  # output name -> (the column it reads, whether computed)
+    for output in select.expressions:
+        column = output.this.this if isinstance(output, exp.Alias) else output
         qualifier = identifier(column.args.get("table"))
         if column.args.get("db") is not None or qualifier not in (None, own):
             raise unsupported(f"{sql(column)} in a SELECT DISTINCT derived table must be a column of its table "
                               f"{own}", HINT)
-        names.append(identifier(column.this) or "")
-    if link.column not in names:
+        name = identifier(output.args["alias"] if isinstance(output, exp.Alias) else column.this) or ""
+        if name in outputs:
+            raise unsupported(f"a SELECT DISTINCT derived table joined in FROM names two columns {name}", HINT)
+        outputs[name] = (identifier(column.this) or "", isinstance(output, exp.Alias))
+    if outputs.get(link.column) != (link.column, False):
         raise unsupported(f"a SELECT DISTINCT derived table of {resolved.policy_name} must select its key column "
                           f"{link.column}, on which it is joined", HINT)
-    types = link.types
-    known = {name: types[name] for name in names if name in types} if types is not None else None
-    if known is not None and len(known) != len(set(names)):
-        missing = sorted(set(names) - set(known))
-        raise unsupported(f"{resolved.policy_name} has no column {missing[0]}", HINT)
-    not_null = link.not_null & frozenset(names) if link.not_null is not None else None
-    return replace(resolved, linked=replace(link, types=known, not_null=not_null))
+    return replace(resolved, linked=replace(link, types=_types(outputs, link.types), not_null=(
+        frozenset(name for name, (column, computed) in outputs.items() if not computed and column in link.not_null)
+        if link.not_null is not None else None)))
+
+
+def _types(outputs: dict[str, tuple[str, bool]], types: dict[str, str] | None) -> dict[str, str] | None:
+    """The types of the derived table's columns: a column's own; date_trunc's, its column's timestamp type (of a
+    date: with time zone, the function PostgreSQL chooses). Refused when the table has no such column."""
+    if types is None:
+        return None
+    found = {}
+    for name, (column, computed) in outputs.items():
+        if column not in types:
+            raise unsupported(f"the linked table has no column {column}", HINT)
+        found[name] = "timestamp with time zone" if computed and types[column] == "date" else types[column]
+    return found
 
 
 def check(item: exp.Subquery, index: PolicyIndex,
@@ -102,6 +127,14 @@ def check(item: exp.Subquery, index: PolicyIndex,
                 raise unsupported(f"{sql(column)} in a SELECT DISTINCT derived table must be a column of its table "
                                   f"{own}", HINT)
         row_check(table, own, condition, "WHERE")
+    identifying = {link.column, *(name for name, column in link.columns.items() if column.kind == "identifier")} \
+        if (link := table.linked) is not None else set()
+    for item in select.expressions:
+        if isinstance(item, exp.Alias):  # a computed time dimension: checked as a grouping expression over the table
+            if identifier(item.this.this.this) in identifying:
+                raise unsupported(f"{sql(item.this)} in a SELECT DISTINCT derived table computes from identifying "
+                                  f"column {sql(item.this.this)}", HINT)
+            row_check(table, own, item.this, "GROUP BY")
 
 
 def qualified(item: exp.Subquery, table: ResolvedTable) -> exp.Subquery:

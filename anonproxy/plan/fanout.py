@@ -43,6 +43,7 @@ from __future__ import annotations
 
 from sqlglot import exp
 
+from anonproxy.plan import distinct_pairs
 from anonproxy.plan.expressions import unparen
 from anonproxy.plan.joins import conjuncts
 from anonproxy.plan.names import own_nodes, reference, sources
@@ -85,7 +86,7 @@ def _rewrite(select: exp.Select, index: PolicyIndex) -> bool:
     if key is None or rows is None:
         return False
     conditions, own, pairs = rows
-    hidden = {identifier(column.this) or "" for column in pairs.this.this.expressions} if pairs is not None else set()
+    hidden = set(pairs.this.this.named_selects) if pairs is not None else set()
     if not _reads_keys_qualified(select, keys, alias, own, hidden):
         return False
     target = reference(table) or ""
@@ -121,21 +122,31 @@ def _keys(body: exp.Select, table: ResolvedTable, index: PolicyIndex, key: str, 
     other = reference(joins[0].this) if len(joins) == 1 and isinstance(joins[0].this, exp.Table) else None
     qualifiers = {own_reference, *([other] if other else [])}
     own: dict[str, tuple[str, str]] = {}
+    columns: dict[str, exp.Expression] = {}  # the linked table's distinct rows: output name -> select item
     for item in body.expressions:
         core = item.this if isinstance(item, exp.Alias) else item
-        if not isinstance(core, exp.Column) or not isinstance(core.this, exp.Identifier) \
-                or identifier(core.args.get("table")) not in qualifiers or core.args.get("db") is not None:
-            return None
         name = identifier(item.args.get("alias")) if isinstance(item, exp.Alias) else identifier(core.this)
         if name is None or name in own:
             return None
+        if other is not None and isinstance(item, exp.Alias) and distinct_pairs.truncated(core, other):
+            if name in columns:
+                return None
+            own[name] = (other, name)  # a time dimension of the linked table, computed in its distinct rows
+            columns[name] = exp.Alias(this=core.copy(), alias=exp.Identifier(this=name, quoted=True))
+            continue
+        if not isinstance(core, exp.Column) or not isinstance(core.this, exp.Identifier) \
+                or identifier(core.args.get("table")) not in qualifiers or core.args.get("db") is not None:
+            return None
         own[name] = (identifier(core.args.get("table")) or "", identifier(core.this) or "")
+        if own[name][0] != own_reference:
+            if not isinstance(columns.setdefault(own[name][1], exp.column(own[name][1], other, quoted=True)),
+                              exp.Column):
+                return None  # a computed key's name is that of a column the keys also hold
     assert table.protected is not None
     if own.get(key) != (own_reference, table.protected.unit_column):
         return None
     where = body.args.get("where")
     conditions = conjuncts(where.this) if where is not None else []
-    columns = sorted({column for (qualifier, column) in own.values() if qualifier != own_reference})
     kept = _conditions(body, conditions, own_reference, table, index, columns, alias)
     if kept is None:
         return None
@@ -144,7 +155,7 @@ def _keys(body: exp.Select, table: ResolvedTable, index: PolicyIndex, key: str, 
 
 
 def _conditions(body: exp.Select, conditions: list[exp.Expression], own: str, table: ResolvedTable,
-                index: PolicyIndex, columns: list[str], alias: str,
+                index: PolicyIndex, columns: dict[str, exp.Expression], alias: str,
                 ) -> tuple[list[exp.Expression], exp.Join | None] | None:
     """The keys table's conditions as conditions on the protected table's rows: its own as they are, a linked
     table's as one semi-join on the unit; with ``columns`` of the linked table among the keys a linked table's
@@ -172,10 +183,12 @@ def _conditions(body: exp.Select, conditions: list[exp.Expression], own: str, ta
         return None  # a condition over both tables, or over neither
     if joins[0].args.get("side") and not all(_rejects_nulls(c, other) for c in theirs):
         return None
+    if isinstance(columns.get(link.column, exp.Column()), exp.Alias):
+        return None  # a computed key named as the linked table's key: not the person
     if columns:
         # each (person, values) once: the linked rows' distinct values, LEFT JOINed when the keys keep every row
         side = "LEFT" if joins[0].args.get("side") and not theirs else None
-        return mine, _pairs(linked, other, [*columns, link.column], theirs, alias, unit, own, side)
+        return mine, _pairs(linked, other, columns, link.column, theirs, alias, unit, own, side)
     if joins[0].args.get("side") and not theirs:
         return mine, None  # a LEFT JOIN without conditions on the joined table keeps every row
     inner = exp.select(exp.column(link.column, other, quoted=True)).from_(linked.copy())
@@ -186,16 +199,16 @@ def _conditions(body: exp.Select, conditions: list[exp.Expression], own: str, ta
     return [*mine, semi], None
 
 
-def _pairs(linked: exp.Table, other: str, columns: list[str], theirs: list[exp.Expression], alias: str, unit: str,
-           own: str, side: str | None) -> exp.Join:
-    """``[LEFT] JOIN (SELECT DISTINCT <other>.<column>, ... FROM <linked> WHERE <theirs>) AS <alias> ON
-    <alias>.<key> = <own>.<unit>`` (the key last of ``columns``): each person once per distinct values of the
-    linked table's rows that pass ``theirs``, as the keys held them (:mod:`anonproxy.plan.distinct_pairs`)."""
-    names = list(dict.fromkeys(columns))
-    inner = exp.select(*(exp.column(name, other, quoted=True) for name in names)).from_(linked.copy()).distinct()
+def _pairs(linked: exp.Table, other: str, columns: dict[str, exp.Expression], key: str,
+           theirs: list[exp.Expression], alias: str, unit: str, own: str, side: str | None) -> exp.Join:
+    """``[LEFT] JOIN (SELECT DISTINCT <columns>, <other>.<key> FROM <linked> WHERE <theirs>) AS <alias> ON
+    <alias>.<key> = <own>.<unit>``: each person once per distinct values of the linked table's rows that pass
+    ``theirs``, as the keys held them (:mod:`anonproxy.plan.distinct_pairs`)."""
+    items = {**columns, key: columns.get(key, exp.column(key, other, quoted=True))}
+    inner = exp.select(*(item.copy() for item in items.values())).from_(linked.copy()).distinct()
     for condition in theirs:
         inner.where(condition.copy(), copy=False)
-    on = exp.EQ(this=exp.column(columns[-1], alias, quoted=True), expression=exp.column(unit, own, quoted=True))
+    on = exp.EQ(this=exp.column(key, alias, quoted=True), expression=exp.column(unit, own, quoted=True))
     derived = exp.Subquery(this=inner, alias=exp.TableAlias(this=exp.Identifier(this=alias, quoted=True)))
     return exp.Join(this=derived, on=on, side=side)
 
