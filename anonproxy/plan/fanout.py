@@ -35,7 +35,8 @@ is the one that joins them to the table::
     GROUP BY 1
 
 (``LEFT JOIN`` when the keys joined visits with LEFT JOIN and no condition on it; the table's own conditions stay
-in WHERE.) The analysis admits that derived table as a linked table (:mod:`anonproxy.plan.distinct_pairs`). A bare
+in WHERE.) A time dimension of the linked table (``DATE_TRUNC('MONTH', visits.visited_at) AS m``) is computed in
+those distinct rows, as the keys computed it. The analysis admits that derived table as a linked table (:mod:`anonproxy.plan.distinct_pairs`). A bare
 name in the outer query that the derived table would newly show (its columns' names) keeps the statement as it is.
 """
 
@@ -125,6 +126,8 @@ def _keys(body: exp.Select, table: ResolvedTable, index: PolicyIndex, key: str, 
     columns: dict[str, exp.Expression] = {}  # the linked table's distinct rows: output name -> select item
     for item in body.expressions:
         core = item.this if isinstance(item, exp.Alias) else item
+        if not isinstance(item, exp.Alias) and not isinstance(core.this, exp.Identifier):
+            return None
         name = identifier(item.args.get("alias")) if isinstance(item, exp.Alias) else identifier(core.this)
         if name is None or name in own:
             return None

@@ -48,8 +48,8 @@ FANOUT_HINT = ("Aggregate over the join directly: SELECT <dimensions>, count(DIS
                "sum(...) FROM <protected table> [LEFT] JOIN <linked table> ON <linked>.<key> = <protected>.<unit> "
                "GROUP BY <dimensions> (in Lightdash, a count distinct metric needs no fan-out CTEs). Fan-out keys "
                "are answered when they are the protected table's unique unit and plain columns of it or of one "
-               "linked table joined on its declared key, with conditions each over one of the two tables, and are "
-               "joined back on that unit.")
+               "linked table joined on its declared key (or date_trunc of the linked table's), with conditions each "
+               "over one of the two tables, and are joined back on that unit.")
 
 
 def fanout_keys() -> Refusal:
