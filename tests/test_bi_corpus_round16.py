@@ -309,6 +309,10 @@ FANOUT_REFUSED = {
     "date_trunc of an unknown unit inside": (
         "SELECT k.m, sum(adult.age) FROM adult JOIN (SELECT DISTINCT DATE_TRUNC('fortnight', v.visited_at) AS m, "
         "v.person_id FROM visits v) AS k ON k.person_id = adult.id GROUP BY 1", "0A000", "date_trunc unit FORTNIGHT"),
+    # a time dimension computed from an identifying column: refused as such, before its type is looked at
+    "date_trunc of an identifying column inside": (
+        "SELECT k.m, sum(adult.age) FROM adult JOIN (SELECT DISTINCT DATE_TRUNC('MONTH', v.visit_id) AS m, "
+        "v.person_id FROM visits v) AS k ON k.person_id = adult.id GROUP BY 1", "42501", "identifying column"),
     # a nested query inside the distinct rows
     "a nested query inside": (
         "SELECT k.channel, sum(adult.age) FROM adult JOIN (SELECT DISTINCT v.channel, v.person_id FROM visits v "

@@ -11,8 +11,7 @@ over the FROM clause as written, whatever it holds.
 
 Admitted by form (:func:`body`): ``SELECT DISTINCT`` of plain columns, unaliased, or ``date_trunc('<unit>',
 <column>) AS <name>`` (a BI tool's time dimension), of one table, an optional WHERE, no other clause, its alias
-without column names. The analysis then requires (:func:`resolve`, :func:`check`): a
-linked table; its key column among the columns (the join names it); the WHERE conditions over its own columns,
+without column names. The analysis then requires (:func:`resolve`, :func:`check`): a linked table; its key column among the columns (the join names it); the WHERE conditions over its own columns,
 passing the checks of a WHERE over that table (the allowlist, the no-error proof), without nested queries; a
 ``date_trunc`` of a column that is not identifying, checked as a grouping expression. The outer query sees only
 the selected columns (the table's column types are cut to them; a ``date_trunc`` has its column's timestamp type,
@@ -27,7 +26,7 @@ from dataclasses import replace
 from sqlglot import exp
 
 from anonproxy.plan.joins import conjuncts
-from anonproxy.plan.refusals import unsupported
+from anonproxy.plan.refusals import forbidden, unsupported
 from anonproxy.plan.render import sql
 from anonproxy.plan.tables import PolicyIndex, ResolvedTable, identifier
 
@@ -58,7 +57,7 @@ def body(item: exp.Expression) -> exp.Select | None:
 def truncated(node: exp.Expression, table: str | None) -> bool:
     """Whether ``node`` is ``date_trunc('<unit>', <column>)`` (a BI tool's time dimension), its column qualified
     with ``table`` (None: any name or none)."""
-    column = node.this if isinstance(node, exp.TimestampTrunc) else None
+    column = node.this if isinstance(node, exp.TimestampTrunc) and not _extra(node, {"this", "unit"}) else None
     return isinstance(column, exp.Column) and isinstance(column.this, exp.Identifier) \
         and column.args.get("db") is None and isinstance(node.args.get("unit"), exp.Var) \
         and (table is None or identifier(column.args.get("table")) == table)
@@ -127,13 +126,14 @@ def check(item: exp.Subquery, index: PolicyIndex,
                 raise unsupported(f"{sql(column)} in a SELECT DISTINCT derived table must be a column of its table "
                                   f"{own}", HINT)
         row_check(table, own, condition, "WHERE")
-    identifying = {link.column, *(name for name, column in link.columns.items() if column.kind == "identifier")} \
-        if (link := table.linked) is not None else set()
+    link = table.linked
+    assert link is not None  # resolve() admitted the derived table
+    identifying = {link.column, *(name for name, column in link.columns.items() if column.kind == "identifier")}
     for item in select.expressions:
         if isinstance(item, exp.Alias):  # a computed time dimension: checked as a grouping expression over the table
             if identifier(item.this.this.this) in identifying:
-                raise unsupported(f"{sql(item.this)} in a SELECT DISTINCT derived table computes from identifying "
-                                  f"column {sql(item.this.this)}", HINT)
+                raise forbidden(f"{sql(item.this)} in a SELECT DISTINCT derived table computes from identifying "
+                                f"column {sql(item.this.this)}", HINT)
             row_check(table, own, item.this, "GROUP BY")
 
 
