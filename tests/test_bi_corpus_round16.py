@@ -127,11 +127,11 @@ FANOUT = [
         _CHANNEL, "COUNT(\"adult\".id)")),
     Shape(LIGHTDASH, "the metrics CTE alone, the keys over an INNER JOIN", _metrics(
         _CHANNEL, _HOURS, join="INNER JOIN")),
-    Shape(LIGHTDASH, "the keys' dimension is visits' key to adult itself (person_id)", _metrics(
-        [("\"visits\".channel", "visits_channel"), ("\"visits\".person_id", "visits_person")],
-        "COUNT(\"adult\".id)").replace("SELECT k.\"visits_channel\", k.\"visits_person\",",
-                                       "SELECT k.\"visits_channel\", count(k.\"visits_person\") AS n,")
-        .replace("GROUP BY 1, 2", "GROUP BY 1")),
+    Shape(LIGHTDASH, "a key of visits that is its key to adult (person_id), counted",
+          "WITH k AS (SELECT DISTINCT \"visits\".channel AS \"visits_channel\", \"visits\".person_id AS "
+          "\"visits_person\", \"adult\".id AS \"pk_id\" " + _JOIN + ") SELECT k.\"visits_channel\", "
+          "count(k.\"visits_person\") AS n, SUM(\"adult\".age) AS \"adult_metric\" FROM k LEFT JOIN public.adult AS "
+          "\"adult\" ON k.\"pk_id\" = \"adult\".id GROUP BY 1"),
     Shape(LIGHTDASH, "a count distinct metric of adult over the keys by channel", _lightdash(
         _CHANNEL, "COUNT(DISTINCT \"adult\".id)", _WEB_APP)),
     Shape(LIGHTDASH, "a count distinct of a column of adult over the keys by channel", _metrics(
@@ -171,13 +171,16 @@ EXISTS = [
           "SELECT adult.sex, count(DISTINCT adult.id) AS people FROM adult JOIN visits ON visits.person_id = adult.id "
           "WHERE EXISTS (SELECT * FROM channel_kinds WHERE channel_kinds.channel = visits.channel AND "
           "channel_kinds.kind = 'offline') GROUP BY adult.sex"),
-    Shape(SQLALCHEMY, "exists() correlated on two columns, the outer test an expression",
+    Shape(SQLALCHEMY, "exists() correlated with an expression of the outer column (lower)",
           "SELECT visits.channel, count(*) AS n FROM visits WHERE EXISTS (SELECT 1 FROM channel_kinds k WHERE "
           "k.channel = lower(visits.channel) AND k.kind = 'online') GROUP BY 1"),
     Shape(DJANGO, "EXISTS beside another condition, the reference column bare",
           "SELECT \"visits\".\"channel\", AVG(\"visits\".\"amount\") AS \"avg\" FROM \"visits\" WHERE "
           "\"visits\".\"amount\" > 5 AND EXISTS(SELECT 1 FROM \"channel_kinds\" U0 WHERE kind = 'offline' AND "
           "U0.\"channel\" = \"visits\".\"channel\") GROUP BY 1"),
+    Shape(SQLALCHEMY, "NOT EXISTS correlated by two equalities",
+          "SELECT visits.channel, sum(visits.amount) AS total FROM visits WHERE NOT EXISTS (SELECT 1 FROM "
+          "channel_kinds k WHERE k.channel = visits.channel AND k.replaced_by = visits.channel) GROUP BY 1"),
 ]
 
 PERIOD = [
