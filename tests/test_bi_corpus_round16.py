@@ -402,3 +402,14 @@ def test_reference_exists_attacks_refused(case: tuple[str, str, str], reference:
     for conn in (reporter, analyst):
         error = _refused(conn, sql, sqlstate, words)
         assert error.diag.message_hint, error
+
+
+def test_dp_answers_the_keys_as_the_distinct_rows_joined(analyst: psycopg.Connection[Any]) -> None:
+    """In dp mode the fan-out keys by channel are the same question as visits' distinct (channel, person) rows
+    joined to adult, written by hand: the answer cache's key is the measurement (the bounded SQL), so the second is
+    answered from the first's cached noisy values, equal to them."""
+    keys = _metrics(_CHANNEL, _HOURS)
+    joined = ("SELECT \"k\".\"channel\" AS \"visits_channel\", SUM(\"adult\".hours_per_week) AS \"adult_metric\" FROM "
+              "public.adult AS \"adult\" LEFT JOIN (SELECT DISTINCT \"visits\".\"channel\", \"visits\".\"person_id\" "
+              "FROM public.visits AS \"visits\") AS \"k\" ON \"k\".\"person_id\" = \"adult\".\"id\" GROUP BY 1")
+    assert sorted(analyst.execute(keys).fetchall()) == sorted(analyst.execute(joined).fetchall())
