@@ -375,6 +375,9 @@ EXISTS_REFUSED = {
     "a condition over both": (
         "SELECT channel, count(*) FROM visits WHERE EXISTS (SELECT 1 FROM channel_kinds k WHERE k.channel = "
         "visits.channel AND k.kind < visits.channel) GROUP BY 1", "0A000", "must be a column of its table k"),
+    "a function in the select list": (
+        "SELECT channel, count(*) FROM visits WHERE EXISTS (SELECT generate_series(1, 3) FROM channel_kinds k WHERE "
+        "k.channel = visits.channel) GROUP BY 1", "0A000", "holds constants or its columns"),
     "GROUP BY inside": (
         "SELECT channel, count(*) FROM visits WHERE EXISTS (SELECT 1 FROM channel_kinds k WHERE k.channel = "
         "visits.channel GROUP BY k.kind) GROUP BY 1", "0A000", "GROUP is not allowed in EXISTS"),

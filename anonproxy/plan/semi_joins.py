@@ -259,8 +259,10 @@ def _check_reference_exists(semi: SemiJoin, sources: list[Source], index: Policy
                           REFERENCE_HINT)
     table, reference = _reference_source(select, index)
     for item in select.expressions:
-        if not _constant_item(item):
-            _own_columns(item, reference, table, REFERENCE_HINT)
+        core = item.this if isinstance(item, exp.Alias) else item
+        if not _constant_item(item) and not _is_own_column(core, reference, table):
+            raise unsupported("the select list of an EXISTS subquery over a reference table holds constants or its "
+                              "columns", REFERENCE_HINT)
     where = select.args.get("where")
     tested = []
     for condition in conjuncts(where.this) if where is not None else []:
