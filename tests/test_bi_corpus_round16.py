@@ -187,8 +187,8 @@ PERIOD = [
     Shape(PERIODS, "period over period: a CTE per half year grouped by channel, LEFT JOINed on it",
           "WITH cur AS (SELECT visits.channel, sum(visits.amount) AS total FROM visits WHERE visits.visited_at >= "
           "'2025-07-01'::timestamptz AND visits.visited_at < '2026-01-01'::timestamptz GROUP BY 1), prev AS (SELECT "
-          "visits.channel, sum(visits.amount) AS total FROM visits WHERE visits.visited_at >= '2025-01-01'::timestamptz "
-          "AND visits.visited_at < '2025-07-01'::timestamptz GROUP BY 1) SELECT cur.channel, cur.total, prev.total AS "
+          "visits.channel, sum(visits.amount) AS total FROM visits WHERE visits.visited_at >= "
+          "'2025-01-01'::timestamptz AND visits.visited_at < '2025-07-01'::timestamptz GROUP BY 1) SELECT cur.channel, cur.total, prev.total AS "
           "previous FROM cur LEFT JOIN prev ON cur.channel = prev.channel ORDER BY 1"),
     Shape(PERIODS, "period over period by a dimension of adult, a count of distinct people over the join",
           "WITH cur AS (SELECT adult.sex, count(DISTINCT adult.id) AS people FROM adult JOIN visits ON "

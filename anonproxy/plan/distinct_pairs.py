@@ -11,11 +11,12 @@ over the FROM clause as written, whatever it holds.
 
 Admitted by form (:func:`body`): ``SELECT DISTINCT`` of plain columns, unaliased, or ``date_trunc('<unit>',
 <column>) AS <name>`` (a BI tool's time dimension), of one table, an optional WHERE, no other clause, its alias
-without column names. The analysis then requires (:func:`resolve`, :func:`check`): a linked table; its key column among the columns (the join names it); the WHERE conditions over its own columns,
-passing the checks of a WHERE over that table (the allowlist, the no-error proof), without nested queries; a
-``date_trunc`` of a column that is not identifying, checked as a grouping expression. The outer query sees only
-the selected columns (the table's column types are cut to them; a ``date_trunc`` has its column's timestamp type,
-and no column policy: dp mode selects its groups as for any undeclared key).
+without column names. The analysis then requires (:func:`resolve`, :func:`check`): a linked table; its key column
+among the columns (the join names it); the WHERE conditions over its own columns, passing the checks of a WHERE over
+that table (the allowlist, the no-error proof), without nested queries; a ``date_trunc`` of a column that is not
+identifying, checked as a grouping expression. The outer query sees only the selected columns (the table's column
+types are cut to them; a ``date_trunc`` has its column's timestamp type, and no column policy: dp mode selects its
+groups as for any undeclared key).
 """
 
 from __future__ import annotations

@@ -34,10 +34,11 @@ is the one that joins them to the table::
       ON k.person_id = adult.id
     GROUP BY 1
 
-(``LEFT JOIN`` when the keys joined visits with LEFT JOIN and no condition on it; the table's own conditions stay
-in WHERE.) A time dimension of the linked table (``DATE_TRUNC('MONTH', visits.visited_at) AS m``) is computed in
-those distinct rows, as the keys computed it. The analysis admits that derived table as a linked table (:mod:`anonproxy.plan.distinct_pairs`). A bare
-name in the outer query that the derived table would newly show (its columns' names) keeps the statement as it is.
+(``LEFT JOIN`` when the keys joined visits with LEFT JOIN and no condition on it; the table's own conditions stay in
+WHERE.) A time dimension of the linked table (``DATE_TRUNC('MONTH', visits.visited_at) AS m``) is computed in those
+distinct rows, as the keys computed it. The analysis admits that derived table as a linked table
+(:mod:`anonproxy.plan.distinct_pairs`). A bare name in the outer query that the derived table would newly show (its
+columns' names) keeps the statement as it is.
 """
 
 from __future__ import annotations

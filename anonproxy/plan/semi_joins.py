@@ -238,8 +238,8 @@ def _check_reference_exists(semi: SemiJoin, sources: list[Source], index: Policy
     each row's own values against public ones, answered as PostgreSQL answers it (EXISTS is never NULL). Each
     equality between a column of the reference table and an expression over the outer query's tables is checked
     as the IN form checks its test (:func:`_check_tested`); the other conditions are over the reference table's own
-    columns and pass its row checks; the select list holds constants, ``*`` or its plain columns (a function there could still run); a
-    positive LIMIT changes nothing; no other clause, no nested query."""
+    columns and pass its row checks; the select list holds constants, ``*`` or its plain columns (a function there
+    could still run); a positive LIMIT changes nothing; no other clause, no nested query."""
     select = semi.select
     extra = {key for key, value in select.args.items() if value not in (None, False, [], "")} \
         - {"expressions", "from_", "where", "limit"}
