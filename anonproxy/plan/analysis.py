@@ -27,7 +27,7 @@ from typing import Literal
 
 from sqlglot import exp
 
-from anonproxy.plan import bounds, render, semi_joins
+from anonproxy.plan import bounds, distinct_pairs, render, semi_joins
 from anonproxy.plan import time_values as tv
 from anonproxy.plan.expressions import (
     Checker,
@@ -40,6 +40,7 @@ from anonproxy.plan.expressions import (
 )
 from anonproxy.plan.joins import REFERENCE_HINT, Source, check_joins, join_side
 from anonproxy.plan.names import output_name, own_nodes
+from anonproxy.plan.names import sources as sources_of
 from anonproxy.plan.post_aggregate import PostAggregate, compile_outer
 from anonproxy.plan.refusals import Refusal, fanout_keys, forbidden, unsupported
 from anonproxy.plan.relations import check_relations
@@ -199,7 +200,10 @@ def _analyze(statement: Statement, tree: exp.Expression, index: PolicyIndex, par
     nested = [node for node in tree.walk() if node is not tree and isinstance(node, _NESTED)]
     _compute_constants(nested)
     _expand_row_in(tree)
-    if any(isinstance(node, _QUERIES) and node.root() is tree for node in nested):  # not inlined
+    # a linked table's distinct rows joined in FROM are checked as a source (distinct_pairs)
+    pairs = {id(node) for item in sources_of(tree) if distinct_pairs.body(item) is not None for node in item.walk()}
+    if any(isinstance(node, _QUERIES) and node.root() is tree and id(node) not in pairs
+           for node in nested):  # not inlined
         raise unsupported("subqueries are not allowed in a query over protected tables", SHAPE_HINT)
     distinct = tree.args.get("distinct")
     if distinct is not None and _set_args(distinct):
@@ -209,7 +213,8 @@ def _analyze(statement: Statement, tree: exp.Expression, index: PolicyIndex, par
     anchor, unit, owner = _privacy_unit(sources, index)
     scope = Scope(
         references={source.reference: source.table for source in sources},
-        unaliased={(s.table.schema, s.table.name): s.reference for s in sources if s.node.args.get("alias") is None},
+        unaliased={(s.table.schema, s.table.name): s.reference for s in sources
+                   if s.node.args.get("alias") is None and s.derived is None},
         identifiers={source.reference: _identifier_columns(source.table) for source in sources},
     )
     checker = Checker(scope, params, anchor.table.policy_name, dp, statement.source, zones=index.policy.zones)
@@ -217,6 +222,11 @@ def _analyze(statement: Statement, tree: exp.Expression, index: PolicyIndex, par
     _qualify_bare_columns(tree, nodes, scope)
     _arrays_as_lists(nodes)
     check_joins(sources, anchor, checker)
+    for source in sources:
+        if source.derived is not None:
+            distinct_pairs.check(source.derived, index, lambda table, name, node, clause: Checker(
+                Scope(references={name: table}, identifiers={name: _identifier_columns(table)}), params,
+                table.policy_name, dp, statement.source, zones=index.policy.zones).row(node, clause))
     for semi in semis:
         semi_joins.check(semi, sources, owner, index, lambda table, name, node, clause: Checker(
             Scope(references={name: table}, identifiers={name: _identifier_columns(table)}), params,
@@ -392,6 +402,10 @@ def _sources(tree: exp.Select, index: PolicyIndex) -> list[Source]:
 def _source(node: exp.Expression, join: exp.Join | None, index: PolicyIndex) -> Source:
     if isinstance(node, exp.Lateral):
         raise unsupported("LATERAL is not allowed in a query over protected tables", SHAPE_HINT)
+    if distinct_pairs.body(node) is not None and join is not None:
+        assert isinstance(node, exp.Subquery)
+        table = distinct_pairs.resolve(node, index)
+        return Source(table, node.this.args["from_"].this, identifier(node.args["alias"].this) or "", join, node)
     if isinstance(node, exp.Subquery) and isinstance(node.this, exp.Select) and node.this.args.get("distinct"):
         raise fanout_keys()
     if isinstance(node, exp.Subquery):
@@ -482,6 +496,12 @@ def _from_sql(sources: list[Source]) -> str:
     """The FROM clause body with its joins, rendered, every table schema-qualified."""
     parts = []
     for source in sources:
+        if source.derived is not None:
+            assert source.join is not None
+            join = source.join.copy()
+            join.set("this", distinct_pairs.qualified(source.derived, source.table))
+            parts.append(sql(join))
+            continue
         table = source.node.copy()
         table.set("this", exp.Identifier(this=source.table.name, quoted=True))
         table.set("db", exp.Identifier(this=source.table.schema, quoted=True))

@@ -40,6 +40,8 @@ class Source:
     node: exp.Table
     reference: str  # the name the query's expressions use for it
     join: exp.Join | None  # None for the first FROM item
+    # A linked table's distinct rows (anonproxy.plan.distinct_pairs): the derived table, ``node`` its table inside
+    derived: exp.Subquery | None = None
 
 
 JOIN_HINT = ("Join a linked table with [LEFT] JOIN <linked> ON <linked>.<key> = <protected>.<unit>, the protected "
@@ -136,7 +138,7 @@ def _reference_equality(condition: exp.Expression, sources: list[Source], positi
                             f"{other.reference}.{other_column}: its rows would then describe one person each",
                             "Join reference tables on columns shared by many people (a region, a date, a product "
                             "code); a table about people must be linked, not declared a reference table.")
-        mine_type, other_type = _base_type(target.table, column), _base_type(other.table, other_column)
+        mine_type, other_type = base_type(target.table, column), base_type(other.table, other_column)
         if mine_type is None or mine_type != other_type:
             raise unsupported(f"{target.reference}.{column} ({mine_type or 'type unknown'}) and "
                               f"{other.reference}.{other_column} ({other_type or 'type unknown'}) differ in type: a "
@@ -146,7 +148,7 @@ def _reference_equality(condition: exp.Expression, sources: list[Source], positi
     return None
 
 
-def _base_type(table: ResolvedTable, column: str) -> str | None:
+def base_type(table: ResolvedTable, column: str) -> str | None:
     """``column``'s SQL type as read with the policy, without its type modifier; None when unknown."""
     model = table.protected or table.linked or table.reference
     types = model.types if model is not None else None

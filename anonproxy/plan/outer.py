@@ -45,7 +45,7 @@ from typing import TypeVar
 
 from sqlglot import exp
 
-from anonproxy.plan import render, set_operations, spines
+from anonproxy.plan import distinct_pairs, render, set_operations, spines
 from anonproxy.plan.expressions import Checker, Scope, unparen
 from anonproxy.plan.flatten import SAMPLE_MESSAGE, is_aggregate, over_released
 from anonproxy.plan.joins import conjuncts
@@ -208,7 +208,8 @@ def nested_aggregate(select: exp.Select) -> int | None:
     reads one's released rows (:func:`anonproxy.plan.flatten.over_released`), if any."""
     found = [i for i, item in enumerate(sources(select))
              if isinstance(item, exp.Subquery) and isinstance(item.this, exp.Select)
-             and (is_aggregate(item.this) or over_released(item.this))]
+             and (is_aggregate(item.this) or over_released(item.this))
+             and (i == 0 or distinct_pairs.body(item) is None)]  # a linked table's distinct rows: a joined table
     if len(found) > 1:
         raise unsupported("a query over protected tables may nest one aggregate query", OUTER_HINT)
     return found[0] if found else None

@@ -47,8 +47,9 @@ def forbidden(message: str, hint: str | None = None) -> Refusal:
 FANOUT_HINT = ("Aggregate over the join directly: SELECT <dimensions>, count(DISTINCT <protected>.<unit>), "
                "sum(...) FROM <protected table> [LEFT] JOIN <linked table> ON <linked>.<key> = <protected>.<unit> "
                "GROUP BY <dimensions> (in Lightdash, a count distinct metric needs no fan-out CTEs). Fan-out keys "
-               "are answered when they are the protected table's unique unit and columns of its own, read from it "
-               "alone or joined to one linked table, and joined back on that unit.")
+               "are answered when they are the protected table's unique unit and plain columns of it or of one "
+               "linked table joined on its declared key (or date_trunc of the linked table's), with conditions each "
+               "over one of the two tables, and are joined back on that unit.")
 
 
 def fanout_keys() -> Refusal:

@@ -16,7 +16,9 @@ EXISTS subquery may end in ORDER BY (which changes nothing, its expressions chec
 positive LIMIT; IN (SELECT ... LIMIT n) is refused (:data:`LIMIT_MESSAGE`). ``NOT IN`` is refused (a NULL among
 the inner values makes it NULL for everyone), except over a reference table: ``<expression> [NOT] IN (SELECT
 <column> FROM <reference table> ...)`` tests each row against a list of public values, answered as PostgreSQL
-answers it (:func:`_check_reference_list`); anything else with a subquery stays refused by the analysis. The
+answers it (:func:`_check_reference_list`), and so is its correlated form ``[NOT] EXISTS (SELECT 1 FROM
+<reference table> r WHERE r.<column> = <outer expression> AND ...)`` (:func:`_check_reference_exists`); anything
+else with a subquery stays refused by the analysis. The
 outer column may be a derived table's column that passes the unit column through under its own name
 (:mod:`anonproxy.plan.flatten` substitutes it).
 """
@@ -30,13 +32,15 @@ from dataclasses import dataclass
 from sqlglot import exp
 
 from anonproxy.plan.expressions import unparen
-from anonproxy.plan.joins import Source, conjuncts
+from anonproxy.plan.joins import Source, base_type, conjuncts
 from anonproxy.plan.refusals import forbidden, unsupported
 from anonproxy.plan.render import sql
 from anonproxy.plan.tables import PolicyIndex, ResolvedTable, identifier
 
 REFERENCE_HINT = ("A subquery in WHERE may read a reference table: <column> [NOT] IN (SELECT <column> FROM "
-                  "<reference table> WHERE <conditions on its columns>).")
+                  "<reference table> WHERE <conditions on its columns>), or [NOT] EXISTS (SELECT 1 FROM <reference "
+                  "table> r WHERE r.<column> = <table>.<column> [AND <conditions on its columns>]), the outer column "
+                  "qualified and not identifying.")
 HINT = ("A subquery in WHERE over protected tables may be a semi-join on the privacy unit: EXISTS (SELECT 1 FROM "
         "<linked> v WHERE v.<key> = <protected>.<unit> AND <conditions on v>), NOT EXISTS (...) or <protected>.<unit> "
         "IN (SELECT <key> FROM <linked> WHERE <conditions>), its columns qualified or its own.")
@@ -100,8 +104,11 @@ def check(semi: SemiJoin, sources: list[Source], owner: str, index: PolicyIndex,
     reference, expression, clause)`` checks an inner expression as a row-level expression of that clause over that
     table."""
     select = semi.select
-    if not semi.exists and _reads_reference(select, index):
-        _check_reference_list(semi, index, row_check, outer)
+    if semi.exists and _reads_reference(select, index):
+        _check_reference_exists(semi, sources, index, row_check, outer)
+        return
+    if _reads_reference(select, index):
+        _check_reference_list(semi, sources, index, row_check, outer)
         return
     if semi.negated:
         raise unsupported("NOT IN (SELECT ...) is not allowed over protected tables: a NULL among the values makes "
@@ -155,7 +162,7 @@ def _reads_reference(select: exp.Select, index: PolicyIndex) -> bool:
         and index.resolve(node).kind == "reference"
 
 
-def _check_reference_list(semi: SemiJoin, index: PolicyIndex,
+def _check_reference_list(semi: SemiJoin, sources: list[Source], index: PolicyIndex,
                           row_check: Callable[[ResolvedTable, str, exp.Expression, str], None],
                           outer: OuterChecks) -> None:
     """``<outer expression> [NOT] IN (SELECT <column> FROM <reference table> [WHERE ...])``: the subquery reads only
@@ -174,26 +181,140 @@ def _check_reference_list(semi: SemiJoin, index: PolicyIndex,
            for node in select.walk()):
         raise unsupported("IN (SELECT ... FROM <reference table>) over protected tables may not nest another query",
                           REFERENCE_HINT)
-    table = index.resolve(select.args["from_"].this)
-    alias = select.args["from_"].this.args.get("alias")
-    reference = (identifier(alias.this) if alias is not None else None) or table.name
+    table, reference = _reference_source(select, index)
     items = select.expressions
     core = items[0].this if len(items) == 1 and isinstance(items[0], exp.Alias) else (items or [None])[0]
     if len(items) != 1 or not isinstance(core, exp.Column) or not isinstance(core.this, exp.Identifier):
         raise unsupported("the subquery of IN over a reference table must select one of its columns",
                           REFERENCE_HINT)
-    _own_columns(core, reference, table)
+    _own_columns(core, reference, table, REFERENCE_HINT)
     where = select.args.get("where")
     for condition in conjuncts(where.this) if where is not None else []:
-        _own_columns(condition, reference, table)
+        _own_columns(condition, reference, table, REFERENCE_HINT)
         row_check(table, reference, condition, "WHERE")
-    test = _test(semi)
-    for column in test.this.find_all(exp.Column):
-        if isinstance(column.this, exp.Identifier) \
-                and outer.is_identifier(identifier(column.args.get("table")), identifier(column.this) or ""):
-            raise forbidden(f"identifying column {sql(column)} cannot be tested against reference table "
+    _check_tested(_test(semi).this, table, identifier(core.this) or "", sources, outer)
+
+
+def _check_tested(tested: exp.Expression, table: ResolvedTable, column: str, sources: list[Source],
+                  outer: OuterChecks) -> None:
+    """The outer expression tested against a reference table's ``column``: checked as the outer query's test of a
+    list of constants is; an identifying column in it refused (a list of its values picks people out, as a
+    reference table joined on one would). Unless the reference column is a string, the tested expression is a
+    column of the same type: a comparison that converts one side can fail on a value (a numeric too large for a
+    double precision), and the error would tell whether some row reached it."""
+    for found in tested.find_all(exp.Column):
+        if isinstance(found.this, exp.Identifier) \
+                and outer.is_identifier(identifier(found.args.get("table")), identifier(found.this) or ""):
+            raise forbidden(f"identifying column {sql(found)} cannot be tested against reference table "
                             f"{table.policy_name}: a list of its values picks people out", REFERENCE_HINT)
-    outer.row(exp.In(this=test.this.copy(), expressions=[exp.Literal.string("")]), "WHERE")
+    outer.row(exp.In(this=tested.copy(), expressions=[exp.Literal.string("")]), "WHERE")
+    wanted = base_type(table, column)
+    if wanted is not None and wanted not in _STRINGS and _type_of(tested, sources) != wanted:
+        raise unsupported(f"{sql(tested)} is compared with {table.policy_name}.{column} ({wanted}), whose type it "
+                          "may not have: a comparison that converts one side can fail on a value", REFERENCE_HINT)
+
+
+# Reference column types any tested expression may be compared with: a conversion to a string cannot fail, and a
+# type without such a comparison is refused by PostgreSQL when it plans the statement, whatever the data.
+_STRINGS = frozenset({"text", "character varying", "character", "name"})
+
+
+def _type_of(node: exp.Expression, sources: list[Source]) -> str | None:
+    """The type of ``node`` when it is a column of one of ``sources`` whose type was read with the policy."""
+    node = unparen(node)
+    if not isinstance(node, exp.Column) or not isinstance(node.this, exp.Identifier):
+        return None
+    qualifier, name = identifier(node.args.get("table")), identifier(node.this) or ""
+    types = {base_type(source.table, name) for source in sources if qualifier in (None, source.reference)}
+    types.discard(None)
+    return types.pop() if len(types) == 1 else None
+
+
+def _check_reference_exists(semi: SemiJoin, sources: list[Source], index: PolicyIndex,
+                            row_check: Callable[[ResolvedTable, str, exp.Expression, str], None],
+                            outer: OuterChecks) -> None:
+    """``[NOT] EXISTS (SELECT 1 FROM <reference table> r WHERE r.<column> = <outer expression> [AND ...])``: the
+    correlated form of ``<outer expression> IN (SELECT r.<column> FROM <reference table> r WHERE ...)``, a test of
+    each row's own values against public ones, answered as PostgreSQL answers it (EXISTS is never NULL). Each
+    equality between a column of the reference table and an expression over the outer query's tables is checked
+    as the IN form checks its test (:func:`_check_tested`); the other conditions are over the reference table's own
+    columns and pass its row checks; the select list holds constants, ``*`` or its plain columns (a function there
+    could still run); a positive LIMIT changes nothing; no other clause, no nested query."""
+    select = semi.select
+    extra = {key for key, value in select.args.items() if value not in (None, False, [], "")} \
+        - {"expressions", "from_", "where", "limit"}
+    if extra:
+        raise unsupported(f"{', '.join(sorted(extra)).upper()} is not allowed in EXISTS (SELECT ... FROM <reference "
+                          "table>) over protected tables", REFERENCE_HINT)
+    if select.args.get("limit") is not None and not _positive(select.args["limit"]):
+        raise unsupported("LIMIT in an EXISTS subquery over protected tables takes a positive constant",
+                          REFERENCE_HINT)
+    if any(node is not select and isinstance(node, (exp.Select, exp.Subquery, exp.Exists, exp.Lateral))
+           for node in select.walk()):
+        raise unsupported("EXISTS (SELECT ... FROM <reference table>) over protected tables may not nest another "
+                          "query", REFERENCE_HINT)
+    alias = select.args["from_"].this.args.get("alias")
+    if alias is not None and alias.args.get("columns"):
+        raise unsupported("column aliases on a reference table in EXISTS are not supported over protected tables",
+                          REFERENCE_HINT)
+    table, reference = _reference_source(select, index)
+    for item in select.expressions:
+        core = item.this if isinstance(item, exp.Alias) else item
+        if not _constant_item(item) and not _is_own_column(core, reference, table):
+            raise unsupported("the select list of an EXISTS subquery over a reference table holds constants or its "
+                              "columns", REFERENCE_HINT)
+    where = select.args.get("where")
+    tested = []
+    for condition in conjuncts(where.this) if where is not None else []:
+        found = _reference_correlation(condition, reference, table, sources)
+        if found is not None:
+            tested.append(found)
+            continue
+        _own_columns(condition, reference, table, REFERENCE_HINT)
+        row_check(table, reference, condition, "WHERE")
+    if not tested:
+        raise unsupported(f"an EXISTS subquery over reference table {table.policy_name} must tie one of its columns "
+                          "to the outer query with an equality (<reference>.<column> = <outer table>.<column>)",
+                          REFERENCE_HINT)
+    for column, expression in tested:
+        _check_tested(expression, table, column, sources, outer)
+
+
+def _reference_source(select: exp.Select, index: PolicyIndex) -> tuple[ResolvedTable, str]:
+    """The reference table ``select`` reads and the name its columns use for it."""
+    node = select.args["from_"].this
+    table = index.resolve(node)
+    alias = node.args.get("alias")
+    return table, (identifier(alias.this) if alias is not None else None) or table.name
+
+
+def _reference_correlation(condition: exp.Expression, reference: str, table: ResolvedTable,
+                           sources: list[Source]) -> tuple[str, exp.Expression] | None:
+    """The reference column and the outer expression when ``condition`` is ``<reference column> = <expression over
+    the outer query's tables>`` (either way round): every column of that expression qualified with the name of a
+    FROM item of the outer query that is not the reference table's own name inside the subquery (a bare name, or
+    that name, is the reference table's when it has such a column)."""
+    node = unparen(condition)
+    if not isinstance(node, exp.EQ):
+        return None
+    outer = {source.reference for source in sources} - {reference}
+    sides = [unparen(node.this), unparen(node.expression)]
+    for mine, other in (sides, sides[::-1]):
+        columns = list(other.find_all(exp.Column))
+        if _is_own_column(mine, reference, table) and columns \
+                and all(column.args.get("db") is None and identifier(column.args.get("table")) in outer
+                        for column in columns):
+            return identifier(mine.this) or "", other
+    return None
+
+
+def _is_own_column(node: exp.Expression, reference: str, table: ResolvedTable) -> bool:
+    """Whether ``node`` is a plain column of the subquery's table: qualified with its name, or bare and known."""
+    if not isinstance(node, exp.Column) or not isinstance(node.this, exp.Identifier) or node.args.get("db"):
+        return False
+    qualifier = identifier(node.args.get("table"))
+    known = _known_columns(table)
+    return qualifier == reference or (qualifier is None and known is not None and identifier(node.this) in known)
 
 
 def _test(semi: SemiJoin) -> exp.In:
@@ -293,7 +414,7 @@ def _outer_unit(node: exp.Expression, sources: list[Source], owner: str, index: 
     return found[0] if len(found) == 1 else None
 
 
-def _own_columns(condition: exp.Expression, reference: str, table: ResolvedTable) -> None:
+def _own_columns(condition: exp.Expression, reference: str, table: ResolvedTable, hint: str = HINT) -> None:
     """Every column of an inner condition is the inner table's: qualified with its name, or bare and known to be
     one of its columns (PostgreSQL resolves any other bare name to the outer query, unchecked)."""
     types = _known_columns(table)
@@ -302,7 +423,7 @@ def _own_columns(condition: exp.Expression, reference: str, table: ResolvedTable
         if column.args.get("db") is not None or qualifier not in (None, reference) \
                 or (qualifier is None and (types is None or name not in types)):
             raise unsupported(f"{column.sql(dialect='postgres')} in a semi-join subquery must be a column of its "
-                              f"table {reference} (write {reference}.<column>)", HINT)
+                              f"table {reference} (write {reference}.<column>)", hint)
 
 
 def _known_columns(table: ResolvedTable) -> frozenset[str] | None:
