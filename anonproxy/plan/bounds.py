@@ -27,8 +27,10 @@ some (substring lengths, round's digits, to_char's format).
 
 Subtrees without columns or parameters are constant: PostgreSQL folds them
 when it plans the statement (an error there is the same for every row and
-every database), so they are typed but not proved. Not the clock and
-to_timestamp(): PostgreSQL evaluates those when the statement runs, so they
+every database), so they are typed but not proved. Not the clock,
+to_timestamp() and a typed constant cast to a date or timestamp ('x'::text::date,
+a timestamptz constant cast to timestamp): those are stable, so PostgreSQL
+evaluates them when the statement runs, for the rows that reach them, and they
 are proved (|| of constants is computed before, anonproxy.plan.analysis). A ``$n`` parameter is not
 constant (a generic plan evaluates it per row), and is refused in arithmetic.
 
@@ -467,9 +469,15 @@ class _Interpreter:
         source = self.value(node.this)
         if kind == TEXT:
             return Value(TEXT, constant=source.constant)  # every value has a text form
-        if source.constant and source.type != "param":
+        if source.constant and source.type != "param" and (kind not in DATETIMES or _read_when_parsed(node.this)):
             return _constant_cast(kind, source)
         if kind in DATETIMES:
+            if source.constant and source.type not in DATETIMES:
+                raise Unsafe(f"{_sql(node)} converts a typed constant when a row reaches it (the conversion depends "
+                             "on the session's settings, so PostgreSQL does not fold it when it plans the statement): "
+                             "a constant it cannot read fails only if some row reaches it, and that error reveals "
+                             "whether any did",
+                             "Write the constant as DATE '2025-01-31' or TIMESTAMP '2025-01-31 12:00:00'.")
             return self._time_cast(source, kind, node)
         if source.type == "unknown":
             raise Unsafe(f"cast to {_sql(target)} of {_sql(node.this)}, whose type the proxy does not know: it may fail",
@@ -843,6 +851,15 @@ def _unparen(node: exp.Expression) -> exp.Expression:
     while isinstance(node, exp.Paren):
         node = node.this
     return node
+
+
+def _read_when_parsed(operand: exp.Expression) -> bool:
+    """Whether PostgreSQL reads ``operand``, cast to a date or timestamp, when it parses the statement: a quoted
+    constant of no type yet (or NULL) is read by the type's input function then, for every database alike. A typed
+    constant ('x'::text, coalesce of strings, a timestamptz) is converted by a stable function, which the planner
+    does not fold: it runs for the rows that reach it (CASE WHEN age = 37 THEN 'x'::text::date END), so it is proved
+    like a column's cast."""
+    return isinstance(_unparen(operand), (exp.Literal, exp.Null))
 
 
 def _is_constant_tree(node: exp.Expression) -> bool:

@@ -1,0 +1,118 @@
+"""Red team, round 16: the error channel of typed constants cast to a date or timestamp.
+
+The no-error proof (anonproxy.plan.bounds) took every subtree without columns or parameters for a constant that
+PostgreSQL folds when it plans the statement, so that its error, if any, is raised for every database alike. That
+holds for a quoted constant of no type yet ('2025-01-31'::date is read by date_in when the statement is parsed)
+and for immutable functions, not for the stable conversions to the time types: text to date, timestamp or
+timestamptz goes through date_in/timestamp_in/timestamptz_in, stable since they follow DateStyle and TimeZone, and a
+cast between timestamptz and the other time types follows TimeZone. The planner does not fold them, so PostgreSQL
+runs them for the rows that reach them, and CASE reaches them only for the rows its condition picks:
+
+    CASE WHEN age = <a> THEN 'garbage'::text::date > current_date ELSE false END
+
+failed with 22007 exactly when someone was <a> old (condition on whatever singles a person out), and was answered
+otherwise, in both modes: a one-bit answer about people that no group-size rule or noise covered. The same held
+for a typed constant put together otherwise (coalesce('garbage', 'x'), lower('garbage'), 'garbage'::varchar), and
+for a timestamptz constant cast to timestamp that leaves the timestamp range in the session's time zone (22008).
+The attacks below failed before the fix (``test_a_typed_constant_cast_to_a_time_type_is_no_oracle``: answered
+for an age no one has, 22007 or 22008 for an age someone has; all but the one inside sum(), refused already); a
+typed constant cast to a time type is now proved
+like a column's cast: from text it is refused (0A000, the same for every database), between time types it must
+stay within range. Each attack shows PostgreSQL's own error on the superuser connection first.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+import pytest
+from conftest import attack_roles, suppress_answers_as_postgresql
+
+reporter, analyst = attack_roles("dp_round16", epsilon=1000, scope="module", timezone="Etc/GMT-14")
+
+NOBODY = 3  # below adult's declared lower bound of age (15): no row has it
+
+# {0}: a condition that holds for some rows or for none; each expression fails in PostgreSQL where a row reaches it.
+REACHED_ONLY = [
+    ("select count(*) from adult where case when {0} then 'garbage'::text::date > current_date else false end",
+     "22007"),
+    ("select count(*) from adult where case when {0} then 'garbage'::varchar::timestamptz > now() else false end",
+     "22007"),
+    ("select count(*) from adult where case when {0} then coalesce('garbage', 'x')::date > current_date "
+     "else false end", "22007"),
+    ("select count(*) from adult where case when {0} then lower('garbage')::timestamp > localtimestamp "
+     "else false end", "22007"),
+    # 23:00 UTC on the last day PostgreSQL holds is past it in local time 14 hours east of UTC (the session's zone)
+    ("select count(*) from adult where case when {0} then '294276-12-31 23:00:00+00'::timestamptz::timestamp "
+     "> localtimestamp else false end", "22008"),
+    ("select sex, count(*) from adult group by sex, case when {0} then 'garbage'::text::date end", "22007"),
+    ("select count(*) filter (where case when {0} then 'garbage'::text::date > current_date else false end) "
+     "from adult", "22007"),
+    ("select sum(case when {0} then extract(year from 'garbage'::text::date) else 0 end) from adult", "22007"),
+]
+
+
+def outcome(conn: psycopg.Connection[Any], sql: str) -> str:
+    """"answered", or the SQLSTATE ``sql`` fails with."""
+    try:
+        conn.execute(sql).fetchall()
+    except psycopg.Error as error:
+        return str(error.sqlstate)
+    return "answered"
+
+
+@pytest.fixture(scope="module")
+def someone(truth: psycopg.Connection[Any]) -> str:
+    """A condition that holds for fewer than k = 10 people: an age few people have, with one income."""
+    age, income = truth.execute("select age, income from adult group by age, income having count(*) between 1 and 9 "
+                                "order by age limit 1").fetchone()
+    return f"age = {age} and income = '{income}'"
+
+
+@pytest.mark.parametrize(("sql", "sqlstate"), REACHED_ONLY)
+@pytest.mark.parametrize("role", ["reporter", "analyst"])
+def test_a_typed_constant_cast_to_a_time_type_is_no_oracle(request: pytest.FixtureRequest,
+                                                           truth: psycopg.Connection[Any], someone: str, sql: str,
+                                                           sqlstate: str, role: str) -> None:
+    """PostgreSQL fails only when someone meets the condition; through the proxy the outcome is the same whether
+    anyone does or not: a refusal of the statement as written (0A000), never PostgreSQL's error."""
+    conn = request.getfixturevalue(role)
+    truth.execute("set timezone = 'Etc/GMT-14'")
+    try:
+        assert outcome(truth, sql.format(f"age = {NOBODY}")) == "answered"
+        assert outcome(truth, sql.format(someone)) == sqlstate  # the channel, in PostgreSQL itself
+    finally:
+        truth.execute("reset timezone")
+    outcomes = {outcome(conn, sql.format(condition)) for condition in (f"age = {NOBODY}", someone)}
+    assert outcomes == {"0A000"}, (sql, outcomes)
+
+
+def test_the_refusal_names_the_constant_and_the_safe_form(reporter: psycopg.Connection[Any]) -> None:
+    """The refusal says why (a typed constant converted when a row reaches it) and how to write it instead."""
+    with pytest.raises(psycopg.errors.FeatureNotSupported) as refused:
+        reporter.execute(REACHED_ONLY[0][0].format(f"age = {NOBODY}"))
+    assert "typed constant" in (refused.value.diag.message_primary or "")
+    assert "DATE '" in (refused.value.diag.message_hint or "")
+
+
+# Typed time constants that stay within range in every session time zone: proved, and answered as PostgreSQL.
+WITHIN_RANGE = [
+    "select channel, count(*) from visits where visited_at >= '2025-06-01'::date::timestamptz group by channel",
+    "select channel, count(*) from visits where visited_at::timestamp >= '2025-06-01'::timestamptz::timestamp "
+    "group by channel",
+    "select channel, count(*) from visits where visited_at >= date '2025-06-01' group by channel",
+    "select channel, count(*) from visits where visited_at < 'infinity'::date::timestamptz group by channel",
+]
+
+
+@pytest.mark.parametrize("sql", WITHIN_RANGE)
+def test_typed_time_constants_within_range_are_answered(reporter: psycopg.Connection[Any],
+                                                        truth: psycopg.Connection[Any], sql: str) -> None:
+    for conn in (reporter, truth):
+        conn.execute("set timezone = 'Etc/GMT-14'")
+    try:
+        suppress_answers_as_postgresql(reporter, truth, sql)
+    finally:
+        for conn in (reporter, truth):
+            conn.execute("reset timezone")
