@@ -19,15 +19,26 @@ for an age no one has, 22007 or 22008 for an age someone has; all but the one in
 typed constant cast to a time type is now proved
 like a column's cast: from text it is refused (0A000, the same for every database), between time types it must
 stay within range. Each attack shows PostgreSQL's own error on the superuser connection first.
+
+A second gap of the same proof, in dp mode: CASE and coalesce merging a timestamp with a timestamptz convert the
+timestamp to timestamptz in the session's time zone, and PostgreSQL fails where that leaves its range. dp assumes
+nothing of an undeclared time column in its conditions (any instant PostgreSQL holds), yet the merge was typed
+opaquely, never proved: ``WHERE coalesce(local, at) > ...`` under TimeZone Etc/GMT+12 failed with 22008 exactly
+when someone's row was at 23:00 on PostgreSQL's last day (``test_a_timestamp_merged_with_a_timestamptz_is_no_dp_
+oracle`` failed before the fix, 22008 with the row and an answer without). The merge is now proved like a cast to
+timestamptz: refused in dp mode without declared bounds (0A000), admitted in suppress mode, which assumes such a
+column within 2000 BC to 200000 AD.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import psycopg
 import pytest
-from conftest import attack_roles, suppress_answers_as_postgresql
+from conftest import Endpoint, attack_roles, suppress_answers_as_postgresql, wait_for_current_policy
 
 reporter, analyst = attack_roles("dp_round16", epsilon=1000, scope="module", timezone="Etc/GMT-14")
 
@@ -116,3 +127,84 @@ def test_typed_time_constants_within_range_are_answered(reporter: psycopg.Connec
     finally:
         for conn in (reporter, truth):
             conn.execute("reset timezone")
+
+
+# --- dp: a timestamp merged with a timestamptz -------------------------------------------------------------------
+
+# A table linked to adult with a timestamp and a timestamptz column, no declared time bounds: dp assumes nothing of
+# their values (a row may hold any instant PostgreSQL holds).
+TIMES = """
+create table public.r16_times (event_id bigint primary key, person_id integer not null references public.adult (id),
+                               local timestamp not null, at timestamptz not null, kind text not null);
+insert into public.r16_times
+select id, id, timestamp '2025-01-01' + make_interval(mins => id), timestamptz '2025-01-01 00:00+00', 
+       case when id % 2 = 0 then 'web' else 'app' end
+from public.adult;
+"""
+SET_COLUMN = ("select anonproxy.set_column('public.r16_times'::regclass, %s::name, %s::text, null::numeric, "
+              "null::numeric, %s::text[])")
+LAST_HOUR = "294276-12-31 23:00"  # PostgreSQL's last day: 12 hours west of UTC, past its range in UTC
+WEST = "Etc/GMT+12"
+
+
+@pytest.fixture(scope="module")
+def times(truth: psycopg.Connection[Any], gated_proxy: Endpoint, gated_database: str) -> Iterator[None]:
+    with truth.transaction():
+        truth.execute(TIMES)
+        truth.execute("select anonproxy.link_table('public.r16_times'::regclass, 'person_id', 'public.adult'::regclass)")
+        for column, kind, domain in (("event_id", "identifier", None), ("person_id", "identifier", None),
+                                     ("kind", "quasi_identifier", ["web", "app"])):
+            truth.execute(SET_COLUMN, [column, kind, domain])
+    wait_for_current_policy(truth, gated_proxy, gated_database)
+    try:
+        yield
+    finally:
+        truth.execute("select anonproxy.unlink_table('public.r16_times')")
+        truth.execute("drop table public.r16_times")
+        wait_for_current_policy(truth, gated_proxy, gated_database)
+
+
+@contextmanager
+def last_hour(truth: psycopg.Connection[Any]) -> Iterator[None]:
+    """One person's row at 23:00 on PostgreSQL's last day (a timestamp without time zone); put back afterwards."""
+    event, local = truth.execute("select event_id, local from public.r16_times order by event_id limit 1").fetchone()
+    truth.execute("update public.r16_times set local = %s::timestamp where event_id = %s", [LAST_HOUR, event])
+    try:
+        yield
+    finally:
+        truth.execute("update public.r16_times set local = %s where event_id = %s", [local, event])
+
+
+MERGED = [
+    "select count(*) from r16_times where coalesce(local, at) > timestamptz '2025-01-01 00:00+00'",
+    "select count(*) from r16_times where (case when kind in ('web', 'app') then local else at end) > now()",
+    "select kind, count(*) from r16_times where coalesce(local, at) >= timestamptz '2000-01-01 00:00+00' "
+    "group by kind",
+]
+
+
+@pytest.mark.parametrize("sql", MERGED)
+def test_a_timestamp_merged_with_a_timestamptz_is_no_dp_oracle(analyst: psycopg.Connection[Any],
+                                                              truth: psycopg.Connection[Any], times: None,
+                                                              sql: str) -> None:
+    """CASE and coalesce merge a timestamp with a timestamptz as timestamptz, reading the timestamp in the session's
+    time zone: PostgreSQL fails on the row of one person's last hour 12 hours west of UTC. Through the proxy, in dp
+    mode, the outcome is the same with that row and without it, never PostgreSQL's error."""
+    truth.execute(f"set timezone = '{WEST}'")
+    analyst.execute(f"set timezone = '{WEST}'")
+    try:
+        with last_hour(truth):
+            assert outcome(truth, sql) == "22008"  # the channel, in PostgreSQL itself
+            first = outcome(analyst, sql)
+        second = outcome(analyst, sql)
+    finally:
+        truth.execute("reset timezone")
+        analyst.execute("set timezone = 'Etc/GMT-14'")
+    assert first == second == "0A000", (sql, first, second)
+
+
+def test_suppress_merges_a_timestamp_it_assumes_within_range(reporter: psycopg.Connection[Any],
+                                                            truth: psycopg.Connection[Any], times: None) -> None:
+    """Suppress mode takes a time column without declared bounds to lie between 2000 BC and 200000 AD (docs/
+    suppression.md), far from PostgreSQL's ends in any time zone: the merge is admitted, answered as PostgreSQL."""
+    suppress_answers_as_postgresql(reporter, truth, MERGED[2])

@@ -993,9 +993,26 @@ def _join(values: list[Value], node: exp.Expression) -> Value:
     if "date" in kinds and kinds & {"timestamp", "timestamptz"}:
         raise Unsafe(f"{_sql(node)} mixes dates and timestamps: a date after 294276 AD does not convert to a timestamp",
                      "Give every branch the same type.")
+    if kinds == {"timestamp", "timestamptz"}:
+        typed = [_zoned(v, node) if v.type == "timestamp" else v for v in typed]
+        kinds = {"timestamptz"}
     kind = kinds.pop() if len(kinds) == 1 else "other"
     low, high = (min(v.low for v in typed), max(v.high for v in typed)) if kind in DATETIMES else (-INF, INF)
     return Value(kind, low, high, infinite=any(v.infinite for v in typed), constant=all(v.constant for v in values))
+
+
+def _zoned(value: Value, node: exp.Expression) -> Value:
+    """A timestamp that CASE or coalesce merges with a timestamptz: PostgreSQL converts it to timestamptz, reading it
+    in the session's time zone, and fails where that leaves its range (a row at 23:00 on its last day, 12 hours
+    west of UTC): only for the rows that reach the conversion."""
+    low, high = value.low - tv.SESSION_ZONE_SHIFT, value.high + tv.SESSION_ZONE_SHIFT
+    if low < tv.TS_MIN or high >= tv.TS_END:
+        raise Unsafe(f"{_sql(node)} merges a timestamp with a timestamptz: the timestamp is converted in the session's "
+                     "time zone, which fails for values near the ends of PostgreSQL's range, and that error reveals "
+                     "which rows hold them",
+                     "Give every branch the same type (column AT TIME ZONE 'UTC'), or have the DBA declare the time "
+                     "column's bounds (earliest and latest).")
+    return replace(value, type="timestamptz", low=low, high=high)
 
 
 def _quoted_number(value: Value) -> Value:
