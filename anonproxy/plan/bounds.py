@@ -556,7 +556,10 @@ class _Interpreter:
         low, high, infinite = fields[field]
         # extract() gives numeric, date_part() double precision: checked as the stricter of the two.
         scale = 6 if field in ("epoch", "second", "milliseconds") else 0
-        return Value("float8", low, high, scale, infinite=infinite and source.infinite, constant=source.constant)
+        # Of a date or timestamp, evaluated for the rows that reach it (stable for a timestamptz): not folded, so
+        # extract(year FROM timestamptz 'infinity')::int is proved, and refused.
+        return Value("float8", low, high, scale, infinite=infinite and source.infinite,
+                     constant=source.constant and source.type not in DATETIMES)
 
     def _scaled_interval(self, node: exp.Mul) -> Value | None:
         """A constant interval times a bounded number (Cube's INTERVAL '14 day' * floor(...)); None when neither
@@ -721,14 +724,17 @@ class _Interpreter:
         return self._in_range(replace(source, type=kind, low=low, high=high, value=None), Decimal(0), node)
 
     def _in_range(self, value: Value, shift: Decimal, node: exp.Expression) -> Value:
-        """``value``, after checking its finite values (give or take ``shift``) are timestamps PostgreSQL holds."""
+        """``value``, after checking its finite values (give or take ``shift``) are timestamps PostgreSQL holds; no
+        folded constant, even over constants: the time functions that follow the session's time zone are stable,
+        which PostgreSQL runs for the rows that reach them (date_trunc('day', timestamptz 'infinity') - ... fails
+        only there), so what is computed from it is proved."""
         end = tv.DATE_END if value.type == "date" else tv.TS_END
         if value.low - shift < tv.TS_MIN or value.high + shift >= end:
             raise Unsafe(f"{_sql(node)} can leave PostgreSQL's range of dates and timestamps for values the column "
                          "may hold, and the error reveals which rows hold them",
                          "Have the DBA declare the time column's bounds (earliest and latest), or use a smaller "
                          "interval.")
-        return value
+        return replace(value, constant=False, value=None)
 
     def _time_arithmetic(self, node: exp.Expression, a: Value, b: Value) -> Value:
         """date/timestamp ± a constant or bounded interval, date ± an integer constant, the difference of two."""
@@ -764,7 +770,8 @@ class _Interpreter:
         if source.type not in (*DATETIMES, "literal"):
             raise Unsafe(f"to_char of a value of type {source.type} is not allowed (only dates and timestamps)",
                          f"Cast it to text: ({_sql(node.this)})::text.")
-        return Value(TEXT, constant=source.constant)
+        # Stable: evaluated for the rows that reach it, so to_char(timestamptz '2025-01-01', 'Mon')::int is proved.
+        return Value(TEXT, constant=source.constant and source.type not in DATETIMES)
 
     def _text(self, node: exp.Expression) -> Value:
         source = self.value(node.this)  # any text (a parameter's wrong type fails when the statement is planned)
