@@ -1,37 +1,35 @@
-"""Red team, round 16: the error channel of typed constants cast to a date or timestamp.
+"""Red team, round 16: the error channel of constants PostgreSQL computes per row (the no-error proof's idea of a
+folded constant), and of a timestamp merged with a timestamptz in dp mode.
 
 The no-error proof (anonproxy.plan.bounds) took every subtree without columns or parameters for a constant that
 PostgreSQL folds when it plans the statement, so that its error, if any, is raised for every database alike. That
-holds for a quoted constant of no type yet ('2025-01-31'::date is read by date_in when the statement is parsed)
-and for immutable functions, not for the stable conversions to the time types: text to date, timestamp or
-timestamptz goes through date_in/timestamp_in/timestamptz_in, stable since they follow DateStyle and TimeZone, and a
-cast between timestamptz and the other time types follows TimeZone. The planner does not fold them, so PostgreSQL
-runs them for the rows that reach them, and CASE reaches them only for the rows its condition picks:
+holds for a quoted constant of no type yet ('2025-01-31'::date is read by date_in when the statement is parsed) and
+for immutable functions, not for stable ones, which the planner does not fold: PostgreSQL runs them for the rows
+that reach them, and CASE reaches them only for the rows its condition picks. The functions that follow DateStyle,
+TimeZone or IntervalStyle are stable: text to date, timestamp or timestamptz; casts between timestamptz and the
+other time types; extract() and to_char() of a timestamptz; the text form of a date, timestamp or interval. So
 
-    CASE WHEN age = <a> THEN 'garbage'::text::date > current_date ELSE false END
+    CASE WHEN age = <a> AND income = <i> THEN 'garbage'::text::date > current_date ELSE false END
 
-failed with 22007 exactly when someone was <a> old (condition on whatever singles a person out), and was answered
-otherwise, in both modes: a one-bit answer about people that no group-size rule or noise covered. The same held
-for a typed constant put together otherwise (coalesce('garbage', 'x'), lower('garbage'), 'garbage'::varchar), and
-for a timestamptz constant cast to timestamp that leaves the timestamp range in the session's time zone (22008).
-The attacks below failed before the fix (``test_a_typed_constant_cast_to_a_time_type_is_no_oracle``: answered
-for an age no one has, 22007 or 22008 for an age someone has); a typed constant cast to a time type is now proved
-like a column's cast: from text it is refused (0A000, the same for every database), between time types it must
-stay within range. The same for what the time functions compute from constants: extract() and to_char() of a
-timestamptz constant, and the stable time functions in general, run for the rows that reach them, so
-``extract(year from timestamptz 'infinity')::int`` (PostgreSQL's 0A000 "cannot convert infinity to integer") and
-``to_char(timestamptz '2025-01-01', 'Mon')::int`` (22P02) were an oracle in the same CASE (their cases failed
-before the second fix of bounds.py); their results are no longer taken for folded constants. Each attack shows
-PostgreSQL's own error on the superuser connection first.
+failed with 22007 exactly when someone of that age and income existed, and was answered otherwise, in both modes: a
+one-bit answer about fewer than k people that no group-size rule or noise covered. The same with
+coalesce('garbage', 'x')::date, lower('garbage')::timestamp, 'garbage'::varchar::timestamptz, a timestamptz
+constant cast to timestamp past the range in the session's time zone (22008), extract(year from timestamptz
+'infinity')::int (PostgreSQL's own 0A000 "cannot convert infinity to integer", told from the proxy's refusal by
+its missing hint), to_char(timestamptz '2025-01-01', 'Mon')::int and (date '2025-01-01')::text::int (22P02). Each
+case of ``test_a_constant_postgresql_computes_per_row_is_no_oracle`` failed before its fix (three commits to
+bounds.py: typed constants cast to a time type; time functions over constants; a time's text); now such an
+expression is proved like a column's: refused (0A000, whatever the data) where it could fail, admitted where
+it stays in range (``test_typed_time_constants_within_range_are_answered``). Each attack shows PostgreSQL's own
+error on the superuser connection first.
 
-A second gap of the same proof, in dp mode: CASE and coalesce merging a timestamp with a timestamptz convert the
-timestamp to timestamptz in the session's time zone, and PostgreSQL fails where that leaves its range. dp assumes
-nothing of an undeclared time column in its conditions (any instant PostgreSQL holds), yet the merge was typed
-opaquely, never proved: ``WHERE coalesce(local, at) > ...`` under TimeZone Etc/GMT+12 failed with 22008 exactly
-when someone's row was at 23:00 on PostgreSQL's last day (``test_a_timestamp_merged_with_a_timestamptz_is_no_dp_
-oracle`` failed before the fix, 22008 with the row and an answer without). The merge is now proved like a cast to
-timestamptz: refused in dp mode without declared bounds (0A000), admitted in suppress mode, which assumes such a
-column within 2000 BC to 200000 AD.
+In dp mode, CASE and coalesce merging a timestamp with a timestamptz convert the timestamp in the session's time
+zone, and PostgreSQL fails where that leaves its range. dp assumes nothing of an undeclared time column in its
+conditions (any instant PostgreSQL holds), yet the merge was typed opaquely, never proved: ``WHERE coalesce(local,
+at) > ...`` under TimeZone Etc/GMT+12 failed with 22008 exactly when someone's row was at 23:00 on PostgreSQL's last
+day (``test_a_timestamp_merged_with_a_timestamptz_is_no_dp_oracle`` failed before the fix: 22008 with the row, an
+answer without). The merge is now proved like that conversion: refused in dp mode without declared bounds (0A000),
+admitted in suppress mode, which assumes such a column within 2000 BC to 200000 AD.
 """
 
 from __future__ import annotations
@@ -73,6 +71,13 @@ REACHED_ONLY = [
      "else false end", "0A000"),
     ("select count(*) from adult where case when {0} then to_char(timestamptz '2025-01-01', 'Mon')::int > 0 "
      "else false end", "22P02"),
+    # a time's or an interval's text follows DateStyle, TimeZone, IntervalStyle: written where a row reaches it
+    ("select count(*) from adult where case when {0} then (timestamptz '2025-01-01')::text::int > 0 else false end",
+     "22P02"),
+    ("select count(*) from adult where case when {0} then (date '2025-01-01')::text::int > 0 else false end",
+     "22P02"),
+    ("select count(*) from adult where case when {0} then (interval '1 day')::text::int > 0 else false end",
+     "22P02"),
 ]
 
 
@@ -106,9 +111,9 @@ def someone(truth: psycopg.Connection[Any]) -> str:
 
 @pytest.mark.parametrize(("sql", "sqlstate"), REACHED_ONLY)
 @pytest.mark.parametrize("role", ["reporter", "analyst"])
-def test_a_typed_constant_cast_to_a_time_type_is_no_oracle(request: pytest.FixtureRequest,
-                                                           truth: psycopg.Connection[Any], someone: str, sql: str,
-                                                           sqlstate: str, role: str) -> None:
+def test_a_constant_postgresql_computes_per_row_is_no_oracle(request: pytest.FixtureRequest,
+                                                             truth: psycopg.Connection[Any], someone: str,
+                                                             sql: str, sqlstate: str, role: str) -> None:
     """PostgreSQL fails only when someone meets the condition; through the proxy the outcome is the same whether
     anyone does or not: a refusal of the statement as written (0A000), never PostgreSQL's error."""
     conn = request.getfixturevalue(role)
