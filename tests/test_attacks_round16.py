@@ -236,3 +236,43 @@ def test_suppress_merges_a_timestamp_it_assumes_within_range(reporter: psycopg.C
     """Suppress mode takes a time column without declared bounds to lie between 2000 BC and 200000 AD (docs/
     suppression.md), far from PostgreSQL's ends in any time zone: the merge is admitted, answered as PostgreSQL."""
     suppress_answers_as_postgresql(reporter, truth, MERGED[2])
+
+
+# --- session state: objects that could shadow what rewritten SQL reads ----------------------------------------------
+
+# A temporary table or function named as a protected table or a builtin (pg_temp is searched first for tables), a
+# two-phase commit that would keep a transaction, and its locks, past the session.
+SHADOWS = [
+    "create temp table adult (id integer, sex text, age integer)",
+    "create temp view adult as select 1 as id, 'Female' as sex",
+    "create function pg_temp.lower(text) returns text language sql as 'select ''x'''",
+    "create function pg_temp.count(integer) returns integer language sql as 'select 1'",
+    "prepare transaction 'r16'",
+]
+BY_SEX = "select sex, count(*), sum(capital_gain) from adult group by sex"
+
+
+@pytest.mark.parametrize("sql", SHADOWS)
+def test_a_shadowing_object_or_a_prepared_transaction_is_refused(reporter: psycopg.Connection[Any],
+                                                                 sql: str) -> None:
+    """Refused as a statement outside what the role may send, with its SQLSTATE; the session goes on."""
+    with pytest.raises(psycopg.Error) as error:
+        reporter.execute(sql)
+    assert error.value.sqlstate in ("42501", "0A000"), (sql, error.value.sqlstate)
+    assert reporter.execute("select 1").fetchone() == (1,)
+
+
+@pytest.mark.parametrize("search_path", ["pg_temp, public", "public, pg_temp, pg_catalog", "\"$user\", public"])
+def test_a_search_path_with_pg_temp_first_changes_no_answer(reporter: psycopg.Connection[Any],
+                                                            truth: psycopg.Connection[Any], search_path: str) -> None:
+    """With pg_temp or pg_catalog placed anywhere on the search path, a rewritten statement reads the protected
+    table and the builtins it names (the service connection's own path, every table schema-qualified): answered
+    as PostgreSQL."""
+    for conn in (reporter, truth):
+        conn.execute(f"set search_path = {search_path}")
+    try:
+        suppress_answers_as_postgresql(reporter, truth, BY_SEX)
+        assert reporter.execute("show search_path").fetchone() == truth.execute("show search_path").fetchone()
+    finally:
+        reporter.execute("reset search_path")
+        truth.execute("reset search_path")
