@@ -27,12 +27,15 @@ some (substring lengths, round's digits, to_char's format).
 
 Subtrees without columns or parameters are constant: PostgreSQL folds them
 when it plans the statement (an error there is the same for every row and
-every database), so they are typed but not proved. Not the clock,
-to_timestamp() and a typed constant cast to a date or timestamp ('x'::text::date,
-a timestamptz constant cast to timestamp): those are stable, so PostgreSQL
-evaluates them when the statement runs, for the rows that reach them, and they
-are proved (|| of constants is computed before, anonproxy.plan.analysis). A ``$n`` parameter is not
-constant (a generic plan evaluates it per row), and is refused in arithmetic.
+every database), so they are typed but not proved. Not the stable functions,
+which the planner does not fold: PostgreSQL evaluates them when the statement
+runs, for the rows that reach them (CASE WHEN age = 37 THEN 'x'::text::date END
+fails only if someone is 37), so they are proved: the clock, to_timestamp(), a
+typed constant cast to a date or timestamp, the time functions over constants
+(they follow the session's TimeZone) and the text form of a date, timestamp or
+interval (DateStyle, IntervalStyle). || of constants is computed before
+(anonproxy.plan.analysis). A ``$n`` parameter is not constant (a generic plan
+evaluates it per row), and is refused in arithmetic.
 
 The proof trusts the bounds its caller gives as facts: in suppress mode the
 declared bounds, the DBA's statement of what a column holds; in dp mode, which
@@ -1020,8 +1023,8 @@ def _zoned(value: Value, node: exp.Expression) -> Value:
         raise Unsafe(f"{_sql(node)} merges a timestamp with a timestamptz: the timestamp is converted in the session's "
                      "time zone, which fails for values near the ends of PostgreSQL's range, and that error reveals "
                      "which rows hold them",
-                     "Give every branch the same type (column AT TIME ZONE 'UTC'), or have the DBA declare the time "
-                     "column's bounds (earliest and latest).")
+                     "Give every branch the same type, or have the DBA declare the timestamp column's bounds "
+                     "(earliest and latest).")
     return replace(value, type="timestamptz", low=low, high=high)
 
 
