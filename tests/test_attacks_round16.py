@@ -30,6 +30,12 @@ at) > ...`` under TimeZone Etc/GMT+12 failed with 22008 exactly when someone's r
 day (``test_a_timestamp_merged_with_a_timestamptz_is_no_dp_oracle`` failed before the fix: 22008 with the row, an
 answer without). The merge is now proved like that conversion: refused in dp mode without declared bounds (0A000),
 admitted in suppress mode, which assumes such a column within 2000 BC to 200000 AD.
+
+Tried without a leak, kept as guards: a UNION ALL merging timestamp and timestamptz keys (PostgreSQL fails on the
+last-hour row; the proxy answers the same with it and without); temporary tables, views and functions that would
+shadow a protected table or a builtin, and PREPARE TRANSACTION (refused); a search_path with pg_temp first (a
+rewritten answer is PostgreSQL's); LIKE patterns ending in the escape character spelled as escape strings, Unicode
+escapes, dollar quotes, inside upper() or built with ||, and a bad SIMILAR TO pattern (refused whatever the data).
 """
 
 from __future__ import annotations
@@ -302,3 +308,30 @@ def test_a_set_operation_merging_timestamp_keys_is_no_oracle(request: pytest.Fix
         conn.execute("reset timezone" if role == "reporter" else "set timezone = 'Etc/GMT-14'")
     assert first == second, (first, second)
     assert not first.startswith(("22", "XX")), first
+
+
+# --- LIKE patterns spelled so that a check on the literal's text could misread them -----------------------------
+
+# A trailing escape character fails LIKE only when the match reaches it (a row whose text matches the rest), and a
+# bad SIMILAR TO pattern only when a row reaches it: each spelled as an escape string, a Unicode escape, a dollar
+# quote, inside upper(), or put together with ||.
+PATTERNS = [
+    r"occupation like E'Sales\\'",
+    r"occupation like U&'Sales\005c'",
+    r"occupation like $$Sales\$$",
+    r"occupation like upper(E'Sales\\')",
+    r"occupation like 'Sales\' || ''",
+    r"occupation like ('Sal' || 'es\')",
+    "occupation similar to 'S('",
+]
+
+
+@pytest.mark.parametrize("pattern", PATTERNS)
+@pytest.mark.parametrize("role", ["reporter", "analyst"])
+def test_a_pattern_that_may_fail_is_refused_however_spelled(request: pytest.FixtureRequest, someone: str,
+                                                             pattern: str, role: str) -> None:
+    """Refused by the proxy (0A000 with a hint) whether or not any row reaches the pattern."""
+    conn = request.getfixturevalue(role)
+    sql = f"select count(*) from adult where case when {{0}} then {pattern} else false end"
+    outcomes = {refused(conn, sql.format(condition)) for condition in (f"age = {NOBODY}", someone)}
+    assert outcomes == {"refused"}, (pattern, outcomes)
