@@ -27,10 +27,15 @@ some (substring lengths, round's digits, to_char's format).
 
 Subtrees without columns or parameters are constant: PostgreSQL folds them
 when it plans the statement (an error there is the same for every row and
-every database), so they are typed but not proved. Not the clock and
-to_timestamp(): PostgreSQL evaluates those when the statement runs, so they
-are proved (|| of constants is computed before, anonproxy.plan.analysis). A ``$n`` parameter is not
-constant (a generic plan evaluates it per row), and is refused in arithmetic.
+every database), so they are typed but not proved. Not the stable functions,
+which the planner does not fold: PostgreSQL evaluates them when the statement
+runs, for the rows that reach them (CASE WHEN age = 37 THEN 'x'::text::date END
+fails only if someone is 37), so they are proved: the clock, to_timestamp(), a
+typed constant cast to a date or timestamp, the time functions over constants
+(they follow the session's TimeZone) and the text form of a date, timestamp or
+interval (DateStyle, IntervalStyle). || of constants is computed before
+(anonproxy.plan.analysis). A ``$n`` parameter is not constant (a generic plan
+evaluates it per row), and is refused in arithmetic.
 
 The proof trusts the bounds its caller gives as facts: in suppress mode the
 declared bounds, the DBA's statement of what a column holds; in dp mode, which
@@ -466,10 +471,19 @@ class _Interpreter:
         kind = _cast_type(target)
         source = self.value(node.this)
         if kind == TEXT:
-            return Value(TEXT, constant=source.constant)  # every value has a text form
-        if source.constant and source.type != "param":
+            # Every value has a text form; a time's or an interval's follows DateStyle, TimeZone or IntervalStyle,
+            # so PostgreSQL writes it for the rows that reach it, not when it plans: (date '2025-01-01')::text::int
+            # is proved, not folded.
+            return Value(TEXT, constant=source.constant and source.type not in (*DATETIMES, "interval"))
+        if source.constant and source.type != "param" and (kind not in DATETIMES or _read_when_parsed(node.this)):
             return _constant_cast(kind, source)
         if kind in DATETIMES:
+            if source.constant and source.type not in DATETIMES:
+                raise Unsafe(f"{_sql(node)} converts a typed constant when a row reaches it (the conversion depends "
+                             "on the session's settings, so PostgreSQL does not fold it when it plans the statement): "
+                             "a constant it cannot read fails only if some row reaches it, and that error reveals "
+                             "whether any did",
+                             "Write the constant as DATE '2025-01-31' or TIMESTAMP '2025-01-31 12:00:00'.")
             return self._time_cast(source, kind, node)
         if source.type == "unknown":
             raise Unsafe(f"cast to {_sql(target)} of {_sql(node.this)}, whose type the proxy does not know: it may fail",
@@ -548,7 +562,10 @@ class _Interpreter:
         low, high, infinite = fields[field]
         # extract() gives numeric, date_part() double precision: checked as the stricter of the two.
         scale = 6 if field in ("epoch", "second", "milliseconds") else 0
-        return Value("float8", low, high, scale, infinite=infinite and source.infinite, constant=source.constant)
+        # Of a date or timestamp, evaluated for the rows that reach it (stable for a timestamptz): not folded, so
+        # extract(year FROM timestamptz 'infinity')::int is proved, and refused.
+        return Value("float8", low, high, scale, infinite=infinite and source.infinite,
+                     constant=source.constant and source.type not in DATETIMES)
 
     def _scaled_interval(self, node: exp.Mul) -> Value | None:
         """A constant interval times a bounded number (Cube's INTERVAL '14 day' * floor(...)); None when neither
@@ -713,14 +730,17 @@ class _Interpreter:
         return self._in_range(replace(source, type=kind, low=low, high=high, value=None), Decimal(0), node)
 
     def _in_range(self, value: Value, shift: Decimal, node: exp.Expression) -> Value:
-        """``value``, after checking its finite values (give or take ``shift``) are timestamps PostgreSQL holds."""
+        """``value``, after checking its finite values (give or take ``shift``) are timestamps PostgreSQL holds; no
+        folded constant, even over constants: the time functions that follow the session's time zone are stable,
+        which PostgreSQL runs for the rows that reach them (date_trunc('day', timestamptz 'infinity') - ... fails
+        only there), so what is computed from it is proved."""
         end = tv.DATE_END if value.type == "date" else tv.TS_END
         if value.low - shift < tv.TS_MIN or value.high + shift >= end:
             raise Unsafe(f"{_sql(node)} can leave PostgreSQL's range of dates and timestamps for values the column "
                          "may hold, and the error reveals which rows hold them",
                          "Have the DBA declare the time column's bounds (earliest and latest), or use a smaller "
                          "interval.")
-        return value
+        return replace(value, constant=False, value=None)
 
     def _time_arithmetic(self, node: exp.Expression, a: Value, b: Value) -> Value:
         """date/timestamp ± a constant or bounded interval, date ± an integer constant, the difference of two."""
@@ -756,7 +776,8 @@ class _Interpreter:
         if source.type not in (*DATETIMES, "literal"):
             raise Unsafe(f"to_char of a value of type {source.type} is not allowed (only dates and timestamps)",
                          f"Cast it to text: ({_sql(node.this)})::text.")
-        return Value(TEXT, constant=source.constant)
+        # Stable: evaluated for the rows that reach it, so to_char(timestamptz '2025-01-01', 'Mon')::int is proved.
+        return Value(TEXT, constant=source.constant and source.type not in DATETIMES)
 
     def _text(self, node: exp.Expression) -> Value:
         source = self.value(node.this)  # any text (a parameter's wrong type fails when the statement is planned)
@@ -843,6 +864,15 @@ def _unparen(node: exp.Expression) -> exp.Expression:
     while isinstance(node, exp.Paren):
         node = node.this
     return node
+
+
+def _read_when_parsed(operand: exp.Expression) -> bool:
+    """Whether PostgreSQL reads ``operand``, cast to a date or timestamp, when it parses the statement: a quoted
+    constant of no type yet (or NULL) is read by the type's input function then, for every database alike. A typed
+    constant ('x'::text, coalesce of strings, a timestamptz) is converted by a stable function, which the planner
+    does not fold: it runs for the rows that reach it (CASE WHEN age = 37 THEN 'x'::text::date END), so it is proved
+    like a column's cast."""
+    return isinstance(_unparen(operand), (exp.Literal, exp.Null))
 
 
 def _is_constant_tree(node: exp.Expression) -> bool:
@@ -976,9 +1006,26 @@ def _join(values: list[Value], node: exp.Expression) -> Value:
     if "date" in kinds and kinds & {"timestamp", "timestamptz"}:
         raise Unsafe(f"{_sql(node)} mixes dates and timestamps: a date after 294276 AD does not convert to a timestamp",
                      "Give every branch the same type.")
+    if kinds == {"timestamp", "timestamptz"}:
+        typed = [_zoned(v, node) if v.type == "timestamp" else v for v in typed]
+        kinds = {"timestamptz"}
     kind = kinds.pop() if len(kinds) == 1 else "other"
     low, high = (min(v.low for v in typed), max(v.high for v in typed)) if kind in DATETIMES else (-INF, INF)
     return Value(kind, low, high, infinite=any(v.infinite for v in typed), constant=all(v.constant for v in values))
+
+
+def _zoned(value: Value, node: exp.Expression) -> Value:
+    """A timestamp that CASE or coalesce merges with a timestamptz: PostgreSQL converts it to timestamptz, reading it
+    in the session's time zone, and fails where that leaves its range (a row at 23:00 on its last day, 12 hours
+    west of UTC): only for the rows that reach the conversion."""
+    low, high = value.low - tv.SESSION_ZONE_SHIFT, value.high + tv.SESSION_ZONE_SHIFT
+    if low < tv.TS_MIN or high >= tv.TS_END:
+        raise Unsafe(f"{_sql(node)} merges a timestamp with a timestamptz: the timestamp is converted in the session's "
+                     "time zone, which fails for values near the ends of PostgreSQL's range, and that error reveals "
+                     "which rows hold them",
+                     "Give every branch the same type, or have the DBA declare the timestamp column's bounds "
+                     "(earliest and latest).")
+    return replace(value, type="timestamptz", low=low, high=high)
 
 
 def _quoted_number(value: Value) -> Value:
