@@ -280,3 +280,54 @@ def test_a_linked_key_of_another_type_counts_people_as_the_protected_table_does(
         assert error.sqlstate is not None and error.sqlstate[:2] in ("0A", "42"), error
         return
     assert "rare" not in _check(owner, statement, rows, parts), rows
+
+
+# Generated: groups near k over every unit type and spelling ------------------------------------------------------
+
+GENERATED = (
+    COUNT,
+    "SELECT s.kind, count(*) AS n, sum(s.v) AS total FROM public.{table} s GROUP BY 1",
+    "SELECT s.kind, avg(s.v) AS mean FROM public.{table} s WHERE s.v > 0 GROUP BY 1",
+    "SELECT s.kind, count(s.w) AS n FROM public.{table} s WHERE s.v <> 3 GROUP BY 1",
+)
+
+
+def _draw(rng: random.Random) -> list[tuple[bool, int, int, str, int | None]]:
+    """Rows (has a unit, person, spelling, kind, v): 'big' of 150 people, and kinds 'g0' to 'g3' of k - 2 to k + 1
+    people each (or k + 4 to k + 14, where the bounds may settle), from a pool shared by the kinds (people in several
+    kinds), 1 to 3 rows a person, each in a spelling drawn anew; values small, NULL, zero, negative or heavy; up
+    to 3 rows without a unit."""
+    rows = [(True, i, i % 3, "big", 5) for i in range(1, 151)]
+    pool = list(range(RARE.start, RARE.start + 40))
+    least, most = rng.choice([(K - 2, K + 1), (K + 4, K + 14)])
+    for kind in ("g0", "g1", "g2", "g3"):
+        for person in rng.sample(pool, rng.randint(least, most)):
+            for _ in range(rng.randint(1, 3)):
+                value = rng.choice([1, 2, 5, 0, -4, None, rng.randint(-100, 100)])
+                rows.append((True, person, rng.randint(0, 2), kind, value))
+    rows += [(False, 0, 0, rng.choice(["g0", "g1", "big"]), rng.choice([0, 5, 90])) for _ in range(rng.randint(0, 3))]
+    return rows
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_generated_groups_near_k_over_every_unit_type(owner: psycopg.Connection, seed: int) -> None:
+    """A unit type drawn, then groups near k in spellings drawn per row: the rewritten SQL, as the proxy's service
+    session runs it, answers as its exact path, releases only groups of k people (as PostgreSQL counts them) that
+    pass the magnitude rules, PostgreSQL's own rows, and leaves out of N nobody or at least k people."""
+    rng = random.Random(seed)
+    table = sorted(UNITS)[seed % len(UNITS)]
+    unit = UNITS[table][1]
+    with owner.transaction(force_rollback=True):
+        owner.execute(f"DELETE FROM public.{table}")
+        with owner.cursor() as cursor:
+            cursor.executemany(f"INSERT INTO public.{table} SELECT CASE WHEN %s THEN {unit} END, %s, %s, %s "
+                               "FROM (SELECT %s::integer AS i, %s::integer AS j) AS drawn",
+                               [(has, kind, v, v, i, j) for has, i, j, kind, v in _draw(rng)])
+        owner.execute(f"ANALYZE public.{table}")
+        for shape in GENERATED:
+            statement = shape.format(table=table)
+            sql = reporter_sql(owner, statement)
+            assert SURE in sql, statement
+            rows = service_answer(owner, sql)[0]
+            _check(owner, statement, rows, _parts(statement))
+            assert _left_out(owner, statement, rows) not in range(1, K), (statement, rows)
