@@ -95,8 +95,9 @@ select pg_catalog.json_build_object(
                    join pg_catalog.pg_attribute a on a.attrelid = r.oid and a.attnum > 0 and not a.attisdropped
                         and a.attnotnull),
     -- The protected tables whose unit column alone is a primary key, or NOT NULL with a unique index of its own
-    -- (not partial, not on an expression), and no child table: each row is one person, and the suppression SQL counts
-    -- rows (checked again when it runs: sql/0023).
+    -- (not partial, not on an expression, under the column's collation and its type's default operator class: unique
+    -- under the unit's own equality), and no child table: each row is one person, and the suppression SQL counts
+    -- rows (checked again when it runs: sql/0023, 0046).
     'unique_units', (select pg_catalog.json_agg(p.table_name order by p.table_name)
                        from anonproxy.protected_tables p
                        join pg_catalog.pg_class r on not r.relhassubclass
@@ -105,9 +106,11 @@ select pg_catalog.json_build_object(
                        join pg_catalog.pg_attribute a on a.attrelid = r.oid and a.attname = p.unit_column
                             and a.attnum > 0 and not a.attisdropped and a.attnotnull
                       where exists (select from pg_catalog.pg_index i
+                                     join pg_catalog.pg_opclass o on o.oid = i.indclass[0] and o.opcdefault
                                      where i.indrelid = r.oid and i.indisunique and i.indisvalid and i.indislive
                                        and i.indnkeyatts = 1 and i.indkey[0] = a.attnum
-                                       and i.indpred is null and i.indexprs is null)),
+                                       and i.indpred is null and i.indexprs is null
+                                       and i.indcollation[0] = a.attcollation)),
     -- The protected and linked tables whose unit (link) column leads a B-tree index of every row (not partial): the
     -- suppression SQL counts each person's rows in that order, which the index gives without hashing every person.
     'indexed_units', (select pg_catalog.json_agg(g.table_name order by g.table_name)

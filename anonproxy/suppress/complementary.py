@@ -81,7 +81,8 @@ def complementary(query: AnalyticQuery, rules: Rules, keys: list[str], sums: lis
             people = query.universe if covered is None else covered
             answered = f"SELECT n, n = (SELECT sum(units) FROM {PRIMARY})\nFROM ({people}) AS everyone(n)"
         else:
-            answered = "\n".join([f"SELECT count(*), count(*) = (SELECT sum(units) FROM {PRIMARY})",
+            # count(unit): rows without a unit (a NULL in ``units``) are nobody.
+            answered = "\n".join([f"SELECT count(unit), count(unit) = (SELECT sum(units) FROM {PRIMARY})",
                                   f"FROM ({units}) AS people"])
         ctes.append((f"{ANSWERED}(n, disjoint)", answered,
                      "the people of the answer, and whether each is in one group only"))
@@ -91,6 +92,7 @@ def complementary(query: AnalyticQuery, rules: Rules, keys: list[str], sums: lis
         ctes.append((PEOPLE, "\n".join([
             f"SELECT c.unit, min(o.step) AS first, max(o.step) AS last{''.join(', ' + f for f in firsts)}",
             f"FROM {CELLS} AS c JOIN {ORDER} AS o ON {on}",
+            "WHERE c.unit IS NOT NULL",  # rows without a unit are nobody: not one more person withheld
             "GROUP BY c.unit",
         ]), "each person's first and last step, read only when people are in several groups"))
     ctes.append((STEPS, _steps(flags, sums, rows), ("per step j: the people withheld, the people in no released "

@@ -234,7 +234,8 @@ def _bounded(query: AnalyticQuery, rules: Rules, columns: list[_Column], magnitu
     sure = f"NOT EXISTS (SELECT FROM ({rows}) AS r\n  WHERE ({' AND '.join(surely)}) IS NOT TRUE)"
     covered = None
     if query.where is not None:
-        ctes.append((f"{COVERED}(n)", (f"SELECT count(*) FROM (SELECT {unit} AS unit FROM {query.from_sql}\n"
+        # count(unit): rows without a unit are nobody (counted as one person, a WHERE that left out one was not).
+        ctes.append((f"{COVERED}(n)", (f"SELECT count(unit) FROM (SELECT {unit} AS unit FROM {query.from_sql}\n"
                                        f"WHERE {query.where} GROUP BY 1) AS people"), "the people of the answer"))
         covered = f"SELECT n FROM {COVERED}"
         compared.append(f"({covered})")

@@ -311,8 +311,8 @@ def _group_verdicts(query: AnalyticQuery, rules: Rules, magnitudes: tuple[str, .
     lines.append(f"GROUP BY {', '.join(str(i) for i in range(1, len(keys) + 2))}")
     ctes.append((CELLS, "\n".join(lines), ("one row per group and privacy unit: its part of each SUM/AVG, and "
                  "whether it contributes to each aggregate")))
-    if query.where is None:  # every row of the FROM clause is in a cell: N is the cells' distinct units
-        ctes.append((f"{UNIVERSE}(n)", f"SELECT count(*) FROM (SELECT unit FROM {CELLS} GROUP BY unit) AS people",
+    if query.where is None:  # every row of the FROM clause is in a cell: N is the cells' distinct units (not NULL)
+        ctes.append((f"{UNIVERSE}(n)", f"SELECT count(unit) FROM (SELECT unit FROM {CELLS} GROUP BY unit) AS people",
                      "N: the people of the FROM clause, all in the cells"))
     else:
         ctes.insert(0, (f"{UNIVERSE}(n)", universe, "N: the people of the FROM clause"))
