@@ -119,7 +119,17 @@ class PolicyIndex:
                     "privacy policy",
                     "Qualify the table name with its schema.",
                 )
-        return self._entry(schema, name)
+        resolved = self._entry(schema, name)
+        if resolved.linked is not None and not resolved.linked.key_like_unit:
+            link = resolved.linked
+            raise unsupported(
+                f"linked table {link.name} cannot be queried: its key {link.column} has another collation than the "
+                f"unit {link.references}.{link.references_column}, whose collation is nondeterministic, so two keys "
+                "it tells apart may be one person",
+                f"Ask the DBA to give {link.name}.{link.column} the collation of "
+                f"{link.references}.{link.references_column}.",
+            )
+        return resolved
 
     def _entry(self, schema: str, name: str) -> ResolvedTable:
         key = (schema, name)
