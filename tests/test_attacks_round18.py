@@ -23,12 +23,18 @@ Tried, and none leaked; kept as guards:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 import pytest
-from conftest import Endpoint, attack_roles, suppress_answers_as_postgresql, wait_for_current_policy
+from conftest import (SERVICE_ROLE, Endpoint, attack_roles, database_of_its_own, start_proxy, stop_proxy,
+                      suppress_answers_as_postgresql, wait_for_current_policy)
+
+from anonproxy.embedded import EmbeddedPostgres
+from anonproxy.policy.model import ColumnPolicy, Policy, ProtectedTable
+from anonproxy.policy.yaml_policy import demo_policy
 
 reporter, analyst = attack_roles("dp_round18", epsilon=1000, scope="module")
 
@@ -255,3 +261,84 @@ def test_exists_over_a_reference_table_answered_as_postgresql(reporter: psycopg.
                                                               truth: psycopg.Connection[Any], kinds: None,
                                                               sql: str) -> None:
     released_as_postgresql(reporter, truth, sql)
+
+
+# --- a reference key matched under another collation than its own ------------------------------------------------
+
+COLLATED = "attacks_round18"
+CLUBS = "public.clubs"  # a protected table, its unit an integer primary key (each row one person), a kind of the
+# nondeterministic collation public.ci ('rare' = 'RARE')
+LABELS = "public.kind_labels"  # a reference table keyed in the default collation: 'rare', 'RARE' and 'Rare' apart
+LABELS_CI = "public.kind_labels_ci"  # the same keyed in public.ci: one row per kind as clubs compares them
+
+
+def _collated(conn: psycopg.Connection[Any]) -> Policy:
+    """The demo policy and ``clubs``: 300 people of kind 'big', 4 of 'rare' (fewer than k); ``kind_labels`` holds
+    one label for 'big' and the same label for three spellings of 'rare', which public.ci takes as one."""
+    conn.execute("CREATE COLLATION public.ci (provider = icu, locale = 'und-u-ks-level2', deterministic = false)")
+    conn.execute(f"CREATE TABLE {CLUBS} (id integer PRIMARY KEY, kind text COLLATE public.ci NOT NULL, v integer)")
+    conn.execute(f"INSERT INTO {CLUBS} SELECT i, CASE WHEN i <= 4 THEN 'rare' ELSE 'big' END, 5 "
+                 "FROM generate_series(1, 304) AS i")
+    conn.execute(f"CREATE TABLE {LABELS} (kind text PRIMARY KEY, label text NOT NULL)")
+    conn.execute(f"INSERT INTO {LABELS} VALUES ('big', 'common'), ('rare', 'scarce'), ('RARE', 'scarce'), "
+                 "('Rare', 'scarce')")
+    conn.execute(f"CREATE TABLE {LABELS_CI} (kind text COLLATE public.ci PRIMARY KEY, label text NOT NULL)")
+    conn.execute(f"INSERT INTO {LABELS_CI} VALUES ('big', 'common'), ('rare', 'scarce')")
+    for table in (CLUBS, LABELS, LABELS_CI):
+        conn.execute(f"ANALYZE {table}")
+    clubs = ProtectedTable(CLUBS, "id", {"id": ColumnPolicy("id", "identifier"),
+                                          "kind": ColumnPolicy("kind", "quasi_identifier"),
+                                          "v": ColumnPolicy("v", "sensitive", -100, 100)})
+    policy = demo_policy()
+    return dataclasses.replace(policy, tables={**policy.tables, CLUBS: clubs})
+
+
+owner = database_of_its_own(COLLATED, _collated)
+
+
+@pytest.fixture(scope="module")
+def club_reporter(owner: psycopg.Connection, pg_server: EmbeddedPostgres,
+                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[psycopg.Connection]:
+    """The demo's reporter through a proxy of this database's own, ``kind_labels`` declared a reference table."""
+    for table in (LABELS, LABELS_CI):
+        owner.execute(f"select anonproxy.declare_reference_table('{table}')")
+    log_path = tmp_path_factory.mktemp("round18") / "anonproxy.log"
+    proxy = start_proxy(f"host={pg_server.host} port={pg_server.port}", log_path, workers="1",
+                        service_dsn=f"user={SERVICE_ROLE} password={SERVICE_ROLE} dbname={COLLATED}")
+    try:
+        wait_for_current_policy(owner, proxy.endpoint, COLLATED)
+        with psycopg.connect(proxy.endpoint.dsn(COLLATED, user="reporter"), autocommit=True) as conn:
+            yield conn
+    finally:
+        stop_proxy(proxy)
+    assert "Traceback" not in proxy.log(), proxy.log()
+
+
+@pytest.mark.parametrize("sql", [
+    f"select l.label, count(*) as n from {CLUBS} c join {LABELS} l on l.kind = c.kind group by 1",
+    f"select l.label, count(*) as n from {CLUBS} c left join {LABELS} l on c.kind = l.kind group by 1",
+])
+def test_a_reference_key_matched_under_a_nondeterministic_collation_repeats_no_person(
+        owner: psycopg.Connection, club_reporter: psycopg.Connection, sql: str) -> None:
+    """PostgreSQL compares the default-collation key with the case-insensitive kind under public.ci: each of the 4
+    'rare' people meets three reference rows, 12 rows of 4 people. Taken for one row per person (a reference table
+    joined on a unique key), 'scarce' was released as 12 (before the fix in anonproxy/plan/joins.py); the join is
+    now refused, naming the collations."""
+    assert ("scarce", 12) in owner.execute(sql).fetchall()  # three rows per person, in PostgreSQL itself
+    assert owner.execute(f"select count(DISTINCT c.id) from {CLUBS} c join {LABELS} l on l.kind = c.kind "
+                         "where l.label = 'scarce'").fetchone() == (4,)
+    with pytest.raises(psycopg.errors.FeatureNotSupported) as refused:
+        club_reporter.execute(sql).fetchall()
+    assert "differ in collation" in (refused.value.diag.message_primary or "")
+    assert "collation of the column it is joined on" in (refused.value.diag.message_hint or "")
+
+
+def test_a_reference_key_of_the_columns_own_collation_is_joined(owner: psycopg.Connection,
+                                                                 club_reporter: psycopg.Connection) -> None:
+    """Keyed in public.ci, the reference table holds one row per kind as clubs compares kinds: the join is answered,
+    'scarce' (4 people) withheld, and with it 'common' (complementary suppression: the total would give 'scarce'
+    away), both in the rest row."""
+    sql = f"select l.label, count(*) as n from {CLUBS} c join {LABELS_CI} l on l.kind = c.kind group by 1"
+    assert sorted(owner.execute(sql).fetchall()) == [("common", 300), ("scarce", 4)]
+    rows = club_reporter.execute(sql).fetchall()
+    assert rows == [(None, 304)], rows
