@@ -144,8 +144,21 @@ def _reference_equality(condition: exp.Expression, sources: list[Source], positi
                               f"{other.reference}.{other_column} ({other_type or 'type unknown'}) differ in type: a "
                               "comparison that converts one of them could make distinct keys equal",
                               REFERENCE_HINT)
+        if collation(target.table, column) != collation(other.table, other_column):
+            raise unsupported(f"{target.reference}.{column} and {other.reference}.{other_column} differ in collation, "
+                              "and one of them is nondeterministic: PostgreSQL compares them under it, where distinct "
+                              "keys may be equal ('r1' = 'R1'), so a row could meet several reference rows",
+                              "Ask the DBA to give the reference key the collation of the column it is joined on.")
         return column
     return None
+
+
+def collation(table: ResolvedTable, column: str) -> str | None:
+    """The nondeterministic collation of ``column`` as read with the policy; None for a deterministic one (all of
+    them compare by bytes) or when not read."""
+    model = table.protected or table.linked or table.reference
+    found = model.nondeterministic if model is not None else None
+    return found.get(column) if found else None
 
 
 def base_type(table: ResolvedTable, column: str) -> str | None:

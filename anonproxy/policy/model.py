@@ -80,6 +80,9 @@ class ProtectedTable:
     # Whether a B-tree index of the whole table (not partial) leads with ``unit_column``, read with the policy: the
     # suppression SQL then counts each person's rows in that column's order. False when not read.
     indexed_unit: bool = field(default=False, compare=False)
+    # The columns of a nondeterministic collation, each with that collation's name, read with the policy (None when
+    # not read): a reference key equated with such a column is compared under it (anonproxy.plan.joins).
+    nondeterministic: dict[str, str] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,7 @@ class LinkedTable:
     # the policy): false where the unit's collation is nondeterministic and the key's another, so that two keys
     # PostgreSQL tells apart may be one person. Statements over such a linked table are refused.
     key_like_unit: bool = field(default=True, compare=False)
+    nondeterministic: dict[str, str] | None = field(default=None, compare=False)  # as ProtectedTable's
 
 
 @dataclass(frozen=True)
@@ -111,6 +115,7 @@ class ReferenceTable:
     name: str  # "public.regions"
     keys: tuple[tuple[str, ...], ...] = ()
     types: dict[str, str] | None = field(default=None, compare=False)  # as ProtectedTable.types
+    nondeterministic: dict[str, str] | None = field(default=None, compare=False)  # as ProtectedTable's
 
 
 @dataclass(frozen=True)

@@ -105,6 +105,22 @@ select pg_catalog.json_build_object(
                      and pg_catalog.format('%I.%I', n.nspname, r.relname) = g.table_name
                 join pg_catalog.pg_attribute a on a.attrelid = r.oid and a.attnum > 0 and not a.attisdropped
                 join pg_catalog.pg_type t on t.oid = a.atttypid),
+    -- The columns of a nondeterministic collation ('r1' = 'R1'), with its name: a reference key of another
+    -- collation equated with one is compared under it, and may then meet several reference rows
+    -- (anonproxy/plan/joins.py).
+    'nondeterministic', (select pg_catalog.json_agg(pg_catalog.json_build_array(g.table_name, a.attname,
+                             pg_catalog.format('%I.%I', cn.nspname, c.collname))
+                             order by g.table_name, a.attnum)
+                           from (select p.table_name from anonproxy.protected_tables p
+                                 union select l.table_name from anonproxy.linked_tables l
+                                 union select x.table_name from anonproxy.reference_tables x) g
+                           join pg_catalog.pg_class r on true
+                           join pg_catalog.pg_namespace n on n.oid = r.relnamespace
+                                and pg_catalog.format('%I.%I', n.nspname, r.relname) = g.table_name
+                           join pg_catalog.pg_attribute a on a.attrelid = r.oid and a.attnum > 0
+                                and not a.attisdropped
+                           join pg_catalog.pg_collation c on c.oid = a.attcollation and not c.collisdeterministic
+                           join pg_catalog.pg_namespace cn on cn.oid = c.collnamespace),
     -- The NOT NULL columns of the protected and linked tables: dp mode counts them with the count of rows.
     'not_null', (select pg_catalog.json_agg(pg_catalog.json_build_array(g.table_name, a.attname)
                      order by g.table_name, a.attnum)
@@ -215,6 +231,9 @@ def policy_from_json(doc: dict[str, Any]) -> Policy:
     types: dict[str, dict[str, str]] = {}
     for table_name, column_name, type_name in doc.get("types") or ():
         types.setdefault(table_name, {})[column_name] = type_name
+    nondeterministic: dict[str, dict[str, str]] = {}
+    for table_name, column_name, collation in doc.get("nondeterministic") or ():
+        nondeterministic.setdefault(table_name, {})[column_name] = collation
     columns: dict[str, dict[str, ColumnPolicy]] = {}
     for row in doc["columns"] or ():
         aware = types.get(row["table_name"], {}).get(row["column_name"]) == "timestamp with time zone"
@@ -241,7 +260,8 @@ def policy_from_json(doc: dict[str, Any]) -> Policy:
         row["table_name"]: ProtectedTable(row["table_name"], row["unit_column"], columns.get(row["table_name"], {}),
                                           shared.get(row["table_name"]), types.get(row["table_name"], {}),
                                           frozenset(not_null.get(row["table_name"], ())),
-                                          row["table_name"] in unique_units, row["table_name"] in indexed_units)
+                                          row["table_name"] in unique_units, row["table_name"] in indexed_units,
+                                          nondeterministic.get(row["table_name"], {}))
         for row in doc["tables"] or ()
     }
     budgets: dict[str, dict[str, Budget]] = {}
@@ -267,6 +287,7 @@ def policy_from_json(doc: dict[str, Any]) -> Policy:
             not_null=frozenset(not_null.get(row["table_name"], ())),
             indexed_unit=row["table_name"] in indexed_units,
             key_like_unit=row["key_like_unit"],
+            nondeterministic=nondeterministic.get(row["table_name"], {}),
         )
         for row in doc["links"] or ()
     }
@@ -292,7 +313,8 @@ def policy_from_json(doc: dict[str, Any]) -> Policy:
     }
     references = {
         row["table_name"]: ReferenceTable(row["table_name"], tuple(tuple(key) for key in row["keys"] or ()),
-                                          types.get(row["table_name"], {}))
+                                          types.get(row["table_name"], {}),
+                                          nondeterministic.get(row["table_name"], {}))
         for row in doc.get("references") or ()
     }
     return Policy(version=doc["version"], tables=tables, links=links, roles=roles, service_role=doc["service_role"],
