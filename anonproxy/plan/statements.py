@@ -88,7 +88,7 @@ class _Parser(DIALECT.parser_class):  # type: ignore[name-defined,misc]
         """A type as sqlglot reads it, and an object identifier type's ``[]``: sqlglot returns oid, regclass,
         regtype and their kin before their array brackets, so catalog reads such as asyncpg's
         ``any($1::oid[])`` did not parse."""
-        parsed = super()._parse_types(check_func, schema, allow_identifiers, with_collation)
+        parsed: exp.Expr | None = super()._parse_types(check_func, schema, allow_identifiers, with_collation)
         if isinstance(parsed, exp.ObjectIdentifier):
             while self._match_pair(TokenType.L_BRACKET, TokenType.R_BRACKET):
                 parsed = exp.DataType(this=exp.DataType.Type.ARRAY, expressions=[parsed], nested=True)
