@@ -83,6 +83,17 @@ class _Parser(DIALECT.parser_class):  # type: ignore[name-defined,misc]
     FUNCTION_PARSERS: ClassVar[dict[str, Callable[[Parser], exp.Expr]]] = {
         **DIALECT.parser_class.FUNCTION_PARSERS, "DATE_PART": _date_part}
 
+    def _parse_types(self, check_func: bool = False, schema: bool = False, allow_identifiers: bool = True,
+                     with_collation: bool = False) -> exp.Expr | None:
+        """A type as sqlglot reads it, and an object identifier type's ``[]``: sqlglot returns oid, regclass,
+        regtype and their kin before their array brackets, so catalog reads such as asyncpg's
+        ``any($1::oid[])`` did not parse."""
+        parsed: exp.Expr | None = super()._parse_types(check_func, schema, allow_identifiers, with_collation)
+        if isinstance(parsed, exp.ObjectIdentifier):
+            while self._match_pair(TokenType.L_BRACKET, TokenType.R_BRACKET):
+                parsed = exp.DataType(this=exp.DataType.Type.ARRAY, expressions=[parsed], nested=True)
+        return parsed
+
 
 def parser() -> Parser:
     """A parser for the tokens of :func:`split`: PostgreSQL's dialect, date_part() marked."""

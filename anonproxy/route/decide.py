@@ -380,9 +380,11 @@ def _check_passable(statement: Statement, tree: exp.Expression, role: RolePolicy
                     "FOR UPDATE/SHARE" if isinstance(node, exp.Lock) else type(node).__name__.upper())
             raise forbidden(f"{what} is not allowed for roles in {role.mode} mode", "Only read-only queries pass.")
         if (isinstance(node, exp.Table) and isinstance(node.this, exp.Identifier)
-                and fold(node.this.this, bool(node.this.args.get("quoted"))) in STATISTICS_RELATIONS):
-            raise forbidden("extended statistics views are not available to anonymized roles",
-                                "pg_stats, information_schema and the other catalogs are available.")
+                and (relation := fold(node.this.this, bool(node.this.args.get("quoted")))) in STATISTICS_RELATIONS):
+            raise forbidden(f"{relation} is not available to roles in {role.mode} mode: it holds statistics of "
+                            "protected columns, their values among them",
+                            "pg_stats (which shows the columns you may read), information_schema and the other "
+                            "catalogs are available.")
     tokens = statement.tokens
     for position in range(len(tokens) - 1):
         if tokens[position + 1].token_type != TokenType.L_PAREN:
