@@ -120,8 +120,8 @@ class PolicyIndex:
                     "Qualify the table name with its schema.",
                 )
         resolved = self._entry(schema, name)
-        if resolved.linked is not None and not resolved.linked.key_like_unit:
-            link = resolved.linked
+        link = resolved.linked
+        if link is not None and _key_finer_than_unit(link, self.lookup(link.references).protected):
             raise unsupported(
                 f"linked table {link.name} cannot be queried: its key {link.column} has another collation than the "
                 f"unit {link.references}.{link.references_column}, whose collation is nondeterministic, so two keys "
@@ -153,3 +153,11 @@ class PolicyIndex:
         if schema is None:
             return name in self.bare
         return (schema, name) in self.protected or (schema, name) in self.linked
+
+
+def _key_finer_than_unit(link: LinkedTable, unit: ProtectedTable | None) -> bool:
+    """Whether the linked table's key may tell apart two values its unit takes as one person: the unit's collation
+    is nondeterministic ('r1' = 'R1') and the key's another (every deterministic collation compares by bytes, so
+    only such a unit can be coarser than its key). Collations as read with the policy."""
+    unit_collation = (unit.nondeterministic or {}).get(unit.unit_column) if unit is not None else None
+    return unit_collation is not None and (link.nondeterministic or {}).get(link.column) != unit_collation

@@ -97,10 +97,6 @@ class LinkedTable:
     types: dict[str, str] | None = field(default=None, compare=False)  # as ProtectedTable.types
     not_null: frozenset[str] | None = field(default=None, compare=False)  # as ProtectedTable.not_null
     indexed_unit: bool = field(default=False, compare=False)  # as ProtectedTable.indexed_unit, of ``column``
-    # The key compares no finer than the unit as far as collations go (read from the catalog when the proxy loads
-    # the policy): false where the unit's collation is nondeterministic and the key's another, so that two keys
-    # PostgreSQL tells apart may be one person. Statements over such a linked table are refused.
-    key_like_unit: bool = field(default=True, compare=False)
     nondeterministic: dict[str, str] | None = field(default=None, compare=False)  # as ProtectedTable's
 
 

@@ -51,34 +51,13 @@ select exists (
 # Rows are ordered so that dumps are stable: tables and roles by name, columns
 # in the table's own order (columns since dropped last).
 _POLICY_SQL = """
--- The collation of every unit and link column (for 'key_like_unit').
-with unit_keys as (
-    select g.table_name, a.attname, a.attcollation
-      from (select p.table_name, p.unit_column as unit from anonproxy.protected_tables p
-            union select l.table_name, l.link_column from anonproxy.linked_tables l) g
-      join pg_catalog.pg_class r on true
-      join pg_catalog.pg_namespace n on n.oid = r.relnamespace
-           and pg_catalog.format('%I.%I', n.nspname, r.relname) = g.table_name
-      join pg_catalog.pg_attribute a on a.attrelid = r.oid and a.attname = g.unit and a.attnum > 0
-           and not a.attisdropped
-)
 select pg_catalog.json_build_object(
     'version', (select v.version from anonproxy.policy_version v),
     'service_role', (select s.service_role from anonproxy.settings s),
     'tables', (select pg_catalog.json_agg(t order by t.table_name) from anonproxy.protected_tables t),
     'links', (select pg_catalog.json_agg(pg_catalog.json_build_object(
                   'table_name', l.table_name, 'link_column', l.link_column,
-                  'references_table', l.references_table, 'references_column', t.unit_column,
-                  -- Whether the key's equality is no finer than the unit's as far as collations go: every
-                  -- deterministic collation compares by bytes, so only a unit of a nondeterministic collation can
-                  -- take as one person two keys of another collation tells apart ('m301' and 'M301' under a
-                  -- case-insensitive unit), which counting keys would count twice.
-                  'key_like_unit', coalesce((
-                      select k.attcollation = u.attcollation or c.collisdeterministic
-                        from unit_keys k, unit_keys u
-                        join pg_catalog.pg_collation c on c.oid = u.attcollation
-                       where k.table_name = l.table_name and k.attname = l.link_column
-                         and u.table_name = t.table_name and u.attname = t.unit_column), true))
+                  'references_table', l.references_table, 'references_column', t.unit_column)
                   order by l.table_name)
                 from anonproxy.linked_tables l join anonproxy.protected_tables t on t.table_name = l.references_table),
     'columns', (select pg_catalog.json_agg(c order by c.table_name, a.attnum, c.column_name)
@@ -286,7 +265,6 @@ def policy_from_json(doc: dict[str, Any]) -> Policy:
             types=types.get(row["table_name"], {}),
             not_null=frozenset(not_null.get(row["table_name"], ())),
             indexed_unit=row["table_name"] in indexed_units,
-            key_like_unit=row["key_like_unit"],
             nondeterministic=nondeterministic.get(row["table_name"], {}),
         )
         for row in doc["links"] or ()
