@@ -38,8 +38,10 @@ import pytest
 from conftest import SERVICE_ROLE, database_of_its_own, start_proxy, stop_proxy, wait_for_current_policy
 from service_sql import SURE, bounds_settle, exact_path, reporter_sql, service_answer, sorted_rows
 
+from anonproxy.dp.plan import DPParams, DPPlan, plan_dp
 from anonproxy.embedded import EmbeddedPostgres
-from anonproxy.policy.model import ColumnPolicy, LinkedTable, Policy, ProtectedTable
+from anonproxy.policy.model import ColumnPolicy, LinkedTable, Policy, ProtectedTable, RolePolicy
+from anonproxy.policy.store import load_policy
 from anonproxy.policy.yaml_policy import demo_policy
 
 DATABASE = "attacks_round17"
@@ -422,3 +424,17 @@ def test_a_linked_key_finer_than_its_nondeterministic_unit_is_refused(owner: psy
     rows = sorted_rows(reporter.execute(statement).fetchall())
     own = {row[0]: row for row in sorted_rows(owner.execute(statement).fetchall())}
     assert rows and all(row[0] != "rare" and (row[0] is None or row == own[row[0]]) for row in rows), rows
+
+
+def test_dp_bounds_the_rows_of_a_unit_unique_under_another_collation(owner: psycopg.Connection) -> None:
+    """dp's run-time guard (is each row one person?) read any unique index of the unit: under "C", members' 'r1' and
+    'R1' are two keys of one person, so the guard chose the unbounded branch and each 'rare' person counted twice
+    (18 rows for 9 people; a person's contribution is bounded to one row here). Now the guard requires the unit's
+    own collation and default operator class: the bounded branch counts 'rare' as its 9 people."""
+    plan = plan_dp("SELECT m.kind, count(*) AS n FROM public.members m GROUP BY 1", RolePolicy("researcher", "dp"),
+                   load_policy(owner), DPParams(0.5, 1e-7, accounting="zcdp"))
+    assert isinstance(plan, DPPlan) and "anonproxy_guard" in plan.sql, plan
+    with owner.transaction():
+        owner.execute("SET LOCAL search_path = pg_catalog")
+        counts = {row[0]: row[1] for row in owner.execute(plan.sql).fetchall()}
+    assert counts["rare"] == K - 1, counts

@@ -199,9 +199,10 @@ def _domain_cte(public: list[Domain], keys: list[str]) -> tuple[str, str, str]:
 
 def _guard(query: AnalyticQuery) -> str:
     """SQL: whether each table of the query has a valid, live, non-partial unique index on exactly its unit column
-    (the linked key for a linked table), that column is NOT NULL, and the table has no inheritance child or
-    partition: FROM t reads those too, and the index does not cover them. (relhassubclass may stay true after the
-    last child is dropped, until a VACUUM: then bounding runs, which is safe.)"""
+    (the linked key for a linked table) under the column's own collation and default operator class, that column
+    is NOT NULL, and the table has no inheritance child or partition: FROM t reads those too, and the index does not
+    cover them. (relhassubclass may stay true after the last child is dropped, until a VACUUM: then bounding runs,
+    which is safe.)"""
     if any(table.reference is not None for _, table in query.sources):
         # A reference table's unique key was read with the policy; one dropped since (duplicates added) would let a
         # unit's row match twice until the proxy loads the policy again. Bounding keeps one row per unit whatever
@@ -216,8 +217,11 @@ def _guard(query: AnalyticQuery) -> str:
         "FROM pg_catalog.pg_index AS i",
         "JOIN pg_catalog.pg_attribute AS a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]",
         "JOIN pg_catalog.pg_class AS c ON c.oid = i.indrelid AND NOT c.relhassubclass",
+        # unique under the unit's own equality: its collation and its type's default operator class ('r1' and 'R1'
+        # are one person under a case-insensitive unit, two keys of an index under "C")
+        "JOIN pg_catalog.pg_opclass AS o ON o.oid = i.indclass[0] AND o.opcdefault",
         "WHERE i.indisunique AND i.indisvalid AND i.indislive AND i.indnkeyatts = 1 AND i.indpred IS NULL",
-        "  AND i.indexprs IS NULL AND a.attnotnull",
+        "  AND i.indexprs IS NULL AND a.attnotnull AND i.indcollation[0] = a.attcollation",
         f"  AND (i.indrelid, a.attname) IN ({', '.join(sorted(pairs))})"])
 
 

@@ -9,8 +9,8 @@ walked:
 
 * every relation (RangeVar) is a protected, linked or reference table of the
   policy, or a CTE the statement itself defines; the dp plan's guard CTE may
-  also read the three catalog tables it needs (pg_index, pg_attribute,
-  pg_class);
+  also read the four catalog tables it needs (pg_index, pg_attribute,
+  pg_class, pg_opclass);
 * every function call, operator and cast target is on an allowlist, resolved
   in pg_catalog (a name qualified with any other schema is refused); ``/``
   and ``%`` only with a ``NULLIF(divisor, 0)`` divisor (outer queries over
@@ -41,7 +41,7 @@ log = logging.getLogger("anonproxy.final_sql")
 CATALOG = "pg_catalog"
 # The dp plan's guard CTE (anonproxy.dp.bounded_sql) reads these catalogs, and only it may.
 GUARD_CTE = "anonproxy_guard"
-GUARD_RELATIONS = frozenset({"pg_index", "pg_attribute", "pg_class"})
+GUARD_RELATIONS = frozenset({"pg_index", "pg_attribute", "pg_class", "pg_opclass"})
 
 # Functions the generators emit (aggregates, window functions, clamping helpers, the dp plan's random order and
 # public domains) and those the expression allowlist (anonproxy.plan.expressions) lets client text hold.
