@@ -203,6 +203,28 @@ def database_of_its_own(dbname: str, prepare: Callable[[psycopg.Connection], Pol
     return owner
 
 
+def reporter_through_own_proxy(dbname: str) -> Callable[..., Any]:
+    """Fixture ``reporter`` for a module whose ``owner`` is :func:`database_of_its_own`: the demo's reporter (k 10,
+    dominance (2, 85 %), p 10 %, a rest row) through a proxy of that database's own (one worker), once it reads the
+    current policy; the proxy's log must hold no traceback. Use: ``reporter = reporter_through_own_proxy("db")``."""
+
+    @pytest.fixture(scope="module", name="reporter")
+    def reporter(owner: psycopg.Connection, pg_server: EmbeddedPostgres,
+                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[psycopg.Connection]:
+        log_path = tmp_path_factory.mktemp(dbname) / "anonproxy.log"
+        proxy = start_proxy(f"host={pg_server.host} port={pg_server.port}", log_path, workers="1",
+                            service_dsn=f"user={SERVICE_ROLE} password={SERVICE_ROLE} dbname={dbname}")
+        try:
+            wait_for_current_policy(owner, proxy.endpoint, dbname)
+            with psycopg.connect(proxy.endpoint.dsn(dbname, user="reporter"), autocommit=True) as conn:
+                yield conn
+        finally:
+            stop_proxy(proxy)
+        assert "Traceback" not in proxy.log(), proxy.log()
+
+    return reporter
+
+
 @pytest.fixture(scope="session")
 def gated_database(pg_server: EmbeddedPostgres, pg_template: NoopExecutor) -> str:
     """A database under the demo policy (reporter: suppress, k = 10; analyst: dp; dba: direct)."""

@@ -30,16 +30,14 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 import pytest
-from conftest import SERVICE_ROLE, database_of_its_own, start_proxy, stop_proxy, wait_for_current_policy
+from conftest import database_of_its_own, reporter_through_own_proxy
 from service_sql import SURE, bounds_settle, exact_path, reporter_sql, service_answer, sorted_rows
 
 from anonproxy.dp.plan import DPParams, DPPlan, plan_dp
-from anonproxy.embedded import EmbeddedPostgres
 from anonproxy.policy.model import ColumnPolicy, LinkedTable, Policy, ProtectedTable, RolePolicy
 from anonproxy.policy.store import load_policy
 from anonproxy.policy.yaml_policy import demo_policy
@@ -152,20 +150,7 @@ def _members(conn: psycopg.Connection[Any]) -> ProtectedTable:
 owner = database_of_its_own(DATABASE, _tables)
 
 
-@pytest.fixture(scope="module")
-def reporter(owner: psycopg.Connection, pg_server: EmbeddedPostgres,
-             tmp_path_factory: pytest.TempPathFactory) -> Iterator[psycopg.Connection]:
-    """The demo's reporter through a proxy of this database's own."""
-    log_path = tmp_path_factory.mktemp("round17") / "anonproxy.log"
-    proxy = start_proxy(f"host={pg_server.host} port={pg_server.port}", log_path, workers="1",
-                        service_dsn=f"user={SERVICE_ROLE} password={SERVICE_ROLE} dbname={DATABASE}")
-    try:
-        wait_for_current_policy(owner, proxy.endpoint, DATABASE)
-        with psycopg.connect(proxy.endpoint.dsn(DATABASE, user="reporter"), autocommit=True) as conn:
-            yield conn
-    finally:
-        stop_proxy(proxy)
-    assert "Traceback" not in proxy.log(), proxy.log()
+reporter = reporter_through_own_proxy(DATABASE)
 
 
 def _passes(parts: list[tuple[bool, int]], sums: bool) -> bool:
