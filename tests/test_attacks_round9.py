@@ -365,6 +365,9 @@ def test_a_group_of_nine_people_with_many_rows_is_withheld(owner: psycopg.Connec
         owner.execute(NEAR_K)
         if more:
             owner.execute(more)
+        # autovacuum may have analyzed stays empty between tests (its pages then hold 0 rows): statistics of these
+        # rows keep PostgreSQL from planning nested loops over 30,000 rows
+        owner.execute("analyze public.stays")
         bounded, exact = _bounded_and_exact(owner, statement)
     assert bounded == exact
     assert "nine" not in {row[0] for row in bounded}, bounded
