@@ -31,7 +31,7 @@ from pytest_postgresql.janitor import DatabaseJanitor
 
 from anonproxy import demo, sample_data, schema
 from anonproxy.embedded import EmbeddedPostgres
-from anonproxy.policy.model import Policy
+from anonproxy.policy.model import ColumnPolicy, Policy, ProtectedTable
 from anonproxy.policy.yaml_policy import apply_policy
 from anonproxy.views.hierarchies import load_adult_hierarchies
 
@@ -201,6 +201,14 @@ def database_of_its_own(dbname: str, prepare: Callable[[psycopg.Connection], Pol
             conn.execute(f"drop database {dbname} with (force)")
 
     return owner
+
+
+def unit_of_type(conn: psycopg.Connection, name: str, unit_type: str) -> ProtectedTable:
+    """An empty protected table ``name`` whose unit ``id`` is of ``unit_type``, for linked tables whose key is of that
+    type: a linked key must compare as its unit does (anonproxy/plan/tables.py), so a test of a unit type links its
+    tables to a unit of that type rather than to adult's integer id."""
+    conn.execute(f"create table {name} (id {unit_type})")
+    return ProtectedTable(name, "id", {"id": ColumnPolicy("id", "identifier")})
 
 
 def reporter_through_own_proxy(dbname: str) -> Callable[..., Any]:

@@ -34,7 +34,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from conftest import database_of_its_own, reporter_through_own_proxy
+from conftest import database_of_its_own, reporter_through_own_proxy, unit_of_type
 from service_sql import SURE, bounds_settle, exact_path, reporter_sql, service_answer, sorted_rows
 
 from anonproxy.dp.plan import DPParams, DPPlan, plan_dp
@@ -86,7 +86,8 @@ def _linked(table: str) -> LinkedTable:
 
 
 def _tables(conn: psycopg.Connection[Any]) -> Policy:
-    """The demo policy, the linked tables of ``UNITS`` and ``NOBODY``, and the protected table ``members``."""
+    """The demo policy, the linked tables of ``UNITS`` and ``NOBODY``, and the protected table ``members``; those of
+    ``UNITS`` not in ``JOINED`` each linked to an empty unit table of their own type."""
     conn.execute("CREATE COLLATION public.ci (provider = icu, locale = 'und-u-ks-level2', deterministic = false)")
     conn.execute("CREATE DOMAIN public.person_id AS integer")
     for table, (unit_type, unit) in UNITS.items():
@@ -100,11 +101,16 @@ def _tables(conn: psycopg.Connection[Any]) -> Policy:
     members = _members(conn)
     for table, collation in MEMBER_LINKS.items():
         _member_visits(conn, table, collation)
-    return dataclasses.replace(policy, tables={**policy.tables, MEMBERS: members},
-                               links={**{f"public.{table}": _linked(f"public.{table}") for table in [*UNITS, *NOBODY]},
-                                      **{f"public.{table}": dataclasses.replace(_linked(f"public.{table}"),
-                                                                                references=MEMBERS)
-                                         for table in MEMBER_LINKS}})
+    # A key must compare as its unit does: the tables not joined to adult's integer id each get a unit of their type.
+    units = {table: unit_of_type(conn, f"public.{table}_people", UNITS[table][0]) for table in UNITS
+             if table not in JOINED}
+    links = {f"public.{table}": _linked(f"public.{table}") for table in [*JOINED, *NOBODY]}
+    links.update({f"public.{table}": dataclasses.replace(_linked(f"public.{table}"), references=unit.name)
+                  for table, unit in units.items()})
+    links.update({f"public.{table}": dataclasses.replace(_linked(f"public.{table}"), references=MEMBERS)
+                  for table in MEMBER_LINKS})
+    return dataclasses.replace(policy, tables={**policy.tables, MEMBERS: members,
+                                               **{unit.name: unit for unit in units.values()}}, links=links)
 
 
 # Linked tables keyed to members.id (case-insensitive): the key of the first in "C" tells 'r1' from 'R1', one person.

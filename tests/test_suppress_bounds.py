@@ -23,7 +23,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from conftest import database_of_its_own
+from conftest import database_of_its_own, unit_of_type
 from service_sql import SURE, exact_path, reporter_sql, service_answer
 
 from anonproxy.policy.model import ColumnPolicy, LinkedTable, Policy
@@ -52,7 +52,7 @@ SEVERAL = {"count by kind", "sum by kind"}
 
 def _sessions(conn: psycopg.Connection[Any]) -> Policy:
     """The demo policy, and ``sessions`` linked to adult, 1 to 4 rows per person, minutes 1 to 60 (no dominant
-    contribution), three kinds."""
+    contribution), three kinds; ``sessions_text``, the same rows, its key text and linked to a text unit."""
     conn.execute(f"create table {SESSIONS} (person integer not null, kind text not null, minutes integer not null)")
     conn.execute(f"insert into {SESSIONS} select id, (array['web', 'app', 'phone'])[(id + n) % 3 + 1], "
                  "1 + (id * 7 + n) % 60 from public.adult, generate_series(1, 1 + id % 4) n")
@@ -61,8 +61,11 @@ def _sessions(conn: psycopg.Connection[Any]) -> Policy:
     conn.execute(f"analyze {SESSIONS_TEXT}")
     columns = {"person": ColumnPolicy("person", "identifier"), "kind": ColumnPolicy("kind", "quasi_identifier"),
                "minutes": ColumnPolicy("minutes", "sensitive", 0, 1000)}
-    links = {name: LinkedTable(name, "person", "public.adult", "id", columns) for name in (SESSIONS, SESSIONS_TEXT)}
-    return dataclasses.replace(demo_policy(), links=links)
+    people = unit_of_type(conn, "public.sessions_people", "text")
+    links = {SESSIONS: LinkedTable(SESSIONS, "person", "public.adult", "id", columns),
+             SESSIONS_TEXT: LinkedTable(SESSIONS_TEXT, "person", people.name, "id", columns)}
+    policy = demo_policy()
+    return dataclasses.replace(policy, tables={**policy.tables, people.name: people}, links=links)
 
 
 owner = database_of_its_own(DATABASE, _sessions)

@@ -18,7 +18,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from conftest import database_of_its_own, reporter_through_own_proxy
+from conftest import database_of_its_own, reporter_through_own_proxy, unit_of_type
 from service_sql import SURE, bounds_settle, exact_path, reporter_sql, rewritten, service_answer, sorted_rows
 
 from anonproxy.policy.model import ColumnPolicy, LinkedTable, Policy, RolePolicy, SuppressionParams
@@ -27,8 +27,8 @@ from anonproxy.policy.yaml_policy import demo_policy
 
 DATABASE = "suppress_unit_types"
 PEOPLE = "(select id from public.adult order by id limit 9)"  # the rare kind's people: k - 1
-# Linked tables of adult (1 to 3 rows per person, three kinds, and 9 people of a rare kind): each unit's type, and
-# a person's unit from adult.id.
+# Linked tables of adult's people (1 to 3 rows per person, three kinds, and 9 people of a rare kind), each keyed to
+# a unit table of its own type: each unit's type, and a person's unit from adult.id.
 UNITS = {
     "marks_bit": ("bit(16)", "id::bit(16)"),
     "marks_money": ("money", "id::numeric::money"),
@@ -44,8 +44,8 @@ STATEMENTS = (
 WORDS = "public.marks_text"  # a text unit, rows without one
 
 
-def _linked(table: str) -> LinkedTable:
-    return LinkedTable(table, "person", "public.adult", "id", {
+def _linked(table: str, unit: str) -> LinkedTable:
+    return LinkedTable(table, "person", unit, "id", {
         "person": ColumnPolicy("person", "identifier"),
         "kind": ColumnPolicy("kind", "quasi_identifier"),
         "v": ColumnPolicy("v", "sensitive", 0, 10)})
@@ -72,8 +72,14 @@ def _marks(conn: psycopg.Connection[Any]) -> Policy:
                  f"{bucket.format('w')} <> {bucket.format('null::text')} order by {bucket.format('w')}, w limit 9) p")
     conn.execute(f"insert into {WORDS} select null, 'small', 1 from generate_series(1, 3)")
     conn.execute(f"analyze {WORDS}")
-    tables = [*(f"public.{table}" for table in [*UNITS, "marks_int"]), WORDS]
-    return dataclasses.replace(demo_policy(), links={table: _linked(table) for table in tables})
+    policy = demo_policy()
+    units = {f"public.{table}": unit_of_type(conn, f"public.{table}_people", unit_type)
+             for table, (unit_type, _) in UNITS.items()}
+    units[WORDS] = unit_of_type(conn, f"{WORDS}_people", "text")
+    links = {table: _linked(table, unit.name) for table, unit in units.items()}
+    links["public.marks_int"] = _linked("public.marks_int", "public.adult")
+    return dataclasses.replace(policy, tables={**policy.tables, **{unit.name: unit for unit in units.values()}},
+                               links=links)
 
 
 owner = database_of_its_own(DATABASE, _marks)

@@ -1,0 +1,181 @@
+"""Red team round 19: a linked table's key of another type than its unit (anonproxy/plan/tables.py, ``_check_key``).
+
+People of a linked table are counted by its key, under the key's own equality. A key whose equality is finer than
+its unit's counts one person several times: a ``text`` key of a ``citext`` unit tells 'm1' from 'M1', of a
+``timestamptz`` unit two spellings of one instant, of a ``numeric`` or ``integer`` unit '1001' from '1001.0' or
+'01001'; a ``numeric`` key of a ``double precision`` unit two numbers that round to one double; a ``bytea`` key of a
+``text`` unit one name in two encodings. Each linked table below holds the 9 people (k - 1) of the kind 'rare',
+each written two ways: counted by key, 'rare' held 18 and was released (suppress) and each person's contribution was
+bounded as two people's (dp). Such a key is now refused before anything runs or is charged, naming both types and
+hinting at the type the key needs; keys of the unit's type (a modifier aside, varchar as text, a deterministic
+collation of their own) or a number for an integer unit are answered.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from conftest import SERVICE_ROLE, database_of_its_own, start_proxy, stop_proxy, wait_for_current_policy
+from service_sql import sorted_rows
+
+from anonproxy.embedded import EmbeddedPostgres
+from anonproxy.policy.model import ColumnPolicy, LinkedTable, Policy, ProtectedTable
+from anonproxy.policy.yaml_policy import demo_policy
+
+DATABASE = "attacks_round19"
+K = 10  # the demo reporter's k
+BIG, MID, RARE = range(1, 301), range(401, 601), range(1001, 1001 + K - 1)
+# Each linked table: its unit's type, its key's type, a person's unit from their number i, the key's spelling j (0,
+# 1) of it, and the key read as the unit (PostgreSQL's own count of people). Keys finer than their unit:
+FINER = {
+    "v_citext_text": ("citext", "text", "'m' || i", "(array['m', 'M'])[j + 1] || i", "person::citext"),
+    "v_instant_text": ("timestamp with time zone", "text", "timestamptz '2020-01-01 00:00+00' + make_interval(hours => i)",
+                       "to_char((timestamptz '2020-01-01 00:00+00' + make_interval(hours => i)) AT TIME ZONE "
+                       "(array['UTC', 'Asia/Tokyo'])[j + 1], 'YYYY-MM-DD HH24:MI') || (array['+00', '+09'])[j + 1]",
+                       "person::timestamptz"),
+    "v_numeric_text": ("numeric", "text", "i::numeric", "round(i::numeric, j)::text", "person::numeric"),
+    "v_integer_text": ("integer", "text", "i", "lpad(i::text, 4 + j, '0')", "person::integer"),
+    "v_float_numeric": ("double precision", "numeric", "(i + 0.1)::float8", "(i + 0.1)::numeric + j * 1e-20",
+                        "person::float8"),
+    "v_text_bytea": ("text", "bytea", "'ré' || i", "convert_to('ré' || i, (array['UTF8', 'LATIN1'])[j + 1])",
+                     "convert_from(person, CASE WHEN get_byte(person, 1) = 233 THEN 'LATIN1' ELSE 'UTF8' END)"),
+}
+# Keys whose equality is the unit's (each rare person's two spellings are one key): answered, 'rare' withheld.
+SAME = {
+    "v_citext_citext": ("citext", "citext", "'m' || i", "(array['m', 'M'])[j + 1] || i", "person"),
+    "v_numeric_scaled": ("numeric", "numeric(12,2)", "i::numeric", "round(i::numeric, j)", "person"),
+    "v_text_varchar_c": ("text", 'character varying(20) COLLATE "C"', "'t' || i", "'t' || i", "person"),
+    "v_integer_bigint": ("integer", "bigint", "i", "i", "person"),
+    "v_integer_float": ("integer", "double precision", "i", "i", "person"),
+}
+COUNT = "SELECT s.kind, count(*) AS n FROM public.{table} s GROUP BY 1"
+
+
+def _unit_table(table: str) -> str:
+    return f"public.{table}_people"
+
+
+def _tables(conn: psycopg.Connection[Any]) -> Policy:
+    """The demo policy, and per linked table of ``FINER`` and ``SAME`` a protected table of its unit's type (300
+    people of 'big', 200 of 'mid', 9 of 'rare', one row each) and the linked table: one row per person of 'big' and
+    'mid', two per 'rare' person (spellings 0 and 1)."""
+    conn.execute("CREATE EXTENSION citext")
+    policy = demo_policy()
+    tables, links = dict(policy.tables), dict(policy.links)
+    for table, (unit_type, key_type, unit, key, _) in {**FINER, **SAME}.items():
+        people = _unit_table(table)
+        conn.execute(f"CREATE TABLE {people} (id {unit_type} PRIMARY KEY, kind text NOT NULL)")
+        conn.execute(f"CREATE TABLE public.{table} (person {key_type}, kind text NOT NULL, v integer NOT NULL)")
+        for kind, numbers, spellings in (("big", BIG, 1), ("mid", MID, 1), ("rare", RARE, 2)):
+            conn.execute(f"INSERT INTO {people} SELECT {unit}, '{kind}' FROM generate_series(%s::integer, %s) AS i",
+                         (numbers.start, numbers.stop - 1))
+            conn.execute(f"INSERT INTO public.{table} SELECT {key}, '{kind}', 5 FROM generate_series(%s::integer, %s) AS i, "
+                         "generate_series(0, %s::integer) AS j", (numbers.start, numbers.stop - 1, spellings - 1))
+        conn.execute(f"ANALYZE {people}")
+        conn.execute(f"ANALYZE public.{table}")
+        tables[people] = ProtectedTable(people, "id", {"id": ColumnPolicy("id", "identifier"),
+                                                       "kind": ColumnPolicy("kind", "quasi_identifier")})
+        links[f"public.{table}"] = LinkedTable(f"public.{table}", "person", people, "id", {
+            "person": ColumnPolicy("person", "identifier"),
+            "kind": ColumnPolicy("kind", "quasi_identifier", domain=("big", "mid", "rare")),
+            "v": ColumnPolicy("v", "sensitive", 0, 10)})
+    return dataclasses.replace(policy, tables=tables, links=links)
+
+
+owner = database_of_its_own(DATABASE, _tables)
+
+
+@pytest.fixture(scope="module")
+def proxy(owner: psycopg.Connection, pg_server: EmbeddedPostgres,
+          tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A proxy of this database's own (one worker), the demo's analyst (dp) given a budget on every unit table."""
+    for table in [*FINER, *SAME]:
+        owner.execute("SELECT anonproxy.set_budget('analyst', %s::regclass, 1000, 0.5, null, 0.5, 0.0000001)",
+                      (_unit_table(table),))
+    log_path = tmp_path_factory.mktemp(DATABASE) / "anonproxy.log"
+    started = start_proxy(f"host={pg_server.host} port={pg_server.port}", log_path, workers="1",
+                          service_dsn=f"user={SERVICE_ROLE} password={SERVICE_ROLE} dbname={DATABASE}")
+    try:
+        wait_for_current_policy(owner, started.endpoint, DATABASE)
+        yield started
+    finally:
+        stop_proxy(started)
+    assert "Traceback" not in started.log(), started.log()
+
+
+@pytest.fixture(scope="module")
+def reporter(proxy: Any) -> Iterator[psycopg.Connection]:
+    with psycopg.connect(proxy.endpoint.dsn(DATABASE, user="reporter"), autocommit=True) as conn:
+        yield conn
+
+
+@pytest.fixture(scope="module")
+def analyst(proxy: Any) -> Iterator[psycopg.Connection]:
+    with psycopg.connect(proxy.endpoint.dsn(DATABASE, user="analyst"), autocommit=True) as conn:
+        yield conn
+
+
+def _people(owner: psycopg.Connection, table: str, as_unit: str) -> tuple[int, int]:
+    """The 'rare' people of a linked table: as its keys count them, and as its unit does (PostgreSQL's own)."""
+    row = owner.execute(f"SELECT count(DISTINCT person), count(DISTINCT {as_unit}) FROM public.{table} "
+                        "WHERE kind = 'rare'").fetchone()
+    assert row is not None
+    return row[0], row[1]
+
+
+def _refused(conn: psycopg.Connection, statement: str, table: str, key_type: str) -> None:
+    """``statement`` is refused (0A000) naming the linked table and the key's type, hinting at the unit's; were it
+    answered, the failure shows the rows (what leaked)."""
+    try:
+        rows = conn.execute(statement).fetchall()
+    except psycopg.errors.FeatureNotSupported as refused:
+        assert f"public.{table} cannot be queried" in str(refused.value), statement
+        assert f"of type {key_type}" in str(refused.value), str(refused.value)
+        assert f"the type of {_unit_table(table)}.id" in (refused.value.diag.message_hint or ""), statement
+    else:
+        pytest.fail(f"{statement} answered: {sorted_rows(rows)}")
+
+
+@pytest.mark.parametrize("table", sorted(FINER))
+def test_a_key_finer_than_its_unit_type_is_refused_in_suppress(owner: psycopg.Connection,
+                                                                reporter: psycopg.Connection, table: str) -> None:
+    """9 people of 'rare', 18 keys: counted by key, 'rare' was released with 18 rows (k = 10). Every statement over
+    the linked table is refused, with the types and the hint."""
+    _, key_type, _, _, as_unit = FINER[table]
+    assert _people(owner, table, as_unit) == (2 * (K - 1), K - 1)
+    for statement in (COUNT.format(table=table), f"SELECT count(*) FROM public.{table}",
+                      f"SELECT s.kind, sum(s.v) FROM public.{table} s WHERE s.v > 0 GROUP BY 1"):
+        _refused(reporter, statement, table, key_type)
+
+
+@pytest.mark.parametrize("table", sorted(FINER))
+def test_a_key_finer_than_its_unit_type_is_refused_in_dp_before_any_charge(owner: psycopg.Connection,
+                                                                           analyst: psycopg.Connection,
+                                                                           table: str) -> None:
+    """dp bounds each key's rows: a person written two ways contributed twice the bound. Refused, and the budget
+    is not charged."""
+    _, key_type, _, _, _ = FINER[table]
+    budget = "SELECT epsilon, delta FROM anonproxy.remaining_budget('analyst', %s)"
+    before = owner.execute(budget, (_unit_table(table),)).fetchone()
+    for statement in (COUNT.format(table=table), f"SELECT count(*) FROM public.{table}"):
+        _refused(analyst, statement, table, key_type)
+    assert owner.execute(budget, (_unit_table(table),)).fetchone() == before
+
+
+@pytest.mark.parametrize("table", sorted(SAME))
+def test_a_key_of_the_units_equality_is_answered(owner: psycopg.Connection, reporter: psycopg.Connection,
+                                                 analyst: psycopg.Connection, table: str) -> None:
+    """A key of the unit's own type (a modifier aside, varchar as text under a deterministic collation of its own)
+    or a number for an integer unit: 'rare' (9 people as PostgreSQL counts them) withheld, the released kinds
+    PostgreSQL's own rows; dp answers the total."""
+    assert _people(owner, table, SAME[table][4])[1] == K - 1
+    statement = COUNT.format(table=table)
+    rows = sorted_rows(reporter.execute(statement).fetchall())
+    own = dict(owner.execute(statement).fetchall())
+    released = [row for row in rows if row[0] is not None]
+    assert released and all(row[0] != "rare" and own[row[0]] == row[1] for row in released), rows
+    assert len(analyst.execute(f"SELECT count(*) FROM public.{table}").fetchall()) == 1
