@@ -14,16 +14,17 @@ collation of their own) or a number for an integer unit are answered.
 from __future__ import annotations
 
 import dataclasses
+import random
 from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 import pytest
 from conftest import SERVICE_ROLE, database_of_its_own, start_proxy, stop_proxy, wait_for_current_policy
-from service_sql import sorted_rows
+from service_sql import reporter_sql, service_answer, sorted_rows
 
 from anonproxy.embedded import EmbeddedPostgres
-from anonproxy.policy.model import ColumnPolicy, LinkedTable, Policy, ProtectedTable
+from anonproxy.policy.model import ColumnPolicy, LinkedTable, Policy, ProtectedTable, ReferenceTable
 from anonproxy.policy.yaml_policy import demo_policy
 
 DATABASE = "attacks_round19"
@@ -83,7 +84,9 @@ def _tables(conn: psycopg.Connection[Any]) -> Policy:
             "person": ColumnPolicy("person", "identifier"),
             "kind": ColumnPolicy("kind", "quasi_identifier", domain=("big", "mid", "rare")),
             "v": ColumnPolicy("v", "sensitive", 0, 10)})
-    return dataclasses.replace(policy, tables=tables, links=links)
+    _generated_tables(conn, tables, links)
+    return dataclasses.replace(policy, tables=tables, links=links,
+                               references={**policy.references, REGIONS: ReferenceTable(REGIONS)})
 
 
 owner = database_of_its_own(DATABASE, _tables)
@@ -127,15 +130,23 @@ def _people(owner: psycopg.Connection, table: str, as_unit: str) -> tuple[int, i
     return row[0], row[1]
 
 
+def _charges(owner: psycopg.Connection, table: str) -> int:
+    """The analyst's charges on the unit table of ``table``, as the ledger holds them."""
+    row = owner.execute("SELECT count(*) FROM anonproxy.budget_ledger WHERE role_name = 'analyst' AND domain = %s",
+                        (_unit_table(table),)).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
 def _refused(conn: psycopg.Connection, statement: str, table: str, key_type: str) -> None:
     """``statement`` is refused (0A000) naming the linked table and the key's type, hinting at the unit's; were it
     answered, the failure shows the rows (what leaked)."""
     try:
         rows = conn.execute(statement).fetchall()
     except psycopg.errors.FeatureNotSupported as refused:
-        assert f"public.{table} cannot be queried" in str(refused.value), statement
-        assert f"of type {key_type}" in str(refused.value), str(refused.value)
-        assert f"the type of {_unit_table(table)}.id" in (refused.value.diag.message_hint or ""), statement
+        assert f"public.{table} cannot be queried" in str(refused), statement
+        assert f"of type {key_type}" in str(refused), str(refused)
+        assert f"the type of {_unit_table(table)}.id" in (refused.diag.message_hint or ""), statement
     else:
         pytest.fail(f"{statement} answered: {sorted_rows(rows)}")
 
@@ -159,11 +170,10 @@ def test_a_key_finer_than_its_unit_type_is_refused_in_dp_before_any_charge(owner
     """dp bounds each key's rows: a person written two ways contributed twice the bound. Refused, and the budget
     is not charged."""
     _, key_type, _, _, _ = FINER[table]
-    budget = "SELECT epsilon, delta FROM anonproxy.remaining_budget('analyst', %s)"
-    before = owner.execute(budget, (_unit_table(table),)).fetchone()
+    before = _charges(owner, table)
     for statement in (COUNT.format(table=table), f"SELECT count(*) FROM public.{table}"):
         _refused(analyst, statement, table, key_type)
-    assert owner.execute(budget, (_unit_table(table),)).fetchone() == before
+    assert _charges(owner, table) == before
 
 
 @pytest.mark.parametrize("table", sorted(SAME))
@@ -178,4 +188,95 @@ def test_a_key_of_the_units_equality_is_answered(owner: psycopg.Connection, repo
     own = dict(owner.execute(statement).fetchall())
     released = [row for row in rows if row[0] is not None]
     assert released and all(row[0] != "rare" and own[row[0]] == row[1] for row in released), rows
+    before = _charges(owner, table)
     assert len(analyst.execute(f"SELECT count(*) FROM public.{table}").fetchall()) == 1
+    assert _charges(owner, table) == before + 1
+
+
+# Part B: this week's paths, over data drawn near k. ``folks`` (protected, one row per person: region, band),
+# ``acts`` (linked: 0 to 3 rows per person, channel, v) and ``regions`` (a reference table: region, zone).
+FOLKS, ACTS, REGIONS = "public.r19_folks", "public.r19_acts", "public.r19_regions"
+DISTINCT_PAIRS = f"{FOLKS} f JOIN (SELECT DISTINCT a.channel, a.person FROM {ACTS} a{{}}) AS k ON k.person = f.id"
+# Each statement, and the same FROM, WHERE and GROUP BY counting the people of each group as PostgreSQL does.
+GENERATED = [
+    (f"SELECT k.channel, count(*) AS n FROM {DISTINCT_PAIRS.format('')} GROUP BY 1",
+     f"SELECT k.channel, count(DISTINCT f.id) FROM {DISTINCT_PAIRS.format('')} GROUP BY 1"),
+    (f"SELECT k.channel, count(*) AS n, sum(f.band) AS b FROM {DISTINCT_PAIRS.format(' WHERE a.v > 3')} GROUP BY 1",
+     f"SELECT k.channel, count(DISTINCT f.id) FROM {DISTINCT_PAIRS.format(' WHERE a.v > 3')} GROUP BY 1"),
+    (f"SELECT k.channel, f.region, count(*) AS n FROM {DISTINCT_PAIRS.format('')} GROUP BY 1, 2",
+     f"SELECT k.channel, f.region, count(DISTINCT f.id) FROM {DISTINCT_PAIRS.format('')} GROUP BY 1, 2"),
+    (f"SELECT f.region, count(*) AS n, sum(f.band) AS b FROM {FOLKS} f WHERE EXISTS (SELECT 1 FROM {REGIONS} r "
+     "WHERE r.region = f.region AND r.zone = 'north') GROUP BY 1",
+     f"SELECT f.region, count(DISTINCT f.id) FROM {FOLKS} f WHERE EXISTS (SELECT 1 FROM {REGIONS} r "
+     "WHERE r.region = f.region AND r.zone = 'north') GROUP BY 1"),
+    (f"SELECT f.region, count(*) AS n FROM {FOLKS} f WHERE f.region LIKE 'r!_%' ESCAPE '!' GROUP BY 1",
+     f"SELECT f.region, count(DISTINCT f.id) FROM {FOLKS} f WHERE f.region LIKE 'r!_%' ESCAPE '!' GROUP BY 1"),
+    (f"SELECT f.region, f.band, count(*) AS n FROM {FOLKS} f WHERE (f.region, f.band) IN (('r_1', 1), ('r_2', 2), "
+     "('rx1', 0), ('r_0', 3)) GROUP BY 1, 2",
+     f"SELECT f.region, f.band, count(DISTINCT f.id) FROM {FOLKS} f WHERE (f.region, f.band) IN (('r_1', 1), "
+     "('r_2', 2), ('rx1', 0), ('r_0', 3)) GROUP BY 1, 2"),
+    (f"SELECT f.band::float(24) AS b, count(*) AS n FROM {FOLKS} f GROUP BY 1",
+     f"SELECT f.band::float(24), count(DISTINCT f.id) FROM {FOLKS} f GROUP BY 1"),
+    (f"SELECT a.channel, count(*) AS n, sum(a.v) AS total FROM {ACTS} a WHERE EXISTS (SELECT 1 FROM {REGIONS} r "
+     "WHERE r.region = a.channel) GROUP BY 1",
+     f"SELECT a.channel, count(DISTINCT a.person) FROM {ACTS} a WHERE EXISTS (SELECT 1 FROM {REGIONS} r "
+     "WHERE r.region = a.channel) GROUP BY 1"),
+]
+
+
+def _generated_tables(conn: psycopg.Connection[Any], tables: dict[str, ProtectedTable],
+                      links: dict[str, LinkedTable]) -> None:
+    """``folks``, ``acts`` and ``regions`` (empty: each generated test fills them in a rolled-back transaction)."""
+    conn.execute(f"CREATE TABLE {FOLKS} (id integer PRIMARY KEY, region text NOT NULL, band integer NOT NULL)")
+    conn.execute(f"CREATE TABLE {ACTS} (person integer, channel text NOT NULL, v integer NOT NULL)")
+    conn.execute(f"CREATE TABLE {REGIONS} (region text PRIMARY KEY, zone text NOT NULL)")
+    tables[FOLKS] = ProtectedTable(FOLKS, "id", {"id": ColumnPolicy("id", "identifier"),
+                                                 "region": ColumnPolicy("region", "quasi_identifier"),
+                                                 "band": ColumnPolicy("band", "sensitive", 0, 10)})
+    links[ACTS] = LinkedTable(ACTS, "person", FOLKS, "id", {"person": ColumnPolicy("person", "identifier"),
+                                                            "channel": ColumnPolicy("channel", "quasi_identifier"),
+                                                            "v": ColumnPolicy("v", "sensitive", 0, 10)})
+
+
+def _draw(rng: random.Random) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    """Folks (a region of 60 people, the others of k - 3 to k + 3; bands 0 to 3), their acts (0 to 2 a person,
+    in 10 channels: their people near k) and regions (zones drawn; channels are region names too, so that EXISTS matches acts)."""
+    names = ["r_0", "r_1", "r_2", "r_3", "rx1", "rx2"]
+    folks: list[tuple[Any, ...]] = []
+    for region in names:
+        for _ in range(60 if region == "r_0" else rng.randint(K - 3, K + 3)):
+            folks.append((len(folks) + 1, region, rng.randint(0, 3)))
+    channels = [*names, "c_a", "c_b", "c_c", "c_d"]
+    acts = [(person, rng.choice(channels), rng.randint(0, 10)) for person, _, _ in folks
+            for _ in range(rng.choice([0, 1, 1, 2]))]
+    regions = [(region, rng.choice(["north", "south"])) for region in names]
+    return folks, acts, regions
+
+
+def _group_people(owner: psycopg.Connection, people_sql: str, keys: int) -> dict[tuple[Any, ...], int]:
+    """Each group's people (its first ``keys`` columns) as ``people_sql`` counts them."""
+    return {tuple(row[:keys]): row[keys] for row in owner.execute(people_sql).fetchall()}
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_generated_groups_near_k_over_this_weeks_paths(owner: psycopg.Connection, seed: int) -> None:
+    """Distinct (channel, person) pairs joined back, EXISTS over a reference table, LIKE ... ESCAPE, a row IN list,
+    a float(p) key, over groups drawn near k: the rewritten SQL, as the proxy's service session runs it, releases
+    only groups of k people as PostgreSQL counts them (count(DISTINCT) of the unit), each PostgreSQL's own row."""
+    folks, acts, regions = _draw(random.Random(seed))
+    with owner.transaction(force_rollback=True):
+        with owner.cursor() as cursor:
+            cursor.executemany(f"INSERT INTO {FOLKS} VALUES (%s, %s, %s)", folks)
+            cursor.executemany(f"INSERT INTO {ACTS} VALUES (%s, %s, %s)", acts)
+            cursor.executemany(f"INSERT INTO {REGIONS} VALUES (%s, %s)", regions)
+        for table in (FOLKS, ACTS, REGIONS):
+            owner.execute(f"ANALYZE {table}")
+        for statement, people_sql in GENERATED:
+            keys = statement[:statement.index(" count(")].count(",")
+            rows = service_answer(owner, reporter_sql(owner, statement))[0]
+            people = _group_people(owner, people_sql, keys)
+            own = {tuple(row[:keys]): row for row in sorted_rows(owner.execute(statement).fetchall())}
+            released = [row for row in rows if any(value is not None for value in row[:keys])]
+            for row in released:
+                assert people[tuple(row[:keys])] >= K and row == own[tuple(row[:keys])], (statement, row, rows)
+
