@@ -280,3 +280,52 @@ def test_generated_groups_near_k_over_this_weeks_paths(owner: psycopg.Connection
             for row in released:
                 assert people[tuple(row[:keys])] >= K and row == own[tuple(row[:keys])], (statement, row, rows)
 
+
+
+
+# float(p) is real for p up to 24 (PostgreSQL's rule); sqlglot reads every float(p) as double precision, and so did
+# the no-error proof (anonproxy/plan/bounds.py): each statement failed ("out of range for type real") exactly when a
+# row met {0}. {0}: a condition one person meets (age 60 or more, one income), or nobody.
+FLOAT_P = [
+    "SELECT count(*) FROM public.adult a WHERE CASE WHEN {0} THEN (a.age * 1e37)::float(24) > 0 ELSE true END",
+    "SELECT count(*) FROM public.adult a WHERE CASE WHEN {0} THEN cast(a.age * 1e37 AS float(1)) > 0 ELSE true END",
+    "SELECT count(*) FROM public.adult a WHERE CASE WHEN {0} THEN a.age::float(24) * 1e37::float(24) > 0 "
+    "ELSE true END",
+    "SELECT count(*) FROM public.adult a WHERE CASE WHEN {0} THEN a.age::float(24) * '1e37'::float(24) > 0 "
+    "ELSE true END",
+    "SELECT count(*) FROM public.adult a WHERE (a.age * 1e37)::float(24) > 0 AND {0}",
+    "SELECT a.sex, count(*) FROM public.adult a WHERE CASE WHEN {0} THEN (a.age * 1e37)::float(20) > 0 ELSE true END "
+    "GROUP BY 1",
+]
+
+
+def _outcome(conn: psycopg.Connection, statement: str) -> str:
+    """"answered", "refused" (the proxy's own refusal: 0A000 with a hint), or the SQLSTATE of another error."""
+    try:
+        conn.execute(statement).fetchall()
+    except psycopg.Error as error:
+        return "refused" if error.sqlstate == "0A000" and error.diag.message_hint else str(error.sqlstate)
+    return "answered"
+
+
+@pytest.fixture(scope="module")
+def someone(owner: psycopg.Connection) -> str:
+    """A condition that one to 9 people of adult meet: an age of 60 or more, with one income."""
+    row = owner.execute("SELECT age, income FROM public.adult WHERE age >= 60 GROUP BY 1, 2 "
+                        "HAVING count(*) BETWEEN 1 AND 9 ORDER BY 1 LIMIT 1").fetchone()
+    assert row is not None
+    return f"a.age = {row[0]} AND a.income = '{row[1]}'"
+
+
+@pytest.mark.parametrize("statement", FLOAT_P)
+def test_a_float_p_cast_that_overflows_real_is_refused_whoever_meets_it(
+        owner: psycopg.Connection, reporter: psycopg.Connection, analyst: psycopg.Connection, someone: str,
+        statement: str) -> None:
+    """PostgreSQL itself fails for the person the condition finds (real's range), and not for nobody: through the
+    proxy both are refused alike, for suppress and dp (it failed for the one and answered the other before)."""
+    with pytest.raises(psycopg.errors.NumericValueOutOfRange):
+        owner.execute(statement.format(someone)).fetchall()
+    assert owner.execute(statement.format("a.age = 3")).fetchall()
+    for conn in (reporter, analyst):
+        assert [_outcome(conn, statement.format(condition)) for condition in (someone, "a.age = 3")] == \
+            ["refused", "refused"], statement
