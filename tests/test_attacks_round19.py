@@ -86,7 +86,8 @@ def _tables(conn: psycopg.Connection[Any]) -> Policy:
             "v": ColumnPolicy("v", "sensitive", 0, 10)})
     _generated_tables(conn, tables, links)
     return dataclasses.replace(policy, tables=tables, links=links,
-                               references={**policy.references, REGIONS: ReferenceTable(REGIONS)})
+                               references={**policy.references, REGIONS: ReferenceTable(REGIONS),
+                                           SEXES: ReferenceTable(SEXES)})
 
 
 owner = database_of_its_own(DATABASE, _tables)
@@ -196,6 +197,7 @@ def test_a_key_of_the_units_equality_is_answered(owner: psycopg.Connection, repo
 # Part B: this week's paths, over data drawn near k. ``folks`` (protected, one row per person: region, band),
 # ``acts`` (linked: 0 to 3 rows per person, channel, v) and ``regions`` (a reference table: region, zone).
 FOLKS, ACTS, REGIONS = "public.r19_folks", "public.r19_acts", "public.r19_regions"
+SEXES = "public.r19_sexes"  # a reference table of adult's sex, its labels text that no integer reads
 DISTINCT_PAIRS = f"{FOLKS} f JOIN (SELECT DISTINCT a.channel, a.person FROM {ACTS} a{{}}) AS k ON k.person = f.id"
 # Each statement, and the same FROM, WHERE and GROUP BY counting the people of each group as PostgreSQL does.
 GENERATED = [
@@ -230,6 +232,8 @@ def _generated_tables(conn: psycopg.Connection[Any], tables: dict[str, Protected
     conn.execute(f"CREATE TABLE {FOLKS} (id integer PRIMARY KEY, region text NOT NULL, band integer NOT NULL)")
     conn.execute(f"CREATE TABLE {ACTS} (person integer, channel text NOT NULL, v integer NOT NULL)")
     conn.execute(f"CREATE TABLE {REGIONS} (region text PRIMARY KEY, zone text NOT NULL)")
+    conn.execute(f"CREATE TABLE {SEXES} (sex text PRIMARY KEY, label text NOT NULL)")
+    conn.execute(f"INSERT INTO {SEXES} VALUES ('Male', 'm'), ('Female', 'f')")
     tables[FOLKS] = ProtectedTable(FOLKS, "id", {"id": ColumnPolicy("id", "identifier"),
                                                  "region": ColumnPolicy("region", "quasi_identifier"),
                                                  "band": ColumnPolicy("band", "sensitive", 0, 10)})
@@ -329,3 +333,64 @@ def test_a_float_p_cast_that_overflows_real_is_refused_whoever_meets_it(
     for conn in (reporter, analyst):
         assert [_outcome(conn, statement.format(condition)) for condition in (someone, "a.age = 3")] == \
             ["refused", "refused"], statement
+
+
+
+# Errors that would depend on one person, over this week's paths: a condition inside EXISTS or IN over a reference
+# table, in a distinct (values, key) derived table, a LIKE pattern ending in its escape character (written several
+# ways), a row IN list. {0} as in FLOAT_P. PostgreSQL fails for the one and not for nobody where a row reaches the
+# expression; through the proxy the outcome must not depend on it (all were refused or answered alike).
+ONE_PERSONS_ERROR = [
+    f"SELECT count(*) FROM public.adult a WHERE {{0}} AND EXISTS (SELECT 1 FROM {SEXES} s WHERE s.sex = a.sex "
+    "AND s.label::int > 0)",
+    f"SELECT count(*) FROM public.adult a WHERE {{0}} AND NOT EXISTS (SELECT 1 FROM {SEXES} s WHERE s.sex = a.sex "
+    "AND s.label::int > 0)",
+    f"SELECT count(*) FROM public.adult a WHERE {{0}} AND a.sex IN (SELECT s.sex FROM {SEXES} s "
+    "WHERE s.label::int > 0)",
+    f"SELECT count(*) FROM public.adult a WHERE {{0}} AND EXISTS (SELECT 1 FROM {SEXES} s WHERE s.sex = a.sex "
+    "AND s.label LIKE 'm!' ESCAPE '!')",
+    f"SELECT count(*) FROM public.adult a WHERE {{0}} AND EXISTS (SELECT 1 FROM {SEXES} s WHERE s.sex = a.sex "
+    "AND s.label::float(24) > 0)",
+    "SELECT k.channel, count(*) FROM public.adult a JOIN (SELECT DISTINCT v.channel, v.person_id FROM public.visits v "
+    "WHERE v.channel::int > 0) AS k ON k.person_id = a.id WHERE {0} GROUP BY 1",
+    "SELECT k.channel, count(*) FROM public.adult a JOIN (SELECT DISTINCT v.channel, v.person_id FROM public.visits v "
+    "WHERE (v.amount * 1e37)::float(24) > 0) AS k ON k.person_id = a.id WHERE {0} GROUP BY 1",
+    "SELECT k.channel, count(*) FROM public.adult a JOIN (SELECT DISTINCT v.channel, v.person_id FROM public.visits v "
+    "WHERE v.channel LIKE 'w!' ESCAPE '!') AS k ON k.person_id = a.id WHERE {0} GROUP BY 1",
+    "SELECT count(*) FROM public.adult a WHERE {0} AND a.sex LIKE 'M\\'",
+    "SELECT count(*) FROM public.adult a WHERE {0} AND a.sex LIKE 'M' || '\\'",
+    "SELECT count(*) FROM public.adult a WHERE {0} AND a.sex NOT ILIKE 'M\\'",
+    "SELECT count(*) FROM public.adult a WHERE {0} AND a.sex ~~ 'M\\'",
+    "SELECT count(*) FROM public.adult a WHERE {0} AND a.sex LIKE $$M\\$$",
+    "SELECT count(*) FROM public.adult a WHERE {0} AND a.sex LIKE ANY (ARRAY['M\\'])",
+    "SELECT count(*) FROM public.adult a WHERE (a.sex, CASE WHEN {0} THEN 1 / 0 ELSE 1 END) IN (('Male', 1), "
+    "('Female', 1))",
+    "SELECT count(*) FROM public.adult a WHERE (a.sex, a.age) IN (('Male', CASE WHEN {0} THEN 1 / 0 ELSE 1 END))",
+]
+
+
+@pytest.mark.parametrize("statement", ONE_PERSONS_ERROR)
+def test_no_error_depends_on_one_person_over_this_weeks_paths(reporter: psycopg.Connection,
+                                                              analyst: psycopg.Connection, someone: str,
+                                                              statement: str) -> None:
+    """The same outcome whether one person or nobody meets {0}, for suppress and dp, and no PostgreSQL error
+    (a proxy's refusal or an answer)."""
+    for conn in (reporter, analyst):
+        outcomes = [_outcome(conn, statement.format(condition)) for condition in (someone, "a.age = 3")]
+        assert outcomes[0] == outcomes[1] and outcomes[0] in ("refused", "answered"), (statement, outcomes)
+
+
+@pytest.mark.parametrize("limit", [0, 1, 2, 3])
+def test_a_limit_bound_at_bind_releases_no_small_group_and_dp_is_charged_first(
+        owner: psycopg.Connection, reporter: psycopg.Connection, analyst: psycopg.Connection, limit: int) -> None:
+    """``LIMIT $1::integer`` (bound at Bind): suppress releases at most ``limit`` rows, never 'rare' (9 people), each
+    released kind PostgreSQL's own row; dp charges the budget once, also when the limit sends no row."""
+    table = "v_citext_citext"
+    statement = f"SELECT s.kind, count(*) AS n FROM public.{table} s GROUP BY 1 ORDER BY 2 LIMIT %s::integer"
+    rows = reporter.execute(statement, (limit,)).fetchall()
+    own = dict(owner.execute(COUNT.format(table=table)).fetchall())
+    assert len(rows) <= limit and all(kind is None or (kind != "rare" and own[kind] == n) for kind, n in rows), rows
+    before = _charges(owner, table)
+    assert len(analyst.execute(f"SELECT count(*) FROM public.{table} s LIMIT %s::integer", (limit,)).fetchall()) \
+        == min(limit, 1)
+    assert _charges(owner, table) == before + 1
