@@ -394,3 +394,71 @@ def test_a_limit_bound_at_bind_releases_no_small_group_and_dp_is_charged_first(
     assert len(analyst.execute(f"SELECT count(*) FROM public.{table} s LIMIT %s::integer", (limit,)).fetchall()) \
         == min(limit, 1)
     assert _charges(owner, table) == before + 1
+
+
+# The last external red team read a withheld value through HAVING; round 11 tries the shapes it used. Other ways to
+# ask whether a group holds the one person of an age ({0}): the answer (rows or SQLSTATE) must not change when that
+# person's sex is swapped with another's (each sex keeps its count).
+HAVING = [
+    "SELECT a.sex, count(*) FROM public.adult a GROUP BY 1 HAVING bool_or(a.age = {0})",
+    "SELECT a.sex, count(*) FROM public.adult a GROUP BY 1 HAVING every(a.age <> {0})",
+    "SELECT a.sex, count(*) FROM public.adult a GROUP BY 1 HAVING count(DISTINCT a.age) FILTER (WHERE a.age = {0}) > 0",
+    "SELECT a.sex, count(*) FROM public.adult a GROUP BY 1 HAVING sum(CASE WHEN a.age = {0} THEN 1 END) IS NULL",
+    "SELECT a.sex, count(*) FROM public.adult a GROUP BY 1 HAVING avg(CASE WHEN a.age = {0} THEN 1000 ELSE 0 END) > 0",
+    "SELECT a.sex, count(*) FROM public.adult a GROUP BY 1 "
+    "HAVING coalesce(nullif(count(*) FILTER (WHERE a.age = {0}), 0), -1) = 1",
+    "SELECT a.sex, count(*) FROM public.adult a GROUP BY 1 HAVING count(*) FILTER (WHERE a.age = {0}) IN (1, 2)",
+    "SELECT a.sex, count(*) FROM public.adult a GROUP BY 1 HAVING (count(*) FILTER (WHERE a.age = {0}))::boolean",
+    "SELECT a.sex, a.race, count(*) FROM public.adult a GROUP BY 1, 2 HAVING count(*) FILTER (WHERE a.age = {0}) = 1",
+    "SELECT a.sex, count(*) FROM public.adult a GROUP BY ROLLUP (a.sex) HAVING count(*) FILTER (WHERE a.age = {0}) = 1",
+    "SELECT q.sex FROM (SELECT a.sex, count(*) FROM public.adult a GROUP BY 1 "
+    "HAVING count(*) FILTER (WHERE a.age = {0}) = 1) AS q",
+    "WITH q AS (SELECT a.sex, count(*) FILTER (WHERE a.age = {0}) AS m FROM public.adult a GROUP BY 1) "
+    "SELECT q.sex FROM q WHERE q.m = 1",
+    "SELECT a.sex, count(*) FROM public.adult a WHERE a.age IN ({0}, 40) GROUP BY 1 HAVING min(a.age) = {0}",
+    "SELECT a.sex, count(*) FROM public.adult a GROUP BY 1 HAVING count(*) FILTER (WHERE a.age = {0}) = 1 "
+    "ORDER BY 1 LIMIT 1",
+    "SELECT k.channel, count(*) FROM public.adult a JOIN (SELECT DISTINCT v.channel, v.person_id FROM public.visits v) "
+    "AS k ON k.person_id = a.id GROUP BY 1 HAVING count(*) FILTER (WHERE a.age = {0}) = 1",
+    f"SELECT a.sex, count(*) FROM public.adult a WHERE EXISTS (SELECT 1 FROM {SEXES} s WHERE s.sex = a.sex) "
+    "GROUP BY 1 HAVING count(*) FILTER (WHERE a.age = {0}) = 1",
+]
+
+
+@pytest.fixture(scope="module")
+def lone(owner: psycopg.Connection) -> tuple[int, int, int]:
+    """An age only one person has: the age and their id; and a person of age 40 of the other sex."""
+    row = owner.execute("SELECT min(age) FROM (SELECT age FROM public.adult GROUP BY 1 HAVING count(*) = 1) AS ages"
+                        ).fetchone()
+    assert row is not None and row[0] is not None
+    person = owner.execute("SELECT id, sex FROM public.adult WHERE age = %s", (row[0],)).fetchone()
+    assert person is not None
+    other = owner.execute("SELECT min(id) FROM public.adult WHERE age = 40 AND sex <> %s", (person[1],)).fetchone()
+    assert other is not None
+    return int(row[0]), int(person[0]), int(other[0])
+
+
+def _swap_sexes(owner: psycopg.Connection, one: int, other: int) -> None:
+    owner.execute("UPDATE public.adult a SET sex = b.sex FROM public.adult b WHERE a.id IN (%s, %s) "
+                  "AND b.id IN (%s, %s) AND a.id <> b.id", (one, other, one, other))
+
+
+def _answer(conn: psycopg.Connection, statement: str) -> Any:
+    try:
+        return sorted_rows(conn.execute(statement).fetchall())
+    except psycopg.Error as error:
+        return error.sqlstate
+
+
+@pytest.mark.parametrize("shape", HAVING)
+def test_a_withheld_value_is_not_read_through_having(owner: psycopg.Connection, reporter: psycopg.Connection,
+                                                     lone: tuple[int, int, int], shape: str) -> None:
+    """The same answer whichever sex the one person of their age has."""
+    age, person, other = lone
+    statement = shape.format(age)
+    as_is = _answer(reporter, statement)
+    _swap_sexes(owner, person, other)
+    try:
+        assert _answer(reporter, statement) == as_is, statement
+    finally:
+        _swap_sexes(owner, person, other)
