@@ -1,23 +1,36 @@
-"""Red team round 19: a linked table's key of another type than its unit (anonproxy/plan/tables.py, ``_check_key``).
+"""Red team round 19: a linked table's key of another type than its unit, and this week's new paths.
 
-People of a linked table are counted by its key, under the key's own equality. A key whose equality is finer than
-its unit's counts one person several times: a ``text`` key of a ``citext`` unit tells 'm1' from 'M1', of a
-``timestamptz`` unit two spellings of one instant, of a ``numeric`` or ``integer`` unit '1001' from '1001.0' or
-'01001'; a ``numeric`` key of a ``double precision`` unit two numbers that round to one double; a ``bytea`` key of a
-``text`` unit one name in two encodings. Each linked table below holds the 9 people (k - 1) of the kind 'rare',
-each written two ways: counted by key, 'rare' held 18 and was released (suppress) and each person's contribution was
-bounded as two people's (dp). Such a key is now refused before anything runs or is charged, naming both types and
-hinting at the type the key needs; keys of the unit's type (a modifier aside, varchar as text, a deterministic
-collation of their own) or a number for an integer unit are answered.
+Part A (anonproxy/plan/tables.py, ``_check_key``). People of a linked table are counted by its key, under the key's
+own equality. A key whose equality is finer than its unit's counts one person several times: a ``text`` key of a
+``citext`` unit tells 'm1' from 'M1', of a ``timestamptz`` unit two spellings of one instant, of a ``numeric`` or
+``integer`` unit '1001' from '1001.0' or '01001'; a ``numeric`` key of a ``double precision`` unit two numbers that
+round to one double; a ``bytea`` key of a ``text`` unit one name in two encodings. Each linked table below holds the
+9 people (k - 1) of the kind 'rare', each written two ways: counted by key, 'rare' was released as 18 (suppress) and
+dp answered, bounding each person's rows as two people's. Such a key is now refused before anything runs or is
+charged, naming both types and hinting at the type the key needs; keys of the unit's type (a modifier aside, varchar
+as text, a deterministic collation of their own) or a number for an integer unit are answered.
+
+Part B. Generated groups near k over distinct (channel, person) pairs joined back to the protected table, EXISTS
+over a reference table, LIKE ... ESCAPE, a row IN list and a float(p) key, checked against PostgreSQL's own
+count(DISTINCT) of the unit: no leak. Errors that would depend on one person (a condition one person meets, or
+nobody): a cast to ``float(p)`` with p <= 24 is real, which the no-error proof took for double precision, so
+``(age * 1e37)::float(24)`` failed exactly when the person existed (fixed in anonproxy/plan/bounds.py,
+``_float_type``); the same over EXISTS and IN over a reference table, distinct pairs, LIKE patterns ending in their
+escape character and row IN lists gave no leak. ``LIMIT $1::integer`` bound at Bind releases no small group, and dp
+charges first. Re-attacks of the last external red team's findings: a withheld value read through HAVING (other
+shapes than round 11's), and the service pool held by sessions left open after an answer (idle transactions,
+cursors, prepared statements, suspended portals): no leak.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import random
 from collections.abc import Iterator
 from typing import Any
 
+import asyncpg
 import psycopg
 import pytest
 from conftest import SERVICE_ROLE, database_of_its_own, start_proxy, stop_proxy, wait_for_current_policy
@@ -462,3 +475,78 @@ def test_a_withheld_value_is_not_read_through_having(owner: psycopg.Connection, 
         assert _answer(reporter, statement) == as_is, statement
     finally:
         _swap_sexes(owner, person, other)
+
+
+
+# The last external red team held the service pool with batches never synced (tests/test_service_hold.py). Other
+# ways a session may keep what it was answered from open: a transaction left idle after an answer, a server-side
+# cursor fetched in part, a prepared statement run in a transaction, a portal suspended by a row limit (asyncpg's
+# cursor: Execute with a maximum of rows). More such sessions than the pool has connections; another session's
+# statement is answered (it would fail with 53300 after service_wait_timeout were the pool held).
+POOL = 2
+HOLDERS = POOL + 3
+SEXES_COUNT = "SELECT a.sex, count(*) FROM public.adult a GROUP BY 1 ORDER BY 1"
+
+
+@pytest.fixture(scope="module")
+def small_pool(owner: psycopg.Connection, pg_server: EmbeddedPostgres,
+               tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A proxy of this database's own with a pool of ``POOL`` service connections; a statement waits 10 s at most
+    for one."""
+    log_path = tmp_path_factory.mktemp(f"{DATABASE}_pool") / "anonproxy.log"
+    started = start_proxy(f"host={pg_server.host} port={pg_server.port}", log_path, workers="1",
+                          service_pool_size=str(POOL), service_wait_timeout="10",
+                          service_dsn=f"user={SERVICE_ROLE} password={SERVICE_ROLE} dbname={DATABASE}")
+    try:
+        wait_for_current_policy(owner, started.endpoint, DATABASE)
+        yield started
+    finally:
+        stop_proxy(started)
+    assert "Traceback" not in started.log(), started.log()
+
+
+def _holder(small_pool: Any, kind: str) -> psycopg.Connection:
+    """A reporter's session left in a transaction after ``kind``, its first row read."""
+    conn = psycopg.connect(small_pool.endpoint.dsn(DATABASE, user="reporter"))
+    if kind == "cursor":
+        cursor = conn.cursor(name="held")
+        cursor.execute(SEXES_COUNT)
+        assert cursor.fetchone() is not None
+    else:
+        assert conn.execute(SEXES_COUNT, prepare=kind == "prepared").fetchone() is not None
+    return conn
+
+
+async def _suspended_portals(small_pool: Any) -> list[Any]:
+    """Rows of a statement answered while ``HOLDERS`` sessions each keep a portal suspended after one row."""
+    holders = []
+    try:
+        for _ in range(HOLDERS):
+            conn = await asyncpg.connect(host=small_pool.endpoint.host, port=small_pool.endpoint.port,
+                                         user="reporter", password="reporter", database=DATABASE)
+            holders.append(conn)
+            transaction = conn.transaction()
+            await transaction.start()
+            cursor = await conn.cursor(SEXES_COUNT)
+            assert len(await cursor.fetch(1)) == 1
+        with psycopg.connect(small_pool.endpoint.dsn(DATABASE, user="reporter"), autocommit=True) as victim:
+            return victim.execute(SEXES_COUNT).fetchall()
+    finally:
+        for conn in holders:
+            await conn.close()
+
+
+@pytest.mark.parametrize("kind", ["idle", "cursor", "prepared", "suspended"])
+def test_sessions_left_open_after_an_answer_hold_no_service_connection(owner: psycopg.Connection, small_pool: Any,
+                                                                       kind: str) -> None:
+    own = owner.execute(SEXES_COUNT).fetchall()
+    if kind == "suspended":
+        assert asyncio.run(_suspended_portals(small_pool)) == own
+        return
+    holders = [_holder(small_pool, kind) for _ in range(HOLDERS)]
+    try:
+        with psycopg.connect(small_pool.endpoint.dsn(DATABASE, user="reporter"), autocommit=True) as victim:
+            assert victim.execute(SEXES_COUNT).fetchall() == own
+    finally:
+        for conn in holders:
+            conn.close()
