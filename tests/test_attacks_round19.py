@@ -47,7 +47,8 @@ BIG, MID, RARE = range(1, 301), range(401, 601), range(1001, 1001 + K - 1)
 # 1) of it, and the key read as the unit (PostgreSQL's own count of people). Keys finer than their unit:
 FINER = {
     "v_citext_text": ("citext", "text", "'m' || i", "(array['m', 'M'])[j + 1] || i", "person::citext"),
-    "v_instant_text": ("timestamp with time zone", "text", "timestamptz '2020-01-01 00:00+00' + make_interval(hours => i)",
+    "v_instant_text": ("timestamp with time zone", "text",
+                       "timestamptz '2020-01-01 00:00+00' + make_interval(hours => i)",
                        "to_char((timestamptz '2020-01-01 00:00+00' + make_interval(hours => i)) AT TIME ZONE "
                        "(array['UTC', 'Asia/Tokyo'])[j + 1], 'YYYY-MM-DD HH24:MI') || (array['+00', '+09'])[j + 1]",
                        "person::timestamptz"),
@@ -87,8 +88,9 @@ def _tables(conn: psycopg.Connection[Any]) -> Policy:
         for kind, numbers, spellings in (("big", BIG, 1), ("mid", MID, 1), ("rare", RARE, 2)):
             conn.execute(f"INSERT INTO {people} SELECT {unit}, '{kind}' FROM generate_series(%s::integer, %s) AS i",
                          (numbers.start, numbers.stop - 1))
-            conn.execute(f"INSERT INTO public.{table} SELECT {key}, '{kind}', 5 FROM generate_series(%s::integer, %s) AS i, "
-                         "generate_series(0, %s::integer) AS j", (numbers.start, numbers.stop - 1, spellings - 1))
+            conn.execute(f"INSERT INTO public.{table} SELECT {key}, '{kind}', 5 "
+                         "FROM generate_series(%s::integer, %s) AS i, generate_series(0, %s::integer) AS j",
+                         (numbers.start, numbers.stop - 1, spellings - 1))
         conn.execute(f"ANALYZE {people}")
         conn.execute(f"ANALYZE public.{table}")
         tables[people] = ProtectedTable(people, "id", {"id": ColumnPolicy("id", "identifier"),
@@ -257,7 +259,8 @@ def _generated_tables(conn: psycopg.Connection[Any], tables: dict[str, Protected
 
 def _draw(rng: random.Random) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]], list[tuple[Any, ...]]]:
     """Folks (a region of 60 people, the others of k - 3 to k + 3; bands 0 to 3), their acts (0 to 2 a person,
-    in 10 channels: their people near k) and regions (zones drawn; channels are region names too, so that EXISTS matches acts)."""
+    in 10 channels: their people near k) and regions (zones drawn; channels are region names too, so that EXISTS
+    matches acts)."""
     names = ["r_0", "r_1", "r_2", "r_3", "rx1", "rx2"]
     folks: list[tuple[Any, ...]] = []
     for region in names:
