@@ -61,6 +61,7 @@ from anonproxy.route.commands import (
     is_query,
     refuse_statement,
 )
+from anonproxy.route.discovery import discovery
 from anonproxy.route.decision import (
     AtBind,
     CloseCursor,
@@ -211,6 +212,10 @@ def _statement(statement: Statement, role: RolePolicy, index: PolicyIndex) -> De
         _check_passable(statement, tree, role, index)
         return _relayed(tree, role, index)
     _refuse_published(tree, index.policy)
+    found_columns = discovery(statement, tree, index)
+    if found_columns is not None:  # it returns no row whatever the data: its columns, nothing run, nothing charged
+        _check_passable(statement, tree, role, index)
+        return found_columns
     # (Most statements have no $n: the token scan spares them the walk of the tree.)
     # In dp mode HAVING is evaluated on the noisy values in the proxy, and a WHERE bound on a time column narrows
     # the public time domain: their parameters are read as constants too.
