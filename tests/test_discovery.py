@@ -247,3 +247,15 @@ def test_what_runs_reads_no_table(name: str, truth: psycopg.Connection[Any]) -> 
     (plan,) = truth.execute(sql.SQL("explain (format json) {}").format(sql.SQL(decision.sql))).fetchone()[0]
     assert _plan_nodes(plan["Plan"]) == ["Result"], plan
     assert plan["Plan"]["One-Time Filter"] == "false"
+
+
+def test_explain_anonproxy_says_discovery(reporter: psycopg.Connection[Any], analyst: psycopg.Connection[Any],
+                                          truth: psycopg.Connection[Any]) -> None:
+    """EXPLAIN (ANONPROXY) of a discovery says what is answered, in both modes, and runs and charges nothing."""
+    before = charges(truth, analyst.info.user)
+    for conn in (reporter, analyst):
+        lines = [row[0] for row in conn.execute("EXPLAIN (ANONPROXY) SELECT education, avg(age) FROM adult "
+                                                "GROUP BY education LIMIT 0").fetchall()]
+        assert lines[0].startswith("column discovery: the statement returns no row"), lines
+        assert lines[-1] == "nothing was run"
+    assert charges(truth, analyst.info.user) == before

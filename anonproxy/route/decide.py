@@ -125,6 +125,10 @@ def _explain_anonproxy(query: str, role: RolePolicy, policy: Policy) -> Decision
                       f"${inner.slots[0].number} stands for", "Write the value in the statement explained.")
     if isinstance(inner, Noisy):
         return ExplainDP(inner.sql, inner.plan)
+    if isinstance(inner, Rewrite) and inner.discovery:
+        return ExplainSuppress(("column discovery: the statement returns no row whatever the data; answered with its "
+                                "columns and no row, nothing charged", "SQL the service would run:", f"  {inner.sql}",
+                                "nothing was run"))
     if isinstance(inner, Rewrite):
         try:  # decide() rewrote it: one statement, which takes the same shape and analyses as it did there
             statement = next(iter(split(query)))

@@ -68,7 +68,7 @@ def discovery(statement: Statement, tree: exp.Expression, index: PolicyIndex) ->
         relations = check_final_sql(sql, index.policy)
     except FinalCheckRefusal:
         return None
-    return Rewrite(sql, relations=relations)
+    return Rewrite(sql, relations=relations, discovery=True)
 
 
 def returns_no_row(tree: exp.Expression) -> bool:
