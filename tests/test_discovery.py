@@ -78,6 +78,12 @@ DISCOVERY: dict[str, tuple[str, str]] = {
     "expressions limit 0": (BRIEF, "SELECT id, age * 2 AS double_age, upper(sex) FROM adult LIMIT 0"),
     "CTE where 1 = 0": (BRIEF, "WITH x AS (SELECT * FROM adult) SELECT * FROM x WHERE 1 = 0"),
     "order by limit 0": (BRIEF, "SELECT * FROM adult ORDER BY id LIMIT 0"),
+    "left join where false": (BRIEF, "SELECT a.id, v.channel FROM public.adult a LEFT JOIN public.visits v "
+                                     "ON v.person_id = a.id WHERE false"),
+    "full join where 1 = 0": (BRIEF, "SELECT a.id, v.channel FROM public.adult a FULL JOIN public.visits v "
+                                     "ON v.person_id = a.id WHERE 1 = 0"),
+    "window function where false": (BRIEF, "SELECT id, count(*) OVER () FROM adult WHERE false"),
+    "scalar subquery limit 0": (BRIEF, "SELECT (SELECT max(age) FROM adult) AS oldest, sex FROM adult LIMIT 0"),
 }
 
 # Near misses: the outermost query may return rows, or the statement holds something that could fail or change
