@@ -9,7 +9,8 @@ carries as a value for the proxy to price.
 Per statement: a query (SELECT / WITH / VALUES / TABLE) that reaches no
 protected or linked table passes (published relations, already anonymized,
 among them); one that does is refused if it also reads a published relation,
-else rewritten (mode ``suppress``) or handed to differential privacy (mode
+else answered with its columns and no row when it returns no row whatever the data (a column discovery:
+``LIMIT 0``, ``WHERE false``; :mod:`anonproxy.route.discovery`), else rewritten (mode ``suppress``) or handed to differential privacy (mode
 ``dp``: Noisy, measured by :mod:`anonproxy.dp.plan`), or, when a ``$n`` stands where the plan needs a constant,
 decided with a representative value there and handed to the gate to decide at each Bind (AtBind, see
 :mod:`anonproxy.plan.bind_values`); commands go through
@@ -61,7 +62,6 @@ from anonproxy.route.commands import (
     is_query,
     refuse_statement,
 )
-from anonproxy.route.discovery import discovery
 from anonproxy.route.decision import (
     AtBind,
     CloseCursor,
@@ -78,6 +78,7 @@ from anonproxy.route.decision import (
     Script,
     TransactionControl,
 )
+from anonproxy.route.discovery import discovery
 from anonproxy.route.probes import redirect_probes
 from anonproxy.suppress.explain import explain_suppression
 from anonproxy.suppress.nested import suppressed

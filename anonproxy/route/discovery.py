@@ -28,6 +28,8 @@ Not a discovery: the statement goes on to the ordinary decision, which answers o
 
 from __future__ import annotations
 
+import operator
+from collections.abc import Callable
 from decimal import Decimal, InvalidOperation
 
 from sqlglot import exp
@@ -42,8 +44,9 @@ from anonproxy.plan.tables import PolicyIndex, identifier
 from anonproxy.route.decision import Rewrite
 
 ALIAS = "anonproxy_discovery"
-_COMPARISONS = {exp.EQ: lambda a, b: a == b, exp.NEQ: lambda a, b: a != b, exp.LT: lambda a, b: a < b,
-                exp.LTE: lambda a, b: a <= b, exp.GT: lambda a, b: a > b, exp.GTE: lambda a, b: a >= b}
+_COMPARISONS: dict[type[exp.Expression], Callable[[Decimal, Decimal], bool]] = {
+    exp.EQ: operator.eq, exp.NEQ: operator.ne, exp.LT: operator.lt, exp.LTE: operator.le, exp.GT: operator.gt,
+    exp.GTE: operator.ge}
 
 
 def discovery(statement: Statement, tree: exp.Expression, index: PolicyIndex) -> Rewrite | None:
