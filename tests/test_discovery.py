@@ -103,8 +103,11 @@ REFUSED: dict[str, str] = {
 
 
 def described(conn: psycopg.Connection[Any], statement: str) -> tuple[list[tuple[Any, ...]], list[Any]]:
-    """The columns PostgreSQL describes (name, type, type modifier, table and column of origin), and the rows."""
+    """The columns PostgreSQL describes (name, type, type modifier, table and column of origin), and the rows; of
+    the last statement, when there are several."""
     cursor = conn.execute(statement)
+    while cursor.nextset():
+        pass
     result = cursor.pgresult
     assert result is not None
     columns = [(result.fname(i), result.ftype(i), result.fmod(i), result.ftable(i), result.ftablecol(i))
@@ -266,3 +269,46 @@ def test_explain_anonproxy_says_discovery(reporter: psycopg.Connection[Any], ana
         assert lines[0].startswith("column discovery: the statement returns no row"), lines
         assert lines[-1] == "nothing was run"
     assert charges(truth, analyst.info.user) == before
+
+
+def test_discovery_in_a_cursor(reporter: psycopg.Connection[Any], analyst: psycopg.Connection[Any],
+                               truth: psycopg.Connection[Any]) -> None:
+    """psycopg's server-side cursor (DECLARE ... CURSOR FOR the discovery, then FETCH): the owner's column names
+    and types, no row, nothing charged."""
+    statement = DISCOVERY["dbt grouped model"][1]
+
+    def fetched(conn: psycopg.Connection[Any]) -> tuple[list[tuple[str, int]], list[Any]]:
+        with conn.transaction(), conn.cursor(name="discovery_cursor") as cursor:
+            cursor.execute(statement)
+            rows = cursor.fetchall()
+            return [(column.name, column.type_code) for column in cursor.description or []], rows
+
+    expected = fetched(truth)
+    assert expected[0] and expected[1] == []
+    before = charges(truth, analyst.info.user)
+    for conn in (reporter, analyst):
+        assert fetched(conn) == expected, conn.info.user
+    assert charges(truth, analyst.info.user) == before
+
+
+def test_discovery_through_psqlodbc_s_cursor(reporter: psycopg.Connection[Any], analyst: psycopg.Connection[Any],
+                                             truth: psycopg.Connection[Any]) -> None:
+    """Tableau's metadata probe as psqlODBC (UseDeclareFetch=1) wraps it: one Query message of BEGIN, DECLARE ...
+    WITH HOLD FOR the probe and FETCH, then CLOSE and COMMIT (the message's shape as docs/bi-tools.md describes
+    it): the owner's column names and types, no row. (A cursor the proxy holds describes its columns by name and
+    type only, without the table of origin or a type modifier: anonproxy/proxy/cursors.py.)"""
+    script = ('BEGIN;declare "SQL_CUR0x1" cursor with hold for SELECT * FROM public.adult WHERE 1=0;'
+              'fetch 2048 in "SQL_CUR0x1"')
+
+    def fetched(conn: psycopg.Connection[Any]) -> tuple[list[tuple[Any, ...]], list[Any]]:
+        try:
+            columns, rows = described(conn, script)
+            return [(name, type_oid) for name, type_oid, *_ in columns], rows
+        finally:
+            conn.execute('close "SQL_CUR0x1"')
+            conn.execute("COMMIT")
+
+    expected = fetched(truth)
+    assert expected[0] and expected[1] == [], "the owner: adult's columns, no row"
+    for conn in (reporter, analyst):
+        assert fetched(conn) == expected, conn.info.user
