@@ -9,8 +9,9 @@ carries as a value for the proxy to price.
 Per statement: a query (SELECT / WITH / VALUES / TABLE) that reaches no
 protected or linked table passes (published relations, already anonymized,
 among them); one that does is refused if it also reads a published relation,
-else answered with its columns and no row when it returns no row whatever the data (a column discovery:
-``LIMIT 0``, ``WHERE false``; :mod:`anonproxy.route.discovery`), else rewritten (mode ``suppress``) or handed to differential privacy (mode
+else answered with its columns and no row when it returns no row whatever the
+data (a column discovery: ``LIMIT 0``, ``WHERE false``;
+:mod:`anonproxy.route.discovery`), else rewritten (mode ``suppress``) or handed to differential privacy (mode
 ``dp``: Noisy, measured by :mod:`anonproxy.dp.plan`), or, when a ``$n`` stands where the plan needs a constant,
 decided with a representative value there and handed to the gate to decide at each Bind (AtBind, see
 :mod:`anonproxy.plan.bind_values`); commands go through
