@@ -146,7 +146,8 @@ def _figure(item: exp.Expression, source: str) -> tuple[str | None, int]:
         default = item.args.get("default")
         name, strength = _figure(default, source) if default is not None else (None, 0)
         return (name, strength) if strength > 1 else ("case", 1)
-    if isinstance(item, (exp.Filter, exp.WithinGroup)):  # count(*) FILTER (...), percentile_cont(q) WITHIN GROUP
+    # count(*) FILTER (...), percentile_cont(q) WITHIN GROUP, count(*) OVER (): the function's own name
+    if isinstance(item, (exp.Filter, exp.WithinGroup, exp.Window)):
         return _figure(item.this, source)
     if isinstance(item, exp.Anonymous):
         return identifier(exp.Identifier(this=item.name, quoted=False)), 2

@@ -5,7 +5,9 @@ Parse message, one of the decisions of :mod:`anonproxy.route.decision`:
 pass it, relay a rewrite of it, run the suppression SQL of
 :mod:`anonproxy.suppress`, answer it with differential privacy
 (:mod:`anonproxy.dp`), intercept it, or refuse it. ``commands`` allows the
-session and transaction commands, ``probes`` answers privilege probes, and
+session and transaction commands, ``probes`` answers privilege probes,
+``discovery`` answers a statement that returns no row whatever the data
+(LIMIT 0, WHERE false) with its columns, and
 ``reports`` is the gate's one hook into what a mode says about its answers. The
 front end it drives (splitting, parsing, naming tables, checking what a
 statement reads and computes, the final SQL check) is :mod:`anonproxy.plan`;

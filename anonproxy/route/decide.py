@@ -9,7 +9,9 @@ carries as a value for the proxy to price.
 Per statement: a query (SELECT / WITH / VALUES / TABLE) that reaches no
 protected or linked table passes (published relations, already anonymized,
 among them); one that does is refused if it also reads a published relation,
-else rewritten (mode ``suppress``) or handed to differential privacy (mode
+else answered with its columns and no row when it returns no row whatever the
+data (a column discovery: ``LIMIT 0``, ``WHERE false``;
+:mod:`anonproxy.route.discovery`), else rewritten (mode ``suppress``) or handed to differential privacy (mode
 ``dp``: Noisy, measured by :mod:`anonproxy.dp.plan`), or, when a ``$n`` stands where the plan needs a constant,
 decided with a representative value there and handed to the gate to decide at each Bind (AtBind, see
 :mod:`anonproxy.plan.bind_values`); commands go through
@@ -77,6 +79,7 @@ from anonproxy.route.decision import (
     Script,
     TransactionControl,
 )
+from anonproxy.route.discovery import discovery
 from anonproxy.route.probes import redirect_probes
 from anonproxy.suppress.explain import explain_suppression
 from anonproxy.suppress.nested import suppressed
@@ -124,6 +127,10 @@ def _explain_anonproxy(query: str, role: RolePolicy, policy: Policy) -> Decision
                       f"${inner.slots[0].number} stands for", "Write the value in the statement explained.")
     if isinstance(inner, Noisy):
         return ExplainDP(inner.sql, inner.plan)
+    if isinstance(inner, Rewrite) and inner.discovery:
+        return ExplainSuppress(("column discovery: the statement returns no row whatever the data; answered with its "
+                                "columns and no row, nothing charged", "SQL the service would run:", f"  {inner.sql}",
+                                "nothing was run"))
     if isinstance(inner, Rewrite):
         try:  # decide() rewrote it: one statement, which takes the same shape and analyses as it did there
             statement = next(iter(split(query)))
@@ -211,6 +218,10 @@ def _statement(statement: Statement, role: RolePolicy, index: PolicyIndex) -> De
         _check_passable(statement, tree, role, index)
         return _relayed(tree, role, index)
     _refuse_published(tree, index.policy)
+    found_columns = discovery(statement, tree, index)
+    if found_columns is not None:  # it returns no row whatever the data: its columns, nothing run, nothing charged
+        _check_passable(statement, tree, role, index)
+        return found_columns
     # (Most statements have no $n: the token scan spares them the walk of the tree.)
     # In dp mode HAVING is evaluated on the noisy values in the proxy, and a WHERE bound on a time column narrows
     # the public time domain: their parameters are read as constants too.

@@ -76,6 +76,8 @@ class Rewrite:
     # A constant PostgreSQL reads with the clock ('now', 'today'...), once, when the statement is parsed: the
     # statement is then not kept prepared on the service connection (anonproxy.proxy.service_statements).
     reads_clock: bool = False
+    # A column discovery (anonproxy.route.discovery): a statement that returns no row, answered with its columns.
+    discovery: bool = False
 
     @property
     def runs(self) -> str:
@@ -120,7 +122,8 @@ class ExplainDP:
 
 @dataclass(frozen=True)
 class ExplainSuppress:
-    """EXPLAIN (ANONPROXY) <suppress query>: the rows describing its plan, made without running anything."""
+    """EXPLAIN (ANONPROXY) <suppress query>, or of a column discovery in either mode: the rows describing its plan,
+    made without running anything."""
 
     lines: tuple[str, ...]
 
