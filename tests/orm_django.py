@@ -55,13 +55,15 @@ def configure(databases: dict[str, dict[str, Any]]) -> None:
     django.setup()
 
 
-def database(host: str, port: int, dbname: str, user: str, password: str, options: str | None = None
-             ) -> dict[str, Any]:
-    """One alias's settings: Django's PostgreSQL backend (psycopg 3), a connection per query set."""
+def database(host: str, port: int, dbname: str, user: str, password: str, options: str | None = None,
+             server_side_binding: bool = False) -> dict[str, Any]:
+    """One alias's settings: Django's PostgreSQL backend (psycopg 3), a connection per query set; values inlined
+    by psycopg on the client (Django's default) or sent as $n parameters (``server_side_binding``)."""
     settings: dict[str, Any] = {"ENGINE": "django.db.backends.postgresql", "HOST": host, "PORT": port,
-                                "NAME": dbname, "USER": user, "PASSWORD": password, "CONN_MAX_AGE": 0}
+                                "NAME": dbname, "USER": user, "PASSWORD": password, "CONN_MAX_AGE": 0,
+                                "OPTIONS": {"server_side_binding": server_side_binding}}
     if options is not None:
-        settings["OPTIONS"] = {"options": options}
+        settings["OPTIONS"]["options"] = options
     return settings
 
 

@@ -51,6 +51,8 @@ def aliases(pg_server: EmbeddedPostgres, gated_proxy: Endpoint, gated_database: 
             "default": database(*superuser),
             **{role: database(gated_proxy.host, gated_proxy.port, gated_database, role, role)
                for role in ("dba", "reporter", DP_ROLE)},
+            **{f"{role}_bound": database(gated_proxy.host, gated_proxy.port, gated_database, role, role,
+                                         server_side_binding=True) for role in ("reporter", DP_ROLE)},
             **{f"as_{role}": database(*superuser, options=f"-c role={role}") for role in ("reporter", DP_ROLE)},
         })
         yield
@@ -107,9 +109,10 @@ def _sample_refused(got: Rows) -> None:
                "tables" in got[0]["models"], got
 
 
+@pytest.mark.parametrize("binding", ["", "_bound"], ids=["client-binding", "server-binding"])
 @pytest.mark.parametrize("step", STEPS, ids=lambda step: step.id)
-def test_reporter_gets_what_suppression_releases(step: Step, aliases: None) -> None:
-    got = outcome(step, "reporter")
+def test_reporter_gets_what_suppression_releases(step: Step, binding: str, aliases: None) -> None:
+    got = outcome(step, f"reporter{binding}")
     if step.kind == "refused":
         _refused_cleanly(step, got)
         return
@@ -146,9 +149,10 @@ def _released_as_oracle(step: Step, got: Rows, truth: Rows | psycopg.Error) -> N
         assert rest[0]["n"] == sum(exact[key]["n"] for key in verdict.withheld)
 
 
+@pytest.mark.parametrize("binding", ["", "_bound"], ids=["client-binding", "server-binding"])
 @pytest.mark.parametrize("step", STEPS, ids=lambda step: step.id)
-def test_dp_role_gets_noisy_aggregates_of_the_same_shape(step: Step, aliases: None) -> None:
-    got = outcome(step, DP_ROLE)
+def test_dp_role_gets_noisy_aggregates_of_the_same_shape(step: Step, binding: str, aliases: None) -> None:
+    got = outcome(step, f"{DP_ROLE}{binding}")
     if step.kind == "refused":
         _refused_cleanly(step, got)
         return
