@@ -24,7 +24,8 @@ class NodeError(RuntimeError):
 
 
 def ensure_node_modules() -> None:
-    if all((BUILDERS_DIR / "node_modules" / name / "package.json").is_file() for name in ("pg", "knex", "kysely", "sequelize")):
+    if all((BUILDERS_DIR / "node_modules" / name / "package.json").is_file()
+           for name in ("pg", "knex", "kysely", "sequelize")):
         return
     npm = shutil.which("npm")
     if npm is None:

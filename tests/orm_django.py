@@ -2,16 +2,17 @@
 
 Django is configured once per process (:func:`configure`) with one database alias per connection the tests need
 (through the proxy as each role, and directly to PostgreSQL as its superuser or under ``-c role=...``), settings
-``USE_TZ=True`` and ``TIME_ZONE='Europe/Paris'`` (so its date functions send ``AT TIME ZONE``), and this module as its one app (so
-the reverse relation ``Adult.visits`` exists). Unmanaged models
-over ``public.adult`` and the linked ``public.visits`` (:func:`models`) are defined once Django is set up.
+``USE_TZ=True`` and ``TIME_ZONE='Europe/Paris'`` (so its date functions send ``AT TIME ZONE``), and this module as
+its one app (so the reverse relation ``Adult.visits`` exists). Unmanaged models over ``public.adult`` and the linked
+``public.visits`` (:func:`models`) are defined once Django is set up.
 
 Each :class:`Step` is one ORM call as its user writes it; ``run(alias)`` returns its result as rows (a list of
 dicts), so the same call can be compared across connections. The kind says what a gated role must get:
 
 * ``catalog``: PostgreSQL's own answer for that role (the role's privileges on the catalogs);
 * ``counts``: counts by groups, some of them small: a suppress role's rows are those the suppression oracle
-  releases (``people(alias)`` lists each group's people, when "n" does not count them), a dp role's groups come from the column's public domain;
+  releases (``people(alias)`` lists each group's people, when "n" does not count them), a dp role's groups come
+  from the column's public domain;
 * ``exact``: an aggregate whose every group holds thousands of people: a suppress role gets PostgreSQL's answer;
 * ``row-sample``: ``inspectdb``, which reads one row of each table for its column types (``SELECT * ... LIMIT
   1``): that read is refused, and inspectdb says so in its output for the table;
