@@ -15,6 +15,13 @@ equality, range, IN, ``icontains``/``istartswith``, ``isnull``; several aggregat
   group holds thousands of people) are PostgreSQL's answer; row reads are refused with a hint;
 - as a dp role: catalog reads as PostgreSQL answers the role; aggregates answered with Django's field names, groups
   of the columns' public domains (the big ones all present), counts near PostgreSQL's; row reads refused.
+
+The gated roles run every step twice: with Django's default client-side binding (values inlined by psycopg) and
+with ``server_side_binding`` ($n parameters). Refused before this round: ``id__in`` (Django 5 names the subquery's
+column, ``U0."person_id" AS "person_id"``: anonproxy/plan/semi_joins.py) and, with server-side binding,
+``Sum(Case(When(..., then=1), default=0))`` (the values added up are bound: anonproxy/plan/bind_values.py).
+Min/Max, ``exists()``, ``first()``, row slices, inspectdb's one-row read and a Subquery(OuterRef) per person stay
+refused (docs/bi-tools.md, "ORMs run for real").
 """
 
 from __future__ import annotations
