@@ -1,9 +1,10 @@
-"""Knex and Kysely (Node query builders over node-postgres), run by tests/clients/node_builders/builders.js.
+"""Knex, Kysely and Sequelize over node-postgres, run by the scripts of tests/clients/node_builders.
 
 :func:`run` installs the pinned packages (npm, from the directory's package.json and package-lock.json) if they
-are missing, runs the script with the PG* variables of one login and returns its steps: for each, the tool, id,
-kind (catalog, aggregate, row-level), the builder call, whether it draws time, the statements it sent and the rows
-it got, or the error (code, message, hint). Used by tests/test_bi_builders.py and tests/bi_corpus/capture_libraries.py.
+are missing, runs a script (builders.js: Knex and Kysely; orms.js: Knex and Sequelize) with the PG* variables of one
+login and returns its steps: for each, the tool, id, kind, the library call, the statements it sent and the rows it
+got, or the error (code, message, hint). Used by tests/test_bi_builders.py, tests/test_orm_node.py and
+tests/bi_corpus/capture_libraries.py.
 """
 
 from __future__ import annotations
@@ -23,27 +24,31 @@ class NodeError(RuntimeError):
 
 
 def ensure_node_modules() -> None:
-    if all((BUILDERS_DIR / "node_modules" / name / "package.json").is_file() for name in ("pg", "knex", "kysely")):
+    if all((BUILDERS_DIR / "node_modules" / name / "package.json").is_file()
+           for name in ("pg", "knex", "kysely", "sequelize")):
         return
     npm = shutil.which("npm")
     if npm is None:
-        raise NodeError("npm is required for the Knex and Kysely tests")
+        raise NodeError("npm is required for the Knex, Kysely and Sequelize tests")
     done = subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=BUILDERS_DIR, check=False,
                           capture_output=True, text=True, timeout=300)
     if done.returncode != 0:
         raise NodeError(f"npm ci in {BUILDERS_DIR} failed:\n{done.stdout}\n{done.stderr}")
 
 
-def run(host: str, port: int, dbname: str, user: str, password: str) -> list[dict[str, Any]]:
-    """The steps of builders.js as ``user``."""
+def run(host: str, port: int, dbname: str, user: str, password: str, script: str = "builders.js",
+        options: str = "") -> list[dict[str, Any]]:
+    """The steps of ``script`` as ``user``, with ``options`` as the connection's (PGOPTIONS)."""
     ensure_node_modules()
     node = shutil.which("node")
     if node is None:
-        raise NodeError("node is required for the Knex and Kysely tests")
+        raise NodeError("node is required for the Knex, Kysely and Sequelize tests")
     env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
     env.update(PGHOST=host, PGPORT=str(port), PGDATABASE=dbname, PGUSER=user, PGPASSWORD=password, TZ="UTC")
-    done = subprocess.run([node, "builders.js"], cwd=BUILDERS_DIR, env=env, check=False, capture_output=True,
+    if options:
+        env["PGOPTIONS"] = options
+    done = subprocess.run([node, script], cwd=BUILDERS_DIR, env=env, check=False, capture_output=True,
                           text=True, timeout=300)
     if done.returncode != 0:
-        raise NodeError(f"builders.js failed:\n{done.stdout}\n{done.stderr}")
+        raise NodeError(f"{script} failed:\n{done.stdout}\n{done.stderr}")
     return [json.loads(line) for line in done.stdout.splitlines()]

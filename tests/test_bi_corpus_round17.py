@@ -116,6 +116,10 @@ SQLALCHEMY_SHAPES = [
     Shape(SQLALCHEMY_PSYCOPG, "case((cond, 1), else_=0) summed, its results bound as $2::INTEGER, $3::INTEGER",
           "SELECT adult.sex, sum(CASE WHEN (adult.income = %s::VARCHAR) THEN %s::INTEGER ELSE %s::INTEGER END) AS "
           "sum_1 FROM adult GROUP BY adult.sex", [">50K", 1, 0]),
+    Shape(SQLALCHEMY, "case() results bound without casts: sum(CASE ... THEN $2 ELSE $3 END) (refused until the "
+          "values added up were decided at Bind, round o19)",
+          "SELECT adult.sex, sum(CASE WHEN (adult.income = %s) THEN %s ELSE %s END) AS sum_1 FROM adult GROUP BY "
+          "adult.sex", [">50K", 1, 0]),
     Shape(SQLALCHEMY_PSYCOPG, "func.round(func.avg(col), 2): round(avg(...), $1::INTEGER)",
           "SELECT adult.sex, round(avg(adult.age), %s::INTEGER) AS round_1 FROM adult GROUP BY adult.sex", [2]),
     Shape(SQLALCHEMY_PSYCOPG, ".limit(5).offset(2): LIMIT $1::INTEGER OFFSET $2::INTEGER (refused before)",
@@ -364,11 +368,6 @@ REFUSED = {
     "Rails/Ecto = ANY($1) of an array parameter": (
         "SELECT COUNT(*) FROM \"adult\" WHERE \"adult\".\"race\" = ANY(%s)", [["White", "Black"]],
         "an array parameter's element type is the client's choice", "Allowed in WHERE"),
-    # case() results bound without a cast: a parameter added up, its size unknown at Parse
-    "SQLAlchemy case() results bound without casts: sum(CASE ... THEN $2 ELSE $3 END)": (
-        "SELECT adult.sex, sum(CASE WHEN (adult.income = %s) THEN %s ELSE %s END) AS sum_1 FROM adult GROUP BY "
-        "adult.sex", [">50K", 1, 0], "a parameter is not allowed as a value added up", "Write the value as a "
-        "constant"),
 }
 
 

@@ -36,6 +36,8 @@ MONTHLY = ("select date_trunc(%(unit)s::varchar, visited_at) as month, count(*) 
            "group by date_trunc(%(unit)s::varchar, visited_at) order by 1")  # SQLAlchemy's, one $1 twice
 YEARS = "select to_char(visited_at, %s) as y, count(*) from visits group by 1 order by 1"
 OLDER = "select education, avg(hours_per_week) as h from adult where age >= %s::integer group by education order by 1"
+# Django's Sum(Case(When(income='>50K', then=1), default=0)) with server-side binding: the value added up is bound
+ADDED_UP = "select race, sum(case when income = '>50K' then %s else 0 end) as high from adult group by race order by 1"
 
 
 def connect(proxy: Endpoint, database: str, role: str) -> psycopg.Connection[Any]:
@@ -75,6 +77,18 @@ def test_parse_decides_with_representative_values() -> None:
                 "EXPLAIN (ANONPROXY) SELECT count(*) FROM adult WHERE occupation LIKE $1"):
         refused = decide(sql, SUPPRESS, POLICY)
         assert isinstance(refused, Reject) and "$1" in refused.message and refused.sqlstate == "0A000"
+
+
+def test_values_added_up_are_decided_at_bind() -> None:
+    """A value sum() or avg() adds up is a slot (its size decides the sum's overflow and what one person adds);
+    one it compares is not (CASE WHEN income = $1: a comparison's operand is decided at Parse)."""
+    sql = ('SELECT "adult"."race", SUM(CASE WHEN "adult"."income" = $1 THEN $2 ELSE $3 END) AS "high", '
+           'AVG(CASE "adult"."sex" WHEN $4 THEN $5::numeric END) FROM "adult" GROUP BY 1')
+    decision = decide(sql, SUPPRESS, POLICY)
+    assert isinstance(decision, AtBind) and isinstance(decision.described, Rewrite)
+    assert decision.slots == (Slot(2, "summed"), Slot(3, "summed"), Slot(5, "summed", 1700))
+    assert "$1" in decision.representative and "$4" in decision.representative
+    assert "$2" not in decision.representative and "$5" not in decision.representative
 
 
 def test_each_value_is_its_own_text() -> None:
@@ -205,6 +219,7 @@ def outcome(conn: psycopg.Connection[Any], sql: str, params: list[Any] | None = 
     ("select date_trunc('month', visited_at at time zone %s) as m, count(*) from visits group by 1 order by 1",
      "Mars/Olympus_Mons"),
     (OLDER, "40"), (OLDER, "forty"),
+    (ADDED_UP, "1"), (ADDED_UP, "0.5"), (ADDED_UP, "-1"), (ADDED_UP, "one"),  # a value sum() adds up
 ])
 def test_a_bound_value_decides_as_the_constant(gated_proxy: Endpoint, gated_database: str,
                                                sql: str, value: str) -> None:

@@ -10,7 +10,10 @@ integer it is, which the checks of a constant count then read), and in dp mode
 any operand of HAVING (dp evaluates HAVING in the proxy on the noisy values: anonproxy/dp/having.py), and in dp
 mode the operand of a WHERE condition on a time column with declared bounds (``col >= $n``, ``>``, ``<``,
 ``<=``, ``=``, ``BETWEEN $n AND $m``, an AND of them at the top of the WHERE: a constant there narrows the public
-time domain, anonproxy/dp/time_domains.py; which columns those are: anonproxy/dp/bound_times.py). A client that
+time domain, anonproxy/dp/time_domains.py; which columns those are: anonproxy/dp/bound_times.py), and a value that
+sum(), avg() or a variance adds up (not one it compares: Django's ``SUM(CASE WHEN "income" = $1 THEN $2 ELSE $3
+END)``, where $2 and $3 are slots and $1 is not): its size decides whether the sum can overflow, and what one
+person adds to it. A client that
 binds its values at Bind (server-side binding: Django, SQLAlchemy with psycopg, Peewee with psycopg 3, asyncpg,
 Metabase, Prisma) sends a ``$n`` there.
 
@@ -25,8 +28,7 @@ The proxy decides that text like any other; its text is the value class, which t
 
 Which parameters are not decided at Bind: every other ``$n`` (a comparison's operand but a dp time filter's, an
 IN list, the statement's own LIMIT and OFFSET unless cast) is decided at Parse as it is, and those the analysis
-refuses there stay refused (a parameter added up in an aggregate: its value changes the sensitivity of what the
-statement reads).
+refuses there stay refused.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from functools import lru_cache
 
 from sqlglot import exp
 
-from anonproxy.plan.expressions import unparen
+from anonproxy.plan.expressions import SPREADS, unparen
 from anonproxy.plan.joins import conjuncts
 from anonproxy.plan.refusals import unsupported
 from anonproxy.plan.render import sql as render
@@ -62,7 +64,7 @@ _TEXT = (exp.DataType.Type.TEXT, exp.DataType.Type.VARCHAR)
 _INTEGERS = (exp.DataType.Type.SMALLINT, exp.DataType.Type.INT, exp.DataType.Type.BIGINT)  # a count's casts
 # A value every statement of each kind accepts: the statement is decided with it at Parse, and described with it.
 _REPRESENTATIVE = {"pattern": "%", "unit": "year", "field": "year", "format": "YYYY", "zone": "UTC", "offset": "0",
-                   "count": "0"}
+                   "count": "0", "summed": "0"}
 _REPRESENTATIVE_CAST = {1082: "2000-01-01", 1114: "2000-01-01 00:00:00", 1184: "2000-01-01 00:00:00+00",
                         1186: "1 day", 16: "true"}
 
@@ -73,7 +75,7 @@ class Slot:
     client declares none (what PostgreSQL infers there: the cast's target, else text)."""
 
     number: int
-    kind: str  # "pattern", "unit", "field", "format", "zone", "offset", "count", "cast", "having" or "time"
+    kind: str  # "pattern", "unit", "field", "format", "zone", "offset", "count", "cast", "having", "time", "summed"
     type_oid: int = TEXT_OID
 
     def representative(self) -> str:
@@ -102,8 +104,10 @@ def slots(tree: exp.Expression, *, having: bool = False, times: TimeColumns | No
 
 
 def representative_text(tree: exp.Expression, found: tuple[Slot, ...]) -> str:
-    """``tree``'s statement with each slot's representative value: what Parse decides and Describe describes."""
-    return _rendered(tree, {slot.number: exp.Literal.string(slot.representative()) for slot in found})
+    """``tree``'s statement with each slot's representative value: what Parse decides and Describe describes (a
+    value added up is the number 0, which sum() reads as PostgreSQL reads an integer bound there)."""
+    return _rendered(tree, {slot.number: exp.Literal.number(0) if slot.kind == "summed" and slot.type_oid == TEXT_OID
+                            else exp.Literal.string(slot.representative()) for slot in found})
 
 
 def bound_text(sql: str, values: tuple[tuple[int, str | None, int], ...]) -> str:
@@ -165,6 +169,8 @@ def _places(tree: exp.Expression, having: bool) -> Iterator[tuple[exp.Expression
     for node in tree.walk():
         if having and isinstance(node, exp.Having):
             yield from ((parameter, "having") for parameter in node.find_all(exp.Parameter))
+        if isinstance(node, _ADDING) and node.this is not None:
+            yield from ((parameter, "summed") for parameter in _added_up(node.this))
         if isinstance(node, (exp.Like, exp.ILike)):
             yield from _pattern_parts(node.expression)
         elif isinstance(node, (exp.TimestampTrunc, exp.DateTrunc)) and node.args.get("unit") is not None:
@@ -186,6 +192,27 @@ def _places(tree: exp.Expression, having: bool) -> Iterator[tuple[exp.Expression
 
 
 _COMPARISONS = (exp.GT, exp.GTE, exp.LT, exp.LTE, exp.EQ)
+# The aggregates that add their argument's values up, and the nodes whose operands are compared, not added
+# (as the analysis reads them: anonproxy/plan/expressions.py refuses a parameter it finds added up).
+_ADDING = (exp.Sum, exp.Avg, *SPREADS)
+_COMPARING = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.NullSafeEQ, exp.NullSafeNEQ, exp.In,
+              exp.Between, exp.Like, exp.ILike, exp.Escape, exp.Is)
+
+
+def _added_up(node: exp.Expression) -> Iterator[exp.Parameter]:
+    """The parameters whose values an aggregate's argument ``node`` adds up: not the operands of a comparison, nor
+    a CASE's operand or WHEN values (CASE x WHEN v THEN ...), nor a searched CASE's conditions."""
+    if isinstance(node, _COMPARING):
+        return
+    if isinstance(node, exp.Parameter) and _numbered(node):
+        yield node
+        return
+    for key, value in node.args.items():
+        if key == "this" and isinstance(node, (exp.Case, exp.If)):
+            continue  # compared: CASE x WHEN v, or a WHEN condition
+        for child in value if isinstance(value, list) else [value]:
+            if isinstance(child, exp.Expression):
+                yield from _added_up(child)
 
 
 def _time_places(tree: exp.Expression, times: TimeColumns) -> Iterator[tuple[exp.Parameter, int]]:

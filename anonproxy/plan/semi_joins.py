@@ -2,15 +2,16 @@
 
 Django writes a filter on a reverse relation as ``EXISTS (SELECT 1 AS "a" FROM "visits" U1 WHERE
 (U1."channel" = 'web' AND U1."person_id" = ("adult"."id")) LIMIT 1)`` or ``"adult"."id" IN (SELECT
-U0."person_id" FROM "visits" U0 WHERE ...)``. Such a condition asks, of each person of the outer query, whether
-some row of that same person's (in a protected or linked table of the same privacy unit) passes the inner
-conditions: the person is in or out, with all of their outer rows, never repeated. It is a filter on the person's
-own data, like any WHERE condition, and the back-ends count, suppress and charge the outer query as before.
+U0."person_id" FROM "visits" U0 WHERE ...)`` (Django 5: ``U0."person_id" AS "person_id"``). Such a condition
+asks, of each person of the outer query, whether some row of that same person's (in a protected or linked table of
+the same privacy unit) passes the inner conditions: the person is in or out, with all of their outer rows, never
+repeated. It is a filter on the person's own data, like any WHERE condition, and the back-ends count, suppress and
+charge the outer query as before.
 
 Admitted as a top-level AND conjunct of the outer WHERE, in the forms ``EXISTS (...)``, ``NOT EXISTS (...)`` and
-``<outer unit column> IN (SELECT <inner unit column> ...)``, when the subquery reads one protected or linked table
-of the outer query's privacy unit, without joins, grouping, aggregates or nested subqueries, ties itself to the
-outer query only by ``<inner unit column> = <outer unit column>`` (EXISTS) or by the IN, and its other
+``<outer unit column> IN (SELECT <inner unit column> [AS name] ...)``, when the subquery reads one protected or
+linked table of the outer query's privacy unit, without joins, grouping, aggregates or nested subqueries, ties
+itself to the outer query only by ``<inner unit column> = <outer unit column>`` (EXISTS) or by the IN, and its other
 conditions pass the checks of a WHERE condition over its own table (the allowlist and the no-error proof). An
 EXISTS subquery may end in ORDER BY (which changes nothing, its expressions checked as the conditions are) and a
 positive LIMIT; IN (SELECT ... LIMIT n) is refused (:data:`LIMIT_MESSAGE`). ``NOT IN`` is refused (a NULL among
@@ -143,7 +144,9 @@ def check(semi: SemiJoin, sources: list[Source], owner: str, index: PolicyIndex,
             raise unsupported("IN (SELECT ...) over protected tables must test the outer query's privacy unit "
                               "column", HINT)
         items = select.expressions
-        if len(items) != 1 or not _is_inner_unit(items[0], reference, unit):
+        # IN compares values: a name given to the selected column changes nothing (Django 5 writes
+        # U0."person_id" AS "person_id")
+        if len(items) != 1 or not _is_inner_unit(_unaliased(items[0]), reference, unit):
             raise unsupported(f"the subquery of IN must select the privacy unit column {unit} of its table", HINT)
     for condition in conditions:
         _own_columns(condition, reference, table)
@@ -394,6 +397,10 @@ def _correlation(condition: exp.Expression, reference: str, unit: str, sources: 
                 and _outer_unit(other, sources, owner, index) is not None:
             return True
     return False
+
+
+def _unaliased(node: exp.Expression) -> exp.Expression:
+    return node.this if isinstance(node, exp.Alias) else node
 
 
 def _is_inner_unit(node: exp.Expression, reference: str, unit: str) -> bool:

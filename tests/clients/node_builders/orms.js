@@ -1,0 +1,154 @@
+// Knex's query builder and the Sequelize ORM over node-postgres: what an application's dashboard asks of the demo
+// tables, and the introspection and connection start-up each sends. Connects with the PG* environment variables
+// (PGOPTIONS as the connection's options, so a direct connection can run as a role: -c role=...); prints one JSON
+// line per step: {tool, id, kind, what, keys, count, per_person, refusal, statements: [{sql, params}], rows | error}.
+// Kinds: catalog, counts (counts by `keys`), exact, refused (the message names `refusal`); `count` names the field
+// that counts people (`value` for a scalar), per_person is false over the visits. Run by tests/test_orm_node.py.
+"use strict";
+
+const knexFactory = require("knex");
+const pg = require("pg");
+const { Sequelize, DataTypes, Op, fn, col } = require("sequelize");
+const { prepareValue } = require("pg/lib/utils");  // the text node-postgres sends for a value
+
+const connection = {
+  host: process.env.PGHOST, port: Number(process.env.PGPORT), database: process.env.PGDATABASE,
+  user: process.env.PGUSER, password: process.env.PGPASSWORD, options: process.env.PGOPTIONS,
+};
+
+// The statements of the current step as node-postgres receives them, the libraries' connection start-up included.
+const sent = [];
+const clientQuery = pg.Client.prototype.query;
+pg.Client.prototype.query = function query(config, values, callback) {
+  const text = typeof config === "string" ? config : config && config.text;
+  if (text) sent.push({ sql: text, params: (config && config.values) || (Array.isArray(values) ? values : []) });
+  return clientQuery.call(this, config, values, callback);
+};
+
+const knex = knexFactory({ client: "pg", connection, pool: { min: 1, max: 1 } });
+const sequelize = new Sequelize(connection.database, connection.user, connection.password, {
+  host: connection.host, port: connection.port, dialect: "postgres", dialectOptions: { options: connection.options },
+  pool: { max: 1 }, logging: false,
+});
+
+const Adult = sequelize.define("Adult", {
+  id: { type: DataTypes.INTEGER, primaryKey: true }, age: DataTypes.INTEGER, workclass: DataTypes.TEXT,
+  education: DataTypes.TEXT, occupation: DataTypes.TEXT, race: DataTypes.TEXT, sex: DataTypes.TEXT,
+  capital_gain: DataTypes.INTEGER, hours_per_week: DataTypes.INTEGER, native_country: DataTypes.TEXT,
+  income: DataTypes.TEXT,
+}, { tableName: "adult", timestamps: false });
+const Visit = sequelize.define("Visit", {
+  visit_id: { type: DataTypes.BIGINT, primaryKey: true }, person_id: DataTypes.INTEGER,
+  visited_at: DataTypes.DATE, channel: DataTypes.TEXT, amount: DataTypes.DECIMAL(10, 2),
+}, { tableName: "visits", timestamps: false });
+Adult.hasMany(Visit, { foreignKey: "person_id" });
+Visit.belongsTo(Adult, { foreignKey: "person_id" });
+
+const START = new Date(Date.UTC(2025, 2, 1));
+const END = new Date(Date.UTC(2025, 5, 1));
+
+// [tool, id, kind, what, run, {keys, count, per_person, refusal}]
+const STEPS = [
+  ["Knex", "kx-has-table", "catalog", "knex.schema.hasTable('visits')", () => knex.schema.hasTable("visits")],
+  ["Knex", "kx-column-info", "catalog", "knex('visits').columnInfo()", () => knex("visits").columnInfo()],
+  ["Knex", "kx-count-group", "counts", "knex('adult').select('education').count('id as n').groupBy('education')",
+    () => knex("adult").select("education").count("id as n").groupBy("education").orderBy("education"),
+    { keys: ["education"], count: "n" }],
+  ["Knex", "kx-where-in", "counts",
+    "knex('adult').select('sex', 'race').count('* as n').whereIn('race', ['White', 'Black', 'Other'])"
+      + ".groupBy('sex', 'race')",
+    () => knex("adult").select("sex", "race").count("* as n").whereIn("race", ["White", "Black", "Other"])
+      .groupBy("sex", "race").orderBy(["sex", "race"]), { keys: ["sex", "race"], count: "n" }],
+  ["Knex", "kx-where-between-first", "exact", "knex('adult').count('* as n').whereBetween('age', [30, 39]).first()",
+    () => knex("adult").count("* as n").whereBetween("age", [30, 39]).first(), { count: "n" }],
+  ["Knex", "kx-sum", "exact", "knex('adult').sum('capital_gain as total').where('sex', 'Female')",
+    () => knex("adult").sum("capital_gain as total").where("sex", "Female")],
+  ["Knex", "kx-avg", "exact", "knex('adult').select('sex').avg('hours_per_week as hours').groupBy('sex')",
+    () => knex("adult").select("sex").avg("hours_per_week as hours").groupBy("sex").orderBy("sex")],
+  ["Knex", "kx-count-distinct", "exact", "knex('adult').countDistinct('native_country as countries')",
+    () => knex("adult").countDistinct("native_country as countries")],
+  ["Knex", "kx-having-bindings", "exact",
+    "knex('adult').select('education').count('* as n').groupBy('education').havingRaw('count(*) > ?', [500])",
+    () => knex("adult").select("education").count("* as n").groupBy("education").havingRaw("count(*) > ?", [500])
+      .orderBy("education")],
+  ["Knex", "kx-top-n", "exact", "knex('adult').select('occupation').count('* as n').groupBy('occupation')"
+      + ".orderBy('n', 'desc').limit(3)",
+    () => knex("adult").select("occupation").count("* as n").groupBy("occupation").orderBy("n", "desc").limit(3)],
+  ["Knex", "kx-join-sum", "exact",
+    "knex('visits').join('adult', 'adult.id', 'visits.person_id').select('adult.sex').sum('visits.amount as amount')"
+      + ".groupBy('adult.sex')",
+    () => knex("visits").join("adult", "adult.id", "visits.person_id").select("adult.sex")
+      .sum("visits.amount as amount").groupBy("adult.sex").orderBy("adult.sex"), { per_person: false }],
+  ["Knex", "kx-monthly-between", "exact",
+    "knex('visits').select(knex.raw(\"date_trunc('month', visited_at) as month\")).count('* as n')"
+      + ".whereBetween('visited_at', [start, end]).groupByRaw('1')",
+    () => knex("visits").select(knex.raw("date_trunc('month', visited_at) as month")).count("* as n")
+      .whereBetween("visited_at", [START, END]).groupByRaw("1").orderByRaw("1"), { per_person: false }],
+  ["Knex", "kx-max", "refused", "knex('adult').max('age as oldest')", () => knex("adult").max("age as oldest"),
+    { refusal: "max()" }],
+  ["Knex", "kx-first-row", "refused", "knex('adult').where('age', '>', 85).first()",
+    () => knex("adult").where("age", ">", 85).first(), { refusal: "row-level" }],
+  ["Sequelize", "sq-show-tables", "catalog", "sequelize.getQueryInterface().showAllTables()",
+    async () => (await sequelize.getQueryInterface().showAllTables()).sort()],
+  ["Sequelize", "sq-describe-table", "catalog", "sequelize.getQueryInterface().describeTable('adult')",
+    () => sequelize.getQueryInterface().describeTable("adult")],
+  ["Sequelize", "sq-count-group", "counts", "Adult.count({ group: ['education'] })",
+    () => Adult.count({ group: ["education"] }), { keys: ["education"], count: "count" }],
+  ["Sequelize", "sq-findall-fn", "counts",
+    "Adult.findAll({ attributes: ['sex', 'workclass', [fn('COUNT', col('id')), 'n']], group: ['sex', 'workclass'], "
+      + "raw: true })",
+    () => Adult.findAll({ attributes: ["sex", "workclass", [fn("COUNT", col("id")), "n"]],
+      group: ["sex", "workclass"], order: [["sex", "ASC"], ["workclass", "ASC"]], raw: true }),
+    { keys: ["sex", "workclass"], count: "n" }],
+  ["Sequelize", "sq-count-where", "exact",
+    "Adult.count({ where: { age: { [Op.between]: [30, 39] }, sex: { [Op.in]: ['Female'] } } })",
+    () => Adult.count({ where: { age: { [Op.between]: [30, 39] }, sex: { [Op.in]: ["Female"] } } }),
+    { count: "value" }],
+  ["Sequelize", "sq-count-ilike", "exact", "Adult.count({ where: { occupation: { [Op.iLike]: '%sales%' } } })",
+    () => Adult.count({ where: { occupation: { [Op.iLike]: "%sales%" } } }), { count: "value" }],
+  ["Sequelize", "sq-count-distinct", "exact", "Adult.count({ distinct: true, col: 'native_country' })",
+    () => Adult.count({ distinct: true, col: "native_country" })],
+  ["Sequelize", "sq-sum", "exact", "Adult.sum('capital_gain', { where: { sex: 'Female' } })",
+    () => Adult.sum("capital_gain", { where: { sex: "Female" } })],
+  ["Sequelize", "sq-avg-group", "exact",
+    "Adult.findAll({ attributes: ['income', [fn('AVG', col('hours_per_week')), 'hours']], group: ['income'] })",
+    () => Adult.findAll({ attributes: ["income", [fn("AVG", col("hours_per_week")), "hours"]], group: ["income"],
+      order: [["income", "ASC"]], raw: true })],
+  ["Sequelize", "sq-include-count", "exact",
+    "Adult.count({ include: [{ model: Visit, where: { channel: 'web' }, required: true }], distinct: true })",
+    () => Adult.count({ include: [{ model: Visit, where: { channel: "web" }, required: true }], distinct: true }),
+    { per_person: false }],
+  ["Sequelize", "sq-monthly", "exact",
+    "Visit.findAll({ attributes: [[fn('date_trunc', 'month', col('visited_at')), 'month'], [fn('COUNT', "
+      + "col('visit_id')), 'n']], group: [fn('date_trunc', 'month', col('visited_at'))] })",
+    () => Visit.findAll({ attributes: [[fn("date_trunc", "month", col("visited_at")), "month"],
+      [fn("COUNT", col("visit_id")), "n"]], group: [fn("date_trunc", "month", col("visited_at"))],
+      order: [[fn("date_trunc", "month", col("visited_at")), "ASC"]], raw: true }), { per_person: false }],
+  ["Sequelize", "sq-max", "refused", "Adult.max('age')", () => Adult.max("age"), { refusal: "max()" }],
+  ["Sequelize", "sq-find-all", "refused", "Adult.findAll({ where: { age: { [Op.gt]: 85 } }, limit: 5 })",
+    () => Adult.findAll({ where: { age: { [Op.gt]: 85 } }, limit: 5, raw: true }), { refusal: "row-level" }],
+];
+
+// A value as JSON carries it: dates as ISO text, numbers as node-postgres gave them (bigint and numeric as text).
+function plain(value) {
+  return JSON.parse(JSON.stringify(value === undefined ? null : value));
+}
+
+async function main() {
+  for (const [tool, id, kind, what, run, extra] of STEPS) {
+    sent.length = 0;
+    const line = { tool, id, kind, what, keys: [], count: null, per_person: true, refusal: "", ...extra };
+    try {
+      line.rows = plain(await run());
+    } catch (error) {
+      const cause = error.parent || error;  // Sequelize wraps node-postgres's error
+      line.error = { code: cause.code || null, message: cause.message, hint: cause.hint || null };
+    }
+    line.statements = sent.map(({ sql: text, params }) => ({ sql: text, params: params.map(prepareValue) }));
+    console.log(JSON.stringify(line));
+  }
+  await knex.destroy();
+  await sequelize.close();
+}
+
+main().catch((error) => { console.error(error); process.exit(1); });
