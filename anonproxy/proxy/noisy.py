@@ -381,17 +381,16 @@ class NoisyAnswers:
                                 check: bool) -> ledger.Remaining | ledger.Lookup:
         """The charge, committed, then the measurement's snapshot and SQL, in one round trip (pipeline mode): the
         server runs them in order, so the charge's COMMIT has returned before the first row is read, and it skips
-        the rest when the charge fails (nothing read, nothing charged). ``check``: the plan's SQL is prepared in the
-        charge's transaction, before its COMMIT (the question's Check, kept for this round trip): when the server
-        rejects it, the charge is rolled back, nothing is read, and the question is refused at no cost. The read's
-        outcome, or its error, waits in ``asking.read_ahead`` for the question's Read; a cancel from the charge on
-        reaches the backend. Whatever failed, the round trip's last COMMIT, after a sync of its own, has ended the
-        failed transaction (_read_commands): the connection is idle.
+        the rest when the charge fails (nothing read, nothing charged). ``check``: the plan's SQL is prepared first
+        (the question's Check, kept for this round trip): when the server rejects it, nothing else runs and the
+        question is refused at no cost. The read's outcome, or its error, waits in ``asking.read_ahead`` for the
+        question's Read; a cancel from the charge on reaches the backend. Whatever failed, the round trip's last
+        COMMIT, after a sync of its own, has ended the failed transaction (_read_commands): the connection is idle.
 
         With ``need.unless_answered`` (the question's lookup folded into this round trip), the charge is made only
-        if the ledger holds no answer and reads the cost the question was priced at, and require_charged follows it
-        in its transaction: not charged, the check and the read are skipped, and what the ledger read is returned
-        instead (an answer found is then finished from, as after a lookup)."""
+        if the ledger holds no answer and reads the cost the question was priced at, and the read begins with
+        require_charged: not charged, nothing is read, and what the ledger read is returned instead (as it is when
+        the check fails: a question answered before is then finished from its answer, as after a lookup)."""
         plan, role, stop, unless = need.plan, asking.role.role, asking.stop, need.unless_answered
         if unless is None:
             sql, values = ledger.charge_statement(role, plan.table, plan.epsilon, plan.delta, need.key, rho=plan.rho,
@@ -401,34 +400,39 @@ class NoisyAnswers:
                                                                   plan.epsilon, plan.delta, rho=plan.rho,
                                                                   delta_add=plan.delta_add,
                                                                   time_left_ms=stop.left_ms())
-        charging = _charge_commands(sql, values, need.key if unless is not None else None,
-                                    _prepare(plan.sql, asking.parameters.types) if check else None)
+        guard = ledger.require_charged_query(need.key) if unless is not None else None
+        first = [_prepare(plan.sql, asking.parameters.types)] if check else []
         for attempt in range(ledger.RETRIES):
             results: list[pq.abc.PGresult] = []
             late: Refused | None = None
             try:
                 async with stop.running(conn):
-                    results = await _pipelined(conn, [*charging, *_read_commands(plan, asking.parameters,
-                                                                                 stop.left_ms(), asking.session)])
+                    results = await _pipelined(conn, [*first, *_charge_commands(sql, values),
+                                                      *_read_commands(plan, asking.parameters, stop.left_ms(),
+                                                                      asking.session, guard)])
             except Refused as exc:  # the client's cancel, come while the pipeline ran
                 if not results:
                     raise
                 late = exc
-            failed = _error(conn, results[:_CHARGED_AT + 1])
-            if failed is not None:  # the charge itself: nothing was charged, nothing read
+            if first:
+                if unless is not None and results[0].status != pq.ExecStatus.COMMAND_OK:
+                    # refused, nothing else ran; unless the question was answered before
+                    return self._read(role, plan.table, need.key, await ledger.lookup_answer(
+                        conn, role, plan.table, plan.tables, need.key))
+                _last(results[:1], pq.ExecStatus.COMMAND_OK)  # the check: refused, nothing else ran
+                results = results[1:]
+            failed = _error(conn, results[:_CHARGE_COMMANDS])
+            if failed is not None:  # nothing was charged, nothing read
                 if ledger.retryable(failed) and attempt < ledger.RETRIES - 1:
                     continue
                 raise await ledger.refusal(conn, failed, role, plan.table) or failed
-            row = _row(conn, results[_CHARGED_AT])
+            row = _row(conn, results[1])
             left = ledger.Remaining.from_row(row) if unless is None else ledger.charged_or_looked(row)
-            if isinstance(left, ledger.Lookup):  # not charged: the guard stopped the rest
+            if isinstance(left, ledger.Lookup):  # not charged: the read stopped at require_charged
                 if late is not None:
                     raise late
                 return self._read(role, plan.table, need.key, left)
-            failed = _error(conn, results[:len(charging)])
-            if failed is not None:  # the check (or the COMMIT): the charge was rolled back, nothing read
-                raise failed
-            asking.read_ahead.append(late or _read_outcome(conn, results[len(charging):]))
+            asking.read_ahead.append(late or _read_outcome(conn, results[_CHARGE_COMMANDS:]))
             return left
         raise AssertionError("unreachable")
 
@@ -525,7 +529,7 @@ class NoisyAnswers:
         if isinstance(need, Lookup):
             return await self._lookup(conn, need, asking)
         if isinstance(need, Check):
-            if _check_rides(need.plan, parameters):
+            if need.plan.post is None and not parameters.values:  # one statement to prepare: it goes with the charge
                 asking.check_ahead.append(need)
                 return None
             return await _check_statement(conn, need.plan, parameters)
@@ -566,18 +570,16 @@ class NoisyAnswers:
 
     async def _lookup(self, conn: psycopg.AsyncConnection[Any], need: Lookup, asking: _Asking) -> ledger.Lookup:
         """The ledger's lookup; folded (nothing read: the cost read last, no answer) when the question may be and
-        this worker knows the cost and reads on the primary, and the client did not set a time limit of its own
-        (shorter than the policy's): such a question is looked up first, as before, so that a limit shorter than
-        the lookup still stops it before the charge, at no cost. A question this worker saw answered is folded only
-        when its check rides with the charge (:func:`_check_rides`): a folded charge that finds its answer then
-        costs the server little more than the lookup (the guard skips the check and the read), while a check sent
-        alone first would cost such a question a round trip more than the lookup."""
+        this worker knows the cost, does not know it answered, and reads on the primary, and the client did not
+        set a time limit of its own (shorter than the policy's): such a question is looked up first, as before, so
+        that a limit shorter than the lookup still stops it before the charge, at no cost. A question this worker
+        saw answered is looked up alone (one statement): its answer is most likely still cached, and a folded
+        charge that finds it costs the server the check, two transactions and the stopped read besides."""
         role, table = asking.role.role, need.plan.table
         last = self._looked.get((role, table))
         own_limit = 0 < asking.stop.timeout_ms < asking.policy.statement_limit("dp")
-        seen = need.key is not None and self._answered.get((role, need.key)) is not None
-        if (need.fold and need.key is not None and last is not None and self._standby() is None and not own_limit
-                and (not seen or _check_rides(need.plan, asking.parameters))):
+        if (need.fold and need.key is not None and last is not None and self._answered.get((role, need.key)) is None
+                and self._standby() is None and not own_limit):
             return replace(last, data_version=None, answer=None, folded=True)
         return self._read(role, table, need.key, await ledger.lookup_answer(conn, role, table, need.plan.tables,
                                                                              need.key))
@@ -684,12 +686,6 @@ class NoisyAnswers:
                         await conn.close()
 
 
-def _check_rides(plan: DPPlan, parameters: Parameters) -> bool:
-    """The question's check is one statement to prepare, which goes in the charge's transaction; else (a post
-    statement, bound values: their check needs the server's types first) it goes alone, before."""
-    return plan.post is None and not parameters.values
-
-
 def _plan_weight(text: str, plan: DPPlan | Reject) -> int:
     """What a cached plan holds is mostly its SQL, its measured SQL's tokens and the client's text, each about as long
     as the statement."""
@@ -745,7 +741,7 @@ async def _snapshot(conn: psycopg.AsyncConnection[Any], tables: tuple[str, ...],
     await conn.execute("commit")
 
 
-_CHARGED_AT = 1  # the charge's row among the results of _charge_commands (after BEGIN)
+_CHARGE_COMMANDS = 3  # BEGIN, the charge, COMMIT
 
 
 def measuring(settings: dict[str, str]) -> Measuring:
@@ -783,15 +779,8 @@ def _prepare(sql: str, declared: tuple[int, ...]) -> Command:
     return lambda pgconn: pgconn.send_prepare(b"", sql.encode(), list(declared))
 
 
-def _charge_commands(sql: bytes, values: list[bytes | None], unless_answered: str | None,
-                     check: Command | None) -> list[Command]:
-    """The charge's transaction: BEGIN, the charge, then (``unless_answered``: the question's key) the guard that
-    fails when charge_unless_answered charged nothing, so that the server skips the rest (the check and the read),
-    then the ``check`` (the plan's SQL prepared): when the server rejects it, the transaction is rolled back with
-    the charge in it. Then COMMIT: the charge is durable before the read that follows reads a row."""
-    guard = [_command(*ledger.require_charged_query(unless_answered))] if unless_answered is not None else []
-    return [_command(ledger.BEGIN_CHARGE.encode()), _command(sql, values), *guard, *([check] if check else []),
-            _command(b"commit")]
+def _charge_commands(sql: bytes, values: list[bytes | None]) -> list[Command]:
+    return [_command(ledger.BEGIN_CHARGE.encode()), _command(sql, values), _command(b"commit")]
 
 
 def _session_commands(session: Measuring) -> list[Command]:
@@ -805,11 +794,13 @@ def _sync(pgconn: pq.abc.PGconn) -> None:
     pgconn.pipeline_sync()
 
 
-def _read_commands(plan: DPPlan, parameters: Parameters, timeout_ms: int, session: Measuring) -> list[Command]:
+def _read_commands(plan: DPPlan, parameters: Parameters, timeout_ms: int, session: Measuring,
+                   guard: tuple[bytes, list[bytes | None]] | None = None) -> list[Command]:
     """What _measured_on does, as commands: the snapshot begun, timed and set to the client's settings, its data
-    version, the SQL with the client's values as it bound them, the commit.
+    version, the SQL with the client's values as it bound them, the commit. ``guard``: a statement run first in
+    the snapshot, which stops the read when it fails (ledger.require_charged_query).
 
-    The COMMIT goes after a sync of its own: when anything before it failed (the charge, the guard, the check, the
+    The COMMIT goes after a sync of its own: when anything before it failed (the check, the charge, the guard, the
     SQL), the server skipped the rest up to the sync, and this COMMIT then ends the failed transaction (PostgreSQL
     rolls it back), in the same round trip: no ROLLBACK round trip after a refusal."""
     count = len(parameters.values)
@@ -820,7 +811,8 @@ def _read_commands(plan: DPPlan, parameters: Parameters, timeout_ms: int, sessio
         pgconn.send_query_params(plan.sql.encode(), list(parameters.values), types, list(parameters.formats),
                                  pq.Format.TEXT)
 
-    return [_command(_BEGIN_SNAPSHOT.encode()), _command(f"set local statement_timeout = {int(timeout_ms)}".encode()),
+    return [_command(_BEGIN_SNAPSHOT.encode()), *([_command(*guard)] if guard is not None else []),
+            _command(f"set local statement_timeout = {int(timeout_ms)}".encode()),
             *_session_commands(session), _command(version_sql, version_values), run, _sync, _command(b"commit")]
 
 
