@@ -256,6 +256,8 @@ class _Asking:
         default_factory=list)
     # A Check kept to be sent first with the Charge that names it (Charge.check).
     check_ahead: list[Check] = field(default_factory=list)
+    # A measurement to store, kept until the next step that uses the connection, or until the answer has left.
+    storing: list[Store] = field(default_factory=list)
 
 
 def _asked(question: Noisy | ExplainDP, role: RolePolicy, parameters: Parameters, limits: SessionLimits,
@@ -288,8 +290,15 @@ class NoisyAnswers:
         # priced at it and charged unless answered, without a lookup of its own (question.Lookup.fold)
         self._looked: dict[tuple[str, str], ledger.Lookup] = {}
         self._answered: BoundedCache[tuple[str, str], bool] = BoundedCache(ANSWERED_BYTES)  # (role, key)
+        # (role, key) -> the store of its answer, sent after the answer left: a lookup of the key waits for it.
+        self._storing: dict[tuple[str, str], asyncio.Task[None]] = {}
+
+    async def stored(self) -> None:
+        """Once every answer this worker released is stored (the stores sent after their answers left)."""
+        await asyncio.gather(*set(self._storing.values()))
 
     async def close(self) -> None:
+        await self.stored()
         while self._idle:
             await self._idle.pop().close()
         await self._standbys.close()
@@ -325,9 +334,39 @@ class NoisyAnswers:
         session = measuring(settings or {})
         asking = _Asking(role, policy, parameters, stop or Stop(), limits.asker, session=session)
         asked = _asked(question, role, parameters, limits, session)
-        async with self._connection() as conn:
-            return await self._drive(question_steps.answer(asked, self._known(role), policy.version,
-                                                           spent or Spent()), asking, conn)
+        async with contextlib.AsyncExitStack() as held:
+            conn = await held.enter_async_context(self._connection())
+            result = await self._drive(question_steps.answer(asked, self._known(role), policy.version,
+                                                             spent or Spent()), asking, conn)
+            if asking.storing:  # the connection goes with the store, sent now; its outcome is not waited for
+                await self._store_later(asking.storing, role.role, conn, held.pop_all())
+            return result
+
+    async def _store_later(self, stores: list[Store], role: str, conn: psycopg.AsyncConnection[Any],
+                     held: contextlib.AsyncExitStack) -> None:
+        """Store the answers of ``stores`` on ``conn`` (its pool slot in ``held``, given back when they are stored)
+        while the answer goes to the client: the question is charged already, and the cache only spares a repeat a
+        new charge. Until they are stored, a lookup of their keys in this worker waits (:meth:`_lookup`), so a
+        repeat in the same session, or another one of this worker, finds them as if they had been stored first.
+        Returns once the store's statement is sent (the task's first step), so that it reaches the server before
+        the client can have read the answer and asked again through another worker."""
+        task = asyncio.ensure_future(self._storing_task(stores, role, conn, held))
+        keys = [(role, store.key) for store in stores]
+        for key in keys:
+            self._storing[key] = task
+        task.add_done_callback(lambda _: [self._storing.pop(key) for key in keys if self._storing.get(key) is task])
+        await asyncio.sleep(0)
+
+    @staticmethod
+    async def _storing_task(stores: list[Store], role: str, conn: psycopg.AsyncConnection[Any],
+                      held: contextlib.AsyncExitStack) -> None:
+        """The stores of :meth:`_store_later`. One that fails is logged: the answer was charged and released, and a
+        repeat is charged again (it finds no answer); never released uncharged."""
+        try:
+            async with held:
+                await _store(conn, role, stores)
+        except (Refused, psycopg.Error, OSError, ledger.LedgerError) as exc:
+            log.warning("a dp answer was released but not cached (a repeat will be charged again): %s", exc)
 
     async def describe(self, question: Noisy, role: RolePolicy, policy: Policy, parameters: Parameters,
                        limits: SessionLimits) -> Description:
@@ -526,6 +565,11 @@ class NoisyAnswers:
             asking.stop.check()
             return None
         assert conn is not None  # every other step reads or writes the database
+        if isinstance(need, Store):  # stored before the connection's next step, or after the answer has left
+            self._answered.put((role.role, need.key), True, len(need.key))
+            asking.storing.append(need)
+            return None
+        await _store(conn, role.role, asking.storing)  # (a question of a nested statement, answered before this one)
         if isinstance(need, Lookup):
             return await self._lookup(conn, need, asking)
         if isinstance(need, Check):
@@ -558,9 +602,6 @@ class NoisyAnswers:
             if need.free:
                 return (None, *await _run(conn, need.plan.sql, parameters, asking.session))
             return await self._measure(conn, need.plan, parameters, asking.stop, asking.session)
-        if isinstance(need, Store):
-            self._answered.put((role.role, need.key), True, len(need.key))
-            return await ledger.store_answer(conn, role.role, need.key, need.version, need.data)
         if isinstance(need, Finish):
             return await _result(conn, need.plan, need.measurement, need.headline, asking.session)
         if isinstance(need, RunReleased):
@@ -576,6 +617,9 @@ class NoisyAnswers:
         saw answered is looked up alone (one statement): its answer is most likely still cached, and a folded
         charge that finds it costs the server the check, two transactions and the stopped read besides."""
         role, table = asking.role.role, need.plan.table
+        storing = self._storing.get((role, need.key)) if need.key is not None else None
+        if storing is not None:  # its answer is being stored, after it left: it is looked up once stored
+            await asyncio.shield(storing)
         last = self._looked.get((role, table))
         own_limit = 0 < asking.stop.timeout_ms < asking.policy.statement_limit("dp")
         if (need.fold and need.key is not None and last is not None and self._answered.get((role, need.key)) is None
@@ -684,6 +728,13 @@ class NoisyAnswers:
                         self._idle.append(conn)
                     else:
                         await conn.close()
+
+
+async def _store(conn: psycopg.AsyncConnection[Any], role: str, stores: list[Store]) -> None:
+    """The measurements of ``stores`` stored (each unless another session stored one first), emptying the list."""
+    while stores:
+        store = stores.pop(0)
+        await ledger.store_answer(conn, role, store.key, store.version, store.data)
 
 
 def _plan_weight(text: str, plan: DPPlan | Reject) -> int:
