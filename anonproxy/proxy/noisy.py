@@ -21,9 +21,12 @@ a question that fails after the charge stays paid for, and an exhausted budget
 is refused before its SQL runs); then, in one REPEATABLE READ READ ONLY
 transaction, read the data version of every table the plan reads and run the
 contribution-bounded SQL with the client's bound parameters; measure (noise,
-partition selection), cache the measurement under that version
-(anonproxy.dp.ledger), and finish the statement from it. A query that only
-lists declared public domains reads no row and is neither charged nor cached.
+partition selection), finish the statement from it, and cache the measurement
+under that version (anonproxy.dp.ledger) while the answer leaves
+(:meth:`NoisyAnswers._store_later`: charged already, the question needs the
+cache only for its repeats, whose lookup in this worker waits for the store).
+A query that only lists declared public domains reads no row and is neither
+charged nor cached.
 
 Round trips (:meth:`NoisyAnswers._charge_then_read`): when the data is read on
 the primary, the check (the plan's SQL prepared, when it has no post statement
@@ -34,13 +37,14 @@ mode. The server runs them in order and skips the rest after an error: a
 rejected SQL is not charged, a refused charge reads nothing, and the charge's
 COMMIT is durable before the SQL reads a row; the read's COMMIT, after a sync of its own, ends whatever
 transaction a failure left open, so a refusal needs no ROLLBACK round trip. A new question makes three round trips
-(lookup, that one, store) where it made eight; one already answered makes one. Once this worker has read the role's
+(lookup, that one, store; the store's after the answer is returned) where it made eight; one already answered
+makes one. Once this worker has read the role's
 per-query cost on the table, a question it has not seen answered skips the lookup (:meth:`NoisyAnswers._lookup`:
 folded): its charge is ``anonproxy.charge_unless_answered`` (sql/0041), which looks it up in the charge's
 transaction and charges only if no answer is cached and the cost is the one it was priced at, and its read starts
 with ``require_charged``, so nothing is read uncharged; not charged, the question goes round again from what the
 ledger read (an answer another worker cached is then finished from, at no cost, with no other round trip). Two
-round trips (that one, store).
+round trips (that one, then the store, after the answer).
 
 Time limits and cancels (:class:`Stop`): a question is held to the session's
 statement time limit from when it is asked, and a client's CancelRequest
@@ -343,30 +347,20 @@ class NoisyAnswers:
             return result
 
     async def _store_later(self, stores: list[Store], role: str, conn: psycopg.AsyncConnection[Any],
-                     held: contextlib.AsyncExitStack) -> None:
+                           held: contextlib.AsyncExitStack) -> None:
         """Store the answers of ``stores`` on ``conn`` (its pool slot in ``held``, given back when they are stored)
         while the answer goes to the client: the question is charged already, and the cache only spares a repeat a
         new charge. Until they are stored, a lookup of their keys in this worker waits (:meth:`_lookup`), so a
         repeat in the same session, or another one of this worker, finds them as if they had been stored first.
         Returns once the store's statement is sent (the task's first step), so that it reaches the server before
         the client can have read the answer and asked again through another worker."""
-        task = asyncio.ensure_future(self._storing_task(stores, role, conn, held))
+        task = asyncio.ensure_future(_stored_after(stores, role, conn, held))
         keys = [(role, store.key) for store in stores]
         for key in keys:
             self._storing[key] = task
         task.add_done_callback(lambda _: [self._storing.pop(key) for key in keys if self._storing.get(key) is task])
         await asyncio.sleep(0)
 
-    @staticmethod
-    async def _storing_task(stores: list[Store], role: str, conn: psycopg.AsyncConnection[Any],
-                      held: contextlib.AsyncExitStack) -> None:
-        """The stores of :meth:`_store_later`. One that fails is logged: the answer was charged and released, and a
-        repeat is charged again (it finds no answer); never released uncharged."""
-        try:
-            async with held:
-                await _store(conn, role, stores)
-        except (Refused, psycopg.Error, OSError, ledger.LedgerError) as exc:
-            log.warning("a dp answer was released but not cached (a repeat will be charged again): %s", exc)
 
     async def describe(self, question: Noisy, role: RolePolicy, policy: Policy, parameters: Parameters,
                        limits: SessionLimits) -> Description:
@@ -615,7 +609,8 @@ class NoisyAnswers:
         set a time limit of its own (shorter than the policy's): such a question is looked up first, as before, so
         that a limit shorter than the lookup still stops it before the charge, at no cost. A question this worker
         saw answered is looked up alone (one statement): its answer is most likely still cached, and a folded
-        charge that finds it costs the server the check, two transactions and the stopped read besides."""
+        charge that finds it costs the server the check, two transactions and the stopped read besides. A key whose
+        answer this worker is storing, after it left, is looked up (or folded) once it is stored."""
         role, table = asking.role.role, need.plan.table
         storing = self._storing.get((role, need.key)) if need.key is not None else None
         if storing is not None:  # its answer is being stored, after it left: it is looked up once stored
@@ -728,6 +723,18 @@ class NoisyAnswers:
                         self._idle.append(conn)
                     else:
                         await conn.close()
+
+
+async def _stored_after(stores: list[Store], role: str, conn: psycopg.AsyncConnection[Any],
+                       held: contextlib.AsyncExitStack) -> None:
+    """The stores of :meth:`NoisyAnswers._store_later`, then ``held`` closed (the connection back to the pool). One
+    that fails is logged: the answer was charged and released, and a repeat finds no answer and is charged again;
+    never answered uncharged."""
+    try:
+        async with held:
+            await _store(conn, role, stores)
+    except (Refused, psycopg.Error, OSError, ledger.LedgerError) as exc:
+        log.warning("a dp answer was released but not cached (a repeat will be charged again): %s", exc)
 
 
 async def _store(conn: psycopg.AsyncConnection[Any], role: str, stores: list[Store]) -> None:
