@@ -246,12 +246,15 @@ async def _answer(noisy: NoisyAnswers, policy: Policy, sql: str) -> Any:
 def test_a_new_question_on_a_warm_worker_makes_two_round_trips(
         governed: tuple[Policy, str], postgresql: psycopg.Connection, monkeypatch: pytest.MonkeyPatch) -> None:
     """Once the worker has read the role's per-query cost, a question it has not seen answered is charged unless
-    answered, with its check and read, in one round trip, then stored: no lookup of its own (sql/0041). Asked
-    again, it is one lookup."""
+    answered, with its check and read, in one round trip, then stored (after the answer is returned): no lookup
+    of its own (sql/0041). Asked again, it is one lookup."""
     policy, dsn = governed
     trips = RoundTrips()
+    role = policy.role(ROLE)
+    decision = decide(AVG, role, policy)
+    assert isinstance(decision, Noisy), decision
 
-    async def run() -> list[int]:
+    async def run() -> list[tuple[int, int]]:
         noisy = NoisyAnswers(dsn, analyser=None)
         counts = []
         try:
@@ -260,14 +263,17 @@ def test_a_new_question_on_a_warm_worker_makes_two_round_trips(
                 trips.count = 0
                 with monkeypatch.context() as patch:
                     patch.setattr(psycopg.AsyncConnection, "wait", _counted(trips))
-                    await _answer(noisy, policy, AVG)
-                counts.append(trips.count)
+                    await noisy.answer(decision, role, policy, Parameters(), SessionLimits())
+                    answered = trips.count
+                    await noisy.stored()
+                counts.append((answered, trips.count - answered))
         finally:
             await noisy.close()
         return counts
 
     before = _charges(postgresql)
-    assert asyncio.run(run()) == [2, 1]  # charge unless answered with check and read, then the store | lookup
+    # the charge unless answered with its check and read, then the store after the answer | the lookup
+    assert asyncio.run(run()) == [(1, 1), (1, 0)]
     assert _charges(postgresql) == before + 2  # COUNT and AVG, once each
 
 
