@@ -352,8 +352,9 @@ class NoisyAnswers:
         while the answer goes to the client: the question is charged already, and the cache only spares a repeat a
         new charge. Until they are stored, a lookup of their keys in this worker waits (:meth:`_lookup`), so a
         repeat in the same session, or another one of this worker, finds them as if they had been stored first.
-        Returns once the store's statement is sent (the task's first step), so that it reaches the server before
-        the client can have read the answer and asked again through another worker."""
+        Returns once the task has taken its first step, which sends the store's statement (but for the one time
+        psycopg prepares it on a connection: the Parse first), so that it reaches the server before the client can
+        have read the answer and asked again through another worker."""
         task = asyncio.ensure_future(_stored_after(stores, role, conn, held))
         keys = [(role, store.key) for store in stores]
         for key in keys:
