@@ -3,10 +3,13 @@
 Django's ``Adult.objects.annotate(n=Count('visits')).aggregate(Avg('n'))`` averages a per-person count: the outer
 level reads the inner query's released rows, and grouped by the unit every group is one person. Answered, the
 reporter got the average over the suppressed-rest row alone (all the visits, where PostgreSQL says about 3) and a dp
-role NULL; now both are refused with 0A000, a message naming the unit column and a hint of what to ask instead.
-Through the real gated proxy with psycopg, as ``reporter`` (suppress, k = 10, a rest row) and a fresh dp role.
-Near misses (grouped by a quasi-identifier, or by a column merely named like an id) are answered as before: over
-the released rows of the inner query, which the same role gets when it asks the inner query alone.
+role NULL; now both are refused with 0A000, a message naming the unit column and a hint of what to ask instead
+(a refusal costs the dp role nothing). Variants: AVG, SUM, MAX, COUNT over per-person figures, an outer WHERE, a
+WITH query, a linked table's key, a join, the unit beside another key, a derived table's alias, an aggregate query
+joined second, set operations. Through the real gated proxy with psycopg, as ``reporter`` (suppress, k = 10, a
+rest row) and a dp role of the module's own. Near misses (grouped by a quasi-identifier, or by a column merely named
+like an id) are answered as before: over the released rows of the inner query, which the same role gets when it
+asks the inner query alone. The hint's own question and a plain ``GROUP BY id`` are answered.
 """
 
 from __future__ import annotations
@@ -42,6 +45,11 @@ GROUPED_BY_UNIT = [
      "adult.id"),
     ("select avg(n) from (select p, count(*) as n from (select id as p from adult) d group by p) q", "adult.id"),
     ("select * from (select (id), count(*) as n from adult group by (id)) q order by n desc limit 5", "adult.id"),
+    # a branch of a set operation an outer query reads, or the set operation alone (its branches are read as
+    # released rows too)
+    ("select count(*) from (select id, count(*) as n from adult group by id union all select 0, count(*) "
+     "from adult) q", "adult.id"),
+    ("select id, count(*) from adult group by id union all select 0, count(*) from adult", "adult.id"),
     # the aggregate query grouped by the unit is the second one the outer query joins
     ("select count(*) from (select sex, count(*) as n from adult group by 1) a join (select id, count(*) as m "
      "from adult group by id) b on a.n = b.m", "adult.id"),
@@ -92,13 +100,17 @@ def test_dp_refused_over_unit_groups_and_charged_nothing(analyst: psycopg.Connec
     assert budget_left(analyst) == before, "a refusal costs nothing"
 
 
-def test_the_hints_own_question_is_answered(reporter: psycopg.Connection[Any], truth: psycopg.Connection) -> None:
-    """The hint's example, asked directly, is PostgreSQL's answer (about 3 visits per person)."""
+def test_the_hints_own_question_is_answered(reporter: psycopg.Connection[Any], analyst: psycopg.Connection[Any],
+                                            truth: psycopg.Connection) -> None:
+    """The hint's example, asked directly: PostgreSQL's answer (about 3 visits per person) for the reporter, a
+    noisy number for the dp role."""
     sql = ("SELECT count(visits.visit_id)::numeric / count(DISTINCT adult.id) FROM adult LEFT JOIN visits "
            "ON visits.person_id = adult.id")
     (expected,) = truth.execute(sql).fetchone()
     assert reporter.execute(sql).fetchone() == (expected,)
     assert Decimal(2) < expected < Decimal(4)
+    (noisy,) = analyst.execute(sql).fetchone()
+    assert noisy is not None and noisy > 0
 
 
 def test_plain_group_by_unit_is_still_answered(reporter: psycopg.Connection[Any], truth: psycopg.Connection) -> None:
