@@ -227,6 +227,13 @@ def _mean_visits(alias: str) -> Rows:
     return _rows(_adult().using(alias).annotate(visit_count=Subquery(per_person)).aggregate(mean=Avg("visit_count")))
 
 
+def _mean_visits_joined(alias: str) -> Rows:
+    """The same average with a join: each person's visits counted in an aggregate query grouped by adult.id."""
+    from django.db.models import Avg, Count
+
+    return _rows(_adult().using(alias).annotate(n=Count("visits")).aggregate(mean=Avg("n")))
+
+
 def _educations(alias: str) -> Rows:
     values = _adult().using(alias).order_by("education").distinct().values_list("education", flat=True)
     return [{"education": value} for value in values]
@@ -341,6 +348,8 @@ STEPS: tuple[Step, ...] = (
     Step("dj-subquery-outerref", "refused",
          "Adult.objects.annotate(visit_count=Subquery(Visit...filter(person=OuterRef('pk'))...Count('*')))"
          ".aggregate(Avg('visit_count'))", _mean_visits, per_person=False, refusal="subqueries"),
+    Step("dj-annotate-then-aggregate", "refused", "Adult.objects.annotate(n=Count('visits')).aggregate(Avg('n'))",
+         _mean_visits_joined, per_person=False, refusal="grouped by the privacy unit adult.id"),
     Step("dj-distinct-values-list", "counts",
          "Adult.objects.order_by('education').distinct().values_list('education', flat=True)", _educations,
          ("education",), _people_by_education),

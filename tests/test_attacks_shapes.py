@@ -145,12 +145,16 @@ def test_reporter_outer_query_cannot_test_a_persons_value(reporter: psycopg.Conn
     inner = "select id, sum(capital_gain) as g from adult where id < 200 group by id"
     released = reporter.execute(inner).fetchall()
     assert all(key is None for key, _ in released), "every group is one person: only the rest row can show"
+    # An outer query over it is refused (anonproxy/plan/unit_groups.py): it would read the rest row only.
     for threshold in (0, 5000, 99999):
-        got = reporter.execute(f"select count(*) from ({inner}) q where g > {threshold}").fetchone()[0]
-        assert got == sum(1 for _, g in released if g is not None and g > threshold)
+        with pytest.raises(psycopg.Error) as caught:
+            reporter.execute(f"select count(*) from ({inner}) q where g > {threshold}")
+        assert caught.value.sqlstate == "0A000"
+        assert "grouped by the privacy unit adult.id" in (caught.value.diag.message_primary or "")
     # errors depend on nothing withheld: a zero divisor gives NULL, whatever the value
-    nulls = reporter.execute(f"select g / (g - g), 7 % (g - g) from ({inner}) q").fetchall()
-    assert all(row == (None, None) for row in nulls)
+    by_education = "select education, sum(capital_gain) as g from adult group by education"
+    nulls = reporter.execute(f"select g / (g - g), 7 % (g - g) from ({by_education}) q").fetchall()
+    assert nulls and all(row == (None, None) for row in nulls)
 
 
 def test_reporter_series_limit_over_identifying_keys_releases_nobody(reporter: psycopg.Connection[Any]) -> None:
@@ -170,11 +174,11 @@ def test_dp_nested_shapes_release_no_person(gated_proxy: Endpoint, gated_databas
         # one is allowed; an implementation without the threshold, or with a looser one, releases many.
         assert len(series) <= 1, "no single person's group passes partition selection"
         assert "epsilon 1 of 2 left" in budget_left(conn), "both questions were paid for"
-        outer = conn.execute("select count(*) from (select id, count(*) as n from adult group by id) q "
-                             "where n > 0").fetchone()[0]
-        assert outer <= 1  # as above: a count of the released one-person groups
-        # Its inner question is the series limit's top-N measurement renamed and unsorted: already paid for (issue 12,
-        # cache by meaning).
+        # An outer query over one-person groups is refused (anonproxy/plan/unit_groups.py), paying nothing.
+        with pytest.raises(psycopg.Error) as refused:
+            conn.execute("select count(*) from (select id, count(*) as n from adult group by id) q where n > 0")
+        assert refused.value.sqlstate == "0A000"
+        assert "grouped by the privacy unit adult.id" in (refused.value.diag.message_primary or "")
         assert "epsilon 1 of 2 left" in budget_left(conn)
         with pytest.raises(psycopg.Error) as caught:
             conn.execute("select count(*) from (select id as age from adult) d where d.age / (d.age - 17) > 0")

@@ -21,7 +21,9 @@ with ``server_side_binding`` ($n parameters). Refused before this round: ``id__i
 column, ``U0."person_id" AS "person_id"``: anonproxy/plan/semi_joins.py) and, with server-side binding,
 ``Sum(Case(When(..., then=1), default=0))`` (the values added up are bound: anonproxy/plan/bind_values.py).
 Min/Max, ``exists()``, ``first()``, row slices, inspectdb's one-row read and a Subquery(OuterRef) per person stay
-refused (docs/bi-tools.md, "ORMs run for real").
+refused (docs/bi-tools.md, "ORMs run for real"); ``annotate(n=Count('visits')).aggregate(Avg('n'))``, answered
+before over the suppressed-rest row alone (a misleading 90242.0 as reporter, NULL as a dp role), is now refused:
+its inner query is grouped by the privacy unit adult.id (anonproxy/plan/unit_groups.py).
 """
 
 from __future__ import annotations

@@ -70,7 +70,7 @@ from anonproxy.dp.time_domains import (
     within_assumed,
     within_range,
 )
-from anonproxy.plan import bounds, post_aggregate, render
+from anonproxy.plan import bounds, post_aggregate, render, unit_groups
 from anonproxy.plan.analysis import AnalyticQuery, Item, analyze, canonical, filtered
 from anonproxy.plan.expressions import distinct_column
 from anonproxy.plan.outer import Outer, Series
@@ -298,6 +298,8 @@ def _measure(statement: Statement, tree: exp.Expression, role: RolePolicy, polic
     interval_of = interval_items.unwrap(tree)  # dp_interval_low/high(x) items: planned as x, then bounded
     query = analyze(statement, tree, index, SuppressionParams(k=1), dp=True)
     assert isinstance(tree, exp.Select)  # analyze refuses everything else, and every relation outside the policy
+    if isinstance(shape, Nested) and isinstance(shape.post, Outer):
+        unit_groups.check(query, dp=True)
     if query.distinct and any(item.kind == "aggregate" or item.aggregates for item in query.items):
         raise unsupported("SELECT DISTINCT with aggregates is not supported in dp mode", DP_HINT)
     # Each row one person (checked again by the SQL, anonproxy.dp.bounded_sql): one row in one group, whatever the
@@ -402,6 +404,7 @@ def _measure_further(outer: Outer, role: RolePolicy, policy: Policy) -> tuple[Me
         if refusal is not None:
             raise _again(refusal)
         assert isinstance(measured, Measured)
+        unit_groups.check(measured.query, dp=True)  # measured alone, as asked: not checked as an outer's input
         measurements.append(measured)
     return tuple(measurements)
 

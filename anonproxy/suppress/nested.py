@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from anonproxy.plan import unit_groups
 from anonproxy.plan.analysis import analyze
 from anonproxy.plan.outer import ROWS, Outer, Series
 from anonproxy.plan.render import sql
@@ -41,13 +42,15 @@ def suppressed(shape: Single | Nested, index: PolicyIndex, params: SuppressionPa
     post = shape.post
     if isinstance(post, Outer):
         inputs = [(ROWS, post.names, shape.inner.tree), *((more.name, more.names, more.inner) for more in post.more)]
+        analyses = [(name, names, analyze(shape.inner.statement, tree, index, params)) for name, names, tree in inputs]
+        for _, _, query in analyses:
+            unit_groups.check(query, dp=False)
         # MATERIALIZED: a fence. PostgreSQL would inline a WITH query read once and push the outer query's
         # conditions into it, into the HAVING of a total's suppression, ahead of its rules: an error there (an
         # overflow) would depend on a withheld value.
         released = ",\n".join(
             f"{name}({', '.join(quote(column) for column in names)}) AS MATERIALIZED (\n"
-            f"{rewrite(analyze(shape.inner.statement, tree, index, params), params)}\n)"
-            for name, names, tree in inputs)
+            f"{rewrite(query, params)}\n)" for name, names, query in analyses)
         return f"WITH {released}\n{post.sql()}"
     assert isinstance(post, Series)
     rest = named(post.rest, [], shape.inner.statement)
