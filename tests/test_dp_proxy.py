@@ -66,22 +66,6 @@ def test_noisy_answer_is_close_and_charged_once(gated_proxy: Endpoint, gated_dat
     assert any("95% interval" in detail for _, detail in notices)
 
 
-def test_a_repeat_sent_before_the_first_answer_came_back_is_that_answer_uncharged(
-        gated_proxy: Endpoint, gated_database: str, analyst: str) -> None:
-    """The answer is stored after it has left the proxy; the same question sent again at once in the same session
-    (pipelined: both statements are on the wire before the first answer comes back) is looked up only once the first
-    is stored, so it is that answer, with nothing charged."""
-    notices: list[str] = []
-    with psycopg.connect(gated_proxy.dsn(gated_database, user=analyst), autocommit=True) as conn:
-        conn.add_notice_handler(lambda d: notices.append(d.message_primary or ""))
-        with conn.pipeline():
-            first, again = conn.execute(QUERY), conn.execute(QUERY)
-        rows = first.fetchall()
-        assert again.fetchall() == rows
-        assert "epsilon 1.5 of 2 left" in budget_left(conn), "charged once"
-    assert sum("answered before" in message for message in notices) == 1
-
-
 def test_budget_runs_out(gated_proxy: Endpoint, gated_database: str, analyst: str) -> None:
     with psycopg.connect(gated_proxy.dsn(gated_database, user=analyst), autocommit=True) as conn:
         for age in range(30, 34):  # four different questions of ε 0.5 each spend the whole ε 2

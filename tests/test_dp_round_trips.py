@@ -16,8 +16,6 @@ fails after the charge stays charged.
 Since migration 0041 a worker that has read the role's per-query cost does not look up a question it has not seen
 answered: the lookup is made by the charge (``charge_unless_answered``), and a new question is two round trips. The
 tests that empty the answer cache between two askings of one text keep the lookup (the worker saw it answered).
-The answer is stored after it has left (the question is charged already; a lookup of its key in the same worker waits
-for the store): its round trip is counted apart, once the answer is returned (``NoisyAnswers.stored``).
 Since the read's COMMIT has a sync of its own, whatever fails in that round trip (the check, the charge,
 ``require_charged``, the SQL) leaves no transaction open: a refusal needs no ROLLBACK round trip.
 """
@@ -59,22 +57,23 @@ class RoundTrips:
 
 
 def _ask(policy: Policy, dsn: str, owner: psycopg.Connection, sql: str, trips: RoundTrips,
-         monkeypatch: pytest.MonkeyPatch, cached: bool, settings: dict[str, str] | None = None,
-         ) -> list[tuple[int, int]]:
+         monkeypatch: pytest.MonkeyPatch, cached: bool, settings: dict[str, str] | None = None) -> list[int]:
     """Round trips of ``sql`` asked first on a warm worker (planned, a pooled connection) with the answer cache
-    emptied, then asked again (``cached``: without emptying it); ``settings``: the client's followed settings. Each
-    as (round trips until the answer is returned, round trips after it: its store)."""
+    emptied, then asked again (``cached``: without emptying it); ``settings``: the client's followed settings."""
     role = policy.role(ROLE)
     decision = decide(sql, role, policy)
     assert isinstance(decision, Noisy)
-    counted = _counted(trips)
+    wait = psycopg.AsyncConnection.wait
 
-    async def run() -> list[tuple[int, int]]:
+    async def counted(self: psycopg.AsyncConnection[Any], *args: Any, **kwargs: Any) -> Any:
+        trips.count += 1
+        return await wait(self, *args, **kwargs)
+
+    async def run() -> list[int]:
         noisy = NoisyAnswers(dsn, analyser=None)
         counts = []
         try:
             await noisy.answer(decision, role, policy, Parameters(), SessionLimits(), settings=settings)  # warm
-            await noisy.stored()
             for fresh in (True, not cached):
                 if fresh:
                     owner.execute("delete from anonproxy.answer_cache where role_name = %s", [ROLE])
@@ -82,9 +81,7 @@ def _ask(policy: Policy, dsn: str, owner: psycopg.Connection, sql: str, trips: R
                 with monkeypatch.context() as patch:
                     patch.setattr(psycopg.AsyncConnection, "wait", counted)
                     await noisy.answer(decision, role, policy, Parameters(), SessionLimits(), settings=settings)
-                    answered = trips.count
-                    await noisy.stored()
-                counts.append((answered, trips.count - answered))
+                counts.append(trips.count)
         finally:
             await noisy.close()
         return counts
@@ -104,13 +101,12 @@ async def refusal(dsn: str, decision: Noisy, role: RolePolicy, policy: Policy) -
     return ""
 
 
-def test_a_new_question_makes_two_round_trips_before_its_answer_and_a_seen_one_one(
+def test_a_new_question_makes_three_round_trips_and_a_seen_one_one(
         governed: tuple[Policy, str], postgresql: psycopg.Connection, monkeypatch: pytest.MonkeyPatch) -> None:
     policy, dsn = governed
     first, seen = _ask(policy, dsn, postgresql, COUNT, RoundTrips(), monkeypatch, cached=True)
-    # lookup (the worker stored this question's answer: not folded), the charge with its check and read; then, after
-    # the answer is returned, the store
-    assert (first, seen) == ((2, 1), (1, 0))
+    # lookup (the worker stored this question's answer: not folded), the charge with its check and read, store
+    assert (first, seen) == (3, 1)
 
 
 def test_the_clients_time_zone_costs_no_round_trip(
@@ -119,7 +115,7 @@ def test_the_clients_time_zone_costs_no_round_trip(
     policy, dsn = governed
     settings = {"TimeZone": "America/New_York", "DateStyle": "SQL, DMY"}
     counts = _ask(policy, dsn, postgresql, COUNT, RoundTrips(), monkeypatch, cached=True, settings=settings)
-    assert counts == [(2, 1), (1, 0)]
+    assert counts == [3, 1]
 
 
 def test_a_statement_the_server_rejects_is_refused_in_the_charges_round_trip_at_no_cost(
@@ -225,36 +221,28 @@ def _counted(trips: RoundTrips) -> Any:
     wait = psycopg.AsyncConnection.wait
 
     async def counted(self: psycopg.AsyncConnection[Any], *args: Any, **kwargs: Any) -> Any:
-        try:
-            return await wait(self, *args, **kwargs)
-        finally:
-            trips.count += 1  # when it ends: a store's begins before its answer is returned, and ends after
+        trips.count += 1
+        return await wait(self, *args, **kwargs)
 
     return counted
 
 
 async def _answer(noisy: NoisyAnswers, policy: Policy, sql: str) -> Any:
-    """The answer of ``sql``, once stored (the store goes after the answer is returned)."""
     role = policy.role(ROLE)
     decision = decide(sql, role, policy)
     assert isinstance(decision, Noisy), decision
-    answer = await noisy.answer(decision, role, policy, Parameters(), SessionLimits())
-    await noisy.stored()
-    return answer
+    return await noisy.answer(decision, role, policy, Parameters(), SessionLimits())
 
 
 def test_a_new_question_on_a_warm_worker_makes_two_round_trips(
         governed: tuple[Policy, str], postgresql: psycopg.Connection, monkeypatch: pytest.MonkeyPatch) -> None:
     """Once the worker has read the role's per-query cost, a question it has not seen answered is charged unless
-    answered, with its check and read, in one round trip, then stored (after the answer is returned): no lookup
-    of its own (sql/0041). Asked again, it is one lookup."""
+    answered, with its check and read, in one round trip, then stored: no lookup of its own (sql/0041). Asked
+    again, it is one lookup."""
     policy, dsn = governed
     trips = RoundTrips()
-    role = policy.role(ROLE)
-    decision = decide(AVG, role, policy)
-    assert isinstance(decision, Noisy), decision
 
-    async def run() -> list[tuple[int, int]]:
+    async def run() -> list[int]:
         noisy = NoisyAnswers(dsn, analyser=None)
         counts = []
         try:
@@ -263,17 +251,14 @@ def test_a_new_question_on_a_warm_worker_makes_two_round_trips(
                 trips.count = 0
                 with monkeypatch.context() as patch:
                     patch.setattr(psycopg.AsyncConnection, "wait", _counted(trips))
-                    await noisy.answer(decision, role, policy, Parameters(), SessionLimits())
-                    answered = trips.count
-                    await noisy.stored()
-                counts.append((answered, trips.count - answered))
+                    await _answer(noisy, policy, AVG)
+                counts.append(trips.count)
         finally:
             await noisy.close()
         return counts
 
     before = _charges(postgresql)
-    # the charge unless answered with its check and read, then the store after the answer | the lookup
-    assert asyncio.run(run()) == [(1, 1), (1, 0)]
+    assert asyncio.run(run()) == [2, 1]  # charge unless answered with check and read, store | lookup
     assert _charges(postgresql) == before + 2  # COUNT and AVG, once each
 
 
@@ -337,32 +322,30 @@ def test_a_per_query_cost_changed_since_the_worker_read_it_is_charged_once_at_th
     assert last[0] == last[1]  # the same charge as after a lookup that read the new cost
 
 
-def test_two_sessions_racing_on_a_new_question_are_each_charged_for_what_they_release(
+def test_two_sessions_racing_on_a_new_question_release_one_answer(
         governed: tuple[Policy, str], postgresql: psycopg.Connection) -> None:
     """Two workers that know the cost ask the same new question at once. Each charge checks for an answer stored,
-    not one being computed: both may be charged (as with a lookup before the charge), never more. A session releases
-    the measurement it paid for (the store goes after the answer has left), so two answers differ only when both
-    were charged; the store keeps the first, and asked again, by either, the question is that answer, not charged."""
+    not one being computed: both may be charged (as with a lookup before the charge), never more, and both release
+    the one measurement stored first. Asked again, by either, it is not charged."""
     policy, dsn = governed
 
-    async def run() -> tuple[Any, Any, int, Any, Any, int]:
+    async def run() -> tuple[Any, Any, int, int]:
         first, second = NoisyAnswers(dsn, analyser=None), NoisyAnswers(dsn, analyser=None)
         try:
             await asyncio.gather(_answer(first, policy, COUNT), _answer(second, policy, COUNT))
             before = _charges(postgresql)
             one, other = await asyncio.gather(_answer(first, policy, AVG), _answer(second, policy, AVG))
             raced = _charges(postgresql) - before
-            again, more = await asyncio.gather(_answer(first, policy, AVG), _answer(second, policy, AVG))
-            return one, other, raced, again, more, _charges(postgresql) - before
+            await asyncio.gather(_answer(first, policy, AVG), _answer(second, policy, AVG))
+            return one, other, raced, _charges(postgresql) - before
         finally:
             await first.close()
             await second.close()
 
-    one, other, raced, again, more, after = asyncio.run(run())
+    one, other, raced, after = asyncio.run(run())
+    assert one.rows == other.rows
     assert raced in (1, 2)
-    assert one.rows == other.rows or raced == 2  # one answer, unless each session paid for its own
     assert after == raced
-    assert again.rows == more.rows and again.rows in (one.rows, other.rows)
 
 
 def test_a_read_that_fails_after_the_charge_is_refused_in_its_one_round_trip(
@@ -397,36 +380,3 @@ def test_a_read_that_fails_after_the_charge_is_refused_in_its_one_round_trip(
     assert (sqlstate, count) == ("42501", 1)
     assert len(again.rows) == 1
     assert _charges(postgresql) == before + 3  # COUNT; AVG, which failed and stays charged; AVG asked again
-
-
-def test_a_repeat_on_the_same_worker_waits_for_the_store_and_is_that_answer(
-        governed: tuple[Policy, str], postgresql: psycopg.Connection) -> None:
-    """The answer returns before its store, which is held up here (the owner locks the answer cache against writes;
-    reads go on). The same question asked again on the same worker meanwhile is looked up only once the store is
-    done: the same answer, not charged again."""
-    policy, dsn = governed
-    role = policy.role(ROLE)
-    decision = decide(AVG, role, policy)
-    assert isinstance(decision, Noisy), decision
-    waiting = "select count(*) from pg_locks where not granted and relation = 'anonproxy.answer_cache'::regclass"
-
-    async def run() -> tuple[Any, Any, int]:
-        noisy = NoisyAnswers(dsn, analyser=None)
-        try:
-            await _answer(noisy, policy, COUNT)  # the worker reads the per-query cost
-            before = _charges(postgresql)
-            with postgresql.transaction():
-                postgresql.execute("lock table anonproxy.answer_cache in exclusive mode")
-                first = await noisy.answer(decision, role, policy, Parameters(), SessionLimits())
-                while postgresql.execute(waiting).fetchone() != (1,):  # its store, sent, waits for the lock
-                    await asyncio.sleep(0.01)
-                again = asyncio.ensure_future(noisy.answer(decision, role, policy, Parameters(), SessionLimits()))
-                await asyncio.sleep(0.2)  # room for a repeat that did not wait to miss the answer and be charged
-            return first, await again, _charges(postgresql) - before
-        finally:
-            await noisy.close()
-
-    first, again, charged = asyncio.run(run())
-    assert again.rows == first.rows
-    assert b"answered before" in again.notices, again.notices
-    assert charged == 1

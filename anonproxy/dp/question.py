@@ -206,9 +206,8 @@ class Read:
 
 @dataclass(frozen=True)
 class Store:
-    """Store the measurement under ``key`` and ``version``, unless another session did first. Sends back None: the
-    driver may store it after the answer has left (the question is charged already), provided that this worker
-    looks ``key`` up again only once it is stored."""
+    """Store the measurement under ``key`` and ``version``, unless another session did first. Sends back what the
+    ledger keeps (bytes or None)."""
 
     key: str
     version: str | None
@@ -346,11 +345,9 @@ def ask(asked: Asked, known: MutableMapping[str, Costs], policy_version: int,
     spent.epsilon_spent_delta = left.epsilon_spent_delta or Decimal(0)
     version, types, rows = yield read
     measured = measure(plan, types, rows)
-    data = encoded(measured.canonical(plan))
-    # Released as a repeat will read it from the cache (decoded), so that both are the same answer.
-    result = yield Finish(plan, readable(data, plan) or measured, headline)
-    # Charged already: the cache only spares a repeat a new charge, so the store may go after the answer has left.
-    yield Store(found.key, version, data)
+    # Another session of the role may have paid for the same question meanwhile: one measurement is released.
+    stored = yield Store(found.key, version, encoded(measured.canonical(plan)))
+    result = yield Finish(plan, readable(stored, plan) or measured, headline)
     return with_notice(result, f"anonproxy: this answer moved ε spent on {plan.table} by "
                                f"{amounts.spent(spent.epsilon_spent_delta)}: {state(left)}"), plan
 

@@ -21,12 +21,9 @@ a question that fails after the charge stays paid for, and an exhausted budget
 is refused before its SQL runs); then, in one REPEATABLE READ READ ONLY
 transaction, read the data version of every table the plan reads and run the
 contribution-bounded SQL with the client's bound parameters; measure (noise,
-partition selection), finish the statement from it, and cache the measurement
-under that version (anonproxy.dp.ledger) while the answer leaves
-(:meth:`NoisyAnswers._store_later`: charged already, the question needs the
-cache only for its repeats, whose lookup in this worker waits for the store).
-A query that only lists declared public domains reads no row and is neither
-charged nor cached.
+partition selection), cache the measurement under that version
+(anonproxy.dp.ledger), and finish the statement from it. A query that only
+lists declared public domains reads no row and is neither charged nor cached.
 
 Round trips (:meth:`NoisyAnswers._charge_then_read`): when the data is read on
 the primary, the check (the plan's SQL prepared, when it has no post statement
@@ -37,14 +34,13 @@ mode. The server runs them in order and skips the rest after an error: a
 rejected SQL is not charged, a refused charge reads nothing, and the charge's
 COMMIT is durable before the SQL reads a row; the read's COMMIT, after a sync of its own, ends whatever
 transaction a failure left open, so a refusal needs no ROLLBACK round trip. A new question makes three round trips
-(lookup, that one, store; the store's after the answer is returned) where it made eight; one already answered
-makes one. Once this worker has read the role's
+(lookup, that one, store) where it made eight; one already answered makes one. Once this worker has read the role's
 per-query cost on the table, a question it has not seen answered skips the lookup (:meth:`NoisyAnswers._lookup`:
 folded): its charge is ``anonproxy.charge_unless_answered`` (sql/0041), which looks it up in the charge's
 transaction and charges only if no answer is cached and the cost is the one it was priced at, and its read starts
 with ``require_charged``, so nothing is read uncharged; not charged, the question goes round again from what the
 ledger read (an answer another worker cached is then finished from, at no cost, with no other round trip). Two
-round trips (that one, then the store, after the answer).
+round trips (that one, store).
 
 Time limits and cancels (:class:`Stop`): a question is held to the session's
 statement time limit from when it is asked, and a client's CancelRequest
@@ -260,8 +256,6 @@ class _Asking:
         default_factory=list)
     # A Check kept to be sent first with the Charge that names it (Charge.check).
     check_ahead: list[Check] = field(default_factory=list)
-    # A measurement to store, kept until the next step that uses the connection, or until the answer has left.
-    storing: list[Store] = field(default_factory=list)
 
 
 def _asked(question: Noisy | ExplainDP, role: RolePolicy, parameters: Parameters, limits: SessionLimits,
@@ -294,15 +288,8 @@ class NoisyAnswers:
         # priced at it and charged unless answered, without a lookup of its own (question.Lookup.fold)
         self._looked: dict[tuple[str, str], ledger.Lookup] = {}
         self._answered: BoundedCache[tuple[str, str], bool] = BoundedCache(ANSWERED_BYTES)  # (role, key)
-        # (role, key) -> the store of its answer, sent after the answer left: a lookup of the key waits for it.
-        self._storing: dict[tuple[str, str], asyncio.Task[None]] = {}
-
-    async def stored(self) -> None:
-        """Once every answer this worker released is stored (the stores sent after their answers left)."""
-        await asyncio.gather(*set(self._storing.values()))
 
     async def close(self) -> None:
-        await self.stored()
         while self._idle:
             await self._idle.pop().close()
         await self._standbys.close()
@@ -338,30 +325,9 @@ class NoisyAnswers:
         session = measuring(settings or {})
         asking = _Asking(role, policy, parameters, stop or Stop(), limits.asker, session=session)
         asked = _asked(question, role, parameters, limits, session)
-        async with contextlib.AsyncExitStack() as held:
-            conn = await held.enter_async_context(self._connection())
-            result = await self._drive(question_steps.answer(asked, self._known(role), policy.version,
-                                                             spent or Spent()), asking, conn)
-            if asking.storing:  # the connection goes with the store, sent now; its outcome is not waited for
-                await self._store_later(asking.storing, role.role, conn, held.pop_all())
-            return result
-
-    async def _store_later(self, stores: list[Store], role: str, conn: psycopg.AsyncConnection[Any],
-                           held: contextlib.AsyncExitStack) -> None:
-        """Store the answers of ``stores`` on ``conn`` (its pool slot in ``held``, given back when they are stored)
-        while the answer goes to the client: the question is charged already, and the cache only spares a repeat a
-        new charge. Until they are stored, a lookup of their keys in this worker waits (:meth:`_lookup`), so a
-        repeat in the same session, or another one of this worker, finds them as if they had been stored first.
-        Returns once the task has taken its first step, which sends the store's statement (but for the one time
-        psycopg prepares it on a connection: the Parse first), so that it reaches the server before the client can
-        have read the answer and asked again through another worker."""
-        task = asyncio.ensure_future(_stored_after(stores, role, conn, held))
-        keys = [(role, store.key) for store in stores]
-        for key in keys:
-            self._storing[key] = task
-        task.add_done_callback(lambda _: [self._storing.pop(key) for key in keys if self._storing.get(key) is task])
-        await asyncio.sleep(0)
-
+        async with self._connection() as conn:
+            return await self._drive(question_steps.answer(asked, self._known(role), policy.version,
+                                                           spent or Spent()), asking, conn)
 
     async def describe(self, question: Noisy, role: RolePolicy, policy: Policy, parameters: Parameters,
                        limits: SessionLimits) -> Description:
@@ -560,11 +526,6 @@ class NoisyAnswers:
             asking.stop.check()
             return None
         assert conn is not None  # every other step reads or writes the database
-        if isinstance(need, Store):  # stored before the connection's next step, or after the answer has left
-            self._answered.put((role.role, need.key), True, len(need.key))
-            asking.storing.append(need)
-            return None
-        await _store(conn, role.role, asking.storing)  # (a question of a nested statement, answered before this one)
         if isinstance(need, Lookup):
             return await self._lookup(conn, need, asking)
         if isinstance(need, Check):
@@ -597,6 +558,9 @@ class NoisyAnswers:
             if need.free:
                 return (None, *await _run(conn, need.plan.sql, parameters, asking.session))
             return await self._measure(conn, need.plan, parameters, asking.stop, asking.session)
+        if isinstance(need, Store):
+            self._answered.put((role.role, need.key), True, len(need.key))
+            return await ledger.store_answer(conn, role.role, need.key, need.version, need.data)
         if isinstance(need, Finish):
             return await _result(conn, need.plan, need.measurement, need.headline, asking.session)
         if isinstance(need, RunReleased):
@@ -610,12 +574,8 @@ class NoisyAnswers:
         set a time limit of its own (shorter than the policy's): such a question is looked up first, as before, so
         that a limit shorter than the lookup still stops it before the charge, at no cost. A question this worker
         saw answered is looked up alone (one statement): its answer is most likely still cached, and a folded
-        charge that finds it costs the server the check, two transactions and the stopped read besides. A key whose
-        answer this worker is storing, after it left, is looked up (or folded) once it is stored."""
+        charge that finds it costs the server the check, two transactions and the stopped read besides."""
         role, table = asking.role.role, need.plan.table
-        storing = self._storing.get((role, need.key)) if need.key is not None else None
-        if storing is not None:  # its answer is being stored, after it left: it is looked up once stored
-            await asyncio.shield(storing)
         last = self._looked.get((role, table))
         own_limit = 0 < asking.stop.timeout_ms < asking.policy.statement_limit("dp")
         if (need.fold and need.key is not None and last is not None and self._answered.get((role, need.key)) is None
@@ -724,25 +684,6 @@ class NoisyAnswers:
                         self._idle.append(conn)
                     else:
                         await conn.close()
-
-
-async def _stored_after(stores: list[Store], role: str, conn: psycopg.AsyncConnection[Any],
-                       held: contextlib.AsyncExitStack) -> None:
-    """The stores of :meth:`NoisyAnswers._store_later`, then ``held`` closed (the connection back to the pool). One
-    that fails is logged: the answer was charged and released, and a repeat finds no answer and is charged again;
-    never answered uncharged."""
-    try:
-        async with held:
-            await _store(conn, role, stores)
-    except (Refused, psycopg.Error, OSError, ledger.LedgerError) as exc:
-        log.warning("a dp answer was released but not cached (a repeat will be charged again): %s", exc)
-
-
-async def _store(conn: psycopg.AsyncConnection[Any], role: str, stores: list[Store]) -> None:
-    """The measurements of ``stores`` stored (each unless another session stored one first), emptying the list."""
-    while stores:
-        store = stores.pop(0)
-        await ledger.store_answer(conn, role, store.key, store.version, store.data)
 
 
 def _plan_weight(text: str, plan: DPPlan | Reject) -> int:
