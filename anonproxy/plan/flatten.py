@@ -285,7 +285,7 @@ def _check_qualifiers(select: exp.Select) -> None:
 
 def _inline(outer: exp.Select, position: int, item: exp.Subquery, body: exp.Select, source: str) -> None:
     offset = body.args.get("offset")
-    if offset is not None and _is_zero(offset.expression):
+    if offset is not None and is_zero(offset.expression):
         body.set("offset", None)  # skips no row
     _check_inlinable(item, body)
     inner = sources(body)
@@ -328,9 +328,9 @@ def _inline(outer: exp.Select, position: int, item: exp.Subquery, body: exp.Sele
             join.set("on", exp.and_(exp.paren(on, copy=False), exp.paren(condition.this, copy=False), copy=False))
 
 
-def _is_zero(node: exp.Expression) -> bool:
-    """Whether ``node`` is the constant 0 as PostgreSQL reads an OFFSET: ``0``, ``'0'`` (a bound value written as a
-    constant), either cast to an integer type."""
+def is_zero(node: exp.Expression) -> bool:
+    """Whether ``node`` is the constant 0 as PostgreSQL reads an OFFSET or a LIMIT: ``0``, ``'0'`` (a bound value
+    written as a constant), either cast to an integer type."""
     if isinstance(node, exp.Cast) and node.to.this in _INTEGERS and not node.to.expressions:
         node = node.this
     if not isinstance(node, exp.Literal):

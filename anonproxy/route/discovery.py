@@ -36,6 +36,7 @@ from sqlglot import exp
 from sqlglot.tokenizer_core import TokenType
 
 from anonproxy.plan.final_sql import FinalCheckRefusal, check_final_sql
+from anonproxy.plan.flatten import is_zero
 from anonproxy.plan.names import drop_database, output_name, own_nodes
 from anonproxy.plan.render import sql as render
 from anonproxy.plan.shape import named
@@ -88,7 +89,7 @@ def returns_no_row(tree: exp.Expression) -> bool:
 
 
 def _limit_zero(limit: exp.Expression | None) -> bool:
-    """LIMIT 0 or FETCH FIRST 0 ROWS (a NULL limit is no limit)."""
+    """LIMIT 0 or FETCH FIRST 0 ROWS, as PostgreSQL reads the constant (a NULL limit is no limit)."""
     if isinstance(limit, exp.Limit):
         count = limit.expression
     elif isinstance(limit, exp.Fetch):
@@ -97,7 +98,7 @@ def _limit_zero(limit: exp.Expression | None) -> bool:
         return False
     while isinstance(count, exp.Paren):
         count = count.this
-    return isinstance(count, exp.Literal) and not count.is_string and count.this.isdigit() and int(count.this) == 0
+    return count is not None and is_zero(count)
 
 
 _UNKNOWN = object()  # not a constant
