@@ -51,6 +51,19 @@ select exists (
 # Rows are ordered so that dumps are stable: tables and roles by name, columns
 # in the table's own order (columns since dropped last).
 _POLICY_SQL = """
+-- Every live column of the protected, linked and reference tables, read once for the facts below.
+with governed_columns as (
+    select g.table_name, g.reference, a.attnum, a.attname, a.atttypid, a.atttypmod, a.attcollation, a.attnotnull
+      from (select t.table_name, pg_catalog.bool_and(t.reference) as reference  -- reference: of no unit
+              from (select p.table_name, false as reference from anonproxy.protected_tables p
+                    union all select l.table_name, false from anonproxy.linked_tables l
+                    union all select x.table_name, true from anonproxy.reference_tables x) t
+             group by t.table_name) g
+      join pg_catalog.pg_class r on true
+      join pg_catalog.pg_namespace n on n.oid = r.relnamespace
+           and pg_catalog.format('%I.%I', n.nspname, r.relname) = g.table_name
+      join pg_catalog.pg_attribute a on a.attrelid = r.oid and a.attnum > 0 and not a.attisdropped
+)
 select pg_catalog.json_build_object(
     'version', (select v.version from anonproxy.policy_version v),
     'service_role', (select s.service_role from anonproxy.settings s),
@@ -70,46 +83,28 @@ select pg_catalog.json_build_object(
                        where pg_catalog.format('%I.%I', n.nspname, r.relname) = c.table_name
                          and a.attname = c.column_name
                   ) a on true),
-    -- The SQL type of every column of the protected and linked tables (a domain's base type), for the proof that
-    -- a derived expression cannot fail (anonproxy/plan/bounds.py).
-    'types', (select pg_catalog.json_agg(pg_catalog.json_build_array(g.table_name, a.attname,
-                  pg_catalog.format_type(case when t.typtype = 'd' then t.typbasetype else a.atttypid end,
-                                         case when t.typtype = 'd' then t.typtypmod else a.atttypmod end))
-                  order by g.table_name, a.attnum)
-                from (select p.table_name from anonproxy.protected_tables p
-                      union select l.table_name from anonproxy.linked_tables l
-                      union select x.table_name from anonproxy.reference_tables x) g
-                join pg_catalog.pg_class r on true
-                join pg_catalog.pg_namespace n on n.oid = r.relnamespace
-                     and pg_catalog.format('%I.%I', n.nspname, r.relname) = g.table_name
-                join pg_catalog.pg_attribute a on a.attrelid = r.oid and a.attnum > 0 and not a.attisdropped
-                join pg_catalog.pg_type t on t.oid = a.atttypid),
+    -- The SQL type of every column of the protected, linked and reference tables (a domain's base type), for the
+    -- proof that a derived expression cannot fail (anonproxy/plan/bounds.py).
+    'types', (select pg_catalog.json_agg(pg_catalog.json_build_array(c.table_name, c.attname,
+                  pg_catalog.format_type(case when t.typtype = 'd' then t.typbasetype else c.atttypid end,
+                                         case when t.typtype = 'd' then t.typtypmod else c.atttypmod end))
+                  order by c.table_name, c.attnum)
+                from governed_columns c
+                join pg_catalog.pg_type t on t.oid = c.atttypid),
     -- The columns of a nondeterministic collation ('r1' = 'R1'), with its name: a reference key of another
     -- collation equated with one is compared under it, and may then meet several reference rows
     -- (anonproxy/plan/joins.py).
-    'nondeterministic', (select pg_catalog.json_agg(pg_catalog.json_build_array(g.table_name, a.attname,
-                             pg_catalog.format('%I.%I', cn.nspname, c.collname))
-                             order by g.table_name, a.attnum)
-                           from (select p.table_name from anonproxy.protected_tables p
-                                 union select l.table_name from anonproxy.linked_tables l
-                                 union select x.table_name from anonproxy.reference_tables x) g
-                           join pg_catalog.pg_class r on true
-                           join pg_catalog.pg_namespace n on n.oid = r.relnamespace
-                                and pg_catalog.format('%I.%I', n.nspname, r.relname) = g.table_name
-                           join pg_catalog.pg_attribute a on a.attrelid = r.oid and a.attnum > 0
-                                and not a.attisdropped
-                           join pg_catalog.pg_collation c on c.oid = a.attcollation and not c.collisdeterministic
-                           join pg_catalog.pg_namespace cn on cn.oid = c.collnamespace),
+    'nondeterministic', (select pg_catalog.json_agg(pg_catalog.json_build_array(c.table_name, c.attname,
+                             pg_catalog.format('%I.%I', cn.nspname, o.collname))
+                             order by c.table_name, c.attnum)
+                           from governed_columns c
+                           join pg_catalog.pg_collation o on o.oid = c.attcollation and not o.collisdeterministic
+                           join pg_catalog.pg_namespace cn on cn.oid = o.collnamespace),
     -- The NOT NULL columns of the protected and linked tables: dp mode counts them with the count of rows.
-    'not_null', (select pg_catalog.json_agg(pg_catalog.json_build_array(g.table_name, a.attname)
-                     order by g.table_name, a.attnum)
-                   from (select p.table_name from anonproxy.protected_tables p
-                         union select l.table_name from anonproxy.linked_tables l) g
-                   join pg_catalog.pg_class r on true
-                   join pg_catalog.pg_namespace n on n.oid = r.relnamespace
-                        and pg_catalog.format('%I.%I', n.nspname, r.relname) = g.table_name
-                   join pg_catalog.pg_attribute a on a.attrelid = r.oid and a.attnum > 0 and not a.attisdropped
-                        and a.attnotnull),
+    'not_null', (select pg_catalog.json_agg(pg_catalog.json_build_array(c.table_name, c.attname)
+                     order by c.table_name, c.attnum)
+                   from governed_columns c
+                  where c.attnotnull and not c.reference),
     -- The protected tables whose unit column alone is a primary key, or NOT NULL with a unique index of its own
     -- (not partial, not on an expression, under the column's collation and its type's default operator class: unique
     -- under the unit's own equality), and no child table: each row is one person, and the suppression SQL counts
