@@ -211,12 +211,12 @@ def unit_of_type(conn: psycopg.Connection, name: str, unit_type: str) -> Protect
     return ProtectedTable(name, "id", {"id": ColumnPolicy("id", "identifier")})
 
 
-def reporter_through_own_proxy(dbname: str) -> Callable[..., Any]:
-    """Fixture ``reporter`` for a module whose ``owner`` is :func:`database_of_its_own`: the demo's reporter (k 10,
+def reporter_through_own_proxy(dbname: str, name: str = "reporter") -> Callable[..., Any]:
+    """Fixture ``name`` for a module whose ``owner`` is :func:`database_of_its_own`: the demo's reporter (k 10,
     dominance (2, 85 %), p 10 %, a rest row) through a proxy of that database's own (one worker), once it reads the
     current policy; the proxy's log must hold no traceback. Use: ``reporter = reporter_through_own_proxy("db")``."""
 
-    @pytest.fixture(scope="module", name="reporter")
+    @pytest.fixture(scope="module", name=name)
     def reporter(owner: psycopg.Connection, pg_server: EmbeddedPostgres,
                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[psycopg.Connection]:
         log_path = tmp_path_factory.mktemp(dbname) / "anonproxy.log"

@@ -40,11 +40,10 @@ from typing import Any
 
 import psycopg
 import pytest
-from conftest import (SERVICE_ROLE, Endpoint, attack_roles, database_of_its_own, start_proxy, stop_proxy,
+from conftest import (Endpoint, attack_roles, database_of_its_own, reporter_through_own_proxy,
                       suppress_answers_as_postgresql, wait_for_current_policy)
 
-from anonproxy.embedded import EmbeddedPostgres
-from anonproxy.policy.model import ColumnPolicy, Policy, ProtectedTable
+from anonproxy.policy.model import ColumnPolicy, Policy, ProtectedTable, ReferenceTable
 from anonproxy.policy.yaml_policy import demo_policy
 
 reporter, analyst = attack_roles("dp_round18", epsilon=1000, scope="module")
@@ -303,28 +302,14 @@ def _collated(conn: psycopg.Connection[Any]) -> Policy:
                                           "kind": ColumnPolicy("kind", "quasi_identifier"),
                                           "v": ColumnPolicy("v", "sensitive", -100, 100)})
     policy = demo_policy()
-    return dataclasses.replace(policy, tables={**policy.tables, CLUBS: clubs})
+    return dataclasses.replace(policy, tables={**policy.tables, CLUBS: clubs},
+                               references={table: ReferenceTable(table) for table in (LABELS, LABELS_CI)})
 
 
 owner = database_of_its_own(COLLATED, _collated)
 
 
-@pytest.fixture(scope="module")
-def club_reporter(owner: psycopg.Connection, pg_server: EmbeddedPostgres,
-                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[psycopg.Connection]:
-    """The demo's reporter through a proxy of this database's own, ``kind_labels`` declared a reference table."""
-    for table in (LABELS, LABELS_CI):
-        owner.execute(f"select anonproxy.declare_reference_table('{table}')")
-    log_path = tmp_path_factory.mktemp("round18") / "anonproxy.log"
-    proxy = start_proxy(f"host={pg_server.host} port={pg_server.port}", log_path, workers="1",
-                        service_dsn=f"user={SERVICE_ROLE} password={SERVICE_ROLE} dbname={COLLATED}")
-    try:
-        wait_for_current_policy(owner, proxy.endpoint, COLLATED)
-        with psycopg.connect(proxy.endpoint.dsn(COLLATED, user="reporter"), autocommit=True) as conn:
-            yield conn
-    finally:
-        stop_proxy(proxy)
-    assert "Traceback" not in proxy.log(), proxy.log()
+club_reporter = reporter_through_own_proxy(COLLATED, name="club_reporter")
 
 
 @pytest.mark.parametrize("sql", [
