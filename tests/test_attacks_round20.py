@@ -14,6 +14,12 @@ fixed in ``_number`` (an exact sign flip). Finding: the columns of ``x AT TIME Z
 bare ``current_timestamp`` / ``localtimestamp`` and ``ARRAY[...]`` were named ``?column?``, in a discovery and (AT
 TIME ZONE) in ordinary answers of both modes; fixed in anonproxy/plan/names.py and plan/post_aggregate.py.
 
+Part A' (anonproxy/plan/bind_values.py, the ``summed`` slot). Values added up, bound at Bind: NaN, infinities and
+huge values are refused (0A000). Finding: a tiny one (``sum(a.age * 1e-400)``, literal or bound) made dp's pricing
+take math.log10 of a fraction a float holds as 0, and the dp role got XX000 "internal error in anonproxy while
+analysing the statement" (no leak: it depends on the statement only); fixed in anonproxy/dp/plan.py (an exact
+⌊log10⌋ of a fraction, for the sum's grid and a quantile's step).
+
 Part B (anonproxy/plan/unit_groups.py). An outer query over an aggregate query grouped by ``visits.visit_id``, a
 column the policy marks as an identifier (one visit, so one person per group), was answered: the outer level read
 only the suppressed-rest row (the reporter's max over per-visit counts was the count of all visits) or, in dp,
@@ -36,6 +42,7 @@ from __future__ import annotations
 import itertools
 import random
 from collections.abc import Iterator
+from decimal import Decimal
 from typing import Any
 
 import psycopg
@@ -186,6 +193,29 @@ def test_a_condition_false_beyond_28_digits_is_a_discovery(truth: psycopg.Connec
     for conn in (reporter, analyst):
         assert _answered(conn, sql) == (_described(truth, sql), []), sql
     assert budget_left(analyst) == before
+
+
+# Part A'. The ``summed`` slot (anonproxy/plan/bind_values.py): a value added up, bound at Bind. Huge, infinite and
+# NaN values are refused (0A000); a tiny one (1e-400) made dp's pricing take math.log10 of a fraction that a float
+# holds as 0: "math domain error", answered with XX000 "internal error in anonproxy". Literal or bound, dp answers.
+TINY = [
+    ("SELECT a.sex, sum(a.age * 1e-400) FROM public.adult a GROUP BY 1", ()),
+    ("SELECT a.sex, avg(a.age * 1e-400) FROM public.adult a GROUP BY 1", ()),
+    ("SELECT a.sex, sum(CASE WHEN a.income = %s THEN %s ELSE 0 END) FROM public.adult a GROUP BY 1",
+     (">50K", Decimal("1e-400"))),
+    ("SELECT a.sex, sum(a.age * %s) FROM public.adult a GROUP BY 1", (Decimal("1e-400"),)),
+]
+
+
+@pytest.mark.parametrize(("sql", "params"), TINY)
+def test_dp_answers_a_sum_of_tiny_values(reporter: psycopg.Connection[Any], analyst: psycopg.Connection[Any],
+                                         sql: str, params: tuple[Any, ...]) -> None:
+    """Both sexes answered, each a number of the size PostgreSQL's own sums have (below 1e-390, not a grid 400
+    orders of magnitude off), as the reporter is answered."""
+    for conn in (reporter, analyst):
+        rows = conn.execute(sql, params or None).fetchall()
+        assert sorted(row[0] for row in rows) == ["Female", "Male"], (sql, rows)
+        assert all(abs(row[1]) < Decimal("1e-390") for row in rows), (sql, rows)
 
 
 # Part B. Grouped by an identifier column that is not the unit: one visit, one person.
