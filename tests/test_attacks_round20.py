@@ -41,15 +41,18 @@ from __future__ import annotations
 
 import itertools
 import random
+import time
 from collections.abc import Iterator
 from decimal import Decimal
 from typing import Any
 
 import psycopg
 import pytest
-from conftest import attack_roles
+from conftest import SERVICE_ROLE, attack_roles, start_proxy, stop_proxy, wait_for_current_policy
 from psycopg import pq
 from service_sql import sorted_rows
+
+from anonproxy.embedded import EmbeddedPostgres
 
 reporter, analyst = attack_roles("dp_round20", epsilon=100, scope="module")
 
@@ -340,3 +343,61 @@ def test_a_withheld_value_is_not_read_through_a_bound_having(reporter: psycopg.C
     as_is = _bound_answers(reporter, sql, values)
     swapped()
     assert _bound_answers(reporter, sql, values) == as_is, sql
+
+
+# Part D (re-attack of the last external red team's service-pool finding). Clients that stop reading mid-answer: each
+# asks for an answer of about 13 MB (a 200,000-character constant beside each of the 67 released ages) and reads
+# none of it, more of them than the pool has connections, so each keeps the service connection its answer comes
+# from. Another session's statement is answered: past service_hold_timeout a session whose client reads nothing
+# gives its connection up to a waiting statement (it is ended with 57014). No hold.
+POOL = 2
+PAD = "x" * 200_000
+UNREAD = f"SELECT a.age, '{PAD}' AS pad, count(*) FROM public.adult a GROUP BY 1"
+SEXES_COUNT = "SELECT a.sex, count(*) FROM public.adult a GROUP BY 1 ORDER BY 1"
+
+
+@pytest.fixture
+def small_pool(truth: psycopg.Connection, pg_server: EmbeddedPostgres, gated_database: str,
+               tmp_path: Any) -> Iterator[Any]:
+    """A proxy of the gated database with a pool of ``POOL`` service connections, held at most 2 s by a client that
+    reads nothing while a statement waits 30 s at most for one."""
+    started = start_proxy(f"host={pg_server.host} port={pg_server.port}", tmp_path / "anonproxy.log", workers="1",
+                          service_pool_size=str(POOL), service_hold_timeout="2", service_wait_timeout="30",
+                          service_dsn=f"user={SERVICE_ROLE} password={SERVICE_ROLE} dbname={gated_database}")
+    try:
+        wait_for_current_policy(truth, started.endpoint, gated_database)
+        yield started
+    finally:
+        stop_proxy(started)
+    assert "Traceback" not in started.log(), started.log()
+
+
+def _wait_for_blocked_service(truth: psycopg.Connection) -> None:
+    """Wait until every service connection of the pool is blocked sending an answer no client reads."""
+    for _ in range(600):
+        row = truth.execute("SELECT count(*) FROM pg_stat_activity WHERE usename = %s AND wait_event = 'ClientWrite'",
+                            (SERVICE_ROLE,)).fetchone()
+        if row is not None and row[0] >= POOL:
+            return
+        time.sleep(0.1)
+    pytest.fail("the service connections never blocked on the unread answers")
+
+
+def test_clients_that_stop_reading_mid_answer_hold_no_service_connection(truth: psycopg.Connection,
+                                                                         small_pool: Any,
+                                                                         gated_database: str) -> None:
+    own = truth.execute(SEXES_COUNT).fetchall()
+    holders = []
+    try:
+        for _ in range(POOL + 1):
+            conn = psycopg.connect(small_pool.endpoint.dsn(gated_database, user="reporter"), autocommit=True)
+            holders.append(conn)
+            conn.pgconn.send_query(UNREAD.encode())  # sent; its answer never read
+        _wait_for_blocked_service(truth)
+        with psycopg.connect(small_pool.endpoint.dsn(gated_database, user="reporter"), autocommit=True) as victim:
+            assert victim.execute(SEXES_COUNT).fetchall() == own
+    finally:
+        for conn in holders:
+            conn.close()
+    # the answer waited for holders: the connection it ran on was given up by one of them
+    assert "read nothing of its answer for service_hold_timeout" in small_pool.log(), small_pool.log()
