@@ -35,6 +35,13 @@ Part C (re-attack of the last external red team's HAVING finding). A withheld va
 value bound at Bind (psycopg's server-side binding), through one prepared statement run again with other values,
 and through a server-side cursor: the answer (rows or SQLSTATE) does not change when the one person of an age has
 their sex swapped with another's (each sex keeps its count). No leak.
+
+Part D (the service-pool finding): clients that stop reading a 13 MB answer mid-way, more than the pool has
+connections: another session is answered (service_hold_timeout gives their connections up). No hold.
+
+Part E (the audit-trail finding): TRUNCATE, DELETE, UPDATE (also in a WITH query or DO), ALTER TABLE ... DISABLE
+TRIGGER, a role rename, set_config and a read of the trail by the roles it records are refused (42501) and recorded;
+a text over max_statement_size is refused (54000) and recorded; the rows before stay as they were. No gap.
 """
 
 from __future__ import annotations
@@ -401,3 +408,49 @@ def test_clients_that_stop_reading_mid_answer_hold_no_service_connection(truth: 
             conn.close()
     # the answer waited for holders: the connection it ran on was given up by one of them
     assert "read nothing of its answer for service_hold_timeout" in small_pool.log(), small_pool.log()
+
+
+# Part E (re-attack of the last external red team's audit-trail finding). The trail emptied, edited or read by the
+# roles it records, through the proxy: each statement is refused with 42501 (by the proxy, or by PostgreSQL's
+# grants for a read, which passes to the client's own connection) and is itself a row of the trail; the trail
+# only grows. A text longer than max_statement_size (256 KiB) is refused with 54000 and recorded too.
+TRAIL_ATTACKS = [
+    "TRUNCATE anonproxy.audit_trail",
+    "DELETE FROM anonproxy.audit_trail",
+    "UPDATE anonproxy.audit_trail SET statement = ''",
+    "WITH d AS (DELETE FROM anonproxy.audit_trail RETURNING 1) SELECT count(*) FROM d",
+    "ALTER ROLE reporter RENAME TO someone_else",
+    "DO $$ BEGIN DELETE FROM anonproxy.audit_trail; END $$",
+    "SELECT count(*) FROM anonproxy.audit_trail",
+    "ALTER TABLE anonproxy.audit_trail DISABLE TRIGGER ALL",
+    "SELECT set_config('anonproxy.audit', 'off', false)",
+]
+
+
+def _trail(truth: psycopg.Connection, login: str) -> list[tuple[Any, ...]]:
+    return truth.execute("SELECT decision, sqlstate, statement FROM anonproxy.audit_trail WHERE login = %s "
+                         "ORDER BY at", (login,)).fetchall()
+
+
+@pytest.mark.parametrize("role", ["reporter", "analyst"])
+def test_the_trail_is_not_emptied_edited_or_read_by_whom_it_records(truth: psycopg.Connection,
+                                                                    reporter: psycopg.Connection[Any],
+                                                                    analyst: psycopg.Connection[Any],
+                                                                    role: str) -> None:
+    conn = reporter if role == "reporter" else analyst
+    login = conn.info.user
+    total = truth.execute("SELECT count(*) FROM anonproxy.audit_trail").fetchone()
+    before = _trail(truth, login)
+    long_text = "SELECT a.sex, count(*) FROM public.adult a GROUP BY 1 -- " + "x" * 300_000
+    for statement in [*TRAIL_ATTACKS, long_text]:
+        with pytest.raises(psycopg.Error) as refused:
+            conn.execute(statement)
+        expected = "54000" if statement is long_text else "42501"
+        assert refused.value.sqlstate == expected, (statement, refused.value.sqlstate, str(refused.value))
+    after = _trail(truth, login)
+    assert after[:len(before)] == before, "the rows before are kept as they were"
+    added = after[len(before):]
+    assert [row[1] for row in added if row[0] == "refused"] == ["42501"] * (len(TRAIL_ATTACKS) - 1) + ["54000"], added
+    assert [row[0] for row in added].count("passed") == 1, "the read passed to PostgreSQL, which refused it"
+    now = truth.execute("SELECT count(*) FROM anonproxy.audit_trail").fetchone()
+    assert total is not None and now is not None and now[0] >= total[0] + len(TRAIL_ATTACKS) + 1
