@@ -642,6 +642,13 @@ def _settled(draft: _Draft, swaps: dict[_ColumnKey, _Moments]) -> _Draft:
     return draft
 
 
+def _floor_log10(x: Fraction) -> int:
+    """⌊log10 x⌋ of a positive fraction, exactly: math.log10 converts it to a float first, which is 0 below 1e-324
+    (sum(v.amount * 1e-400) failed with a math domain error) and rounds near a power of ten."""
+    exponent = len(str(x.numerator)) - len(str(x.denominator))  # ⌊log10 x⌋ is this or one less
+    return exponent - 1 if Fraction(10) ** exponent > x else exponent
+
+
 @dataclass
 class _Stat:
     kind: StatKind
@@ -664,7 +671,7 @@ class _Stat:
             lower, upper = self.range()
             if lower.denominator != 1 or upper.denominator != 1:
                 # Not an integer sum: release it on the grid r·ℤ, r a power of ten, with ~GRID_UNITS steps per Δ.
-                resolution = Fraction(10) ** math.floor(math.log10(sensitivity / GRID_UNITS))
+                resolution = Fraction(10) ** _floor_log10(sensitivity / GRID_UNITS)
         # On the grid each reachable group moves by at most ⌈per_group/r⌉ steps (to_grid rounds half up).
         per_group = math.ceil(self.per_group if resolution is None else self.per_group / resolution)
         units = sensitivity if resolution is None else reach * Fraction(per_group)
@@ -922,7 +929,7 @@ class _Columns:
         lower, upper, text = self._bounds(what, argument)
         if lower == upper:
             raise unsupported(f"{what}({text}) needs bounds lower < upper", BOUNDS_HINT)
-        step = Fraction(10) ** math.floor(math.log10((upper - lower) / QUANTILE_STEPS))
+        step = Fraction(10) ** _floor_log10((upper - lower) / QUANTILE_STEPS)
         if (lower.denominator, upper.denominator) == (1, 1):
             step = max(step, Fraction(1))  # integer bounds: integer grid points (percentile_disc stays integer)
         values = self.need("values", text, Fraction(self.rows_cap), (lower, upper))

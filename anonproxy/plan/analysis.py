@@ -215,7 +215,7 @@ def _analyze(statement: Statement, tree: exp.Expression, index: PolicyIndex, par
         references={source.reference: source.table for source in sources},
         unaliased={(s.table.schema, s.table.name): s.reference for s in sources
                    if s.node.args.get("alias") is None and s.derived is None},
-        identifiers={source.reference: _identifier_columns(source.table) for source in sources},
+        identifiers={source.reference: identifier_columns(source.table) for source in sources},
     )
     checker = Checker(scope, params, anchor.table.policy_name, dp, statement.source, zones=index.policy.zones)
     nodes = list(own_nodes(tree))  # the two passes below change nodes in place, never the list's
@@ -225,11 +225,11 @@ def _analyze(statement: Statement, tree: exp.Expression, index: PolicyIndex, par
     for source in sources:
         if source.derived is not None:
             distinct_pairs.check(source.derived, index, lambda table, name, node, clause: Checker(
-                Scope(references={name: table}, identifiers={name: _identifier_columns(table)}), params,
+                Scope(references={name: table}, identifiers={name: identifier_columns(table)}), params,
                 table.policy_name, dp, statement.source, zones=index.policy.zones).row(node, clause))
     for semi in semis:
         semi_joins.check(semi, sources, owner, index, lambda table, name, node, clause: Checker(
-            Scope(references={name: table}, identifiers={name: _identifier_columns(table)}), params,
+            Scope(references={name: table}, identifiers={name: identifier_columns(table)}), params,
             table.policy_name, dp, statement.source, zones=index.policy.zones).row(node, clause),
             semi_joins.OuterChecks(checker.row, checker.scope.is_identifier))
 
@@ -427,7 +427,7 @@ def _source(node: exp.Expression, join: exp.Join | None, index: PolicyIndex) -> 
     return Source(table, node, reference, join)
 
 
-def _identifier_columns(table: ResolvedTable) -> frozenset[str]:
+def identifier_columns(table: ResolvedTable) -> frozenset[str]:
     """The unit column, a linked table's key, and the columns the policy marks as identifiers."""
     if table.protected is not None:
         policy_columns, key = table.protected.columns, table.protected.unit_column

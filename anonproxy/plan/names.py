@@ -128,7 +128,9 @@ _SPECIAL_NAMES: dict[type[exp.Expression], str] = {exp.Substring: "substring", e
                                                    exp.Greatest: "greatest", exp.Least: "least",
                                                    exp.Nullif: "nullif", exp.Extract: "extract", exp.Floor: "floor",
                                                    exp.Ceil: "ceil", exp.Initcap: "initcap",
-                                                   exp.GroupConcat: "string_agg", exp.Overlay: "overlay"}
+                                                   exp.GroupConcat: "string_agg", exp.Overlay: "overlay",
+                                                   exp.CurrentTimestamp: "current_timestamp",
+                                                   exp.Localtimestamp: "localtimestamp", exp.Array: "array"}
 
 
 def _figure(item: exp.Expression, source: str) -> tuple[str | None, int]:
@@ -151,6 +153,8 @@ def _figure(item: exp.Expression, source: str) -> tuple[str | None, int]:
         return _figure(item.this, source)
     if isinstance(item, exp.Anonymous):
         return identifier(exp.Identifier(this=item.name, quoted=False)), 2
+    if isinstance(item, exp.AtTimeZone):  # x AT TIME ZONE z calls timezone(z, x)
+        return "timezone", 2
     if isinstance(item, exp.Trim):  # trim(x) calls btrim; trim(leading ...) ltrim, trim(trailing ...) rtrim
         position = (item.args.get("position") or "").upper()
         return {"LEADING": "ltrim", "TRAILING": "rtrim"}.get(position, "btrim"), 2

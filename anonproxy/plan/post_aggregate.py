@@ -59,7 +59,8 @@ _WINDOW_FUNCTIONS = {exp.Sum: "sum", exp.Avg: "avg", exp.Count: "count", exp.Min
                      exp.Lag: "lag", exp.Lead: "lead", exp.FirstValue: "first_value", exp.LastValue: "last_value"}
 _NAMED: dict[type[exp.Expr], tuple[str, int]] = {
     exp.Case: ("case", 1), exp.Coalesce: ("coalesce", 2), exp.Nullif: ("nullif", 2), exp.Greatest: ("greatest", 2),
-    exp.Least: ("least", 2), exp.Boolean: ("bool", 1)}
+    exp.Least: ("least", 2), exp.Boolean: ("bool", 1),
+    exp.AtTimeZone: ("timezone", 2)}  # x AT TIME ZONE z calls timezone(z, x)
 Canonical = Callable[[exp.Expression], exp.Expression]  # makes two spellings of one expression compare equal
 HINT = ("Post-aggregate expressions combine aggregates, GROUP BY expressions and constants with + - * /, round, "
         "trunc, abs, sign, ceil, floor, coalesce, nullif, greatest, least, CASE and casts.")

@@ -173,8 +173,10 @@ def _check_key(link: LinkedTable, unit: ProtectedTable | None) -> None:
 # Types whose equality is another's: varchar has no operators of its own, PostgreSQL compares it as text.
 _SAME_EQUALITY = {"character varying": "text"}
 _INTEGERS = frozenset({"smallint", "integer", "bigint"})
-# Key types of an integer unit that PostgreSQL compares with it by converting the integer exactly (to the key's
-# type, numeric or double precision): each key value equals at most one unit value, so no key is finer.
+# Key types of an integer unit that PostgreSQL compares with it by converting both to the key's type, numeric or
+# double precision (a real key too): a unit value converts to one value, which two distinct keys cannot both equal,
+# so no key is finer. A bigint above 2^53 is rounded to double precision (9007199254740993 =
+# 9007199254740992::float8), so a double key may equal two units: coarser, which counts two people as one by key.
 _INTEGER_UNIT_KEYS = _INTEGERS | {"numeric", "real", "double precision"}
 
 

@@ -145,17 +145,20 @@ def _connective(node: exp.And | exp.Or) -> object:
 
 
 def _number(node: exp.Expression) -> Decimal | None:
-    """A number literal, possibly negated or parenthesized; None otherwise."""
-    sign = 1
+    """A number literal, possibly negated or parenthesized; None otherwise. Exact, as PostgreSQL's numeric: a
+    negation flips the sign only (``-1 * x`` would round x to 28 digits, and ``-1.00000000000000000000000000000001
+    < -1`` would fold to false)."""
+    negated = False
     while isinstance(node, (exp.Paren, exp.Neg)):
-        sign = -sign if isinstance(node, exp.Neg) else sign
+        negated ^= isinstance(node, exp.Neg)
         node = node.this
     if not isinstance(node, exp.Literal) or node.is_string:
         return None
     try:
-        return sign * Decimal(node.this)
+        number = Decimal(node.this)
     except InvalidOperation:
         return None
+    return number.copy_negate() if negated else number
 
 
 def _one_group(select: exp.Select) -> bool:
