@@ -66,6 +66,7 @@ SAME = {
     "v_text_varchar_c": ("text", 'character varying(20) COLLATE "C"', "'t' || i", "'t' || i", "person"),
     "v_integer_bigint": ("integer", "bigint", "i", "i", "person"),
     "v_integer_float": ("integer", "double precision", "i", "i", "person"),
+    "v_integer_domains": ("integer", "public.r19_id_twice", "i", "i", "person"),  # a domain over a domain of it
 }
 COUNT = "SELECT s.kind, count(*) AS n FROM public.{table} s GROUP BY 1"
 
@@ -79,6 +80,8 @@ def _tables(conn: psycopg.Connection[Any]) -> Policy:
     people of 'big', 200 of 'mid', 9 of 'rare', one row each) and the linked table: one row per person of 'big' and
     'mid', two per 'rare' person (spellings 0 and 1)."""
     conn.execute("CREATE EXTENSION citext")
+    conn.execute("CREATE DOMAIN public.r19_id AS integer")
+    conn.execute("CREATE DOMAIN public.r19_id_twice AS public.r19_id CHECK (VALUE > 0)")
     policy = demo_policy()
     tables, links = dict(policy.tables), dict(policy.links)
     for table, (unit_type, key_type, unit, key, _) in {**FINER, **SAME}.items():
@@ -195,8 +198,8 @@ def test_a_key_finer_than_its_unit_type_is_refused_in_dp_before_any_charge(owner
 @pytest.mark.parametrize("table", sorted(SAME))
 def test_a_key_of_the_units_equality_is_answered(owner: psycopg.Connection, reporter: psycopg.Connection,
                                                  analyst: psycopg.Connection, table: str) -> None:
-    """A key of the unit's own type (a modifier aside, varchar as text under a deterministic collation of its own)
-    or a number for an integer unit: 'rare' (9 people as PostgreSQL counts them) withheld, the released kinds
+    """A key of the unit's own type (a modifier aside, varchar as text under a deterministic collation of its own, a
+    domain over a domain over it) or a number for an integer unit: 'rare' (9 people as PostgreSQL counts them) withheld, the released kinds
     PostgreSQL's own rows; dp answers the total."""
     assert _people(owner, table, SAME[table][4])[1] == K - 1
     statement = COUNT.format(table=table)

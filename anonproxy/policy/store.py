@@ -53,7 +53,7 @@ select exists (
 _POLICY_SQL = """
 -- Every live column of the protected, linked and reference tables, read once for the facts below.
 with governed_columns as (
-    select g.table_name, g.reference, a.attnum, a.attname, a.atttypid, a.atttypmod, a.attcollation, a.attnotnull
+    select g.table_name, g.reference, a.attnum, a.attname, b.base_type, b.base_typmod, a.attcollation, a.attnotnull
       from (select t.table_name, pg_catalog.bool_and(t.reference) as reference  -- reference: of no unit
               from (select p.table_name, false as reference from anonproxy.protected_tables p
                     union all select l.table_name, false from anonproxy.linked_tables l
@@ -63,6 +63,15 @@ with governed_columns as (
       join pg_catalog.pg_namespace n on n.oid = r.relnamespace
            and pg_catalog.format('%I.%I', n.nspname, r.relname) = g.table_name
       join pg_catalog.pg_attribute a on a.attrelid = r.oid and a.attnum > 0 and not a.attisdropped
+      -- The type under every domain (a domain may be over a domain), with the type modifier the last one gives.
+      cross join lateral (
+          with recursive chain(type, typmod, depth) as (
+              select a.atttypid, a.atttypmod, 0
+              union all
+              select t.typbasetype, t.typtypmod, chain.depth + 1
+                from chain join pg_catalog.pg_type t on t.oid = chain.type and t.typtype = 'd')
+          select chain.type as base_type, chain.typmod as base_typmod
+            from chain order by chain.depth desc limit 1) b
 )
 select pg_catalog.json_build_object(
     'version', (select v.version from anonproxy.policy_version v),
@@ -83,14 +92,12 @@ select pg_catalog.json_build_object(
                        where pg_catalog.format('%I.%I', n.nspname, r.relname) = c.table_name
                          and a.attname = c.column_name
                   ) a on true),
-    -- The SQL type of every column of the protected, linked and reference tables (a domain's base type), for the
+    -- The SQL type of every column of the protected, linked and reference tables (under its domains), for the
     -- proof that a derived expression cannot fail (anonproxy/plan/bounds.py).
     'types', (select pg_catalog.json_agg(pg_catalog.json_build_array(c.table_name, c.attname,
-                  pg_catalog.format_type(case when t.typtype = 'd' then t.typbasetype else c.atttypid end,
-                                         case when t.typtype = 'd' then t.typtypmod else c.atttypmod end))
+                  pg_catalog.format_type(c.base_type, c.base_typmod))
                   order by c.table_name, c.attnum)
-                from governed_columns c
-                join pg_catalog.pg_type t on t.oid = c.atttypid),
+                from governed_columns c),
     -- The columns of a nondeterministic collation ('r1' = 'R1'), with its name: a reference key of another
     -- collation equated with one is compared under it, and may then meet several reference rows
     -- (anonproxy/plan/joins.py).
