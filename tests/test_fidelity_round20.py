@@ -6,7 +6,8 @@ A RowDescription field carries more than a name and a type: the table OID and co
 names and types; now it keeps the whole field PostgreSQL gave for the rewritten statement, so that DECLARE/FETCH,
 psycopg's server-side cursors and psqlODBC's declare/fetch mode describe the answer as the same statement without
 a cursor does, and, where the rewrite leaves each column as it was (a role without a suppressed-rest row), as
-PostgreSQL describes the client's own statement.
+PostgreSQL describes the client's own statement. A dp answer, which the proxy writes itself, reads no table; each
+of its columns has its type's length (a bigint count: 8), as PostgreSQL gives it.
 
 ``float(p)`` is read as PostgreSQL's grammar reads it (real for p <= 24, double precision above): the column's
 type and name, and a parameter's type, are PostgreSQL's.
@@ -73,6 +74,7 @@ def fixture_plain(truth: psycopg.Connection[Any], gated_proxy: Endpoint,
                   gated_database: str) -> Iterator[psycopg.Connection[Any]]:
     """A role in suppress mode with k = 10 only (no suppressed-rest row: the rewrite keeps each column as read)."""
     role = "fidelity_reporter"
+    truth.execute(f"drop role if exists {role}")
     truth.execute(f"create role {role} login password '{role}'")
     truth.execute("select anonproxy.set_role_policy(%s, 'suppress', 10)", [role])
     wait_for_policy(gated_proxy, gated_database, truth.execute("select version from anonproxy.policy_version"
@@ -105,6 +107,27 @@ def test_held_cursor_describes_as_postgresql(plain: psycopg.Connection[Any], tru
         cursor.execute(statement)
         expected = described_columns(cursor)
     assert server_side(plain, statement) == (direct, expected)
+
+
+def prepared_fields(conn: psycopg.Connection[Any], statement: str) -> list[Field]:
+    """The extended protocol's Describe of a prepared statement (Parse, Describe; never executed)."""
+    conn.pgconn.prepare(b"described", statement.encode())
+    try:
+        result = conn.pgconn.describe_prepared(b"described")
+        return [(result.fname(i), result.ftable(i), result.ftablecol(i), result.ftype(i), result.fsize(i),
+                 result.fmod(i)) for i in range(result.nfields)]
+    finally:
+        conn.pgconn.exec_(b"deallocate described")
+
+
+@pytest.mark.parametrize("statement", STATEMENTS)
+def test_other_gated_paths_describe_as_postgresql(plain: psycopg.Connection[Any], truth: psycopg.Connection[Any],
+                                                  statement: str) -> None:
+    """The same fields on the gated paths without a cursor: a prepared statement's Describe, and a column
+    discovery (LIMIT 0, answered without reading a row)."""
+    assert prepared_fields(plain, statement) == prepared_fields(truth, statement)
+    discovery = f"{statement} limit 0"
+    assert fields(plain.execute(discovery)) == fields(truth.execute(discovery))
 
 
 @pytest.mark.parametrize("statement", STATEMENTS)
