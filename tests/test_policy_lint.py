@@ -21,7 +21,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from conftest import Endpoint, wait_for_current_policy
+from conftest import Endpoint, ProxyProcess, wait_for_current_policy
 
 from anonproxy.embedded import EmbeddedPostgres
 from anonproxy.policy.model import (
@@ -167,9 +167,12 @@ def refusal(conn: psycopg.Connection, statement: str) -> psycopg.Error:
 
 
 def test_tables_refused_at_query_time_are_reported_with_the_refusal_s_reason(
-        refused_tables: None, pg_server: EmbeddedPostgres, gated_proxy: Endpoint, gated_database: str) -> None:
+        refused_tables: None, pg_server: EmbeddedPostgres, gated_proxy_process: ProxyProcess,
+        gated_database: str) -> None:
     """The lint names each table every statement on which is refused, in the words the refusal itself gives to a
-    gated role: the linked key's message and hint (0A000), PostgreSQL's own error for a point unit (42883)."""
+    gated role: the linked key's message and hint (0A000), PostgreSQL's own error for a point unit (42883). The
+    proxy logged the linked key's warning when it loaded the policy."""
+    gated_proxy = gated_proxy_process.endpoint
     with psycopg.connect(gated_proxy.dsn(gated_database, user="reporter"), autocommit=True) as reporter:
         key = refusal(reporter, "select kind, count(*) from public.lint_marks group by kind")
         unit = refusal(reporter, "select kind, count(*) from public.lint_spots group by kind")
@@ -186,6 +189,9 @@ def test_tables_refused_at_query_time_are_reported_with_the_refusal_s_reason(
         "type with equality and ordering (an integer, text).",
         f"warning: {key.diag.message_primary}. {key.diag.message_hint}"], done.stdout
     assert done.stdout.endswith("16 declared bound(s) checked against k = 10: 2 warning(s)\n"), done.stdout
+    logged = [line for line in gated_proxy_process.log().splitlines()
+              if line.endswith(f"anonproxy.policy: {key.diag.message_primary}. {key.diag.message_hint}")]
+    assert logged and all(" WARNING " in line for line in logged), logged
 
 
 def test_policy_apply_warns_of_a_linked_key_the_queries_refuse(postgresql: psycopg.Connection, owner_dsn: str,
