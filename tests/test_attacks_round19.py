@@ -1,14 +1,15 @@
 """Red team round 19: a linked table's key of another type than its unit, and this week's new paths.
 
-Part A (anonproxy/plan/tables.py, ``_check_key``). People of a linked table are counted by its key, under the key's
-own equality. A key whose equality is finer than its unit's counts one person several times: a ``text`` key of a
-``citext`` unit tells 'm1' from 'M1', of a ``timestamptz`` unit two spellings of one instant, of a ``numeric`` or
-``integer`` unit '1001' from '1001.0' or '01001'; a ``numeric`` key of a ``double precision`` unit two numbers that
-round to one double; a ``bytea`` key of a ``text`` unit one name in two encodings. Each linked table below holds the
-9 people (k - 1) of the kind 'rare', each written two ways: counted by key, 'rare' was released as 18 (suppress) and
-dp answered, bounding each person's rows as two people's. Such a key is now refused before anything runs or is
-charged, naming both types and hinting at the type the key needs; keys of the unit's type (a modifier aside, varchar
-as text, a deterministic collation of their own) or a number for an integer unit are answered.
+Part A (anonproxy/plan/tables.py, ``_check_key``; the rule: anonproxy/policy/links.py, ``key_problem``). People of a
+linked table are counted by its key, under the key's own equality. A key whose equality is finer than its unit's counts
+one person several times: a ``text`` key of a ``citext`` unit tells 'm1' from 'M1', of a ``timestamptz`` unit two
+spellings of one instant, of a ``numeric`` or ``integer`` unit '1001' from '1001.0' or '01001'; a ``numeric`` key of a
+``double precision`` unit two numbers that round to one double; a ``bytea`` key of a ``text`` unit one name in two
+encodings. Each linked table below holds the 9 people (k - 1) of the kind 'rare', each written two ways: counted by key,
+'rare' was released as 18 (suppress) and dp answered, bounding each person's rows as two people's. Such a key is now
+refused before anything runs or is charged, naming both types and hinting at the type the key needs; keys of the unit's
+type (a modifier aside, varchar as text, a deterministic collation of their own) or a number for an integer unit are
+answered.
 
 Part B. Generated groups near k over distinct (channel, person) pairs joined back to the protected table, EXISTS
 over a reference table, LIKE ... ESCAPE, a row IN list and a float(p) key, checked against PostgreSQL's own

@@ -901,19 +901,9 @@ def _datatype(name: str) -> exp.DataType | None:
 
 
 def _cast_type(datatype: exp.DataType) -> str:
-    if datatype.this == exp.DataType.Type.DOUBLE and datatype.expressions:
-        return _float_type(datatype.expressions)
+    if datatype.this in (exp.DataType.Type.FLOAT, exp.DataType.Type.DOUBLE) and datatype.expressions:
+        return "other"  # a float(p) PostgreSQL refuses (the parser reads the others as real or double precision)
     return _CAST_TYPES.get(datatype.this, "other")
-
-
-def _float_type(modifier: list[exp.Expression]) -> str:
-    """float(p) as PostgreSQL reads it: real for 1 to 24 bits, double precision above (sqlglot reads every float(p)
-    as double precision, and real's smaller range would let (x * 1e37)::float(24) fail for one person's x);
-    "other" for a modifier PostgreSQL would not take."""
-    bits = modifier[0].this if len(modifier) == 1 and isinstance(modifier[0], exp.DataTypeParam) else None
-    if not isinstance(bits, exp.Literal) or bits.is_string or not bits.name.isdigit():
-        return "other"
-    return "float4" if int(bits.name) <= 24 else "float8"
 
 
 def _typmod(datatype: exp.DataType) -> tuple[int | None, int]:

@@ -296,14 +296,6 @@ POST_EXPRESSIONS = ("+ - * / (a division by zero gives NULL), round, trunc, abs,
                     "expressions and constants")
 
 
-def _float_precision(target: exp.DataType) -> bool:
-    """float(p) with a precision PostgreSQL takes (1 to 53 bits: real up to 24, double precision above)."""
-    params = target.expressions
-    value = params[0].this if len(params) == 1 and isinstance(params[0], exp.DataTypeParam) else None
-    return (target.this == exp.DataType.Type.DOUBLE and isinstance(value, exp.Literal) and not value.is_string
-            and value.name.isascii() and value.name.isdigit() and 1 <= int(value.name) <= 53)
-
-
 # How PostgreSQL spells each allowed function. sqlglot reads other dialects' names into the same nodes (ifnull,
 # nvl -> coalesce, lcase -> lower, stdev -> stddev ...); the client's spelling is what runs, so it must be one of
 # these. Nodes without a position (extract/date_part, casts, CASE) are keywords and need no check.
@@ -709,12 +701,11 @@ class Checker:
                               f"{clause}", self.clause_hint(clause))
         if isinstance(node, exp.Cast):
             target = node.args.get("to")
-            # a type modifier only where PostgreSQL's own types take one: numeric(p, s), varchar(n), char(n) and
-            # float(p) (Hibernate's float(53): PostgreSQL reads it as real or double precision)
+            # a type modifier only where PostgreSQL's own types take one: numeric(p, s), varchar(n), char(n)
+            # (Hibernate's float(53) is read as double precision by the parser, as PostgreSQL's grammar reads it)
             modified = isinstance(target, exp.DataType) and bool(target.expressions)
             if not isinstance(target, exp.DataType) or target.this not in POST_CAST_TYPES or (
-                    modified and target.this not in _TEXT_TYPES | {exp.DataType.Type.DECIMAL}
-                    and not _float_precision(target)):
+                    modified and target.this not in _TEXT_TYPES | {exp.DataType.Type.DECIMAL}):
                 raise unsupported(f"cast to {target.sql(dialect='postgres') if target else None} is not allowed in "
                                   f"{clause}", "Cast aggregates to smallint, integer, bigint, numeric, real, double "
                                   "precision or text.")

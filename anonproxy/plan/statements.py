@@ -92,7 +92,24 @@ class _Parser(DIALECT.parser_class):  # type: ignore[name-defined,misc]
         if isinstance(parsed, exp.ObjectIdentifier):
             while self._match_pair(TokenType.L_BRACKET, TokenType.R_BRACKET):
                 parsed = exp.DataType(this=exp.DataType.Type.ARRAY, expressions=[parsed], nested=True)
+        if isinstance(parsed, exp.DataType):
+            parsed = parsed.transform(_float_precision)  # float(p)[] too
         return parsed
+
+
+def _float_precision(datatype: exp.Expression) -> exp.Expression:
+    """float(p) as PostgreSQL's grammar reads it: real for 1 to 24 bits, double precision for 25 to 53 (sqlglot
+    reads every float(p) as double precision), so that the column's type, its name (float4) and a parameter's
+    type are PostgreSQL's. Another precision is left as written: PostgreSQL refuses it, the planner too."""
+    if not isinstance(datatype, exp.DataType):
+        return datatype
+    params = datatype.expressions
+    bits = params[0].this if len(params) == 1 and isinstance(params[0], exp.DataTypeParam) else None
+    if (datatype.this != exp.DataType.Type.DOUBLE or not isinstance(bits, exp.Literal) or bits.is_string
+            or not (bits.name.isascii() and bits.name.isdigit()) or not 1 <= int(bits.name) <= 53):
+        return datatype
+    real = int(bits.name) <= 24
+    return exp.DataType(this=exp.DataType.Type.FLOAT if real else exp.DataType.Type.DOUBLE)
 
 
 def parser() -> Parser:

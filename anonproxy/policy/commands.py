@@ -3,7 +3,8 @@
 Wire into the main parser with ``register(subparsers)``; each handler is set as
 ``run`` and returns the exit code: 0, or 1 (printed as ``anonproxy policy: …``
 on stderr, no traceback) when the file, the connection or the database refuses.
-``lint`` also returns 1 when it has warnings (printed on stdout, one a line).
+``lint`` also returns 1 when it has warnings (printed on stdout, one a line). ``apply`` prints a warning for each
+linked table every statement on which will be refused (its key's type or collation), and returns 0.
 A login the proxy gates is refused before anything is sent (:mod:`anonproxy.login`, exit 2).
 """
 
@@ -17,7 +18,7 @@ from typing import Any
 import psycopg
 
 from .. import login
-from .lint import lint, lint_k, reference_warnings
+from .lint import link_warnings, lint, lint_k, reference_warnings, unit_warnings
 from .store import load_policy
 from .yaml_policy import (
     PolicyApplyError,
@@ -54,12 +55,15 @@ def _apply(args: argparse.Namespace) -> int:
         with login.connect(args.dsn, "policy") as conn:
             try:
                 version = apply_policy(conn, policy)
+                refused = link_warnings(load_policy(conn))  # the types and collations the catalog has
             except PolicyApplyError as exc:
                 if exc.sqlstate != "42501":
                     raise
                 return _fail(exc, _who_may_apply(conn))
     except (PolicyError, psycopg.Error, OSError) as exc:
         return _fail(exc)
+    for warning in refused:
+        print(f"warning: {warning}")
     print(f"policy version {version} applied: {len(policy.tables)} protected table(s), "
           f"{len(policy.links)} linked table(s), {len(policy.roles)} role(s), "
           f"{len(policy.published)} published relation(s)")
@@ -81,9 +85,10 @@ def _lint(args: argparse.Namespace) -> int:
         with login.connect(args.dsn, "policy") as conn:
             policy = load_policy(conn)
             checked, findings = lint(conn, policy)
+            refused = unit_warnings(conn, policy) + link_warnings(policy)
     except psycopg.Error as exc:
         return _fail(exc)
-    warnings = [str(finding) for finding in findings] + reference_warnings(policy)
+    warnings = [str(finding) for finding in findings] + reference_warnings(policy) + refused
     for warning in warnings:
         print(f"warning: {warning}")
     print(f"{checked} declared bound(s) checked against k = {lint_k(policy)}: {len(warnings)} warning(s)")

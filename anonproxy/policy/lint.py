@@ -18,6 +18,11 @@ it is reported. A bound beyond every value (none reaches it) is fine.
 It also warns about every declared reference table that has no usable unique
 key (dropped, made partial or deferrable since it was declared; or the table
 is gone): it stays declared, but every join to it is refused until it has one.
+And about every table each statement on which is refused at query time: a
+linked table whose key may count one person several times (the refusal's own
+words, :func:`anonproxy.policy.links.key_problem`), and a protected table whose
+unit PostgreSQL cannot count people by (a type without equality, such as
+``point``: PostgreSQL's own error, from planning the count of distinct units).
 
 The SQL is built from identifiers (psycopg.sql), never from spliced text;
 bound values are parameters.
@@ -33,6 +38,7 @@ from typing import Any, Literal
 import psycopg
 from psycopg import sql
 
+from .links import key_problem
 from .model import ColumnPolicy, Policy, SuppressionParams, split_policy_name
 
 Side = Literal["lower", "upper", "earliest", "latest"]
@@ -90,6 +96,33 @@ def reference_warnings(policy: Policy) -> list[str]:
     return [f"reference table {reference.name} has no usable unique key (a primary key or unique index that is "
             "immediate, valid, not partial, on plain columns), or no longer exists: every join to it is refused"
             for reference in policy.references.values() if not reference.keys]
+
+
+def link_warnings(policy: Policy) -> list[str]:
+    """One warning per linked table whose key may count one person several times: the query-time refusal's message
+    and hint (from the types and collations read with the policy)."""
+    problems = [key_problem(link, policy.tables.get(link.references)) for link in policy.links.values()]
+    return [f"{problem.message}. {problem.hint}" for problem in problems if problem is not None]
+
+
+def unit_warnings(conn: psycopg.Connection[Any], policy: Policy) -> list[str]:
+    """One warning per protected table whose unit PostgreSQL cannot count people by: every statement over it is
+    refused at query time with PostgreSQL's error (42883), which planning count(DISTINCT unit) gives (nothing is
+    run)."""
+    warnings = []
+    for table in policy.tables.values():
+        query = sql.SQL("EXPLAIN SELECT count(DISTINCT {unit}) FROM {table}").format(
+            unit=sql.Identifier(table.unit_column), table=sql.Identifier(*split_policy_name(table.name)))
+        try:
+            with conn.transaction():
+                conn.execute(query)
+        except psycopg.errors.UndefinedFunction as exc:
+            unit_type = (table.types or {}).get(table.unit_column, "unknown")
+            warnings.append(f"protected table {table.name} cannot be queried: its unit {table.unit_column} is of "
+                            f"type {unit_type}, by which PostgreSQL cannot count people: "
+                            f"{exc.diag.message_primary}. Ask the DBA to make the unit a column of a type with "
+                            "equality and ordering (an integer, text).")
+    return warnings
 
 
 def _bounds(column: ColumnPolicy) -> list[tuple[Side, float | datetime]]:

@@ -221,11 +221,13 @@ class _Checker:
         fields = self.mapping(spec, path, _LINK_KEYS)
         column = self.required(fields, "column", self.string, path) or ""
         references = self.required(fields, "references", self.string, path) or ""
+        # in the words of anonproxy.link_table (sql/0002_policy.sql), which refuses the same
         if name in tables:
-            self.fail(path, "a table cannot be both protected (under tables) and linked")
+            self.fail(path, f"table {name} is protected (under tables), so it cannot also be a linked table")
         referenced = tables.get(references)
         if references and referenced is None:
-            self.fail(f"{path}.references", f"{references} is not a protected table of this file (under tables)")
+            self.fail(f"{path}.references", f"table {references}, referenced by linked table {name}, is not "
+                                            "protected (under tables of this file)")
         return LinkedTable(name, column, references, referenced.unit_column if referenced else "",
                            self.columns(fields.get("columns"), f"{path}.columns"))
 

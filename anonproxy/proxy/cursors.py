@@ -261,7 +261,7 @@ class Capture:
     def feed(self, type_: bytes, body: bytes) -> Result | bytes | None:
         """One message of the answer: None while it goes on, then the Result, or an error for the client."""
         if type_ == b"T":
-            self.columns = tuple(Column(name, oid) for name, oid in pg.parse_row_description(body))
+            self.columns = tuple(map(Column.of, pg.parse_row_fields(body)))  # all PostgreSQL said of them
         elif type_ == b"D":
             self.count += 1
             self.size += len(body)

@@ -20,6 +20,7 @@ from collections.abc import Callable
 import psycopg
 
 from .. import schema
+from ..policy.lint import link_warnings
 from ..policy.model import Policy
 from ..policy.store import POLICY_CHANNEL, load_policy_async
 from .service_role import HINT, excess_privileges_async
@@ -95,6 +96,8 @@ class PolicyWatcher:
         if policy.version != self.policy.version or not self.loaded:
             log.info("policy version %d loaded (%d protected tables, %d roles)",
                      policy.version, len(policy.tables), len(policy.roles))
+            for warning in link_warnings(policy):
+                log.warning("%s", warning)
         changed = policy.version != self.policy.version
         self.policy = policy
         self._loaded.set()

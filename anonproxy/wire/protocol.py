@@ -221,24 +221,40 @@ def query_message(text: str) -> bytes:
     return message(b"Q", text.encode() + b"\0")
 
 
+# A RowDescription field less its format code, as PostgreSQL sends it: name, table OID and column number (0, 0: no
+# table column), type OID, type length (pg_type.typlen), type modifier.
+Field = tuple[str, int, int, int, int, int]
+
+
 def row_description(names: list[str], type_oids: list[int] | None = None, formats: list[int] | None = None) -> bytes:
     """RowDescription (of type text unless ``type_oids`` says otherwise; text format unless ``formats`` does)."""
     oids = type_oids or [25] * len(names)
-    codes = formats or [0] * len(names)
-    fields = b"".join(name.encode() + b"\0" + struct.pack("!ihihih", 0, 0, oid, -1, -1, code)
-                      for name, oid, code in zip(names, oids, codes, strict=True))
-    return message(b"T", struct.pack("!h", len(names)) + fields)
+    return described([(name, 0, 0, oid, -1, -1) for name, oid in zip(names, oids, strict=True)], formats)
+
+
+def described(fields: list[Field], formats: list[int] | None = None) -> bytes:
+    """RowDescription of ``fields`` (text format unless ``formats`` says otherwise)."""
+    codes = formats or [0] * len(fields)
+    body = b"".join(name.encode() + b"\0" + struct.pack("!ihihih", table, attnum, oid, size, typmod, code)
+                    for (name, table, attnum, oid, size, typmod), code in zip(fields, codes, strict=True))
+    return message(b"T", struct.pack("!h", len(fields)) + body)
+
+
+def parse_row_fields(body: bytes) -> list[Field]:
+    """The fields of a RowDescription, as PostgreSQL sent them (format codes left out)."""
+    (count,) = struct.unpack_from("!h", body)
+    offset, fields = 2, list[Field]()
+    for _ in range(count):
+        name, offset = read_cstring(body, offset)
+        table, attnum, oid, size, typmod, _ = struct.unpack_from("!ihihih", body, offset)
+        fields.append((name.decode(), table, attnum, oid, size, typmod))
+        offset += 18
+    return fields
 
 
 def parse_row_description(body: bytes) -> list[tuple[str, int]]:
     """(name, type oid) of each column of a RowDescription."""
-    (count,) = struct.unpack_from("!h", body)
-    offset, columns = 2, []
-    for _ in range(count):
-        name, offset = read_cstring(body, offset)
-        columns.append((name.decode(), struct.unpack_from("!ihihih", body, offset)[2]))
-        offset += 18
-    return columns
+    return [(name, oid) for name, _, _, oid, _, _ in parse_row_fields(body)]
 
 
 def data_row(values: list[str | bytes | None]) -> bytes:

@@ -31,10 +31,33 @@ class FormatError(Exception):
         self.sqlstate = sqlstate
 
 
+# pg_type.typlen of the fixed-length types the proxy's own answers hold (bool, int8, int2, int4, oid, float4,
+# float8, date, time, timestamp, timestamptz, interval, uuid); any other is of variable length (-1) to the proxy.
+TYPE_LENGTHS = {16: 1, 20: 8, 21: 2, 23: 4, 26: 4, 700: 4, 701: 8, 1082: 4, 1083: 8, 1114: 8, 1184: 8, 1186: 16,
+                2950: 16}
+
+
 @dataclass(frozen=True)
 class Column:
+    """A result column as its RowDescription field tells it. A column PostgreSQL described keeps all of its field
+    (the table and column it reads, its type length and modifier), so that drivers see what PostgreSQL said; one
+    the proxy writes itself reads no table and has its type's length and no modifier."""
+
     name: str
     type_oid: int
+    table_oid: int = 0
+    attnum: int = 0
+    size: int | None = None  # pg_type.typlen; None: the type's, from TYPE_LENGTHS
+    typmod: int = -1
+
+    @classmethod
+    def of(cls, field: pg.Field) -> Column:
+        name, table, attnum, oid, size, typmod = field
+        return cls(name, oid, table, attnum, size, typmod)
+
+    def field(self) -> pg.Field:
+        size = TYPE_LENGTHS.get(self.type_oid, -1) if self.size is None else self.size
+        return self.name, self.table_oid, self.attnum, self.type_oid, size, self.typmod
 
 
 @dataclass(frozen=True)
@@ -51,8 +74,7 @@ class Result:
         """RowDescription (NoData for a command without rows); ``formats`` as :func:`result_formats` returns."""
         if not self.columns:
             return pg.message(b"n")
-        return pg.row_description([c.name for c in self.columns], [c.type_oid for c in self.columns],
-                                  list(formats) if formats else None)
+        return pg.described([column.field() for column in self.columns], list(formats) if formats else None)
 
     def data_rows(self, formats: tuple[int, ...], start: int = 0, stop: int | None = None) -> bytes:
         """DataRow messages of rows[start:stop], each value in its column's format."""
@@ -139,7 +161,7 @@ def parse_simple(messages: bytes) -> Result:
     tag, notices = "SELECT", []
     for type_, body in MessageBuffer().feed(messages):
         if type_ == b"T":
-            columns = tuple(Column(name, oid) for name, oid in pg.parse_row_description(body))
+            columns = tuple(map(Column.of, pg.parse_row_fields(body)))
         elif type_ == b"D":
             rows.append(pg.parse_data_row(body))
         elif type_ == b"C":
