@@ -174,6 +174,37 @@ def test_asyncpg_describes_before_binding(gated_proxy: Endpoint, gated_database:
     asyncio.run(run())
 
 
+def test_asyncpg_prepares_values_added_up_in_dp_mode(pg_server: EmbeddedPostgres, gated_proxy: Endpoint,
+                                                      gated_database: str,
+                                                      truth: psycopg.Connection[Any]) -> None:
+    """SQLAlchemy's ``func.sum(case((cond, 1), else_=0))`` over asyncpg binds both results (``$2::INTEGER``,
+    ``$3::INTEGER``) and prepares before it binds: the statement is described with a representative value in each
+    slot, one dp accepts (a sum of zeros alone it refuses whatever the rows), and decided again with the bound
+    values; those adding up only zeros are refused at Bind, as the constants are."""
+    sql = ("SELECT adult.race, sum(CASE WHEN (adult.income = '>50K') THEN $1::INTEGER ELSE $2::INTEGER END) AS high "
+           "FROM adult GROUP BY adult.race ORDER BY adult.race")
+    exact = dict(truth.execute(sql.replace("$1", "1").replace("$2", "0")).fetchall())
+
+    async def run(role: str) -> None:
+        conn = await asyncpg.connect(host=gated_proxy.host, port=gated_proxy.port, user=role, password=role,
+                                     database=gated_database)
+        try:
+            statement = await conn.prepare(sql)
+            assert [column.name for column in statement.get_attributes()] == ["race", "high"]
+            rows = await statement.fetch(1, 0)
+            assert {row["race"] for row in rows} <= set(exact)
+            big = [row for row in rows if exact[row["race"]] >= 1000]  # noise of ε 0.5: a few units
+            assert big and all(abs(row["high"] - exact[row["race"]]) < 0.05 * exact[row["race"]] for row in big)
+            with pytest.raises(asyncpg.FeatureNotSupportedError, match="adds up only zeros"):
+                await statement.fetch(0, 0)
+        finally:
+            await conn.close()
+
+    with psycopg.connect(pg_server.conninfo(dbname=gated_database), autocommit=True) as owner, \
+            fresh_dp_role(owner, gated_proxy, gated_database, "summed_analyst", epsilon=10) as role:
+        asyncio.run(run(role))
+
+
 def test_node_postgres_named_and_unnamed(gated_proxy: Endpoint, gated_database: str,
                                         truth: psycopg.Connection[Any]) -> None:
     ensure_node_modules()

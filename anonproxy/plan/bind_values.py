@@ -63,8 +63,9 @@ _OIDS = {
 _TEXT = (exp.DataType.Type.TEXT, exp.DataType.Type.VARCHAR)
 _INTEGERS = (exp.DataType.Type.SMALLINT, exp.DataType.Type.INT, exp.DataType.Type.BIGINT)  # a count's casts
 # A value every statement of each kind accepts: the statement is decided with it at Parse, and described with it.
+# A value added up is 1, not 0: dp refuses a sum whose every term is 0 (SQLAlchemy's case((c, $2), else_=$3)).
 _REPRESENTATIVE = {"pattern": "%", "unit": "year", "field": "year", "format": "YYYY", "zone": "UTC", "offset": "0",
-                   "count": "0", "summed": "0"}
+                   "count": "0", "summed": "1"}
 _REPRESENTATIVE_CAST = {1082: "2000-01-01", 1114: "2000-01-01 00:00:00", 1184: "2000-01-01 00:00:00+00",
                         1186: "1 day", 16: "true"}
 
@@ -105,8 +106,8 @@ def slots(tree: exp.Expression, *, having: bool = False, times: TimeColumns | No
 
 def representative_text(tree: exp.Expression, found: tuple[Slot, ...]) -> str:
     """``tree``'s statement with each slot's representative value: what Parse decides and Describe describes (a
-    value added up is the number 0, which sum() reads as PostgreSQL reads an integer bound there)."""
-    return _rendered(tree, {slot.number: exp.Literal.number(0) if slot.kind == "summed" and slot.type_oid == TEXT_OID
+    value added up is the number 1, which sum() reads as PostgreSQL reads an integer bound there)."""
+    return _rendered(tree, {slot.number: exp.Literal.number(1) if slot.kind == "summed" and slot.type_oid == TEXT_OID
                             else exp.Literal.string(slot.representative()) for slot in found})
 
 
