@@ -12,6 +12,8 @@ what a gated role must get:
   oracle releases (``people`` lists each group's people when "n" does not count them); a dp role's groups come from
   the column's public domain;
 * ``exact``: an aggregate whose every group holds thousands of people: a suppress role gets PostgreSQL's answer;
+* ``empty``: an aggregate without GROUP BY over fewer than k people: a suppress role gets no row (query-set-size
+  control, docs/suppression.md), where PostgreSQL answers one;
 * ``refused``: a statement that could single a person out (rows, a row by its key, whether someone exists, an
   extreme): refused, with a message naming ``refusal``.
 
@@ -39,7 +41,7 @@ Rows = list[dict[str, Any]]
 @dataclass(frozen=True)
 class Step:
     id: str
-    kind: str  # catalog, counts, exact or refused
+    kind: str  # catalog, counts, exact, empty or refused
     what: str  # the call, as its user writes it
     statement: Callable[[], Executable] | None = None  # a statement step
     inspect: Callable[[Inspector], Rows] | None = None  # an inspection step
@@ -253,6 +255,8 @@ STEPS: tuple[Step, ...] = (
          _count(lambda: Adult.native_country.like("United%"))),
     Step("sa-is-not-null", "exact", "... .where(Adult.workclass.is_not(None))",
          _count(lambda: Adult.workclass.is_not(None))),
+    Step("sa-is-null", "empty", "... .where(Adult.workclass.is_(None)): nobody",
+         _count(lambda: Adult.workclass.is_(None))),
     Step("sa-between", "exact", "... .where(Adult.hours_per_week.between(35, 45))",
          _count(lambda: Adult.hours_per_week.between(35, 45))),
     Step("sa-several", "exact", "select(func.count, func.sum, func.avg, func.stddev, func.variance)", _several),
