@@ -1,6 +1,6 @@
-// Knex's query builder and the Sequelize ORM over node-postgres: what an application's dashboard asks of the demo
-// tables, and the introspection and connection start-up each sends. Connects with the PG* environment variables
-// (PGOPTIONS as the connection's options, so a direct connection can run as a role: -c role=...); prints one JSON
+// Knex's query builder, the Sequelize ORM and Drizzle ORM over node-postgres: what an application's dashboard asks
+// of the demo tables, and the introspection and connection start-up each sends. Connects with the PG* environment
+// variables (PGOPTIONS as the connection's options, so a direct connection can run as a role: -c role=...); prints one JSON
 // line per step: {tool, id, kind, what, keys, count, per_person, refusal, statements: [{sql, params}], rows | error}.
 // Kinds: catalog, counts (counts by `keys`), exact, refused (the message names `refusal`); `count` names the field
 // that counts people (`value` for a scalar), per_person is false over the visits. Run by tests/test_orm_node.py.
@@ -10,6 +10,9 @@ const knexFactory = require("knex");
 const pg = require("pg");
 const { Sequelize, DataTypes, Op, fn, col } = require("sequelize");
 const { prepareValue } = require("pg/lib/utils");  // the text node-postgres sends for a value
+const { drizzle } = require("drizzle-orm/node-postgres");
+const { bigint, integer, numeric, pgTable, text, timestamp } = require("drizzle-orm/pg-core");
+const dz = require("drizzle-orm");
 
 const connection = {
   host: process.env.PGHOST, port: Number(process.env.PGPORT), database: process.env.PGDATABASE,
@@ -43,6 +46,21 @@ const Visit = sequelize.define("Visit", {
 }, { tableName: "visits", timestamps: false });
 Adult.hasMany(Visit, { foreignKey: "person_id" });
 Visit.belongsTo(Adult, { foreignKey: "person_id" });
+
+// Drizzle over a node-postgres pool of one connection, its tables declared as an application declares them.
+const pool = new pg.Pool({ ...connection, max: 1 });
+const db = drizzle(pool);
+const adult = pgTable("adult", {
+  id: integer("id").primaryKey(), age: integer("age"), workclass: text("workclass"), education: text("education"),
+  occupation: text("occupation"), race: text("race"), sex: text("sex"), capitalGain: integer("capital_gain"),
+  hoursPerWeek: integer("hours_per_week"), nativeCountry: text("native_country"), income: text("income"),
+});
+const visits = pgTable("visits", {
+  visitId: bigint("visit_id", { mode: "number" }).primaryKey(), personId: integer("person_id"),
+  visitedAt: timestamp("visited_at", { withTimezone: true }), channel: text("channel"),
+  amount: numeric("amount", { precision: 10, scale: 2 }),
+});
+const month = dz.sql`date_trunc('month', ${visits.visitedAt})`;
 
 const START = new Date(Date.UTC(2025, 2, 1));
 const END = new Date(Date.UTC(2025, 5, 1));
@@ -127,6 +145,55 @@ const STEPS = [
   ["Sequelize", "sq-max", "refused", "Adult.max('age')", () => Adult.max("age"), { refusal: "max()" }],
   ["Sequelize", "sq-find-all", "refused", "Adult.findAll({ where: { age: { [Op.gt]: 85 } }, limit: 5 })",
     () => Adult.findAll({ where: { age: { [Op.gt]: 85 } }, limit: 5, raw: true }), { refusal: "row-level" }],
+  ["Drizzle", "dz-count-by-sex", "counts", "db.select({ sex: adult.sex, n: count() }).from(adult).groupBy(adult.sex)",
+    () => db.select({ sex: adult.sex, n: dz.count() }).from(adult).groupBy(adult.sex).orderBy(adult.sex),
+    { keys: ["sex"], count: "n" }],
+  ["Drizzle", "dz-in-two", "counts",
+    "db.select({ sex, race, n: count() }).from(adult).where(inArray(adult.race, [...])).groupBy(adult.sex, adult.race)",
+    () => db.select({ sex: adult.sex, race: adult.race, n: dz.count() }).from(adult)
+      .where(dz.inArray(adult.race, ["White", "Black", "Amer-Indian-Eskimo"])).groupBy(adult.sex, adult.race)
+      .orderBy(adult.sex, adult.race), { keys: ["sex", "race"], count: "n" }],
+  ["Drizzle", "dz-eq-range", "counts",
+    "... .where(and(eq(adult.sex, 'Female'), gte(adult.age, 30), lt(adult.age, 40))).groupBy(adult.education)",
+    () => db.select({ education: adult.education, n: dz.count(adult.id) }).from(adult)
+      .where(dz.and(dz.eq(adult.sex, "Female"), dz.gte(adult.age, 30), dz.lt(adult.age, 40)))
+      .groupBy(adult.education).orderBy(adult.education), { keys: ["education"], count: "n" }],
+  ["Drizzle", "dz-ilike", "exact", "db.select({ n: count() }).from(adult).where(ilike(adult.occupation, '%sales%'))",
+    () => db.select({ n: dz.count() }).from(adult).where(dz.ilike(adult.occupation, "%sales%")), { count: "n" }],
+  ["Drizzle", "dz-dollar-count", "exact", "db.$count(adult, isNotNull(adult.workclass))",
+    () => db.$count(adult, dz.isNotNull(adult.workclass)), { count: "value" }],
+  ["Drizzle", "dz-aggregates", "exact",
+    "db.select({ total: sum(adult.capitalGain), mean: avg(adult.age), sd: sql`stddev(...)` }).where(gte(...))",
+    () => db.select({ total: dz.sum(adult.capitalGain), mean: dz.avg(adult.age),
+      sd: dz.sql`stddev(${adult.hoursPerWeek})` }).from(adult).where(dz.gte(adult.age, 18))],
+  ["Drizzle", "dz-count-distinct", "exact", "db.select({ countries: countDistinct(adult.nativeCountry) }).from(adult)",
+    () => db.select({ countries: dz.countDistinct(adult.nativeCountry) }).from(adult)],
+  ["Drizzle", "dz-conditional", "exact",
+    "db.select({ race, women: sql`count(*) filter (where ${adult.sex} = ${'Female'})`, high: sql`sum(case ...)` })",
+    () => db.select({ race: adult.race,
+      women: dz.sql`count(*) filter (where ${adult.sex} = ${"Female"})`.mapWith(Number),
+      high: dz.sql`sum(case when ${adult.income} = ${">50K"} then 1 else 0 end)`.mapWith(Number) })
+      .from(adult).groupBy(adult.race).orderBy(adult.race)],
+  ["Drizzle", "dz-top-n", "exact", "... .groupBy(adult.occupation).orderBy(desc(count())).limit(3): LIMIT $1",
+    () => db.select({ occupation: adult.occupation, n: dz.count() }).from(adult).groupBy(adult.occupation)
+      .orderBy(dz.desc(dz.count())).limit(3)],
+  ["Drizzle", "dz-having", "exact", "... .groupBy(adult.education).having(({ n }) => gt(n, 500))",
+    () => db.select({ education: adult.education, n: dz.count() }).from(adult).groupBy(adult.education)
+      .having(({ n }) => dz.gt(n, 500)).orderBy(adult.education)],
+  ["Drizzle", "dz-monthly", "exact",
+    "db.select({ month: sql`date_trunc('month', ${visits.visitedAt})`, n: count() }).where(between(...))"
+      + ".groupBy(month)",
+    () => db.select({ month, n: dz.count() }).from(visits).where(dz.between(visits.visitedAt, START, END))
+      .groupBy(month).orderBy(month), { per_person: false }],
+  ["Drizzle", "dz-join-sum", "exact",
+    "db.select({ sex: adult.sex, amount: sum(visits.amount) }).from(visits).innerJoin(adult, eq(...))",
+    () => db.select({ sex: adult.sex, amount: dz.sum(visits.amount) }).from(visits)
+      .innerJoin(adult, dz.eq(visits.personId, adult.id)).groupBy(adult.sex).orderBy(adult.sex),
+    { per_person: false }],
+  ["Drizzle", "dz-max", "refused", "db.select({ oldest: max(adult.age) }).from(adult)",
+    () => db.select({ oldest: dz.max(adult.age) }).from(adult), { refusal: "max()" }],
+  ["Drizzle", "dz-rows", "refused", "db.select().from(adult).where(gt(adult.age, 85)).limit(5)",
+    () => db.select().from(adult).where(dz.gt(adult.age, 85)).limit(5), { refusal: "row-level" }],
 ];
 
 // A value as JSON carries it: dates as ISO text, numbers as node-postgres gave them (bigint and numeric as text).
@@ -141,7 +208,8 @@ async function main() {
     try {
       line.rows = plain(await run());
     } catch (error) {
-      const cause = error.parent || error;  // Sequelize wraps node-postgres's error
+      // Sequelize wraps node-postgres's error in .parent, Drizzle in .cause
+      const cause = error.parent || (error.cause && error.cause.code ? error.cause : error);
       line.error = { code: cause.code || null, message: cause.message, hint: cause.hint || null };
     }
     line.statements = sent.map(({ sql: text, params }) => ({ sql: text, params: params.map(prepareValue) }));
@@ -149,6 +217,7 @@ async function main() {
   }
   await knex.destroy();
   await sequelize.close();
+  await pool.end();
 }
 
 main().catch((error) => { console.error(error); process.exit(1); });
