@@ -1,8 +1,9 @@
-"""Knex, Kysely, Sequelize and Drizzle over node-postgres, run by the scripts of tests/clients/node_builders.
+"""Knex, Kysely, Sequelize, Drizzle and TypeORM over node-postgres, run by the scripts of
+tests/clients/node_builders.
 
 :func:`run` installs the pinned packages (npm, from the directory's package.json and package-lock.json) if one is
-missing or at another version, runs a script (builders.js: Knex and Kysely; orms.js: Knex, Sequelize and Drizzle)
-with the PG* variables of one login and returns its steps: for each, the tool, id, kind, the library call, the
+missing or at another version, runs a script (builders.js: Knex and Kysely; orms.js: Knex, Sequelize, Drizzle and
+TypeORM) with the PG* variables of one login and returns its steps: for each, the tool, id, kind, the library call, the
 statements it sent and the rows it got, or the error (code, message, hint). Used by tests/test_bi_builders.py,
 tests/test_orm_node.py and tests/bi_corpus/capture_libraries.py.
 """
@@ -30,7 +31,7 @@ def ensure_node_modules() -> None:
         return
     npm = shutil.which("npm")
     if npm is None:
-        raise NodeError("npm is required for the Knex, Kysely, Sequelize and Drizzle tests")
+        raise NodeError("npm is required for the Knex, Kysely, Sequelize, Drizzle and TypeORM tests")
     done = subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=BUILDERS_DIR, check=False,
                           capture_output=True, text=True, timeout=300)
     if done.returncode != 0:
@@ -49,7 +50,7 @@ def run(host: str, port: int, dbname: str, user: str, password: str, script: str
     ensure_node_modules()
     node = shutil.which("node")
     if node is None:
-        raise NodeError("node is required for the Knex, Kysely, Sequelize and Drizzle tests")
+        raise NodeError("node is required for the Knex, Kysely, Sequelize, Drizzle and TypeORM tests")
     env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
     env.update(PGHOST=host, PGPORT=str(port), PGDATABASE=dbname, PGUSER=user, PGPASSWORD=password, TZ="UTC")
     if options:
