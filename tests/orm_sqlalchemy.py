@@ -1,7 +1,8 @@
-"""What an application or dashboard asks of the demo tables with SQLAlchemy 2, Core and ORM, and SQLModel.
+"""What an application or dashboard asks of the demo tables with SQLAlchemy 2, Core and ORM, SQLModel and PyPika.
 
 Each :class:`Step` is one call as its user writes it. Statement steps build a SQLAlchemy statement (a ``select()``
-over the ORM models, over SQLModel's, or over Core tables) that :func:`execute` runs in a ``Session`` or
+over the ORM models, over SQLModel's, or over Core tables; PyPika's query as its text, ``text(str(query))``, its
+``Parameter(':name')`` bound by SQLAlchemy) that tests/test_orm_sqlalchemy.py runs in a ``Session`` or
 ``AsyncSession``; inspection steps run the engine's ``Inspector``. The same step thus runs over both PostgreSQL
 dialects SQLAlchemy ships for our drivers: ``postgresql+psycopg`` (psycopg 3, values sent as ``$n`` parameters)
 and ``postgresql+asyncpg`` (asyncpg, named prepared statements, string values cast: ``$1::VARCHAR``). The kind says
@@ -29,8 +30,10 @@ from decimal import Decimal
 from functools import cache
 from typing import Any, Optional
 
+import pypika
+from pypika import functions as pk
 from sqlalchemy import (Column, DateTime, Executable, ForeignKey, Inspector, Integer, MetaData, Numeric, Table,
-                        Text, case, distinct, exists, extract, func, select)
+                        Text, case, distinct, exists, extract, func, select, text)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from sqlmodel import Field, SQLModel
 from sqlmodel import select as sqlmodel_select
@@ -235,6 +238,23 @@ def _sqlmodel_hours() -> Executable:
             .where(Person.age >= 25, Person.age < 65).group_by(Person.race).order_by(Person.race))
 
 
+# PyPika: the tables by name, queries built for PostgreSQL and run as their text.
+PK_ADULT, PK_VISITS = pypika.Table("adult"), pypika.Table("visits")
+
+
+def _pypika(query: pypika.queries.QueryBuilder, **values: Any) -> Callable[[], Executable]:
+    return lambda: text(str(query)).bindparams(**values) if values else text(str(query))
+
+
+def _pk_count(where: Any) -> Callable[[], Executable]:
+    return _pypika(pypika.PostgreSQLQuery.from_(PK_ADULT).select(pk.Count("*").as_("count")).where(where))
+
+
+_PK_MONTH = pypika.terms.Function("date_trunc", "month", PK_VISITS.visited_at)
+_PK_YEAR = pk.Extract(pypika.DatePart.year, PK_VISITS.visited_at)
+_PK_N = pk.Count("*")
+
+
 STEPS: tuple[Step, ...] = (
     Step("sa-table-names", "catalog", "inspect(engine).get_table_names()", inspect=_table_names),
     Step("sa-columns", "catalog", "inspect(engine).get_columns('adult')", inspect=_columns),
@@ -298,6 +318,50 @@ STEPS: tuple[Step, ...] = (
          lambda: select(exists().where(Adult.age > 90)), refusal="subqueries"),
     Step("sqlmodel-first", "refused", "session.exec(select(Person).order_by(Person.id)).first()",
          lambda: sqlmodel_select(Person).order_by(Person.id).limit(1), refusal="row-level", sqlmodel=True),
+    Step("pk-count-in", "counts", "Query.from_(adult).select(adult.sex, fn.Count(adult.id).as_('n'))"
+         ".where(adult.race.isin([...])).groupby(adult.sex)",
+         _pypika(pypika.PostgreSQLQuery.from_(PK_ADULT).select(PK_ADULT.sex, pk.Count(PK_ADULT.id).as_("n"))
+                 .where(PK_ADULT.race.isin(["White", "Black"])).groupby(PK_ADULT.sex).orderby(PK_ADULT.sex)),
+         keys=("sex",)),
+    Step("pk-ilike", "exact", "... .select(fn.Count('*')).where(adult.occupation.ilike('%sales%'))",
+         _pk_count(PK_ADULT.occupation.ilike("%sales%"))),
+    Step("pk-not-null", "exact", "... .where(adult.workclass.notnull())", _pk_count(PK_ADULT.workclass.notnull())),
+    Step("pk-aggregates", "exact", "fn.Sum, fn.Avg, fn.StdDev, fn.Count(...).distinct() .where(adult.age >= 18)",
+         _pypika(pypika.PostgreSQLQuery.from_(PK_ADULT).select(
+             pk.Sum(PK_ADULT.capital_gain).as_("total"), pk.Avg(PK_ADULT.age).as_("mean_age"),
+             pk.StdDev(PK_ADULT.hours_per_week).as_("sd"), pk.Count(PK_ADULT.native_country).distinct()
+             .as_("countries")).where(PK_ADULT.age >= 18))),
+    Step("pk-case-sum", "exact", "fn.Sum(Case().when(adult.income == '>50K', 1).else_(0)) .groupby(adult.race)",
+         _pypika(pypika.PostgreSQLQuery.from_(PK_ADULT).select(
+             PK_ADULT.race, pk.Sum(pypika.Case().when(PK_ADULT.income == ">50K", 1).else_(0)).as_("high"))
+             .groupby(PK_ADULT.race).orderby(PK_ADULT.race)), keys=("race",)),
+    Step("pk-top-n", "exact", "... .groupby(adult.occupation).orderby(n, order=Order.desc).limit(5)",
+         _pypika(pypika.PostgreSQLQuery.from_(PK_ADULT).select(PK_ADULT.occupation, _PK_N.as_("n"))
+                 .groupby(PK_ADULT.occupation).orderby(_PK_N, order=pypika.Order.desc).limit(5)),
+         keys=("occupation",)),
+    Step("pk-having-parameter", "exact", "... .having(fn.Count('*') > Parameter(':least')), least=500",
+         _pypika(pypika.PostgreSQLQuery.from_(PK_ADULT).select(PK_ADULT.education,
+                                                               pk.Avg(PK_ADULT.hours_per_week).as_("hours"))
+                 .groupby(PK_ADULT.education).having(_PK_N > pypika.Parameter(":least"))
+                 .orderby(PK_ADULT.education), least=500), keys=("education",)),
+    Step("pk-date-trunc", "exact", "Function('date_trunc', 'month', visits.visited_at) ... .where(visits.visited_at"
+         "['2025-03-01':'2025-06-01'])",
+         _pypika(pypika.PostgreSQLQuery.from_(PK_VISITS).select(_PK_MONTH.as_("month"), _PK_N.as_("visits"))
+                 .where(PK_VISITS.visited_at["2025-03-01":"2025-06-01"]).groupby(_PK_MONTH).orderby(_PK_MONTH)),
+         keys=("month",), per_person=False),
+    Step("pk-extract-year", "counts", "fn.Extract(DatePart.year, visits.visited_at) ... .groupby(year)",
+         _pypika(pypika.PostgreSQLQuery.from_(PK_VISITS).select(_PK_YEAR.as_("year"),
+                                                                pk.Count(PK_VISITS.visit_id).as_("visits"))
+                 .groupby(_PK_YEAR).orderby(_PK_YEAR)), keys=("year",), people=_people_by_year, per_person=False),
+    Step("pk-join", "exact", "Query.from_(visits).join(adult).on(visits.person_id == adult.id) ... fn.Sum",
+         _pypika(pypika.PostgreSQLQuery.from_(PK_VISITS).join(PK_ADULT).on(PK_VISITS.person_id == PK_ADULT.id)
+                 .select(PK_ADULT.sex, pk.Sum(PK_VISITS.amount).as_("amount")).groupby(PK_ADULT.sex)
+                 .orderby(PK_ADULT.sex)), keys=("sex",), per_person=False),
+    Step("pk-star", "refused", "Query.from_(adult).select('*').where(adult.age > 85).limit(5)",
+         _pypika(pypika.PostgreSQLQuery.from_(PK_ADULT).select("*").where(PK_ADULT.age > 85).limit(5)),
+         refusal="SELECT *"),
+    Step("pk-max", "refused", "Query.from_(adult).select(fn.Max(adult.age))",
+         _pypika(pypika.PostgreSQLQuery.from_(PK_ADULT).select(pk.Max(PK_ADULT.age))), refusal="max()"),
 )
 
 

@@ -1,5 +1,5 @@
-"""SQLAlchemy 2 (Core and ORM) and SQLModel through the real gated proxy, over psycopg 3 and over asyncpg
-(tests/orm_sqlalchemy.py).
+"""SQLAlchemy 2 (Core and ORM), SQLModel and PyPika's queries through the real gated proxy, over psycopg 3 and over
+asyncpg (tests/orm_sqlalchemy.py).
 
 Each step runs on both of SQLAlchemy's dialects for our drivers, ``postgresql+psycopg`` (a ``Session``) and
 ``postgresql+asyncpg`` (an ``AsyncSession``), each with its own connection start-up (the dialect's version, schema
