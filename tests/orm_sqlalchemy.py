@@ -312,7 +312,7 @@ STEPS: tuple[Step, ...] = (
          lambda: select(func.min(Adult.age), func.max(Adult.age)), refusal="min()"),
     Step("sa-rows", "refused", "select(Adult).where(Adult.age > 85).limit(10)",
          lambda: select(Adult).where(Adult.age > 85).limit(10), refusal="row-level"),
-    Step("sa-get", "refused", "session.get(Adult, 1): select(Adult).where(Adult.id == 1)",
+    Step("sa-get", "refused", "select(Adult).where(Adult.id == 1): what session.get(Adult, 1) sends",
          lambda: select(Adult).where(Adult.id == 1), refusal="row-level"),
     Step("sa-exists", "refused", "select(exists().where(Adult.age > 90))",
          lambda: select(exists().where(Adult.age > 90)), refusal="subqueries"),
