@@ -3,8 +3,8 @@ tests/clients/node_builders.
 
 :func:`run` installs the pinned packages (npm, from the directory's package.json and package-lock.json) if one is
 missing or at another version, runs a script (builders.js: Knex and Kysely; orms.js: Knex, Sequelize, Drizzle and
-TypeORM) with the PG* variables of one login and returns its steps: for each, the tool, id, kind, the library call, the
-statements it sent and the rows it got, or the error (code, message, hint). Used by tests/test_bi_builders.py,
+TypeORM) with the PG* variables of one login and returns its steps: for each, the tool, id, kind, the library call,
+the statements it sent and the rows it got, or the error (code, message, hint). Used by tests/test_bi_builders.py,
 tests/test_orm_node.py and tests/bi_corpus/capture_libraries.py.
 """
 

@@ -177,8 +177,8 @@ def test_asyncpg_describes_before_binding(gated_proxy: Endpoint, gated_database:
 def test_asyncpg_prepares_values_added_up_in_dp_mode(pg_server: EmbeddedPostgres, gated_proxy: Endpoint,
                                                       gated_database: str,
                                                       truth: psycopg.Connection[Any]) -> None:
-    """SQLAlchemy's ``func.sum(case((cond, 1), else_=0))`` over asyncpg binds both results (``$2::INTEGER``,
-    ``$3::INTEGER``) and prepares before it binds: the statement is described with a representative value in each
+    """SQLAlchemy's ``func.sum(case((cond, 1), else_=0))`` over asyncpg binds both results (``THEN $1::INTEGER ELSE
+    $2::INTEGER`` here) and prepares before it binds: the statement is described with a representative value in each
     slot, one dp accepts (a sum of zeros alone it refuses whatever the rows), and decided again with the bound
     values; those adding up only zeros are refused at Bind, as the constants are."""
     sql = ("SELECT adult.race, sum(CASE WHEN (adult.income = '>50K') THEN $1::INTEGER ELSE $2::INTEGER END) AS high "
