@@ -46,6 +46,7 @@ from anonproxy.plan.render import sql as render
 from anonproxy.plan.statements import parse_statement, split
 
 TEXT_OID = 25
+BIGINT_OID = 20
 # Declared types whose values are written as plain string literals (text, varchar, unknown, unspecified).
 _PLAIN = frozenset({0, TEXT_OID, 1043, 705})
 # Other declared types a value can be cast to as a constant: OID -> SQL type.
@@ -97,11 +98,25 @@ def slots(tree: exp.Expression, *, having: bool = False, times: TimeColumns | No
         if parameter is not None:
             number = _number(parameter)
             cast = parameter.parent if isinstance(parameter.parent, exp.Cast) else None
-            oid = _OIDS.get(cast.to.this, TEXT_OID) if cast is not None and not cast.to.expressions else TEXT_OID
+            oid = _OIDS.get(cast.to.this, TEXT_OID) if cast is not None and not cast.to.expressions \
+                else _compared_with_count(parameter)
             found.setdefault(number, Slot(number, kind, oid))
     for parameter, oid in _time_places(tree, times) if times is not None else ():
         found.setdefault(_number(parameter), Slot(_number(parameter), "time", oid))
     return tuple(found[number] for number in sorted(found))
+
+
+def _compared_with_count(parameter: exp.Expression) -> int:
+    """The type PostgreSQL infers for a bare parameter: bigint where it is compared with a count (HAVING count(*) >
+    $1: asyncpg encodes its value as the type described), else text."""
+    parent = parameter.parent
+    if isinstance(parent, (*_COMPARISONS, exp.NEQ)):
+        other = parent.expression if parent.this is parameter else parent.this
+    elif isinstance(parent, exp.Between) and parent.this is not parameter:
+        other = parent.this
+    else:
+        return TEXT_OID
+    return BIGINT_OID if isinstance(unparen(other), exp.Count) else TEXT_OID
 
 
 def representative_text(tree: exp.Expression, found: tuple[Slot, ...]) -> str:
