@@ -74,7 +74,7 @@ _REPRESENTATIVE_CAST = {1082: "2000-01-01", 1114: "2000-01-01 00:00:00", 1184: "
 @dataclass(frozen=True)
 class Slot:
     """A parameter decided at Bind: its number, the kind of place it stands in, and the type it has when the
-    client declares none (what PostgreSQL infers there: the cast's target, else text)."""
+    client declares none (what PostgreSQL infers there: the cast's target, bigint beside a count, else text)."""
 
     number: int
     kind: str  # "pattern", "unit", "field", "format", "zone", "offset", "count", "cast", "having", "time", "summed"
