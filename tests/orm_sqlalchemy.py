@@ -27,7 +27,6 @@ import datetime as dt
 from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
-from functools import cache
 from typing import Any, Optional
 
 import pypika
@@ -363,8 +362,3 @@ STEPS: tuple[Step, ...] = (
     Step("pk-max", "refused", "Query.from_(adult).select(fn.Max(adult.age))",
          _pypika(pypika.PostgreSQLQuery.from_(PK_ADULT).select(pk.Max(PK_ADULT.age))), refusal="max()"),
 )
-
-
-@cache
-def steps_by_id() -> dict[str, Step]:
-    return {step.id: step for step in STEPS}
