@@ -174,6 +174,64 @@ def test_asyncpg_describes_before_binding(gated_proxy: Endpoint, gated_database:
     asyncio.run(run())
 
 
+def test_asyncpg_prepares_values_added_up_in_dp_mode(pg_server: EmbeddedPostgres, gated_proxy: Endpoint,
+                                                      gated_database: str,
+                                                      truth: psycopg.Connection[Any]) -> None:
+    """SQLAlchemy's ``func.sum(case((cond, 1), else_=0))`` over asyncpg binds both results (``THEN $1::INTEGER ELSE
+    $2::INTEGER`` here) and prepares before it binds: the statement is described with a representative value in each
+    slot, one dp accepts (a sum of zeros alone it refuses whatever the rows), and decided again with the bound
+    values; those adding up only zeros are refused at Bind, as the constants are."""
+    sql = ("SELECT adult.race, sum(CASE WHEN (adult.income = '>50K') THEN $1::INTEGER ELSE $2::INTEGER END) AS high "
+           "FROM adult GROUP BY adult.race ORDER BY adult.race")
+    exact = dict(truth.execute(sql.replace("$1", "1").replace("$2", "0")).fetchall())
+
+    async def run(role: str) -> None:
+        conn = await asyncpg.connect(host=gated_proxy.host, port=gated_proxy.port, user=role, password=role,
+                                     database=gated_database)
+        try:
+            statement = await conn.prepare(sql)
+            assert [column.name for column in statement.get_attributes()] == ["race", "high"]
+            rows = await statement.fetch(1, 0)
+            assert {row["race"] for row in rows} <= set(exact)
+            big = [row for row in rows if exact[row["race"]] >= 1000]  # noise of ε 0.5: a few units
+            assert big and all(abs(row["high"] - exact[row["race"]]) < 0.05 * exact[row["race"]] for row in big)
+            with pytest.raises(asyncpg.FeatureNotSupportedError, match="adds up only zeros"):
+                await statement.fetch(0, 0)
+        finally:
+            await conn.close()
+
+    with psycopg.connect(pg_server.conninfo(dbname=gated_database), autocommit=True) as owner, \
+            fresh_dp_role(owner, gated_proxy, gated_database, "summed_analyst", epsilon=10) as role:
+        asyncio.run(run(role))
+
+
+def test_asyncpg_binds_a_having_count_operand_in_dp_mode(pg_server: EmbeddedPostgres, gated_proxy: Endpoint,
+                                                         gated_database: str,
+                                                         truth: psycopg.Connection[Any]) -> None:
+    """Tortoise's ``filter(n__gt=500)`` on ``annotate(n=Count('id'))``, over asyncpg: ``HAVING COUNT("id")>$1``. dp
+    decides the operand at Bind; the statement must describe it as PostgreSQL does (bigint), since asyncpg encodes
+    the value as the described type: described as text, asyncpg refused to send the integer 500."""
+    sql = "SELECT education, count(id) AS n FROM adult GROUP BY education HAVING count(id) > $1 ORDER BY 1"
+    counts = dict(truth.execute("select education, count(*) from adult group by education").fetchall())
+
+    async def run(role: str) -> None:
+        conn = await asyncpg.connect(host=gated_proxy.host, port=gated_proxy.port, user=role, password=role,
+                                     database=gated_database)
+        try:
+            statement = await conn.prepare(sql)
+            assert [t.name for t in statement.get_parameters()] == ["int8"]
+            kept = {row["education"] for row in await statement.fetch(1000)}
+            # count at ε 0.5: the noise stays within ±28, so groups 100 away from 1,000 are decided alike
+            assert {education for education, n in counts.items() if n > 1100} <= kept
+            assert not kept & {education for education, n in counts.items() if n < 900}
+        finally:
+            await conn.close()
+
+    with psycopg.connect(pg_server.conninfo(dbname=gated_database), autocommit=True) as owner, \
+            fresh_dp_role(owner, gated_proxy, gated_database, "having_count_analyst", epsilon=10) as role:
+        asyncio.run(run(role))
+
+
 def test_node_postgres_named_and_unnamed(gated_proxy: Endpoint, gated_database: str,
                                         truth: psycopg.Connection[Any]) -> None:
     ensure_node_modules()

@@ -632,6 +632,19 @@ def test_having_logic_on_answer_rows() -> None:
             "seven", sqlstate="22P02")
 
 
+def test_having_reads_constants_cast_to_numeric_types() -> None:
+    """``count(*) >= 500::integer``, ``500::numeric``, and SQLAlchemy's ``$1::INTEGER`` bound by psycopg as a
+    smallint (``CAST(CAST('500' AS SMALLINT) AS INT)`` at Bind) are the number 500, as PostgreSQL reads them; a
+    fraction cast to an integer type (PostgreSQL rounds it) is refused, not rounded here."""
+    for operand in ("500::integer", "500::numeric", "cast(cast('500' as smallint) as int)", "'500'::bigint::int"):
+        p = plan(f"select sex, count(*) from adult group by sex having count(*) >= {operand}")
+        assert holds(p.having, ("Male", 500)) and not holds(p.having, ("Male", 499)), operand
+    refused("select sex, count(*) from adult group by sex having count(*) >= 499.5::numeric::int", "does not round",
+            "499.5")
+    refused("select sex, count(*) from adult group by sex having count(*) >= cast('5x' as int)::int",
+            "invalid input syntax", sqlstate="22P02")
+
+
 def test_spread_and_quantiles_need_bounds_of_some_width() -> None:
     flat = ProtectedTable("public.flat", "unit", {"v": ColumnPolicy("v", lower=5, upper=5)})
     policy = Policy(version=1, tables={"public.flat": flat})

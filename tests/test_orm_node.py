@@ -1,4 +1,4 @@
-"""Knex's query builder and the Sequelize ORM over node-postgres, through the real gated proxy
+"""Knex's query builder and the Sequelize, Drizzle and TypeORM ORMs over node-postgres, through the real gated proxy
 (tests/clients/node_builders/orms.js, the packages pinned in its package.json and installed by npm ci).
 
 Each library's connection start-up (Sequelize's ``SET client_min_messages``/``SET TIME ZONE`` and its pg_type
@@ -6,8 +6,16 @@ reads), its introspection (Knex's hasTable and columnInfo, Sequelize's showAllTa
 application's dashboard asks of ``public.adult`` and the linked ``public.visits``: counts by one and two columns,
 ``whereIn``, ``whereBetween(...).first()``, sums, averages, a distinct count, ``havingRaw`` with a binding, top-N, a
 join, a bound monthly range; Sequelize's ``count({group})``, ``findAll`` with ``fn('COUNT', col('id'))``,
-``Op.between``/``Op.in``/``Op.iLike``, ``sum``, an ``include`` counted distinct, ``date_trunc`` by month; and what
-reads rows or an extreme (``max``, ``first()`` of rows, ``findAll`` of rows):
+``Op.between``/``Op.in``/``Op.iLike``, ``sum``, an ``include`` counted distinct, ``date_trunc`` by month; Drizzle's
+``select({..., n: count()}).groupBy()`` with ``inArray``, ``and(eq, gte, lt)``, ``ilike``, ``db.$count``, ``sum``,
+``avg``, ``countDistinct``, ``sql`` FILTER and CASE templates with bound values, ``limit`` (bound: ``LIMIT $1``),
+``having(gt(n, 500))``, ``between`` dates, ``innerJoin``; TypeORM's data source start-up (``SELECT version()``,
+``current_schema()``), ``queryRunner.hasTable``/``getTable`` (information_schema and pg_catalog reads), query
+builders' ``getRawMany``/``getRawOne`` (grouped counts, ``IN (:...list)``, ``BETWEEN``, a CASE sum with a parameter,
+``limit``, ``having`` with a parameter, ``date_trunc`` grouped by its alias, ``innerJoin`` of the relation), and
+``countBy`` (with ``ILike``, ``Not(IsNull())``), ``sum``, ``average``; and what reads rows or an extreme (``max``,
+``first()`` of rows, ``findAll`` of rows, Drizzle's ``select()`` of rows, TypeORM's ``maximum``, ``find``,
+``findOneBy``):
 
 - as ``dba`` (direct): the same results through the proxy as from PostgreSQL itself;
 - as ``reporter`` (suppress, k = 10, a suppressed-rest row): catalog reads are PostgreSQL's answer for the role

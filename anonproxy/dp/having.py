@@ -107,7 +107,7 @@ def _constant(node: exp.Expression) -> Node:
         return ("const", None)
     if isinstance(node, exp.Boolean):
         return ("const", bool(node.this))
-    if isinstance(node, exp.Cast) and _is_typed_number(node):  # a value bound at Bind to a parameter of a numeric type: CAST('100' AS INT)
+    if isinstance(node, exp.Cast) and _is_typed_number(node):
         return ("const", sign * _typed_number(node))
     if isinstance(node, exp.Literal):
         if node.is_string:
@@ -125,19 +125,29 @@ def _constant(node: exp.Expression) -> Node:
 
 
 def _is_typed_number(node: exp.Cast) -> bool:
-    return isinstance(node.this, exp.Literal) and node.this.is_string and node.to.is_type(*exp.DataType.NUMERIC_TYPES)
+    """A constant cast to a numeric type: a string or a number (``500::integer``), or such a cast cast again (a
+    value bound at Bind to a parameter of its own numeric type, cast by the SQL: psycopg's smallint under
+    SQLAlchemy's ``$1::INTEGER`` is ``CAST(CAST('500' AS SMALLINT) AS INT)``)."""
+    inner = node.this
+    constant = isinstance(inner, exp.Literal) or (isinstance(inner, exp.Cast) and _is_typed_number(inner))
+    return constant and node.to.is_type(*exp.DataType.NUMERIC_TYPES)
 
 
 def _typed_number(node: exp.Cast) -> Decimal:
-    """The number a string cast to a numeric type stands for; refused where PostgreSQL's cast would fail."""
-    text = node.this.this.strip()
+    """The number a constant cast to a numeric type stands for; refused where PostgreSQL's cast would fail, and
+    where it would round (a fraction cast to an integer type: refused rather than rounded here)."""
+    inner = node.this
+    text = inner.this.strip() if isinstance(inner, exp.Literal) else None
     try:
-        number = Decimal(text)
+        number = Decimal(text) if text is not None else _typed_number(inner)
     except InvalidOperation:
         number = None
     if number is None or (node.to.is_type(*exp.DataType.INTEGER_TYPES) and number != number.to_integral_value()):
-        raise Refusal(INVALID_TEXT_REPRESENTATION, f"HAVING {node.sql(dialect='postgres')}: invalid input syntax for "
-                      f"type {node.to.sql(dialect='postgres').lower()}: {text!r}", HAVING_HINT)
+        if isinstance(inner, exp.Literal) and inner.is_string:
+            raise Refusal(INVALID_TEXT_REPRESENTATION, f"HAVING {node.sql(dialect='postgres')}: invalid input syntax "
+                          f"for type {node.to.sql(dialect='postgres').lower()}: {text!r}", HAVING_HINT)
+        raise unsupported(f"HAVING in dp mode does not round {node.sql(dialect='postgres')}: write the integer",
+                          HAVING_HINT)
     return _finite(number, node)
 
 

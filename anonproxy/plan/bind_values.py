@@ -46,6 +46,7 @@ from anonproxy.plan.render import sql as render
 from anonproxy.plan.statements import parse_statement, split
 
 TEXT_OID = 25
+BIGINT_OID = 20
 # Declared types whose values are written as plain string literals (text, varchar, unknown, unspecified).
 _PLAIN = frozenset({0, TEXT_OID, 1043, 705})
 # Other declared types a value can be cast to as a constant: OID -> SQL type.
@@ -63,8 +64,9 @@ _OIDS = {
 _TEXT = (exp.DataType.Type.TEXT, exp.DataType.Type.VARCHAR)
 _INTEGERS = (exp.DataType.Type.SMALLINT, exp.DataType.Type.INT, exp.DataType.Type.BIGINT)  # a count's casts
 # A value every statement of each kind accepts: the statement is decided with it at Parse, and described with it.
+# A value added up is 1, not 0: dp refuses a sum whose every term is 0 (SQLAlchemy's case((c, $2), else_=$3)).
 _REPRESENTATIVE = {"pattern": "%", "unit": "year", "field": "year", "format": "YYYY", "zone": "UTC", "offset": "0",
-                   "count": "0", "summed": "0"}
+                   "count": "0", "summed": "1"}
 _REPRESENTATIVE_CAST = {1082: "2000-01-01", 1114: "2000-01-01 00:00:00", 1184: "2000-01-01 00:00:00+00",
                         1186: "1 day", 16: "true"}
 
@@ -72,7 +74,7 @@ _REPRESENTATIVE_CAST = {1082: "2000-01-01", 1114: "2000-01-01 00:00:00", 1184: "
 @dataclass(frozen=True)
 class Slot:
     """A parameter decided at Bind: its number, the kind of place it stands in, and the type it has when the
-    client declares none (what PostgreSQL infers there: the cast's target, else text)."""
+    client declares none (what PostgreSQL infers there: the cast's target, bigint beside a count, else text)."""
 
     number: int
     kind: str  # "pattern", "unit", "field", "format", "zone", "offset", "count", "cast", "having", "time", "summed"
@@ -96,17 +98,31 @@ def slots(tree: exp.Expression, *, having: bool = False, times: TimeColumns | No
         if parameter is not None:
             number = _number(parameter)
             cast = parameter.parent if isinstance(parameter.parent, exp.Cast) else None
-            oid = _OIDS.get(cast.to.this, TEXT_OID) if cast is not None and not cast.to.expressions else TEXT_OID
+            oid = _OIDS.get(cast.to.this, TEXT_OID) if cast is not None and not cast.to.expressions \
+                else _compared_with_count(parameter)
             found.setdefault(number, Slot(number, kind, oid))
     for parameter, oid in _time_places(tree, times) if times is not None else ():
         found.setdefault(_number(parameter), Slot(_number(parameter), "time", oid))
     return tuple(found[number] for number in sorted(found))
 
 
+def _compared_with_count(parameter: exp.Expression) -> int:
+    """The type PostgreSQL infers for a bare parameter: bigint where it is compared with a count (HAVING count(*) >
+    $1: asyncpg encodes its value as the type described), else text."""
+    parent = parameter.parent
+    if isinstance(parent, (*_COMPARISONS, exp.NEQ)):
+        other = parent.expression if parent.this is parameter else parent.this
+    elif isinstance(parent, exp.Between) and parent.this is not parameter:
+        other = parent.this
+    else:
+        return TEXT_OID
+    return BIGINT_OID if isinstance(unparen(other), exp.Count) else TEXT_OID
+
+
 def representative_text(tree: exp.Expression, found: tuple[Slot, ...]) -> str:
     """``tree``'s statement with each slot's representative value: what Parse decides and Describe describes (a
-    value added up is the number 0, which sum() reads as PostgreSQL reads an integer bound there)."""
-    return _rendered(tree, {slot.number: exp.Literal.number(0) if slot.kind == "summed" and slot.type_oid == TEXT_OID
+    value added up is the number 1, which sum() reads as PostgreSQL reads an integer bound there)."""
+    return _rendered(tree, {slot.number: exp.Literal.number(1) if slot.kind == "summed" and slot.type_oid == TEXT_OID
                             else exp.Literal.string(slot.representative()) for slot in found})
 
 

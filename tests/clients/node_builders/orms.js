@@ -1,15 +1,20 @@
-// Knex's query builder and the Sequelize ORM over node-postgres: what an application's dashboard asks of the demo
-// tables, and the introspection and connection start-up each sends. Connects with the PG* environment variables
-// (PGOPTIONS as the connection's options, so a direct connection can run as a role: -c role=...); prints one JSON
-// line per step: {tool, id, kind, what, keys, count, per_person, refusal, statements: [{sql, params}], rows | error}.
-// Kinds: catalog, counts (counts by `keys`), exact, refused (the message names `refusal`); `count` names the field
-// that counts people (`value` for a scalar), per_person is false over the visits. Run by tests/test_orm_node.py.
+// Knex's query builder, the Sequelize, Drizzle and TypeORM ORMs over node-postgres: what an application's dashboard
+// asks of the demo tables, and the introspection and connection start-up each sends. Connects with the PG*
+// environment variables (PGOPTIONS as the connection's options, so a direct connection can run as a role:
+// -c role=...); prints one JSON line per step: {tool, id, kind, what, keys, count, per_person, refusal,
+// statements: [{sql, params}], rows | error}. Kinds: catalog, counts (counts by `keys`), exact, refused (the message
+// names `refusal`); `count` names the field that counts people (`value` for a scalar), per_person is false over the
+// visits. Run by tests/test_orm_node.py.
 "use strict";
 
 const knexFactory = require("knex");
 const pg = require("pg");
 const { Sequelize, DataTypes, Op, fn, col } = require("sequelize");
 const { prepareValue } = require("pg/lib/utils");  // the text node-postgres sends for a value
+const { drizzle } = require("drizzle-orm/node-postgres");
+const { bigint, integer, numeric, pgTable, text, timestamp } = require("drizzle-orm/pg-core");
+const dz = require("drizzle-orm");
+const typeorm = require("typeorm");
 
 const connection = {
   host: process.env.PGHOST, port: Number(process.env.PGPORT), database: process.env.PGDATABASE,
@@ -43,6 +48,67 @@ const Visit = sequelize.define("Visit", {
 }, { tableName: "visits", timestamps: false });
 Adult.hasMany(Visit, { foreignKey: "person_id" });
 Visit.belongsTo(Adult, { foreignKey: "person_id" });
+
+// Drizzle over a node-postgres pool of one connection, its tables declared as an application declares them.
+const pool = new pg.Pool({ ...connection, max: 1 });
+const db = drizzle(pool);
+const adult = pgTable("adult", {
+  id: integer("id").primaryKey(), age: integer("age"), workclass: text("workclass"), education: text("education"),
+  occupation: text("occupation"), race: text("race"), sex: text("sex"), capitalGain: integer("capital_gain"),
+  hoursPerWeek: integer("hours_per_week"), nativeCountry: text("native_country"), income: text("income"),
+});
+const visits = pgTable("visits", {
+  visitId: bigint("visit_id", { mode: "number" }).primaryKey(), personId: integer("person_id"),
+  visitedAt: timestamp("visited_at", { withTimezone: true }), channel: text("channel"),
+  amount: numeric("amount", { precision: 10, scale: 2 }),
+});
+const month = dz.sql`date_trunc('month', ${visits.visitedAt})`;
+
+// TypeORM's entities declared without decorators (EntitySchema), a data source of one pooled connection.
+const text_ = { type: "text", nullable: true };
+const AdultEntity = new typeorm.EntitySchema({
+  name: "Adult", tableName: "adult",
+  columns: { id: { type: "int", primary: true }, age: { type: "int" }, workclass: text_, education: text_,
+    occupation: text_, race: text_, sex: text_, capital_gain: { type: "int" }, hours_per_week: { type: "int" },
+    native_country: text_, income: text_ },
+  relations: { visits: { type: "one-to-many", target: "Visit", inverseSide: "person" } },
+});
+const VisitEntity = new typeorm.EntitySchema({
+  name: "Visit", tableName: "visits",
+  columns: { visit_id: { type: "bigint", primary: true }, person_id: { type: "int" },
+    visited_at: { type: "timestamptz" }, channel: text_, amount: { type: "numeric", precision: 10, scale: 2 } },
+  relations: { person: { type: "many-to-one", target: "Adult", joinColumn: { name: "person_id" } } },
+});
+const dataSource = new typeorm.DataSource({
+  type: "postgres", host: connection.host, port: connection.port, database: connection.database,
+  username: connection.user, password: connection.password, extra: { options: connection.options, max: 1 },
+  entities: [AdultEntity, VisitEntity], synchronize: false, logging: false,
+});
+let source = null;  // initialized by the first TypeORM step: its connection start-up is that step's
+async function orm() {
+  source = source || await dataSource.initialize();
+  return source;
+}
+const people = async () => (await orm()).getRepository("Adult");
+const adults = async () => (await people()).createQueryBuilder("a");
+const visitsOf = async () => (await orm()).getRepository("Visit").createQueryBuilder("v");
+async function tableColumns(name) {
+  const runner = (await orm()).createQueryRunner();
+  try {
+    const table = await runner.getTable(name);
+    return table.columns.map((column) => [column.name, column.type, column.isNullable]);
+  } finally {
+    await runner.release();
+  }
+}
+async function hasTable(name) {
+  const runner = (await orm()).createQueryRunner();
+  try {
+    return await runner.hasTable(name);
+  } finally {
+    await runner.release();
+  }
+}
 
 const START = new Date(Date.UTC(2025, 2, 1));
 const END = new Date(Date.UTC(2025, 5, 1));
@@ -127,6 +193,110 @@ const STEPS = [
   ["Sequelize", "sq-max", "refused", "Adult.max('age')", () => Adult.max("age"), { refusal: "max()" }],
   ["Sequelize", "sq-find-all", "refused", "Adult.findAll({ where: { age: { [Op.gt]: 85 } }, limit: 5 })",
     () => Adult.findAll({ where: { age: { [Op.gt]: 85 } }, limit: 5, raw: true }), { refusal: "row-level" }],
+  ["Drizzle", "dz-count-by-sex", "counts", "db.select({ sex: adult.sex, n: count() }).from(adult).groupBy(adult.sex)",
+    () => db.select({ sex: adult.sex, n: dz.count() }).from(adult).groupBy(adult.sex).orderBy(adult.sex),
+    { keys: ["sex"], count: "n" }],
+  ["Drizzle", "dz-in-two", "counts",
+    "db.select({ sex, race, n: count() }).from(adult).where(inArray(adult.race, [...])).groupBy(adult.sex, adult.race)",
+    () => db.select({ sex: adult.sex, race: adult.race, n: dz.count() }).from(adult)
+      .where(dz.inArray(adult.race, ["White", "Black", "Amer-Indian-Eskimo"])).groupBy(adult.sex, adult.race)
+      .orderBy(adult.sex, adult.race), { keys: ["sex", "race"], count: "n" }],
+  ["Drizzle", "dz-eq-range", "counts",
+    "... .where(and(eq(adult.sex, 'Female'), gte(adult.age, 30), lt(adult.age, 40))).groupBy(adult.education)",
+    () => db.select({ education: adult.education, n: dz.count(adult.id) }).from(adult)
+      .where(dz.and(dz.eq(adult.sex, "Female"), dz.gte(adult.age, 30), dz.lt(adult.age, 40)))
+      .groupBy(adult.education).orderBy(adult.education), { keys: ["education"], count: "n" }],
+  ["Drizzle", "dz-ilike", "exact", "db.select({ n: count() }).from(adult).where(ilike(adult.occupation, '%sales%'))",
+    () => db.select({ n: dz.count() }).from(adult).where(dz.ilike(adult.occupation, "%sales%")), { count: "n" }],
+  ["Drizzle", "dz-dollar-count", "exact", "db.$count(adult, isNotNull(adult.workclass))",
+    () => db.$count(adult, dz.isNotNull(adult.workclass)), { count: "value" }],
+  ["Drizzle", "dz-aggregates", "exact",
+    "db.select({ total: sum(adult.capitalGain), mean: avg(adult.age), sd: sql`stddev(...)` }).where(gte(...))",
+    () => db.select({ total: dz.sum(adult.capitalGain), mean: dz.avg(adult.age),
+      sd: dz.sql`stddev(${adult.hoursPerWeek})` }).from(adult).where(dz.gte(adult.age, 18))],
+  ["Drizzle", "dz-count-distinct", "exact", "db.select({ countries: countDistinct(adult.nativeCountry) }).from(adult)",
+    () => db.select({ countries: dz.countDistinct(adult.nativeCountry) }).from(adult)],
+  ["Drizzle", "dz-conditional", "exact",
+    "db.select({ race, women: sql`count(*) filter (where ${adult.sex} = ${'Female'})`, high: sql`sum(case ...)` })",
+    () => db.select({ race: adult.race,
+      women: dz.sql`count(*) filter (where ${adult.sex} = ${"Female"})`.mapWith(Number),
+      high: dz.sql`sum(case when ${adult.income} = ${">50K"} then 1 else 0 end)`.mapWith(Number) })
+      .from(adult).groupBy(adult.race).orderBy(adult.race)],
+  ["Drizzle", "dz-top-n", "exact", "... .groupBy(adult.occupation).orderBy(desc(count())).limit(3): LIMIT $1",
+    () => db.select({ occupation: adult.occupation, n: dz.count() }).from(adult).groupBy(adult.occupation)
+      .orderBy(dz.desc(dz.count())).limit(3)],
+  ["Drizzle", "dz-having", "exact", "... .groupBy(adult.education).having(({ n }) => gt(n, 500))",
+    () => db.select({ education: adult.education, n: dz.count() }).from(adult).groupBy(adult.education)
+      .having(({ n }) => dz.gt(n, 500)).orderBy(adult.education)],
+  ["Drizzle", "dz-monthly", "exact",
+    "db.select({ month: sql`date_trunc('month', ${visits.visitedAt})`, n: count() }).where(between(...))"
+      + ".groupBy(month)",
+    () => db.select({ month, n: dz.count() }).from(visits).where(dz.between(visits.visitedAt, START, END))
+      .groupBy(month).orderBy(month), { per_person: false }],
+  ["Drizzle", "dz-join-sum", "exact",
+    "db.select({ sex: adult.sex, amount: sum(visits.amount) }).from(visits).innerJoin(adult, eq(...))",
+    () => db.select({ sex: adult.sex, amount: dz.sum(visits.amount) }).from(visits)
+      .innerJoin(adult, dz.eq(visits.personId, adult.id)).groupBy(adult.sex).orderBy(adult.sex),
+    { per_person: false }],
+  ["Drizzle", "dz-max", "refused", "db.select({ oldest: max(adult.age) }).from(adult)",
+    () => db.select({ oldest: dz.max(adult.age) }).from(adult), { refusal: "max()" }],
+  ["Drizzle", "dz-rows", "refused", "db.select().from(adult).where(gt(adult.age, 85)).limit(5)",
+    () => db.select().from(adult).where(dz.gt(adult.age, 85)).limit(5), { refusal: "row-level" }],
+  ["TypeORM", "to-has-table", "catalog", "dataSource.initialize(); queryRunner.hasTable('visits')",
+    () => hasTable("visits")],
+  ["TypeORM", "to-get-table", "catalog", "queryRunner.getTable('adult'): its columns", () => tableColumns("adult")],
+  ["TypeORM", "to-count-group", "counts", "qb.select('a.sex', 'sex').addSelect('COUNT(a.id)', 'n').groupBy('a.sex')"
+      + ".getRawMany()",
+    async () => (await adults()).select("a.sex", "sex").addSelect("COUNT(a.id)", "n").groupBy("a.sex")
+      .orderBy("a.sex").getRawMany(), { keys: ["sex"], count: "n" }],
+  ["TypeORM", "to-where-in", "counts", "... .where('a.race IN (:...races)', { races }).groupBy('a.sex')"
+      + ".addGroupBy('a.race')",
+    async () => (await adults()).select("a.sex", "sex").addSelect("a.race", "race").addSelect("COUNT(*)", "n")
+      .where("a.race IN (:...races)", { races: ["White", "Black", "Other"] }).groupBy("a.sex").addGroupBy("a.race")
+      .orderBy("a.sex").addOrderBy("a.race").getRawMany(), { keys: ["sex", "race"], count: "n" }],
+  ["TypeORM", "to-eq-between", "counts", "... .where('a.sex = :sex').andWhere('a.age BETWEEN :lo AND :hi')"
+      + ".groupBy('a.education')",
+    async () => (await adults()).select("a.education", "education").addSelect("COUNT(a.id)", "n")
+      .where("a.sex = :sex", { sex: "Female" }).andWhere("a.age BETWEEN :lo AND :hi", { lo: 30, hi: 39 })
+      .groupBy("a.education").orderBy("a.education").getRawMany(), { keys: ["education"], count: "n" }],
+  ["TypeORM", "to-count-by", "exact", "repository.countBy({ sex: 'Female' }): COUNT(1)",
+    async () => (await people()).countBy({ sex: "Female" }), { count: "value" }],
+  ["TypeORM", "to-count-ilike", "exact", "repository.countBy({ occupation: ILike('%sales%') })",
+    async () => (await people()).countBy({ occupation: typeorm.ILike("%sales%") }), { count: "value" }],
+  ["TypeORM", "to-count-not-null", "exact", "repository.countBy({ workclass: Not(IsNull()) })",
+    async () => (await people()).countBy({ workclass: typeorm.Not(typeorm.IsNull()) }), { count: "value" }],
+  ["TypeORM", "to-sum", "exact", "repository.sum('capital_gain', { sex: 'Female' })",
+    async () => (await people()).sum("capital_gain", { sex: "Female" })],
+  ["TypeORM", "to-average", "exact", "repository.average('hours_per_week', { income: '>50K' })",
+    async () => (await people()).average("hours_per_week", { income: ">50K" })],
+  ["TypeORM", "to-count-distinct", "exact", "qb.select('COUNT(DISTINCT a.native_country)', 'countries').getRawOne()",
+    async () => (await adults()).select("COUNT(DISTINCT a.native_country)", "countries").getRawOne()],
+  ["TypeORM", "to-case-sum", "exact", "qb.addSelect('SUM(CASE WHEN a.income = :rich THEN 1 ELSE 0 END)', 'high')"
+      + ".groupBy('a.race')",
+    async () => (await adults()).select("a.race", "race").addSelect("COUNT(*)", "n")
+      .addSelect("SUM(CASE WHEN a.income = :rich THEN 1 ELSE 0 END)", "high").setParameter("rich", ">50K")
+      .groupBy("a.race").orderBy("a.race").getRawMany()],
+  ["TypeORM", "to-top-n", "exact", "... .groupBy('a.occupation').orderBy('n', 'DESC').limit(3)",
+    async () => (await adults()).select("a.occupation", "occupation").addSelect("COUNT(*)", "n")
+      .groupBy("a.occupation").orderBy("n", "DESC").limit(3).getRawMany()],
+  ["TypeORM", "to-having", "exact", "... .groupBy('a.education').having('COUNT(*) > :min', { min: 500 })",
+    async () => (await adults()).select("a.education", "education").addSelect("AVG(a.hours_per_week)", "hours")
+      .groupBy("a.education").having("COUNT(*) > :min", { min: 500 }).orderBy("a.education").getRawMany()],
+  ["TypeORM", "to-monthly", "exact", "visits qb.select(\"date_trunc('month', v.visited_at)\", 'month')"
+      + ".where('v.visited_at BETWEEN :start AND :end').groupBy('month')",
+    async () => (await visitsOf()).select("date_trunc('month', v.visited_at)", "month").addSelect("COUNT(*)", "n")
+      .where("v.visited_at BETWEEN :start AND :end", { start: START, end: END }).groupBy("month")
+      .orderBy("month").getRawMany(), { per_person: false }],
+  ["TypeORM", "to-join-sum", "exact", "visits qb.innerJoin('v.person', 'a').select('a.sex').addSelect('SUM(v.amount)')"
+      + ".groupBy('a.sex')",
+    async () => (await visitsOf()).innerJoin("v.person", "a").select("a.sex", "sex")
+      .addSelect("SUM(v.amount)", "amount").groupBy("a.sex").orderBy("a.sex").getRawMany(), { per_person: false }],
+  ["TypeORM", "to-maximum", "refused", "repository.maximum('age')", async () => (await people()).maximum("age"),
+    { refusal: "max()" }],
+  ["TypeORM", "to-find", "refused", "repository.find({ where: { age: MoreThan(85) }, take: 5 })",
+    async () => (await people()).find({ where: { age: typeorm.MoreThan(85) }, take: 5 }), { refusal: "row-level" }],
+  ["TypeORM", "to-find-one-by", "refused", "repository.findOneBy({ id: 1 })",
+    async () => (await people()).findOneBy({ id: 1 }), { refusal: "row-level" }],
 ];
 
 // A value as JSON carries it: dates as ISO text, numbers as node-postgres gave them (bigint and numeric as text).
@@ -141,7 +311,8 @@ async function main() {
     try {
       line.rows = plain(await run());
     } catch (error) {
-      const cause = error.parent || error;  // Sequelize wraps node-postgres's error
+      // Sequelize wraps node-postgres's error in .parent, Drizzle in .cause, TypeORM in .driverError
+      const cause = error.parent || error.driverError || (error.cause && error.cause.code ? error.cause : error);
       line.error = { code: cause.code || null, message: cause.message, hint: cause.hint || null };
     }
     line.statements = sent.map(({ sql: text, params }) => ({ sql: text, params: params.map(prepareValue) }));
@@ -149,6 +320,8 @@ async function main() {
   }
   await knex.destroy();
   await sequelize.close();
+  await pool.end();
+  if (source) await source.destroy();
 }
 
 main().catch((error) => { console.error(error); process.exit(1); });
