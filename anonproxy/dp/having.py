@@ -22,6 +22,7 @@ from sqlglot import exp
 from anonproxy.plan.refusals import (
     INVALID_PARAMETER_VALUE,
     INVALID_TEXT_REPRESENTATION,
+    NUMERIC_VALUE_OUT_OF_RANGE,
     Refusal,
     unsupported,
 )
@@ -32,6 +33,9 @@ HAVING_HINT = ("HAVING in dp mode compares aggregates and GROUP BY expressions w
 # A compiled HAVING: ("value", index) | ("const", value) | ("cmp", op, a, b) | ("and"|"or", a, b) | ("not", a)
 #                    | ("null", a) (IS NULL)
 Node = tuple[Any, ...]
+# PostgreSQL's integer types: the name its error gives and the bound of their range, [-bound, bound).
+_INTEGER_RANGES = {exp.DataType.Type.SMALLINT: ("smallint", 2 ** 15), exp.DataType.Type.INT: ("integer", 2 ** 31),
+                   exp.DataType.Type.BIGINT: ("bigint", 2 ** 63)}
 _COMPARISONS: dict[type[exp.Expr], str] = {
     exp.EQ: "=", exp.NEQ: "<>", exp.GT: ">", exp.GTE: ">=", exp.LT: "<", exp.LTE: "<="}
 
@@ -148,7 +152,12 @@ def _typed_number(node: exp.Cast) -> Decimal:
                           f"for type {node.to.sql(dialect='postgres').lower()}: {text!r}", HAVING_HINT)
         raise unsupported(f"HAVING in dp mode does not round {node.sql(dialect='postgres')}: write the integer",
                           HAVING_HINT)
+    name, limit = _INTEGER_RANGES.get(node.to.this, ("", None))
+    if limit is not None and not -limit <= number < limit:  # PostgreSQL's cast fails, whatever the data
+        raise Refusal(NUMERIC_VALUE_OUT_OF_RANGE, f"HAVING {node.sql(dialect='postgres')}: {name} out of range",
+                      HAVING_HINT)
     return _finite(number, node)
+
 
 
 def holds(tree: Node, row: tuple[object, ...]) -> bool:

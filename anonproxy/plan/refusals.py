@@ -14,6 +14,7 @@ SYNTAX_ERROR = "42601"  # a command the proxy parses itself (cursors, SET) that 
 INVALID_CURSOR_DEFINITION = "42P11"  # SCROLL and NO SCROLL, as PostgreSQL says
 INVALID_PARAMETER_VALUE = "22023"  # a setting out of range; a non-finite number compared with an aggregate
 INVALID_TEXT_REPRESENTATION = "22P02"  # a string constant that is not a number, compared with an aggregate
+NUMERIC_VALUE_OUT_OF_RANGE = "22003"  # a constant cast to an integer type it does not fit
 
 
 @dataclass(frozen=True)
