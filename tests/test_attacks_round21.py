@@ -13,6 +13,16 @@ evaluation could fail per row (an unknown or bound time zone, a cast of a custom
 leaves the range, an epoch cast to integer, a day-month literal, a bad field) give both gated roles the same
 outcome (rows or SQLSTATE) whether their WHERE picks one person or nobody, and never XX000. No leak found.
 
+Part B' (IntervalStyle; anonproxy/plan/time_values.py). Finding (a leak): PostgreSQL reads an interval whose
+first field alone is signed with a minus ('-0 days 7000 years') as 7000 years on under IntervalStyle postgres, and as
+7000 years back under sql_standard, where the minus applies to every field. The no-error proof read it the first
+way only (a shift forward: within range for the visits' declared 2025-2026), while the service connection follows
+the client's IntervalStyle: after ``SET IntervalStyle = sql_standard`` the reporter got 22008 (timestamp out of
+range) when its WHERE picked a person with a visit, and rows when it picked nobody. Fixed in
+``time_values.parse_interval`` (such a text is not a constant the proof relies on) and ``bounds._time_arithmetic``
+(refused, 0A000, naming the interval, hinting at a sign for every field), in both modes whatever the session's
+style; an interval with every field signed is read as before.
+
 Part C (values bound at Bind; proxy/bind_time.py). A ``date_trunc`` unit and a ``HAVING count(*) >`` operand bound
 in binary format: text bound in binary is read as its UTF-8 text, an integer in binary where a unit is needed is
 refused before anything runs (the same SQLSTATE whoever the WHERE picks), never XX000. No finding.
@@ -179,3 +189,54 @@ def test_a_having_count_bound_in_binary_is_decided_as_the_constant(reporter: psy
     written = reporter.execute("SELECT a.sex, count(*) FROM public.adult a GROUP BY 1 HAVING count(*) > 100 "
                                "ORDER BY 1").fetchall()
     assert bound == written
+
+
+# Part B': a minus on the first field only, read as IntervalStyle says; generated with a fixed seed.
+def _style_dependent(seed: int, count: int) -> list[str]:
+    rng = random.Random(seed)
+    return [f"-{rng.choice([0, 1])} {rng.choice(['days', 'hours', 'months'])} {rng.randint(6800, 9000)} years"
+            for _ in range(count)]
+
+
+@pytest.mark.parametrize("interval", _style_dependent(21, 4))
+@pytest.mark.parametrize("style", ["postgres", "sql_standard"])
+def test_an_interval_read_by_the_sessions_style_raises_no_error_for_one_person(
+        reporter: psycopg.Connection[Any], analyst: psycopg.Connection[Any], truth: psycopg.Connection[Any],
+        someone: int, interval: str, style: str) -> None:
+    """The same outcome whether the WHERE picks a person with visits or nobody, for both gated roles, under either
+    IntervalStyle: a refusal naming the interval's sign, whereas PostgreSQL under sql_standard fails only for the
+    person (so the attack means something)."""
+    sql = ("SELECT count(*) FROM public.visits v WHERE v.person_id = {p} "
+           f"AND v.visited_at + interval '{interval}' > now()")
+    truth.execute(f"SET IntervalStyle = '{style}'")
+    try:
+        if style == "sql_standard":
+            assert _outcome(truth, sql.format(p=someone), None) == "22008"
+            assert _outcome(truth, sql.format(p=-1), None) == "rows"
+    finally:
+        truth.execute("RESET IntervalStyle")
+    for conn in (reporter, analyst):
+        conn.execute(f"SET IntervalStyle = '{style}'")
+        try:
+            with pytest.raises(psycopg.Error) as refused:
+                conn.execute(sql.format(p=someone)).fetchall()
+            assert refused.value.sqlstate == "0A000"
+            assert "IntervalStyle" in str(refused.value) and refused.value.diag.message_hint
+            assert _outcome(conn, sql.format(p=-1), None) == "0A000"
+        finally:
+            conn.execute("RESET IntervalStyle")
+
+
+@pytest.mark.parametrize("style", ["postgres", "sql_standard"])
+def test_an_interval_with_every_field_signed_is_answered(reporter: psycopg.Connection[Any],
+                                                         truth: psycopg.Connection[Any], style: str) -> None:
+    """'-1 day -2 hours' means the same under every style: PostgreSQL's groups, as before."""
+    sql = ("SELECT date_trunc('day', v.visited_at - interval '-1 day -2 hours') AS k, count(*) FROM public.visits v "
+           "GROUP BY 1")
+    for conn in (reporter, truth):
+        conn.execute(f"SET IntervalStyle = '{style}'")
+    try:
+        assert Counter(reporter.execute(sql).fetchall()) == Counter(truth.execute(sql).fetchall())
+    finally:
+        for conn in (reporter, truth):
+            conn.execute("RESET IntervalStyle")

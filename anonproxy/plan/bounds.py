@@ -759,6 +759,11 @@ class _Interpreter:
         sign = interval.sign if interval is not None else 0
         if interval is None and b.type == "interval" and b.low.is_finite() and b.high.is_finite():
             interval = tv.Interval(micros=b.magnitude + tv.DAY)  # computed (days counted in 25 hours: the margin)
+        if interval is None and b.constant and tv.read_by_interval_style(str(b.value)):
+            raise Unsafe(f"{_sql(node)}: the interval's leading minus applies to its first field or to all of them "
+                         "as the session's IntervalStyle says (sql_standard: all), so where it moves the values, and "
+                         "whether they leave PostgreSQL's range, depends on the session",
+                         "Give every field its own sign: INTERVAL '-1 day -2 hours'.")
         if interval is None:
             raise Unsafe(f"{_sql(node)}: dates and timestamps may be moved only by a constant interval written as "
                          "number-unit pairs", "column + INTERVAL '1 day', column - INTERVAL '30 days', date - 7.")

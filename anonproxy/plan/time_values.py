@@ -196,7 +196,10 @@ MAX_INTERVAL_MONTHS = 12 * 300_000
 
 def parse_interval(text: str) -> Interval | None:
     """A constant interval written as integer-unit pairs ('1 day', '-6 day', '2 hours 30 minutes', '1 MONTH');
-    None for any other spelling (which the proof then does not rely on)."""
+    None for any other spelling (which the proof then does not rely on), and for one the session's IntervalStyle
+    reads either way (:func:`read_by_interval_style`)."""
+    if read_by_interval_style(text):
+        return None
     months, days, micros = 0, 0, Decimal(0)
     position, found = 0, False
     source = text.lower()
@@ -222,6 +225,17 @@ def parse_interval(text: str) -> Interval | None:
             or abs(micros) > MONTH * MAX_INTERVAL_MONTHS:
         return None
     return Interval(months, days, micros)
+
+
+def read_by_interval_style(text: str) -> bool:
+    """Whether PostgreSQL reads interval ``text`` one way or another as the session's IntervalStyle says: its first
+    field signed with a minus, more fields, none of them signed. Under sql_standard that minus applies to every
+    field ('-0 days 7000 years' is 7000 years back), under the other styles to the first only (7000 years on)."""
+    signs = _FIELD_SIGN.findall(text)  # the sign of each field that is a number
+    return len(signs) > 1 and signs[0] == "-" and not any(signs[1:])
+
+
+_FIELD_SIGN = re.compile(r"(?<!\S)([+-]?)\d")
 
 
 _ERA = re.compile(r"(.*\S)\s+(BC|AD)", re.IGNORECASE)
