@@ -21,7 +21,9 @@ the client's IntervalStyle: after ``SET IntervalStyle = sql_standard`` the repor
 range) when its WHERE picked a person with a visit, and rows when it picked nobody. Fixed in
 ``time_values.parse_interval`` (such a text is not a constant the proof relies on) and ``bounds._time_arithmetic``
 (refused, 0A000, naming the interval, hinting at a sign for every field), in both modes whatever the session's
-style; an interval with every field signed is read as before.
+style; an interval with every field signed is read as before. Finding (a wrong answer, no leak): the analysis
+folded ``extract(epoch from interval '-1 day 2 hours')`` to IntervalStyle postgres's -79200, so under sql_standard
+the reporter's ``count(*) / extract(...)`` was not PostgreSQL's (-93600 there); the same fix leaves it unfolded.
 
 Part C (values bound at Bind; proxy/bind_time.py). A ``date_trunc`` unit and a ``HAVING count(*) >`` operand bound
 in binary format: text bound in binary is read as its UTF-8 text, an integer in binary where a unit is needed is
@@ -237,6 +239,26 @@ def test_an_interval_with_every_field_signed_is_answered(reporter: psycopg.Conne
         conn.execute(f"SET IntervalStyle = '{style}'")
     try:
         assert Counter(reporter.execute(sql).fetchall()) == Counter(truth.execute(sql).fetchall())
+    finally:
+        for conn in (reporter, truth):
+            conn.execute("RESET IntervalStyle")
+
+
+def test_the_epoch_of_an_interval_read_by_the_sessions_style_is_not_folded(reporter: psycopg.Connection[Any],
+                                                                         truth: psycopg.Connection[Any]) -> None:
+    """extract(epoch from interval '-1 day 2 hours') was folded to the number IntervalStyle postgres gives (-79200):
+    under sql_standard the reporter's answer was not PostgreSQL's (-93600 there). Now PostgreSQL's, or refused."""
+    sql = ("SELECT a.sex, count(*) / extract(epoch from interval '-1 day 2 hours') AS r FROM public.adult a "
+           "GROUP BY 1 ORDER BY 1")
+    for conn in (reporter, truth):
+        conn.execute("SET IntervalStyle = 'sql_standard'")
+    try:
+        try:
+            got = reporter.execute(sql).fetchall()
+        except psycopg.Error as refused:
+            assert refused.sqlstate == "0A000", refused
+        else:
+            assert got == truth.execute(sql).fetchall()
     finally:
         for conn in (reporter, truth):
             conn.execute("RESET IntervalStyle")
