@@ -18,7 +18,8 @@ first field alone is signed with a minus ('-0 days 7000 years') as 7000 years on
 7000 years back under sql_standard, where the minus applies to every field. The no-error proof read it the first
 way only (a shift forward: within range for the visits' declared 2025-2026), while the service connection follows
 the client's IntervalStyle: after ``SET IntervalStyle = sql_standard`` the reporter got 22008 (timestamp out of
-range) when its WHERE picked a person with a visit, and rows when it picked nobody. Fixed in
+range) when its WHERE picked a person with a visit, and rows when it picked nobody; likewise a date_bin stride
+('-1 days 34 hours': 10 hours to the proof, 58 hours back to PostgreSQL, "stride must be greater than zero"). Fixed in
 ``time_values.parse_interval`` (such a text is not a constant the proof relies on) and ``bounds._time_arithmetic``
 (refused, 0A000, naming the interval, hinting at a sign for every field), in both modes whatever the session's
 style; an interval with every field signed is read as before. Finding (a wrong answer, no leak): the analysis
