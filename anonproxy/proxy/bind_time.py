@@ -19,7 +19,7 @@ import struct
 from datetime import date, datetime, timedelta
 
 import psycopg
-from psycopg import pq
+from psycopg.types.numeric import NumericBinaryLoader
 
 from ..plan.bind_values import Slot, bound_text
 from ..plan.refusals import Refusal, Reject
@@ -31,7 +31,7 @@ _TEXTS = frozenset({0, 25, 1043, 705, 1042, 19})  # binary format: the UTF-8 byt
 _INTEGERS = {21: "!h", 23: "!i", 20: "!q"}
 _FLOATS = {700: "!f", 701: "!d"}
 NUMERIC_OID = 1700
-_NUMERIC = psycopg.adapters.get_loader(NUMERIC_OID, pq.Format.BINARY)(NUMERIC_OID)
+_NUMERIC = NumericBinaryLoader(NUMERIC_OID)
 _TIMES = {1082: "!i", 1114: "!q", 1184: "!q"}  # days (date), microseconds (timestamps) since 2000-01-01
 _EPOCH = datetime(2000, 1, 1)
 _CLASS_TEXTS = BoundedCache[tuple[str, tuple[tuple[int, str | None, int], ...]], str](4 << 20)
