@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import operator
+import struct
 from decimal import Decimal
 from typing import Any
 
@@ -101,3 +102,29 @@ def test_dp_describes_having_operands_as_postgresql(pg_server: EmbeddedPostgres,
                 assert described(analyst, sql) == described(truth, sql), sql
                 for row in analyst.execute(sql.replace("$1", "%s"), [value], prepare=True, binary=True):
                     assert passes(sql, value, row[1]), (sql, row)
+
+
+def test_dp_refuses_a_malformed_binary_numeric_as_postgresql(pg_server: EmbeddedPostgres, gated_proxy: Endpoint,
+                                                             gated_database: str,
+                                                             truth: psycopg.Connection[Any]) -> None:
+    """A numeric bound in binary format that is not one (too short, a digit past 9999, an unknown sign, bytes
+    left over): refused with PostgreSQL's SQLSTATE and message for it, before anything is measured or charged."""
+    sql = HAVING[0][0].encode()
+    malformed = [b"\x00\x01", struct.pack("!hhHhh", 1, 0, 0, 0, 10000), struct.pack("!hhHhh", 1, 0, 0x1234, 0, 3),
+                 struct.pack("!hhHhhh", 1, 0, 0, 0, 3, 4)]
+
+    def refused(conn: psycopg.Connection[Any]) -> list[tuple[bytes | None, bytes | None]]:
+        errors = []
+        for value in malformed:
+            result = conn.pgconn.exec_params(sql, [value], [1700], [1])
+            assert result.status == pq.ExecStatus.FATAL_ERROR
+            errors.append((result.error_field(pq.DiagnosticField.SQLSTATE),
+                           result.error_field(pq.DiagnosticField.MESSAGE_PRIMARY)))
+        return errors
+
+    with psycopg.connect(pg_server.conninfo(dbname=gated_database), autocommit=True) as owner, \
+            fresh_dp_role(owner, gated_proxy, gated_database, "malformed_numeric_analyst") as role, \
+            psycopg.connect(gated_proxy.dsn(gated_database, user=role), autocommit=True) as analyst:
+        before = analyst.execute("show anonproxy.budget").fetchall()
+        assert refused(analyst) == refused(truth)
+        assert analyst.execute("show anonproxy.budget").fetchall() == before
