@@ -6,8 +6,9 @@ A RowDescription field carries more than a name and a type: the table OID and co
 names and types; now it keeps the whole field PostgreSQL gave for the rewritten statement, so that DECLARE/FETCH,
 psycopg's server-side cursors and psqlODBC's declare/fetch mode describe the answer as the same statement without
 a cursor does, and, where the rewrite leaves each column as it was (a role without a suppressed-rest row), as
-PostgreSQL describes the client's own statement. A dp answer, which the proxy writes itself, reads no table; each
-of its columns has its type's length (a bigint count: 8), as PostgreSQL gives it.
+PostgreSQL describes the client's own statement. A dp answer, which the proxy writes itself, names a table for its
+key columns only (tests/test_dp_key_fields.py); each of its columns has its type's length (a bigint count: 8), as
+PostgreSQL gives it.
 
 ``float(p)`` is read as PostgreSQL's grammar reads it (real for p <= 24, double precision above): the column's
 type and name, and a parameter's type, are PostgreSQL's.

@@ -8,17 +8,21 @@ what PostgreSQL infers when it compares the column with a parameter).
 
 A reference is resolved among the tables named in the statement's own FROM and JOIN clauses: qualified by one of
 their names or aliases, or unqualified and declared by exactly one of them. Anything else is no time column here
-(its parameter stays one decided at Parse, as before).
+(its parameter stays one decided at Parse, as before). :func:`column_types` resolves a reference the same way,
+to the column's SQL type: what types a bare HAVING operand compared with sum() or avg() of it.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from typing import TypeVar
 
 from sqlglot import exp
 
 from anonproxy.plan.tables import PolicyIndex, ResolvedTable, identifier
+
+_T = TypeVar("_T")
 
 # A time column's SQL type (format_type's name, without a precision) -> the OID of that type.
 _OIDS = {"date": 1082, "timestamp without time zone": 1114, "timestamp with time zone": 1184}
@@ -27,18 +31,30 @@ _OIDS = {"date": 1082, "timestamp without time zone": 1114, "timestamp with time
 def time_columns(tree: exp.Expression, index: PolicyIndex) -> Callable[[exp.Column], int | None]:
     """For a column reference of ``tree``'s top-level SELECT: the type OID of the bounded time column it reads,
     else None."""
-    tables = _tables(tree, index)
+    return _reader(_tables(tree, index), _type)
 
-    def oid(column: exp.Column) -> int | None:
+
+def column_types(tree: exp.Expression, index: PolicyIndex) -> Callable[[exp.Column], str | None]:
+    """For a column reference of ``tree``'s top-level SELECT: the SQL type (format_type's name) of the protected or
+    linked table's column it reads, as the policy read it, else None (the type of a bare HAVING operand compared
+    with an aggregate of it: anonproxy.plan.bind_values)."""
+    return _reader(_tables(tree, index), _sql_type)
+
+
+def _reader(tables: list[tuple[str, ResolvedTable]],
+            read: Callable[[ResolvedTable, str], _T | None]) -> Callable[[exp.Column], _T | None]:
+    """A column reference -> ``read`` of the one table among ``tables`` it can name that ``read`` knows it of."""
+
+    def value(column: exp.Column) -> _T | None:
         if column.args.get("db") is not None:
             return None
         name = identifier(column.this) if isinstance(column.this, exp.Identifier) else None
         qualifier = identifier(column.args.get("table"))
         found = [table for alias, table in tables
-                 if (qualifier is None or qualifier == alias) and name is not None and _type(table, name)]
-        return _type(found[0], name) if len(found) == 1 and name is not None else None
+                 if (qualifier is None or qualifier == alias) and name is not None and read(table, name)]
+        return read(found[0], name) if len(found) == 1 and name is not None else None
 
-    return oid
+    return value
 
 
 def _tables(tree: exp.Expression, index: PolicyIndex) -> list[tuple[str, ResolvedTable]]:
@@ -54,6 +70,12 @@ def _tables(tree: exp.Expression, index: PolicyIndex) -> list[tuple[str, Resolve
             name = identifier(alias.this) if isinstance(alias, exp.TableAlias) and alias.this else None
             found.append((name or identifier(table.this) or "", index.resolve(table)))
     return found
+
+
+def _sql_type(table: ResolvedTable, name: str) -> str | None:
+    """The SQL type of column ``name`` of a protected or linked ``table``, as the policy read it."""
+    model = table.protected if table.protected is not None else table.linked
+    return model.types.get(name) if model is not None and model.types is not None else None
 
 
 def _type(table: ResolvedTable, name: str) -> int | None:

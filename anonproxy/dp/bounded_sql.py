@@ -106,6 +106,14 @@ def bounded_sql(query: AnalyticQuery, statistics: list[Statistic], public: list[
     return _with(ctes) + "\n" + _over_domain(statistics, keys, public)
 
 
+def keys_sql(query: AnalyticQuery) -> str:
+    """The GROUP BY keys as the client's FROM and WHERE read them. Never run: prepared for PostgreSQL's
+    description of the answer's key columns (a plain column's table and number, a type's modifier), which the
+    measurement's SQL does not keep (its branches' UNION ALL describes no table)."""
+    where = [f"WHERE {query.where}"] if query.where is not None else []
+    return "\n".join([f"SELECT {', '.join(query.keys)}", f"FROM {query.from_sql}", *where])
+
+
 def _only_if(branch: list[str], condition: str) -> str:
     """The rows of ``branch`` (a SELECT's lines) when ``condition``, a one-time condition, holds. OFFSET 0 keeps the
     condition out of the branch: PostgreSQL then checks it once, above the branch's plan, and when it is false

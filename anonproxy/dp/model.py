@@ -284,6 +284,9 @@ class DPPlan:
     # process) so that the worker does not tokenize it again; "" until then. Not part of the plan's repr or equality:
     # the key is the same with or without it.
     measured_tokens: str = field(default="", repr=False, compare=False)
+    # The keys as the client's FROM and WHERE read them (bounded_sql.keys_sql; "" without keys): prepared, never
+    # run, for what PostgreSQL describes of the key columns. Derived from `sql`'s query: not part of equality.
+    keys_sql: str = field(default="", repr=False, compare=False)
 
     @property
     def free(self) -> bool:

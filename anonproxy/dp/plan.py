@@ -37,7 +37,7 @@ from typing import Any, Literal, TypeAlias
 from sqlglot import exp
 
 from anonproxy.dp import interval_items, intervals
-from anonproxy.dp.bounded_sql import Domain, bounded_sql, text_literal
+from anonproxy.dp.bounded_sql import Domain, bounded_sql, keys_sql, text_literal
 from anonproxy.dp.domains import restricted
 from anonproxy.dp.finish import canonical_statistics
 from anonproxy.dp.having import compile_having
@@ -536,6 +536,7 @@ def _price(measured: Measured | Reject, params: DPParams) -> DPPlan:
                              canonical_statistics(statistics.values()),
                              None if public is None else [public[i] for i in key_order], rows_cap, groups_cap, []),
         key_order=key_order,
+        keys_sql=keys_sql(query) if query.keys else "",
     )
 
 

@@ -33,6 +33,7 @@ refuses there stay refused.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
@@ -74,7 +75,8 @@ _REPRESENTATIVE_CAST = {1082: "2000-01-01", 1114: "2000-01-01 00:00:00", 1184: "
 @dataclass(frozen=True)
 class Slot:
     """A parameter decided at Bind: its number, the kind of place it stands in, and the type it has when the
-    client declares none (what PostgreSQL infers there: the cast's target, bigint beside a count, else text)."""
+    client declares none (what PostgreSQL infers there: the cast's target, an aggregate's result type beside it,
+    else text)."""
 
     number: int
     kind: str  # "pattern", "unit", "field", "format", "zone", "offset", "count", "cast", "having", "time", "summed"
@@ -86,12 +88,16 @@ class Slot:
 
 # A column reference -> the type OID of the time column with declared bounds it reads, else None.
 TimeColumns = Callable[[exp.Column], "int | None"]
+# A column reference -> its SQL type (format_type's name) as the policy read it, else None.
+ColumnTypes = Callable[[exp.Column], "str | None"]
 
 
-def slots(tree: exp.Expression, *, having: bool = False, times: TimeColumns | None = None) -> tuple[Slot, ...]:
+def slots(tree: exp.Expression, *, having: bool = False, times: TimeColumns | None = None,
+          columns: ColumnTypes | None = None) -> tuple[Slot, ...]:
     """The parameters of ``tree`` that stand where a constant is needed, one per number, by number; with
     ``having`` (dp mode), every parameter of a HAVING clause too; with ``times`` (dp mode), every parameter a
-    top-level WHERE condition compares with a time column it names (typed as the column when undeclared)."""
+    top-level WHERE condition compares with a time column it names (typed as the column when undeclared);
+    ``columns`` types a bare operand compared with sum() or avg() of a column, as PostgreSQL does."""
     found: dict[int, Slot] = {}
     for node, kind in _places(tree, having):
         parameter = _parameter(node, kind)
@@ -99,16 +105,17 @@ def slots(tree: exp.Expression, *, having: bool = False, times: TimeColumns | No
             number = _number(parameter)
             cast = parameter.parent if isinstance(parameter.parent, exp.Cast) else None
             oid = _OIDS.get(cast.to.this, TEXT_OID) if cast is not None and not cast.to.expressions \
-                else _compared_with_count(parameter)
+                else _compared_with_aggregate(parameter, columns)
             found.setdefault(number, Slot(number, kind, oid))
     for parameter, oid in _time_places(tree, times) if times is not None else ():
         found.setdefault(_number(parameter), Slot(_number(parameter), "time", oid))
     return tuple(found[number] for number in sorted(found))
 
 
-def _compared_with_count(parameter: exp.Expression) -> int:
-    """The type PostgreSQL infers for a bare parameter: bigint where it is compared with a count (HAVING count(*) >
-    $1: asyncpg encodes its value as the type described), else text."""
+def _compared_with_aggregate(parameter: exp.Expression, columns: ColumnTypes | None) -> int:
+    """The type PostgreSQL infers for a bare parameter compared with an aggregate: the aggregate's result type
+    (HAVING count(*) > $1: bigint; HAVING avg(age) > $1: numeric, age being an integer; asyncpg encodes its value
+    as the type described), else (not compared with an aggregate, or of a type not known here) text."""
     parent = parameter.parent
     if isinstance(parent, (*_COMPARISONS, exp.NEQ)):
         other = parent.expression if parent.this is parameter else parent.this
@@ -116,7 +123,20 @@ def _compared_with_count(parameter: exp.Expression) -> int:
         other = parent.this
     else:
         return TEXT_OID
-    return BIGINT_OID if isinstance(unparen(other), exp.Count) else TEXT_OID
+    other = unparen(other)
+    if isinstance(other, exp.Count):
+        return BIGINT_OID
+    argument = unparen(other.this) if isinstance(other, (exp.Sum, exp.Avg)) else None
+    sql_type = columns(argument) if columns is not None and isinstance(argument, exp.Column) else None
+    results = _SUM_RESULTS if isinstance(other, exp.Sum) else _AVG_RESULTS
+    return results.get(re.sub(r"\(.*\)", "", sql_type), TEXT_OID) if sql_type is not None else TEXT_OID
+
+
+# A column's SQL type (without its typmod) -> the OID of sum()'s or avg()'s result over it (PostgreSQL's pg_aggregate).
+_SUM_RESULTS = {"smallint": BIGINT_OID, "integer": BIGINT_OID, "bigint": 1700, "numeric": 1700, "real": 700,
+                "double precision": 701}
+_AVG_RESULTS = {"smallint": 1700, "integer": 1700, "bigint": 1700, "numeric": 1700, "real": 701,
+                "double precision": 701}
 
 
 def representative_text(tree: exp.Expression, found: tuple[Slot, ...]) -> str:

@@ -2,9 +2,10 @@
 
 A Bind gives each parameter a value in text or binary format, typed by the statement's Parse (0: unspecified).
 The values of the statement's slots (anonproxy.plan.bind_values) are read here — text as it is, binary for the
-types a client binds there (text and varchar, the integers, the floats, boolean, date, timestamp and timestamptz) — and the statement is written
-again with them as constants (``class_text``). That text is decided like any other and cached by the session
-under it, so a value class is analysed once per worker, as PostgreSQL plans a custom plan for each.
+types a client binds there (text and varchar, the integers, the floats, numeric, boolean, date, timestamp and
+timestamptz) — and the statement is written again with them as constants (``class_text``). That text is decided
+like any other and cached by the session under it, so a value class is analysed once per worker, as PostgreSQL
+plans a custom plan for each.
 
 What runs keeps the client's Bind: the values it does not read any more (the slots') still go with it, so the
 statement prepared for the service gives those parameters a type (``service_types``: the declared one, else the
@@ -17,6 +18,8 @@ import math
 import struct
 from datetime import date, datetime, timedelta
 
+from psycopg.types.numeric import NumericBinaryLoader
+
 from ..plan.bind_values import Slot, bound_text
 from ..plan.refusals import Refusal, Reject
 from ..route.decision import AtBind
@@ -26,6 +29,9 @@ from .gate_routes import Parameters, parameter_types
 _TEXTS = frozenset({0, 25, 1043, 705, 1042, 19})  # binary format: the UTF-8 bytes
 _INTEGERS = {21: "!h", 23: "!i", 20: "!q"}
 _FLOATS = {700: "!f", 701: "!d"}
+_NUMERIC_OID = 1700
+_NUMERIC = NumericBinaryLoader(_NUMERIC_OID)
+_NUMERIC_SIGNS = frozenset({0x0000, 0x4000, 0xC000, 0xD000, 0xF000})  # +, -, NaN, +Infinity, -Infinity
 _TIMES = {1082: "!i", 1114: "!q", 1184: "!q"}  # days (date), microseconds (timestamps) since 2000-01-01
 _EPOCH = datetime(2000, 1, 1)
 _CLASS_TEXTS = BoundedCache[tuple[str, tuple[tuple[int, str | None, int], ...]], str](4 << 20)
@@ -93,6 +99,8 @@ def _binary(slot: Slot, oid: int, raw: bytes) -> str | Reject:
     moment = _moment(oid, raw) if oid in _TIMES and struct.calcsize(_TIMES[oid]) == len(raw) else None
     if moment is not None:
         return moment
+    if oid == _NUMERIC_OID:
+        return _numeric(slot, raw)
     if layout is None or struct.calcsize(layout) != len(raw) or oid in _TIMES:
         return Reject("0A000", f"parameter ${slot.number} is bound in binary format as type OID {oid}, which "
                                "anonproxy does not read where the statement needs a constant",
@@ -103,6 +111,27 @@ def _binary(slot: Slot, oid: int, raw: bytes) -> str | Reject:
     if isinstance(number, float) and not math.isfinite(number):
         return "NaN" if math.isnan(number) else "Infinity" if number > 0 else "-Infinity"
     return repr(number)
+
+
+def _numeric(slot: Slot, raw: bytes) -> str | Reject:
+    """A binary numeric (asyncpg's Decimal, beside avg()) as PostgreSQL prints it (NaN and Infinity spelled so),
+    after the checks of PostgreSQL's numeric_recv, with its errors: a header of four int16 (digit count, weight,
+    sign, display scale), then the base-10000 digits."""
+    if len(raw) < 8 or len(raw) < 8 + 2 * max(0, struct.unpack_from("!h", raw)[0]):
+        return Reject("08P01", "insufficient data left in message")
+    count, _, sign, scale = struct.unpack_from("!hhHh", raw)
+    digits = struct.unpack_from(f"!{max(0, count)}h", raw, 8)
+    if not 0 <= count <= 3000:  # NUMERIC_MAX_PRECISION + NUMERIC_MAX_RESULT_SCALE
+        return Reject("22P03", 'invalid length in external "numeric" value')
+    if sign not in _NUMERIC_SIGNS:
+        return Reject("22P03", 'invalid sign in external "numeric" value')
+    if any(not 0 <= digit < 10000 for digit in digits):
+        return Reject("22P03", 'invalid digit in external "numeric" value')
+    if not 0 <= scale <= 0x3FFF:  # NUMERIC_DSCALE_MASK
+        return Reject("22P03", 'invalid scale in external "numeric" value')
+    if len(raw) != 8 + 2 * count:
+        return Reject("22P03", f"incorrect binary data format in bind parameter {slot.number}")
+    return str(_NUMERIC.load(raw))
 
 
 def _moment(oid: int, raw: bytes) -> str | None:

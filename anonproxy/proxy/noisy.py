@@ -116,7 +116,7 @@ from ..dp.answers import (
     series_question,
 )
 from ..dp.finish import Measurement, finish, post_arrays, released_rows
-from ..dp.model import DPParams, DPPlan
+from ..dp.model import DPParams, DPPlan, OutputColumn
 from ..dp.plan import Packed
 from ..dp.question import (
     Asked,
@@ -343,7 +343,7 @@ class NoisyAnswers:
         async with self._connection() as conn:
             parameter_types, types = await _describe(conn, plan.sql, parameters.types)
             post_types = await _post_types(conn, plan, types)
-            columns = _output_columns(plan, types, post_types)
+            columns = _output_columns(plan, types, post_types, await _key_fields(conn, plan, parameter_types))
             if isinstance(plan.nested, Outer):
                 outer_sql, bound_types, _ = question_steps.over_released(plan.nested, Result(columns), more)
                 columns = await _describe_columns(conn, outer_sql, bound_types)
@@ -562,7 +562,7 @@ class NoisyAnswers:
             self._answered.put((role.role, need.key), True, len(need.key))
             return await ledger.store_answer(conn, role.role, need.key, need.version, need.data)
         if isinstance(need, Finish):
-            return await _result(conn, need.plan, need.measurement, need.headline, asking.session)
+            return await _result(conn, need.plan, need.measurement, need.headline, asking)
         if isinstance(need, RunReleased):
             return await self._run_released(conn, need, asking)
         assert isinstance(need, Remaining)
@@ -970,7 +970,7 @@ def _last(results: list[pq.abc.PGresult], expected: pq.ExecStatus) -> pq.abc.PGr
 
 
 async def _result(conn: psycopg.AsyncConnection[Any], plan: DPPlan, measurement: Measurement, headline: str,
-                  session: Measuring) -> Result:
+                  asking: _Asking) -> Result:
     """The statement's answer from a noisy measurement, fresh or cached (its columns, HAVING, the post statement
     over the noisy values when the query has post-aggregate expressions, run under the client's ``session``,
     ORDER BY, LIMIT), with a notice: ``headline`` and the plan's noise lines. Post-processing only: it costs
@@ -984,8 +984,8 @@ async def _result(conn: psycopg.AsyncConnection[Any], plan: DPPlan, measurement:
         values = tuple(_array_text(values, element) for values, element in
                        zip(arrays, (_INT8, *(plan.value_types(types)[i] for i in plan.post.values)), strict=True))
         post_types, computed = await _run(conn, plan.post.sql, Parameters(array_types, (0,) * len(values), values),
-                                          session)
-    columns = _output_columns(plan, types, post_types)
+                                          asking.session)
+    columns = _output_columns(plan, types, post_types, await _key_fields(conn, plan, asking.parameters.types))
     noisy_rows, _ = finish(plan, released, computed)
     return Result(columns, tuple(tuple(text_value(value, column.type_oid)
                                        for value, column in zip(row, columns, strict=True))
@@ -1037,9 +1037,39 @@ def _array_text(values: list[object], element_type: int) -> bytes:
     return ("{" + ",".join(elements) + "}").encode()
 
 
-def _output_columns(plan: DPPlan, sql_types: list[int], post_types: list[int] | None = None) -> tuple[Column, ...]:
+# What PostgreSQL describes of a GROUP BY key beyond its name: its type OID, the table OID and column number it
+# reads (0, 0: not a plain column) and its type's modifier.
+KeyField = tuple[int, int, int, int]
+
+
+async def _key_fields(conn: psycopg.AsyncConnection[Any], plan: DPPlan,
+                      declared: tuple[int, ...]) -> tuple[KeyField, ...]:
+    """PostgreSQL's description of the plan's keys as the client's FROM and WHERE read them (prepared, never
+    executed; none without keys, or when it cannot be prepared alone: a parameter only the aggregates read, and
+    the client left untyped, has no type there)."""
+    if not plan.keys_sql:
+        return ()
+    try:
+        result = await _prepared(conn, plan.keys_sql, declared)
+    except Refused:
+        return ()
+    return tuple((result.ftype(i), result.ftable(i), result.ftablecol(i), result.fmod(i))
+                 for i in range(result.nfields))
+
+
+def _output_columns(plan: DPPlan, sql_types: list[int], post_types: list[int] | None = None,
+                    keys: tuple[KeyField, ...] = ()) -> tuple[Column, ...]:
     types = plan.value_types(sql_types, post_types)[:len(plan.columns)]
-    return tuple(Column(column.name, oid) for column, oid in zip(plan.columns, types, strict=True))
+    return tuple(_column(column, oid, keys) for column, oid in zip(plan.columns, types, strict=True))
+
+
+def _column(column: OutputColumn, oid: int, keys: tuple[KeyField, ...]) -> Column:
+    """An answer column: a key of the answer's type keeps what PostgreSQL describes of it (its table, column
+    number and modifier); any other column reads no table, as an aggregate in PostgreSQL."""
+    if column.kind != "key" or column.key is None or column.key >= len(keys) or keys[column.key][0] != oid:
+        return Column(column.name, oid)
+    _, table, attnum, typmod = keys[column.key]
+    return Column(column.name, oid, table, attnum, typmod=typmod)
 
 
 # What the policy's per-query values are (docs/policy.md): ε sets the noise, δ is what partition selection may add.

@@ -32,7 +32,7 @@ import re
 from sqlglot import exp
 from sqlglot.tokenizer_core import TokenType
 
-from anonproxy.dp.bound_times import time_columns
+from anonproxy.dp.bound_times import column_types, time_columns
 from anonproxy.dp.plan import Packed, measure
 from anonproxy.plan.analysis import analyze
 from anonproxy.plan.bind_values import Slot, representative_text, slots
@@ -222,11 +222,9 @@ def _statement(statement: Statement, role: RolePolicy, index: PolicyIndex) -> De
     if found_columns is not None:  # it returns no row whatever the data: its columns, nothing run, nothing charged
         _check_passable(statement, tree, role, index)
         return found_columns
-    # (Most statements have no $n: the token scan spares them the walk of the tree.)
     # In dp mode HAVING is evaluated on the noisy values in the proxy, and a WHERE bound on a time column narrows
     # the public time domain: their parameters are read as constants too.
-    found = slots(tree, having=role.mode == "dp", times=time_columns(tree, index) if role.mode == "dp" else None) \
-        if any(token.token_type == TokenType.PARAMETER for token in statement.tokens) else ()
+    found = _slots(statement, tree, role, index)
     if found:
         return _at_bind(statement, tree, found, role, index)
     if role.mode == "dp":  # measured here, from this one parse; priced when the role's cost is known
@@ -246,6 +244,16 @@ def _statement(statement: Statement, role: RolePolicy, index: PolicyIndex) -> De
     report = reported(analysis, role.suppression)
     return Rewrite(rewrite(analysis, role.suppression), report, verify(report, index.policy, role.role),
                    reads_clock=clock)
+
+
+def _slots(statement: Statement, tree: exp.Expression, role: RolePolicy, index: PolicyIndex) -> tuple[Slot, ...]:
+    """The parameters of ``tree`` decided at Bind (most statements have no $n: the token scan spares them the
+    walk of the tree)."""
+    if not any(token.token_type == TokenType.PARAMETER for token in statement.tokens):
+        return ()
+    if role.mode != "dp":
+        return slots(tree)
+    return slots(tree, having=True, times=time_columns(tree, index), columns=column_types(tree, index))
 
 
 # The words of a date or time constant that PostgreSQL reads with the clock: a prepared statement keeps the value
