@@ -109,6 +109,17 @@ def test_a_new_question_makes_three_round_trips_and_a_seen_one_one(
     assert (first, seen) == (3, 1)
 
 
+def test_a_grouped_answer_describes_its_keys_once_per_worker(
+        governed: tuple[Policy, str], postgresql: psycopg.Connection, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A dp answer describes its GROUP BY keys as PostgreSQL does (their table, column number and modifier: the
+    keys' SQL prepared, never run); the worker asks once per text, at the first answer, so a later first answer and
+    a seen one make the round trips of an answer without keys."""
+    policy, dsn = governed
+    first, seen = _ask(policy, dsn, postgresql, "select sex, count(*) from adult group by sex", RoundTrips(),
+                       monkeypatch, cached=True)
+    assert (first, seen) == (3, 1)
+
+
 def test_the_clients_time_zone_costs_no_round_trip(
         governed: tuple[Policy, str], postgresql: psycopg.Connection, monkeypatch: pytest.MonkeyPatch) -> None:
     """The client's TimeZone and DateStyle order are set in the read's own transaction, in the same round trip."""

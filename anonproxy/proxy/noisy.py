@@ -161,6 +161,7 @@ T = TypeVar("T")
 POOL_SIZE = 4  # connections per worker: dp questions of different sessions run side by side
 PLAN_CACHE_BYTES = 32 * 1024 * 1024  # plans are deterministic in (text, role, policy version, ε, δ): kept per worker
 ANSWERED_BYTES = 4 * 1024 * 1024  # the questions this worker saw answered: their next lookup is not folded
+KEY_FIELDS_BYTES = 4 * 1024 * 1024  # PostgreSQL's description of answers' keys, by their SQL (no round trip again)
 
 _BEGIN_SNAPSHOT = "begin isolation level repeatable read, read only"
 
@@ -288,6 +289,9 @@ class NoisyAnswers:
         # priced at it and charged unless answered, without a lookup of its own (question.Lookup.fold)
         self._looked: dict[tuple[str, str], ledger.Lookup] = {}
         self._answered: BoundedCache[tuple[str, str], bool] = BoundedCache(ANSWERED_BYTES)  # (role, key)
+        # (policy version, keys' SQL, declared parameter types) -> what PostgreSQL described of the keys
+        self._key_fields: BoundedCache[tuple[int, str, tuple[int, ...]], tuple[KeyField, ...]] = \
+            BoundedCache(KEY_FIELDS_BYTES)
 
     async def close(self) -> None:
         while self._idle:
@@ -343,7 +347,8 @@ class NoisyAnswers:
         async with self._connection() as conn:
             parameter_types, types = await _describe(conn, plan.sql, parameters.types)
             post_types = await _post_types(conn, plan, types)
-            columns = _output_columns(plan, types, post_types, await _key_fields(conn, plan, parameter_types))
+            columns = _output_columns(plan, types, post_types,
+                                      await self._described_keys(conn, plan, parameter_types, policy))
             if isinstance(plan.nested, Outer):
                 outer_sql, bound_types, _ = question_steps.over_released(plan.nested, Result(columns), more)
                 columns = await _describe_columns(conn, outer_sql, bound_types)
@@ -562,7 +567,8 @@ class NoisyAnswers:
             self._answered.put((role.role, need.key), True, len(need.key))
             return await ledger.store_answer(conn, role.role, need.key, need.version, need.data)
         if isinstance(need, Finish):
-            return await _result(conn, need.plan, need.measurement, need.headline, asking)
+            keys = await self._described_keys(conn, need.plan, parameters.types, asking.policy)
+            return await _result(conn, need.plan, need.measurement, need.headline, asking, keys)
         if isinstance(need, RunReleased):
             return await self._run_released(conn, need, asking)
         assert isinstance(need, Remaining)
@@ -583,6 +589,19 @@ class NoisyAnswers:
             return replace(last, data_version=None, answer=None, folded=True)
         return self._read(role, table, need.key, await ledger.lookup_answer(conn, role, table, need.plan.tables,
                                                                              need.key))
+
+    async def _described_keys(self, conn: psycopg.AsyncConnection[Any], plan: DPPlan, declared: tuple[int, ...],
+                              policy: Policy) -> tuple[KeyField, ...]:
+        """:func:`_key_fields`, asked of the server once per keys' SQL and declared types under a policy version:
+        the answers of one question (first, seen, described) then cost no round trip for it."""
+        if not plan.keys_sql:
+            return ()
+        memo = (policy.version, plan.keys_sql, declared)
+        known = self._key_fields.get(memo)
+        if known is None:
+            known = await _key_fields(conn, plan, declared)
+            self._key_fields.put(memo, known, len(plan.keys_sql) + 16 * len(known))
+        return known
 
     def _read(self, role: str, table: str, key: str | None, looked: ledger.Lookup) -> ledger.Lookup:
         """``looked``, kept as what the ledger read last for the role's table (and, with an answer, the key known
@@ -970,11 +989,11 @@ def _last(results: list[pq.abc.PGresult], expected: pq.ExecStatus) -> pq.abc.PGr
 
 
 async def _result(conn: psycopg.AsyncConnection[Any], plan: DPPlan, measurement: Measurement, headline: str,
-                  asking: _Asking) -> Result:
-    """The statement's answer from a noisy measurement, fresh or cached (its columns, HAVING, the post statement
-    over the noisy values when the query has post-aggregate expressions, run under the client's ``session``,
-    ORDER BY, LIMIT), with a notice: ``headline`` and the plan's noise lines. Post-processing only: it costs
-    nothing."""
+                  asking: _Asking, keys: tuple[KeyField, ...]) -> Result:
+    """The statement's answer from a noisy measurement, fresh or cached (its columns, ``keys`` described as
+    PostgreSQL describes them, HAVING, the post statement over the noisy values when the query has post-aggregate
+    expressions, run under the client's ``session``, ORDER BY, LIMIT), with a notice: ``headline`` and the plan's
+    noise lines. Post-processing only: it costs nothing."""
     types = measurement.sql_types(plan)  # this statement's order of the statistics
     released = released_rows(plan, measurement)
     post_types, computed = None, None
@@ -985,7 +1004,7 @@ async def _result(conn: psycopg.AsyncConnection[Any], plan: DPPlan, measurement:
                        zip(arrays, (_INT8, *(plan.value_types(types)[i] for i in plan.post.values)), strict=True))
         post_types, computed = await _run(conn, plan.post.sql, Parameters(array_types, (0,) * len(values), values),
                                           asking.session)
-    columns = _output_columns(plan, types, post_types, await _key_fields(conn, plan, asking.parameters.types))
+    columns = _output_columns(plan, types, post_types, keys)
     noisy_rows, _ = finish(plan, released, computed)
     return Result(columns, tuple(tuple(text_value(value, column.type_oid)
                                        for value, column in zip(row, columns, strict=True))
@@ -1047,8 +1066,6 @@ async def _key_fields(conn: psycopg.AsyncConnection[Any], plan: DPPlan,
     """PostgreSQL's description of the plan's keys as the client's FROM and WHERE read them (prepared, never
     executed; none without keys, or when it cannot be prepared alone: a parameter only the aggregates read, and
     the client left untyped, has no type there)."""
-    if not plan.keys_sql:
-        return ()
     try:
         result = await _prepared(conn, plan.keys_sql, declared)
     except Refused:
