@@ -211,6 +211,25 @@ def unit_of_type(conn: psycopg.Connection, name: str, unit_type: str) -> Protect
     return ProtectedTable(name, "id", {"id": ColumnPolicy("id", "identifier")})
 
 
+def lone_person(conn: psycopg.Connection) -> tuple[int, int, int]:
+    """In ``conn``'s public.adult: the lowest age only one person has, their id, and a person of age 40 of the other
+    sex (the HAVING attacks swap the two people's sexes and compare the answers)."""
+    row = conn.execute("SELECT min(age) FROM (SELECT age FROM public.adult GROUP BY 1 HAVING count(*) = 1) AS ages"
+                       ).fetchone()
+    assert row is not None and row[0] is not None
+    person = conn.execute("SELECT id, sex FROM public.adult WHERE age = %s", (row[0],)).fetchone()
+    assert person is not None
+    other = conn.execute("SELECT min(id) FROM public.adult WHERE age = 40 AND sex <> %s", (person[1],)).fetchone()
+    assert other is not None and other[0] is not None
+    return int(row[0]), int(person[0]), int(other[0])
+
+
+def swap_sexes(conn: psycopg.Connection, one: int, other: int) -> None:
+    """Give people ``one`` and ``other`` of public.adult each other's sex."""
+    conn.execute("UPDATE public.adult a SET sex = b.sex FROM public.adult b WHERE a.id IN (%s, %s) "
+                 "AND b.id IN (%s, %s) AND a.id <> b.id", (one, other, one, other))
+
+
 def reporter_through_own_proxy(dbname: str, name: str = "reporter") -> Callable[..., Any]:
     """Fixture ``name`` for a module whose ``owner`` is :func:`database_of_its_own`: the demo's reporter (k 10,
     dominance (2, 85 %), p 10 %, a rest row) through a proxy of that database's own (one worker), once it reads the
@@ -219,18 +238,26 @@ def reporter_through_own_proxy(dbname: str, name: str = "reporter") -> Callable[
     @pytest.fixture(scope="module", name=name)
     def reporter(owner: psycopg.Connection, pg_server: EmbeddedPostgres,
                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[psycopg.Connection]:
-        log_path = tmp_path_factory.mktemp(dbname) / "anonproxy.log"
-        proxy = start_proxy(f"host={pg_server.host} port={pg_server.port}", log_path, workers="1",
-                            service_dsn=f"user={SERVICE_ROLE} password={SERVICE_ROLE} dbname={dbname}")
-        try:
-            wait_for_current_policy(owner, proxy.endpoint, dbname)
-            with psycopg.connect(proxy.endpoint.dsn(dbname, user="reporter"), autocommit=True) as conn:
-                yield conn
-        finally:
-            stop_proxy(proxy)
-        assert "Traceback" not in proxy.log(), proxy.log()
+        with proxy_of_its_own(owner, pg_server, dbname, tmp_path_factory.mktemp(dbname) / "anonproxy.log") as proxy, \
+                psycopg.connect(proxy.endpoint.dsn(dbname, user="reporter"), autocommit=True) as conn:
+            yield conn
 
     return reporter
+
+
+@contextmanager
+def proxy_of_its_own(owner: psycopg.Connection, pg_server: EmbeddedPostgres, dbname: str, log_path: Path,
+                     **settings: str) -> Iterator[ProxyProcess]:
+    """A proxy (one worker unless ``settings`` say otherwise) of database ``dbname``, its service login in it, once it
+    reads ``owner``'s current policy; stopped after, and its log must then hold no traceback."""
+    proxy = start_proxy(f"host={pg_server.host} port={pg_server.port}", log_path, **{
+        "workers": "1", "service_dsn": f"user={SERVICE_ROLE} password={SERVICE_ROLE} dbname={dbname}", **settings})
+    try:
+        wait_for_current_policy(owner, proxy.endpoint, dbname)
+        yield proxy
+    finally:
+        stop_proxy(proxy)
+    assert "Traceback" not in proxy.log(), proxy.log()
 
 
 @pytest.fixture(scope="session")

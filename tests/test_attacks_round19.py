@@ -34,7 +34,7 @@ from typing import Any
 import asyncpg
 import psycopg
 import pytest
-from conftest import SERVICE_ROLE, database_of_its_own, start_proxy, stop_proxy, wait_for_current_policy
+from conftest import database_of_its_own, lone_person, proxy_of_its_own, swap_sexes
 from service_sql import reporter_sql, service_answer, sorted_rows
 
 from anonproxy.embedded import EmbeddedPostgres
@@ -119,15 +119,8 @@ def proxy(owner: psycopg.Connection, pg_server: EmbeddedPostgres,
     for table in [*FINER, *SAME]:
         owner.execute("SELECT anonproxy.set_budget('analyst', %s::regclass, 1000, 0.5, null, 0.5, 0.0000001)",
                       (_unit_table(table),))
-    log_path = tmp_path_factory.mktemp(DATABASE) / "anonproxy.log"
-    started = start_proxy(f"host={pg_server.host} port={pg_server.port}", log_path, workers="1",
-                          service_dsn=f"user={SERVICE_ROLE} password={SERVICE_ROLE} dbname={DATABASE}")
-    try:
-        wait_for_current_policy(owner, started.endpoint, DATABASE)
+    with proxy_of_its_own(owner, pg_server, DATABASE, tmp_path_factory.mktemp(DATABASE) / "anonproxy.log") as started:
         yield started
-    finally:
-        stop_proxy(started)
-    assert "Traceback" not in started.log(), started.log()
 
 
 @pytest.fixture(scope="module")
@@ -448,20 +441,7 @@ HAVING = [
 
 @pytest.fixture(scope="module")
 def lone(owner: psycopg.Connection) -> tuple[int, int, int]:
-    """An age only one person has: the age and their id; and a person of age 40 of the other sex."""
-    row = owner.execute("SELECT min(age) FROM (SELECT age FROM public.adult GROUP BY 1 HAVING count(*) = 1) AS ages"
-                        ).fetchone()
-    assert row is not None and row[0] is not None
-    person = owner.execute("SELECT id, sex FROM public.adult WHERE age = %s", (row[0],)).fetchone()
-    assert person is not None
-    other = owner.execute("SELECT min(id) FROM public.adult WHERE age = 40 AND sex <> %s", (person[1],)).fetchone()
-    assert other is not None
-    return int(row[0]), int(person[0]), int(other[0])
-
-
-def _swap_sexes(owner: psycopg.Connection, one: int, other: int) -> None:
-    owner.execute("UPDATE public.adult a SET sex = b.sex FROM public.adult b WHERE a.id IN (%s, %s) "
-                  "AND b.id IN (%s, %s) AND a.id <> b.id", (one, other, one, other))
+    return lone_person(owner)
 
 
 def _answer(conn: psycopg.Connection, statement: str) -> Any:
@@ -478,11 +458,11 @@ def test_a_withheld_value_is_not_read_through_having(owner: psycopg.Connection, 
     age, person, other = lone
     statement = shape.format(age)
     as_is = _answer(reporter, statement)
-    _swap_sexes(owner, person, other)
+    swap_sexes(owner, person, other)
     try:
         assert _answer(reporter, statement) == as_is, statement
     finally:
-        _swap_sexes(owner, person, other)
+        swap_sexes(owner, person, other)
 
 
 
@@ -501,16 +481,9 @@ def small_pool(owner: psycopg.Connection, pg_server: EmbeddedPostgres,
                tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """A proxy of this database's own with a pool of ``POOL`` service connections; a statement waits 10 s at most
     for one."""
-    log_path = tmp_path_factory.mktemp(f"{DATABASE}_pool") / "anonproxy.log"
-    started = start_proxy(f"host={pg_server.host} port={pg_server.port}", log_path, workers="1",
-                          service_pool_size=str(POOL), service_wait_timeout="10",
-                          service_dsn=f"user={SERVICE_ROLE} password={SERVICE_ROLE} dbname={DATABASE}")
-    try:
-        wait_for_current_policy(owner, started.endpoint, DATABASE)
+    with proxy_of_its_own(owner, pg_server, DATABASE, tmp_path_factory.mktemp(f"{DATABASE}_pool") / "anonproxy.log",
+                          service_pool_size=str(POOL), service_wait_timeout="10") as started:
         yield started
-    finally:
-        stop_proxy(started)
-    assert "Traceback" not in started.log(), started.log()
 
 
 def _holder(small_pool: Any, kind: str) -> psycopg.Connection:

@@ -55,7 +55,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from conftest import SERVICE_ROLE, attack_roles, start_proxy, stop_proxy, wait_for_current_policy
+from conftest import SERVICE_ROLE, attack_roles, lone_person, proxy_of_its_own, swap_sexes
 from psycopg import pq
 from service_sql import sorted_rows
 
@@ -292,20 +292,7 @@ HAVING_BOUND = [
 
 @pytest.fixture(scope="module")
 def lone(truth: psycopg.Connection) -> tuple[int, int, int]:
-    """The lowest age only one person has, their id, and a person of age 40 of the other sex."""
-    row = truth.execute("SELECT min(age) FROM (SELECT age FROM public.adult GROUP BY 1 HAVING count(*) = 1) AS ages"
-                        ).fetchone()
-    assert row is not None and row[0] is not None
-    person = truth.execute("SELECT id, sex FROM public.adult WHERE age = %s", (row[0],)).fetchone()
-    assert person is not None
-    other = truth.execute("SELECT min(id) FROM public.adult WHERE age = 40 AND sex <> %s", (person[1],)).fetchone()
-    assert other is not None and other[0] is not None
-    return int(row[0]), int(person[0]), int(other[0])
-
-
-def _swap_sexes(truth: psycopg.Connection, one: int, other: int) -> None:
-    truth.execute("UPDATE public.adult a SET sex = b.sex FROM public.adult b WHERE a.id IN (%s, %s) "
-                  "AND b.id IN (%s, %s) AND a.id <> b.id", (one, other, one, other))
+    return lone_person(truth)
 
 
 @pytest.fixture
@@ -314,12 +301,12 @@ def swapped(truth: psycopg.Connection, lone: tuple[int, int, int]) -> Iterator[A
     swaps = []
 
     def swap() -> None:
-        _swap_sexes(truth, lone[1], lone[2])
+        swap_sexes(truth, lone[1], lone[2])
         swaps.append(1)
 
     yield swap
     if len(swaps) % 2:
-        _swap_sexes(truth, lone[1], lone[2])
+        swap_sexes(truth, lone[1], lone[2])
 
 
 def _bound_answers(conn: psycopg.Connection[Any], sql: str, values: list[tuple[int, ...]]) -> list[Any]:
@@ -368,15 +355,9 @@ def small_pool(truth: psycopg.Connection, pg_server: EmbeddedPostgres, gated_dat
                tmp_path: Any) -> Iterator[Any]:
     """A proxy of the gated database with a pool of ``POOL`` service connections, held at most 2 s by a client that
     reads nothing while a statement waits 30 s at most for one."""
-    started = start_proxy(f"host={pg_server.host} port={pg_server.port}", tmp_path / "anonproxy.log", workers="1",
-                          service_pool_size=str(POOL), service_hold_timeout="2", service_wait_timeout="30",
-                          service_dsn=f"user={SERVICE_ROLE} password={SERVICE_ROLE} dbname={gated_database}")
-    try:
-        wait_for_current_policy(truth, started.endpoint, gated_database)
+    with proxy_of_its_own(truth, pg_server, gated_database, tmp_path / "anonproxy.log", service_pool_size=str(POOL),
+                          service_hold_timeout="2", service_wait_timeout="30") as started:
         yield started
-    finally:
-        stop_proxy(started)
-    assert "Traceback" not in started.log(), started.log()
 
 
 def _wait_for_blocked_service(truth: psycopg.Connection) -> None:
