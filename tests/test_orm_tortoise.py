@@ -18,12 +18,12 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Iterator
-from typing import Any
 
 import asyncpg
 import psycopg
 import pytest
 from conftest import Endpoint, fresh_dp_role
+from orm_answers import group_key
 from orm_tortoise import STEPS, Rows, Step, config, rows
 from suppression_oracle import suppress
 from tortoise import Tortoise, connections
@@ -97,11 +97,6 @@ def _refused_cleanly(step: Step, result: Outcome) -> None:
     assert "allowed" in hint or "supported" in hint or "aggregate" in hint, _describe(result)
 
 
-def _key(row: dict[str, Any], step: Step) -> Any:
-    values = tuple(row[name] for name in step.keys)
-    return values if len(values) > 1 else values[0]
-
-
 @pytest.mark.parametrize("step", STEPS, ids=lambda step: step.id)
 def test_direct_role_gets_what_postgresql_gives(step: Step, aliases: Aliases) -> None:
     through = aliases.outcome(step, "dba")
@@ -124,10 +119,11 @@ def test_reporter_gets_what_suppression_releases(step: Step, aliases: Aliases, e
     if step.kind == "exact":
         assert got == truth
         return
-    exact = {_key(row, step): row for row in truth}
+    exact = {group_key(row, step.keys): row for row in truth}
     verdict = suppress({key: row["n"] for key, row in exact.items()}, k=K, everyone=everyone, rest=True)
-    rest = [row for row in got if _key(row, step) in (None, (None,) * len(step.keys))]
-    assert {_key(row, step): row for row in got if row not in rest} == {key: exact[key] for key in verdict.released}
+    rest = [row for row in got if group_key(row, step.keys) in (None, (None,) * len(step.keys))]
+    assert {group_key(row, step.keys): row for row in got if row not in rest} == \
+        {key: exact[key] for key in verdict.released}
     assert len(rest) == int(verdict.rest), (got, verdict)
     if rest:
         assert rest[0]["n"] == sum(exact[key]["n"] for key in verdict.withheld)
@@ -143,9 +139,9 @@ def test_dp_role_gets_noisy_aggregates_of_the_same_shape(step: Step, aliases: Al
     truth = aliases.outcome(step, "truth")
     assert not isinstance(truth, asyncpg.PostgresError)
     assert got and {tuple(row) for row in got} == {tuple(truth[0])}, (got, truth)
-    exact = {_key(row, step) if step.keys else (): row for row in truth}
+    exact = {group_key(row, step.keys) if step.keys else (): row for row in truth}
     for row in got:
-        match = exact.get(_key(row, step) if step.keys else ())
+        match = exact.get(group_key(row, step.keys) if step.keys else ())
         for name in ("n", "value"):
             if step.per_person and match is not None and name in row and match[name] >= 1000:
                 assert math.isclose(row[name], match[name], rel_tol=0.05), (row, match)
